@@ -1,0 +1,191 @@
+#include "common/config.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+namespace xsilo {
+
+namespace {
+std::string type_name(const nlohmann::json& v) { return v.type_name(); }
+}  // namespace
+
+ConfigNode::ConfigNode(const nlohmann::json& j, std::string file, std::string path)
+    : j_(&j), file_(std::move(file)), path_(std::move(path)),
+      used_(std::make_shared<std::set<std::string>>()) {
+  if (!j.is_object()) {
+    throw ConfigError("config " + file_ + ": " + (path_.empty() ? "." : path_) +
+                      ": must be an object, got " + type_name(j));
+  }
+}
+
+nlohmann::json ConfigNode::load_file(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) throw ConfigError("config " + file.string() + ": cannot open the file");
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    std::string what = e.what();
+    throw ConfigError("config " + file.string() + ": not valid JSON (byte " +
+                      std::to_string(e.byte) + "): " + what.substr(what.find(':') + 2));
+  }
+}
+
+std::string ConfigNode::key_path(const std::string& key) const { return path_ + "." + key; }
+
+void ConfigNode::fail(const std::string& key, const std::string& reason) const {
+  throw ConfigError("config " + file_ + ": " + (key.empty() ? path_ : key_path(key)) + ": " +
+                    reason);
+}
+
+bool ConfigNode::has(const std::string& key) const { return j_->contains(key); }
+
+const nlohmann::json& ConfigNode::raw(const std::string& key) const {
+  used_->insert(key);
+  auto it = j_->find(key);
+  return it == j_->end() ? empty_ : *it;
+}
+
+ConfigNode ConfigNode::child(const std::string& key) const {
+  used_->insert(key);
+  auto it = j_->find(key);
+  if (it == j_->end()) {
+    static const nlohmann::json kEmpty = nlohmann::json::object();
+    return ConfigNode(kEmpty, file_, key_path(key));
+  }
+  if (!it->is_object()) fail(key, "must be an object, got " + type_name(*it));
+  return ConfigNode(*it, file_, key_path(key));
+}
+
+std::vector<ConfigNode> ConfigNode::child_list(const std::string& key) const {
+  used_->insert(key);
+  std::vector<ConfigNode> out;
+  auto it = j_->find(key);
+  if (it == j_->end()) return out;
+  if (!it->is_array()) fail(key, "must be a list of objects, got " + type_name(*it));
+  for (std::size_t i = 0; i < it->size(); ++i) {
+    out.emplace_back((*it)[i], file_, key_path(key) + "[" + std::to_string(i) + "]");
+  }
+  return out;
+}
+
+std::string ConfigNode::str(const std::string& key, const std::string& def) const {
+  used_->insert(key);
+  auto it = j_->find(key);
+  if (it == j_->end()) return def;
+  if (!it->is_string()) fail(key, "must be a string, got " + type_name(*it));
+  return it->get<std::string>();
+}
+
+std::string ConfigNode::str_required(const std::string& key) const {
+  if (!has(key)) fail(key, "is required");
+  auto s = str(key, "");
+  if (s.empty()) fail(key, "must not be empty");
+  return s;
+}
+
+std::string ConfigNode::one_of(const std::string& key, const std::string& def,
+                               const std::vector<std::string>& allowed) const {
+  auto s = str(key, def);
+  for (const auto& a : allowed) {
+    if (a == s) return s;
+  }
+  std::string list;
+  for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+  fail(key, "must be one of " + list + ", got \"" + s + "\"");
+}
+
+bool ConfigNode::boolean(const std::string& key, bool def) const {
+  used_->insert(key);
+  auto it = j_->find(key);
+  if (it == j_->end()) return def;
+  if (!it->is_boolean()) fail(key, "must be true or false, got " + type_name(*it));
+  return it->get<bool>();
+}
+
+double ConfigNode::number(const std::string& key, double def, double min, double max) const {
+  used_->insert(key);
+  auto it = j_->find(key);
+  if (it == j_->end()) return def;
+  if (!it->is_number()) fail(key, "must be a number, got " + type_name(*it));
+  const double v = it->get<double>();
+  if (!std::isfinite(v)) fail(key, "must be finite");
+  if (v < min) fail(key, "must be >= " + nlohmann::json(min).dump() + ", got " + it->dump());
+  if (v > max) fail(key, "must be <= " + nlohmann::json(max).dump() + ", got " + it->dump());
+  return v;
+}
+
+std::int64_t ConfigNode::integer(const std::string& key, std::int64_t def, std::int64_t min,
+                                 std::int64_t max) const {
+  used_->insert(key);
+  auto it = j_->find(key);
+  if (it == j_->end()) return def;
+  if (!it->is_number_integer()) fail(key, "must be an integer, got " + it->dump());
+  const auto v = it->get<std::int64_t>();
+  if (v < min) fail(key, "must be >= " + std::to_string(min) + ", got " + std::to_string(v));
+  if (v > max) fail(key, "must be <= " + std::to_string(max) + ", got " + std::to_string(v));
+  return v;
+}
+
+std::vector<std::string> ConfigNode::str_list(const std::string& key) const {
+  used_->insert(key);
+  std::vector<std::string> out;
+  auto it = j_->find(key);
+  if (it == j_->end()) return out;
+  if (!it->is_array()) fail(key, "must be a list of strings, got " + type_name(*it));
+  for (const auto& v : *it) {
+    if (!v.is_string()) fail(key, "must be a list of strings, found " + v.dump());
+    out.push_back(v.get<std::string>());
+  }
+  return out;
+}
+
+std::vector<std::int64_t> ConfigNode::int_list(const std::string& key, std::int64_t min,
+                                               std::int64_t max) const {
+  used_->insert(key);
+  std::vector<std::int64_t> out;
+  auto it = j_->find(key);
+  if (it == j_->end()) return out;
+  if (!it->is_array()) fail(key, "must be a list of integers, got " + type_name(*it));
+  for (const auto& v : *it) {
+    if (!v.is_number_integer()) fail(key, "must be a list of integers, found " + v.dump());
+    const auto x = v.get<std::int64_t>();
+    if (x < min || x > max) {
+      fail(key, "values must lie in [" + std::to_string(min) + ", " + std::to_string(max) +
+                    "], found " + std::to_string(x));
+    }
+    out.push_back(x);
+  }
+  return out;
+}
+
+std::vector<double> ConfigNode::number_list(const std::string& key) const {
+  used_->insert(key);
+  std::vector<double> out;
+  auto it = j_->find(key);
+  if (it == j_->end()) return out;
+  if (!it->is_array()) fail(key, "must be a list of numbers, got " + type_name(*it));
+  for (const auto& v : *it) {
+    if (!v.is_number()) fail(key, "must be a list of numbers, found " + v.dump());
+    out.push_back(v.get<double>());
+  }
+  return out;
+}
+
+std::filesystem::path ConfigNode::path(const std::string& key, const std::string& def) const {
+  const std::string s = str(key, def);
+  if (s.empty()) return {};
+  std::filesystem::path p(s);
+  if (p.is_relative() && !file_.empty()) {
+    p = std::filesystem::path(file_).parent_path() / p;
+  }
+  return p.lexically_normal();
+}
+
+void ConfigNode::finish() const {
+  for (auto it = j_->begin(); it != j_->end(); ++it) {
+    if (!used_->count(it.key())) fail(it.key(), "unknown key");
+  }
+}
+
+}  // namespace xsilo

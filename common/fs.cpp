@@ -1,0 +1,87 @@
+#include "common/fs.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+
+namespace xsilo {
+
+namespace {
+[[noreturn]] void fail(const std::string& what, const std::filesystem::path& p) {
+  throw std::runtime_error(what + " " + p.string() + ": " + std::strerror(errno));
+}
+
+void write_all(int fd, std::string_view bytes, const std::filesystem::path& p) {
+  const char* data = bytes.data();
+  std::size_t left = bytes.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd, data, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail("cannot write", p);
+    }
+    data += n;
+    left -= static_cast<std::size_t>(n);
+  }
+}
+}  // namespace
+
+void fsync_dir(const std::filesystem::path& dir) {
+  const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) fail("cannot open folder", dir);
+  ::fsync(fd);
+  ::close(fd);
+}
+
+void atomic_write_file(const std::filesystem::path& path, std::string_view bytes, unsigned mode) {
+  const auto dir = path.parent_path();
+  if (!dir.empty()) std::filesystem::create_directories(dir);
+  std::random_device rd;
+  auto tmp = path;
+  tmp += ".tmp" + std::to_string(rd());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+  if (fd < 0) fail("cannot create", tmp);
+  try {
+    write_all(fd, bytes, tmp);
+    if (::fsync(fd) != 0) fail("cannot fsync", tmp);
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    fail("cannot rename onto", path);
+  }
+  fsync_dir(dir);
+}
+
+void append_durable(const std::filesystem::path& path, std::string_view bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) fail("cannot open", path);
+  try {
+    write_all(fd, bytes, path);
+    if (::fsync(fd) != 0) fail("cannot fsync", path);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+}
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + path.string() + ": " + std::strerror(errno));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace xsilo

@@ -1,0 +1,18 @@
+// Files that survive crashes: write to a temporary name, fsync, rename, fsync the folder.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+namespace xsilo {
+
+// Replaces `path` atomically with `bytes`; `mode` applies to the new file.
+void atomic_write_file(const std::filesystem::path& path, std::string_view bytes,
+                       unsigned mode = 0644);
+// Appends bytes and fsyncs before returning.
+void append_durable(const std::filesystem::path& path, std::string_view bytes);
+std::string read_file(const std::filesystem::path& path);
+void fsync_dir(const std::filesystem::path& dir);
+
+}  // namespace xsilo

@@ -1,0 +1,64 @@
+#include "common/model.h"
+
+#include <stdexcept>
+
+namespace xsilo {
+
+std::size_t TensorInfo::size() const {
+  std::size_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+void Model::add(std::string name, std::vector<std::uint64_t> shape) {
+  if (find(name)) throw std::invalid_argument("tensor " + name + " already exists");
+  TensorInfo t{std::move(name), std::move(shape), data_.size()};
+  data_.resize(data_.size() + t.size(), 0.0f);
+  tensors_.push_back(std::move(t));
+}
+
+const TensorInfo* Model::find(const std::string& name) const {
+  for (const auto& t : tensors_) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+std::span<float> Model::tensor(const std::string& name) {
+  const auto* t = find(name);
+  if (!t) throw std::out_of_range("no tensor named " + name);
+  return std::span<float>(data_).subspan(t->offset, t->size());
+}
+
+std::span<const float> Model::tensor(const std::string& name) const {
+  const auto* t = find(name);
+  if (!t) throw std::out_of_range("no tensor named " + name);
+  return std::span<const float>(data_).subspan(t->offset, t->size());
+}
+
+bool Model::same_layout(const Model& other) const {
+  if (tensors_.size() != other.tensors_.size()) return false;
+  for (std::size_t i = 0; i < tensors_.size(); ++i) {
+    if (tensors_[i].name != other.tensors_[i].name ||
+        tensors_[i].shape != other.tensors_[i].shape) {
+      return false;
+    }
+  }
+  return true;
+}
+
+Model Model::zeros_like() const {
+  Model m;
+  for (const auto& t : tensors_) m.add(t.name, t.shape);
+  return m;
+}
+
+std::string describe(const TensorInfo& t) {
+  std::string s = t.name + " [";
+  for (std::size_t i = 0; i < t.shape.size(); ++i) {
+    s += (i ? ", " : "") + std::to_string(t.shape[i]);
+  }
+  return s + "]";
+}
+
+}  // namespace xsilo

@@ -1,0 +1,89 @@
+#include "proto/frame.h"
+
+#include <limits>
+
+namespace xsilo::proto {
+
+Result<std::string> encode_frame(const wire::Envelope& env, std::size_t max_frame_bytes) {
+  const std::size_t size = env.ByteSizeLong();
+  if (size == 0) return error(wire::BAD_FRAME, "refusing to send an empty envelope");
+  if (size > max_frame_bytes || size > std::numeric_limits<std::uint32_t>::max()) {
+    return error(wire::BAD_FRAME, "envelope of " + std::to_string(size) +
+                                      " bytes exceeds the maximum frame size of " +
+                                      std::to_string(max_frame_bytes) + " bytes");
+  }
+  std::string out(kFrameHeaderBytes + size, '\0');
+  const auto n = static_cast<std::uint32_t>(size);
+  out[0] = static_cast<char>(n >> 24);
+  out[1] = static_cast<char>(n >> 16);
+  out[2] = static_cast<char>(n >> 8);
+  out[3] = static_cast<char>(n);
+  if (!env.SerializeToArray(out.data() + kFrameHeaderBytes, static_cast<int>(size))) {
+    return error(wire::INTERNAL, "protobuf serialization failed");
+  }
+  return out;
+}
+
+Result<std::size_t> decode_frame_length(std::span<const std::uint8_t, kFrameHeaderBytes> h,
+                                        std::size_t max_frame_bytes) {
+  const std::uint64_t n = (std::uint64_t{h[0]} << 24) | (std::uint64_t{h[1]} << 16) |
+                          (std::uint64_t{h[2]} << 8) | std::uint64_t{h[3]};
+  if (n == 0) return error(wire::BAD_FRAME, "zero-length frame");
+  if (n > max_frame_bytes) {
+    return error(wire::BAD_FRAME, "frame length " + std::to_string(n) +
+                                      " exceeds the maximum of " + std::to_string(max_frame_bytes));
+  }
+  return static_cast<std::size_t>(n);
+}
+
+Result<wire::Envelope> decode_envelope(std::span<const std::uint8_t> payload) {
+  wire::Envelope env;
+  if (payload.size() > static_cast<std::size_t>(std::numeric_limits<int>::max()) ||
+      !env.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
+    return error(wire::BAD_FRAME, "frame of " + std::to_string(payload.size()) +
+                                      " bytes is not a valid Envelope");
+  }
+  if (env.body_case() == wire::Envelope::BODY_NOT_SET) {
+    return error(wire::BAD_FRAME, "envelope carries no message");
+  }
+  return env;
+}
+
+Status FrameDecoder::feed(std::span<const std::uint8_t> bytes) {
+  if (failed()) return error_;
+  pending_.append(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  std::size_t pos = 0;
+  while (pending_.size() - pos >= kFrameHeaderBytes) {
+    const auto* p = reinterpret_cast<const std::uint8_t*>(pending_.data() + pos);
+    auto len = decode_frame_length(std::span<const std::uint8_t, kFrameHeaderBytes>(p, 4),
+                                   max_frame_bytes_);
+    if (!len) {
+      error_ = len.status();
+      break;
+    }
+    if (pending_.size() - pos - kFrameHeaderBytes < *len) break;
+    auto env = decode_envelope({p + kFrameHeaderBytes, *len});
+    if (!env) {
+      error_ = env.status();
+      break;
+    }
+    ready_.push_back(std::move(*env));
+    pos += kFrameHeaderBytes + *len;
+  }
+  pending_.erase(0, pos);
+  if (failed()) pending_.clear();
+  return error_;
+}
+
+wire::Envelope FrameDecoder::pop() {
+  wire::Envelope env = std::move(ready_.front());
+  ready_.pop_front();
+  return env;
+}
+
+std::string body_name(const wire::Envelope& env) {
+  const auto* field = wire::Envelope::descriptor()->FindFieldByNumber(env.body_case());
+  return field ? field->name() : "empty";
+}
+
+}  // namespace xsilo::proto

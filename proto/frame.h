@@ -1,0 +1,54 @@
+// The frame codec: a 4-byte big-endian length followed by one serialized Envelope.
+// The length is checked against the maximum frame size before anything is allocated.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <span>
+#include <string>
+
+#include "proto/status.h"
+#include "proto/xsilo.pb.h"
+
+namespace xsilo::proto {
+
+inline constexpr std::uint32_t kProtocolVersion = 1;
+inline constexpr std::size_t kFrameHeaderBytes = 4;
+inline constexpr std::size_t kDefaultMaxFrameBytes = 4u << 20;
+
+// Serializes `env` as one frame (header + payload). Fails when the payload would exceed
+// `max_frame_bytes` or is empty.
+Result<std::string> encode_frame(const wire::Envelope& env, std::size_t max_frame_bytes);
+
+// Reads the length prefix; refuses zero and anything above `max_frame_bytes`.
+Result<std::size_t> decode_frame_length(std::span<const std::uint8_t, kFrameHeaderBytes> header,
+                                        std::size_t max_frame_bytes);
+
+// Parses a payload whose length was accepted by decode_frame_length.
+Result<wire::Envelope> decode_envelope(std::span<const std::uint8_t> payload);
+
+// Incremental decoder for byte streams that arrive in arbitrary pieces. After the first
+// error it stays failed: a stream that lost framing cannot be resynchronised.
+class FrameDecoder {
+ public:
+  explicit FrameDecoder(std::size_t max_frame_bytes = kDefaultMaxFrameBytes)
+      : max_frame_bytes_(max_frame_bytes) {}
+
+  // Appends bytes; returns the first error met, or ok.
+  Status feed(std::span<const std::uint8_t> bytes);
+  bool has_envelope() const { return !ready_.empty(); }
+  wire::Envelope pop();
+  bool failed() const { return !error_.is_ok(); }
+
+ private:
+  std::size_t max_frame_bytes_;
+  std::string pending_;
+  std::deque<wire::Envelope> ready_;
+  Status error_;
+};
+
+// Names the Envelope's body for logs ("round_start", "tensor_chunk", ...).
+std::string body_name(const wire::Envelope& env);
+
+}  // namespace xsilo::proto

@@ -1,0 +1,81 @@
+#include <gtest/gtest.h>
+
+#include "common/config.h"
+#include "common/fs.h"
+#include "tests/testlib.h"
+#include "transport/config.h"
+
+namespace xsilo {
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Config, UnknownKeyIsNamedWithFileAndPath) {
+  auto j = nlohmann::json::parse(R"({"transport": {"heartbeat_s": 5, "heartbeet": 1}})");
+  ConfigNode root(j, "server.json");
+  auto msg = error_of([&] { transport::parse_channel_options(root.child("transport")); });
+  EXPECT_EQ(msg, "config server.json: .transport.heartbeet: unknown key");
+}
+
+TEST(Config, WrongTypeAndRangeAreRefusedWithTheValue) {
+  auto j = nlohmann::json::parse(R"({"a": "x", "b": 0, "c": 2.5})");
+  ConfigNode root(j, "f.json");
+  EXPECT_EQ(error_of([&] { root.number("a", 1); }), "config f.json: .a: must be a number, got string");
+  EXPECT_EQ(error_of([&] { root.integer("b", 1, 2, 10); }), "config f.json: .b: must be >= 2, got 0");
+  EXPECT_EQ(error_of([&] { root.integer("c", 1); }), "config f.json: .c: must be an integer, got 2.5");
+}
+
+TEST(Config, OneOfListsTheChoices) {
+  auto j = nlohmann::json::parse(R"({"kind": "fedsgd"})");
+  ConfigNode root(j, "f.json");
+  EXPECT_EQ(error_of([&] { root.one_of("kind", "fedavg", {"fedavg", "fedadam"}); }),
+            "config f.json: .kind: must be one of fedavg, fedadam, got \"fedsgd\"");
+}
+
+TEST(Config, InvalidJsonNamesTheFile) {
+  test::TempDir dir;
+  atomic_write_file(dir / "bad.json", "{\"a\": 1,, }");
+  auto msg = error_of([&] { ConfigNode::load_file(dir / "bad.json"); });
+  EXPECT_NE(msg.find("bad.json: not valid JSON"), std::string::npos) << msg;
+}
+
+TEST(Config, IdleTimeoutMustExceedHeartbeat) {
+  auto j = nlohmann::json::parse(R"({"heartbeat_s": 10, "idle_timeout_s": 5})");
+  ConfigNode node(j, "f.json", ".transport");
+  EXPECT_EQ(error_of([&] { transport::parse_channel_options(node); }),
+            "config f.json: .transport.idle_timeout_s: must exceed heartbeat_s, or peers are "
+            "closed between heartbeats");
+}
+
+TEST(Config, EndpointsMustBeHostAndPort) {
+  auto j = nlohmann::json::parse(R"({"listen": "localhost", "up": ["a:1", "b:70000"]})");
+  ConfigNode root(j, "f.json");
+  EXPECT_NE(error_of([&] { transport::parse_endpoint_key(root, "listen"); }).find(".listen:"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { transport::parse_endpoint_list(root, "up"); }).find("0..65535"),
+            std::string::npos);
+  EXPECT_EQ(parse_endpoint("[::1]:443").host, "::1");
+}
+
+TEST(Config, TlsKitMustExist) {
+  auto j = nlohmann::json::parse(R"({"kit": "/nonexistent/kit"})");
+  ConfigNode node(j, "f.json", ".tls");
+  EXPECT_NE(error_of([&] { transport::parse_tls(node); }).find("does not exist"), std::string::npos);
+}
+
+TEST(Config, AllowListNeedsNames) {
+  auto j = nlohmann::json::parse(R"({"silo": []})");
+  ConfigNode node(j, "f.json", ".allow");
+  EXPECT_EQ(error_of([&] { transport::parse_allow(node); }),
+            "config f.json: .allow.silo: must list at least one name, or \"*\"");
+}
+
+}  // namespace
+}  // namespace xsilo

@@ -1,0 +1,355 @@
+// Real TLS 1.3 on loopback with certificates from our own PKI: who gets in, who is refused,
+// and that one bad peer never disturbs another.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <atomic>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+
+#include "tests/testlib.h"
+#include "transport/dialer.h"
+#include "transport/listener.h"
+
+namespace xsilo::transport {
+namespace {
+
+using test::IoThread;
+using test::TempDir;
+namespace asio = boost::asio;
+
+constexpr const char* kFed = "fed";
+
+// Echoes every message back; counts bad frames.
+class EchoServer {
+ public:
+  EchoServer(IoThread& io, const std::filesystem::path& pki, std::uint16_t port = 0,
+             ChannelOptions opts = {})
+      : io_(io), ctx_(make_tls_context(TlsFiles::from_kit(pki / "kits" / "server"))) {
+    AllowList allow;
+    allow.allow(wire::SILO, {"hospital-a", "hospital-b"});
+    io_.run_sync([&] {
+      listener_ = std::make_unique<Listener>(
+          io_.executor(), ctx_, Endpoint{"127.0.0.1", port}, opts, allow,
+          LocalInfo{kFed, wire::SERVER, {}},
+          [this](std::shared_ptr<Channel> ch) {
+            channels_.push_back(ch);
+            asio::co_spawn(io_.executor(), serve(ch), asio::detached);
+          });
+      listener_->start();
+    });
+  }
+  ~EchoServer() { stop(); }
+  void stop() {
+    io_.run_sync([&] {
+      if (listener_) listener_->stop();
+      for (auto& c : channels_) c->close();
+      channels_.clear();
+    });
+  }
+  std::uint16_t port() const { return listener_->port(); }
+  int bad_frames() const { return bad_frames_; }
+  std::uint64_t refused() const { return listener_->refused(); }
+
+ private:
+  awaitable<void> serve(std::shared_ptr<Channel> ch) {
+    for (;;) {
+      auto env = co_await ch->read();
+      if (!env) {
+        if (env.status().code == wire::BAD_FRAME) {
+          ++bad_frames_;
+          ch->close_with_error(wire::BAD_FRAME, env.status().message);
+        }
+        co_return;
+      }
+      ch->send(*env);
+    }
+  }
+  IoThread& io_;
+  ssl::context ctx_;
+  std::unique_ptr<Listener> listener_;
+  std::vector<std::shared_ptr<Channel>> channels_;
+  std::atomic<int> bad_frames_{0};
+};
+
+struct Client {
+  std::unique_ptr<ssl::context> ctx;
+  std::shared_ptr<Channel> ch;
+  proto::Status status;
+};
+
+Client connect(IoThread& io, const TlsFiles& files, std::uint16_t port, ChannelOptions opts = {},
+               wire::Role as = wire::SILO) {
+  Client c;
+  c.ctx = std::make_unique<ssl::context>(make_tls_context(files));
+  auto r = io.run(dial_once(io.executor(), *c.ctx, {"127.0.0.1", port}, {wire::SERVER},
+                            LocalInfo{kFed, as, {}}, opts));
+  if (r) c.ch = *r;
+  else c.status = r.status();
+  return c;
+}
+
+// Sends one message and waits for the echo.
+bool echoes(IoThread& io, Channel& ch, const std::string& tag) {
+  return io.run([&]() -> awaitable<bool> {
+    auto env = envelope(kFed, 0);
+    env.mutable_region_status()->add_silos(tag);
+    if (!ch.send(env)) co_return false;
+    auto back = co_await ch.read();
+    co_return back.ok() && back->has_region_status() && back->region_status().silos(0) == tag;
+  }());
+}
+
+class TlsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    test::make_pki(dir_.path(), kFed,
+                   {{wire::SERVER, "server"}, {wire::SILO, "hospital-a"},
+                    {wire::SILO, "hospital-x"}, {wire::EDGE, "edge-west"}});
+  }
+  TlsFiles kit(const std::string& name) { return TlsFiles::from_kit(dir_ / "kits" / name); }
+  TempDir dir_;
+  IoThread io_;
+};
+
+TEST_F(TlsTest, KitKeysArePrivateAndCertificatesCarryNameAndRole) {
+  struct stat st {};
+  ASSERT_EQ(::stat((dir_ / "kits/hospital-a/key.pem").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(::stat((dir_ / "ca/ca.key").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "kits/hospital-a/ca.pem"));
+  EXPECT_THROW(pki_init(dir_.path(), kFed), std::runtime_error);  // never overwrite a CA
+  IssueRequest bad;
+  bad.name = "../escape";
+  EXPECT_THROW(pki_issue(dir_.path(), bad), std::invalid_argument);
+}
+
+TEST_F(TlsTest, AllowedSiloConnectsAndLearnsItsIdentity) {
+  EchoServer server(io_, dir_.path());
+  auto c = connect(io_, kit("hospital-a"), server.port());
+  ASSERT_TRUE(c.ch) << c.status.message;
+  EXPECT_EQ(c.ch->peer().name, "server");
+  EXPECT_EQ(c.ch->peer().role, wire::SERVER);
+  EXPECT_EQ(c.ch->welcome().peer_identity(), "hospital-a");
+  EXPECT_TRUE(echoes(io_, *c.ch, "hello"));
+}
+
+TEST_F(TlsTest, RefusesEveryBadClientWhileAValidOneKeepsWorking) {
+  EchoServer server(io_, dir_.path());
+  auto good = connect(io_, kit("hospital-a"), server.port());
+  ASSERT_TRUE(good.ch) << good.status.message;
+
+  // Not on the allow-list, though signed by the right CA.
+  auto stranger = connect(io_, kit("hospital-x"), server.port());
+  EXPECT_FALSE(stranger.ch);
+  EXPECT_NE(stranger.status.message.find("not on the allow-list"), std::string::npos)
+      << stranger.status.message;
+  EXPECT_TRUE(echoes(io_, *good.ch, "1"));
+
+  // A role that may not connect here.
+  auto edge = connect(io_, kit("edge-west"), server.port(), {}, wire::EDGE);
+  EXPECT_FALSE(edge.ch);
+  EXPECT_NE(edge.status.message.find("role edge may not connect"), std::string::npos)
+      << edge.status.message;
+  EXPECT_TRUE(echoes(io_, *good.ch, "2"));
+
+  // A certificate from another CA.
+  TempDir other;
+  test::make_pki(other.path(), kFed, {{wire::SILO, "hospital-a"}});
+  auto foreign = connect(io_, TlsFiles::from_kit(other / "kits/hospital-a"), server.port());
+  EXPECT_FALSE(foreign.ch);
+  EXPECT_TRUE(echoes(io_, *good.ch, "3"));
+
+  // No certificate at all.
+  {
+    ssl::context bare(ssl::context::tls);
+    SSL_CTX_set_min_proto_version(bare.native_handle(), TLS1_3_VERSION);
+    bare.load_verify_file((dir_ / "kits/hospital-a/ca.pem").string());
+    bare.set_verify_mode(ssl::verify_peer);
+    auto r = io_.run(dial_once(io_.executor(), bare, {"127.0.0.1", server.port()},
+                               {wire::SERVER}, LocalInfo{kFed, wire::SILO, {}}, {}));
+    EXPECT_FALSE(r.ok());
+  }
+  EXPECT_TRUE(echoes(io_, *good.ch, "4"));
+
+  // An expired certificate.
+  IssueRequest old;
+  old.role = wire::SILO;
+  old.name = "hospital-b";
+  old.not_before_offset_s = -3 * 86400;
+  old.days = 1;
+  pki_issue(dir_.path(), old);
+  auto expired = connect(io_, kit("hospital-b"), server.port());
+  EXPECT_FALSE(expired.ch);
+  EXPECT_TRUE(echoes(io_, *good.ch, "5"));
+
+  EXPECT_GE(server.refused(), 5u);
+}
+
+TEST_F(TlsTest, ClientRefusesAServerWhoseCertificateIsNotAServers) {
+  // A silo's kit used as the listener: the dialler insists on the server role.
+  AllowList allow;
+  allow.allow(wire::SILO, {"*"});
+  auto ctx = make_tls_context(kit("hospital-x"));
+  std::unique_ptr<Listener> l;
+  io_.run_sync([&] {
+    l = std::make_unique<Listener>(io_.executor(), ctx, Endpoint{"127.0.0.1", 0},
+                                   ChannelOptions{}, allow, LocalInfo{kFed, wire::SERVER, {}},
+                                   [](std::shared_ptr<Channel>) {});
+    l->start();
+  });
+  auto c = connect(io_, kit("hospital-a"), l->port());
+  EXPECT_FALSE(c.ch);
+  EXPECT_NE(c.status.message.find("not an upstream role"), std::string::npos) << c.status.message;
+  io_.run_sync([&] { l->stop(); });
+}
+
+// A TLS client that writes raw bytes after a proper Hello, to feed the server bad frames.
+struct RawClient {
+  ssl::context ctx;
+  std::unique_ptr<asio::ssl::stream<tcp::socket>> stream;
+  RawClient(IoThread& io, const TlsFiles& files, std::uint16_t port)
+      : ctx(make_tls_context(files)) {
+    io.run([&]() -> awaitable<void> {
+      stream = std::make_unique<asio::ssl::stream<tcp::socket>>(io.executor(), ctx);
+      co_await stream->lowest_layer().async_connect(
+          tcp::endpoint(asio::ip::make_address("127.0.0.1"), port), asio::use_awaitable);
+      co_await stream->async_handshake(ssl::stream_base::client, asio::use_awaitable);
+      auto hello = envelope(kFed, 0);
+      hello.mutable_hello()->set_protocol_version(proto::kProtocolVersion);
+      hello.mutable_hello()->set_role(wire::SILO);
+      co_await write(*proto::encode_frame(hello, 1 << 20));
+      auto welcome = co_await read();
+      EXPECT_TRUE(welcome.ok() && welcome->has_welcome());
+    }());
+  }
+  awaitable<void> write(const std::string& bytes) {
+    co_await asio::async_write(*stream, asio::buffer(bytes), asio::use_awaitable);
+  }
+  awaitable<proto::Result<wire::Envelope>> read() {
+    std::array<std::uint8_t, 4> h{};
+    co_await asio::async_read(*stream, asio::buffer(h), asio::use_awaitable);
+    auto n = proto::decode_frame_length(h, 1 << 20);
+    if (!n) co_return n.status();
+    std::string p(*n, '\0');
+    co_await asio::async_read(*stream, asio::buffer(p), asio::use_awaitable);
+    co_return proto::decode_envelope({reinterpret_cast<const std::uint8_t*>(p.data()), p.size()});
+  }
+  // Sends `bytes` and returns the server's answer (an Error is expected).
+  proto::Result<wire::Envelope> send_and_read(IoThread& io, const std::string& bytes) {
+    return io.run([&]() -> awaitable<proto::Result<wire::Envelope>> {
+      co_await write(bytes);
+      co_return co_await read();
+    }());
+  }
+};
+
+TEST_F(TlsTest, MalformedFramesGetAnErrorAndTheServerKeepsServing) {
+  EchoServer server(io_, dir_.path());
+  auto good = connect(io_, kit("hospital-a"), server.port());
+  ASSERT_TRUE(good.ch);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"4 GiB length prefix", std::string("\xff\xff\xff\xff", 4)},
+      {"zero length", std::string("\0\0\0\0", 4)},
+      {"garbage payload", std::string("\0\0\0\x08", 4) + "\xff\xfe\xfd\xfc\xfb\xfa\xf9\xf8"},
+      {"empty envelope", std::string("\0\0\0\x02\x0a\x00", 6)},
+  };
+  int expected_bad = 0;
+  for (const auto& [what, bytes] : cases) {
+    RawClient raw(io_, kit("hospital-a"), server.port());
+    auto answer = raw.send_and_read(io_, bytes);
+    ASSERT_TRUE(answer.ok()) << what;
+    ASSERT_TRUE(answer->has_error()) << what;
+    EXPECT_EQ(answer->error().code(), wire::BAD_FRAME) << what;
+    ++expected_bad;
+    EXPECT_EQ(server.bad_frames(), expected_bad) << what;
+    EXPECT_TRUE(echoes(io_, *good.ch, what)) << what;
+  }
+  // A truncated frame followed by a disconnect: the server just drops that peer.
+  {
+    RawClient raw(io_, kit("hospital-a"), server.port());
+    io_.run(raw.write(std::string("\0\0\0\x40", 4) + "abc"));
+    io_.run_sync([&] { raw.stream->lowest_layer().close(); });
+  }
+  EXPECT_TRUE(echoes(io_, *good.ch, "after truncation"));
+}
+
+TEST_F(TlsTest, IdlePeersAreClosedAndHeartbeatsKeepThemOpen) {
+  ChannelOptions server_opts;
+  server_opts.idle_timeout = std::chrono::milliseconds(400);
+  server_opts.heartbeat_interval = std::chrono::milliseconds(100);
+  EchoServer server(io_, dir_.path(), 0, server_opts);
+  ChannelOptions silent;
+  silent.heartbeat_interval = std::chrono::milliseconds(0);
+  silent.idle_timeout = std::chrono::milliseconds(0);
+  ChannelOptions chatty;
+  chatty.heartbeat_interval = std::chrono::milliseconds(100);
+  chatty.idle_timeout = std::chrono::milliseconds(0);
+  auto quiet = connect(io_, kit("hospital-a"), server.port(), silent);
+  auto alive = connect(io_, kit("hospital-a"), server.port(), chatty);
+  ASSERT_TRUE(quiet.ch && alive.ch);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  EXPECT_FALSE(echoes(io_, *quiet.ch, "too late"));
+  EXPECT_TRUE(echoes(io_, *alive.ch, "still here"));
+}
+
+awaitable<std::shared_ptr<Channel>> dial_until_up(asio::any_io_executor ex, ssl::context& ctx,
+                                                  std::uint16_t port, Backoff& backoff) {
+  const Endpoint to{"127.0.0.1", port};
+  const LocalInfo me{kFed, wire::SILO, {}};
+  const std::set<wire::Role> roles{wire::SERVER};
+  for (;;) {
+    auto r = co_await dial_once(ex, ctx, to, roles, me, {});
+    if (r) co_return *r;
+    asio::steady_timer t(ex, backoff.next());
+    co_await t.async_wait(asio::use_awaitable);
+  }
+}
+
+TEST_F(TlsTest, DiallerReconnectsWhenTheListenerComesBack) {
+  auto server = std::make_unique<EchoServer>(io_, dir_.path());
+  const auto port = server->port();
+  auto c = connect(io_, kit("hospital-a"), port);
+  ASSERT_TRUE(c.ch);
+  server.reset();  // the server goes away
+  EXPECT_FALSE(echoes(io_, *c.ch, "gone"));
+
+  std::thread restart([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    server = std::make_unique<EchoServer>(io_, dir_.path(), port);
+  });
+  auto ctx = make_tls_context(kit("hospital-a"));
+  DialOptions dopts;
+  dopts.initial_backoff = std::chrono::milliseconds(50);
+  dopts.max_backoff = std::chrono::milliseconds(200);
+  Backoff backoff(dopts, 1);
+  auto ch = io_.run(dial_until_up(io_.executor(), ctx, port, backoff));
+  restart.join();
+  EXPECT_GE(backoff.attempts(), 2);
+  EXPECT_TRUE(echoes(io_, *ch, "back"));
+  server.reset();
+}
+
+TEST(Backoff, GrowsExponentiallyWithJitterUpToTheCap) {
+  DialOptions o;
+  o.initial_backoff = std::chrono::milliseconds(100);
+  o.max_backoff = std::chrono::milliseconds(1000);
+  Backoff b(o, 7);
+  std::vector<long> waits;
+  for (int i = 0; i < 8; ++i) waits.push_back(b.next().count());
+  EXPECT_GE(waits[0], 50);
+  EXPECT_LE(waits[0], 100);
+  EXPECT_GE(waits[3], 400);
+  EXPECT_LE(waits[3], 800);
+  for (int i = 4; i < 8; ++i) {
+    EXPECT_GE(waits[i], 500);
+    EXPECT_LE(waits[i], 1000);
+  }
+}
+
+}  // namespace
+}  // namespace xsilo::transport

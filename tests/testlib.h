@@ -1,0 +1,58 @@
+// Helpers shared by the tests: temporary folders, a throwaway PKI, an io_context on a thread.
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <future>
+#include <string>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/use_future.hpp>
+
+#include "transport/pki.h"
+
+namespace xsilo::test {
+
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& s) const { return path_ / s; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// A CA in DIR with kits for the named participants.
+void make_pki(const std::filesystem::path& dir, const std::string& federation,
+              const std::vector<std::pair<wire::Role, std::string>>& participants);
+
+// Runs an io_context on its own thread until destroyed.
+class IoThread {
+ public:
+  IoThread();
+  ~IoThread();
+  boost::asio::io_context& io() { return io_; }
+  boost::asio::any_io_executor executor() { return io_.get_executor(); }
+  // Runs a coroutine on the io thread and waits for its result.
+  template <class T>
+  T run(boost::asio::awaitable<T> a) {
+    return boost::asio::co_spawn(io_, std::move(a), boost::asio::use_future).get();
+  }
+  void run_sync(std::function<void()> f);
+
+ private:
+  boost::asio::io_context io_;
+  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;
+  std::thread thread_;
+};
+
+// The xsilo binary under test (set by CTest through XSILO_BIN).
+std::string xsilo_bin();
+
+}  // namespace xsilo::test

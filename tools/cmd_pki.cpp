@@ -1,0 +1,72 @@
+// xsilo pki init | issue: the federation CA and one kit folder per participant.
+#include <iostream>
+
+#include "common/config.h"
+#include "tools/commands.h"
+#include "transport/pki.h"
+
+namespace xsilo::tools {
+
+void add_pki(CLI::App& app, int& exit_code) {
+  auto* pki = app.add_subcommand("pki", "create the federation CA and issue participant kits");
+  pki->require_subcommand(1);
+
+  struct InitOpts {
+    std::string out = "pki", federation = "xsilo", key = "p256";
+    int days = 3650;
+  };
+  auto init = std::make_shared<InitOpts>();
+  auto* cmd_init = pki->add_subcommand("init", "create a federation CA in DIR/ca");
+  cmd_init->add_option("--out", init->out, "PKI folder")->capture_default_str();
+  cmd_init->add_option("--federation", init->federation, "federation name (the CA's O=)")
+      ->capture_default_str();
+  cmd_init->add_option("--days", init->days, "validity in days")->capture_default_str();
+  cmd_init->add_option("--key", init->key, "key type: p256 or ed25519")->capture_default_str();
+  cmd_init->callback([init, &exit_code] {
+    if (init->key != "p256" && init->key != "ed25519") {
+      throw ConfigError("pki init: --key must be p256 or ed25519");
+    }
+    transport::pki_init(init->out, init->federation, init->days,
+                        init->key == "p256" ? transport::KeyType::P256
+                                            : transport::KeyType::Ed25519);
+    std::cout << "created federation CA in " << init->out << "/ca (keep ca.key offline)\n";
+    exit_code = 0;
+  });
+
+  struct IssueOpts {
+    std::string pki = "pki", role, name, key = "p256";
+    int days = 365;
+  };
+  auto issue = std::make_shared<IssueOpts>();
+  auto* cmd_issue = pki->add_subcommand("issue", "issue a key and certificate as DIR/kits/NAME");
+  cmd_issue->add_option("--pki", issue->pki, "PKI folder made by pki init")->capture_default_str();
+  cmd_issue->add_option("--role", issue->role, "server, edge or silo")->required();
+  cmd_issue->add_option("--name", issue->name, "participant name (certificate CN)")->required();
+  cmd_issue->add_option("--days", issue->days, "validity in days")->capture_default_str();
+  cmd_issue->add_option("--key", issue->key, "key type: p256 or ed25519")->capture_default_str();
+  cmd_issue->callback([issue, &exit_code] {
+    transport::IssueRequest req;
+    try {
+      req.role = transport::parse_role(issue->role);
+    } catch (const std::invalid_argument& e) {
+      throw ConfigError(std::string("pki issue: --role: ") + e.what());
+    }
+    if (issue->key != "p256" && issue->key != "ed25519") {
+      throw ConfigError("pki issue: --key must be p256 or ed25519");
+    }
+    req.name = issue->name;
+    req.days = issue->days;
+    req.key = issue->key == "p256" ? transport::KeyType::P256 : transport::KeyType::Ed25519;
+    std::filesystem::path kit;
+    try {
+      kit = transport::pki_issue(issue->pki, req);
+    } catch (const std::invalid_argument& e) {
+      throw ConfigError(std::string("pki issue: ") + e.what());
+    }
+    std::cout << "issued " << issue->role << " " << issue->name << ": hand over the folder "
+              << kit.string() << " (key.pem, cert.pem, ca.pem)\n";
+    exit_code = 0;
+  });
+}
+
+}  // namespace xsilo::tools

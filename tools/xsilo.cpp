@@ -1,0 +1,38 @@
+// xsilo: the one command-line front of the framework.
+#include <iostream>
+
+#include "common/config.h"
+#include "tools/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"xsilo: cross-silo federated learning with secure aggregation", "xsilo"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "xsilo 0.1.0 (wire protocol 1)");
+  int exit_code = 0;
+  xsilo::tools::add_server(app, exit_code);
+  xsilo::tools::add_edge(app, exit_code);
+  xsilo::tools::add_agent(app, exit_code);
+  xsilo::tools::add_sim(app, exit_code);
+  xsilo::tools::add_pki(app, exit_code);
+  xsilo::tools::add_audit(app, exit_code);
+  xsilo::tools::add_bench(app, exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  } catch (const xsilo::ConfigError& e) {
+    std::cerr << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "xsilo: " << e.what() << "\n";
+    return 1;
+  }
+  return exit_code;
+}

@@ -1,0 +1,367 @@
+#include "transport/channel.h"
+
+#include <array>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <spdlog/spdlog.h>
+
+#include "transport/pki.h"
+
+namespace xsilo::transport {
+
+using asio::use_awaitable;
+using Clock = std::chrono::steady_clock;
+
+wire::Envelope envelope(const std::string& federation, std::uint64_t round) {
+  wire::Envelope env;
+  env.set_federation(federation);
+  env.set_round(round);
+  return env;
+}
+
+Channel::Channel(tcp::socket socket, ssl::context& ctx, ChannelOptions opts)
+    : stream_(std::move(socket), ctx), opts_(opts), wake_(stream_.get_executor()),
+      heartbeat_timer_(stream_.get_executor()), watchdog_timer_(stream_.get_executor()),
+      deadline_(stream_.get_executor()), last_read_(Clock::now()) {
+  boost::system::error_code ec;
+  auto ep = stream_.lowest_layer().remote_endpoint(ec);
+  remote_ = ec ? "?" : ep.address().to_string() + ":" + std::to_string(ep.port());
+}
+
+Channel::~Channel() = default;
+
+void Channel::arm_deadline(std::chrono::milliseconds d) {
+  deadline_.expires_after(d);
+  std::weak_ptr<Channel> weak = weak_from_this();
+  deadline_.async_wait([weak](boost::system::error_code ec) {
+    if (ec) return;
+    if (auto self = weak.lock()) self->close();
+  });
+}
+
+void Channel::disarm_deadline() { deadline_.cancel(); }
+
+awaitable<void> Channel::write_frame_now(const wire::Envelope& env) {
+  auto frame = proto::encode_frame(env, opts_.max_frame_bytes);
+  if (!frame) throw std::runtime_error(frame.status().message);
+  co_await asio::async_write(stream_, asio::buffer(*frame), use_awaitable);
+  bytes_sent_ += frame->size();
+}
+
+awaitable<proto::Status> Channel::accept(const AllowList& allow, const LocalInfo& me,
+                                         std::uint64_t current_round) {
+  auto self = shared_from_this();
+  federation_ = me.federation;
+  arm_deadline(opts_.handshake_timeout);
+  proto::Status st;
+  try {
+    co_await stream_.async_handshake(ssl::stream_base::server, use_awaitable);
+  } catch (const boost::system::system_error& e) {
+    disarm_deadline();
+    close();
+    co_return proto::error(wire::NOT_ALLOWED, "TLS handshake with " + remote_ +
+                                                  " failed: " + e.code().message());
+  }
+  auto id = peer_identity(stream_.native_handle());
+  if (!id) {
+    st = id.status();
+  } else {
+    peer_ = *id;
+    st = allow.check(peer_);
+  }
+  auto refuse = [&](const proto::Status& why) -> awaitable<void> {
+    auto env = envelope(me.federation, current_round);
+    env.mutable_error()->set_code(why.code);
+    env.mutable_error()->set_message(why.message);
+    try {
+      co_await write_frame_now(env);
+    } catch (...) {
+    }
+    disarm_deadline();
+    close();
+  };
+  if (!st) {
+    co_await refuse(st);
+    co_return st;
+  }
+  auto hello = co_await read_frame();
+  if (!hello) {
+    disarm_deadline();
+    close();
+    co_return hello.status();
+  }
+  if (!hello->has_hello()) {
+    st = proto::error(wire::UNEXPECTED, "expected Hello, got " + proto::body_name(*hello));
+  } else if (hello->federation() != me.federation) {
+    st = proto::error(wire::WRONG_FEDERATION, "peer belongs to federation \"" +
+                                                  hello->federation() + "\", this is \"" +
+                                                  me.federation + "\"");
+  } else if (hello->hello().protocol_version() != proto::kProtocolVersion) {
+    st = proto::error(wire::VERSION_MISMATCH,
+                      "peer speaks protocol version " +
+                          std::to_string(hello->hello().protocol_version()) + ", this " +
+                          role_name(me.role) + " speaks version " +
+                          std::to_string(proto::kProtocolVersion));
+  } else if (hello->hello().role() != peer_.role) {
+    st = proto::error(wire::NOT_ALLOWED, "peer claims role " + role_name(hello->hello().role()) +
+                                             " but its certificate says " + role_name(peer_.role));
+  }
+  if (!st) {
+    co_await refuse(st);
+    co_return st;
+  }
+  peer_hello_ = hello->hello();
+  auto env = envelope(me.federation, current_round);
+  auto* w = env.mutable_welcome();
+  w->set_protocol_version(proto::kProtocolVersion);
+  w->set_role(me.role);
+  for (const auto& c : me.capabilities) w->add_capabilities(c);
+  w->set_peer_identity(peer_.name);
+  w->set_current_round(current_round);
+  try {
+    co_await write_frame_now(env);
+  } catch (const std::exception& e) {
+    disarm_deadline();
+    close();
+    co_return proto::error(wire::INTERNAL, std::string("cannot send Welcome: ") + e.what());
+  }
+  disarm_deadline();
+  co_return proto::Status::ok();
+}
+
+awaitable<proto::Status> Channel::connect(const std::set<wire::Role>& roles, const LocalInfo& me) {
+  auto self = shared_from_this();
+  federation_ = me.federation;
+  arm_deadline(opts_.handshake_timeout);
+  try {
+    co_await stream_.async_handshake(ssl::stream_base::client, use_awaitable);
+  } catch (const boost::system::system_error& e) {
+    disarm_deadline();
+    close();
+    co_return proto::error(wire::NOT_ALLOWED,
+                           "TLS handshake with " + remote_ + " failed: " + e.code().message());
+  }
+  auto id = peer_identity(stream_.native_handle());
+  if (!id) {
+    disarm_deadline();
+    close();
+    co_return id.status();
+  }
+  peer_ = *id;
+  if (!roles.count(peer_.role)) {
+    disarm_deadline();
+    close();
+    co_return proto::error(wire::NOT_ALLOWED, remote_ + " presented a certificate for " +
+                                                  peer_.str() + ", which is not an upstream role");
+  }
+  auto env = envelope(me.federation, 0);
+  auto* h = env.mutable_hello();
+  h->set_protocol_version(proto::kProtocolVersion);
+  h->set_role(me.role);
+  for (const auto& c : me.capabilities) h->add_capabilities(c);
+  h->set_software("xsilo");
+  try {
+    co_await write_frame_now(env);
+  } catch (const std::exception& e) {
+    disarm_deadline();
+    close();
+    co_return proto::error(wire::INTERNAL, std::string("cannot send Hello: ") + e.what());
+  }
+  auto reply = co_await read_frame();
+  disarm_deadline();
+  if (!reply) {
+    close();
+    co_return reply.status();
+  }
+  if (reply->has_error()) {
+    close();
+    co_return proto::error(reply->error().code(),
+                           peer_.str() + " refused the connection: " + reply->error().message());
+  }
+  if (!reply->has_welcome()) {
+    close();
+    co_return proto::error(wire::UNEXPECTED, "expected Welcome, got " + proto::body_name(*reply));
+  }
+  welcome_ = reply->welcome();
+  co_return proto::Status::ok();
+}
+
+void Channel::start() {
+  if (started_) return;
+  started_ = true;
+  last_read_ = Clock::now();
+  auto self = shared_from_this();
+  asio::co_spawn(executor(), [self] { return self->writer(); }, asio::detached);
+  if (opts_.heartbeat_interval.count() > 0) {
+    asio::co_spawn(executor(), [self] { return self->heartbeat(); }, asio::detached);
+  }
+  if (opts_.idle_timeout.count() > 0) {
+    asio::co_spawn(executor(), [self] { return self->watchdog(); }, asio::detached);
+  }
+}
+
+awaitable<proto::Result<wire::Envelope>> Channel::read_frame() {
+  std::array<std::uint8_t, proto::kFrameHeaderBytes> header{};
+  std::string payload;
+  try {
+    co_await asio::async_read(stream_, asio::buffer(header), use_awaitable);
+    auto len = proto::decode_frame_length(header, opts_.max_frame_bytes);
+    if (!len) co_return len.status();
+    payload.resize(*len);
+    co_await asio::async_read(stream_, asio::buffer(payload), use_awaitable);
+  } catch (const boost::system::system_error& e) {
+    open_ = false;
+    co_return proto::error(wire::ERROR_UNSPECIFIED,
+                           "connection to " + remote_ + " closed: " + e.code().message());
+  }
+  bytes_received_ += proto::kFrameHeaderBytes + payload.size();
+  last_read_ = Clock::now();
+  co_return proto::decode_envelope(
+      {reinterpret_cast<const std::uint8_t*>(payload.data()), payload.size()});
+}
+
+awaitable<proto::Result<wire::Envelope>> Channel::read() {
+  auto self = shared_from_this();
+  for (;;) {
+    if (!open_) co_return proto::error(wire::ERROR_UNSPECIFIED, "connection closed");
+    auto env = co_await read_frame();
+    if (!env) co_return env;
+    if (env->has_heartbeat()) continue;
+    if (env->federation() != federation_) {
+      co_return proto::error(wire::WRONG_FEDERATION,
+                             "message for federation \"" + env->federation() + "\"");
+    }
+    co_return env;
+  }
+}
+
+bool Channel::send(wire::Envelope env) {
+  if (!open_ || closing_) return false;
+  auto frame = proto::encode_frame(env, opts_.max_frame_bytes);
+  if (!frame) {
+    spdlog::error("not sending {} to {}: {}", proto::body_name(env), peer_.str(),
+                  frame.status().message);
+    return false;
+  }
+  queued_bytes_ += frame->size();
+  if (queued_bytes_ > opts_.max_queued_bytes) {
+    spdlog::warn("{} is not reading: {} bytes queued; closing the connection", peer_.str(),
+                 queued_bytes_);
+    close();
+    return false;
+  }
+  queue_.push_back(Item{std::move(*frame), nullptr});
+  wake_.cancel();
+  return true;
+}
+
+bool Channel::send_stream(Source next) {
+  if (!open_ || closing_) return false;
+  queue_.push_back(Item{{}, std::move(next)});
+  wake_.cancel();
+  return true;
+}
+
+void Channel::close_with_error(wire::ErrorCode code, const std::string& message) {
+  if (!open_ || closing_) return;
+  auto env = envelope(federation_, 0);
+  env.mutable_error()->set_code(code);
+  env.mutable_error()->set_message(message);
+  queue_.clear();
+  queued_bytes_ = 0;
+  send(std::move(env));
+  closing_ = true;
+  if (!started_) close();
+}
+
+void Channel::close() {
+  if (!open_ && !stream_.lowest_layer().is_open()) return;
+  open_ = false;
+  queue_.clear();
+  queued_bytes_ = 0;
+  wake_.cancel();
+  heartbeat_timer_.cancel();
+  watchdog_timer_.cancel();
+  deadline_.cancel();
+  boost::system::error_code ec;
+  stream_.lowest_layer().shutdown(tcp::socket::shutdown_both, ec);
+  stream_.lowest_layer().close(ec);
+}
+
+awaitable<void> Channel::writer() {
+  auto self = shared_from_this();
+  try {
+    while (open_) {
+      if (queue_.empty()) {
+        if (closing_) break;
+        wake_.expires_at(Clock::time_point::max());
+        boost::system::error_code ec;
+        co_await wake_.async_wait(asio::redirect_error(use_awaitable, ec));
+        continue;
+      }
+      std::string frame;
+      Item& front = queue_.front();
+      if (!front.source) {
+        frame = std::move(front.frame);
+        queue_.pop_front();
+        queued_bytes_ -= std::min(queued_bytes_, frame.size());
+      } else {
+        auto env = front.source();
+        if (!env) {
+          queue_.pop_front();
+          continue;
+        }
+        auto encoded = proto::encode_frame(*env, opts_.max_frame_bytes);
+        if (!encoded) throw std::runtime_error(encoded.status().message);
+        frame = std::move(*encoded);
+      }
+      co_await asio::async_write(stream_, asio::buffer(frame), use_awaitable);
+      bytes_sent_ += frame.size();
+    }
+  } catch (const std::exception& e) {
+    if (open_) spdlog::debug("writer to {} stopped: {}", peer_.str(), e.what());
+  }
+  close();
+}
+
+awaitable<void> Channel::heartbeat() {
+  auto self = shared_from_this();
+  while (open_) {
+    heartbeat_timer_.expires_after(opts_.heartbeat_interval);
+    boost::system::error_code ec;
+    co_await heartbeat_timer_.async_wait(asio::redirect_error(use_awaitable, ec));
+    if (ec || !open_) break;
+    if (queue_.empty()) {
+      auto env = envelope(federation_, 0);
+      env.mutable_heartbeat()->set_sent_unix_ms(static_cast<std::uint64_t>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(
+              std::chrono::system_clock::now().time_since_epoch())
+              .count()));
+      send(std::move(env));
+    }
+  }
+}
+
+awaitable<void> Channel::watchdog() {
+  auto self = shared_from_this();
+  const auto tick = std::max(std::chrono::milliseconds(50),
+                             std::min(opts_.idle_timeout / 4, std::chrono::milliseconds(1000)));
+  while (open_) {
+    watchdog_timer_.expires_after(tick);
+    boost::system::error_code ec;
+    co_await watchdog_timer_.async_wait(asio::redirect_error(use_awaitable, ec));
+    if (ec || !open_) break;
+    if (Clock::now() - last_read_ > opts_.idle_timeout) {
+      spdlog::warn("{} ({}) sent nothing for {} ms; closing the connection", peer_.str(), remote_,
+                   opts_.idle_timeout.count());
+      close();
+    }
+  }
+}
+
+}  // namespace xsilo::transport

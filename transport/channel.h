@@ -1,0 +1,122 @@
+// A framed, mutually authenticated TLS connection. One coroutine reads (read()), one writer
+// coroutine drains the send queue, a heartbeat keeps NAT mappings alive and an idle watchdog
+// closes a peer that went silent. send() never blocks: a slow peer only fills its own queue,
+// and a queue over its limit closes that peer rather than growing without bound.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>  // Boost 1.74's awaitable.hpp uses std::exchange without it
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl/stream.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include "proto/frame.h"
+#include "transport/tls.h"
+
+namespace xsilo::transport {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+template <class T>
+using awaitable = asio::awaitable<T>;
+
+struct ChannelOptions {
+  std::size_t max_frame_bytes = proto::kDefaultMaxFrameBytes;
+  std::chrono::milliseconds heartbeat_interval{5000};
+  std::chrono::milliseconds idle_timeout{30000};   // 0 disables the watchdog
+  std::chrono::milliseconds handshake_timeout{10000};
+  std::size_t max_queued_bytes = std::size_t{512} << 20;
+};
+
+// What this side says about itself in Hello / Welcome.
+struct LocalInfo {
+  std::string federation;
+  wire::Role role = wire::ROLE_UNSPECIFIED;
+  std::vector<std::string> capabilities;
+};
+
+class Channel : public std::enable_shared_from_this<Channel> {
+ public:
+  using Stream = asio::ssl::stream<tcp::socket>;
+  using Source = std::function<std::optional<wire::Envelope>()>;
+
+  Channel(tcp::socket socket, ssl::context& ctx, ChannelOptions opts);
+  ~Channel();
+
+  // Server side: TLS handshake, certificate identity checked against `allow`, then the
+  // peer's Hello read and answered with Welcome. On failure the peer receives an Error
+  // when possible and the connection is closed.
+  awaitable<proto::Status> accept(const AllowList& allow, const LocalInfo& me,
+                                  std::uint64_t current_round);
+  // Client side: TLS handshake, the peer's certificate role must be in `roles`, then Hello
+  // sent and Welcome read.
+  awaitable<proto::Status> connect(const std::set<wire::Role>& roles, const LocalInfo& me);
+
+  // Starts the writer, heartbeat and idle watchdog. Call once after accept/connect.
+  void start();
+
+  // The next message that is not a heartbeat, or why there is none (bad frame, closed, idle).
+  awaitable<proto::Result<wire::Envelope>> read();
+
+  // Queue a message, or a lazily produced run of messages (model chunks: memory stays at one
+  // chunk per connection). False when closed or when the queue limit was exceeded.
+  bool send(wire::Envelope env);
+  bool send_stream(Source next);
+  // Sends an Error message, then closes.
+  void close_with_error(wire::ErrorCode code, const std::string& message);
+  void close();
+
+  bool is_open() const { return open_; }
+  const PeerIdentity& peer() const { return peer_; }
+  const wire::Hello& peer_hello() const { return peer_hello_; }
+  const wire::Welcome& welcome() const { return welcome_; }
+  std::string remote() const { return remote_; }
+  std::uint64_t bytes_sent() const { return bytes_sent_; }
+  std::uint64_t bytes_received() const { return bytes_received_; }
+  std::size_t queued_bytes() const { return queued_bytes_; }
+  asio::any_io_executor executor() { return stream_.get_executor(); }
+  const std::string& federation() const { return federation_; }
+
+ private:
+  struct Item {
+    std::string frame;
+    Source source;
+  };
+  awaitable<proto::Result<wire::Envelope>> read_frame();
+  awaitable<void> write_frame_now(const wire::Envelope& env);
+  awaitable<void> writer();
+  awaitable<void> heartbeat();
+  awaitable<void> watchdog();
+  void arm_deadline(std::chrono::milliseconds d);
+  void disarm_deadline();
+
+  Stream stream_;
+  ChannelOptions opts_;
+  asio::steady_timer wake_, heartbeat_timer_, watchdog_timer_, deadline_;
+  std::deque<Item> queue_;
+  std::size_t queued_bytes_ = 0;
+  bool open_ = true;
+  bool closing_ = false;   // flush then close
+  bool started_ = false;
+  PeerIdentity peer_;
+  wire::Hello peer_hello_;
+  wire::Welcome welcome_;
+  std::string remote_;
+  std::string federation_;
+  std::uint64_t bytes_sent_ = 0, bytes_received_ = 0;
+  std::chrono::steady_clock::time_point last_read_;
+};
+
+// Fills federation and round of an envelope.
+wire::Envelope envelope(const std::string& federation, std::uint64_t round);
+
+}  // namespace xsilo::transport

@@ -1,0 +1,25 @@
+// The config sections every daemon shares: "tls", "transport" and "reconnect".
+#pragma once
+
+#include "common/config.h"
+#include "common/net.h"
+#include "transport/channel.h"
+#include "transport/dialer.h"
+#include "transport/tls.h"
+
+namespace xsilo::transport {
+
+// "tls": {"kit": DIR} or {"key": F, "cert": F, "ca": F}
+TlsFiles parse_tls(const ConfigNode& node);
+// "transport": {"max_frame_bytes", "heartbeat_s", "idle_timeout_s", "handshake_timeout_s",
+//               "max_queued_mib"}
+ChannelOptions parse_channel_options(const ConfigNode& node);
+// "reconnect": {"initial_backoff_s", "max_backoff_s", "max_attempts"}
+DialOptions parse_dial_options(const ConfigNode& node);
+// "allow": {"silo": [names or "*"], "edge": [...], "server": [...]}
+AllowList parse_allow(const ConfigNode& node);
+Endpoint parse_endpoint_key(const ConfigNode& node, const std::string& key,
+                            const std::string& def = "");
+std::vector<Endpoint> parse_endpoint_list(const ConfigNode& node, const std::string& key);
+
+}  // namespace xsilo::transport

@@ -1,0 +1,187 @@
+#include "transport/pki.h"
+
+#include <openssl/bn.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <openssl/x509v3.h>
+
+#include <memory>
+#include <regex>
+#include <stdexcept>
+
+#include "common/fs.h"
+
+namespace xsilo::transport {
+
+namespace {
+
+template <class T, void (*F)(T*)>
+struct Deleter {
+  void operator()(T* p) const { F(p); }
+};
+using PkeyPtr = std::unique_ptr<EVP_PKEY, Deleter<EVP_PKEY, EVP_PKEY_free>>;
+using X509Ptr = std::unique_ptr<X509, Deleter<X509, X509_free>>;
+using BioPtr = std::unique_ptr<BIO, Deleter<BIO, BIO_free_all>>;
+
+[[noreturn]] void ossl_fail(const std::string& what) {
+  char buf[256];
+  ERR_error_string_n(ERR_get_error(), buf, sizeof buf);
+  throw std::runtime_error(what + ": " + buf);
+}
+
+PkeyPtr generate_key(KeyType type) {
+  EVP_PKEY* k = type == KeyType::P256 ? EVP_EC_gen("P-256")
+                                      : EVP_PKEY_Q_keygen(nullptr, nullptr, "ED25519");
+  if (!k) ossl_fail("key generation failed");
+  return PkeyPtr(k);
+}
+
+std::string to_pem(EVP_PKEY* key) {
+  BioPtr bio(BIO_new(BIO_s_mem()));
+  if (!PEM_write_bio_PrivateKey(bio.get(), key, nullptr, nullptr, 0, nullptr, nullptr)) {
+    ossl_fail("cannot encode the private key");
+  }
+  char* data = nullptr;
+  const long n = BIO_get_mem_data(bio.get(), &data);
+  return std::string(data, static_cast<std::size_t>(n));
+}
+
+std::string to_pem(X509* cert) {
+  BioPtr bio(BIO_new(BIO_s_mem()));
+  if (!PEM_write_bio_X509(bio.get(), cert)) ossl_fail("cannot encode the certificate");
+  char* data = nullptr;
+  const long n = BIO_get_mem_data(bio.get(), &data);
+  return std::string(data, static_cast<std::size_t>(n));
+}
+
+PkeyPtr read_key(const std::filesystem::path& p) {
+  const std::string pem = read_file(p);
+  BioPtr bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+  EVP_PKEY* k = PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr);
+  if (!k) ossl_fail("cannot read the key " + p.string());
+  return PkeyPtr(k);
+}
+
+X509Ptr read_cert(const std::filesystem::path& p) {
+  const std::string pem = read_file(p);
+  BioPtr bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+  X509* c = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr);
+  if (!c) ossl_fail("cannot read the certificate " + p.string());
+  return X509Ptr(c);
+}
+
+void add_ext(X509* cert, X509* issuer, int nid, const char* value) {
+  X509V3_CTX ctx;
+  X509V3_set_ctx_nodb(&ctx);
+  X509V3_set_ctx(&ctx, issuer, cert, nullptr, nullptr, 0);
+  X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value);
+  if (!ext) ossl_fail(std::string("cannot build extension ") + value);
+  X509_add_ext(cert, ext, -1);
+  X509_EXTENSION_free(ext);
+}
+
+X509Ptr make_cert(EVP_PKEY* subject_key, const std::string& cn, const std::string& ou,
+                  const std::string& org, X509* issuer, EVP_PKEY* issuer_key,
+                  std::int64_t not_before_offset_s, int days, bool is_ca) {
+  X509Ptr cert(X509_new());
+  X509_set_version(cert.get(), 2);
+  std::unique_ptr<BIGNUM, Deleter<BIGNUM, BN_free>> serial(BN_new());
+  BN_rand(serial.get(), 127, BN_RAND_TOP_ANY, BN_RAND_BOTTOM_ANY);
+  BN_to_ASN1_INTEGER(serial.get(), X509_get_serialNumber(cert.get()));
+  X509_gmtime_adj(X509_getm_notBefore(cert.get()), static_cast<long>(not_before_offset_s));
+  X509_gmtime_adj(X509_getm_notAfter(cert.get()),
+                  static_cast<long>(not_before_offset_s + std::int64_t{days} * 86400));
+  X509_set_pubkey(cert.get(), subject_key);
+  X509_NAME* name = X509_get_subject_name(cert.get());
+  auto add = [&](const char* field, const std::string& v) {
+    X509_NAME_add_entry_by_txt(name, field, MBSTRING_UTF8,
+                               reinterpret_cast<const unsigned char*>(v.c_str()), -1, -1, 0);
+  };
+  add("O", org);
+  add("OU", ou);
+  add("CN", cn);
+  X509* iss = issuer ? issuer : cert.get();
+  X509_set_issuer_name(cert.get(), X509_get_subject_name(iss));
+  if (is_ca) {
+    add_ext(cert.get(), iss, NID_basic_constraints, "critical,CA:TRUE,pathlen:0");
+    add_ext(cert.get(), iss, NID_key_usage, "critical,keyCertSign,cRLSign");
+  } else {
+    add_ext(cert.get(), iss, NID_basic_constraints, "critical,CA:FALSE");
+    add_ext(cert.get(), iss, NID_key_usage, "critical,digitalSignature,keyAgreement");
+    add_ext(cert.get(), iss, NID_ext_key_usage, "serverAuth,clientAuth");
+    add_ext(cert.get(), iss, NID_subject_alt_name, ("DNS:" + cn).c_str());
+  }
+  add_ext(cert.get(), iss, NID_subject_key_identifier, "hash");
+  const EVP_MD* md = EVP_PKEY_get_id(issuer_key) == EVP_PKEY_ED25519 ? nullptr : EVP_sha256();
+  if (!X509_sign(cert.get(), issuer_key, md)) ossl_fail("cannot sign the certificate");
+  return cert;
+}
+
+std::string federation_of(X509* ca) {
+  char buf[256] = {0};
+  X509_NAME_get_text_by_NID(X509_get_subject_name(ca), NID_organizationName, buf, sizeof buf);
+  return buf;
+}
+
+}  // namespace
+
+std::string role_name(wire::Role role) {
+  switch (role) {
+    case wire::SERVER: return "server";
+    case wire::EDGE: return "edge";
+    case wire::SILO: return "silo";
+    default: return "unknown";
+  }
+}
+
+wire::Role parse_role(const std::string& s) {
+  if (s == "server") return wire::SERVER;
+  if (s == "edge") return wire::EDGE;
+  if (s == "silo") return wire::SILO;
+  throw std::invalid_argument("role must be server, edge or silo, got \"" + s + "\"");
+}
+
+void pki_init(const std::filesystem::path& dir, const std::string& federation, int days,
+              KeyType type) {
+  const auto ca_dir = dir / "ca";
+  if (std::filesystem::exists(ca_dir / "ca.key")) {
+    throw std::runtime_error("a CA already exists in " + ca_dir.string() +
+                             "; refusing to overwrite it");
+  }
+  std::filesystem::create_directories(ca_dir);
+  auto key = generate_key(type);
+  auto cert = make_cert(key.get(), federation + " federation CA", "ca", federation, nullptr,
+                        key.get(), 0, days, true);
+  atomic_write_file(ca_dir / "ca.key", to_pem(key.get()), 0600);
+  atomic_write_file(ca_dir / "ca.pem", to_pem(cert.get()), 0644);
+}
+
+std::filesystem::path pki_issue(const std::filesystem::path& dir, const IssueRequest& req) {
+  static const std::regex kName("[A-Za-z0-9._-]{1,64}");
+  if (!std::regex_match(req.name, kName) || req.name == "." || req.name == "..") {
+    throw std::invalid_argument("participant name \"" + req.name +
+                                "\" must be 1-64 characters of A-Z a-z 0-9 . _ -");
+  }
+  if (req.role != wire::SERVER && req.role != wire::EDGE && req.role != wire::SILO) {
+    throw std::invalid_argument("role must be server, edge or silo");
+  }
+  const auto ca_dir = dir / "ca";
+  if (!std::filesystem::exists(ca_dir / "ca.key")) {
+    throw std::runtime_error("no CA in " + ca_dir.string() + "; run `xsilo pki init` first");
+  }
+  auto ca_key = read_key(ca_dir / "ca.key");
+  auto ca_cert = read_cert(ca_dir / "ca.pem");
+  auto key = generate_key(req.key);
+  auto cert = make_cert(key.get(), req.name, role_name(req.role), federation_of(ca_cert.get()),
+                        ca_cert.get(), ca_key.get(), req.not_before_offset_s, req.days, false);
+  const auto kit = dir / "kits" / req.name;
+  std::filesystem::create_directories(kit);
+  atomic_write_file(kit / "key.pem", to_pem(key.get()), 0600);
+  atomic_write_file(kit / "cert.pem", to_pem(cert.get()), 0644);
+  atomic_write_file(kit / "ca.pem", read_file(ca_dir / "ca.pem"), 0644);
+  return kit;
+}
+
+}  // namespace xsilo::transport

@@ -1,0 +1,36 @@
+// The federation's certificate authority. `xsilo pki init` makes the CA; `xsilo pki issue`
+// makes one kit folder per participant (key.pem, cert.pem, ca.pem): a hospital receives
+// exactly its folder. A participant's identity is its certificate's common name, its role the
+// certificate's organizational unit ("server", "edge" or "silo").
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include "proto/xsilo.pb.h"
+
+namespace xsilo::transport {
+
+enum class KeyType { P256, Ed25519 };
+
+struct IssueRequest {
+  wire::Role role = wire::SILO;
+  std::string name;
+  int days = 365;
+  std::int64_t not_before_offset_s = 0;  // negative: valid from the past (tests make expired certs)
+  KeyType key = KeyType::P256;
+};
+
+// Creates DIR/ca/ca.key (mode 0600) and DIR/ca/ca.pem. Refuses to overwrite an existing CA.
+void pki_init(const std::filesystem::path& dir, const std::string& federation, int days = 3650,
+              KeyType key = KeyType::P256);
+
+// Issues a key and certificate signed by the CA in DIR/ca and writes DIR/kits/NAME/.
+// Returns the kit folder. Refuses names that are not [A-Za-z0-9._-]{1,64}.
+std::filesystem::path pki_issue(const std::filesystem::path& dir, const IssueRequest& req);
+
+std::string role_name(wire::Role role);
+wire::Role parse_role(const std::string& s);  // throws std::invalid_argument
+
+}  // namespace xsilo::transport

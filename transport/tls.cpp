@@ -1,0 +1,77 @@
+#include "transport/tls.h"
+
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+
+#include <stdexcept>
+
+#include "transport/pki.h"
+
+namespace xsilo::transport {
+
+TlsFiles TlsFiles::from_kit(const std::filesystem::path& kit) {
+  return {kit / "key.pem", kit / "cert.pem", kit / "ca.pem"};
+}
+
+ssl::context make_tls_context(const TlsFiles& f) {
+  for (const auto& p : {f.key, f.cert, f.ca}) {
+    if (!std::filesystem::exists(p)) throw std::runtime_error("TLS file " + p.string() + " not found");
+  }
+  ssl::context ctx(ssl::context::tls);
+  SSL_CTX* native = ctx.native_handle();
+  SSL_CTX_set_min_proto_version(native, TLS1_3_VERSION);
+  SSL_CTX_set_max_proto_version(native, TLS1_3_VERSION);
+  ctx.set_options(ssl::context::default_workarounds | ssl::context::no_compression);
+  try {
+    ctx.load_verify_file(f.ca.string());
+    ctx.use_certificate_chain_file(f.cert.string());
+    ctx.use_private_key_file(f.key.string(), ssl::context::pem);
+  } catch (const boost::system::system_error& e) {
+    throw std::runtime_error("cannot load TLS files (" + f.cert.string() + ", " + f.key.string() +
+                             ", " + f.ca.string() + "): " + e.code().message());
+  }
+  if (SSL_CTX_check_private_key(native) != 1) {
+    throw std::runtime_error("key " + f.key.string() + " does not match certificate " +
+                             f.cert.string());
+  }
+  ctx.set_verify_mode(ssl::verify_peer | ssl::verify_fail_if_no_peer_cert);
+  return ctx;
+}
+
+std::string PeerIdentity::str() const { return role_name(role) + " " + name; }
+
+proto::Result<PeerIdentity> peer_identity(SSL* ssl) {
+  X509* cert = SSL_get0_peer_certificate(ssl);
+  if (!cert) return proto::error(wire::NOT_ALLOWED, "peer presented no certificate");
+  if (SSL_get_verify_result(ssl) != X509_V_OK) {
+    return proto::error(wire::NOT_ALLOWED, "peer certificate did not verify");
+  }
+  char cn[256] = {0}, ou[64] = {0};
+  X509_NAME* subject = X509_get_subject_name(cert);
+  if (X509_NAME_get_text_by_NID(subject, NID_commonName, cn, sizeof cn) <= 0) {
+    return proto::error(wire::NOT_ALLOWED, "peer certificate has no common name");
+  }
+  X509_NAME_get_text_by_NID(subject, NID_organizationalUnitName, ou, sizeof ou);
+  PeerIdentity id;
+  id.name = cn;
+  try {
+    id.role = parse_role(ou);
+  } catch (const std::invalid_argument&) {
+    return proto::error(wire::NOT_ALLOWED,
+                        "peer certificate for " + id.name + " names no xsilo role (OU=" + ou + ")");
+  }
+  return id;
+}
+
+proto::Status AllowList::check(const PeerIdentity& id) const {
+  auto it = names_.find(id.role);
+  if (it == names_.end()) {
+    return proto::error(wire::NOT_ALLOWED, "role " + role_name(id.role) + " may not connect here (" +
+                                               id.str() + ")");
+  }
+  if (it->second.count("*") || it->second.count(id.name)) return proto::Status::ok();
+  return proto::error(wire::NOT_ALLOWED, id.str() + " is not on the allow-list");
+}
+
+}  // namespace xsilo::transport

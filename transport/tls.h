@@ -1,0 +1,50 @@
+// TLS 1.3 contexts with mutual authentication against the federation CA, and the identity a
+// peer proves with its certificate. A name a peer claims in a message is never trusted.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <set>
+#include <string>
+
+#include <boost/asio/ssl/context.hpp>
+
+#include "proto/status.h"
+
+namespace xsilo::transport {
+
+namespace ssl = boost::asio::ssl;
+
+struct TlsFiles {
+  std::filesystem::path key, cert, ca;
+  // A kit folder made by `xsilo pki issue`: key.pem, cert.pem, ca.pem.
+  static TlsFiles from_kit(const std::filesystem::path& kit);
+};
+
+// Throws std::runtime_error naming the file when a key, certificate or CA cannot be loaded
+// or the key does not match the certificate.
+ssl::context make_tls_context(const TlsFiles& files);
+
+struct PeerIdentity {
+  std::string name;               // the certificate's common name
+  wire::Role role = wire::ROLE_UNSPECIFIED;  // from the certificate's organizational unit
+  std::string str() const;
+};
+
+// Reads the verified peer certificate of an established TLS connection.
+proto::Result<PeerIdentity> peer_identity(SSL* ssl);
+
+// Which identities may connect, per role. A role absent from the map is refused; the name
+// "*" admits every certificate of that role signed by the federation CA.
+class AllowList {
+ public:
+  AllowList() = default;
+  void allow(wire::Role role, std::set<std::string> names) { names_[role] = std::move(names); }
+  proto::Status check(const PeerIdentity& id) const;
+  bool allows_role(wire::Role role) const { return names_.count(role) > 0; }
+
+ private:
+  std::map<wire::Role, std::set<std::string>> names_;
+};
+
+}  // namespace xsilo::transport
