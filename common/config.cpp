@@ -42,8 +42,9 @@ bool ConfigNode::has(const std::string& key) const { return j_->contains(key); }
 
 const nlohmann::json& ConfigNode::raw(const std::string& key) const {
   used_->insert(key);
+  static const nlohmann::json kNull;
   auto it = j_->find(key);
-  return it == j_->end() ? empty_ : *it;
+  return it == j_->end() ? kNull : *it;
 }
 
 ConfigNode ConfigNode::child(const std::string& key) const {

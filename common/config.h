@@ -51,6 +51,7 @@ class ConfigNode {
   std::vector<double> number_list(const std::string& key) const;
   // A path, resolved against the folder of the config file when relative.
   std::filesystem::path path(const std::string& key, const std::string& def) const;
+  // The value as JSON (null when absent), for keys whose type varies.
   const nlohmann::json& raw(const std::string& key) const;
 
   // Throws for every key that no getter touched.
@@ -65,7 +66,6 @@ class ConfigNode {
   std::string file_;
   std::string path_;
   std::shared_ptr<std::set<std::string>> used_;
-  nlohmann::json empty_ = nlohmann::json::object();
 };
 
 }  // namespace xsilo

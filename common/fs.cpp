@@ -40,6 +40,11 @@ void fsync_dir(const std::filesystem::path& dir) {
 }
 
 void atomic_write_file(const std::filesystem::path& path, std::string_view bytes, unsigned mode) {
+  atomic_write_parts(path, {bytes}, mode);
+}
+
+void atomic_write_parts(const std::filesystem::path& path,
+                        std::initializer_list<std::string_view> parts, unsigned mode) {
   const auto dir = path.parent_path();
   if (!dir.empty()) std::filesystem::create_directories(dir);
   std::random_device rd;
@@ -48,7 +53,7 @@ void atomic_write_file(const std::filesystem::path& path, std::string_view bytes
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
   if (fd < 0) fail("cannot create", tmp);
   try {
-    write_all(fd, bytes, tmp);
+    for (auto part : parts) write_all(fd, part, tmp);
     if (::fsync(fd) != 0) fail("cannot fsync", tmp);
   } catch (...) {
     ::close(fd);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <filesystem>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 
@@ -10,6 +11,9 @@ namespace xsilo {
 // Replaces `path` atomically with `bytes`; `mode` applies to the new file.
 void atomic_write_file(const std::filesystem::path& path, std::string_view bytes,
                        unsigned mode = 0644);
+// Same, for a file made of several pieces (no copy into one buffer).
+void atomic_write_parts(const std::filesystem::path& path,
+                        std::initializer_list<std::string_view> parts, unsigned mode = 0644);
 // Appends bytes and fsyncs before returning.
 void append_durable(const std::filesystem::path& path, std::string_view bytes);
 std::string read_file(const std::filesystem::path& path);

@@ -13,7 +13,9 @@ static_assert(std::endian::native == std::endian::little, "xsilo assumes a littl
 
 namespace xsilo {
 
-std::string encode_safetensors(const Model& model, const Metadata& metadata) {
+namespace {
+// The 8-byte length and the JSON header, padded so that the data starts 8-byte aligned.
+std::string header_bytes(const Model& model, const Metadata& metadata) {
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   for (const auto& t : model.tensors()) {
@@ -27,7 +29,12 @@ std::string encode_safetensors(const Model& model, const Metadata& metadata) {
   std::string out(8, '\0');
   const std::uint64_t n = h.size();
   std::memcpy(out.data(), &n, 8);
-  out += h;
+  return out + h;
+}
+}  // namespace
+
+std::string encode_safetensors(const Model& model, const Metadata& metadata) {
+  std::string out = header_bytes(model, metadata);
   const auto flat = model.flat();
   out.append(reinterpret_cast<const char*>(flat.data()), flat.size() * sizeof(float));
   return out;
@@ -94,7 +101,10 @@ Model decode_safetensors(const std::string& bytes, Metadata* metadata) {
 
 void save_safetensors(const std::filesystem::path& path, const Model& model,
                       const Metadata& metadata) {
-  atomic_write_file(path, encode_safetensors(model, metadata));
+  const auto flat = model.flat();
+  atomic_write_parts(path, {header_bytes(model, metadata),
+                            std::string_view(reinterpret_cast<const char*>(flat.data()),
+                                             flat.size() * sizeof(float))});
 }
 
 Model load_safetensors(const std::filesystem::path& path, Metadata* metadata) {

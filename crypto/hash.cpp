@@ -52,6 +52,11 @@ std::string to_hex(std::span<const std::uint8_t> bytes) {
 
 std::string sha256_hex(std::string_view s) { return to_hex(sha256(s)); }
 
+std::string sha256_hex(std::span<const float> values) {
+  return to_hex(sha256(std::span<const std::uint8_t>(
+      reinterpret_cast<const std::uint8_t*>(values.data()), values.size() * sizeof(float))));
+}
+
 std::string from_hex(std::string_view hex) {
   if (hex.size() % 2) throw std::invalid_argument("hex string of odd length");
   auto val = [](char c) -> int {

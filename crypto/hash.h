@@ -31,6 +31,9 @@ Digest sha256(std::span<const std::uint8_t> bytes);
 Digest sha256(std::string_view s);
 std::string to_hex(std::span<const std::uint8_t> bytes);
 std::string sha256_hex(std::string_view s);
+// SHA-256 (hex) of float32 values as little-endian bytes: the "model hash" of the audit log,
+// reproducible with numpy as hashlib.sha256(a.astype("<f4").tobytes()).hexdigest().
+std::string sha256_hex(std::span<const float> values);
 // Throws std::invalid_argument on odd length or a non-hex character.
 std::string from_hex(std::string_view hex);
 

@@ -12,11 +12,7 @@ void stub(CLI::App& app, const char* name, const char* help) {
 }
 }  // namespace
 
-void add_server(CLI::App& app, int&) { stub(app, "server", "run the central server"); }
 void add_edge(CLI::App& app, int&) { stub(app, "edge", "run a regional edge aggregator"); }
-void add_agent(CLI::App& app, int&) { stub(app, "agent", "run a silo agent"); }
-void add_sim(CLI::App& app, int&) { stub(app, "sim", "run a whole federation on this machine"); }
-void add_audit(CLI::App& app, int&) { stub(app, "audit", "verify or show an audit log"); }
 void add_bench(CLI::App& app, int&) { stub(app, "bench", "benchmarks"); }
 
 }  // namespace xsilo::tools

@@ -1,0 +1,129 @@
+#include "server/audit.h"
+
+#include <fstream>
+#include <stdexcept>
+
+#include "common/fs.h"
+#include "crypto/hash.h"
+
+namespace xsilo::server {
+
+namespace {
+
+const std::string kGenesis(64, '0');
+constexpr std::size_t kSigSuffix = 8 + 128 + 2;  // ,"sig":" + hex + "}
+
+// Splits a line into its signed message and its signature, or returns false.
+bool split_signature(const std::string& line, std::string& message, std::string& sig_hex) {
+  if (line.size() < kSigSuffix + 2) return false;
+  const std::string suffix = line.substr(line.size() - kSigSuffix);
+  if (suffix.compare(0, 8, ",\"sig\":\"") != 0 || suffix.compare(kSigSuffix - 2, 2, "\"}") != 0) {
+    return false;
+  }
+  sig_hex = suffix.substr(8, 128);
+  message = line.substr(0, line.size() - kSigSuffix) + "}";
+  return true;
+}
+
+std::vector<std::string> read_lines(const std::filesystem::path& path) {
+  std::vector<std::string> lines;
+  if (!std::filesystem::exists(path)) return lines;
+  std::ifstream in(path, std::ios::binary);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+}  // namespace
+
+AuditVerifyResult verify_audit_log(const std::filesystem::path& path, const std::string& pk) {
+  AuditVerifyResult r;
+  r.head_sha256 = kGenesis;
+  if (!std::filesystem::exists(path)) {
+    r.reason = "no audit log at " + path.string();
+    return r;
+  }
+  const auto lines = read_lines(path);
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    const std::uint64_t n = i + 1;
+    auto bad = [&](const std::string& why) {
+      r.first_bad = n;
+      r.reason = "record " + std::to_string(n) + ": " + why;
+      return r;
+    };
+    std::string message, sig_hex;
+    if (!split_signature(lines[i], message, sig_hex)) return bad("no signature at the end of the line");
+    nlohmann::json rec;
+    try {
+      rec = nlohmann::json::parse(message);
+    } catch (const std::exception&) {
+      return bad("not valid JSON");
+    }
+    std::string sig;
+    try {
+      sig = crypto::from_hex(sig_hex);
+    } catch (const std::exception&) {
+      return bad("signature is not hex");
+    }
+    if (!crypto::verify_signature(pk, message, sig)) {
+      return bad("signature does not verify (record edited, or signed by another key)");
+    }
+    if (!rec.contains("seq") || !rec["seq"].is_number_unsigned() || rec["seq"].get<std::uint64_t>() != n) {
+      return bad("sequence number " + (rec.contains("seq") ? rec["seq"].dump() : "missing") +
+                 ", expected " + std::to_string(n) + " (record deleted, inserted or reordered)");
+    }
+    if (rec.value("prev", "") != r.head_sha256) {
+      return bad("does not chain to the record before it (record deleted, inserted or reordered)");
+    }
+    r.head_sha256 = crypto::sha256_hex(lines[i]);
+    r.records = n;
+  }
+  r.ok = true;
+  return r;
+}
+
+std::vector<nlohmann::json> read_audit_log(const std::filesystem::path& path) {
+  std::vector<nlohmann::json> out;
+  std::size_t n = 0;
+  for (const auto& line : read_lines(path)) {
+    ++n;
+    try {
+      out.push_back(nlohmann::json::parse(line));
+    } catch (const std::exception&) {
+      throw std::runtime_error(path.string() + ": record " + std::to_string(n) + " is not JSON");
+    }
+  }
+  return out;
+}
+
+AuditLog::AuditLog(std::filesystem::path path, crypto::SigningKey key)
+    : path_(std::move(path)), key_(std::move(key)), head_(kGenesis) {
+  if (std::filesystem::exists(path_)) {
+    auto v = verify_audit_log(path_, key_.public_key());
+    if (!v.ok) {
+      throw std::runtime_error("audit log " + path_.string() + " is damaged (" + v.reason +
+                               "); refusing to append to it");
+    }
+    seq_ = v.records;
+    head_ = v.head_sha256;
+  } else if (path_.has_parent_path()) {
+    std::filesystem::create_directories(path_.parent_path());
+  }
+}
+
+nlohmann::json AuditLog::append(nlohmann::json record) {
+  record.erase("sig");
+  record["seq"] = seq_ + 1;
+  record["prev"] = head_;
+  const std::string message = record.dump();
+  const std::string raw_sig = key_.sign(message);
+  const std::string sig = crypto::to_hex(std::span<const std::uint8_t>(
+      reinterpret_cast<const std::uint8_t*>(raw_sig.data()), raw_sig.size()));
+  const std::string line = message.substr(0, message.size() - 1) + ",\"sig\":\"" + sig + "\"}";
+  append_durable(path_, line + "\n");
+  ++seq_;
+  head_ = crypto::sha256_hex(line);
+  record["sig"] = sig;
+  return record;
+}
+
+}  // namespace xsilo::server

@@ -1,0 +1,56 @@
+// The signed, hash-chained audit log (JSON Lines). Each record is one JSON object with
+//   "seq":  1, 2, 3, ... (no gaps)
+//   "prev": SHA-256 (hex) of the previous record's full line, 64 zeros for the first
+//   "sig":  Ed25519 signature (hex) by the server's audit key
+// and the event's own fields. The signed bytes are the line with its final
+// `,"sig":"<128 hex>"}` replaced by `}`: byte-exact, so any JSON library can check a record.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "crypto/sign.h"
+
+namespace xsilo::server {
+
+struct AuditVerifyResult {
+  bool ok = false;
+  std::uint64_t records = 0;          // records that verified
+  std::uint64_t first_bad = 0;        // 1-based line of the first bad record, 0 if none
+  std::string reason;
+  std::string head_sha256;            // hash of the last good line
+};
+
+// Checks the whole chain with `public_key` (32 raw bytes).
+AuditVerifyResult verify_audit_log(const std::filesystem::path& path, const std::string& public_key);
+
+// Reads the records (signature not checked); throws std::runtime_error on unparsable lines.
+std::vector<nlohmann::json> read_audit_log(const std::filesystem::path& path);
+
+class AuditLog {
+ public:
+  // Opens (or creates) the log. An existing log must verify under `key`: a server never
+  // appends to a damaged chain. Throws std::runtime_error naming the first bad record.
+  AuditLog(std::filesystem::path path, crypto::SigningKey key);
+
+  // Adds seq, prev and sig; appends durably (fsync). Returns the record as written.
+  nlohmann::json append(nlohmann::json record);
+
+  std::uint64_t size() const { return seq_; }
+  const std::string& head() const { return head_; }
+  const std::filesystem::path& path() const { return path_; }
+  std::string public_key() const { return key_.public_key(); }
+
+ private:
+  std::filesystem::path path_;
+  crypto::SigningKey key_;
+  std::uint64_t seq_ = 0;
+  std::string head_;
+};
+
+}  // namespace xsilo::server

@@ -1,0 +1,122 @@
+#include "server/config.h"
+
+#include "common/config.h"
+#include "common/fs.h"
+#include "crypto/hash.h"
+#include "transport/config.h"
+
+namespace xsilo::server {
+
+namespace {
+
+std::chrono::milliseconds secs(const ConfigNode& n, const std::string& key, double def) {
+  return std::chrono::milliseconds(static_cast<long>(n.number(key, def, 0.01, 7 * 86400.0) * 1000));
+}
+
+ModelSpec parse_model(const ConfigNode& n) {
+  ModelSpec m;
+  m.kind = n.one_of("kind", "logistic", {"logistic", "mlp", "synthetic"});
+  if (m.kind == "synthetic") {
+    m.parameters = static_cast<std::size_t>(n.integer("parameters", 0, 1, std::int64_t{1} << 31));
+    if (!n.has("parameters")) n.fail("parameters", "is required for a synthetic model");
+  } else {
+    if (!n.has("inputs")) n.fail("inputs", "is required (the number of features)");
+    m.inputs = static_cast<std::size_t>(n.integer("inputs", 0, 1, 1 << 24));
+    m.classes = static_cast<std::size_t>(n.integer("classes", 2, 2, 1 << 20));
+    for (auto h : n.int_list("hidden", 1, 1 << 20)) m.hidden.push_back(static_cast<std::size_t>(h));
+    if (m.kind == "logistic" && !m.hidden.empty()) {
+      n.fail("hidden", "a logistic model has no hidden layers; use kind \"mlp\"");
+    }
+  }
+  m.seed = static_cast<std::uint64_t>(n.integer("init_seed", 1, 0));
+  n.finish();
+  return m;
+}
+
+}  // namespace
+
+ServerConfig load_server_config(const std::filesystem::path& file) {
+  const auto j = ConfigNode::load_file(file);
+  ConfigNode root(j, file.string());
+  ServerConfig c;
+  c.file = file;
+  c.config_sha256 = crypto::sha256_hex(read_file(file));
+  c.federation = root.str_required("federation");
+  c.listen = transport::parse_endpoint_key(root, "listen", "0.0.0.0:7443");
+  c.port_file = root.path("port_file", "");
+  c.tls = transport::parse_tls(root.child("tls"));
+  c.allow = transport::parse_allow(root.child("allow"));
+  if (!c.allow.allows_role(wire::SILO) && !c.allow.allows_role(wire::EDGE)) {
+    root.fail("allow", "must admit at least one silo or edge (\"silo\": [names] or [\"*\"])");
+  }
+  for (const auto& s : root.child("allow").str_list("silo")) {
+    if (s != "*") c.expected_silos.insert(s);
+  }
+  c.channel = transport::parse_channel_options(root.child("transport"));
+  c.chunk_bytes = static_cast<std::size_t>(
+      root.integer("chunk_bytes", 1 << 20, 1024, std::int64_t{1} << 30));
+  if (c.chunk_bytes + 4096 > c.channel.max_frame_bytes) {
+    root.fail("chunk_bytes", std::to_string(c.chunk_bytes) +
+                                 " leaves no room for the envelope in transport.max_frame_bytes " +
+                                 std::to_string(c.channel.max_frame_bytes) + " (need 4096 spare)");
+  }
+  c.state_dir = root.path("state_dir", "state");
+  c.keep_checkpoints = static_cast<std::size_t>(root.integer("keep_checkpoints", 5, 0, 1 << 20));
+  c.model = parse_model(root.child("model"));
+  c.rounds = static_cast<std::uint64_t>(root.integer("rounds", 10, 1, 1 << 30));
+  c.seed = static_cast<std::uint64_t>(root.integer("seed", 1, 0));
+
+  const auto sel = root.child("selection");
+  c.selection.min_silos = static_cast<std::size_t>(sel.integer("min_silos", 2, 1, 1 << 20));
+  c.selection.min_updates = static_cast<std::size_t>(
+      sel.integer("min_updates", static_cast<std::int64_t>(c.selection.min_silos), 1, 1 << 20));
+  c.selection.silos_per_round = static_cast<std::size_t>(sel.integer("silos_per_round", 0, 0, 1 << 20));
+  c.selection.over_selection = sel.number("over_selection", 0.0, 0.0, 10.0);
+  sel.finish();
+  if (c.selection.silos_per_round && c.selection.silos_per_round < c.selection.min_updates) {
+    sel.fail("silos_per_round", "is " + std::to_string(c.selection.silos_per_round) +
+                                    ", fewer than min_updates " +
+                                    std::to_string(c.selection.min_updates) +
+                                    ": no round could ever commit");
+  }
+  if (c.selection.min_updates > c.selection.min_silos) {
+    sel.fail("min_updates", "is " + std::to_string(c.selection.min_updates) +
+                                " but rounds start with min_silos " +
+                                std::to_string(c.selection.min_silos) + " silos");
+  }
+  if (!c.expected_silos.empty() && c.expected_silos.size() < c.selection.min_silos) {
+    sel.fail("min_silos", "is " + std::to_string(c.selection.min_silos) + " but allow.silo names only " +
+                              std::to_string(c.expected_silos.size()) + " silos");
+  }
+
+  const auto dl = root.child("deadlines");
+  c.deadlines.join = secs(dl, "join_s", 30);
+  c.deadlines.train = secs(dl, "train_s", 120);
+  c.deadlines.upload = secs(dl, "upload_s", 60);
+  dl.finish();
+
+  const auto tr = root.child("training");
+  c.plan.set_train(true);
+  c.plan.set_local_epochs(static_cast<std::uint32_t>(tr.integer("local_epochs", 1, 1, 10000)));
+  c.plan.set_batch_size(static_cast<std::uint32_t>(tr.integer("batch_size", 32, 1, 1 << 20)));
+  c.plan.set_learning_rate(static_cast<float>(tr.number("learning_rate", 0.1, 1e-9, 1e3)));
+  c.plan.set_weight_decay(static_cast<float>(tr.number("weight_decay", 0.0, 0.0, 1.0)));
+  c.plan.set_seed(c.seed);
+  c.plan.set_model_kind(c.model.kind);
+  tr.finish();
+
+  const auto op = root.child("optimizer");
+  c.optimizer.kind = op.one_of("kind", "fedavg", {"fedavg", "fedavgm", "fedadam"});
+  c.optimizer.lr = static_cast<float>(op.number("lr", c.optimizer.kind == "fedadam" ? 0.01 : 1.0, 1e-9, 1e3));
+  c.optimizer.momentum = static_cast<float>(op.number("momentum", 0.9, 0.0, 0.9999));
+  c.optimizer.beta1 = static_cast<float>(op.number("beta1", 0.9, 0.0, 0.9999));
+  c.optimizer.beta2 = static_cast<float>(op.number("beta2", 0.99, 0.0, 0.99999));
+  c.optimizer.tau = static_cast<float>(op.number("tau", 1e-3, 1e-12, 1.0));
+  op.finish();
+
+  c.log_level = root.one_of("log_level", "info", {"trace", "debug", "info", "warn", "error"});
+  root.finish();
+  return c;
+}
+
+}  // namespace xsilo::server

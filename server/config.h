@@ -1,0 +1,57 @@
+// The server's JSON config; docs/configs.md documents every key.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <set>
+#include <string>
+
+#include "common/mlp.h"
+#include "common/net.h"
+#include "proto/xsilo.pb.h"
+#include "server/optimizer.h"
+#include "transport/channel.h"
+#include "transport/tls.h"
+
+namespace xsilo::server {
+
+struct SelectionConfig {
+  std::size_t min_silos = 2;        // connected silos needed to start a round
+  std::size_t min_updates = 0;      // updates needed to commit (0: min_silos)
+  std::size_t silos_per_round = 0;  // k; 0: every connected silo
+  double over_selection = 0.0;      // select ceil(k * (1 + s)), close at k
+};
+
+struct Deadlines {
+  std::chrono::milliseconds join{30000};
+  std::chrono::milliseconds train{120000};
+  std::chrono::milliseconds upload{60000};
+};
+
+struct ServerConfig {
+  std::filesystem::path file;
+  std::string config_sha256;
+  std::string federation;
+  Endpoint listen;
+  std::filesystem::path port_file;   // written with the bound port (useful with port 0)
+  transport::TlsFiles tls;
+  transport::AllowList allow;
+  std::set<std::string> expected_silos;  // the silo allow-list when it names silos
+  transport::ChannelOptions channel;
+  std::size_t chunk_bytes = 1u << 20;
+  std::filesystem::path state_dir;
+  std::size_t keep_checkpoints = 5;  // 0: keep all
+  ModelSpec model;
+  std::uint64_t rounds = 10;
+  std::uint64_t seed = 1;
+  SelectionConfig selection;
+  Deadlines deadlines;
+  wire::TrainingPlan plan;
+  OptimizerConfig optimizer;
+  std::string log_level = "info";
+};
+
+// Throws ConfigError ("config FILE: .key.path: reason") on any invalid or unknown key.
+ServerConfig load_server_config(const std::filesystem::path& file);
+
+}  // namespace xsilo::server

@@ -1,0 +1,563 @@
+#include "server/coordinator.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <ctime>
+#include <random>
+
+#include "proto/frame.h"
+
+namespace xsilo::server {
+
+namespace {
+
+const char* state_name(MemberState s) {
+  switch (s) {
+    case MemberState::Training: return "training";
+    case MemberState::Ready: return "ready";
+    case MemberState::Uploading: return "uploading";
+    case MemberState::Done: return "done";
+    case MemberState::Dropped: return "dropped";
+    case MemberState::Surplus: return "surplus";
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::string iso_time(std::int64_t unix_ms) {
+  const std::time_t secs = static_cast<std::time_t>(unix_ms / 1000);
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char buf[40];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  char out[48];
+  std::snprintf(out, sizeof out, "%s.%03dZ", buf, static_cast<int>(unix_ms % 1000));
+  return out;
+}
+
+CoordinatorConfig CoordinatorConfig::from(const ServerConfig& c) {
+  CoordinatorConfig k;
+  k.federation = c.federation;
+  k.config_sha256 = c.config_sha256;
+  k.rounds = c.rounds;
+  k.seed = c.seed;
+  k.selection = c.selection;
+  k.deadlines = c.deadlines;
+  k.plan = c.plan;
+  k.expected_silos = c.expected_silos;
+  k.optimizer = c.optimizer.kind;
+  return k;
+}
+
+Coordinator::Coordinator(CoordinatorConfig cfg, Model initial, ServerOptimizer optimizer,
+                         Store& store, std::uint64_t first_round)
+    : cfg_(std::move(cfg)), optimizer_(std::move(optimizer)), store_(store), round_(first_round) {
+  current_ = initial.zeros_like();
+  global_sha_ = crypto::sha256_hex(initial.flat());
+  global_ = std::make_shared<const Model>(std::move(initial));
+}
+
+wire::Envelope Coordinator::env() const {
+  wire::Envelope e;
+  e.set_federation(cfg_.federation);
+  e.set_round(round_);
+  return e;
+}
+
+void Coordinator::send_error(SessionId to, wire::ErrorCode code, const std::string& msg) {
+  auto e = env();
+  e.mutable_error()->set_code(code);
+  e.mutable_error()->set_message(msg);
+  send(to, std::move(e));
+}
+
+std::optional<std::size_t> Coordinator::member_of(SessionId id) const {
+  for (std::size_t i = 0; i < members_.size(); ++i) {
+    if (members_[i].session == id) return i;
+  }
+  return std::nullopt;
+}
+
+void Coordinator::start(std::int64_t now_ms) {
+  if (round_ > cfg_.rounds) {
+    finish_round(false, now_ms);  // nothing left to do: resumed after the last round
+    return;
+  }
+  phase_ = Phase::Joining;
+  join_elapsed_ = false;
+  actions_.push_back(action::StartTimer{Timer::Join, cfg_.deadlines.join});
+  try_start_round(now_ms);
+}
+
+void Coordinator::on_connect(SessionId id, const std::string& silo, std::int64_t now_ms) {
+  auto old = by_name_.find(silo);
+  if (old != by_name_.end()) {
+    // The same silo again (it reconnected before we noticed the old connection die).
+    const SessionId prev = old->second;
+    actions_.push_back(action::Close{prev, wire::UNEXPECTED, "replaced by a newer connection"});
+    on_disconnect(prev, now_ms);
+  }
+  sessions_[id] = silo;
+  by_name_[silo] = id;
+  spdlog::info("silo {} joined ({} connected)", silo, sessions_.size());
+  if (phase_ == Phase::Finished) {
+    auto e = env();
+    e.mutable_finished()->set_reason("the federation has finished");
+    e.mutable_finished()->set_rounds(cfg_.rounds);
+    send(id, std::move(e));
+    return;
+  }
+  try_start_round(now_ms);
+}
+
+void Coordinator::on_disconnect(SessionId id, std::int64_t now_ms) {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return;
+  const std::string silo = it->second;
+  sessions_.erase(it);
+  if (by_name_[silo] == id) by_name_.erase(silo);
+  spdlog::info("silo {} left ({} connected)", silo, sessions_.size());
+  if (auto m = member_of(id)) {
+    auto& mb = members_[*m];
+    if (mb.state == MemberState::Training) {
+      drop(*m, "train", "disconnected while training", false);
+    } else if (mb.state == MemberState::Ready ||
+               (mb.state == MemberState::Uploading && !(upload_ && upload_->complete))) {
+      drop(*m, "upload", "disconnected before its update arrived", false);
+    }
+    mb.session = 0;
+    pump(now_ms);
+  }
+}
+
+void Coordinator::on_timer(Timer timer, std::int64_t now_ms) {
+  switch (timer) {
+    case Timer::Join:
+      join_elapsed_ = true;
+      if (phase_ == Phase::Joining) {
+        if (sessions_.size() < cfg_.selection.min_silos) {
+          spdlog::warn("round {}: {} of the {} silos needed are connected; waiting", round_,
+                       sessions_.size(), cfg_.selection.min_silos);
+        }
+        try_start_round(now_ms);
+      }
+      break;
+    case Timer::Train:
+      if (phase_ != Phase::Collecting) break;
+      train_elapsed_ = true;
+      for (std::size_t i = 0; i < members_.size(); ++i) {
+        if (members_[i].state == MemberState::Training) {
+          drop(i, "train", "missed the training deadline");
+        }
+      }
+      pump(now_ms);
+      break;
+    case Timer::Upload:
+      if (phase_ != Phase::Collecting || !upload_ || job_ != JobKind::None) break;
+      drop(upload_->member, "upload", "missed the upload deadline");
+      upload_.reset();
+      pump(now_ms);
+      break;
+  }
+}
+
+void Coordinator::try_start_round(std::int64_t now_ms) {
+  if (phase_ != Phase::Joining || job_ != JobKind::None) return;
+  if (sessions_.size() < cfg_.selection.min_silos) return;
+  bool all_expected = !cfg_.expected_silos.empty();
+  for (const auto& s : cfg_.expected_silos) all_expected = all_expected && by_name_.count(s);
+  if (all_expected || join_elapsed_) start_round(now_ms);
+}
+
+void Coordinator::start_round(std::int64_t now_ms) {
+  actions_.push_back(action::CancelTimer{Timer::Join});
+  std::vector<std::pair<std::string, SessionId>> candidates(by_name_.begin(), by_name_.end());
+  std::mt19937_64 rng(cfg_.seed ^ (round_ * 0x9e3779b97f4a7c15ull));
+  std::shuffle(candidates.begin(), candidates.end(), rng);
+  const auto& sel = cfg_.selection;
+  std::size_t n_select = candidates.size();
+  target_ = n_select;
+  if (sel.silos_per_round > 0) {
+    const auto want = static_cast<std::size_t>(
+        std::ceil(static_cast<double>(sel.silos_per_round) * (1.0 + sel.over_selection)));
+    n_select = std::min(n_select, want);
+    target_ = std::min(sel.silos_per_round, n_select);
+  }
+  candidates.resize(n_select);
+  std::sort(candidates.begin(), candidates.end());
+
+  phase_ = Phase::Collecting;
+  round_started_ms_ = now_ms;
+  train_elapsed_ = false;
+  members_.clear();
+  ready_.clear();
+  upload_.reset();
+  completed_ = 0;
+  total_weight_ = 0;
+  upload_bytes_ = 0;
+  abort_reason_.clear();
+  acc_ = std::make_unique<Model>(global_->zeros_like());
+
+  wire::Envelope start = env();
+  auto* rs = start.mutable_round_start();
+  rs->set_round(round_);
+  *rs->mutable_plan() = cfg_.plan;
+  for (const auto& t : global_->tensors()) {
+    auto* spec = rs->add_tensors();
+    spec->set_name(t.name);
+    spec->set_dtype(wire::F32);
+    for (auto d : t.shape) spec->add_shape(d);
+  }
+  rs->set_model_sha256(global_sha_);
+  for (const auto& [silo, session] : candidates) {
+    members_.push_back(Member{silo, session});
+    send(session, start);
+    actions_.push_back(action::SendModel{session, global_, round_});
+  }
+  actions_.push_back(action::StartTimer{Timer::Train, cfg_.deadlines.train});
+  spdlog::info("round {}/{}: {} silos selected, closing at {}", round_, cfg_.rounds,
+               members_.size(), target_);
+}
+
+void Coordinator::on_message(SessionId id, const wire::Envelope& e, std::int64_t now_ms) {
+  if (!sessions_.count(id)) return;
+  using B = wire::Envelope::BodyCase;
+  const auto body = e.body_case();
+  if (body == B::kError) {
+    spdlog::warn("silo {} reports an error: {}", sessions_[id], e.error().message());
+    return;
+  }
+  if (body != B::kUpdateReady && body != B::kTensorChunk && body != B::kUpdateEnd) {
+    send_error(id, wire::UNEXPECTED, "a silo may not send " + proto::body_name(e));
+    return;
+  }
+  const auto m = member_of(id);
+  if (e.round() != round_ || phase_ != Phase::Collecting || !m) {
+    send_error(id, wire::WRONG_ROUND,
+               proto::body_name(e) + " for round " + std::to_string(e.round()) + ", but round " +
+                   std::to_string(round_) + (m && phase_ == Phase::Collecting
+                                                  ? " is collecting"
+                                                  : " does not expect it from you"));
+    return;
+  }
+  switch (body) {
+    case B::kUpdateReady: on_update_ready(*m, e, now_ms); break;
+    case B::kTensorChunk: on_chunk(*m, e, now_ms); break;
+    case B::kUpdateEnd: on_update_end(*m, e, now_ms); break;
+    default: break;
+  }
+}
+
+void Coordinator::on_update_ready(std::size_t m, const wire::Envelope& e, std::int64_t now_ms) {
+  auto& mb = members_[m];
+  if (mb.state != MemberState::Training) {
+    send_error(mb.session, wire::UNEXPECTED, std::string("UpdateReady while ") + state_name(mb.state));
+    return;
+  }
+  if (e.update_ready().num_samples() == 0) {
+    send_error(mb.session, wire::BAD_UPDATE, "an update must come from at least one sample");
+    drop(m, "train", "reported zero samples", false);
+    pump(now_ms);
+    return;
+  }
+  mb.state = MemberState::Ready;
+  mb.num_samples = e.update_ready().num_samples();
+  mb.metrics = e.update_ready().metrics();
+  ready_.push_back(m);
+  pump(now_ms);
+}
+
+void Coordinator::on_chunk(std::size_t m, const wire::Envelope& e, std::int64_t now_ms) {
+  auto& mb = members_[m];
+  if (mb.state != MemberState::Uploading || !upload_ || upload_->member != m || upload_->complete) {
+    send_error(mb.session, wire::UNEXPECTED, "TensorChunk without an open UploadGrant");
+    return;
+  }
+  auto st = upload_->rx.add(e.tensor_chunk());
+  if (!st) {
+    send_error(mb.session, st.code, st.message);
+    drop(m, "upload", st.message, false);
+    pump(now_ms);
+  }
+}
+
+void Coordinator::on_update_end(std::size_t m, const wire::Envelope& e, std::int64_t now_ms) {
+  auto& mb = members_[m];
+  if (mb.state != MemberState::Uploading || !upload_ || upload_->member != m || upload_->complete) {
+    send_error(mb.session, wire::UNEXPECTED, "UpdateEnd without an open UploadGrant");
+    return;
+  }
+  const auto& u = e.update_end();
+  std::string why;
+  if (!upload_->rx.complete()) {
+    why = "update has " + std::to_string(upload_->rx.received()) + " of the model's " +
+          std::to_string(global_->size()) + " elements";
+  } else if (!std::isfinite(u.weight()) || u.weight() <= 0) {
+    why = "update weight must be a positive number";
+  }
+  const std::string sha = upload_->rx.finish_sha256();
+  if (why.empty() && !u.update_sha256().empty() && u.update_sha256() != sha) {
+    why = "update does not match its SHA-256 (sent " + u.update_sha256() + ", received " + sha + ")";
+  }
+  actions_.push_back(action::CancelTimer{Timer::Upload});
+  if (!why.empty()) {
+    send_error(mb.session, wire::BAD_UPDATE, why);
+    drop(m, "upload", why, false);
+    upload_.reset();
+    pump(now_ms);
+    return;
+  }
+  mb.weight = u.weight();
+  mb.update_sha256 = sha;
+  upload_bytes_ += upload_->rx.bytes();
+  upload_->complete = true;
+  // Validate and fold into the running sum off the network thread.
+  run_job(JobKind::Fold, [this] {
+    const auto cur = current_.flat();
+    for (float v : cur) {
+      if (!std::isfinite(v)) {
+        fold_ok_ = false;
+        fold_error_ = "update contains NaN or infinite values";
+        return;
+      }
+    }
+    auto acc = acc_->flat();
+    for (std::size_t i = 0; i < cur.size(); ++i) acc[i] += cur[i];
+    fold_ok_ = true;
+  });
+}
+
+void Coordinator::run_job(JobKind kind, std::function<void()> work) {
+  job_ = kind;
+  actions_.push_back(action::Job{++job_id_, std::move(work)});
+}
+
+void Coordinator::on_job_done(std::uint64_t job, std::int64_t now_ms) {
+  if (job != job_id_ || job_ == JobKind::None) return;
+  const JobKind kind = std::exchange(job_, JobKind::None);
+  switch (kind) {
+    case JobKind::Fold: {
+      const std::size_t m = upload_->member;
+      upload_.reset();
+      if (!fold_ok_) {
+        send_error(members_[m].session, wire::BAD_UPDATE, fold_error_);
+        drop(m, "validation", fold_error_, false);
+      } else {
+        members_[m].state = MemberState::Done;
+        ++completed_;
+        total_weight_ += members_[m].weight;
+      }
+      pump(now_ms);
+      break;
+    }
+    case JobKind::Commit:
+      global_ = std::move(next_global_);
+      global_sha_ = next_sha_;
+      ++committed_;
+      finish_round(true, now_ms);
+      break;
+    case JobKind::Record:
+      ++aborted_;
+      finish_round(false, now_ms);
+      break;
+    case JobKind::None: break;
+  }
+}
+
+void Coordinator::grant(std::size_t m) {
+  auto& mb = members_[m];
+  mb.state = MemberState::Uploading;
+  upload_.emplace();
+  upload_->member = m;
+  upload_->rx.reset(current_.flat(), global_->tensors());
+  auto e = env();
+  e.mutable_upload_grant();
+  send(mb.session, std::move(e));
+  actions_.push_back(action::StartTimer{Timer::Upload, cfg_.deadlines.upload});
+}
+
+void Coordinator::pump(std::int64_t now_ms) {
+  if (phase_ != Phase::Collecting || job_ != JobKind::None || upload_) return;
+  if (completed_ >= target_) return close_round(now_ms);
+  while (!ready_.empty()) {
+    const std::size_t m = ready_.front();
+    ready_.pop_front();
+    if (members_[m].state == MemberState::Ready) return grant(m);
+  }
+  const bool anyone_left = std::any_of(members_.begin(), members_.end(), [](const Member& mb) {
+    return mb.state == MemberState::Training || mb.state == MemberState::Ready;
+  });
+  if (!anyone_left || train_elapsed_) close_round(now_ms);
+}
+
+void Coordinator::drop(std::size_t m, const std::string& phase, const std::string& reason,
+                       bool notify) {
+  auto& mb = members_[m];
+  if (mb.state == MemberState::Dropped) return;
+  mb.state = MemberState::Dropped;
+  if (upload_ && upload_->member == m && !upload_->complete) {
+    upload_.reset();  // the half-received update is simply never folded in
+    actions_.push_back(action::CancelTimer{Timer::Upload});
+  }
+  mb.drop_phase = phase;
+  mb.drop_reason = reason;
+  spdlog::warn("round {}: silo {} dropped in phase {}: {}", round_, mb.silo, phase, reason);
+  if (notify && mb.session) send_round_end(m, false, "you were dropped from this round: " + reason);
+}
+
+void Coordinator::send_round_end(std::size_t m, bool committed, const std::string& reason) {
+  const auto& mb = members_[m];
+  if (!mb.session || !sessions_.count(mb.session)) return;
+  auto e = env();
+  auto* re = e.mutable_round_end();
+  re->set_committed(committed);
+  re->set_reason(reason);
+  re->set_model_sha256(committed ? next_sha_ : global_sha_);
+  send(mb.session, std::move(e));
+}
+
+void Coordinator::close_round(std::int64_t now_ms) {
+  phase_ = Phase::Closing;
+  actions_.push_back(action::CancelTimer{Timer::Train});
+  actions_.push_back(action::CancelTimer{Timer::Upload});
+  const bool enough = completed_ >= target_;
+  for (std::size_t i = 0; i < members_.size(); ++i) {
+    auto& mb = members_[i];
+    if (mb.state == MemberState::Training || mb.state == MemberState::Ready) {
+      if (enough) {
+        mb.state = MemberState::Surplus;
+        send_round_end(i, false, "the round closed with enough updates; yours was not needed");
+      } else {
+        drop(i, mb.state == MemberState::Training ? "train" : "upload",
+             "still pending when the round closed");
+      }
+    }
+  }
+  const std::size_t need = std::max<std::size_t>(1, cfg_.selection.min_updates);
+  if (completed_ < need) {
+    abort_reason_ = "only " + std::to_string(completed_) + " updates arrived, " +
+                    std::to_string(need) + " needed";
+    spdlog::warn("round {} aborted: {}", round_, abort_reason_);
+    auto rec = round_record(false, abort_reason_, now_ms);
+    auto row = metrics_row(false, now_ms);
+    run_job(JobKind::Record, [this, rec = std::move(rec), row] { store_.record(rec, &row); });
+    return;
+  }
+  auto row = metrics_row(true, now_ms);
+  auto rec = round_record(true, "", now_ms);
+  run_job(JobKind::Commit, [this, row, rec = std::move(rec)]() mutable {
+    // acc holds sum(w_i * delta_i); the mean delta is acc / W. The optimizer writes the new
+    // model into the same buffer, which then becomes the global model.
+    auto acc = acc_->flat();
+    const float inv = static_cast<float>(1.0 / total_weight_);
+    for (auto& v : acc) v *= inv;
+    optimizer_.step_into(global_->flat(), acc);
+    next_sha_ = crypto::sha256_hex(acc_->flat());
+    rec["model_sha256_after"] = next_sha_;
+    store_.commit(round_, *acc_, optimizer_.state(), rec, row);
+    next_global_ = std::shared_ptr<const Model>(std::move(acc_));
+  });
+}
+
+void Coordinator::finish_round(bool committed, std::int64_t now_ms) {
+  if (phase_ == Phase::Closing) {
+    for (std::size_t i = 0; i < members_.size(); ++i) {
+      if (members_[i].state == MemberState::Done) {
+        send_round_end(i, committed, committed ? "committed" : abort_reason_);
+      }
+    }
+    spdlog::info("round {} {}: {} updates, model {}", round_, committed ? "committed" : "aborted",
+                 completed_, global_sha_.substr(0, 12));
+    ++round_;
+  }
+  acc_.reset();
+  members_.clear();
+  if (round_ > cfg_.rounds) {
+    phase_ = Phase::Finished;
+    for (const auto& [id, silo] : sessions_) {
+      auto e = env();
+      e.mutable_finished()->set_reason("all rounds done");
+      e.mutable_finished()->set_rounds(cfg_.rounds);
+      send(id, std::move(e));
+    }
+    actions_.push_back(action::Finished{committed_, aborted_});
+    return;
+  }
+  phase_ = Phase::Joining;
+  join_elapsed_ = false;
+  actions_.push_back(action::StartTimer{Timer::Join, cfg_.deadlines.join});
+  try_start_round(now_ms);
+}
+
+nlohmann::json Coordinator::round_record(bool committed, const std::string& reason,
+                                         std::int64_t now_ms) const {
+  nlohmann::json participants = nlohmann::json::array(), dropouts = nlohmann::json::array(),
+                 surplus = nlohmann::json::array(), selected = nlohmann::json::array();
+  for (const auto& mb : members_) {
+    selected.push_back(mb.silo);
+    if (mb.state == MemberState::Done) {
+      participants.push_back({{"silo", mb.silo},
+                              {"num_samples", mb.num_samples},
+                              {"weight", mb.weight},
+                              {"update_sha256", mb.update_sha256}});
+    } else if (mb.state == MemberState::Dropped) {
+      dropouts.push_back({{"silo", mb.silo}, {"phase", mb.drop_phase}, {"reason", mb.drop_reason}});
+    } else if (mb.state == MemberState::Surplus) {
+      surplus.push_back(mb.silo);
+    }
+  }
+  nlohmann::json r = {{"event", "round"},
+                      {"federation", cfg_.federation},
+                      {"round", round_},
+                      {"status", committed ? "committed" : "aborted"},
+                      {"started_at", iso_time(round_started_ms_)},
+                      {"ended_at", iso_time(now_ms)},
+                      {"selected", selected},
+                      {"target", target_},
+                      {"participants", participants},
+                      {"dropouts", dropouts},
+                      {"surplus", surplus},
+                      {"aggregation",
+                       {{"rule", "fedavg"}, {"optimizer", cfg_.optimizer}, {"total_weight", total_weight_}}},
+                      {"model_sha256_before", global_sha_},
+                      {"model_sha256_after", global_sha_},
+                      {"config_sha256", cfg_.config_sha256}};
+  if (!committed) r["reason"] = reason;
+  return r;
+}
+
+MetricsRow Coordinator::metrics_row(bool committed, std::int64_t now_ms) const {
+  MetricsRow row;
+  row.round = round_;
+  row.committed = committed;
+  row.selected = members_.size();
+  double train_w = 0, eval_w = 0;
+  for (const auto& mb : members_) {
+    if (mb.state == MemberState::Dropped) ++row.dropped;
+    if (mb.state == MemberState::Done) {
+      ++row.reported;
+      row.train_loss += mb.metrics.train_loss() * static_cast<double>(mb.num_samples);
+      train_w += static_cast<double>(mb.num_samples);
+    }
+    if (mb.metrics.eval_samples() > 0) {
+      const auto w = static_cast<double>(mb.metrics.eval_samples());
+      row.fed_eval_loss += mb.metrics.eval_loss() * w;
+      row.fed_eval_accuracy += mb.metrics.eval_accuracy() * w;
+      eval_w += w;
+    }
+  }
+  if (train_w > 0) row.train_loss /= train_w;
+  if (eval_w > 0) {
+    row.fed_eval_loss /= eval_w;
+    row.fed_eval_accuracy /= eval_w;
+  }
+  row.seconds = static_cast<double>(now_ms - round_started_ms_) / 1000.0;
+  row.upload_bytes = upload_bytes_;
+  return row;
+}
+
+}  // namespace xsilo::server

@@ -1,0 +1,250 @@
+#include "server/daemon.h"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <spdlog/spdlog.h>
+
+#include <fstream>
+#include <map>
+
+#include "common/fs.h"
+#include "common/mlp.h"
+#include "server/coordinator.h"
+#include "server/state.h"
+#include "transport/listener.h"
+#include "transport/tensor_stream.h"
+
+namespace xsilo::server {
+
+namespace asio = boost::asio;
+
+namespace {
+
+std::int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Peak resident memory of this process (VmHWM), in bytes.
+std::uint64_t peak_rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+class Server {
+ public:
+  Server(const ServerConfig& cfg, ServerState& state, Coordinator& coord)
+      : cfg_(cfg), state_(state), coord_(coord), pool_(1), signals_(io_, SIGINT, SIGTERM),
+        tls_(transport::make_tls_context(cfg.tls)) {
+    for (auto t : {Timer::Join, Timer::Train, Timer::Upload}) {
+      timers_.emplace(t, std::make_unique<asio::steady_timer>(io_));
+    }
+  }
+
+  int run() {
+    listener_ = std::make_unique<transport::Listener>(
+        io_.get_executor(), tls_, cfg_.listen, cfg_.channel, cfg_.allow,
+        transport::LocalInfo{cfg_.federation, wire::SERVER, {"plain"}},
+        [this](std::shared_ptr<transport::Channel> ch) { on_channel(std::move(ch)); },
+        [this] { return coord_.round(); });
+    listener_->start();
+    spdlog::info("server for federation {} listening on {}:{}", cfg_.federation, cfg_.listen.host,
+                 listener_->port());
+    if (!cfg_.port_file.empty()) atomic_write_file(cfg_.port_file, std::to_string(listener_->port()) + "\n");
+    signals_.async_wait([this](boost::system::error_code ec, int sig) {
+      if (ec) return;
+      spdlog::warn("signal {}: stopping; the round in progress is not committed", sig);
+      exit_code_ = 130;
+      shutdown();
+    });
+    coord_.start(now_ms());
+    drain();
+    io_.run();
+    pool_.join();
+    write_stats();
+    return exit_code_;
+  }
+
+ private:
+  void on_channel(std::shared_ptr<transport::Channel> ch) {
+    if (stopping_) {
+      ch->close_with_error(wire::SHUTTING_DOWN, "the server is shutting down");
+      return;
+    }
+    if (ch->peer().role != wire::SILO) {
+      ch->close_with_error(wire::NOT_ALLOWED, "this server serves silos only");
+      return;
+    }
+    const SessionId id = ++next_id_;
+    channels_[id] = ch;
+    coord_.on_connect(id, ch->peer().name, now_ms());
+    drain();
+    asio::co_spawn(io_, serve(id, ch), asio::detached);
+  }
+
+  asio::awaitable<void> serve(SessionId id, std::shared_ptr<transport::Channel> ch) {
+    for (;;) {
+      auto env = co_await ch->read();
+      if (!env) {
+        if (env.status().code != wire::ERROR_UNSPECIFIED) {
+          spdlog::warn("{}: {}", ch->peer().str(), env.status().message);
+          ch->close_with_error(env.status().code, env.status().message);
+        }
+        break;
+      }
+      coord_.on_message(id, *env, now_ms());
+      drain();
+    }
+    bytes_in_ += ch->bytes_received();
+    bytes_out_ += ch->bytes_sent();
+    channels_.erase(id);
+    coord_.on_disconnect(id, now_ms());
+    drain();
+  }
+
+  void drain() {
+    for (auto& a : coord_.take_actions()) std::visit([this](auto& x) { apply(x); }, a);
+  }
+
+  transport::Channel* channel(SessionId id) {
+    auto it = channels_.find(id);
+    return it == channels_.end() ? nullptr : it->second.get();
+  }
+
+  void apply(action::Send& a) {
+    if (auto* ch = channel(a.to)) ch->send(std::move(a.env));
+  }
+  void apply(action::SendModel& a) {
+    if (auto* ch = channel(a.to)) {
+      auto src = std::make_shared<transport::ChunkSource>(a.model, a.model->flat(), a.model->tensors(),
+                                                          cfg_.federation, a.round, cfg_.chunk_bytes);
+      ch->send_stream([src] { return src->next(); });
+    }
+  }
+  void apply(action::Close& a) {
+    if (auto* ch = channel(a.id)) ch->close_with_error(a.code, a.reason);
+  }
+  void apply(action::StartTimer& a) {
+    auto& t = *timers_.at(a.timer);
+    t.expires_after(a.after);
+    const Timer which = a.timer;
+    t.async_wait([this, which](boost::system::error_code ec) {
+      if (ec) return;
+      coord_.on_timer(which, now_ms());
+      drain();
+    });
+  }
+  void apply(action::CancelTimer& a) { timers_.at(a.timer)->cancel(); }
+  void apply(action::Job& a) {
+    asio::post(pool_, [this, id = a.id, work = std::move(a.work)] {
+      try {
+        work();
+      } catch (const std::exception& e) {
+        const std::string what = e.what();
+        asio::post(io_, [this, what] {
+          spdlog::critical("server job failed: {}; stopping (committed rounds are safe on disk)", what);
+          exit_code_ = 1;
+          shutdown();
+        });
+        return;
+      }
+      asio::post(io_, [this, id] {
+        coord_.on_job_done(id, now_ms());
+        drain();
+      });
+    });
+  }
+  void apply(action::Finished& a) {
+    spdlog::info("federation finished: {} rounds committed, {} aborted", a.committed, a.aborted);
+    state_.record({{"event", "federation_end"},
+                   {"federation", cfg_.federation},
+                   {"rounds_committed", a.committed},
+                   {"rounds_aborted", a.aborted},
+                   {"model_sha256", coord_.model_sha256()},
+                   {"time", iso_time(now_ms())}},
+                  nullptr);
+    exit_code_ = a.aborted == 0 ? 0 : 3;
+    // Let the Finished messages reach the silos, then stop.
+    stopping_ = true;
+    linger_ = std::make_unique<asio::steady_timer>(io_, std::chrono::milliseconds(300));
+    linger_->async_wait([this](boost::system::error_code) { shutdown(); });
+  }
+
+  void shutdown() {
+    stopping_ = true;
+    listener_->stop();
+    for (auto& [id, ch] : channels_) {
+      bytes_in_ += ch->bytes_received();
+      bytes_out_ += ch->bytes_sent();
+      ch->close();
+    }
+    for (auto& [t, timer] : timers_) timer->cancel();
+    signals_.cancel();
+    io_.stop();
+  }
+
+  void write_stats() {
+    nlohmann::json stats = {{"peak_rss_bytes", peak_rss_bytes()},
+                            {"bytes_in", bytes_in_},
+                            {"bytes_out", bytes_out_},
+                            {"rounds_committed", coord_.committed()},
+                            {"rounds_aborted", coord_.aborted()},
+                            {"model_bytes", coord_.model()->bytes()}};
+    atomic_write_file(cfg_.state_dir / "server_stats.json", stats.dump(2) + "\n");
+  }
+
+  const ServerConfig& cfg_;
+  ServerState& state_;
+  Coordinator& coord_;
+  asio::io_context io_;
+  asio::thread_pool pool_;
+  asio::signal_set signals_;
+  transport::ssl::context tls_;
+  std::unique_ptr<transport::Listener> listener_;
+  std::map<SessionId, std::shared_ptr<transport::Channel>> channels_;
+  std::map<Timer, std::unique_ptr<asio::steady_timer>> timers_;
+  std::unique_ptr<asio::steady_timer> linger_;
+  SessionId next_id_ = 0;
+  bool stopping_ = false;
+  int exit_code_ = 0;
+  std::uint64_t bytes_in_ = 0, bytes_out_ = 0;
+};
+
+}  // namespace
+
+int run_server(const ServerConfig& cfg) {
+  ServerState state(cfg.state_dir, cfg.keep_checkpoints);
+  Model initial = init_model(cfg.model);
+  Resume resume = state.recover(initial);
+  Model model = resume.model ? std::move(*resume.model) : std::move(initial);
+  ServerOptimizer optimizer(cfg.optimizer, model);
+  if (resume.optimizer_state) optimizer.load_state(*resume.optimizer_state);
+  const std::uint64_t first_round = resume.last_round + 1;
+  if (resume.committed_round > 0) {
+    spdlog::info("resuming after committed round {} (next round {})", resume.committed_round, first_round);
+  }
+  const std::string sha = crypto::sha256_hex(model.flat());
+  state.record({{"event", "federation_start"},
+                {"federation", cfg.federation},
+                {"config_sha256", cfg.config_sha256},
+                {"rounds", cfg.rounds},
+                {"first_round", first_round},
+                {"resumed_from_round", resume.committed_round},
+                {"model_sha256", sha},
+                {"time", iso_time(now_ms())}},
+               nullptr);
+  Coordinator coord(CoordinatorConfig::from(cfg), std::move(model), std::move(optimizer), state, first_round);
+  Server server(cfg, state, coord);
+  return server.run();
+}
+
+}  // namespace xsilo::server

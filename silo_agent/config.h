@@ -1,0 +1,37 @@
+// The silo agent's JSON config; docs/configs.md documents every key.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/dataset.h"
+#include "common/net.h"
+#include "transport/channel.h"
+#include "transport/dialer.h"
+#include "transport/tls.h"
+
+namespace xsilo::agent {
+
+struct AgentConfig {
+  std::filesystem::path file;
+  std::string federation;
+  std::vector<Endpoint> upstreams;   // failover order: preferred first
+  transport::TlsFiles tls;
+  transport::ChannelOptions channel;
+  transport::DialOptions reconnect;
+  std::size_t chunk_bytes = 1u << 20;
+  std::string trainer = "builtin";   // "builtin" (CSV data) or "synthetic" (benchmarks)
+  std::filesystem::path train_data, test_data;
+  std::string standardize = "none";  // "none", "local", or "given" (mean/std below)
+  Standardizer given;
+  std::uint64_t synthetic_samples = 100;
+  std::filesystem::path state_dir;
+  std::string log_level = "info";
+};
+
+AgentConfig load_agent_config(const std::filesystem::path& file);
+
+}  // namespace xsilo::agent

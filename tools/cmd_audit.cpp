@@ -1,0 +1,102 @@
+// xsilo audit verify | show: what an auditor runs, offline, on a copy of the log.
+#include <iostream>
+
+#include "common/config.h"
+#include "crypto/sign.h"
+#include "server/audit.h"
+#include "tools/commands.h"
+
+namespace xsilo::tools {
+
+namespace {
+
+std::string short_hash(const nlohmann::json& v) {
+  return v.is_string() ? v.get<std::string>().substr(0, 12) : "-";
+}
+
+void show_record(const nlohmann::json& r) {
+  const std::string event = r.value("event", "?");
+  std::cout << "#" << r.value("seq", 0) << "  " << event;
+  if (event == "round") {
+    std::cout << " " << r.value("round", 0) << "  " << r.value("status", "?") << "  "
+              << r.value("started_at", "") << " .. " << r.value("ended_at", "") << "\n";
+    if (r.contains("reason")) std::cout << "    reason: " << r["reason"].get<std::string>() << "\n";
+    std::cout << "    model " << short_hash(r["model_sha256_before"]) << " -> "
+              << short_hash(r["model_sha256_after"]) << "   rule "
+              << r["aggregation"].value("rule", "?") << " / optimizer "
+              << r["aggregation"].value("optimizer", "?") << "\n";
+    for (const auto& p : r.value("participants", nlohmann::json::array())) {
+      std::cout << "    + " << p.value("silo", "?") << "  samples " << p.value("num_samples", 0)
+                << "  update " << short_hash(p["update_sha256"]);
+      if (p.contains("edge")) std::cout << "  via " << p["edge"].get<std::string>();
+      std::cout << "\n";
+    }
+    for (const auto& d : r.value("dropouts", nlohmann::json::array())) {
+      std::cout << "    - " << d.value("silo", "?") << "  dropped in " << d.value("phase", "?")
+                << ": " << d.value("reason", "") << "\n";
+    }
+    for (const auto& s : r.value("surplus", nlohmann::json::array())) {
+      std::cout << "    ~ " << s.get<std::string>() << "  not needed (over-selection)\n";
+    }
+    if (r.contains("robust")) std::cout << "    robust: " << r["robust"].dump() << "\n";
+    if (r.contains("secure")) std::cout << "    secure: " << r["secure"].dump() << "\n";
+  } else {
+    std::cout << "  " << r.value("time", "") << "\n";
+    for (auto it = r.begin(); it != r.end(); ++it) {
+      if (it.key() == "event" || it.key() == "seq" || it.key() == "prev" || it.key() == "sig" ||
+          it.key() == "time") {
+        continue;
+      }
+      std::cout << "    " << it.key() << ": " << it.value().dump() << "\n";
+    }
+  }
+}
+
+}  // namespace
+
+void add_audit(CLI::App& app, int& exit_code) {
+  auto* audit = app.add_subcommand("audit", "verify or read a server's signed audit log");
+  audit->require_subcommand(1);
+
+  auto log = std::make_shared<std::string>();
+  auto key = std::make_shared<std::string>();
+  auto* verify = audit->add_subcommand("verify", "check every signature and the hash chain");
+  verify->add_option("log", *log, "audit log (audit.jsonl)")->required();
+  verify->add_option("--key", *key, "the server's audit public key (audit.pub)")->required();
+  verify->callback([log, key, &exit_code] {
+    std::string pk;
+    try {
+      pk = crypto::load_public_key(*key);
+    } catch (const std::exception& e) {
+      throw ConfigError(std::string("audit verify: ") + e.what());
+    }
+    auto r = server::verify_audit_log(*log, pk);
+    if (r.ok) {
+      std::cout << "OK: " << r.records << " records, every signature valid, chain intact\n"
+                << "head " << r.head_sha256 << "\n";
+      exit_code = 0;
+    } else {
+      std::cout << "FAILED: " << r.reason << "\n";
+      if (r.records) std::cout << "the first " << r.records << " records verify\n";
+      exit_code = 1;
+    }
+  });
+
+  auto show_log = std::make_shared<std::string>();
+  auto json = std::make_shared<bool>(false);
+  auto* show = audit->add_subcommand("show", "print the records readably (signatures not checked)");
+  show->add_option("log", *show_log, "audit log (audit.jsonl)")->required();
+  show->add_flag("--json", *json, "one pretty-printed JSON object per record");
+  show->callback([show_log, json, &exit_code] {
+    for (const auto& r : server::read_audit_log(*show_log)) {
+      if (*json) {
+        std::cout << r.dump(2) << "\n";
+      } else {
+        show_record(r);
+      }
+    }
+    exit_code = 0;
+  });
+}
+
+}  // namespace xsilo::tools

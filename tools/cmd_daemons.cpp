@@ -1,0 +1,36 @@
+// xsilo server | agent: the daemons, each from one JSON config.
+#include "common/config.h"
+#include "common/log.h"
+#include "server/daemon.h"
+#include "silo_agent/agent.h"
+#include "tools/commands.h"
+
+namespace xsilo::tools {
+
+void add_server(CLI::App& app, int& exit_code) {
+  auto* cmd = app.add_subcommand("server", "run the central server (rounds, aggregation, audit log)");
+  auto config = std::make_shared<std::string>();
+  auto log_file = std::make_shared<std::string>();
+  cmd->add_option("--config", *config, "server config (JSON)")->required();
+  cmd->add_option("--log-file", *log_file, "log here instead of stderr");
+  cmd->callback([config, log_file, &exit_code] {
+    auto cfg = server::load_server_config(*config);
+    init_logging("server", cfg.log_level, *log_file);
+    exit_code = server::run_server(cfg);
+  });
+}
+
+void add_agent(CLI::App& app, int& exit_code) {
+  auto* cmd = app.add_subcommand("agent", "run a silo agent (dials out, trains locally, uploads)");
+  auto config = std::make_shared<std::string>();
+  auto log_file = std::make_shared<std::string>();
+  cmd->add_option("--config", *config, "agent config (JSON)")->required();
+  cmd->add_option("--log-file", *log_file, "log here instead of stderr");
+  cmd->callback([config, log_file, &exit_code] {
+    auto cfg = agent::load_agent_config(*config);
+    init_logging("agent", cfg.log_level, *log_file);
+    exit_code = agent::run_agent(cfg);
+  });
+}
+
+}  // namespace xsilo::tools

@@ -1,0 +1,88 @@
+#include "tools/process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+#include <thread>
+
+namespace xsilo::tools {
+
+std::string self_exe() {
+  return std::filesystem::read_symlink("/proc/self/exe").string();
+}
+
+Process::Process(std::vector<std::string> argv, const std::filesystem::path& log) {
+  if (log.has_parent_path()) std::filesystem::create_directories(log.parent_path());
+  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error("cannot open log " + log.string() + ": " + std::strerror(errno));
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  const pid_t parent = ::getpid();
+  pid_ = ::fork();
+  if (pid_ < 0) {
+    ::close(fd);
+    throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
+  }
+  if (pid_ == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);
+    ::dup2(fd, STDOUT_FILENO);
+    ::dup2(fd, STDERR_FILENO);
+    ::setpgid(0, 0);
+    ::execv(args[0], args.data());
+    const char* msg = "exec failed\n";
+    [[maybe_unused]] auto n = ::write(STDERR_FILENO, msg, std::strlen(msg));
+    ::_exit(127);
+  }
+  ::close(fd);
+}
+
+Process::~Process() {
+  if (pid_ > 0 && !exit_code_) {
+    ::kill(pid_, SIGKILL);
+    reap(true);
+  }
+}
+
+bool Process::reap(bool block) {
+  if (exit_code_) return true;
+  int status = 0;
+  const pid_t r = ::waitpid(pid_, &status, block ? 0 : WNOHANG);
+  if (r == pid_) {
+    exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return true;
+  }
+  return false;
+}
+
+bool Process::running() { return !reap(false); }
+
+void Process::signal(int sig) {
+  if (!exit_code_) ::kill(pid_, sig);
+}
+
+std::optional<int> Process::wait(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!reap(false)) {
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return exit_code_;
+}
+
+int Process::stop(std::chrono::milliseconds grace) {
+  signal(SIGTERM);
+  if (auto c = wait(grace)) return *c;
+  signal(SIGKILL);
+  reap(true);
+  return *exit_code_;
+}
+
+}  // namespace xsilo::tools

@@ -1,0 +1,41 @@
+// Child processes for `xsilo sim` and the benchmarks: real daemons, their output in log files,
+// and never left behind (they die with the parent and are killed when the handle goes).
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace xsilo::tools {
+
+class Process {
+ public:
+  // Starts argv[0] with the arguments, stdout and stderr appended to `log`.
+  Process(std::vector<std::string> argv, const std::filesystem::path& log);
+  ~Process();
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
+
+  pid_t pid() const { return pid_; }
+  bool running();
+  void signal(int sig);
+  // Exit code (128 + signal for a killed process), or nullopt on timeout.
+  std::optional<int> wait(std::chrono::milliseconds timeout);
+  // SIGTERM, a grace period, then SIGKILL.
+  int stop(std::chrono::milliseconds grace = std::chrono::milliseconds(2000));
+  std::optional<int> exit_code() const { return exit_code_; }
+
+ private:
+  bool reap(bool block);
+  pid_t pid_ = -1;
+  std::optional<int> exit_code_;
+};
+
+// The path of the running xsilo binary.
+std::string self_exe();
+
+}  // namespace xsilo::tools

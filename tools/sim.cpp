@@ -1,0 +1,396 @@
+#include "tools/sim.h"
+
+#include <signal.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <thread>
+
+#include "common/config.h"
+#include "common/dataset.h"
+#include "common/fs.h"
+#include "common/mlp.h"
+#include "common/safetensors.h"
+#include "server/config.h"
+#include "silo_agent/trainer.h"
+#include "tools/process.h"
+#include "transport/pki.h"
+
+namespace xsilo::tools {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+volatile std::sig_atomic_t g_interrupted = 0;
+extern "C" void on_interrupt(int) { g_interrupted = 1; }
+
+std::filesystem::path resolve_dataset(const std::string& name) {
+  for (const char* ext : {".csv", ".csv.gz"}) {
+    const auto p = data_dir() / (name + ext);
+    if (std::filesystem::exists(p)) return p;
+  }
+  return {};
+}
+
+std::string silo_name(std::size_t i) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "hospital-%02zu", i + 1);
+  return buf;
+}
+
+void write_json(const std::filesystem::path& p, const json& j) { atomic_write_file(p, j.dump(2) + "\n"); }
+
+std::vector<std::string> split_csv_line(const std::string& line) {
+  std::vector<std::string> out;
+  std::stringstream ss(line);
+  for (std::string f; std::getline(ss, f, ',');) out.push_back(f);
+  return out;
+}
+
+std::string tail(const std::filesystem::path& log, std::size_t lines = 15) {
+  std::ifstream in(log);
+  std::vector<std::string> all;
+  for (std::string l; std::getline(in, l);) all.push_back(l);
+  std::string out;
+  for (std::size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i) {
+    out += "    " + all[i] + "\n";
+  }
+  return out;
+}
+
+}  // namespace
+
+std::filesystem::path data_dir() {
+  if (const char* d = std::getenv("XSILO_DATA_DIR")) return d;
+  return std::filesystem::path(XSILO_SOURCE_DIR) / "data";
+}
+
+SimConfig default_sim_config() {
+  SimConfig c;
+  c.data_path = resolve_dataset("breast_cancer");
+  c.training = {{"local_epochs", 1}, {"batch_size", 16}, {"learning_rate", 0.1}};
+  c.optimizer = {{"kind", "fedavg"}};
+  return c;
+}
+
+SimConfig load_sim_config(const std::filesystem::path& file) {
+  const auto j = ConfigNode::load_file(file);
+  ConfigNode root(j, file.string());
+  SimConfig c = default_sim_config();
+  c.file = file;
+  c.name = root.str("name", file.stem().string());
+  c.federation = root.str("federation", c.federation);
+  c.silos = static_cast<std::size_t>(root.integer("silos", 5, 1, 1000));
+  c.rounds = static_cast<std::uint64_t>(root.integer("rounds", 20, 1, 100000));
+  c.seed = static_cast<std::uint64_t>(root.integer("seed", 7, 0));
+  c.baseline = root.boolean("baseline", true);
+
+  const auto data = root.child("data");
+  if (data.has("path")) {
+    c.data_path = data.path("path", "");
+    if (!std::filesystem::exists(c.data_path)) data.fail("path", "file " + c.data_path.string() + " does not exist");
+    data.str("dataset", "");
+  } else {
+    const auto name = data.one_of("dataset", "breast_cancer", {"breast_cancer", "digits"});
+    c.data_path = resolve_dataset(name);
+    if (c.data_path.empty()) {
+      data.fail("dataset", "no " + name + ".csv(.gz) in " + data_dir().string() +
+                               " (set XSILO_DATA_DIR to the folder holding the data)");
+    }
+  }
+  c.test_fraction = data.number("test_fraction", 0.2, 0.01, 0.9);
+  c.standardize = data.boolean("standardize", true);
+  c.split = data.one_of("split", "dirichlet", {"dirichlet", "iid"});
+  c.alpha = data.number("alpha", 0.5, 1e-3, 1e6);
+  data.finish();
+
+  const auto model = root.child("model");
+  c.model_kind = model.one_of("kind", "logistic", {"logistic", "mlp"});
+  for (auto h : model.int_list("hidden", 1, 1 << 16)) c.hidden.push_back(static_cast<std::size_t>(h));
+  if (c.model_kind == "logistic" && !c.hidden.empty()) model.fail("hidden", "a logistic model has no hidden layers");
+  model.finish();
+
+  auto pass = [&](const char* key, json& into) {
+    const auto& v = root.raw(key);
+    if (v.is_null()) return;
+    if (!v.is_object()) root.fail(key, "must be an object");
+    into = v;
+  };
+  pass("training", c.training);
+  pass("optimizer", c.optimizer);
+  pass("selection", c.selection);
+  pass("deadlines", c.deadlines);
+  pass("transport", c.transport);
+  root.finish();
+  return c;
+}
+
+SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool quiet) {
+  SimResult result;
+  auto say = [&](const std::string& s) {
+    if (!quiet) std::cout << s << std::endl;
+  };
+  if (cfg.data_path.empty() || !std::filesystem::exists(cfg.data_path)) {
+    throw ConfigError("sim: data set not found in " + data_dir().string() +
+                      " (set XSILO_DATA_DIR to the folder holding breast_cancer.csv)");
+  }
+  std::filesystem::create_directories(out);
+  const auto t_start = Clock::now();
+
+  // 1. Data: a stratified test split, then the training rows dealt to silos.
+  Dataset all = load_csv(cfg.data_path);
+  auto [train_rows, test_rows] = train_test_split(all, cfg.test_fraction, cfg.seed);
+  Standardizer stdz;
+  if (cfg.standardize) stdz = Standardizer::fit(subset(all, train_rows));
+  const auto parts = cfg.split == "iid"
+                         ? split_iid(train_rows, cfg.silos, cfg.seed + 1)
+                         : split_dirichlet(all, train_rows, cfg.silos, cfg.alpha, cfg.seed + 1);
+  const auto test_parts = split_iid(test_rows, cfg.silos, cfg.seed + 2);
+  Dataset central_test = subset(all, test_rows);
+  Dataset central_train = subset(all, train_rows);
+  if (cfg.standardize) {
+    stdz.apply(central_test);
+    stdz.apply(central_train);
+  }
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < cfg.silos; ++i) {
+    names.push_back(silo_name(i));
+    const auto dir = out / "silos" / names.back();
+    save_csv(dir / "train.csv", subset(all, parts[i]));
+    save_csv(dir / "test.csv", subset(all, test_parts[i]));
+  }
+  say("xsilo sim: " + cfg.name + " | " + std::to_string(cfg.silos) + " silos, " +
+      std::to_string(cfg.rounds) + " rounds | " + cfg.data_path.filename().string() + " (" +
+      std::to_string(all.rows) + " rows, " + std::to_string(all.features) + " features, " +
+      std::to_string(all.classes) + " classes) | split " + cfg.split +
+      (cfg.split == "dirichlet" ? " alpha=" + std::to_string(cfg.alpha).substr(0, 4) : ""));
+  {
+    std::string sizes;
+    for (std::size_t i = 0; i < cfg.silos; ++i) sizes += (i ? ", " : "") + std::to_string(parts[i].size());
+    say("  training rows per silo: " + sizes + "; " + std::to_string(test_rows.size()) + " test rows");
+  }
+
+  // 2. A throwaway PKI: one CA, one kit per process.
+  const auto pki = out / "pki";
+  std::filesystem::remove_all(pki);
+  transport::pki_init(pki, cfg.federation);
+  transport::pki_issue(pki, {wire::SERVER, "server"});
+  for (const auto& n : names) transport::pki_issue(pki, {wire::SILO, n});
+
+  // 3. Configs.
+  const auto state = out / "server";
+  std::filesystem::remove_all(state);
+  json server = {{"federation", cfg.federation},
+                 {"listen", "127.0.0.1:0"},
+                 {"port_file", (out / "server.port").string()},
+                 {"tls", {{"kit", (pki / "kits" / "server").string()}}},
+                 {"allow", {{"silo", names}}},
+                 {"state_dir", state.string()},
+                 {"keep_checkpoints", 0},
+                 {"rounds", cfg.rounds},
+                 {"seed", cfg.seed},
+                 {"model",
+                  {{"kind", cfg.model_kind},
+                   {"inputs", all.features},
+                   {"classes", all.classes},
+                   {"init_seed", cfg.seed}}},
+                 {"training", cfg.training},
+                 {"optimizer", cfg.optimizer}};
+  if (!cfg.hidden.empty()) server["model"]["hidden"] = cfg.hidden;
+  json selection = cfg.selection.is_object() ? cfg.selection : json::object();
+  if (!selection.contains("min_silos")) selection["min_silos"] = std::max<std::size_t>(1, cfg.silos / 2 + 1);
+  server["selection"] = selection;
+  json deadlines = cfg.deadlines.is_object() ? cfg.deadlines : json::object();
+  if (!deadlines.contains("join_s")) deadlines["join_s"] = 10;
+  if (!deadlines.contains("train_s")) deadlines["train_s"] = 60;
+  if (!deadlines.contains("upload_s")) deadlines["upload_s"] = 30;
+  server["deadlines"] = deadlines;
+  if (cfg.transport.is_object()) server["transport"] = cfg.transport;
+  const auto server_cfg_path = out / "configs" / "server.json";
+  write_json(server_cfg_path, server);
+  try {
+    server::load_server_config(server_cfg_path);
+  } catch (const ConfigError& e) {
+    throw ConfigError(std::string(e.what()) + " (generated from sim config " +
+                      (cfg.file.empty() ? std::string("defaults") : cfg.file.string()) + ")");
+  }
+
+  const auto logs = out / "logs";
+  std::filesystem::remove_all(logs);
+  std::filesystem::remove(out / "server.port");
+  Process server_proc({self_exe(), "server", "--config", server_cfg_path.string()}, logs / "server.log");
+  std::uint16_t port = 0;
+  for (int i = 0; i < 300 && !port; ++i) {
+    if (std::filesystem::exists(out / "server.port")) {
+      port = static_cast<std::uint16_t>(std::stoi(read_file(out / "server.port")));
+    } else if (!server_proc.running()) {
+      throw std::runtime_error("the server exited during start-up:\n" + tail(logs / "server.log"));
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  if (!port) throw std::runtime_error("the server did not start within 6 s:\n" + tail(logs / "server.log"));
+
+  std::vector<std::unique_ptr<Process>> agents;
+  for (std::size_t i = 0; i < cfg.silos; ++i) {
+    const auto dir = out / "silos" / names[i];
+    json agent = {{"federation", cfg.federation},
+                  {"upstreams", {"127.0.0.1:" + std::to_string(port)}},
+                  {"tls", {{"kit", (pki / "kits" / names[i]).string()}}},
+                  {"data", {{"train", (dir / "train.csv").string()}, {"test", (dir / "test.csv").string()}}},
+                  {"state_dir", (dir / "state").string()},
+                  {"reconnect", {{"initial_backoff_s", 0.1}, {"max_backoff_s", 2}}}};
+    if (cfg.standardize) agent["data"]["standardize"] = {{"mean", stdz.mean}, {"std", stdz.stddev}};
+    if (cfg.transport.is_object()) agent["transport"] = cfg.transport;
+    const auto path = out / "configs" / (names[i] + ".json");
+    write_json(path, agent);
+    agents.push_back(std::make_unique<Process>(
+        std::vector<std::string>{self_exe(), "agent", "--config", path.string()},
+        logs / (names[i] + ".log")));
+  }
+  say("  server on 127.0.0.1:" + std::to_string(port) + " (mutual TLS 1.3), " +
+      std::to_string(cfg.silos) + " agents started; logs in " + logs.string());
+
+  // 4. Follow the rounds through the server's metrics; evaluate each committed model on the
+  //    held-out test set.
+  auto prev_handler = std::signal(SIGINT, on_interrupt);
+  std::signal(SIGTERM, on_interrupt);
+  std::ofstream metrics(out / "metrics.csv");
+  metrics << "round,committed,accuracy,loss,fed_eval_accuracy,fed_eval_loss,train_loss,"
+             "silos_reporting,dropped,seconds\n";
+  std::vector<double> xs, accs, losses;
+  std::size_t rows_seen = 0;
+  const auto server_metrics = state / "metrics.csv";
+  std::optional<int> server_exit;
+  auto poll_rows = [&] {
+    if (!std::filesystem::exists(server_metrics)) return;
+    std::ifstream in(server_metrics);
+    std::vector<std::string> lines;
+    for (std::string l; std::getline(in, l);) lines.push_back(l);
+    for (std::size_t i = rows_seen + 1; i < lines.size(); ++i) {
+      const auto f = split_csv_line(lines[i]);
+      if (f.size() < 10) break;  // a row still being written
+      rows_seen = i;
+      const std::uint64_t round = std::stoull(f[0]);
+      const bool committed = f[1] == "1";
+      double acc = NAN, loss = NAN;
+      if (committed) {
+        char name[64];
+        std::snprintf(name, sizeof name, "round_%06llu.safetensors", static_cast<unsigned long long>(round));
+        const Model m = load_safetensors(state / "checkpoints" / name);
+        const auto ev = Network(m).evaluate(m.flat(), central_test);
+        acc = ev.accuracy;
+        loss = ev.loss;
+        ++result.rounds_committed;
+        xs.push_back(static_cast<double>(round));
+        accs.push_back(acc);
+        losses.push_back(loss);
+        result.final_accuracy = acc;
+        result.final_loss = loss;
+      }
+      metrics << round << "," << (committed ? 1 : 0) << "," << acc << "," << loss << "," << f[7]
+              << "," << f[6] << "," << f[5] << "," << f[3] << "," << f[4] << "," << f[8] << "\n";
+      metrics.flush();
+      char line[256];
+      if (committed) {
+        std::snprintf(line, sizeof line,
+                      "round %3llu/%llu | silos %s/%s | dropped %s | loss %.4f | acc %6.2f%% | %5.2f s",
+                      static_cast<unsigned long long>(round), static_cast<unsigned long long>(cfg.rounds),
+                      f[3].c_str(), f[2].c_str(), f[4].c_str(), loss, 100 * acc, std::stod(f[8]));
+      } else {
+        std::snprintf(line, sizeof line, "round %3llu/%llu | ABORTED | silos %s/%s | dropped %s | %5.2f s",
+                      static_cast<unsigned long long>(round), static_cast<unsigned long long>(cfg.rounds),
+                      f[3].c_str(), f[2].c_str(), f[4].c_str(), std::stod(f[8]));
+      }
+      say(line);
+    }
+  };
+  while (!server_exit) {
+    poll_rows();
+    if (g_interrupted) {
+      say("interrupted: stopping the federation");
+      server_proc.stop();
+      break;
+    }
+    server_exit = server_proc.wait(std::chrono::milliseconds(100));
+  }
+  poll_rows();
+  for (auto& a : agents) {
+    if (!a->wait(std::chrono::milliseconds(5000))) a->stop();
+  }
+  std::signal(SIGINT, prev_handler);
+  std::signal(SIGTERM, SIG_DFL);
+
+  // 5. Outputs.
+  std::uint64_t last = 0;
+  for (double x : xs) last = static_cast<std::uint64_t>(x);
+  if (last) {
+    char name[64];
+    std::snprintf(name, sizeof name, "round_%06llu.safetensors", static_cast<unsigned long long>(last));
+    std::filesystem::copy_file(state / "checkpoints" / name, out / "model.safetensors",
+                               std::filesystem::copy_options::overwrite_existing);
+  }
+  for (const char* f : {"audit.jsonl", "audit.pub"}) {
+    if (std::filesystem::exists(state / f)) {
+      std::filesystem::copy_file(state / f, out / f, std::filesystem::copy_options::overwrite_existing);
+    }
+  }
+  if (cfg.baseline && !g_interrupted) {
+    // The same model trained centrally on the pooled training rows, for as many epochs as a
+    // silo saw in total.
+    const auto tr = cfg.training;
+    ModelSpec spec{cfg.model_kind, all.features, static_cast<std::size_t>(all.classes), cfg.hidden, cfg.seed};
+    Model m = init_model(spec);
+    agent::TrainOptions opts;
+    opts.epochs = static_cast<std::uint32_t>(cfg.rounds * tr.value("local_epochs", 1u));
+    opts.batch_size = tr.value("batch_size", 32u);
+    opts.learning_rate = tr.value("learning_rate", 0.1f);
+    opts.weight_decay = tr.value("weight_decay", 0.0f);
+    opts.seed = cfg.seed;
+    const Network net(m);
+    agent::train_sgd(net, m.flat(), central_train, opts);
+    result.baseline_accuracy = net.evaluate(m.flat(), central_test).accuracy;
+  }
+  write_report(out, cfg.name, xs, accs, losses, result.baseline_accuracy);
+  const double secs = std::chrono::duration<double>(Clock::now() - t_start).count();
+  json summary = {{"name", cfg.name},
+                  {"rounds", cfg.rounds},
+                  {"rounds_committed", result.rounds_committed},
+                  {"server_exit_code", server_exit.value_or(-1)},
+                  {"final_accuracy", result.final_accuracy},
+                  {"final_loss", result.final_loss},
+                  {"seconds", secs}};
+  if (result.baseline_accuracy >= 0) summary["centralized_accuracy"] = result.baseline_accuracy;
+  write_json(out / "summary.json", summary);
+
+  const bool ok = server_exit && *server_exit == 0 && result.rounds_committed == cfg.rounds;
+  char line[256];
+  std::snprintf(line, sizeof line, "%s: %llu/%llu rounds committed in %.1f s; final test accuracy %.2f%%",
+                ok ? "done" : "FAILED", static_cast<unsigned long long>(result.rounds_committed),
+                static_cast<unsigned long long>(cfg.rounds), secs, 100 * result.final_accuracy);
+  say(line);
+  if (result.baseline_accuracy >= 0) {
+    std::snprintf(line, sizeof line, "  centralized training on the pooled data: %.2f%% (difference %+.2f points)",
+                  100 * result.baseline_accuracy, 100 * (result.final_accuracy - result.baseline_accuracy));
+    say(line);
+  }
+  say("  outputs: " + (out / "metrics.csv").string() + ", model.safetensors, audit.jsonl + audit.pub, report.html");
+  say("  verify the audit log: xsilo audit verify " + (out / "audit.jsonl").string() + " --key " +
+      (out / "audit.pub").string());
+  if (!ok && server_exit && *server_exit != 0) {
+    say("  the server exited with code " + std::to_string(*server_exit) + "; its log ends:\n" +
+        tail(logs / "server.log"));
+  }
+  result.exit_code = ok ? 0 : 1;
+  return result;
+}
+
+}  // namespace xsilo::tools

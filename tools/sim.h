@@ -1,0 +1,57 @@
+// `xsilo sim`: a whole federation on one machine. It provisions a throwaway PKI, splits a
+// data set across silos, writes each process's config, starts the server and the agents as
+// real processes talking mutual TLS over loopback, shows progress per round, and writes the
+// metrics, the final model, the audit log and a report.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace xsilo::tools {
+
+struct SimConfig {
+  std::filesystem::path file;        // empty: the built-in default experiment
+  std::string name = "breast-cancer-logistic";
+  std::string federation = "sim";
+  std::size_t silos = 5;
+  std::uint64_t rounds = 20;
+  std::uint64_t seed = 7;
+  // data
+  std::filesystem::path data_path;   // resolved CSV file
+  double test_fraction = 0.2;
+  bool standardize = true;
+  std::string split = "dirichlet";   // "dirichlet" or "iid"
+  double alpha = 0.5;
+  // model
+  std::string model_kind = "logistic";
+  std::vector<std::size_t> hidden;
+  // passed through to the server config (validated there)
+  nlohmann::json training, optimizer, selection, deadlines, transport;
+  bool baseline = true;              // also train centrally on the pooled data
+};
+
+// Throws ConfigError with the file and key path on invalid input.
+SimConfig load_sim_config(const std::filesystem::path& file);
+SimConfig default_sim_config();
+
+// Where the vendored data sets live: $XSILO_DATA_DIR, else the source tree's data/.
+std::filesystem::path data_dir();
+
+struct SimResult {
+  int exit_code = 1;
+  std::uint64_t rounds_committed = 0;
+  double final_accuracy = 0, final_loss = 0, baseline_accuracy = -1;
+};
+
+SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool quiet = false);
+
+// Writes report.svg and report.html from the sim's metrics.
+void write_report(const std::filesystem::path& out, const std::string& title,
+                  const std::vector<double>& rounds, const std::vector<double>& accuracy,
+                  const std::vector<double>& loss, double baseline_accuracy);
+
+}  // namespace xsilo::tools
