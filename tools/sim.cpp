@@ -55,7 +55,9 @@ std::vector<std::string> split_csv_line(const std::string& line) {
   return out;
 }
 
-std::string tail(const std::filesystem::path& log, std::size_t lines = 15) {
+}  // namespace
+
+std::string log_tail(const std::filesystem::path& log, std::size_t lines) {
   std::ifstream in(log);
   std::vector<std::string> all;
   for (std::string l; std::getline(in, l);) all.push_back(l);
@@ -65,8 +67,6 @@ std::string tail(const std::filesystem::path& log, std::size_t lines = 15) {
   }
   return out;
 }
-
-}  // namespace
 
 std::filesystem::path data_dir() {
   if (const char* d = std::getenv("XSILO_DATA_DIR")) return d;
@@ -133,67 +133,57 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
   return c;
 }
 
-SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool quiet) {
-  SimResult result;
-  auto say = [&](const std::string& s) {
-    if (!quiet) std::cout << s << std::endl;
-  };
+FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::path& out) {
   if (cfg.data_path.empty() || !std::filesystem::exists(cfg.data_path)) {
     throw ConfigError("sim: data set not found in " + data_dir().string() +
                       " (set XSILO_DATA_DIR to the folder holding breast_cancer.csv)");
   }
+  FederationFiles f;
+  f.out = out;
   std::filesystem::create_directories(out);
-  const auto t_start = Clock::now();
 
-  // 1. Data: a stratified test split, then the training rows dealt to silos.
-  Dataset all = load_csv(cfg.data_path);
+  // Data: a stratified test split, then the training rows dealt to silos.
+  f.all = load_csv(cfg.data_path);
+  const Dataset& all = f.all;
   auto [train_rows, test_rows] = train_test_split(all, cfg.test_fraction, cfg.seed);
-  Standardizer stdz;
-  if (cfg.standardize) stdz = Standardizer::fit(subset(all, train_rows));
+  if (cfg.standardize) f.standardizer = Standardizer::fit(subset(all, train_rows));
   const auto parts = cfg.split == "iid"
                          ? split_iid(train_rows, cfg.silos, cfg.seed + 1)
                          : split_dirichlet(all, train_rows, cfg.silos, cfg.alpha, cfg.seed + 1);
   const auto test_parts = split_iid(test_rows, cfg.silos, cfg.seed + 2);
-  Dataset central_test = subset(all, test_rows);
-  Dataset central_train = subset(all, train_rows);
+  f.central_test = subset(all, test_rows);
+  f.central_train = subset(all, train_rows);
   if (cfg.standardize) {
-    stdz.apply(central_test);
-    stdz.apply(central_train);
+    f.standardizer.apply(f.central_test);
+    f.standardizer.apply(f.central_train);
   }
-  std::vector<std::string> names;
   for (std::size_t i = 0; i < cfg.silos; ++i) {
-    names.push_back(silo_name(i));
-    const auto dir = out / "silos" / names.back();
+    f.silos.push_back(silo_name(i));
+    const auto dir = out / "silos" / f.silos.back();
     save_csv(dir / "train.csv", subset(all, parts[i]));
     save_csv(dir / "test.csv", subset(all, test_parts[i]));
   }
-  say("xsilo sim: " + cfg.name + " | " + std::to_string(cfg.silos) + " silos, " +
-      std::to_string(cfg.rounds) + " rounds | " + cfg.data_path.filename().string() + " (" +
-      std::to_string(all.rows) + " rows, " + std::to_string(all.features) + " features, " +
-      std::to_string(all.classes) + " classes) | split " + cfg.split +
-      (cfg.split == "dirichlet" ? " alpha=" + std::to_string(cfg.alpha).substr(0, 4) : ""));
-  {
-    std::string sizes;
-    for (std::size_t i = 0; i < cfg.silos; ++i) sizes += (i ? ", " : "") + std::to_string(parts[i].size());
-    say("  training rows per silo: " + sizes + "; " + std::to_string(test_rows.size()) + " test rows");
-  }
 
-  // 2. A throwaway PKI: one CA, one kit per process.
-  const auto pki = out / "pki";
-  std::filesystem::remove_all(pki);
-  transport::pki_init(pki, cfg.federation);
-  transport::pki_issue(pki, {wire::SERVER, "server"});
-  for (const auto& n : names) transport::pki_issue(pki, {wire::SILO, n});
+  // A throwaway PKI: one CA, one kit per process.
+  f.pki = out / "pki";
+  std::filesystem::remove_all(f.pki);
+  transport::pki_init(f.pki, cfg.federation);
+  transport::pki_issue(f.pki, {wire::SERVER, "server"});
+  for (const auto& n : f.silos) transport::pki_issue(f.pki, {wire::SILO, n});
 
-  // 3. Configs.
-  const auto state = out / "server";
-  std::filesystem::remove_all(state);
+  // The server's config.
+  f.state = out / "server";
+  f.logs = out / "logs";
+  f.port_file = out / "server.port";
+  std::filesystem::remove_all(f.state);
+  std::filesystem::remove_all(f.logs);
+  std::filesystem::remove(f.port_file);
   json server = {{"federation", cfg.federation},
                  {"listen", "127.0.0.1:0"},
-                 {"port_file", (out / "server.port").string()},
-                 {"tls", {{"kit", (pki / "kits" / "server").string()}}},
-                 {"allow", {{"silo", names}}},
-                 {"state_dir", state.string()},
+                 {"port_file", f.port_file.string()},
+                 {"tls", {{"kit", (f.pki / "kits" / "server").string()}}},
+                 {"allow", {{"silo", f.silos}}},
+                 {"state_dir", f.state.string()},
                  {"keep_checkpoints", 0},
                  {"rounds", cfg.rounds},
                  {"seed", cfg.seed},
@@ -214,50 +204,87 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
   if (!deadlines.contains("upload_s")) deadlines["upload_s"] = 30;
   server["deadlines"] = deadlines;
   if (cfg.transport.is_object()) server["transport"] = cfg.transport;
-  const auto server_cfg_path = out / "configs" / "server.json";
-  write_json(server_cfg_path, server);
+  f.server_config = out / "configs" / "server.json";
+  write_json(f.server_config, server);
   try {
-    server::load_server_config(server_cfg_path);
+    server::load_server_config(f.server_config);
   } catch (const ConfigError& e) {
     throw ConfigError(std::string(e.what()) + " (generated from sim config " +
                       (cfg.file.empty() ? std::string("defaults") : cfg.file.string()) + ")");
   }
+  return f;
+}
 
-  const auto logs = out / "logs";
-  std::filesystem::remove_all(logs);
-  std::filesystem::remove(out / "server.port");
-  Process server_proc({self_exe(), "server", "--config", server_cfg_path.string()}, logs / "server.log");
-  std::uint16_t port = 0;
-  for (int i = 0; i < 300 && !port; ++i) {
-    if (std::filesystem::exists(out / "server.port")) {
-      port = static_cast<std::uint16_t>(std::stoi(read_file(out / "server.port")));
-    } else if (!server_proc.running()) {
-      throw std::runtime_error("the server exited during start-up:\n" + tail(logs / "server.log"));
-    } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+std::uint16_t wait_for_port(Process& server, const FederationFiles& f,
+                            std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    if (std::filesystem::exists(f.port_file)) {
+      const std::string text = read_file(f.port_file);
+      if (!text.empty() && text.back() == '\n') return static_cast<std::uint16_t>(std::stoi(text));
     }
+    if (!server.running()) {
+      throw std::runtime_error("the server exited during start-up:\n" + log_tail(f.logs / "server.log"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  if (!port) throw std::runtime_error("the server did not start within 6 s:\n" + tail(logs / "server.log"));
+  throw std::runtime_error("the server did not start in time:\n" + log_tail(f.logs / "server.log"));
+}
 
+std::filesystem::path write_agent_config(const SimConfig& cfg, const FederationFiles& f,
+                                         std::size_t i, const std::vector<std::string>& upstreams) {
+  const auto dir = f.out / "silos" / f.silos[i];
+  json agent = {{"federation", cfg.federation},
+                {"upstreams", upstreams},
+                {"tls", {{"kit", (f.pki / "kits" / f.silos[i]).string()}}},
+                {"data", {{"train", (dir / "train.csv").string()}, {"test", (dir / "test.csv").string()}}},
+                {"state_dir", (dir / "state").string()},
+                {"reconnect", {{"initial_backoff_s", 0.1}, {"max_backoff_s", 1}}}};
+  if (cfg.standardize) {
+    agent["data"]["standardize"] = {{"mean", f.standardizer.mean}, {"std", f.standardizer.stddev}};
+  }
+  if (cfg.transport.is_object()) agent["transport"] = cfg.transport;
+  const auto path = f.out / "configs" / (f.silos[i] + ".json");
+  write_json(path, agent);
+  return path;
+}
+
+SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool quiet) {
+  SimResult result;
+  auto say = [&](const std::string& s) {
+    if (!quiet) std::cout << s << std::endl;
+  };
+  const auto t_start = Clock::now();
+  const FederationFiles f = prepare_federation(cfg, out);
+  const Dataset& all = f.all;
+  const auto& names = f.silos;
+  const auto& state = f.state;
+  const auto& logs = f.logs;
+  say("xsilo sim: " + cfg.name + " | " + std::to_string(cfg.silos) + " silos, " +
+      std::to_string(cfg.rounds) + " rounds | " + cfg.data_path.filename().string() + " (" +
+      std::to_string(all.rows) + " rows, " + std::to_string(all.features) + " features, " +
+      std::to_string(all.classes) + " classes) | split " + cfg.split +
+      (cfg.split == "dirichlet" ? " alpha=" + std::to_string(cfg.alpha).substr(0, 4) : ""));
+  {
+    std::string sizes;
+    for (std::size_t i = 0; i < cfg.silos; ++i) {
+      sizes += (i ? ", " : "") + std::to_string(load_csv(out / "silos" / names[i] / "train.csv").rows);
+    }
+    say("  training rows per silo: " + sizes + "; " + std::to_string(f.central_test.rows) + " test rows");
+  }
+  Process server_proc({self_exe(), "server", "--config", f.server_config.string()}, logs / "server.log");
+  const std::uint16_t port = wait_for_port(server_proc, f);
   std::vector<std::unique_ptr<Process>> agents;
   for (std::size_t i = 0; i < cfg.silos; ++i) {
-    const auto dir = out / "silos" / names[i];
-    json agent = {{"federation", cfg.federation},
-                  {"upstreams", {"127.0.0.1:" + std::to_string(port)}},
-                  {"tls", {{"kit", (pki / "kits" / names[i]).string()}}},
-                  {"data", {{"train", (dir / "train.csv").string()}, {"test", (dir / "test.csv").string()}}},
-                  {"state_dir", (dir / "state").string()},
-                  {"reconnect", {{"initial_backoff_s", 0.1}, {"max_backoff_s", 2}}}};
-    if (cfg.standardize) agent["data"]["standardize"] = {{"mean", stdz.mean}, {"std", stdz.stddev}};
-    if (cfg.transport.is_object()) agent["transport"] = cfg.transport;
-    const auto path = out / "configs" / (names[i] + ".json");
-    write_json(path, agent);
+    const auto path = write_agent_config(cfg, f, i, {"127.0.0.1:" + std::to_string(port)});
     agents.push_back(std::make_unique<Process>(
         std::vector<std::string>{self_exe(), "agent", "--config", path.string()},
         logs / (names[i] + ".log")));
   }
   say("  server on 127.0.0.1:" + std::to_string(port) + " (mutual TLS 1.3), " +
       std::to_string(cfg.silos) + " agents started; logs in " + logs.string());
+  const Dataset& central_test = f.central_test;
+  const Dataset& central_train = f.central_train;
 
   // 4. Follow the rounds through the server's metrics; evaluate each committed model on the
   //    held-out test set.
@@ -387,7 +414,7 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
       (out / "audit.pub").string());
   if (!ok && server_exit && *server_exit != 0) {
     say("  the server exited with code " + std::to_string(*server_exit) + "; its log ends:\n" +
-        tail(logs / "server.log"));
+        log_tail(logs / "server.log"));
   }
   result.exit_code = ok ? 0 : 1;
   return result;

@@ -11,6 +11,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/dataset.h"
+#include "tools/process.h"
+
 namespace xsilo::tools {
 
 struct SimConfig {
@@ -40,6 +43,24 @@ SimConfig default_sim_config();
 
 // Where the vendored data sets live: $XSILO_DATA_DIR, else the source tree's data/.
 std::filesystem::path data_dir();
+
+// The files of a federation on this machine: data splits, a PKI, the server config. Tests
+// use it to start and kill the processes themselves.
+struct FederationFiles {
+  std::filesystem::path out, pki, state, logs, server_config, port_file;
+  std::vector<std::string> silos;
+  Dataset all, central_train, central_test;
+  Standardizer standardizer;
+};
+
+FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::path& out);
+// Waits for the server to write its port file; throws with the log's tail if it dies.
+std::uint16_t wait_for_port(Process& server, const FederationFiles& f,
+                            std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
+// Writes silo i's agent config pointing at `upstreams` and returns its path.
+std::filesystem::path write_agent_config(const SimConfig& cfg, const FederationFiles& f,
+                                         std::size_t i, const std::vector<std::string>& upstreams);
+std::string log_tail(const std::filesystem::path& log, std::size_t lines = 15);
 
 struct SimResult {
   int exit_code = 1;

@@ -1,0 +1,471 @@
+// The round coordinator in-process: every dropout timing scripted, no sockets, no threads.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "server/coordinator.h"
+#include "transport/tensor_stream.h"
+
+namespace xsilo::server {
+namespace {
+
+class MemoryStore : public Store {
+ public:
+  struct Commit {
+    std::uint64_t round;
+    Model model;
+    nlohmann::json record;
+  };
+  void commit(std::uint64_t round, const Model& model, const Model&, const nlohmann::json& rec,
+              const MetricsRow& row) override {
+    commits.push_back({round, model, rec});
+    rows.push_back(row);
+    records.push_back(rec);
+  }
+  void record(const nlohmann::json& rec, const MetricsRow* row) override {
+    records.push_back(rec);
+    if (row) rows.push_back(*row);
+  }
+  std::vector<Commit> commits;
+  std::vector<nlohmann::json> records;
+  std::vector<MetricsRow> rows;
+};
+
+Model small_model() {
+  Model m;
+  m.add("a", {4});
+  m.add("b", {2, 3});
+  for (std::size_t i = 0; i < m.size(); ++i) m.flat()[i] = 0.1f * static_cast<float>(i);
+  return m;
+}
+
+std::string name(std::size_t i) { return "silo-" + std::to_string(100 + i); }
+
+CoordinatorConfig three_rounds() {
+  CoordinatorConfig c;
+  c.rounds = 3;
+  return c;
+}
+
+class Harness {
+ public:
+  explicit Harness(std::size_t silos, CoordinatorConfig cfg = three_rounds(),
+                   std::uint64_t first_round = 1)
+      : initial_(small_model()) {
+    cfg.federation = "fed";
+    if (cfg.selection.min_silos == 2 && silos < 2) cfg.selection.min_silos = 1;
+    if (cfg.selection.min_updates == 0) cfg.selection.min_updates = cfg.selection.min_silos;
+    for (std::size_t i = 0; i < silos; ++i) cfg.expected_silos.insert(name(i));
+    coord_ = std::make_unique<Coordinator>(cfg, initial_, ServerOptimizer({}, initial_), store,
+                                           first_round);
+    coord_->start(now);
+    pump();
+  }
+
+  void connect(std::size_t i) {
+    coord_->on_connect(session(i), name(i), now);
+    pump();
+  }
+  void connect_all(std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) connect(i);
+  }
+  void disconnect(std::size_t i) {
+    coord_->on_disconnect(session(i), now);
+    pump();
+  }
+  void fire(Timer t) {
+    ASSERT_TRUE(armed.count(t)) << "timer not armed";
+    armed.erase(t);
+    coord_->on_timer(t, now);
+    pump();
+  }
+  void deliver(std::size_t i, wire::Envelope e) {
+    e.set_federation("fed");
+    coord_->on_message(session(i), e, now);
+    pump();
+  }
+  void ready(std::size_t i, std::uint64_t samples, std::uint64_t round = 0) {
+    wire::Envelope e;
+    e.set_round(round ? round : coord_->round());
+    e.mutable_update_ready()->set_num_samples(samples);
+    deliver(i, e);
+  }
+  // Streams weight * delta in chunks of 3 elements, then UpdateEnd (unless stop_after chunks).
+  void upload(std::size_t i, const std::vector<float>& weighted, double weight,
+              int stop_after = -1) {
+    ++uploads_[session(i)];
+    auto m = std::make_shared<Model>(initial_.zeros_like());
+    std::copy(weighted.begin(), weighted.end(), m->flat().begin());
+    transport::ChunkSource src(m, m->flat(), m->tensors(), "fed", coord_->round(), 12);
+    int sent = 0;
+    while (auto e = src.next()) {
+      if (stop_after >= 0 && sent == stop_after) return;
+      deliver(i, *e);
+      ++sent;
+    }
+    wire::Envelope end;
+    end.set_round(coord_->round());
+    end.mutable_update_end()->set_weight(weight);
+    deliver(i, end);
+  }
+  // Holds an UploadGrant it has not used yet.
+  bool granted(std::size_t i) const {
+    auto it = inbox.find(session(i));
+    if (it == inbox.end()) return false;
+    int grants = 0;
+    for (const auto& m : it->second) grants += m.has_upload_grant();
+    auto u = uploads_.find(session(i));
+    return grants > (u == uploads_.end() ? 0 : u->second);
+  }
+  const wire::Envelope* last(std::size_t i, wire::Envelope::BodyCase body) const {
+    auto it = inbox.find(session(i));
+    if (it == inbox.end()) return nullptr;
+    for (auto m = it->second.rbegin(); m != it->second.rend(); ++m) {
+      if (m->body_case() == body) return &*m;
+    }
+    return nullptr;
+  }
+  // Every silo that holds a grant uploads its update, until nobody does.
+  void serve(const std::map<std::size_t, std::pair<std::vector<float>, double>>& updates) {
+    for (bool progress = true; progress;) {
+      progress = false;
+      for (const auto& [i, u] : updates) {
+        if (granted(i)) {
+          upload(i, u.first, u.second);
+          progress = true;
+        }
+      }
+    }
+  }
+
+  Coordinator& coord() { return *coord_; }
+  SessionId session(std::size_t i) const { return 1000 + i; }
+
+  MemoryStore store;
+  std::int64_t now = 1'700'000'000'000;
+  std::map<SessionId, std::vector<wire::Envelope>> inbox;
+  std::map<SessionId, int> models_sent;
+  std::set<Timer> armed;
+  std::vector<SessionId> closed;
+  bool finished = false;
+  Model initial_;
+
+ private:
+  void pump() {
+    for (;;) {
+      auto actions = coord_->take_actions();
+      if (actions.empty()) return;
+      for (auto& a : actions) {
+        if (auto* s = std::get_if<action::Send>(&a)) inbox[s->to].push_back(s->env);
+        if (auto* m = std::get_if<action::SendModel>(&a)) ++models_sent[m->to];
+        if (auto* t = std::get_if<action::StartTimer>(&a)) armed.insert(t->timer);
+        if (auto* t = std::get_if<action::CancelTimer>(&a)) armed.erase(t->timer);
+        if (auto* c = std::get_if<action::Close>(&a)) closed.push_back(c->id);
+        if (std::get_if<action::Finished>(&a)) finished = true;
+        if (auto* j = std::get_if<action::Job>(&a)) {
+          j->work();
+          coord_->on_job_done(j->id, now);
+        }
+      }
+    }
+  }
+  std::unique_ptr<Coordinator> coord_;
+  std::map<SessionId, int> uploads_;
+};
+
+std::vector<float> constant(float v, std::size_t n = 10) { return std::vector<float>(n, v); }
+
+// initial + sum(weighted) / sum(weights)
+std::vector<float> fedavg(const Model& initial,
+                          const std::vector<std::pair<std::vector<float>, double>>& ups) {
+  std::vector<float> out(initial.flat().begin(), initial.flat().end());
+  double w = 0;
+  for (const auto& u : ups) w += u.second;
+  for (std::size_t k = 0; k < out.size(); ++k) {
+    double s = 0;
+    for (const auto& u : ups) s += u.first[k];
+    out[k] += static_cast<float>(s / w);
+  }
+  return out;
+}
+
+void expect_model(const Model& m, const std::vector<float>& want) {
+  ASSERT_EQ(m.size(), want.size());
+  for (std::size_t k = 0; k < want.size(); ++k) EXPECT_NEAR(m.flat()[k], want[k], 1e-5) << k;
+}
+
+TEST(Coordinator, StartsWhenEveryExpectedSiloJoinedAndCommitsTheWeightedMean) {
+  Harness h(3);
+  h.connect(0);
+  h.connect(1);
+  EXPECT_EQ(h.coord().phase(), Phase::Joining);
+  h.connect(2);
+  ASSERT_EQ(h.coord().phase(), Phase::Collecting);
+  for (std::size_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(h.last(i, wire::Envelope::kRoundStart));
+    EXPECT_EQ(h.models_sent[h.session(i)], 1);
+  }
+  h.ready(0, 10);
+  h.ready(1, 30);
+  h.ready(2, 60);
+  std::map<std::size_t, std::pair<std::vector<float>, double>> ups = {
+      {0, {constant(10.0f), 10}}, {1, {constant(-30.0f), 30}}, {2, {constant(60.0f * 0.5f), 60}}};
+  h.serve(ups);
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  expect_model(h.store.commits[0].model, fedavg(h.initial_, {ups[0], ups[1], ups[2]}));
+  const auto& rec = h.store.commits[0].record;
+  EXPECT_EQ(rec["status"], "committed");
+  EXPECT_EQ(rec["participants"].size(), 3u);
+  EXPECT_EQ(rec["model_sha256_before"], crypto::sha256_hex(h.initial_.flat()));
+  EXPECT_EQ(rec["model_sha256_after"], crypto::sha256_hex(h.store.commits[0].model.flat()));
+  EXPECT_EQ(h.coord().round(), 2u);
+  EXPECT_EQ(h.coord().phase(), Phase::Collecting);  // the next round started at once
+  ASSERT_TRUE(h.last(0, wire::Envelope::kRoundEnd));
+}
+
+TEST(Coordinator, WaitsForTheJoinDeadlineWhenSomeSiloIsMissing) {
+  Harness h(3);
+  h.connect(0);
+  h.connect(1);
+  EXPECT_EQ(h.coord().phase(), Phase::Joining);
+  h.fire(Timer::Join);
+  EXPECT_EQ(h.coord().phase(), Phase::Collecting);
+  EXPECT_EQ(h.coord().members().size(), 2u);
+}
+
+TEST(Coordinator, NeverStartsBelowMinSilosEvenAfterTheJoinDeadline) {
+  CoordinatorConfig cfg = three_rounds();
+  cfg.selection.min_silos = 3;
+  Harness h(4, cfg);
+  h.connect(0);
+  h.connect(1);
+  h.fire(Timer::Join);
+  EXPECT_EQ(h.coord().phase(), Phase::Joining);
+  h.connect(2);  // the deadline passed: three are enough now
+  EXPECT_EQ(h.coord().phase(), Phase::Collecting);
+}
+
+TEST(Coordinator, SiloMissingTheTrainingDeadlineIsADropoutNotAFailure) {
+  Harness h(3);
+  h.connect_all(3);
+  h.ready(0, 10);
+  h.ready(1, 10);
+  h.serve({{0, {constant(1), 10}}, {1, {constant(3), 10}}});
+  EXPECT_TRUE(h.store.commits.empty());  // still waiting for silo 2
+  h.fire(Timer::Train);
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  const auto& rec = h.store.commits[0].record;
+  ASSERT_EQ(rec["dropouts"].size(), 1u);
+  EXPECT_EQ(rec["dropouts"][0]["silo"], name(2));
+  EXPECT_EQ(rec["dropouts"][0]["phase"], "train");
+  expect_model(h.store.commits[0].model, fedavg(h.initial_, {{constant(1), 10}, {constant(3), 10}}));
+  // The late silo is told; its late UpdateReady is refused with an error, not a crash.
+  ASSERT_TRUE(h.last(2, wire::Envelope::kRoundEnd));
+  h.ready(2, 10, 1);
+  ASSERT_TRUE(h.last(2, wire::Envelope::kError));
+  EXPECT_EQ(h.last(2, wire::Envelope::kError)->error().code(), wire::WRONG_ROUND);
+}
+
+TEST(Coordinator, SiloVanishingMidUploadLeavesNoTraceInTheSum) {
+  Harness h(3);
+  h.connect_all(3);
+  h.ready(0, 10);  // silo 0 gets the grant first
+  h.ready(1, 10);
+  h.ready(2, 10);
+  ASSERT_TRUE(h.granted(0));
+  h.upload(0, constant(1000), 10, /*stop_after=*/2);
+  h.disconnect(0);
+  h.serve({{1, {constant(2), 10}}, {2, {constant(4), 10}}});
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  expect_model(h.store.commits[0].model, fedavg(h.initial_, {{constant(2), 10}, {constant(4), 10}}));
+  EXPECT_EQ(h.store.commits[0].record["dropouts"][0]["phase"], "upload");
+}
+
+TEST(Coordinator, UploadDeadlineDropsTheUploaderAndGrantsTheNext) {
+  Harness h(3);
+  h.connect_all(3);
+  h.ready(0, 10);
+  h.ready(1, 10);
+  h.ready(2, 10);
+  h.upload(0, constant(7), 10, 1);
+  h.fire(Timer::Upload);
+  EXPECT_TRUE(h.granted(1));
+  h.serve({{1, {constant(2), 10}}, {2, {constant(4), 10}}});
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  EXPECT_EQ(h.store.commits[0].record["participants"].size(), 2u);
+}
+
+TEST(Coordinator, TooFewUpdatesAbortCleanlyAndTheNextRoundStarts) {
+  CoordinatorConfig cfg = three_rounds();
+  cfg.selection.min_silos = 2;
+  cfg.selection.min_updates = 2;
+  Harness h(3, cfg);
+  h.connect_all(3);
+  h.ready(0, 10);
+  h.serve({{0, {constant(5), 10}}});
+  h.disconnect(1);
+  h.fire(Timer::Train);
+  EXPECT_TRUE(h.store.commits.empty());
+  ASSERT_FALSE(h.store.records.empty());
+  const auto& rec = h.store.records.back();
+  EXPECT_EQ(rec["status"], "aborted");
+  EXPECT_NE(rec["reason"].get<std::string>().find("only 1 updates arrived, 2 needed"), std::string::npos);
+  EXPECT_EQ(rec["model_sha256_after"], rec["model_sha256_before"]);
+  EXPECT_EQ(crypto::sha256_hex(h.coord().model()->flat()), crypto::sha256_hex(h.initial_.flat()));
+  EXPECT_EQ(h.coord().round(), 2u);
+  EXPECT_EQ(h.coord().aborted(), 1u);
+  // Two silos are still connected: round 2 waits for silo 1 or the join deadline.
+  EXPECT_EQ(h.coord().phase(), Phase::Joining);
+  h.fire(Timer::Join);
+  EXPECT_EQ(h.coord().phase(), Phase::Collecting);
+}
+
+TEST(Coordinator, OverSelectionClosesAtTheTargetAndReleasesTheRest) {
+  CoordinatorConfig cfg = three_rounds();
+  cfg.selection.silos_per_round = 4;
+  cfg.selection.over_selection = 0.5;  // select 6 of 10, close at 4
+  Harness h(10, cfg);
+  h.connect_all(10);
+  ASSERT_EQ(h.coord().members().size(), 6u);
+  std::vector<std::size_t> selected;
+  for (std::size_t i = 0; i < 10; ++i) {
+    if (h.last(i, wire::Envelope::kRoundStart)) selected.push_back(i);
+  }
+  ASSERT_EQ(selected.size(), 6u);
+  std::map<std::size_t, std::pair<std::vector<float>, double>> ups;
+  for (std::size_t k = 0; k < 4; ++k) {
+    h.ready(selected[k], 5);
+    ups[selected[k]] = {constant(static_cast<float>(k)), 5};
+  }
+  h.serve(ups);
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  const auto& rec = h.store.commits[0].record;
+  EXPECT_EQ(rec["participants"].size(), 4u);
+  EXPECT_EQ(rec["surplus"].size(), 2u);
+  EXPECT_EQ(rec["dropouts"].size(), 0u);
+  EXPECT_EQ(rec["target"], 4);
+}
+
+TEST(Coordinator, NonFiniteOrMalformedUpdatesAreRejected) {
+  CoordinatorConfig cfg = three_rounds();
+  cfg.selection.min_updates = 1;
+  Harness h(4, cfg);
+  h.connect_all(4);
+  for (std::size_t i = 0; i < 4; ++i) h.ready(i, 10);
+  auto nan = constant(1);
+  nan[3] = std::nanf("");
+  h.upload(0, nan, 10);  // NaN
+  // Silo 1 sends a chunk out of order.
+  ASSERT_TRUE(h.granted(1));
+  {
+    wire::Envelope e;
+    e.set_round(1);
+    auto* c = e.mutable_tensor_chunk();
+    c->set_name("b");
+    c->set_dtype(wire::F32);
+    c->set_data(std::string(12, '\0'));
+    h.deliver(1, e);
+  }
+  h.upload(2, constant(2), -1);  // negative weight
+  h.upload(3, constant(3), 10);  // the last one in: the round closes by itself
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  const auto& rec = h.store.commits[0].record;
+  ASSERT_EQ(rec["participants"].size(), 1u);
+  EXPECT_EQ(rec["participants"][0]["silo"], name(3));
+  std::map<std::string, std::string> why;
+  for (const auto& d : rec["dropouts"]) why[d["silo"]] = d["reason"];
+  EXPECT_NE(why[name(0)].find("NaN"), std::string::npos);
+  EXPECT_NE(why[name(1)].find("expected a chunk of a"), std::string::npos);
+  EXPECT_NE(why[name(2)].find("weight"), std::string::npos);
+  expect_model(h.store.commits[0].model, fedavg(h.initial_, {{constant(3), 10}}));
+}
+
+TEST(Coordinator, MessagesOutOfPlaceGetAnErrorAndChangeNothing) {
+  Harness h(2);
+  h.connect_all(2);
+  wire::Envelope chunk;
+  chunk.set_round(1);
+  chunk.mutable_tensor_chunk()->set_name("a");
+  h.deliver(0, chunk);  // no grant yet
+  EXPECT_EQ(h.last(0, wire::Envelope::kError)->error().code(), wire::UNEXPECTED);
+  wire::Envelope rs;
+  rs.set_round(1);
+  rs.mutable_round_start();
+  h.deliver(1, rs);  // a silo may not start rounds
+  EXPECT_EQ(h.last(1, wire::Envelope::kError)->error().code(), wire::UNEXPECTED);
+  h.ready(0, 10, 7);  // wrong round
+  EXPECT_EQ(h.last(0, wire::Envelope::kError)->error().code(), wire::WRONG_ROUND);
+  EXPECT_EQ(h.coord().members()[0].state, MemberState::Training);
+}
+
+TEST(Coordinator, AReconnectingSiloReplacesItsOldConnection) {
+  Harness h(2);
+  h.connect_all(2);
+  h.coord().on_connect(9999, name(0), h.now);
+  EXPECT_EQ(h.coord().connected(), 2u);
+}
+
+TEST(Coordinator, FinishesAfterTheLastRoundAndTellsEverySilo) {
+  CoordinatorConfig cfg;
+  cfg.rounds = 2;
+  Harness h(2, cfg);
+  h.connect_all(2);
+  for (int r = 0; r < 2; ++r) {
+    h.ready(0, 1);
+    h.ready(1, 1);
+    h.serve({{0, {constant(1), 1}}, {1, {constant(1), 1}}});
+  }
+  EXPECT_TRUE(h.finished);
+  EXPECT_EQ(h.coord().phase(), Phase::Finished);
+  EXPECT_TRUE(h.last(0, wire::Envelope::kFinished));
+  EXPECT_TRUE(h.last(1, wire::Envelope::kFinished));
+  EXPECT_EQ(h.store.commits.size(), 2u);
+}
+
+TEST(Coordinator, ResumedPastTheLastRoundFinishesAtOnce) {
+  CoordinatorConfig cfg;
+  cfg.rounds = 3;
+  Harness h(2, cfg, 4);
+  EXPECT_TRUE(h.finished);
+}
+
+TEST(Coordinator, HundredSilosWithRandomDropoutsAtEveryPhaseMatchTheReference) {
+  std::mt19937 rng(12345);
+  CoordinatorConfig cfg;
+  cfg.rounds = 1;
+  cfg.selection.min_silos = 10;
+  cfg.selection.min_updates = 10;
+  Harness h(100, cfg);
+  h.connect_all(100);
+  ASSERT_EQ(h.coord().members().size(), 100u);
+  std::map<std::size_t, std::pair<std::vector<float>, double>> ups;
+  std::vector<std::pair<std::vector<float>, double>> included;
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (std::size_t i = 0; i < 100; ++i) {
+    const int fate = static_cast<int>(rng() % 5);  // 0: drop in training, 1: drop mid-upload
+    if (fate == 0) {
+      h.disconnect(i);
+      continue;
+    }
+    const double w = 1 + rng() % 50;
+    std::vector<float> v(10);
+    for (auto& x : v) x = u(rng) * static_cast<float>(w);
+    h.ready(i, static_cast<std::uint64_t>(w));
+    if (fate == 1) {
+      while (!h.granted(i)) h.serve(ups);
+      h.upload(i, v, w, 1);
+      h.disconnect(i);
+      continue;
+    }
+    ups[i] = {v, w};
+    included.push_back({v, w});
+  }
+  h.serve(ups);
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  EXPECT_EQ(h.store.commits[0].record["participants"].size(), included.size());
+  expect_model(h.store.commits[0].model, fedavg(h.initial_, included));
+}
+
+}  // namespace
+}  // namespace xsilo::server

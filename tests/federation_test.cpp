@@ -1,0 +1,246 @@
+// Multi-process federations on loopback: the real xsilo binary as server and agents, real
+// mutual TLS, real data. Each test cleans up its processes (Process kills on destruction).
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <fstream>
+#include <thread>
+
+#include "common/fs.h"
+#include "common/mlp.h"
+#include "common/safetensors.h"
+#include "server/audit.h"
+#include "server/config.h"
+#include "silo_agent/agent.h"
+#include "tests/testlib.h"
+#include "tools/sim.h"
+
+namespace xsilo::tools {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::size_t metrics_rows(const std::filesystem::path& state) {
+  std::ifstream in(state / "metrics.csv");
+  std::size_t n = 0;
+  for (std::string l; std::getline(in, l);) ++n;
+  return n ? n - 1 : 0;
+}
+
+bool wait_until(const std::function<bool()>& cond, std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return cond();
+}
+
+std::uint16_t free_port() {
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor a(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
+  return a.local_endpoint().port();
+}
+
+// A federation whose processes the test starts and kills itself.
+struct Fed {
+  Fed(SimConfig cfg, std::uint16_t port = 0) : cfg(std::move(cfg)) {
+    files = prepare_federation(this->cfg, dir.path());
+    if (port) {
+      auto j = nlohmann::json::parse(read_file(files.server_config));
+      j["listen"] = "127.0.0.1:" + std::to_string(port);
+      atomic_write_file(files.server_config, j.dump(2));
+    }
+  }
+  void start_server() {
+    std::filesystem::remove(files.port_file);
+    server = std::make_unique<Process>(
+        std::vector<std::string>{test::xsilo_bin(), "server", "--config", files.server_config.string()},
+        files.logs / "server.log");
+    port = wait_for_port(*server, files);
+  }
+  void start_agents() {
+    for (std::size_t i = 0; i < cfg.silos; ++i) {
+      const auto path = write_agent_config(cfg, files, i, {"127.0.0.1:" + std::to_string(port)});
+      agent_configs.push_back(path);
+      agents.push_back(std::make_unique<Process>(
+          std::vector<std::string>{test::xsilo_bin(), "agent", "--config", path.string()},
+          files.logs / (files.silos[i] + ".log")));
+    }
+  }
+  std::string logs() const {
+    std::string s = "server:\n" + log_tail(files.logs / "server.log", 30);
+    for (const auto& n : files.silos) s += n + ":\n" + log_tail(files.logs / (n + ".log"), 8);
+    return s;
+  }
+  std::vector<nlohmann::json> rounds() const {
+    std::vector<nlohmann::json> out;
+    for (auto& r : server::read_audit_log(files.state / "audit.jsonl")) {
+      if (r["event"] == "round") out.push_back(r);
+    }
+    return out;
+  }
+
+  test::TempDir dir;
+  SimConfig cfg;
+  FederationFiles files;
+  std::unique_ptr<Process> server;
+  std::vector<std::unique_ptr<Process>> agents;
+  std::vector<std::filesystem::path> agent_configs;
+  std::uint16_t port = 0;
+};
+
+SimConfig small_config(std::size_t silos, std::uint64_t rounds) {
+  SimConfig c = default_sim_config();
+  c.silos = silos;
+  c.rounds = rounds;
+  c.baseline = false;
+  c.selection = {{"min_silos", silos}, {"min_updates", 2}};
+  return c;
+}
+
+// Digits with a wide MLP: a round takes long enough to stop a silo in the middle of it.
+SimConfig slow_config(std::size_t silos, std::uint64_t rounds) {
+  SimConfig c = small_config(silos, rounds);
+  c.data_path = data_dir() / "digits.csv.gz";
+  c.model_kind = "mlp";
+  c.hidden = {512, 512};
+  c.training = {{"local_epochs", 4}, {"batch_size", 32}, {"learning_rate", 0.05}};
+  c.deadlines = {{"join_s", 20}, {"train_s", 120}, {"upload_s", 60}};
+  return c;
+}
+
+TEST(Federation, ThreeAgentsMatchAnInProcessFedAvgReference) {
+  Fed fed(small_config(3, 3));
+  fed.start_server();
+  fed.start_agents();
+  auto code = fed.server->wait(60s);
+  ASSERT_TRUE(code) << fed.logs();
+  ASSERT_EQ(*code, 0) << fed.logs();
+  for (auto& a : fed.agents) EXPECT_EQ(a->wait(10s).value_or(-1), 0) << fed.logs();
+
+  // The reference: the same splits, seeds and trainer, aggregated in this process.
+  const auto scfg = server::load_server_config(fed.files.server_config);
+  Model global = init_model(scfg.model);
+  std::vector<agent::AgentConfig> acfg;
+  std::vector<agent::LocalData> data;
+  for (const auto& p : fed.agent_configs) {
+    acfg.push_back(agent::load_agent_config(p));
+    data.push_back(agent::load_local_data(acfg.back()));
+  }
+  for (std::uint64_t round = 1; round <= 3; ++round) {
+    std::vector<double> sum(global.size(), 0.0);
+    double weight = 0;
+    for (std::size_t i = 0; i < 3; ++i) {
+      auto out = agent::run_local_round(acfg[i], data[i], global, scfg.plan, round, fed.files.silos[i]);
+      for (std::size_t k = 0; k < sum.size(); ++k) sum[k] += out.update->flat()[k];
+      weight += out.weight;
+    }
+    for (std::size_t k = 0; k < sum.size(); ++k) global.flat()[k] += static_cast<float>(sum[k] / weight);
+  }
+  Metadata meta;
+  const Model got = load_safetensors(fed.files.state / "checkpoints" / "round_000003.safetensors", &meta);
+  ASSERT_TRUE(got.same_layout(global));
+  for (std::size_t k = 0; k < global.size(); ++k) EXPECT_NEAR(got.flat()[k], global.flat()[k], 1e-5) << k;
+  EXPECT_EQ(meta.at("xsilo.round"), "3");
+
+  // The audit log verifies and names every participant with its update's hash, which the
+  // silo's own send log repeats.
+  const auto pk = crypto::load_public_key(fed.files.state / "audit.pub");
+  EXPECT_TRUE(server::verify_audit_log(fed.files.state / "audit.jsonl", pk).ok);
+  const auto rounds = fed.rounds();
+  ASSERT_EQ(rounds.size(), 3u);
+  const auto sent = read_file(fed.dir / "silos/hospital-01/state/sent.jsonl");
+  for (const auto& p : rounds[0]["participants"]) {
+    if (p["silo"] == "hospital-01") {
+      EXPECT_NE(sent.find(p["update_sha256"].get<std::string>()), std::string::npos);
+    }
+  }
+}
+
+TEST(Federation, AnAgentKilledMidRoundIsADropoutAndTheRoundCommits) {
+  SimConfig cfg = slow_config(3, 3);
+  cfg.selection["min_silos"] = 2;
+  cfg.deadlines["join_s"] = 2;
+  Fed fed(cfg);
+  fed.start_server();
+  fed.start_agents();
+  ASSERT_TRUE(wait_until([&] { return metrics_rows(fed.files.state) >= 1; }, 120s)) << fed.logs();
+  // Freeze silo 3 inside round 2 (it is training), then kill it.
+  fed.agents[2]->signal(SIGSTOP);
+  std::this_thread::sleep_for(200ms);
+  fed.agents[2]->signal(SIGKILL);
+  auto code = fed.server->wait(120s);
+  ASSERT_TRUE(code) << fed.logs();
+  EXPECT_EQ(*code, 0) << fed.logs();
+  const auto rounds = fed.rounds();
+  ASSERT_EQ(rounds.size(), 3u);
+  for (const auto& r : rounds) EXPECT_EQ(r["status"], "committed") << r.dump();
+  const auto& r2 = rounds[1];
+  EXPECT_EQ(r2["participants"].size(), 2u) << r2.dump();
+  ASSERT_EQ(r2["dropouts"].size(), 1u) << r2.dump();
+  EXPECT_EQ(r2["dropouts"][0]["silo"], "hospital-03");
+  // Round 3 starts without the dead silo once the join deadline passes.
+  EXPECT_EQ(rounds[2]["participants"].size(), 2u);
+}
+
+TEST(Federation, ARestartedServerResumesFromItsLastCommittedRound) {
+  Fed fed(slow_config(3, 5), free_port());
+  fed.start_server();
+  fed.start_agents();
+  ASSERT_TRUE(wait_until([&] { return metrics_rows(fed.files.state) >= 2; }, 120s)) << fed.logs();
+  fed.server->signal(SIGKILL);
+  ASSERT_TRUE(fed.server->wait(10s));
+  const auto before = fed.rounds();
+  ASSERT_GE(before.size(), 2u);
+  const std::string r2 = read_file(fed.files.state / "checkpoints" / "round_000002.safetensors");
+  const auto committed_before = before.back()["round"].get<std::uint64_t>();
+
+  fed.start_server();  // same config, same port: the agents reconnect on their own
+  auto code = fed.server->wait(240s);
+  ASSERT_TRUE(code) << fed.logs();
+  EXPECT_EQ(*code, 0) << fed.logs();
+
+  const auto pk = crypto::load_public_key(fed.files.state / "audit.pub");
+  const auto v = server::verify_audit_log(fed.files.state / "audit.jsonl", pk);
+  EXPECT_TRUE(v.ok) << v.reason;
+  std::map<std::uint64_t, int> commits;
+  for (const auto& r : fed.rounds()) {
+    if (r["status"] == "committed") ++commits[r["round"].get<std::uint64_t>()];
+  }
+  for (std::uint64_t n = 1; n <= 5; ++n) EXPECT_EQ(commits[n], 1) << "round " << n;
+  std::vector<nlohmann::json> starts;
+  for (auto& r : server::read_audit_log(fed.files.state / "audit.jsonl")) {
+    if (r["event"] == "federation_start") starts.push_back(r);
+  }
+  ASSERT_EQ(starts.size(), 2u);
+  EXPECT_EQ(starts[1]["resumed_from_round"].get<std::uint64_t>(), committed_before);
+  // What was committed before the crash is untouched.
+  EXPECT_EQ(read_file(fed.files.state / "checkpoints" / "round_000002.safetensors"), r2);
+  for (auto& a : fed.agents) EXPECT_EQ(a->wait(10s).value_or(-1), 0) << fed.logs();
+}
+
+TEST(Federation, SimRunsTheDefaultExperimentEndToEnd) {
+  test::TempDir dir;
+  // The sim starts its daemons from the binary it runs in, so it runs through the real CLI.
+  Process sim({test::xsilo_bin(), "sim", "--out", (dir / "out").string()}, dir / "sim.log");
+  auto code = sim.wait(120s);
+  ASSERT_TRUE(code);
+  ASSERT_EQ(*code, 0) << log_tail(dir / "sim.log", 40);
+  for (const char* f : {"metrics.csv", "model.safetensors", "audit.jsonl", "audit.pub", "report.svg",
+                        "report.html", "summary.json"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir / "out" / f)) << f;
+  }
+  const auto summary = nlohmann::json::parse(read_file(dir / "out/summary.json"));
+  EXPECT_EQ(summary["rounds_committed"], 20);
+  EXPECT_GT(summary["final_accuracy"].get<double>(), 0.9);
+  const auto log = read_file(dir / "sim.log");
+  EXPECT_NE(log.find("round  20/20 | silos 5/5"), std::string::npos) << log;
+  Process verify({test::xsilo_bin(), "audit", "verify", (dir / "out/audit.jsonl").string(), "--key",
+                  (dir / "out/audit.pub").string()},
+                 dir / "verify.log");
+  EXPECT_EQ(verify.wait(30s).value_or(-1), 0);
+}
+
+}  // namespace
+}  // namespace xsilo::tools

@@ -1,0 +1,158 @@
+// The built-in models, trainer, data loading and splits.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <set>
+
+#include "common/dataset.h"
+#include "common/fs.h"
+#include "common/mlp.h"
+#include "server/optimizer.h"
+#include "silo_agent/trainer.h"
+#include "tests/testlib.h"
+#include "tools/sim.h"
+
+namespace xsilo {
+namespace {
+
+Dataset random_data(std::size_t rows, std::size_t features, int classes, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> n(0, 1);
+  Dataset d;
+  d.rows = rows;
+  d.features = features;
+  d.classes = classes;
+  for (std::size_t i = 0; i < rows * features; ++i) d.x.push_back(n(rng));
+  for (std::size_t i = 0; i < rows; ++i) d.y.push_back(static_cast<int>(rng() % classes));
+  return d;
+}
+
+// Central differences against the analytic gradient, for every parameter.
+void check_gradient(const ModelSpec& spec) {
+  Model m = init_model(spec);
+  const Network net(m);
+  const auto d = random_data(7, spec.inputs, static_cast<int>(spec.classes), 3);
+  std::vector<float> grad(m.size());
+  net.loss_and_grad(m.flat(), d.x.data(), d.y.data(), d.rows, grad);
+  const float eps = 1e-3f;
+  for (std::size_t k = 0; k < m.size(); ++k) {
+    Model p = m, q = m;
+    p.flat()[k] += eps;
+    q.flat()[k] -= eps;
+    std::vector<float> g(m.size());
+    const double lp = net.loss_and_grad(p.flat(), d.x.data(), d.y.data(), d.rows, g);
+    const double lq = net.loss_and_grad(q.flat(), d.x.data(), d.y.data(), d.rows, g);
+    const double numeric = (lp - lq) / (2 * eps);
+    EXPECT_NEAR(grad[k], numeric, 2e-3 + 2e-2 * std::abs(numeric)) << "parameter " << k;
+  }
+}
+
+TEST(Mlp, LogisticGradientMatchesFiniteDifferences) { check_gradient({"logistic", 4, 2, {}, 1}); }
+TEST(Mlp, SoftmaxMlpGradientMatchesFiniteDifferences) { check_gradient({"mlp", 5, 3, {6, 4}, 2}); }
+
+TEST(Mlp, LayoutIsADenseStackWithOneOutputForBinaryTasks) {
+  Model m = init_model({"mlp", 30, 2, {8}, 1});
+  ASSERT_EQ(m.tensors().size(), 4u);
+  EXPECT_EQ(m.tensors()[0].name, "layers.0.weight");
+  EXPECT_EQ(m.tensors()[0].shape, (std::vector<std::uint64_t>{8, 30}));
+  EXPECT_EQ(m.tensors()[3].shape, (std::vector<std::uint64_t>{1}));
+  EXPECT_EQ(Network(m).classes(), 2);
+  Model bad;
+  bad.add("weights", {3});
+  EXPECT_THROW(Network{bad}, std::invalid_argument);
+}
+
+TEST(Trainer, LearnsASeparableProblemAndRepeatsBitForBit) {
+  Dataset d = random_data(200, 3, 2, 5);
+  for (std::size_t i = 0; i < d.rows; ++i) d.y[i] = d.x[i * 3] + 0.5f * d.x[i * 3 + 1] > 0 ? 1 : 0;
+  Model a = init_model({"logistic", 3, 2, {}, 1});
+  Model b = a;
+  const Network net(a);
+  agent::TrainOptions o;
+  o.epochs = 20;
+  o.learning_rate = 0.5f;
+  o.seed = 9;
+  agent::train_sgd(net, a.flat(), d, o);
+  agent::train_sgd(net, b.flat(), d, o);
+  EXPECT_GT(net.evaluate(a.flat(), d).accuracy, 0.95);
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a.flat()[i], b.flat()[i]);
+}
+
+TEST(Dataset, ReadsTheVendoredFilesWithAndWithoutHeaders) {
+  const auto bc = load_csv(tools::data_dir() / "breast_cancer.csv");
+  EXPECT_EQ(bc.rows, 569u);
+  EXPECT_EQ(bc.features, 30u);
+  EXPECT_EQ(bc.classes, 2);
+  const auto digits = load_csv(tools::data_dir() / "digits.csv.gz");
+  EXPECT_EQ(digits.rows, 1797u);
+  EXPECT_EQ(digits.features, 64u);
+  EXPECT_EQ(digits.classes, 10);
+}
+
+TEST(Dataset, MalformedRowsAreReportedWithTheirLine) {
+  test::TempDir dir;
+  atomic_write_file(dir / "bad.csv", "1,2,0\n3,4,1\n5,x,1\n");
+  try {
+    load_csv(dir / "bad.csv");
+    FAIL() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.csv:3"), std::string::npos) << e.what();
+  }
+  atomic_write_file(dir / "neg.csv", "1,2,0\n3,4,-1\n");
+  EXPECT_THROW(load_csv(dir / "neg.csv"), std::runtime_error);
+}
+
+TEST(Dataset, DirichletSplitPartitionsTheRowsAndSkewsLabels) {
+  const auto d = load_csv(tools::data_dir() / "breast_cancer.csv");
+  auto [train, test] = train_test_split(d, 0.2, 1);
+  EXPECT_EQ(train.size() + test.size(), d.rows);
+  const auto parts = split_dirichlet(d, train, 5, 0.5, 2);
+  std::set<std::size_t> seen;
+  std::size_t total = 0;
+  double max_skew = 0;
+  for (const auto& p : parts) {
+    EXPECT_GE(p.size(), 8u);
+    total += p.size();
+    seen.insert(p.begin(), p.end());
+    double pos = 0;
+    for (auto r : p) pos += d.y[r];
+    max_skew = std::max(max_skew, std::abs(pos / static_cast<double>(p.size()) - 0.627));
+  }
+  EXPECT_EQ(total, train.size());
+  EXPECT_EQ(seen.size(), train.size());
+  EXPECT_GT(max_skew, 0.1);  // alpha 0.5 gives visibly non-IID silos
+}
+
+TEST(ServerOptimizer, FedAvgMAndFedAdamFollowTheirUpdateRules) {
+  Model layout;
+  layout.add("w", {2});
+  server::OptimizerConfig m{"fedavgm", 0.5f, 0.9f};
+  server::ServerOptimizer avgm(m, layout);
+  std::vector<float> x{1, 1};
+  avgm.step(x, std::vector<float>{1, -2});  // m = (1, -2)
+  EXPECT_FLOAT_EQ(x[0], 1.5f);
+  EXPECT_FLOAT_EQ(x[1], 0.0f);
+  avgm.step(x, std::vector<float>{1, -2});  // m = 0.9*(1,-2) + (1,-2) = (1.9, -3.8)
+  EXPECT_FLOAT_EQ(x[0], 1.5f + 0.95f);
+  EXPECT_FLOAT_EQ(x[1], -1.9f);
+
+  server::OptimizerConfig a{"fedadam", 0.1f, 0.9f, 0.9f, 0.99f, 1e-3f};
+  server::ServerOptimizer adam(a, layout);
+  std::vector<float> y{0, 0};
+  adam.step(y, std::vector<float>{2, -2});
+  // m = 0.2, v = 0.04 -> step = 0.1 * 0.2 / (0.2 + 0.001)
+  EXPECT_NEAR(y[0], 0.1 * 0.2 / 0.201, 1e-6);
+  EXPECT_NEAR(y[1], -0.1 * 0.2 / 0.201, 1e-6);
+  // State round-trips through a checkpoint.
+  server::ServerOptimizer again(a, layout);
+  again.load_state(adam.state());
+  std::vector<float> y2 = y;
+  adam.step(y, std::vector<float>{1, 1});
+  again.step(y2, std::vector<float>{1, 1});
+  EXPECT_EQ(y, y2);
+}
+
+}  // namespace
+}  // namespace xsilo
