@@ -17,6 +17,12 @@ void Model::add(std::string name, std::vector<std::uint64_t> shape) {
   tensors_.push_back(std::move(t));
 }
 
+void Model::add_layout(std::string name, std::vector<std::uint64_t> shape) {
+  TensorInfo t{std::move(name), std::move(shape), 0};
+  t.offset = tensors_.empty() ? 0 : tensors_.back().offset + tensors_.back().size();
+  tensors_.push_back(std::move(t));
+}
+
 const TensorInfo* Model::find(const std::string& name) const {
   for (const auto& t : tensors_) {
     if (t.name == name) return &t;

@@ -22,6 +22,8 @@ class Model {
  public:
   Model() = default;
   void add(std::string name, std::vector<std::uint64_t> shape);  // zero-filled
+  // Adds the tensor to the layout only, without storage (for comparing layouts).
+  void add_layout(std::string name, std::vector<std::uint64_t> shape);
 
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const TensorInfo* find(const std::string& name) const;

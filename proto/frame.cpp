@@ -24,6 +24,62 @@ Result<std::string> encode_frame(const wire::Envelope& env, std::size_t max_fram
   return out;
 }
 
+namespace {
+void put_varint(std::string& out, std::uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+std::size_t varint_size(std::uint64_t v) {
+  std::size_t n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    ++n;
+  }
+  return n;
+}
+}  // namespace
+
+Result<SplitFrame> encode_chunk_frame(const wire::Envelope& env, std::span<const std::uint8_t> tail,
+                                      std::size_t max_frame_bytes) {
+  if (!env.has_tensor_chunk() || !env.tensor_chunk().data().empty()) {
+    return error(wire::INTERNAL, "encode_chunk_frame needs a TensorChunk with empty data");
+  }
+  // Protobuf accepts fields in any order, so the chunk's data field (5) can go last and the
+  // chunk message (Envelope field 21) after the envelope's other fields.
+  wire::Envelope outer = env;
+  outer.clear_tensor_chunk();
+  const std::string chunk = env.tensor_chunk().SerializeAsString();
+  const std::size_t data_field = tail.empty() ? 0 : 1 + varint_size(tail.size()) + tail.size();
+  const std::size_t chunk_len = chunk.size() + data_field;
+  const std::size_t payload = outer.ByteSizeLong() + 2 + varint_size(chunk_len) + chunk_len;
+  if (payload > max_frame_bytes || payload > std::numeric_limits<std::uint32_t>::max()) {
+    return error(wire::BAD_FRAME, "chunk frame of " + std::to_string(payload) +
+                                      " bytes exceeds the maximum frame size of " +
+                                      std::to_string(max_frame_bytes) + " bytes");
+  }
+  SplitFrame f;
+  f.head.reserve(payload - tail.size() + kFrameHeaderBytes);
+  const auto n = static_cast<std::uint32_t>(payload);
+  f.head.push_back(static_cast<char>(n >> 24));
+  f.head.push_back(static_cast<char>(n >> 16));
+  f.head.push_back(static_cast<char>(n >> 8));
+  f.head.push_back(static_cast<char>(n));
+  f.head += outer.SerializeAsString();
+  f.head.push_back(static_cast<char>(0xaa));  // field 21, length-delimited: varint 170
+  f.head.push_back(static_cast<char>(0x01));
+  put_varint(f.head, chunk_len);
+  f.head += chunk;
+  if (!tail.empty()) {
+    f.head.push_back(static_cast<char>(0x2a));  // field 5, length-delimited
+    put_varint(f.head, tail.size());
+  }
+  f.tail = tail;
+  return f;
+}
+
 Result<std::size_t> decode_frame_length(std::span<const std::uint8_t, kFrameHeaderBytes> h,
                                         std::size_t max_frame_bytes) {
   const std::uint64_t n = (std::uint64_t{h[0]} << 24) | (std::uint64_t{h[1]} << 16) |

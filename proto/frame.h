@@ -21,6 +21,19 @@ inline constexpr std::size_t kDefaultMaxFrameBytes = 4u << 20;
 // `max_frame_bytes` or is empty.
 Result<std::string> encode_frame(const wire::Envelope& env, std::size_t max_frame_bytes);
 
+// A frame in two pieces: `head` (length prefix and every byte of the Envelope up to the
+// payload) and `tail` (the payload bytes themselves, written from where they lie).
+struct SplitFrame {
+  std::string head;
+  std::span<const std::uint8_t> tail;
+  std::size_t size() const { return head.size() + tail.size(); }
+};
+
+// Frames a TensorChunk whose `data` is `tail` without copying it: `env` carries the chunk with
+// an empty data field. The bytes are exactly those of encode_frame on the full envelope.
+Result<SplitFrame> encode_chunk_frame(const wire::Envelope& env, std::span<const std::uint8_t> tail,
+                                      std::size_t max_frame_bytes);
+
 // Reads the length prefix; refuses zero and anything above `max_frame_bytes`.
 Result<std::size_t> decode_frame_length(std::span<const std::uint8_t, kFrameHeaderBytes> header,
                                         std::size_t max_frame_bytes);

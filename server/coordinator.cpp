@@ -214,7 +214,10 @@ void Coordinator::start_round(std::int64_t now_ms) {
   }
   rs->set_model_sha256(global_sha_);
   for (const auto& [silo, session] : candidates) {
-    members_.push_back(Member{silo, session});
+    Member mb;
+    mb.silo = silo;
+    mb.session = session;
+    members_.push_back(std::move(mb));
     send(session, start);
     actions_.push_back(action::SendModel{session, global_, round_});
   }
@@ -282,7 +285,16 @@ void Coordinator::on_chunk(std::size_t m, const wire::Envelope& e, std::int64_t 
     send_error(mb.session, st.code, st.message);
     drop(m, "upload", st.message, false);
     pump(now_ms);
+    return;
   }
+  // Hash and check the new elements on the worker while the next chunk arrives.
+  const float* first = current_.flat().data() + upload_->rx.last_first();
+  const std::size_t count = upload_->rx.last_count();
+  actions_.push_back(action::Background{[check = upload_->check, first, count] {
+    check->hash.update(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(first),
+                                                     count * sizeof(float)));
+    for (std::size_t i = 0; i < count; ++i) check->finite = check->finite && std::isfinite(first[i]);
+  }});
 }
 
 void Coordinator::on_update_end(std::size_t m, const wire::Envelope& e, std::int64_t now_ms) {
@@ -299,10 +311,6 @@ void Coordinator::on_update_end(std::size_t m, const wire::Envelope& e, std::int
   } else if (!std::isfinite(u.weight()) || u.weight() <= 0) {
     why = "update weight must be a positive number";
   }
-  const std::string sha = upload_->rx.finish_sha256();
-  if (why.empty() && !u.update_sha256().empty() && u.update_sha256() != sha) {
-    why = "update does not match its SHA-256 (sent " + u.update_sha256() + ", received " + sha + ")";
-  }
   actions_.push_back(action::CancelTimer{Timer::Upload});
   if (!why.empty()) {
     send_error(mb.session, wire::BAD_UPDATE, why);
@@ -312,19 +320,23 @@ void Coordinator::on_update_end(std::size_t m, const wire::Envelope& e, std::int
     return;
   }
   mb.weight = u.weight();
-  mb.update_sha256 = sha;
   upload_bytes_ += upload_->rx.bytes();
+  upload_->declared_sha256 = u.update_sha256();
   upload_->complete = true;
-  // Validate and fold into the running sum off the network thread.
-  run_job(JobKind::Fold, [this] {
-    const auto cur = current_.flat();
-    for (float v : cur) {
-      if (!std::isfinite(v)) {
-        fold_ok_ = false;
-        fold_error_ = "update contains NaN or infinite values";
-        return;
-      }
+  // Check and fold into the running sum off the network thread (after the chunks' checks,
+  // which the worker runs first: its queue is in order).
+  run_job(JobKind::Fold, [this, check = upload_->check, declared = upload_->declared_sha256] {
+    fold_sha_ = crypto::to_hex(check->hash.finish());
+    fold_ok_ = false;
+    if (!check->finite) {
+      fold_error_ = "update contains NaN or infinite values";
+      return;
     }
+    if (!declared.empty() && declared != fold_sha_) {
+      fold_error_ = "update does not match its SHA-256 (sent " + declared + ", received " + fold_sha_ + ")";
+      return;
+    }
+    const auto cur = current_.flat();
     auto acc = acc_->flat();
     for (std::size_t i = 0; i < cur.size(); ++i) acc[i] += cur[i];
     fold_ok_ = true;
@@ -348,6 +360,7 @@ void Coordinator::on_job_done(std::uint64_t job, std::int64_t now_ms) {
         drop(m, "validation", fold_error_, false);
       } else {
         members_[m].state = MemberState::Done;
+        members_[m].update_sha256 = fold_sha_;
         ++completed_;
         total_weight_ += members_[m].weight;
       }
@@ -364,6 +377,9 @@ void Coordinator::on_job_done(std::uint64_t job, std::int64_t now_ms) {
       ++aborted_;
       finish_round(false, now_ms);
       break;
+    case JobKind::Barrier:
+      pump(now_ms);
+      break;
     case JobKind::None: break;
   }
 }
@@ -373,7 +389,7 @@ void Coordinator::grant(std::size_t m) {
   mb.state = MemberState::Uploading;
   upload_.emplace();
   upload_->member = m;
-  upload_->rx.reset(current_.flat(), global_->tensors());
+  upload_->rx.reset(current_.flat(), global_->tensors(), /*hash=*/false);
   auto e = env();
   e.mutable_upload_grant();
   send(mb.session, std::move(e));
@@ -402,6 +418,9 @@ void Coordinator::drop(std::size_t m, const std::string& phase, const std::strin
   if (upload_ && upload_->member == m && !upload_->complete) {
     upload_.reset();  // the half-received update is simply never folded in
     actions_.push_back(action::CancelTimer{Timer::Upload});
+    // Its chunk checks may still be queued on the worker: let them drain before the next
+    // upload reuses the buffer.
+    if (job_ == JobKind::None) run_job(JobKind::Barrier, [] {});
   }
   mb.drop_phase = phase;
   mb.drop_reason = reason;

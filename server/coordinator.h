@@ -67,10 +67,15 @@ struct Job {
 struct Finished {
   std::uint64_t committed, aborted;
 };
+// Work for the same worker queue as Jobs, in order, without a completion call (hashing and
+// checking an upload chunk by chunk while the next chunk is being received).
+struct Background {
+  std::function<void()> work;
+};
 }  // namespace action
 
 using Action = std::variant<action::Send, action::SendModel, action::Close, action::StartTimer,
-                            action::CancelTimer, action::Job, action::Finished>;
+                            action::CancelTimer, action::Job, action::Finished, action::Background>;
 
 struct CoordinatorConfig {
   std::string federation;
@@ -124,10 +129,17 @@ class Coordinator {
   std::size_t connected() const { return sessions_.size(); }
 
  private:
-  enum class JobKind { None, Fold, Commit, Record };
+  enum class JobKind { None, Fold, Commit, Record, Barrier };
+  // Written by background work on the worker thread only.
+  struct UploadCheck {
+    crypto::Sha256 hash;
+    bool finite = true;
+  };
   struct Upload {
     std::size_t member = 0;
     transport::TensorReceiver rx;
+    std::shared_ptr<UploadCheck> check = std::make_shared<UploadCheck>();
+    std::string declared_sha256;
     bool complete = false;       // UpdateEnd arrived; being validated and folded
   };
 
@@ -181,7 +193,7 @@ class Coordinator {
   JobKind job_ = JobKind::None;
   std::uint64_t job_id_ = 0;
   bool fold_ok_ = false;
-  std::string fold_error_;
+  std::string fold_error_, fold_sha_;
   std::shared_ptr<const Model> next_global_;
   std::string next_sha_;
 };

@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include <fstream>
+#include <deque>
 #include <map>
 
 #include "common/fs.h"
@@ -123,11 +124,39 @@ class Server {
   void apply(action::Send& a) {
     if (auto* ch = channel(a.to)) ch->send(std::move(a.env));
   }
+  // Models go out to at most `kBroadcastsAtOnce` silos at a time: the first silos get the
+  // whole model early, train and upload while the broadcast to the others goes on, instead of
+  // every silo receiving its last chunk at the same late moment.
+  static constexpr int kBroadcastsAtOnce = 2;
+  struct BroadcastSlot {
+    explicit BroadcastSlot(Server* s) : server(s) {}
+    BroadcastSlot(const BroadcastSlot&) = delete;
+    BroadcastSlot& operator=(const BroadcastSlot&) = delete;
+    Server* server;
+    ~BroadcastSlot() {
+      Server* s = server;
+      asio::post(s->io_, [s] {
+        --s->broadcasting_;
+        s->start_broadcasts();
+      });
+    }
+  };
   void apply(action::SendModel& a) {
-    if (auto* ch = channel(a.to)) {
+    pending_broadcasts_.push_back(std::move(a));
+    start_broadcasts();
+  }
+  void start_broadcasts() {
+    while (broadcasting_ < kBroadcastsAtOnce && !pending_broadcasts_.empty()) {
+      auto a = std::move(pending_broadcasts_.front());
+      pending_broadcasts_.pop_front();
+      auto* ch = channel(a.to);
+      if (!ch || !ch->is_open()) continue;
       auto src = std::make_shared<transport::ChunkSource>(a.model, a.model->flat(), a.model->tensors(),
                                                           cfg_.federation, a.round, cfg_.chunk_bytes);
-      ch->send_stream([src] { return src->next(); });
+      // The slot is released when the stream is finished or dropped with its connection.
+      auto slot = std::make_shared<BroadcastSlot>(this);
+      ++broadcasting_;
+      ch->send_stream([src, slot, max = cfg_.channel.max_frame_bytes] { return src->next_frame(max); });
     }
   }
   void apply(action::Close& a) {
@@ -163,6 +192,7 @@ class Server {
       });
     });
   }
+  void apply(action::Background& a) { asio::post(pool_, std::move(a.work)); }
   void apply(action::Finished& a) {
     spdlog::info("federation finished: {} rounds committed, {} aborted", a.committed, a.aborted);
     state_.record({{"event", "federation_end"},
@@ -213,6 +243,8 @@ class Server {
   std::map<SessionId, std::shared_ptr<transport::Channel>> channels_;
   std::map<Timer, std::unique_ptr<asio::steady_timer>> timers_;
   std::unique_ptr<asio::steady_timer> linger_;
+  std::deque<action::SendModel> pending_broadcasts_;
+  int broadcasting_ = 0;
   SessionId next_id_ = 0;
   bool stopping_ = false;
   int exit_code_ = 0;

@@ -30,9 +30,10 @@ struct RoundOutput {
 
 // One silo's work in a round: evaluate `global`, train a copy, return the weighted delta.
 // Pure: the multi-process tests compare daemons against this very function.
+// `reuse`, when given and not shared, becomes the update buffer (no fresh allocation).
 RoundOutput run_local_round(const AgentConfig& cfg, const LocalData& data, const Model& global,
                             const wire::TrainingPlan& plan, std::uint64_t round,
-                            const std::string& silo);
+                            const std::string& silo, std::shared_ptr<Model> reuse = nullptr);
 
 // Runs until the federation finishes (0), reconnects are exhausted (1), or a signal (130).
 int run_agent(const AgentConfig& cfg);

@@ -163,6 +163,7 @@ class Harness {
         if (auto* t = std::get_if<action::CancelTimer>(&a)) armed.erase(t->timer);
         if (auto* c = std::get_if<action::Close>(&a)) closed.push_back(c->id);
         if (std::get_if<action::Finished>(&a)) finished = true;
+        if (auto* b = std::get_if<action::Background>(&a)) b->work();
         if (auto* j = std::get_if<action::Job>(&a)) {
           j->work();
           coord_->on_job_done(j->id, now);

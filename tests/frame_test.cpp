@@ -38,6 +38,24 @@ TEST(Frame, RoundTripsAnEnvelope) {
   EXPECT_EQ(body_name(env), "tensor_chunk");
 }
 
+TEST(Frame, SplitChunkFramesAreByteIdenticalToOrdinaryFrames) {
+  for (std::size_t n : {0u, 4u, 200u, 70000u}) {
+    auto full = sample();
+    full.mutable_tensor_chunk()->set_data(std::string(n, '\x5a'));
+    auto head_only = full;
+    head_only.mutable_tensor_chunk()->clear_data();
+    const std::string data(n, '\x5a');
+    auto split = encode_chunk_frame(
+        head_only, {reinterpret_cast<const std::uint8_t*>(data.data()), data.size()}, kDefaultMaxFrameBytes);
+    ASSERT_TRUE(split.ok()) << split.status().message;
+    EXPECT_EQ(split->head + data, *encode_frame(full, kDefaultMaxFrameBytes)) << n;
+  }
+  auto big = sample();
+  big.mutable_tensor_chunk()->clear_data();
+  const std::string data(2048, 'x');
+  EXPECT_FALSE(encode_chunk_frame(big, {reinterpret_cast<const std::uint8_t*>(data.data()), data.size()}, 1024).ok());
+}
+
 TEST(Frame, DecodesFramesSplitAtEveryByte) {
   auto a = encode_frame(sample(), kDefaultMaxFrameBytes);
   wire::Envelope hb;

@@ -13,6 +13,5 @@ void stub(CLI::App& app, const char* name, const char* help) {
 }  // namespace
 
 void add_edge(CLI::App& app, int&) { stub(app, "edge", "run a regional edge aggregator"); }
-void add_bench(CLI::App& app, int&) { stub(app, "bench", "benchmarks"); }
 
 }  // namespace xsilo::tools

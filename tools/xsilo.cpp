@@ -1,10 +1,17 @@
 // xsilo: the one command-line front of the framework.
+#include <malloc.h>
+
 #include <iostream>
 
 #include "common/config.h"
 #include "tools/commands.h"
 
 int main(int argc, char** argv) {
+  // Frames and chunks are 1-4 MiB: keep such buffers on the heap and the heap's top in the
+  // process, instead of an mmap, page faults and munmap for every frame (measured: 4x less
+  // throughput on TLS loopback without this).
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
   CLI::App app{"xsilo: cross-silo federated learning with secure aggregation", "xsilo"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "xsilo 0.1.0 (wire protocol 1)");

@@ -25,11 +25,12 @@ wire::Envelope envelope(const std::string& federation, std::uint64_t round) {
 }
 
 Channel::Channel(tcp::socket socket, ssl::context& ctx, ChannelOptions opts)
-    : stream_(std::move(socket), ctx), opts_(opts), wake_(stream_.get_executor()),
-      heartbeat_timer_(stream_.get_executor()), watchdog_timer_(stream_.get_executor()),
-      deadline_(stream_.get_executor()), last_read_(Clock::now()) {
+    : stream_(std::move(socket), ctx), opts_(opts), wake_(stream_.socket().get_executor()),
+      heartbeat_timer_(stream_.socket().get_executor()),
+      watchdog_timer_(stream_.socket().get_executor()),
+      deadline_(stream_.socket().get_executor()), last_read_(Clock::now()) {
   boost::system::error_code ec;
-  auto ep = stream_.lowest_layer().remote_endpoint(ec);
+  auto ep = stream_.socket().remote_endpoint(ec);
   remote_ = ec ? "?" : ep.address().to_string() + ":" + std::to_string(ep.port());
 }
 
@@ -49,7 +50,7 @@ void Channel::disarm_deadline() { deadline_.cancel(); }
 awaitable<void> Channel::write_frame_now(const wire::Envelope& env) {
   auto frame = proto::encode_frame(env, opts_.max_frame_bytes);
   if (!frame) throw std::runtime_error(frame.status().message);
-  co_await asio::async_write(stream_, asio::buffer(*frame), use_awaitable);
+  co_await stream_.write({reinterpret_cast<const std::uint8_t*>(frame->data()), frame->size()});
   bytes_sent_ += frame->size();
 }
 
@@ -60,7 +61,7 @@ awaitable<proto::Status> Channel::accept(const AllowList& allow, const LocalInfo
   arm_deadline(opts_.handshake_timeout);
   proto::Status st;
   try {
-    co_await stream_.async_handshake(ssl::stream_base::server, use_awaitable);
+    co_await stream_.handshake(/*server=*/true);
   } catch (const boost::system::system_error& e) {
     disarm_deadline();
     close();
@@ -139,7 +140,7 @@ awaitable<proto::Status> Channel::connect(const std::set<wire::Role>& roles, con
   federation_ = me.federation;
   arm_deadline(opts_.handshake_timeout);
   try {
-    co_await stream_.async_handshake(ssl::stream_base::client, use_awaitable);
+    co_await stream_.handshake(/*server=*/false);
   } catch (const boost::system::system_error& e) {
     disarm_deadline();
     close();
@@ -207,22 +208,29 @@ void Channel::start() {
 
 awaitable<proto::Result<wire::Envelope>> Channel::read_frame() {
   std::array<std::uint8_t, proto::kFrameHeaderBytes> header{};
-  std::string payload;
+  std::size_t size = 0;
   try {
-    co_await asio::async_read(stream_, asio::buffer(header), use_awaitable);
+    co_await stream_.read_exact(header);
     auto len = proto::decode_frame_length(header, opts_.max_frame_bytes);
     if (!len) co_return len.status();
-    payload.resize(*len);
-    co_await asio::async_read(stream_, asio::buffer(payload), use_awaitable);
+    size = *len;
+    // One buffer per connection, grown to the largest frame seen and reused: no allocation,
+    // zero-filling or page faults per frame.
+    if (read_buffer_.size() < size) read_buffer_.resize(size);
+    co_await stream_.read_exact({read_buffer_.data(), size});
   } catch (const boost::system::system_error& e) {
     open_ = false;
     co_return proto::error(wire::ERROR_UNSPECIFIED,
                            "connection to " + remote_ + " closed: " + e.code().message());
   }
-  bytes_received_ += proto::kFrameHeaderBytes + payload.size();
+  bytes_received_ += proto::kFrameHeaderBytes + size;
   last_read_ = Clock::now();
-  co_return proto::decode_envelope(
-      {reinterpret_cast<const std::uint8_t*>(payload.data()), payload.size()});
+  if (stream_.has_pending_output()) wake_.cancel();  // TLS wants to answer (key update)
+  auto env = proto::decode_envelope({read_buffer_.data(), size});
+  // Keep a small buffer between frames; a large one is given back (an idle connection
+  // should not hold a megabyte).
+  if (read_buffer_.size() > (256u << 10)) std::vector<std::uint8_t>().swap(read_buffer_);
+  co_return env;
 }
 
 awaitable<proto::Result<wire::Envelope>> Channel::read() {
@@ -280,7 +288,7 @@ void Channel::close_with_error(wire::ErrorCode code, const std::string& message)
 }
 
 void Channel::close() {
-  if (!open_ && !stream_.lowest_layer().is_open()) return;
+  if (!open_ && !stream_.socket().is_open()) return;
   open_ = false;
   queue_.clear();
   queued_bytes_ = 0;
@@ -288,9 +296,7 @@ void Channel::close() {
   heartbeat_timer_.cancel();
   watchdog_timer_.cancel();
   deadline_.cancel();
-  boost::system::error_code ec;
-  stream_.lowest_layer().shutdown(tcp::socket::shutdown_both, ec);
-  stream_.lowest_layer().close(ec);
+  stream_.close();
 }
 
 awaitable<void> Channel::writer() {
@@ -298,29 +304,32 @@ awaitable<void> Channel::writer() {
   try {
     while (open_) {
       if (queue_.empty()) {
+        if (stream_.has_pending_output()) {
+          co_await stream_.flush();
+          continue;
+        }
         if (closing_) break;
         wake_.expires_at(Clock::time_point::max());
         boost::system::error_code ec;
         co_await wake_.async_wait(asio::redirect_error(use_awaitable, ec));
         continue;
       }
-      std::string frame;
+      proto::SplitFrame frame;
       Item& front = queue_.front();
       if (!front.source) {
-        frame = std::move(front.frame);
+        frame.head = std::move(front.frame);
         queue_.pop_front();
-        queued_bytes_ -= std::min(queued_bytes_, frame.size());
+        queued_bytes_ -= std::min(queued_bytes_, frame.head.size());
       } else {
-        auto env = front.source();
-        if (!env) {
+        auto next = front.source();
+        if (!next) {
           queue_.pop_front();
           continue;
         }
-        auto encoded = proto::encode_frame(*env, opts_.max_frame_bytes);
-        if (!encoded) throw std::runtime_error(encoded.status().message);
-        frame = std::move(*encoded);
+        frame = std::move(*next);
       }
-      co_await asio::async_write(stream_, asio::buffer(frame), use_awaitable);
+      co_await stream_.write({reinterpret_cast<const std::uint8_t*>(frame.head.data()), frame.head.size()},
+                             frame.tail);
       bytes_sent_ += frame.size();
     }
   } catch (const std::exception& e) {

@@ -16,11 +16,11 @@
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/steady_timer.hpp>
 
 #include "proto/frame.h"
 #include "transport/tls.h"
+#include "transport/tls_stream.h"
 
 namespace xsilo::transport {
 
@@ -46,8 +46,8 @@ struct LocalInfo {
 
 class Channel : public std::enable_shared_from_this<Channel> {
  public:
-  using Stream = asio::ssl::stream<tcp::socket>;
-  using Source = std::function<std::optional<wire::Envelope>()>;
+  // Yields frames until nullopt; a frame's tail must stay valid while the source lives.
+  using Source = std::function<std::optional<proto::SplitFrame>()>;
 
   Channel(tcp::socket socket, ssl::context& ctx, ChannelOptions opts);
   ~Channel();
@@ -83,7 +83,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
   std::uint64_t bytes_sent() const { return bytes_sent_; }
   std::uint64_t bytes_received() const { return bytes_received_; }
   std::size_t queued_bytes() const { return queued_bytes_; }
-  asio::any_io_executor executor() { return stream_.get_executor(); }
+  asio::any_io_executor executor() { return stream_.socket().get_executor(); }
   const std::string& federation() const { return federation_; }
 
  private:
@@ -99,10 +99,11 @@ class Channel : public std::enable_shared_from_this<Channel> {
   void arm_deadline(std::chrono::milliseconds d);
   void disarm_deadline();
 
-  Stream stream_;
+  TlsStream stream_;
   ChannelOptions opts_;
   asio::steady_timer wake_, heartbeat_timer_, watchdog_timer_, deadline_;
   std::deque<Item> queue_;
+  std::vector<std::uint8_t> read_buffer_;
   std::size_t queued_bytes_ = 0;
   bool open_ = true;
   bool closing_ = false;   // flush then close

@@ -12,7 +12,7 @@ ChunkSource::ChunkSource(std::shared_ptr<const void> keep_alive, std::span<const
       federation_(std::move(federation)), round_(round),
       chunk_elems_(std::max<std::size_t>(1, chunk_bytes / sizeof(float))) {}
 
-std::optional<wire::Envelope> ChunkSource::next() {
+std::optional<std::pair<wire::Envelope, std::span<const float>>> ChunkSource::advance() {
   while (tensor_ < layout_.size() && layout_[tensor_].size() == 0) ++tensor_;
   if (tensor_ >= layout_.size()) return std::nullopt;
   const auto& t = layout_[tensor_];
@@ -25,21 +25,39 @@ std::optional<wire::Envelope> ChunkSource::next() {
   c->set_dtype(wire::F32);
   for (auto d : t.shape) c->add_shape(d);
   c->set_offset(offset_);
-  c->set_data(reinterpret_cast<const char*>(values_.data() + t.offset + offset_), n * sizeof(float));
+  auto data = values_.subspan(t.offset + offset_, n);
   offset_ += n;
   if (offset_ == t.size()) {
     ++tensor_;
     offset_ = 0;
   }
-  return env;
+  return std::make_pair(std::move(env), data);
 }
 
-void TensorReceiver::reset(std::span<float> into, std::vector<TensorInfo> layout) {
+std::optional<wire::Envelope> ChunkSource::next() {
+  auto a = advance();
+  if (!a) return std::nullopt;
+  a->first.mutable_tensor_chunk()->set_data(reinterpret_cast<const char*>(a->second.data()),
+                                             a->second.size() * sizeof(float));
+  return std::move(a->first);
+}
+
+std::optional<proto::SplitFrame> ChunkSource::next_frame(std::size_t max_frame_bytes) {
+  auto a = advance();
+  if (!a) return std::nullopt;
+  auto f = proto::encode_chunk_frame(
+      a->first, {reinterpret_cast<const std::uint8_t*>(a->second.data()), a->second.size() * sizeof(float)},
+      max_frame_bytes);
+  if (!f) throw std::runtime_error(f.status().message);
+  return std::move(*f);
+}
+
+void TensorReceiver::reset(std::span<float> into, std::vector<TensorInfo> layout, bool hash) {
   into_ = into;
   layout_ = std::move(layout);
-  tensor_ = offset_ = received_ = 0;
+  tensor_ = offset_ = received_ = last_first_ = last_count_ = 0;
   bytes_ = 0;
-  hash_ = std::make_unique<crypto::Sha256>();
+  hash_ = hash ? std::make_unique<crypto::Sha256>() : nullptr;
   skip_empty();
 }
 
@@ -66,7 +84,9 @@ proto::Status TensorReceiver::add(const wire::TensorChunk& c) {
     return bad("chunk of " + t.name + " runs past its " + std::to_string(t.size()) + " elements");
   }
   std::memcpy(into_.data() + t.offset + offset_, c.data().data(), c.data().size());
-  hash_->update(c.data());
+  if (hash_) hash_->update(c.data());
+  last_first_ = t.offset + offset_;
+  last_count_ = n;
   offset_ += n;
   received_ += n;
   bytes_ += c.data().size();
@@ -78,6 +98,8 @@ proto::Status TensorReceiver::add(const wire::TensorChunk& c) {
   return proto::Status::ok();
 }
 
-std::string TensorReceiver::finish_sha256() { return crypto::to_hex(hash_->finish()); }
+std::string TensorReceiver::finish_sha256() {
+  return hash_ ? crypto::to_hex(hash_->finish()) : std::string();
+}
 
 }  // namespace xsilo::transport

@@ -12,6 +12,7 @@
 
 #include "common/model.h"
 #include "crypto/hash.h"
+#include "proto/frame.h"
 #include "proto/status.h"
 
 namespace xsilo::transport {
@@ -22,7 +23,10 @@ class ChunkSource {
   ChunkSource(std::shared_ptr<const void> keep_alive, std::span<const float> values,
               std::vector<TensorInfo> layout, std::string federation, std::uint64_t round,
               std::size_t chunk_bytes);
+  // The next chunk as an envelope (a copy of the data: for tests and in-process use).
   std::optional<wire::Envelope> next();
+  // The next chunk as a frame whose payload is read in place from the model.
+  std::optional<proto::SplitFrame> next_frame(std::size_t max_frame_bytes);
 
  private:
   std::shared_ptr<const void> keep_alive_;
@@ -32,14 +36,20 @@ class ChunkSource {
   std::uint64_t round_;
   std::size_t chunk_elems_;
   std::size_t tensor_ = 0, offset_ = 0;
+  // The envelope of the next chunk with an empty data field, and where its data lies.
+  std::optional<std::pair<wire::Envelope, std::span<const float>>> advance();
 };
 
 class TensorReceiver {
  public:
-  // Expect `layout`, writing into `into` (which must hold every element of the layout).
-  void reset(std::span<float> into, std::vector<TensorInfo> layout);
+  // Expect `layout`, writing into `into` (which must hold every element of the layout). With
+  // `hash` false the caller hashes the written regions itself (off the network thread).
+  void reset(std::span<float> into, std::vector<TensorInfo> layout, bool hash = true);
   // Checks name, dtype, offset (chunks arrive in order), size and bounds, then copies.
   proto::Status add(const wire::TensorChunk& chunk);
+  // The elements the last successful add() wrote: [first, first + count) of `into`.
+  std::size_t last_first() const { return last_first_; }
+  std::size_t last_count() const { return last_count_; }
   bool complete() const { return tensor_ >= layout_.size(); }
   std::size_t received() const { return received_; }
   std::uint64_t bytes() const { return bytes_; }
@@ -50,7 +60,7 @@ class TensorReceiver {
   void skip_empty();
   std::span<float> into_;
   std::vector<TensorInfo> layout_;
-  std::size_t tensor_ = 0, offset_ = 0, received_ = 0;
+  std::size_t tensor_ = 0, offset_ = 0, received_ = 0, last_first_ = 0, last_count_ = 0;
   std::uint64_t bytes_ = 0;
   std::unique_ptr<crypto::Sha256> hash_;
 };

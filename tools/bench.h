@@ -1,0 +1,34 @@
+// `xsilo bench ...`: programs that measure, print a table, and compare with the physical limits
+// of DESIGN §11 (docs/benchmarks.md records the figures and the commands).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace xsilo::tools {
+
+// The bounds measured on the reference machine (2 cores), DESIGN §11.
+inline constexpr double kTlsLoopbackGBps = 1.2;
+inline constexpr double kMemcpyGBps = 25.0;
+
+struct RoundBenchOptions {
+  std::vector<std::size_t> silos{8};
+  std::size_t params = 10'000'000;
+  std::uint64_t rounds = 3;
+  bool json = false;
+  std::vector<std::size_t> edges{0};  // 0: silos connect straight to the server
+};
+
+// Server and K agents (real processes, mutual TLS on loopback) with a synthetic model: no
+// training, only the protocol, the transport and the aggregation.
+int bench_round(const RoundBenchOptions& opts);
+
+// One TLS channel streaming a model of `mib` MiB in chunks to another thread.
+int bench_transport(std::size_t mib, std::size_t chunk_bytes, bool json);
+
+// A fixed-width table: header row, then rows.
+void print_table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows);
+std::string fmt(double v, int decimals = 2);
+
+}  // namespace xsilo::tools
