@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 sanitize=${XSILO_SANITIZE:-0}
 if [ "$sanitize" = 1 ]; then
   build_dir=${BUILD_DIR:-build-asan}
-  build_type=Debug
+  build_type=RelWithDebInfo  # -O2 -g: sanitizers stay exact, Eigen stays fast
 else
   build_dir=${BUILD_DIR:-build}
   build_type=${BUILD_TYPE:-Release}

@@ -3,6 +3,9 @@
 #include "common/config.h"
 #include "common/fs.h"
 #include "tests/testlib.h"
+#include "server/config.h"
+#include "silo_agent/config.h"
+#include "tools/sim.h"
 #include "transport/config.h"
 
 namespace xsilo {
@@ -75,6 +78,48 @@ TEST(Config, AllowListNeedsNames) {
   ConfigNode node(j, "f.json", ".allow");
   EXPECT_EQ(error_of([&] { transport::parse_allow(node); }),
             "config f.json: .allow.silo: must list at least one name, or \"*\"");
+}
+
+// The example configs in configs/ load as they are, next to a PKI and the data.
+TEST(Config, ExampleConfigsAreValid) {
+  test::TempDir dir;
+  const std::filesystem::path src = XSILO_SOURCE_DIR;
+  std::filesystem::create_directories(dir / "configs");
+  std::filesystem::create_directories(dir / "data");
+  for (const auto& e : std::filesystem::directory_iterator(src / "configs")) {
+    std::filesystem::copy_file(e.path(), dir / "configs" / e.path().filename());
+  }
+  std::filesystem::copy_file(src / "data/breast_cancer.csv", dir / "data/breast_cancer.csv");
+  test::make_pki(dir / "pki", "oncology-2026",
+                 {{wire::SERVER, "server"}, {wire::SILO, "hospital-a"}, {wire::EDGE, "edge-west"}});
+  const auto server = server::load_server_config(dir / "configs/server.json");
+  EXPECT_EQ(server.federation, "oncology-2026");
+  EXPECT_EQ(server.optimizer.kind, "fedadam");
+  const auto agent = agent::load_agent_config(dir / "configs/agent.json");
+  EXPECT_EQ(agent.upstreams.size(), 2u);
+  for (const char* sim : {"breast_cancer_logistic.json", "digits_mlp.json"}) {
+    EXPECT_NO_THROW(tools::load_sim_config(src / "configs" / sim)) << sim;
+  }
+}
+
+TEST(Config, ServerConfigRefusesImpossibleSelections) {
+  test::TempDir dir;
+  test::make_pki(dir / "pki", "f", {{wire::SERVER, "server"}});
+  auto write = [&](const std::string& selection) {
+    atomic_write_file(dir / "s.json", R"({"federation": "f", "tls": {"kit": "pki/kits/server"},
+      "allow": {"silo": ["a", "b", "c"]}, "model": {"inputs": 4}, "selection": )" + selection + "}");
+    return error_of([&] { server::load_server_config(dir / "s.json"); });
+  };
+  EXPECT_NE(write(R"({"min_silos": 4})").find(".selection.min_silos: is 4 but allow.silo names only 3"),
+            std::string::npos);
+  EXPECT_NE(write(R"({"min_silos": 2, "min_updates": 3})").find(".selection.min_updates"), std::string::npos);
+  EXPECT_NE(write(R"({"min_silos": 2, "silos_per_round": 1})").find("no round could ever commit"),
+            std::string::npos);
+  EXPECT_EQ(write(R"({"min_silos": 2})"), "");
+  atomic_write_file(dir / "m.json", R"({"federation": "f", "tls": {"kit": "pki/kits/server"},
+      "allow": {"silo": ["*"]}, "model": {"kind": "logistic", "inputs": 4, "hidden": [3]}})");
+  EXPECT_NE(error_of([&] { server::load_server_config(dir / "m.json"); }).find("use kind \"mlp\""),
+            std::string::npos);
 }
 
 }  // namespace

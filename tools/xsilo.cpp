@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "common/config.h"
+#include "silo_agent/collective/gpu_info.h"
 #include "tools/commands.h"
 
 int main(int argc, char** argv) {
@@ -14,7 +15,9 @@ int main(int argc, char** argv) {
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
   CLI::App app{"xsilo: cross-silo federated learning with secure aggregation", "xsilo"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "xsilo 0.1.0 (wire protocol 1)");
+  app.set_version_flag("--version", [] {
+    return "xsilo 0.1.0 (wire protocol 1; " + xsilo::collective::gpu_info().describe() + ")";
+  });
   int exit_code = 0;
   xsilo::tools::add_server(app, exit_code);
   xsilo::tools::add_edge(app, exit_code);
