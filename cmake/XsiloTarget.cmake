@@ -6,6 +6,9 @@ target_compile_options(xsilo_options INTERFACE
   $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${XSILO_WERROR}>>:-Werror>)
 target_compile_definitions(xsilo_options INTERFACE
   BOOST_ASIO_NO_DEPRECATED XSILO_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+if(XSILO_NATIVE)
+  target_compile_options(xsilo_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-march=native>)
+endif()
 if(XSILO_SANITIZE)
   target_compile_options(xsilo_options INTERFACE
     $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined>)

@@ -4,7 +4,6 @@
 
 #include <cstdio>
 #include <fstream>
-#include <regex>
 
 #include "common/fs.h"
 #include "common/safetensors.h"
@@ -15,13 +14,19 @@ namespace {
 
 std::vector<std::pair<std::uint64_t, std::filesystem::path>> list_checkpoints(
     const std::filesystem::path& dir) {
-  static const std::regex kName("round_(\\d{6,})\\.safetensors");
   std::vector<std::pair<std::uint64_t, std::filesystem::path>> out;
   if (!std::filesystem::exists(dir)) return out;
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
-    std::smatch m;
+    // round_NNNNNN.safetensors, at least six digits
     const std::string name = e.path().filename().string();
-    if (std::regex_match(name, m, kName)) out.emplace_back(std::stoull(m[1]), e.path());
+    const std::string prefix = "round_", suffix = ".safetensors";
+    if (name.size() < prefix.size() + 6 + suffix.size() || name.rfind(prefix, 0) != 0 ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+      continue;
+    }
+    const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 18) continue;
+    out.emplace_back(std::stoull(digits), e.path());
   }
   std::sort(out.begin(), out.end());
   return out;

@@ -1,0 +1,72 @@
+// Byzantine-robust aggregation rules and clipping, as pure functions on an n x d matrix of
+// updates (row i is input i, row-major, float32). Each rule returns the aggregate and, for
+// every input, what it decided (score, kept or rejected, why) for the audit log.
+//
+// Definitions (the literature disagrees on details; these are ours, docs/robust.md):
+//   clip_l2(C):          x * min(1, C / ||x||)
+//   krum(f):             score(i) = sum of squared L2 distances from i to its n - f - 2 nearest
+//                        other inputs; the aggregate is the input with the lowest score. Equal
+//                        scores are ordered by the inputs' values (smaller squared norm, then
+//                        lexicographically smaller), never by position. Needs n > 2f + 2.
+//   multi_krum(f, m):    the mean of the m inputs with the lowest Krum scores.
+//   median:              coordinate-wise; the mean of the two middle values when n is even.
+//   trimmed_mean(b):     per coordinate, drop the b largest and b smallest values and average
+//                        the rest. Needs n > 2b.
+//   bulyan(f):           select theta = n - 2f inputs by repeated Krum (each round picks the
+//                        lowest score among those left, scores recomputed over those left), then
+//                        per coordinate drop the f largest and f smallest selected values and
+//                        average the remaining theta - 2f. Needs n >= 4f + 3.
+//   centered_clip(tau, L, v0): v <- v + mean_i (x_i - v) * min(1, tau / ||x_i - v||), L times,
+//                        from v0 (Karimireddy, He, Jaggi 2021).
+// Non-finite inputs must be removed first (finite_rows); every rule assumes finite input.
+// Distances come from one Gram matrix X X^T (one pass of dot products), never n^2 subtractions.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace xsilo::robust {
+
+struct MatrixView {
+  const float* data = nullptr;
+  std::size_t n = 0, d = 0;
+  std::span<const float> row(std::size_t i) const { return {data + i * d, d}; }
+};
+
+struct Decision {
+  bool kept = true;
+  double score = 0;     // rule-specific (Krum score, norm before clipping, ...)
+  std::string reason;   // why it was rejected or changed, empty otherwise
+};
+
+struct Result {
+  std::vector<float> aggregate;   // d values
+  std::vector<Decision> decisions;  // n entries
+};
+
+// Why a rule cannot run on n inputs, or "" when it can.
+std::string check_krum(std::size_t n, std::size_t f);
+std::string check_multi_krum(std::size_t n, std::size_t f, std::size_t m);
+std::string check_trimmed_mean(std::size_t n, std::size_t b);
+std::string check_bulyan(std::size_t n, std::size_t f);
+
+// Indices of rows whose every value is finite.
+std::vector<std::size_t> finite_rows(MatrixView x);
+
+// Scales rows in place to L2 norm at most `c`; decision score = the original norm.
+std::vector<Decision> clip_l2(std::span<float> rows, std::size_t n, std::size_t d, double c);
+
+// Squared L2 distances between all rows from the Gram matrix (n x n, row-major).
+std::vector<double> pairwise_sq_distances(MatrixView x);
+
+Result mean(MatrixView x, std::span<const double> weights = {});
+Result krum(MatrixView x, std::size_t f);
+Result multi_krum(MatrixView x, std::size_t f, std::size_t m);
+Result median(MatrixView x);
+Result trimmed_mean(MatrixView x, std::size_t b);
+Result bulyan(MatrixView x, std::size_t f);
+Result centered_clip(MatrixView x, double tau, std::size_t iterations, std::span<const float> v0 = {});
+
+}  // namespace xsilo::robust

@@ -1,0 +1,171 @@
+// The robust rules, against hand-computed cases and against adversaries.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "robust/robust.h"
+
+namespace xsilo::robust {
+namespace {
+
+MatrixView view(const std::vector<float>& v, std::size_t n) { return {v.data(), n, v.size() / n}; }
+
+TEST(Robust, MedianOfAnOddCountIsTheMiddleValue) {
+  const std::vector<float> x{1, 5, 2, 6, 3, 100};  // rows [1,5] [2,6] [3,100]
+  auto r = median(view(x, 3));
+  EXPECT_EQ(r.aggregate, (std::vector<float>{2, 6}));
+}
+
+TEST(Robust, MedianOfAnEvenCountIsTheMeanOfTheTwoMiddleValues) {
+  const std::vector<float> x{10, 1, 3, 2};
+  EXPECT_EQ(median(view(x, 4)).aggregate, (std::vector<float>{2.5f}));
+}
+
+TEST(Robust, TrimmedMeanDropsBFromEachEnd) {
+  const std::vector<float> x{1, 100, 2, 3, -50, 4};
+  // b = 1: drop -50 and 100, mean of 1 2 3 4
+  EXPECT_EQ(trimmed_mean(view(x, 6), 1).aggregate, (std::vector<float>{2.5f}));
+  EXPECT_EQ(trimmed_mean(view(x, 6), 0).aggregate, (std::vector<float>{10.0f}));
+}
+
+TEST(Robust, KrumScoresSumTheNMinusFMinus2NearestAndBreakTiesByValue) {
+  // Points 0 1 2 3 10 50 on a line, f = 1: each score sums the 3 nearest squared distances.
+  const std::vector<float> x{0, 1, 2, 3, 10, 50};
+  auto r = krum(view(x, 6), 1);
+  const std::vector<double> want{14, 6, 6, 14, 194, 1600 + 2209 + 2304};
+  for (std::size_t i = 0; i < 6; ++i) EXPECT_DOUBLE_EQ(r.decisions[i].score, want[i]) << i;
+  EXPECT_EQ(r.aggregate, (std::vector<float>{1}));  // 1 and 2 tie: the smaller norm wins
+  EXPECT_TRUE(r.decisions[1].kept);
+  EXPECT_FALSE(r.decisions[2].kept);
+  EXPECT_EQ(multi_krum(view(x, 6), 1, 2).aggregate, (std::vector<float>{1.5f}));
+  // Swapping the tied inputs changes nothing.
+  const std::vector<float> swapped{0, 2, 1, 3, 10, 50};
+  EXPECT_EQ(krum(view(swapped, 6), 1).aggregate, (std::vector<float>{1}));
+}
+
+TEST(Robust, BulyanSelectsByRepeatedKrumThenTrims) {
+  // Worked by hand in docs/robust.md: the selection is 2, 1, 3, 0, 50, the trimmed mean of
+  // {0, 1, 2, 3, 50} without one value at each end is 2.
+  const std::vector<float> x{0, 1, 2, 3, 4, 50, 60};
+  auto r = bulyan(view(x, 7), 1);
+  EXPECT_EQ(r.aggregate, (std::vector<float>{2}));
+  const std::vector<bool> kept{true, true, true, true, false, true, false};
+  for (std::size_t i = 0; i < 7; ++i) EXPECT_EQ(r.decisions[i].kept, kept[i]) << i;
+}
+
+TEST(Robust, CenteredClippingMovesAtMostTauPerInput) {
+  const std::vector<float> x{0, 0, 10};
+  auto r = centered_clip(view(x, 3), 1.0, 1);
+  EXPECT_NEAR(r.aggregate[0], 1.0 / 3.0, 1e-6);
+  EXPECT_FALSE(r.decisions[2].reason.empty());
+  EXPECT_TRUE(r.decisions[0].reason.empty());
+}
+
+TEST(Robust, L2ClipScalesOnlyLongRows) {
+  std::vector<float> x{3, 4, 0.3f, 0.4f};
+  auto d = clip_l2(x, 2, 2, 1.0);
+  EXPECT_NEAR(x[0], 0.6f, 1e-6);
+  EXPECT_NEAR(x[1], 0.8f, 1e-6);
+  EXPECT_EQ(x[2], 0.3f);
+  EXPECT_DOUBLE_EQ(d[0].score, 5.0);
+  EXPECT_TRUE(d[1].reason.empty());
+}
+
+TEST(Robust, NonFiniteRowsAreFound) {
+  const std::vector<float> x{1, 2, NAN, 3, 4, INFINITY, 5, 6};
+  EXPECT_EQ(finite_rows(view(x, 4)), (std::vector<std::size_t>{0, 3}));
+}
+
+TEST(Robust, PreconditionsAreExplained) {
+  EXPECT_EQ(check_krum(5, 1), "");
+  EXPECT_EQ(check_krum(4, 1), "Krum needs n > 2f + 2: n = 4, f = 1");
+  EXPECT_EQ(check_bulyan(6, 1), "Bulyan needs n >= 4f + 3: n = 6, f = 1");
+  EXPECT_EQ(check_bulyan(7, 1), "");
+  EXPECT_EQ(check_trimmed_mean(4, 2), "trimmed mean needs n > 2b: n = 4, b = 2");
+  EXPECT_NE(check_multi_krum(9, 2, 0), "");
+}
+
+TEST(Robust, GramDistancesMatchDirectSubtraction) {
+  std::mt19937 rng(1);
+  std::normal_distribution<float> g(0, 1);
+  const std::size_t n = 7, d = 70000;  // spans several coordinate blocks
+  std::vector<float> x(n * d);
+  for (auto& v : x) v = g(rng) + 3;
+  const auto dist = pairwise_sq_distances(view(x, n));
+  for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (std::size_t k = 0; k < d; ++k) s += std::pow(double(x[i * d + k]) - x[j * d + k], 2);
+      EXPECT_NEAR(dist[i * n + j], s, 1e-3 * s + 1e-6);
+    }
+  }
+}
+
+// Every rule gives the same aggregate whatever the order of its inputs.
+TEST(Robust, RulesArePermutationInvariant) {
+  std::mt19937 rng(2);
+  std::normal_distribution<float> g(0, 1);
+  const std::size_t n = 11, d = 37;
+  std::vector<float> x(n * d);
+  for (auto& v : x) v = g(rng);
+  std::vector<std::size_t> perm(n);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<float> y(n * d);
+  for (std::size_t i = 0; i < n; ++i) std::copy_n(&x[perm[i] * d], d, &y[i * d]);
+  auto same = [&](const char* rule, const Result& a, const Result& b) {
+    for (std::size_t k = 0; k < d; ++k) EXPECT_NEAR(a.aggregate[k], b.aggregate[k], 1e-5) << rule;
+  };
+  same("median", median(view(x, n)), median(view(y, n)));
+  same("trimmed", trimmed_mean(view(x, n), 2), trimmed_mean(view(y, n), 2));
+  same("krum", krum(view(x, n), 2), krum(view(y, n), 2));
+  same("multi_krum", multi_krum(view(x, n), 2, 4), multi_krum(view(y, n), 2, 4));
+  same("bulyan", bulyan(view(x, n), 2), bulyan(view(y, n), 2));
+  same("centered_clip", centered_clip(view(x, n), 0.5, 3), centered_clip(view(y, n), 0.5, 3));
+}
+
+// f attackers, huge or placed to pull the aggregate, cannot move the robust rules outside the
+// honest inputs' range, coordinate by coordinate.
+TEST(Robust, AggregatesStayWithinTheHonestRangeUnderAttack) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> g(0, 1);
+  const std::size_t honest = 12, f = 3, n = honest + f, d = 50;
+  for (int attack = 0; attack < 3; ++attack) {
+    std::vector<float> x(n * d);
+    for (std::size_t i = 0; i < honest * d; ++i) x[i] = g(rng);
+    for (std::size_t i = honest; i < n; ++i) {
+      for (std::size_t k = 0; k < d; ++k) {
+        x[i * d + k] = attack == 0 ? 1e30f : attack == 1 ? -1e6f * static_cast<float>(i) : 4.0f;
+      }
+    }
+    std::vector<float> lo(d, INFINITY), hi(d, -INFINITY);
+    for (std::size_t i = 0; i < honest; ++i) {
+      for (std::size_t k = 0; k < d; ++k) {
+        lo[k] = std::min(lo[k], x[i * d + k]);
+        hi[k] = std::max(hi[k], x[i * d + k]);
+      }
+    }
+    const auto m = view(x, n);
+    for (const auto& [name, r] : std::vector<std::pair<std::string, Result>>{
+             {"median", median(m)},
+             {"trimmed", trimmed_mean(m, f)},
+             {"krum", krum(m, f)},
+             {"multi_krum", multi_krum(m, f, honest - f)},
+             {"bulyan", bulyan(view(x, n), f)}}) {
+      for (std::size_t k = 0; k < d; ++k) {
+        EXPECT_GE(r.aggregate[k], lo[k] - 1e-5) << name << " attack " << attack;
+        EXPECT_LE(r.aggregate[k], hi[k] + 1e-5) << name << " attack " << attack;
+      }
+    }
+    // The plain mean is what the attack moves.
+    if (attack == 0) {
+      EXPECT_GT(mean(m).aggregate[0], 1e20);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace xsilo::robust
