@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numeric>
 #include <mutex>
+#include <limits>
 #include <thread>
 
 namespace xsilo::robust {
@@ -50,20 +51,53 @@ void score_by_distance(MatrixView x, Result& r) {
   }
 }
 
-// Calls fn(column values, count, coordinate) for every coordinate, with the n values of a
-// coordinate contiguous in a scratch buffer (blocked transpose: rows are read sequentially).
-template <class Fn>
-void for_each_column(MatrixView x, Fn fn) {
-  constexpr std::size_t kBlock = 512;
-  parallel_ranges((x.d + kBlock - 1) / kBlock, 8, [&](std::size_t b0, std::size_t b1) {
-    std::vector<float> cols(kBlock * x.n);
-    for (std::size_t blk = b0; blk < b1; ++blk) {
-      const std::size_t j0 = blk * kBlock, w = std::min(kBlock, x.d - j0);
-      for (std::size_t i = 0; i < x.n; ++i) {
-        const float* src = x.data + i * x.d + j0;
-        for (std::size_t c = 0; c < w; ++c) cols[c * x.n + i] = src[c];
+// Batcher's bitonic sorting network as compare-exchange pairs (min to .first) for p = 2^k
+// inputs: p/4 log p (log p + 1) comparators.
+std::vector<std::pair<std::uint32_t, std::uint32_t>> bitonic(std::size_t p) {
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> net;
+  for (std::size_t size = 2; size <= p; size <<= 1) {
+    for (std::size_t stride = size >> 1; stride > 0; stride >>= 1) {
+      for (std::size_t i = 0; i < p; ++i) {
+        const std::size_t j = i ^ stride;
+        if (j <= i) continue;
+        if ((i & size) == 0) net.emplace_back(static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(j));
+        else net.emplace_back(static_cast<std::uint32_t>(j), static_cast<std::uint32_t>(i));
       }
-      for (std::size_t c = 0; c < w; ++c) fn(cols.data() + c * x.n, x.n, j0 + c);
+    }
+  }
+  return net;
+}
+
+// Sorts every coordinate of the matrix and calls fn(sorted rows, width, first coordinate)
+// per block: sorted[r * width + c] is the r-th smallest value of coordinate first + c. A
+// sorting network applied to whole rows of a block is plain min/max over contiguous floats,
+// which the compiler turns into SIMD: many coordinates are sorted at once.
+template <class Fn>
+void sorted_blocks(MatrixView x, Fn fn) {
+  std::size_t p = 1;
+  while (p < x.n) p <<= 1;
+  const auto net = bitonic(p);
+  const std::size_t width = std::max<std::size_t>(64, std::min<std::size_t>(1024, (64u << 10) / (p * sizeof(float))));
+  parallel_ranges((x.d + width - 1) / width, 16, [&](std::size_t b0, std::size_t b1) {
+    std::vector<float> rows(p * width);
+    for (std::size_t blk = b0; blk < b1; ++blk) {
+      const std::size_t j0 = blk * width, w = std::min(width, x.d - j0);
+      for (std::size_t r = 0; r < p; ++r) {
+        float* dst = rows.data() + r * width;
+        if (r < x.n) std::copy_n(x.data + r * x.d + j0, w, dst);
+        else std::fill_n(dst, w, std::numeric_limits<float>::infinity());
+      }
+      for (const auto& [a, b] : net) {
+        float* __restrict ra = rows.data() + a * width;
+        float* __restrict rb = rows.data() + b * width;
+        for (std::size_t c = 0; c < w; ++c) {
+          const float lo = ra[c] < rb[c] ? ra[c] : rb[c];
+          const float hi = ra[c] < rb[c] ? rb[c] : ra[c];
+          ra[c] = lo;
+          rb[c] = hi;
+        }
+      }
+      fn(rows.data(), width, w, j0);
     }
   });
 }
@@ -124,20 +158,6 @@ void mean_of_rows(MatrixView x, const std::vector<std::size_t>& rows, std::vecto
     const double inv = 1.0 / static_cast<double>(rows.size());
     for (std::size_t k = b; k < e; ++k) out[k] = static_cast<float>(acc[k - b] * inv);
   });
-}
-
-// Mean of the values left after dropping the b smallest and b largest (values is scratch).
-float trimmed(float* values, std::size_t n, std::size_t b) {
-  if (b == 0) {
-    double s = 0;
-    for (std::size_t i = 0; i < n; ++i) s += values[i];
-    return static_cast<float>(s / static_cast<double>(n));
-  }
-  std::nth_element(values, values + b, values + n);                 // b smallest before b
-  std::nth_element(values + b, values + (n - b), values + n);       // b largest after n-b
-  double s = 0;
-  for (std::size_t i = b; i < n - b; ++i) s += values[i];
-  return static_cast<float>(s / static_cast<double>(n - 2 * b));
 }
 
 }  // namespace
@@ -265,25 +285,37 @@ Result median(MatrixView x) {
   Result r;
   r.decisions.resize(x.n);
   r.aggregate.assign(x.d, 0.0f);
-  const std::size_t n = x.n, h = n / 2;
-  for_each_column(x, [&](float* v, std::size_t, std::size_t j) {
-    std::nth_element(v, v + h, v + n);
-    if (n % 2) {
-      r.aggregate[j] = v[h];
-    } else {
-      const float lo = *std::max_element(v, v + h);
-      r.aggregate[j] = static_cast<float>((static_cast<double>(lo) + v[h]) / 2.0);
+  const std::size_t n = x.n;
+  sorted_blocks(x, [&](const float* sorted, std::size_t width, std::size_t w, std::size_t j0) {
+    const float* hi = sorted + (n / 2) * width;
+    const float* lo = sorted + ((n - 1) / 2) * width;
+    for (std::size_t c = 0; c < w; ++c) {
+      r.aggregate[j0 + c] = static_cast<float>((static_cast<double>(lo[c]) + hi[c]) / 2.0);
     }
   });
   score_by_distance(x, r);
   return r;
 }
 
+namespace {
+void trimmed_into(MatrixView x, std::size_t b, std::vector<float>& out) {
+  out.assign(x.d, 0.0f);
+  const double inv = 1.0 / static_cast<double>(x.n - 2 * b);
+  sorted_blocks(x, [&](const float* sorted, std::size_t width, std::size_t w, std::size_t j0) {
+    std::vector<double> acc(w, 0.0);
+    for (std::size_t r = b; r < x.n - b; ++r) {
+      const float* row = sorted + r * width;
+      for (std::size_t c = 0; c < w; ++c) acc[c] += row[c];
+    }
+    for (std::size_t c = 0; c < w; ++c) out[j0 + c] = static_cast<float>(acc[c] * inv);
+  });
+}
+}  // namespace
+
 Result trimmed_mean(MatrixView x, std::size_t b) {
   Result r;
   r.decisions.resize(x.n);
-  r.aggregate.assign(x.d, 0.0f);
-  for_each_column(x, [&](float* v, std::size_t n, std::size_t j) { r.aggregate[j] = trimmed(v, n, b); });
+  trimmed_into(x, b, r.aggregate);
   score_by_distance(x, r);
   return r;
 }
@@ -317,9 +349,7 @@ Result bulyan(MatrixView x, std::size_t f) {
   for (std::size_t k = 0; k < selected.size(); ++k) {
     std::copy_n(x.data + selected[k] * x.d, x.d, sel.begin() + static_cast<long>(k * x.d));
   }
-  const MatrixView sx{sel.data(), selected.size(), x.d};
-  r.aggregate.assign(x.d, 0.0f);
-  for_each_column(sx, [&](float* v, std::size_t n, std::size_t j) { r.aggregate[j] = trimmed(v, n, f); });
+  trimmed_into({sel.data(), selected.size(), x.d}, f, r.aggregate);
   return r;
 }
 

@@ -3,6 +3,7 @@
 #include "common/config.h"
 #include "common/fs.h"
 #include "crypto/hash.h"
+#include "robust/robust.h"
 #include "transport/config.h"
 
 namespace xsilo::server {
@@ -113,6 +114,35 @@ ServerConfig load_server_config(const std::filesystem::path& file) {
   c.optimizer.beta2 = static_cast<float>(op.number("beta2", 0.99, 0.0, 0.99999));
   c.optimizer.tau = static_cast<float>(op.number("tau", 1e-3, 1e-12, 1.0));
   op.finish();
+
+  const auto ag = root.child("aggregation");
+  auto& a = c.aggregation;
+  a.rule = ag.one_of("rule", "fedavg",
+                     {"fedavg", "krum", "multi_krum", "median", "trimmed_mean", "bulyan", "centered_clip"});
+  a.f = static_cast<std::size_t>(ag.integer("f", 0, 0, 1 << 20));
+  a.m = static_cast<std::size_t>(ag.integer("m", 0, 0, 1 << 20));
+  a.beta = ag.number("beta", 0.0, 0.0, 0.499);
+  a.tau = ag.number("tau", 1.0, 1e-12, 1e12);
+  a.iterations = static_cast<std::size_t>(ag.integer("iterations", 1, 1, 100));
+  a.clip_norm = ag.number("clip_norm", 0.0, 0.0, 1e12);
+  a.fallback = ag.one_of("fallback", "median", {"median", "fedavg", "abort"});
+  ag.finish();
+  // The rule must be able to run on the fewest updates a round may commit with.
+  const std::size_t n = c.selection.min_updates;
+  std::string why;
+  if (a.rule == "krum") why = robust::check_krum(n, a.f);
+  if (a.rule == "multi_krum") why = robust::check_multi_krum(n, a.f, a.m ? a.m : (n > a.f ? n - a.f : 0));
+  if (a.rule == "bulyan") why = robust::check_bulyan(n, a.f);
+  if (a.rule == "trimmed_mean") {
+    why = robust::check_trimmed_mean(n, a.beta > 0 ? static_cast<std::size_t>(a.beta * static_cast<double>(n)) : a.f);
+  }
+  if (!why.empty()) {
+    ag.fail("rule", why + " but a round may commit with selection.min_updates = " + std::to_string(n) +
+                        " updates; raise min_updates or lower f");
+  }
+  if ((a.rule == "krum" || a.rule == "multi_krum" || a.rule == "bulyan") && a.f == 0) {
+    ag.fail("f", "must be >= 1 for " + a.rule + " (the number of Byzantine silos to tolerate)");
+  }
 
   c.log_level = root.one_of("log_level", "info", {"trace", "debug", "info", "warn", "error"});
   root.finish();

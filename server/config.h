@@ -28,6 +28,19 @@ struct Deadlines {
   std::chrono::milliseconds upload{60000};
 };
 
+// How the updates of a round are combined (docs/robust.md has the exact definitions).
+struct AggregationConfig {
+  std::string rule = "fedavg";  // fedavg, krum, multi_krum, median, trimmed_mean, bulyan, centered_clip
+  std::size_t f = 0;            // Byzantine silos tolerated (krum, multi_krum, bulyan, trimmed_mean)
+  std::size_t m = 0;            // multi_krum: how many to average (0: n - f)
+  double beta = 0;              // trimmed_mean: b = floor(beta * n) instead of b = f
+  double tau = 1.0;             // centered_clip radius
+  std::size_t iterations = 1;   // centered_clip
+  double clip_norm = 0;         // clip each update to this L2 norm first (0: off)
+  std::string fallback = "median";  // when dropouts leave too few updates: median, fedavg, abort
+  bool needs_all_updates() const { return rule != "fedavg" || clip_norm > 0; }
+};
+
 struct ServerConfig {
   std::filesystem::path file;
   std::string config_sha256;
@@ -48,6 +61,7 @@ struct ServerConfig {
   Deadlines deadlines;
   wire::TrainingPlan plan;
   OptimizerConfig optimizer;
+  AggregationConfig aggregation;
   std::string log_level = "info";
 };
 

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "proto/frame.h"
+#include "robust/robust.h"
 
 namespace xsilo::server {
 
@@ -50,6 +51,7 @@ CoordinatorConfig CoordinatorConfig::from(const ServerConfig& c) {
   k.plan = c.plan;
   k.expected_silos = c.expected_silos;
   k.optimizer = c.optimizer.kind;
+  k.aggregation = c.aggregation;
   return k;
 }
 
@@ -325,7 +327,8 @@ void Coordinator::on_update_end(std::size_t m, const wire::Envelope& e, std::int
   upload_->complete = true;
   // Check and fold into the running sum off the network thread (after the chunks' checks,
   // which the worker runs first: its queue is in order).
-  run_job(JobKind::Fold, [this, check = upload_->check, declared = upload_->declared_sha256] {
+  run_job(JobKind::Fold, [this, m, check = upload_->check, declared = upload_->declared_sha256,
+                          weight = mb.weight] {
     fold_sha_ = crypto::to_hex(check->hash.finish());
     fold_ok_ = false;
     if (!check->finite) {
@@ -337,8 +340,22 @@ void Coordinator::on_update_end(std::size_t m, const wire::Envelope& e, std::int
       return;
     }
     const auto cur = current_.flat();
-    auto acc = acc_->flat();
-    for (std::size_t i = 0; i < cur.size(); ++i) acc[i] += cur[i];
+    if (cfg_.aggregation.needs_all_updates()) {
+      // Keep this silo's delta (the upload is weight * delta), clipped if configured.
+      const std::size_t d = cur.size(), at = rows_.size();
+      rows_.resize(at + d);
+      const float inv = static_cast<float>(1.0 / weight);
+      for (std::size_t i = 0; i < d; ++i) rows_[at + i] = cur[i] * inv;
+      double norm = 0;
+      if (cfg_.aggregation.clip_norm > 0) {
+        norm = robust::clip_l2(std::span<float>(rows_).subspan(at, d), 1, d, cfg_.aggregation.clip_norm)[0].score;
+      }
+      row_member_.push_back(m);
+      row_norm_.push_back(norm);
+    } else {
+      auto acc = acc_->flat();
+      for (std::size_t i = 0; i < cur.size(); ++i) acc[i] += cur[i];
+    }
     fold_ok_ = true;
   });
 }
@@ -368,6 +385,12 @@ void Coordinator::on_job_done(std::uint64_t job, std::int64_t now_ms) {
       break;
     }
     case JobKind::Commit:
+      if (commit_aborted_) {
+        ++aborted_;
+        abort_reason_ = "the robust rule could not run and the fallback is abort";
+        finish_round(false, now_ms);
+        break;
+      }
       global_ = std::move(next_global_);
       global_sha_ = next_sha_;
       ++committed_;
@@ -469,11 +492,24 @@ void Coordinator::close_round(std::int64_t now_ms) {
   auto row = metrics_row(true, now_ms);
   auto rec = round_record(true, "", now_ms);
   run_job(JobKind::Commit, [this, row, rec = std::move(rec)]() mutable {
-    // acc holds sum(w_i * delta_i); the mean delta is acc / W. The optimizer writes the new
-    // model into the same buffer, which then becomes the global model.
+    commit_aborted_ = false;
     auto acc = acc_->flat();
-    const float inv = static_cast<float>(1.0 / total_weight_);
-    for (auto& v : acc) v *= inv;
+    if (cfg_.aggregation.needs_all_updates()) {
+      if (!aggregate_robust(rec)) {
+        rec["status"] = "aborted";
+        rec["model_sha256_after"] = rec["model_sha256_before"];
+        auto abort_row = row;
+        abort_row.committed = false;
+        store_.record(rec, &abort_row);
+        commit_aborted_ = true;
+        return;
+      }
+    } else {
+      // acc holds sum(w_i * delta_i); the mean delta is acc / W.
+      const float inv = static_cast<float>(1.0 / total_weight_);
+      for (auto& v : acc) v *= inv;
+    }
+    // The optimizer writes the new model into the same buffer, which becomes the global model.
     optimizer_.step_into(global_->flat(), acc);
     next_sha_ = crypto::sha256_hex(acc_->flat());
     rec["model_sha256_after"] = next_sha_;
@@ -495,6 +531,9 @@ void Coordinator::finish_round(bool committed, std::int64_t now_ms) {
   }
   acc_.reset();
   members_.clear();
+  std::vector<float>().swap(rows_);
+  row_member_.clear();
+  row_norm_.clear();
   if (round_ > cfg_.rounds) {
     phase_ = Phase::Finished;
     for (const auto& [id, silo] : sessions_) {
@@ -541,12 +580,65 @@ nlohmann::json Coordinator::round_record(bool committed, const std::string& reas
                       {"dropouts", dropouts},
                       {"surplus", surplus},
                       {"aggregation",
-                       {{"rule", "fedavg"}, {"optimizer", cfg_.optimizer}, {"total_weight", total_weight_}}},
+                       {{"rule", cfg_.aggregation.rule}, {"optimizer", cfg_.optimizer}, {"total_weight", total_weight_}}},
                       {"model_sha256_before", global_sha_},
                       {"model_sha256_after", global_sha_},
                       {"config_sha256", cfg_.config_sha256}};
   if (!committed) r["reason"] = reason;
   return r;
+}
+
+bool Coordinator::aggregate_robust(nlohmann::json& rec) {
+  const auto& a = cfg_.aggregation;
+  const std::size_t n = row_member_.size(), d = global_->size();
+  const robust::MatrixView x{rows_.data(), n, d};
+  const std::size_t b = a.beta > 0 ? static_cast<std::size_t>(a.beta * static_cast<double>(n)) : a.f;
+  const std::size_t m = a.m ? a.m : (n > a.f ? n - a.f : 1);
+  std::string rule = a.rule, why;
+  if (rule == "krum") why = robust::check_krum(n, a.f);
+  if (rule == "multi_krum") why = robust::check_multi_krum(n, a.f, m);
+  if (rule == "bulyan") why = robust::check_bulyan(n, a.f);
+  if (rule == "trimmed_mean") why = robust::check_trimmed_mean(n, b);
+  nlohmann::json info = {{"rule", a.rule}, {"f", a.f}, {"inputs", n}};
+  if (!why.empty()) {
+    info["fallback"] = a.fallback;
+    info["fallback_reason"] = why;
+    rule = a.fallback;
+    spdlog::warn("round {}: {}; falling back to {}", round_, why, rule);
+  }
+  info["applied"] = rule;
+  if (a.clip_norm > 0) info["clip_norm"] = a.clip_norm;
+  if (rule == "abort") {
+    rec["reason"] = why + "; the configured fallback is abort";
+    rec["robust"] = info;
+    return false;
+  }
+  std::vector<double> weights;
+  for (auto i : row_member_) weights.push_back(members_[i].weight);
+  robust::Result r;
+  if (rule == "fedavg") r = robust::mean(x, weights);
+  else if (rule == "krum") r = robust::krum(x, a.f);
+  else if (rule == "multi_krum") r = robust::multi_krum(x, a.f, m);
+  else if (rule == "median") r = robust::median(x);
+  else if (rule == "trimmed_mean") r = robust::trimmed_mean(x, b);
+  else if (rule == "bulyan") r = robust::bulyan(x, a.f);
+  else r = robust::centered_clip(x, a.tau, a.iterations);
+  std::copy(r.aggregate.begin(), r.aggregate.end(), acc_->flat().begin());
+  nlohmann::json inputs = nlohmann::json::array();
+  for (std::size_t i = 0; i < n; ++i) {
+    nlohmann::json e = {{"silo", members_[row_member_[i]].silo},
+                        {"kept", r.decisions[i].kept},
+                        {"score", r.decisions[i].score}};
+    if (!r.decisions[i].reason.empty()) e["reason"] = r.decisions[i].reason;
+    if (a.clip_norm > 0) {
+      e["norm"] = row_norm_[i];
+      if (row_norm_[i] > a.clip_norm) e["clipped"] = true;
+    }
+    inputs.push_back(e);
+  }
+  info["decisions"] = inputs;
+  rec["robust"] = info;
+  return true;
 }
 
 MetricsRow Coordinator::metrics_row(bool committed, std::int64_t now_ms) const {

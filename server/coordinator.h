@@ -87,6 +87,7 @@ struct CoordinatorConfig {
   wire::TrainingPlan plan;
   std::set<std::string> expected_silos;
   std::string optimizer = "fedavg";
+  AggregationConfig aggregation;
 
   static CoordinatorConfig from(const ServerConfig& c);
 };
@@ -162,6 +163,8 @@ class Coordinator {
   std::optional<std::size_t> member_of(SessionId id) const;
   nlohmann::json round_record(bool committed, const std::string& reason, std::int64_t now_ms) const;
   MetricsRow metrics_row(bool committed, std::int64_t now_ms) const;
+  // Runs the configured rule over rows_ into acc_; false when the round must abort.
+  bool aggregate_robust(nlohmann::json& rec);
 
   CoordinatorConfig cfg_;
   std::shared_ptr<const Model> global_;
@@ -188,6 +191,11 @@ class Coordinator {
   std::uint64_t upload_bytes_ = 0;
   std::unique_ptr<Model> acc_;   // running sum of weight * delta
   Model current_;                // one upload being received
+  // Robust rules and clipping need every update: row i is member row_member_[i]'s delta.
+  std::vector<float> rows_;
+  std::vector<std::size_t> row_member_;
+  std::vector<double> row_norm_;
+  bool commit_aborted_ = false;
   std::string abort_reason_;
 
   JobKind job_ = JobKind::None;

@@ -52,6 +52,15 @@ LocalData load_local_data(const AgentConfig& cfg) {
     cfg.given.apply(d.train);
     if (d.test.rows) cfg.given.apply(d.test);
   }
+  if (cfg.attack.kind == "label_flip") {
+    for (auto& y : d.train.y) y = d.train.classes - 1 - y;
+  }
+  for (const auto& h : cfg.attack.honest) {
+    Dataset t = load_csv(h.train);
+    if (cfg.standardize == "given") cfg.given.apply(t);
+    if (cfg.standardize == "local") Standardizer::fit(t).apply(t);
+    d.honest.push_back({h.silo, std::move(t)});
+  }
   return d;
 }
 
@@ -103,24 +112,41 @@ RoundOutput run_local_round(const AgentConfig& cfg, const LocalData& data, const
     out.metrics.set_eval_samples(ev.samples);
   }
   if (!plan.train()) return out;
-  Model local = global;
   TrainOptions opts;
   opts.epochs = plan.local_epochs();
   opts.batch_size = plan.batch_size();
   opts.learning_rate = plan.learning_rate();
   opts.weight_decay = plan.weight_decay();
-  opts.seed = round_seed(plan.seed(), round, silo);
-  const auto stats = train_sgd(net, local.flat(), data.train, opts);
+  // One silo's delta (local model - global model) on its data, seeded by its name.
+  auto train_delta = [&](const Dataset& train, const std::string& name, std::span<float> delta) {
+    Model local = global;
+    TrainOptions o = opts;
+    o.seed = round_seed(plan.seed(), round, name);
+    const auto stats = train_sgd(net, local.flat(), train, o);
+    const auto loc = local.flat();
+    const auto glo = global.flat();
+    for (std::size_t i = 0; i < delta.size(); ++i) delta[i] = loc[i] - glo[i];
+    return stats;
+  };
+  auto upd = out.update->flat();
+  const auto stats = train_delta(data.train, silo, upd);
   out.metrics.set_train_loss(stats.mean_loss);
+  if (cfg.attack.active()) {
+    apply_attack(cfg.attack, upd, round_seed(plan.seed() ^ 0xa77ac4, round, silo), [&] {
+      std::vector<std::vector<float>> deltas;
+      for (const auto& h : data.honest) {
+        deltas.emplace_back(global.size());
+        train_delta(h.train, h.silo, deltas.back());
+      }
+      return deltas;
+    });
+  }
   out.num_samples = data.train.rows;
   out.weight = static_cast<double>(out.num_samples);
   if (plan.max_weight() > 0) out.weight = std::min(out.weight, static_cast<double>(plan.max_weight()));
-  // The upload is weight * (local - global): the server divides the sum by the summed weights.
-  auto upd = out.update->flat();
-  const auto loc = local.flat();
-  const auto glo = global.flat();
+  // The upload is weight * delta: the server divides the sum by the summed weights.
   const auto w = static_cast<float>(out.weight);
-  for (std::size_t i = 0; i < upd.size(); ++i) upd[i] = w * (loc[i] - glo[i]);
+  for (auto& v : upd) v *= w;
   out.sha256 = crypto::sha256_hex(out.update->flat());
   out.metrics.set_train_seconds(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

@@ -15,6 +15,7 @@ namespace xsilo::agent {
 
 struct LocalData {
   Dataset train, test;
+  std::vector<HonestData> honest;  // simulated colluding attackers only
 };
 
 // Loads and standardizes the local data as the config says.

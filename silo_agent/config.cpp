@@ -53,6 +53,7 @@ AgentConfig load_agent_config(const std::filesystem::path& file) {
   }
   data.finish();
   c.state_dir = root.path("state_dir", "agent-state");
+  if (root.has("attack")) c.attack = parse_attack(root.child("attack"));
   c.log_level = root.one_of("log_level", "info", {"trace", "debug", "info", "warn", "error"});
   root.finish();
   return c;

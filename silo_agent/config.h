@@ -9,6 +9,7 @@
 
 #include "common/dataset.h"
 #include "common/net.h"
+#include "silo_agent/attack.h"
 #include "transport/channel.h"
 #include "transport/dialer.h"
 #include "transport/tls.h"
@@ -30,6 +31,7 @@ struct AgentConfig {
   std::uint64_t synthetic_samples = 100;
   std::filesystem::path state_dir;
   std::string log_level = "info";
+  AttackConfig attack;  // simulation only
 };
 
 AgentConfig load_agent_config(const std::filesystem::path& file);

@@ -468,5 +468,73 @@ TEST(Coordinator, HundredSilosWithRandomDropoutsAtEveryPhaseMatchTheReference) {
   expect_model(h.store.commits[0].model, fedavg(h.initial_, included));
 }
 
+TEST(Coordinator, KrumKeepsTheAttackerOutAndTheAuditSaysWhy) {
+  CoordinatorConfig cfg = three_rounds();
+  cfg.selection.min_silos = 5;
+  cfg.aggregation.rule = "krum";
+  cfg.aggregation.f = 1;
+  Harness h(5, cfg);
+  h.connect_all(5);
+  std::map<std::size_t, std::pair<std::vector<float>, double>> ups;
+  for (std::size_t i = 0; i < 4; ++i) ups[i] = {constant(0.1f * static_cast<float>(i + 1) * 10), 10};
+  ups[4] = {constant(1e6f * 10), 10};  // the Byzantine silo
+  for (std::size_t i = 0; i < 5; ++i) h.ready(i, 10);
+  h.serve(ups);
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  const auto& robust = h.store.commits[0].record["robust"];
+  EXPECT_EQ(robust["applied"], "krum");
+  for (const auto& d : robust["decisions"]) {
+    if (d["silo"] == name(4)) {
+      EXPECT_FALSE(d["kept"].get<bool>());
+    }
+  }
+  // Krum picks one honest delta (0.2 or 0.3 are the most central); it is far from the attack.
+  const float moved = h.store.commits[0].model.flat()[0] - h.initial_.flat()[0];
+  EXPECT_TRUE(std::abs(moved - 0.2f) < 1e-5 || std::abs(moved - 0.3f) < 1e-5) << moved;
+}
+
+TEST(Coordinator, TooFewUpdatesForTheRuleFallBackAsConfigured) {
+  CoordinatorConfig cfg = three_rounds();
+  cfg.selection.min_silos = 3;
+  cfg.aggregation.rule = "bulyan";  // needs 4f + 3 = 7
+  cfg.aggregation.f = 1;
+  cfg.aggregation.fallback = "median";
+  Harness h(3, cfg);
+  h.connect_all(3);
+  for (std::size_t i = 0; i < 3; ++i) h.ready(i, 1);
+  h.serve({{0, {constant(1), 1}}, {1, {constant(2), 1}}, {2, {constant(100), 1}}});
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  const auto& robust = h.store.commits[0].record["robust"];
+  EXPECT_EQ(robust["applied"], "median");
+  EXPECT_NE(robust["fallback_reason"].get<std::string>().find("Bulyan needs n >= 4f + 3: n = 3"), std::string::npos);
+  EXPECT_NEAR(h.store.commits[0].model.flat()[0] - h.initial_.flat()[0], 2.0f, 1e-5);
+
+  cfg.aggregation.fallback = "abort";
+  Harness g(3, cfg);
+  g.connect_all(3);
+  for (std::size_t i = 0; i < 3; ++i) g.ready(i, 1);
+  g.serve({{0, {constant(1), 1}}, {1, {constant(2), 1}}, {2, {constant(100), 1}}});
+  EXPECT_TRUE(g.store.commits.empty());
+  EXPECT_EQ(g.store.records.back()["status"], "aborted");
+  EXPECT_EQ(g.coord().aborted(), 1u);
+  EXPECT_EQ(crypto::sha256_hex(g.coord().model()->flat()), crypto::sha256_hex(g.initial_.flat()));
+}
+
+TEST(Coordinator, ServerSideClippingBoundsEachUpdate) {
+  CoordinatorConfig cfg = three_rounds();
+  cfg.aggregation.clip_norm = 1.0;
+  Harness h(2, cfg);
+  h.connect_all(2);
+  h.ready(0, 2);
+  h.ready(1, 2);
+  // Silo 0's delta has norm sqrt(10) * 10; silo 1's is tiny. Uploads are weight * delta.
+  h.serve({{0, {constant(20), 2}}, {1, {constant(0.002f), 2}}});
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  const float clipped = 10.0f / std::sqrt(1000.0f) / 1.0f;  // 10 * (1 / (10 sqrt 10))
+  const float want = (clipped + 0.001f) / 2;
+  EXPECT_NEAR(h.store.commits[0].model.flat()[0] - h.initial_.flat()[0], want, 1e-5);
+  EXPECT_TRUE(h.store.commits[0].record["robust"]["decisions"][0]["clipped"].get<bool>());
+}
+
 }  // namespace
 }  // namespace xsilo::server

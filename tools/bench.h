@@ -27,6 +27,22 @@ int bench_round(const RoundBenchOptions& opts);
 // One TLS channel streaming a model of `mib` MiB in chunks to another thread.
 int bench_transport(std::size_t mib, std::size_t chunk_bytes, bool json);
 
+struct AttackBenchOptions {
+  std::vector<std::size_t> attackers{2, 3};
+  std::uint64_t rounds = 30;
+  double tau = 0.5;   // centered clipping radius (typical update norms here: 0.3-0.6)
+  bool json = false;
+};
+int bench_attacks(const AttackBenchOptions& opts);
+
+struct RobustBenchOptions {
+  std::vector<std::size_t> n{10, 32, 100};
+  std::vector<std::size_t> d{1'000'000, 10'000'000};
+  std::string numpy_rules = "median,trimmed_mean,krum,multi_krum";
+  bool json = false;
+};
+int bench_robust(const RobustBenchOptions& opts);
+
 // A fixed-width table: header row, then rows.
 void print_table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows);
 std::string fmt(double v, int decimals = 2);

@@ -17,6 +17,22 @@ void add_bench(CLI::App& app, int& exit_code) {
   r->add_flag("--json", round->json, "one JSON object per measurement");
   r->callback([round, &exit_code] { exit_code = bench_round(*round); });
 
+  auto at = std::make_shared<AttackBenchOptions>();
+  auto* a = bench->add_subcommand("attacks", "robust rules against simulated attacks (digits, 10 silos)");
+  a->add_option("--attackers", at->attackers, "Byzantine silos (several values: one table each)")->capture_default_str();
+  a->add_option("--rounds", at->rounds, "rounds per run")->capture_default_str();
+  a->add_option("--tau", at->tau, "centered clipping radius")->capture_default_str();
+  a->add_flag("--json", at->json, "one JSON object per run");
+  a->callback([at, &exit_code] { exit_code = bench_attacks(*at); });
+
+  auto ro = std::make_shared<RobustBenchOptions>();
+  auto* rb = bench->add_subcommand("robust", "robust rules on n x d matrices beside a numpy reference");
+  rb->add_option("--n", ro->n, "inputs (several values)")->capture_default_str();
+  rb->add_option("--d", ro->d, "parameters (several values)")->capture_default_str();
+  rb->add_option("--numpy-rules", ro->numpy_rules, "rules the numpy reference times")->capture_default_str();
+  rb->add_flag("--json", ro->json, "one JSON object per measurement");
+  rb->callback([ro, &exit_code] { exit_code = bench_robust(*ro); });
+
   struct TransportOpts {
     std::size_t mib = 256, chunk = 1 << 20;
     bool json = false;

@@ -129,6 +129,17 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
   pass("selection", c.selection);
   pass("deadlines", c.deadlines);
   pass("transport", c.transport);
+  pass("aggregation", c.aggregation);
+  const auto att = root.child("attack");
+  if (root.has("attack")) {
+    c.attackers = static_cast<std::size_t>(att.integer("silos", 1, 0, static_cast<std::int64_t>(c.silos) - 1));
+    c.attack = nlohmann::json::object();
+    for (const char* key : {"kind", "scale", "sigma", "factor", "z", "epsilon"}) {
+      if (!att.raw(key).is_null()) c.attack[key] = att.raw(key);
+    }
+    att.finish();
+    if (!c.attack.contains("kind")) att.fail("kind", "is required");
+  }
   root.finish();
   return c;
 }
@@ -204,6 +215,7 @@ FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::
   if (!deadlines.contains("upload_s")) deadlines["upload_s"] = 30;
   server["deadlines"] = deadlines;
   if (cfg.transport.is_object()) server["transport"] = cfg.transport;
+  if (cfg.aggregation.is_object()) server["aggregation"] = cfg.aggregation;
   f.server_config = out / "configs" / "server.json";
   write_json(f.server_config, server);
   try {
@@ -244,6 +256,18 @@ std::filesystem::path write_agent_config(const SimConfig& cfg, const FederationF
     agent["data"]["standardize"] = {{"mean", f.standardizer.mean}, {"std", f.standardizer.stddev}};
   }
   if (cfg.transport.is_object()) agent["transport"] = cfg.transport;
+  if (i >= cfg.silos - cfg.attackers) {
+    json attack = cfg.attack;
+    const std::string kind = attack.value("kind", "");
+    if (kind == "alie" || kind == "ipm") {
+      json honest = json::array();
+      for (std::size_t h = 0; h < cfg.silos - cfg.attackers; ++h) {
+        honest.push_back({{"silo", f.silos[h]}, {"train", (f.out / "silos" / f.silos[h] / "train.csv").string()}});
+      }
+      attack["honest"] = honest;
+    }
+    agent["attack"] = attack;
+  }
   const auto path = f.out / "configs" / (f.silos[i] + ".json");
   write_json(path, agent);
   return path;

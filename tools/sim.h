@@ -33,7 +33,11 @@ struct SimConfig {
   std::string model_kind = "logistic";
   std::vector<std::size_t> hidden;
   // passed through to the server config (validated there)
-  nlohmann::json training, optimizer, selection, deadlines, transport;
+  nlohmann::json training, optimizer, selection, deadlines, transport, aggregation;
+  // Simulated Byzantine silos: the last `attackers` silos run `attack` (its keys as in the
+  // agent config's "attack" section, without "honest", which the sim fills in).
+  std::size_t attackers = 0;
+  nlohmann::json attack;
   bool baseline = true;              // also train centrally on the pooled data
 };
 

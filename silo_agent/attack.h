@@ -1,0 +1,47 @@
+// Simulated attacks, so that researchers can test defences (`xsilo sim`'s per-silo "attack").
+// A production agent config never has an attack section; the sim writes one for the silos it
+// makes Byzantine. Attackers that need the honest updates (ALIE, IPM) collude: they are given
+// the honest silos' data and names and recompute those silos' exact updates each round.
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/dataset.h"
+#include "common/config.h"
+#include "common/mlp.h"
+#include "proto/xsilo.pb.h"
+
+namespace xsilo::agent {
+
+struct AttackConfig {
+  std::string kind;    // "" (none), sign_flip, gaussian, scaling, alie, ipm, label_flip, nan
+  double scale = 1.0;    // sign_flip: delta -> -scale * delta
+  double sigma = 1.0;    // gaussian: delta -> N(0, sigma^2) per coordinate
+  double factor = 10.0;  // scaling: delta -> factor * delta (model replacement)
+  double z = 1.0;        // alie: mean - z * std of the honest deltas, per coordinate
+  double epsilon = 0.5;  // ipm: -epsilon * mean of the honest deltas
+  struct Honest {
+    std::string silo;
+    std::filesystem::path train;
+  };
+  std::vector<Honest> honest;  // alie, ipm
+  bool active() const { return !kind.empty(); }
+};
+
+AttackConfig parse_attack(const ConfigNode& node);
+
+struct HonestData {
+  std::string silo;
+  Dataset train;
+};
+
+// Replaces `delta` (this silo's honest, unweighted delta) with the attack's. `honest_deltas`
+// computes the colluders' view of the honest silos' deltas when the attack needs them.
+void apply_attack(const AttackConfig& a, std::span<float> delta, std::uint64_t seed,
+                  const std::function<std::vector<std::vector<float>>()>& honest_deltas);
+
+}  // namespace xsilo::agent
