@@ -140,6 +140,11 @@ ServerConfig load_server_config(const std::filesystem::path& file) {
     ag.fail("rule", why + " but a round may commit with selection.min_updates = " + std::to_string(n) +
                         " updates; raise min_updates or lower f");
   }
+  if (a.needs_all_updates() && c.allow.allows_role(wire::EDGE)) {
+    ag.fail(a.clip_norm > 0 && a.rule == "fedavg" ? "clip_norm" : "rule",
+            "needs every silo's own update, but edges send one partial sum per region; "
+            "remove allow.edge, or run the rule across secure groups");
+  }
   if ((a.rule == "krum" || a.rule == "multi_krum" || a.rule == "bulyan") && a.f == 0) {
     ag.fail("f", "must be >= 1 for " + a.rule + " (the number of Byzantine silos to tolerate)");
   }

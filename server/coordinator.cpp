@@ -50,6 +50,7 @@ CoordinatorConfig CoordinatorConfig::from(const ServerConfig& c) {
   k.deadlines = c.deadlines;
   k.plan = c.plan;
   k.expected_silos = c.expected_silos;
+  k.any_silo = c.expected_silos.empty();
   k.optimizer = c.optimizer.kind;
   k.aggregation = c.aggregation;
   return k;
@@ -84,6 +85,20 @@ std::optional<std::size_t> Coordinator::member_of(SessionId id) const {
   return std::nullopt;
 }
 
+std::optional<std::size_t> Coordinator::member_named(const std::string& silo) const {
+  for (std::size_t i = 0; i < members_.size(); ++i) {
+    if (members_[i].silo == silo) return i;
+  }
+  return std::nullopt;
+}
+
+void Coordinator::send_to_member(std::size_t m, wire::Envelope e) {
+  const auto& mb = members_[m];
+  if (!mb.session || !sessions_.count(mb.session)) return;
+  if (mb.via_edge) e.set_silo(mb.silo);
+  send(mb.session, std::move(e));
+}
+
 void Coordinator::start(std::int64_t now_ms) {
   if (round_ > cfg_.rounds) {
     finish_round(false, now_ms);  // nothing left to do: resumed after the last round
@@ -96,44 +111,90 @@ void Coordinator::start(std::int64_t now_ms) {
 }
 
 void Coordinator::on_connect(SessionId id, const std::string& silo, std::int64_t now_ms) {
-  auto old = by_name_.find(silo);
-  if (old != by_name_.end()) {
-    // The same silo again (it reconnected before we noticed the old connection die).
-    const SessionId prev = old->second;
-    actions_.push_back(action::Close{prev, wire::UNEXPECTED, "replaced by a newer connection"});
-    on_disconnect(prev, now_ms);
-  }
-  sessions_[id] = silo;
-  by_name_[silo] = id;
-  spdlog::info("silo {} joined ({} connected)", silo, sessions_.size());
+  sessions_[id] = Peer{silo, false, {}};
+  silo_joined(silo, id, now_ms);
+}
+
+void Coordinator::on_edge_connect(SessionId id, const std::string& edge, std::int64_t now_ms) {
+  sessions_[id] = Peer{edge, true, {}};
+  spdlog::info("edge {} connected", edge);
   if (phase_ == Phase::Finished) {
     auto e = env();
     e.mutable_finished()->set_reason("the federation has finished");
     e.mutable_finished()->set_rounds(cfg_.rounds);
     send(id, std::move(e));
+  }
+  (void)now_ms;
+}
+
+void Coordinator::silo_joined(const std::string& silo, SessionId link, std::int64_t now_ms) {
+  auto old = routes_.find(silo);
+  if (old != routes_.end() && old->second != link) {
+    // The silo is back through another connection (it reconnected, or failed over to
+    // another upstream) before the old one was noticed gone.
+    const SessionId prev = old->second;
+    auto p = sessions_.find(prev);
+    if (p != sessions_.end() && !p->second.edge) {
+      actions_.push_back(action::Close{prev, wire::UNEXPECTED, "replaced by a newer connection"});
+      on_disconnect(prev, now_ms);
+    } else {
+      if (p != sessions_.end()) p->second.region.erase(silo);
+      silo_gone(silo, prev, "moved to another upstream", now_ms);
+    }
+  }
+  routes_[silo] = link;
+  const bool via_edge = sessions_.count(link) && sessions_[link].edge;
+  spdlog::info("silo {} joined{} ({} connected)", silo, via_edge ? " via edge " + sessions_[link].name : "",
+               routes_.size());
+  if (phase_ == Phase::Finished) {
+    if (!via_edge) {
+      auto e = env();
+      e.mutable_finished()->set_reason("the federation has finished");
+      e.mutable_finished()->set_rounds(cfg_.rounds);
+      send(link, std::move(e));
+    }
     return;
   }
   try_start_round(now_ms);
 }
 
+void Coordinator::silo_gone(const std::string& silo, SessionId link, const std::string& why,
+                            std::int64_t now_ms) {
+  auto it = routes_.find(silo);
+  if (it == routes_.end() || it->second != link) return;
+  routes_.erase(it);
+  spdlog::info("silo {} left: {} ({} connected)", silo, why, routes_.size());
+  if (auto m = member_named(silo)) {
+    auto& mb = members_[*m];
+    if (mb.session == link) {
+      if (mb.state == MemberState::Training) {
+        drop(*m, "train", why + " while training", false);
+      } else if (mb.state == MemberState::Ready ||
+                 (mb.state == MemberState::Uploading && !(upload_ && upload_->complete))) {
+        drop(*m, "upload", why + " before its update arrived", false);
+      }
+      if (!mb.via_edge) mb.session = 0;
+    }
+    pump(now_ms);
+  }
+}
+
 void Coordinator::on_disconnect(SessionId id, std::int64_t now_ms) {
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return;
-  const std::string silo = it->second;
+  const Peer peer = it->second;
   sessions_.erase(it);
-  if (by_name_[silo] == id) by_name_.erase(silo);
-  spdlog::info("silo {} left ({} connected)", silo, sessions_.size());
-  if (auto m = member_of(id)) {
-    auto& mb = members_[*m];
-    if (mb.state == MemberState::Training) {
-      drop(*m, "train", "disconnected while training", false);
-    } else if (mb.state == MemberState::Ready ||
-               (mb.state == MemberState::Uploading && !(upload_ && upload_->complete))) {
-      drop(*m, "upload", "disconnected before its update arrived", false);
-    }
-    mb.session = 0;
-    pump(now_ms);
+  if (!peer.edge) {
+    silo_gone(peer.name, id, "disconnected", now_ms);
+    return;
   }
+  spdlog::warn("edge {} disconnected; its {} silos are gone with it", peer.name, peer.region.size());
+  if (upload_ && upload_->edge == id && !upload_->complete) abandon_upload();
+  for (const auto& silo : peer.region) silo_gone(silo, id, "its edge " + peer.name + " disconnected", now_ms);
+  for (auto& mb : members_) {
+    if (mb.session == id) mb.session = 0;
+  }
+  pump(now_ms);
 }
 
 void Coordinator::on_timer(Timer timer, std::int64_t now_ms) {
@@ -141,9 +202,9 @@ void Coordinator::on_timer(Timer timer, std::int64_t now_ms) {
     case Timer::Join:
       join_elapsed_ = true;
       if (phase_ == Phase::Joining) {
-        if (sessions_.size() < cfg_.selection.min_silos) {
+        if (routes_.size() < cfg_.selection.min_silos) {
           spdlog::warn("round {}: {} of the {} silos needed are connected; waiting", round_,
-                       sessions_.size(), cfg_.selection.min_silos);
+                       routes_.size(), cfg_.selection.min_silos);
         }
         try_start_round(now_ms);
       }
@@ -156,11 +217,27 @@ void Coordinator::on_timer(Timer timer, std::int64_t now_ms) {
           drop(i, "train", "missed the training deadline");
         }
       }
+      // Edges still collecting are told to upload what they have now.
+      for (const auto& [id, peer] : sessions_) {
+        if (peer.edge && edge_pending(id) && !edge_queued_.count(id)) {
+          edge_queued_.insert(id);
+          ready_.push_back(Uploader{kNone, id});
+        }
+      }
       pump(now_ms);
       break;
     case Timer::Upload:
       if (phase_ != Phase::Collecting || !upload_ || job_ != JobKind::None) break;
-      drop(upload_->member, "upload", "missed the upload deadline");
+      if (upload_->edge) {
+        for (std::size_t i = 0; i < members_.size(); ++i) {
+          if (members_[i].session == upload_->edge && members_[i].state != MemberState::Done) {
+            drop(i, "upload", "its edge missed the upload deadline", false);
+          }
+        }
+        abandon_upload();
+      } else {
+        drop(upload_->member, "upload", "missed the upload deadline");
+      }
       upload_.reset();
       pump(now_ms);
       break;
@@ -169,15 +246,15 @@ void Coordinator::on_timer(Timer timer, std::int64_t now_ms) {
 
 void Coordinator::try_start_round(std::int64_t now_ms) {
   if (phase_ != Phase::Joining || job_ != JobKind::None) return;
-  if (sessions_.size() < cfg_.selection.min_silos) return;
+  if (routes_.size() < cfg_.selection.min_silos) return;
   bool all_expected = !cfg_.expected_silos.empty();
-  for (const auto& s : cfg_.expected_silos) all_expected = all_expected && by_name_.count(s);
+  for (const auto& s : cfg_.expected_silos) all_expected = all_expected && routes_.count(s);
   if (all_expected || join_elapsed_) start_round(now_ms);
 }
 
 void Coordinator::start_round(std::int64_t now_ms) {
   actions_.push_back(action::CancelTimer{Timer::Join});
-  std::vector<std::pair<std::string, SessionId>> candidates(by_name_.begin(), by_name_.end());
+  std::vector<std::pair<std::string, SessionId>> candidates(routes_.begin(), routes_.end());
   std::mt19937_64 rng(cfg_.seed ^ (round_ * 0x9e3779b97f4a7c15ull));
   std::shuffle(candidates.begin(), candidates.end(), rng);
   const auto& sel = cfg_.selection;
@@ -197,6 +274,7 @@ void Coordinator::start_round(std::int64_t now_ms) {
   train_elapsed_ = false;
   members_.clear();
   ready_.clear();
+  edge_queued_.clear();
   upload_.reset();
   completed_ = 0;
   total_weight_ = 0;
@@ -215,13 +293,28 @@ void Coordinator::start_round(std::int64_t now_ms) {
     for (auto d : t.shape) spec->add_shape(d);
   }
   rs->set_model_sha256(global_sha_);
+  std::map<SessionId, std::vector<std::string>> regions;
   for (const auto& [silo, session] : candidates) {
     Member mb;
     mb.silo = silo;
     mb.session = session;
+    const auto& peer = sessions_.at(session);
+    if (peer.edge) {
+      mb.via_edge = true;
+      mb.edge = peer.name;
+      regions[session].push_back(silo);
+    } else {
+      send(session, start);
+      actions_.push_back(action::SendModel{session, global_, round_});
+    }
     members_.push_back(std::move(mb));
-    send(session, start);
-    actions_.push_back(action::SendModel{session, global_, round_});
+  }
+  // An edge receives the model once and passes it to its selected silos.
+  for (const auto& [edge, silos] : regions) {
+    wire::Envelope to_edge = start;
+    for (const auto& silo : silos) to_edge.mutable_round_start()->add_silos(silo);
+    send(edge, std::move(to_edge));
+    actions_.push_back(action::SendModel{edge, global_, round_});
   }
   actions_.push_back(action::StartTimer{Timer::Train, cfg_.deadlines.train});
   spdlog::info("round {}/{}: {} silos selected, closing at {}", round_, cfg_.rounds,
@@ -230,10 +323,11 @@ void Coordinator::start_round(std::int64_t now_ms) {
 
 void Coordinator::on_message(SessionId id, const wire::Envelope& e, std::int64_t now_ms) {
   if (!sessions_.count(id)) return;
+  if (sessions_[id].edge) return on_edge_message(id, e, now_ms);
   using B = wire::Envelope::BodyCase;
   const auto body = e.body_case();
   if (body == B::kError) {
-    spdlog::warn("silo {} reports an error: {}", sessions_[id], e.error().message());
+    spdlog::warn("silo {} reports an error: {}", sessions_[id].name, e.error().message());
     return;
   }
   if (body != B::kUpdateReady && body != B::kTensorChunk && body != B::kUpdateEnd) {
@@ -259,12 +353,18 @@ void Coordinator::on_message(SessionId id, const wire::Envelope& e, std::int64_t
 
 void Coordinator::on_update_ready(std::size_t m, const wire::Envelope& e, std::int64_t now_ms) {
   auto& mb = members_[m];
+  auto error = [&](wire::ErrorCode code, const std::string& msg) {
+    auto err = env();
+    err.mutable_error()->set_code(code);
+    err.mutable_error()->set_message(msg);
+    send_to_member(m, std::move(err));
+  };
   if (mb.state != MemberState::Training) {
-    send_error(mb.session, wire::UNEXPECTED, std::string("UpdateReady while ") + state_name(mb.state));
+    error(wire::UNEXPECTED, std::string("UpdateReady while ") + state_name(mb.state));
     return;
   }
   if (e.update_ready().num_samples() == 0) {
-    send_error(mb.session, wire::BAD_UPDATE, "an update must come from at least one sample");
+    error(wire::BAD_UPDATE, "an update must come from at least one sample");
     drop(m, "train", "reported zero samples", false);
     pump(now_ms);
     return;
@@ -272,8 +372,188 @@ void Coordinator::on_update_ready(std::size_t m, const wire::Envelope& e, std::i
   mb.state = MemberState::Ready;
   mb.num_samples = e.update_ready().num_samples();
   mb.metrics = e.update_ready().metrics();
-  ready_.push_back(m);
+  if (!mb.via_edge) ready_.push_back(Uploader{m, 0});  // an edge uploads for its silos
   pump(now_ms);
+}
+
+bool Coordinator::edge_pending(SessionId edge) const {
+  return std::any_of(members_.begin(), members_.end(), [&](const Member& mb) {
+    return mb.via_edge && mb.session == edge &&
+           (mb.state == MemberState::Training || mb.state == MemberState::Ready);
+  });
+}
+
+void Coordinator::on_edge_message(SessionId id, const wire::Envelope& e, std::int64_t now_ms) {
+  using B = wire::Envelope::BodyCase;
+  auto& peer = sessions_[id];
+  const auto body = e.body_case();
+  if (body == B::kError) {
+    spdlog::warn("edge {} reports{}: {}", peer.name, e.silo().empty() ? "" : " for silo " + e.silo(),
+                 e.error().message());
+    return;
+  }
+  if (body == B::kRegionStatus) {
+    std::set<std::string> now(e.region_status().silos().begin(), e.region_status().silos().end());
+    const std::set<std::string> before = peer.region;
+    for (const auto& silo : before) {
+      if (!now.count(silo)) {
+        sessions_[id].region.erase(silo);
+        silo_gone(silo, id, "left edge " + peer.name, now_ms);
+      }
+    }
+    for (const auto& silo : now) {
+      if (before.count(silo)) continue;
+      if (!cfg_.any_silo && !cfg_.expected_silos.count(silo)) {
+        send_error(id, wire::NOT_ALLOWED, "silo " + silo + " is not on the server's allow-list");
+        continue;
+      }
+      sessions_[id].region.insert(silo);
+      silo_joined(silo, id, now_ms);
+    }
+    return;
+  }
+  if (!e.silo().empty()) {
+    // Relayed from one of its silos: only UpdateReady (its uploads go into the region's sum).
+    const auto m = member_named(e.silo());
+    if (!peer.region.count(e.silo()) || !m || members_[*m].session != id || body != B::kUpdateReady ||
+        e.round() != round_ || phase_ != Phase::Collecting) {
+      auto err = env();
+      err.set_silo(e.silo());
+      err.mutable_error()->set_code(e.round() != round_ ? wire::WRONG_ROUND : wire::UNEXPECTED);
+      err.mutable_error()->set_message(proto::body_name(e) + " from " + e.silo() + " via edge " +
+                                       peer.name + " is not expected in round " + std::to_string(round_));
+      send(id, std::move(err));
+      return;
+    }
+    on_update_ready(*m, e, now_ms);
+    return;
+  }
+  if (e.round() != round_ || phase_ != Phase::Collecting) {
+    send_error(id, wire::WRONG_ROUND, proto::body_name(e) + " for round " + std::to_string(e.round()) +
+                                          " but round " + std::to_string(round_) + " is not collecting");
+    return;
+  }
+  switch (body) {
+    case B::kUpdateReady:
+      if (!edge_queued_.count(id)) {
+        edge_queued_.insert(id);
+        ready_.push_back(Uploader{kNone, id});
+        pump(now_ms);
+      }
+      break;
+    case B::kTensorChunk: {
+      if (!upload_ || upload_->edge != id || upload_->complete) {
+        send_error(id, wire::UNEXPECTED, "TensorChunk without an open UploadGrant");
+        return;
+      }
+      auto st = upload_->rx.add(e.tensor_chunk());
+      if (!st) {
+        send_error(id, st.code, st.message);
+        for (std::size_t i = 0; i < members_.size(); ++i) {
+          if (members_[i].session == id && members_[i].state != MemberState::Done) {
+            drop(i, "upload", "its edge sent a bad partial sum: " + st.message, false);
+          }
+        }
+        abandon_upload();
+        pump(now_ms);
+        return;
+      }
+      const float* first = current_.flat().data() + upload_->rx.last_first();
+      const std::size_t count = upload_->rx.last_count();
+      actions_.push_back(action::Background{[check = upload_->check, first, count] {
+        check->hash.update(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(first),
+                                                         count * sizeof(float)));
+        for (std::size_t i = 0; i < count; ++i) check->finite = check->finite && std::isfinite(first[i]);
+      }});
+      break;
+    }
+    case B::kUpdateEnd: on_region_end(id, e, now_ms); break;
+    default: send_error(id, wire::UNEXPECTED, "an edge may not send " + proto::body_name(e));
+  }
+}
+
+void Coordinator::on_region_end(SessionId id, const wire::Envelope& e, std::int64_t now_ms) {
+  if (!upload_ || upload_->edge != id || upload_->complete) {
+    send_error(id, wire::UNEXPECTED, "UpdateEnd without an open UploadGrant");
+    return;
+  }
+  const auto& u = e.update_end();
+  const std::string edge = sessions_[id].name;
+  auto drop_rest = [&](const std::string& why) {
+    for (std::size_t i = 0; i < members_.size(); ++i) {
+      if (members_[i].session == id && members_[i].state != MemberState::Done) drop(i, "upload", why, false);
+    }
+  };
+  actions_.push_back(action::CancelTimer{Timer::Upload});
+  // Contributors must be this edge's members of the round; their weights must add up.
+  std::vector<std::size_t> who;
+  double weight = 0;
+  std::string why;
+  for (const auto& c : u.contributors()) {
+    const auto m = member_named(c.silo());
+    if (!m || !members_[*m].via_edge || members_[*m].edge != edge || members_[*m].state == MemberState::Done) {
+      why = "edge " + edge + " lists " + c.silo() + ", which is not one of its silos in this round";
+      break;
+    }
+    if (!std::isfinite(c.weight()) || c.weight() <= 0) {
+      why = "edge " + edge + " lists a non-positive weight for " + c.silo();
+      break;
+    }
+    who.push_back(*m);
+    weight += c.weight();
+  }
+  if (why.empty() && who.empty()) {
+    drop_rest("its edge had no update from it");
+    upload_.reset();
+    pump(now_ms);
+    return;
+  }
+  if (why.empty() && !upload_->rx.complete()) {
+    why = "partial sum has " + std::to_string(upload_->rx.received()) + " of the model's " +
+          std::to_string(global_->size()) + " elements";
+  }
+  if (why.empty() && std::abs(weight - u.weight()) > 1e-6 * std::max(1.0, weight)) {
+    why = "partial sum weight " + std::to_string(u.weight()) + " is not the sum of its contributors' " +
+          std::to_string(weight);
+  }
+  if (!why.empty()) {
+    send_error(id, wire::BAD_UPDATE, why);
+    drop_rest(why);
+    abandon_upload();
+    pump(now_ms);
+    return;
+  }
+  for (std::size_t k = 0; k < who.size(); ++k) {
+    members_[who[k]].weight = u.contributors(static_cast<int>(k)).weight();
+    members_[who[k]].num_samples = u.contributors(static_cast<int>(k)).num_samples();
+  }
+  upload_bytes_ += upload_->rx.bytes();
+  upload_->contributors = who;
+  upload_->complete = true;
+  run_job(JobKind::Fold, [this, check = upload_->check, declared = u.update_sha256()] {
+    fold_sha_ = crypto::to_hex(check->hash.finish());
+    fold_ok_ = false;
+    if (!check->finite) {
+      fold_error_ = "partial sum contains NaN or infinite values";
+      return;
+    }
+    if (!declared.empty() && declared != fold_sha_) {
+      fold_error_ = "partial sum does not match its SHA-256";
+      return;
+    }
+    const auto cur = current_.flat();
+    auto acc = acc_->flat();
+    for (std::size_t i = 0; i < cur.size(); ++i) acc[i] += cur[i];
+    fold_ok_ = true;
+  });
+}
+
+void Coordinator::abandon_upload() {
+  upload_.reset();
+  actions_.push_back(action::CancelTimer{Timer::Upload});
+  // Its chunk checks may still be queued on the worker: let them drain before the next
+  // upload reuses the buffer.
+  if (job_ == JobKind::None) run_job(JobKind::Barrier, [] {});
 }
 
 void Coordinator::on_chunk(std::size_t m, const wire::Envelope& e, std::int64_t now_ms) {
@@ -370,16 +650,39 @@ void Coordinator::on_job_done(std::uint64_t job, std::int64_t now_ms) {
   const JobKind kind = std::exchange(job_, JobKind::None);
   switch (kind) {
     case JobKind::Fold: {
-      const std::size_t m = upload_->member;
+      const Upload up = std::move(*upload_);
       upload_.reset();
-      if (!fold_ok_) {
-        send_error(members_[m].session, wire::BAD_UPDATE, fold_error_);
-        drop(m, "validation", fold_error_, false);
+      if (up.edge) {
+        const std::string edge = sessions_.count(up.edge) ? sessions_[up.edge].name : "?";
+        if (!fold_ok_) {
+          send_error(up.edge, wire::BAD_UPDATE, fold_error_);
+          for (std::size_t i = 0; i < members_.size(); ++i) {
+            if (members_[i].via_edge && members_[i].edge == edge && members_[i].state != MemberState::Done) {
+              drop(i, "validation", "its edge's partial sum was rejected: " + fold_error_, false);
+            }
+          }
+        } else {
+          for (auto m : up.contributors) {
+            members_[m].state = MemberState::Done;
+            members_[m].update_sha256 = fold_sha_;
+            ++completed_;
+            total_weight_ += members_[m].weight;
+          }
+          for (std::size_t i = 0; i < members_.size(); ++i) {
+            if (members_[i].via_edge && members_[i].edge == edge &&
+                (members_[i].state == MemberState::Training || members_[i].state == MemberState::Ready)) {
+              drop(i, "upload", "its edge's partial sum did not include it", false);
+            }
+          }
+        }
+      } else if (!fold_ok_) {
+        send_error(members_[up.member].session, wire::BAD_UPDATE, fold_error_);
+        drop(up.member, "validation", fold_error_, false);
       } else {
-        members_[m].state = MemberState::Done;
-        members_[m].update_sha256 = fold_sha_;
+        members_[up.member].state = MemberState::Done;
+        members_[up.member].update_sha256 = fold_sha_;
         ++completed_;
-        total_weight_ += members_[m].weight;
+        total_weight_ += members_[up.member].weight;
       }
       pump(now_ms);
       break;
@@ -407,15 +710,21 @@ void Coordinator::on_job_done(std::uint64_t job, std::int64_t now_ms) {
   }
 }
 
-void Coordinator::grant(std::size_t m) {
-  auto& mb = members_[m];
-  mb.state = MemberState::Uploading;
+void Coordinator::grant(const Uploader& u) {
+  spdlog::info("round {}: upload slot to {}", round_,
+               u.edge ? "edge " + sessions_[u.edge].name : "silo " + members_[u.member].silo);
   upload_.emplace();
-  upload_->member = m;
+  upload_->member = u.member;
+  upload_->edge = u.edge;
   upload_->rx.reset(current_.flat(), global_->tensors(), /*hash=*/false);
   auto e = env();
   e.mutable_upload_grant();
-  send(mb.session, std::move(e));
+  if (u.edge) {
+    send(u.edge, std::move(e));
+  } else {
+    members_[u.member].state = MemberState::Uploading;
+    send(members_[u.member].session, std::move(e));
+  }
   actions_.push_back(action::StartTimer{Timer::Upload, cfg_.deadlines.upload});
 }
 
@@ -423,9 +732,10 @@ void Coordinator::pump(std::int64_t now_ms) {
   if (phase_ != Phase::Collecting || job_ != JobKind::None || upload_) return;
   if (completed_ >= target_) return close_round(now_ms);
   while (!ready_.empty()) {
-    const std::size_t m = ready_.front();
+    const Uploader u = ready_.front();
     ready_.pop_front();
-    if (members_[m].state == MemberState::Ready) return grant(m);
+    if (u.edge && sessions_.count(u.edge) && edge_pending(u.edge)) return grant(u);
+    if (!u.edge && members_[u.member].state == MemberState::Ready) return grant(u);
   }
   const bool anyone_left = std::any_of(members_.begin(), members_.end(), [](const Member& mb) {
     return mb.state == MemberState::Training || mb.state == MemberState::Ready;
@@ -439,27 +749,21 @@ void Coordinator::drop(std::size_t m, const std::string& phase, const std::strin
   if (mb.state == MemberState::Dropped) return;
   mb.state = MemberState::Dropped;
   if (upload_ && upload_->member == m && !upload_->complete) {
-    upload_.reset();  // the half-received update is simply never folded in
-    actions_.push_back(action::CancelTimer{Timer::Upload});
-    // Its chunk checks may still be queued on the worker: let them drain before the next
-    // upload reuses the buffer.
-    if (job_ == JobKind::None) run_job(JobKind::Barrier, [] {});
+    abandon_upload();  // the half-received update is simply never folded in
   }
   mb.drop_phase = phase;
   mb.drop_reason = reason;
   spdlog::warn("round {}: silo {} dropped in phase {}: {}", round_, mb.silo, phase, reason);
-  if (notify && mb.session) send_round_end(m, false, "you were dropped from this round: " + reason);
+  if (notify) send_round_end(m, false, "you were dropped from this round: " + reason);
 }
 
 void Coordinator::send_round_end(std::size_t m, bool committed, const std::string& reason) {
-  const auto& mb = members_[m];
-  if (!mb.session || !sessions_.count(mb.session)) return;
   auto e = env();
   auto* re = e.mutable_round_end();
   re->set_committed(committed);
   re->set_reason(reason);
   re->set_model_sha256(committed ? next_sha_ : global_sha_);
-  send(mb.session, std::move(e));
+  send_to_member(m, std::move(e));
 }
 
 void Coordinator::close_round(std::int64_t now_ms) {
@@ -536,7 +840,7 @@ void Coordinator::finish_round(bool committed, std::int64_t now_ms) {
   row_norm_.clear();
   if (round_ > cfg_.rounds) {
     phase_ = Phase::Finished;
-    for (const auto& [id, silo] : sessions_) {
+    for (const auto& [id, peer] : sessions_) {
       auto e = env();
       e.mutable_finished()->set_reason("all rounds done");
       e.mutable_finished()->set_rounds(cfg_.rounds);
@@ -562,8 +866,10 @@ nlohmann::json Coordinator::round_record(bool committed, const std::string& reas
                               {"num_samples", mb.num_samples},
                               {"weight", mb.weight},
                               {"update_sha256", mb.update_sha256}});
+      if (mb.via_edge) participants.back()["edge"] = mb.edge;
     } else if (mb.state == MemberState::Dropped) {
       dropouts.push_back({{"silo", mb.silo}, {"phase", mb.drop_phase}, {"reason", mb.drop_reason}});
+      if (mb.via_edge) dropouts.back()["edge"] = mb.edge;
     } else if (mb.state == MemberState::Surplus) {
       surplus.push_back(mb.silo);
     }
@@ -668,6 +974,11 @@ MetricsRow Coordinator::metrics_row(bool committed, std::int64_t now_ms) const {
   }
   row.seconds = static_cast<double>(now_ms - round_started_ms_) / 1000.0;
   row.upload_bytes = upload_bytes_;
+  std::set<std::string> edges;
+  for (const auto& mb : members_) {
+    if (mb.state == MemberState::Done && mb.via_edge) edges.insert(mb.edge);
+  }
+  row.edges = edges.size();
   return row;
 }
 

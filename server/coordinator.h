@@ -86,6 +86,7 @@ struct CoordinatorConfig {
   Deadlines deadlines;
   wire::TrainingPlan plan;
   std::set<std::string> expected_silos;
+  bool any_silo = true;   // the allow-list admits every silo ("*"); else only expected_silos
   std::string optimizer = "fedavg";
   AggregationConfig aggregation;
 
@@ -97,7 +98,9 @@ enum class MemberState { Training, Ready, Uploading, Done, Dropped, Surplus };
 
 struct Member {
   std::string silo;
-  SessionId session = 0;
+  SessionId session = 0;       // its own connection, or its edge's; 0 once gone
+  bool via_edge = false;
+  std::string edge;            // the edge that carries it, if any
   MemberState state = MemberState::Training;
   std::string drop_phase, drop_reason;
   std::uint64_t num_samples = 0;
@@ -113,6 +116,9 @@ class Coordinator {
 
   void start(std::int64_t now_ms);
   void on_connect(SessionId id, const std::string& silo, std::int64_t now_ms);
+  // An edge aggregator: it announces its silos with RegionStatus, relays their messages with
+  // Envelope.silo set, and uploads one partial sum for its region.
+  void on_edge_connect(SessionId id, const std::string& edge, std::int64_t now_ms);
   void on_disconnect(SessionId id, std::int64_t now_ms);
   void on_message(SessionId id, const wire::Envelope& env, std::int64_t now_ms);
   void on_timer(Timer timer, std::int64_t now_ms);
@@ -127,7 +133,7 @@ class Coordinator {
   std::shared_ptr<const Model> model() const { return global_; }
   const std::string& model_sha256() const { return global_sha_; }
   const std::vector<Member>& members() const { return members_; }
-  std::size_t connected() const { return sessions_.size(); }
+  std::size_t connected() const { return routes_.size(); }
 
  private:
   enum class JobKind { None, Fold, Commit, Record, Barrier };
@@ -136,8 +142,21 @@ class Coordinator {
     crypto::Sha256 hash;
     bool finite = true;
   };
+  static constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+  // Who uploads: one silo, or an edge with the partial sum of its region.
+  struct Uploader {
+    std::size_t member = kNone;
+    SessionId edge = 0;
+  };
+  struct Peer {
+    std::string name;
+    bool edge = false;
+    std::set<std::string> region;  // edges: the silos behind it
+  };
   struct Upload {
-    std::size_t member = 0;
+    std::size_t member = kNone;
+    SessionId edge = 0;
+    std::vector<std::size_t> contributors;  // edge uploads: the members in the sum
     transport::TensorReceiver rx;
     std::shared_ptr<UploadCheck> check = std::make_shared<UploadCheck>();
     std::string declared_sha256;
@@ -147,7 +166,7 @@ class Coordinator {
   void try_start_round(std::int64_t now_ms);
   void start_round(std::int64_t now_ms);
   void pump(std::int64_t now_ms);
-  void grant(std::size_t member);
+  void grant(const Uploader& u);
   void close_round(std::int64_t now_ms);
   void finish_round(bool committed, std::int64_t now_ms);
   void drop(std::size_t member, const std::string& phase, const std::string& reason,
@@ -155,6 +174,14 @@ class Coordinator {
   void on_chunk(std::size_t member, const wire::Envelope& env, std::int64_t now_ms);
   void on_update_end(std::size_t member, const wire::Envelope& env, std::int64_t now_ms);
   void on_update_ready(std::size_t member, const wire::Envelope& env, std::int64_t now_ms);
+  void on_edge_message(SessionId id, const wire::Envelope& env, std::int64_t now_ms);
+  void on_region_end(SessionId id, const wire::Envelope& env, std::int64_t now_ms);
+  void silo_joined(const std::string& silo, SessionId link, std::int64_t now_ms);
+  void silo_gone(const std::string& silo, SessionId link, const std::string& why, std::int64_t now_ms);
+  void abandon_upload();
+  void send_to_member(std::size_t m, wire::Envelope env);
+  std::optional<std::size_t> member_named(const std::string& silo) const;
+  bool edge_pending(SessionId edge) const;
   void run_job(JobKind kind, std::function<void()> work);
   void send(SessionId to, wire::Envelope env) { actions_.push_back(action::Send{to, std::move(env)}); }
   void send_error(SessionId to, wire::ErrorCode code, const std::string& msg);
@@ -173,8 +200,8 @@ class Coordinator {
   Store& store_;
   std::vector<Action> actions_;
 
-  std::map<SessionId, std::string> sessions_;
-  std::map<std::string, SessionId> by_name_;
+  std::map<SessionId, Peer> sessions_;
+  std::map<std::string, SessionId> routes_;  // silo -> its session or its edge's
 
   Phase phase_ = Phase::Joining;
   std::uint64_t round_;
@@ -184,7 +211,8 @@ class Coordinator {
   std::int64_t round_started_ms_ = 0;
   std::vector<Member> members_;
   std::size_t target_ = 0;
-  std::deque<std::size_t> ready_;
+  std::deque<Uploader> ready_;
+  std::set<SessionId> edge_queued_;  // edges whose region upload is queued or done this round
   std::optional<Upload> upload_;
   std::size_t completed_ = 0;
   double total_weight_ = 0;

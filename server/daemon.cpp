@@ -54,7 +54,7 @@ class Server {
   int run() {
     listener_ = std::make_unique<transport::Listener>(
         io_.get_executor(), tls_, cfg_.listen, cfg_.channel, cfg_.allow,
-        transport::LocalInfo{cfg_.federation, wire::SERVER, {"plain"}},
+        transport::LocalInfo{cfg_.federation, wire::SERVER, {"plain", "edges"}},
         [this](std::shared_ptr<transport::Channel> ch) { on_channel(std::move(ch)); },
         [this] { return coord_.round(); });
     listener_->start();
@@ -81,13 +81,13 @@ class Server {
       ch->close_with_error(wire::SHUTTING_DOWN, "the server is shutting down");
       return;
     }
-    if (ch->peer().role != wire::SILO) {
-      ch->close_with_error(wire::NOT_ALLOWED, "this server serves silos only");
-      return;
-    }
     const SessionId id = ++next_id_;
     channels_[id] = ch;
-    coord_.on_connect(id, ch->peer().name, now_ms());
+    if (ch->peer().role == wire::EDGE) {
+      coord_.on_edge_connect(id, ch->peer().name, now_ms());
+    } else {
+      coord_.on_connect(id, ch->peer().name, now_ms());
+    }
     drain();
     asio::co_spawn(io_, serve(id, ch), asio::detached);
   }

@@ -18,6 +18,7 @@ struct MetricsRow {
   double train_loss = 0, fed_eval_loss = 0, fed_eval_accuracy = 0;
   double seconds = 0;
   std::uint64_t upload_bytes = 0;
+  std::size_t edges = 0;  // edges that carried at least one participant
 };
 
 class Store {

@@ -187,9 +187,19 @@ class Agent {
         backoff_.reset();
         name_ = (*r)->welcome().peer_identity();
         spdlog::info("connected to {} at {} as {}", (*r)->peer().str(), up.str(), name_);
+        const std::size_t index = next % cfg_.upstreams.size();
+        if (index > 0) {
+          // A backup: look for the preferred upstream now and then, and go back between rounds.
+          asio::co_spawn(io_, probe_preferred(*r), asio::detached);
+        }
         co_await session(*r, up);
         if (finished_ || stopped_) break;
-        spdlog::warn("lost the connection to {}; reconnecting", up.str());
+        if (switching_) {
+          spdlog::info("the preferred upstream {} is back; moving to it", cfg_.upstreams[0].str());
+          switching_ = false;
+        } else {
+          spdlog::warn("lost the connection to {}; trying the upstreams in order", up.str());
+        }
         next = 0;  // start again from the preferred upstream
         continue;
       }
@@ -205,6 +215,25 @@ class Agent {
       co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
     }
     stop();
+  }
+
+  // While `current` (a backup upstream) is in use: every probe interval, dial the preferred
+  // upstream; when it answers and no round is in progress here, leave the backup.
+  awaitable<void> probe_preferred(std::shared_ptr<transport::Channel> current) {
+    while (!stopped_ && current->is_open()) {
+      asio::steady_timer t(io_, cfg_.failover_probe);
+      boost::system::error_code ec;
+      co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      if (stopped_ || !current->is_open()) break;
+      auto r = co_await transport::dial_once(io_.get_executor(), tls_, cfg_.upstreams[0], upstream_roles_, me_,
+                                             cfg_.channel);
+      if (!r) continue;
+      (*r)->close();
+      if (in_round_ || !current->is_open()) continue;
+      switching_ = true;
+      current->close();
+      break;
+    }
   }
 
   awaitable<void> session(std::shared_ptr<transport::Channel> ch, const Endpoint& up) {
@@ -224,6 +253,7 @@ class Agent {
     channel_.reset();
     ++generation_;  // whatever was in flight belongs to a connection that is gone
     pending_.reset();
+    in_round_ = false;
     co_return;
   }
 
@@ -234,6 +264,7 @@ class Agent {
         const auto& rs = env.round_start();
         ++generation_;
         pending_.reset();
+        in_round_ = true;
         round_ = rs.round();
         plan_ = rs.plan();
         expected_sha_ = rs.model_sha256();
@@ -279,6 +310,7 @@ class Agent {
                      env.round_end().reason().empty() ? "" : " (" + env.round_end().reason() + ")");
         if (env.round() == round_) {
           ++generation_;
+          in_round_ = false;
           if (pending_) spare_ = std::move(pending_);
         }
         break;
@@ -393,6 +425,7 @@ class Agent {
   std::shared_ptr<transport::Channel> channel_;
   std::string name_;
   bool stopped_ = false, finished_ = false;
+  bool in_round_ = false, switching_ = false;
   int exit_code_ = 0;
 
   std::uint64_t generation_ = 0;

@@ -15,6 +15,9 @@ AgentConfig load_agent_config(const std::filesystem::path& file) {
   c.tls = transport::parse_tls(root.child("tls"));
   c.channel = transport::parse_channel_options(root.child("transport"));
   c.reconnect = transport::parse_dial_options(root.child("reconnect"));
+  const auto fo = root.child("failover");
+  c.failover_probe = std::chrono::milliseconds(static_cast<long>(fo.number("probe_s", 10, 0.05, 86400) * 1000));
+  fo.finish();
   c.chunk_bytes = static_cast<std::size_t>(root.integer("chunk_bytes", 1 << 20, 1024, std::int64_t{1} << 30));
   if (c.chunk_bytes + 4096 > c.channel.max_frame_bytes) {
     root.fail("chunk_bytes", "leaves no room for the envelope in transport.max_frame_bytes");

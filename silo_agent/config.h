@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -23,6 +24,7 @@ struct AgentConfig {
   transport::TlsFiles tls;
   transport::ChannelOptions channel;
   transport::DialOptions reconnect;
+  std::chrono::milliseconds failover_probe{10000};  // how often a backup looks for the preferred upstream
   std::size_t chunk_bytes = 1u << 20;
   std::string trainer = "builtin";   // "builtin" (CSV data) or "synthetic" (benchmarks)
   std::filesystem::path train_data, test_data;

@@ -12,6 +12,7 @@
 #include "server/audit.h"
 #include "server/config.h"
 #include "silo_agent/agent.h"
+#include "tests/federation_util.h"
 #include "tests/testlib.h"
 #include "tools/sim.h"
 
@@ -19,96 +20,6 @@ namespace xsilo::tools {
 namespace {
 
 using namespace std::chrono_literals;
-
-std::size_t metrics_rows(const std::filesystem::path& state) {
-  std::ifstream in(state / "metrics.csv");
-  std::size_t n = 0;
-  for (std::string l; std::getline(in, l);) ++n;
-  return n ? n - 1 : 0;
-}
-
-bool wait_until(const std::function<bool()>& cond, std::chrono::milliseconds timeout) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(5ms);
-  }
-  return cond();
-}
-
-std::uint16_t free_port() {
-  boost::asio::io_context io;
-  boost::asio::ip::tcp::acceptor a(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
-  return a.local_endpoint().port();
-}
-
-// A federation whose processes the test starts and kills itself.
-struct Fed {
-  Fed(SimConfig cfg, std::uint16_t port = 0) : cfg(std::move(cfg)) {
-    files = prepare_federation(this->cfg, dir.path());
-    if (port) {
-      auto j = nlohmann::json::parse(read_file(files.server_config));
-      j["listen"] = "127.0.0.1:" + std::to_string(port);
-      atomic_write_file(files.server_config, j.dump(2));
-    }
-  }
-  void start_server() {
-    std::filesystem::remove(files.port_file);
-    server = std::make_unique<Process>(
-        std::vector<std::string>{test::xsilo_bin(), "server", "--config", files.server_config.string()},
-        files.logs / "server.log");
-    port = wait_for_port(*server, files);
-  }
-  void start_agents() {
-    for (std::size_t i = 0; i < cfg.silos; ++i) {
-      const auto path = write_agent_config(cfg, files, i, {"127.0.0.1:" + std::to_string(port)});
-      agent_configs.push_back(path);
-      agents.push_back(std::make_unique<Process>(
-          std::vector<std::string>{test::xsilo_bin(), "agent", "--config", path.string()},
-          files.logs / (files.silos[i] + ".log")));
-    }
-  }
-  std::string logs() const {
-    std::string s = "server:\n" + log_tail(files.logs / "server.log", 30);
-    for (const auto& n : files.silos) s += n + ":\n" + log_tail(files.logs / (n + ".log"), 8);
-    return s;
-  }
-  std::vector<nlohmann::json> rounds() const {
-    std::vector<nlohmann::json> out;
-    for (auto& r : server::read_audit_log(files.state / "audit.jsonl")) {
-      if (r["event"] == "round") out.push_back(r);
-    }
-    return out;
-  }
-
-  test::TempDir dir;
-  SimConfig cfg;
-  FederationFiles files;
-  std::unique_ptr<Process> server;
-  std::vector<std::unique_ptr<Process>> agents;
-  std::vector<std::filesystem::path> agent_configs;
-  std::uint16_t port = 0;
-};
-
-SimConfig small_config(std::size_t silos, std::uint64_t rounds) {
-  SimConfig c = default_sim_config();
-  c.silos = silos;
-  c.rounds = rounds;
-  c.baseline = false;
-  c.selection = {{"min_silos", silos}, {"min_updates", 2}};
-  return c;
-}
-
-// Digits with a wide MLP: a round takes long enough to stop a silo in the middle of it.
-SimConfig slow_config(std::size_t silos, std::uint64_t rounds) {
-  SimConfig c = small_config(silos, rounds);
-  c.data_path = data_dir() / "digits.csv.gz";
-  c.model_kind = "mlp";
-  c.hidden = {512, 512};
-  c.training = {{"local_epochs", 4}, {"batch_size", 32}, {"learning_rate", 0.05}};
-  c.deadlines = {{"join_s", 20}, {"train_s", 120}, {"upload_s", 60}};
-  return c;
-}
 
 TEST(Federation, ThreeAgentsMatchAnInProcessFedAvgReference) {
   Fed fed(small_config(3, 3));
@@ -185,7 +96,7 @@ TEST(Federation, AnAgentKilledMidRoundIsADropoutAndTheRoundCommits) {
 }
 
 TEST(Federation, ARestartedServerResumesFromItsLastCommittedRound) {
-  Fed fed(slow_config(3, 5), free_port());
+  Fed fed(slow_config(3, 5));  // the server keeps its port across the restart
   fed.start_server();
   fed.start_agents();
   ASSERT_TRUE(wait_until([&] { return metrics_rows(fed.files.state) >= 2; }, 120s)) << fed.logs();

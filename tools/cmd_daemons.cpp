@@ -1,6 +1,7 @@
 // xsilo server | agent: the daemons, each from one JSON config.
 #include "common/config.h"
 #include "common/log.h"
+#include "edge_aggregator/edge.h"
 #include "server/daemon.h"
 #include "silo_agent/agent.h"
 #include "tools/commands.h"
@@ -17,6 +18,19 @@ void add_server(CLI::App& app, int& exit_code) {
     auto cfg = server::load_server_config(*config);
     init_logging("server", cfg.log_level, *log_file);
     exit_code = server::run_server(cfg);
+  });
+}
+
+void add_edge(CLI::App& app, int& exit_code) {
+  auto* cmd = app.add_subcommand("edge", "run a regional edge aggregator (relays rounds, sums its region)");
+  auto config = std::make_shared<std::string>();
+  auto log_file = std::make_shared<std::string>();
+  cmd->add_option("--config", *config, "edge config (JSON)")->required();
+  cmd->add_option("--log-file", *log_file, "log here instead of stderr");
+  cmd->callback([config, log_file, &exit_code] {
+    auto cfg = edge::load_edge_config(*config);
+    init_logging("edge", cfg.log_level, *log_file);
+    exit_code = edge::run_edge(cfg);
   });
 }
 

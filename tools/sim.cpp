@@ -22,6 +22,9 @@
 #include "tools/process.h"
 #include "transport/pki.h"
 
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
 namespace xsilo::tools {
 
 namespace {
@@ -130,6 +133,16 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
   pass("deadlines", c.deadlines);
   pass("transport", c.transport);
   pass("aggregation", c.aggregation);
+  c.edges = static_cast<std::size_t>(root.integer("edges", 0, 0, 64));
+  for (const auto& fn : root.child_list("faults")) {
+    SimConfig::Fault fault;
+    fault.process = fn.str_required("process");
+    fault.action = fn.one_of("action", "kill", {"kill", "restart"});
+    fault.round = static_cast<std::uint64_t>(fn.integer("round", 1, 1, static_cast<std::int64_t>(c.rounds)));
+    fault.phase = fn.one_of("phase", "train", {"train", "upload"});
+    fn.finish();
+    c.faults.push_back(fault);
+  }
   const auto att = root.child("attack");
   if (root.has("attack")) {
     c.attackers = static_cast<std::size_t>(att.integer("silos", 1, 0, static_cast<std::int64_t>(c.silos) - 1));
@@ -181,6 +194,14 @@ FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::
   transport::pki_init(f.pki, cfg.federation);
   transport::pki_issue(f.pki, {wire::SERVER, "server"});
   for (const auto& n : f.silos) transport::pki_issue(f.pki, {wire::SILO, n});
+  for (std::size_t e = 0; e < cfg.edges; ++e) {
+    char name[32];
+    std::snprintf(name, sizeof name, "edge-%02zu", e + 1);
+    f.edges.push_back(name);
+    transport::pki_issue(f.pki, {wire::EDGE, name});
+    f.edge_ports.push_back(free_loopback_port());
+  }
+  f.server_port = free_loopback_port();
 
   // The server's config.
   f.state = out / "server";
@@ -190,10 +211,10 @@ FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::
   std::filesystem::remove_all(f.logs);
   std::filesystem::remove(f.port_file);
   json server = {{"federation", cfg.federation},
-                 {"listen", "127.0.0.1:0"},
+                 {"listen", "127.0.0.1:" + std::to_string(f.server_port)},
                  {"port_file", f.port_file.string()},
                  {"tls", {{"kit", (f.pki / "kits" / "server").string()}}},
-                 {"allow", {{"silo", f.silos}}},
+                 {"allow", f.edges.empty() ? json{{"silo", f.silos}} : json{{"silo", f.silos}, {"edge", f.edges}}},
                  {"state_dir", f.state.string()},
                  {"keep_checkpoints", 0},
                  {"rounds", cfg.rounds},
@@ -224,7 +245,38 @@ FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::
     throw ConfigError(std::string(e.what()) + " (generated from sim config " +
                       (cfg.file.empty() ? std::string("defaults") : cfg.file.string()) + ")");
   }
+  for (std::size_t e = 0; e < f.edges.size(); ++e) {
+    json edge = {{"federation", cfg.federation},
+                 {"listen", "127.0.0.1:" + std::to_string(f.edge_ports[e])},
+                 {"upstreams", {"127.0.0.1:" + std::to_string(f.server_port)}},
+                 {"tls", {{"kit", (f.pki / "kits" / f.edges[e]).string()}}},
+                 {"allow", {{"silo", f.silos}}},  // any silo of the federation may fail over here
+                 {"reconnect", {{"initial_backoff_s", 0.1}, {"max_backoff_s", 1}}}};
+    if (cfg.transport.is_object()) edge["transport"] = cfg.transport;
+    write_json(edge_config_path(f, e), edge);
+  }
   return f;
+}
+
+std::filesystem::path edge_config_path(const FederationFiles& f, std::size_t e) {
+  return f.out / "configs" / (f.edges[e] + ".json");
+}
+
+std::uint16_t free_loopback_port() {
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor a(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
+  return a.local_endpoint().port();
+}
+
+std::vector<std::string> agent_upstreams(const SimConfig& cfg, const FederationFiles& f, std::size_t i) {
+  std::vector<std::string> up;
+  if (!f.edges.empty()) {
+    up.push_back("127.0.0.1:" + std::to_string(f.edge_ports[i % f.edges.size()]));
+    if (f.edges.size() > 1) up.push_back("127.0.0.1:" + std::to_string(f.edge_ports[(i + 1) % f.edges.size()]));
+  }
+  up.push_back("127.0.0.1:" + std::to_string(f.server_port));
+  (void)cfg;
+  return up;
 }
 
 std::uint16_t wait_for_port(Process& server, const FederationFiles& f,
@@ -256,6 +308,7 @@ std::filesystem::path write_agent_config(const SimConfig& cfg, const FederationF
     agent["data"]["standardize"] = {{"mean", f.standardizer.mean}, {"std", f.standardizer.stddev}};
   }
   if (cfg.transport.is_object()) agent["transport"] = cfg.transport;
+  if (!f.edges.empty()) agent["failover"] = {{"probe_s", 1}};
   if (i >= cfg.silos - cfg.attackers) {
     json attack = cfg.attack;
     const std::string kind = attack.value("kind", "");
@@ -296,17 +349,32 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
     }
     say("  training rows per silo: " + sizes + "; " + std::to_string(f.central_test.rows) + " test rows");
   }
-  Process server_proc({self_exe(), "server", "--config", f.server_config.string()}, logs / "server.log");
-  const std::uint16_t port = wait_for_port(server_proc, f);
-  std::vector<std::unique_ptr<Process>> agents;
+  // Every process by name, so that faults can find them.
+  std::map<std::string, std::vector<std::string>> argv;
+  std::map<std::string, std::unique_ptr<Process>> procs;
+  auto launch = [&](const std::string& name) {
+    procs[name] = std::make_unique<Process>(argv[name], logs / (name + ".log"));
+  };
+  argv["server"] = {self_exe(), "server", "--config", f.server_config.string()};
+  launch("server");
+  const std::uint16_t port = wait_for_port(*procs["server"], f);
+  for (std::size_t e = 0; e < f.edges.size(); ++e) {
+    argv[f.edges[e]] = {self_exe(), "edge", "--config", edge_config_path(f, e).string()};
+    launch(f.edges[e]);
+  }
   for (std::size_t i = 0; i < cfg.silos; ++i) {
-    const auto path = write_agent_config(cfg, f, i, {"127.0.0.1:" + std::to_string(port)});
-    agents.push_back(std::make_unique<Process>(
-        std::vector<std::string>{self_exe(), "agent", "--config", path.string()},
-        logs / (names[i] + ".log")));
+    const auto path = write_agent_config(cfg, f, i, agent_upstreams(cfg, f, i));
+    argv[names[i]] = {self_exe(), "agent", "--config", path.string()};
+    launch(names[i]);
   }
   say("  server on 127.0.0.1:" + std::to_string(port) + " (mutual TLS 1.3), " +
+      (f.edges.empty() ? std::string() : std::to_string(f.edges.size()) + " edges, ") +
       std::to_string(cfg.silos) + " agents started; logs in " + logs.string());
+  for (const auto& fault : cfg.faults) {
+    if (!argv.count(fault.process)) {
+      throw ConfigError("sim: fault names process \"" + fault.process + "\", which this federation does not have");
+    }
+  }
   const Dataset& central_test = f.central_test;
   const Dataset& central_train = f.central_train;
 
@@ -321,6 +389,34 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
   std::size_t rows_seen = 0;
   const auto server_metrics = state / "metrics.csv";
   std::optional<int> server_exit;
+  // Faults fire when the server's log shows their round reaching their phase.
+  std::vector<bool> fired(cfg.faults.size(), false);
+  std::string log;  // the server's log so far, read incrementally
+  auto poll_faults = [&] {
+    if (cfg.faults.empty()) return;
+    {
+      std::ifstream in(logs / "server.log", std::ios::binary);
+      in.seekg(static_cast<std::streamoff>(log.size()));
+      std::ostringstream fresh;
+      fresh << in.rdbuf();
+      log += fresh.str();
+    }
+    for (std::size_t k = 0; k < cfg.faults.size(); ++k) {
+      const auto& fault = cfg.faults[k];
+      if (fired[k]) continue;
+      const std::string r = std::to_string(fault.round);
+      const std::string mark = fault.phase == "train" ? "round " + r + "/" : "round " + r + ": upload slot";
+      if (log.find(mark) == std::string::npos) continue;
+      fired[k] = true;
+      say("  fault: " + fault.action + " " + fault.process + " in round " + r + " (" + fault.phase + ")");
+      procs[fault.process]->signal(SIGKILL);
+      procs[fault.process]->wait(std::chrono::milliseconds(5000));
+      if (fault.action == "restart") {
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        launch(fault.process);
+      }
+    }
+  };
   auto poll_rows = [&] {
     if (!std::filesystem::exists(server_metrics)) return;
     std::ifstream in(server_metrics);
@@ -328,7 +424,7 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
     for (std::string l; std::getline(in, l);) lines.push_back(l);
     for (std::size_t i = rows_seen + 1; i < lines.size(); ++i) {
       const auto f = split_csv_line(lines[i]);
-      if (f.size() < 10) break;  // a row still being written
+      if (f.size() < 11) break;  // a row still being written
       rows_seen = i;
       const std::uint64_t round = std::stoull(f[0]);
       const bool committed = f[1] == "1";
@@ -351,11 +447,12 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
               << "," << f[6] << "," << f[5] << "," << f[3] << "," << f[4] << "," << f[8] << "\n";
       metrics.flush();
       char line[256];
+      const std::string edges = cfg.edges ? " | edges " + f[10] + "/" + std::to_string(cfg.edges) : "";
       if (committed) {
         std::snprintf(line, sizeof line,
-                      "round %3llu/%llu | silos %s/%s | dropped %s | loss %.4f | acc %6.2f%% | %5.2f s",
+                      "round %3llu/%llu | silos %s/%s%s | dropped %s | loss %.4f | acc %6.2f%% | %5.2f s",
                       static_cast<unsigned long long>(round), static_cast<unsigned long long>(cfg.rounds),
-                      f[3].c_str(), f[2].c_str(), f[4].c_str(), loss, 100 * acc, std::stod(f[8]));
+                      f[3].c_str(), f[2].c_str(), edges.c_str(), f[4].c_str(), loss, 100 * acc, std::stod(f[8]));
       } else {
         std::snprintf(line, sizeof line, "round %3llu/%llu | ABORTED | silos %s/%s | dropped %s | %5.2f s",
                       static_cast<unsigned long long>(round), static_cast<unsigned long long>(cfg.rounds),
@@ -366,16 +463,28 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
   };
   while (!server_exit) {
     poll_rows();
+    poll_faults();
     if (g_interrupted) {
       say("interrupted: stopping the federation");
-      server_proc.stop();
+      procs["server"]->stop();
       break;
     }
-    server_exit = server_proc.wait(std::chrono::milliseconds(100));
+    server_exit = procs["server"]->wait(std::chrono::milliseconds(cfg.faults.empty() ? 50 : 5));
+    // A server killed by a "restart" fault comes back; its exit is not the end.
+    if (server_exit && *server_exit == 128 + SIGKILL && !g_interrupted) {
+      const bool restarting = std::any_of(cfg.faults.begin(), cfg.faults.end(), [](const auto& fl) {
+        return fl.process == "server" && fl.action == "restart";
+      });
+      if (restarting) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(600));
+        if (procs["server"]->running()) server_exit.reset();
+      }
+    }
   }
   poll_rows();
-  for (auto& a : agents) {
-    if (!a->wait(std::chrono::milliseconds(5000))) a->stop();
+  const int server_code = server_exit.value_or(-1);
+  for (auto& [name, p] : procs) {
+    if (name != "server" && !p->wait(std::chrono::milliseconds(5000))) p->stop();
   }
   std::signal(SIGINT, prev_handler);
   std::signal(SIGTERM, SIG_DFL);
@@ -415,14 +524,14 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
   json summary = {{"name", cfg.name},
                   {"rounds", cfg.rounds},
                   {"rounds_committed", result.rounds_committed},
-                  {"server_exit_code", server_exit.value_or(-1)},
+                  {"server_exit_code", server_code},
                   {"final_accuracy", result.final_accuracy},
                   {"final_loss", result.final_loss},
                   {"seconds", secs}};
   if (result.baseline_accuracy >= 0) summary["centralized_accuracy"] = result.baseline_accuracy;
   write_json(out / "summary.json", summary);
 
-  const bool ok = server_exit && *server_exit == 0 && result.rounds_committed == cfg.rounds;
+  const bool ok = server_code == 0 && result.rounds_committed == cfg.rounds;
   char line[256];
   std::snprintf(line, sizeof line, "%s: %llu/%llu rounds committed in %.1f s; final test accuracy %.2f%%",
                 ok ? "done" : "FAILED", static_cast<unsigned long long>(result.rounds_committed),
@@ -436,8 +545,8 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
   say("  outputs: " + (out / "metrics.csv").string() + ", model.safetensors, audit.jsonl + audit.pub, report.html");
   say("  verify the audit log: xsilo audit verify " + (out / "audit.jsonl").string() + " --key " +
       (out / "audit.pub").string());
-  if (!ok && server_exit && *server_exit != 0) {
-    say("  the server exited with code " + std::to_string(*server_exit) + "; its log ends:\n" +
+  if (!ok && server_code != 0) {
+    say("  the server exited with code " + std::to_string(server_code) + "; its log ends:\n" +
         log_tail(logs / "server.log"));
   }
   result.exit_code = ok ? 0 : 1;

@@ -38,6 +38,17 @@ struct SimConfig {
   // agent config's "attack" section, without "honest", which the sim fills in).
   std::size_t attackers = 0;
   nlohmann::json attack;
+  // Edge aggregators: silo i is behind edge i % edges (its backup is the next edge, then the
+  // server). 0: every silo talks to the server.
+  std::size_t edges = 0;
+  // Rehearsed failures: kill or restart a process when a round reaches a phase.
+  struct Fault {
+    std::string process;  // "server", "edge-01", "hospital-03"
+    std::string action;   // "kill" or "restart"
+    std::uint64_t round = 1;
+    std::string phase;    // "train" (the round started) or "upload" (the first upload slot)
+  };
+  std::vector<Fault> faults;
   bool baseline = true;              // also train centrally on the pooled data
 };
 
@@ -53,6 +64,9 @@ std::filesystem::path data_dir();
 struct FederationFiles {
   std::filesystem::path out, pki, state, logs, server_config, port_file;
   std::vector<std::string> silos;
+  std::vector<std::string> edges;
+  std::uint16_t server_port = 0;
+  std::vector<std::uint16_t> edge_ports;
   Dataset all, central_train, central_test;
   Standardizer standardizer;
 };
@@ -64,6 +78,11 @@ std::uint16_t wait_for_port(Process& server, const FederationFiles& f,
 // Writes silo i's agent config pointing at `upstreams` and returns its path.
 std::filesystem::path write_agent_config(const SimConfig& cfg, const FederationFiles& f,
                                          std::size_t i, const std::vector<std::string>& upstreams);
+// Silo i's upstreams in failover order: its edge, the next edge, the server.
+std::vector<std::string> agent_upstreams(const SimConfig& cfg, const FederationFiles& f, std::size_t i);
+std::filesystem::path edge_config_path(const FederationFiles& f, std::size_t e);
+// A free TCP port on loopback (for configs that must name their port before start).
+std::uint16_t free_loopback_port();
 std::string log_tail(const std::filesystem::path& log, std::size_t lines = 15);
 
 struct SimResult {

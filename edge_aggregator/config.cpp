@@ -1,0 +1,34 @@
+#include "edge_aggregator/config.h"
+
+#include "common/config.h"
+#include "transport/config.h"
+
+namespace xsilo::edge {
+
+EdgeConfig load_edge_config(const std::filesystem::path& file) {
+  const auto j = ConfigNode::load_file(file);
+  ConfigNode root(j, file.string());
+  EdgeConfig c;
+  c.file = file;
+  c.federation = root.str_required("federation");
+  c.listen = transport::parse_endpoint_key(root, "listen", "0.0.0.0:7444");
+  c.port_file = root.path("port_file", "");
+  c.upstreams = transport::parse_endpoint_list(root, "upstreams");
+  c.tls = transport::parse_tls(root.child("tls"));
+  c.allow = transport::parse_allow(root.child("allow"));
+  if (!c.allow.allows_role(wire::SILO)) root.fail("allow", "must admit silos (\"silo\": [names] or [\"*\"])");
+  if (c.allow.allows_role(wire::EDGE) || c.allow.allows_role(wire::SERVER)) {
+    root.fail("allow", "an edge serves silos only");
+  }
+  c.channel = transport::parse_channel_options(root.child("transport"));
+  c.reconnect = transport::parse_dial_options(root.child("reconnect"));
+  c.chunk_bytes = static_cast<std::size_t>(root.integer("chunk_bytes", 1 << 20, 1024, std::int64_t{1} << 30));
+  if (c.chunk_bytes + 4096 > c.channel.max_frame_bytes) {
+    root.fail("chunk_bytes", "leaves no room for the envelope in transport.max_frame_bytes");
+  }
+  c.log_level = root.one_of("log_level", "info", {"trace", "debug", "info", "warn", "error"});
+  root.finish();
+  return c;
+}
+
+}  // namespace xsilo::edge

@@ -1,0 +1,31 @@
+// The edge aggregator's JSON config; docs/configs.md documents every key.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "common/net.h"
+#include "transport/channel.h"
+#include "transport/dialer.h"
+#include "transport/tls.h"
+
+namespace xsilo::edge {
+
+struct EdgeConfig {
+  std::filesystem::path file;
+  std::string federation;
+  Endpoint listen;                    // where its region's silos connect
+  std::filesystem::path port_file;
+  std::vector<Endpoint> upstreams;    // the server (several: failover order)
+  transport::TlsFiles tls;            // an edge kit
+  transport::AllowList allow;         // which silos may connect here
+  transport::ChannelOptions channel;
+  transport::DialOptions reconnect;
+  std::size_t chunk_bytes = 1u << 20;
+  std::string log_level = "info";
+};
+
+EdgeConfig load_edge_config(const std::filesystem::path& file);
+
+}  // namespace xsilo::edge

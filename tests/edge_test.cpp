@@ -1,0 +1,108 @@
+// Hierarchical federations: silo -> edge -> server, as real processes over mutual TLS.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include "common/safetensors.h"
+#include "tests/federation_util.h"
+
+namespace xsilo::tools {
+namespace {
+
+Model final_model(const Fed& fed, std::uint64_t round) {
+  char name[64];
+  std::snprintf(name, sizeof name, "round_%06llu.safetensors", static_cast<unsigned long long>(round));
+  return load_safetensors(fed.files.state / "checkpoints" / name);
+}
+
+void run_to_end(Fed& fed) {
+  fed.start_server();
+  fed.start_edges();
+  fed.start_agents();
+  auto code = fed.server->wait(120s);
+  ASSERT_TRUE(code) << fed.logs();
+  ASSERT_EQ(*code, 0) << fed.logs();
+}
+
+TEST(Edges, TwoEdgesOfThreeSilosGiveTheFlatTopologysModel) {
+  SimConfig cfg = small_config(6, 3);
+  cfg.selection = {{"min_silos", 6}, {"min_updates", 6}};
+  Fed flat(cfg);
+  run_to_end(flat);
+  cfg.edges = 2;
+  Fed tiered(cfg);
+  run_to_end(tiered);
+  const Model a = final_model(flat, 3), b = final_model(tiered, 3);
+  ASSERT_TRUE(a.same_layout(b));
+  for (std::size_t k = 0; k < a.size(); ++k) EXPECT_NEAR(a.flat()[k], b.flat()[k], 1e-5) << k;
+  // The audit log says which edge carried whom; each edge carried its three silos.
+  const auto rounds = tiered.rounds();
+  ASSERT_EQ(rounds.size(), 3u);
+  std::map<std::string, int> carried;
+  for (const auto& p : rounds[0]["participants"]) carried[p.value("edge", "none")]++;
+  EXPECT_EQ(carried["edge-01"], 3);
+  EXPECT_EQ(carried["edge-02"], 3);
+  for (auto& a : tiered.agents) EXPECT_EQ(a->wait(10s).value_or(-1), 0) << tiered.logs();
+  for (auto& e : tiered.edges) EXPECT_EQ(e->wait(10s).value_or(-1), 0) << tiered.logs();
+}
+
+TEST(Edges, AnEdgeKilledMidRoundDropsItsSilosWhoFailOverAndComeBack) {
+  SimConfig cfg = slow_config(6, 4);
+  cfg.edges = 2;
+  cfg.selection = {{"min_silos", 3}, {"min_updates", 3}};
+  cfg.deadlines = {{"join_s", 5}, {"train_s", 60}, {"upload_s", 60}};
+  Fed fed(cfg);
+  fed.start_server();
+  fed.start_edges();
+  fed.start_agents();
+  ASSERT_TRUE(wait_until([&] { return metrics_rows(fed.files.state) >= 1; }, 120s)) << fed.logs();
+  fed.edges[0]->signal(SIGKILL);  // round 2 is under way: its silos are training
+  auto code = fed.server->wait(240s);
+  ASSERT_TRUE(code) << fed.logs();
+  EXPECT_EQ(*code, 0) << fed.logs();
+  const auto rounds = fed.rounds();
+  ASSERT_EQ(rounds.size(), 4u) << fed.logs();
+  for (const auto& r : rounds) EXPECT_EQ(r["status"], "committed") << r.dump();
+  // Round 2: edge-01's three silos are dropouts; the other three carry the round.
+  EXPECT_EQ(rounds[1]["participants"].size(), 3u) << rounds[1].dump();
+  EXPECT_EQ(rounds[1]["dropouts"].size(), 3u) << rounds[1].dump();
+  for (const auto& d : rounds[1]["dropouts"]) EXPECT_EQ(d.value("edge", ""), "edge-01") << d.dump();
+  // The last round includes all six again, through the surviving edge or the server.
+  EXPECT_EQ(rounds[3]["participants"].size(), 6u) << rounds[3].dump();
+  for (const auto& p : rounds[3]["participants"]) EXPECT_NE(p.value("edge", ""), "edge-01");
+}
+
+// A process whose certificate does not match the role it plays is refused, and says so.
+TEST(Edges, AnEdgeWithASiloCertificateAndASiloWithAnEdgeCertificateAreRefused) {
+  SimConfig cfg = small_config(2, 1);
+  cfg.edges = 1;
+  Fed fed(cfg);
+  fed.start_server();
+  // An edge config whose kit is a silo's.
+  auto edge_cfg = nlohmann::json::parse(read_file(edge_config_path(fed.files, 0)));
+  edge_cfg["tls"]["kit"] = (fed.files.pki / "kits" / "hospital-01").string();
+  edge_cfg["reconnect"] = {{"initial_backoff_s", 0.05}, {"max_backoff_s", 0.1}, {"max_attempts", 2}};
+  atomic_write_file(fed.dir / "bad-edge.json", edge_cfg.dump());
+  Process bad_edge({test::xsilo_bin(), "edge", "--config", (fed.dir / "bad-edge.json").string()},
+                   fed.dir / "bad-edge.log");
+  EXPECT_EQ(bad_edge.wait(30s).value_or(-1), 1) << log_tail(fed.dir / "bad-edge.log");
+  EXPECT_NE(read_file(fed.files.logs / "server.log").find("claims role edge but its certificate says silo"),
+            std::string::npos)
+      << fed.logs();
+
+  // A silo whose kit is the edge's, dialling the real edge.
+  fed.start_edges();
+  auto agent_cfg = nlohmann::json::parse(read_file(write_agent_config(cfg, fed.files, 0, agent_upstreams(cfg, fed.files, 0))));
+  agent_cfg["tls"]["kit"] = (fed.files.pki / "kits" / "edge-01").string();
+  agent_cfg["upstreams"] = {agent_cfg["upstreams"][0]};  // the edge only
+  agent_cfg["reconnect"] = {{"initial_backoff_s", 0.05}, {"max_backoff_s", 0.1}, {"max_attempts", 2}};
+  atomic_write_file(fed.dir / "bad-agent.json", agent_cfg.dump());
+  Process bad_agent({test::xsilo_bin(), "agent", "--config", (fed.dir / "bad-agent.json").string()},
+                    fed.dir / "bad-agent.log");
+  EXPECT_EQ(bad_agent.wait(30s).value_or(-1), 1) << log_tail(fed.dir / "bad-agent.log");
+  EXPECT_TRUE(wait_until([&] {
+    return read_file(fed.files.logs / "edge-01.log").find("role edge may not connect here") != std::string::npos;
+  }, 5s)) << fed.logs();
+}
+
+}  // namespace
+}  // namespace xsilo::tools
