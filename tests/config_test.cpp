@@ -3,6 +3,7 @@
 #include "common/config.h"
 #include "common/fs.h"
 #include "tests/testlib.h"
+#include "edge_aggregator/config.h"
 #include "server/config.h"
 #include "silo_agent/config.h"
 #include "tools/sim.h"
@@ -97,6 +98,8 @@ TEST(Config, ExampleConfigsAreValid) {
   EXPECT_EQ(server.optimizer.kind, "fedadam");
   const auto agent = agent::load_agent_config(dir / "configs/agent.json");
   EXPECT_EQ(agent.upstreams.size(), 2u);
+  const auto edge = edge::load_edge_config(dir / "configs/edge.json");
+  EXPECT_EQ(edge.upstreams.size(), 1u);
   for (const char* sim : {"breast_cancer_logistic.json", "digits_mlp.json"}) {
     EXPECT_NO_THROW(tools::load_sim_config(src / "configs" / sim)) << sim;
   }

@@ -51,6 +51,7 @@ struct Fed {
           std::vector<std::string>{test::xsilo_bin(), "edge", "--config", edge_config_path(files, e).string()},
           files.logs / (files.edges[e] + ".log")));
     }
+    for (std::size_t e = 0; e < files.edges.size(); ++e) wait_for_edge(*edges[e], files, e);
   }
   void start_agents() {
     for (std::size_t i = 0; i < cfg.silos; ++i) {

@@ -28,9 +28,10 @@ struct RoundResult {
   std::uint64_t model_bytes = 0;
 };
 
-RoundResult run_one(std::size_t silos, std::size_t params, std::uint64_t rounds) {
+RoundResult run_one(std::size_t silos, std::size_t params, std::uint64_t rounds, std::size_t edges) {
   const auto dir = std::filesystem::temp_directory_path() /
-                   ("xsilo-bench-round-" + std::to_string(::getpid()) + "-" + std::to_string(silos));
+                   ("xsilo-bench-round-" + std::to_string(::getpid()) + "-" + std::to_string(silos) + "-" +
+                    std::to_string(edges));
   std::filesystem::remove_all(dir);
   const auto pki = dir / "pki";
   transport::pki_init(pki, "bench");
@@ -40,12 +41,17 @@ RoundResult run_one(std::size_t silos, std::size_t params, std::uint64_t rounds)
     names.push_back("silo-" + std::to_string(i));
     transport::pki_issue(pki, {wire::SILO, names.back()});
   }
+  std::vector<std::string> edge_names;
+  for (std::size_t e = 0; e < edges; ++e) {
+    edge_names.push_back("edge-" + std::to_string(e));
+    transport::pki_issue(pki, {wire::EDGE, edge_names.back()});
+  }
   const json transport = {{"max_frame_bytes", 4 << 20}, {"idle_timeout_s", 120}, {"max_queued_mib", 4096}};
   const json server = {{"federation", "bench"},
                        {"listen", "127.0.0.1:0"},
                        {"port_file", (dir / "port").string()},
                        {"tls", {{"kit", (pki / "kits/server").string()}}},
-                       {"allow", {{"silo", names}}},
+                       {"allow", edges ? json{{"silo", names}, {"edge", edge_names}} : json{{"silo", names}}},
                        {"state_dir", (dir / "state").string()},
                        {"keep_checkpoints", 1},
                        {"rounds", rounds},
@@ -62,9 +68,34 @@ RoundResult run_one(std::size_t silos, std::size_t params, std::uint64_t rounds)
   }
   if (!port) throw std::runtime_error("bench round: the server did not start:\n" + log_tail(dir / "server.log"));
   std::vector<std::unique_ptr<Process>> agents;
-  for (const auto& n : names) {
+  std::vector<std::uint16_t> edge_ports;
+  for (std::size_t e = 0; e < edges; ++e) {
+    const auto port_file = dir / (edge_names[e] + ".port");
+    const json edge = {{"federation", "bench"},
+                       {"listen", "127.0.0.1:0"},
+                       {"port_file", port_file.string()},
+                       {"upstreams", {"127.0.0.1:" + std::to_string(port)}},
+                       {"tls", {{"kit", (pki / "kits" / edge_names[e]).string()}}},
+                       {"allow", {{"silo", names}}},
+                       {"transport", transport},
+                       {"log_level", "warn"}};
+    atomic_write_file(dir / (edge_names[e] + ".json"), edge.dump(2));
+    agents.push_back(std::make_unique<Process>(
+        std::vector<std::string>{self_exe(), "edge", "--config", (dir / (edge_names[e] + ".json")).string()},
+        dir / (edge_names[e] + ".log")));
+    std::uint16_t ep = 0;
+    for (int i = 0; i < 1000 && !ep; ++i) {
+      if (std::filesystem::exists(port_file) && !read_file(port_file).empty()) ep = static_cast<std::uint16_t>(std::stoi(read_file(port_file)));
+      else std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (!ep) throw std::runtime_error("bench round: an edge did not start");
+    edge_ports.push_back(ep);
+  }
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const auto& n = names[i];
+    const std::uint16_t up = edges ? edge_ports[i % edges] : port;
     const json agent = {{"federation", "bench"},
-                        {"upstreams", {"127.0.0.1:" + std::to_string(port)}},
+                        {"upstreams", {"127.0.0.1:" + std::to_string(up)}},
                         {"tls", {{"kit", (pki / "kits" / n).string()}}},
                         {"data", {{"trainer", "synthetic"}}},
                         {"state_dir", (dir / n).string()},
@@ -83,6 +114,7 @@ RoundResult run_one(std::size_t silos, std::size_t params, std::uint64_t rounds)
   const auto stats = json::parse(read_file(dir / "state/server_stats.json"));
   RoundResult r;
   r.silos = silos;
+  r.edges = edges;
   r.peak_rss = stats["peak_rss_bytes"];
   r.model_bytes = stats["model_bytes"];
   // Rounds after the first: connection set-up and page faults of the first allocations are
@@ -115,9 +147,10 @@ int bench_round(const RoundBenchOptions& opts) {
   std::vector<std::vector<std::string>> rows;
   bool ok = true;
   for (auto k : opts.silos) {
-    if (!opts.json) std::cerr << "running: " << k << " silos, " << opts.params << " parameters, "
+   for (auto e : opts.edges) {
+    if (!opts.json) std::cerr << "running: " << k << " silos, " << e << " edges, " << opts.params << " parameters, "
                               << opts.rounds << " rounds..." << std::endl;
-    const auto r = run_one(k, opts.params, opts.rounds);
+    const auto r = run_one(k, opts.params, opts.rounds, e);
     const double mib = 1024.0 * 1024.0;
     const double rss_bound = 3.0 * static_cast<double>(r.model_bytes) + 64 * mib;
     const bool rss_ok = static_cast<double>(r.peak_rss) < rss_bound;
@@ -126,6 +159,7 @@ int bench_round(const RoundBenchOptions& opts) {
     if (opts.json) {
       std::cout << json{{"bench", "round"},
                         {"silos", k},
+                        {"edges", e},
                         {"params", opts.params},
                         {"seconds_per_round", r.seconds_per_round},
                         {"server_bytes_per_round", r.server_bytes_per_round},
@@ -138,16 +172,17 @@ int bench_round(const RoundBenchOptions& opts) {
                        .dump()
                 << std::endl;
     }
-    rows.push_back({std::to_string(k), std::to_string(opts.params), fmt(r.seconds_per_round, 3),
+    rows.push_back({std::to_string(k), std::to_string(e), std::to_string(opts.params), fmt(r.seconds_per_round, 3),
                     fmt(static_cast<double>(r.server_bytes_per_round) / mib, 1),
                     fmt(static_cast<double>(r.server_ingress_per_round) / mib, 1),
                     fmt(r.throughput_gbps, 3) + (tput_ok ? "" : " (<0.6)"),
                     fmt(100 * r.throughput_gbps / kTlsLoopbackGBps, 0) + "%",
                     fmt(static_cast<double>(r.peak_rss) / mib, 1) + (rss_ok ? "" : " (over)"),
                     fmt(rss_bound / mib, 1)});
+   }
   }
   if (!opts.json) {
-    print_table({"silos", "params", "s/round", "server MiB/round", "ingress MiB/round", "GB/s",
+    print_table({"silos", "edges", "params", "s/round", "server MiB/round", "ingress MiB/round", "GB/s",
                  "of TLS limit", "server peak RSS MiB", "bound 3x+64 MiB"},
                 rows);
     std::cout << "TLS 1.3 loopback limit between two processes: " << kTlsLoopbackGBps

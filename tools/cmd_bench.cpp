@@ -14,6 +14,8 @@ void add_bench(CLI::App& app, int& exit_code) {
   r->add_option("--silos", round->silos, "agents (several values: one run each)")->capture_default_str();
   r->add_option("--params", round->params, "float32 parameters of the model")->capture_default_str();
   r->add_option("--rounds", round->rounds, "rounds per run (the first is not timed)")->capture_default_str();
+  r->add_option("--edges", round->edges, "edge aggregators between silos and server (several values)")
+      ->capture_default_str();
   r->add_flag("--json", round->json, "one JSON object per measurement");
   r->callback([round, &exit_code] { exit_code = bench_round(*round); });
 

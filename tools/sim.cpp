@@ -202,6 +202,7 @@ FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::
     f.edge_ports.push_back(free_loopback_port());
   }
   f.server_port = free_loopback_port();
+  for (const auto& e : f.edges) std::filesystem::remove(out / (e + ".port"));
 
   // The server's config.
   f.state = out / "server";
@@ -248,6 +249,7 @@ FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::
   for (std::size_t e = 0; e < f.edges.size(); ++e) {
     json edge = {{"federation", cfg.federation},
                  {"listen", "127.0.0.1:" + std::to_string(f.edge_ports[e])},
+                 {"port_file", (f.out / (f.edges[e] + ".port")).string()},
                  {"upstreams", {"127.0.0.1:" + std::to_string(f.server_port)}},
                  {"tls", {{"kit", (f.pki / "kits" / f.edges[e]).string()}}},
                  {"allow", {{"silo", f.silos}}},  // any silo of the federation may fail over here
@@ -256,6 +258,19 @@ FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::
     write_json(edge_config_path(f, e), edge);
   }
   return f;
+}
+
+void wait_for_edge(Process& edge, const FederationFiles& f, std::size_t e, std::chrono::milliseconds timeout) {
+  const auto port_file = f.out / (f.edges[e] + ".port");
+  const auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    if (std::filesystem::exists(port_file) && !read_file(port_file).empty()) return;
+    if (!edge.running()) {
+      throw std::runtime_error(f.edges[e] + " exited during start-up:\n" + log_tail(f.logs / (f.edges[e] + ".log")));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  throw std::runtime_error(f.edges[e] + " did not start in time");
 }
 
 std::filesystem::path edge_config_path(const FederationFiles& f, std::size_t e) {
@@ -362,6 +377,8 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
     argv[f.edges[e]] = {self_exe(), "edge", "--config", edge_config_path(f, e).string()};
     launch(f.edges[e]);
   }
+  // Silos dial their preferred edge first; let the edges listen before the silos start.
+  for (std::size_t e = 0; e < f.edges.size(); ++e) wait_for_edge(*procs[f.edges[e]], f, e);
   for (std::size_t i = 0; i < cfg.silos; ++i) {
     const auto path = write_agent_config(cfg, f, i, agent_upstreams(cfg, f, i));
     argv[names[i]] = {self_exe(), "agent", "--config", path.string()};

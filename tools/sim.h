@@ -81,6 +81,9 @@ std::filesystem::path write_agent_config(const SimConfig& cfg, const FederationF
 // Silo i's upstreams in failover order: its edge, the next edge, the server.
 std::vector<std::string> agent_upstreams(const SimConfig& cfg, const FederationFiles& f, std::size_t i);
 std::filesystem::path edge_config_path(const FederationFiles& f, std::size_t e);
+// Waits until edge e listens (its port file exists); throws with its log if it dies.
+void wait_for_edge(Process& edge, const FederationFiles& f, std::size_t e,
+                   std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
 // A free TCP port on loopback (for configs that must name their port before start).
 std::uint16_t free_loopback_port();
 std::string log_tail(const std::filesystem::path& log, std::size_t lines = 15);
