@@ -1,0 +1,64 @@
+#include "crypto/mask.h"
+
+#include <openssl/evp.h>
+
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <vector>
+
+namespace xsilo::crypto {
+
+namespace {
+
+constexpr std::size_t kBlock = 16 * 1024;  // keystream generated in L1-sized pieces
+
+struct Ctr {
+  EVP_CIPHER_CTX* ctx = EVP_CIPHER_CTX_new();
+  explicit Ctr(const Secret& seed) {
+    if (!ctx || EVP_EncryptInit_ex(ctx, EVP_aes_128_ctr(), nullptr, seed.bytes().data(),
+                                   seed.bytes().data() + 16) != 1) {
+      throw std::runtime_error("AES-128-CTR initialisation failed");
+    }
+  }
+  ~Ctr() { EVP_CIPHER_CTX_free(ctx); }
+  // Fills `out` with the next keystream bytes (encrypting zeros).
+  void next(std::uint8_t* out, std::size_t n) {
+    std::memset(out, 0, n);
+    int len = 0;
+    EVP_EncryptUpdate(ctx, out, &len, out, static_cast<int>(n));
+  }
+};
+
+template <class T>
+void add_mask_impl(const Secret& seed, std::span<T> vec, int sign) {
+  Ctr ctr(seed);
+  alignas(64) std::uint8_t buf[kBlock];
+  constexpr std::size_t per = kBlock / sizeof(T);
+  for (std::size_t i = 0; i < vec.size(); i += per) {
+    const std::size_t n = std::min(per, vec.size() - i);
+    ctr.next(buf, n * sizeof(T));
+    T words[per];
+    std::memcpy(words, buf, n * sizeof(T));
+    T* v = vec.data() + i;
+    if (sign > 0) {
+      for (std::size_t k = 0; k < n; ++k) v[k] += words[k];
+    } else {
+      for (std::size_t k = 0; k < n; ++k) v[k] -= words[k];
+    }
+  }
+}
+
+}  // namespace
+
+void add_mask(const Secret& seed, std::span<std::uint32_t> vec, int sign) { add_mask_impl(seed, vec, sign); }
+void add_mask(const Secret& seed, std::span<std::uint64_t> vec, int sign) { add_mask_impl(seed, vec, sign); }
+
+void keystream(const Secret& seed, std::span<std::uint8_t> out) {
+  Ctr ctr(seed);
+  for (std::size_t i = 0; i < out.size(); i += kBlock) {
+    ctr.next(out.data() + i, std::min(kBlock, out.size() - i));
+  }
+}
+
+}  // namespace xsilo::crypto

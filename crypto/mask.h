@@ -1,0 +1,21 @@
+// The mask PRG: AES-128-CTR keystream (OpenSSL EVP, AES-NI) from a 32-byte seed (key = first
+// 16 bytes, initial counter block = last 16), read as little-endian words of the ring
+// Z_{2^32} or Z_{2^64} and added to or subtracted from a vector in place. Never a
+// non-cryptographic generator.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "crypto/keys.h"
+
+namespace xsilo::crypto {
+
+// vec[i] += sign * PRG(seed)[i]  (mod 2^32)
+void add_mask(const Secret& seed, std::span<std::uint32_t> vec, int sign);
+// vec[i] += sign * PRG(seed)[i]  (mod 2^64)
+void add_mask(const Secret& seed, std::span<std::uint64_t> vec, int sign);
+// Raw keystream, for benchmarks and tests.
+void keystream(const Secret& seed, std::span<std::uint8_t> out);
+
+}  // namespace xsilo::crypto
