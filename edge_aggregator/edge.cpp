@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cmath>
+#include <cstring>
 #include <deque>
 #include <map>
 
@@ -42,6 +43,14 @@ struct Region {
   std::string uploading;
   std::shared_ptr<Model> acc;      // shared with the fold on the worker and the upload stream
   std::shared_ptr<Model> current;
+  // Secure aggregation: masked words, summed per secure group (mod 2^bits).
+  bool secure = false;
+  wire::DType dtype = wire::U32;
+  std::size_t word = 4, words = 0;
+  std::map<std::string, std::uint32_t> group_of;
+  std::shared_ptr<std::vector<std::uint8_t>> current_words;
+  std::map<std::uint32_t, std::shared_ptr<std::vector<std::uint8_t>>> group_sum;
+  std::map<std::uint32_t, std::vector<wire::Contributor>> group_contributors;
   transport::TensorReceiver rx;
   std::vector<wire::Contributor> contributors;
   bool folding = false;
@@ -137,6 +146,11 @@ class Edge {
     using B = wire::Envelope::BodyCase;
     switch (e.body_case()) {
       case B::kRoundStart: start_round(e); break;
+      case B::kSecaggKeyList:
+      case B::kSecaggShareDelivery:
+      case B::kSecaggUnmaskRequest:
+        if (!e.silo().empty()) to_silo(e.silo(), e);  // the edge only carries them
+        break;
       case B::kTensorChunk:
         // The model passes through: each chunk goes on to the selected silos as it arrives.
         if (e.round() != region_.round) break;
@@ -166,27 +180,38 @@ class Edge {
     }
   }
 
+  // One RoundStart per selected silo (each with its own secure group, if any); the first of a
+  // new round sets the region up.
   void start_round(const wire::Envelope& e) {
     const auto& rs = e.round_start();
-    region_ = Region{};
-    region_.round = rs.round();
-    Model layout;
-    for (const auto& t : rs.tensors()) layout.add_layout(t.name(), {t.shape().begin(), t.shape().end()});
-    region_.layout = layout.tensors();
-    region_.acc = std::make_shared<Model>();
-    for (const auto& t : region_.layout) region_.acc->add(t.name, t.shape);
-    region_.current = std::make_shared<Model>(region_.acc->zeros_like());
-    wire::Envelope to_silos = e;
-    to_silos.mutable_round_start()->clear_silos();
-    for (const auto& silo : rs.silos()) {
-      if (!silos_.count(silo)) {
-        region_.silos[silo] = SiloState::Gone;
-        continue;
+    if (rs.round() != region_.round || !region_.acc) {
+      region_ = Region{};
+      region_.round = rs.round();
+      Model layout;
+      for (const auto& t : rs.tensors()) layout.add_layout(t.name(), {t.shape().begin(), t.shape().end()});
+      region_.layout = layout.tensors();
+      region_.secure = rs.has_secagg();
+      if (region_.secure) {
+        region_.dtype = rs.secagg().modulus_bits() == 64 ? wire::U64 : wire::U32;
+        region_.word = rs.secagg().modulus_bits() / 8;
+        region_.words = rs.secagg().vector_length();
+        region_.current_words = std::make_shared<std::vector<std::uint8_t>>(region_.words * region_.word);
+        region_.acc = std::make_shared<Model>();  // unused, marks the region as set up
+      } else {
+        region_.acc = std::make_shared<Model>();
+        for (const auto& t : region_.layout) region_.acc->add(t.name, t.shape);
+        region_.current = std::make_shared<Model>(region_.acc->zeros_like());
       }
-      region_.silos[silo] = SiloState::Training;
-      to_silo(silo, to_silos);
+      spdlog::info("round {} starts", region_.round);
     }
-    spdlog::info("round {}: {} of this region's silos selected", region_.round, rs.silos_size());
+    const std::string silo = e.silo();
+    if (rs.has_secagg()) region_.group_of[silo] = rs.secagg().group();
+    if (!silos_.count(silo)) {
+      region_.silos[silo] = SiloState::Gone;
+      return;
+    }
+    region_.silos[silo] = SiloState::Training;
+    to_silo(silo, e);
   }
 
   // ---- downstream: the region's silos ---------------------------------------------------
@@ -244,6 +269,14 @@ class Edge {
     auto st = region_.silos.find(name);
     const bool in_round = st != region_.silos.end() && e.round() == region_.round && !region_.sent;
     switch (e.body_case()) {
+      case B::kSecaggKeys:
+      case B::kSecaggShares:
+      case B::kSecaggUnmaskShares: {
+        wire::Envelope relay = e;  // masked protocol messages pass through unread
+        relay.set_silo(name);
+        to_server(std::move(relay));
+        break;
+      }
       case B::kUpdateReady: {
         if (!in_round || st->second != SiloState::Training) {
           silo_error(name, wire::WRONG_ROUND, "UpdateReady not expected for round " + std::to_string(e.round()));
@@ -278,7 +311,7 @@ class Edge {
           return;
         }
         const double w = e.update_end().weight();
-        if (!region_.rx.complete() || !std::isfinite(w) || w <= 0) {
+        if (!region_.rx.complete() || (!region_.secure && (!std::isfinite(w) || w <= 0))) {
           silo_error(name, wire::BAD_UPDATE, "incomplete update or non-positive weight");
           st->second = SiloState::Gone;
           region_.uploading.clear();
@@ -298,6 +331,43 @@ class Edge {
   void fold(const std::string& name) {
     region_.folding = true;
     const std::uint64_t round = region_.round;
+    if (region_.secure) {
+      const std::uint32_t g = region_.group_of[name];
+      auto& sum = region_.group_sum[g];
+      if (!sum) sum = std::make_shared<std::vector<std::uint8_t>>(region_.words * region_.word, 0);
+      asio::post(pool_, [this, name, round, sum, cur = region_.current_words, word = region_.word] {
+        // Masked words of one group add up mod 2^bits; the edge never sees anything else.
+        const std::size_t n = cur->size() / word;
+        for (std::size_t i = 0; i < n; ++i) {
+          if (word == 4) {
+            std::uint32_t a, b;
+            std::memcpy(&a, sum->data() + 4 * i, 4);
+            std::memcpy(&b, cur->data() + 4 * i, 4);
+            a += b;
+            std::memcpy(sum->data() + 4 * i, &a, 4);
+          } else {
+            std::uint64_t a, b;
+            std::memcpy(&a, sum->data() + 8 * i, 8);
+            std::memcpy(&b, cur->data() + 8 * i, 8);
+            a += b;
+            std::memcpy(sum->data() + 8 * i, &a, 8);
+          }
+        }
+        asio::post(io_, [this, name, round] {
+          if (round != region_.round) return;
+          region_.folding = false;
+          region_.uploading.clear();
+          region_.silos[name] = SiloState::Done;
+          wire::Contributor c;
+          c.set_silo(name);
+          c.set_num_samples(region_.samples_weight[name].first);
+          region_.group_contributors[region_.group_of[name]].push_back(c);
+          region_.contributors.push_back(c);
+          pump();
+        });
+      });
+      return;
+    }
     asio::post(pool_, [this, name, round, acc_model = region_.acc, cur_model = region_.current] {
       const auto cur = cur_model->flat();
       bool finite = true;
@@ -344,7 +414,12 @@ class Edge {
         if (region_.silos[next] != SiloState::Ready) continue;
         region_.silos[next] = SiloState::Uploading;
         region_.uploading = next;
-        region_.rx.reset(region_.current->flat(), region_.layout, /*hash=*/false);
+        if (region_.secure) {
+          region_.rx.reset_words(*region_.current_words, {{"masked", {region_.words}, 0}}, region_.dtype,
+                                 /*hash=*/false);
+        } else {
+          region_.rx.reset(region_.current->flat(), region_.layout, /*hash=*/false);
+        }
         auto g = transport::envelope(cfg_.federation, region_.round);
         g.mutable_upload_grant();
         to_silo(next, std::move(g));
@@ -378,6 +453,26 @@ class Edge {
       silo_error(region_.uploading, wire::UNEXPECTED, "the region's upload closed before yours arrived");
       region_.uploading.clear();
     }
+    if (region_.secure && !region_.group_contributors.empty()) {
+      // One partial sum per secure group, back to back in the one upload slot.
+      std::size_t left = region_.group_contributors.size();
+      for (const auto& [g, contributors] : region_.group_contributors) {
+        const auto& sum = region_.group_sum[g];
+        auto src = std::make_shared<transport::ChunkSource>(sum, *sum, region_.dtype,
+                                                            std::vector<TensorInfo>{{"masked", {region_.words}, 0}},
+                                                            cfg_.federation, region_.round, cfg_.chunk_bytes);
+        up_->send_stream([src, max = cfg_.channel.max_frame_bytes] { return src->next_frame(max); });
+        auto end = transport::envelope(cfg_.federation, region_.round);
+        auto* u = end.mutable_update_end();
+        u->set_group(g);
+        u->set_more(--left > 0);
+        for (const auto& c : contributors) *u->add_contributors() = c;
+        to_server(std::move(end));
+      }
+      spdlog::info("round {}: masked partial sums of {} silos in {} groups sent", region_.round,
+                   region_.contributors.size(), region_.group_contributors.size());
+      return;
+    }
     double weight = 0;
     auto end = transport::envelope(cfg_.federation, region_.round);
     for (const auto& c : region_.contributors) {
@@ -385,7 +480,7 @@ class Edge {
       *end.mutable_update_end()->add_contributors() = c;
     }
     end.mutable_update_end()->set_weight(weight);
-    if (!region_.contributors.empty()) {
+    if (!region_.contributors.empty() && !region_.secure) {
       auto src = std::make_shared<transport::ChunkSource>(region_.acc, region_.acc->flat(), region_.layout,
                                                           cfg_.federation, region_.round, cfg_.chunk_bytes);
       up_->send_stream([src, max = cfg_.channel.max_frame_bytes] { return src->next_frame(max); });

@@ -1,6 +1,8 @@
 #include "server/config.h"
 
 #include "common/config.h"
+
+#include <cmath>
 #include "common/fs.h"
 #include "crypto/hash.h"
 #include "robust/robust.h"
@@ -136,17 +138,62 @@ ServerConfig load_server_config(const std::filesystem::path& file) {
   if (a.rule == "trimmed_mean") {
     why = robust::check_trimmed_mean(n, a.beta > 0 ? static_cast<std::size_t>(a.beta * static_cast<double>(n)) : a.f);
   }
-  if (!why.empty()) {
+  const bool secure_on = root.child("secure").str("mode", "off") != "off";
+  if (!why.empty() && !secure_on) {
     ag.fail("rule", why + " but a round may commit with selection.min_updates = " + std::to_string(n) +
                         " updates; raise min_updates or lower f");
   }
-  if (a.needs_all_updates() && c.allow.allows_role(wire::EDGE)) {
+  if (a.needs_all_updates() && c.allow.allows_role(wire::EDGE) && !secure_on) {
     ag.fail(a.clip_norm > 0 && a.rule == "fedavg" ? "clip_norm" : "rule",
             "needs every silo's own update, but edges send one partial sum per region; "
             "remove allow.edge, or run the rule across secure groups");
   }
   if ((a.rule == "krum" || a.rule == "multi_krum" || a.rule == "bulyan") && a.f == 0) {
     ag.fail("f", "must be >= 1 for " + a.rule + " (the number of Byzantine silos to tolerate)");
+  }
+
+  const auto se = root.child("secure");
+  auto& sc = c.secure;
+  sc.mode = se.one_of("mode", "off", {"off", "global", "grouped"});
+  sc.min_group = static_cast<std::size_t>(se.integer("min_group", 3, 2, 1 << 20));
+  sc.threshold = se.number("threshold", 2.0 / 3.0, 0.5, 1.0);
+  sc.bits = static_cast<std::uint32_t>(se.integer("modulus_bits", 32, 32, 64));
+  if (sc.bits != 32 && sc.bits != 64) se.fail("modulus_bits", "must be 32 or 64");
+  sc.fraction_bits = static_cast<std::uint32_t>(se.integer("fraction_bits", 16, 1, 52));
+  sc.clip_norm = se.number("clip_norm", 1.0, 1e-9, 1e9);
+  sc.max_weight = se.number("max_weight", 1000.0, 1e-9, 1e12);
+  sc.keys_deadline = std::chrono::milliseconds(static_cast<long>(se.number("keys_s", 30, 0.01, 86400) * 1000));
+  sc.unmask_deadline = std::chrono::milliseconds(static_cast<long>(se.number("unmask_s", 30, 0.01, 86400) * 1000));
+  se.finish();
+  if (sc.on()) {
+    if (a.clip_norm > 0) {
+      ag.fail("clip_norm", "the server cannot clip updates it never sees; with secure aggregation use secure.clip_norm");
+    }
+    if (sc.mode == "global" && a.rule != "fedavg") {
+      ag.fail("rule", "secure.mode global shows the server only the total, so a robust rule has nothing to "
+                      "choose from; use secure.mode grouped");
+    }
+    // The largest group a round can have.
+    std::size_t largest = !c.expected_silos.empty() ? c.expected_silos.size() : 1000;
+    if (c.selection.silos_per_round) {
+      largest = std::min(largest, static_cast<std::size_t>(std::ceil(
+                                      static_cast<double>(c.selection.silos_per_round) * (1 + c.selection.over_selection))));
+    }
+    if (sc.mode == "grouped") largest = std::min(largest, 2 * sc.min_group - 1);
+    if (auto why = crypto::check_overflow(sc.codec(), largest); !why.empty()) se.fail("modulus_bits", why);
+    if (sc.mode == "grouped" && a.rule != "fedavg") {
+      const std::size_t groups = c.selection.min_updates / sc.min_group;
+      std::string why;
+      if (a.rule == "krum") why = robust::check_krum(groups, a.f);
+      if (a.rule == "multi_krum") why = robust::check_multi_krum(groups, a.f, a.m ? a.m : (groups > a.f ? groups - a.f : 0));
+      if (a.rule == "bulyan") why = robust::check_bulyan(groups, a.f);
+      if (a.rule == "trimmed_mean") why = robust::check_trimmed_mean(groups, a.f);
+      if (!why.empty()) {
+        ag.fail("rule", why + " across secure groups, but min_updates " + std::to_string(c.selection.min_updates) +
+                            " silos make only " + std::to_string(groups) + " groups of min_group " +
+                            std::to_string(sc.min_group));
+      }
+    }
   }
 
   c.log_level = root.one_of("log_level", "info", {"trace", "debug", "info", "warn", "error"});

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/mlp.h"
+#include "crypto/fixed_point.h"
 #include "common/net.h"
 #include "proto/xsilo.pb.h"
 #include "server/optimizer.h"
@@ -41,6 +42,21 @@ struct AggregationConfig {
   bool needs_all_updates() const { return rule != "fedavg" || clip_norm > 0; }
 };
 
+// Secure aggregation (docs/security.md).
+struct SecureConfig {
+  std::string mode = "off";        // off, global, grouped
+  std::size_t min_group = 3;       // grouped: every group has at least this many silos
+  double threshold = 2.0 / 3.0;    // t = max(2, ceil(threshold * group size))
+  std::uint32_t bits = 32;
+  std::uint32_t fraction_bits = 16;
+  double clip_norm = 1.0;
+  double max_weight = 1000.0;
+  std::chrono::milliseconds keys_deadline{30000};    // each of the two key phases
+  std::chrono::milliseconds unmask_deadline{30000};
+  bool on() const { return mode != "off"; }
+  crypto::FixedPointParams codec() const { return {bits, fraction_bits, clip_norm, max_weight}; }
+};
+
 struct ServerConfig {
   std::filesystem::path file;
   std::string config_sha256;
@@ -62,6 +78,7 @@ struct ServerConfig {
   wire::TrainingPlan plan;
   OptimizerConfig optimizer;
   AggregationConfig aggregation;
+  SecureConfig secure;
   std::string log_level = "info";
 };
 

@@ -53,6 +53,7 @@ CoordinatorConfig CoordinatorConfig::from(const ServerConfig& c) {
   k.any_silo = c.expected_silos.empty();
   k.optimizer = c.optimizer.kind;
   k.aggregation = c.aggregation;
+  k.secure = c.secure;
   return k;
 }
 
@@ -164,6 +165,10 @@ void Coordinator::silo_gone(const std::string& silo, SessionId link, const std::
   if (it == routes_.end() || it->second != link) return;
   routes_.erase(it);
   spdlog::info("silo {} left: {} ({} connected)", silo, why, routes_.size());
+  if (secure_) {
+    secure_->silo_gone(silo);
+    drain_secure();
+  }
   if (auto m = member_named(silo)) {
     auto& mb = members_[*m];
     if (mb.session == link) {
@@ -225,6 +230,16 @@ void Coordinator::on_timer(Timer timer, std::int64_t now_ms) {
         }
       }
       pump(now_ms);
+      break;
+    case Timer::SecAgg:
+      if (phase_ != Phase::Collecting || !secure_) break;
+      secure_->keys_deadline();
+      drain_secure();
+      if (!secure_->shared()) actions_.push_back(action::StartTimer{Timer::SecAgg, cfg_.secure.keys_deadline});
+      pump(now_ms);
+      break;
+    case Timer::Unmask:
+      finish_unmask();
       break;
     case Timer::Upload:
       if (phase_ != Phase::Collecting || !upload_ || job_ != JobKind::None) break;
@@ -293,7 +308,15 @@ void Coordinator::start_round(std::int64_t now_ms) {
     for (auto d : t.shape) spec->add_shape(d);
   }
   rs->set_model_sha256(global_sha_);
-  std::map<SessionId, std::vector<std::string>> regions;
+  secure_.reset();
+  group_results_.clear();
+  if (cfg_.secure.on()) {
+    std::vector<std::string> names;
+    for (const auto& c : candidates) names.push_back(c.first);
+    secure_ = std::make_unique<SecureRound>(cfg_.secure, cfg_.federation, round_, cfg_.seed, names, global_->size());
+    masked_buf_.assign((global_->size() + 1) * secure_->word_bytes(), 0);
+  }
+  std::set<SessionId> edges;
   for (const auto& [silo, session] : candidates) {
     Member mb;
     mb.silo = silo;
@@ -302,19 +325,19 @@ void Coordinator::start_round(std::int64_t now_ms) {
     if (peer.edge) {
       mb.via_edge = true;
       mb.edge = peer.name;
-      regions[session].push_back(silo);
-    } else {
-      send(session, start);
-      actions_.push_back(action::SendModel{session, global_, round_});
+      edges.insert(session);
     }
     members_.push_back(std::move(mb));
+    wire::Envelope mine = start;
+    if (secure_) *mine.mutable_round_start()->mutable_secagg() = secure_->setup(secure_->group_of(silo));
+    send_to_member(members_.size() - 1, std::move(mine));
+    if (!peer.edge) actions_.push_back(action::SendModel{session, global_, round_});
   }
   // An edge receives the model once and passes it to its selected silos.
-  for (const auto& [edge, silos] : regions) {
-    wire::Envelope to_edge = start;
-    for (const auto& silo : silos) to_edge.mutable_round_start()->add_silos(silo);
-    send(edge, std::move(to_edge));
-    actions_.push_back(action::SendModel{edge, global_, round_});
+  for (auto edge : edges) actions_.push_back(action::SendModel{edge, global_, round_});
+  if (secure_) {
+    actions_.push_back(action::StartTimer{Timer::SecAgg, cfg_.secure.keys_deadline});
+    drain_secure();
   }
   actions_.push_back(action::StartTimer{Timer::Train, cfg_.deadlines.train});
   spdlog::info("round {}/{}: {} silos selected, closing at {}", round_, cfg_.rounds,
@@ -330,11 +353,13 @@ void Coordinator::on_message(SessionId id, const wire::Envelope& e, std::int64_t
     spdlog::warn("silo {} reports an error: {}", sessions_[id].name, e.error().message());
     return;
   }
-  if (body != B::kUpdateReady && body != B::kTensorChunk && body != B::kUpdateEnd) {
+  const bool secure_body = body == B::kSecaggKeys || body == B::kSecaggShares || body == B::kSecaggUnmaskShares;
+  if (body != B::kUpdateReady && body != B::kTensorChunk && body != B::kUpdateEnd && !secure_body) {
     send_error(id, wire::UNEXPECTED, "a silo may not send " + proto::body_name(e));
     return;
   }
   const auto m = member_of(id);
+  if (secure_body && m && e.round() == round_) return on_secure_message(*m, e, now_ms);
   if (e.round() != round_ || phase_ != Phase::Collecting || !m) {
     send_error(id, wire::WRONG_ROUND,
                proto::body_name(e) + " for round " + std::to_string(e.round()) + ", but round " +
@@ -415,6 +440,10 @@ void Coordinator::on_edge_message(SessionId id, const wire::Envelope& e, std::in
   if (!e.silo().empty()) {
     // Relayed from one of its silos: only UpdateReady (its uploads go into the region's sum).
     const auto m = member_named(e.silo());
+    const bool secure_body = body == B::kSecaggKeys || body == B::kSecaggShares || body == B::kSecaggUnmaskShares;
+    if (secure_body && m && members_[*m].session == id && e.round() == round_) {
+      return on_secure_message(*m, e, now_ms);
+    }
     if (!peer.region.count(e.silo()) || !m || members_[*m].session != id || body != B::kUpdateReady ||
         e.round() != round_ || phase_ != Phase::Collecting) {
       auto err = env();
@@ -458,13 +487,7 @@ void Coordinator::on_edge_message(SessionId id, const wire::Envelope& e, std::in
         pump(now_ms);
         return;
       }
-      const float* first = current_.flat().data() + upload_->rx.last_first();
-      const std::size_t count = upload_->rx.last_count();
-      actions_.push_back(action::Background{[check = upload_->check, first, count] {
-        check->hash.update(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(first),
-                                                         count * sizeof(float)));
-        for (std::size_t i = 0; i < count; ++i) check->finite = check->finite && std::isfinite(first[i]);
-      }});
+      arm_receiver();
       break;
     }
     case B::kUpdateEnd: on_region_end(id, e, now_ms); break;
@@ -495,6 +518,15 @@ void Coordinator::on_region_end(SessionId id, const wire::Envelope& e, std::int6
       why = "edge " + edge + " lists " + c.silo() + ", which is not one of its silos in this round";
       break;
     }
+    if (secure_) {
+      if (secure_->group_of(c.silo()) != u.group() || u.group() == 0) {
+        why = "edge " + edge + " put " + c.silo() + " into the partial sum of secure group " +
+              std::to_string(u.group()) + ", which is not its group";
+        break;
+      }
+      who.push_back(*m);
+      continue;
+    }
     if (!std::isfinite(c.weight()) || c.weight() <= 0) {
       why = "edge " + edge + " lists a non-positive weight for " + c.silo();
       break;
@@ -508,6 +540,7 @@ void Coordinator::on_region_end(SessionId id, const wire::Envelope& e, std::int6
     pump(now_ms);
     return;
   }
+  if (secure_) weight = u.weight();  // weights travel inside the masked sum
   if (why.empty() && !upload_->rx.complete()) {
     why = "partial sum has " + std::to_string(upload_->rx.received()) + " of the model's " +
           std::to_string(global_->size()) + " elements";
@@ -529,8 +562,10 @@ void Coordinator::on_region_end(SessionId id, const wire::Envelope& e, std::int6
   }
   upload_bytes_ += upload_->rx.bytes();
   upload_->contributors = who;
+  upload_->group = u.group();
+  upload_->more = u.more();
   upload_->complete = true;
-  run_job(JobKind::Fold, [this, check = upload_->check, declared = u.update_sha256()] {
+  run_job(JobKind::Fold, [this, group = u.group(), check = upload_->check, declared = u.update_sha256()] {
     fold_sha_ = crypto::to_hex(check->hash.finish());
     fold_ok_ = false;
     if (!check->finite) {
@@ -539,6 +574,11 @@ void Coordinator::on_region_end(SessionId id, const wire::Envelope& e, std::int6
     }
     if (!declared.empty() && declared != fold_sha_) {
       fold_error_ = "partial sum does not match its SHA-256";
+      return;
+    }
+    if (secure_) {
+      secure_->fold(group, masked_buf_.data());
+      fold_ok_ = true;
       return;
     }
     const auto cur = current_.flat();
@@ -569,9 +609,22 @@ void Coordinator::on_chunk(std::size_t m, const wire::Envelope& e, std::int64_t 
     pump(now_ms);
     return;
   }
-  // Hash and check the new elements on the worker while the next chunk arrives.
-  const float* first = current_.flat().data() + upload_->rx.last_first();
+  arm_receiver();
+}
+
+// Hashes (and, for plain updates, checks) the elements the last chunk wrote, on the worker
+// while the next chunk arrives.
+void Coordinator::arm_receiver() {
   const std::size_t count = upload_->rx.last_count();
+  if (secure_) {
+    const std::uint8_t* first = masked_buf_.data() + upload_->rx.last_first() * secure_->word_bytes();
+    const std::size_t bytes = count * secure_->word_bytes();
+    actions_.push_back(action::Background{[check = upload_->check, first, bytes] {
+      check->hash.update(std::span<const std::uint8_t>(first, bytes));
+    }});
+    return;
+  }
+  const float* first = current_.flat().data() + upload_->rx.last_first();
   actions_.push_back(action::Background{[check = upload_->check, first, count] {
     check->hash.update(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(first),
                                                      count * sizeof(float)));
@@ -590,7 +643,7 @@ void Coordinator::on_update_end(std::size_t m, const wire::Envelope& e, std::int
   if (!upload_->rx.complete()) {
     why = "update has " + std::to_string(upload_->rx.received()) + " of the model's " +
           std::to_string(global_->size()) + " elements";
-  } else if (!std::isfinite(u.weight()) || u.weight() <= 0) {
+  } else if (!secure_ && (!std::isfinite(u.weight()) || u.weight() <= 0)) {
     why = "update weight must be a positive number";
   }
   actions_.push_back(action::CancelTimer{Timer::Upload});
@@ -607,8 +660,9 @@ void Coordinator::on_update_end(std::size_t m, const wire::Envelope& e, std::int
   upload_->complete = true;
   // Check and fold into the running sum off the network thread (after the chunks' checks,
   // which the worker runs first: its queue is in order).
-  run_job(JobKind::Fold, [this, m, check = upload_->check, declared = upload_->declared_sha256,
-                          weight = mb.weight] {
+  const std::uint32_t group = secure_ ? secure_->group_of(mb.silo) : 0;
+  run_job(JobKind::Fold, [this, group, label = mb.silo, check = upload_->check,
+                          declared = upload_->declared_sha256, weight = mb.weight] {
     fold_sha_ = crypto::to_hex(check->hash.finish());
     fold_ok_ = false;
     if (!check->finite) {
@@ -617,6 +671,11 @@ void Coordinator::on_update_end(std::size_t m, const wire::Envelope& e, std::int
     }
     if (!declared.empty() && declared != fold_sha_) {
       fold_error_ = "update does not match its SHA-256 (sent " + declared + ", received " + fold_sha_ + ")";
+      return;
+    }
+    if (secure_) {  // masked words: nothing to check, add into the group's sum mod 2^bits
+      secure_->fold(group, masked_buf_.data());
+      fold_ok_ = true;
       return;
     }
     const auto cur = current_.flat();
@@ -630,7 +689,8 @@ void Coordinator::on_update_end(std::size_t m, const wire::Envelope& e, std::int
       if (cfg_.aggregation.clip_norm > 0) {
         norm = robust::clip_l2(std::span<float>(rows_).subspan(at, d), 1, d, cfg_.aggregation.clip_norm)[0].score;
       }
-      row_member_.push_back(m);
+      row_label_.push_back(label);
+      row_weight_.push_back(weight);
       row_norm_.push_back(norm);
     } else {
       auto acc = acc_->flat();
@@ -667,6 +727,16 @@ void Coordinator::on_job_done(std::uint64_t job, std::int64_t now_ms) {
             members_[m].update_sha256 = fold_sha_;
             ++completed_;
             total_weight_ += members_[m].weight;
+            if (secure_) secure_->masked_from(members_[m].silo);
+          }
+          if (up.more && sessions_.count(up.edge)) {
+            // The edge goes on with another group's partial sum in the same slot.
+            upload_.emplace();
+            upload_->edge = up.edge;
+            upload_->rx.reset_words(masked_buf_, {{"masked", {global_->size() + 1}, 0}},
+                                    cfg_.secure.bits == 64 ? wire::U64 : wire::U32, /*hash=*/false);
+            actions_.push_back(action::StartTimer{Timer::Upload, cfg_.deadlines.upload});
+            break;
           }
           for (std::size_t i = 0; i < members_.size(); ++i) {
             if (members_[i].via_edge && members_[i].edge == edge &&
@@ -683,10 +753,15 @@ void Coordinator::on_job_done(std::uint64_t job, std::int64_t now_ms) {
         members_[up.member].update_sha256 = fold_sha_;
         ++completed_;
         total_weight_ += members_[up.member].weight;
+        if (secure_) secure_->masked_from(members_[up.member].silo);
       }
       pump(now_ms);
       break;
     }
+    case JobKind::Unmask:
+      check_groups();
+      decide(now_ms);
+      break;
     case JobKind::Commit:
       if (commit_aborted_) {
         ++aborted_;
@@ -716,7 +791,12 @@ void Coordinator::grant(const Uploader& u) {
   upload_.emplace();
   upload_->member = u.member;
   upload_->edge = u.edge;
-  upload_->rx.reset(current_.flat(), global_->tensors(), /*hash=*/false);
+  if (secure_) {
+    upload_->rx.reset_words(masked_buf_, {{"masked", {global_->size() + 1}, 0}},
+                            cfg_.secure.bits == 64 ? wire::U64 : wire::U32, /*hash=*/false);
+  } else {
+    upload_->rx.reset(current_.flat(), global_->tensors(), /*hash=*/false);
+  }
   auto e = env();
   e.mutable_upload_grant();
   if (u.edge) {
@@ -770,6 +850,7 @@ void Coordinator::close_round(std::int64_t now_ms) {
   phase_ = Phase::Closing;
   actions_.push_back(action::CancelTimer{Timer::Train});
   actions_.push_back(action::CancelTimer{Timer::Upload});
+  actions_.push_back(action::CancelTimer{Timer::SecAgg});
   const bool enough = completed_ >= target_;
   for (std::size_t i = 0; i < members_.size(); ++i) {
     auto& mb = members_[i];
@@ -783,6 +864,95 @@ void Coordinator::close_round(std::int64_t now_ms) {
       }
     }
   }
+  if (secure_) {
+    // Ask each group's survivors for the shares that remove the masks.
+    phase_ = Phase::Unmasking;
+    secure_->begin_unmask();
+    drain_secure();
+    actions_.push_back(action::StartTimer{Timer::Unmask, cfg_.secure.unmask_deadline});
+    if (secure_->unmask_complete()) finish_unmask();
+    return;
+  }
+  decide(now_ms);
+}
+
+void Coordinator::on_secure_message(std::size_t m, const wire::Envelope& e, std::int64_t now_ms) {
+  if (!secure_) {
+    auto err = env();
+    err.mutable_error()->set_code(wire::UNEXPECTED);
+    err.mutable_error()->set_message("this round is not securely aggregated");
+    send_to_member(m, std::move(err));
+    return;
+  }
+  const std::string& silo = members_[m].silo;
+  if (e.has_secagg_keys() && phase_ == Phase::Collecting) secure_->on_keys(silo, e.secagg_keys());
+  if (e.has_secagg_shares() && phase_ == Phase::Collecting) secure_->on_shares(silo, e.secagg_shares());
+  if (e.has_secagg_unmask_shares() && phase_ == Phase::Unmasking) {
+    secure_->on_unmask(silo, e.secagg_unmask_shares());
+  }
+  drain_secure();
+  if (phase_ == Phase::Unmasking && job_ == JobKind::None && secure_->unmask_complete()) finish_unmask();
+  pump(now_ms);
+}
+
+void Coordinator::drain_secure() {
+  if (!secure_) return;
+  for (auto& [silo, e] : secure_->take_out()) {
+    if (auto m = member_named(silo)) send_to_member(*m, std::move(e));
+  }
+  for (const auto& [silo, why] : secure_->take_failed()) {
+    if (auto m = member_named(silo); m && members_[*m].state != MemberState::Dropped) {
+      drop(*m, phase_ == Phase::Unmasking ? "unmask" : "secure", why);
+    }
+  }
+}
+
+void Coordinator::finish_unmask() {
+  if (phase_ != Phase::Unmasking || job_ != JobKind::None) return;
+  actions_.push_back(action::CancelTimer{Timer::Unmask});
+  run_job(JobKind::Unmask, [this] { group_results_ = secure_->finish(); });
+}
+
+void Coordinator::check_groups() {
+  const auto& sc = cfg_.secure;
+  for (auto& r : group_results_) {
+    std::string why = r.why;
+    if (r.ok) {
+      const std::size_t d = r.sum.size() - 1;
+      const double w = r.sum[d];
+      double sq = 0;
+      for (std::size_t k = 0; k < d; ++k) sq += r.sum[k] * r.sum[k];
+      // Each member adds w x with ||x|| <= clip_norm and w <= max_weight; rounding adds at most
+      // one step per coordinate and member.
+      const double step = std::ldexp(1.0, -static_cast<int>(sc.fraction_bits)) * static_cast<double>(r.survivors.size());
+      const double bound = w * sc.clip_norm * 1.001 + step * std::sqrt(static_cast<double>(d));
+      if (!(w > 0) || w > static_cast<double>(r.survivors.size()) * sc.max_weight * 1.001 + step) {
+        why = "summed weight " + std::to_string(w) + " is impossible for " + std::to_string(r.survivors.size()) +
+              " silos of max_weight " + std::to_string(sc.max_weight);
+      } else if (std::sqrt(sq) > bound) {
+        why = "group sum norm " + std::to_string(std::sqrt(sq)) + " exceeds summed weight x clip_norm = " +
+              std::to_string(w * sc.clip_norm) + ": a member skipped clipping";
+      }
+      r.ok = why.empty();
+      r.why = why;
+    }
+    if (!r.ok) {
+      spdlog::warn("round {}: secure group {} rejected: {}", round_, r.group, r.why);
+      for (const auto& silo : r.members) {
+        auto m = member_named(silo);
+        if (m && members_[*m].state == MemberState::Done) {
+          members_[*m].state = MemberState::Training;  // let drop() record it
+          drop(*m, "unmask", "secure group " + std::to_string(r.group) + ": " + r.why);
+        }
+      }
+    }
+  }
+}
+
+void Coordinator::decide(std::int64_t now_ms) {
+  phase_ = Phase::Closing;
+  completed_ = static_cast<std::size_t>(std::count_if(
+      members_.begin(), members_.end(), [](const Member& mb) { return mb.state == MemberState::Done; }));
   const std::size_t need = std::max<std::size_t>(1, cfg_.selection.min_updates);
   if (completed_ < need) {
     abort_reason_ = "only " + std::to_string(completed_) + " updates arrived, " +
@@ -798,17 +968,18 @@ void Coordinator::close_round(std::int64_t now_ms) {
   run_job(JobKind::Commit, [this, row, rec = std::move(rec)]() mutable {
     commit_aborted_ = false;
     auto acc = acc_->flat();
-    if (cfg_.aggregation.needs_all_updates()) {
-      if (!aggregate_robust(rec)) {
-        rec["status"] = "aborted";
-        rec["model_sha256_after"] = rec["model_sha256_before"];
-        auto abort_row = row;
-        abort_row.committed = false;
-        store_.record(rec, &abort_row);
-        commit_aborted_ = true;
-        return;
-      }
-    } else {
+    const bool robust_ok = secure_ ? aggregate_groups(rec)
+                                   : !cfg_.aggregation.needs_all_updates() || aggregate_robust(rec);
+    if (!robust_ok) {
+      rec["status"] = "aborted";
+      rec["model_sha256_after"] = rec["model_sha256_before"];
+      auto abort_row = row;
+      abort_row.committed = false;
+      store_.record(rec, &abort_row);
+      commit_aborted_ = true;
+      return;
+    }
+    if (!secure_ && !cfg_.aggregation.needs_all_updates()) {
       // acc holds sum(w_i * delta_i); the mean delta is acc / W.
       const float inv = static_cast<float>(1.0 / total_weight_);
       for (auto& v : acc) v *= inv;
@@ -820,6 +991,35 @@ void Coordinator::close_round(std::int64_t now_ms) {
     store_.commit(round_, *acc_, optimizer_.state(), rec, row);
     next_global_ = std::shared_ptr<const Model>(std::move(acc_));
   });
+}
+
+bool Coordinator::aggregate_groups(nlohmann::json& rec) {
+  const std::size_t d = global_->size();
+  nlohmann::json outcome = nlohmann::json::array();
+  std::vector<double> total(d + 1, 0.0);
+  rows_.clear();
+  row_label_.clear();
+  row_weight_.clear();
+  row_norm_.clear();
+  for (const auto& r : group_results_) {
+    nlohmann::json o = {{"group", r.group}, {"survivors", r.survivors}, {"ok", r.ok}};
+    if (!r.ok) o["reason"] = r.why;
+    else o["weight"] = r.sum[d];
+    outcome.push_back(o);
+    if (!r.ok) continue;
+    for (std::size_t k = 0; k <= d; ++k) total[k] += r.sum[k];
+    // The group's mean: one row for a robust rule across groups.
+    const double inv = 1.0 / r.sum[d];
+    for (std::size_t k = 0; k < d; ++k) rows_.push_back(static_cast<float>(r.sum[k] * inv));
+    row_label_.push_back(std::to_string(r.group));
+    row_weight_.push_back(r.sum[d]);
+    row_norm_.push_back(0);
+  }
+  rec["secure"]["groups_outcome"] = outcome;
+  if (cfg_.aggregation.rule != "fedavg") return aggregate_robust(rec);
+  auto acc = acc_->flat();
+  for (std::size_t k = 0; k < d; ++k) acc[k] = static_cast<float>(total[k] / total[d]);
+  return true;
 }
 
 void Coordinator::finish_round(bool committed, std::int64_t now_ms) {
@@ -836,8 +1036,12 @@ void Coordinator::finish_round(bool committed, std::int64_t now_ms) {
   acc_.reset();
   members_.clear();
   std::vector<float>().swap(rows_);
-  row_member_.clear();
+  row_label_.clear();
+  row_weight_.clear();
   row_norm_.clear();
+  secure_.reset();
+  group_results_.clear();
+  std::vector<std::uint8_t>().swap(masked_buf_);
   if (round_ > cfg_.rounds) {
     phase_ = Phase::Finished;
     for (const auto& [id, peer] : sessions_) {
@@ -891,12 +1095,13 @@ nlohmann::json Coordinator::round_record(bool committed, const std::string& reas
                       {"model_sha256_after", global_sha_},
                       {"config_sha256", cfg_.config_sha256}};
   if (!committed) r["reason"] = reason;
+  if (secure_) r["secure"] = secure_->describe();
   return r;
 }
 
 bool Coordinator::aggregate_robust(nlohmann::json& rec) {
   const auto& a = cfg_.aggregation;
-  const std::size_t n = row_member_.size(), d = global_->size();
+  const std::size_t n = row_label_.size(), d = global_->size();
   const robust::MatrixView x{rows_.data(), n, d};
   const std::size_t b = a.beta > 0 ? static_cast<std::size_t>(a.beta * static_cast<double>(n)) : a.f;
   const std::size_t m = a.m ? a.m : (n > a.f ? n - a.f : 1);
@@ -919,8 +1124,7 @@ bool Coordinator::aggregate_robust(nlohmann::json& rec) {
     rec["robust"] = info;
     return false;
   }
-  std::vector<double> weights;
-  for (auto i : row_member_) weights.push_back(members_[i].weight);
+  const std::vector<double>& weights = row_weight_;
   robust::Result r;
   if (rule == "fedavg") r = robust::mean(x, weights);
   else if (rule == "krum") r = robust::krum(x, a.f);
@@ -932,7 +1136,7 @@ bool Coordinator::aggregate_robust(nlohmann::json& rec) {
   std::copy(r.aggregate.begin(), r.aggregate.end(), acc_->flat().begin());
   nlohmann::json inputs = nlohmann::json::array();
   for (std::size_t i = 0; i < n; ++i) {
-    nlohmann::json e = {{"silo", members_[row_member_[i]].silo},
+    nlohmann::json e = {{secure_ ? "group" : "silo", row_label_[i]},
                         {"kept", r.decisions[i].kept},
                         {"score", r.decisions[i].score}};
     if (!r.decisions[i].reason.empty()) e["reason"] = r.decisions[i].reason;

@@ -28,13 +28,14 @@
 #include "proto/xsilo.pb.h"
 #include "server/config.h"
 #include "server/optimizer.h"
+#include "server/secure_round.h"
 #include "server/store.h"
 #include "transport/tensor_stream.h"
 
 namespace xsilo::server {
 
 using SessionId = std::uint64_t;
-enum class Timer { Join, Train, Upload };
+enum class Timer { Join, Train, Upload, SecAgg, Unmask };
 
 namespace action {
 struct Send {
@@ -89,11 +90,12 @@ struct CoordinatorConfig {
   bool any_silo = true;   // the allow-list admits every silo ("*"); else only expected_silos
   std::string optimizer = "fedavg";
   AggregationConfig aggregation;
+  SecureConfig secure;
 
   static CoordinatorConfig from(const ServerConfig& c);
 };
 
-enum class Phase { Joining, Collecting, Closing, Finished };
+enum class Phase { Joining, Collecting, Unmasking, Closing, Finished };
 enum class MemberState { Training, Ready, Uploading, Done, Dropped, Surplus };
 
 struct Member {
@@ -136,7 +138,7 @@ class Coordinator {
   std::size_t connected() const { return routes_.size(); }
 
  private:
-  enum class JobKind { None, Fold, Commit, Record, Barrier };
+  enum class JobKind { None, Fold, Commit, Record, Barrier, Unmask };
   // Written by background work on the worker thread only.
   struct UploadCheck {
     crypto::Sha256 hash;
@@ -157,6 +159,8 @@ class Coordinator {
     std::size_t member = kNone;
     SessionId edge = 0;
     std::vector<std::size_t> contributors;  // edge uploads: the members in the sum
+    std::uint32_t group = 0;                // secure aggregation: the group of this (partial) sum
+    bool more = false;                      // an edge sends another group's sum next
     transport::TensorReceiver rx;
     std::shared_ptr<UploadCheck> check = std::make_shared<UploadCheck>();
     std::string declared_sha256;
@@ -192,6 +196,16 @@ class Coordinator {
   MetricsRow metrics_row(bool committed, std::int64_t now_ms) const;
   // Runs the configured rule over rows_ into acc_; false when the round must abort.
   bool aggregate_robust(nlohmann::json& rec);
+  void on_secure_message(std::size_t member, const wire::Envelope& env, std::int64_t now_ms);
+  void drain_secure();
+  void finish_unmask();
+  // After unmasking: drops the members of groups that failed or whose sum proves that a
+  // member skipped clipping, then decides like any round.
+  void check_groups();
+  void decide(std::int64_t now_ms);
+  // Commit job, secure mode: the mean (or the robust rule across group means) into acc_.
+  bool aggregate_groups(nlohmann::json& rec);
+  void arm_receiver();
 
   CoordinatorConfig cfg_;
   std::shared_ptr<const Model> global_;
@@ -219,10 +233,16 @@ class Coordinator {
   std::uint64_t upload_bytes_ = 0;
   std::unique_ptr<Model> acc_;   // running sum of weight * delta
   Model current_;                // one upload being received
-  // Robust rules and clipping need every update: row i is member row_member_[i]'s delta.
+  // Robust rules and clipping need every update (or, with secure groups, every group mean):
+  // row i is row_label_[i]'s delta, with weight row_weight_[i].
   std::vector<float> rows_;
-  std::vector<std::size_t> row_member_;
+  std::vector<std::string> row_label_;
+  std::vector<double> row_weight_;
   std::vector<double> row_norm_;
+  // Secure aggregation: this round's groups, one masked upload buffer, the decoded sums.
+  std::unique_ptr<SecureRound> secure_;
+  std::vector<std::uint8_t> masked_buf_;
+  std::vector<GroupResult> group_results_;
   bool commit_aborted_ = false;
   std::string abort_reason_;
 

@@ -46,7 +46,7 @@ class Server {
   Server(const ServerConfig& cfg, ServerState& state, Coordinator& coord)
       : cfg_(cfg), state_(state), coord_(coord), pool_(1), signals_(io_, SIGINT, SIGTERM),
         tls_(transport::make_tls_context(cfg.tls)) {
-    for (auto t : {Timer::Join, Timer::Train, Timer::Upload}) {
+    for (auto t : {Timer::Join, Timer::Train, Timer::Upload, Timer::SecAgg, Timer::Unmask}) {
       timers_.emplace(t, std::make_unique<asio::steady_timer>(io_));
     }
   }

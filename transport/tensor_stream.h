@@ -23,6 +23,10 @@ class ChunkSource {
   ChunkSource(std::shared_ptr<const void> keep_alive, std::span<const float> values,
               std::vector<TensorInfo> layout, std::string federation, std::uint64_t round,
               std::size_t chunk_bytes);
+  // Ring words (masked inputs): `bytes` holds layout-many elements of 4 (U32) or 8 (U64) bytes.
+  ChunkSource(std::shared_ptr<const void> keep_alive, std::span<const std::uint8_t> bytes,
+              wire::DType dtype, std::vector<TensorInfo> layout, std::string federation,
+              std::uint64_t round, std::size_t chunk_bytes);
   // The next chunk as an envelope (a copy of the data: for tests and in-process use).
   std::optional<wire::Envelope> next();
   // The next chunk as a frame whose payload is read in place from the model.
@@ -30,14 +34,16 @@ class ChunkSource {
 
  private:
   std::shared_ptr<const void> keep_alive_;
-  std::span<const float> values_;
+  const std::uint8_t* base_;
+  std::size_t elem_ = sizeof(float);
+  wire::DType dtype_ = wire::F32;
   std::vector<TensorInfo> layout_;
   std::string federation_;
   std::uint64_t round_;
   std::size_t chunk_elems_;
   std::size_t tensor_ = 0, offset_ = 0;
   // The envelope of the next chunk with an empty data field, and where its data lies.
-  std::optional<std::pair<wire::Envelope, std::span<const float>>> advance();
+  std::optional<std::pair<wire::Envelope, std::span<const std::uint8_t>>> advance();
 };
 
 class TensorReceiver {
@@ -45,9 +51,12 @@ class TensorReceiver {
   // Expect `layout`, writing into `into` (which must hold every element of the layout). With
   // `hash` false the caller hashes the written regions itself (off the network thread).
   void reset(std::span<float> into, std::vector<TensorInfo> layout, bool hash = true);
+  // The same for vectors of ring words (masked inputs: U32 or U64); `layout` counts words.
+  void reset_words(std::span<std::uint8_t> into, std::vector<TensorInfo> layout, wire::DType dtype,
+                   bool hash = true);
   // Checks name, dtype, offset (chunks arrive in order), size and bounds, then copies.
   proto::Status add(const wire::TensorChunk& chunk);
-  // The elements the last successful add() wrote: [first, first + count) of `into`.
+  // The elements the last successful add() wrote: [first, first + count) of `into` (in elements).
   std::size_t last_first() const { return last_first_; }
   std::size_t last_count() const { return last_count_; }
   bool complete() const { return tensor_ >= layout_.size(); }
@@ -58,7 +67,9 @@ class TensorReceiver {
 
  private:
   void skip_empty();
-  std::span<float> into_;
+  std::uint8_t* base_ = nullptr;
+  std::size_t elem_ = sizeof(float);
+  wire::DType dtype_ = wire::F32;
   std::vector<TensorInfo> layout_;
   std::size_t tensor_ = 0, offset_ = 0, received_ = 0, last_first_ = 0, last_count_ = 0;
   std::uint64_t bytes_ = 0;
