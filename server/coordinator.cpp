@@ -1066,10 +1066,12 @@ nlohmann::json Coordinator::round_record(bool committed, const std::string& reas
   for (const auto& mb : members_) {
     selected.push_back(mb.silo);
     if (mb.state == MemberState::Done) {
-      participants.push_back({{"silo", mb.silo},
-                              {"num_samples", mb.num_samples},
-                              {"weight", mb.weight},
-                              {"update_sha256", mb.update_sha256}});
+      // With secure aggregation a silo's sample count and weight stay inside the masked sum.
+      participants.push_back(secure_ ? nlohmann::json{{"silo", mb.silo}, {"update_sha256", mb.update_sha256}}
+                                     : nlohmann::json{{"silo", mb.silo},
+                                                      {"num_samples", mb.num_samples},
+                                                      {"weight", mb.weight},
+                                                      {"update_sha256", mb.update_sha256}});
       if (mb.via_edge) participants.back()["edge"] = mb.edge;
     } else if (mb.state == MemberState::Dropped) {
       dropouts.push_back({{"silo", mb.silo}, {"phase", mb.drop_phase}, {"reason", mb.drop_reason}});

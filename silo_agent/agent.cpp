@@ -18,6 +18,11 @@
 #include "common/fs.h"
 #include "common/mlp.h"
 #include "crypto/hash.h"
+#include "crypto/secagg.h"
+
+#include <sodium.h>
+#include <cstring>
+#include <optional>
 #include "silo_agent/trainer.h"
 #include "transport/tensor_stream.h"
 
@@ -259,6 +264,7 @@ class Agent {
 
   void handle(const wire::Envelope& env, const Endpoint& up) {
     using B = wire::Envelope::BodyCase;
+    if (crashing_) return;
     switch (env.body_case()) {
       case B::kRoundStart: {
         const auto& rs = env.round_start();
@@ -278,7 +284,81 @@ class Agent {
         // TLS authenticates every byte on the way; the announced hash is recorded in the
         // silo's log rather than recomputed (one SHA-256 pass per round saved).
         rx_.reset(global_->flat(), global_->tensors(), /*hash=*/false);
+        secure_.reset();
+        secure_setup_.reset();
+        shares_in_ = false;
+        masked_.reset();
+        if (rs.has_secagg()) start_secure(rs.secagg());
         if (rx_.complete()) on_model(up);
+        break;
+      }
+      case B::kSecaggKeyList: {
+        if (!secure_ || env.round() != round_) break;
+        crypto::secagg::KeyList list;
+        for (const auto& e : env.secagg_key_list().entries()) {
+          crypto::secagg::PublicKeys k;
+          if (e.cipher_pk().size() != 32 || e.mask_pk().size() != 32 || e.self_mask_commitment().size() != 32) continue;
+          std::memcpy(k.cipher_pk.data(), e.cipher_pk().data(), 32);
+          std::memcpy(k.mask_pk.data(), e.mask_pk().data(), 32);
+          std::memcpy(k.self_mask_commitment.data(), e.self_mask_commitment().data(), 32);
+          list[e.silo()] = k;
+        }
+        auto shares = secure_->share(list);
+        if (!crypto::secagg::ok(shares)) {
+          spdlog::error("round {}: secure aggregation: {}", round_, crypto::secagg::error(shares));
+          reply_error(wire::UNEXPECTED, crypto::secagg::error(shares));
+          break;
+        }
+        auto out = transport::envelope(cfg_.federation, round_);
+        for (const auto& [to, c] : crypto::secagg::value(shares)) {
+          auto* e = out.mutable_secagg_shares()->add_entries();
+          e->set_recipient(to);
+          e->set_ciphertext(c);
+        }
+        channel_->send(std::move(out));
+        maybe_crash("shares");
+        break;
+      }
+      case B::kSecaggShareDelivery: {
+        if (!secure_ || env.round() != round_) break;
+        crypto::secagg::Ciphertexts from;
+        for (const auto& e : env.secagg_share_delivery().entries()) from[e.sender()] = e.ciphertext();
+        if (auto err = secure_->receive(from); !err.empty()) {
+          spdlog::error("round {}: secure aggregation: {}", round_, err);
+          reply_error(wire::BAD_UPDATE, err);
+          break;
+        }
+        shares_in_ = true;
+        mask_when_ready();
+        break;
+      }
+      case B::kSecaggUnmaskRequest: {
+        if (!secure_ || env.round() != round_) break;
+        crypto::secagg::UnmaskRequest req;
+        req.dropped.assign(env.secagg_unmask_request().dropped().begin(), env.secagg_unmask_request().dropped().end());
+        req.survivors.assign(env.secagg_unmask_request().survivors().begin(),
+                             env.secagg_unmask_request().survivors().end());
+        auto reply = secure_->unmask(req);
+        if (!crypto::secagg::ok(reply)) {
+          spdlog::error("round {}: refusing to unmask: {}", round_, crypto::secagg::error(reply));
+          reply_error(wire::UNEXPECTED, crypto::secagg::error(reply));
+          break;
+        }
+        auto out = transport::envelope(cfg_.federation, round_);
+        for (const auto& [owner, share] : crypto::secagg::value(reply).mask_key_shares) {
+          auto* e = out.mutable_secagg_unmask_shares()->add_entries();
+          e->set_owner(owner);
+          e->set_is_mask_key(true);
+          e->set_share(share);
+        }
+        for (const auto& [owner, share] : crypto::secagg::value(reply).self_mask_shares) {
+          auto* e = out.mutable_secagg_unmask_shares()->add_entries();
+          e->set_owner(owner);
+          e->set_is_mask_key(false);
+          e->set_share(share);
+        }
+        channel_->send(std::move(out));
+        spdlog::info("round {}: unmasking shares sent", round_);
         break;
       }
       case B::kTensorChunk: {
@@ -328,6 +408,87 @@ class Agent {
     }
   }
 
+  // Secure aggregation: keys go out at once, overlapping with training.
+  void start_secure(const wire::SecAggSetup& setup) {
+    crypto::secagg::Params p;
+    p.session = cfg_.federation + "/" + std::to_string(round_) + "/" + std::to_string(setup.group());
+    p.members.assign(setup.members().begin(), setup.members().end());
+    p.threshold = setup.threshold();
+    p.bits = setup.modulus_bits();
+    p.length = setup.vector_length();
+    if (auto why = crypto::secagg::check_params(p); !why.empty() || !p.index_of(name_)) {
+      spdlog::error("round {}: unusable secure group: {}", round_, why.empty() ? "this silo is not a member" : why);
+      reply_error(wire::UNEXPECTED, "unusable secure group");
+      return;
+    }
+    secure_setup_ = setup;
+    secure_ = std::make_shared<crypto::secagg::Client>(p, name_);
+    const auto keys = secure_->advertise();
+    auto out = transport::envelope(cfg_.federation, round_);
+    auto* k = out.mutable_secagg_keys();
+    k->set_cipher_pk(std::string(keys.cipher_pk.begin(), keys.cipher_pk.end()));
+    k->set_mask_pk(std::string(keys.mask_pk.begin(), keys.mask_pk.end()));
+    k->set_self_mask_commitment(std::string(keys.self_mask_commitment.begin(), keys.self_mask_commitment.end()));
+    channel_->send(std::move(out));
+    spdlog::info("round {}: secure group {} of {} silos (threshold {}); keys advertised", round_, setup.group(),
+                 setup.members_size(), setup.threshold());
+    maybe_crash("keys");
+  }
+
+  // Masks the encoded update once both it and the share deliveries are here (on the worker:
+  // one PRG expansion per group member), then announces it.
+  void mask_when_ready() {
+    if (!secure_ || !shares_in_ || !pending_ || masked_ || masking_) return;
+    masking_ = true;
+    const auto setup = *secure_setup_;
+    const std::uint64_t gen = generation_, round = round_;
+    asio::post(pool_, [this, gen, round, setup, client = secure_, update = pending_, weight = pending_out_.weight] {
+      crypto::FixedPointParams codec{setup.modulus_bits(), setup.fraction_bits(), setup.clip_norm(), setup.max_weight()};
+      const std::size_t d = update->size();
+      auto words = std::make_shared<std::vector<std::uint8_t>>((d + 1) * (codec.bits / 8));
+      // The upload is weight * delta: the codec wants delta and the weight separately.
+      std::vector<float> delta(update->flat().begin(), update->flat().end());
+      for (auto& v : delta) v = static_cast<float>(v / weight);
+      std::uint64_t seed = 0;
+      randombytes_buf(&seed, sizeof seed);
+      std::string err;
+      if (codec.bits == 32) {
+        std::span<std::uint32_t> w(reinterpret_cast<std::uint32_t*>(words->data()), d + 1);
+        crypto::encode(codec, delta, weight, seed, w);
+        err = client->mask(w);
+      } else {
+        std::span<std::uint64_t> w(reinterpret_cast<std::uint64_t*>(words->data()), d + 1);
+        crypto::encode(codec, delta, weight, seed, w);
+        err = client->mask(w);
+      }
+      const std::string sha = crypto::sha256_hex(std::string_view(reinterpret_cast<const char*>(words->data()), words->size()));
+      asio::post(io_, [this, gen, round, words, err, sha] {
+        masking_ = false;
+        if (gen != generation_ || !channel_) return;
+        if (!err.empty()) {
+          spdlog::error("round {}: masking failed: {}", round, err);
+          return;
+        }
+        masked_ = words;
+        pending_out_.sha256 = sha;
+        auto e = transport::envelope(cfg_.federation, round);
+        e.mutable_update_ready()->set_num_samples(1);  // the real count travels inside the masked sum
+        *e.mutable_update_ready()->mutable_metrics() = pending_out_.metrics;
+        channel_->send(std::move(e));
+        spdlog::info("round {}: update encoded and masked; ready", round);
+      });
+    });
+  }
+
+  // Simulation only: the agent dies right after sending the named protocol step.
+  void maybe_crash(const std::string& step) {
+    if (cfg_.crash_step != step || cfg_.crash_round != round_) return;
+    spdlog::warn("round {}: simulated crash after sending {}", round_, step);
+    crashing_ = true;  // from here on the silo does nothing, as if it were already gone
+    auto t = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(300));
+    t->async_wait([t](boost::system::error_code) { std::_Exit(137); });
+  }
+
   void reply_error(wire::ErrorCode code, const std::string& msg) {
     if (!channel_) return;
     auto e = transport::envelope(cfg_.federation, round_);
@@ -361,6 +522,10 @@ class Agent {
         pending_round_ = round;
         pending_model_sha_ = expected_sha_;
         pending_out_ = out;
+        if (secure_) {
+          mask_when_ready();
+          return;
+        }
         auto e = transport::envelope(cfg_.federation, round);
         auto* r = e.mutable_update_ready();
         r->set_num_samples(out.num_samples);
@@ -375,14 +540,26 @@ class Agent {
   }
 
   void upload(const Endpoint& up) {
-    auto src = std::make_shared<transport::ChunkSource>(
-        pending_, pending_->flat(), pending_->tensors(), cfg_.federation, pending_round_,
-        cfg_.chunk_bytes);
+    std::shared_ptr<transport::ChunkSource> src;
+    if (secure_) {
+      if (!masked_) {
+        reply_error(wire::UNEXPECTED, "the masked update is not ready");
+        return;
+      }
+      const auto dtype = secure_setup_->modulus_bits() == 64 ? wire::U64 : wire::U32;
+      const std::uint64_t words = secure_setup_->vector_length();
+      src = std::make_shared<transport::ChunkSource>(masked_, *masked_, dtype,
+                                                     std::vector<TensorInfo>{{"masked", {words}, 0}},
+                                                     cfg_.federation, pending_round_, cfg_.chunk_bytes);
+    } else {
+      src = std::make_shared<transport::ChunkSource>(pending_, pending_->flat(), pending_->tensors(),
+                                                     cfg_.federation, pending_round_, cfg_.chunk_bytes);
+    }
     channel_->send_stream([src, max = cfg_.channel.max_frame_bytes] { return src->next_frame(max); });
     auto e = transport::envelope(cfg_.federation, pending_round_);
     auto* end = e.mutable_update_end();
-    end->set_weight(pending_out_.weight);
-    end->set_num_samples(pending_out_.num_samples);
+    end->set_weight(secure_ ? 0.0 : pending_out_.weight);  // secure: inside the masked sum
+    end->set_num_samples(secure_ ? 0 : pending_out_.num_samples);
     end->set_update_sha256(pending_out_.sha256);
     *end->mutable_metrics() = pending_out_.metrics;
     channel_->send(std::move(e));
@@ -436,6 +613,10 @@ class Agent {
   transport::TensorReceiver rx_;
   std::shared_ptr<Model> pending_;
   std::shared_ptr<Model> spare_;  // last round's update buffer, reused
+  std::shared_ptr<crypto::secagg::Client> secure_;
+  std::optional<wire::SecAggSetup> secure_setup_;
+  std::shared_ptr<std::vector<std::uint8_t>> masked_;
+  bool shares_in_ = false, masking_ = false, crashing_ = false;
   std::uint64_t pending_round_ = 0;
   std::string pending_model_sha_;
   RoundOutput pending_out_;

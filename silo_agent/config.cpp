@@ -57,6 +57,12 @@ AgentConfig load_agent_config(const std::filesystem::path& file) {
   data.finish();
   c.state_dir = root.path("state_dir", "agent-state");
   if (root.has("attack")) c.attack = parse_attack(root.child("attack"));
+  if (root.has("crash")) {
+    const auto cr = root.child("crash");
+    c.crash_step = cr.one_of("after", "keys", {"keys", "shares"});
+    c.crash_round = static_cast<std::uint64_t>(cr.integer("round", 1, 1));
+    cr.finish();
+  }
   c.log_level = root.one_of("log_level", "info", {"trace", "debug", "info", "warn", "error"});
   root.finish();
   return c;

@@ -34,6 +34,10 @@ struct AgentConfig {
   std::filesystem::path state_dir;
   std::string log_level = "info";
   AttackConfig attack;  // simulation only
+  // Simulation only: exit right after sending this secure-aggregation step ("keys" or
+  // "shares") in this round, as a crash would.
+  std::string crash_step;
+  std::uint64_t crash_round = 0;
 };
 
 AgentConfig load_agent_config(const std::filesystem::path& file);

@@ -105,6 +105,28 @@ TEST(Config, ExampleConfigsAreValid) {
   }
 }
 
+TEST(Config, SecureAggregationSettingsAreChecked) {
+  test::TempDir dir;
+  test::make_pki(dir / "pki", "f", {{wire::SERVER, "server"}});
+  auto load = [&](const std::string& extra) {
+    atomic_write_file(dir / "s.json", R"({"federation": "f", "tls": {"kit": "pki/kits/server"},
+      "allow": {"silo": ["a", "b", "c", "d", "e", "f"]}, "model": {"inputs": 4},
+      "selection": {"min_silos": 6})" + extra + "}");
+    return error_of([&] { server::load_server_config(dir / "s.json"); });
+  };
+  EXPECT_EQ(load(R"(, "secure": {"mode": "global"})"), "");
+  EXPECT_NE(load(R"(, "secure": {"mode": "global"}, "aggregation": {"rule": "median"})").find("use secure.mode grouped"),
+            std::string::npos);
+  const auto overflow = load(R"(, "secure": {"mode": "global", "max_weight": 100000, "fraction_bits": 20})");
+  EXPECT_NE(overflow.find("6 silos x max_weight 100000"), std::string::npos) << overflow;
+  EXPECT_EQ(load(R"(, "secure": {"mode": "global", "max_weight": 100000, "fraction_bits": 20, "modulus_bits": 64})"), "");
+  EXPECT_NE(load(R"(, "secure": {"mode": "global"}, "aggregation": {"clip_norm": 1})").find("never sees"),
+            std::string::npos);
+  EXPECT_NE(load(R"(, "secure": {"mode": "grouped", "min_group": 3}, "aggregation": {"rule": "krum", "f": 1})")
+                .find("across secure groups"),
+            std::string::npos);
+}
+
 TEST(Config, ServerConfigRefusesImpossibleSelections) {
   test::TempDir dir;
   test::make_pki(dir / "pki", "f", {{wire::SERVER, "server"}});

@@ -2,7 +2,10 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include "common/mlp.h"
 #include "common/safetensors.h"
+#include "server/config.h"
+#include "silo_agent/agent.h"
 #include "tests/federation_util.h"
 
 namespace xsilo::tools {
@@ -102,6 +105,80 @@ TEST(Edges, AnEdgeWithASiloCertificateAndASiloWithAnEdgeCertificateAreRefused) {
   EXPECT_TRUE(wait_until([&] {
     return read_file(fed.files.logs / "edge-01.log").find("role edge may not connect here") != std::string::npos;
   }, 5s)) << fed.logs();
+}
+
+}  // namespace
+}  // namespace xsilo::tools
+
+namespace xsilo::tools {
+namespace {
+
+// Secure aggregation through two edges: one silo dies after advertising its keys (it never
+// shares them) and one after sharing them (its mask key is rebuilt from the others' shares).
+// Every round commits, and the model is plain FedAvg of the silos that made it, to within the
+// fixed-point step.
+TEST(SecureEdges, RoundsSurviveDropoutsAfterKeysAndAfterSharesAndMatchFedAvg) {
+  SimConfig cfg = small_config(6, 3);
+  cfg.edges = 2;
+  cfg.selection = {{"min_silos", 4}, {"min_updates", 4}};
+  cfg.deadlines = {{"join_s", 3}, {"train_s", 30}, {"upload_s", 30}};
+  cfg.secure = {{"mode", "global"}, {"modulus_bits", 64}, {"fraction_bits", 24}, {"clip_norm", 100},
+                {"max_weight", 1000}, {"keys_s", 10}, {"unmask_s", 10}};
+  cfg.faults = {{"hospital-02", "kill", 2, "after_keys"}, {"hospital-05", "kill", 2, "after_shares"}};
+  Fed fed(cfg);
+  run_to_end(fed);
+  const auto rounds = fed.rounds();
+  ASSERT_EQ(rounds.size(), 3u);
+  const auto& g = rounds[1]["secure"]["groups"][0];
+  EXPECT_EQ(g["advertised_keys"], 6);
+  EXPECT_EQ(g["shared_keys"], 5);
+  EXPECT_EQ(g["masked_inputs"], 4);
+  EXPECT_EQ(rounds[1]["participants"].size(), 4u);
+  EXPECT_TRUE(rounds[1]["secure"]["groups_outcome"][0]["ok"].get<bool>()) << rounds[1].dump();
+
+  // The reference: FedAvg of the silos each round really included, by sample count.
+  const auto scfg = server::load_server_config(fed.files.server_config);
+  Model global = init_model(scfg.model);
+  std::vector<agent::AgentConfig> acfg;
+  std::vector<agent::LocalData> data;
+  for (const auto& p : fed.agent_configs) {
+    acfg.push_back(agent::load_agent_config(p));
+    acfg.back().crash_step.clear();
+    data.push_back(agent::load_local_data(acfg.back()));
+  }
+  for (std::uint64_t round = 1; round <= 3; ++round) {
+    std::vector<double> sum(global.size(), 0.0);
+    double weight = 0;
+    for (std::size_t i = 0; i < 6; ++i) {
+      if (round >= 2 && (i == 1 || i == 4)) continue;
+      auto out = agent::run_local_round(acfg[i], data[i], global, scfg.plan, round, fed.files.silos[i]);
+      for (std::size_t k = 0; k < sum.size(); ++k) sum[k] += out.update->flat()[k];
+      weight += out.weight;
+    }
+    for (std::size_t k = 0; k < sum.size(); ++k) global.flat()[k] += static_cast<float>(sum[k] / weight);
+  }
+  const Model got = final_model(fed, 3);
+  for (std::size_t k = 0; k < global.size(); ++k) EXPECT_NEAR(got.flat()[k], global.flat()[k], 1e-4) << k;
+}
+
+// Grouped secure aggregation: the server sees one sum per group and runs the robust rule
+// across the group means.
+TEST(SecureEdges, GroupedModeRunsTheRobustRuleAcrossGroupMeans) {
+  SimConfig cfg = small_config(9, 2);
+  cfg.selection = {{"min_silos", 9}, {"min_updates", 9}};
+  cfg.secure = {{"mode", "grouped"}, {"min_group", 3}, {"modulus_bits", 64}, {"fraction_bits", 24},
+                {"clip_norm", 100}, {"max_weight", 1000}};
+  cfg.aggregation = {{"rule", "median"}};
+  Fed fed(cfg);
+  run_to_end(fed);
+  const auto rounds = fed.rounds();
+  ASSERT_EQ(rounds.size(), 2u);
+  for (const auto& r : rounds) {
+    EXPECT_EQ(r["secure"]["groups"].size(), 3u) << r.dump();
+    EXPECT_EQ(r["robust"]["applied"], "median");
+    EXPECT_EQ(r["robust"]["decisions"].size(), 3u);  // one row per group, no silo's own update
+    EXPECT_TRUE(r["robust"]["decisions"][0].contains("group"));
+  }
 }
 
 }  // namespace

@@ -26,8 +26,9 @@ void show_record(const nlohmann::json& r) {
               << r["aggregation"].value("rule", "?") << " / optimizer "
               << r["aggregation"].value("optimizer", "?") << "\n";
     for (const auto& p : r.value("participants", nlohmann::json::array())) {
-      std::cout << "    + " << p.value("silo", "?") << "  samples " << p.value("num_samples", 0)
-                << "  update " << short_hash(p["update_sha256"]);
+      std::cout << "    + " << p.value("silo", "?");
+      if (p.contains("num_samples")) std::cout << "  samples " << p["num_samples"].get<std::uint64_t>();
+      std::cout << "  update " << short_hash(p["update_sha256"]);
       if (p.contains("edge")) std::cout << "  via " << p["edge"].get<std::string>();
       std::cout << "\n";
     }

@@ -133,13 +133,17 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
   pass("deadlines", c.deadlines);
   pass("transport", c.transport);
   pass("aggregation", c.aggregation);
+  pass("secure", c.secure);
   c.edges = static_cast<std::size_t>(root.integer("edges", 0, 0, 64));
   for (const auto& fn : root.child_list("faults")) {
     SimConfig::Fault fault;
     fault.process = fn.str_required("process");
     fault.action = fn.one_of("action", "kill", {"kill", "restart"});
     fault.round = static_cast<std::uint64_t>(fn.integer("round", 1, 1, static_cast<std::int64_t>(c.rounds)));
-    fault.phase = fn.one_of("phase", "train", {"train", "upload"});
+    fault.phase = fn.one_of("phase", "train", {"train", "upload", "after_keys", "after_shares"});
+    if (fault.phase.rfind("after_", 0) == 0 && fault.process.rfind("hospital-", 0) != 0) {
+      fn.fail("phase", fault.phase + " applies to silos (hospital-NN) only");
+    }
     fn.finish();
     c.faults.push_back(fault);
   }
@@ -238,6 +242,7 @@ FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::
   server["deadlines"] = deadlines;
   if (cfg.transport.is_object()) server["transport"] = cfg.transport;
   if (cfg.aggregation.is_object()) server["aggregation"] = cfg.aggregation;
+  if (cfg.secure.is_object()) server["secure"] = cfg.secure;
   f.server_config = out / "configs" / "server.json";
   write_json(f.server_config, server);
   try {
@@ -324,6 +329,11 @@ std::filesystem::path write_agent_config(const SimConfig& cfg, const FederationF
   }
   if (cfg.transport.is_object()) agent["transport"] = cfg.transport;
   if (!f.edges.empty()) agent["failover"] = {{"probe_s", 1}};
+  for (const auto& fault : cfg.faults) {
+    if (fault.process == f.silos[i] && fault.phase.rfind("after_", 0) == 0) {
+      agent["crash"] = {{"after", fault.phase.substr(6)}, {"round", fault.round}};
+    }
+  }
   if (i >= cfg.silos - cfg.attackers) {
     json attack = cfg.attack;
     const std::string kind = attack.value("kind", "");
@@ -420,7 +430,7 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
     }
     for (std::size_t k = 0; k < cfg.faults.size(); ++k) {
       const auto& fault = cfg.faults[k];
-      if (fired[k]) continue;
+      if (fired[k] || fault.phase.rfind("after_", 0) == 0) continue;  // silos crash themselves
       const std::string r = std::to_string(fault.round);
       const std::string mark = fault.phase == "train" ? "round " + r + "/" : "round " + r + ": upload slot";
       if (log.find(mark) == std::string::npos) continue;

@@ -33,7 +33,7 @@ struct SimConfig {
   std::string model_kind = "logistic";
   std::vector<std::size_t> hidden;
   // passed through to the server config (validated there)
-  nlohmann::json training, optimizer, selection, deadlines, transport, aggregation;
+  nlohmann::json training, optimizer, selection, deadlines, transport, aggregation, secure;
   // Simulated Byzantine silos: the last `attackers` silos run `attack` (its keys as in the
   // agent config's "attack" section, without "honest", which the sim fills in).
   std::size_t attackers = 0;
@@ -46,7 +46,9 @@ struct SimConfig {
     std::string process;  // "server", "edge-01", "hospital-03"
     std::string action;   // "kill" or "restart"
     std::uint64_t round = 1;
-    std::string phase;    // "train" (the round started) or "upload" (the first upload slot)
+    // "train" (the round started) or "upload" (the first upload slot); for silos also
+    // "after_keys" / "after_shares": the silo dies right after that secure-aggregation step.
+    std::string phase;
   };
   std::vector<Fault> faults;
   bool baseline = true;              // also train centrally on the pooled data
