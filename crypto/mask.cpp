@@ -22,11 +22,12 @@ struct Ctr {
     }
   }
   ~Ctr() { EVP_CIPHER_CTX_free(ctx); }
-  // Fills `out` with the next keystream bytes (encrypting zeros).
+  // Fills `out` with the next keystream bytes: CTR mode XORs the keystream onto its input,
+  // so encrypting zeros yields the keystream itself.
   void next(std::uint8_t* out, std::size_t n) {
-    std::memset(out, 0, n);
+    alignas(64) static const std::uint8_t kZeros[kBlock] = {};
     int len = 0;
-    EVP_EncryptUpdate(ctx, out, &len, out, static_cast<int>(n));
+    EVP_EncryptUpdate(ctx, out, &len, kZeros, static_cast<int>(n));
   }
 };
 
@@ -38,13 +39,19 @@ void add_mask_impl(const Secret& seed, std::span<T> vec, int sign) {
   for (std::size_t i = 0; i < vec.size(); i += per) {
     const std::size_t n = std::min(per, vec.size() - i);
     ctr.next(buf, n * sizeof(T));
-    T words[per];
-    std::memcpy(words, buf, n * sizeof(T));
-    T* v = vec.data() + i;
+    T* __restrict v = vec.data() + i;
     if (sign > 0) {
-      for (std::size_t k = 0; k < n; ++k) v[k] += words[k];
+      for (std::size_t k = 0; k < n; ++k) {
+        T w;
+        std::memcpy(&w, buf + k * sizeof(T), sizeof(T));
+        v[k] += w;
+      }
     } else {
-      for (std::size_t k = 0; k < n; ++k) v[k] -= words[k];
+      for (std::size_t k = 0; k < n; ++k) {
+        T w;
+        std::memcpy(&w, buf + k * sizeof(T), sizeof(T));
+        v[k] -= w;
+      }
     }
   }
 }
@@ -56,9 +63,7 @@ void add_mask(const Secret& seed, std::span<std::uint64_t> vec, int sign) { add_
 
 void keystream(const Secret& seed, std::span<std::uint8_t> out) {
   Ctr ctr(seed);
-  for (std::size_t i = 0; i < out.size(); i += kBlock) {
-    ctr.next(out.data() + i, std::min(kBlock, out.size() - i));
-  }
+  for (std::size_t i = 0; i < out.size(); i += kBlock) ctr.next(out.data() + i, std::min(kBlock, out.size() - i));
 }
 
 }  // namespace xsilo::crypto

@@ -43,6 +43,14 @@ struct RobustBenchOptions {
 };
 int bench_robust(const RobustBenchOptions& opts);
 
+struct SecAggBenchOptions {
+  std::vector<std::size_t> n{10, 50, 100};
+  std::vector<std::size_t> d{1'000'000, 10'000'000};
+  std::vector<double> dropouts{0.0, 0.1, 0.3};
+  bool json = false;
+};
+int bench_secagg(const SecAggBenchOptions& opts);
+
 // A fixed-width table: header row, then rows.
 void print_table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows);
 std::string fmt(double v, int decimals = 2);

@@ -35,6 +35,14 @@ void add_bench(CLI::App& app, int& exit_code) {
   rb->add_flag("--json", ro->json, "one JSON object per measurement");
   rb->callback([ro, &exit_code] { exit_code = bench_robust(*ro); });
 
+  auto so = std::make_shared<SecAggBenchOptions>();
+  auto* sb = bench->add_subcommand("secagg", "masking and unmasking time against the AES-CTR keystream bound");
+  sb->add_option("--n", so->n, "silos per group (several values)")->capture_default_str();
+  sb->add_option("--d", so->d, "parameters (several values)")->capture_default_str();
+  sb->add_option("--dropouts", so->dropouts, "fractions of silos that vanish after sharing keys")->capture_default_str();
+  sb->add_flag("--json", so->json, "one JSON object per measurement");
+  sb->callback([so, &exit_code] { exit_code = bench_secagg(*so); });
+
   struct TransportOpts {
     std::size_t mib = 256, chunk = 1 << 20;
     bool json = false;
