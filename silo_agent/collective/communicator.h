@@ -1,0 +1,81 @@
+// Collectives between the local workers of one silo: all-reduce, broadcast, barrier on float32
+// spans. Backends: "ring" (scatter-reduce + all-gather over TCP, ours), "hd" (recursive
+// halving-doubling over TCP, ours), "auto" (hd below a size threshold, ring above) and "nccl"
+// (GPU). Every algorithm is written against Mesh, a small vocabulary (send to a peer while
+// receiving from another, chunk by chunk), never against a socket.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace xsilo::collective {
+
+// A collective failed: a peer vanished or did not answer within the step timeout. The
+// communicator is unusable afterwards; the group re-forms without the failed rank.
+class CollectiveError : public std::runtime_error {
+ public:
+  CollectiveError(const std::string& what, int peer) : std::runtime_error(what), peer_(peer) {}
+  int peer() const { return peer_; }  // the rank that failed us, -1 if unknown
+
+ private:
+  int peer_;
+};
+
+struct PeerAddress {
+  std::string host;
+  std::uint16_t port = 0;
+};
+
+// Point-to-point links between every pair of ranks.
+class Mesh {
+ public:
+  virtual ~Mesh() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Sends `out` to `dst` while receiving `in` from `src` (either may be empty). `on_chunk`
+  // runs as each received chunk of at most `chunk` bytes lands: [offset, offset + length) of
+  // `in`, so the caller reduces one chunk while the next is on the wire.
+  virtual void exchange(int dst, std::span<const std::uint8_t> out, int src, std::span<std::uint8_t> in,
+                        std::size_t chunk, const std::function<void(std::size_t, std::size_t)>& on_chunk) = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;
+  // In-place sum over all ranks; every rank ends with the same values.
+  virtual void all_reduce(std::span<float> data) = 0;
+  void all_reduce_mean(std::span<float> data);
+  virtual void broadcast(std::span<float> data, int root) = 0;
+  virtual void barrier() = 0;
+};
+
+// The algorithms, usable on any Mesh.
+void ring_all_reduce(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes);
+void halving_doubling_all_reduce(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes);
+void tree_broadcast(Mesh& mesh, std::span<float> data, int root, std::size_t chunk_bytes);
+
+struct Options {
+  std::string backend = "auto";                  // ring, hd, auto
+  std::size_t chunk_bytes = 1u << 20;            // pipelining unit of the ring
+  std::size_t hd_threshold_bytes = 256u << 10;   // auto: hd below, ring from here on
+  std::chrono::milliseconds step_timeout{10000};
+};
+
+// A communicator over TCP: rank r listens (the caller bound `listen_fd`), connects to the
+// lower ranks and accepts the higher ones. Throws CollectiveError when the mesh cannot form.
+std::unique_ptr<Communicator> make_tcp_communicator(int rank, const std::vector<PeerAddress>& peers, int listen_fd,
+                                                    const Options& opts);
+
+// Binds a listening socket on host:0 and returns (fd, port).
+std::pair<int, std::uint16_t> listen_any(const std::string& host);
+
+}  // namespace xsilo::collective

@@ -1,0 +1,271 @@
+#include "silo_agent/collective/group.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+namespace xsilo::collective {
+
+namespace {
+
+void send_line(int fd, const std::string& line) {
+  const std::string s = line + "\n";
+  std::size_t done = 0;
+  while (done < s.size()) {
+    const ssize_t n = ::send(fd, s.data() + done, s.size() - done, MSG_NOSIGNAL);
+    if (n <= 0) return;
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+// Next complete line from fd (blocking), or nullopt on EOF.
+std::optional<std::string> read_line(int fd, std::string& buffer) {
+  for (;;) {
+    const auto nl = buffer.find('\n');
+    if (nl != std::string::npos) {
+      std::string line = buffer.substr(0, nl);
+      buffer.erase(0, nl + 1);
+      return line;
+    }
+    char tmp[4096];
+    const ssize_t n = ::recv(fd, tmp, sizeof tmp, 0);
+    if (n <= 0) return std::nullopt;
+    buffer.append(tmp, static_cast<std::size_t>(n));
+  }
+}
+
+int connect_to(const std::string& host, std::uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  ::inet_pton(AF_INET, host.c_str(), &a.sin_addr);
+  for (int attempt = 0; attempt < 500; ++attempt) {
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return fd;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::close(fd);
+  throw CollectiveError("cannot reach the workers' coordinator at " + host + ":" + std::to_string(port), -1);
+}
+
+}  // namespace
+
+// ---- coordinator ----------------------------------------------------------------------------
+
+Coordinator::Coordinator(int expected, std::chrono::milliseconds grace, const std::string& host)
+    : expected_(expected), grace_(grace) {
+  auto [fd, port] = listen_any(host);
+  listen_fd_ = fd;
+  port_ = port;
+  thread_ = std::thread([this] { loop(); });
+}
+
+Coordinator::~Coordinator() {
+  stop_ = true;
+  thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, w] : workers_) {
+    if (w.fd >= 0) ::close(w.fd);
+  }
+  ::close(listen_fd_);
+}
+
+void Coordinator::on_excluded(std::function<void(const std::vector<int>&)> fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_excluded_ = std::move(fn);
+}
+
+std::vector<int> Coordinator::members() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int> out;
+  for (const auto& [id, w] : workers_) {
+    if (w.member) out.push_back(id);
+  }
+  return out;
+}
+
+std::vector<int> Coordinator::gone() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return gone_;
+}
+
+void Coordinator::broadcast_table(std::uint64_t resume) {
+  const int epoch = epoch_ + 1;
+  std::ostringstream line;
+  std::vector<int> ids;
+  for (const auto& [id, w] : workers_) {
+    if (w.member) ids.push_back(id);
+  }
+  line << "TABLE " << epoch << " " << resume << " " << ids.size();
+  for (int id : ids) line << " " << id << " " << workers_[id].host << " " << workers_[id].port;
+  for (int id : ids) send_line(workers_[id].fd, line.str());
+  for (auto& [id, w] : workers_) w.failed_op.reset();
+  epoch_ = epoch;
+  failure_since_.reset();
+}
+
+// After a failure: once every live member has reported (or the grace period is over), keep
+// those who reported and resume from the earliest operation any of them was in.
+void Coordinator::maybe_reform() {
+  if (!failure_since_) return;
+  bool all = true;
+  for (const auto& [id, w] : workers_) all = all && (!w.member || w.fd < 0 || w.failed_op);
+  if (!all && std::chrono::steady_clock::now() - *failure_since_ < grace_) return;
+  std::vector<int> excluded;
+  std::uint64_t resume = UINT64_MAX;
+  for (auto& [id, w] : workers_) {
+    if (!w.member) continue;
+    if (w.fd < 0 || !w.failed_op) {
+      w.member = false;
+      excluded.push_back(id);
+      if (w.fd >= 0) send_line(w.fd, "EXCLUDED");
+      continue;
+    }
+    resume = std::min(resume, *w.failed_op);
+  }
+  if (!excluded.empty() && on_excluded_) on_excluded_(excluded);
+  broadcast_table(resume == UINT64_MAX ? 0 : resume);
+}
+
+void Coordinator::loop() {
+  while (!stop_) {
+    std::vector<pollfd> fds{{listen_fd_, POLLIN, 0}};
+    std::vector<int> ids;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& [id, w] : workers_) {
+        if (w.fd >= 0) {
+          fds.push_back({w.fd, POLLIN, 0});
+          ids.push_back(id);
+        }
+      }
+    }
+    ::poll(fds.data(), fds.size(), 50);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (fds[0].revents & POLLIN) {
+      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd >= 0) {
+        std::string buffer;
+        auto line = read_line(fd, buffer);  // HELLO arrives right after connect
+        std::istringstream in(line.value_or(""));
+        std::string word, host;
+        int id = -1;
+        std::uint16_t port = 0;
+        in >> word >> id >> host >> port;
+        if (word == "HELLO" && id >= 0 && !workers_.count(id)) {
+          workers_[id] = Worker{fd, host, port, buffer, true, std::nullopt};
+          if (static_cast<int>(workers_.size()) == expected_) broadcast_table(0);
+        } else {
+          ::close(fd);
+        }
+      }
+    }
+    for (std::size_t k = 1; k < fds.size(); ++k) {
+      if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      Worker& w = workers_[ids[k - 1]];
+      char tmp[4096];
+      const ssize_t n = ::recv(w.fd, tmp, sizeof tmp, MSG_DONTWAIT);
+      if (n <= 0) {  // the worker exited or died
+        ::close(w.fd);
+        w.fd = -1;
+        gone_.push_back(ids[k - 1]);
+        if (w.member && epoch_ >= 0 && !failure_since_) failure_since_ = std::chrono::steady_clock::now();
+        continue;
+      }
+      w.buffer.append(tmp, static_cast<std::size_t>(n));
+      std::size_t nl;
+      while ((nl = w.buffer.find('\n')) != std::string::npos) {
+        std::istringstream in(w.buffer.substr(0, nl));
+        w.buffer.erase(0, nl + 1);
+        std::string word;
+        int epoch = -1;
+        std::uint64_t op = 0;
+        in >> word >> epoch >> op;
+        if (word == "FAILED" && epoch == epoch_) {
+          w.failed_op = op;
+          if (!failure_since_) failure_since_ = std::chrono::steady_clock::now();
+        }
+      }
+    }
+    maybe_reform();
+  }
+}
+
+// ---- worker ---------------------------------------------------------------------------------
+
+Group::Group(const std::string& coordinator_host, std::uint16_t coordinator_port, int id, const std::string& host,
+             Options opts)
+    : id_(id), opts_(std::move(opts)), host_(host) {
+  auto [fd, port] = listen_any(host);
+  listen_fd_ = fd;
+  listen_port_ = port;
+  control_fd_ = connect_to(coordinator_host, coordinator_port);
+  send_line(control_fd_, "HELLO " + std::to_string(id_) + " " + host_ + " " + std::to_string(listen_port_));
+  wait_table();
+}
+
+Group::~Group() {
+  comm_.reset();
+  if (control_fd_ >= 0) ::close(control_fd_);
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+}
+
+std::uint64_t Group::wait_table() {
+  for (;;) {
+    auto line = read_line(control_fd_, buffer_);
+    if (!line) throw CollectiveError("the workers' coordinator is gone", -1);
+    std::istringstream in(*line);
+    std::string word;
+    in >> word;
+    if (word == "EXCLUDED") throw CollectiveError("this worker was excluded from the group", -1);
+    if (word != "TABLE") continue;
+    int epoch = 0;
+    std::uint64_t resume = 0;
+    std::size_t n = 0;
+    in >> epoch >> resume >> n;
+    std::vector<PeerAddress> peers;
+    int rank = -1;
+    for (std::size_t k = 0; k < n; ++k) {
+      int id;
+      PeerAddress a;
+      in >> id >> a.host >> a.port;
+      if (id == id_) rank = static_cast<int>(k);
+      peers.push_back(a);
+    }
+    if (rank < 0) throw CollectiveError("this worker is not in the group's table", -1);
+    epoch_ = epoch;
+    comm_.reset();
+    comm_ = make_tcp_communicator(rank, peers, listen_fd_, opts_);
+    return resume;
+  }
+}
+
+std::optional<std::uint64_t> Group::attempt(std::uint64_t op, const std::function<void(Communicator&)>& fn) {
+  try {
+    fn(*comm_);
+    return std::nullopt;
+  } catch (const CollectiveError& e) {
+    // Report the operation we were in, then wait for the re-formed group.
+    send_line(control_fd_, "FAILED " + std::to_string(epoch_) + " " + std::to_string(op));
+    for (;;) {
+      try {
+        return wait_table();
+      } catch (const CollectiveError& again) {
+        // The new mesh failed to form (another worker died meanwhile): report and wait again.
+        if (std::string(again.what()).find("excluded") != std::string::npos ||
+            std::string(again.what()).find("coordinator") != std::string::npos) {
+          throw;
+        }
+        send_line(control_fd_, "FAILED " + std::to_string(epoch_) + " " + std::to_string(op));
+      }
+    }
+  }
+}
+
+}  // namespace xsilo::collective

@@ -1,0 +1,98 @@
+// A group of local workers that survives losing some of them. A coordinator (in the agent)
+// gives every worker the address table; when a collective fails, every survivor reports the
+// operation it was in, the coordinator waits for all live workers (or a grace period), drops
+// the dead or stalled ones, and sends a new table with the operation to resume from: the
+// earliest any survivor was in. Each survivor rolls back to that operation's kept inputs and
+// redoes it on the smaller ring.
+//
+// Control protocol (text lines over TCP, inside the silo's network):
+//   worker -> coordinator   HELLO <id> <host> <port>      FAILED <epoch> <op>
+//   coordinator -> worker   TABLE <epoch> <resume_op> <n> (<id> <host> <port>){n}      EXCLUDED
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "silo_agent/collective/communicator.h"
+
+namespace xsilo::collective {
+
+class Coordinator {
+ public:
+  // Waits for `expected` workers; `grace` bounds how long a failure waits for slow reports.
+  Coordinator(int expected, std::chrono::milliseconds grace, const std::string& host = "127.0.0.1");
+  ~Coordinator();
+  std::uint16_t port() const { return port_; }
+  // Called (from the coordinator's thread) with the ids it dropped: the owner kills them.
+  void on_excluded(std::function<void(const std::vector<int>&)> fn);
+  int epoch() const { return epoch_; }
+  std::vector<int> members() const;
+  // Every worker whose control connection closed (it exited or died).
+  std::vector<int> gone() const;
+
+ private:
+  void loop();
+  void broadcast_table(std::uint64_t resume);
+  void maybe_reform();
+
+  int expected_;
+  std::chrono::milliseconds grace_;
+  int listen_fd_ = -1;
+  std::uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  mutable std::mutex mu_;
+  struct Worker {
+    int fd = -1;
+    std::string host;
+    std::uint16_t port = 0;
+    std::string buffer;
+    bool member = false;
+    std::optional<std::uint64_t> failed_op;
+  };
+  std::map<int, Worker> workers_;  // by id
+  std::vector<int> gone_;
+  std::atomic<int> epoch_{-1};
+  std::optional<std::chrono::steady_clock::time_point> failure_since_;
+  std::function<void(const std::vector<int>&)> on_excluded_;
+};
+
+class Group {
+ public:
+  // Joins the coordinator as worker `id`, listening for peers on `host`.
+  Group(const std::string& coordinator_host, std::uint16_t coordinator_port, int id, const std::string& host,
+        Options opts);
+  ~Group();
+  Communicator& comm() { return *comm_; }
+  int rank() const { return comm_->rank(); }
+  int size() const { return comm_->size(); }
+  int epoch() const { return epoch_; }
+
+  // Runs fn for operation `op`. Returns nullopt when it succeeded; otherwise the group has
+  // re-formed and the caller must roll back to the returned operation and go on from there.
+  // Throws CollectiveError when this worker was excluded or the coordinator is gone.
+  std::optional<std::uint64_t> attempt(std::uint64_t op, const std::function<void(Communicator&)>& fn);
+
+ private:
+  std::uint64_t wait_table();  // reads until a TABLE; builds the communicator; returns resume op
+
+  int id_;
+  Options opts_;
+  int control_fd_ = -1, listen_fd_ = -1;
+  std::uint16_t listen_port_ = 0;
+  std::string host_;
+  int epoch_ = -1;
+  std::string buffer_;
+  std::unique_ptr<Communicator> comm_;
+};
+
+}  // namespace xsilo::collective

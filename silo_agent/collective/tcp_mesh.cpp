@@ -1,0 +1,196 @@
+// Mesh over TCP with Boost.Asio: one connection per pair of ranks, one io_context driven by
+// the calling thread, every exchange bounded by the step timeout.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
+#include <optional>
+#include <thread>
+
+#include "silo_agent/collective/communicator.h"
+
+namespace xsilo::collective {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
+std::pair<int, std::uint16_t> listen_any(const std::string& host) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw CollectiveError("cannot create a socket", -1);
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = 0;
+  if (::inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1) {
+    ::close(fd);
+    throw CollectiveError("cannot listen on " + host + ": not an IPv4 address", -1);
+  }
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 64) != 0) {
+    ::close(fd);
+    throw CollectiveError("cannot listen on " + host, -1);
+  }
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  return {fd, ntohs(a.sin_port)};
+}
+
+namespace {
+
+class TcpMesh : public Mesh {
+ public:
+  TcpMesh(int rank, const std::vector<PeerAddress>& peers, int listen_fd, std::chrono::milliseconds timeout)
+      : rank_(rank), size_(static_cast<int>(peers.size())), timeout_(timeout) {
+    socks_.resize(peers.size());
+    const auto deadline = Clock::now() + timeout_;
+    // Connect to every lower rank (retrying while it starts), then accept every higher one.
+    for (int peer = 0; peer < rank_; ++peer) {
+      for (;;) {
+        auto s = std::make_unique<tcp::socket>(io_);
+        boost::system::error_code ec;
+        s->connect({asio::ip::make_address(peers[peer].host), peers[peer].port}, ec);
+        if (!ec) {
+          const std::uint32_t me = static_cast<std::uint32_t>(rank_);
+          asio::write(*s, asio::buffer(&me, 4), ec);
+          if (!ec) {
+            setup(*s);
+            socks_[peer] = std::move(s);
+            break;
+          }
+        }
+        if (Clock::now() > deadline) throw CollectiveError("rank " + std::to_string(peer) + " is unreachable", peer);
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+    // Accept the higher ranks with plain poll + accept: a one-time step, bounded by the deadline.
+    for (int k = rank_ + 1; k < size_; ++k) {
+      int fd = -1;
+      while (fd < 0) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+        if (left <= 0) throw CollectiveError("a higher rank did not connect in time", -1);
+        pollfd p{listen_fd, POLLIN, 0};
+        if (::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1000))) > 0) {
+          fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+        }
+      }
+      auto s = std::make_unique<tcp::socket>(io_);
+      s->assign(tcp::v4(), fd);
+      std::uint32_t who = 0;
+      boost::system::error_code ec;
+      asio::read(*s, asio::buffer(&who, 4), ec);
+      if (ec || who <= static_cast<std::uint32_t>(rank_) || who >= static_cast<std::uint32_t>(size_) || socks_[who]) {
+        throw CollectiveError("unexpected connection while forming the mesh", -1);
+      }
+      setup(*s);
+      socks_[who] = std::move(s);
+    }
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void exchange(int dst, std::span<const std::uint8_t> out, int src, std::span<std::uint8_t> in, std::size_t chunk,
+                const std::function<void(std::size_t, std::size_t)>& on_chunk) override {
+    bool sent = dst < 0 || out.empty(), received = src < 0 || in.empty();
+    std::optional<int> failed;
+    io_.restart();
+    if (!sent) {
+      asio::async_write(*socks_.at(static_cast<std::size_t>(dst)), asio::buffer(out.data(), out.size()),
+                        [&](boost::system::error_code ec, std::size_t) {
+                          if (ec) failed = dst;
+                          sent = true;
+                        });
+    }
+    std::size_t offset = 0;
+    std::function<void()> next;
+    next = [&] {
+      const std::size_t len = std::min(chunk, in.size() - offset);
+      asio::async_read(*socks_.at(static_cast<std::size_t>(src)), asio::buffer(in.data() + offset, len),
+                       [&, len](boost::system::error_code ec, std::size_t) {
+                         if (ec) {
+                           failed = src;
+                           received = true;
+                           return;
+                         }
+                         on_chunk(offset, len);
+                         offset += len;
+                         if (offset == in.size()) received = true;
+                         else next();
+                       });
+    };
+    if (!received) next();
+    const auto deadline = Clock::now() + timeout_;
+    while (!(sent && received) && !failed) {
+      if (io_.run_one_until(deadline) == 0) break;
+    }
+    if (failed || !(sent && received)) {
+      const int peer = failed ? *failed : (!received ? src : dst);
+      for (auto& s : socks_) {
+        boost::system::error_code ec;
+        if (s) s->close(ec);
+      }
+      io_.restart();
+      io_.poll();  // let the cancelled handlers run before the buffers go away
+      throw CollectiveError(failed ? "rank " + std::to_string(peer) + " closed its connection"
+                                   : "rank " + std::to_string(peer) + " did not answer within " +
+                                         std::to_string(timeout_.count()) + " ms",
+                            peer);
+    }
+  }
+
+ private:
+  static void setup(tcp::socket& s) {
+    s.set_option(tcp::no_delay(true));
+    s.set_option(asio::socket_base::send_buffer_size(4 << 20));
+    s.set_option(asio::socket_base::receive_buffer_size(4 << 20));
+  }
+
+  int rank_, size_;
+  std::chrono::milliseconds timeout_;
+  asio::io_context io_;
+  std::vector<std::unique_ptr<tcp::socket>> socks_;
+};
+
+class TcpCommunicator : public Communicator {
+ public:
+  TcpCommunicator(int rank, const std::vector<PeerAddress>& peers, int listen_fd, const Options& opts)
+      : opts_(opts), mesh_(rank, peers, listen_fd, opts.step_timeout) {}
+  int rank() const override { return mesh_.rank(); }
+  int size() const override { return mesh_.size(); }
+  std::string backend() const override { return opts_.backend; }
+  void all_reduce(std::span<float> data) override {
+    const bool hd = opts_.backend == "hd" ||
+                    (opts_.backend == "auto" && data.size() * sizeof(float) < opts_.hd_threshold_bytes);
+    if (hd) halving_doubling_all_reduce(mesh_, data, opts_.chunk_bytes);
+    else ring_all_reduce(mesh_, data, opts_.chunk_bytes);
+  }
+  void broadcast(std::span<float> data, int root) override { tree_broadcast(mesh_, data, root, opts_.chunk_bytes); }
+  void barrier() override {
+    float one = 1;
+    halving_doubling_all_reduce(mesh_, std::span<float>(&one, 1), opts_.chunk_bytes);
+  }
+
+ private:
+  Options opts_;
+  TcpMesh mesh_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_tcp_communicator(int rank, const std::vector<PeerAddress>& peers, int listen_fd,
+                                                    const Options& opts) {
+  if (opts.backend != "ring" && opts.backend != "hd" && opts.backend != "auto") {
+    throw std::invalid_argument("TCP backends are ring, hd and auto, not " + opts.backend);
+  }
+  return std::make_unique<TcpCommunicator>(rank, peers, listen_fd, opts);
+}
+
+}  // namespace xsilo::collective
