@@ -11,7 +11,7 @@
 #include "common/fs.h"
 #include "server/audit.h"
 #include "tests/testlib.h"
-#include "tools/process.h"
+#include "common/process.h"
 #include "tools/sim.h"
 
 namespace xsilo::tools {

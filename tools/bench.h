@@ -51,6 +51,17 @@ struct SecAggBenchOptions {
 };
 int bench_secagg(const SecAggBenchOptions& opts);
 
+struct AllreduceBenchOptions {
+  std::vector<std::string> backends{"ring", "hd", "auto"};
+  std::vector<int> ranks{4};
+  std::vector<std::size_t> bytes{4096, 16384, 65536, 262144, 1u << 20, 4u << 20, 16u << 20, 64u << 20, 256u << 20};
+  std::size_t chunk_bytes = 1u << 20;  // pipelining unit of our ring
+  bool peers = true;  // OpenMPI and Gloo in the same run
+  bool json = false;
+};
+// Our all-reduce across N worker processes on loopback, beside OpenMPI and Gloo.
+int bench_allreduce(const AllreduceBenchOptions& opts);
+
 // A fixed-width table: header row, then rows.
 void print_table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows);
 std::string fmt(double v, int decimals = 2);

@@ -8,7 +8,7 @@
 
 #include "common/fs.h"
 #include "tools/bench.h"
-#include "tools/process.h"
+#include "common/process.h"
 #include "tools/sim.h"
 #include "transport/pki.h"
 

@@ -43,6 +43,16 @@ void add_bench(CLI::App& app, int& exit_code) {
   sb->add_flag("--json", so->json, "one JSON object per measurement");
   sb->callback([so, &exit_code] { exit_code = bench_secagg(*so); });
 
+  auto ar = std::make_shared<AllreduceBenchOptions>();
+  auto* arc = bench->add_subcommand("allreduce", "all-reduce across local worker processes, beside OpenMPI and Gloo");
+  arc->add_option("--backend", ar->backends, "ring, hd, auto, nccl (several values)")->capture_default_str();
+  arc->add_option("--ranks", ar->ranks, "worker processes (several values: one table each)")->capture_default_str();
+  arc->add_option("--bytes", ar->bytes, "message sizes in bytes")->capture_default_str();
+  arc->add_option("--chunk-bytes", ar->chunk_bytes, "pipelining unit of our ring")->capture_default_str();
+  arc->add_flag("!--no-peers", ar->peers, "skip OpenMPI and Gloo");
+  arc->add_flag("--json", ar->json, "one JSON object per measurement");
+  arc->callback([ar, &exit_code] { exit_code = bench_allreduce(*ar); });
+
   struct TransportOpts {
     std::size_t mib = 256, chunk = 1 << 20;
     bool json = false;

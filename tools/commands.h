@@ -13,5 +13,6 @@ void add_agent(CLI::App& app, int& exit_code);
 void add_sim(CLI::App& app, int& exit_code);
 void add_audit(CLI::App& app, int& exit_code);
 void add_bench(CLI::App& app, int& exit_code);
+void add_collective(CLI::App& app, int& exit_code);
 
 }  // namespace xsilo::tools

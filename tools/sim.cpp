@@ -19,7 +19,7 @@
 #include "common/safetensors.h"
 #include "server/config.h"
 #include "silo_agent/trainer.h"
-#include "tools/process.h"
+#include "common/process.h"
 #include "transport/pki.h"
 
 #include <boost/asio/io_context.hpp>

@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/dataset.h"
-#include "tools/process.h"
+#include "common/process.h"
 
 namespace xsilo::tools {
 

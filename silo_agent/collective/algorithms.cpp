@@ -19,27 +19,31 @@ std::pair<std::size_t, std::size_t> segment(std::size_t n, std::size_t parts, st
 std::span<const std::uint8_t> bytes(std::span<const float> v) {
   return {reinterpret_cast<const std::uint8_t*>(v.data()), v.size() * sizeof(float)};
 }
-std::span<std::uint8_t> bytes(std::span<float> v) {
-  return {reinterpret_cast<std::uint8_t*>(v.data()), v.size() * sizeof(float)};
-}
 
-// Receives `in` from src into scratch while sending `out` to dst, adding each received chunk
-// into `into` as soon as it lands.
+// Receives into a chunk-sized scratch buffer while sending `out` to dst, adding each received
+// chunk into `into` as soon as it lands: the scratch stays in cache.
 void exchange_reduce(Mesh& mesh, int dst, std::span<const float> out, int src, std::span<float> into,
                      std::vector<float>& scratch, std::size_t chunk_bytes) {
-  scratch.resize(into.size());
-  std::span<float> tmp(scratch.data(), into.size());
-  mesh.exchange(dst, bytes(out), src, bytes(tmp), chunk_bytes, [&](std::size_t off, std::size_t len) {
-    const std::size_t first = off / sizeof(float), count = len / sizeof(float);
-    float* __restrict a = into.data() + first;
-    const float* __restrict b = tmp.data() + first;
-    for (std::size_t i = 0; i < count; ++i) a[i] += b[i];
-  });
+  chunk_bytes = std::max<std::size_t>(sizeof(float), chunk_bytes / sizeof(float) * sizeof(float));
+  scratch.resize(std::min(into.size(), chunk_bytes / sizeof(float)));
+  auto* landing = reinterpret_cast<std::uint8_t*>(scratch.data());
+  mesh.exchange(
+      dst, bytes(out), src, into.size() * sizeof(float), chunk_bytes,
+      [&](std::size_t, std::size_t) { return landing; },
+      [&](std::size_t off, std::size_t len) {
+        const std::size_t first = off / sizeof(float), count = len / sizeof(float);
+        float* __restrict a = into.data() + first;
+        const float* __restrict b = scratch.data();
+        for (std::size_t i = 0; i < count; ++i) a[i] += b[i];
+      });
 }
 
 void exchange_copy(Mesh& mesh, int dst, std::span<const float> out, int src, std::span<float> into,
                    std::size_t chunk_bytes) {
-  mesh.exchange(dst, bytes(out), src, bytes(into), chunk_bytes, [](std::size_t, std::size_t) {});
+  auto* base = reinterpret_cast<std::uint8_t*>(into.data());
+  mesh.exchange(
+      dst, bytes(out), src, into.size() * sizeof(float), chunk_bytes, [&](std::size_t off, std::size_t) { return base + off; },
+      [](std::size_t, std::size_t) {});
 }
 
 }  // namespace
@@ -70,7 +74,8 @@ void ring_all_reduce(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes)
 // messages than the ring's 2(N-1), which wins on latency for small data. With N not a power of
 // two, the N - p extra ranks first fold their data into a partner and get the result back at
 // the end.
-void halving_doubling_all_reduce(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes) {
+void halving_doubling_all_reduce(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes,
+                                 std::size_t doubling_bytes) {
   const int n = mesh.size(), r = mesh.rank();
   if (n == 1 || data.empty()) return;
   int p = 1;
@@ -83,6 +88,17 @@ void halving_doubling_all_reduce(Mesh& mesh, std::span<float> data, std::size_t 
     return;
   }
   if (r + p < n) exchange_reduce(mesh, -1, none, r + p, data, scratch, chunk_bytes);
+  if (data.size() * sizeof(float) < doubling_bytes) {
+    // Recursive doubling: swap whole vectors with r ^ 1, r ^ 2, ... Partners add the same two
+    // values in either order, so every rank ends bit-identical.
+    std::vector<float> mine;
+    for (int dist = 1; dist < p; dist *= 2) {
+      mine.assign(data.begin(), data.end());  // what goes out must not change while we add
+      exchange_reduce(mesh, r ^ dist, mine, r ^ dist, data, scratch, chunk_bytes);
+    }
+    if (r + p < n) exchange_copy(mesh, r + p, data, -1, none, chunk_bytes);
+    return;
+  }
   // Halving: track the range [lo, hi) of segments this rank is responsible for.
   std::size_t lo = 0, hi = static_cast<std::size_t>(p);
   auto range = [&](std::size_t a, std::size_t b) {

@@ -38,11 +38,14 @@ class Mesh {
   virtual ~Mesh() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // Sends `out` to `dst` while receiving `in` from `src` (either may be empty). `on_chunk`
-  // runs as each received chunk of at most `chunk` bytes lands: [offset, offset + length) of
-  // `in`, so the caller reduces one chunk while the next is on the wire.
-  virtual void exchange(int dst, std::span<const std::uint8_t> out, int src, std::span<std::uint8_t> in,
-                        std::size_t chunk, const std::function<void(std::size_t, std::size_t)>& on_chunk) = 0;
+  // Where the incoming bytes [offset, offset + length) of an exchange land.
+  using Landing = std::function<std::uint8_t*(std::size_t offset, std::size_t length)>;
+  // Sends `out` to `dst` while receiving `in_bytes` from `src` (either side may be empty), in
+  // chunks of at most `chunk` bytes: each chunk lands where `land` says, then `on_chunk` runs
+  // on it, so the caller reduces one chunk while the next is on the wire. Throws
+  // CollectiveError when a peer fails or stays silent for the step timeout.
+  virtual void exchange(int dst, std::span<const std::uint8_t> out, int src, std::size_t in_bytes, std::size_t chunk,
+                        const Landing& land, const std::function<void(std::size_t, std::size_t)>& on_chunk) = 0;
 };
 
 class Communicator {
@@ -60,7 +63,10 @@ class Communicator {
 
 // The algorithms, usable on any Mesh.
 void ring_all_reduce(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes);
-void halving_doubling_all_reduce(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes);
+// Below `doubling_bytes` halving-doubling exchanges whole vectors (recursive doubling): half
+// the steps, each one latency-bound anyway.
+void halving_doubling_all_reduce(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes,
+                                 std::size_t doubling_bytes = 64u << 10);
 void tree_broadcast(Mesh& mesh, std::span<float> data, int root, std::size_t chunk_bytes);
 
 struct Options {

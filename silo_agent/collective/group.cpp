@@ -230,6 +230,7 @@ std::uint64_t Group::wait_table() {
     std::size_t n = 0;
     in >> epoch >> resume >> n;
     std::vector<PeerAddress> peers;
+    std::vector<int> ids;
     int rank = -1;
     for (std::size_t k = 0; k < n; ++k) {
       int id;
@@ -237,9 +238,11 @@ std::uint64_t Group::wait_table() {
       in >> id >> a.host >> a.port;
       if (id == id_) rank = static_cast<int>(k);
       peers.push_back(a);
+      ids.push_back(id);
     }
     if (rank < 0) throw CollectiveError("this worker is not in the group's table", -1);
     epoch_ = epoch;
+    members_ = std::move(ids);
     comm_.reset();
     comm_ = make_tcp_communicator(rank, peers, listen_fd_, opts_);
     return resume;

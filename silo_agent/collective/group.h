@@ -76,6 +76,9 @@ class Group {
   int rank() const { return comm_->rank(); }
   int size() const { return comm_->size(); }
   int epoch() const { return epoch_; }
+  int id() const { return id_; }
+  // The ids of the current members, in rank order.
+  const std::vector<int>& members() const { return members_; }
 
   // Runs fn for operation `op`. Returns nullopt when it succeeded; otherwise the group has
   // re-formed and the caller must roll back to the returned operation and go on from there.
@@ -92,6 +95,7 @@ class Group {
   std::string host_;
   int epoch_ = -1;
   std::string buffer_;
+  std::vector<int> members_;
   std::unique_ptr<Communicator> comm_;
 };
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-namespace xsilo::tools {
+namespace xsilo {
 
 class Process {
  public:
@@ -38,4 +38,4 @@ class Process {
 // The path of the running xsilo binary.
 std::string self_exe();
 
-}  // namespace xsilo::tools
+}  // namespace xsilo

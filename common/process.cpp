@@ -1,4 +1,4 @@
-#include "tools/process.h"
+#include "common/process.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -11,7 +11,7 @@
 #include <stdexcept>
 #include <thread>
 
-namespace xsilo::tools {
+namespace xsilo {
 
 std::string self_exe() {
   return std::filesystem::read_symlink("/proc/self/exe").string();
@@ -36,7 +36,7 @@ Process::Process(std::vector<std::string> argv, const std::filesystem::path& log
     ::dup2(fd, STDOUT_FILENO);
     ::dup2(fd, STDERR_FILENO);
     ::setpgid(0, 0);
-    ::execv(args[0], args.data());
+    ::execvp(args[0], args.data());
     const char* msg = "exec failed\n";
     [[maybe_unused]] auto n = ::write(STDERR_FILENO, msg, std::strlen(msg));
     ::_exit(127);
@@ -85,4 +85,4 @@ int Process::stop(std::chrono::milliseconds grace) {
   return *exit_code_;
 }
 
-}  // namespace xsilo::tools
+}  // namespace xsilo

@@ -1,0 +1,184 @@
+#include "silo_agent/data_parallel.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <thread>
+
+namespace xsilo::agent {
+
+int shard_owner(int shard, const std::vector<int>& members) {
+  if (std::find(members.begin(), members.end(), shard) != members.end()) return shard;
+  return members[static_cast<std::size_t>(shard) % members.size()];
+}
+
+namespace {
+
+// Runs the all-reduce of each bucket on its own thread, in order, while the caller goes on
+// with the backward pass. The first failure is kept; later buckets of that step are skipped.
+class BucketReducer {
+ public:
+  explicit BucketReducer(collective::Group& group) : group_(group), thread_([this] { loop(); }) {}
+  ~BucketReducer() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void submit(std::span<float> bucket) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(bucket);
+    }
+    cv_.notify_all();
+  }
+  // Waits for every submitted bucket; rethrows the step's failure, if any, and clears it.
+  void finish() {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+    if (error_) {
+      auto e = std::move(error_);
+      error_ = nullptr;
+      std::rethrow_exception(e);
+    }
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      const auto bucket = queue_.front();
+      queue_.pop_front();
+      if (!error_) {
+        busy_ = true;
+        lock.unlock();
+        std::exception_ptr failed;
+        try {
+          group_.comm().all_reduce(bucket);
+        } catch (...) {
+          failed = std::current_exception();
+        }
+        lock.lock();
+        busy_ = false;
+        if (failed) error_ = failed;
+      }
+      if (queue_.empty()) done_cv_.notify_all();
+    }
+  }
+
+  collective::Group& group_;
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  std::deque<std::span<float>> queue_;
+  bool busy_ = false, stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;
+};
+
+}  // namespace
+
+TrainStats train_data_parallel(collective::Group& group, int shards, const Network& net, std::span<float> params,
+                               const Dataset& data, const TrainOptions& opts, const BucketOptions& buckets,
+                               const std::function<void(const std::string&)>& log) {
+  TrainStats stats;
+  if (data.rows == 0) return stats;
+  const std::size_t bs = std::max<std::uint32_t>(1, opts.batch_size);
+  const std::size_t steps_per_epoch = (data.rows + bs - 1) / bs;
+  const std::uint64_t total = steps_per_epoch * opts.epochs;
+  // The single-process trainer's row orders, epoch by epoch.
+  std::vector<std::vector<std::size_t>> orders(opts.epochs, std::vector<std::size_t>(data.rows));
+  std::mt19937_64 rng(opts.seed);
+  for (auto& order : orders) {
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+  }
+  auto shard_of = [&](std::size_t row) {
+    return static_cast<int>(row * static_cast<std::size_t>(shards) / data.rows);
+  };
+  // grad[0] carries this worker's share of the batch loss; grad[1..] the gradient.
+  std::vector<float> grad(params.size() + 1);
+  std::span<float> g(grad.data() + 1, params.size());
+  std::vector<float> xb;
+  std::vector<int> yb;
+  std::vector<float> kept[2];  // parameters before steps op (op % 2) and op - 1
+  BucketReducer reducer(group);
+  std::vector<double> step_loss(total);
+
+  auto step = [&](std::uint64_t op) {
+    const auto& order = orders[op / steps_per_epoch];
+    const std::size_t start = (op % steps_per_epoch) * bs;
+    const std::size_t batch = std::min(bs, data.rows - start);
+    xb.clear();
+    yb.clear();
+    for (std::size_t i = 0; i < batch; ++i) {
+      const std::size_t r = order[start + i];
+      if (shard_owner(shard_of(r), group.members()) != group.id()) continue;
+      xb.insert(xb.end(), data.row(r), data.row(r) + data.features);
+      yb.push_back(data.y[r]);
+    }
+    const std::size_t mine = yb.size();
+    // loss_and_grad averages over this worker's rows; scaling by mine/batch makes the sum over
+    // workers the mean over the global batch.
+    const float scale = static_cast<float>(mine) / static_cast<float>(batch);
+    std::size_t lo = grad.size();  // [lo, end) is submitted; [ready_lo, lo) ready but pending
+    std::size_t ready_lo = lo;
+    bool first = true;
+    auto flush = [&](std::size_t down_to) {
+      std::span<float> bucket(grad.data() + down_to, lo - down_to);
+      for (auto& v : bucket) v *= scale;
+      reducer.submit(bucket);
+      lo = down_to;
+      first = false;
+    };
+    if (mine == 0) {
+      std::fill(grad.begin(), grad.end(), 0.0f);
+      reducer.submit(std::span<float>(grad));
+    } else {
+      const double loss = net.loss_and_grad(params, xb.data(), yb.data(), mine, g,
+                                            [&](std::size_t offset, std::size_t) {
+                                              ready_lo = offset + 1;
+                                              const std::size_t limit = first ? buckets.first_bytes : buckets.bytes;
+                                              if ((lo - ready_lo) * sizeof(float) >= limit) flush(ready_lo);
+                                            });
+      grad[0] = static_cast<float>(loss);
+      flush(0);
+    }
+    reducer.finish();
+    step_loss[op] = grad[0];
+    for (std::size_t k = 0; k < params.size(); ++k) {
+      params[k] -= opts.learning_rate * (g[k] + opts.weight_decay * params[k]);
+    }
+  };
+
+  for (std::uint64_t op = 0; op < total;) {
+    kept[op % 2].assign(params.begin(), params.end());
+    const auto resume = group.attempt(op, [&](collective::Communicator&) { step(op); });
+    if (!resume) {
+      ++op;
+      continue;
+    }
+    // The group re-formed: go back to the parameters kept before the step to redo (a worker
+    // that finished step op - 1 may be one step ahead of one that failed in it).
+    std::copy(kept[*resume % 2].begin(), kept[*resume % 2].end(), params.begin());
+    if (log) {
+      std::string ids;
+      for (int id : group.members()) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+      log("step " + std::to_string(op) + " failed; the workers re-formed as [" + ids + "] (epoch " +
+          std::to_string(group.epoch()) + ") and redo step " + std::to_string(*resume));
+    }
+    op = *resume;
+  }
+  stats.steps = total;
+  stats.mean_loss = std::accumulate(step_loss.begin(), step_loss.end(), 0.0) / static_cast<double>(total);
+  return stats;
+}
+
+}  // namespace xsilo::agent

@@ -1,0 +1,42 @@
+// Data-parallel local training: the workers of one silo each hold a shard of its rows, and
+// every SGD step of the single-process trainer (same seed, same global batch) is computed by
+// all of them together. Each worker takes the rows of the global batch that lie in the shards
+// it owns, computes their gradient, and the gradients are summed by all-reduce in buckets as
+// the backward pass produces them, last layer first, so that the reduction of one bucket
+// overlaps the backward computation of the layers below it. Every worker then applies the
+// same update, so all replicas stay identical.
+//
+// When a worker dies or stalls, the step fails on every survivor; the group re-forms without
+// it, the shards it owned pass to the survivors, and the step is redone from the parameters
+// kept before it. The result equals single-process training within float tolerance.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/dataset.h"
+#include "common/mlp.h"
+#include "silo_agent/collective/group.h"
+#include "silo_agent/trainer.h"
+
+namespace xsilo::agent {
+
+struct BucketOptions {
+  std::size_t first_bytes = std::size_t{1} << 20;   // small first bucket: communication starts early
+  std::size_t bytes = std::size_t{25} << 20;        // then large buckets: fewer, cheaper collectives
+};
+
+// Shard s of `shards` is rows [s*rows/shards, (s+1)*rows/shards). Its owner is worker s while
+// s is a member, else members[s % members.size()].
+int shard_owner(int shard, const std::vector<int>& members);
+
+// Trains `params` in place with every member of `group`; `shards` is the number of workers the
+// group started with. `log` receives one line per re-formation.
+TrainStats train_data_parallel(collective::Group& group, int shards, const Network& net, std::span<float> params,
+                               const Dataset& data, const TrainOptions& opts, const BucketOptions& buckets,
+                               const std::function<void(const std::string&)>& log = {});
+
+}  // namespace xsilo::agent

@@ -1,0 +1,54 @@
+// Local workers: with `local.workers: N` the agent trains each round with N worker processes
+// (`xsilo collective --job FILE`), on this host or on the silo's cluster hosts. The agent runs
+// the workers' coordinator, writes the round's job (model, data, options), starts the workers,
+// kills any the group excluded, and reads back the trained model that the first surviving
+// worker writes.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/model.h"
+#include "silo_agent/collective/group.h"
+#include "silo_agent/data_parallel.h"
+#include "silo_agent/trainer.h"
+
+namespace xsilo::agent {
+
+struct LocalWorkersConfig {
+  int workers = 1;                       // 1: train in the agent's process
+  std::vector<std::string> hosts;        // empty: all on this host; else worker k on hosts[k % size]
+  std::string listen_host = "127.0.0.1"; // where the coordinator listens (an address the hosts reach)
+  std::string backend = "auto";          // ring, hd, auto
+  std::chrono::milliseconds step_timeout{10000};
+  BucketOptions buckets;
+};
+
+// One round's work for the workers, as the JSON file they read.
+struct WorkerJob {
+  std::filesystem::path model, data, out;  // out: the trained model; out + ".json": the stats
+  TrainOptions train;
+  int shards = 1;
+  BucketOptions buckets;
+};
+void save_job(const std::filesystem::path& path, const WorkerJob& job);
+WorkerJob load_job(const std::filesystem::path& path);
+
+// Worker side: trains on the group and, on the first member, writes the result.
+void run_worker_job(collective::Group& group, const WorkerJob& job);
+
+struct WorkersResult {
+  TrainStats stats;
+  std::vector<std::string> events;  // re-formations, excluded workers, as the workers logged them
+};
+
+// Agent side: trains `model` in place with the configured workers on the rows in `data_csv`.
+// `dir` holds the job, the model files and one log per worker. Throws std::runtime_error when
+// no worker finished.
+WorkersResult train_with_workers(const LocalWorkersConfig& cfg, const std::filesystem::path& dir, Model& model,
+                                 const std::filesystem::path& data_csv, const TrainOptions& opts);
+
+}  // namespace xsilo::agent

@@ -1,0 +1,274 @@
+// xsilo bench allreduce: our TCP all-reduce (ring, halving-doubling, auto) across N worker
+// processes on loopback, beside OpenMPI's MPI_Allreduce over TCP and Gloo's ring-chunked
+// all-reduce measured in the same run, against the loopback bound measured in the same run.
+// Bus bandwidth follows nccl-tests: busbw = algbw x 2(N-1)/N, the rate each link must carry.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "common/process.h"
+#include "silo_agent/collective/gpu_info.h"
+#include "silo_agent/collective/group.h"
+#include "tools/bench.h"
+
+namespace xsilo::tools {
+
+namespace {
+
+using json = nlohmann::json;
+using Results = std::map<std::size_t, double>;  // bytes -> seconds per all-reduce
+
+// Plain TCP over loopback, one stream between two threads: what one link carries here.
+double loopback_once() {
+  auto [lfd, port] = collective::listen_any("127.0.0.1");
+  const std::size_t total = std::size_t{512} << 20, block = std::size_t{1} << 20;
+  std::thread receiver([lfd = lfd, total, block] {
+    const int fd = ::accept(lfd, nullptr, nullptr);
+    std::vector<char> buf(block);
+    std::size_t got = 0;
+    while (got < total) {
+      const ssize_t n = ::recv(fd, buf.data(), buf.size(), 0);
+      if (n <= 0) break;
+      got += static_cast<std::size_t>(n);
+    }
+    ::close(fd);
+  });
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  double rate = 0;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+    std::vector<char> buf(block, 1);
+    const auto t0 = std::chrono::steady_clock::now();
+    std::size_t sent = 0;
+    while (sent < total) {
+      const ssize_t n = ::send(fd, buf.data(), buf.size(), MSG_NOSIGNAL);
+      if (n <= 0) break;
+      sent += static_cast<std::size_t>(n);
+    }
+    ::shutdown(fd, SHUT_WR);
+    receiver.join();
+    rate = static_cast<double>(sent) / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } else {
+    receiver.detach();
+  }
+  ::close(fd);
+  ::close(lfd);
+  return rate;
+}
+
+// The best of a few runs: the machine's capacity, not its worst moment.
+double loopback_rate() {
+  double best = 0;
+  for (int i = 0; i < 5; ++i) best = std::max(best, loopback_once());
+  return best;
+}
+
+Results parse_results(const std::filesystem::path& log) {
+  Results r;
+  std::ifstream in(log);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream s(line);
+    std::string word;
+    std::size_t bytes;
+    double t;
+    if (s >> word >> bytes >> t && word == "RESULT") r[bytes] = t;
+  }
+  return r;
+}
+
+std::vector<std::string> size_args(const std::vector<std::size_t>& sizes) {
+  std::vector<std::string> out;
+  for (auto s : sizes) out.push_back(std::to_string(s));
+  return out;
+}
+
+bool wait_all(std::vector<std::unique_ptr<Process>>& procs, std::chrono::seconds limit) {
+  bool ok = true;
+  for (auto& p : procs) {
+    const auto code = p->wait(std::chrono::duration_cast<std::chrono::milliseconds>(limit));
+    if (!code) p->stop();
+    ok = ok && code && *code == 0;
+  }
+  return ok;
+}
+
+Results run_ours(const std::string& backend, int ranks, const std::vector<std::size_t>& sizes, std::size_t chunk_bytes,
+                 const std::filesystem::path& dir) {
+  collective::Coordinator coord(ranks, std::chrono::milliseconds(5000));
+  std::vector<std::unique_ptr<Process>> procs;
+  for (int k = 0; k < ranks; ++k) {
+    std::vector<std::string> argv{self_exe(), "collective", "--coordinator", "127.0.0.1:" + std::to_string(coord.port()),
+                                  "--id", std::to_string(k), "--backend", backend, "--step-timeout-ms", "60000",
+                                  "--chunk-bytes", std::to_string(chunk_bytes), "--bench"};
+    for (auto& s : size_args(sizes)) argv.push_back(s);
+    procs.push_back(std::make_unique<Process>(argv, dir / (backend + "-" + std::to_string(k) + ".log")));
+  }
+  if (!wait_all(procs, std::chrono::seconds(900))) {
+    std::cerr << "bench allreduce: a " << backend << " worker failed; see " << dir.string() << "\n";
+  }
+  return parse_results(dir / (backend + "-0.log"));
+}
+
+std::filesystem::path peer_binary(const std::string& name) {
+  return std::filesystem::path(XSILO_BENCH_BIN_DIR) / name;
+}
+
+Results run_mpi(int ranks, const std::vector<std::size_t>& sizes, const std::filesystem::path& dir) {
+  const auto bin = peer_binary("xsilo_mpi_allreduce");
+  if (!std::filesystem::exists(bin)) {
+    std::cout << "OpenMPI peer: skipped (" << bin.string() << " was not built: OpenMPI not found)\n";
+    return {};
+  }
+  // TCP only (no shared memory), so that every system here moves its bytes through loopback.
+  std::vector<std::string> argv{"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", std::to_string(ranks),
+                                "--mca", "btl", "tcp,self", "--mca", "pml", "ob1", "--mca", "btl_tcp_if_include",
+                                "lo", bin.string()};
+  for (auto& s : size_args(sizes)) argv.push_back(s);
+  std::vector<std::unique_ptr<Process>> procs;
+  procs.push_back(std::make_unique<Process>(argv, dir / "mpi.log"));
+  if (!wait_all(procs, std::chrono::seconds(900))) std::cerr << "bench allreduce: mpirun failed; see " << (dir / "mpi.log").string() << "\n";
+  return parse_results(dir / "mpi.log");
+}
+
+Results run_gloo(int ranks, const std::vector<std::size_t>& sizes, const std::filesystem::path& dir) {
+  const auto bin = peer_binary("xsilo_gloo_allreduce");
+  if (!std::filesystem::exists(bin)) {
+    std::cout << "Gloo peer: skipped (" << bin.string() << " was not built: Gloo not found)\n";
+    return {};
+  }
+  const auto store = dir / "gloo-store";
+  std::filesystem::remove_all(store);
+  std::filesystem::create_directories(store);
+  std::vector<std::unique_ptr<Process>> procs;
+  for (int k = 0; k < ranks; ++k) {
+    std::vector<std::string> argv{bin.string(), std::to_string(k), std::to_string(ranks), store.string()};
+    for (auto& s : size_args(sizes)) argv.push_back(s);
+    procs.push_back(std::make_unique<Process>(argv, dir / ("gloo-" + std::to_string(k) + ".log")));
+  }
+  if (!wait_all(procs, std::chrono::seconds(900))) std::cerr << "bench allreduce: a Gloo rank failed; see " << dir.string() << "\n";
+  return parse_results(dir / "gloo-0.log");
+}
+
+std::string human(std::size_t bytes) {
+  if (bytes >= (1u << 20)) return std::to_string(bytes >> 20) + " MiB";
+  if (bytes >= 1024) return std::to_string(bytes >> 10) + " KiB";
+  return std::to_string(bytes) + " B";
+}
+
+}  // namespace
+
+int bench_allreduce(const AllreduceBenchOptions& opts) {
+  const auto dir = std::filesystem::temp_directory_path() / ("xsilo-bench-allreduce-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const double link = loopback_rate();
+  if (!opts.json) {
+    std::printf("loopback: one TCP stream carries %.2f GB/s here; the all-reduce bus bandwidth bound is that / N\n",
+                link / 1e9);
+  }
+  int status = 0;
+  for (int ranks : opts.ranks) {
+    std::map<std::string, Results> measured;
+    std::vector<std::string> systems;
+    for (const auto& backend : opts.backends) {
+      if (backend == "nccl") {
+        const auto gpu = collective::gpu_info();
+        if (!gpu.built) {
+          std::cout << "nccl: skipped (this xsilo was built without CUDA and NCCL)\n";
+        } else if (gpu.devices == 0) {
+          std::cout << "nccl: skipped (no GPU: " << gpu.cuda_error << ")\n";
+        } else {
+          std::cout << "nccl: skipped (the NCCL all-reduce is timed by scripts/gpu-check.sh on a GPU host)\n";
+        }
+        continue;
+      }
+      measured[backend] = run_ours(backend, ranks, opts.bytes, opts.chunk_bytes, dir);
+      systems.push_back(backend);
+    }
+    if (opts.peers) {
+      measured["openmpi"] = run_mpi(ranks, opts.bytes, dir);
+      measured["gloo"] = run_gloo(ranks, opts.bytes, dir);
+      for (const char* p : {"openmpi", "gloo"}) {
+        if (!measured[p].empty()) systems.push_back(p);
+      }
+    }
+    const double factor = ranks > 1 ? 2.0 * (ranks - 1) / ranks : 1.0;
+    const double bound = link / ranks;
+    std::vector<std::vector<std::string>> rows;
+    for (std::size_t bytes : opts.bytes) {
+      std::vector<std::string> row{human(bytes)};
+      for (const auto& s : systems) {
+        const auto it = measured[s].find(bytes);
+        if (it == measured[s].end()) {
+          row.push_back("-");
+          row.push_back("-");
+          continue;
+        }
+        const double algbw = static_cast<double>(bytes) / it->second;
+        row.push_back(fmt(it->second * 1e6, 0));
+        row.push_back(fmt(algbw * factor / 1e9, 3));
+        if (opts.json) {
+          std::cout << json{{"bench", "allreduce"}, {"system", s}, {"ranks", ranks}, {"bytes", bytes},
+                            {"seconds", it->second}, {"algbw_gbps", algbw / 1e9}, {"busbw_gbps", algbw * factor / 1e9},
+                            {"bound_busbw_gbps", bound / 1e9}}
+                           .dump()
+                    << "\n";
+        }
+      }
+      row.push_back(fmt(bound / 1e9, 3));
+      rows.push_back(row);
+    }
+    if (!opts.json) {
+      std::printf("\n%d ranks: time per all-reduce (us) and bus bandwidth (GB/s)\n", ranks);
+      std::vector<std::string> header{"size"};
+      for (const auto& s : systems) {
+        header.push_back(s + " us");
+        header.push_back(s + " busbw");
+      }
+      header.push_back("bound busbw");
+      print_table(header, rows);
+    }
+    // The targets of the issue at 64 MiB (bandwidth) and 4 KiB (latency).
+    auto at = [&](const std::string& s, std::size_t bytes) {
+      const auto it = measured[s].find(bytes);
+      return it == measured[s].end() ? 0.0 : it->second;
+    };
+    const std::size_t big = std::size_t{64} << 20, small = 4096;
+    for (const auto& ours : opts.backends) {
+      if (ours == "nccl" || !measured.count(ours)) continue;
+      if (at(ours, big) > 0 && at("gloo", big) > 0 && at("openmpi", big) > 0 && !opts.json) {
+        const double o = at(ours, big), g = at("gloo", big), m = at("openmpi", big);
+        std::printf("64 MiB, %s: busbw %.3f GB/s = %.2fx Gloo (target >= 1), %.2fx OpenMPI (target >= 1.25), %.0f%% of the bound\n",
+                    ours.c_str(), big * factor / o / 1e9, g / o, m / o, 100.0 * big * factor / o / bound);
+      }
+      if (at(ours, small) > 0 && at("openmpi", small) > 0 && !opts.json) {
+        std::printf("4 KiB, %s: %.0f us vs OpenMPI %.0f us (target: no slower)\n", ours.c_str(), at(ours, small) * 1e6,
+                    at("openmpi", small) * 1e6);
+      }
+    }
+    for (const auto& s : systems) {
+      if (measured[s].size() != opts.bytes.size()) status = 1;
+    }
+  }
+  if (status == 0) std::filesystem::remove_all(dir);
+  else std::cerr << "bench allreduce: some sizes are missing; the logs are in " << dir.string() << "\n";
+  return status;
+}
+
+}  // namespace xsilo::tools
