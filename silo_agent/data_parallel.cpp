@@ -87,7 +87,8 @@ class BucketReducer {
 
 TrainStats train_data_parallel(collective::Group& group, int shards, const Network& net, std::span<float> params,
                                const Dataset& data, const TrainOptions& opts, const BucketOptions& buckets,
-                               const std::function<void(const std::string&)>& log) {
+                               const std::function<void(const std::string&)>& log,
+                               const std::function<void(std::uint32_t)>& on_epoch) {
   TrainStats stats;
   if (data.rows == 0) return stats;
   const std::size_t bs = std::max<std::uint32_t>(1, opts.batch_size);
@@ -96,9 +97,11 @@ TrainStats train_data_parallel(collective::Group& group, int shards, const Netwo
   // The single-process trainer's row orders, epoch by epoch.
   std::vector<std::vector<std::size_t>> orders(opts.epochs, std::vector<std::size_t>(data.rows));
   std::mt19937_64 rng(opts.seed);
-  for (auto& order : orders) {
-    std::iota(order.begin(), order.end(), 0);
+  std::vector<std::size_t> order(data.rows);
+  std::iota(order.begin(), order.end(), 0);
+  for (auto& epoch_order : orders) {  // each epoch reshuffles the previous order, as train_sgd does
     std::shuffle(order.begin(), order.end(), rng);
+    epoch_order = order;
   }
   auto shard_of = [&](std::size_t row) {
     return static_cast<int>(row * static_cast<std::size_t>(shards) / data.rows);
@@ -163,6 +166,7 @@ TrainStats train_data_parallel(collective::Group& group, int shards, const Netwo
     const auto resume = group.attempt(op, [&](collective::Communicator&) { step(op); });
     if (!resume) {
       ++op;
+      if (on_epoch && op % steps_per_epoch == 0) on_epoch(static_cast<std::uint32_t>(op / steps_per_epoch));
       continue;
     }
     // The group re-formed: go back to the parameters kept before the step to redo (a worker

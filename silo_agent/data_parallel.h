@@ -34,9 +34,10 @@ struct BucketOptions {
 int shard_owner(int shard, const std::vector<int>& members);
 
 // Trains `params` in place with every member of `group`; `shards` is the number of workers the
-// group started with. `log` receives one line per re-formation.
+// group started with. `log` receives one line per re-formation, `on_epoch` each finished epoch.
 TrainStats train_data_parallel(collective::Group& group, int shards, const Network& net, std::span<float> params,
                                const Dataset& data, const TrainOptions& opts, const BucketOptions& buckets,
-                               const std::function<void(const std::string&)>& log = {});
+                               const std::function<void(const std::string&)>& log = {},
+                               const std::function<void(std::uint32_t)>& on_epoch = {});
 
 }  // namespace xsilo::agent

@@ -64,6 +64,10 @@ void run_worker_job(collective::Group& group, const WorkerJob& job) {
                                          [&](const std::string& line) {
                                            spdlog::warn("worker {}: {}", group.id(), line);
                                            events.push_back(line);
+                                         },
+                                         [&](std::uint32_t epoch) {
+                                           spdlog::info("worker {}: epoch {} of {} done", group.id(), epoch,
+                                                        job.train.epochs);
                                          });
   if (group.members().front() != group.id()) return;
   // The first member writes for everyone: every replica holds the same parameters.

@@ -1,10 +1,21 @@
 // Collectives over real TCP on loopback: every rank a thread with its own sockets.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
 #include <cmath>
+#include <fstream>
+#include <map>
+#include <sstream>
 #include <thread>
 
+#include "common/process.h"
+#include "common/safetensors.h"
 #include "silo_agent/collective/group.h"
+#include "silo_agent/data_parallel.h"
+#include "silo_agent/workers.h"
+#include "tests/testlib.h"
+#include "tools/sim.h"
 
 namespace xsilo::collective {
 namespace {
@@ -66,6 +77,201 @@ TEST(Collective, BroadcastAndBarrierReachEveryRank) {
       g.comm().barrier();
     });
   }
+}
+
+// ---- data-parallel training ----------------------------------------------------------------
+
+struct TrainingCase {
+  Dataset data;
+  Model model;
+  agent::TrainOptions opts;
+};
+
+TrainingCase digits_case() {
+  TrainingCase c;
+  const auto all = load_csv(tools::data_dir() / "digits.csv.gz");
+  std::vector<std::size_t> rows(600);
+  for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = i;
+  c.data = subset(all, rows);
+  for (auto& v : c.data.x) v /= 16.0f;
+  ModelSpec spec;
+  spec.kind = "mlp";
+  spec.inputs = c.data.features;
+  spec.classes = 10;
+  spec.hidden = {64, 32};
+  spec.seed = 7;
+  c.model = init_model(spec);
+  c.opts.epochs = 2;
+  c.opts.batch_size = 50;
+  c.opts.learning_rate = 0.2f;
+  c.opts.seed = 99;
+  return c;
+}
+
+// Largest |a - b| relative to the largest |a|.
+double relative_gap(std::span<const float> a, std::span<const float> b) {
+  double gap = 0, scale = 1e-12;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    gap = std::max(gap, static_cast<double>(std::abs(a[i] - b[i])));
+    scale = std::max(scale, static_cast<double>(std::abs(a[i])));
+  }
+  return gap / scale;
+}
+
+TEST(DataParallel, EqualsSingleProcessTrainingWithTheSameGlobalBatch) {
+  const auto c = digits_case();
+  Model single = c.model;
+  const Network net(c.model);
+  const auto stats = agent::train_sgd(net, single.flat(), c.data, c.opts);
+  for (const std::string backend : {"ring", "hd"}) {
+    for (int n : {2, 3}) {
+      std::vector<Model> replicas(static_cast<std::size_t>(n), c.model);
+      std::vector<double> losses(static_cast<std::size_t>(n));
+      Options opts;
+      opts.backend = backend;
+      // Tiny buckets, so that each step reduces several of them while backward goes on.
+      agent::BucketOptions buckets{1024, 8192};
+      Coordinator coord(n, std::chrono::milliseconds(3000));
+      std::vector<std::thread> threads;
+      for (int id = 0; id < n; ++id) {
+        threads.emplace_back([&, id] {
+          Group g("127.0.0.1", coord.port(), id, "127.0.0.1", opts);
+          losses[static_cast<std::size_t>(id)] =
+              agent::train_data_parallel(g, n, net, replicas[static_cast<std::size_t>(id)].flat(), c.data, c.opts, buckets)
+                  .mean_loss;
+        });
+      }
+      for (auto& t : threads) t.join();
+      for (int id = 0; id < n; ++id) {
+        const auto& r = replicas[static_cast<std::size_t>(id)];
+        EXPECT_LT(relative_gap(single.flat(), r.flat()), 1e-4) << backend << " n=" << n << " worker " << id;
+        // Every replica applies the same reduced gradient: bit-identical.
+        EXPECT_EQ(r.flat()[123], replicas[0].flat()[123]);
+        EXPECT_NEAR(losses[static_cast<std::size_t>(id)], stats.mean_loss, 1e-4);
+      }
+      EXPECT_GT(relative_gap(c.model.flat(), single.flat()), 1e-3) << "training must move the model";
+    }
+  }
+}
+
+TEST(DataParallel, ShardsOfAnExcludedWorkerPassToTheSurvivors) {
+  EXPECT_EQ(agent::shard_owner(2, {0, 1, 2, 3}), 2);
+  EXPECT_EQ(agent::shard_owner(2, {0, 1, 3}), 3);  // members[2 % 3]
+  EXPECT_EQ(agent::shard_owner(0, {1, 3}), 1);
+}
+
+// ---- real worker processes --------------------------------------------------------------------
+
+struct Workers {
+  std::unique_ptr<Coordinator> coord;
+  std::vector<std::unique_ptr<Process>> procs;
+  std::vector<std::filesystem::path> logs;
+};
+
+Workers start_workers(int n, const std::filesystem::path& dir, const std::vector<std::string>& extra,
+                      std::chrono::milliseconds grace, const std::map<int, std::vector<std::string>>& more = {}) {
+  Workers w;
+  w.coord = std::make_unique<Coordinator>(n, grace);
+  for (int k = 0; k < n; ++k) {
+    std::vector<std::string> argv{test::xsilo_bin(), "collective", "--coordinator",
+                                  "127.0.0.1:" + std::to_string(w.coord->port()), "--id", std::to_string(k),
+                                  "--step-timeout-ms", "2000"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    if (more.count(k)) argv.insert(argv.end(), more.at(k).begin(), more.at(k).end());
+    w.logs.push_back(dir / ("worker-" + std::to_string(k) + ".log"));
+    w.procs.push_back(std::make_unique<Process>(argv, w.logs.back()));
+  }
+  auto* procs = &w.procs;
+  w.coord->on_excluded([procs](const std::vector<int>& ids) {
+    for (int id : ids) (*procs)[static_cast<std::size_t>(id)]->signal(SIGKILL);
+  });
+  return w;
+}
+
+std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+bool wait_for_text(const std::filesystem::path& log, const std::string& text, std::chrono::seconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < until) {
+    if (slurp(log).find(text) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return false;
+}
+
+TEST(CollectiveProcesses, KillOneOfFourMidStepAndTheStepCompletesOnThreeWithTheRightSum) {
+  test::TempDir dir;
+  // 24 MiB per step: a step takes long enough on loopback for the kill to land inside it.
+  auto w = start_workers(4, dir.path(), {"--backend", "ring", "--check-steps", "8", "--elements", "6000000"},
+                         std::chrono::milliseconds(3000));
+  ASSERT_TRUE(wait_for_text(w.logs[2], "STEP 3 begin", std::chrono::seconds(60))) << slurp(w.logs[2]);
+  w.procs[2]->signal(SIGKILL);
+  for (int k : {0, 1, 3}) {
+    const auto code = w.procs[static_cast<std::size_t>(k)]->wait(std::chrono::milliseconds(60000));
+    ASSERT_TRUE(code.has_value()) << "worker " << k << " hung";
+    EXPECT_EQ(*code, 0) << slurp(w.logs[static_cast<std::size_t>(k)]);
+    const auto log = slurp(w.logs[static_cast<std::size_t>(k)]);
+    // The step it was in failed, the ring re-formed on 3, and every step from there on summed
+    // all four shards correctly (the checker exits non-zero on any wrong element).
+    EXPECT_NE(log.find("re-formed on 3 ranks"), std::string::npos) << log;
+    EXPECT_NE(log.find("STEP 3 ok on 3 ranks"), std::string::npos) << log;
+    EXPECT_NE(log.find("STEP 7 ok on 3 ranks"), std::string::npos) << log;
+    EXPECT_EQ(log.find("WRONG"), std::string::npos) << log;
+  }
+  EXPECT_EQ(w.coord->members(), (std::vector<int>{0, 1, 3}));
+}
+
+TEST(CollectiveProcesses, AStalledWorkerIsDetectedByTheStepTimeoutAndExcluded) {
+  test::TempDir dir;
+  auto w = start_workers(3, dir.path(), {"--backend", "hd", "--check-steps", "4", "--elements", "1000"},
+                         std::chrono::milliseconds(1000), {{1, {"--stall-at-step", "2"}}});
+  for (int k : {0, 2}) {
+    const auto code = w.procs[static_cast<std::size_t>(k)]->wait(std::chrono::milliseconds(60000));
+    ASSERT_TRUE(code.has_value()) << "worker " << k << " hung";
+    EXPECT_EQ(*code, 0) << slurp(w.logs[static_cast<std::size_t>(k)]);
+    const auto log = slurp(w.logs[static_cast<std::size_t>(k)]);
+    EXPECT_NE(log.find("STEP 3 ok on 2 ranks"), std::string::npos) << log;
+  }
+  EXPECT_EQ(w.coord->members(), (std::vector<int>{0, 2}));
+}
+
+TEST(CollectiveProcesses, TrainingSurvivesAKilledWorkerAndEqualsOneProcess) {
+  test::TempDir dir;
+  auto c = digits_case();
+  c.opts.epochs = 20;
+  Model single = c.model;
+  agent::train_sgd(Network(c.model), single.flat(), c.data, c.opts);
+
+  agent::WorkerJob job;
+  job.model = dir / "global.safetensors";
+  job.data = dir / "train.csv";
+  job.out = dir / "trained.safetensors";
+  job.train = c.opts;
+  job.shards = 4;
+  job.buckets = {4096, 16384};
+  save_safetensors(job.model, c.model);
+  save_csv(job.data, c.data);
+  agent::save_job(dir / "job.json", job);
+  auto w = start_workers(4, dir.path(), {"--backend", "ring", "--job", (dir / "job.json").string()},
+                         std::chrono::milliseconds(3000));
+  // Kill worker 0 (the one that would write the result) once training is under way.
+  ASSERT_TRUE(wait_for_text(w.logs[0], "epoch 2 of 20 done", std::chrono::seconds(60))) << slurp(w.logs[0]);
+  w.procs[0]->signal(SIGKILL);
+  for (int k : {1, 2, 3}) {
+    const auto code = w.procs[static_cast<std::size_t>(k)]->wait(std::chrono::milliseconds(120000));
+    ASSERT_TRUE(code.has_value()) << "worker " << k << " hung";
+    EXPECT_EQ(*code, 0) << slurp(w.logs[static_cast<std::size_t>(k)]);
+  }
+  ASSERT_TRUE(std::filesystem::exists(job.out)) << slurp(w.logs[1]);
+  const Model trained = load_safetensors(job.out);
+  EXPECT_LT(relative_gap(single.flat(), trained.flat()), 1e-4);
+  const auto stats = slurp(job.out.string() + ".json");
+  EXPECT_NE(stats.find("re-formed"), std::string::npos) << "the kill did not land during training: " << stats;
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <sstream>
 
 namespace xsilo::collective {
@@ -115,12 +116,16 @@ void Coordinator::broadcast_table(std::uint64_t resume) {
 void Coordinator::maybe_reform() {
   if (!failure_since_) return;
   bool all = true;
-  for (const auto& [id, w] : workers_) all = all && (!w.member || w.fd < 0 || w.failed_op);
+  for (const auto& [id, w] : workers_) all = all && (!w.member || w.done || w.fd < 0 || w.failed_op);
   if (!all && std::chrono::steady_clock::now() - *failure_since_ < grace_) return;
   std::vector<int> excluded;
   std::uint64_t resume = UINT64_MAX;
   for (auto& [id, w] : workers_) {
     if (!w.member) continue;
+    if (w.done) {  // finished before the failure: it leaves the group, nobody kills it
+      w.member = false;
+      continue;
+    }
     if (w.fd < 0 || !w.failed_op) {
       w.member = false;
       excluded.push_back(id);
@@ -159,7 +164,7 @@ void Coordinator::loop() {
         std::uint16_t port = 0;
         in >> word >> id >> host >> port;
         if (word == "HELLO" && id >= 0 && !workers_.count(id)) {
-          workers_[id] = Worker{fd, host, port, buffer, true, std::nullopt};
+          workers_[id] = Worker{fd, host, port, buffer, true, false, std::nullopt};
           if (static_cast<int>(workers_.size()) == expected_) broadcast_table(0);
         } else {
           ::close(fd);
@@ -175,7 +180,7 @@ void Coordinator::loop() {
         ::close(w.fd);
         w.fd = -1;
         gone_.push_back(ids[k - 1]);
-        if (w.member && epoch_ >= 0 && !failure_since_) failure_since_ = std::chrono::steady_clock::now();
+        if (w.member && !w.done && epoch_ >= 0 && !failure_since_) failure_since_ = std::chrono::steady_clock::now();
         continue;
       }
       w.buffer.append(tmp, static_cast<std::size_t>(n));
@@ -187,6 +192,7 @@ void Coordinator::loop() {
         int epoch = -1;
         std::uint64_t op = 0;
         in >> word >> epoch >> op;
+        if (word == "DONE") w.done = true;
         if (word == "FAILED" && epoch == epoch_) {
           w.failed_op = op;
           if (!failure_since_) failure_since_ = std::chrono::steady_clock::now();
@@ -212,6 +218,7 @@ Group::Group(const std::string& coordinator_host, std::uint16_t coordinator_port
 
 Group::~Group() {
   comm_.reset();
+  if (control_fd_ >= 0 && std::uncaught_exceptions() == 0) send_line(control_fd_, "DONE");
   if (control_fd_ >= 0) ::close(control_fd_);
   if (listen_fd_ >= 0) ::close(listen_fd_);
 }

@@ -6,7 +6,7 @@
 // redoes it on the smaller ring.
 //
 // Control protocol (text lines over TCP, inside the silo's network):
-//   worker -> coordinator   HELLO <id> <host> <port>      FAILED <epoch> <op>
+//   worker -> coordinator   HELLO <id> <host> <port>      FAILED <epoch> <op>      DONE
 //   coordinator -> worker   TABLE <epoch> <resume_op> <n> (<id> <host> <port>){n}      EXCLUDED
 #pragma once
 
@@ -57,6 +57,7 @@ class Coordinator {
     std::uint16_t port = 0;
     std::string buffer;
     bool member = false;
+    bool done = false;  // finished its work: its connection closing is not a failure
     std::optional<std::uint64_t> failed_op;
   };
   std::map<int, Worker> workers_;  // by id
@@ -71,6 +72,8 @@ class Group {
   // Joins the coordinator as worker `id`, listening for peers on `host`.
   Group(const std::string& coordinator_host, std::uint16_t coordinator_port, int id, const std::string& host,
         Options opts);
+  // Leaving scope normally tells the coordinator this worker is done; unwinding from an
+  // exception (or dying) does not.
   ~Group();
   Communicator& comm() { return *comm_; }
   int rank() const { return comm_->rank(); }
