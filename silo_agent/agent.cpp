@@ -134,7 +134,26 @@ RoundOutput run_local_round(const AgentConfig& cfg, const LocalData& data, const
     return stats;
   };
   auto upd = out.update->flat();
-  const auto stats = train_delta(data.train, silo, upd);
+  TrainStats stats;
+  if (cfg.local.workers > 1) {
+    // The silo's own rows, trained by its local workers; the result must equal the single
+    // process's within float tolerance, whatever workers die on the way.
+    Model local = global;
+    TrainOptions o = opts;
+    o.seed = round_seed(plan.seed(), round, silo);
+    const auto dir = cfg.state_dir / "local";
+    save_csv(dir / "train.csv", data.train);  // as loaded and standardized: what the workers read
+    const auto r = train_with_workers(cfg.local, dir / ("round-" + std::to_string(round)), local, dir / "train.csv", o);
+    for (const auto& e : r.events) spdlog::warn("round {}: local workers: {}", round, e);
+    spdlog::info("round {}: {} local workers trained {} steps", round, cfg.local.workers, r.stats.steps);
+    std::filesystem::remove_all(dir / ("round-" + std::to_string(round)));
+    stats = r.stats;
+    const auto loc = local.flat();
+    const auto glo = global.flat();
+    for (std::size_t i = 0; i < upd.size(); ++i) upd[i] = loc[i] - glo[i];
+  } else {
+    stats = train_delta(data.train, silo, upd);
+  }
   out.metrics.set_train_loss(stats.mean_loss);
   if (cfg.attack.active()) {
     apply_attack(cfg.attack, upd, round_seed(plan.seed() ^ 0xa77ac4, round, silo), [&] {

@@ -56,6 +56,20 @@ AgentConfig load_agent_config(const std::filesystem::path& file) {
   }
   data.finish();
   c.state_dir = root.path("state_dir", "agent-state");
+  if (root.has("local")) {
+    const auto lo = root.child("local");
+    c.local.workers = static_cast<int>(lo.integer("workers", 1, 1, 256));
+    c.local.hosts = lo.str_list("hosts");
+    c.local.listen_host = lo.str("listen_host", "127.0.0.1");
+    c.local.backend = lo.one_of("backend", "auto", {"ring", "hd", "auto"});
+    c.local.step_timeout = std::chrono::milliseconds(lo.integer("step_timeout_ms", 10000, 100, 3600000));
+    c.local.buckets.first_bytes = static_cast<std::size_t>(lo.integer("first_bucket_bytes", 1 << 20, 4, std::int64_t{1} << 32));
+    c.local.buckets.bytes = static_cast<std::size_t>(lo.integer("bucket_bytes", 25 << 20, 4, std::int64_t{1} << 32));
+    lo.finish();
+    if (c.local.workers > 1 && c.trainer != "builtin") {
+      lo.fail("workers", "data-parallel workers train the builtin trainer only");
+    }
+  }
   if (root.has("attack")) c.attack = parse_attack(root.child("attack"));
   if (root.has("crash")) {
     const auto cr = root.child("crash");

@@ -11,6 +11,7 @@
 #include "common/dataset.h"
 #include "common/net.h"
 #include "silo_agent/attack.h"
+#include "silo_agent/workers.h"
 #include "transport/channel.h"
 #include "transport/dialer.h"
 #include "transport/tls.h"
@@ -32,6 +33,7 @@ struct AgentConfig {
   Standardizer given;
   std::uint64_t synthetic_samples = 100;
   std::filesystem::path state_dir;
+  LocalWorkersConfig local;  // data-parallel local training ("local" in the file)
   std::string log_level = "info";
   AttackConfig attack;  // simulation only
   // Simulation only: exit right after sending this secure-aggregation step ("keys" or

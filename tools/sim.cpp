@@ -134,6 +134,7 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
   pass("transport", c.transport);
   pass("aggregation", c.aggregation);
   pass("secure", c.secure);
+  pass("local", c.local);
   c.edges = static_cast<std::size_t>(root.integer("edges", 0, 0, 64));
   for (const auto& fn : root.child_list("faults")) {
     SimConfig::Fault fault;
@@ -328,6 +329,7 @@ std::filesystem::path write_agent_config(const SimConfig& cfg, const FederationF
     agent["data"]["standardize"] = {{"mean", f.standardizer.mean}, {"std", f.standardizer.stddev}};
   }
   if (cfg.transport.is_object()) agent["transport"] = cfg.transport;
+  if (cfg.local.is_object()) agent["local"] = cfg.local;
   if (!f.edges.empty()) agent["failover"] = {{"probe_s", 1}};
   for (const auto& fault : cfg.faults) {
     if (fault.process == f.silos[i] && fault.phase.rfind("after_", 0) == 0) {

@@ -41,6 +41,7 @@ struct SimConfig {
   // Edge aggregators: silo i is behind edge i % edges (its backup is the next edge, then the
   // server). 0: every silo talks to the server.
   std::size_t edges = 0;
+  nlohmann::json local;  // passed to every agent as its "local" block (local.workers: data-parallel workers)
   // Rehearsed failures: kill or restart a process when a round reaches a phase.
   struct Fault {
     std::string process;  // "server", "edge-01", "hospital-03"
