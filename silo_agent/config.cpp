@@ -1,6 +1,7 @@
 #include "silo_agent/config.h"
 
 #include "common/config.h"
+#include "silo_agent/collective/gpu_info.h"
 #include "transport/config.h"
 
 namespace xsilo::agent {
@@ -61,11 +62,16 @@ AgentConfig load_agent_config(const std::filesystem::path& file) {
     c.local.workers = static_cast<int>(lo.integer("workers", 1, 1, 256));
     c.local.hosts = lo.str_list("hosts");
     c.local.listen_host = lo.str("listen_host", "127.0.0.1");
-    c.local.backend = lo.one_of("backend", "auto", {"ring", "hd", "auto"});
+    c.local.backend = lo.one_of("backend", "auto", {"ring", "hd", "auto", "nccl"});
     c.local.step_timeout = std::chrono::milliseconds(lo.integer("step_timeout_ms", 10000, 100, 3600000));
     c.local.buckets.first_bytes = static_cast<std::size_t>(lo.integer("first_bucket_bytes", 1 << 20, 4, std::int64_t{1} << 32));
     c.local.buckets.bytes = static_cast<std::size_t>(lo.integer("bucket_bytes", 25 << 20, 4, std::int64_t{1} << 32));
     lo.finish();
+    if (c.local.backend == "nccl") {
+      const auto gpu = collective::gpu_info();
+      if (!gpu.built) lo.fail("backend", "nccl needs a build with CUDA and NCCL; this xsilo has neither");
+      if (gpu.devices == 0) lo.fail("backend", "nccl needs a GPU, and none is visible (" + gpu.cuda_error + ")");
+    }
     if (c.local.workers > 1 && c.trainer != "builtin") {
       lo.fail("workers", "data-parallel workers train the builtin trainer only");
     }

@@ -11,6 +11,7 @@
 
 #include "common/process.h"
 #include "common/safetensors.h"
+#include "silo_agent/collective/gpu_info.h"
 #include "silo_agent/collective/group.h"
 #include "silo_agent/data_parallel.h"
 #include "silo_agent/workers.h"
@@ -77,6 +78,14 @@ TEST(Collective, BroadcastAndBarrierReachEveryRank) {
       g.comm().barrier();
     });
   }
+}
+
+TEST(Collective, NcclAllReduceIsExactOnTheGpus) {
+  const auto gpu = gpu_info();
+  if (!gpu.built) GTEST_SKIP() << "skipped: this build has no CUDA/NCCL";
+  if (gpu.devices == 0) GTEST_SKIP() << "skipped: no GPU visible (" << gpu.cuda_error << ")";
+  // NCCL takes one rank per GPU.
+  for (int n = 1; n <= std::min(gpu.devices, 4); ++n) check_exact(n, 10007, "nccl");
 }
 
 // ---- data-parallel training ----------------------------------------------------------------

@@ -113,7 +113,7 @@ void add_collective(CLI::App& app, int& exit_code) {
   c->add_option("--coordinator", o->coordinator, "the workers' coordinator, HOST:PORT")->required();
   c->add_option("--id", o->id, "this worker's id, 0..N-1")->required();
   c->add_option("--host", o->host, "address this worker listens on for its peers")->capture_default_str();
-  c->add_option("--backend", o->backend, "ring, hd or auto")->capture_default_str();
+  c->add_option("--backend", o->backend, "ring, hd, auto or nccl")->capture_default_str();
   c->add_option("--chunk-bytes", o->chunk_bytes, "pipelining unit of the ring")->capture_default_str();
   c->add_option("--step-timeout-ms", o->step_timeout_ms, "a peer silent this long has failed")->capture_default_str();
   c->add_option("--job", o->job, "train the job in this file (written by the agent)");

@@ -1,5 +1,7 @@
 #include "silo_agent/collective/group.h"
 
+#include "silo_agent/collective/nccl.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -249,9 +251,21 @@ std::uint64_t Group::wait_table() {
     }
     if (rank < 0) throw CollectiveError("this worker is not in the group's table", -1);
     epoch_ = epoch;
+    if (opts_.backend == "nccl") {
+      // TCP carries the NCCL rendezvous; the old NCCL communicator, if any, is shrunk.
+      Options tcp = opts_;
+      tcp.backend = "auto";
+      std::vector<int> gone;
+      for (std::size_t k = 0; k < members_.size(); ++k) {
+        if (std::find(ids.begin(), ids.end(), members_[k]) == ids.end()) gone.push_back(static_cast<int>(k));
+      }
+      auto next = make_nccl_communicator(make_tcp_communicator(rank, peers, listen_fd_, tcp), opts_, comm_.get(), gone);
+      comm_ = std::move(next);
+    } else {
+      comm_.reset();
+      comm_ = make_tcp_communicator(rank, peers, listen_fd_, opts_);
+    }
     members_ = std::move(ids);
-    comm_.reset();
-    comm_ = make_tcp_communicator(rank, peers, listen_fd_, opts_);
     return resume;
   }
 }

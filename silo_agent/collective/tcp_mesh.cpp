@@ -216,7 +216,7 @@ class TcpCommunicator : public Communicator {
 
 std::unique_ptr<Communicator> make_tcp_communicator(int rank, const std::vector<PeerAddress>& peers, int listen_fd,
                                                     const Options& opts) {
-  if (opts.backend != "ring" && opts.backend != "hd" && opts.backend != "auto") {
+  if (opts.backend != "ring" && opts.backend != "hd" && opts.backend != "auto") {  // "nccl": see nccl.h
     throw std::invalid_argument("TCP backends are ring, hd and auto, not " + opts.backend);
   }
   return std::make_unique<TcpCommunicator>(rank, peers, listen_fd, opts);

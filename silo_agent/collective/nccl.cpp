@@ -1,0 +1,155 @@
+#include "silo_agent/collective/nccl.h"
+
+#ifdef XSILO_WITH_CUDA
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstring>
+#include <thread>
+#endif
+
+namespace xsilo::collective {
+
+#ifndef XSILO_WITH_CUDA
+
+std::unique_ptr<Communicator> make_nccl_communicator(std::unique_ptr<Communicator>, const Options&, Communicator*,
+                                                     const std::vector<int>&) {
+  throw CollectiveError("the nccl backend needs a build with CUDA and NCCL; this one has neither", -1);
+}
+
+#else
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw CollectiveError(std::string(what) + ": " + cudaGetErrorString(e), -1);
+}
+
+class NcclCommunicator : public Communicator {
+ public:
+  NcclCommunicator(std::unique_ptr<Communicator> boot, const Options& opts, NcclCommunicator* previous,
+                   const std::vector<int>& excluded)
+      : boot_(std::move(boot)), opts_(opts) {
+    int devices = 0;
+    check_cuda(cudaGetDeviceCount(&devices), "no CUDA device");
+    if (devices == 0) throw CollectiveError("no CUDA device for the nccl backend", -1);
+    device_ = boot_->rank() % devices;
+    check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    if (previous && previous->comm_) {
+      // Shrink: the survivors keep their order, so the new ranks match the TCP mesh's.
+      std::vector<int> gone(excluded);
+      ncclResult_t r = ncclCommShrink(previous->comm_, gone.data(), static_cast<int>(gone.size()), &comm_, &config,
+                                      NCCL_SHRINK_ABORT);
+      if (r != ncclSuccess && r != ncclInProgress) throw CollectiveError(std::string("ncclCommShrink: ") + ncclGetErrorString(r), -1);
+      wait_ready("ncclCommShrink");
+      return;
+    }
+    // Rank 0 draws the unique id; it reaches the others over the TCP mesh.
+    ncclUniqueId id{};
+    if (boot_->rank() == 0 && ncclGetUniqueId(&id) != ncclSuccess) throw CollectiveError("ncclGetUniqueId failed", -1);
+    std::vector<float> carrier((sizeof id + sizeof(float) - 1) / sizeof(float));
+    std::memcpy(carrier.data(), &id, sizeof id);
+    boot_->broadcast(carrier, 0);
+    std::memcpy(&id, carrier.data(), sizeof id);
+    const ncclResult_t r = ncclCommInitRankConfig(&comm_, boot_->size(), id, boot_->rank(), &config);
+    if (r != ncclSuccess && r != ncclInProgress) throw CollectiveError(std::string("ncclCommInitRankConfig: ") + ncclGetErrorString(r), -1);
+    wait_ready("ncclCommInitRankConfig");
+  }
+
+  ~NcclCommunicator() override {
+    if (comm_) ncclCommAbort(comm_);  // abort never blocks on peers, destroy could
+    if (buffer_) cudaFree(buffer_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return boot_->rank(); }
+  int size() const override { return boot_->size(); }
+  std::string backend() const override { return "nccl"; }
+
+  void all_reduce(std::span<float> data) override {
+    if (data.empty()) return;
+    stage_in(data);
+    launch(ncclAllReduce(buffer_, buffer_, data.size(), ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce");
+    stage_out(data);
+  }
+  void broadcast(std::span<float> data, int root) override {
+    if (data.empty()) return;
+    stage_in(data);
+    launch(ncclBroadcast(buffer_, buffer_, data.size(), ncclFloat, root, comm_, stream_), "ncclBroadcast");
+    stage_out(data);
+  }
+  void barrier() override {
+    float one = 1;
+    all_reduce(std::span<float>(&one, 1));
+  }
+
+ private:
+  void stage_in(std::span<const float> data) {
+    if (data.size() > capacity_) {
+      if (buffer_) cudaFree(buffer_);
+      buffer_ = nullptr;
+      check_cuda(cudaMalloc(&buffer_, data.size() * sizeof(float)), "cudaMalloc");
+      capacity_ = data.size();
+    }
+    check_cuda(cudaMemcpyAsync(buffer_, data.data(), data.size_bytes(), cudaMemcpyHostToDevice, stream_), "copy to GPU");
+  }
+  void stage_out(std::span<float> data) {
+    check_cuda(cudaMemcpyAsync(data.data(), buffer_, data.size_bytes(), cudaMemcpyDeviceToHost, stream_), "copy from GPU");
+    // Poll instead of cudaStreamSynchronize: a peer that died leaves the kernel waiting forever.
+    const auto deadline = Clock::now() + opts_.step_timeout;
+    for (;;) {
+      const cudaError_t q = cudaStreamQuery(stream_);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) fail(std::string("CUDA stream: ") + cudaGetErrorString(q));
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &async);
+      if (async != ncclSuccess && async != ncclInProgress) fail(std::string("NCCL: ") + ncclGetErrorString(async));
+      if (Clock::now() > deadline) fail("a peer did not answer within " + std::to_string(opts_.step_timeout.count()) + " ms");
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+  void launch(ncclResult_t r, const char* what) {
+    if (r != ncclSuccess && r != ncclInProgress) fail(std::string(what) + ": " + ncclGetErrorString(r));
+    wait_ready(what);
+  }
+  // A non-blocking call returns ncclInProgress until the communicator is ready again.
+  void wait_ready(const char* what) {
+    const auto deadline = Clock::now() + opts_.step_timeout;
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &state);
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) fail(std::string(what) + ": " + ncclGetErrorString(state));
+      if (Clock::now() > deadline) fail(std::string(what) + " did not finish within the step timeout");
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+  // The communicator stays as it is: the re-formed group shrinks it with NCCL_SHRINK_ABORT,
+  // which aborts what is still in flight (the flow NCCL recommends after an error). If it is
+  // never shrunk, the destructor aborts it.
+  [[noreturn]] void fail(const std::string& what) { throw CollectiveError(what, -1); }
+  std::unique_ptr<Communicator> boot_;
+  Options opts_;
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  ncclComm_t comm_ = nullptr;
+  float* buffer_ = nullptr;
+  std::size_t capacity_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(std::unique_ptr<Communicator> boot, const Options& opts,
+                                                     Communicator* previous, const std::vector<int>& excluded_ranks) {
+  auto* prev = dynamic_cast<NcclCommunicator*>(previous);
+  return std::make_unique<NcclCommunicator>(std::move(boot), opts, prev, excluded_ranks);
+}
+
+#endif
+
+}  // namespace xsilo::collective
