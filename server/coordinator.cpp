@@ -292,6 +292,7 @@ void Coordinator::start_round(std::int64_t now_ms) {
   edge_queued_.clear();
   upload_.reset();
   completed_ = 0;
+  nonfinite_rejected_ = 0;
   total_weight_ = 0;
   upload_bytes_ = 0;
   abort_reason_.clear();
@@ -746,6 +747,7 @@ void Coordinator::on_job_done(std::uint64_t job, std::int64_t now_ms) {
           }
         }
       } else if (!fold_ok_) {
+        if (fold_error_.find("NaN") != std::string::npos) ++nonfinite_rejected_;
         send_error(members_[up.member].session, wire::BAD_UPDATE, fold_error_);
         drop(up.member, "validation", fold_error_, false);
       } else {
@@ -1105,14 +1107,21 @@ bool Coordinator::aggregate_robust(nlohmann::json& rec) {
   const auto& a = cfg_.aggregation;
   const std::size_t n = row_label_.size(), d = global_->size();
   const robust::MatrixView x{rows_.data(), n, d};
-  const std::size_t b = a.beta > 0 ? static_cast<std::size_t>(a.beta * static_cast<double>(n)) : a.f;
-  const std::size_t m = a.m ? a.m : (n > a.f ? n - a.f : 1);
+  // Silos caught sending NaN or infinite values were Byzantine: they used up part of the
+  // budget f, so the rule guards against the f - caught that may remain among the inputs.
+  const std::size_t f = a.f - std::min(a.f, nonfinite_rejected_);
+  const std::size_t b = a.beta > 0 ? static_cast<std::size_t>(a.beta * static_cast<double>(n)) : f;
+  const std::size_t m = a.m ? a.m : (n > f ? n - f : 1);
   std::string rule = a.rule, why;
-  if (rule == "krum") why = robust::check_krum(n, a.f);
-  if (rule == "multi_krum") why = robust::check_multi_krum(n, a.f, m);
-  if (rule == "bulyan") why = robust::check_bulyan(n, a.f);
+  if (rule == "krum") why = robust::check_krum(n, f);
+  if (rule == "multi_krum") why = robust::check_multi_krum(n, f, m);
+  if (rule == "bulyan") why = robust::check_bulyan(n, f);
   if (rule == "trimmed_mean") why = robust::check_trimmed_mean(n, b);
   nlohmann::json info = {{"rule", a.rule}, {"f", a.f}, {"inputs", n}};
+  if (nonfinite_rejected_) {
+    info["nonfinite_rejected"] = nonfinite_rejected_;
+    info["f_applied"] = f;
+  }
   if (!why.empty()) {
     info["fallback"] = a.fallback;
     info["fallback_reason"] = why;
@@ -1129,11 +1138,11 @@ bool Coordinator::aggregate_robust(nlohmann::json& rec) {
   const std::vector<double>& weights = row_weight_;
   robust::Result r;
   if (rule == "fedavg") r = robust::mean(x, weights);
-  else if (rule == "krum") r = robust::krum(x, a.f);
-  else if (rule == "multi_krum") r = robust::multi_krum(x, a.f, m);
+  else if (rule == "krum") r = robust::krum(x, f);
+  else if (rule == "multi_krum") r = robust::multi_krum(x, f, m);
   else if (rule == "median") r = robust::median(x);
   else if (rule == "trimmed_mean") r = robust::trimmed_mean(x, b);
-  else if (rule == "bulyan") r = robust::bulyan(x, a.f);
+  else if (rule == "bulyan") r = robust::bulyan(x, f);
   else r = robust::centered_clip(x, a.tau, a.iterations);
   std::copy(r.aggregate.begin(), r.aggregate.end(), acc_->flat().begin());
   nlohmann::json inputs = nlohmann::json::array();

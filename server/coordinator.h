@@ -229,6 +229,7 @@ class Coordinator {
   std::set<SessionId> edge_queued_;  // edges whose region upload is queued or done this round
   std::optional<Upload> upload_;
   std::size_t completed_ = 0;
+  std::size_t nonfinite_rejected_ = 0;  // silos whose update had NaN/inf this round: Byzantine, caught
   double total_weight_ = 0;
   std::uint64_t upload_bytes_ = 0;
   std::unique_ptr<Model> acc_;   // running sum of weight * delta

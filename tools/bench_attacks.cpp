@@ -58,8 +58,8 @@ int bench_attacks(const AttackBenchOptions& opts) {
       for (const auto& [attack, a] : attacks) {
         SimConfig c = base(opts.rounds);
         c.aggregation = agg;
-        // NaN updates are rejected at validation: the round must still commit on the others.
-        c.selection["min_updates"] = 10 - f;
+        // NaN updates are rejected at validation (and use up f): the round commits on the rest.
+        if (attack == "nan") c.selection["min_updates"] = 10 - f;
         if (!a.is_null()) {
           c.attackers = f;
           c.attack = a;
