@@ -189,14 +189,14 @@ int bench_allreduce(const AllreduceBenchOptions& opts) {
     for (const auto& backend : opts.backends) {
       if (backend == "nccl") {
         const auto gpu = collective::gpu_info();
-        if (!gpu.built) {
-          std::cout << "nccl: skipped (this xsilo was built without CUDA and NCCL)\n";
-        } else if (gpu.devices == 0) {
-          std::cout << "nccl: skipped (no GPU: " << gpu.cuda_error << ")\n";
-        } else {
-          std::cout << "nccl: skipped (the NCCL all-reduce is timed by scripts/gpu-check.sh on a GPU host)\n";
+        std::string why;
+        if (!gpu.built) why = "this xsilo was built without CUDA and NCCL";
+        else if (gpu.devices == 0) why = "no GPU: " + gpu.cuda_error;
+        else if (gpu.devices < ranks) why = "NCCL takes one GPU per rank; " + std::to_string(gpu.devices) + " visible";
+        if (!why.empty()) {
+          std::cout << "nccl, " << ranks << " ranks: skipped (" << why << ")\n";
+          continue;
         }
-        continue;
       }
       measured[backend] = run_ours(backend, ranks, opts.bytes, opts.chunk_bytes, dir);
       systems.push_back(backend);
