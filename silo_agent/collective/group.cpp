@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -158,8 +159,12 @@ void Coordinator::loop() {
     if (fds[0].revents & POLLIN) {
       const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
       if (fd >= 0) {
+        // HELLO arrives right after connect; a connection that stays silent (not a worker) must
+        // not hold the coordinator up for long.
+        timeval tv{2, 0};
+        ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
         std::string buffer;
-        auto line = read_line(fd, buffer);  // HELLO arrives right after connect
+        auto line = read_line(fd, buffer);
         std::istringstream in(line.value_or(""));
         std::string word, host;
         int id = -1;
