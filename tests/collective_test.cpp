@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
@@ -247,6 +248,28 @@ TEST(CollectiveProcesses, AStalledWorkerIsDetectedByTheStepTimeoutAndExcluded) {
     EXPECT_NE(log.find("STEP 3 ok on 2 ranks"), std::string::npos) << log;
   }
   EXPECT_EQ(w.coord->members(), (std::vector<int>{0, 2}));
+}
+
+TEST(CollectiveProcesses, BenchAllreduceMeasuresEverySize) {
+  test::TempDir dir;
+  Process bench({test::xsilo_bin(), "bench", "allreduce", "--ranks", "3", "--bytes", "4096", "65536", "--backend",
+                 "ring", "hd", "--no-peers", "--json"},
+                dir / "bench.log");
+  const auto code = bench.wait(std::chrono::milliseconds(120000));
+  ASSERT_TRUE(code.has_value());
+  EXPECT_EQ(*code, 0) << slurp(dir / "bench.log");
+  std::istringstream lines(slurp(dir / "bench.log"));
+  std::string line;
+  int rows = 0;
+  while (std::getline(lines, line)) {
+    if (line.empty() || line[0] != '{') continue;
+    const auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["ranks"], 3);
+    EXPECT_GT(j["busbw_gbps"].get<double>(), 0.0);
+    EXPECT_GT(j["seconds"].get<double>(), 0.0);
+    ++rows;
+  }
+  EXPECT_EQ(rows, 4) << "2 backends x 2 sizes";
 }
 
 TEST(CollectiveProcesses, TrainingSurvivesAKilledWorkerAndEqualsOneProcess) {

@@ -111,6 +111,7 @@ bool wait_all(std::vector<std::unique_ptr<Process>>& procs, std::chrono::seconds
 
 Results run_ours(const std::string& backend, int ranks, const std::vector<std::size_t>& sizes, std::size_t chunk_bytes,
                  const std::filesystem::path& dir) {
+  std::cerr << "bench allreduce: " << backend << ", " << ranks << " ranks..." << std::endl;
   collective::Coordinator coord(ranks, std::chrono::milliseconds(5000));
   std::vector<std::unique_ptr<Process>> procs;
   for (int k = 0; k < ranks; ++k) {
@@ -132,6 +133,7 @@ std::filesystem::path peer_binary(const std::string& name) {
 
 Results run_mpi(int ranks, const std::vector<std::size_t>& sizes, const std::filesystem::path& dir) {
   const auto bin = peer_binary("xsilo_mpi_allreduce");
+  std::cerr << "bench allreduce: OpenMPI, " << ranks << " ranks..." << std::endl;
   if (!std::filesystem::exists(bin)) {
     std::cout << "OpenMPI peer: skipped (" << bin.string() << " was not built: OpenMPI not found)\n";
     return {};
@@ -149,6 +151,7 @@ Results run_mpi(int ranks, const std::vector<std::size_t>& sizes, const std::fil
 
 Results run_gloo(int ranks, const std::vector<std::size_t>& sizes, const std::filesystem::path& dir) {
   const auto bin = peer_binary("xsilo_gloo_allreduce");
+  std::cerr << "bench allreduce: Gloo, " << ranks << " ranks..." << std::endl;
   if (!std::filesystem::exists(bin)) {
     std::cout << "Gloo peer: skipped (" << bin.string() << " was not built: Gloo not found)\n";
     return {};

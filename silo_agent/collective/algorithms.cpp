@@ -29,7 +29,7 @@ void exchange_reduce(Mesh& mesh, int dst, std::span<const float> out, int src, s
   auto* landing = reinterpret_cast<std::uint8_t*>(scratch.data());
   mesh.exchange(
       dst, bytes(out), src, into.size() * sizeof(float), chunk_bytes,
-      [&](std::size_t, std::size_t) { return landing; },
+      [&](std::size_t, std::size_t want) { return std::span<std::uint8_t>(landing, want); },
       [&](std::size_t off, std::size_t len) {
         const std::size_t first = off / sizeof(float), count = len / sizeof(float);
         float* __restrict a = into.data() + first;
@@ -42,7 +42,7 @@ void exchange_copy(Mesh& mesh, int dst, std::span<const float> out, int src, std
                    std::size_t chunk_bytes) {
   auto* base = reinterpret_cast<std::uint8_t*>(into.data());
   mesh.exchange(
-      dst, bytes(out), src, into.size() * sizeof(float), chunk_bytes, [&](std::size_t off, std::size_t) { return base + off; },
+      dst, bytes(out), src, into.size() * sizeof(float), chunk_bytes, [&](std::size_t off, std::size_t want) { return std::span<std::uint8_t>(base + off, want); },
       [](std::size_t, std::size_t) {});
 }
 
@@ -54,6 +54,10 @@ void exchange_copy(Mesh& mesh, int dst, std::span<const float> out, int src, std
 // r holds the full sum of segment (r + 1). All-gather: at step s rank r sends segment
 // (r + 1 - s) and receives segment (r - s), now final, overwriting its own. Every rank sends
 // 2(N - 1)/N of the data, which is optimal: no link carries more than that.
+//
+// What a rank sends at step j + 1 is exactly what it received (and reduced) at step j, so the
+// 2(N - 1) steps run as one pipeline: a chunk goes on to the right neighbour as soon as it has
+// been added in, instead of waiting for the whole segment, and no step boundary stalls a link.
 void ring_all_reduce(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes) {
   const int n = mesh.size(), r = mesh.rank();
   if (n == 1 || data.empty()) return;
@@ -62,9 +66,53 @@ void ring_all_reduce(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes)
     const auto [b, len] = segment(data.size(), static_cast<std::size_t>(n), static_cast<std::size_t>((k % n + n) % n));
     return data.subspan(b, len);
   };
-  std::vector<float> scratch;
-  for (int s = 0; s < n - 1; ++s) exchange_reduce(mesh, right, seg(r - s), left, seg(r - s - 1), scratch, chunk_bytes);
-  for (int s = 0; s < n - 1; ++s) exchange_copy(mesh, right, seg(r + 1 - s), left, seg(r - s), chunk_bytes);
+  // Incoming segment j: the scatter-reduce steps (added in), then the all-gather steps (copied).
+  const int steps = 2 * (n - 1);
+  std::vector<std::span<float>> in_seg;
+  std::vector<std::size_t> in_off{0};  // byte offset of each incoming segment in the stream
+  for (int j = 0; j < steps; ++j) {
+    in_seg.push_back(j < n - 1 ? seg(r - j - 1) : seg(r - (j - (n - 1))));
+    in_off.push_back(in_off.back() + in_seg.back().size() * sizeof(float));
+  }
+  const std::size_t first = seg(r).size() * sizeof(float);
+  // Outgoing: our own segment, then each incoming segment but the last once it is processed.
+  std::size_t processed = 0;  // bytes of the incoming stream added in or copied
+  std::size_t out_cursor = 0, in_cursor = 0;
+  auto segment_bytes = [](std::span<float> s) {
+    return std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(s.data()), s.size() * sizeof(float));
+  };
+  Mesh::Outgoing out;
+  out.total = first + in_off[static_cast<std::size_t>(steps - 1)];
+  out.ready = [&] { return first + processed; };
+  out.at = [&](std::size_t o) -> std::span<const std::uint8_t> {
+    if (o < first) return segment_bytes(seg(r)).subspan(o);
+    const std::size_t io = o - first;  // the same bytes as incoming offset io
+    while (in_off[out_cursor + 1] <= io) ++out_cursor;
+    return segment_bytes(in_seg[out_cursor]).subspan(io - in_off[out_cursor]);
+  };
+  const std::size_t chunk = std::max<std::size_t>(sizeof(float), chunk_bytes / sizeof(float) * sizeof(float));
+  std::vector<float> scratch(std::min(data.size(), chunk / sizeof(float)));
+  auto seg_of = [&](std::size_t io) {
+    while (in_off[in_cursor + 1] <= io) ++in_cursor;
+    return in_cursor;
+  };
+  const auto land = [&](std::size_t io, std::size_t want) -> std::span<std::uint8_t> {
+    const std::size_t j = seg_of(io);
+    const std::size_t len = std::min(want, in_off[j + 1] - io);  // never across a segment
+    if (static_cast<int>(j) < n - 1) return {reinterpret_cast<std::uint8_t*>(scratch.data()), len};
+    return segment_bytes(in_seg[j]).subspan(io - in_off[j], len);
+  };
+  const auto on_chunk = [&](std::size_t io, std::size_t len) {
+    const std::size_t j = seg_of(io);
+    if (static_cast<int>(j) < n - 1) {
+      float* __restrict a = in_seg[j].data() + (io - in_off[j]) / sizeof(float);
+      const float* __restrict b = scratch.data();
+      const std::size_t count = len / sizeof(float);
+      for (std::size_t i = 0; i < count; ++i) a[i] += b[i];
+    }
+    processed = io + len;
+  };
+  mesh.stream(right, out, left, in_off.back(), chunk, land, on_chunk);
 }
 
 // Recursive halving-doubling (Rabenseifner). With p = 2^k ranks: reduce-scatter by halving

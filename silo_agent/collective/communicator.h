@@ -38,14 +38,31 @@ class Mesh {
   virtual ~Mesh() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // Where the incoming bytes [offset, offset + length) of an exchange land.
-  using Landing = std::function<std::uint8_t*(std::size_t offset, std::size_t length)>;
+  // Where incoming bytes land: for the stream offset `offset`, a buffer of at most `want`
+  // bytes (shorter at a boundary the caller cares about, such as the end of a segment).
+  using Landing = std::function<std::span<std::uint8_t>(std::size_t offset, std::size_t want)>;
+  using OnChunk = std::function<void(std::size_t offset, std::size_t length)>;
+  // An outgoing byte stream that may still be in the making: `at(o)` is the contiguous run
+  // of bytes from stream offset o, `ready()` how many bytes from the start may go out now.
+  struct Outgoing {
+    std::size_t total = 0;
+    std::function<std::span<const std::uint8_t>(std::size_t offset)> at;
+    std::function<std::size_t()> ready;
+  };
   // Sends `out` to `dst` while receiving `in_bytes` from `src` (either side may be empty), in
   // chunks of at most `chunk` bytes: each chunk lands where `land` says, then `on_chunk` runs
-  // on it, so the caller reduces one chunk while the next is on the wire. Throws
-  // CollectiveError when a peer fails or stays silent for the step timeout.
-  virtual void exchange(int dst, std::span<const std::uint8_t> out, int src, std::size_t in_bytes, std::size_t chunk,
-                        const Landing& land, const std::function<void(std::size_t, std::size_t)>& on_chunk) = 0;
+  // on it, so the caller reduces one chunk while the next is on the wire, and what it
+  // finishes may be sent on at once. Throws CollectiveError when a peer fails or stays silent
+  // for the step timeout.
+  virtual void stream(int dst, const Outgoing& out, int src, std::size_t in_bytes, std::size_t chunk,
+                      const Landing& land, const OnChunk& on_chunk) = 0;
+  // The common case: the outgoing bytes are all ready.
+  void exchange(int dst, std::span<const std::uint8_t> out, int src, std::size_t in_bytes, std::size_t chunk,
+                const Landing& land, const OnChunk& on_chunk) {
+    Outgoing o{dst < 0 ? 0 : out.size(), [out](std::size_t off) { return out.subspan(off); },
+               [n = dst < 0 ? 0 : out.size()] { return n; }};
+    stream(dst, o, src, in_bytes, chunk, land, on_chunk);
+  }
 };
 
 class Communicator {

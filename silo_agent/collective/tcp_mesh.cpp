@@ -101,32 +101,39 @@ class TcpMesh : public Mesh {
   // The hot path works on the sockets' native handles with poll(2): one non-blocking send and
   // one recv per ready event, no handler allocations, so a 4 KiB exchange costs a few
   // syscalls and the big ones run at the speed of the kernel's copies.
-  void exchange(int dst, std::span<const std::uint8_t> out, int src, std::size_t in_bytes, std::size_t chunk,
-                const Landing& land, const std::function<void(std::size_t, std::size_t)>& on_chunk) override {
-    std::size_t sent = (dst < 0) ? out.size() : 0, got = (src < 0) ? in_bytes : 0;
+  void stream(int dst, const Outgoing& out, int src, std::size_t in_bytes, std::size_t chunk, const Landing& land,
+              const OnChunk& on_chunk) override {
+    const std::size_t out_total = dst < 0 ? 0 : out.total;
+    std::size_t sent = 0, got = (src < 0) ? in_bytes : 0;
     const int out_fd = dst < 0 ? -1 : socks_.at(static_cast<std::size_t>(dst))->native_handle();
     const int in_fd = src < 0 ? -1 : socks_.at(static_cast<std::size_t>(src))->native_handle();
     std::size_t chunk_start = got, chunk_len = 0;
     std::uint8_t* landing = nullptr;
     auto deadline = Clock::now() + timeout_;
     int spins = 0;
-    while (sent < out.size() || got < in_bytes) {
+    while (sent < out_total || got < in_bytes) {
       // Try both directions first; poll only when neither can move.
       bool moved = false;
-      if (sent < out.size()) {
-        const ssize_t n = ::send(out_fd, out.data() + sent, out.size() - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+      const std::size_t ready = sent < out_total ? std::min(out_total, out.ready()) : out_total;
+      if (sent < ready) {
+        const auto run = out.at(sent);
+        const std::size_t len = std::min(run.size(), ready - sent);
+        const ssize_t n = ::send(out_fd, run.data(), len, MSG_DONTWAIT | MSG_NOSIGNAL);
         if (n > 0) {
           sent += static_cast<std::size_t>(n);
           moved = true;
         } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
           fail(dst, "closed its connection");
         }
+      } else if (sent < out_total && got == in_bytes) {
+        throw std::logic_error("collective stream: outgoing bytes wait on input that will never come");
       }
       if (got < in_bytes) {
         if (!landing) {
           chunk_start = got;
-          chunk_len = std::min(chunk, in_bytes - got);
-          landing = land(chunk_start, chunk_len);
+          const auto where = land(chunk_start, std::min(chunk, in_bytes - got));
+          chunk_len = where.size();
+          landing = where.data();
         }
         const std::size_t have = got - chunk_start;
         const ssize_t n = ::recv(in_fd, landing + have, chunk_len - have, MSG_DONTWAIT);
@@ -153,7 +160,7 @@ class TcpMesh : public Mesh {
       }
       pollfd fds[2];
       nfds_t count = 0;
-      if (sent < out.size()) fds[count++] = {out_fd, POLLOUT, 0};
+      if (sent < ready) fds[count++] = {out_fd, POLLOUT, 0};
       if (got < in_bytes) fds[count++] = {in_fd, POLLIN, 0};
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
       if (left <= 0 || (::poll(fds, count, static_cast<int>(left)) == 0 && Clock::now() >= deadline)) {
