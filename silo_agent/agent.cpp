@@ -60,6 +60,10 @@ LocalData load_local_data(const AgentConfig& cfg) {
   if (cfg.attack.kind == "label_flip") {
     for (auto& y : d.train.y) y = d.train.classes - 1 - y;
   }
+  if (cfg.local.workers > 1) {  // written once, as loaded and standardized: what the workers read
+    d.workers_train = cfg.state_dir / "local" / "train.csv";
+    save_csv(d.workers_train, d.train);
+  }
   for (const auto& h : cfg.attack.honest) {
     Dataset t = load_csv(h.train);
     if (cfg.standardize == "given") cfg.given.apply(t);
@@ -141,12 +145,11 @@ RoundOutput run_local_round(const AgentConfig& cfg, const LocalData& data, const
     Model local = global;
     TrainOptions o = opts;
     o.seed = round_seed(plan.seed(), round, silo);
-    const auto dir = cfg.state_dir / "local";
-    save_csv(dir / "train.csv", data.train);  // as loaded and standardized: what the workers read
-    const auto r = train_with_workers(cfg.local, dir / ("round-" + std::to_string(round)), local, dir / "train.csv", o);
+    const auto dir = cfg.state_dir / "local" / ("round-" + std::to_string(round));
+    const auto r = train_with_workers(cfg.local, dir, local, data.workers_train, o);
     for (const auto& e : r.events) spdlog::warn("round {}: local workers: {}", round, e);
     spdlog::info("round {}: {} local workers trained {} steps", round, cfg.local.workers, r.stats.steps);
-    std::filesystem::remove_all(dir / ("round-" + std::to_string(round)));
+    std::filesystem::remove_all(dir);
     stats = r.stats;
     const auto loc = local.flat();
     const auto glo = global.flat();

@@ -16,6 +16,7 @@ namespace xsilo::agent {
 struct LocalData {
   Dataset train, test;
   std::vector<HonestData> honest;  // simulated colluding attackers only
+  std::filesystem::path workers_train;  // local.workers > 1: the prepared rows the workers read
 };
 
 // Loads and standardizes the local data as the config says.

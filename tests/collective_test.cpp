@@ -214,6 +214,13 @@ bool wait_for_text(const std::filesystem::path& log, const std::string& text, st
   return false;
 }
 
+// Worker k must finish on its own, with exit code 0.
+void expect_clean_exit(Workers& w, int k, std::chrono::milliseconds limit) {
+  const auto code = w.procs[static_cast<std::size_t>(k)]->wait(limit);
+  ASSERT_TRUE(code.has_value()) << "worker " << k << " hung";
+  EXPECT_EQ(*code, 0) << slurp(w.logs[static_cast<std::size_t>(k)]);
+}
+
 TEST(CollectiveProcesses, KillOneOfFourMidStepAndTheStepCompletesOnThreeWithTheRightSum) {
   test::TempDir dir;
   // 24 MiB per step: a step takes long enough on loopback for the kill to land inside it.
@@ -222,9 +229,7 @@ TEST(CollectiveProcesses, KillOneOfFourMidStepAndTheStepCompletesOnThreeWithTheR
   ASSERT_TRUE(wait_for_text(w.logs[2], "STEP 3 begin", std::chrono::seconds(60))) << slurp(w.logs[2]);
   w.procs[2]->signal(SIGKILL);
   for (int k : {0, 1, 3}) {
-    const auto code = w.procs[static_cast<std::size_t>(k)]->wait(std::chrono::milliseconds(60000));
-    ASSERT_TRUE(code.has_value()) << "worker " << k << " hung";
-    EXPECT_EQ(*code, 0) << slurp(w.logs[static_cast<std::size_t>(k)]);
+    ASSERT_NO_FATAL_FAILURE(expect_clean_exit(w, k, std::chrono::milliseconds(60000)));
     const auto log = slurp(w.logs[static_cast<std::size_t>(k)]);
     // The step it was in failed, the ring re-formed on 3, and every step from there on summed
     // all four shards correctly (the checker exits non-zero on any wrong element).
@@ -241,9 +246,7 @@ TEST(CollectiveProcesses, AStalledWorkerIsDetectedByTheStepTimeoutAndExcluded) {
   auto w = start_workers(3, dir.path(), {"--backend", "hd", "--check-steps", "4", "--elements", "1000"},
                          std::chrono::milliseconds(1000), {{1, {"--stall-at-step", "2"}}});
   for (int k : {0, 2}) {
-    const auto code = w.procs[static_cast<std::size_t>(k)]->wait(std::chrono::milliseconds(60000));
-    ASSERT_TRUE(code.has_value()) << "worker " << k << " hung";
-    EXPECT_EQ(*code, 0) << slurp(w.logs[static_cast<std::size_t>(k)]);
+    ASSERT_NO_FATAL_FAILURE(expect_clean_exit(w, k, std::chrono::milliseconds(60000)));
     const auto log = slurp(w.logs[static_cast<std::size_t>(k)]);
     EXPECT_NE(log.find("STEP 3 ok on 2 ranks"), std::string::npos) << log;
   }
@@ -295,9 +298,7 @@ TEST(CollectiveProcesses, TrainingSurvivesAKilledWorkerAndEqualsOneProcess) {
   ASSERT_TRUE(wait_for_text(w.logs[0], "epoch 2 of 20 done", std::chrono::seconds(60))) << slurp(w.logs[0]);
   w.procs[0]->signal(SIGKILL);
   for (int k : {1, 2, 3}) {
-    const auto code = w.procs[static_cast<std::size_t>(k)]->wait(std::chrono::milliseconds(120000));
-    ASSERT_TRUE(code.has_value()) << "worker " << k << " hung";
-    EXPECT_EQ(*code, 0) << slurp(w.logs[static_cast<std::size_t>(k)]);
+    ASSERT_NO_FATAL_FAILURE(expect_clean_exit(w, k, std::chrono::milliseconds(120000)));
   }
   ASSERT_TRUE(std::filesystem::exists(job.out)) << slurp(w.logs[1]);
   const Model trained = load_safetensors(job.out);

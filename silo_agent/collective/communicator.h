@@ -27,6 +27,13 @@ class CollectiveError : public std::runtime_error {
   int peer_;
 };
 
+// This worker is out of the group for good: excluded by the coordinator, or the coordinator is
+// gone. Retrying cannot help.
+class GroupEnded : public CollectiveError {
+ public:
+  explicit GroupEnded(const std::string& what) : CollectiveError(what, -1) {}
+};
+
 struct PeerAddress {
   std::string host;
   std::uint16_t port = 0;

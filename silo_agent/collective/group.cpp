@@ -233,11 +233,11 @@ Group::~Group() {
 std::uint64_t Group::wait_table() {
   for (;;) {
     auto line = read_line(control_fd_, buffer_);
-    if (!line) throw CollectiveError("the workers' coordinator is gone", -1);
+    if (!line) throw GroupEnded("the workers' coordinator is gone");
     std::istringstream in(*line);
     std::string word;
     in >> word;
-    if (word == "EXCLUDED") throw CollectiveError("this worker was excluded from the group", -1);
+    if (word == "EXCLUDED") throw GroupEnded("this worker was excluded from the group");
     if (word != "TABLE") continue;
     int epoch = 0;
     std::uint64_t resume = 0;
@@ -254,7 +254,7 @@ std::uint64_t Group::wait_table() {
       peers.push_back(a);
       ids.push_back(id);
     }
-    if (rank < 0) throw CollectiveError("this worker is not in the group's table", -1);
+    if (rank < 0) throw GroupEnded("this worker is not in the group's table");
     epoch_ = epoch;
     if (opts_.backend == "nccl") {
       // TCP carries the NCCL rendezvous; the old NCCL communicator, if any, is shrunk.
@@ -279,18 +279,16 @@ std::optional<std::uint64_t> Group::attempt(std::uint64_t op, const std::functio
   try {
     fn(*comm_);
     return std::nullopt;
-  } catch (const CollectiveError& e) {
+  } catch (const CollectiveError&) {
     // Report the operation we were in, then wait for the re-formed group.
     send_line(control_fd_, "FAILED " + std::to_string(epoch_) + " " + std::to_string(op));
     for (;;) {
       try {
         return wait_table();
-      } catch (const CollectiveError& again) {
+      } catch (const GroupEnded&) {
+        throw;
+      } catch (const CollectiveError&) {
         // The new mesh failed to form (another worker died meanwhile): report and wait again.
-        if (std::string(again.what()).find("excluded") != std::string::npos ||
-            std::string(again.what()).find("coordinator") != std::string::npos) {
-          throw;
-        }
         send_line(control_fd_, "FAILED " + std::to_string(epoch_) + " " + std::to_string(op));
       }
     }
