@@ -1,6 +1,6 @@
 #include "common/mlp.h"
 
-#include <Eigen/Dense>
+#include "common/eigen.h"
 #include <cmath>
 #include <random>
 #include <stdexcept>

@@ -17,7 +17,8 @@ std::string self_exe() {
   return std::filesystem::read_symlink("/proc/self/exe").string();
 }
 
-Process::Process(std::vector<std::string> argv, const std::filesystem::path& log) {
+Process::Process(std::vector<std::string> argv, const std::filesystem::path& log,
+                 const std::filesystem::path& cwd) {
   if (log.has_parent_path()) std::filesystem::create_directories(log.parent_path());
   const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) throw std::runtime_error("cannot open log " + log.string() + ": " + std::strerror(errno));
@@ -36,6 +37,11 @@ Process::Process(std::vector<std::string> argv, const std::filesystem::path& log
     ::dup2(fd, STDOUT_FILENO);
     ::dup2(fd, STDERR_FILENO);
     ::setpgid(0, 0);
+    if (!cwd.empty() && ::chdir(cwd.c_str()) != 0) {
+      const char* msg = "cannot change to the working folder\n";
+      [[maybe_unused]] auto n = ::write(STDERR_FILENO, msg, std::strlen(msg));
+      ::_exit(127);
+    }
     ::execvp(args[0], args.data());
     const char* msg = "exec failed\n";
     [[maybe_unused]] auto n = ::write(STDERR_FILENO, msg, std::strlen(msg));

@@ -14,8 +14,10 @@ namespace xsilo {
 
 class Process {
  public:
-  // Starts argv[0] with the arguments, stdout and stderr appended to `log`.
-  Process(std::vector<std::string> argv, const std::filesystem::path& log);
+  // Starts argv[0] with the arguments, stdout and stderr appended to `log`, in the folder `cwd`
+  // (empty: this process's current folder).
+  Process(std::vector<std::string> argv, const std::filesystem::path& log,
+          const std::filesystem::path& cwd = {});
   ~Process();
   Process(const Process&) = delete;
   Process& operator=(const Process&) = delete;

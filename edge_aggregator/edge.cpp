@@ -51,6 +51,7 @@ struct Region {
   std::shared_ptr<std::vector<std::uint8_t>> current_words;
   std::map<std::uint32_t, std::shared_ptr<std::vector<std::uint8_t>>> group_sum;
   std::map<std::uint32_t, std::vector<wire::Contributor>> group_contributors;
+  std::deque<std::uint32_t> unsent_groups;  // granted: the groups whose sums still go up
   transport::TensorReceiver rx;
   std::vector<wire::Contributor> contributors;
   bool folding = false;
@@ -138,7 +139,8 @@ class Edge {
 
   void send_region_status() {
     auto e = transport::envelope(cfg_.federation, region_.round);
-    for (const auto& [name, ch] : silos_) e.mutable_region_status()->add_silos(name);
+    auto* status = e.mutable_region_status();  // set even when the region is empty
+    for (const auto& [name, ch] : silos_) status->add_silos(name);
     to_server(std::move(e));
   }
 
@@ -160,10 +162,18 @@ class Edge {
         break;
       case B::kUploadGrant:
         if (e.round() != region_.round) break;
+        if (region_.sent) {
+          send_next_group();  // one grant per secure group's partial sum
+          break;
+        }
         region_.finalize = true;
         maybe_finish_region();
         break;
       case B::kRoundEnd:
+        // The server ended this silo's round (dropped, surplus or done): the region stops
+        // waiting for it.
+        if (!e.silo().empty() && e.round() == region_.round) silo_gone(e.silo());
+        [[fallthrough]];
       case B::kError:
         if (!e.silo().empty()) {
           to_silo(e.silo(), e);
@@ -454,23 +464,12 @@ class Edge {
       region_.uploading.clear();
     }
     if (region_.secure && !region_.group_contributors.empty()) {
-      // One partial sum per secure group, back to back in the one upload slot.
-      std::size_t left = region_.group_contributors.size();
-      for (const auto& [g, contributors] : region_.group_contributors) {
-        const auto& sum = region_.group_sum[g];
-        auto src = std::make_shared<transport::ChunkSource>(sum, *sum, region_.dtype,
-                                                            std::vector<TensorInfo>{{"masked", {region_.words}, 0}},
-                                                            cfg_.federation, region_.round, cfg_.chunk_bytes);
-        up_->send_stream([src, max = cfg_.channel.max_frame_bytes] { return src->next_frame(max); });
-        auto end = transport::envelope(cfg_.federation, region_.round);
-        auto* u = end.mutable_update_end();
-        u->set_group(g);
-        u->set_more(--left > 0);
-        for (const auto& c : contributors) *u->add_contributors() = c;
-        to_server(std::move(end));
-      }
-      spdlog::info("round {}: masked partial sums of {} silos in {} groups sent", region_.round,
+      // One partial sum per secure group, each in its own upload slot: the server grants the
+      // next once it has folded the last (UpdateEnd.more says another one follows).
+      for (const auto& [g, contributors] : region_.group_contributors) region_.unsent_groups.push_back(g);
+      spdlog::info("round {}: masked partial sums of {} silos in {} groups to send", region_.round,
                    region_.contributors.size(), region_.group_contributors.size());
+      send_next_group();
       return;
     }
     double weight = 0;
@@ -487,6 +486,25 @@ class Edge {
     }
     to_server(std::move(end));
     spdlog::info("round {}: partial sum of {} silos sent", region_.round, region_.contributors.size());
+  }
+
+  void send_next_group() {
+    if (region_.unsent_groups.empty() || !up_) return;
+    const std::uint32_t g = region_.unsent_groups.front();
+    region_.unsent_groups.pop_front();
+    const auto& sum = region_.group_sum[g];
+    auto src = std::make_shared<transport::ChunkSource>(sum, *sum, region_.dtype,
+                                                        std::vector<TensorInfo>{{"masked", {region_.words}, 0}},
+                                                        cfg_.federation, region_.round, cfg_.chunk_bytes);
+    up_->send_stream([src, max = cfg_.channel.max_frame_bytes] { return src->next_frame(max); });
+    auto end = transport::envelope(cfg_.federation, region_.round);
+    auto* u = end.mutable_update_end();
+    u->set_group(g);
+    u->set_more(!region_.unsent_groups.empty());
+    for (const auto& c : region_.group_contributors[g]) *u->add_contributors() = c;
+    to_server(std::move(end));
+    spdlog::info("round {}: masked partial sum of group {} ({} silos) sent", region_.round, g,
+                 region_.group_contributors[g].size());
   }
 
   // Stops accepting, lets queued messages (Finished) reach the silos, then closes.

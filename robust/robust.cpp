@@ -1,6 +1,6 @@
 #include "robust/robust.h"
 
-#include <Eigen/Dense>
+#include "common/eigen.h"
 #include <algorithm>
 #include <cmath>
 #include <numeric>

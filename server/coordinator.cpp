@@ -96,7 +96,7 @@ std::optional<std::size_t> Coordinator::member_named(const std::string& silo) co
 void Coordinator::send_to_member(std::size_t m, wire::Envelope e) {
   const auto& mb = members_[m];
   if (!mb.session || !sessions_.count(mb.session)) return;
-  if (mb.via_edge) e.set_silo(mb.silo);
+  if (mb.relayed) e.set_silo(mb.silo);
   send(mb.session, std::move(e));
 }
 
@@ -144,7 +144,18 @@ void Coordinator::silo_joined(const std::string& silo, SessionId link, std::int6
     }
   }
   routes_[silo] = link;
+  seen_.insert(silo);
   const bool via_edge = sessions_.count(link) && sessions_[link].edge;
+  if (auto m = member_named(silo); m && members_[*m].state == MemberState::Done && secure_) {
+    // Its masked input is in the sum but its edge went away: it still holds shares for the
+    // unmasking, so reach it through the new route (and ask again if it missed the request).
+    auto& mb = members_[*m];
+    mb.session = link;
+    mb.relayed = via_edge;  // the record keeps the edge that carried its input
+    if (phase_ == Phase::Unmasking) {
+      if (auto req = secure_->unmask_request(silo)) send_to_member(*m, std::move(*req));
+    }
+  }
   spdlog::info("silo {} joined{} ({} connected)", silo, via_edge ? " via edge " + sessions_[link].name : "",
                routes_.size());
   if (phase_ == Phase::Finished) {
@@ -178,7 +189,7 @@ void Coordinator::silo_gone(const std::string& silo, SessionId link, const std::
                  (mb.state == MemberState::Uploading && !(upload_ && upload_->complete))) {
         drop(*m, "upload", why + " before its update arrived", false);
       }
-      if (!mb.via_edge) mb.session = 0;
+      if (!mb.relayed) mb.session = 0;
     }
     pump(now_ms);
   }
@@ -262,9 +273,11 @@ void Coordinator::on_timer(Timer timer, std::int64_t now_ms) {
 void Coordinator::try_start_round(std::int64_t now_ms) {
   if (phase_ != Phase::Joining || job_ != JobKind::None) return;
   if (routes_.size() < cfg_.selection.min_silos) return;
-  bool all_expected = !cfg_.expected_silos.empty();
-  for (const auto& s : cfg_.expected_silos) all_expected = all_expected && routes_.count(s);
-  if (all_expected || join_elapsed_) start_round(now_ms);
+  // Only silos never seen are worth the join wait: one that was connected and has left joins
+  // the next round when it comes back, and does not hold this one back.
+  bool all_accounted = !cfg_.expected_silos.empty();
+  for (const auto& s : cfg_.expected_silos) all_accounted = all_accounted && (routes_.count(s) || seen_.count(s));
+  if (all_accounted || join_elapsed_) start_round(now_ms);
 }
 
 void Coordinator::start_round(std::int64_t now_ms) {
@@ -324,7 +337,7 @@ void Coordinator::start_round(std::int64_t now_ms) {
     mb.session = session;
     const auto& peer = sessions_.at(session);
     if (peer.edge) {
-      mb.via_edge = true;
+      mb.via_edge = mb.relayed = true;
       mb.edge = peer.name;
       edges.insert(session);
     }
@@ -731,12 +744,8 @@ void Coordinator::on_job_done(std::uint64_t job, std::int64_t now_ms) {
             if (secure_) secure_->masked_from(members_[m].silo);
           }
           if (up.more && sessions_.count(up.edge)) {
-            // The edge goes on with another group's partial sum in the same slot.
-            upload_.emplace();
-            upload_->edge = up.edge;
-            upload_->rx.reset_words(masked_buf_, {{"masked", {global_->size() + 1}, 0}},
-                                    cfg_.secure.bits == 64 ? wire::U64 : wire::U32, /*hash=*/false);
-            actions_.push_back(action::StartTimer{Timer::Upload, cfg_.deadlines.upload});
+            // The edge has another secure group's partial sum: grant it the slot again.
+            grant(Uploader{kNone, up.edge});
             break;
           }
           for (std::size_t i = 0; i < members_.size(); ++i) {

@@ -103,6 +103,7 @@ struct Member {
   SessionId session = 0;       // its own connection, or its edge's; 0 once gone
   bool via_edge = false;
   std::string edge;            // the edge that carries it, if any
+  bool relayed = false;        // `session` is an edge's: messages to it name the silo
   MemberState state = MemberState::Training;
   std::string drop_phase, drop_reason;
   std::uint64_t num_samples = 0;
@@ -216,6 +217,7 @@ class Coordinator {
 
   std::map<SessionId, Peer> sessions_;
   std::map<std::string, SessionId> routes_;  // silo -> its session or its edge's
+  std::set<std::string> seen_;               // silos connected at some time since start
 
   Phase phase_ = Phase::Joining;
   std::uint64_t round_;

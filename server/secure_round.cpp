@@ -227,7 +227,18 @@ void SecureRound::begin_unmask() {
     for (const auto& v : crypto::secagg::value(req).dropped) r->add_dropped(v);
     for (const auto& v : crypto::secagg::value(req).survivors) r->add_survivors(v);
     for (const auto& v : crypto::secagg::value(req).survivors) out_.emplace_back(v, e);
+    g.unmask_request = e;
   }
+}
+
+std::optional<wire::Envelope> SecureRound::unmask_request(const std::string& silo) const {
+  const auto id = group_of(silo);
+  if (!id) return std::nullopt;
+  const Group& g = groups_.at(id);
+  if (!g.failed.empty() || !g.unmask_requested || !g.server->u3().count(silo) || g.unmask_answered.count(silo)) {
+    return std::nullopt;
+  }
+  return g.unmask_request;
 }
 
 void SecureRound::on_unmask(const std::string& silo, const wire::SecAggUnmaskShares& s) {
@@ -239,7 +250,11 @@ void SecureRound::on_unmask(const std::string& silo, const wire::SecAggUnmaskSha
   for (const auto& e : s.entries()) {
     (e.is_mask_key() ? reply.mask_key_shares : reply.self_mask_shares)[e.owner()] = e.share();
   }
-  if (auto err = g.server->on_unmask(silo, reply); !err.empty()) spdlog::warn("round {}: {}", round_, err);
+  if (auto err = g.server->on_unmask(silo, reply); !err.empty()) {
+    spdlog::warn("round {}: {}", round_, err);
+    return;
+  }
+  g.unmask_answered.insert(silo);
 }
 
 bool SecureRound::unmask_complete() const {

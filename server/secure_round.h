@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -55,6 +57,9 @@ class SecureRound {
   // Collection closed: ask every group's survivors for their shares.
   void begin_unmask();
   bool unmask_complete() const;
+  // The unmask request again, for a survivor that has not answered and came back through
+  // another route (its edge went away after carrying its masked input).
+  std::optional<wire::Envelope> unmask_request(const std::string& silo) const;
   // Worker thread: rebuild the secrets, remove the masks, decode every group's sum.
   std::vector<GroupResult> finish();
 
@@ -72,6 +77,8 @@ class SecureRound {
     std::vector<std::uint64_t> sum64;
     std::string failed;
     bool keys_closed = false, shares_closed = false, unmask_requested = false;
+    wire::Envelope unmask_request;
+    std::set<std::string> unmask_answered;
   };
   void try_close_keys(Group& g, bool force);
   void try_close_shares(Group& g, bool force);

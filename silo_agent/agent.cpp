@@ -256,9 +256,11 @@ class Agent {
                                              cfg_.channel);
       if (!r) continue;
       (*r)->close();
-      if (in_round_ || !current->is_open()) continue;
+      if (!current->is_open()) break;
       switching_ = true;
-      current->close();
+      // Leave now when idle, else right after this round ends (rounds may follow each other
+      // so closely that an idle moment never coincides with a probe).
+      if (!in_round_) current->close();
       break;
     }
   }
@@ -414,6 +416,7 @@ class Agent {
           ++generation_;
           in_round_ = false;
           if (pending_) spare_ = std::move(pending_);
+          if (switching_ && channel_) channel_->close();  // the preferred upstream is back
         }
         break;
       case B::kFinished:

@@ -174,7 +174,10 @@ TrainStats train_data_parallel(collective::Group& group, int shards, const Netwo
     std::copy(kept[*resume % 2].begin(), kept[*resume % 2].end(), params.begin());
     if (log) {
       std::string ids;
-      for (int id : group.members()) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+      for (int id : group.members()) {
+        if (!ids.empty()) ids += ',';
+        ids += std::to_string(id);
+      }
       log("step " + std::to_string(op) + " failed; the workers re-formed as [" + ids + "] (epoch " +
           std::to_string(group.epoch()) + ") and redo step " + std::to_string(*resume));
     }

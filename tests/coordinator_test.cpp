@@ -235,6 +235,32 @@ TEST(Coordinator, WaitsForTheJoinDeadlineWhenSomeSiloIsMissing) {
   EXPECT_EQ(h.coord().members().size(), 2u);
 }
 
+// A silo that was connected and has left does not hold the next rounds back: once min_silos
+// are connected and every allow-listed silo is connected or known gone, the round starts.
+// When it comes back it joins the round after.
+TEST(Coordinator, ASiloThatLeftDoesNotMakeLaterRoundsWaitForTheJoinDeadline) {
+  Harness h(3);
+  h.connect_all(3);
+  ASSERT_EQ(h.coord().phase(), Phase::Collecting);
+  h.disconnect(2);  // dropped in round 1
+  h.ready(0, 10);
+  h.ready(1, 10);
+  h.serve({{0, {constant(1), 10}}, {1, {constant(3), 10}}});
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  // Round 2 started at once with the two that are here, without the join deadline.
+  EXPECT_EQ(h.coord().round(), 2u);
+  EXPECT_EQ(h.coord().phase(), Phase::Collecting);
+  EXPECT_EQ(h.coord().members().size(), 2u);
+  h.connect(2);  // back during round 2: it waits for round 3
+  EXPECT_EQ(h.coord().members().size(), 2u);
+  h.ready(0, 10);
+  h.ready(1, 10);
+  h.serve({{0, {constant(1), 10}}, {1, {constant(3), 10}}});
+  ASSERT_EQ(h.store.commits.size(), 2u);
+  EXPECT_EQ(h.coord().round(), 3u);
+  EXPECT_EQ(h.coord().members().size(), 3u);
+}
+
 TEST(Coordinator, NeverStartsBelowMinSilosEvenAfterTheJoinDeadline) {
   CoordinatorConfig cfg = three_rounds();
   cfg.selection.min_silos = 3;
@@ -316,10 +342,10 @@ TEST(Coordinator, TooFewUpdatesAbortCleanlyAndTheNextRoundStarts) {
   EXPECT_EQ(crypto::sha256_hex(h.coord().model()->flat()), crypto::sha256_hex(h.initial_.flat()));
   EXPECT_EQ(h.coord().round(), 2u);
   EXPECT_EQ(h.coord().aborted(), 1u);
-  // Two silos are still connected: round 2 waits for silo 1 or the join deadline.
-  EXPECT_EQ(h.coord().phase(), Phase::Joining);
-  h.fire(Timer::Join);
+  // Two silos are still connected and silo 1 is known to have left: round 2 starts at once,
+  // without waiting for it or for the join deadline.
   EXPECT_EQ(h.coord().phase(), Phase::Collecting);
+  EXPECT_EQ(h.coord().members().size(), 2u);
 }
 
 TEST(Coordinator, OverSelectionClosesAtTheTargetAndReleasesTheRest) {

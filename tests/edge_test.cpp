@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <thread>
+
 #include "common/mlp.h"
 #include "common/safetensors.h"
 #include "server/config.h"
@@ -72,6 +74,33 @@ TEST(Edges, AnEdgeKilledMidRoundDropsItsSilosWhoFailOverAndComeBack) {
   // The last round includes all six again, through the surviving edge or the server.
   EXPECT_EQ(rounds[3]["participants"].size(), 6u) << rounds[3].dump();
   for (const auto& p : rounds[3]["participants"]) EXPECT_NE(p.value("edge", ""), "edge-01");
+}
+
+// An edge that connects before any of its silos announces an empty region and stays
+// connected: no refused envelope, no reconnect loop. Its silos then join and rounds commit.
+TEST(Edges, AnEdgeWithAnEmptyRegionStaysConnected) {
+  SimConfig cfg = small_config(2, 1);
+  cfg.edges = 1;
+  Fed fed(cfg);
+  fed.start_server();
+  fed.start_edges();
+  ASSERT_TRUE(wait_until([&] {
+    return read_file(fed.files.logs / "server.log").find("edge edge-01 connected") != std::string::npos;
+  }, 10s)) << fed.logs();
+  std::this_thread::sleep_for(2s);  // several reconnects' worth of time at the sim's backoff
+  auto count = [](const std::string& text, const std::string& what) {
+    std::size_t n = 0;
+    for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  const std::string server_log = read_file(fed.files.logs / "server.log");
+  EXPECT_EQ(count(server_log, "edge edge-01 connected"), 1u) << fed.logs();
+  EXPECT_EQ(server_log.find("carries no message"), std::string::npos) << fed.logs();
+  EXPECT_EQ(count(read_file(fed.files.logs / "edge-01.log"), "lost the server"), 0u) << fed.logs();
+  fed.start_agents();
+  auto code = fed.server->wait(60s);
+  ASSERT_TRUE(code) << fed.logs();
+  EXPECT_EQ(*code, 0) << fed.logs();
 }
 
 // A process whose certificate does not match the role it plays is refused, and says so.

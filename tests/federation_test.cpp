@@ -131,26 +131,31 @@ TEST(Federation, ARestartedServerResumesFromItsLastCommittedRound) {
   for (auto& a : fed.agents) EXPECT_EQ(a->wait(10s).value_or(-1), 0) << fed.logs();
 }
 
+// The README's command as a new user types it: a relative output folder, resolved against the
+// folder the command runs in (the configs the sim writes must mean the same thing wherever
+// they are read from).
 TEST(Federation, SimRunsTheDefaultExperimentEndToEnd) {
   test::TempDir dir;
   // The sim starts its daemons from the binary it runs in, so it runs through the real CLI.
-  Process sim({test::xsilo_bin(), "sim", "--out", (dir / "out").string()}, dir / "sim.log");
+  Process sim({test::xsilo_bin(), "sim", "--out", "runs/demo"}, dir / "sim.log", dir.path());
+  const auto out = dir / "runs/demo";
   auto code = sim.wait(120s);
   ASSERT_TRUE(code);
   ASSERT_EQ(*code, 0) << log_tail(dir / "sim.log", 40);
   for (const char* f : {"metrics.csv", "model.safetensors", "audit.jsonl", "audit.pub", "report.svg",
                         "report.html", "summary.json"}) {
-    EXPECT_TRUE(std::filesystem::exists(dir / "out" / f)) << f;
+    EXPECT_TRUE(std::filesystem::exists(out / f)) << f;
   }
-  const auto summary = nlohmann::json::parse(read_file(dir / "out/summary.json"));
+  const auto summary = nlohmann::json::parse(read_file(out / "summary.json"));
   EXPECT_EQ(summary["rounds_committed"], 20);
   EXPECT_GT(summary["final_accuracy"].get<double>(), 0.9);
   const auto log = read_file(dir / "sim.log");
   EXPECT_NE(log.find("round  20/20 | silos 5/5"), std::string::npos) << log;
-  Process verify({test::xsilo_bin(), "audit", "verify", (dir / "out/audit.jsonl").string(), "--key",
-                  (dir / "out/audit.pub").string()},
-                 dir / "verify.log");
-  EXPECT_EQ(verify.wait(30s).value_or(-1), 0);
+  // The sim prints the verify command with the paths as the user gave them; run it from there.
+  EXPECT_NE(log.find("xsilo audit verify runs/demo/audit.jsonl --key runs/demo/audit.pub"), std::string::npos) << log;
+  Process verify({test::xsilo_bin(), "audit", "verify", "runs/demo/audit.jsonl", "--key", "runs/demo/audit.pub"},
+                 dir / "verify.log", dir.path());
+  EXPECT_EQ(verify.wait(30s).value_or(-1), 0) << log_tail(dir / "verify.log");
 }
 
 // A silo that trains with three local worker processes (ring all-reduce, bucketed gradients)

@@ -1,4 +1,7 @@
 // xsilo bench round | secagg | robust | allreduce
+#include <iostream>
+
+#include "common/build_info.h"
 #include "common/config.h"
 #include "tools/bench.h"
 #include "tools/commands.h"
@@ -8,6 +11,8 @@ namespace xsilo::tools {
 void add_bench(CLI::App& app, int& exit_code) {
   auto* bench = app.add_subcommand("bench", "benchmarks: tables against the physical limits");
   bench->require_subcommand(1);
+  // Every figure says which build and which CPU produced it (on stderr: --json stays JSON).
+  bench->parse_complete_callback([] { std::cerr << "# " << build_info() << "; CPU " << cpu_info() << "\n"; });
 
   auto round = std::make_shared<RoundBenchOptions>();
   auto* r = bench->add_subcommand("round", "server + K agents on loopback, synthetic model, no training");

@@ -162,7 +162,10 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
   return c;
 }
 
-FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::path& out) {
+FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::path& out_arg) {
+  // Every path written into a config is absolute: a config resolves relative paths against its
+  // own folder, so a path relative to the current folder would mean something else there.
+  const auto out = std::filesystem::absolute(out_arg).lexically_normal();
   if (cfg.data_path.empty() || !std::filesystem::exists(cfg.data_path)) {
     throw ConfigError("sim: data set not found in " + data_dir().string() +
                       " (set XSILO_DATA_DIR to the folder holding breast_cancer.csv)");
@@ -512,8 +515,19 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
   }
   poll_rows();
   const int server_code = server_exit.value_or(-1);
+  // The others got Finished from the server (or its edge): one grace period for all of them,
+  // then whatever is left (an edge restarted after the end, its silos) is stopped together.
+  const auto grace_end = Clock::now() + std::chrono::milliseconds(5000);
   for (auto& [name, p] : procs) {
-    if (name != "server" && !p->wait(std::chrono::milliseconds(5000))) p->stop();
+    if (name == "server") continue;
+    p->wait(std::max(std::chrono::milliseconds(0), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                       grace_end - Clock::now())));
+  }
+  for (auto& [name, p] : procs) {
+    if (p->running()) p->signal(SIGTERM);
+  }
+  for (auto& [name, p] : procs) {
+    if (!p->wait(std::chrono::milliseconds(2000))) p->stop(std::chrono::milliseconds(0));
   }
   std::signal(SIGINT, prev_handler);
   std::signal(SIGTERM, SIG_DFL);

@@ -3,6 +3,7 @@
 
 #include <iostream>
 
+#include "common/build_info.h"
 #include "common/config.h"
 #include "silo_agent/collective/gpu_info.h"
 #include "tools/commands.h"
@@ -16,7 +17,7 @@ int main(int argc, char** argv) {
   CLI::App app{"xsilo: cross-silo federated learning with secure aggregation", "xsilo"};
   app.require_subcommand(1);
   app.set_version_flag("--version", [] {
-    return "xsilo 0.1.0 (wire protocol 1; " + xsilo::collective::gpu_info().describe() + ")";
+    return xsilo::build_info() + "; " + xsilo::collective::gpu_info().describe() + "; CPU " + xsilo::cpu_info();
   });
   int exit_code = 0;
   xsilo::tools::add_server(app, exit_code);

@@ -1,0 +1,14 @@
+// What this binary is and where it runs: for `xsilo --version` and the head of every benchmark,
+// so that a figure always says which build (instruction set baseline) and which CPU made it.
+#pragma once
+
+#include <string>
+
+namespace xsilo {
+
+// "xsilo 0.1.0, wire protocol 1, -march=x86-64-v2"
+std::string build_info();
+// The CPU's model name and its widest vector extension ("AMD EPYC 9B14 (avx512f)").
+std::string cpu_info();
+
+}  // namespace xsilo
