@@ -20,7 +20,7 @@
 #include "common/model.h"
 #include "transport/dialer.h"
 #include "transport/listener.h"
-#include "transport/tensor_stream.h"
+#include "protocol/tensor_stream.h"
 
 namespace xsilo::edge {
 
@@ -52,7 +52,7 @@ struct Region {
   std::map<std::uint32_t, std::shared_ptr<std::vector<std::uint8_t>>> group_sum;
   std::map<std::uint32_t, std::vector<wire::Contributor>> group_contributors;
   std::deque<std::uint32_t> unsent_groups;  // granted: the groups whose sums still go up
-  transport::TensorReceiver rx;
+  protocol::TensorReceiver rx;
   std::vector<wire::Contributor> contributors;
   bool folding = false;
   bool finalize = false;   // the server granted the region's upload
@@ -480,7 +480,7 @@ class Edge {
     }
     end.mutable_update_end()->set_weight(weight);
     if (!region_.contributors.empty() && !region_.secure) {
-      auto src = std::make_shared<transport::ChunkSource>(region_.acc, region_.acc->flat(), region_.layout,
+      auto src = std::make_shared<protocol::ChunkSource>(region_.acc, region_.acc->flat(), region_.layout,
                                                           cfg_.federation, region_.round, cfg_.chunk_bytes);
       up_->send_stream([src, max = cfg_.channel.max_frame_bytes] { return src->next_frame(max); });
     }
@@ -493,7 +493,7 @@ class Edge {
     const std::uint32_t g = region_.unsent_groups.front();
     region_.unsent_groups.pop_front();
     const auto& sum = region_.group_sum[g];
-    auto src = std::make_shared<transport::ChunkSource>(sum, *sum, region_.dtype,
+    auto src = std::make_shared<protocol::ChunkSource>(sum, *sum, region_.dtype,
                                                         std::vector<TensorInfo>{{"masked", {region_.words}, 0}},
                                                         cfg_.federation, region_.round, cfg_.chunk_bytes);
     up_->send_stream([src, max = cfg_.channel.max_frame_bytes] { return src->next_frame(max); });

@@ -5,7 +5,7 @@
 #include <cmath>
 #include "common/fs.h"
 #include "crypto/hash.h"
-#include "robust/robust.h"
+#include "robust/rule.h"
 #include "transport/config.h"
 
 namespace xsilo::server {
@@ -119,42 +119,25 @@ ServerConfig load_server_config(const std::filesystem::path& file) {
 
   const auto ag = root.child("aggregation");
   auto& a = c.aggregation;
-  a.rule = ag.one_of("rule", "fedavg",
-                     {"fedavg", "krum", "multi_krum", "median", "trimmed_mean", "bulyan", "centered_clip"});
-  a.f = static_cast<std::size_t>(ag.integer("f", 0, 0, 1 << 20));
-  a.m = static_cast<std::size_t>(ag.integer("m", 0, 0, 1 << 20));
-  a.beta = ag.number("beta", 0.0, 0.0, 0.499);
-  a.tau = ag.number("tau", 1.0, 1e-12, 1e12);
-  a.iterations = static_cast<std::size_t>(ag.integer("iterations", 1, 1, 100));
+  auto& rule = a.rule;
+  rule.rule = *robust::parse_rule(ag.one_of("rule", "fedavg", robust::rule_names()));
+  rule.f = static_cast<std::size_t>(ag.integer("f", 0, 0, 1 << 20));
+  rule.m = static_cast<std::size_t>(ag.integer("m", 0, 0, 1 << 20));
+  rule.beta = ag.number("beta", 0.0, 0.0, 0.499);
+  rule.tau = ag.number("tau", 1.0, 1e-12, 1e12);
+  rule.iterations = static_cast<std::size_t>(ag.integer("iterations", 1, 1, 100));
   a.clip_norm = ag.number("clip_norm", 0.0, 0.0, 1e12);
-  a.fallback = ag.one_of("fallback", "median", {"median", "fedavg", "abort"});
+  a.fallback = *robust::parse_fallback(ag.one_of("fallback", "median", robust::fallback_names()));
   ag.finish();
-  // The rule must be able to run on the fewest updates a round may commit with.
-  const std::size_t n = c.selection.min_updates;
-  std::string why;
-  if (a.rule == "krum") why = robust::check_krum(n, a.f);
-  if (a.rule == "multi_krum") why = robust::check_multi_krum(n, a.f, a.m ? a.m : (n > a.f ? n - a.f : 0));
-  if (a.rule == "bulyan") why = robust::check_bulyan(n, a.f);
-  if (a.rule == "trimmed_mean") {
-    why = robust::check_trimmed_mean(n, a.beta > 0 ? static_cast<std::size_t>(a.beta * static_cast<double>(n)) : a.f);
-  }
-  const bool secure_on = root.child("secure").str("mode", "off") != "off";
-  if (!why.empty() && !secure_on) {
-    ag.fail("rule", why + " but a round may commit with selection.min_updates = " + std::to_string(n) +
-                        " updates; raise min_updates or lower f");
-  }
-  if (a.needs_all_updates() && c.allow.allows_role(wire::EDGE) && !secure_on) {
-    ag.fail(a.clip_norm > 0 && a.rule == "fedavg" ? "clip_norm" : "rule",
-            "needs every silo's own update, but edges send one partial sum per region; "
-            "remove allow.edge, or run the rule across secure groups");
-  }
-  if ((a.rule == "krum" || a.rule == "multi_krum" || a.rule == "bulyan") && a.f == 0) {
-    ag.fail("f", "must be >= 1 for " + a.rule + " (the number of Byzantine silos to tolerate)");
+  const std::string rule_name(robust::name(rule.rule));
+  if (robust::needs_f(rule.rule) && rule.f == 0) {
+    ag.fail("f", "must be >= 1 for " + rule_name + " (the number of Byzantine silos to tolerate)");
   }
 
   const auto se = root.child("secure");
   auto& sc = c.secure;
-  sc.mode = se.one_of("mode", "off", {"off", "global", "grouped"});
+  const auto mode = se.one_of("mode", "off", {"off", "global", "grouped"});
+  sc.mode = mode == "global" ? SecureMode::Global : mode == "grouped" ? SecureMode::Grouped : SecureMode::Off;
   sc.min_group = static_cast<std::size_t>(se.integer("min_group", 3, 2, 1 << 20));
   sc.threshold = se.number("threshold", 2.0 / 3.0, 0.5, 1.0);
   sc.bits = static_cast<std::uint32_t>(se.integer("modulus_bits", 32, 32, 64));
@@ -165,11 +148,25 @@ ServerConfig load_server_config(const std::filesystem::path& file) {
   sc.keys_deadline = std::chrono::milliseconds(static_cast<long>(se.number("keys_s", 30, 0.01, 86400) * 1000));
   sc.unmask_deadline = std::chrono::milliseconds(static_cast<long>(se.number("unmask_s", 30, 0.01, 86400) * 1000));
   se.finish();
-  if (sc.on()) {
+
+  // The rule must be able to run on the fewest inputs a round may commit with: the silos'
+  // updates, or with secure groups the groups that min_updates silos make.
+  const std::size_t n = c.selection.min_updates;
+  if (!sc.on()) {
+    if (const auto why = robust::check(rule, n); !why.empty()) {
+      ag.fail("rule", why + " but a round may commit with selection.min_updates = " + std::to_string(n) +
+                          " updates; raise min_updates or lower f");
+    }
+    if (a.needs_all_updates() && c.allow.allows_role(wire::EDGE)) {
+      ag.fail(a.clip_norm > 0 && rule.rule == robust::Rule::FedAvg ? "clip_norm" : "rule",
+              "needs every silo's own update, but edges send one partial sum per region; "
+              "remove allow.edge, or run the rule across secure groups");
+    }
+  } else {
     if (a.clip_norm > 0) {
       ag.fail("clip_norm", "the server cannot clip updates it never sees; with secure aggregation use secure.clip_norm");
     }
-    if (sc.mode == "global" && a.rule != "fedavg") {
+    if (sc.mode == SecureMode::Global && rule.rule != robust::Rule::FedAvg) {
       ag.fail("rule", "secure.mode global shows the server only the total, so a robust rule has nothing to "
                       "choose from; use secure.mode grouped");
     }
@@ -179,19 +176,13 @@ ServerConfig load_server_config(const std::filesystem::path& file) {
       largest = std::min(largest, static_cast<std::size_t>(std::ceil(
                                       static_cast<double>(c.selection.silos_per_round) * (1 + c.selection.over_selection))));
     }
-    if (sc.mode == "grouped") largest = std::min(largest, 2 * sc.min_group - 1);
+    if (sc.mode == SecureMode::Grouped) largest = std::min(largest, 2 * sc.min_group - 1);
     if (auto why = crypto::check_overflow(sc.codec(), largest); !why.empty()) se.fail("modulus_bits", why);
-    if (sc.mode == "grouped" && a.rule != "fedavg") {
-      const std::size_t groups = c.selection.min_updates / sc.min_group;
-      std::string why;
-      if (a.rule == "krum") why = robust::check_krum(groups, a.f);
-      if (a.rule == "multi_krum") why = robust::check_multi_krum(groups, a.f, a.m ? a.m : (groups > a.f ? groups - a.f : 0));
-      if (a.rule == "bulyan") why = robust::check_bulyan(groups, a.f);
-      if (a.rule == "trimmed_mean") why = robust::check_trimmed_mean(groups, a.f);
-      if (!why.empty()) {
-        ag.fail("rule", why + " across secure groups, but min_updates " + std::to_string(c.selection.min_updates) +
-                            " silos make only " + std::to_string(groups) + " groups of min_group " +
-                            std::to_string(sc.min_group));
+    if (sc.mode == SecureMode::Grouped && rule.rule != robust::Rule::FedAvg) {
+      const std::size_t groups = n / sc.min_group;
+      if (const auto why = robust::check(rule, groups); !why.empty()) {
+        ag.fail("rule", why + " across secure groups, but min_updates " + std::to_string(n) + " silos make only " +
+                            std::to_string(groups) + " groups of min_group " + std::to_string(sc.min_group));
       }
     }
   }

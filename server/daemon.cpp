@@ -18,7 +18,7 @@
 #include "server/coordinator.h"
 #include "server/state.h"
 #include "transport/listener.h"
-#include "transport/tensor_stream.h"
+#include "protocol/tensor_stream.h"
 
 namespace xsilo::server {
 
@@ -45,7 +45,7 @@ class Server {
  public:
   Server(const ServerConfig& cfg, ServerState& state, Coordinator& coord)
       : cfg_(cfg), state_(state), coord_(coord), pool_(1), signals_(io_, SIGINT, SIGTERM),
-        tls_(transport::make_tls_context(cfg.tls)) {
+        tls_(transport::make_tls_context(cfg.tls)), events_(cfg.state_dir / "events.jsonl", std::ios::app) {
     for (auto t : {Timer::Join, Timer::Train, Timer::Upload, Timer::SecAgg, Timer::Unmask}) {
       timers_.emplace(t, std::make_unique<asio::steady_timer>(io_));
     }
@@ -151,7 +151,7 @@ class Server {
       pending_broadcasts_.pop_front();
       auto* ch = channel(a.to);
       if (!ch || !ch->is_open()) continue;
-      auto src = std::make_shared<transport::ChunkSource>(a.model, a.model->flat(), a.model->tensors(),
+      auto src = std::make_shared<protocol::ChunkSource>(a.model, a.model->flat(), a.model->tensors(),
                                                           cfg_.federation, a.round, cfg_.chunk_bytes);
       // The slot is released when the stream is finished or dropped with its connection.
       auto slot = std::make_shared<BroadcastSlot>(this);
@@ -175,8 +175,9 @@ class Server {
   void apply(action::CancelTimer& a) { timers_.at(a.timer)->cancel(); }
   void apply(action::Job& a) {
     asio::post(pool_, [this, id = a.id, work = std::move(a.work)] {
+      JobResult result;
       try {
-        work();
+        result = work();
       } catch (const std::exception& e) {
         const std::string what = e.what();
         asio::post(io_, [this, what] {
@@ -186,13 +187,19 @@ class Server {
         });
         return;
       }
-      asio::post(io_, [this, id] {
-        coord_.on_job_done(id, now_ms());
+      asio::post(io_, [this, id, result = std::move(result)]() mutable {
+        coord_.on_job_done(id, std::move(result), now_ms());
         drain();
       });
     });
   }
   void apply(action::Background& a) { asio::post(pool_, std::move(a.work)); }
+  // Progress events, one JSON object per line, for whoever follows the federation (xsilo sim
+  // fires its rehearsed faults from them).
+  void apply(action::Event& a) {
+    const nlohmann::json e = {{"time", iso_time(now_ms())}, {"event", a.name}, {"round", a.round}, {"detail", a.detail}};
+    events_ << e.dump() << '\n' << std::flush;
+  }
   void apply(action::Finished& a) {
     spdlog::info("federation finished: {} rounds committed, {} aborted", a.committed, a.aborted);
     state_.record({{"event", "federation_end"},
@@ -249,6 +256,7 @@ class Server {
   bool stopping_ = false;
   int exit_code_ = 0;
   std::uint64_t bytes_in_ = 0, bytes_out_ = 0;
+  std::ofstream events_;
 };
 
 }  // namespace
@@ -274,7 +282,7 @@ int run_server(const ServerConfig& cfg) {
                 {"model_sha256", sha},
                 {"time", iso_time(now_ms())}},
                nullptr);
-  Coordinator coord(CoordinatorConfig::from(cfg), std::move(model), std::move(optimizer), state, first_round);
+  Coordinator coord(RoundConfig(cfg), std::move(model), std::move(optimizer), state, first_round);
   Server server(cfg, state, coord);
   return server.run();
 }

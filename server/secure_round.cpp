@@ -4,22 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <random>
 
+#include "protocol/secagg_wire.h"
+
 namespace xsilo::server {
-
-namespace {
-
-bool to_key(const std::string& bytes, crypto::Key32& out) {
-  if (bytes.size() != out.size()) return false;
-  std::memcpy(out.data(), bytes.data(), out.size());
-  return true;
-}
-
-std::string bytes_of(std::span<const std::uint8_t> b) { return std::string(b.begin(), b.end()); }
-
-}  // namespace
 
 std::vector<std::vector<std::string>> make_groups(std::vector<std::string> silos, const SecureConfig& cfg,
                                                   std::uint64_t permutation_seed) {
@@ -27,7 +16,7 @@ std::vector<std::vector<std::string>> make_groups(std::vector<std::string> silos
   std::mt19937_64 rng(permutation_seed);
   std::shuffle(silos.begin(), silos.end(), rng);
   std::size_t g = 1;
-  if (cfg.mode == "grouped") g = std::max<std::size_t>(1, silos.size() / cfg.min_group);
+  if (cfg.mode == SecureMode::Grouped) g = std::max<std::size_t>(1, silos.size() / cfg.min_group);
   std::vector<std::vector<std::string>> out(g);
   for (std::size_t i = 0; i < silos.size(); ++i) out[i % g].push_back(silos[i]);
   for (auto& group : out) std::sort(group.begin(), group.end());
@@ -57,15 +46,7 @@ SecureRound::SecureRound(const SecureConfig& cfg, const std::string& federation,
     s.set_vector_length(d_ + 1);
     s.set_clip_norm(static_cast<float>(cfg_.clip_norm));
     s.set_max_weight(static_cast<float>(cfg_.max_weight));
-    crypto::secagg::Params p;
-    p.session = federation_ + "/" + std::to_string(round_) + "/" + std::to_string(id);
-    p.members = groups[k];
-    p.threshold = s.threshold();
-    p.bits = cfg_.bits;
-    p.length = d_ + 1;
-    g.server = std::make_unique<crypto::secagg::Server>(p);
-    if (cfg_.bits == 32) g.sum32.assign(d_ + 1, 0);
-    else g.sum64.assign(d_ + 1, 0);
+    g.server = std::make_unique<crypto::secagg::Server>(protocol::secagg_params(s, federation_, round_));
     if (n < 2 || n < s.threshold()) fail(g, "group of " + std::to_string(n) + " silos is below the threshold");
   }
 }
@@ -73,6 +54,17 @@ SecureRound::SecureRound(const SecureConfig& cfg, const std::string& federation,
 std::uint32_t SecureRound::group_of(const std::string& silo) const {
   auto it = group_of_.find(silo);
   return it == group_of_.end() ? 0 : it->second;
+}
+
+std::vector<std::uint32_t> SecureRound::groups() const {
+  std::vector<std::uint32_t> out;
+  for (const auto& [id, g] : groups_) out.push_back(id);
+  return out;
+}
+
+SecureRound::Group* SecureRound::group_for(const std::string& silo) {
+  const auto id = group_of(silo);
+  return id ? &groups_.at(id) : nullptr;
 }
 
 wire::Envelope SecureRound::env() const {
@@ -86,22 +78,27 @@ void SecureRound::fail(Group& g, const std::string& why) {
   if (!g.failed.empty()) return;
   g.failed = why;
   spdlog::warn("round {}: secure group {} failed: {}", round_, g.setup.group(), why);
-  for (const auto& m : g.setup.members()) failed_.emplace_back(m, "secure group " + std::to_string(g.setup.group()) + ": " + why);
+  for (const auto& m : g.setup.members()) {
+    failed_.emplace_back(m, "secure group " + std::to_string(g.setup.group()) + ": " + why);
+  }
 }
 
-void SecureRound::on_keys(const std::string& silo, const wire::SecAggKeys& k) {
-  const auto id = group_of(silo);
-  if (!id) return;
-  Group& g = groups_.at(id);
-  if (!g.failed.empty() || g.keys_closed) return;
-  crypto::secagg::PublicKeys keys;
-  if (!to_key(k.cipher_pk(), keys.cipher_pk) || !to_key(k.mask_pk(), keys.mask_pk) ||
-      k.self_mask_commitment().size() != keys.self_mask_commitment.size()) {
-    spdlog::warn("round {}: {} advertised malformed keys", round_, silo);
+void SecureRound::on_message(const std::string& silo, const wire::Envelope& e) {
+  Group* g = group_for(silo);
+  if (!g || !g->failed.empty()) return;
+  if (e.has_secagg_keys()) on_keys(*g, silo, e.secagg_keys());
+  if (e.has_secagg_shares()) on_shares(*g, silo, e.secagg_shares());
+  if (e.has_secagg_unmask_shares()) on_unmask(*g, silo, e.secagg_unmask_shares());
+}
+
+void SecureRound::on_keys(Group& g, const std::string& silo, const wire::SecAggKeys& k) {
+  if (g.keys_closed) return;
+  auto keys = protocol::from_wire(k);
+  if (!keys) {
+    spdlog::warn("round {}: {}: {}", round_, silo, keys.status().message);
     return;
   }
-  std::memcpy(keys.self_mask_commitment.data(), k.self_mask_commitment().data(), keys.self_mask_commitment.size());
-  if (auto err = g.server->on_keys(silo, keys); !err.empty()) {
+  if (auto err = g.server->on_keys(silo, *keys); !err.empty()) {
     spdlog::warn("round {}: {}", round_, err);
     return;
   }
@@ -117,26 +114,21 @@ void SecureRound::try_close_keys(Group& g, bool force) {
   auto keys = g.server->close_keys();
   if (!crypto::secagg::ok(keys)) return fail(g, crypto::secagg::error(keys));
   auto e = env();
-  auto* list = e.mutable_secagg_key_list();
+  *e.mutable_secagg_key_list() = protocol::to_wire(crypto::secagg::value(keys));
   for (const auto& [silo, pk] : crypto::secagg::value(keys)) {
-    auto* entry = list->add_entries();
-    entry->set_silo(silo);
-    entry->set_cipher_pk(bytes_of(pk.cipher_pk));
-    entry->set_mask_pk(bytes_of(pk.mask_pk));
-    entry->set_self_mask_commitment(bytes_of(pk.self_mask_commitment));
     g.shares_from[silo] = false;
+    out_.emplace_back(silo, e);
   }
-  for (const auto& [silo, pk] : crypto::secagg::value(keys)) out_.emplace_back(silo, e);
 }
 
-void SecureRound::on_shares(const std::string& silo, const wire::SecAggShares& s) {
-  const auto id = group_of(silo);
-  if (!id) return;
-  Group& g = groups_.at(id);
-  if (!g.failed.empty() || !g.keys_closed || g.shares_closed) return;
-  crypto::secagg::Ciphertexts to;
-  for (const auto& e : s.entries()) to[e.recipient()] = e.ciphertext();
-  if (auto err = g.server->on_shares(silo, to); !err.empty()) {
+void SecureRound::on_shares(Group& g, const std::string& silo, const wire::SecAggShares& s) {
+  if (!g.keys_closed || g.shares_closed) return;
+  auto to = protocol::from_wire(s);
+  if (!to) {
+    spdlog::warn("round {}: {}: {}", round_, silo, to.status().message);
+    return;
+  }
+  if (auto err = g.server->on_shares(silo, *to); !err.empty()) {
     spdlog::warn("round {}: {}", round_, err);
     return;
   }
@@ -153,12 +145,7 @@ void SecureRound::try_close_shares(Group& g, bool force) {
   if (!crypto::secagg::ok(boxes)) return fail(g, crypto::secagg::error(boxes));
   for (const auto& [recipient, box] : crypto::secagg::value(boxes)) {
     auto e = env();
-    auto* d = e.mutable_secagg_share_delivery();
-    for (const auto& [sender, c] : box) {
-      auto* entry = d->add_entries();
-      entry->set_sender(sender);
-      entry->set_ciphertext(c);
-    }
+    *e.mutable_secagg_share_delivery() = protocol::delivery_to_wire(box);
     out_.emplace_back(recipient, std::move(e));
   }
 }
@@ -171,15 +158,14 @@ void SecureRound::keys_deadline() {
 }
 
 void SecureRound::silo_gone(const std::string& silo) {
-  const auto id = group_of(silo);
-  if (!id) return;
-  Group& g = groups_.at(id);
-  if (!g.keys_closed && !g.keys_from[silo]) {
-    g.keys_from.erase(silo);
-    try_close_keys(g, false);
-  } else if (g.keys_closed && !g.shares_closed && g.shares_from.count(silo) && !g.shares_from[silo]) {
-    g.shares_from.erase(silo);
-    try_close_shares(g, false);
+  Group* g = group_for(silo);
+  if (!g) return;
+  if (!g->keys_closed && !g->keys_from[silo]) {
+    g->keys_from.erase(silo);
+    try_close_keys(*g, false);
+  } else if (g->keys_closed && !g->shares_closed && g->shares_from.count(silo) && !g->shares_from[silo]) {
+    g->shares_from.erase(silo);
+    try_close_shares(*g, false);
   }
 }
 
@@ -188,29 +174,10 @@ bool SecureRound::shared() const {
                      [](const auto& kv) { return kv.second.shares_closed || !kv.second.failed.empty(); });
 }
 
-void SecureRound::fold(std::uint32_t group, const std::uint8_t* words) {
-  Group& g = groups_.at(group);
-  if (cfg_.bits == 32) {
-    for (std::size_t i = 0; i <= d_; ++i) {
-      std::uint32_t w;
-      std::memcpy(&w, words + 4 * i, 4);
-      g.sum32[i] += w;
-    }
-  } else {
-    for (std::size_t i = 0; i <= d_; ++i) {
-      std::uint64_t w;
-      std::memcpy(&w, words + 8 * i, 8);
-      g.sum64[i] += w;
-    }
-  }
-}
-
 void SecureRound::masked_from(const std::string& silo) {
-  const auto id = group_of(silo);
-  if (!id) return;
-  if (auto err = groups_.at(id).server->on_masked_input(silo); !err.empty()) {
-    spdlog::warn("round {}: {}", round_, err);
-  }
+  Group* g = group_for(silo);
+  if (!g) return;
+  if (auto err = g->server->on_masked_input(silo); !err.empty()) spdlog::warn("round {}: {}", round_, err);
 }
 
 void SecureRound::begin_unmask() {
@@ -223,12 +190,14 @@ void SecureRound::begin_unmask() {
       continue;
     }
     auto e = env();
-    auto* r = e.mutable_secagg_unmask_request();
-    for (const auto& v : crypto::secagg::value(req).dropped) r->add_dropped(v);
-    for (const auto& v : crypto::secagg::value(req).survivors) r->add_survivors(v);
+    *e.mutable_secagg_unmask_request() = protocol::to_wire(crypto::secagg::value(req));
     for (const auto& v : crypto::secagg::value(req).survivors) out_.emplace_back(v, e);
     g.unmask_request = e;
   }
+}
+
+bool SecureRound::unmask_requested() const {
+  return std::any_of(groups_.begin(), groups_.end(), [](const auto& kv) { return kv.second.unmask_requested; });
 }
 
 std::optional<wire::Envelope> SecureRound::unmask_request(const std::string& silo) const {
@@ -241,16 +210,14 @@ std::optional<wire::Envelope> SecureRound::unmask_request(const std::string& sil
   return g.unmask_request;
 }
 
-void SecureRound::on_unmask(const std::string& silo, const wire::SecAggUnmaskShares& s) {
-  const auto id = group_of(silo);
-  if (!id) return;
-  Group& g = groups_.at(id);
-  if (!g.failed.empty() || !g.unmask_requested) return;
-  crypto::secagg::UnmaskReply reply;
-  for (const auto& e : s.entries()) {
-    (e.is_mask_key() ? reply.mask_key_shares : reply.self_mask_shares)[e.owner()] = e.share();
+void SecureRound::on_unmask(Group& g, const std::string& silo, const wire::SecAggUnmaskShares& s) {
+  if (!g.unmask_requested) return;
+  auto reply = protocol::from_wire(s);
+  if (!reply) {
+    spdlog::warn("round {}: {}: {}", round_, silo, reply.status().message);
+    return;
   }
-  if (auto err = g.server->on_unmask(silo, reply); !err.empty()) {
+  if (auto err = g.server->on_unmask(silo, *reply); !err.empty()) {
     spdlog::warn("round {}: {}", round_, err);
     return;
   }
@@ -264,7 +231,7 @@ bool SecureRound::unmask_complete() const {
   });
 }
 
-std::vector<GroupResult> SecureRound::finish() {
+std::vector<GroupResult> SecureRound::finish(std::map<std::uint32_t, protocol::MaskedVector>& sums) {
   std::vector<GroupResult> out;
   const auto codec = cfg_.codec();
   for (auto& [id, g] : groups_) {
@@ -273,21 +240,20 @@ std::vector<GroupResult> SecureRound::finish() {
     r.members.assign(g.setup.members().begin(), g.setup.members().end());
     r.threshold = g.setup.threshold();
     r.survivors.assign(g.server->u3().begin(), g.server->u3().end());
+    auto& sum = sums.at(id);
     if (!g.failed.empty()) {
       r.why = g.failed;
     } else {
-      const std::string err = cfg_.bits == 32 ? g.server->finish(std::span<std::uint32_t>(g.sum32))
-                                              : g.server->finish(std::span<std::uint64_t>(g.sum64));
+      const std::string err = cfg_.bits == 32 ? g.server->finish(sum.u32()) : g.server->finish(sum.u64());
       if (!err.empty()) {
         r.why = err;
       } else {
         r.ok = true;
-        r.sum = cfg_.bits == 32 ? crypto::decode(codec, std::span<const std::uint32_t>(g.sum32))
-                                : crypto::decode(codec, std::span<const std::uint64_t>(g.sum64));
+        r.sum = cfg_.bits == 32 ? crypto::decode(codec, std::span<const std::uint32_t>(sum.u32()))
+                                : crypto::decode(codec, std::span<const std::uint64_t>(sum.u64()));
       }
     }
-    std::vector<std::uint32_t>().swap(g.sum32);
-    std::vector<std::uint64_t>().swap(g.sum64);
+    sum = protocol::MaskedVector();  // the masked sum is not needed again
     out.push_back(std::move(r));
   }
   return out;
@@ -304,7 +270,7 @@ nlohmann::json SecureRound::describe() const {
                       {"masked_inputs", g.server->u3().size()}});
     if (!g.failed.empty()) groups.back()["failed"] = g.failed;
   }
-  return {{"mode", cfg_.mode},
+  return {{"mode", name(cfg_.mode)},
           {"permutation_seed", permutation_seed_},
           {"modulus_bits", cfg_.bits},
           {"fraction_bits", cfg_.fraction_bits},

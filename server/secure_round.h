@@ -1,10 +1,9 @@
-// The server's side of secure aggregation for one round: the selected silos split into
-// secure groups, one crypto::secagg::Server per group, the groups' sums of masked inputs
-// (mod 2^bits), and at the end one decoded sum per group. Sans-I/O like the coordinator that
-// owns it: messages in, (silo, envelope) pairs out.
+// The server's side of secure aggregation for one round: the selected silos split into secure
+// groups, one crypto::secagg::Server per group, their messages, and at the end one decoded sum
+// per group. Sans-I/O like the coordinator that drives it: messages in, (silo, envelope)
+// pairs out. The masked sums themselves belong to the aggregator (SecureGroups).
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -17,7 +16,8 @@
 
 #include "crypto/secagg.h"
 #include "proto/xsilo.pb.h"
-#include "server/config.h"
+#include "protocol/masked.h"
+#include "server/round_config.h"
 
 namespace xsilo::server {
 
@@ -36,13 +36,13 @@ class SecureRound {
               std::uint64_t seed, std::vector<std::string> selected, std::size_t d);
 
   std::uint32_t group_of(const std::string& silo) const;
+  std::vector<std::uint32_t> groups() const;
   const wire::SecAggSetup& setup(std::uint32_t group) const { return groups_.at(group).setup; }
-  std::size_t groups() const { return groups_.size(); }
+  const SecureConfig& config() const { return cfg_; }
+  std::size_t length() const { return d_ + 1; }  // words of a masked input: d, then the weight
 
-  // Messages from silos; replies and broadcasts queue in `out`.
-  void on_keys(const std::string& silo, const wire::SecAggKeys& keys);
-  void on_shares(const std::string& silo, const wire::SecAggShares& shares);
-  void on_unmask(const std::string& silo, const wire::SecAggUnmaskShares& shares);
+  // SecAggKeys, SecAggShares or SecAggUnmaskShares from a member; replies queue in take_out().
+  void on_message(const std::string& silo, const wire::Envelope& e);
   // Key phases past their deadline: close whatever group is still waiting.
   void keys_deadline();
   // A silo is gone: its group stops waiting for it in the key phases.
@@ -50,18 +50,18 @@ class SecureRound {
 
   // True once every group has its share deliveries out (or failed): inputs can be masked.
   bool shared() const;
-  // Masked inputs: the group's running sum of words and the silos it holds.
-  std::size_t word_bytes() const { return cfg_.bits / 8; }
-  void fold(std::uint32_t group, const std::uint8_t* words);  // worker thread
+  // `silo`'s masked input is in its group's sum.
   void masked_from(const std::string& silo);
   // Collection closed: ask every group's survivors for their shares.
   void begin_unmask();
+  bool unmask_requested() const;
   bool unmask_complete() const;
   // The unmask request again, for a survivor that has not answered and came back through
   // another route (its edge went away after carrying its masked input).
   std::optional<wire::Envelope> unmask_request(const std::string& silo) const;
-  // Worker thread: rebuild the secrets, remove the masks, decode every group's sum.
-  std::vector<GroupResult> finish();
+  // Worker thread, once no more messages are fed: rebuilds the secrets, removes the masks from
+  // each group's sum of masked inputs and decodes it.
+  std::vector<GroupResult> finish(std::map<std::uint32_t, protocol::MaskedVector>& sums);
 
   std::vector<std::pair<std::string, wire::Envelope>> take_out() { return std::exchange(out_, {}); }
   // Silos whose group failed before masking (below the threshold), with why.
@@ -73,13 +73,15 @@ class SecureRound {
     wire::SecAggSetup setup;
     std::unique_ptr<crypto::secagg::Server> server;
     std::map<std::string, bool> keys_from, shares_from;  // who we still wait for
-    std::vector<std::uint32_t> sum32;
-    std::vector<std::uint64_t> sum64;
     std::string failed;
     bool keys_closed = false, shares_closed = false, unmask_requested = false;
     wire::Envelope unmask_request;
     std::set<std::string> unmask_answered;
   };
+  Group* group_for(const std::string& silo);
+  void on_keys(Group& g, const std::string& silo, const wire::SecAggKeys& keys);
+  void on_shares(Group& g, const std::string& silo, const wire::SecAggShares& shares);
+  void on_unmask(Group& g, const std::string& silo, const wire::SecAggUnmaskShares& shares);
   void try_close_keys(Group& g, bool force);
   void try_close_shares(Group& g, bool force);
   void fail(Group& g, const std::string& why);

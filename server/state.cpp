@@ -126,17 +126,7 @@ void ServerState::record(const nlohmann::json& audit_record, const MetricsRow* r
 
 void ServerState::append_metrics(const MetricsRow& r) {
   const auto path = dir_ / "metrics.csv";
-  std::string text;
-  if (!std::filesystem::exists(path)) {
-    text = "round,committed,selected,reported,dropped,train_loss,fed_eval_loss,fed_eval_accuracy,"
-           "seconds,upload_bytes,edges\n";
-  }
-  char line[512];
-  std::snprintf(line, sizeof line, "%llu,%d,%zu,%zu,%zu,%.6f,%.6f,%.6f,%.3f,%llu,%zu\n",
-                static_cast<unsigned long long>(r.round), r.committed ? 1 : 0, r.selected,
-                r.reported, r.dropped, r.train_loss, r.fed_eval_loss, r.fed_eval_accuracy,
-                r.seconds, static_cast<unsigned long long>(r.upload_bytes), r.edges);
-  append_durable(path, text + line);
+  append_durable(path, (std::filesystem::exists(path) ? std::string() : metrics_header()) + to_csv(r));
 }
 
 void ServerState::prune() {

@@ -8,18 +8,10 @@
 #include <nlohmann/json.hpp>
 
 #include "common/model.h"
+#include "server/metrics.h"
 
 namespace xsilo::server {
 
-struct MetricsRow {
-  std::uint64_t round = 0;
-  bool committed = false;
-  std::size_t selected = 0, reported = 0, dropped = 0;
-  double train_loss = 0, fed_eval_loss = 0, fed_eval_accuracy = 0;
-  double seconds = 0;
-  std::uint64_t upload_bytes = 0;
-  std::size_t edges = 0;  // edges that carried at least one participant
-};
 
 class Store {
  public:

@@ -24,7 +24,7 @@
 #include <cstring>
 #include <optional>
 #include "silo_agent/trainer.h"
-#include "transport/tensor_stream.h"
+#include "protocol/tensor_stream.h"
 
 namespace xsilo::agent {
 
@@ -565,7 +565,7 @@ class Agent {
   }
 
   void upload(const Endpoint& up) {
-    std::shared_ptr<transport::ChunkSource> src;
+    std::shared_ptr<protocol::ChunkSource> src;
     if (secure_) {
       if (!masked_) {
         reply_error(wire::UNEXPECTED, "the masked update is not ready");
@@ -573,11 +573,11 @@ class Agent {
       }
       const auto dtype = secure_setup_->modulus_bits() == 64 ? wire::U64 : wire::U32;
       const std::uint64_t words = secure_setup_->vector_length();
-      src = std::make_shared<transport::ChunkSource>(masked_, *masked_, dtype,
+      src = std::make_shared<protocol::ChunkSource>(masked_, *masked_, dtype,
                                                      std::vector<TensorInfo>{{"masked", {words}, 0}},
                                                      cfg_.federation, pending_round_, cfg_.chunk_bytes);
     } else {
-      src = std::make_shared<transport::ChunkSource>(pending_, pending_->flat(), pending_->tensors(),
+      src = std::make_shared<protocol::ChunkSource>(pending_, pending_->flat(), pending_->tensors(),
                                                      cfg_.federation, pending_round_, cfg_.chunk_bytes);
     }
     channel_->send_stream([src, max = cfg_.channel.max_frame_bytes] { return src->next_frame(max); });
@@ -635,7 +635,7 @@ class Agent {
   wire::TrainingPlan plan_;
   std::string expected_sha_;
   std::shared_ptr<Model> global_;
-  transport::TensorReceiver rx_;
+  protocol::TensorReceiver rx_;
   std::shared_ptr<Model> pending_;
   std::shared_ptr<Model> spare_;  // last round's update buffer, reused
   std::shared_ptr<crypto::secagg::Client> secure_;

@@ -10,7 +10,7 @@
 
 #include "common/mlp.h"
 #include "common/safetensors.h"
-#include "robust/robust.h"
+#include "robust/rule.h"
 #include "server/audit.h"
 #include "server/config.h"
 #include "silo_agent/agent.h"
@@ -125,17 +125,19 @@ Model checkpoint(const std::filesystem::path& out, std::uint64_t round) {
   return load_safetensors(out / "server" / "checkpoints" / name);
 }
 
-// The rule of the record, applied to the rows (deltas or group means) with their weights.
+// The rule the record says was applied, on the rows (deltas or group means) with their weights.
 std::vector<float> apply_rule(const json& rec, const server::AggregationConfig& a, const std::vector<float>& rows,
                               const std::vector<double>& weights, std::size_t d) {
   const robust::MatrixView x{rows.data(), weights.size(), d};
-  const std::string rule = rec.contains("robust") ? rec["robust"]["applied"].get<std::string>() : "fedavg";
-  if (rule == "fedavg") return robust::mean(x, weights).aggregate;
-  if (rule == "krum") return robust::krum(x, a.f).aggregate;
-  if (rule == "median") return robust::median(x).aggregate;
-  if (rule == "trimmed_mean") return robust::trimmed_mean(x, a.f).aggregate;
-  ADD_FAILURE() << "the reference does not know rule " << rule;
-  return std::vector<float>(d, 0.0f);
+  robust::RuleSpec spec = a.rule;
+  const std::string applied = rec.contains("robust") ? rec["robust"]["applied"].get<std::string>() : "fedavg";
+  const auto rule = robust::parse_rule(applied);
+  if (!rule) {
+    ADD_FAILURE() << "the record names an unknown rule " << applied;
+    return std::vector<float>(d, 0.0f);
+  }
+  spec.rule = *rule;
+  return robust::apply(spec, x, weights).aggregate;
 }
 
 class Combinations : public ::testing::TestWithParam<Case> {};

@@ -5,7 +5,7 @@
 #include <random>
 
 #include "server/coordinator.h"
-#include "transport/tensor_stream.h"
+#include "protocol/tensor_stream.h"
 
 namespace xsilo::server {
 namespace {
@@ -42,15 +42,15 @@ Model small_model() {
 
 std::string name(std::size_t i) { return "silo-" + std::to_string(100 + i); }
 
-CoordinatorConfig three_rounds() {
-  CoordinatorConfig c;
+RoundConfig three_rounds() {
+  RoundConfig c;
   c.rounds = 3;
   return c;
 }
 
 class Harness {
  public:
-  explicit Harness(std::size_t silos, CoordinatorConfig cfg = three_rounds(),
+  explicit Harness(std::size_t silos, RoundConfig cfg = three_rounds(),
                    std::uint64_t first_round = 1)
       : initial_(small_model()) {
     cfg.federation = "fed";
@@ -97,7 +97,7 @@ class Harness {
     ++uploads_[session(i)];
     auto m = std::make_shared<Model>(initial_.zeros_like());
     std::copy(weighted.begin(), weighted.end(), m->flat().begin());
-    transport::ChunkSource src(m, m->flat(), m->tensors(), "fed", coord_->round(), 12);
+    protocol::ChunkSource src(m, m->flat(), m->tensors(), "fed", coord_->round(), 12);
     int sent = 0;
     while (auto e = src.next()) {
       if (stop_after >= 0 && sent == stop_after) return;
@@ -165,8 +165,7 @@ class Harness {
         if (std::get_if<action::Finished>(&a)) finished = true;
         if (auto* b = std::get_if<action::Background>(&a)) b->work();
         if (auto* j = std::get_if<action::Job>(&a)) {
-          j->work();
-          coord_->on_job_done(j->id, now);
+          coord_->on_job_done(j->id, j->work(), now);
         }
       }
     }
@@ -262,7 +261,7 @@ TEST(Coordinator, ASiloThatLeftDoesNotMakeLaterRoundsWaitForTheJoinDeadline) {
 }
 
 TEST(Coordinator, NeverStartsBelowMinSilosEvenAfterTheJoinDeadline) {
-  CoordinatorConfig cfg = three_rounds();
+  RoundConfig cfg = three_rounds();
   cfg.selection.min_silos = 3;
   Harness h(4, cfg);
   h.connect(0);
@@ -324,7 +323,7 @@ TEST(Coordinator, UploadDeadlineDropsTheUploaderAndGrantsTheNext) {
 }
 
 TEST(Coordinator, TooFewUpdatesAbortCleanlyAndTheNextRoundStarts) {
-  CoordinatorConfig cfg = three_rounds();
+  RoundConfig cfg = three_rounds();
   cfg.selection.min_silos = 2;
   cfg.selection.min_updates = 2;
   Harness h(3, cfg);
@@ -349,7 +348,7 @@ TEST(Coordinator, TooFewUpdatesAbortCleanlyAndTheNextRoundStarts) {
 }
 
 TEST(Coordinator, OverSelectionClosesAtTheTargetAndReleasesTheRest) {
-  CoordinatorConfig cfg = three_rounds();
+  RoundConfig cfg = three_rounds();
   cfg.selection.silos_per_round = 4;
   cfg.selection.over_selection = 0.5;  // select 6 of 10, close at 4
   Harness h(10, cfg);
@@ -375,7 +374,7 @@ TEST(Coordinator, OverSelectionClosesAtTheTargetAndReleasesTheRest) {
 }
 
 TEST(Coordinator, NonFiniteOrMalformedUpdatesAreRejected) {
-  CoordinatorConfig cfg = three_rounds();
+  RoundConfig cfg = three_rounds();
   cfg.selection.min_updates = 1;
   Harness h(4, cfg);
   h.connect_all(4);
@@ -434,7 +433,7 @@ TEST(Coordinator, AReconnectingSiloReplacesItsOldConnection) {
 }
 
 TEST(Coordinator, FinishesAfterTheLastRoundAndTellsEverySilo) {
-  CoordinatorConfig cfg;
+  RoundConfig cfg;
   cfg.rounds = 2;
   Harness h(2, cfg);
   h.connect_all(2);
@@ -451,7 +450,7 @@ TEST(Coordinator, FinishesAfterTheLastRoundAndTellsEverySilo) {
 }
 
 TEST(Coordinator, ResumedPastTheLastRoundFinishesAtOnce) {
-  CoordinatorConfig cfg;
+  RoundConfig cfg;
   cfg.rounds = 3;
   Harness h(2, cfg, 4);
   EXPECT_TRUE(h.finished);
@@ -459,7 +458,7 @@ TEST(Coordinator, ResumedPastTheLastRoundFinishesAtOnce) {
 
 TEST(Coordinator, HundredSilosWithRandomDropoutsAtEveryPhaseMatchTheReference) {
   std::mt19937 rng(12345);
-  CoordinatorConfig cfg;
+  RoundConfig cfg;
   cfg.rounds = 1;
   cfg.selection.min_silos = 10;
   cfg.selection.min_updates = 10;
@@ -495,10 +494,10 @@ TEST(Coordinator, HundredSilosWithRandomDropoutsAtEveryPhaseMatchTheReference) {
 }
 
 TEST(Coordinator, KrumKeepsTheAttackerOutAndTheAuditSaysWhy) {
-  CoordinatorConfig cfg = three_rounds();
+  RoundConfig cfg = three_rounds();
   cfg.selection.min_silos = 5;
-  cfg.aggregation.rule = "krum";
-  cfg.aggregation.f = 1;
+  cfg.aggregation.rule.rule = robust::Rule::Krum;
+  cfg.aggregation.rule.f = 1;
   Harness h(5, cfg);
   h.connect_all(5);
   std::map<std::size_t, std::pair<std::vector<float>, double>> ups;
@@ -520,11 +519,11 @@ TEST(Coordinator, KrumKeepsTheAttackerOutAndTheAuditSaysWhy) {
 }
 
 TEST(Coordinator, TooFewUpdatesForTheRuleFallBackAsConfigured) {
-  CoordinatorConfig cfg = three_rounds();
+  RoundConfig cfg = three_rounds();
   cfg.selection.min_silos = 3;
-  cfg.aggregation.rule = "bulyan";  // needs 4f + 3 = 7
-  cfg.aggregation.f = 1;
-  cfg.aggregation.fallback = "median";
+  cfg.aggregation.rule.rule = robust::Rule::Bulyan;  // needs 4f + 3 = 7
+  cfg.aggregation.rule.f = 1;
+  cfg.aggregation.fallback = robust::Fallback::Median;
   Harness h(3, cfg);
   h.connect_all(3);
   for (std::size_t i = 0; i < 3; ++i) h.ready(i, 1);
@@ -535,7 +534,7 @@ TEST(Coordinator, TooFewUpdatesForTheRuleFallBackAsConfigured) {
   EXPECT_NE(robust["fallback_reason"].get<std::string>().find("Bulyan needs n >= 4f + 3: n = 3"), std::string::npos);
   EXPECT_NEAR(h.store.commits[0].model.flat()[0] - h.initial_.flat()[0], 2.0f, 1e-5);
 
-  cfg.aggregation.fallback = "abort";
+  cfg.aggregation.fallback = robust::Fallback::Abort;
   Harness g(3, cfg);
   g.connect_all(3);
   for (std::size_t i = 0; i < 3; ++i) g.ready(i, 1);
@@ -547,7 +546,7 @@ TEST(Coordinator, TooFewUpdatesForTheRuleFallBackAsConfigured) {
 }
 
 TEST(Coordinator, ServerSideClippingBoundsEachUpdate) {
-  CoordinatorConfig cfg = three_rounds();
+  RoundConfig cfg = three_rounds();
   cfg.aggregation.clip_norm = 1.0;
   Harness h(2, cfg);
   h.connect_all(2);

@@ -14,7 +14,7 @@
 #include "transport/dialer.h"
 #include "transport/listener.h"
 #include "transport/pki.h"
-#include "transport/tensor_stream.h"
+#include "protocol/tensor_stream.h"
 
 namespace xsilo::tools {
 
@@ -43,7 +43,7 @@ int bench_transport(std::size_t mib, std::size_t chunk_bytes, bool json) {
   transport::Listener listener(server_io.get_executor(), server_ctx, {"127.0.0.1", 0}, opts, allow,
                                {"bench", wire::SERVER, {}},
                                [&](std::shared_ptr<transport::Channel> ch) {
-                                 auto src = std::make_shared<transport::ChunkSource>(
+                                 auto src = std::make_shared<protocol::ChunkSource>(
                                      model, model->flat(), model->tensors(), "bench", 1, chunk_bytes);
                                  ch->send_stream([src, max = opts.max_frame_bytes] { return src->next_frame(max); });
                                  auto end = transport::envelope("bench", 1);
@@ -63,7 +63,7 @@ int bench_transport(std::size_t mib, std::size_t chunk_bytes, bool json) {
         const Endpoint to{"127.0.0.1", listener.port()};
         auto ch = co_await transport::dial_once(client_io.get_executor(), client_ctx, to, roles, me, opts);
         if (!ch) throw std::runtime_error(ch.status().message);
-        transport::TensorReceiver rx;
+        protocol::TensorReceiver rx;
         rx.reset(received.flat(), received.tensors(), false);
         const auto t0 = std::chrono::steady_clock::now();
         for (;;) {

@@ -1,9 +1,9 @@
-#include "transport/tensor_stream.h"
+#include "protocol/tensor_stream.h"
 
 #include <algorithm>
 #include <cstring>
 
-namespace xsilo::transport {
+namespace xsilo::protocol {
 
 namespace {
 std::size_t elem_size(wire::DType t) { return t == wire::U64 ? 8 : 4; }
@@ -119,4 +119,4 @@ std::string TensorReceiver::finish_sha256() {
   return hash_ ? crypto::to_hex(hash_->finish()) : std::string();
 }
 
-}  // namespace xsilo::transport
+}  // namespace xsilo::protocol

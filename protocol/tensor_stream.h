@@ -15,7 +15,7 @@
 #include "proto/frame.h"
 #include "proto/status.h"
 
-namespace xsilo::transport {
+namespace xsilo::protocol {
 
 // Yields the chunks of `values` (laid out as `layout`) one by one, then nullopt.
 class ChunkSource {
@@ -76,4 +76,4 @@ class TensorReceiver {
   std::unique_ptr<crypto::Sha256> hash_;
 };
 
-}  // namespace xsilo::transport
+}  // namespace xsilo::protocol

@@ -1,0 +1,20 @@
+#include "protocol/upload_slot.h"
+
+#include <cmath>
+
+namespace xsilo::protocol {
+
+std::function<void()> check_work(std::shared_ptr<UploadCheck> check, const std::uint8_t* first,
+                                 std::size_t count, wire::DType dtype, bool hash) {
+  return [check = std::move(check), first, count, dtype, hash] {
+    const std::size_t bytes = count * (dtype == wire::U64 ? 8 : 4);
+    if (hash) check->hash.update(std::span<const std::uint8_t>(first, bytes));
+    if (dtype != wire::F32) return;  // masked words: any value is valid
+    const float* v = reinterpret_cast<const float*>(first);
+    bool finite = true;
+    for (std::size_t i = 0; i < count; ++i) finite = finite && std::isfinite(v[i]);
+    check->finite = check->finite && finite;
+  };
+}
+
+}  // namespace xsilo::protocol

@@ -1,0 +1,122 @@
+// One upload at a time into one buffer: who is ready (in order), who holds the grant, every
+// chunk checked against the expected layout and copied into place, and the checks of the bytes
+// (SHA-256, finiteness of float32 elements) handed out as work to run off the network thread,
+// chunk by chunk, while the next chunk arrives. Taking uploads one at a time means a peer that
+// vanishes mid-upload never leaves half an update anywhere; the buffer is reused.
+//
+// The coordinator uses it for its silos and edges, the edge for its silos. No I/O here.
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/model.h"
+#include "crypto/hash.h"
+#include "proto/status.h"
+#include "protocol/tensor_stream.h"
+
+namespace xsilo::protocol {
+
+// What the checks found; written only by the check work, which runs in order on one worker.
+struct UploadCheck {
+  crypto::Sha256 hash;
+  bool finite = true;
+};
+
+// Where an upload goes and what it must look like.
+struct UploadBuffer {
+  std::span<std::uint8_t> bytes;
+  wire::DType dtype = wire::F32;     // F32 (updates) or U32/U64 (masked words)
+  std::vector<TensorInfo> layout;    // in elements
+  bool hash = true;                  // SHA-256 of the bytes as received
+};
+
+// The work that checks `count` elements at `first` (hash, and finiteness for F32).
+std::function<void()> check_work(std::shared_ptr<UploadCheck> check, const std::uint8_t* first,
+                                 std::size_t count, wire::DType dtype, bool hash);
+
+template <class Key>
+class UploadSlot {
+ public:
+  void enqueue(Key who) { queue_.push_back(std::move(who)); }
+  bool empty_queue() const { return queue_.empty(); }
+
+  // The first queued key for which `eligible(key)` holds, out of the queue (keys before it that
+  // are no longer eligible leave it too); nothing when none is. Then open() the slot to it.
+  template <class Eligible>
+  std::optional<Key> next(Eligible&& eligible) {
+    while (!queue_.empty()) {
+      Key k = std::move(queue_.front());
+      queue_.pop_front();
+      if (eligible(k)) return k;
+    }
+    return std::nullopt;
+  }
+  // Grants the slot to `who`: its upload goes into `into`.
+  void open(Key who, UploadBuffer into) {
+    holder_ = std::move(who);
+    complete_ = false;
+    buffer_ = std::move(into);
+    check_ = std::make_shared<UploadCheck>();
+    if (buffer_.dtype == wire::F32) {
+      rx_.reset({reinterpret_cast<float*>(buffer_.bytes.data()), buffer_.bytes.size() / sizeof(float)},
+                buffer_.layout, /*hash=*/false);
+    } else {
+      rx_.reset_words(buffer_.bytes, buffer_.layout, buffer_.dtype, /*hash=*/false);
+    }
+  }
+
+  bool busy() const { return holder_.has_value(); }
+  bool held_by(const Key& who) const { return holder_ && *holder_ == who; }
+  const std::optional<Key>& holder() const { return holder_; }
+  bool complete() const { return complete_; }   // UpdateEnd arrived: being validated and folded
+
+  // A chunk from the holder: checked and copied. Returns the check work for what it wrote.
+  proto::Result<std::function<void()>> add(const wire::TensorChunk& chunk) {
+    if (!busy() || complete_) return proto::error(wire::UNEXPECTED, "TensorChunk without an open UploadGrant");
+    if (auto st = rx_.add(chunk); !st) return st;
+    const std::size_t elem = buffer_.dtype == wire::U64 ? 8 : 4;
+    return check_work(check_, buffer_.bytes.data() + rx_.last_first() * elem, rx_.last_count(), buffer_.dtype,
+                      buffer_.hash);
+  }
+  // UpdateEnd from the holder: "" when every element arrived, else why not.
+  std::string end(std::string_view what = "update") {
+    if (!rx_.complete()) {
+      return std::string(what) + " has " + std::to_string(rx_.received()) + " of the " + std::to_string(expected()) +
+             " elements";
+    }
+    complete_ = true;
+    return "";
+  }
+  std::shared_ptr<UploadCheck> check() const { return check_; }
+  std::uint64_t bytes_received() const { return rx_.bytes(); }
+  // Closes the slot (folded, refused or abandoned); the queue stays.
+  void release() {
+    holder_.reset();
+    complete_ = false;
+  }
+  void clear() {
+    release();
+    queue_.clear();
+  }
+
+ private:
+  std::size_t expected() const {
+    std::size_t n = 0;
+    for (const auto& t : buffer_.layout) n += t.size();
+    return n;
+  }
+  std::deque<Key> queue_;
+  std::optional<Key> holder_;
+  bool complete_ = false;
+  UploadBuffer buffer_;
+  TensorReceiver rx_;
+  std::shared_ptr<UploadCheck> check_;
+};
+
+}  // namespace xsilo::protocol

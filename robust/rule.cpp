@@ -1,0 +1,89 @@
+#include "robust/rule.h"
+
+#include <array>
+#include <utility>
+
+namespace xsilo::robust {
+
+namespace {
+
+constexpr std::array<std::pair<Rule, std::string_view>, 7> kRules{{{Rule::FedAvg, "fedavg"},
+                                                                     {Rule::Krum, "krum"},
+                                                                     {Rule::MultiKrum, "multi_krum"},
+                                                                     {Rule::Median, "median"},
+                                                                     {Rule::TrimmedMean, "trimmed_mean"},
+                                                                     {Rule::Bulyan, "bulyan"},
+                                                                     {Rule::CenteredClip, "centered_clip"}}};
+constexpr std::array<std::pair<Fallback, std::string_view>, 3> kFallbacks{
+    {{Fallback::Median, "median"}, {Fallback::FedAvg, "fedavg"}, {Fallback::Abort, "abort"}}};
+
+template <class T, std::size_t N>
+std::string_view find_name(const std::array<std::pair<T, std::string_view>, N>& table, T v) {
+  for (const auto& [k, n] : table) {
+    if (k == v) return n;
+  }
+  return "?";
+}
+
+template <class T, std::size_t N>
+std::optional<T> find_value(const std::array<std::pair<T, std::string_view>, N>& table, std::string_view s) {
+  for (const auto& [k, n] : table) {
+    if (n == s) return k;
+  }
+  return std::nullopt;
+}
+
+template <class T, std::size_t N>
+std::vector<std::string> all_names(const std::array<std::pair<T, std::string_view>, N>& table) {
+  std::vector<std::string> out;
+  for (const auto& [k, n] : table) out.emplace_back(n);
+  return out;
+}
+
+}  // namespace
+
+std::string_view name(Rule r) { return find_name(kRules, r); }
+std::string_view name(Fallback f) { return find_name(kFallbacks, f); }
+std::optional<Rule> parse_rule(std::string_view s) { return find_value(kRules, s); }
+std::optional<Fallback> parse_fallback(std::string_view s) { return find_value(kFallbacks, s); }
+std::vector<std::string> rule_names() { return all_names(kRules); }
+std::vector<std::string> fallback_names() { return all_names(kFallbacks); }
+
+bool needs_f(Rule r) { return r == Rule::Krum || r == Rule::MultiKrum || r == Rule::Bulyan; }
+
+std::size_t trim_count(const RuleSpec& s, std::size_t n) {
+  return s.beta > 0 ? static_cast<std::size_t>(s.beta * static_cast<double>(n)) : s.f;
+}
+
+std::size_t krum_average(const RuleSpec& s, std::size_t n) {
+  if (s.m) return s.m;
+  return n > s.f ? n - s.f : 1;
+}
+
+std::string check(const RuleSpec& s, std::size_t n) {
+  switch (s.rule) {
+    case Rule::Krum: return check_krum(n, s.f);
+    case Rule::MultiKrum: return check_multi_krum(n, s.f, krum_average(s, n));
+    case Rule::TrimmedMean: return check_trimmed_mean(n, trim_count(s, n));
+    case Rule::Bulyan: return check_bulyan(n, s.f);
+    case Rule::FedAvg:
+    case Rule::Median:
+    case Rule::CenteredClip: return n > 0 ? "" : "no inputs";
+  }
+  return "unknown rule";
+}
+
+Result apply(const RuleSpec& s, MatrixView x, std::span<const double> weights) {
+  switch (s.rule) {
+    case Rule::FedAvg: return mean(x, weights);
+    case Rule::Krum: return krum(x, s.f);
+    case Rule::MultiKrum: return multi_krum(x, s.f, krum_average(s, x.n));
+    case Rule::Median: return median(x);
+    case Rule::TrimmedMean: return trimmed_mean(x, trim_count(s, x.n));
+    case Rule::Bulyan: return bulyan(x, s.f);
+    case Rule::CenteredClip: return centered_clip(x, s.tau, s.iterations);
+  }
+  return {};
+}
+
+}  // namespace xsilo::robust

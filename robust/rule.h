@@ -1,0 +1,50 @@
+// The one source of truth for robust rules: their names, their parameters, how many inputs
+// each one needs, and how it runs. Config validation and the coordinator both call these, so
+// what was checked is what runs (the definitions themselves are in robust.h).
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "robust/robust.h"
+
+namespace xsilo::robust {
+
+enum class Rule { FedAvg, Krum, MultiKrum, Median, TrimmedMean, Bulyan, CenteredClip };
+
+// What a round does when dropouts left too few inputs for the rule.
+enum class Fallback { Median, FedAvg, Abort };
+
+std::string_view name(Rule r);
+std::string_view name(Fallback f);
+std::optional<Rule> parse_rule(std::string_view s);
+std::optional<Fallback> parse_fallback(std::string_view s);
+std::vector<std::string> rule_names();
+std::vector<std::string> fallback_names();
+
+struct RuleSpec {
+  Rule rule = Rule::FedAvg;
+  std::size_t f = 0;            // Byzantine inputs tolerated (krum, multi_krum, bulyan, trimmed_mean)
+  std::size_t m = 0;            // multi_krum: inputs averaged; 0: n - f
+  double beta = 0;              // trimmed_mean: b = floor(beta * n) when > 0, else b = f
+  double tau = 1.0;             // centered_clip radius
+  std::size_t iterations = 1;   // centered_clip iterations
+};
+
+// True for the rules that are meaningless without f >= 1.
+bool needs_f(Rule r);
+// trimmed_mean's b for n inputs.
+std::size_t trim_count(const RuleSpec& s, std::size_t n);
+// multi_krum's m for n inputs (at least 1).
+std::size_t krum_average(const RuleSpec& s, std::size_t n);
+// Why the rule cannot run on n inputs, or "".
+std::string check(const RuleSpec& s, std::size_t n);
+// Runs the rule on the n rows of x (weights: fedavg's, one per row; others ignore them).
+// The caller has checked it; non-finite rows must have been removed.
+Result apply(const RuleSpec& s, MatrixView x, std::span<const double> weights);
+
+}  // namespace xsilo::robust

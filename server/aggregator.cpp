@@ -1,0 +1,157 @@
+#include "server/aggregator.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "crypto/hash.h"
+#include "server/secure_groups.h"
+
+namespace xsilo::server {
+
+namespace {
+
+std::span<std::uint8_t> bytes_of(Model& m) { return {reinterpret_cast<std::uint8_t*>(m.flat().data()), m.bytes()}; }
+
+}  // namespace
+
+FoldResult check_upload(protocol::UploadCheck& check, const Contribution& c, const std::string& what) {
+  FoldResult r;
+  r.sha256 = crypto::to_hex(check.hash.finish());
+  if (!check.finite) {
+    r.error = FoldError::NonFinite;
+    r.why = what + " contains NaN or infinite values";
+  } else if (!c.declared_sha256.empty() && c.declared_sha256 != r.sha256) {
+    r.error = FoldError::HashMismatch;
+    r.why = what + " does not match its SHA-256 (sent " + c.declared_sha256 + ", received " + r.sha256 + ")";
+  }
+  return r;
+}
+
+namespace {
+
+std::string what_of(const Contribution& c) { return c.partial_sum ? "partial sum" : "update"; }
+
+// fedavg: a running sum of weight * delta; the mean is the sum over the summed weight.
+class PlainSum final : public Aggregator {
+ public:
+  explicit PlainSum(const Model& layout) : current_(layout.zeros_like()), sum_(layout.zeros_like()) {}
+
+  protocol::UploadBuffer buffer() override { return {bytes_of(current_), wire::F32, current_.tensors(), true}; }
+
+  FoldResult fold(const Contribution& c, protocol::UploadCheck& check) override {
+    auto r = check_upload(check, c, what_of(c));
+    if (!r.ok()) return r;
+    const auto cur = current_.flat();
+    auto acc = sum_.flat();
+    for (std::size_t i = 0; i < cur.size(); ++i) acc[i] += cur[i];
+    weight_ += c.weight;
+    return r;
+  }
+
+  Combined combine(std::span<float> out, const CombineContext&) override {
+    const auto acc = sum_.flat();
+    const float inv = static_cast<float>(1.0 / weight_);
+    for (std::size_t i = 0; i < acc.size(); ++i) out[i] = acc[i] * inv;
+    return {};
+  }
+
+ private:
+  Model current_, sum_;
+  double weight_ = 0;
+};
+
+// Robust rules and clipping need every silo's own delta: one row each (n x d floats).
+class RowCollector final : public Aggregator {
+ public:
+  RowCollector(const Model& layout, AggregationConfig a) : current_(layout.zeros_like()), a_(std::move(a)) {}
+
+  protocol::UploadBuffer buffer() override { return {bytes_of(current_), wire::F32, current_.tensors(), true}; }
+
+  FoldResult fold(const Contribution& c, protocol::UploadCheck& check) override {
+    auto r = check_upload(check, c, what_of(c));
+    if (!r.ok()) return r;
+    // The upload is weight * delta: keep the delta, clipped if configured.
+    const auto cur = current_.flat();
+    const std::size_t d = cur.size(), at = rows_.size();
+    rows_.resize(at + d);
+    const float inv = static_cast<float>(1.0 / c.weight);
+    for (std::size_t i = 0; i < d; ++i) rows_[at + i] = cur[i] * inv;
+    double norm = 0;
+    if (a_.clip_norm > 0) norm = robust::clip_l2(std::span<float>(rows_).subspan(at, d), 1, d, a_.clip_norm)[0].score;
+    labels_.push_back(c.silos.front());
+    weights_.push_back(c.weight);
+    norms_.push_back(norm);
+    return r;
+  }
+
+  Combined combine(std::span<float> out, const CombineContext& ctx) override {
+    return combine_rows(a_, rows_, current_.size(), labels_, "silo", weights_, norms_, ctx, out);
+  }
+
+ private:
+  Model current_;
+  AggregationConfig a_;
+  std::vector<float> rows_;
+  std::vector<std::string> labels_;
+  std::vector<double> weights_, norms_;
+};
+
+}  // namespace
+
+Combined combine_rows(const AggregationConfig& a, std::vector<float>& rows, std::size_t d,
+                      const std::vector<std::string>& labels, const char* label_key,
+                      const std::vector<double>& weights, const std::vector<double>& norms,
+                      const CombineContext& ctx, std::span<float> out) {
+  const std::size_t n = labels.size();
+  // Silos caught sending NaN or infinite values were Byzantine: they used up part of the
+  // budget f, so the rule guards against the f - caught that may remain among the inputs.
+  robust::RuleSpec spec = a.rule;
+  spec.f = a.rule.f - std::min(a.rule.f, ctx.nonfinite);
+  nlohmann::json info = {{"rule", robust::name(a.rule.rule)}, {"f", a.rule.f}, {"inputs", n}};
+  if (ctx.nonfinite) {
+    info["nonfinite_rejected"] = ctx.nonfinite;
+    info["f_applied"] = spec.f;
+  }
+  Combined c;
+  if (const auto why = robust::check(spec, n); !why.empty()) {
+    info["fallback"] = robust::name(a.fallback);
+    info["fallback_reason"] = why;
+    spdlog::warn("round {}: {}; falling back to {}", ctx.round, why, robust::name(a.fallback));
+    if (a.fallback == robust::Fallback::Abort) {
+      info["applied"] = "abort";
+      c.ok = false;
+      c.reason = why + "; the configured fallback is abort";
+      c.record["robust"] = info;
+      return c;
+    }
+    spec.rule = a.fallback == robust::Fallback::Median ? robust::Rule::Median : robust::Rule::FedAvg;
+  }
+  info["applied"] = robust::name(spec.rule);
+  if (a.clip_norm > 0) info["clip_norm"] = a.clip_norm;
+  const robust::MatrixView x{rows.data(), n, d};
+  const auto r = robust::apply(spec, x, weights);
+  std::copy(r.aggregate.begin(), r.aggregate.end(), out.begin());
+  nlohmann::json inputs = nlohmann::json::array();
+  for (std::size_t i = 0; i < n; ++i) {
+    nlohmann::json e = {{label_key, labels[i]}, {"kept", r.decisions[i].kept}, {"score", r.decisions[i].score}};
+    if (!r.decisions[i].reason.empty()) e["reason"] = r.decisions[i].reason;
+    if (a.clip_norm > 0) {
+      e["norm"] = norms[i];
+      if (norms[i] > a.clip_norm) e["clipped"] = true;
+    }
+    inputs.push_back(e);
+  }
+  info["decisions"] = inputs;
+  c.record["robust"] = info;
+  return c;
+}
+
+std::unique_ptr<Aggregator> make_aggregator(const RoundConfig& cfg, const Model& layout, std::uint64_t round,
+                                            const std::vector<std::string>& selected) {
+  if (cfg.secure.on()) return std::make_unique<SecureGroups>(cfg, layout.size(), round, selected);
+  if (cfg.aggregation.needs_all_updates()) return std::make_unique<RowCollector>(layout, cfg.aggregation);
+  return std::make_unique<PlainSum>(layout);
+}
+
+}  // namespace xsilo::server

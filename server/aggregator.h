@@ -1,0 +1,97 @@
+// How a round turns the uploads it accepts into one mean delta. The coordinator runs the
+// protocol (who uploads when, who dropped out); an aggregator owns the buffers and the
+// arithmetic. Its fold(), prepare() and combine() run on the worker thread, one at a time and
+// in order, and return values: the coordinator never reads what they write anywhere else.
+//
+//   PlainSum      fedavg: a running sum of weight * delta (silos' uploads or edges' partial sums)
+//   RowCollector  a robust rule or clipping: every silo's own delta, one row each
+//   SecureGroups  secure aggregation: masked sums per secure group, unmasked at the end, then
+//                 the mean (or the robust rule) across the group means
+//
+// A new aggregation mode is a new Aggregator and a line in make_aggregator().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/model.h"
+#include "protocol/upload_slot.h"
+#include "server/round_config.h"
+
+namespace xsilo::server {
+
+class SecureRound;
+
+// Who one upload speaks for.
+struct Contribution {
+  std::vector<std::string> silos;  // one silo, or the contributors of an edge's partial sum
+  double weight = 0;               // plain uploads: the summed weight of `silos`
+  std::uint32_t group = 0;         // secure uploads: the secure group of the (partial) sum
+  std::string declared_sha256;     // as the uploader declared it ("" when it declared none)
+  bool partial_sum = false;        // an edge's sum of its region (not one silo's update)
+};
+
+enum class FoldError { None, NonFinite, HashMismatch };
+
+struct FoldResult {
+  FoldError error = FoldError::None;
+  std::string why;      // for people, when error != None
+  std::string sha256;   // of the upload's bytes as received
+  bool ok() const { return error == FoldError::None; }
+};
+
+// Silos that prepare() found unusable (a secure group that could not be unmasked, or whose sum
+// proves a member skipped clipping), with the reason.
+struct Rejection {
+  std::vector<std::string> silos;
+  std::string why;
+};
+
+struct CombineContext {
+  std::uint64_t round = 0;
+  std::size_t nonfinite = 0;  // silos caught sending NaN/inf this round: they used up part of f
+};
+
+struct Combined {
+  bool ok = true;
+  std::string reason;         // why the round must abort, when !ok
+  nlohmann::json record;      // parts of the audit record ("robust", "secure.groups_outcome")
+};
+
+class Aggregator {
+ public:
+  virtual ~Aggregator() = default;
+  // Where the next upload goes and what it must look like.
+  virtual protocol::UploadBuffer buffer() = 0;
+  // Worker: validates the upload now in buffer() (the slot's checks have run) and folds it in.
+  virtual FoldResult fold(const Contribution& c, protocol::UploadCheck& check) = 0;
+  // Worker, after collection closed: readies the inputs; returns those that failed.
+  virtual std::vector<Rejection> prepare() { return {}; }
+  // Worker: the mean delta of the round into `out` (d floats), or why the round must abort.
+  virtual Combined combine(std::span<float> out, const CombineContext& ctx) = 0;
+  // The secure protocol state of this round, if the mode has one.
+  virtual SecureRound* secure() { return nullptr; }
+};
+
+// The checks every upload passes before it is folded: the finiteness the slot's check work
+// found, then the declared SHA-256 (finishes check.hash). `what`: "update", "partial sum".
+FoldResult check_upload(protocol::UploadCheck& check, const Contribution& c, const std::string& what);
+
+// The aggregator the round's config calls for. `selected`: the round's silos (secure groups
+// are drawn from them).
+std::unique_ptr<Aggregator> make_aggregator(const RoundConfig& cfg, const Model& layout, std::uint64_t round,
+                                            const std::vector<std::string>& selected);
+
+// Rows (deltas or group means) through the configured rule, with its fallback when too few
+// inputs remain; the decisions go into the record. Shared by RowCollector and SecureGroups.
+Combined combine_rows(const AggregationConfig& a, std::vector<float>& rows, std::size_t d,
+                      const std::vector<std::string>& labels, const char* label_key,
+                      const std::vector<double>& weights, const std::vector<double>& norms,
+                      const CombineContext& ctx, std::span<float> out);
+
+}  // namespace xsilo::server

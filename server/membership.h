@@ -1,0 +1,60 @@
+// Who is connected: sessions (a silo's own connection, or an edge's), which session reaches
+// each silo (its route), the silos behind each edge, and the silos seen since the server
+// started. Bookkeeping only: it reports what changed and the coordinator decides what that
+// means for the round.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace xsilo::server {
+
+using SessionId = std::uint64_t;
+
+struct Peer {
+  std::string name;
+  bool edge = false;
+  std::set<std::string> region;  // edges: the silos announced behind it
+};
+
+class Membership {
+ public:
+  void add_session(SessionId id, const std::string& name, bool edge) { sessions_[id] = Peer{name, edge, {}}; }
+  // Removes a session; returns the silos whose route it was (gone with it).
+  std::vector<std::string> remove_session(SessionId id);
+
+  const Peer* peer(SessionId id) const;
+  bool is_edge(SessionId id) const;
+  const std::map<SessionId, Peer>& sessions() const { return sessions_; }
+
+  // `silo` is reachable through `via` from now on; returns the route it replaces, if any.
+  std::optional<SessionId> route(const std::string& silo, SessionId via);
+  // The route of `silo` went away if it was `via`; true when it was.
+  bool unroute(const std::string& silo, SessionId via);
+  std::optional<SessionId> route_of(const std::string& silo) const;
+  const std::map<std::string, SessionId>& routes() const { return routes_; }
+  std::size_t connected() const { return routes_.size(); }
+
+  // An edge's RegionStatus: the silos that left it and those newly announced, in order.
+  struct RegionChange {
+    std::vector<std::string> left, joined;
+  };
+  // (The left ones are out of the region already; the caller admits the joined ones.)
+  RegionChange set_region(SessionId edge, const std::set<std::string>& silos);
+  void join_region(SessionId edge, const std::string& silo);
+  void leave_region(SessionId edge, const std::string& silo);
+
+  // Every one of `expected` is connected now or was connected since start (and left).
+  bool all_accounted_for(const std::set<std::string>& expected) const;
+
+ private:
+  std::map<SessionId, Peer> sessions_;
+  std::map<std::string, SessionId> routes_;  // silo -> its session or its edge's
+  std::set<std::string> seen_;               // silos connected at some time since start
+};
+
+}  // namespace xsilo::server

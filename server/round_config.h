@@ -1,0 +1,71 @@
+// What a round needs to know: selection, deadlines, the training plan, how updates are
+// combined and whether they are securely aggregated. The protocol core (the coordinator and
+// its parts) sees only this; the daemon's transport settings live in server/config.h.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <set>
+#include <string>
+#include <string_view>
+
+#include "crypto/fixed_point.h"
+#include "proto/xsilo.pb.h"
+#include "robust/rule.h"
+
+namespace xsilo::server {
+
+struct SelectionConfig {
+  std::size_t min_silos = 2;        // connected silos needed to start a round
+  std::size_t min_updates = 0;      // updates needed to commit (0: min_silos)
+  std::size_t silos_per_round = 0;  // k; 0: every connected silo
+  double over_selection = 0.0;      // select ceil(k * (1 + s)), close at k
+};
+
+struct Deadlines {
+  std::chrono::milliseconds join{30000};
+  std::chrono::milliseconds train{120000};
+  std::chrono::milliseconds upload{60000};
+};
+
+// How the updates of a round are combined (docs/robust.md has the exact definitions).
+struct AggregationConfig {
+  robust::RuleSpec rule;          // fedavg, or a robust rule with its parameters
+  double clip_norm = 0;           // clip each update to this L2 norm first (0: off)
+  robust::Fallback fallback = robust::Fallback::Median;  // when dropouts leave too few inputs
+  bool needs_all_updates() const { return rule.rule != robust::Rule::FedAvg || clip_norm > 0; }
+};
+
+enum class SecureMode { Off, Global, Grouped };
+std::string_view name(SecureMode m);
+
+// Secure aggregation (docs/security.md).
+struct SecureConfig {
+  SecureMode mode = SecureMode::Off;
+  std::size_t min_group = 3;       // grouped: every group has at least this many silos
+  double threshold = 2.0 / 3.0;    // t = max(2, ceil(threshold * group size))
+  std::uint32_t bits = 32;
+  std::uint32_t fraction_bits = 16;
+  double clip_norm = 1.0;
+  double max_weight = 1000.0;
+  std::chrono::milliseconds keys_deadline{30000};    // each of the two key phases
+  std::chrono::milliseconds unmask_deadline{30000};
+  bool on() const { return mode != SecureMode::Off; }
+  crypto::FixedPointParams codec() const { return {bits, fraction_bits, clip_norm, max_weight}; }
+};
+
+struct RoundConfig {
+  std::string federation;
+  std::string config_sha256;
+  std::uint64_t rounds = 1;
+  std::uint64_t seed = 1;
+  SelectionConfig selection;
+  Deadlines deadlines;
+  wire::TrainingPlan plan;
+  std::set<std::string> expected_silos;  // the silo allow-list when it names silos
+  bool any_silo = true;   // the allow-list admits every silo ("*"); else only expected_silos
+  AggregationConfig aggregation;
+  SecureConfig secure;
+};
+
+}  // namespace xsilo::server

@@ -1,0 +1,77 @@
+// A round's members as the coordinator tracks them, and what a finished round turns into:
+// its audit record and its metrics row, as pure functions of a summary.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "proto/xsilo.pb.h"
+#include "server/membership.h"
+#include "server/metrics.h"
+
+namespace xsilo::server {
+
+enum class MemberState { Training, Ready, Uploading, Done, Dropped, Surplus };
+std::string_view name(MemberState s);
+
+// Where in the round a member was lost, and why (the record says both; `detail` adds the
+// sentence for people).
+enum class DropPhase { Train, Upload, Validation, Secure, Unmask };
+enum class DropCause {
+  Disconnected,      // its connection (or its edge) went away
+  Deadline,          // missed the phase's deadline
+  StillPending,      // had not finished when the round closed
+  ZeroSamples,       // reported no training samples
+  BadUpload,         // an upload that does not match the model (layout, size, weight)
+  NonFinite,         // NaN or infinite values: Byzantine, and counted against f
+  HashMismatch,      // the bytes do not match the declared SHA-256
+  EdgeRejected,      // its edge's partial sum was refused
+  NotInPartialSum,   // its edge's partial sum left it out
+  SecureGroupFailed, // its secure group fell below the threshold or failed its checks
+};
+std::string_view name(DropPhase p);
+std::string_view name(DropCause c);
+
+struct Member {
+  std::string silo;
+  SessionId session = 0;       // its own connection, or its edge's; 0 once gone
+  bool relayed = false;        // `session` is an edge's: messages to it name the silo
+  std::string edge;            // the edge that carried it this round, if any
+  MemberState state = MemberState::Training;
+  DropPhase drop_phase = DropPhase::Train;
+  DropCause drop_cause = DropCause::Disconnected;
+  std::string drop_reason;
+  std::uint64_t num_samples = 0;
+  double weight = 0;
+  wire::TrainMetrics metrics;
+  std::string update_sha256;
+  bool via_edge() const { return !edge.empty(); }
+};
+
+struct RoundSummary {
+  std::string federation;
+  std::uint64_t round = 0;
+  bool committed = false;
+  std::string reason;                 // why it aborted
+  std::int64_t started_ms = 0, ended_ms = 0;
+  const std::vector<Member>* members = nullptr;
+  std::size_t target = 0;
+  std::string rule, optimizer;
+  double total_weight = 0;
+  std::uint64_t upload_bytes = 0;
+  bool secure = false;                // sample counts and weights stay inside the masked sums
+  nlohmann::json secure_groups;       // secure: the groups as set up (SecureRound::describe)
+  std::string model_sha256_before, model_sha256_after;
+  std::string config_sha256;
+};
+
+nlohmann::json round_record(const RoundSummary& s);
+MetricsRow metrics_row(const RoundSummary& s);
+// "2026-11-30T08:26:33.000Z"
+std::string iso_time(std::int64_t unix_ms);
+
+}  // namespace xsilo::server

@@ -1,0 +1,87 @@
+#include "server/secure_groups.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+
+namespace xsilo::server {
+
+SecureGroups::SecureGroups(const RoundConfig& cfg, std::size_t d, std::uint64_t round,
+                           const std::vector<std::string>& selected)
+    : aggregation_(cfg.aggregation), d_(d), round_(cfg.secure, cfg.federation, round, cfg.seed, selected, d),
+      current_(cfg.secure.bits, d + 1) {
+  for (auto g : round_.groups()) sums_.emplace(g, protocol::MaskedVector(cfg.secure.bits, d + 1));
+}
+
+protocol::UploadBuffer SecureGroups::buffer() {
+  return {current_.bytes(), current_.dtype(), {{"masked", {d_ + 1}, 0}}, true};
+}
+
+FoldResult SecureGroups::fold(const Contribution& c, protocol::UploadCheck& check) {
+  auto r = check_upload(check, c, c.partial_sum ? "partial sum" : "update");
+  if (!r.ok()) return r;
+  sums_.at(c.group).add(current_);  // masked words: nothing to check, add mod 2^bits
+  return r;
+}
+
+std::vector<Rejection> SecureGroups::prepare() {
+  results_ = round_.finish(sums_);
+  const auto& sc = round_.config();
+  std::vector<Rejection> rejected;
+  for (auto& r : results_) {
+    if (r.ok) {
+      const double w = r.sum[d_];
+      double sq = 0;
+      for (std::size_t k = 0; k < d_; ++k) sq += r.sum[k] * r.sum[k];
+      // Each member adds w x with ||x|| <= clip_norm and w <= max_weight; rounding adds at
+      // most one step per coordinate and member.
+      const double step = std::ldexp(1.0, -static_cast<int>(sc.fraction_bits)) * static_cast<double>(r.survivors.size());
+      const double bound = w * sc.clip_norm * 1.001 + step * std::sqrt(static_cast<double>(d_));
+      if (!(w > 0) || w > static_cast<double>(r.survivors.size()) * sc.max_weight * 1.001 + step) {
+        r.why = "summed weight " + std::to_string(w) + " is impossible for " + std::to_string(r.survivors.size()) +
+                " silos of max_weight " + std::to_string(sc.max_weight);
+      } else if (std::sqrt(sq) > bound) {
+        r.why = "group sum norm " + std::to_string(std::sqrt(sq)) + " exceeds summed weight x clip_norm = " +
+                std::to_string(w * sc.clip_norm) + ": a member skipped clipping";
+      }
+      r.ok = r.why.empty();
+    }
+    if (!r.ok) {
+      spdlog::warn("secure group {} rejected: {}", r.group, r.why);
+      rejected.push_back({r.members, "secure group " + std::to_string(r.group) + ": " + r.why});
+    }
+  }
+  return rejected;
+}
+
+Combined SecureGroups::combine(std::span<float> out, const CombineContext& ctx) {
+  nlohmann::json outcome = nlohmann::json::array();
+  std::vector<double> total(d_ + 1, 0.0);
+  std::vector<float> rows;
+  std::vector<std::string> labels;
+  std::vector<double> weights;
+  for (const auto& r : results_) {
+    nlohmann::json o = {{"group", r.group}, {"survivors", r.survivors}, {"ok", r.ok}};
+    if (!r.ok) o["reason"] = r.why;
+    else o["weight"] = r.sum[d_];
+    outcome.push_back(o);
+    if (!r.ok) continue;
+    for (std::size_t k = 0; k <= d_; ++k) total[k] += r.sum[k];
+    // The group's mean: one row for a robust rule across groups.
+    const double inv = 1.0 / r.sum[d_];
+    for (std::size_t k = 0; k < d_; ++k) rows.push_back(static_cast<float>(r.sum[k] * inv));
+    labels.push_back(std::to_string(r.group));
+    weights.push_back(r.sum[d_]);
+  }
+  Combined c;
+  if (aggregation_.rule.rule != robust::Rule::FedAvg) {
+    c = combine_rows(aggregation_, rows, d_, labels, "group", weights, std::vector<double>(weights.size(), 0.0), ctx,
+                     out);
+  } else {
+    for (std::size_t k = 0; k < d_; ++k) out[k] = static_cast<float>(total[k] / total[d_]);
+  }
+  c.record["secure"]["groups_outcome"] = outcome;
+  return c;
+}
+
+}  // namespace xsilo::server

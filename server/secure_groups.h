@@ -1,0 +1,33 @@
+// Secure aggregation as an aggregator: one masked sum per secure group (mod 2^bits), the
+// groups' protocol state (SecureRound), and at the end the unmasked group sums, checked, then
+// their mean (or the robust rule across the group means).
+#pragma once
+
+#include <map>
+
+#include "protocol/masked.h"
+#include "server/aggregator.h"
+#include "server/secure_round.h"
+
+namespace xsilo::server {
+
+class SecureGroups final : public Aggregator {
+ public:
+  SecureGroups(const RoundConfig& cfg, std::size_t d, std::uint64_t round, const std::vector<std::string>& selected);
+
+  protocol::UploadBuffer buffer() override;
+  FoldResult fold(const Contribution& c, protocol::UploadCheck& check) override;
+  std::vector<Rejection> prepare() override;
+  Combined combine(std::span<float> out, const CombineContext& ctx) override;
+  SecureRound* secure() override { return &round_; }
+
+ private:
+  AggregationConfig aggregation_;
+  std::size_t d_;
+  SecureRound round_;
+  protocol::MaskedVector current_;                        // the upload being received
+  std::map<std::uint32_t, protocol::MaskedVector> sums_;  // per group
+  std::vector<GroupResult> results_;                      // after prepare()
+};
+
+}  // namespace xsilo::server
