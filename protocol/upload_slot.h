@@ -34,11 +34,13 @@ struct UploadBuffer {
   wire::DType dtype = wire::F32;     // F32 (updates) or U32/U64 (masked words)
   std::vector<TensorInfo> layout;    // in elements
   bool hash = true;                  // SHA-256 of the bytes as received
+  std::shared_ptr<const void> keep;  // keeps `bytes` alive while check work is queued (optional)
 };
 
 // The work that checks `count` elements at `first` (hash, and finiteness for F32).
 std::function<void()> check_work(std::shared_ptr<UploadCheck> check, const std::uint8_t* first,
-                                 std::size_t count, wire::DType dtype, bool hash);
+                                 std::size_t count, wire::DType dtype, bool hash,
+                                 std::shared_ptr<const void> keep = nullptr);
 
 template <class Key>
 class UploadSlot {
@@ -82,7 +84,7 @@ class UploadSlot {
     if (auto st = rx_.add(chunk); !st) return st;
     const std::size_t elem = buffer_.dtype == wire::U64 ? 8 : 4;
     return check_work(check_, buffer_.bytes.data() + rx_.last_first() * elem, rx_.last_count(), buffer_.dtype,
-                      buffer_.hash);
+                      buffer_.hash, buffer_.keep);
   }
   // UpdateEnd from the holder: "" when every element arrived, else why not.
   std::string end(std::string_view what = "update") {

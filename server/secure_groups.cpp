@@ -14,7 +14,7 @@ SecureGroups::SecureGroups(const RoundConfig& cfg, std::size_t d, std::uint64_t 
 }
 
 protocol::UploadBuffer SecureGroups::buffer() {
-  return {current_.bytes(), current_.dtype(), {{"masked", {d_ + 1}, 0}}, true};
+  return {current_.bytes(), current_.dtype(), {{"masked", {d_ + 1}, 0}}, true, nullptr};
 }
 
 FoldResult SecureGroups::fold(const Contribution& c, protocol::UploadCheck& check) {

@@ -1,0 +1,368 @@
+#include "edge_aggregator/relay.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+
+#include "proto/frame.h"
+
+namespace xsilo::edge {
+
+namespace {
+constexpr std::uint64_t kBarrier = 1ull << 63;  // job ids with this bit only drain the worker queue
+}  // namespace
+
+Relay::Relay(RelayConfig cfg) : cfg_(std::move(cfg)) {}
+
+wire::Envelope Relay::env() const {
+  wire::Envelope e;
+  e.set_federation(cfg_.federation);
+  e.set_round(round());
+  return e;
+}
+
+// ---- upstream: the server -------------------------------------------------------------------
+
+void Relay::on_server_up() { send_region_status(); }
+
+void Relay::on_server_down() {
+  if (region_) last_round_ = region_->round;
+  region_.reset();  // the round (if any) is void without the server
+}
+
+void Relay::send_region_status() {
+  auto e = env();
+  auto* status = e.mutable_region_status();  // set even when the region is empty
+  for (const auto& name : connected_) status->add_silos(name);
+  to_server(std::move(e));
+}
+
+void Relay::on_server_message(const wire::Envelope& e) {
+  using B = wire::Envelope::BodyCase;
+  const bool this_round = region_ && e.round() == region_->round;
+  switch (e.body_case()) {
+    case B::kRoundStart: start_round(e); break;
+    case B::kSecaggKeyList:
+    case B::kSecaggShareDelivery:
+    case B::kSecaggUnmaskRequest:
+      if (!e.silo().empty()) to_silo(e.silo(), e);  // the edge only carries them
+      break;
+    case B::kTensorChunk:
+      // The model passes through: each chunk goes on to the selected silos as it arrives.
+      if (!this_round) break;
+      for (const auto& [name, state] : region_->silos) {
+        if (state != SiloState::Gone) to_silo(name, e);
+      }
+      break;
+    case B::kUploadGrant:
+      if (!this_round) break;
+      if (region_->sent) {
+        send_next_sum();  // one grant per secure group's partial sum
+        break;
+      }
+      region_->granted = true;
+      pump();
+      break;
+    case B::kRoundEnd:
+      // The server ended this silo's round (dropped, surplus or done): stop waiting for it.
+      if (!e.silo().empty() && this_round) silo_gone(e.silo());
+      [[fallthrough]];
+    case B::kError:
+      if (!e.silo().empty()) {
+        to_silo(e.silo(), e);
+      } else if (e.has_error()) {
+        spdlog::warn("server reports: {}", e.error().message());
+      }
+      break;
+    case B::kFinished:
+      spdlog::info("the federation finished: {}", e.finished().reason());
+      for (const auto& name : connected_) to_silo(name, e);
+      finished_ = true;
+      break;
+    default: spdlog::warn("unexpected {} from the server", proto::body_name(e));
+  }
+}
+
+// One RoundStart per selected silo (each with its own secure group, if any); the first of a new
+// round sets the region up.
+void Relay::start_round(const wire::Envelope& e) {
+  const auto& rs = e.round_start();
+  if (!region_ || rs.round() != region_->round) {
+    region_ = std::make_unique<Region>();
+    region_->round = rs.round();
+    Model layout;
+    for (const auto& t : rs.tensors()) layout.add(t.name(), {t.shape().begin(), t.shape().end()});
+    region_->layout = layout.tensors();
+    region_->secure = rs.has_secagg();
+    if (region_->secure) {
+      region_->current_words =
+          std::make_shared<protocol::MaskedVector>(rs.secagg().modulus_bits(), rs.secagg().vector_length());
+    } else {
+      region_->current = std::make_shared<Model>(layout.zeros_like());
+      region_->sum = std::make_shared<Model>(std::move(layout));
+    }
+    spdlog::info("round {} starts", region_->round);
+  }
+  const std::string silo = e.silo();
+  if (rs.has_secagg()) region_->group_of[silo] = rs.secagg().group();
+  if (!connected_.count(silo)) {
+    region_->silos[silo] = SiloState::Gone;
+    return;
+  }
+  region_->silos[silo] = SiloState::Training;
+  to_silo(silo, e);
+}
+
+// ---- downstream: the region's silos ---------------------------------------------------------
+
+void Relay::to_silo(const std::string& silo, wire::Envelope e) {
+  if (!connected_.count(silo)) return;
+  e.clear_silo();
+  actions_.push_back(action::ToSilo{silo, std::move(e)});
+}
+
+void Relay::silo_error(const std::string& silo, wire::ErrorCode code, const std::string& msg) {
+  auto e = env();
+  e.mutable_error()->set_code(code);
+  e.mutable_error()->set_message(msg);
+  to_silo(silo, std::move(e));
+}
+
+void Relay::on_silo_up(const std::string& silo) {
+  connected_.insert(silo);
+  if (finished_) {
+    auto e = env();
+    e.mutable_finished()->set_reason("the federation has finished");
+    to_silo(silo, std::move(e));
+    return;
+  }
+  spdlog::info("silo {} joined ({} in the region)", silo, connected_.size());
+  send_region_status();
+}
+
+void Relay::on_silo_down(const std::string& silo) {
+  if (!connected_.erase(silo)) return;
+  silo_gone(silo);
+  spdlog::info("silo {} left ({} in the region)", silo, connected_.size());
+  send_region_status();
+}
+
+void Relay::on_silo_message(const std::string& silo, const wire::Envelope& e) {
+  using B = wire::Envelope::BodyCase;
+  Region* r = region_.get();
+  const auto st = r ? r->silos.find(silo) : decltype(r->silos)::iterator{};
+  const bool in_round = r && st != r->silos.end() && e.round() == r->round && !r->sent;
+  switch (e.body_case()) {
+    case B::kSecaggKeys:
+    case B::kSecaggShares:
+    case B::kSecaggUnmaskShares: {
+      wire::Envelope relay = e;  // masked protocol messages pass through unread
+      relay.set_silo(silo);
+      to_server(std::move(relay));
+      break;
+    }
+    case B::kUpdateReady: {
+      if (!in_round || st->second != SiloState::Training) {
+        silo_error(silo, wire::WRONG_ROUND, "UpdateReady not expected for round " + std::to_string(e.round()));
+        return;
+      }
+      st->second = SiloState::Ready;
+      wire::Contributor c;
+      c.set_silo(silo);
+      c.set_num_samples(e.update_ready().num_samples());
+      r->contributors[silo] = c;  // counts only once it is Done
+      wire::Envelope relay = e;
+      relay.set_silo(silo);
+      to_server(std::move(relay));  // the server tracks every silo's readiness and metrics
+      r->slot.enqueue(silo);
+      pump();
+      break;
+    }
+    case B::kTensorChunk: {
+      if (!in_round || !r->slot.held_by(silo) || r->slot.complete() || r->folding) {
+        silo_error(silo, wire::UNEXPECTED, "TensorChunk without an UploadGrant");
+        return;
+      }
+      auto check = r->slot.add(e.tensor_chunk());
+      if (!check) {
+        silo_error(silo, check.status().code, check.status().message);
+        st->second = SiloState::Gone;
+        silo_gone(silo);
+        return;
+      }
+      actions_.push_back(action::Background{std::move(*check)});
+      break;
+    }
+    case B::kUpdateEnd: {
+      if (!in_round || !r->slot.held_by(silo) || r->slot.complete() || r->folding) {
+        silo_error(silo, wire::UNEXPECTED, "UpdateEnd without an UploadGrant");
+        return;
+      }
+      const double w = e.update_end().weight();
+      std::string why = r->slot.end("update");
+      if (why.empty() && !r->secure && (!std::isfinite(w) || w <= 0)) why = "update weight must be a positive number";
+      if (!why.empty()) {
+        silo_error(silo, wire::BAD_UPDATE, why);
+        st->second = SiloState::Gone;
+        silo_gone(silo);
+        return;
+      }
+      r->contributors[silo].set_weight(r->secure ? 0.0 : w);
+      r->folding = true;
+      const std::uint64_t id = r->job = ++job_id_;
+      if (r->secure) {
+        auto& sum = r->group_sums[r->group_of[silo]];
+        if (!sum) sum = std::make_shared<protocol::MaskedVector>(r->current_words->bits(), r->current_words->words());
+        // Masked words of one group add up mod 2^bits; the edge never sees anything else.
+        actions_.push_back(action::Job{id, [sum, cur = r->current_words] {
+                                         sum->add(*cur);
+                                         return true;
+                                       }});
+      } else {
+        actions_.push_back(action::Job{id, [sum = r->sum, cur = r->current, check = r->slot.check()] {
+                                         if (!check->finite) return false;
+                                         const auto c = cur->flat();
+                                         auto acc = sum->flat();
+                                         for (std::size_t i = 0; i < c.size(); ++i) acc[i] += c[i];
+                                         return true;
+                                       }});
+      }
+      break;
+    }
+    case B::kError: spdlog::warn("silo {} reports: {}", silo, e.error().message()); break;
+    default: silo_error(silo, wire::UNEXPECTED, "a silo may not send " + proto::body_name(e));
+  }
+}
+
+void Relay::on_job_done(std::uint64_t id, bool folded) {
+  Region* r = region_.get();
+  if (!r || !r->folding || id != r->job) return;  // a job of a round that is gone
+  r->folding = false;
+  if (id & kBarrier) return pump();  // the abandoned upload's checks have drained
+  const std::string silo = *r->slot.holder();
+  r->slot.release();
+  if (!folded) {
+    silo_error(silo, wire::BAD_UPDATE, "update contains NaN or infinite values");
+    r->silos[silo] = SiloState::Gone;
+  } else {
+    r->silos[silo] = SiloState::Done;
+  }
+  pump();
+}
+
+void Relay::silo_gone(const std::string& silo) {
+  Region* r = region_.get();
+  if (!r) return;
+  auto st = r->silos.find(silo);
+  if (st == r->silos.end()) return;
+  if (r->slot.held_by(silo) && !r->folding) {
+    // Abandon its upload; its chunk checks may still be queued on the worker, so let them
+    // drain before the next upload reuses the buffer.
+    r->slot.release();
+    r->folding = true;
+    r->job = kBarrier | ++job_id_;
+    actions_.push_back(action::Job{r->job, [] { return true; }});
+  }
+  if (st->second != SiloState::Done) st->second = SiloState::Gone;
+  pump();
+}
+
+protocol::UploadBuffer Relay::buffer() {
+  Region& r = *region_;
+  if (r.secure) {
+    return {r.current_words->bytes(), r.current_words->dtype(), {{"masked", {r.current_words->words()}, 0}}, false,
+            r.current_words};
+  }
+  return {{reinterpret_cast<std::uint8_t*>(r.current->flat().data()), r.current->bytes()}, wire::F32, r.layout, false,
+          r.current};
+}
+
+// Grants the next silo's upload, or finishes the region when nothing is left to wait for.
+void Relay::pump() {
+  Region* r = region_.get();
+  if (!r || r->sent || r->folding) return;
+  if (!r->granted && !r->slot.busy()) {
+    auto ready = [&](const std::string& s) { return r->silos[s] == SiloState::Ready; };
+    if (auto next = r->slot.next(ready)) {
+      r->silos[*next] = SiloState::Uploading;
+      r->slot.open(*next, buffer());
+      auto g = env();
+      g.mutable_upload_grant();
+      to_silo(*next, std::move(g));
+      return;
+    }
+  }
+  bool waiting = false;
+  for (const auto& [name, state] : r->silos) {
+    waiting = waiting || state == SiloState::Training || state == SiloState::Ready || state == SiloState::Uploading;
+  }
+  if (!r->granted) {
+    if (!waiting && !r->announced) {
+      // Every selected silo is done or gone: ask the server for the upload slot.
+      r->announced = true;
+      auto e = env();
+      std::uint64_t n = 0;
+      for (const auto& [name, c] : r->contributors) n += r->silos[name] == SiloState::Done ? c.num_samples() : 0;
+      e.mutable_update_ready()->set_num_samples(n);
+      to_server(std::move(e));
+    }
+    return;
+  }
+  // Granted (or forced at the server's deadline): send the sum of what arrived.
+  r->sent = true;
+  if (r->slot.busy()) {
+    silo_error(*r->slot.holder(), wire::UNEXPECTED, "the region's upload closed before yours arrived");
+    r->slot.release();
+  }
+  std::vector<wire::Contributor> done;
+  for (const auto& [name, c] : r->contributors) {
+    if (r->silos[name] == SiloState::Done) done.push_back(c);
+  }
+  if (r->secure && !done.empty()) {
+    // One partial sum per secure group, each in its own upload slot.
+    for (const auto& [g, sum] : r->group_sums) r->unsent_groups.push_back(g);
+    spdlog::info("round {}: masked partial sums of {} silos in {} groups to send", r->round, done.size(),
+                 r->unsent_groups.size());
+    send_next_sum();
+    return;
+  }
+  double weight = 0;
+  auto end = env();
+  for (const auto& c : done) {
+    weight += c.weight();
+    *end.mutable_update_end()->add_contributors() = c;
+  }
+  end.mutable_update_end()->set_weight(weight);
+  if (!done.empty()) {
+    actions_.push_back(action::StreamToServer{std::make_shared<protocol::ChunkSource>(
+        r->sum, r->sum->flat(), r->layout, cfg_.federation, r->round, cfg_.chunk_bytes)});
+  }
+  to_server(std::move(end));
+  spdlog::info("round {}: partial sum of {} silos sent", r->round, done.size());
+}
+
+void Relay::send_next_sum() {
+  Region* r = region_.get();
+  if (!r || r->unsent_groups.empty()) return;
+  const std::uint32_t g = r->unsent_groups.front();
+  r->unsent_groups.pop_front();
+  const auto& sum = r->group_sums[g];
+  actions_.push_back(action::StreamToServer{std::make_shared<protocol::ChunkSource>(
+      sum, sum->bytes(), sum->dtype(), std::vector<TensorInfo>{{"masked", {sum->words()}, 0}}, cfg_.federation,
+      r->round, cfg_.chunk_bytes)});
+  auto end = env();
+  auto* u = end.mutable_update_end();
+  u->set_group(g);
+  u->set_more(!r->unsent_groups.empty());
+  std::size_t n = 0;
+  for (const auto& [name, c] : r->contributors) {
+    if (r->silos[name] == SiloState::Done && r->group_of[name] == g) {
+      *u->add_contributors() = c;
+      ++n;
+    }
+  }
+  to_server(std::move(end));
+  spdlog::info("round {}: masked partial sum of group {} ({} silos) sent", r->round, g, n);
+}
+
+}  // namespace xsilo::edge

@@ -1,0 +1,119 @@
+// The edge's protocol core, sans-I/O: what an edge does with each message from the server or
+// from one of its silos, as Actions (send up, send down, stream a partial sum up, work for the
+// worker). The daemon (edge.cpp) feeds it from real connections; the unit tests feed it
+// directly, deterministically, with no sockets.
+//
+// Per round: RoundStart per selected silo (relayed), the model passed through chunk by chunk,
+// UpdateReady relayed up, the silos' uploads taken one at a time (protocol::UploadSlot) and
+// folded into the regional sum on the worker (secure: one masked sum per secure group); when no
+// selected silo is pending the edge announces UpdateReady, and each UploadGrant from the server
+// takes one partial sum up (UpdateEnd.more: another group's follows).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "common/model.h"
+#include "proto/xsilo.pb.h"
+#include "protocol/masked.h"
+#include "protocol/tensor_stream.h"
+#include "protocol/upload_slot.h"
+
+namespace xsilo::edge {
+
+namespace action {
+struct ToServer {
+  wire::Envelope env;
+};
+struct StreamToServer {  // chunks of a partial sum, produced lazily
+  std::shared_ptr<protocol::ChunkSource> source;
+};
+struct ToSilo {
+  std::string silo;
+  wire::Envelope env;
+};
+// Work for the worker thread, in order: chunk checks (Background) and folds (Job, whose result
+// comes back through on_job_done).
+struct Background {
+  std::function<void()> work;
+};
+struct Job {
+  std::uint64_t id;
+  std::function<bool()> work;  // true: the upload was finite and is in the sum
+};
+}  // namespace action
+
+using Action = std::variant<action::ToServer, action::StreamToServer, action::ToSilo, action::Background, action::Job>;
+
+struct RelayConfig {
+  std::string federation;
+  std::size_t chunk_bytes = 1u << 20;
+};
+
+class Relay {
+ public:
+  explicit Relay(RelayConfig cfg);
+
+  void on_server_up();    // announces the region
+  void on_server_down();  // the round in progress is void without the server
+  void on_server_message(const wire::Envelope& e);
+  void on_silo_up(const std::string& silo);
+  void on_silo_down(const std::string& silo);
+  void on_silo_message(const std::string& silo, const wire::Envelope& e);
+  void on_job_done(std::uint64_t id, bool folded);
+
+  std::vector<Action> take_actions() { return std::exchange(actions_, {}); }
+  bool finished() const { return finished_; }
+  std::uint64_t round() const { return region_ ? region_->round : last_round_; }
+  const std::set<std::string>& silos() const { return connected_; }
+
+ private:
+  enum class SiloState { Training, Ready, Uploading, Done, Gone };
+  // The edge's part of one round: which of its silos take part, and the regional sums.
+  struct Region {
+    std::uint64_t round = 0;
+    std::vector<TensorInfo> layout;
+    std::map<std::string, SiloState> silos;
+    std::map<std::string, wire::Contributor> contributors;  // Done silos, by name
+    protocol::UploadSlot<std::string> slot;
+    bool secure = false;
+    std::shared_ptr<Model> sum, current;  // plain
+    std::map<std::string, std::uint32_t> group_of;  // secure
+    std::shared_ptr<protocol::MaskedVector> current_words;
+    std::map<std::uint32_t, std::shared_ptr<protocol::MaskedVector>> group_sums;
+    bool folding = false;     // a fold (or a barrier) runs on the worker: job `job`
+    std::uint64_t job = 0;
+    bool announced = false;   // told the server the region is ready
+    bool granted = false;     // the server granted the region's upload (or forced it)
+    std::deque<std::uint32_t> unsent_groups;
+    bool sent = false;
+  };
+
+  void start_round(const wire::Envelope& e);
+  void to_silo(const std::string& silo, wire::Envelope e);
+  void to_server(wire::Envelope e) { actions_.push_back(action::ToServer{std::move(e)}); }
+  void silo_error(const std::string& silo, wire::ErrorCode code, const std::string& msg);
+  void send_region_status();
+  void silo_gone(const std::string& silo);
+  void pump();
+  void send_next_sum();
+  protocol::UploadBuffer buffer();
+  wire::Envelope env() const;
+
+  RelayConfig cfg_;
+  std::set<std::string> connected_;
+  std::unique_ptr<Region> region_;
+  std::uint64_t last_round_ = 0;
+  bool finished_ = false;
+  std::uint64_t job_id_ = 0;
+  std::vector<Action> actions_;
+};
+
+}  // namespace xsilo::edge

@@ -1,0 +1,284 @@
+// The edge's sans-I/O relay, driven message by message: no sockets, no threads, every timing
+// scripted.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "edge_aggregator/relay.h"
+
+namespace xsilo::edge {
+namespace {
+
+class Harness {
+ public:
+  Harness() : relay_({"fed", 12}) {}
+
+  void server_up() {
+    relay_.on_server_up();
+    pump();
+  }
+  void silo_up(const std::string& s) {
+    relay_.on_silo_up(s);
+    pump();
+  }
+  void silo_down(const std::string& s) {
+    relay_.on_silo_down(s);
+    pump();
+  }
+  void from_server(wire::Envelope e) {
+    e.set_federation("fed");
+    relay_.on_server_message(e);
+    pump();
+  }
+  void from_silo(const std::string& s, wire::Envelope e) {
+    e.set_federation("fed");
+    relay_.on_silo_message(s, e);
+    pump();
+  }
+
+  // RoundStart for `silo` (layout: a[4], b[2]), optionally in a secure group.
+  void round_start(std::uint64_t round, const std::string& silo, std::uint32_t group = 0) {
+    wire::Envelope e;
+    e.set_round(round);
+    e.set_silo(silo);
+    auto* rs = e.mutable_round_start();
+    rs->set_round(round);
+    for (auto [name, n] : {std::pair{"a", 4}, {"b", 2}}) {
+      auto* t = rs->add_tensors();
+      t->set_name(name);
+      t->set_dtype(wire::F32);
+      t->add_shape(n);
+    }
+    if (group) {
+      rs->mutable_secagg()->set_group(group);
+      rs->mutable_secagg()->set_modulus_bits(64);
+      rs->mutable_secagg()->set_vector_length(7);
+    }
+    from_server(e);
+  }
+  void ready(const std::string& silo, std::uint64_t round, std::uint64_t samples) {
+    wire::Envelope e;
+    e.set_round(round);
+    e.mutable_update_ready()->set_num_samples(samples);
+    from_silo(silo, e);
+  }
+  // Streams 6 floats (plain) in chunks, then UpdateEnd with `weight`.
+  void upload(const std::string& silo, std::uint64_t round, std::vector<float> v, double weight, int stop_after = -1) {
+    auto m = std::make_shared<Model>();
+    m->add("a", {4});
+    m->add("b", {2});
+    std::copy(v.begin(), v.end(), m->flat().begin());
+    protocol::ChunkSource src(m, m->flat(), m->tensors(), "fed", round, 12);
+    int sent = 0;
+    while (auto e = src.next()) {
+      if (stop_after >= 0 && sent++ == stop_after) return;
+      from_silo(silo, *e);
+    }
+    wire::Envelope end;
+    end.set_round(round);
+    end.mutable_update_end()->set_weight(weight);
+    from_silo(silo, end);
+  }
+  void upload_words(const std::string& silo, std::uint64_t round, const std::vector<std::uint64_t>& w) {
+    auto bytes = std::make_shared<std::vector<std::uint8_t>>(w.size() * 8);
+    std::memcpy(bytes->data(), w.data(), bytes->size());
+    protocol::ChunkSource src(bytes, *bytes, wire::U64, {{"masked", {w.size()}, 0}}, "fed", round, 16);
+    while (auto e = src.next()) from_silo(silo, *e);
+    wire::Envelope end;
+    end.set_round(round);
+    end.mutable_update_end();
+    from_silo(silo, end);
+  }
+  void grant_region(std::uint64_t round) {
+    wire::Envelope g;
+    g.set_round(round);
+    g.mutable_upload_grant();
+    from_server(g);
+  }
+
+  // Messages for a silo / for the server, taken from the queue.
+  std::vector<wire::Envelope> to(const std::string& silo) { return std::exchange(silo_inbox[silo], {}); }
+  std::vector<wire::Envelope> up() { return std::exchange(server_inbox, {}); }
+  static bool has(const std::vector<wire::Envelope>& v, wire::Envelope::BodyCase body) {
+    return std::any_of(v.begin(), v.end(), [&](const auto& e) { return e.body_case() == body; });
+  }
+  // The region's own UpdateReady (not one relayed for a silo).
+  static bool region_ready(const std::vector<wire::Envelope>& v) {
+    return std::any_of(v.begin(), v.end(), [&](const auto& e) { return e.has_update_ready() && e.silo().empty(); });
+  }
+
+  Relay& relay() { return relay_; }
+  std::map<std::string, std::vector<wire::Envelope>> silo_inbox;
+  std::vector<wire::Envelope> server_inbox;
+  std::vector<std::vector<std::uint8_t>> streamed;  // each StreamToServer's bytes, concatenated
+
+ private:
+  void pump() {
+    for (;;) {
+      auto actions = relay_.take_actions();
+      if (actions.empty()) return;
+      for (auto& a : actions) {
+        if (auto* s = std::get_if<action::ToSilo>(&a)) silo_inbox[s->silo].push_back(s->env);
+        if (auto* s = std::get_if<action::ToServer>(&a)) server_inbox.push_back(s->env);
+        if (auto* s = std::get_if<action::StreamToServer>(&a)) {
+          std::vector<std::uint8_t> bytes;
+          while (auto e = s->source->next()) {
+            const auto& d = e->tensor_chunk().data();
+            bytes.insert(bytes.end(), d.begin(), d.end());
+          }
+          streamed.push_back(std::move(bytes));
+        }
+        if (auto* b = std::get_if<action::Background>(&a)) b->work();
+        if (auto* j = std::get_if<action::Job>(&a)) relay_.on_job_done(j->id, j->work());
+      }
+    }
+  }
+  Relay relay_;
+};
+
+std::vector<float> floats(const std::vector<std::uint8_t>& b) {
+  std::vector<float> v(b.size() / 4);
+  std::memcpy(v.data(), b.data(), b.size());
+  return v;
+}
+
+TEST(Relay, AnEmptyRegionIsAnnouncedWithARegionStatusBody) {
+  Harness h;
+  h.server_up();
+  auto up = h.up();
+  ASSERT_EQ(up.size(), 1u);
+  ASSERT_TRUE(up[0].has_region_status());  // a body, even with no silos (the server refuses an empty envelope)
+  EXPECT_EQ(up[0].region_status().silos_size(), 0);
+  h.silo_up("s1");
+  up = h.up();
+  ASSERT_EQ(up.size(), 1u);
+  EXPECT_EQ(up[0].region_status().silos(0), "s1");
+}
+
+TEST(Relay, SumsItsSilosOneUploadAtATimeAndSendsOnePartialSum) {
+  Harness h;
+  h.server_up();
+  for (auto s : {"s1", "s2", "s3"}) h.silo_up(s);
+  h.up();
+  for (auto s : {"s1", "s2", "s3"}) h.round_start(1, s);
+  for (auto s : {"s1", "s2", "s3"}) EXPECT_TRUE(Harness::has(h.to(s), wire::Envelope::kRoundStart));
+  h.ready("s1", 1, 10);
+  h.ready("s2", 1, 20);
+  auto up = h.up();
+  ASSERT_EQ(up.size(), 2u);  // relayed, naming the silo
+  EXPECT_EQ(up[0].silo(), "s1");
+  // One grant at a time: s1 now, s2 after s1's upload is folded.
+  EXPECT_TRUE(Harness::has(h.to("s1"), wire::Envelope::kUploadGrant));
+  EXPECT_FALSE(Harness::has(h.to("s2"), wire::Envelope::kUploadGrant));
+  h.upload("s1", 1, {1, 1, 1, 1, 1, 1}, 10);
+  EXPECT_TRUE(Harness::has(h.to("s2"), wire::Envelope::kUploadGrant));
+  h.upload("s2", 1, {2, 2, 2, 2, 2, 4}, 20);
+  EXPECT_TRUE(h.up().empty());  // s3 is still training
+  h.ready("s3", 1, 5);
+  h.up();
+  h.upload("s3", 1, {0, 0, 0, 0, 0, 1}, 5);
+  up = h.up();
+  ASSERT_EQ(up.size(), 1u);
+  ASSERT_TRUE(up[0].has_update_ready());
+  EXPECT_EQ(up[0].update_ready().num_samples(), 35u);
+  h.grant_region(1);
+  up = h.up();
+  ASSERT_EQ(h.streamed.size(), 1u);
+  EXPECT_EQ(floats(h.streamed[0]), (std::vector<float>{3, 3, 3, 3, 3, 6}));
+  ASSERT_EQ(up.size(), 1u);
+  ASSERT_TRUE(up[0].has_update_end());
+  EXPECT_DOUBLE_EQ(up[0].update_end().weight(), 35);
+  EXPECT_EQ(up[0].update_end().contributors_size(), 3);
+}
+
+TEST(Relay, ASiloLostMidUploadLeavesNoTraceAndTheNextIsGranted) {
+  Harness h;
+  h.server_up();
+  for (auto s : {"s1", "s2"}) h.silo_up(s);
+  for (auto s : {"s1", "s2"}) h.round_start(1, s);
+  h.ready("s1", 1, 10);
+  h.ready("s2", 1, 10);
+  h.upload("s1", 1, {9, 9, 9, 9, 9, 9}, 10, /*stop_after=*/1);  // half of it
+  h.silo_down("s1");
+  EXPECT_TRUE(Harness::has(h.to("s2"), wire::Envelope::kUploadGrant));
+  h.upload("s2", 1, {1, 2, 3, 4, 5, 6}, 10);
+  h.up();
+  h.grant_region(1);
+  ASSERT_EQ(h.streamed.size(), 1u);
+  EXPECT_EQ(floats(h.streamed[0]), (std::vector<float>{1, 2, 3, 4, 5, 6}));
+  const auto up = h.up();
+  ASSERT_EQ(up.back().update_end().contributors_size(), 1);
+  EXPECT_EQ(up.back().update_end().contributors(0).silo(), "s2");
+}
+
+TEST(Relay, ANonFiniteUploadIsRefusedAndLeftOutOfTheSum) {
+  Harness h;
+  h.server_up();
+  for (auto s : {"s1", "s2"}) h.silo_up(s);
+  for (auto s : {"s1", "s2"}) h.round_start(1, s);
+  h.ready("s1", 1, 10);
+  h.ready("s2", 1, 10);
+  h.upload("s1", 1, {1, std::numeric_limits<float>::quiet_NaN(), 1, 1, 1, 1}, 10);
+  const auto to1 = h.to("s1");
+  ASSERT_TRUE(Harness::has(to1, wire::Envelope::kError));
+  EXPECT_NE(to1.back().error().message().find("NaN"), std::string::npos);
+  h.upload("s2", 1, {1, 1, 1, 1, 1, 1}, 10);
+  h.up();
+  h.grant_region(1);
+  EXPECT_EQ(floats(h.streamed.at(0)), (std::vector<float>{1, 1, 1, 1, 1, 1}));
+}
+
+TEST(Relay, StopsWaitingForASiloTheServerEndedTheRoundFor) {
+  Harness h;
+  h.server_up();
+  for (auto s : {"s1", "s2"}) h.silo_up(s);
+  for (auto s : {"s1", "s2"}) h.round_start(1, s);
+  h.ready("s1", 1, 10);
+  h.upload("s1", 1, {1, 1, 1, 1, 1, 1}, 10);
+  EXPECT_FALSE(Harness::region_ready(h.up()));  // s2 pending
+  wire::Envelope end;
+  end.set_round(1);
+  end.set_silo("s2");
+  end.mutable_round_end()->set_reason("you were dropped from this round: secure group 2 failed");
+  h.from_server(end);
+  EXPECT_TRUE(Harness::has(h.to("s2"), wire::Envelope::kRoundEnd));  // forwarded
+  EXPECT_TRUE(Harness::region_ready(h.up()));  // and the region is ready
+}
+
+// Silos of two secure groups behind one edge: one masked partial sum per group, one grant each,
+// `more` on all but the last; words add up mod 2^64.
+TEST(Relay, SendsOneMaskedPartialSumPerSecureGroupOnePerGrant) {
+  Harness h;
+  h.server_up();
+  for (auto s : {"a1", "a2", "b1"}) h.silo_up(s);
+  h.round_start(1, "a1", 1);
+  h.round_start(1, "a2", 1);
+  h.round_start(1, "b1", 2);
+  for (auto s : {"a1", "a2", "b1"}) h.ready(s, 1, 1);
+  const std::uint64_t big = ~std::uint64_t{0};
+  h.upload_words("a1", 1, {1, 2, 3, 4, 5, 6, big});
+  h.upload_words("a2", 1, {1, 1, 1, 1, 1, 1, 2});
+  h.upload_words("b1", 1, {7, 7, 7, 7, 7, 7, 7});
+  h.up();
+  h.grant_region(1);
+  auto up = h.up();
+  ASSERT_EQ(h.streamed.size(), 1u);
+  ASSERT_EQ(up.size(), 1u);
+  EXPECT_EQ(up[0].update_end().group(), 1u);
+  EXPECT_TRUE(up[0].update_end().more());
+  EXPECT_EQ(up[0].update_end().contributors_size(), 2);
+  std::vector<std::uint64_t> g1(7);
+  std::memcpy(g1.data(), h.streamed[0].data(), 56);
+  EXPECT_EQ(g1, (std::vector<std::uint64_t>{2, 3, 4, 5, 6, 7, 1}));  // big + 2 wraps to 1
+  h.grant_region(1);  // the server folded group 1: the slot again
+  up = h.up();
+  ASSERT_EQ(h.streamed.size(), 2u);
+  EXPECT_EQ(up[0].update_end().group(), 2u);
+  EXPECT_FALSE(up[0].update_end().more());
+  EXPECT_EQ(up[0].update_end().contributors(0).silo(), "b1");
+}
+
+}  // namespace
+}  // namespace xsilo::edge

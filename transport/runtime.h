@@ -1,0 +1,107 @@
+// The skeleton every daemon shares: one network thread (an io_context: every connection and
+// every call into the role's sans-I/O core), one worker thread for CPU and disk work, SIGINT
+// and SIGTERM, and for silos and edges the dialler towards their upstream with failover.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/thread_pool.hpp>
+
+#include "common/net.h"
+#include "transport/channel.h"
+#include "transport/dialer.h"
+
+namespace xsilo::transport {
+
+class Runtime {
+ public:
+  Runtime();
+  ~Runtime();
+  asio::io_context& io() { return io_; }
+
+  // Runs `work` on the worker thread (in order with all other work), then `done(result)` on
+  // the network thread. An exception from `work` stops the daemon with exit code 1.
+  template <class R>
+  void work(std::function<R()> work, std::function<void(R)> done) {
+    asio::post(pool_, [this, work = std::move(work), done = std::move(done)]() mutable {
+      std::optional<R> r;
+      try {
+        r.emplace(work());
+      } catch (const std::exception& e) {
+        fail(e.what());
+        return;
+      }
+      asio::post(io_, [done = std::move(done), r = std::move(r)]() mutable { done(std::move(*r)); });
+    });
+  }
+  // Fire and forget on the worker thread, in order with the other work.
+  void background(std::function<void()> work);
+
+  // Calls `start` on the network thread, then runs until stop(); returns the exit code. The
+  // first SIGINT or SIGTERM calls `on_signal` (default: stop with 130).
+  int run(std::function<void()> start, std::function<void(int)> on_signal = {});
+  // Ends the loop after `linger` (queued messages get that long to leave); `last` runs just
+  // before (closing the connections).
+  void stop(int exit_code, std::chrono::milliseconds linger = std::chrono::milliseconds(50),
+            std::function<void()> last = {});
+  bool stopping() const { return stopping_; }
+  void set_exit_code(int code) { exit_code_ = code; }
+
+ private:
+  void fail(const std::string& what);
+  asio::io_context io_;
+  asio::thread_pool pool_{1};
+  asio::signal_set signals_;
+  bool stopping_ = false;
+  int exit_code_ = 0;
+};
+
+// (`handle` is held by reference: pass a named function.)
+// Reads messages from `ch` and hands each to `handle` until the channel closes, `handle`
+// returns false, or a frame is bad (the peer then gets an Error naming it and is closed).
+awaitable<void> serve_channel(std::shared_ptr<Channel> ch, const std::function<bool(const wire::Envelope&)>& handle);
+
+// Dials a silo's or an edge's upstreams in failover order, with backoff and jitter, and runs a
+// session on each established channel. While on a backup it probes the preferred upstream
+// and, when that answers, calls `preferred_back` (the owner closes the channel when it is a
+// good moment; the next dial starts from the preferred one).
+struct UpstreamOptions {
+  std::vector<Endpoint> endpoints;     // failover order: preferred first
+  std::set<wire::Role> roles;          // roles the upstream's certificate may have
+  LocalInfo me;
+  ChannelOptions channel;
+  DialOptions reconnect;
+  std::chrono::milliseconds probe{0};  // 0: never probe the preferred upstream
+};
+
+class Upstream {
+ public:
+  using Session = std::function<awaitable<void>(std::shared_ptr<Channel>, const Endpoint&)>;
+  // `session` runs on each established channel until it closes; `done` says whether to stop
+  // dialling after it. Pass named functions (they are held by reference while running: GCC 12
+  // mishandles temporaries inside co_await expressions).
+  Upstream(asio::io_context& io, ssl::context& tls, UpstreamOptions opts);
+  // Returns when `done()` holds after a session, stop() was called, or max_attempts failed in a
+  // row (then `exhausted()` is true).
+  awaitable<void> run(const Session& session, const std::function<bool()>& done,
+                      const std::function<void()>& preferred_back);
+  void stop() { stopped_ = true; }
+  bool exhausted() const { return exhausted_; }
+
+ private:
+  awaitable<void> probe(std::shared_ptr<Channel> current, std::function<void()> preferred_back);
+  asio::io_context& io_;
+  ssl::context& tls_;
+  UpstreamOptions opts_;
+  Backoff backoff_;
+  bool stopped_ = false, exhausted_ = false;
+};
+
+}  // namespace xsilo::transport
