@@ -1,5 +1,7 @@
 #include "common/config.h"
 
+#include <algorithm>
+
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -181,6 +183,33 @@ std::filesystem::path ConfigNode::path(const std::string& key, const std::string
     p = std::filesystem::path(file_).parent_path() / p;
   }
   return p.lexically_normal();
+}
+
+namespace {
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+}  // namespace
+
+std::vector<std::string> ConfigNode::finish_open(const std::vector<std::string>& known) const {
+  std::vector<std::string> extra;
+  for (auto it = j_->begin(); it != j_->end(); ++it) {
+    if (used_->count(it.key())) continue;
+    for (const auto& k : known) {
+      if (edit_distance(it.key(), k) <= 2) fail(it.key(), "unknown key; did you mean " + k + "?");
+    }
+    extra.push_back(it.key());
+  }
+  return extra;
 }
 
 void ConfigNode::finish() const {

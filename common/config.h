@@ -56,6 +56,12 @@ class ConfigNode {
 
   // Throws for every key that no getter touched.
   void finish() const;
+  // Like finish(), for a section that passes keys it does not know on (the training block to
+  // external trainers): those keys are returned, but one within two typos of a known key is
+  // refused with "did you mean".
+  std::vector<std::string> finish_open(const std::vector<std::string>& known) const;
+  // The section as given.
+  const nlohmann::json& json() const { return *j_; }
 
   [[noreturn]] void fail(const std::string& key, const std::string& reason) const;
   const std::string& file() const { return file_; }

@@ -18,5 +18,7 @@ void atomic_write_parts(const std::filesystem::path& path,
 void append_durable(const std::filesystem::path& path, std::string_view bytes);
 std::string read_file(const std::filesystem::path& path);
 void fsync_dir(const std::filesystem::path& dir);
+// The last `lines` lines of a text file (a child's log), each indented by four spaces.
+std::string log_tail(const std::filesystem::path& log, std::size_t lines = 15);
 
 }  // namespace xsilo

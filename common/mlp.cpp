@@ -1,6 +1,7 @@
 #include "common/mlp.h"
 
 #include "common/eigen.h"
+#include "common/safetensors.h"
 #include <cmath>
 #include <random>
 #include <stdexcept>
@@ -16,6 +17,7 @@ using VecMap = Eigen::Map<Eigen::RowVectorXf>;
 }  // namespace
 
 Model init_model(const ModelSpec& spec) {
+  if (spec.kind == "file") return load_safetensors(spec.file);
   if (spec.kind == "synthetic") {
     if (spec.parameters == 0) throw std::invalid_argument("synthetic model needs parameters > 0");
     Model m;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <span>
 #include <string>
@@ -15,12 +16,14 @@
 namespace xsilo {
 
 struct ModelSpec {
-  std::string kind = "logistic";  // "logistic", "mlp", or "synthetic" (benchmarks: one flat tensor)
+  std::string kind = "logistic";  // "logistic", "mlp", "synthetic" (benchmarks: one flat tensor), or
+                                  // "file" (a user's own model as safetensors)
   std::size_t inputs = 0;
   std::size_t classes = 2;
   std::vector<std::size_t> hidden;  // mlp only
   std::uint64_t seed = 1;
   std::size_t parameters = 0;  // synthetic only
+  std::filesystem::path file;  // file only
 };
 
 // Weights uniform in +-1/sqrt(fan_in) from `seed`; biases zero.

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -17,14 +18,26 @@ std::string self_exe() {
   return std::filesystem::read_symlink("/proc/self/exe").string();
 }
 
-Process::Process(std::vector<std::string> argv, const std::filesystem::path& log,
-                 const std::filesystem::path& cwd) {
+Process::Process(std::vector<std::string> argv, const std::filesystem::path& log, const ProcessOptions& opts) {
+  const auto& cwd = opts.cwd;
   if (log.has_parent_path()) std::filesystem::create_directories(log.parent_path());
   const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) throw std::runtime_error("cannot open log " + log.string() + ": " + std::strerror(errno));
   std::vector<char*> args;
   for (auto& a : argv) args.push_back(a.data());
   args.push_back(nullptr);
+  // The child's environment, built before fork (nothing that allocates runs in the child).
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e; ++e) {
+    const std::string_view entry(*e);
+    const auto key = entry.substr(0, entry.find('='));
+    const bool replaced = std::any_of(opts.env.begin(), opts.env.end(), [&](const auto& kv) { return kv.first == key; });
+    if (!replaced) env_strings.emplace_back(entry);
+  }
+  for (const auto& [k, v] : opts.env) env_strings.push_back(k + "=" + v);
+  std::vector<char*> envp;
+  for (auto& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
   const pid_t parent = ::getpid();
   pid_ = ::fork();
   if (pid_ < 0) {
@@ -36,13 +49,14 @@ Process::Process(std::vector<std::string> argv, const std::filesystem::path& log
     if (::getppid() != parent) ::_exit(127);
     ::dup2(fd, STDOUT_FILENO);
     ::dup2(fd, STDERR_FILENO);
-    ::setpgid(0, 0);
+    if (opts.own_group) ::setpgid(0, 0);
+    for (int kfd : opts.keep_fds) ::fcntl(kfd, F_SETFD, ::fcntl(kfd, F_GETFD) & ~FD_CLOEXEC);
     if (!cwd.empty() && ::chdir(cwd.c_str()) != 0) {
       const char* msg = "cannot change to the working folder\n";
       [[maybe_unused]] auto n = ::write(STDERR_FILENO, msg, std::strlen(msg));
       ::_exit(127);
     }
-    ::execvp(args[0], args.data());
+    ::execvpe(args[0], args.data(), envp.data());
     const char* msg = "exec failed\n";
     [[maybe_unused]] auto n = ::write(STDERR_FILENO, msg, std::strlen(msg));
     ::_exit(127);

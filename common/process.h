@@ -8,16 +8,22 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace xsilo {
 
+struct ProcessOptions {
+  std::filesystem::path cwd;                               // empty: this process's folder
+  std::vector<std::pair<std::string, std::string>> env;    // set (or replaced) in the child
+  std::vector<int> keep_fds;                               // descriptors the child inherits
+  bool own_group = true;                                   // its own process group
+};
+
 class Process {
  public:
-  // Starts argv[0] with the arguments, stdout and stderr appended to `log`, in the folder `cwd`
-  // (empty: this process's current folder).
-  Process(std::vector<std::string> argv, const std::filesystem::path& log,
-          const std::filesystem::path& cwd = {});
+  // Starts argv[0] with the arguments, stdout and stderr appended to `log`.
+  Process(std::vector<std::string> argv, const std::filesystem::path& log, const ProcessOptions& opts = {});
   ~Process();
   Process(const Process&) = delete;
   Process& operator=(const Process&) = delete;

@@ -31,4 +31,20 @@ EdgeConfig load_edge_config(const std::filesystem::path& file) {
   return c;
 }
 
+nlohmann::json to_json(const EdgeConfig& c) {
+  nlohmann::json ups = nlohmann::json::array();
+  for (const auto& u : c.upstreams) ups.push_back(u.str());
+  nlohmann::json j = {{"federation", c.federation},
+                      {"listen", c.listen.str()},
+                      {"upstreams", ups},
+                      {"tls", transport::to_json(c.tls)},
+                      {"allow", transport::to_json(c.allow)},
+                      {"transport", transport::to_json(c.channel)},
+                      {"reconnect", transport::to_json(c.reconnect)},
+                      {"chunk_bytes", c.chunk_bytes},
+                      {"log_level", c.log_level}};
+  if (!c.port_file.empty()) j["port_file"] = std::filesystem::absolute(c.port_file).string();
+  return j;
+}
+
 }  // namespace xsilo::edge

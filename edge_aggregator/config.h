@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "common/net.h"
 #include "transport/channel.h"
 #include "transport/dialer.h"
@@ -27,5 +29,7 @@ struct EdgeConfig {
 };
 
 EdgeConfig load_edge_config(const std::filesystem::path& file);
+// The config as the JSON load_edge_config reads back (paths absolute).
+nlohmann::json to_json(const EdgeConfig& c);
 
 }  // namespace xsilo::edge

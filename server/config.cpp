@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include "common/fs.h"
+#include "common/safetensors.h"
 #include "crypto/hash.h"
 #include "robust/rule.h"
 #include "transport/config.h"
@@ -18,8 +19,27 @@ std::chrono::milliseconds secs(const ConfigNode& n, const std::string& key, doub
 
 ModelSpec parse_model(const ConfigNode& n) {
   ModelSpec m;
-  m.kind = n.one_of("kind", "logistic", {"logistic", "mlp", "synthetic"});
-  if (m.kind == "synthetic") {
+  m.kind = n.one_of("kind", "logistic", {"logistic", "mlp", "synthetic", "file"});
+  if (m.kind == "file") {
+    // A user's own model (xsilo_client.save_initial writes one from a PyTorch module).
+    m.file = n.path("path", "");
+    if (m.file.empty()) n.fail("path", "is required: a safetensors file with the initial model");
+    try {
+      const MappedFile f(m.file);
+      const auto view = parse_safetensors(f.bytes());
+      if (view.tensors.empty()) n.fail("path", m.file.string() + " holds no tensors");
+      for (const auto& t : view.tensors) {
+        if (!t.is_float()) {
+          n.fail("path", "tensor " + t.name + " in " + m.file.string() + " is " + t.dtype +
+                             ": only floating-point tensors are federated (save the model with xsilo_client.save_initial)");
+        }
+      }
+    } catch (const ConfigError&) {
+      throw;
+    } catch (const std::exception& e) {
+      n.fail("path", e.what());
+    }
+  } else if (m.kind == "synthetic") {
     m.parameters = static_cast<std::size_t>(n.integer("parameters", 0, 1, std::int64_t{1} << 31));
     if (!n.has("parameters")) n.fail("parameters", "is required for a synthetic model");
   } else {
@@ -97,6 +117,7 @@ ServerConfig load_server_config(const std::filesystem::path& file) {
   c.deadlines.train = secs(dl, "train_s", 120);
   c.deadlines.upload = secs(dl, "upload_s", 60);
   dl.finish();
+  c.plan.set_train_timeout_ms(static_cast<std::uint64_t>(c.deadlines.train.count()));
 
   const auto tr = root.child("training");
   c.plan.set_train(true);
@@ -106,7 +127,10 @@ ServerConfig load_server_config(const std::filesystem::path& file) {
   c.plan.set_weight_decay(static_cast<float>(tr.number("weight_decay", 0.0, 0.0, 1.0)));
   c.plan.set_seed(c.seed);
   c.plan.set_model_kind(c.model.kind);
-  tr.finish();
+  // Keys of its own go to external trainers as they are (a schedule, momentum, ...).
+  const auto user_keys = tr.finish_open({"local_epochs", "batch_size", "learning_rate", "weight_decay"});
+  c.plan.set_config_json(tr.json().is_object() ? tr.json().dump() : "{}");
+  c.training_user_keys = user_keys;
 
   const auto op = root.child("optimizer");
   c.optimizer.kind = op.one_of("kind", "fedavg", {"fedavg", "fedavgm", "fedadam"});

@@ -31,6 +31,7 @@ struct ServerConfig : RoundConfig {
   std::size_t keep_checkpoints = 5;  // 0: keep all
   ModelSpec model;
   OptimizerConfig optimizer;
+  std::vector<std::string> training_user_keys;  // training keys passed on to external trainers
   std::string log_level = "info";
 };
 

@@ -6,6 +6,67 @@
 
 namespace xsilo::agent {
 
+namespace {
+
+std::string abs(const std::filesystem::path& p) { return std::filesystem::absolute(p).lexically_normal().string(); }
+double secs(std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
+
+void parse_data(const ConfigNode& data, AgentConfig& c) {
+  c.train_data = data.path("train", "");
+  c.test_data = data.path("test", "");
+  for (const auto& [key, p] : {std::pair{"train", c.train_data}, {"test", c.test_data}}) {
+    if (!p.empty() && !std::filesystem::exists(p)) data.fail(key, "file " + p.string() + " does not exist");
+  }
+  const auto& st = data.raw("standardize");
+  if (st.is_null() || (st.is_string() && st == "none")) {
+    c.standardize = "none";
+  } else if (st.is_string() && st == "local") {
+    c.standardize = "local";
+  } else if (st.is_object()) {
+    ConfigNode s(st, data.file(), data.key_path("standardize"));
+    const auto mean = s.number_list("mean");
+    const auto sd = s.number_list("std");
+    s.finish();
+    if (mean.empty() || mean.size() != sd.size()) s.fail("std", "mean and std must be lists of equal, non-zero length");
+    for (double v : sd) {
+      if (!(v > 0)) s.fail("std", "every standard deviation must be > 0");
+    }
+    c.standardize = "given";
+    c.given.mean.assign(mean.begin(), mean.end());
+    c.given.stddev.assign(sd.begin(), sd.end());
+  } else {
+    data.fail("standardize", "must be \"none\", \"local\" or {\"mean\": [...], \"std\": [...]}");
+  }
+  data.finish();
+}
+
+void parse_trainer(const ConfigNode& t, AgentConfig& c) {
+  const auto kind = t.one_of("kind", "builtin", {"builtin", "external"});
+  c.trainer = kind == "external" ? TrainerKind::External : TrainerKind::Builtin;
+  if (c.trainer == TrainerKind::External) {
+    auto& e = c.external;
+    e.command = t.str_list("command");
+    if (e.command.empty()) t.fail("command", "is required: the trainer's command line, e.g. [\"python3\", \"train.py\"]");
+    e.cwd = t.path("cwd", "");
+    if (!e.cwd.empty() && !std::filesystem::is_directory(e.cwd)) t.fail("cwd", "folder " + e.cwd.string() + " does not exist");
+    const auto& env = t.raw("env");
+    if (!env.is_null()) {
+      if (!env.is_object()) t.fail("env", "must be an object of NAME: \"value\"");
+      for (auto it = env.begin(); it != env.end(); ++it) {
+        if (!it->is_string()) t.fail("env", "value of " + it.key() + " must be a string");
+        e.env.emplace_back(it.key(), it->get<std::string>());
+      }
+    }
+    e.startup = std::chrono::milliseconds(static_cast<long>(t.number("startup_s", 60, 0.1, 86400) * 1000));
+    e.task_timeout = std::chrono::milliseconds(static_cast<long>(t.number("task_timeout_s", 0, 0, 7 * 86400) * 1000));
+    e.max_failures = static_cast<int>(t.integer("max_failures", 3, 1, 1000));
+    e.evaluate = t.boolean("evaluate", false);
+  }
+  t.finish();
+}
+
+}  // namespace
+
 AgentConfig load_agent_config(const std::filesystem::path& file) {
   const auto j = ConfigNode::load_file(file);
   ConfigNode root(j, file.string());
@@ -23,69 +84,85 @@ AgentConfig load_agent_config(const std::filesystem::path& file) {
   if (c.chunk_bytes + 4096 > c.channel.max_frame_bytes) {
     root.fail("chunk_bytes", "leaves no room for the envelope in transport.max_frame_bytes");
   }
-  const auto data = root.child("data");
-  c.trainer = data.one_of("trainer", "builtin", {"builtin", "synthetic"});
-  if (c.trainer == "builtin") {
-    c.train_data = data.path("train", "");
-    c.test_data = data.path("test", "");
-    if (c.train_data.empty()) data.fail("train", "is required (a CSV file, label last)");
-    for (const auto& [key, p] : {std::pair{"train", c.train_data}, {"test", c.test_data}}) {
-      if (!p.empty() && !std::filesystem::exists(p)) data.fail(key, "file " + p.string() + " does not exist");
-    }
-    const auto& st = data.raw("standardize");
-    if (st.is_null() || (st.is_string() && st == "none")) {
-      c.standardize = "none";
-    } else if (st.is_string() && st == "local") {
-      c.standardize = "local";
-    } else if (st.is_object()) {
-      ConfigNode s(st, file.string(), data.key_path("standardize"));
-      const auto mean = s.number_list("mean");
-      const auto sd = s.number_list("std");
-      s.finish();
-      if (mean.empty() || mean.size() != sd.size()) s.fail("std", "mean and std must be lists of equal, non-zero length");
-      for (double v : sd) {
-        if (!(v > 0)) s.fail("std", "every standard deviation must be > 0");
-      }
-      c.standardize = "given";
-      c.given.mean.assign(mean.begin(), mean.end());
-      c.given.stddev.assign(sd.begin(), sd.end());
-    } else {
-      data.fail("standardize", "must be \"none\", \"local\" or {\"mean\": [...], \"std\": [...]}");
-    }
-  } else {
-    c.synthetic_samples = static_cast<std::uint64_t>(data.integer("samples", 100, 1));
+  parse_trainer(root.child("trainer"), c);
+  parse_data(root.child("data"), c);
+  if (c.trainer == TrainerKind::Builtin && c.train_data.empty()) {
+    root.child("data").fail("train", "is required for the built-in trainer (a CSV file, label last)");
   }
-  data.finish();
   c.state_dir = root.path("state_dir", "agent-state");
-  if (root.has("local")) {
-    const auto lo = root.child("local");
-    c.local.workers = static_cast<int>(lo.integer("workers", 1, 1, 256));
-    c.local.hosts = lo.str_list("hosts");
-    c.local.listen_host = lo.str("listen_host", "127.0.0.1");
-    c.local.backend = lo.one_of("backend", "auto", {"ring", "hd", "auto", "nccl"});
-    c.local.step_timeout = std::chrono::milliseconds(lo.integer("step_timeout_ms", 10000, 100, 3600000));
-    c.local.buckets.first_bytes = static_cast<std::size_t>(lo.integer("first_bucket_bytes", 1 << 20, 4, std::int64_t{1} << 32));
-    c.local.buckets.bytes = static_cast<std::size_t>(lo.integer("bucket_bytes", 25 << 20, 4, std::int64_t{1} << 32));
+  if (root.has("local")) c.local = parse_local(root.child("local"), c.trainer);
+  c.log_level = root.one_of("log_level", "info", {"trace", "debug", "info", "warn", "error"});
+  root.finish();
+  return c;
+}
+
+LocalWorkersConfig parse_local(const ConfigNode& lo, TrainerKind trainer) {
+  LocalWorkersConfig local;
+  {
+    auto& c = local;
+    c.workers = static_cast<int>(lo.integer("workers", 1, 1, 256));
+    c.hosts = lo.str_list("hosts");
+    c.listen_host = lo.str("listen_host", "127.0.0.1");
+    c.backend = lo.one_of("backend", "auto", {"ring", "hd", "auto", "nccl"});
+    c.step_timeout = std::chrono::milliseconds(lo.integer("step_timeout_ms", 10000, 100, 3600000));
+    c.buckets.first_bytes = static_cast<std::size_t>(lo.integer("first_bucket_bytes", 1 << 20, 4, std::int64_t{1} << 32));
+    c.buckets.bytes = static_cast<std::size_t>(lo.integer("bucket_bytes", 25 << 20, 4, std::int64_t{1} << 32));
     lo.finish();
-    if (c.local.backend == "nccl") {
+    if (c.backend == "nccl" && trainer == TrainerKind::Builtin) {
       const auto gpu = collective::gpu_info();
       if (!gpu.built) lo.fail("backend", "nccl needs a build with CUDA and NCCL; this xsilo has neither");
       if (gpu.devices == 0) lo.fail("backend", "nccl needs a GPU, and none is visible (" + gpu.cuda_error + ")");
     }
-    if (c.local.workers > 1 && c.trainer != "builtin") {
-      lo.fail("workers", "data-parallel workers train the builtin trainer only");
+    if (trainer == TrainerKind::External && !c.hosts.empty()) {
+      lo.fail("hosts", "an external trainer's workers run on this host (its script's torch.distributed spans hosts)");
     }
   }
-  if (root.has("attack")) c.attack = parse_attack(root.child("attack"));
-  if (root.has("crash")) {
-    const auto cr = root.child("crash");
-    c.crash_step = cr.one_of("after", "keys", {"keys", "shares"});
-    c.crash_round = static_cast<std::uint64_t>(cr.integer("round", 1, 1));
-    cr.finish();
+  return local;
+}
+
+nlohmann::json to_json(const AgentConfig& c) {
+  using json = nlohmann::json;
+  json ups = json::array();
+  for (const auto& u : c.upstreams) ups.push_back(u.str());
+  json data = json::object();
+  if (!c.train_data.empty()) data["train"] = abs(c.train_data);
+  if (!c.test_data.empty()) data["test"] = abs(c.test_data);
+  if (c.standardize == "given") data["standardize"] = {{"mean", c.given.mean}, {"std", c.given.stddev}};
+  else data["standardize"] = c.standardize;
+  json j = {{"federation", c.federation},
+            {"upstreams", ups},
+            {"tls", transport::to_json(c.tls)},
+            {"transport", transport::to_json(c.channel)},
+            {"reconnect", transport::to_json(c.reconnect)},
+            {"failover", {{"probe_s", secs(c.failover_probe)}}},
+            {"chunk_bytes", c.chunk_bytes},
+            {"data", data},
+            {"state_dir", abs(c.state_dir)},
+            {"local",
+             {{"workers", c.local.workers},
+              {"hosts", c.local.hosts},
+              {"listen_host", c.local.listen_host},
+              {"backend", c.local.backend},
+              {"step_timeout_ms", c.local.step_timeout.count()},
+              {"first_bucket_bytes", c.local.buckets.first_bytes},
+              {"bucket_bytes", c.local.buckets.bytes}}},
+            {"log_level", c.log_level}};
+  if (c.trainer == TrainerKind::External) {
+    const auto& e = c.external;
+    json env = json::object();
+    for (const auto& [k, v] : e.env) env[k] = v;
+    j["trainer"] = {{"kind", "external"},
+                    {"command", e.command},
+                    {"env", env},
+                    {"startup_s", secs(e.startup)},
+                    {"task_timeout_s", secs(e.task_timeout)},
+                    {"max_failures", e.max_failures},
+                    {"evaluate", e.evaluate}};
+    if (!e.cwd.empty()) j["trainer"]["cwd"] = abs(e.cwd);
+  } else {
+    j["trainer"] = {{"kind", "builtin"}};
   }
-  c.log_level = root.one_of("log_level", "info", {"trace", "debug", "info", "warn", "error"});
-  root.finish();
-  return c;
+  return j;
 }
 
 }  // namespace xsilo::agent

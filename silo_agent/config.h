@@ -2,21 +2,36 @@
 #pragma once
 
 #include <chrono>
-
 #include <filesystem>
-#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "common/config.h"
 #include "common/dataset.h"
 #include "common/net.h"
-#include "silo_agent/attack.h"
 #include "silo_agent/workers.h"
 #include "transport/channel.h"
 #include "transport/dialer.h"
 #include "transport/tls.h"
 
 namespace xsilo::agent {
+
+enum class TrainerKind { Builtin, External };
+
+// "trainer": {"kind": "external", ...}: the hospital's own training script
+// (docs/bring-your-own-model.md, docs/trainer-protocol.md).
+struct ExternalTrainerConfig {
+  std::vector<std::string> command;                       // argv; the first is found on PATH
+  std::filesystem::path cwd;                              // empty: the agent's folder
+  std::vector<std::pair<std::string, std::string>> env;   // added to the agent's environment
+  std::chrono::milliseconds startup{60000};               // from start to its hello
+  std::chrono::milliseconds task_timeout{0};              // 0: the server's training deadline
+  int max_failures = 3;                                   // consecutive failed rounds, then exit
+  bool evaluate = false;                                  // also send evaluate tasks each round
+};
 
 struct AgentConfig {
   std::filesystem::path file;
@@ -27,21 +42,23 @@ struct AgentConfig {
   transport::DialOptions reconnect;
   std::chrono::milliseconds failover_probe{10000};  // how often a backup looks for the preferred upstream
   std::size_t chunk_bytes = 1u << 20;
-  std::string trainer = "builtin";   // "builtin" (CSV data) or "synthetic" (benchmarks)
+  TrainerKind trainer = TrainerKind::Builtin;
+  ExternalTrainerConfig external;
+  // The silo's data: read by the built-in trainer; told to an external trainer as
+  // XSILO_TRAIN_DATA / XSILO_TEST_DATA.
   std::filesystem::path train_data, test_data;
-  std::string standardize = "none";  // "none", "local", or "given" (mean/std below)
+  std::string standardize = "none";  // builtin: "none", "local", or "given" (mean/std below)
   Standardizer given;
-  std::uint64_t synthetic_samples = 100;
   std::filesystem::path state_dir;
   LocalWorkersConfig local;  // data-parallel local training ("local" in the file)
   std::string log_level = "info";
-  AttackConfig attack;  // simulation only
-  // Simulation only: exit right after sending this secure-aggregation step ("keys" or
-  // "shares") in this round, as a crash would.
-  std::string crash_step;
-  std::uint64_t crash_round = 0;
 };
 
+// Throws ConfigError ("config FILE: .key.path: reason") on any invalid or unknown key.
 AgentConfig load_agent_config(const std::filesystem::path& file);
+// The "local" section (data-parallel workers).
+LocalWorkersConfig parse_local(const ConfigNode& node, TrainerKind trainer);
+// The config as the JSON load_agent_config reads back (paths absolute where they were given so).
+nlohmann::json to_json(const AgentConfig& c);
 
 }  // namespace xsilo::agent

@@ -20,7 +20,7 @@
 #include "common/dataset.h"
 #include "common/mlp.h"
 #include "silo_agent/collective/group.h"
-#include "silo_agent/trainer.h"
+#include "silo_agent/sgd.h"
 
 namespace xsilo::agent {
 

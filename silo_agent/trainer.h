@@ -1,34 +1,57 @@
-// Local training: mini-batch SGD over a silo's rows for a number of epochs.
+// What trains a silo's model: the agent hands a trainer the round's global model and task and
+// gets back the locally trained model, the sample count and metrics. The agent forms the
+// delta, clips, encodes, masks and uploads it, whatever trained it.
+//
+//   BuiltinTrainer   logistic regression or an MLP on the silo's CSV data, alone or with local
+//                    workers (silo_agent/builtin_trainer.h)
+//   ExternalTrainer  the hospital's own training script (PyTorch first) through the Python SDK
+//                    (silo_agent/external_trainer.h, docs/trainer-protocol.md)
+//
+// Simulation tools (attacks, the synthetic trainer of benchmarks) implement the same
+// interface outside the agent (tools/sim_agent.*).
 #pragma once
 
 #include <cstdint>
-#include <span>
+#include <stdexcept>
+#include <string>
 
-#include "common/dataset.h"
-#include "common/mlp.h"
+#include <nlohmann/json.hpp>
+
+#include "common/model.h"
+#include "proto/xsilo.pb.h"
 
 namespace xsilo::agent {
 
-struct TrainOptions {
-  std::uint32_t epochs = 1;
-  std::uint32_t batch_size = 32;
-  float learning_rate = 0.1f;
-  float weight_decay = 0.0f;
-  std::uint64_t seed = 0;  // shuffling; the server derives it from the round
+struct TrainTask {
+  std::uint64_t round = 0;
+  std::string silo;            // this silo's certificate name
+  wire::TrainingPlan plan;     // the server's training block (plan.extra_json: every key as given)
 };
 
-struct TrainStats {
-  double mean_loss = 0;
-  std::uint64_t steps = 0;
+struct TrainResult {
+  std::uint64_t num_samples = 0;
+  wire::TrainMetrics metrics;  // train_loss, train_seconds
 };
 
-// Updates `params` in place. The row order of each epoch is a permutation drawn from
-// `seed`, so two runs with the same inputs give the same model bit for bit.
-TrainStats train_sgd(const Network& net, std::span<float> params, const Dataset& data,
-                     const TrainOptions& opts);
+// A round the trainer could not do: the silo is a dropout for it. `fatal`: the agent cannot go
+// on (the trainer failed too many rounds in a row).
+class TrainerError : public std::runtime_error {
+ public:
+  explicit TrainerError(const std::string& what, bool fatal = false) : std::runtime_error(what), fatal_(fatal) {}
+  bool fatal() const { return fatal_; }
 
-// The seed a silo uses in a round: mixes the federation seed, the round and the silo name so
-// silos shuffle differently and runs repeat exactly.
-std::uint64_t round_seed(std::uint64_t base, std::uint64_t round, const std::string& silo);
+ private:
+  bool fatal_;
+};
+
+class Trainer {
+ public:
+  virtual ~Trainer() = default;
+  // Evaluates `model` on the silo's test data: the eval_* fields (eval_samples 0: no test data).
+  virtual wire::TrainMetrics evaluate(const Model& model, const TrainTask& task) = 0;
+  // Trains from `global`; on return `local` (same layout) holds the model after local training.
+  // Throws TrainerError.
+  virtual TrainResult train(const Model& global, const TrainTask& task, Model& local) = 0;
+};
 
 }  // namespace xsilo::agent

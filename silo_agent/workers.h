@@ -14,7 +14,7 @@
 #include "common/model.h"
 #include "silo_agent/collective/group.h"
 #include "silo_agent/data_parallel.h"
-#include "silo_agent/trainer.h"
+#include "silo_agent/sgd.h"
 
 namespace xsilo::agent {
 

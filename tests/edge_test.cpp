@@ -111,6 +111,7 @@ TEST(Edges, AnEdgeWithASiloCertificateAndASiloWithAnEdgeCertificateAreRefused) {
   fed.start_server();
   // An edge config whose kit is a silo's.
   auto edge_cfg = nlohmann::json::parse(read_file(edge_config_path(fed.files, 0)));
+  edge_cfg.erase("tls");
   edge_cfg["tls"]["kit"] = (fed.files.pki / "kits" / "hospital-01").string();
   edge_cfg["reconnect"] = {{"initial_backoff_s", 0.05}, {"max_backoff_s", 0.1}, {"max_attempts", 2}};
   atomic_write_file(fed.dir / "bad-edge.json", edge_cfg.dump());
@@ -123,7 +124,8 @@ TEST(Edges, AnEdgeWithASiloCertificateAndASiloWithAnEdgeCertificateAreRefused) {
 
   // A silo whose kit is the edge's, dialling the real edge.
   fed.start_edges();
-  auto agent_cfg = nlohmann::json::parse(read_file(write_agent_config(cfg, fed.files, 0, agent_upstreams(cfg, fed.files, 0))));
+  auto agent_cfg = nlohmann::json::parse(read_file(write_agent_config(cfg, fed.files, 0, agent_upstreams(cfg, fed.files, 0)).config));
+  agent_cfg.erase("tls");
   agent_cfg["tls"]["kit"] = (fed.files.pki / "kits" / "edge-01").string();
   agent_cfg["upstreams"] = {agent_cfg["upstreams"][0]};  // the edge only
   agent_cfg["reconnect"] = {{"initial_backoff_s", 0.05}, {"max_backoff_s", 0.1}, {"max_attempts", 2}};
@@ -172,7 +174,6 @@ TEST(SecureEdges, RoundsSurviveDropoutsAfterKeysAndAfterSharesAndMatchFedAvg) {
   std::vector<agent::LocalData> data;
   for (const auto& p : fed.agent_configs) {
     acfg.push_back(agent::load_agent_config(p));
-    acfg.back().crash_step.clear();
     data.push_back(agent::load_local_data(acfg.back()));
   }
   for (std::uint64_t round = 1; round <= 3; ++round) {

@@ -137,7 +137,9 @@ TEST(Federation, ARestartedServerResumesFromItsLastCommittedRound) {
 TEST(Federation, SimRunsTheDefaultExperimentEndToEnd) {
   test::TempDir dir;
   // The sim starts its daemons from the binary it runs in, so it runs through the real CLI.
-  Process sim({test::xsilo_bin(), "sim", "--out", "runs/demo"}, dir / "sim.log", dir.path());
+  ProcessOptions in_dir;
+  in_dir.cwd = dir.path();
+  Process sim({test::xsilo_bin(), "sim", "--out", "runs/demo"}, dir / "sim.log", in_dir);
   const auto out = dir / "runs/demo";
   auto code = sim.wait(120s);
   ASSERT_TRUE(code);
@@ -154,7 +156,7 @@ TEST(Federation, SimRunsTheDefaultExperimentEndToEnd) {
   // The sim prints the verify command with the paths as the user gave them; run it from there.
   EXPECT_NE(log.find("xsilo audit verify runs/demo/audit.jsonl --key runs/demo/audit.pub"), std::string::npos) << log;
   Process verify({test::xsilo_bin(), "audit", "verify", "runs/demo/audit.jsonl", "--key", "runs/demo/audit.pub"},
-                 dir / "verify.log", dir.path());
+                 dir / "verify.log", in_dir);
   EXPECT_EQ(verify.wait(30s).value_or(-1), 0) << log_tail(dir / "verify.log");
 }
 

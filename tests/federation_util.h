@@ -55,11 +55,9 @@ struct Fed {
   }
   void start_agents() {
     for (std::size_t i = 0; i < cfg.silos; ++i) {
-      const auto path = write_agent_config(cfg, files, i, agent_upstreams(cfg, files, i));
-      agent_configs.push_back(path);
-      agents.push_back(std::make_unique<Process>(
-          std::vector<std::string>{test::xsilo_bin(), "agent", "--config", path.string()},
-          files.logs / (files.silos[i] + ".log")));
+      const auto agent = write_agent_config(cfg, files, i, agent_upstreams(cfg, files, i));
+      agent_configs.push_back(agent.config);
+      agents.push_back(std::make_unique<Process>(agent.argv(test::xsilo_bin()), files.logs / (files.silos[i] + ".log")));
     }
   }
   std::string logs() const {

@@ -10,7 +10,7 @@
 #include "common/fs.h"
 #include "common/mlp.h"
 #include "server/optimizer.h"
-#include "silo_agent/trainer.h"
+#include "silo_agent/sgd.h"
 #include "tests/testlib.h"
 #include "tools/sim.h"
 
@@ -49,11 +49,11 @@ void check_gradient(const ModelSpec& spec) {
   }
 }
 
-TEST(Mlp, LogisticGradientMatchesFiniteDifferences) { check_gradient({"logistic", 4, 2, {}, 1}); }
-TEST(Mlp, SoftmaxMlpGradientMatchesFiniteDifferences) { check_gradient({"mlp", 5, 3, {6, 4}, 2}); }
+TEST(Mlp, LogisticGradientMatchesFiniteDifferences) { check_gradient({"logistic", 4, 2, {}, 1, 0, {}}); }
+TEST(Mlp, SoftmaxMlpGradientMatchesFiniteDifferences) { check_gradient({"mlp", 5, 3, {6, 4}, 2, 0, {}}); }
 
 TEST(Mlp, LayoutIsADenseStackWithOneOutputForBinaryTasks) {
-  Model m = init_model({"mlp", 30, 2, {8}, 1});
+  Model m = init_model({"mlp", 30, 2, {8}, 1, 0, {}});
   ASSERT_EQ(m.tensors().size(), 4u);
   EXPECT_EQ(m.tensors()[0].name, "layers.0.weight");
   EXPECT_EQ(m.tensors()[0].shape, (std::vector<std::uint64_t>{8, 30}));
@@ -67,7 +67,7 @@ TEST(Mlp, LayoutIsADenseStackWithOneOutputForBinaryTasks) {
 TEST(Trainer, LearnsASeparableProblemAndRepeatsBitForBit) {
   Dataset d = random_data(200, 3, 2, 5);
   for (std::size_t i = 0; i < d.rows; ++i) d.y[i] = d.x[i * 3] + 0.5f * d.x[i * 3 + 1] > 0 ? 1 : 0;
-  Model a = init_model({"logistic", 3, 2, {}, 1});
+  Model a = init_model({"logistic", 3, 2, {}, 1, 0, {}});
   Model b = a;
   const Network net(a);
   agent::TrainOptions o;

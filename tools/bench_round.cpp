@@ -97,13 +97,16 @@ RoundResult run_one(std::size_t silos, std::size_t params, std::uint64_t rounds,
     const json agent = {{"federation", "bench"},
                         {"upstreams", {"127.0.0.1:" + std::to_string(up)}},
                         {"tls", {{"kit", (pki / "kits" / n).string()}}},
-                        {"data", {{"trainer", "synthetic"}}},
+                        {"trainer", {{"kind", "external"}, {"command", {"(synthetic)"}}}},
                         {"state_dir", (dir / n).string()},
                         {"transport", transport},
                         {"log_level", std::getenv("XSILO_KEEP_BENCH_DIR") ? "info" : "warn"}};
     atomic_write_file(dir / (n + ".json"), agent.dump(2));
+    // The synthetic trainer (no data, a random update) is a simulation hook, not an agent feature.
+    atomic_write_file(dir / (n + ".simulate.json"), json{{"synthetic", {{"samples", 100}}}}.dump());
     agents.push_back(std::make_unique<Process>(
-        std::vector<std::string>{self_exe(), "agent", "--config", (dir / (n + ".json")).string()},
+        std::vector<std::string>{self_exe(), "agent", "--config", (dir / (n + ".json")).string(), "--simulate",
+                                 (dir / (n + ".simulate.json")).string()},
         dir / (n + ".log")));
   }
   auto code = srv.wait(std::chrono::minutes(30));

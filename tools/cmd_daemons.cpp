@@ -5,6 +5,7 @@
 #include "server/daemon.h"
 #include "silo_agent/agent.h"
 #include "tools/commands.h"
+#include "tools/sim_agent.h"
 
 namespace xsilo::tools {
 
@@ -38,12 +39,17 @@ void add_agent(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("agent", "run a silo agent (dials out, trains locally, uploads)");
   auto config = std::make_shared<std::string>();
   auto log_file = std::make_shared<std::string>();
+  auto simulate = std::make_shared<std::string>();
   cmd->add_option("--config", *config, "agent config (JSON)")->required();
   cmd->add_option("--log-file", *log_file, "log here instead of stderr");
-  cmd->callback([config, log_file, &exit_code] {
+  // Simulations only (xsilo sim, benchmarks): attacks, crashes, the synthetic trainer.
+  cmd->add_option("--simulate", *simulate, "simulation hooks (JSON, written by xsilo sim)")->group("");
+  cmd->callback([config, log_file, simulate, &exit_code] {
     auto cfg = agent::load_agent_config(*config);
     init_logging("agent", cfg.log_level, *log_file);
-    exit_code = agent::run_agent(cfg);
+    agent::AgentHooks hooks;
+    if (!simulate->empty()) hooks = make_sim_hooks(cfg, load_sim_agent_config(*simulate));
+    exit_code = agent::run_agent(cfg, std::move(hooks));
   });
 }
 

@@ -6,7 +6,9 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -29,9 +31,23 @@ struct SimConfig {
   bool standardize = true;
   std::string split = "dirichlet";   // "dirichlet" or "iid"
   double alpha = 0.5;
-  // model
-  std::string model_kind = "logistic";
+  // model: built-in, or a user's model file (an external trainer's)
+  std::string model_kind = "logistic";   // "logistic", "mlp" or "file"
   std::vector<std::size_t> hidden;
+  std::filesystem::path model_file;      // kind "file"; made by trainer.init when it does not exist
+  // The silos' trainer: the built-in one, or the users' own script (docs/bring-your-own-model.md).
+  struct Trainer {
+    std::vector<std::string> command;     // run in every silo (an external trainer)
+    std::vector<std::string> init;        // writes the initial model: "{path}" is replaced
+    std::filesystem::path cwd;
+    std::vector<std::pair<std::string, std::string>> env;
+    double startup_s = 120, task_timeout_s = 0;
+    int max_failures = 3;
+    bool evaluate = true;                 // federated metrics of each round's model
+    // Per-silo data files instead of the sim's split of data.dataset: [{"train", "test"}, ...]
+    std::vector<std::pair<std::filesystem::path, std::filesystem::path>> silo_data;
+  };
+  std::optional<Trainer> trainer;
   // passed through to the server config (validated there)
   nlohmann::json training, optimizer, selection, deadlines, transport, aggregation, secure;
   // Simulated Byzantine silos: the last `attackers` silos run `attack` (its keys as in the
@@ -66,6 +82,8 @@ std::filesystem::path data_dir();
 // use it to start and kill the processes themselves.
 struct FederationFiles {
   std::filesystem::path out, pki, state, logs, server_config, port_file;
+  std::filesystem::path central_train_csv, central_test_csv;  // the pooled rows, as the silos' files are
+  std::filesystem::path initial_model;                        // model kind "file"
   std::vector<std::string> silos;
   std::vector<std::string> edges;
   std::uint16_t server_port = 0;
@@ -78,9 +96,15 @@ FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::
 // Waits for the server to write its port file; throws with the log's tail if it dies.
 std::uint16_t wait_for_port(Process& server, const FederationFiles& f,
                             std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
-// Writes silo i's agent config pointing at `upstreams` and returns its path.
-std::filesystem::path write_agent_config(const SimConfig& cfg, const FederationFiles& f,
-                                         std::size_t i, const std::vector<std::string>& upstreams);
+// Silo i's files: its agent config, and its simulation hooks when it has any (an attack, a
+// crash); argv() is the command that starts it.
+struct AgentFiles {
+  std::filesystem::path config, simulate;
+  std::vector<std::string> argv(const std::string& xsilo) const;
+};
+// Writes silo i's agent config pointing at `upstreams`.
+AgentFiles write_agent_config(const SimConfig& cfg, const FederationFiles& f, std::size_t i,
+                              const std::vector<std::string>& upstreams);
 // Silo i's upstreams in failover order: its edge, the next edge, the server.
 std::vector<std::string> agent_upstreams(const SimConfig& cfg, const FederationFiles& f, std::size_t i);
 std::filesystem::path edge_config_path(const FederationFiles& f, std::size_t e);
@@ -89,7 +113,6 @@ void wait_for_edge(Process& edge, const FederationFiles& f, std::size_t e,
                    std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
 // A free TCP port on loopback (for configs that must name their port before start).
 std::uint16_t free_loopback_port();
-std::string log_tail(const std::filesystem::path& log, std::size_t lines = 15);
 
 struct SimResult {
   int exit_code = 1;

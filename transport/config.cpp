@@ -96,4 +96,31 @@ std::vector<Endpoint> parse_endpoint_list(const ConfigNode& node, const std::str
   return out;
 }
 
+namespace {
+double secs(std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
+std::string abs(const std::filesystem::path& p) { return std::filesystem::absolute(p).lexically_normal().string(); }
+}  // namespace
+
+nlohmann::json to_json(const TlsFiles& f) { return {{"key", abs(f.key)}, {"cert", abs(f.cert)}, {"ca", abs(f.ca)}}; }
+
+nlohmann::json to_json(const ChannelOptions& o) {
+  return {{"max_frame_bytes", o.max_frame_bytes},
+          {"heartbeat_s", secs(o.heartbeat_interval)},
+          {"idle_timeout_s", secs(o.idle_timeout)},
+          {"handshake_timeout_s", secs(o.handshake_timeout)},
+          {"max_queued_mib", o.max_queued_bytes >> 20}};
+}
+
+nlohmann::json to_json(const DialOptions& o) {
+  return {{"initial_backoff_s", secs(o.initial_backoff)},
+          {"max_backoff_s", secs(o.max_backoff)},
+          {"max_attempts", o.max_attempts}};
+}
+
+nlohmann::json to_json(const AllowList& a) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [role, names] : a.names()) j[role_name(role)] = names;
+  return j;
+}
+
 }  // namespace xsilo::transport

@@ -1,6 +1,8 @@
 // The config sections every daemon shares: "tls", "transport" and "reconnect".
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include "common/config.h"
 #include "common/net.h"
 #include "transport/channel.h"
@@ -21,5 +23,11 @@ AllowList parse_allow(const ConfigNode& node);
 Endpoint parse_endpoint_key(const ConfigNode& node, const std::string& key,
                             const std::string& def = "");
 std::vector<Endpoint> parse_endpoint_list(const ConfigNode& node, const std::string& key);
+
+// The same sections back as JSON (paths absolute), for tools that write configs from structs.
+nlohmann::json to_json(const TlsFiles& f);
+nlohmann::json to_json(const ChannelOptions& o);
+nlohmann::json to_json(const DialOptions& o);
+nlohmann::json to_json(const AllowList& a);
 
 }  // namespace xsilo::transport

@@ -42,6 +42,7 @@ class AllowList {
   void allow(wire::Role role, std::set<std::string> names) { names_[role] = std::move(names); }
   proto::Status check(const PeerIdentity& id) const;
   bool allows_role(wire::Role role) const { return names_.count(role) > 0; }
+  const std::map<wire::Role, std::set<std::string>>& names() const { return names_; }
 
  private:
   std::map<wire::Role, std::set<std::string>> names_;

@@ -1,4 +1,4 @@
-#include "silo_agent/trainer.h"
+#include "silo_agent/sgd.h"
 
 #include <algorithm>
 #include <numeric>

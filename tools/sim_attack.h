@@ -1,6 +1,6 @@
 // Simulated attacks, so that researchers can test defences (`xsilo sim`'s per-silo "attack").
-// A production agent config never has an attack section; the sim writes one for the silos it
-// makes Byzantine. Attackers that need the honest updates (ALIE, IPM) collude: they are given
+// They live with the simulation tools, never in the agent: the sim starts a Byzantine silo as
+// `xsilo agent --simulate FILE`, which wraps the agent's update with the attack. Attackers that need the honest updates (ALIE, IPM) collude: they are given
 // the honest silos' data and names and recompute those silos' exact updates each round.
 #pragma once
 
@@ -15,7 +15,7 @@
 #include "common/mlp.h"
 #include "proto/xsilo.pb.h"
 
-namespace xsilo::agent {
+namespace xsilo::tools {
 
 struct AttackConfig {
   std::string kind;    // "" (none), sign_flip, gaussian, scaling, alie, ipm, label_flip, nan
@@ -32,16 +32,13 @@ struct AttackConfig {
   bool active() const { return !kind.empty(); }
 };
 
-AttackConfig parse_attack(const ConfigNode& node);
+// need_honest: ALIE and IPM must name the honest silos' data (the sim adds them later).
+AttackConfig parse_attack(const ConfigNode& node, bool need_honest = true);
 
-struct HonestData {
-  std::string silo;
-  Dataset train;
-};
 
 // Replaces `delta` (this silo's honest, unweighted delta) with the attack's. `honest_deltas`
 // computes the colluders' view of the honest silos' deltas when the attack needs them.
 void apply_attack(const AttackConfig& a, std::span<float> delta, std::uint64_t seed,
                   const std::function<std::vector<std::vector<float>>()>& honest_deltas);
 
-}  // namespace xsilo::agent
+}  // namespace xsilo::tools

@@ -1,12 +1,12 @@
-#include "silo_agent/attack.h"
+#include "tools/sim_attack.h"
 
 #include <cmath>
 #include <limits>
 #include <random>
 
-namespace xsilo::agent {
+namespace xsilo::tools {
 
-AttackConfig parse_attack(const ConfigNode& node) {
+AttackConfig parse_attack(const ConfigNode& node, bool need_honest) {
   AttackConfig a;
   a.kind = node.one_of("kind", "", {"", "sign_flip", "gaussian", "scaling", "alie", "ipm", "label_flip", "nan"});
   a.scale = node.number("scale", 1.0, 0.0, 1e6);
@@ -19,7 +19,7 @@ AttackConfig parse_attack(const ConfigNode& node) {
     h.finish();
   }
   node.finish();
-  if ((a.kind == "alie" || a.kind == "ipm") && a.honest.empty()) {
+  if (need_honest && (a.kind == "alie" || a.kind == "ipm") && a.honest.empty()) {
     node.fail("honest", a.kind + " needs the honest silos' data (the sim fills this in)");
   }
   return a;
@@ -49,7 +49,7 @@ void apply_attack(const AttackConfig& a, std::span<float> delta, std::uint64_t s
       delta[k] = static_cast<float>(a.kind == "alie" ? mean - a.z * sd : -a.epsilon * mean);
     }
   }
-  // label_flip acts on the training data instead (see run_local_round).
+  // label_flip acts on the training data instead (see tools/sim_agent.cpp).
 }
 
-}  // namespace xsilo::agent
+}  // namespace xsilo::tools

@@ -1,0 +1,84 @@
+#include "silo_agent/builtin_trainer.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+
+#include "common/mlp.h"
+#include "silo_agent/sgd.h"
+#include "silo_agent/workers.h"
+
+namespace xsilo::agent {
+
+LocalData load_local_data(const AgentConfig& cfg) {
+  LocalData d;
+  d.train = load_csv(cfg.train_data);
+  if (!cfg.test_data.empty()) d.test = load_csv(cfg.test_data);
+  if (cfg.standardize == "local") {
+    const auto s = Standardizer::fit(d.train);
+    s.apply(d.train);
+    if (d.test.rows) s.apply(d.test);
+  } else if (cfg.standardize == "given") {
+    cfg.given.apply(d.train);
+    if (d.test.rows) cfg.given.apply(d.test);
+  }
+  if (cfg.local.workers > 1) {  // written once, as loaded and standardized: what the workers read
+    d.workers_train = cfg.state_dir / "local" / "train.csv";
+    save_csv(d.workers_train, d.train);
+  }
+  return d;
+}
+
+BuiltinTrainer::BuiltinTrainer(const AgentConfig& cfg, LocalData data) : cfg_(cfg), data_(std::move(data)) {}
+
+wire::TrainMetrics BuiltinTrainer::evaluate(const Model& model, const TrainTask&) {
+  wire::TrainMetrics m;
+  if (!data_.test.rows) return m;
+  const Network net(model);
+  if (net.inputs() != data_.test.features) {
+    throw TrainerError("local test data has " + std::to_string(data_.test.features) +
+                       " features but the federation's model takes " + std::to_string(net.inputs()));
+  }
+  const auto ev = net.evaluate(model.flat(), data_.test);
+  m.set_eval_loss(ev.loss);
+  m.set_eval_accuracy(ev.accuracy);
+  m.set_eval_samples(ev.samples);
+  return m;
+}
+
+TrainResult BuiltinTrainer::train(const Model& global, const TrainTask& task, Model& local) {
+  const Network net(global);
+  if (net.inputs() != data_.train.features) {
+    throw TrainerError("local data has " + std::to_string(data_.train.features) +
+                       " features but the federation's model takes " + std::to_string(net.inputs()));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto& plan = task.plan;
+  TrainOptions opts;
+  opts.epochs = plan.local_epochs();
+  opts.batch_size = plan.batch_size();
+  opts.learning_rate = plan.learning_rate();
+  opts.weight_decay = plan.weight_decay();
+  opts.seed = round_seed(plan.seed(), task.round, task.silo);  // silos shuffle differently, runs repeat
+  std::copy(global.flat().begin(), global.flat().end(), local.flat().begin());
+  TrainStats stats;
+  if (cfg_.local.workers > 1) {
+    // The silo's own rows, trained by its local workers; the result equals the single
+    // process's within float tolerance, whatever workers die on the way.
+    const auto dir = cfg_.state_dir / "local" / ("round-" + std::to_string(task.round));
+    const auto r = train_with_workers(cfg_.local, dir, local, data_.workers_train, opts);
+    for (const auto& e : r.events) spdlog::warn("round {}: local workers: {}", task.round, e);
+    spdlog::info("round {}: {} local workers trained {} steps", task.round, cfg_.local.workers, r.stats.steps);
+    std::filesystem::remove_all(dir);
+    stats = r.stats;
+  } else {
+    stats = train_sgd(net, local.flat(), data_.train, opts);
+  }
+  TrainResult out;
+  out.num_samples = data_.train.rows;
+  out.metrics.set_train_loss(stats.mean_loss);
+  out.metrics.set_train_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return out;
+}
+
+}  // namespace xsilo::agent

@@ -1,0 +1,34 @@
+// The built-in trainer: logistic regression or an MLP (common/mlp.h) on the silo's CSV data,
+// trained by mini-batch SGD in the agent's process or, with local.workers > 1, by N worker
+// processes that sum their gradients by all-reduce (silo_agent/workers.h).
+#pragma once
+
+#include <filesystem>
+
+#include "common/dataset.h"
+#include "silo_agent/config.h"
+#include "silo_agent/trainer.h"
+
+namespace xsilo::agent {
+
+struct LocalData {
+  Dataset train, test;
+  std::filesystem::path workers_train;  // local.workers > 1: the prepared rows the workers read
+};
+
+// Loads and standardizes the local data as the config says.
+LocalData load_local_data(const AgentConfig& cfg);
+
+class BuiltinTrainer final : public Trainer {
+ public:
+  BuiltinTrainer(const AgentConfig& cfg, LocalData data);
+  wire::TrainMetrics evaluate(const Model& model, const TrainTask& task) override;
+  TrainResult train(const Model& global, const TrainTask& task, Model& local) override;
+  const LocalData& data() const { return data_; }
+
+ private:
+  AgentConfig cfg_;
+  LocalData data_;
+};
+
+}  // namespace xsilo::agent

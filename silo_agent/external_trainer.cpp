@@ -1,0 +1,378 @@
+#include "silo_agent/external_trainer.h"
+
+#include <arpa/inet.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "common/fs.h"
+#include "common/safetensors.h"
+
+namespace xsilo::agent {
+
+using json = nlohmann::json;
+
+namespace {
+
+constexpr std::size_t kMaxMessage = 1u << 20;
+
+std::uint16_t free_port() {
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor a(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
+  return a.local_endpoint().port();
+}
+
+bool write_all(int fd, const char* p, std::size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+  return true;
+}
+
+double number_or(const json& m, std::initializer_list<const char*> keys, double def) {
+  for (const char* k : keys) {
+    if (m.contains(k) && m[k].is_number() && std::isfinite(m[k].get<double>())) return m[k].get<double>();
+  }
+  return def;
+}
+
+}  // namespace
+
+// One running copy of the trainer's command and the agent's end of its socket pair.
+struct ExternalTrainer::Copy {
+  int rank = 0;
+  int fd = -1;
+  std::unique_ptr<Process> process;
+  std::string in;  // bytes received, not yet a whole message
+  std::filesystem::path log;
+  ~Copy() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+ExternalTrainer::ExternalTrainer(const AgentConfig& cfg) : cfg_(cfg), dir_(cfg.state_dir / "trainer") {
+  std::filesystem::create_directories(dir_);
+  std::filesystem::permissions(dir_, std::filesystem::perms::owner_all, std::filesystem::perm_options::replace);
+}
+
+ExternalTrainer::~ExternalTrainer() {
+  for (auto& c : copies_) {
+    const json bye = {{"type", "task"}, {"id", ++next_id_}, {"kind", "shutdown"}};
+    const std::string body = bye.dump();
+    const std::uint32_t n = htonl(static_cast<std::uint32_t>(body.size()));
+    write_all(c->fd, reinterpret_cast<const char*>(&n), 4) && write_all(c->fd, body.data(), body.size());
+  }
+  stop_copies(std::chrono::milliseconds(5000));
+  std::error_code ec;
+  if (!exchange_.empty()) std::filesystem::remove_all(exchange_, ec);
+}
+
+std::string ExternalTrainer::logs() const {
+  std::string out;
+  for (const auto& c : copies_) {
+    const std::string tail = log_tail(c->log, 10);
+    if (!tail.empty()) out += "\n  rank " + std::to_string(c->rank) + " (" + c->log.string() + ") ends:\n" + tail;
+  }
+  return out;
+}
+
+void ExternalTrainer::fail(const std::string& why) {
+  ++consecutive_failures_;
+  const bool fatal = consecutive_failures_ >= cfg_.external.max_failures;
+  std::string msg = "external trainer: " + why;
+  const std::string tail = logs();
+  stop_copies(std::chrono::milliseconds(2000));
+  if (fatal) {
+    msg += " (" + std::to_string(consecutive_failures_) + " failed rounds in a row, the limit trainer.max_failures)";
+  } else {
+    msg += "; it is started again for the next round";
+  }
+  throw TrainerError(msg + tail, fatal);
+}
+
+void ExternalTrainer::stop_copies(std::chrono::milliseconds grace) {
+  const auto end = Clock::now() + grace;
+  for (auto& c : copies_) {
+    if (c->process) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now());
+      if (!c->process->wait(std::max(left, std::chrono::milliseconds(0)))) c->process->stop(std::chrono::milliseconds(1000));
+    }
+  }
+  copies_.clear();
+}
+
+void ExternalTrainer::start(const TrainTask& task, std::size_t model_bytes) {
+  if (!copies_.empty()) return;
+  if (consecutive_failures_ > 0) {
+    // Back off before trying again: 1 s, 2 s, 4 s, ... at most a minute.
+    const auto wait = std::chrono::seconds(std::min(60, 1 << std::min(consecutive_failures_ - 1, 6)));
+    spdlog::info("external trainer: restarting in {} s", wait.count());
+    std::this_thread::sleep_for(wait);
+  }
+  if (exchange_.empty()) {
+    // /dev/shm when it has room for three copies of the model (global, update, slack).
+    struct statvfs fs {};
+    const std::uint64_t need = 3 * static_cast<std::uint64_t>(model_bytes) + (64u << 20);
+    std::string tmpl;
+    if (::statvfs("/dev/shm", &fs) == 0 && static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize >= need) {
+      tmpl = "/dev/shm/xsilo-" + task.silo + "-XXXXXX";
+      exchange_in_shm_ = true;
+    } else {
+      tmpl = (dir_ / "exchange-XXXXXX").string();
+    }
+    std::vector<char> buf(tmpl.begin(), tmpl.end());
+    buf.push_back('\0');
+    if (!::mkdtemp(buf.data())) fail("cannot create a private exchange folder " + tmpl + ": " + std::strerror(errno));
+    exchange_ = buf.data();  // mkdtemp makes it 0700
+  }
+  const int workers = std::max(1, cfg_.local.workers);
+  const std::string port = std::to_string(free_port());
+  for (int rank = 0; rank < workers; ++rank) {
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) fail(std::string("socketpair: ") + std::strerror(errno));
+    auto c = std::make_unique<Copy>();
+    c->rank = rank;
+    c->fd = sv[0];
+    c->log = dir_ / ("rank-" + std::to_string(rank) + ".log");
+    ProcessOptions opts;
+    opts.cwd = cfg_.external.cwd;
+    opts.keep_fds = {sv[1]};
+    opts.env = {{"XSILO_TRAINER_FD", std::to_string(sv[1])},
+                {"XSILO_SILO", task.silo},
+                {"XSILO_EXCHANGE_DIR", exchange_.string()},
+                {"RANK", std::to_string(rank)},
+                {"LOCAL_RANK", std::to_string(rank)},
+                {"WORLD_SIZE", std::to_string(workers)},
+                {"LOCAL_WORLD_SIZE", std::to_string(workers)},
+                {"MASTER_ADDR", "127.0.0.1"},
+                {"MASTER_PORT", port},
+                {"PYTHONUNBUFFERED", "1"}};
+    if (!cfg_.train_data.empty()) opts.env.emplace_back("XSILO_TRAIN_DATA", std::filesystem::absolute(cfg_.train_data).string());
+    if (!cfg_.test_data.empty()) opts.env.emplace_back("XSILO_TEST_DATA", std::filesystem::absolute(cfg_.test_data).string());
+    for (const auto& kv : cfg_.external.env) opts.env.push_back(kv);
+    try {
+      c->process = std::make_unique<Process>(cfg_.external.command, c->log, opts);
+    } catch (const std::exception& e) {
+      ::close(sv[1]);
+      copies_.push_back(std::move(c));
+      fail(std::string("cannot start ") + cfg_.external.command[0] + ": " + e.what());
+    }
+    ::close(sv[1]);
+    copies_.push_back(std::move(c));
+  }
+  // Every copy says hello within the startup time; a version we do not speak is refused.
+  const auto deadline = Clock::now() + cfg_.external.startup;
+  for (auto& c : copies_) {
+    const json hello = receive(*c, deadline, "its hello");
+    if (hello.value("type", "") != "hello") fail("rank " + std::to_string(c->rank) + " sent " + hello.dump() + " before hello");
+    const int protocol = hello.value("protocol", 0);
+    if (protocol != kTrainerProtocol) {
+      const json err = {{"type", "error"},
+                        {"message", "this agent speaks trainer protocol " + std::to_string(kTrainerProtocol) +
+                                        ", the trainer " + std::to_string(protocol)}};
+      const std::string body = err.dump();
+      const std::uint32_t n = htonl(static_cast<std::uint32_t>(body.size()));
+      write_all(c->fd, reinterpret_cast<const char*>(&n), 4) && write_all(c->fd, body.data(), body.size());
+      fail("the trainer speaks protocol " + std::to_string(protocol) + " (SDK " + hello.value("sdk", "?") +
+           "), this agent speaks protocol " + std::to_string(kTrainerProtocol) + "; use the SDK of this xsilo release");
+    }
+    const json welcome = {{"type", "welcome"},
+                          {"protocol", kTrainerProtocol},
+                          {"agent", "0.1.0"},
+                          {"silo", task.silo},
+                          {"exchange_dir", exchange_.string()}};
+    const std::string body = welcome.dump();
+    const std::uint32_t n = htonl(static_cast<std::uint32_t>(body.size()));
+    if (!write_all(c->fd, reinterpret_cast<const char*>(&n), 4) || !write_all(c->fd, body.data(), body.size())) {
+      fail("rank " + std::to_string(c->rank) + " closed its channel after hello");
+    }
+  }
+  spdlog::info("external trainer: {} cop{} of `{}` started (exchange folder {}{})", workers, workers == 1 ? "y" : "ies",
+               cfg_.external.command[0], exchange_.string(), exchange_in_shm_ ? ", in memory" : "");
+}
+
+json ExternalTrainer::receive(Copy& c, Clock::time_point deadline, const char* waiting_for) {
+  const std::string who = "rank " + std::to_string(c.rank);
+  for (;;) {
+    if (c.in.size() >= 4) {
+      std::uint32_t n = 0;
+      std::memcpy(&n, c.in.data(), 4);
+      n = ntohl(n);
+      if (n > kMaxMessage) fail(who + " sent a message of " + std::to_string(n) + " bytes; the limit is 1 MiB");
+      if (c.in.size() >= 4 + n) {
+        const std::string body = c.in.substr(4, n);
+        c.in.erase(0, 4 + n);
+        try {
+          auto j = json::parse(body);
+          if (!j.is_object()) fail(who + " sent a message that is not a JSON object");
+          return j;
+        } catch (const json::exception& e) {
+          fail(who + " sent a message that is not JSON: " + e.what());
+        }
+      }
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      fail(who + " did not send " + waiting_for + " before its deadline (trainer.startup_s for the hello, "
+                 "the round's training deadline or trainer.task_timeout_s for tasks)");
+    }
+    if (c.process && !c.process->running()) {
+      fail(who + " exited with code " + std::to_string(c.process->exit_code().value_or(-1)) + " while the agent waited for " +
+           waiting_for);
+    }
+    pollfd p{c.fd, POLLIN, 0};
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
+    const int r = ::poll(&p, 1, static_cast<int>(std::clamp<long long>(left, 1, 200)));
+    if (r < 0 && errno != EINTR) fail(std::string("poll: ") + std::strerror(errno));
+    if (r <= 0) continue;
+    char buf[65536];
+    const ssize_t got = ::recv(c.fd, buf, sizeof buf, 0);
+    if (got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN)) {
+      if (c.process) c.process->wait(std::chrono::milliseconds(500));
+      const auto code = c.process ? c.process->exit_code() : std::nullopt;
+      fail(who + " closed its channel while the agent waited for " + waiting_for +
+           (code ? " (it exited with code " + std::to_string(*code) + ")" : ""));
+    }
+    if (got > 0) c.in.append(buf, static_cast<std::size_t>(got));
+  }
+}
+
+json ExternalTrainer::run(const std::string& kind, const Model& model, const TrainTask& task, Clock::time_point deadline) {
+  start(task, model.bytes());
+  const std::uint64_t id = ++next_id_;
+  const auto model_path = exchange_ / ("global-" + std::to_string(task.round) + "-" + std::to_string(id) + ".safetensors");
+  write_safetensors(model_path, model, {{"xsilo.round", std::to_string(task.round)}});
+  json config = task.plan.config_json().empty() ? json::object() : json::parse(task.plan.config_json());
+  config["round"] = task.round;
+  config["seed"] = task.plan.seed();
+  const json msg = {{"type", "task"}, {"id", id}, {"kind", kind}, {"round", task.round}, {"model", model_path.string()},
+                    {"config", config}};
+  const std::string body = msg.dump();
+  const std::uint32_t n = htonl(static_cast<std::uint32_t>(body.size()));
+  for (auto& c : copies_) {
+    if (!write_all(c->fd, reinterpret_cast<const char*>(&n), 4) || !write_all(c->fd, body.data(), body.size())) {
+      std::filesystem::remove(model_path);
+      fail("rank " + std::to_string(c->rank) + " closed its channel before the " + kind + " task");
+    }
+  }
+  json first;
+  for (auto& c : copies_) {
+    json r;
+    try {
+      r = receive(*c, deadline, ("its " + kind + " result for round " + std::to_string(task.round)).c_str());
+    } catch (...) {
+      std::filesystem::remove(model_path);
+      throw;
+    }
+    const std::string who = "rank " + std::to_string(c->rank);
+    if (r.value("type", "") == "error") {
+      std::filesystem::remove(model_path);
+      fail(who + " reports: " + r.value("message", "(no message)"));
+    }
+    if (r.value("type", "") != "result" || r.value("id", std::uint64_t{0}) != id) {
+      std::filesystem::remove(model_path);
+      fail(who + " answered task " + std::to_string(id) + " with " + r.dump().substr(0, 200));
+    }
+    if (c->rank == 0) first = std::move(r);
+  }
+  std::filesystem::remove(model_path);
+  return first;
+}
+
+wire::TrainMetrics ExternalTrainer::evaluate(const Model& model, const TrainTask& task) {
+  wire::TrainMetrics m;
+  if (!cfg_.external.evaluate) return m;
+  const auto timeout = cfg_.external.task_timeout.count() ? cfg_.external.task_timeout
+                       : task.plan.train_timeout_ms()   ? std::chrono::milliseconds(task.plan.train_timeout_ms())
+                                                        : std::chrono::milliseconds(3600000);
+  const json r = run("evaluate", model, task, Clock::now() + timeout);
+  const json metrics = r.value("metrics", json::object());
+  m.set_eval_loss(number_or(metrics, {"eval_loss", "loss"}, 0));
+  m.set_eval_accuracy(number_or(metrics, {"eval_accuracy", "accuracy"}, 0));
+  m.set_eval_samples(static_cast<std::uint64_t>(number_or(metrics, {"eval_samples", "num_samples"}, 0)));
+  return m;
+}
+
+TrainResult ExternalTrainer::train(const Model& global, const TrainTask& task, Model& local) {
+  const auto t0 = Clock::now();
+  const auto timeout = cfg_.external.task_timeout.count() ? cfg_.external.task_timeout
+                       : task.plan.train_timeout_ms()   ? std::chrono::milliseconds(task.plan.train_timeout_ms())
+                                                        : std::chrono::milliseconds(3600000);
+  const json r = run("train", global, task, t0 + timeout);
+  if (!r.contains("weights") || !r["weights"].is_string()) fail("rank 0's train result names no weights file");
+  const std::filesystem::path weights = r["weights"].get<std::string>();
+  const auto canonical = std::filesystem::weakly_canonical(weights);
+  if (canonical.parent_path() != std::filesystem::weakly_canonical(exchange_)) {
+    fail("the weights file " + weights.string() + " is outside the exchange folder " + exchange_.string());
+  }
+  const auto samples = r.contains("num_samples") && r["num_samples"].is_number_unsigned()
+                           ? r["num_samples"].get<std::uint64_t>()
+                           : 0;
+  std::string why;
+  try {
+    const MappedFile file(weights);
+    const auto view = parse_safetensors(file.bytes());
+    // Every tensor of the global model, with its shape and a floating-point dtype; nothing else
+    // but integer buffers (which stay with the silo).
+    for (const auto& t : view.tensors) {
+      if (global.find(t.name)) continue;
+      if (t.is_float()) {
+        why = "the trainer returned tensor " + t.name + ", which the global model does not have";
+        break;
+      }
+    }
+    for (const auto& g : global.tensors()) {
+      if (!why.empty()) break;
+      const TensorView* t = view.find(g.name);
+      if (!t) {
+        why = "the trainer's weights lack tensor " + g.name + " of the global model";
+      } else if (!t->is_float()) {
+        why = "the trainer returned tensor " + g.name + " as " + t->dtype + "; it must be a floating-point tensor";
+      } else if (t->shape != g.shape) {
+        why = "the trainer returned tensor " + describe({g.name, t->shape, 0}) + ", the global model has " + describe(g);
+      } else {
+        to_float32(*t, local.tensor(g.name));
+      }
+    }
+  } catch (const std::exception& e) {
+    why = std::string("cannot read the trainer's weights: ") + e.what();
+  }
+  std::filesystem::remove(weights);
+  if (!why.empty()) fail(why);
+  for (const auto& g : global.tensors()) {
+    const auto v = local.tensor(g.name);
+    if (std::any_of(v.begin(), v.end(), [](float x) { return !std::isfinite(x); })) {
+      fail("the trainer returned NaN or infinite values in tensor " + g.name);
+    }
+  }
+  if (samples == 0) fail("rank 0's train result has no positive num_samples");
+  consecutive_failures_ = 0;
+  TrainResult out;
+  out.num_samples = samples;
+  const json metrics = r.value("metrics", json::object());
+  out.metrics.set_train_loss(number_or(metrics, {"loss", "train_loss"}, 0));
+  out.metrics.set_train_seconds(std::chrono::duration<double>(Clock::now() - t0).count());
+  for (auto it = metrics.begin(); it != metrics.end(); ++it) {
+    if (it.key() != "loss" && it.key() != "train_loss") spdlog::info("round {}: trainer metric {} = {}", task.round, it.key(), it->dump());
+  }
+  return out;
+}
+
+}  // namespace xsilo::agent

@@ -1,0 +1,357 @@
+#include "silo_agent/session.h"
+
+#include <sodium.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cmath>
+#include <ctime>
+
+#include "crypto/fixed_point.h"
+#include "crypto/hash.h"
+#include "proto/frame.h"
+#include "protocol/secagg_wire.h"
+
+namespace xsilo::agent {
+
+namespace {
+
+std::string now_iso() {
+  const auto t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+}  // namespace
+
+Session::Session(SessionConfig cfg, Trainer& trainer, FaultHook& hook)
+    : cfg_(std::move(cfg)), trainer_(trainer), hook_(hook) {}
+
+wire::Envelope Session::env() const {
+  wire::Envelope e;
+  e.set_federation(cfg_.federation);
+  e.set_round(round_);
+  return e;
+}
+
+void Session::reply_error(wire::ErrorCode code, const std::string& msg) {
+  auto e = env();
+  e.mutable_error()->set_code(code);
+  e.mutable_error()->set_message(msg);
+  send(std::move(e));
+}
+
+void Session::job(std::function<SessionJobResult()> work) {
+  const std::uint64_t id = ++job_id_;
+  job_generation_[id] = generation_;
+  actions_.push_back(action::Job{id, std::move(work)});
+}
+
+void Session::on_connected(const std::string& identity, const std::string& upstream,
+                           const std::string& upstream_identity) {
+  name_ = identity;
+  upstream_ = upstream;
+  upstream_identity_ = upstream_identity;
+  connected_ = true;
+}
+
+void Session::on_disconnected() {
+  connected_ = false;
+  ++generation_;  // whatever was in flight belongs to a connection that is gone
+  pending_.reset();
+  in_round_ = training_ = masking_ = false;
+}
+
+void Session::on_message(const wire::Envelope& e) {
+  using B = wire::Envelope::BodyCase;
+  if (silent_) return;
+  switch (e.body_case()) {
+    case B::kRoundStart: on_round_start(e); break;
+    case B::kSecaggKeyList: on_key_list(e); break;
+    case B::kSecaggShareDelivery: on_share_delivery(e); break;
+    case B::kSecaggUnmaskRequest: on_unmask_request(e); break;
+    case B::kTensorChunk: on_model_chunk(e); break;
+    case B::kUploadGrant:
+      if (!pending_ || !pending_->update || e.round() != round_ || !in_round_) {
+        reply_error(wire::UNEXPECTED, "UploadGrant but no update is ready for round " + std::to_string(e.round()));
+        break;
+      }
+      upload();
+      break;
+    case B::kRoundEnd:
+      spdlog::info("round {} ended for this silo: {}{}", e.round(), e.round_end().committed() ? "committed" : "not committed",
+                   e.round_end().reason().empty() ? "" : " (" + e.round_end().reason() + ")");
+      if (e.round() == round_) {
+        ++generation_;
+        in_round_ = false;
+        if (pending_) spare_ = std::move(pending_->update);
+        pending_.reset();
+      }
+      break;
+    case B::kFinished:
+      spdlog::info("the federation finished after {} rounds: {}", e.finished().rounds(), e.finished().reason());
+      finished_ = true;
+      actions_.push_back(action::Finished{});
+      break;
+    case B::kError: spdlog::warn("{} reports: {}", upstream_identity_, e.error().message()); break;
+    default: reply_error(wire::UNEXPECTED, "a silo does not expect " + proto::body_name(e));
+  }
+}
+
+void Session::on_round_start(const wire::Envelope& e) {
+  const auto& rs = e.round_start();
+  ++generation_;
+  pending_.reset();
+  in_round_ = true;
+  training_ = false;
+  round_ = rs.round();
+  plan_ = rs.plan();
+  model_sha_ = rs.model_sha256();
+  Model layout;
+  for (const auto& t : rs.tensors()) layout.add_layout(t.name(), {t.shape().begin(), t.shape().end()});
+  // Reuse last round's buffer when nothing else holds it: no fresh pages every round.
+  if (!global_ || global_.use_count() > 1 || !global_->same_layout(layout)) {
+    global_ = std::make_shared<Model>();
+    for (const auto& t : layout.tensors()) global_->add(t.name, t.shape);
+  }
+  rx_.reset(global_->flat(), global_->tensors(), /*hash=*/false);
+  secure_.reset();
+  setup_.reset();
+  shares_in_ = masking_ = false;
+  masked_.reset();
+  if (rs.has_secagg()) start_secure(rs.secagg());
+  if (!silent_ && rx_.complete()) on_model();
+}
+
+// Secure aggregation: keys go out at once, overlapping with training.
+void Session::start_secure(const wire::SecAggSetup& setup) {
+  auto p = protocol::secagg_params(setup, cfg_.federation, round_);
+  if (auto why = crypto::secagg::check_params(p); !why.empty() || !p.index_of(name_)) {
+    spdlog::error("round {}: unusable secure group: {}", round_, why.empty() ? "this silo is not a member" : why);
+    reply_error(wire::UNEXPECTED, "unusable secure group");
+    return;
+  }
+  setup_ = setup;
+  secure_ = std::make_shared<crypto::secagg::Client>(p, name_);
+  auto out = env();
+  *out.mutable_secagg_keys() = protocol::to_wire(secure_->advertise());
+  send(std::move(out));
+  spdlog::info("round {}: secure group {} of {} silos (threshold {}); keys advertised", round_, setup.group(),
+               setup.members_size(), setup.threshold());
+  silent_ = hook_.after_sent(SecureStep::KeysSent, round_);
+}
+
+void Session::on_key_list(const wire::Envelope& e) {
+  if (!secure_ || e.round() != round_) return;
+  auto list = protocol::from_wire(e.secagg_key_list());
+  if (!list) {
+    reply_error(list.status().code, list.status().message);
+    return;
+  }
+  auto shares = secure_->share(*list);
+  if (!crypto::secagg::ok(shares)) {
+    spdlog::error("round {}: secure aggregation: {}", round_, crypto::secagg::error(shares));
+    reply_error(wire::UNEXPECTED, crypto::secagg::error(shares));
+    return;
+  }
+  auto out = env();
+  *out.mutable_secagg_shares() = protocol::shares_to_wire(crypto::secagg::value(shares));
+  send(std::move(out));
+  silent_ = hook_.after_sent(SecureStep::SharesSent, round_);
+}
+
+void Session::on_share_delivery(const wire::Envelope& e) {
+  if (!secure_ || e.round() != round_) return;
+  auto from = protocol::from_wire(e.secagg_share_delivery());
+  std::string err = from ? secure_->receive(*from) : from.status().message;
+  if (!err.empty()) {
+    spdlog::error("round {}: secure aggregation: {}", round_, err);
+    reply_error(wire::BAD_UPDATE, err);
+    return;
+  }
+  shares_in_ = true;
+  mask_when_ready();
+}
+
+void Session::on_unmask_request(const wire::Envelope& e) {
+  if (!secure_ || e.round() != round_) return;
+  auto reply = secure_->unmask(protocol::from_wire(e.secagg_unmask_request()));
+  if (!crypto::secagg::ok(reply)) {
+    spdlog::error("round {}: refusing to unmask: {}", round_, crypto::secagg::error(reply));
+    reply_error(wire::UNEXPECTED, crypto::secagg::error(reply));
+    return;
+  }
+  auto out = env();
+  *out.mutable_secagg_unmask_shares() = protocol::to_wire(crypto::secagg::value(reply));
+  send(std::move(out));
+  spdlog::info("round {}: unmasking shares sent", round_);
+}
+
+void Session::on_model_chunk(const wire::Envelope& e) {
+  if (!global_ || e.round() != round_ || !in_round_) {
+    reply_error(wire::WRONG_ROUND, "model chunk for a round that has not started here");
+    return;
+  }
+  if (auto st = rx_.add(e.tensor_chunk()); !st) {
+    spdlog::error("round {}: bad model chunk: {}", round_, st.message);
+    reply_error(wire::BAD_UPDATE, st.message);
+    global_.reset();
+    return;
+  }
+  if (rx_.complete()) on_model();
+}
+
+// The whole model has arrived: check it, evaluate and train on the worker.
+void Session::on_model() {
+  training_ = true;
+  spdlog::info("round {}: model received ({} parameters); training", round_, global_->size());
+  TrainTask task;
+  task.round = round_;
+  task.silo = name_;
+  task.plan = plan_;
+  job([&trainer = trainer_, &hook = hook_, model = global_, task, sha = model_sha_,
+       spare = std::move(spare_)]() mutable -> SessionJobResult {
+    TrainDone r;
+    try {
+      if (!sha.empty() && crypto::sha256_hex(model->flat()) != sha) {
+        throw TrainerError("the model received does not match the SHA-256 the round announced");
+      }
+      auto out = run_round(trainer, *model, task, std::move(spare));
+      if (out.update) {
+        hook.tamper(task, *model, out.update->flat(), out.weight);
+        out.sha256 = crypto::sha256_hex(out.update->flat());
+      }
+      r.out = std::move(out);
+    } catch (const TrainerError& e) {
+      r.error = e.what();
+      r.fatal = e.fatal();
+    } catch (const std::exception& e) {
+      r.error = e.what();
+    }
+    return r;
+  });
+}
+
+void Session::trained(TrainDone r) {
+  training_ = false;
+  if (!r.error.empty()) {
+    spdlog::error("round {}: {}", round_, r.error);
+    reply_error(wire::BAD_UPDATE, r.error);
+    if (r.fatal) actions_.push_back(action::Fatal{r.error});
+    return;
+  }
+  pending_ = std::move(r.out);
+  if (!plan_.train()) return;  // an evaluation-only round: the metrics went nowhere to upload
+  if (secure_) return mask_when_ready();
+  announce_ready();
+}
+
+void Session::announce_ready() {
+  auto e = env();
+  auto* r = e.mutable_update_ready();
+  r->set_num_samples(secure_ ? 1 : pending_->num_samples);  // secure: the real count is inside the masked sum
+  *r->mutable_metrics() = pending_->metrics;
+  send(std::move(e));
+  spdlog::info("round {}: trained on {} samples (loss {:.4f}); update ready", round_, pending_->num_samples,
+               pending_->metrics.train_loss());
+}
+
+// Masks the encoded update once both it and the share deliveries are here (on the worker: one
+// PRG expansion per group member), then announces it.
+void Session::mask_when_ready() {
+  if (!secure_ || !shares_in_ || !pending_ || !pending_->update || masked_ || masking_) return;
+  masking_ = true;
+  job([client = secure_, setup = *setup_, update = pending_->update, weight = pending_->weight]() -> SessionJobResult {
+    MaskDone r;
+    const crypto::FixedPointParams codec{setup.modulus_bits(), setup.fraction_bits(), setup.clip_norm(),
+                                         setup.max_weight()};
+    const std::size_t d = update->size();
+    // The upload is weight * delta: the codec wants delta and the weight separately.
+    std::vector<float> delta(update->flat().begin(), update->flat().end());
+    for (auto& v : delta) {
+      v = static_cast<float>(v / weight);
+      if (!std::isfinite(v)) {
+        r.error = "the update has NaN or infinite values; it cannot be encoded";
+        return r;
+      }
+    }
+    r.words = std::make_shared<protocol::MaskedVector>(codec.bits, d + 1);
+    std::uint64_t seed = 0;
+    randombytes_buf(&seed, sizeof seed);  // stochastic rounding
+    if (codec.bits == 32) {
+      crypto::encode(codec, delta, weight, seed, r.words->u32());
+      r.error = client->mask(r.words->u32());
+    } else {
+      crypto::encode(codec, delta, weight, seed, r.words->u64());
+      r.error = client->mask(r.words->u64());
+    }
+    const auto b = r.words->bytes();
+    r.sha256 = crypto::sha256_hex(std::string_view(reinterpret_cast<const char*>(b.data()), b.size()));
+    return r;
+  });
+}
+
+void Session::masked(MaskDone r) {
+  masking_ = false;
+  if (!r.error.empty()) {
+    spdlog::error("round {}: masking failed: {}", round_, r.error);
+    return;
+  }
+  masked_ = std::move(r.words);
+  pending_->sha256 = r.sha256;
+  announce_ready();
+  spdlog::info("round {}: update encoded and masked", round_);
+}
+
+void Session::upload() {
+  std::shared_ptr<protocol::ChunkSource> src;
+  if (secure_) {
+    if (!masked_) {
+      reply_error(wire::UNEXPECTED, "the masked update is not ready");
+      return;
+    }
+    src = std::make_shared<protocol::ChunkSource>(masked_, masked_->bytes(), masked_->dtype(),
+                                                  std::vector<TensorInfo>{{"masked", {masked_->words()}, 0}},
+                                                  cfg_.federation, round_, cfg_.chunk_bytes);
+  } else {
+    const auto& u = pending_->update;
+    src = std::make_shared<protocol::ChunkSource>(u, u->flat(), u->tensors(), cfg_.federation, round_, cfg_.chunk_bytes);
+  }
+  actions_.push_back(action::SendStream{std::move(src)});
+  auto e = env();
+  auto* end = e.mutable_update_end();
+  end->set_weight(secure_ ? 0.0 : pending_->weight);  // secure: inside the masked sum
+  end->set_num_samples(secure_ ? 0 : pending_->num_samples);
+  end->set_update_sha256(pending_->sha256);
+  *end->mutable_metrics() = pending_->metrics;
+  send(std::move(e));
+  // The silo's own record of what left the building: hashes, never data.
+  actions_.push_back(action::Record{{{"time", now_iso()},
+                                     {"round", round_},
+                                     {"upstream", upstream_},
+                                     {"upstream_identity", upstream_identity_},
+                                     {"model_sha256", model_sha_},
+                                     {"update_sha256", pending_->sha256},
+                                     {"weight", pending_->weight},
+                                     {"num_samples", pending_->num_samples}}});
+  spdlog::info("round {}: uploading {} bytes", round_, pending_->update->bytes());
+}
+
+void Session::on_job_done(std::uint64_t id, SessionJobResult result) {
+  auto it = job_generation_.find(id);
+  if (it == job_generation_.end()) return;
+  const bool current = it->second == generation_;
+  job_generation_.erase(it);
+  if (auto* t = std::get_if<TrainDone>(&result); t && t->fatal) actions_.push_back(action::Fatal{t->error});
+  if (!current || silent_) return;  // the round or the connection moved on
+  if (auto* t = std::get_if<TrainDone>(&result)) {
+    if (!t->fatal) trained(std::move(*t));
+  } else {
+    masked(std::get<MaskDone>(std::move(result)));
+  }
+}
+
+}  // namespace xsilo::agent

@@ -1,0 +1,154 @@
+// The silo's side of a round, sans-I/O: messages from the upstream (an edge or the server; the
+// silo cannot tell which) in, Actions out. The daemon (agent.cpp) feeds it from the TLS
+// channel; the unit tests feed it directly.
+//
+//   RoundStart -> model chunks -> [secure: keys out at once] -> train (a worker job)
+//   -> [secure: key list -> shares out; share delivery; mask (a worker job)] -> UpdateReady
+//   -> UploadGrant -> chunks + UpdateEnd (and a line in the silo's own send log)
+//   -> [secure: UnmaskRequest -> unmask shares] -> RoundEnd
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "crypto/secagg.h"
+#include "proto/xsilo.pb.h"
+#include "protocol/masked.h"
+#include "protocol/tensor_stream.h"
+#include "silo_agent/trainer.h"
+#include "silo_agent/update.h"
+
+namespace xsilo::agent {
+
+// Where simulations reach into a silo: crashes at a protocol step and Byzantine updates. The
+// production agent runs the defaults, which do nothing.
+enum class SecureStep { KeysSent, SharesSent };
+class FaultHook {
+ public:
+  virtual ~FaultHook() = default;
+  // The session has just queued the message of `step`; true: this process is about to die, and
+  // the session ignores everything from now on.
+  virtual bool after_sent(SecureStep, std::uint64_t /*round*/) { return false; }
+  // The update about to be uploaded (weight * delta, trained from `global`), after the agent's
+  // own checks; a simulated Byzantine silo changes it here. Runs on the worker thread.
+  virtual void tamper(const TrainTask& /*task*/, const Model& /*global*/, std::span<float> /*update*/,
+                      double /*weight*/) {}
+};
+
+struct TrainDone {
+  std::optional<RoundOutput> out;
+  std::string error;
+  bool fatal = false;  // the trainer cannot go on: the agent exits
+};
+struct MaskDone {
+  std::shared_ptr<protocol::MaskedVector> words;
+  std::string sha256;
+  std::string error;
+};
+using SessionJobResult = std::variant<TrainDone, MaskDone>;
+
+namespace action {
+struct Send {
+  wire::Envelope env;
+};
+struct SendStream {  // an update's chunks, produced lazily from the buffer
+  std::shared_ptr<protocol::ChunkSource> source;
+};
+// Work for the worker thread; its result comes back through on_job_done.
+struct Job {
+  std::uint64_t id;
+  std::function<SessionJobResult()> work;
+};
+// A line for the silo's own log of what it sent (hashes, never data).
+struct Record {
+  nlohmann::json entry;
+};
+struct Finished {};
+// The trainer failed too many rounds in a row: stop with this reason.
+struct Fatal {
+  std::string reason;
+};
+}  // namespace action
+
+using Action = std::variant<action::Send, action::SendStream, action::Job, action::Record, action::Finished,
+                            action::Fatal>;
+
+struct SessionConfig {
+  std::string federation;
+  std::size_t chunk_bytes = 1u << 20;
+};
+
+class Session {
+ public:
+  // `trainer` and `hook` outlive the session; jobs call the trainer on the worker thread.
+  Session(SessionConfig cfg, Trainer& trainer, FaultHook& hook);
+
+  // A new connection to an upstream: `identity` is the name its Welcome says we have.
+  void on_connected(const std::string& identity, const std::string& upstream, const std::string& upstream_identity);
+  // The connection is gone: work in flight is moot (the secure client stays, to answer an
+  // unmask request that finds it through another route).
+  void on_disconnected();
+  void on_message(const wire::Envelope& e);
+  void on_job_done(std::uint64_t id, SessionJobResult result);
+
+  std::vector<Action> take_actions() { return std::exchange(actions_, {}); }
+  bool in_round() const { return in_round_; }
+  bool finished() const { return finished_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  void on_round_start(const wire::Envelope& e);
+  void start_secure(const wire::SecAggSetup& setup);
+  void on_key_list(const wire::Envelope& e);
+  void on_share_delivery(const wire::Envelope& e);
+  void on_unmask_request(const wire::Envelope& e);
+  void on_model_chunk(const wire::Envelope& e);
+  void on_model();
+  void trained(TrainDone r);
+  void mask_when_ready();
+  void masked(MaskDone r);
+  void upload();
+  void announce_ready();
+  void reply_error(wire::ErrorCode code, const std::string& msg);
+  void send(wire::Envelope e) { actions_.push_back(action::Send{std::move(e)}); }
+  void job(std::function<SessionJobResult()> work);
+  wire::Envelope env() const;
+
+  SessionConfig cfg_;
+  Trainer& trainer_;
+  FaultHook& hook_;
+  std::vector<Action> actions_;
+  std::string name_, upstream_, upstream_identity_;
+  bool connected_ = false, finished_ = false, silent_ = false;
+
+  // The round in progress. `generation_` moves on with every round and connection: a job's
+  // result for an older generation is dropped.
+  std::uint64_t generation_ = 0;
+  std::uint64_t job_id_ = 0;
+  std::map<std::uint64_t, std::uint64_t> job_generation_;
+  bool in_round_ = false;
+  std::uint64_t round_ = 0;
+  wire::TrainingPlan plan_;
+  std::string model_sha_;
+  std::shared_ptr<Model> global_;
+  protocol::TensorReceiver rx_;
+  bool training_ = false;
+  std::optional<RoundOutput> pending_;   // trained, not yet uploaded
+  std::shared_ptr<Model> spare_;         // last round's update buffer, reused
+  // Secure aggregation.
+  std::shared_ptr<crypto::secagg::Client> secure_;
+  std::optional<wire::SecAggSetup> setup_;
+  std::shared_ptr<protocol::MaskedVector> masked_;
+  bool shares_in_ = false, masking_ = false;
+};
+
+}  // namespace xsilo::agent

@@ -1,0 +1,72 @@
+#include "silo_agent/update.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "crypto/hash.h"
+
+namespace xsilo::agent {
+
+RoundOutput form_update(const Model& global, const Model& local, const TrainResult& r, const wire::TrainingPlan& plan,
+                        std::shared_ptr<Model> reuse) {
+  if (r.num_samples == 0) throw TrainerError("the trainer reported no training samples");
+  RoundOutput out;
+  out.num_samples = r.num_samples;
+  out.metrics = r.metrics;
+  out.weight = static_cast<double>(r.num_samples);
+  if (plan.max_weight() > 0) out.weight = std::min(out.weight, static_cast<double>(plan.max_weight()));
+  // Reuse last round's buffer when nothing else holds it: no fresh pages every round.
+  if (reuse && reuse.use_count() == 1 && reuse->same_layout(global)) {
+    out.update = std::move(reuse);
+  } else {
+    out.update = std::make_shared<Model>(global.zeros_like());
+  }
+  const auto g = global.flat();
+  const auto l = local.flat();
+  auto u = out.update->flat();
+  const auto w = static_cast<float>(out.weight);
+  bool finite = true;
+  for (std::size_t i = 0; i < u.size(); ++i) {
+    u[i] = (l[i] - g[i]) * w;
+    finite = finite && std::isfinite(l[i]);
+  }
+  if (!finite) {
+    for (const auto& t : local.tensors()) {
+      const auto v = local.tensor(t.name);
+      if (std::any_of(v.begin(), v.end(), [](float x) { return !std::isfinite(x); })) {
+        throw TrainerError("the trained model has NaN or infinite values in tensor " + t.name);
+      }
+    }
+  }
+  return out;
+}
+
+RoundOutput run_round(Trainer& trainer, const Model& global, const TrainTask& task, std::shared_ptr<Model> reuse) {
+  const auto eval = trainer.evaluate(global, task);
+  if (!task.plan.train()) {
+    RoundOutput out;
+    out.metrics = eval;
+    return out;
+  }
+  Model local = global.zeros_like();
+  const TrainResult r = trainer.train(global, task, local);
+  RoundOutput out = form_update(global, local, r, task.plan, std::move(reuse));
+  out.metrics.set_eval_loss(eval.eval_loss());
+  out.metrics.set_eval_accuracy(eval.eval_accuracy());
+  out.metrics.set_eval_samples(eval.eval_samples());
+  return out;
+}
+
+RoundOutput run_local_round(const AgentConfig& cfg, const LocalData& data, const Model& global,
+                            const wire::TrainingPlan& plan, std::uint64_t round, const std::string& silo) {
+  BuiltinTrainer trainer(cfg, data);
+  TrainTask task;
+  task.round = round;
+  task.silo = silo;
+  task.plan = plan;
+  auto out = run_round(trainer, global, task);
+  if (out.update) out.sha256 = crypto::sha256_hex(out.update->flat());
+  return out;
+}
+
+}  // namespace xsilo::agent

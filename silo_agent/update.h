@@ -1,0 +1,39 @@
+// A silo's round, from the trainer's output to what goes on the wire: weight * (local - global),
+// the weight being the sample count capped at the plan's max_weight, checked finite.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "common/model.h"
+#include "proto/xsilo.pb.h"
+#include "silo_agent/builtin_trainer.h"
+#include "silo_agent/trainer.h"
+
+namespace xsilo::agent {
+
+struct RoundOutput {
+  std::shared_ptr<Model> update;   // weight * delta; null after an evaluate-only round
+  std::uint64_t num_samples = 0;
+  double weight = 0;
+  std::string sha256;              // of the update bytes as sent
+  wire::TrainMetrics metrics;
+};
+
+// The upload for `local` trained from `global` (`reuse`, when given and not shared, becomes the
+// update buffer). Throws TrainerError when the trained model has NaN or infinite values or no
+// samples.
+RoundOutput form_update(const Model& global, const Model& local, const TrainResult& r, const wire::TrainingPlan& plan,
+                        std::shared_ptr<Model> reuse = nullptr);
+
+// One silo's round with its trainer: evaluate the global model, train, form the update (its
+// sha256 is left to the caller, who may still change the update).
+RoundOutput run_round(Trainer& trainer, const Model& global, const TrainTask& task,
+                      std::shared_ptr<Model> reuse = nullptr);
+
+// The same with a BuiltinTrainer over `data`: the reference the multi-process tests compare
+// the daemons against.
+RoundOutput run_local_round(const AgentConfig& cfg, const LocalData& data, const Model& global,
+                            const wire::TrainingPlan& plan, std::uint64_t round, const std::string& silo);
+
+}  // namespace xsilo::agent

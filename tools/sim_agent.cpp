@@ -1,0 +1,149 @@
+#include "tools/sim_agent.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include "common/config.h"
+#include "silo_agent/builtin_trainer.h"
+#include "silo_agent/sgd.h"
+
+namespace xsilo::tools {
+
+namespace {
+
+// Benchmarks: a deterministic pseudo-random delta and no data: a 64 Ki-element random block
+// from splitmix64, tiled over the model and scaled by a per-tile factor.
+class SyntheticTrainer final : public agent::Trainer {
+ public:
+  explicit SyntheticTrainer(std::uint64_t samples) : samples_(samples) {}
+  wire::TrainMetrics evaluate(const Model&, const agent::TrainTask&) override { return {}; }
+  agent::TrainResult train(const Model& global, const agent::TrainTask& task, Model& local) override {
+    std::uint64_t z = agent::round_seed(task.plan.seed(), task.round, task.silo);
+    auto next = [&z] {
+      z += 0x9e3779b97f4a7c15ull;
+      std::uint64_t x = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      return x ^ (x >> 27);
+    };
+    constexpr std::size_t kBlock = 1 << 16;
+    std::vector<float> block(kBlock);
+    const float scale = 2e-3f / 16777216.0f;
+    for (auto& v : block) v = static_cast<float>(static_cast<std::int64_t>(next() >> 40) - (1 << 23)) * scale;
+    const auto g = global.flat();
+    auto l = local.flat();
+    for (std::size_t i = 0; i < l.size(); i += kBlock) {
+      const float f = 0.5f + static_cast<float>(next() >> 40) / 16777216.0f;
+      const std::size_t n = std::min(kBlock, l.size() - i);
+      for (std::size_t k = 0; k < n; ++k) l[i + k] = g[i + k] + block[k] * f;
+    }
+    agent::TrainResult r;
+    r.num_samples = samples_;
+    return r;
+  }
+
+ private:
+  std::uint64_t samples_;
+};
+
+// A Byzantine silo: replaces its honest delta with the attack's, after the agent's checks; a
+// crash right after a secure-aggregation step.
+class SimHook final : public agent::FaultHook {
+ public:
+  SimHook(const agent::AgentConfig& cfg, SimAgentConfig sim) : sim_(std::move(sim)) {
+    for (const auto& h : sim_.attack.honest) {
+      agent::AgentConfig hc = cfg;  // the colluders' view of an honest silo: its data, standardized alike
+      hc.train_data = h.train;
+      hc.test_data.clear();
+      hc.local.workers = 1;
+      honest_.emplace_back(h.silo, std::make_unique<agent::BuiltinTrainer>(hc, agent::load_local_data(hc)));
+    }
+  }
+
+  bool after_sent(agent::SecureStep step, std::uint64_t round) override {
+    const bool keys = step == agent::SecureStep::KeysSent;
+    if (sim_.crash_after != (keys ? "keys" : "shares") || sim_.crash_round != round) return false;
+    spdlog::warn("round {}: simulated crash after sending {}", round, sim_.crash_after);
+    // Let the message leave, then die as a crash would: from here on the silo does nothing.
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      std::_Exit(137);
+    }).detach();
+    return true;
+  }
+
+  void tamper(const agent::TrainTask& task, const Model& global, std::span<float> update, double weight) override {
+    const auto& a = sim_.attack;
+    if (!a.active() || a.kind == "label_flip") return;
+    std::vector<float> delta(update.begin(), update.end());
+    for (auto& v : delta) v = static_cast<float>(v / weight);
+    apply_attack(a, delta, agent::round_seed(task.plan.seed() ^ 0xa77ac4, task.round, task.silo), [&] {
+      std::vector<std::vector<float>> deltas;
+      for (const auto& [silo, trainer] : honest_) {
+        agent::TrainTask t = task;
+        t.silo = silo;
+        Model local = global.zeros_like();
+        trainer->train(global, t, local);
+        auto& d = deltas.emplace_back(global.size());
+        for (std::size_t k = 0; k < d.size(); ++k) d[k] = local.flat()[k] - global.flat()[k];
+      }
+      return deltas;
+    });
+    for (std::size_t k = 0; k < update.size(); ++k) update[k] = static_cast<float>(delta[k] * weight);
+  }
+
+ private:
+  SimAgentConfig sim_;
+  std::vector<std::pair<std::string, std::unique_ptr<agent::BuiltinTrainer>>> honest_;
+};
+
+}  // namespace
+
+SimAgentConfig load_sim_agent_config(const std::filesystem::path& file) {
+  const auto j = ConfigNode::load_file(file);
+  ConfigNode root(j, file.string());
+  SimAgentConfig c;
+  if (root.has("attack")) c.attack = parse_attack(root.child("attack"));
+  if (root.has("crash")) {
+    const auto cr = root.child("crash");
+    c.crash_after = cr.one_of("after", "keys", {"keys", "shares"});
+    c.crash_round = static_cast<std::uint64_t>(cr.integer("round", 1, 1));
+    cr.finish();
+  }
+  if (root.has("synthetic")) {
+    const auto sy = root.child("synthetic");
+    c.synthetic_samples = static_cast<std::uint64_t>(sy.integer("samples", 100, 1));
+    sy.finish();
+  }
+  root.finish();
+  return c;
+}
+
+nlohmann::json to_json(const SimAgentConfig& c) {
+  nlohmann::json j = nlohmann::json::object();
+  if (c.attack.active()) {
+    const auto& a = c.attack;
+    nlohmann::json honest = nlohmann::json::array();
+    for (const auto& h : a.honest) honest.push_back({{"silo", h.silo}, {"train", h.train.string()}});
+    j["attack"] = {{"kind", a.kind}, {"scale", a.scale}, {"sigma", a.sigma}, {"factor", a.factor},
+                   {"z", a.z},       {"epsilon", a.epsilon}, {"honest", honest}};
+  }
+  if (!c.crash_after.empty()) j["crash"] = {{"after", c.crash_after}, {"round", c.crash_round}};
+  if (c.synthetic_samples) j["synthetic"] = {{"samples", *c.synthetic_samples}};
+  return j;
+}
+
+agent::AgentHooks make_sim_hooks(const agent::AgentConfig& cfg, const SimAgentConfig& sim) {
+  agent::AgentHooks hooks;
+  if (sim.synthetic_samples) {
+    hooks.trainer = std::make_unique<SyntheticTrainer>(*sim.synthetic_samples);
+  } else if (sim.attack.kind == "label_flip") {
+    auto data = agent::load_local_data(cfg);
+    for (auto& y : data.train.y) y = data.train.classes - 1 - y;
+    hooks.trainer = std::make_unique<agent::BuiltinTrainer>(cfg, std::move(data));
+  }
+  hooks.faults = std::make_unique<SimHook>(cfg, sim);
+  return hooks;
+}
+
+}  // namespace xsilo::tools

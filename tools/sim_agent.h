@@ -1,0 +1,33 @@
+// What a simulation adds to a silo agent, and nothing in production has: `xsilo agent --config
+// FILE --simulate SIMFILE` runs the ordinary agent with these hooks. Attacks (a Byzantine
+// silo's update), crashes at a secure-aggregation step, and the synthetic trainer of the
+// benchmarks (no data, as little compute as possible).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "silo_agent/agent.h"
+#include "tools/sim_attack.h"
+
+namespace xsilo::tools {
+
+struct SimAgentConfig {
+  AttackConfig attack;                 // kind "": honest
+  std::string crash_after;             // "keys" or "shares": die right after sending that step
+  std::uint64_t crash_round = 0;
+  std::optional<std::uint64_t> synthetic_samples;  // the synthetic trainer, with this sample count
+  bool active() const { return attack.active() || !crash_after.empty() || synthetic_samples; }
+};
+
+SimAgentConfig load_sim_agent_config(const std::filesystem::path& file);
+nlohmann::json to_json(const SimAgentConfig& c);
+
+// The trainer and fault hook the simulation asks for, on top of the agent's own config.
+agent::AgentHooks make_sim_hooks(const agent::AgentConfig& cfg, const SimAgentConfig& sim);
+
+}  // namespace xsilo::tools
