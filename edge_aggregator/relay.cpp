@@ -229,7 +229,17 @@ void Relay::on_silo_message(const std::string& silo, const wire::Envelope& e) {
       }
       break;
     }
-    case B::kError: spdlog::warn("silo {} reports: {}", silo, e.error().message()); break;
+    case B::kError: {
+      spdlog::warn("silo {} reports: {}", silo, e.error().message());
+      if (in_round && e.error().code() == wire::TRAINING_FAILED) {
+        // Its trainer failed: the server drops it from the round, the region stops waiting.
+        wire::Envelope relay = e;
+        relay.set_silo(silo);
+        to_server(std::move(relay));
+        silo_gone(silo);
+      }
+      break;
+    }
     default: silo_error(silo, wire::UNEXPECTED, "a silo may not send " + proto::body_name(e));
   }
 }

@@ -9,7 +9,8 @@ packages=(
   nlohmann-json3-dev libgtest-dev libgmock-dev libcli11-dev libspdlog-dev libfmt-dev
   libeigen3-dev zlib1g-dev
   libopenmpi-dev openmpi-bin libgloo-dev   # peers measured by `xsilo bench allreduce`
-  python3-numpy                            # reference implementation in `xsilo bench robust`
+  python3-numpy                            # reference implementation in `xsilo bench robust`, the SDK
+  python3-torch                            # the PyTorch example (examples/pytorch) and its tests
   openssl
 )
 

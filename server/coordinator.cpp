@@ -463,6 +463,7 @@ void Coordinator::on_message(SessionId id, const wire::Envelope& e, std::int64_t
   const auto body = e.body_case();
   if (body == B::kError) {
     spdlog::warn("silo {} reports an error: {}", peer->name, e.error().message());
+    if (auto m = member_of(id)) member_failed(*m, e, now_ms);
     return;
   }
   const bool secure_body = body == B::kSecaggKeys || body == B::kSecaggShares || body == B::kSecaggUnmaskShares;
@@ -493,6 +494,8 @@ void Coordinator::on_edge_message(SessionId id, const wire::Envelope& e, std::in
   const auto body = e.body_case();
   if (body == B::kError) {
     spdlog::warn("edge {} reports{}: {}", edge, e.silo().empty() ? "" : " for silo " + e.silo(), e.error().message());
+    const auto m = e.silo().empty() ? std::nullopt : member_named(e.silo());
+    if (m && r_->members[*m].session == id) member_failed(*m, e, now_ms);
     return;
   }
   if (body == B::kRegionStatus) return on_region_status(id, e.region_status(), now_ms);
@@ -547,6 +550,17 @@ void Coordinator::on_region_status(SessionId id, const wire::RegionStatus& statu
     membership_.join_region(id, silo);
     silo_joined(silo, id, now_ms);
   }
+}
+
+// A member that reports an error while it trains has failed its round (its trainer could not
+// produce an update): it is a dropout now, not at the training deadline.
+void Coordinator::member_failed(std::size_t m, const wire::Envelope& e, std::int64_t now_ms) {
+  if (e.error().code() != wire::TRAINING_FAILED || phase_ != Phase::Collecting || e.round() != round_ ||
+      r_->members[m].state != MemberState::Training) {
+    return;
+  }
+  drop(m, DropPhase::Train, DropCause::TrainingFailed, "its training failed: " + e.error().message(), false);
+  pump(now_ms);
 }
 
 void Coordinator::on_update_ready(std::size_t m, const wire::Envelope& e, std::int64_t now_ms) {

@@ -148,6 +148,7 @@ class Coordinator {
   void finish_round(bool committed, std::int64_t now_ms);
   // Uploads
   void on_update_ready(std::size_t member, const wire::Envelope& env, std::int64_t now_ms);
+  void member_failed(std::size_t member, const wire::Envelope& error, std::int64_t now_ms);
   void grant(const Uploader& u);
   void on_chunk(const Uploader& u, SessionId reply_to, const wire::Envelope& env, std::int64_t now_ms);
   void on_update_end(std::size_t member, const wire::Envelope& env, std::int64_t now_ms);

@@ -35,6 +35,7 @@ std::string_view name(DropCause c) {
     case DropCause::Deadline: return "deadline";
     case DropCause::StillPending: return "still_pending";
     case DropCause::ZeroSamples: return "zero_samples";
+    case DropCause::TrainingFailed: return "training_failed";
     case DropCause::BadUpload: return "bad_upload";
     case DropCause::NonFinite: return "non_finite";
     case DropCause::HashMismatch: return "hash_mismatch";

@@ -26,6 +26,7 @@ enum class DropCause {
   Deadline,          // missed the phase's deadline
   StillPending,      // had not finished when the round closed
   ZeroSamples,       // reported no training samples
+  TrainingFailed,    // the silo reported that its training failed (its trainer's error)
   BadUpload,         // an upload that does not match the model (layout, size, weight)
   NonFinite,         // NaN or infinite values: Byzantine, and counted against f
   HashMismatch,      // the bytes do not match the declared SHA-256

@@ -239,7 +239,7 @@ void Session::trained(TrainDone r) {
   training_ = false;
   if (!r.error.empty()) {
     spdlog::error("round {}: {}", round_, r.error);
-    reply_error(wire::BAD_UPDATE, r.error);
+    reply_error(wire::TRAINING_FAILED, r.error);  // the server lets the round go on without this silo
     if (r.fatal) actions_.push_back(action::Fatal{r.error});
     return;
   }
@@ -298,6 +298,7 @@ void Session::masked(MaskDone r) {
   masking_ = false;
   if (!r.error.empty()) {
     spdlog::error("round {}: masking failed: {}", round_, r.error);
+    reply_error(wire::TRAINING_FAILED, "masking failed: " + r.error);
     return;
   }
   masked_ = std::move(r.words);

@@ -1,0 +1,347 @@
+"""The trainer's side of the external trainer protocol (docs/trainer-protocol.md, version 1).
+
+One Client per process talks to the agent over the socket it inherited: hello/welcome once,
+then one task at a time, each answered by exactly one result or error.
+"""
+
+import logging
+import math
+import os
+
+import numpy as np
+
+from . import safetensors, state
+from .channel import Channel, ProtocolError
+
+PROTOCOL = 1
+SDK_VERSION = "0.1.0"
+TASK_KINDS = ("train", "evaluate", "shutdown")
+
+log = logging.getLogger("xsilo_client")
+
+
+def _env_int(env, key, default):
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {key}={raw!r} is not an integer") from None
+
+
+def _is_int(v):
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def finite_number(value, what):
+    """value as a finite int or float (numpy and torch scalars accepted), else ValueError."""
+    if hasattr(value, "item") and callable(value.item):  # numpy scalar or array, torch tensor
+        size = value.numel() if callable(getattr(value, "numel", None)) else getattr(value, "size", 1)
+        if size != 1:
+            raise ValueError(f"{what} must be one number, got {type(value).__name__} of {size} elements")
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what} must be a number, got {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{what} is {value}; metrics must be finite")
+    return value
+
+
+def check_metrics(metrics):
+    """metrics as a dict of str -> finite int/float, or ValueError naming the bad entry."""
+    if metrics is None:
+        return {}
+    if not hasattr(metrics, "items"):
+        raise ValueError(f"metrics must be a dict of name -> number, got {type(metrics).__name__}")
+    out = {}
+    for name, value in metrics.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"metric name {name!r} must be a non-empty string")
+        out[name] = finite_number(value, f"metric {name!r}")
+    return out
+
+
+class Task:
+    """One train or evaluate task from the agent."""
+
+    def __init__(self, message, last_sent):
+        self.id = message["id"]
+        self.kind = message["kind"]
+        self.round = message["round"]
+        self.model_path = message["model"]
+        self.config = dict(message.get("config") or {})
+        self.config.setdefault("round", self.round)
+        self._last_sent = last_sent  # () -> the state dict last passed to send(), or None
+
+    def __repr__(self):
+        return f"Task(kind={self.kind!r}, id={self.id}, round={self.round}, model_path={self.model_path!r})"
+
+    def arrays(self):
+        """The global model as numpy arrays by name (views of a copy-on-write mapping of the file)."""
+        return safetensors.load_file(self.model_path, writable=True)
+
+    def state_dict(self, like=None):
+        """The global model as a state dict: float32 torch tensors (numpy arrays without torch).
+
+        With ``like`` (a state dict or a module), the result has exactly like's names: tensors
+        take like's dtypes and devices, and names the global model lacks (integer buffers such
+        as BatchNorm's ``num_batches_tracked``) are filled from ``like``. Without it, names the
+        global model lacks are filled from the state dict last passed to ``send()``, if any.
+        """
+        arrays = self.arrays()
+        result = {}
+        for name, array in arrays.items():
+            if array.dtype.kind == "f" and array.dtype != np.float32:
+                array = array.astype(np.float32)
+            result[name] = state.to_preferred(array)
+        if like is not None:
+            return self._shaped_like(result, state.as_state_dict(like))
+        last = self._last_sent()
+        if last is not None:
+            for name, value in last.items():
+                if name not in result:
+                    result[name] = state.to_preferred(value)
+        return result
+
+    def _shaped_like(self, result, like):
+        extra = [name for name in result if name not in like]
+        if extra:
+            raise ValueError(f"global model {self.model_path}: tensors the local model lacks: "
+                             f"{', '.join(extra)}")
+        out = {}
+        for name, ref in like.items():
+            if name not in result:
+                if state.is_floating(ref):
+                    log.warning("global model has no tensor %r; keeping the local value", name)
+                out[name] = ref
+                continue
+            value = result[name]
+            if state.shape_of(value) != state.shape_of(ref):
+                raise ValueError(f"global model {self.model_path}: tensor {name!r} has shape "
+                                 f"{list(state.shape_of(value))}, the local model {list(state.shape_of(ref))}")
+            out[name] = state.convert_like(value, ref)
+        return out
+
+    def load_into(self, model):
+        """Loads the global model into a torch module (strict): dtypes and devices are the
+        module's own, integer buffers the global model lacks keep their local values."""
+        if state.torch_or_none() is None:
+            raise RuntimeError("load_into needs torch; use task.arrays() or task.state_dict() without it")
+        if type(model).__name__ in ("DistributedDataParallel", "DataParallel"):
+            model = model.module
+        model.load_state_dict(self.state_dict(like=model.state_dict()), strict=True)
+        return model
+
+
+class Client:
+    """The protocol state of one trainer process. Use the module functions of xsilo_client."""
+
+    def __init__(self, env=None):
+        self._env = os.environ if env is None else env
+        self._channel = None
+        self._welcome = None
+        self._task = None          # the task awaiting its result
+        self._shut_down = False
+        self._last_sent = None     # the state dict last passed to send()
+        self._logged_local = set()  # names already logged as kept local
+        self._logged_float64 = set()  # names already logged as narrowed to float32
+
+    def close(self):
+        """Closes the channel (the agent sees the trainer go). Process exit does the same."""
+        if self._channel is not None:
+            self._channel.close()
+
+    # Environment ---------------------------------------------------------------------------
+
+    def is_federated(self):
+        return bool(self._env.get("XSILO_TRAINER_FD"))
+
+    def rank(self):
+        return _env_int(self._env, "RANK", 0)
+
+    def world_size(self):
+        return _env_int(self._env, "WORLD_SIZE", 1)
+
+    def silo(self):
+        if self._welcome is not None:
+            return self._welcome["silo"]
+        return self._env.get("XSILO_SILO") or None
+
+    def exchange_dir(self):
+        if self._welcome is not None:
+            return self._welcome["exchange_dir"]
+        return self._env.get("XSILO_EXCHANGE_DIR") or None
+
+    # Handshake -----------------------------------------------------------------------------
+
+    def init(self):
+        """Says hello and waits for the welcome. Idempotent."""
+        if self._welcome is not None:
+            return
+        if not self.is_federated():
+            raise RuntimeError("not running under an xsilo agent (XSILO_TRAINER_FD is not set); "
+                               "check xsilo_client.is_federated() first")
+        raw_fd = self._env["XSILO_TRAINER_FD"]
+        try:
+            fd = int(raw_fd)
+        except ValueError:
+            raise ValueError(f"XSILO_TRAINER_FD={raw_fd!r} is not a descriptor number") from None
+        rank, world_size = self.rank(), self.world_size()
+        if not 0 <= rank < world_size:
+            raise ValueError(f"RANK={rank} is not in 0..WORLD_SIZE-1 (WORLD_SIZE={world_size})")
+        self._channel = Channel.from_fd(fd)
+        self._channel.send({"type": "hello", "protocol": PROTOCOL, "sdk": SDK_VERSION,
+                            "rank": rank, "world_size": world_size, "pid": os.getpid()})
+        reply = self._channel.receive()
+        if reply is None:
+            raise ConnectionError("the xsilo agent closed the channel before answering hello")
+        kind = reply.get("type")
+        if kind == "error":
+            raise ProtocolError(f"the xsilo agent refused this trainer (SDK {SDK_VERSION}, protocol "
+                                f"{PROTOCOL}): {reply.get('message', '(no message)')}")
+        if kind != "welcome":
+            raise ProtocolError(f"expected welcome from the xsilo agent, got {kind!r}")
+        for key, typ in (("protocol", int), ("silo", str), ("exchange_dir", str)):
+            if key not in reply:
+                raise ProtocolError(f"the agent's welcome lacks {key!r}")
+            if not isinstance(reply[key], typ) or isinstance(reply[key], bool):
+                raise ProtocolError(f"the agent's welcome has {key}={reply[key]!r}, not a {typ.__name__}")
+        if reply["protocol"] != PROTOCOL:
+            raise ProtocolError(f"the xsilo agent speaks trainer protocol {reply['protocol']}, this SDK "
+                                f"(xsilo-client {SDK_VERSION}) speaks {PROTOCOL}: install matching versions")
+        self._welcome = reply
+        log.debug("welcomed by agent %s as silo %s", reply.get("agent"), reply["silo"])
+
+    # Tasks ---------------------------------------------------------------------------------
+
+    def receive(self):
+        """The next train or evaluate Task; None once the agent asked to shut down."""
+        if self._shut_down:
+            return None
+        self.init()
+        if self._task is not None:
+            raise RuntimeError(f"task {self._task.id} ({self._task.kind}) has no answer yet: "
+                               "call send() or send_error() before receive()")
+        while True:
+            message = self._channel.receive()
+            if message is None:
+                raise ConnectionError("the xsilo agent closed the channel without a shutdown task")
+            kind = message.get("type")
+            if kind == "error":
+                raise ProtocolError(f"the xsilo agent reported: {message.get('message', '(no message)')}")
+            if kind != "task":
+                raise ProtocolError(f"expected a task from the xsilo agent, got a message of type {kind!r}")
+            problem = self._task_problem(message)
+            if problem is None:
+                break
+            if not _is_int(message.get("id")):
+                raise ProtocolError(f"the xsilo agent sent a task without an integer id: {problem}")
+            # A bad task is answered with an error (the silo drops out of that round); the
+            # trainer waits for the next one.
+            log.error("task %s refused: %s", message["id"], problem)
+            self._channel.send({"type": "error", "id": int(message["id"]), "message": problem})
+        if message["kind"] == "shutdown":
+            self._shut_down = True
+            self._channel.close()
+            return None
+        self._task = Task(message, lambda: self._last_sent)
+        return self._task
+
+    @staticmethod
+    def _task_problem(message):
+        """Why a task message cannot be run, or None."""
+        if not _is_int(message.get("id")):
+            return "task id must be an integer"
+        kind = message.get("kind")
+        if kind not in TASK_KINDS:
+            return f"task kind {kind!r} is not one of {', '.join(TASK_KINDS)} (xsilo-client {SDK_VERSION})"
+        if kind == "shutdown":
+            return None
+        if not _is_int(message.get("round")) or message["round"] < 0:
+            return f"{kind} task needs a non-negative integer 'round', got {message.get('round')!r}"
+        if not isinstance(message.get("model"), str) or not message["model"]:
+            return f"{kind} task needs the global model's path in 'model', got {message.get('model')!r}"
+        if message.get("config") is not None and not isinstance(message["config"], dict):
+            return f"{kind} task's 'config' must be an object, got {type(message['config']).__name__}"
+        return None
+
+    def _current(self, what):
+        if self._task is None:
+            raise RuntimeError(f"{what}() answers a task: call receive() first")
+        return self._task
+
+    def send(self, state_dict=None, num_samples=None, metrics=None):
+        """Answers the current task. See xsilo_client.send."""
+        task = self._current("send")
+        metrics = check_metrics(metrics)
+        if num_samples is not None:
+            if not _is_int(num_samples) or num_samples <= 0:
+                raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+            num_samples = int(num_samples)
+        if state_dict is not None:
+            state_dict = state.as_state_dict(state_dict)
+        rank = self.rank()
+        weights = None
+        if task.kind == "train" and rank == 0:
+            if state_dict is None:
+                raise ValueError("a train task's result on rank 0 needs the trained state_dict")
+            if num_samples is None:
+                raise ValueError("a train task's result on rank 0 needs num_samples (the silo's "
+                                 "training samples, > 0)")
+            weights = self._write_update(task, state_dict)
+        elif state_dict is not None and task.kind == "evaluate":
+            log.debug("evaluate task %s: weights are not sent", task.id)
+        message = {"type": "result", "id": task.id, "rank": rank, "weights": weights,
+                   "num_samples": num_samples, "metrics": metrics}
+        try:
+            self._channel.send(message)
+        except ValueError:
+            if weights is not None:
+                os.unlink(weights)
+            raise
+        if state_dict is not None:
+            self._last_sent = state_dict
+        self._task = None
+
+    def _write_update(self, task, state_dict):
+        floating, local = state.split_floating(state_dict)
+        new_local = [name for name in local if name not in self._logged_local]
+        if new_local:
+            log.info("not federated, kept local (integer/bool tensors): %s", ", ".join(new_local))
+            self._logged_local.update(new_local)
+        if not floating:
+            raise ValueError("the state dict has no floating-point tensors to send")
+        wide = [name for name, v in floating.items() if state.dtype_name(v) == "float64"]
+        for name in wide:
+            floating[name] = state.to_float32(floating[name])
+        new_wide = [name for name in wide if name not in self._logged_float64]
+        if new_wide:
+            log.info("float64 tensors sent as float32: %s", ", ".join(new_wide))
+            self._logged_float64.update(new_wide)
+        path = os.path.join(self.exchange_dir(), f"update-{task.round}-{task.id}.safetensors")
+        safetensors.save_file(floating, path,
+                              metadata={"xsilo_task": str(task.id), "xsilo_round": str(task.round)})
+        return path
+
+    def send_error(self, message):
+        """Reports that the current task failed (the silo drops out of the round)."""
+        task = self._current("send_error")
+        self._channel.send({"type": "error", "id": task.id, "message": str(message)})
+        self._task = None
+
+
+def save_initial(model_or_state_dict, path, metadata=None):
+    """Writes the initial model file for the server: every floating-point tensor as float32.
+
+    Integer and bool tensors are left out (the federation does not carry them) and named in
+    one log line. Returns the names written.
+    """
+    floating, local = state.split_floating(state.as_state_dict(model_or_state_dict))
+    if not floating:
+        raise ValueError("the model has no floating-point tensors")
+    if local:
+        log.info("left out of %s (integer/bool tensors, not federated): %s", path, ", ".join(local))
+    safetensors.save_file({name: state.to_float32(v) for name, v in floating.items()}, path,
+                          metadata=metadata)
+    return list(floating)

@@ -1,0 +1,281 @@
+// External trainers: the agent's side of the trainer protocol against real Python processes
+// (tests/fake_trainer.py, numpy only, and the PyTorch example), in-process and as whole
+// federations over mutual TLS.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <thread>
+
+#include "common/fs.h"
+#include "common/safetensors.h"
+#include "server/audit.h"
+#include "silo_agent/external_trainer.h"
+#include "tests/federation_util.h"
+
+namespace xsilo {
+namespace {
+
+using namespace std::chrono_literals;
+
+const std::filesystem::path kSource = XSILO_SOURCE_DIR;
+
+std::string python() { return std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3"; }
+
+// Whether `python()` can import `module`; the tests that need it skip, saying so, when not.
+bool python_has(const std::string& module) {
+  test::TempDir dir;
+  Process p({python(), "-c", "import " + module}, dir / "probe.log");
+  return p.wait(60s).value_or(-1) == 0;
+}
+
+#define REQUIRE_PYTHON_MODULE(m)                                                                   \
+  do {                                                                                             \
+    if (!python_has(m)) {                                                                          \
+      GTEST_SKIP() << "skipped: " << python() << " cannot import " << m                           \
+                   << " (install python3-numpy / python3-torch from Debian)";                      \
+    }                                                                                              \
+  } while (0)
+
+Model logistic() {
+  Model m;
+  m.add("layers.0.weight", {1, 30});
+  m.add("layers.0.bias", {1});
+  for (std::size_t i = 0; i < m.size(); ++i) m.flat()[i] = 0.01f * static_cast<float>(i);
+  return m;
+}
+
+agent::AgentConfig fake(const test::TempDir& dir, const std::string& mode, int workers = 1) {
+  agent::AgentConfig c;
+  c.trainer = agent::TrainerKind::External;
+  c.external.command = {python(), (kSource / "tests" / "fake_trainer.py").string()};
+  c.external.env = {{"FAKE_MODE", mode}};
+  c.external.startup = 30s;
+  c.external.task_timeout = 30s;
+  c.state_dir = dir / "state";
+  c.local.workers = workers;
+  return c;
+}
+
+agent::TrainTask task(std::uint64_t round) {
+  agent::TrainTask t;
+  t.round = round;
+  t.silo = "hospital-01";
+  t.plan.set_train(true);
+  t.plan.set_learning_rate(0.1f);
+  t.plan.set_config_json(R"({"learning_rate": 0.1, "schedule": "cosine"})");
+  return t;
+}
+
+TEST(ExternalTrainer, TrainsThroughTheSdkAndReturnsTheWeights) {
+  REQUIRE_PYTHON_MODULE("numpy");
+  test::TempDir dir;
+  auto cfg = fake(dir, "ok");
+  cfg.external.evaluate = true;
+  agent::ExternalTrainer t(cfg);
+  const Model g = logistic();
+  for (std::uint64_t round = 1; round <= 2; ++round) {
+    Model local = g.zeros_like();
+    const auto r = t.train(g, task(round), local);
+    EXPECT_EQ(r.num_samples, 10u);
+    EXPECT_DOUBLE_EQ(r.metrics.train_loss(), 0.25);
+    for (std::size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(local.flat()[i], g.flat()[i] + 0.01f, 1e-6) << i;
+  }
+  const auto ev = t.evaluate(g, task(3));
+  EXPECT_DOUBLE_EQ(ev.eval_accuracy(), 0.75);
+  EXPECT_EQ(ev.eval_samples(), 4u);
+  // Tensors travel through a private folder in memory; nothing is left in it.
+  EXPECT_EQ(t.exchange_dir().string().rfind("/dev/shm/", 0), 0u) << t.exchange_dir();
+  EXPECT_TRUE(std::filesystem::is_empty(t.exchange_dir()));
+  EXPECT_EQ(std::filesystem::status(t.exchange_dir()).permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_all);
+}
+
+TEST(ExternalTrainer, TwoWorkersAnswerEveryTaskAndRankZeroCarriesTheWeights) {
+  REQUIRE_PYTHON_MODULE("numpy");
+  test::TempDir dir;
+  agent::ExternalTrainer t(fake(dir, "ok", 2));
+  const Model g = logistic();
+  Model local = g.zeros_like();
+  const auto r = t.train(g, task(1), local);
+  EXPECT_EQ(r.num_samples, 10u);  // rank 0's count (rank 1 would say 11)
+  EXPECT_NEAR(local.flat()[5], g.flat()[5] + 0.01f, 1e-6);
+  EXPECT_TRUE(std::filesystem::exists(dir / "state" / "trainer" / "rank-1.log"));
+}
+
+struct Misbehaviour {
+  std::string mode;
+  std::string expect;     // in the error message
+  bool recovers = true;   // the misbehaviour is limited to round 1 (not one of the start-up ones)
+};
+void PrintTo(const Misbehaviour& m, std::ostream* os) { *os << m.mode; }
+
+class TrainerMisbehaviour : public ::testing::TestWithParam<Misbehaviour> {};
+
+// Every way a trainer can go wrong ends the round with an error that names the cause; the
+// trainer is started afresh for the next round (here it behaves from round 2 on).
+TEST_P(TrainerMisbehaviour, IsAClearErrorAndTheNextRoundStartsAfresh) {
+  REQUIRE_PYTHON_MODULE("numpy");
+  const auto& m = GetParam();
+  test::TempDir dir;
+  auto cfg = fake(dir, m.mode);
+  cfg.external.env.emplace_back("FAKE_ROUNDS", "1");
+  cfg.external.startup = 5s;
+  cfg.external.task_timeout = 3s;
+  if (m.mode == "nostart") cfg.external.command = {(dir / "no-such-trainer").string()};
+  agent::ExternalTrainer t(cfg);
+  const Model g = logistic();
+  Model local = g.zeros_like();
+  try {
+    t.train(g, task(1), local);
+    ADD_FAILURE() << m.mode << ": no error";
+  } catch (const agent::TrainerError& e) {
+    EXPECT_NE(std::string(e.what()).find(m.expect), std::string::npos) << e.what();
+    EXPECT_FALSE(e.fatal());
+  }
+  if (!m.recovers) return;
+  const auto r = t.train(g, task(2), local);  // restarted after a backoff of 1 s
+  EXPECT_EQ(r.num_samples, 10u);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, TrainerMisbehaviour,
+    ::testing::Values(Misbehaviour{"exit", "exited with code 3"}, Misbehaviour{"hang", "did not send its train result"},
+                      Misbehaviour{"error", "CUDA out of memory (simulated)"},
+                      Misbehaviour{"names", "renamed.layers.0"}, Misbehaviour{"shape", "[3, 3]"},
+                      Misbehaviour{"dtype", "I32"}, Misbehaviour{"nan", "NaN or infinite values in tensor"},
+                      Misbehaviour{"bigger", "extra.weight"}, Misbehaviour{"zero", "num_samples"},
+                      Misbehaviour{"version", "speaks protocol 2", false},
+                      Misbehaviour{"silent", "did not send its hello", false},
+                      Misbehaviour{"nostart", "exited with code 127", false}),
+    [](const auto& info) { return info.param.mode; });
+
+TEST(ExternalTrainer, AWorkerThatDiesEndsTheRoundNamingIt) {
+  REQUIRE_PYTHON_MODULE("numpy");
+  test::TempDir dir;
+  auto cfg = fake(dir, "exit", 2);
+  cfg.external.env.emplace_back("FAKE_RANK", "1");
+  agent::ExternalTrainer t(cfg);
+  const Model g = logistic();
+  Model local = g.zeros_like();
+  try {
+    t.train(g, task(1), local);
+    ADD_FAILURE() << "no error";
+  } catch (const agent::TrainerError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ExternalTrainer, TooManyFailedRoundsInARowAreFatal) {
+  REQUIRE_PYTHON_MODULE("numpy");
+  test::TempDir dir;
+  auto cfg = fake(dir, "error");
+  cfg.external.max_failures = 2;
+  agent::ExternalTrainer t(cfg);
+  const Model g = logistic();
+  Model local = g.zeros_like();
+  bool fatal[2] = {false, false};
+  for (int k = 0; k < 2; ++k) {
+    try {
+      t.train(g, task(static_cast<std::uint64_t>(k + 1)), local);
+    } catch (const agent::TrainerError& e) {
+      fatal[k] = e.fatal();
+      if (k == 1) {
+        EXPECT_NE(std::string(e.what()).find("max_failures"), std::string::npos) << e.what();
+      }
+    }
+  }
+  EXPECT_FALSE(fatal[0]);
+  EXPECT_TRUE(fatal[1]);
+}
+
+}  // namespace
+
+namespace tools {
+namespace {
+
+using json = nlohmann::json;
+
+json run_sim_config(const test::TempDir& dir, const json& cfg, std::chrono::seconds limit, std::string* log = nullptr) {
+  const auto file = dir / "sim.json";
+  std::ofstream(file) << cfg.dump(2);
+  Process sim({test::xsilo_bin(), "sim", "--config", file.string(), "--out", (dir / "out").string()}, dir / "sim.log");
+  const auto code = sim.wait(limit);
+  if (log) *log = log_tail(dir / "sim.log", 60) + "server:\n" + log_tail(dir / "out" / "logs" / "server.log", 40);
+  EXPECT_EQ(code.value_or(-1), 0) << log_tail(dir / "sim.log", 60);
+  return json::parse(read_file(dir / "out" / "summary.json"));
+}
+
+// A silo whose trainer dies in round 2 is a dropout of round 2 with the reason in its log; its
+// trainer starts afresh and the silo is back in round 3.
+TEST(ExternalTrainers, ATrainerThatDiesMakesItsSiloADropoutForOneRound) {
+  REQUIRE_PYTHON_MODULE("numpy");
+  test::TempDir dir;
+  const std::string fake = (kSource / "tests" / "fake_trainer.py").string();
+  const json cfg = {{"silos", 3},
+                    {"rounds", 4},
+                    {"baseline", false},
+                    {"data", {{"dataset", "breast_cancer"}}},
+                    {"model", {{"kind", "file"}, {"path", (dir / "init.safetensors").string()}}},
+                    {"trainer",
+                     {{"command", {python(), fake}},
+                      {"init", {python(), fake, "--init", "{path}"}},
+                      {"env", {{"FAKE_MODE", "exit"}, {"FAKE_SILO", "hospital-02"}, {"FAKE_ROUNDS", "2"}}},
+                      {"evaluate", false}}},
+                    {"selection", {{"min_silos", 2}, {"min_updates", 2}}},
+                    {"training", {{"learning_rate", 0.1}}}};
+  std::string log;
+  const auto summary = run_sim_config(dir, cfg, 240s, &log);
+  EXPECT_EQ(summary["rounds_committed"], 4) << log;
+  std::vector<json> rounds;
+  for (auto& r : server::read_audit_log(dir / "out" / "audit.jsonl")) {
+    if (r["event"] == "round") rounds.push_back(r);
+  }
+  ASSERT_EQ(rounds.size(), 4u) << log;
+  ASSERT_EQ(rounds[1]["dropouts"].size(), 1u) << rounds[1].dump(2);
+  EXPECT_EQ(rounds[1]["dropouts"][0]["silo"], "hospital-02");
+  EXPECT_EQ(rounds[2]["participants"].size(), 3u) << rounds[2].dump(2);
+  const std::string agent_log = read_file(dir / "out" / "logs" / "hospital-02.log");
+  EXPECT_NE(agent_log.find("exited with code 3"), std::string::npos) << agent_log;
+  EXPECT_NE(agent_log.find("started again for the next round"), std::string::npos) << agent_log;
+}
+
+// The PyTorch example as `xsilo sim` runs it: 5 silos federating the user's own CNN, within two
+// points of the same script trained centrally; the final checkpoint loads into the module.
+void run_example(const std::string& config, double max_gap) {
+  REQUIRE_PYTHON_MODULE("torch");
+  test::TempDir dir;
+  auto cfg = json::parse(read_file(kSource / "examples" / "pytorch" / config));
+  cfg["trainer"]["cwd"] = (kSource / "examples" / "pytorch").string();
+  cfg["model"]["path"] = (dir / "init.safetensors").string();  // written by trainer.init
+  std::string log;
+  const auto summary = run_sim_config(dir, cfg, 600s, &log);
+  EXPECT_EQ(summary["rounds_committed"], cfg["rounds"]) << log;
+  const double fed = summary["final_accuracy"], central = summary["centralized_accuracy"];
+  EXPECT_GT(fed, central - max_gap) << "federated " << fed << ", central " << central << "\n" << log;
+  // The checkpoint is a safetensors file that PyTorch loads into the user's module (the
+  // integer BatchNorm counter is not federated: it stays with each silo).
+  const auto script = dir / "load.py";
+  std::ofstream(script) << "import sys\n"
+                        << "sys.path[:0] = ['" << (kSource / "python").string() << "', '"
+                        << (kSource / "examples" / "pytorch").string() << "']\n"
+                        << "import torch\nfrom xsilo_client import safetensors\nfrom model import DigitsCNN\n"
+                        << "m = DigitsCNN()\n"
+                        << "sd = {k: torch.from_numpy(v.copy()) for k, v in safetensors.load_file(sys.argv[1]).items()}\n"
+                        << "missing, unexpected = m.load_state_dict(sd, strict=False)\n"
+                        << "assert not unexpected, unexpected\n"
+                        << "assert set(missing) <= {'bn1.num_batches_tracked'}, missing\n"
+                        << "print('loaded', len(sd), 'tensors')\n";
+  Process load({python(), script.string(), (dir / "out" / "model.safetensors").string()}, dir / "load.log");
+  EXPECT_EQ(load.wait(120s).value_or(-1), 0) << log_tail(dir / "load.log");
+}
+
+TEST(PytorchExample, FiveSilosReachTheCentralAccuracyWithinTwoPoints) { run_example("sim.json", 0.02); }
+
+TEST(PytorchExample, SecureGroupedMedianTwoEdgesTwoWorkersPerSiloWithinTwoPoints) {
+  run_example("sim-secure.json", 0.02);
+}
+
+}  // namespace
+}  // namespace tools
+}  // namespace xsilo
