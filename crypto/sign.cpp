@@ -4,7 +4,6 @@
 
 #include <stdexcept>
 
-#include "common/fs.h"
 #include "crypto/hash.h"
 
 namespace xsilo::crypto {
@@ -27,21 +26,20 @@ SigningKey::SigningKey(SigningKey&& o) noexcept : sk_(o.sk_), pk_(o.pk_) {
 
 SigningKey::~SigningKey() { sodium_memzero(sk_.data(), sk_.size()); }
 
-SigningKey SigningKey::load(const std::filesystem::path& path) {
+SigningKey SigningKey::from_hex(std::string text, const std::string& what) {
   ensure_sodium();
-  std::string text = read_file(path);
   while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
   std::string raw;
   try {
-    raw = from_hex(text);
+    raw = crypto::from_hex(text);
   } catch (const std::exception&) {
     sodium_memzero(text.data(), text.size());
-    throw std::runtime_error("signing key " + path.string() + " is not hex");
+    throw std::runtime_error("signing key " + what + " is not hex");
   }
   sodium_memzero(text.data(), text.size());
   if (raw.size() != crypto_sign_SECRETKEYBYTES) {
     sodium_memzero(raw.data(), raw.size());
-    throw std::runtime_error("signing key " + path.string() + " has the wrong length");
+    throw std::runtime_error("signing key " + what + " has the wrong length");
   }
   SigningKey k;
   std::copy(raw.begin(), raw.end(), k.sk_.begin());
@@ -50,13 +48,8 @@ SigningKey SigningKey::load(const std::filesystem::path& path) {
   return k;
 }
 
-void SigningKey::save(const std::filesystem::path& secret_path,
-                      const std::filesystem::path& public_path) const {
-  std::string hex = to_hex(sk_);
-  atomic_write_file(secret_path, hex + "\n", 0600);
-  sodium_memzero(hex.data(), hex.size());
-  atomic_write_file(public_path, to_hex(pk_) + "\n", 0644);
-}
+std::string SigningKey::secret_hex() const { return to_hex(sk_); }
+std::string SigningKey::public_hex() const { return to_hex(pk_); }
 
 std::string SigningKey::sign(std::string_view message) const {
   std::string sig(crypto_sign_BYTES, '\0');
@@ -68,18 +61,15 @@ std::string SigningKey::sign(std::string_view message) const {
 
 std::string SigningKey::public_key() const { return std::string(pk_.begin(), pk_.end()); }
 
-std::string load_public_key(const std::filesystem::path& path) {
-  std::string text = read_file(path);
+std::string public_key_from_hex(std::string text, const std::string& what) {
   while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
   std::string raw;
   try {
     raw = from_hex(text);
   } catch (const std::exception&) {
-    throw std::runtime_error("public key " + path.string() + " is not hex");
+    throw std::runtime_error("public key " + what + " is not hex");
   }
-  if (raw.size() != crypto_sign_PUBLICKEYBYTES) {
-    throw std::runtime_error("public key " + path.string() + " has the wrong length");
-  }
+  if (raw.size() != crypto_sign_PUBLICKEYBYTES) throw std::runtime_error("public key " + what + " has the wrong length");
   return raw;
 }
 

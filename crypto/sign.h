@@ -3,7 +3,6 @@
 
 #include <array>
 #include <cstdint>
-#include <filesystem>
 #include <string>
 #include <string_view>
 
@@ -14,13 +13,16 @@ void ensure_sodium();  // sodium_init once; throws if the library cannot start
 class SigningKey {
  public:
   static SigningKey generate();
-  // Reads a key written by save(); throws with the file name on any problem.
-  static SigningKey load(const std::filesystem::path& path);
+  // From the hex text secret_hex() gives; throws naming `what` (a file) on any problem. The
+  // text is wiped.
+  static SigningKey from_hex(std::string text, const std::string& what);
   SigningKey(const SigningKey&) = delete;
   SigningKey(SigningKey&& o) noexcept;
   ~SigningKey();
 
-  void save(const std::filesystem::path& secret_path, const std::filesystem::path& public_path) const;
+  // The secret key as hex text (the caller wipes it: sodium_memzero) and the public key.
+  std::string secret_hex() const;
+  std::string public_hex() const;
   std::string sign(std::string_view message) const;  // 64 raw bytes
   std::string public_key() const;                    // 32 raw bytes
 
@@ -30,8 +32,8 @@ class SigningKey {
   std::array<std::uint8_t, 32> pk_{};
 };
 
-// Public key as written by SigningKey::save (hex text).
-std::string load_public_key(const std::filesystem::path& path);
+// A public key from the hex text public_hex() gives (32 raw bytes); throws naming `what`.
+std::string public_key_from_hex(std::string text, const std::string& what);
 bool verify_signature(std::string_view public_key, std::string_view message,
                       std::string_view signature);
 

@@ -1,5 +1,7 @@
 #include "server/audit.h"
 
+#include <sodium.h>
+
 #include <fstream>
 #include <stdexcept>
 
@@ -124,6 +126,22 @@ nlohmann::json AuditLog::append(nlohmann::json record) {
   head_ = crypto::sha256_hex(line);
   record["sig"] = sig;
   return record;
+}
+
+crypto::SigningKey load_signing_key(const std::filesystem::path& path) {
+  return crypto::SigningKey::from_hex(read_file(path), path.string());
+}
+
+void save_signing_key(const crypto::SigningKey& key, const std::filesystem::path& secret_path,
+                      const std::filesystem::path& public_path) {
+  std::string hex = key.secret_hex();
+  atomic_write_file(secret_path, hex + "\n", 0600);
+  sodium_memzero(hex.data(), hex.size());
+  atomic_write_file(public_path, key.public_hex() + "\n", 0644);
+}
+
+std::string load_public_key(const std::filesystem::path& path) {
+  return crypto::public_key_from_hex(read_file(path), path.string());
 }
 
 }  // namespace xsilo::server

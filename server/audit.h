@@ -53,4 +53,10 @@ class AuditLog {
   std::string head_;
 };
 
+// The audit key on disk: the secret as hex text (0600), the public key beside it (0644).
+crypto::SigningKey load_signing_key(const std::filesystem::path& path);
+void save_signing_key(const crypto::SigningKey& key, const std::filesystem::path& secret_path,
+                      const std::filesystem::path& public_path);
+std::string load_public_key(const std::filesystem::path& path);
+
 }  // namespace xsilo::server

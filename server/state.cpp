@@ -34,9 +34,9 @@ std::vector<std::pair<std::uint64_t, std::filesystem::path>> list_checkpoints(
 
 crypto::SigningKey open_key(const std::filesystem::path& dir) {
   const auto sk = dir / "audit.key";
-  if (std::filesystem::exists(sk)) return crypto::SigningKey::load(sk);
+  if (std::filesystem::exists(sk)) return load_signing_key(sk);
   auto key = crypto::SigningKey::generate();
-  key.save(sk, dir / "audit.pub");
+  save_signing_key(key, sk, dir / "audit.pub");
   spdlog::info("created audit key {} (public key: {})", sk.string(), (dir / "audit.pub").string());
   return key;
 }

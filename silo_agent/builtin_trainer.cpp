@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "common/mlp.h"
+#include "crypto/hash.h"
 #include "silo_agent/sgd.h"
 #include "silo_agent/workers.h"
 
@@ -78,6 +79,18 @@ TrainResult BuiltinTrainer::train(const Model& global, const TrainTask& task, Mo
   out.num_samples = data_.train.rows;
   out.metrics.set_train_loss(stats.mean_loss);
   out.metrics.set_train_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return out;
+}
+
+RoundOutput run_local_round(const AgentConfig& cfg, const LocalData& data, const Model& global,
+                            const wire::TrainingPlan& plan, std::uint64_t round, const std::string& silo) {
+  BuiltinTrainer trainer(cfg, data);
+  TrainTask task;
+  task.round = round;
+  task.silo = silo;
+  task.plan = plan;
+  auto out = run_round(trainer, global, task);
+  if (out.update) out.sha256 = crypto::sha256_hex(out.update->flat());
   return out;
 }
 

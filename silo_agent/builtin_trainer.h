@@ -8,6 +8,7 @@
 #include "common/dataset.h"
 #include "silo_agent/config.h"
 #include "silo_agent/trainer.h"
+#include "silo_agent/update.h"
 
 namespace xsilo::agent {
 
@@ -30,5 +31,10 @@ class BuiltinTrainer final : public Trainer {
   AgentConfig cfg_;
   LocalData data_;
 };
+
+// One silo's round with a BuiltinTrainer over `data` (its update with its sha256): the reference
+// the multi-process tests compare the daemons against.
+RoundOutput run_local_round(const AgentConfig& cfg, const LocalData& data, const Model& global,
+                            const wire::TrainingPlan& plan, std::uint64_t round, const std::string& silo);
 
 }  // namespace xsilo::agent

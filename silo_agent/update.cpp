@@ -57,16 +57,4 @@ RoundOutput run_round(Trainer& trainer, const Model& global, const TrainTask& ta
   return out;
 }
 
-RoundOutput run_local_round(const AgentConfig& cfg, const LocalData& data, const Model& global,
-                            const wire::TrainingPlan& plan, std::uint64_t round, const std::string& silo) {
-  BuiltinTrainer trainer(cfg, data);
-  TrainTask task;
-  task.round = round;
-  task.silo = silo;
-  task.plan = plan;
-  auto out = run_round(trainer, global, task);
-  if (out.update) out.sha256 = crypto::sha256_hex(out.update->flat());
-  return out;
-}
-
 }  // namespace xsilo::agent

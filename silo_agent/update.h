@@ -7,7 +7,6 @@
 
 #include "common/model.h"
 #include "proto/xsilo.pb.h"
-#include "silo_agent/builtin_trainer.h"
 #include "silo_agent/trainer.h"
 
 namespace xsilo::agent {
@@ -30,10 +29,5 @@ RoundOutput form_update(const Model& global, const Model& local, const TrainResu
 // sha256 is left to the caller, who may still change the update).
 RoundOutput run_round(Trainer& trainer, const Model& global, const TrainTask& task,
                       std::shared_ptr<Model> reuse = nullptr);
-
-// The same with a BuiltinTrainer over `data`: the reference the multi-process tests compare
-// the daemons against.
-RoundOutput run_local_round(const AgentConfig& cfg, const LocalData& data, const Model& global,
-                            const wire::TrainingPlan& plan, std::uint64_t round, const std::string& silo);
 
 }  // namespace xsilo::agent

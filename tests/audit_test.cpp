@@ -29,7 +29,7 @@ class AuditTest : public ::testing::Test {
   void SetUp() override {
     auto key = crypto::SigningKey::generate();
     pub_ = key.public_key();
-    key.save(dir_ / "k", dir_ / "k.pub");
+    save_signing_key(key, dir_ / "k", dir_ / "k.pub");
     AuditLog log(dir_ / "audit.jsonl", std::move(key));
     for (int r = 1; r <= 5; ++r) {
       log.append({{"event", "round"}, {"round", r}, {"status", "committed"}, {"participants", {"a", "b"}}});
@@ -104,7 +104,7 @@ TEST_F(AuditTest, ServerRefusesToAppendToADamagedLog) {
   auto l = lines_;
   std::swap(l[0], l[1]);
   write_lines(dir_ / "audit.jsonl", l);
-  EXPECT_THROW(AuditLog(dir_ / "audit.jsonl", crypto::SigningKey::load(dir_ / "k")), std::runtime_error);
+  EXPECT_THROW(AuditLog(dir_ / "audit.jsonl", load_signing_key(dir_ / "k")), std::runtime_error);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "server/audit.h"
 #include "server/config.h"
 #include "silo_agent/agent.h"
+#include "silo_agent/builtin_trainer.h"
 #include "tests/federation_util.h"
 
 namespace xsilo::tools {

@@ -8,6 +8,7 @@
 #include "common/safetensors.h"
 #include "server/config.h"
 #include "silo_agent/agent.h"
+#include "silo_agent/builtin_trainer.h"
 #include "tests/federation_util.h"
 
 namespace xsilo::tools {

@@ -12,6 +12,7 @@
 #include "server/audit.h"
 #include "server/config.h"
 #include "silo_agent/agent.h"
+#include "silo_agent/builtin_trainer.h"
 #include "tests/federation_util.h"
 #include "tests/testlib.h"
 #include "tools/sim.h"
@@ -57,7 +58,7 @@ TEST(Federation, ThreeAgentsMatchAnInProcessFedAvgReference) {
 
   // The audit log verifies and names every participant with its update's hash, which the
   // silo's own send log repeats.
-  const auto pk = crypto::load_public_key(fed.files.state / "audit.pub");
+  const auto pk = server::load_public_key(fed.files.state / "audit.pub");
   EXPECT_TRUE(server::verify_audit_log(fed.files.state / "audit.jsonl", pk).ok);
   const auto rounds = fed.rounds();
   ASSERT_EQ(rounds.size(), 3u);
@@ -112,7 +113,7 @@ TEST(Federation, ARestartedServerResumesFromItsLastCommittedRound) {
   ASSERT_TRUE(code) << fed.logs();
   EXPECT_EQ(*code, 0) << fed.logs();
 
-  const auto pk = crypto::load_public_key(fed.files.state / "audit.pub");
+  const auto pk = server::load_public_key(fed.files.state / "audit.pub");
   const auto v = server::verify_audit_log(fed.files.state / "audit.jsonl", pk);
   EXPECT_TRUE(v.ok) << v.reason;
   std::map<std::uint64_t, int> commits;

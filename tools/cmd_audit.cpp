@@ -67,7 +67,7 @@ void add_audit(CLI::App& app, int& exit_code) {
   verify->callback([log, key, &exit_code] {
     std::string pk;
     try {
-      pk = crypto::load_public_key(*key);
+      pk = server::load_public_key(*key);
     } catch (const std::exception& e) {
       throw ConfigError(std::string("audit verify: ") + e.what());
     }

@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""The layer rules of docs/architecture.md, checked on what the compiler actually includes.
+
+For every source file of the build (compile_commands.json), the compiler lists the headers it
+includes (-M); a rule fails when a file of a layer reaches a header it must not:
+
+  protocol cores (the coordinator and its parts, protocol/, the edge's relay, the agent's
+  session): no Boost.Asio, no OpenSSL, nothing of transport/
+  crypto/ and robust/: nothing of ours but their own folder (and common/eigen.h, the include
+  wrapper of Eigen)
+
+Usage: layering_check.py BUILD_DIR SOURCE_DIR
+"""
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+CORE = ["server/round_config.cpp", "server/membership.cpp", "server/metrics.cpp", "server/round_record.cpp",
+        "server/aggregator.cpp", "server/secure_groups.cpp", "server/secure_round.cpp", "server/coordinator.cpp",
+        "server/optimizer.cpp", "edge_aggregator/relay.cpp", "silo_agent/session.cpp", "silo_agent/update.cpp"]
+CORE_FORBIDDEN = ["boost/asio", "/openssl/", "/transport/"]
+OURS = ["proto/", "common/", "crypto/", "robust/", "protocol/", "transport/", "server/", "silo_agent/",
+        "edge_aggregator/", "tools/"]
+
+
+def headers(entry, build):
+    args = shlex.split(entry["command"])
+    # Drop the output and the object-file flags; ask for the dependency list instead.
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a in ("-o", "-MF", "-MT", "-MQ"):
+            skip = True
+            continue
+        if a in ("-c", "-MD", "-MMD"):
+            continue
+        out.append(a)
+    deps = subprocess.run(out + ["-M", "-MG"], cwd=entry["directory"], capture_output=True, text=True, check=True)
+    return deps.stdout.replace("\\\n", " ").split()[1:]
+
+
+def main():
+    build, source = Path(sys.argv[1]), Path(sys.argv[2]).resolve()
+    entries = json.loads((build / "compile_commands.json").read_text())
+    by_file = {str(Path(e["file"]).resolve().relative_to(source)): e for e in entries
+               if Path(e["file"]).resolve().is_relative_to(source)}
+    failures, checked = [], 0
+    for rel, entry in sorted(by_file.items()):
+        core = rel in CORE or rel.startswith("protocol/")
+        base = rel.startswith("crypto/") or rel.startswith("robust/")
+        if not (core or base):
+            continue
+        checked += 1
+        for h in headers(entry, build):
+            p = str(Path(h).resolve()) if not h.startswith("/") else h
+            if core:
+                for bad in CORE_FORBIDDEN:
+                    if bad in p:
+                        failures.append(f"{rel}: protocol core includes {h}")
+                        break
+            if base and p.startswith(str(source) + "/"):
+                mine = p[len(str(source)) + 1:]
+                folder = rel.split("/")[0] + "/"
+                if mine.startswith(folder) or mine == "common/eigen.h":
+                    continue
+                if any(mine.startswith(o) for o in OURS):
+                    failures.append(f"{rel}: {folder} depends on nothing of ours, but includes {mine}")
+    if checked < len(CORE):
+        failures.append(f"only {checked} of the layered sources are in compile_commands.json")
+    for f in sorted(set(failures)):
+        print(f)
+    print(f"layering: {checked} sources checked, {len(set(failures))} violations")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,304 @@
+// The silo's sans-I/O session driven message by message, with an in-process trainer: no
+// sockets, no threads, every timing scripted (jobs run when the test says so).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "crypto/hash.h"
+#include "protocol/secagg_wire.h"
+#include "silo_agent/session.h"
+
+namespace xsilo::agent {
+namespace {
+
+// local = global + step; `samples` training rows.
+class StepTrainer final : public Trainer {
+ public:
+  float step = 1.0f;
+  std::uint64_t samples = 5;
+  bool fail = false, fatal = false;
+  wire::TrainMetrics evaluate(const Model&, const TrainTask&) override {
+    wire::TrainMetrics m;
+    m.set_eval_accuracy(0.5);
+    m.set_eval_samples(2);
+    return m;
+  }
+  TrainResult train(const Model& global, const TrainTask& task, Model& local) override {
+    if (fail) throw TrainerError("external trainer: rank 0 exited with code 3", fatal);
+    seen_silo = task.silo;
+    for (std::size_t i = 0; i < local.size(); ++i) local.flat()[i] = global.flat()[i] + step;
+    TrainResult r;
+    r.num_samples = samples;
+    r.metrics.set_train_loss(0.125);
+    return r;
+  }
+  std::string seen_silo;
+};
+
+class CrashHook final : public FaultHook {
+ public:
+  bool after_sent(SecureStep step, std::uint64_t) override { return step == SecureStep::KeysSent; }
+};
+
+Model model() {
+  Model m;
+  m.add("w", {3});
+  m.add("b", {1});
+  for (std::size_t i = 0; i < m.size(); ++i) m.flat()[i] = 0.5f * static_cast<float>(i);
+  return m;
+}
+
+class Harness {
+ public:
+  explicit Harness(FaultHook* hook = nullptr) : session_({"fed", 8}, trainer, hook ? *hook : none_) {
+    session_.on_connected("silo-a", "127.0.0.1:7443", "server server");
+  }
+
+  wire::Envelope round_start(std::uint64_t round, const Model& m, const std::string& sha = "") {
+    wire::Envelope e;
+    e.set_federation("fed");
+    e.set_round(round);
+    auto* rs = e.mutable_round_start();
+    rs->set_round(round);
+    rs->mutable_plan()->set_train(true);
+    rs->mutable_plan()->set_seed(1);
+    for (const auto& t : m.tensors()) {
+      auto* spec = rs->add_tensors();
+      spec->set_name(t.name);
+      spec->set_dtype(wire::F32);
+      for (auto d : t.shape) spec->add_shape(d);
+    }
+    rs->set_model_sha256(sha.empty() ? crypto::sha256_hex(m.flat()) : sha);
+    return e;
+  }
+  void deliver(const wire::Envelope& e) {
+    session_.on_message(e);
+    take();
+  }
+  void send_model(std::uint64_t round, const Model& m) {
+    auto keep = std::make_shared<Model>(m);
+    protocol::ChunkSource src(keep, keep->flat(), keep->tensors(), "fed", round, 8);
+    while (auto c = src.next()) deliver(*c);
+  }
+  // Runs the queued jobs (on "the worker") and feeds their results back.
+  void run_jobs() {
+    while (!jobs_.empty()) {
+      auto j = std::move(jobs_.front());
+      jobs_.erase(jobs_.begin());
+      session_.on_job_done(j.id, j.work());
+      take();
+    }
+  }
+  void grant(std::uint64_t round) {
+    wire::Envelope g;
+    g.set_federation("fed");
+    g.set_round(round);
+    g.mutable_upload_grant();
+    deliver(g);
+  }
+  const wire::Envelope* last(wire::Envelope::BodyCase body) const {
+    for (auto it = sent.rbegin(); it != sent.rend(); ++it) {
+      if (it->body_case() == body) return &*it;
+    }
+    return nullptr;
+  }
+  std::vector<std::uint8_t> streamed_bytes() {
+    std::vector<std::uint8_t> out;
+    for (auto& s : streams) {
+      while (auto c = s->next()) out.insert(out.end(), c->tensor_chunk().data().begin(), c->tensor_chunk().data().end());
+    }
+    return out;
+  }
+
+  StepTrainer trainer;
+  std::vector<wire::Envelope> sent;
+  std::vector<std::shared_ptr<protocol::ChunkSource>> streams;
+  std::vector<nlohmann::json> records;
+  bool fatal = false;
+  Session& session() { return session_; }
+
+ private:
+  void take() {
+    for (auto& a : session_.take_actions()) {
+      if (auto* s = std::get_if<action::Send>(&a)) sent.push_back(s->env);
+      if (auto* s = std::get_if<action::SendStream>(&a)) streams.push_back(s->source);
+      if (auto* j = std::get_if<action::Job>(&a)) jobs_.push_back(std::move(*j));
+      if (auto* r = std::get_if<action::Record>(&a)) records.push_back(r->entry);
+      if (std::get_if<action::Fatal>(&a)) fatal = true;
+    }
+  }
+  FaultHook none_;
+  Session session_;
+  std::vector<action::Job> jobs_;
+};
+
+TEST(Session, TrainsOnTheModelAndUploadsWeightTimesDeltaWhenGranted) {
+  Harness h;
+  const Model m = model();
+  h.deliver(h.round_start(1, m));
+  h.send_model(1, m);
+  EXPECT_FALSE(h.last(wire::Envelope::kUpdateReady));  // training is a job, not yet run
+  h.run_jobs();
+  const auto* ready = h.last(wire::Envelope::kUpdateReady);
+  ASSERT_TRUE(ready);
+  EXPECT_EQ(ready->update_ready().num_samples(), 5u);
+  EXPECT_DOUBLE_EQ(ready->update_ready().metrics().eval_accuracy(), 0.5);
+  EXPECT_EQ(h.trainer.seen_silo, "silo-a");
+  h.grant(1);
+  const auto* end = h.last(wire::Envelope::kUpdateEnd);
+  ASSERT_TRUE(end);
+  EXPECT_DOUBLE_EQ(end->update_end().weight(), 5.0);
+  const auto bytes = h.streamed_bytes();
+  ASSERT_EQ(bytes.size(), m.bytes());
+  std::vector<float> up(m.size());
+  std::memcpy(up.data(), bytes.data(), bytes.size());
+  for (float v : up) EXPECT_FLOAT_EQ(v, 5.0f);  // weight 5 x delta 1
+  EXPECT_EQ(end->update_end().update_sha256(), crypto::sha256_hex(std::span<const float>(up)));
+  ASSERT_EQ(h.records.size(), 1u);  // the silo's own send log: hashes, never data
+  EXPECT_EQ(h.records[0]["update_sha256"], end->update_end().update_sha256());
+  EXPECT_EQ(h.records[0]["upstream_identity"], "server server");
+}
+
+TEST(Session, AModelThatDoesNotMatchItsAnnouncedHashIsNotTrainedOn) {
+  Harness h;
+  const Model m = model();
+  h.deliver(h.round_start(1, m, std::string(64, 'a')));
+  h.send_model(1, m);
+  h.run_jobs();
+  EXPECT_FALSE(h.last(wire::Envelope::kUpdateReady));
+  const auto* err = h.last(wire::Envelope::kError);
+  ASSERT_TRUE(err);
+  EXPECT_EQ(err->error().code(), wire::TRAINING_FAILED);
+  EXPECT_NE(err->error().message().find("SHA-256"), std::string::npos);
+}
+
+TEST(Session, ATrainerFailureIsReportedAndAFatalOneStopsTheAgent) {
+  Harness h;
+  h.trainer.fail = true;
+  const Model m = model();
+  h.deliver(h.round_start(1, m));
+  h.send_model(1, m);
+  h.run_jobs();
+  const auto* err = h.last(wire::Envelope::kError);
+  ASSERT_TRUE(err);
+  EXPECT_EQ(err->error().code(), wire::TRAINING_FAILED);
+  EXPECT_NE(err->error().message().find("exited with code 3"), std::string::npos);
+  EXPECT_FALSE(h.fatal);
+  h.trainer.fatal = true;
+  h.deliver(h.round_start(2, m));
+  h.send_model(2, m);
+  h.run_jobs();
+  EXPECT_TRUE(h.fatal);
+}
+
+TEST(Session, WorkOfAConnectionThatIsGoneIsDropped) {
+  Harness h;
+  const Model m = model();
+  h.deliver(h.round_start(1, m));
+  h.send_model(1, m);
+  h.session().on_disconnected();
+  h.run_jobs();  // the training finishes after the connection went away
+  EXPECT_FALSE(h.last(wire::Envelope::kUpdateReady));
+  h.grant(1);  // and a grant that finds nothing pending is an error, not an upload
+  EXPECT_TRUE(h.streams.empty());
+  EXPECT_TRUE(h.last(wire::Envelope::kError));
+}
+
+// A whole secure round with a second member played here with the crypto library's client and
+// server: the session's keys, shares, masked input and unmask shares let the server recover
+// exactly sum(w x) of both.
+TEST(Session, TakesPartInSecureAggregationSoThatOnlyTheSumIsRevealed) {
+  Harness h;
+  const Model m = model();
+  auto start = h.round_start(1, m);
+  auto* s = start.mutable_round_start()->mutable_secagg();
+  s->set_group(1);
+  s->add_members("silo-a");
+  s->add_members("silo-b");
+  s->set_threshold(2);
+  s->set_modulus_bits(64);
+  s->set_fraction_bits(20);
+  s->set_vector_length(m.size() + 1);
+  s->set_clip_norm(100);
+  s->set_max_weight(100);
+  const auto params = protocol::secagg_params(*s, "fed", 1);
+  crypto::secagg::Client b(params, "silo-b");
+  crypto::secagg::Server server(params);
+  h.deliver(start);
+  const auto* keys = h.last(wire::Envelope::kSecaggKeys);
+  ASSERT_TRUE(keys);  // at once, before training
+  ASSERT_EQ(server.on_keys("silo-a", *protocol::from_wire(keys->secagg_keys())), "");
+  ASSERT_EQ(server.on_keys("silo-b", b.advertise()), "");
+  auto list = crypto::secagg::value(server.close_keys());
+  wire::Envelope e;
+  e.set_round(1);
+  *e.mutable_secagg_key_list() = protocol::to_wire(list);
+  h.deliver(e);
+  const auto* shares = h.last(wire::Envelope::kSecaggShares);
+  ASSERT_TRUE(shares);
+  ASSERT_EQ(server.on_shares("silo-a", *protocol::from_wire(shares->secagg_shares())), "");
+  ASSERT_EQ(server.on_shares("silo-b", crypto::secagg::value(b.share(list))), "");
+  auto boxes = crypto::secagg::value(server.close_shares());
+  ASSERT_EQ(b.receive(boxes["silo-b"]), "");
+  wire::Envelope d;
+  d.set_round(1);
+  *d.mutable_secagg_share_delivery() = protocol::delivery_to_wire(boxes["silo-a"]);
+  h.deliver(d);
+  h.send_model(1, m);
+  h.run_jobs();  // train, then mask
+  const auto* ready = h.last(wire::Envelope::kUpdateReady);
+  ASSERT_TRUE(ready);
+  EXPECT_EQ(ready->update_ready().num_samples(), 1u);  // the real count is inside the masked sum
+  h.grant(1);
+  ASSERT_TRUE(h.last(wire::Envelope::kUpdateEnd));
+  EXPECT_DOUBLE_EQ(h.last(wire::Envelope::kUpdateEnd)->update_end().weight(), 0.0);
+  const auto a_words = h.streamed_bytes();
+  ASSERT_EQ(a_words.size(), (m.size() + 1) * 8);
+  // silo-b: delta 2 everywhere, weight 3.
+  const crypto::FixedPointParams codec{64, 20, 100, 100};
+  std::vector<std::uint64_t> b_words(m.size() + 1);
+  crypto::encode(codec, std::vector<float>(m.size(), 2.0f), 3.0, 7, b_words);
+  ASSERT_EQ(b.mask(std::span<std::uint64_t>(b_words)), "");
+  std::vector<std::uint64_t> sum(m.size() + 1);
+  std::memcpy(sum.data(), a_words.data(), a_words.size());
+  for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += b_words[i];
+  ASSERT_EQ(server.on_masked_input("silo-a"), "");
+  ASSERT_EQ(server.on_masked_input("silo-b"), "");
+  auto request = crypto::secagg::value(server.close_masked());
+  wire::Envelope u;
+  u.set_round(1);
+  *u.mutable_secagg_unmask_request() = protocol::to_wire(request);
+  h.deliver(u);
+  const auto* a_unmask = h.last(wire::Envelope::kSecaggUnmaskShares);
+  ASSERT_TRUE(a_unmask);
+  ASSERT_EQ(server.on_unmask("silo-a", *protocol::from_wire(a_unmask->secagg_unmask_shares())), "");
+  ASSERT_EQ(server.on_unmask("silo-b", crypto::secagg::value(b.unmask(request))), "");
+  ASSERT_EQ(server.finish(std::span<std::uint64_t>(sum)), "");
+  const auto decoded = crypto::decode(codec, std::span<const std::uint64_t>(sum));
+  for (std::size_t i = 0; i < m.size(); ++i) EXPECT_NEAR(decoded[i], 5.0 * 1.0 + 3.0 * 2.0, 1e-4) << i;
+  EXPECT_NEAR(decoded[m.size()], 5.0 + 3.0, 1e-4);  // the summed weights
+}
+
+TEST(Session, ASimulatedCrashAfterSendingKeysSilencesTheSession) {
+  CrashHook crash;
+  Harness h(&crash);
+  const Model m = model();
+  auto start = h.round_start(1, m);
+  auto* s = start.mutable_round_start()->mutable_secagg();
+  s->set_group(1);
+  s->add_members("silo-a");
+  s->add_members("silo-b");
+  s->set_threshold(2);
+  s->set_modulus_bits(32);
+  s->set_vector_length(m.size() + 1);
+  h.deliver(start);
+  EXPECT_TRUE(h.last(wire::Envelope::kSecaggKeys));
+  const auto before = h.sent.size();
+  h.send_model(1, m);
+  h.run_jobs();
+  EXPECT_EQ(h.sent.size(), before);  // as if the process were already gone
+}
+
+}  // namespace
+}  // namespace xsilo::agent
