@@ -216,4 +216,79 @@ ServerConfig load_server_config(const std::filesystem::path& file) {
   return c;
 }
 
+namespace {
+double secs_of(std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
+std::string abs_path(const std::filesystem::path& p) { return std::filesystem::absolute(p).lexically_normal().string(); }
+}  // namespace
+
+nlohmann::json to_json(const ServerConfig& c) {
+  using json = nlohmann::json;
+  json model = {{"kind", c.model.kind}, {"init_seed", c.model.seed}};
+  if (c.model.kind == "file") {
+    model = {{"kind", "file"}, {"path", abs_path(c.model.file)}};
+  } else if (c.model.kind == "synthetic") {
+    model["parameters"] = c.model.parameters;
+  } else {
+    model["inputs"] = c.model.inputs;
+    model["classes"] = c.model.classes;
+    if (!c.model.hidden.empty()) model["hidden"] = c.model.hidden;
+  }
+  // The training block as given (user keys for external trainers included), known keys as parsed.
+  json training = c.plan.config_json().empty() ? json::object() : json::parse(c.plan.config_json());
+  training["local_epochs"] = c.plan.local_epochs();
+  training["batch_size"] = c.plan.batch_size();
+  training["learning_rate"] = c.plan.learning_rate();
+  training["weight_decay"] = c.plan.weight_decay();
+  const auto& r = c.aggregation.rule;
+  const auto& sc = c.secure;
+  json j = {{"federation", c.federation},
+            {"listen", c.listen.str()},
+            {"tls", transport::to_json(c.tls)},
+            {"allow", transport::to_json(c.allow)},
+            {"transport", transport::to_json(c.channel)},
+            {"chunk_bytes", c.chunk_bytes},
+            {"state_dir", abs_path(c.state_dir)},
+            {"keep_checkpoints", c.keep_checkpoints},
+            {"model", model},
+            {"rounds", c.rounds},
+            {"seed", c.seed},
+            {"selection",
+             {{"min_silos", c.selection.min_silos},
+              {"min_updates", c.selection.min_updates},
+              {"silos_per_round", c.selection.silos_per_round},
+              {"over_selection", c.selection.over_selection}}},
+            {"deadlines",
+             {{"join_s", secs_of(c.deadlines.join)}, {"train_s", secs_of(c.deadlines.train)}, {"upload_s", secs_of(c.deadlines.upload)}}},
+            {"training", training},
+            {"optimizer",
+             {{"kind", c.optimizer.kind},
+              {"lr", c.optimizer.lr},
+              {"momentum", c.optimizer.momentum},
+              {"beta1", c.optimizer.beta1},
+              {"beta2", c.optimizer.beta2},
+              {"tau", c.optimizer.tau}}},
+            {"aggregation",
+             {{"rule", robust::name(r.rule)},
+              {"f", r.f},
+              {"m", r.m},
+              {"beta", r.beta},
+              {"tau", r.tau},
+              {"iterations", r.iterations},
+              {"clip_norm", c.aggregation.clip_norm},
+              {"fallback", robust::name(c.aggregation.fallback)}}},
+            {"secure",
+             {{"mode", name(sc.mode)},
+              {"min_group", sc.min_group},
+              {"threshold", sc.threshold},
+              {"modulus_bits", sc.bits},
+              {"fraction_bits", sc.fraction_bits},
+              {"clip_norm", sc.clip_norm},
+              {"max_weight", sc.max_weight},
+              {"keys_s", secs_of(sc.keys_deadline)},
+              {"unmask_s", secs_of(sc.unmask_deadline)}}},
+            {"log_level", c.log_level}};
+  if (!c.port_file.empty()) j["port_file"] = abs_path(c.port_file);
+  return j;
+}
+
 }  // namespace xsilo::server

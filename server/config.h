@@ -5,6 +5,9 @@
 #include <filesystem>
 #include <set>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "common/mlp.h"
 #include "crypto/fixed_point.h"
@@ -37,5 +40,7 @@ struct ServerConfig : RoundConfig {
 
 // Throws ConfigError ("config FILE: .key.path: reason") on any invalid or unknown key.
 ServerConfig load_server_config(const std::filesystem::path& file);
+// The config as the JSON load_server_config reads back (paths absolute).
+nlohmann::json to_json(const ServerConfig& c);
 
 }  // namespace xsilo::server

@@ -1,7 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "common/config.h"
 #include "common/fs.h"
+#include "common/safetensors.h"
 #include "tests/testlib.h"
 #include "edge_aggregator/config.h"
 #include "server/config.h"
@@ -145,6 +148,104 @@ TEST(Config, ServerConfigRefusesImpossibleSelections) {
       "allow": {"silo": ["*"]}, "model": {"kind": "logistic", "inputs": 4, "hidden": [3]}})");
   EXPECT_NE(error_of([&] { server::load_server_config(dir / "m.json"); }).find("use kind \"mlp\""),
             std::string::npos);
+}
+
+// Each loader has a to_json beside it: what it writes, it reads back to the same config.
+TEST(Config, EveryRoleConfigRoundTripsThroughItsToJson) {
+  test::TempDir dir;
+  const std::filesystem::path src = XSILO_SOURCE_DIR;
+  std::filesystem::create_directories(dir / "configs");
+  std::filesystem::create_directories(dir / "data");
+  for (const auto& e : std::filesystem::directory_iterator(src / "configs")) {
+    std::filesystem::copy_file(e.path(), dir / "configs" / e.path().filename());
+  }
+  std::filesystem::copy_file(src / "data/breast_cancer.csv", dir / "data/breast_cancer.csv");
+  test::make_pki(dir / "pki", "oncology-2026",
+                 {{wire::SERVER, "server"}, {wire::SILO, "hospital-a"}, {wire::EDGE, "edge-west"}});
+  const auto server = server::load_server_config(dir / "configs/server.json");
+  atomic_write_file(dir / "server2.json", server::to_json(server).dump());
+  const auto server2 = server::load_server_config(dir / "server2.json");
+  EXPECT_EQ(server::to_json(server2), server::to_json(server));
+  EXPECT_EQ(server2.optimizer.kind, "fedadam");
+  EXPECT_EQ(server2.expected_silos, server.expected_silos);
+
+  auto agent = agent::load_agent_config(dir / "configs/agent.json");
+  agent.trainer = agent::TrainerKind::External;
+  agent.external.command = {"python3", "train.py", "--fast"};
+  agent.external.env = {{"OMP_NUM_THREADS", "2"}};
+  agent.external.evaluate = true;
+  atomic_write_file(dir / "agent2.json", agent::to_json(agent).dump());
+  const auto agent2 = agent::load_agent_config(dir / "agent2.json");
+  EXPECT_EQ(agent::to_json(agent2), agent::to_json(agent));
+  EXPECT_EQ(agent2.external.command, agent.external.command);
+
+  const auto edge = edge::load_edge_config(dir / "configs/edge.json");
+  atomic_write_file(dir / "edge2.json", edge::to_json(edge).dump());
+  EXPECT_EQ(edge::to_json(edge::load_edge_config(dir / "edge2.json")), edge::to_json(edge));
+}
+
+TEST(Config, AnExternalTrainerNeedsACommandAndTheBuiltinOneItsData) {
+  test::TempDir dir;
+  test::make_pki(dir / "pki", "f", {{wire::SILO, "a"}});
+  auto load = [&](const std::string& body) {
+    atomic_write_file(dir / "a.json", R"({"federation": "f", "upstreams": ["h:1"], "tls": {"kit": "pki/kits/a"})" + body + "}");
+    return error_of([&] { agent::load_agent_config(dir / "a.json"); });
+  };
+  EXPECT_NE(load("").find(".data.train: is required for the built-in trainer"), std::string::npos);
+  EXPECT_NE(load(R"(, "trainer": {"kind": "external"})").find(".trainer.command: is required"), std::string::npos);
+  EXPECT_NE(load(R"(, "trainer": {"kind": "external", "command": ["x"], "env": {"A": 1}})").find("value of A"),
+            std::string::npos);
+  EXPECT_EQ(load(R"(, "trainer": {"kind": "external", "command": ["python3", "train.py"], "max_failures": 2})"), "");
+  EXPECT_NE(load(R"(, "trainer": {"kind": "external", "command": ["x"]}, "local": {"workers": 2, "hosts": ["h"]})")
+                .find("run on this host"),
+            std::string::npos);
+}
+
+// The training block passes keys of its own to external trainers, but a near-miss of a known
+// key is a typo, not a user key.
+TEST(Config, TrainingKeysOfTheUsersOwnPassThroughAndTyposAreCaught) {
+  test::TempDir dir;
+  test::make_pki(dir / "pki", "f", {{wire::SERVER, "server"}});
+  auto load = [&](const std::string& training, server::ServerConfig* out = nullptr) {
+    atomic_write_file(dir / "s.json", R"({"federation": "f", "tls": {"kit": "pki/kits/server"},
+      "allow": {"silo": ["*"]}, "model": {"inputs": 4}, "training": )" + training + "}");
+    return error_of([&] {
+      auto c = server::load_server_config(dir / "s.json");
+      if (out) *out = c;
+    });
+  };
+  server::ServerConfig c;
+  EXPECT_EQ(load(R"({"learning_rate": 0.05, "schedule": {"kind": "cosine"}, "momentum": 0.9})", &c), "");
+  EXPECT_EQ(c.training_user_keys, (std::vector<std::string>{"momentum", "schedule"}));
+  const auto j = nlohmann::json::parse(c.plan.config_json());
+  EXPECT_EQ(j["schedule"]["kind"], "cosine");
+  EXPECT_FLOAT_EQ(c.plan.learning_rate(), 0.05f);
+  EXPECT_NE(load(R"({"learing_rate": 0.05})").find(".training.learing_rate: unknown key; did you mean learning_rate?"),
+            std::string::npos);
+}
+
+TEST(Config, AServerStartsFromAUsersModelFileOfFloatTensors) {
+  test::TempDir dir;
+  test::make_pki(dir / "pki", "f", {{wire::SERVER, "server"}});
+  Model m;
+  m.add("conv.weight", {2, 1, 3, 3});
+  m.add("fc.bias", {10});
+  save_safetensors(dir / "init.safetensors", m);
+  auto load = [&](const std::string& model) {
+    atomic_write_file(dir / "s.json", R"({"federation": "f", "tls": {"kit": "pki/kits/server"},
+      "allow": {"silo": ["*"]}, "model": )" + model + "}");
+    return error_of([&] { server::load_server_config(dir / "s.json"); });
+  };
+  EXPECT_EQ(load(R"({"kind": "file", "path": "init.safetensors"})"), "");
+  EXPECT_NE(load(R"({"kind": "file", "path": "nope.safetensors"})").find(".model.path"), std::string::npos);
+  // An integer tensor (a BatchNorm counter saved by hand) is named.
+  const std::string header = R"({"n":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})";
+  std::string f(8, '\0');
+  const std::uint64_t hn = header.size();
+  std::memcpy(f.data(), &hn, 8);
+  f += header + std::string(8, '\0');
+  atomic_write_file(dir / "int.safetensors", f);
+  EXPECT_NE(load(R"({"kind": "file", "path": "int.safetensors"})").find("tensor n in"), std::string::npos);
 }
 
 }  // namespace

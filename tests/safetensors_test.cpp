@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 
 #include <nlohmann/json.hpp>
@@ -49,6 +50,65 @@ TEST(Safetensors, RefusesCorruptFiles) {
   std::string huge = bytes;
   huge[7] = '\x7f';
   EXPECT_THROW(decode_safetensors(huge), std::runtime_error);
+}
+
+// A file of the given header JSON and data bytes.
+std::string file_of(const std::string& header, const std::string& data) {
+  std::string f(8, '\0');
+  const std::uint64_t n = header.size();
+  std::memcpy(f.data(), &n, 8);
+  return f + header + data;
+}
+
+TEST(Safetensors, HalfAndBfloat16TensorsBecomeFloat32) {
+  // F16: 1.0 = 0x3c00, -2.5 = 0xc100, the smallest subnormal 2^-24 = 0x0001; BF16: 3.0 = 0x4040.
+  std::string data("\x00\x3c\x00\xc1\x01\x00\x40\x40", 8);
+  const auto m = decode_safetensors(file_of(
+      R"({"h":{"dtype":"F16","shape":[3],"data_offsets":[0,6]},"b":{"dtype":"BF16","shape":[1],"data_offsets":[6,8]}})",
+      data));
+  EXPECT_EQ(m.tensor("h")[0], 1.0f);
+  EXPECT_EQ(m.tensor("h")[1], -2.5f);
+  EXPECT_EQ(m.tensor("h")[2], std::ldexp(1.0f, -24));
+  EXPECT_EQ(m.tensor("b")[0], 3.0f);
+}
+
+// Every size a file states is checked before it is used: a hostile file names its problem.
+TEST(Safetensors, MalformedFilesAreRefusedNamingTheProblem) {
+  auto error = [](const std::string& bytes) {
+    try {
+      decode_safetensors(bytes);
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error("abc").find("shorter than its header"), std::string::npos);
+  std::string huge(8, '\xff');
+  EXPECT_NE(error(huge).find("does not fit the file"), std::string::npos);
+  // A shape whose product overflows 64 bits.
+  EXPECT_NE(error(file_of(R"({"t":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,4]}})",
+                          std::string(4, '\0')))
+                .find("overflows"),
+            std::string::npos);
+  EXPECT_NE(error(file_of(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", std::string(4, '\0'))).find("t has"),
+            std::string::npos);
+  EXPECT_NE(error(file_of(R"({"t":{"dtype":"F32","shape":[1],"data_offsets":[0,400]}})", std::string(4, '\0')))
+                .find("do not hold"),
+            std::string::npos);
+  EXPECT_NE(error(file_of(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+                          std::string(8, '\0')))
+                .find("overlap or leave a gap"),
+            std::string::npos);
+  EXPECT_NE(error(file_of(R"({"t":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", std::string(8, '\0'))).find("after the last"),
+            std::string::npos);
+  EXPECT_NE(error(file_of(R"({"t":{"dtype":"Q7","shape":[1],"data_offsets":[0,4]}})", std::string(4, '\0'))).find("unknown dtype"),
+            std::string::npos);
+  EXPECT_NE(error(file_of(R"({"t":{"dtype":"I32","shape":[1],"data_offsets":[0,4]}})", std::string(4, '\0'))).find("only floating-point"),
+            std::string::npos);
+  // A zero-size tensor may share its offset with the next one.
+  EXPECT_EQ(error(file_of(R"({"z":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},"t":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+                          std::string(4, '\0'))),
+            "");
 }
 
 }  // namespace

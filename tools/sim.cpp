@@ -332,9 +332,11 @@ FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::
   if (cfg.aggregation.is_object()) server["aggregation"] = cfg.aggregation;
   if (cfg.secure.is_object()) server["secure"] = cfg.secure;
   f.server_config = out / "configs" / "server.json";
+  // The sim's blocks are the user's server-config blocks: the server's loader checks them, and
+  // the config written is the loaded struct's own JSON.
   write_json(f.server_config, server);
   try {
-    server::load_server_config(f.server_config);
+    write_json(f.server_config, server::to_json(server::load_server_config(f.server_config)));
   } catch (const ConfigError& e) {
     throw ConfigError(std::string(e.what()) + " (generated from sim config " +
                       (cfg.file.empty() ? std::string("defaults") : cfg.file.string()) + ")");
