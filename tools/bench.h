@@ -62,6 +62,16 @@ struct AllreduceBenchOptions {
 // Our all-reduce across N worker processes on loopback, beside OpenMPI and Gloo.
 int bench_allreduce(const AllreduceBenchOptions& opts);
 
+struct TrainerBenchOptions {
+  std::vector<std::size_t> params{10'000'000, 100'000'000};
+  std::size_t repeats = 3;
+  std::uint64_t rounds = 20;   // the default experiment, built-in vs external (0: skip)
+  std::string python = "/usr/bin/python3";
+  bool json = false;
+};
+// The hand-off to an external trainer and back, against /dev/shm once; per-round overhead.
+int bench_trainer(const TrainerBenchOptions& opts);
+
 // A fixed-width table: header row, then rows.
 void print_table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows);
 std::string fmt(double v, int decimals = 2);

@@ -58,6 +58,16 @@ void add_bench(CLI::App& app, int& exit_code) {
   arc->add_flag("--json", ar->json, "one JSON object per measurement");
   arc->callback([ar, &exit_code] { exit_code = bench_allreduce(*ar); });
 
+  auto trn = std::make_shared<TrainerBenchOptions>();
+  auto* tb = bench->add_subcommand("trainer", "hand-off to an external trainer and back, against /dev/shm");
+  tb->add_option("--params", trn->params, "float32 parameters (several values)")->capture_default_str();
+  tb->add_option("--repeats", trn->repeats, "timed hand-offs per size (the best counts)")->capture_default_str();
+  tb->add_option("--rounds", trn->rounds, "rounds of the default experiment, built-in vs external (0: skip)")
+      ->capture_default_str();
+  tb->add_option("--python", trn->python, "the interpreter with numpy")->capture_default_str();
+  tb->add_flag("--json", trn->json, "one JSON object per measurement");
+  tb->callback([trn, &exit_code] { exit_code = bench_trainer(*trn); });
+
   struct TransportOpts {
     std::size_t mib = 256, chunk = 1 << 20;
     bool json = false;

@@ -320,7 +320,7 @@ class Client:
             log.info("float64 tensors sent as float32: %s", ", ".join(new_wide))
             self._logged_float64.update(new_wide)
         path = os.path.join(self.exchange_dir(), f"update-{task.round}-{task.id}.safetensors")
-        safetensors.save_file(floating, path,
+        safetensors.save_file(floating, path, durable=False,  # an exchange file: no fsync
                               metadata={"xsilo_task": str(task.id), "xsilo_round": str(task.round)})
         return path
 

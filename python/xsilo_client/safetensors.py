@@ -109,10 +109,11 @@ def _little_endian_contiguous(arr, dtype_name):
     return np.ascontiguousarray(arr)
 
 
-def save_file(tensors, path, metadata=None):
+def save_file(tensors, path, metadata=None, durable=True):
     """Write ``tensors`` (name -> numpy array, torch tensor or BF16) to ``path``.
 
-    The file is written under a temporary name in the same folder, flushed to disk, and then
+    The file is written under a temporary name in the same folder, flushed to disk (unless
+    ``durable`` is false: files exchanged with the agent need not survive a crash), and then
     renamed over ``path``, so a reader never sees half a file. Torch tensors are detached,
     moved to the CPU and made contiguous one at a time while writing (no second copy of a
     GPU model in host memory). ``metadata``, when given, must map str to str.
@@ -157,7 +158,8 @@ def save_file(tensors, path, metadata=None):
                 if nbytes:
                     f.write(memoryview(arr.reshape(-1)).cast("B"))
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
