@@ -113,9 +113,13 @@ class Workers:
         self.device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
         if use_cuda:
             torch.cuda.set_device(self.device)
+        self.backend = "nccl" if use_cuda else "gloo"
         if self.world > 1:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
-            dist.init_process_group("nccl" if use_cuda else "gloo", rank=self.rank, world_size=self.world)
+            dist.init_process_group(self.backend, rank=self.rank, world_size=self.world)
+        if self.rank == 0:
+            log.info("worker 0 of %d on %s%s", self.world, self.device,
+                     f", DistributedDataParallel over {self.backend}" if self.world > 1 else "")
 
     def wrap(self, model):
         if self.world == 1:
