@@ -1,0 +1,252 @@
+// The coordinator's connections and messages: silos and edges coming and going, their routes,
+// and the dispatch of every message to the step it belongs to.
+#include "server/coordinator.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "proto/frame.h"
+#include "server/coordinator_round.h"
+#include "server/secure_round.h"
+
+namespace xsilo::server {
+
+// ---- connections ---------------------------------------------------------------------------
+
+void Coordinator::on_connect(SessionId id, const std::string& silo, std::int64_t now_ms) {
+  membership_.add_session(id, silo, false);
+  silo_joined(silo, id, now_ms);
+}
+
+void Coordinator::on_edge_connect(SessionId id, const std::string& edge, std::int64_t /*now_ms*/) {
+  membership_.add_session(id, edge, true);
+  spdlog::info("edge {} connected", edge);
+  if (phase_ == Phase::Finished) {
+    auto e = env();
+    e.mutable_finished()->set_reason("the federation has finished");
+    e.mutable_finished()->set_rounds(cfg_.rounds);
+    send(id, std::move(e));
+  }
+}
+
+void Coordinator::silo_joined(const std::string& silo, SessionId link, std::int64_t now_ms) {
+  if (auto old = membership_.route_of(silo); old && *old != link) {
+    // The silo is back through another connection (it reconnected, or failed over to another
+    // upstream) before the old one was noticed gone.
+    if (!membership_.is_edge(*old)) {
+      actions_.push_back(action::Close{*old, wire::UNEXPECTED, "replaced by a newer connection"});
+      on_disconnect(*old, now_ms);
+    } else {
+      membership_.leave_region(*old, silo);
+      membership_.unroute(silo, *old);
+      silo_gone(silo, *old, "moved to another upstream", now_ms);
+    }
+  }
+  membership_.route(silo, link);
+  const Peer* via = membership_.peer(link);
+  const bool via_edge = via && via->edge;
+  if (auto m = member_named(silo); m && r_->members[*m].state == MemberState::Done && r_->secure) {
+    // Its masked input is in the sum but its edge went away: it still holds shares for the
+    // unmasking, so reach it through the new route (and ask again if it missed the request).
+    auto& mb = r_->members[*m];
+    mb.session = link;
+    mb.relayed = via_edge;  // the record keeps the edge that carried its input
+    if (phase_ == Phase::Unmasking) {
+      if (auto req = r_->secure->unmask_request(silo)) send_to_member(*m, std::move(*req));
+    }
+  }
+  spdlog::info("silo {} joined{} ({} connected)", silo, via_edge ? " via edge " + via->name : "",
+               membership_.connected());
+  if (phase_ == Phase::Finished) {
+    if (!via_edge) {
+      auto e = env();
+      e.mutable_finished()->set_reason("the federation has finished");
+      e.mutable_finished()->set_rounds(cfg_.rounds);
+      send(link, std::move(e));
+    }
+    return;
+  }
+  try_start_round(now_ms);
+}
+
+// The route of `silo` through `link` is gone (the membership already forgot it).
+void Coordinator::silo_gone(const std::string& silo, SessionId link, const std::string& why, std::int64_t now_ms) {
+  spdlog::info("silo {} left: {} ({} connected)", silo, why, membership_.connected());
+  if (!r_) return;
+  if (r_->secure && phase_ == Phase::Collecting) {
+    r_->secure->silo_gone(silo);
+    drain_secure();
+  }
+  auto m = member_named(silo);
+  if (!m) return;
+  auto& mb = r_->members[*m];
+  if (mb.session == link) {
+    const bool mid_upload = r_->slot.held_by(Uploader{*m, 0}) && !r_->slot.complete();
+    if (mb.state == MemberState::Training) {
+      drop(*m, DropPhase::Train, DropCause::Disconnected, why + " while training", false);
+    } else if (mb.state == MemberState::Ready || (mb.state == MemberState::Uploading && mid_upload)) {
+      drop(*m, DropPhase::Upload, DropCause::Disconnected, why + " before its update arrived", false);
+    }
+    if (!mb.relayed) mb.session = 0;
+  }
+  pump(now_ms);
+}
+
+void Coordinator::on_disconnect(SessionId id, std::int64_t now_ms) {
+  const Peer* p = membership_.peer(id);
+  if (!p) return;
+  const Peer peer = *p;
+  const auto gone = membership_.remove_session(id);
+  if (!peer.edge) {
+    for (const auto& silo : gone) silo_gone(silo, id, "disconnected", now_ms);
+    return;
+  }
+  spdlog::warn("edge {} disconnected; its {} silos are gone with it", peer.name, gone.size());
+  if (r_ && r_->slot.held_by(Uploader{kNone, id}) && !r_->slot.complete()) abandon_upload();
+  for (const auto& silo : gone) silo_gone(silo, id, "its edge " + peer.name + " disconnected", now_ms);
+  if (r_) {
+    for (auto& mb : r_->members) {
+      if (mb.session == id) mb.session = 0;
+    }
+  }
+  pump(now_ms);
+}
+
+// ---- messages -------------------------------------------------------------------------------
+
+void Coordinator::on_message(SessionId id, const wire::Envelope& e, std::int64_t now_ms) {
+  const Peer* peer = membership_.peer(id);
+  if (!peer) return;
+  if (peer->edge) return on_edge_message(id, e, now_ms);
+  using B = wire::Envelope::BodyCase;
+  const auto body = e.body_case();
+  if (body == B::kError) {
+    spdlog::warn("silo {} reports an error: {}", peer->name, e.error().message());
+    if (auto m = member_of(id)) member_failed(*m, e, now_ms);
+    return;
+  }
+  const bool secure_body = body == B::kSecaggKeys || body == B::kSecaggShares || body == B::kSecaggUnmaskShares;
+  if (body != B::kUpdateReady && body != B::kTensorChunk && body != B::kUpdateEnd && !secure_body) {
+    send_error(id, wire::UNEXPECTED, "a silo may not send " + proto::body_name(e));
+    return;
+  }
+  const auto m = member_of(id);
+  if (secure_body && m && e.round() == round_) return on_secure_message(*m, e, now_ms);
+  if (e.round() != round_ || phase_ != Phase::Collecting || !m) {
+    send_error(id, wire::WRONG_ROUND,
+               proto::body_name(e) + " for round " + std::to_string(e.round()) + ", but round " +
+                   std::to_string(round_) +
+                   (m && phase_ == Phase::Collecting ? " is collecting" : " does not expect it from you"));
+    return;
+  }
+  switch (body) {
+    case B::kUpdateReady: on_update_ready(*m, e, now_ms); break;
+    case B::kTensorChunk: on_chunk(Uploader{*m, 0}, id, e, now_ms); break;
+    case B::kUpdateEnd: on_update_end(*m, e, now_ms); break;
+    default: break;
+  }
+}
+
+void Coordinator::on_edge_message(SessionId id, const wire::Envelope& e, std::int64_t now_ms) {
+  using B = wire::Envelope::BodyCase;
+  const std::string edge = membership_.peer(id)->name;
+  const auto body = e.body_case();
+  if (body == B::kError) {
+    spdlog::warn("edge {} reports{}: {}", edge, e.silo().empty() ? "" : " for silo " + e.silo(), e.error().message());
+    const auto m = e.silo().empty() ? std::nullopt : member_named(e.silo());
+    if (m && r_->members[*m].session == id) member_failed(*m, e, now_ms);
+    return;
+  }
+  if (body == B::kRegionStatus) return on_region_status(id, e.region_status(), now_ms);
+  if (!e.silo().empty()) {
+    // Relayed from one of its silos: UpdateReady and the secure protocol (its uploads go into
+    // the region's sum).
+    const auto m = member_named(e.silo());
+    const bool ours = m && r_->members[*m].session == id && e.round() == round_;
+    const bool secure_body = body == B::kSecaggKeys || body == B::kSecaggShares || body == B::kSecaggUnmaskShares;
+    if (secure_body && ours) return on_secure_message(*m, e, now_ms);
+    const Peer* p = membership_.peer(id);
+    if (!ours || !p->region.count(e.silo()) || body != B::kUpdateReady || phase_ != Phase::Collecting) {
+      auto err = env();
+      err.set_silo(e.silo());
+      err.mutable_error()->set_code(e.round() != round_ ? wire::WRONG_ROUND : wire::UNEXPECTED);
+      err.mutable_error()->set_message(proto::body_name(e) + " from " + e.silo() + " via edge " + edge +
+                                       " is not expected in round " + std::to_string(round_));
+      send(id, std::move(err));
+      return;
+    }
+    return on_update_ready(*m, e, now_ms);
+  }
+  if (e.round() != round_ || phase_ != Phase::Collecting) {
+    send_error(id, wire::WRONG_ROUND, proto::body_name(e) + " for round " + std::to_string(e.round()) + " but round " +
+                                          std::to_string(round_) + " is not collecting");
+    return;
+  }
+  switch (body) {
+    case B::kUpdateReady:
+      if (r_->edge_queued.insert(id).second) {
+        r_->slot.enqueue(Uploader{kNone, id});
+        pump(now_ms);
+      }
+      break;
+    case B::kTensorChunk: on_chunk(Uploader{kNone, id}, id, e, now_ms); break;
+    case B::kUpdateEnd: on_region_end(id, e, now_ms); break;
+    default: send_error(id, wire::UNEXPECTED, "an edge may not send " + proto::body_name(e));
+  }
+}
+
+void Coordinator::on_region_status(SessionId id, const wire::RegionStatus& status, std::int64_t now_ms) {
+  const std::string edge = membership_.peer(id)->name;
+  const auto change = membership_.set_region(id, {status.silos().begin(), status.silos().end()});
+  for (const auto& silo : change.left) {
+    if (membership_.unroute(silo, id)) silo_gone(silo, id, "left edge " + edge, now_ms);
+  }
+  for (const auto& silo : change.joined) {
+    if (!cfg_.any_silo && !cfg_.expected_silos.count(silo)) {
+      send_error(id, wire::NOT_ALLOWED, "silo " + silo + " is not on the server's allow-list");
+      continue;
+    }
+    membership_.join_region(id, silo);
+    silo_joined(silo, id, now_ms);
+  }
+}
+
+// A member that reports an error while it trains has failed its round (its trainer could not
+// produce an update): it is a dropout now, not at the training deadline.
+void Coordinator::member_failed(std::size_t m, const wire::Envelope& e, std::int64_t now_ms) {
+  if (e.error().code() != wire::TRAINING_FAILED || phase_ != Phase::Collecting || e.round() != round_ ||
+      r_->members[m].state != MemberState::Training) {
+    return;
+  }
+  drop(m, DropPhase::Train, DropCause::TrainingFailed, "its training failed: " + e.error().message(), false);
+  pump(now_ms);
+}
+
+void Coordinator::on_update_ready(std::size_t m, const wire::Envelope& e, std::int64_t now_ms) {
+  auto& mb = r_->members[m];
+  auto error = [&](wire::ErrorCode code, const std::string& msg) {
+    auto err = env();
+    err.mutable_error()->set_code(code);
+    err.mutable_error()->set_message(msg);
+    send_to_member(m, std::move(err));
+  };
+  if (mb.state != MemberState::Training) {
+    error(wire::UNEXPECTED, "UpdateReady while " + std::string(name(mb.state)));
+    return;
+  }
+  if (e.update_ready().num_samples() == 0) {
+    error(wire::BAD_UPDATE, "an update must come from at least one sample");
+    drop(m, DropPhase::Train, DropCause::ZeroSamples, "reported zero samples", false);
+    pump(now_ms);
+    return;
+  }
+  mb.state = MemberState::Ready;
+  mb.num_samples = e.update_ready().num_samples();
+  mb.metrics = e.update_ready().metrics();
+  if (!mb.relayed) r_->slot.enqueue(Uploader{m, 0});  // an edge uploads for its silos
+  pump(now_ms);
+}
+
+}  // namespace xsilo::server

@@ -1,0 +1,39 @@
+// The coordinator's per-round state, shared by its implementation files (coordinator*.cpp).
+// Not part of the coordinator's interface.
+#pragma once
+
+#include <set>
+
+#include "server/coordinator.h"
+
+namespace xsilo::server {
+
+// Everything that lives for one round, from selection to RoundEnd: a fresh one each round,
+// so nothing of a round survives into the next by accident.
+struct Coordinator::Round {
+  std::int64_t started_ms = 0;
+  std::vector<Member> members;
+  std::size_t target = 0;
+  bool train_elapsed = false;
+  std::unique_ptr<Aggregator> agg;
+  SecureRound* secure = nullptr;         // agg's secure protocol state, if the mode has one
+  protocol::UploadSlot<Uploader> slot;
+  std::set<SessionId> edge_queued;       // edges whose region upload is queued or done
+  // The upload in the slot, once its UpdateEnd arrived.
+  Contribution upload;
+  std::vector<std::size_t> upload_members;
+  bool upload_more = false;              // an edge: another secure group's sum follows
+  std::uint64_t upload_bytes = 0;
+  std::string abort_reason;
+  std::size_t done() const {
+    return static_cast<std::size_t>(
+        std::count_if(members.begin(), members.end(), [](const Member& m) { return m.state == MemberState::Done; }));
+  }
+  double total_weight() const {
+    double w = 0;
+    for (const auto& m : members) w += m.state == MemberState::Done ? m.weight : 0.0;
+    return w;
+  }
+};
+
+}  // namespace xsilo::server

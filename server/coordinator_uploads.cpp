@@ -1,0 +1,241 @@
+// The coordinator's uploads: grants one at a time, chunks checked as they come, the end of a
+// silo's upload or of an edge's partial sum, the fold's outcome, and dropouts.
+#include "server/coordinator.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "proto/frame.h"
+#include "server/coordinator_round.h"
+#include "server/secure_round.h"
+
+namespace xsilo::server {
+
+// ---- uploads --------------------------------------------------------------------------------
+
+void Coordinator::grant(const Uploader& u) {
+  r_->slot.open(u, r_->agg->buffer());
+  const std::string who = u.edge ? "edge " + membership_.peer(u.edge)->name : "silo " + r_->members[u.member].silo;
+  spdlog::info("round {}: upload slot to {}", round_, who);
+  event("upload_granted", who);
+  auto e = env();
+  e.mutable_upload_grant();
+  if (u.edge) {
+    send(u.edge, std::move(e));
+  } else {
+    r_->members[u.member].state = MemberState::Uploading;
+    send(r_->members[u.member].session, std::move(e));
+  }
+  actions_.push_back(action::StartTimer{Timer::Upload, cfg_.deadlines.upload});
+}
+
+void Coordinator::on_chunk(const Uploader& u, SessionId reply_to, const wire::Envelope& e, std::int64_t now_ms) {
+  if (!r_->slot.held_by(u) || r_->slot.complete()) {
+    send_error(reply_to, wire::UNEXPECTED, "TensorChunk without an open UploadGrant");
+    return;
+  }
+  auto check = r_->slot.add(e.tensor_chunk());
+  if (!check) {
+    send_error(reply_to, check.status().code, check.status().message);
+    fail_upload(u, DropPhase::Upload, DropCause::BadUpload, check.status().message);
+    pump(now_ms);
+    return;
+  }
+  // Hash (and, for plain updates, check) what this chunk wrote, while the next one arrives.
+  actions_.push_back(action::Background{std::move(*check)});
+}
+
+void Coordinator::on_update_end(std::size_t m, const wire::Envelope& e, std::int64_t now_ms) {
+  auto& mb = r_->members[m];
+  const Uploader u{m, 0};
+  if (mb.state != MemberState::Uploading || !r_->slot.held_by(u) || r_->slot.complete()) {
+    send_error(mb.session, wire::UNEXPECTED, "UpdateEnd without an open UploadGrant");
+    return;
+  }
+  const auto& end = e.update_end();
+  std::string why = r_->slot.end("update");
+  if (why.empty() && !r_->secure && (!std::isfinite(end.weight()) || end.weight() <= 0)) {
+    why = "update weight must be a positive number";
+  }
+  actions_.push_back(action::CancelTimer{Timer::Upload});
+  if (!why.empty()) {
+    send_error(mb.session, wire::BAD_UPDATE, why);
+    fail_upload(u, DropPhase::Upload, DropCause::BadUpload, why);
+    pump(now_ms);
+    return;
+  }
+  mb.weight = end.weight();
+  r_->upload_bytes += r_->slot.bytes_received();
+  r_->upload = Contribution{{mb.silo}, mb.weight, r_->secure ? r_->secure->group_of(mb.silo) : 0,
+                            end.update_sha256(), false};
+  r_->upload_members = {m};
+  r_->upload_more = false;
+  // Validate and fold off the network thread, after the chunks' checks (the worker's queue is
+  // in order).
+  run_job(JobKind::Fold, [agg = r_->agg.get(), c = r_->upload, check = r_->slot.check()]() -> JobResult {
+    return agg->fold(c, *check);
+  });
+}
+
+void Coordinator::on_region_end(SessionId id, const wire::Envelope& e, std::int64_t now_ms) {
+  const Uploader u{kNone, id};
+  if (!r_->slot.held_by(u) || r_->slot.complete()) {
+    send_error(id, wire::UNEXPECTED, "UpdateEnd without an open UploadGrant");
+    return;
+  }
+  const auto& end = e.update_end();
+  const std::string edge = membership_.peer(id)->name;
+  actions_.push_back(action::CancelTimer{Timer::Upload});
+  // Contributors must be this edge's members of the round; their weights must add up.
+  std::vector<std::size_t> who;
+  double weight = 0;
+  std::string why;
+  for (const auto& c : end.contributors()) {
+    const auto m = member_named(c.silo());
+    if (!m || r_->members[*m].edge != edge || r_->members[*m].state == MemberState::Done ||
+        std::find(who.begin(), who.end(), *m) != who.end()) {
+      why = "edge " + edge + " lists " + c.silo() + ", which is not one of its silos in this round";
+      break;
+    }
+    if (r_->secure) {
+      if (r_->secure->group_of(c.silo()) != end.group() || end.group() == 0) {
+        why = "edge " + edge + " put " + c.silo() + " into the partial sum of secure group " +
+              std::to_string(end.group()) + ", which is not its group";
+        break;
+      }
+    } else if (!std::isfinite(c.weight()) || c.weight() <= 0) {
+      why = "edge " + edge + " lists a non-positive weight for " + c.silo();
+      break;
+    }
+    who.push_back(*m);
+    weight += c.weight();
+  }
+  if (why.empty() && who.empty()) {
+    drop_region(edge, DropPhase::Upload, DropCause::NotInPartialSum, "its edge had no update from it");
+    abandon_upload();
+    pump(now_ms);
+    return;
+  }
+  if (r_->secure) weight = end.weight();  // weights travel inside the masked sum
+  if (why.empty()) why = r_->slot.end("partial sum");
+  if (why.empty() && std::abs(weight - end.weight()) > 1e-6 * std::max(1.0, weight)) {
+    why = "partial sum weight " + std::to_string(end.weight()) + " is not the sum of its contributors' " +
+          std::to_string(weight);
+  }
+  if (!why.empty()) {
+    send_error(id, wire::BAD_UPDATE, why);
+    fail_upload(u, DropPhase::Upload, DropCause::BadUpload, why);
+    pump(now_ms);
+    return;
+  }
+  for (std::size_t k = 0; k < who.size(); ++k) {
+    r_->members[who[k]].weight = end.contributors(static_cast<int>(k)).weight();
+    r_->members[who[k]].num_samples = end.contributors(static_cast<int>(k)).num_samples();
+  }
+  r_->upload_bytes += r_->slot.bytes_received();
+  r_->upload = Contribution{{}, weight, end.group(), end.update_sha256(), true};
+  for (auto m : who) r_->upload.silos.push_back(r_->members[m].silo);
+  r_->upload_members = who;
+  r_->upload_more = end.more();
+  run_job(JobKind::Fold, [agg = r_->agg.get(), c = r_->upload, check = r_->slot.check()]() -> JobResult {
+    return agg->fold(c, *check);
+  });
+}
+
+// The fold job is done: the upload is in the aggregate, or refused with the reason.
+void Coordinator::folded(FoldResult r, std::int64_t now_ms) {
+  const Uploader u = *r_->slot.holder();
+  r_->slot.release();
+  if (!r.ok()) {
+    if (u.edge) {
+      send_error(u.edge, wire::BAD_UPDATE, r.why);
+      drop_region(r_->members[r_->upload_members.front()].edge, DropPhase::Validation, DropCause::EdgeRejected,
+                  "its edge's partial sum was rejected: " + r.why);
+    } else {
+      send_error(r_->members[u.member].session, wire::BAD_UPDATE, r.why);
+      drop(u.member, DropPhase::Validation,
+           r.error == FoldError::NonFinite ? DropCause::NonFinite : DropCause::HashMismatch, r.why, false);
+    }
+    pump(now_ms);
+    return;
+  }
+  for (auto m : r_->upload_members) {
+    r_->members[m].state = MemberState::Done;
+    r_->members[m].update_sha256 = r.sha256;
+    if (r_->secure) r_->secure->masked_from(r_->members[m].silo);
+  }
+  if (u.edge) {
+    const Peer* p = membership_.peer(u.edge);
+    if (r_->upload_more && p) {
+      grant(u);  // the edge has another secure group's partial sum: the slot again
+      return;
+    }
+    drop_region(p ? p->name : r_->members[r_->upload_members.front()].edge, DropPhase::Upload,
+                DropCause::NotInPartialSum, "its edge's partial sum did not include it");
+  }
+  pump(now_ms);
+}
+
+// The upload in the slot is refused: its silo, or the edge's unfinished silos, are dropped.
+void Coordinator::fail_upload(const Uploader& u, DropPhase phase, DropCause cause, const std::string& why) {
+  if (u.edge) {
+    const Peer* p = membership_.peer(u.edge);
+    std::string edge = p ? p->name : "";
+    if (edge.empty() && !r_->upload_members.empty()) edge = r_->members[r_->upload_members.front()].edge;
+    drop_region(edge, phase, cause, u.edge && cause == DropCause::BadUpload ? "its edge sent a bad partial sum: " + why
+                                                                             : why);
+  } else {
+    drop(u.member, phase, cause, why, false);
+  }
+  abandon_upload();
+}
+
+void Coordinator::abandon_upload() {
+  r_->slot.release();
+  actions_.push_back(action::CancelTimer{Timer::Upload});
+  // Its chunk checks may still be queued on the worker: let them drain before the next upload
+  // reuses the buffer.
+  if (job_ == JobKind::None) run_job(JobKind::Barrier, []() -> JobResult { return {}; });
+}
+
+void Coordinator::drop_region(const std::string& edge, DropPhase phase, DropCause cause, const std::string& reason) {
+  for (std::size_t i = 0; i < r_->members.size(); ++i) {
+    const auto& mb = r_->members[i];
+    const bool unfinished = mb.state == MemberState::Training || mb.state == MemberState::Ready ||
+                            mb.state == MemberState::Uploading;
+    if (!edge.empty() && mb.edge == edge && unfinished) drop(i, phase, cause, reason, false);
+  }
+}
+
+bool Coordinator::edge_pending(SessionId edge) const {
+  return std::any_of(r_->members.begin(), r_->members.end(), [&](const Member& mb) {
+    return mb.relayed && mb.session == edge && (mb.state == MemberState::Training || mb.state == MemberState::Ready);
+  });
+}
+
+void Coordinator::drop(std::size_t m, DropPhase phase, DropCause cause, const std::string& reason, bool notify) {
+  auto& mb = r_->members[m];
+  if (mb.state == MemberState::Dropped) return;
+  if (r_->slot.held_by(Uploader{m, 0}) && !r_->slot.complete()) {
+    abandon_upload();  // the half-received update is simply never folded in
+  }
+  mb.state = MemberState::Dropped;
+  mb.drop_phase = phase;
+  mb.drop_cause = cause;
+  mb.drop_reason = reason;
+  spdlog::warn("round {}: silo {} dropped in phase {}: {}", round_, mb.silo, name(phase), reason);
+  if (notify) send_round_end(m, false, "you were dropped from this round: " + reason);
+}
+
+void Coordinator::send_round_end(std::size_t m, bool committed, const std::string& reason) {
+  auto e = env();
+  auto* re = e.mutable_round_end();
+  re->set_committed(committed);
+  re->set_reason(reason);
+  re->set_model_sha256(global_sha_);
+  send_to_member(m, std::move(e));
+}
+
+}  // namespace xsilo::server

@@ -1,0 +1,165 @@
+// xsilo sim's own config file (docs/configs.md, "Simulation").
+#include "tools/sim.h"
+
+#include <cstdlib>
+
+#include "common/config.h"
+#include "tools/sim_attack.h"
+
+namespace xsilo::tools {
+
+namespace {
+
+using json = nlohmann::json;
+
+std::filesystem::path resolve_dataset(const std::string& name) {
+  for (const char* ext : {".csv", ".csv.gz"}) {
+    const auto p = data_dir() / (name + ext);
+    if (std::filesystem::exists(p)) return p;
+  }
+  return {};
+}
+
+}  // namespace
+
+std::filesystem::path data_dir() {
+  if (const char* d = std::getenv("XSILO_DATA_DIR")) return d;
+  return std::filesystem::path(XSILO_SOURCE_DIR) / "data";
+}
+
+SimConfig default_sim_config() {
+  SimConfig c;
+  c.data_path = resolve_dataset("breast_cancer");
+  c.training = {{"local_epochs", 1}, {"batch_size", 16}, {"learning_rate", 0.1}};
+  c.optimizer = {{"kind", "fedavg"}};
+  return c;
+}
+
+SimConfig load_sim_config(const std::filesystem::path& file) {
+  const auto j = ConfigNode::load_file(file);
+  ConfigNode root(j, file.string());
+  SimConfig c = default_sim_config();
+  c.file = file;
+  c.name = root.str("name", file.stem().string());
+  c.federation = root.str("federation", c.federation);
+  c.silos = static_cast<std::size_t>(root.integer("silos", 5, 1, 1000));
+  c.rounds = static_cast<std::uint64_t>(root.integer("rounds", 20, 1, 100000));
+  c.seed = static_cast<std::uint64_t>(root.integer("seed", 7, 0));
+  c.baseline = root.boolean("baseline", true);
+
+  const auto data = root.child("data");
+  if (data.has("path")) {
+    c.data_path = data.path("path", "");
+    if (!std::filesystem::exists(c.data_path)) data.fail("path", "file " + c.data_path.string() + " does not exist");
+    data.str("dataset", "");
+  } else {
+    const auto name = data.one_of("dataset", "breast_cancer", {"breast_cancer", "digits"});
+    c.data_path = resolve_dataset(name);
+    if (c.data_path.empty()) {
+      data.fail("dataset", "no " + name + ".csv(.gz) in " + data_dir().string() +
+                               " (set XSILO_DATA_DIR to the folder holding the data)");
+    }
+  }
+  c.test_fraction = data.number("test_fraction", 0.2, 0.01, 0.9);
+  c.standardize = data.boolean("standardize", true);
+  c.split = data.one_of("split", "dirichlet", {"dirichlet", "iid"});
+  c.alpha = data.number("alpha", 0.5, 1e-3, 1e6);
+  data.finish();
+
+  const auto model = root.child("model");
+  c.model_kind = model.one_of("kind", "logistic", {"logistic", "mlp", "file"});
+  for (auto h : model.int_list("hidden", 1, 1 << 16)) c.hidden.push_back(static_cast<std::size_t>(h));
+  if (c.model_kind == "logistic" && !c.hidden.empty()) model.fail("hidden", "a logistic model has no hidden layers");
+  if (c.model_kind == "file") {
+    c.model_file = model.path("path", "");
+    if (c.model_file.empty()) model.fail("path", "is required: the initial model as a safetensors file");
+  }
+  model.finish();
+
+  if (root.has("trainer")) {
+    const auto t = root.child("trainer");
+    SimConfig::Trainer tr;
+    tr.command = t.str_list("command");
+    if (tr.command.empty()) t.fail("command", "is required: the training script's command line");
+    tr.init = t.str_list("init");
+    tr.cwd = t.path("cwd", "");
+    if (tr.cwd.empty()) tr.cwd = std::filesystem::absolute(file).parent_path();
+    const auto& env = t.raw("env");
+    if (!env.is_null()) {
+      if (!env.is_object()) t.fail("env", "must be an object of NAME: \"value\"");
+      for (auto it = env.begin(); it != env.end(); ++it) {
+        if (!it->is_string()) t.fail("env", "value of " + it.key() + " must be a string");
+        tr.env.emplace_back(it.key(), it->get<std::string>());
+      }
+    }
+    tr.startup_s = t.number("startup_s", 120, 0.1, 86400);
+    tr.task_timeout_s = t.number("task_timeout_s", 0, 0, 7 * 86400);
+    tr.max_failures = static_cast<int>(t.integer("max_failures", 3, 1, 1000));
+    tr.evaluate = t.boolean("evaluate", true);
+    for (const auto& d : t.child_list("silo_data")) {
+      tr.silo_data.emplace_back(d.path("train", ""), d.path("test", ""));
+      if (tr.silo_data.back().first.empty()) d.fail("train", "is required");
+      d.finish();
+    }
+    t.finish();
+    if (!tr.silo_data.empty() && tr.silo_data.size() != c.silos) {
+      t.fail("silo_data", "names " + std::to_string(tr.silo_data.size()) + " silos' data, but silos is " +
+                              std::to_string(c.silos));
+    }
+    if (c.model_kind != "file") {
+      model.fail("kind", "an external trainer trains its own model: give \"kind\": \"file\" and the initial model's "
+                         "\"path\" (trainer.init can write it)");
+    }
+    if (!std::filesystem::exists(c.model_file) && tr.init.empty()) {
+      model.fail("path", "file " + c.model_file.string() + " does not exist (trainer.init can write it)");
+    }
+    c.trainer = std::move(tr);
+  } else if (c.model_kind == "file" && !std::filesystem::exists(c.model_file)) {
+    model.fail("path", "file " + c.model_file.string() + " does not exist");
+  }
+
+  auto pass = [&](const char* key, json& into) {
+    const auto& v = root.raw(key);
+    if (v.is_null()) return;
+    if (!v.is_object()) root.fail(key, "must be an object");
+    into = v;
+  };
+  pass("training", c.training);
+  pass("optimizer", c.optimizer);
+  pass("selection", c.selection);
+  pass("deadlines", c.deadlines);
+  pass("transport", c.transport);
+  pass("aggregation", c.aggregation);
+  pass("secure", c.secure);
+  pass("local", c.local);
+  c.edges = static_cast<std::size_t>(root.integer("edges", 0, 0, 64));
+  for (const auto& fn : root.child_list("faults")) {
+    SimConfig::Fault fault;
+    fault.process = fn.str_required("process");
+    fault.action = fn.one_of("action", "kill", {"kill", "restart"});
+    fault.round = static_cast<std::uint64_t>(fn.integer("round", 1, 1, static_cast<std::int64_t>(c.rounds)));
+    fault.phase = fn.one_of("phase", "train", {"train", "upload", "after_keys", "after_shares"});
+    if (fault.phase.rfind("after_", 0) == 0 && fault.process.rfind("hospital-", 0) != 0) {
+      fn.fail("phase", fault.phase + " applies to silos (hospital-NN) only");
+    }
+    if (c.trainer && fault.phase.rfind("after_", 0) == 0) {
+      fn.fail("phase", fault.phase + " needs the built-in trainer (it is a hook inside the silo's simulated agent)");
+    }
+    fn.finish();
+    c.faults.push_back(fault);
+  }
+  const auto att = root.child("attack");
+  if (root.has("attack")) {
+    c.attackers = static_cast<std::size_t>(att.integer("silos", 1, 0, static_cast<std::int64_t>(c.silos) - 1));
+    c.attack = nlohmann::json::object();
+    for (const char* key : {"kind", "scale", "sigma", "factor", "z", "epsilon"}) {
+      if (!att.raw(key).is_null()) c.attack[key] = att.raw(key);
+    }
+    att.finish();
+    if (!c.attack.contains("kind")) att.fail("kind", "is required");
+  }
+  root.finish();
+  return c;
+}
+
+}  // namespace xsilo::tools

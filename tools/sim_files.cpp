@@ -1,0 +1,309 @@
+// The files of a simulated federation: the data split, a throwaway PKI, the initial model, and
+// every process's config written from its struct.
+#include "tools/sim.h"
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "common/config.h"
+#include "common/fs.h"
+#include "edge_aggregator/config.h"
+#include "server/config.h"
+#include "silo_agent/config.h"
+#include "tools/sim_agent.h"
+#include "transport/config.h"
+#include "transport/pki.h"
+
+namespace xsilo::tools {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+std::string silo_name(std::size_t i) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "hospital-%02zu", i + 1);
+  return buf;
+}
+
+void write_json(const std::filesystem::path& p, const json& j) { atomic_write_file(p, j.dump(2) + "\n"); }
+
+}  // namespace
+
+FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::path& out_arg) {
+  // Every path written into a config is absolute: a config resolves relative paths against its
+  // own folder, so a path relative to the current folder would mean something else there.
+  const auto out = std::filesystem::absolute(out_arg).lexically_normal();
+  if (cfg.data_path.empty() || !std::filesystem::exists(cfg.data_path)) {
+    throw ConfigError("sim: data set not found in " + data_dir().string() +
+                      " (set XSILO_DATA_DIR to the folder holding breast_cancer.csv)");
+  }
+  FederationFiles f;
+  f.out = out;
+  std::filesystem::create_directories(out);
+  std::filesystem::remove_all(out / "logs");
+
+  // Data: a stratified test split, then the training rows dealt to silos.
+  f.all = load_csv(cfg.data_path);
+  const Dataset& all = f.all;
+  auto [train_rows, test_rows] = train_test_split(all, cfg.test_fraction, cfg.seed);
+  if (cfg.standardize) f.standardizer = Standardizer::fit(subset(all, train_rows));
+  const auto parts = cfg.split == "iid"
+                         ? split_iid(train_rows, cfg.silos, cfg.seed + 1)
+                         : split_dirichlet(all, train_rows, cfg.silos, cfg.alpha, cfg.seed + 1);
+  const auto test_parts = split_iid(test_rows, cfg.silos, cfg.seed + 2);
+  f.central_test = subset(all, test_rows);
+  f.central_train = subset(all, train_rows);
+  if (cfg.standardize) {
+    f.standardizer.apply(f.central_test);
+    f.standardizer.apply(f.central_train);
+  }
+  for (std::size_t i = 0; i < cfg.silos; ++i) {
+    f.silos.push_back(silo_name(i));
+    const auto dir = out / "silos" / f.silos.back();
+    save_csv(dir / "train.csv", subset(all, parts[i]));
+    save_csv(dir / "test.csv", subset(all, test_parts[i]));
+  }
+  // The pooled rows as files too (raw, like the silos'): an external trainer's central run.
+  f.central_train_csv = out / "central" / "train.csv";
+  f.central_test_csv = out / "central" / "test.csv";
+  if (cfg.trainer && !cfg.trainer->silo_data.empty()) {
+    Dataset train, test;
+    for (const auto& [tr, te] : cfg.trainer->silo_data) {
+      for (auto [into, from] : {std::pair{&train, tr}, {&test, te}}) {
+        if (from.empty()) continue;
+        const Dataset d = load_csv(from);
+        if (into->rows == 0) *into = d;
+        else {
+          into->x.insert(into->x.end(), d.x.begin(), d.x.end());
+          into->y.insert(into->y.end(), d.y.begin(), d.y.end());
+          into->rows += d.rows;
+        }
+      }
+    }
+    save_csv(f.central_train_csv, train);
+    save_csv(f.central_test_csv, test);
+  } else {
+    save_csv(f.central_train_csv, subset(all, train_rows));
+    save_csv(f.central_test_csv, subset(all, test_rows));
+  }
+
+  // The initial model of a user's own network: given, or written by the trainer's init command.
+  if (cfg.model_kind == "file") {
+    f.initial_model = cfg.model_file;
+    if (!std::filesystem::exists(f.initial_model)) {
+      f.initial_model = out / "init.safetensors";
+      std::vector<std::string> argv;
+      for (auto a : cfg.trainer->init) {
+        if (auto at = a.find("{path}"); at != std::string::npos) a.replace(at, 6, f.initial_model.string());
+        argv.push_back(a);
+      }
+      std::filesystem::remove(f.initial_model);
+      ProcessOptions in_cwd;
+      in_cwd.cwd = cfg.trainer->cwd;
+      Process init(argv, out / "logs" / "init.log", in_cwd);
+      const auto code = init.wait(std::chrono::minutes(5));
+      if (code.value_or(-1) != 0 || !std::filesystem::exists(f.initial_model)) {
+        throw std::runtime_error("sim: trainer.init did not write " + f.initial_model.string() + " (exit code " +
+                                 std::to_string(code.value_or(-1)) + "); its log ends:\n" +
+                                 log_tail(out / "logs" / "init.log"));
+      }
+    }
+  }
+
+  // A throwaway PKI: one CA, one kit per process.
+  f.pki = out / "pki";
+  std::filesystem::remove_all(f.pki);
+  transport::pki_init(f.pki, cfg.federation);
+  transport::pki_issue(f.pki, {wire::SERVER, "server"});
+  for (const auto& n : f.silos) transport::pki_issue(f.pki, {wire::SILO, n});
+  for (std::size_t e = 0; e < cfg.edges; ++e) {
+    char name[32];
+    std::snprintf(name, sizeof name, "edge-%02zu", e + 1);
+    f.edges.push_back(name);
+    transport::pki_issue(f.pki, {wire::EDGE, name});
+    f.edge_ports.push_back(free_loopback_port());
+  }
+  f.server_port = free_loopback_port();
+  for (const auto& e : f.edges) std::filesystem::remove(out / (e + ".port"));
+
+  // The server's config.
+  f.state = out / "server";
+  f.logs = out / "logs";
+  f.port_file = out / "server.port";
+  std::filesystem::remove_all(f.state);
+  std::filesystem::remove(f.port_file);
+  json server = {{"federation", cfg.federation},
+                 {"listen", "127.0.0.1:" + std::to_string(f.server_port)},
+                 {"port_file", f.port_file.string()},
+                 {"tls", {{"kit", (f.pki / "kits" / "server").string()}}},
+                 {"allow", f.edges.empty() ? json{{"silo", f.silos}} : json{{"silo", f.silos}, {"edge", f.edges}}},
+                 {"state_dir", f.state.string()},
+                 {"keep_checkpoints", 0},
+                 {"rounds", cfg.rounds},
+                 {"seed", cfg.seed},
+                 {"model",
+                  cfg.model_kind == "file"
+                      ? json{{"kind", "file"}, {"path", f.initial_model.string()}}
+                      : json{{"kind", cfg.model_kind}, {"inputs", all.features}, {"classes", all.classes}, {"init_seed", cfg.seed}}},
+                 {"training", cfg.training},
+                 {"optimizer", cfg.optimizer}};
+  if (!cfg.hidden.empty()) server["model"]["hidden"] = cfg.hidden;
+  json selection = cfg.selection.is_object() ? cfg.selection : json::object();
+  if (!selection.contains("min_silos")) selection["min_silos"] = std::max<std::size_t>(1, cfg.silos / 2 + 1);
+  server["selection"] = selection;
+  json deadlines = cfg.deadlines.is_object() ? cfg.deadlines : json::object();
+  if (!deadlines.contains("join_s")) deadlines["join_s"] = 10;
+  if (!deadlines.contains("train_s")) deadlines["train_s"] = 60;
+  if (!deadlines.contains("upload_s")) deadlines["upload_s"] = 30;
+  server["deadlines"] = deadlines;
+  if (cfg.transport.is_object()) server["transport"] = cfg.transport;
+  if (cfg.aggregation.is_object()) server["aggregation"] = cfg.aggregation;
+  if (cfg.secure.is_object()) server["secure"] = cfg.secure;
+  f.server_config = out / "configs" / "server.json";
+  // The sim's blocks are the user's server-config blocks: the server's loader checks them, and
+  // the config written is the loaded struct's own JSON.
+  write_json(f.server_config, server);
+  try {
+    write_json(f.server_config, server::to_json(server::load_server_config(f.server_config)));
+  } catch (const ConfigError& e) {
+    throw ConfigError(std::string(e.what()) + " (generated from sim config " +
+                      (cfg.file.empty() ? std::string("defaults") : cfg.file.string()) + ")");
+  }
+  for (std::size_t e = 0; e < f.edges.size(); ++e) {
+    edge::EdgeConfig edge;
+    edge.federation = cfg.federation;
+    edge.listen = {"127.0.0.1", f.edge_ports[e]};
+    edge.port_file = f.out / (f.edges[e] + ".port");
+    edge.upstreams = {{"127.0.0.1", f.server_port}};
+    edge.tls = transport::TlsFiles::from_kit(f.pki / "kits" / f.edges[e]);
+    edge.allow.allow(wire::SILO, {f.silos.begin(), f.silos.end()});  // any silo of the federation may fail over here
+    edge.reconnect = {std::chrono::milliseconds(100), std::chrono::milliseconds(1000), 0};
+    if (cfg.transport.is_object()) {
+      edge.channel = transport::parse_channel_options(ConfigNode(cfg.transport, cfg.file.string(), ".transport"));
+    }
+    write_json(edge_config_path(f, e), edge::to_json(edge));
+  }
+  return f;
+}
+
+void wait_for_edge(Process& edge, const FederationFiles& f, std::size_t e, std::chrono::milliseconds timeout) {
+  const auto port_file = f.out / (f.edges[e] + ".port");
+  const auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    if (std::filesystem::exists(port_file) && !read_file(port_file).empty()) return;
+    if (!edge.running()) {
+      throw std::runtime_error(f.edges[e] + " exited during start-up:\n" + log_tail(f.logs / (f.edges[e] + ".log")));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  throw std::runtime_error(f.edges[e] + " did not start in time");
+}
+
+std::filesystem::path edge_config_path(const FederationFiles& f, std::size_t e) {
+  return f.out / "configs" / (f.edges[e] + ".json");
+}
+
+std::uint16_t free_loopback_port() {
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor a(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
+  return a.local_endpoint().port();
+}
+
+std::vector<std::string> agent_upstreams(const SimConfig& cfg, const FederationFiles& f, std::size_t i) {
+  std::vector<std::string> up;
+  if (!f.edges.empty()) {
+    up.push_back("127.0.0.1:" + std::to_string(f.edge_ports[i % f.edges.size()]));
+    if (f.edges.size() > 1) up.push_back("127.0.0.1:" + std::to_string(f.edge_ports[(i + 1) % f.edges.size()]));
+  }
+  up.push_back("127.0.0.1:" + std::to_string(f.server_port));
+  (void)cfg;
+  return up;
+}
+
+std::uint16_t wait_for_port(Process& server, const FederationFiles& f,
+                            std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    if (std::filesystem::exists(f.port_file)) {
+      const std::string text = read_file(f.port_file);
+      if (!text.empty() && text.back() == '\n') return static_cast<std::uint16_t>(std::stoi(text));
+    }
+    if (!server.running()) {
+      throw std::runtime_error("the server exited during start-up:\n" + log_tail(f.logs / "server.log"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  throw std::runtime_error("the server did not start in time:\n" + log_tail(f.logs / "server.log"));
+}
+
+std::vector<std::string> AgentFiles::argv(const std::string& xsilo) const {
+  std::vector<std::string> a{xsilo, "agent", "--config", config.string()};
+  if (!simulate.empty()) a.insert(a.end(), {"--simulate", simulate.string()});
+  return a;
+}
+
+AgentFiles write_agent_config(const SimConfig& cfg, const FederationFiles& f, std::size_t i,
+                              const std::vector<std::string>& upstreams) {
+  const auto dir = f.out / "silos" / f.silos[i];
+  agent::AgentConfig a;
+  a.federation = cfg.federation;
+  for (const auto& u : upstreams) a.upstreams.push_back(parse_endpoint(u));
+  a.tls = transport::TlsFiles::from_kit(f.pki / "kits" / f.silos[i]);
+  a.reconnect = {std::chrono::milliseconds(100), std::chrono::milliseconds(1000), 0};
+  if (!f.edges.empty()) a.failover_probe = std::chrono::milliseconds(1000);
+  if (cfg.transport.is_object()) {
+    a.channel = transport::parse_channel_options(ConfigNode(cfg.transport, cfg.file.string(), ".transport"));
+  }
+  a.train_data = dir / "train.csv";
+  a.test_data = dir / "test.csv";
+  a.state_dir = dir / "state";
+  if (cfg.trainer) {
+    const auto& t = *cfg.trainer;
+    a.trainer = agent::TrainerKind::External;
+    a.external.command = t.command;
+    a.external.cwd = t.cwd;
+    a.external.env = t.env;
+    a.external.startup = std::chrono::milliseconds(static_cast<long>(t.startup_s * 1000));
+    a.external.task_timeout = std::chrono::milliseconds(static_cast<long>(t.task_timeout_s * 1000));
+    a.external.max_failures = t.max_failures;
+    a.external.evaluate = t.evaluate;
+    if (!t.silo_data.empty()) std::tie(a.train_data, a.test_data) = t.silo_data[i];
+  } else if (cfg.standardize) {
+    a.standardize = "given";
+    a.given = f.standardizer;
+  }
+  if (cfg.local.is_object()) a.local = agent::parse_local(ConfigNode(cfg.local, cfg.file.string(), ".local"), a.trainer);
+  AgentFiles files;
+  files.config = f.out / "configs" / (f.silos[i] + ".json");
+  write_json(files.config, agent::to_json(a));
+
+  // What makes this silo a simulated one: its crash, its attack.
+  SimAgentConfig sim;
+  for (const auto& fault : cfg.faults) {
+    if (fault.process == f.silos[i] && fault.phase.rfind("after_", 0) == 0) {
+      sim.crash_after = fault.phase.substr(6);
+      sim.crash_round = fault.round;
+    }
+  }
+  if (i >= cfg.silos - cfg.attackers) {
+    sim.attack = parse_attack(ConfigNode(cfg.attack, cfg.file.string(), ".attack"), /*need_honest=*/false);
+    if (sim.attack.kind == "alie" || sim.attack.kind == "ipm") {
+      for (std::size_t h = 0; h < cfg.silos - cfg.attackers; ++h) {
+        sim.attack.honest.push_back({f.silos[h], f.out / "silos" / f.silos[h] / "train.csv"});
+      }
+    }
+  }
+  if (sim.active()) {
+    files.simulate = f.out / "configs" / (f.silos[i] + ".simulate.json");
+    write_json(files.simulate, to_json(sim));
+  }
+  return files;
+}
+
+}  // namespace xsilo::tools
