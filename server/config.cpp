@@ -56,39 +56,8 @@ ModelSpec parse_model(const ConfigNode& n) {
   return m;
 }
 
-}  // namespace
-
-ServerConfig load_server_config(const std::filesystem::path& file) {
-  const auto j = ConfigNode::load_file(file);
-  ConfigNode root(j, file.string());
-  ServerConfig c;
-  c.file = file;
-  c.config_sha256 = crypto::sha256_hex(read_file(file));
-  c.federation = root.str_required("federation");
-  c.listen = transport::parse_endpoint_key(root, "listen", "0.0.0.0:7443");
-  c.port_file = root.path("port_file", "");
-  c.tls = transport::parse_tls(root.child("tls"));
-  c.allow = transport::parse_allow(root.child("allow"));
-  if (!c.allow.allows_role(wire::SILO) && !c.allow.allows_role(wire::EDGE)) {
-    root.fail("allow", "must admit at least one silo or edge (\"silo\": [names] or [\"*\"])");
-  }
-  for (const auto& s : root.child("allow").str_list("silo")) {
-    if (s != "*") c.expected_silos.insert(s);
-  }
-  c.channel = transport::parse_channel_options(root.child("transport"));
-  c.chunk_bytes = static_cast<std::size_t>(
-      root.integer("chunk_bytes", 1 << 20, 1024, std::int64_t{1} << 30));
-  if (c.chunk_bytes + 4096 > c.channel.max_frame_bytes) {
-    root.fail("chunk_bytes", std::to_string(c.chunk_bytes) +
-                                 " leaves no room for the envelope in transport.max_frame_bytes " +
-                                 std::to_string(c.channel.max_frame_bytes) + " (need 4096 spare)");
-  }
-  c.state_dir = root.path("state_dir", "state");
-  c.keep_checkpoints = static_cast<std::size_t>(root.integer("keep_checkpoints", 5, 0, 1 << 20));
-  c.model = parse_model(root.child("model"));
-  c.rounds = static_cast<std::uint64_t>(root.integer("rounds", 10, 1, 1 << 30));
-  c.seed = static_cast<std::uint64_t>(root.integer("seed", 1, 0));
-
+// "selection", checked against the allow-list.
+void parse_selection(const ConfigNode& root, ServerConfig& c) {
   const auto sel = root.child("selection");
   c.selection.min_silos = static_cast<std::size_t>(sel.integer("min_silos", 2, 1, 1 << 20));
   c.selection.min_updates = static_cast<std::size_t>(
@@ -111,14 +80,20 @@ ServerConfig load_server_config(const std::filesystem::path& file) {
     sel.fail("min_silos", "is " + std::to_string(c.selection.min_silos) + " but allow.silo names only " +
                               std::to_string(c.expected_silos.size()) + " silos");
   }
+}
 
+// "deadlines" (seconds).
+void parse_deadlines(const ConfigNode& root, ServerConfig& c) {
   const auto dl = root.child("deadlines");
   c.deadlines.join = secs(dl, "join_s", 30);
   c.deadlines.train = secs(dl, "train_s", 120);
   c.deadlines.upload = secs(dl, "upload_s", 60);
   dl.finish();
   c.plan.set_train_timeout_ms(static_cast<std::uint64_t>(c.deadlines.train.count()));
+}
 
+// "training": the plan the silos follow; keys of the user's own pass through.
+void parse_training(const ConfigNode& root, ServerConfig& c) {
   const auto tr = root.child("training");
   c.plan.set_train(true);
   c.plan.set_local_epochs(static_cast<std::uint32_t>(tr.integer("local_epochs", 1, 1, 10000)));
@@ -131,7 +106,10 @@ ServerConfig load_server_config(const std::filesystem::path& file) {
   const auto user_keys = tr.finish_open({"local_epochs", "batch_size", "learning_rate", "weight_decay"});
   c.plan.set_config_json(tr.json().is_object() ? tr.json().dump() : "{}");
   c.training_user_keys = user_keys;
+}
 
+// "optimizer": the server's.
+void parse_optimizer(const ConfigNode& root, ServerConfig& c) {
   const auto op = root.child("optimizer");
   c.optimizer.kind = op.one_of("kind", "fedavg", {"fedavg", "fedavgm", "fedadam"});
   c.optimizer.lr = static_cast<float>(op.number("lr", c.optimizer.kind == "fedadam" ? 0.01 : 1.0, 1e-9, 1e3));
@@ -140,7 +118,10 @@ ServerConfig load_server_config(const std::filesystem::path& file) {
   c.optimizer.beta2 = static_cast<float>(op.number("beta2", 0.99, 0.0, 0.99999));
   c.optimizer.tau = static_cast<float>(op.number("tau", 1e-3, 1e-12, 1.0));
   op.finish();
+}
 
+// "aggregation" and "secure", and whether the rule can run on what a round may commit with.
+void parse_rounds_aggregation(const ConfigNode& root, ServerConfig& c) {
   const auto ag = root.child("aggregation");
   auto& a = c.aggregation;
   auto& rule = a.rule;
@@ -210,6 +191,46 @@ ServerConfig load_server_config(const std::filesystem::path& file) {
       }
     }
   }
+}
+
+}  // namespace
+
+ServerConfig load_server_config(const std::filesystem::path& file) {
+  const auto j = ConfigNode::load_file(file);
+  ConfigNode root(j, file.string());
+  ServerConfig c;
+  c.file = file;
+  c.config_sha256 = crypto::sha256_hex(read_file(file));
+  c.federation = root.str_required("federation");
+  c.listen = transport::parse_endpoint_key(root, "listen", "0.0.0.0:7443");
+  c.port_file = root.path("port_file", "");
+  c.tls = transport::parse_tls(root.child("tls"));
+  c.allow = transport::parse_allow(root.child("allow"));
+  if (!c.allow.allows_role(wire::SILO) && !c.allow.allows_role(wire::EDGE)) {
+    root.fail("allow", "must admit at least one silo or edge (\"silo\": [names] or [\"*\"])");
+  }
+  for (const auto& s : root.child("allow").str_list("silo")) {
+    if (s != "*") c.expected_silos.insert(s);
+  }
+  c.channel = transport::parse_channel_options(root.child("transport"));
+  c.chunk_bytes = static_cast<std::size_t>(
+      root.integer("chunk_bytes", 1 << 20, 1024, std::int64_t{1} << 30));
+  if (c.chunk_bytes + 4096 > c.channel.max_frame_bytes) {
+    root.fail("chunk_bytes", std::to_string(c.chunk_bytes) +
+                                 " leaves no room for the envelope in transport.max_frame_bytes " +
+                                 std::to_string(c.channel.max_frame_bytes) + " (need 4096 spare)");
+  }
+  c.state_dir = root.path("state_dir", "state");
+  c.keep_checkpoints = static_cast<std::size_t>(root.integer("keep_checkpoints", 5, 0, 1 << 20));
+  c.model = parse_model(root.child("model"));
+  c.rounds = static_cast<std::uint64_t>(root.integer("rounds", 10, 1, 1 << 30));
+  c.seed = static_cast<std::uint64_t>(root.integer("seed", 1, 0));
+
+  parse_selection(root, c);
+  parse_deadlines(root, c);
+  parse_training(root, c);
+  parse_optimizer(root, c);
+  parse_rounds_aggregation(root, c);
 
   c.log_level = root.one_of("log_level", "info", {"trace", "debug", "info", "warn", "error"});
   root.finish();

@@ -20,6 +20,48 @@ std::filesystem::path resolve_dataset(const std::string& name) {
   return {};
 }
 
+// "trainer": the silos' own training script (an external trainer in every silo).
+SimConfig::Trainer parse_sim_trainer(const ConfigNode& root, const ConfigNode& model, const std::filesystem::path& file,
+                                     const SimConfig& c) {
+  const auto t = root.child("trainer");
+  SimConfig::Trainer tr;
+  tr.command = t.str_list("command");
+  if (tr.command.empty()) t.fail("command", "is required: the training script's command line");
+  tr.init = t.str_list("init");
+  tr.cwd = t.path("cwd", "");
+  if (tr.cwd.empty()) tr.cwd = std::filesystem::absolute(file).parent_path();
+  const auto& env = t.raw("env");
+  if (!env.is_null()) {
+    if (!env.is_object()) t.fail("env", "must be an object of NAME: \"value\"");
+    for (auto it = env.begin(); it != env.end(); ++it) {
+      if (!it->is_string()) t.fail("env", "value of " + it.key() + " must be a string");
+      tr.env.emplace_back(it.key(), it->get<std::string>());
+    }
+  }
+  tr.startup_s = t.number("startup_s", 120, 0.1, 86400);
+  tr.task_timeout_s = t.number("task_timeout_s", 0, 0, 7 * 86400);
+  tr.max_failures = static_cast<int>(t.integer("max_failures", 3, 1, 1000));
+  tr.evaluate = t.boolean("evaluate", true);
+  for (const auto& d : t.child_list("silo_data")) {
+    tr.silo_data.emplace_back(d.path("train", ""), d.path("test", ""));
+    if (tr.silo_data.back().first.empty()) d.fail("train", "is required");
+    d.finish();
+  }
+  t.finish();
+  if (!tr.silo_data.empty() && tr.silo_data.size() != c.silos) {
+    t.fail("silo_data", "names " + std::to_string(tr.silo_data.size()) + " silos' data, but silos is " +
+                            std::to_string(c.silos));
+  }
+  if (c.model_kind != "file") {
+    model.fail("kind", "an external trainer trains its own model: give \"kind\": \"file\" and the initial model's "
+                       "\"path\" (trainer.init can write it)");
+  }
+  if (!std::filesystem::exists(c.model_file) && tr.init.empty()) {
+    model.fail("path", "file " + c.model_file.string() + " does not exist (trainer.init can write it)");
+  }
+  return tr;
+}
+
 }  // namespace
 
 std::filesystem::path data_dir() {
@@ -77,43 +119,7 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
   model.finish();
 
   if (root.has("trainer")) {
-    const auto t = root.child("trainer");
-    SimConfig::Trainer tr;
-    tr.command = t.str_list("command");
-    if (tr.command.empty()) t.fail("command", "is required: the training script's command line");
-    tr.init = t.str_list("init");
-    tr.cwd = t.path("cwd", "");
-    if (tr.cwd.empty()) tr.cwd = std::filesystem::absolute(file).parent_path();
-    const auto& env = t.raw("env");
-    if (!env.is_null()) {
-      if (!env.is_object()) t.fail("env", "must be an object of NAME: \"value\"");
-      for (auto it = env.begin(); it != env.end(); ++it) {
-        if (!it->is_string()) t.fail("env", "value of " + it.key() + " must be a string");
-        tr.env.emplace_back(it.key(), it->get<std::string>());
-      }
-    }
-    tr.startup_s = t.number("startup_s", 120, 0.1, 86400);
-    tr.task_timeout_s = t.number("task_timeout_s", 0, 0, 7 * 86400);
-    tr.max_failures = static_cast<int>(t.integer("max_failures", 3, 1, 1000));
-    tr.evaluate = t.boolean("evaluate", true);
-    for (const auto& d : t.child_list("silo_data")) {
-      tr.silo_data.emplace_back(d.path("train", ""), d.path("test", ""));
-      if (tr.silo_data.back().first.empty()) d.fail("train", "is required");
-      d.finish();
-    }
-    t.finish();
-    if (!tr.silo_data.empty() && tr.silo_data.size() != c.silos) {
-      t.fail("silo_data", "names " + std::to_string(tr.silo_data.size()) + " silos' data, but silos is " +
-                              std::to_string(c.silos));
-    }
-    if (c.model_kind != "file") {
-      model.fail("kind", "an external trainer trains its own model: give \"kind\": \"file\" and the initial model's "
-                         "\"path\" (trainer.init can write it)");
-    }
-    if (!std::filesystem::exists(c.model_file) && tr.init.empty()) {
-      model.fail("path", "file " + c.model_file.string() + " does not exist (trainer.init can write it)");
-    }
-    c.trainer = std::move(tr);
+    c.trainer = parse_sim_trainer(root, model, file, c);
   } else if (c.model_kind == "file" && !std::filesystem::exists(c.model_file)) {
     model.fail("path", "file " + c.model_file.string() + " does not exist");
   }

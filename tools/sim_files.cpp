@@ -35,19 +35,11 @@ void write_json(const std::filesystem::path& p, const json& j) { atomic_write_fi
 
 }  // namespace
 
-FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::path& out_arg) {
-  // Every path written into a config is absolute: a config resolves relative paths against its
-  // own folder, so a path relative to the current folder would mean something else there.
-  const auto out = std::filesystem::absolute(out_arg).lexically_normal();
-  if (cfg.data_path.empty() || !std::filesystem::exists(cfg.data_path)) {
-    throw ConfigError("sim: data set not found in " + data_dir().string() +
-                      " (set XSILO_DATA_DIR to the folder holding breast_cancer.csv)");
-  }
-  FederationFiles f;
-  f.out = out;
-  std::filesystem::create_directories(out);
-  std::filesystem::remove_all(out / "logs");
+namespace {
 
+// The data: a stratified test split, the training rows dealt to silos, the pooled rows.
+void split_data(const SimConfig& cfg, FederationFiles& f) {
+  const auto& out = f.out;
   // Data: a stratified test split, then the training rows dealt to silos.
   f.all = load_csv(cfg.data_path);
   const Dataset& all = f.all;
@@ -92,7 +84,11 @@ FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::
     save_csv(f.central_train_csv, subset(all, train_rows));
     save_csv(f.central_test_csv, subset(all, test_rows));
   }
+}
 
+// The initial model of a user's own network: given, or written by the trainer's init command.
+void make_initial_model(const SimConfig& cfg, FederationFiles& f) {
+  const auto& out = f.out;
   // The initial model of a user's own network: given, or written by the trainer's init command.
   if (cfg.model_kind == "file") {
     f.initial_model = cfg.model_file;
@@ -115,7 +111,11 @@ FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::
       }
     }
   }
+}
 
+// A throwaway PKI: one CA, one kit per process.
+void make_pki(const SimConfig& cfg, FederationFiles& f) {
+  const auto& out = f.out;
   // A throwaway PKI: one CA, one kit per process.
   f.pki = out / "pki";
   std::filesystem::remove_all(f.pki);
@@ -131,7 +131,12 @@ FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::
   }
   f.server_port = free_loopback_port();
   for (const auto& e : f.edges) std::filesystem::remove(out / (e + ".port"));
+}
 
+// The server's config.
+void write_server_config(const SimConfig& cfg, FederationFiles& f) {
+  const auto& out = f.out;
+  const Dataset& all = f.all;
   // The server's config.
   f.state = out / "server";
   f.logs = out / "logs";
@@ -175,6 +180,10 @@ FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::
     throw ConfigError(std::string(e.what()) + " (generated from sim config " +
                       (cfg.file.empty() ? std::string("defaults") : cfg.file.string()) + ")");
   }
+}
+
+// The edges' configs.
+void write_edge_configs(const SimConfig& cfg, FederationFiles& f) {
   for (std::size_t e = 0; e < f.edges.size(); ++e) {
     edge::EdgeConfig edge;
     edge.federation = cfg.federation;
@@ -189,6 +198,28 @@ FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::
     }
     write_json(edge_config_path(f, e), edge::to_json(edge));
   }
+}
+
+}  // namespace
+
+FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::path& out_arg) {
+  // Every path written into a config is absolute: a config resolves relative paths against its
+  // own folder, so a path relative to the current folder would mean something else there.
+  const auto out = std::filesystem::absolute(out_arg).lexically_normal();
+  if (cfg.data_path.empty() || !std::filesystem::exists(cfg.data_path)) {
+    throw ConfigError("sim: data set not found in " + data_dir().string() +
+                      " (set XSILO_DATA_DIR to the folder holding breast_cancer.csv)");
+  }
+  FederationFiles f;
+  f.out = out;
+  std::filesystem::create_directories(out);
+  std::filesystem::remove_all(out / "logs");
+
+  split_data(cfg, f);
+  make_initial_model(cfg, f);
+  make_pki(cfg, f);
+  write_server_config(cfg, f);
+  write_edge_configs(cfg, f);
   return f;
 }
 
