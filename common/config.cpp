@@ -200,6 +200,18 @@ std::size_t edit_distance(const std::string& a, const std::string& b) {
 }
 }  // namespace
 
+std::vector<std::pair<std::string, std::string>> ConfigNode::string_map(const std::string& key) const {
+  std::vector<std::pair<std::string, std::string>> out;
+  const auto& v = raw(key);
+  if (v.is_null()) return out;
+  if (!v.is_object()) fail(key, "must be an object of NAME: \"value\"");
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    if (!it->is_string()) fail(key, "value of " + it.key() + " must be a string");
+    out.emplace_back(it.key(), it->get<std::string>());
+  }
+  return out;
+}
+
 std::vector<std::string> ConfigNode::finish_open(const std::vector<std::string>& known) const {
   std::vector<std::string> extra;
   for (auto it = j_->begin(); it != j_->end(); ++it) {

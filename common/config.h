@@ -9,6 +9,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -39,6 +40,8 @@ class ConfigNode {
   std::string one_of(const std::string& key, const std::string& def,
                      const std::vector<std::string>& allowed) const;
   bool boolean(const std::string& key, bool def) const;
+  // An object of string values ({"NAME": "value", ...}), in file order; absent: empty.
+  std::vector<std::pair<std::string, std::string>> string_map(const std::string& key) const;
   double number(const std::string& key, double def,
                 double min = -std::numeric_limits<double>::infinity(),
                 double max = std::numeric_limits<double>::infinity()) const;

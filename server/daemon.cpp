@@ -18,6 +18,7 @@
 #include "server/coordinator.h"
 #include "server/state.h"
 #include "transport/listener.h"
+#include "transport/runtime.h"
 #include "protocol/tensor_stream.h"
 
 namespace xsilo::server {
@@ -44,35 +45,34 @@ std::uint64_t peak_rss_bytes() {
 class Server {
  public:
   Server(const ServerConfig& cfg, ServerState& state, Coordinator& coord)
-      : cfg_(cfg), state_(state), coord_(coord), pool_(1), signals_(io_, SIGINT, SIGTERM),
-        tls_(transport::make_tls_context(cfg.tls)), events_(cfg.state_dir / "events.jsonl", std::ios::app) {
+      : cfg_(cfg), state_(state), coord_(coord), tls_(transport::make_tls_context(cfg.tls)),
+        events_(cfg.state_dir / "events.jsonl", std::ios::app) {
     for (auto t : {Timer::Join, Timer::Train, Timer::Upload, Timer::SecAgg, Timer::Unmask}) {
-      timers_.emplace(t, std::make_unique<asio::steady_timer>(io_));
+      timers_.emplace(t, std::make_unique<asio::steady_timer>(rt_.io()));
     }
   }
 
   int run() {
-    listener_ = std::make_unique<transport::Listener>(
-        io_.get_executor(), tls_, cfg_.listen, cfg_.channel, cfg_.allow,
-        transport::LocalInfo{cfg_.federation, wire::SERVER, {"plain", "edges"}},
-        [this](std::shared_ptr<transport::Channel> ch) { on_channel(std::move(ch)); },
-        [this] { return coord_.round(); });
-    listener_->start();
-    spdlog::info("server for federation {} listening on {}:{}", cfg_.federation, cfg_.listen.host,
-                 listener_->port());
-    if (!cfg_.port_file.empty()) atomic_write_file(cfg_.port_file, std::to_string(listener_->port()) + "\n");
-    signals_.async_wait([this](boost::system::error_code ec, int sig) {
-      if (ec) return;
-      spdlog::warn("signal {}: stopping; the round in progress is not committed", sig);
-      exit_code_ = 130;
-      shutdown();
-    });
-    coord_.start(now_ms());
-    drain();
-    io_.run();
-    pool_.join();
+    const int code = rt_.run(
+        [this] {
+          listener_ = std::make_unique<transport::Listener>(
+              rt_.io().get_executor(), tls_, cfg_.listen, cfg_.channel, cfg_.allow,
+              transport::LocalInfo{cfg_.federation, wire::SERVER, {"plain", "edges"}},
+              [this](std::shared_ptr<transport::Channel> ch) { on_channel(std::move(ch)); },
+              [this] { return coord_.round(); });
+          listener_->start();
+          spdlog::info("server for federation {} listening on {}:{}", cfg_.federation, cfg_.listen.host,
+                       listener_->port());
+          if (!cfg_.port_file.empty()) atomic_write_file(cfg_.port_file, std::to_string(listener_->port()) + "\n");
+          coord_.start(now_ms());
+          drain();
+        },
+        [this](int) {
+          spdlog::warn("stopping; the round in progress is not committed");
+          shutdown(130);
+        });
     write_stats();
-    return exit_code_;
+    return code;
   }
 
  private:
@@ -89,22 +89,17 @@ class Server {
       coord_.on_connect(id, ch->peer().name, now_ms());
     }
     drain();
-    asio::co_spawn(io_, serve(id, ch), asio::detached);
+    asio::co_spawn(rt_.io(), serve(id, ch), asio::detached);
   }
 
   asio::awaitable<void> serve(SessionId id, std::shared_ptr<transport::Channel> ch) {
-    for (;;) {
-      auto env = co_await ch->read();
-      if (!env) {
-        if (env.status().code != wire::ERROR_UNSPECIFIED) {
-          spdlog::warn("{}: {}", ch->peer().str(), env.status().message);
-          ch->close_with_error(env.status().code, env.status().message);
-        }
-        break;
-      }
-      coord_.on_message(id, *env, now_ms());
+    // Named, not a temporary inside co_await: GCC 12 destroys such temporaries twice.
+    std::function<bool(const wire::Envelope&)> handle = [this, id](const wire::Envelope& e) {
+      coord_.on_message(id, e, now_ms());
       drain();
-    }
+      return true;
+    };
+    co_await transport::serve_channel(ch, handle);
     bytes_in_ += ch->bytes_received();
     bytes_out_ += ch->bytes_sent();
     channels_.erase(id);
@@ -135,7 +130,7 @@ class Server {
     Server* server;
     ~BroadcastSlot() {
       Server* s = server;
-      asio::post(s->io_, [s] {
+      asio::post(s->rt_.io(), [s] {
         --s->broadcasting_;
         s->start_broadcasts();
       });
@@ -173,27 +168,15 @@ class Server {
     });
   }
   void apply(action::CancelTimer& a) { timers_.at(a.timer)->cancel(); }
+  // A job that throws stops the server with exit code 1 (the runtime logs why); committed
+  // rounds are safe on disk.
   void apply(action::Job& a) {
-    asio::post(pool_, [this, id = a.id, work = std::move(a.work)] {
-      JobResult result;
-      try {
-        result = work();
-      } catch (const std::exception& e) {
-        const std::string what = e.what();
-        asio::post(io_, [this, what] {
-          spdlog::critical("server job failed: {}; stopping (committed rounds are safe on disk)", what);
-          exit_code_ = 1;
-          shutdown();
-        });
-        return;
-      }
-      asio::post(io_, [this, id, result = std::move(result)]() mutable {
-        coord_.on_job_done(id, std::move(result), now_ms());
-        drain();
-      });
+    rt_.work<JobResult>(std::move(a.work), [this, id = a.id](JobResult result) {
+      coord_.on_job_done(id, std::move(result), now_ms());
+      drain();
     });
   }
-  void apply(action::Background& a) { asio::post(pool_, std::move(a.work)); }
+  void apply(action::Background& a) { rt_.background(std::move(a.work)); }
   // Progress events, one JSON object per line, for whoever follows the federation (xsilo sim
   // fires its rehearsed faults from them).
   void apply(action::Event& a) {
@@ -209,24 +192,21 @@ class Server {
                    {"model_sha256", coord_.model_sha256()},
                    {"time", iso_time(now_ms())}},
                   nullptr);
-    exit_code_ = a.aborted == 0 ? 0 : 3;
     // Let the Finished messages reach the silos, then stop.
-    stopping_ = true;
-    linger_ = std::make_unique<asio::steady_timer>(io_, std::chrono::milliseconds(300));
-    linger_->async_wait([this](boost::system::error_code) { shutdown(); });
+    shutdown(a.aborted == 0 ? 0 : 3, std::chrono::milliseconds(300));
   }
 
-  void shutdown() {
+  void shutdown(int code, std::chrono::milliseconds linger = std::chrono::milliseconds(0)) {
     stopping_ = true;
-    listener_->stop();
-    for (auto& [id, ch] : channels_) {
-      bytes_in_ += ch->bytes_received();
-      bytes_out_ += ch->bytes_sent();
-      ch->close();
-    }
-    for (auto& [t, timer] : timers_) timer->cancel();
-    signals_.cancel();
-    io_.stop();
+    rt_.stop(code, linger, [this] {
+      if (listener_) listener_->stop();
+      for (auto& [id, ch] : channels_) {
+        bytes_in_ += ch->bytes_received();
+        bytes_out_ += ch->bytes_sent();
+        ch->close();
+      }
+      for (auto& [t, timer] : timers_) timer->cancel();
+    });
   }
 
   void write_stats() {
@@ -242,19 +222,15 @@ class Server {
   const ServerConfig& cfg_;
   ServerState& state_;
   Coordinator& coord_;
-  asio::io_context io_;
-  asio::thread_pool pool_;
-  asio::signal_set signals_;
+  transport::Runtime rt_;
   transport::ssl::context tls_;
   std::unique_ptr<transport::Listener> listener_;
   std::map<SessionId, std::shared_ptr<transport::Channel>> channels_;
   std::map<Timer, std::unique_ptr<asio::steady_timer>> timers_;
-  std::unique_ptr<asio::steady_timer> linger_;
   std::deque<action::SendModel> pending_broadcasts_;
   int broadcasting_ = 0;
   SessionId next_id_ = 0;
   bool stopping_ = false;
-  int exit_code_ = 0;
   std::uint64_t bytes_in_ = 0, bytes_out_ = 0;
   std::ofstream events_;
 };

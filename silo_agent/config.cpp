@@ -49,14 +49,7 @@ void parse_trainer(const ConfigNode& t, AgentConfig& c) {
     if (e.command.empty()) t.fail("command", "is required: the trainer's command line, e.g. [\"python3\", \"train.py\"]");
     e.cwd = t.path("cwd", "");
     if (!e.cwd.empty() && !std::filesystem::is_directory(e.cwd)) t.fail("cwd", "folder " + e.cwd.string() + " does not exist");
-    const auto& env = t.raw("env");
-    if (!env.is_null()) {
-      if (!env.is_object()) t.fail("env", "must be an object of NAME: \"value\"");
-      for (auto it = env.begin(); it != env.end(); ++it) {
-        if (!it->is_string()) t.fail("env", "value of " + it.key() + " must be a string");
-        e.env.emplace_back(it.key(), it->get<std::string>());
-      }
-    }
+    e.env = t.string_map("env");
     e.startup = std::chrono::milliseconds(static_cast<long>(t.number("startup_s", 60, 0.1, 86400) * 1000));
     e.task_timeout = std::chrono::milliseconds(static_cast<long>(t.number("task_timeout_s", 0, 0, 7 * 86400) * 1000));
     e.max_failures = static_cast<int>(t.integer("max_failures", 3, 1, 1000));

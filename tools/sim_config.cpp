@@ -30,14 +30,7 @@ SimConfig::Trainer parse_sim_trainer(const ConfigNode& root, const ConfigNode& m
   tr.init = t.str_list("init");
   tr.cwd = t.path("cwd", "");
   if (tr.cwd.empty()) tr.cwd = std::filesystem::absolute(file).parent_path();
-  const auto& env = t.raw("env");
-  if (!env.is_null()) {
-    if (!env.is_object()) t.fail("env", "must be an object of NAME: \"value\"");
-    for (auto it = env.begin(); it != env.end(); ++it) {
-      if (!it->is_string()) t.fail("env", "value of " + it.key() + " must be a string");
-      tr.env.emplace_back(it.key(), it->get<std::string>());
-    }
-  }
+  tr.env = t.string_map("env");
   tr.startup_s = t.number("startup_s", 120, 0.1, 86400);
   tr.task_timeout_s = t.number("task_timeout_s", 0, 0, 7 * 86400);
   tr.max_failures = static_cast<int>(t.integer("max_failures", 3, 1, 1000));
