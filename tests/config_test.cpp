@@ -84,9 +84,8 @@ TEST(Config, AllowListNeedsNames) {
             "config f.json: .allow.silo: must list at least one name, or \"*\"");
 }
 
-// The example configs in configs/ load as they are, next to a PKI and the data.
-TEST(Config, ExampleConfigsAreValid) {
-  test::TempDir dir;
+// The example configs of configs/ in `dir`, beside the data and a PKI they name.
+void copy_example_configs(const test::TempDir& dir) {
   const std::filesystem::path src = XSILO_SOURCE_DIR;
   std::filesystem::create_directories(dir / "configs");
   std::filesystem::create_directories(dir / "data");
@@ -96,6 +95,13 @@ TEST(Config, ExampleConfigsAreValid) {
   std::filesystem::copy_file(src / "data/breast_cancer.csv", dir / "data/breast_cancer.csv");
   test::make_pki(dir / "pki", "oncology-2026",
                  {{wire::SERVER, "server"}, {wire::SILO, "hospital-a"}, {wire::EDGE, "edge-west"}});
+}
+
+// The example configs in configs/ load as they are, next to a PKI and the data.
+TEST(Config, ExampleConfigsAreValid) {
+  test::TempDir dir;
+  const std::filesystem::path src = XSILO_SOURCE_DIR;
+  copy_example_configs(dir);
   const auto server = server::load_server_config(dir / "configs/server.json");
   EXPECT_EQ(server.federation, "oncology-2026");
   EXPECT_EQ(server.optimizer.kind, "fedadam");
@@ -154,14 +160,7 @@ TEST(Config, ServerConfigRefusesImpossibleSelections) {
 TEST(Config, EveryRoleConfigRoundTripsThroughItsToJson) {
   test::TempDir dir;
   const std::filesystem::path src = XSILO_SOURCE_DIR;
-  std::filesystem::create_directories(dir / "configs");
-  std::filesystem::create_directories(dir / "data");
-  for (const auto& e : std::filesystem::directory_iterator(src / "configs")) {
-    std::filesystem::copy_file(e.path(), dir / "configs" / e.path().filename());
-  }
-  std::filesystem::copy_file(src / "data/breast_cancer.csv", dir / "data/breast_cancer.csv");
-  test::make_pki(dir / "pki", "oncology-2026",
-                 {{wire::SERVER, "server"}, {wire::SILO, "hospital-a"}, {wire::EDGE, "edge-west"}});
+  copy_example_configs(dir);
   const auto server = server::load_server_config(dir / "configs/server.json");
   atomic_write_file(dir / "server2.json", server::to_json(server).dump());
   const auto server2 = server::load_server_config(dir / "server2.json");
