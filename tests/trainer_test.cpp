@@ -240,6 +240,42 @@ TEST(ExternalTrainers, ATrainerThatDiesMakesItsSiloADropoutForOneRound) {
   EXPECT_NE(agent_log.find("started again for the next round"), std::string::npos) << agent_log;
 }
 
+// Per-silo data files of the user's own (trainer.silo_data) instead of the sim's split: each
+// silo's trainer is told its own files, and the central baseline pools them.
+TEST(ExternalTrainers, EachSiloGetsTheDataFilesTheSimConfigNames) {
+  REQUIRE_PYTHON_MODULE("numpy");
+  test::TempDir dir;
+  const auto all = load_csv(data_dir() / "breast_cancer.csv");
+  json silo_data = json::array();
+  for (std::size_t i = 0; i < 3; ++i) {
+    std::vector<std::size_t> train, test;
+    for (std::size_t r = i; r < all.rows; r += 3) (r % 5 ? train : test).push_back(r);
+    const auto t = dir / ("silo" + std::to_string(i) + "-train.csv"), v = dir / ("silo" + std::to_string(i) + "-test.csv");
+    save_csv(t, subset(all, train));
+    save_csv(v, subset(all, test));
+    silo_data.push_back({{"train", t.string()}, {"test", v.string()}});
+  }
+  const std::string fake = (kSource / "tests" / "fake_trainer.py").string();
+  const json cfg = {{"silos", 3},
+                    {"rounds", 2},
+                    {"baseline", false},
+                    {"model", {{"kind", "file"}, {"path", (dir / "init.safetensors").string()}}},
+                    {"trainer",
+                     {{"command", {python(), fake}}, {"init", {python(), fake, "--init", "{path}"}}, {"silo_data", silo_data}}},
+                    {"selection", {{"min_silos", 3}}}};
+  const auto summary = run_sim_config(dir, cfg, 240s);
+  EXPECT_EQ(summary["rounds_committed"], 2);
+  for (std::size_t i = 0; i < 3; ++i) {
+    char name[32];
+    std::snprintf(name, sizeof name, "hospital-%02zu.json", i + 1);
+    const auto agent = json::parse(read_file(dir / "out" / "configs" / name));
+    EXPECT_EQ(agent["data"]["train"], silo_data[i]["train"]);
+    EXPECT_EQ(agent["data"]["test"], silo_data[i]["test"]);
+  }
+  EXPECT_EQ(load_csv(dir / "out" / "central" / "train.csv").rows + load_csv(dir / "out" / "central" / "test.csv").rows,
+            all.rows);
+}
+
 // The PyTorch example as `xsilo sim` runs it: 5 silos federating the user's own CNN, within two
 // points of the same script trained centrally; the final checkpoint loads into the module.
 void run_example(const std::string& config, double max_gap) {
