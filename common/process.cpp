@@ -5,6 +5,7 @@
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <linux/close_range.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -18,7 +19,8 @@ std::string self_exe() {
   return std::filesystem::read_symlink("/proc/self/exe").string();
 }
 
-Process::Process(std::vector<std::string> argv, const std::filesystem::path& log, const ProcessOptions& opts) {
+Process::Process(std::vector<std::string> argv, const std::filesystem::path& log, const ProcessOptions& opts)
+    : own_group_(opts.own_group) {
   const auto& cwd = opts.cwd;
   if (log.has_parent_path()) std::filesystem::create_directories(log.parent_path());
   const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -38,6 +40,8 @@ Process::Process(std::vector<std::string> argv, const std::filesystem::path& log
   std::vector<char*> envp;
   for (auto& e : env_strings) envp.push_back(e.data());
   envp.push_back(nullptr);
+  std::vector<int> keep_sorted(opts.keep_fds);
+  std::sort(keep_sorted.begin(), keep_sorted.end());
   const pid_t parent = ::getpid();
   pid_ = ::fork();
   if (pid_ < 0) {
@@ -50,7 +54,15 @@ Process::Process(std::vector<std::string> argv, const std::filesystem::path& log
     ::dup2(fd, STDOUT_FILENO);
     ::dup2(fd, STDERR_FILENO);
     if (opts.own_group) ::setpgid(0, 0);
-    for (int kfd : opts.keep_fds) ::fcntl(kfd, F_SETFD, ::fcntl(kfd, F_GETFD) & ~FD_CLOEXEC);
+    // Nothing of the parent's but stdio and the descriptors it hands over: no socket of the
+    // parent's (Asio does not mark its sockets close-on-exec) reaches the child.
+    int from = 3;
+    for (int kfd : keep_sorted) {
+      if (kfd > from) ::close_range(static_cast<unsigned>(from), static_cast<unsigned>(kfd - 1), 0);
+      ::fcntl(kfd, F_SETFD, ::fcntl(kfd, F_GETFD) & ~FD_CLOEXEC);
+      from = std::max(from, kfd + 1);
+    }
+    ::close_range(static_cast<unsigned>(from), ~0u, 0);
     if (!cwd.empty() && ::chdir(cwd.c_str()) != 0) {
       const char* msg = "cannot change to the working folder\n";
       [[maybe_unused]] auto n = ::write(STDERR_FILENO, msg, std::strlen(msg));
@@ -66,7 +78,7 @@ Process::Process(std::vector<std::string> argv, const std::filesystem::path& log
 
 Process::~Process() {
   if (pid_ > 0 && !exit_code_) {
-    ::kill(pid_, SIGKILL);
+    ::kill(own_group_ ? -pid_ : pid_, SIGKILL);
     reap(true);
   }
 }
@@ -85,7 +97,9 @@ bool Process::reap(bool block) {
 bool Process::running() { return !reap(false); }
 
 void Process::signal(int sig) {
-  if (!exit_code_) ::kill(pid_, sig);
+  // Its whole process group when it has its own: children it started (a trainer's data
+  // loaders) go with it.
+  if (!exit_code_) ::kill(own_group_ ? -pid_ : pid_, sig);
 }
 
 std::optional<int> Process::wait(std::chrono::milliseconds timeout) {

@@ -40,6 +40,7 @@ class Process {
  private:
   bool reap(bool block);
   pid_t pid_ = -1;
+  bool own_group_ = true;
   std::optional<int> exit_code_;
 };
 

@@ -191,7 +191,9 @@ void to_float32(const TensorView& t, std::span<float> out) {
 }
 
 MappedFile::MappedFile(const std::filesystem::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Non-blocking and not through a final symlink: a FIFO or a link put where a file should be
+  // is refused instead of blocking or leading elsewhere.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
   if (fd < 0) throw std::runtime_error("cannot open " + path.string() + ": " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -199,6 +201,7 @@ MappedFile::MappedFile(const std::filesystem::path& path) {
     throw std::runtime_error(path.string() + " is not a regular file");
   }
   size_ = static_cast<std::size_t>(st.st_size);
+  links_ = static_cast<std::uint64_t>(st.st_nlink);
   if (size_ > 0) {
     void* m = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (m == MAP_FAILED) {

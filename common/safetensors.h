@@ -43,7 +43,7 @@ SafetensorsView parse_safetensors(std::span<const std::uint8_t> bytes);
 // Writes a floating-point tensor's elements as float32 into `out` (t.elements values).
 void to_float32(const TensorView& t, std::span<float> out);
 
-// A file mapped read-only for as long as this lives.
+// A regular file (not a FIFO, not through a symlink) mapped read-only for as long as this lives.
 class MappedFile {
  public:
   explicit MappedFile(const std::filesystem::path& path);  // throws std::runtime_error
@@ -51,10 +51,12 @@ class MappedFile {
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
   std::span<const std::uint8_t> bytes() const { return {data_, size_}; }
+  std::uint64_t links() const { return links_; }  // hard links to the file
 
  private:
   const std::uint8_t* data_ = nullptr;
   std::size_t size_ = 0;
+  std::uint64_t links_ = 0;
 };
 
 std::string encode_safetensors(const Model& model, const Metadata& metadata = {});

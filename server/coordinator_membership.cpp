@@ -47,9 +47,11 @@ void Coordinator::silo_joined(const std::string& silo, SessionId link, std::int6
   membership_.route(silo, link);
   const Peer* via = membership_.peer(link);
   const bool via_edge = via && via->edge;
-  if (auto m = member_named(silo); m && r_->members[*m].state == MemberState::Done && r_->secure) {
-    // Its masked input is in the sum but its edge went away: it still holds shares for the
-    // unmasking, so reach it through the new route (and ask again if it missed the request).
+  if (auto m = member_named(silo);
+      m && r_->members[*m].state == MemberState::Done && r_->members[*m].session == 0 && r_->secure) {
+    // Its masked input is in the sum but the route that carried it is gone: it still holds
+    // shares for the unmasking, so reach it through the new route (and ask again if it missed
+    // the request). A member whose route is alive is never moved.
     auto& mb = r_->members[*m];
     mb.session = link;
     mb.relayed = via_edge;  // the record keeps the edge that carried its input
@@ -100,7 +102,11 @@ void Coordinator::on_disconnect(SessionId id, std::int64_t now_ms) {
   const Peer peer = *p;
   const auto gone = membership_.remove_session(id);
   if (!peer.edge) {
-    for (const auto& silo : gone) silo_gone(silo, id, "disconnected", now_ms);
+    for (const auto& silo : gone) {
+      silo_gone(silo, id, "disconnected", now_ms);
+      // An edge that announced it while it was connected here carries it from now on.
+      if (auto edge = membership_.edge_announcing(silo)) silo_joined(silo, *edge, now_ms);
+    }
     return;
   }
   spdlog::warn("edge {} disconnected; its {} silos are gone with it", peer.name, gone.size());
@@ -209,6 +215,13 @@ void Coordinator::on_region_status(SessionId id, const wire::RegionStatus& statu
       continue;
     }
     membership_.join_region(id, silo);
+    if (auto route = membership_.route_of(silo); route && !membership_.is_edge(*route)) {
+      // Connected here directly: an edge's word does not replace a live connection of the silo's
+      // own. The claim waits until that connection ends (a silo moving to its preferred edge).
+      spdlog::info("edge {} announces silo {}, which is connected directly; the edge carries it once that ends", edge,
+                   silo);
+      continue;
+    }
     silo_joined(silo, id, now_ms);
   }
 }

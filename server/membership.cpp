@@ -72,6 +72,14 @@ void Membership::leave_region(SessionId edge, const std::string& silo) {
   if (auto it = sessions_.find(edge); it != sessions_.end()) it->second.region.erase(silo);
 }
 
+std::optional<SessionId> Membership::edge_announcing(const std::string& silo) const {
+  const auto route = route_of(silo);
+  for (const auto& [id, peer] : sessions_) {
+    if (peer.edge && peer.region.count(silo) && (!route || *route != id)) return id;
+  }
+  return std::nullopt;
+}
+
 bool Membership::all_accounted_for(const std::set<std::string>& expected) const {
   if (expected.empty()) return false;  // "*": nobody knows who else may come
   for (const auto& s : expected) {

@@ -47,6 +47,8 @@ class Membership {
   RegionChange set_region(SessionId edge, const std::set<std::string>& silos);
   void join_region(SessionId edge, const std::string& silo);
   void leave_region(SessionId edge, const std::string& silo);
+  // An edge whose region lists `silo` but is not its route (its claim is waiting), if any.
+  std::optional<SessionId> edge_announcing(const std::string& silo) const;
 
   // Every one of `expected` is connected now or was connected since start (and left).
   bool all_accounted_for(const std::set<std::string>& expected) const;

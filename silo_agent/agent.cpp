@@ -30,7 +30,7 @@ class Agent {
  public:
   Agent(const AgentConfig& cfg, std::unique_ptr<Trainer> trainer, std::unique_ptr<FaultHook> hook)
       : cfg_(cfg), trainer_(std::move(trainer)), hook_(hook ? std::move(hook) : std::make_unique<FaultHook>()),
-        tls_(transport::make_tls_context(cfg.tls)), session_({cfg.federation, cfg.chunk_bytes}, *trainer_, *hook_),
+        tls_(transport::make_tls_context(cfg.tls)), me_(transport::own_identity(cfg.tls)), session_({cfg.federation, cfg.chunk_bytes}, *trainer_, *hook_),
         upstream_(rt_.io(), tls_,
                   {cfg.upstreams, {wire::SERVER, wire::EDGE}, {cfg.federation, wire::SILO, {"plain"}}, cfg.channel,
                    cfg.reconnect, cfg.failover_probe}) {}
@@ -44,8 +44,13 @@ class Agent {
   awaitable<void> upstream() {
     transport::Upstream::Session session = [this](std::shared_ptr<Channel> ch, const Endpoint& at) -> awaitable<void> {
       channel_ = ch;
-      spdlog::info("connected to {} at {} as {}", ch->peer().str(), at.str(), ch->welcome().peer_identity());
-      session_.on_connected(ch->welcome().peer_identity(), at.str(), ch->peer().str());
+      // The silo's name is its own certificate's, whatever the upstream says it read.
+      if (ch->welcome().peer_identity() != me_.name) {
+        spdlog::warn("{} calls this silo {}; its certificate says {}", ch->peer().str(), ch->welcome().peer_identity(),
+                     me_.name);
+      }
+      spdlog::info("connected to {} at {} as {}", ch->peer().str(), at.str(), me_.name);
+      session_.on_connected(me_.name, at.str(), ch->peer().str());
       apply();
       std::function<bool(const wire::Envelope&)> handle = [this](const wire::Envelope& e) {
         session_.on_message(e);
@@ -103,6 +108,7 @@ class Agent {
 
   void stop(int code) {
     upstream_.stop();
+    trainer_->cancel();  // a training in progress ends now, not at its deadline
     rt_.stop(code, std::chrono::milliseconds(50), [this] {
       if (channel_) channel_->close();
     });
@@ -113,6 +119,7 @@ class Agent {
   std::unique_ptr<Trainer> trainer_;
   std::unique_ptr<FaultHook> hook_;
   transport::ssl::context tls_;
+  transport::PeerIdentity me_;  // from its own certificate
   Session session_;
   transport::Upstream upstream_;
   std::shared_ptr<Channel> channel_;

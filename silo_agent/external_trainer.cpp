@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -46,7 +48,42 @@ bool write_all(int fd, const char* p, std::size_t n) {
   return true;
 }
 
+// A name made safe for a file name: letters, digits, '.', '_' and '-' kept, the rest '_'.
+std::string file_safe(const std::string& name) {
+  std::string out;
+  for (char c : name) out += (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-') ? c : '_';
+  return out.empty() ? "silo" : out;
+}
+
+// Removes a file when it goes out of scope (whatever way the task ends).
+struct RemoveOnExit {
+  std::filesystem::path path;
+  ~RemoveOnExit() {
+    std::error_code ec;
+    if (!path.empty()) std::filesystem::remove(path, ec);
+  }
+};
+
+// Exchange folders of this silo's agents that are gone (their pid no longer runs): a crash
+// leaves one in /dev/shm, which is memory.
+void remove_stale_exchanges(const std::string& prefix) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const auto dash = name.find('-', prefix.size());
+    const std::string pid = name.substr(prefix.size(), dash == std::string::npos ? std::string::npos : dash - prefix.size());
+    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (::kill(static_cast<pid_t>(std::stol(pid)), 0) == 0 || errno != ESRCH) continue;
+    struct stat st {};
+    if (::lstat(e.path().c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == ::getuid()) {
+      std::filesystem::remove_all(e.path(), ec);
+    }
+  }
+}
+
 double number_or(const json& m, std::initializer_list<const char*> keys, double def) {
+  if (!m.is_object()) return def;
   for (const char* k : keys) {
     if (m.contains(k) && m[k].is_number() && std::isfinite(m[k].get<double>())) return m[k].get<double>();
   }
@@ -99,12 +136,32 @@ void ExternalTrainer::fail(const std::string& why) {
   std::string msg = "external trainer: " + why;
   const std::string tail = logs();
   stop_copies(std::chrono::milliseconds(2000));
+  clear_exchange();  // whatever the copies left there (a half-written update, say)
   if (fatal) {
     msg += " (" + std::to_string(consecutive_failures_) + " failed rounds in a row, the limit trainer.max_failures)";
   } else {
     msg += "; it is started again for the next round";
   }
   throw TrainerError(msg + tail, fatal);
+}
+
+void ExternalTrainer::clear_exchange() {
+  std::error_code ec;
+  if (exchange_.empty()) return;
+  for (const auto& e : std::filesystem::directory_iterator(exchange_, ec)) std::filesystem::remove_all(e.path(), ec);
+}
+
+template <class F>
+auto ExternalTrainer::guarded(F&& f) {
+  try {
+    return f();
+  } catch (const TrainerError&) {
+    throw;
+  } catch (const json::exception& e) {
+    fail(std::string("the trainer's message has the wrong shape: ") + e.what());
+  } catch (const std::filesystem::filesystem_error& e) {
+    fail(std::string("exchange folder: ") + e.what());
+  }
 }
 
 void ExternalTrainer::stop_copies(std::chrono::milliseconds grace) {
@@ -124,7 +181,10 @@ void ExternalTrainer::start(const TrainTask& task, std::size_t model_bytes) {
     // Back off before trying again: 1 s, 2 s, 4 s, ... at most a minute.
     const auto wait = std::chrono::seconds(std::min(60, 1 << std::min(consecutive_failures_ - 1, 6)));
     spdlog::info("external trainer: restarting in {} s", wait.count());
-    std::this_thread::sleep_for(wait);
+    for (auto end = Clock::now() + wait; Clock::now() < end && !cancelled_;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (cancelled_) throw TrainerError("external trainer: the agent is stopping");
   }
   if (exchange_.empty()) {
     // /dev/shm when it has room for three copies of the model (global, update, slack).
@@ -132,7 +192,9 @@ void ExternalTrainer::start(const TrainTask& task, std::size_t model_bytes) {
     const std::uint64_t need = 3 * static_cast<std::uint64_t>(model_bytes) + (64u << 20);
     std::string tmpl;
     if (::statvfs("/dev/shm", &fs) == 0 && static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize >= need) {
-      tmpl = "/dev/shm/xsilo-" + task.silo + "-XXXXXX";
+      const std::string prefix = "xsilo-" + file_safe(task.silo) + "-";
+      remove_stale_exchanges(prefix);
+      tmpl = "/dev/shm/" + prefix + std::to_string(::getpid()) + "-XXXXXX";
       exchange_in_shm_ = true;
     } else {
       tmpl = (dir_ / "exchange-XXXXXX").string();
@@ -142,6 +204,7 @@ void ExternalTrainer::start(const TrainTask& task, std::size_t model_bytes) {
     if (!::mkdtemp(buf.data())) fail("cannot create a private exchange folder " + tmpl + ": " + std::strerror(errno));
     exchange_ = buf.data();  // mkdtemp makes it 0700
   }
+  clear_exchange();  // files of copies that are gone
   const int workers = std::max(1, cfg_.local.workers);
   const std::string port = std::to_string(free_port());
   for (int rank = 0; rank < workers; ++rank) {
@@ -181,8 +244,10 @@ void ExternalTrainer::start(const TrainTask& task, std::size_t model_bytes) {
   const auto deadline = Clock::now() + cfg_.external.startup;
   for (auto& c : copies_) {
     const json hello = receive(*c, deadline, "its hello");
-    if (hello.value("type", "") != "hello") fail("rank " + std::to_string(c->rank) + " sent " + hello.dump() + " before hello");
-    const int protocol = hello.value("protocol", 0);
+    if (!hello.contains("type") || hello["type"] != "hello") {
+      fail("rank " + std::to_string(c->rank) + " sent " + hello.dump().substr(0, 200) + " before hello");
+    }
+    const int protocol = hello.contains("protocol") && hello["protocol"].is_number_integer() ? hello["protocol"].get<int>() : 0;
     if (protocol != kTrainerProtocol) {
       const json err = {{"type", "error"},
                         {"message", "this agent speaks trainer protocol " + std::to_string(kTrainerProtocol) +
@@ -190,7 +255,8 @@ void ExternalTrainer::start(const TrainTask& task, std::size_t model_bytes) {
       const std::string body = err.dump();
       const std::uint32_t n = htonl(static_cast<std::uint32_t>(body.size()));
       write_all(c->fd, reinterpret_cast<const char*>(&n), 4) && write_all(c->fd, body.data(), body.size());
-      fail("the trainer speaks protocol " + std::to_string(protocol) + " (SDK " + hello.value("sdk", "?") +
+      const std::string sdk = hello.contains("sdk") && hello["sdk"].is_string() ? hello["sdk"].get<std::string>() : "?";
+      fail("the trainer speaks protocol " + std::to_string(protocol) + " (SDK " + sdk +
            "), this agent speaks protocol " + std::to_string(kTrainerProtocol) + "; use the SDK of this xsilo release");
     }
     const json welcome = {{"type", "welcome"},
@@ -228,20 +294,25 @@ json ExternalTrainer::receive(Copy& c, Clock::time_point deadline, const char* w
         }
       }
     }
+    if (cancelled_) fail("the agent is stopping");
     const auto now = Clock::now();
     if (now >= deadline) {
       fail(who + " did not send " + waiting_for + " before its deadline (trainer.startup_s for the hello, "
                  "the round's training deadline or trainer.task_timeout_s for tasks)");
     }
-    if (c.process && !c.process->running()) {
-      fail(who + " exited with code " + std::to_string(c.process->exit_code().value_or(-1)) + " while the agent waited for " +
-           waiting_for);
-    }
     pollfd p{c.fd, POLLIN, 0};
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
     const int r = ::poll(&p, 1, static_cast<int>(std::clamp<long long>(left, 1, 200)));
     if (r < 0 && errno != EINTR) fail(std::string("poll: ") + std::strerror(errno));
-    if (r <= 0) continue;
+    if (r <= 0) {
+      // Nothing to read: only now does an exited copy count (what it sent before exiting is read
+      // first).
+      if (c.process && !c.process->running()) {
+        fail(who + " exited with code " + std::to_string(c.process->exit_code().value_or(-1)) +
+             " while the agent waited for " + waiting_for);
+      }
+      continue;
+    }
     char buf[65536];
     const ssize_t got = ::recv(c.fd, buf, sizeof buf, 0);
     if (got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN)) {
@@ -255,44 +326,43 @@ json ExternalTrainer::receive(Copy& c, Clock::time_point deadline, const char* w
 }
 
 json ExternalTrainer::run(const std::string& kind, const Model& model, const TrainTask& task, Clock::time_point deadline) {
+  json config = json::object();
+  if (!task.plan.config_json().empty()) {
+    try {
+      config = json::parse(task.plan.config_json());
+    } catch (const json::exception&) {
+    }
+    if (!config.is_object()) config = json::object();  // the server sends an object; anything else is dropped
+  }
+  config["round"] = task.round;
+  config["seed"] = task.plan.seed();
   start(task, model.bytes());
   const std::uint64_t id = ++next_id_;
   const auto model_path = exchange_ / ("global-" + std::to_string(task.round) + "-" + std::to_string(id) + ".safetensors");
+  const RemoveOnExit remove_model{model_path};  // whatever way the task ends
   write_safetensors(model_path, model, {{"xsilo.round", std::to_string(task.round)}});
-  json config = task.plan.config_json().empty() ? json::object() : json::parse(task.plan.config_json());
-  config["round"] = task.round;
-  config["seed"] = task.plan.seed();
   const json msg = {{"type", "task"}, {"id", id}, {"kind", kind}, {"round", task.round}, {"model", model_path.string()},
                     {"config", config}};
   const std::string body = msg.dump();
   const std::uint32_t n = htonl(static_cast<std::uint32_t>(body.size()));
   for (auto& c : copies_) {
     if (!write_all(c->fd, reinterpret_cast<const char*>(&n), 4) || !write_all(c->fd, body.data(), body.size())) {
-      std::filesystem::remove(model_path);
       fail("rank " + std::to_string(c->rank) + " closed its channel before the " + kind + " task");
     }
   }
   json first;
   for (auto& c : copies_) {
-    json r;
-    try {
-      r = receive(*c, deadline, ("its " + kind + " result for round " + std::to_string(task.round)).c_str());
-    } catch (...) {
-      std::filesystem::remove(model_path);
-      throw;
-    }
+    json r = receive(*c, deadline, ("its " + kind + " result for round " + std::to_string(task.round)).c_str());
     const std::string who = "rank " + std::to_string(c->rank);
-    if (r.value("type", "") == "error") {
-      std::filesystem::remove(model_path);
-      fail(who + " reports: " + r.value("message", "(no message)"));
+    const auto type = r.contains("type") && r["type"].is_string() ? r["type"].get<std::string>() : "";
+    if (type == "error") {
+      fail(who + " reports: " + (r.contains("message") && r["message"].is_string() ? r["message"].get<std::string>() : "(no message)"));
     }
-    if (r.value("type", "") != "result" || r.value("id", std::uint64_t{0}) != id) {
-      std::filesystem::remove(model_path);
+    if (type != "result" || !r.contains("id") || !r["id"].is_number_unsigned() || r["id"].get<std::uint64_t>() != id) {
       fail(who + " answered task " + std::to_string(id) + " with " + r.dump().substr(0, 200));
     }
     if (c->rank == 0) first = std::move(r);
   }
-  std::filesystem::remove(model_path);
   return first;
 }
 
@@ -302,12 +372,15 @@ wire::TrainMetrics ExternalTrainer::evaluate(const Model& model, const TrainTask
   const auto timeout = cfg_.external.task_timeout.count() ? cfg_.external.task_timeout
                        : task.plan.train_timeout_ms()   ? std::chrono::milliseconds(task.plan.train_timeout_ms())
                                                         : std::chrono::milliseconds(3600000);
-  const json r = run("evaluate", model, task, Clock::now() + timeout);
-  const json metrics = r.value("metrics", json::object());
-  m.set_eval_loss(number_or(metrics, {"eval_loss", "loss"}, 0));
-  m.set_eval_accuracy(number_or(metrics, {"eval_accuracy", "accuracy"}, 0));
-  m.set_eval_samples(static_cast<std::uint64_t>(number_or(metrics, {"eval_samples", "num_samples"}, 0)));
-  return m;
+  return guarded([&] {
+    const json r = run("evaluate", model, task, Clock::now() + timeout);
+    const json metrics = r.contains("metrics") ? r["metrics"] : json::object();
+    m.set_eval_loss(number_or(metrics, {"eval_loss", "loss"}, 0));
+    m.set_eval_accuracy(number_or(metrics, {"eval_accuracy", "accuracy"}, 0));
+    const double samples = number_or(metrics, {"eval_samples", "num_samples"}, 0);
+    m.set_eval_samples(samples > 0 && samples < 1e15 ? static_cast<std::uint64_t>(samples) : 0);
+    return m;
+  });
 }
 
 TrainResult ExternalTrainer::train(const Model& global, const TrainTask& task, Model& local) {
@@ -315,25 +388,34 @@ TrainResult ExternalTrainer::train(const Model& global, const TrainTask& task, M
   const auto timeout = cfg_.external.task_timeout.count() ? cfg_.external.task_timeout
                        : task.plan.train_timeout_ms()   ? std::chrono::milliseconds(task.plan.train_timeout_ms())
                                                         : std::chrono::milliseconds(3600000);
-  const json r = run("train", global, task, t0 + timeout);
+  return guarded([&] {
+    const json r = run("train", global, task, t0 + timeout);
+    TrainResult out = read_weights(r, global, local, task);
+    out.metrics.set_train_seconds(std::chrono::duration<double>(Clock::now() - t0).count());
+    consecutive_failures_ = 0;
+    return out;
+  });
+}
+
+// Rank 0's weights: a regular file of the exchange folder with exactly the global model's
+// tensors (names, shapes, floating-point dtypes) and finite values.
+TrainResult ExternalTrainer::read_weights(const json& r, const Model& global, Model& local, const TrainTask& task) {
   if (!r.contains("weights") || !r["weights"].is_string()) fail("rank 0's train result names no weights file");
   const std::filesystem::path weights = r["weights"].get<std::string>();
-  const auto canonical = std::filesystem::weakly_canonical(weights);
-  if (canonical.parent_path() != std::filesystem::weakly_canonical(exchange_)) {
-    fail("the weights file " + weights.string() + " is outside the exchange folder " + exchange_.string());
+  const RemoveOnExit remove_weights{weights.parent_path() == exchange_ ? weights : std::filesystem::path()};
+  if (weights.parent_path() != exchange_ || weights.filename().string().rfind(".", 0) == 0) {
+    fail("the weights file " + weights.string() + " is not a file of the exchange folder " + exchange_.string());
   }
-  const auto samples = r.contains("num_samples") && r["num_samples"].is_number_unsigned()
-                           ? r["num_samples"].get<std::uint64_t>()
-                           : 0;
+  const auto samples = r.contains("num_samples") && r["num_samples"].is_number_unsigned() ? r["num_samples"].get<std::uint64_t>() : 0;
   std::string why;
   try {
     const MappedFile file(weights);
+    if (file.links() != 1) throw std::runtime_error("it has " + std::to_string(file.links()) + " hard links");
     const auto view = parse_safetensors(file.bytes());
     // Every tensor of the global model, with its shape and a floating-point dtype; nothing else
     // but integer buffers (which stay with the silo).
     for (const auto& t : view.tensors) {
-      if (global.find(t.name)) continue;
-      if (t.is_float()) {
+      if (!global.find(t.name) && t.is_float()) {
         why = "the trainer returned tensor " + t.name + ", which the global model does not have";
         break;
       }
@@ -354,7 +436,6 @@ TrainResult ExternalTrainer::train(const Model& global, const TrainTask& task, M
   } catch (const std::exception& e) {
     why = std::string("cannot read the trainer's weights: ") + e.what();
   }
-  std::filesystem::remove(weights);
   if (!why.empty()) fail(why);
   for (const auto& g : global.tensors()) {
     const auto v = local.tensor(g.name);
@@ -363,12 +444,10 @@ TrainResult ExternalTrainer::train(const Model& global, const TrainTask& task, M
     }
   }
   if (samples == 0) fail("rank 0's train result has no positive num_samples");
-  consecutive_failures_ = 0;
   TrainResult out;
   out.num_samples = samples;
-  const json metrics = r.value("metrics", json::object());
+  const json metrics = r.contains("metrics") && r["metrics"].is_object() ? r["metrics"] : json::object();
   out.metrics.set_train_loss(number_or(metrics, {"loss", "train_loss"}, 0));
-  out.metrics.set_train_seconds(std::chrono::duration<double>(Clock::now() - t0).count());
   for (auto it = metrics.begin(); it != metrics.end(); ++it) {
     if (it.key() != "loss" && it.key() != "train_loss") spdlog::info("round {}: trainer metric {} = {}", task.round, it.key(), it->dump());
   }

@@ -11,6 +11,7 @@
 // the trainer's errors are fatal.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <memory>
@@ -34,6 +35,8 @@ class ExternalTrainer final : public Trainer {
 
   wire::TrainMetrics evaluate(const Model& model, const TrainTask& task) override;
   TrainResult train(const Model& global, const TrainTask& task, Model& local) override;
+  // From any thread: the agent is stopping; a task in progress fails at once.
+  void cancel() override { cancelled_ = true; }
 
   // Where tensors are exchanged (empty before the first task).
   const std::filesystem::path& exchange_dir() const { return exchange_; }
@@ -47,6 +50,12 @@ class ExternalTrainer final : public Trainer {
   nlohmann::json run(const std::string& kind, const Model& model, const TrainTask& task, Clock::time_point deadline);
   nlohmann::json receive(Copy& c, Clock::time_point deadline, const char* waiting_for);
   [[noreturn]] void fail(const std::string& why);
+  // Runs `f`, turning what a misbehaving trainer can make the agent's code throw (bad JSON
+  // types, file errors) into a failed round.
+  template <class F>
+  auto guarded(F&& f);
+  TrainResult read_weights(const nlohmann::json& result, const Model& global, Model& local, const TrainTask& task);
+  void clear_exchange();
   std::string logs() const;
 
   AgentConfig cfg_;
@@ -56,6 +65,7 @@ class ExternalTrainer final : public Trainer {
   std::vector<std::unique_ptr<Copy>> copies_;
   std::uint64_t next_id_ = 0;
   int consecutive_failures_ = 0;
+  std::atomic<bool> cancelled_{false};
   std::vector<std::string> local_only_logged_;
 };
 

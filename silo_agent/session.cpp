@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <ctime>
+#include <set>
 
 #include "crypto/fixed_point.h"
 #include "crypto/hash.h"
@@ -61,6 +62,7 @@ void Session::on_connected(const std::string& identity, const std::string& upstr
 void Session::on_disconnected() {
   connected_ = false;
   ++generation_;  // whatever was in flight belongs to a connection that is gone
+  *live_generation_ = generation_;
   pending_.reset();
   in_round_ = training_ = masking_ = false;
 }
@@ -75,7 +77,7 @@ void Session::on_message(const wire::Envelope& e) {
     case B::kSecaggUnmaskRequest: on_unmask_request(e); break;
     case B::kTensorChunk: on_model_chunk(e); break;
     case B::kUploadGrant:
-      if (!pending_ || !pending_->update || e.round() != round_ || !in_round_) {
+      if (!pending_ || !pending_->update || uploaded_ || e.round() != round_ || !in_round_) {
         reply_error(wire::UNEXPECTED, "UploadGrant but no update is ready for round " + std::to_string(e.round()));
         break;
       }
@@ -86,6 +88,7 @@ void Session::on_message(const wire::Envelope& e) {
                    e.round_end().reason().empty() ? "" : " (" + e.round_end().reason() + ")");
       if (e.round() == round_) {
         ++generation_;
+        *live_generation_ = generation_;
         in_round_ = false;
         if (pending_) spare_ = std::move(pending_->update);
         pending_.reset();
@@ -101,10 +104,35 @@ void Session::on_message(const wire::Envelope& e) {
   }
 }
 
+namespace {
+// The model layout of a RoundStart, checked: names present and unique, sizes that cannot
+// overflow, at most 2^34 elements in all.
+std::optional<std::string> bad_layout(const wire::RoundStart& rs) {
+  std::set<std::string> names;
+  std::uint64_t total = 0;
+  for (const auto& t : rs.tensors()) {
+    if (t.name().empty() || !names.insert(t.name()).second) return "tensor name \"" + t.name() + "\" is empty or repeated";
+    std::uint64_t n = 1;
+    for (auto d : t.shape()) {
+      if (__builtin_mul_overflow(n, d, &n)) return "tensor " + t.name() + "'s shape overflows";
+    }
+    if (__builtin_add_overflow(total, n, &total) || total > (std::uint64_t{1} << 34)) return "the model is too large";
+  }
+  return std::nullopt;
+}
+}  // namespace
+
 void Session::on_round_start(const wire::Envelope& e) {
   const auto& rs = e.round_start();
+  if (auto why = bad_layout(rs)) {
+    spdlog::error("round {}: refusing the round's model layout: {}", rs.round(), *why);
+    reply_error(wire::BAD_UPDATE, "model layout: " + *why);
+    return;
+  }
   ++generation_;
+  *live_generation_ = generation_;
   pending_.reset();
+  uploaded_ = false;
   in_round_ = true;
   training_ = false;
   round_ = rs.round();
@@ -212,9 +240,13 @@ void Session::on_model() {
   task.round = round_;
   task.silo = name_;
   task.plan = plan_;
-  job([&trainer = trainer_, &hook = hook_, model = global_, task, sha = model_sha_,
-       spare = std::move(spare_)]() mutable -> SessionJobResult {
+  job([&trainer = trainer_, &hook = hook_, model = global_, task, sha = model_sha_, spare = std::move(spare_),
+       live = live_generation_, gen = generation_]() mutable -> SessionJobResult {
     TrainDone r;
+    if (*live != gen) {
+      r.error = "round " + std::to_string(task.round) + " moved on before its training started";
+      return r;  // dropped by on_job_done; no work for a round that is gone
+    }
     try {
       if (!sha.empty() && crypto::sha256_hex(model->flat()) != sha) {
         throw TrainerError("the model received does not match the SHA-256 the round announced");
@@ -322,6 +354,7 @@ void Session::upload() {
     src = std::make_shared<protocol::ChunkSource>(u, u->flat(), u->tensors(), cfg_.federation, round_, cfg_.chunk_bytes);
   }
   actions_.push_back(action::SendStream{std::move(src)});
+  uploaded_ = true;  // once per round, however many grants arrive
   auto e = env();
   auto* end = e.mutable_update_end();
   end->set_weight(secure_ ? 0.0 : pending_->weight);  // secure: inside the masked sum

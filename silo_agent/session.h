@@ -8,6 +8,7 @@
 //   -> [secure: UnmaskRequest -> unmask shares] -> RoundEnd
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -133,6 +134,8 @@ class Session {
   // The round in progress. `generation_` moves on with every round and connection: a job's
   // result for an older generation is dropped.
   std::uint64_t generation_ = 0;
+  // The generation, for jobs to look at on the worker before they start.
+  std::shared_ptr<std::atomic<std::uint64_t>> live_generation_ = std::make_shared<std::atomic<std::uint64_t>>(0);
   std::uint64_t job_id_ = 0;
   std::map<std::uint64_t, std::uint64_t> job_generation_;
   bool in_round_ = false;
@@ -143,6 +146,7 @@ class Session {
   protocol::TensorReceiver rx_;
   bool training_ = false;
   std::optional<RoundOutput> pending_;   // trained, not yet uploaded
+  bool uploaded_ = false;
   std::shared_ptr<Model> spare_;         // last round's update buffer, reused
   // Secure aggregation.
   std::shared_ptr<crypto::secagg::Client> secure_;

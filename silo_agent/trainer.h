@@ -52,6 +52,8 @@ class Trainer {
   // Trains from `global`; on return `local` (same layout) holds the model after local training.
   // Throws TrainerError.
   virtual TrainResult train(const Model& global, const TrainTask& task, Model& local) = 0;
+  // From any thread: the agent is stopping; work in progress may end early with an error.
+  virtual void cancel() {}
 };
 
 }  // namespace xsilo::agent

@@ -74,6 +74,19 @@ class Harness {
     coord_->on_disconnect(session(i), now);
     pump();
   }
+  void edge_connect(SessionId id, const std::string& edge) {
+    coord_->on_edge_connect(id, edge, now);
+    pump();
+  }
+  void region(SessionId edge, const std::vector<std::size_t>& silos) {
+    wire::Envelope e;
+    e.set_federation("fed");
+    e.set_round(coord_->round());
+    auto* r = e.mutable_region_status();
+    for (auto i : silos) r->add_silos(name(i));
+    coord_->on_message(edge, e, now);
+    pump();
+  }
   void fire(Timer t) {
     ASSERT_TRUE(armed.count(t)) << "timer not armed";
     armed.erase(t);
@@ -258,6 +271,27 @@ TEST(Coordinator, ASiloThatLeftDoesNotMakeLaterRoundsWaitForTheJoinDeadline) {
   ASSERT_EQ(h.store.commits.size(), 2u);
   EXPECT_EQ(h.coord().round(), 3u);
   EXPECT_EQ(h.coord().members().size(), 3u);
+}
+
+// An edge's word does not replace a silo's own live connection: an edge announcing a silo that
+// is connected directly does not take it over (its sessions and messages stay the silo's);
+// when the direct connection ends, the edge carries it (a silo moving to its preferred edge).
+TEST(Coordinator, AnEdgeCannotTakeOverADirectlyConnectedSilo) {
+  Harness h(3);
+  h.connect_all(2);
+  h.edge_connect(900, "edge-1");
+  h.region(900, {0, 2});
+  EXPECT_TRUE(h.closed.empty());   // silo 0's own connection was not closed
+  EXPECT_EQ(h.coord().connected(), 3u);  // silo 2 joined through the edge
+  ASSERT_EQ(h.coord().phase(), Phase::Collecting);
+  for (const auto& m : h.coord().members()) {
+    if (m.silo == name(0)) {
+      EXPECT_EQ(m.session, h.session(0));
+      EXPECT_TRUE(m.edge.empty());
+    }
+  }
+  h.disconnect(0);  // silo 0 leaves its direct connection: the edge's claim takes effect
+  EXPECT_EQ(h.coord().connected(), 3u);
 }
 
 TEST(Coordinator, NeverStartsBelowMinSilosEvenAfterTheJoinDeadline) {

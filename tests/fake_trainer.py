@@ -17,6 +17,12 @@ import sys
 import time
 from pathlib import Path
 
+# Descriptors this process got from its parent besides 0-2 and its channel, counted before it opens any
+# itself (the descriptor listdir uses is closed again by the time readlink asks about it).
+INHERITED_FDS = [fd for fd in os.listdir("/proc/self/fd")
+                 if int(fd) > 2 and fd != os.environ.get("XSILO_TRAINER_FD")
+                 and os.path.exists(f"/proc/self/fd/{fd}")]
+
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
@@ -121,11 +127,20 @@ def run_raw():
         if bad and MODE == "bigger":
             new["extra.weight"] = np.ones((1000,), np.float32)
         path = None
+        loss = 0.25
+        if bad and MODE == "fds":  # the descriptors it inherited besides its channel
+            loss = float(len(INHERITED_FDS))
         if rank == 0:
             path = exchange / f"update-{task['round']}-{task['id']}.safetensors"
-            safetensors.save_file(new, path)
+            if bad and MODE == "fifo":
+                os.mkfifo(path)
+            elif bad and MODE == "outside":
+                path = Path(os.environ.get("TMPDIR", "/tmp")) / f"outside-{os.getpid()}.safetensors"
+                safetensors.save_file(new, path)
+            else:
+                safetensors.save_file(new, path)
         ch.send({"type": "result", "id": task["id"], "rank": rank, "weights": str(path) if path else None,
-                 "num_samples": 0 if (bad and MODE == "zero") else 10, "metrics": {"loss": 0.25}})
+                 "num_samples": 0 if (bad and MODE == "zero") else 10, "metrics": {"loss": loss}})
 
 
 def main():

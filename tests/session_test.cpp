@@ -160,6 +160,36 @@ TEST(Session, TrainsOnTheModelAndUploadsWeightTimesDeltaWhenGranted) {
   EXPECT_EQ(h.records[0]["upstream_identity"], "server server");
 }
 
+TEST(Session, AnUpdateIsUploadedOnceHoweverManyGrantsArrive) {
+  Harness h;
+  const Model m = model();
+  h.deliver(h.round_start(1, m));
+  h.send_model(1, m);
+  h.run_jobs();
+  h.grant(1);
+  h.grant(1);
+  EXPECT_EQ(h.streams.size(), 1u);
+  EXPECT_EQ(h.records.size(), 1u);
+  EXPECT_EQ(h.last(wire::Envelope::kError)->error().code(), wire::UNEXPECTED);
+}
+
+TEST(Session, ARoundStartWithABadLayoutIsRefused) {
+  Harness h;
+  Model m;
+  m.add("w", {2});
+  auto start = h.round_start(1, m);
+  *start.mutable_round_start()->add_tensors() = start.round_start().tensors(0);  // "w" twice
+  h.deliver(start);
+  EXPECT_FALSE(h.session().in_round());
+  ASSERT_TRUE(h.last(wire::Envelope::kError));
+  EXPECT_NE(h.last(wire::Envelope::kError)->error().message().find("repeated"), std::string::npos);
+  auto huge = h.round_start(2, m);
+  huge.mutable_round_start()->mutable_tensors(0)->add_shape(std::uint64_t{1} << 40);
+  huge.mutable_round_start()->mutable_tensors(0)->add_shape(std::uint64_t{1} << 40);
+  h.deliver(huge);
+  EXPECT_NE(h.last(wire::Envelope::kError)->error().message().find("overflows"), std::string::npos);
+}
+
 TEST(Session, AModelThatDoesNotMatchItsAnnouncedHashIsNotTrainedOn) {
   Harness h;
   const Model m = model();

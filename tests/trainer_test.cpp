@@ -1,7 +1,9 @@
 // External trainers: the agent's side of the trainer protocol against real Python processes
 // (tests/fake_trainer.py, numpy only, and the PyTorch example), in-process and as whole
 // federations over mutual TLS.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <fstream>
@@ -144,11 +146,26 @@ INSTANTIATE_TEST_SUITE_P(
                       Misbehaviour{"error", "CUDA out of memory (simulated)"},
                       Misbehaviour{"names", "renamed.layers.0"}, Misbehaviour{"shape", "[3, 3]"},
                       Misbehaviour{"dtype", "I32"}, Misbehaviour{"nan", "NaN or infinite values in tensor"},
+                      Misbehaviour{"fifo", "not a regular file"}, Misbehaviour{"outside", "not a file of the exchange folder"},
                       Misbehaviour{"bigger", "extra.weight"}, Misbehaviour{"zero", "num_samples"},
                       Misbehaviour{"version", "speaks protocol 2", false},
                       Misbehaviour{"silent", "did not send its hello", false},
                       Misbehaviour{"nostart", "exited with code 127", false}),
     [](const auto& info) { return info.param.mode; });
+
+// The trainer inherits its channel and stdio, nothing else of the agent's (no TLS socket).
+TEST(ExternalTrainer, InheritsNoDescriptorButItsChannel) {
+  REQUIRE_PYTHON_MODULE("numpy");
+  test::TempDir dir;
+  const int leaked = ::open("/dev/null", O_RDONLY);  // a descriptor without close-on-exec, as Asio's sockets are
+  ASSERT_GE(leaked, 0);
+  agent::ExternalTrainer t(fake(dir, "fds"));
+  const Model g = logistic();
+  Model local = g.zeros_like();
+  const auto r = t.train(g, task(1), local);
+  ::close(leaked);
+  EXPECT_EQ(r.metrics.train_loss(), 0.0);  // descriptors inherited beyond 0-2 and the channel
+}
 
 TEST(ExternalTrainer, AWorkerThatDiesEndsTheRoundNamingIt) {
   REQUIRE_PYTHON_MODULE("numpy");

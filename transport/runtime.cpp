@@ -43,7 +43,9 @@ void Runtime::stop(int exit_code, std::chrono::milliseconds linger, std::functio
   if (exit_code != 0 && exit_code_ == 0) exit_code_ = exit_code;
   if (stopping_) return;
   stopping_ = true;
-  signals_.cancel();
+  // A second SIGINT or SIGTERM now ends the process the default way.
+  boost::system::error_code ec;
+  signals_.clear(ec);
   auto t = std::make_shared<asio::steady_timer>(io_, linger);
   t->async_wait([this, t, last = std::move(last)](boost::system::error_code) {
     if (last) last();
@@ -61,7 +63,17 @@ awaitable<void> serve_channel(std::shared_ptr<Channel> ch, const std::function<b
       }
       break;
     }
-    if (!handle(*env)) break;
+    bool more = false;
+    try {
+      more = handle(*env);
+    } catch (const std::exception& e) {
+      // A message the role's core could not handle (a layout it cannot allocate, say): this
+      // connection ends with the reason; the process goes on.
+      spdlog::error("{}: {}", ch->peer().str(), e.what());
+      ch->close_with_error(wire::INTERNAL, e.what());
+      break;
+    }
+    if (!more) break;
   }
 }
 

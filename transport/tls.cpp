@@ -1,5 +1,9 @@
 #include "transport/tls.h"
 
+#include <memory>
+
+#include <openssl/pem.h>
+
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
@@ -60,6 +64,27 @@ proto::Result<PeerIdentity> peer_identity(SSL* ssl) {
   } catch (const std::invalid_argument&) {
     return proto::error(wire::NOT_ALLOWED,
                         "peer certificate for " + id.name + " names no xsilo role (OU=" + ou + ")");
+  }
+  return id;
+}
+
+PeerIdentity own_identity(const TlsFiles& files) {
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_file(files.cert.c_str(), "r"), &BIO_free);
+  if (!bio) throw std::runtime_error("cannot read certificate " + files.cert.string());
+  std::unique_ptr<X509, decltype(&X509_free)> cert(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr), &X509_free);
+  if (!cert) throw std::runtime_error("certificate " + files.cert.string() + " is not PEM");
+  char cn[256] = {0}, ou[64] = {0};
+  X509_NAME* subject = X509_get_subject_name(cert.get());
+  if (X509_NAME_get_text_by_NID(subject, NID_commonName, cn, sizeof cn) <= 0) {
+    throw std::runtime_error("certificate " + files.cert.string() + " has no common name");
+  }
+  X509_NAME_get_text_by_NID(subject, NID_organizationalUnitName, ou, sizeof ou);
+  PeerIdentity id;
+  id.name = cn;
+  try {
+    id.role = parse_role(ou);
+  } catch (const std::invalid_argument&) {
+    throw std::runtime_error("certificate " + files.cert.string() + " names no xsilo role (OU=" + ou + ")");
   }
   return id;
 }

@@ -33,6 +33,9 @@ struct PeerIdentity {
 
 // Reads the verified peer certificate of an established TLS connection.
 proto::Result<PeerIdentity> peer_identity(SSL* ssl);
+// This process's own identity, read from its certificate (not from what a peer says it is).
+// Throws std::runtime_error naming the file.
+PeerIdentity own_identity(const TlsFiles& files);
 
 // Which identities may connect, per role. A role absent from the map is refused; the name
 // "*" admits every certificate of that role signed by the federation CA.
