@@ -39,6 +39,12 @@ class Harness {
   }
 
   // RoundStart for `silo` (layout: a[4], b[2]), optionally in a secure group.
+  // The server and silos s1, s2 connected, round 1 started for both.
+  void two_silos_in_round_one() {
+    server_up();
+    for (auto s : {"s1", "s2"}) silo_up(s);
+    for (auto s : {"s1", "s2"}) round_start(1, s);
+  }
   void round_start(std::uint64_t round, const std::string& silo, std::uint32_t group = 0) {
     wire::Envelope e;
     e.set_round(round);
@@ -195,9 +201,7 @@ TEST(Relay, SumsItsSilosOneUploadAtATimeAndSendsOnePartialSum) {
 
 TEST(Relay, ASiloLostMidUploadLeavesNoTraceAndTheNextIsGranted) {
   Harness h;
-  h.server_up();
-  for (auto s : {"s1", "s2"}) h.silo_up(s);
-  for (auto s : {"s1", "s2"}) h.round_start(1, s);
+  h.two_silos_in_round_one();
   h.ready("s1", 1, 10);
   h.ready("s2", 1, 10);
   h.upload("s1", 1, {9, 9, 9, 9, 9, 9}, 10, /*stop_after=*/1);  // half of it
@@ -215,9 +219,7 @@ TEST(Relay, ASiloLostMidUploadLeavesNoTraceAndTheNextIsGranted) {
 
 TEST(Relay, ANonFiniteUploadIsRefusedAndLeftOutOfTheSum) {
   Harness h;
-  h.server_up();
-  for (auto s : {"s1", "s2"}) h.silo_up(s);
-  for (auto s : {"s1", "s2"}) h.round_start(1, s);
+  h.two_silos_in_round_one();
   h.ready("s1", 1, 10);
   h.ready("s2", 1, 10);
   h.upload("s1", 1, {1, std::numeric_limits<float>::quiet_NaN(), 1, 1, 1, 1}, 10);
@@ -232,9 +234,7 @@ TEST(Relay, ANonFiniteUploadIsRefusedAndLeftOutOfTheSum) {
 
 TEST(Relay, StopsWaitingForASiloTheServerEndedTheRoundFor) {
   Harness h;
-  h.server_up();
-  for (auto s : {"s1", "s2"}) h.silo_up(s);
-  for (auto s : {"s1", "s2"}) h.round_start(1, s);
+  h.two_silos_in_round_one();
   h.ready("s1", 1, 10);
   h.upload("s1", 1, {1, 1, 1, 1, 1, 1}, 10);
   EXPECT_FALSE(Harness::region_ready(h.up()));  // s2 pending

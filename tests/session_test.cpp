@@ -90,12 +90,17 @@ class Harness {
       take();
     }
   }
+  // Delivers a message of `round` whose body `fill` writes, as the server would send it.
+  template <class Fill>
+  void deliver_in(std::uint64_t round, Fill fill) {
+    wire::Envelope e;
+    e.set_federation("fed");
+    e.set_round(round);
+    fill(e);
+    deliver(e);
+  }
   void grant(std::uint64_t round) {
-    wire::Envelope g;
-    g.set_federation("fed");
-    g.set_round(round);
-    g.mutable_upload_grant();
-    deliver(g);
+    deliver_in(round, [](wire::Envelope& e) { e.mutable_upload_grant(); });
   }
   const wire::Envelope* last(wire::Envelope::BodyCase body) const {
     for (auto it = sent.rbegin(); it != sent.rend(); ++it) {
@@ -261,20 +266,16 @@ TEST(Session, TakesPartInSecureAggregationSoThatOnlyTheSumIsRevealed) {
   ASSERT_EQ(server.on_keys("silo-a", *protocol::from_wire(keys->secagg_keys())), "");
   ASSERT_EQ(server.on_keys("silo-b", b.advertise()), "");
   auto list = crypto::secagg::value(server.close_keys());
-  wire::Envelope e;
-  e.set_round(1);
-  *e.mutable_secagg_key_list() = protocol::to_wire(list);
-  h.deliver(e);
+  h.deliver_in(1, [&](wire::Envelope& e) { *e.mutable_secagg_key_list() = protocol::to_wire(list); });
   const auto* shares = h.last(wire::Envelope::kSecaggShares);
   ASSERT_TRUE(shares);
   ASSERT_EQ(server.on_shares("silo-a", *protocol::from_wire(shares->secagg_shares())), "");
   ASSERT_EQ(server.on_shares("silo-b", crypto::secagg::value(b.share(list))), "");
   auto boxes = crypto::secagg::value(server.close_shares());
   ASSERT_EQ(b.receive(boxes["silo-b"]), "");
-  wire::Envelope d;
-  d.set_round(1);
-  *d.mutable_secagg_share_delivery() = protocol::delivery_to_wire(boxes["silo-a"]);
-  h.deliver(d);
+  h.deliver_in(1, [&](wire::Envelope& e) {
+    *e.mutable_secagg_share_delivery() = protocol::delivery_to_wire(boxes["silo-a"]);
+  });
   h.send_model(1, m);
   h.run_jobs();  // train, then mask
   const auto* ready = h.last(wire::Envelope::kUpdateReady);
@@ -296,10 +297,7 @@ TEST(Session, TakesPartInSecureAggregationSoThatOnlyTheSumIsRevealed) {
   ASSERT_EQ(server.on_masked_input("silo-a"), "");
   ASSERT_EQ(server.on_masked_input("silo-b"), "");
   auto request = crypto::secagg::value(server.close_masked());
-  wire::Envelope u;
-  u.set_round(1);
-  *u.mutable_secagg_unmask_request() = protocol::to_wire(request);
-  h.deliver(u);
+  h.deliver_in(1, [&](wire::Envelope& e) { *e.mutable_secagg_unmask_request() = protocol::to_wire(request); });
   const auto* a_unmask = h.last(wire::Envelope::kSecaggUnmaskShares);
   ASSERT_TRUE(a_unmask);
   ASSERT_EQ(server.on_unmask("silo-a", *protocol::from_wire(a_unmask->secagg_unmask_shares())), "");

@@ -1,6 +1,7 @@
 #include "transport/tls.h"
 
 #include <memory>
+#include <optional>
 
 #include <openssl/pem.h>
 
@@ -45,16 +46,16 @@ ssl::context make_tls_context(const TlsFiles& f) {
 
 std::string PeerIdentity::str() const { return role_name(role) + " " + name; }
 
-proto::Result<PeerIdentity> peer_identity(SSL* ssl) {
-  X509* cert = SSL_get0_peer_certificate(ssl);
-  if (!cert) return proto::error(wire::NOT_ALLOWED, "peer presented no certificate");
-  if (SSL_get_verify_result(ssl) != X509_V_OK) {
-    return proto::error(wire::NOT_ALLOWED, "peer certificate did not verify");
-  }
+namespace {
+
+// The identity a certificate names: CN is the name, OU the role. On failure, `why` says what is
+// missing, to be finished by the caller with whose certificate it was.
+std::optional<PeerIdentity> identity_in(X509* cert, std::string& why) {
   char cn[256] = {0}, ou[64] = {0};
   X509_NAME* subject = X509_get_subject_name(cert);
   if (X509_NAME_get_text_by_NID(subject, NID_commonName, cn, sizeof cn) <= 0) {
-    return proto::error(wire::NOT_ALLOWED, "peer certificate has no common name");
+    why = "has no common name";
+    return std::nullopt;
   }
   X509_NAME_get_text_by_NID(subject, NID_organizationalUnitName, ou, sizeof ou);
   PeerIdentity id;
@@ -62,10 +63,24 @@ proto::Result<PeerIdentity> peer_identity(SSL* ssl) {
   try {
     id.role = parse_role(ou);
   } catch (const std::invalid_argument&) {
-    return proto::error(wire::NOT_ALLOWED,
-                        "peer certificate for " + id.name + " names no xsilo role (OU=" + ou + ")");
+    why = "for " + id.name + " names no xsilo role (OU=" + ou + ")";
+    return std::nullopt;
   }
   return id;
+}
+
+}  // namespace
+
+proto::Result<PeerIdentity> peer_identity(SSL* ssl) {
+  X509* cert = SSL_get0_peer_certificate(ssl);
+  if (!cert) return proto::error(wire::NOT_ALLOWED, "peer presented no certificate");
+  if (SSL_get_verify_result(ssl) != X509_V_OK) {
+    return proto::error(wire::NOT_ALLOWED, "peer certificate did not verify");
+  }
+  std::string why;
+  auto id = identity_in(cert, why);
+  if (!id) return proto::error(wire::NOT_ALLOWED, "peer certificate " + why);
+  return *id;
 }
 
 PeerIdentity own_identity(const TlsFiles& files) {
@@ -73,20 +88,10 @@ PeerIdentity own_identity(const TlsFiles& files) {
   if (!bio) throw std::runtime_error("cannot read certificate " + files.cert.string());
   std::unique_ptr<X509, decltype(&X509_free)> cert(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr), &X509_free);
   if (!cert) throw std::runtime_error("certificate " + files.cert.string() + " is not PEM");
-  char cn[256] = {0}, ou[64] = {0};
-  X509_NAME* subject = X509_get_subject_name(cert.get());
-  if (X509_NAME_get_text_by_NID(subject, NID_commonName, cn, sizeof cn) <= 0) {
-    throw std::runtime_error("certificate " + files.cert.string() + " has no common name");
-  }
-  X509_NAME_get_text_by_NID(subject, NID_organizationalUnitName, ou, sizeof ou);
-  PeerIdentity id;
-  id.name = cn;
-  try {
-    id.role = parse_role(ou);
-  } catch (const std::invalid_argument&) {
-    throw std::runtime_error("certificate " + files.cert.string() + " names no xsilo role (OU=" + ou + ")");
-  }
-  return id;
+  std::string why;
+  auto id = identity_in(cert.get(), why);
+  if (!id) throw std::runtime_error("certificate " + files.cert.string() + " " + why);
+  return *id;
 }
 
 proto::Status AllowList::check(const PeerIdentity& id) const {
