@@ -82,4 +82,31 @@ std::optional<std::string> open(const Secret& key, std::string_view ciphertext, 
   return out;
 }
 
+std::string seal_to(const Key32& recipient, std::string_view plaintext) {
+  ensure_sodium();
+  std::string out(plaintext.size() + crypto_box_SEALBYTES, '\0');
+  if (crypto_box_seal(reinterpret_cast<unsigned char*>(out.data()), reinterpret_cast<const unsigned char*>(plaintext.data()),
+                      plaintext.size(), recipient.data()) != 0) {
+    throw std::runtime_error("crypto_box_seal failed");
+  }
+  return out;
+}
+
+std::optional<std::string> open_sealed(const X25519KeyPair& recipient, std::string_view box) {
+  ensure_sodium();
+  if (box.size() < crypto_box_SEALBYTES) return std::nullopt;
+  std::string out(box.size() - crypto_box_SEALBYTES, '\0');
+  if (crypto_box_seal_open(reinterpret_cast<unsigned char*>(out.data()), reinterpret_cast<const unsigned char*>(box.data()),
+                           box.size(), recipient.public_key.data(), recipient.secret.bytes().data()) != 0) {
+    sodium_memzero(out.data(), out.size());
+    return std::nullopt;
+  }
+  return out;
+}
+
+bool usable_public_key(const Key32& key) {
+  static const Secret probe = Secret::random();
+  return x25519(probe, key).has_value();
+}
+
 }  // namespace xsilo::crypto

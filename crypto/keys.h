@@ -51,4 +51,13 @@ Secret derive(const Secret& key, std::string_view context);
 std::string seal(const Secret& key, std::string_view plaintext, std::string_view ad);
 std::optional<std::string> open(const Secret& key, std::string_view ciphertext, std::string_view ad);
 
+// libsodium sealed boxes: anyone can encrypt to an X25519 public key; only its secret key
+// opens (nullopt when tampered with or not for it). The sender stays anonymous: sign the box
+// when who sent it matters.
+std::string seal_to(const Key32& recipient, std::string_view plaintext);
+std::optional<std::string> open_sealed(const X25519KeyPair& recipient, std::string_view box);
+
+// False for a point X25519 must refuse as a peer's key (a low-order point).
+bool usable_public_key(const Key32& key);
+
 }  // namespace xsilo::crypto

@@ -1,5 +1,7 @@
 #include "crypto/secagg.h"
 
+#include <sodium.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -9,22 +11,91 @@ namespace xsilo::crypto::secagg {
 
 namespace {
 
-std::string pair_context(const std::string& purpose, const Params& p, const std::string& a,
-                         const std::string& b) {
+template <class Array>
+std::string as_bytes(const Array& a) {
+  return std::string(reinterpret_cast<const char*>(a.data()), a.size());
+}
+
+void wipe(std::string& s) {
+  if (!s.empty()) sodium_memzero(s.data(), s.size());
+  s.clear();
+}
+
+// Length-prefixed fields (the encoding of crypto::statement without its tag), the plaintext
+// format of what is sealed. unpack() wants exactly `count` fields (any number when 0) and
+// nothing after them.
+std::string pack(std::initializer_list<std::string_view> fields) {
+  std::string out;
+  for (auto f : fields) append_field(out, f);
+  return out;
+}
+std::optional<std::vector<std::string>> unpack(std::string_view bytes, std::size_t count) {
+  std::vector<std::string> out;
+  while (count ? out.size() < count : !bytes.empty()) {
+    if (bytes.size() < 4) return std::nullopt;
+    std::uint32_t n = 0;
+    for (int i = 0; i < 4; ++i) n |= static_cast<std::uint32_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+    bytes.remove_prefix(4);
+    if (bytes.size() < n) return std::nullopt;
+    out.emplace_back(bytes.substr(0, n));
+    bytes.remove_prefix(n);
+  }
+  if (!bytes.empty()) return std::nullopt;
+  return out;
+}
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += pack({n});
+  return out;
+}
+
+std::vector<std::string> sorted(std::vector<std::string> v) {
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  return v;
+}
+
+std::string pair_context(const std::string& purpose, const Params& p, const std::string& a, const std::string& b) {
   const bool ab = a < b;
   return purpose + "/" + p.session + "/" + (ab ? a : b) + "/" + (ab ? b : a);
 }
 
-// The key two members share for `purpose`, from one's secret and the other's public key.
-std::optional<Secret> pair_key(const std::string& purpose, const Params& p, const Secret& my_secret,
-                               const Key32& their_public, const std::string& me, const std::string& them) {
+// The seed two members share for their pairwise mask, from one's secret and the other's key.
+std::optional<Secret> pair_seed(const Params& p, const Secret& my_secret, const Key32& their_public,
+                                const std::string& me, const std::string& them) {
   auto shared = x25519(my_secret, their_public);
   if (!shared) return std::nullopt;
-  return derive(*shared, pair_context(purpose, p, me, them));
+  return derive(*shared, pair_context("pair-mask", p, me, them));
 }
 
-std::string share_ad(const Params& p, const std::string& from, const std::string& to) {
-  return "xsilo-share|" + p.session + "|" + from + "|" + to;
+
+// What a box from `dealer` to `holder` holds: the two dealer-signed shares, checked. "" and
+// `out` filled, or why the box is bad (then the dealer is at fault: the box carries its
+// signature).
+std::string open_box(const Params& p, const CertVerifier& ca, const Advertisement& dealer_keys, const std::string& dealer,
+                     const std::string& holder, const X25519KeyPair& inbox, std::string_view box,
+                     std::pair<SignedShare, SignedShare>& out) {
+  auto plain = open_sealed(inbox, box);
+  if (!plain) return "its shares for " + holder + " do not open";
+  auto fields = unpack(*plain, 4);
+  wipe(*plain);
+  if (!fields) return "its shares for " + holder + " are malformed";
+  const std::uint32_t x = p.index_of(holder);
+  for (int k = 0; k < 2; ++k) {
+    const std::string& share = (*fields)[2 * k];
+    const std::string& sig = (*fields)[2 * k + 1];
+    auto decoded = Share::decode(share);
+    if (!decoded || decoded->x != x) return "its shares for " + holder + " are malformed";
+    if (!ca.verify(dealer_keys.certificate, dealer, kSiloRole, share_statement(p.session, dealer, holder, k == 0, share),
+                   sig)
+             .empty()) {
+      return "its shares for " + holder + " are not signed by it";
+    }
+  }
+  out = {{(*fields)[0], (*fields)[1]}, {(*fields)[2], (*fields)[3]}};
+  for (auto& f : *fields) wipe(f);
+  return "";
 }
 
 }  // namespace
@@ -35,81 +106,204 @@ std::uint32_t Params::index_of(const std::string& name) const {
 }
 
 std::string check_params(const Params& p) {
-  if (p.members.empty()) return "a secure group needs members";
+  const auto n = p.members.size();
+  if (n == 0) return "a secure group needs members";
+  if (sorted(p.members).size() != n) return "a secure group names a member twice";
   if (p.threshold < 2) return "the threshold must be at least 2";
-  if (p.threshold > p.members.size()) {
-    return "threshold " + std::to_string(p.threshold) + " exceeds the group's " +
-           std::to_string(p.members.size()) + " members";
+  if (2 * std::size_t{p.threshold} <= n) {
+    return "threshold " + std::to_string(p.threshold) + " is not above half of the group's " + std::to_string(n) +
+           " members: two different survivor sets could each collect it";
+  }
+  if (p.threshold > n) {
+    return "threshold " + std::to_string(p.threshold) + " exceeds the group's " + std::to_string(n) + " members";
+  }
+  if (p.min_survivors < p.threshold || p.min_survivors > n) {
+    return "the smallest revealed sum (" + std::to_string(p.min_survivors) + " silos) must lie between the threshold " +
+           std::to_string(p.threshold) + " and the group's " + std::to_string(n) + " members";
   }
   if (p.bits != 32 && p.bits != 64) return "modulus bits must be 32 or 64";
+  if (!usable_public_key(p.server_key)) return "the server's key is not a usable X25519 key";
   return "";
+}
+
+std::string keys_statement(const std::string& session, const std::string& silo, const Advertisement& a) {
+  std::string inbox;
+  for (const auto& [peer, key] : a.inbox_keys) inbox += pack({peer, as_bytes(key)});
+  return statement("secagg-keys", {session, silo, as_bytes(a.mask_pk), as_bytes(a.self_mask_commitment), inbox});
+}
+
+std::string share_statement(const std::string& session, const std::string& dealer, const std::string& holder,
+                            bool mask_key, std::string_view share) {
+  return statement("secagg-share", {session, dealer, holder, mask_key ? "mask-key" : "self-mask", share});
+}
+
+std::string box_statement(const std::string& session, const std::string& sender, const std::string& recipient,
+                          std::string_view box) {
+  return statement("secagg-box", {session, sender, recipient, box});
+}
+
+std::string receipt_statement(const std::string& session, const std::string& member, const Receipt& r) {
+  std::vector<std::string> accused;
+  for (const auto& a : r.accusations) accused.push_back(a.accused);
+  return statement("secagg-receipt", {session, member, joined(sorted(accused))});
+}
+
+std::string settled_statement(const std::string& session, const std::vector<std::string>& members) {
+  return statement("secagg-settled", {session, joined(sorted(members))});
+}
+
+std::string survivors_statement(const std::string& session, const std::vector<std::string>& survivors) {
+  return statement("secagg-survivors", {session, joined(sorted(survivors))});
+}
+
+std::string encode(const UnmaskReply& r) {
+  std::string out;
+  for (const auto* m : {&r.mask_key_shares, &r.self_mask_shares}) {
+    std::string part;
+    for (const auto& [owner, s] : *m) part += pack({owner, s.share, s.signature});
+    out += pack({part});
+  }
+  return out;
+}
+
+std::optional<UnmaskReply> decode_reply(std::string_view bytes) {
+  auto parts = unpack(bytes, 2);
+  if (!parts) return std::nullopt;
+  UnmaskReply r;
+  for (int k = 0; k < 2; ++k) {
+    auto& into = k == 0 ? r.mask_key_shares : r.self_mask_shares;
+    auto f = unpack((*parts)[k], 0);
+    if (!f || f->size() % 3 != 0) return std::nullopt;
+    for (std::size_t i = 0; i < f->size(); i += 3) {  // owner, share, signature
+      if ((*f)[i].empty() || !into.emplace((*f)[i], SignedShare{(*f)[i + 1], (*f)[i + 2]}).second) return std::nullopt;
+    }
+  }
+  return r;
 }
 
 // ---- client ---------------------------------------------------------------------------------
 
-Client::Client(Params p, std::string me) : p_(std::move(p)), me_(std::move(me)) {}
+Client::Client(Params p, std::string me, CertSigner signer, CertVerifier ca, std::string server_certificate,
+               std::string server_name)
+    : p_(std::move(p)), me_(std::move(me)), signer_(std::move(signer)), ca_(std::move(ca)),
+      server_certificate_(std::move(server_certificate)), server_name_(std::move(server_name)) {}
 
-PublicKeys Client::advertise() {
-  cipher_ = X25519KeyPair::generate();
+Expected<Advertisement> Client::advertise() {
+  if (step_ != Step::Advertise) return std::string("keys advertised twice");
+  if (auto why = check_params(p_); !why.empty()) return why;
+  if (!p_.index_of(me_)) return std::string("this silo is not a member of the group");
   mask_ = X25519KeyPair::generate();
   self_seed_ = Secret::random();
+  Advertisement a;
+  a.mask_pk = mask_.public_key;
+  a.self_mask_commitment = sha256(std::span<const std::uint8_t>(self_seed_.bytes()));
+  for (const auto& m : p_.members) {
+    if (m == me_) continue;
+    inbox_[m] = X25519KeyPair::generate();
+    a.inbox_keys[m] = inbox_[m].public_key;
+  }
+  a.certificate = signer_.certificate();
+  a.signature = signer_.sign(keys_statement(p_.session, me_, a));
   step_ = Step::Share;
-  return {cipher_.public_key, mask_.public_key, sha256(std::span<const std::uint8_t>(self_seed_.bytes()))};
+  return a;
 }
 
-Expected<Ciphertexts> Client::share(const KeyList& u1) {
+std::string Client::check_peer(const std::string& name, const Advertisement& a) const {
+  if (!p_.index_of(name)) return "the key list names " + name + ", who is not in the group";
+  if (auto why = ca_.verify(a.certificate, name, kSiloRole, keys_statement(p_.session, name, a), a.signature);
+      !why.empty()) {
+    return "the keys of " + name + " are not signed by " + name + " (" + why + ")";
+  }
+  auto mine = a.inbox_keys.find(me_);
+  if (mine == a.inbox_keys.end()) return name + " advertised no key for this silo's shares";
+  if (!usable_public_key(mine->second) || !usable_public_key(a.mask_pk)) return name + " advertised an unusable key";
+  return "";
+}
+
+Expected<Outbox> Client::share(const KeyList& u1) {
   if (step_ != Step::Share) return std::string("ShareKeys out of order");
-  if (!u1.count(me_)) return std::string("the key list does not include this silo");
-  if (u1.size() < p_.threshold) {
-    return "only " + std::to_string(u1.size()) + " members advertised keys, the threshold is " +
-           std::to_string(p_.threshold);
+  auto self = u1.find(me_);
+  if (self == u1.end()) return std::string("the key list does not include this silo");
+  if (self->second.mask_pk != mask_.public_key || self->second.self_mask_commitment !=
+                                                      sha256(std::span<const std::uint8_t>(self_seed_.bytes()))) {
+    return std::string("the key list altered this silo's own keys");
+  }
+  if (u1.size() < p_.min_survivors) {
+    return "only " + std::to_string(u1.size()) + " members advertised keys; a sum needs " +
+           std::to_string(p_.min_survivors);
   }
   for (const auto& [name, keys] : u1) {
-    if (!p_.index_of(name)) return "the key list names " + name + ", who is not in the group";
+    if (name == me_) continue;
+    if (auto why = check_peer(name, keys); !why.empty()) return why;
   }
   u1_ = u1;
   const auto n = static_cast<std::uint32_t>(p_.members.size());
   const auto key_shares = shamir_split(mask_.secret, p_.threshold, n);
   const auto seed_shares = shamir_split(self_seed_, p_.threshold, n);
-  Ciphertexts out;
+  Outbox out;
   for (const auto& [name, keys] : u1) {
     const std::uint32_t i = p_.index_of(name) - 1;
-    const std::string plain = key_shares[i].encode() + seed_shares[i].encode();
+    std::string a = key_shares[i].encode(), b = seed_shares[i].encode();
+    SignedShare sa{a, signer_.sign(share_statement(p_.session, me_, name, true, a))};
+    SignedShare sb{b, signer_.sign(share_statement(p_.session, me_, name, false, b))};
     if (name == me_) {
-      held_[me_] = {key_shares[i], seed_shares[i]};
-      continue;
+      held_[me_] = {std::move(sa), std::move(sb)};
+    } else {
+      std::string plain = pack({sa.share, sa.signature, sb.share, sb.signature});
+      std::string box = seal_to(keys.inbox_keys.at(me_), plain);
+      wipe(plain);
+      wipe(sa.share);
+      wipe(sb.share);
+      std::string sig = signer_.sign(box_statement(p_.session, me_, name, box));
+      out[name] = {std::move(box), std::move(sig)};
     }
-    auto k = pair_key("share-key", p_, cipher_.secret, keys.cipher_pk, me_, name);
-    if (!k) return "member " + name + " advertised an invalid encryption key";
-    out[name] = seal(*k, plain, share_ad(p_, me_, name));
+    wipe(a);
+    wipe(b);
   }
   step_ = Step::Receive;
   return out;
 }
 
-std::string Client::receive(const Ciphertexts& from) {
-  if (step_ != Step::Receive) return "share delivery out of order";
-  const std::uint32_t mine = p_.index_of(me_);
-  for (const auto& [sender, ciphertext] : from) {
+Expected<Receipt> Client::receive(const Inbox& from) {
+  if (step_ != Step::Receive) return std::string("share delivery out of order");
+  Receipt r;
+  for (const auto& [sender, sealed] : from) {
     auto keys = u1_.find(sender);
     if (keys == u1_.end() || sender == me_) return "shares from " + sender + ", who advertised no keys";
-    auto k = pair_key("share-key", p_, cipher_.secret, keys->second.cipher_pk, me_, sender);
-    auto plain = k ? open(*k, ciphertext, share_ad(p_, sender, me_)) : std::nullopt;
-    if (!plain || plain->size() != 88) {
-      return "the shares from " + sender + " do not decrypt: tampered with, or not for this silo";
+    if (!ca_.verify(keys->second.certificate, sender, kSiloRole, box_statement(p_.session, sender, me_, sealed.box),
+                    sealed.signature)
+             .empty()) {
+      return "the shares from " + sender + " do not carry its signature: altered on the way";
     }
-    auto a = Share::decode(std::string_view(*plain).substr(0, 44));
-    auto b = Share::decode(std::string_view(*plain).substr(44, 44));
-    if (!a || !b || a->x != mine || b->x != mine) return "the shares from " + sender + " are malformed";
-    held_[sender] = {*a, *b};
+    std::pair<SignedShare, SignedShare> got;
+    if (auto why = open_box(p_, ca_, keys->second, sender, me_, inbox_.at(sender), sealed.box, got); !why.empty()) {
+      r.accusations.push_back({sender, sealed, inbox_.at(sender).secret});
+      accused_.insert(sender);
+      continue;
+    }
+    held_[sender] = std::move(got);
   }
-  if (from.size() + 1 < p_.threshold) {
-    return "only " + std::to_string(from.size() + 1) + " members shared keys, the threshold is " +
-           std::to_string(p_.threshold);
+  r.signature = signer_.sign(receipt_statement(p_.session, me_, r));
+  step_ = Step::Settle;
+  return r;
+}
+
+std::string Client::settle(const Settled& s) {
+  if (step_ != Step::Settle) return "the settled member list arrived out of order";
+  if (auto why = ca_.verify(server_certificate_, server_name_, "server", settled_statement(p_.session, s.members),
+                            s.signature);
+      !why.empty()) {
+    return "the settled member list is not signed by the server (" + why + ")";
   }
-  u2_.clear();
-  u2_.push_back(me_);
-  for (const auto& [sender, c] : from) u2_.push_back(sender);
+  const auto members = sorted(s.members);
+  if (!std::binary_search(members.begin(), members.end(), me_)) return "this silo was excluded from its group";
+  if (members.size() < p_.min_survivors) {
+    return "only " + std::to_string(members.size()) + " members remain; a sum needs " + std::to_string(p_.min_survivors);
+  }
+  for (const auto& m : members) {
+    if (!held_.count(m)) return "the settled list names " + m + ", whose shares this silo does not hold";
+  }
+  u2_ = members;
   step_ = Step::Mask;
   return "";
 }
@@ -122,73 +316,125 @@ std::string Client::mask_impl(std::span<T> input) {
   const std::uint32_t mine = p_.index_of(me_);
   for (const auto& v : u2_) {
     if (v == me_) continue;
-    auto seed = pair_key("pair-mask", p_, mask_.secret, u1_.at(v).mask_pk, me_, v);
+    auto seed = pair_seed(p_, mask_.secret, u1_.at(v).mask_pk, me_, v);
     if (!seed) return "member " + v + " advertised an invalid mask key";
     add_mask(*seed, input, mine < p_.index_of(v) ? +1 : -1);
   }
   add_mask(self_seed_, input, +1);
-  step_ = Step::Unmask;
+  step_ = Step::Confirm;
   return "";
 }
 
 std::string Client::mask(std::span<std::uint32_t> input) { return mask_impl(input); }
 std::string Client::mask(std::span<std::uint64_t> input) { return mask_impl(input); }
 
-Expected<UnmaskReply> Client::unmask(const UnmaskRequest& r) {
+Expected<Confirmation> Client::confirm(const std::vector<std::string>& survivors) {
+  const auto u3 = sorted(survivors);
+  if (confirmed_ && *confirmed_ != u3) return std::string("asked to confirm a second, different survivor set; refusing");
+  if (!confirmed_ && step_ != Step::Confirm) return std::string("survivor confirmation out of order");
+  if (!std::binary_search(u3.begin(), u3.end(), me_)) return std::string("this silo is not among the survivors");
+  if (u3.size() < p_.min_survivors) {
+    return "only " + std::to_string(u3.size()) + " survivors; a sum needs " + std::to_string(p_.min_survivors);
+  }
+  for (const auto& v : u3) {
+    if (!std::binary_search(u2_.begin(), u2_.end(), v)) return "survivor " + v + " is not in the settled group";
+  }
+  confirmed_ = u3;
+  if (step_ == Step::Confirm) step_ = Step::Unmask;
+  return Confirmation{signer_.sign(survivors_statement(p_.session, u3))};
+}
+
+Expected<SealedReply> Client::unmask(const UnmaskRequest& r) {
   if (step_ != Step::Unmask) return std::string("unmasking out of order (or asked twice)");
-  std::set<std::string> dropped(r.dropped.begin(), r.dropped.end());
-  std::set<std::string> survivors(r.survivors.begin(), r.survivors.end());
+  const auto survivors = sorted(r.survivors);
+  const auto dropped = sorted(r.dropped);
+  if (survivors != *confirmed_) return std::string("the request names other survivors than this silo confirmed");
   for (const auto& v : dropped) {
-    if (survivors.count(v)) return "asked for both shares of " + v + "; refusing";
+    if (std::binary_search(survivors.begin(), survivors.end(), v)) return "asked for both shares of " + v + "; refusing";
   }
-  if (!survivors.count(me_)) return std::string("this silo is not among the survivors");
-  if (survivors.size() < p_.threshold) {
-    return "only " + std::to_string(survivors.size()) + " survivors, the threshold is " +
-           std::to_string(p_.threshold);
+  std::vector<std::string> all = survivors;
+  all.insert(all.end(), dropped.begin(), dropped.end());
+  // Everyone this silo masked with is either a survivor or dropped, and nobody else: otherwise
+  // the sum could never be unmasked, and a partial answer would only leak.
+  if (sorted(all) != u2_) return std::string("the request does not account for exactly the members this silo masked with");
+  std::size_t valid = 0;
+  const std::string agreed = survivors_statement(p_.session, survivors);
+  for (const auto& [who, sig] : r.signatures) {
+    if (std::binary_search(survivors.begin(), survivors.end(), who) &&
+        ca_.verify(u1_.at(who).certificate, who, kSiloRole, agreed, sig).empty()) {
+      ++valid;
+    }
   }
-  const std::set<std::string> u2(u2_.begin(), u2_.end());
-  for (const auto& v : dropped) {
-    if (!u2.count(v)) return "asked for the mask key of " + v + ", who shared no keys with this silo";
-  }
-  for (const auto& v : survivors) {
-    if (!u2.count(v)) return "survivor " + v + " shared no keys with this silo";
-  }
-  // Everyone this silo masked with is either a survivor or dropped: otherwise the sum could
-  // never be unmasked, and a partial answer would only leak.
-  if (dropped.size() + survivors.size() != u2.size()) {
-    return std::string("the request does not account for every member this silo masked with");
+  if (valid < p_.min_survivors) {
+    return "only " + std::to_string(valid) + " survivors signed the survivor set; " + std::to_string(p_.min_survivors) +
+           " must";
   }
   UnmaskReply reply;
-  for (const auto& v : dropped) reply.mask_key_shares[v] = held_.at(v).first.encode();
-  for (const auto& v : survivors) reply.self_mask_shares[v] = held_.at(v).second.encode();
+  for (const auto& v : dropped) reply.mask_key_shares[v] = held_.at(v).first;
+  for (const auto& v : survivors) reply.self_mask_shares[v] = held_.at(v).second;
+  std::string plain = encode(reply);
+  std::string sealed = seal_to(p_.server_key, plain);
+  wipe(plain);
+  for (auto* m : {&reply.mask_key_shares, &reply.self_mask_shares}) {
+    for (auto& [owner, s] : *m) wipe(s.share);
+  }
+  for (auto& [owner, pair] : held_) {
+    wipe(pair.first.share);
+    wipe(pair.second.share);
+  }
   step_ = Step::Done;
-  return reply;
+  return SealedReply{std::move(sealed)};
 }
 
 // ---- server ---------------------------------------------------------------------------------
 
-Server::Server(Params p) : p_(std::move(p)) {}
+Server::Server(Params p, CertVerifier ca, CertSigner signer, X25519KeyPair box)
+    : p_(std::move(p)), ca_(std::move(ca)), signer_(std::move(signer)), box_(std::move(box)) {
+  p_.server_key = box_.public_key;
+}
 
-std::string Server::on_keys(const std::string& from, const PublicKeys& keys) {
+void Server::blame(const std::string& silo, const std::string& why) {
+  if (!excluded_.insert(silo).second) return;
+  blamed_.push_back({silo, why});
+}
+
+std::string Server::on_keys(const std::string& from, const Advertisement& a) {
   if (step_ != Step::Keys) return "keys arrived after the key list was sent";
   if (!p_.index_of(from)) return from + " is not in this secure group";
   if (keys_.count(from)) return from + " advertised keys twice";
-  keys_[from] = keys;
+  if (auto why = ca_.verify(a.certificate, from, kSiloRole, keys_statement(p_.session, from, a), a.signature);
+      !why.empty()) {
+    return "the keys said to be from " + from + " are not signed by it (" + why + ")";
+  }
+  // Signed by the silo: whatever is wrong with them now is its own doing.
+  std::size_t others = 0;
+  bool usable = usable_public_key(a.mask_pk);
+  for (const auto& m : p_.members) {
+    if (m == from) continue;
+    auto it = a.inbox_keys.find(m);
+    if (it == a.inbox_keys.end() || !usable_public_key(it->second)) usable = false;
+    ++others;
+  }
+  if (!usable || a.inbox_keys.size() != others) {
+    blame(from, "advertised unusable keys (signed by it)");
+    return from + " advertised unusable keys";
+  }
+  keys_[from] = a;
   return "";
 }
 
 Expected<KeyList> Server::close_keys() {
   if (step_ != Step::Keys) return std::string("key list already sent");
-  if (keys_.size() < p_.threshold) {
+  if (keys_.size() < p_.min_survivors) {
     return "only " + std::to_string(keys_.size()) + " of " + std::to_string(p_.members.size()) +
-           " silos advertised keys; the threshold is " + std::to_string(p_.threshold);
+           " silos advertised keys; a sum needs " + std::to_string(p_.min_survivors);
   }
   for (const auto& [name, k] : keys_) u1_.insert(name);
   step_ = Step::Shares;
   return keys_;
 }
 
-std::string Server::on_shares(const std::string& from, const Ciphertexts& to) {
+std::string Server::on_shares(const std::string& from, const Outbox& to) {
   if (step_ != Step::Shares) return "shares arrived out of order";
   if (!u1_.count(from)) return from + " shares keys without having advertised any";
   if (shares_.count(from)) return from + " shared keys twice";
@@ -200,13 +446,13 @@ std::string Server::on_shares(const std::string& from, const Ciphertexts& to) {
   return "";
 }
 
-Expected<std::map<std::string, Ciphertexts>> Server::close_shares() {
+Expected<std::map<std::string, Inbox>> Server::close_shares() {
   if (step_ != Step::Shares) return std::string("shares already delivered");
-  if (shares_.size() < p_.threshold) {
-    return "only " + std::to_string(shares_.size()) + " silos shared keys; the threshold is " +
-           std::to_string(p_.threshold);
+  if (shares_.size() < p_.min_survivors) {
+    return "only " + std::to_string(shares_.size()) + " silos shared keys; a sum needs " +
+           std::to_string(p_.min_survivors);
   }
-  std::map<std::string, Ciphertexts> out;
+  std::map<std::string, Inbox> out;
   for (const auto& [sender, to] : shares_) u2_.insert(sender);
   for (const auto& recipient : u2_) {
     auto& box = out[recipient];
@@ -214,73 +460,177 @@ Expected<std::map<std::string, Ciphertexts>> Server::close_shares() {
       if (sender != recipient) box[sender] = shares_.at(sender).at(recipient);
     }
   }
-  step_ = Step::Masked;
+  step_ = Step::Receipts;
   return out;
+}
+
+void Server::judge(const std::string& accuser, const Accusation& a) {
+  const std::string& accused = a.accused;
+  if (!u2_.count(accused) || accused == accuser) return blame(accuser, "accused " + accused + ", who dealt it nothing");
+  const auto& keys = keys_.at(accused);
+  if (!ca_.verify(keys.certificate, accused, kSiloRole, box_statement(p_.session, accused, accuser, a.evidence.box),
+                  a.evidence.signature)
+           .empty()) {
+    return blame(accuser, "accused " + accused + " with a box " + accused + " did not sign");
+  }
+  X25519KeyPair inbox{a.inbox_secret, X25519KeyPair::public_of(a.inbox_secret)};
+  if (inbox.public_key != keys_.at(accuser).inbox_keys.at(accused)) {
+    return blame(accuser, "accused " + accused + " with a key that is not the one it advertised");
+  }
+  std::pair<SignedShare, SignedShare> got;
+  if (auto why = open_box(p_, ca_, keys, accused, accuser, inbox, a.evidence.box, got); !why.empty()) {
+    return blame(accused, why + " (shown by " + accuser + " with the box " + accused + " signed)");
+  }
+  blame(accuser, "accused " + accused + " falsely: the box " + accused + " dealt it opens to shares " + accused +
+                     " signed");
+}
+
+std::string Server::on_receipt(const std::string& from, const Receipt& r) {
+  if (step_ != Step::Receipts) return "a receipt arrived out of order";
+  if (!u2_.count(from)) return from + " sent a receipt without having shared keys";
+  if (receipted_.count(from)) return from + " sent two receipts";
+  if (auto why = ca_.verify(keys_.at(from).certificate, from, kSiloRole, receipt_statement(p_.session, from, r),
+                            r.signature);
+      !why.empty()) {
+    return "the receipt said to be from " + from + " is not signed by it (" + why + ")";
+  }
+  receipted_.insert(from);
+  for (const auto& a : r.accusations) judge(from, a);
+  return "";
+}
+
+Expected<Settled> Server::settle() {
+  if (step_ != Step::Receipts) return std::string("the group is already settled");
+  for (const auto& m : receipted_) {
+    if (!excluded_.count(m)) settled_.insert(m);
+  }
+  step_ = Step::Masked;
+  if (settled_.size() < p_.min_survivors) {
+    return "only " + std::to_string(settled_.size()) + " members remain after the receipts; a sum needs " +
+           std::to_string(p_.min_survivors);
+  }
+  Settled s;
+  s.members.assign(settled_.begin(), settled_.end());
+  s.signature = signer_.sign(settled_statement(p_.session, s.members));
+  return s;
 }
 
 std::string Server::on_masked_input(const std::string& from) {
   if (step_ != Step::Masked) return "masked input arrived out of order";
-  if (!u2_.count(from)) return from + " sent a masked input without having shared keys";
+  if (!settled_.count(from)) return from + " is not a settled member of its group";
   if (!u3_.insert(from).second) return from + " sent two masked inputs";
   return "";
 }
 
-Expected<UnmaskRequest> Server::close_masked() {
-  if (step_ != Step::Masked) return std::string("unmasking already requested");
-  if (u3_.size() < p_.threshold) {
-    return "only " + std::to_string(u3_.size()) + " masked inputs arrived; the threshold is " +
-           std::to_string(p_.threshold);
+Expected<std::vector<std::string>> Server::close_masked() {
+  if (step_ != Step::Masked) return std::string("survivors already named");
+  step_ = Step::Confirm;
+  if (u3_.size() < p_.min_survivors) {
+    return "only " + std::to_string(u3_.size()) + " masked inputs arrived; a sum needs " +
+           std::to_string(p_.min_survivors);
+  }
+  return std::vector<std::string>(u3_.begin(), u3_.end());
+}
+
+std::string Server::on_confirmation(const std::string& from, const std::string& signature) {
+  if (step_ != Step::Confirm) return "a confirmation arrived out of order";
+  if (!u3_.count(from)) return from + " is not a survivor";
+  const std::vector<std::string> u3(u3_.begin(), u3_.end());
+  if (auto why = ca_.verify(keys_.at(from).certificate, from, kSiloRole, survivors_statement(p_.session, u3), signature);
+      !why.empty()) {
+    return from + "'s confirmation does not verify (" + why + ")";
+  }
+  confirmations_[from] = signature;
+  confirmed_.insert(from);
+  return "";
+}
+
+Expected<UnmaskRequest> Server::close_confirmations() {
+  if (step_ != Step::Confirm) return std::string("unmasking already requested");
+  step_ = Step::Unmask;
+  if (confirmations_.size() < p_.min_survivors) {
+    return "only " + std::to_string(confirmations_.size()) + " survivors confirmed the survivor set; " +
+           std::to_string(p_.min_survivors) + " must";
   }
   UnmaskRequest r;
-  for (const auto& v : u2_) (u3_.count(v) ? r.survivors : r.dropped).push_back(v);
+  for (const auto& v : settled_) (u3_.count(v) ? r.survivors : r.dropped).push_back(v);
+  r.signatures = confirmations_;
   request_ = r;
-  step_ = Step::Unmask;
   return r;
 }
 
-std::string Server::on_unmask(const std::string& from, const UnmaskReply& reply) {
-  if (step_ != Step::Unmask) return "unmask shares arrived out of order";
+std::string Server::on_unmask(const std::string& from, const std::string& sealed) {
+  if (step_ != Step::Unmask || !request_) return "unmask shares arrived out of order";
   if (!u3_.count(from)) return from + " is not a survivor";
   if (replies_.count(from)) return from + " answered twice";
+  auto plain = open_sealed(box_, sealed);
+  if (!plain) return "the unmask answer from " + from + " does not open with the server's key";
+  auto reply = decode_reply(*plain);
+  wipe(*plain);
+  if (!reply) return "the unmask answer from " + from + " is malformed";
   for (const auto& v : request_->dropped) {
-    if (!reply.mask_key_shares.count(v)) return from + " left out the share of " + v + "'s mask key";
+    if (!reply->mask_key_shares.count(v)) return from + " left out the share of " + v + "'s mask key";
   }
   for (const auto& v : request_->survivors) {
-    if (!reply.self_mask_shares.count(v)) return from + " left out the share of " + v + "'s self mask";
+    if (!reply->self_mask_shares.count(v)) return from + " left out the share of " + v + "'s self mask";
   }
-  replies_[from] = reply;
+  if (reply->mask_key_shares.size() != request_->dropped.size() ||
+      reply->self_mask_shares.size() != request_->survivors.size()) {
+    return from + " answered with shares nobody asked for";
+  }
+  replies_[from] = std::move(*reply);
   return "";
+}
+
+std::optional<Secret> Server::rebuild(const std::string& owner, bool mask_key, std::string& why) {
+  std::vector<Share> shares;
+  const auto& dealer = keys_.at(owner);
+  for (const auto& [holder, reply] : replies_) {
+    if (excluded_.count(holder)) continue;
+    const auto& s = (mask_key ? reply.mask_key_shares : reply.self_mask_shares).at(owner);
+    if (!ca_.verify(dealer.certificate, owner, kSiloRole, share_statement(p_.session, owner, holder, mask_key, s.share),
+                    s.signature)
+             .empty()) {
+      blame(holder, "answered with a share of " + owner + " that " + owner + " never signed");
+      continue;
+    }
+    auto share = Share::decode(s.share);
+    if (!share || share->x != p_.index_of(holder)) {
+      blame(owner, "signed a malformed share for " + holder);
+      why = owner + " dealt a malformed share";
+      return std::nullopt;
+    }
+    shares.push_back(*share);
+    if (shares.size() == p_.threshold) break;
+  }
+  if (shares.size() < p_.threshold) {
+    why = "only " + std::to_string(shares.size()) + " valid shares of " + owner + "'s " +
+          (mask_key ? "mask key" : "self mask") + "; the threshold is " + std::to_string(p_.threshold);
+    return std::nullopt;
+  }
+  return shamir_combine(shares);
 }
 
 template <class T>
 std::string Server::finish_impl(std::span<T> sum) {
-  if (step_ != Step::Unmask) return "unmasking out of order";
+  if (step_ != Step::Unmask || !request_) return "unmasking out of order";
   if (replies_.size() < p_.threshold) {
     return "only " + std::to_string(replies_.size()) + " survivors answered; the threshold is " +
            std::to_string(p_.threshold);
   }
   if (sum.size() != p_.length) return "sum has the wrong length";
   expansions_ = 0;
-  // t shares of one secret, from the first t replies.
-  auto gather = [&](const std::string& owner, bool mask_key) -> std::optional<Secret> {
-    std::vector<Share> shares;
-    for (const auto& [who, reply] : replies_) {
-      const auto& m = mask_key ? reply.mask_key_shares : reply.self_mask_shares;
-      auto s = Share::decode(m.at(owner));
-      if (!s || s->x != p_.index_of(who)) return std::nullopt;
-      shares.push_back(*s);
-      if (shares.size() == p_.threshold) break;
-    }
-    return shamir_combine(shares);
-  };
-  // Dropped after sharing: rebuild the mask key; remove its pairwise masks from each survivor.
+  std::string why;
+  // Dropped after settling: rebuild the mask key; remove its pairwise masks from each survivor.
   for (const auto& v : request_->dropped) {
-    auto sk = gather(v, true);
-    if (!sk || X25519KeyPair::public_of(*sk) != keys_.at(v).mask_pk) {
-      return "the mask key of " + v + " rebuilt from its shares does not match its public key: a share was tampered with";
+    auto sk = rebuild(v, true, why);
+    if (!sk) return why;
+    if (X25519KeyPair::public_of(*sk) != keys_.at(v).mask_pk) {
+      blame(v, "dealt shares (signed by it) that rebuild to a mask key other than the one it advertised");
+      return "the mask key of " + v + " rebuilt from its signed shares does not match its public key";
     }
     for (const auto& w : request_->survivors) {
-      auto seed = pair_key("pair-mask", p_, *sk, keys_.at(w).mask_pk, v, w);
+      auto seed = pair_seed(p_, *sk, keys_.at(w).mask_pk, v, w);
       if (!seed) return "member " + w + " advertised an invalid mask key";
       // w added +PRG when index(w) < index(v), -PRG otherwise: take it out.
       add_mask(*seed, sum, p_.index_of(w) < p_.index_of(v) ? -1 : +1);
@@ -289,9 +639,11 @@ std::string Server::finish_impl(std::span<T> sum) {
   }
   // Every survivor's self mask.
   for (const auto& u : request_->survivors) {
-    auto b = gather(u, false);
-    if (!b || sha256(std::span<const std::uint8_t>(b->bytes())) != keys_.at(u).self_mask_commitment) {
-      return "the self-mask seed of " + u + " rebuilt from its shares does not match its commitment: a share was tampered with";
+    auto b = rebuild(u, false, why);
+    if (!b) return why;
+    if (sha256(std::span<const std::uint8_t>(b->bytes())) != keys_.at(u).self_mask_commitment) {
+      blame(u, "dealt shares (signed by it) that rebuild to a self-mask seed its commitment refutes");
+      return "the self-mask seed of " + u + " rebuilt from its signed shares does not match its commitment";
     }
     add_mask(*b, sum, -1);
     ++expansions_;

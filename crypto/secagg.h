@@ -1,20 +1,36 @@
-// Secure aggregation (Bonawitz et al., CCS 2017), one instance per secure group, as two
-// sans-I/O state machines. No sockets, no wire types: the server and the agent translate
-// these plain structs to and from protobuf messages.
+// Secure aggregation against active adversaries (Bonawitz et al., CCS 2017, the malicious
+// variant), one instance per secure group, as two sans-I/O state machines. No sockets, no wire
+// types: the server and the agent translate these plain structs to and from protobuf messages.
 //
-//   round 0  AdvertiseKeys  each client: two X25519 key pairs (share encryption, masks) and a
-//                           commitment SHA-256(b) to its self-mask seed b.   -> U1
-//   round 1  ShareKeys      each client: t-of-n Shamir shares of its mask secret key and of b,
-//                           one AEAD ciphertext per other member of U1 (associated data binds
-//                           session, sender and recipient).                   -> U2
-//   round 2  MaskedInput    y_u = x_u + PRG(b_u) + sum_{v in U2, v != u} +-PRG(s_uv), where
-//                           s_uv comes from X25519(mask keys) and the sign is + when
-//                           index(u) < index(v).                              -> U3
-//   round 3  Unmasking      each survivor sends, for every v in U2 \ U3, its share of v's mask
-//                           key, and for every v in U3 its share of b_v, never both for one v.
-//                           The server rebuilds them (checking each against the public key or
-//                           the commitment), removes the dropped silos' pairwise masks from
-//                           the survivors' sum and every survivor's self mask: sum_{u in U3} x_u.
+// Every member signs what it says with its federation certificate (crypto/certs.h), and every
+// member checks what others said against the federation CA, so a party that relays messages (an
+// edge, or the network) can drop them but not forge, swap or replay them.
+//
+//   0 AdvertiseKeys  each member: a mask key pair (X25519), one inbox key pair per other member
+//                    (the shares that member deals it are sealed to it), and a commitment
+//                    SHA-256(b) to its self-mask seed b; signed with its certificate.      -> U1
+//   1 ShareKeys      each member: t-of-n Shamir shares of its mask secret key and of b, each
+//                    share signed by it (the dealer), sealed to the recipient's inbox key for it,
+//                    and the sealed box signed by it.                                      -> U2
+//   1b Receipt       each member opens what it was dealt and signs a receipt; a box that does
+//                    not open to two dealer-signed shares is an accusation, with the evidence:
+//                    the signed box and the inbox secret that opens it. Anyone can judge it: the
+//                    dealer is excluded, or, when the box is fine, the accuser is.
+//      Settled       the server signs the final U2 (without the excluded and the silent).
+//   2 MaskedInput    y_u = x_u + PRG(b_u) + sum_{v in U2, v != u} +-PRG(s_uv), s_uv from
+//                    X25519(mask keys), + when index(u) < index(v).                      -> U3
+//   2b Consistency   the server names U3; each survivor signs it once (and never another set).
+//   3 Unmasking      the request carries at least max(t, min_group) survivors' signatures on
+//                    U3; each survivor answers, sealed to the server's key (relays see only
+//                    ciphertext), with dealer-signed shares: for v in U2 \ U3 of v's mask key,
+//                    for v in U3 of b_v, never both for one v. The server keeps only shares
+//                    their dealer signed, rebuilds the secrets (checking each against the
+//                    public key or the commitment) and removes the masks: sum_{u in U3} x_u.
+//
+// Thresholds: t > n / 2 (checked by every member, not only configured), so two different U3
+// sets can never both collect t signatures unless a member signs twice; no sum over fewer than
+// max(t, min_group) survivors is ever revealed. Blame is provable: an accusation, a share its
+// dealer did not sign, or shares that rebuild to something their dealer's commitment refutes.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +42,7 @@
 #include <variant>
 #include <vector>
 
+#include "crypto/certs.h"
 #include "crypto/fixed_point.h"
 #include "crypto/hash.h"
 #include "crypto/keys.h"
@@ -45,102 +62,198 @@ T value(Expected<T>&& e) { return std::get<0>(std::move(e)); }
 template <class T>
 const std::string& error(const Expected<T>& e) { return std::get<1>(e); }
 
+inline constexpr const char* kSiloRole = "silo";
+
 struct Params {
   std::string session;               // binds federation, round and group
   std::vector<std::string> members;  // index of a member = position + 1
   std::uint32_t threshold = 2;       // t
+  std::uint32_t min_survivors = 2;   // the fewest silos a revealed sum may cover: max(t, min_group)
   std::uint32_t bits = 32;           // ring Z_{2^bits}
   std::size_t length = 0;            // words in each input
+  Key32 server_key{};                // unmask answers are sealed to it
   std::uint32_t index_of(const std::string& name) const;  // 0 if not a member
 };
 
-// "" or why the parameters cannot work (t > n, t < 2, bits not 32/64, no members).
+// "" or why the parameters cannot be used safely: no members, t < 2, t <= n / 2, t > n,
+// min_survivors < t or above n, bits not 32/64, an unusable server key.
 std::string check_params(const Params& p);
 
-struct PublicKeys {
-  Key32 cipher_pk{};
+struct Advertisement {
   Key32 mask_pk{};
   Digest self_mask_commitment{};
+  std::map<std::string, Key32> inbox_keys;  // other member -> the key its shares to this one are sealed to
+  std::string certificate;                  // DER
+  std::string signature;                    // over keys_statement()
 };
-using KeyList = std::map<std::string, PublicKeys>;   // U1
-using Ciphertexts = std::map<std::string, std::string>;  // peer -> ciphertext
+using KeyList = std::map<std::string, Advertisement>;  // U1
+
+struct SealedShares {
+  std::string box;        // sealed to the recipient's inbox key for the sender
+  std::string signature;  // the sender's, over the session, sender, recipient and box
+};
+using Outbox = std::map<std::string, SealedShares>;  // recipient -> what this member deals it
+using Inbox = std::map<std::string, SealedShares>;   // sender -> what it dealt this member
+
+struct Accusation {
+  std::string accused;
+  SealedShares evidence;  // as the accused signed it
+  Secret inbox_secret;    // the accuser's inbox secret for the accused: opens the box for a judge
+};
+struct Receipt {
+  std::vector<Accusation> accusations;  // empty: every box opened to shares signed by their dealer
+  std::string signature;                // the member's, over the session and the accused names
+};
+
+struct Settled {
+  std::vector<std::string> members;  // the final U2
+  std::string signature;             // the server's
+};
 
 struct UnmaskRequest {
   std::vector<std::string> dropped;    // U2 \ U3: mask-key shares wanted
   std::vector<std::string> survivors;  // U3: self-mask shares wanted
+  std::map<std::string, std::string> signatures;  // survivor -> its signature on U3
+};
+struct SignedShare {
+  std::string share;      // an encoded Share
+  std::string signature;  // its dealer's
 };
 struct UnmaskReply {
-  std::map<std::string, std::string> mask_key_shares;   // owner -> encoded Share
-  std::map<std::string, std::string> self_mask_shares;  // owner -> encoded Share
+  std::map<std::string, SignedShare> mask_key_shares;   // owner -> share
+  std::map<std::string, SignedShare> self_mask_shares;  // owner -> share
 };
+std::string encode(const UnmaskReply& reply);
+struct Confirmation {
+  std::string signature;  // the member's, over survivors_statement()
+};
+struct SealedReply {
+  std::string box;  // encode(UnmaskReply) sealed to the server's key
+};
+std::optional<UnmaskReply> decode_reply(std::string_view bytes);
+
+// Who is excluded from a group for the round, and the proof.
+struct Blame {
+  std::string silo;
+  std::string why;
+};
+
+// The statements parties sign (crypto::statement: tagged, length-prefixed).
+std::string keys_statement(const std::string& session, const std::string& silo, const Advertisement& a);
+std::string share_statement(const std::string& session, const std::string& dealer, const std::string& holder,
+                            bool mask_key, std::string_view share);
+std::string box_statement(const std::string& session, const std::string& sender, const std::string& recipient,
+                          std::string_view box);
+std::string receipt_statement(const std::string& session, const std::string& member, const Receipt& r);
+std::string settled_statement(const std::string& session, const std::vector<std::string>& members);
+std::string survivors_statement(const std::string& session, const std::vector<std::string>& survivors);
 
 class Client {
  public:
-  Client(Params p, std::string me);
+  // `signer` is this member's certificate key; `ca` checks the other members' and the server's.
+  Client(Params p, std::string me, CertSigner signer, CertVerifier ca, std::string server_certificate,
+         std::string server_name);
 
-  PublicKeys advertise();
-  // Shares for every other member of U1, encrypted to it.
-  Expected<Ciphertexts> share(const KeyList& u1);
-  // The ciphertexts addressed to this client, by sender (U2 without itself).
-  std::string receive(const Ciphertexts& from);
+  // Checks the parameters (threshold above half, and so on) before anything is generated.
+  Expected<Advertisement> advertise();
+  // The signed key list: checks every entry, then deals shares to every other member of U1.
+  Expected<Outbox> share(const KeyList& u1);
+  // Opens what the others dealt; a box that fails becomes an accusation in the receipt. An
+  // error means the delivery itself was tampered with (a signature that does not verify).
+  Expected<Receipt> receive(const Inbox& from);
+  // The server's final U2: this member masks with exactly these.
+  std::string settle(const Settled& settled);
   // Adds the masks to an encoded input in place (length words).
   std::string mask(std::span<std::uint32_t> input);
   std::string mask(std::span<std::uint64_t> input);
-  // Answers once; refuses any request that would reveal both shares of one member.
-  Expected<UnmaskReply> unmask(const UnmaskRequest& request);
+  // Signs U3, once: a second, different set is refused.
+  Expected<Confirmation> confirm(const std::vector<std::string>& survivors);
+  // Answers once, sealed to the server; refuses any request that would reveal both shares of
+  // one member, that names another U3 than the one confirmed, or that lacks enough signatures.
+  Expected<SealedReply> unmask(const UnmaskRequest& request);
 
   const std::vector<std::string>& masked_with() const { return u2_; }
+  const std::set<std::string>& accused() const { return accused_; }
 
  private:
   template <class T>
   std::string mask_impl(std::span<T> input);
+  std::string check_peer(const std::string& name, const Advertisement& a) const;
 
   Params p_;
   std::string me_;
-  X25519KeyPair cipher_, mask_;
+  CertSigner signer_;
+  CertVerifier ca_;
+  std::string server_certificate_, server_name_;
+  X25519KeyPair mask_;
+  std::map<std::string, X25519KeyPair> inbox_;  // per other member
   Secret self_seed_;
   KeyList u1_;
-  std::vector<std::string> u2_;  // members whose shares this client holds (itself included)
-  std::map<std::string, std::pair<Share, Share>> held_;  // owner -> (mask-key share, self-mask share)
-  enum class Step { Advertise, Share, Receive, Mask, Unmask, Done } step_ = Step::Advertise;
+  std::set<std::string> accused_;
+  std::vector<std::string> u2_;  // the settled U2 (itself included)
+  std::map<std::string, std::pair<SignedShare, SignedShare>> held_;  // owner -> (mask-key, self-mask) shares
+  std::optional<std::vector<std::string>> confirmed_;
+  enum class Step { Advertise, Share, Receive, Settle, Mask, Confirm, Unmask, Done } step_ = Step::Advertise;
 };
 
 class Server {
  public:
-  explicit Server(Params p);
+  // `signer` is the server's certificate key (it signs the settled U2); `box` the key pair the
+  // members seal their unmask answers to (its public half is Params::server_key).
+  Server(Params p, CertVerifier ca, CertSigner signer, X25519KeyPair box);
 
-  std::string on_keys(const std::string& from, const PublicKeys& keys);
-  Expected<KeyList> close_keys();  // U1; fails below the threshold
-  std::string on_shares(const std::string& from, const Ciphertexts& to);
-  // Per member of U2: the ciphertexts addressed to it by the other members of U2.
-  Expected<std::map<std::string, Ciphertexts>> close_shares();
+  std::string on_keys(const std::string& from, const Advertisement& keys);
+  Expected<KeyList> close_keys();  // U1; fails below min_survivors
+  std::string on_shares(const std::string& from, const Outbox& to);
+  // Per member of U2: what the other members of U2 dealt it.
+  Expected<std::map<std::string, Inbox>> close_shares();
+  // A member's receipt; its accusations are judged at once: the verdicts are in blamed(). An
+  // error only for a receipt that is not the member's (unsigned) or not expected.
+  std::string on_receipt(const std::string& from, const Receipt& receipt);
+  // The final U2: members that sent a receipt and were not excluded. Fails below min_survivors.
+  Expected<Settled> settle();
+  bool settled_member(const std::string& silo) const { return settled_.count(silo) > 0; }
   // The caller received a complete masked input from `from` and added it to its sum.
   std::string on_masked_input(const std::string& from);
-  Expected<UnmaskRequest> close_masked();  // U3; fails below the threshold
-  std::string on_unmask(const std::string& from, const UnmaskReply& reply);
+  Expected<std::vector<std::string>> close_masked();  // U3, to be confirmed; fails below min_survivors
+  std::string on_confirmation(const std::string& from, const std::string& signature);
+  Expected<UnmaskRequest> close_confirmations();  // fails below min_survivors signatures
+  std::string on_unmask(const std::string& from, const std::string& sealed_reply);
   std::size_t unmask_replies() const { return replies_.size(); }
   // Removes the masks from the sum of the U3 members' masked inputs; fails below the
-  // threshold or when a rebuilt secret does not match its public key or commitment.
+  // threshold or when a secret cannot be rebuilt (the dealer is blamed with the evidence).
   std::string finish(std::span<std::uint32_t> sum);
   std::string finish(std::span<std::uint64_t> sum);
 
   const std::set<std::string>& u1() const { return u1_; }
   const std::set<std::string>& u2() const { return u2_; }
+  const std::set<std::string>& settled() const { return settled_; }
   const std::set<std::string>& u3() const { return u3_; }
+  const std::set<std::string>& confirmed() const { return confirmed_; }
+  const std::vector<Blame>& blamed() const { return blamed_; }
   // Mask expansions the last finish() needed (for benchmarks).
   std::size_t expansions() const { return expansions_; }
 
  private:
   template <class T>
   std::string finish_impl(std::span<T> sum);
+  void blame(const std::string& silo, const std::string& why);
+  void judge(const std::string& accuser, const Accusation& a);
+  std::optional<Secret> rebuild(const std::string& owner, bool mask_key, std::string& why);
 
   Params p_;
+  CertVerifier ca_;
+  CertSigner signer_;
+  X25519KeyPair box_;
   KeyList keys_;
-  std::set<std::string> u1_, u2_, u3_;
-  std::map<std::string, Ciphertexts> shares_;  // sender -> recipient -> ciphertext
+  std::set<std::string> u1_, u2_, receipted_, settled_, u3_, confirmed_;
+  std::map<std::string, Outbox> shares_;  // sender -> recipient -> sealed shares
+  std::map<std::string, std::string> confirmations_;
   std::map<std::string, UnmaskReply> replies_;
   std::optional<UnmaskRequest> request_;
-  enum class Step { Keys, Shares, Masked, Unmask, Done } step_ = Step::Keys;
+  std::set<std::string> excluded_;
+  std::vector<Blame> blamed_;
+  enum class Step { Keys, Shares, Receipts, Masked, Confirm, Unmask, Done } step_ = Step::Keys;
   std::size_t expansions_ = 0;
 };
 

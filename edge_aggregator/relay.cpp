@@ -1,5 +1,7 @@
 #include "edge_aggregator/relay.h"
 
+#include <algorithm>
+
 #include <spdlog/spdlog.h>
 
 #include <cmath>
@@ -42,8 +44,17 @@ void Relay::on_server_message(const wire::Envelope& e) {
   const bool this_round = region_ && e.round() == region_->round;
   switch (e.body_case()) {
     case B::kRoundStart: start_round(e); break;
+    case B::kSecaggSettled:
+      // Whom the server let into its group's sum: only they may upload through this edge.
+      if (this_round && !e.silo().empty() &&
+          std::count(e.secagg_settled().members().begin(), e.secagg_settled().members().end(), e.silo())) {
+        region_->settled.insert(e.silo());
+      }
+      if (!e.silo().empty()) to_silo(e.silo(), e);
+      break;
     case B::kSecaggKeyList:
     case B::kSecaggShareDelivery:
+    case B::kSecaggSurvivors:
     case B::kSecaggUnmaskRequest:
       if (!e.silo().empty()) to_silo(e.silo(), e);  // the edge only carries them
       break;
@@ -155,8 +166,10 @@ void Relay::on_silo_message(const std::string& silo, const wire::Envelope& e) {
   switch (e.body_case()) {
     case B::kSecaggKeys:
     case B::kSecaggShares:
+    case B::kSecaggReceipt:
+    case B::kSecaggConfirmation:
     case B::kSecaggUnmaskShares: {
-      wire::Envelope relay = e;  // masked protocol messages pass through unread
+      wire::Envelope relay = e;  // signed or sealed protocol messages pass through unread
       relay.set_silo(silo);
       to_server(std::move(relay));
       break;
@@ -164,6 +177,10 @@ void Relay::on_silo_message(const std::string& silo, const wire::Envelope& e) {
     case B::kUpdateReady: {
       if (!in_round || st->second != SiloState::Training) {
         silo_error(silo, wire::WRONG_ROUND, "UpdateReady not expected for round " + std::to_string(e.round()));
+        return;
+      }
+      if (r->secure && !r->settled.count(silo)) {
+        silo_error(silo, wire::UNEXPECTED, "UpdateReady before the server settled this silo into its secure group");
         return;
       }
       st->second = SiloState::Ready;

@@ -86,6 +86,7 @@ class Relay {
     bool secure = false;
     std::shared_ptr<Model> sum, current;  // plain
     std::map<std::string, std::uint32_t> group_of;  // secure
+    std::set<std::string> settled;                  // secure: silos the server settled into their group
     std::shared_ptr<protocol::MaskedVector> current_words;
     std::map<std::uint32_t, std::shared_ptr<protocol::MaskedVector>> group_sums;
     bool folding = false;     // a fold (or a barrier) runs on the worker: job `job`

@@ -142,4 +142,16 @@ std::string body_name(const wire::Envelope& env) {
   return field ? field->name() : "empty";
 }
 
+bool is_secagg_from_silo(wire::Envelope::BodyCase body) {
+  using B = wire::Envelope::BodyCase;
+  return body == B::kSecaggKeys || body == B::kSecaggShares || body == B::kSecaggReceipt ||
+         body == B::kSecaggConfirmation || body == B::kSecaggUnmaskShares;
+}
+
+bool is_secagg_to_silo(wire::Envelope::BodyCase body) {
+  using B = wire::Envelope::BodyCase;
+  return body == B::kSecaggKeyList || body == B::kSecaggShareDelivery || body == B::kSecaggSettled ||
+         body == B::kSecaggSurvivors || body == B::kSecaggUnmaskRequest;
+}
+
 }  // namespace xsilo::proto

@@ -13,7 +13,7 @@
 
 namespace xsilo::proto {
 
-inline constexpr std::uint32_t kProtocolVersion = 1;
+inline constexpr std::uint32_t kProtocolVersion = 2;  // 2: secure aggregation against active adversaries
 inline constexpr std::size_t kFrameHeaderBytes = 4;
 inline constexpr std::size_t kDefaultMaxFrameBytes = 4u << 20;
 
@@ -63,5 +63,10 @@ class FrameDecoder {
 
 // Names the Envelope's body for logs ("round_start", "tensor_chunk", ...).
 std::string body_name(const wire::Envelope& env);
+
+// Secure-aggregation messages a silo sends (and an edge relays up), and those the server
+// sends a silo (and an edge relays down).
+bool is_secagg_from_silo(wire::Envelope::BodyCase body);
+bool is_secagg_to_silo(wire::Envelope::BodyCase body);
 
 }  // namespace xsilo::proto

@@ -1,6 +1,8 @@
 #include "protocol/secagg_wire.h"
 
 #include <cstring>
+#include <map>
+#include <set>
 
 namespace xsilo::protocol {
 
@@ -22,8 +24,9 @@ proto::Status bad(std::string why) { return proto::error(wire::BAD_UPDATE, std::
 
 // name -> bytes, refusing empty names and a name given twice.
 template <class Entries, class Name, class Value>
-proto::Result<secagg::Ciphertexts> to_map(const Entries& entries, Name name, Value value, const char* what) {
-  secagg::Ciphertexts out;
+proto::Result<std::map<std::string, secagg::SealedShares>> to_map(const Entries& entries, Name name, Value value,
+                                                                  const char* what) {
+  std::map<std::string, secagg::SealedShares> out;
   for (const auto& e : entries) {
     const std::string& n = name(e);
     if (n.empty()) return bad(std::string(what) + " entry without a silo name");
@@ -43,26 +46,51 @@ secagg::Params secagg_params(const wire::SecAggSetup& s, const std::string& fede
   p.session = secagg_session(federation, round, s.group());
   p.members.assign(s.members().begin(), s.members().end());
   p.threshold = s.threshold();
+  p.min_survivors = s.min_survivors();
   p.bits = s.modulus_bits();
   p.length = s.vector_length();
+  if (!copy_exact(s.server_key(), p.server_key)) p.server_key = {};  // check_params refuses it
   return p;
 }
 
-wire::SecAggKeys to_wire(const secagg::PublicKeys& k) {
+std::string setup_statement(const wire::SecAggSetup& s, const std::string& federation, std::uint64_t round) {
+  std::string members;
+  for (const auto& m : s.members()) crypto::append_field(members, m);
+  auto num = [](auto v) { return std::to_string(v); };
+  return crypto::statement("secagg-setup", {federation, num(round), num(s.group()), members, num(s.threshold()),
+                                            num(s.min_survivors()), num(s.modulus_bits()), num(s.fraction_bits()),
+                                            num(s.vector_length()), num(s.clip_norm()), num(s.max_weight()),
+                                            s.server_key(), s.server_certificate()});
+}
+
+wire::SecAggKeys to_wire(const secagg::Advertisement& a) {
   wire::SecAggKeys w;
-  w.set_cipher_pk(as_bytes(k.cipher_pk));
-  w.set_mask_pk(as_bytes(k.mask_pk));
-  w.set_self_mask_commitment(as_bytes(k.self_mask_commitment));
+  w.set_mask_pk(as_bytes(a.mask_pk));
+  w.set_self_mask_commitment(as_bytes(a.self_mask_commitment));
+  for (const auto& [peer, key] : a.inbox_keys) {
+    auto* k = w.add_inbox_keys();
+    k->set_peer(peer);
+    k->set_key(as_bytes(key));
+  }
+  w.set_certificate(a.certificate);
+  w.set_signature(a.signature);
   return w;
 }
 
-proto::Result<secagg::PublicKeys> from_wire(const wire::SecAggKeys& w) {
-  secagg::PublicKeys k;
-  if (!copy_exact(w.cipher_pk(), k.cipher_pk) || !copy_exact(w.mask_pk(), k.mask_pk) ||
-      !copy_exact(w.self_mask_commitment(), k.self_mask_commitment)) {
+proto::Result<secagg::Advertisement> from_wire(const wire::SecAggKeys& w) {
+  secagg::Advertisement a;
+  if (!copy_exact(w.mask_pk(), a.mask_pk) || !copy_exact(w.self_mask_commitment(), a.self_mask_commitment)) {
     return bad("malformed keys: public keys and the commitment are 32 bytes each");
   }
-  return k;
+  for (const auto& k : w.inbox_keys()) {
+    crypto::Key32 key{};
+    if (k.peer().empty() || !copy_exact(k.key(), key)) return bad("malformed keys: an inbox key without a peer or of the wrong size");
+    if (!a.inbox_keys.emplace(k.peer(), key).second) return bad("malformed keys: two inbox keys for " + k.peer());
+  }
+  if (w.certificate().empty() || w.signature().empty()) return bad("keys without a certificate or signature");
+  a.certificate = w.certificate();
+  a.signature = w.signature();
+  return a;
 }
 
 wire::SecAggKeyList to_wire(const secagg::KeyList& list) {
@@ -70,9 +98,7 @@ wire::SecAggKeyList to_wire(const secagg::KeyList& list) {
   for (const auto& [silo, k] : list) {
     auto* e = w.add_entries();
     e->set_silo(silo);
-    e->set_cipher_pk(as_bytes(k.cipher_pk));
-    e->set_mask_pk(as_bytes(k.mask_pk));
-    e->set_self_mask_commitment(as_bytes(k.self_mask_commitment));
+    *e->mutable_keys() = to_wire(k);
   }
   return w;
 }
@@ -80,88 +106,107 @@ wire::SecAggKeyList to_wire(const secagg::KeyList& list) {
 proto::Result<secagg::KeyList> from_wire(const wire::SecAggKeyList& w) {
   secagg::KeyList list;
   for (const auto& e : w.entries()) {
-    secagg::PublicKeys k;
     if (e.silo().empty()) return bad("key list entry without a silo name");
-    if (!copy_exact(e.cipher_pk(), k.cipher_pk) || !copy_exact(e.mask_pk(), k.mask_pk) ||
-        !copy_exact(e.self_mask_commitment(), k.self_mask_commitment)) {
-      return bad("the key list has malformed keys for " + e.silo());
-    }
-    if (!list.emplace(e.silo(), k).second) return bad("the key list names " + e.silo() + " twice");
+    auto k = from_wire(e.keys());
+    if (!k) return bad("the key list entry of " + e.silo() + ": " + k.status().message);
+    if (!list.emplace(e.silo(), std::move(*k)).second) return bad("the key list names " + e.silo() + " twice");
   }
   return list;
 }
 
-wire::SecAggShares shares_to_wire(const secagg::Ciphertexts& to) {
+wire::SecAggShares outbox_to_wire(const secagg::Outbox& to) {
   wire::SecAggShares w;
-  for (const auto& [recipient, c] : to) {
+  for (const auto& [recipient, s] : to) {
     auto* e = w.add_entries();
     e->set_recipient(recipient);
-    e->set_ciphertext(c);
+    e->set_box(s.box);
+    e->set_signature(s.signature);
   }
   return w;
 }
 
-proto::Result<secagg::Ciphertexts> from_wire(const wire::SecAggShares& w) {
+proto::Result<secagg::Outbox> from_wire(const wire::SecAggShares& w) {
   return to_map(
       w.entries(), [](const auto& e) -> const std::string& { return e.recipient(); },
-      [](const auto& e) { return e.ciphertext(); }, "shares");
+      [](const auto& e) { return secagg::SealedShares{e.box(), e.signature()}; }, "shares");
 }
 
-wire::SecAggShareDelivery delivery_to_wire(const secagg::Ciphertexts& from) {
+wire::SecAggShareDelivery delivery_to_wire(const secagg::Inbox& from) {
   wire::SecAggShareDelivery w;
-  for (const auto& [sender, c] : from) {
+  for (const auto& [sender, s] : from) {
     auto* e = w.add_entries();
     e->set_sender(sender);
-    e->set_ciphertext(c);
+    e->set_box(s.box);
+    e->set_signature(s.signature);
   }
   return w;
 }
 
-proto::Result<secagg::Ciphertexts> from_wire(const wire::SecAggShareDelivery& w) {
+proto::Result<secagg::Inbox> from_wire(const wire::SecAggShareDelivery& w) {
   return to_map(
       w.entries(), [](const auto& e) -> const std::string& { return e.sender(); },
-      [](const auto& e) { return e.ciphertext(); }, "share delivery");
+      [](const auto& e) { return secagg::SealedShares{e.box(), e.signature()}; }, "share delivery");
+}
+
+wire::SecAggReceipt to_wire(const secagg::Receipt& r) {
+  wire::SecAggReceipt w;
+  for (const auto& a : r.accusations) {
+    auto* e = w.add_accusations();
+    e->set_accused(a.accused);
+    e->set_box(a.evidence.box);
+    e->set_box_signature(a.evidence.signature);
+    e->set_inbox_secret(as_bytes(a.inbox_secret.bytes()));
+  }
+  w.set_signature(r.signature);
+  return w;
+}
+
+proto::Result<secagg::Receipt> from_wire(const wire::SecAggReceipt& w) {
+  secagg::Receipt r;
+  std::set<std::string> seen;
+  for (const auto& e : w.accusations()) {
+    secagg::Accusation a;
+    a.accused = e.accused();
+    a.evidence = {e.box(), e.box_signature()};
+    if (a.accused.empty() || !copy_exact(e.inbox_secret(), a.inbox_secret.bytes())) {
+      return bad("malformed receipt: an accusation without a name or with a secret of the wrong size");
+    }
+    if (!seen.insert(a.accused).second) return bad("malformed receipt: " + a.accused + " accused twice");
+    r.accusations.push_back(std::move(a));
+  }
+  r.signature = w.signature();
+  return r;
+}
+
+wire::SecAggSettled to_wire(const secagg::Settled& s) {
+  wire::SecAggSettled w;
+  for (const auto& m : s.members) w.add_members(m);
+  w.set_server_signature(s.signature);
+  return w;
+}
+
+secagg::Settled from_wire(const wire::SecAggSettled& w) {
+  return {{w.members().begin(), w.members().end()}, w.server_signature()};
 }
 
 wire::SecAggUnmaskRequest to_wire(const secagg::UnmaskRequest& r) {
   wire::SecAggUnmaskRequest w;
   for (const auto& v : r.dropped) w.add_dropped(v);
   for (const auto& v : r.survivors) w.add_survivors(v);
+  for (const auto& [silo, sig] : r.signatures) {
+    auto* s = w.add_signatures();
+    s->set_silo(silo);
+    s->set_signature(sig);
+  }
   return w;
 }
 
-secagg::UnmaskRequest from_wire(const wire::SecAggUnmaskRequest& w) {
+proto::Result<secagg::UnmaskRequest> from_wire(const wire::SecAggUnmaskRequest& w) {
   secagg::UnmaskRequest r;
   r.dropped.assign(w.dropped().begin(), w.dropped().end());
   r.survivors.assign(w.survivors().begin(), w.survivors().end());
-  return r;
-}
-
-wire::SecAggUnmaskShares to_wire(const secagg::UnmaskReply& r) {
-  wire::SecAggUnmaskShares w;
-  for (const auto& [owner, share] : r.mask_key_shares) {
-    auto* e = w.add_entries();
-    e->set_owner(owner);
-    e->set_is_mask_key(true);
-    e->set_share(share);
-  }
-  for (const auto& [owner, share] : r.self_mask_shares) {
-    auto* e = w.add_entries();
-    e->set_owner(owner);
-    e->set_is_mask_key(false);
-    e->set_share(share);
-  }
-  return w;
-}
-
-proto::Result<secagg::UnmaskReply> from_wire(const wire::SecAggUnmaskShares& w) {
-  secagg::UnmaskReply r;
-  for (const auto& e : w.entries()) {
-    auto& into = e.is_mask_key() ? r.mask_key_shares : r.self_mask_shares;
-    if (e.owner().empty()) return bad("unmask share without an owner");
-    if (!into.emplace(e.owner(), e.share()).second) {
-      return bad("two " + std::string(e.is_mask_key() ? "mask-key" : "self-mask") + " shares of " + e.owner());
-    }
+  for (const auto& s : w.signatures()) {
+    if (!r.signatures.emplace(s.silo(), s.signature()).second) return bad("the unmask request has two signatures of " + s.silo());
   }
   return r;
 }

@@ -145,6 +145,10 @@ void parse_rounds_aggregation(const ConfigNode& root, ServerConfig& c) {
   sc.mode = mode == "global" ? SecureMode::Global : mode == "grouped" ? SecureMode::Grouped : SecureMode::Off;
   sc.min_group = static_cast<std::size_t>(se.integer("min_group", 3, 2, 1 << 20));
   sc.threshold = se.number("threshold", 2.0 / 3.0, 0.5, 1.0);
+  if (sc.threshold <= 0.5) {
+    se.fail("threshold", "must be above 0.5: with half a group or less, two halves could each be shown a different "
+                         "set of survivors and together unmask one silo");
+  }
   sc.bits = static_cast<std::uint32_t>(se.integer("modulus_bits", 32, 32, 64));
   if (sc.bits != 32 && sc.bits != 64) se.fail("modulus_bits", "must be 32 or 64");
   sc.fraction_bits = static_cast<std::uint32_t>(se.integer("fraction_bits", 16, 1, 52));
@@ -174,6 +178,23 @@ void parse_rounds_aggregation(const ConfigNode& root, ServerConfig& c) {
     if (sc.mode == SecureMode::Global && rule.rule != robust::Rule::FedAvg) {
       ag.fail("rule", "secure.mode global shows the server only the total, so a robust rule has nothing to "
                       "choose from; use secure.mode grouped");
+    }
+    // No sum of fewer than min_group silos is ever revealed: a round must be able to gather them.
+    const char* which = nullptr;
+    std::size_t fewest = 0;
+    if (c.selection.min_updates < sc.min_group) {
+      which = "selection.min_updates";
+      fewest = c.selection.min_updates;
+    } else if (c.selection.silos_per_round && c.selection.silos_per_round < sc.min_group) {
+      which = "selection.silos_per_round";
+      fewest = c.selection.silos_per_round;
+    } else if (!c.any_silo && c.expected_silos.size() < sc.min_group) {
+      which = "allow.silo";
+      fewest = c.expected_silos.size();
+    }
+    if (which) {
+      se.fail("min_group", "is " + std::to_string(sc.min_group) + " but " + which + " allows rounds of " +
+                               std::to_string(fewest) + " silos; a secure sum never covers fewer than min_group");
     }
     // The largest group a round can have.
     std::size_t largest = !c.expected_silos.empty() ? c.expected_silos.size() : 1000;

@@ -109,10 +109,17 @@ void Coordinator::on_timer(Timer timer, std::int64_t now_ms) {
       if (phase_ != Phase::Collecting || !r_->secure) break;
       r_->secure->keys_deadline();
       drain_secure();
-      if (!r_->secure->shared()) actions_.push_back(action::StartTimer{Timer::SecAgg, cfg_.secure.keys_deadline});
+      if (!r_->secure->settled()) actions_.push_back(action::StartTimer{Timer::SecAgg, cfg_.secure.keys_deadline});
       pump(now_ms);
       break;
     case Timer::Unmask:
+      if (phase_ == Phase::Unmasking && r_->secure->unmask_deadline()) {
+        // Confirmations closed with those that came: now the unmask answers get their time.
+        drain_secure();
+        actions_.push_back(action::StartTimer{Timer::Unmask, cfg_.secure.unmask_deadline});
+        if (r_->secure->unmask_complete()) finish_unmask();
+        break;
+      }
       finish_unmask();
       break;
     case Timer::Upload: {
@@ -338,9 +345,11 @@ void Coordinator::on_secure_message(std::size_t m, const wire::Envelope& e, std:
     send_to_member(m, std::move(err));
     return;
   }
-  // Key messages while collecting, unmask shares while unmasking; anything else is late.
-  const bool keys = e.has_secagg_keys() || e.has_secagg_shares();
-  if ((keys && phase_ == Phase::Collecting) || (e.has_secagg_unmask_shares() && phase_ == Phase::Unmasking)) {
+  // Keys, shares and receipts while collecting, confirmations and unmask shares while
+  // unmasking; anything else is late.
+  const bool keys = e.has_secagg_keys() || e.has_secagg_shares() || e.has_secagg_receipt();
+  const bool unmask = e.has_secagg_confirmation() || e.has_secagg_unmask_shares();
+  if ((keys && phase_ == Phase::Collecting) || (unmask && phase_ == Phase::Unmasking)) {
     r_->secure->on_message(r_->members[m].silo, e);
   }
   drain_secure();
@@ -352,9 +361,10 @@ void Coordinator::drain_secure() {
   for (auto& [silo, e] : r_->secure->take_out()) {
     if (auto m = member_named(silo)) send_to_member(*m, std::move(e));
   }
-  for (const auto& [silo, why] : r_->secure->take_failed()) {
-    if (auto m = member_named(silo)) {
-      drop(*m, phase_ == Phase::Unmasking ? DropPhase::Unmask : DropPhase::Secure, DropCause::SecureGroupFailed, why);
+  for (const auto& d : r_->secure->take_dropped()) {
+    if (auto m = member_named(d.silo)) {
+      drop(*m, phase_ == Phase::Unmasking ? DropPhase::Unmask : DropPhase::Secure,
+           d.excluded ? DropCause::Excluded : DropCause::SecureGroupFailed, d.why);
     }
   }
 }

@@ -133,7 +133,7 @@ void Coordinator::on_message(SessionId id, const wire::Envelope& e, std::int64_t
     if (auto m = member_of(id)) member_failed(*m, e, now_ms);
     return;
   }
-  const bool secure_body = body == B::kSecaggKeys || body == B::kSecaggShares || body == B::kSecaggUnmaskShares;
+  const bool secure_body = proto::is_secagg_from_silo(body);
   if (body != B::kUpdateReady && body != B::kTensorChunk && body != B::kUpdateEnd && !secure_body) {
     send_error(id, wire::UNEXPECTED, "a silo may not send " + proto::body_name(e));
     return;
@@ -171,7 +171,7 @@ void Coordinator::on_edge_message(SessionId id, const wire::Envelope& e, std::in
     // the region's sum).
     const auto m = member_named(e.silo());
     const bool ours = m && r_->members[*m].session == id && e.round() == round_;
-    const bool secure_body = body == B::kSecaggKeys || body == B::kSecaggShares || body == B::kSecaggUnmaskShares;
+    const bool secure_body = proto::is_secagg_from_silo(body);
     if (secure_body && ours) return on_secure_message(*m, e, now_ms);
     const Peer* p = membership_.peer(id);
     if (!ours || !p->region.count(e.silo()) || body != B::kUpdateReady || phase_ != Phase::Collecting) {
@@ -252,6 +252,13 @@ void Coordinator::on_update_ready(std::size_t m, const wire::Envelope& e, std::i
   if (e.update_ready().num_samples() == 0) {
     error(wire::BAD_UPDATE, "an update must come from at least one sample");
     drop(m, DropPhase::Train, DropCause::ZeroSamples, "reported zero samples", false);
+    pump(now_ms);
+    return;
+  }
+  if (r_->secure && !r_->secure->may_upload(mb.silo)) {
+    error(wire::UNEXPECTED, "UpdateReady from a silo that is not a settled member of its secure group");
+    drop(m, DropPhase::Secure, DropCause::Excluded, "announced an update without being a settled member of its group",
+         false);
     pump(now_ms);
     return;
   }

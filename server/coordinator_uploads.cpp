@@ -105,6 +105,10 @@ void Coordinator::on_region_end(SessionId id, const wire::Envelope& e, std::int6
               std::to_string(end.group()) + ", which is not its group";
         break;
       }
+      if (!r_->secure->may_upload(c.silo())) {
+        why = "edge " + edge + " put " + c.silo() + " into a partial sum, but it is not a settled member of its group";
+        break;
+      }
     } else if (!std::isfinite(c.weight()) || c.weight() <= 0) {
       why = "edge " + edge + " lists a non-positive weight for " + c.silo();
       break;

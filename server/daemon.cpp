@@ -258,7 +258,14 @@ int run_server(const ServerConfig& cfg) {
                 {"model_sha256", sha},
                 {"time", iso_time(now_ms())}},
                nullptr);
-  Coordinator coord(RoundConfig(cfg), std::move(model), std::move(optimizer), state, first_round);
+  RoundConfig rounds(cfg);
+  if (rounds.secure.on()) {
+    // The server signs its secure groups' setups with its certificate key and checks the
+    // silos' signatures against the federation CA (and its revocation list).
+    rounds.secure.signer = transport::load_signer(cfg.tls);
+    rounds.secure.ca = transport::load_verifier(cfg.tls);
+  }
+  Coordinator coord(std::move(rounds), std::move(model), std::move(optimizer), state, first_round);
   Server server(cfg, state, coord);
   return server.run();
 }

@@ -4,11 +4,13 @@
 #pragma once
 
 #include <chrono>
+#include <optional>
 #include <cstdint>
 #include <set>
 #include <string>
 #include <string_view>
 
+#include "crypto/certs.h"
 #include "crypto/fixed_point.h"
 #include "proto/xsilo.pb.h"
 #include "robust/rule.h"
@@ -43,13 +45,18 @@ std::string_view name(SecureMode m);
 struct SecureConfig {
   SecureMode mode = SecureMode::Off;
   std::size_t min_group = 3;       // grouped: every group has at least this many silos
-  double threshold = 2.0 / 3.0;    // t = max(2, ceil(threshold * group size))
+  double threshold = 2.0 / 3.0;    // t = max(2, floor(n / 2) + 1, ceil(threshold * n)) for a group of n
   std::uint32_t bits = 32;
   std::uint32_t fraction_bits = 16;
   double clip_norm = 1.0;
   double max_weight = 1000.0;
-  std::chrono::milliseconds keys_deadline{30000};    // each of the two key phases
-  std::chrono::milliseconds unmask_deadline{30000};
+  std::chrono::milliseconds keys_deadline{30000};    // each of the key, share and receipt phases
+  std::chrono::milliseconds unmask_deadline{30000};  // each of the confirmation and unmask phases
+  // Who the server is in the protocol: its certificate key (it signs each group's setup and
+  // settled members) and the federation CA (it checks the silos' signatures). Not read from a
+  // config file: the server daemon sets them from its TLS files. Required when mode is on.
+  std::optional<crypto::CertSigner> signer;
+  std::optional<crypto::CertVerifier> ca;
   bool on() const { return mode != SecureMode::Off; }
   crypto::FixedPointParams codec() const { return {bits, fraction_bits, clip_norm, max_weight}; }
 };

@@ -42,6 +42,7 @@ std::string_view name(DropCause c) {
     case DropCause::EdgeRejected: return "edge_rejected";
     case DropCause::NotInPartialSum: return "not_in_partial_sum";
     case DropCause::SecureGroupFailed: return "secure_group_failed";
+    case DropCause::Excluded: return "excluded";
   }
   return "?";
 }

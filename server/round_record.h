@@ -33,6 +33,7 @@ enum class DropCause {
   EdgeRejected,      // its edge's partial sum was refused
   NotInPartialSum,   // its edge's partial sum left it out
   SecureGroupFailed, // its secure group fell below the threshold or failed its checks
+  Excluded,          // excluded from its secure group with proof of misbehaviour (Byzantine)
 };
 std::string_view name(DropPhase p);
 std::string_view name(DropCause c);

@@ -5,10 +5,13 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <stdexcept>
 
 #include "protocol/secagg_wire.h"
 
 namespace xsilo::server {
+
+namespace secagg = crypto::secagg;
 
 std::vector<std::vector<std::string>> make_groups(std::vector<std::string> silos, const SecureConfig& cfg,
                                                   std::uint64_t permutation_seed) {
@@ -23,10 +26,21 @@ std::vector<std::vector<std::string>> make_groups(std::vector<std::string> silos
   return out;
 }
 
+std::uint32_t group_threshold(const SecureConfig& cfg, std::size_t n) {
+  const double t = std::max({2.0, std::floor(static_cast<double>(n) / 2.0) + 1.0,
+                             std::ceil(cfg.threshold * static_cast<double>(n) - 1e-9)});
+  return static_cast<std::uint32_t>(std::min(t, static_cast<double>(std::max<std::size_t>(n, 2))));
+}
+
+std::uint32_t group_min_survivors(const SecureConfig& cfg, std::size_t n) {
+  return std::max(group_threshold(cfg, n), static_cast<std::uint32_t>(cfg.min_group));
+}
+
 SecureRound::SecureRound(const SecureConfig& cfg, const std::string& federation, std::uint64_t round,
                          std::uint64_t seed, std::vector<std::string> selected, std::size_t d)
     : cfg_(cfg), federation_(federation), round_(round),
       permutation_seed_(seed ^ (round * 0xd1b54a32d192ed03ull)), d_(d) {
+  if (!cfg_.signer || !cfg_.ca) throw std::invalid_argument("secure aggregation needs the server's certificate key and CA");
   const auto groups = make_groups(std::move(selected), cfg_, permutation_seed_);
   for (std::size_t k = 0; k < groups.size(); ++k) {
     const auto id = static_cast<std::uint32_t>(k + 1);
@@ -36,18 +50,28 @@ SecureRound::SecureRound(const SecureConfig& cfg, const std::string& federation,
     for (const auto& m : groups[k]) {
       s.add_members(m);
       group_of_[m] = id;
-      g.keys_from[m] = false;
+      g.waiting.insert(m);
     }
     const auto n = groups[k].size();
-    s.set_threshold(static_cast<std::uint32_t>(
-        std::min<double>(static_cast<double>(n), std::max(2.0, std::ceil(cfg_.threshold * static_cast<double>(n))))));
+    s.set_threshold(group_threshold(cfg_, n));
+    s.set_min_survivors(group_min_survivors(cfg_, n));
     s.set_modulus_bits(cfg_.bits);
     s.set_fraction_bits(cfg_.fraction_bits);
     s.set_vector_length(d_ + 1);
     s.set_clip_norm(static_cast<float>(cfg_.clip_norm));
     s.set_max_weight(static_cast<float>(cfg_.max_weight));
-    g.server = std::make_unique<crypto::secagg::Server>(protocol::secagg_params(s, federation_, round_));
-    if (n < 2 || n < s.threshold()) fail(g, "group of " + std::to_string(n) + " silos is below the threshold");
+    auto box = crypto::X25519KeyPair::generate();
+    s.set_server_key(std::string(reinterpret_cast<const char*>(box.public_key.data()), box.public_key.size()));
+    s.set_server_certificate(cfg_.signer->certificate());
+    s.set_server_signature(cfg_.signer->sign(protocol::setup_statement(s, federation_, round_)));
+    auto params = protocol::secagg_params(s, federation_, round_);
+    g.server = std::make_unique<secagg::Server>(params, *cfg_.ca, *cfg_.signer, std::move(box));
+    if (n < cfg_.min_group) {
+      fail(g, "a group of " + std::to_string(n) + " silos is smaller than min_group " + std::to_string(cfg_.min_group) +
+                  ": its sum would reveal too little about too few");
+    } else if (auto why = secagg::check_params(params); !why.empty()) {
+      fail(g, why);
+    }
   }
 }
 
@@ -77,163 +101,231 @@ wire::Envelope SecureRound::env() const {
 void SecureRound::fail(Group& g, const std::string& why) {
   if (!g.failed.empty()) return;
   g.failed = why;
+  g.phase = Phase::Done;
   spdlog::warn("round {}: secure group {} failed: {}", round_, g.setup.group(), why);
   for (const auto& m : g.setup.members()) {
-    failed_.emplace_back(m, "secure group " + std::to_string(g.setup.group()) + ": " + why);
+    dropped_.push_back({m, "secure group " + std::to_string(g.setup.group()) + ": " + why, false});
+  }
+}
+
+// Exclusions the group's crypto server made since the last call: the coordinator drops them.
+void SecureRound::report_blame(Group& g) {
+  const auto& blamed = g.server->blamed();
+  for (; g.blames_reported < blamed.size(); ++g.blames_reported) {
+    const auto& b = blamed[g.blames_reported];
+    spdlog::warn("round {}: secure group {} excludes {}: {}", round_, g.setup.group(), b.silo, b.why);
+    g.waiting.erase(b.silo);
+    dropped_.push_back({b.silo, "excluded from secure group " + std::to_string(g.setup.group()) + ": " + b.why, true});
   }
 }
 
 void SecureRound::on_message(const std::string& silo, const wire::Envelope& e) {
   Group* g = group_for(silo);
   if (!g || !g->failed.empty()) return;
-  if (e.has_secagg_keys()) on_keys(*g, silo, e.secagg_keys());
-  if (e.has_secagg_shares()) on_shares(*g, silo, e.secagg_shares());
-  if (e.has_secagg_unmask_shares()) on_unmask(*g, silo, e.secagg_unmask_shares());
+  receive(*g, silo, e);
+  report_blame(*g);
+  advance(*g, false);
 }
 
-void SecureRound::on_keys(Group& g, const std::string& silo, const wire::SecAggKeys& k) {
-  if (g.keys_closed) return;
-  auto keys = protocol::from_wire(k);
-  if (!keys) {
-    spdlog::warn("round {}: {}: {}", round_, silo, keys.status().message);
+void SecureRound::receive(Group& g, const std::string& silo, const wire::Envelope& e) {
+  auto& server = *g.server;
+  std::string err;
+  using B = wire::Envelope::BodyCase;
+  const auto body = e.body_case();
+  const bool expected = (body == B::kSecaggKeys && g.phase == Phase::Keys) ||
+                        (body == B::kSecaggShares && g.phase == Phase::Shares) ||
+                        (body == B::kSecaggReceipt && g.phase == Phase::Receipts) ||
+                        (body == B::kSecaggConfirmation && g.phase == Phase::Confirm) ||
+                        (body == B::kSecaggUnmaskShares && g.phase == Phase::Unmask);
+  if (!expected || !g.waiting.count(silo)) return;  // late, early or twice: nothing to do
+  switch (body) {
+    case B::kSecaggKeys: {
+      auto keys = protocol::from_wire(e.secagg_keys());
+      err = keys ? server.on_keys(silo, *keys) : keys.status().message;
+      break;
+    }
+    case B::kSecaggShares: {
+      auto to = protocol::from_wire(e.secagg_shares());
+      err = to ? server.on_shares(silo, *to) : to.status().message;
+      break;
+    }
+    case B::kSecaggReceipt: {
+      auto receipt = protocol::from_wire(e.secagg_receipt());
+      err = receipt ? server.on_receipt(silo, *receipt) : receipt.status().message;
+      break;
+    }
+    case B::kSecaggConfirmation: err = server.on_confirmation(silo, e.secagg_confirmation().signature()); break;
+    case B::kSecaggUnmaskShares: err = server.on_unmask(silo, e.secagg_unmask_shares().sealed()); break;
+    default: return;
+  }
+  if (!err.empty()) {
+    // Unsigned or malformed: perhaps altered on the way. The member may still answer properly.
+    spdlog::warn("round {}: secure group {}: {}: {}", round_, g.setup.group(), silo, err);
     return;
   }
-  if (auto err = g.server->on_keys(silo, *keys); !err.empty()) {
-    spdlog::warn("round {}: {}", round_, err);
-    return;
-  }
-  g.keys_from[silo] = true;
-  try_close_keys(g, false);
+  g.waiting.erase(silo);
 }
 
-void SecureRound::try_close_keys(Group& g, bool force) {
-  if (g.keys_closed || !g.failed.empty()) return;
-  const bool all = std::all_of(g.keys_from.begin(), g.keys_from.end(), [](const auto& kv) { return kv.second; });
-  if (!all && !force) return;
-  g.keys_closed = true;
+void SecureRound::advance(Group& g, bool force) {
+  while (g.failed.empty() && (g.waiting.empty() || force)) {
+    const Phase before = g.phase;
+    switch (g.phase) {
+      case Phase::Keys: close_keys(g); break;
+      case Phase::Shares: close_shares(g); break;
+      case Phase::Receipts: close_receipts(g); break;
+      case Phase::Confirm: close_confirmations(g); break;
+      default: return;  // Masking and Unmask end by the coordinator's decision
+    }
+    report_blame(g);
+    force = false;
+    if (g.phase == before) return;
+  }
+}
+
+void SecureRound::close_keys(Group& g) {
   auto keys = g.server->close_keys();
-  if (!crypto::secagg::ok(keys)) return fail(g, crypto::secagg::error(keys));
+  if (!secagg::ok(keys)) return fail(g, secagg::error(keys));
   auto e = env();
-  *e.mutable_secagg_key_list() = protocol::to_wire(crypto::secagg::value(keys));
-  for (const auto& [silo, pk] : crypto::secagg::value(keys)) {
-    g.shares_from[silo] = false;
-    out_.emplace_back(silo, e);
+  *e.mutable_secagg_key_list() = protocol::to_wire(secagg::value(keys));
+  g.waiting.clear();
+  for (const auto& [silo, k] : secagg::value(keys)) {
+    g.waiting.insert(silo);
+    send(silo, e);
   }
+  g.phase = Phase::Shares;
 }
 
-void SecureRound::on_shares(Group& g, const std::string& silo, const wire::SecAggShares& s) {
-  if (!g.keys_closed || g.shares_closed) return;
-  auto to = protocol::from_wire(s);
-  if (!to) {
-    spdlog::warn("round {}: {}: {}", round_, silo, to.status().message);
-    return;
-  }
-  if (auto err = g.server->on_shares(silo, *to); !err.empty()) {
-    spdlog::warn("round {}: {}", round_, err);
-    return;
-  }
-  g.shares_from[silo] = true;
-  try_close_shares(g, false);
-}
-
-void SecureRound::try_close_shares(Group& g, bool force) {
-  if (!g.keys_closed || g.shares_closed || !g.failed.empty()) return;
-  const bool all = std::all_of(g.shares_from.begin(), g.shares_from.end(), [](const auto& kv) { return kv.second; });
-  if (!all && !force) return;
-  g.shares_closed = true;
+void SecureRound::close_shares(Group& g) {
   auto boxes = g.server->close_shares();
-  if (!crypto::secagg::ok(boxes)) return fail(g, crypto::secagg::error(boxes));
-  for (const auto& [recipient, box] : crypto::secagg::value(boxes)) {
+  if (!secagg::ok(boxes)) return fail(g, secagg::error(boxes));
+  g.waiting.clear();
+  for (const auto& [recipient, inbox] : secagg::value(boxes)) {
     auto e = env();
-    *e.mutable_secagg_share_delivery() = protocol::delivery_to_wire(box);
-    out_.emplace_back(recipient, std::move(e));
+    *e.mutable_secagg_share_delivery() = protocol::delivery_to_wire(inbox);
+    g.waiting.insert(recipient);
+    send(recipient, std::move(e));
   }
+  g.phase = Phase::Receipts;
+}
+
+void SecureRound::close_receipts(Group& g) {
+  auto settled = g.server->settle();
+  report_blame(g);
+  if (!secagg::ok(settled)) return fail(g, secagg::error(settled));
+  auto e = env();
+  *e.mutable_secagg_settled() = protocol::to_wire(secagg::value(settled));
+  // Every member that shared learns the outcome; one left out stops there.
+  for (const auto& silo : g.server->u2()) send(silo, e);
+  // Members that shared but sent no receipt are out of the group now.
+  for (const auto& silo : g.server->u2()) {
+    if (!g.server->settled_member(silo) && std::none_of(g.server->blamed().begin(), g.server->blamed().end(),
+                                                        [&](const auto& b) { return b.silo == silo; })) {
+      dropped_.push_back({silo, "secure group " + std::to_string(g.setup.group()) + ": sent no receipt for its shares",
+                          false});
+    }
+  }
+  g.waiting.clear();
+  g.phase = Phase::Masking;
+}
+
+void SecureRound::close_confirmations(Group& g) {
+  auto request = g.server->close_confirmations();
+  if (!secagg::ok(request)) return fail(g, secagg::error(request));
+  auto e = env();
+  *e.mutable_secagg_unmask_request() = protocol::to_wire(secagg::value(request));
+  g.unmask_request = e;
+  g.waiting.clear();
+  for (const auto& v : g.server->confirmed()) {
+    g.waiting.insert(v);
+    send(v, e);
+  }
+  g.phase = Phase::Unmask;
 }
 
 void SecureRound::keys_deadline() {
   for (auto& [id, g] : groups_) {
-    if (!g.keys_closed) try_close_keys(g, true);
-    else if (!g.shares_closed) try_close_shares(g, true);
+    if (g.phase == Phase::Keys || g.phase == Phase::Shares || g.phase == Phase::Receipts) advance(g, true);
   }
 }
 
 void SecureRound::silo_gone(const std::string& silo) {
   Group* g = group_for(silo);
-  if (!g) return;
-  if (!g->keys_closed && !g->keys_from[silo]) {
-    g->keys_from.erase(silo);
-    try_close_keys(*g, false);
-  } else if (g->keys_closed && !g->shares_closed && g->shares_from.count(silo) && !g->shares_from[silo]) {
-    g->shares_from.erase(silo);
-    try_close_shares(*g, false);
-  }
+  if (!g || !g->failed.empty() || g->phase == Phase::Masking) return;
+  if (g->waiting.erase(silo)) advance(*g, false);
 }
 
-bool SecureRound::shared() const {
-  return std::all_of(groups_.begin(), groups_.end(),
-                     [](const auto& kv) { return kv.second.shares_closed || !kv.second.failed.empty(); });
+bool SecureRound::settled() const {
+  return std::all_of(groups_.begin(), groups_.end(), [](const auto& kv) {
+    return kv.second.phase >= Phase::Masking || !kv.second.failed.empty();
+  });
+}
+
+bool SecureRound::may_upload(const std::string& silo) const {
+  const auto id = group_of(silo);
+  if (!id) return false;
+  const Group& g = groups_.at(id);
+  return g.failed.empty() && g.phase == Phase::Masking && g.server->settled_member(silo);
 }
 
 void SecureRound::masked_from(const std::string& silo) {
   Group* g = group_for(silo);
-  if (!g) return;
+  if (!g || !g->failed.empty()) return;
   if (auto err = g->server->on_masked_input(silo); !err.empty()) spdlog::warn("round {}: {}", round_, err);
 }
 
 void SecureRound::begin_unmask() {
   for (auto& [id, g] : groups_) {
-    if (!g.failed.empty() || g.unmask_requested) continue;
-    g.unmask_requested = true;
-    auto req = g.server->close_masked();
-    if (!crypto::secagg::ok(req)) {
-      fail(g, crypto::secagg::error(req));
+    if (!g.failed.empty() || g.phase != Phase::Masking) continue;
+    auto u3 = g.server->close_masked();
+    if (!secagg::ok(u3)) {
+      fail(g, secagg::error(u3));
       continue;
     }
     auto e = env();
-    *e.mutable_secagg_unmask_request() = protocol::to_wire(crypto::secagg::value(req));
-    for (const auto& v : crypto::secagg::value(req).survivors) out_.emplace_back(v, e);
-    g.unmask_request = e;
+    for (const auto& v : secagg::value(u3)) e.mutable_secagg_survivors()->add_survivors(v);
+    g.survivors = e;
+    g.waiting.clear();
+    for (const auto& v : secagg::value(u3)) {
+      g.waiting.insert(v);
+      send(v, e);
+    }
+    g.phase = Phase::Confirm;
   }
 }
 
+bool SecureRound::unmask_deadline() {
+  bool asked = false;
+  for (auto& [id, g] : groups_) {
+    if (g.phase != Phase::Confirm || !g.failed.empty()) continue;
+    advance(g, true);
+    asked = asked || g.phase == Phase::Unmask;
+  }
+  return asked;
+}
+
 bool SecureRound::unmask_requested() const {
-  return std::any_of(groups_.begin(), groups_.end(), [](const auto& kv) { return kv.second.unmask_requested; });
+  return std::any_of(groups_.begin(), groups_.end(), [](const auto& kv) { return kv.second.phase >= Phase::Confirm; });
 }
 
 std::optional<wire::Envelope> SecureRound::unmask_request(const std::string& silo) const {
   const auto id = group_of(silo);
   if (!id) return std::nullopt;
   const Group& g = groups_.at(id);
-  if (!g.failed.empty() || !g.unmask_requested || !g.server->u3().count(silo) || g.unmask_answered.count(silo)) {
-    return std::nullopt;
-  }
-  return g.unmask_request;
-}
-
-void SecureRound::on_unmask(Group& g, const std::string& silo, const wire::SecAggUnmaskShares& s) {
-  if (!g.unmask_requested) return;
-  auto reply = protocol::from_wire(s);
-  if (!reply) {
-    spdlog::warn("round {}: {}: {}", round_, silo, reply.status().message);
-    return;
-  }
-  if (auto err = g.server->on_unmask(silo, *reply); !err.empty()) {
-    spdlog::warn("round {}: {}", round_, err);
-    return;
-  }
-  g.unmask_answered.insert(silo);
+  if (!g.failed.empty() || !g.waiting.count(silo)) return std::nullopt;
+  if (g.phase == Phase::Confirm) return g.survivors;
+  if (g.phase == Phase::Unmask) return g.unmask_request;
+  return std::nullopt;
 }
 
 bool SecureRound::unmask_complete() const {
   return std::all_of(groups_.begin(), groups_.end(), [](const auto& kv) {
     const Group& g = kv.second;
-    return !g.failed.empty() || !g.unmask_requested || g.server->unmask_replies() == g.server->u3().size();
+    return !g.failed.empty() || g.phase < Phase::Confirm || (g.phase == Phase::Unmask && g.waiting.empty());
   });
 }
 
 std::vector<GroupResult> SecureRound::finish(std::map<std::uint32_t, protocol::MaskedVector>& sums) {
   std::vector<GroupResult> out;
-  const auto codec = cfg_.codec();
   for (auto& [id, g] : groups_) {
     GroupResult r;
     r.group = id;
@@ -243,16 +335,21 @@ std::vector<GroupResult> SecureRound::finish(std::map<std::uint32_t, protocol::M
     auto& sum = sums.at(id);
     if (!g.failed.empty()) {
       r.why = g.failed;
+    } else if (g.phase != Phase::Unmask) {
+      r.why = "collection closed before the survivors confirmed their set";
     } else {
       const std::string err = cfg_.bits == 32 ? g.server->finish(sum.u32()) : g.server->finish(sum.u64());
       if (!err.empty()) {
         r.why = err;
       } else {
         r.ok = true;
+        const auto codec = cfg_.codec();
         r.sum = cfg_.bits == 32 ? crypto::decode(codec, std::span<const std::uint32_t>(sum.u32()))
                                 : crypto::decode(codec, std::span<const std::uint64_t>(sum.u64()));
       }
     }
+    r.excluded = g.server->blamed();
+    g.phase = Phase::Done;
     sum = protocol::MaskedVector();  // the masked sum is not needed again
     out.push_back(std::move(r));
   }
@@ -262,12 +359,21 @@ std::vector<GroupResult> SecureRound::finish(std::map<std::uint32_t, protocol::M
 nlohmann::json SecureRound::describe() const {
   nlohmann::json groups = nlohmann::json::array();
   for (const auto& [id, g] : groups_) {
+    const auto& s = *g.server;
     groups.push_back({{"group", id},
                       {"members", std::vector<std::string>(g.setup.members().begin(), g.setup.members().end())},
                       {"threshold", g.setup.threshold()},
-                      {"advertised_keys", g.server->u1().size()},
-                      {"shared_keys", g.server->u2().size()},
-                      {"masked_inputs", g.server->u3().size()}});
+                      {"min_survivors", g.setup.min_survivors()},
+                      {"advertised_keys", s.u1().size()},
+                      {"shared_keys", s.u2().size()},
+                      {"settled", s.settled().size()},
+                      {"masked_inputs", s.u3().size()},
+                      {"confirmed", s.confirmed().size()}});
+    if (!s.blamed().empty()) {
+      nlohmann::json ex = nlohmann::json::array();
+      for (const auto& b : s.blamed()) ex.push_back({{"silo", b.silo}, {"evidence", b.why}});
+      groups.back()["excluded"] = ex;
+    }
     if (!g.failed.empty()) groups.back()["failed"] = g.failed;
   }
   return {{"mode", name(cfg_.mode)},

@@ -2,6 +2,10 @@
 // groups, one crypto::secagg::Server per group, their messages, and at the end one decoded sum
 // per group. Sans-I/O like the coordinator that drives it: messages in, (silo, envelope)
 // pairs out. The masked sums themselves belong to the aggregator (SecureGroups).
+//
+// A group moves through its phases (crypto/secagg.h): keys, shares, receipts (then the
+// settled members may upload), and after collection confirmations, then unmask answers. Each
+// phase waits for the members it expects, one who goes away, or its deadline.
 #pragma once
 
 #include <cstdint>
@@ -28,10 +32,18 @@ struct GroupResult {
   bool ok = false;
   std::string why;            // when not ok
   std::vector<double> sum;    // decoded: d weighted coordinates, then the summed weight
+  std::vector<crypto::secagg::Blame> excluded;  // members excluded with proof, this round
+};
+
+// A member the coordinator must drop: its group failed, or it was excluded with proof.
+struct SecureDrop {
+  std::string silo, why;
+  bool excluded = false;  // Byzantine, with proof (else its group failed)
 };
 
 class SecureRound {
  public:
+  // Throws std::invalid_argument when cfg has no signer or CA.
   SecureRound(const SecureConfig& cfg, const std::string& federation, std::uint64_t round,
               std::uint64_t seed, std::vector<std::string> selected, std::size_t d);
 
@@ -41,51 +53,59 @@ class SecureRound {
   const SecureConfig& config() const { return cfg_; }
   std::size_t length() const { return d_ + 1; }  // words of a masked input: d, then the weight
 
-  // SecAggKeys, SecAggShares or SecAggUnmaskShares from a member; replies queue in take_out().
+  // A secure-aggregation message from a member; replies queue in take_out().
   void on_message(const std::string& silo, const wire::Envelope& e);
-  // Key phases past their deadline: close whatever group is still waiting.
+  // The key, share or receipt phase is past its deadline: close whatever group still waits.
   void keys_deadline();
-  // A silo is gone: its group stops waiting for it in the key phases.
+  // A silo is gone: its group stops waiting for it.
   void silo_gone(const std::string& silo);
 
-  // True once every group has its share deliveries out (or failed): inputs can be masked.
-  bool shared() const;
+  // True once every group is settled (or failed): the settled members may upload.
+  bool settled() const;
+  // `silo` belongs to a settled member list: its masked input may be added to its group's sum.
+  bool may_upload(const std::string& silo) const;
   // `silo`'s masked input is in its group's sum.
   void masked_from(const std::string& silo);
-  // Collection closed: ask every group's survivors for their shares.
+  // Collection closed: name each group's survivors and ask them to confirm the set.
   void begin_unmask();
+  // The confirmation or unmask phase is past its deadline. Groups still collecting
+  // confirmations go on with those they have: true when that sent unmask requests (wait again).
+  bool unmask_deadline();
   bool unmask_requested() const;
   bool unmask_complete() const;
-  // The unmask request again, for a survivor that has not answered and came back through
-  // another route (its edge went away after carrying its masked input).
+  // What a survivor that came back through another route (its edge went away after carrying its
+  // masked input) still has to answer: the survivor set or the unmask request.
   std::optional<wire::Envelope> unmask_request(const std::string& silo) const;
   // Worker thread, once no more messages are fed: rebuilds the secrets, removes the masks from
   // each group's sum of masked inputs and decodes it.
   std::vector<GroupResult> finish(std::map<std::uint32_t, protocol::MaskedVector>& sums);
 
   std::vector<std::pair<std::string, wire::Envelope>> take_out() { return std::exchange(out_, {}); }
-  // Silos whose group failed before masking (below the threshold), with why.
-  std::vector<std::pair<std::string, std::string>> take_failed() { return std::exchange(failed_, {}); }
+  std::vector<SecureDrop> take_dropped() { return std::exchange(dropped_, {}); }
   nlohmann::json describe() const;
 
  private:
+  enum class Phase { Keys, Shares, Receipts, Masking, Confirm, Unmask, Done };
   struct Group {
     wire::SecAggSetup setup;
     std::unique_ptr<crypto::secagg::Server> server;
-    std::map<std::string, bool> keys_from, shares_from;  // who we still wait for
+    Phase phase = Phase::Keys;
+    std::set<std::string> waiting;  // members the current phase still waits for
     std::string failed;
-    bool keys_closed = false, shares_closed = false, unmask_requested = false;
-    wire::Envelope unmask_request;
-    std::set<std::string> unmask_answered;
+    wire::Envelope survivors, unmask_request;
+    std::size_t blames_reported = 0;
   };
   Group* group_for(const std::string& silo);
-  void on_keys(Group& g, const std::string& silo, const wire::SecAggKeys& keys);
-  void on_shares(Group& g, const std::string& silo, const wire::SecAggShares& shares);
-  void on_unmask(Group& g, const std::string& silo, const wire::SecAggUnmaskShares& shares);
-  void try_close_keys(Group& g, bool force);
-  void try_close_shares(Group& g, bool force);
+  void receive(Group& g, const std::string& silo, const wire::Envelope& e);
+  void advance(Group& g, bool force);
+  void close_keys(Group& g);
+  void close_shares(Group& g);
+  void close_receipts(Group& g);
+  void close_confirmations(Group& g);
+  void report_blame(Group& g);
   void fail(Group& g, const std::string& why);
   wire::Envelope env() const;
+  void send(const std::string& silo, wire::Envelope e) { out_.emplace_back(silo, std::move(e)); }
 
   SecureConfig cfg_;
   std::string federation_;
@@ -95,11 +115,16 @@ class SecureRound {
   std::map<std::uint32_t, Group> groups_;
   std::map<std::string, std::uint32_t> group_of_;
   std::vector<std::pair<std::string, wire::Envelope>> out_;
-  std::vector<std::pair<std::string, std::string>> failed_;
+  std::vector<SecureDrop> dropped_;
 };
 
 // Splits n silos into floor(n / min_group) groups of near-equal size (global: one group).
 std::vector<std::vector<std::string>> make_groups(std::vector<std::string> silos, const SecureConfig& cfg,
                                                   std::uint64_t permutation_seed);
+
+// The threshold and the smallest revealed sum of a group of n: t = max(2, floor(n / 2) + 1,
+// ceil(threshold * n)), at most n; min_survivors = max(t, min_group).
+std::uint32_t group_threshold(const SecureConfig& cfg, std::size_t n);
+std::uint32_t group_min_survivors(const SecureConfig& cfg, std::size_t n);
 
 }  // namespace xsilo::server

@@ -26,13 +26,25 @@ std::unique_ptr<Trainer> make_trainer(const AgentConfig& cfg) {
 
 namespace {
 
+SessionConfig session_config(const AgentConfig& cfg) {
+  SessionConfig s;
+  s.federation = cfg.federation;
+  s.chunk_bytes = cfg.chunk_bytes;
+  s.signer = transport::load_signer(cfg.tls);
+  s.ca = transport::load_verifier(cfg.tls);
+  if (auto it = cfg.trust.names().find(wire::SERVER); it != cfg.trust.names().end() && !it->second.count("*")) {
+    s.servers = it->second;
+  }
+  return s;
+}
+
 class Agent {
  public:
   Agent(const AgentConfig& cfg, std::unique_ptr<Trainer> trainer, std::unique_ptr<FaultHook> hook)
       : cfg_(cfg), trainer_(std::move(trainer)), hook_(hook ? std::move(hook) : std::make_unique<FaultHook>()),
-        tls_(transport::make_tls_context(cfg.tls)), me_(transport::own_identity(cfg.tls)), session_({cfg.federation, cfg.chunk_bytes}, *trainer_, *hook_),
+        tls_(transport::make_tls_context(cfg.tls)), me_(transport::own_identity(cfg.tls)), session_(session_config(cfg), *trainer_, *hook_),
         upstream_(rt_.io(), tls_,
-                  {cfg.upstreams, {wire::SERVER, wire::EDGE}, {cfg.federation, wire::SILO, {"plain"}}, cfg.channel,
+                  {cfg.upstreams, cfg.trust, {cfg.federation, wire::SILO, {"plain"}}, cfg.channel,
                    cfg.reconnect, cfg.failover_probe}) {}
 
   int run() {

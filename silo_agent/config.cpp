@@ -68,6 +68,13 @@ AgentConfig load_agent_config(const std::filesystem::path& file) {
   c.federation = root.str_required("federation");
   c.upstreams = transport::parse_endpoint_list(root, "upstreams");
   c.tls = transport::parse_tls(root.child("tls"));
+  if (root.has("trust")) {
+    c.trust = transport::parse_allow(root.child("trust"));
+    if (c.trust.allows_role(wire::SILO)) root.fail("trust.silo", "a silo's upstream is a server or an edge");
+    if (!c.trust.allows_role(wire::SERVER) && !c.trust.allows_role(wire::EDGE)) {
+      root.fail("trust", "must name a server or an edge (or leave \"trust\" out to accept any the CA certified)");
+    }
+  }
   c.channel = transport::parse_channel_options(root.child("transport"));
   c.reconnect = transport::parse_dial_options(root.child("reconnect"));
   const auto fo = root.child("failover");
@@ -125,6 +132,7 @@ nlohmann::json to_json(const AgentConfig& c) {
   json j = {{"federation", c.federation},
             {"upstreams", ups},
             {"tls", transport::to_json(c.tls)},
+            {"trust", transport::to_json(c.trust)},
             {"transport", transport::to_json(c.channel)},
             {"reconnect", transport::to_json(c.reconnect)},
             {"failover", {{"probe_s", secs(c.failover_probe)}}},

@@ -38,6 +38,10 @@ struct AgentConfig {
   std::string federation;
   std::vector<Endpoint> upstreams;   // failover order: preferred first
   transport::TlsFiles tls;
+  // Which upstreams this silo talks to, by certificate name and role ("trust" in the file):
+  // by default any server or edge the federation CA certified. A pinned server list also
+  // decides which server may run the silo's secure groups.
+  transport::AllowList trust{wire::SERVER, wire::EDGE};
   transport::ChannelOptions channel;
   transport::DialOptions reconnect;
   std::chrono::milliseconds failover_probe{10000};  // how often a backup looks for the preferred upstream

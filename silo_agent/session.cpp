@@ -74,6 +74,8 @@ void Session::on_message(const wire::Envelope& e) {
     case B::kRoundStart: on_round_start(e); break;
     case B::kSecaggKeyList: on_key_list(e); break;
     case B::kSecaggShareDelivery: on_share_delivery(e); break;
+    case B::kSecaggSettled: on_settled(e); break;
+    case B::kSecaggSurvivors: on_survivors(e); break;
     case B::kSecaggUnmaskRequest: on_unmask_request(e); break;
     case B::kTensorChunk: on_model_chunk(e); break;
     case B::kUploadGrant:
@@ -148,45 +150,77 @@ void Session::on_round_start(const wire::Envelope& e) {
   rx_.reset(global_->flat(), global_->tensors(), /*hash=*/false);
   secure_.reset();
   setup_.reset();
-  shares_in_ = masking_ = false;
+  settled_ = masking_ = false;
   masked_.reset();
   if (rs.has_secagg()) start_secure(rs.secagg());
   if (!silent_ && rx_.complete()) on_model();
 }
 
-// Secure aggregation: keys go out at once, overlapping with training.
+std::string Session::setup_signer(const wire::SecAggSetup& setup, std::string& why) const {
+  if (!cfg_.signer || !cfg_.ca) {
+    why = "this agent has no certificate key to take part in secure aggregation";
+    return "";
+  }
+  auto server = cfg_.ca->certified(setup.server_certificate(), "server", why);
+  if (!server) {
+    why = "the secure setup carries no valid server certificate: " + why;
+    return "";
+  }
+  if (!cfg_.servers.empty() && !cfg_.servers.count(server->name)) {
+    why = "the secure setup is signed by server " + server->name + ", which is not one this agent trusts";
+    return "";
+  }
+  why = cfg_.ca->verify(setup.server_certificate(), server->name, "server",
+                        protocol::setup_statement(setup, cfg_.federation, round_), setup.server_signature());
+  if (!why.empty()) {
+    why = "the secure setup is not signed by the server (" + why + ")";
+    return "";
+  }
+  return server->name;
+}
+
+// Secure aggregation: the setup is checked, then keys go out at once, overlapping with training.
 void Session::start_secure(const wire::SecAggSetup& setup) {
+  std::string why;
+  const std::string server = setup_signer(setup, why);
+  if (server.empty()) {
+    spdlog::error("round {}: refusing the secure group: {}", round_, why);
+    reply_error(wire::NOT_ALLOWED, why);
+    return;
+  }
   auto p = protocol::secagg_params(setup, cfg_.federation, round_);
-  if (auto why = crypto::secagg::check_params(p); !why.empty() || !p.index_of(name_)) {
-    spdlog::error("round {}: unusable secure group: {}", round_, why.empty() ? "this silo is not a member" : why);
-    reply_error(wire::UNEXPECTED, "unusable secure group");
+  auto client = std::make_shared<crypto::secagg::Client>(p, name_, *cfg_.signer, *cfg_.ca, setup.server_certificate(),
+                                                         server);
+  auto keys = client->advertise();
+  if (!crypto::secagg::ok(keys)) {
+    spdlog::error("round {}: refusing the secure group: {}", round_, crypto::secagg::error(keys));
+    reply_error(wire::UNEXPECTED, "unusable secure group: " + crypto::secagg::error(keys));
     return;
   }
   setup_ = setup;
-  secure_ = std::make_shared<crypto::secagg::Client>(p, name_);
+  secure_ = std::move(client);
   auto out = env();
-  *out.mutable_secagg_keys() = protocol::to_wire(secure_->advertise());
+  *out.mutable_secagg_keys() = protocol::to_wire(crypto::secagg::value(keys));
   send(std::move(out));
-  spdlog::info("round {}: secure group {} of {} silos (threshold {}); keys advertised", round_, setup.group(),
-               setup.members_size(), setup.threshold());
+  spdlog::info("round {}: secure group {} of {} silos (threshold {}, sums of at least {}); keys advertised", round_,
+               setup.group(), setup.members_size(), setup.threshold(), setup.min_survivors());
   silent_ = hook_.after_sent(SecureStep::KeysSent, round_);
+}
+
+// A secure-aggregation step failed here: say why upstream, and take no further part.
+void Session::secure_failed(const std::string& step, const std::string& why) {
+  spdlog::error("round {}: secure aggregation ({}): {}", round_, step, why);
+  reply_error(wire::UNEXPECTED, why);
 }
 
 void Session::on_key_list(const wire::Envelope& e) {
   if (!secure_ || e.round() != round_) return;
   auto list = protocol::from_wire(e.secagg_key_list());
-  if (!list) {
-    reply_error(list.status().code, list.status().message);
-    return;
-  }
+  if (!list) return secure_failed("key list", list.status().message);
   auto shares = secure_->share(*list);
-  if (!crypto::secagg::ok(shares)) {
-    spdlog::error("round {}: secure aggregation: {}", round_, crypto::secagg::error(shares));
-    reply_error(wire::UNEXPECTED, crypto::secagg::error(shares));
-    return;
-  }
+  if (!crypto::secagg::ok(shares)) return secure_failed("key list", crypto::secagg::error(shares));
   auto out = env();
-  *out.mutable_secagg_shares() = protocol::shares_to_wire(crypto::secagg::value(shares));
+  *out.mutable_secagg_shares() = protocol::outbox_to_wire(crypto::secagg::value(shares));
   send(std::move(out));
   silent_ = hook_.after_sent(SecureStep::SharesSent, round_);
 }
@@ -194,28 +228,46 @@ void Session::on_key_list(const wire::Envelope& e) {
 void Session::on_share_delivery(const wire::Envelope& e) {
   if (!secure_ || e.round() != round_) return;
   auto from = protocol::from_wire(e.secagg_share_delivery());
-  std::string err = from ? secure_->receive(*from) : from.status().message;
-  if (!err.empty()) {
-    spdlog::error("round {}: secure aggregation: {}", round_, err);
-    reply_error(wire::BAD_UPDATE, err);
-    return;
+  if (!from) return secure_failed("share delivery", from.status().message);
+  auto receipt = secure_->receive(*from);
+  if (!crypto::secagg::ok(receipt)) return secure_failed("share delivery", crypto::secagg::error(receipt));
+  for (const auto& a : crypto::secagg::value(receipt).accusations) {
+    spdlog::warn("round {}: the shares {} dealt this silo are bad; accusing it with the evidence", round_, a.accused);
   }
-  shares_in_ = true;
+  auto out = env();
+  *out.mutable_secagg_receipt() = protocol::to_wire(crypto::secagg::value(receipt));
+  send(std::move(out));
+}
+
+void Session::on_settled(const wire::Envelope& e) {
+  if (!secure_ || e.round() != round_) return;
+  if (auto err = secure_->settle(protocol::from_wire(e.secagg_settled())); !err.empty()) {
+    return secure_failed("settled members", err);
+  }
+  settled_ = true;
   mask_when_ready();
+}
+
+void Session::on_survivors(const wire::Envelope& e) {
+  if (!secure_ || e.round() != round_) return;
+  const auto& s = e.secagg_survivors().survivors();
+  auto c = secure_->confirm({s.begin(), s.end()});
+  if (!crypto::secagg::ok(c)) return secure_failed("survivors", crypto::secagg::error(c));
+  auto out = env();
+  out.mutable_secagg_confirmation()->set_signature(crypto::secagg::value(c).signature);
+  send(std::move(out));
 }
 
 void Session::on_unmask_request(const wire::Envelope& e) {
   if (!secure_ || e.round() != round_) return;
-  auto reply = secure_->unmask(protocol::from_wire(e.secagg_unmask_request()));
-  if (!crypto::secagg::ok(reply)) {
-    spdlog::error("round {}: refusing to unmask: {}", round_, crypto::secagg::error(reply));
-    reply_error(wire::UNEXPECTED, crypto::secagg::error(reply));
-    return;
-  }
+  auto request = protocol::from_wire(e.secagg_unmask_request());
+  if (!request) return secure_failed("unmask request", request.status().message);
+  auto reply = secure_->unmask(*request);
+  if (!crypto::secagg::ok(reply)) return secure_failed("unmask request", crypto::secagg::error(reply));
   auto out = env();
-  *out.mutable_secagg_unmask_shares() = protocol::to_wire(crypto::secagg::value(reply));
+  out.mutable_secagg_unmask_shares()->set_sealed(crypto::secagg::value(reply).box);
   send(std::move(out));
-  spdlog::info("round {}: unmasking shares sent", round_);
+  spdlog::info("round {}: unmasking shares sent, sealed to the server", round_);
 }
 
 void Session::on_model_chunk(const wire::Envelope& e) {
@@ -294,7 +346,7 @@ void Session::announce_ready() {
 // Masks the encoded update once both it and the share deliveries are here (on the worker: one
 // PRG expansion per group member), then announces it.
 void Session::mask_when_ready() {
-  if (!secure_ || !shares_in_ || !pending_ || !pending_->update || masked_ || masking_) return;
+  if (!secure_ || !settled_ || !pending_ || !pending_->update || masked_ || masking_) return;
   masking_ = true;
   job([client = secure_, setup = *setup_, update = pending_->update, weight = pending_->weight]() -> SessionJobResult {
     MaskDone r;

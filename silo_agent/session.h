@@ -2,10 +2,10 @@
 // silo cannot tell which) in, Actions out. The daemon (agent.cpp) feeds it from the TLS
 // channel; the unit tests feed it directly.
 //
-//   RoundStart -> model chunks -> [secure: keys out at once] -> train (a worker job)
-//   -> [secure: key list -> shares out; share delivery; mask (a worker job)] -> UpdateReady
-//   -> UploadGrant -> chunks + UpdateEnd (and a line in the silo's own send log)
-//   -> [secure: UnmaskRequest -> unmask shares] -> RoundEnd
+//   RoundStart -> model chunks -> [secure: setup checked, keys out at once] -> train (a worker job)
+//   -> [secure: key list -> shares out; share delivery -> receipt; settled -> mask (a worker
+//   job)] -> UpdateReady -> UploadGrant -> chunks + UpdateEnd (and a line in the silo's own
+//   send log) -> [secure: survivors -> confirmation; unmask request -> sealed shares] -> RoundEnd
 #pragma once
 
 #include <atomic>
@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <variant>
@@ -86,6 +87,13 @@ using Action = std::variant<action::Send, action::SendStream, action::Job, actio
 struct SessionConfig {
   std::string federation;
   std::size_t chunk_bytes = 1u << 20;
+  // This silo's certificate key and the federation CA: the silo signs what it says in secure
+  // aggregation and checks what its group and the server say. Secure rounds need both.
+  std::optional<crypto::CertSigner> signer;
+  std::optional<crypto::CertVerifier> ca;
+  // When not empty, only a server certificate with one of these names may run this silo's
+  // secure groups (pinning, on top of the CA).
+  std::set<std::string> servers;
 };
 
 class Session {
@@ -111,7 +119,12 @@ class Session {
   void start_secure(const wire::SecAggSetup& setup);
   void on_key_list(const wire::Envelope& e);
   void on_share_delivery(const wire::Envelope& e);
+  void on_settled(const wire::Envelope& e);
+  void on_survivors(const wire::Envelope& e);
   void on_unmask_request(const wire::Envelope& e);
+  void secure_failed(const std::string& step, const std::string& why);
+  // The server that signed a secure setup, checked; "" when it may not run this silo's groups.
+  std::string setup_signer(const wire::SecAggSetup& setup, std::string& why) const;
   void on_model_chunk(const wire::Envelope& e);
   void on_model();
   void trained(TrainDone r);
@@ -152,7 +165,7 @@ class Session {
   std::shared_ptr<crypto::secagg::Client> secure_;
   std::optional<wire::SecAggSetup> setup_;
   std::shared_ptr<protocol::MaskedVector> masked_;
-  bool shares_in_ = false, masking_ = false;
+  bool settled_ = false, masking_ = false;
 };
 
 }  // namespace xsilo::agent

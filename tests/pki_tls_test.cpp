@@ -302,7 +302,7 @@ awaitable<std::shared_ptr<Channel>> dial_until_up(asio::any_io_executor ex, ssl:
                                                   std::uint16_t port, Backoff& backoff) {
   const Endpoint to{"127.0.0.1", port};
   const LocalInfo me{kFed, wire::SILO, {}};
-  const std::set<wire::Role> roles{wire::SERVER};
+  const AllowList roles{wire::SERVER};
   for (;;) {
     auto r = co_await dial_once(ex, ctx, to, roles, me, {});
     if (r) co_return *r;

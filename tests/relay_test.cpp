@@ -64,6 +64,14 @@ class Harness {
     }
     from_server(e);
   }
+  // The server's settled member list of a secure group, relayed to `silo`.
+  void settled(std::uint64_t round, const std::string& silo, const std::vector<std::string>& members) {
+    wire::Envelope e;
+    e.set_round(round);
+    e.set_silo(silo);
+    for (const auto& m : members) e.mutable_secagg_settled()->add_members(m);
+    from_server(e);
+  }
   void ready(const std::string& silo, std::uint64_t round, std::uint64_t samples) {
     wire::Envelope e;
     e.set_round(round);
@@ -256,6 +264,8 @@ TEST(Relay, SendsOneMaskedPartialSumPerSecureGroupOnePerGrant) {
   h.round_start(1, "a1", 1);
   h.round_start(1, "a2", 1);
   h.round_start(1, "b1", 2);
+  for (auto s : {"a1", "a2"}) h.settled(1, s, {"a1", "a2"});
+  h.settled(1, "b1", {"b1", "b2"});
   for (auto s : {"a1", "a2", "b1"}) h.ready(s, 1, 1);
   const std::uint64_t big = ~std::uint64_t{0};
   h.upload_words("a1", 1, {1, 2, 3, 4, 5, 6, big});
@@ -278,6 +288,26 @@ TEST(Relay, SendsOneMaskedPartialSumPerSecureGroupOnePerGrant) {
   EXPECT_EQ(up[0].update_end().group(), 2u);
   EXPECT_FALSE(up[0].update_end().more());
   EXPECT_EQ(up[0].update_end().contributors(0).silo(), "b1");
+}
+
+// Only a silo the server settled into its secure group may add to the edge's partial sum: one
+// left out of the settled list (excluded, or silent) is refused before anything is folded.
+TEST(Relay, ASecureSiloTheServerDidNotSettleCannotUpload) {
+  Harness h;
+  h.server_up();
+  for (auto s : {"a1", "a2"}) h.silo_up(s);
+  h.round_start(1, "a1", 1);
+  h.round_start(1, "a2", 1);
+  h.settled(1, "a1", {"a1", "a3"});  // a2 was excluded
+  h.settled(1, "a2", {"a1", "a3"});
+  EXPECT_TRUE(Harness::has(h.to("a2"), wire::Envelope::kSecaggSettled));  // it learns that it is out
+  h.ready("a1", 1, 1);
+  h.ready("a2", 1, 1);
+  const auto to2 = h.to("a2");
+  ASSERT_TRUE(Harness::has(to2, wire::Envelope::kError));
+  EXPECT_NE(to2.back().error().message().find("before the server settled"), std::string::npos)
+      << to2.back().error().message();
+  EXPECT_FALSE(Harness::has(h.to("a1"), wire::Envelope::kError));
 }
 
 }  // namespace

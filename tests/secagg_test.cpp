@@ -1,14 +1,18 @@
 // Secure aggregation in-process: the primitives, the fixed-point codec, and the client and
-// server state machines under every dropout timing.
+// server state machines under every dropout timing and against Byzantine silos, a tampering
+// relay and a server that shows different members different views.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <random>
+#include <set>
 
 #include "crypto/fixed_point.h"
 #include "crypto/mask.h"
 #include "crypto/secagg.h"
 #include "crypto/shamir.h"
+#include "tests/testlib.h"
 
 namespace xsilo::crypto {
 namespace {
@@ -95,186 +99,597 @@ TEST(FixedPoint, ConfigsThatCanOverflowAreExplained) {
 
 // ---- the protocol -------------------------------------------------------------------------
 
-enum Fate { Stays, BeforeKeys, AfterKeys, AfterShares, AfterMasking };
+// When a silo leaves the protocol, if it does...
+enum Fate { Stays, BeforeKeys, AfterKeys, AfterShares, AfterReceipt, AfterMasking, AfterConfirm };
+// ... and how it misbehaves, if it is Byzantine.
+enum Behaviour { Honest, Garbage, FalseAccuser, BadForwarder };
+
+struct Silo {
+  std::string name;
+  Fate fate = Stays;
+  Behaviour behaviour = Honest;
+  std::set<std::string> garbage_to;  // Garbage: the members it deals a box that does not open
+  std::string accuses;               // FalseAccuser: the honest member it accuses
+};
 
 struct Outcome {
   bool aborted = false;
-  std::string phase;
+  std::string phase, why;
   std::vector<std::uint64_t> sum, expected;
-  static Outcome abort(const char* phase) {
-    Outcome o;
-    o.aborted = true;
-    o.phase = phase;
-    return o;
-  }
+  std::set<std::string> blamed;
 };
 
-template <class T>
-Outcome run_protocol(std::size_t n, std::uint32_t t, std::size_t len, const std::vector<Fate>& fate,
-                     std::mt19937_64& rng) {
+secagg::Params make_params(std::size_t n, std::uint32_t t, std::uint32_t min_survivors, std::uint32_t bits,
+                           std::size_t len) {
   secagg::Params p;
-  p.session = "fed/1/0";
-  for (std::size_t i = 0; i < n; ++i) p.members.push_back("silo-" + std::to_string(i));
+  p.session = "fed/1/1";
+  for (std::size_t i = 0; i < n; ++i) p.members.push_back("s" + std::to_string(i));
   p.threshold = t;
-  p.bits = sizeof(T) * 8;
+  p.min_survivors = min_survivors;
+  p.bits = bits;
   p.length = len;
-  std::vector<secagg::Client> clients;
-  for (auto& m : p.members) clients.emplace_back(p, m);
-  secagg::Server server(p);
-  Outcome o;
-  o.expected.assign(len, 0);
-  std::vector<T> sum(len, 0);
+  return p;
+}
 
-  for (std::size_t i = 0; i < n; ++i) {
-    if (fate[i] != BeforeKeys) {
-      EXPECT_EQ(server.on_keys(p.members[i], clients[i].advertise()), "");
-    }
+// A Byzantine forwarder's answer: shares with the right x that no dealer signed.
+std::string forged_reply(const secagg::Params& p, const std::string& me, const secagg::UnmaskRequest& r) {
+  secagg::UnmaskReply fake;
+  Share s;
+  s.x = p.index_of(me);
+  s.y = {1, 2, 3, 4, 5};
+  for (const auto& v : r.dropped) fake.mask_key_shares[v] = {s.encode(), "forged"};
+  for (const auto& v : r.survivors) fake.self_mask_shares[v] = {s.encode(), "forged"};
+  return seal_to(p.server_key, secagg::encode(fake));
+}
+
+// One group through the whole protocol, every silo following its fate and behaviour.
+template <class T>
+Outcome run_protocol(secagg::Params p, const std::vector<Silo>& silos, std::mt19937_64& rng) {
+  Outcome o;
+  auto abort = [&](const char* phase, std::string why) {
+    o.aborted = true;
+    o.phase = phase;
+    o.why = std::move(why);
+    return o;
+  };
+  auto box = X25519KeyPair::generate();
+  p.server_key = box.public_key;
+  const auto server_signer = test::signer(wire::SERVER, "server");
+  secagg::Server server(p, test::verifier(), server_signer, box);
+  std::map<std::string, secagg::Client> clients;
+  std::map<std::string, const Silo*> by_name;
+  for (const auto& s : silos) {
+    clients.emplace(s.name, secagg::Client(p, s.name, test::signer(wire::SILO, s.name), test::verifier(),
+                                           server_signer.certificate(), "server"));
+    by_name[s.name] = &s;
+  }
+  auto collect_blame = [&] {
+    for (const auto& b : server.blamed()) o.blamed.insert(b.silo);
+  };
+  o.expected.assign(p.length, 0);
+  std::vector<T> sum(p.length, 0);
+
+  for (const auto& s : silos) {
+    if (s.fate == BeforeKeys) continue;
+    auto adv = clients.at(s.name).advertise();
+    EXPECT_TRUE(secagg::ok(adv));
+    EXPECT_EQ(server.on_keys(s.name, secagg::value(adv)), "");
   }
   auto keys = server.close_keys();
-  if (!secagg::ok(keys)) return Outcome::abort("keys");
-  for (std::size_t i = 0; i < n; ++i) {
-    if (fate[i] == BeforeKeys || fate[i] == AfterKeys) continue;
-    auto c = clients[i].share(secagg::value(keys));
-    EXPECT_TRUE(secagg::ok(c));
-    EXPECT_EQ(server.on_shares(p.members[i], secagg::value(c)), "");
+  if (!secagg::ok(keys)) return abort("keys", secagg::error(keys));
+  for (const auto& s : silos) {
+    if (s.fate == BeforeKeys || s.fate == AfterKeys) continue;
+    auto out = clients.at(s.name).share(secagg::value(keys));
+    EXPECT_TRUE(secagg::ok(out)) << secagg::error(out);
+    for (const auto& v : s.garbage_to) {
+      if (!secagg::value(out).count(v)) continue;  // it never advertised keys: nothing dealt to it
+      auto& sealed = secagg::value(out).at(v);
+      sealed.box = seal_to(secagg::value(keys).at(v).inbox_keys.at(s.name), "not shares");
+      sealed.signature = test::signer(wire::SILO, s.name).sign(secagg::box_statement(p.session, s.name, v, sealed.box));
+    }
+    EXPECT_EQ(server.on_shares(s.name, secagg::value(out)), "");
   }
-  auto boxes = server.close_shares();
-  if (!secagg::ok(boxes)) return Outcome::abort("shares");
-  for (auto& [name, box] : secagg::value(boxes)) {
-    EXPECT_EQ(clients[p.index_of(name) - 1].receive(box), "");
+  auto deliveries = server.close_shares();
+  if (!secagg::ok(deliveries)) return abort("shares", secagg::error(deliveries));
+  for (const auto& [name, inbox] : secagg::value(deliveries)) {
+    const Silo& s = *by_name.at(name);
+    if (s.fate == AfterShares) continue;
+    auto receipt = clients.at(name).receive(inbox);
+    EXPECT_TRUE(secagg::ok(receipt)) << secagg::error(receipt);
+    auto& r = secagg::value(receipt);
+    if (s.behaviour == FalseAccuser && inbox.count(s.accuses)) {
+      r.accusations.push_back({s.accuses, inbox.at(s.accuses), Secret::random()});
+      r.signature = test::signer(wire::SILO, name).sign(secagg::receipt_statement(p.session, name, r));
+    }
+    server.on_receipt(name, r);
   }
-  for (std::size_t i = 0; i < n; ++i) {
-    if (fate[i] != Stays && fate[i] != AfterMasking) continue;
-    std::vector<T> x(len);
+  auto settled = server.settle();
+  collect_blame();
+  if (!secagg::ok(settled)) return abort("settle", secagg::error(settled));
+  for (const auto& name : secagg::value(settled).members) {
+    if (by_name.at(name)->fate == AfterReceipt) continue;
+    auto& c = clients.at(name);
+    EXPECT_EQ(c.settle(secagg::value(settled)), "");
+    std::vector<T> x(p.length);
     for (auto& v : x) v = static_cast<T>(rng());
-    for (std::size_t k = 0; k < len; ++k) o.expected[k] = static_cast<T>(o.expected[k] + x[k]);
-    EXPECT_EQ(clients[i].mask(std::span<T>(x)), "");
-    for (std::size_t k = 0; k < len; ++k) sum[k] = static_cast<T>(sum[k] + x[k]);
-    EXPECT_EQ(server.on_masked_input(p.members[i]), "");
+    for (std::size_t k = 0; k < p.length; ++k) o.expected[k] = static_cast<T>(o.expected[k] + x[k]);
+    EXPECT_EQ(c.mask(std::span<T>(x)), "");
+    for (std::size_t k = 0; k < p.length; ++k) sum[k] = static_cast<T>(sum[k] + x[k]);
+    EXPECT_EQ(server.on_masked_input(name), "");
   }
-  auto request = server.close_masked();
-  if (!secagg::ok(request)) return Outcome::abort("masked");
-  for (std::size_t i = 0; i < n; ++i) {
-    if (fate[i] != Stays) continue;
-    auto reply = clients[i].unmask(secagg::value(request));
-    EXPECT_TRUE(secagg::ok(reply));
-    EXPECT_EQ(server.on_unmask(p.members[i], secagg::value(reply)), "");
+  auto u3 = server.close_masked();
+  if (!secagg::ok(u3)) return abort("masked", secagg::error(u3));
+  for (const auto& name : secagg::value(u3)) {
+    if (by_name.at(name)->fate == AfterMasking) continue;
+    auto c = clients.at(name).confirm(secagg::value(u3));
+    EXPECT_TRUE(secagg::ok(c));
+    EXPECT_EQ(server.on_confirmation(name, secagg::value(c).signature), "");
+  }
+  auto request = server.close_confirmations();
+  if (!secagg::ok(request)) return abort("confirm", secagg::error(request));
+  for (const auto& name : secagg::value(u3)) {
+    const Silo& s = *by_name.at(name);
+    if (s.fate == AfterMasking || s.fate == AfterConfirm) continue;
+    auto reply = clients.at(name).unmask(secagg::value(request));
+    EXPECT_TRUE(secagg::ok(reply)) << secagg::error(reply);
+    const std::string sealed =
+        s.behaviour == BadForwarder ? forged_reply(p, name, secagg::value(request)) : secagg::value(reply).box;
+    EXPECT_EQ(server.on_unmask(name, sealed), "");
   }
   const std::string err = server.finish(std::span<T>(sum));
-  if (!err.empty()) {
-    EXPECT_NE(err.find("answered"), std::string::npos) << err;
-    return Outcome::abort("unmask");
-  }
+  collect_blame();
+  if (!err.empty()) return abort("unmask", err);
   o.sum.assign(sum.begin(), sum.end());
   return o;
 }
 
-// 1,000 random scenarios: group sizes, thresholds, rings and a fate for every silo. The result
-// is the exact sum of the surviving silos' inputs, or the round aborts exactly when a phase
-// ends with fewer than t silos.
-TEST(SecAgg, RecoversTheExactSumOrAbortsExactlyWhenItMustUnderRandomDropouts) {
+// What a scenario must end in, worked out from the fates and behaviours alone: the phase it
+// aborts in ("" for none) and the silos excluded with proof.
+std::pair<std::string, std::set<std::string>> expected_end(const secagg::Params& p, const std::vector<Silo>& silos) {
+  const std::size_t m = p.min_survivors;
+  std::set<std::string> u1, u2, receipted, byzantine_excluded, settled, u3, confirmed, valid_answers;
+  for (const auto& s : silos) {
+    if (s.fate != BeforeKeys) u1.insert(s.name);
+    if (s.fate != BeforeKeys && s.fate != AfterKeys) u2.insert(s.name);
+  }
+  if (u1.size() < m) return {"keys", {}};
+  if (u2.size() < m) return {"shares", {}};
+  for (const auto& s : silos) {
+    if (u2.count(s.name) && s.fate != AfterShares) receipted.insert(s.name);
+  }
+  for (const auto& s : silos) {
+    if (!receipted.count(s.name) && !u2.count(s.name)) continue;
+    // A garbage dealer is excluded once a member that sends its receipt received garbage.
+    if (s.behaviour == Garbage && u2.count(s.name)) {
+      for (const auto& v : s.garbage_to) {
+        if (receipted.count(v)) byzantine_excluded.insert(s.name);
+      }
+    }
+    if (s.behaviour == FalseAccuser && receipted.count(s.name) && u2.count(s.accuses)) byzantine_excluded.insert(s.name);
+  }
+  for (const auto& v : receipted) {
+    if (!byzantine_excluded.count(v)) settled.insert(v);
+  }
+  if (settled.size() < m) return {"settle", byzantine_excluded};
+  std::map<std::string, const Silo*> by_name;
+  for (const auto& s : silos) by_name[s.name] = &s;
+  for (const auto& v : settled) {
+    if (by_name[v]->fate != AfterReceipt) u3.insert(v);
+  }
+  if (u3.size() < m) return {"masked", byzantine_excluded};
+  for (const auto& v : u3) {
+    if (by_name[v]->fate != AfterMasking) confirmed.insert(v);
+  }
+  if (confirmed.size() < m) return {"confirm", byzantine_excluded};
+  std::size_t answers = 0;
+  for (const auto& v : confirmed) {
+    if (by_name[v]->fate == AfterConfirm) continue;
+    ++answers;
+    if (by_name[v]->behaviour != BadForwarder) valid_answers.insert(v);
+  }
+  if (answers < p.threshold || valid_answers.size() < p.threshold) return {"unmask", byzantine_excluded};
+  return {"", byzantine_excluded};
+}
+
+// 1,000 random scenarios: group sizes, thresholds above half, the smallest revealed sum, rings,
+// a dropout fate for every silo and, in half of them, Byzantine silos (garbage shares, false
+// accusations, forged unmask shares). The result is the exact sum of the surviving silos'
+// inputs, or the round aborts exactly when a phase ends with fewer than min_survivors silos (or
+// fewer than t valid answers); Byzantine silos that act are excluded with proof, and no
+// honest silo is ever blamed.
+TEST(SecAgg, RecoversTheExactSumOrAbortsExactlyWhenItMustUnderDropoutsAndByzantineSilos) {
   std::mt19937_64 rng(2026);
-  int commits = 0, aborts = 0;
+  int commits = 0, aborts = 0, exclusions = 0;
+  std::map<std::string, int> phases;
   for (int scenario = 0; scenario < 1000; ++scenario) {
     const std::size_t n = 2 + rng() % 9;
-    const auto t = static_cast<std::uint32_t>(2 + rng() % (n - 1));
-    const std::size_t len = 1 + rng() % 12;
-    std::vector<Fate> fate(n);
-    std::size_t u1 = 0, u2 = 0, u3 = 0, u4 = 0;
-    for (auto& f : fate) {
-      f = rng() % 4 == 0 ? static_cast<Fate>(1 + rng() % 4) : Stays;
-      u1 += f != BeforeKeys;
-      u2 += f != BeforeKeys && f != AfterKeys;
-      u3 += f == Stays || f == AfterMasking;
-      u4 += f == Stays;
-    }
-    const std::string must = u1 < t ? "keys" : u2 < t ? "shares" : u3 < t ? "masked" : u4 < t ? "unmask" : "";
+    const auto t = static_cast<std::uint32_t>(n / 2 + 1 + rng() % (n - n / 2));
+    const auto m = static_cast<std::uint32_t>(t + rng() % (n - t + 1));
     const bool wide = rng() % 2;
-    const Outcome o = wide ? run_protocol<std::uint64_t>(n, t, len, fate, rng)
-                           : run_protocol<std::uint32_t>(n, t, len, fate, rng);
+    const auto p = make_params(n, t, m, wide ? 64 : 32, 1 + rng() % 12);
+    std::vector<Silo> silos(n);
+    const bool byzantine = rng() % 2;
+    for (std::size_t i = 0; i < n; ++i) {
+      auto& s = silos[i];
+      s.name = p.members[i];
+      s.fate = rng() % 4 == 0 ? static_cast<Fate>(1 + rng() % 6) : Stays;
+      if (byzantine && rng() % 4 == 0) s.behaviour = static_cast<Behaviour>(1 + rng() % 3);
+    }
+    for (auto& s : silos) {
+      if (s.behaviour == Garbage) {
+        for (const auto& v : p.members) {
+          if (v != s.name && rng() % 2) s.garbage_to.insert(v);
+        }
+      }
+      if (s.behaviour == FalseAccuser) {
+        std::vector<std::string> honest;
+        for (const auto& v : silos) {
+          if (v.name != s.name && v.behaviour == Honest) honest.push_back(v.name);
+        }
+        if (honest.empty()) s.behaviour = Honest;
+        else s.accuses = honest[rng() % honest.size()];
+      }
+    }
+    const auto [must, excluded] = expected_end(p, silos);
+    const Outcome o = wide ? run_protocol<std::uint64_t>(p, silos, rng) : run_protocol<std::uint32_t>(p, silos, rng);
+    for (const auto& b : o.blamed) {
+      auto it = std::find_if(silos.begin(), silos.end(), [&](const Silo& s) { return s.name == b; });
+      ASSERT_NE(it->behaviour, Honest) << "scenario " << scenario << " blamed honest " << b;
+    }
+    for (const auto& x : excluded) ASSERT_TRUE(o.blamed.count(x)) << "scenario " << scenario << ": " << x << " not excluded";
+    exclusions += static_cast<int>(excluded.size());
     if (must.empty()) {
-      ASSERT_FALSE(o.aborted) << "scenario " << scenario << " aborted in " << o.phase;
+      ASSERT_FALSE(o.aborted) << "scenario " << scenario << " aborted in " << o.phase << ": " << o.why;
       ASSERT_EQ(o.sum, o.expected) << "scenario " << scenario;
       ++commits;
     } else {
       ASSERT_TRUE(o.aborted) << "scenario " << scenario << " should abort in " << must;
-      ASSERT_EQ(o.phase, must) << "scenario " << scenario;
+      ASSERT_EQ(o.phase, must) << "scenario " << scenario << ": " << o.why;
       ++aborts;
+      ++phases[must];
     }
   }
-  EXPECT_GT(commits, 300);
-  EXPECT_GT(aborts, 50);
+  // The mix: about 30 % of scenarios commit, the rest abort in every phase; Byzantine silos act
+  // in about a third of them.
+  EXPECT_GT(commits, 250);
+  EXPECT_GT(aborts, 250);
+  EXPECT_GT(exclusions, 100);
+  std::cout << commits << " committed, " << aborts << " aborted, " << exclusions << " exclusions\n";
+  EXPECT_GE(phases.size(), 5u) << "every phase should see aborts";
 }
 
+// A group run step by step, so a test can play the server, an edge or a silo in between.
 struct Group {
   secagg::Params p;
+  crypto::CertSigner server_signer = test::signer(wire::SERVER, "server");
+  X25519KeyPair box = X25519KeyPair::generate();
   std::vector<secagg::Client> clients;
-  secagg::Server server;
-  std::map<std::string, secagg::Ciphertexts> boxes;
-  explicit Group(std::size_t n, std::uint32_t t, std::size_t len = 4) : p(make(n, t, len)), server(p) {
-    for (auto& m : p.members) clients.emplace_back(p, m);
-    for (std::size_t i = 0; i < n; ++i) server.on_keys(p.members[i], clients[i].advertise());
-    auto keys = server.close_keys();
-    for (std::size_t i = 0; i < n; ++i) server.on_shares(p.members[i], secagg::value(clients[i].share(secagg::value(keys))));
-    boxes = secagg::value(server.close_shares());
-  }
-  static secagg::Params make(std::size_t n, std::uint32_t t, std::size_t len) {
-    secagg::Params p;
+  std::unique_ptr<secagg::Server> server;
+  secagg::KeyList keys;
+  std::map<std::string, secagg::Inbox> inboxes;
+  explicit Group(std::size_t n, std::uint32_t t, std::size_t len = 4, std::uint32_t min_survivors = 0)
+      : p(make_params(n, t, min_survivors ? min_survivors : t, 32, len)) {
     p.session = "fed/7/1";
-    for (std::size_t i = 0; i < n; ++i) p.members.push_back("s" + std::to_string(i));
-    p.threshold = t;
-    p.length = len;
-    return p;
+    p.server_key = box.public_key;
+    server = std::make_unique<secagg::Server>(p, test::verifier(), server_signer, box);
+    for (auto& m : p.members) clients.push_back(client(m));
+  }
+  secagg::Client client(const std::string& m) const {
+    return secagg::Client(p, m, test::signer(wire::SILO, m), test::verifier(), server_signer.certificate(), "server");
+  }
+  secagg::Client& c(std::size_t i) { return clients[i]; }
+  void advertise() {
+    for (std::size_t i = 0; i < clients.size(); ++i) {
+      EXPECT_EQ(server->on_keys(p.members[i], secagg::value(clients[i].advertise())), "");
+    }
+    keys = secagg::value(server->close_keys());
+  }
+  void share() {
+    advertise();
+    for (std::size_t i = 0; i < clients.size(); ++i) {
+      EXPECT_EQ(server->on_shares(p.members[i], secagg::value(clients[i].share(keys))), "");
+    }
+    inboxes = secagg::value(server->close_shares());
+  }
+  // Through receipts and settling, every member honest.
+  secagg::Settled settle() {
+    share();
+    for (std::size_t i = 0; i < clients.size(); ++i) {
+      EXPECT_EQ(server->on_receipt(p.members[i], secagg::value(clients[i].receive(inboxes[p.members[i]]))), "");
+    }
+    auto s = secagg::value(server->settle());
+    for (auto& c : clients) EXPECT_EQ(c.settle(s), "");
+    return s;
+  }
+  // Members [0, k) mask input i + 1 everywhere; the others drop.
+  std::vector<std::uint32_t> mask(std::size_t k) {
+    std::vector<std::uint32_t> sum(p.length, 0);
+    for (std::size_t i = 0; i < k; ++i) {
+      std::vector<std::uint32_t> x(p.length, static_cast<std::uint32_t>(i + 1));
+      EXPECT_EQ(clients[i].mask(std::span<std::uint32_t>(x)), "");
+      for (std::size_t j = 0; j < p.length; ++j) sum[j] += x[j];
+      EXPECT_EQ(server->on_masked_input(p.members[i]), "");
+    }
+    return sum;
   }
 };
 
-TEST(SecAgg, TamperedShareCiphertextsAreDetectedAndNamed) {
-  Group g(4, 3);
-  auto box = g.boxes["s0"];
-  box["s2"][40] ^= 0x01;
-  const auto err = g.clients[0].receive(box);
-  EXPECT_NE(err.find("from s2 do not decrypt"), std::string::npos) << err;
+TEST(SecAgg, AThresholdNotAboveHalfTheGroupIsRefusedByTheSilos) {
+  // The split-view attack needs t <= n / 2: with n = 4, t = 2 two disjoint halves could each
+  // confirm a different survivor set. A silo refuses such a group before it makes any key.
+  auto p = make_params(4, 2, 2, 32, 4);
+  p.server_key = X25519KeyPair::generate().public_key;
+  secagg::Client c(p, "s0", test::signer(wire::SILO, "s0"), test::verifier(), "", "server");
+  auto adv = c.advertise();
+  ASSERT_FALSE(secagg::ok(adv));
+  EXPECT_NE(secagg::error(adv).find("not above half"), std::string::npos) << secagg::error(adv);
+  p.threshold = 3;
+  p.min_survivors = 2;  // a revealed sum smaller than the threshold
+  EXPECT_NE(secagg::check_params(p), "");
 }
 
-TEST(SecAgg, TamperedUnmaskSharesAreDetected) {
-  for (bool mask_key : {true, false}) {
-    Group g(4, 3);
-    for (std::size_t i = 0; i < 4; ++i) EXPECT_EQ(g.clients[i].receive(g.boxes[g.p.members[i]]), "");
-    std::vector<std::uint32_t> sum(4, 0);
-    for (std::size_t i = 0; i < 3; ++i) {  // s3 drops after sharing: its mask key is rebuilt
-      std::vector<std::uint32_t> x(4, static_cast<std::uint32_t>(i));
-      g.clients[i].mask(std::span<std::uint32_t>(x));
-      for (std::size_t k = 0; k < 4; ++k) sum[k] += x[k];
-      g.server.on_masked_input(g.p.members[i]);
+TEST(SecAgg, KeysSwappedOrReplayedOnTheWayAreRefusedByEveryMember) {
+  // An edge that substitutes a member's keys (to read the shares dealt to it), presents another
+  // CA's certificate, or replays a member's keys from another round is caught by the others.
+  Group g(3, 2);
+  g.advertise();
+  auto swapped = g.keys;
+  swapped["s1"].mask_pk = X25519KeyPair::generate().public_key;
+  auto out = g.c(0).share(swapped);
+  ASSERT_FALSE(secagg::ok(out));
+  EXPECT_NE(secagg::error(out).find("keys of s1 are not signed by s1"), std::string::npos) << secagg::error(out);
+
+  Group h(3, 2);
+  h.advertise();
+  auto foreign = h.keys;
+  const auto mallory = test::foreign_signer(wire::SILO, "s1");
+  foreign["s1"].certificate = mallory.certificate();
+  foreign["s1"].signature = mallory.sign(secagg::keys_statement(h.p.session, "s1", foreign["s1"]));
+  out = h.c(0).share(foreign);
+  ASSERT_FALSE(secagg::ok(out));
+  EXPECT_NE(secagg::error(out).find("did not verify against the federation CA"), std::string::npos)
+      << secagg::error(out);
+
+  Group other_round(3, 2);
+  other_round.p.session = "fed/6/1";
+  other_round.clients.clear();
+  for (auto& m : other_round.p.members) other_round.clients.push_back(other_round.client(m));
+  Group k(3, 2);
+  k.advertise();
+  auto replayed = k.keys;
+  replayed["s1"] = secagg::value(other_round.c(1).advertise());
+  EXPECT_FALSE(secagg::ok(k.c(0).share(replayed)));
+  // And the server refuses keys not signed by the member they are said to come from.
+  EXPECT_NE(g.server->on_keys("s2", replayed["s1"]), "");
+}
+
+TEST(SecAgg, AMemberWhoseBoxesDoNotOpenIsExcludedWithProofAndTheGroupGoesOn) {
+  Group g(4, 3);
+  g.advertise();
+  for (std::size_t i = 0; i < 4; ++i) {
+    auto out = secagg::value(g.c(i).share(g.keys));
+    if (i == 3) {  // s3 deals s0 garbage, signed by it
+      out["s0"].box = seal_to(g.keys["s0"].inbox_keys.at("s3"), "garbage");
+      out["s0"].signature = test::signer(wire::SILO, "s3").sign(secagg::box_statement(g.p.session, "s3", "s0", out["s0"].box));
     }
-    auto req = secagg::value(g.server.close_masked());
-    for (std::size_t i = 0; i < 3; ++i) {
-      auto reply = secagg::value(g.clients[i].unmask(req));
-      if (i == 1) {
-        auto& share = mask_key ? reply.mask_key_shares["s3"] : reply.self_mask_shares["s0"];
-        share[10] ^= 0x04;
-      }
-      g.server.on_unmask(g.p.members[i], reply);
-    }
-    const auto err = g.server.finish(std::span<std::uint32_t>(sum));
-    EXPECT_NE(err.find("tampered"), std::string::npos) << err;
+    g.server->on_shares(g.p.members[i], out);
   }
+  g.inboxes = secagg::value(g.server->close_shares());
+  for (std::size_t i = 0; i < 4; ++i) {
+    auto r = secagg::value(g.c(i).receive(g.inboxes[g.p.members[i]]));
+    EXPECT_EQ(r.accusations.size(), i == 0 ? 1u : 0u);
+    EXPECT_EQ(g.server->on_receipt(g.p.members[i], r), "");
+  }
+  auto s = secagg::value(g.server->settle());
+  EXPECT_EQ(s.members, (std::vector<std::string>{"s0", "s1", "s2"}));
+  ASSERT_EQ(g.server->blamed().size(), 1u);
+  EXPECT_EQ(g.server->blamed()[0].silo, "s3");
+  EXPECT_NE(g.server->blamed()[0].why.find("malformed"), std::string::npos) << g.server->blamed()[0].why;
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(g.c(i).settle(s), "");
+  EXPECT_NE(g.c(3).settle(s), "");  // excluded: it does not mask
+  auto sum = g.mask(3);
+  auto u3 = secagg::value(g.server->close_masked());
+  for (std::size_t i = 0; i < 3; ++i) g.server->on_confirmation(g.p.members[i], secagg::value(g.c(i).confirm(u3)).signature);
+  auto req = secagg::value(g.server->close_confirmations());
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(g.server->on_unmask(g.p.members[i], secagg::value(g.c(i).unmask(req)).box), "");
+  ASSERT_EQ(g.server->finish(std::span<std::uint32_t>(sum)), "");
+  EXPECT_EQ(sum, std::vector<std::uint32_t>(4, 1 + 2 + 3));
+}
+
+TEST(SecAgg, AFalseAccusationExcludesTheAccuserNotTheAccused) {
+  Group g(4, 3);
+  g.share();
+  for (std::size_t i = 0; i < 4; ++i) {
+    auto r = secagg::value(g.c(i).receive(g.inboxes[g.p.members[i]]));
+    if (i == 1) {  // s1 accuses honest s2 with a made-up key
+      r.accusations.push_back({"s2", g.inboxes["s1"].at("s2"), Secret::random()});
+      r.signature = test::signer(wire::SILO, "s1").sign(secagg::receipt_statement(g.p.session, "s1", r));
+    }
+    g.server->on_receipt(g.p.members[i], r);
+  }
+  auto s = secagg::value(g.server->settle());
+  EXPECT_EQ(s.members, (std::vector<std::string>{"s0", "s2", "s3"}));
+  ASSERT_EQ(g.server->blamed().size(), 1u);
+  EXPECT_EQ(g.server->blamed()[0].silo, "s1");
+}
+
+TEST(SecAgg, UnusableKeysSignedByTheirOwnerExcludeIt) {
+  Group g(4, 3);
+  for (std::size_t i = 0; i < 4; ++i) {
+    auto adv = secagg::value(g.c(i).advertise());
+    if (i == 2) {
+      adv.mask_pk = Key32{};  // a low-order point, signed by s2 itself
+      adv.signature = test::signer(wire::SILO, "s2").sign(secagg::keys_statement(g.p.session, "s2", adv));
+      EXPECT_NE(g.server->on_keys("s2", adv), "");
+    } else {
+      EXPECT_EQ(g.server->on_keys(g.p.members[i], adv), "");
+    }
+  }
+  auto keys = secagg::value(g.server->close_keys());
+  EXPECT_EQ(keys.size(), 3u);
+  EXPECT_EQ(keys.count("s2"), 0u);
+  ASSERT_EQ(g.server->blamed().size(), 1u);
+  EXPECT_EQ(g.server->blamed()[0].silo, "s2");
+}
+
+TEST(SecAgg, ASplitViewOfTheSurvivorsCannotCollectEnoughConfirmations) {
+  // The attack: tell some members "s3 dropped" (to get its mask key) and others "s3 survived"
+  // (to get its self mask). Each honest member confirms one survivor set only, and an unmask
+  // request must carry more than half of the group's signatures on the set it names.
+  Group g(5, 3);
+  g.settle();
+  auto sum = g.mask(5);
+  const std::vector<std::string> all{"s0", "s1", "s2", "s3", "s4"};
+  const std::vector<std::string> without_s3{"s0", "s1", "s2", "s4"};
+  // s0, s1 are shown the set without s3; s2, s3, s4 the full set.
+  std::map<std::string, std::string> sig_without, sig_all;
+  for (std::size_t i : {0, 1}) sig_without[g.p.members[i]] = secagg::value(g.c(i).confirm(without_s3)).signature;
+  for (std::size_t i : {2, 3, 4}) sig_all[g.p.members[i]] = secagg::value(g.c(i).confirm(all)).signature;
+  // A member asked to confirm a second set refuses.
+  auto twice = g.c(2).confirm(without_s3);
+  ASSERT_FALSE(secagg::ok(twice));
+  EXPECT_NE(secagg::error(twice).find("second, different survivor set"), std::string::npos);
+  // The "s3 dropped" request has only two signatures: s0 and s1 refuse to reveal s3's mask key.
+  secagg::UnmaskRequest dropped_s3{{"s3"}, without_s3, sig_without};
+  auto r = g.c(0).unmask(dropped_s3);
+  ASSERT_FALSE(secagg::ok(r));
+  EXPECT_NE(secagg::error(r).find("only 2 survivors signed"), std::string::npos) << secagg::error(r);
+  // Borrowing the others' signatures does not help: they signed another set.
+  auto borrowed = sig_without;
+  borrowed.insert(sig_all.begin(), sig_all.end());
+  EXPECT_FALSE(secagg::ok(g.c(1).unmask(secagg::UnmaskRequest{{"s3"}, without_s3, borrowed})));
+  // A member shown the full set refuses a request for the reduced one.
+  auto other = g.c(2).unmask(secagg::UnmaskRequest{{"s3"}, without_s3, borrowed});
+  ASSERT_FALSE(secagg::ok(other));
+  EXPECT_NE(secagg::error(other).find("other survivors than this silo confirmed"), std::string::npos);
+  (void)sum;
+}
+
+TEST(SecAgg, UnmaskAnswersAreSealedToTheServerAndForgedSharesAreBlamedOnTheirSender) {
+  Group g(4, 3);
+  g.settle();
+  auto sum = g.mask(4);
+  auto u3 = secagg::value(g.server->close_masked());
+  for (std::size_t i = 0; i < 4; ++i) g.server->on_confirmation(g.p.members[i], secagg::value(g.c(i).confirm(u3)).signature);
+  auto req = secagg::value(g.server->close_confirmations());
+  std::vector<std::string> sealed;
+  for (std::size_t i = 0; i < 4; ++i) sealed.push_back(secagg::value(g.c(i).unmask(req)).box);
+  // A relay sees ciphertext only: it cannot open it, and one changed byte makes it useless.
+  EXPECT_FALSE(open_sealed(X25519KeyPair::generate(), sealed[0]));
+  auto tampered = sealed[0];
+  tampered[tampered.size() / 2] ^= 1;
+  EXPECT_NE(g.server->on_unmask("s0", tampered), "");
+  // s1 answers with shares no dealer signed: it is blamed, and the sum still comes out of the
+  // other three answers (t = 3).
+  EXPECT_EQ(g.server->on_unmask("s1", forged_reply(g.p, "s1", req)), "");
+  for (std::size_t i : {0, 2, 3}) EXPECT_EQ(g.server->on_unmask(g.p.members[i], sealed[i]), "");
+  ASSERT_EQ(g.server->finish(std::span<std::uint32_t>(sum)), "");
+  EXPECT_EQ(sum, std::vector<std::uint32_t>(4, 1 + 2 + 3 + 4));
+  ASSERT_FALSE(g.server->blamed().empty());
+  EXPECT_EQ(g.server->blamed()[0].silo, "s1");
+}
+
+TEST(SecAgg, ADealerOfInconsistentSharesIsBlamedWhenTheyAreRebuilt) {
+  // s3 deals shares of a self-mask seed other than the one it committed to, each signed by it:
+  // nobody can tell before rebuilding, and then the signatures prove who dealt them.
+  Group g(4, 3);
+  g.advertise();
+  for (std::size_t i = 0; i < 4; ++i) {
+    auto out = secagg::value(g.c(i).share(g.keys));
+    if (i == 3) {
+      const auto wrong = shamir_split(Secret::random(), 3, 4);
+      const auto keyshares = shamir_split(Secret::random(), 3, 4);
+      const auto s3 = test::signer(wire::SILO, "s3");
+      for (auto& [v, sealed] : out) {
+        const auto x = g.p.index_of(v) - 1;
+        const auto a = keyshares[x].encode(), b = wrong[x].encode();
+        std::string plain;
+        for (const std::string& f : {a, s3.sign(secagg::share_statement(g.p.session, "s3", v, true, a)), b,
+                                     s3.sign(secagg::share_statement(g.p.session, "s3", v, false, b))}) {
+          append_field(plain, f);
+        }
+        sealed.box = seal_to(g.keys[v].inbox_keys.at("s3"), plain);
+        sealed.signature = s3.sign(secagg::box_statement(g.p.session, "s3", v, sealed.box));
+      }
+    }
+    g.server->on_shares(g.p.members[i], out);
+  }
+  g.inboxes = secagg::value(g.server->close_shares());
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(g.server->on_receipt(g.p.members[i], secagg::value(g.c(i).receive(g.inboxes[g.p.members[i]]))), "");
+  }
+  auto s = secagg::value(g.server->settle());
+  for (auto& c : g.clients) c.settle(s);
+  auto sum = g.mask(4);
+  auto u3 = secagg::value(g.server->close_masked());
+  for (std::size_t i = 0; i < 4; ++i) g.server->on_confirmation(g.p.members[i], secagg::value(g.c(i).confirm(u3)).signature);
+  auto req = secagg::value(g.server->close_confirmations());
+  for (std::size_t i = 0; i < 4; ++i) g.server->on_unmask(g.p.members[i], secagg::value(g.c(i).unmask(req)).box);
+  const auto err = g.server->finish(std::span<std::uint32_t>(sum));
+  EXPECT_NE(err.find("self-mask seed of s3"), std::string::npos) << err;
+  ASSERT_EQ(g.server->blamed().size(), 1u);
+  EXPECT_EQ(g.server->blamed()[0].silo, "s3");
+}
+
+TEST(SecAgg, ASettledListNotSignedByTheServerIsRefused) {
+  Group g(3, 2);
+  g.share();
+  for (std::size_t i = 0; i < 3; ++i) g.server->on_receipt(g.p.members[i], secagg::value(g.c(i).receive(g.inboxes[g.p.members[i]])));
+  auto s = secagg::value(g.server->settle());
+  auto forged = s;
+  forged.members = {"s0", "s1"};  // an edge drops s2 from s0's view
+  const auto err = g.c(0).settle(forged);
+  EXPECT_NE(err.find("not signed by the server"), std::string::npos) << err;
+  EXPECT_EQ(g.c(0).settle(s), "");
+}
+
+TEST(SecAgg, NoSumOfFewerThanMinSurvivorsIsRevealed) {
+  // t = 3 of 5, but the group promises sums of at least 4 silos: with 3 survivors left the
+  // server refuses to ask for unmasking, however many shares it could gather.
+  Group g(5, 3, 4, /*min_survivors=*/4);
+  g.settle();
+  g.mask(3);
+  auto u3 = g.server->close_masked();
+  ASSERT_FALSE(secagg::ok(u3));
+  EXPECT_NE(secagg::error(u3).find("a sum needs 4"), std::string::npos) << secagg::error(u3);
+  // And a member refuses to confirm so small a set.
+  EXPECT_FALSE(secagg::ok(g.c(0).confirm({"s0", "s1", "s2"})));
 }
 
 TEST(SecAgg, NoSurvivorRevealsBothSharesOfOnePeer) {
   Group g(3, 2);
-  for (std::size_t i = 0; i < 3; ++i) g.clients[i].receive(g.boxes[g.p.members[i]]);
-  std::vector<std::uint32_t> x(4, 1);
-  g.clients[0].mask(std::span<std::uint32_t>(x));
-  secagg::UnmaskRequest greedy{{"s1"}, {"s0", "s1", "s2"}};
-  auto r = g.clients[0].unmask(greedy);
+  g.settle();
+  g.mask(3);
+  auto u3 = secagg::value(g.server->close_masked());
+  std::map<std::string, std::string> sigs;
+  for (std::size_t i = 0; i < 3; ++i) sigs[g.p.members[i]] = secagg::value(g.c(i).confirm(u3)).signature;
+  secagg::UnmaskRequest greedy{{"s1"}, {"s0", "s1", "s2"}, sigs};
+  auto r = g.c(0).unmask(greedy);
   ASSERT_FALSE(secagg::ok(r));
   EXPECT_NE(secagg::error(r).find("both shares of s1"), std::string::npos);
   // And once it has answered an honest request, it answers no other.
-  secagg::UnmaskRequest honest{{"s1"}, {"s0", "s2"}};
-  EXPECT_TRUE(secagg::ok(g.clients[0].unmask(honest)));
-  secagg::UnmaskRequest again{{}, {"s0", "s1", "s2"}};
-  EXPECT_FALSE(secagg::ok(g.clients[0].unmask(again)));
+  secagg::UnmaskRequest honest{{}, {"s0", "s1", "s2"}, sigs};
+  EXPECT_TRUE(secagg::ok(g.c(0).unmask(honest)));
+  EXPECT_FALSE(secagg::ok(g.c(0).unmask(honest)));
+}
+
+TEST(CertSigner, SignaturesVerifyOnlyForTheCertifiedNameRoleAndMessage) {
+  const auto s = test::signer(wire::SILO, "hospital-a");
+  const auto v = test::verifier();
+  const auto msg = statement("test", {"a", "b"});
+  const auto sig = s.sign(msg);
+  EXPECT_EQ(v.verify(s.certificate(), "hospital-a", "silo", msg, sig), "");
+  EXPECT_NE(v.verify(s.certificate(), "hospital-b", "silo", msg, sig), "");
+  EXPECT_NE(v.verify(s.certificate(), "hospital-a", "edge", msg, sig), "");
+  EXPECT_NE(v.verify(s.certificate(), "hospital-a", "silo", statement("test", {"ab", ""}), sig), "");
+  EXPECT_NE(v.verify(test::foreign_signer(wire::SILO, "hospital-a").certificate(), "hospital-a", "silo", msg,
+                     test::foreign_signer(wire::SILO, "hospital-a").sign(msg)),
+            "");
+  EXPECT_NE(v.verify("not a certificate", "hospital-a", "silo", msg, sig), "");
+  std::string why;
+  auto who = v.certified(s.certificate(), "silo", why);
+  ASSERT_TRUE(who) << why;
+  EXPECT_EQ(who->name, "hospital-a");
 }
 
 // What the server or an edge receives looks uniformly random whatever the input, and the same
@@ -298,7 +713,7 @@ TEST(SecAgg, MaskedUploadsAreStatisticallyIndependentOfThePlaintext) {
   for (auto& v : update) v = g(rng);
   for (const bool zeros : {true, false}) {
     Group grp(3, 2, len);
-    for (std::size_t i = 0; i < 3; ++i) grp.clients[i].receive(grp.boxes[grp.p.members[i]]);
+    grp.settle();
     std::vector<std::uint32_t> x(len, 0);
     if (!zeros) encode(codec, update, 50.0, 1, x);
     // 255 degrees of freedom: the 99.9th percentile of chi-square is about 330.

@@ -2,12 +2,15 @@
 // sockets, no threads, every timing scripted (jobs run when the test says so).
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include <cmath>
 #include <cstring>
 
 #include "crypto/hash.h"
 #include "protocol/secagg_wire.h"
 #include "silo_agent/session.h"
+#include "tests/testlib.h"
 
 namespace xsilo::agent {
 namespace {
@@ -49,9 +52,42 @@ Model model() {
   return m;
 }
 
+SessionConfig session_config(std::set<std::string> servers = {}) {
+  SessionConfig c;
+  c.federation = "fed";
+  c.chunk_bytes = 8;
+  c.signer = test::signer(wire::SILO, "silo-a");
+  c.ca = test::verifier();
+  c.servers = std::move(servers);
+  return c;
+}
+
+// A secure group of silo-a and silo-b set up and signed as the server named `server` does it
+// (the box key pair stays with the caller, as the server keeps it).
+wire::SecAggSetup signed_setup(const Model& m, const crypto::X25519KeyPair& box, std::uint32_t bits = 64,
+                               const std::string& server = "server", wire::Role role = wire::SERVER) {
+  wire::SecAggSetup s;
+  s.set_group(1);
+  s.add_members("silo-a");
+  s.add_members("silo-b");
+  s.set_threshold(2);
+  s.set_min_survivors(2);
+  s.set_modulus_bits(bits);
+  s.set_fraction_bits(20);
+  s.set_vector_length(m.size() + 1);
+  s.set_clip_norm(100);
+  s.set_max_weight(100);
+  s.set_server_key(std::string(reinterpret_cast<const char*>(box.public_key.data()), box.public_key.size()));
+  const auto signer = test::signer(role, server);
+  s.set_server_certificate(signer.certificate());
+  s.set_server_signature(signer.sign(protocol::setup_statement(s, "fed", 1)));
+  return s;
+}
+
 class Harness {
  public:
-  explicit Harness(FaultHook* hook = nullptr) : session_({"fed", 8}, trainer, hook ? *hook : none_) {
+  explicit Harness(FaultHook* hook = nullptr, SessionConfig cfg = session_config())
+      : session_(std::move(cfg), trainer, hook ? *hook : none_) {
     session_.on_connected("silo-a", "127.0.0.1:7443", "server server");
   }
 
@@ -246,25 +282,20 @@ TEST(Session, WorkOfAConnectionThatIsGoneIsDropped) {
 TEST(Session, TakesPartInSecureAggregationSoThatOnlyTheSumIsRevealed) {
   Harness h;
   const Model m = model();
+  auto box = crypto::X25519KeyPair::generate();
   auto start = h.round_start(1, m);
-  auto* s = start.mutable_round_start()->mutable_secagg();
-  s->set_group(1);
-  s->add_members("silo-a");
-  s->add_members("silo-b");
-  s->set_threshold(2);
-  s->set_modulus_bits(64);
-  s->set_fraction_bits(20);
-  s->set_vector_length(m.size() + 1);
-  s->set_clip_norm(100);
-  s->set_max_weight(100);
-  const auto params = protocol::secagg_params(*s, "fed", 1);
-  crypto::secagg::Client b(params, "silo-b");
-  crypto::secagg::Server server(params);
+  *start.mutable_round_start()->mutable_secagg() = signed_setup(m, box);
+  const auto& s = start.round_start().secagg();
+  const auto params = protocol::secagg_params(s, "fed", 1);
+  const auto server_signer = test::signer(wire::SERVER, "server");
+  crypto::secagg::Client b(params, "silo-b", test::signer(wire::SILO, "silo-b"), test::verifier(),
+                           server_signer.certificate(), "server");
+  crypto::secagg::Server server(params, test::verifier(), server_signer, box);
   h.deliver(start);
   const auto* keys = h.last(wire::Envelope::kSecaggKeys);
   ASSERT_TRUE(keys);  // at once, before training
   ASSERT_EQ(server.on_keys("silo-a", *protocol::from_wire(keys->secagg_keys())), "");
-  ASSERT_EQ(server.on_keys("silo-b", b.advertise()), "");
+  ASSERT_EQ(server.on_keys("silo-b", crypto::secagg::value(b.advertise())), "");
   auto list = crypto::secagg::value(server.close_keys());
   h.deliver_in(1, [&](wire::Envelope& e) { *e.mutable_secagg_key_list() = protocol::to_wire(list); });
   const auto* shares = h.last(wire::Envelope::kSecaggShares);
@@ -272,12 +303,20 @@ TEST(Session, TakesPartInSecureAggregationSoThatOnlyTheSumIsRevealed) {
   ASSERT_EQ(server.on_shares("silo-a", *protocol::from_wire(shares->secagg_shares())), "");
   ASSERT_EQ(server.on_shares("silo-b", crypto::secagg::value(b.share(list))), "");
   auto boxes = crypto::secagg::value(server.close_shares());
-  ASSERT_EQ(b.receive(boxes["silo-b"]), "");
+  ASSERT_EQ(server.on_receipt("silo-b", crypto::secagg::value(b.receive(boxes["silo-b"]))), "");
   h.deliver_in(1, [&](wire::Envelope& e) {
     *e.mutable_secagg_share_delivery() = protocol::delivery_to_wire(boxes["silo-a"]);
   });
+  const auto* receipt = h.last(wire::Envelope::kSecaggReceipt);
+  ASSERT_TRUE(receipt);
+  ASSERT_EQ(server.on_receipt("silo-a", *protocol::from_wire(receipt->secagg_receipt())), "");
+  auto settled = crypto::secagg::value(server.settle());
+  ASSERT_EQ(b.settle(settled), "");
   h.send_model(1, m);
-  h.run_jobs();  // train, then mask
+  h.run_jobs();  // train; masking waits for the settled members
+  EXPECT_FALSE(h.last(wire::Envelope::kUpdateReady));
+  h.deliver_in(1, [&](wire::Envelope& e) { *e.mutable_secagg_settled() = protocol::to_wire(settled); });
+  h.run_jobs();  // mask
   const auto* ready = h.last(wire::Envelope::kUpdateReady);
   ASSERT_TRUE(ready);
   EXPECT_EQ(ready->update_ready().num_samples(), 1u);  // the real count is inside the masked sum
@@ -296,16 +335,55 @@ TEST(Session, TakesPartInSecureAggregationSoThatOnlyTheSumIsRevealed) {
   for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += b_words[i];
   ASSERT_EQ(server.on_masked_input("silo-a"), "");
   ASSERT_EQ(server.on_masked_input("silo-b"), "");
-  auto request = crypto::secagg::value(server.close_masked());
+  auto u3 = crypto::secagg::value(server.close_masked());
+  h.deliver_in(1, [&](wire::Envelope& e) {
+    for (const auto& v : u3) e.mutable_secagg_survivors()->add_survivors(v);
+  });
+  const auto* confirmation = h.last(wire::Envelope::kSecaggConfirmation);
+  ASSERT_TRUE(confirmation);
+  ASSERT_EQ(server.on_confirmation("silo-a", confirmation->secagg_confirmation().signature()), "");
+  ASSERT_EQ(server.on_confirmation("silo-b", crypto::secagg::value(b.confirm(u3)).signature), "");
+  auto request = crypto::secagg::value(server.close_confirmations());
   h.deliver_in(1, [&](wire::Envelope& e) { *e.mutable_secagg_unmask_request() = protocol::to_wire(request); });
   const auto* a_unmask = h.last(wire::Envelope::kSecaggUnmaskShares);
   ASSERT_TRUE(a_unmask);
-  ASSERT_EQ(server.on_unmask("silo-a", *protocol::from_wire(a_unmask->secagg_unmask_shares())), "");
-  ASSERT_EQ(server.on_unmask("silo-b", crypto::secagg::value(b.unmask(request))), "");
+  ASSERT_EQ(server.on_unmask("silo-a", a_unmask->secagg_unmask_shares().sealed()), "");
+  ASSERT_EQ(server.on_unmask("silo-b", crypto::secagg::value(b.unmask(request)).box), "");
   ASSERT_EQ(server.finish(std::span<std::uint64_t>(sum)), "");
   const auto decoded = crypto::decode(codec, std::span<const std::uint64_t>(sum));
   for (std::size_t i = 0; i < m.size(); ++i) EXPECT_NEAR(decoded[i], 5.0 * 1.0 + 3.0 * 2.0, 1e-4) << i;
   EXPECT_NEAR(decoded[m.size()], 5.0 + 3.0, 1e-4);  // the summed weights
+}
+
+TEST(Session, ASecureSetupNotSignedByATrustedServerIsRefused) {
+  const Model m = model();
+  const auto box = crypto::X25519KeyPair::generate();
+  struct Case {
+    const char* what;
+    wire::SecAggSetup setup;
+    std::set<std::string> pinned;
+    const char* says;
+  };
+  auto lowered = signed_setup(m, box);
+  lowered.set_threshold(1);  // an edge lowers the threshold on the way
+  auto swapped = signed_setup(m, box);
+  swapped.set_server_key(std::string(32, '\x07'));  // an edge puts in its own key, to read the unmask shares
+  std::vector<Case> cases = {
+      {"altered threshold", lowered, {}, "not signed by the server"},
+      {"swapped server key", swapped, {}, "not signed by the server"},
+      {"signed by an edge", signed_setup(m, box, 64, "edge-1", wire::EDGE), {}, "no valid server certificate"},
+      {"another server than the pinned one", signed_setup(m, box), {"central"}, "not one this agent trusts"},
+  };
+  for (const auto& c : cases) {
+    Harness h(nullptr, session_config(c.pinned));
+    auto start = h.round_start(1, m);
+    *start.mutable_round_start()->mutable_secagg() = c.setup;
+    h.deliver(start);
+    EXPECT_FALSE(h.last(wire::Envelope::kSecaggKeys)) << c.what;
+    const auto* err = h.last(wire::Envelope::kError);
+    ASSERT_TRUE(err) << c.what;
+    EXPECT_NE(err->error().message().find(c.says), std::string::npos) << c.what << ": " << err->error().message();
+  }
 }
 
 TEST(Session, ASimulatedCrashAfterSendingKeysSilencesTheSession) {
@@ -313,13 +391,7 @@ TEST(Session, ASimulatedCrashAfterSendingKeysSilencesTheSession) {
   Harness h(&crash);
   const Model m = model();
   auto start = h.round_start(1, m);
-  auto* s = start.mutable_round_start()->mutable_secagg();
-  s->set_group(1);
-  s->add_members("silo-a");
-  s->add_members("silo-b");
-  s->set_threshold(2);
-  s->set_modulus_bits(32);
-  s->set_vector_length(m.size() + 1);
+  *start.mutable_round_start()->mutable_secagg() = signed_setup(m, crypto::X25519KeyPair::generate(), 32);
   h.deliver(start);
   EXPECT_TRUE(h.last(wire::Envelope::kSecaggKeys));
   const auto before = h.sent.size();

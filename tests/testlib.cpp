@@ -1,7 +1,12 @@
 #include "tests/testlib.h"
 
 #include <boost/asio/post.hpp>
+#include <map>
+#include <mutex>
 #include <random>
+
+#include "common/fs.h"
+#include "transport/tls.h"
 
 namespace xsilo::test {
 
@@ -26,6 +31,48 @@ void make_pki(const std::filesystem::path& dir, const std::string& federation,
     req.name = name;
     transport::pki_issue(dir, req);
   }
+}
+
+namespace {
+
+struct ThrowawayPki {
+  TempDir dir;
+  std::mutex mu;
+  std::map<std::string, crypto::CertSigner> signers;
+  explicit ThrowawayPki(const std::string& federation) { transport::pki_init(dir.path(), federation); }
+  crypto::CertSigner signer(wire::Role role, const std::string& name) {
+    std::lock_guard lock(mu);
+    const std::string key = transport::role_name(role) + "/" + name;
+    auto it = signers.find(key);
+    if (it != signers.end()) return it->second;
+    transport::IssueRequest req;
+    req.role = role;
+    req.name = name;
+    const auto kit = dir.path() / "kits" / name;
+    std::filesystem::remove_all(kit);  // one name may be issued for two roles
+    transport::pki_issue(dir.path(), req);
+    return signers.emplace(key, transport::load_signer(transport::TlsFiles::from_kit(kit))).first->second;
+  }
+};
+
+ThrowawayPki& federation_pki() {
+  static ThrowawayPki pki("fed");
+  return pki;
+}
+
+}  // namespace
+
+crypto::CertSigner signer(wire::Role role, const std::string& name) { return federation_pki().signer(role, name); }
+
+crypto::CertVerifier verifier() {
+  static const crypto::CertVerifier v =
+      crypto::CertVerifier::from_pem(read_file(federation_pki().dir.path() / "ca" / "ca.pem"));
+  return v;
+}
+
+crypto::CertSigner foreign_signer(wire::Role role, const std::string& name) {
+  static ThrowawayPki pki("fed");
+  return pki.signer(role, name);
 }
 
 IoThread::IoThread() : work_(boost::asio::make_work_guard(io_)), thread_([this] { io_.run(); }) {}

@@ -13,6 +13,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/use_future.hpp>
 
+#include "crypto/certs.h"
 #include "transport/pki.h"
 
 namespace xsilo::test {
@@ -31,6 +32,14 @@ class TempDir {
 // A CA in DIR with kits for the named participants.
 void make_pki(const std::filesystem::path& dir, const std::string& federation,
               const std::vector<std::pair<wire::Role, std::string>>& participants);
+
+// Certificate keys for in-process protocol tests: one throwaway federation PKI ("fed") per
+// test process, made on first use; a participant's kit is issued the first time it is asked
+// for. Thread-safe.
+crypto::CertSigner signer(wire::Role role, const std::string& name);
+crypto::CertVerifier verifier();
+// The same names from another CA: valid certificates the federation must not trust.
+crypto::CertSigner foreign_signer(wire::Role role, const std::string& name);
 
 // Runs an io_context on its own thread until destroyed.
 class IoThread {

@@ -58,7 +58,7 @@ int bench_transport(std::size_t mib, std::size_t chunk_bytes, bool json) {
   auto fut = asio::co_spawn(
       client_io,
       [&]() -> asio::awaitable<void> {
-        const std::set<wire::Role> roles{wire::SERVER};
+        const transport::AllowList roles{wire::SERVER};
         const transport::LocalInfo me{"bench", wire::SILO, {}};
         const Endpoint to{"127.0.0.1", listener.port()};
         auto ch = co_await transport::dial_once(client_io.get_executor(), client_ctx, to, roles, me, opts);

@@ -135,7 +135,7 @@ awaitable<proto::Status> Channel::accept(const AllowList& allow, const LocalInfo
   co_return proto::Status::ok();
 }
 
-awaitable<proto::Status> Channel::connect(const std::set<wire::Role>& roles, const LocalInfo& me) {
+awaitable<proto::Status> Channel::connect(const AllowList& upstreams, const LocalInfo& me) {
   auto self = shared_from_this();
   federation_ = me.federation;
   arm_deadline(opts_.handshake_timeout);
@@ -154,11 +154,16 @@ awaitable<proto::Status> Channel::connect(const std::set<wire::Role>& roles, con
     co_return id.status();
   }
   peer_ = *id;
-  if (!roles.count(peer_.role)) {
+  if (!upstreams.allows_role(peer_.role)) {
     disarm_deadline();
     close();
     co_return proto::error(wire::NOT_ALLOWED, remote_ + " presented a certificate for " +
                                                   peer_.str() + ", which is not an upstream role");
+  }
+  if (auto st = upstreams.check(peer_); !st) {
+    disarm_deadline();
+    close();
+    co_return proto::error(wire::NOT_ALLOWED, remote_ + ": " + st.message + " (this side's trust list)");
   }
   auto env = envelope(me.federation, 0);
   auto* h = env.mutable_hello();

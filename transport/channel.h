@@ -59,7 +59,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
                                   std::uint64_t current_round);
   // Client side: TLS handshake, the peer's certificate role must be in `roles`, then Hello
   // sent and Welcome read.
-  awaitable<proto::Status> connect(const std::set<wire::Role>& roles, const LocalInfo& me);
+  awaitable<proto::Status> connect(const AllowList& upstreams, const LocalInfo& me);
 
   // Starts the writer, heartbeat and idle watchdog. Call once after accept/connect.
   void start();

@@ -24,8 +24,10 @@ TlsFiles parse_tls(const ConfigNode& node) {
     f.cert = node.path("cert", "");
     f.ca = node.path("ca", "");
   }
+  if (node.has("crl")) f.crl = node.path("crl", "");
   node.finish();
-  for (const auto& [key, p] : {std::pair{"key", f.key}, {"cert", f.cert}, {"ca", f.ca}}) {
+  for (const auto& [key, p] : {std::pair{"key", f.key}, {"cert", f.cert}, {"ca", f.ca}, {"crl", f.crl}}) {
+    if (std::string(key) == "crl" && p.empty()) continue;  // optional
     if (p.empty() || !std::filesystem::exists(p)) {
       node.fail(node.has("kit") ? "kit" : key, "file " + p.string() + " does not exist");
     }
@@ -101,7 +103,11 @@ double secs(std::chrono::milliseconds ms) { return static_cast<double>(ms.count(
 std::string abs(const std::filesystem::path& p) { return std::filesystem::absolute(p).lexically_normal().string(); }
 }  // namespace
 
-nlohmann::json to_json(const TlsFiles& f) { return {{"key", abs(f.key)}, {"cert", abs(f.cert)}, {"ca", abs(f.ca)}}; }
+nlohmann::json to_json(const TlsFiles& f) {
+  nlohmann::json j = {{"key", abs(f.key)}, {"cert", abs(f.cert)}, {"ca", abs(f.ca)}};
+  if (!f.crl.empty()) j["crl"] = abs(f.crl);
+  return j;
+}
 
 nlohmann::json to_json(const ChannelOptions& o) {
   return {{"max_frame_bytes", o.max_frame_bytes},

@@ -20,7 +20,7 @@ std::chrono::milliseconds Backoff::next() {
 awaitable<proto::Result<std::shared_ptr<Channel>>> dial_once(asio::any_io_executor ex,
                                                              ssl::context& ctx,
                                                              const Endpoint& to,
-                                                             const std::set<wire::Role>& roles,
+                                                             const AllowList& upstreams,
                                                              const LocalInfo& me,
                                                              ChannelOptions opts) {
   tcp::socket socket(ex);
@@ -35,7 +35,7 @@ awaitable<proto::Result<std::shared_ptr<Channel>>> dial_once(asio::any_io_execut
                            "cannot connect to " + to.str() + ": " + e.code().message());
   }
   auto channel = std::make_shared<Channel>(std::move(socket), ctx, opts);
-  auto st = co_await channel->connect(roles, me);
+  auto st = co_await channel->connect(upstreams, me);
   if (!st) co_return st;
   channel->start();
   co_return channel;

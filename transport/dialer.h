@@ -39,7 +39,7 @@ class Backoff {
 awaitable<proto::Result<std::shared_ptr<Channel>>> dial_once(asio::any_io_executor ex,
                                                              ssl::context& ctx,
                                                              const Endpoint& to,
-                                                             const std::set<wire::Role>& roles,
+                                                             const AllowList& upstreams,
                                                              const LocalInfo& me,
                                                              ChannelOptions opts);
 

@@ -87,7 +87,7 @@ awaitable<void> Upstream::run(const Session& session, const std::function<bool()
   while (!stopped_) {
     const std::size_t index = next % ups.size();
     const Endpoint& to = ups[index];
-    auto r = co_await dial_once(io_.get_executor(), tls_, to, opts_.roles, opts_.me, opts_.channel);
+    auto r = co_await dial_once(io_.get_executor(), tls_, to, opts_.upstreams, opts_.me, opts_.channel);
     if (stopped_) break;
     if (r) {
       backoff_.reset();
@@ -121,7 +121,7 @@ awaitable<void> Upstream::probe(std::shared_ptr<Channel> current, std::function<
     boost::system::error_code ec;
     co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
     if (stopped_ || !current->is_open()) break;
-    auto r = co_await dial_once(io_.get_executor(), tls_, opts_.endpoints[0], opts_.roles, opts_.me, opts_.channel);
+    auto r = co_await dial_once(io_.get_executor(), tls_, opts_.endpoints[0], opts_.upstreams, opts_.me, opts_.channel);
     if (!r) continue;
     (*r)->close();
     if (current->is_open()) preferred_back();

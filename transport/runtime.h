@@ -74,7 +74,7 @@ awaitable<void> serve_channel(std::shared_ptr<Channel> ch, const std::function<b
 // good moment; the next dial starts from the preferred one).
 struct UpstreamOptions {
   std::vector<Endpoint> endpoints;     // failover order: preferred first
-  std::set<wire::Role> roles;          // roles the upstream's certificate may have
+  AllowList upstreams;                 // roles (and names) the upstream's certificate may have
   LocalInfo me;
   ChannelOptions channel;
   DialOptions reconnect;

@@ -11,12 +11,14 @@
 
 #include <stdexcept>
 
+#include "common/fs.h"
 #include "transport/pki.h"
 
 namespace xsilo::transport {
 
 TlsFiles TlsFiles::from_kit(const std::filesystem::path& kit) {
-  return {kit / "key.pem", kit / "cert.pem", kit / "ca.pem"};
+  const auto crl = kit / "crl.pem";
+  return {kit / "key.pem", kit / "cert.pem", kit / "ca.pem", std::filesystem::exists(crl) ? crl : ""};
 }
 
 ssl::context make_tls_context(const TlsFiles& f) {
@@ -40,8 +42,35 @@ ssl::context make_tls_context(const TlsFiles& f) {
     throw std::runtime_error("key " + f.key.string() + " does not match certificate " +
                              f.cert.string());
   }
+  if (!f.crl.empty()) {
+    const std::string pem = read_file(f.crl);
+    std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), &BIO_free);
+    std::unique_ptr<X509_CRL, decltype(&X509_CRL_free)> crl(PEM_read_bio_X509_CRL(bio.get(), nullptr, nullptr, nullptr),
+                                                             &X509_CRL_free);
+    if (!crl) throw std::runtime_error("revocation list " + f.crl.string() + " is not a PEM CRL");
+    X509_STORE* store = SSL_CTX_get_cert_store(native);
+    X509_STORE_add_crl(store, crl.get());
+    X509_STORE_set_flags(store, X509_V_FLAG_CRL_CHECK);
+  }
   ctx.set_verify_mode(ssl::verify_peer | ssl::verify_fail_if_no_peer_cert);
   return ctx;
+}
+
+crypto::CertSigner load_signer(const TlsFiles& f) {
+  try {
+    return crypto::CertSigner::from_pem(read_file(f.cert), read_file(f.key));
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error("cannot sign with " + f.cert.string() + " and " + f.key.string() + ": " + e.what());
+  }
+}
+
+crypto::CertVerifier load_verifier(const TlsFiles& f) {
+  try {
+    return crypto::CertVerifier::from_pem(read_file(f.ca), f.crl.empty() ? std::string() : read_file(f.crl));
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error("cannot trust " + f.ca.string() + (f.crl.empty() ? "" : " with " + f.crl.string()) +
+                             ": " + e.what());
+  }
 }
 
 std::string PeerIdentity::str() const { return role_name(role) + " " + name; }

@@ -9,6 +9,7 @@
 
 #include <boost/asio/ssl/context.hpp>
 
+#include "crypto/certs.h"
 #include "proto/status.h"
 
 namespace xsilo::transport {
@@ -17,13 +18,23 @@ namespace ssl = boost::asio::ssl;
 
 struct TlsFiles {
   std::filesystem::path key, cert, ca;
-  // A kit folder made by `xsilo pki issue`: key.pem, cert.pem, ca.pem.
+  // Optional: the CA's revocation list (`xsilo pki revoke` writes it). When given, certificates
+  // it lists are refused in TLS handshakes and in signed protocol statements alike.
+  std::filesystem::path crl;
+  // A kit folder made by `xsilo pki issue`: key.pem, cert.pem, ca.pem, and crl.pem when the
+  // folder has one.
   static TlsFiles from_kit(const std::filesystem::path& kit);
 };
 
-// Throws std::runtime_error naming the file when a key, certificate or CA cannot be loaded
-// or the key does not match the certificate.
+// Throws std::runtime_error naming the file when a key, certificate, CA or revocation list
+// cannot be loaded or the key does not match the certificate.
 ssl::context make_tls_context(const TlsFiles& files);
+
+// This participant's certificate key, to sign protocol statements (crypto/certs.h), and a
+// verifier trusting the federation CA and its revocation list. Throw std::runtime_error naming
+// the file.
+crypto::CertSigner load_signer(const TlsFiles& files);
+crypto::CertVerifier load_verifier(const TlsFiles& files);
 
 struct PeerIdentity {
   std::string name;               // the certificate's common name
@@ -42,6 +53,10 @@ PeerIdentity own_identity(const TlsFiles& files);
 class AllowList {
  public:
   AllowList() = default;
+  // Every certificate of these roles ("*" for each).
+  AllowList(std::initializer_list<wire::Role> roles) {
+    for (auto r : roles) names_[r] = {"*"};
+  }
   void allow(wire::Role role, std::set<std::string> names) { names_[role] = std::move(names); }
   proto::Status check(const PeerIdentity& id) const;
   bool allows_role(wire::Role role) const { return names_.count(role) > 0; }
