@@ -179,22 +179,12 @@ void parse_rounds_aggregation(const ConfigNode& root, ServerConfig& c) {
       ag.fail("rule", "secure.mode global shows the server only the total, so a robust rule has nothing to "
                       "choose from; use secure.mode grouped");
     }
-    // No sum of fewer than min_group silos is ever revealed: a round must be able to gather them.
-    const char* which = nullptr;
-    std::size_t fewest = 0;
+    // No sum of fewer than min_group silos is ever revealed: a round must be able to gather them
+    // (silos_per_round and the allow-list are at least min_updates already).
     if (c.selection.min_updates < sc.min_group) {
-      which = "selection.min_updates";
-      fewest = c.selection.min_updates;
-    } else if (c.selection.silos_per_round && c.selection.silos_per_round < sc.min_group) {
-      which = "selection.silos_per_round";
-      fewest = c.selection.silos_per_round;
-    } else if (!c.any_silo && c.expected_silos.size() < sc.min_group) {
-      which = "allow.silo";
-      fewest = c.expected_silos.size();
-    }
-    if (which) {
-      se.fail("min_group", "is " + std::to_string(sc.min_group) + " but " + which + " allows rounds of " +
-                               std::to_string(fewest) + " silos; a secure sum never covers fewer than min_group");
+      se.fail("min_group", "is " + std::to_string(sc.min_group) + " but selection.min_updates allows rounds of " +
+                               std::to_string(c.selection.min_updates) +
+                               " silos; a secure sum never covers fewer than min_group");
     }
     // The largest group a round can have.
     std::size_t largest = !c.expected_silos.empty() ? c.expected_silos.size() : 1000;

@@ -134,6 +134,28 @@ TEST(Config, SecureAggregationSettingsAreChecked) {
   EXPECT_NE(load(R"(, "secure": {"mode": "grouped", "min_group": 3}, "aggregation": {"rule": "krum", "f": 1})")
                 .find("across secure groups"),
             std::string::npos);
+  // Half a group or less could be split into two views of the survivors.
+  const auto half = load(R"(, "secure": {"mode": "global", "threshold": 0.5})");
+  EXPECT_NE(half.find(".secure.threshold: must be above 0.5"), std::string::npos) << half;
+  // No sum of fewer than min_group silos: rounds that could commit with fewer are refused.
+  const auto few = load(R"(, "secure": {"mode": "global", "min_group": 7})");
+  EXPECT_NE(few.find(".secure.min_group: is 7 but selection.min_updates allows rounds of 6 silos"), std::string::npos)
+      << few;
+}
+
+TEST(Config, AnAgentsTrustListNamesItsUpstreams) {
+  test::TempDir dir;
+  test::make_pki(dir / "pki", "f", {{wire::SILO, "hospital-a"}});
+  auto load = [&](const std::string& trust) {
+    atomic_write_file(dir / "a.json", R"({"federation": "f", "upstreams": ["127.0.0.1:7443"],
+      "tls": {"kit": "pki/kits/hospital-a"}, "data": {"train": "t.csv"})" + trust + "}");
+    atomic_write_file(dir / "t.csv", "x,label\n1,0\n");
+    return error_of([&] { agent::load_agent_config(dir / "a.json"); });
+  };
+  EXPECT_EQ(load(""), "");
+  EXPECT_EQ(load(R"(, "trust": {"server": ["central"]})"), "");
+  EXPECT_NE(load(R"(, "trust": {"silo": ["hospital-b"]})").find("trust.silo"), std::string::npos);
+  EXPECT_NE(load(R"(, "trust": {})").find("must name a server or an edge"), std::string::npos);
 }
 
 TEST(Config, ServerConfigRefusesImpossibleSelections) {
