@@ -129,6 +129,35 @@ TEST_F(TlsTest, KitKeysArePrivateAndCertificatesCarryNameAndRole) {
   EXPECT_THROW(pki_issue(dir_.path(), bad), std::invalid_argument);
 }
 
+// `xsilo pki revoke`: the revoked silo fails the handshake and its signatures stop verifying,
+// while the others go on; the list reaches every kit.
+TEST_F(TlsTest, ARevokedCertificateIsRefusedInTheHandshakeAndInSignatures) {
+  pki_issue(dir_.path(), IssueRequest{wire::SILO, "hospital-b", 365, 0, KeyType::P256});
+  const auto b_signer = load_signer(kit("hospital-b"));
+  const std::string msg = crypto::statement("test", {"x"});
+  const std::string sig = b_signer.sign(msg);
+  EXPECT_EQ(load_verifier(kit("hospital-a")).verify(b_signer.certificate(), "hospital-b", "silo", msg, sig), "");
+  EXPECT_EQ(pki_revoke(dir_.path(), "hospital-b"), 1u);
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "kits/server/crl.pem"));
+  EXPECT_FALSE(kit("server").crl.empty());
+  const auto why = load_verifier(kit("hospital-a")).verify(b_signer.certificate(), "hospital-b", "silo", msg, sig);
+  EXPECT_NE(why.find("revoked"), std::string::npos) << why;
+  EchoServer server(io_, dir_.path());
+  auto revoked = connect(io_, kit("hospital-b"), server.port());
+  EXPECT_FALSE(revoked.ch);
+  auto good = connect(io_, kit("hospital-a"), server.port());
+  ASSERT_TRUE(good.ch) << good.status.message;
+  EXPECT_TRUE(echoes(io_, *good.ch, "still here"));
+  // Refreshing keeps what it names; a list from another CA is refused outright.
+  EXPECT_EQ(pki_revoke(dir_.path(), ""), 1u);
+  TempDir other;
+  test::make_pki(other.path(), kFed, {{wire::SILO, "z"}});
+  pki_revoke(other.path(), "z");
+  auto mixed = kit("hospital-a");
+  mixed.crl = other / "ca" / "crl.pem";
+  EXPECT_THROW(load_verifier(mixed), std::runtime_error);
+}
+
 TEST_F(TlsTest, AllowedSiloConnectsAndLearnsItsIdentity) {
   EchoServer server(io_, dir_.path());
   auto c = connect(io_, kit("hospital-a"), server.port());

@@ -1,4 +1,5 @@
-// xsilo pki init | issue: the federation CA and one kit folder per participant.
+// xsilo pki init | issue | revoke: the federation CA, one kit folder per participant, and the
+// CA's revocation list.
 #include <iostream>
 
 #include "common/config.h"
@@ -65,6 +66,34 @@ void add_pki(CLI::App& app, int& exit_code) {
     }
     std::cout << "issued " << issue->role << " " << issue->name << ": hand over the folder "
               << kit.string() << " (key.pem, cert.pem, ca.pem)\n";
+    exit_code = 0;
+  });
+
+  struct RevokeOpts {
+    std::string pki = "pki";
+    std::string name;
+    int days = 365;
+    bool refresh = false;
+  };
+  auto revoke = std::make_shared<RevokeOpts>();
+  auto* cmd_revoke = pki->add_subcommand("revoke", "revoke a participant's certificate (DIR/ca/crl.pem)");
+  cmd_revoke->add_option("--pki", revoke->pki, "PKI folder made by pki init")->capture_default_str();
+  cmd_revoke->add_option("--name", revoke->name, "the participant whose kit DIR/kits/NAME is revoked");
+  cmd_revoke->add_flag("--refresh", revoke->refresh, "only re-sign the list with a new validity");
+  cmd_revoke->add_option("--days", revoke->days, "the list's validity in days; refresh it before then")
+      ->capture_default_str();
+  cmd_revoke->callback([revoke, &exit_code] {
+    if (revoke->name.empty() != revoke->refresh) throw ConfigError("pki revoke: give either --name NAME or --refresh");
+    std::size_t n = 0;
+    try {
+      n = transport::pki_revoke(revoke->pki, revoke->name, revoke->days);
+    } catch (const std::invalid_argument& e) {
+      throw ConfigError(std::string("pki revoke: ") + e.what());
+    }
+    std::cout << (revoke->name.empty() ? "refreshed" : "revoked " + revoke->name + ";") << " the revocation list "
+              << revoke->pki << "/ca/crl.pem names " << n << " certificate" << (n == 1 ? "" : "s") << ", valid "
+              << revoke->days << " days.\nIt was copied into every kit under " << revoke->pki
+              << "/kits; give it to every participant (as crl.pem in its kit, or tls.crl) and restart them.\n";
     exit_code = 0;
   });
 }

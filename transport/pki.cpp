@@ -186,4 +186,57 @@ std::filesystem::path pki_issue(const std::filesystem::path& dir, const IssueReq
   return kit;
 }
 
+std::size_t pki_revoke(const std::filesystem::path& dir, const std::string& name, int days) {
+  const auto ca_dir = dir / "ca";
+  if (!std::filesystem::exists(ca_dir / "ca.key")) {
+    throw std::runtime_error("no CA in " + ca_dir.string() + "; run `xsilo pki init` first");
+  }
+  auto ca_key = read_key(ca_dir / "ca.key");
+  auto ca_cert = read_cert(ca_dir / "ca.pem");
+  using CrlPtr = std::unique_ptr<X509_CRL, Deleter<X509_CRL, X509_CRL_free>>;
+  CrlPtr crl(X509_CRL_new());
+  X509_CRL_set_version(crl.get(), 1);  // v2
+  X509_CRL_set_issuer_name(crl.get(), X509_get_subject_name(ca_cert.get()));
+  // What the list named before.
+  if (std::filesystem::exists(ca_dir / "crl.pem")) {
+    const std::string pem = read_file(ca_dir / "crl.pem");
+    BioPtr bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+    CrlPtr old(PEM_read_bio_X509_CRL(bio.get(), nullptr, nullptr, nullptr));
+    if (!old) ossl_fail("cannot read the revocation list " + (ca_dir / "crl.pem").string());
+    STACK_OF(X509_REVOKED)* entries = X509_CRL_get_REVOKED(old.get());
+    for (int i = 0; i < sk_X509_REVOKED_num(entries); ++i) {
+      X509_CRL_add0_revoked(crl.get(), X509_REVOKED_dup(sk_X509_REVOKED_value(entries, i)));
+    }
+  }
+  std::unique_ptr<ASN1_TIME, Deleter<ASN1_TIME, ASN1_TIME_free>> now(ASN1_TIME_new()), next(ASN1_TIME_new());
+  X509_gmtime_adj(now.get(), 0);
+  X509_gmtime_adj(next.get(), static_cast<long>(std::int64_t{days} * 86400));
+  if (!name.empty()) {
+    const auto cert_path = dir / "kits" / name / "cert.pem";
+    if (!std::filesystem::exists(cert_path)) throw std::invalid_argument("no kit " + (dir / "kits" / name).string());
+    auto cert = read_cert(cert_path);
+    X509_REVOKED* r = X509_REVOKED_new();
+    X509_REVOKED_set_serialNumber(r, X509_get_serialNumber(cert.get()));
+    X509_REVOKED_set_revocationDate(r, now.get());
+    X509_CRL_add0_revoked(crl.get(), r);
+  }
+  X509_CRL_set1_lastUpdate(crl.get(), now.get());
+  X509_CRL_set1_nextUpdate(crl.get(), next.get());
+  X509_CRL_sort(crl.get());
+  const EVP_MD* md = EVP_PKEY_get_id(ca_key.get()) == EVP_PKEY_ED25519 ? nullptr : EVP_sha256();
+  if (!X509_CRL_sign(crl.get(), ca_key.get(), md)) ossl_fail("cannot sign the revocation list");
+  BioPtr out(BIO_new(BIO_s_mem()));
+  if (!PEM_write_bio_X509_CRL(out.get(), crl.get())) ossl_fail("cannot encode the revocation list");
+  char* data = nullptr;
+  const long n = BIO_get_mem_data(out.get(), &data);
+  const std::string pem(data, static_cast<std::size_t>(n));
+  atomic_write_file(ca_dir / "crl.pem", pem, 0644);
+  if (std::filesystem::exists(dir / "kits")) {
+    for (const auto& kit : std::filesystem::directory_iterator(dir / "kits")) {
+      if (kit.is_directory()) atomic_write_file(kit.path() / "crl.pem", pem, 0644);
+    }
+  }
+  return static_cast<std::size_t>(sk_X509_REVOKED_num(X509_CRL_get_REVOKED(crl.get())));
+}
+
 }  // namespace xsilo::transport

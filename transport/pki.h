@@ -30,6 +30,12 @@ void pki_init(const std::filesystem::path& dir, const std::string& federation, i
 // Returns the kit folder. Refuses names that are not [A-Za-z0-9._-]{1,64}.
 std::filesystem::path pki_issue(const std::filesystem::path& dir, const IssueRequest& req);
 
+// Revokes the certificate of kit DIR/kits/NAME: adds it to the CA's revocation list, re-signs
+// DIR/ca/crl.pem (valid `days`; an expired list makes every check fail, so re-run it, e.g.
+// `xsilo pki revoke --refresh`, before then) and copies it into every kit folder under DIR/kits.
+// Returns how many certificates the list now names. An empty NAME only refreshes the list.
+std::size_t pki_revoke(const std::filesystem::path& dir, const std::string& name, int days = 365);
+
 std::string role_name(wire::Role role);
 wire::Role parse_role(const std::string& s);  // throws std::invalid_argument
 
