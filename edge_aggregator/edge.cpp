@@ -105,8 +105,8 @@ class Edge {
   }
   void run(action::Background& a) { rt_.background(std::move(a.work)); }
   void run(action::Job& a) {
-    rt_.work<bool>(std::move(a.work), [this, id = a.id](bool folded) {
-      relay_.on_job_done(id, folded);
+    rt_.work<std::string>(std::move(a.work), [this, id = a.id](std::string refused) {
+      relay_.on_job_done(id, refused);
       apply();
     });
   }

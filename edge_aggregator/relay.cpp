@@ -1,5 +1,7 @@
 #include "edge_aggregator/relay.h"
 
+#include "crypto/hash.h"
+
 #include <algorithm>
 
 #include <spdlog/spdlog.h>
@@ -218,6 +220,7 @@ void Relay::on_silo_message(const std::string& silo, const wire::Envelope& e) {
       const double w = e.update_end().weight();
       std::string why = r->slot.end("update");
       if (why.empty() && !r->secure && (!std::isfinite(w) || w <= 0)) why = "update weight must be a positive number";
+      if (why.empty() && e.update_end().update_sha256().empty()) why = "UpdateEnd declares no SHA-256 of the update";
       if (!why.empty()) {
         silo_error(silo, wire::BAD_UPDATE, why);
         st->second = SiloState::Gone;
@@ -227,21 +230,30 @@ void Relay::on_silo_message(const std::string& silo, const wire::Envelope& e) {
       r->contributors[silo].set_weight(r->secure ? 0.0 : w);
       r->folding = true;
       const std::uint64_t id = r->job = ++job_id_;
+      // On the worker, after the chunks' checks: the bytes must be what the silo declared (and,
+      // plain, finite) before they touch the sum.
+      auto checked = [check = r->slot.check(), declared = e.update_end().update_sha256()]() -> std::string {
+        const std::string got = crypto::to_hex(check->hash.finish());
+        if (got != declared) return "update does not match its SHA-256 (sent " + declared + ", received " + got + ")";
+        if (!check->finite) return "update contains NaN or infinite values";
+        return "";
+      };
       if (r->secure) {
         auto& sum = r->group_sums[r->group_of[silo]];
         if (!sum) sum = std::make_shared<protocol::MaskedVector>(r->current_words->bits(), r->current_words->words());
         // Masked words of one group add up mod 2^bits; the edge never sees anything else.
-        actions_.push_back(action::Job{id, [sum, cur = r->current_words] {
+        actions_.push_back(action::Job{id, [sum, cur = r->current_words, checked]() -> std::string {
+                                         if (auto why = checked(); !why.empty()) return why;
                                          sum->add(*cur);
-                                         return true;
+                                         return "";
                                        }});
       } else {
-        actions_.push_back(action::Job{id, [sum = r->sum, cur = r->current, check = r->slot.check()] {
-                                         if (!check->finite) return false;
+        actions_.push_back(action::Job{id, [sum = r->sum, cur = r->current, checked]() -> std::string {
+                                         if (auto why = checked(); !why.empty()) return why;
                                          const auto c = cur->flat();
                                          auto acc = sum->flat();
                                          for (std::size_t i = 0; i < c.size(); ++i) acc[i] += c[i];
-                                         return true;
+                                         return "";
                                        }});
       }
       break;
@@ -261,15 +273,15 @@ void Relay::on_silo_message(const std::string& silo, const wire::Envelope& e) {
   }
 }
 
-void Relay::on_job_done(std::uint64_t id, bool folded) {
+void Relay::on_job_done(std::uint64_t id, const std::string& refused) {
   Region* r = region_.get();
   if (!r || !r->folding || id != r->job) return;  // a job of a round that is gone
   r->folding = false;
   if (id & kBarrier) return pump();  // the abandoned upload's checks have drained
   const std::string silo = *r->slot.holder();
   r->slot.release();
-  if (!folded) {
-    silo_error(silo, wire::BAD_UPDATE, "update contains NaN or infinite values");
+  if (!refused.empty()) {
+    silo_error(silo, wire::BAD_UPDATE, refused);
     r->silos[silo] = SiloState::Gone;
   } else {
     r->silos[silo] = SiloState::Done;
@@ -288,7 +300,7 @@ void Relay::silo_gone(const std::string& silo) {
     r->slot.release();
     r->folding = true;
     r->job = kBarrier | ++job_id_;
-    actions_.push_back(action::Job{r->job, [] { return true; }});
+    actions_.push_back(action::Job{r->job, [] { return std::string(); }});
   }
   if (st->second != SiloState::Done) st->second = SiloState::Gone;
   pump();
@@ -297,10 +309,10 @@ void Relay::silo_gone(const std::string& silo) {
 protocol::UploadBuffer Relay::buffer() {
   Region& r = *region_;
   if (r.secure) {
-    return {r.current_words->bytes(), r.current_words->dtype(), {{"masked", {r.current_words->words()}, 0}}, false,
+    return {r.current_words->bytes(), r.current_words->dtype(), {{"masked", {r.current_words->words()}, 0}}, true,
             r.current_words};
   }
-  return {{reinterpret_cast<std::uint8_t*>(r.current->flat().data()), r.current->bytes()}, wire::F32, r.layout, false,
+  return {{reinterpret_cast<std::uint8_t*>(r.current->flat().data()), r.current->bytes()}, wire::F32, r.layout, true,
           r.current};
 }
 
@@ -360,6 +372,7 @@ void Relay::pump() {
     *end.mutable_update_end()->add_contributors() = c;
   }
   end.mutable_update_end()->set_weight(weight);
+  end.mutable_update_end()->set_update_sha256(crypto::sha256_hex(r->sum->flat()));
   if (!done.empty()) {
     actions_.push_back(action::StreamToServer{std::make_shared<protocol::ChunkSource>(
         r->sum, r->sum->flat(), r->layout, cfg_.federation, r->round, cfg_.chunk_bytes)});
@@ -380,6 +393,8 @@ void Relay::send_next_sum() {
   auto end = env();
   auto* u = end.mutable_update_end();
   u->set_group(g);
+  const auto bytes = sum->bytes();
+  u->set_update_sha256(crypto::sha256_hex(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size())));
   u->set_more(!r->unsent_groups.empty());
   std::size_t n = 0;
   for (const auto& [name, c] : r->contributors) {

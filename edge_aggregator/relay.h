@@ -46,7 +46,7 @@ struct Background {
 };
 struct Job {
   std::uint64_t id;
-  std::function<bool()> work;  // true: the upload was finite and is in the sum
+  std::function<std::string()> work;  // "": the upload matched its hash, was finite and is in the sum; else why not
 };
 }  // namespace action
 
@@ -67,7 +67,7 @@ class Relay {
   void on_silo_up(const std::string& silo);
   void on_silo_down(const std::string& silo);
   void on_silo_message(const std::string& silo, const wire::Envelope& e);
-  void on_job_done(std::uint64_t id, bool folded);
+  void on_job_done(std::uint64_t id, const std::string& refused);
 
   std::vector<Action> take_actions() { return std::exchange(actions_, {}); }
   bool finished() const { return finished_; }

@@ -21,7 +21,10 @@ FoldResult check_upload(protocol::UploadCheck& check, const Contribution& c, con
   if (!check.finite) {
     r.error = FoldError::NonFinite;
     r.why = what + " contains NaN or infinite values";
-  } else if (!c.declared_sha256.empty() && c.declared_sha256 != r.sha256) {
+  } else if (c.declared_sha256.empty()) {
+    r.error = FoldError::HashMismatch;
+    r.why = what + " declares no SHA-256 (UpdateEnd.update_sha256 is required)";
+  } else if (c.declared_sha256 != r.sha256) {
     r.error = FoldError::HashMismatch;
     r.why = what + " does not match its SHA-256 (sent " + c.declared_sha256 + ", received " + r.sha256 + ")";
   }

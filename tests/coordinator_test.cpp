@@ -2,8 +2,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 #include <random>
 
+#include "crypto/hash.h"
 #include "server/coordinator.h"
 #include "protocol/tensor_stream.h"
 
@@ -105,8 +107,8 @@ class Harness {
     deliver(i, e);
   }
   // Streams weight * delta in chunks of 3 elements, then UpdateEnd (unless stop_after chunks).
-  void upload(std::size_t i, const std::vector<float>& weighted, double weight,
-              int stop_after = -1) {
+  void upload(std::size_t i, const std::vector<float>& weighted, double weight, int stop_after = -1,
+              std::optional<std::string> declared = std::nullopt) {
     ++uploads_[session(i)];
     auto m = std::make_shared<Model>(initial_.zeros_like());
     std::copy(weighted.begin(), weighted.end(), m->flat().begin());
@@ -120,6 +122,7 @@ class Harness {
     wire::Envelope end;
     end.set_round(coord_->round());
     end.mutable_update_end()->set_weight(weight);
+    end.mutable_update_end()->set_update_sha256(declared.value_or(crypto::sha256_hex(m->flat())));
     deliver(i, end);
   }
   // Holds an UploadGrant it has not used yet.
@@ -410,9 +413,9 @@ TEST(Coordinator, OverSelectionClosesAtTheTargetAndReleasesTheRest) {
 TEST(Coordinator, NonFiniteOrMalformedUpdatesAreRejected) {
   RoundConfig cfg = three_rounds();
   cfg.selection.min_updates = 1;
-  Harness h(4, cfg);
-  h.connect_all(4);
-  for (std::size_t i = 0; i < 4; ++i) h.ready(i, 10);
+  Harness h(6, cfg);
+  h.connect_all(6);
+  for (std::size_t i = 0; i < 6; ++i) h.ready(i, 10);
   auto nan = constant(1);
   nan[3] = std::nanf("");
   h.upload(0, nan, 10);  // NaN
@@ -428,7 +431,9 @@ TEST(Coordinator, NonFiniteOrMalformedUpdatesAreRejected) {
     h.deliver(1, e);
   }
   h.upload(2, constant(2), -1);  // negative weight
-  h.upload(3, constant(3), 10);  // the last one in: the round closes by itself
+  h.upload(3, constant(3), 10);
+  h.upload(4, constant(4), 10, -1, "");  // no declared hash
+  h.upload(5, constant(5), 10, -1, crypto::sha256_hex("another update"));  // the last: the round closes
   ASSERT_EQ(h.store.commits.size(), 1u);
   const auto& rec = h.store.commits[0].record;
   ASSERT_EQ(rec["participants"].size(), 1u);
@@ -438,6 +443,8 @@ TEST(Coordinator, NonFiniteOrMalformedUpdatesAreRejected) {
   EXPECT_NE(why[name(0)].find("NaN"), std::string::npos);
   EXPECT_NE(why[name(1)].find("expected a chunk of a"), std::string::npos);
   EXPECT_NE(why[name(2)].find("weight"), std::string::npos);
+  EXPECT_NE(why[name(4)].find("declares no SHA-256"), std::string::npos) << why[name(4)];
+  EXPECT_NE(why[name(5)].find("does not match its SHA-256"), std::string::npos) << why[name(5)];
   expect_model(h.store.commits[0].model, fedavg(h.initial_, {{constant(3), 10}}));
 }
 

@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 
+#include "crypto/hash.h"
 #include "edge_aggregator/relay.h"
 
 namespace xsilo::edge {
@@ -79,7 +81,8 @@ class Harness {
     from_silo(silo, e);
   }
   // Streams 6 floats (plain) in chunks, then UpdateEnd with `weight`.
-  void upload(const std::string& silo, std::uint64_t round, std::vector<float> v, double weight, int stop_after = -1) {
+  void upload(const std::string& silo, std::uint64_t round, std::vector<float> v, double weight, int stop_after = -1,
+              std::optional<std::string> declared = std::nullopt) {
     auto m = std::make_shared<Model>();
     m->add("a", {4});
     m->add("b", {2});
@@ -93,6 +96,7 @@ class Harness {
     wire::Envelope end;
     end.set_round(round);
     end.mutable_update_end()->set_weight(weight);
+    end.mutable_update_end()->set_update_sha256(declared.value_or(crypto::sha256_hex(m->flat())));
     from_silo(silo, end);
   }
   void upload_words(const std::string& silo, std::uint64_t round, const std::vector<std::uint64_t>& w) {
@@ -102,7 +106,8 @@ class Harness {
     while (auto e = src.next()) from_silo(silo, *e);
     wire::Envelope end;
     end.set_round(round);
-    end.mutable_update_end();
+    end.mutable_update_end()->set_update_sha256(
+        crypto::sha256_hex(std::string_view(reinterpret_cast<const char*>(bytes->data()), bytes->size())));
     from_silo(silo, end);
   }
   void grant_region(std::uint64_t round) {
@@ -145,7 +150,7 @@ class Harness {
           streamed.push_back(std::move(bytes));
         }
         if (auto* b = std::get_if<action::Background>(&a)) b->work();
-        if (auto* j = std::get_if<action::Job>(&a)) relay_.on_job_done(j->id, j->work());
+        if (auto* j = std::get_if<action::Job>(&a)) relay_.on_job_done(j->id, j->work());  // "" or why refused
       }
     }
   }
@@ -238,6 +243,26 @@ TEST(Relay, ANonFiniteUploadIsRefusedAndLeftOutOfTheSum) {
   h.up();
   h.grant_region(1);
   EXPECT_EQ(floats(h.streamed.at(0)), (std::vector<float>{1, 1, 1, 1, 1, 1}));
+}
+
+TEST(Relay, AnUploadThatIsNotWhatItsSiloDeclaredIsRefusedAndLeftOutOfTheSum) {
+  for (const std::string& declared : {std::string(), crypto::sha256_hex("something else")}) {
+    Harness h;
+    h.two_silos_in_round_one();
+    h.ready("s1", 1, 10);
+    h.ready("s2", 1, 10);
+    h.upload("s1", 1, {5, 5, 5, 5, 5, 5}, 10, -1, declared);
+    const auto to1 = h.to("s1");
+    ASSERT_TRUE(Harness::has(to1, wire::Envelope::kError));
+    EXPECT_NE(to1.back().error().message().find("SHA-256"), std::string::npos) << to1.back().error().message();
+    h.upload("s2", 1, {1, 1, 1, 1, 1, 1}, 10);
+    h.up();
+    h.grant_region(1);
+    EXPECT_EQ(floats(h.streamed.at(0)), (std::vector<float>{1, 1, 1, 1, 1, 1}));
+    const auto up = h.up();
+    ASSERT_FALSE(up.empty());
+    EXPECT_EQ(up.back().update_end().update_sha256().size(), 64u);  // the partial sum declares its own
+  }
 }
 
 TEST(Relay, StopsWaitingForASiloTheServerEndedTheRoundFor) {
