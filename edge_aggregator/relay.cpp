@@ -27,7 +27,12 @@ wire::Envelope Relay::env() const {
 
 // ---- upstream: the server -------------------------------------------------------------------
 
-void Relay::on_server_up() { send_region_status(); }
+void Relay::on_server_up() {
+  nonce_.clear();  // proofs answer one server connection's challenge
+  proofs_.clear();
+  proof_sent_.clear();
+  send_region_status();
+}
 
 void Relay::on_server_down() {
   if (region_) last_round_ = region_->round;
@@ -37,7 +42,12 @@ void Relay::on_server_down() {
 void Relay::send_region_status() {
   auto e = env();
   auto* status = e.mutable_region_status();  // set even when the region is empty
-  for (const auto& name : connected_) status->add_silos(name);
+  for (const auto& name : connected_) {
+    auto proof = proofs_.find(name);
+    if (proof == proofs_.end()) continue;  // not signed yet: not ours to announce
+    status->add_silos(name);
+    if (proof_sent_.insert(name).second) *status->add_proofs() = proof->second;
+  }
   to_server(std::move(e));
 }
 
@@ -46,6 +56,12 @@ void Relay::on_server_message(const wire::Envelope& e) {
   const bool this_round = region_ && e.round() == region_->round;
   switch (e.body_case()) {
     case B::kRoundStart: start_round(e); break;
+    case B::kJoinChallenge:
+      nonce_ = e.join_challenge().nonce();
+      proofs_.clear();
+      proof_sent_.clear();
+      for (const auto& silo : connected_) to_silo(silo, e);
+      break;
     case B::kSecaggSettled:
       // Whom the server let into its group's sum: only they may upload through this edge.
       if (this_round && !e.silo().empty() &&
@@ -149,12 +165,18 @@ void Relay::on_silo_up(const std::string& silo) {
     to_silo(silo, std::move(e));
     return;
   }
-  spdlog::info("silo {} joined ({} in the region)", silo, connected_.size());
-  send_region_status();
+  spdlog::info("silo {} connected ({} in the region)", silo, connected_.size());
+  if (!nonce_.empty()) {
+    auto e = env();
+    e.mutable_join_challenge()->set_nonce(nonce_);
+    to_silo(silo, std::move(e));
+  }
 }
 
 void Relay::on_silo_down(const std::string& silo) {
   if (!connected_.erase(silo)) return;
+  proofs_.erase(silo);
+  proof_sent_.erase(silo);
   silo_gone(silo);
   spdlog::info("silo {} left ({} in the region)", silo, connected_.size());
   send_region_status();
@@ -166,6 +188,18 @@ void Relay::on_silo_message(const std::string& silo, const wire::Envelope& e) {
   const auto st = r ? r->silos.find(silo) : decltype(r->silos)::iterator{};
   const bool in_round = r && st != r->silos.end() && e.round() == r->round && !r->sent;
   switch (e.body_case()) {
+    case B::kJoinProof:
+      // The server checks the signature; the edge only keeps answers to its current challenge
+      // from the silo that connected under that name.
+      if (e.join_proof().silo() != silo || nonce_.empty() || e.join_proof().nonce() != nonce_) {
+        silo_error(silo, wire::NOT_ALLOWED, "a join proof must answer this edge's current challenge in your own name");
+        break;
+      }
+      proofs_[silo] = e.join_proof();
+      proof_sent_.erase(silo);
+      spdlog::info("silo {} signed its join ({} in the region)", silo, proofs_.size());
+      send_region_status();
+      break;
     case B::kSecaggKeys:
     case B::kSecaggShares:
     case B::kSecaggReceipt:

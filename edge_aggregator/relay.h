@@ -110,6 +110,12 @@ class Relay {
 
   RelayConfig cfg_;
   std::set<std::string> connected_;
+  // Signed joins (protocol/join.h): the server's nonce for this connection, each silo's answer
+  // to it, and the silos whose proof the server has had in this connection. A silo is listed
+  // in RegionStatus only once it has signed.
+  std::string nonce_;
+  std::map<std::string, wire::JoinProof> proofs_;
+  std::set<std::string> proof_sent_;
   std::unique_ptr<Region> region_;
   std::uint64_t last_round_ = 0;
   bool finished_ = false;

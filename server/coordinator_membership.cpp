@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "crypto/keys.h"
 #include "proto/frame.h"
+#include "protocol/join.h"
 #include "server/coordinator_round.h"
 #include "server/secure_round.h"
 
@@ -20,9 +22,24 @@ void Coordinator::on_connect(SessionId id, const std::string& silo, std::int64_t
   silo_joined(silo, id, now_ms);
 }
 
-void Coordinator::on_edge_connect(SessionId id, const std::string& edge, std::int64_t /*now_ms*/) {
-  membership_.add_session(id, edge, true);
+void Coordinator::on_edge_connect(SessionId id, const std::string& edge, std::int64_t now_ms) {
+  // One live session per edge certificate: a newer one replaces the older (a restarted edge
+  // whose old connection is not noticed gone yet), so one name cannot hold many.
+  std::optional<SessionId> older;
+  for (const auto& [other, peer] : membership_.sessions()) {
+    if (other != id && peer.edge && peer.name == edge) older = other;
+  }
+  if (older) {
+    actions_.push_back(action::Close{*older, wire::UNEXPECTED, "replaced by a newer connection"});
+    on_disconnect(*older, now_ms);
+  }
+  // The silos behind this session join by signing this session's nonce (protocol/join.h).
+  const auto nonce = crypto::Secret::random();
+  membership_.add_session(id, edge, true, std::string(nonce.bytes().begin(), nonce.bytes().end()));
   spdlog::info("edge {} connected", edge);
+  auto challenge = env();
+  challenge.mutable_join_challenge()->set_nonce(membership_.peer(id)->join_nonce);
+  send(id, std::move(challenge));
   if (phase_ == Phase::Finished) {
     auto e = env();
     e.mutable_finished()->set_reason("the federation has finished");
@@ -204,14 +221,29 @@ void Coordinator::on_edge_message(SessionId id, const wire::Envelope& e, std::in
 }
 
 void Coordinator::on_region_status(SessionId id, const wire::RegionStatus& status, std::int64_t now_ms) {
-  const std::string edge = membership_.peer(id)->name;
+  const Peer& peer = *membership_.peer(id);
+  const std::string edge = peer.name;
+  const std::string nonce = peer.join_nonce;
   const auto change = membership_.set_region(id, {status.silos().begin(), status.silos().end()});
   for (const auto& silo : change.left) {
     if (membership_.unroute(silo, id)) silo_gone(silo, id, "left edge " + edge, now_ms);
   }
+  std::map<std::string, const wire::JoinProof*> proofs;
+  for (const auto& p : status.proofs()) proofs.emplace(p.silo(), &p);
   for (const auto& silo : change.joined) {
     if (!cfg_.any_silo && !cfg_.expected_silos.count(silo)) {
       send_error(id, wire::NOT_ALLOWED, "silo " + silo + " is not on the server's allow-list");
+      continue;
+    }
+    // The silo exists for the server only once it has signed its join through this edge.
+    auto proof = proofs.find(silo);
+    std::string why = proof == proofs.end() ? "no signed join from it"
+                      : !cfg_.ca           ? "the server has no CA to check joins with"
+                                           : protocol::check_join(*cfg_.ca, *proof->second, cfg_.federation, edge,
+                                                                  nonce, silo);
+    if (!why.empty()) {
+      spdlog::warn("edge {} announces silo {}, refused: {}", edge, silo, why);
+      send_error(id, wire::NOT_ALLOWED, "silo " + silo + " refused: " + why);
       continue;
     }
     membership_.join_region(id, silo);

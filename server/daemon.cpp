@@ -259,12 +259,10 @@ int run_server(const ServerConfig& cfg) {
                 {"time", iso_time(now_ms())}},
                nullptr);
   RoundConfig rounds(cfg);
-  if (rounds.secure.on()) {
-    // The server signs its secure groups' setups with its certificate key and checks the
-    // silos' signatures against the federation CA (and its revocation list).
-    rounds.secure.signer = transport::load_signer(cfg.tls);
-    rounds.secure.ca = transport::load_verifier(cfg.tls);
-  }
+  // The server checks silos' signatures (joins through edges, secure aggregation) against the
+  // federation CA and its revocation list, and signs its secure groups' setups with its key.
+  rounds.ca = transport::load_verifier(cfg.tls);
+  if (rounds.secure.on()) rounds.secure.signer = transport::load_signer(cfg.tls);
   Coordinator coord(std::move(rounds), std::move(model), std::move(optimizer), state, first_round);
   Server server(cfg, state, coord);
   return server.run();

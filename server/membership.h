@@ -19,11 +19,14 @@ struct Peer {
   std::string name;
   bool edge = false;
   std::set<std::string> region;  // edges: the silos announced behind it
+  std::string join_nonce;        // edges: the nonce its silos sign to join through this session
 };
 
 class Membership {
  public:
-  void add_session(SessionId id, const std::string& name, bool edge) { sessions_[id] = Peer{name, edge, {}}; }
+  void add_session(SessionId id, const std::string& name, bool edge, std::string join_nonce = {}) {
+    sessions_[id] = Peer{name, edge, {}, std::move(join_nonce)};
+  }
   // Removes a session; returns the silos whose route it was (gone with it).
   std::vector<std::string> remove_session(SessionId id);
 

@@ -53,10 +53,9 @@ struct SecureConfig {
   std::chrono::milliseconds keys_deadline{30000};    // each of the key, share and receipt phases
   std::chrono::milliseconds unmask_deadline{30000};  // each of the confirmation and unmask phases
   // Who the server is in the protocol: its certificate key (it signs each group's setup and
-  // settled members) and the federation CA (it checks the silos' signatures). Not read from a
-  // config file: the server daemon sets them from its TLS files. Required when mode is on.
+  // settled members). Not read from a config file: the server daemon sets it from its TLS
+  // files. Required when mode is on, with RoundConfig::ca.
   std::optional<crypto::CertSigner> signer;
-  std::optional<crypto::CertVerifier> ca;
   bool on() const { return mode != SecureMode::Off; }
   crypto::FixedPointParams codec() const { return {bits, fraction_bits, clip_norm, max_weight}; }
 };
@@ -73,6 +72,10 @@ struct RoundConfig {
   bool any_silo = true;   // the allow-list admits every silo ("*"); else only expected_silos
   AggregationConfig aggregation;
   SecureConfig secure;
+  // The federation CA (and its revocation list): checks the signed joins of silos behind edges
+  // and, in secure mode, the silos' protocol signatures. Not read from a config file: the server
+  // daemon sets it from its TLS files. Without it, no silo is admitted through an edge.
+  std::optional<crypto::CertVerifier> ca;
 };
 
 }  // namespace xsilo::server

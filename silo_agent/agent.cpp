@@ -62,7 +62,7 @@ class Agent {
                      me_.name);
       }
       spdlog::info("connected to {} at {} as {}", ch->peer().str(), at.str(), me_.name);
-      session_.on_connected(me_.name, at.str(), ch->peer().str());
+      session_.on_connected(me_.name, at.str(), ch->peer().name, ch->peer().str());
       apply();
       std::function<bool(const wire::Envelope&)> handle = [this](const wire::Envelope& e) {
         session_.on_message(e);

@@ -11,6 +11,7 @@
 #include "crypto/fixed_point.h"
 #include "crypto/hash.h"
 #include "proto/frame.h"
+#include "protocol/join.h"
 #include "protocol/secagg_wire.h"
 
 namespace xsilo::agent {
@@ -51,10 +52,11 @@ void Session::job(std::function<SessionJobResult()> work) {
   actions_.push_back(action::Job{id, std::move(work)});
 }
 
-void Session::on_connected(const std::string& identity, const std::string& upstream,
+void Session::on_connected(const std::string& identity, const std::string& upstream, const std::string& upstream_name,
                            const std::string& upstream_identity) {
   name_ = identity;
   upstream_ = upstream;
+  upstream_name_ = upstream_name;
   upstream_identity_ = upstream_identity;
   connected_ = true;
 }
@@ -71,6 +73,7 @@ void Session::on_message(const wire::Envelope& e) {
   using B = wire::Envelope::BodyCase;
   if (silent_) return;
   switch (e.body_case()) {
+    case B::kJoinChallenge: on_join_challenge(e); break;
     case B::kRoundStart: on_round_start(e); break;
     case B::kSecaggKeyList: on_key_list(e); break;
     case B::kSecaggShareDelivery: on_share_delivery(e); break;
@@ -104,6 +107,22 @@ void Session::on_message(const wire::Envelope& e) {
     case B::kError: spdlog::warn("{} reports: {}", upstream_identity_, e.error().message()); break;
     default: reply_error(wire::UNEXPECTED, "a silo does not expect " + proto::body_name(e));
   }
+}
+
+// An edge asks this silo to sign its join (protocol/join.h), for the edge named in the
+// certificate of the connection it came on: a proof for one edge is worthless through another.
+void Session::on_join_challenge(const wire::Envelope& e) {
+  if (!cfg_.signer) {
+    reply_error(wire::NOT_ALLOWED, "this silo has no certificate key to sign its join with");
+    return;
+  }
+  if (e.join_challenge().nonce().size() < 16) {
+    reply_error(wire::NOT_ALLOWED, "a join challenge needs a nonce of at least 16 bytes");
+    return;
+  }
+  auto proof = env();
+  *proof.mutable_join_proof() = protocol::sign_join(*cfg_.signer, cfg_.federation, upstream_name_, e.join_challenge().nonce());
+  send(std::move(proof));
 }
 
 namespace {

@@ -101,8 +101,11 @@ class Session {
   // `trainer` and `hook` outlive the session; jobs call the trainer on the worker thread.
   Session(SessionConfig cfg, Trainer& trainer, FaultHook& hook);
 
-  // A new connection to an upstream: `identity` is the name its Welcome says we have.
-  void on_connected(const std::string& identity, const std::string& upstream, const std::string& upstream_identity);
+  // A new connection to an upstream at address `upstream`: `identity` is the name its Welcome
+  // says we have, `upstream_name` the name in its TLS certificate (`upstream_identity` that name
+  // with its role, for logs).
+  void on_connected(const std::string& identity, const std::string& upstream, const std::string& upstream_name,
+                    const std::string& upstream_identity);
   // The connection is gone: work in flight is moot (the secure client stays, to answer an
   // unmask request that finds it through another route).
   void on_disconnected();
@@ -115,6 +118,7 @@ class Session {
   const std::string& name() const { return name_; }
 
  private:
+  void on_join_challenge(const wire::Envelope& e);
   void on_round_start(const wire::Envelope& e);
   void start_secure(const wire::SecAggSetup& setup);
   void on_key_list(const wire::Envelope& e);
@@ -141,7 +145,7 @@ class Session {
   Trainer& trainer_;
   FaultHook& hook_;
   std::vector<Action> actions_;
-  std::string name_, upstream_, upstream_identity_;
+  std::string name_, upstream_, upstream_name_, upstream_identity_;
   bool connected_ = false, finished_ = false, silent_ = false;
 
   // The round in progress. `generation_` moves on with every round and connection: a job's

@@ -6,7 +6,9 @@
 #include <random>
 
 #include "crypto/hash.h"
+#include "protocol/join.h"
 #include "server/coordinator.h"
+#include "tests/testlib.h"
 #include "protocol/tensor_stream.h"
 
 namespace xsilo::server {
@@ -56,6 +58,7 @@ class Harness {
                    std::uint64_t first_round = 1)
       : initial_(small_model()) {
     cfg.federation = "fed";
+    cfg.ca = test::verifier();
     if (cfg.selection.min_silos == 2 && silos < 2) cfg.selection.min_silos = 1;
     if (cfg.selection.min_updates == 0) cfg.selection.min_updates = cfg.selection.min_silos;
     for (std::size_t i = 0; i < silos; ++i) cfg.expected_silos.insert(name(i));
@@ -78,16 +81,37 @@ class Harness {
   }
   void edge_connect(SessionId id, const std::string& edge) {
     coord_->on_edge_connect(id, edge, now);
+    edges_[id] = edge;
     pump();
   }
-  void region(SessionId edge, const std::vector<std::size_t>& silos) {
+  // The edge's region: these silos, each with its join signed for this edge session (unless
+  // `unsigned_` lists it).
+  void region(SessionId edge, const std::vector<std::size_t>& silos, const std::set<std::size_t>& unsigned_ = {}) {
     wire::Envelope e;
     e.set_federation("fed");
     e.set_round(coord_->round());
     auto* r = e.mutable_region_status();
-    for (auto i : silos) r->add_silos(name(i));
+    for (auto i : silos) {
+      r->add_silos(name(i));
+      if (!unsigned_.count(i)) {
+        *r->add_proofs() = protocol::sign_join(test::signer(wire::SILO, name(i)), "fed", edges_.at(edge), nonce(edge));
+      }
+    }
     coord_->on_message(edge, e, now);
     pump();
+  }
+  void from_edge(SessionId edge, wire::Envelope e) {
+    e.set_federation("fed");
+    coord_->on_message(edge, e, now);
+    pump();
+  }
+  // The join nonce the server gave this edge session.
+  std::string nonce(SessionId edge) {
+    std::string n;
+    for (const auto& m : inbox[edge]) {
+      if (m.has_join_challenge()) n = m.join_challenge().nonce();
+    }
+    return n;
   }
   void fire(Timer t) {
     ASSERT_TRUE(armed.count(t)) << "timer not armed";
@@ -161,6 +185,7 @@ class Harness {
   MemoryStore store;
   std::int64_t now = 1'700'000'000'000;
   std::map<SessionId, std::vector<wire::Envelope>> inbox;
+  std::map<SessionId, std::string> edges_;
   std::map<SessionId, int> models_sent;
   std::set<Timer> armed;
   std::vector<SessionId> closed;
@@ -295,6 +320,58 @@ TEST(Coordinator, AnEdgeCannotTakeOverADirectlyConnectedSilo) {
   }
   h.disconnect(0);  // silo 0 leaves its direct connection: the edge's claim takes effect
   EXPECT_EQ(h.coord().connected(), 3u);
+}
+
+// The server admits a silo behind an edge only with the silo's own signature over its join
+// through that edge session: an edge naming a silo with no proof, a proof from another CA, a
+// proof made for another edge or another session, or another silo's proof, gets the silo
+// refused with the reason; a second session under one edge name replaces the first.
+TEST(Coordinator, AnEdgeCannotNameASiloThatDidNotSignItsJoin) {
+  Harness h(6);
+  h.edge_connect(900, "edge-1");
+  h.edge_connect(901, "edge-2");
+  const std::string n1 = h.nonce(900), n2 = h.nonce(901);
+  ASSERT_GE(n1.size(), 16u);
+  ASSERT_NE(n1, n2);
+  wire::Envelope e;
+  e.set_federation("fed");
+  auto* r = e.mutable_region_status();
+  for (std::size_t i = 0; i < 6; ++i) r->add_silos(name(i));
+  // silo 0: nothing signed
+  *r->add_proofs() = protocol::sign_join(test::foreign_signer(wire::SILO, name(1)), "fed", "edge-1", n1);
+  *r->add_proofs() = protocol::sign_join(test::signer(wire::SILO, name(2)), "fed", "edge-2", n1);
+  *r->add_proofs() = protocol::sign_join(test::signer(wire::SILO, name(3)), "fed", "edge-1", n2);
+  auto stolen = protocol::sign_join(test::signer(wire::SILO, name(5)), "fed", "edge-1", n1);
+  stolen.set_silo(name(4));
+  *r->add_proofs() = stolen;
+  const auto good = protocol::sign_join(test::signer(wire::SILO, name(5)), "fed", "edge-1", n1);
+  *r->add_proofs() = good;
+  h.from_edge(900, e);
+  EXPECT_EQ(h.coord().connected(), 1u);  // silo 5 only
+  std::vector<std::string> errors;
+  for (const auto& m : h.inbox[900]) {
+    if (m.has_error()) errors.push_back(m.error().message());
+  }
+  ASSERT_EQ(errors.size(), 5u);
+  EXPECT_NE(errors[0].find("no signed join"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("does not verify"), std::string::npos) << errors[1];  // foreign CA
+  EXPECT_NE(errors[2].find("does not verify"), std::string::npos) << errors[2];  // made for edge-2
+  EXPECT_NE(errors[3].find("another edge session"), std::string::npos) << errors[3];
+  EXPECT_NE(errors[4].find("does not verify"), std::string::npos) << errors[4];  // silo 5's key, silo 4's name
+
+  // A second session of edge-1 replaces the first; the old session's proofs are worthless.
+  h.edge_connect(902, "edge-1");
+  EXPECT_TRUE(std::count_if(h.closed.begin(), h.closed.end(), [](auto id) { return id == 900; }));
+  EXPECT_EQ(h.coord().connected(), 0u);
+  wire::Envelope replay;
+  replay.set_federation("fed");
+  replay.mutable_region_status()->add_silos(name(5));
+  *replay.mutable_region_status()->add_proofs() = good;
+  h.from_edge(902, replay);
+  EXPECT_EQ(h.coord().connected(), 0u);
+  EXPECT_NE(h.inbox[902].back().error().message().find("another edge session"), std::string::npos);
+  h.region(902, {5});  // signed for this session: admitted
+  EXPECT_EQ(h.coord().connected(), 1u);
 }
 
 TEST(Coordinator, NeverStartsBelowMinSilosEvenAfterTheJoinDeadline) {

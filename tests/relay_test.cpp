@@ -9,6 +9,8 @@
 
 #include "crypto/hash.h"
 #include "edge_aggregator/relay.h"
+#include "protocol/join.h"
+#include "tests/testlib.h"
 
 namespace xsilo::edge {
 namespace {
@@ -17,13 +19,26 @@ class Harness {
  public:
   Harness() : relay_({"fed", 12}) {}
 
-  void server_up() {
+  // The server connects and gives this connection its join nonce.
+  void server_up(const std::string& nonce = "nonce-of-connection-1") {
     relay_.on_server_up();
-    pump();
+    wire::Envelope c;
+    c.mutable_join_challenge()->set_nonce(nonce);
+    from_server(c);
   }
-  void silo_up(const std::string& s) {
+  // A silo connects and signs the challenge it is given, as its agent does.
+  void silo_up(const std::string& s, bool sign = true) {
     relay_.on_silo_up(s);
     pump();
+    if (!sign) return;
+    for (const auto& m : silo_inbox[s]) {
+      if (m.has_join_challenge()) sign_join(s, m.join_challenge().nonce());
+    }
+  }
+  void sign_join(const std::string& s, const std::string& nonce) {
+    wire::Envelope p;
+    *p.mutable_join_proof() = protocol::sign_join(test::signer(wire::SILO, s), "fed", "edge-1", nonce);
+    from_silo(s, p);
   }
   void silo_down(const std::string& s) {
     relay_.on_silo_down(s);
@@ -174,6 +189,59 @@ TEST(Relay, AnEmptyRegionIsAnnouncedWithARegionStatusBody) {
   up = h.up();
   ASSERT_EQ(up.size(), 1u);
   EXPECT_EQ(up[0].region_status().silos(0), "s1");
+}
+
+// A silo is announced only once it has signed the server's challenge for this connection, its
+// proof travels once per connection, and a new server connection needs fresh signatures.
+TEST(Relay, AnnouncesASiloOnlyWithItsSignedJoinForTheCurrentConnection) {
+  Harness h;
+  h.server_up("nonce-of-connection-1");
+  h.up();  // the empty region
+  h.silo_up("s1", false);
+  EXPECT_TRUE(h.up().empty());  // connected, not signed: nothing to announce
+  auto to1 = h.to("s1");
+  ASSERT_TRUE(Harness::has(to1, wire::Envelope::kJoinChallenge));
+  EXPECT_EQ(to1[0].join_challenge().nonce(), "nonce-of-connection-1");
+  h.sign_join("s1", "an old nonce");  // not this connection's challenge
+  EXPECT_TRUE(h.up().empty());
+  EXPECT_TRUE(Harness::has(h.to("s1"), wire::Envelope::kError));
+  h.sign_join("s1", "nonce-of-connection-1");
+  auto up = h.up();
+  ASSERT_EQ(up.size(), 1u);
+  ASSERT_EQ(up[0].region_status().silos_size(), 1);
+  ASSERT_EQ(up[0].region_status().proofs_size(), 1);
+  EXPECT_EQ(up[0].region_status().proofs(0).silo(), "s1");
+  h.silo_up("s2");
+  up = h.up();
+  ASSERT_EQ(up.size(), 1u);
+  EXPECT_EQ(up[0].region_status().silos_size(), 2);
+  ASSERT_EQ(up[0].region_status().proofs_size(), 1);  // only the new one's
+  EXPECT_EQ(up[0].region_status().proofs(0).silo(), "s2");
+  // s2 cannot hand in a proof under s1's name
+  wire::Envelope forged;
+  *forged.mutable_join_proof() = up[0].region_status().proofs(0);
+  forged.mutable_join_proof()->set_silo("s1");
+  h.from_silo("s2", forged);
+  EXPECT_TRUE(h.up().empty());
+
+  // The server reconnects: the new challenge goes to every silo and none is announced until it
+  // signs again.
+  h.relay().on_server_down();
+  h.server_up("nonce-of-connection-2");
+  up = h.up();
+  ASSERT_FALSE(up.empty());
+  EXPECT_EQ(up.back().region_status().silos_size(), 0);
+  for (auto s : {"s1", "s2"}) {
+    const auto to = h.to(s);
+    ASSERT_TRUE(Harness::has(to, wire::Envelope::kJoinChallenge));
+    EXPECT_EQ(to.back().join_challenge().nonce(), "nonce-of-connection-2");
+  }
+  h.sign_join("s2", "nonce-of-connection-2");
+  up = h.up();
+  ASSERT_EQ(up.size(), 1u);
+  ASSERT_EQ(up[0].region_status().silos_size(), 1);
+  EXPECT_EQ(up[0].region_status().silos(0), "s2");
+  EXPECT_EQ(up[0].region_status().proofs_size(), 1);
 }
 
 TEST(Relay, SumsItsSilosOneUploadAtATimeAndSendsOnePartialSum) {

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "crypto/hash.h"
+#include "protocol/join.h"
 #include "protocol/secagg_wire.h"
 #include "silo_agent/session.h"
 #include "tests/testlib.h"
@@ -88,7 +89,7 @@ class Harness {
  public:
   explicit Harness(FaultHook* hook = nullptr, SessionConfig cfg = session_config())
       : session_(std::move(cfg), trainer, hook ? *hook : none_) {
-    session_.on_connected("silo-a", "127.0.0.1:7443", "server server");
+    session_.on_connected("silo-a", "127.0.0.1:7443", "server", "server server");
   }
 
   wire::Envelope round_start(std::uint64_t round, const Model& m, const std::string& sha = "") {
@@ -199,6 +200,22 @@ TEST(Session, TrainsOnTheModelAndUploadsWeightTimesDeltaWhenGranted) {
   ASSERT_EQ(h.records.size(), 1u);  // the silo's own send log: hashes, never data
   EXPECT_EQ(h.records[0]["update_sha256"], end->update_end().update_sha256());
   EXPECT_EQ(h.records[0]["upstream_identity"], "server server");
+}
+
+// Behind an edge, the silo signs the server's join challenge for the edge named in its
+// connection's certificate, so the proof is good through that edge only.
+TEST(Session, SignsAJoinChallengeForTheUpstreamItIsConnectedTo) {
+  Harness h;  // connected to an upstream whose certificate names "server"
+  const std::string nonce = "a-nonce-of-32-bytes-from-server";
+  h.deliver_in(0, [&](wire::Envelope& e) { e.mutable_join_challenge()->set_nonce(nonce); });
+  const auto* p = h.last(wire::Envelope::kJoinProof);
+  ASSERT_NE(p, nullptr);
+  const auto v = test::verifier();
+  EXPECT_EQ(protocol::check_join(v, p->join_proof(), "fed", "server", nonce, "silo-a"), "");
+  EXPECT_NE(protocol::check_join(v, p->join_proof(), "fed", "edge-2", nonce, "silo-a"), "");
+  EXPECT_NE(protocol::check_join(v, p->join_proof(), "other-fed", "server", nonce, "silo-a"), "");
+  h.deliver_in(0, [&](wire::Envelope& e) { e.mutable_join_challenge()->set_nonce("short"); });
+  ASSERT_NE(h.last(wire::Envelope::kError), nullptr);  // too short a nonce to be fresh: refused
 }
 
 TEST(Session, AnUpdateIsUploadedOnceHoweverManyGrantsArrive) {
