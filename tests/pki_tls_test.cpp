@@ -3,7 +3,18 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/ssl/stream.hpp>
@@ -54,6 +65,16 @@ class EchoServer {
   std::uint16_t port() const { return listener_->port(); }
   int bad_frames() const { return bad_frames_; }
   std::uint64_t refused() const { return listener_->refused(); }
+  // The listener's counters, read on its own thread.
+  struct Counts {
+    std::uint64_t shed = 0, accept_failures = 0;
+    std::size_t handshaking = 0;
+  };
+  Counts counts() {
+    Counts c;
+    io_.run_sync([&] { c = {listener_->shed(), listener_->accept_failures(), listener_->handshaking()}; });
+    return c;
+  }
 
  private:
   awaitable<void> serve(std::shared_ptr<Channel> ch) {
@@ -218,6 +239,126 @@ TEST_F(TlsTest, RefusesEveryBadClientWhileAValidOneKeepsWorking) {
   EXPECT_TRUE(echoes(io_, *good.ch, "5"));
 
   EXPECT_GE(server.refused(), 5u);
+}
+
+namespace {
+
+// `n` TCP connections to 127.0.0.1:port from source address `from` that never say a word:
+// what a flood of unauthenticated peers looks like to the listener.
+std::vector<int> idle_connections(const char* from, std::uint16_t port, int n) {
+  std::vector<int> fds;
+  for (int i = 0; i < n; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) break;
+    sockaddr_in src{};
+    src.sin_family = AF_INET;
+    ::inet_pton(AF_INET, from, &src.sin_addr);
+    sockaddr_in dst{};
+    dst.sin_family = AF_INET;
+    dst.sin_port = htons(port);
+    ::inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0 ||
+        ::connect(fd, reinterpret_cast<sockaddr*>(&dst), sizeof dst) != 0) {
+      ::close(fd);
+      break;
+    }
+    fds.push_back(fd);
+  }
+  return fds;
+}
+
+// Polls `done` for up to `limit`.
+template <class Pred>
+bool eventually(Pred done, std::chrono::milliseconds limit = std::chrono::milliseconds(5000)) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+}  // namespace
+
+// Peers that connect and never finish the handshake hold at most the caps, per source address
+// and in all; the rest are closed at accept. A good client from another address gets in at once
+// (long before the flood's handshakes time out) and established channels keep working.
+TEST_F(TlsTest, AHandshakeFloodIsCappedAndAGoodClientStillGetsIn) {
+  ChannelOptions opts;
+  opts.max_handshakes = 16;
+  opts.max_handshakes_per_address = 4;
+  opts.handshake_timeout = std::chrono::seconds(20);
+  EchoServer server(io_, dir_.path(), 0, opts);
+
+  auto flood = idle_connections("127.0.0.2", server.port(), 200);
+  ASSERT_EQ(flood.size(), 200u) << "could not open the flood's connections from 127.0.0.2";
+  ASSERT_TRUE(eventually([&] { return server.counts().shed >= 196; })) << server.counts().shed;
+  EXPECT_EQ(server.counts().handshaking, 4u);  // the per-address cap
+
+  const auto t0 = std::chrono::steady_clock::now();
+  auto good = connect(io_, kit("hospital-a"), server.port());
+  ASSERT_TRUE(good.ch) << good.status.message;
+  EXPECT_TRUE(echoes(io_, *good.ch, "through the flood"));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+
+  // Many addresses: the total cap holds (4 from the first flood + 12 more).
+  std::vector<int> wide;
+  for (int a = 3; a <= 10; ++a) {
+    const std::string from = "127.0.0." + std::to_string(a);
+    auto more = idle_connections(from.c_str(), server.port(), 4);
+    wide.insert(wide.end(), more.begin(), more.end());
+  }
+  ASSERT_EQ(wide.size(), 32u);
+  ASSERT_TRUE(eventually([&] { return server.counts().shed >= 196 + 20; })) << server.counts().shed;
+  EXPECT_EQ(server.counts().handshaking, 16u);
+  EXPECT_TRUE(echoes(io_, *good.ch, "still here"));
+
+  for (int fd : flood) ::close(fd);
+  for (int fd : wide) ::close(fd);
+  // The flood gone, its slots come back and the next client is admitted.
+  ASSERT_TRUE(eventually([&] { return server.counts().handshaking == 0; })) << server.counts().handshaking;
+  auto next = connect(io_, kit("hospital-a"), server.port());
+  EXPECT_TRUE(next.ch) << next.status.message;
+}
+
+// Out of descriptors, the accept loop pauses (10 ms doubling to 1 s) instead of spinning; once
+// descriptors are back it accepts again.
+TEST_F(TlsTest, AcceptFailuresBackOffInsteadOfSpinning) {
+  EchoServer server(io_, dir_.path());
+  const std::uint16_t port = server.port();
+  // A child process connects 40 times (its descriptor limit is the one from before the cut).
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::usleep(300 * 1000);
+    for (int i = 0; i < 40; ++i) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in dst{};
+      dst.sin_family = AF_INET;
+      dst.sin_port = htons(port);
+      dst.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      ::connect(fd, reinterpret_cast<sockaddr*>(&dst), sizeof dst);
+    }
+    ::pause();
+    ::_exit(0);
+  }
+  rlimit before{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &before), 0);
+  int open_now = 0;
+  for (int fd = 0; fd < 4096; ++fd) open_now += ::fcntl(fd, F_GETFD) != -1;
+  rlimit cut = before;
+  cut.rlim_cur = static_cast<rlim_t>(open_now + 3);  // room for a few accepted sockets, then EMFILE
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &cut), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1800));
+  const auto during = server.counts();
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &before), 0);
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  EXPECT_GE(during.accept_failures, 2u);   // it did run out of descriptors
+  EXPECT_LE(during.accept_failures, 12u);  // 1.5 s of backoff: about 8 attempts, not a spin
+  auto good = connect(io_, kit("hospital-a"), server.port());
+  ASSERT_TRUE(good.ch) << good.status.message;
+  EXPECT_TRUE(echoes(io_, *good.ch, "after the drought"));
 }
 
 TEST_F(TlsTest, ClientRefusesAServerWhoseCertificateIsNotAServers) {

@@ -35,6 +35,10 @@ struct ChannelOptions {
   std::chrono::milliseconds idle_timeout{30000};   // 0 disables the watchdog
   std::chrono::milliseconds handshake_timeout{10000};
   std::size_t max_queued_bytes = std::size_t{512} << 20;
+  // A listener's connections that have not finished TLS + Hello/Welcome: at most this many in
+  // all and from one source address; more are closed at accept, before any TLS work.
+  std::size_t max_handshakes = 64;
+  std::size_t max_handshakes_per_address = 8;
 };
 
 // What this side says about itself in Hello / Welcome.

@@ -45,6 +45,9 @@ ChannelOptions parse_channel_options(const ConfigNode& node) {
   o.handshake_timeout = seconds(node, "handshake_timeout_s", 10, 0.1, 3600);
   o.max_queued_bytes =
       static_cast<std::size_t>(node.integer("max_queued_mib", 512, 1, 1 << 20)) << 20;
+  o.max_handshakes = static_cast<std::size_t>(node.integer("max_handshakes", 64, 1, 100000));
+  o.max_handshakes_per_address =
+      static_cast<std::size_t>(node.integer("max_handshakes_per_address", 8, 1, 100000));
   node.finish();
   if (o.idle_timeout.count() > 0 && o.heartbeat_interval.count() > 0 &&
       o.idle_timeout <= o.heartbeat_interval) {
@@ -114,7 +117,9 @@ nlohmann::json to_json(const ChannelOptions& o) {
           {"heartbeat_s", secs(o.heartbeat_interval)},
           {"idle_timeout_s", secs(o.idle_timeout)},
           {"handshake_timeout_s", secs(o.handshake_timeout)},
-          {"max_queued_mib", o.max_queued_bytes >> 20}};
+          {"max_queued_mib", o.max_queued_bytes >> 20},
+          {"max_handshakes", o.max_handshakes},
+          {"max_handshakes_per_address", o.max_handshakes_per_address}};
 }
 
 nlohmann::json to_json(const DialOptions& o) {

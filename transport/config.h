@@ -14,7 +14,7 @@ namespace xsilo::transport {
 // "tls": {"kit": DIR} or {"key": F, "cert": F, "ca": F}
 TlsFiles parse_tls(const ConfigNode& node);
 // "transport": {"max_frame_bytes", "heartbeat_s", "idle_timeout_s", "handshake_timeout_s",
-//               "max_queued_mib"}
+//               "max_queued_mib", "max_handshakes", "max_handshakes_per_address"}
 ChannelOptions parse_channel_options(const ConfigNode& node);
 // "reconnect": {"initial_backoff_s", "max_backoff_s", "max_attempts"}
 DialOptions parse_dial_options(const ConfigNode& node);

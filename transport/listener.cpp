@@ -3,6 +3,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <spdlog/spdlog.h>
 
@@ -36,6 +37,10 @@ void Listener::stop() {
 
 awaitable<void> Listener::accept_loop() {
   auto alive = alive_;
+  using namespace std::chrono_literals;
+  std::chrono::milliseconds backoff{0};
+  std::uint64_t failures = 0;
+  asio::steady_timer pause(ex_);
   while (*alive && acceptor_.is_open()) {
     boost::system::error_code ec;
     tcp::socket socket = co_await acceptor_.async_accept(
@@ -43,20 +48,49 @@ awaitable<void> Listener::accept_loop() {
     if (!*alive) break;
     if (ec) {
       if (ec == asio::error::operation_aborted) break;
-      spdlog::warn("accept failed: {}", ec.message());
+      // Out of descriptors or memory, most likely: wait before trying again (10 ms doubling to
+      // 1 s) rather than spin, and say so once per pause, not once per attempt.
+      ++failures;
+      ++accept_failures_;
+      backoff = std::min<std::chrono::milliseconds>(1000ms, backoff.count() ? backoff * 2 : 10ms);
+      spdlog::warn("accept failed ({} in a row): {}; next attempt in {} ms", failures, ec.message(), backoff.count());
+      pause.expires_after(backoff);
+      co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      continue;
+    }
+    backoff = 0ms;
+    failures = 0;
+    auto from = socket.remote_endpoint(ec);
+    const std::string address = ec ? std::string("?") : from.address().to_string();
+    if (handshaking_ >= opts_.max_handshakes || handshaking_from_[address] >= opts_.max_handshakes_per_address) {
+      // Shed before any TLS work: unauthenticated peers cannot hold more than the caps.
+      ++shed_;
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_shed_log_ > 1s) {
+        last_shed_log_ = now;
+        spdlog::warn("closed a connection from {} at accept: {} handshakes in progress ({} from that address); "
+                     "{} closed so far",
+                     address, handshaking_, handshaking_from_[address], shed_);
+      }
+      if (handshaking_from_[address] == 0) handshaking_from_.erase(address);
+      socket.close(ec);
       continue;
     }
     socket.set_option(tcp::no_delay(true), ec);
-    asio::co_spawn(ex_, authenticate(std::move(socket)), asio::detached);
+    ++handshaking_;
+    ++handshaking_from_[address];
+    asio::co_spawn(ex_, authenticate(std::move(socket), address), asio::detached);
   }
 }
 
-awaitable<void> Listener::authenticate(tcp::socket socket) {
+awaitable<void> Listener::authenticate(tcp::socket socket, std::string address) {
   auto alive = alive_;
   auto channel = std::make_shared<Channel>(std::move(socket), ctx_, opts_);
   const std::uint64_t round = current_round_ ? current_round_() : 0;
   auto st = co_await channel->accept(allow_, me_, round);
   if (!*alive) co_return;
+  --handshaking_;
+  if (--handshaking_from_[address] == 0) handshaking_from_.erase(address);
   if (!st) {
     ++refused_;
     spdlog::warn("refused connection from {}: {}", channel->remote(), st.message);

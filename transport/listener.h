@@ -3,7 +3,10 @@
 // and never disturbs the other connections.
 #pragma once
 
+#include <chrono>
 #include <functional>
+#include <map>
+#include <string>
 #include <memory>
 
 #include "common/net.h"
@@ -22,10 +25,15 @@ class Listener {
   void start();
   void stop();
   std::uint64_t refused() const { return refused_; }
+  // Connections closed at accept because the handshake caps were full.
+  std::uint64_t shed() const { return shed_; }
+  std::size_t handshaking() const { return handshaking_; }
+  // Failed accept calls (out of descriptors, say), each followed by a pause.
+  std::uint64_t accept_failures() const { return accept_failures_; }
 
  private:
   awaitable<void> accept_loop();
-  awaitable<void> authenticate(tcp::socket socket);
+  awaitable<void> authenticate(tcp::socket socket, std::string address);
 
   asio::any_io_executor ex_;
   ssl::context& ctx_;
@@ -37,6 +45,12 @@ class Listener {
   RoundFn current_round_;
   std::uint16_t port_ = 0;
   std::uint64_t refused_ = 0;
+  // Handshakes in progress, in all and per source address (ChannelOptions caps them).
+  std::size_t handshaking_ = 0;
+  std::map<std::string, std::size_t> handshaking_from_;
+  std::uint64_t shed_ = 0;
+  std::uint64_t accept_failures_ = 0;
+  std::chrono::steady_clock::time_point last_shed_log_{};
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 
