@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "common/fs.h"
+#include "crypto/certs.h"
 #include "crypto/hash.h"
 
 namespace xsilo::server {
@@ -37,6 +38,37 @@ std::vector<std::string> read_lines(const std::filesystem::path& path) {
 
 }  // namespace
 
+namespace {
+
+// "" when `line` is record `n` signed by `pk` and chained to `prev`; otherwise why not.
+std::string check_line(const std::string& line, const std::string& pk, std::uint64_t n, const std::string& prev) {
+  std::string message, sig_hex;
+  if (!split_signature(line, message, sig_hex)) return "no signature at the end of the line";
+  nlohmann::json rec;
+  try {
+    rec = nlohmann::json::parse(message);
+  } catch (const std::exception&) {
+    return "not valid JSON";
+  }
+  std::string sig;
+  try {
+    sig = crypto::from_hex(sig_hex);
+  } catch (const std::exception&) {
+    return "signature is not hex";
+  }
+  if (!crypto::verify_signature(pk, message, sig)) {
+    return "signature does not verify (record edited, or signed by another key)";
+  }
+  if (!rec.contains("seq") || !rec["seq"].is_number_unsigned() || rec["seq"].get<std::uint64_t>() != n) {
+    return "sequence number " + (rec.contains("seq") ? rec["seq"].dump() : "missing") + ", expected " +
+           std::to_string(n) + " (record deleted, inserted or reordered)";
+  }
+  if (rec.value("prev", "") != prev) return "does not chain to the record before it (record deleted, inserted or reordered)";
+  return "";
+}
+
+}  // namespace
+
 AuditVerifyResult verify_audit_log(const std::filesystem::path& path, const std::string& pk) {
   AuditVerifyResult r;
   r.head_sha256 = kGenesis;
@@ -47,40 +79,70 @@ AuditVerifyResult verify_audit_log(const std::filesystem::path& path, const std:
   const auto lines = read_lines(path);
   for (std::size_t i = 0; i < lines.size(); ++i) {
     const std::uint64_t n = i + 1;
-    auto bad = [&](const std::string& why) {
+    if (const std::string why = check_line(lines[i], pk, n, r.head_sha256); !why.empty()) {
       r.first_bad = n;
       r.reason = "record " + std::to_string(n) + ": " + why;
       return r;
-    };
-    std::string message, sig_hex;
-    if (!split_signature(lines[i], message, sig_hex)) return bad("no signature at the end of the line");
-    nlohmann::json rec;
-    try {
-      rec = nlohmann::json::parse(message);
-    } catch (const std::exception&) {
-      return bad("not valid JSON");
-    }
-    std::string sig;
-    try {
-      sig = crypto::from_hex(sig_hex);
-    } catch (const std::exception&) {
-      return bad("signature is not hex");
-    }
-    if (!crypto::verify_signature(pk, message, sig)) {
-      return bad("signature does not verify (record edited, or signed by another key)");
-    }
-    if (!rec.contains("seq") || !rec["seq"].is_number_unsigned() || rec["seq"].get<std::uint64_t>() != n) {
-      return bad("sequence number " + (rec.contains("seq") ? rec["seq"].dump() : "missing") +
-                 ", expected " + std::to_string(n) + " (record deleted, inserted or reordered)");
-    }
-    if (rec.value("prev", "") != r.head_sha256) {
-      return bad("does not chain to the record before it (record deleted, inserted or reordered)");
     }
     r.head_sha256 = crypto::sha256_hex(lines[i]);
+    r.line_sha256.push_back(r.head_sha256);
     r.records = n;
   }
   r.ok = true;
   return r;
+}
+
+std::string audit_head_statement(std::uint64_t seq, const std::string& sha256) {
+  return crypto::statement("audit-head", {std::to_string(seq), sha256});
+}
+
+WitnessResult check_witness(const AuditVerifyResult& log, const std::filesystem::path& witness,
+                            const std::string& pk) {
+  WitnessResult w;
+  const std::string who = witness.filename().string();
+  if (!std::filesystem::exists(witness)) {
+    w.reason = who + ": no such witness file";
+    return w;
+  }
+  std::uint64_t n = 0;
+  for (const auto& line : read_lines(witness)) {
+    ++n;
+    const std::string at = who + " line " + std::to_string(n) + ": ";
+    AuditHead h;
+    try {
+      const auto j = nlohmann::json::parse(line);
+      h.seq = j.at("seq").get<std::uint64_t>();
+      h.sha256 = j.at("head").get<std::string>();
+      h.signature = j.at("sig").get<std::string>();
+    } catch (const std::exception& e) {
+      w.reason = at + "not a witness entry (" + e.what() + ")";
+      return w;
+    }
+    std::string sig;
+    try {
+      sig = crypto::from_hex(h.signature);
+    } catch (const std::exception&) {
+      sig.clear();
+    }
+    if (sig.empty() || !crypto::verify_signature(pk, audit_head_statement(h.seq, h.sha256), sig)) {
+      w.reason = at + "its head is not signed by this audit key, so it is no evidence (a damaged or forged witness)";
+      return w;
+    }
+    if (h.seq == 0 || h.seq > log.records) {
+      w.reason = at + "the server signed record " + std::to_string(h.seq) + " as head " + h.sha256.substr(0, 16) +
+                 ", but the log has only " + std::to_string(log.records) + " records: its tail was cut";
+      return w;
+    }
+    if (log.line_sha256[h.seq - 1] != h.sha256) {
+      w.reason = at + "the server signed record " + std::to_string(h.seq) + " as head " + h.sha256.substr(0, 16) +
+                 ", the log's record " + std::to_string(h.seq) + " hashes to " +
+                 log.line_sha256[h.seq - 1].substr(0, 16) + ": the log was rewritten or forked";
+      return w;
+    }
+    ++w.checked;
+  }
+  w.ok = true;
+  return w;
 }
 
 std::vector<nlohmann::json> read_audit_log(const std::filesystem::path& path) {
@@ -112,7 +174,7 @@ AuditLog::AuditLog(std::filesystem::path path, crypto::SigningKey key)
   }
 }
 
-nlohmann::json AuditLog::append(nlohmann::json record) {
+std::string AuditLog::seal(nlohmann::json record) const {
   record.erase("sig");
   record["seq"] = seq_ + 1;
   record["prev"] = head_;
@@ -120,12 +182,25 @@ nlohmann::json AuditLog::append(nlohmann::json record) {
   const std::string raw_sig = key_.sign(message);
   const std::string sig = crypto::to_hex(std::span<const std::uint8_t>(
       reinterpret_cast<const std::uint8_t*>(raw_sig.data()), raw_sig.size()));
-  const std::string line = message.substr(0, message.size() - 1) + ",\"sig\":\"" + sig + "\"}";
+  return message.substr(0, message.size() - 1) + ",\"sig\":\"" + sig + "\"}";
+}
+
+AuditHead AuditLog::append_line(const std::string& line) {
+  if (line.find('\n') != std::string::npos) throw std::runtime_error("an audit record must be one line");
+  if (const std::string why = check_line(line, key_.public_key(), seq_ + 1, head_); !why.empty()) {
+    throw std::runtime_error("refusing to append record " + std::to_string(seq_ + 1) + " to " + path_.string() +
+                             ": " + why);
+  }
   append_durable(path_, line + "\n");
   ++seq_;
   head_ = crypto::sha256_hex(line);
-  record["sig"] = sig;
-  return record;
+  return signed_head();
+}
+
+AuditHead AuditLog::signed_head() const {
+  const std::string raw = key_.sign(audit_head_statement(seq_, head_));
+  return {seq_, head_,
+          crypto::to_hex(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(raw.data()), raw.size()))};
 }
 
 crypto::SigningKey load_signing_key(const std::filesystem::path& path) {

@@ -24,10 +24,32 @@ struct AuditVerifyResult {
   std::uint64_t first_bad = 0;        // 1-based line of the first bad record, 0 if none
   std::string reason;
   std::string head_sha256;            // hash of the last good line
+  std::vector<std::string> line_sha256;  // hash of each good line, record 1 first
 };
 
 // Checks the whole chain with `public_key` (32 raw bytes).
 AuditVerifyResult verify_audit_log(const std::filesystem::path& path, const std::string& public_key);
+
+// A point of the log the server vouches for: record `seq`'s line hashes to `sha256`, and
+// `signature` (hex) is the audit key's over audit_head_statement(seq, sha256). The server sends
+// one to each silo of a round with its RoundEnd; silos keep them (STATE_DIR/audit_heads.jsonl),
+// so a log whose tail was cut, or that was rewritten or forked, shows against any one silo's.
+struct AuditHead {
+  std::uint64_t seq = 0;
+  std::string sha256;
+  std::string signature;
+};
+std::string audit_head_statement(std::uint64_t seq, const std::string& sha256);
+
+struct WitnessResult {
+  bool ok = false;
+  std::uint64_t checked = 0;  // witness entries that match the log
+  std::string reason;
+};
+// Checks a silo's witness file (JSON lines with "seq", "head", "sig") against a verified log:
+// every entry signed by the audit key `public_key` must name a record the log has, with that hash.
+WitnessResult check_witness(const AuditVerifyResult& log, const std::filesystem::path& witness,
+                            const std::string& public_key);
 
 // Reads the records (signature not checked); throws std::runtime_error on unparsable lines.
 std::vector<nlohmann::json> read_audit_log(const std::filesystem::path& path);
@@ -38,8 +60,15 @@ class AuditLog {
   // appends to a damaged chain. Throws std::runtime_error naming the first bad record.
   AuditLog(std::filesystem::path path, crypto::SigningKey key);
 
-  // Adds seq, prev and sig; appends durably (fsync). Returns the record as written.
-  nlohmann::json append(nlohmann::json record);
+  // The line append(record) would write next: seq, prev and sig filled in, signed. A
+  // checkpoint keeps it, so recovery appends exactly what was signed, after checking it.
+  std::string seal(nlohmann::json record) const;
+  // Appends a sealed line durably (fsync) after checking that it verifies under this log's key
+  // and chains to its head; throws std::runtime_error (appending nothing) otherwise.
+  AuditHead append_line(const std::string& line);
+  AuditHead append(nlohmann::json record) { return append_line(seal(std::move(record))); }
+  // The head now, signed.
+  AuditHead signed_head() const;
 
   std::uint64_t size() const { return seq_; }
   const std::string& head() const { return head_; }

@@ -70,7 +70,7 @@ void Coordinator::send_to_member(std::size_t m, wire::Envelope e) {
 
 void Coordinator::start(std::int64_t now_ms) {
   if (round_ > cfg_.rounds) {
-    finish_round(false, now_ms);  // nothing left to do: resumed after the last round
+    finish_round(false, AuditHead{}, now_ms);  // nothing left to do: resumed after the last round
     return;
   }
   phase_ = Phase::Joining;
@@ -273,8 +273,7 @@ void Coordinator::decide(std::int64_t now_ms) {
     spdlog::warn("round {} aborted: {}", round_, r_->abort_reason);
     const auto s = summary(false, r_->abort_reason, now_ms);
     run_job(JobKind::Record, [&store = store_, rec = round_record(s), row = metrics_row(s)]() -> JobResult {
-      store.record(rec, &row);
-      return {};
+      return store.record(rec, &row);
     });
     return;
   }
@@ -293,23 +292,22 @@ void Coordinator::decide(std::int64_t now_ms) {
       rec["status"] = "aborted";
       rec["reason"] = c.reason;
       row.committed = false;
-      store.record(rec, &row);
-      return CommitOutcome{false, c.reason, nullptr, ""};
+      return CommitOutcome{false, c.reason, nullptr, "", store.record(rec, &row)};
     }
     // The optimizer writes the new model into the same buffer, which becomes the global model.
     optimizer.step_into(global->flat(), next->flat());
     const std::string sha = crypto::sha256_hex(next->flat());
     rec["model_sha256_after"] = sha;
-    store.commit(round, *next, optimizer.state(), rec, row);
-    return CommitOutcome{true, "", std::move(next), sha};
+    AuditHead audit = store.commit(round, *next, optimizer.state(), rec, row);
+    return CommitOutcome{true, "", std::move(next), sha, std::move(audit)};
   });
 }
 
-void Coordinator::finish_round(bool committed, std::int64_t now_ms) {
+void Coordinator::finish_round(bool committed, const AuditHead& audit, std::int64_t now_ms) {
   if (phase_ == Phase::Closing && r_) {
     for (std::size_t i = 0; i < r_->members.size(); ++i) {
       if (r_->members[i].state == MemberState::Done) {
-        send_round_end(i, committed, committed ? "committed" : r_->abort_reason);
+        send_round_end(i, committed, committed ? "committed" : r_->abort_reason, &audit);
       }
     }
     spdlog::info("round {} {}: {} updates, model {}", round_, committed ? "committed" : "aborted", r_->done(),
@@ -399,18 +397,18 @@ void Coordinator::on_job_done(std::uint64_t job, JobResult result, std::int64_t 
         ++aborted_;
         r_->abort_reason = outcome.reason;
         spdlog::warn("round {} aborted: {}", round_, outcome.reason);
-        finish_round(false, now_ms);
+        finish_round(false, outcome.audit, now_ms);
         break;
       }
       global_ = std::move(outcome.model);
       global_sha_ = outcome.model_sha256;
       ++committed_;
-      finish_round(true, now_ms);
+      finish_round(true, outcome.audit, now_ms);
       break;
     }
     case JobKind::Record:
       ++aborted_;
-      finish_round(false, now_ms);
+      finish_round(false, std::get<AuditHead>(result), now_ms);
       break;
     case JobKind::Barrier: pump(now_ms); break;
     case JobKind::None: break;

@@ -43,9 +43,10 @@ struct CommitOutcome {
   std::string reason;
   std::shared_ptr<const Model> model;
   std::string model_sha256;
+  AuditHead audit;  // the audit log after the round's record
 };
-// The value a job returns to on_job_done.
-using JobResult = std::variant<std::monostate, FoldResult, std::vector<Rejection>, CommitOutcome>;
+// The value a job returns to on_job_done (an AuditHead: an aborted round's record is written).
+using JobResult = std::variant<std::monostate, FoldResult, std::vector<Rejection>, CommitOutcome, AuditHead>;
 
 namespace action {
 struct Send {
@@ -145,7 +146,7 @@ class Coordinator {
   void close_round(std::int64_t now_ms);
   void finish_unmask();
   void decide(std::int64_t now_ms);
-  void finish_round(bool committed, std::int64_t now_ms);
+  void finish_round(bool committed, const AuditHead& audit, std::int64_t now_ms);
   // Uploads
   void on_update_ready(std::size_t member, const wire::Envelope& env, std::int64_t now_ms);
   void member_failed(std::size_t member, const wire::Envelope& error, std::int64_t now_ms);
@@ -167,7 +168,8 @@ class Coordinator {
   std::optional<std::size_t> member_of(SessionId id) const;
   std::optional<std::size_t> member_named(const std::string& silo) const;
   void send_to_member(std::size_t m, wire::Envelope env);
-  void send_round_end(std::size_t member, bool committed, const std::string& reason);
+  // `audit`: the log's signed head after the round's record, for the silo to keep as a witness.
+  void send_round_end(std::size_t member, bool committed, const std::string& reason, const AuditHead* audit = nullptr);
   // Output
   RoundSummary summary(bool committed, const std::string& reason, std::int64_t now_ms) const;
   void run_job(JobKind kind, std::function<JobResult()> work);

@@ -233,12 +233,17 @@ void Coordinator::drop(std::size_t m, DropPhase phase, DropCause cause, const st
   if (notify) send_round_end(m, false, "you were dropped from this round: " + reason);
 }
 
-void Coordinator::send_round_end(std::size_t m, bool committed, const std::string& reason) {
+void Coordinator::send_round_end(std::size_t m, bool committed, const std::string& reason, const AuditHead* audit) {
   auto e = env();
   auto* re = e.mutable_round_end();
   re->set_committed(committed);
   re->set_reason(reason);
   re->set_model_sha256(global_sha_);
+  if (audit && audit->seq) {
+    re->mutable_audit_head()->set_seq(audit->seq);
+    re->mutable_audit_head()->set_sha256(audit->sha256);
+    re->mutable_audit_head()->set_signature(audit->signature);
+  }
   send_to_member(m, std::move(e));
 }
 

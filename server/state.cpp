@@ -4,8 +4,11 @@
 
 #include <cstdio>
 #include <fstream>
+#include <map>
+#include <optional>
 
 #include "common/fs.h"
+#include "crypto/hash.h"
 #include "common/safetensors.h"
 
 namespace xsilo::server {
@@ -63,34 +66,68 @@ std::filesystem::path ServerState::checkpoint_path(std::uint64_t round) const {
 
 Resume ServerState::recover(const Model& layout) {
   Resume r;
-  // The audit log's view: last round and last committed round.
+  // The audit log's view (verified when it was opened): last round, and the model each
+  // committed round left.
   std::uint64_t audited_commit = 0;
+  std::map<std::uint64_t, std::string> committed_models;
   for (const auto& rec : read_audit_log(audit_->path())) {
     if (rec.value("event", "") != "round") continue;
     const auto n = rec.value("round", std::uint64_t{0});
     r.last_round = std::max(r.last_round, n);
-    if (rec.value("status", "") == "committed") audited_commit = std::max(audited_commit, n);
+    if (rec.value("status", "") == "committed") {
+      audited_commit = std::max(audited_commit, n);
+      committed_models[n] = rec.value("model_sha256_after", "");
+    }
   }
   auto cps = list_checkpoints(dir_ / "checkpoints");
   for (auto it = cps.rbegin(); it != cps.rend(); ++it) {
     Metadata meta;
+    const std::uint64_t round = it->first;
     try {
       Model m = load_safetensors(it->second, &meta);
       if (!m.same_layout(layout)) {
         spdlog::warn("checkpoint {} has another model layout; skipped", it->second.string());
         continue;
       }
-      r.committed_round = it->first;
-      r.model = std::move(m);
-      const auto opt = std::filesystem::path(it->second).replace_extension(".opt");
-      if (std::filesystem::exists(opt)) r.optimizer_state = load_safetensors(opt);
-      if (r.committed_round > audited_commit && meta.count("xsilo.audit_record")) {
-        // The server died after the checkpoint and before its audit record: write it now.
-        auto rec = nlohmann::json::parse(meta.at("xsilo.audit_record"));
-        rec["recovered_from_checkpoint"] = true;
-        audit_->append(rec);
-        spdlog::warn("round {} was checkpointed but not audited; audit record restored", r.committed_round);
+      const std::string sha = crypto::sha256_hex(m.flat());
+      std::string untrusted;
+      std::optional<std::string> line;
+      if (round <= audited_commit) {
+        auto c = committed_models.find(round);
+        if (c == committed_models.end()) {
+          untrusted = "the audit log has no committed record of round " + std::to_string(round);
+        } else if (c->second != sha) {
+          untrusted = "its model (" + sha.substr(0, 12) + ") is not the one the audit log records for round " +
+                      std::to_string(round) + " (" + c->second.substr(0, 12) + ")";
+        }
+      } else if (!meta.count("xsilo.audit_line")) {
+        untrusted = "it is ahead of the audit log and carries no signed record";
+      } else {
+        line = meta.at("xsilo.audit_line");
+        const auto rec = nlohmann::json::parse(*line);
+        if (rec.value("event", "") != "round" || rec.value("round", std::uint64_t{0}) != round ||
+            rec.value("status", "") != "committed" || rec.value("model_sha256_after", "") != sha) {
+          untrusted = "its signed record is not the commit of round " + std::to_string(round) + " with this model";
+        }
       }
+      std::optional<Model> optimizer_state;
+      const auto opt = std::filesystem::path(it->second).replace_extension(".opt");
+      if (std::filesystem::exists(opt)) optimizer_state = load_safetensors(opt);
+      if (untrusted.empty() && line) {
+        try {
+          audit_->append_line(*line);  // checks signature and chain before writing a byte
+          spdlog::warn("round {} was checkpointed but not audited; its signed record appended", round);
+        } catch (const std::exception& e) {
+          untrusted = e.what();
+        }
+      }
+      if (!untrusted.empty()) {
+        spdlog::error("checkpoint {} not trusted: {}; trying an older one", it->second.string(), untrusted);
+        continue;
+      }
+      r.committed_round = round;
+      r.model = std::move(m);
+      r.optimizer_state = std::move(optimizer_state);
       break;
     } catch (const std::exception& e) {
       spdlog::warn("checkpoint {} unreadable ({}); trying an older one", it->second.string(), e.what());
@@ -104,24 +141,29 @@ Resume ServerState::recover(const Model& layout) {
   return r;
 }
 
-void ServerState::commit(std::uint64_t round, const Model& model, const Model& optimizer_state,
+AuditHead ServerState::commit(std::uint64_t round, const Model& model, const Model& optimizer_state,
                          const nlohmann::json& audit_record, const MetricsRow& row) {
   const auto path = checkpoint_path(round);
   if (optimizer_state.size() > 0) {
     save_safetensors(std::filesystem::path(path).replace_extension(".opt"), optimizer_state);
   }
+  // The record is signed before the checkpoint is written and the checkpoint keeps that line:
+  // if the server dies before appending it, recovery appends exactly this line, after checking.
+  const std::string line = audit_->seal(audit_record);
   save_safetensors(path, model,
                    {{"xsilo.round", std::to_string(round)},
                     {"xsilo.model_sha256", audit_record.value("model_sha256_after", "")},
-                    {"xsilo.audit_record", audit_record.dump()}});
-  audit_->append(audit_record);
+                    {"xsilo.audit_line", line}});
+  const AuditHead head = audit_->append_line(line);
   append_metrics(row);
   prune();
+  return head;
 }
 
-void ServerState::record(const nlohmann::json& audit_record, const MetricsRow* row) {
-  audit_->append(audit_record);
+AuditHead ServerState::record(const nlohmann::json& audit_record, const MetricsRow* row) {
+  const AuditHead head = audit_->append(audit_record);
   if (row) append_metrics(*row);
+  return head;
 }
 
 void ServerState::append_metrics(const MetricsRow& r) {

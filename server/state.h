@@ -25,13 +25,16 @@ class ServerState : public Store {
   // Opens the state folder, creating the audit key on first start.
   ServerState(std::filesystem::path dir, std::size_t keep_checkpoints);
 
-  // Loads the newest checkpoint whose layout matches `layout` and repairs the audit log if
-  // the server died between writing a checkpoint and its record.
+  // Loads the newest checkpoint that matches `layout` and the audit log: a checkpoint of a
+  // round the log records as committed must hold the model that record names; one ahead of
+  // the log (the server died between the checkpoint and its record) must carry its record as
+  // signed, chaining to the log's head, naming its round and model: that exact line is then
+  // appended. A checkpoint that fails these checks is skipped, with the reason.
   Resume recover(const Model& layout);
 
-  void commit(std::uint64_t round, const Model& model, const Model& optimizer_state,
-              const nlohmann::json& audit_record, const MetricsRow& row) override;
-  void record(const nlohmann::json& audit_record, const MetricsRow* row) override;
+  AuditHead commit(std::uint64_t round, const Model& model, const Model& optimizer_state,
+                   const nlohmann::json& audit_record, const MetricsRow& row) override;
+  AuditHead record(const nlohmann::json& audit_record, const MetricsRow* row) override;
 
   AuditLog& audit() { return *audit_; }
   std::filesystem::path checkpoint_path(std::uint64_t round) const;

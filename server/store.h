@@ -8,19 +8,20 @@
 #include <nlohmann/json.hpp>
 
 #include "common/model.h"
+#include "server/audit.h"
 #include "server/metrics.h"
 
 namespace xsilo::server {
 
-
 class Store {
  public:
   virtual ~Store() = default;
-  // A committed round: the checkpoint first (durable), then its audit record and metrics.
-  virtual void commit(std::uint64_t round, const Model& model, const Model& optimizer_state,
-                      const nlohmann::json& audit_record, const MetricsRow& row) = 0;
+  // A committed round: the checkpoint first (durable, with the audit record as signed), then the
+  // audit record and metrics. Returns the audit log's signed head after the record.
+  virtual AuditHead commit(std::uint64_t round, const Model& model, const Model& optimizer_state,
+                           const nlohmann::json& audit_record, const MetricsRow& row) = 0;
   // Any other audited event (aborted round, start, end); `row` may be null.
-  virtual void record(const nlohmann::json& audit_record, const MetricsRow* row) = 0;
+  virtual AuditHead record(const nlohmann::json& audit_record, const MetricsRow* row) = 0;
 };
 
 }  // namespace xsilo::server

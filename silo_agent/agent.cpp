@@ -107,9 +107,9 @@ class Agent {
   }
   void run(action::Record& a) {
     try {
-      append_durable(cfg_.state_dir / "sent.jsonl", a.entry.dump() + "\n");
+      append_durable(cfg_.state_dir / a.log, a.entry.dump() + "\n");
     } catch (const std::exception& e) {
-      spdlog::warn("cannot write the silo's send log: {}", e.what());
+      spdlog::warn("cannot write the silo's log {}: {}", a.log, e.what());
     }
   }
   void run(action::Finished&) {}

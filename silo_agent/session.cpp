@@ -91,6 +91,18 @@ void Session::on_message(const wire::Envelope& e) {
     case B::kRoundEnd:
       spdlog::info("round {} ended for this silo: {}{}", e.round(), e.round_end().committed() ? "committed" : "not committed",
                    e.round_end().reason().empty() ? "" : " (" + e.round_end().reason() + ")");
+      if (e.round_end().has_audit_head() && e.round_end().audit_head().seq() > 0) {
+        // The server's signed audit head after this round: kept as a witness, so an auditor can
+        // hold the server's log against it (xsilo audit verify --witness).
+        const auto& h = e.round_end().audit_head();
+        actions_.push_back(action::Record{{{"federation", cfg_.federation},
+                                           {"round", e.round()},
+                                           {"seq", h.seq()},
+                                           {"head", h.sha256()},
+                                           {"sig", h.signature()},
+                                           {"time", now_iso()}},
+                                          "audit_heads.jsonl"});
+      }
       if (e.round() == round_) {
         ++generation_;
         *live_generation_ = generation_;

@@ -70,9 +70,11 @@ struct Job {
   std::uint64_t id;
   std::function<SessionJobResult()> work;
 };
-// A line for the silo's own log of what it sent (hashes, never data).
+// A line for one of the silo's own logs in its state folder: what it sent (hashes, never
+// data), or the server's signed audit heads it witnessed.
 struct Record {
   nlohmann::json entry;
+  std::string log = "sent.jsonl";
 };
 struct Finished {};
 // The trainer failed too many rounds in a row: stop with this reason.

@@ -5,7 +5,9 @@
 
 #include "common/fs.h"
 #include "crypto/hash.h"
+#include "common/safetensors.h"
 #include "server/audit.h"
+#include "server/state.h"
 #include "tests/testlib.h"
 
 namespace xsilo::server {
@@ -105,6 +107,163 @@ TEST_F(AuditTest, ServerRefusesToAppendToADamagedLog) {
   std::swap(l[0], l[1]);
   write_lines(dir_ / "audit.jsonl", l);
   EXPECT_THROW(AuditLog(dir_ / "audit.jsonl", load_signing_key(dir_ / "k")), std::runtime_error);
+}
+
+
+// A silo's witness (the heads the server signed for it) catches what the log alone cannot: a cut
+// tail, and a log rewritten or forked under the same key. A witness entry the key did not sign
+// is no evidence and is said to be so.
+TEST_F(AuditTest, AWitnessCatchesACutTailAndARewrittenLog) {
+  test::TempDir d;
+  std::vector<AuditHead> heads;
+  {
+    AuditLog log(d / "audit.jsonl", load_signing_key(dir_ / "k"));
+    for (int r = 1; r <= 5; ++r) heads.push_back(log.append({{"event", "round"}, {"round", r}, {"participants", {"a"}}}));
+  }
+  auto witness = [&](const std::vector<AuditHead>& hs) {
+    std::string s;
+    for (const auto& h : hs) s += nlohmann::json{{"seq", h.seq}, {"head", h.sha256}, {"sig", h.signature}}.dump() + "\n";
+    atomic_write_file(d / "heads.jsonl", s);
+    return d / "heads.jsonl";
+  };
+  const auto full = verify_audit_log(d / "audit.jsonl", pub_);
+  ASSERT_TRUE(full.ok);
+  auto w = check_witness(full, witness({heads[1], heads[4]}), pub_);
+  EXPECT_TRUE(w.ok) << w.reason;
+  EXPECT_EQ(w.checked, 2u);
+
+  // The tail cut: the shorter log verifies by itself, the witness of record 5 does not.
+  auto lines = lines_of(d / "audit.jsonl");
+  lines.pop_back();
+  write_lines(d / "cut.jsonl", lines);
+  const auto cut = verify_audit_log(d / "cut.jsonl", pub_);
+  ASSERT_TRUE(cut.ok);
+  w = check_witness(cut, witness({heads[1], heads[4]}), pub_);
+  EXPECT_FALSE(w.ok);
+  EXPECT_NE(w.reason.find("tail was cut"), std::string::npos) << w.reason;
+
+  // A fork: the same key re-signs a log whose round 3 lists another participant.
+  {
+    AuditLog fork(d / "fork.jsonl", load_signing_key(dir_ / "k"));
+    for (int r = 1; r <= 5; ++r) {
+      fork.append({{"event", "round"}, {"round", r}, {"participants", {r == 3 ? "mallory" : "a"}}});
+    }
+  }
+  const auto forked = verify_audit_log(d / "fork.jsonl", pub_);
+  ASSERT_TRUE(forked.ok);
+  w = check_witness(forked, witness({heads[1]}), pub_);
+  EXPECT_TRUE(w.ok) << w.reason;  // records 1-2 are the same in both
+  w = check_witness(forked, witness({heads[1], heads[4]}), pub_);
+  EXPECT_FALSE(w.ok);
+  EXPECT_NE(w.reason.find("rewritten or forked"), std::string::npos) << w.reason;
+
+  // A witness entry with a made-up head is not evidence.
+  AuditHead forged = heads[4];
+  forged.sha256 = std::string(64, 'a');
+  w = check_witness(full, witness({forged}), pub_);
+  EXPECT_FALSE(w.ok);
+  EXPECT_NE(w.reason.find("not signed by this audit key"), std::string::npos) << w.reason;
+}
+
+// A line is appended only when it verifies under the log's key and chains to its head.
+TEST_F(AuditTest, ASealedLineIsAppendedOnlyWhereItChains) {
+  test::TempDir d;
+  AuditLog log(d / "audit.jsonl", load_signing_key(dir_ / "k"));
+  const std::string first = log.seal({{"event", "a"}});
+  const std::string also_first = log.seal({{"event", "b"}});
+  log.append_line(first);
+  EXPECT_THROW(log.append_line(also_first), std::runtime_error);  // seq 1 again: does not chain
+  std::string edited = log.seal({{"event", "c"}});
+  edited.replace(edited.find("\"c\""), 3, "\"d\"");
+  EXPECT_THROW(log.append_line(edited), std::runtime_error);
+  EXPECT_EQ(log.size(), 1u);
+  EXPECT_TRUE(verify_audit_log(d / "audit.jsonl", pub_).ok);
+}
+
+// Recovery trusts a checkpoint only as far as the audit log does: one ahead of the log must
+// carry its round's record as signed, chaining to the log, for exactly its model; one the log
+// knows must hold the model the log names. The attack of issue 14 (cut the log's tail, edit
+// the checkpoint to list mallory) leaves the server at the last round the log vouches for.
+class RecoveryTest : public ::testing::Test {
+ protected:
+  static Model layout() {
+    Model m;
+    m.add("w", {4});
+    return m;
+  }
+  static Model model(float v) {
+    Model m = layout();
+    for (auto& x : m.flat()) x = v;
+    return m;
+  }
+  // Commits rounds 1..n as the server does.
+  void commit_rounds(int n) {
+    ServerState st(dir_.path(), 0);
+    for (int r = 1; r <= n; ++r) {
+      const Model m = model(static_cast<float>(r));
+      st.commit(static_cast<std::uint64_t>(r), m, Model{}, record(r, m), MetricsRow{});
+    }
+  }
+  static nlohmann::json record(int r, const Model& m, const std::string& who = "hospital-a") {
+    return {{"event", "round"},
+            {"round", r},
+            {"status", "committed"},
+            {"participants", {{{"silo", who}}}},
+            {"model_sha256_after", crypto::sha256_hex(m.flat())}};
+  }
+  void cut_log(std::size_t keep) {
+    auto lines = lines_of(dir_ / "audit.jsonl");
+    lines.resize(keep);
+    write_lines(dir_ / "audit.jsonl", lines);
+  }
+  std::filesystem::path checkpoint(int r) {
+    char name[64];
+    std::snprintf(name, sizeof name, "round_%06d.safetensors", r);
+    return dir_ / "checkpoints" / name;
+  }
+  std::string log_text() { return read_file(dir_ / "audit.jsonl"); }
+  test::TempDir dir_;
+};
+
+TEST_F(RecoveryTest, ACheckpointAheadOfTheLogIsAppendedExactlyAsSigned) {
+  commit_rounds(2);
+  const auto line2 = lines_of(dir_ / "audit.jsonl").at(1);
+  cut_log(1);  // the server died after checkpoint 2 and before its record
+  ServerState st(dir_.path(), 0);
+  const auto r = st.recover(layout());
+  EXPECT_EQ(r.committed_round, 2u);
+  const auto lines = lines_of(dir_ / "audit.jsonl");
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[1], line2);  // byte for byte what was signed before the checkpoint
+  EXPECT_TRUE(verify_audit_log(dir_ / "audit.jsonl", st.audit().public_key()).ok);
+}
+
+TEST_F(RecoveryTest, AnEditedCheckpointIsNotTrustedAndNothingIsSignedForIt) {
+  commit_rounds(2);
+  cut_log(1);
+  // Edit checkpoint 2's record to list mallory (its signature no longer verifies).
+  Metadata meta;
+  const Model m2 = load_safetensors(checkpoint(2), &meta);
+  auto& line = meta.at("xsilo.audit_line");
+  line.replace(line.find("hospital-a"), 10, "mallory");
+  save_safetensors(checkpoint(2), m2, meta);
+  {
+    ServerState st(dir_.path(), 0);
+    const auto r = st.recover(layout());
+    EXPECT_EQ(r.committed_round, 1u);  // back to what the log vouches for
+    EXPECT_EQ(log_text().find("mallory"), std::string::npos);
+    EXPECT_EQ(lines_of(dir_ / "audit.jsonl").size(), 1u);
+  }
+  // A checkpoint whose model is not the one its (intact) signed record names: not trusted.
+  commit_rounds(0);
+  Metadata meta1;
+  Model m1 = load_safetensors(checkpoint(1), &meta1);
+  m1.flat()[0] = 42;
+  save_safetensors(checkpoint(1), m1, meta1);
+  ServerState st(dir_.path(), 0);
+  const auto r = st.recover(layout());
+  EXPECT_EQ(r.committed_round, 0u);  // round 1's model is not the one the log records
+  EXPECT_FALSE(r.model.has_value());
 }
 
 }  // namespace

@@ -21,16 +21,20 @@ class MemoryStore : public Store {
     Model model;
     nlohmann::json record;
   };
-  void commit(std::uint64_t round, const Model& model, const Model&, const nlohmann::json& rec,
-              const MetricsRow& row) override {
+  AuditHead commit(std::uint64_t round, const Model& model, const Model&, const nlohmann::json& rec,
+                   const MetricsRow& row) override {
     commits.push_back({round, model, rec});
     rows.push_back(row);
     records.push_back(rec);
+    return head();
   }
-  void record(const nlohmann::json& rec, const MetricsRow* row) override {
+  AuditHead record(const nlohmann::json& rec, const MetricsRow* row) override {
     records.push_back(rec);
     if (row) rows.push_back(*row);
+    return head();
   }
+  // Stands in for the log's head: seq = records so far.
+  AuditHead head() const { return {records.size(), "head-" + std::to_string(records.size()), "sig"}; }
   std::vector<Commit> commits;
   std::vector<nlohmann::json> records;
   std::vector<MetricsRow> rows;

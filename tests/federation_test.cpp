@@ -22,6 +22,13 @@ namespace {
 
 using namespace std::chrono_literals;
 
+std::vector<std::string> read_lines_of(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::vector<std::string> out;
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
 TEST(Federation, ThreeAgentsMatchAnInProcessFedAvgReference) {
   Fed fed(small_config(3, 3));
   fed.start_server();
@@ -155,10 +162,33 @@ TEST(Federation, SimRunsTheDefaultExperimentEndToEnd) {
   const auto log = read_file(dir / "sim.log");
   EXPECT_NE(log.find("round  20/20 | silos 5/5"), std::string::npos) << log;
   // The sim prints the verify command with the paths as the user gave them; run it from there.
-  EXPECT_NE(log.find("xsilo audit verify runs/demo/audit.jsonl --key runs/demo/audit.pub"), std::string::npos) << log;
-  Process verify({test::xsilo_bin(), "audit", "verify", "runs/demo/audit.jsonl", "--key", "runs/demo/audit.pub"},
-                 dir / "verify.log", in_dir);
+  const std::string witness = "runs/demo/silos/hospital-01/state/audit_heads.jsonl";
+  EXPECT_NE(log.find("xsilo audit verify runs/demo/audit.jsonl --key runs/demo/audit.pub --witness " + witness),
+            std::string::npos)
+      << log;
+  Process verify(
+      {test::xsilo_bin(), "audit", "verify", "runs/demo/audit.jsonl", "--key", "runs/demo/audit.pub", "--witness", witness},
+      dir / "verify.log", in_dir);
   EXPECT_EQ(verify.wait(30s).value_or(-1), 0) << log_tail(dir / "verify.log");
+  EXPECT_NE(read_file(dir / "verify.log").find("signed heads, all in the log"), std::string::npos)
+      << log_tail(dir / "verify.log");
+
+  // The server's operator cuts the log's last round off: the log alone still verifies, the
+  // silo's witness does not.
+  const auto audit = dir / "runs/demo/audit.jsonl";
+  auto lines = read_lines_of(audit);
+  lines.resize(lines.size() - 2);  // the last round and federation_end
+  std::string cut;
+  for (const auto& l : lines) cut += l + "\n";
+  atomic_write_file(audit, cut);
+  Process alone({test::xsilo_bin(), "audit", "verify", "runs/demo/audit.jsonl", "--key", "runs/demo/audit.pub"},
+                dir / "alone.log", in_dir);
+  EXPECT_EQ(alone.wait(30s).value_or(-1), 0) << log_tail(dir / "alone.log");
+  Process witnessed(
+      {test::xsilo_bin(), "audit", "verify", "runs/demo/audit.jsonl", "--key", "runs/demo/audit.pub", "--witness", witness},
+      dir / "witnessed.log", in_dir);
+  EXPECT_EQ(witnessed.wait(30s).value_or(-1), 1) << log_tail(dir / "witnessed.log");
+  EXPECT_NE(read_file(dir / "witnessed.log").find("tail was cut"), std::string::npos) << log_tail(dir / "witnessed.log");
 }
 
 // A silo that trains with three local worker processes (ring all-reduce, bucketed gradients)

@@ -61,10 +61,14 @@ void add_audit(CLI::App& app, int& exit_code) {
 
   auto log = std::make_shared<std::string>();
   auto key = std::make_shared<std::string>();
+  auto witnesses = std::make_shared<std::vector<std::string>>();
   auto* verify = audit->add_subcommand("verify", "check every signature and the hash chain");
   verify->add_option("log", *log, "audit log (audit.jsonl)")->required();
   verify->add_option("--key", *key, "the server's audit public key (audit.pub)")->required();
-  verify->callback([log, key, &exit_code] {
+  verify->add_option("--witness", *witnesses,
+                     "a silo's audit_heads.jsonl: the heads the server signed for it must all be in the log")
+      ->check(CLI::ExistingFile);
+  verify->callback([log, key, witnesses, &exit_code] {
     std::string pk;
     try {
       pk = server::load_public_key(*key);
@@ -73,7 +77,19 @@ void add_audit(CLI::App& app, int& exit_code) {
     }
     auto r = server::verify_audit_log(*log, pk);
     if (r.ok) {
-      std::cout << "OK: " << r.records << " records, every signature valid, chain intact\n"
+      for (const auto& w : *witnesses) {
+        const auto c = server::check_witness(r, w, pk);
+        if (!c.ok) {
+          std::cout << "FAILED: " << c.reason << "\n"
+                    << "the log's own " << r.records << " records verify; the witness shows it is not the log "
+                    << "the server signed heads of\n";
+          exit_code = 1;
+          return;
+        }
+        std::cout << "witness " << w << ": " << c.checked << " signed heads, all in the log\n";
+      }
+      std::cout << "OK: " << r.records << " records, every signature valid, chain intact"
+                << (witnesses->empty() ? "" : ", every witness consistent") << "\n"
                 << "head " << r.head_sha256 << "\n";
       exit_code = 0;
     } else {

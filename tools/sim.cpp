@@ -392,8 +392,10 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
     say(line);
   }
   say("  outputs: " + (out / "metrics.csv").string() + ", model.safetensors, audit.jsonl + audit.pub, report.html");
+  // Against one silo's witnessed heads too: a log cut or rewritten after the fact fails there.
   say("  verify the audit log: xsilo audit verify " + (out / "audit.jsonl").string() + " --key " +
-      (out / "audit.pub").string());
+      (out / "audit.pub").string() +
+      (f.silos.empty() ? "" : " --witness " + (out / "silos" / f.silos[0] / "state" / "audit_heads.jsonl").string()));
   if (!ok && server_code != 0) {
     say("  the server exited with code " + std::to_string(server_code) + "; its log ends:\n" + log_tail(f.logs / "server.log"));
   }
