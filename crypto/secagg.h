@@ -174,6 +174,7 @@ class Client {
 
   const std::vector<std::string>& masked_with() const { return u2_; }
   const std::set<std::string>& accused() const { return accused_; }
+  const Params& params() const { return p_; }
 
  private:
   template <class T>

@@ -22,8 +22,8 @@ namespace {
 
 class Edge {
  public:
-  explicit Edge(const EdgeConfig& cfg)
-      : cfg_(cfg), tls_(transport::make_tls_context(cfg.tls)), relay_({cfg.federation, cfg.chunk_bytes}),
+  Edge(const EdgeConfig& cfg, std::unique_ptr<EdgeHook> hook)
+      : cfg_(cfg), hook_(std::move(hook)), tls_(transport::make_tls_context(cfg.tls)), relay_({cfg.federation, cfg.chunk_bytes}),
         upstream_(rt_.io(), tls_,
                   {cfg.upstreams, {wire::SERVER}, {cfg.federation, wire::EDGE, {"plain"}}, cfg.channel, cfg.reconnect,
                    std::chrono::milliseconds(0)}) {}
@@ -95,12 +95,14 @@ class Edge {
     for (auto& a : relay_.take_actions()) std::visit([this](auto& x) { run(x); }, a);
   }
   void run(action::ToServer& a) {
+    if (hook_ && !hook_->to_server(a.env)) return;
     if (up_) up_->send(std::move(a.env));
   }
   void run(action::StreamToServer& a) {
     if (up_) up_->send_stream([src = a.source, max = cfg_.channel.max_frame_bytes] { return src->next_frame(max); });
   }
   void run(action::ToSilo& a) {
+    if (hook_ && !hook_->to_silo(a.silo, a.env)) return;
     if (auto it = silos_.find(a.silo); it != silos_.end()) it->second->send(std::move(a.env));
   }
   void run(action::Background& a) { rt_.background(std::move(a.work)); }
@@ -122,6 +124,7 @@ class Edge {
   }
 
   const EdgeConfig& cfg_;
+  std::unique_ptr<EdgeHook> hook_;
   transport::Runtime rt_;
   transport::ssl::context tls_;
   Relay relay_;
@@ -133,8 +136,8 @@ class Edge {
 
 }  // namespace
 
-int run_edge(const EdgeConfig& cfg) {
-  Edge edge(cfg);
+int run_edge(const EdgeConfig& cfg, std::unique_ptr<EdgeHook> hook) {
+  Edge edge(cfg, std::move(hook));
   return edge.run();
 }
 

@@ -188,6 +188,14 @@ void SecureRound::close_keys(Group& g) {
   if (!secagg::ok(keys)) return fail(g, secagg::error(keys));
   auto e = env();
   *e.mutable_secagg_key_list() = protocol::to_wire(secagg::value(keys));
+  // Members without valid keys in U1 cannot take part from here: dropouts now, not at the
+  // training deadline.
+  for (const auto& m : g.setup.members()) {
+    if (g.waiting.count(m)) {
+      dropped_.push_back({m, "secure group " + std::to_string(g.setup.group()) + ": no valid signed keys from it in time",
+                          false});
+    }
+  }
   g.waiting.clear();
   for (const auto& [silo, k] : secagg::value(keys)) {
     g.waiting.insert(silo);
@@ -199,6 +207,10 @@ void SecureRound::close_keys(Group& g) {
 void SecureRound::close_shares(Group& g) {
   auto boxes = g.server->close_shares();
   if (!secagg::ok(boxes)) return fail(g, secagg::error(boxes));
+  for (const auto& m : g.waiting) {
+    dropped_.push_back({m, "secure group " + std::to_string(g.setup.group()) + ": no valid signed shares from it in time",
+                        false});
+  }
   g.waiting.clear();
   for (const auto& [recipient, inbox] : secagg::value(boxes)) {
     auto e = env();

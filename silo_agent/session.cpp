@@ -46,6 +46,11 @@ void Session::reply_error(wire::ErrorCode code, const std::string& msg) {
   send(std::move(e));
 }
 
+void Session::send(wire::Envelope e) {
+  hook_.outgoing(e, secure_ ? secure_->params().session : std::string());
+  actions_.push_back(action::Send{std::move(e)});
+}
+
 void Session::job(std::function<SessionJobResult()> work) {
   const std::uint64_t id = ++job_id_;
   job_generation_[id] = generation_;

@@ -44,6 +44,10 @@ class FaultHook {
   // own checks; a simulated Byzantine silo changes it here. Runs on the worker thread.
   virtual void tamper(const TrainTask& /*task*/, const Model& /*global*/, std::span<float> /*update*/,
                       double /*weight*/) {}
+  // Every message the session sends, before it leaves; `secure_session` is the secure group's
+  // session string ("" outside secure aggregation). A simulated hostile silo rewrites its
+  // protocol messages here.
+  virtual void outgoing(wire::Envelope& /*e*/, const std::string& /*secure_session*/) {}
 };
 
 struct TrainDone {
@@ -139,7 +143,7 @@ class Session {
   void upload();
   void announce_ready();
   void reply_error(wire::ErrorCode code, const std::string& msg);
-  void send(wire::Envelope e) { actions_.push_back(action::Send{std::move(e)}); }
+  void send(wire::Envelope e);
   void job(std::function<SessionJobResult()> work);
   wire::Envelope env() const;
 

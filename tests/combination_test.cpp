@@ -27,6 +27,9 @@ struct Case {
   json sim;            // the sim config (silos, rounds, edges, secure, aggregation, local, faults, ...)
   double tolerance;    // max |checkpoint - reference| relative to the model's largest value
   std::size_t min_committed;  // rounds that must commit (faults may cost a round its groups)
+  // Hostile cases: silos that must never be a participant, and those every round's record
+  // must name as excluded from their secure group, with evidence.
+  std::vector<std::string> never = {}, excluded = {};
 };
 
 std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.name; }
@@ -117,6 +120,42 @@ std::vector<Case> cases() {
     s["faults"] = {fault("hospital-04", "kill", 2, "after_shares")};
     out.push_back({"GroupedSecureEdgesTrimmedMeanDropout", s, 1e-4, 3});
   }
+  // Hostile parties as real processes (docs/security.md). The checks above still hold for
+  // every committed round: its model is exactly the reference of the silos its record names.
+  {  // Three edges, one secure group: edge-01 alters the mask keys it relays (its three silos
+     // are lost: denial of service is all it can do), edge-02 claims the other edges' silos
+     // with a relabelled proof, edge-03 announces a silo that does not exist. The six silos
+     // of edge-02 and edge-03 meet t = 6 and commit every round.
+    json s = base_sim(9, 2);
+    s["edges"] = 3;
+    s["selection"] = {{"min_silos", 9}, {"min_updates", 6}};
+    s["secure"] = secure("global");
+    s["secure"]["keys_s"] = 3;  // the key phase waits this long for the silos edge-01 cut off
+    s["hostile"] = {{"edge-01", "swap_keys"}, {"edge-02", "hijack"}, {"edge-03", "forge_join"}};
+    out.push_back({"HostileEdgesSwapKeysHijackForgeJoin", s, 1e-4, 2, {"hospital-01", "hospital-04", "hospital-07",
+                                                                       "ghost-silo"}});
+  }
+  {  // An edge that shows every other silo of its region a different survivor set at
+     // unmasking: those silos refuse to answer, the others' answers suffice.
+    json s = base_sim(6, 2);
+    s["edges"] = 2;
+    s["selection"] = {{"min_silos", 6}, {"min_updates", 6}};
+    s["secure"] = secure("global");
+    s["secure"]["unmask_s"] = 3;
+    s["hostile"] = {{"edge-02", "split_view"}};
+    out.push_back({"HostileEdgeSplitView", s, 1e-4, 2});
+  }
+  {  // Two Byzantine silos inside secure aggregation, each signing what it does: an unusable
+     // mask key, boxes of random bytes. Both are excluded with evidence, every round; the
+     // group goes on without them.
+    json s = base_sim(8, 2);
+    s["edges"] = 2;
+    s["selection"] = {{"min_silos", 8}, {"min_updates", 6}};
+    s["secure"] = secure("global");
+    s["hostile"] = {{"hospital-03", "bad_keys"}, {"hospital-06", "garbage_shares"}};
+    out.push_back({"HostileSilosBadKeysGarbageShares", s, 1e-4, 2, {"hospital-03", "hospital-06"},
+                   {"hospital-03", "hospital-06"}});
+  }
   return out;
 }
 
@@ -195,6 +234,18 @@ TEST_P(Combinations, EveryRoundEqualsTheReferenceOfTheSilosItsRecordNames) {
       continue;
     }
     ++committed;
+    for (const auto& p : rec["participants"]) {
+      EXPECT_EQ(std::count(c.never.begin(), c.never.end(), p["silo"].get<std::string>()), 0) << rec.dump(2);
+    }
+    for (const auto& silo : c.excluded) {
+      bool named = false;
+      for (const auto& g : rec["secure"]["groups"]) {
+        for (const auto& x : g.value("excluded", json::array())) {
+          named = named || (x["silo"] == silo && !x["evidence"].get<std::string>().empty());
+        }
+      }
+      EXPECT_TRUE(named) << silo << " is not named as excluded: " << rec.dump(2);
+    }
     std::map<std::string, agent::RoundOutput> outs;
     for (const auto& p : rec["participants"]) {
       const std::string s = p["silo"];

@@ -6,6 +6,7 @@
 #include "silo_agent/agent.h"
 #include "tools/commands.h"
 #include "tools/sim_agent.h"
+#include "tools/sim_edge.h"
 
 namespace xsilo::tools {
 
@@ -26,12 +27,17 @@ void add_edge(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("edge", "run a regional edge aggregator (relays rounds, sums its region)");
   auto config = std::make_shared<std::string>();
   auto log_file = std::make_shared<std::string>();
+  auto simulate = std::make_shared<std::string>();
   cmd->add_option("--config", *config, "edge config (JSON)")->required();
   cmd->add_option("--log-file", *log_file, "log here instead of stderr");
-  cmd->callback([config, log_file, &exit_code] {
+  // Simulations only (tests of the trust model): a hostile edge.
+  cmd->add_option("--simulate", *simulate, "simulation hooks (JSON, written by xsilo sim)")->group("");
+  cmd->callback([config, log_file, simulate, &exit_code] {
     auto cfg = edge::load_edge_config(*config);
     init_logging("edge", cfg.log_level, *log_file);
-    exit_code = edge::run_edge(cfg);
+    std::unique_ptr<edge::EdgeHook> hook;
+    if (!simulate->empty()) hook = make_sim_edge_hook(cfg, load_sim_edge_config(*simulate));
+    exit_code = edge::run_edge(cfg, std::move(hook));
   });
 }
 

@@ -18,6 +18,7 @@
 #include "server/metrics.h"
 #include "silo_agent/external_trainer.h"
 #include "silo_agent/sgd.h"
+#include "tools/sim_edge.h"
 
 namespace xsilo::tools {
 
@@ -289,10 +290,21 @@ void start_federation(const SimConfig& cfg, const FederationFiles& f, Processes&
                        std::count(f.silos.begin(), f.silos.end(), fault.process);
     if (!known) throw ConfigError("sim: fault names process \"" + fault.process + "\", which this federation does not have");
   }
+  for (const auto& [name, what] : cfg.hostile) {
+    if (!std::count(f.edges.begin(), f.edges.end(), name) && !std::count(f.silos.begin(), f.silos.end(), name)) {
+      throw ConfigError("sim: hostile names process \"" + name + "\", which this federation does not have");
+    }
+  }
   procs.start("server", {self_exe(), "server", "--config", f.server_config.string()});
   wait_for_port(procs["server"], f);
   for (std::size_t e = 0; e < f.edges.size(); ++e) {
-    procs.start(f.edges[e], {self_exe(), "edge", "--config", edge_config_path(f, e).string()});
+    std::vector<std::string> argv{self_exe(), "edge", "--config", edge_config_path(f, e).string()};
+    if (auto h = cfg.hostile.find(f.edges[e]); h != cfg.hostile.end()) {
+      const auto sim = f.out / "configs" / (f.edges[e] + ".simulate.json");
+      atomic_write_file(sim, to_json(SimEdgeConfig{h->second, f.silos}).dump(2) + "\n");
+      argv.insert(argv.end(), {"--simulate", sim.string()});
+    }
+    procs.start(f.edges[e], argv);
   }
   for (std::size_t e = 0; e < f.edges.size(); ++e) wait_for_edge(procs[f.edges[e]], f, e);
   for (std::size_t i = 0; i < cfg.silos; ++i) {

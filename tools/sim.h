@@ -68,6 +68,9 @@ struct SimConfig {
     std::string phase;
   };
   std::vector<Fault> faults;
+  // Hostile processes, by name: an edge ("edge-01": tools/sim_edge.h) or a silo in secure mode
+  // ("hospital-03": tools/sim_agent.h), and what it does.
+  std::map<std::string, std::string> hostile;
   bool baseline = true;              // also train centrally on the pooled data
 };
 

@@ -5,7 +5,11 @@
 #include <cstdlib>
 #include <thread>
 
+#include <sodium.h>
+
 #include "common/config.h"
+#include "protocol/secagg_wire.h"
+#include "transport/tls.h"
 #include "silo_agent/builtin_trainer.h"
 #include "silo_agent/sgd.h"
 
@@ -51,6 +55,7 @@ class SyntheticTrainer final : public agent::Trainer {
 class SimHook final : public agent::FaultHook {
  public:
   SimHook(const agent::AgentConfig& cfg, SimAgentConfig sim) : sim_(std::move(sim)) {
+    if (!sim_.hostile.empty()) signer_ = transport::load_signer(cfg.tls);
     for (const auto& h : sim_.attack.honest) {
       agent::AgentConfig hc = cfg;  // the colluders' view of an honest silo: its data, standardized alike
       hc.train_data = h.train;
@@ -70,6 +75,29 @@ class SimHook final : public agent::FaultHook {
       std::_Exit(137);
     }).detach();
     return true;
+  }
+
+  // A hostile member, as the protocol sees one: what it sends is signed by itself, so the
+  // others can prove what it did (and exclude it) rather than blame the relay.
+  void outgoing(wire::Envelope& e, const std::string& session) override {
+    if (!signer_ || session.empty()) return;
+    const std::string me = signer_->who().name;
+    if (sim_.hostile == "bad_keys" && e.has_secagg_keys()) {
+      auto a = protocol::from_wire(e.secagg_keys());
+      if (!a) return;
+      a->mask_pk.fill(0);  // the identity point: every pair key with it is known to all
+      a->signature = signer_->sign(crypto::secagg::keys_statement(session, me, *a));
+      *e.mutable_secagg_keys() = protocol::to_wire(*a);
+      spdlog::warn("round {}: hostile: advertised an unusable mask key, signed", e.round());
+    } else if (sim_.hostile == "garbage_shares" && e.has_secagg_shares()) {
+      for (auto& entry : *e.mutable_secagg_shares()->mutable_entries()) {
+        std::string box(entry.box().size(), '\0');
+        randombytes_buf(box.data(), box.size());
+        entry.set_signature(signer_->sign(crypto::secagg::box_statement(session, me, entry.recipient(), box)));
+        entry.set_box(std::move(box));
+      }
+      spdlog::warn("round {}: hostile: dealt boxes of random bytes, signed", e.round());
+    }
   }
 
   void tamper(const agent::TrainTask& task, const Model& global, std::span<float> update, double weight) override {
@@ -94,6 +122,7 @@ class SimHook final : public agent::FaultHook {
 
  private:
   SimAgentConfig sim_;
+  std::optional<crypto::CertSigner> signer_;
   std::vector<std::pair<std::string, std::unique_ptr<agent::BuiltinTrainer>>> honest_;
 };
 
@@ -110,6 +139,7 @@ SimAgentConfig load_sim_agent_config(const std::filesystem::path& file) {
     c.crash_round = static_cast<std::uint64_t>(cr.integer("round", 1, 1));
     cr.finish();
   }
+  if (root.has("hostile")) c.hostile = root.one_of("hostile", "", {"bad_keys", "garbage_shares"});
   if (root.has("synthetic")) {
     const auto sy = root.child("synthetic");
     c.synthetic_samples = static_cast<std::uint64_t>(sy.integer("samples", 100, 1));
@@ -130,6 +160,7 @@ nlohmann::json to_json(const SimAgentConfig& c) {
   }
   if (!c.crash_after.empty()) j["crash"] = {{"after", c.crash_after}, {"round", c.crash_round}};
   if (c.synthetic_samples) j["synthetic"] = {{"samples", *c.synthetic_samples}};
+  if (!c.hostile.empty()) j["hostile"] = c.hostile;
   return j;
 }
 

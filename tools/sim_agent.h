@@ -1,7 +1,7 @@
 // What a simulation adds to a silo agent, and nothing in production has: `xsilo agent --config
 // FILE --simulate SIMFILE` runs the ordinary agent with these hooks. Attacks (a Byzantine
-// silo's update), crashes at a secure-aggregation step, and the synthetic trainer of the
-// benchmarks (no data, as little compute as possible).
+// silo's update), crashes at a secure-aggregation step, hostile protocol messages, and the
+// synthetic trainer of the benchmarks (no data, as little compute as possible).
 #pragma once
 
 #include <cstdint>
@@ -21,7 +21,10 @@ struct SimAgentConfig {
   std::string crash_after;             // "keys" or "shares": die right after sending that step
   std::uint64_t crash_round = 0;
   std::optional<std::uint64_t> synthetic_samples;  // the synthetic trainer, with this sample count
-  bool active() const { return attack.active() || !crash_after.empty() || synthetic_samples; }
+  // A silo hostile inside secure aggregation, signing what it sends with its own key:
+  // "bad_keys" (an unusable mask key), "garbage_shares" (boxes that open to nothing).
+  std::string hostile;
+  bool active() const { return attack.active() || !crash_after.empty() || synthetic_samples || !hostile.empty(); }
 };
 
 SimAgentConfig load_sim_agent_config(const std::filesystem::path& file);

@@ -322,6 +322,7 @@ AgentFiles write_agent_config(const SimConfig& cfg, const FederationFiles& f, st
       sim.crash_round = fault.round;
     }
   }
+  if (auto h = cfg.hostile.find(f.silos[i]); h != cfg.hostile.end()) sim.hostile = h->second;
   if (i >= cfg.silos - cfg.attackers) {
     sim.attack = parse_attack(ConfigNode(cfg.attack, cfg.file.string(), ".attack"), /*need_honest=*/false);
     if (sim.attack.kind == "alie" || sim.attack.kind == "ipm") {
