@@ -11,6 +11,7 @@
 
 #include "crypto/hash.h"
 #include "proto/frame.h"
+#include "protocol/round_start.h"
 #include "server/coordinator_round.h"
 #include "server/secure_round.h"
 
@@ -185,6 +186,7 @@ void Coordinator::start_round(std::int64_t now_ms) {
     for (auto d : t.shape) spec->add_shape(d);
   }
   rs->set_model_sha256(global_sha_);
+  if (cfg_.signer) protocol::sign_round_start(*rs, *cfg_.signer, cfg_.federation);
   std::set<SessionId> edges;
   for (const auto& [silo, session] : candidates) {
     Member mb;

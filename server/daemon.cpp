@@ -260,9 +260,9 @@ int run_server(const ServerConfig& cfg) {
                nullptr);
   RoundConfig rounds(cfg);
   // The server checks silos' signatures (joins through edges, secure aggregation) against the
-  // federation CA and its revocation list, and signs its secure groups' setups with its key.
+  // federation CA and its revocation list, and signs round starts and secure setups with its key.
   rounds.ca = transport::load_verifier(cfg.tls);
-  if (rounds.secure.on()) rounds.secure.signer = transport::load_signer(cfg.tls);
+  rounds.signer = transport::load_signer(cfg.tls);
   Coordinator coord(std::move(rounds), std::move(model), std::move(optimizer), state, first_round);
   Server server(cfg, state, coord);
   return server.run();

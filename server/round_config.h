@@ -52,10 +52,6 @@ struct SecureConfig {
   double max_weight = 1000.0;
   std::chrono::milliseconds keys_deadline{30000};    // each of the key, share and receipt phases
   std::chrono::milliseconds unmask_deadline{30000};  // each of the confirmation and unmask phases
-  // Who the server is in the protocol: its certificate key (it signs each group's setup and
-  // settled members). Not read from a config file: the server daemon sets it from its TLS
-  // files. Required when mode is on, with RoundConfig::ca.
-  std::optional<crypto::CertSigner> signer;
   bool on() const { return mode != SecureMode::Off; }
   crypto::FixedPointParams codec() const { return {bits, fraction_bits, clip_norm, max_weight}; }
 };
@@ -76,6 +72,11 @@ struct RoundConfig {
   // and, in secure mode, the silos' protocol signatures. Not read from a config file: the server
   // daemon sets it from its TLS files. Without it, no silo is admitted through an edge.
   std::optional<crypto::CertVerifier> ca;
+  // Who the server is in the protocol: its certificate key. It signs each RoundStart (so an
+  // edge cannot change the model, layout or plan it relays) and, in secure mode, each group's
+  // setup and settled members. Set by the server daemon from its TLS files, like `ca`;
+  // required in secure mode.
+  std::optional<crypto::CertSigner> signer;
 };
 
 }  // namespace xsilo::server

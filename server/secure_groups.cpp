@@ -8,7 +8,7 @@ namespace xsilo::server {
 
 SecureGroups::SecureGroups(const RoundConfig& cfg, std::size_t d, std::uint64_t round,
                            const std::vector<std::string>& selected)
-    : aggregation_(cfg.aggregation), d_(d), round_(cfg.secure, cfg.ca, cfg.federation, round, cfg.seed, selected, d),
+    : aggregation_(cfg.aggregation), d_(d), round_(cfg.secure, cfg.signer, cfg.ca, cfg.federation, round, cfg.seed, selected, d),
       current_(cfg.secure.bits, d + 1) {
   for (auto g : round_.groups()) sums_.emplace(g, protocol::MaskedVector(cfg.secure.bits, d + 1));
 }

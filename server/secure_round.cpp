@@ -36,12 +36,12 @@ std::uint32_t group_min_survivors(const SecureConfig& cfg, std::size_t n) {
   return std::max(group_threshold(cfg, n), static_cast<std::uint32_t>(cfg.min_group));
 }
 
-SecureRound::SecureRound(const SecureConfig& cfg, const std::optional<crypto::CertVerifier>& ca,
-                         const std::string& federation, std::uint64_t round,
+SecureRound::SecureRound(const SecureConfig& cfg, const std::optional<crypto::CertSigner>& signer,
+                         const std::optional<crypto::CertVerifier>& ca, const std::string& federation, std::uint64_t round,
                          std::uint64_t seed, std::vector<std::string> selected, std::size_t d)
     : cfg_(cfg), federation_(federation), round_(round),
       permutation_seed_(seed ^ (round * 0xd1b54a32d192ed03ull)), d_(d) {
-  if (!cfg_.signer || !ca) throw std::invalid_argument("secure aggregation needs the server's certificate key and CA");
+  if (!signer || !ca) throw std::invalid_argument("secure aggregation needs the server's certificate key and CA");
   const auto groups = make_groups(std::move(selected), cfg_, permutation_seed_);
   for (std::size_t k = 0; k < groups.size(); ++k) {
     const auto id = static_cast<std::uint32_t>(k + 1);
@@ -63,10 +63,10 @@ SecureRound::SecureRound(const SecureConfig& cfg, const std::optional<crypto::Ce
     s.set_max_weight(static_cast<float>(cfg_.max_weight));
     auto box = crypto::X25519KeyPair::generate();
     s.set_server_key(std::string(reinterpret_cast<const char*>(box.public_key.data()), box.public_key.size()));
-    s.set_server_certificate(cfg_.signer->certificate());
-    s.set_server_signature(cfg_.signer->sign(protocol::setup_statement(s, federation_, round_)));
+    s.set_server_certificate(signer->certificate());
+    s.set_server_signature(signer->sign(protocol::setup_statement(s, federation_, round_)));
     auto params = protocol::secagg_params(s, federation_, round_);
-    g.server = std::make_unique<secagg::Server>(params, *ca, *cfg_.signer, std::move(box));
+    g.server = std::make_unique<secagg::Server>(params, *ca, *signer, std::move(box));
     if (n < cfg_.min_group) {
       fail(g, "a group of " + std::to_string(n) + " silos is smaller than min_group " + std::to_string(cfg_.min_group) +
                   ": its sum would reveal too little about too few");

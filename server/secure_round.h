@@ -45,8 +45,9 @@ class SecureRound {
  public:
   // Throws std::invalid_argument when cfg has no signer or CA.
   // `ca` checks the members' signatures; required, as is cfg.signer.
-  SecureRound(const SecureConfig& cfg, const std::optional<crypto::CertVerifier>& ca, const std::string& federation,
-              std::uint64_t round, std::uint64_t seed, std::vector<std::string> selected, std::size_t d);
+  SecureRound(const SecureConfig& cfg, const std::optional<crypto::CertSigner>& signer,
+              const std::optional<crypto::CertVerifier>& ca, const std::string& federation, std::uint64_t round,
+              std::uint64_t seed, std::vector<std::string> selected, std::size_t d);
 
   std::uint32_t group_of(const std::string& silo) const;
   std::vector<std::uint32_t> groups() const;

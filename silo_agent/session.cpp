@@ -12,6 +12,7 @@
 #include "crypto/hash.h"
 #include "proto/frame.h"
 #include "protocol/join.h"
+#include "protocol/round_start.h"
 #include "protocol/secagg_wire.h"
 
 namespace xsilo::agent {
@@ -166,6 +167,18 @@ void Session::on_round_start(const wire::Envelope& e) {
     spdlog::error("round {}: refusing the round's model layout: {}", rs.round(), *why);
     reply_error(wire::BAD_UPDATE, "model layout: " + *why);
     return;
+  }
+  if (cfg_.ca) {
+    // The model, layout and plan come through whoever relays them: only a server of this
+    // federation (one this agent pins, when it pins any) may start a round here.
+    std::string why;
+    const std::string server = protocol::round_start_signer(rs, *cfg_.ca, cfg_.federation, why);
+    if (server.empty() || (!cfg_.servers.empty() && !cfg_.servers.count(server))) {
+      if (why.empty()) why = "the round start is signed by server " + server + ", which is not one this agent trusts";
+      spdlog::error("round {}: refusing the round: {}", rs.round(), why);
+      reply_error(wire::NOT_ALLOWED, why);
+      return;
+    }
   }
   ++generation_;
   *live_generation_ = generation_;

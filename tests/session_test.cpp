@@ -2,6 +2,7 @@
 // sockets, no threads, every timing scripted (jobs run when the test says so).
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <set>
 
 #include <cmath>
@@ -9,6 +10,7 @@
 
 #include "crypto/hash.h"
 #include "protocol/join.h"
+#include "protocol/round_start.h"
 #include "protocol/secagg_wire.h"
 #include "silo_agent/session.h"
 #include "tests/testlib.h"
@@ -107,6 +109,7 @@ class Harness {
       for (auto d : t.shape) spec->add_shape(d);
     }
     rs->set_model_sha256(sha.empty() ? crypto::sha256_hex(m.flat()) : sha);
+    protocol::sign_round_start(*rs, test::signer(wire::SERVER, "server"), "fed");
     return e;
   }
   void deliver(const wire::Envelope& e) {
@@ -401,6 +404,46 @@ TEST(Session, ASecureSetupNotSignedByATrustedServerIsRefused) {
     ASSERT_TRUE(err) << c.what;
     EXPECT_NE(err->error().message().find(c.says), std::string::npos) << c.what << ": " << err->error().message();
   }
+}
+
+// An edge relays the round start; changed on the way (model hash, plan), unsigned, signed by a
+// non-server or by a server the agent does not pin, it is refused before anything is trained.
+TEST(Session, ARoundStartNotSignedByATrustedServerIsRefused) {
+  const Model m = model();
+  struct Case {
+    const char* what;
+    std::function<void(wire::RoundStart&)> change;
+    std::set<std::string> pinned;
+    const char* says;
+  };
+  std::vector<Case> cases = {
+      {"another model", [](wire::RoundStart& rs) { rs.set_model_sha256(std::string(64, 'e')); }, {}, "not signed by server"},
+      {"another plan", [](wire::RoundStart& rs) { rs.mutable_plan()->set_learning_rate(50); }, {}, "not signed by server"},
+      {"unsigned", [](wire::RoundStart& rs) { rs.clear_server_signature(); rs.clear_server_certificate(); }, {},
+       "not signed by a server"},
+      {"signed by an edge",
+       [](wire::RoundStart& rs) { protocol::sign_round_start(rs, test::signer(wire::EDGE, "edge-1"), "fed"); }, {},
+       "no valid server certificate"},
+      {"not the pinned server", [](wire::RoundStart&) {}, {"central"}, "not one this agent trusts"},
+  };
+  for (const auto& c : cases) {
+    Harness h(nullptr, session_config(c.pinned));
+    auto start = h.round_start(1, m);
+    c.change(*start.mutable_round_start());
+    h.deliver(start);
+    h.send_model(1, m);
+    h.run_jobs();
+    EXPECT_FALSE(h.last(wire::Envelope::kUpdateReady)) << c.what;
+    ASSERT_FALSE(h.sent.empty()) << c.what;
+    ASSERT_TRUE(h.sent.front().has_error()) << c.what;  // the refusal, before anything else
+    EXPECT_NE(h.sent.front().error().message().find(c.says), std::string::npos)
+        << c.what << ": " << h.sent.front().error().message();
+  }
+  Harness h;  // and the same, untouched, trains
+  h.deliver(h.round_start(1, m));
+  h.send_model(1, m);
+  h.run_jobs();
+  EXPECT_TRUE(h.last(wire::Envelope::kUpdateReady));
 }
 
 TEST(Session, ASimulatedCrashAfterSendingKeysSilencesTheSession) {

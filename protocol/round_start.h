@@ -1,0 +1,24 @@
+// A RoundStart signed by the server. An edge relays it to its silos, and without a signature
+// it could hand them another model (with a matching hash), layout or plan. The server signs
+// everything in it but the secure setup (signed on its own) with its certificate key; a silo
+// takes part only in a round whose start a server of its federation signed.
+#pragma once
+
+#include <string>
+
+#include "crypto/certs.h"
+#include "proto/xsilo.pb.h"
+
+namespace xsilo::protocol {
+
+// The signed bytes: a tag, the federation, and the RoundStart's deterministic protobuf
+// encoding without `secagg`, `server_certificate` and `server_signature`.
+std::string round_start_statement(const wire::RoundStart& rs, const std::string& federation);
+
+void sign_round_start(wire::RoundStart& rs, const crypto::CertSigner& server, const std::string& federation);
+
+// The name of the server whose valid certificate signed `rs`; "" with `why` set otherwise.
+std::string round_start_signer(const wire::RoundStart& rs, const crypto::CertVerifier& ca,
+                               const std::string& federation, std::string& why);
+
+}  // namespace xsilo::protocol
