@@ -10,6 +10,11 @@ namespace xsilo::crypto {
 
 Secret::~Secret() { sodium_memzero(k_.data(), k_.size()); }
 
+SecretText::~SecretText() {
+  text_.resize(text_.capacity());  // the whole buffer, not only the current length
+  sodium_memzero(text_.data(), text_.size());
+}
+
 Secret Secret::random() {
   ensure_sodium();
   Secret s;

@@ -33,6 +33,19 @@ class Secret {
   Key32 k_{};
 };
 
+// Text that holds a secret (a private key's PEM, a key in hex): zeroed when it goes away.
+class SecretText {
+ public:
+  explicit SecretText(std::string text) : text_(std::move(text)) {}
+  SecretText(const SecretText&) = delete;
+  SecretText& operator=(const SecretText&) = delete;
+  ~SecretText();
+  const std::string& str() const { return text_; }
+
+ private:
+  std::string text_;
+};
+
 struct X25519KeyPair {
   Secret secret;
   Key32 public_key{};

@@ -188,6 +188,13 @@ Client::Client(Params p, std::string me, CertSigner signer, CertVerifier ca, std
     : p_(std::move(p)), me_(std::move(me)), signer_(std::move(signer)), ca_(std::move(ca)),
       server_certificate_(std::move(server_certificate)), server_name_(std::move(server_name)) {}
 
+Client::~Client() {
+  for (auto& [owner, shares] : held_) {
+    wipe(shares.first.share);
+    wipe(shares.second.share);
+  }
+}
+
 Expected<Advertisement> Client::advertise() {
   if (step_ != Step::Advertise) return std::string("keys advertised twice");
   if (auto why = check_params(p_); !why.empty()) return why;
@@ -391,6 +398,13 @@ Expected<SealedReply> Client::unmask(const UnmaskRequest& r) {
 Server::Server(Params p, CertVerifier ca, CertSigner signer, X25519KeyPair box)
     : p_(std::move(p)), ca_(std::move(ca)), signer_(std::move(signer)), box_(std::move(box)) {
   p_.server_key = box_.public_key;
+}
+
+Server::~Server() {
+  for (auto& [holder, reply] : replies_) {
+    for (auto& [owner, s] : reply.mask_key_shares) wipe(s.share);
+    for (auto& [owner, s] : reply.self_mask_shares) wipe(s.share);
+  }
 }
 
 void Server::blame(const std::string& silo, const std::string& why) {

@@ -153,6 +153,9 @@ class Client {
   // `signer` is this member's certificate key; `ca` checks the other members' and the server's.
   Client(Params p, std::string me, CertSigner signer, CertVerifier ca, std::string server_certificate,
          std::string server_name);
+  Client(Client&&) = default;
+  Client& operator=(Client&&) = default;
+  ~Client();  // zeroes the shares it still holds (a group that ended before unmasking)
 
   // Checks the parameters (threshold above half, and so on) before anything is generated.
   Expected<Advertisement> advertise();
@@ -202,6 +205,9 @@ class Server {
   // `signer` is the server's certificate key (it signs the settled U2); `box` the key pair the
   // members seal their unmask answers to (its public half is Params::server_key).
   Server(Params p, CertVerifier ca, CertSigner signer, X25519KeyPair box);
+  Server(Server&&) = default;
+  Server& operator=(Server&&) = default;
+  ~Server();  // zeroes the unmask answers it opened
 
   std::string on_keys(const std::string& from, const Advertisement& keys);
   Expected<KeyList> close_keys();  // U1; fails below min_survivors

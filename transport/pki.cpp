@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "common/fs.h"
+#include "crypto/keys.h"
 
 namespace xsilo::transport {
 
@@ -38,7 +39,7 @@ PkeyPtr generate_key(KeyType type) {
 }
 
 std::string to_pem(EVP_PKEY* key) {
-  BioPtr bio(BIO_new(BIO_s_mem()));
+  BioPtr bio(BIO_new(BIO_s_secmem()));  // cleared when freed
   if (!PEM_write_bio_PrivateKey(bio.get(), key, nullptr, nullptr, 0, nullptr, nullptr)) {
     ossl_fail("cannot encode the private key");
   }
@@ -56,8 +57,8 @@ std::string to_pem(X509* cert) {
 }
 
 PkeyPtr read_key(const std::filesystem::path& p) {
-  const std::string pem = read_file(p);
-  BioPtr bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+  const crypto::SecretText pem(read_file(p));
+  BioPtr bio(BIO_new_mem_buf(pem.str().data(), static_cast<int>(pem.str().size())));
   EVP_PKEY* k = PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr);
   if (!k) ossl_fail("cannot read the key " + p.string());
   return PkeyPtr(k);
@@ -153,7 +154,7 @@ void pki_init(const std::filesystem::path& dir, const std::string& federation, i
   auto key = generate_key(type);
   auto cert = make_cert(key.get(), federation + " federation CA", "ca", federation, nullptr,
                         key.get(), 0, days, true);
-  atomic_write_file(ca_dir / "ca.key", to_pem(key.get()), 0600);
+  atomic_write_file(ca_dir / "ca.key", crypto::SecretText(to_pem(key.get())).str(), 0600);
   atomic_write_file(ca_dir / "ca.pem", to_pem(cert.get()), 0644);
 }
 
@@ -180,7 +181,7 @@ std::filesystem::path pki_issue(const std::filesystem::path& dir, const IssueReq
                         ca_cert.get(), ca_key.get(), req.not_before_offset_s, req.days, false);
   const auto kit = dir / "kits" / req.name;
   std::filesystem::create_directories(kit);
-  atomic_write_file(kit / "key.pem", to_pem(key.get()), 0600);
+  atomic_write_file(kit / "key.pem", crypto::SecretText(to_pem(key.get())).str(), 0600);
   atomic_write_file(kit / "cert.pem", to_pem(cert.get()), 0644);
   atomic_write_file(kit / "ca.pem", read_file(ca_dir / "ca.pem"), 0644);
   return kit;

@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "common/fs.h"
+#include "crypto/keys.h"
 #include "transport/pki.h"
 
 namespace xsilo::transport {
@@ -58,7 +59,8 @@ ssl::context make_tls_context(const TlsFiles& f) {
 
 crypto::CertSigner load_signer(const TlsFiles& f) {
   try {
-    return crypto::CertSigner::from_pem(read_file(f.cert), read_file(f.key));
+    const crypto::SecretText key(read_file(f.key));
+    return crypto::CertSigner::from_pem(read_file(f.cert), key.str());
   } catch (const std::invalid_argument& e) {
     throw std::runtime_error("cannot sign with " + f.cert.string() + " and " + f.key.string() + ": " + e.what());
   }
