@@ -109,6 +109,41 @@ class Harness {
     coord_->on_message(edge, e, now);
     pump();
   }
+  // An edge's relayed UpdateReady for silo i, then its own (the region is ready).
+  void edge_ready(SessionId edge, const std::vector<std::size_t>& silos, std::uint64_t samples) {
+    for (auto i : silos) {
+      wire::Envelope e;
+      e.set_round(coord_->round());
+      e.set_silo(name(i));
+      e.mutable_update_ready()->set_num_samples(samples);
+      from_edge(edge, e);
+    }
+    wire::Envelope region;
+    region.set_round(coord_->round());
+    region.mutable_update_ready();
+    from_edge(edge, region);
+  }
+  // The edge's partial sum: chunks, then UpdateEnd naming `contributors` (silo, weight).
+  void edge_upload(SessionId edge, const std::vector<float>& sum,
+                   const std::vector<std::pair<std::string, double>>& contributors, double weight,
+                   std::optional<std::string> declared = std::nullopt) {
+    auto m = std::make_shared<Model>(initial_.zeros_like());
+    std::copy(sum.begin(), sum.end(), m->flat().begin());
+    protocol::ChunkSource src(m, m->flat(), m->tensors(), "fed", coord_->round(), 12);
+    while (auto e = src.next()) from_edge(edge, *e);
+    wire::Envelope end;
+    end.set_round(coord_->round());
+    auto* u = end.mutable_update_end();
+    u->set_weight(weight);
+    u->set_update_sha256(declared.value_or(crypto::sha256_hex(m->flat())));
+    for (const auto& [silo, w] : contributors) {
+      auto* c = u->add_contributors();
+      c->set_silo(silo);
+      c->set_weight(w);
+      c->set_num_samples(10);
+    }
+    from_edge(edge, end);
+  }
   // The join nonce the server gave this edge session.
   std::string nonce(SessionId edge) {
     std::string n;
@@ -330,6 +365,54 @@ TEST(Coordinator, AnEdgeCannotTakeOverADirectlyConnectedSilo) {
 // through that edge session: an edge naming a silo with no proof, a proof from another CA, a
 // proof made for another edge or another session, or another silo's proof, gets the silo
 // refused with the reason; a second session under one edge name replaces the first.
+// The server checks an edge's partial sum before it folds it: its declared SHA-256 (present and
+// matching), contributors that are this edge's silos in the round, and weights that add up.
+// A bad one drops the edge's silos for the round, with the reason; the direct silos commit.
+TEST(Coordinator, AnEdgesPartialSumIsCheckedBeforeItIsFolded) {
+  RoundConfig cfg = three_rounds();
+  cfg.rounds = 4;
+  cfg.selection.min_silos = 4;
+  cfg.selection.min_updates = 2;
+  Harness h(4, cfg);
+  h.edge_connect(900, "edge-1");
+  h.region(900, {0, 1});
+  h.connect(2);
+  h.connect(3);
+  struct Bad {
+    const char* what;
+    std::vector<std::pair<std::string, double>> contributors;
+    double weight;
+    std::optional<std::string> declared;
+    const char* says;
+  };
+  const std::vector<Bad> bad = {
+      {"no hash", {{name(0), 10}, {name(1), 10}}, 20, std::string(), "declares no SHA-256"},
+      {"wrong hash", {{name(0), 10}, {name(1), 10}}, 20, crypto::sha256_hex("x"), "does not match its SHA-256"},
+      {"a silo not behind it", {{name(0), 10}, {name(2), 10}}, 20, std::nullopt, "not one of its silos"},
+      {"weights that do not add up", {{name(0), 10}, {name(1), 10}}, 35, std::nullopt, "not the sum"},
+  };
+  for (const auto& b : bad) {
+    ASSERT_EQ(h.coord().phase(), Phase::Collecting) << b.what;
+    h.edge_ready(900, {0, 1}, 10);
+    h.ready(2, 10);
+    h.ready(3, 10);
+    h.edge_upload(900, constant(7), b.contributors, b.weight, b.declared);
+    h.upload(2, constant(2), 10);
+    h.upload(3, constant(3), 10);
+    ASSERT_FALSE(h.store.records.empty()) << b.what;
+    const auto& rec = h.store.records.back();
+    EXPECT_EQ(rec["status"], "committed") << b.what << rec.dump(2);
+    std::set<std::string> in;
+    for (const auto& p : rec["participants"]) in.insert(p["silo"]);
+    EXPECT_EQ(in, (std::set<std::string>{name(2), name(3)})) << b.what;
+    std::string why;
+    for (const auto& d : rec["dropouts"]) {
+      if (d["silo"] == name(0)) why = d["reason"];
+    }
+    EXPECT_NE(why.find(b.says), std::string::npos) << b.what << ": " << why;
+  }
+}
+
 TEST(Coordinator, AnEdgeCannotNameASiloThatDidNotSignItsJoin) {
   Harness h(6);
   h.edge_connect(900, "edge-1");
