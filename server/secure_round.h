@@ -43,8 +43,8 @@ struct SecureDrop {
 
 class SecureRound {
  public:
-  // Throws std::invalid_argument when cfg has no signer or CA.
-  // `ca` checks the members' signatures; required, as is cfg.signer.
+  // `signer` (the server's certificate key) signs the setups and settled lists, `ca` checks the
+  // members' signatures; throws std::invalid_argument without either.
   SecureRound(const SecureConfig& cfg, const std::optional<crypto::CertSigner>& signer,
               const std::optional<crypto::CertVerifier>& ca, const std::string& federation, std::uint64_t round,
               std::uint64_t seed, std::vector<std::string> selected, std::size_t d);

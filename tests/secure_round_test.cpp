@@ -1,0 +1,96 @@
+// The server's side of secure groups, without the network: how silos are split into groups,
+// each group's threshold, and groups too small to be revealed.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+
+#include "server/secure_round.h"
+#include "tests/testlib.h"
+
+namespace xsilo::server {
+namespace {
+
+std::vector<std::string> silos(std::size_t n) {
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < n; ++i) out.push_back("silo-" + std::to_string(100 + i));
+  return out;
+}
+
+// t is strictly above half the group (two disjoint halves can never both reach it), at least
+// the configured fraction, at least 2 and at most n.
+TEST(SecureGroups, TheThresholdIsAboveHalfTheGroupAndAtLeastTheFraction) {
+  SecureConfig cfg;
+  cfg.threshold = 2.0 / 3.0;
+  const std::vector<std::pair<std::size_t, std::uint32_t>> expect = {{2, 2}, {3, 2}, {4, 3},  {5, 4},
+                                                                    {6, 4}, {7, 5}, {10, 7}, {100, 67}};
+  for (const auto& [n, t] : expect) EXPECT_EQ(group_threshold(cfg, n), t) << n;
+  for (double fraction : {0.51, 0.6, 2.0 / 3.0, 0.75, 0.9, 1.0}) {
+    cfg.threshold = fraction;
+    for (std::size_t n = 2; n <= 300; ++n) {
+      const auto t = group_threshold(cfg, n);
+      EXPECT_GT(2 * t, n) << fraction << " " << n;
+      EXPECT_LE(t, n) << fraction << " " << n;
+      EXPECT_GE(t, 2u);
+      EXPECT_GE(t + 1e-9, fraction * static_cast<double>(n)) << fraction << " " << n;
+    }
+  }
+  cfg.threshold = 2.0 / 3.0;
+  cfg.min_group = 5;
+  EXPECT_EQ(group_min_survivors(cfg, 6), 5u);  // min_group above t
+  EXPECT_EQ(group_min_survivors(cfg, 9), 6u);  // t above min_group
+}
+
+// Grouped: floor(n / min_group) groups, none smaller than min_group, every silo in exactly one;
+// the split depends on the seed. Global: one group of all.
+TEST(SecureGroups, SilosAreSplitIntoGroupsOfAtLeastMinGroup) {
+  SecureConfig cfg;
+  cfg.mode = SecureMode::Grouped;
+  for (std::size_t min_group : {2u, 3u, 5u}) {
+    cfg.min_group = min_group;
+    for (std::size_t n = min_group; n <= 40; ++n) {
+      const auto groups = make_groups(silos(n), cfg, 7 + n);
+      EXPECT_EQ(groups.size(), n / min_group);
+      std::multiset<std::string> all;
+      for (const auto& g : groups) {
+        EXPECT_GE(g.size(), min_group) << n;
+        all.insert(g.begin(), g.end());
+      }
+      const auto want = silos(n);
+      EXPECT_EQ(all, std::multiset<std::string>(want.begin(), want.end())) << n;
+    }
+  }
+  cfg.min_group = 3;
+  EXPECT_NE(make_groups(silos(12), cfg, 1), make_groups(silos(12), cfg, 2));
+  cfg.mode = SecureMode::Global;
+  EXPECT_EQ(make_groups(silos(12), cfg, 1).size(), 1u);
+}
+
+// At run time, a group below min_group (fewer silos selected than it needs) fails before any
+// key is asked for: its silos are dropouts with the reason, and nothing is sent to them.
+TEST(SecureGroups, AGroupSmallerThanMinGroupFailsBeforeKeys) {
+  SecureConfig cfg;
+  cfg.mode = SecureMode::Global;
+  cfg.min_group = 4;
+  const std::optional<crypto::CertSigner> signer = test::signer(wire::SERVER, "server");
+  const std::optional<crypto::CertVerifier> ca = test::verifier();
+  SecureRound round(cfg, signer, ca, "fed", 1, 1, silos(3), 10);
+  const auto dropped = round.take_dropped();
+  ASSERT_EQ(dropped.size(), 3u);
+  for (const auto& d : dropped) {
+    EXPECT_NE(d.why.find("smaller than min_group 4"), std::string::npos) << d.why;
+    EXPECT_FALSE(d.excluded);
+    EXPECT_FALSE(round.may_upload(d.silo));
+  }
+  EXPECT_TRUE(round.take_out().empty());
+  EXPECT_TRUE(round.settled());  // nothing to wait for
+
+  SecureRound enough(cfg, signer, ca, "fed", 1, 1, silos(4), 10);
+  EXPECT_TRUE(enough.take_dropped().empty());
+  EXPECT_EQ(enough.setup(1).min_survivors(), 4u);
+  EXPECT_EQ(enough.setup(1).threshold(), 3u);
+  EXPECT_THROW(SecureRound(cfg, std::nullopt, ca, "fed", 1, 1, silos(4), 10), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace xsilo::server
