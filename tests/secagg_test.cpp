@@ -496,6 +496,25 @@ TEST(SecAgg, AMemberWhoseBoxesDoNotOpenIsExcludedWithProofAndTheGroupGoesOn) {
   EXPECT_EQ(sum, std::vector<std::uint32_t>(4, 1 + 2 + 3));
 }
 
+// A box changed on the way (by the edge that relays the delivery) no longer carries its
+// dealer's signature: the recipient stops with an error instead of accusing the dealer, and
+// nothing it received is opened or used.
+TEST(SecAgg, ABoxAlteredOnTheWayIsRefusedByItsRecipientNotBlamedOnItsDealer) {
+  for (const std::string what : {"box", "signature", "sender"}) {
+    Group g(3, 2);
+    g.share();
+    auto inbox = g.inboxes["s0"];
+    auto& from_s1 = inbox.at("s1");
+    if (what == "box") from_s1.box[from_s1.box.size() / 2] ^= 0x01;
+    if (what == "signature") from_s1.signature[3] ^= 0x01;
+    if (what == "sender") inbox["s1"] = inbox.at("s2");  // s2's box presented as s1's
+    auto r = g.c(0).receive(inbox);
+    ASSERT_FALSE(secagg::ok(r)) << what;
+    EXPECT_NE(secagg::error(r).find("altered on the way"), std::string::npos) << what << ": " << secagg::error(r);
+    EXPECT_TRUE(g.server->blamed().empty()) << what;
+  }
+}
+
 TEST(SecAgg, AFalseAccusationExcludesTheAccuserNotTheAccused) {
   Group g(4, 3);
   g.share();
