@@ -5,7 +5,7 @@
 namespace xsilo {
 
 std::string build_info() {
-  return std::string("xsilo 0.1.0, wire protocol 1, -march=") + XSILO_BUILD_ARCH;
+  return std::string("xsilo 0.1.0, wire protocol 2, -march=") + XSILO_BUILD_ARCH;
 }
 
 std::string cpu_info() {

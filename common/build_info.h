@@ -6,7 +6,7 @@
 
 namespace xsilo {
 
-// "xsilo 0.1.0, wire protocol 1, -march=x86-64-v2"
+// "xsilo 0.1.0, wire protocol 2, -march=x86-64-v2"
 std::string build_info();
 // The CPU's model name and its widest vector extension ("AMD EPYC 9B14 (avx512f)").
 std::string cpu_info();

@@ -2,6 +2,7 @@
 // mutual TLS, real data. Each test cleans up its processes (Process kills on destruction).
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <thread>
@@ -75,6 +76,30 @@ TEST(Federation, ThreeAgentsMatchAnInProcessFedAvgReference) {
       EXPECT_NE(sent.find(p["update_sha256"].get<std::string>()), std::string::npos);
     }
   }
+}
+
+// Hundreds of connections that never finish their handshake, from another address, while a
+// federation runs: the server sheds them at accept (they hold at most 8 handshake slots) and
+// every round commits with every silo.
+TEST(Federation, AHandshakeFloodDoesNotStopTheRounds) {
+  Fed fed(small_config(3, 3));
+  fed.start_server();
+  auto flood = test::idle_connections("127.0.0.2", fed.port, 400);
+  ASSERT_EQ(flood.size(), 400u) << "could not open the flood's connections from 127.0.0.2";
+  fed.start_agents();
+  auto code = fed.server->wait(60s);
+  for (int fd : flood) ::close(fd);
+  ASSERT_TRUE(code) << fed.logs();
+  EXPECT_EQ(*code, 0) << fed.logs();
+  const auto rounds = fed.rounds();
+  ASSERT_EQ(rounds.size(), 3u);
+  for (const auto& r : rounds) {
+    EXPECT_EQ(r["status"], "committed") << r.dump();
+    EXPECT_EQ(r["participants"].size(), 3u) << r.dump();
+  }
+  EXPECT_NE(read_file(fed.files.logs / "server.log").find("closed a connection from 127.0.0.2 at accept"),
+            std::string::npos)
+      << fed.logs();
 }
 
 TEST(Federation, AnAgentKilledMidRoundIsADropoutAndTheRoundCommits) {

@@ -2,6 +2,7 @@
 
 #include <random>
 
+#include "common/build_info.h"
 #include "proto/frame.h"
 
 namespace xsilo::proto {
@@ -23,6 +24,12 @@ wire::Envelope sample() {
 
 std::span<const std::uint8_t> bytes(const std::string& s) {
   return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
+}
+
+// `xsilo --version` and every benchmark's head name the protocol this build speaks.
+TEST(Frame, TheVersionLineNamesTheWireProtocolSpoken) {
+  EXPECT_NE(build_info().find("wire protocol " + std::to_string(proto::kProtocolVersion) + ","), std::string::npos)
+      << build_info();
 }
 
 TEST(Frame, RoundTripsAnEnvelope) {

@@ -243,30 +243,6 @@ TEST_F(TlsTest, RefusesEveryBadClientWhileAValidOneKeepsWorking) {
 
 namespace {
 
-// `n` TCP connections to 127.0.0.1:port from source address `from` that never say a word:
-// what a flood of unauthenticated peers looks like to the listener.
-std::vector<int> idle_connections(const char* from, std::uint16_t port, int n) {
-  std::vector<int> fds;
-  for (int i = 0; i < n; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) break;
-    sockaddr_in src{};
-    src.sin_family = AF_INET;
-    ::inet_pton(AF_INET, from, &src.sin_addr);
-    sockaddr_in dst{};
-    dst.sin_family = AF_INET;
-    dst.sin_port = htons(port);
-    ::inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0 ||
-        ::connect(fd, reinterpret_cast<sockaddr*>(&dst), sizeof dst) != 0) {
-      ::close(fd);
-      break;
-    }
-    fds.push_back(fd);
-  }
-  return fds;
-}
-
 // Polls `done` for up to `limit`.
 template <class Pred>
 bool eventually(Pred done, std::chrono::milliseconds limit = std::chrono::milliseconds(5000)) {
@@ -290,7 +266,7 @@ TEST_F(TlsTest, AHandshakeFloodIsCappedAndAGoodClientStillGetsIn) {
   opts.handshake_timeout = std::chrono::seconds(20);
   EchoServer server(io_, dir_.path(), 0, opts);
 
-  auto flood = idle_connections("127.0.0.2", server.port(), 200);
+  auto flood = test::idle_connections("127.0.0.2", server.port(), 200);
   ASSERT_EQ(flood.size(), 200u) << "could not open the flood's connections from 127.0.0.2";
   ASSERT_TRUE(eventually([&] { return server.counts().shed >= 196; })) << server.counts().shed;
   EXPECT_EQ(server.counts().handshaking, 4u);  // the per-address cap
@@ -305,7 +281,7 @@ TEST_F(TlsTest, AHandshakeFloodIsCappedAndAGoodClientStillGetsIn) {
   std::vector<int> wide;
   for (int a = 3; a <= 10; ++a) {
     const std::string from = "127.0.0." + std::to_string(a);
-    auto more = idle_connections(from.c_str(), server.port(), 4);
+    auto more = test::idle_connections(from.c_str(), server.port(), 4);
     wide.insert(wide.end(), more.begin(), more.end());
   }
   ASSERT_EQ(wide.size(), 32u);

@@ -1,5 +1,10 @@
 #include "tests/testlib.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <boost/asio/post.hpp>
 #include <map>
 #include <mutex>
@@ -73,6 +78,28 @@ crypto::CertVerifier verifier() {
 crypto::CertSigner foreign_signer(wire::Role role, const std::string& name) {
   static ThrowawayPki pki("fed");
   return pki.signer(role, name);
+}
+
+std::vector<int> idle_connections(const char* from, std::uint16_t port, int n) {
+  std::vector<int> fds;
+  for (int i = 0; i < n; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) break;
+    sockaddr_in src{};
+    src.sin_family = AF_INET;
+    ::inet_pton(AF_INET, from, &src.sin_addr);
+    sockaddr_in dst{};
+    dst.sin_family = AF_INET;
+    dst.sin_port = htons(port);
+    ::inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0 ||
+        ::connect(fd, reinterpret_cast<sockaddr*>(&dst), sizeof dst) != 0) {
+      ::close(fd);
+      break;
+    }
+    fds.push_back(fd);
+  }
+  return fds;
 }
 
 IoThread::IoThread() : work_(boost::asio::make_work_guard(io_)), thread_([this] { io_.run(); }) {}

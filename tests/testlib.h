@@ -41,6 +41,11 @@ crypto::CertVerifier verifier();
 // The same names from another CA: valid certificates the federation must not trust.
 crypto::CertSigner foreign_signer(wire::Role role, const std::string& name);
 
+// `n` TCP connections to 127.0.0.1:port from source address `from` (any 127.x.y.z) that never
+// say a word: a flood of unauthenticated peers. Stops early when one fails; the caller closes
+// the descriptors.
+std::vector<int> idle_connections(const char* from, std::uint16_t port, int n);
+
 // Runs an io_context on its own thread until destroyed.
 class IoThread {
  public:

@@ -12,18 +12,16 @@
 
 #include "common/fs.h"
 #include "crypto/keys.h"
+#include "crypto/openssl_ptr.h"
 
 namespace xsilo::transport {
 
 namespace {
 
-template <class T, void (*F)(T*)>
-struct Deleter {
-  void operator()(T* p) const { F(p); }
-};
-using PkeyPtr = std::unique_ptr<EVP_PKEY, Deleter<EVP_PKEY, EVP_PKEY_free>>;
-using X509Ptr = std::unique_ptr<X509, Deleter<X509, X509_free>>;
-using BioPtr = std::unique_ptr<BIO, Deleter<BIO, BIO_free_all>>;
+using crypto::BioPtr;
+using crypto::CrlPtr;
+using crypto::PkeyPtr;
+using crypto::X509Ptr;
 
 [[noreturn]] void ossl_fail(const std::string& what) {
   char buf[256];
@@ -87,7 +85,7 @@ X509Ptr make_cert(EVP_PKEY* subject_key, const std::string& cn, const std::strin
                   std::int64_t not_before_offset_s, int days, bool is_ca) {
   X509Ptr cert(X509_new());
   X509_set_version(cert.get(), 2);
-  std::unique_ptr<BIGNUM, Deleter<BIGNUM, BN_free>> serial(BN_new());
+  std::unique_ptr<BIGNUM, crypto::OpenSslDeleter<BIGNUM, BN_free>> serial(BN_new());
   BN_rand(serial.get(), 127, BN_RAND_TOP_ANY, BN_RAND_BOTTOM_ANY);
   BN_to_ASN1_INTEGER(serial.get(), X509_get_serialNumber(cert.get()));
   X509_gmtime_adj(X509_getm_notBefore(cert.get()), static_cast<long>(not_before_offset_s));
@@ -194,7 +192,6 @@ std::size_t pki_revoke(const std::filesystem::path& dir, const std::string& name
   }
   auto ca_key = read_key(ca_dir / "ca.key");
   auto ca_cert = read_cert(ca_dir / "ca.pem");
-  using CrlPtr = std::unique_ptr<X509_CRL, Deleter<X509_CRL, X509_CRL_free>>;
   CrlPtr crl(X509_CRL_new());
   X509_CRL_set_version(crl.get(), 1);  // v2
   X509_CRL_set_issuer_name(crl.get(), X509_get_subject_name(ca_cert.get()));
@@ -209,7 +206,7 @@ std::size_t pki_revoke(const std::filesystem::path& dir, const std::string& name
       X509_CRL_add0_revoked(crl.get(), X509_REVOKED_dup(sk_X509_REVOKED_value(entries, i)));
     }
   }
-  std::unique_ptr<ASN1_TIME, Deleter<ASN1_TIME, ASN1_TIME_free>> now(ASN1_TIME_new()), next(ASN1_TIME_new());
+  std::unique_ptr<ASN1_TIME, crypto::OpenSslDeleter<ASN1_TIME, ASN1_TIME_free>> now(ASN1_TIME_new()), next(ASN1_TIME_new());
   X509_gmtime_adj(now.get(), 0);
   X509_gmtime_adj(next.get(), static_cast<long>(std::int64_t{days} * 86400));
   if (!name.empty()) {
