@@ -31,6 +31,7 @@ void Relay::on_server_up() {
   nonce_.clear();  // proofs answer one server connection's challenge
   proofs_.clear();
   proof_sent_.clear();
+  announced_.clear();
   send_region_status();
 }
 
@@ -44,9 +45,10 @@ void Relay::send_region_status() {
   auto* status = e.mutable_region_status();  // set even when the region is empty
   for (const auto& name : connected_) {
     auto proof = proofs_.find(name);
-    if (proof == proofs_.end()) continue;  // not signed yet: not ours to announce
+    if (proof == proofs_.end() && !announced_.count(name)) continue;  // not signed yet: not ours to announce
     status->add_silos(name);
-    if (proof_sent_.insert(name).second) *status->add_proofs() = proof->second;
+    announced_.insert(name);
+    if (proof != proofs_.end() && proof_sent_.insert(name).second) *status->add_proofs() = proof->second;
   }
   to_server(std::move(e));
 }
@@ -177,6 +179,7 @@ void Relay::on_silo_down(const std::string& silo) {
   if (!connected_.erase(silo)) return;
   proofs_.erase(silo);
   proof_sent_.erase(silo);
+  announced_.erase(silo);
   silo_gone(silo);
   spdlog::info("silo {} left ({} in the region)", silo, connected_.size());
   send_region_status();

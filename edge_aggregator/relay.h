@@ -110,12 +110,14 @@ class Relay {
 
   RelayConfig cfg_;
   std::set<std::string> connected_;
-  // Signed joins (protocol/join.h): the server's nonce for this connection, each silo's answer
-  // to it, and the silos whose proof the server has had in this connection. A silo is listed
-  // in RegionStatus only once it has signed.
+  // Signed joins (protocol/join.h): the server's current nonce for this connection (it sends a
+  // new one whenever a silo leaves the region), each silo's answer to it, the answers already
+  // sent, and the silos announced in this connection. A silo is listed in RegionStatus once it
+  // has signed, and stays listed while connected; a new nonce asks every silo to sign again,
+  // so one whose proof the server refused as stale gets in with the fresh one.
   std::string nonce_;
   std::map<std::string, wire::JoinProof> proofs_;
-  std::set<std::string> proof_sent_;
+  std::set<std::string> proof_sent_, announced_;
   std::unique_ptr<Region> region_;
   std::uint64_t last_round_ = 0;
   bool finished_ = false;

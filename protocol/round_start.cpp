@@ -7,7 +7,6 @@ namespace xsilo::protocol {
 
 std::string round_start_statement(const wire::RoundStart& rs, const std::string& federation) {
   wire::RoundStart unsigned_part = rs;
-  unsigned_part.clear_secagg();
   unsigned_part.clear_server_certificate();
   unsigned_part.clear_server_signature();
   std::string bytes;

@@ -1,6 +1,7 @@
 // A RoundStart signed by the server. An edge relays it to its silos, and without a signature
-// it could hand them another model (with a matching hash), layout or plan. The server signs
-// everything in it but the secure setup (signed on its own) with its certificate key; a silo
+// it could hand them another model (with a matching hash), layout or plan, or drop the secure
+// setup to make a silo upload in the clear. The server signs all of it, the secure setup
+// included (one signature per silo: setups differ by group), with its certificate key; a silo
 // takes part only in a round whose start a server of its federation signed.
 #pragma once
 
@@ -12,7 +13,7 @@
 namespace xsilo::protocol {
 
 // The signed bytes: a tag, the federation, and the RoundStart's deterministic protobuf
-// encoding without `secagg`, `server_certificate` and `server_signature`.
+// encoding without `server_certificate` and `server_signature`.
 std::string round_start_statement(const wire::RoundStart& rs, const std::string& federation);
 
 void sign_round_start(wire::RoundStart& rs, const crypto::CertSigner& server, const std::string& federation);

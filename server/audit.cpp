@@ -115,8 +115,8 @@ WitnessResult check_witness(const AuditVerifyResult& log, const std::filesystem:
       h.sha256 = j.at("head").get<std::string>();
       h.signature = j.at("sig").get<std::string>();
     } catch (const std::exception& e) {
-      w.reason = at + "not a witness entry (" + e.what() + ")";
-      return w;
+      if (!w.ignored++) w.first_ignored = at + "not a witness entry (" + e.what() + ")";
+      continue;
     }
     std::string sig;
     try {
@@ -125,10 +125,14 @@ WitnessResult check_witness(const AuditVerifyResult& log, const std::filesystem:
       sig.clear();
     }
     if (sig.empty() || !crypto::verify_signature(pk, audit_head_statement(h.seq, h.sha256), sig)) {
-      w.reason = at + "its head is not signed by this audit key, so it is no evidence (a damaged or forged witness)";
+      if (!w.ignored++) w.first_ignored = at + "its head is not signed by this audit key";
+      continue;
+    }
+    if (h.seq == 0) {
+      w.reason = at + "the server signed a head for record 0, which no log has";
       return w;
     }
-    if (h.seq == 0 || h.seq > log.records) {
+    if (h.seq > log.records) {
       w.reason = at + "the server signed record " + std::to_string(h.seq) + " as head " + h.sha256.substr(0, 16) +
                  ", but the log has only " + std::to_string(log.records) + " records: its tail was cut";
       return w;

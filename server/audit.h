@@ -44,10 +44,14 @@ std::string audit_head_statement(std::uint64_t seq, const std::string& sha256);
 struct WitnessResult {
   bool ok = false;
   std::uint64_t checked = 0;  // witness entries that match the log
+  std::uint64_t ignored = 0;  // entries not signed by the key (forged on the way, or damaged): no evidence
+  std::string first_ignored;  // where the first of those is, and why
   std::string reason;
 };
 // Checks a silo's witness file (JSON lines with "seq", "head", "sig") against a verified log:
-// every entry signed by the audit key `public_key` must name a record the log has, with that hash.
+// every entry signed by the audit key `public_key` must name a record the log has, with that
+// hash. Entries the key did not sign prove nothing either way and are counted, not held against
+// the log (an edge could otherwise inject one to discredit an honest log).
 WitnessResult check_witness(const AuditVerifyResult& log, const std::filesystem::path& witness,
                             const std::string& public_key);
 

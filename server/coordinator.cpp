@@ -186,7 +186,6 @@ void Coordinator::start_round(std::int64_t now_ms) {
     for (auto d : t.shape) spec->add_shape(d);
   }
   rs->set_model_sha256(global_sha_);
-  if (cfg_.signer) protocol::sign_round_start(*rs, *cfg_.signer, cfg_.federation);
   std::set<SessionId> edges;
   for (const auto& [silo, session] : candidates) {
     Member mb;
@@ -201,6 +200,8 @@ void Coordinator::start_round(std::int64_t now_ms) {
     r_->members.push_back(std::move(mb));
     wire::Envelope mine = start;
     if (r_->secure) *mine.mutable_round_start()->mutable_secagg() = r_->secure->setup(r_->secure->group_of(silo));
+    // Signed per silo, the secure setup included: a relay can neither change nor drop it.
+    if (cfg_.signer) protocol::sign_round_start(*mine.mutable_round_start(), *cfg_.signer, cfg_.federation);
     send_to_member(r_->members.size() - 1, std::move(mine));
     if (!peer->edge) actions_.push_back(action::SendModel{session, global_, round_});
   }

@@ -139,6 +139,10 @@ class Coordinator {
   void silo_gone(const std::string& silo, SessionId link, const std::string& why, std::int64_t now_ms);
   void on_edge_message(SessionId id, const wire::Envelope& env, std::int64_t now_ms);
   void on_region_status(SessionId id, const wire::RegionStatus& status, std::int64_t now_ms);
+  // A fresh join nonce for an edge session, sent to it: every proof made for the old one is
+  // void. On connect, and whenever a silo leaves the edge's region (so that the edge cannot
+  // replay that silo's proof to claim it back).
+  void challenge_edge(SessionId edge);
   // Round lifecycle
   void try_start_round(std::int64_t now_ms);
   void start_round(std::int64_t now_ms);

@@ -33,19 +33,23 @@ void Coordinator::on_edge_connect(SessionId id, const std::string& edge, std::in
     actions_.push_back(action::Close{*older, wire::UNEXPECTED, "replaced by a newer connection"});
     on_disconnect(*older, now_ms);
   }
-  // The silos behind this session join by signing this session's nonce (protocol/join.h).
-  const auto nonce = crypto::Secret::random();
-  membership_.add_session(id, edge, true, std::string(nonce.bytes().begin(), nonce.bytes().end()));
+  membership_.add_session(id, edge, true);
   spdlog::info("edge {} connected", edge);
-  auto challenge = env();
-  challenge.mutable_join_challenge()->set_nonce(membership_.peer(id)->join_nonce);
-  send(id, std::move(challenge));
+  challenge_edge(id);  // the silos behind this session join by signing its nonce (protocol/join.h)
   if (phase_ == Phase::Finished) {
     auto e = env();
     e.mutable_finished()->set_reason("the federation has finished");
     e.mutable_finished()->set_rounds(cfg_.rounds);
     send(id, std::move(e));
   }
+}
+
+void Coordinator::challenge_edge(SessionId edge) {
+  const auto nonce = crypto::Secret::random();
+  membership_.set_join_nonce(edge, std::string(nonce.bytes().begin(), nonce.bytes().end()));
+  auto challenge = env();
+  challenge.mutable_join_challenge()->set_nonce(membership_.peer(edge)->join_nonce);
+  send(edge, std::move(challenge));
 }
 
 void Coordinator::silo_joined(const std::string& silo, SessionId link, std::int64_t now_ms) {
@@ -58,6 +62,7 @@ void Coordinator::silo_joined(const std::string& silo, SessionId link, std::int6
     } else {
       membership_.leave_region(*old, silo);
       membership_.unroute(silo, *old);
+      challenge_edge(*old);  // its proof for this silo is void now
       silo_gone(silo, *old, "moved to another upstream", now_ms);
     }
   }
@@ -228,6 +233,7 @@ void Coordinator::on_region_status(SessionId id, const wire::RegionStatus& statu
   for (const auto& silo : change.left) {
     if (membership_.unroute(silo, id)) silo_gone(silo, id, "left edge " + edge, now_ms);
   }
+  if (!change.left.empty()) challenge_edge(id);  // the proofs of those that left are void now
   std::map<std::string, const wire::JoinProof*> proofs;
   for (const auto& p : status.proofs()) proofs.emplace(p.silo(), &p);
   for (const auto& silo : change.joined) {

@@ -31,6 +31,9 @@ class Membership {
   std::vector<std::string> remove_session(SessionId id);
 
   const Peer* peer(SessionId id) const;
+  void set_join_nonce(SessionId id, std::string nonce) {
+    if (auto it = sessions_.find(id); it != sessions_.end()) it->second.join_nonce = std::move(nonce);
+  }
   bool is_edge(SessionId id) const;
   const std::map<SessionId, Peer>& sessions() const { return sessions_; }
 

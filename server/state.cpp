@@ -69,14 +69,17 @@ Resume ServerState::recover(const Model& layout) {
   // The audit log's view (verified when it was opened): last round, and the model each
   // committed round left.
   std::uint64_t audited_commit = 0;
-  std::map<std::uint64_t, std::string> committed_models;
+  struct Committed {
+    std::string model, optimizer;  // SHA-256s the record names ("" optimizer: none)
+  };
+  std::map<std::uint64_t, Committed> committed;
   for (const auto& rec : read_audit_log(audit_->path())) {
     if (rec.value("event", "") != "round") continue;
     const auto n = rec.value("round", std::uint64_t{0});
     r.last_round = std::max(r.last_round, n);
     if (rec.value("status", "") == "committed") {
       audited_commit = std::max(audited_commit, n);
-      committed_models[n] = rec.value("model_sha256_after", "");
+      committed[n] = {rec.value("model_sha256_after", ""), rec.value("optimizer_state_sha256", "")};
     }
   }
   auto cps = list_checkpoints(dir_ / "checkpoints");
@@ -90,29 +93,39 @@ Resume ServerState::recover(const Model& layout) {
         continue;
       }
       const std::string sha = crypto::sha256_hex(m.flat());
+      std::optional<Model> optimizer_state;
+      const auto opt = std::filesystem::path(it->second).replace_extension(".opt");
+      if (std::filesystem::exists(opt)) optimizer_state = load_safetensors(opt);
+      const std::string opt_sha = optimizer_state ? crypto::sha256_hex(optimizer_state->flat()) : std::string();
       std::string untrusted;
       std::optional<std::string> line;
+      Committed named;
       if (round <= audited_commit) {
-        auto c = committed_models.find(round);
-        if (c == committed_models.end()) {
+        auto c = committed.find(round);
+        if (c == committed.end()) {
           untrusted = "the audit log has no committed record of round " + std::to_string(round);
-        } else if (c->second != sha) {
-          untrusted = "its model (" + sha.substr(0, 12) + ") is not the one the audit log records for round " +
-                      std::to_string(round) + " (" + c->second.substr(0, 12) + ")";
+        } else {
+          named = c->second;
         }
       } else if (!meta.count("xsilo.audit_line")) {
         untrusted = "it is ahead of the audit log and carries no signed record";
       } else {
         line = meta.at("xsilo.audit_line");
         const auto rec = nlohmann::json::parse(*line);
+        named = {rec.value("model_sha256_after", ""), rec.value("optimizer_state_sha256", "")};
         if (rec.value("event", "") != "round" || rec.value("round", std::uint64_t{0}) != round ||
-            rec.value("status", "") != "committed" || rec.value("model_sha256_after", "") != sha) {
-          untrusted = "its signed record is not the commit of round " + std::to_string(round) + " with this model";
+            rec.value("status", "") != "committed") {
+          untrusted = "its signed record is not the commit of round " + std::to_string(round);
         }
       }
-      std::optional<Model> optimizer_state;
-      const auto opt = std::filesystem::path(it->second).replace_extension(".opt");
-      if (std::filesystem::exists(opt)) optimizer_state = load_safetensors(opt);
+      if (untrusted.empty() && named.model != sha) {
+        untrusted = "its model (" + sha.substr(0, 12) + ") is not the one the audit record of round " +
+                    std::to_string(round) + " names (" + named.model.substr(0, 12) + ")";
+      } else if (untrusted.empty() && named.optimizer != opt_sha) {
+        untrusted = "its optimizer state (" + (opt_sha.empty() ? std::string("none") : opt_sha.substr(0, 12)) +
+                    ") is not the one the audit record of round " + std::to_string(round) + " names (" +
+                    (named.optimizer.empty() ? std::string("none") : named.optimizer.substr(0, 12)) + ")";
+      }
       if (untrusted.empty() && line) {
         try {
           audit_->append_line(*line);  // checks signature and chain before writing a byte
@@ -149,7 +162,10 @@ AuditHead ServerState::commit(std::uint64_t round, const Model& model, const Mod
   }
   // The record is signed before the checkpoint is written and the checkpoint keeps that line:
   // if the server dies before appending it, recovery appends exactly this line, after checking.
-  const std::string line = audit_->seal(audit_record);
+  // It names the optimizer state too, which recovery checks as it checks the model.
+  nlohmann::json rec = audit_record;
+  if (optimizer_state.size() > 0) rec["optimizer_state_sha256"] = crypto::sha256_hex(optimizer_state.flat());
+  const std::string line = audit_->seal(rec);
   save_safetensors(path, model,
                    {{"xsilo.round", std::to_string(round)},
                     {"xsilo.model_sha256", audit_record.value("model_sha256_after", "")},

@@ -180,6 +180,13 @@ void Session::on_round_start(const wire::Envelope& e) {
       return;
     }
   }
+  if (rs.round() < round_) {
+    // A signed start of an earlier round, replayed: rounds only move forward (a restarted
+    // server starts the same round again, never an older one).
+    reply_error(wire::WRONG_ROUND, "round " + std::to_string(rs.round()) + " starts after round " +
+                                       std::to_string(round_) + " did: refused");
+    return;
+  }
   ++generation_;
   *live_generation_ = generation_;
   pending_.reset();
@@ -201,7 +208,15 @@ void Session::on_round_start(const wire::Envelope& e) {
   setup_.reset();
   settled_ = masking_ = false;
   masked_.reset();
-  if (rs.has_secagg()) start_secure(rs.secagg());
+  if (rs.has_secagg()) {
+    start_secure(rs.secagg());
+    if (!secure_) {
+      // A secure round this silo cannot take part in securely: it takes no part at all (an
+      // update trained here must never leave in the clear).
+      in_round_ = false;
+      return;
+    }
+  }
   if (!silent_ && rx_.complete()) on_model();
 }
 

@@ -157,12 +157,18 @@ TEST_F(AuditTest, AWitnessCatchesACutTailAndARewrittenLog) {
   EXPECT_FALSE(w.ok);
   EXPECT_NE(w.reason.find("rewritten or forked"), std::string::npos) << w.reason;
 
-  // A witness entry with a made-up head is not evidence.
+  // A witness entry with a made-up head (an edge's forgery on the way to the silo) is no
+  // evidence: it is counted and ignored, and neither discredits an honest log nor hides a cut.
   AuditHead forged = heads[4];
   forged.sha256 = std::string(64, 'a');
-  w = check_witness(full, witness({forged}), pub_);
+  w = check_witness(full, witness({forged, heads[1]}), pub_);
+  EXPECT_TRUE(w.ok) << w.reason;
+  EXPECT_EQ(w.ignored, 1u);
+  EXPECT_EQ(w.checked, 1u);
+  EXPECT_NE(w.first_ignored.find("not signed by this audit key"), std::string::npos) << w.first_ignored;
+  w = check_witness(cut, witness({forged, heads[4]}), pub_);
   EXPECT_FALSE(w.ok);
-  EXPECT_NE(w.reason.find("not signed by this audit key"), std::string::npos) << w.reason;
+  EXPECT_NE(w.reason.find("tail was cut"), std::string::npos) << w.reason;
 }
 
 // A line is appended only when it verifies under the log's key and chains to its head.
@@ -264,6 +270,34 @@ TEST_F(RecoveryTest, AnEditedCheckpointIsNotTrustedAndNothingIsSignedForIt) {
   const auto r = st.recover(layout());
   EXPECT_EQ(r.committed_round, 0u);  // round 1's model is not the one the log records
   EXPECT_FALSE(r.model.has_value());
+}
+
+// The server optimizer's state (momentum, say) is named in the signed record too: a checkpoint
+// whose .opt file was changed is not trusted.
+TEST_F(RecoveryTest, AnEditedOptimizerStateIsNotTrusted) {
+  {
+    ServerState st(dir_.path(), 0);
+    for (int r = 1; r <= 2; ++r) {
+      const Model m = model(static_cast<float>(r));
+      st.commit(static_cast<std::uint64_t>(r), m, model(0.5f * static_cast<float>(r)), record(r, m), MetricsRow{});
+    }
+  }
+  EXPECT_NE(log_text().find("optimizer_state_sha256"), std::string::npos);
+  {
+    ServerState st(dir_.path(), 0);
+    const auto r = st.recover(layout());
+    EXPECT_EQ(r.committed_round, 2u);
+    ASSERT_TRUE(r.optimizer_state);
+    EXPECT_EQ(r.optimizer_state->flat()[0], 1.0f);
+  }
+  auto opt = checkpoint(2);
+  opt.replace_extension(".opt");
+  save_safetensors(opt, model(9.0f));
+  ServerState st(dir_.path(), 0);
+  const auto r = st.recover(layout());
+  EXPECT_EQ(r.committed_round, 1u);  // round 2's momentum is not the one its record names
+  ASSERT_TRUE(r.optimizer_state);
+  EXPECT_EQ(r.optimizer_state->flat()[0], 0.5f);
 }
 
 }  // namespace

@@ -459,6 +459,23 @@ TEST(Coordinator, AnEdgeCannotNameASiloThatDidNotSignItsJoin) {
   EXPECT_NE(h.inbox[902].back().error().message().find("another edge session"), std::string::npos);
   h.region(902, {5});  // signed for this session: admitted
   EXPECT_EQ(h.coord().connected(), 1u);
+
+  // Silo 5 leaves edge-1 (for another edge, say): the server gives edge-1 a new nonce, so
+  // edge-1 cannot claim it back with the proof it holds.
+  const std::string before = h.nonce(902);
+  const auto held = protocol::sign_join(test::signer(wire::SILO, name(5)), "fed", "edge-1", before);
+  h.region(902, {});
+  EXPECT_EQ(h.coord().connected(), 0u);
+  EXPECT_NE(h.nonce(902), before);
+  wire::Envelope claim;
+  claim.mutable_region_status()->add_silos(name(5));
+  *claim.mutable_region_status()->add_proofs() = held;
+  h.from_edge(902, claim);
+  EXPECT_EQ(h.coord().connected(), 0u);
+  EXPECT_NE(h.inbox[902].back().error().message().find("an earlier one of this session"), std::string::npos)
+      << h.inbox[902].back().error().message();
+  h.region(902, {5});  // signed again, for the new nonce: back
+  EXPECT_EQ(h.coord().connected(), 1u);
 }
 
 TEST(Coordinator, NeverStartsBelowMinSilosEvenAfterTheJoinDeadline) {

@@ -242,6 +242,21 @@ TEST(Relay, AnnouncesASiloOnlyWithItsSignedJoinForTheCurrentConnection) {
   ASSERT_EQ(up[0].region_status().silos_size(), 1);
   EXPECT_EQ(up[0].region_status().silos(0), "s2");
   EXPECT_EQ(up[0].region_status().proofs_size(), 1);
+
+  // A new nonce within the connection (the server rotates it when a silo leaves): silos already
+  // announced stay listed, every silo signs again, and the fresh proofs go up once.
+  h.sign_join("s1", "nonce-of-connection-2");
+  h.up();
+  wire::Envelope rotate;
+  rotate.mutable_join_challenge()->set_nonce("nonce-2b");
+  h.from_server(rotate);
+  for (auto s : {"s1", "s2"}) EXPECT_EQ(h.to(s).back().join_challenge().nonce(), "nonce-2b");
+  h.sign_join("s1", "nonce-2b");
+  up = h.up();
+  ASSERT_EQ(up.size(), 1u);
+  EXPECT_EQ(up[0].region_status().silos_size(), 2);  // s2 still listed, though not signed again yet
+  ASSERT_EQ(up[0].region_status().proofs_size(), 1);
+  EXPECT_EQ(up[0].region_status().proofs(0).nonce(), "nonce-2b");
 }
 
 TEST(Relay, SumsItsSilosOneUploadAtATimeAndSendsOnePartialSum) {

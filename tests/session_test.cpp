@@ -87,6 +87,11 @@ wire::SecAggSetup signed_setup(const Model& m, const crypto::X25519KeyPair& box,
   return s;
 }
 
+// Signs a round start as the server named "server" does (again, after a test changed it).
+void sign(wire::Envelope& start) {
+  protocol::sign_round_start(*start.mutable_round_start(), test::signer(wire::SERVER, "server"), "fed");
+}
+
 class Harness {
  public:
   explicit Harness(FaultHook* hook = nullptr, SessionConfig cfg = session_config())
@@ -109,7 +114,7 @@ class Harness {
       for (auto d : t.shape) spec->add_shape(d);
     }
     rs->set_model_sha256(sha.empty() ? crypto::sha256_hex(m.flat()) : sha);
-    protocol::sign_round_start(*rs, test::signer(wire::SERVER, "server"), "fed");
+    sign(e);
     return e;
   }
   void deliver(const wire::Envelope& e) {
@@ -305,6 +310,7 @@ TEST(Session, TakesPartInSecureAggregationSoThatOnlyTheSumIsRevealed) {
   auto box = crypto::X25519KeyPair::generate();
   auto start = h.round_start(1, m);
   *start.mutable_round_start()->mutable_secagg() = signed_setup(m, box);
+  sign(start);
   const auto& s = start.round_start().secagg();
   const auto params = protocol::secagg_params(s, "fed", 1);
   const auto server_signer = test::signer(wire::SERVER, "server");
@@ -398,11 +404,17 @@ TEST(Session, ASecureSetupNotSignedByATrustedServerIsRefused) {
     Harness h(nullptr, session_config(c.pinned));
     auto start = h.round_start(1, m);
     *start.mutable_round_start()->mutable_secagg() = c.setup;
+    sign(start);  // the server's signature on the round start is good: the setup inside is what fails
     h.deliver(start);
     EXPECT_FALSE(h.last(wire::Envelope::kSecaggKeys)) << c.what;
     const auto* err = h.last(wire::Envelope::kError);
     ASSERT_TRUE(err) << c.what;
     EXPECT_NE(err->error().message().find(c.says), std::string::npos) << c.what << ": " << err->error().message();
+    // And it takes no part in the round: nothing is trained, nothing could leave in the clear.
+    h.send_model(1, m);
+    h.run_jobs();
+    EXPECT_FALSE(h.last(wire::Envelope::kUpdateReady)) << c.what;
+    EXPECT_FALSE(h.session().in_round()) << c.what;
   }
 }
 
@@ -425,6 +437,17 @@ TEST(Session, ARoundStartNotSignedByATrustedServerIsRefused) {
        [](wire::RoundStart& rs) { protocol::sign_round_start(rs, test::signer(wire::EDGE, "edge-1"), "fed"); }, {},
        "no valid server certificate"},
       {"not the pinned server", [](wire::RoundStart&) {}, {"central"}, "not one this agent trusts"},
+      {"secure setup dropped",  // an edge strips a secure round's setup, to get the update in the clear
+       [&](wire::RoundStart& rs) {
+         wire::Envelope e;
+         *e.mutable_round_start() = rs;
+         *e.mutable_round_start()->mutable_secagg() = signed_setup(m, crypto::X25519KeyPair::generate());
+         sign(e);
+         rs = e.round_start();
+         rs.clear_secagg();
+       },
+       {},
+       "not signed by server"},
   };
   for (const auto& c : cases) {
     Harness h(nullptr, session_config(c.pinned));
@@ -444,6 +467,13 @@ TEST(Session, ARoundStartNotSignedByATrustedServerIsRefused) {
   h.send_model(1, m);
   h.run_jobs();
   EXPECT_TRUE(h.last(wire::Envelope::kUpdateReady));
+
+  // A signed start of an earlier round, replayed after a later one: refused.
+  Harness r;
+  r.deliver(r.round_start(2, m));
+  r.deliver(r.round_start(1, m));
+  ASSERT_TRUE(r.last(wire::Envelope::kError));
+  EXPECT_EQ(r.last(wire::Envelope::kError)->error().code(), wire::WRONG_ROUND);
 }
 
 TEST(Session, ASimulatedCrashAfterSendingKeysSilencesTheSession) {
@@ -452,6 +482,7 @@ TEST(Session, ASimulatedCrashAfterSendingKeysSilencesTheSession) {
   const Model m = model();
   auto start = h.round_start(1, m);
   *start.mutable_round_start()->mutable_secagg() = signed_setup(m, crypto::X25519KeyPair::generate(), 32);
+  sign(start);
   h.deliver(start);
   EXPECT_TRUE(h.last(wire::Envelope::kSecaggKeys));
   const auto before = h.sent.size();

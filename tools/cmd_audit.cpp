@@ -87,6 +87,10 @@ void add_audit(CLI::App& app, int& exit_code) {
           return;
         }
         std::cout << "witness " << w << ": " << c.checked << " signed heads, all in the log\n";
+        if (c.ignored) {
+          std::cout << "  " << c.ignored << " entries not signed by this key were ignored (no evidence either way); "
+                    << "the first: " << c.first_ignored << "\n";
+        }
       }
       std::cout << "OK: " << r.records << " records, every signature valid, chain intact"
                 << (witnesses->empty() ? "" : ", every witness consistent") << "\n"

@@ -1,6 +1,7 @@
 #include "transport/listener.h"
 
 #include <boost/asio/co_spawn.hpp>
+#include <optional>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -24,6 +25,8 @@ Listener::Listener(asio::any_io_executor ex, ssl::context& ctx, const Endpoint& 
   acceptor_.listen();
   port_ = acceptor_.local_endpoint().port();
 }
+
+Listener::~Listener() { stop(); }
 
 void Listener::start() {
   asio::co_spawn(ex_, accept_loop(), asio::detached);
@@ -85,12 +88,35 @@ awaitable<void> Listener::accept_loop() {
 
 awaitable<void> Listener::authenticate(tcp::socket socket, std::string address) {
   auto alive = alive_;
-  auto channel = std::make_shared<Channel>(std::move(socket), ctx_, opts_);
-  const std::uint64_t round = current_round_ ? current_round_() : 0;
-  auto st = co_await channel->accept(allow_, me_, round);
+  // The handshake slot is given back however this ends (an exception included), unless the
+  // listener is gone.
+  struct Slot {
+    Slot(Listener* l, std::shared_ptr<bool> a, std::string from) : self(l), alive(std::move(a)), address(std::move(from)) {}
+    Slot(const Slot&) = delete;
+    Slot& operator=(const Slot&) = delete;
+    ~Slot() {
+      if (!*alive) return;
+      --self->handshaking_;
+      if (--self->handshaking_from_[address] == 0) self->handshaking_from_.erase(address);
+    }
+    Listener* self;
+    std::shared_ptr<bool> alive;
+    std::string address;
+  };
+  std::optional<Slot> slot;
+  slot.emplace(this, alive, address);
+  std::shared_ptr<Channel> channel;
+  proto::Status st;
+  try {
+    channel = std::make_shared<Channel>(std::move(socket), ctx_, opts_);
+    const std::uint64_t round = current_round_ ? current_round_() : 0;
+    st = co_await channel->accept(allow_, me_, round);
+  } catch (const std::exception& e) {
+    if (*alive) spdlog::warn("connection from {} failed before it was authenticated: {}", address, e.what());
+    co_return;
+  }
   if (!*alive) co_return;
-  --handshaking_;
-  if (--handshaking_from_[address] == 0) handshaking_from_.erase(address);
+  slot.reset();
   if (!st) {
     ++refused_;
     spdlog::warn("refused connection from {}: {}", channel->remote(), st.message);

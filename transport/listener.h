@@ -21,6 +21,7 @@ class Listener {
 
   Listener(asio::any_io_executor ex, ssl::context& ctx, const Endpoint& at, ChannelOptions opts,
            AllowList allow, LocalInfo me, Handler on_channel, RoundFn current_round = {});
+  ~Listener();  // stops: coroutines still running (a paused accept loop) see it gone
   std::uint16_t port() const { return port_; }
   void start();
   void stop();
