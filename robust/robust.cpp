@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <random>
 #include <mutex>
 #include <limits>
 #include <thread>
@@ -238,6 +239,72 @@ std::vector<double> pairwise_sq_distances(MatrixView x) {
     }
   }
   return dist;
+}
+
+namespace {
+
+// Row r of the result: the weighted mean of x's rows sources[r]. One pass over x, in blocks of
+// coordinates that stay in cache while every output row is formed from them.
+Mixed mix(MatrixView x, std::vector<std::vector<std::size_t>> sources, std::span<const double> weights) {
+  Mixed m;
+  m.sources = std::move(sources);
+  const std::size_t k = m.sources.size();
+  m.rows.assign(k * x.d, 0.0f);
+  m.weights.assign(k, 0.0);
+  for (std::size_t r = 0; r < k; ++r) {
+    for (auto i : m.sources[r]) m.weights[r] += weights.empty() ? 1.0 : weights[i];
+  }
+  parallel_ranges(x.d, 1 << 14, [&](std::size_t b, std::size_t e) {
+    std::vector<double> acc(e - b);
+    for (std::size_t r = 0; r < k; ++r) {
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (auto i : m.sources[r]) {
+        const double w = weights.empty() ? 1.0 : weights[i];
+        const float* row = x.data + i * x.d;
+        for (std::size_t j = b; j < e; ++j) acc[j - b] += w * row[j];
+      }
+      float* out = m.rows.data() + r * x.d;
+      for (std::size_t j = b; j < e; ++j) out[j] = static_cast<float>(acc[j - b] / m.weights[r]);
+    }
+  });
+  return m;
+}
+
+}  // namespace
+
+Mixed nearest_neighbour_mixing(MatrixView x, std::size_t f, std::span<const double> weights) {
+  const std::size_t n = x.n, keep = n > f ? n - f : 1;
+  const auto dist = pairwise_sq_distances(x);
+  std::vector<std::vector<std::size_t>> sources(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    std::vector<std::size_t> order(n);
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      const double da = a == i ? -1.0 : dist[i * n + a], db = b == i ? -1.0 : dist[i * n + b];
+      return da < db;  // itself first, then by distance; stable: equal distances by index
+    });
+    order.resize(keep);
+    std::sort(order.begin(), order.end());
+    sources[i] = std::move(order);
+  }
+  return mix(x, std::move(sources), weights);
+}
+
+std::size_t bucket_count(std::size_t n, std::size_t s) { return s <= 1 ? n : (n + s - 1) / s; }
+
+Mixed bucketing(MatrixView x, std::size_t s, std::uint64_t seed, std::span<const double> weights) {
+  const std::size_t n = x.n, k = bucket_count(n, s);
+  std::vector<std::size_t> perm(n);
+  std::iota(perm.begin(), perm.end(), std::size_t{0});
+  std::mt19937_64 rng(seed);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<std::vector<std::size_t>> sources(k);
+  for (std::size_t j = 0; j < k; ++j) {
+    sources[j].assign(perm.begin() + static_cast<std::ptrdiff_t>(j * n / k),
+                      perm.begin() + static_cast<std::ptrdiff_t>((j + 1) * n / k));
+    std::sort(sources[j].begin(), sources[j].end());
+  }
+  return mix(x, std::move(sources), weights);
 }
 
 Result mean(MatrixView x, std::span<const double> weights) {

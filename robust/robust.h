@@ -18,11 +18,24 @@
 //                        average the remaining theta - 2f. Needs n >= 4f + 3.
 //   centered_clip(tau, L, v0): v <- v + mean_i (x_i - v) * min(1, tau / ||x_i - v||), L times,
 //                        from v0 (Karimireddy, He, Jaggi 2021).
+// Pre-aggregation steps, composable with every rule (rule.h runs nnm, then bucketing, then the
+// rule):
+//   nnm(f):              nearest-neighbour mixing (Allouah et al., AISTATS 2023): input i is
+//                        replaced by the (weighted) mean of the n - f inputs nearest to it, itself
+//                        included (squared L2 distances from the Gram matrix; equal distances
+//                        ordered by index). n rows in, n rows out. Needs n > f.
+//   bucketing(s, seed):  (Karimireddy, He, Jaggi, ICLR 2022) a permutation of the inputs drawn
+//                        from `seed` (mt19937_64, std::shuffle of 0..n-1), cut into
+//                        k = ceil(n / s) buckets of consecutive inputs: bucket j holds positions
+//                        [floor(j n / k), floor((j + 1) n / k)), so sizes differ by at most one.
+//                        Each bucket's (weighted) mean is one row for the rule, its weight the
+//                        sum of its inputs' weights.
 // Non-finite inputs must be removed first (finite_rows); every rule assumes finite input.
 // Distances come from one Gram matrix X X^T (one pass of dot products), never n^2 subtractions.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
@@ -44,6 +57,7 @@ struct Decision {
 struct Result {
   std::vector<float> aggregate;   // d values
   std::vector<Decision> decisions;  // n entries
+  std::vector<std::vector<std::size_t>> buckets;  // after bucketing: the inputs of each bucket
 };
 
 // Why a rule cannot run on n inputs, or "" when it can.
@@ -60,6 +74,17 @@ std::vector<Decision> clip_l2(std::span<float> rows, std::size_t n, std::size_t 
 
 // Squared L2 distances between all rows from the Gram matrix (n x n, row-major).
 std::vector<double> pairwise_sq_distances(MatrixView x);
+
+// Rows made of inputs: row r is the (weighted) mean of inputs sources[r]; weights[r] their sum.
+struct Mixed {
+  std::vector<float> rows;  // sources.size() x d
+  std::vector<double> weights;
+  std::vector<std::vector<std::size_t>> sources;
+  MatrixView view(std::size_t d) const { return {rows.data(), sources.size(), d}; }
+};
+Mixed nearest_neighbour_mixing(MatrixView x, std::size_t f, std::span<const double> weights = {});
+std::size_t bucket_count(std::size_t n, std::size_t s);
+Mixed bucketing(MatrixView x, std::size_t s, std::uint64_t seed, std::span<const double> weights = {});
 
 Result mean(MatrixView x, std::span<const double> weights = {});
 Result krum(MatrixView x, std::size_t f);

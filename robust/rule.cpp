@@ -60,7 +60,11 @@ std::size_t krum_average(const RuleSpec& s, std::size_t n) {
   return n > s.f ? n - s.f : 1;
 }
 
-std::string check(const RuleSpec& s, std::size_t n) {
+std::size_t rule_inputs(const RuleSpec& s, std::size_t n) { return bucket_count(n, s.bucket); }
+
+namespace {
+
+std::string check_rule(const RuleSpec& s, std::size_t n) {
   switch (s.rule) {
     case Rule::Krum: return check_krum(n, s.f);
     case Rule::MultiKrum: return check_multi_krum(n, s.f, krum_average(s, n));
@@ -73,7 +77,7 @@ std::string check(const RuleSpec& s, std::size_t n) {
   return "unknown rule";
 }
 
-Result apply(const RuleSpec& s, MatrixView x, std::span<const double> weights) {
+Result apply_rule(const RuleSpec& s, MatrixView x, std::span<const double> weights) {
   switch (s.rule) {
     case Rule::FedAvg: return mean(x, weights);
     case Rule::Krum: return krum(x, s.f);
@@ -84,6 +88,41 @@ Result apply(const RuleSpec& s, MatrixView x, std::span<const double> weights) {
     case Rule::CenteredClip: return centered_clip(x, s.tau, s.iterations);
   }
   return {};
+}
+
+}  // namespace
+
+std::string check(const RuleSpec& s, std::size_t n) {
+  if (s.nnm && n <= s.f) return "nearest-neighbour mixing needs more than f = " + std::to_string(s.f) + " inputs";
+  const std::size_t k = rule_inputs(s, n);
+  const std::string why = check_rule(s, k);
+  if (why.empty() || k == n) return why;
+  return why + " (" + std::to_string(n) + " inputs make " + std::to_string(k) + " buckets of " +
+         std::to_string(s.bucket) + ")";
+}
+
+Result apply(const RuleSpec& s, MatrixView x, std::span<const double> weights) {
+  if (!s.nnm && s.bucket <= 1) return apply_rule(s, x, weights);
+  std::optional<Mixed> mixed;
+  if (s.nnm) mixed = nearest_neighbour_mixing(x, s.f, weights);
+  MatrixView cur = mixed ? mixed->view(x.d) : x;
+  std::span<const double> w = mixed ? std::span<const double>(mixed->weights) : weights;
+  if (s.bucket <= 1) return apply_rule(s, cur, w);
+  // Mixing is one row per input, so a bucket of mixed rows is a bucket of inputs.
+  const Mixed buckets = bucketing(cur, s.bucket, s.seed, w);
+  Result r = apply_rule(s, buckets.view(x.d), buckets.weights);
+  Result out;
+  out.aggregate = std::move(r.aggregate);
+  out.decisions.resize(x.n);
+  for (std::size_t b = 0; b < buckets.sources.size(); ++b) {
+    for (auto i : buckets.sources[b]) {
+      out.decisions[i] = r.decisions[b];
+      out.decisions[i].reason = "bucket " + std::to_string(b + 1) +
+                                (r.decisions[b].reason.empty() ? std::string() : ": " + r.decisions[b].reason);
+    }
+  }
+  out.buckets = buckets.sources;
+  return out;
 }
 
 }  // namespace xsilo::robust

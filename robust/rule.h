@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
@@ -33,7 +34,15 @@ struct RuleSpec {
   double beta = 0;              // trimmed_mean: b = floor(beta * n) when > 0, else b = f
   double tau = 1.0;             // centered_clip radius
   std::size_t iterations = 1;   // centered_clip iterations
+  // Pre-aggregation steps (robust.h), before the rule: nearest-neighbour mixing with this f,
+  // then buckets of `bucket` inputs (0 or 1: none) shuffled with `seed` (the caller's, per round).
+  bool nnm = false;
+  std::size_t bucket = 0;
+  std::uint64_t seed = 0;
 };
+
+// How many rows the rule itself sees for n inputs (buckets, after bucketing).
+std::size_t rule_inputs(const RuleSpec& s, std::size_t n);
 
 // True for the rules that are meaningless without f >= 1.
 bool needs_f(Rule r);
@@ -43,7 +52,8 @@ std::size_t trim_count(const RuleSpec& s, std::size_t n);
 std::size_t krum_average(const RuleSpec& s, std::size_t n);
 // Why the rule cannot run on n inputs, or "".
 std::string check(const RuleSpec& s, std::size_t n);
-// Runs the rule on the n rows of x (weights: fedavg's, one per row; others ignore them).
+// Runs the pre-aggregation steps and the rule on the n rows of x (weights: fedavg's, one per
+// row; others ignore them). Decisions are per input: an input in a bucket gets its bucket's.
 // The caller has checked it; non-finite rows must have been removed.
 Result apply(const RuleSpec& s, MatrixView x, std::span<const double> weights);
 

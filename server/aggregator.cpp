@@ -111,6 +111,7 @@ Combined combine_rows(const AggregationConfig& a, std::vector<float>& rows, std:
   // budget f, so the rule guards against the f - caught that may remain among the inputs.
   robust::RuleSpec spec = a.rule;
   spec.f = a.rule.f - std::min(a.rule.f, ctx.nonfinite);
+  spec.seed = ctx.seed ^ (ctx.round * 0x9e3779b97f4a7c15ull);
   nlohmann::json info = {{"rule", robust::name(a.rule.rule)}, {"f", a.rule.f}, {"inputs", n}};
   if (ctx.nonfinite) {
     info["nonfinite_rejected"] = ctx.nonfinite;
@@ -129,8 +130,15 @@ Combined combine_rows(const AggregationConfig& a, std::vector<float>& rows, std:
       return c;
     }
     spec.rule = a.fallback == robust::Fallback::Median ? robust::Rule::Median : robust::Rule::FedAvg;
+    spec.nnm = false;  // the fallback runs on the inputs as they are
+    spec.bucket = 0;
   }
   info["applied"] = robust::name(spec.rule);
+  if (spec.nnm) info["nnm"] = true;
+  if (spec.bucket > 1) {
+    info["bucket"] = spec.bucket;
+    info["bucket_seed"] = spec.seed;
+  }
   if (a.clip_norm > 0) info["clip_norm"] = a.clip_norm;
   const robust::MatrixView x{rows.data(), n, d};
   const auto r = robust::apply(spec, x, weights);
@@ -146,6 +154,15 @@ Combined combine_rows(const AggregationConfig& a, std::vector<float>& rows, std:
     inputs.push_back(e);
   }
   info["decisions"] = inputs;
+  if (!r.buckets.empty()) {
+    nlohmann::json buckets = nlohmann::json::array();
+    for (const auto& b : r.buckets) {
+      nlohmann::json names = nlohmann::json::array();
+      for (auto i : b) names.push_back(labels[i]);
+      buckets.push_back(names);
+    }
+    info["buckets"] = buckets;
+  }
   c.record["robust"] = info;
   return c;
 }

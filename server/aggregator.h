@@ -54,6 +54,7 @@ struct Rejection {
 
 struct CombineContext {
   std::uint64_t round = 0;
+  std::uint64_t seed = 0;     // the federation's seed: bucketing draws its permutation from it and the round
   std::size_t nonfinite = 0;  // silos caught sending NaN/inf this round: they used up part of f
 };
 

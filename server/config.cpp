@@ -131,12 +131,17 @@ void parse_rounds_aggregation(const ConfigNode& root, ServerConfig& c) {
   rule.beta = ag.number("beta", 0.0, 0.0, 0.499);
   rule.tau = ag.number("tau", 1.0, 1e-12, 1e12);
   rule.iterations = static_cast<std::size_t>(ag.integer("iterations", 1, 1, 100));
+  rule.nnm = ag.boolean("nnm", false);
+  rule.bucket = static_cast<std::size_t>(ag.integer("bucket", 0, 0, 1 << 20));
   a.clip_norm = ag.number("clip_norm", 0.0, 0.0, 1e12);
   a.fallback = *robust::parse_fallback(ag.one_of("fallback", "median", robust::fallback_names()));
   ag.finish();
   const std::string rule_name(robust::name(rule.rule));
   if (robust::needs_f(rule.rule) && rule.f == 0) {
     ag.fail("f", "must be >= 1 for " + rule_name + " (the number of Byzantine silos to tolerate)");
+  }
+  if (rule.nnm && rule.f == 0) {
+    ag.fail("nnm", "mixes each input with its n - f nearest: set f >= 1 (with f = 0 every input becomes the mean)");
   }
 
   const auto se = root.child("secure");
@@ -306,6 +311,8 @@ nlohmann::json to_json(const ServerConfig& c) {
               {"beta", r.beta},
               {"tau", r.tau},
               {"iterations", r.iterations},
+              {"nnm", r.nnm},
+              {"bucket", r.bucket},
               {"clip_norm", c.aggregation.clip_norm},
               {"fallback", robust::name(c.aggregation.fallback)}}},
             {"secure",

@@ -283,6 +283,7 @@ void Coordinator::decide(std::int64_t now_ms) {
   const auto s = summary(true, "", now_ms);
   CombineContext ctx;
   ctx.round = round_;
+  ctx.seed = cfg_.seed;
   ctx.nonfinite = static_cast<std::size_t>(std::count_if(r_->members.begin(), r_->members.end(), [](const Member& m) {
     return m.state == MemberState::Dropped && m.drop_cause == DropCause::NonFinite;
   }));

@@ -120,6 +120,15 @@ std::vector<Case> cases() {
     s["faults"] = {fault("hospital-04", "kill", 2, "after_shares")};
     out.push_back({"GroupedSecureEdgesTrimmedMeanDropout", s, 1e-4, 3});
   }
+  {  // The median behind nearest-neighbour mixing and buckets of two, local workers, a silo
+     // killed as round 2 starts: the buckets are recomputed here from the record's seed.
+    json s = base_sim(9, 3);
+    s["selection"] = {{"min_silos", 8}, {"min_updates", 8}};
+    s["aggregation"] = {{"rule", "median"}, {"f", 2}, {"nnm", true}, {"bucket", 2}};
+    s["local"] = {{"workers", 2}, {"backend", "ring"}};
+    s["faults"] = {fault("hospital-05", "kill", 2, "train")};
+    out.push_back({"MedianMixedAndBucketedWorkersSiloKilled", s, 1e-4, 3});
+  }
   // Hostile parties as real processes (docs/security.md). The checks above still hold for
   // every committed round: its model is exactly the reference of the silos its record names.
   {  // Three edges, one secure group: edge-01 alters the mask keys it relays (its three silos
@@ -177,6 +186,11 @@ std::vector<float> apply_rule(const json& rec, const server::AggregationConfig& 
     return std::vector<float>(d, 0.0f);
   }
   spec.rule = *rule;
+  // Bucketing's permutation comes from the seed the record names (the test recomputes the
+  // buckets; it does not read them).
+  if (rec.contains("robust") && rec["robust"].contains("bucket_seed")) {
+    spec.seed = rec["robust"]["bucket_seed"].get<std::uint64_t>();
+  }
   return robust::apply(spec, x, weights).aggregate;
 }
 
@@ -281,6 +295,9 @@ TEST_P(Combinations, EveryRoundEqualsTheReferenceOfTheSilosItsRecordNames) {
         ++ok_groups;
       }
       EXPECT_GE(ok_groups, 1u) << rec.dump(2);
+    } else if (rec.contains("robust") && rec["robust"].contains("decisions")) {
+      // In the server's order of inputs (bucketing permutes positions).
+      for (const auto& dcs : rec["robust"]["decisions"]) add_row({dcs["silo"].get<std::string>()});
     } else {
       for (const auto& [s, o] : outs) add_row({s});
     }

@@ -143,6 +143,25 @@ TEST(Config, SecureAggregationSettingsAreChecked) {
       << few;
 }
 
+// Bucketing and nearest-neighbour mixing in front of a rule: the rule is checked on the buckets
+// a round may commit with, and mixing needs an f.
+TEST(Config, PreAggregationStepsAreCheckedWithTheRule) {
+  test::TempDir dir;
+  test::make_pki(dir / "pki", "f", {{wire::SERVER, "server"}});
+  auto load = [&](const std::string& aggregation) {
+    atomic_write_file(dir / "s.json", R"({"federation": "f", "tls": {"kit": "pki/kits/server"},
+      "allow": {"silo": ["*"]}, "model": {"inputs": 4},
+      "selection": {"min_silos": 10}, "aggregation": )" + aggregation + "}");
+    return error_of([&] { server::load_server_config(dir / "s.json"); });
+  };
+  EXPECT_EQ(load(R"({"rule": "median", "bucket": 2, "nnm": true, "f": 2})"), "");
+  EXPECT_EQ(load(R"({"rule": "krum", "f": 1, "bucket": 2})"), "");  // 5 buckets: 5 > 2f + 2
+  const auto few = load(R"({"rule": "krum", "f": 2, "bucket": 2})");
+  EXPECT_NE(few.find("10 inputs make 5 buckets of 2"), std::string::npos) << few;
+  const auto no_f = load(R"({"rule": "median", "nnm": true})");
+  EXPECT_NE(no_f.find(".aggregation.nnm: mixes each input"), std::string::npos) << no_f;
+}
+
 TEST(Config, AnAgentsTrustListNamesItsUpstreams) {
   test::TempDir dir;
   test::make_pki(dir / "pki", "f", {{wire::SILO, "hospital-a"}});

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "robust/robust.h"
+#include "robust/rule.h"
 
 namespace xsilo::robust {
 namespace {
@@ -163,6 +164,111 @@ TEST(Robust, AggregatesStayWithinTheHonestRangeUnderAttack) {
     // The plain mean is what the attack moves.
     if (attack == 0) {
       EXPECT_GT(mean(m).aggregate[0], 1e20);
+    }
+  }
+}
+
+// Nearest-neighbour mixing, by hand: on the line {0, 1, 10} with f = 1 each input becomes the
+// mean of itself and its nearest other input.
+TEST(Robust, NearestNeighbourMixingAveragesEachInputWithItsNMinusFNearest) {
+  const std::vector<float> x = {0, 1, 10};
+  const auto m = nearest_neighbour_mixing(view(x, 3), 1);
+  ASSERT_EQ(m.sources.size(), 3u);
+  EXPECT_EQ(m.sources[0], (std::vector<std::size_t>{0, 1}));
+  EXPECT_EQ(m.sources[1], (std::vector<std::size_t>{0, 1}));
+  EXPECT_EQ(m.sources[2], (std::vector<std::size_t>{1, 2}));
+  EXPECT_FLOAT_EQ(m.rows[0], 0.5f);
+  EXPECT_FLOAT_EQ(m.rows[1], 0.5f);
+  EXPECT_FLOAT_EQ(m.rows[2], 5.5f);
+  // Weighted: the mean of each input's neighbours, by their weights.
+  const std::vector<double> w = {1, 3, 1};
+  EXPECT_FLOAT_EQ(nearest_neighbour_mixing(view(x, 3), 1, w).rows[0], 0.75f);
+}
+
+// Bucketing: ceil(n / s) buckets whose sizes differ by at most one, each input in exactly one,
+// the permutation drawn from the seed; with weights, FedAvg over buckets is FedAvg over inputs.
+TEST(Robust, BucketingPartitionsTheInputsBySeedAndKeepsTheWeightedMean) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> g(0, 1);
+  for (std::size_t n : {1u, 2u, 7u, 10u, 31u}) {
+    for (std::size_t s : {2u, 3u, 4u}) {
+      std::vector<float> x(n * 6);
+      for (auto& v : x) v = g(rng);
+      std::vector<double> w(n);
+      for (std::size_t i = 0; i < n; ++i) w[i] = 1.0 + static_cast<double>(i % 4);
+      const auto b = bucketing(view(x, n), s, 42, w);
+      ASSERT_EQ(b.sources.size(), bucket_count(n, s)) << n << " " << s;
+      std::vector<int> seen(n, 0);
+      std::size_t lo = n, hi = 0;
+      for (const auto& src : b.sources) {
+        lo = std::min(lo, src.size());
+        hi = std::max(hi, src.size());
+        for (auto i : src) ++seen[i];
+      }
+      EXPECT_LE(hi - lo, 1u);
+      EXPECT_LE(hi, s);
+      for (int c : seen) EXPECT_EQ(c, 1);
+      const auto direct = mean(view(x, n), w).aggregate;
+      const auto via = mean(b.view(6), b.weights).aggregate;
+      for (std::size_t k = 0; k < 6; ++k) EXPECT_NEAR(via[k], direct[k], 1e-5) << n << " " << s;
+      EXPECT_EQ(bucketing(view(x, n), s, 42, w).sources, b.sources);  // the same seed, the same buckets
+    }
+  }
+  std::vector<float> x(40 * 2, 1.0f);
+  EXPECT_NE(bucketing(view(x, 40), 2, 1).sources, bucketing(view(x, 40), 2, 2).sources);
+}
+
+// Composed with a rule: the rule sees the buckets (check() counts them), every input gets its
+// bucket's decision, and the buckets are reported. With 2 of 10 inputs attacking, bucketing
+// and mixing in front of the median keep the aggregate inside the honest range.
+TEST(Robust, PreAggregationStepsComposeWithEveryRule) {
+  RuleSpec spec;
+  spec.rule = Rule::Krum;
+  spec.f = 1;
+  spec.bucket = 2;
+  EXPECT_EQ(rule_inputs(spec, 9), 5u);
+  EXPECT_EQ(check(spec, 9), "");  // krum on 5 buckets: 5 > 2f + 2
+  EXPECT_NE(check(spec, 7), "");  // 4 buckets are too few
+  EXPECT_NE(check(spec, 7).find("4 buckets of 2"), std::string::npos) << check(spec, 7);
+  spec.nnm = true;
+  spec.f = 3;
+  EXPECT_NE(check(spec, 3).find("more than f"), std::string::npos);
+
+  std::mt19937 rng(9);
+  std::normal_distribution<float> g(0, 1);
+  const std::size_t n = 10, d = 20;
+  std::vector<float> x(n * d);
+  for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t k = 0; k < d; ++k) x[i * d + k] = i >= 8 ? 1e6f : g(rng);
+  }
+  std::vector<float> lo(d, INFINITY), hi(d, -INFINITY);
+  for (std::size_t i = 0; i < 8; ++i) {
+    for (std::size_t k = 0; k < d; ++k) {
+      lo[k] = std::min(lo[k], x[i * d + k]);
+      hi[k] = std::max(hi[k], x[i * d + k]);
+    }
+  }
+  for (Rule rule : {Rule::Median, Rule::TrimmedMean, Rule::Krum, Rule::MultiKrum, Rule::CenteredClip}) {
+    for (bool nnm : {false, true}) {
+      RuleSpec s;
+      s.rule = rule;
+      s.f = 2;
+      s.tau = 0.5;
+      s.iterations = 3;
+      s.nnm = nnm;
+      s.bucket = rule == Rule::Krum || rule == Rule::MultiKrum ? 1 : 2;  // krum needs n > 2f + 2 rows
+      s.seed = 7;
+      if (!check(s, n).empty()) continue;
+      const auto r = apply(s, view(x, n), {});
+      ASSERT_EQ(r.decisions.size(), n);
+      if (s.bucket > 1) {
+        ASSERT_EQ(r.buckets.size(), 5u);
+        EXPECT_NE(r.decisions[0].reason.find("bucket"), std::string::npos);
+      }
+      for (std::size_t k = 0; k < d; ++k) {
+        EXPECT_GE(r.aggregate[k], lo[k] - 1e-4) << name(rule) << " nnm " << nnm;
+        EXPECT_LE(r.aggregate[k], hi[k] + 1e-4) << name(rule) << " nnm " << nnm;
+      }
     }
   }
 }
