@@ -100,10 +100,12 @@ void parse_training(const ConfigNode& root, ServerConfig& c) {
   c.plan.set_batch_size(static_cast<std::uint32_t>(tr.integer("batch_size", 32, 1, 1 << 20)));
   c.plan.set_learning_rate(static_cast<float>(tr.number("learning_rate", 0.1, 1e-9, 1e3)));
   c.plan.set_weight_decay(static_cast<float>(tr.number("weight_decay", 0.0, 0.0, 1.0)));
+  c.plan.set_silo_momentum(static_cast<float>(tr.number("silo_momentum", 0.0, 0.0, 0.999)));
   c.plan.set_seed(c.seed);
   c.plan.set_model_kind(c.model.kind);
   // Keys of its own go to external trainers as they are (a schedule, momentum, ...).
-  const auto user_keys = tr.finish_open({"local_epochs", "batch_size", "learning_rate", "weight_decay"});
+  const auto user_keys =
+      tr.finish_open({"local_epochs", "batch_size", "learning_rate", "weight_decay", "silo_momentum"});
   c.plan.set_config_json(tr.json().is_object() ? tr.json().dump() : "{}");
   c.training_user_keys = user_keys;
 }
@@ -276,6 +278,7 @@ nlohmann::json to_json(const ServerConfig& c) {
   training["batch_size"] = c.plan.batch_size();
   training["learning_rate"] = c.plan.learning_rate();
   training["weight_decay"] = c.plan.weight_decay();
+  training["silo_momentum"] = c.plan.silo_momentum();
   const auto& r = c.aggregation.rule;
   const auto& sc = c.secure;
   json j = {{"federation", c.federation},

@@ -431,6 +431,7 @@ RoundSummary Coordinator::summary(bool committed, const std::string& reason, std
   s.target = r_->target;
   s.rule = std::string(robust::name(cfg_.aggregation.rule.rule));
   s.optimizer = optimizer_.config().kind;
+  s.silo_momentum = cfg_.plan.silo_momentum();
   s.total_weight = r_->total_weight();
   s.upload_bytes = r_->upload_bytes;
   s.secure = r_->secure != nullptr;

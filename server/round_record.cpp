@@ -98,6 +98,7 @@ nlohmann::json round_record(const RoundSummary& s) {
             {"config_sha256", s.config_sha256}};
   if (!s.committed) r["reason"] = s.reason;
   if (s.secure) r["secure"] = s.secure_groups;
+  if (s.silo_momentum > 0) r["aggregation"]["silo_momentum"] = s.silo_momentum;
   return r;
 }
 

@@ -63,6 +63,7 @@ struct RoundSummary {
   const std::vector<Member>* members = nullptr;
   std::size_t target = 0;
   std::string rule, optimizer;
+  double silo_momentum = 0;  // the plan's: silos uploaded their momentum, not their deltas
   double total_weight = 0;
   std::uint64_t upload_bytes = 0;
   bool secure = false;                // sample counts and weights stay inside the masked sums

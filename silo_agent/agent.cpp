@@ -35,6 +35,7 @@ SessionConfig session_config(const AgentConfig& cfg) {
   if (auto it = cfg.trust.names().find(wire::SERVER); it != cfg.trust.names().end() && !it->second.count("*")) {
     s.servers = it->second;
   }
+  if (!cfg.state_dir.empty()) s.momentum_file = cfg.state_dir / "momentum.safetensors";
   return s;
 }
 

@@ -8,6 +8,7 @@
 #include <ctime>
 #include <set>
 
+#include "common/safetensors.h"
 #include "crypto/fixed_point.h"
 #include "crypto/hash.h"
 #include "proto/frame.h"
@@ -349,6 +350,26 @@ void Session::on_model_chunk(const wire::Envelope& e) {
 }
 
 // The whole model has arrived: check it, evaluate and train on the worker.
+namespace {
+
+// The upload becomes weight * momentum; the momentum is kept (durably, when there is a file) so
+// that a restarted agent goes on from it.
+void with_momentum(RoundOutput& out, std::optional<Model>& momentum, const std::filesystem::path& file,
+                   const wire::TrainingPlan& plan) {
+  if (!momentum && !file.empty() && std::filesystem::exists(file)) {
+    try {
+      momentum = load_safetensors(file);
+    } catch (const std::exception& e) {
+      spdlog::warn("momentum {} unreadable ({}); starting from zeros", file.string(), e.what());
+    }
+  }
+  if (!momentum || !momentum->same_layout(*out.update)) momentum = out.update->zeros_like();
+  apply_momentum(*out.update, out.weight, *momentum, plan.silo_momentum());
+  if (!file.empty()) save_safetensors(file, *momentum, {{"xsilo.silo_momentum", std::to_string(plan.silo_momentum())}});
+}
+
+}  // namespace
+
 void Session::on_model() {
   training_ = true;
   spdlog::info("round {}: model received ({} parameters); training", round_, global_->size());
@@ -357,7 +378,8 @@ void Session::on_model() {
   task.silo = name_;
   task.plan = plan_;
   job([&trainer = trainer_, &hook = hook_, model = global_, task, sha = model_sha_, spare = std::move(spare_),
-       live = live_generation_, gen = generation_]() mutable -> SessionJobResult {
+       live = live_generation_, gen = generation_, momentum = momentum_,
+       momentum_file = cfg_.momentum_file]() mutable -> SessionJobResult {
     TrainDone r;
     if (*live != gen) {
       r.error = "round " + std::to_string(task.round) + " moved on before its training started";
@@ -368,6 +390,7 @@ void Session::on_model() {
         throw TrainerError("the model received does not match the SHA-256 the round announced");
       }
       auto out = run_round(trainer, *model, task, std::move(spare));
+      if (out.update && task.plan.silo_momentum() > 0) with_momentum(out, *momentum, momentum_file, task.plan);
       if (out.update) {
         hook.tamper(task, *model, out.update->flat(), out.weight);
         out.sha256 = crypto::sha256_hex(out.update->flat());

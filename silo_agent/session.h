@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -100,6 +101,9 @@ struct SessionConfig {
   // When not empty, only a server certificate with one of these names may run this silo's
   // secure groups (pinning, on top of the CA).
   std::set<std::string> servers;
+  // Where the silo's momentum (TrainingPlan.silo_momentum) is kept across rounds and restarts;
+  // empty: in memory only.
+  std::filesystem::path momentum_file;
 };
 
 class Session {
@@ -166,6 +170,9 @@ class Session {
   wire::TrainingPlan plan_;
   std::string model_sha_;
   std::shared_ptr<Model> global_;
+  // The silo's momentum: used by one training job at a time (jobs run in order on the worker);
+  // loaded from cfg_.momentum_file on first use, written back after each update.
+  std::shared_ptr<std::optional<Model>> momentum_ = std::make_shared<std::optional<Model>>();
   protocol::TensorReceiver rx_;
   bool training_ = false;
   std::optional<RoundOutput> pending_;   // trained, not yet uploaded

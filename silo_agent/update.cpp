@@ -41,6 +41,18 @@ RoundOutput form_update(const Model& global, const Model& local, const TrainResu
   return out;
 }
 
+void apply_momentum(Model& update, double weight, Model& momentum, double beta) {
+  if (!momentum.same_layout(update)) momentum = update.zeros_like();
+  auto u = update.flat();
+  auto m = momentum.flat();
+  const double keep = beta, take = 1.0 - beta;
+  for (std::size_t i = 0; i < u.size(); ++i) {
+    const double next = keep * m[i] + take * (static_cast<double>(u[i]) / weight);
+    m[i] = static_cast<float>(next);
+    u[i] = static_cast<float>(next * weight);
+  }
+}
+
 RoundOutput run_round(Trainer& trainer, const Model& global, const TrainTask& task, std::shared_ptr<Model> reuse) {
   const auto eval = trainer.evaluate(global, task);
   if (!task.plan.train()) {

@@ -25,6 +25,11 @@ struct RoundOutput {
 RoundOutput form_update(const Model& global, const Model& local, const TrainResult& r, const wire::TrainingPlan& plan,
                         std::shared_ptr<Model> reuse = nullptr);
 
+// Silo momentum (Karimireddy, He, Jaggi, ICML 2021, "Learning from history"): with delta =
+// update / weight, m <- beta m + (1 - beta) delta, and the update becomes weight * m. `momentum`
+// is the silo's state across rounds; a layout it does not match is reset to zeros first.
+void apply_momentum(Model& update, double weight, Model& momentum, double beta);
+
 // One silo's round with its trainer: evaluate the global model, train, form the update (its
 // sha256 is left to the caller, who may still change the update).
 RoundOutput run_round(Trainer& trainer, const Model& global, const TrainTask& task,

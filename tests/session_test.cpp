@@ -210,6 +210,48 @@ TEST(Session, TrainsOnTheModelAndUploadsWeightTimesDeltaWhenGranted) {
   EXPECT_EQ(h.records[0]["upstream_identity"], "server server");
 }
 
+// With silo momentum beta, the silo uploads weight * m, m <- beta m + (1 - beta) delta, and keeps
+// m in its state folder: a restarted agent goes on from it.
+TEST(Session, SiloMomentumIsUploadedAndKeptAcrossRestarts) {
+  test::TempDir dir;
+  SessionConfig cfg = session_config();
+  cfg.momentum_file = dir / "momentum.safetensors";
+  const Model m = model();
+  auto round = [&](Harness& h, std::uint64_t r, float step) {
+    h.trainer.step = step;
+    auto start = h.round_start(r, m);
+    start.mutable_round_start()->mutable_plan()->set_silo_momentum(0.5f);
+    sign(start);
+    h.deliver(start);
+    h.send_model(r, m);
+    h.run_jobs();
+    h.grant(r);
+    const auto bytes = h.streamed_bytes();
+    std::vector<float> up(m.size());
+    std::memcpy(up.data(), bytes.data(), bytes.size());
+    return up;
+  };
+  {
+    Harness h(nullptr, cfg);
+    for (float v : round(h, 1, 2.0f)) EXPECT_FLOAT_EQ(v, 5.0f * 1.0f);  // m = 0.5 * 0 + 0.5 * 2
+  }
+  EXPECT_TRUE(std::filesystem::exists(cfg.momentum_file));
+  Harness restarted(nullptr, cfg);
+  for (float v : round(restarted, 2, 4.0f)) EXPECT_FLOAT_EQ(v, 5.0f * 2.5f);  // m = 0.5 * 1 + 0.5 * 4
+  Harness plain;  // silo_momentum 0: the plain delta
+  const auto up = [&] {
+    plain.deliver(plain.round_start(1, m));
+    plain.send_model(1, m);
+    plain.run_jobs();
+    plain.grant(1);
+    const auto bytes = plain.streamed_bytes();
+    std::vector<float> v(m.size());
+    std::memcpy(v.data(), bytes.data(), bytes.size());
+    return v;
+  }();
+  for (float v : up) EXPECT_FLOAT_EQ(v, 5.0f);
+}
+
 // Behind an edge, the silo signs the server's join challenge for the edge named in its
 // connection's certificate, so the proof is good through that edge only.
 TEST(Session, SignsAJoinChallengeForTheUpstreamItIsConnectedTo) {
