@@ -15,6 +15,7 @@
 #include "server/config.h"
 #include "silo_agent/agent.h"
 #include "silo_agent/builtin_trainer.h"
+#include "silo_agent/update.h"
 #include "tests/federation_util.h"
 
 namespace xsilo::tools {
@@ -129,6 +130,15 @@ std::vector<Case> cases() {
     s["faults"] = {fault("hospital-05", "kill", 2, "train")};
     out.push_back({"MedianMixedAndBucketedWorkersSiloKilled", s, 1e-4, 3});
   }
+  {  // Silo momentum through edges and secure groups, the median across group means.
+    json s = base_sim(9, 3);
+    s["edges"] = 2;
+    s["selection"] = {{"min_silos", 9}, {"min_updates", 9}};
+    s["secure"] = secure("grouped", 3);
+    s["aggregation"] = {{"rule", "median"}};
+    s["training"]["silo_momentum"] = 0.9;
+    out.push_back({"SiloMomentumGroupedSecureEdgesMedian", s, 1e-4, 3});
+  }
   // Hostile parties as real processes (docs/security.md). The checks above still hold for
   // every committed round: its model is exactly the reference of the silos its record names.
   {  // Three edges, one secure group: edge-01 alters the mask keys it relays (its three silos
@@ -237,6 +247,7 @@ TEST_P(Combinations, EveryRoundEqualsTheReferenceOfTheSilosItsRecordNames) {
   }
 
   Model global = init_model(scfg.model);
+  std::map<std::string, Model> momentum;
   std::size_t committed = 0;
   const bool secure_mode = scfg.secure.on();
   for (const auto& rec : rounds) {
@@ -264,6 +275,9 @@ TEST_P(Combinations, EveryRoundEqualsTheReferenceOfTheSilosItsRecordNames) {
     for (const auto& p : rec["participants"]) {
       const std::string s = p["silo"];
       outs[s] = agent::run_local_round(acfg[s], data[s], global, scfg.plan, round, s);
+      if (scfg.plan.silo_momentum() > 0) {  // the silo's momentum (cases where every silo trains every round)
+        agent::apply_momentum(*outs[s].update, outs[s].weight, momentum[s], scfg.plan.silo_momentum());
+      }
     }
     const std::size_t d = global.size();
     std::vector<float> rows;
