@@ -243,28 +243,50 @@ std::vector<double> pairwise_sq_distances(MatrixView x) {
 
 namespace {
 
-// Row r of the result: the weighted mean of x's rows sources[r]. One pass over x, in blocks of
-// coordinates that stay in cache while every output row is formed from them.
+// Row r of the result: the weighted mean of x's rows sources[r], as one matrix product
+// (k x n mixing weights) x (n x d), in blocks of coordinates: GEMM speed, one pass over x.
 Mixed mix(MatrixView x, std::vector<std::vector<std::size_t>> sources, std::span<const double> weights) {
   Mixed m;
   m.sources = std::move(sources);
   const std::size_t k = m.sources.size();
   m.rows.assign(k * x.d, 0.0f);
   m.weights.assign(k, 0.0);
+  Eigen::MatrixXf w = Eigen::MatrixXf::Zero(static_cast<Eigen::Index>(k), static_cast<Eigen::Index>(x.n));
   for (std::size_t r = 0; r < k; ++r) {
     for (auto i : m.sources[r]) m.weights[r] += weights.empty() ? 1.0 : weights[i];
+    for (auto i : m.sources[r]) {
+      w(static_cast<Eigen::Index>(r), static_cast<Eigen::Index>(i)) =
+          static_cast<float>((weights.empty() ? 1.0 : weights[i]) / m.weights[r]);
+    }
   }
-  parallel_ranges(x.d, 1 << 14, [&](std::size_t b, std::size_t e) {
-    std::vector<double> acc(e - b);
-    for (std::size_t r = 0; r < k; ++r) {
-      std::fill(acc.begin(), acc.end(), 0.0);
-      for (auto i : m.sources[r]) {
-        const double w = weights.empty() ? 1.0 : weights[i];
-        const float* row = x.data + i * x.d;
-        for (std::size_t j = b; j < e; ++j) acc[j - b] += w * row[j];
+  constexpr std::size_t kBlock = 1 << 14;
+  std::size_t terms = 0;
+  for (const auto& src : m.sources) terms += src.size();
+  if (terms <= 4 * k) {
+    // Few inputs per row (buckets): a weighted sum of those rows, in place; GEMM would multiply
+    // mostly zeros.
+    parallel_ranges(x.d, kBlock, [&](std::size_t b, std::size_t e) {
+      for (std::size_t r = 0; r < k; ++r) {
+        float* out = m.rows.data() + r * x.d;
+        for (auto i : m.sources[r]) {
+          const float c = w(static_cast<Eigen::Index>(r), static_cast<Eigen::Index>(i));
+          const float* row = x.data + i * x.d;
+          for (std::size_t j = b; j < e; ++j) out[j] += c * row[j];
+        }
       }
-      float* out = m.rows.data() + r * x.d;
-      for (std::size_t j = b; j < e; ++j) out[j] = static_cast<float>(acc[j - b] / m.weights[r]);
+    });
+    return m;
+  }
+  parallel_ranges((x.d + kBlock - 1) / kBlock, 4, [&](std::size_t b0, std::size_t b1) {
+    for (std::size_t blk = b0; blk < b1; ++blk) {
+      const std::size_t j0 = blk * kBlock, width = std::min(kBlock, x.d - j0);
+      Eigen::Map<const MatR, 0, Eigen::OuterStride<>> in(x.data + j0, static_cast<Eigen::Index>(x.n),
+                                                         static_cast<Eigen::Index>(width),
+                                                         Eigen::OuterStride<>(static_cast<Eigen::Index>(x.d)));
+      Eigen::Map<MatR, 0, Eigen::OuterStride<>> out(m.rows.data() + j0, static_cast<Eigen::Index>(k),
+                                                    static_cast<Eigen::Index>(width),
+                                                    Eigen::OuterStride<>(static_cast<Eigen::Index>(x.d)));
+      out.noalias() = w * in;
     }
   });
   return m;
