@@ -95,6 +95,12 @@ Result apply_rule(const RuleSpec& s, MatrixView x, std::span<const double> weigh
 std::string check(const RuleSpec& s, std::size_t n) {
   if (s.nnm && n <= s.f) return "nearest-neighbour mixing needs more than f = " + std::to_string(s.f) + " inputs";
   const std::size_t k = rule_inputs(s, n);
+  if (s.bucket > 1 && k < 2 * s.f + 1) {
+    // Fewer buckets than that and the f Byzantine inputs can spoil half of them (one bucket of
+    // everything is the plain mean).
+    return "bucketing makes " + std::to_string(k) + " buckets of " + std::to_string(s.bucket) + " from " +
+           std::to_string(n) + " inputs; it needs at least 2f + 1 = " + std::to_string(2 * s.f + 1);
+  }
   const std::string why = check_rule(s, k);
   if (why.empty() || k == n) return why;
   return why + " (" + std::to_string(n) + " inputs make " + std::to_string(k) + " buckets of " +
@@ -103,10 +109,17 @@ std::string check(const RuleSpec& s, std::size_t n) {
 
 Result apply(const RuleSpec& s, MatrixView x, std::span<const double> weights) {
   if (!s.nnm && s.bucket <= 1) return apply_rule(s, x, weights);
+  // Only FedAvg weighs its inputs; for the robust rules every input counts once, whatever
+  // sample count it claims, in the steps before them too.
+  const std::span<const double> own = s.rule == Rule::FedAvg ? weights : std::span<const double>();
   std::optional<Mixed> mixed;
-  if (s.nnm) mixed = nearest_neighbour_mixing(x, s.f, weights);
+  if (s.nnm) {
+    mixed = nearest_neighbour_mixing(x, s.f, own);
+    // A mixed row stands for its own input: it keeps that input's weight.
+    for (std::size_t i = 0; i < x.n; ++i) mixed->weights[i] = own.empty() ? 1.0 : own[i];
+  }
   MatrixView cur = mixed ? mixed->view(x.d) : x;
-  std::span<const double> w = mixed ? std::span<const double>(mixed->weights) : weights;
+  std::span<const double> w = mixed ? std::span<const double>(mixed->weights) : own;
   if (s.bucket <= 1) return apply_rule(s, cur, w);
   // Mixing is one row per input, so a bucket of mixed rows is a bucket of inputs.
   const Mixed buckets = bucketing(cur, s.bucket, s.seed, w);

@@ -182,7 +182,7 @@ void parse_rounds_aggregation(const ConfigNode& root, ServerConfig& c) {
     if (a.clip_norm > 0) {
       ag.fail("clip_norm", "the server cannot clip updates it never sees; with secure aggregation use secure.clip_norm");
     }
-    if (sc.mode == SecureMode::Global && rule.rule != robust::Rule::FedAvg) {
+    if (sc.mode == SecureMode::Global && a.inspects_inputs()) {
       ag.fail("rule", "secure.mode global shows the server only the total, so a robust rule has nothing to "
                       "choose from; use secure.mode grouped");
     }
@@ -201,7 +201,7 @@ void parse_rounds_aggregation(const ConfigNode& root, ServerConfig& c) {
     }
     if (sc.mode == SecureMode::Grouped) largest = std::min(largest, 2 * sc.min_group - 1);
     if (auto why = crypto::check_overflow(sc.codec(), largest); !why.empty()) se.fail("modulus_bits", why);
-    if (sc.mode == SecureMode::Grouped && rule.rule != robust::Rule::FedAvg) {
+    if (sc.mode == SecureMode::Grouped && a.inspects_inputs()) {
       const std::size_t groups = n / sc.min_group;
       if (const auto why = robust::check(rule, groups); !why.empty()) {
         ag.fail("rule", why + " across secure groups, but min_updates " + std::to_string(n) + " silos make only " +

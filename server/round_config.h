@@ -35,9 +35,9 @@ struct AggregationConfig {
   robust::RuleSpec rule;          // fedavg, or a robust rule with its parameters
   double clip_norm = 0;           // clip each update to this L2 norm first (0: off)
   robust::Fallback fallback = robust::Fallback::Median;  // when dropouts leave too few inputs
-  bool needs_all_updates() const {
-    return rule.rule != robust::Rule::FedAvg || clip_norm > 0 || rule.nnm || rule.bucket > 1;
-  }
+  // The rule or a pre-aggregation step looks at each input (an update, or a group's mean).
+  bool inspects_inputs() const { return rule.rule != robust::Rule::FedAvg || rule.nnm || rule.bucket > 1; }
+  bool needs_all_updates() const { return inspects_inputs() || clip_norm > 0; }
 };
 
 enum class SecureMode { Off, Global, Grouped };

@@ -74,7 +74,7 @@ Combined SecureGroups::combine(std::span<float> out, const CombineContext& ctx) 
     weights.push_back(r.sum[d_]);
   }
   Combined c;
-  if (aggregation_.rule.rule != robust::Rule::FedAvg) {
+  if (aggregation_.inspects_inputs()) {
     c = combine_rows(aggregation_, rows, d_, labels, "group", weights, std::vector<double>(weights.size(), 0.0), ctx,
                      out);
   } else {

@@ -125,7 +125,7 @@ std::vector<Case> cases() {
      // killed as round 2 starts: the buckets are recomputed here from the record's seed.
     json s = base_sim(9, 3);
     s["selection"] = {{"min_silos", 8}, {"min_updates", 8}};
-    s["aggregation"] = {{"rule", "median"}, {"f", 2}, {"nnm", true}, {"bucket", 2}};
+    s["aggregation"] = {{"rule", "median"}, {"f", 1}, {"nnm", true}, {"bucket", 2}};
     s["local"] = {{"workers", 2}, {"backend", "ring"}};
     s["faults"] = {fault("hospital-05", "kill", 2, "train")};
     out.push_back({"MedianMixedAndBucketedWorkersSiloKilled", s, 1e-4, 3});

@@ -158,6 +158,8 @@ TEST(Config, PreAggregationStepsAreCheckedWithTheRule) {
   EXPECT_EQ(load(R"({"rule": "krum", "f": 1, "bucket": 2})"), "");  // 5 buckets: 5 > 2f + 2
   const auto few = load(R"({"rule": "krum", "f": 2, "bucket": 2})");
   EXPECT_NE(few.find("10 inputs make 5 buckets of 2"), std::string::npos) << few;
+  const auto few_buckets = load(R"({"rule": "median", "f": 3, "bucket": 2})");  // 5 buckets < 2f + 1
+  EXPECT_NE(few_buckets.find("at least 2f + 1 = 7"), std::string::npos) << few_buckets;
   const auto no_f = load(R"({"rule": "median", "nnm": true})");
   EXPECT_NE(no_f.find(".aggregation.nnm: mixes each input"), std::string::npos) << no_f;
 }
