@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -300,12 +301,19 @@ TEST_F(TlsTest, AHandshakeFloodIsCappedAndAGoodClientStillGetsIn) {
 // Out of descriptors, the accept loop pauses (10 ms doubling to 1 s) instead of spinning; once
 // descriptors are back it accepts again.
 TEST_F(TlsTest, AcceptFailuresBackOffInsteadOfSpinning) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "skipped in sanitizer builds: with every descriptor taken, the sanitizers' own checks (UBSan's vptr "
+                  "check opens a pipe) fail and abort the process; this test runs in the default build "
+                  "(bash scripts/test.sh without CI=true)";
+#endif
   EchoServer server(io_, dir_.path());
   const std::uint16_t port = server.port();
   // A child process connects 40 times (its descriptor limit is the one from before the cut).
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the test (it holds ctest's output pipe)
+    ::alarm(20);
     ::usleep(300 * 1000);
     for (int i = 0; i < 40; ++i) {
       const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
