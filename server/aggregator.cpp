@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "crypto/hash.h"
 #include "server/secure_groups.h"
@@ -154,6 +155,18 @@ Combined combine_rows(const AggregationConfig& a, std::vector<float>& rows, std:
     inputs.push_back(e);
   }
   info["decisions"] = inputs;
+  if (a.adaptive_clip.on() && a.clip_norm > 0 && n > 0) {
+    // The fraction left unclipped moves the norm toward the configured quantile of the norms.
+    const double b = static_cast<double>(std::count_if(norms.begin(), norms.end(),
+                                                       [&](double v) { return v <= a.clip_norm; })) /
+                     static_cast<double>(n);
+    const double next = a.clip_norm * std::exp(-a.adaptive_clip.lr * (b - a.adaptive_clip.quantile));
+    info["adaptive_clip"] = {{"clip_norm", a.clip_norm},
+                             {"unclipped_fraction", b},
+                             {"quantile", a.adaptive_clip.quantile},
+                             {"next", next}};
+    c.next_clip_norm = next;
+  }
   if (!r.buckets.empty()) {
     nlohmann::json buckets = nlohmann::json::array();
     for (const auto& b : r.buckets) {
@@ -168,9 +181,13 @@ Combined combine_rows(const AggregationConfig& a, std::vector<float>& rows, std:
 }
 
 std::unique_ptr<Aggregator> make_aggregator(const RoundConfig& cfg, const Model& layout, std::uint64_t round,
-                                            const std::vector<std::string>& selected) {
+                                            const std::vector<std::string>& selected, std::optional<double> clip_norm) {
   if (cfg.secure.on()) return std::make_unique<SecureGroups>(cfg, layout.size(), round, selected);
-  if (cfg.aggregation.needs_all_updates()) return std::make_unique<RowCollector>(layout, cfg.aggregation);
+  if (cfg.aggregation.needs_all_updates()) {
+    AggregationConfig a = cfg.aggregation;
+    if (clip_norm) a.clip_norm = *clip_norm;
+    return std::make_unique<RowCollector>(layout, std::move(a));
+  }
   return std::make_unique<PlainSum>(layout);
 }
 

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -62,6 +63,7 @@ struct Combined {
   bool ok = true;
   std::string reason;         // why the round must abort, when !ok
   nlohmann::json record;      // parts of the audit record ("robust", "secure.groups_outcome")
+  std::optional<double> next_clip_norm;  // adaptive clipping: the clip norm of the next round
 };
 
 class Aggregator {
@@ -84,9 +86,10 @@ class Aggregator {
 FoldResult check_upload(protocol::UploadCheck& check, const Contribution& c, const std::string& what);
 
 // The aggregator the round's config calls for. `selected`: the round's silos (secure groups
-// are drawn from them).
+// are drawn from them). `clip_norm`: this round's, when adaptive clipping sets it.
 std::unique_ptr<Aggregator> make_aggregator(const RoundConfig& cfg, const Model& layout, std::uint64_t round,
-                                            const std::vector<std::string>& selected);
+                                            const std::vector<std::string>& selected,
+                                            std::optional<double> clip_norm = std::nullopt);
 
 // Rows (deltas or group means) through the configured rule, with its fallback when too few
 // inputs remain; the decisions go into the record. Shared by RowCollector and SecureGroups.

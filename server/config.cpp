@@ -136,6 +136,14 @@ void parse_rounds_aggregation(const ConfigNode& root, ServerConfig& c) {
   rule.nnm = ag.boolean("nnm", false);
   rule.bucket = static_cast<std::size_t>(ag.integer("bucket", 0, 0, 1 << 20));
   a.clip_norm = ag.number("clip_norm", 0.0, 0.0, 1e12);
+  if (ag.has("adaptive_clip")) {
+    const auto ac = ag.child("adaptive_clip");
+    a.adaptive_clip.quantile = ac.number("quantile", 0.5, 0.01, 0.99);
+    a.adaptive_clip.lr = ac.number("lr", 0.2, 1e-6, 10.0);
+    a.adaptive_clip.initial = ac.number("initial", 1.0, 1e-9, 1e12);
+    ac.finish();
+    if (a.clip_norm > 0) ag.fail("clip_norm", "and adaptive_clip both set the clip norm: keep one");
+  }
   a.fallback = *robust::parse_fallback(ag.one_of("fallback", "median", robust::fallback_names()));
   ag.finish();
   const std::string rule_name(robust::name(rule.rule));
@@ -181,6 +189,10 @@ void parse_rounds_aggregation(const ConfigNode& root, ServerConfig& c) {
   } else {
     if (a.clip_norm > 0) {
       ag.fail("clip_norm", "the server cannot clip updates it never sees; with secure aggregation use secure.clip_norm");
+    }
+    if (a.adaptive_clip.on()) {
+      ag.fail("adaptive_clip", "adapts to update norms the server never sees with secure aggregation (not built yet: "
+                               "use secure.clip_norm)");
     }
     if (sc.mode == SecureMode::Global && a.inspects_inputs()) {
       ag.fail("rule", "secure.mode global shows the server only the total, so a robust rule has nothing to "
@@ -330,6 +342,9 @@ nlohmann::json to_json(const ServerConfig& c) {
               {"unmask_s", secs_of(sc.unmask_deadline)}}},
             {"log_level", c.log_level}};
   if (!c.port_file.empty()) j["port_file"] = abs_path(c.port_file);
+  if (const auto& ac = c.aggregation.adaptive_clip; ac.on()) {
+    j["aggregation"]["adaptive_clip"] = {{"quantile", ac.quantile}, {"lr", ac.lr}, {"initial", ac.initial}};
+  }
   return j;
 }
 

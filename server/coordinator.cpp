@@ -26,6 +26,7 @@ Coordinator::Coordinator(RoundConfig cfg, Model initial, ServerOptimizer optimiz
     : cfg_(std::move(cfg)), optimizer_(std::move(optimizer)), store_(store), round_(first_round) {
   global_sha_ = crypto::sha256_hex(initial.flat());
   global_ = std::make_shared<const Model>(std::move(initial));
+  if (cfg_.aggregation.adaptive_clip.on()) clip_norm_ = cfg_.aggregation.adaptive_clip.initial;
 }
 
 Coordinator::~Coordinator() = default;
@@ -172,7 +173,7 @@ void Coordinator::start_round(std::int64_t now_ms) {
   r_->target = target;
   std::vector<std::string> names;
   for (const auto& c : candidates) names.push_back(c.first);
-  r_->agg = make_aggregator(cfg_, *global_, round_, names);
+  r_->agg = make_aggregator(cfg_, *global_, round_, names, clip_norm_);
   r_->secure = r_->agg->secure();
 
   wire::Envelope start = env();
@@ -296,14 +297,14 @@ void Coordinator::decide(std::int64_t now_ms) {
       rec["status"] = "aborted";
       rec["reason"] = c.reason;
       row.committed = false;
-      return CommitOutcome{false, c.reason, nullptr, "", store.record(rec, &row)};
+      return CommitOutcome{false, c.reason, nullptr, "", store.record(rec, &row), std::nullopt};
     }
     // The optimizer writes the new model into the same buffer, which becomes the global model.
     optimizer.step_into(global->flat(), next->flat());
     const std::string sha = crypto::sha256_hex(next->flat());
     rec["model_sha256_after"] = sha;
     AuditHead audit = store.commit(round, *next, optimizer.state(), rec, row);
-    return CommitOutcome{true, "", std::move(next), sha, std::move(audit)};
+    return CommitOutcome{true, "", std::move(next), sha, std::move(audit), c.next_clip_norm};
   });
 }
 
@@ -406,6 +407,7 @@ void Coordinator::on_job_done(std::uint64_t job, JobResult result, std::int64_t 
       }
       global_ = std::move(outcome.model);
       global_sha_ = outcome.model_sha256;
+      if (outcome.next_clip_norm) clip_norm_ = outcome.next_clip_norm;
       ++committed_;
       finish_round(true, outcome.audit, now_ms);
       break;

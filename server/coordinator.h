@@ -44,6 +44,7 @@ struct CommitOutcome {
   std::shared_ptr<const Model> model;
   std::string model_sha256;
   AuditHead audit;  // the audit log after the round's record
+  std::optional<double> next_clip_norm;  // adaptive clipping: the next round's clip norm
 };
 // The value a job returns to on_job_done (an AuditHead: an aborted round's record is written).
 using JobResult = std::variant<std::monostate, FoldResult, std::vector<Rejection>, CommitOutcome, AuditHead>;
@@ -187,6 +188,7 @@ class Coordinator {
   RoundConfig cfg_;
   std::shared_ptr<const Model> global_;
   std::string global_sha_;
+  std::optional<double> clip_norm_;  // adaptive clipping: this round's clip norm
   ServerOptimizer optimizer_;  // touched by commit jobs only, one at a time
   Store& store_;
   std::vector<Action> actions_;

@@ -259,6 +259,9 @@ int run_server(const ServerConfig& cfg) {
                 {"time", iso_time(now_ms())}},
                nullptr);
   RoundConfig rounds(cfg);
+  if (resume.clip_norm && rounds.aggregation.adaptive_clip.on()) {
+    rounds.aggregation.adaptive_clip.initial = *resume.clip_norm;  // adaptive clipping goes on where it was
+  }
   // The server checks silos' signatures (joins through edges, secure aggregation) against the
   // federation CA and its revocation list, and signs round starts and secure setups with its key.
   rounds.ca = transport::load_verifier(cfg.tls);

@@ -34,10 +34,19 @@ struct Deadlines {
 struct AggregationConfig {
   robust::RuleSpec rule;          // fedavg, or a robust rule with its parameters
   double clip_norm = 0;           // clip each update to this L2 norm first (0: off)
+  // Adaptive clipping (Andrew et al. 2021): the clip norm follows the `quantile` of the update
+  // norms, C <- C exp(-lr (b - quantile)) after each committed round, b the fraction of updates
+  // not clipped; starts at `initial` (or where the audit log left it). Plain mode.
+  struct AdaptiveClip {
+    double quantile = 0;  // 0: off
+    double lr = 0.2;
+    double initial = 1.0;
+    bool on() const { return quantile > 0; }
+  } adaptive_clip;
   robust::Fallback fallback = robust::Fallback::Median;  // when dropouts leave too few inputs
   // The rule or a pre-aggregation step looks at each input (an update, or a group's mean).
   bool inspects_inputs() const { return rule.rule != robust::Rule::FedAvg || rule.nnm || rule.bucket > 1; }
-  bool needs_all_updates() const { return inspects_inputs() || clip_norm > 0; }
+  bool needs_all_updates() const { return inspects_inputs() || clip_norm > 0 || adaptive_clip.on(); }
 };
 
 enum class SecureMode { Off, Global, Grouped };

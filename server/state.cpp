@@ -79,6 +79,10 @@ Resume ServerState::recover(const Model& layout) {
     r.last_round = std::max(r.last_round, n);
     if (rec.value("status", "") == "committed") {
       audited_commit = std::max(audited_commit, n);
+      if (const auto ac = rec.value("robust", nlohmann::json::object()).value("adaptive_clip", nlohmann::json());
+          ac.is_object() && ac.contains("next")) {
+        r.clip_norm = ac["next"].get<double>();
+      }
       committed[n] = {rec.value("model_sha256_after", ""), rec.value("optimizer_state_sha256", "")};
     }
   }

@@ -18,6 +18,7 @@ struct Resume {
   std::uint64_t last_round = 0;       // highest round number in the audit log
   std::optional<Model> model;
   std::optional<Model> optimizer_state;
+  std::optional<double> clip_norm;    // adaptive clipping: where the last committed round left it
 };
 
 class ServerState : public Store {

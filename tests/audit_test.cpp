@@ -272,6 +272,23 @@ TEST_F(RecoveryTest, AnEditedCheckpointIsNotTrustedAndNothingIsSignedForIt) {
   EXPECT_FALSE(r.model.has_value());
 }
 
+// Adaptive clipping goes on after a restart where the last committed round's record left it.
+TEST_F(RecoveryTest, AdaptiveClippingResumesFromTheLastCommittedRecord) {
+  {
+    ServerState st(dir_.path(), 0);
+    for (int r = 1; r <= 2; ++r) {
+      const Model m = model(static_cast<float>(r));
+      auto rec = record(r, m);
+      rec["robust"] = {{"adaptive_clip", {{"clip_norm", 1.0}, {"next", 1.5 * r}}}};
+      st.commit(static_cast<std::uint64_t>(r), m, Model{}, rec, MetricsRow{});
+    }
+  }
+  ServerState st(dir_.path(), 0);
+  const auto r = st.recover(layout());
+  ASSERT_TRUE(r.clip_norm);
+  EXPECT_DOUBLE_EQ(*r.clip_norm, 3.0);
+}
+
 // The server optimizer's state (momentum, say) is named in the signed record too: a checkpoint
 // whose .opt file was changed is not trusted.
 TEST_F(RecoveryTest, AnEditedOptimizerStateIsNotTrusted) {

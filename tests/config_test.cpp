@@ -160,6 +160,9 @@ TEST(Config, PreAggregationStepsAreCheckedWithTheRule) {
   EXPECT_NE(few.find("10 inputs make 5 buckets of 2"), std::string::npos) << few;
   const auto few_buckets = load(R"({"rule": "median", "f": 3, "bucket": 2})");  // 5 buckets < 2f + 1
   EXPECT_NE(few_buckets.find("at least 2f + 1 = 7"), std::string::npos) << few_buckets;
+  EXPECT_EQ(load(R"({"adaptive_clip": {"quantile": 0.5, "lr": 0.2, "initial": 2}})"), "");
+  const auto both = load(R"({"clip_norm": 1, "adaptive_clip": {"quantile": 0.5}})");
+  EXPECT_NE(both.find("adaptive_clip both set the clip norm"), std::string::npos) << both;
   const auto no_f = load(R"({"rule": "median", "nnm": true})");
   EXPECT_NE(no_f.find(".aggregation.nnm: mixes each input"), std::string::npos) << no_f;
 }

@@ -413,6 +413,41 @@ TEST(Coordinator, AnEdgesPartialSumIsCheckedBeforeItIsFolded) {
   }
 }
 
+// Adaptive clipping: each round clips with the current norm C, then C <- C exp(-lr (b - q)), b
+// the fraction of updates left unclipped; the next round clips with the new C; the audit
+// record says both.
+TEST(Coordinator, AdaptiveClippingFollowsTheQuantileOfTheNorms) {
+  RoundConfig cfg = three_rounds();
+  cfg.rounds = 2;
+  cfg.selection.min_silos = 4;
+  cfg.selection.min_updates = 4;
+  cfg.aggregation.adaptive_clip.quantile = 0.5;
+  cfg.aggregation.adaptive_clip.lr = 0.2;
+  cfg.aggregation.adaptive_clip.initial = 1.0;
+  Harness h(4, cfg);
+  h.connect_all(4);
+  const std::vector<float> deltas = {0.1f, 2.0f, 3.0f, 4.0f};  // norms x sqrt(10): one below C = 1
+  std::vector<double> used;
+  for (int round = 0; round < 2; ++round) {
+    for (std::size_t i = 0; i < 4; ++i) h.ready(i, 10);
+    for (std::size_t i = 0; i < 4; ++i) h.upload(i, constant(deltas[i] * 10.0f), 10);
+    ASSERT_EQ(h.store.commits.size(), static_cast<std::size_t>(round + 1));
+    const auto& ac = h.store.commits.back().record["robust"]["adaptive_clip"];
+    ASSERT_TRUE(ac.is_object()) << h.store.commits.back().record.dump(2);
+    EXPECT_DOUBLE_EQ(ac["unclipped_fraction"].get<double>(), 0.25);
+    EXPECT_NEAR(ac["next"].get<double>(), ac["clip_norm"].get<double>() * std::exp(-0.2 * (0.25 - 0.5)), 1e-12);
+    used.push_back(ac["clip_norm"].get<double>());
+  }
+  EXPECT_DOUBLE_EQ(used[0], 1.0);
+  EXPECT_NEAR(used[1], std::exp(0.05), 1e-12);  // round 2 clipped with round 1's next
+  // And it clipped: round 2's model moved by the mean of the clipped deltas.
+  const double c = used[1], s = std::sqrt(10.0);
+  double mean = 0;
+  for (float d : deltas) mean += d * std::min(1.0, c / (d * s));
+  mean /= 4;
+  EXPECT_NEAR(h.store.commits[1].model.flat()[0] - h.store.commits[0].model.flat()[0], mean, 1e-5);
+}
+
 TEST(Coordinator, AnEdgeCannotNameASiloThatDidNotSignItsJoin) {
   Harness h(6);
   h.edge_connect(900, "edge-1");
