@@ -113,6 +113,7 @@ TEST(Edges, AnEdgeWithASiloCertificateAndASiloWithAnEdgeCertificateAreRefused) {
   // An edge config whose kit is a silo's.
   auto edge_cfg = nlohmann::json::parse(read_file(edge_config_path(fed.files, 0)));
   edge_cfg.erase("tls");
+  edge_cfg.erase("port_file");  // the real edge's
   edge_cfg["tls"]["kit"] = (fed.files.pki / "kits" / "hospital-01").string();
   edge_cfg["reconnect"] = {{"initial_backoff_s", 0.05}, {"max_backoff_s", 0.1}, {"max_attempts", 2}};
   atomic_write_file(fed.dir / "bad-edge.json", edge_cfg.dump());
@@ -136,7 +137,7 @@ TEST(Edges, AnEdgeWithASiloCertificateAndASiloWithAnEdgeCertificateAreRefused) {
   EXPECT_EQ(bad_agent.wait(30s).value_or(-1), 1) << log_tail(fed.dir / "bad-agent.log");
   EXPECT_TRUE(wait_until([&] {
     return read_file(fed.files.logs / "edge-01.log").find("role edge may not connect here") != std::string::npos;
-  }, 5s)) << fed.logs();
+  }, 5s)) << fed.logs() << "bad agent:\n" << log_tail(fed.dir / "bad-agent.log");
 }
 
 }  // namespace

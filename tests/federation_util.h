@@ -47,6 +47,7 @@ struct Fed {
   }
   void start_edges() {
     for (std::size_t e = 0; e < files.edges.size(); ++e) {
+      std::filesystem::remove(files.out / (files.edges[e] + ".port"));  // the port it binds now, not an old one
       edges.push_back(std::make_unique<Process>(
           std::vector<std::string>{test::xsilo_bin(), "edge", "--config", edge_config_path(files, e).string()},
           files.logs / (files.edges[e] + ".log")));

@@ -284,7 +284,7 @@ std::string describe(const SimConfig& cfg, const FederationFiles& f) {
 
 // The federation's processes: the server, the edges (listening before their silos dial), the
 // agents.
-void start_federation(const SimConfig& cfg, const FederationFiles& f, Processes& procs) {
+void start_federation(const SimConfig& cfg, FederationFiles& f, Processes& procs) {
   for (const auto& fault : cfg.faults) {
     const bool known = fault.process == "server" || std::count(f.edges.begin(), f.edges.end(), fault.process) ||
                        std::count(f.silos.begin(), f.silos.end(), fault.process);
@@ -365,7 +365,7 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
     if (!quiet) std::cout << s << std::endl;
   };
   const auto t_start = Clock::now();
-  const FederationFiles f = prepare_federation(cfg, out);
+  FederationFiles f = prepare_federation(cfg, out);
   say(describe(cfg, f));
   Processes procs(f.logs);
   start_federation(cfg, f, procs);

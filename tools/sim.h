@@ -96,8 +96,10 @@ struct FederationFiles {
 };
 
 FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::path& out);
-// Waits for the server to write its port file; throws with the log's tail if it dies.
-std::uint16_t wait_for_port(Process& server, const FederationFiles& f,
+// Waits for the server to write its port file; throws with the log's tail if it dies. The
+// port is then pinned: written into the server's config (a restart binds it again) and the
+// edges' upstreams.
+std::uint16_t wait_for_port(Process& server, FederationFiles& f,
                             std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
 // Silo i's files: its agent config, and its simulation hooks when it has any (an attack, a
 // crash); argv() is the command that starts it.
@@ -111,11 +113,10 @@ AgentFiles write_agent_config(const SimConfig& cfg, const FederationFiles& f, st
 // Silo i's upstreams in failover order: its edge, the next edge, the server.
 std::vector<std::string> agent_upstreams(const SimConfig& cfg, const FederationFiles& f, std::size_t i);
 std::filesystem::path edge_config_path(const FederationFiles& f, std::size_t e);
-// Waits until edge e listens (its port file exists); throws with its log if it dies.
-void wait_for_edge(Process& edge, const FederationFiles& f, std::size_t e,
+// Waits until edge e listens (its port file names its port); throws with its log if it dies.
+// The port is then pinned in the edge's config, and agent_upstreams names it.
+void wait_for_edge(Process& edge, FederationFiles& f, std::size_t e,
                    std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
-// A free TCP port on loopback (for configs that must name their port before start).
-std::uint16_t free_loopback_port();
 
 struct SimResult {
   int exit_code = 1;

@@ -2,11 +2,9 @@
 // every process's config written from its struct.
 #include "tools/sim.h"
 
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
-
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <thread>
 
 #include "common/config.h"
@@ -127,9 +125,11 @@ void make_pki(const SimConfig& cfg, FederationFiles& f) {
     std::snprintf(name, sizeof name, "edge-%02zu", e + 1);
     f.edges.push_back(name);
     transport::pki_issue(f.pki, {wire::EDGE, name});
-    f.edge_ports.push_back(free_loopback_port());
   }
-  f.server_port = free_loopback_port();
+  // Ports are the kernel's choice (port 0) and known once each process listens (pin_port): a
+  // port picked here and bound later could be taken by another process in between.
+  f.server_port = 0;
+  f.edge_ports.assign(f.edges.size(), 0);
   for (const auto& e : f.edges) std::filesystem::remove(out / (e + ".port"));
 }
 
@@ -223,27 +223,8 @@ FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::
   return f;
 }
 
-void wait_for_edge(Process& edge, const FederationFiles& f, std::size_t e, std::chrono::milliseconds timeout) {
-  const auto port_file = f.out / (f.edges[e] + ".port");
-  const auto deadline = Clock::now() + timeout;
-  while (Clock::now() < deadline) {
-    if (std::filesystem::exists(port_file) && !read_file(port_file).empty()) return;
-    if (!edge.running()) {
-      throw std::runtime_error(f.edges[e] + " exited during start-up:\n" + log_tail(f.logs / (f.edges[e] + ".log")));
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  throw std::runtime_error(f.edges[e] + " did not start in time");
-}
-
 std::filesystem::path edge_config_path(const FederationFiles& f, std::size_t e) {
   return f.out / "configs" / (f.edges[e] + ".json");
-}
-
-std::uint16_t free_loopback_port() {
-  boost::asio::io_context io;
-  boost::asio::ip::tcp::acceptor a(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
-  return a.local_endpoint().port();
 }
 
 std::vector<std::string> agent_upstreams(const SimConfig& cfg, const FederationFiles& f, std::size_t i) {
@@ -257,20 +238,59 @@ std::vector<std::string> agent_upstreams(const SimConfig& cfg, const FederationF
   return up;
 }
 
-std::uint16_t wait_for_port(Process& server, const FederationFiles& f,
-                            std::chrono::milliseconds timeout) {
+namespace {
+
+// The port a process wrote to its port file (a number and a newline), or nothing yet.
+std::optional<std::uint16_t> read_port_file(const std::filesystem::path& p) {
+  if (!std::filesystem::exists(p)) return std::nullopt;
+  const std::string text = read_file(p);
+  if (text.empty() || text.back() != '\n') return std::nullopt;
+  return static_cast<std::uint16_t>(std::stoi(text));
+}
+
+// Waits for `p` to name a port; throws with the log's tail if the process dies first.
+std::uint16_t wait_for_port_file(Process& proc, const std::string& who, const std::filesystem::path& p,
+                                 const std::filesystem::path& log, std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   while (Clock::now() < deadline) {
-    if (std::filesystem::exists(f.port_file)) {
-      const std::string text = read_file(f.port_file);
-      if (!text.empty() && text.back() == '\n') return static_cast<std::uint16_t>(std::stoi(text));
-    }
-    if (!server.running()) {
-      throw std::runtime_error("the server exited during start-up:\n" + log_tail(f.logs / "server.log"));
-    }
+    if (auto port = read_port_file(p)) return *port;
+    if (!proc.running()) throw std::runtime_error(who + " exited during start-up:\n" + log_tail(log));
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  throw std::runtime_error("the server did not start in time:\n" + log_tail(f.logs / "server.log"));
+  throw std::runtime_error(who + " did not start in time:\n" + log_tail(log));
+}
+
+// Sets `key` of the JSON config at `p` to `value`, leaving the rest as it is.
+void set_config_key(const std::filesystem::path& p, const std::string& key, const json& value) {
+  auto j = json::parse(read_file(p));
+  j[key] = value;
+  write_json(p, j);
+}
+
+std::string loopback(std::uint16_t port) { return "127.0.0.1:" + std::to_string(port); }
+
+}  // namespace
+
+std::uint16_t wait_for_port(Process& server, FederationFiles& f, std::chrono::milliseconds timeout) {
+  const auto port = wait_for_port_file(server, "the server", f.port_file, f.logs / "server.log", timeout);
+  if (port != f.server_port) {
+    // Pinned: a restarted server binds the same port, and the edges dial it.
+    f.server_port = port;
+    set_config_key(f.server_config, "listen", loopback(port));
+    for (std::size_t e = 0; e < f.edges.size(); ++e) {
+      set_config_key(edge_config_path(f, e), "upstreams", json::array({loopback(port)}));
+    }
+  }
+  return port;
+}
+
+void wait_for_edge(Process& edge, FederationFiles& f, std::size_t e, std::chrono::milliseconds timeout) {
+  const auto port = wait_for_port_file(edge, f.edges[e], f.out / (f.edges[e] + ".port"),
+                                       f.logs / (f.edges[e] + ".log"), timeout);
+  if (port != f.edge_ports[e]) {
+    f.edge_ports[e] = port;  // pinned: a restarted edge binds the same port its silos dial
+    set_config_key(edge_config_path(f, e), "listen", loopback(port));
+  }
 }
 
 std::vector<std::string> AgentFiles::argv(const std::string& xsilo) const {
