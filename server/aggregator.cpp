@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "crypto/hash.h"
 #include "server/secure_groups.h"
@@ -90,10 +91,42 @@ class RowCollector final : public Aggregator {
   }
 
   Combined combine(std::span<float> out, const CombineContext& ctx) override {
+    in_silo_order();
     return combine_rows(a_, rows_, current_.size(), labels_, "silo", weights_, norms_, ctx, out);
   }
 
  private:
+  // The rows in the order of the silos' names, not of their arrival: the seeded buckets (and
+  // every tie the rules break by position) then depend on the seed and who took part only, so
+  // a round can be recomputed from its record and the updates.
+  void in_silo_order() {
+    const std::size_t n = labels_.size(), d = current_.size();
+    std::vector<std::size_t> order(n);
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    std::sort(order.begin(), order.end(), [&](auto a, auto b) { return labels_[a] < labels_[b]; });
+    std::vector<float> row(d);
+    std::vector<bool> placed(n, false);
+    for (std::size_t start = 0; start < n; ++start) {  // row `order[i]` moves to position i, cycle by cycle
+      if (placed[start] || order[start] == start) continue;
+      std::copy_n(rows_.begin() + start * d, d, row.begin());
+      std::size_t i = start;
+      while (order[i] != start) {
+        std::copy_n(rows_.begin() + order[i] * d, d, rows_.begin() + i * d);
+        placed[i] = true;
+        i = order[i];
+      }
+      std::copy(row.begin(), row.end(), rows_.begin() + i * d);
+      placed[i] = true;
+    }
+    auto permute = [&](auto& v) {
+      auto copy = v;
+      for (std::size_t i = 0; i < n; ++i) v[i] = copy[order[i]];
+    };
+    permute(labels_);
+    permute(weights_);
+    permute(norms_);
+  }
+
   Model current_;
   AggregationConfig a_;
   std::vector<float> rows_;

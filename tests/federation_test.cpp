@@ -250,3 +250,77 @@ TEST(Federation, LocalWorkersTrainTheSameModelAsOneProcess) {
 
 }  // namespace
 }  // namespace xsilo::tools
+
+namespace xsilo::tools {
+namespace {
+
+// `xsilo sim --in-process` is what the attack sweeps run on: it must commit the very models the
+// real processes commit. Each case runs both on the same config (digits, Dirichlet 0.1) and
+// compares the final models; robust rules are exact (the server orders its rows by silo), only
+// FedAvg's running sum may differ in its last bits (uploads arrive in any order).
+TEST(InProcess, CommitsTheModelsTheRealProcessesCommit) {
+  const std::vector<std::pair<nlohmann::json, double>> cases = {
+      {{{"aggregation", {{"rule", "trimmed_mean"}, {"f", 2}, {"bucket", 2}, {"adaptive_clip", {{"quantile", 0.5}}}}},
+        {"attack", {{"silos", 2}, {"kind", "alie"}, {"z", 1}}},
+        {"training", {{"silo_momentum", 0.9}}}},
+       0.0},
+      {{{"aggregation", {{"rule", "multi_krum"}, {"f", 2}, {"nnm", true}}},
+        {"attack", {{"silos", 2}, {"kind", "nan"}}},
+        {"selection", {{"min_silos", 10}, {"min_updates", 8}}}},
+       0.0},
+      {{{"aggregation", {{"rule", "centered_clip"}, {"tau", 0.5}, {"iterations", 3}}},
+        {"attack", {{"silos", 3}, {"kind", "label_flip"}}}},
+       0.0},
+      {{{"aggregation", {{"rule", "fedavg"}}}, {"training", {{"silo_momentum", 0.5}}}}, 1e-6},
+  };
+  for (const auto& [extra, tolerance] : cases) {
+    test::TempDir dir;
+    nlohmann::json j = {{"name", "in-process"}, {"silos", 10}, {"rounds", 6}, {"seed", 5},
+                        {"data", {{"dataset", "digits"}, {"split", "dirichlet"}, {"alpha", 0.1}}},
+                        {"model", {{"kind", "mlp"}, {"hidden", {16}}}},
+                        {"training", {{"local_epochs", 1}, {"batch_size", 32}, {"learning_rate", 0.05}}},
+                        {"selection", {{"min_silos", 10}, {"min_updates", 10}}}};
+    for (const auto& [k, v] : extra.items()) {
+      if (j.contains(k) && j[k].is_object()) j[k].update(v);
+      else j[k] = v;
+    }
+    atomic_write_file(dir / "sim.json", j.dump());
+    Process sim({test::xsilo_bin(), "sim", "--config", (dir / "sim.json").string(), "--out", (dir / "processes").string(),
+                 "--quiet"},
+                dir / "sim.log");
+    ASSERT_EQ(sim.wait(120s).value_or(-1), 0) << log_tail(dir / "sim.log", 40);
+    std::vector<std::uint64_t> committed;
+    const auto r = run_sim_in_process(load_sim_config(dir / "sim.json"), dir / "in-process",
+                                      [&](std::uint64_t round, bool ok, const Model&, double, double) {
+                                        if (ok) committed.push_back(round);
+                                      });
+    EXPECT_EQ(r.rounds_committed, 6u) << extra.dump();
+    EXPECT_EQ(committed.size(), 6u);
+    const Model a = load_safetensors(dir / "processes" / "model.safetensors");
+    const Model b = load_safetensors(dir / "in-process" / "model.safetensors");
+    ASSERT_TRUE(a.same_layout(b));
+    double gap = 0;
+    for (std::size_t k = 0; k < a.size(); ++k) gap = std::max(gap, double(std::abs(a.flat()[k] - b.flat()[k])));
+    EXPECT_LE(gap, tolerance) << extra.dump();
+  }
+}
+
+// What lives in the protocol is refused in process, with the reason and the way out.
+TEST(InProcess, RefusesWhatNeedsTheRealProcesses) {
+  test::TempDir dir;
+  SimConfig c = small_config(4, 1);
+  c.selection = {{"min_silos", 4}, {"min_updates", 4}};
+  c.secure = {{"mode", "global"}};
+  try {
+    run_sim_in_process(c, dir.path());
+    ADD_FAILURE() << "secure aggregation ran in process";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("secure aggregation needs the real processes"), std::string::npos) << e.what();
+  }
+  c = small_config(4, 1);
+  c.edges = 1;
+  EXPECT_THROW(run_sim_in_process(c, dir.path()), ConfigError);
+}
+
+}  // namespace
+}  // namespace xsilo::tools

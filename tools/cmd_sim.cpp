@@ -1,4 +1,6 @@
 // xsilo sim: the researcher's entry point.
+#include <cstdio>
+
 #include "common/config.h"
 #include "tools/commands.h"
 #include "tools/sim.h"
@@ -11,12 +13,31 @@ void add_sim(CLI::App& app, int& exit_code) {
   auto config = std::make_shared<std::string>();
   auto out = std::make_shared<std::string>();
   auto quiet = std::make_shared<bool>(false);
+  auto in_process = std::make_shared<bool>(false);
   cmd->add_option("--config", *config, "experiment config (JSON); default: breast cancer, 5 silos");
   cmd->add_option("--out", *out, "output folder")->required();
   cmd->add_flag("--quiet", *quiet, "no progress lines");
-  cmd->callback([config, out, quiet, &exit_code] {
+  cmd->add_flag("--in-process", *in_process,
+                "the same trainers, attacks, aggregator and optimizer in one process, without network "
+                "(fast sweeps; refuses secure aggregation, edges, faults, external trainers)");
+  cmd->callback([config, out, quiet, in_process, &exit_code] {
     const SimConfig cfg = config->empty() ? default_sim_config() : load_sim_config(*config);
-    exit_code = run_sim(cfg, *out, *quiet).exit_code;
+    if (!*in_process) {
+      exit_code = run_sim(cfg, *out, *quiet).exit_code;
+      return;
+    }
+    auto say = [&](std::uint64_t round, bool committed, const Model&, double acc, double loss) {
+      if (*quiet) return;
+      if (committed) std::printf("round %llu/%llu: accuracy %.4f, loss %.4f\n", static_cast<unsigned long long>(round),
+                                 static_cast<unsigned long long>(cfg.rounds), acc, loss);
+      else std::printf("round %llu/%llu: not committed (too few usable updates)\n",
+                       static_cast<unsigned long long>(round), static_cast<unsigned long long>(cfg.rounds));
+    };
+    const auto r = run_sim_in_process(cfg, *out, say);
+    if (!*quiet) std::printf("in-process: %llu of %llu rounds committed; model in %s\n",
+                             static_cast<unsigned long long>(r.rounds_committed),
+                             static_cast<unsigned long long>(cfg.rounds), (std::filesystem::path(*out) / "model.safetensors").string().c_str());
+    exit_code = r.exit_code;
   });
 }
 

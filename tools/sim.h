@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -14,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/dataset.h"
+#include "common/model.h"
 #include "common/process.h"
 
 namespace xsilo::tools {
@@ -125,6 +127,17 @@ struct SimResult {
 };
 
 SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool quiet = false);
+
+// After each round of an in-process run: the round, whether it committed, the model after it
+// and its accuracy and loss on the pooled test rows.
+using RoundCallback = std::function<void(std::uint64_t round, bool committed, const Model& model, double accuracy,
+                                         double loss)>;
+// The same federation in this process (tools/sim_in_process.cpp): the agents' trainers, the
+// simulated attacks and the server's aggregator and optimizer, without processes or network.
+// Refuses, with the reason, what lives in the protocol: secure aggregation, edges, faults,
+// hostile processes, external trainers, sampling silos. Writes out/model.safetensors.
+SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& out,
+                             const RoundCallback& on_round = nullptr);
 
 // Writes report.svg and report.html from the sim's metrics.
 void write_report(const std::filesystem::path& out, const std::string& title,

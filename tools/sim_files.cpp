@@ -214,6 +214,7 @@ FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::
   f.out = out;
   std::filesystem::create_directories(out);
   std::filesystem::remove_all(out / "logs");
+  std::filesystem::remove_all(out / "silos");  // an earlier run's silo state (momentum, witnessed audit heads)
 
   split_data(cfg, f);
   make_initial_model(cfg, f);
