@@ -8,6 +8,7 @@
 
 #include "robust/robust.h"
 #include "robust/rule.h"
+#include "tools/sim_attack.h"
 
 namespace xsilo::robust {
 namespace {
@@ -296,3 +297,41 @@ TEST(Robust, PreAggregationStepsComposeWithEveryRule) {
 
 }  // namespace
 }  // namespace xsilo::robust
+
+namespace xsilo::tools {
+namespace {
+
+// The simulated attacks that collude: each computed from the honest deltas as docs/robust.md
+// defines it.
+TEST(Attacks, MimicCopiesTheHonestSiloFarthestAlongTheDirectionOfLargestSpread) {
+  // Four honest deltas spread along the first axis, a little along the second; silo 2 is the
+  // farthest out along the first.
+  const std::vector<std::vector<float>> honest = {{1.0f, 0.1f}, {-1.0f, -0.1f}, {3.0f, 0.0f}, {0.5f, 0.2f}};
+  AttackConfig a;
+  a.kind = "mimic";
+  std::vector<float> delta = {9.0f, 9.0f};
+  apply_attack(a, delta, 1, [&] { return honest; });
+  EXPECT_EQ(delta, honest[2]);
+  // Along the second axis instead, silo 1 (the farthest below the mean) is copied.
+  const std::vector<std::vector<float>> turned = {{0.1f, 1.0f}, {0.0f, -4.0f}, {-0.1f, 2.0f}, {0.2f, 0.5f}};
+  apply_attack(a, delta, 2, [&] { return turned; });
+  EXPECT_EQ(delta, turned[1]);
+}
+
+TEST(Attacks, ModelReplacementOpposesTheHonestMeanAtTheLargestHonestNorm) {
+  const std::vector<std::vector<float>> honest = {{3.0f, 0.0f}, {1.0f, 0.0f}, {0.0f, 2.0f}};
+  AttackConfig a;
+  a.kind = "model_replacement";
+  std::vector<float> delta(2);
+  apply_attack(a, delta, 1, [&] { return honest; });
+  // The honest mean is (4/3, 2/3); the largest honest norm is 3.
+  const double len = std::sqrt(16.0 / 9 + 4.0 / 9);
+  EXPECT_NEAR(delta[0], -3.0 * (4.0 / 3) / len, 1e-5);
+  EXPECT_NEAR(delta[1], -3.0 * (2.0 / 3) / len, 1e-5);
+  a.boost = 2;
+  apply_attack(a, delta, 1, [&] { return honest; });
+  EXPECT_NEAR(std::hypot(delta[0], delta[1]), 6.0, 1e-5);
+}
+
+}  // namespace
+}  // namespace xsilo::tools

@@ -155,8 +155,8 @@ nlohmann::json to_json(const SimAgentConfig& c) {
     const auto& a = c.attack;
     nlohmann::json honest = nlohmann::json::array();
     for (const auto& h : a.honest) honest.push_back({{"silo", h.silo}, {"train", h.train.string()}});
-    j["attack"] = {{"kind", a.kind}, {"scale", a.scale}, {"sigma", a.sigma}, {"factor", a.factor},
-                   {"z", a.z},       {"epsilon", a.epsilon}, {"honest", honest}};
+    j["attack"] = {{"kind", a.kind}, {"scale", a.scale},     {"sigma", a.sigma}, {"factor", a.factor},
+                   {"z", a.z},       {"epsilon", a.epsilon}, {"boost", a.boost}, {"honest", honest}};
   }
   if (!c.crash_after.empty()) j["crash"] = {{"after", c.crash_after}, {"round", c.crash_round}};
   if (c.synthetic_samples) j["synthetic"] = {{"samples", *c.synthetic_samples}};

@@ -18,21 +18,25 @@
 namespace xsilo::tools {
 
 struct AttackConfig {
-  std::string kind;    // "" (none), sign_flip, gaussian, scaling, alie, ipm, label_flip, nan
+  std::string kind;  // "" (none), sign_flip, gaussian, scaling, alie, ipm, label_flip, nan, mimic,
+                     // model_replacement (docs/robust.md defines each)
   double scale = 1.0;    // sign_flip: delta -> -scale * delta
   double sigma = 1.0;    // gaussian: delta -> N(0, sigma^2) per coordinate
   double factor = 10.0;  // scaling: delta -> factor * delta (model replacement)
   double z = 1.0;        // alie: mean - z * std of the honest deltas, per coordinate
   double epsilon = 0.5;  // ipm: -epsilon * mean of the honest deltas
+  double boost = 1.0;    // model_replacement: the upload's norm, in largest honest norms
   struct Honest {
     std::string silo;
     std::filesystem::path train;
   };
-  std::vector<Honest> honest;  // alie, ipm
+  std::vector<Honest> honest;  // the attacks that collude (needs_honest)
   bool active() const { return !kind.empty(); }
+  // The attacks computed from the honest silos' deltas: the sim gives the attackers their data.
+  bool needs_honest() const { return kind == "alie" || kind == "ipm" || kind == "mimic" || kind == "model_replacement"; }
 };
 
-// need_honest: ALIE and IPM must name the honest silos' data (the sim adds them later).
+// need_honest: the colluding attacks (needs_honest()) must name the honest silos' data (the sim adds them later).
 AttackConfig parse_attack(const ConfigNode& node, bool need_honest = true);
 
 

@@ -161,7 +161,7 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
   if (root.has("attack")) {
     c.attackers = static_cast<std::size_t>(att.integer("silos", 1, 0, static_cast<std::int64_t>(c.silos) - 1));
     c.attack = nlohmann::json::object();
-    for (const char* key : {"kind", "scale", "sigma", "factor", "z", "epsilon"}) {
+    for (const char* key : {"kind", "scale", "sigma", "factor", "z", "epsilon", "boost"}) {
       if (!att.raw(key).is_null()) c.attack[key] = att.raw(key);
     }
     att.finish();

@@ -346,7 +346,7 @@ AgentFiles write_agent_config(const SimConfig& cfg, const FederationFiles& f, st
   if (auto h = cfg.hostile.find(f.silos[i]); h != cfg.hostile.end()) sim.hostile = h->second;
   if (i >= cfg.silos - cfg.attackers) {
     sim.attack = parse_attack(ConfigNode(cfg.attack, cfg.file.string(), ".attack"), /*need_honest=*/false);
-    if (sim.attack.kind == "alie" || sim.attack.kind == "ipm") {
+    if (sim.attack.needs_honest()) {
       for (std::size_t h = 0; h < cfg.silos - cfg.attackers; ++h) {
         sim.attack.honest.push_back({f.silos[h], f.out / "silos" / f.silos[h] / "train.csv"});
       }
