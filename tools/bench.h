@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace xsilo::tools {
 
 // The bounds measured on the reference machine (2 cores), DESIGN §11.
@@ -28,12 +30,25 @@ int bench_round(const RoundBenchOptions& opts);
 int bench_transport(std::size_t mib, std::size_t chunk_bytes, bool json);
 
 struct AttackBenchOptions {
+  std::vector<std::string> datasets{"digits", "breast_cancer"};
+  std::vector<double> alpha{0.5, 0.1};           // Dirichlet label skew
   std::vector<std::size_t> attackers{2, 3};
+  std::vector<std::uint64_t> seeds{11, 12, 13};  // each cell: mean and spread over these
   std::uint64_t rounds = 30;
   double tau = 0.5;   // centered clipping radius (typical update norms here: 0.3-0.6)
+  std::vector<std::string> defences, attacks;    // only these (empty: all)
+  bool processes = false;                        // real processes instead of in process
   bool json = false;
 };
 int bench_attacks(const AttackBenchOptions& opts);
+
+// One row of the attack tables: a rule with its pre-aggregation steps (the server's
+// "aggregation" block) and silo-side settings (keys of "training", e.g. silo_momentum).
+struct Defence {
+  std::string name;
+  nlohmann::json aggregation, training;
+};
+std::vector<Defence> attack_bench_defences(std::size_t f, double tau);
 
 struct RobustBenchOptions {
   std::vector<std::size_t> n{10, 32, 100};

@@ -1,9 +1,18 @@
-// xsilo bench attacks: the robust rules against the simulated attacks, as a table of final
-// test accuracies (digits, MLP, 10 silos, Dirichlet alpha 0.5).
+// xsilo bench attacks: robust rules and pre-aggregation steps against the simulated attacks,
+// as tables of final test accuracies (mean and spread over seeds), per data set, label skew
+// and number of attackers. Every run is a whole federation: in process by default (the
+// agents' trainers and attacks, the server's aggregator; tests hold it to the real processes'
+// models), or as real processes over mutual TLS with --processes.
+#include <algorithm>
+#include <cmath>
 #include <iostream>
+#include <map>
+
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
+#include "common/config.h"
 #include "tools/bench.h"
 #include "tools/sim.h"
 
@@ -12,27 +21,39 @@ namespace xsilo::tools {
 namespace {
 using json = nlohmann::json;
 
-SimConfig base(std::uint64_t rounds) {
+struct Setting {
+  std::string dataset;
+  double alpha = 0.5;
+  std::size_t attackers = 2;
+};
+
+// The model and training of each data set: the digits MLP of the quick start, breast cancer's
+// logistic regression.
+SimConfig base(const Setting& s, std::uint64_t seed, std::uint64_t rounds) {
   SimConfig c = default_sim_config();
   c.name = "attacks";
   c.silos = 10;
   c.rounds = rounds;
-  c.seed = 11;
-  c.data_path = data_dir() / "digits.csv.gz";
+  c.seed = seed;
+  c.data_path = data_dir() / (s.dataset == "digits" ? "digits.csv.gz" : "breast_cancer.csv");
   c.split = "dirichlet";
-  c.alpha = 0.5;
-  c.model_kind = "mlp";
-  c.hidden = {64};
-  c.training = {{"local_epochs", 2}, {"batch_size", 32}, {"learning_rate", 0.05}};
+  c.alpha = s.alpha;
+  if (s.dataset == "digits") {
+    c.model_kind = "mlp";
+    c.hidden = {64};
+    c.training = {{"local_epochs", 2}, {"batch_size", 32}, {"learning_rate", 0.05}};
+  } else {
+    c.model_kind = "logistic";
+    c.training = {{"local_epochs", 1}, {"batch_size", 16}, {"learning_rate", 0.1}};
+  }
   c.optimizer = {{"kind", "fedavg"}};
   c.selection = {{"min_silos", 10}, {"min_updates", 10}};
   c.baseline = false;
   return c;
 }
-}  // namespace
 
-int bench_attacks(const AttackBenchOptions& opts) {
-  const std::vector<std::pair<std::string, json>> attacks = {
+const std::vector<std::pair<std::string, json>>& attacks() {
+  static const std::vector<std::pair<std::string, json>> a = {
       {"none", json()},
       {"sign_flip", {{"kind", "sign_flip"}, {"scale", 4.0}}},
       {"gaussian", {{"kind", "gaussian"}, {"sigma", 0.1}}},
@@ -40,56 +61,162 @@ int bench_attacks(const AttackBenchOptions& opts) {
       {"alie", {{"kind", "alie"}, {"z", 1.0}}},
       {"ipm", {{"kind", "ipm"}, {"epsilon", 0.5}}},
       {"label_flip", {{"kind", "label_flip"}}},
-      {"nan", {{"kind", "nan"}}}};
+      {"nan", {{"kind", "nan"}}},
+      {"mimic", {{"kind", "mimic"}}},
+      {"model_repl", {{"kind", "model_replacement"}, {"boost", 1.0}}}};
+  return a;
+}
+
+}  // namespace
+
+std::vector<Defence> attack_bench_defences(std::size_t f, double tau) {
+  const json cclip = {{"rule", "centered_clip"}, {"tau", tau}, {"iterations", 3}};
+  const json adaptive = {{"quantile", 0.5}, {"lr", 0.2}, {"initial", 1.0}};
+  std::vector<Defence> d = {
+      {"fedavg", {{"rule", "fedavg"}}, {}},
+      {"krum", {{"rule", "krum"}, {"f", f}}, {}},
+      {"multi_krum", {{"rule", "multi_krum"}, {"f", f}}, {}},
+      {"median", {{"rule", "median"}}, {}},
+      {"trimmed_mean", {{"rule", "trimmed_mean"}, {"f", f}}, {}},
+      {"centered_clip", cclip, {}},
+  };
+  if (10 >= 4 * f + 3) d.push_back({"bulyan", {{"rule", "bulyan"}, {"f", f}}, {}});
+  // The steps of docs/robust.md, in the combinations their papers recommend.
+  d.push_back({"nnm+trimmed_mean", {{"rule", "trimmed_mean"}, {"f", f}, {"nnm", true}}, {}});
+  d.push_back({"nnm+multi_krum", {{"rule", "multi_krum"}, {"f", f}, {"nnm", true}}, {}});
+  json mixed = cclip;
+  mixed["nnm"] = true;
+  mixed["f"] = f;
+  d.push_back({"nnm+cclip", mixed, {}});
+  json bucketed = cclip;
+  bucketed["bucket"] = 2;
+  d.push_back({"bucket2+cclip", bucketed, {}});
+  d.push_back({"momentum+cclip", cclip, {{"silo_momentum", 0.9}}});
+  d.push_back({"momentum+nnm+tm", {{"rule", "trimmed_mean"}, {"f", f}, {"nnm", true}}, {{"silo_momentum", 0.9}}});
+  d.push_back({"adaptclip+fedavg", {{"rule", "fedavg"}, {"adaptive_clip", adaptive}}, {}});
+  d.push_back({"adaptclip+nnm+tm", {{"rule", "trimmed_mean"}, {"f", f}, {"nnm", true}, {"adaptive_clip", adaptive}}, {}});
+  return d;
+}
+
+namespace {
+
+struct Cell {
+  std::vector<double> acc;  // per seed, in [0, 1]
+  std::string refused;      // why the config was refused ("" when it ran)
+  double mean() const {
+    double s = 0;
+    for (double a : acc) s += a;
+    return acc.empty() ? NAN : s / double(acc.size());
+  }
+  double sd() const {
+    if (acc.size() < 2) return 0;
+    const double m = mean();
+    double s = 0;
+    for (double a : acc) s += (a - m) * (a - m);
+    return std::sqrt(s / double(acc.size() - 1));
+  }
+  std::string text() const {
+    if (!refused.empty()) return "refused";
+    if (acc.empty()) return "failed";
+    return fmt(100 * mean(), 1) + (acc.size() > 1 ? " ±" + fmt(100 * sd(), 1) : "");
+  }
+};
+
+std::string setting_name(const Setting& s) {
+  return s.dataset + ", Dirichlet " + fmt(s.alpha, 1) + ", " + std::to_string(s.attackers) + " of 10 attack";
+}
+
+}  // namespace
+
+int bench_attacks(const AttackBenchOptions& opts) {
   const auto tmp = std::filesystem::temp_directory_path() / ("xsilo-bench-attacks-" + std::to_string(::getpid()));
   int failures = 0;
-  for (std::size_t f : opts.attackers) {
-    std::vector<std::pair<std::string, json>> rules = {
-        {"fedavg", {{"rule", "fedavg"}}},
-        {"krum", {{"rule", "krum"}, {"f", f}}},
-        {"multi_krum", {{"rule", "multi_krum"}, {"f", f}}},
-        {"median", {{"rule", "median"}}},
-        {"trimmed_mean", {{"rule", "trimmed_mean"}, {"f", f}}},
-        {"centered_clip", {{"rule", "centered_clip"}, {"tau", opts.tau}, {"iterations", 3}}}};
-    if (10 >= 4 * f + 3) rules.insert(rules.begin() + 5, {"bulyan", {{"rule", "bulyan"}, {"f", f}}});
+  std::vector<Setting> settings;
+  for (const auto& ds : opts.datasets) {
+    if (ds != "digits" && ds != "breast_cancer") throw ConfigError("bench attacks: unknown data set " + ds);
+    for (double alpha : opts.alpha) {
+      for (std::size_t f : opts.attackers) settings.push_back({ds, alpha, f});
+    }
+  }
+  auto wanted = [](const std::vector<std::string>& only, const std::string& name) {
+    return only.empty() || std::find(only.begin(), only.end(), name) != only.end();
+  };
+  std::cerr << "bench attacks: " << settings.size() << " settings x " << opts.seeds.size() << " seeds, "
+            << (opts.processes ? "real processes over mutual TLS" : "in process (xsilo sim --in-process)") << "\n";
+  for (const auto& s : settings) {
+    const auto defences = attack_bench_defences(s.attackers, opts.tau);
     std::vector<std::vector<std::string>> rows;
-    for (const auto& [rule, agg] : rules) {
-      std::vector<std::string> row{rule};
-      for (const auto& [attack, a] : attacks) {
-        SimConfig c = base(opts.rounds);
-        c.aggregation = agg;
-        // NaN updates are rejected at validation (and use up f): the round commits on the rest.
-        if (attack == "nan") c.selection["min_updates"] = 10 - f;
-        if (!a.is_null()) {
-          c.attackers = f;
-          c.attack = a;
+    std::map<std::string, std::map<std::string, Cell>> cells;
+    for (const auto& def : defences) {
+      if (!wanted(opts.defences, def.name)) continue;
+      std::vector<std::string> row{def.name};
+      for (const auto& [attack, a] : attacks()) {
+        if (!wanted(opts.attacks, attack)) continue;
+        Cell& cell = cells[def.name][attack];
+        for (auto seed : opts.seeds) {
+          SimConfig c = base(s, seed, opts.rounds);
+          c.aggregation = def.aggregation;
+          for (const auto& [k, v] : def.training.items()) c.training[k] = v;
+          // NaN updates are rejected at validation (and use up f): the round commits on the rest.
+          if (attack == "nan") c.selection["min_updates"] = 10 - s.attackers;
+          if (!a.is_null()) {
+            c.attackers = s.attackers;
+            c.attack = a;
+          }
+          try {
+            const auto r = opts.processes ? run_sim(c, tmp, /*quiet=*/true) : run_sim_in_process(c, tmp);
+            if (r.rounds_committed) cell.acc.push_back(r.final_accuracy);
+            else ++failures;
+          } catch (const ConfigError& e) {
+            cell.refused = e.what();
+            break;
+          } catch (const std::exception& e) {
+            ++failures;
+            std::cerr << "  " << setting_name(s) << ", " << def.name << ", " << attack << ", seed " << seed
+                      << ": failed: " << e.what() << "\n";
+          }
+          if (opts.json) {
+            std::cout << json{{"bench", "attacks"}, {"dataset", s.dataset},     {"alpha", s.alpha},
+                              {"attackers", s.attackers}, {"defence", def.name}, {"attack", attack},
+                              {"seed", seed},           {"final_accuracy", cell.acc.empty() ? -1.0 : cell.acc.back()}}
+                             .dump()
+                      << std::endl;
+          }
         }
-        if (!opts.json) std::cerr << f << " attackers, " << rule << ", " << attack << "..." << std::flush;
-        double acc = -1;
-        try {
-          const auto r = run_sim(c, tmp, /*quiet=*/true);
-          acc = r.rounds_committed ? r.final_accuracy : -1;
-        } catch (const std::exception& e) {
-          ++failures;
-          std::cerr << " failed: " << e.what();
-        }
-        if (!opts.json) std::cerr << " " << fmt(100 * acc, 1) << "%\n";
-        if (opts.json) {
-          std::cout << json{{"bench", "attacks"}, {"attackers", f}, {"rule", rule}, {"attack", attack},
-                            {"final_accuracy", acc}}
-                           .dump()
-                    << std::endl;
-        }
-        row.push_back(acc < 0 ? "failed" : fmt(100 * acc, 1));
+        std::cerr << "  " << setting_name(s) << " | " << def.name << " | " << attack << ": " << cell.text() << "\n";
+        row.push_back(cell.text());
       }
       rows.push_back(row);
     }
-    if (!opts.json) {
-      std::cout << "\n" << f << " of 10 silos attack (digits, MLP 64, Dirichlet 0.5, " << opts.rounds
-                << " rounds; final test accuracy %)\n";
-      std::vector<std::string> header{"rule"};
-      for (const auto& [attack, a] : attacks) header.push_back(attack);
-      print_table(header, rows);
+    if (opts.json) continue;
+    std::cout << "\n" << setting_name(s) << " (" << opts.rounds << " rounds; final test accuracy %, mean ± sd over "
+              << opts.seeds.size() << " seeds)\n";
+    std::vector<std::string> header{"defence"};
+    for (const auto& [attack, a] : attacks()) {
+      if (wanted(opts.attacks, attack)) header.push_back(attack);
+    }
+    header.push_back("worst drop");
+    // The last column: how far the worst attack takes each defence below its own clean run.
+    for (auto& row : rows) {
+      const auto& byattack = cells[row[0]];
+      const auto clean = byattack.find("none");
+      double worst = 0;
+      std::string which;
+      for (const auto& [attack, cell] : byattack) {
+        if (attack == "none" || clean == byattack.end() || !cell.refused.empty() || cell.acc.empty()) continue;
+        const double drop = 100 * (clean->second.mean() - cell.mean());
+        if (drop > worst || which.empty()) worst = drop, which = attack;
+      }
+      row.push_back(which.empty() ? "-" : fmt(worst, 1) + " (" + which + ")");
+    }
+    print_table(header, rows);
+    for (const auto& [def, byattack] : cells) {
+      for (const auto& [attack, cell] : byattack) {
+        if (!cell.refused.empty()) {
+          std::cout << "  " << def << " / " << attack << " refused: " << cell.refused << "\n";
+          break;
+        }
+      }
     }
   }
   std::filesystem::remove_all(tmp);

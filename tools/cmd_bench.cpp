@@ -25,10 +25,16 @@ void add_bench(CLI::App& app, int& exit_code) {
   r->callback([round, &exit_code] { exit_code = bench_round(*round); });
 
   auto at = std::make_shared<AttackBenchOptions>();
-  auto* a = bench->add_subcommand("attacks", "robust rules against simulated attacks (digits, 10 silos)");
+  auto* a = bench->add_subcommand("attacks", "robust rules and steps against simulated attacks (10 silos, non-IID)");
+  a->add_option("--datasets", at->datasets, "digits, breast_cancer (several values)")->capture_default_str();
+  a->add_option("--alpha", at->alpha, "Dirichlet label skew (several values: one table each)")->capture_default_str();
   a->add_option("--attackers", at->attackers, "Byzantine silos (several values: one table each)")->capture_default_str();
+  a->add_option("--seeds", at->seeds, "seeds: each cell is their mean and spread")->capture_default_str();
   a->add_option("--rounds", at->rounds, "rounds per run")->capture_default_str();
   a->add_option("--tau", at->tau, "centered clipping radius")->capture_default_str();
+  a->add_option("--defences", at->defences, "only these rows (default: all)");
+  a->add_option("--attacks", at->attacks, "only these columns (default: all)");
+  a->add_flag("--processes", at->processes, "every run as real processes over mutual TLS (slow) instead of in process");
   a->add_flag("--json", at->json, "one JSON object per run");
   a->callback([at, &exit_code] { exit_code = bench_attacks(*at); });
 
