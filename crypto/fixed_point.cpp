@@ -11,7 +11,9 @@ namespace {
 template <class T>
 double encode_impl(const FixedPointParams& p, std::span<const float> delta, double weight,
                    std::uint64_t seed, std::span<T> out) {
-  if (out.size() != delta.size() + 1) throw std::invalid_argument("encode: output must hold d + 1 words");
+  if (out.size() != p.words(delta.size())) {
+    throw std::invalid_argument(p.unclipped_bit ? "encode: output must hold d + 2 words" : "encode: output must hold d + 1 words");
+  }
   double sq = 0;
   for (float v : delta) sq += static_cast<double>(v) * v;
   const double norm = std::sqrt(sq);
@@ -28,6 +30,7 @@ double encode_impl(const FixedPointParams& p, std::span<const float> delta, doub
   };
   for (std::size_t i = 0; i < delta.size(); ++i) out[i] = put(w * clip * delta[i]);
   out[delta.size()] = put(w);
+  if (p.unclipped_bit) out[delta.size() + 1] = put(norm <= p.clip_norm ? 1.0 : 0.0);
   return clip;
 }
 

@@ -17,6 +17,10 @@ struct FixedPointParams {
   std::uint32_t fraction_bits = 16;
   double clip_norm = 1.0;
   double max_weight = 1.0;
+  // One more coordinate after the weight: 1 when the delta was within clip_norm, else 0. The sum
+  // counts the unclipped silos (adaptive clipping without seeing any one norm).
+  bool unclipped_bit = false;
+  std::size_t words(std::size_t d) const { return d + 1 + (unclipped_bit ? 1 : 0); }
 };
 
 // Why n silos could overflow the ring, with the numbers, or "" when they cannot. The largest
@@ -25,8 +29,9 @@ struct FixedPointParams {
 // stay below 2^(bits-1) to decode with its sign.
 std::string check_overflow(const FixedPointParams& p, std::size_t n);
 
-// Encodes w * clip(delta) and w; returns the clipped norm factor applied (1 if none).
-// `seed` drives the stochastic rounding. `out` has delta.size() + 1 words.
+// Encodes w * clip(delta) and w (and the unclipped bit when asked for); returns the clipped norm
+// factor applied (1 if none). `seed` drives the stochastic rounding. `out` has
+// p.words(delta.size()) words.
 double encode(const FixedPointParams& p, std::span<const float> delta, double weight,
               std::uint64_t seed, std::span<std::uint32_t> out);
 double encode(const FixedPointParams& p, std::span<const float> delta, double weight,

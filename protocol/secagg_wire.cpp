@@ -60,7 +60,7 @@ std::string setup_statement(const wire::SecAggSetup& s, const std::string& feder
   return crypto::statement("secagg-setup", {federation, num(round), num(s.group()), members, num(s.threshold()),
                                             num(s.min_survivors()), num(s.modulus_bits()), num(s.fraction_bits()),
                                             num(s.vector_length()), num(s.clip_norm()), num(s.max_weight()),
-                                            s.server_key(), s.server_certificate()});
+                                            s.server_key(), s.server_certificate(), num(s.count_unclipped())});
 }
 
 wire::SecAggKeys to_wire(const secagg::Advertisement& a) {

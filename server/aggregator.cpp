@@ -189,15 +189,9 @@ Combined combine_rows(const AggregationConfig& a, std::vector<float>& rows, std:
   }
   info["decisions"] = inputs;
   if (a.adaptive_clip.on() && a.clip_norm > 0 && n > 0) {
-    // The fraction left unclipped moves the norm toward the configured quantile of the norms.
-    const double b = static_cast<double>(std::count_if(norms.begin(), norms.end(),
-                                                       [&](double v) { return v <= a.clip_norm; })) /
-                     static_cast<double>(n);
-    const double next = a.clip_norm * std::exp(-a.adaptive_clip.lr * (b - a.adaptive_clip.quantile));
-    info["adaptive_clip"] = {{"clip_norm", a.clip_norm},
-                             {"unclipped_fraction", b},
-                             {"quantile", a.adaptive_clip.quantile},
-                             {"next", next}};
+    const auto unclipped = std::count_if(norms.begin(), norms.end(), [&](double v) { return v <= a.clip_norm; });
+    auto [next, part] = adapt_clip_norm(a.adaptive_clip, a.clip_norm, static_cast<double>(unclipped), n);
+    info["adaptive_clip"] = std::move(part);
     c.next_clip_norm = next;
   }
   if (!r.buckets.empty()) {
@@ -213,9 +207,23 @@ Combined combine_rows(const AggregationConfig& a, std::vector<float>& rows, std:
   return c;
 }
 
+std::pair<double, nlohmann::json> adapt_clip_norm(const AggregationConfig::AdaptiveClip& ac, double clip_norm,
+                                                  double unclipped, std::size_t inputs, double ceiling) {
+  // The fraction left unclipped moves the norm toward the configured quantile of the norms.
+  const double b = unclipped / static_cast<double>(inputs);
+  double next = clip_norm * std::exp(-ac.lr * (b - ac.quantile));
+  nlohmann::json part = {{"clip_norm", clip_norm}, {"unclipped_fraction", b}, {"quantile", ac.quantile}};
+  if (ceiling > 0 && next > ceiling) {
+    next = ceiling;
+    part["capped_at"] = ceiling;
+  }
+  part["next"] = next;
+  return {next, part};
+}
+
 std::unique_ptr<Aggregator> make_aggregator(const RoundConfig& cfg, const Model& layout, std::uint64_t round,
                                             const std::vector<std::string>& selected, std::optional<double> clip_norm) {
-  if (cfg.secure.on()) return std::make_unique<SecureGroups>(cfg, layout.size(), round, selected);
+  if (cfg.secure.on()) return std::make_unique<SecureGroups>(cfg, layout.size(), round, selected, clip_norm);
   if (cfg.aggregation.needs_all_updates()) {
     AggregationConfig a = cfg.aggregation;
     if (clip_norm) a.clip_norm = *clip_norm;

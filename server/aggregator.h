@@ -85,6 +85,12 @@ class Aggregator {
 // found, then the declared SHA-256 (finishes check.hash). `what`: "update", "partial sum".
 FoldResult check_upload(protocol::UploadCheck& check, const Contribution& c, const std::string& what);
 
+// Adaptive clipping's step after a round in which `unclipped` of `inputs` were within
+// `clip_norm`: C exp(-lr (b - quantile)), b = unclipped / inputs, at most `ceiling` when it is
+// > 0; and the audit record's "adaptive_clip" part.
+std::pair<double, nlohmann::json> adapt_clip_norm(const AggregationConfig::AdaptiveClip& ac, double clip_norm,
+                                                  double unclipped, std::size_t inputs, double ceiling = 0);
+
 // The aggregator the round's config calls for. `selected`: the round's silos (secure groups
 // are drawn from them). `clip_norm`: this round's, when adaptive clipping sets it.
 std::unique_ptr<Aggregator> make_aggregator(const RoundConfig& cfg, const Model& layout, std::uint64_t round,

@@ -190,9 +190,11 @@ void parse_rounds_aggregation(const ConfigNode& root, ServerConfig& c) {
     if (a.clip_norm > 0) {
       ag.fail("clip_norm", "the server cannot clip updates it never sees; with secure aggregation use secure.clip_norm");
     }
-    if (a.adaptive_clip.on()) {
-      ag.fail("adaptive_clip", "adapts to update norms the server never sees with secure aggregation (not built yet: "
-                               "use secure.clip_norm)");
+    if (a.adaptive_clip.on() && a.adaptive_clip.initial > sc.clip_norm) {
+      ag.fail("adaptive_clip", "initial " + std::to_string(a.adaptive_clip.initial) + " is above secure.clip_norm " +
+                                   std::to_string(sc.clip_norm) +
+                                   ": with secure aggregation the clip norm adapts below secure.clip_norm, the bound "
+                                   "the fixed-point codec's overflow check is made for");
     }
     if (sc.mode == SecureMode::Global && a.inspects_inputs()) {
       ag.fail("rule", "secure.mode global shows the server only the total, so a robust rule has nothing to "

@@ -2,19 +2,35 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace xsilo::server {
 
+namespace {
+
+SecureConfig with_clip_norm(SecureConfig s, std::optional<double> clip_norm) {
+  if (clip_norm) s.clip_norm = std::min(*clip_norm, s.clip_norm);
+  return s;
+}
+
+}  // namespace
+
 SecureGroups::SecureGroups(const RoundConfig& cfg, std::size_t d, std::uint64_t round,
-                           const std::vector<std::string>& selected)
-    : aggregation_(cfg.aggregation), d_(d), round_(cfg.secure, cfg.signer, cfg.ca, cfg.federation, round, cfg.seed, selected, d),
-      current_(cfg.secure.bits, d + 1) {
-  for (auto g : round_.groups()) sums_.emplace(g, protocol::MaskedVector(cfg.secure.bits, d + 1));
+                           const std::vector<std::string>& selected, std::optional<double> clip_norm)
+    : aggregation_(cfg.aggregation),
+      d_(d),
+      clip_norm_(clip_norm),
+      ceiling_(cfg.secure.clip_norm),
+      words_(d + 1 + (clip_norm ? 1 : 0)),
+      round_(with_clip_norm(cfg.secure, clip_norm), cfg.signer, cfg.ca, cfg.federation, round, cfg.seed, selected, d,
+             clip_norm.has_value()),
+      current_(cfg.secure.bits, words_) {
+  for (auto g : round_.groups()) sums_.emplace(g, protocol::MaskedVector(cfg.secure.bits, words_));
 }
 
 protocol::UploadBuffer SecureGroups::buffer() {
-  return {current_.bytes(), current_.dtype(), {{"masked", {d_ + 1}, 0}}, true, nullptr};
+  return {current_.bytes(), current_.dtype(), {{"masked", {words_}, 0}}, true, nullptr};
 }
 
 FoldResult SecureGroups::fold(const Contribution& c, protocol::UploadCheck& check) {
@@ -60,10 +76,21 @@ Combined SecureGroups::combine(std::span<float> out, const CombineContext& ctx) 
   std::vector<float> rows;
   std::vector<std::string> labels;
   std::vector<double> weights;
+  double unclipped = 0;
+  std::size_t counted = 0;
   for (const auto& r : results_) {
     nlohmann::json o = {{"group", r.group}, {"survivors", r.survivors}, {"ok", r.ok}};
     if (!r.ok) o["reason"] = r.why;
     else o["weight"] = r.sum[d_];
+    if (r.ok && clip_norm_) {
+      // The group's count of members within the clip norm: a sum, like everything else here. A
+      // Byzantine member can skew it (there is no range proof) only within [0, survivors].
+      const double n = static_cast<double>(r.survivors.size());
+      const double count = std::clamp(std::round(r.sum[d_ + 1]), 0.0, n);
+      o["unclipped"] = count;
+      unclipped += count;
+      counted += r.survivors.size();
+    }
     outcome.push_back(o);
     if (!r.ok) continue;
     for (std::size_t k = 0; k <= d_; ++k) total[k] += r.sum[k];
@@ -81,6 +108,15 @@ Combined SecureGroups::combine(std::span<float> out, const CombineContext& ctx) 
     for (std::size_t k = 0; k < d_; ++k) out[k] = static_cast<float>(total[k] / total[d_]);
   }
   c.record["secure"]["groups_outcome"] = outcome;
+  if (clip_norm_ && counted > 0 && c.ok) {
+    // Every member clipped to the round's norm (capped by secure.clip_norm, the codec's bound);
+    // the next one follows the unclipped fraction, and stays under that bound.
+    auto [next, part] = adapt_clip_norm(aggregation_.adaptive_clip, round_.config().clip_norm,
+                                        unclipped, counted, ceiling_);
+    part["counted_in"] = "the masked group sums";
+    c.record["robust"]["adaptive_clip"] = std::move(part);
+    c.next_clip_norm = next;
+  }
   return c;
 }
 

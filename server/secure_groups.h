@@ -13,7 +13,10 @@ namespace xsilo::server {
 
 class SecureGroups final : public Aggregator {
  public:
-  SecureGroups(const RoundConfig& cfg, std::size_t d, std::uint64_t round, const std::vector<std::string>& selected);
+  // `clip_norm`: this round's (adaptive clipping), which every member clips to; the masked sums
+  // then also count the members that were within it.
+  SecureGroups(const RoundConfig& cfg, std::size_t d, std::uint64_t round, const std::vector<std::string>& selected,
+               std::optional<double> clip_norm = std::nullopt);
 
   protocol::UploadBuffer buffer() override;
   FoldResult fold(const Contribution& c, protocol::UploadCheck& check) override;
@@ -24,6 +27,9 @@ class SecureGroups final : public Aggregator {
  private:
   AggregationConfig aggregation_;
   std::size_t d_;
+  std::optional<double> clip_norm_;  // adaptive: this round's (else secure.clip_norm, fixed)
+  double ceiling_ = 0;               // secure.clip_norm: the codec's overflow check is made for it
+  std::size_t words_;                // d, the weight, and the unclipped count when adaptive
   SecureRound round_;
   protocol::MaskedVector current_;                        // the upload being received
   std::map<std::uint32_t, protocol::MaskedVector> sums_;  // per group

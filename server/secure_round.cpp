@@ -38,7 +38,7 @@ std::uint32_t group_min_survivors(const SecureConfig& cfg, std::size_t n) {
 
 SecureRound::SecureRound(const SecureConfig& cfg, const std::optional<crypto::CertSigner>& signer,
                          const std::optional<crypto::CertVerifier>& ca, const std::string& federation, std::uint64_t round,
-                         std::uint64_t seed, std::vector<std::string> selected, std::size_t d)
+                         std::uint64_t seed, std::vector<std::string> selected, std::size_t d, bool count_unclipped)
     : cfg_(cfg), federation_(federation), round_(round),
       permutation_seed_(seed ^ (round * 0xd1b54a32d192ed03ull)), d_(d) {
   if (!signer || !ca) throw std::invalid_argument("secure aggregation needs the server's certificate key and CA");
@@ -58,7 +58,8 @@ SecureRound::SecureRound(const SecureConfig& cfg, const std::optional<crypto::Ce
     s.set_min_survivors(group_min_survivors(cfg_, n));
     s.set_modulus_bits(cfg_.bits);
     s.set_fraction_bits(cfg_.fraction_bits);
-    s.set_vector_length(d_ + 1);
+    s.set_vector_length(d_ + 1 + (count_unclipped ? 1 : 0));
+    s.set_count_unclipped(count_unclipped);
     s.set_clip_norm(static_cast<float>(cfg_.clip_norm));
     s.set_max_weight(static_cast<float>(cfg_.max_weight));
     auto box = crypto::X25519KeyPair::generate();

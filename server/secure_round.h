@@ -47,7 +47,7 @@ class SecureRound {
   // members' signatures; throws std::invalid_argument without either.
   SecureRound(const SecureConfig& cfg, const std::optional<crypto::CertSigner>& signer,
               const std::optional<crypto::CertVerifier>& ca, const std::string& federation, std::uint64_t round,
-              std::uint64_t seed, std::vector<std::string> selected, std::size_t d);
+              std::uint64_t seed, std::vector<std::string> selected, std::size_t d, bool count_unclipped = false);
 
   std::uint32_t group_of(const std::string& silo) const;
   std::vector<std::uint32_t> groups() const;

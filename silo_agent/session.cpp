@@ -438,8 +438,13 @@ void Session::mask_when_ready() {
   job([client = secure_, setup = *setup_, update = pending_->update, weight = pending_->weight]() -> SessionJobResult {
     MaskDone r;
     const crypto::FixedPointParams codec{setup.modulus_bits(), setup.fraction_bits(), setup.clip_norm(),
-                                         setup.max_weight()};
+                                         setup.max_weight(), setup.count_unclipped()};
     const std::size_t d = update->size();
+    if (setup.vector_length() != codec.words(d)) {
+      r.error = "the secure setup's vector length " + std::to_string(setup.vector_length()) + " does not fit the model (" +
+                std::to_string(codec.words(d)) + " words)";
+      return r;
+    }
     // The upload is weight * delta: the codec wants delta and the weight separately.
     std::vector<float> delta(update->flat().begin(), update->flat().end());
     for (auto& v : delta) {
@@ -449,7 +454,7 @@ void Session::mask_when_ready() {
         return r;
       }
     }
-    r.words = std::make_shared<protocol::MaskedVector>(codec.bits, d + 1);
+    r.words = std::make_shared<protocol::MaskedVector>(codec.bits, codec.words(d));
     std::uint64_t seed = 0;
     randombytes_buf(&seed, sizeof seed);  // stochastic rounding
     if (codec.bits == 32) {

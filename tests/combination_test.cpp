@@ -139,6 +139,25 @@ std::vector<Case> cases() {
     s["training"]["silo_momentum"] = 0.9;
     out.push_back({"SiloMomentumGroupedSecureEdgesMedian", s, 1e-4, 3});
   }
+  {  // Adaptive clipping inside secure groups carried by edges, the median across group means,
+     // a silo lost after sharing: every member clips to the round's norm, the masked sums
+     // count who was within it, and the next round's norm follows (checked below).
+    json s = base_sim(12, 4);
+    s["edges"] = 2;
+    s["selection"] = {{"min_silos", 11}, {"min_updates", 8}};  // 11: the killed silo does not come back
+    s["secure"] = secure("grouped", 3);
+    s["aggregation"] = {{"rule", "median"}, {"adaptive_clip", {{"quantile", 0.5}, {"lr", 0.5}, {"initial", 0.3}}}};
+    s["faults"] = {fault("hospital-08", "kill", 2, "after_shares")};
+    out.push_back({"AdaptiveClipGroupedSecureEdgesMedianDropout", s, 1e-4, 4});
+  }
+  {  // Adaptive clipping in plain mode behind nearest-neighbour mixing, with silo momentum.
+    json s = base_sim(7, 3);
+    s["selection"] = {{"min_silos", 7}, {"min_updates", 7}};
+    s["aggregation"] = {{"rule", "trimmed_mean"}, {"f", 1}, {"nnm", true},
+                        {"adaptive_clip", {{"quantile", 0.5}, {"lr", 0.5}, {"initial", 0.3}}}};
+    s["training"]["silo_momentum"] = 0.5;
+    out.push_back({"AdaptiveClipMixedTrimmedMeanMomentum", s, 1e-4, 3});
+  }
   // Hostile parties as real processes (docs/security.md). The checks above still hold for
   // every committed round: its model is exactly the reference of the silos its record names.
   {  // Three edges, one secure group: edge-01 alters the mask keys it relays (its three silos
@@ -189,7 +208,7 @@ std::vector<float> apply_rule(const json& rec, const server::AggregationConfig& 
                               const std::vector<double>& weights, std::size_t d) {
   const robust::MatrixView x{rows.data(), weights.size(), d};
   robust::RuleSpec spec = a.rule;
-  const std::string applied = rec.contains("robust") ? rec["robust"]["applied"].get<std::string>() : "fedavg";
+  const std::string applied = rec.value("robust", json::object()).value("applied", std::string("fedavg"));
   const auto rule = robust::parse_rule(applied);
   if (!rule) {
     ADD_FAILURE() << "the record names an unknown rule " << applied;
@@ -248,7 +267,8 @@ TEST_P(Combinations, EveryRoundEqualsTheReferenceOfTheSilosItsRecordNames) {
 
   Model global = init_model(scfg.model);
   std::map<std::string, Model> momentum;
-  std::size_t committed = 0;
+  std::size_t committed = 0, adaptive_rounds = 0;
+  std::optional<double> next_clip;
   const bool secure_mode = scfg.secure.on();
   for (const auto& rec : rounds) {
     const auto round = rec["round"].get<std::uint64_t>();
@@ -280,6 +300,31 @@ TEST_P(Combinations, EveryRoundEqualsTheReferenceOfTheSilosItsRecordNames) {
       }
     }
     const std::size_t d = global.size();
+    // Adaptive clipping: every delta clipped to the round's norm (by the server in plain mode, by
+    // each member before masking in secure mode); the record's unclipped fraction must be the
+    // one these deltas give, and the norm must be the one the last committed round chose.
+    if (const auto ac = rec.value("robust", json::object()).value("adaptive_clip", json()); ac.is_object()) {
+      const double clip = ac["clip_norm"].get<double>();
+      if (next_clip) {
+        EXPECT_NEAR(clip, *next_clip, 1e-9 * clip) << "round " << round;
+      }
+      next_clip = ac["next"].get<double>();
+      std::size_t unclipped = 0;
+      for (auto& [s, o] : outs) {
+        double sq = 0;
+        for (float v : o.update->flat()) sq += double(v / o.weight) * double(v / o.weight);
+        const double norm = std::sqrt(sq);
+        if (norm <= clip) {
+          ++unclipped;
+        } else {
+          for (auto& v : o.update->flat()) v = static_cast<float>(v * (clip / norm));
+        }
+      }
+      EXPECT_NEAR(ac["unclipped_fraction"].get<double>(), double(unclipped) / double(outs.size()), 1e-9) << rec.dump(2);
+      ++adaptive_rounds;
+    } else {
+      EXPECT_FALSE(scfg.aggregation.adaptive_clip.on()) << "a committed round without its adaptive clipping: " << rec.dump(2);
+    }
     std::vector<float> rows;
     std::vector<double> weights;
     auto add_row = [&](const std::vector<std::string>& silos) {
@@ -330,6 +375,9 @@ TEST_P(Combinations, EveryRoundEqualsTheReferenceOfTheSilosItsRecordNames) {
     global = got;  // the next round starts from the server's model, as the silos did
   }
   EXPECT_GE(committed, c.min_committed) << sim_log;
+  if (scfg.aggregation.adaptive_clip.on()) {
+    EXPECT_EQ(adaptive_rounds, committed);
+  }
   Process verify({test::xsilo_bin(), "audit", "verify", (out / "audit.jsonl").string(), "--key",
                   (out / "audit.pub").string()},
                  dir / "verify.log");

@@ -131,6 +131,10 @@ TEST(Config, SecureAggregationSettingsAreChecked) {
   EXPECT_EQ(load(R"(, "secure": {"mode": "global", "max_weight": 100000, "fraction_bits": 20, "modulus_bits": 64})"), "");
   EXPECT_NE(load(R"(, "secure": {"mode": "global"}, "aggregation": {"clip_norm": 1})").find("never sees"),
             std::string::npos);
+  // Adaptive clipping works inside the masked sums, below secure.clip_norm (the codec's bound).
+  EXPECT_EQ(load(R"(, "secure": {"mode": "global", "clip_norm": 2}, "aggregation": {"adaptive_clip": {"initial": 1}})"), "");
+  const auto above = load(R"(, "secure": {"mode": "global", "clip_norm": 2}, "aggregation": {"adaptive_clip": {"initial": 5}})");
+  EXPECT_NE(above.find("is above secure.clip_norm"), std::string::npos) << above;
   EXPECT_NE(load(R"(, "secure": {"mode": "grouped", "min_group": 3}, "aggregation": {"rule": "krum", "f": 1})")
                 .find("across secure groups"),
             std::string::npos);

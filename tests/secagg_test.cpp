@@ -88,6 +88,21 @@ TEST(FixedPoint, ClipsToTheNormAndCapsTheWeight) {
   EXPECT_DOUBLE_EQ(dec[2], 5.0);
 }
 
+// Adaptive clipping's bit: 1 after the weight when the delta was within the clip norm, so a
+// group's sum counts its unclipped members.
+TEST(FixedPoint, AppendsTheUnclippedBitWhenAskedSoSumsCountThem) {
+  FixedPointParams p{64, 20, 1.0, 5.0, /*unclipped_bit=*/true};
+  std::vector<std::uint64_t> a(4), b(4), c(3);
+  EXPECT_DOUBLE_EQ(encode(p, std::vector<float>{3, 4}, 2.0, 1, a), 0.2);     // clipped
+  EXPECT_DOUBLE_EQ(encode(p, std::vector<float>{0.3f, 0.4f}, 2.0, 2, b), 1.0);  // within
+  for (std::size_t k = 0; k < a.size(); ++k) a[k] += b[k];
+  const auto sum = decode(p, a);
+  EXPECT_NEAR(sum[0], 2 * 0.6 + 2 * 0.3, 1e-5);
+  EXPECT_DOUBLE_EQ(sum[2], 4.0);  // the weights
+  EXPECT_DOUBLE_EQ(sum[3], 1.0);  // one of the two was within the norm
+  EXPECT_THROW(encode(p, std::vector<float>{1, 1}, 1.0, 3, c), std::invalid_argument);  // d + 2 words needed
+}
+
 TEST(FixedPoint, ConfigsThatCanOverflowAreExplained) {
   FixedPointParams p{32, 16, 1.0, 1000.0};
   const auto why = check_overflow(p, 100);
