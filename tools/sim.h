@@ -98,6 +98,8 @@ struct FederationFiles {
 };
 
 FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::path& out);
+// Why the config's data split cannot be made (the split prepare_federation makes), or "".
+std::string split_problem(const SimConfig& cfg);
 // Waits for the server to write its port file; throws with the log's tail if it dies. The
 // port is then pinned: written into the server's config (a restart binds it again) and the
 // edges' upstreams.

@@ -202,6 +202,18 @@ void write_edge_configs(const SimConfig& cfg, FederationFiles& f) {
 
 }  // namespace
 
+std::string split_problem(const SimConfig& cfg) {
+  try {
+    const Dataset all = load_csv(cfg.data_path);
+    const auto rows = train_test_split(all, cfg.test_fraction, cfg.seed).first;
+    if (cfg.split == "iid") split_iid(rows, cfg.silos, cfg.seed + 1);
+    else split_dirichlet(all, rows, cfg.silos, cfg.alpha, cfg.seed + 1);
+    return "";
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
 FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::path& out_arg) {
   // Every path written into a config is absolute: a config resolves relative paths against its
   // own folder, so a path relative to the current folder would mean something else there.
