@@ -109,7 +109,8 @@ TEST(Config, ExampleConfigsAreValid) {
   EXPECT_EQ(agent.upstreams.size(), 2u);
   const auto edge = edge::load_edge_config(dir / "configs/edge.json");
   EXPECT_EQ(edge.upstreams.size(), 1u);
-  for (const char* sim : {"breast_cancer_logistic.json", "digits_mlp.json", "digits_local_workers.json"}) {
+  for (const char* sim : {"breast_cancer_logistic.json", "digits_mlp.json", "digits_local_workers.json",
+                          "digits_robust_non_iid.json"}) {
     EXPECT_NO_THROW(tools::load_sim_config(src / "configs" / sim)) << sim;
   }
 }

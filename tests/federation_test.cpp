@@ -305,6 +305,19 @@ TEST(InProcess, CommitsTheModelsTheRealProcessesCommit) {
   }
 }
 
+// The recommended default for non-IID federations (docs/robust.md) against two sign-flipping
+// silos of ten, where FedAvg collapses: configs/digits_robust_non_iid.json as shipped.
+TEST(InProcess, TheRecommendedDefaultHoldsWhereFedAvgCollapses) {
+  test::TempDir dir;
+  SimConfig c = load_sim_config(std::filesystem::path(XSILO_SOURCE_DIR) / "configs" / "digits_robust_non_iid.json");
+  const auto robust = run_sim_in_process(c, dir / "robust");
+  EXPECT_EQ(robust.rounds_committed, 30u);
+  EXPECT_GT(robust.final_accuracy, 0.75);
+  c.aggregation = {{"rule", "fedavg"}};
+  const auto plain = run_sim_in_process(c, dir / "fedavg");
+  EXPECT_LT(plain.final_accuracy, 0.3);
+}
+
 // What lives in the protocol is refused in process, with the reason and the way out.
 TEST(InProcess, RefusesWhatNeedsTheRealProcesses) {
   test::TempDir dir;
