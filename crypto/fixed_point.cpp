@@ -49,11 +49,19 @@ std::vector<double> decode_impl(const FixedPointParams& p, std::span<const T> su
 
 std::string check_overflow(const FixedPointParams& p, std::size_t n) {
   if (p.bits != 32 && p.bits != 64) return "modulus bits must be 32 or 64";
-  const double largest = static_cast<double>(n) * p.max_weight * std::max(p.clip_norm, 1.0) *
-                         std::ldexp(1.0, static_cast<int>(p.fraction_bits));
+  // The unclipped count, when there is one, reaches n.
+  const double per_silo = std::max(p.max_weight * std::max(p.clip_norm, 1.0), p.unclipped_bit ? 1.0 : 0.0);
+  const double largest = static_cast<double>(n) * per_silo * std::ldexp(1.0, static_cast<int>(p.fraction_bits));
   const double limit = std::ldexp(1.0, static_cast<int>(p.bits) - 1);
   if (largest < limit) return "";
   char buf[400];
+  if (per_silo > p.max_weight * std::max(p.clip_norm, 1.0)) {
+    std::snprintf(buf, sizeof buf,
+                  "the unclipped count of adaptive clipping, %zu silos x 2^%u fraction bits = %.3g, can reach 2^%u "
+                  "(%.3g): lower fraction_bits, or use 64 modulus bits",
+                  n, p.fraction_bits, largest, p.bits - 1, limit);
+    return buf;
+  }
   std::snprintf(buf, sizeof buf,
                 "%zu silos x max_weight %g x clip_norm %g x 2^%u fraction bits = %.3g can reach 2^%u "
                 "(%.3g): lower max_weight, clip_norm or fraction_bits, or use 64 modulus bits",

@@ -25,8 +25,9 @@ struct FixedPointParams {
 
 // Why n silos could overflow the ring, with the numbers, or "" when they cannot. The largest
 // coordinate of a sum is n * max_weight * max(clip_norm, 1) * 2^fraction_bits (every |w x_i| <=
-// w ||x|| <= max_weight clip_norm, and the weight coordinate itself is <= max_weight); it must
-// stay below 2^(bits-1) to decode with its sign.
+// w ||x|| <= max_weight clip_norm, and the weight coordinate itself is <= max_weight), or
+// n * 2^fraction_bits for the unclipped count when that is larger; it must stay below
+// 2^(bits-1) to decode with its sign.
 std::string check_overflow(const FixedPointParams& p, std::size_t n);
 
 // Encodes w * clip(delta) and w (and the unclipped bit when asked for); returns the clipped norm

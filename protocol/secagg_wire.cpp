@@ -1,5 +1,6 @@
 #include "protocol/secagg_wire.h"
 
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <set>
@@ -57,10 +58,20 @@ std::string setup_statement(const wire::SecAggSetup& s, const std::string& feder
   std::string members;
   for (const auto& m : s.members()) crypto::append_field(members, m);
   auto num = [](auto v) { return std::to_string(v); };
-  return crypto::statement("secagg-setup", {federation, num(round), num(s.group()), members, num(s.threshold()),
-                                            num(s.min_survivors()), num(s.modulus_bits()), num(s.fraction_bits()),
-                                            num(s.vector_length()), num(s.clip_norm()), num(s.max_weight()),
-                                            s.server_key(), s.server_certificate(), num(s.count_unclipped())});
+  std::string out = crypto::statement("secagg-setup", {federation, num(round), num(s.group()), members,
+                                                      num(s.threshold()), num(s.min_survivors()), num(s.modulus_bits()),
+                                                      num(s.fraction_bits()), num(s.vector_length()), num(s.clip_norm()),
+                                                      num(s.max_weight()), s.server_key(), s.server_certificate()});
+  if (s.count_unclipped()) {
+    // Adaptive clipping: the flag, and the clip norm to the bit (it changes every round and can
+    // be small; six decimals would let a relay swap it for another that prints alike). Without
+    // the flag the statement is as before.
+    char exact[64];
+    std::snprintf(exact, sizeof exact, "%a", static_cast<double>(s.clip_norm()));
+    crypto::append_field(out, "count_unclipped");
+    crypto::append_field(out, exact);
+  }
+  return out;
 }
 
 wire::SecAggKeys to_wire(const secagg::Advertisement& a) {

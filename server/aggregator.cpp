@@ -217,6 +217,10 @@ std::pair<double, nlohmann::json> adapt_clip_norm(const AggregationConfig::Adapt
     next = ceiling;
     part["capped_at"] = ceiling;
   }
+  if (next < ac.min) {
+    next = ac.min;
+    part["floored_at"] = ac.min;
+  }
   part["next"] = next;
   return {next, part};
 }

@@ -87,7 +87,7 @@ FoldResult check_upload(protocol::UploadCheck& check, const Contribution& c, con
 
 // Adaptive clipping's step after a round in which `unclipped` of `inputs` were within
 // `clip_norm`: C exp(-lr (b - quantile)), b = unclipped / inputs, at most `ceiling` when it is
-// > 0; and the audit record's "adaptive_clip" part.
+// > 0 and at least ac.min; and the audit record's "adaptive_clip" part.
 std::pair<double, nlohmann::json> adapt_clip_norm(const AggregationConfig::AdaptiveClip& ac, double clip_norm,
                                                   double unclipped, std::size_t inputs, double ceiling = 0);
 

@@ -141,6 +141,8 @@ void parse_rounds_aggregation(const ConfigNode& root, ServerConfig& c) {
     a.adaptive_clip.quantile = ac.number("quantile", 0.5, 0.01, 0.99);
     a.adaptive_clip.lr = ac.number("lr", 0.2, 1e-6, 10.0);
     a.adaptive_clip.initial = ac.number("initial", 1.0, 1e-9, 1e12);
+    a.adaptive_clip.min = ac.number("min", a.adaptive_clip.initial / 1000, 1e-12, 1e12);
+    if (a.adaptive_clip.min > a.adaptive_clip.initial) ac.fail("min", "is above initial");
     ac.finish();
     if (a.clip_norm > 0) ag.fail("clip_norm", "and adaptive_clip both set the clip norm: keep one");
   }
@@ -214,7 +216,9 @@ void parse_rounds_aggregation(const ConfigNode& root, ServerConfig& c) {
                                       static_cast<double>(c.selection.silos_per_round) * (1 + c.selection.over_selection))));
     }
     if (sc.mode == SecureMode::Grouped) largest = std::min(largest, 2 * sc.min_group - 1);
-    if (auto why = crypto::check_overflow(sc.codec(), largest); !why.empty()) se.fail("modulus_bits", why);
+    auto codec = sc.codec();
+    codec.unclipped_bit = a.adaptive_clip.on();
+    if (auto why = crypto::check_overflow(codec, largest); !why.empty()) se.fail("modulus_bits", why);
     if (sc.mode == SecureMode::Grouped && a.inspects_inputs()) {
       const std::size_t groups = n / sc.min_group;
       if (const auto why = robust::check(rule, groups); !why.empty()) {
@@ -345,7 +349,7 @@ nlohmann::json to_json(const ServerConfig& c) {
             {"log_level", c.log_level}};
   if (!c.port_file.empty()) j["port_file"] = abs_path(c.port_file);
   if (const auto& ac = c.aggregation.adaptive_clip; ac.on()) {
-    j["aggregation"]["adaptive_clip"] = {{"quantile", ac.quantile}, {"lr", ac.lr}, {"initial", ac.initial}};
+    j["aggregation"]["adaptive_clip"] = {{"quantile", ac.quantile}, {"lr", ac.lr}, {"initial", ac.initial}, {"min", ac.min}};
   }
   return j;
 }

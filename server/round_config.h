@@ -41,6 +41,7 @@ struct AggregationConfig {
     double quantile = 0;  // 0: off
     double lr = 0.2;
     double initial = 1.0;
+    double min = 1e-3;    // the norm never goes below (default: initial / 1000)
     bool on() const { return quantile > 0; }
   } adaptive_clip;
   robust::Fallback fallback = robust::Fallback::Median;  // when dropouts leave too few inputs

@@ -16,6 +16,35 @@ SecureConfig with_clip_norm(SecureConfig s, std::optional<double> clip_norm) {
 
 }  // namespace
 
+std::string implausible_sum(const std::vector<double>& sum, std::size_t d, std::size_t survivors,
+                            const SecureConfig& sc, bool counts_unclipped) {
+  const double w = sum[d], n = static_cast<double>(survivors);
+  double sq = 0;
+  for (std::size_t k = 0; k < d; ++k) sq += sum[k] * sum[k];
+  // Each member adds w x with ||x|| <= clip_norm and w <= max_weight; rounding adds at most one
+  // step per coordinate and member.
+  const double step = std::ldexp(1.0, -static_cast<int>(sc.fraction_bits)) * n;
+  const double bound = w * sc.clip_norm * 1.001 + step * std::sqrt(static_cast<double>(d));
+  if (!(w > 0) || w > n * sc.max_weight * 1.001 + step) {
+    return "summed weight " + std::to_string(w) + " is impossible for " + std::to_string(survivors) +
+           " silos of max_weight " + std::to_string(sc.max_weight);
+  }
+  if (std::sqrt(sq) > bound) {
+    return "group sum norm " + std::to_string(std::sqrt(sq)) + " exceeds summed weight x clip_norm = " +
+           std::to_string(w * sc.clip_norm) + ": a member skipped clipping";
+  }
+  if (counts_unclipped) {
+    // Honest bits are 0 or 1 and encode exactly: any other sum means a member (or the edge that
+    // carried its region) sent something else.
+    const double c = sum[d + 1];
+    if (c != std::floor(c) || c < 0 || c > n) {
+      return "unclipped count " + std::to_string(c) + " is impossible for " + std::to_string(survivors) +
+             " members: a member sent a bit other than 0 or 1";
+    }
+  }
+  return "";
+}
+
 SecureGroups::SecureGroups(const RoundConfig& cfg, std::size_t d, std::uint64_t round,
                            const std::vector<std::string>& selected, std::optional<double> clip_norm)
     : aggregation_(cfg.aggregation),
@@ -46,20 +75,7 @@ std::vector<Rejection> SecureGroups::prepare() {
   std::vector<Rejection> rejected;
   for (auto& r : results_) {
     if (r.ok) {
-      const double w = r.sum[d_];
-      double sq = 0;
-      for (std::size_t k = 0; k < d_; ++k) sq += r.sum[k] * r.sum[k];
-      // Each member adds w x with ||x|| <= clip_norm and w <= max_weight; rounding adds at
-      // most one step per coordinate and member.
-      const double step = std::ldexp(1.0, -static_cast<int>(sc.fraction_bits)) * static_cast<double>(r.survivors.size());
-      const double bound = w * sc.clip_norm * 1.001 + step * std::sqrt(static_cast<double>(d_));
-      if (!(w > 0) || w > static_cast<double>(r.survivors.size()) * sc.max_weight * 1.001 + step) {
-        r.why = "summed weight " + std::to_string(w) + " is impossible for " + std::to_string(r.survivors.size()) +
-                " silos of max_weight " + std::to_string(sc.max_weight);
-      } else if (std::sqrt(sq) > bound) {
-        r.why = "group sum norm " + std::to_string(std::sqrt(sq)) + " exceeds summed weight x clip_norm = " +
-                std::to_string(w * sc.clip_norm) + ": a member skipped clipping";
-      }
+      r.why = implausible_sum(r.sum, d_, r.survivors.size(), sc, clip_norm_.has_value());
       r.ok = r.why.empty();
     }
     if (!r.ok) {
@@ -83,12 +99,10 @@ Combined SecureGroups::combine(std::span<float> out, const CombineContext& ctx) 
     if (!r.ok) o["reason"] = r.why;
     else o["weight"] = r.sum[d_];
     if (r.ok && clip_norm_) {
-      // The group's count of members within the clip norm: a sum, like everything else here. A
-      // Byzantine member can skew it (there is no range proof) only within [0, survivors].
-      const double n = static_cast<double>(r.survivors.size());
-      const double count = std::clamp(std::round(r.sum[d_ + 1]), 0.0, n);
-      o["unclipped"] = count;
-      unclipped += count;
+      // The group's count of members within the clip norm: a sum, like everything else here
+      // (prepare() checked it is a whole number of at most the survivors).
+      o["unclipped"] = r.sum[d_ + 1];
+      unclipped += r.sum[d_ + 1];
       counted += r.survivors.size();
     }
     outcome.push_back(o);

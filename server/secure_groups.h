@@ -11,6 +11,13 @@
 
 namespace xsilo::server {
 
+// Why a group's decoded sum (d coordinates, the summed weight, then the unclipped count when
+// `counts_unclipped`) cannot come from `survivors` honest members under `sc`, or "": a weight
+// outside (0, survivors x max_weight], a norm above weight x clip_norm (a member skipped
+// clipping), a count that is not a whole number in [0, survivors]. Each with rounding slack.
+std::string implausible_sum(const std::vector<double>& sum, std::size_t d, std::size_t survivors,
+                            const SecureConfig& sc, bool counts_unclipped);
+
 class SecureGroups final : public Aggregator {
  public:
   // `clip_norm`: this round's (adaptive clipping), which every member clips to; the masked sums

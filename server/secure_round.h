@@ -53,7 +53,6 @@ class SecureRound {
   std::vector<std::uint32_t> groups() const;
   const wire::SecAggSetup& setup(std::uint32_t group) const { return groups_.at(group).setup; }
   const SecureConfig& config() const { return cfg_; }
-  std::size_t length() const { return d_ + 1; }  // words of a masked input: d, then the weight
 
   // A secure-aggregation message from a member; replies queue in take_out().
   void on_message(const std::string& silo, const wire::Envelope& e);

@@ -136,6 +136,13 @@ TEST(Config, SecureAggregationSettingsAreChecked) {
   EXPECT_EQ(load(R"(, "secure": {"mode": "global", "clip_norm": 2}, "aggregation": {"adaptive_clip": {"initial": 1}})"), "");
   const auto above = load(R"(, "secure": {"mode": "global", "clip_norm": 2}, "aggregation": {"adaptive_clip": {"initial": 5}})");
   EXPECT_NE(above.find("is above secure.clip_norm"), std::string::npos) << above;
+  const auto floor = load(R"(, "secure": {"mode": "global"}, "aggregation": {"adaptive_clip": {"initial": 1, "min": 2}})");
+  EXPECT_NE(floor.find(".aggregation.adaptive_clip.min: is above initial"), std::string::npos) << floor;
+  // The unclipped count reaches n, more than n x max_weight x clip_norm when max_weight < 1.
+  EXPECT_EQ(load(R"(, "secure": {"mode": "global", "fraction_bits": 29, "max_weight": 0.5})"), "");
+  const auto count = load(R"(, "secure": {"mode": "global", "fraction_bits": 29, "max_weight": 0.5},
+                              "aggregation": {"adaptive_clip": {"initial": 1}})");
+  EXPECT_NE(count.find("can reach 2^31"), std::string::npos) << count;
   EXPECT_NE(load(R"(, "secure": {"mode": "grouped", "min_group": 3}, "aggregation": {"rule": "krum", "f": 1})")
                 .find("across secure groups"),
             std::string::npos);

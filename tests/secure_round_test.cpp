@@ -5,6 +5,8 @@
 #include <cmath>
 #include <set>
 
+#include "server/aggregator.h"
+#include "server/secure_groups.h"
 #include "server/secure_round.h"
 #include "tests/testlib.h"
 
@@ -90,6 +92,56 @@ TEST(SecureGroups, AGroupSmallerThanMinGroupFailsBeforeKeys) {
   EXPECT_EQ(enough.setup(1).min_survivors(), 4u);
   EXPECT_EQ(enough.setup(1).threshold(), 3u);
   EXPECT_THROW(SecureRound(cfg, std::nullopt, ca, "fed", 1, 1, silos(4), 10), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace xsilo::server
+
+namespace xsilo::server {
+namespace {
+
+// What an unmasked group sum must look like to be used: the weight, the norm bound and (with
+// adaptive clipping) the count of members within the clip norm.
+TEST(SecureGroups, ASumNoHonestGroupCouldMakeIsRejectedWithTheReason) {
+  SecureConfig sc;
+  sc.clip_norm = 1.0;
+  sc.max_weight = 10;
+  sc.fraction_bits = 16;
+  // Three members of weight 2 within the norm: d = 2, then the weight, then the count.
+  const std::vector<double> honest = {1.2, 1.6, 6.0, 2.0};
+  EXPECT_EQ(implausible_sum(honest, 2, 3, sc, true), "");
+  EXPECT_EQ(implausible_sum({1.2, 1.6, 6.0}, 2, 3, sc, false), "");
+  auto with_count = [&](double c) {
+    auto s = honest;
+    s[3] = c;
+    return implausible_sum(s, 2, 3, sc, true);
+  };
+  EXPECT_EQ(with_count(0), "");
+  EXPECT_EQ(with_count(3), "");
+  for (double bad : {-1.0, 4.0, 1.5, 1000.0}) {
+    EXPECT_NE(with_count(bad).find("a member sent a bit other than 0 or 1"), std::string::npos) << bad;
+  }
+  EXPECT_NE(implausible_sum({6.0, 8.0, 6.0, 2.0}, 2, 3, sc, true).find("a member skipped clipping"), std::string::npos);
+  EXPECT_NE(implausible_sum({0.1, 0.1, 31.0, 2.0}, 2, 3, sc, true).find("summed weight"), std::string::npos);
+}
+
+// Adaptive clipping's step: toward the quantile, never above the ceiling (secure.clip_norm) nor
+// below the floor, whatever the counts say (liars included).
+TEST(AdaptiveClip, StepsTowardTheQuantileBetweenTheFloorAndTheCeiling) {
+  AggregationConfig::AdaptiveClip ac;
+  ac.quantile = 0.5;
+  ac.lr = 0.2;
+  ac.initial = 1.0;
+  ac.min = 0.5;
+  auto [up, part] = adapt_clip_norm(ac, 1.0, 0, 4);  // all clipped: the norm grows
+  EXPECT_NEAR(up, std::exp(0.1), 1e-12);
+  EXPECT_DOUBLE_EQ(part["unclipped_fraction"].get<double>(), 0.0);
+  auto [capped, cpart] = adapt_clip_norm(ac, 1.0, 0, 4, 1.05);
+  EXPECT_DOUBLE_EQ(capped, 1.05);
+  EXPECT_DOUBLE_EQ(cpart["capped_at"].get<double>(), 1.05);
+  auto [down, dpart] = adapt_clip_norm(ac, 0.52, 4, 4);  // none clipped: it shrinks, to the floor
+  EXPECT_DOUBLE_EQ(down, 0.5);
+  EXPECT_DOUBLE_EQ(dpart["floored_at"].get<double>(), 0.5);
 }
 
 }  // namespace
