@@ -27,6 +27,7 @@ EdgeConfig load_edge_config(const std::filesystem::path& file) {
     root.fail("chunk_bytes", "leaves no room for the envelope in transport.max_frame_bytes");
   }
   c.log_level = root.one_of("log_level", "info", {"trace", "debug", "info", "warn", "error"});
+  c.log_format = root.one_of("log_format", "text", {"text", "json"});
   root.finish();
   return c;
 }
@@ -42,7 +43,7 @@ nlohmann::json to_json(const EdgeConfig& c) {
                       {"transport", transport::to_json(c.channel)},
                       {"reconnect", transport::to_json(c.reconnect)},
                       {"chunk_bytes", c.chunk_bytes},
-                      {"log_level", c.log_level}};
+                      {"log_level", c.log_level}, {"log_format", c.log_format}};
   if (!c.port_file.empty()) j["port_file"] = std::filesystem::absolute(c.port_file).string();
   return j;
 }

@@ -26,6 +26,7 @@ struct EdgeConfig {
   transport::DialOptions reconnect;
   std::size_t chunk_bytes = 1u << 20;
   std::string log_level = "info";
+  std::string log_format = "text";  // or "json": one object per line (common/log.h)
 };
 
 EdgeConfig load_edge_config(const std::filesystem::path& file);

@@ -269,6 +269,7 @@ ServerConfig load_server_config(const std::filesystem::path& file) {
   parse_rounds_aggregation(root, c);
 
   c.log_level = root.one_of("log_level", "info", {"trace", "debug", "info", "warn", "error"});
+  c.log_format = root.one_of("log_format", "text", {"text", "json"});
   root.finish();
   return c;
 }
@@ -346,7 +347,7 @@ nlohmann::json to_json(const ServerConfig& c) {
               {"max_weight", sc.max_weight},
               {"keys_s", secs_of(sc.keys_deadline)},
               {"unmask_s", secs_of(sc.unmask_deadline)}}},
-            {"log_level", c.log_level}};
+            {"log_level", c.log_level}, {"log_format", c.log_format}};
   if (!c.port_file.empty()) j["port_file"] = abs_path(c.port_file);
   if (const auto& ac = c.aggregation.adaptive_clip; ac.on()) {
     j["aggregation"]["adaptive_clip"] = {{"quantile", ac.quantile}, {"lr", ac.lr}, {"initial", ac.initial}, {"min", ac.min}};

@@ -36,6 +36,7 @@ struct ServerConfig : RoundConfig {
   OptimizerConfig optimizer;
   std::vector<std::string> training_user_keys;  // training keys passed on to external trainers
   std::string log_level = "info";
+  std::string log_format = "text";  // or "json": one object per line (common/log.h)
 };
 
 // Throws ConfigError ("config FILE: .key.path: reason") on any invalid or unknown key.

@@ -92,6 +92,7 @@ AgentConfig load_agent_config(const std::filesystem::path& file) {
   c.state_dir = root.path("state_dir", "agent-state");
   if (root.has("local")) c.local = parse_local(root.child("local"), c.trainer);
   c.log_level = root.one_of("log_level", "info", {"trace", "debug", "info", "warn", "error"});
+  c.log_format = root.one_of("log_format", "text", {"text", "json"});
   root.finish();
   return c;
 }
@@ -147,7 +148,7 @@ nlohmann::json to_json(const AgentConfig& c) {
               {"step_timeout_ms", c.local.step_timeout.count()},
               {"first_bucket_bytes", c.local.buckets.first_bytes},
               {"bucket_bytes", c.local.buckets.bytes}}},
-            {"log_level", c.log_level}};
+            {"log_level", c.log_level}, {"log_format", c.log_format}};
   if (c.trainer == TrainerKind::External) {
     const auto& e = c.external;
     json env = json::object();

@@ -56,6 +56,7 @@ struct AgentConfig {
   std::filesystem::path state_dir;
   LocalWorkersConfig local;  // data-parallel local training ("local" in the file)
   std::string log_level = "info";
+  std::string log_format = "text";  // or "json": one object per line (common/log.h)
 };
 
 // Throws ConfigError ("config FILE: .key.path: reason") on any invalid or unknown key.

@@ -337,3 +337,45 @@ TEST(InProcess, RefusesWhatNeedsTheRealProcesses) {
 
 }  // namespace
 }  // namespace xsilo::tools
+
+namespace xsilo::tools {
+namespace {
+
+// log_format json: every line every process writes is one JSON object a SIEM can take as it is.
+TEST(Federation, JsonLogsAreOneObjectPerLineInEveryProcess) {
+  test::TempDir dir;
+  atomic_write_file(dir / "sim.json", R"({"silos": 3, "rounds": 2, "edges": 1, "log_format": "json",
+                                          "selection": {"min_silos": 3}})");
+  Process sim({test::xsilo_bin(), "sim", "--config", (dir / "sim.json").string(), "--out", (dir / "out").string(),
+               "--quiet"},
+              dir / "sim.log");
+  ASSERT_EQ(sim.wait(120s).value_or(-1), 0) << log_tail(dir / "sim.log", 30);
+  std::size_t files = 0;
+  bool committed = false;
+  for (const auto& [name, role] : std::vector<std::pair<std::string, std::string>>{
+           {"server", "server"}, {"edge-01", "edge"}, {"hospital-01", "agent"}, {"hospital-03", "agent"}}) {
+    const auto lines = read_lines_of(dir / "out" / "logs" / (name + ".log"));
+    ASSERT_FALSE(lines.empty()) << name;
+    ++files;
+    for (const auto& line : lines) {
+      nlohmann::json j;
+      ASSERT_NO_THROW(j = nlohmann::json::parse(line)) << name << ": " << line;
+      ASSERT_TRUE(j.is_object()) << line;
+      EXPECT_EQ(j.value("role", ""), role) << line;
+      EXPECT_TRUE(j.contains("level") && j.contains("event")) << line;
+      EXPECT_EQ(j.value("time", "").size(), std::string("2026-11-30T15:59:35.615Z").size()) << line;
+      if (j.contains("round")) {
+        EXPECT_TRUE(j["round"].is_number_unsigned()) << line;
+        EXPECT_EQ(j["event"].get<std::string>().rfind("round", 0), std::string::npos) << line;  // prefix moved out
+      }
+      if (name == "server" && j.value("round", 0) == 2 && j["event"].get<std::string>().find("committed") == 0) {
+        committed = true;
+      }
+    }
+  }
+  EXPECT_EQ(files, 4u);
+  EXPECT_TRUE(committed) << read_file(dir / "out" / "logs" / "server.log");
+}
+
+}  // namespace
+}  // namespace xsilo::tools

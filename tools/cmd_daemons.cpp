@@ -18,7 +18,7 @@ void add_server(CLI::App& app, int& exit_code) {
   cmd->add_option("--log-file", *log_file, "log here instead of stderr");
   cmd->callback([config, log_file, &exit_code] {
     auto cfg = server::load_server_config(*config);
-    init_logging("server", cfg.log_level, *log_file);
+    init_logging("server", cfg.log_level, *log_file, cfg.log_format);
     exit_code = server::run_server(cfg);
   });
 }
@@ -34,7 +34,7 @@ void add_edge(CLI::App& app, int& exit_code) {
   cmd->add_option("--simulate", *simulate, "simulation hooks (JSON, written by xsilo sim)")->group("");
   cmd->callback([config, log_file, simulate, &exit_code] {
     auto cfg = edge::load_edge_config(*config);
-    init_logging("edge", cfg.log_level, *log_file);
+    init_logging("edge", cfg.log_level, *log_file, cfg.log_format);
     std::unique_ptr<edge::EdgeHook> hook;
     if (!simulate->empty()) hook = make_sim_edge_hook(cfg, load_sim_edge_config(*simulate));
     exit_code = edge::run_edge(cfg, std::move(hook));
@@ -52,7 +52,7 @@ void add_agent(CLI::App& app, int& exit_code) {
   cmd->add_option("--simulate", *simulate, "simulation hooks (JSON, written by xsilo sim)")->group("");
   cmd->callback([config, log_file, simulate, &exit_code] {
     auto cfg = agent::load_agent_config(*config);
-    init_logging("agent", cfg.log_level, *log_file);
+    init_logging("agent", cfg.log_level, *log_file, cfg.log_format);
     agent::AgentHooks hooks;
     if (!simulate->empty()) hooks = make_sim_hooks(cfg, load_sim_agent_config(*simulate));
     exit_code = agent::run_agent(cfg, std::move(hooks));

@@ -74,6 +74,7 @@ struct SimConfig {
   // ("hospital-03": tools/sim_agent.h), and what it does.
   std::map<std::string, std::string> hostile;
   bool baseline = true;              // also train centrally on the pooled data
+  std::string log_format = "text";   // every process's log_format ("json": one object per line)
 };
 
 // Throws ConfigError with the file and key path on invalid input.

@@ -157,6 +157,7 @@ void write_server_config(const SimConfig& cfg, FederationFiles& f) {
                       ? json{{"kind", "file"}, {"path", f.initial_model.string()}}
                       : json{{"kind", cfg.model_kind}, {"inputs", all.features}, {"classes", all.classes}, {"init_seed", cfg.seed}}},
                  {"training", cfg.training},
+                 {"log_format", cfg.log_format},
                  {"optimizer", cfg.optimizer}};
   if (!cfg.hidden.empty()) server["model"]["hidden"] = cfg.hidden;
   json selection = cfg.selection.is_object() ? cfg.selection : json::object();
@@ -193,6 +194,7 @@ void write_edge_configs(const SimConfig& cfg, FederationFiles& f) {
     edge.tls = transport::TlsFiles::from_kit(f.pki / "kits" / f.edges[e]);
     edge.allow.allow(wire::SILO, {f.silos.begin(), f.silos.end()});  // any silo of the federation may fail over here
     edge.reconnect = {std::chrono::milliseconds(100), std::chrono::milliseconds(1000), 0};
+    edge.log_format = cfg.log_format;
     if (cfg.transport.is_object()) {
       edge.channel = transport::parse_channel_options(ConfigNode(cfg.transport, cfg.file.string(), ".transport"));
     }
@@ -320,6 +322,7 @@ AgentFiles write_agent_config(const SimConfig& cfg, const FederationFiles& f, st
   for (const auto& u : upstreams) a.upstreams.push_back(parse_endpoint(u));
   a.tls = transport::TlsFiles::from_kit(f.pki / "kits" / f.silos[i]);
   a.reconnect = {std::chrono::milliseconds(100), std::chrono::milliseconds(1000), 0};
+  a.log_format = cfg.log_format;
   if (!f.edges.empty()) a.failover_probe = std::chrono::milliseconds(1000);
   if (cfg.transport.is_object()) {
     a.channel = transport::parse_channel_options(ConfigNode(cfg.transport, cfg.file.string(), ".transport"));
