@@ -17,6 +17,7 @@
 #include "tests/federation_util.h"
 #include "tests/testlib.h"
 #include "tools/sim.h"
+#include "transport/pki.h"
 
 namespace xsilo::tools {
 namespace {
@@ -126,6 +127,37 @@ TEST(Federation, AnAgentKilledMidRoundIsADropoutAndTheRoundCommits) {
   EXPECT_EQ(r2["dropouts"][0]["silo"], "hospital-03");
   // Round 3 starts without the dead silo once the join deadline passes.
   EXPECT_EQ(rounds[2]["participants"].size(), 2u);
+}
+
+// Certificate lifecycle: a silo whose kit is renewed (`xsilo pki renew`) and which restarts with
+// it keeps its place: it takes part in the rounds after, under the same name. The new
+// certificate expires soon, so the server warns, with the date and the way out.
+TEST(Federation, ASiloRestartedWithARenewedKitKeepsItsPlaceAndExpiriesAreWarnedOf) {
+  SimConfig cfg = slow_config(3, 4);
+  cfg.selection = {{"min_silos", 3}, {"min_updates", 2}};  // no round starts without all three
+  Fed fed(cfg);
+  fed.start_server();
+  fed.start_agents();
+  ASSERT_TRUE(wait_until([&] { return metrics_rows(fed.files.state) >= 1; }, 120s)) << fed.logs();
+  fed.agents[0]->signal(SIGKILL);
+  ASSERT_TRUE(fed.agents[0]->wait(10s)) << fed.logs();
+  transport::pki_renew(fed.files.pki, "hospital-01", /*days=*/10);
+  fed.agents[0] = std::make_unique<Process>(
+      std::vector<std::string>{test::xsilo_bin(), "agent", "--config", fed.agent_configs[0].string()},
+      fed.files.logs / "hospital-01.restarted.log");
+  auto code = fed.server->wait(180s);
+  ASSERT_TRUE(code) << fed.logs();
+  EXPECT_EQ(*code, 0) << fed.logs();
+  const auto rounds = fed.rounds();
+  ASSERT_EQ(rounds.size(), 4u);
+  bool back = false;
+  for (const auto& p : rounds.back()["participants"]) back = back || p["silo"] == "hospital-01";
+  EXPECT_TRUE(back) << rounds.back().dump(2);
+  const auto server_log = read_file(fed.files.logs / "server.log");
+  EXPECT_NE(server_log.find("certificate of silo hospital-01 expires on "), std::string::npos) << fed.logs();
+  EXPECT_NE(server_log.find("xsilo pki renew --name hospital-01"), std::string::npos);
+  // The other silos' certificates (a year) are not warned of.
+  EXPECT_EQ(server_log.find("certificate of silo hospital-02 expires"), std::string::npos);
 }
 
 TEST(Federation, ARestartedServerResumesFromItsLastCommittedRound) {

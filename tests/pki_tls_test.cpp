@@ -23,6 +23,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 
+#include "common/fs.h"
 #include "tests/testlib.h"
 #include "transport/dialer.h"
 #include "transport/listener.h"
@@ -149,6 +150,32 @@ TEST_F(TlsTest, KitKeysArePrivateAndCertificatesCarryNameAndRole) {
   IssueRequest bad;
   bad.name = "../escape";
   EXPECT_THROW(pki_issue(dir_.path(), bad), std::invalid_argument);
+}
+
+// `xsilo pki renew`: the same name and role with a fresh key and a new expiry; the expiry
+// warning names the date and the way out, and only within its window.
+TEST_F(TlsTest, RenewingAKitKeepsNameAndRoleWithAFreshKeyAndTheWarningSaysWhen) {
+  pki_issue(dir_.path(), IssueRequest{wire::EDGE, "edge-short", 10, 0, KeyType::P256});
+  const auto before = own_identity(kit("edge-short"));
+  const std::string old_key = read_file(dir_ / "kits/edge-short/key.pem");
+  const auto now = std::chrono::system_clock::now();
+  const auto warning = expiry_warning(before, 30, now);
+  EXPECT_NE(warning.find("certificate of edge edge-short expires on "), std::string::npos) << warning;
+  EXPECT_NE(warning.find("(9 days left)"), std::string::npos) << warning;
+  EXPECT_NE(warning.find("xsilo pki renew --name edge-short"), std::string::npos) << warning;
+  EXPECT_EQ(expiry_warning(before, 5, now), "");  // outside the window
+  EXPECT_EQ(expiry_warning(before, 0, now), "");  // warnings off
+
+  pki_renew(dir_.path(), "edge-short", 400);
+  const auto after = own_identity(kit("edge-short"));
+  EXPECT_EQ(after.name, "edge-short");
+  EXPECT_EQ(after.role, wire::EDGE);
+  EXPECT_GT(after.not_after - before.not_after, std::chrono::hours(24 * 380));
+  EXPECT_NE(read_file(dir_ / "kits/edge-short/key.pem"), old_key);
+  EXPECT_EQ(expiry_warning(after, 30, now), "");
+  // The renewed kit is a working kit: its key matches its certificate and the CA signed it.
+  EXPECT_NO_THROW(make_tls_context(kit("edge-short")));
+  EXPECT_THROW(pki_renew(dir_.path(), "nobody"), std::invalid_argument);
 }
 
 // `xsilo pki revoke`: the revoked silo fails the handshake and its signatures stop verifying,

@@ -7,8 +7,22 @@
 #include "tools/commands.h"
 #include "tools/sim_agent.h"
 #include "tools/sim_edge.h"
+#include "transport/tls.h"
 
 namespace xsilo::tools {
+
+namespace {
+
+// This process's own certificate, at start-up: the operator's first reminder to renew it.
+void warn_if_own_certificate_expires(const transport::TlsFiles& tls, int warn_days) {
+  try {
+    if (auto w = transport::expiry_warning(transport::own_identity(tls), warn_days); !w.empty()) spdlog::warn("own {}", w);
+  } catch (const std::exception&) {
+    // An unreadable certificate is reported, with the file, when the daemon loads its TLS files.
+  }
+}
+
+}  // namespace
 
 void add_server(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("server", "run the central server (rounds, aggregation, audit log)");
@@ -19,6 +33,7 @@ void add_server(CLI::App& app, int& exit_code) {
   cmd->callback([config, log_file, &exit_code] {
     auto cfg = server::load_server_config(*config);
     init_logging("server", cfg.log_level, *log_file, cfg.log_format);
+    warn_if_own_certificate_expires(cfg.tls, cfg.channel.certificate_warn_days);
     exit_code = server::run_server(cfg);
   });
 }
@@ -35,6 +50,7 @@ void add_edge(CLI::App& app, int& exit_code) {
   cmd->callback([config, log_file, simulate, &exit_code] {
     auto cfg = edge::load_edge_config(*config);
     init_logging("edge", cfg.log_level, *log_file, cfg.log_format);
+    warn_if_own_certificate_expires(cfg.tls, cfg.channel.certificate_warn_days);
     std::unique_ptr<edge::EdgeHook> hook;
     if (!simulate->empty()) hook = make_sim_edge_hook(cfg, load_sim_edge_config(*simulate));
     exit_code = edge::run_edge(cfg, std::move(hook));
@@ -53,6 +69,7 @@ void add_agent(CLI::App& app, int& exit_code) {
   cmd->callback([config, log_file, simulate, &exit_code] {
     auto cfg = agent::load_agent_config(*config);
     init_logging("agent", cfg.log_level, *log_file, cfg.log_format);
+    warn_if_own_certificate_expires(cfg.tls, cfg.channel.certificate_warn_days);
     agent::AgentHooks hooks;
     if (!simulate->empty()) hooks = make_sim_hooks(cfg, load_sim_agent_config(*simulate));
     exit_code = agent::run_agent(cfg, std::move(hooks));

@@ -1,10 +1,13 @@
 // xsilo pki init | issue | revoke: the federation CA, one kit folder per participant, and the
 // CA's revocation list.
+#include <chrono>
+#include <ctime>
 #include <iostream>
 
 #include "common/config.h"
 #include "tools/commands.h"
 #include "transport/pki.h"
+#include "transport/tls.h"
 
 namespace xsilo::tools {
 
@@ -94,6 +97,39 @@ void add_pki(CLI::App& app, int& exit_code) {
               << revoke->pki << "/ca/crl.pem names " << n << " certificate" << (n == 1 ? "" : "s") << ", valid "
               << revoke->days << " days.\nIt was copied into every kit under " << revoke->pki
               << "/kits; give it to every participant (as crl.pem in its kit, or tls.crl) and restart them.\n";
+    exit_code = 0;
+  });
+
+  struct RenewOpts {
+    std::string pki = "pki", name, key = "p256";
+    int days = 365;
+  };
+  auto renew = std::make_shared<RenewOpts>();
+  auto* cmd_renew = pki->add_subcommand("renew", "issue a fresh key and certificate for an existing kit DIR/kits/NAME");
+  cmd_renew->add_option("--pki", renew->pki, "PKI folder made by pki init")->capture_default_str();
+  cmd_renew->add_option("--name", renew->name, "the participant whose kit is renewed (its role is kept)")->required();
+  cmd_renew->add_option("--days", renew->days, "validity in days")->capture_default_str();
+  cmd_renew->add_option("--key", renew->key, "key type: p256 or ed25519")->capture_default_str();
+  cmd_renew->callback([renew, &exit_code] {
+    if (renew->key != "p256" && renew->key != "ed25519") throw ConfigError("pki renew: --key must be p256 or ed25519");
+    std::filesystem::path kit;
+    try {
+      kit = transport::pki_renew(renew->pki, renew->name, renew->days,
+                                 renew->key == "p256" ? transport::KeyType::P256 : transport::KeyType::Ed25519);
+    } catch (const std::invalid_argument& e) {
+      throw ConfigError(std::string("pki renew: ") + e.what());
+    }
+    const auto id = transport::own_identity(transport::TlsFiles::from_kit(kit));
+    const std::time_t t = std::chrono::system_clock::to_time_t(id.not_after);
+    std::tm tm{};
+    gmtime_r(&t, &tm);
+    char day[32];
+    std::strftime(day, sizeof day, "%Y-%m-%d", &tm);
+    std::cout << "renewed " << id.str() << ": a new key and certificate, valid until " << day
+              << ". Hand over the folder " << kit.string()
+              << " and restart the participant with it. Its old certificate stays valid until it expires; "
+                 "when its key may be compromised, revoke first (`xsilo pki revoke --name "
+              << id.name << "`), then renew.\n";
     exit_code = 0;
   });
 }

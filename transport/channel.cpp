@@ -14,6 +14,10 @@
 
 namespace xsilo::transport {
 
+void Channel::warn_if_expiring() const {
+  if (auto w = expiry_warning(peer_, opts_.certificate_warn_days); !w.empty()) spdlog::warn("{} (at {})", w, remote_);
+}
+
 using asio::use_awaitable;
 using Clock = std::chrono::steady_clock;
 
@@ -74,6 +78,7 @@ awaitable<proto::Status> Channel::accept(const AllowList& allow, const LocalInfo
   } else {
     peer_ = *id;
     st = allow.check(peer_);
+    if (st.ok()) warn_if_expiring();
   }
   auto refuse = [&](const proto::Status& why) -> awaitable<void> {
     auto env = envelope(me.federation, current_round);
@@ -154,6 +159,7 @@ awaitable<proto::Status> Channel::connect(const AllowList& upstreams, const Loca
     co_return id.status();
   }
   peer_ = *id;
+  warn_if_expiring();
   if (!upstreams.allows_role(peer_.role)) {
     disarm_deadline();
     close();

@@ -39,6 +39,8 @@ struct ChannelOptions {
   // all and from one source address; more are closed at accept, before any TLS work.
   std::size_t max_handshakes = 64;
   std::size_t max_handshakes_per_address = 8;
+  // Warn (in this process's log) about a peer whose certificate expires within this many days.
+  int certificate_warn_days = 30;
 };
 
 // What this side says about itself in Hello / Welcome.
@@ -113,6 +115,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
   bool closing_ = false;   // flush then close
   bool started_ = false;
   PeerIdentity peer_;
+  void warn_if_expiring() const;
   wire::Hello peer_hello_;
   wire::Welcome welcome_;
   std::string remote_;

@@ -48,6 +48,7 @@ ChannelOptions parse_channel_options(const ConfigNode& node) {
   o.max_handshakes = static_cast<std::size_t>(node.integer("max_handshakes", 64, 1, 100000));
   o.max_handshakes_per_address =
       static_cast<std::size_t>(node.integer("max_handshakes_per_address", 8, 1, 100000));
+  o.certificate_warn_days = static_cast<int>(node.integer("certificate_warn_days", 30, 0, 3650));
   node.finish();
   if (o.idle_timeout.count() > 0 && o.heartbeat_interval.count() > 0 &&
       o.idle_timeout <= o.heartbeat_interval) {
@@ -119,7 +120,8 @@ nlohmann::json to_json(const ChannelOptions& o) {
           {"handshake_timeout_s", secs(o.handshake_timeout)},
           {"max_queued_mib", o.max_queued_bytes >> 20},
           {"max_handshakes", o.max_handshakes},
-          {"max_handshakes_per_address", o.max_handshakes_per_address}};
+          {"max_handshakes_per_address", o.max_handshakes_per_address},
+          {"certificate_warn_days", o.certificate_warn_days}};
 }
 
 nlohmann::json to_json(const DialOptions& o) {

@@ -13,6 +13,7 @@
 #include "common/fs.h"
 #include "crypto/keys.h"
 #include "crypto/openssl_ptr.h"
+#include "transport/tls.h"
 
 namespace xsilo::transport {
 
@@ -183,6 +184,23 @@ std::filesystem::path pki_issue(const std::filesystem::path& dir, const IssueReq
   atomic_write_file(kit / "cert.pem", to_pem(cert.get()), 0644);
   atomic_write_file(kit / "ca.pem", read_file(ca_dir / "ca.pem"), 0644);
   return kit;
+}
+
+std::filesystem::path pki_renew(const std::filesystem::path& dir, const std::string& name, int days, KeyType key) {
+  const auto kit = dir / "kits" / name;
+  if (name.empty() || !std::filesystem::exists(kit / "cert.pem")) {
+    throw std::invalid_argument("no kit " + kit.string() + " to renew (issue one with `xsilo pki issue`)");
+  }
+  const auto current = own_identity(TlsFiles::from_kit(kit));
+  if (current.name != name) {
+    throw std::invalid_argument("kit " + kit.string() + " holds a certificate for " + current.name + ", not " + name);
+  }
+  IssueRequest req;
+  req.role = current.role;
+  req.name = name;
+  req.days = days;
+  req.key = key;
+  return pki_issue(dir, req);
 }
 
 std::size_t pki_revoke(const std::filesystem::path& dir, const std::string& name, int days) {

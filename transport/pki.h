@@ -30,6 +30,14 @@ void pki_init(const std::filesystem::path& dir, const std::string& federation, i
 // Returns the kit folder. Refuses names that are not [A-Za-z0-9._-]{1,64}.
 std::filesystem::path pki_issue(const std::filesystem::path& dir, const IssueRequest& req);
 
+// Renews the kit DIR/kits/NAME: a fresh key and a certificate for the same name and role (the
+// role its current certificate names), valid `days` from now, replace the kit's files. The old
+// certificate stays valid until it expires (or `pki_revoke`); the participant switches by
+// restarting with the new kit, and keeps its place (identity is the name). Returns the kit.
+// Throws std::invalid_argument when there is no such kit.
+std::filesystem::path pki_renew(const std::filesystem::path& dir, const std::string& name, int days = 365,
+                                KeyType key = KeyType::P256);
+
 // Revokes the certificate of kit DIR/kits/NAME: adds it to the CA's revocation list, re-signs
 // DIR/ca/crl.pem (valid `days`; an expired list makes every check fail, so re-run it, e.g.
 // `xsilo pki revoke --refresh`, before then) and copies it into every kit folder under DIR/kits.

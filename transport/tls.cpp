@@ -1,5 +1,7 @@
 #include "transport/tls.h"
 
+#include <chrono>
+#include <ctime>
 #include <memory>
 #include <optional>
 
@@ -77,6 +79,20 @@ crypto::CertVerifier load_verifier(const TlsFiles& f) {
 
 std::string PeerIdentity::str() const { return role_name(role) + " " + name; }
 
+std::string expiry_warning(const PeerIdentity& id, int warn_days, std::chrono::system_clock::time_point now) {
+  if (warn_days <= 0 || id.not_after == std::chrono::system_clock::time_point{}) return "";
+  const auto left = std::chrono::duration_cast<std::chrono::hours>(id.not_after - now).count();
+  if (left >= static_cast<long long>(warn_days) * 24) return "";
+  const std::time_t t = std::chrono::system_clock::to_time_t(id.not_after);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char day[32];
+  std::strftime(day, sizeof day, "%Y-%m-%d", &tm);
+  return "certificate of " + id.str() + " expires on " + day + " (" + std::to_string(left / 24) +
+         " days left): renew it with `xsilo pki renew --name " + id.name +
+         "` and restart it with the new kit (docs/deployment.md)";
+}
+
 namespace {
 
 // The identity a certificate names: CN is the name, OU the role. On failure, `why` says what is
@@ -91,6 +107,10 @@ std::optional<PeerIdentity> identity_in(X509* cert, std::string& why) {
   X509_NAME_get_text_by_NID(subject, NID_organizationalUnitName, ou, sizeof ou);
   PeerIdentity id;
   id.name = cn;
+  std::tm tm{};
+  if (ASN1_TIME_to_tm(X509_get0_notAfter(cert), &tm) == 1) {
+    id.not_after = std::chrono::system_clock::from_time_t(timegm(&tm));
+  }
   try {
     id.role = parse_role(ou);
   } catch (const std::invalid_argument&) {

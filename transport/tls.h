@@ -39,8 +39,14 @@ crypto::CertVerifier load_verifier(const TlsFiles& files);
 struct PeerIdentity {
   std::string name;               // the certificate's common name
   wire::Role role = wire::ROLE_UNSPECIFIED;  // from the certificate's organizational unit
+  std::chrono::system_clock::time_point not_after{};  // the certificate's expiry
   std::string str() const;
 };
+
+// "certificate of silo hospital-01 expires on 2026-12-20 (20 days left): renew it with `xsilo
+// pki renew --name hospital-01` ..." when `id` expires within `warn_days` of `now`, else "".
+std::string expiry_warning(const PeerIdentity& id, int warn_days,
+                           std::chrono::system_clock::time_point now = std::chrono::system_clock::now());
 
 // Reads the verified peer certificate of an established TLS connection.
 proto::Result<PeerIdentity> peer_identity(SSL* ssl);
