@@ -1,7 +1,5 @@
 // xsilo pki init | issue | revoke: the federation CA, one kit folder per participant, and the
 // CA's revocation list.
-#include <chrono>
-#include <ctime>
 #include <iostream>
 
 #include "common/config.h"
@@ -120,12 +118,7 @@ void add_pki(CLI::App& app, int& exit_code) {
       throw ConfigError(std::string("pki renew: ") + e.what());
     }
     const auto id = transport::own_identity(transport::TlsFiles::from_kit(kit));
-    const std::time_t t = std::chrono::system_clock::to_time_t(id.not_after);
-    std::tm tm{};
-    gmtime_r(&t, &tm);
-    char day[32];
-    std::strftime(day, sizeof day, "%Y-%m-%d", &tm);
-    std::cout << "renewed " << id.str() << ": a new key and certificate, valid until " << day
+    std::cout << "renewed " << id.str() << ": a new key and certificate, valid until " << transport::utc_day(id.not_after)
               << ". Hand over the folder " << kit.string()
               << " and restart the participant with it. Its old certificate stays valid until it expires; "
                  "when its key may be compromised, revoke first (`xsilo pki revoke --name "

@@ -79,16 +79,20 @@ crypto::CertVerifier load_verifier(const TlsFiles& f) {
 
 std::string PeerIdentity::str() const { return role_name(role) + " " + name; }
 
+std::string utc_day(std::chrono::system_clock::time_point t) {
+  const std::time_t s = std::chrono::system_clock::to_time_t(t);
+  std::tm tm{};
+  gmtime_r(&s, &tm);
+  char day[32];
+  std::strftime(day, sizeof day, "%Y-%m-%d", &tm);
+  return day;
+}
+
 std::string expiry_warning(const PeerIdentity& id, int warn_days, std::chrono::system_clock::time_point now) {
   if (warn_days <= 0 || id.not_after == std::chrono::system_clock::time_point{}) return "";
   const auto left = std::chrono::duration_cast<std::chrono::hours>(id.not_after - now).count();
   if (left >= static_cast<long long>(warn_days) * 24) return "";
-  const std::time_t t = std::chrono::system_clock::to_time_t(id.not_after);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char day[32];
-  std::strftime(day, sizeof day, "%Y-%m-%d", &tm);
-  return "certificate of " + id.str() + " expires on " + day + " (" + std::to_string(left / 24) +
+  return "certificate of " + id.str() + " expires on " + utc_day(id.not_after) + " (" + std::to_string(left / 24) +
          " days left): renew it with `xsilo pki renew --name " + id.name +
          "` and restart it with the new kit (docs/deployment.md)";
 }

@@ -2,6 +2,7 @@
 // peer proves with its certificate. A name a peer claims in a message is never trusted.
 #pragma once
 
+#include <chrono>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -42,6 +43,9 @@ struct PeerIdentity {
   std::chrono::system_clock::time_point not_after{};  // the certificate's expiry
   std::string str() const;
 };
+
+// A certificate date as people read it: "2026-12-20" (UTC).
+std::string utc_day(std::chrono::system_clock::time_point t);
 
 // "certificate of silo hospital-01 expires on 2026-12-20 (20 days left): renew it with `xsilo
 // pki renew --name hospital-01` ..." when `id` expires within `warn_days` of `now`, else "".
