@@ -4,7 +4,9 @@
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 
+#include <charconv>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <ctime>
 #include <regex>
@@ -37,8 +39,12 @@ class JsonFormatter final : public spdlog::formatter {
     std::string text(msg.payload.data(), msg.payload.size());
     static const std::regex about_round(R"(^round (\d+)(?:/\d+)?:? )");
     if (std::smatch m; std::regex_search(text, m, about_round)) {
-      j["round"] = std::stoull(m[1].str());
-      text = m.suffix().str();
+      const std::string digits = m[1].str();
+      std::uint64_t round = 0;
+      if (std::from_chars(digits.data(), digits.data() + digits.size(), round).ec == std::errc()) {
+        j["round"] = round;
+        text = m.suffix().str();
+      }
     }
     j["event"] = text;
     // Bytes that are not UTF-8 (a peer's name, say) are replaced, never a broken line.

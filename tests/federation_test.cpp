@@ -10,6 +10,7 @@
 #include "common/fs.h"
 #include "common/mlp.h"
 #include "common/safetensors.h"
+#include "crypto/hash.h"
 #include "server/audit.h"
 #include "server/config.h"
 #include "silo_agent/agent.h"
@@ -191,6 +192,11 @@ TEST(Federation, ARestartedServerResumesFromItsLastCommittedRound) {
   }
   ASSERT_EQ(starts.size(), 2u);
   EXPECT_EQ(starts[1]["resumed_from_round"].get<std::uint64_t>(), committed_before);
+  // Both server processes ran under the config file as it is on disk (the restart bound the
+  // same port by --listen, not by rewriting the file): every record names its hash.
+  const auto config_hash = crypto::sha256_hex(read_file(fed.files.server_config));
+  for (const auto& s : starts) EXPECT_EQ(s["config_sha256"], config_hash) << s.dump();
+  for (const auto& r : fed.rounds()) EXPECT_EQ(r.value("config_sha256", config_hash), config_hash) << r.dump();
   // What was committed before the crash is untouched.
   EXPECT_EQ(read_file(fed.files.state / "checkpoints" / "round_000002.safetensors"), r2);
   for (auto& a : fed.agents) EXPECT_EQ(a->wait(10s).value_or(-1), 0) << fed.logs();

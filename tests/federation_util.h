@@ -40,9 +40,7 @@ struct Fed {
   explicit Fed(SimConfig cfg) : cfg(std::move(cfg)) { files = prepare_federation(this->cfg, dir.path()); }
   void start_server() {
     std::filesystem::remove(files.port_file);
-    server = std::make_unique<Process>(
-        std::vector<std::string>{test::xsilo_bin(), "server", "--config", files.server_config.string()},
-        files.logs / "server.log");
+    server = std::make_unique<Process>(server_argv(files, test::xsilo_bin()), files.logs / "server.log");
     port = wait_for_port(*server, files);
   }
   void start_edges() {

@@ -13,6 +13,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -176,6 +180,18 @@ TEST_F(TlsTest, RenewingAKitKeepsNameAndRoleWithAFreshKeyAndTheWarningSaysWhen) 
   // The renewed kit is a working kit: its key matches its certificate and the CA signed it.
   EXPECT_NO_THROW(make_tls_context(kit("edge-short")));
   EXPECT_THROW(pki_renew(dir_.path(), "nobody"), std::invalid_argument);
+
+  // A kit keeps its key type unless asked otherwise.
+  auto key_type = [&](const std::string& name) {
+    std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_file((dir_ / "kits" / name / "cert.pem").c_str(), "r"), &BIO_free);
+    std::unique_ptr<X509, decltype(&X509_free)> cert(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr), &X509_free);
+    return EVP_PKEY_get_base_id(X509_get0_pubkey(cert.get()));
+  };
+  pki_issue(dir_.path(), IssueRequest{wire::SILO, "ed-silo", 365, 0, KeyType::Ed25519});
+  pki_renew(dir_.path(), "ed-silo");
+  EXPECT_EQ(key_type("ed-silo"), EVP_PKEY_ED25519);
+  pki_renew(dir_.path(), "ed-silo", 365, KeyType::P256);
+  EXPECT_EQ(key_type("ed-silo"), EVP_PKEY_EC);
 }
 
 // `xsilo pki revoke`: the revoked silo fails the handshake and its signatures stop verifying,

@@ -196,9 +196,10 @@ int bench_attacks(const AttackBenchOptions& opts) {
             c.attackers = s.attackers;
             c.attack = a;
           }
+          double acc = -1;
           try {
             const auto r = opts.processes ? run_sim(c, tmp, /*quiet=*/true) : run_sim_in_process(c, tmp);
-            if (r.rounds_committed) cell.acc.push_back(r.final_accuracy);
+            if (r.rounds_committed) cell.acc.push_back(acc = r.final_accuracy);
             else ++failures;
           } catch (const ConfigError& e) {
             cell.refused = e.what();
@@ -211,7 +212,7 @@ int bench_attacks(const AttackBenchOptions& opts) {
           if (opts.json) {
             std::cout << json{{"bench", "attacks"}, {"dataset", s.dataset},     {"alpha", s.alpha},
                               {"attackers", s.attackers}, {"defence", def.name}, {"attack", attack},
-                              {"seed", seed},           {"final_accuracy", cell.acc.empty() ? -1.0 : cell.acc.back()}}
+                              {"seed", seed},           {"final_accuracy", acc}}
                              .dump()
                       << std::endl;
           }

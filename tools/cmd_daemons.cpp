@@ -1,6 +1,7 @@
 // xsilo server | agent: the daemons, each from one JSON config.
 #include "common/config.h"
 #include "common/log.h"
+#include "common/net.h"
 #include "edge_aggregator/edge.h"
 #include "server/daemon.h"
 #include "silo_agent/agent.h"
@@ -28,10 +29,21 @@ void add_server(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("server", "run the central server (rounds, aggregation, audit log)");
   auto config = std::make_shared<std::string>();
   auto log_file = std::make_shared<std::string>();
+  auto listen = std::make_shared<std::string>();
   cmd->add_option("--config", *config, "server config (JSON)")->required();
   cmd->add_option("--log-file", *log_file, "log here instead of stderr");
-  cmd->callback([config, log_file, &exit_code] {
+  cmd->add_option("--listen", *listen,
+                  "HOST:PORT to listen on instead of the config's listen (the config file, whose hash the "
+                  "audit records, stays as it is: e.g. to bind again the port a first start chose with port 0)");
+  cmd->callback([config, log_file, listen, &exit_code] {
     auto cfg = server::load_server_config(*config);
+    if (!listen->empty()) {
+      try {
+        cfg.listen = parse_endpoint(*listen);
+      } catch (const std::exception& e) {
+        throw ConfigError(std::string("server --listen: ") + e.what());
+      }
+    }
     init_logging("server", cfg.log_level, *log_file, cfg.log_format);
     warn_if_own_certificate_expires(cfg.tls, cfg.channel.certificate_warn_days);
     exit_code = server::run_server(cfg);

@@ -99,7 +99,7 @@ void add_pki(CLI::App& app, int& exit_code) {
   });
 
   struct RenewOpts {
-    std::string pki = "pki", name, key = "p256";
+    std::string pki = "pki", name, key;
     int days = 365;
   };
   auto renew = std::make_shared<RenewOpts>();
@@ -107,13 +107,15 @@ void add_pki(CLI::App& app, int& exit_code) {
   cmd_renew->add_option("--pki", renew->pki, "PKI folder made by pki init")->capture_default_str();
   cmd_renew->add_option("--name", renew->name, "the participant whose kit is renewed (its role is kept)")->required();
   cmd_renew->add_option("--days", renew->days, "validity in days")->capture_default_str();
-  cmd_renew->add_option("--key", renew->key, "key type: p256 or ed25519")->capture_default_str();
+  cmd_renew->add_option("--key", renew->key, "key type: p256 or ed25519 (default: the kit's current type)");
   cmd_renew->callback([renew, &exit_code] {
-    if (renew->key != "p256" && renew->key != "ed25519") throw ConfigError("pki renew: --key must be p256 or ed25519");
+    std::optional<transport::KeyType> key;
+    if (renew->key == "p256") key = transport::KeyType::P256;
+    else if (renew->key == "ed25519") key = transport::KeyType::Ed25519;
+    else if (!renew->key.empty()) throw ConfigError("pki renew: --key must be p256 or ed25519");
     std::filesystem::path kit;
     try {
-      kit = transport::pki_renew(renew->pki, renew->name, renew->days,
-                                 renew->key == "p256" ? transport::KeyType::P256 : transport::KeyType::Ed25519);
+      kit = transport::pki_renew(renew->pki, renew->name, renew->days, key);
     } catch (const std::invalid_argument& e) {
       throw ConfigError(std::string("pki renew: ") + e.what());
     }

@@ -138,6 +138,7 @@ class Processes {
     launch(name);
   }
   Process& operator[](const std::string& name) { return *procs_.at(name); }
+  void set_argv(const std::string& name, std::vector<std::string> argv) { argv_[name] = std::move(argv); }
   bool has(const std::string& name) const { return argv_.count(name) > 0; }
   void kill(const std::string& name, bool restart) {
     procs_[name]->signal(SIGKILL);
@@ -295,8 +296,9 @@ void start_federation(const SimConfig& cfg, FederationFiles& f, Processes& procs
       throw ConfigError("sim: hostile names process \"" + name + "\", which this federation does not have");
     }
   }
-  procs.start("server", {self_exe(), "server", "--config", f.server_config.string()});
+  procs.start("server", server_argv(f, self_exe()));
   wait_for_port(procs["server"], f);
+  procs.set_argv("server", server_argv(f, self_exe()));  // a restart binds the same port
   for (std::size_t e = 0; e < f.edges.size(); ++e) {
     std::vector<std::string> argv{self_exe(), "edge", "--config", edge_config_path(f, e).string()};
     if (auto h = cfg.hostile.find(f.edges[e]); h != cfg.hostile.end()) {

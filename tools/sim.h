@@ -102,10 +102,12 @@ FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::
 // Why the config's data split cannot be made (the split prepare_federation makes), or "".
 std::string split_problem(const SimConfig& cfg);
 // Waits for the server to write its port file; throws with the log's tail if it dies. The
-// port is then pinned: written into the server's config (a restart binds it again) and the
-// edges' upstreams.
+// port is then pinned: server_argv() binds it again on a restart, and the edges' upstreams
+// name it. The server's config file is not changed (the audit records its hash).
 std::uint16_t wait_for_port(Process& server, FederationFiles& f,
                             std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
+// The command that starts the federation's server: `--listen` the pinned port once it has one.
+std::vector<std::string> server_argv(const FederationFiles& f, const std::string& xsilo);
 // Silo i's files: its agent config, and its simulation hooks when it has any (an attack, a
 // crash); argv() is the command that starts it.
 struct AgentFiles {

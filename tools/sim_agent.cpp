@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdlib>
+#include <map>
 #include <thread>
 
 #include <sodium.h>
@@ -12,6 +13,7 @@
 #include "transport/tls.h"
 #include "silo_agent/builtin_trainer.h"
 #include "silo_agent/sgd.h"
+#include "silo_agent/update.h"
 
 namespace xsilo::tools {
 
@@ -112,8 +114,14 @@ class SimHook final : public agent::FaultHook {
         t.silo = silo;
         Model local = global.zeros_like();
         trainer->train(global, t, local);
-        auto& d = deltas.emplace_back(global.size());
-        for (std::size_t k = 0; k < d.size(); ++k) d[k] = local.flat()[k] - global.flat()[k];
+        for (std::size_t k = 0; k < local.size(); ++k) local.flat()[k] -= global.flat()[k];
+        // With silo momentum the honest silos upload their momentum: so do the colluders' copies.
+        if (const double beta = task.plan.silo_momentum(); beta > 0) {
+          Model& m = honest_momentum_[silo];
+          if (!m.same_layout(local)) m = local.zeros_like();
+          agent::apply_momentum(local, 1.0, m, beta);
+        }
+        deltas.emplace_back(local.flat().begin(), local.flat().end());
       }
       return deltas;
     });
@@ -124,6 +132,7 @@ class SimHook final : public agent::FaultHook {
   SimAgentConfig sim_;
   std::optional<crypto::CertSigner> signer_;
   std::vector<std::pair<std::string, std::unique_ptr<agent::BuiltinTrainer>>> honest_;
+  std::map<std::string, Model> honest_momentum_;  // the honest silos' momentum, as they keep it
 };
 
 }  // namespace

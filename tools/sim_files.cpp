@@ -289,9 +289,10 @@ std::string loopback(std::uint16_t port) { return "127.0.0.1:" + std::to_string(
 std::uint16_t wait_for_port(Process& server, FederationFiles& f, std::chrono::milliseconds timeout) {
   const auto port = wait_for_port_file(server, "the server", f.port_file, f.logs / "server.log", timeout);
   if (port != f.server_port) {
-    // Pinned: a restarted server binds the same port, and the edges dial it.
+    // Pinned: a restarted server binds the same port (server_argv) and the edges dial it. The
+    // server's config file stays byte for byte what the server read: its hash is in the audit
+    // record of every round.
     f.server_port = port;
-    set_config_key(f.server_config, "listen", loopback(port));
     for (std::size_t e = 0; e < f.edges.size(); ++e) {
       set_config_key(edge_config_path(f, e), "upstreams", json::array({loopback(port)}));
     }
@@ -306,6 +307,12 @@ void wait_for_edge(Process& edge, FederationFiles& f, std::size_t e, std::chrono
     f.edge_ports[e] = port;  // pinned: a restarted edge binds the same port its silos dial
     set_config_key(edge_config_path(f, e), "listen", loopback(port));
   }
+}
+
+std::vector<std::string> server_argv(const FederationFiles& f, const std::string& xsilo) {
+  std::vector<std::string> a{xsilo, "server", "--config", f.server_config.string()};
+  if (f.server_port) a.insert(a.end(), {"--listen", loopback(f.server_port)});
+  return a;
 }
 
 std::vector<std::string> AgentFiles::argv(const std::string& xsilo) const {

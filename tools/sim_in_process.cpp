@@ -32,17 +32,19 @@ namespace xsilo::tools {
 
 namespace {
 
-// The modes whose behaviour lives in the protocol, not in the arithmetic.
-void refuse_protocol_modes(const SimConfig& cfg, const server::ServerConfig& s) {
+// The modes whose behaviour lives in the protocol, not in the arithmetic: refused before any
+// file is written or command run.
+void refuse_protocol_modes(const SimConfig& cfg) {
   auto refuse = [&](const std::string& what) {
     throw ConfigError("sim --in-process: " + what + " needs the real processes (run xsilo sim without --in-process)");
   };
-  if (s.secure.on()) refuse("secure aggregation");
+  if (cfg.secure.is_object() && cfg.secure.value("mode", std::string("off")) != "off") refuse("secure aggregation");
   if (cfg.edges) refuse("edges");
   if (!cfg.faults.empty()) refuse("faults");
   if (!cfg.hostile.empty()) refuse("hostile processes");
   if (cfg.trainer) refuse("an external trainer");
-  if (s.selection.silos_per_round && s.selection.silos_per_round < cfg.silos) {
+  if (cfg.selection.is_object() && cfg.selection.value("silos_per_round", std::size_t{0}) != 0 &&
+      cfg.selection.value("silos_per_round", std::size_t{0}) < cfg.silos) {
     refuse("sampling silos per round (selection.silos_per_round)");
   }
 }
@@ -63,9 +65,9 @@ SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& 
     Quieter() { spdlog::set_level(std::max(was, spdlog::level::warn)); }
     ~Quieter() { spdlog::set_level(was); }
   } quieter;
+  refuse_protocol_modes(cfg);
   FederationFiles f = prepare_federation(cfg, out);
   const auto scfg = server::load_server_config(f.server_config);
-  refuse_protocol_modes(cfg, scfg);
 
   std::vector<Silo> silos;
   for (std::size_t i = 0; i < cfg.silos; ++i) {
@@ -97,8 +99,15 @@ SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& 
     std::size_t folded = 0;
     for (auto& s : silos) {
       agent::TrainTask task{round, s.name, scfg.plan};
-      auto o = agent::run_round(*s.trainer, global, task);
-      if (!o.update) continue;
+      agent::RoundOutput o;
+      try {
+        o = agent::run_round(*s.trainer, global, task);
+      } catch (const agent::TrainerError& e) {
+        // As an agent does: the silo reports the failure and the round goes on without it.
+        spdlog::warn("round {}: {}: training failed: {}", round, s.name, e.what());
+        continue;
+      }
+      if (!o.update || !(o.weight > 0) || !std::isfinite(o.weight)) continue;  // the server refuses such a weight
       if (scfg.plan.silo_momentum() > 0) {
         if (!s.momentum.same_layout(*o.update)) s.momentum = o.update->zeros_like();
         agent::apply_momentum(*o.update, o.weight, s.momentum, scfg.plan.silo_momentum());
@@ -134,6 +143,7 @@ SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& 
     if (on_round) on_round(round, committed, global, ev.accuracy, ev.loss);
   }
   save_safetensors(f.out / "model.safetensors", global);
+  result.exit_code = result.rounds_committed == scfg.rounds ? 0 : 1;  // as xsilo sim: every round committed
   return result;
 }
 

@@ -186,7 +186,8 @@ std::filesystem::path pki_issue(const std::filesystem::path& dir, const IssueReq
   return kit;
 }
 
-std::filesystem::path pki_renew(const std::filesystem::path& dir, const std::string& name, int days, KeyType key) {
+std::filesystem::path pki_renew(const std::filesystem::path& dir, const std::string& name, int days,
+                                std::optional<KeyType> key) {
   const auto kit = dir / "kits" / name;
   if (name.empty() || !std::filesystem::exists(kit / "cert.pem")) {
     throw std::invalid_argument("no kit " + kit.string() + " to renew (issue one with `xsilo pki issue`)");
@@ -199,7 +200,12 @@ std::filesystem::path pki_renew(const std::filesystem::path& dir, const std::str
   req.role = current.role;
   req.name = name;
   req.days = days;
-  req.key = key;
+  if (key) {
+    req.key = *key;
+  } else {
+    auto cert = read_cert(kit / "cert.pem");
+    req.key = EVP_PKEY_get_base_id(X509_get0_pubkey(cert.get())) == EVP_PKEY_ED25519 ? KeyType::Ed25519 : KeyType::P256;
+  }
   return pki_issue(dir, req);
 }
 

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include "proto/xsilo.pb.h"
@@ -36,7 +37,7 @@ std::filesystem::path pki_issue(const std::filesystem::path& dir, const IssueReq
 // restarting with the new kit, and keeps its place (identity is the name). Returns the kit.
 // Throws std::invalid_argument when there is no such kit.
 std::filesystem::path pki_renew(const std::filesystem::path& dir, const std::string& name, int days = 365,
-                                KeyType key = KeyType::P256);
+                                std::optional<KeyType> key = std::nullopt);  // default: the current key's type
 
 // Revokes the certificate of kit DIR/kits/NAME: adds it to the CA's revocation list, re-signs
 // DIR/ca/crl.pem (valid `days`; an expired list makes every check fail, so re-run it, e.g.
