@@ -26,7 +26,7 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64|amd64")
 else()
   set(XSILO_BUILD_ARCH ${CMAKE_SYSTEM_PROCESSOR})
 endif()
-target_compile_definitions(xsilo_options INTERFACE XSILO_BUILD_ARCH="${XSILO_BUILD_ARCH}")
+target_compile_definitions(xsilo_options INTERFACE XSILO_BUILD_ARCH="${XSILO_BUILD_ARCH}" XSILO_VERSION="${PROJECT_VERSION}")
 message(STATUS "xsilo: instruction set -march=${XSILO_BUILD_ARCH}")
 if(XSILO_SANITIZE)
   target_compile_options(xsilo_options INTERFACE

@@ -4,8 +4,10 @@
 
 namespace xsilo {
 
+std::string build_version() { return XSILO_VERSION; }
+
 std::string build_info() {
-  return std::string("xsilo 0.1.0, wire protocol 2, -march=") + XSILO_BUILD_ARCH;
+  return "xsilo " + build_version() + ", wire protocol 2, -march=" + XSILO_BUILD_ARCH;
 }
 
 std::string cpu_info() {

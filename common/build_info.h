@@ -6,6 +6,8 @@
 
 namespace xsilo {
 
+// "0.1.0": the project's version (CMakeLists.txt), as packages and metrics name it.
+std::string build_version();
 // "xsilo 0.1.0, wire protocol 2, -march=x86-64-v2"
 std::string build_info();
 // The CPU's model name and its widest vector extension ("AMD EPYC 9B14 (avx512f)").

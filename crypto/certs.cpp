@@ -1,5 +1,7 @@
 #include "crypto/certs.h"
 
+#include <ctime>
+
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
@@ -51,6 +53,13 @@ CertifiedName names_in(X509* cert) {
 const EVP_MD* digest_for(EVP_PKEY* key) { return EVP_PKEY_get_id(key) == EVP_PKEY_ED25519 ? nullptr : EVP_sha256(); }
 
 }  // namespace
+
+std::optional<std::int64_t> certificate_not_after(std::string_view der) {
+  X509Ptr cert = cert_from_der(der);
+  std::tm tm{};
+  if (!cert || ASN1_TIME_to_tm(X509_get0_notAfter(cert.get()), &tm) != 1) return std::nullopt;
+  return static_cast<std::int64_t>(timegm(&tm));
+}
 
 void append_field(std::string& out, std::string_view field) {
   const auto n = static_cast<std::uint32_t>(field.size());

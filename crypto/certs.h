@@ -29,6 +29,10 @@ struct CertifiedName {
   std::string role;  // organizational unit: "server", "edge" or "silo"
 };
 
+// The expiry of a certificate (DER), in seconds since the epoch; nullopt when it does not parse.
+// Reads, does not verify: ask a CertVerifier first.
+std::optional<std::int64_t> certificate_not_after(std::string_view der);
+
 // A participant's certificate and private key; signs statements. Copies share one key, which
 // OpenSSL wipes when the last copy goes away.
 class CertSigner {

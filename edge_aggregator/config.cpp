@@ -17,8 +17,8 @@ EdgeConfig load_edge_config(const std::filesystem::path& file) {
   c.tls = transport::parse_tls(root.child("tls"));
   c.allow = transport::parse_allow(root.child("allow"));
   if (!c.allow.allows_role(wire::SILO)) root.fail("allow", "must admit silos (\"silo\": [names] or [\"*\"])");
-  if (c.allow.allows_role(wire::EDGE) || c.allow.allows_role(wire::SERVER)) {
-    root.fail("allow", "an edge serves silos only");
+  if (c.allow.allows_role(wire::EDGE) || c.allow.allows_role(wire::SERVER) || c.allow.allows_role(wire::ADMIN)) {
+    root.fail("allow", "an edge serves silos only (admins talk to the server)");
   }
   c.channel = transport::parse_channel_options(root.child("transport"));
   c.reconnect = transport::parse_dial_options(root.child("reconnect"));
@@ -28,6 +28,7 @@ EdgeConfig load_edge_config(const std::filesystem::path& file) {
   }
   c.log_level = root.one_of("log_level", "info", {"trace", "debug", "info", "warn", "error"});
   c.log_format = root.one_of("log_format", "text", {"text", "json"});
+  c.metrics = transport::parse_metrics(root.child("metrics"));
   root.finish();
   return c;
 }
@@ -45,6 +46,7 @@ nlohmann::json to_json(const EdgeConfig& c) {
                       {"chunk_bytes", c.chunk_bytes},
                       {"log_level", c.log_level}, {"log_format", c.log_format}};
   if (!c.port_file.empty()) j["port_file"] = std::filesystem::absolute(c.port_file).string();
+  if (c.metrics.listen) j["metrics"] = transport::to_json(c.metrics);
   return j;
 }
 

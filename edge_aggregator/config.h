@@ -10,6 +10,7 @@
 #include "common/net.h"
 #include "transport/channel.h"
 #include "transport/dialer.h"
+#include "transport/metrics_endpoint.h"
 #include "transport/tls.h"
 
 namespace xsilo::edge {
@@ -26,6 +27,7 @@ struct EdgeConfig {
   transport::DialOptions reconnect;
   std::size_t chunk_bytes = 1u << 20;
   std::string log_level = "info";
+  transport::MetricsOptions metrics;  // "metrics": the Prometheus endpoint, off unless listen is set
   std::string log_format = "text";  // or "json": one object per line (common/log.h)
 };
 

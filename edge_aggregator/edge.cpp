@@ -9,7 +9,9 @@
 
 #include "common/fs.h"
 #include "edge_aggregator/relay.h"
+#include "common/prometheus.h"
 #include "transport/listener.h"
+#include "transport/metrics_endpoint.h"
 #include "transport/runtime.h"
 
 namespace xsilo::edge {
@@ -26,7 +28,16 @@ class Edge {
       : cfg_(cfg), hook_(std::move(hook)), tls_(transport::make_tls_context(cfg.tls)), relay_({cfg.federation, cfg.chunk_bytes}),
         upstream_(rt_.io(), tls_,
                   {cfg.upstreams, {wire::SERVER}, {cfg.federation, wire::EDGE, {"plain"}}, cfg.channel, cfg.reconnect,
-                   std::chrono::milliseconds(0)}) {}
+                   std::chrono::milliseconds(0)}) {
+    using T = MetricRegistry::Type;
+    transport::declare_daemon_metrics(metrics_, "edge", cfg.tls);
+    metrics_.declare("xsilo_round", T::Gauge, "The round the edge relays now, or the last one");
+    metrics_.declare("xsilo_silos_connected", T::Gauge, "Silos connected to this edge");
+    metrics_.declare("xsilo_upstream_connected", T::Gauge, "1 while connected to the server");
+    metrics_.declare("xsilo_upstream_connects_total", T::Counter, "Connections established to the server");
+    metrics_.declare("xsilo_region_uploads_total", T::Counter, "Partial sums (one per region or secure group) uploaded");
+    metrics_.declare("xsilo_edge_refused_updates_total", T::Counter, "Silo updates the edge refused before summing");
+  }
 
   int run() {
     return rt_.run([this] {
@@ -37,6 +48,7 @@ class Edge {
       listener_->start();
       spdlog::info("edge for federation {} listening on {}:{}", cfg_.federation, cfg_.listen.host, listener_->port());
       if (!cfg_.port_file.empty()) atomic_write_file(cfg_.port_file, std::to_string(listener_->port()) + "\n");
+      metrics_endpoint_ = transport::start_metrics(rt_.io().get_executor(), cfg_.metrics, metrics_, [this] { refresh_metrics(); });
       asio::co_spawn(rt_.io(), upstream(), asio::detached);
     }, [this](int) { stop(130); });
   }
@@ -45,6 +57,7 @@ class Edge {
   awaitable<void> upstream() {
     transport::Upstream::Session session = [this](std::shared_ptr<Channel> ch, const Endpoint& at) -> awaitable<void> {
           up_ = ch;
+          metrics_.add("xsilo_upstream_connects_total");
           spdlog::info("connected to {} at {}", ch->peer().str(), at.str());
           relay_.on_server_up();
           apply();
@@ -55,6 +68,7 @@ class Edge {
             return !relay_.finished();
           };
           co_await transport::serve_channel(ch, handle);
+          count_bytes(*ch);
           up_.reset();
           relay_.on_server_down();
           if (!relay_.finished() && !rt_.stopping()) spdlog::warn("lost the server; reconnecting");
@@ -84,6 +98,7 @@ class Edge {
       return true;
     };
     co_await transport::serve_channel(ch, handle);
+    count_bytes(*ch);
     if (auto it = silos_.find(name); it != silos_.end() && it->second == ch) {
       silos_.erase(it);
       relay_.on_silo_down(name);
@@ -99,6 +114,7 @@ class Edge {
     if (up_) up_->send(std::move(a.env));
   }
   void run(action::StreamToServer& a) {
+    metrics_.add("xsilo_region_uploads_total");
     if (up_) up_->send_stream([src = a.source, max = cfg_.channel.max_frame_bytes] { return src->next_frame(max); });
   }
   void run(action::ToSilo& a) {
@@ -108,6 +124,7 @@ class Edge {
   void run(action::Background& a) { rt_.background(std::move(a.work)); }
   void run(action::Job& a) {
     rt_.work<std::string>(std::move(a.work), [this, id = a.id](std::string refused) {
+      if (!refused.empty()) metrics_.add("xsilo_edge_refused_updates_total");
       relay_.on_job_done(id, refused);
       apply();
     });
@@ -117,10 +134,29 @@ class Edge {
   void stop(int code) {
     upstream_.stop();
     if (listener_) listener_->stop();
+    if (metrics_endpoint_) metrics_endpoint_->stop();
     rt_.stop(code, std::chrono::milliseconds(300), [this] {
       if (up_) up_->close();
       for (auto& [name, ch] : silos_) ch->close();
     });
+  }
+
+  void count_bytes(const Channel& ch) {
+    bytes_in_ += ch.bytes_received();
+    bytes_out_ += ch.bytes_sent();
+  }
+  void refresh_metrics() {
+    std::uint64_t in = bytes_in_, out = bytes_out_;
+    auto live = [&](const Channel& ch) {
+      in += ch.bytes_received();
+      out += ch.bytes_sent();
+    };
+    if (up_) live(*up_);
+    for (const auto& [name, ch] : silos_) live(*ch);
+    transport::set_connection_metrics(metrics_, in, out, listener_ ? listener_->refused_by_reason() : std::map<std::string, std::uint64_t>{});
+    metrics_.set("xsilo_round", static_cast<double>(relay_.round()));
+    metrics_.set("xsilo_silos_connected", static_cast<double>(silos_.size()));
+    metrics_.set("xsilo_upstream_connected", up_ ? 1 : 0);
   }
 
   const EdgeConfig& cfg_;
@@ -132,6 +168,9 @@ class Edge {
   std::unique_ptr<transport::Listener> listener_;
   std::shared_ptr<Channel> up_;
   std::map<std::string, std::shared_ptr<Channel>> silos_;
+  MetricRegistry metrics_;
+  std::unique_ptr<transport::MetricsEndpoint> metrics_endpoint_;
+  std::uint64_t bytes_in_ = 0, bytes_out_ = 0;  // of connections already closed
 };
 
 }  // namespace

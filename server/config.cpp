@@ -270,6 +270,7 @@ ServerConfig load_server_config(const std::filesystem::path& file) {
 
   c.log_level = root.one_of("log_level", "info", {"trace", "debug", "info", "warn", "error"});
   c.log_format = root.one_of("log_format", "text", {"text", "json"});
+  c.metrics = transport::parse_metrics(root.child("metrics"));
   root.finish();
   return c;
 }
@@ -349,6 +350,7 @@ nlohmann::json to_json(const ServerConfig& c) {
               {"unmask_s", secs_of(sc.unmask_deadline)}}},
             {"log_level", c.log_level}, {"log_format", c.log_format}};
   if (!c.port_file.empty()) j["port_file"] = abs_path(c.port_file);
+  if (c.metrics.listen) j["metrics"] = transport::to_json(c.metrics);
   if (const auto& ac = c.aggregation.adaptive_clip; ac.on()) {
     j["aggregation"]["adaptive_clip"] = {{"quantile", ac.quantile}, {"lr", ac.lr}, {"initial", ac.initial}, {"min", ac.min}};
   }

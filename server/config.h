@@ -16,6 +16,7 @@
 #include "server/optimizer.h"
 #include "server/round_config.h"
 #include "transport/channel.h"
+#include "transport/metrics_endpoint.h"
 #include "transport/tls.h"
 
 namespace xsilo::server {
@@ -36,6 +37,7 @@ struct ServerConfig : RoundConfig {
   OptimizerConfig optimizer;
   std::vector<std::string> training_user_keys;  // training keys passed on to external trainers
   std::string log_level = "info";
+  transport::MetricsOptions metrics;  // "metrics": the Prometheus endpoint, off unless listen is set
   std::string log_format = "text";  // or "json": one object per line (common/log.h)
 };
 

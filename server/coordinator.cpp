@@ -19,6 +19,14 @@ namespace xsilo::server {
 
 namespace {
 const std::vector<Member> kNoMembers;
+
+// The inputs a round's robust rule left out, from its audit record.
+std::size_t robust_rejected(const nlohmann::json& rec) {
+  if (!rec.contains("robust") || !rec["robust"].contains("decisions")) return 0;
+  std::size_t n = 0;
+  for (const auto& d : rec["robust"]["decisions"]) n += d.value("kept", true) ? 0 : 1;
+  return n;
+}
 }  // namespace
 
 Coordinator::Coordinator(RoundConfig cfg, Model initial, ServerOptimizer optimizer, Store& store,
@@ -75,10 +83,21 @@ void Coordinator::start(std::int64_t now_ms) {
     finish_round(false, AuditHead{}, now_ms);  // nothing left to do: resumed after the last round
     return;
   }
-  phase_ = Phase::Joining;
+  phase_since_ms_ = now_ms;
+  set_phase(Phase::Joining, now_ms);
   join_elapsed_ = false;
   actions_.push_back(action::StartTimer{Timer::Join, cfg_.deadlines.join});
+  if (paused_) spdlog::warn("paused by admin {}: no round starts until `xsilo admin resume`", paused_by_);
   try_start_round(now_ms);
+}
+
+void Coordinator::set_phase(Phase p, std::int64_t now_ms) {
+  if (p == phase_) return;
+  auto& [seconds, times] = totals_.phase_seconds[std::string(name(phase_))];
+  seconds += static_cast<double>(now_ms - phase_since_ms_) / 1000.0;
+  ++times;
+  phase_ = p;
+  phase_since_ms_ = now_ms;
 }
 
 void Coordinator::on_timer(Timer timer, std::int64_t now_ms) {
@@ -119,10 +138,10 @@ void Coordinator::on_timer(Timer timer, std::int64_t now_ms) {
         // Confirmations closed with those that came: now the unmask answers get their time.
         drain_secure();
         actions_.push_back(action::StartTimer{Timer::Unmask, cfg_.secure.unmask_deadline});
-        if (r_->secure->unmask_complete()) finish_unmask();
+        if (r_->secure->unmask_complete()) finish_unmask(now_ms);
         break;
       }
-      finish_unmask();
+      finish_unmask(now_ms);
       break;
     case Timer::Upload: {
       if (phase_ != Phase::Collecting || !r_->slot.busy() || job_ != JobKind::None) break;
@@ -143,7 +162,7 @@ void Coordinator::on_timer(Timer timer, std::int64_t now_ms) {
 // ---- the round ------------------------------------------------------------------------------
 
 void Coordinator::try_start_round(std::int64_t now_ms) {
-  if (phase_ != Phase::Joining || job_ != JobKind::None) return;
+  if (phase_ != Phase::Joining || job_ != JobKind::None || paused_) return;
   if (membership_.connected() < cfg_.selection.min_silos) return;
   // Only silos never seen are worth the join wait: one that was connected and has left joins
   // the next round when it comes back, and does not hold this one back.
@@ -167,7 +186,7 @@ void Coordinator::start_round(std::int64_t now_ms) {
   candidates.resize(n_select);
   std::sort(candidates.begin(), candidates.end());
 
-  phase_ = Phase::Collecting;
+  set_phase(Phase::Collecting, now_ms);
   r_ = std::make_unique<Round>();
   r_->started_ms = now_ms;
   r_->target = target;
@@ -232,7 +251,7 @@ void Coordinator::pump(std::int64_t now_ms) {
 }
 
 void Coordinator::close_round(std::int64_t now_ms) {
-  phase_ = Phase::Closing;
+  set_phase(Phase::Closing, now_ms);
   for (auto t : {Timer::Train, Timer::Upload, Timer::SecAgg}) actions_.push_back(action::CancelTimer{t});
   const bool enough = r_->done() >= r_->target;
   for (std::size_t i = 0; i < r_->members.size(); ++i) {
@@ -249,11 +268,11 @@ void Coordinator::close_round(std::int64_t now_ms) {
   event("round_closed", std::to_string(r_->done()) + " updates");
   if (r_->secure) {
     // Ask each group's survivors for the shares that remove the masks.
-    phase_ = Phase::Unmasking;
+    set_phase(Phase::Unmasking, now_ms);
     r_->secure->begin_unmask();
     drain_secure();
     actions_.push_back(action::StartTimer{Timer::Unmask, cfg_.secure.unmask_deadline});
-    if (r_->secure->unmask_complete()) finish_unmask();
+    if (r_->secure->unmask_complete()) finish_unmask(now_ms);
     return;
   }
   decide(now_ms);
@@ -261,15 +280,15 @@ void Coordinator::close_round(std::int64_t now_ms) {
 
 // Unmasking is over (every survivor answered, or the deadline): rebuild and decode the group
 // sums on the worker. From here no secure message is fed to the groups.
-void Coordinator::finish_unmask() {
+void Coordinator::finish_unmask(std::int64_t now_ms) {
   if (phase_ != Phase::Unmasking || job_ != JobKind::None) return;
   actions_.push_back(action::CancelTimer{Timer::Unmask});
-  phase_ = Phase::Closing;
+  set_phase(Phase::Closing, now_ms);
   run_job(JobKind::Prepare, [agg = r_->agg.get()]() -> JobResult { return agg->prepare(); });
 }
 
 void Coordinator::decide(std::int64_t now_ms) {
-  phase_ = Phase::Closing;
+  set_phase(Phase::Closing, now_ms);
   const std::size_t done = r_->done();
   const std::size_t need = std::max<std::size_t>(1, cfg_.selection.min_updates);
   if (done < need) {
@@ -297,14 +316,14 @@ void Coordinator::decide(std::int64_t now_ms) {
       rec["status"] = "aborted";
       rec["reason"] = c.reason;
       row.committed = false;
-      return CommitOutcome{false, c.reason, nullptr, "", store.record(rec, &row), std::nullopt};
+      return CommitOutcome{false, c.reason, nullptr, "", store.record(rec, &row), std::nullopt, robust_rejected(rec)};
     }
     // The optimizer writes the new model into the same buffer, which becomes the global model.
     optimizer.step_into(global->flat(), next->flat());
     const std::string sha = crypto::sha256_hex(next->flat());
     rec["model_sha256_after"] = sha;
     AuditHead audit = store.commit(round, *next, optimizer.state(), rec, row);
-    return CommitOutcome{true, "", std::move(next), sha, std::move(audit), c.next_clip_norm};
+    return CommitOutcome{true, "", std::move(next), sha, std::move(audit), c.next_clip_norm, robust_rejected(rec)};
   });
 }
 
@@ -318,24 +337,159 @@ void Coordinator::finish_round(bool committed, const AuditHead& audit, std::int6
     spdlog::info("round {} {}: {} updates, model {}", round_, committed ? "committed" : "aborted", r_->done(),
                  global_sha_.substr(0, 12));
     event(committed ? "round_committed" : "round_aborted", committed ? global_sha_ : r_->abort_reason);
+    RoundOutcome o{round_, committed, committed ? "" : r_->abort_reason, r_->started_ms, now_ms,
+                   r_->members.size(), r_->done(), r_->upload_bytes, r_->robust_rejected, {}};
+    for (const auto& m : r_->members) {
+      if (m.state != MemberState::Dropped) continue;
+      o.dropouts.push_back({m.silo, std::string(name(m.drop_phase)), std::string(name(m.drop_cause)), m.drop_reason});
+      ++totals_.dropouts[std::string(name(m.drop_cause))];
+    }
+    totals_.upload_bytes += r_->upload_bytes;
+    totals_.robust_rejected += r_->robust_rejected;
+    recent_.push_back(std::move(o));
+    if (recent_.size() > kRecentRounds) recent_.pop_front();
     ++round_;
   }
   r_.reset();
   if (round_ > cfg_.rounds) {
-    phase_ = Phase::Finished;
-    for (const auto& [id, peer] : membership_.sessions()) {
-      auto e = env();
-      e.mutable_finished()->set_reason("all rounds done");
-      e.mutable_finished()->set_rounds(cfg_.rounds);
-      send(id, std::move(e));
-    }
-    actions_.push_back(action::Finished{committed_, aborted_});
+    set_phase(Phase::Finished, now_ms);
+    end_federation("all rounds done");
     return;
   }
-  phase_ = Phase::Joining;
+  set_phase(Phase::Joining, now_ms);
+  if (stop_requested_) {
+    end_federation("stopped by admin " + stopped_by_);
+    return;
+  }
   join_elapsed_ = false;
   actions_.push_back(action::StartTimer{Timer::Join, cfg_.deadlines.join});
   try_start_round(now_ms);
+}
+
+void Coordinator::end_federation(const std::string& reason) {
+  phase_ = Phase::Finished;
+  actions_.push_back(action::CancelTimer{Timer::Join});
+  for (const auto& [id, peer] : membership_.sessions()) {
+    auto e = env();
+    e.mutable_finished()->set_reason(reason);
+    e.mutable_finished()->set_rounds(cfg_.rounds);
+    send(id, std::move(e));
+  }
+  actions_.push_back(action::Finished{committed_, aborted_});
+}
+
+// ---- operators ------------------------------------------------------------------------------
+
+std::string_view name(Phase p) {
+  switch (p) {
+    case Phase::Joining: return "join";
+    case Phase::Collecting: return "collect";
+    case Phase::Unmasking: return "unmask";
+    case Phase::Closing: return "commit";
+    case Phase::Finished: return "finished";
+  }
+  return "?";
+}
+
+void Coordinator::audit_admin(const std::string& command, const std::string& admin, std::int64_t now_ms) {
+  ++totals_.admin_commands;
+  nlohmann::json rec = {{"event", "admin"},     {"command", command},        {"admin", admin},
+                        {"round", round_},      {"phase", name(phase_)},     {"time", iso_time(now_ms)}};
+  // In order with the round's jobs on the worker, which write the same log.
+  actions_.push_back(action::Background{[&store = store_, rec] { store.record(rec, nullptr); }});
+}
+
+std::pair<bool, std::string> Coordinator::admin(wire::AdminRequest::Command command, const std::string& admin,
+                                                std::int64_t now_ms) {
+  if (phase_ == Phase::Finished) return {false, "the federation has finished"};
+  const bool between = phase_ == Phase::Joining && job_ == JobKind::None;
+  switch (command) {
+    case wire::AdminRequest::PAUSE:
+      if (paused_) return {false, "already paused (by " + paused_by_ + ")"};
+      if (stop_requested_) return {false, "the federation is stopping"};
+      paused_ = true;
+      paused_by_ = admin;
+      audit_admin("pause", admin, now_ms);
+      spdlog::warn("admin {} paused the federation: {}", admin,
+                   between ? "no round starts until resumed" : "round " + std::to_string(round_) + " finishes, then none starts until resumed");
+      event("paused", admin);
+      return {true, between ? "paused before round " + std::to_string(round_)
+                            : "pausing: round " + std::to_string(round_) + " finishes first"};
+    case wire::AdminRequest::RESUME:
+      if (!paused_) return {false, "not paused"};
+      paused_ = false;
+      audit_admin("resume", admin, now_ms);
+      spdlog::warn("admin {} resumed the federation", admin);
+      event("resumed", admin);
+      try_start_round(now_ms);
+      return {true, "resumed at round " + std::to_string(round_)};
+    case wire::AdminRequest::STOP:
+      if (stop_requested_) return {false, "already stopping (asked by " + stopped_by_ + ")"};
+      stop_requested_ = true;
+      stopped_by_ = admin;
+      audit_admin("stop", admin, now_ms);
+      spdlog::warn("admin {} stopped the federation{}", admin,
+                   between ? "" : ": round " + std::to_string(round_) + " finishes first");
+      event("stopping", admin);
+      if (between) end_federation("stopped by admin " + admin);
+      return {true, between ? "stopped before round " + std::to_string(round_)
+                            : "stopping: round " + std::to_string(round_) + " finishes first"};
+    default:
+      return {false, "unknown command"};
+  }
+}
+
+std::optional<std::int64_t> Coordinator::relayed_not_after(const std::string& silo) const {
+  auto it = relayed_not_after_.find(silo);
+  if (it == relayed_not_after_.end()) return std::nullopt;
+  return it->second;
+}
+
+nlohmann::json Coordinator::status(std::int64_t now_ms) const {
+  nlohmann::json j = {{"federation", cfg_.federation},
+                      {"round", round_},
+                      {"rounds", cfg_.rounds},
+                      {"phase", name(phase_)},
+                      {"phase_seconds", static_cast<double>(now_ms - phase_since_ms_) / 1000.0},
+                      {"paused", paused_},
+                      {"stopping", stop_requested_},
+                      {"committed", committed_},
+                      {"aborted", aborted_},
+                      {"model_sha256", global_sha_}};
+  if (paused_) j["paused_by"] = paused_by_;
+  if (stop_requested_) j["stopped_by"] = stopped_by_;
+  nlohmann::json round_members = nlohmann::json::array();
+  for (const auto& m : members()) {
+    nlohmann::json e = {{"silo", m.silo}, {"state", name(m.state)}};
+    if (m.via_edge()) e["edge"] = m.edge;
+    if (m.state == MemberState::Dropped) e["reason"] = m.drop_reason;
+    round_members.push_back(std::move(e));
+  }
+  j["members"] = std::move(round_members);
+  nlohmann::json silos = nlohmann::json::array();
+  for (const auto& [silo, session] : membership_.routes()) {
+    nlohmann::json e = {{"silo", silo}};
+    if (const Peer* p = membership_.peer(session); p && p->edge) e["edge"] = p->name;
+    silos.push_back(std::move(e));
+  }
+  j["silos"] = std::move(silos);
+  nlohmann::json recent = nlohmann::json::array();
+  for (const auto& o : recent_) {
+    nlohmann::json e = {{"round", o.round},         {"status", o.committed ? "committed" : "aborted"},
+                        {"seconds", static_cast<double>(o.ended_ms - o.started_ms) / 1000.0},
+                        {"selected", o.selected},   {"updates", o.updates},
+                        {"ended_at", iso_time(o.ended_ms)}};
+    if (!o.reason.empty()) e["reason"] = o.reason;
+    if (o.robust_rejected) e["robust_rejected"] = o.robust_rejected;
+    nlohmann::json drops = nlohmann::json::array();
+    for (const auto& d : o.dropouts) {
+      drops.push_back({{"silo", d.silo}, {"phase", d.phase}, {"cause", d.cause}, {"reason", d.reason}});
+    }
+    e["dropouts"] = std::move(drops);
+    recent.push_back(std::move(e));
+  }
+  j["recent_rounds"] = std::move(recent);
+  return j;
 }
 
 // ---- secure aggregation ---------------------------------------------------------------------
@@ -356,7 +510,7 @@ void Coordinator::on_secure_message(std::size_t m, const wire::Envelope& e, std:
     r_->secure->on_message(r_->members[m].silo, e);
   }
   drain_secure();
-  if (phase_ == Phase::Unmasking && job_ == JobKind::None && r_->secure->unmask_complete()) finish_unmask();
+  if (phase_ == Phase::Unmasking && job_ == JobKind::None && r_->secure->unmask_complete()) finish_unmask(now_ms);
   pump(now_ms);
 }
 
@@ -387,6 +541,7 @@ void Coordinator::on_job_done(std::uint64_t job, JobResult result, std::int64_t 
     case JobKind::Prepare:
       for (const auto& rej : std::get<std::vector<Rejection>>(result)) {
         spdlog::warn("round {}: {}", round_, rej.why);
+        ++totals_.secure_group_failures;
         for (const auto& silo : rej.silos) {
           auto m = member_named(silo);
           if (m && r_->members[*m].state == MemberState::Done) {
@@ -398,6 +553,7 @@ void Coordinator::on_job_done(std::uint64_t job, JobResult result, std::int64_t 
       break;
     case JobKind::Commit: {
       auto outcome = std::get<CommitOutcome>(std::move(result));
+      r_->robust_rejected = outcome.robust_rejected;
       if (!outcome.committed) {
         ++aborted_;
         r_->abort_reason = outcome.reason;

@@ -15,6 +15,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
+#include <map>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -45,6 +47,7 @@ struct CommitOutcome {
   std::string model_sha256;
   AuditHead audit;  // the audit log after the round's record
   std::optional<double> next_clip_norm;  // adaptive clipping: the next round's clip norm
+  std::size_t robust_rejected = 0;        // inputs the robust rule left out
 };
 // The value a job returns to on_job_done (an AuditHead: an aborted round's record is written).
 using JobResult = std::variant<std::monostate, FoldResult, std::vector<Rejection>, CommitOutcome, AuditHead>;
@@ -97,6 +100,33 @@ using Action = std::variant<action::Send, action::SendModel, action::Close, acti
                             action::Job, action::Finished, action::Background, action::Event>;
 
 enum class Phase { Joining, Collecting, Unmasking, Closing, Finished };
+// "join", "collect", "unmask", "commit", "finished": as status and metrics name them.
+std::string_view name(Phase p);
+
+// A finished round as operators see it (xsilo status): what happened and who was lost, why.
+struct RoundOutcome {
+  struct Dropout {
+    std::string silo, phase, cause, reason;
+  };
+  std::uint64_t round = 0;
+  bool committed = false;
+  std::string reason;  // why it aborted
+  std::int64_t started_ms = 0, ended_ms = 0;
+  std::size_t selected = 0, updates = 0;
+  std::uint64_t upload_bytes = 0;
+  std::size_t robust_rejected = 0;  // inputs the robust rule left out
+  std::vector<Dropout> dropouts;
+};
+
+// Running totals since the server started, for the metrics endpoint.
+struct CoordinatorTotals {
+  std::map<std::string, std::pair<double, std::uint64_t>> phase_seconds;  // by phase: seconds spent, times entered
+  std::map<std::string, std::uint64_t> dropouts;                           // by cause
+  std::uint64_t robust_rejected = 0;        // inputs a robust rule left out
+  std::uint64_t secure_group_failures = 0;  // secure groups whose sum could not be used
+  std::uint64_t upload_bytes = 0;           // of the updates and partial sums folded
+  std::uint64_t admin_commands = 0;
+};
 
 class Coordinator {
  public:
@@ -114,6 +144,27 @@ class Coordinator {
   void on_job_done(std::uint64_t job, JobResult result, std::int64_t now_ms);
 
   std::vector<Action> take_actions() { return std::exchange(actions_, {}); }
+
+  // An operator's command (xsilo admin), from `admin` (the name in its certificate). Pause and
+  // stop take effect between rounds: the round in progress finishes first. Each command that
+  // changes something is written to the audit log with the admin's name. Returns what
+  // happened, for the reply; false when the command cannot apply (already paused, finished).
+  std::pair<bool, std::string> admin(wire::AdminRequest::Command command, const std::string& admin, std::int64_t now_ms);
+  // A server restarted while paused starts paused (the daemon keeps the flag in its state folder).
+  void start_paused(const std::string& by) {
+    paused_ = true;
+    paused_by_ = by;
+  }
+  bool paused() const { return paused_; }
+  bool stopping() const { return stop_requested_; }
+  // The federation now, for xsilo status: round and phase, the round's members, connected
+  // silos (with their certificates' expiry where the server saw them), the last rounds.
+  nlohmann::json status(std::int64_t now_ms) const;
+  const std::deque<RoundOutcome>& recent() const { return recent_; }
+  const CoordinatorTotals& totals() const { return totals_; }
+  // A silo's certificate expiry (seconds since the epoch) as its signed join through an edge
+  // showed it, for status; the daemon knows the direct connections' own.
+  std::optional<std::int64_t> relayed_not_after(const std::string& silo) const;
 
   Phase phase() const { return phase_; }
   std::uint64_t round() const { return round_; }
@@ -149,7 +200,11 @@ class Coordinator {
   void start_round(std::int64_t now_ms);
   void pump(std::int64_t now_ms);
   void close_round(std::int64_t now_ms);
-  void finish_unmask();
+  void finish_unmask(std::int64_t now_ms);
+  void set_phase(Phase p, std::int64_t now_ms);
+  // Tells every connected silo and edge that the federation is over, and the daemon to stop.
+  void end_federation(const std::string& reason);
+  void audit_admin(const std::string& command, const std::string& admin, std::int64_t now_ms);
   void decide(std::int64_t now_ms);
   void finish_round(bool committed, const AuditHead& audit, std::int64_t now_ms);
   // Uploads
@@ -201,6 +256,13 @@ class Coordinator {
   std::unique_ptr<Round> r_;  // the round in progress (Collecting, Unmasking, Closing)
   JobKind job_ = JobKind::None;
   std::uint64_t job_id_ = 0;
+  std::int64_t phase_since_ms_ = 0;
+  bool paused_ = false, stop_requested_ = false;
+  std::string paused_by_, stopped_by_;
+  static constexpr std::size_t kRecentRounds = 10;
+  std::deque<RoundOutcome> recent_;
+  CoordinatorTotals totals_;
+  std::map<std::string, std::int64_t> relayed_not_after_;
 };
 
 }  // namespace xsilo::server

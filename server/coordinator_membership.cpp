@@ -253,6 +253,7 @@ void Coordinator::on_region_status(SessionId id, const wire::RegionStatus& statu
       continue;
     }
     membership_.join_region(id, silo);
+    if (auto t = crypto::certificate_not_after(proof->second->certificate())) relayed_not_after_[silo] = *t;
     if (auto route = membership_.route_of(silo); route && !membership_.is_edge(*route)) {
       // Connected here directly: an edge's word does not replace a live connection of the silo's
       // own. The claim waits until that connection ends (a silo moving to its preferred edge).

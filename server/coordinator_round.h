@@ -25,6 +25,7 @@ struct Coordinator::Round {
   bool upload_more = false;              // an edge: another secure group's sum follows
   std::uint64_t upload_bytes = 0;
   std::string abort_reason;
+  std::size_t robust_rejected = 0;
   std::size_t done() const {
     return static_cast<std::size_t>(
         std::count_if(members.begin(), members.end(), [](const Member& m) { return m.state == MemberState::Done; }));

@@ -12,12 +12,16 @@
 #include <fstream>
 #include <deque>
 #include <map>
+#include <set>
 
 #include "common/fs.h"
 #include "common/mlp.h"
+#include "common/prometheus.h"
+#include "common/build_info.h"
 #include "server/coordinator.h"
 #include "server/state.h"
 #include "transport/listener.h"
+#include "transport/metrics_endpoint.h"
 #include "transport/runtime.h"
 #include "protocol/tensor_stream.h"
 
@@ -50,6 +54,7 @@ class Server {
     for (auto t : {Timer::Join, Timer::Train, Timer::Upload, Timer::SecAgg, Timer::Unmask}) {
       timers_.emplace(t, std::make_unique<asio::steady_timer>(rt_.io()));
     }
+    declare_metrics();
   }
 
   int run() {
@@ -64,6 +69,9 @@ class Server {
           spdlog::info("server for federation {} listening on {}:{}", cfg_.federation, cfg_.listen.host,
                        listener_->port());
           if (!cfg_.port_file.empty()) atomic_write_file(cfg_.port_file, std::to_string(listener_->port()) + "\n");
+          metrics_endpoint_ = transport::start_metrics(rt_.io().get_executor(), cfg_.metrics, metrics_,
+                                                       [this] { refresh_metrics(); });
+          if (auto paused = read_pause_file()) coord_.start_paused(*paused);
           coord_.start(now_ms());
           drain();
         },
@@ -83,6 +91,12 @@ class Server {
     }
     const SessionId id = ++next_id_;
     channels_[id] = ch;
+    if (ch->peer().role == wire::ADMIN) {
+      // An operator's tool: no part in the rounds, only AdminRequests.
+      spdlog::info("admin {} connected from {}", ch->peer().name, ch->remote());
+      asio::co_spawn(rt_.io(), serve(id, ch), asio::detached);
+      return;
+    }
     if (ch->peer().role == wire::EDGE) {
       coord_.on_edge_connect(id, ch->peer().name, now_ms());
     } else {
@@ -94,7 +108,16 @@ class Server {
 
   asio::awaitable<void> serve(SessionId id, std::shared_ptr<transport::Channel> ch) {
     // Named, not a temporary inside co_await: GCC 12 destroys such temporaries twice.
-    std::function<bool(const wire::Envelope&)> handle = [this, id](const wire::Envelope& e) {
+    const bool admin = ch->peer().role == wire::ADMIN;
+    std::function<bool(const wire::Envelope&)> handle = [this, id, admin, ch](const wire::Envelope& e) {
+      if (e.has_admin_request()) {
+        on_admin_request(*ch, e.admin_request());
+        return true;
+      }
+      if (admin) {
+        ch->close_with_error(wire::UNEXPECTED, "an admin connection carries AdminRequests only, got " + proto::body_name(e));
+        return false;
+      }
       coord_.on_message(id, e, now_ms());
       drain();
       return true;
@@ -103,8 +126,177 @@ class Server {
     bytes_in_ += ch->bytes_received();
     bytes_out_ += ch->bytes_sent();
     channels_.erase(id);
+    if (admin) co_return;
     coord_.on_disconnect(id, now_ms());
     drain();
+  }
+
+  // ---- operators: xsilo status and xsilo admin ----
+
+  void on_admin_request(transport::Channel& ch, const wire::AdminRequest& req) {
+    const auto& who = ch.peer();
+    wire::Envelope reply;
+    reply.set_federation(cfg_.federation);
+    reply.set_round(coord_.round());
+    auto* r = reply.mutable_admin_reply();
+    const std::string command = wire::AdminRequest::Command_Name(req.command());
+    if (who.role != wire::ADMIN) {
+      // A silo's or an edge's certificate, directly or relayed: refused, logged, counted.
+      ++admin_refused_;
+      spdlog::warn("refused admin command {} from {} at {}: only an admin certificate (allow.admin) may send it",
+                   command, who.str(), ch.remote());
+      reply.mutable_error()->set_code(wire::NOT_ALLOWED);
+      reply.mutable_error()->set_message("admin commands need an admin certificate; this is " + who.str());
+      ch.send(std::move(reply));
+      return;
+    }
+    if (req.command() == wire::AdminRequest::STATUS) {
+      r->set_ok(true);
+      r->set_status_json(status().dump());
+    } else {
+      const auto [ok, message] = coord_.admin(req.command(), who.name, now_ms());
+      spdlog::info("admin {}: {} -> {}", who.name, command, message);
+      if (ok) write_pause_file(req.command(), who.name);
+      r->set_ok(ok);
+      r->set_message(message);
+      drain();
+    }
+    ch.send(std::move(reply));
+  }
+
+  // The pause outlives a restart: a server restarted while paused starts paused.
+  std::filesystem::path pause_file() const { return cfg_.state_dir / "paused.json"; }
+  void write_pause_file(wire::AdminRequest::Command command, const std::string& admin) {
+    if (command == wire::AdminRequest::PAUSE) {
+      atomic_write_file(pause_file(), nlohmann::json{{"by", admin}, {"since", iso_time(now_ms())}}.dump() + "\n");
+    } else if (command == wire::AdminRequest::RESUME) {
+      std::error_code ec;
+      std::filesystem::remove(pause_file(), ec);
+    }
+  }
+  std::optional<std::string> read_pause_file() const {
+    if (!std::filesystem::exists(pause_file())) return std::nullopt;
+    try {
+      return nlohmann::json::parse(read_file(pause_file())).at("by").get<std::string>();
+    } catch (const std::exception& e) {
+      spdlog::warn("{} unreadable ({}): starting paused anyway; `xsilo admin resume` goes on", pause_file().string(), e.what());
+      return std::string("?");
+    }
+  }
+
+  static std::string expiry_text(std::chrono::system_clock::time_point t) {
+    return t == std::chrono::system_clock::time_point{} ? "" : transport::utc_day(t);
+  }
+
+  nlohmann::json status() {
+    const auto now = now_ms();
+    nlohmann::json j = coord_.status(now);
+    const auto clock_now = std::chrono::system_clock::now();
+    auto expiry = [&](nlohmann::json& e, const transport::PeerIdentity& id) {
+      if (id.not_after == std::chrono::system_clock::time_point{}) return;
+      e["certificate_expires"] = expiry_text(id.not_after);
+      e["certificate_days_left"] =
+          std::chrono::duration_cast<std::chrono::hours>(id.not_after - clock_now).count() / 24;
+      if (auto w = transport::expiry_warning(id, cfg_.channel.certificate_warn_days, clock_now); !w.empty()) {
+        j["certificate_warnings"].push_back(w);
+      }
+    };
+    j["certificate_warnings"] = nlohmann::json::array();
+    j["time"] = iso_time(now);
+    j["server"] = {{"version", build_info()}, {"started_at", iso_time(started_ms_)}, {"port", listener_ ? listener_->port() : 0}};
+    expiry(j["server"], server_identity_);
+    std::map<std::string, const transport::PeerIdentity*> direct;
+    nlohmann::json edges = nlohmann::json::array(), admins = nlohmann::json::array();
+    for (const auto& [id, ch] : channels_) {
+      const auto& peer = ch->peer();
+      if (peer.role == wire::SILO) direct[peer.name] = &peer;
+      if (peer.role != wire::EDGE && peer.role != wire::ADMIN) continue;
+      nlohmann::json e = {{"name", peer.name}, {"address", ch->remote()}};
+      expiry(e, peer);
+      (peer.role == wire::EDGE ? edges : admins).push_back(std::move(e));
+    }
+    for (auto& e : j["silos"]) {
+      const std::string silo = e["silo"];
+      if (auto it = direct.find(silo); it != direct.end() && !e.contains("edge")) {
+        expiry(e, *it->second);
+      } else if (auto t = coord_.relayed_not_after(silo)) {
+        expiry(e, transport::PeerIdentity{silo, wire::SILO, std::chrono::system_clock::from_time_t(*t)});
+      }
+    }
+    j["edges"] = std::move(edges);
+    j["admins"] = std::move(admins);
+    nlohmann::json deadlines = nlohmann::json::array();
+    for (const auto& [timer, due] : deadlines_) {
+      deadlines.push_back({{"deadline", timer_name(timer)}, {"at", iso_time(due)}, {"in_s", static_cast<double>(due - now) / 1000.0}});
+    }
+    j["deadlines"] = std::move(deadlines);
+    return j;
+  }
+
+  static const char* timer_name(Timer t) {
+    switch (t) {
+      case Timer::Join: return "join";
+      case Timer::Train: return "train";
+      case Timer::Upload: return "upload";
+      case Timer::SecAgg: return "secure_keys";
+      case Timer::Unmask: return "unmask";
+    }
+    return "?";
+  }
+
+  // ---- metrics ----
+
+  void declare_metrics() {
+    using T = MetricRegistry::Type;
+    transport::declare_daemon_metrics(metrics_, "server", cfg_.tls);
+    auto& m = metrics_;
+    m.declare("xsilo_rounds_total", T::Counter, "Rounds finished since this server started, by status", true);
+    m.declare("xsilo_round", T::Gauge, "The round in progress or next");
+    m.declare("xsilo_paused", T::Gauge, "1 while an admin has paused the federation");
+    m.declare("xsilo_phase_duration_seconds", T::Summary,
+              "Time spent in each phase of a round (join, collect, unmask, commit)", true);
+    m.declare("xsilo_silos_connected", T::Gauge, "Silos connected, directly or through an edge");
+    m.declare("xsilo_edges_connected", T::Gauge, "Edge aggregators connected");
+    m.declare("xsilo_upload_bytes_total", T::Counter, "Bytes of updates and partial sums uploaded");
+    m.declare("xsilo_upload_throughput_bytes_per_second", T::Gauge,
+              "The last finished round's upload bytes over its duration");
+    m.declare("xsilo_dropouts_total", T::Counter, "Silos dropped from a round, by cause", true);
+    m.declare("xsilo_secure_group_failures_total", T::Counter, "Secure groups whose sum could not be used");
+    m.declare("xsilo_robust_rejections_total", T::Counter, "Inputs a robust rule left out");
+    m.declare("xsilo_admin_commands_total", T::Counter, "Admin commands that changed something (pause, resume, stop)");
+    for (const char* status : {"committed", "aborted"}) m.set("xsilo_rounds_total", 0, {{"status", status}});
+  }
+
+  void refresh_metrics() {
+    auto& m = metrics_;
+    std::uint64_t in = bytes_in_, out = bytes_out_;
+    std::size_t edges = 0;
+    for (const auto& [id, ch] : channels_) {
+      in += ch->bytes_received();
+      out += ch->bytes_sent();
+      edges += ch->peer().role == wire::EDGE ? 1 : 0;
+    }
+    auto refused = listener_ ? listener_->refused_by_reason() : std::map<std::string, std::uint64_t>{};
+    if (admin_refused_) refused["admin_not_allowed"] = admin_refused_;
+    transport::set_connection_metrics(m, in, out, refused);
+    m.set("xsilo_rounds_total", static_cast<double>(coord_.committed()), {{"status", "committed"}});
+    m.set("xsilo_rounds_total", static_cast<double>(coord_.aborted()), {{"status", "aborted"}});
+    m.set("xsilo_round", static_cast<double>(coord_.round()));
+    m.set("xsilo_paused", coord_.paused() ? 1 : 0);
+    const auto& t = coord_.totals();
+    for (const auto& [phase, st] : t.phase_seconds) m.set_summary("xsilo_phase_duration_seconds", st.first, st.second, {{"phase", phase}});
+    m.set("xsilo_silos_connected", static_cast<double>(coord_.connected()));
+    m.set("xsilo_edges_connected", static_cast<double>(edges));
+    m.set("xsilo_upload_bytes_total", static_cast<double>(t.upload_bytes));
+    if (!coord_.recent().empty()) {
+      const auto& last = coord_.recent().back();
+      const double secs = static_cast<double>(last.ended_ms - last.started_ms) / 1000.0;
+      m.set("xsilo_upload_throughput_bytes_per_second", secs > 0 ? static_cast<double>(last.upload_bytes) / secs : 0);
+    }
+    for (const auto& [cause, n] : t.dropouts) m.set("xsilo_dropouts_total", static_cast<double>(n), {{"cause", cause}});
+    m.set("xsilo_secure_group_failures_total", static_cast<double>(t.secure_group_failures));
+    m.set("xsilo_robust_rejections_total", static_cast<double>(t.robust_rejected));
+    m.set("xsilo_admin_commands_total", static_cast<double>(t.admin_commands));
   }
 
   void drain() {
@@ -161,13 +353,18 @@ class Server {
     auto& t = *timers_.at(a.timer);
     t.expires_after(a.after);
     const Timer which = a.timer;
+    deadlines_[which] = now_ms() + a.after.count();
     t.async_wait([this, which](boost::system::error_code ec) {
       if (ec) return;
+      deadlines_.erase(which);
       coord_.on_timer(which, now_ms());
       drain();
     });
   }
-  void apply(action::CancelTimer& a) { timers_.at(a.timer)->cancel(); }
+  void apply(action::CancelTimer& a) {
+    timers_.at(a.timer)->cancel();
+    deadlines_.erase(a.timer);
+  }
   // A job that throws stops the server with exit code 1 (the runtime logs why); committed
   // rounds are safe on disk.
   void apply(action::Job& a) {
@@ -182,6 +379,21 @@ class Server {
   void apply(action::Event& a) {
     const nlohmann::json e = {{"time", iso_time(now_ms())}, {"event", a.name}, {"round", a.round}, {"detail", a.detail}};
     events_ << e.dump() << '\n' << std::flush;
+    if (a.name == "round_started") warn_relayed_expiry();
+  }
+  // Silos behind edges: their certificates reach the server inside their signed joins. Each one
+  // about to expire is named once per server run (the edge warns of its own connections).
+  void warn_relayed_expiry() {
+    for (const auto& m : coord_.members()) {
+      if (!m.via_edge() || warned_.count(m.silo)) continue;
+      const auto t = coord_.relayed_not_after(m.silo);
+      if (!t) continue;
+      const transport::PeerIdentity id{m.silo, wire::SILO, std::chrono::system_clock::from_time_t(*t)};
+      if (auto w = transport::expiry_warning(id, cfg_.channel.certificate_warn_days); !w.empty()) {
+        spdlog::warn("{} (behind edge {})", w, m.edge);
+        warned_.insert(m.silo);
+      }
+    }
   }
   void apply(action::Finished& a) {
     spdlog::info("federation finished: {} rounds committed, {} aborted", a.committed, a.aborted);
@@ -200,6 +412,7 @@ class Server {
     stopping_ = true;
     rt_.stop(code, linger, [this] {
       if (listener_) listener_->stop();
+      if (metrics_endpoint_) metrics_endpoint_->stop();
       for (auto& [id, ch] : channels_) {
         bytes_in_ += ch->bytes_received();
         bytes_out_ += ch->bytes_sent();
@@ -225,6 +438,13 @@ class Server {
   transport::Runtime rt_;
   transport::ssl::context tls_;
   std::unique_ptr<transport::Listener> listener_;
+  MetricRegistry metrics_;
+  std::unique_ptr<transport::MetricsEndpoint> metrics_endpoint_;
+  std::map<Timer, std::int64_t> deadlines_;  // running timers: when they expire (unix ms)
+  std::set<std::string> warned_;             // relayed silos whose expiry was logged
+  std::uint64_t admin_refused_ = 0;          // admin commands from non-admin certificates
+  std::int64_t started_ms_ = now_ms();
+  transport::PeerIdentity server_identity_ = transport::own_identity(cfg_.tls);
   std::map<SessionId, std::shared_ptr<transport::Channel>> channels_;
   std::map<Timer, std::unique_ptr<asio::steady_timer>> timers_;
   std::deque<action::SendModel> pending_broadcasts_;

@@ -8,6 +8,8 @@
 #include "common/fs.h"
 #include "silo_agent/builtin_trainer.h"
 #include "silo_agent/external_trainer.h"
+#include "common/prometheus.h"
+#include "transport/metrics_endpoint.h"
 #include "transport/runtime.h"
 
 namespace xsilo::agent {
@@ -46,17 +48,36 @@ class Agent {
         tls_(transport::make_tls_context(cfg.tls)), me_(transport::own_identity(cfg.tls)), session_(session_config(cfg), *trainer_, *hook_),
         upstream_(rt_.io(), tls_,
                   {cfg.upstreams, cfg.trust, {cfg.federation, wire::SILO, {"plain"}}, cfg.channel,
-                   cfg.reconnect, cfg.failover_probe}) {}
+                   cfg.reconnect, cfg.failover_probe}) {
+    using T = MetricRegistry::Type;
+    transport::declare_daemon_metrics(metrics_, "agent", cfg.tls);
+    metrics_.declare("xsilo_round", T::Gauge, "The last round this silo was asked to train");
+    metrics_.declare("xsilo_upstream_connected", T::Gauge, "1 while connected to the server or an edge");
+    metrics_.declare("xsilo_upstream_connects_total", T::Counter, "Connections established upstream");
+    metrics_.declare("xsilo_silo_rounds_total", T::Counter,
+                     "Rounds this silo trained for, by outcome (committed, or not_committed: aborted or not needed)", true);
+    metrics_.declare("xsilo_round_duration_seconds", T::Summary, "From RoundStart to RoundEnd, as this silo saw it");
+    metrics_.declare("xsilo_uploads_total", T::Counter, "Updates uploaded");
+    metrics_.declare("xsilo_trainer_failures_total", T::Counter, "Rounds in which the trainer could not produce an update");
+    for (const char* o : {"committed", "not_committed"}) metrics_.set("xsilo_silo_rounds_total", 0, {{"outcome", o}});
+  }
 
   int run() {
     std::filesystem::create_directories(cfg_.state_dir);
-    return rt_.run([this] { asio::co_spawn(rt_.io(), upstream(), asio::detached); }, [this](int) { stop(130); });
+    return rt_.run(
+        [this] {
+          metrics_endpoint_ =
+              transport::start_metrics(rt_.io().get_executor(), cfg_.metrics, metrics_, [this] { refresh_metrics(); });
+          asio::co_spawn(rt_.io(), upstream(), asio::detached);
+        },
+        [this](int) { stop(130); });
   }
 
  private:
   awaitable<void> upstream() {
     transport::Upstream::Session session = [this](std::shared_ptr<Channel> ch, const Endpoint& at) -> awaitable<void> {
       channel_ = ch;
+      metrics_.add("xsilo_upstream_connects_total");
       // The silo's name is its own certificate's, whatever the upstream says it read.
       if (ch->welcome().peer_identity() != me_.name) {
         spdlog::warn("{} calls this silo {}; its certificate says {}", ch->peer().str(), ch->welcome().peer_identity(),
@@ -66,12 +87,15 @@ class Agent {
       session_.on_connected(me_.name, at.str(), ch->peer().name, ch->peer().str());
       apply();
       std::function<bool(const wire::Envelope&)> handle = [this](const wire::Envelope& e) {
+        count(e);
         session_.on_message(e);
         apply();
         if (switching_ && !session_.in_round()) return false;  // between rounds: to the preferred upstream
         return !session_.finished();
       };
       co_await transport::serve_channel(ch, handle);
+      bytes_in_ += ch->bytes_received();
+      bytes_out_ += ch->bytes_sent();
       channel_.reset();
       ch->close();
       session_.on_disconnected();
@@ -95,9 +119,11 @@ class Agent {
     for (auto& a : session_.take_actions()) std::visit([this](auto& x) { run(x); }, a);
   }
   void run(action::Send& a) {
+    if (a.env.has_error() && a.env.error().code() == wire::TRAINING_FAILED) metrics_.add("xsilo_trainer_failures_total");
     if (channel_) channel_->send(std::move(a.env));
   }
   void run(action::SendStream& a) {
+    metrics_.add("xsilo_uploads_total");
     if (channel_) channel_->send_stream([src = a.source, max = cfg_.channel.max_frame_bytes] { return src->next_frame(max); });
   }
   void run(action::Job& a) {
@@ -119,7 +145,30 @@ class Agent {
     stop(1);
   }
 
+  // What the metrics count of the messages from upstream.
+  void count(const wire::Envelope& e) {
+    const auto now = std::chrono::steady_clock::now();
+    if (e.has_round_start()) {
+      round_started_ = now;
+      metrics_.set("xsilo_round", static_cast<double>(e.round_start().round()));
+    } else if (e.has_round_end() && round_started_) {
+      metrics_.add("xsilo_silo_rounds_total", 1, {{"outcome", e.round_end().committed() ? "committed" : "not_committed"}});
+      metrics_.observe("xsilo_round_duration_seconds", std::chrono::duration<double>(now - *round_started_).count());
+      round_started_.reset();
+    }
+  }
+  void refresh_metrics() {
+    std::uint64_t in = bytes_in_, out = bytes_out_;
+    if (channel_) {
+      in += channel_->bytes_received();
+      out += channel_->bytes_sent();
+    }
+    transport::set_connection_metrics(metrics_, in, out, {});
+    metrics_.set("xsilo_upstream_connected", channel_ ? 1 : 0);
+  }
+
   void stop(int code) {
+    if (metrics_endpoint_) metrics_endpoint_->stop();
     upstream_.stop();
     trainer_->cancel();  // a training in progress ends now, not at its deadline
     rt_.stop(code, std::chrono::milliseconds(50), [this] {
@@ -137,6 +186,10 @@ class Agent {
   transport::Upstream upstream_;
   std::shared_ptr<Channel> channel_;
   bool switching_ = false;
+  MetricRegistry metrics_;
+  std::unique_ptr<transport::MetricsEndpoint> metrics_endpoint_;
+  std::uint64_t bytes_in_ = 0, bytes_out_ = 0;  // of connections already closed
+  std::optional<std::chrono::steady_clock::time_point> round_started_;
 };
 
 }  // namespace

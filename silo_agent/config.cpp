@@ -71,6 +71,7 @@ AgentConfig load_agent_config(const std::filesystem::path& file) {
   if (root.has("trust")) {
     c.trust = transport::parse_allow(root.child("trust"));
     if (c.trust.allows_role(wire::SILO)) root.fail("trust.silo", "a silo's upstream is a server or an edge");
+    if (c.trust.allows_role(wire::ADMIN)) root.fail("trust.admin", "a silo's upstream is a server or an edge");
     if (!c.trust.allows_role(wire::SERVER) && !c.trust.allows_role(wire::EDGE)) {
       root.fail("trust", "must name a server or an edge (or leave \"trust\" out to accept any the CA certified)");
     }
@@ -93,6 +94,7 @@ AgentConfig load_agent_config(const std::filesystem::path& file) {
   if (root.has("local")) c.local = parse_local(root.child("local"), c.trainer);
   c.log_level = root.one_of("log_level", "info", {"trace", "debug", "info", "warn", "error"});
   c.log_format = root.one_of("log_format", "text", {"text", "json"});
+  c.metrics = transport::parse_metrics(root.child("metrics"));
   root.finish();
   return c;
 }
@@ -149,6 +151,7 @@ nlohmann::json to_json(const AgentConfig& c) {
               {"first_bucket_bytes", c.local.buckets.first_bytes},
               {"bucket_bytes", c.local.buckets.bytes}}},
             {"log_level", c.log_level}, {"log_format", c.log_format}};
+  if (c.metrics.listen) j["metrics"] = transport::to_json(c.metrics);
   if (c.trainer == TrainerKind::External) {
     const auto& e = c.external;
     json env = json::object();

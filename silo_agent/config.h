@@ -15,6 +15,7 @@
 #include "silo_agent/workers.h"
 #include "transport/channel.h"
 #include "transport/dialer.h"
+#include "transport/metrics_endpoint.h"
 #include "transport/tls.h"
 
 namespace xsilo::agent {
@@ -56,6 +57,7 @@ struct AgentConfig {
   std::filesystem::path state_dir;
   LocalWorkersConfig local;  // data-parallel local training ("local" in the file)
   std::string log_level = "info";
+  transport::MetricsOptions metrics;  // "metrics": the Prometheus endpoint, off unless listen is set
   std::string log_format = "text";  // or "json": one object per line (common/log.h)
 };
 

@@ -231,7 +231,7 @@ class Harness {
   bool finished = false;
   Model initial_;
 
- private:
+  // Carries out the coordinator's actions (after a call the harness did not make itself).
   void pump() {
     for (;;) {
       auto actions = coord_->take_actions();
@@ -250,6 +250,8 @@ class Harness {
       }
     }
   }
+
+ private:
   std::unique_ptr<Coordinator> coord_;
   std::map<SessionId, int> uploads_;
 };
@@ -816,6 +818,74 @@ TEST(Coordinator, ServerSideClippingBoundsEachUpdate) {
   const float want = (clipped + 0.001f) / 2;
   EXPECT_NEAR(h.store.commits[0].model.flat()[0] - h.initial_.flat()[0], want, 1e-5);
   EXPECT_TRUE(h.store.commits[0].record["robust"]["decisions"][0]["clipped"].get<bool>());
+}
+
+// An operator's pause lets the round in progress finish and starts none after it; resume
+// starts the next; stop ends the federation between rounds. Each is in the audit log with the
+// admin's name, and the round outcomes and totals that status and metrics show follow.
+TEST(Coordinator, AdminPauseResumeAndStopActBetweenRoundsAndAreAudited) {
+  RoundConfig cfg;
+  cfg.rounds = 5;
+  Harness h(2, cfg);
+  h.connect_all(2);
+  ASSERT_EQ(h.coord().phase(), Phase::Collecting);
+  auto [ok, msg] = h.coord().admin(wire::AdminRequest::PAUSE, "alice", h.now);
+  h.pump();
+  EXPECT_TRUE(ok) << msg;
+  EXPECT_NE(msg.find("finishes first"), std::string::npos) << msg;
+  EXPECT_FALSE(h.coord().admin(wire::AdminRequest::PAUSE, "bob", h.now).first);  // already paused
+  h.ready(0, 10);
+  h.ready(1, 10);
+  h.serve({{0, {constant(1), 10}}, {1, {constant(3), 10}}});
+  ASSERT_EQ(h.store.commits.size(), 1u);  // round 1 finished although paused during it
+  EXPECT_EQ(h.coord().round(), 2u);
+  EXPECT_EQ(h.coord().phase(), Phase::Joining);  // and round 2 did not start
+  h.fire(Timer::Join);
+  EXPECT_EQ(h.coord().phase(), Phase::Joining);  // not even at the join deadline
+  EXPECT_TRUE(h.coord().status(h.now)["paused"].get<bool>());
+  EXPECT_EQ(h.coord().status(h.now)["paused_by"], "alice");
+
+  std::tie(ok, msg) = h.coord().admin(wire::AdminRequest::RESUME, "bob", h.now);
+  h.pump();
+  EXPECT_TRUE(ok) << msg;
+  EXPECT_EQ(h.coord().phase(), Phase::Collecting);  // round 2 starts at once
+  EXPECT_FALSE(h.coord().admin(wire::AdminRequest::RESUME, "bob", h.now).first);  // not paused
+
+  std::tie(ok, msg) = h.coord().admin(wire::AdminRequest::STOP, "carol", h.now);
+  h.pump();
+  EXPECT_TRUE(ok) << msg;
+  EXPECT_FALSE(h.finished);  // round 2 finishes first
+  h.ready(0, 10);
+  h.disconnect(1);  // a dropout, for the outcomes below
+  h.fire(Timer::Train);
+  h.serve({{0, {constant(2), 10}}});
+  EXPECT_TRUE(h.finished);
+  EXPECT_EQ(h.coord().phase(), Phase::Finished);
+  const auto* fin = h.last(0, wire::Envelope::kFinished);
+  ASSERT_TRUE(fin);
+  EXPECT_EQ(fin->finished().reason(), "stopped by admin carol");
+  EXPECT_FALSE(h.coord().admin(wire::AdminRequest::RESUME, "bob", h.now).first);  // finished
+
+  std::vector<std::pair<std::string, std::string>> audited;
+  for (const auto& r : h.store.records) {
+    if (r.value("event", "") == "admin") audited.emplace_back(r["command"], r["admin"]);
+  }
+  const std::vector<std::pair<std::string, std::string>> want = {{"pause", "alice"}, {"resume", "bob"}, {"stop", "carol"}};
+  EXPECT_EQ(audited, want);  // refused commands are not audited
+
+  ASSERT_EQ(h.coord().recent().size(), 2u);
+  const auto& r2 = h.coord().recent().back();
+  EXPECT_EQ(r2.round, 2u);
+  EXPECT_EQ(r2.updates, 1u);
+  ASSERT_EQ(r2.dropouts.size(), 1u);
+  EXPECT_EQ(r2.dropouts[0].silo, name(1));
+  EXPECT_EQ(r2.dropouts[0].cause, "disconnected");
+  EXPECT_EQ(h.coord().totals().dropouts.at("disconnected"), 1u);
+  EXPECT_EQ(h.coord().totals().admin_commands, 3u);
+  EXPECT_EQ(h.coord().totals().phase_seconds.at("collect").second, 2u);  // entered twice
+  const auto st = h.coord().status(h.now);
+  EXPECT_EQ(st["recent_rounds"].size(), 2u);
+  EXPECT_EQ(st["recent_rounds"][1]["dropouts"][0]["silo"], name(1));
 }
 
 }  // namespace

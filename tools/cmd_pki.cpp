@@ -42,7 +42,7 @@ void add_pki(CLI::App& app, int& exit_code) {
   auto issue = std::make_shared<IssueOpts>();
   auto* cmd_issue = pki->add_subcommand("issue", "issue a key and certificate as DIR/kits/NAME");
   cmd_issue->add_option("--pki", issue->pki, "PKI folder made by pki init")->capture_default_str();
-  cmd_issue->add_option("--role", issue->role, "server, edge or silo")->required();
+  cmd_issue->add_option("--role", issue->role, "server, edge, silo or admin (an operator: xsilo status, xsilo admin)")->required();
   cmd_issue->add_option("--name", issue->name, "participant name (certificate CN)")->required();
   cmd_issue->add_option("--days", issue->days, "validity in days")->capture_default_str();
   cmd_issue->add_option("--key", issue->key, "key type: p256 or ed25519")->capture_default_str();

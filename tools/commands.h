@@ -14,5 +14,6 @@ void add_sim(CLI::App& app, int& exit_code);
 void add_audit(CLI::App& app, int& exit_code);
 void add_bench(CLI::App& app, int& exit_code);
 void add_collective(CLI::App& app, int& exit_code);
+void add_admin(CLI::App& app, int& exit_code);  // status and admin
 
 }  // namespace xsilo::tools

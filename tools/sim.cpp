@@ -374,6 +374,9 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
   say("  server on 127.0.0.1:" + std::to_string(f.server_port) + " (mutual TLS 1.3), " +
       (f.edges.empty() ? std::string() : std::to_string(f.edges.size()) + " edges, ") + std::to_string(cfg.silos) +
       " agents started; logs in " + f.logs.string());
+  say("  watch it: xsilo status --server 127.0.0.1:" + std::to_string(f.server_port) + " --kit " +
+      (f.pki / "kits" / "operator").string() +
+      (cfg.metrics ? "; metrics ports in " + (f.out / "metrics").string() : std::string()));
   CentralEvaluator central(cfg, f);
   FaultPlayer faults(cfg, f.state / "events.jsonl");
   Progress progress(cfg, f, central, result);

@@ -75,6 +75,7 @@ struct SimConfig {
   std::map<std::string, std::string> hostile;
   bool baseline = true;              // also train centrally on the pooled data
   std::string log_format = "text";   // every process's log_format ("json": one object per line)
+  bool metrics = false;              // every process serves Prometheus metrics on a loopback port
 };
 
 // Throws ConfigError with the file and key path on invalid input.
@@ -99,6 +100,11 @@ struct FederationFiles {
 };
 
 FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::path& out);
+// Where a process of the federation ("server", an edge's or a silo's name) writes its metrics
+// port when the sim config asks for metrics: OUT/metrics/NAME.port.
+inline std::filesystem::path metrics_port_file(const FederationFiles& f, const std::string& process) {
+  return f.out / "metrics" / (process + ".port");
+}
 // Why the config's data split cannot be made (the split prepare_federation makes), or "".
 std::string split_problem(const SimConfig& cfg);
 // Waits for the server to write its port file; throws with the log's tail if it dies. The

@@ -82,6 +82,7 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
   c.seed = static_cast<std::uint64_t>(root.integer("seed", 7, 0));
   c.baseline = root.boolean("baseline", true);
   c.log_format = root.one_of("log_format", "text", {"text", "json"});
+  c.metrics = root.boolean("metrics", false);
 
   const auto data = root.child("data");
   if (data.has("path")) {

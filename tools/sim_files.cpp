@@ -112,6 +112,15 @@ void make_initial_model(const SimConfig& cfg, FederationFiles& f) {
 }
 
 // A throwaway PKI: one CA, one kit per process.
+transport::MetricsOptions sim_metrics(const FederationFiles& f, const std::string& process) {
+  transport::MetricsOptions m;
+  m.listen = Endpoint{"127.0.0.1", 0};
+  m.port_file = metrics_port_file(f, process);
+  std::filesystem::create_directories(m.port_file.parent_path());
+  std::filesystem::remove(m.port_file);
+  return m;
+}
+
 void make_pki(const SimConfig& cfg, FederationFiles& f) {
   const auto& out = f.out;
   // A throwaway PKI: one CA, one kit per process.
@@ -120,6 +129,8 @@ void make_pki(const SimConfig& cfg, FederationFiles& f) {
   transport::pki_init(f.pki, cfg.federation);
   transport::pki_issue(f.pki, {wire::SERVER, "server"});
   for (const auto& n : f.silos) transport::pki_issue(f.pki, {wire::SILO, n});
+  // An operator's kit: `xsilo status --kit pki/kits/operator` watches the running federation.
+  transport::pki_issue(f.pki, {wire::ADMIN, "operator"});
   for (std::size_t e = 0; e < cfg.edges; ++e) {
     char name[32];
     std::snprintf(name, sizeof name, "edge-%02zu", e + 1);
@@ -147,7 +158,8 @@ void write_server_config(const SimConfig& cfg, FederationFiles& f) {
                  {"listen", "127.0.0.1:" + std::to_string(f.server_port)},
                  {"port_file", f.port_file.string()},
                  {"tls", {{"kit", (f.pki / "kits" / "server").string()}}},
-                 {"allow", f.edges.empty() ? json{{"silo", f.silos}} : json{{"silo", f.silos}, {"edge", f.edges}}},
+                 {"allow", f.edges.empty() ? json{{"silo", f.silos}, {"admin", {"operator"}}}
+                                           : json{{"silo", f.silos}, {"edge", f.edges}, {"admin", {"operator"}}}},
                  {"state_dir", f.state.string()},
                  {"keep_checkpoints", 0},
                  {"rounds", cfg.rounds},
@@ -160,6 +172,7 @@ void write_server_config(const SimConfig& cfg, FederationFiles& f) {
                  {"log_format", cfg.log_format},
                  {"optimizer", cfg.optimizer}};
   if (!cfg.hidden.empty()) server["model"]["hidden"] = cfg.hidden;
+  if (cfg.metrics) server["metrics"] = transport::to_json(sim_metrics(f, "server"));
   json selection = cfg.selection.is_object() ? cfg.selection : json::object();
   if (!selection.contains("min_silos")) selection["min_silos"] = std::max<std::size_t>(1, cfg.silos / 2 + 1);
   server["selection"] = selection;
@@ -195,6 +208,7 @@ void write_edge_configs(const SimConfig& cfg, FederationFiles& f) {
     edge.allow.allow(wire::SILO, {f.silos.begin(), f.silos.end()});  // any silo of the federation may fail over here
     edge.reconnect = {std::chrono::milliseconds(100), std::chrono::milliseconds(1000), 0};
     edge.log_format = cfg.log_format;
+    if (cfg.metrics) edge.metrics = sim_metrics(f, f.edges[e]);
     if (cfg.transport.is_object()) {
       edge.channel = transport::parse_channel_options(ConfigNode(cfg.transport, cfg.file.string(), ".transport"));
     }
@@ -330,6 +344,7 @@ AgentFiles write_agent_config(const SimConfig& cfg, const FederationFiles& f, st
   a.tls = transport::TlsFiles::from_kit(f.pki / "kits" / f.silos[i]);
   a.reconnect = {std::chrono::milliseconds(100), std::chrono::milliseconds(1000), 0};
   a.log_format = cfg.log_format;
+  if (cfg.metrics) a.metrics = sim_metrics(f, f.silos[i]);
   if (!f.edges.empty()) a.failover_probe = std::chrono::milliseconds(1000);
   if (cfg.transport.is_object()) {
     a.channel = transport::parse_channel_options(ConfigNode(cfg.transport, cfg.file.string(), ".transport"));

@@ -69,7 +69,7 @@ DialOptions parse_dial_options(const ConfigNode& node) {
 
 AllowList parse_allow(const ConfigNode& node) {
   AllowList allow;
-  for (const char* role : {"server", "edge", "silo"}) {
+  for (const char* role : {"server", "edge", "silo", "admin"}) {
     if (!node.has(role)) continue;
     auto names = node.str_list(role);
     if (names.empty()) node.fail(role, "must list at least one name, or \"*\"");

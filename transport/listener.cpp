@@ -1,6 +1,8 @@
 #include "transport/listener.h"
 
 #include <boost/asio/co_spawn.hpp>
+#include <algorithm>
+#include <cctype>
 #include <optional>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/redirect_error.hpp>
@@ -68,6 +70,7 @@ awaitable<void> Listener::accept_loop() {
     if (handshaking_ >= opts_.max_handshakes || handshaking_from_[address] >= opts_.max_handshakes_per_address) {
       // Shed before any TLS work: unauthenticated peers cannot hold more than the caps.
       ++shed_;
+      ++refused_by_reason_["shed"];
       const auto now = std::chrono::steady_clock::now();
       if (now - last_shed_log_ > 1s) {
         last_shed_log_ = now;
@@ -112,13 +115,19 @@ awaitable<void> Listener::authenticate(tcp::socket socket, std::string address) 
     const std::uint64_t round = current_round_ ? current_round_() : 0;
     st = co_await channel->accept(allow_, me_, round);
   } catch (const std::exception& e) {
-    if (*alive) spdlog::warn("connection from {} failed before it was authenticated: {}", address, e.what());
+    if (*alive) {
+      spdlog::warn("connection from {} failed before it was authenticated: {}", address, e.what());
+      ++refused_by_reason_["handshake_error"];
+    }
     co_return;
   }
   if (!*alive) co_return;
   slot.reset();
   if (!st) {
     ++refused_;
+    std::string reason = st.message.rfind("TLS handshake", 0) == 0 ? "tls_handshake" : wire::ErrorCode_Name(st.code);
+    std::transform(reason.begin(), reason.end(), reason.begin(), [](unsigned char c) { return std::tolower(c); });
+    ++refused_by_reason_[reason];
     spdlog::warn("refused connection from {}: {}", channel->remote(), st.message);
     co_return;
   }

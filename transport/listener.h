@@ -26,6 +26,10 @@ class Listener {
   void start();
   void stop();
   std::uint64_t refused() const { return refused_; }
+  // Connections refused or lost before they were established, by reason: "shed" (handshake
+  // caps full), "tls_handshake", "handshake_error", or the refusal's error code
+  // ("not_allowed", "wrong_federation", "version_mismatch", ...). For the metrics.
+  const std::map<std::string, std::uint64_t>& refused_by_reason() const { return refused_by_reason_; }
   // Connections closed at accept because the handshake caps were full.
   std::uint64_t shed() const { return shed_; }
   std::size_t handshaking() const { return handshaking_; }
@@ -50,6 +54,7 @@ class Listener {
   std::size_t handshaking_ = 0;
   std::map<std::string, std::size_t> handshaking_from_;
   std::uint64_t shed_ = 0;
+  std::map<std::string, std::uint64_t> refused_by_reason_;
   std::uint64_t accept_failures_ = 0;
   std::chrono::steady_clock::time_point last_shed_log_{};
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);

@@ -126,11 +126,21 @@ std::string federation_of(X509* ca) {
 
 }  // namespace
 
+std::string federation_of_ca(const std::filesystem::path& ca_pem) {
+  const std::string pem = read_file(ca_pem);
+  BioPtr bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+  X509Ptr ca(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr));
+  ERR_clear_error();
+  if (!ca) throw std::runtime_error(ca_pem.string() + ": not a PEM certificate");
+  return federation_of(ca.get());
+}
+
 std::string role_name(wire::Role role) {
   switch (role) {
     case wire::SERVER: return "server";
     case wire::EDGE: return "edge";
     case wire::SILO: return "silo";
+    case wire::ADMIN: return "admin";
     default: return "unknown";
   }
 }
@@ -139,7 +149,8 @@ wire::Role parse_role(const std::string& s) {
   if (s == "server") return wire::SERVER;
   if (s == "edge") return wire::EDGE;
   if (s == "silo") return wire::SILO;
-  throw std::invalid_argument("role must be server, edge or silo, got \"" + s + "\"");
+  if (s == "admin") return wire::ADMIN;
+  throw std::invalid_argument("role must be server, edge, silo or admin, got \"" + s + "\"");
 }
 
 void pki_init(const std::filesystem::path& dir, const std::string& federation, int days,
@@ -166,8 +177,8 @@ std::filesystem::path pki_issue(const std::filesystem::path& dir, const IssueReq
     throw std::invalid_argument("participant name \"" + req.name +
                                 "\" must be 1-64 characters of A-Z a-z 0-9 . _ -");
   }
-  if (req.role != wire::SERVER && req.role != wire::EDGE && req.role != wire::SILO) {
-    throw std::invalid_argument("role must be server, edge or silo");
+  if (req.role != wire::SERVER && req.role != wire::EDGE && req.role != wire::SILO && req.role != wire::ADMIN) {
+    throw std::invalid_argument("role must be server, edge, silo or admin");
   }
   const auto ca_dir = dir / "ca";
   if (!std::filesystem::exists(ca_dir / "ca.key")) {

@@ -45,6 +45,10 @@ std::filesystem::path pki_renew(const std::filesystem::path& dir, const std::str
 // Returns how many certificates the list now names. An empty NAME only refreshes the list.
 std::size_t pki_revoke(const std::filesystem::path& dir, const std::string& name, int days = 365);
 
+// The federation a CA certificate (PEM file, a kit's ca.pem) was made for: its organization.
+// Throws std::runtime_error naming the file when it is not a certificate.
+std::string federation_of_ca(const std::filesystem::path& ca_pem);
+
 std::string role_name(wire::Role role);
 wire::Role parse_role(const std::string& s);  // throws std::invalid_argument
 
