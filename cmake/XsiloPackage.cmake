@@ -11,9 +11,17 @@ install(FILES packaging/etc/server.json packaging/etc/edge.json packaging/etc/ag
 install(FILES packaging/systemd/xsilo-server.service packaging/systemd/xsilo-edge.service
               packaging/systemd/xsilo-agent@.service
         DESTINATION /lib/systemd/system)
-# Debian wants the licence as copyright; the docs keep their folder so README's links work.
-install(FILES README.md DESTINATION share/doc/xsilo)
-install(FILES LICENSE DESTINATION share/doc/xsilo RENAME copyright)
+# The docs keep their folder, so README's links work.
+install(FILES README.md packaging/debian/copyright DESTINATION share/doc/xsilo)
+# Debian's changelog, compressed as Debian wants it (-n: no time stamp, so builds repeat). Its
+# top entry should be this version: a release adds one.
+file(STRINGS packaging/debian/changelog xsilo_changelog_top LIMIT_COUNT 1)
+if(NOT xsilo_changelog_top MATCHES "^xsilo \\(${PROJECT_VERSION}\\)")
+  message(WARNING "packaging/debian/changelog: the top entry is not version ${PROJECT_VERSION}: add one")
+endif()
+execute_process(COMMAND gzip -9n -c ${PROJECT_SOURCE_DIR}/packaging/debian/changelog
+                OUTPUT_FILE ${PROJECT_BINARY_DIR}/changelog.gz COMMAND_ERROR_IS_FATAL ANY)
+install(FILES ${PROJECT_BINARY_DIR}/changelog.gz DESTINATION share/doc/xsilo)
 file(GLOB xsilo_docs ${PROJECT_SOURCE_DIR}/docs/*.md)
 install(FILES ${xsilo_docs} DESTINATION share/doc/xsilo/docs)
 
@@ -24,9 +32,10 @@ set(XSILO_PACKAGE_MAINTAINER "xsilo maintainers <maintainers@example.org>"
 set(CPACK_PACKAGE_CONTACT ${XSILO_PACKAGE_MAINTAINER})
 set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "cross-silo federated learning: server, edge aggregator and silo agent")
 set(CPACK_PACKAGE_DESCRIPTION
-    "One binary, xsilo, with the federation's server, regional edge aggregators and the silo
-agents that hospitals run, over mutual TLS 1.3 with secure aggregation, robust rules and a
-signed audit log. Systemd units: xsilo-server, xsilo-edge, xsilo-agent@SILO.")
+    "One binary, xsilo, with the federation's server, regional edge aggregators
+and the silo agents that hospitals run, over mutual TLS 1.3 with secure
+aggregation, robust rules and a signed audit log. Systemd units: xsilo-server,
+xsilo-edge, xsilo-agent@SILO.")
 set(CPACK_GENERATOR DEB)
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 set(CPACK_STRIP_FILES ON)
