@@ -51,6 +51,9 @@ say "built $(basename "$deb") in ${t_build}s; Depends: $depends"
 for lib in libssl3 libsodium23 libprotobuf32 adduser; do
   grep -q "$lib" <<<"$depends" || fail "Depends lacks $lib"
 done
+if command -v lintian >/dev/null; then  # for the record; its remarks do not fail the test
+  say "lintian: $( (lintian "$deb" 2>&1 || true) | grep -v 'root privileges' | tr '\n' ';' || true)"
+fi
 
 # --- install ---------------------------------------------------------------------------------
 DEBIAN_FRONTEND=noninteractive dpkg -i "$deb" >"$work/dpkg-install.log" 2>&1 ||
