@@ -11,10 +11,10 @@ install(FILES packaging/etc/server.json packaging/etc/edge.json packaging/etc/ag
 install(FILES packaging/systemd/xsilo-server.service packaging/systemd/xsilo-edge.service
               packaging/systemd/xsilo-agent@.service
         DESTINATION /lib/systemd/system)
-# The docs keep their folder, so README's links work.
 install(FILES README.md packaging/debian/copyright DESTINATION share/doc/xsilo)
-# Debian's changelog, compressed as Debian wants it (-n: no time stamp, so builds repeat). Its
-# top entry should be this version: a release adds one.
+# Debian's changelog, compressed as Debian wants it (-n: no time stamp, so builds repeat), made
+# again when it changes. Its top entry should be this version: a release adds one.
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS packaging/debian/changelog)
 file(STRINGS packaging/debian/changelog xsilo_changelog_top LIMIT_COUNT 1)
 if(NOT xsilo_changelog_top MATCHES "^xsilo \\(${PROJECT_VERSION}\\)")
   message(WARNING "packaging/debian/changelog: the top entry is not version ${PROJECT_VERSION}: add one")
@@ -22,6 +22,7 @@ endif()
 execute_process(COMMAND gzip -9n -c ${PROJECT_SOURCE_DIR}/packaging/debian/changelog
                 OUTPUT_FILE ${PROJECT_BINARY_DIR}/changelog.gz COMMAND_ERROR_IS_FATAL ANY)
 install(FILES ${PROJECT_BINARY_DIR}/changelog.gz DESTINATION share/doc/xsilo)
+# The docs keep their folder, so README's links work.
 file(GLOB xsilo_docs ${PROJECT_SOURCE_DIR}/docs/*.md)
 install(FILES ${xsilo_docs} DESTINATION share/doc/xsilo/docs)
 
