@@ -8,6 +8,7 @@
 # docs/operations.md); tests off, because the package needs only the binary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh >&2
 build_dir=${BUILD_DIR:-build-package}
 
 # scripts/build.sh does not pass these; a value in the cache stays when it configures again.

@@ -18,7 +18,14 @@
 #include "tests/federation_util.h"
 #include "tests/testlib.h"
 #include "tools/sim.h"
+#include "tools/admin_client.h"
+#include "transport/dialer.h"
 #include "transport/pki.h"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/use_future.hpp>
+#include <boost/asio/write.hpp>
 
 namespace xsilo::tools {
 namespace {
@@ -413,6 +420,172 @@ TEST(Federation, JsonLogsAreOneObjectPerLineInEveryProcess) {
   }
   EXPECT_EQ(files, 4u);
   EXPECT_TRUE(committed) << read_file(dir / "out" / "logs" / "server.log");
+}
+
+// GET /metrics from a process's metrics port (its port file): the body.
+std::string scrape(const std::filesystem::path& port_file) {
+  namespace asio = boost::asio;
+  const auto port = static_cast<std::uint16_t>(std::stoi(read_file(port_file)));
+  asio::io_context io;
+  asio::ip::tcp::socket s(io);
+  s.connect({asio::ip::make_address("127.0.0.1"), port});
+  asio::write(s, asio::buffer(std::string("GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")));
+  std::string out;
+  boost::system::error_code ec;
+  asio::read(s, asio::dynamic_buffer(out), ec);
+  const auto body = out.find("\r\n\r\n");
+  return body == std::string::npos ? "" : out.substr(body + 4);
+}
+
+// The value of one series in a scrape ("xsilo_paused", "xsilo_rounds_total{status=\"committed\"}").
+std::optional<double> series(const std::string& text, const std::string& name) {
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+  }
+  return std::nullopt;
+}
+
+// A silo's own certificate sends an AdminRequest straight to the server: the answer it gets.
+wire::Envelope admin_request_as_silo(const FederationFiles& f, std::uint16_t port, const std::string& silo) {
+  namespace asio = boost::asio;
+  asio::io_context io;
+  auto tls = transport::make_tls_context(transport::TlsFiles::from_kit(f.pki / "kits" / silo));
+  auto run = [&]() -> asio::awaitable<wire::Envelope> {
+    const transport::AllowList servers{wire::SERVER};
+    transport::LocalInfo me;
+    me.federation = "sim";
+    me.role = wire::SILO;
+    me.capabilities = {"plain"};
+    const Endpoint to{"127.0.0.1", port};
+    auto ex = io.get_executor();
+    auto ch = co_await transport::dial_once(ex, tls, to, servers, me, transport::ChannelOptions{});
+    if (!ch) throw std::runtime_error(ch.status().message);
+    (*ch)->start();
+    wire::Envelope req;
+    req.set_federation("sim");
+    req.mutable_admin_request()->set_command(wire::AdminRequest::STOP);
+    (*ch)->send(req);
+    for (;;) {
+      auto m = co_await (*ch)->read();
+      if (!m) throw std::runtime_error(m.status().message);
+      if (m->has_error() || m->has_admin_reply()) {
+        (*ch)->close();
+        co_return *m;
+      }
+    }
+  };
+  auto result = asio::co_spawn(io, run(), asio::use_future);
+  io.run_for(20s);
+  return result.get();
+}
+
+// An operator watches a federation through status and metrics, pauses it (the pause survives
+// a server crash), resumes and stops it; a silo's certificate cannot do the same. Edges,
+// metrics on every process and a server restart in one run.
+TEST(Federation, OperatorsWatchPauseResumeAndStopAFederation) {
+  auto c = small_config(3, 100000);
+  c.edges = 1;
+  c.metrics = true;
+  Fed fed(c);
+  fed.start_server();
+  fed.start_edges();
+  fed.start_agents();
+  const auto kit = fed.files.pki / "kits" / "operator";
+  auto server = [&] { return Endpoint{"127.0.0.1", fed.port}; };
+  ASSERT_TRUE(wait_until([&] { return metrics_rows(fed.files.state) >= 2; }, 60s)) << fed.logs();
+
+  auto st = admin_call(server(), kit, wire::AdminRequest::STATUS);
+  ASSERT_TRUE(st.ok) << st.message;
+  ASSERT_EQ(st.status["silos"].size(), 3u) << st.status.dump();
+  for (const auto& s : st.status["silos"]) {
+    EXPECT_EQ(s["edge"], "edge-01");
+    EXPECT_GT(s["certificate_days_left"].get<int>(), 300);  // from the silo's signed join
+  }
+  ASSERT_EQ(st.status["edges"].size(), 1u);
+  EXPECT_EQ(st.status["edges"][0]["name"], "edge-01");
+  EXPECT_GE(st.status["recent_rounds"].size(), 1u);
+  EXPECT_NE(format_status(st.status).find("edge-01"), std::string::npos);
+
+  auto r = admin_call(server(), kit, wire::AdminRequest::PAUSE);
+  ASSERT_TRUE(r.ok) << r.message;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        auto s = admin_call(server(), kit, wire::AdminRequest::STATUS);
+        return s.ok && s.status["phase"] == "join" && s.status["paused"] == true;
+      },
+      30s))
+      << fed.logs();
+  const auto rows = metrics_rows(fed.files.state);
+  std::this_thread::sleep_for(1500ms);
+  EXPECT_EQ(metrics_rows(fed.files.state), rows) << "a round ran while paused";
+  const auto m = scrape(metrics_port_file(fed.files, "server"));
+  EXPECT_EQ(series(m, "xsilo_paused"), 1.0) << m;
+  EXPECT_EQ(series(m, "xsilo_rounds_total{status=\"committed\"}"), static_cast<double>(rows)) << m;
+  EXPECT_EQ(series(m, "xsilo_silos_connected"), 3.0) << m;
+  EXPECT_EQ(series(m, "xsilo_edges_connected"), 1.0) << m;
+  EXPECT_GT(series(m, "xsilo_upload_bytes_total").value_or(0), 0.0) << m;
+  const auto e = scrape(metrics_port_file(fed.files, "edge-01"));
+  EXPECT_EQ(series(e, "xsilo_upstream_connected"), 1.0) << e;
+  EXPECT_EQ(series(e, "xsilo_silos_connected"), 3.0) << e;
+  EXPECT_EQ(series(e, "xsilo_region_uploads_total"), static_cast<double>(rows)) << e;
+  const auto a = scrape(metrics_port_file(fed.files, "hospital-01"));
+  EXPECT_EQ(series(a, "xsilo_silo_rounds_total{outcome=\"committed\"}"), static_cast<double>(rows)) << a;
+  EXPECT_EQ(series(a, "xsilo_trainer_failures_total"), 0.0) << a;
+
+  // A silo's certificate: refused by the server, which logs and counts it and goes on.
+  const auto refused = admin_request_as_silo(fed.files, fed.port, "hospital-02");
+  ASSERT_TRUE(refused.has_error()) << refused.DebugString();
+  EXPECT_EQ(refused.error().code(), wire::NOT_ALLOWED);
+  EXPECT_NE(refused.error().message().find("admin certificate"), std::string::npos);
+  EXPECT_NE(read_file(fed.files.logs / "server.log").find("refused admin command STOP from silo hospital-02"),
+            std::string::npos);
+  EXPECT_EQ(series(scrape(metrics_port_file(fed.files, "server")), "xsilo_connections_refused_total{reason=\"admin_not_allowed\"}"),
+            1.0);
+
+  // The pause outlives a crash of the server.
+  fed.server->signal(SIGKILL);
+  ASSERT_TRUE(fed.server->wait(10s));
+  std::filesystem::remove(metrics_port_file(fed.files, "server"));
+  fed.start_server();
+  ASSERT_TRUE(wait_until(
+      [&] {
+        auto s = admin_call(server(), kit, wire::AdminRequest::STATUS);
+        return s.ok && s.status["silos"].size() == 3;
+      },
+      30s))
+      << fed.logs();
+  st = admin_call(server(), kit, wire::AdminRequest::STATUS);
+  EXPECT_EQ(st.status["paused"], true) << st.status.dump();
+  EXPECT_EQ(st.status["paused_by"], "operator");
+  std::this_thread::sleep_for(1000ms);
+  EXPECT_EQ(metrics_rows(fed.files.state), rows) << "a round ran after a restart while paused";
+
+  r = admin_call(server(), kit, wire::AdminRequest::RESUME);
+  ASSERT_TRUE(r.ok) << r.message;
+  ASSERT_TRUE(wait_until([&] { return metrics_rows(fed.files.state) >= rows + 2; }, 60s)) << fed.logs();
+  r = admin_call(server(), kit, wire::AdminRequest::STOP);
+  ASSERT_TRUE(r.ok) << r.message;
+  auto code = fed.server->wait(60s);
+  ASSERT_TRUE(code) << fed.logs();
+  EXPECT_EQ(*code, 0) << fed.logs();
+  for (auto& p : fed.agents) EXPECT_EQ(p->wait(10s).value_or(-1), 0) << fed.logs();
+
+  const auto v = server::verify_audit_log(fed.files.state / "audit.jsonl",
+                                          server::load_public_key(fed.files.state / "audit.pub"));
+  EXPECT_TRUE(v.ok) << v.reason;
+  std::vector<std::string> commands;
+  for (auto& r : server::read_audit_log(fed.files.state / "audit.jsonl")) {
+    if (r["event"] != "admin") continue;
+    commands.push_back(r["command"]);
+    EXPECT_EQ(r["admin"], "operator");
+  }
+  EXPECT_EQ(commands, (std::vector<std::string>{"pause", "resume", "stop"}));  // the silo's STOP is not among them
+  std::map<std::uint64_t, int> commits;
+  for (const auto& r : fed.rounds()) {
+    if (r["status"] == "committed") ++commits[r["round"].get<std::uint64_t>()];
+  }
+  for (const auto& [round, n] : commits) EXPECT_EQ(n, 1) << "round " << round;  // none lost or repeated
 }
 
 }  // namespace
