@@ -397,15 +397,21 @@ class Server {
   }
   void apply(action::Finished& a) {
     spdlog::info("federation finished: {} rounds committed, {} aborted", a.committed, a.aborted);
-    state_.record({{"event", "federation_end"},
-                   {"federation", cfg_.federation},
-                   {"rounds_committed", a.committed},
-                   {"rounds_aborted", a.aborted},
-                   {"model_sha256", coord_.model_sha256()},
-                   {"time", iso_time(now_ms())}},
-                  nullptr);
-    // Let the Finished messages reach the silos, then stop.
-    shutdown(a.aborted == 0 ? 0 : 3, std::chrono::milliseconds(300));
+    nlohmann::json rec = {{"event", "federation_end"},
+                          {"federation", cfg_.federation},
+                          {"rounds_committed", a.committed},
+                          {"rounds_aborted", a.aborted},
+                          {"model_sha256", coord_.model_sha256()},
+                          {"time", iso_time(now_ms())}};
+    // On the worker, after every record queued before it (an admin's stop is one): the audit
+    // log has one writer. Then the Finished messages get time to reach the silos.
+    const int code = a.aborted == 0 ? 0 : 3;
+    rt_.work<int>(
+        [this, rec = std::move(rec)] {
+          state_.record(rec, nullptr);
+          return 0;
+        },
+        [this, code](int) { shutdown(code, std::chrono::milliseconds(300)); });
   }
 
   void shutdown(int code, std::chrono::milliseconds linger = std::chrono::milliseconds(0)) {

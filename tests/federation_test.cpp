@@ -573,7 +573,7 @@ TEST(Federation, OperatorsWatchPauseResumeAndStopAFederation) {
 
   const auto v = server::verify_audit_log(fed.files.state / "audit.jsonl",
                                           server::load_public_key(fed.files.state / "audit.pub"));
-  EXPECT_TRUE(v.ok) << v.reason;
+  EXPECT_TRUE(v.ok) << v.reason << "\n" << fed.logs();
   std::vector<std::string> commands;
   for (auto& r : server::read_audit_log(fed.files.state / "audit.jsonl")) {
     if (r["event"] != "admin") continue;
