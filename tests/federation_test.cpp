@@ -153,6 +153,19 @@ TEST(Federation, ASiloRestartedWithARenewedKitKeepsItsPlaceAndExpiriesAreWarnedO
   fed.agents[0] = std::make_unique<Process>(
       std::vector<std::string>{test::xsilo_bin(), "agent", "--config", fed.agent_configs[0].string()},
       fed.files.logs / "hospital-01.restarted.log");
+  // An operator sees it too: the renewed silo is back, and its certificate is to be renewed.
+  ASSERT_TRUE(wait_until(
+      [&] {
+        const auto st = admin_call({"127.0.0.1", fed.port}, fed.files.pki / "kits" / "operator", wire::AdminRequest::STATUS);
+        if (!st.ok) return false;
+        bool connected = false;
+        for (const auto& s : st.status["silos"]) connected = connected || (s["silo"] == "hospital-01" && s["certificate_days_left"] < 11);
+        const auto warnings = st.status["certificate_warnings"].dump();
+        return connected && warnings.find("silo hospital-01") != std::string::npos &&
+               warnings.find("hospital-02") == std::string::npos;
+      },
+      60s))
+      << fed.logs();
   auto code = fed.server->wait(180s);
   ASSERT_TRUE(code) << fed.logs();
   EXPECT_EQ(*code, 0) << fed.logs();
@@ -488,6 +501,7 @@ TEST(Federation, OperatorsWatchPauseResumeAndStopAFederation) {
   c.edges = 1;
   c.metrics = true;
   Fed fed(c);
+  transport::pki_renew(fed.files.pki, "hospital-03", /*days=*/10);  // one certificate close to its expiry
   fed.start_server();
   fed.start_edges();
   fed.start_agents();
@@ -500,8 +514,17 @@ TEST(Federation, OperatorsWatchPauseResumeAndStopAFederation) {
   ASSERT_EQ(st.status["silos"].size(), 3u) << st.status.dump();
   for (const auto& s : st.status["silos"]) {
     EXPECT_EQ(s["edge"], "edge-01");
-    EXPECT_GT(s["certificate_days_left"].get<int>(), 300);  // from the silo's signed join
+    // From the silo's signed join: the server sees no TLS certificate of a silo behind an edge.
+    if (s["silo"] == "hospital-03") {
+      EXPECT_LE(s["certificate_days_left"].get<int>(), 10);
+    } else {
+      EXPECT_GT(s["certificate_days_left"].get<int>(), 300);
+    }
   }
+  ASSERT_EQ(st.status["certificate_warnings"].size(), 1u) << st.status.dump();
+  EXPECT_NE(st.status["certificate_warnings"][0].get<std::string>().find("silo hospital-03"), std::string::npos);
+  EXPECT_NE(read_file(fed.files.logs / "server.log").find("certificate of silo hospital-03 expires on"), std::string::npos)
+      << "the server warns of a relayed silo's certificate in its log";
   ASSERT_EQ(st.status["edges"].size(), 1u);
   EXPECT_EQ(st.status["edges"][0]["name"], "edge-01");
   EXPECT_GE(st.status["recent_rounds"].size(), 1u);
