@@ -114,7 +114,7 @@ class Edge {
     if (up_) up_->send(std::move(a.env));
   }
   void run(action::StreamToServer& a) {
-    metrics_.add("xsilo_region_uploads_total");
+    if (up_) metrics_.add("xsilo_region_uploads_total");
     if (up_) up_->send_stream([src = a.source, max = cfg_.channel.max_frame_bytes] { return src->next_frame(max); });
   }
   void run(action::ToSilo& a) {

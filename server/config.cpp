@@ -270,7 +270,7 @@ ServerConfig load_server_config(const std::filesystem::path& file) {
 
   c.log_level = root.one_of("log_level", "info", {"trace", "debug", "info", "warn", "error"});
   c.log_format = root.one_of("log_format", "text", {"text", "json"});
-  c.metrics = transport::parse_metrics(root.child("metrics"));
+  c.metrics = transport::parse_metrics(root);
   root.finish();
   return c;
 }

@@ -79,11 +79,11 @@ void Coordinator::send_to_member(std::size_t m, wire::Envelope e) {
 }
 
 void Coordinator::start(std::int64_t now_ms) {
+  phase_since_ms_ = now_ms;
   if (round_ > cfg_.rounds) {
     finish_round(false, AuditHead{}, now_ms);  // nothing left to do: resumed after the last round
     return;
   }
-  phase_since_ms_ = now_ms;
   set_phase(Phase::Joining, now_ms);
   join_elapsed_ = false;
   actions_.push_back(action::StartTimer{Timer::Join, cfg_.deadlines.join});
@@ -251,7 +251,8 @@ void Coordinator::pump(std::int64_t now_ms) {
 }
 
 void Coordinator::close_round(std::int64_t now_ms) {
-  set_phase(Phase::Closing, now_ms);
+  // A secure round unmasks before it commits.
+  set_phase(r_->secure ? Phase::Unmasking : Phase::Closing, now_ms);
   for (auto t : {Timer::Train, Timer::Upload, Timer::SecAgg}) actions_.push_back(action::CancelTimer{t});
   const bool enough = r_->done() >= r_->target;
   for (std::size_t i = 0; i < r_->members.size(); ++i) {
@@ -352,13 +353,12 @@ void Coordinator::finish_round(bool committed, const AuditHead& audit, std::int6
   }
   r_.reset();
   if (round_ > cfg_.rounds) {
-    set_phase(Phase::Finished, now_ms);
-    end_federation("all rounds done");
+    end_federation("all rounds done", now_ms);
     return;
   }
   set_phase(Phase::Joining, now_ms);
   if (stop_requested_) {
-    end_federation("stopped by admin " + stopped_by_);
+    end_federation("stopped by admin " + stopped_by_, now_ms);
     return;
   }
   join_elapsed_ = false;
@@ -366,8 +366,8 @@ void Coordinator::finish_round(bool committed, const AuditHead& audit, std::int6
   try_start_round(now_ms);
 }
 
-void Coordinator::end_federation(const std::string& reason) {
-  phase_ = Phase::Finished;
+void Coordinator::end_federation(const std::string& reason, std::int64_t now_ms) {
+  set_phase(Phase::Finished, now_ms);
   actions_.push_back(action::CancelTimer{Timer::Join});
   for (const auto& [id, peer] : membership_.sessions()) {
     auto e = env();
@@ -375,7 +375,7 @@ void Coordinator::end_federation(const std::string& reason) {
     e.mutable_finished()->set_rounds(cfg_.rounds);
     send(id, std::move(e));
   }
-  actions_.push_back(action::Finished{committed_, aborted_});
+  actions_.push_back(action::Finished{committed_, aborted_, stop_requested_});
 }
 
 // ---- operators ------------------------------------------------------------------------------
@@ -431,7 +431,7 @@ std::pair<bool, std::string> Coordinator::admin(wire::AdminRequest::Command comm
       spdlog::warn("admin {} stopped the federation{}", admin,
                    between ? "" : ": round " + std::to_string(round_) + " finishes first");
       event("stopping", admin);
-      if (between) end_federation("stopped by admin " + admin);
+      if (between) end_federation("stopped by admin " + admin, now_ms);
       return {true, between ? "stopped before round " + std::to_string(round_)
                             : "stopping: round " + std::to_string(round_) + " finishes first"};
     default:

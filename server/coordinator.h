@@ -82,6 +82,7 @@ struct Job {
 };
 struct Finished {
   std::uint64_t committed, aborted;
+  bool stopped_by_admin = false;  // an operator's stop, not the last round: the server exits 0
 };
 // Work for the same worker queue as Jobs, in order, without a completion call (checking an
 // upload chunk by chunk while the next chunk is being received).
@@ -203,7 +204,7 @@ class Coordinator {
   void finish_unmask(std::int64_t now_ms);
   void set_phase(Phase p, std::int64_t now_ms);
   // Tells every connected silo and edge that the federation is over, and the daemon to stop.
-  void end_federation(const std::string& reason);
+  void end_federation(const std::string& reason, std::int64_t now_ms);
   void audit_admin(const std::string& command, const std::string& admin, std::int64_t now_ms);
   void decide(std::int64_t now_ms);
   void finish_round(bool committed, const AuditHead& audit, std::int64_t now_ms);

@@ -143,8 +143,14 @@ class Server {
     if (who.role != wire::ADMIN) {
       // A silo's or an edge's certificate, directly or relayed: refused, logged, counted.
       ++admin_refused_;
-      spdlog::warn("refused admin command {} from {} at {}: only an admin certificate (allow.admin) may send it",
-                   command, who.str(), ch.remote());
+      // Logged at most once a second: a silo cannot flood the log with them.
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_refusal_log_ > std::chrono::seconds(1)) {
+        last_refusal_log_ = now;
+        spdlog::warn("refused admin command {} from {} at {}: only an admin certificate (allow.admin) may send it "
+                     "({} refused so far)",
+                     command, who.str(), ch.remote(), admin_refused_);
+      }
       reply.mutable_error()->set_code(wire::NOT_ALLOWED);
       reply.mutable_error()->set_message("admin commands need an admin certificate; this is " + who.str());
       ch.send(std::move(reply));
@@ -156,9 +162,16 @@ class Server {
     } else {
       const auto [ok, message] = coord_.admin(req.command(), who.name, now_ms());
       spdlog::info("admin {}: {} -> {}", who.name, command, message);
-      if (ok) write_pause_file(req.command(), who.name);
+      std::string saved;
+      try {
+        if (ok) write_pause_file(req.command(), who.name);
+      } catch (const std::exception& e) {
+        saved = "; but " + pause_file().string() + " could not be updated (" + e.what() +
+                "): a server restarted now would not know";
+        spdlog::error("admin {}: {}{}", who.name, command, saved);
+      }
       r->set_ok(ok);
-      r->set_message(message);
+      r->set_message(message + saved);
       drain();
     }
     ch.send(std::move(reply));
@@ -167,11 +180,11 @@ class Server {
   // The pause outlives a restart: a server restarted while paused starts paused.
   std::filesystem::path pause_file() const { return cfg_.state_dir / "paused.json"; }
   void write_pause_file(wire::AdminRequest::Command command, const std::string& admin) {
+    // A stop ends the pause too: a server started again afterwards goes on.
     if (command == wire::AdminRequest::PAUSE) {
       atomic_write_file(pause_file(), nlohmann::json{{"by", admin}, {"since", iso_time(now_ms())}}.dump() + "\n");
-    } else if (command == wire::AdminRequest::RESUME) {
-      std::error_code ec;
-      std::filesystem::remove(pause_file(), ec);
+    } else {
+      std::filesystem::remove(pause_file());
     }
   }
   std::optional<std::string> read_pause_file() const {
@@ -405,7 +418,9 @@ class Server {
                           {"time", iso_time(now_ms())}};
     // On the worker, after every record queued before it (an admin's stop is one): the audit
     // log has one writer. Then the Finished messages get time to reach the silos.
-    const int code = a.aborted == 0 ? 0 : 3;
+    // An operator's stop is a success whatever rounds aborted before it (a service manager must
+    // not restart the server); otherwise aborted rounds make the exit code 3.
+    const int code = a.stopped_by_admin || a.aborted == 0 ? 0 : 3;
     rt_.work<int>(
         [this, rec = std::move(rec)] {
           state_.record(rec, nullptr);
@@ -449,6 +464,7 @@ class Server {
   std::map<Timer, std::int64_t> deadlines_;  // running timers: when they expire (unix ms)
   std::set<std::string> warned_;             // relayed silos whose expiry was logged
   std::uint64_t admin_refused_ = 0;          // admin commands from non-admin certificates
+  std::chrono::steady_clock::time_point last_refusal_log_{};
   std::int64_t started_ms_ = now_ms();
   transport::PeerIdentity server_identity_ = transport::own_identity(cfg_.tls);
   std::map<SessionId, std::shared_ptr<transport::Channel>> channels_;

@@ -94,7 +94,7 @@ AgentConfig load_agent_config(const std::filesystem::path& file) {
   if (root.has("local")) c.local = parse_local(root.child("local"), c.trainer);
   c.log_level = root.one_of("log_level", "info", {"trace", "debug", "info", "warn", "error"});
   c.log_format = root.one_of("log_format", "text", {"text", "json"});
-  c.metrics = transport::parse_metrics(root.child("metrics"));
+  c.metrics = transport::parse_metrics(root);
   root.finish();
   return c;
 }

@@ -888,5 +888,30 @@ TEST(Coordinator, AdminPauseResumeAndStopActBetweenRoundsAndAreAudited) {
   EXPECT_EQ(st["recent_rounds"][1]["dropouts"][0]["silo"], name(1));
 }
 
+// Between rounds (here: waiting for silos) a stop ends the federation at once; a pause there
+// holds the next round until resumed.
+TEST(Coordinator, AdminStopBetweenRoundsEndsTheFederationAtOnce) {
+  Harness h(2);
+  h.connect(0);  // the round waits for the second silo
+  ASSERT_EQ(h.coord().phase(), Phase::Joining);
+  ASSERT_TRUE(h.coord().admin(wire::AdminRequest::PAUSE, "alice", h.now).first);
+  h.pump();
+  h.connect(1);
+  EXPECT_EQ(h.coord().phase(), Phase::Joining);  // everyone is there, but paused
+  h.now += 2500;
+  const auto [ok, msg] = h.coord().admin(wire::AdminRequest::STOP, "alice", h.now);
+  h.pump();
+  EXPECT_TRUE(ok) << msg;
+  EXPECT_TRUE(h.finished);
+  EXPECT_EQ(h.coord().phase(), Phase::Finished);
+  ASSERT_TRUE(h.last(0, wire::Envelope::kFinished));
+  EXPECT_EQ(h.last(1, wire::Envelope::kFinished)->finished().reason(), "stopped by admin alice");
+  EXPECT_TRUE(h.store.commits.empty());
+  // The time spent waiting counts as join time, once.
+  const auto& join = h.coord().totals().phase_seconds.at("join");
+  EXPECT_DOUBLE_EQ(join.first, 2.5);
+  EXPECT_EQ(join.second, 1u);
+}
+
 }  // namespace
 }  // namespace xsilo::server

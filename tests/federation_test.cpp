@@ -490,6 +490,7 @@ wire::Envelope admin_request_as_silo(const FederationFiles& f, std::uint16_t por
   };
   auto result = asio::co_spawn(io, run(), asio::use_future);
   io.run_for(20s);
+  if (result.wait_for(0s) != std::future_status::ready) throw std::runtime_error("no answer from the server in 20 s");
   return result.get();
 }
 

@@ -82,12 +82,13 @@ TEST(MetricsEndpoint, ServesMetricsOverHttpAndRefusesEverythingElse) {
   t.join();
 }
 
-MetricsOptions parse(const std::string& text) {
-  return parse_metrics(ConfigNode(nlohmann::json::parse(text), "test.json", ".metrics"));
+MetricsOptions parse(const std::string& section) {
+  return parse_metrics(ConfigNode(nlohmann::json::parse(R"({"metrics": )" + section + "}"), "test.json"));
 }
 
 TEST(MetricsConfig, StaysOnLoopbackUnlessRemoteIsAskedFor) {
-  EXPECT_FALSE(parse("{}").listen);  // off by default
+  EXPECT_FALSE(parse_metrics(ConfigNode(nlohmann::json::object(), "test.json")).listen);  // off by default
+  EXPECT_THROW(parse("{}"), ConfigError);  // a section without listen is a mistake, not "off"
   EXPECT_EQ(parse(R"({"listen": "127.0.0.1:9464"})").listen->port, 9464);
   EXPECT_TRUE(parse(R"({"listen": "[::1]:9464"})").listen);
   EXPECT_TRUE(parse(R"({"listen": "localhost:9464"})").listen);
@@ -101,6 +102,7 @@ TEST(MetricsConfig, StaysOnLoopbackUnlessRemoteIsAskedFor) {
   EXPECT_THROW(parse(R"({"listen": "10.1.2.3:9464"})"), ConfigError);
   EXPECT_EQ(parse(R"({"listen": "0.0.0.0:9464", "allow_remote": true})").listen->host, "0.0.0.0");
   EXPECT_THROW(parse(R"({"allow_remote": true})"), ConfigError);  // nothing to allow
+  EXPECT_THROW(parse(R"("127.0.0.1:9464")"), ConfigError);  // not an object
   EXPECT_THROW(parse(R"({"listen": "127.0.0.1:9464", "port": 1})"), ConfigError);  // unknown key
 }
 

@@ -97,7 +97,7 @@ std::string format_status(const nlohmann::json& s) {
                    s.value("round", 0), s.value("rounds", 0), s.value("phase", "?"), s.value("phase_seconds", 0.0),
                    s.value("paused", false) ? ", PAUSED by " + s.value("paused_by", "?") : "",
                    s.value("stopping", false) ? ", STOPPING (asked by " + s.value("stopped_by", "?") + ")" : ""));
-  line(fmt::format("rounds committed {}, aborted {}; model {}", s.value("committed", 0), s.value("aborted", 0),
+  line(fmt::format("since this server started: {} rounds committed, {} aborted; model {}", s.value("committed", 0), s.value("aborted", 0),
                    s.value("model_sha256", "").substr(0, 16)));
   if (s.contains("server")) {
     line(fmt::format("server {} since {}; {}", s["server"].value("version", "?"), s["server"].value("started_at", "?"),

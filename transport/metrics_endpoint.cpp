@@ -34,8 +34,10 @@ bool is_loopback_host(const std::string& host) {
   return !ec && a.is_loopback();
 }
 
-MetricsOptions parse_metrics(const ConfigNode& node) {
+MetricsOptions parse_metrics(const ConfigNode& parent) {
   MetricsOptions o;
+  if (!parent.has("metrics")) return o;
+  const ConfigNode node = parent.child("metrics");
   if (node.has("listen")) o.listen = parse_endpoint_key(node, "listen");
   o.allow_remote = node.boolean("allow_remote", false);
   o.port_file = node.path("port_file", "");
@@ -44,9 +46,7 @@ MetricsOptions parse_metrics(const ConfigNode& node) {
                             ", not a loopback address; metrics tell whoever reads them who takes part and when: set "
                             "\"allow_remote\": true to serve them beyond this host");
   }
-  if (!o.listen && (node.has("allow_remote") || node.has("port_file"))) {
-    node.fail("listen", "is required when the metrics section is given (\"127.0.0.1:9464\", say)");
-  }
+  if (!o.listen) node.fail("listen", "is required when the metrics section is given (\"127.0.0.1:9464\", say)");
   node.finish();
   return o;
 }
@@ -101,8 +101,10 @@ awaitable<void> MetricsEndpoint::accept_loop() {
   }
 }
 
-awaitable<void> MetricsEndpoint::serve(tcp::socket socket) {
+awaitable<void> MetricsEndpoint::serve(tcp::socket s) {
   auto alive = alive_;
+  // Shared with the timeout's handler, which may run after this coroutine has ended.
+  auto socket = std::make_shared<tcp::socket>(std::move(s));
   ++serving_;
   struct Done {
     MetricsEndpoint* self;
@@ -113,18 +115,20 @@ awaitable<void> MetricsEndpoint::serve(tcp::socket socket) {
   } done{this, alive};
   // A client that sends nothing, or too slowly, is cut off.
   asio::steady_timer timeout(ex_, kRequestTimeout);
-  timeout.async_wait([&socket](boost::system::error_code ec) {
-    if (!ec) socket.close(ec);
+  timeout.async_wait([socket](boost::system::error_code ec) {
+    if (!ec) socket->close(ec);
   });
   std::string head;
   boost::system::error_code ec;
-  co_await asio::async_read_until(socket, asio::dynamic_buffer(head, kMaxRequestHead), "\r\n\r\n",
+  co_await asio::async_read_until(*socket, asio::dynamic_buffer(head, kMaxRequestHead), "\r\n\r\n",
                                   asio::redirect_error(asio::use_awaitable, ec));
   if (!*alive) co_return;
   std::string reply;
   if (ec) {
-    if (!socket.is_open()) co_return;  // timed out
-    reply = response(ec == asio::error::not_found ? 431 : 400, "Bad Request", "text/plain", "bad request\n");
+    if (!socket->is_open()) co_return;  // timed out
+    reply = ec == asio::error::not_found
+                ? response(431, "Request Header Fields Too Large", "text/plain", "request head too large\n")
+                : response(400, "Bad Request", "text/plain", "bad request\n");
   } else {
     const auto line = head.substr(0, head.find("\r\n"));
     const auto sp1 = line.find(' '), sp2 = line.rfind(' ');
@@ -143,10 +147,10 @@ awaitable<void> MetricsEndpoint::serve(tcp::socket socket) {
       if (method == "HEAD") reply.resize(reply.find("\r\n\r\n") + 4);
     }
   }
-  co_await asio::async_write(socket, asio::buffer(reply), asio::redirect_error(asio::use_awaitable, ec));
+  co_await asio::async_write(*socket, asio::buffer(reply), asio::redirect_error(asio::use_awaitable, ec));
   timeout.cancel();
-  socket.shutdown(tcp::socket::shutdown_both, ec);
-  socket.close(ec);
+  socket->shutdown(tcp::socket::shutdown_both, ec);
+  socket->close(ec);
 }
 
 std::unique_ptr<MetricsEndpoint> start_metrics(asio::any_io_executor ex, const MetricsOptions& o,

@@ -24,9 +24,10 @@ struct MetricsOptions {
   bool allow_remote = false;         // listening beyond loopback must be asked for
   std::filesystem::path port_file;   // written with the bound port (useful with port 0)
 };
-// Refuses a non-loopback `listen` unless `allow_remote` is true: the numbers tell an outsider
-// who is in the federation and when it rounds.
-MetricsOptions parse_metrics(const ConfigNode& node);
+// The "metrics" section of a daemon's config (`parent`). Refuses a non-loopback `listen` unless
+// `allow_remote` is true: the numbers tell an outsider who is in the federation and when it
+// rounds; and a section without `listen`.
+MetricsOptions parse_metrics(const ConfigNode& parent);
 nlohmann::json to_json(const MetricsOptions& o);
 
 class MetricsEndpoint {
