@@ -34,6 +34,20 @@ if(XSILO_SANITIZE)
   target_link_options(xsilo_options INTERFACE -fsanitize=address,undefined)
 endif()
 
+if(XSILO_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    message(FATAL_ERROR "XSILO_FUZZ needs clang (libFuzzer): configure with CXX=clang++ (scripts/fuzz.sh does)")
+  endif()
+  # Coverage for libFuzzer in every library, and AddressSanitizer to turn memory bugs into
+  # crashes. Not UBSan: clang 14 fails on C++20 coroutines with it ("Cannot represent a
+  # difference across sections"); the corpora run under GCC's ASan+UBSan as tests (fuzz/).
+  target_compile_options(xsilo_options INTERFACE
+    $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=fuzzer-no-link,address -fno-omit-frame-pointer>)
+  target_link_options(xsilo_options INTERFACE -fsanitize=address)
+  # Boost 1.74 looks for clang's coroutines TS, not C++20's: clang 14 has the latter.
+  target_compile_definitions(xsilo_options INTERFACE BOOST_ASIO_HAS_CO_AWAIT=1)
+endif()
+
 # xsilo_library(NAME SOURCES... DEPS ...)
 function(xsilo_library name)
   cmake_parse_arguments(X "" "" "SOURCES;DEPS" ${ARGN})

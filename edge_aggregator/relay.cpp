@@ -118,6 +118,17 @@ void Relay::on_server_message(const wire::Envelope& e) {
 // round sets the region up.
 void Relay::start_round(const wire::Envelope& e) {
   const auto& rs = e.round_start();
+  // Nothing is allocated from a layout before it is checked: a server that sent an impossible
+  // one gets an error, and the edge goes on.
+  if (auto why = protocol::check_layout(rs, cfg_.max_model_elements); !why.empty()) {
+    spdlog::error("round {}: refusing the round's model layout: {}", rs.round(), why);
+    auto err = env();
+    err.set_round(rs.round());
+    err.mutable_error()->set_code(wire::BAD_UPDATE);
+    err.mutable_error()->set_message("edge: model layout: " + why);
+    to_server(std::move(err));
+    return;
+  }
   if (!region_ || rs.round() != region_->round) {
     region_ = std::make_unique<Region>();
     region_->round = rs.round();

@@ -23,6 +23,7 @@
 #include "common/model.h"
 #include "proto/xsilo.pb.h"
 #include "protocol/masked.h"
+#include "protocol/round_start.h"
 #include "protocol/tensor_stream.h"
 #include "protocol/upload_slot.h"
 
@@ -55,6 +56,8 @@ using Action = std::variant<action::ToServer, action::StreamToServer, action::To
 struct RelayConfig {
   std::string federation;
   std::size_t chunk_bytes = 1u << 20;
+  // A RoundStart whose model has more elements is refused (protocol::check_layout).
+  std::uint64_t max_model_elements = protocol::kMaxModelElements;
 };
 
 class Relay {

@@ -1,5 +1,7 @@
 #include "protocol/round_start.h"
 
+#include <set>
+
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
@@ -42,6 +44,32 @@ std::string round_start_signer(const wire::RoundStart& rs, const crypto::CertVer
     return "";
   }
   return server->name;
+}
+
+std::string check_layout(const wire::RoundStart& rs, std::uint64_t max_elements) {
+  std::set<std::string> names;
+  std::uint64_t total = 0;
+  for (const auto& t : rs.tensors()) {
+    if (t.name().empty() || !names.insert(t.name()).second) return "tensor name \"" + t.name() + "\" is empty or repeated";
+    std::uint64_t n = 1;
+    for (auto d : t.shape()) {
+      if (__builtin_mul_overflow(n, d, &n)) return "tensor " + t.name() + "'s shape overflows";
+    }
+    if (__builtin_add_overflow(total, n, &total) || total > max_elements) {
+      return "the model is too large (more than " + std::to_string(max_elements) + " elements)";
+    }
+  }
+  if (rs.has_secagg()) {
+    const auto& s = rs.secagg();
+    if (s.modulus_bits() != 32 && s.modulus_bits() != 64) {
+      return "the secure setup's ring is " + std::to_string(s.modulus_bits()) + " bits, not 32 or 64";
+    }
+    if (s.vector_length() > total + 2) {
+      return "the secure setup's vector of " + std::to_string(s.vector_length()) + " words does not fit a model of " +
+             std::to_string(total) + " elements";
+    }
+  }
+  return "";
 }
 
 }  // namespace xsilo::protocol

@@ -5,12 +5,22 @@
 // takes part only in a round whose start a server of its federation signed.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "crypto/certs.h"
 #include "proto/xsilo.pb.h"
 
 namespace xsilo::protocol {
+
+// The largest model a silo or an edge accepts by default: 2^34 parameters (64 GiB of float32).
+inline constexpr std::uint64_t kMaxModelElements = std::uint64_t{1} << 34;
+
+// "" when the RoundStart's model layout can be allocated: names present and unique, shapes that
+// do not overflow, at most `max_elements` in all, and a secure setup (if any) whose ring is 32
+// or 64 bits with a vector of at most the model plus its two extra words; otherwise why not.
+// Checked before anything is allocated from it.
+std::string check_layout(const wire::RoundStart& rs, std::uint64_t max_elements = kMaxModelElements);
 
 // The signed bytes: a tag, the federation, and the RoundStart's deterministic protobuf
 // encoding without `server_certificate` and `server_signature`.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs everything xsilo needs from Debian 12 packages. Safe to run again: packages that
-# are already installed are skipped. Needs root (or sudo).
+# Installs everything xsilo needs from Debian 12 packages, and any packages named as arguments
+# (scripts/fuzz.sh asks for clang). Safe to run again: packages that are already installed are
+# skipped. Needs root (or sudo).
 set -euo pipefail
 
 packages=(
@@ -13,6 +14,7 @@ packages=(
   python3-torch                            # the PyTorch example (examples/pytorch) and its tests
   openssl
 )
+packages+=("$@")
 
 missing=()
 for p in "${packages[@]}"; do

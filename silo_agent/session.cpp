@@ -144,29 +144,12 @@ void Session::on_join_challenge(const wire::Envelope& e) {
   send(std::move(proof));
 }
 
-namespace {
-// The model layout of a RoundStart, checked: names present and unique, sizes that cannot
-// overflow, at most 2^34 elements in all.
-std::optional<std::string> bad_layout(const wire::RoundStart& rs) {
-  std::set<std::string> names;
-  std::uint64_t total = 0;
-  for (const auto& t : rs.tensors()) {
-    if (t.name().empty() || !names.insert(t.name()).second) return "tensor name \"" + t.name() + "\" is empty or repeated";
-    std::uint64_t n = 1;
-    for (auto d : t.shape()) {
-      if (__builtin_mul_overflow(n, d, &n)) return "tensor " + t.name() + "'s shape overflows";
-    }
-    if (__builtin_add_overflow(total, n, &total) || total > (std::uint64_t{1} << 34)) return "the model is too large";
-  }
-  return std::nullopt;
-}
-}  // namespace
 
 void Session::on_round_start(const wire::Envelope& e) {
   const auto& rs = e.round_start();
-  if (auto why = bad_layout(rs)) {
-    spdlog::error("round {}: refusing the round's model layout: {}", rs.round(), *why);
-    reply_error(wire::BAD_UPDATE, "model layout: " + *why);
+  if (auto why = protocol::check_layout(rs, cfg_.max_model_elements); !why.empty()) {
+    spdlog::error("round {}: refusing the round's model layout: {}", rs.round(), why);
+    reply_error(wire::BAD_UPDATE, "model layout: " + why);
     return;
   }
   if (cfg_.ca) {

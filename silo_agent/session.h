@@ -26,6 +26,7 @@
 #include "crypto/secagg.h"
 #include "proto/xsilo.pb.h"
 #include "protocol/masked.h"
+#include "protocol/round_start.h"
 #include "protocol/tensor_stream.h"
 #include "silo_agent/trainer.h"
 #include "silo_agent/update.h"
@@ -104,6 +105,8 @@ struct SessionConfig {
   // Where the silo's momentum (TrainingPlan.silo_momentum) is kept across rounds and restarts;
   // empty: in memory only.
   std::filesystem::path momentum_file;
+  // A RoundStart whose model has more elements is refused (protocol::check_layout).
+  std::uint64_t max_model_elements = protocol::kMaxModelElements;
 };
 
 class Session {

@@ -178,6 +178,39 @@ std::vector<float> floats(const std::vector<std::uint8_t>& b) {
   return v;
 }
 
+// Found by fuzzing (fuzz/corpus/relay): a RoundStart whose layout claims 48 GiB made the edge
+// allocate it and die. Layouts are checked first; the edge answers with an error and goes on.
+TEST(Relay, ARoundStartWithAnImpossibleLayoutIsRefusedBeforeAnythingIsAllocated) {
+  Harness h;
+  h.server_up();
+  h.silo_up("s1");
+  (void)h.up();
+  auto start = [&](std::vector<std::uint64_t> shape, std::uint64_t vector_length = 0) {
+    wire::Envelope e;
+    e.set_round(1);
+    e.set_silo("s1");
+    auto* rs = e.mutable_round_start();
+    rs->set_round(1);
+    auto* t = rs->add_tensors();
+    t->set_name("w");
+    for (auto d : shape) t->add_shape(d);
+    if (vector_length) {
+      rs->mutable_secagg()->set_modulus_bits(64);
+      rs->mutable_secagg()->set_vector_length(vector_length);
+    }
+    h.from_server(e);
+    const auto up = h.up();
+    return up.size() == 1 && up[0].has_error() ? up[0].error().message() : std::string("no error");
+  };
+  EXPECT_NE(start({std::uint64_t{1} << 40, std::uint64_t{1} << 40}).find("overflows"), std::string::npos);
+  EXPECT_NE(start({std::uint64_t{1} << 35}).find("too large"), std::string::npos);
+  EXPECT_NE(start({6}, std::uint64_t{1} << 62).find("does not fit"), std::string::npos);
+  EXPECT_TRUE(h.silo_inbox["s1"].empty() || !h.silo_inbox["s1"].back().has_round_start());  // nothing relayed
+  h.round_start(1, "s1");  // a sound one still starts the round
+  ASSERT_FALSE(h.silo_inbox["s1"].empty());
+  EXPECT_TRUE(h.silo_inbox["s1"].back().has_round_start());
+}
+
 TEST(Relay, AnEmptyRegionIsAnnouncedWithARegionStatusBody) {
   Harness h;
   h.server_up();

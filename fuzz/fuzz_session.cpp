@@ -1,0 +1,95 @@
+// A silo agent's session: arbitrary messages from its upstream (a malicious edge can send
+// anything), connections coming and going. A trainer that returns a fixed update stands in for
+// training; jobs run inline.
+#include "crypto/hash.h"
+#include "fuzz/fuzz_input.h"
+#include "protocol/round_start.h"
+#include "protocol/tensor_stream.h"
+#include "silo_agent/session.h"
+
+namespace {
+
+using namespace xsilo;
+
+class FixedTrainer : public agent::Trainer {
+ public:
+  wire::TrainMetrics evaluate(const Model&, const agent::TrainTask&) override { return {}; }
+  agent::TrainResult train(const Model& global, const agent::TrainTask&, Model& local) override {
+    local = global;
+    for (auto& v : local.flat()) v += 0.01f;
+    agent::TrainResult r;
+    r.num_samples = 10;
+    return r;
+  }
+};
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  fuzz::Input in(data, size);
+  const auto& pki = fuzz::pki();
+  agent::SessionConfig cfg;
+  cfg.federation = "fed";
+  cfg.chunk_bytes = 16u << in.u8() % 8;
+  cfg.signer = pki.silo;
+  cfg.ca = pki.ca;
+  cfg.max_model_elements = fuzz::kMaxFuzzModel;
+  FixedTrainer trainer;
+  agent::FaultHook hook;
+  agent::Session session(cfg, trainer, hook);
+  auto pump = [&] {
+    for (int guard = 0; guard < 64; ++guard) {
+      auto actions = session.take_actions();
+      if (actions.empty()) return;
+      for (auto& a : actions) {
+        if (auto* j = std::get_if<agent::action::Job>(&a)) session.on_job_done(j->id, j->work());
+        if (auto* s = std::get_if<agent::action::SendStream>(&a)) {
+          for (int k = 0; k < 1024; ++k) {
+            if (!s->source->next()) break;
+          }
+        }
+      }
+    }
+  };
+  session.on_connected("silo-0", "127.0.0.1:1", in.u8() & 1 ? "server" : "edge-0", "server server");
+  pump();
+  std::uint64_t round = 0;
+  while (in.more() && !session.finished()) {
+    switch (in.u8() % 8) {
+      case 0:
+        session.on_disconnected();
+        pump();
+        session.on_connected("silo-0", "127.0.0.1:1", "server", "server server");
+        break;
+      case 1:
+      case 2: {  // a RoundStart the server signed (so that the session gets past its checks), then its model
+        round = in.u8();
+        auto model = std::make_shared<Model>(fuzz::small_model());
+        for (auto& v : model->flat()) v = in.u8() & 1 ? in.f32() : 0.5f;
+        wire::Envelope e;
+        e.set_federation("fed");
+        e.set_round(round);
+        auto* rs = e.mutable_round_start();
+        rs->set_round(round);
+        const std::string plan = in.bytes(in.u8());
+        (void)rs->mutable_plan()->ParseFromString(plan);
+        for (const auto& t : model->tensors()) {
+          auto* spec = rs->add_tensors();
+          spec->set_name(t.name);
+          spec->set_dtype(wire::F32);
+          for (auto d : t.shape) spec->add_shape(d);
+        }
+        rs->set_model_sha256(in.u8() & 1 ? crypto::sha256_hex(model->flat()) : "0");
+        protocol::sign_round_start(*rs, pki.server, "fed");
+        session.on_message(e);
+        pump();
+        protocol::ChunkSource src(model, model->flat(), model->tensors(), "fed", round, 4 * (1 + in.u8() % 8));
+        while (auto c = src.next()) session.on_message(*c);
+        break;
+      }
+      default: session.on_message(in.envelope("fed", in.u8() & 1 ? round : in.u8())); break;
+    }
+    pump();
+  }
+  return 0;
+}

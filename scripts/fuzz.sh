@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Fuzzes one target (or `all`, one after the other) for SECONDS each with libFuzzer:
+#   bash scripts/fuzz.sh TARGET SECONDS [libFuzzer options...]
+# Targets: frame safetensors config coordinator relay session (fuzz/*.cpp). Builds with clang
+# and ASan into build-fuzz/ (CUDA off; UBSan runs over the corpora in the test suite, see
+# fuzz/CMakeLists.txt). Starts from the checked-in seeds in fuzz/corpus/TARGET; the corpus it
+# grows stays in build-fuzz/corpus/TARGET; a crash is saved to build-fuzz/crashes/TARGET/ and
+# the script exits 1 naming it: fix the bug, then add the input to fuzz/corpus/TARGET, where
+# the test Fuzz.TARGET replays it from then on. Prints executions and coverage.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+targets=(frame safetensors config coordinator relay session)
+if [ $# -lt 2 ]; then
+  echo "usage: bash scripts/fuzz.sh TARGET|all SECONDS [libFuzzer options]; targets: ${targets[*]}" >&2
+  exit 2
+fi
+target=$1
+seconds=$2
+shift 2
+if [ "$target" = all ]; then
+  for t in "${targets[@]}"; do bash "$0" "$t" "$seconds" "$@"; done
+  exit 0
+fi
+case " ${targets[*]} " in *" $target "*) ;; *) echo "fuzz: no target $target; targets: ${targets[*]}" >&2; exit 2 ;; esac
+
+bash scripts/install-deps.sh clang >&2
+build=${BUILD_DIR:-build-fuzz}
+if [ ! -f "$build/CMakeCache.txt" ]; then
+  CC=clang CXX=clang++ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DXSILO_FUZZ=ON -DXSILO_CUDA=OFF \
+    -DBUILD_TESTING=OFF >&2
+fi
+cmake --build "$build" -j"${JOBS:-2}" --target "fuzz_$target" >&2
+
+corpus=$build/corpus/$target
+crashes=$build/crashes/$target
+mkdir -p "$corpus" "$crashes"
+log=$build/fuzz_$target.log
+echo "fuzz: $target for ${seconds}s (log $log)"
+set +e
+# -rss_limit_mb: the targets hold small models; more is a leak or an unchecked length.
+"$build/fuzz/fuzz_$target" "$corpus" "fuzz/corpus/$target" -max_total_time="$seconds" -print_final_stats=1 \
+  -rss_limit_mb=2048 -artifact_prefix="$crashes/" -timeout=10 "$@" >"$log" 2>&1
+rc=$?
+set -e
+runs=$(grep -ao 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")
+last=$(grep -aE '^#[0-9]+' "$log" | tail -n 1 || true)
+cov=$(grep -o 'cov: [0-9]*' <<<"$last" | grep -o '[0-9]*' || echo "?")
+ft=$(grep -o 'ft: [0-9]*' <<<"$last" | grep -o '[0-9]*' || echo "?")
+echo "fuzz: $target: $runs executions, coverage $cov edges, $ft features, corpus $(ls "$corpus" | wc -l) inputs"
+if [ $rc -ne 0 ]; then
+  echo "fuzz: $target FAILED (exit $rc):" >&2
+  grep -aE 'ERROR|SUMMARY|Test unit written|==[0-9]+==' "$log" | head -n 20 >&2
+  exit 1
+fi
