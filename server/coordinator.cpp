@@ -397,6 +397,7 @@ void Coordinator::audit_admin(const std::string& command, const std::string& adm
                         {"round", round_},      {"phase", name(phase_)},     {"time", iso_time(now_ms)}};
   // In order with the round's jobs on the worker, which write the same log.
   actions_.push_back(action::Background{[&store = store_, rec] { store.record(rec, nullptr); }});
+  event("admin_" + command, admin);  // for whoever follows events.jsonl
 }
 
 std::pair<bool, std::string> Coordinator::admin(wire::AdminRequest::Command command, const std::string& admin,
@@ -412,7 +413,6 @@ std::pair<bool, std::string> Coordinator::admin(wire::AdminRequest::Command comm
       audit_admin("pause", admin, now_ms);
       spdlog::warn("admin {} paused the federation: {}", admin,
                    between ? "no round starts until resumed" : "round " + std::to_string(round_) + " finishes, then none starts until resumed");
-      event("paused", admin);
       return {true, between ? "paused before round " + std::to_string(round_)
                             : "pausing: round " + std::to_string(round_) + " finishes first"};
     case wire::AdminRequest::RESUME:
@@ -420,7 +420,6 @@ std::pair<bool, std::string> Coordinator::admin(wire::AdminRequest::Command comm
       paused_ = false;
       audit_admin("resume", admin, now_ms);
       spdlog::warn("admin {} resumed the federation", admin);
-      event("resumed", admin);
       try_start_round(now_ms);
       return {true, "resumed at round " + std::to_string(round_)};
     case wire::AdminRequest::STOP:
@@ -430,7 +429,6 @@ std::pair<bool, std::string> Coordinator::admin(wire::AdminRequest::Command comm
       audit_admin("stop", admin, now_ms);
       spdlog::warn("admin {} stopped the federation{}", admin,
                    between ? "" : ": round " + std::to_string(round_) + " finishes first");
-      event("stopping", admin);
       if (between) end_federation("stopped by admin " + admin, now_ms);
       return {true, between ? "stopped before round " + std::to_string(round_)
                             : "stopping: round " + std::to_string(round_) + " finishes first"};
