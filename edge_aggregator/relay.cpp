@@ -420,8 +420,9 @@ void Relay::pump() {
     *end.mutable_update_end()->add_contributors() = c;
   }
   end.mutable_update_end()->set_weight(weight);
-  end.mutable_update_end()->set_update_sha256(crypto::sha256_hex(r->sum->flat()));
-  if (!done.empty()) {
+  // A secure region with nothing to send has no plain sum (found by fuzzing): an empty end.
+  if (r->sum) end.mutable_update_end()->set_update_sha256(crypto::sha256_hex(r->sum->flat()));
+  if (!done.empty() && r->sum) {
     actions_.push_back(action::StreamToServer{std::make_shared<protocol::ChunkSource>(
         r->sum, r->sum->flat(), r->layout, cfg_.federation, r->round, cfg_.chunk_bytes)});
   }

@@ -1,5 +1,7 @@
 #include "proto/frame.h"
 
+#include <algorithm>
+
 #include <limits>
 
 namespace xsilo::proto {
@@ -135,6 +137,38 @@ wire::Envelope FrameDecoder::pop() {
   wire::Envelope env = std::move(ready_.front());
   ready_.pop_front();
   return env;
+}
+
+std::string printable(std::string_view text, std::size_t max_bytes) {
+  std::string out;
+  out.reserve(std::min(text.size(), max_bytes) + 3);
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    // The length of the UTF-8 sequence this byte starts, and the smallest value it may encode.
+    std::size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+    bool ok = len > 0 && i + len <= text.size();
+    std::uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1F) : len == 3 ? (c & 0x0F) : (c & 0x07);
+    for (std::size_t k = 1; ok && k < len; ++k) {
+      const auto cc = static_cast<unsigned char>(text[i + k]);
+      ok = (cc & 0xC0) == 0x80;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    static constexpr std::uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+    ok = ok && cp >= kMin[len] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+    if (!ok) len = 1;
+    if (out.size() + len > max_bytes) {
+      out += "...";
+      break;
+    }
+    if (!ok || (len == 1 && (c < 0x20 || c == 0x7F))) {
+      out += '?';
+    } else {
+      out.append(text.substr(i, len));
+    }
+    i += len;
+  }
+  return out;
 }
 
 std::string body_name(const wire::Envelope& env) {

@@ -61,6 +61,11 @@ class FrameDecoder {
   Status error_;
 };
 
+// A peer's free text (an error message, a reason) made safe to log and to put in JSON records:
+// bytes that are not valid UTF-8 and control characters become '?', and at most `max_bytes`
+// are kept (then "..."). Protobuf does not guarantee that a string field holds UTF-8.
+std::string printable(std::string_view text, std::size_t max_bytes = 512);
+
 // Names the Envelope's body for logs ("round_start", "tensor_chunk", ...).
 std::string body_name(const wire::Envelope& env);
 

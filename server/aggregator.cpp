@@ -1,5 +1,7 @@
 #include "server/aggregator.h"
 
+#include "proto/frame.h"
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -28,7 +30,8 @@ FoldResult check_upload(protocol::UploadCheck& check, const Contribution& c, con
     r.why = what + " declares no SHA-256 (UpdateEnd.update_sha256 is required)";
   } else if (c.declared_sha256 != r.sha256) {
     r.error = FoldError::HashMismatch;
-    r.why = what + " does not match its SHA-256 (sent " + c.declared_sha256 + ", received " + r.sha256 + ")";
+    r.why = what + " does not match its SHA-256 (sent " + proto::printable(c.declared_sha256, 80) + ", received " +
+            r.sha256 + ")";
   }
   return r;
 }

@@ -182,7 +182,8 @@ std::string AuditLog::seal(nlohmann::json record) const {
   record.erase("sig");
   record["seq"] = seq_ + 1;
   record["prev"] = head_;
-  const std::string message = record.dump();
+  // A record holds peers' words (reasons): never let a byte that is not UTF-8 stop the log.
+  const std::string message = record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   const std::string raw_sig = key_.sign(message);
   const std::string sig = crypto::to_hex(std::span<const std::uint8_t>(
       reinterpret_cast<const std::uint8_t*>(raw_sig.data()), raw_sig.size()));

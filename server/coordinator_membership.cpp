@@ -151,7 +151,7 @@ void Coordinator::on_message(SessionId id, const wire::Envelope& e, std::int64_t
   using B = wire::Envelope::BodyCase;
   const auto body = e.body_case();
   if (body == B::kError) {
-    spdlog::warn("silo {} reports an error: {}", peer->name, e.error().message());
+    spdlog::warn("silo {} reports an error: {}", peer->name, proto::printable(e.error().message()));
     if (auto m = member_of(id)) member_failed(*m, e, now_ms);
     return;
   }
@@ -182,7 +182,8 @@ void Coordinator::on_edge_message(SessionId id, const wire::Envelope& e, std::in
   const std::string edge = membership_.peer(id)->name;
   const auto body = e.body_case();
   if (body == B::kError) {
-    spdlog::warn("edge {} reports{}: {}", edge, e.silo().empty() ? "" : " for silo " + e.silo(), e.error().message());
+    spdlog::warn("edge {} reports{}: {}", edge, e.silo().empty() ? "" : " for silo " + proto::printable(e.silo(), 64),
+                 proto::printable(e.error().message()));
     const auto m = e.silo().empty() ? std::nullopt : member_named(e.silo());
     if (m && r_->members[*m].session == id) member_failed(*m, e, now_ms);
     return;
@@ -272,7 +273,7 @@ void Coordinator::member_failed(std::size_t m, const wire::Envelope& e, std::int
       r_->members[m].state != MemberState::Training) {
     return;
   }
-  drop(m, DropPhase::Train, DropCause::TrainingFailed, "its training failed: " + e.error().message(), false);
+  drop(m, DropPhase::Train, DropCause::TrainingFailed, "its training failed: " + proto::printable(e.error().message()), false);
   pump(now_ms);
 }
 

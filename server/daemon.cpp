@@ -158,7 +158,7 @@ class Server {
     }
     if (req.command() == wire::AdminRequest::STATUS) {
       r->set_ok(true);
-      r->set_status_json(status().dump());
+      r->set_status_json(status().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     } else {
       const auto [ok, message] = coord_.admin(req.command(), who.name, now_ms());
       spdlog::info("admin {}: {} -> {}", who.name, command, message);
@@ -391,7 +391,7 @@ class Server {
   // fires its rehearsed faults from them).
   void apply(action::Event& a) {
     const nlohmann::json e = {{"time", iso_time(now_ms())}, {"event", a.name}, {"round", a.round}, {"detail", a.detail}};
-    events_ << e.dump() << '\n' << std::flush;
+    events_ << e.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n' << std::flush;
     if (a.name == "round_started") warn_relayed_expiry();
   }
   // Silos behind edges: their certificates reach the server inside their signed joins. Each one

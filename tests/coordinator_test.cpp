@@ -6,6 +6,7 @@
 #include <random>
 
 #include "crypto/hash.h"
+#include "proto/frame.h"
 #include "protocol/join.h"
 #include "server/coordinator.h"
 #include "tests/testlib.h"
@@ -911,6 +912,43 @@ TEST(Coordinator, AdminStopBetweenRoundsEndsTheFederationAtOnce) {
   const auto& join = h.coord().totals().phase_seconds.at("join");
   EXPECT_DOUBLE_EQ(join.first, 2.5);
   EXPECT_EQ(join.second, 1u);
+}
+
+// Found by fuzzing (fuzz/corpus/coordinator): a silo's error message that is not UTF-8 went
+// into the dropout reason, and writing the audit record (or the status) threw. Peers' text is
+// made printable on the way in.
+TEST(Coordinator, APeersTextThatIsNotUtf8CannotBreakTheAuditRecordOrTheStatus) {
+  Harness h(2);
+  h.connect_all(2);
+  ASSERT_EQ(h.coord().phase(), Phase::Collecting);
+  wire::Envelope err;
+  err.set_round(h.coord().round());
+  err.mutable_error()->set_code(wire::TRAINING_FAILED);
+  err.mutable_error()->set_message(std::string("bad \xff\xfe bytes\n\x1b[31m") + std::string(2000, 'x'));
+  h.deliver(0, err);
+  h.ready(1, 10);
+  h.serve({{1, {constant(1), 10}}});
+  // One update of the two needed: the round aborts, and its record names the dropout.
+  nlohmann::json round;
+  for (const auto& r : h.store.records) {
+    if (r.value("event", "") == "round") round = r;
+  }
+  ASSERT_TRUE(round.contains("dropouts")) << round.dump();
+  const std::string reason = round["dropouts"][0]["reason"];
+  EXPECT_EQ(reason.rfind("its training failed: bad ?? bytes??[31m", 0), 0u) << reason;
+  EXPECT_LT(reason.size(), 600u);  // bounded
+  for (const auto& r : h.store.records) EXPECT_NO_THROW((void)r.dump());
+  EXPECT_NO_THROW((void)h.coord().status(h.now).dump());
+}
+
+TEST(Printable, KeepsUtf8AndReplacesWhatIsNot) {
+  EXPECT_EQ(proto::printable("h\xc3\xa9llo \xe2\x82\xac"), "h\xc3\xa9llo \xe2\x82\xac");  // é, €
+  EXPECT_EQ(proto::printable("a\xc3(b"), "a?(b");                 // a lead byte without its continuation
+  EXPECT_EQ(proto::printable("\xed\xa0\x80"), "???");            // a UTF-16 surrogate in UTF-8
+  EXPECT_EQ(proto::printable("\xc0\xaf"), "??");                  // overlong
+  EXPECT_EQ(proto::printable("tab\there\x7f"), "tab?here?");
+  EXPECT_EQ(proto::printable("abcdef", 4), "abcd...");
+  EXPECT_EQ(proto::printable("ab\xe2\x82\xac", 4), "ab...");     // never half a character
 }
 
 }  // namespace

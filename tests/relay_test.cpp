@@ -211,6 +211,24 @@ TEST(Relay, ARoundStartWithAnImpossibleLayoutIsRefusedBeforeAnythingIsAllocated)
   EXPECT_TRUE(h.silo_inbox["s1"].back().has_round_start());
 }
 
+// Found by fuzzing (fuzz/corpus/relay): a secure region granted its upload with no silo done
+// read the plain sum it does not have.
+TEST(Relay, ASecureRegionWithNothingToSendEndsItsUploadEmpty) {
+  Harness h;
+  h.server_up();
+  h.silo_up("s1");
+  h.round_start(1, "s1", /*group=*/1);
+  (void)h.up();
+  wire::Envelope grant;
+  grant.set_round(1);
+  grant.mutable_upload_grant();
+  h.from_server(grant);  // the server's deadline forces the region's upload
+  const auto up = h.up();
+  ASSERT_FALSE(up.empty());
+  EXPECT_TRUE(up.back().has_update_end());
+  EXPECT_EQ(up.back().update_end().contributors_size(), 0);
+}
+
 TEST(Relay, AnEmptyRegionIsAnnouncedWithARegionStatusBody) {
   Harness h;
   h.server_up();
