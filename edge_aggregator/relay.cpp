@@ -141,6 +141,7 @@ void Relay::start_round(const wire::Envelope& e) {
           std::make_shared<protocol::MaskedVector>(rs.secagg().modulus_bits(), rs.secagg().vector_length());
     } else {
       region_->current = std::make_shared<Model>(layout.zeros_like());
+      region_->scheme = rs.compression();  // silos' uploads are decoded here; the region's sum goes up dense
       region_->sum = std::make_shared<Model>(std::move(layout));
     }
     spdlog::info("round {} starts", region_->round);
@@ -358,10 +359,10 @@ protocol::UploadBuffer Relay::buffer() {
   Region& r = *region_;
   if (r.secure) {
     return {r.current_words->bytes(), r.current_words->dtype(), {{"masked", {r.current_words->words()}, 0}}, true,
-            r.current_words};
+            r.current_words, {}};
   }
   return {{reinterpret_cast<std::uint8_t*>(r.current->flat().data()), r.current->bytes()}, wire::F32, r.layout, true,
-          r.current};
+          r.current, r.scheme};
 }
 
 // Grants the next silo's upload, or finishes the region when nothing is left to wait for.

@@ -88,6 +88,7 @@ class Relay {
     protocol::UploadSlot<std::string> slot;
     bool secure = false;
     std::shared_ptr<Model> sum, current;  // plain
+    wire::Compression scheme;             // plain: how the silos compress their uploads
     std::map<std::string, std::uint32_t> group_of;  // secure
     std::set<std::string> settled;                  // secure: silos the server settled into their group
     std::shared_ptr<protocol::MaskedVector> current_words;

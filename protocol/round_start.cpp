@@ -5,6 +5,8 @@
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
+#include "protocol/compression.h"
+
 namespace xsilo::protocol {
 
 std::string round_start_statement(const wire::RoundStart& rs, const std::string& federation) {
@@ -68,6 +70,10 @@ std::string check_layout(const wire::RoundStart& rs, std::uint64_t max_elements)
       return "the secure setup's vector of " + std::to_string(s.vector_length()) + " words does not fit a model of " +
              std::to_string(total) + " elements";
     }
+  }
+  if (auto why = check_compression(rs.compression()); !why.empty()) return "compression: " + why;
+  if (rs.has_secagg() && compressed(rs.compression()) && rs.compression().scheme() != wire::Compression::RANDOM_K) {
+    return "compression " + describe(rs.compression()) + " cannot be combined with secure aggregation";
   }
   return "";
 }

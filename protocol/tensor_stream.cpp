@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "protocol/compression.h"
+
 namespace xsilo::protocol {
 
 namespace {
@@ -23,7 +25,23 @@ ChunkSource::ChunkSource(std::shared_ptr<const void> keep_alive, std::span<const
       layout_(std::move(layout)), federation_(std::move(federation)), round_(round),
       chunk_elems_(std::max<std::size_t>(1, chunk_bytes / elem_size(dtype))) {}
 
+ChunkSource::ChunkSource(std::shared_ptr<const std::vector<wire::TensorChunk>> encoded, std::string federation,
+                         std::uint64_t round)
+    : base_(nullptr), federation_(std::move(federation)), round_(round), chunk_elems_(1), encoded_(std::move(encoded)) {}
+
 std::optional<std::pair<wire::Envelope, std::span<const std::uint8_t>>> ChunkSource::advance() {
+  if (encoded_) {
+    if (next_encoded_ >= encoded_->size()) return std::nullopt;
+    const auto& src = (*encoded_)[next_encoded_++];
+    wire::Envelope env;
+    env.set_federation(federation_);
+    env.set_round(round_);
+    auto* c = env.mutable_tensor_chunk();
+    *c = src;
+    c->clear_data();
+    return std::make_pair(std::move(env), std::span<const std::uint8_t>(
+                                              reinterpret_cast<const std::uint8_t*>(src.data().data()), src.data().size()));
+  }
   while (tensor_ < layout_.size() && layout_[tensor_].size() == 0) ++tensor_;
   if (tensor_ >= layout_.size()) return std::nullopt;
   const auto& t = layout_[tensor_];
@@ -61,9 +79,14 @@ std::optional<proto::SplitFrame> ChunkSource::next_frame(std::size_t max_frame_b
   return std::move(*f);
 }
 
-void TensorReceiver::reset(std::span<float> into, std::vector<TensorInfo> layout, bool hash) {
+void TensorReceiver::reset(std::span<float> into, std::vector<TensorInfo> layout, bool hash,
+                           const wire::Compression& scheme) {
   reset_words({reinterpret_cast<std::uint8_t*>(into.data()), into.size() * sizeof(float)}, std::move(layout),
               wire::F32, hash);
+  scheme_ = scheme;
+  std::size_t d = 0;
+  for (const auto& t : layout_) d += t.size();
+  budget_ = kept_count(scheme_, d);
 }
 
 void TensorReceiver::reset_words(std::span<std::uint8_t> into, std::vector<TensorInfo> layout,
@@ -72,7 +95,8 @@ void TensorReceiver::reset_words(std::span<std::uint8_t> into, std::vector<Tenso
   dtype_ = dtype;
   elem_ = elem_size(dtype);
   layout_ = std::move(layout);
-  tensor_ = offset_ = received_ = last_first_ = last_count_ = 0;
+  scheme_.Clear();
+  tensor_ = offset_ = received_ = last_first_ = last_count_ = kept_ = budget_ = 0;
   bytes_ = 0;
   hash_ = hash ? std::make_unique<crypto::Sha256>() : nullptr;
   skip_empty();
@@ -92,6 +116,11 @@ proto::Status TensorReceiver::add(const wire::TensorChunk& c) {
     return bad("chunk of " + t.name + " at offset " + std::to_string(c.offset()) + ", expected " +
                std::to_string(offset_));
   }
+  if (c.encoding() != scheme_.scheme()) {
+    return bad("chunk of " + t.name + " is " + (c.encoding() == wire::Compression::NONE ? "not compressed" : "compressed") +
+               " but the round's scheme is " + describe(scheme_));
+  }
+  if (compressed(scheme_)) return add_encoded(c, t);
   if (c.data().empty() || c.data().size() % elem_ != 0) {
     return bad("chunk of " + t.name + " has " + std::to_string(c.data().size()) +
                " bytes, not a positive multiple of " + std::to_string(elem_));
@@ -102,17 +131,41 @@ proto::Status TensorReceiver::add(const wire::TensorChunk& c) {
   }
   std::memcpy(base_ + (t.offset + offset_) * elem_, c.data().data(), c.data().size());
   if (hash_) hash_->update(c.data());
-  last_first_ = t.offset + offset_;
+  advance(n, c.data().size());
+  return proto::Status::ok();
+}
+
+proto::Status TensorReceiver::add_encoded(const wire::TensorChunk& c, const TensorInfo& t) {
+  auto bad = [&](std::string why) { return proto::error(wire::BAD_UPDATE, "chunk of " + t.name + ": " + std::move(why)); };
+  const std::uint64_t n = c.count();
+  if (n == 0 || n > t.size() - offset_) {
+    return bad("count " + std::to_string(n) + " is not within its " + std::to_string(t.size() - offset_) +
+               " remaining elements");
+  }
+  std::span<float> out(reinterpret_cast<float*>(base_) + t.offset + offset_, n);
+  std::size_t kept = 0;
+  if (auto why = decode_chunk(scheme_, c.data(), out, kept); !why.empty()) return bad(why);
+  kept_ += kept;
+  if (kept_ > budget_) {
+    return bad("keeps " + std::to_string(kept_) + " elements so far, more than the " + std::to_string(budget_) +
+               " of " + describe(scheme_));
+  }
+  if (hash_) hash_->update(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(out.data()), n * 4));
+  advance(n, c.data().size());
+  return proto::Status::ok();
+}
+
+void TensorReceiver::advance(std::size_t n, std::size_t bytes) {
+  last_first_ = layout_[tensor_].offset + offset_;
   last_count_ = n;
   offset_ += n;
   received_ += n;
-  bytes_ += c.data().size();
-  if (offset_ == t.size()) {
+  bytes_ += bytes;
+  if (offset_ == layout_[tensor_].size()) {
     ++tensor_;
     offset_ = 0;
     skip_empty();
   }
-  return proto::Status::ok();
 }
 
 std::string TensorReceiver::finish_sha256() {

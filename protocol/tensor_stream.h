@@ -14,6 +14,7 @@
 #include "crypto/hash.h"
 #include "proto/frame.h"
 #include "proto/status.h"
+#include "proto/xsilo.pb.h"
 
 namespace xsilo::protocol {
 
@@ -23,6 +24,9 @@ class ChunkSource {
   ChunkSource(std::shared_ptr<const void> keep_alive, std::span<const float> values,
               std::vector<TensorInfo> layout, std::string federation, std::uint64_t round,
               std::size_t chunk_bytes);
+  // Chunks encoded already (a compressed upload: protocol/compression.h), sent as they are.
+  ChunkSource(std::shared_ptr<const std::vector<wire::TensorChunk>> encoded, std::string federation,
+              std::uint64_t round);
   // Ring words (masked inputs): `bytes` holds layout-many elements of 4 (U32) or 8 (U64) bytes.
   ChunkSource(std::shared_ptr<const void> keep_alive, std::span<const std::uint8_t> bytes,
               wire::DType dtype, std::vector<TensorInfo> layout, std::string federation,
@@ -42,6 +46,8 @@ class ChunkSource {
   std::uint64_t round_;
   std::size_t chunk_elems_;
   std::size_t tensor_ = 0, offset_ = 0;
+  std::shared_ptr<const std::vector<wire::TensorChunk>> encoded_;
+  std::size_t next_encoded_ = 0;
   // The envelope of the next chunk with an empty data field, and where its data lies.
   std::optional<std::pair<wire::Envelope, std::span<const std::uint8_t>>> advance();
 };
@@ -49,8 +55,11 @@ class ChunkSource {
 class TensorReceiver {
  public:
   // Expect `layout`, writing into `into` (which must hold every element of the layout). With
-  // `hash` false the caller hashes the written regions itself (off the network thread).
-  void reset(std::span<float> into, std::vector<TensorInfo> layout, bool hash = true);
+  // `hash` false the caller hashes the written regions itself (off the network thread). With a
+  // `scheme`, every chunk must be encoded with it and is decoded into place (the bytes counted
+  // are the encoded ones; a sparse scheme's kept elements, all chunks together, at most its k).
+  void reset(std::span<float> into, std::vector<TensorInfo> layout, bool hash = true,
+             const wire::Compression& scheme = {});
   // The same for vectors of ring words (masked inputs: U32 or U64); `layout` counts words.
   void reset_words(std::span<std::uint8_t> into, std::vector<TensorInfo> layout, wire::DType dtype,
                    bool hash = true);
@@ -67,6 +76,8 @@ class TensorReceiver {
 
  private:
   void skip_empty();
+  proto::Status add_encoded(const wire::TensorChunk& chunk, const TensorInfo& t);
+  void advance(std::size_t n, std::size_t bytes);  // n elements (bytes on the wire) are in place
   std::uint8_t* base_ = nullptr;
   std::size_t elem_ = sizeof(float);
   wire::DType dtype_ = wire::F32;
@@ -74,6 +85,8 @@ class TensorReceiver {
   std::size_t tensor_ = 0, offset_ = 0, received_ = 0, last_first_ = 0, last_count_ = 0;
   std::uint64_t bytes_ = 0;
   std::unique_ptr<crypto::Sha256> hash_;
+  wire::Compression scheme_;
+  std::size_t kept_ = 0, budget_ = 0;  // sparse schemes: elements kept so far, and at most
 };
 
 }  // namespace xsilo::protocol

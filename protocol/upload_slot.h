@@ -35,6 +35,7 @@ struct UploadBuffer {
   std::vector<TensorInfo> layout;    // in elements
   bool hash = true;                  // SHA-256 of the bytes as received
   std::shared_ptr<const void> keep;  // keeps `bytes` alive while check work is queued (optional)
+  wire::Compression scheme;          // F32: how the uploader must compress (protocol/compression.h)
 };
 
 // The work that checks `count` elements at `first` (hash, and finiteness for F32).
@@ -67,7 +68,7 @@ class UploadSlot {
     check_ = std::make_shared<UploadCheck>();
     if (buffer_.dtype == wire::F32) {
       rx_.reset({reinterpret_cast<float*>(buffer_.bytes.data()), buffer_.bytes.size() / sizeof(float)},
-                buffer_.layout, /*hash=*/false);
+                buffer_.layout, /*hash=*/false, buffer_.scheme);
     } else {
       rx_.reset_words(buffer_.bytes, buffer_.layout, buffer_.dtype, /*hash=*/false);
     }

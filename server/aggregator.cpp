@@ -45,7 +45,7 @@ class PlainSum final : public Aggregator {
  public:
   explicit PlainSum(const Model& layout) : current_(layout.zeros_like()), sum_(layout.zeros_like()) {}
 
-  protocol::UploadBuffer buffer() override { return {bytes_of(current_), wire::F32, current_.tensors(), true, nullptr}; }
+  protocol::UploadBuffer buffer() override { return {bytes_of(current_), wire::F32, current_.tensors(), true, nullptr, {}}; }
 
   FoldResult fold(const Contribution& c, protocol::UploadCheck& check) override {
     auto r = check_upload(check, c, what_of(c));
@@ -74,7 +74,7 @@ class RowCollector final : public Aggregator {
  public:
   RowCollector(const Model& layout, AggregationConfig a) : current_(layout.zeros_like()), a_(std::move(a)) {}
 
-  protocol::UploadBuffer buffer() override { return {bytes_of(current_), wire::F32, current_.tensors(), true, nullptr}; }
+  protocol::UploadBuffer buffer() override { return {bytes_of(current_), wire::F32, current_.tensors(), true, nullptr, {}}; }
 
   FoldResult fold(const Contribution& c, protocol::UploadCheck& check) override {
     auto r = check_upload(check, c, what_of(c));

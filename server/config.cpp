@@ -1,11 +1,12 @@
 #include "server/config.h"
 
-#include "common/config.h"
-
 #include <cmath>
+
+#include "common/config.h"
 #include "common/fs.h"
 #include "common/safetensors.h"
 #include "crypto/hash.h"
+#include "protocol/compression.h"
 #include "robust/rule.h"
 #include "transport/config.h"
 
@@ -229,6 +230,49 @@ void parse_rounds_aggregation(const ConfigNode& root, ServerConfig& c) {
   }
 }
 
+// "compression": which scheme the silos use on their uploads, and whether it can be made
+// secure (only linear schemes survive masking: random-k with a shared coordinate set).
+void parse_compression(const ConfigNode& root, ServerConfig& c) {
+  if (!root.has("compression")) return;
+  const auto cn = root.child("compression");
+  auto& z = c.compression;
+  const auto scheme = cn.one_of("scheme", "none", {"none", "quantize", "sign", "top_k", "random_k"});
+  using C = wire::Compression;
+  z.set_scheme(scheme == "quantize" ? C::QUANTIZE
+               : scheme == "sign"   ? C::SIGN
+               : scheme == "top_k"  ? C::TOP_K
+               : scheme == "random_k" ? C::RANDOM_K
+                                      : C::NONE);
+  const bool blocky = z.scheme() == C::QUANTIZE || z.scheme() == C::SIGN;
+  const bool sparse = z.scheme() == C::TOP_K || z.scheme() == C::RANDOM_K;
+  if (z.scheme() == C::QUANTIZE) {
+    z.set_bits(static_cast<std::uint32_t>(cn.integer("bits", 8, 4, 8)));
+    if (z.bits() != 8 && z.bits() != 4) cn.fail("bits", "must be 8 or 4");
+  } else if (cn.has("bits")) {
+    cn.fail("bits", "applies to scheme quantize only");
+  }
+  if (blocky) {
+    z.set_block(static_cast<std::uint32_t>(cn.integer("block", 256, 8, 65536)));
+  } else if (cn.has("block")) {
+    cn.fail("block", "applies to schemes quantize and sign only");
+  }
+  if (sparse) {
+    z.set_fraction(cn.number("fraction", 0.01, 1e-9, 1.0));
+  } else if (cn.has("fraction")) {
+    cn.fail("fraction", "applies to schemes top_k and random_k only");
+  }
+  // Error feedback is what makes biased compressors converge (sign, top-k); on by default.
+  z.set_error_feedback(cn.boolean("error_feedback", z.scheme() != C::NONE));
+  cn.finish();
+  if (c.secure.on() && z.scheme() != C::NONE && z.scheme() != C::RANDOM_K) {
+    cn.fail("scheme", scheme + " cannot be combined with secure aggregation: the server sums masked vectors, so "
+                                "every silo must send the same coordinates as ring words; " +
+                                (z.scheme() == C::TOP_K ? "each silo's top-k picks its own coordinates"
+                                                        : "quantized codes with per-silo scales do not add up") +
+                                ". Use random_k (the coordinate set drawn from the round's seed), or secure.mode off");
+  }
+}
+
 }  // namespace
 
 ServerConfig load_server_config(const std::filesystem::path& file) {
@@ -267,6 +311,7 @@ ServerConfig load_server_config(const std::filesystem::path& file) {
   parse_training(root, c);
   parse_optimizer(root, c);
   parse_rounds_aggregation(root, c);
+  parse_compression(root, c);
 
   c.log_level = root.one_of("log_level", "info", {"trace", "debug", "info", "warn", "error"});
   c.log_format = root.one_of("log_format", "text", {"text", "json"});
@@ -351,6 +396,7 @@ nlohmann::json to_json(const ServerConfig& c) {
             {"log_level", c.log_level}, {"log_format", c.log_format}};
   if (!c.port_file.empty()) j["port_file"] = abs_path(c.port_file);
   if (c.metrics.listen) j["metrics"] = transport::to_json(c.metrics);
+  if (protocol::compressed(c.compression)) j["compression"] = protocol::to_json(c.compression);
   if (const auto& ac = c.aggregation.adaptive_clip; ac.on()) {
     j["aggregation"]["adaptive_clip"] = {{"quantile", ac.quantile}, {"lr", ac.lr}, {"initial", ac.initial}, {"min", ac.min}};
   }

@@ -12,6 +12,7 @@
 #include "crypto/hash.h"
 #include "proto/frame.h"
 #include "protocol/round_start.h"
+#include "protocol/compression.h"
 #include "server/coordinator_round.h"
 #include "server/secure_round.h"
 
@@ -206,6 +207,8 @@ void Coordinator::start_round(std::int64_t now_ms) {
     for (auto d : t.shape) spec->add_shape(d);
   }
   rs->set_model_sha256(global_sha_);
+  r_->compression = round_compression(cfg_, round_);
+  if (protocol::compressed(r_->compression)) *rs->mutable_compression() = r_->compression;
   std::set<SessionId> edges;
   for (const auto& [silo, session] : candidates) {
     Member mb;
@@ -590,6 +593,7 @@ RoundSummary Coordinator::summary(bool committed, const std::string& reason, std
   s.silo_momentum = cfg_.plan.silo_momentum();
   s.total_weight = r_->total_weight();
   s.upload_bytes = r_->upload_bytes;
+  if (protocol::compressed(r_->compression)) s.compression = protocol::to_json(r_->compression);
   s.secure = r_->secure != nullptr;
   if (r_->secure) s.secure_groups = r_->secure->describe();
   s.model_sha256_before = s.model_sha256_after = global_sha_;

@@ -16,6 +16,7 @@ struct Coordinator::Round {
   std::size_t target = 0;
   bool train_elapsed = false;
   std::unique_ptr<Aggregator> agg;
+  wire::Compression compression;         // the silos' uploads (an edge's sum is dense)
   SecureRound* secure = nullptr;         // agg's secure protocol state, if the mode has one
   protocol::UploadSlot<Uploader> slot;
   std::set<SessionId> edge_queued;       // edges whose region upload is queued or done

@@ -16,7 +16,9 @@ namespace xsilo::server {
 // ---- uploads --------------------------------------------------------------------------------
 
 void Coordinator::grant(const Uploader& u) {
-  r_->slot.open(u, r_->agg->buffer());
+  auto buffer = r_->agg->buffer();
+  if (!u.edge && !r_->secure) buffer.scheme = r_->compression;  // secure: fewer ring words, not encoded chunks
+  r_->slot.open(u, std::move(buffer));
   const std::string who = u.edge ? "edge " + membership_.peer(u.edge)->name : "silo " + r_->members[u.member].silo;
   spdlog::info("round {}: upload slot to {}", round_, who);
   event("upload_granted", who);

@@ -80,6 +80,7 @@ struct RoundConfig {
   bool any_silo = true;   // the allow-list admits every silo ("*"); else only expected_silos
   AggregationConfig aggregation;
   SecureConfig secure;
+  wire::Compression compression;  // how silos compress their uploads (docs/compression.md)
   // The federation CA (and its revocation list): checks the signed joins of silos behind edges
   // and, in secure mode, the silos' protocol signatures. Not read from a config file: the server
   // daemon sets it from its TLS files. Without it, no silo is admitted through an edge.
@@ -90,5 +91,10 @@ struct RoundConfig {
   // required in secure mode.
   std::optional<crypto::CertSigner> signer;
 };
+
+// The round's compression as the silos receive it: under secure aggregation, RANDOM_K's
+// coordinate set is drawn from a seed of the federation's seed and the round (every silo of the
+// round keeps the same coordinates; the next round keeps others).
+wire::Compression round_compression(const RoundConfig& cfg, std::uint64_t round);
 
 }  // namespace xsilo::server

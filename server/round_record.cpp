@@ -99,6 +99,8 @@ nlohmann::json round_record(const RoundSummary& s) {
   if (!s.committed) r["reason"] = s.reason;
   if (s.secure) r["secure"] = s.secure_groups;
   if (s.silo_momentum > 0) r["aggregation"]["silo_momentum"] = s.silo_momentum;
+  if (!s.compression.is_null()) r["compression"] = s.compression;
+  r["upload_bytes"] = s.upload_bytes;
   return r;
 }
 

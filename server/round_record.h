@@ -66,6 +66,7 @@ struct RoundSummary {
   double silo_momentum = 0;  // the plan's: silos uploaded their momentum, not their deltas
   double total_weight = 0;
   std::uint64_t upload_bytes = 0;
+  nlohmann::json compression;         // the round's scheme (protocol::to_json), null when none
   bool secure = false;                // sample counts and weights stay inside the masked sums
   nlohmann::json secure_groups;       // secure: the groups as set up (SecureRound::describe)
   std::string model_sha256_before, model_sha256_after;

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "protocol/compression.h"
+
 namespace xsilo::server {
 
 namespace {
@@ -12,6 +14,13 @@ namespace {
 SecureConfig with_clip_norm(SecureConfig s, std::optional<double> clip_norm) {
   if (clip_norm) s.clip_norm = std::min(*clip_norm, s.clip_norm);
   return s;
+}
+
+// RANDOM_K: the round's shared coordinate set (protocol/compression.h); empty otherwise.
+std::vector<std::uint32_t> shared_set(const RoundConfig& cfg, std::size_t d, std::uint64_t round) {
+  const auto c = round_compression(cfg, round);
+  if (c.scheme() != wire::Compression::RANDOM_K) return {};
+  return protocol::random_k_set(c.seed(), d, protocol::kept_count(c, d));
 }
 
 }  // namespace
@@ -51,15 +60,16 @@ SecureGroups::SecureGroups(const RoundConfig& cfg, std::size_t d, std::uint64_t 
       d_(d),
       clip_norm_(clip_norm),
       ceiling_(cfg.secure.clip_norm),
-      words_(d + 1 + (clip_norm ? 1 : 0)),
+      kept_(shared_set(cfg, d, round)),
+      words_((kept_.empty() ? d : kept_.size()) + 1 + (clip_norm ? 1 : 0)),
       round_(with_clip_norm(cfg.secure, clip_norm), cfg.signer, cfg.ca, cfg.federation, round, cfg.seed, selected, d,
-             clip_norm.has_value()),
+             clip_norm.has_value(), kept_),
       current_(cfg.secure.bits, words_) {
   for (auto g : round_.groups()) sums_.emplace(g, protocol::MaskedVector(cfg.secure.bits, words_));
 }
 
 protocol::UploadBuffer SecureGroups::buffer() {
-  return {current_.bytes(), current_.dtype(), {{"masked", {words_}, 0}}, true, nullptr};
+  return {current_.bytes(), current_.dtype(), {{"masked", {words_}, 0}}, true, nullptr, {}};
 }
 
 FoldResult SecureGroups::fold(const Contribution& c, protocol::UploadCheck& check) {

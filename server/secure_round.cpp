@@ -38,9 +38,10 @@ std::uint32_t group_min_survivors(const SecureConfig& cfg, std::size_t n) {
 
 SecureRound::SecureRound(const SecureConfig& cfg, const std::optional<crypto::CertSigner>& signer,
                          const std::optional<crypto::CertVerifier>& ca, const std::string& federation, std::uint64_t round,
-                         std::uint64_t seed, std::vector<std::string> selected, std::size_t d, bool count_unclipped)
+                         std::uint64_t seed, std::vector<std::string> selected, std::size_t d, bool count_unclipped,
+                         std::vector<std::uint32_t> kept)
     : cfg_(cfg), federation_(federation), round_(round),
-      permutation_seed_(seed ^ (round * 0xd1b54a32d192ed03ull)), d_(d) {
+      permutation_seed_(seed ^ (round * 0xd1b54a32d192ed03ull)), d_(d), kept_(std::move(kept)) {
   if (!signer || !ca) throw std::invalid_argument("secure aggregation needs the server's certificate key and CA");
   const auto groups = make_groups(std::move(selected), cfg_, permutation_seed_);
   for (std::size_t k = 0; k < groups.size(); ++k) {
@@ -58,7 +59,7 @@ SecureRound::SecureRound(const SecureConfig& cfg, const std::optional<crypto::Ce
     s.set_min_survivors(group_min_survivors(cfg_, n));
     s.set_modulus_bits(cfg_.bits);
     s.set_fraction_bits(cfg_.fraction_bits);
-    s.set_vector_length(d_ + 1 + (count_unclipped ? 1 : 0));
+    s.set_vector_length((kept_.empty() ? d_ : kept_.size()) + 1 + (count_unclipped ? 1 : 0));
     s.set_count_unclipped(count_unclipped);
     s.set_clip_norm(static_cast<float>(cfg_.clip_norm));
     s.set_max_weight(static_cast<float>(cfg_.max_weight));
@@ -360,6 +361,13 @@ std::vector<GroupResult> SecureRound::finish(std::map<std::uint32_t, protocol::M
         const auto codec = cfg_.codec();
         r.sum = cfg_.bits == 32 ? crypto::decode(codec, std::span<const std::uint32_t>(sum.u32()))
                                 : crypto::decode(codec, std::span<const std::uint64_t>(sum.u64()));
+        if (!kept_.empty()) {  // the kept coordinates back in place, the others zero, the extras after d
+          std::vector<double> full(d_ + (r.sum.size() - kept_.size()), 0.0);
+          for (std::size_t j = 0; j < kept_.size(); ++j) full[kept_[j]] = r.sum[j];
+          std::copy(r.sum.begin() + static_cast<std::ptrdiff_t>(kept_.size()), r.sum.end(),
+                    full.begin() + static_cast<std::ptrdiff_t>(d_));
+          r.sum = std::move(full);
+        }
       }
     }
     r.excluded = g.server->blamed();

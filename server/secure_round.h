@@ -31,7 +31,8 @@ struct GroupResult {
   std::size_t threshold = 0;
   bool ok = false;
   std::string why;            // when not ok
-  std::vector<double> sum;    // decoded: d weighted coordinates, then the summed weight
+  std::vector<double> sum;    // decoded: d weighted coordinates, then the summed weight (and the
+                              // unclipped count); RANDOM_K's left-out coordinates are zero
   std::vector<crypto::secagg::Blame> excluded;  // members excluded with proof, this round
 };
 
@@ -47,7 +48,8 @@ class SecureRound {
   // members' signatures; throws std::invalid_argument without either.
   SecureRound(const SecureConfig& cfg, const std::optional<crypto::CertSigner>& signer,
               const std::optional<crypto::CertVerifier>& ca, const std::string& federation, std::uint64_t round,
-              std::uint64_t seed, std::vector<std::string> selected, std::size_t d, bool count_unclipped = false);
+              std::uint64_t seed, std::vector<std::string> selected, std::size_t d, bool count_unclipped = false,
+              std::vector<std::uint32_t> kept = {});
 
   std::uint32_t group_of(const std::string& silo) const;
   std::vector<std::uint32_t> groups() const;
@@ -113,6 +115,7 @@ class SecureRound {
   std::uint64_t round_;
   std::uint64_t permutation_seed_;
   std::size_t d_;
+  std::vector<std::uint32_t> kept_;  // RANDOM_K: the coordinates the masked vectors hold (else all d)
   std::map<std::uint32_t, Group> groups_;
   std::map<std::string, std::uint32_t> group_of_;
   std::vector<std::pair<std::string, wire::Envelope>> out_;

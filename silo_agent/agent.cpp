@@ -38,6 +38,7 @@ SessionConfig session_config(const AgentConfig& cfg) {
     s.servers = it->second;
   }
   if (!cfg.state_dir.empty()) s.momentum_file = cfg.state_dir / "momentum.safetensors";
+  if (!cfg.state_dir.empty()) s.residual_file = cfg.state_dir / "error_feedback.safetensors";
   return s;
 }
 

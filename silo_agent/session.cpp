@@ -12,6 +12,7 @@
 #include "crypto/fixed_point.h"
 #include "crypto/hash.h"
 #include "proto/frame.h"
+#include "protocol/compression.h"
 #include "protocol/join.h"
 #include "protocol/round_start.h"
 #include "protocol/secagg_wire.h"
@@ -179,6 +180,7 @@ void Session::on_round_start(const wire::Envelope& e) {
   training_ = false;
   round_ = rs.round();
   plan_ = rs.plan();
+  compression_ = rs.compression();
   model_sha_ = rs.model_sha256();
   Model layout;
   for (const auto& t : rs.tensors()) layout.add_layout(t.name(), {t.shape().begin(), t.shape().end()});
@@ -337,18 +339,48 @@ namespace {
 
 // The upload becomes weight * momentum; the momentum is kept (durably, when there is a file) so
 // that a restarted agent goes on from it.
-void with_momentum(RoundOutput& out, std::optional<Model>& momentum, const std::filesystem::path& file,
-                   const wire::TrainingPlan& plan) {
-  if (!momentum && !file.empty() && std::filesystem::exists(file)) {
+// A silo's state across rounds (momentum, error feedback): loaded from `file` on first use, zeros
+// when missing, unreadable or of another layout than `like`.
+Model& silo_state(std::optional<Model>& state, const std::filesystem::path& file, const Model& like, const char* what) {
+  if (!state && !file.empty() && std::filesystem::exists(file)) {
     try {
-      momentum = load_safetensors(file);
+      state = load_safetensors(file);
     } catch (const std::exception& e) {
-      spdlog::warn("momentum {} unreadable ({}); starting from zeros", file.string(), e.what());
+      spdlog::warn("{} {} unreadable ({}); starting from zeros", what, file.string(), e.what());
     }
   }
-  if (!momentum || !momentum->same_layout(*out.update)) momentum = out.update->zeros_like();
-  apply_momentum(*out.update, out.weight, *momentum, plan.silo_momentum());
-  if (!file.empty()) save_safetensors(file, *momentum, {{"xsilo.silo_momentum", std::to_string(plan.silo_momentum())}});
+  if (!state || !state->same_layout(like)) state = like.zeros_like();
+  return *state;
+}
+
+void with_momentum(RoundOutput& out, std::optional<Model>& state, const std::filesystem::path& file,
+                   const wire::TrainingPlan& plan) {
+  Model& momentum = silo_state(state, file, *out.update, "momentum");
+  apply_momentum(*out.update, out.weight, momentum, plan.silo_momentum());
+  if (!file.empty()) save_safetensors(file, momentum, {{"xsilo.silo_momentum", std::to_string(plan.silo_momentum())}});
+}
+
+// Compresses the upload (docs/compression.md). With error feedback the residual after this
+// upload is computed aside: it replaces the silo's (and its file) only when the upload leaves, so
+// an update that never left takes nothing from the residual.
+void with_compression(RoundOutput& out, const wire::Compression& c, bool secure, std::optional<Model>& state,
+                      const std::filesystem::path& file, std::size_t chunk_bytes) {
+  std::span<float> rs;
+  if (c.error_feedback()) {
+    out.residual_next = std::make_shared<Model>(silo_state(state, file, *out.update, "error feedback"));
+    rs = out.residual_next->flat();
+  }
+  if (secure) {
+    out.kept = std::make_shared<const std::vector<std::uint32_t>>(
+        protocol::keep_shared_random_k(c, out.update->flat(), rs));
+  } else {
+    std::uint64_t seed = 0;
+    randombytes_buf(&seed, sizeof seed);  // unbiased rounding, random-k's coordinates
+    auto enc = protocol::compress_update(c, out.update->flat(), rs, out.update->tensors(), chunk_bytes / sizeof(float),
+                                         seed);
+    out.encoded_bytes = enc.bytes;
+    out.encoded = std::make_shared<const std::vector<wire::TensorChunk>>(std::move(enc.chunks));
+  }
 }
 
 }  // namespace
@@ -361,8 +393,9 @@ void Session::on_model() {
   task.silo = name_;
   task.plan = plan_;
   job([&trainer = trainer_, &hook = hook_, model = global_, task, sha = model_sha_, spare = std::move(spare_),
-       live = live_generation_, gen = generation_, momentum = momentum_,
-       momentum_file = cfg_.momentum_file]() mutable -> SessionJobResult {
+       live = live_generation_, gen = generation_, momentum = momentum_, momentum_file = cfg_.momentum_file,
+       compression = compression_, secure = setup_.has_value(), residual = residual_,
+       residual_file = cfg_.residual_file, chunk_bytes = cfg_.chunk_bytes]() mutable -> SessionJobResult {
     TrainDone r;
     if (*live != gen) {
       r.error = "round " + std::to_string(task.round) + " moved on before its training started";
@@ -376,6 +409,9 @@ void Session::on_model() {
       if (out.update && task.plan.silo_momentum() > 0) with_momentum(out, *momentum, momentum_file, task.plan);
       if (out.update) {
         hook.tamper(task, *model, out.update->flat(), out.weight);
+        if (protocol::compressed(compression)) {
+          with_compression(out, compression, secure, *residual, residual_file, chunk_bytes);
+        }
         out.sha256 = crypto::sha256_hex(out.update->flat());
       }
       r.out = std::move(out);
@@ -418,18 +454,22 @@ void Session::announce_ready() {
 void Session::mask_when_ready() {
   if (!secure_ || !settled_ || !pending_ || !pending_->update || masked_ || masking_) return;
   masking_ = true;
-  job([client = secure_, setup = *setup_, update = pending_->update, weight = pending_->weight]() -> SessionJobResult {
+  job([client = secure_, setup = *setup_, update = pending_->update, weight = pending_->weight,
+       kept = pending_->kept]() -> SessionJobResult {
     MaskDone r;
     const crypto::FixedPointParams codec{setup.modulus_bits(), setup.fraction_bits(), setup.clip_norm(),
                                          setup.max_weight(), setup.count_unclipped()};
-    const std::size_t d = update->size();
+    // RANDOM_K: only the round's shared coordinates are masked and sent.
+    const std::size_t d = kept ? kept->size() : update->size();
     if (setup.vector_length() != codec.words(d)) {
       r.error = "the secure setup's vector length " + std::to_string(setup.vector_length()) + " does not fit the model (" +
                 std::to_string(codec.words(d)) + " words)";
       return r;
     }
     // The upload is weight * delta: the codec wants delta and the weight separately.
-    std::vector<float> delta(update->flat().begin(), update->flat().end());
+    std::vector<float> delta(d);
+    const auto u = update->flat();
+    for (std::size_t j = 0; j < d; ++j) delta[j] = kept ? u[(*kept)[j]] : u[j];
     for (auto& v : delta) {
       v = static_cast<float>(v / weight);
       if (!std::isfinite(v)) {
@@ -476,6 +516,8 @@ void Session::upload() {
     src = std::make_shared<protocol::ChunkSource>(masked_, masked_->bytes(), masked_->dtype(),
                                                   std::vector<TensorInfo>{{"masked", {masked_->words()}, 0}},
                                                   cfg_.federation, round_, cfg_.chunk_bytes);
+  } else if (pending_->encoded) {
+    src = std::make_shared<protocol::ChunkSource>(pending_->encoded, cfg_.federation, round_);
   } else {
     const auto& u = pending_->update;
     src = std::make_shared<protocol::ChunkSource>(u, u->flat(), u->tensors(), cfg_.federation, round_, cfg_.chunk_bytes);
@@ -490,15 +532,40 @@ void Session::upload() {
   *end->mutable_metrics() = pending_->metrics;
   send(std::move(e));
   // The silo's own record of what left the building: hashes, never data.
-  actions_.push_back(action::Record{{{"time", now_iso()},
-                                     {"round", round_},
-                                     {"upstream", upstream_},
-                                     {"upstream_identity", upstream_identity_},
-                                     {"model_sha256", model_sha_},
-                                     {"update_sha256", pending_->sha256},
-                                     {"weight", pending_->weight},
-                                     {"num_samples", pending_->num_samples}}});
-  spdlog::info("round {}: uploading {} bytes", round_, pending_->update->bytes());
+  action::Record sent{{{"time", now_iso()},
+                       {"round", round_},
+                       {"upstream", upstream_},
+                       {"upstream_identity", upstream_identity_},
+                       {"model_sha256", model_sha_},
+                       {"update_sha256", pending_->sha256},
+                       {"weight", pending_->weight},
+                       {"num_samples", pending_->num_samples}}};
+  if (pending_->residual_next) {
+    // The upload has left: what it left out is the silo's error feedback now. Its file is
+    // written on the worker (before the next round's training reads it), then the record of
+    // the upload, so that the two agree after a crash but for that instant.
+    *residual_ = std::move(*pending_->residual_next);
+    pending_->residual_next.reset();
+    if (!cfg_.residual_file.empty()) {
+      job([file = cfg_.residual_file, residual = residual_, scheme = protocol::describe(compression_),
+           sent = std::move(sent)]() mutable -> SessionJobResult {
+        try {
+          save_safetensors(file, **residual, {{"xsilo.compression", scheme}});
+        } catch (const std::exception& e) {
+          spdlog::warn("error feedback not saved to {}: {}", file.string(), e.what());
+        }
+        return StateSaved{std::move(sent.entry)};
+      });
+      sent.entry = nullptr;  // moved into the job
+    }
+  }
+  if (!sent.entry.is_null()) actions_.push_back(std::move(sent));
+  if (pending_->encoded) {
+    spdlog::info("round {}: uploading {} bytes ({} of {} uncompressed)", round_, pending_->encoded_bytes,
+                 protocol::describe(compression_), pending_->update->bytes());
+  } else {
+    spdlog::info("round {}: uploading {} bytes", round_, secure_ && masked_ ? masked_->bytes().size() : pending_->update->bytes());
+  }
 }
 
 void Session::on_job_done(std::uint64_t id, SessionJobResult result) {
@@ -507,11 +574,15 @@ void Session::on_job_done(std::uint64_t id, SessionJobResult result) {
   const bool current = it->second == generation_;
   job_generation_.erase(it);
   if (auto* t = std::get_if<TrainDone>(&result); t && t->fatal) actions_.push_back(action::Fatal{t->error});
+  if (auto* saved = std::get_if<StateSaved>(&result)) {  // whatever the round does now
+    actions_.push_back(action::Record{std::move(saved->then_record)});
+    return;
+  }
   if (!current || silent_) return;  // the round or the connection moved on
   if (auto* t = std::get_if<TrainDone>(&result)) {
     if (!t->fatal) trained(std::move(*t));
-  } else {
-    masked(std::get<MaskDone>(std::move(result)));
+  } else if (auto* m = std::get_if<MaskDone>(&result)) {
+    masked(std::move(*m));
   }
 }
 

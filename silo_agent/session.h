@@ -62,7 +62,11 @@ struct MaskDone {
   std::string sha256;
   std::string error;
 };
-using SessionJobResult = std::variant<TrainDone, MaskDone>;
+// A silo state file written; then this record (an entry of sent.jsonl) is written.
+struct StateSaved {
+  nlohmann::json then_record;
+};
+using SessionJobResult = std::variant<TrainDone, MaskDone, StateSaved>;
 
 namespace action {
 struct Send {
@@ -105,6 +109,9 @@ struct SessionConfig {
   // Where the silo's momentum (TrainingPlan.silo_momentum) is kept across rounds and restarts;
   // empty: in memory only.
   std::filesystem::path momentum_file;
+  // Where the silo's error feedback (what compression left out, docs/compression.md) is kept
+  // across rounds and restarts; empty: in memory only.
+  std::filesystem::path residual_file;
   // A RoundStart whose model has more elements is refused (protocol::check_layout).
   std::uint64_t max_model_elements = protocol::kMaxModelElements;
 };
@@ -171,11 +178,14 @@ class Session {
   bool in_round_ = false;
   std::uint64_t round_ = 0;
   wire::TrainingPlan plan_;
+  wire::Compression compression_;   // the round's (none when unset)
   std::string model_sha_;
   std::shared_ptr<Model> global_;
   // The silo's momentum: used by one training job at a time (jobs run in order on the worker);
   // loaded from cfg_.momentum_file on first use, written back after each update.
   std::shared_ptr<std::optional<Model>> momentum_ = std::make_shared<std::optional<Model>>();
+  // The error feedback of compressed rounds, kept the same way (cfg_.residual_file).
+  std::shared_ptr<std::optional<Model>> residual_ = std::make_shared<std::optional<Model>>();
   protocol::TensorReceiver rx_;
   bool training_ = false;
   std::optional<RoundOutput> pending_;   // trained, not yet uploaded

@@ -15,8 +15,15 @@ struct RoundOutput {
   std::shared_ptr<Model> update;   // weight * delta; null after an evaluate-only round
   std::uint64_t num_samples = 0;
   double weight = 0;
-  std::string sha256;              // of the update bytes as sent
+  std::string sha256;              // of the update bytes as sent (compressed: as the server decodes them)
   wire::TrainMetrics metrics;
+  // A compressed plain upload: its encoded chunks (`update` holds what they decode to).
+  std::shared_ptr<const std::vector<wire::TensorChunk>> encoded;
+  std::uint64_t encoded_bytes = 0;
+  // Secure RANDOM_K: the coordinates of `update` that are masked and sent.
+  std::shared_ptr<const std::vector<std::uint32_t>> kept;
+  // Error feedback: the residual once this upload has left (it becomes the silo's only then).
+  std::shared_ptr<Model> residual_next;
 };
 
 // The upload for `local` trained from `global` (`reuse`, when given and not shared, becomes the

@@ -7,9 +7,11 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <set>
 
 #include "common/mlp.h"
 #include "common/safetensors.h"
+#include "protocol/compression.h"
 #include "robust/rule.h"
 #include "server/audit.h"
 #include "server/config.h"
@@ -158,6 +160,55 @@ std::vector<Case> cases() {
     s["training"]["silo_momentum"] = 0.5;
     out.push_back({"AdaptiveClipMixedTrimmedMeanMomentum", s, 1e-4, 3});
   }
+  // Compressed uploads (docs/compression.md). The deterministic schemes are recomputed exactly,
+  // error feedback included (each silo's residual, across rounds); quantization rounds at random
+  // and is compared within its step.
+  {  // Top-1% ... here 10%, with error feedback, Multi-Krum on the decoded updates, local workers.
+    json s = base_sim(6, 3);
+    s["selection"] = {{"min_silos", 6}, {"min_updates", 6}};
+    s["aggregation"] = {{"rule", "multi_krum"}, {"f", 1}};
+    s["local"] = {{"workers", 2}, {"backend", "ring"}};
+    s["compression"] = {{"scheme", "top_k"}, {"fraction", 0.1}};
+    out.push_back({"TopKErrorFeedbackMultiKrumWorkers", s, 1e-4, 3});
+  }
+  {  // EF-SignSGD through two edges (they decode and sum), a silo restarted as round 3 trains:
+     // its error feedback comes back from its state folder.
+    json s = base_sim(6, 5);
+    s["edges"] = 2;
+    s["selection"] = {{"min_silos", 6}, {"min_updates", 5}};
+    s["compression"] = {{"scheme", "sign"}, {"block", 16}};
+    s["faults"] = {fault("hospital-02", "restart", 3, "train")};
+    out.push_back({"SignErrorFeedbackEdgesSiloRestart", s, 1e-4, 5});
+  }
+  {  // Secure random-k: every member masks the round's shared 20% (drawn from the record's seed)
+     // with error feedback, one group carried by two edges, a silo lost after sharing.
+    json s = base_sim(9, 3);
+    s["edges"] = 2;
+    s["selection"] = {{"min_silos", 8}, {"min_updates", 8}};  // 8: the killed silo does not come back
+    s["secure"] = secure("global");
+    s["compression"] = {{"scheme", "random_k"}, {"fraction", 0.2}};
+    s["faults"] = {fault("hospital-04", "kill", 2, "after_shares")};
+    out.push_back({"SecureRandomKGlobalEdgesDropout", s, 1e-4, 3});
+  }
+  {  // Secure random-k in groups, the median across group means, silo momentum under the error
+     // feedback.
+    json s = base_sim(9, 3);
+    s["selection"] = {{"min_silos", 9}, {"min_updates", 9}};
+    s["secure"] = secure("grouped", 3);
+    s["aggregation"] = {{"rule", "median"}};
+    s["training"]["silo_momentum"] = 0.5;
+    s["compression"] = {{"scheme", "random_k"}, {"fraction", 0.3}};
+    out.push_back({"SecureRandomKGroupedMedianMomentum", s, 1e-4, 3});
+  }
+  {  // 8-bit quantization, no error feedback, the trimmed mean, local workers: unbiased rounding
+     // at the silos cannot be replayed here, so the model must match within the rounding.
+    json s = base_sim(6, 3);
+    s["selection"] = {{"min_silos", 6}, {"min_updates", 6}};
+    s["aggregation"] = {{"rule", "trimmed_mean"}, {"f", 1}};
+    s["local"] = {{"workers", 2}, {"backend", "ring"}};
+    s["compression"] = {{"scheme", "quantize"}, {"bits", 8}, {"block", 32}, {"error_feedback", false}};
+    out.push_back({"Quantize8TrimmedMeanWorkers", s, 2e-3, 3});
+  }
   // Hostile parties as real processes (docs/security.md). The checks above still hold for
   // every committed round: its model is exactly the reference of the silos its record names.
   {  // Three edges, one secure group: edge-01 alters the mask keys it relays (its three silos
@@ -266,7 +317,14 @@ TEST_P(Combinations, EveryRoundEqualsTheReferenceOfTheSilosItsRecordNames) {
   }
 
   Model global = init_model(scfg.model);
-  std::map<std::string, Model> momentum;
+  std::map<std::string, Model> momentum, residual;
+  std::map<std::string, std::set<std::uint64_t>> sent;  // each silo's own record of its uploads
+  for (const auto& [s, a] : acfg) {
+    std::ifstream in(out / "silos" / s / "state" / "sent.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      if (!line.empty()) sent[s].insert(json::parse(line)["round"].get<std::uint64_t>());
+    }
+  }
   std::size_t committed = 0, adaptive_rounds = 0;
   std::optional<double> next_clip;
   const bool secure_mode = scfg.secure.on();
@@ -297,6 +355,34 @@ TEST_P(Combinations, EveryRoundEqualsTheReferenceOfTheSilosItsRecordNames) {
       outs[s] = agent::run_local_round(acfg[s], data[s], global, scfg.plan, round, s);
       if (scfg.plan.silo_momentum() > 0) {  // the silo's momentum (cases where every silo trains every round)
         agent::apply_momentum(*outs[s].update, outs[s].weight, momentum[s], scfg.plan.silo_momentum());
+      }
+    }
+    // Compression as each silo applied it, from the record's scheme (and seed). A silo's error
+    // feedback moves on when its upload leaves, which its own record of what it sent says: a
+    // silo that sent and was then lost (killed mid-upload) kept less back, though its update
+    // is not in the round.
+    if (protocol::compressed(scfg.compression)) {
+      ASSERT_TRUE(rec.contains("compression")) << rec.dump(2);
+      EXPECT_EQ(rec["compression"]["scheme"], protocol::to_json(scfg.compression)["scheme"]);
+      wire::Compression z = scfg.compression;
+      z.set_seed(rec["compression"].value("seed", std::uint64_t{0}));
+      std::map<std::string, agent::RoundOutput> sent_only;
+      for (const auto& [s, rounds_sent] : sent) {
+        if (!outs.count(s) && rounds_sent.count(round)) {
+          sent_only[s] = agent::run_local_round(acfg[s], data[s], global, scfg.plan, round, s);
+        }
+      }
+      for (auto* group : {&outs, &sent_only}) {
+        for (auto& [s, o] : *group) {
+          Model& res = residual[s];
+          if (!res.same_layout(*o.update)) res = o.update->zeros_like();
+          const auto r = z.error_feedback() ? res.flat() : std::span<float>();
+          if (secure_mode) {
+            protocol::keep_shared_random_k(z, o.update->flat(), r);
+          } else if (z.scheme() != wire::Compression::QUANTIZE) {
+            protocol::compress_update(z, o.update->flat(), r, o.update->tensors(), acfg[s].chunk_bytes / 4, 0);
+          }
+        }
       }
     }
     const std::size_t d = global.size();
@@ -375,6 +461,17 @@ TEST_P(Combinations, EveryRoundEqualsTheReferenceOfTheSilosItsRecordNames) {
     global = got;  // the next round starts from the server's model, as the silos did
   }
   EXPECT_GE(committed, c.min_committed) << sim_log;
+  // A silo restarted by a fault comes back and takes part again (so what it kept across the
+  // restart, momentum or error feedback, is checked above).
+  for (const auto& f : c.sim.value("faults", json::array())) {
+    if (f["action"] != "restart" || f["process"].get<std::string>().rfind("hospital-", 0) != 0) continue;
+    bool back = false;
+    for (const auto& rec : rounds) {
+      if (rec["round"].get<std::uint64_t>() <= f["round"].get<std::uint64_t>()) continue;
+      for (const auto& p : rec["participants"]) back = back || p["silo"] == f["process"];
+    }
+    EXPECT_TRUE(back) << f["process"] << " never took part after its restart";
+  }
   if (scfg.aggregation.adaptive_clip.on()) {
     EXPECT_EQ(adaptive_rounds, committed);
   }

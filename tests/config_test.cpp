@@ -155,6 +155,34 @@ TEST(Config, SecureAggregationSettingsAreChecked) {
       << few;
 }
 
+// Compression: each scheme's own keys, and only random-k with secure aggregation.
+TEST(Config, CompressionSchemesAreCheckedAndOnlyRandomKIsSecure) {
+  test::TempDir dir;
+  test::make_pki(dir / "pki", "f", {{wire::SERVER, "server"}});
+  auto load = [&](const std::string& extra) {
+    atomic_write_file(dir / "s.json", R"({"federation": "f", "tls": {"kit": "pki/kits/server"},
+      "allow": {"silo": ["a", "b", "c", "d", "e", "f"]}, "model": {"inputs": 4},
+      "selection": {"min_silos": 6})" + extra + "}");
+    return error_of([&] { server::load_server_config(dir / "s.json"); });
+  };
+  EXPECT_EQ(load(R"(, "compression": {"scheme": "quantize", "bits": 4, "block": 128})"), "");
+  EXPECT_EQ(load(R"(, "compression": {"scheme": "sign"})"), "");
+  EXPECT_EQ(load(R"(, "compression": {"scheme": "top_k", "fraction": 0.01, "error_feedback": false})"), "");
+  EXPECT_EQ(load(R"(, "compression": {"scheme": "random_k", "fraction": 0.1}, "secure": {"mode": "global"})"), "");
+  EXPECT_NE(load(R"(, "compression": {"scheme": "quantize", "bits": 5})").find(".compression.bits: must be 8 or 4"),
+            std::string::npos);
+  EXPECT_NE(load(R"(, "compression": {"scheme": "sign", "fraction": 0.1})").find("applies to schemes top_k and random_k"),
+            std::string::npos);
+  EXPECT_NE(load(R"(, "compression": {"scheme": "top_k", "fraction": 0})").find(".compression.fraction: must be >="),
+            std::string::npos);
+  EXPECT_NE(load(R"(, "compression": {"scheme": "topk"})").find("must be one of"), std::string::npos);
+  const auto secure = load(R"(, "compression": {"scheme": "top_k"}, "secure": {"mode": "global"})");
+  EXPECT_NE(secure.find(".compression.scheme: top_k cannot be combined with secure aggregation"), std::string::npos)
+      << secure;
+  EXPECT_NE(load(R"(, "compression": {"scheme": "quantize"}, "secure": {"mode": "global"})").find("do not add up"),
+            std::string::npos);
+}
+
 // Bucketing and nearest-neighbour mixing in front of a rule: the rule is checked on the buckets
 // a round may commit with, and mixing needs an f.
 TEST(Config, PreAggregationStepsAreCheckedWithTheRule) {

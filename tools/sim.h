@@ -51,7 +51,7 @@ struct SimConfig {
   };
   std::optional<Trainer> trainer;
   // passed through to the server config (validated there)
-  nlohmann::json training, optimizer, selection, deadlines, transport, aggregation, secure;
+  nlohmann::json training, optimizer, selection, deadlines, transport, aggregation, secure, compression;
   // Simulated Byzantine silos: the last `attackers` silos run `attack` (its keys as in the
   // agent config's "attack" section, without "honest", which the sim fills in).
   std::size_t attackers = 0;

@@ -1,0 +1,85 @@
+// Compressed uploads (docs/compression.md): the schemes a federation may choose, the chunk codec
+// both ends share, and the silo's side with error feedback.
+//
+// A compressed upload travels as TensorChunks like a dense one, in model order, but each chunk's
+// `data` is encoded (`encoding`, `count` elements):
+//   QUANTIZE  one float32 scale per block, then a code per element: int8 in [-127, 127] for 8
+//             bits, or two 4-bit codes per byte (low nibble first) holding q + 7 for q in [-7, 7];
+//             the value is q * scale.
+//   SIGN      one float32 scale per block, then a bit per element (1: +scale, 0: -scale), LSB
+//             first, unused bits of the last byte zero.
+//   TOP_K, RANDOM_K (plain)
+//             uint32 m, then m strictly increasing uint32 indices into the chunk, then their m
+//             float32 values; every other element is zero.
+// All little-endian. Blocks start at the chunk's first element. The receiver decodes each chunk
+// into its float32 buffer, so everything after it (hashes, robust rules, the edge's sums) sees
+// the decoded update, the same values the silo computed when it encoded it.
+//
+// Under secure aggregation only RANDOM_K applies: every silo keeps the same coordinates (drawn
+// from the round's seed) and masks just those; the server puts the unmasked sum back in place.
+// No I/O here.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/model.h"
+#include "proto/xsilo.pb.h"
+
+namespace xsilo::protocol {
+
+// "" when the scheme's parameters are usable (bits 8 or 4, block 8..65536, fraction in (0, 1]),
+// else why not.
+std::string check_compression(const wire::Compression& c);
+bool compressed(const wire::Compression& c);
+// "quantize-8/256+ef" and the like, for logs and tables.
+std::string describe(const wire::Compression& c);
+nlohmann::json to_json(const wire::Compression& c);
+
+// How many coordinates a sparsifier keeps of `d`: ceil(fraction * d), at least 1.
+std::size_t kept_count(const wire::Compression& c, std::size_t d);
+
+// `k` distinct coordinates of [0, d), sorted, drawn from `seed` (the same set for the same
+// arguments on every machine).
+std::vector<std::uint32_t> random_k_set(std::uint64_t seed, std::size_t d, std::size_t k);
+
+// The bytes of an encoded chunk of `count` elements (`nonzeros` of them kept, for sparse chunks).
+std::size_t encoded_bytes(const wire::Compression& c, std::size_t count, std::size_t nonzeros = 0);
+
+// Encodes `x` as one chunk; writes what the receiver will decode into `decoded` (same size as
+// x; may be x itself). Sparse schemes encode the nonzero elements of x. `seed` drives the
+// unbiased rounding of QUANTIZE. A non-finite input gives a NaN scale (which every receiver
+// refuses).
+std::string encode_chunk(const wire::Compression& c, std::span<const float> x, std::uint64_t seed,
+                         std::span<float> decoded);
+
+// Decodes one chunk into `out` (its `count` elements), checking sizes, codes, indices and scales
+// first: "" when it was valid, else why not (and `out` is then unspecified). `nonzeros` gets the
+// number of kept elements of a sparse chunk.
+std::string decode_chunk(const wire::Compression& c, std::string_view data, std::span<float> out,
+                         std::size_t& nonzeros);
+
+// A silo's upload, compressed: its chunks with encoded data, in order.
+struct EncodedUpdate {
+  std::vector<wire::TensorChunk> chunks;
+  std::uint64_t bytes = 0;  // of encoded data, all chunks
+};
+
+// Compresses `update` (laid out as `layout`) for a plain round: with error feedback, what was
+// left out last time (`residual`) is added first and what is left out now is kept in it.
+// `update` becomes the decoded update (what the server will receive). `residual` is empty when
+// the scheme has no error feedback. `seed` is the silo's own randomness (rounding, random-k).
+EncodedUpdate compress_update(const wire::Compression& c, std::span<float> update, std::span<float> residual,
+                              const std::vector<TensorInfo>& layout, std::size_t chunk_elems, std::uint64_t seed);
+
+// Secure RANDOM_K: keeps the coordinates of random_k_set(c.seed, d, k) of `update` (plus the
+// residual, which keeps the rest) and zeroes the others. Returns the set.
+std::vector<std::uint32_t> keep_shared_random_k(const wire::Compression& c, std::span<float> update,
+                                                std::span<float> residual);
+
+}  // namespace xsilo::protocol

@@ -1,0 +1,315 @@
+// Compressed uploads (protocol/compression.h): each scheme's codec, its error feedback, the
+// receiver that decodes chunks in place, and every kind of malformed chunk refused before
+// anything is decoded.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "crypto/hash.h"
+#include "protocol/compression.h"
+#include "protocol/tensor_stream.h"
+#include "protocol/upload_slot.h"
+
+namespace xsilo::protocol {
+namespace {
+
+using C = wire::Compression;
+
+C scheme(C::Scheme s, std::uint32_t bits = 0, std::uint32_t block = 0, double fraction = 0, bool ef = true) {
+  C c;
+  c.set_scheme(s);
+  c.set_bits(bits);
+  c.set_block(block);
+  c.set_fraction(fraction);
+  c.set_error_feedback(ef);
+  return c;
+}
+
+std::vector<float> gaussian(std::size_t n, std::uint32_t seed, float sigma = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.0f, sigma);
+  std::vector<float> v(n);
+  for (auto& x : v) x = g(rng);
+  return v;
+}
+
+std::vector<C> every_scheme() {
+  return {scheme(C::QUANTIZE, 8, 64), scheme(C::QUANTIZE, 4, 33), scheme(C::SIGN, 0, 40),
+          scheme(C::TOP_K, 0, 0, 0.1), scheme(C::RANDOM_K, 0, 0, 0.25)};
+}
+
+TEST(Compression, EveryChunkDecodesToExactlyWhatTheSiloComputedWhenEncoding) {
+  for (const auto& c : every_scheme()) {
+    for (std::size_t n : {1u, 7u, 64u, 65u, 1001u}) {
+      auto x = gaussian(n, static_cast<std::uint32_t>(n));
+      if (c.scheme() == C::TOP_K || c.scheme() == C::RANDOM_K) {
+        for (std::size_t i = 0; i < n; i += 3) x[i] = 0;  // sparse chunks carry the nonzero elements
+      }
+      std::vector<float> decoded(n), back(n, -1.0f);
+      const auto data = encode_chunk(c, x, 42, decoded);
+      std::size_t kept = 0;
+      ASSERT_EQ(decode_chunk(c, data, back, kept), "") << describe(c) << " n=" << n;
+      EXPECT_EQ(std::memcmp(decoded.data(), back.data(), n * 4), 0) << describe(c) << " n=" << n;
+      std::size_t nonzero = 0;
+      for (float v : x) nonzero += v != 0;
+      EXPECT_EQ(data.size(), encoded_bytes(c, n, nonzero)) << describe(c);
+    }
+  }
+}
+
+TEST(Compression, QuantizationIsUnbiasedAndWithinOneStep) {
+  const auto c = scheme(C::QUANTIZE, 4, 256);
+  const auto x = gaussian(256, 7);
+  float m = 0;
+  for (float v : x) m = std::max(m, std::fabs(v));
+  const double step = m / 7.0;
+  std::vector<double> mean(x.size(), 0.0);
+  const int trials = 4000;
+  std::vector<float> dec(x.size());
+  for (int t = 0; t < trials; ++t) {
+    encode_chunk(c, x, 1000 + t, dec);
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      ASSERT_LE(std::fabs(dec[i] - x[i]), step * 1.0001) << i;
+      mean[i] += dec[i] / trials;
+    }
+  }
+  // The mean of 4000 unbiased roundings is within 4 standard errors (step / 2 / sqrt(4000)).
+  for (std::size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(mean[i], x[i], 4 * step / 2 / std::sqrt(trials)) << i;
+}
+
+TEST(Compression, TopKKeepsTheLargestAndErrorFeedbackKeepsTheRest) {
+  const auto c = scheme(C::TOP_K, 0, 0, 0.05);
+  std::vector<TensorInfo> layout{{"a", {300}, 0}, {"b", {10, 20}, 300}};
+  auto u = gaussian(500, 3);
+  const auto before = u;
+  std::vector<float> residual(500, 0.0f);
+  residual[17] = 100.0f;  // left out last round: must be sent now
+  auto enc = compress_update(c, u, residual, layout, 128, 9);
+  std::size_t kept = 0;
+  for (float v : u) kept += v != 0;
+  EXPECT_EQ(kept, kept_count(c, 500));
+  EXPECT_EQ(kept_count(c, 500), 25u);
+  EXPECT_EQ(u[17], before[17] + 100.0f);
+  for (std::size_t i = 0; i < 500; ++i) {
+    // What was sent plus what is kept is exactly what there was to send.
+    EXPECT_FLOAT_EQ(u[i] + residual[i], before[i] + (i == 17 ? 100.0f : 0.0f)) << i;
+    EXPECT_TRUE(u[i] == 0 || residual[i] == 0) << i;
+  }
+  // Chunks of at most 128 elements, tensor by tensor, offsets in order.
+  ASSERT_EQ(enc.chunks.size(), 3u + 2u);
+  EXPECT_EQ(enc.chunks[2].offset(), 256u);
+  EXPECT_EQ(enc.chunks[2].count(), 44u);
+  EXPECT_EQ(enc.chunks[3].name(), "b");
+}
+
+TEST(Compression, SignWithErrorFeedbackCarriesTheWholeSumOverRounds) {
+  // EF-SignSGD: after T rounds, what was sent plus the residual equals what there was to send.
+  const auto c = scheme(C::SIGN, 0, 64);
+  std::vector<TensorInfo> layout{{"w", {256}, 0}};
+  std::vector<float> residual(256, 0.0f);
+  std::vector<double> sent(256, 0.0), total(256, 0.0);
+  for (int t = 0; t < 50; ++t) {
+    auto u = gaussian(256, 100 + t, 0.1f);
+    for (std::size_t i = 0; i < 256; ++i) total[i] += u[i];
+    compress_update(c, u, residual, layout, 1 << 16, t);
+    for (std::size_t i = 0; i < 256; ++i) sent[i] += u[i];
+  }
+  double worst = 0;
+  for (std::size_t i = 0; i < 256; ++i) {
+    EXPECT_NEAR(sent[i] + residual[i], total[i], 1e-3) << i;
+    worst = std::max(worst, std::fabs(double(residual[i])));
+  }
+  // The residual stays bounded (it does not absorb the sum): the error feedback works.
+  EXPECT_LT(worst, 1.0);
+}
+
+TEST(Compression, RandomKWithoutErrorFeedbackIsUnbiased) {
+  const auto c = scheme(C::RANDOM_K, 0, 0, 0.25, /*ef=*/false);
+  std::vector<TensorInfo> layout{{"w", {40}, 0}};
+  const auto x = gaussian(40, 11);
+  std::vector<double> mean(40, 0.0);
+  const int trials = 20000;
+  for (int t = 0; t < trials; ++t) {
+    auto u = x;
+    compress_update(c, u, {}, layout, 1024, static_cast<std::uint64_t>(t) * 7919);
+    for (std::size_t i = 0; i < 40; ++i) mean[i] += u[i] / trials;
+  }
+  // Each coordinate is kept with probability 1/4 and scaled by 4: variance 3 x^2 per trial.
+  for (std::size_t i = 0; i < 40; ++i) {
+    EXPECT_NEAR(mean[i], x[i], 4 * std::sqrt(3.0) * std::fabs(x[i]) / std::sqrt(trials) + 1e-6) << i;
+  }
+}
+
+TEST(Compression, TheSharedRandomSetIsTheSameForTheSameSeedSortedAndExactlyK) {
+  const auto a = random_k_set(77, 10000, 1234), b = random_k_set(77, 10000, 1234), other = random_k_set(78, 10000, 1234);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, other);
+  ASSERT_EQ(a.size(), 1234u);
+  EXPECT_TRUE(std::is_sorted(a.begin(), a.end()));
+  EXPECT_EQ(std::adjacent_find(a.begin(), a.end()), a.end());
+  EXPECT_LT(a.back(), 10000u);
+  EXPECT_EQ(random_k_set(1, 5, 5), (std::vector<std::uint32_t>{0, 1, 2, 3, 4}));
+
+  auto c = scheme(C::RANDOM_K, 0, 0, 0.1);
+  c.set_seed(77);
+  auto u = gaussian(1000, 5);
+  const auto before = u;
+  std::vector<float> residual(1000, 0.0f);
+  const auto set = keep_shared_random_k(c, u, residual);
+  EXPECT_EQ(set, random_k_set(77, 1000, 100));
+  for (std::size_t i = 0; i < 1000; ++i) EXPECT_FLOAT_EQ(u[i] + residual[i], before[i]);
+}
+
+// The receiver decodes a silo's compressed upload into place: the same values and hash as the
+// silo's decoded update, the bytes counted as they travelled.
+TEST(Compression, TheReceiverDecodesAnUploadIntoPlaceWithTheSilosHash) {
+  for (const auto& c : every_scheme()) {
+    Model m;
+    m.add("w", {50, 20});
+    m.add("b", {20});
+    auto x = gaussian(m.size(), 21);
+    std::copy(x.begin(), x.end(), m.flat().begin());
+    std::vector<float> residual(m.size(), 0.0f);
+    auto enc = compress_update(c, m.flat(), residual, m.tensors(), 300, 5);
+    auto chunks = std::make_shared<const std::vector<wire::TensorChunk>>(enc.chunks);
+    ChunkSource src(chunks, "fed", 3);
+    std::vector<float> into(m.size(), 7.0f);
+    TensorReceiver rx;
+    rx.reset(into, m.tensors(), true, c);
+    while (auto e = src.next()) ASSERT_TRUE(rx.add(e->tensor_chunk())) << describe(c);
+    ASSERT_TRUE(rx.complete());
+    EXPECT_EQ(rx.finish_sha256(), crypto::sha256_hex(m.flat())) << describe(c);
+    EXPECT_EQ(std::memcmp(into.data(), m.flat().data(), m.bytes()), 0) << describe(c);
+    EXPECT_EQ(rx.bytes(), enc.bytes);
+    EXPECT_LT(enc.bytes, m.bytes() * 0.55) << describe(c);  // random-k 25%: an index and a value per kept element
+  }
+}
+
+// ---- bad input --------------------------------------------------------------------------------
+
+std::string refusal(const C& c, std::string data, std::size_t n) {
+  std::vector<float> out(n);
+  std::size_t kept = 0;
+  return decode_chunk(c, data, out, kept);
+}
+
+std::string with_scale(std::string data, float s) {
+  std::memcpy(data.data(), &s, 4);
+  return data;
+}
+
+TEST(Compression, MalformedChunksAreRefusedWithTheReason) {
+  const auto q8 = scheme(C::QUANTIZE, 8, 16), q4 = scheme(C::QUANTIZE, 4, 16), sg = scheme(C::SIGN, 0, 16),
+             tk = scheme(C::TOP_K, 0, 0, 0.5);
+  const auto x = gaussian(20, 1);
+  std::vector<float> dec(20);
+  const auto d8 = encode_chunk(q8, x, 1, dec), d4 = encode_chunk(q4, x, 1, dec), ds = encode_chunk(sg, x, 1, dec);
+
+  EXPECT_NE(refusal(q8, d8.substr(1), 20).find("bytes, not"), std::string::npos);
+  EXPECT_NE(refusal(q8, d8 + "x", 20).find("bytes, not"), std::string::npos);
+  EXPECT_NE(refusal(q8, d8, 21).find("bytes, not"), std::string::npos);  // the count does not match the codes
+  EXPECT_NE(refusal(q8, with_scale(d8, NAN), 20).find("NaN"), std::string::npos);
+  EXPECT_NE(refusal(q8, with_scale(d8, INFINITY), 20).find("infinite"), std::string::npos);
+  EXPECT_NE(refusal(q4, with_scale(d4, -1.0f), 20).find("negative"), std::string::npos);
+  EXPECT_NE(refusal(sg, with_scale(ds, NAN), 20).find("NaN"), std::string::npos);
+  auto bad8 = d8;
+  bad8[8 + 3] = static_cast<char>(0x80);  // -128: outside the symmetric range
+  EXPECT_NE(refusal(q8, bad8, 20).find("-128"), std::string::npos);
+  auto bad4 = d4;
+  bad4[8] = static_cast<char>(0xff);
+  EXPECT_NE(refusal(q4, bad4, 20).find("15"), std::string::npos);
+  auto pad = ds;
+  pad.back() = static_cast<char>(pad.back() | 0x80);  // 20 elements: bits 4..7 of the last byte unused
+  EXPECT_NE(refusal(sg, pad, 20).find("past its last"), std::string::npos);
+
+  auto sparse = [](std::vector<std::uint32_t> idx, std::vector<float> val, std::uint32_t m) {
+    std::string s(4 + 4 * idx.size() + 4 * val.size(), '\0');
+    std::memcpy(s.data(), &m, 4);
+    std::memcpy(s.data() + 4, idx.data(), 4 * idx.size());
+    std::memcpy(s.data() + 4 + 4 * idx.size(), val.data(), 4 * val.size());
+    return s;
+  };
+  EXPECT_EQ(refusal(tk, sparse({1, 5}, {0.5f, -1.0f}, 2), 10), "");
+  EXPECT_NE(refusal(tk, sparse({5, 1}, {0.5f, -1.0f}, 2), 10).find("out of order"), std::string::npos);
+  EXPECT_NE(refusal(tk, sparse({1, 1}, {0.5f, -1.0f}, 2), 10).find("out of order"), std::string::npos);
+  EXPECT_NE(refusal(tk, sparse({1, 10}, {0.5f, -1.0f}, 2), 10).find("past its 10"), std::string::npos);
+  EXPECT_NE(refusal(tk, sparse({1, 5}, {0.5f, NAN}, 2), 10).find("NaN"), std::string::npos);
+  EXPECT_NE(refusal(tk, sparse({1, 5}, {0.5f, -1.0f}, 3), 10).find("bytes, not"), std::string::npos);
+  EXPECT_NE(refusal(tk, sparse({}, {}, 4000000000u), 10).find("keeps"), std::string::npos);
+  EXPECT_NE(refusal(tk, "ab", 10).find("no count"), std::string::npos);
+}
+
+TEST(Compression, TheReceiverRefusesChunksThatDoNotMatchTheRoundsScheme) {
+  Model m;
+  m.add("w", {100});
+  auto x = gaussian(100, 2);
+  std::copy(x.begin(), x.end(), m.flat().begin());
+  const auto q8 = scheme(C::QUANTIZE, 8, 32);
+  std::vector<float> into(100);
+  auto encode = [&](const C& c) {
+    auto u = x;
+    return compress_update(c, u, {}, m.tensors(), 1000, 1).chunks.at(0);
+  };
+  TensorReceiver rx;
+  // A dense chunk when the round compresses, and a compressed one when it does not.
+  rx.reset(into, m.tensors(), true, q8);
+  wire::TensorChunk dense;
+  dense.set_name("w");
+  dense.set_dtype(wire::F32);
+  dense.set_data(std::string(400, '\0'));
+  auto st = rx.add(dense);
+  EXPECT_FALSE(st);
+  EXPECT_NE(st.message.find("not compressed"), std::string::npos) << st.message;
+  rx.reset(into, m.tensors(), true);
+  st = rx.add(encode(q8));
+  EXPECT_FALSE(st);
+  EXPECT_NE(st.message.find("compressed but the round's scheme is none"), std::string::npos) << st.message;
+  // Another scheme's parameters: the sizes do not match.
+  rx.reset(into, m.tensors(), true, scheme(C::QUANTIZE, 4, 32));
+  st = rx.add(encode(q8));
+  EXPECT_FALSE(st);
+  EXPECT_NE(st.message.find("bytes, not"), std::string::npos) << st.message;
+  // A count past the tensor, and zero.
+  rx.reset(into, m.tensors(), true, q8);
+  auto ch = encode(q8);
+  ch.set_count(101);
+  EXPECT_FALSE(rx.add(ch));
+  ch.set_count(0);
+  EXPECT_FALSE(rx.add(ch));
+  // More kept coordinates than the round's k, over the whole upload.
+  const auto tk = scheme(C::TOP_K, 0, 0, 0.05);
+  rx.reset(into, m.tensors(), true, tk);
+  auto big = encode(scheme(C::TOP_K, 0, 0, 0.5));
+  st = rx.add(big);
+  EXPECT_FALSE(st);
+  EXPECT_NE(st.message.find("more than the 5"), std::string::npos) << st.message;
+}
+
+TEST(Compression, SchemesAreCheckedAndDescribed) {
+  EXPECT_EQ(check_compression(scheme(C::QUANTIZE, 8, 256)), "");
+  EXPECT_NE(check_compression(scheme(C::QUANTIZE, 5, 256)), "");
+  EXPECT_NE(check_compression(scheme(C::SIGN, 0, 4)), "");
+  EXPECT_NE(check_compression(scheme(C::TOP_K, 0, 0, 0)), "");
+  EXPECT_NE(check_compression(scheme(C::RANDOM_K, 0, 0, 1.5)), "");
+  EXPECT_EQ(describe(scheme(C::TOP_K, 0, 0, 0.01)), "top-k 1%+ef");
+  EXPECT_EQ(describe(scheme(C::RANDOM_K, 0, 0, 0.125, false)), "random-k 12.5%");
+  EXPECT_EQ(describe(scheme(C::QUANTIZE, 4, 128)), "quantize-4/128+ef");
+  EXPECT_EQ(kept_count(scheme(C::TOP_K, 0, 0, 0.01), 50), 1u);
+  EXPECT_EQ(kept_count(scheme(C::TOP_K, 0, 0, 0.01), 1000), 10u);
+}
+
+TEST(Compression, ANonFiniteUpdateGivesAScaleEveryReceiverRefuses) {
+  // A silo that skips the finiteness check (or lies) cannot slip NaN through a scale.
+  auto x = gaussian(64, 4);
+  x[10] = NAN;
+  std::vector<float> dec(64);
+  for (const auto& c : {scheme(C::QUANTIZE, 8, 64), scheme(C::QUANTIZE, 4, 64), scheme(C::SIGN, 0, 64)}) {
+    const auto data = encode_chunk(c, x, 1, dec);
+    EXPECT_NE(refusal(c, data, 64), "") << describe(c);
+  }
+}
+
+}  // namespace
+}  // namespace xsilo::protocol
