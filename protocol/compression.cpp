@@ -6,11 +6,16 @@
 #include <functional>
 #include <limits>
 
+#ifdef __SSE4_1__
+#include <smmintrin.h>
+#endif
+
 namespace xsilo::protocol {
 
 namespace {
 
 using wire::Compression;
+__extension__ using u128 = unsigned __int128;  // exact products of two 64-bit counts
 
 // A 32-bit integer hash (good avalanche, vectorizes): the rounding noise of element i.
 inline std::uint32_t mix32(std::uint32_t x) {
@@ -43,59 +48,116 @@ bool sparse(const Compression& c) {
 
 void put_u32(std::string& out, std::size_t at, std::uint32_t v) { std::memcpy(out.data() + at, &v, 4); }
 
-// QUANTIZE one block: codes into `codes` (int8 or packed nibbles from element `first` of the
-// chunk), decoded values into `dec`.
-float quantize_block(std::span<const float> x, int levels, std::uint32_t key, std::size_t first, std::uint8_t* codes,
-                     bool nibbles, float* dec) {
+// The largest |x| of a block, and whether every element is finite.
+std::pair<float, bool> max_abs(const float* x, std::size_t n) {
+  std::size_t i = 0;
   float m = 0, probe = 0;
-  for (float v : x) {
-    m = std::max(m, std::fabs(v));
-    probe += v * 0.0f;  // NaN when any element is NaN or infinite
+#ifdef __SSE4_1__
+  const __m128 sign = _mm_set1_ps(-0.0f), zero = _mm_setzero_ps();
+  __m128 vm = zero, vp = zero;
+  for (; i + 4 <= n; i += 4) {
+    const __m128 v = _mm_loadu_ps(x + i);
+    vm = _mm_max_ps(vm, _mm_andnot_ps(sign, v));
+    vp = _mm_add_ps(vp, _mm_mul_ps(v, zero));  // NaN when any element is NaN or infinite
   }
-  const std::size_t n = x.size();
-  if (!std::isfinite(probe) || !std::isfinite(m) || m == 0) {
-    const float scale = (std::isfinite(probe) && std::isfinite(m)) ? 0.0f : std::numeric_limits<float>::quiet_NaN();
-    for (std::size_t i = 0; i < n; ++i) dec[i] = 0;
-    if (!nibbles) {
-      std::memset(codes + first, 0, n);
-    } else {
-      for (std::size_t i = 0; i < n; ++i) {
-        const std::size_t j = first + i;
-        codes[j / 2] = static_cast<std::uint8_t>((j % 2) ? ((codes[j / 2] & 0x0f) | (7 << 4)) : 7);
-      }
-    }
-    return scale;
+  alignas(16) float lm[4], lp[4];
+  _mm_store_ps(lm, vm);
+  _mm_store_ps(lp, vp);
+  for (int l = 0; l < 4; ++l) m = std::max(m, lm[l]), probe += lp[l];
+#endif
+  for (; i < n; ++i) {
+    m = std::max(m, std::fabs(x[i]));
+    probe += x[i] * 0.0f;
   }
-  const float scale = m / static_cast<float>(levels);
-  const float inv = static_cast<float>(levels) / m;
-  const float lv = static_cast<float>(levels);
-  std::int8_t q8[256];
-  for (std::size_t s = 0; s < n; s += 256) {
-    const std::size_t e = std::min(n, s + 256);
-    for (std::size_t i = s; i < e; ++i) {
-      const float u = static_cast<float>(mix32(key + static_cast<std::uint32_t>(first + i)) >> 8) * 0x1p-24f;
-      const float q = std::clamp(std::floor(x[i] * inv + u), -lv, lv);
-      q8[i - s] = static_cast<std::int8_t>(q);
-      dec[i] = q * scale;
-    }
+  return {m, std::isfinite(probe) && std::isfinite(m)};
+}
+
+// Codes of x[0, n) into q (as int32), decoded values into dec: q = clamp(floor(x inv + u)),
+// u the rounding noise of element `index` onward.
+void quantize_tile(const float* __restrict x, std::size_t n, float inv, float scale, float lv, std::uint32_t index,
+                   std::int32_t* __restrict q, float* __restrict dec) {
+  std::size_t i = 0;
+#ifdef __SSE4_1__
+  const __m128 vinv = _mm_set1_ps(inv), vscale = _mm_set1_ps(scale), hi = _mm_set1_ps(lv), lo = _mm_set1_ps(-lv),
+               unit = _mm_set1_ps(0x1p-24f);
+  const __m128i c1 = _mm_set1_epi32(0x7feb352d), c2 = _mm_set1_epi32(static_cast<int>(0x846ca68bU));
+  __m128i idx = _mm_add_epi32(_mm_set1_epi32(static_cast<int>(index)), _mm_setr_epi32(0, 1, 2, 3));
+  const __m128i four = _mm_set1_epi32(4);
+  for (; i + 4 <= n; i += 4) {
+    __m128i h = idx;  // mix32, four lanes
+    h = _mm_xor_si128(h, _mm_srli_epi32(h, 16));
+    h = _mm_mullo_epi32(h, c1);
+    h = _mm_xor_si128(h, _mm_srli_epi32(h, 15));
+    h = _mm_mullo_epi32(h, c2);
+    h = _mm_xor_si128(h, _mm_srli_epi32(h, 16));
+    const __m128 u = _mm_mul_ps(_mm_cvtepi32_ps(_mm_srli_epi32(h, 8)), unit);
+    __m128 f = _mm_floor_ps(_mm_add_ps(_mm_mul_ps(_mm_loadu_ps(x + i), vinv), u));
+    f = _mm_min_ps(_mm_max_ps(f, lo), hi);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm_cvttps_epi32(f));
+    _mm_storeu_ps(dec + i, _mm_mul_ps(f, vscale));
+    idx = _mm_add_epi32(idx, four);
+  }
+#endif
+  for (; i < n; ++i) {
+    const float u = static_cast<float>(mix32(index + static_cast<std::uint32_t>(i)) >> 8) * 0x1p-24f;
+    float f = std::floor(x[i] * inv + u);
+    f = f < -lv ? -lv : (f > lv ? lv : f);
+    q[i] = static_cast<std::int32_t>(f);
+    dec[i] = f * scale;
+  }
+}
+
+// QUANTIZE one block: codes into `codes` (int8, or packed nibbles, from element `first` of the
+// chunk), decoded values into `dec`.
+float quantize_block(const float* __restrict x, std::size_t n, int levels, std::uint32_t key, std::size_t first,
+                     std::uint8_t* __restrict codes, bool nibbles, float* __restrict dec) {
+  const auto [m, finite] = max_abs(x, n);
+  const float scale = !finite ? std::numeric_limits<float>::quiet_NaN() : m / static_cast<float>(levels);
+  const float inv = finite && m > 0 ? static_cast<float>(levels) / m : 0.0f;
+  constexpr std::size_t kTile = 256;
+  alignas(64) std::int32_t q[kTile];
+  for (std::size_t s = 0; s < n; s += kTile) {
+    const std::size_t len = std::min(n, s + kTile) - s;
+    quantize_tile(x + s, len, inv, finite ? scale : 0.0f, static_cast<float>(levels),
+                  key + static_cast<std::uint32_t>(first + s), q, dec + s);
     if (!nibbles) {
-      std::memcpy(codes + first + s, q8, e - s);
+      std::uint8_t* out = codes + first + s;
+      for (std::size_t i = 0; i < len; ++i) out[i] = static_cast<std::uint8_t>(q[i]);
     } else {
-      for (std::size_t i = s; i < e; ++i) {
-        const std::size_t j = first + i;
-        const auto nib = static_cast<std::uint8_t>(q8[i - s] + 7);
+      std::size_t i = 0;
+      auto one = [&](std::size_t k) {
+        const std::size_t j = first + s + k;
+        const auto nib = static_cast<std::uint8_t>(q[k] + 7);
         codes[j / 2] = static_cast<std::uint8_t>((j % 2) ? ((codes[j / 2] & 0x0f) | (nib << 4)) : nib);
-      }
+      };
+      if ((first + s) % 2) one(i++);
+      std::uint8_t* out = codes + (first + s + i) / 2;
+      for (; i + 2 <= len; i += 2) *out++ = static_cast<std::uint8_t>((q[i] + 7) | ((q[i + 1] + 7) << 4));
+      if (i < len) one(i);
     }
   }
   return scale;
 }
 
-float sign_block(std::span<const float> x, std::size_t first, std::uint8_t* bits, float* dec) {
+float sign_block(const float* __restrict x, std::size_t n, std::size_t first, std::uint8_t* __restrict bits,
+                 float* __restrict dec) {
   float sum = 0;
-  for (float v : x) sum += std::fabs(v);
-  const float scale = sum / static_cast<float>(x.size());  // NaN or Inf for a non-finite input
-  for (std::size_t i = 0; i < x.size(); ++i) {
+  for (std::size_t i = 0; i < n; ++i) sum += std::fabs(x[i]);
+  const float scale = sum / static_cast<float>(n);  // NaN or Inf for a non-finite input
+  std::size_t i = 0;
+  // Whole bytes at a time where the block is byte-aligned.
+  if (first % 8 == 0) {
+    for (; i + 8 <= n; i += 8) {
+      unsigned byte = 0;
+      for (unsigned b = 0; b < 8; ++b) {
+        const bool pos = !(x[i + b] < 0);
+        byte |= static_cast<unsigned>(pos) << b;
+        dec[i + b] = pos ? scale : -scale;
+      }
+      bits[(first + i) / 8] = static_cast<std::uint8_t>(byte);
+    }
+  }
+  for (; i < n; ++i) {
     const std::size_t j = first + i;
     const bool pos = !(x[i] < 0);
     if (pos) bits[j / 8] = static_cast<std::uint8_t>(bits[j / 8] | (1u << (j % 8)));
@@ -103,6 +165,24 @@ float sign_block(std::span<const float> x, std::size_t first, std::uint8_t* bits
   }
   return scale;
 }
+
+// The k strata of [0, d) in order: stratum j is [floor(j d / k), floor((j + 1) d / k)), walked
+// without a division per stratum (j d / k = j q + floor(j r / k), with d = q k + r).
+class Strata {
+ public:
+  Strata(std::uint64_t d, std::uint64_t k) : q_(d / k), r_(d % k), k_(k) {}
+  // The next stratum's [begin, end).
+  std::pair<std::uint64_t, std::uint64_t> next() {
+    const std::uint64_t b = begin_;
+    begin_ += q_;
+    acc_ += r_;
+    if (acc_ >= k_) acc_ -= k_, ++begin_;
+    return {b, begin_};
+  }
+
+ private:
+  std::uint64_t q_, r_, k_, acc_ = 0, begin_ = 0;
+};
 
 std::string bad_scale(float s, std::size_t b) {
   return "scale of block " + std::to_string(b) + " is " + (std::isnan(s) ? "NaN" : std::isinf(s) ? "infinite" : "negative");
@@ -171,14 +251,16 @@ std::size_t kept_count(const wire::Compression& c, std::size_t d) {
   return std::clamp<std::size_t>(static_cast<std::size_t>(std::max(k, 1.0)), 1, d);
 }
 
-std::vector<std::uint32_t> random_k_set(std::uint64_t seed, std::size_t d, std::size_t k) {
-  // Selection sampling (Knuth's algorithm S): one pass, sorted, exactly k.
-  std::vector<std::uint32_t> out;
-  out.reserve(k);
+std::vector<std::uint64_t> random_k_set(std::uint64_t seed, std::size_t d, std::size_t k) {
+  // Stratified: one coordinate drawn in each of k strata of consecutive coordinates, so the set
+  // comes out sorted, exactly k, in O(k), and covers the model evenly.
+  std::vector<std::uint64_t> out(std::min(k, d));
+  if (out.empty()) return out;
   std::uint64_t s = seed;
-  for (std::size_t i = 0; i < d && out.size() < k; ++i) {
-    const double u = static_cast<double>(splitmix64(s) >> 11) * 0x1p-53;
-    if (u * static_cast<double>(d - i) < static_cast<double>(k - out.size())) out.push_back(static_cast<std::uint32_t>(i));
+  Strata strata(d, out.size());
+  for (auto& o : out) {
+    const auto [b, e] = strata.next();
+    o = b + static_cast<std::uint64_t>((static_cast<u128>(splitmix64(s)) * (e - b)) >> 64);
   }
   return out;
 }
@@ -215,10 +297,10 @@ std::string encode_chunk(const wire::Compression& c, std::span<const float> x, s
   const int levels = (1 << (c.bits() - 1)) - 1;
   for (std::size_t b = 0; b < nb; ++b) {
     const std::size_t first = b * c.block(), len = std::min<std::size_t>(c.block(), n - first);
-    const auto xs = x.subspan(first, len);
     const float scale = c.scheme() == Compression::QUANTIZE
-                            ? quantize_block(xs, levels, key, first, codes, c.bits() == 4, decoded.data() + first)
-                            : sign_block(xs, first, codes, decoded.data() + first);
+                            ? quantize_block(x.data() + first, len, levels, key, first, codes, c.bits() == 4,
+                                             decoded.data() + first)
+                            : sign_block(x.data() + first, len, first, codes, decoded.data() + first);
     std::memcpy(out.data() + 4 * b, &scale, 4);
   }
   return out;
@@ -276,9 +358,16 @@ std::string decode_chunk(const wire::Compression& c, std::string_view data, std:
   const std::size_t bs = c.block();
   if (c.scheme() == Compression::SIGN) {
     if (n % 8 && (codes[n / 8] >> (n % 8)) != 0) return "sign chunk has bits set past its last element";
-    for (std::size_t i = 0; i < n; ++i) {
-      const float s = scales[i / bs];
-      out[i] = (codes[i / 8] >> (i % 8)) & 1 ? s : -s;
+    for (std::size_t b = 0; b < nb; ++b) {
+      const float s = scales[b];
+      std::size_t i = b * bs;
+      const std::size_t e = std::min(n, i + bs);
+      for (; i < e && i % 8; ++i) out[i] = (codes[i / 8] >> (i % 8)) & 1 ? s : -s;
+      for (; i + 8 <= e; i += 8) {  // a whole byte
+        const unsigned byte = codes[i / 8];
+        for (unsigned k = 0; k < 8; ++k) out[i + k] = (byte >> k) & 1 ? s : -s;
+      }
+      for (; i < e; ++i) out[i] = (codes[i / 8] >> (i % 8)) & 1 ? s : -s;
     }
     return "";
   }
@@ -296,10 +385,23 @@ std::string decode_chunk(const wire::Compression& c, std::string_view data, std:
     if (bad) return "8-bit code -128 is outside [-127, 127]";
   } else {
     if (n % 2 && (codes[n / 2] >> 4) != 0) return "4-bit chunk has a code past its last element";
-    for (std::size_t i = 0; i < n; ++i) {
-      const int nib = (codes[i / 2] >> (4 * (i % 2))) & 0x0f;
-      bad |= nib == 15;
-      out[i] = static_cast<float>(nib - 7) * scales[i / bs];
+    for (std::size_t b = 0; b < nb; ++b) {
+      const float s = scales[b];
+      std::size_t i = b * bs;
+      const std::size_t e = std::min(n, i + bs);
+      auto one = [&](std::size_t k) {
+        const int nib = (codes[k / 2] >> (4 * (k % 2))) & 0x0f;
+        bad |= nib == 15;
+        out[k] = static_cast<float>(nib - 7) * s;
+      };
+      if (i % 2) one(i++);
+      for (; i + 2 <= e; i += 2) {  // a whole byte
+        const int lo = codes[i / 2] & 0x0f, hi = codes[i / 2] >> 4;
+        bad |= (lo == 15) | (hi == 15);
+        out[i] = static_cast<float>(lo - 7) * s;
+        out[i + 1] = static_cast<float>(hi - 7) * s;
+      }
+      if (i < e) one(i);
     }
     if (bad) return "4-bit code 15 is outside [0, 14]";
   }
@@ -316,43 +418,71 @@ std::span<float> with_residual(std::span<float> update, std::span<float> residua
   return residual;
 }
 
-// Zeroes every element of `v` outside its `k` largest in magnitude (ties: the earliest).
-void keep_top_k(std::span<float> v, std::size_t k) {
-  if (k >= v.size()) return;
+// The k coordinates of v largest in magnitude (ties: the earliest), sorted.
+std::vector<std::uint64_t> top_k_set(std::span<const float> v, std::size_t k) {
+  std::vector<std::uint64_t> set;
+  if (k == 0) return set;
   std::vector<float> mag(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) mag[i] = std::fabs(v[i]);
   std::nth_element(mag.begin(), mag.begin() + static_cast<std::ptrdiff_t>(k - 1), mag.end(), std::greater<float>());
   const float thr = mag[k - 1];
   std::size_t above = 0;
   for (float x : v) above += std::fabs(x) > thr;
-  std::size_t ties = k - above;
-  for (auto& x : v) {
-    const float a = std::fabs(x);
-    if (a > thr) continue;
-    if (a == thr && ties > 0) {
-      --ties;
-      continue;
-    }
-    x = 0;
-  }
-}
-
-// Keeps `set` of `v` (scaled by `scale`), zeroes the rest.
-void keep_set(std::span<float> v, const std::vector<std::uint32_t>& set, float scale) {
-  std::size_t j = 0;
+  std::size_t ties = k - std::min(k, above);
+  set.reserve(k);
   for (std::size_t i = 0; i < v.size(); ++i) {
-    if (j < set.size() && set[j] == i) {
-      v[i] *= scale;
-      ++j;
-    } else {
-      v[i] = 0;
-    }
+    const float a = std::fabs(v[i]);
+    if (a > thr || (a == thr && ties > 0 && ties--)) set.push_back(i);
   }
+  return set;
 }
 
-// Unbiased random-k without error feedback scales what it keeps by d / k.
-float random_k_scale(const wire::Compression& c, std::size_t d, std::size_t k) {
-  return c.error_feedback() ? 1.0f : static_cast<float>(static_cast<double>(d) / static_cast<double>(k));
+// Keeps `set` of v: `update` becomes zero but there, where it holds v (scaled, for random-k
+// without error feedback: each kept coordinate stands for its stratum); with error feedback
+// `residual` (which is v) loses what is sent. Returns the values sent. `v` may be `update`
+// itself: the values are gathered before the update is cleared.
+std::vector<float> keep(const wire::Compression& c, std::span<const float> v, const std::vector<std::uint64_t>& set,
+                        std::span<float> update, std::span<float> residual) {
+  const std::size_t d = update.size(), k = set.size();
+  const bool scaled = c.scheme() == Compression::RANDOM_K && !c.error_feedback();
+  std::vector<float> vals(k);
+  Strata strata(d, std::max<std::size_t>(k, 1));
+  // One pass: each kept value read (v in increasing order), the zeros before it and it written.
+  std::size_t filled = 0;
+  for (std::size_t j = 0; j < k; ++j) {
+    const auto [b, e] = strata.next();
+    const std::size_t i = set[j];
+    const float val = v[i] * (scaled ? static_cast<float>(e - b) : 1.0f);
+    std::fill(update.begin() + static_cast<std::ptrdiff_t>(filled), update.begin() + static_cast<std::ptrdiff_t>(i),
+              0.0f);
+    update[i] = vals[j] = val;
+    filled = i + 1;
+    if (!residual.empty()) residual[i] -= val;
+  }
+  std::fill(update.begin() + static_cast<std::ptrdiff_t>(filled), update.end(), 0.0f);
+  return vals;
+}
+
+wire::TensorChunk chunk_of(const wire::Compression& c, const TensorInfo& t, std::size_t off, std::size_t n) {
+  wire::TensorChunk ch;
+  ch.set_name(t.name);
+  ch.set_dtype(wire::F32);
+  for (auto s : t.shape) ch.add_shape(s);
+  ch.set_offset(off);
+  ch.set_encoding(c.scheme());
+  ch.set_count(n);
+  return ch;
+}
+
+// A sparse chunk of the kept coordinates set[first, last) (global), the chunk starting at `at`.
+std::string sparse_chunk(const std::vector<std::uint64_t>& set, const std::vector<float>& vals, std::size_t first,
+                         std::size_t last, std::uint64_t at) {
+  const std::size_t m = last - first;
+  std::string out(4 + 8 * m, '\0');
+  put_u32(out, 0, static_cast<std::uint32_t>(m));
+  for (std::size_t j = 0; j < m; ++j) put_u32(out, 4 + 4 * j, static_cast<std::uint32_t>(set[first + j] - at));
+  if (m) std::memcpy(out.data() + 4 + 4 * m, vals.data() + first, 4 * m);
+  return out;
 }
 
 }  // namespace
@@ -360,50 +490,53 @@ float random_k_scale(const wire::Compression& c, std::size_t d, std::size_t k) {
 EncodedUpdate compress_update(const wire::Compression& c, std::span<float> update, std::span<float> residual,
                               const std::vector<TensorInfo>& layout, std::size_t chunk_elems, std::uint64_t seed) {
   if (!c.error_feedback()) residual = {};
-  const std::span<float> v = with_residual(update, residual);
   const std::size_t d = update.size();
-  if (sparse(c) && v.data() != update.data()) std::copy(v.begin(), v.end(), update.begin());
-  if (c.scheme() == Compression::TOP_K) {
-    keep_top_k(update, kept_count(c, d));
-  } else if (c.scheme() == Compression::RANDOM_K) {
+  std::span<float> v = with_residual(update, residual);
+  std::vector<float> scratch;
+  std::vector<std::uint64_t> set;
+  std::vector<float> vals;
+  if (sparse(c)) {
     const auto k = kept_count(c, d);
-    keep_set(update, random_k_set(seed, d, k), random_k_scale(c, d, k));
+    set = c.scheme() == Compression::TOP_K ? top_k_set(v, k) : random_k_set(seed, d, k);
+    vals = keep(c, v, set, update, residual);
+  } else if (v.data() == update.data()) {
+    scratch.assign(update.begin(), update.end());  // the codec reads v and writes the update apart
+    v = scratch;
   }
   EncodedUpdate out;
   chunk_elems = std::max<std::size_t>(chunk_elems, 1);
   std::uint64_t chunk_seed = seed;
+  std::size_t next = 0;  // sparse: the first kept coordinate not yet in a chunk
   for (const auto& t : layout) {
     for (std::size_t off = 0; off < t.size(); off += chunk_elems) {
       const std::size_t n = std::min(chunk_elems, t.size() - off);
       const std::size_t at = t.offset + off;
-      wire::TensorChunk ch;
-      ch.set_name(t.name);
-      ch.set_dtype(wire::F32);
-      for (auto s : t.shape) ch.add_shape(s);
-      ch.set_offset(off);
-      ch.set_encoding(c.scheme());
-      ch.set_count(n);
-      // Sparse schemes encode the update already sparsified; the others encode v.
-      const auto src = sparse(c) ? update.subspan(at, n) : v.subspan(at, n);
-      ch.set_data(encode_chunk(c, src, splitmix64(chunk_seed), update.subspan(at, n)));
+      auto ch = chunk_of(c, t, off, n);
+      if (sparse(c)) {
+        std::size_t last = next;
+        while (last < set.size() && set[last] < at + n) ++last;
+        ch.set_data(sparse_chunk(set, vals, next, last, at));
+        next = last;
+      } else {
+        ch.set_data(encode_chunk(c, v.subspan(at, n), splitmix64(chunk_seed), update.subspan(at, n)));
+      }
       out.bytes += ch.data().size();
       out.chunks.push_back(std::move(ch));
     }
   }
-  // What was left out stays for next round.
-  for (std::size_t i = 0; i < residual.size(); ++i) residual[i] -= update[i];
+  // What was left out stays for next round (sparse schemes took out what they sent already).
+  if (!sparse(c)) {
+    for (std::size_t i = 0; i < residual.size(); ++i) residual[i] -= update[i];
+  }
   return out;
 }
 
-std::vector<std::uint32_t> keep_shared_random_k(const wire::Compression& c, std::span<float> update,
+std::vector<std::uint64_t> keep_shared_random_k(const wire::Compression& c, std::span<float> update,
                                                 std::span<float> residual) {
   if (!c.error_feedback()) residual = {};
   const std::span<float> v = with_residual(update, residual);
-  if (v.data() != update.data()) std::copy(v.begin(), v.end(), update.begin());
-  const std::size_t d = update.size(), k = kept_count(c, d);
-  auto set = random_k_set(c.seed(), d, k);
-  keep_set(update, set, random_k_scale(c, d, k));
-  for (std::size_t i = 0; i < residual.size(); ++i) residual[i] -= update[i];
+  auto set = random_k_set(c.seed(), update.size(), kept_count(c, update.size()));
+  keep(c, v, set, update, residual);
   return set;
 }
 

@@ -45,14 +45,15 @@ nlohmann::json to_json(const wire::Compression& c);
 std::size_t kept_count(const wire::Compression& c, std::size_t d);
 
 // `k` distinct coordinates of [0, d), sorted, drawn from `seed` (the same set for the same
-// arguments on every machine).
-std::vector<std::uint32_t> random_k_set(std::uint64_t seed, std::size_t d, std::size_t k);
+// arguments on every machine): one coordinate at random in each of k strata of consecutive
+// coordinates (stratum j is [floor(j d / k), floor((j + 1) d / k))).
+std::vector<std::uint64_t> random_k_set(std::uint64_t seed, std::size_t d, std::size_t k);
 
 // The bytes of an encoded chunk of `count` elements (`nonzeros` of them kept, for sparse chunks).
 std::size_t encoded_bytes(const wire::Compression& c, std::size_t count, std::size_t nonzeros = 0);
 
 // Encodes `x` as one chunk; writes what the receiver will decode into `decoded` (same size as
-// x; may be x itself). Sparse schemes encode the nonzero elements of x. `seed` drives the
+// x, not overlapping it). Sparse schemes encode the nonzero elements of x. `seed` drives the
 // unbiased rounding of QUANTIZE. A non-finite input gives a NaN scale (which every receiver
 // refuses).
 std::string encode_chunk(const wire::Compression& c, std::span<const float> x, std::uint64_t seed,
@@ -74,12 +75,13 @@ struct EncodedUpdate {
 // left out last time (`residual`) is added first and what is left out now is kept in it.
 // `update` becomes the decoded update (what the server will receive). `residual` is empty when
 // the scheme has no error feedback. `seed` is the silo's own randomness (rounding, random-k).
+// Random-k without error feedback scales each kept coordinate by its stratum's size (unbiased).
 EncodedUpdate compress_update(const wire::Compression& c, std::span<float> update, std::span<float> residual,
                               const std::vector<TensorInfo>& layout, std::size_t chunk_elems, std::uint64_t seed);
 
 // Secure RANDOM_K: keeps the coordinates of random_k_set(c.seed, d, k) of `update` (plus the
 // residual, which keeps the rest) and zeroes the others. Returns the set.
-std::vector<std::uint32_t> keep_shared_random_k(const wire::Compression& c, std::span<float> update,
+std::vector<std::uint64_t> keep_shared_random_k(const wire::Compression& c, std::span<float> update,
                                                 std::span<float> residual);
 
 }  // namespace xsilo::protocol

@@ -17,7 +17,7 @@ SecureConfig with_clip_norm(SecureConfig s, std::optional<double> clip_norm) {
 }
 
 // RANDOM_K: the round's shared coordinate set (protocol/compression.h); empty otherwise.
-std::vector<std::uint32_t> shared_set(const RoundConfig& cfg, std::size_t d, std::uint64_t round) {
+std::vector<std::uint64_t> shared_set(const RoundConfig& cfg, std::size_t d, std::uint64_t round) {
   const auto c = round_compression(cfg, round);
   if (c.scheme() != wire::Compression::RANDOM_K) return {};
   return protocol::random_k_set(c.seed(), d, protocol::kept_count(c, d));

@@ -36,7 +36,7 @@ class SecureGroups final : public Aggregator {
   std::size_t d_;
   std::optional<double> clip_norm_;  // adaptive: this round's (else secure.clip_norm, fixed)
   double ceiling_ = 0;               // secure.clip_norm: the codec's overflow check is made for it
-  std::vector<std::uint32_t> kept_;  // RANDOM_K: the coordinates every member masks (else all)
+  std::vector<std::uint64_t> kept_;  // RANDOM_K: the coordinates every member masks (else all)
   std::size_t words_;                // d (or the kept ones), the weight, and the unclipped count when adaptive
   SecureRound round_;
   protocol::MaskedVector current_;                        // the upload being received

@@ -39,7 +39,7 @@ std::uint32_t group_min_survivors(const SecureConfig& cfg, std::size_t n) {
 SecureRound::SecureRound(const SecureConfig& cfg, const std::optional<crypto::CertSigner>& signer,
                          const std::optional<crypto::CertVerifier>& ca, const std::string& federation, std::uint64_t round,
                          std::uint64_t seed, std::vector<std::string> selected, std::size_t d, bool count_unclipped,
-                         std::vector<std::uint32_t> kept)
+                         std::vector<std::uint64_t> kept)
     : cfg_(cfg), federation_(federation), round_(round),
       permutation_seed_(seed ^ (round * 0xd1b54a32d192ed03ull)), d_(d), kept_(std::move(kept)) {
   if (!signer || !ca) throw std::invalid_argument("secure aggregation needs the server's certificate key and CA");

@@ -49,7 +49,7 @@ class SecureRound {
   SecureRound(const SecureConfig& cfg, const std::optional<crypto::CertSigner>& signer,
               const std::optional<crypto::CertVerifier>& ca, const std::string& federation, std::uint64_t round,
               std::uint64_t seed, std::vector<std::string> selected, std::size_t d, bool count_unclipped = false,
-              std::vector<std::uint32_t> kept = {});
+              std::vector<std::uint64_t> kept = {});
 
   std::uint32_t group_of(const std::string& silo) const;
   std::vector<std::uint32_t> groups() const;
@@ -115,7 +115,7 @@ class SecureRound {
   std::uint64_t round_;
   std::uint64_t permutation_seed_;
   std::size_t d_;
-  std::vector<std::uint32_t> kept_;  // RANDOM_K: the coordinates the masked vectors hold (else all d)
+  std::vector<std::uint64_t> kept_;  // RANDOM_K: the coordinates the masked vectors hold (else all d)
   std::map<std::uint32_t, Group> groups_;
   std::map<std::string, std::uint32_t> group_of_;
   std::vector<std::pair<std::string, wire::Envelope>> out_;

@@ -371,7 +371,7 @@ void with_compression(RoundOutput& out, const wire::Compression& c, bool secure,
     rs = out.residual_next->flat();
   }
   if (secure) {
-    out.kept = std::make_shared<const std::vector<std::uint32_t>>(
+    out.kept = std::make_shared<const std::vector<std::uint64_t>>(
         protocol::keep_shared_random_k(c, out.update->flat(), rs));
   } else {
     std::uint64_t seed = 0;

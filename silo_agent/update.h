@@ -21,7 +21,7 @@ struct RoundOutput {
   std::shared_ptr<const std::vector<wire::TensorChunk>> encoded;
   std::uint64_t encoded_bytes = 0;
   // Secure RANDOM_K: the coordinates of `update` that are masked and sent.
-  std::shared_ptr<const std::vector<std::uint32_t>> kept;
+  std::shared_ptr<const std::vector<std::uint64_t>> kept;
   // Error feedback: the residual once this upload has left (it becomes the silo's only then).
   std::shared_ptr<Model> residual_next;
 };

@@ -150,7 +150,7 @@ TEST(Compression, TheSharedRandomSetIsTheSameForTheSameSeedSortedAndExactlyK) {
   EXPECT_TRUE(std::is_sorted(a.begin(), a.end()));
   EXPECT_EQ(std::adjacent_find(a.begin(), a.end()), a.end());
   EXPECT_LT(a.back(), 10000u);
-  EXPECT_EQ(random_k_set(1, 5, 5), (std::vector<std::uint32_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(random_k_set(1, 5, 5), (std::vector<std::uint64_t>{0, 1, 2, 3, 4}));
 
   auto c = scheme(C::RANDOM_K, 0, 0, 0.1);
   c.set_seed(77);

@@ -87,6 +87,17 @@ struct TrainerBenchOptions {
 // The hand-off to an external trainer and back, against /dev/shm once; per-round overhead.
 int bench_trainer(const TrainerBenchOptions& opts);
 
+struct CompressionBenchOptions {
+  std::vector<std::size_t> d{1'000'000, 10'000'000};  // codec speed
+  std::uint64_t rounds = 30;                          // learning quality (0: skip)
+  std::vector<std::uint64_t> seeds{11};
+  std::vector<std::string> only;                      // only these rows (default: all)
+  bool skip_codecs = false;
+  bool json = false;
+};
+// Upload compressors: accuracy and bytes of whole federations, and the codecs' speed.
+int bench_compression(const CompressionBenchOptions& opts);
+
 // A fixed-width table: header row, then rows.
 void print_table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows);
 std::string fmt(double v, int decimals = 2);

@@ -1,4 +1,4 @@
-// xsilo bench round | secagg | robust | allreduce
+// xsilo bench round | secagg | robust | allreduce | compression | ...
 #include <iostream>
 
 #include "common/build_info.h"
@@ -37,6 +37,16 @@ void add_bench(CLI::App& app, int& exit_code) {
   a->add_flag("--processes", at->processes, "every run as real processes over mutual TLS (slow) instead of in process");
   a->add_flag("--json", at->json, "one JSON object per run");
   a->callback([at, &exit_code] { exit_code = bench_attacks(*at); });
+
+  auto co = std::make_shared<CompressionBenchOptions>();
+  auto* cb = bench->add_subcommand("compression", "upload compressors: accuracy, bytes and codec speed");
+  cb->add_option("--d", co->d, "parameters for the codec speed table (several values)")->capture_default_str();
+  cb->add_option("--rounds", co->rounds, "rounds of each federation (0: codec speed only)")->capture_default_str();
+  cb->add_option("--seeds", co->seeds, "seeds: each row is their mean")->capture_default_str();
+  cb->add_option("--only", co->only, "only these rows, e.g. \"8-bit\" (default: all)");
+  cb->add_flag("--no-codecs", co->skip_codecs, "skip the codec speed table");
+  cb->add_flag("--json", co->json, "one JSON object per measurement");
+  cb->callback([co, &exit_code] { exit_code = bench_compression(*co); });
 
   auto ro = std::make_shared<RobustBenchOptions>();
   auto* rb = bench->add_subcommand("robust", "robust rules on n x d matrices beside a numpy reference");
