@@ -112,14 +112,21 @@ void quantize_tile(const float* __restrict x, std::size_t n, float inv, float sc
 float quantize_block(const float* __restrict x, std::size_t n, int levels, std::uint32_t key, std::size_t first,
                      std::uint8_t* __restrict codes, bool nibbles, float* __restrict dec) {
   const auto [m, finite] = max_abs(x, n);
-  const float scale = !finite ? std::numeric_limits<float>::quiet_NaN() : m / static_cast<float>(levels);
-  const float inv = finite && m > 0 ? static_cast<float>(levels) / m : 0.0f;
+  const float lv = static_cast<float>(levels);
+  // A block whose largest |x| is so small that levels / m overflows is sent as zeros (error
+  // feedback keeps it); a non-finite one as zeros under a NaN scale, which receivers refuse.
+  const bool tiny = finite && !(m >= lv * std::numeric_limits<float>::min());
+  const float scale = !finite ? std::numeric_limits<float>::quiet_NaN() : tiny ? 0.0f : m / lv;
   constexpr std::size_t kTile = 256;
   alignas(64) std::int32_t q[kTile];
   for (std::size_t s = 0; s < n; s += kTile) {
     const std::size_t len = std::min(n, s + kTile) - s;
-    quantize_tile(x + s, len, inv, finite ? scale : 0.0f, static_cast<float>(levels),
-                  key + static_cast<std::uint32_t>(first + s), q, dec + s);
+    if (!finite || tiny) {
+      std::fill(q, q + len, 0);
+      std::fill(dec + s, dec + s + len, 0.0f);
+    } else {
+      quantize_tile(x + s, len, lv / m, scale, lv, key + static_cast<std::uint32_t>(first + s), q, dec + s);
+    }
     if (!nibbles) {
       std::uint8_t* out = codes + first + s;
       for (std::size_t i = 0; i < len; ++i) out[i] = static_cast<std::uint8_t>(q[i]);
@@ -247,7 +254,9 @@ nlohmann::json to_json(const wire::Compression& c) {
 
 std::size_t kept_count(const wire::Compression& c, std::size_t d) {
   if (d == 0) return 0;
-  const double k = std::ceil(c.fraction() * static_cast<double>(d) - 1e-9);
+  // Two statements: no fused multiply-add, the same k on every build of silo and server.
+  const double p = c.fraction() * static_cast<double>(d);
+  const double k = std::ceil(p - 1e-9);
   return std::clamp<std::size_t>(static_cast<std::size_t>(std::max(k, 1.0)), 1, d);
 }
 
@@ -287,14 +296,15 @@ std::string encode_chunk(const wire::Compression& c, std::span<const float> x, s
       std::memcpy(out.data() + 4 + 4 * m + 4 * j, &x[i], 4);
       ++j;
     }
-    if (decoded.data() != x.data()) std::copy(x.begin(), x.end(), decoded.begin());
+    // What is not encoded decodes as +0 (a -0.0 would hash differently).
+    for (std::size_t i = 0; i < n; ++i) decoded[i] = x[i] == 0 ? 0.0f : x[i];
     return out;
   }
   const std::size_t nb = blocks(c, n);
   out.assign(encoded_bytes(c, n), '\0');
   auto* codes = reinterpret_cast<std::uint8_t*>(out.data()) + 4 * nb;
   const auto key = static_cast<std::uint32_t>(seed ^ (seed >> 32));
-  const int levels = (1 << (c.bits() - 1)) - 1;
+  const int levels = c.scheme() == Compression::QUANTIZE ? (1 << (c.bits() - 1)) - 1 : 0;
   for (std::size_t b = 0; b < nb; ++b) {
     const std::size_t first = b * c.block(), len = std::min<std::size_t>(c.block(), n - first);
     const float scale = c.scheme() == Compression::QUANTIZE
@@ -351,8 +361,13 @@ std::string decode_chunk(const wire::Compression& c, std::string_view data, std:
   const std::size_t nb = blocks(c, n);
   std::vector<float> scales(nb);
   std::memcpy(scales.data(), data.data(), 4 * nb);
+  // A scale times the largest code must stay finite too.
+  const float top = c.scheme() == Compression::QUANTIZE
+                        ? std::numeric_limits<float>::max() / static_cast<float>((1 << (c.bits() - 1)) - 1)
+                        : std::numeric_limits<float>::max();
   for (std::size_t b = 0; b < nb; ++b) {
     if (!std::isfinite(scales[b]) || scales[b] < 0) return bad_scale(scales[b], b);
+    if (scales[b] > top) return "scale of block " + std::to_string(b) + " overflows the largest code";
   }
   const auto* codes = reinterpret_cast<const std::uint8_t*>(data.data()) + 4 * nb;
   const std::size_t bs = c.block();
@@ -504,7 +519,10 @@ EncodedUpdate compress_update(const wire::Compression& c, std::span<float> updat
     v = scratch;
   }
   EncodedUpdate out;
-  chunk_elems = std::max<std::size_t>(chunk_elems, 1);
+  // A sparse chunk carries an index and a value per kept element: half the span keeps it within
+  // chunk_bytes. No chunk stands for more than the receivers take.
+  if (sparse(c)) chunk_elems /= 2;
+  chunk_elems = std::clamp<std::size_t>(chunk_elems, 1, kMaxChunkCount);
   std::uint64_t chunk_seed = seed;
   std::size_t next = 0;  // sparse: the first kept coordinate not yet in a chunk
   for (const auto& t : layout) {

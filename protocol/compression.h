@@ -33,6 +33,10 @@
 
 namespace xsilo::protocol {
 
+// The most elements one encoded chunk may stand for (receivers refuse more: a small chunk must
+// not make them decode a whole tensor at once).
+inline constexpr std::uint64_t kMaxChunkCount = std::uint64_t{1} << 22;
+
 // "" when the scheme's parameters are usable (bits 8 or 4, block 8..65536, fraction in (0, 1]),
 // else why not.
 std::string check_compression(const wire::Compression& c);

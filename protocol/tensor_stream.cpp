@@ -138,9 +138,9 @@ proto::Status TensorReceiver::add(const wire::TensorChunk& c) {
 proto::Status TensorReceiver::add_encoded(const wire::TensorChunk& c, const TensorInfo& t) {
   auto bad = [&](std::string why) { return proto::error(wire::BAD_UPDATE, "chunk of " + t.name + ": " + std::move(why)); };
   const std::uint64_t n = c.count();
-  if (n == 0 || n > t.size() - offset_) {
+  if (n == 0 || n > t.size() - offset_ || n > kMaxChunkCount) {
     return bad("count " + std::to_string(n) + " is not within its " + std::to_string(t.size() - offset_) +
-               " remaining elements");
+               " remaining elements (and at most " + std::to_string(kMaxChunkCount) + " a chunk)");
   }
   std::span<float> out(reinterpret_cast<float*>(base_) + t.offset + offset_, n);
   std::size_t kept = 0;

@@ -271,6 +271,10 @@ void parse_compression(const ConfigNode& root, ServerConfig& c) {
                                                         : "quantized codes with per-silo scales do not add up") +
                                 ". Use random_k (the coordinate set drawn from the round's seed), or secure.mode off");
   }
+  if (c.secure.on() && z.scheme() == C::RANDOM_K && !z.error_feedback()) {
+    cn.fail("error_feedback", "must be true for random_k with secure aggregation: without it each kept coordinate "
+                              "is scaled by d / k, and the fixed-point codec's clip to secure.clip_norm would undo that");
+  }
 }
 
 }  // namespace

@@ -349,6 +349,10 @@ Model& silo_state(std::optional<Model>& state, const std::filesystem::path& file
       spdlog::warn("{} {} unreadable ({}); starting from zeros", what, file.string(), e.what());
     }
   }
+  if (state && std::any_of(state->flat().begin(), state->flat().end(), [](float v) { return !std::isfinite(v); })) {
+    spdlog::warn("{} {} has NaN or infinite values; starting from zeros", what, file.string());
+    state.reset();
+  }
   if (!state || !state->same_layout(like)) state = like.zeros_like();
   return *state;
 }
@@ -366,7 +370,11 @@ void with_momentum(RoundOutput& out, std::optional<Model>& state, const std::fil
 void with_compression(RoundOutput& out, const wire::Compression& c, bool secure, std::optional<Model>& state,
                       const std::filesystem::path& file, std::size_t chunk_bytes) {
   std::span<float> rs;
-  if (c.error_feedback()) {
+  // A non-finite update (only a silo that skips its own checks sends one) never enters the
+  // error feedback: it goes out as it is, and the receiver refuses it.
+  const auto u = out.update->flat();
+  const bool finite = std::all_of(u.begin(), u.end(), [](float v) { return std::isfinite(v); });
+  if (c.error_feedback() && finite) {
     out.residual_next = std::make_shared<Model>(silo_state(state, file, *out.update, "error feedback"));
     rs = out.residual_next->flat();
   }

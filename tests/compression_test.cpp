@@ -86,7 +86,7 @@ TEST(Compression, TopKKeepsTheLargestAndErrorFeedbackKeepsTheRest) {
   const auto before = u;
   std::vector<float> residual(500, 0.0f);
   residual[17] = 100.0f;  // left out last round: must be sent now
-  auto enc = compress_update(c, u, residual, layout, 128, 9);
+  auto enc = compress_update(c, u, residual, layout, 256, 9);  // sparse: chunks span half of 256
   std::size_t kept = 0;
   for (float v : u) kept += v != 0;
   EXPECT_EQ(kept, kept_count(c, 500));
@@ -97,7 +97,8 @@ TEST(Compression, TopKKeepsTheLargestAndErrorFeedbackKeepsTheRest) {
     EXPECT_FLOAT_EQ(u[i] + residual[i], before[i] + (i == 17 ? 100.0f : 0.0f)) << i;
     EXPECT_TRUE(u[i] == 0 || residual[i] == 0) << i;
   }
-  // Chunks of at most 128 elements, tensor by tensor, offsets in order.
+  // Chunks of at most 128 elements (an index and a value each: within 256 floats' bytes),
+  // tensor by tensor, offsets in order.
   ASSERT_EQ(enc.chunks.size(), 3u + 2u);
   EXPECT_EQ(enc.chunks[2].offset(), 256u);
   EXPECT_EQ(enc.chunks[2].count(), 44u);
@@ -298,6 +299,57 @@ TEST(Compression, SchemesAreCheckedAndDescribed) {
   EXPECT_EQ(describe(scheme(C::QUANTIZE, 4, 128)), "quantize-4/128+ef");
   EXPECT_EQ(kept_count(scheme(C::TOP_K, 0, 0, 0.01), 50), 1u);
   EXPECT_EQ(kept_count(scheme(C::TOP_K, 0, 0, 0.01), 1000), 10u);
+}
+
+TEST(Compression, ABlockTooSmallToScaleIsSentAsZerosAndKeptByTheErrorFeedback) {
+  const auto c = scheme(C::QUANTIZE, 8, 16);
+  std::vector<TensorInfo> layout{{"w", {32}, 0}};
+  std::vector<float> u(32, 0.0f), residual(32, 0.0f);
+  u[3] = 1e-39f;  // levels / max |x| overflows float
+  for (std::size_t i = 16; i < 32; ++i) u[i] = 0.5f;
+  const auto before = u;
+  auto enc = compress_update(c, u, residual, layout, 1024, 3);
+  for (std::size_t i = 0; i < 16; ++i) EXPECT_EQ(u[i], 0.0f) << i;
+  EXPECT_EQ(residual[3], before[3]);
+  for (float r : residual) EXPECT_TRUE(std::isfinite(r));
+  std::vector<float> back(32);
+  std::size_t kept = 0;
+  ASSERT_EQ(decode_chunk(c, enc.chunks.at(0).data(), back, kept), "");
+  EXPECT_EQ(std::memcmp(back.data(), u.data(), 32 * 4), 0);
+}
+
+TEST(Compression, NegativeZerosAndSparseChunksStayWithinTheirBytes) {
+  // A kept -0.0 decodes to the same bits the silo hashed; a sparse chunk never needs more bytes
+  // than its span of dense float32 would.
+  Model m;
+  m.add("w", {1000});
+  auto x = gaussian(1000, 8);
+  x[5] = -0.0f;
+  std::copy(x.begin(), x.end(), m.flat().begin());
+  const auto c = scheme(C::TOP_K, 0, 0, 1.0);
+  auto enc = compress_update(c, m.flat(), {}, m.tensors(), 256, 1);
+  std::vector<float> into(1000);
+  TensorReceiver rx;
+  rx.reset(into, m.tensors(), true, c);
+  for (const auto& ch : enc.chunks) {
+    EXPECT_LE(ch.data().size(), 256u * 4 + 4);
+    ASSERT_TRUE(rx.add(ch));
+  }
+  EXPECT_EQ(rx.finish_sha256(), crypto::sha256_hex(m.flat()));
+  // A chunk that claims more elements than any chunk may stand for is refused before decoding.
+  Model big;
+  big.add("w", {kMaxChunkCount + 10});
+  std::vector<float> space(big.size());
+  rx.reset(space, big.tensors(), false, c);
+  wire::TensorChunk huge;
+  huge.set_name("w");
+  huge.set_dtype(wire::F32);
+  huge.set_encoding(C::TOP_K);
+  huge.set_count(kMaxChunkCount + 1);
+  huge.set_data(std::string(4, '\0'));
+  auto st = rx.add(huge);
+  EXPECT_FALSE(st);
+  EXPECT_NE(st.message.find("at most"), std::string::npos) << st.message;
 }
 
 TEST(Compression, ANonFiniteUpdateGivesAScaleEveryReceiverRefuses) {

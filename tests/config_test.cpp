@@ -181,6 +181,9 @@ TEST(Config, CompressionSchemesAreCheckedAndOnlyRandomKIsSecure) {
       << secure;
   EXPECT_NE(load(R"(, "compression": {"scheme": "quantize"}, "secure": {"mode": "global"})").find("do not add up"),
             std::string::npos);
+  EXPECT_NE(load(R"(, "compression": {"scheme": "random_k", "error_feedback": false}, "secure": {"mode": "global"})")
+                .find(".compression.error_feedback: must be true for random_k with secure aggregation"),
+            std::string::npos);
 }
 
 // Bucketing and nearest-neighbour mixing in front of a rule: the rule is checked on the buckets

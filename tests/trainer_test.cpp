@@ -295,10 +295,11 @@ TEST(ExternalTrainers, EachSiloGetsTheDataFilesTheSimConfigNames) {
 
 // The PyTorch example as `xsilo sim` runs it: 5 silos federating the user's own CNN, within two
 // points of the same script trained centrally; the final checkpoint loads into the module.
-void run_example(const std::string& config, double max_gap) {
+void run_example(const std::string& config, double max_gap, const json& changes = json::object()) {
   REQUIRE_PYTHON_MODULE("torch");
   test::TempDir dir;
   auto cfg = json::parse(read_file(kSource / "examples" / "pytorch" / config));
+  cfg.merge_patch(changes);
   cfg["trainer"]["cwd"] = (kSource / "examples" / "pytorch").string();
   cfg["model"]["path"] = (dir / "init.safetensors").string();  // written by trainer.init
   std::string log;
@@ -327,6 +328,12 @@ TEST(PytorchExample, FiveSilosReachTheCentralAccuracyWithinTwoPoints) { run_exam
 
 TEST(PytorchExample, SecureGroupedMedianTwoEdgesTwoWorkersPerSiloWithinTwoPoints) {
   run_example("sim-secure.json", 0.02);
+}
+
+// The user's own model with compressed uploads (docs/compression.md): 8-bit codes through an
+// edge that decodes them, the silos' error feedback in their state folders.
+TEST(PytorchExample, EightBitUploadsThroughAnEdgeWithinTwoPoints) {
+  run_example("sim.json", 0.02, {{"edges", 1}, {"compression", {{"scheme", "quantize"}, {"bits", 8}}}});
 }
 
 }  // namespace
