@@ -1,0 +1,41 @@
+// Compressed uploads as a receiver takes them (protocol/compression.h): a round's scheme, then
+// chunks of any encoding, count and bytes into a small model, as the server's or the edge's
+// TensorReceiver decodes them. Every element it writes must be finite, and a chunk either
+// decodes within its tensor or is refused.
+#include <cmath>
+#include <stdexcept>
+
+#include "fuzz/fuzz_input.h"
+#include "protocol/compression.h"
+#include "protocol/tensor_stream.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  using xsilo::wire::Compression;
+  xsilo::fuzz::Input in(data, size);
+  Compression c;
+  c.set_scheme(static_cast<Compression::Scheme>(in.u8() % 5));
+  c.set_bits(in.u8() % 2 ? 8 : 4);
+  c.set_block(8 + in.u16() % 300);
+  c.set_fraction((1 + in.u8()) / 256.0);
+  xsilo::Model m;
+  m.add("w", {1 + in.u16() % 700u});
+  m.add("b", {in.u8() % 40u});
+  std::vector<float> into(m.size(), 0.0f);
+  xsilo::protocol::TensorReceiver rx;
+  rx.reset(into, m.tensors(), true, c);
+  while (in.more() && !rx.complete()) {
+    xsilo::wire::TensorChunk ch;
+    const std::uint8_t how = in.u8();
+    ch.set_name(how & 1 ? "b" : "w");
+    ch.set_dtype(xsilo::wire::F32);
+    ch.set_encoding(static_cast<Compression::Scheme>(how & 2 ? c.scheme() : (how >> 2) % 5));
+    ch.set_offset(how & 16 ? in.u16() : rx.received());
+    ch.set_count(in.u16() % 900);
+    ch.set_data(in.bytes(in.u16() % 8192));
+    if (!rx.add(ch)) break;
+    for (std::size_t i = rx.last_first(); i < rx.last_first() + rx.last_count(); ++i) {
+      if (!std::isfinite(into[i])) throw std::logic_error("a decoded element is not finite");
+    }
+  }
+  return 0;
+}
