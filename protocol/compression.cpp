@@ -5,10 +5,13 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <random>
 
 #ifdef __SSE4_1__
 #include <smmintrin.h>
 #endif
+
+#include "common/eigen.h"
 
 namespace xsilo::protocol {
 
@@ -191,6 +194,28 @@ class Strata {
   std::uint64_t q_, r_, k_, acc_ = 0, begin_ = 0;
 };
 
+// POWER_SGD's decoding: out (rows x cols) = P (rows x r) Q^T (Q: cols x r), each value summed in
+// k order from zero, one product at a time (no fused multiply-add: every build gets the same
+// bits, so the silo's hash matches the receiver's). Vectorizes across a row.
+void low_rank_product(const float* p, const float* q, std::size_t rows, std::size_t cols, std::size_t r, float* out) {
+  std::vector<float> qt(cols * r);
+  for (std::size_t j = 0; j < cols; ++j) {
+    for (std::size_t k = 0; k < r; ++k) qt[k * cols + j] = q[j * r + k];
+  }
+  for (std::size_t i = 0; i < rows; ++i) {
+    float* o = out + i * cols;
+    std::fill(o, o + cols, 0.0f);
+    for (std::size_t k = 0; k < r; ++k) {
+      const float pk = p[i * r + k];
+      const float* qk = qt.data() + k * cols;
+      for (std::size_t j = 0; j < cols; ++j) {
+        const float prod = pk * qk[j];
+        o[j] = o[j] + prod;
+      }
+    }
+  }
+}
+
 std::string bad_scale(float s, std::size_t b) {
   return "scale of block " + std::to_string(b) + " is " + (std::isnan(s) ? "NaN" : std::isinf(s) ? "infinite" : "negative");
 }
@@ -212,6 +237,9 @@ std::string check_compression(const wire::Compression& c) {
     case Compression::RANDOM_K:
       if (!(c.fraction() > 0 && c.fraction() <= 1)) return "fraction must be in (0, 1], not " + std::to_string(c.fraction());
       return "";
+    case Compression::POWER_SGD:
+      if (c.rank() < 1 || c.rank() > 64) return "rank must be 1..64, not " + std::to_string(c.rank());
+      return "";
     default: return "unknown compression scheme " + std::to_string(static_cast<int>(c.scheme()));
   }
 }
@@ -224,6 +252,7 @@ std::string describe(const wire::Compression& c) {
     case Compression::SIGN: s = "sign/" + std::to_string(c.block()); break;
     case Compression::TOP_K: s = "top-k " + std::to_string(c.fraction() * 100) + "%"; break;
     case Compression::RANDOM_K: s = "random-k " + std::to_string(c.fraction() * 100) + "%"; break;
+    case Compression::POWER_SGD: s = "powersgd-r" + std::to_string(c.rank()); break;
     default: return "unknown";
   }
   if (sparse(c)) {  // trim trailing zeros of the percentage
@@ -245,6 +274,7 @@ nlohmann::json to_json(const wire::Compression& c) {
     case Compression::SIGN: j = {{"scheme", "sign"}, {"block", c.block()}}; break;
     case Compression::TOP_K: j = {{"scheme", "top_k"}, {"fraction", c.fraction()}}; break;
     case Compression::RANDOM_K: j = {{"scheme", "random_k"}, {"fraction", c.fraction()}}; break;
+    case Compression::POWER_SGD: j = {{"scheme", "powersgd"}, {"rank", c.rank()}}; break;
     default: return {{"scheme", "unknown"}};
   }
   j["error_feedback"] = c.error_feedback();
@@ -274,9 +304,15 @@ std::vector<std::uint64_t> random_k_set(std::uint64_t seed, std::size_t d, std::
   return out;
 }
 
+bool low_rank(const TensorInfo& t, std::uint32_t rank) {
+  if (t.shape.size() != 2 || rank == 0) return false;
+  const std::uint64_t m = t.shape[0], n = t.shape[1];
+  return m > 0 && n > 0 && n <= kMaxChunkCount && 2 * std::uint64_t{rank} * (m + n) <= m * n;
+}
+
 std::size_t encoded_bytes(const wire::Compression& c, std::size_t count, std::size_t nonzeros) {
   if (sparse(c)) return 4 + 8 * nonzeros;
-  if (!compressed(c)) return 4 * count;
+  if (!compressed(c) || c.scheme() == Compression::POWER_SGD) return 4 * count;  // POWER_SGD: a dense tensor
   return 4 * blocks(c, count) + code_bytes(c, count);
 }
 
@@ -317,9 +353,34 @@ std::string encode_chunk(const wire::Compression& c, std::span<const float> x, s
 }
 
 std::string decode_chunk(const wire::Compression& c, std::string_view data, std::span<float> out,
-                         std::size_t& nonzeros) {
+                         std::size_t& nonzeros, const TensorInfo* tensor, std::uint64_t offset) {
   const std::size_t n = out.size();
   nonzeros = 0;
+  if (c.scheme() == Compression::POWER_SGD) {
+    if (!tensor) return "a PowerSGD chunk needs its tensor";
+    if (!low_rank(*tensor, c.rank())) {  // sent as it is
+      if (data.size() != 4 * n) {
+        return "dense chunk of " + std::to_string(n) + " elements has " + std::to_string(data.size()) + " bytes";
+      }
+      std::memcpy(out.data(), data.data(), data.size());
+      return "";
+    }
+    const std::uint64_t cols = tensor->shape[1], r = c.rank();
+    if (offset % cols || n % cols) return "a PowerSGD chunk must cover whole rows of " + describe(*tensor);
+    const std::uint64_t rows = n / cols;
+    const std::uint64_t need = 4 * (rows * r + cols * r);
+    if (data.size() != need) {
+      return "PowerSGD chunk of " + std::to_string(rows) + " rows has " + std::to_string(data.size()) +
+             " bytes, not " + std::to_string(need) + " (rank " + std::to_string(r) + ")";
+    }
+    std::vector<float> f(data.size() / 4);
+    std::memcpy(f.data(), data.data(), data.size());
+    for (float v : f) {
+      if (!std::isfinite(v)) return "a PowerSGD factor is NaN or infinite";
+    }
+    low_rank_product(f.data(), f.data() + rows * r, rows, cols, r, out.data());
+    return "";
+  }
   if (sparse(c)) {
     if (data.size() < 4) return "sparse chunk of " + std::to_string(data.size()) + " bytes has no count";
     std::uint32_t m = 0;
@@ -500,11 +561,50 @@ std::string sparse_chunk(const std::vector<std::uint64_t>& set, const std::vecto
   return out;
 }
 
+// POWER_SGD (Vogels et al., NeurIPS 2019), one power iteration from a random start: P = M Q0,
+// P orthonormalized, Q = M^T P; M ~ P Q^T. Appends the tensor's chunks of whole rows (`rows`
+// at a time) and writes the decoded values into `dec`.
+void encode_low_rank(const wire::Compression& c, const TensorInfo& t, std::span<const float> v, std::span<float> dec,
+                     std::size_t chunk_elems, std::uint64_t seed, EncodedUpdate& out) {
+  using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const auto m = static_cast<Eigen::Index>(t.shape[0]), n = static_cast<Eigen::Index>(t.shape[1]);
+  const auto r = static_cast<Eigen::Index>(c.rank());
+  const Eigen::Map<const RowMajor> mat(v.data(), m, n);
+  RowMajor q0(n, r);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> g;
+  for (Eigen::Index i = 0; i < q0.size(); ++i) q0.data()[i] = g(rng);
+  RowMajor p = mat * q0;
+  // Gram-Schmidt on the columns of P. A column with (almost) nothing left beside the others is
+  // rounding noise, not a direction of M: it becomes zero.
+  for (Eigen::Index k = 0; k < r; ++k) {
+    const float before = p.col(k).norm();
+    for (Eigen::Index l = 0; l < k; ++l) p.col(k) -= p.col(l).dot(p.col(k)) * p.col(l);
+    const float norm = p.col(k).norm();
+    if (std::isfinite(norm) && norm > 1e-4f * before && norm > 1e-30f) p.col(k) /= norm;
+    else p.col(k).setZero();
+  }
+  const RowMajor q = mat.transpose() * p;
+  const std::size_t cols = t.shape[1], rows_per = std::max<std::size_t>(1, chunk_elems / cols);
+  for (std::size_t row = 0; row < t.shape[0]; row += rows_per) {
+    const std::size_t rows = std::min(rows_per, t.shape[0] - row);
+    auto ch = chunk_of(c, t, row * cols, rows * cols);
+    std::string data(4 * (rows + cols) * c.rank(), '\0');
+    std::memcpy(data.data(), p.data() + row * c.rank(), 4 * rows * c.rank());
+    std::memcpy(data.data() + 4 * rows * c.rank(), q.data(), 4 * cols * c.rank());
+    low_rank_product(p.data() + row * c.rank(), q.data(), rows, cols, c.rank(), dec.data() + row * cols);
+    out.bytes += data.size();
+    ch.set_data(std::move(data));
+    out.chunks.push_back(std::move(ch));
+  }
+}
+
 }  // namespace
 
 EncodedUpdate compress_update(const wire::Compression& c, std::span<float> update, std::span<float> residual,
                               const std::vector<TensorInfo>& layout, std::size_t chunk_elems, std::uint64_t seed) {
   if (!c.error_feedback()) residual = {};
+  if (c.scheme() == Compression::POWER_SGD) seed = c.seed();  // the round's start, shared by the silos
   const std::size_t d = update.size();
   std::span<float> v = with_residual(update, residual);
   std::vector<float> scratch;
@@ -526,11 +626,20 @@ EncodedUpdate compress_update(const wire::Compression& c, std::span<float> updat
   std::uint64_t chunk_seed = seed;
   std::size_t next = 0;  // sparse: the first kept coordinate not yet in a chunk
   for (const auto& t : layout) {
+    if (c.scheme() == Compression::POWER_SGD && low_rank(t, c.rank())) {
+      encode_low_rank(c, t, v.subspan(t.offset, t.size()), update.subspan(t.offset, t.size()), chunk_elems,
+                      splitmix64(chunk_seed), out);
+      continue;
+    }
     for (std::size_t off = 0; off < t.size(); off += chunk_elems) {
       const std::size_t n = std::min(chunk_elems, t.size() - off);
       const std::size_t at = t.offset + off;
       auto ch = chunk_of(c, t, off, n);
-      if (sparse(c)) {
+      if (c.scheme() == Compression::POWER_SGD) {  // a tensor PowerSGD leaves dense
+        ch.set_data(std::string(reinterpret_cast<const char*>(v.data() + at), 4 * n));
+        std::copy(v.begin() + static_cast<std::ptrdiff_t>(at), v.begin() + static_cast<std::ptrdiff_t>(at + n),
+                  update.begin() + static_cast<std::ptrdiff_t>(at));
+      } else if (sparse(c)) {
         std::size_t last = next;
         while (last < set.size() && set[last] < at + n) ++last;
         ch.set_data(sparse_chunk(set, vals, next, last, at));

@@ -11,6 +11,10 @@
 //   TOP_K, RANDOM_K (plain)
 //             uint32 m, then m strictly increasing uint32 indices into the chunk, then their m
 //             float32 values; every other element is zero.
+//   POWER_SGD a 2-D tensor [m, n] that low_rank() admits travels in chunks of whole rows: the
+//             chunk's rows of P (rows x rank) then all of Q (n x rank), float32 row-major; the
+//             value at (i, j) is sum_k P[i][k] Q[j][k], summed in k order. Other tensors: their
+//             float32 values as they are.
 // All little-endian. Blocks start at the chunk's first element. The receiver decodes each chunk
 // into its float32 buffer, so everything after it (hashes, robust rules, the edge's sums) sees
 // the decoded update, the same values the silo computed when it encoded it.
@@ -37,8 +41,8 @@ namespace xsilo::protocol {
 // not make them decode a whole tensor at once).
 inline constexpr std::uint64_t kMaxChunkCount = std::uint64_t{1} << 22;
 
-// "" when the scheme's parameters are usable (bits 8 or 4, block 8..65536, fraction in (0, 1]),
-// else why not.
+// "" when the scheme's parameters are usable (bits 8 or 4, block 8..65536, fraction in (0, 1],
+// rank 1..64), else why not.
 std::string check_compression(const wire::Compression& c);
 bool compressed(const wire::Compression& c);
 // "quantize-8/256+ef" and the like, for logs and tables.
@@ -53,6 +57,10 @@ std::size_t kept_count(const wire::Compression& c, std::size_t d);
 // coordinates (stratum j is [floor(j d / k), floor((j + 1) d / k))).
 std::vector<std::uint64_t> random_k_set(std::uint64_t seed, std::size_t d, std::size_t k);
 
+// POWER_SGD: whether tensor `t` travels as rank-`rank` factors (2-D, rows of at most the largest
+// chunk, and the factors at most half of the tensor's values); both ends decide alike.
+bool low_rank(const TensorInfo& t, std::uint32_t rank);
+
 // The bytes of an encoded chunk of `count` elements (`nonzeros` of them kept, for sparse chunks).
 std::size_t encoded_bytes(const wire::Compression& c, std::size_t count, std::size_t nonzeros = 0);
 
@@ -65,9 +73,10 @@ std::string encode_chunk(const wire::Compression& c, std::span<const float> x, s
 
 // Decodes one chunk into `out` (its `count` elements), checking sizes, codes, indices and scales
 // first: "" when it was valid, else why not (and `out` is then unspecified). `nonzeros` gets the
-// number of kept elements of a sparse chunk.
+// number of kept elements of a sparse chunk. POWER_SGD needs the chunk's tensor and its offset
+// in it.
 std::string decode_chunk(const wire::Compression& c, std::string_view data, std::span<float> out,
-                         std::size_t& nonzeros);
+                         std::size_t& nonzeros, const TensorInfo* tensor = nullptr, std::uint64_t offset = 0);
 
 // A silo's upload, compressed: its chunks with encoded data, in order.
 struct EncodedUpdate {
@@ -78,7 +87,8 @@ struct EncodedUpdate {
 // Compresses `update` (laid out as `layout`) for a plain round: with error feedback, what was
 // left out last time (`residual`) is added first and what is left out now is kept in it.
 // `update` becomes the decoded update (what the server will receive). `residual` is empty when
-// the scheme has no error feedback. `seed` is the silo's own randomness (rounding, random-k).
+// the scheme has no error feedback. `seed` is the silo's own randomness (rounding, random-k;
+// PowerSGD starts from the round's `c.seed()` instead).
 // Random-k without error feedback scales each kept coordinate by its stratum's size (unbiased).
 EncodedUpdate compress_update(const wire::Compression& c, std::span<float> update, std::span<float> residual,
                               const std::vector<TensorInfo>& layout, std::size_t chunk_elems, std::uint64_t seed);

@@ -144,7 +144,7 @@ proto::Status TensorReceiver::add_encoded(const wire::TensorChunk& c, const Tens
   }
   std::span<float> out(reinterpret_cast<float*>(base_) + t.offset + offset_, n);
   std::size_t kept = 0;
-  if (auto why = decode_chunk(scheme_, c.data(), out, kept); !why.empty()) return bad(why);
+  if (auto why = decode_chunk(scheme_, c.data(), out, kept, &t, offset_); !why.empty()) return bad(why);
   kept_ += kept;
   if (kept_ > budget_) {
     return bad("keeps " + std::to_string(kept_) + " elements so far, more than the " + std::to_string(budget_) +

@@ -236,12 +236,13 @@ void parse_compression(const ConfigNode& root, ServerConfig& c) {
   if (!root.has("compression")) return;
   const auto cn = root.child("compression");
   auto& z = c.compression;
-  const auto scheme = cn.one_of("scheme", "none", {"none", "quantize", "sign", "top_k", "random_k"});
+  const auto scheme = cn.one_of("scheme", "none", {"none", "quantize", "sign", "top_k", "random_k", "powersgd"});
   using C = wire::Compression;
   z.set_scheme(scheme == "quantize" ? C::QUANTIZE
                : scheme == "sign"   ? C::SIGN
                : scheme == "top_k"  ? C::TOP_K
                : scheme == "random_k" ? C::RANDOM_K
+               : scheme == "powersgd" ? C::POWER_SGD
                                       : C::NONE);
   const bool blocky = z.scheme() == C::QUANTIZE || z.scheme() == C::SIGN;
   const bool sparse = z.scheme() == C::TOP_K || z.scheme() == C::RANDOM_K;
@@ -261,14 +262,21 @@ void parse_compression(const ConfigNode& root, ServerConfig& c) {
   } else if (cn.has("fraction")) {
     cn.fail("fraction", "applies to schemes top_k and random_k only");
   }
+  if (z.scheme() == C::POWER_SGD) {
+    z.set_rank(static_cast<std::uint32_t>(cn.integer("rank", 4, 1, 64)));
+  } else if (cn.has("rank")) {
+    cn.fail("rank", "applies to scheme powersgd only");
+  }
   // Error feedback is what makes biased compressors converge (sign, top-k); on by default.
   z.set_error_feedback(cn.boolean("error_feedback", z.scheme() != C::NONE));
   cn.finish();
   if (c.secure.on() && z.scheme() != C::NONE && z.scheme() != C::RANDOM_K) {
     cn.fail("scheme", scheme + " cannot be combined with secure aggregation: the server sums masked vectors, so "
                                 "every silo must send the same coordinates as ring words; " +
-                                (z.scheme() == C::TOP_K ? "each silo's top-k picks its own coordinates"
-                                                        : "quantized codes with per-silo scales do not add up") +
+                                (z.scheme() == C::TOP_K       ? "each silo's top-k picks its own coordinates"
+                                 : z.scheme() == C::POWER_SGD ? "each silo's low-rank factors are its own (PowerSGD "
+                                                                "over secure sums is not built)"
+                                                              : "quantized codes with per-silo scales do not add up") +
                                 ". Use random_k (the coordinate set drawn from the round's seed), or secure.mode off");
   }
   if (c.secure.on() && z.scheme() == C::RANDOM_K && !z.error_feedback()) {

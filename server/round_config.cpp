@@ -13,7 +13,8 @@ std::string_view name(SecureMode m) {
 
 wire::Compression round_compression(const RoundConfig& cfg, std::uint64_t round) {
   wire::Compression c = cfg.compression;
-  if (cfg.secure.on() && c.scheme() == wire::Compression::RANDOM_K) {
+  // PowerSGD's random start is the round's too: the silos' factorizations can be replayed.
+  if ((cfg.secure.on() && c.scheme() == wire::Compression::RANDOM_K) || c.scheme() == wire::Compression::POWER_SGD) {
     c.set_seed((cfg.seed * 0x9e3779b97f4a7c15ull) ^ (round * 0xc2b2ae3d27d4eb4full) ^ 0x5851f42d4c957f2dull);
   }
   return c;

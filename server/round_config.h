@@ -94,7 +94,8 @@ struct RoundConfig {
 
 // The round's compression as the silos receive it: under secure aggregation, RANDOM_K's
 // coordinate set is drawn from a seed of the federation's seed and the round (every silo of the
-// round keeps the same coordinates; the next round keeps others).
+// round keeps the same coordinates; the next round keeps others); PowerSGD's random start Q0
+// likewise.
 wire::Compression round_compression(const RoundConfig& cfg, std::uint64_t round);
 
 }  // namespace xsilo::server

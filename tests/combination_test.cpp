@@ -200,6 +200,18 @@ std::vector<Case> cases() {
     s["compression"] = {{"scheme", "random_k"}, {"fraction", 0.3}};
     out.push_back({"SecureRandomKGroupedMedianMomentum", s, 1e-4, 3});
   }
+  {  // PowerSGD rank 2 with error feedback on the digits MLP, through two edges that decode the
+     // factors, local workers: the round's seed starts every factorization, so it is replayed.
+    json s = base_sim(6, 3);
+    s["data"] = {{"dataset", "digits"}, {"split", "dirichlet"}, {"alpha", 0.5}};
+    s["model"] = {{"kind", "mlp"}, {"hidden", {16}}};
+    s["training"] = {{"local_epochs", 1}, {"batch_size", 32}, {"learning_rate", 0.05}};
+    s["edges"] = 2;
+    s["selection"] = {{"min_silos", 6}, {"min_updates", 6}};
+    s["local"] = {{"workers", 2}, {"backend", "ring"}};
+    s["compression"] = {{"scheme", "powersgd"}, {"rank", 2}};
+    out.push_back({"PowerSgdErrorFeedbackEdgesWorkersDigitsMlp", s, 1e-4, 3});
+  }
   {  // 8-bit quantization, no error feedback, the trimmed mean, local workers: unbiased rounding
      // at the silos cannot be replayed here, so the model must match within the rounding.
     json s = base_sim(6, 3);

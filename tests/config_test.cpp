@@ -176,6 +176,12 @@ TEST(Config, CompressionSchemesAreCheckedAndOnlyRandomKIsSecure) {
   EXPECT_NE(load(R"(, "compression": {"scheme": "top_k", "fraction": 0})").find(".compression.fraction: must be >="),
             std::string::npos);
   EXPECT_NE(load(R"(, "compression": {"scheme": "topk"})").find("must be one of"), std::string::npos);
+  EXPECT_EQ(load(R"(, "compression": {"scheme": "powersgd", "rank": 8})"), "");
+  EXPECT_NE(load(R"(, "compression": {"scheme": "powersgd", "rank": 0})").find(".compression.rank: must be >= 1"),
+            std::string::npos);
+  EXPECT_NE(load(R"(, "compression": {"scheme": "powersgd"}, "secure": {"mode": "global"})")
+                .find("PowerSGD over secure sums is not built"),
+            std::string::npos);
   const auto secure = load(R"(, "compression": {"scheme": "top_k"}, "secure": {"mode": "global"})");
   EXPECT_NE(secure.find(".compression.scheme: top_k cannot be combined with secure aggregation"), std::string::npos)
       << secure;

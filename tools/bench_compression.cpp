@@ -40,6 +40,7 @@ std::vector<Row> rows(const CompressionBenchOptions& o) {
       {"sign+EF", {{"scheme", "sign"}}},
       {"top-1%+EF", {{"scheme", "top_k"}, {"fraction", 0.01}}},
       {"random-10%+EF", {{"scheme", "random_k"}, {"fraction", 0.1}}},
+      {"PowerSGD r4+EF", {{"scheme", "powersgd"}, {"rank", 4}}},
       {"none (secure)", nullptr, true},
       {"random-10%+EF (secure)", {{"scheme", "random_k"}, {"fraction", 0.1}}, true},
   };
@@ -114,8 +115,14 @@ double seconds_of(const std::function<void()>& f, int repeats = 3) {
 C scheme_of(const json& j) {
   C c;
   const std::string s = j.value("scheme", "none");
-  c.set_scheme(s == "quantize" ? C::QUANTIZE : s == "sign" ? C::SIGN : s == "top_k" ? C::TOP_K
-                                                      : s == "random_k" ? C::RANDOM_K : C::NONE);
+  c.set_scheme(s == "quantize"   ? C::QUANTIZE
+               : s == "sign"     ? C::SIGN
+               : s == "top_k"    ? C::TOP_K
+               : s == "random_k" ? C::RANDOM_K
+               : s == "powersgd" ? C::POWER_SGD
+                                 : C::NONE);
+  c.set_rank(j.value("rank", 4u));
+  c.set_seed(1);
   c.set_bits(j.value("bits", 8u));
   c.set_block(j.value("block", 256u));
   c.set_fraction(j.value("fraction", 0.01));
@@ -132,7 +139,9 @@ void codec_speed(const CompressionBenchOptions& o) {
     for (auto& v : x) v = g(rng);
     const double bytes = 4.0 * double(d);
     const double mem = bytes / seconds_of([&] { std::memcpy(work.data(), x.data(), d * 4); }, 5);
-    std::vector<TensorInfo> layout{{"w", {d}, 0}};
+    // One tensor; PowerSGD gets it as a matrix of 1,000 columns (d is a multiple of 1,000).
+    const std::vector<TensorInfo> flat_layout{{"w", {d}, 0}};
+    const std::vector<TensorInfo> matrix{{"w", {d / 1000, 1000}, 0}};
     // What setting a repetition up costs (copies), taken out of the timings that include it.
     const double copy = seconds_of([&] { std::copy(x.begin(), x.end(), work.begin()); });
     const double setup = seconds_of([&] {
@@ -143,13 +152,18 @@ void codec_speed(const CompressionBenchOptions& o) {
     for (const auto& row : rows(o)) {
       if (row.compression.is_null() || row.secure) continue;
       const C c = scheme_of(row.compression);
+      const bool powersgd = c.scheme() == C::POWER_SGD;
+      if (powersgd && d % 1000) continue;
+      const auto& layout = powersgd ? matrix : flat_layout;
+      // The codec alone: quantization and sign chunk by chunk (1 MiB), the others whole (their
+      // selection or factorization spans the tensor).
+      const bool whole = c.scheme() == C::TOP_K || c.scheme() == C::RANDOM_K || powersgd;
       protocol::EncodedUpdate enc;
-      // The codec alone: dense schemes chunk by chunk (1 MiB), sparse ones with their selection.
       const std::size_t chunk = (1u << 20) / 4;
       C plain = c;
       plain.set_error_feedback(false);
       const double encode = std::max(seconds_of([&] {
-                                       if (c.scheme() == C::TOP_K || c.scheme() == C::RANDOM_K) {
+                                       if (whole) {
                                          std::copy(x.begin(), x.end(), work.begin());
                                          enc = protocol::compress_update(plain, work, {}, layout, chunk, 7);
                                          return;
@@ -163,7 +177,7 @@ void codec_speed(const CompressionBenchOptions& o) {
                                          enc.bytes += ch.data().size();
                                          enc.chunks.push_back(std::move(ch));
                                        }
-                                     }) - (c.scheme() == C::TOP_K || c.scheme() == C::RANDOM_K ? copy : 0.0),
+                                     }) - (whole ? copy : 0.0),
                                      1e-9);
       // The silo's whole step: error feedback in, the codec, the residual out.
       const double step = std::max(seconds_of([&] {
@@ -175,8 +189,8 @@ void codec_speed(const CompressionBenchOptions& o) {
       const double decode = std::max(seconds_of([&] {
                                        std::size_t at = 0, kept = 0;
                                        for (const auto& ch : enc.chunks) {
-                                         auto why = protocol::decode_chunk(c, ch.data(),
-                                                                           {out.data() + at, ch.count()}, kept);
+                                         auto why = protocol::decode_chunk(c, ch.data(), {out.data() + at, ch.count()},
+                                                                           kept, &layout[0], at);
                                          if (!why.empty()) throw std::runtime_error("bench decode: " + why);
                                          at += ch.count();
                                        }
