@@ -20,6 +20,13 @@ struct RoundBenchOptions {
   std::uint64_t rounds = 3;
   bool json = false;
   std::vector<std::size_t> edges{0};  // 0: silos connect straight to the server
+  // The server config's "compression" block and secure.mode of every run (null, "off": neither).
+  nlohmann::json compression;
+  std::string secure = "off";
+  // For scripts/wan-bench.sh: each process in a network namespace the script made and shaped,
+  // PREFIX-server and PREFIX-silo-I, the server listening on `server_address` (no edges).
+  std::string netns_prefix;
+  std::string server_address = "127.0.0.1";
 };
 
 // Server and K agents (real processes, mutual TLS on loopback) with a synthetic model: no

@@ -21,6 +21,21 @@ void add_bench(CLI::App& app, int& exit_code) {
   r->add_option("--rounds", round->rounds, "rounds per run (the first is not timed)")->capture_default_str();
   r->add_option("--edges", round->edges, "edge aggregators between silos and server (several values)")
       ->capture_default_str();
+  r->add_option_function<std::string>(
+       "--compression",
+       [round](const std::string& s) {
+         round->compression = nlohmann::json::parse(s, nullptr, false);
+         if (!round->compression.is_object()) throw CLI::ValidationError("--compression", "not a JSON object: " + s);
+       },
+       "the server config's compression block, e.g. '{\"scheme\": \"quantize\", \"bits\": 4}'");
+  r->add_option("--secure", round->secure, "secure aggregation mode")
+      ->check(CLI::IsMember({"off", "global", "grouped"}))
+      ->capture_default_str();
+  // scripts/wan-bench.sh makes the namespaces and shapes their links; hidden from --help.
+  r->add_option("--netns-prefix", round->netns_prefix, "run the server in PREFIX-server, silo I in PREFIX-silo-I")
+      ->group("");
+  r->add_option("--server-address", round->server_address, "the address the server listens on, silos dial")
+      ->group("");
   r->add_flag("--json", round->json, "one JSON object per measurement");
   r->callback([round, &exit_code] { exit_code = bench_round(*round); });
 
