@@ -224,6 +224,17 @@ std::string bad_scale(float s, std::size_t b) {
 
 bool compressed(const wire::Compression& c) { return c.scheme() != Compression::NONE; }
 
+const std::vector<std::string>& scheme_names() {
+  static const std::vector<std::string> names = {"none", "quantize", "sign", "top_k", "random_k", "powersgd"};
+  return names;
+}
+
+wire::Compression::Scheme scheme_of_name(std::string_view name) {
+  const auto& n = scheme_names();
+  const auto it = std::find(n.begin(), n.end(), name);
+  return it == n.end() ? Compression::NONE : static_cast<Compression::Scheme>(it - n.begin());
+}
+
 std::string check_compression(const wire::Compression& c) {
   switch (c.scheme()) {
     case Compression::NONE: return "";
@@ -267,15 +278,16 @@ std::string describe(const wire::Compression& c) {
 }
 
 nlohmann::json to_json(const wire::Compression& c) {
-  nlohmann::json j;
+  if (c.scheme() < 0 || static_cast<std::size_t>(c.scheme()) >= scheme_names().size()) return {{"scheme", "unknown"}};
+  nlohmann::json j = {{"scheme", scheme_names()[static_cast<std::size_t>(c.scheme())]}};
   switch (c.scheme()) {
-    case Compression::NONE: return {{"scheme", "none"}};
-    case Compression::QUANTIZE: j = {{"scheme", "quantize"}, {"bits", c.bits()}, {"block", c.block()}}; break;
-    case Compression::SIGN: j = {{"scheme", "sign"}, {"block", c.block()}}; break;
-    case Compression::TOP_K: j = {{"scheme", "top_k"}, {"fraction", c.fraction()}}; break;
-    case Compression::RANDOM_K: j = {{"scheme", "random_k"}, {"fraction", c.fraction()}}; break;
-    case Compression::POWER_SGD: j = {{"scheme", "powersgd"}, {"rank", c.rank()}}; break;
-    default: return {{"scheme", "unknown"}};
+    case Compression::NONE: return j;
+    case Compression::QUANTIZE: j["bits"] = c.bits(), j["block"] = c.block(); break;
+    case Compression::SIGN: j["block"] = c.block(); break;
+    case Compression::TOP_K:
+    case Compression::RANDOM_K: j["fraction"] = c.fraction(); break;
+    case Compression::POWER_SGD: j["rank"] = c.rank(); break;
+    default: break;
   }
   j["error_feedback"] = c.error_feedback();
   if (c.seed()) j["seed"] = c.seed();

@@ -45,6 +45,10 @@ inline constexpr std::uint64_t kMaxChunkCount = std::uint64_t{1} << 22;
 // rank 1..64), else why not.
 std::string check_compression(const wire::Compression& c);
 bool compressed(const wire::Compression& c);
+// The schemes' names in configs and audit records ("none", "quantize", "sign", "top_k",
+// "random_k", "powersgd"), in Scheme order; and back (NONE for a name that is none of them).
+const std::vector<std::string>& scheme_names();
+wire::Compression::Scheme scheme_of_name(std::string_view name);
 // "quantize-8/256+ef" and the like, for logs and tables.
 std::string describe(const wire::Compression& c);
 nlohmann::json to_json(const wire::Compression& c);

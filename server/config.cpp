@@ -236,14 +236,9 @@ void parse_compression(const ConfigNode& root, ServerConfig& c) {
   if (!root.has("compression")) return;
   const auto cn = root.child("compression");
   auto& z = c.compression;
-  const auto scheme = cn.one_of("scheme", "none", {"none", "quantize", "sign", "top_k", "random_k", "powersgd"});
+  const auto scheme = cn.one_of("scheme", "none", protocol::scheme_names());
   using C = wire::Compression;
-  z.set_scheme(scheme == "quantize" ? C::QUANTIZE
-               : scheme == "sign"   ? C::SIGN
-               : scheme == "top_k"  ? C::TOP_K
-               : scheme == "random_k" ? C::RANDOM_K
-               : scheme == "powersgd" ? C::POWER_SGD
-                                      : C::NONE);
+  z.set_scheme(protocol::scheme_of_name(scheme));
   const bool blocky = z.scheme() == C::QUANTIZE || z.scheme() == C::SIGN;
   const bool sparse = z.scheme() == C::TOP_K || z.scheme() == C::RANDOM_K;
   if (z.scheme() == C::QUANTIZE) {

@@ -115,15 +115,23 @@ TEST(Config, ExampleConfigsAreValid) {
   }
 }
 
-TEST(Config, SecureAggregationSettingsAreChecked) {
-  test::TempDir dir;
-  test::make_pki(dir / "pki", "f", {{wire::SERVER, "server"}});
-  auto load = [&](const std::string& extra) {
-    atomic_write_file(dir / "s.json", R"({"federation": "f", "tls": {"kit": "pki/kits/server"},
+// A server config of six silos with `extra` keys appended: the loader's error, "" when valid.
+class SixSiloServer {
+ public:
+  SixSiloServer() { test::make_pki(dir_ / "pki", "f", {{wire::SERVER, "server"}}); }
+  std::string operator()(const std::string& extra) const {
+    atomic_write_file(dir_ / "s.json", R"({"federation": "f", "tls": {"kit": "pki/kits/server"},
       "allow": {"silo": ["a", "b", "c", "d", "e", "f"]}, "model": {"inputs": 4},
       "selection": {"min_silos": 6})" + extra + "}");
-    return error_of([&] { server::load_server_config(dir / "s.json"); });
-  };
+    return error_of([&] { server::load_server_config(dir_ / "s.json"); });
+  }
+
+ private:
+  test::TempDir dir_;
+};
+
+TEST(Config, SecureAggregationSettingsAreChecked) {
+  const SixSiloServer load;
   EXPECT_EQ(load(R"(, "secure": {"mode": "global"})"), "");
   EXPECT_NE(load(R"(, "secure": {"mode": "global"}, "aggregation": {"rule": "median"})").find("use secure.mode grouped"),
             std::string::npos);
@@ -157,14 +165,7 @@ TEST(Config, SecureAggregationSettingsAreChecked) {
 
 // Compression: each scheme's own keys, and only random-k with secure aggregation.
 TEST(Config, CompressionSchemesAreCheckedAndOnlyRandomKIsSecure) {
-  test::TempDir dir;
-  test::make_pki(dir / "pki", "f", {{wire::SERVER, "server"}});
-  auto load = [&](const std::string& extra) {
-    atomic_write_file(dir / "s.json", R"({"federation": "f", "tls": {"kit": "pki/kits/server"},
-      "allow": {"silo": ["a", "b", "c", "d", "e", "f"]}, "model": {"inputs": 4},
-      "selection": {"min_silos": 6})" + extra + "}");
-    return error_of([&] { server::load_server_config(dir / "s.json"); });
-  };
+  const SixSiloServer load;
   EXPECT_EQ(load(R"(, "compression": {"scheme": "quantize", "bits": 4, "block": 128})"), "");
   EXPECT_EQ(load(R"(, "compression": {"scheme": "sign"})"), "");
   EXPECT_EQ(load(R"(, "compression": {"scheme": "top_k", "fraction": 0.01, "error_feedback": false})"), "");

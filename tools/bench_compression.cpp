@@ -114,13 +114,7 @@ double seconds_of(const std::function<void()>& f, int repeats = 3) {
 
 C scheme_of(const json& j) {
   C c;
-  const std::string s = j.value("scheme", "none");
-  c.set_scheme(s == "quantize"   ? C::QUANTIZE
-               : s == "sign"     ? C::SIGN
-               : s == "top_k"    ? C::TOP_K
-               : s == "random_k" ? C::RANDOM_K
-               : s == "powersgd" ? C::POWER_SGD
-                                 : C::NONE);
+  c.set_scheme(protocol::scheme_of_name(j.value("scheme", "none")));
   c.set_rank(j.value("rank", 4u));
   c.set_seed(1);
   c.set_bits(j.value("bits", 8u));
