@@ -228,8 +228,8 @@ TEST(Compression, MalformedChunksAreRefusedWithTheReason) {
   auto sparse = [](std::vector<std::uint32_t> idx, std::vector<float> val, std::uint32_t m) {
     std::string s(4 + 4 * idx.size() + 4 * val.size(), '\0');
     std::memcpy(s.data(), &m, 4);
-    std::memcpy(s.data() + 4, idx.data(), 4 * idx.size());
-    std::memcpy(s.data() + 4 + 4 * idx.size(), val.data(), 4 * val.size());
+    if (!idx.empty()) std::memcpy(s.data() + 4, idx.data(), 4 * idx.size());
+    if (!val.empty()) std::memcpy(s.data() + 4 + 4 * idx.size(), val.data(), 4 * val.size());
     return s;
   };
   EXPECT_EQ(refusal(tk, sparse({1, 5}, {0.5f, -1.0f}, 2), 10), "");
