@@ -40,10 +40,13 @@ namespace {
 
 std::string what_of(const Contribution& c) { return c.partial_sum ? "partial sum" : "update"; }
 
-// fedavg: a running sum of weight * delta; the mean is the sum over the summed weight.
+// fedavg: a running sum of weight * delta; the mean is the sum over the summed weight, written
+// over the sum itself (the round's output buffer: the server holds the global model, the upload
+// buffer and the sum, three models, not four).
 class PlainSum final : public Aggregator {
  public:
-  explicit PlainSum(const Model& layout) : current_(layout.zeros_like()), sum_(layout.zeros_like()) {}
+  explicit PlainSum(const Model& layout)
+      : current_(layout.zeros_like()), sum_(std::make_shared<Model>(layout.zeros_like())) {}
 
   protocol::UploadBuffer buffer() override { return {bytes_of(current_), wire::F32, current_.tensors(), true, nullptr, {}}; }
 
@@ -51,21 +54,25 @@ class PlainSum final : public Aggregator {
     auto r = check_upload(check, c, what_of(c));
     if (!r.ok()) return r;
     const auto cur = current_.flat();
-    auto acc = sum_.flat();
+    auto acc = sum_->flat();
     for (std::size_t i = 0; i < cur.size(); ++i) acc[i] += cur[i];
     weight_ += c.weight;
     return r;
   }
 
+  // `out` may be the sum itself (output()): each element is read before it is written.
   Combined combine(std::span<float> out, const CombineContext&) override {
-    const auto acc = sum_.flat();
+    const auto acc = sum_->flat();
     const float inv = static_cast<float>(1.0 / weight_);
     for (std::size_t i = 0; i < acc.size(); ++i) out[i] = acc[i] * inv;
     return {};
   }
 
+  std::shared_ptr<Model> output(const Model&) override { return sum_; }
+
  private:
-  Model current_, sum_;
+  Model current_;
+  std::shared_ptr<Model> sum_;
   double weight_ = 0;
 };
 

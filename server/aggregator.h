@@ -77,6 +77,10 @@ class Aggregator {
   virtual std::vector<Rejection> prepare() { return {}; }
   // Worker: the mean delta of the round into `out` (d floats), or why the round must abort.
   virtual Combined combine(std::span<float> out, const CombineContext& ctx) = 0;
+  // Worker, after the last fold: the buffer combine() writes into, which then becomes the next
+  // global model (a model of the layout; an aggregator may hand over a buffer of its own that it
+  // no longer needs, so a round holds one model less).
+  virtual std::shared_ptr<Model> output(const Model& layout) { return std::make_shared<Model>(layout.zeros_like()); }
   // The secure protocol state of this round, if the mode has one.
   virtual SecureRound* secure() { return nullptr; }
 };

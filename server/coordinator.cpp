@@ -313,7 +313,7 @@ void Coordinator::decide(std::int64_t now_ms) {
   }));
   run_job(JobKind::Commit, [agg = r_->agg.get(), &optimizer = optimizer_, &store = store_, global = global_,
                             round = round_, ctx, rec = round_record(s), row = metrics_row(s)]() mutable -> JobResult {
-    auto next = std::make_shared<Model>(global->zeros_like());
+    auto next = agg->output(*global);
     const Combined c = agg->combine(next->flat(), ctx);
     if (c.record.is_object()) rec.merge_patch(c.record);
     if (!c.ok) {
