@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -216,6 +217,24 @@ void low_rank_product(const float* p, const float* q, std::size_t rows, std::siz
   }
 }
 
+// A sparse chunk of the kept coordinates set[first, last) (global), the chunk starting at `at`.
+std::string sparse_chunk(const std::vector<std::uint64_t>& set, const std::vector<float>& vals, std::size_t first,
+                         std::size_t last, std::uint64_t at) {
+  const std::size_t m = last - first;
+  std::string out(4 + 8 * m, '\0');
+  put_u32(out, 0, static_cast<std::uint32_t>(m));
+  for (std::size_t j = 0; j < m; ++j) put_u32(out, 4 + 4 * j, static_cast<std::uint32_t>(set[first + j] - at));
+  if (m) std::memcpy(out.data() + 4 + 4 * m, vals.data() + first, 4 * m);
+  return out;
+}
+
+// "1%", "12.5%": a fraction as a percentage, without trailing zeros.
+std::string percent(double fraction) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g%%", fraction * 100);
+  return buf;
+}
+
 std::string bad_scale(float s, std::size_t b) {
   return "scale of block " + std::to_string(b) + " is " + (std::isnan(s) ? "NaN" : std::isinf(s) ? "infinite" : "negative");
 }
@@ -261,18 +280,10 @@ std::string describe(const wire::Compression& c) {
     case Compression::NONE: return "none";
     case Compression::QUANTIZE: s = "quantize-" + std::to_string(c.bits()) + "/" + std::to_string(c.block()); break;
     case Compression::SIGN: s = "sign/" + std::to_string(c.block()); break;
-    case Compression::TOP_K: s = "top-k " + std::to_string(c.fraction() * 100) + "%"; break;
-    case Compression::RANDOM_K: s = "random-k " + std::to_string(c.fraction() * 100) + "%"; break;
+    case Compression::TOP_K: s = "top-k " + percent(c.fraction()); break;
+    case Compression::RANDOM_K: s = "random-k " + percent(c.fraction()); break;
     case Compression::POWER_SGD: s = "powersgd-r" + std::to_string(c.rank()); break;
     default: return "unknown";
-  }
-  if (sparse(c)) {  // trim trailing zeros of the percentage
-    auto pct = s.find('%');
-    auto dot = s.rfind('.', pct);
-    auto end = pct;
-    while (end > dot + 1 && s[end - 1] == '0') --end;
-    if (end == dot + 1) --end;
-    s.erase(end, pct - end);
   }
   return c.error_feedback() ? s + "+ef" : s;
 }
@@ -332,21 +343,14 @@ std::string encode_chunk(const wire::Compression& c, std::span<const float> x, s
                          std::span<float> decoded) {
   const std::size_t n = x.size();
   std::string out;
-  if (sparse(c)) {
-    std::size_t m = 0;
-    for (float v : x) m += v != 0;
-    out.assign(encoded_bytes(c, n, m), '\0');
-    put_u32(out, 0, static_cast<std::uint32_t>(m));
-    std::size_t j = 0;
+  if (sparse(c)) {  // the nonzero elements; what is not encoded decodes as +0 (a -0.0 would hash apart)
+    std::vector<std::uint64_t> set;
+    std::vector<float> vals;
     for (std::size_t i = 0; i < n; ++i) {
-      if (x[i] == 0) continue;
-      put_u32(out, 4 + 4 * j, static_cast<std::uint32_t>(i));
-      std::memcpy(out.data() + 4 + 4 * m + 4 * j, &x[i], 4);
-      ++j;
+      decoded[i] = x[i] == 0 ? 0.0f : x[i];
+      if (x[i] != 0) set.push_back(i), vals.push_back(x[i]);
     }
-    // What is not encoded decodes as +0 (a -0.0 would hash differently).
-    for (std::size_t i = 0; i < n; ++i) decoded[i] = x[i] == 0 ? 0.0f : x[i];
-    return out;
+    return sparse_chunk(set, vals, 0, set.size(), 0);
   }
   const std::size_t nb = blocks(c, n);
   out.assign(encoded_bytes(c, n), '\0');
@@ -562,16 +566,6 @@ wire::TensorChunk chunk_of(const wire::Compression& c, const TensorInfo& t, std:
   return ch;
 }
 
-// A sparse chunk of the kept coordinates set[first, last) (global), the chunk starting at `at`.
-std::string sparse_chunk(const std::vector<std::uint64_t>& set, const std::vector<float>& vals, std::size_t first,
-                         std::size_t last, std::uint64_t at) {
-  const std::size_t m = last - first;
-  std::string out(4 + 8 * m, '\0');
-  put_u32(out, 0, static_cast<std::uint32_t>(m));
-  for (std::size_t j = 0; j < m; ++j) put_u32(out, 4 + 4 * j, static_cast<std::uint32_t>(set[first + j] - at));
-  if (m) std::memcpy(out.data() + 4 + 4 * m, vals.data() + first, 4 * m);
-  return out;
-}
 
 // POWER_SGD (Vogels et al., NeurIPS 2019), one power iteration from a random start: P = M Q0,
 // P orthonormalized, Q = M^T P; M ~ P Q^T. Appends the tensor's chunks of whole rows (`rows`
