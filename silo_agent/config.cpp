@@ -110,7 +110,16 @@ LocalWorkersConfig parse_local(const ConfigNode& lo, TrainerKind trainer) {
     c.step_timeout = std::chrono::milliseconds(lo.integer("step_timeout_ms", 10000, 100, 3600000));
     c.buckets.first_bytes = static_cast<std::size_t>(lo.integer("first_bucket_bytes", 1 << 20, 4, std::int64_t{1} << 32));
     c.buckets.bytes = static_cast<std::size_t>(lo.integer("bucket_bytes", 25 << 20, 4, std::int64_t{1} << 32));
+    c.buckets.compression = lo.one_of("compression", "none", bucket_compressions());
     lo.finish();
+    if (c.buckets.compression != "none") {
+      if (trainer == TrainerKind::External) {
+        lo.fail("compression", "an external trainer's all-reduce is its script's own (torch DDP communication hooks)");
+      }
+      if (c.backend == "nccl") {
+        lo.fail("compression", "int8 buckets run on the TCP backends (ring, hd, auto); NCCL sums float32 on the GPUs");
+      }
+    }
     if (c.backend == "nccl" && trainer == TrainerKind::Builtin) {
       const auto gpu = collective::gpu_info();
       if (!gpu.built) lo.fail("backend", "nccl needs a build with CUDA and NCCL; this xsilo has neither");
@@ -149,7 +158,8 @@ nlohmann::json to_json(const AgentConfig& c) {
               {"backend", c.local.backend},
               {"step_timeout_ms", c.local.step_timeout.count()},
               {"first_bucket_bytes", c.local.buckets.first_bytes},
-              {"bucket_bytes", c.local.buckets.bytes}}},
+              {"bucket_bytes", c.local.buckets.bytes},
+              {"compression", c.local.buckets.compression}}},
             {"log_level", c.log_level}, {"log_format", c.log_format}};
   if (c.metrics.listen) j["metrics"] = transport::to_json(c.metrics);
   if (c.trainer == TrainerKind::External) {

@@ -1,5 +1,7 @@
 #include "silo_agent/data_parallel.h"
 
+#include "silo_agent/quantized_all_reduce.h"
+
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
@@ -22,7 +24,8 @@ namespace {
 // with the backward pass. The first failure is kept; later buckets of that step are skipped.
 class BucketReducer {
  public:
-  explicit BucketReducer(collective::Group& group) : group_(group), thread_([this] { loop(); }) {}
+  explicit BucketReducer(std::function<void(std::span<float>)> reduce)
+      : reduce_(std::move(reduce)), thread_([this] { loop(); }) {}
   ~BucketReducer() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -62,7 +65,7 @@ class BucketReducer {
         lock.unlock();
         std::exception_ptr failed;
         try {
-          group_.comm().all_reduce(bucket);
+          reduce_(bucket);
         } catch (...) {
           failed = std::current_exception();
         }
@@ -74,7 +77,7 @@ class BucketReducer {
     }
   }
 
-  collective::Group& group_;
+  std::function<void(std::span<float>)> reduce_;
   std::mutex mu_;
   std::condition_variable cv_, done_cv_;
   std::deque<std::span<float>> queue_;
@@ -112,10 +115,32 @@ TrainStats train_data_parallel(collective::Group& group, int shards, const Netwo
   std::vector<float> xb;
   std::vector<int> yb;
   std::vector<float> kept[2];  // parameters before steps op (op % 2) and op - 1
-  BucketReducer reducer(group);
+  const bool int8 = buckets.compression == "int8";
+  if (!int8 && buckets.compression != "none") {
+    throw std::invalid_argument("bucket compression is none or int8, not " + buckets.compression);
+  }
+  QuantizedResidual residual, kept_residual[2];  // int8: error feedback, kept as the parameters are
+  if (int8) residual.resize(grad.size());
+  std::uint64_t op_now = 0;  // the step whose buckets the reducer is summing
+  BucketReducer reducer([&](std::span<float> bucket) {
+    auto& comm = group.comm();
+    if (!int8) return comm.all_reduce(bucket);
+    auto* mesh = comm.mesh();
+    if (!mesh) throw std::runtime_error("the int8 all-reduce runs on the TCP backends, not " + comm.backend());
+    auto at = static_cast<std::size_t>(bucket.data() - grad.data());
+    if (at == 0) {  // the loss, as it is
+      comm.all_reduce(bucket.first(1));
+      bucket = bucket.subspan(1);
+      at = 1;
+    }
+    const std::uint64_t seed = (opts.seed << 1) ^ (op_now * 0x9e3779b97f4a7c15ull) ^ (at * 0xc2b2ae3d27d4eb4full);
+    quantized_all_reduce(*mesh, bucket, std::span(residual.sent).subspan(at, bucket.size()),
+                         std::span(residual.summed).subspan(at, bucket.size()), seed);
+  });
   std::vector<double> step_loss(total);
 
   auto step = [&](std::uint64_t op) {
+    op_now = op;
     const auto& order = orders[op / steps_per_epoch];
     const std::size_t start = (op % steps_per_epoch) * bs;
     const std::size_t batch = std::min(bs, data.rows - start);
@@ -163,6 +188,7 @@ TrainStats train_data_parallel(collective::Group& group, int shards, const Netwo
 
   for (std::uint64_t op = 0; op < total;) {
     kept[op % 2].assign(params.begin(), params.end());
+    if (int8) kept_residual[op % 2] = residual;
     const auto resume = group.attempt(op, [&](collective::Communicator&) { step(op); });
     if (!resume) {
       ++op;
@@ -172,6 +198,7 @@ TrainStats train_data_parallel(collective::Group& group, int shards, const Netwo
     // The group re-formed: go back to the parameters kept before the step to redo (a worker
     // that finished step op - 1 may be one step ahead of one that failed in it).
     std::copy(kept[*resume % 2].begin(), kept[*resume % 2].end(), params.begin());
+    if (int8) residual = kept_residual[*resume % 2];
     if (log) {
       std::string ids;
       for (int id : group.members()) {

@@ -8,7 +8,9 @@
 //
 // When a worker dies or stalls, the step fails on every survivor; the group re-forms without
 // it, the shards it owned pass to the survivors, and the step is redone from the parameters
-// kept before it. The result equals single-process training within float tolerance.
+// kept before it. The result equals single-process training within float tolerance, unless the
+// buckets travel compressed: then every replica still applies the same (decoded) gradient, and
+// each worker's error feedback is rolled back with the parameters when a step is redone.
 #pragma once
 
 #include <cstddef>
@@ -27,7 +29,14 @@ namespace xsilo::agent {
 struct BucketOptions {
   std::size_t first_bytes = std::size_t{1} << 20;   // small first bucket: communication starts early
   std::size_t bytes = std::size_t{25} << 20;        // then large buckets: fewer, cheaper collectives
+  // "none": float32 all-reduce; "int8": 8-bit codes with error feedback (quantized_all_reduce.h),
+  // on the TCP backends. The loss of each step travels as a float beside the codes.
+  std::string compression = "none";
 };
+inline const std::vector<std::string>& bucket_compressions() {
+  static const std::vector<std::string> names{"none", "int8"};
+  return names;
+}
 
 // Shard s of `shards` is rows [s*rows/shards, (s+1)*rows/shards). Its owner is worker s while
 // s is a member, else members[s % members.size()].

@@ -26,7 +26,8 @@ void save_job(const std::filesystem::path& path, const WorkerJob& job) {
                          {"seed", job.train.seed},
                          {"shards", job.shards},
                          {"first_bucket_bytes", job.buckets.first_bytes},
-                         {"bucket_bytes", job.buckets.bytes}};
+                         {"bucket_bytes", job.buckets.bytes},
+                         {"bucket_compression", job.buckets.compression}};
   atomic_write_file(path, j.dump(2) + "\n");
 }
 
@@ -48,6 +49,7 @@ WorkerJob load_job(const std::filesystem::path& path) {
     job.shards = j.at("shards").get<int>();
     job.buckets.first_bytes = j.at("first_bucket_bytes").get<std::size_t>();
     job.buckets.bytes = j.at("bucket_bytes").get<std::size_t>();
+    job.buckets.compression = j.value("bucket_compression", std::string("none"));
     if (job.shards < 1) throw std::runtime_error("shards must be at least 1");
     return job;
   } catch (const nlohmann::json::exception& e) {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <random>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -15,6 +16,7 @@
 #include "silo_agent/collective/gpu_info.h"
 #include "silo_agent/collective/group.h"
 #include "silo_agent/data_parallel.h"
+#include "silo_agent/quantized_all_reduce.h"
 #include "silo_agent/workers.h"
 #include "tests/testlib.h"
 #include "tools/sim.h"
@@ -87,6 +89,128 @@ TEST(Collective, NcclAllReduceIsExactOnTheGpus) {
   if (gpu.devices == 0) GTEST_SKIP() << "skipped: no GPU visible (" << gpu.cuda_error << ")";
   // NCCL takes one rank per GPU.
   for (int n = 1; n <= std::min(gpu.devices, 4); ++n) check_exact(n, 10007, "nccl");
+}
+
+// ---- the 8-bit all-reduce -------------------------------------------------------------------
+
+// Rank r's input: Gaussian values of its own seed, some blocks much larger than others.
+std::vector<float> rank_input(int r, std::size_t elements) {
+  std::mt19937 rng(static_cast<unsigned>(1000 + r));
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<float> v(elements);
+  for (std::size_t i = 0; i < elements; ++i) v[i] = g(rng) * (i % 3000 < 300 ? 50.0f : 1.0f);
+  return v;
+}
+
+std::vector<double> exact_sum(int n, std::size_t elements) {
+  std::vector<double> sum(elements, 0.0);
+  for (int r = 0; r < n; ++r) {
+    const auto v = rank_input(r, elements);
+    for (std::size_t i = 0; i < elements; ++i) sum[i] += v[i];
+  }
+  return sum;
+}
+
+// Largest |got - want| over the largest |want| near it: the codes' error is relative to the
+// scale of their block of 256, and any such block holding element i lies within 256 of it.
+double worst_block_error(std::span<const float> got, const std::vector<double>& want) {
+  double worst = 0;
+  for (std::size_t b = 0; b < want.size(); b += 256) {
+    const std::size_t e = std::min(want.size(), b + 256);
+    double scale = 1e-30, gap = 0;
+    for (std::size_t i = b >= 256 ? b - 256 : 0; i < std::min(want.size(), b + 512); ++i) {
+      scale = std::max(scale, std::abs(want[i]));
+    }
+    for (std::size_t i = b; i < e; ++i) gap = std::max(gap, std::abs(static_cast<double>(got[i]) - want[i]));
+    worst = std::max(worst, gap / scale);
+  }
+  return worst;
+}
+
+TEST(QuantizedAllReduce, SumsWithinTheCodesErrorAndEveryReplicaIsIdentical) {
+  for (int n : {2, 3, 5}) {
+    for (std::size_t elements : {1u, 4u, 1000u, 10007u}) {
+      const auto want = exact_sum(n, elements);
+      std::vector<std::vector<float>> out(static_cast<std::size_t>(n));
+      Options opts;
+      opts.backend = "ring";
+      with_group(n, opts, [&](Group& g) {
+        auto v = rank_input(g.rank(), elements);
+        agent::QuantizedResidual res;
+        res.resize(elements);
+        agent::quantized_all_reduce(*g.comm().mesh(), v, res.sent, res.summed, 7, 4096);
+        out[static_cast<std::size_t>(g.rank())] = v;
+      });
+      // Each of the n - 1 codes a segment's owner decodes, and the code of the sum, is off by at
+      // most one step of its block (scale / 127) from what it stands for.
+      const double bound = (n - 1) * 1.0 / 127 * 2 + 1.0 / 127;
+      const double err = worst_block_error(out[0], want);
+      EXPECT_LT(err, bound) << "n=" << n << " elements=" << elements;
+      if (elements >= 1000) {
+        EXPECT_GT(err, 1e-6) << "8-bit codes cannot be exact on Gaussian data";
+      }
+      for (int r = 1; r < n; ++r) {
+        EXPECT_EQ(out[static_cast<std::size_t>(r)], out[0]) << "replica " << r << " differs, n=" << n;
+      }
+    }
+  }
+}
+
+// What the codes leave out is added to the next call: over T calls of the same inputs the
+// results sum to T times the exact sum, short only of what the residuals still hold.
+TEST(QuantizedAllReduce, ErrorFeedbackMakesTheRunningSumExact) {
+  const int n = 3, calls = 40;
+  const std::size_t elements = 5000;
+  const auto want = exact_sum(n, elements);
+  std::vector<double> total(elements, 0.0);
+  std::vector<float> first;
+  Options opts;
+  opts.backend = "ring";
+  with_group(n, opts, [&](Group& g) {
+    agent::QuantizedResidual res;
+    res.resize(elements);
+    for (int t = 0; t < calls; ++t) {
+      auto v = rank_input(g.rank(), elements);
+      agent::quantized_all_reduce(*g.comm().mesh(), v, res.sent, res.summed, 100 + static_cast<std::uint64_t>(t));
+      if (g.rank() != 0) continue;
+      if (t == 0) first = v;
+      for (std::size_t i = 0; i < elements; ++i) total[i] += v[i];
+    }
+  });
+  std::vector<float> mean(elements);
+  for (std::size_t i = 0; i < elements; ++i) mean[i] = static_cast<float>(total[i] / calls);
+  const double one = worst_block_error(first, want), averaged = worst_block_error(mean, want);
+  // Without error feedback the mean of unbiased codes shrinks like 1/sqrt(T); with it, like 1/T.
+  EXPECT_LT(averaged, one / 10) << "one call " << one << ", mean of " << calls << " calls " << averaged;
+}
+
+TEST(QuantizedAllReduce, ANonFiniteGradientIsAClearErrorNotAHang) {
+  Options opts;
+  opts.backend = "ring";
+  opts.step_timeout = std::chrono::milliseconds(1000);
+  const int n = 3;
+  Coordinator coord(n, std::chrono::milliseconds(1000));
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int id = 0; id < n; ++id) {
+    threads.emplace_back([&, id] {
+      try {
+        Group g("127.0.0.1", coord.port(), id, "127.0.0.1", opts);
+        auto v = rank_input(g.rank(), 3000);
+        if (id == 1) v[17] = std::numeric_limits<float>::quiet_NaN();
+        agent::QuantizedResidual res;
+        res.resize(v.size());
+        agent::quantized_all_reduce(*g.comm().mesh(), v, res.sent, res.summed, 1);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(id)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_NE(errors[1].find("NaN or infinite"), std::string::npos) << errors[1];
+  // The others lose their peer and fail the step (the group would re-form without it).
+  EXPECT_NE(errors[0], "");
+  EXPECT_NE(errors[2], "");
 }
 
 // ---- data-parallel training ----------------------------------------------------------------
@@ -162,6 +286,31 @@ TEST(DataParallel, EqualsSingleProcessTrainingWithTheSameGlobalBatch) {
       EXPECT_GT(relative_gap(c.model.flat(), single.flat()), 1e-3) << "training must move the model";
     }
   }
+}
+
+// 8-bit buckets: the replicas still agree bit for bit, and the model learns as well as with
+// float32 buckets, though not to the same bits.
+TEST(DataParallel, Int8BucketsKeepReplicasIdenticalAndLearnAsWell) {
+  auto c = digits_case();
+  c.opts.epochs = 10;
+  Model single = c.model;
+  const Network net(c.model);
+  agent::train_sgd(net, single.flat(), c.data, c.opts);
+  const auto reference = net.evaluate(single.flat(), c.data);
+  const int n = 3;
+  std::vector<Model> replicas(n, c.model);
+  Options opts;
+  opts.backend = "auto";  // int8 takes the mesh whatever the float32 algorithm would be
+  agent::BucketOptions buckets{1024, 8192, "int8"};
+  with_group(n, opts, [&](Group& g) {
+    agent::train_data_parallel(g, n, net, replicas[static_cast<std::size_t>(g.id())].flat(), c.data, c.opts, buckets);
+  });
+  auto values = [](const Model& m) { return std::vector<float>(m.flat().begin(), m.flat().end()); };
+  for (int id = 1; id < n; ++id) EXPECT_EQ(values(replicas[static_cast<std::size_t>(id)]), values(replicas[0]));
+  const auto got = net.evaluate(replicas[0].flat(), c.data);
+  EXPECT_GT(relative_gap(single.flat(), replicas[0].flat()), 1e-6) << "the buckets did not travel as codes";
+  EXPECT_GT(got.accuracy, reference.accuracy - 0.02) << "float32 " << reference.accuracy << ", int8 " << got.accuracy;
+  EXPECT_LT(got.loss, reference.loss * 1.1 + 0.01) << "float32 " << reference.loss << ", int8 " << got.loss;
 }
 
 TEST(DataParallel, ShardsOfAnExcludedWorkerPassToTheSurvivors) {
@@ -275,36 +424,56 @@ TEST(CollectiveProcesses, BenchAllreduceMeasuresEverySize) {
   EXPECT_EQ(rows, 4) << "2 backends x 2 sizes";
 }
 
-TEST(CollectiveProcesses, TrainingSurvivesAKilledWorkerAndEqualsOneProcess) {
-  test::TempDir dir;
-  auto c = digits_case();
-  c.opts.epochs = 20;
-  Model single = c.model;
-  agent::train_sgd(Network(c.model), single.flat(), c.data, c.opts);
-
+// Four worker processes train `c` for 20 epochs; worker 0 (the one that would write the
+// result) is killed once training is under way. Returns what the survivors wrote.
+Model train_with_a_kill(const TrainingCase& c, const std::string& compression, const test::TempDir& dir) {
   agent::WorkerJob job;
   job.model = dir / "global.safetensors";
   job.data = dir / "train.csv";
   job.out = dir / "trained.safetensors";
   job.train = c.opts;
   job.shards = 4;
-  job.buckets = {4096, 16384};
+  job.buckets = {4096, 16384, compression};
   save_safetensors(job.model, c.model);
   save_csv(job.data, c.data);
   agent::save_job(dir / "job.json", job);
   auto w = start_workers(4, dir.path(), {"--backend", "ring", "--job", (dir / "job.json").string()},
                          std::chrono::milliseconds(3000));
-  // Kill worker 0 (the one that would write the result) once training is under way.
-  ASSERT_TRUE(wait_for_text(w.logs[0], "epoch 2 of 20 done", std::chrono::seconds(60))) << slurp(w.logs[0]);
+  EXPECT_TRUE(wait_for_text(w.logs[0], "epoch 2 of 20 done", std::chrono::seconds(60))) << slurp(w.logs[0]);
   w.procs[0]->signal(SIGKILL);
-  for (int k : {1, 2, 3}) {
-    ASSERT_NO_FATAL_FAILURE(expect_clean_exit(w, k, std::chrono::milliseconds(120000)));
+  for (int k : {1, 2, 3}) expect_clean_exit(w, k, std::chrono::milliseconds(120000));
+  if (!std::filesystem::exists(job.out)) {
+    ADD_FAILURE() << "no worker wrote the result: " << slurp(w.logs[1]);
+    return c.model;
   }
-  ASSERT_TRUE(std::filesystem::exists(job.out)) << slurp(w.logs[1]);
-  const Model trained = load_safetensors(job.out);
-  EXPECT_LT(relative_gap(single.flat(), trained.flat()), 1e-4);
   const auto stats = slurp(job.out.string() + ".json");
   EXPECT_NE(stats.find("re-formed"), std::string::npos) << "the kill did not land during training: " << stats;
+  return load_safetensors(job.out);
+}
+
+TEST(CollectiveProcesses, TrainingSurvivesAKilledWorkerAndEqualsOneProcess) {
+  test::TempDir dir;
+  auto c = digits_case();
+  c.opts.epochs = 20;
+  Model single = c.model;
+  agent::train_sgd(Network(c.model), single.flat(), c.data, c.opts);
+  const Model trained = train_with_a_kill(c, "none", dir);
+  EXPECT_LT(relative_gap(single.flat(), trained.flat()), 1e-4);
+}
+
+// 8-bit buckets x a killed worker: the step is redone with each survivor's error feedback rolled
+// back with its parameters, and the model learns as well as one process does.
+TEST(CollectiveProcesses, Int8TrainingSurvivesAKilledWorkerAndLearnsAsOneProcessDoes) {
+  test::TempDir dir;
+  auto c = digits_case();
+  c.opts.epochs = 20;
+  Model single = c.model;
+  const Network net(c.model);
+  agent::train_sgd(net, single.flat(), c.data, c.opts);
+  const Model trained = train_with_a_kill(c, "int8", dir);
+  const auto want = net.evaluate(single.flat(), c.data), got = net.evaluate(trained.flat(), c.data);
+  EXPECT_GT(relative_gap(single.flat(), trained.flat()), 1e-6) << "the buckets did not travel as codes";
+  EXPECT_GT(got.accuracy, want.accuracy - 0.02) << "one process " << want.accuracy << ", int8 " << got.accuracy;
 }
 
 }  // namespace

@@ -296,6 +296,29 @@ TEST(Config, AnExternalTrainerNeedsACommandAndTheBuiltinOneItsData) {
             std::string::npos);
 }
 
+TEST(Config, Int8BucketsAreForTheBuiltinTrainerOnTheTcpBackends) {
+  test::TempDir dir;
+  test::make_pki(dir / "pki", "f", {{wire::SILO, "a"}});
+  auto load = [&](const std::string& body, agent::AgentConfig* out = nullptr) {
+    atomic_write_file(dir / "a.json", R"({"federation": "f", "upstreams": ["h:1"], "tls": {"kit": "pki/kits/a"})" + body + "}");
+    return error_of([&] {
+      auto c = agent::load_agent_config(dir / "a.json");
+      if (out) *out = c;
+    });
+  };
+  atomic_write_file(dir / "t.csv", "1,2,0\n");
+  const std::string data = R"(, "data": {"train": "t.csv"})";
+  agent::AgentConfig c;
+  EXPECT_EQ(load(data + R"(, "local": {"workers": 2, "compression": "int8"})", &c), "");
+  EXPECT_EQ(c.local.buckets.compression, "int8");
+  EXPECT_EQ(load(data + R"(, "local": {"workers": 2})", &c), "");
+  EXPECT_EQ(c.local.buckets.compression, "none");
+  EXPECT_NE(load(data + R"(, "local": {"workers": 2, "compression": "int4"})").find("compression"), std::string::npos);
+  EXPECT_NE(load(R"(, "trainer": {"kind": "external", "command": ["x"]}, "local": {"workers": 2, "compression": "int8"})")
+                .find("torch DDP communication hooks"),
+            std::string::npos);
+}
+
 // The training block passes keys of its own to external trainers, but a near-miss of a known
 // key is a typo, not a user key.
 TEST(Config, TrainingKeysOfTheUsersOwnPassThroughAndTyposAreCaught) {

@@ -1,7 +1,9 @@
-// xsilo bench allreduce: our TCP all-reduce (ring, halving-doubling, auto) across N worker
-// processes on loopback, beside OpenMPI's MPI_Allreduce over TCP and Gloo's ring-chunked
-// all-reduce measured in the same run, against the loopback bound measured in the same run.
-// Bus bandwidth follows nccl-tests: busbw = algbw x 2(N-1)/N, the rate each link must carry.
+// xsilo bench allreduce: our TCP all-reduce (ring, halving-doubling, auto, and int8: the 8-bit
+// all-reduce with error feedback) across N worker processes on loopback, beside OpenMPI's
+// MPI_Allreduce over TCP and Gloo's ring-chunked all-reduce measured in the same run, against
+// the loopback bound measured in the same run. Bus bandwidth follows nccl-tests: busbw = algbw x
+// 2(N-1)/N, the rate each link must carry, counted in float32 bytes for every system (int8's
+// links carry about a quarter of that).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -116,7 +118,8 @@ Results run_ours(const std::string& backend, int ranks, const std::vector<std::s
   std::vector<std::unique_ptr<Process>> procs;
   for (int k = 0; k < ranks; ++k) {
     std::vector<std::string> argv{self_exe(), "collective", "--coordinator", "127.0.0.1:" + std::to_string(coord.port()),
-                                  "--id", std::to_string(k), "--backend", backend, "--step-timeout-ms", "60000",
+                                  "--id", std::to_string(k), "--backend", backend == "int8" ? "ring" : backend,
+                                  "--compression", backend == "int8" ? "int8" : "none", "--step-timeout-ms", "60000",
                                   "--chunk-bytes", std::to_string(chunk_bytes), "--bench"};
     for (auto& s : size_args(sizes)) argv.push_back(s);
     procs.push_back(std::make_unique<Process>(argv, dir / (backend + "-" + std::to_string(k) + ".log")));

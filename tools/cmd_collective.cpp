@@ -11,6 +11,7 @@
 #include "common/config.h"
 #include "silo_agent/collective/group.h"
 #include "silo_agent/data_parallel.h"
+#include "silo_agent/quantized_all_reduce.h"
 #include "silo_agent/workers.h"
 #include "tools/commands.h"
 
@@ -19,22 +20,37 @@ namespace xsilo::tools {
 namespace {
 
 struct WorkerOptions {
-  std::string coordinator, host = "127.0.0.1", backend = "auto", job;
+  std::string coordinator, host = "127.0.0.1", backend = "auto", compression = "none", job;
   int id = 0, shards = 0;
   std::size_t chunk_bytes = 1u << 20;
   std::uint64_t step_timeout_ms = 10000, check_steps = 0, elements = 1000, stall_at_step = UINT64_MAX;
   std::vector<std::size_t> bench;
 };
 
-// Times all_reduce for each size; the first member prints one RESULT line per size.
-void run_bench(collective::Group& group, const std::vector<std::size_t>& sizes) {
+// Times all_reduce (or the 8-bit all-reduce) for each size; the first member prints one RESULT
+// line per size.
+void run_bench(collective::Group& group, const std::vector<std::size_t>& sizes, const std::string& compression) {
+  std::uint64_t calls = 0;
   for (std::size_t bytes : sizes) {
     std::vector<float> v(bytes / sizeof(float), 1.0f);
+    agent::QuantizedResidual residual;
+    residual.resize(v.size());
+    auto reduce = [&] {
+      if (compression == "int8") {
+        auto* mesh = group.comm().mesh();
+        if (!mesh) throw ConfigError("--compression int8 needs a TCP backend");
+        // Fresh inputs each time: sums of sums would grow without bound.
+        std::fill(v.begin(), v.end(), 1.0f);
+        agent::quantized_all_reduce(*mesh, v, residual.sent, residual.summed, ++calls);
+      } else {
+        group.comm().all_reduce(v);
+      }
+    };
     const int iters = xsilo_bench::iterations_for(bytes);
-    for (int i = 0; i < 2; ++i) group.comm().all_reduce(v);
+    for (int i = 0; i < 2; ++i) reduce();
     group.comm().barrier();
     const double t0 = xsilo_bench::now();
-    for (int i = 0; i < iters; ++i) group.comm().all_reduce(v);
+    for (int i = 0; i < iters; ++i) reduce();
     const double t = (xsilo_bench::now() - t0) / iters;
     if (group.rank() == 0) xsilo_bench::print_result(bytes, t);
   }
@@ -92,7 +108,7 @@ int run_worker(const WorkerOptions& o) {
                             static_cast<std::uint16_t>(std::stoi(o.coordinator.substr(colon + 1))), o.id, o.host, opts);
     spdlog::info("worker {}: rank {} of {} ({} backend)", o.id, group.rank(), group.size(), o.backend);
     if (!o.bench.empty()) {
-      run_bench(group, o.bench);
+      run_bench(group, o.bench, o.compression);
       return 0;
     }
     if (o.check_steps) return run_check(group, o);
@@ -114,6 +130,9 @@ void add_collective(CLI::App& app, int& exit_code) {
   c->add_option("--id", o->id, "this worker's id, 0..N-1")->required();
   c->add_option("--host", o->host, "address this worker listens on for its peers")->capture_default_str();
   c->add_option("--backend", o->backend, "ring, hd, auto or nccl")->capture_default_str();
+  c->add_option("--compression", o->compression, "--bench: none, or int8 (the 8-bit all-reduce)")
+      ->check(CLI::IsMember({"none", "int8"}))
+      ->capture_default_str();
   c->add_option("--chunk-bytes", o->chunk_bytes, "pipelining unit of the ring")->capture_default_str();
   c->add_option("--step-timeout-ms", o->step_timeout_ms, "a peer silent this long has failed")->capture_default_str();
   c->add_option("--job", o->job, "train the job in this file (written by the agent)");

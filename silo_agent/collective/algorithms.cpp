@@ -7,14 +7,13 @@
 
 namespace xsilo::collective {
 
-namespace {
-
-// Segment k of n elements cut into `parts` pieces whose sizes differ by at most one.
 std::pair<std::size_t, std::size_t> segment(std::size_t n, std::size_t parts, std::size_t k) {
   const std::size_t base = n / parts, extra = n % parts;
   const std::size_t begin = k * base + std::min(k, extra);
   return {begin, base + (k < extra ? 1 : 0)};
 }
+
+namespace {
 
 std::span<const std::uint8_t> bytes(std::span<const float> v) {
   return {reinterpret_cast<const std::uint8_t*>(v.data()), v.size() * sizeof(float)};

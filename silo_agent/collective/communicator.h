@@ -12,6 +12,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace xsilo::collective {
@@ -83,7 +84,14 @@ class Communicator {
   void all_reduce_mean(std::span<float> data);
   virtual void broadcast(std::span<float> data, int root) = 0;
   virtual void barrier() = 0;
+  // The point-to-point links under a TCP communicator, for algorithms other than these (the
+  // 8-bit all-reduce of silo_agent/quantized_all_reduce.h); null for NCCL.
+  virtual Mesh* mesh() { return nullptr; }
 };
+
+// Segment k of n elements cut into `parts` pieces whose sizes differ by at most one: (begin,
+// length). The ring's segments, and those of any algorithm that splits the work the same way.
+std::pair<std::size_t, std::size_t> segment(std::size_t n, std::size_t parts, std::size_t k);
 
 // The algorithms, usable on any Mesh.
 void ring_all_reduce(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes);

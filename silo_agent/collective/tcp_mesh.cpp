@@ -213,6 +213,7 @@ class TcpCommunicator : public Communicator {
     float one = 1;
     halving_doubling_all_reduce(mesh_, std::span<float>(&one, 1), opts_.chunk_bytes);
   }
+  Mesh* mesh() override { return &mesh_; }
 
  private:
   Options opts_;
