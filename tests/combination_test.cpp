@@ -114,6 +114,22 @@ std::vector<Case> cases() {
     s["local"] = {{"workers", 2}, {"backend", "ring"}};
     out.push_back({"GroupedSecureMedianWorkers", s, 1e-4, 3});
   }
+  {  // 8-bit buckets between local workers (error feedback inside each silo) x secure groups
+     // behind edges x the trimmed mean x a silo lost after sharing, on the digits MLP. The
+     // reference trains each silo in one process, so the model must match within what the
+     // workers' 8-bit codes leave out.
+    json s = base_sim(12, 3);
+    s["data"] = {{"dataset", "digits"}, {"split", "dirichlet"}, {"alpha", 0.5}};
+    s["model"] = {{"kind", "mlp"}, {"hidden", {32}}};
+    s["training"] = {{"local_epochs", 1}, {"batch_size", 32}, {"learning_rate", 0.05}};
+    s["edges"] = 2;
+    s["selection"] = {{"min_silos", 11}, {"min_updates", 9}};
+    s["secure"] = secure("grouped", 3);
+    s["aggregation"] = {{"rule", "trimmed_mean"}, {"f", 1}};
+    s["local"] = {{"workers", 2}, {"backend", "ring"}, {"compression", "int8"}};
+    s["faults"] = {fault("hospital-04", "kill", 2, "after_shares")};
+    out.push_back({"Int8WorkersGroupedSecureEdgesTrimmedMeanDropoutDigitsMlp", s, 2e-3, 3});
+  }
   {  // The trimmed mean across groups carried by edges, with a silo lost after sharing.
     json s = base_sim(12, 3);
     s["edges"] = 2;
