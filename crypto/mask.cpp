@@ -12,6 +12,7 @@ namespace xsilo::crypto {
 namespace {
 
 constexpr std::size_t kBlock = 16 * 1024;  // keystream generated in L1-sized pieces
+constexpr std::size_t kPiece = 8 * 1024;   // masks applied to the vector this much at a time
 
 struct Ctr {
   EVP_CIPHER_CTX* ctx = EVP_CIPHER_CTX_new();
@@ -32,32 +33,45 @@ struct Ctr {
 };
 
 template <class T>
-void add_mask_impl(const Secret& seed, std::span<T> vec, int sign) {
-  Ctr ctr(seed);
-  alignas(64) std::uint8_t buf[kBlock];
-  constexpr std::size_t per = kBlock / sizeof(T);
+void add_masks_impl(std::span<const MaskTerm> terms, std::span<T> vec) {
+  std::vector<std::unique_ptr<Ctr>> ctrs;
+  ctrs.reserve(terms.size());
+  for (const auto& t : terms) ctrs.push_back(std::make_unique<Ctr>(t.seed));
+  // The piece of vec and the keystream buffer together stay within a 32 KiB L1 cache.
+  alignas(64) std::uint8_t buf[kPiece];
+  constexpr std::size_t per = kPiece / sizeof(T);
   for (std::size_t i = 0; i < vec.size(); i += per) {
     const std::size_t n = std::min(per, vec.size() - i);
-    ctr.next(buf, n * sizeof(T));
     T* __restrict v = vec.data() + i;
-    if (sign > 0) {
-      for (std::size_t k = 0; k < n; ++k) {
-        T w;
-        std::memcpy(&w, buf + k * sizeof(T), sizeof(T));
-        v[k] += w;
-      }
-    } else {
-      for (std::size_t k = 0; k < n; ++k) {
-        T w;
-        std::memcpy(&w, buf + k * sizeof(T), sizeof(T));
-        v[k] -= w;
+    for (std::size_t j = 0; j < terms.size(); ++j) {
+      ctrs[j]->next(buf, n * sizeof(T));
+      if (terms[j].sign > 0) {
+        for (std::size_t k = 0; k < n; ++k) {
+          T w;
+          std::memcpy(&w, buf + k * sizeof(T), sizeof(T));
+          v[k] += w;
+        }
+      } else {
+        for (std::size_t k = 0; k < n; ++k) {
+          T w;
+          std::memcpy(&w, buf + k * sizeof(T), sizeof(T));
+          v[k] -= w;
+        }
       }
     }
   }
 }
 
+template <class T>
+void add_mask_impl(const Secret& seed, std::span<T> vec, int sign) {
+  const MaskTerm one{seed, sign};
+  add_masks_impl(std::span<const MaskTerm>(&one, 1), vec);
+}
+
 }  // namespace
 
+void add_masks(std::span<const MaskTerm> terms, std::span<std::uint32_t> vec) { add_masks_impl(terms, vec); }
+void add_masks(std::span<const MaskTerm> terms, std::span<std::uint64_t> vec) { add_masks_impl(terms, vec); }
 void add_mask(const Secret& seed, std::span<std::uint32_t> vec, int sign) { add_mask_impl(seed, vec, sign); }
 void add_mask(const Secret& seed, std::span<std::uint64_t> vec, int sign) { add_mask_impl(seed, vec, sign); }
 

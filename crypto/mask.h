@@ -11,6 +11,18 @@
 
 namespace xsilo::crypto {
 
+// One mask to add (sign +1) or to subtract (-1).
+struct MaskTerm {
+  Secret seed;
+  int sign = +1;
+};
+
+// vec[i] += sum_j terms[j].sign * PRG(terms[j].seed)[i], in one pass over vec: each piece of it
+// (a few KiB) takes every term's keystream while it is in the L1 cache, so a vector larger
+// than the caches crosses memory once, not once per mask.
+void add_masks(std::span<const MaskTerm> terms, std::span<std::uint32_t> vec);
+void add_masks(std::span<const MaskTerm> terms, std::span<std::uint64_t> vec);
+
 // vec[i] += sign * PRG(seed)[i]  (mod 2^32)
 void add_mask(const Secret& seed, std::span<std::uint32_t> vec, int sign);
 // vec[i] += sign * PRG(seed)[i]  (mod 2^64)

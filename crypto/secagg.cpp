@@ -321,13 +321,15 @@ std::string Client::mask_impl(std::span<T> input) {
   if (input.size() != p_.length) return "input has the wrong length";
   if (sizeof(T) * 8 != p_.bits) return "input words do not match the ring";
   const std::uint32_t mine = p_.index_of(me_);
+  std::vector<MaskTerm> masks;
   for (const auto& v : u2_) {
     if (v == me_) continue;
     auto seed = pair_seed(p_, mask_.secret, u1_.at(v).mask_pk, me_, v);
     if (!seed) return "member " + v + " advertised an invalid mask key";
-    add_mask(*seed, input, mine < p_.index_of(v) ? +1 : -1);
+    masks.push_back({*seed, mine < p_.index_of(v) ? +1 : -1});
   }
-  add_mask(self_seed_, input, +1);
+  masks.push_back({self_seed_, +1});
+  add_masks(masks, input);  // one pass over the input for all of them
   step_ = Step::Confirm;
   return "";
 }
@@ -635,6 +637,9 @@ std::string Server::finish_impl(std::span<T> sum) {
   if (sum.size() != p_.length) return "sum has the wrong length";
   expansions_ = 0;
   std::string why;
+  // Every secret is rebuilt and checked before the sum is touched; then one pass removes all
+  // the masks.
+  std::vector<MaskTerm> masks;
   // Dropped after settling: rebuild the mask key; remove its pairwise masks from each survivor.
   for (const auto& v : request_->dropped) {
     auto sk = rebuild(v, true, why);
@@ -647,8 +652,7 @@ std::string Server::finish_impl(std::span<T> sum) {
       auto seed = pair_seed(p_, *sk, keys_.at(w).mask_pk, v, w);
       if (!seed) return "member " + w + " advertised an invalid mask key";
       // w added +PRG when index(w) < index(v), -PRG otherwise: take it out.
-      add_mask(*seed, sum, p_.index_of(w) < p_.index_of(v) ? -1 : +1);
-      ++expansions_;
+      masks.push_back({*seed, p_.index_of(w) < p_.index_of(v) ? -1 : +1});
     }
   }
   // Every survivor's self mask.
@@ -659,9 +663,10 @@ std::string Server::finish_impl(std::span<T> sum) {
       blame(u, "dealt shares (signed by it) that rebuild to a self-mask seed its commitment refutes");
       return "the self-mask seed of " + u + " rebuilt from its signed shares does not match its commitment";
     }
-    add_mask(*b, sum, -1);
-    ++expansions_;
+    masks.push_back({*b, -1});
   }
+  add_masks(masks, sum);
+  expansions_ = masks.size();
   step_ = Step::Done;
   return "";
 }

@@ -45,6 +45,28 @@ TEST(Aead, TamperedCiphertextOrWrongContextIsRefused) {
   EXPECT_FALSE(open(Secret::random(), seal(k, "x", ""), ""));
 }
 
+// The fused pass adds exactly what one mask after another adds: word i of every term's stream
+// lands on word i, across the pieces the pass cuts the vector into, in both rings.
+template <class T>
+void check_fused_equals_one_by_one(std::size_t length) {
+  std::vector<MaskTerm> terms;
+  for (int j = 0; j < 7; ++j) terms.push_back({Secret::random(), j % 3 == 0 ? -1 : +1});
+  std::vector<T> fused(length), sequential(length);
+  for (std::size_t i = 0; i < length; ++i) fused[i] = sequential[i] = static_cast<T>(i * 2654435761u);
+  add_masks(terms, std::span<T>(fused));
+  for (const auto& t : terms) add_mask(t.seed, std::span<T>(sequential), t.sign);
+  EXPECT_EQ(fused, sequential) << sizeof(T) * 8 << "-bit words, length " << length;
+  add_masks(std::span<const MaskTerm>(), std::span<T>(fused));  // no terms: unchanged
+  EXPECT_EQ(fused, sequential);
+}
+
+TEST(MaskPrg, TheFusedPassAddsWhatOneMaskAfterAnotherAdds) {
+  for (std::size_t length : {0u, 1u, 2047u, 2048u, 2049u, 100003u}) {
+    check_fused_equals_one_by_one<std::uint32_t>(length);
+    check_fused_equals_one_by_one<std::uint64_t>(length);
+  }
+}
+
 TEST(MaskPrg, MasksCancelAndTheKeystreamIsAes128Ctr) {
   const Secret seed = Secret::random();
   std::vector<std::uint32_t> v{1, 2, 3, 4, 5};
