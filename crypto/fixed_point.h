@@ -3,6 +3,9 @@
 // by 2^fraction_bits and rounds stochastically (unbiased: E[round(v)] = v) into the ring
 // Z_{2^bits} (two's complement). The sum over silos decodes to sum(w x) and sum(w), so the
 // weighted mean is computed inside the sum.
+//
+// Rings of 8 and 16 bits are the compact ones (1 or 2 bytes a coordinate on the wire); they
+// leave little headroom: check_overflow says how much a configuration needs.
 #pragma once
 
 #include <cstdint>
@@ -13,7 +16,7 @@
 namespace xsilo::crypto {
 
 struct FixedPointParams {
-  std::uint32_t bits = 32;            // 32 or 64
+  std::uint32_t bits = 32;            // 8, 16, 32 or 64
   std::uint32_t fraction_bits = 16;
   double clip_norm = 1.0;
   double max_weight = 1.0;
@@ -23,16 +26,29 @@ struct FixedPointParams {
   std::size_t words(std::size_t d) const { return d + 1 + (unclipped_bit ? 1 : 0); }
 };
 
+// The ring sizes the codec, the masks and the wire know.
+bool ring_bits_supported(std::uint32_t bits);
+inline constexpr const char* kRingBits = "8, 16, 32 or 64";
+
+// The largest code one silo can put into any word, in units of 2^-fraction_bits:
+// ceil(M * 2^fraction_bits) with M = max_weight * max(clip_norm, 1) (every |w x_i| <= w ||x|| <=
+// max_weight clip_norm, and the weight coordinate itself is <= max_weight), or M = 1 for the
+// unclipped bit when that is larger. encode() clamps to it, so it holds to the last bit even
+// when float rounding puts a clipped coordinate a hair above M.
+double largest_code(const FixedPointParams& p);
+
 // Why n silos could overflow the ring, with the numbers, or "" when they cannot. The largest
-// coordinate of a sum is n * max_weight * max(clip_norm, 1) * 2^fraction_bits (every |w x_i| <=
-// w ||x|| <= max_weight clip_norm, and the weight coordinate itself is <= max_weight), or
-// n * 2^fraction_bits for the unclipped count when that is larger; it must stay below
-// 2^(bits-1) to decode with its sign.
+// coordinate of a sum is n * largest_code(p); it must stay at or below 2^(bits-1) - 1 to decode
+// with its sign (the most negative, -n * largest_code, then stays above -2^(bits-1) too).
 std::string check_overflow(const FixedPointParams& p, std::size_t n);
 
 // Encodes w * clip(delta) and w (and the unclipped bit when asked for); returns the clipped norm
 // factor applied (1 if none). `seed` drives the stochastic rounding. `out` has
 // p.words(delta.size()) words.
+double encode(const FixedPointParams& p, std::span<const float> delta, double weight,
+              std::uint64_t seed, std::span<std::uint8_t> out);
+double encode(const FixedPointParams& p, std::span<const float> delta, double weight,
+              std::uint64_t seed, std::span<std::uint16_t> out);
 double encode(const FixedPointParams& p, std::span<const float> delta, double weight,
               std::uint64_t seed, std::span<std::uint32_t> out);
 double encode(const FixedPointParams& p, std::span<const float> delta, double weight,
@@ -40,6 +56,8 @@ double encode(const FixedPointParams& p, std::span<const float> delta, double we
 
 // Decodes a sum: values[i] = signed(sum[i]) / 2^fraction_bits for every word (the last is the
 // summed weight).
+std::vector<double> decode(const FixedPointParams& p, std::span<const std::uint8_t> sum);
+std::vector<double> decode(const FixedPointParams& p, std::span<const std::uint16_t> sum);
 std::vector<double> decode(const FixedPointParams& p, std::span<const std::uint32_t> sum);
 std::vector<double> decode(const FixedPointParams& p, std::span<const std::uint64_t> sum);
 

@@ -49,13 +49,13 @@ void add_masks_impl(std::span<const MaskTerm> terms, std::span<T> vec) {
         for (std::size_t k = 0; k < n; ++k) {
           T w;
           std::memcpy(&w, buf + k * sizeof(T), sizeof(T));
-          v[k] += w;
+          v[k] = static_cast<T>(v[k] + w);  // unsigned: wraps mod 2^bits (after promotion)
         }
       } else {
         for (std::size_t k = 0; k < n; ++k) {
           T w;
           std::memcpy(&w, buf + k * sizeof(T), sizeof(T));
-          v[k] -= w;
+          v[k] = static_cast<T>(v[k] - w);
         }
       }
     }
@@ -72,6 +72,10 @@ void add_mask_impl(const Secret& seed, std::span<T> vec, int sign) {
 
 void add_masks(std::span<const MaskTerm> terms, std::span<std::uint32_t> vec) { add_masks_impl(terms, vec); }
 void add_masks(std::span<const MaskTerm> terms, std::span<std::uint64_t> vec) { add_masks_impl(terms, vec); }
+void add_masks(std::span<const MaskTerm> terms, std::span<std::uint16_t> vec) { add_masks_impl(terms, vec); }
+void add_masks(std::span<const MaskTerm> terms, std::span<std::uint8_t> vec) { add_masks_impl(terms, vec); }
+void add_mask(const Secret& seed, std::span<std::uint8_t> vec, int sign) { add_mask_impl(seed, vec, sign); }
+void add_mask(const Secret& seed, std::span<std::uint16_t> vec, int sign) { add_mask_impl(seed, vec, sign); }
 void add_mask(const Secret& seed, std::span<std::uint32_t> vec, int sign) { add_mask_impl(seed, vec, sign); }
 void add_mask(const Secret& seed, std::span<std::uint64_t> vec, int sign) { add_mask_impl(seed, vec, sign); }
 

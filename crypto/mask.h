@@ -1,7 +1,8 @@
 // The mask PRG: AES-128-CTR keystream (OpenSSL EVP, AES-NI) from a 32-byte seed (key = first
 // 16 bytes, initial counter block = last 16), read as little-endian words of the ring
-// Z_{2^32} or Z_{2^64} and added to or subtracted from a vector in place. Never a
-// non-cryptographic generator.
+// Z_{2^8}, Z_{2^16}, Z_{2^32} or Z_{2^64} and added to or subtracted from a vector in place.
+// Word i of a ring of b bits is keystream bytes [i b/8, (i+1) b/8): a narrower ring takes the
+// same stream in smaller pieces. Never a non-cryptographic generator.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +23,13 @@ struct MaskTerm {
 // than the caches crosses memory once, not once per mask.
 void add_masks(std::span<const MaskTerm> terms, std::span<std::uint32_t> vec);
 void add_masks(std::span<const MaskTerm> terms, std::span<std::uint64_t> vec);
+void add_masks(std::span<const MaskTerm> terms, std::span<std::uint16_t> vec);
+void add_masks(std::span<const MaskTerm> terms, std::span<std::uint8_t> vec);
 
+// vec[i] += sign * PRG(seed)[i]  (mod 2^8)
+void add_mask(const Secret& seed, std::span<std::uint8_t> vec, int sign);
+// vec[i] += sign * PRG(seed)[i]  (mod 2^16)
+void add_mask(const Secret& seed, std::span<std::uint16_t> vec, int sign);
 // vec[i] += sign * PRG(seed)[i]  (mod 2^32)
 void add_mask(const Secret& seed, std::span<std::uint32_t> vec, int sign);
 // vec[i] += sign * PRG(seed)[i]  (mod 2^64)

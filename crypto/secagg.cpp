@@ -121,7 +121,7 @@ std::string check_params(const Params& p) {
     return "the smallest revealed sum (" + std::to_string(p.min_survivors) + " silos) must lie between the threshold " +
            std::to_string(p.threshold) + " and the group's " + std::to_string(n) + " members";
   }
-  if (p.bits != 32 && p.bits != 64) return "modulus bits must be 32 or 64";
+  if (!ring_bits_supported(p.bits)) return std::string("modulus bits must be ") + kRingBits;
   if (!usable_public_key(p.server_key)) return "the server's key is not a usable X25519 key";
   return "";
 }
@@ -334,6 +334,8 @@ std::string Client::mask_impl(std::span<T> input) {
   return "";
 }
 
+std::string Client::mask(std::span<std::uint8_t> input) { return mask_impl(input); }
+std::string Client::mask(std::span<std::uint16_t> input) { return mask_impl(input); }
 std::string Client::mask(std::span<std::uint32_t> input) { return mask_impl(input); }
 std::string Client::mask(std::span<std::uint64_t> input) { return mask_impl(input); }
 
@@ -635,6 +637,7 @@ std::string Server::finish_impl(std::span<T> sum) {
            std::to_string(p_.threshold);
   }
   if (sum.size() != p_.length) return "sum has the wrong length";
+  if (sizeof(T) * 8 != p_.bits) return "sum words do not match the ring";
   expansions_ = 0;
   std::string why;
   // Every secret is rebuilt and checked before the sum is touched; then one pass removes all
@@ -671,6 +674,8 @@ std::string Server::finish_impl(std::span<T> sum) {
   return "";
 }
 
+std::string Server::finish(std::span<std::uint8_t> sum) { return finish_impl(sum); }
+std::string Server::finish(std::span<std::uint16_t> sum) { return finish_impl(sum); }
 std::string Server::finish(std::span<std::uint32_t> sum) { return finish_impl(sum); }
 std::string Server::finish(std::span<std::uint64_t> sum) { return finish_impl(sum); }
 

@@ -69,14 +69,14 @@ struct Params {
   std::vector<std::string> members;  // index of a member = position + 1
   std::uint32_t threshold = 2;       // t
   std::uint32_t min_survivors = 2;   // the fewest silos a revealed sum may cover: max(t, min_group)
-  std::uint32_t bits = 32;           // ring Z_{2^bits}
+  std::uint32_t bits = 32;           // ring Z_{2^bits}: 8, 16, 32 or 64
   std::size_t length = 0;            // words in each input
   Key32 server_key{};                // unmask answers are sealed to it
   std::uint32_t index_of(const std::string& name) const;  // 0 if not a member
 };
 
 // "" or why the parameters cannot be used safely: no members, t < 2, t <= n / 2, t > n,
-// min_survivors < t or above n, bits not 32/64, an unusable server key.
+// min_survivors < t or above n, bits not 8/16/32/64, an unusable server key.
 std::string check_params(const Params& p);
 
 struct Advertisement {
@@ -167,6 +167,8 @@ class Client {
   // The server's final U2: this member masks with exactly these.
   std::string settle(const Settled& settled);
   // Adds the masks to an encoded input in place (length words).
+  std::string mask(std::span<std::uint8_t> input);
+  std::string mask(std::span<std::uint16_t> input);
   std::string mask(std::span<std::uint32_t> input);
   std::string mask(std::span<std::uint64_t> input);
   // Signs U3, once: a second, different set is refused.
@@ -229,6 +231,8 @@ class Server {
   std::size_t unmask_replies() const { return replies_.size(); }
   // Removes the masks from the sum of the U3 members' masked inputs; fails below the
   // threshold or when a secret cannot be rebuilt (the dealer is blamed with the evidence).
+  std::string finish(std::span<std::uint8_t> sum);
+  std::string finish(std::span<std::uint16_t> sum);
   std::string finish(std::span<std::uint32_t> sum);
   std::string finish(std::span<std::uint64_t> sum);
 

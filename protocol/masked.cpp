@@ -1,14 +1,47 @@
 #include "protocol/masked.h"
 
+#include "crypto/fixed_point.h"
+
 #include <cstring>
 #include <stdexcept>
 #include <string>
 
 namespace xsilo::protocol {
 
+wire::DType ring_dtype(std::uint32_t bits) {
+  switch (bits) {
+    case 8: return wire::U8;
+    case 16: return wire::U16;
+    case 32: return wire::U32;
+    case 64: return wire::U64;
+    default: throw std::invalid_argument("no ring of " + std::to_string(bits) + " bits");
+  }
+}
+
+std::size_t ring_word_bytes(wire::DType dtype) {
+  switch (dtype) {
+    case wire::U8: return 1;
+    case wire::U16: return 2;
+    case wire::U32: return 4;
+    case wire::U64: return 8;
+    default: return 0;
+  }
+}
+
 MaskedVector::MaskedVector(std::uint32_t bits, std::size_t words) : bits_(bits), words_(words) {
-  if (bits != 32 && bits != 64) throw std::invalid_argument("masked vectors have 32- or 64-bit words");
+  if (!crypto::ring_bits_supported(bits)) {
+    throw std::invalid_argument(std::string("masked vectors have words of ") + crypto::kRingBits + " bits");
+  }
   bytes_.assign(words * (bits / 8), 0);
+}
+
+std::span<std::uint8_t> MaskedVector::u8() {
+  if (bits_ != 8) throw std::logic_error("not a vector of 8-bit words");
+  return {bytes_.data(), words_};
+}
+std::span<std::uint16_t> MaskedVector::u16() {
+  if (bits_ != 16) throw std::logic_error("not a vector of 16-bit words");
+  return {reinterpret_cast<std::uint16_t*>(bytes_.data()), words_};
 }
 
 std::span<std::uint32_t> MaskedVector::u32() {
@@ -19,6 +52,7 @@ std::span<std::uint64_t> MaskedVector::u64() {
   if (bits_ != 64) throw std::logic_error("not a vector of 64-bit words");
   return {reinterpret_cast<std::uint64_t*>(bytes_.data()), words_};
 }
+std::span<const std::uint16_t> MaskedVector::u16() const { return const_cast<MaskedVector*>(this)->u16(); }
 std::span<const std::uint32_t> MaskedVector::u32() const { return const_cast<MaskedVector*>(this)->u32(); }
 std::span<const std::uint64_t> MaskedVector::u64() const { return const_cast<MaskedVector*>(this)->u64(); }
 
@@ -30,7 +64,7 @@ void add_words(std::uint8_t* acc, const std::uint8_t* other, std::size_t n) {
     W a, b;
     std::memcpy(&a, acc + i * sizeof(W), sizeof(W));
     std::memcpy(&b, other + i * sizeof(W), sizeof(W));
-    a += b;  // unsigned: wraps mod 2^bits
+    a = static_cast<W>(a + b);  // unsigned: wraps mod 2^bits (after promotion for 8 and 16)
     std::memcpy(acc + i * sizeof(W), &a, sizeof(W));
   }
 }
@@ -41,8 +75,12 @@ void MaskedVector::add(std::span<const std::uint8_t> other) {
     throw std::invalid_argument("masked vectors of " + std::to_string(bytes_.size()) + " and " +
                                 std::to_string(other.size()) + " bytes cannot be added");
   }
-  if (bits_ == 32) add_words<std::uint32_t>(bytes_.data(), other.data(), words_);
-  else add_words<std::uint64_t>(bytes_.data(), other.data(), words_);
+  switch (bits_) {
+    case 8: add_words<std::uint8_t>(bytes_.data(), other.data(), words_); break;
+    case 16: add_words<std::uint16_t>(bytes_.data(), other.data(), words_); break;
+    case 32: add_words<std::uint32_t>(bytes_.data(), other.data(), words_); break;
+    default: add_words<std::uint64_t>(bytes_.data(), other.data(), words_);
+  }
 }
 
 }  // namespace xsilo::protocol

@@ -1,6 +1,7 @@
 // A masked input of secure aggregation, or a sum of them: `words` elements of the ring
-// Z_{2^bits} (bits 32 or 64), stored as the little-endian bytes they travel as. Silos mask into
-// one, edges and the server add them up; nobody but the unmasking server ever decodes one.
+// Z_{2^bits} (bits 8, 16, 32 or 64), stored as the little-endian bytes they travel as (wire
+// dtype U8, U16, U32, U64). Silos mask into one, edges and the server add them up; nobody but
+// the unmasking server ever decodes one.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,10 @@
 
 namespace xsilo::protocol {
 
+// The wire dtype of a ring's words, and the bytes of one word of a dtype (0: not a ring's).
+wire::DType ring_dtype(std::uint32_t bits);
+std::size_t ring_word_bytes(wire::DType dtype);
+
 class MaskedVector {
  public:
   MaskedVector() = default;
@@ -19,15 +24,29 @@ class MaskedVector {
   std::uint32_t bits() const { return bits_; }
   std::size_t words() const { return words_; }
   std::size_t word_bytes() const { return bits_ / 8; }
-  wire::DType dtype() const { return bits_ == 64 ? wire::U64 : wire::U32; }
+  wire::DType dtype() const { return ring_dtype(bits_); }
 
   std::span<std::uint8_t> bytes() { return bytes_; }
   std::span<const std::uint8_t> bytes() const { return bytes_; }
   // The words in place (bits must match).
+  std::span<std::uint8_t> u8();
+  std::span<std::uint16_t> u16();
   std::span<std::uint32_t> u32();
   std::span<std::uint64_t> u64();
+  std::span<const std::uint16_t> u16() const;
   std::span<const std::uint32_t> u32() const;
   std::span<const std::uint64_t> u64() const;
+  // f(the words as a span of the ring's unsigned type): one call for every ring size, so that
+  // code which encodes, masks or unmasks is written once.
+  template <class F>
+  decltype(auto) visit(F&& f) {
+    switch (bits_) {
+      case 8: return f(u8());
+      case 16: return f(u16());
+      case 32: return f(u32());
+      default: return f(u64());
+    }
+  }
 
   // this += other, word by word mod 2^bits; `other` holds as many bytes as this.
   void add(std::span<const std::uint8_t> other);

@@ -5,6 +5,7 @@
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
+#include "crypto/fixed_point.h"
 #include "protocol/compression.h"
 
 namespace xsilo::protocol {
@@ -63,8 +64,8 @@ std::string check_layout(const wire::RoundStart& rs, std::uint64_t max_elements)
   }
   if (rs.has_secagg()) {
     const auto& s = rs.secagg();
-    if (s.modulus_bits() != 32 && s.modulus_bits() != 64) {
-      return "the secure setup's ring is " + std::to_string(s.modulus_bits()) + " bits, not 32 or 64";
+    if (!crypto::ring_bits_supported(s.modulus_bits())) {
+      return "the secure setup's ring is " + std::to_string(s.modulus_bits()) + " bits, not " + crypto::kRingBits;
     }
     if (s.vector_length() > total + 2) {
       return "the secure setup's vector of " + std::to_string(s.vector_length()) + " words does not fit a model of " +

@@ -3,12 +3,21 @@
 #include <algorithm>
 #include <cstring>
 
+#include <stdexcept>
+
 #include "protocol/compression.h"
+#include "protocol/masked.h"
 
 namespace xsilo::protocol {
 
+std::size_t element_bytes(wire::DType dtype) { return dtype == wire::F32 ? sizeof(float) : ring_word_bytes(dtype); }
+
 namespace {
-std::size_t elem_size(wire::DType t) { return t == wire::U64 ? 8 : 4; }
+std::size_t elem_size(wire::DType t) {
+  const std::size_t n = element_bytes(t);
+  if (n == 0) throw std::invalid_argument("tensor elements of dtype " + wire::DType_Name(t) + " are not sent");
+  return n;
+}
 }  // namespace
 
 ChunkSource::ChunkSource(std::shared_ptr<const void> keep_alive, std::span<const float> values,

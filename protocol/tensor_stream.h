@@ -18,6 +18,10 @@
 
 namespace xsilo::protocol {
 
+// The bytes of one element on the wire: 4 for F32, a ring word's 1, 2, 4 or 8 for U8, U16,
+// U32, U64 (masked inputs); 0 for anything else.
+std::size_t element_bytes(wire::DType dtype);
+
 // Yields the chunks of `values` (laid out as `layout`) one by one, then nullopt.
 class ChunkSource {
  public:
@@ -27,7 +31,7 @@ class ChunkSource {
   // Chunks encoded already (a compressed upload: protocol/compression.h), sent as they are.
   ChunkSource(std::shared_ptr<const std::vector<wire::TensorChunk>> encoded, std::string federation,
               std::uint64_t round);
-  // Ring words (masked inputs): `bytes` holds layout-many elements of 4 (U32) or 8 (U64) bytes.
+  // Ring words (masked inputs): `bytes` holds layout-many elements of element_bytes(dtype) each.
   ChunkSource(std::shared_ptr<const void> keep_alive, std::span<const std::uint8_t> bytes,
               wire::DType dtype, std::vector<TensorInfo> layout, std::string federation,
               std::uint64_t round, std::size_t chunk_bytes);
@@ -60,7 +64,8 @@ class TensorReceiver {
   // are the encoded ones; a sparse scheme's kept elements, all chunks together, at most its k).
   void reset(std::span<float> into, std::vector<TensorInfo> layout, bool hash = true,
              const wire::Compression& scheme = {});
-  // The same for vectors of ring words (masked inputs: U32 or U64); `layout` counts words.
+  // The same for vectors of ring words (masked inputs: U8, U16, U32 or U64); `layout` counts
+  // words, and a chunk whose bytes are not whole words of the ring is refused before any copy.
   void reset_words(std::span<std::uint8_t> into, std::vector<TensorInfo> layout, wire::DType dtype,
                    bool hash = true);
   // Checks name, dtype, offset (chunks arrive in order), size and bounds, then copies.

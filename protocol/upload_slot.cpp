@@ -2,13 +2,15 @@
 
 #include <cmath>
 
+#include "protocol/tensor_stream.h"
+
 namespace xsilo::protocol {
 
 std::function<void()> check_work(std::shared_ptr<UploadCheck> check, const std::uint8_t* first,
                                  std::size_t count, wire::DType dtype, bool hash,
                                  std::shared_ptr<const void> keep) {
   return [check = std::move(check), first, count, dtype, hash, keep = std::move(keep)] {
-    const std::size_t bytes = count * (dtype == wire::U64 ? 8 : 4);
+    const std::size_t bytes = count * element_bytes(dtype);
     if (hash) check->hash.update(std::span<const std::uint8_t>(first, bytes));
     if (dtype != wire::F32) return;  // masked words: any value is valid
     const float* v = reinterpret_cast<const float*>(first);

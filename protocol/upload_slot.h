@@ -31,7 +31,7 @@ struct UploadCheck {
 // Where an upload goes and what it must look like.
 struct UploadBuffer {
   std::span<std::uint8_t> bytes;
-  wire::DType dtype = wire::F32;     // F32 (updates) or U32/U64 (masked words)
+  wire::DType dtype = wire::F32;     // F32 (updates) or U8/U16/U32/U64 (masked words)
   std::vector<TensorInfo> layout;    // in elements
   bool hash = true;                  // SHA-256 of the bytes as received
   std::shared_ptr<const void> keep;  // keeps `bytes` alive while check work is queued (optional)
@@ -83,7 +83,7 @@ class UploadSlot {
   proto::Result<std::function<void()>> add(const wire::TensorChunk& chunk) {
     if (!busy() || complete_) return proto::error(wire::UNEXPECTED, "TensorChunk without an open UploadGrant");
     if (auto st = rx_.add(chunk); !st) return st;
-    const std::size_t elem = buffer_.dtype == wire::U64 ? 8 : 4;
+    const std::size_t elem = element_bytes(buffer_.dtype);
     return check_work(check_, buffer_.bytes.data() + rx_.last_first() * elem, rx_.last_count(), buffer_.dtype,
                       buffer_.hash, buffer_.keep);
   }

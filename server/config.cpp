@@ -167,8 +167,8 @@ void parse_rounds_aggregation(const ConfigNode& root, ServerConfig& c) {
     se.fail("threshold", "must be above 0.5: with half a group or less, two halves could each be shown a different "
                          "set of survivors and together unmask one silo");
   }
-  sc.bits = static_cast<std::uint32_t>(se.integer("modulus_bits", 32, 32, 64));
-  if (sc.bits != 32 && sc.bits != 64) se.fail("modulus_bits", "must be 32 or 64");
+  sc.bits = static_cast<std::uint32_t>(se.integer("modulus_bits", 32, 8, 64));
+  if (!crypto::ring_bits_supported(sc.bits)) se.fail("modulus_bits", std::string("must be ") + crypto::kRingBits);
   sc.fraction_bits = static_cast<std::uint32_t>(se.integer("fraction_bits", 16, 1, 52));
   sc.clip_norm = se.number("clip_norm", 1.0, 1e-9, 1e9);
   sc.max_weight = se.number("max_weight", 1000.0, 1e-9, 1e12);
@@ -219,6 +219,9 @@ void parse_rounds_aggregation(const ConfigNode& root, ServerConfig& c) {
     if (sc.mode == SecureMode::Grouped) largest = std::min(largest, 2 * sc.min_group - 1);
     auto codec = sc.codec();
     codec.unclipped_bit = a.adaptive_clip.on();
+    // Checked as the silos will see them: the setup carries both as float32.
+    codec.clip_norm = static_cast<float>(codec.clip_norm);
+    codec.max_weight = static_cast<float>(codec.max_weight);
     if (auto why = crypto::check_overflow(codec, largest); !why.empty()) se.fail("modulus_bits", why);
     if (sc.mode == SecureMode::Grouped && a.inspects_inputs()) {
       const std::size_t groups = n / sc.min_group;

@@ -353,14 +353,15 @@ std::vector<GroupResult> SecureRound::finish(std::map<std::uint32_t, protocol::M
     } else if (g.phase != Phase::Unmask) {
       r.why = "collection closed before the survivors confirmed their set";
     } else {
-      const std::string err = cfg_.bits == 32 ? g.server->finish(sum.u32()) : g.server->finish(sum.u64());
+      const std::string err = sum.visit([&](auto words) { return g.server->finish(words); });
       if (!err.empty()) {
         r.why = err;
       } else {
         r.ok = true;
         const auto codec = cfg_.codec();
-        r.sum = cfg_.bits == 32 ? crypto::decode(codec, std::span<const std::uint32_t>(sum.u32()))
-                                : crypto::decode(codec, std::span<const std::uint64_t>(sum.u64()));
+        r.sum = sum.visit([&](auto words) {
+          return crypto::decode(codec, std::span<const typename decltype(words)::element_type>(words));
+        });
         if (!kept_.empty()) {  // the kept coordinates back in place, the others zero, the extras after d
           std::vector<double> full(d_ + (r.sum.size() - kept_.size()), 0.0);
           for (std::size_t j = 0; j < kept_.size(); ++j) full[kept_[j]] = r.sum[j];

@@ -488,13 +488,10 @@ void Session::mask_when_ready() {
     r.words = std::make_shared<protocol::MaskedVector>(codec.bits, codec.words(d));
     std::uint64_t seed = 0;
     randombytes_buf(&seed, sizeof seed);  // stochastic rounding
-    if (codec.bits == 32) {
-      crypto::encode(codec, delta, weight, seed, r.words->u32());
-      r.error = client->mask(r.words->u32());
-    } else {
-      crypto::encode(codec, delta, weight, seed, r.words->u64());
-      r.error = client->mask(r.words->u64());
-    }
+    r.error = r.words->visit([&](auto words) {
+      crypto::encode(codec, delta, weight, seed, words);
+      return client->mask(words);
+    });
     const auto b = r.words->bytes();
     r.sha256 = crypto::sha256_hex(std::string_view(reinterpret_cast<const char*>(b.data()), b.size()));
     return r;

@@ -130,6 +130,40 @@ class SixSiloServer {
   test::TempDir dir_;
 };
 
+// The compact rings hold a group's sum only with headroom: six silos x max_weight x clip_norm x
+// 2^fraction_bits must stay below 2^15 (2^7), and the refusal says what would fit.
+TEST(Config, ASixteenBitRingIsAcceptedOnlyWhenTheGroupsSumCannotOverflowIt) {
+  const SixSiloServer load;
+  EXPECT_EQ(load(R"(, "secure": {"mode": "global", "modulus_bits": 16, "fraction_bits": 9, "clip_norm": 10,
+                                 "max_weight": 1})"),
+            "");  // 6 x 10 x 512 = 30720
+  const auto over = load(R"(, "secure": {"mode": "global", "modulus_bits": 16, "fraction_bits": 10, "clip_norm": 10,
+                                         "max_weight": 1})");
+  EXPECT_NE(over.find(".secure.modulus_bits: 6 silos x max_weight 1 x clip_norm 10 x 2^10 fraction bits = 61440 "
+                      "can reach 2^15 (32768) in a 16-bit ring: lower fraction_bits to 9 or less, or use more "
+                      "modulus bits"),
+            std::string::npos)
+      << over;
+  // The defaults (max_weight 1000, 16 fraction bits) need a wider ring.
+  const auto defaults = load(R"(, "secure": {"mode": "global", "modulus_bits": 16})");
+  EXPECT_NE(defaults.find("6 silos x max_weight 1000 x clip_norm 1 x 2^16 fraction bits"), std::string::npos) << defaults;
+  // Adaptive clipping's count needs room too.
+  const auto count = load(R"(, "secure": {"mode": "global", "modulus_bits": 16, "fraction_bits": 13, "clip_norm": 0.5,
+                                          "max_weight": 0.5}, "aggregation": {"adaptive_clip": {"initial": 0.5}})");
+  EXPECT_NE(count.find("the unclipped count of adaptive clipping, 6 silos x 2^13"), std::string::npos) << count;
+  EXPECT_EQ(load(R"(, "secure": {"mode": "global", "modulus_bits": 8, "fraction_bits": 4, "clip_norm": 1,
+                                 "max_weight": 1})"),
+            "");  // 6 x 16 = 96 < 128
+  EXPECT_NE(load(R"(, "secure": {"mode": "global", "modulus_bits": 8, "fraction_bits": 5, "clip_norm": 1,
+                                 "max_weight": 1})")
+                .find("can reach 2^7 (128) in a 8-bit ring"),
+            std::string::npos);
+  for (const char* bits : {"24", "128", "4"}) {
+    const auto why = load(std::string(R"(, "secure": {"mode": "global", "modulus_bits": )") + bits + "}");
+    EXPECT_NE(why.find(".secure.modulus_bits: must be"), std::string::npos) << bits << ": " << why;
+  }
+}
+
 TEST(Config, SecureAggregationSettingsAreChecked) {
   const SixSiloServer load;
   EXPECT_EQ(load(R"(, "secure": {"mode": "global"})"), "");

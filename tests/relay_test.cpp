@@ -10,6 +10,7 @@
 #include "crypto/hash.h"
 #include "edge_aggregator/relay.h"
 #include "protocol/join.h"
+#include "protocol/masked.h"
 #include "tests/testlib.h"
 
 namespace xsilo::edge {
@@ -62,7 +63,7 @@ class Harness {
     for (auto s : {"s1", "s2"}) silo_up(s);
     for (auto s : {"s1", "s2"}) round_start(1, s);
   }
-  void round_start(std::uint64_t round, const std::string& silo, std::uint32_t group = 0) {
+  void round_start(std::uint64_t round, const std::string& silo, std::uint32_t group = 0, std::uint32_t bits = 64) {
     wire::Envelope e;
     e.set_round(round);
     e.set_silo(silo);
@@ -76,7 +77,7 @@ class Harness {
     }
     if (group) {
       rs->mutable_secagg()->set_group(group);
-      rs->mutable_secagg()->set_modulus_bits(64);
+      rs->mutable_secagg()->set_modulus_bits(bits);
       rs->mutable_secagg()->set_vector_length(7);
     }
     from_server(e);
@@ -114,10 +115,12 @@ class Harness {
     end.mutable_update_end()->set_update_sha256(declared.value_or(crypto::sha256_hex(m->flat())));
     from_silo(silo, end);
   }
-  void upload_words(const std::string& silo, std::uint64_t round, const std::vector<std::uint64_t>& w) {
-    auto bytes = std::make_shared<std::vector<std::uint8_t>>(w.size() * 8);
+  template <class W = std::uint64_t>
+  void upload_words(const std::string& silo, std::uint64_t round, const std::vector<W>& w) {
+    auto bytes = std::make_shared<std::vector<std::uint8_t>>(w.size() * sizeof(W));
     std::memcpy(bytes->data(), w.data(), bytes->size());
-    protocol::ChunkSource src(bytes, *bytes, wire::U64, {{"masked", {w.size()}, 0}}, "fed", round, 16);
+    protocol::ChunkSource src(bytes, *bytes, protocol::ring_dtype(8 * sizeof(W)), {{"masked", {w.size()}, 0}}, "fed",
+                              round, 16);
     while (auto e = src.next()) from_silo(silo, *e);
     wire::Envelope end;
     end.set_round(round);
@@ -447,6 +450,48 @@ TEST(Relay, SendsOneMaskedPartialSumPerSecureGroupOnePerGrant) {
   EXPECT_EQ(up[0].update_end().group(), 2u);
   EXPECT_FALSE(up[0].update_end().more());
   EXPECT_EQ(up[0].update_end().contributors(0).silo(), "b1");
+}
+
+// A 16-bit ring: words of 2 bytes, summed mod 2^16. An upload of other words (another ring, or
+// bytes that are not whole words) is refused before anything is added, and the silo is out.
+TEST(Relay, SumsSixteenBitWordsAndRefusesChunksOfAnotherWordSize) {
+  Harness h;
+  h.server_up();
+  for (auto s : {"a1", "a2", "a3", "a4"}) h.silo_up(s);
+  for (auto s : {"a1", "a2", "a3", "a4"}) h.round_start(1, s, 1, 16);
+  for (auto s : {"a1", "a2", "a3", "a4"}) h.settled(1, s, {"a1", "a2", "a3", "a4"});
+  for (auto s : {"a1", "a2", "a3", "a4"}) h.ready(s, 1, 1);
+  h.upload_words<std::uint16_t>("a1", 1, {1, 2, 3, 4, 5, 6, 65535});
+  // 32-bit words for a 16-bit ring: the dtype is not the ring's.
+  h.upload_words<std::uint32_t>("a2", 1, {9, 9, 9, 9, 9, 9, 9});
+  const auto to2 = h.to("a2");  // the refusal of its first chunk (then: its UpdateEnd has no grant left)
+  EXPECT_TRUE(std::any_of(to2.begin(), to2.end(), [](const auto& e) {
+    return e.has_error() && e.error().message().find("must be U16") != std::string::npos;
+  }));
+  // U16 declared, but 13 bytes: not whole words.
+  wire::Envelope odd;
+  odd.set_round(1);
+  auto* c = odd.mutable_tensor_chunk();
+  c->set_name("masked");
+  c->set_dtype(wire::U16);
+  c->add_shape(7);
+  c->set_data(std::string(13, '\x11'));
+  h.from_silo("a3", odd);
+  auto to3 = h.to("a3");
+  ASSERT_TRUE(Harness::has(to3, wire::Envelope::kError));
+  EXPECT_NE(to3.back().error().message().find("not a positive multiple of 2"), std::string::npos)
+      << to3.back().error().message();
+  h.upload_words<std::uint16_t>("a4", 1, {1, 1, 1, 1, 1, 1, 2});
+  h.up();
+  h.grant_region(1);
+  const auto up = h.up();
+  ASSERT_EQ(h.streamed.size(), 1u);
+  ASSERT_EQ(h.streamed[0].size(), 14u);
+  std::vector<std::uint16_t> sum(7);
+  std::memcpy(sum.data(), h.streamed[0].data(), 14);
+  EXPECT_EQ(sum, (std::vector<std::uint16_t>{2, 3, 4, 5, 6, 7, 1}));  // 65535 + 2 wraps to 1
+  ASSERT_FALSE(up.empty());
+  EXPECT_EQ(up.back().update_end().contributors_size(), 2);
 }
 
 // Only a silo the server settled into its secure group may add to the edge's partial sum: one

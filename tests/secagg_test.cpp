@@ -64,6 +64,8 @@ TEST(MaskPrg, TheFusedPassAddsWhatOneMaskAfterAnotherAdds) {
   for (std::size_t length : {0u, 1u, 2047u, 2048u, 2049u, 100003u}) {
     check_fused_equals_one_by_one<std::uint32_t>(length);
     check_fused_equals_one_by_one<std::uint64_t>(length);
+    check_fused_equals_one_by_one<std::uint16_t>(length);
+    check_fused_equals_one_by_one<std::uint8_t>(length);
   }
 }
 
@@ -79,6 +81,26 @@ TEST(MaskPrg, MasksCancelAndTheKeystreamIsAes128Ctr) {
   keystream(seed, a);
   keystream(seed, b);
   EXPECT_TRUE(std::equal(a.begin(), a.end(), b.begin()));
+}
+
+// A narrower ring reads the same AES-CTR stream in smaller words: word i of a 16-bit ring is
+// keystream bytes 2i and 2i + 1, little-endian.
+TEST(MaskPrg, NarrowRingsTakeTheSameKeystreamInSmallerWords) {
+  const Secret seed = Secret::random();
+  std::vector<std::uint8_t> ks(2 * 20000);  // past one 16 KiB piece of the generator
+  keystream(seed, ks);
+  std::vector<std::uint16_t> v16(20000, 0);
+  add_mask(seed, std::span<std::uint16_t>(v16), +1);
+  std::vector<std::uint8_t> v8(20000, 0);
+  add_mask(seed, std::span<std::uint8_t>(v8), +1);
+  for (std::size_t i = 0; i < v16.size(); ++i) {
+    ASSERT_EQ(v16[i], static_cast<std::uint16_t>(ks[2 * i] | ks[2 * i + 1] << 8)) << i;
+    ASSERT_EQ(v8[i], ks[i]) << i;
+  }
+  std::vector<std::uint16_t> x{1, 65535, 3};
+  add_mask(seed, std::span<std::uint16_t>(x), +1);
+  add_mask(seed, std::span<std::uint16_t>(x), -1);
+  EXPECT_EQ(x, (std::vector<std::uint16_t>{1, 65535, 3}));
 }
 
 TEST(FixedPoint, RoundTripsWithinOneStepAndRoundsWithoutBias) {
@@ -97,6 +119,37 @@ TEST(FixedPoint, RoundTripsWithinOneStepAndRoundsWithoutBias) {
     mean += decode(p, std::span<const std::uint32_t>(enc).first(2))[0];
   }
   EXPECT_NEAR(mean / trials, 1e-6, 3e-7);
+}
+
+// The compact ring: 2 bytes a coordinate, decoded with its sign, rounded without bias.
+TEST(FixedPoint, SixteenBitWordsRoundTripWithinOneStepAndRoundWithoutBias) {
+  FixedPointParams p{16, 8, 10.0, 1.0};
+  const std::vector<float> x{0.5f, -0.25f, 0.001f, -3.0f, 9.0f};  // norm 9.5: not clipped
+  std::vector<std::uint16_t> enc(6);
+  encode(p, x, 1.0, 7, enc);
+  const auto dec = decode(p, enc);
+  for (std::size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(dec[i], x[i], 1.0 / 256) << i;
+  EXPECT_LT(dec[3], 0);  // negative codes wrap to large words and decode back with their sign
+  EXPECT_DOUBLE_EQ(dec[5], 1.0);
+  // 0.001 is a quarter of a step (1/256): its mean over many encodings is still 0.001.
+  double mean = 0;
+  const int trials = 40000;
+  for (int t = 0; t < trials; ++t) {
+    encode(p, std::vector<float>{-0.001f}, 1.0, static_cast<std::uint64_t>(t), std::span<std::uint16_t>(enc).first(2));
+    mean += decode(p, std::span<const std::uint16_t>(enc).first(2))[0];
+  }
+  EXPECT_NEAR(mean / trials, -0.001, 1e-4);
+  // 8-bit words the same way, with a coarser step.
+  FixedPointParams q{8, 4, 1.0, 1.0};
+  std::vector<std::uint8_t> e8(3);
+  encode(q, std::vector<float>{0.6f, -0.8f}, 1.0, 3, e8);
+  const auto d8 = decode(q, e8);
+  EXPECT_NEAR(d8[0], 0.6, 1.0 / 16);
+  EXPECT_NEAR(d8[1], -0.8, 1.0 / 16);
+  EXPECT_DOUBLE_EQ(d8[2], 1.0);
+  // Words of another ring are refused, not reinterpreted.
+  std::vector<std::uint32_t> wide(6);
+  EXPECT_THROW(encode(p, x, 1.0, 1, wide), std::invalid_argument);
 }
 
 TEST(FixedPoint, ClipsToTheNormAndCapsTheWeight) {
@@ -132,6 +185,44 @@ TEST(FixedPoint, ConfigsThatCanOverflowAreExplained) {
   EXPECT_EQ(check_overflow(p, 10), "");
   p.bits = 64;
   EXPECT_EQ(check_overflow(p, 100), "");
+  p.bits = 24;
+  EXPECT_EQ(check_overflow(p, 2), "modulus bits must be 8, 16, 32 or 64");
+}
+
+// In a 16-bit ring the check is exact: one silo's largest code is ceil(M 2^f) (M = max_weight x
+// max(clip_norm, 1)), and n of them must stay at or below 32767.
+TEST(FixedPoint, TheSixteenBitOverflowCheckHoldsToTheLastWord) {
+  FixedPointParams p{16, 8, 10.0, 1.0};
+  EXPECT_EQ(largest_code(p), 2560);
+  EXPECT_EQ(check_overflow(p, 12), "");  // 30720
+  EXPECT_EQ(check_overflow(p, 13),
+            "13 silos x max_weight 1 x clip_norm 10 x 2^8 fraction bits = 33280 can reach 2^15 (32768) in a 16-bit "
+            "ring: lower fraction_bits to 7 or less, or use more modulus bits");
+  // 7 x 4681 = 32767, the largest positive word: accepted; a code one higher is not, and a
+  // fraction of a step rounds up to it (stochastic rounding can round up).
+  FixedPointParams edge{16, 1, 1.0, 2340.5};
+  EXPECT_EQ(check_overflow(edge, 7), "");
+  edge.max_weight = 2340.3;  // 4680.6 steps: rounds to 4681
+  EXPECT_EQ(check_overflow(edge, 7), "");
+  edge.max_weight = 2340.6;  // 4681.2 steps: can round to 4682
+  EXPECT_NE(check_overflow(edge, 7).find("can reach 2^15"), std::string::npos);
+  // At the boundary the sum of seven silos' largest values, either sign, decodes exactly.
+  edge.max_weight = 2340.5;
+  std::vector<std::uint16_t> sum_pos(2, 0), sum_neg(2, 0), one(2);
+  for (int i = 0; i < 7; ++i) {
+    encode(edge, std::vector<float>{1.0f}, 2340.5, static_cast<std::uint64_t>(i), one);
+    for (std::size_t k = 0; k < 2; ++k) sum_pos[k] = static_cast<std::uint16_t>(sum_pos[k] + one[k]);
+    encode(edge, std::vector<float>{-1.0f}, 2340.5, static_cast<std::uint64_t>(i), one);
+    sum_neg[0] = static_cast<std::uint16_t>(sum_neg[0] + one[0]);
+  }
+  EXPECT_DOUBLE_EQ(decode(edge, std::span<const std::uint16_t>(sum_pos))[0], 7 * 2340.5);
+  EXPECT_DOUBLE_EQ(decode(edge, std::span<const std::uint16_t>(sum_pos))[1], 7 * 2340.5);  // the weights
+  EXPECT_DOUBLE_EQ(decode(edge, std::span<const std::uint16_t>(sum_neg))[0], -7 * 2340.5);
+  // A value a hair above the bound (float rounding in the clip) is clamped to it, never past.
+  FixedPointParams tight{16, 8, 1.0, 1.0};
+  std::vector<std::uint16_t> w(2);
+  encode(tight, std::vector<float>{1.0000001f}, 1.0, 5, w);
+  EXPECT_LE(decode(tight, std::span<const std::uint16_t>(w))[0], 1.0);
 }
 
 // ---- the protocol -------------------------------------------------------------------------
@@ -342,8 +433,8 @@ TEST(SecAgg, RecoversTheExactSumOrAbortsExactlyWhenItMustUnderDropoutsAndByzanti
     const std::size_t n = 2 + rng() % 9;
     const auto t = static_cast<std::uint32_t>(n / 2 + 1 + rng() % (n - n / 2));
     const auto m = static_cast<std::uint32_t>(t + rng() % (n - t + 1));
-    const bool wide = rng() % 2;
-    const auto p = make_params(n, t, m, wide ? 64 : 32, 1 + rng() % 12);
+    const std::uint32_t bits = 8u << (rng() % 4);  // 8, 16, 32 or 64
+    const auto p = make_params(n, t, m, bits, 1 + rng() % 12);
     std::vector<Silo> silos(n);
     const bool byzantine = rng() % 2;
     for (std::size_t i = 0; i < n; ++i) {
@@ -368,7 +459,10 @@ TEST(SecAgg, RecoversTheExactSumOrAbortsExactlyWhenItMustUnderDropoutsAndByzanti
       }
     }
     const auto [must, excluded] = expected_end(p, silos);
-    const Outcome o = wide ? run_protocol<std::uint64_t>(p, silos, rng) : run_protocol<std::uint32_t>(p, silos, rng);
+    const Outcome o = bits == 8    ? run_protocol<std::uint8_t>(p, silos, rng)
+                      : bits == 16 ? run_protocol<std::uint16_t>(p, silos, rng)
+                      : bits == 32 ? run_protocol<std::uint32_t>(p, silos, rng)
+                                   : run_protocol<std::uint64_t>(p, silos, rng);
     for (const auto& b : o.blamed) {
       auto it = std::find_if(silos.begin(), silos.end(), [&](const Silo& s) { return s.name == b; });
       ASSERT_NE(it->behaviour, Honest) << "scenario " << scenario << " blamed honest " << b;
@@ -393,6 +487,23 @@ TEST(SecAgg, RecoversTheExactSumOrAbortsExactlyWhenItMustUnderDropoutsAndByzanti
   EXPECT_GT(exclusions, 100);
   std::cout << commits << " committed, " << aborts << " aborted, " << exclusions << " exclusions\n";
   EXPECT_GE(phases.size(), 5u) << "every phase should see aborts";
+}
+
+// The compact rings: a silo that drops after its group settled (its pairwise masks are rebuilt
+// from its mask key) and one that drops after masking (its input counts) leave the exact sum of
+// the survivors' inputs mod 2^16 (and 2^8).
+TEST(SecAgg, RecoversTheSumInSixteenAndEightBitRingsWhenSilosDrop) {
+  std::mt19937_64 rng(16);
+  for (std::uint32_t bits : {16u, 8u}) {
+    const auto p = make_params(6, 4, 4, bits, 3000);
+    std::vector<Silo> silos(6);
+    for (std::size_t i = 0; i < silos.size(); ++i) silos[i].name = p.members[i];
+    silos[1].fate = AfterReceipt;
+    silos[4].fate = AfterMasking;
+    const Outcome o = bits == 16 ? run_protocol<std::uint16_t>(p, silos, rng) : run_protocol<std::uint8_t>(p, silos, rng);
+    ASSERT_FALSE(o.aborted) << bits << " bits: " << o.phase << ": " << o.why;
+    EXPECT_EQ(o.sum, o.expected) << bits << " bits";
+  }
 }
 
 // A group run step by step, so a test can play the server, an edge or a silo in between.

@@ -30,6 +30,7 @@ struct Row {
   std::string name;
   json compression;  // the server config's block (null: none)
   bool secure = false;
+  std::uint32_t ring = 32;  // secure rows: modulus_bits
 };
 
 std::vector<Row> rows(const CompressionBenchOptions& o) {
@@ -43,6 +44,7 @@ std::vector<Row> rows(const CompressionBenchOptions& o) {
       {"PowerSGD r4+EF", {{"scheme", "powersgd"}, {"rank", 4}}},
       {"none (secure)", nullptr, true},
       {"random-10%+EF (secure)", {{"scheme", "random_k"}, {"fraction", 0.1}}, true},
+      {"random-10%+EF (secure, 16-bit ring)", {{"scheme", "random_k"}, {"fraction", 0.1}}, true, 16},
   };
   if (o.only.empty()) return r;
   std::vector<Row> out;
@@ -70,9 +72,15 @@ SimConfig federation(const CompressionBenchOptions& o, std::uint64_t seed, const
   if (!row.compression.is_null()) c.compression = row.compression;
   // 32-bit ring words (4 bytes a coordinate, like float32) with room for 10 silos of up to
   // 500 samples and deltas of norm up to 10.
-  if (row.secure) {
+  if (row.secure && row.ring == 32) {
     c.secure = {{"mode", "global"}, {"modulus_bits", 32}, {"fraction_bits", 12}, {"clip_norm", 10},
                 {"max_weight", 500}};
+  }
+  // 16-bit words (2 bytes): 10 silos x max_weight 1 x clip_norm 10 x 2^8 = 25600 < 2^15. The
+  // headroom leaves no room for sample counts: every silo weighs 1 (an unweighted mean).
+  if (row.secure && row.ring == 16) {
+    c.secure = {{"mode", "global"}, {"modulus_bits", 16}, {"fraction_bits", 8}, {"clip_norm", 10},
+                {"max_weight", 1}};
   }
   return c;
 }
