@@ -1,5 +1,7 @@
 #include "silo_agent/external_trainer.h"
 
+#include "silo_agent/trainer_protocol.h"
+
 #include <arpa/inet.h>
 #include <poll.h>
 #include <signal.h>
@@ -29,8 +31,6 @@ using json = nlohmann::json;
 
 namespace {
 
-constexpr std::size_t kMaxMessage = 1u << 20;
-
 std::uint16_t free_port() {
   boost::asio::io_context io;
   boost::asio::ip::tcp::acceptor a(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
@@ -46,6 +46,12 @@ bool write_all(int fd, const char* p, std::size_t n) {
     n -= static_cast<std::size_t>(w);
   }
   return true;
+}
+
+// One framed control message; false when the trainer's end is closed.
+bool send_message(int fd, const json& message) {
+  const std::string bytes = trainer_protocol::frame(message);
+  return write_all(fd, bytes.data(), bytes.size());
 }
 
 // A name made safe for a file name: letters, digits, '.', '_' and '-' kept, the rest '_'.
@@ -82,14 +88,6 @@ void remove_stale_exchanges(const std::string& prefix) {
   }
 }
 
-double number_or(const json& m, std::initializer_list<const char*> keys, double def) {
-  if (!m.is_object()) return def;
-  for (const char* k : keys) {
-    if (m.contains(k) && m[k].is_number() && std::isfinite(m[k].get<double>())) return m[k].get<double>();
-  }
-  return def;
-}
-
 }  // namespace
 
 // One running copy of the trainer's command and the agent's end of its socket pair.
@@ -97,7 +95,7 @@ struct ExternalTrainer::Copy {
   int rank = 0;
   int fd = -1;
   std::unique_ptr<Process> process;
-  std::string in;  // bytes received, not yet a whole message
+  trainer_protocol::Reader reader;  // bytes received, not yet a whole message
   std::filesystem::path log;
   ~Copy() {
     if (fd >= 0) ::close(fd);
@@ -111,10 +109,7 @@ ExternalTrainer::ExternalTrainer(const AgentConfig& cfg) : cfg_(cfg), dir_(cfg.s
 
 ExternalTrainer::~ExternalTrainer() {
   for (auto& c : copies_) {
-    const json bye = {{"type", "task"}, {"id", ++next_id_}, {"kind", "shutdown"}};
-    const std::string body = bye.dump();
-    const std::uint32_t n = htonl(static_cast<std::uint32_t>(body.size()));
-    write_all(c->fd, reinterpret_cast<const char*>(&n), 4) && write_all(c->fd, body.data(), body.size());
+    send_message(c->fd, {{"type", "task"}, {"id", ++next_id_}, {"kind", "shutdown"}});
   }
   stop_copies(std::chrono::milliseconds(5000));
   std::error_code ec;
@@ -244,29 +239,22 @@ void ExternalTrainer::start(const TrainTask& task, std::size_t model_bytes) {
   const auto deadline = Clock::now() + cfg_.external.startup;
   for (auto& c : copies_) {
     const json hello = receive(*c, deadline, "its hello");
-    if (!hello.contains("type") || hello["type"] != "hello") {
-      fail("rank " + std::to_string(c->rank) + " sent " + hello.dump().substr(0, 200) + " before hello");
-    }
-    const int protocol = hello.contains("protocol") && hello["protocol"].is_number_integer() ? hello["protocol"].get<int>() : 0;
-    if (protocol != kTrainerProtocol) {
-      const json err = {{"type", "error"},
-                        {"message", "this agent speaks trainer protocol " + std::to_string(kTrainerProtocol) +
-                                        ", the trainer " + std::to_string(protocol)}};
-      const std::string body = err.dump();
-      const std::uint32_t n = htonl(static_cast<std::uint32_t>(body.size()));
-      write_all(c->fd, reinterpret_cast<const char*>(&n), 4) && write_all(c->fd, body.data(), body.size());
-      const std::string sdk = hello.contains("sdk") && hello["sdk"].is_string() ? hello["sdk"].get<std::string>() : "?";
-      fail("the trainer speaks protocol " + std::to_string(protocol) + " (SDK " + sdk +
-           "), this agent speaks protocol " + std::to_string(kTrainerProtocol) + "; use the SDK of this xsilo release");
+    int protocol = 0;
+    if (const auto why = trainer_protocol::check_hello(hello, protocol); !why.empty()) {
+      if (hello.contains("type") && hello["type"] == "hello") {  // another protocol: tell the trainer too
+        send_message(c->fd, {{"type", "error"},
+                             {"message", "this agent speaks trainer protocol " + std::to_string(kTrainerProtocol) +
+                                             ", the trainer " + std::to_string(protocol)}});
+        fail(why);
+      }
+      fail("rank " + std::to_string(c->rank) + " " + why);
     }
     const json welcome = {{"type", "welcome"},
                           {"protocol", kTrainerProtocol},
                           {"agent", "0.1.0"},
                           {"silo", task.silo},
                           {"exchange_dir", exchange_.string()}};
-    const std::string body = welcome.dump();
-    const std::uint32_t n = htonl(static_cast<std::uint32_t>(body.size()));
-    if (!write_all(c->fd, reinterpret_cast<const char*>(&n), 4) || !write_all(c->fd, body.data(), body.size())) {
+    if (!send_message(c->fd, welcome)) {
       fail("rank " + std::to_string(c->rank) + " closed its channel after hello");
     }
   }
@@ -277,23 +265,9 @@ void ExternalTrainer::start(const TrainTask& task, std::size_t model_bytes) {
 json ExternalTrainer::receive(Copy& c, Clock::time_point deadline, const char* waiting_for) {
   const std::string who = "rank " + std::to_string(c.rank);
   for (;;) {
-    if (c.in.size() >= 4) {
-      std::uint32_t n = 0;
-      std::memcpy(&n, c.in.data(), 4);
-      n = ntohl(n);
-      if (n > kMaxMessage) fail(who + " sent a message of " + std::to_string(n) + " bytes; the limit is 1 MiB");
-      if (c.in.size() >= 4 + n) {
-        const std::string body = c.in.substr(4, n);
-        c.in.erase(0, 4 + n);
-        try {
-          auto j = json::parse(body);
-          if (!j.is_object()) fail(who + " sent a message that is not a JSON object");
-          return j;
-        } catch (const json::exception& e) {
-          fail(who + " sent a message that is not JSON: " + e.what());
-        }
-      }
-    }
+    std::string bad;
+    if (auto message = c.reader.next(bad)) return std::move(*message);
+    if (!bad.empty()) fail(who + " " + bad);
     if (cancelled_) fail("the agent is stopping");
     const auto now = Clock::now();
     if (now >= deadline) {
@@ -321,7 +295,7 @@ json ExternalTrainer::receive(Copy& c, Clock::time_point deadline, const char* w
       fail(who + " closed its channel while the agent waited for " + waiting_for +
            (code ? " (it exited with code " + std::to_string(*code) + ")" : ""));
     }
-    if (got > 0) c.in.append(buf, static_cast<std::size_t>(got));
+    if (got > 0) c.reader.feed({buf, static_cast<std::size_t>(got)});
   }
 }
 
@@ -343,24 +317,15 @@ json ExternalTrainer::run(const std::string& kind, const Model& model, const Tra
   write_safetensors(model_path, model, {{"xsilo.round", std::to_string(task.round)}});
   const json msg = {{"type", "task"}, {"id", id}, {"kind", kind}, {"round", task.round}, {"model", model_path.string()},
                     {"config", config}};
-  const std::string body = msg.dump();
-  const std::uint32_t n = htonl(static_cast<std::uint32_t>(body.size()));
   for (auto& c : copies_) {
-    if (!write_all(c->fd, reinterpret_cast<const char*>(&n), 4) || !write_all(c->fd, body.data(), body.size())) {
+    if (!send_message(c->fd, msg)) {
       fail("rank " + std::to_string(c->rank) + " closed its channel before the " + kind + " task");
     }
   }
   json first;
   for (auto& c : copies_) {
     json r = receive(*c, deadline, ("its " + kind + " result for round " + std::to_string(task.round)).c_str());
-    const std::string who = "rank " + std::to_string(c->rank);
-    const auto type = r.contains("type") && r["type"].is_string() ? r["type"].get<std::string>() : "";
-    if (type == "error") {
-      fail(who + " reports: " + (r.contains("message") && r["message"].is_string() ? r["message"].get<std::string>() : "(no message)"));
-    }
-    if (type != "result" || !r.contains("id") || !r["id"].is_number_unsigned() || r["id"].get<std::uint64_t>() != id) {
-      fail(who + " answered task " + std::to_string(id) + " with " + r.dump().substr(0, 200));
-    }
+    if (const auto why = trainer_protocol::check_result(r, id); !why.empty()) fail("rank " + std::to_string(c->rank) + " " + why);
     if (c->rank == 0) first = std::move(r);
   }
   return first;
@@ -373,13 +338,7 @@ wire::TrainMetrics ExternalTrainer::evaluate(const Model& model, const TrainTask
                        : task.plan.train_timeout_ms()   ? std::chrono::milliseconds(task.plan.train_timeout_ms())
                                                         : std::chrono::milliseconds(3600000);
   return guarded([&] {
-    const json r = run("evaluate", model, task, Clock::now() + timeout);
-    const json metrics = r.contains("metrics") ? r["metrics"] : json::object();
-    m.set_eval_loss(number_or(metrics, {"eval_loss", "loss"}, 0));
-    m.set_eval_accuracy(number_or(metrics, {"eval_accuracy", "accuracy"}, 0));
-    const double samples = number_or(metrics, {"eval_samples", "num_samples"}, 0);
-    m.set_eval_samples(samples > 0 && samples < 1e15 ? static_cast<std::uint64_t>(samples) : 0);
-    return m;
+    return trainer_protocol::parse_eval_metrics(run("evaluate", model, task, Clock::now() + timeout));
   });
 }
 
@@ -400,13 +359,12 @@ TrainResult ExternalTrainer::train(const Model& global, const TrainTask& task, M
 // Rank 0's weights: a regular file of the exchange folder with exactly the global model's
 // tensors (names, shapes, floating-point dtypes) and finite values.
 TrainResult ExternalTrainer::read_weights(const json& r, const Model& global, Model& local, const TrainTask& task) {
-  if (!r.contains("weights") || !r["weights"].is_string()) fail("rank 0's train result names no weights file");
-  const std::filesystem::path weights = r["weights"].get<std::string>();
+  trainer_protocol::TrainAnswer answer;
+  const auto refused = trainer_protocol::parse_train_answer(r, exchange_, answer);
+  const std::filesystem::path& weights = answer.weights;
   const RemoveOnExit remove_weights{weights.parent_path() == exchange_ ? weights : std::filesystem::path()};
-  if (weights.parent_path() != exchange_ || weights.filename().string().rfind(".", 0) == 0) {
-    fail("the weights file " + weights.string() + " is not a file of the exchange folder " + exchange_.string());
-  }
-  const auto samples = r.contains("num_samples") && r["num_samples"].is_number_unsigned() ? r["num_samples"].get<std::uint64_t>() : 0;
+  if (!refused.empty()) fail(refused);
+  const auto samples = answer.num_samples;
   std::string why;
   try {
     const MappedFile file(weights);
@@ -446,9 +404,8 @@ TrainResult ExternalTrainer::read_weights(const json& r, const Model& global, Mo
   if (samples == 0) fail("rank 0's train result has no positive num_samples");
   TrainResult out;
   out.num_samples = samples;
-  const json metrics = r.contains("metrics") && r["metrics"].is_object() ? r["metrics"] : json::object();
-  out.metrics.set_train_loss(number_or(metrics, {"loss", "train_loss"}, 0));
-  for (auto it = metrics.begin(); it != metrics.end(); ++it) {
+  out.metrics.set_train_loss(answer.loss);
+  for (auto it = answer.metrics.begin(); it != answer.metrics.end(); ++it) {
     if (it.key() != "loss" && it.key() != "train_loss") spdlog::info("round {}: trainer metric {} = {}", task.round, it.key(), it->dump());
   }
   return out;

@@ -23,10 +23,11 @@
 #include "common/process.h"
 #include "silo_agent/config.h"
 #include "silo_agent/trainer.h"
+#include "silo_agent/trainer_protocol.h"
 
 namespace xsilo::agent {
 
-inline constexpr int kTrainerProtocol = 1;
+inline constexpr int kTrainerProtocol = trainer_protocol::kVersion;
 
 class ExternalTrainer final : public Trainer {
  public:
