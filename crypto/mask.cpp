@@ -13,6 +13,7 @@ namespace {
 
 constexpr std::size_t kBlock = 16 * 1024;  // keystream generated in L1-sized pieces
 constexpr std::size_t kPiece = 8 * 1024;   // masks applied to the vector this much at a time
+constexpr std::size_t kBatch = 64;         // masks applied in one pass
 
 struct Ctr {
   EVP_CIPHER_CTX* ctx = EVP_CIPHER_CTX_new();
@@ -34,6 +35,15 @@ struct Ctr {
 
 template <class T>
 void add_masks_impl(std::span<const MaskTerm> terms, std::span<T> vec) {
+  // Up to kBatch ciphers live at once (about 700 bytes each): thousands of terms (a server
+  // removing masks after many dropouts) take a pass per batch rather than megabytes of cipher
+  // state that would push the vector's piece out of L1.
+  if (terms.size() > kBatch) {
+    for (std::size_t b = 0; b < terms.size(); b += kBatch) {
+      add_masks_impl(terms.subspan(b, std::min(kBatch, terms.size() - b)), vec);
+    }
+    return;
+  }
   std::vector<std::unique_ptr<Ctr>> ctrs;
   ctrs.reserve(terms.size());
   for (const auto& t : terms) ctrs.push_back(std::make_unique<Ctr>(t.seed));

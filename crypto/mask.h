@@ -18,9 +18,9 @@ struct MaskTerm {
   int sign = +1;
 };
 
-// vec[i] += sum_j terms[j].sign * PRG(terms[j].seed)[i], in one pass over vec: each piece of it
-// (a few KiB) takes every term's keystream while it is in the L1 cache, so a vector larger
-// than the caches crosses memory once, not once per mask.
+// vec[i] += sum_j terms[j].sign * PRG(terms[j].seed)[i], in one pass over vec per 64 terms: each
+// piece of it (a few KiB) takes every term's keystream while it is in the L1 cache, so a vector
+// larger than the caches crosses memory once per 64 masks, not once per mask.
 void add_masks(std::span<const MaskTerm> terms, std::span<std::uint32_t> vec);
 void add_masks(std::span<const MaskTerm> terms, std::span<std::uint64_t> vec);
 void add_masks(std::span<const MaskTerm> terms, std::span<std::uint16_t> vec);

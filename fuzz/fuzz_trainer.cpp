@@ -14,7 +14,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::string error;
     while (auto message = reader.next(error)) {
       if (!message->is_object()) __builtin_trap();  // the reader hands on objects only
-      int protocol = 0;
+      std::int64_t protocol = 0;
       (void)tp::check_hello(*message, protocol);
       (void)tp::check_result(*message, task_id);
       tp::TrainAnswer answer;

@@ -353,7 +353,8 @@ std::vector<GroupResult> SecureRound::finish(std::map<std::uint32_t, protocol::M
     } else if (g.phase != Phase::Unmask) {
       r.why = "collection closed before the survivors confirmed their set";
     } else {
-      const std::string err = sum.visit([&](auto words) { return g.server->finish(words); });
+      auto& server = *g.server;  // a lambda may not capture a structured binding (clang 14)
+      const std::string err = sum.visit([&](auto words) { return server.finish(words); });
       if (!err.empty()) {
         r.why = err;
       } else {

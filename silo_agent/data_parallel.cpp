@@ -161,24 +161,25 @@ TrainStats train_data_parallel(collective::Group& group, int shards, const Netwo
     bool first = true;
     auto flush = [&](std::size_t down_to) {
       std::span<float> bucket(grad.data() + down_to, lo - down_to);
-      for (auto& v : bucket) v *= scale;
+      if (mine == 0) std::fill(bucket.begin(), bucket.end(), 0.0f);  // not 0 x value: a NaN stays NaN
+      else for (auto& v : bucket) v *= scale;
       reducer.submit(bucket);
       lo = down_to;
       first = false;
     };
-    if (mine == 0) {
-      std::fill(grad.begin(), grad.end(), 0.0f);
-      reducer.submit(std::span<float>(grad));
-    } else {
-      const double loss = net.loss_and_grad(params, xb.data(), yb.data(), mine, g,
-                                            [&](std::size_t offset, std::size_t) {
-                                              ready_lo = offset + 1;
-                                              const std::size_t limit = first ? buckets.first_bytes : buckets.bytes;
-                                              if ((lo - ready_lo) * sizeof(float) >= limit) flush(ready_lo);
-                                            });
-      grad[0] = static_cast<float>(loss);
-      flush(0);
-    }
+    // A worker with none of the batch's rows contributes zeros, but in the same buckets as the
+    // others (every collective must match its peers'): it runs backward on one row of the batch
+    // for the bucket boundaries and sends zeros.
+    const float* rows = mine ? xb.data() : data.row(order[start]);
+    const int* labels = mine ? yb.data() : &data.y[order[start]];
+    const double loss = net.loss_and_grad(params, rows, labels, std::max<std::size_t>(mine, 1), g,
+                                          [&](std::size_t offset, std::size_t) {
+                                            ready_lo = offset + 1;
+                                            const std::size_t limit = first ? buckets.first_bytes : buckets.bytes;
+                                            if ((lo - ready_lo) * sizeof(float) >= limit) flush(ready_lo);
+                                          });
+    grad[0] = static_cast<float>(loss);
+    flush(0);
     reducer.finish();
     step_loss[op] = grad[0];
     for (std::size_t k = 0; k < params.size(); ++k) {
@@ -198,7 +199,10 @@ TrainStats train_data_parallel(collective::Group& group, int shards, const Netwo
     // The group re-formed: go back to the parameters kept before the step to redo (a worker
     // that finished step op - 1 may be one step ahead of one that failed in it).
     std::copy(kept[*resume % 2].begin(), kept[*resume % 2].end(), params.begin());
-    if (int8) residual = kept_residual[*resume % 2];
+    if (int8) {
+      residual = kept_residual[*resume % 2];
+      residual.handover();  // the segments have new owners
+    }
     if (log) {
       std::string ids;
       for (int id : group.members()) {

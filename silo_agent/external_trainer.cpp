@@ -239,7 +239,7 @@ void ExternalTrainer::start(const TrainTask& task, std::size_t model_bytes) {
   const auto deadline = Clock::now() + cfg_.external.startup;
   for (auto& c : copies_) {
     const json hello = receive(*c, deadline, "its hello");
-    int protocol = 0;
+    std::int64_t protocol = 0;
     if (const auto why = trainer_protocol::check_hello(hello, protocol); !why.empty()) {
       if (hello.contains("type") && hello["type"] == "hello") {  // another protocol: tell the trainer too
         send_message(c->fd, {{"type", "error"},

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -45,18 +46,21 @@ std::string encode_runs(std::span<const float> x, std::uint64_t seed, std::span<
   return out;
 }
 
-void decode_runs(std::string_view codes, std::span<float> out, int from) {
+// "" when the codes decoded into `out`, else why not.
+std::string decode_runs(std::string_view codes, std::span<float> out) {
   std::size_t pos = 0;
+  std::string why;
   for_each_run(out.size(), [&](std::size_t at, std::size_t len) {
     const std::size_t bytes = protocol::encoded_bytes(codec(), len);
     std::size_t nonzeros = 0;
-    const auto why = protocol::decode_chunk(codec(), codes.substr(pos, bytes), out.subspan(at, len), nonzeros);
-    if (!why.empty()) {
-      throw std::runtime_error("8-bit all-reduce: the codes from rank " + std::to_string(from) +
-                               " do not decode (" + why + "): its gradient is NaN or infinite");
-    }
+    if (why.empty()) why = protocol::decode_chunk(codec(), codes.substr(pos, bytes), out.subspan(at, len), nonzeros);
     pos += bytes;
   });
+  return why;
+}
+
+bool finite(std::span<const float> v) {
+  return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
 }
 
 std::span<const std::uint8_t> bytes_of(const std::string& s) {
@@ -88,9 +92,6 @@ void quantized_all_reduce(collective::Mesh& mesh, std::span<float> data, std::sp
   if (sent.size() != data.size() || summed.size() != data.size()) {
     throw std::invalid_argument("8-bit all-reduce: the residuals must have the data's size");
   }
-  if (!std::all_of(data.begin(), data.end(), [](float v) { return std::isfinite(v); })) {
-    throw std::runtime_error("8-bit all-reduce: the gradient is NaN or infinite (the training diverged)");
-  }
   auto seg = [&](int k) {
     const auto [begin, len] = collective::segment(data.size(), static_cast<std::size_t>(n), static_cast<std::size_t>(k));
     return std::pair{begin, len};
@@ -100,8 +101,16 @@ void quantized_all_reduce(collective::Mesh& mesh, std::span<float> data, std::sp
     return seed ^ mix((static_cast<std::uint64_t>(r) << 33) | (static_cast<std::uint64_t>(k) << 1) | phase);
   };
 
+  // A failure (a value that is not finite here, codes from a peer that do not decode) is not
+  // thrown at once: the exchanges go on, and this rank's sum goes out as NaN, whose codes no
+  // rank decodes. So every rank learns of it in phase 2 and all of them fail the step alike,
+  // instead of some going on without the others. (A rank that owns no element, with fewer
+  // elements than ranks, cannot pass it on; its peers then time out.)
+  std::string failed;
+
   // Phase 1: the codes of every other rank's segment, with what was left out last time added.
   for (std::size_t i = 0; i < data.size(); ++i) data[i] += sent[i];
+  if (!finite(data)) failed = "8-bit all-reduce: the gradient is NaN or infinite here (the training diverged)";
   std::vector<std::string> out(static_cast<std::size_t>(n));
   std::vector<float> decoded(seg(0).second);  // segment 0 is the longest
   for (int k = 0; k < n; ++k) {
@@ -119,21 +128,35 @@ void quantized_all_reduce(collective::Mesh& mesh, std::span<float> data, std::sp
   for (int s = 1; s < n; ++s) {
     const int dst = (r + s) % n, src = (r - s + n) % n;
     exchange(mesh, dst, out[static_cast<std::size_t>(dst)], src, in, chunk_bytes);
-    decode_runs(in, std::span(decoded.data(), own_len), src);
+    if (!failed.empty()) continue;
+    if (const auto why = decode_runs(in, std::span(decoded.data(), own_len)); !why.empty()) {
+      failed = "8-bit all-reduce: the codes from rank " + std::to_string(src) + " do not decode (" + why +
+               "): its gradient is NaN or infinite";
+      continue;
+    }
     for (std::size_t i = 0; i < own_len; ++i) sum[i] += decoded[i];
   }
+  if (failed.empty() && !finite(sum)) failed = "8-bit all-reduce: a sum overflowed (the training diverged)";
+  if (!failed.empty()) std::fill(sum.begin(), sum.end(), std::numeric_limits<float>::quiet_NaN());
 
   // Phase 2: the codes of this segment's sum to everyone; this rank keeps what they decode to.
   auto own = data.subspan(own_begin, own_len);
   const std::string codes = encode_runs(sum, id(r, 1), own);
-  for (std::size_t i = 0; i < own_len; ++i) summed[own_begin + i] = sum[i] - own[i];
+  if (failed.empty()) {
+    for (std::size_t i = 0; i < own_len; ++i) summed[own_begin + i] = sum[i] - own[i];
+  }
   for (int s = 1; s < n; ++s) {
     const int dst = (r + s) % n, src = (r - s + n) % n;
     const auto [begin, len] = seg(src);
     in.assign(quantized_bytes(len), '\0');
     exchange(mesh, dst, codes, src, in, chunk_bytes);
-    decode_runs(in, data.subspan(begin, len), src);
+    if (!failed.empty()) continue;
+    if (const auto why = decode_runs(in, data.subspan(begin, len)); !why.empty()) {
+      failed = "8-bit all-reduce: rank " + std::to_string(src) + "'s sum does not decode (" + why +
+               "): a gradient of this step is NaN or infinite";
+    }
   }
+  if (!failed.empty()) throw std::runtime_error(failed);
 }
 
 }  // namespace xsilo::agent

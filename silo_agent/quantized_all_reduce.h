@@ -20,6 +20,7 @@
 // into the next call instead of losing them.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -29,14 +30,18 @@
 namespace xsilo::agent {
 
 // One rank's error feedback for a vector of the same size: coordinates it sent short, and
-// coordinates of the segments it summed whose codes came out short. Both persist across calls;
-// a rank that owns other segments after a re-formation keeps its old `summed` values, which are
-// still sums it has not delivered.
+// coordinates of the segments it summed whose codes came out short. Both persist across calls.
+// When the ranks change (a re-formation), segments change owners: `handover()` moves what this
+// rank still owes as a segment's owner into what it sends, so the new owner delivers it once.
 struct QuantizedResidual {
   std::vector<float> sent, summed;
   void resize(std::size_t n) {
     sent.assign(n, 0.0f);
     summed.assign(n, 0.0f);
+  }
+  void handover() {
+    for (std::size_t i = 0; i < sent.size(); ++i) sent[i] += summed[i];
+    std::fill(summed.begin(), summed.end(), 0.0f);
   }
 };
 
@@ -47,8 +52,9 @@ inline constexpr std::size_t kQuantizedRun = std::size_t{1} << 20;
 // Sums `data` over the ranks of `mesh` as described above. `sent` and `summed` are this rank's
 // residuals for `data` (same size; subspans of a QuantizedResidual). `seed` drives the rounding
 // and must differ between calls (the step and the bucket). Throws collective::CollectiveError
-// when a peer fails, std::runtime_error when the data is not finite (here or at a peer: its
-// codes carry a NaN scale, which every receiver refuses).
+// when a peer fails, std::runtime_error on every rank when a value is not finite on any of them
+// (its codes carry a NaN scale, which no receiver decodes, and the owner of a segment that
+// received such codes passes it on as a NaN sum: all ranks fail the step alike).
 void quantized_all_reduce(collective::Mesh& mesh, std::span<float> data, std::span<float> sent,
                           std::span<float> summed, std::uint64_t seed, std::size_t chunk_bytes = 1u << 20);
 

@@ -47,17 +47,29 @@ std::optional<json> Reader::next(std::string& error) {
     return std::nullopt;
   }
   if (in_.size() < 4 + std::size_t{n}) return std::nullopt;
-  const std::string_view body(in_.data() + 4, n);
-  json j = json::parse(body, nullptr, false);
+  const std::string body = in_.substr(4, n);
   in_.erase(0, 4 + std::size_t{n});
-  if (j.is_discarded()) failed_ = error = "sent a message that is not JSON";
+  // Parsing does not recurse, but printing and destroying a value do: a message nested a
+  // million deep would overflow the stack the first time it is printed in an error.
+  bool too_deep = false;
+  json j;
+  try {
+    j = json::parse(body, [&](int depth, json::parse_event_t, json&) {
+      too_deep = too_deep || depth > kMaxDepth;
+      return !too_deep;
+    });
+  } catch (const json::exception& e) {
+    failed_ = error = std::string("sent a message that is not JSON: ") + e.what();
+    return std::nullopt;
+  }
+  if (too_deep) failed_ = error = "sent a message nested deeper than " + std::to_string(kMaxDepth) + " levels";
   else if (!j.is_object()) failed_ = error = "sent a message that is not a JSON object";
   if (!failed_.empty()) return std::nullopt;
   return j;
 }
 
-std::string check_hello(const json& hello, int& protocol) {
-  protocol = hello.contains("protocol") && hello["protocol"].is_number_integer() ? hello["protocol"].get<int>() : 0;
+std::string check_hello(const json& hello, std::int64_t& protocol) {
+  protocol = hello.contains("protocol") && hello["protocol"].is_number_integer() ? hello["protocol"].get<std::int64_t>() : 0;
   if (string_or(hello, "type", "") != "hello") return "sent " + hello.dump().substr(0, 200) + " before hello";
   if (protocol != kVersion) {
     return "the trainer speaks protocol " + std::to_string(protocol) + " (SDK " + string_or(hello, "sdk", "?") +
@@ -82,9 +94,9 @@ std::string parse_train_answer(const json& result, const std::filesystem::path& 
   if (out.weights.parent_path() != exchange || out.weights.filename().string().rfind(".", 0) == 0) {
     return "the weights file " + out.weights.string() + " is not a file of the exchange folder " + exchange.string();
   }
-  out.num_samples = result.contains("num_samples") && result["num_samples"].is_number_unsigned()
-                        ? result["num_samples"].get<std::uint64_t>()
-                        : 0;
+  const bool counted = result.contains("num_samples") && result["num_samples"].is_number_integer() &&
+                       (result["num_samples"].is_number_unsigned() || result["num_samples"].get<std::int64_t>() >= 0);
+  out.num_samples = counted ? result["num_samples"].get<std::uint64_t>() : 0;
   out.metrics = result.contains("metrics") && result["metrics"].is_object() ? result["metrics"] : json::object();
   out.loss = number_or(out.metrics, {"loss", "train_loss"}, 0);
   return "";

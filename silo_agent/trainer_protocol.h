@@ -19,6 +19,7 @@ namespace xsilo::agent::trainer_protocol {
 
 inline constexpr int kVersion = 1;
 inline constexpr std::size_t kMaxMessage = std::size_t{1} << 20;
+inline constexpr int kMaxDepth = 64;  // nesting of a message's JSON
 
 // One message framed for the socket.
 std::string frame(const nlohmann::json& message);
@@ -28,8 +29,8 @@ class Reader {
  public:
   void feed(std::string_view bytes) { in_.append(bytes); }
   // The next complete message; nullopt while it is incomplete. A message over the limit, not
-  // JSON or not an object sets `error` (and the reader stays failed: the stream has lost its
-  // framing).
+  // JSON, nested deeper than kMaxDepth or not an object sets `error` (and the reader stays
+  // failed: the stream has lost its framing).
   std::optional<nlohmann::json> next(std::string& error);
   std::size_t buffered() const { return in_.size(); }
 
@@ -40,7 +41,7 @@ class Reader {
 
 // A hello: "" when it is one and speaks our protocol, else why not (naming the trainer's
 // protocol and SDK). `protocol` gets the version it claims (0 if none).
-std::string check_hello(const nlohmann::json& hello, int& protocol);
+std::string check_hello(const nlohmann::json& hello, std::int64_t& protocol);
 
 // An answer to task `id`: "" for its result; else the trainer's own error message, or what is
 // wrong with the answer.

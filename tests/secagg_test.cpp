@@ -48,9 +48,9 @@ TEST(Aead, TamperedCiphertextOrWrongContextIsRefused) {
 // The fused pass adds exactly what one mask after another adds: word i of every term's stream
 // lands on word i, across the pieces the pass cuts the vector into, in both rings.
 template <class T>
-void check_fused_equals_one_by_one(std::size_t length) {
+void check_fused_equals_one_by_one(std::size_t length, int count = 7) {
   std::vector<MaskTerm> terms;
-  for (int j = 0; j < 7; ++j) terms.push_back({Secret::random(), j % 3 == 0 ? -1 : +1});
+  for (int j = 0; j < count; ++j) terms.push_back({Secret::random(), j % 3 == 0 ? -1 : +1});
   std::vector<T> fused(length), sequential(length);
   for (std::size_t i = 0; i < length; ++i) fused[i] = sequential[i] = static_cast<T>(i * 2654435761u);
   add_masks(terms, std::span<T>(fused));
@@ -61,12 +61,15 @@ void check_fused_equals_one_by_one(std::size_t length) {
 }
 
 TEST(MaskPrg, TheFusedPassAddsWhatOneMaskAfterAnotherAdds) {
-  for (std::size_t length : {0u, 1u, 2047u, 2048u, 2049u, 100003u}) {
+  for (std::size_t length : {0u, 1u, 2047u, 2048u, 2049u, 100003u}) {  // across pieces of every word size
     check_fused_equals_one_by_one<std::uint32_t>(length);
     check_fused_equals_one_by_one<std::uint64_t>(length);
     check_fused_equals_one_by_one<std::uint16_t>(length);
     check_fused_equals_one_by_one<std::uint8_t>(length);
   }
+  // More terms than one pass takes (64): the batches add up to the same.
+  check_fused_equals_one_by_one<std::uint32_t>(5003, 130);
+  check_fused_equals_one_by_one<std::uint16_t>(5003, 130);
 }
 
 TEST(MaskPrg, MasksCancelAndTheKeystreamIsAes128Ctr) {

@@ -1,6 +1,7 @@
 // External trainers: the agent's side of the trainer protocol against real Python processes
 // (tests/fake_trainer.py, numpy only, and the PyTorch example), in-process and as whole
 // federations over mutual TLS.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include "common/safetensors.h"
 #include "server/audit.h"
 #include "silo_agent/external_trainer.h"
+#include "silo_agent/trainer_protocol.h"
 #include "tests/federation_util.h"
 
 namespace xsilo {
@@ -67,6 +69,62 @@ agent::TrainTask task(std::uint64_t round) {
   t.plan.set_learning_rate(0.1f);
   t.plan.set_config_json(R"({"learning_rate": 0.1, "schedule": "cosine"})");
   return t;
+}
+
+// The framing and checks without a trainer process: bytes cut anywhere, and what a broken or
+// hostile trainer could send.
+TEST(TrainerProtocol, FramesAcrossPiecesAndRefusesWhatCannotBeAMessage) {
+  namespace tp = agent::trainer_protocol;
+  using json = nlohmann::json;
+  const std::string two = tp::frame({{"type", "hello"}, {"protocol", 1}}) + tp::frame({{"type", "result"}, {"id", 3}});
+  tp::Reader r;
+  std::string error;
+  std::vector<json> got;
+  for (char c : two) {  // one byte at a time
+    r.feed(std::string_view(&c, 1));
+    while (auto m = r.next(error)) got.push_back(*m);
+  }
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(error, "");
+  std::int64_t protocol = 0;
+  EXPECT_EQ(tp::check_hello(got[0], protocol), "");
+  EXPECT_EQ(tp::check_result(got[1], 3), "");
+  EXPECT_NE(tp::check_result(got[1], 4).find("answered task 4"), std::string::npos);
+
+  auto refused = [](const std::string& bytes) {
+    tp::Reader bad;
+    bad.feed(bytes);
+    std::string why, again;
+    EXPECT_FALSE(bad.next(why));
+    EXPECT_FALSE(bad.next(again));  // it stays failed
+    EXPECT_EQ(again, why);
+    return why;
+  };
+  std::string deep(100000, '[');
+  deep += std::string(100000, ']');
+  const std::string nested = "{\"a\":" + deep + "}";
+  auto framed = [](const std::string& body) {
+    const std::uint32_t n = htonl(static_cast<std::uint32_t>(body.size()));
+    return std::string(reinterpret_cast<const char*>(&n), 4) + body;
+  };
+  EXPECT_NE(refused(framed(nested)).find("nested deeper than 64"), std::string::npos);
+  EXPECT_NE(refused(framed("[1, 2]")).find("not a JSON object"), std::string::npos);
+  EXPECT_NE(refused(framed("{\"a\": ")).find("not JSON"), std::string::npos);
+  EXPECT_NE(refused(std::string("\x00\x20\x00\x00{}", 6)).find("2097152 bytes; the limit is 1 MiB"), std::string::npos);
+
+  // A protocol number that only truncates to 1 is not protocol 1.
+  EXPECT_NE(tp::check_hello({{"type", "hello"}, {"protocol", 4294967297LL}}, protocol).find("protocol 4294967297"),
+            std::string::npos);
+  tp::TrainAnswer answer;
+  EXPECT_NE(tp::parse_train_answer({{"weights", "/x/../etc/passwd"}}, "/x", answer).find("not a file of the exchange"),
+            std::string::npos);
+  EXPECT_NE(tp::parse_train_answer({{"weights", "/x/.hidden"}}, "/x", answer).find("not a file of the exchange"),
+            std::string::npos);
+  EXPECT_EQ(tp::parse_train_answer({{"weights", "/x/w.safetensors"}, {"num_samples", 5}, {"metrics", {{"loss", 0.25}}}},
+                                   "/x", answer),
+            "");
+  EXPECT_EQ(answer.num_samples, 5u);
+  EXPECT_EQ(answer.loss, 0.25);
 }
 
 TEST(ExternalTrainer, TrainsThroughTheSdkAndReturnsTheWeights) {
