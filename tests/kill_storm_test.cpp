@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/config.h"
 #include "server/audit.h"
 #include "server/metrics.h"
 #include "tests/federation_util.h"
@@ -82,6 +83,32 @@ TEST(KillStorm, TheSameSeedDrawsTheSameStormAndEveryKindIsHit) {
   bool differs = c.size() != a.size();
   for (std::size_t k = 0; !differs && k < a.size(); ++k) differs = a[k].process != c[k].process || a[k].round != c[k].round;
   EXPECT_TRUE(differs);
+}
+
+TEST(KillStorm, AStormTheFederationCannotHaveIsRefusedWithItsKey) {
+  test::TempDir dir;
+  auto refused = [&](json storm, int edges = 2) {
+    json sim = storm_sim(20, 1);
+    sim["kill_storm"] = std::move(storm);
+    sim["edges"] = edges;
+    atomic_write_file(dir / "bad.json", sim.dump());
+    try {
+      load_sim_config(dir / "bad.json");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(refused({{"every_rounds", {5, 3}}}).find(".kill_storm.every_rounds"), std::string::npos);
+  EXPECT_NE(refused({{"targets", {"workers"}}}).find(".kill_storm.targets"), std::string::npos);
+  EXPECT_NE(refused({{"targets", {"edges"}}}, 0).find("has none"), std::string::npos);
+  EXPECT_NE(refused({{"phases", {"after_keys"}}}).find(".kill_storm.phases"), std::string::npos);
+  // Without train_ms a storm paces the silos itself: faults must land in the rounds they name.
+  atomic_write_file(dir / "ok.json", storm_sim(20, 1).dump());
+  const auto ok = load_sim_config(dir / "ok.json");
+  EXPECT_EQ(ok.train_min_ms, 100u);
+  EXPECT_EQ(ok.train_max_ms, 300u);
+  EXPECT_FALSE(ok.faults.empty());
 }
 
 TEST(KillStorm, ThirtySixRoundsUnderAKillEveryFewRoundsLoseAndRepeatNoCommittedRound) {
