@@ -7,6 +7,7 @@
 // descriptors do not grow. The long soak is scripts/kill-storm.sh (docs/benchmarks.md).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <set>
@@ -202,18 +203,21 @@ TEST(KillStorm, ThirtySixRoundsUnderAKillEveryFewRoundsLoseAndRepeatNoCommittedR
   EXPECT_NE(read_file(dir / "verify.log").find("every witness consistent"), std::string::npos)
       << log_tail(dir / "verify.log");
 
-  // Descriptors: each server process holds no more at its last sample than at its first, give
-  // or take the connections of the federation (2 edges, silos failed over to the server).
+  // Descriptors: each server process ends holding no more than the run's usual count plus one
+  // connection per silo (silos fail over to the server while their edge is down). Not against
+  // its first sample: a restarted server's first round can end before its edges reconnect.
   const auto res = read_resources(out / "server_resources.csv");
   ASSERT_GE(res.size(), rounds / 2);
-  std::map<long, std::pair<long, long>> first_last;  // pid -> (first fds, last fds)
+  std::vector<long> all;
+  std::map<long, long> last;  // pid -> fds at its last sample
   for (const auto& r : res) {
-    auto [it, fresh] = first_last.try_emplace(r.pid, r.fds, r.fds);
-    it->second.second = r.fds;
-    (void)fresh;
+    all.push_back(r.fds);
+    last[r.pid] = r.fds;
   }
-  for (const auto& [pid, fl] : first_last) {
-    EXPECT_LE(fl.second, fl.first + 5) << "server " << pid << " descriptors grew from " << fl.first << " to " << fl.second;
+  std::nth_element(all.begin(), all.begin() + static_cast<long>(all.size() / 2), all.end());
+  const long usual = all[all.size() / 2];
+  for (const auto& [pid, fds] : last) {
+    EXPECT_LE(fds, usual + 4) << "server " << pid << " ended with " << fds << " descriptors, usually " << usual;
   }
 }
 
