@@ -76,15 +76,17 @@ AuditVerifyResult verify_audit_log(const std::filesystem::path& path, const std:
     r.reason = "no audit log at " + path.string();
     return r;
   }
-  const auto lines = read_lines(path);
-  for (std::size_t i = 0; i < lines.size(); ++i) {
-    const std::uint64_t n = i + 1;
-    if (const std::string why = check_line(lines[i], pk, n, r.head_sha256); !why.empty()) {
+  // A line at a time: a server verifies its whole log at every start, and must not hold it.
+  std::ifstream in(path, std::ios::binary);
+  std::uint64_t n = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++n;
+    if (const std::string why = check_line(line, pk, n, r.head_sha256); !why.empty()) {
       r.first_bad = n;
       r.reason = "record " + std::to_string(n) + ": " + why;
       return r;
     }
-    r.head_sha256 = crypto::sha256_hex(lines[i]);
+    r.head_sha256 = crypto::sha256_hex(line);
     r.line_sha256.push_back(r.head_sha256);
     r.records = n;
   }

@@ -2,14 +2,17 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "common/fs.h"
 #include "crypto/hash.h"
 #include "common/safetensors.h"
+#include "server/metrics.h"
 
 namespace xsilo::server {
 
@@ -44,6 +47,45 @@ crypto::SigningKey open_key(const std::filesystem::path& dir) {
   return key;
 }
 
+// Each record of the audit log in turn, one line in memory at a time: recovery must not hold
+// the whole history (a 2,000-round log as JSON objects is tens of MiB, kept by the heap for the
+// server's whole life).
+template <class Fn>
+void for_each_record(const std::filesystem::path& path, Fn&& fn) {
+  std::ifstream in(path, std::ios::binary);
+  std::size_t n = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++n;
+    nlohmann::json rec;
+    try {
+      rec = nlohmann::json::parse(line);
+    } catch (const std::exception&) {
+      throw std::runtime_error(path.string() + ": record " + std::to_string(n) + " is not JSON");
+    }
+    fn(rec);
+  }
+}
+
+// The metrics row of a round the audit log records but metrics.csv lacks (the server died
+// between appending the record and the row): what the record says; the losses it does not
+// hold are NaN, the duration is unknown (0).
+MetricsRow metrics_row_of(const nlohmann::json& rec) {
+  MetricsRow row;
+  row.round = rec.value("round", std::uint64_t{0});
+  row.committed = rec.value("status", "") == "committed";
+  row.selected = rec.value("selected", nlohmann::json::array()).size();
+  row.reported = rec.value("participants", nlohmann::json::array()).size();
+  row.dropped = rec.value("dropouts", nlohmann::json::array()).size();
+  row.train_loss = row.fed_eval_loss = row.fed_eval_accuracy = std::nan("");
+  row.upload_bytes = rec.value("upload_bytes", std::uint64_t{0});
+  std::set<std::string> edges;
+  for (const auto& p : rec.value("participants", nlohmann::json::array())) {
+    if (p.is_object() && p.contains("edge")) edges.insert(p.value("edge", ""));
+  }
+  row.edges = edges.size();
+  return row;
+}
+
 }  // namespace
 
 std::uint64_t checkpoint_round(const std::filesystem::path& path) {
@@ -73,9 +115,14 @@ Resume ServerState::recover(const Model& layout) {
     std::string model, optimizer;  // SHA-256s the record names ("" optimizer: none)
   };
   std::map<std::uint64_t, Committed> committed;
-  for (const auto& rec : read_audit_log(audit_->path())) {
-    if (rec.value("event", "") != "round") continue;
+  // Rounds the log records after the last row of metrics.csv: their rows are appended below.
+  std::uint64_t metrics_round = 0;
+  if (const auto rows = read_metrics(dir_ / "metrics.csv"); !rows.empty()) metrics_round = rows.back().round;
+  std::map<std::uint64_t, MetricsRow> missing_rows;
+  for_each_record(audit_->path(), [&](const nlohmann::json& rec) {
+    if (rec.value("event", "") != "round") return;
     const auto n = rec.value("round", std::uint64_t{0});
+    if (n > metrics_round) missing_rows[n] = metrics_row_of(rec);
     r.last_round = std::max(r.last_round, n);
     if (rec.value("status", "") == "committed") {
       audited_commit = std::max(audited_commit, n);
@@ -85,7 +132,7 @@ Resume ServerState::recover(const Model& layout) {
       }
       committed[n] = {rec.value("model_sha256_after", ""), rec.value("optimizer_state_sha256", "")};
     }
-  }
+  });
   auto cps = list_checkpoints(dir_ / "checkpoints");
   for (auto it = cps.rbegin(); it != cps.rend(); ++it) {
     Metadata meta;
@@ -134,6 +181,7 @@ Resume ServerState::recover(const Model& layout) {
         try {
           audit_->append_line(*line);  // checks signature and chain before writing a byte
           spdlog::warn("round {} was checkpointed but not audited; its signed record appended", round);
+          if (round > metrics_round) missing_rows[round] = metrics_row_of(nlohmann::json::parse(*line));
         } catch (const std::exception& e) {
           untrusted = e.what();
         }
@@ -155,6 +203,11 @@ Resume ServerState::recover(const Model& layout) {
                  "resuming from round {}", audited_commit, r.committed_round);
   }
   r.last_round = std::max(r.last_round, r.committed_round);
+  for (const auto& [round, row] : missing_rows) {
+    spdlog::warn("round {} is in the audit log but not in metrics.csv (the server died in between); its row "
+                 "appended from the record", round);
+    append_metrics(row);
+  }
   return r;
 }
 

@@ -1,12 +1,14 @@
 // The audit log catches every kind of tampering and names the first bad record.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 
 #include "common/fs.h"
 #include "crypto/hash.h"
 #include "common/safetensors.h"
 #include "server/audit.h"
+#include "server/metrics.h"
 #include "server/state.h"
 #include "tests/testlib.h"
 
@@ -242,6 +244,41 @@ TEST_F(RecoveryTest, ACheckpointAheadOfTheLogIsAppendedExactlyAsSigned) {
   ASSERT_EQ(lines.size(), 2u);
   EXPECT_EQ(lines[1], line2);  // byte for byte what was signed before the checkpoint
   EXPECT_TRUE(verify_audit_log(dir_ / "audit.jsonl", st.audit().public_key()).ok);
+}
+
+// Found by the kill storm (issue 17): a server killed after appending a round's record and
+// before its metrics row left metrics.csv without that committed round for good; the sim,
+// which follows metrics.csv, never counted it. Recovery now appends the rows the log has and
+// metrics.csv lacks, from the records, once.
+TEST_F(RecoveryTest, RoundsTheLogRecordsButTheMetricsLackGetTheirRowsBack) {
+  {
+    ServerState st(dir_.path(), 0);
+    for (int r = 1; r <= 3; ++r) {
+      const Model m = model(static_cast<float>(r));
+      MetricsRow row;
+      row.round = static_cast<std::uint64_t>(r);
+      row.committed = true;
+      row.reported = 1;
+      st.commit(row.round, m, Model{}, record(r, m), row);
+    }
+  }
+  auto rows = lines_of(dir_ / "metrics.csv");
+  ASSERT_EQ(rows.size(), 4u);  // header + 3
+  rows.resize(2);  // round 1's row only: killed after round 2's record, before its row
+  write_lines(dir_ / "metrics.csv", rows);
+  cut_log(2);      // and round 3 killed between its checkpoint and its record
+  for (int restart = 0; restart < 2; ++restart) {
+    ServerState st(dir_.path(), 0);
+    EXPECT_EQ(st.recover(layout()).committed_round, 3u);
+    const auto back = read_metrics(dir_ / "metrics.csv");
+    ASSERT_EQ(back.size(), 3u) << "restart " << restart;
+    for (std::uint64_t r = 1; r <= 3; ++r) {
+      EXPECT_EQ(back[r - 1].round, r);
+      EXPECT_TRUE(back[r - 1].committed);
+      EXPECT_EQ(back[r - 1].reported, 1u);
+    }
+    EXPECT_TRUE(std::isnan(back[2].train_loss));  // not in the record
+  }
 }
 
 TEST_F(RecoveryTest, AnEditedCheckpointIsNotTrustedAndNothingIsSignedForIt) {

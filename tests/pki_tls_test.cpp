@@ -495,6 +495,29 @@ TEST_F(TlsTest, IdlePeersAreClosedAndHeartbeatsKeepThemOpen) {
   EXPECT_TRUE(echoes(io_, *alive.ch, "still here"));
 }
 
+// Found by the kill storm: a channel whose peer went away (a SIGKILLed silo or edge) ended its
+// reads but kept its writer asleep, which held the channel and its socket (CLOSE-WAIT) for the
+// life of the process. Once its owner lets go, it must be gone.
+TEST_F(TlsTest, AChannelWhosePeerWentAwayLetsGoOfItsSocket) {
+  auto server = std::make_unique<EchoServer>(io_, dir_.path());
+  auto c = connect(io_, kit("hospital-a"), server->port());
+  ASSERT_TRUE(c.ch);
+  EXPECT_TRUE(echoes(io_, *c.ch, "hello"));
+  server.reset();  // the peer goes away
+  const bool read_ok = io_.run([ch = c.ch]() -> awaitable<bool> {
+    auto env = co_await ch->read();
+    co_return env.ok();
+  }());
+  EXPECT_FALSE(read_ok);
+  std::weak_ptr<Channel> weak = c.ch;
+  c.ch.reset();  // its owner is done with it, as the server's session is after the last read
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (!weak.expired() && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(weak.expired()) << "the channel (and its socket) outlived its peer and its owner";
+}
+
 awaitable<std::shared_ptr<Channel>> dial_until_up(asio::any_io_executor ex, ssl::context& ctx,
                                                   std::uint16_t port, Backoff& backoff) {
   const Endpoint to{"127.0.0.1", port};

@@ -3,9 +3,11 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -175,29 +177,45 @@ class Processes {
 // ("train"), its first upload grant ("upload"). Silos' "after_*" faults are their own hooks.
 class FaultPlayer {
  public:
-  FaultPlayer(const SimConfig& cfg, std::filesystem::path events) : cfg_(cfg), events_(std::move(events)), fired_(cfg.faults.size()) {}
+  // Each fault fired is a line of `log` (OUT/faults.jsonl): round, phase, process, action.
+  FaultPlayer(const SimConfig& cfg, std::filesystem::path events, const std::filesystem::path& log)
+      : cfg_(cfg), events_(std::move(events)), done_(cfg.faults.size()), log_(log) {}
+  // A fault fires only while its round is still the latest round the events show: one read
+  // behind (the sim was busy restarting a process) would otherwise land in a later round
+  // than it names. Such a fault is missed, said so, and not counted as fired.
   template <class Say>
   void poll(Processes& procs, Say&& say) {
     if (cfg_.faults.empty()) return;
     std::ifstream in(events_, std::ios::binary);
     in.seekg(static_cast<std::streamoff>(read_));
+    std::vector<std::pair<std::string, std::uint64_t>> events;
     for (std::string line; std::getline(in, line);) {
       if (in.eof()) break;  // a line still being written
       read_ += line.size() + 1;
-      json ev;
       try {
-        ev = json::parse(line);
+        const json ev = json::parse(line);
+        events.emplace_back(ev.value("event", ""), ev.value("round", std::uint64_t{0}));
       } catch (const json::exception&) {
         continue;
       }
-      const std::string name = ev.value("event", "");
-      const auto round = ev.value("round", std::uint64_t{0});
+      if (events.back().first == "round_started") latest_ = std::max(latest_, events.back().second);
+    }
+    for (const auto& [name, round] : events) {
       for (std::size_t k = 0; k < cfg_.faults.size(); ++k) {
         const auto& fault = cfg_.faults[k];
-        if (fired_[k] || fault.phase.rfind("after_", 0) == 0 || fault.round != round) continue;
+        if (done_[k] || fault.phase.rfind("after_", 0) == 0 || fault.round != round) continue;
         if (name != (fault.phase == "train" ? "round_started" : "upload_granted")) continue;
-        fired_[k] = true;
-        say("  fault: " + fault.action + " " + fault.process + " in round " + std::to_string(round) + " (" + fault.phase + ")");
+        done_[k] = true;
+        const std::string what = fault.action + " " + fault.process + " in round " + std::to_string(round) + " (" + fault.phase + ")";
+        if (round < latest_) {
+          ++missed_;
+          say("  fault missed: " + what + ": round " + std::to_string(latest_) + " had started when it was seen");
+          continue;
+        }
+        ++fired_;
+        say("  fault: " + what);
+        log_ << json{{"round", round}, {"phase", fault.phase}, {"process", fault.process}, {"action", fault.action}}.dump()
+             << std::endl;
         procs.kill(fault.process, fault.action == "restart");
       }
     }
@@ -206,8 +224,14 @@ class FaultPlayer {
  private:
   const SimConfig& cfg_;
   std::filesystem::path events_;
-  std::vector<bool> fired_;
-  std::size_t read_ = 0;
+  std::vector<bool> done_;
+  std::size_t read_ = 0, fired_ = 0, missed_ = 0;
+  std::uint64_t latest_ = 0;
+  std::ofstream log_;
+
+ public:
+  std::size_t fired() const { return fired_; }
+  std::size_t missed() const { return missed_; }
 };
 
 // Follows the server's metrics.csv: evaluates each committed model on the held-out rows,
@@ -215,11 +239,17 @@ class FaultPlayer {
 class Progress {
  public:
   Progress(const SimConfig& cfg, const FederationFiles& f, CentralEvaluator& central, SimResult& result)
-      : cfg_(cfg), f_(f), central_(central), result_(result), out_(f.out / "metrics.csv") {
+      : cfg_(cfg), f_(f), central_(central), result_(result), out_(f.out / "metrics.csv"),
+        resources_(f.out / "server_resources.csv") {
     out_ << "round,committed,accuracy,loss,fed_eval_accuracy,fed_eval_loss,train_loss,silos_reporting,dropped,seconds\n";
+    resources_ << "round,pid,rss_kb,fds\n";
   }
+  // `server` is the server process now (a restarted server has another pid): its memory and
+  // descriptors are sampled as each round's row appears, so every sample is taken at the same
+  // point of a round (just after it ended).
   template <class Say>
-  void poll(Say&& say) {
+  void poll(Say&& say, pid_t server) {
+    server_ = server;
     std::vector<server::MetricsRow> rows;
     try {
       rows = server::read_metrics(f_.state / "metrics.csv");
@@ -256,18 +286,39 @@ class Progress {
                     static_cast<unsigned long long>(r.round), static_cast<unsigned long long>(cfg_.rounds), r.reported,
                     r.selected, edges.c_str(), r.dropped, l, 100 * acc, r.seconds);
     } else {
+      ++result_.rounds_aborted;
       std::snprintf(line, sizeof line, "round %3llu/%llu | ABORTED | silos %zu/%zu | dropped %zu | %5.2f s",
                     static_cast<unsigned long long>(r.round), static_cast<unsigned long long>(cfg_.rounds), r.reported,
                     r.selected, r.dropped, r.seconds);
     }
     say(line);
+    sample_server(r.round);
+  }
+  // server_resources.csv: the server's resident memory (VmRSS of /proc/PID/status) and open
+  // descriptors (entries of /proc/PID/fd) after each round; nothing where /proc has no such
+  // process (it is being restarted, or this is not Linux).
+  void sample_server(std::uint64_t round) {
+    if (server_ <= 0) return;
+    const std::filesystem::path proc = "/proc/" + std::to_string(server_);
+    std::ifstream status(proc / "status");
+    long rss_kb = -1;
+    for (std::string l; std::getline(status, l);) {
+      if (l.rfind("VmRSS:", 0) == 0) rss_kb = std::strtol(l.c_str() + 6, nullptr, 10);
+    }
+    std::error_code ec;
+    std::size_t fds = 0;
+    for (std::filesystem::directory_iterator it(proc / "fd", ec), end; !ec && it != end; it.increment(ec)) ++fds;
+    if (rss_kb < 0 || ec) return;
+    resources_ << round << "," << server_ << "," << rss_kb << "," << fds << "\n";
+    resources_.flush();
   }
   const SimConfig& cfg_;
   const FederationFiles& f_;
   CentralEvaluator& central_;
   SimResult& result_;
-  std::ofstream out_;
+  std::ofstream out_, resources_;
   std::size_t seen_ = 0;
+  pid_t server_ = -1;
 };
 
 std::string describe(const SimConfig& cfg, const FederationFiles& f) {
@@ -325,7 +376,7 @@ int follow(const SimConfig& cfg, Processes& procs, FaultPlayer& faults, Progress
   });
   std::optional<int> exit;
   while (!exit) {
-    progress.poll(say);
+    progress.poll(say, procs["server"].pid());
     faults.poll(procs, say);
     if (g_interrupted) {
       say("interrupted: stopping the federation");
@@ -338,7 +389,7 @@ int follow(const SimConfig& cfg, Processes& procs, FaultPlayer& faults, Progress
       if (procs["server"].running()) exit.reset();
     }
   }
-  progress.poll(say);
+  progress.poll(say, -1);
   std::signal(SIGINT, prev_handler);
   std::signal(SIGTERM, SIG_DFL);
   return exit.value_or(-1);
@@ -369,6 +420,14 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
   const auto t_start = Clock::now();
   FederationFiles f = prepare_federation(cfg, out);
   say(describe(cfg, f));
+  if (cfg.kill_storm) {
+    std::map<std::string, std::size_t> kinds;
+    for (const auto& fl : cfg.faults) ++kinds[fl.process == "server" ? "server" : fl.process.substr(0, fl.process.find('-'))];
+    std::string per;
+    for (const auto& [k, n] : kinds) per += (per.empty() ? "" : ", ") + std::to_string(n) + " " + k;
+    say("  kill storm: seed " + std::to_string(cfg.kill_storm->seed) + ", " + std::to_string(cfg.faults.size()) +
+        " SIGKILLs and restarts (" + per + ")");
+  }
   Processes procs(f.logs);
   start_federation(cfg, f, procs);
   say("  server on 127.0.0.1:" + std::to_string(f.server_port) + " (mutual TLS 1.3), " +
@@ -378,7 +437,7 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
       (f.pki / "kits" / "operator").string() +
       (cfg.metrics ? "; metrics ports in " + (f.out / "metrics").string() : std::string()));
   CentralEvaluator central(cfg, f);
-  FaultPlayer faults(cfg, f.state / "events.jsonl");
+  FaultPlayer faults(cfg, f.state / "events.jsonl", f.out / "faults.jsonl");
   Progress progress(cfg, f, central, result);
   const int server_code = follow(cfg, procs, faults, progress, say);
   procs.finish(std::chrono::milliseconds(5000));
@@ -390,6 +449,9 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
   json summary = {{"name", cfg.name},
                   {"rounds", cfg.rounds},
                   {"rounds_committed", result.rounds_committed},
+                  {"rounds_aborted", result.rounds_aborted},
+                  {"faults_fired", faults.fired()},
+                  {"faults_missed", faults.missed()},
                   {"server_exit_code", server_code},
                   {"final_accuracy", result.final_accuracy},
                   {"final_loss", result.final_loss},
@@ -397,7 +459,11 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
   if (result.baseline_accuracy >= 0) summary["centralized_accuracy"] = result.baseline_accuracy;
   atomic_write_file(out / "summary.json", summary.dump(2) + "\n");
 
-  const bool ok = server_code == 0 && result.rounds_committed == cfg.rounds;
+  // Under a kill storm a round may abort (its silos were killed; the audit record says why,
+  // and the server exits 3): the run is whole when every round ended, committed or aborted.
+  const bool ok = cfg.kill_storm ? (server_code == 0 || server_code == 3) &&
+                                       result.rounds_committed + result.rounds_aborted == cfg.rounds
+                                 : server_code == 0 && result.rounds_committed == cfg.rounds;
   char line[256];
   std::snprintf(line, sizeof line, "%s: %llu/%llu rounds committed in %.1f s; final test accuracy %.2f%%",
                 ok ? "done" : "FAILED", static_cast<unsigned long long>(result.rounds_committed),
@@ -413,7 +479,7 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
   say("  verify the audit log: xsilo audit verify " + (out / "audit.jsonl").string() + " --key " +
       (out / "audit.pub").string() +
       (f.silos.empty() ? "" : " --witness " + (out / "silos" / f.silos[0] / "state" / "audit_heads.jsonl").string()));
-  if (!ok && server_code != 0) {
+  if (!ok && server_code != 0 && server_code != 3) {
     say("  the server exited with code " + std::to_string(server_code) + "; its log ends:\n" + log_tail(f.logs / "server.log"));
   }
   result.exit_code = ok ? 0 : 1;

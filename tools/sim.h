@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -70,6 +71,22 @@ struct SimConfig {
     std::string phase;
   };
   std::vector<Fault> faults;
+  // A seeded kill storm (the soak of docs/benchmarks.md, "Kill storm"): every `every_rounds`
+  // rounds (drawn in [min, max]) one process of a kind drawn from `targets` is SIGKILLed at a
+  // drawn phase and restarted. load_sim_config expands it into `faults` (kill_storm_faults), so
+  // the storm is the same rehearsed faults, only many of them.
+  struct KillStorm {
+    std::uint64_t seed = 1;
+    std::uint64_t min_every = 3, max_every = 5;
+    std::uint64_t first_round = 2;            // no kill before this round
+    std::vector<std::string> targets;         // "server", "edges", "silos"
+    std::vector<std::string> phases;          // "train", "upload"
+  };
+  std::optional<KillStorm> kill_storm;
+  // Simulated compute: each silo's training takes at least [min, max] ms, drawn per round and
+  // silo (tools/sim_agent.h). A kill storm's default is [100, 300]: without it a small model's
+  // round lasts a few milliseconds and the faults would land rounds after the ones they name.
+  std::uint64_t train_min_ms = 0, train_max_ms = 0;
   // Hostile processes, by name: an edge ("edge-01": tools/sim_edge.h) or a silo in secure mode
   // ("hospital-03": tools/sim_agent.h), and what it does.
   std::map<std::string, std::string> hostile;
@@ -81,6 +98,13 @@ struct SimConfig {
 // Throws ConfigError with the file and key path on invalid input.
 SimConfig load_sim_config(const std::filesystem::path& file);
 SimConfig default_sim_config();
+// The processes' names in a federation: silo i is "hospital-NN", edge e "edge-NN" (from 1).
+std::string silo_name(std::size_t i);
+std::string edge_name(std::size_t e);
+// The storm's faults for a federation of `silos` silos, `edges` edges and `rounds` rounds: the
+// same list for the same seed on every machine (its own arithmetic on a mt19937_64).
+std::vector<SimConfig::Fault> kill_storm_faults(const SimConfig::KillStorm& storm, std::size_t silos, std::size_t edges,
+                                                std::uint64_t rounds);
 
 // Where the vendored data sets live: $XSILO_DATA_DIR, else the source tree's data/.
 std::filesystem::path data_dir();
@@ -133,7 +157,7 @@ void wait_for_edge(Process& edge, FederationFiles& f, std::size_t e,
 
 struct SimResult {
   int exit_code = 1;
-  std::uint64_t rounds_committed = 0;
+  std::uint64_t rounds_committed = 0, rounds_aborted = 0;
   double final_accuracy = 0, final_loss = 0, baseline_accuracy = -1;
 };
 

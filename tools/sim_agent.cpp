@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <map>
 #include <thread>
@@ -50,6 +51,29 @@ class SyntheticTrainer final : public agent::Trainer {
 
  private:
   std::uint64_t samples_;
+};
+
+// Simulated compute around a real trainer: a round's training takes at least its drawn time.
+class PacedTrainer final : public agent::Trainer {
+ public:
+  PacedTrainer(std::unique_ptr<agent::Trainer> inner, std::uint64_t min_ms, std::uint64_t max_ms)
+      : inner_(std::move(inner)), min_ms_(min_ms), max_ms_(max_ms) {}
+  wire::TrainMetrics evaluate(const Model& model, const agent::TrainTask& task) override {
+    return inner_->evaluate(model, task);
+  }
+  agent::TrainResult train(const Model& global, const agent::TrainTask& task, Model& local) override {
+    const auto until = std::chrono::steady_clock::now() +
+                       std::chrono::milliseconds(min_ms_ + agent::round_seed(task.plan.seed() ^ 0x9ace, task.round, task.silo) %
+                                                               (max_ms_ - min_ms_ + 1));
+    auto r = inner_->train(global, task, local);
+    std::this_thread::sleep_until(until);
+    return r;
+  }
+  void cancel() override { inner_->cancel(); }
+
+ private:
+  std::unique_ptr<agent::Trainer> inner_;
+  std::uint64_t min_ms_, max_ms_;
 };
 
 // A Byzantine silo: replaces its honest delta with the attack's, after the agent's checks; a
@@ -149,6 +173,12 @@ SimAgentConfig load_sim_agent_config(const std::filesystem::path& file) {
     cr.finish();
   }
   if (root.has("hostile")) c.hostile = root.one_of("hostile", "", {"bad_keys", "garbage_shares"});
+  if (root.has("train_ms")) {
+    const auto ms = root.int_list("train_ms", 0, 3600 * 1000);
+    if (ms.size() != 2 || ms[0] > ms[1]) root.fail("train_ms", "must be [min, max] with min <= max");
+    c.train_min_ms = static_cast<std::uint64_t>(ms[0]);
+    c.train_max_ms = static_cast<std::uint64_t>(ms[1]);
+  }
   if (root.has("synthetic")) {
     const auto sy = root.child("synthetic");
     c.synthetic_samples = static_cast<std::uint64_t>(sy.integer("samples", 100, 1));
@@ -170,6 +200,7 @@ nlohmann::json to_json(const SimAgentConfig& c) {
   if (!c.crash_after.empty()) j["crash"] = {{"after", c.crash_after}, {"round", c.crash_round}};
   if (c.synthetic_samples) j["synthetic"] = {{"samples", *c.synthetic_samples}};
   if (!c.hostile.empty()) j["hostile"] = c.hostile;
+  if (c.train_max_ms > 0) j["train_ms"] = {c.train_min_ms, c.train_max_ms};
   return j;
 }
 
@@ -181,6 +212,10 @@ agent::AgentHooks make_sim_hooks(const agent::AgentConfig& cfg, const SimAgentCo
     auto data = agent::load_local_data(cfg);
     for (auto& y : data.train.y) y = data.train.classes - 1 - y;
     hooks.trainer = std::make_unique<agent::BuiltinTrainer>(cfg, std::move(data));
+  }
+  if (sim.train_max_ms > 0) {
+    hooks.trainer = std::make_unique<PacedTrainer>(hooks.trainer ? std::move(hooks.trainer) : agent::make_trainer(cfg),
+                                                   sim.train_min_ms, sim.train_max_ms);
   }
   hooks.faults = std::make_unique<SimHook>(cfg, sim);
   return hooks;

@@ -24,7 +24,13 @@ struct SimAgentConfig {
   // A silo hostile inside secure aggregation, signing what it sends with its own key:
   // "bad_keys" (an unusable mask key), "garbage_shares" (boxes that open to nothing).
   std::string hostile;
-  bool active() const { return attack.active() || !crash_after.empty() || synthetic_samples || !hostile.empty(); }
+  // Simulated compute: each round's training takes at least a time drawn in [min, max] ms from
+  // the round and the silo (the trainer sleeps the rest), so that rounds last long enough for
+  // the sim's faults to land inside the phases they name. 0: as fast as it goes.
+  std::uint64_t train_min_ms = 0, train_max_ms = 0;
+  bool active() const {
+    return attack.active() || !crash_after.empty() || synthetic_samples || !hostile.empty() || train_max_ms > 0;
+  }
 };
 
 SimAgentConfig load_sim_agent_config(const std::filesystem::path& file);

@@ -2,6 +2,7 @@
 #include "tools/sim.h"
 
 #include <cstdlib>
+#include <random>
 
 #include "common/config.h"
 #include "tools/sim_attack.h"
@@ -55,7 +56,62 @@ SimConfig::Trainer parse_sim_trainer(const ConfigNode& root, const ConfigNode& m
   return tr;
 }
 
+// "kill_storm": {"seed", "every_rounds": [min, max], "targets", "phases", "first_round"}.
+SimConfig::KillStorm parse_kill_storm(const ConfigNode& root, const SimConfig& c) {
+  const auto k = root.child("kill_storm");
+  SimConfig::KillStorm s;
+  s.seed = static_cast<std::uint64_t>(k.integer("seed", 1, 0));
+  const auto every = k.int_list("every_rounds", 1, 100000);
+  if (every.size() == 1) {
+    s.min_every = s.max_every = static_cast<std::uint64_t>(every[0]);
+  } else if (every.size() == 2) {
+    s.min_every = static_cast<std::uint64_t>(every[0]);
+    s.max_every = static_cast<std::uint64_t>(every[1]);
+    if (s.min_every > s.max_every) k.fail("every_rounds", "must be [min, max] with min <= max");
+  } else if (!every.empty()) {
+    k.fail("every_rounds", "must be [min, max] (or [n])");
+  }
+  s.first_round = static_cast<std::uint64_t>(k.integer("first_round", 2, 1, static_cast<std::int64_t>(c.rounds)));
+  s.targets = k.str_list("targets");
+  if (s.targets.empty()) s.targets = {"server", "edges", "silos"};
+  for (const auto& t : s.targets) {
+    if (t != "server" && t != "edges" && t != "silos") {
+      k.fail("targets", "\"" + t + "\" is none of \"server\", \"edges\", \"silos\"");
+    }
+    if (t == "edges" && c.edges == 0) k.fail("targets", "names \"edges\" but the federation has none (set \"edges\")");
+  }
+  s.phases = k.str_list("phases");
+  if (s.phases.empty()) s.phases = {"train", "upload"};
+  for (const auto& p : s.phases) {
+    if (p != "train" && p != "upload") k.fail("phases", "\"" + p + "\" is neither \"train\" nor \"upload\"");
+  }
+  k.finish();
+  return s;
+}
+
 }  // namespace
+
+std::vector<SimConfig::Fault> kill_storm_faults(const SimConfig::KillStorm& storm, std::size_t silos, std::size_t edges,
+                                                std::uint64_t rounds) {
+  // mt19937_64's output is fixed by the standard; the distributions are not, so the draws
+  // are plain remainders (their bias is nothing next to 2^64).
+  std::mt19937_64 rng(storm.seed);
+  auto draw = [&](std::uint64_t n) { return rng() % n; };
+  std::vector<SimConfig::Fault> out;
+  const std::uint64_t span = storm.max_every - storm.min_every + 1;
+  for (std::uint64_t round = storm.first_round; round <= rounds; round += storm.min_every + draw(span)) {
+    const auto& kind = storm.targets[draw(storm.targets.size())];
+    SimConfig::Fault f;
+    f.action = "restart";
+    f.round = round;
+    f.phase = storm.phases[draw(storm.phases.size())];
+    if (kind == "server") f.process = "server";
+    if (kind == "edges") f.process = edge_name(draw(edges));
+    if (kind == "silos") f.process = silo_name(draw(silos));
+    out.push_back(f);
+  }
+  return out;
+}
 
 std::filesystem::path data_dir() {
   if (const char* d = std::getenv("XSILO_DATA_DIR")) return d;
@@ -149,6 +205,18 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
     }
     fn.finish();
     c.faults.push_back(fault);
+  }
+  if (root.has("train_ms")) {
+    const auto ms = root.int_list("train_ms", 0, 3600 * 1000);
+    if (ms.size() != 2 || ms[0] > ms[1]) root.fail("train_ms", "must be [min, max] milliseconds with min <= max");
+    c.train_min_ms = static_cast<std::uint64_t>(ms[0]);
+    c.train_max_ms = static_cast<std::uint64_t>(ms[1]);
+  }
+  if (root.has("kill_storm")) {
+    c.kill_storm = parse_kill_storm(root, c);
+    if (!root.has("train_ms")) std::tie(c.train_min_ms, c.train_max_ms) = std::pair<std::uint64_t, std::uint64_t>{100, 300};
+    const auto storm = kill_storm_faults(*c.kill_storm, c.silos, c.edges, c.rounds);
+    c.faults.insert(c.faults.end(), storm.begin(), storm.end());
   }
   if (root.has("hostile")) {
     const auto h = root.child("hostile");

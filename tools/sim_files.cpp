@@ -23,15 +23,21 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 
+void write_json(const std::filesystem::path& p, const json& j) { atomic_write_file(p, j.dump(2) + "\n"); }
+
+}  // namespace
+
 std::string silo_name(std::size_t i) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "hospital-%02zu", i + 1);
   return buf;
 }
 
-void write_json(const std::filesystem::path& p, const json& j) { atomic_write_file(p, j.dump(2) + "\n"); }
-
-}  // namespace
+std::string edge_name(std::size_t e) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "edge-%02zu", e + 1);
+  return buf;
+}
 
 namespace {
 
@@ -132,10 +138,8 @@ void make_pki(const SimConfig& cfg, FederationFiles& f) {
   // An operator's kit: `xsilo status --kit pki/kits/operator` watches the running federation.
   transport::pki_issue(f.pki, {wire::ADMIN, "operator"});
   for (std::size_t e = 0; e < cfg.edges; ++e) {
-    char name[32];
-    std::snprintf(name, sizeof name, "edge-%02zu", e + 1);
-    f.edges.push_back(name);
-    transport::pki_issue(f.pki, {wire::EDGE, name});
+    f.edges.push_back(edge_name(e));
+    transport::pki_issue(f.pki, {wire::EDGE, f.edges.back()});
   }
   // Ports are the kernel's choice (port 0) and known once each process listens (pin_port): a
   // port picked here and bound later could be taken by another process in between.
@@ -382,6 +386,8 @@ AgentFiles write_agent_config(const SimConfig& cfg, const FederationFiles& f, st
     }
   }
   if (auto h = cfg.hostile.find(f.silos[i]); h != cfg.hostile.end()) sim.hostile = h->second;
+  sim.train_min_ms = cfg.train_min_ms;
+  sim.train_max_ms = cfg.train_max_ms;
   if (i >= cfg.silos - cfg.attackers) {
     sim.attack = parse_attack(ConfigNode(cfg.attack, cfg.file.string(), ".attack"), /*need_honest=*/false);
     if (sim.attack.needs_honest()) {

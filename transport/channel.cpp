@@ -230,7 +230,11 @@ awaitable<proto::Result<wire::Envelope>> Channel::read_frame() {
     if (read_buffer_.size() < size) read_buffer_.resize(size);
     co_await stream_.read_exact({read_buffer_.data(), size});
   } catch (const boost::system::system_error& e) {
-    open_ = false;
+    // The peer is gone: close, which wakes the writer and the timers so that they end and
+    // the socket is released. Only marking the channel closed left the writer asleep for good,
+    // holding the channel and its descriptor (the kill storm found the server's and the edges'
+    // sockets of dead peers piling up in CLOSE-WAIT, about one per kill).
+    close();
     co_return proto::error(wire::ERROR_UNSPECIFIED,
                            "connection to " + remote_ + " closed: " + e.code().message());
   }
