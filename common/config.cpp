@@ -30,6 +30,9 @@ nlohmann::json ConfigNode::load_file(const std::filesystem::path& file) {
     std::string what = e.what();
     throw ConfigError("config " + file.string() + ": not valid JSON (byte " +
                       std::to_string(e.byte) + "): " + what.substr(what.find(':') + 2));
+  } catch (const nlohmann::json::exception& e) {  // a number too large for any type (found by fuzzing)
+    std::string what = e.what();
+    throw ConfigError("config " + file.string() + ": " + what.substr(what.find(']') + 2));
   }
 }
 

@@ -31,6 +31,16 @@ TEST(Config, UnknownKeyIsNamedWithFileAndPath) {
   EXPECT_EQ(msg, "config server.json: .transport.heartbeet: unknown key");
 }
 
+// Found by the CI fuzz run: a number too large for any JSON type escaped the loader as
+// nlohmann's out_of_range instead of a ConfigError.
+TEST(Config, ANumberTooLargeForAnyTypeIsAConfigError) {
+  test::TempDir dir;
+  atomic_write_file(dir / "e.json", R"({"federation": "f", "transport": {"x": 5555555555555555555E55555555555}})");
+  const auto why = error_of([&] { ConfigNode::load_file(dir / "e.json"); });
+  EXPECT_NE(why.find("number overflow"), std::string::npos) << why;
+  EXPECT_NE(why.find("e.json"), std::string::npos) << why;
+}
+
 TEST(Config, WrongTypeAndRangeAreRefusedWithTheValue) {
   auto j = nlohmann::json::parse(R"({"a": "x", "b": 0, "c": 2.5})");
   ConfigNode root(j, "f.json");
