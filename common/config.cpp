@@ -146,6 +146,13 @@ std::vector<std::string> ConfigNode::str_list(const std::string& key) const {
   return out;
 }
 
+std::pair<std::int64_t, std::int64_t> ConfigNode::int_range(const std::string& key, std::int64_t min,
+                                                             std::int64_t max, const std::string& unit) const {
+  const auto v = int_list(key, min, max);
+  if (v.size() != 2 || v[0] > v[1]) fail(key, "must be [min, max] " + unit + " with min <= max");
+  return {v[0], v[1]};
+}
+
 std::vector<std::int64_t> ConfigNode::int_list(const std::string& key, std::int64_t min,
                                                std::int64_t max) const {
   used_->insert(key);

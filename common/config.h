@@ -52,6 +52,9 @@ class ConfigNode {
   std::vector<std::int64_t> int_list(const std::string& key, std::int64_t min,
                                      std::int64_t max) const;
   std::vector<double> number_list(const std::string& key) const;
+  // [lo, hi]: two integers in [min, max] with lo <= hi (`unit` names them in the error).
+  std::pair<std::int64_t, std::int64_t> int_range(const std::string& key, std::int64_t min, std::int64_t max,
+                                                  const std::string& unit) const;
   // A path, resolved against the folder of the config file when relative.
   std::filesystem::path path(const std::string& key, const std::string& def) const;
   // The value as JSON (null when absent), for keys whose type varies.

@@ -92,10 +92,7 @@ void quantized_all_reduce(collective::Mesh& mesh, std::span<float> data, std::sp
   if (sent.size() != data.size() || summed.size() != data.size()) {
     throw std::invalid_argument("8-bit all-reduce: the residuals must have the data's size");
   }
-  auto seg = [&](int k) {
-    const auto [begin, len] = collective::segment(data.size(), static_cast<std::size_t>(n), static_cast<std::size_t>(k));
-    return std::pair{begin, len};
-  };
+  auto seg = [&](int k) { return collective::segment(data.size(), static_cast<std::size_t>(n), static_cast<std::size_t>(k)); };
   const auto [own_begin, own_len] = seg(r);
   const auto id = [&](int k, int phase) {
     return seed ^ mix((static_cast<std::uint64_t>(r) << 33) | (static_cast<std::uint64_t>(k) << 1) | phase);

@@ -174,10 +174,9 @@ SimAgentConfig load_sim_agent_config(const std::filesystem::path& file) {
   }
   if (root.has("hostile")) c.hostile = root.one_of("hostile", "", {"bad_keys", "garbage_shares"});
   if (root.has("train_ms")) {
-    const auto ms = root.int_list("train_ms", 0, 3600 * 1000);
-    if (ms.size() != 2 || ms[0] > ms[1]) root.fail("train_ms", "must be [min, max] with min <= max");
-    c.train_min_ms = static_cast<std::uint64_t>(ms[0]);
-    c.train_max_ms = static_cast<std::uint64_t>(ms[1]);
+    const auto [lo, hi] = root.int_range("train_ms", 0, 3600 * 1000, "milliseconds");
+    c.train_min_ms = static_cast<std::uint64_t>(lo);
+    c.train_max_ms = static_cast<std::uint64_t>(hi);
   }
   if (root.has("synthetic")) {
     const auto sy = root.child("synthetic");

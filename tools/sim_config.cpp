@@ -207,10 +207,9 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
     c.faults.push_back(fault);
   }
   if (root.has("train_ms")) {
-    const auto ms = root.int_list("train_ms", 0, 3600 * 1000);
-    if (ms.size() != 2 || ms[0] > ms[1]) root.fail("train_ms", "must be [min, max] milliseconds with min <= max");
-    c.train_min_ms = static_cast<std::uint64_t>(ms[0]);
-    c.train_max_ms = static_cast<std::uint64_t>(ms[1]);
+    const auto [lo, hi] = root.int_range("train_ms", 0, 3600 * 1000, "milliseconds");
+    c.train_min_ms = static_cast<std::uint64_t>(lo);
+    c.train_max_ms = static_cast<std::uint64_t>(hi);
   }
   if (root.has("kill_storm")) {
     c.kill_storm = parse_kill_storm(root, c);
