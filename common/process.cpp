@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <stdexcept>
 #include <thread>
 
@@ -117,6 +118,28 @@ int Process::stop(std::chrono::milliseconds grace) {
   signal(SIGKILL);
   reap(true);
   return *exit_code_;
+}
+
+std::optional<ProcessResources> process_resources(pid_t pid) {
+  const std::filesystem::path proc = pid == 0 ? std::string("/proc/self") : "/proc/" + std::to_string(pid);
+  std::ifstream status(proc / "status");
+  if (!status) return std::nullopt;
+  ProcessResources r;
+  bool seen = false;
+  for (std::string line; std::getline(status, line);) {
+    // "VmRSS:    1234 kB"
+    const bool rss = line.rfind("VmRSS:", 0) == 0, hwm = line.rfind("VmHWM:", 0) == 0;
+    if (!rss && !hwm) continue;
+    const std::uint64_t bytes = std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
+    (rss ? r.rss_bytes : r.peak_rss_bytes) = bytes;
+    seen = true;
+  }
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(proc / "fd", ec), end; !ec && it != end; it.increment(ec)) {
+    ++r.open_descriptors;
+  }
+  if (!seen || ec) return std::nullopt;
+  return r;
 }
 
 }  // namespace xsilo

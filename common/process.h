@@ -5,6 +5,8 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -46,5 +48,15 @@ class Process {
 
 // The path of the running xsilo binary.
 std::string self_exe();
+
+// What /proc says of a process: its resident memory now and at its peak (VmRSS, VmHWM) and its
+// open descriptors (entries of /proc/PID/fd). nullopt where there is no such process (it ended,
+// or is being restarted) or no /proc. `pid` 0: this process.
+struct ProcessResources {
+  std::uint64_t rss_bytes = 0;
+  std::uint64_t peak_rss_bytes = 0;
+  std::size_t open_descriptors = 0;
+};
+std::optional<ProcessResources> process_resources(pid_t pid = 0);
 
 }  // namespace xsilo

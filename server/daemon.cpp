@@ -18,6 +18,7 @@
 #include "common/mlp.h"
 #include "common/prometheus.h"
 #include "common/build_info.h"
+#include "common/process.h"
 #include "server/coordinator.h"
 #include "server/state.h"
 #include "transport/listener.h"
@@ -35,15 +36,6 @@ std::int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
-}
-
-// Peak resident memory of this process (VmHWM), in bytes.
-std::uint64_t peak_rss_bytes() {
-  std::ifstream in("/proc/self/status");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
-  }
-  return 0;
 }
 
 class Server {
@@ -393,6 +385,11 @@ class Server {
     const nlohmann::json e = {{"time", iso_time(now_ms())}, {"event", a.name}, {"round", a.round}, {"detail", a.detail}};
     events_ << e.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n' << std::flush;
     if (a.name == "round_started") warn_relayed_expiry();
+    // Every connection of a round is open when its collection closes: that is the sample
+    // server_stats.json keeps the largest of (xsilo bench round reports it).
+    if (a.name == "round_closed") {
+      if (const auto r = process_resources()) peak_descriptors_ = std::max(peak_descriptors_, r->open_descriptors);
+    }
   }
   // Silos behind edges: their certificates reach the server inside their signed joins. Each one
   // about to expire is named once per server run (the edge warns of its own connections).
@@ -444,7 +441,9 @@ class Server {
   }
 
   void write_stats() {
-    nlohmann::json stats = {{"peak_rss_bytes", peak_rss_bytes()},
+    const auto r = process_resources();
+    nlohmann::json stats = {{"peak_rss_bytes", r ? r->peak_rss_bytes : 0},
+                            {"peak_open_descriptors", std::max(peak_descriptors_, r ? r->open_descriptors : 0)},
                             {"bytes_in", bytes_in_},
                             {"bytes_out", bytes_out_},
                             {"rounds_committed", coord_.committed()},
@@ -474,6 +473,7 @@ class Server {
   SessionId next_id_ = 0;
   bool stopping_ = false;
   std::uint64_t bytes_in_ = 0, bytes_out_ = 0;
+  std::size_t peak_descriptors_ = 0;  // open descriptors, the most seen as a round closed
   std::ofstream events_;
 };
 

@@ -549,6 +549,9 @@ TEST(Federation, OperatorsWatchPauseResumeAndStopAFederation) {
   EXPECT_EQ(series(m, "xsilo_silos_connected"), 3.0) << m;
   EXPECT_EQ(series(m, "xsilo_edges_connected"), 1.0) << m;
   EXPECT_GT(series(m, "xsilo_upload_bytes_total").value_or(0), 0.0) << m;
+  // Its listeners, the edge's and a silo's connections, its logs and state files.
+  EXPECT_GE(series(m, "process_open_fds").value_or(0), 4.0) << m;
+  EXPECT_GT(series(m, "process_resident_memory_bytes").value_or(0), double(1 << 20)) << m;
   const auto e = scrape(metrics_port_file(fed.files, "edge-01"));
   EXPECT_EQ(series(e, "xsilo_upstream_connected"), 1.0) << e;
   EXPECT_EQ(series(e, "xsilo_silos_connected"), 3.0) << e;

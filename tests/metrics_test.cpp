@@ -5,9 +5,14 @@
 #include <boost/asio/connect.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <limits>
 #include <thread>
 
 #include "common/config.h"
+#include "common/process.h"
 #include "common/prometheus.h"
 #include "transport/metrics_endpoint.h"
 
@@ -84,6 +89,25 @@ TEST(MetricsEndpoint, ServesMetricsOverHttpAndRefusesEverythingElse) {
 
 MetricsOptions parse(const std::string& section) {
   return parse_metrics(ConfigNode(nlohmann::json::parse(R"({"metrics": )" + section + "}"), "test.json"));
+}
+
+// What the daemons report of themselves (server_stats.json, process_open_fds, the sim's
+// server_resources.csv): a descriptor opened shows, closed it is gone; the peak is the peak.
+TEST(ProcessResources, CountsThisProcesssDescriptorsAndMemory) {
+  const auto before = process_resources();
+  ASSERT_TRUE(before);
+  const int fd = ::open("/dev/null", O_RDONLY);
+  ASSERT_GE(fd, 0);
+  const auto during = process_resources();
+  ::close(fd);
+  const auto after = process_resources();
+  ASSERT_TRUE(during && after);
+  EXPECT_EQ(during->open_descriptors, before->open_descriptors + 1);
+  EXPECT_EQ(after->open_descriptors, before->open_descriptors);
+  EXPECT_GT(after->rss_bytes, 1u << 20);
+  EXPECT_GE(after->peak_rss_bytes, after->rss_bytes);
+  EXPECT_EQ(process_resources(::getpid())->open_descriptors, after->open_descriptors);
+  EXPECT_FALSE(process_resources(std::numeric_limits<pid_t>::max()));  // no such process
 }
 
 TEST(MetricsConfig, StaysOnLoopbackUnlessRemoteIsAskedFor) {

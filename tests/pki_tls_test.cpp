@@ -495,6 +495,29 @@ TEST_F(TlsTest, IdlePeersAreClosedAndHeartbeatsKeepThemOpen) {
   EXPECT_TRUE(echoes(io_, *alive.ch, "still here"));
 }
 
+// An idle channel gives back the buffers a large frame grew (its write BIO is replaced) and the
+// same TLS session carries the next large frames intact, both ways, idle or not in between.
+TEST_F(TlsTest, LargeFramesAfterIdleTrimsArriveIntact) {
+  EchoServer server(io_, dir_.path());
+  auto c = connect(io_, kit("hospital-a"), server.port());
+  ASSERT_TRUE(c.ch);
+  for (int k = 0; k < 4; ++k) {
+    const std::string big(3u << 20, static_cast<char>('a' + k));  // 3 MiB
+    const bool same = io_.run([&]() -> awaitable<bool> {
+      auto env = envelope(kFed, 0);
+      env.mutable_region_status()->add_silos(big);
+      env.mutable_region_status()->add_silos("tail");
+      if (!c.ch->send(env)) co_return false;
+      auto back = co_await c.ch->read();
+      co_return back.ok() && back->has_region_status() && back->region_status().silos_size() == 2 &&
+          back->region_status().silos(0) == big && back->region_status().silos(1) == "tail";
+    }());
+    EXPECT_TRUE(same) << "frame " << k;
+    if (k % 2 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));  // both writers idle
+    EXPECT_TRUE(echoes(io_, *c.ch, "small " + std::to_string(k)));
+  }
+}
+
 // Found by the kill storm: a channel whose peer went away (a SIGKILLed silo or edge) ended its
 // reads but kept its writer asleep, which held the channel and its socket (CLOSE-WAIT) for the
 // life of the process. Once its owner lets go, it must be gone.

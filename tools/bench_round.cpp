@@ -29,6 +29,7 @@ struct RoundResult {
   std::uint64_t upload_bytes_per_sender = 0;  // encoded bytes a silo (an edge, with edges) uploads a round
   double throughput_gbps = 0;
   std::uint64_t peak_rss = 0;
+  std::size_t peak_descriptors = 0;  // the server's open descriptors, the most seen as a round closed
   std::uint64_t model_bytes = 0;
   // The TLS loopback bound is what a dense, plain round on loopback can reach; across shaped
   // links, with fewer bytes to move or with masking, the link or the CPU sets the pace instead.
@@ -183,6 +184,7 @@ RoundResult run_one(const RoundBenchOptions& opts, std::size_t silos, std::size_
   r.scheme = protocol::describe(server_cfg.compression);
   r.loopback_bound = opts.netns_prefix.empty() && !protocol::compressed(server_cfg.compression) && !server_cfg.secure.on();
   r.peak_rss = stats["peak_rss_bytes"];
+  r.peak_descriptors = stats.value("peak_open_descriptors", std::size_t{0});
   r.model_bytes = stats["model_bytes"];
   // Rounds after the first: connection set-up and page faults of the first allocations are
   // not part of a steady round.
@@ -234,6 +236,7 @@ int bench_round(const RoundBenchOptions& opts) {
                         {"throughput_GBps", r.throughput_gbps},
                         {"tls_loopback_limit_GBps", r.loopback_bound ? json(kTlsLoopbackGBps) : json()},
                         {"peak_rss_bytes", r.peak_rss},
+                        {"server_open_descriptors", r.peak_descriptors},
                         {"peak_rss_bound_bytes", rss_bound},
                         {"model_bytes", r.model_bytes}}
                        .dump()
@@ -247,12 +250,12 @@ int bench_round(const RoundBenchOptions& opts) {
                     fmt(r.throughput_gbps, 3) + (tput_ok ? "" : " (<0.6)"),
                     r.loopback_bound ? fmt(100 * r.throughput_gbps / kTlsLoopbackGBps, 0) + "%" : "-",
                     fmt(static_cast<double>(r.peak_rss) / mib, 1) + (rss_ok ? "" : " (over)"),
-                    fmt(rss_bound / mib, 1)});
+                    fmt(rss_bound / mib, 1), std::to_string(r.peak_descriptors)});
    }
   }
   if (!opts.json) {
     print_table({"upload", "silos", "edges", "params", "s/round", "upload MiB/sender", "server MiB/round",
-                 "ingress MiB/round", "GB/s", "of TLS limit", "server peak RSS MiB", "bound 3x+64 MiB"},
+                 "ingress MiB/round", "GB/s", "of TLS limit", "server peak RSS MiB", "bound 3x+64 MiB", "server fds"},
                 rows);
     std::cout << "TLS 1.3 loopback limit between two processes: " << kTlsLoopbackGBps
               << " GB/s (DESIGN §11); target for dense plain rounds on loopback: at least half of it; for every "

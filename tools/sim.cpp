@@ -299,17 +299,9 @@ class Progress {
   // process (it is being restarted, or this is not Linux).
   void sample_server(std::uint64_t round) {
     if (server_ <= 0) return;
-    const std::filesystem::path proc = "/proc/" + std::to_string(server_);
-    std::ifstream status(proc / "status");
-    long rss_kb = -1;
-    for (std::string l; std::getline(status, l);) {
-      if (l.rfind("VmRSS:", 0) == 0) rss_kb = std::strtol(l.c_str() + 6, nullptr, 10);
-    }
-    std::error_code ec;
-    std::size_t fds = 0;
-    for (std::filesystem::directory_iterator it(proc / "fd", ec), end; !ec && it != end; it.increment(ec)) ++fds;
-    if (rss_kb < 0 || ec) return;
-    resources_ << round << "," << server_ << "," << rss_kb << "," << fds << "\n";
+    const auto r = process_resources(server_);
+    if (!r) return;
+    resources_ << round << "," << server_ << "," << r->rss_bytes / 1024 << "," << r->open_descriptors << "\n";
     resources_.flush();
   }
   const SimConfig& cfg_;

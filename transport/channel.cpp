@@ -324,6 +324,7 @@ awaitable<void> Channel::writer() {
           continue;
         }
         if (closing_) break;
+        stream_.trim();  // idle: keep little per connection
         wake_.expires_at(Clock::time_point::max());
         boost::system::error_code ec;
         co_await wake_.async_wait(asio::redirect_error(use_awaitable, ec));

@@ -11,6 +11,7 @@
 
 #include "common/build_info.h"
 #include "common/fs.h"
+#include "common/process.h"
 #include "transport/config.h"
 
 namespace xsilo::transport {
@@ -180,6 +181,8 @@ void declare_daemon_metrics(MetricRegistry& m, const std::string& role, const Tl
   m.declare("xsilo_sent_bytes_total", T::Counter, "Bytes sent on established connections (TLS payload)");
   m.declare("xsilo_connections_refused_total", T::Counter,
             "Connections refused or lost before they were established, by reason", true);
+  m.declare("process_resident_memory_bytes", T::Gauge, "Resident memory of this daemon (VmRSS)");
+  m.declare("process_open_fds", T::Gauge, "Descriptors this daemon has open (sockets, files)");
 }
 
 void set_connection_metrics(MetricRegistry& m, std::uint64_t bytes_in, std::uint64_t bytes_out,
@@ -187,6 +190,10 @@ void set_connection_metrics(MetricRegistry& m, std::uint64_t bytes_in, std::uint
   m.set("xsilo_received_bytes_total", static_cast<double>(bytes_in));
   m.set("xsilo_sent_bytes_total", static_cast<double>(bytes_out));
   for (const auto& [reason, n] : refused) m.set("xsilo_connections_refused_total", static_cast<double>(n), {{"reason", reason}});
+  if (const auto r = process_resources()) {
+    m.set("process_resident_memory_bytes", static_cast<double>(r->rss_bytes));
+    m.set("process_open_fds", static_cast<double>(r->open_descriptors));
+  }
 }
 
 }  // namespace xsilo::transport

@@ -57,9 +57,11 @@ std::unique_ptr<MetricsEndpoint> start_metrics(asio::any_io_executor ex, const M
                                                const MetricRegistry& registry, std::function<void()> refresh = {});
 
 // The families every daemon has: build info, its own certificate's expiry, bytes in and out,
-// connections refused by reason (server and edges); `role` labels the build info.
+// connections refused by reason (server and edges), resident memory and open descriptors;
+// `role` labels the build info.
 void declare_daemon_metrics(MetricRegistry& m, const std::string& role, const TlsFiles& tls);
-// At scrape time: the byte totals and the listener's refusals (none for an agent).
+// At scrape time: the byte totals, the listener's refusals (none for an agent), this process's
+// memory and descriptors.
 void set_connection_metrics(MetricRegistry& m, std::uint64_t bytes_in, std::uint64_t bytes_out,
                             const std::map<std::string, std::uint64_t>& refused);
 

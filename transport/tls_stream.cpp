@@ -1,5 +1,6 @@
 #include "transport/tls_stream.h"
 
+#include <openssl/buffer.h>
 #include <openssl/err.h>
 
 #include <boost/asio/read.hpp>
@@ -60,6 +61,19 @@ asio::awaitable<void> TlsStream::flush() {
       throw;
     }
     writing_ = false;
+  }
+}
+
+void TlsStream::trim() {
+  if (writing_ || BIO_ctrl_pending(wbio_) > 0) return;
+  if (out_.capacity() > kWritePiece) std::vector<std::uint8_t>().swap(out_);
+  BUF_MEM* mem = nullptr;
+  BIO_get_mem_ptr(wbio_, &mem);
+  if (!mem || mem->max <= kWritePiece) return;
+  // A memory BIO never shrinks: an empty one takes its place (SSL_set0_wbio frees the old).
+  if (BIO* fresh = BIO_new(BIO_s_mem())) {
+    SSL_set0_wbio(ssl_, fresh);
+    wbio_ = fresh;
   }
 }
 

@@ -37,6 +37,10 @@ class TlsStream {
   // Ciphertext the reader produced (TLS 1.3 key updates) waiting for the writer.
   bool has_pending_output() const;
   boost::asio::awaitable<void> flush();
+  // Gives back what a large frame grew (the ciphertext buffer, the write BIO's memory) when
+  // nothing waits to be written: an idle connection then keeps little, which a server with
+  // hundreds of silos needs. The next large frame grows them again.
+  void trim();
 
   SSL* native_handle() { return ssl_; }
   boost::asio::ip::tcp::socket& socket() { return socket_; }
