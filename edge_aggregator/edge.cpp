@@ -121,6 +121,24 @@ class Edge {
     if (hook_ && !hook_->to_silo(a.silo, a.env)) return;
     if (auto it = silos_.find(a.silo); it != silos_.end()) it->second->send(std::move(a.env));
   }
+  void run(action::ToSilos& a) {
+    if (hook_) {  // a hostile edge (docs/security.md) may alter what each silo gets
+      for (auto& silo : a.silos) {
+        action::ToSilo one{std::move(silo), a.env};
+        run(one);
+      }
+      return;
+    }
+    auto frame = proto::encode_frame(a.env, cfg_.channel.max_frame_bytes);
+    if (!frame) {
+      spdlog::error("not relaying {}: {}", proto::body_name(a.env), frame.status().message);
+      return;
+    }
+    const auto shared = std::make_shared<const std::string>(std::move(*frame));
+    for (const auto& silo : a.silos) {
+      if (auto it = silos_.find(silo); it != silos_.end()) it->second->send_frame(shared);
+    }
+  }
   void run(action::Background& a) { rt_.background(std::move(a.work)); }
   void run(action::Job& a) {
     rt_.work<std::string>(std::move(a.work), [this, id = a.id](std::string refused) {

@@ -81,8 +81,15 @@ void Relay::on_server_message(const wire::Envelope& e) {
     case B::kTensorChunk:
       // The model passes through: each chunk goes on to the selected silos as it arrives.
       if (!this_round) break;
-      for (const auto& [name, state] : region_->silos) {
-        if (state != SiloState::Gone) to_silo(name, e);
+      {
+        action::ToSilos out;
+        for (const auto& [name, state] : region_->silos) {
+          if (state != SiloState::Gone && connected_.count(name)) out.silos.push_back(name);
+        }
+        if (out.silos.empty()) break;
+        out.env = e;
+        out.env.clear_silo();
+        actions_.push_back(std::move(out));
       }
       break;
     case B::kUploadGrant:

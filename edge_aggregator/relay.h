@@ -40,6 +40,12 @@ struct ToSilo {
   std::string silo;
   wire::Envelope env;
 };
+// The same message to several silos (the model's chunks): framed once and shared by their
+// connections, so a region of m silos does not hold m copies of the model.
+struct ToSilos {
+  std::vector<std::string> silos;
+  wire::Envelope env;
+};
 // Work for the worker thread, in order: chunk checks (Background) and folds (Job, whose result
 // comes back through on_job_done).
 struct Background {
@@ -51,7 +57,8 @@ struct Job {
 };
 }  // namespace action
 
-using Action = std::variant<action::ToServer, action::StreamToServer, action::ToSilo, action::Background, action::Job>;
+using Action = std::variant<action::ToServer, action::StreamToServer, action::ToSilo, action::ToSilos,
+                            action::Background, action::Job>;
 
 struct RelayConfig {
   std::string federation;

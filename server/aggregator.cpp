@@ -79,7 +79,12 @@ class PlainSum final : public Aggregator {
 // Robust rules and clipping need every silo's own delta: one row each (n x d floats).
 class RowCollector final : public Aggregator {
  public:
-  RowCollector(const Model& layout, AggregationConfig a) : current_(layout.zeros_like()), a_(std::move(a)) {}
+  // Room for a row per selected silo up front (address space only: pages are touched as rows
+  // arrive), so that the rows are never copied to a larger buffer, holding n x d twice.
+  RowCollector(const Model& layout, AggregationConfig a, std::size_t selected)
+      : current_(layout.zeros_like()), a_(std::move(a)) {
+    rows_.reserve(selected * current_.size());
+  }
 
   protocol::UploadBuffer buffer() override { return {bytes_of(current_), wire::F32, current_.tensors(), true, nullptr, {}}; }
 
@@ -241,7 +246,7 @@ std::unique_ptr<Aggregator> make_aggregator(const RoundConfig& cfg, const Model&
   if (cfg.aggregation.needs_all_updates()) {
     AggregationConfig a = cfg.aggregation;
     if (clip_norm) a.clip_norm = *clip_norm;
-    return std::make_unique<RowCollector>(layout, std::move(a));
+    return std::make_unique<RowCollector>(layout, std::move(a), selected.size());
   }
   return std::make_unique<PlainSum>(layout);
 }

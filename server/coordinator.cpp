@@ -57,19 +57,19 @@ void Coordinator::send_error(SessionId to, wire::ErrorCode code, const std::stri
 }
 
 std::optional<std::size_t> Coordinator::member_of(SessionId id) const {
-  const auto& ms = members();
-  for (std::size_t i = 0; i < ms.size(); ++i) {
-    if (ms[i].session == id) return i;
-  }
+  // A silo's own connection carries its name (an edge's carries many: those name the silo).
+  const Peer* p = membership_.peer(id);
+  if (!p || p->edge) return std::nullopt;
+  const auto m = member_named(p->name);
+  if (m && r_->members[*m].session == id) return m;
   return std::nullopt;
 }
 
 std::optional<std::size_t> Coordinator::member_named(const std::string& silo) const {
-  const auto& ms = members();
-  for (std::size_t i = 0; i < ms.size(); ++i) {
-    if (ms[i].silo == silo) return i;
-  }
-  return std::nullopt;
+  if (!r_) return std::nullopt;
+  const auto it = r_->by_name.find(silo);
+  if (it == r_->by_name.end()) return std::nullopt;
+  return it->second;
 }
 
 void Coordinator::send_to_member(std::size_t m, wire::Envelope e) {
@@ -220,7 +220,7 @@ void Coordinator::start_round(std::int64_t now_ms) {
       mb.edge = peer->name;
       edges.insert(session);
     }
-    r_->members.push_back(std::move(mb));
+    r_->add(std::move(mb));
     wire::Envelope mine = start;
     if (r_->secure) *mine.mutable_round_start()->mutable_secagg() = r_->secure->setup(r_->secure->group_of(silo));
     // Signed per silo, the secure setup included: a relay can neither change nor drop it.
@@ -247,9 +247,7 @@ void Coordinator::pump(std::int64_t now_ms) {
     return r_->members[u.member].state == MemberState::Ready;
   };
   if (auto u = r_->slot.next(eligible)) return grant(*u);
-  const bool anyone_left = std::any_of(r_->members.begin(), r_->members.end(), [](const Member& mb) {
-    return mb.state == MemberState::Training || mb.state == MemberState::Ready;
-  });
+  const bool anyone_left = r_->count(MemberState::Training) + r_->count(MemberState::Ready) > 0;
   if (!anyone_left || r_->train_elapsed) close_round(now_ms);
 }
 
@@ -262,7 +260,7 @@ void Coordinator::close_round(std::int64_t now_ms) {
     auto& mb = r_->members[i];
     if (mb.state != MemberState::Training && mb.state != MemberState::Ready) continue;
     if (enough) {
-      mb.state = MemberState::Surplus;
+      r_->set_state(mb, MemberState::Surplus);
       send_round_end(i, false, "the round closed with enough updates; yours was not needed");
     } else {
       drop(i, mb.state == MemberState::Training ? DropPhase::Train : DropPhase::Upload, DropCause::StillPending,

@@ -2,7 +2,9 @@
 // Not part of the coordinator's interface.
 #pragma once
 
+#include <array>
 #include <set>
+#include <unordered_map>
 
 #include "server/coordinator.h"
 
@@ -27,10 +29,23 @@ struct Coordinator::Round {
   std::uint64_t upload_bytes = 0;
   std::string abort_reason;
   std::size_t robust_rejected = 0;
-  std::size_t done() const {
-    return static_cast<std::size_t>(
-        std::count_if(members.begin(), members.end(), [](const Member& m) { return m.state == MemberState::Done; }));
+  // Members by name, and how many are in each state: messages of every silo ask both, so
+  // neither may cost a scan of the round's silos (hundreds of them). add() and set_state()
+  // keep them; nothing else adds members or changes their state.
+  std::unordered_map<std::string, std::size_t> by_name;
+  std::array<std::size_t, kMemberStates> in_state{};
+  void add(Member m) {
+    by_name.emplace(m.silo, members.size());
+    ++in_state[static_cast<std::size_t>(m.state)];
+    members.push_back(std::move(m));
   }
+  void set_state(Member& m, MemberState s) {
+    --in_state[static_cast<std::size_t>(m.state)];
+    ++in_state[static_cast<std::size_t>(s)];
+    m.state = s;
+  }
+  std::size_t count(MemberState s) const { return in_state[static_cast<std::size_t>(s)]; }
+  std::size_t done() const { return count(MemberState::Done); }
   double total_weight() const {
     double w = 0;
     for (const auto& m : members) w += m.state == MemberState::Done ? m.weight : 0.0;

@@ -27,7 +27,7 @@ void Coordinator::grant(const Uploader& u) {
   if (u.edge) {
     send(u.edge, std::move(e));
   } else {
-    r_->members[u.member].state = MemberState::Uploading;
+    r_->set_state(r_->members[u.member], MemberState::Uploading);
     send(r_->members[u.member].session, std::move(e));
   }
   actions_.push_back(action::StartTimer{Timer::Upload, cfg_.deadlines.upload});
@@ -168,7 +168,7 @@ void Coordinator::folded(FoldResult r, std::int64_t now_ms) {
     return;
   }
   for (auto m : r_->upload_members) {
-    r_->members[m].state = MemberState::Done;
+    r_->set_state(r_->members[m], MemberState::Done);
     r_->members[m].update_sha256 = r.sha256;
     if (r_->secure) r_->secure->masked_from(r_->members[m].silo);
   }
@@ -227,7 +227,7 @@ void Coordinator::drop(std::size_t m, DropPhase phase, DropCause cause, const st
   if (r_->slot.held_by(Uploader{m, 0}) && !r_->slot.complete()) {
     abandon_upload();  // the half-received update is simply never folded in
   }
-  mb.state = MemberState::Dropped;
+  r_->set_state(mb, MemberState::Dropped);
   mb.drop_phase = phase;
   mb.drop_cause = cause;
   mb.drop_reason = reason;

@@ -333,10 +333,18 @@ std::optional<wire::Envelope> SecureRound::unmask_request(const std::string& sil
 }
 
 bool SecureRound::unmask_complete() const {
-  return std::all_of(groups_.begin(), groups_.end(), [](const auto& kv) {
+  // Asked on every message of the unmasking: a scan of all groups each time would make a round
+  // cost messages x groups. Groups complete one after another and stay so, so the search resumes
+  // at the group the last call found open; only "complete" takes a full pass to confirm.
+  auto open = [](const auto& kv) {
     const Group& g = kv.second;
-    return !g.failed.empty() || g.phase < Phase::Confirm || (g.phase == Phase::Unmask && g.waiting.empty());
-  });
+    return g.failed.empty() && g.phase >= Phase::Confirm && !(g.phase == Phase::Unmask && g.waiting.empty());
+  };
+  auto it = std::find_if(groups_.lower_bound(open_from_), groups_.end(), open);
+  if (it == groups_.end()) it = std::find_if(groups_.begin(), groups_.end(), open);
+  if (it == groups_.end()) return true;
+  open_from_ = it->first;
+  return false;
 }
 
 std::vector<GroupResult> SecureRound::finish(std::map<std::uint32_t, protocol::MaskedVector>& sums) {

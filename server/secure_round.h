@@ -117,6 +117,7 @@ class SecureRound {
   std::size_t d_;
   std::vector<std::uint64_t> kept_;  // RANDOM_K: the coordinates the masked vectors hold (else all d)
   std::map<std::uint32_t, Group> groups_;
+  mutable std::uint32_t open_from_ = 0;  // unmask_complete(): groups before this one were complete
   std::map<std::string, std::uint32_t> group_of_;
   std::vector<std::pair<std::string, wire::Envelope>> out_;
   std::vector<SecureDrop> dropped_;

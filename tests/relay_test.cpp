@@ -158,6 +158,9 @@ class Harness {
       if (actions.empty()) return;
       for (auto& a : actions) {
         if (auto* s = std::get_if<action::ToSilo>(&a)) silo_inbox[s->silo].push_back(s->env);
+        if (auto* s = std::get_if<action::ToSilos>(&a)) {
+          for (const auto& silo : s->silos) silo_inbox[silo].push_back(s->env);
+        }
         if (auto* s = std::get_if<action::ToServer>(&a)) server_inbox.push_back(s->env);
         if (auto* s = std::get_if<action::StreamToServer>(&a)) {
           std::vector<std::uint8_t> bytes;

@@ -271,21 +271,32 @@ bool Channel::send(wire::Envelope env) {
                   frame.status().message);
     return false;
   }
-  queued_bytes_ += frame->size();
+  const std::size_t bytes = frame->size();
+  return enqueue(Item{std::move(*frame), nullptr, nullptr}, bytes);
+}
+
+bool Channel::send_frame(std::shared_ptr<const std::string> frame) {
+  if (!open_ || closing_ || !frame) return false;
+  const std::size_t bytes = frame->size();
+  return enqueue(Item{{}, nullptr, std::move(frame)}, bytes);
+}
+
+bool Channel::enqueue(Item item, std::size_t bytes) {
+  queued_bytes_ += bytes;
   if (queued_bytes_ > opts_.max_queued_bytes) {
     spdlog::warn("{} is not reading: {} bytes queued; closing the connection", peer_.str(),
                  queued_bytes_);
     close();
     return false;
   }
-  queue_.push_back(Item{std::move(*frame), nullptr});
+  queue_.push_back(std::move(item));
   wake_.cancel();
   return true;
 }
 
 bool Channel::send_stream(Source next) {
   if (!open_ || closing_) return false;
-  queue_.push_back(Item{{}, std::move(next)});
+  queue_.push_back(Item{{}, std::move(next), nullptr});
   wake_.cancel();
   return true;
 }
@@ -331,8 +342,14 @@ awaitable<void> Channel::writer() {
         continue;
       }
       proto::SplitFrame frame;
+      std::shared_ptr<const std::string> shared;  // kept alive until written
       Item& front = queue_.front();
-      if (!front.source) {
+      if (front.shared) {
+        shared = std::move(front.shared);
+        frame.tail = {reinterpret_cast<const std::uint8_t*>(shared->data()), shared->size()};
+        queue_.pop_front();
+        queued_bytes_ -= std::min(queued_bytes_, shared->size());
+      } else if (!front.source) {
         frame.head = std::move(front.frame);
         queue_.pop_front();
         queued_bytes_ -= std::min(queued_bytes_, frame.head.size());

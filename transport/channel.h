@@ -77,6 +77,9 @@ class Channel : public std::enable_shared_from_this<Channel> {
   // chunk per connection). False when closed or when the queue limit was exceeded.
   bool send(wire::Envelope env);
   bool send_stream(Source next);
+  // A frame already encoded (proto::encode_frame), shared with other connections: an edge
+  // sends each model chunk to its region's silos from one copy.
+  bool send_frame(std::shared_ptr<const std::string> frame);
   // Sends an Error message, then closes.
   void close_with_error(wire::ErrorCode code, const std::string& message);
   void close();
@@ -96,7 +99,9 @@ class Channel : public std::enable_shared_from_this<Channel> {
   struct Item {
     std::string frame;
     Source source;
+    std::shared_ptr<const std::string> shared;
   };
+  bool enqueue(Item item, std::size_t bytes);
   awaitable<proto::Result<wire::Envelope>> read_frame();
   awaitable<void> write_frame_now(const wire::Envelope& env);
   awaitable<void> writer();
