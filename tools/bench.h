@@ -99,6 +99,7 @@ struct CompressionBenchOptions {
   std::uint64_t rounds = 30;                          // learning quality (0: skip)
   std::vector<std::uint64_t> seeds{11};
   std::vector<std::string> only;                      // only these rows (default: all)
+  std::filesystem::path sim;                          // a sim config's model, trainer and data (default: digits MLP)
   bool skip_codecs = false;
   bool json = false;
 };

@@ -59,6 +59,10 @@ void add_bench(CLI::App& app, int& exit_code) {
   cb->add_option("--rounds", co->rounds, "rounds of each federation (0: codec speed only)")->capture_default_str();
   cb->add_option("--seeds", co->seeds, "seeds: each row is their mean")->capture_default_str();
   cb->add_option("--only", co->only, "only these rows, e.g. \"8-bit\" (default: all)");
+  cb->add_option("--sim", co->sim,
+                 "a sim config whose model, trainer and data to federate instead of the digits MLP "
+                 "(e.g. examples/pytorch/sim.json); silos, split, rounds and selection stay the bench's")
+      ->check(CLI::ExistingFile);
   cb->add_flag("--no-codecs", co->skip_codecs, "skip the codec speed table");
   cb->add_flag("--json", co->json, "one JSON object per measurement");
   cb->callback([co, &exit_code] { exit_code = bench_compression(*co); });

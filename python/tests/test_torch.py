@@ -99,6 +99,26 @@ class GlobalModelIn(TorchTestCase):
         with self.assertRaisesRegex(ValueError, "tensor '3.weight' has shape \\[3, 144\\], the local model \\[5, 144\\]"):
             self.task().load_into(other)
 
+    def test_load_into_keeps_the_modules_own_variance_where_the_global_one_is_negative(self):
+        # Found by `xsilo bench compression --sim examples/pytorch/sim.json`: sign compression
+        # took a BatchNorm running variance below zero, and evaluation gave NaN.
+        torch = self.torch
+        tensors = {k: v.float() for k, v in self.net.state_dict().items() if v.is_floating_point()}
+        var = tensors["1.running_var"].clone()
+        var[0], var[2] = -0.02, 0.5
+        tensors["1.running_var"] = var
+        xc.save_initial(tensors, self.global_path)
+        local = small_net(torch)
+        with torch.no_grad():
+            local[1].running_var.copy_(torch.tensor([0.3, 0.4, 0.6, 0.7]))
+        with self.assertLogs("xsilo_client", "WARNING") as logs:
+            self.task().load_into(local)
+        self.assertIn("1 of 4 values of 1.running_var are negative", logs.output[0])
+        self.assertTrue(torch.equal(local[1].running_var, torch.tensor([0.3, var[1].item(), 0.5, var[3].item()])))
+        self.assertTrue(torch.equal(local[3].weight, self.net[3].weight.detach()))
+        local.eval()
+        self.assertTrue(torch.isfinite(local(torch.randn(2, 1, 8, 8))).all())
+
     def test_state_dict_without_like_fills_integer_buffers_from_the_last_update(self):
         torch = self.torch
         task = self.task(id=1)

@@ -130,8 +130,37 @@ class Task:
             raise RuntimeError("load_into needs torch; use task.arrays() or task.state_dict() without it")
         if type(model).__name__ in ("DistributedDataParallel", "DataParallel"):
             model = model.module
-        model.load_state_dict(self.state_dict(like=model.state_dict()), strict=True)
+        loaded = self.state_dict(like=model.state_dict())
+        keep_valid_variances(model, loaded)
+        model.load_state_dict(loaded, strict=True)
         return model
+
+
+def keep_valid_variances(module, loaded):
+    """Running variances of normalisation layers (BatchNorm, InstanceNorm) that are negative in
+    ``loaded`` keep the module's own value in those coordinates.
+
+    A mean of variances is a variance, but a lossy-compressed update (sign, 4-bit, top-k) can
+    take a small one below zero, and a negative variance makes the layer's output NaN
+    (docs/compression.md). The module's value is this silo's last estimate (or the layer's
+    initial 1.0 in a fresh process). Returns the names changed.
+    """
+    import torch
+    changed = []
+    for prefix, layer in module.named_modules():
+        if not isinstance(layer, torch.nn.modules.batchnorm._NormBase) or layer.running_var is None:
+            continue
+        name = f"{prefix}.running_var" if prefix else "running_var"
+        value = loaded.get(name)
+        if value is None:
+            continue
+        negative = value < 0
+        if bool(negative.any()):
+            log.warning("global model: %d of %d values of %s are negative (lossy compression); "
+                        "keeping this trainer's own there", int(negative.sum()), value.numel(), name)
+            loaded[name] = torch.where(negative, layer.running_var.to(device=value.device, dtype=value.dtype), value)
+            changed.append(name)
+    return changed
 
 
 class Client:
