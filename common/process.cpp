@@ -121,24 +121,30 @@ int Process::stop(std::chrono::milliseconds grace) {
 }
 
 std::optional<ProcessResources> process_resources(pid_t pid) {
-  const std::filesystem::path proc = pid == 0 ? std::string("/proc/self") : "/proc/" + std::to_string(pid);
-  std::ifstream status(proc / "status");
-  if (!status) return std::nullopt;
+  const bool self = pid == 0 || pid == ::getpid();
+  const std::filesystem::path proc = self ? std::string("/proc/self") : "/proc/" + std::to_string(pid);
   ProcessResources r;
-  bool seen = false;
-  for (std::string line; std::getline(status, line);) {
-    // "VmRSS:    1234 kB"
-    const bool rss = line.rfind("VmRSS:", 0) == 0, hwm = line.rfind("VmHWM:", 0) == 0;
-    if (!rss && !hwm) continue;
-    const std::uint64_t bytes = std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
-    (rss ? r.rss_bytes : r.peak_rss_bytes) = bytes;
-    seen = true;
+  {
+    std::ifstream status(proc / "status");  // closed before the descriptors are counted
+    if (!status) return std::nullopt;
+    bool seen = false;
+    for (std::string line; std::getline(status, line);) {
+      // "VmRSS:    1234 kB"
+      const bool rss = line.rfind("VmRSS:", 0) == 0, hwm = line.rfind("VmHWM:", 0) == 0;
+      if (!rss && !hwm) continue;
+      const std::uint64_t bytes = std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
+      (rss ? r.rss_bytes : r.peak_rss_bytes) = bytes;
+      seen = true;
+    }
+    if (!seen) return std::nullopt;
   }
   std::error_code ec;
   for (std::filesystem::directory_iterator it(proc / "fd", ec), end; !ec && it != end; it.increment(ec)) {
     ++r.open_descriptors;
   }
-  if (!seen || ec) return std::nullopt;
+  if (ec) return std::nullopt;
+  // Listing our own descriptors holds one open: the listing's.
+  if (self && r.open_descriptors > 0) --r.open_descriptors;
   return r;
 }
 

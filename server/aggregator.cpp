@@ -80,10 +80,14 @@ class PlainSum final : public Aggregator {
 class RowCollector final : public Aggregator {
  public:
   // Room for a row per selected silo up front (address space only: pages are touched as rows
-  // arrive), so that the rows are never copied to a larger buffer, holding n x d twice.
+  // arrive), so that the rows are never copied to a larger buffer, holding n x d twice. Where
+  // the system will not promise that much, the rows grow as they arrive.
   RowCollector(const Model& layout, AggregationConfig a, std::size_t selected)
       : current_(layout.zeros_like()), a_(std::move(a)) {
-    rows_.reserve(selected * current_.size());
+    try {
+      rows_.reserve(selected * current_.size());
+    } catch (const std::bad_alloc&) {
+    }
   }
 
   protocol::UploadBuffer buffer() override { return {bytes_of(current_), wire::F32, current_.tensors(), true, nullptr, {}}; }

@@ -16,7 +16,7 @@
 namespace xsilo::server {
 
 enum class MemberState { Training, Ready, Uploading, Done, Dropped, Surplus };
-inline constexpr std::size_t kMemberStates = 6;
+inline constexpr std::size_t kMemberStates = static_cast<std::size_t>(MemberState::Surplus) + 1;  // the last
 std::string_view name(MemberState s);
 
 // Where in the round a member was lost, and why (the record says both; `detail` adds the

@@ -513,7 +513,7 @@ TEST_F(TlsTest, LargeFramesAfterIdleTrimsArriveIntact) {
           back->region_status().silos(0) == big && back->region_status().silos(1) == "tail";
     }());
     EXPECT_TRUE(same) << "frame " << k;
-    if (k % 2 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));  // both writers idle
+    if (k % 2 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));  // both writers idle past 50 ms: trimmed
     EXPECT_TRUE(echoes(io_, *c.ch, "small " + std::to_string(k)));
   }
 }

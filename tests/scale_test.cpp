@@ -6,6 +6,8 @@
 // connection. The figures with 50, 100 and 200 silos are in docs/benchmarks.md.
 #include <gtest/gtest.h>
 
+#include <iostream>
+
 #include <nlohmann/json.hpp>
 
 #include "common/fs.h"
@@ -19,7 +21,7 @@ using json = nlohmann::json;
 using namespace std::chrono_literals;
 
 constexpr std::size_t kSilos = 200;
-constexpr std::uint64_t kParams = 20000;
+constexpr std::uint64_t kParams = 100000;  // frames past 256 KiB: what an idle connection must give back
 
 json bench_round(const test::TempDir& dir, const std::vector<std::string>& extra) {
   std::vector<std::string> argv = {test::xsilo_bin(), "bench", "round", "--silos", std::to_string(kSilos),
@@ -47,10 +49,15 @@ void expect_server_resources(const json& r, std::size_t connections, std::uint64
   ASSERT_TRUE(r.contains("peak_rss_bytes")) << r.dump();
   const std::uint64_t model = r["model_bytes"];
   const std::uint64_t bound = 3 * model + (64u << 20) + connections * (512u << 10) + extra;
+#if defined(__SANITIZE_ADDRESS__)
+  std::cout << "[ NOTE     ] server memory bound (" << bound << " bytes) not checked: AddressSanitizer's shadow "
+            << "memory and quarantine are in the server's RSS (" << r["peak_rss_bytes"] << " bytes)\n";
+#else
   EXPECT_LT(r["peak_rss_bytes"].get<std::uint64_t>(), bound) << r.dump();
-  // Listeners, logs, state files and one socket per connection: no more.
+#endif
+  // One socket per connection, and the server's own few (listeners, logs, state files).
   const std::size_t fds = r["server_open_descriptors"];
-  EXPECT_GE(fds, connections) << r.dump();
+  EXPECT_GE(fds, connections + 4) << r.dump();
   EXPECT_LE(fds, connections + 32) << r.dump();
 }
 

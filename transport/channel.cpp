@@ -327,6 +327,8 @@ void Channel::close() {
 
 awaitable<void> Channel::writer() {
   auto self = shared_from_this();
+  constexpr auto kTrimAfter = std::chrono::milliseconds(50);
+  bool trimmed = true;  // nothing to give back yet
   try {
     while (open_) {
       if (queue_.empty()) {
@@ -335,12 +337,18 @@ awaitable<void> Channel::writer() {
           continue;
         }
         if (closing_) break;
-        stream_.trim();  // idle: keep little per connection
-        wake_.expires_at(Clock::time_point::max());
+        // Idle: after 50 ms with nothing to send, give back what large frames grew (a gap
+        // between the chunks of a model is not idle), then sleep until woken.
+        wake_.expires_at(trimmed ? Clock::time_point::max() : Clock::now() + kTrimAfter);
         boost::system::error_code ec;
         co_await wake_.async_wait(asio::redirect_error(use_awaitable, ec));
+        if (!ec && !trimmed && queue_.empty()) {
+          stream_.trim();
+          trimmed = true;
+        }
         continue;
       }
+      trimmed = false;
       proto::SplitFrame frame;
       std::shared_ptr<const std::string> shared;  // kept alive until written
       Item& front = queue_.front();

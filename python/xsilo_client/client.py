@@ -147,7 +147,7 @@ def keep_valid_variances(module, loaded):
     """
     import torch
     changed = []
-    for prefix, layer in module.named_modules():
+    for prefix, layer in module.named_modules(remove_duplicate=False):  # a layer shared under two names: both
         if not isinstance(layer, torch.nn.modules.batchnorm._NormBase) or layer.running_var is None:
             continue
         name = f"{prefix}.running_var" if prefix else "running_var"
