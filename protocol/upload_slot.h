@@ -4,6 +4,10 @@
 // chunk by chunk, while the next chunk arrives. Taking uploads one at a time means a peer that
 // vanishes mid-upload never leaves half an update anywhere; the buffer is reused.
 //
+// A buffer may name a sink: each chunk's check work then hands the checked bytes on to it
+// (the server stages the uploads of big models in a file that way, so that the buffer needs
+// no memory of its own: server/upload_stage.h).
+//
 // The coordinator uses it for its silos and edges, the edge for its silos. No I/O here.
 #pragma once
 
@@ -26,6 +30,15 @@ namespace xsilo::protocol {
 struct UploadCheck {
   crypto::Sha256 hash;
   bool finite = true;
+  std::string sink_error;  // the first failure of the buffer's sink ("" when none)
+};
+
+// Where the checked bytes of an upload go next (on the worker, in order): `at` is the byte
+// offset in the buffer. Returns "" or why the bytes could not be kept.
+class UploadSink {
+ public:
+  virtual ~UploadSink() = default;
+  virtual std::string put(std::uint64_t at, std::span<const std::uint8_t> bytes) = 0;
 };
 
 // Where an upload goes and what it must look like.
@@ -36,12 +49,15 @@ struct UploadBuffer {
   bool hash = true;                  // SHA-256 of the bytes as received
   std::shared_ptr<const void> keep;  // keeps `bytes` alive while check work is queued (optional)
   wire::Compression scheme;          // F32: how the uploader must compress (protocol/compression.h)
+  std::shared_ptr<UploadSink> sink;  // takes each chunk's bytes once checked (optional)
 };
 
-// The work that checks `count` elements at `first` (hash, and finiteness for F32).
+// The work that checks `count` elements at `first` (hash, and finiteness for F32), then hands
+// them to `sink` (if any) as the bytes at `at`.
 std::function<void()> check_work(std::shared_ptr<UploadCheck> check, const std::uint8_t* first,
                                  std::size_t count, wire::DType dtype, bool hash,
-                                 std::shared_ptr<const void> keep = nullptr);
+                                 std::shared_ptr<const void> keep = nullptr,
+                                 std::shared_ptr<UploadSink> sink = nullptr, std::uint64_t at = 0);
 
 template <class Key>
 class UploadSlot {
@@ -85,7 +101,7 @@ class UploadSlot {
     if (auto st = rx_.add(chunk); !st) return st;
     const std::size_t elem = element_bytes(buffer_.dtype);
     return check_work(check_, buffer_.bytes.data() + rx_.last_first() * elem, rx_.last_count(), buffer_.dtype,
-                      buffer_.hash, buffer_.keep);
+                      buffer_.hash, buffer_.keep, buffer_.sink, rx_.last_first() * elem);
   }
   // UpdateEnd from the holder: "" when every element arrived, else why not.
   std::string end(std::string_view what = "update") {
