@@ -63,19 +63,13 @@ class PlainSum final : public Aggregator {
   }
 
   FoldResult fold(const Contribution& c, protocol::UploadCheck& check) override {
+    if (stage_ && !check.sink_error.empty()) return lose(check.sink_error, c);
     auto r = check_upload(check, c, what_of(c));
     if (!r.ok()) return r;
     if (stage_) {
-      // The upload passed its checks; only the server's own storage can fail from here. The
-      // sum may then be partly updated: the round cannot commit (combine() says why), and the
-      // upload counts as received.
+      // The upload passed its checks; only the server's own storage can fail from here.
       if (!lost_.empty()) return r;
-      lost_ = check.sink_error;
-      if (lost_.empty()) lost_ = stage_->add_to(sum_->flat());
-      if (!lost_.empty()) {
-        spdlog::error("the round's sum is lost: {}", lost_);
-        return r;
-      }
+      if (auto why = stage_->add_to(sum_->flat()); !why.empty()) return lose(why, c);
     } else {
       const auto cur = current_.flat();
       auto acc = sum_->flat();
@@ -97,6 +91,19 @@ class PlainSum final : public Aggregator {
   std::shared_ptr<Model> output(const Model&) override { return sum_; }
 
  private:
+  // The server's own storage failed while staging or adding an upload: the sum may be partly
+  // updated, so the round cannot commit (combine() says why). The upload is not the uploader's
+  // fault: it counts as received.
+  FoldResult lose(const std::string& why, const Contribution& c) {
+    if (lost_.empty()) {
+      lost_ = why;
+      spdlog::error("the round's sum is lost: {}", lost_);
+    }
+    FoldResult r;
+    r.sha256 = c.declared_sha256;
+    return r;
+  }
+
   std::vector<TensorInfo> layout_;
   Model current_;                        // the upload buffer, when uploads are not staged
   std::shared_ptr<StagedUpload> stage_;  // else the staged upload

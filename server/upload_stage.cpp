@@ -45,22 +45,28 @@ std::string StagedUpload::put(std::uint64_t at, std::span<const std::uint8_t> by
   return "";
 }
 
+std::string StagedUpload::get(std::uint64_t at, std::span<std::uint8_t> into) {
+  if (at > bytes_ || into.size() > bytes_ - at) return "upload staging: bytes past the end of the upload";
+  std::size_t got = 0;
+  while (got < into.size()) {
+    const ssize_t r = ::pread(fd_, into.data() + got, into.size() - got, static_cast<off_t>(at + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      return "cannot read back the upload staging file in " + dir_.string() + ": " +
+             (r == 0 ? std::string("it ends early") : errno_text());
+    }
+    got += static_cast<std::size_t>(r);
+  }
+  return "";
+}
+
 std::string StagedUpload::add_to(std::span<float> sum) {
   if (sum.size() * sizeof(float) != bytes_) return "upload staging: the sum is not the size of the upload";
   piece_.resize(std::min<std::size_t>(kPieceFloats, sum.size()));
   for (std::size_t i = 0; i < sum.size();) {
     const std::size_t n = std::min(piece_.size(), sum.size() - i);
-    auto* to = reinterpret_cast<std::uint8_t*>(piece_.data());
-    std::size_t got = 0;
-    while (got < n * sizeof(float)) {
-      const ssize_t r = ::pread(fd_, to + got, n * sizeof(float) - got, static_cast<off_t>(i * sizeof(float) + got));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) {
-        return "cannot read back the upload staging file in " + dir_.string() + ": " +
-               (r == 0 ? std::string("it ends early") : errno_text());
-      }
-      got += static_cast<std::size_t>(r);
-    }
+    auto why = get(i * sizeof(float), {reinterpret_cast<std::uint8_t*>(piece_.data()), n * sizeof(float)});
+    if (!why.empty()) return why;
     for (std::size_t k = 0; k < n; ++k) sum[i + k] += piece_[k];
     i += n;
   }

@@ -2,11 +2,12 @@
 // hold a third copy of (the global model and the running sum are the other two).
 //
 // The slot decodes each chunk into a window (common/window.h): an address range as large as
-// the model that is reserved, not backed (anonymous, MAP_NORESERVE). The chunk's check work hashes it, checks
-// it, then put() writes it to the file with pwrite and gives the window's pages back
-// (MADV_DONTNEED), so only the chunks in flight are ever resident. Once the whole upload has
-// passed its checks, add_to() reads the file back in pieces into the sum. An upload refused
-// or abandoned halfway has touched the file only: the sum is as it was.
+// the model that is reserved, not backed (anonymous, MAP_NORESERVE). put(), right after, writes
+// the chunk to the file with pwrite and gives the window's pages back (MADV_DONTNEED), so only
+// the chunk being decoded is ever resident; the chunk's check work (hash, finiteness) reads it
+// back with get(), so a check that lags the network holds page cache, not the server's memory.
+// Once the whole upload has passed its checks, add_to() reads the file back in pieces into the
+// sum. An upload refused or abandoned halfway has touched the file only: the sum is as it was.
 //
 // The file is unlinked as soon as it is created: it holds no state that outlives the process
 // (an upload in flight is never durable), and a crash leaves nothing behind. Its pages live
@@ -35,8 +36,10 @@ class StagedUpload final : public protocol::UploadSink {
 
   // Where the slot decodes chunks (every byte of it is put() before it is read back).
   std::span<std::uint8_t> window() { return window_.bytes(); }
-  // Worker: the checked bytes at `at` go to the file; their window pages are released.
+  // Network thread: the bytes at `at` go to the file; their window pages are released.
   std::string put(std::uint64_t at, std::span<const std::uint8_t> bytes) override;
+  // Worker: the bytes at `at` as the file holds them.
+  std::string get(std::uint64_t at, std::span<std::uint8_t> into) override;
   // Worker: sum[i] += staged[i] for every float of the upload, read back in pieces. Returns
   // "" or why the file could not be read (the sum is then partly updated: the caller must
   // treat it as lost, which the server does by failing the round).

@@ -588,11 +588,39 @@ TEST(StagedUpload, KeepsPutBytesInItsFileAndGivesTheWindowPagesBack) {
   EXPECT_EQ(stage.put(0, w.subspan(0, cut)), "");
   EXPECT_EQ(stage.put(cut, w.subspan(cut)), "");
   EXPECT_NE(stage.put(w.size() - 4, w.subspan(0, 8)), "");  // past the end: refused
-  // Released pages read as zeros again.
+  // Released pages read as zeros again; the file holds what was put.
   EXPECT_EQ(reinterpret_cast<const float*>(w.data())[4096], 0.0f);
+  float back = 0;
+  EXPECT_EQ(stage.get(4096 * sizeof(float), {reinterpret_cast<std::uint8_t*>(&back), sizeof back}), "");
+  EXPECT_EQ(back, want[4096]);
+  EXPECT_NE(stage.get(w.size() - 2, {reinterpret_cast<std::uint8_t*>(&back), sizeof back}), "");
   std::vector<float> sum(n, 1.0f);
   EXPECT_EQ(stage.add_to(sum), "");
   for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(sum[i], want[i] + 1.0f) << i;
+}
+
+// A sink that cannot keep what it is given (the server's disk full): the chunk's check says so
+// and checks nothing else; a sink that can is read back by the check.
+class FailingSink final : public protocol::UploadSink {
+ public:
+  std::string put(std::uint64_t, std::span<const std::uint8_t>) override { return "disk full"; }
+  std::string get(std::uint64_t, std::span<std::uint8_t>) override { return "not reached"; }
+};
+
+TEST(StagedUpload, AChunkItsSinkCouldNotKeepFailsItsCheckWithTheSinksReason) {
+  Model layout;
+  layout.add("a", {4});
+  protocol::UploadSlot<int> slot;
+  auto sink = std::make_shared<FailingSink>();
+  slot.open(1, {{reinterpret_cast<std::uint8_t*>(layout.flat().data()), layout.bytes()}, wire::F32, layout.tensors(),
+                true, nullptr, {}, sink});
+  protocol::ChunkSource src(std::make_shared<Model>(layout), layout.flat(), layout.tensors(), "fed", 1, 8);
+  while (auto e = src.next()) {
+    auto work = slot.add(e->tensor_chunk());
+    ASSERT_TRUE(work);
+    (*work)();
+  }
+  EXPECT_EQ(slot.check()->sink_error, "disk full");
 }
 
 TEST(Coordinator, StagedUploadsCommitTheSameWeightedMean) {
