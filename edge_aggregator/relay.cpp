@@ -366,10 +366,10 @@ protocol::UploadBuffer Relay::buffer() {
   Region& r = *region_;
   if (r.secure) {
     return {r.current_words->bytes(), r.current_words->dtype(), {{"masked", {r.current_words->words()}, 0}}, true,
-            r.current_words, {}};
+            r.current_words, {}, nullptr};
   }
   return {{reinterpret_cast<std::uint8_t*>(r.current->flat().data()), r.current->bytes()}, wire::F32, r.layout, true,
-          r.current, r.scheme};
+          r.current, r.scheme, nullptr};
 }
 
 // Grants the next silo's upload, or finishes the region when nothing is left to wait for.

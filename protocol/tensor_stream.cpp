@@ -38,6 +38,11 @@ ChunkSource::ChunkSource(std::shared_ptr<const std::vector<wire::TensorChunk>> e
                          std::uint64_t round)
     : base_(nullptr), federation_(std::move(federation)), round_(round), chunk_elems_(1), encoded_(std::move(encoded)) {}
 
+ChunkSource::ChunkSource(Fill fill, std::vector<TensorInfo> layout, std::string federation, std::uint64_t round,
+                         std::size_t chunk_bytes)
+    : base_(nullptr), layout_(std::move(layout)), federation_(std::move(federation)), round_(round),
+      chunk_elems_(std::max<std::size_t>(1, chunk_bytes / sizeof(float))), fill_(std::move(fill)) {}
+
 std::optional<std::pair<wire::Envelope, std::span<const std::uint8_t>>> ChunkSource::advance() {
   if (encoded_) {
     if (next_encoded_ >= encoded_->size()) return std::nullopt;
@@ -63,7 +68,14 @@ std::optional<std::pair<wire::Envelope, std::span<const std::uint8_t>>> ChunkSou
   c->set_dtype(dtype_);
   for (auto d : t.shape) c->add_shape(d);
   c->set_offset(offset_);
-  std::span<const std::uint8_t> data(base_ + (t.offset + offset_) * elem_, n * elem_);
+  std::span<const std::uint8_t> data;
+  if (fill_) {
+    made_.resize(n);
+    fill_(t.offset + offset_, made_);
+    data = {reinterpret_cast<const std::uint8_t*>(made_.data()), n * sizeof(float)};
+  } else {
+    data = {base_ + (t.offset + offset_) * elem_, n * elem_};
+  }
   offset_ += n;
   if (offset_ == t.size()) {
     ++tensor_;

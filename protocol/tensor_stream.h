@@ -4,6 +4,7 @@
 // No I/O here: both sides are plain objects that the network code drives.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -35,6 +36,12 @@ class ChunkSource {
   ChunkSource(std::shared_ptr<const void> keep_alive, std::span<const std::uint8_t> bytes,
               wire::DType dtype, std::vector<TensorInfo> layout, std::string federation,
               std::uint64_t round, std::size_t chunk_bytes);
+  // Float elements made as they are sent: `fill(first, out)` writes elements [first, first +
+  // out.size()) of the flat model. One chunk is in memory at a time (the next call of next()
+  // or next_frame() overwrites the last one's data).
+  using Fill = std::function<void(std::size_t first, std::span<float> out)>;
+  ChunkSource(Fill fill, std::vector<TensorInfo> layout, std::string federation, std::uint64_t round,
+              std::size_t chunk_bytes);
   // The next chunk as an envelope (a copy of the data: for tests and in-process use).
   std::optional<wire::Envelope> next();
   // The next chunk as a frame whose payload is read in place from the model.
@@ -52,6 +59,8 @@ class ChunkSource {
   std::size_t tensor_ = 0, offset_ = 0;
   std::shared_ptr<const std::vector<wire::TensorChunk>> encoded_;
   std::size_t next_encoded_ = 0;
+  Fill fill_;
+  std::vector<float> made_;  // the chunk `fill_` made last
   // The envelope of the next chunk with an empty data field, and where its data lies.
   std::optional<std::pair<wire::Envelope, std::span<const std::uint8_t>>> advance();
 };

@@ -4,7 +4,11 @@
 // chunk by chunk, while the next chunk arrives. Taking uploads one at a time means a peer that
 // vanishes mid-upload never leaves half an update anywhere; the buffer is reused.
 //
-// The coordinator uses it for its silos and edges, the edge for its silos. No I/O here.
+// A buffer may name a sink: each chunk is then handed to it as soon as it is in place (on the
+// network thread), and the chunk's check work reads it back from the sink rather than from the
+// buffer. The server stages the uploads of big models in a file that way, so that the buffer
+// needs no memory of its own and a check that lags the network holds the page cache, not the
+// process (server/upload_stage.h).
 #pragma once
 
 #include <deque>
@@ -26,6 +30,17 @@ namespace xsilo::protocol {
 struct UploadCheck {
   crypto::Sha256 hash;
   bool finite = true;
+  std::string sink_error;  // the first failure of the buffer's sink ("" when none)
+};
+
+// Where the bytes of an upload go once in place: put() on the network thread, right after the
+// chunk was decoded into the buffer (which it may then reuse); get() on the worker, by the
+// chunk's check work. `at` is the byte offset in the buffer. Both return "" or why not.
+class UploadSink {
+ public:
+  virtual ~UploadSink() = default;
+  virtual std::string put(std::uint64_t at, std::span<const std::uint8_t> bytes) = 0;
+  virtual std::string get(std::uint64_t at, std::span<std::uint8_t> into) = 0;
 };
 
 // Where an upload goes and what it must look like.
@@ -36,12 +51,17 @@ struct UploadBuffer {
   bool hash = true;                  // SHA-256 of the bytes as received
   std::shared_ptr<const void> keep;  // keeps `bytes` alive while check work is queued (optional)
   wire::Compression scheme;          // F32: how the uploader must compress (protocol/compression.h)
+  std::shared_ptr<UploadSink> sink;  // takes each chunk's bytes once in place (optional)
 };
 
-// The work that checks `count` elements at `first` (hash, and finiteness for F32).
+// The work that checks `count` elements at `first` (hash, and finiteness for F32). With a
+// `sink`, the elements are read from it instead, as the bytes at `at`; `put_error` is what the
+// sink's put() said of them (not "": the check fails with it).
 std::function<void()> check_work(std::shared_ptr<UploadCheck> check, const std::uint8_t* first,
                                  std::size_t count, wire::DType dtype, bool hash,
-                                 std::shared_ptr<const void> keep = nullptr);
+                                 std::shared_ptr<const void> keep = nullptr,
+                                 std::shared_ptr<UploadSink> sink = nullptr, std::uint64_t at = 0,
+                                 std::string put_error = "");
 
 template <class Key>
 class UploadSlot {
@@ -84,8 +104,11 @@ class UploadSlot {
     if (!busy() || complete_) return proto::error(wire::UNEXPECTED, "TensorChunk without an open UploadGrant");
     if (auto st = rx_.add(chunk); !st) return st;
     const std::size_t elem = element_bytes(buffer_.dtype);
-    return check_work(check_, buffer_.bytes.data() + rx_.last_first() * elem, rx_.last_count(), buffer_.dtype,
-                      buffer_.hash, buffer_.keep);
+    const std::uint64_t at = rx_.last_first() * elem;
+    std::string put_error;
+    if (buffer_.sink) put_error = buffer_.sink->put(at, {buffer_.bytes.data() + at, rx_.last_count() * elem});
+    return check_work(check_, buffer_.bytes.data() + at, rx_.last_count(), buffer_.dtype, buffer_.hash, buffer_.keep,
+                      buffer_.sink, at, std::move(put_error));
   }
   // UpdateEnd from the holder: "" when every element arrived, else why not.
   std::string end(std::string_view what = "update") {

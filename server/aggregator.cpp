@@ -10,6 +10,7 @@
 
 #include "crypto/hash.h"
 #include "server/secure_groups.h"
+#include "server/upload_stage.h"
 
 namespace xsilo::server {
 
@@ -42,26 +43,45 @@ std::string what_of(const Contribution& c) { return c.partial_sum ? "partial sum
 
 // fedavg: a running sum of weight * delta; the mean is the sum over the summed weight, written
 // over the sum itself (the round's output buffer: the server holds the global model, the upload
-// buffer and the sum, three models, not four).
+// buffer and the sum, three models, not four). A model over the staging threshold keeps no
+// upload buffer: the upload is staged in a file (server/upload_stage.h) and added from there,
+// once checked, so the server holds two models.
 class PlainSum final : public Aggregator {
  public:
-  explicit PlainSum(const Model& layout)
-      : current_(layout.zeros_like()), sum_(std::make_shared<Model>(layout.zeros_like())) {}
+  PlainSum(const Model& layout, const UploadStaging& staging)
+      : layout_(layout.tensors()), sum_(std::make_shared<Model>(layout.zeros_like())) {
+    if (staging.stages(layout.bytes())) {
+      stage_ = std::make_shared<StagedUpload>(staging.dir, layout.bytes());
+    } else {
+      current_ = layout.zeros_like();
+    }
+  }
 
-  protocol::UploadBuffer buffer() override { return {bytes_of(current_), wire::F32, current_.tensors(), true, nullptr, {}}; }
+  protocol::UploadBuffer buffer() override {
+    if (!stage_) return {bytes_of(current_), wire::F32, current_.tensors(), true, nullptr, {}, nullptr};
+    return {stage_->window(), wire::F32, layout_, true, stage_, {}, stage_};
+  }
 
   FoldResult fold(const Contribution& c, protocol::UploadCheck& check) override {
+    if (stage_ && !check.sink_error.empty()) return lose(check.sink_error, c);
     auto r = check_upload(check, c, what_of(c));
     if (!r.ok()) return r;
-    const auto cur = current_.flat();
-    auto acc = sum_->flat();
-    for (std::size_t i = 0; i < cur.size(); ++i) acc[i] += cur[i];
+    if (stage_) {
+      // The upload passed its checks; only the server's own storage can fail from here.
+      if (!lost_.empty()) return r;
+      if (auto why = stage_->add_to(sum_->flat()); !why.empty()) return lose(why, c);
+    } else {
+      const auto cur = current_.flat();
+      auto acc = sum_->flat();
+      for (std::size_t i = 0; i < cur.size(); ++i) acc[i] += cur[i];
+    }
     weight_ += c.weight;
     return r;
   }
 
   // `out` may be the sum itself (output()): each element is read before it is written.
   Combined combine(std::span<float> out, const CombineContext&) override {
+    if (!lost_.empty()) return {false, "the server lost the round's sum: " + lost_, {}, std::nullopt};
     const auto acc = sum_->flat();
     const float inv = static_cast<float>(1.0 / weight_);
     for (std::size_t i = 0; i < acc.size(); ++i) out[i] = acc[i] * inv;
@@ -71,9 +91,25 @@ class PlainSum final : public Aggregator {
   std::shared_ptr<Model> output(const Model&) override { return sum_; }
 
  private:
-  Model current_;
+  // The server's own storage failed while staging or adding an upload: the sum may be partly
+  // updated, so the round cannot commit (combine() says why). The upload is not the uploader's
+  // fault: it counts as received.
+  FoldResult lose(const std::string& why, const Contribution& c) {
+    if (lost_.empty()) {
+      lost_ = why;
+      spdlog::error("the round's sum is lost: {}", lost_);
+    }
+    FoldResult r;
+    r.sha256 = c.declared_sha256;
+    return r;
+  }
+
+  std::vector<TensorInfo> layout_;
+  Model current_;                        // the upload buffer, when uploads are not staged
+  std::shared_ptr<StagedUpload> stage_;  // else the staged upload
   std::shared_ptr<Model> sum_;
   double weight_ = 0;
+  std::string lost_;  // why the sum can no longer be trusted ("" while it can)
 };
 
 // Robust rules and clipping need every silo's own delta: one row each (n x d floats).
@@ -90,7 +126,7 @@ class RowCollector final : public Aggregator {
     }
   }
 
-  protocol::UploadBuffer buffer() override { return {bytes_of(current_), wire::F32, current_.tensors(), true, nullptr, {}}; }
+  protocol::UploadBuffer buffer() override { return {bytes_of(current_), wire::F32, current_.tensors(), true, nullptr, {}, nullptr}; }
 
   FoldResult fold(const Contribution& c, protocol::UploadCheck& check) override {
     auto r = check_upload(check, c, what_of(c));
@@ -252,7 +288,7 @@ std::unique_ptr<Aggregator> make_aggregator(const RoundConfig& cfg, const Model&
     if (clip_norm) a.clip_norm = *clip_norm;
     return std::make_unique<RowCollector>(layout, std::move(a), selected.size());
   }
-  return std::make_unique<PlainSum>(layout);
+  return std::make_unique<PlainSum>(layout, cfg.staging);
 }
 
 }  // namespace xsilo::server

@@ -312,6 +312,8 @@ ServerConfig load_server_config(const std::filesystem::path& file) {
   }
   c.state_dir = root.path("state_dir", "state");
   c.keep_checkpoints = static_cast<std::size_t>(root.integer("keep_checkpoints", 5, 0, 1 << 20));
+  c.staging.over_bytes = static_cast<std::uint64_t>(root.integer("stage_uploads_over_mib", 1024, 0, 1 << 30)) << 20;
+  c.staging.dir = c.state_dir;
   c.model = parse_model(root.child("model"));
   c.rounds = static_cast<std::uint64_t>(root.integer("rounds", 10, 1, 1 << 30));
   c.seed = static_cast<std::uint64_t>(root.integer("seed", 1, 0));
@@ -364,6 +366,7 @@ nlohmann::json to_json(const ServerConfig& c) {
             {"chunk_bytes", c.chunk_bytes},
             {"state_dir", abs_path(c.state_dir)},
             {"keep_checkpoints", c.keep_checkpoints},
+            {"stage_uploads_over_mib", c.staging.over_bytes >> 20},
             {"model", model},
             {"rounds", c.rounds},
             {"seed", c.seed},

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <filesystem>
 #include <optional>
 #include <cstdint>
 #include <set>
@@ -68,6 +69,14 @@ struct SecureConfig {
   crypto::FixedPointParams codec() const { return {bits, fraction_bits, clip_norm, max_weight}; }
 };
 
+// Uploads of a model over `over_bytes` are staged in a temporary file in `dir` rather than in a
+// buffer of the model's size (fedavg without clipping or robust rules: server/upload_stage.h).
+struct UploadStaging {
+  std::uint64_t over_bytes = std::uint64_t{1024} << 20;
+  std::filesystem::path dir;  // the server daemon sets its state_dir; empty: the system's temporary folder
+  bool stages(std::uint64_t model_bytes) const { return model_bytes > over_bytes; }
+};
+
 struct RoundConfig {
   std::string federation;
   std::string config_sha256;
@@ -81,6 +90,7 @@ struct RoundConfig {
   AggregationConfig aggregation;
   SecureConfig secure;
   wire::Compression compression;  // how silos compress their uploads (docs/compression.md)
+  UploadStaging staging;
   // The federation CA (and its revocation list): checks the signed joins of silos behind edges
   // and, in secure mode, the silos' protocol signatures. Not read from a config file: the server
   // daemon sets it from its TLS files. Without it, no silo is admitted through an edge.

@@ -69,7 +69,7 @@ SecureGroups::SecureGroups(const RoundConfig& cfg, std::size_t d, std::uint64_t 
 }
 
 protocol::UploadBuffer SecureGroups::buffer() {
-  return {current_.bytes(), current_.dtype(), {{"masked", {words_}, 0}}, true, nullptr, {}};
+  return {current_.bytes(), current_.dtype(), {{"masked", {words_}, 0}}, true, nullptr, {}, nullptr};
 }
 
 FoldResult SecureGroups::fold(const Contribution& c, protocol::UploadCheck& check) {

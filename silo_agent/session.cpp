@@ -90,7 +90,7 @@ void Session::on_message(const wire::Envelope& e) {
     case B::kSecaggUnmaskRequest: on_unmask_request(e); break;
     case B::kTensorChunk: on_model_chunk(e); break;
     case B::kUploadGrant:
-      if (!pending_ || !pending_->update || uploaded_ || e.round() != round_ || !in_round_) {
+      if (!pending_ || (!pending_->update && !pending_->stream) || uploaded_ || e.round() != round_ || !in_round_) {
         reply_error(wire::UNEXPECTED, "UploadGrant but no update is ready for round " + std::to_string(e.round()));
         break;
       }
@@ -184,12 +184,29 @@ void Session::on_round_start(const wire::Envelope& e) {
   model_sha_ = rs.model_sha256();
   Model layout;
   for (const auto& t : rs.tensors()) layout.add_layout(t.name(), {t.shape().begin(), t.shape().end()});
-  // Reuse last round's buffer when nothing else holds it: no fresh pages every round.
-  if (!global_ || global_.use_count() > 1 || !global_->same_layout(layout)) {
-    global_ = std::make_shared<Model>();
-    for (const auto& t : layout.tensors()) global_->add(t.name, t.shape);
+  streaming_ = trainer_.streams() && !rs.has_secagg() && !protocol::compressed(compression_) &&
+               plan_.silo_momentum() <= 0;
+  if (streaming_) {
+    // Nothing of the model is kept: it is hashed as it arrives, through a window of reserved
+    // address space whose pages go back after each chunk.
+    global_.reset();
+    layout_ = layout.tensors();
+    std::uint64_t elements = 0;
+    for (const auto& t : layout_) elements += t.size();
+    if (!window_ || window_->bytes().size() != elements * sizeof(float)) {
+      window_.reset();
+      window_ = std::make_unique<Window>(elements * sizeof(float));
+    }
+    rx_.reset({reinterpret_cast<float*>(window_->bytes().data()), elements}, layout_, /*hash=*/true);
+  } else {
+    window_.reset();
+    // Reuse last round's buffer when nothing else holds it: no fresh pages every round.
+    if (!global_ || global_.use_count() > 1 || !global_->same_layout(layout)) {
+      global_ = std::make_shared<Model>();
+      for (const auto& t : layout.tensors()) global_->add(t.name, t.shape);
+    }
+    rx_.reset(global_->flat(), global_->tensors(), /*hash=*/false);
   }
-  rx_.reset(global_->flat(), global_->tensors(), /*hash=*/false);
   secure_.reset();
   setup_.reset();
   settled_ = masking_ = false;
@@ -321,7 +338,7 @@ void Session::on_unmask_request(const wire::Envelope& e) {
 }
 
 void Session::on_model_chunk(const wire::Envelope& e) {
-  if (!global_ || e.round() != round_ || !in_round_) {
+  if ((!global_ && !streaming_) || e.round() != round_ || !in_round_) {
     reply_error(wire::WRONG_ROUND, "model chunk for a round that has not started here");
     return;
   }
@@ -329,8 +346,10 @@ void Session::on_model_chunk(const wire::Envelope& e) {
     spdlog::error("round {}: bad model chunk: {}", round_, st.message);
     reply_error(wire::BAD_UPDATE, st.message);
     global_.reset();
+    streaming_ = false;
     return;
   }
+  if (streaming_) window_->release(rx_.last_first() * sizeof(float), (rx_.last_first() + rx_.last_count()) * sizeof(float));
   if (rx_.complete()) on_model();
 }
 
@@ -395,6 +414,7 @@ void with_compression(RoundOutput& out, const wire::Compression& c, bool secure,
 
 void Session::on_model() {
   training_ = true;
+  if (streaming_) return on_streamed_model();
   spdlog::info("round {}: model received ({} parameters); training", round_, global_->size());
   TrainTask task;
   task.round = round_;
@@ -423,6 +443,39 @@ void Session::on_model() {
         out.sha256 = crypto::sha256_hex(out.update->flat());
       }
       r.out = std::move(out);
+    } catch (const TrainerError& e) {
+      r.error = e.what();
+      r.fatal = e.fatal();
+    } catch (const std::exception& e) {
+      r.error = e.what();
+    }
+    return r;
+  });
+}
+
+// A streamed round: the model was hashed as it came; the trainer makes its delta, and the
+// upload's SHA-256 is taken as the delta is made (it is made again when it is sent).
+void Session::on_streamed_model() {
+  const std::string got = rx_.finish_sha256();
+  spdlog::info("round {}: model received and hashed, not kept ({} parameters); training", round_, rx_.received());
+  TrainTask task;
+  task.round = round_;
+  task.silo = name_;
+  task.plan = plan_;
+  job([&trainer = trainer_, task, sha = model_sha_, got, layout = layout_, live = live_generation_, gen = generation_,
+       chunk_elems = cfg_.chunk_bytes / sizeof(float)]() mutable -> SessionJobResult {
+    TrainDone r;
+    if (*live != gen) {
+      r.error = "round " + std::to_string(task.round) + " moved on before its training started";
+      return r;
+    }
+    try {
+      if (!sha.empty() && got != sha) {
+        throw TrainerError("the model received does not match the SHA-256 the round announced");
+      }
+      std::size_t d = 0;
+      for (const auto& t : layout) d += t.size();
+      r.out = form_streamed_update(trainer.train_streamed(task, d), std::move(layout), task.plan, chunk_elems);
     } catch (const TrainerError& e) {
       r.error = e.what();
       r.fatal = e.fatal();
@@ -523,6 +576,12 @@ void Session::upload() {
                                                   cfg_.federation, round_, cfg_.chunk_bytes);
   } else if (pending_->encoded) {
     src = std::make_shared<protocol::ChunkSource>(pending_->encoded, cfg_.federation, round_);
+  } else if (pending_->stream) {
+    src = std::make_shared<protocol::ChunkSource>(
+        [out = std::make_shared<const RoundOutput>(*pending_)](std::size_t first, std::span<float> values) {
+          fill_streamed_update(*out, first, values);
+        },
+        pending_->layout, cfg_.federation, round_, cfg_.chunk_bytes);
   } else {
     const auto& u = pending_->update;
     src = std::make_shared<protocol::ChunkSource>(u, u->flat(), u->tensors(), cfg_.federation, round_, cfg_.chunk_bytes);
@@ -567,9 +626,10 @@ void Session::upload() {
   if (!sent.entry.is_null()) actions_.push_back(std::move(sent));
   if (pending_->encoded) {
     spdlog::info("round {}: uploading {} bytes ({} of {} uncompressed)", round_, pending_->encoded_bytes,
-                 protocol::describe(compression_), pending_->update->bytes());
+                 protocol::describe(compression_), pending_->bytes());
   } else {
-    spdlog::info("round {}: uploading {} bytes", round_, secure_ && masked_ ? masked_->bytes().size() : pending_->update->bytes());
+    spdlog::info("round {}: uploading {} bytes{}", round_, secure_ && masked_ ? masked_->bytes().size() : pending_->bytes(),
+                 pending_->stream ? ", made as they are sent" : "");
   }
 }
 

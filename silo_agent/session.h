@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/window.h"
 #include "crypto/secagg.h"
 #include "proto/xsilo.pb.h"
 #include "protocol/masked.h"
@@ -151,6 +152,7 @@ class Session {
   std::string setup_signer(const wire::SecAggSetup& setup, std::string& why) const;
   void on_model_chunk(const wire::Envelope& e);
   void on_model();
+  void on_streamed_model();
   void trained(TrainDone r);
   void mask_when_ready();
   void masked(MaskDone r);
@@ -181,6 +183,11 @@ class Session {
   wire::Compression compression_;   // the round's (none when unset)
   std::string model_sha_;
   std::shared_ptr<Model> global_;
+  // A streamed round (Trainer::streams()): the model is hashed as it arrives into `window_`,
+  // whose pages go back chunk by chunk; `layout_` is its layout. Nothing of it is kept.
+  bool streaming_ = false;
+  std::unique_ptr<Window> window_;
+  std::vector<TensorInfo> layout_;
   // The silo's momentum: used by one training job at a time (jobs run in order on the worker);
   // loaded from cfg_.momentum_file on first use, written back after each update.
   std::shared_ptr<std::optional<Model>> momentum_ = std::make_shared<std::optional<Model>>();

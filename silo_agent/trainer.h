@@ -12,6 +12,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
 
@@ -44,6 +46,21 @@ class TrainerError : public std::runtime_error {
   bool fatal_;
 };
 
+// A delta made piece by piece, never held whole: the synthetic trainer of benchmarks, so that
+// a silo of a model of billions of parameters holds no copy of it (see Trainer::streams()).
+class DeltaStream {
+ public:
+  virtual ~DeltaStream() = default;
+  // Writes delta elements [first, first + out.size()) of the flat model; the same values on
+  // every call.
+  virtual void fill(std::size_t first, std::span<float> out) const = 0;
+};
+
+struct StreamedTraining {
+  std::shared_ptr<const DeltaStream> delta;
+  TrainResult result;
+};
+
 class Trainer {
  public:
   virtual ~Trainer() = default;
@@ -52,6 +69,15 @@ class Trainer {
   // Trains from `global`; on return `local` (same layout) holds the model after local training.
   // Throws TrainerError.
   virtual TrainResult train(const Model& global, const TrainTask& task, Model& local) = 0;
+  // A trainer that needs neither the global model nor a local copy (its delta depends on the
+  // task only) says so: in plain rounds (no secure aggregation, compression or silo momentum)
+  // the agent then hashes the model as it arrives, keeps none of it, calls train_streamed()
+  // instead of evaluate() and train(), and uploads the delta as it is made.
+  virtual bool streams() const { return false; }
+  // The round's delta for a model of `elements` floats. Throws TrainerError.
+  virtual StreamedTraining train_streamed(const TrainTask& /*task*/, std::size_t /*elements*/) {
+    throw TrainerError("this trainer cannot stream its update");
+  }
   // From any thread: the agent is stopping; work in progress may end early with an error.
   virtual void cancel() {}
 };

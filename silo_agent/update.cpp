@@ -41,6 +41,45 @@ RoundOutput form_update(const Model& global, const Model& local, const TrainResu
   return out;
 }
 
+std::uint64_t RoundOutput::bytes() const {
+  if (update) return update->bytes();
+  std::uint64_t n = 0;
+  for (const auto& t : layout) n += t.size();
+  return n * sizeof(float);
+}
+
+RoundOutput form_streamed_update(StreamedTraining t, std::vector<TensorInfo> layout, const wire::TrainingPlan& plan,
+                                 std::size_t chunk_elems) {
+  if (t.result.num_samples == 0) throw TrainerError("the trainer reported no training samples");
+  if (!t.delta) throw TrainerError("the trainer streamed no delta");
+  RoundOutput out;
+  out.num_samples = t.result.num_samples;
+  out.metrics = t.result.metrics;
+  out.weight = static_cast<double>(t.result.num_samples);
+  if (plan.max_weight() > 0) out.weight = std::min(out.weight, static_cast<double>(plan.max_weight()));
+  out.stream = std::move(t.delta);
+  out.layout = std::move(layout);
+  const std::size_t d = out.bytes() / sizeof(float);
+  std::vector<float> chunk(std::max<std::size_t>(1, std::min(chunk_elems, d)));
+  crypto::Sha256 sha;
+  for (std::size_t first = 0; first < d; first += chunk.size()) {
+    const std::span<float> piece(chunk.data(), std::min(chunk.size(), d - first));
+    fill_streamed_update(out, first, piece);
+    if (!std::all_of(piece.begin(), piece.end(), [](float v) { return std::isfinite(v); })) {
+      throw TrainerError("the streamed update has NaN or infinite values");
+    }
+    sha.update(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(piece.data()), piece.size() * 4));
+  }
+  out.sha256 = crypto::to_hex(sha.finish());
+  return out;
+}
+
+void fill_streamed_update(const RoundOutput& out, std::size_t first, std::span<float> values) {
+  out.stream->fill(first, values);
+  const auto w = static_cast<float>(out.weight);
+  for (auto& v : values) v *= w;
+}
+
 void apply_momentum(Model& update, double weight, Model& momentum, double beta) {
   if (!momentum.same_layout(update)) momentum = update.zeros_like();
   auto u = update.flat();

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/model.h"
 #include "proto/xsilo.pb.h"
@@ -24,6 +25,12 @@ struct RoundOutput {
   std::shared_ptr<const std::vector<std::uint64_t>> kept;
   // Error feedback: the residual once this upload has left (it becomes the silo's only then).
   std::shared_ptr<Model> residual_next;
+  // A streamed round (Trainer::streams()): the upload is weight * what `stream` makes, laid
+  // out as `layout`; `update` is null.
+  std::shared_ptr<const DeltaStream> stream;
+  std::vector<TensorInfo> layout;
+  // The bytes of the update as the silo holds it (before compression or masking).
+  std::uint64_t bytes() const;
 };
 
 // The upload for `local` trained from `global` (`reuse`, when given and not shared, becomes the
@@ -31,6 +38,15 @@ struct RoundOutput {
 // samples.
 RoundOutput form_update(const Model& global, const Model& local, const TrainResult& r, const wire::TrainingPlan& plan,
                         std::shared_ptr<Model> reuse = nullptr);
+
+// A streamed round's output: weight as form_update() sets it, and the SHA-256 of the upload,
+// made chunk by chunk of `chunk_elems` elements (the delta is made again when it is sent).
+// Throws TrainerError when the delta has NaN or infinite values or there are no samples.
+RoundOutput form_streamed_update(StreamedTraining t, std::vector<TensorInfo> layout, const wire::TrainingPlan& plan,
+                                 std::size_t chunk_elems);
+
+// The upload of a streamed round, element `first` on: weight * delta.
+void fill_streamed_update(const RoundOutput& out, std::size_t first, std::span<float> values);
 
 // Silo momentum (Karimireddy, He, Jaggi, ICML 2021, "Learning from history"): with delta =
 // update / weight, m <- beta m + (1 - beta) delta, and the update becomes weight * m. `momentum`

@@ -296,6 +296,24 @@ TEST(Config, ServerConfigRefusesImpossibleSelections) {
             std::string::npos);
 }
 
+TEST(Config, UploadStagingDefaultsToModelsOverOneGibibyteInTheStateFolder) {
+  test::TempDir dir;
+  test::make_pki(dir / "pki", "f", {{wire::SERVER, "server"}});
+  auto load = [&](const std::string& extra) {
+    atomic_write_file(dir / "s.json", R"({"federation": "f", "tls": {"kit": "pki/kits/server"},
+      "allow": {"silo": ["a", "b"]}, "model": {"inputs": 4}, "state_dir": "st")" + extra + "}");
+    return server::load_server_config(dir / "s.json");
+  };
+  const auto c = load("");
+  EXPECT_EQ(c.staging.over_bytes, std::uint64_t{1024} << 20);
+  EXPECT_EQ(c.staging.dir, c.state_dir);
+  EXPECT_FALSE(c.staging.stages(std::uint64_t{1024} << 20));
+  EXPECT_TRUE(c.staging.stages((std::uint64_t{1024} << 20) + 1));
+  EXPECT_TRUE(load(R"(, "stage_uploads_over_mib": 0)").staging.stages(4));
+  EXPECT_NE(error_of([&] { load(R"(, "stage_uploads_over_mib": -1)"); }).find(".stage_uploads_over_mib"),
+            std::string::npos);
+}
+
 // Each loader has a to_json beside it: what it writes, it reads back to the same config.
 TEST(Config, EveryRoleConfigRoundTripsThroughItsToJson) {
   test::TempDir dir;

@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <optional>
 #include <random>
 
@@ -9,6 +11,7 @@
 #include "proto/frame.h"
 #include "protocol/join.h"
 #include "server/coordinator.h"
+#include "server/upload_stage.h"
 #include "tests/testlib.h"
 #include "protocol/tensor_stream.h"
 
@@ -562,6 +565,117 @@ TEST(Coordinator, SiloVanishingMidUploadLeavesNoTraceInTheSum) {
   ASSERT_EQ(h.store.commits.size(), 1u);
   expect_model(h.store.commits[0].model, fedavg(h.initial_, {{constant(2), 10}, {constant(4), 10}}));
   EXPECT_EQ(h.store.commits[0].record["dropouts"][0]["phase"], "upload");
+}
+
+// Every upload staged in a file (the path of models over stage_uploads_over_mib), with chunks of
+// 3 floats: no chunk boundary falls on a page.
+RoundConfig staged_rounds() {
+  RoundConfig c = three_rounds();
+  c.staging.over_bytes = 0;
+  c.staging.dir = std::filesystem::temp_directory_path();  // the file is unlinked at once: nothing is left
+  return c;
+}
+
+TEST(StagedUpload, KeepsPutBytesInItsFileAndGivesTheWindowPagesBack) {
+  const std::size_t n = 3 * 4096 + 5;  // floats: pages not whole at the end
+  StagedUpload stage(staged_rounds().staging.dir, n * sizeof(float));
+  auto w = stage.window();
+  std::vector<float> want(n);
+  for (std::size_t i = 0; i < n; ++i) want[i] = static_cast<float>(i) * 0.5f;
+  std::memcpy(w.data(), want.data(), w.size());
+  const std::size_t cut = 1000 * sizeof(float) + 4;  // two chunks, the first ending inside a page
+  EXPECT_EQ(stage.put(0, w.subspan(0, cut)), "");
+  EXPECT_EQ(stage.put(cut, w.subspan(cut)), "");
+  EXPECT_NE(stage.put(w.size() - 4, w.subspan(0, 8)), "");  // past the end: refused
+  // Released pages read as zeros again; the file holds what was put.
+  EXPECT_EQ(reinterpret_cast<const float*>(w.data())[4096], 0.0f);
+  float back = 0;
+  EXPECT_EQ(stage.get(4096 * sizeof(float), {reinterpret_cast<std::uint8_t*>(&back), sizeof back}), "");
+  EXPECT_EQ(back, want[4096]);
+  EXPECT_NE(stage.get(w.size() - 2, {reinterpret_cast<std::uint8_t*>(&back), sizeof back}), "");
+  std::vector<float> sum(n, 1.0f);
+  EXPECT_EQ(stage.add_to(sum), "");
+  for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(sum[i], want[i] + 1.0f) << i;
+}
+
+// A sink that cannot keep what it is given (the server's disk full): the chunk's check says so
+// and checks nothing else; a sink that can is read back by the check.
+class FailingSink final : public protocol::UploadSink {
+ public:
+  std::string put(std::uint64_t, std::span<const std::uint8_t>) override { return "disk full"; }
+  std::string get(std::uint64_t, std::span<std::uint8_t>) override { return "not reached"; }
+};
+
+TEST(StagedUpload, AChunkItsSinkCouldNotKeepFailsItsCheckWithTheSinksReason) {
+  Model layout;
+  layout.add("a", {4});
+  protocol::UploadSlot<int> slot;
+  auto sink = std::make_shared<FailingSink>();
+  slot.open(1, {{reinterpret_cast<std::uint8_t*>(layout.flat().data()), layout.bytes()}, wire::F32, layout.tensors(),
+                true, nullptr, {}, sink});
+  protocol::ChunkSource src(std::make_shared<Model>(layout), layout.flat(), layout.tensors(), "fed", 1, 8);
+  while (auto e = src.next()) {
+    auto work = slot.add(e->tensor_chunk());
+    ASSERT_TRUE(work);
+    (*work)();
+  }
+  EXPECT_EQ(slot.check()->sink_error, "disk full");
+}
+
+TEST(Coordinator, StagedUploadsCommitTheSameWeightedMean) {
+  Harness h(3, staged_rounds());
+  h.connect_all(3);
+  for (std::size_t i = 0; i < 3; ++i) h.ready(i, 10);
+  std::map<std::size_t, std::pair<std::vector<float>, double>> ups = {
+      {0, {constant(10.0f), 10}}, {1, {constant(-30.0f), 30}}, {2, {constant(30.0f), 60}}};
+  h.serve(ups);
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  expect_model(h.store.commits[0].model, fedavg(h.initial_, {ups[0], ups[1], ups[2]}));
+  // A second round reuses the staging file: the first round's uploads leave nothing in it.
+  for (std::size_t i = 0; i < 3; ++i) h.ready(i, 10);
+  h.serve({{0, {constant(1.0f), 10}}, {1, {constant(2.0f), 10}}, {2, {constant(3.0f), 10}}});
+  ASSERT_EQ(h.store.commits.size(), 2u);
+  std::vector<float> want(h.store.commits[0].model.flat().begin(), h.store.commits[0].model.flat().end());
+  for (auto& v : want) v += 0.2f;
+  expect_model(h.store.commits[1].model, want);
+}
+
+TEST(Coordinator, StagedUploadVanishingHalfwayLeavesNoTraceInTheSum) {
+  Harness h(3, staged_rounds());
+  h.connect_all(3);
+  h.ready(0, 10);  // silo 0 gets the grant first
+  h.ready(1, 10);
+  h.ready(2, 10);
+  ASSERT_TRUE(h.granted(0));
+  h.upload(0, constant(1000), 10, /*stop_after=*/2);  // two chunks staged, then gone
+  h.disconnect(0);
+  h.serve({{1, {constant(2), 10}}, {2, {constant(4), 10}}});
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  expect_model(h.store.commits[0].model, fedavg(h.initial_, {{constant(2), 10}, {constant(4), 10}}));
+  EXPECT_EQ(h.store.commits[0].record["dropouts"][0]["phase"], "upload");
+}
+
+TEST(Coordinator, StagedUploadsWithNaNOrABadHashAreRefusedAndNeverAdded) {
+  RoundConfig cfg = staged_rounds();
+  cfg.selection.min_updates = 1;
+  Harness h(4, cfg);
+  h.connect_all(4);
+  for (std::size_t i = 0; i < 4; ++i) h.ready(i, 10);
+  auto nan = constant(1);
+  nan[9] = std::nanf("");  // in the last chunk: every other chunk was staged already
+  h.upload(0, nan, 10);
+  h.upload(1, constant(50), 10, -1, crypto::sha256_hex("another update"));
+  h.upload(2, constant(3), 10);
+  h.upload(3, constant(7), 10, -1, "");  // no declared hash
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  const auto& rec = h.store.commits[0].record;
+  ASSERT_EQ(rec["participants"].size(), 1u);
+  std::map<std::string, std::string> why;
+  for (const auto& d : rec["dropouts"]) why[d["silo"]] = d["reason"];
+  EXPECT_NE(why[name(0)].find("NaN"), std::string::npos);
+  EXPECT_NE(why[name(1)].find("does not match its SHA-256"), std::string::npos) << why[name(1)];
+  EXPECT_NE(why[name(3)].find("declares no SHA-256"), std::string::npos) << why[name(3)];
+  expect_model(h.store.commits[0].model, fedavg(h.initial_, {{constant(3), 10}}));
 }
 
 TEST(Coordinator, UploadDeadlineDropsTheUploaderAndGrantsTheNext) {

@@ -21,36 +21,62 @@ namespace xsilo::tools {
 namespace {
 
 // Benchmarks: a deterministic pseudo-random delta and no data: a 64 Ki-element random block
-// from splitmix64, tiled over the model and scaled by a per-tile factor.
+// from splitmix64, tiled over the model and scaled by a per-tile factor. The delta depends on
+// the round and the silo only, so it can be made as it is sent (streams()): a silo then holds
+// no copy of the model, which is what lets a few silos of a billion parameters share a box.
+class SyntheticDelta final : public agent::DeltaStream {
+ public:
+  static constexpr std::size_t kBlock = 1 << 16;
+
+  SyntheticDelta(std::uint64_t seed, std::size_t elements) : z_(seed), block_(kBlock) {
+    const float scale = 2e-3f / 16777216.0f;
+    for (auto& v : block_) v = static_cast<float>(static_cast<std::int64_t>(next() >> 40) - (1 << 23)) * scale;
+    factors_.resize((elements + kBlock - 1) / kBlock);
+    for (auto& f : factors_) f = 0.5f + static_cast<float>(next() >> 40) / 16777216.0f;
+  }
+
+  void fill(std::size_t first, std::span<float> out) const override {
+    for (std::size_t k = 0; k < out.size(); ++k) {
+      const std::size_t i = first + k;
+      out[k] = block_[i % kBlock] * factors_[i / kBlock];
+    }
+  }
+
+ private:
+  std::uint64_t next() {
+    z_ += 0x9e3779b97f4a7c15ull;
+    std::uint64_t x = (z_ ^ (z_ >> 30)) * 0xbf58476d1ce4e5b9ull;
+    return x ^ (x >> 27);
+  }
+  std::uint64_t z_;
+  std::vector<float> block_;
+  std::vector<float> factors_;
+};
+
 class SyntheticTrainer final : public agent::Trainer {
  public:
-  explicit SyntheticTrainer(std::uint64_t samples) : samples_(samples) {}
+  SyntheticTrainer(std::uint64_t samples, bool streams) : samples_(samples), streams_(streams) {}
   wire::TrainMetrics evaluate(const Model&, const agent::TrainTask&) override { return {}; }
   agent::TrainResult train(const Model& global, const agent::TrainTask& task, Model& local) override {
-    std::uint64_t z = agent::round_seed(task.plan.seed(), task.round, task.silo);
-    auto next = [&z] {
-      z += 0x9e3779b97f4a7c15ull;
-      std::uint64_t x = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-      return x ^ (x >> 27);
-    };
-    constexpr std::size_t kBlock = 1 << 16;
-    std::vector<float> block(kBlock);
-    const float scale = 2e-3f / 16777216.0f;
-    for (auto& v : block) v = static_cast<float>(static_cast<std::int64_t>(next() >> 40) - (1 << 23)) * scale;
     const auto g = global.flat();
     auto l = local.flat();
-    for (std::size_t i = 0; i < l.size(); i += kBlock) {
-      const float f = 0.5f + static_cast<float>(next() >> 40) / 16777216.0f;
-      const std::size_t n = std::min(kBlock, l.size() - i);
-      for (std::size_t k = 0; k < n; ++k) l[i + k] = g[i + k] + block[k] * f;
-    }
+    SyntheticDelta(agent::round_seed(task.plan.seed(), task.round, task.silo), l.size()).fill(0, l);
+    for (std::size_t i = 0; i < l.size(); ++i) l[i] += g[i];
     agent::TrainResult r;
     r.num_samples = samples_;
     return r;
   }
+  bool streams() const override { return streams_; }
+  agent::StreamedTraining train_streamed(const agent::TrainTask& task, std::size_t elements) override {
+    agent::StreamedTraining t;
+    t.delta = std::make_shared<SyntheticDelta>(agent::round_seed(task.plan.seed(), task.round, task.silo), elements);
+    t.result.num_samples = samples_;
+    return t;
+  }
 
  private:
   std::uint64_t samples_;
+  bool streams_;
 };
 
 // Simulated compute around a real trainer: a round's training takes at least its drawn time.
@@ -206,7 +232,8 @@ nlohmann::json to_json(const SimAgentConfig& c) {
 agent::AgentHooks make_sim_hooks(const agent::AgentConfig& cfg, const SimAgentConfig& sim) {
   agent::AgentHooks hooks;
   if (sim.synthetic_samples) {
-    hooks.trainer = std::make_unique<SyntheticTrainer>(*sim.synthetic_samples);
+    // An attack replaces the delta after the agent's checks, on a model in memory: no streaming.
+    hooks.trainer = std::make_unique<SyntheticTrainer>(*sim.synthetic_samples, !sim.attack.active());
   } else if (sim.attack.kind == "label_flip") {
     auto data = agent::load_local_data(cfg);
     for (auto& y : data.train.y) y = data.train.classes - 1 - y;
