@@ -410,6 +410,27 @@ void with_compression(RoundOutput& out, const wire::Compression& c, bool secure,
   }
 }
 
+// A round's training job: nothing when the round moved on before it started (on_job_done
+// drops it); a TrainerError keeps whether the trainer can go on; any other failure is the
+// round's error.
+template <class Train>
+TrainDone training_job(const std::atomic<std::uint64_t>& live, std::uint64_t gen, std::uint64_t round, Train&& train) {
+  TrainDone r;
+  if (live != gen) {
+    r.error = "round " + std::to_string(round) + " moved on before its training started";
+    return r;
+  }
+  try {
+    r.out = train();
+  } catch (const TrainerError& e) {
+    r.error = e.what();
+    r.fatal = e.fatal();
+  } catch (const std::exception& e) {
+    r.error = e.what();
+  }
+  return r;
+}
+
 }  // namespace
 
 void Session::on_model() {
@@ -424,12 +445,7 @@ void Session::on_model() {
        live = live_generation_, gen = generation_, momentum = momentum_, momentum_file = cfg_.momentum_file,
        compression = compression_, secure = setup_.has_value(), residual = residual_,
        residual_file = cfg_.residual_file, chunk_bytes = cfg_.chunk_bytes]() mutable -> SessionJobResult {
-    TrainDone r;
-    if (*live != gen) {
-      r.error = "round " + std::to_string(task.round) + " moved on before its training started";
-      return r;  // dropped by on_job_done; no work for a round that is gone
-    }
-    try {
+    return training_job(*live, gen, task.round, [&] {
       if (!sha.empty() && crypto::sha256_hex(model->flat()) != sha) {
         throw TrainerError("the model received does not match the SHA-256 the round announced");
       }
@@ -442,14 +458,8 @@ void Session::on_model() {
         }
         out.sha256 = crypto::sha256_hex(out.update->flat());
       }
-      r.out = std::move(out);
-    } catch (const TrainerError& e) {
-      r.error = e.what();
-      r.fatal = e.fatal();
-    } catch (const std::exception& e) {
-      r.error = e.what();
-    }
-    return r;
+      return out;
+    });
   });
 }
 
@@ -464,25 +474,14 @@ void Session::on_streamed_model() {
   task.plan = plan_;
   job([&trainer = trainer_, task, sha = model_sha_, got, layout = layout_, live = live_generation_, gen = generation_,
        chunk_elems = cfg_.chunk_bytes / sizeof(float)]() mutable -> SessionJobResult {
-    TrainDone r;
-    if (*live != gen) {
-      r.error = "round " + std::to_string(task.round) + " moved on before its training started";
-      return r;
-    }
-    try {
+    return training_job(*live, gen, task.round, [&] {
       if (!sha.empty() && got != sha) {
         throw TrainerError("the model received does not match the SHA-256 the round announced");
       }
       std::size_t d = 0;
       for (const auto& t : layout) d += t.size();
-      r.out = form_streamed_update(trainer.train_streamed(task, d), std::move(layout), task.plan, chunk_elems);
-    } catch (const TrainerError& e) {
-      r.error = e.what();
-      r.fatal = e.fatal();
-    } catch (const std::exception& e) {
-      r.error = e.what();
-    }
-    return r;
+      return form_streamed_update(trainer.train_streamed(task, d), std::move(layout), task.plan, chunk_elems);
+    });
   });
 }
 
