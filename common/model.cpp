@@ -10,6 +10,12 @@ std::size_t TensorInfo::size() const {
   return n;
 }
 
+std::size_t elements(std::span<const TensorInfo> layout) {
+  std::size_t n = 0;
+  for (const auto& t : layout) n += t.size();
+  return n;
+}
+
 void Model::add(std::string name, std::vector<std::uint64_t> shape) {
   if (find(name)) throw std::invalid_argument("tensor " + name + " already exists");
   TensorInfo t{std::move(name), std::move(shape), data_.size()};

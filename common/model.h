@@ -18,6 +18,9 @@ struct TensorInfo {
   std::size_t size() const;
 };
 
+// The number of elements in all of a layout's tensors.
+std::size_t elements(std::span<const TensorInfo> layout);
+
 class Model {
  public:
   Model() = default;

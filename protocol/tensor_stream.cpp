@@ -105,9 +105,7 @@ void TensorReceiver::reset(std::span<float> into, std::vector<TensorInfo> layout
   reset_words({reinterpret_cast<std::uint8_t*>(into.data()), into.size() * sizeof(float)}, std::move(layout),
               wire::F32, hash);
   scheme_ = scheme;
-  std::size_t d = 0;
-  for (const auto& t : layout_) d += t.size();
-  budget_ = kept_count(scheme_, d);
+  budget_ = kept_count(scheme_, elements(layout_));
 }
 
 void TensorReceiver::reset_words(std::span<std::uint8_t> into, std::vector<TensorInfo> layout,

@@ -54,14 +54,16 @@ struct UploadBuffer {
   std::shared_ptr<UploadSink> sink;  // takes each chunk's bytes once in place (optional)
 };
 
-// The work that checks `count` elements at `first` (hash, and finiteness for F32). With a
-// `sink`, the elements are read from it instead, as the bytes at `at`; `put_error` is what the
-// sink's put() said of them (not "": the check fails with it).
+// The work that checks `count` elements at `first` (hash, and finiteness for F32).
 std::function<void()> check_work(std::shared_ptr<UploadCheck> check, const std::uint8_t* first,
                                  std::size_t count, wire::DType dtype, bool hash,
-                                 std::shared_ptr<const void> keep = nullptr,
-                                 std::shared_ptr<UploadSink> sink = nullptr, std::uint64_t at = 0,
-                                 std::string put_error = "");
+                                 std::shared_ptr<const void> keep = nullptr);
+// The same for elements a `sink` took: they are read back from it, as the bytes at `at`;
+// `put_error` is what the sink's put() said of them (not "": the check fails with it, and
+// sink_error keeps the upload's first failure).
+std::function<void()> staged_check_work(std::shared_ptr<UploadCheck> check, std::shared_ptr<UploadSink> sink,
+                                        std::uint64_t at, std::size_t count, wire::DType dtype, bool hash,
+                                        std::string put_error);
 
 template <class Key>
 class UploadSlot {
@@ -105,10 +107,11 @@ class UploadSlot {
     if (auto st = rx_.add(chunk); !st) return st;
     const std::size_t elem = element_bytes(buffer_.dtype);
     const std::uint64_t at = rx_.last_first() * elem;
-    std::string put_error;
-    if (buffer_.sink) put_error = buffer_.sink->put(at, {buffer_.bytes.data() + at, rx_.last_count() * elem});
-    return check_work(check_, buffer_.bytes.data() + at, rx_.last_count(), buffer_.dtype, buffer_.hash, buffer_.keep,
-                      buffer_.sink, at, std::move(put_error));
+    if (!buffer_.sink) {
+      return check_work(check_, buffer_.bytes.data() + at, rx_.last_count(), buffer_.dtype, buffer_.hash, buffer_.keep);
+    }
+    return staged_check_work(check_, buffer_.sink, at, rx_.last_count(), buffer_.dtype, buffer_.hash,
+                             buffer_.sink->put(at, {buffer_.bytes.data() + at, rx_.last_count() * elem}));
   }
   // UpdateEnd from the holder: "" when every element arrived, else why not.
   std::string end(std::string_view what = "update") {
@@ -132,11 +135,7 @@ class UploadSlot {
   }
 
  private:
-  std::size_t expected() const {
-    std::size_t n = 0;
-    for (const auto& t : buffer_.layout) n += t.size();
-    return n;
-  }
+  std::size_t expected() const { return elements(buffer_.layout); }
   std::deque<Key> queue_;
   std::optional<Key> holder_;
   bool complete_ = false;

@@ -48,10 +48,11 @@ std::string what_of(const Contribution& c) { return c.partial_sum ? "partial sum
 // once checked, so the server holds two models.
 class PlainSum final : public Aggregator {
  public:
-  PlainSum(const Model& layout, const UploadStaging& staging)
+  // `stage_dir`: where uploads are staged, if they are (stages_uploads()).
+  PlainSum(const Model& layout, const std::optional<std::filesystem::path>& stage_dir)
       : layout_(layout.tensors()), sum_(std::make_shared<Model>(layout.zeros_like())) {
-    if (staging.stages(layout.bytes())) {
-      stage_ = std::make_shared<StagedUpload>(staging.dir, layout.bytes());
+    if (stage_dir) {
+      stage_ = std::make_shared<StagedUpload>(*stage_dir, layout.bytes());
     } else {
       current_ = layout.zeros_like();
     }
@@ -63,7 +64,7 @@ class PlainSum final : public Aggregator {
   }
 
   FoldResult fold(const Contribution& c, protocol::UploadCheck& check) override {
-    if (stage_ && !check.sink_error.empty()) return lose(check.sink_error, c);
+    if (!check.sink_error.empty()) return lose(check.sink_error, c);
     auto r = check_upload(check, c, what_of(c));
     if (!r.ok()) return r;
     if (stage_) {
@@ -288,7 +289,13 @@ std::unique_ptr<Aggregator> make_aggregator(const RoundConfig& cfg, const Model&
     if (clip_norm) a.clip_norm = *clip_norm;
     return std::make_unique<RowCollector>(layout, std::move(a), selected.size());
   }
-  return std::make_unique<PlainSum>(layout, cfg.staging);
+  return std::make_unique<PlainSum>(layout, stages_uploads(cfg, layout.bytes())
+                                                ? std::optional<std::filesystem::path>(cfg.staging.dir)
+                                                : std::nullopt);
+}
+
+bool stages_uploads(const RoundConfig& cfg, std::uint64_t model_bytes) {
+  return !cfg.secure.on() && !cfg.aggregation.needs_all_updates() && cfg.staging.stages(model_bytes);
 }
 
 }  // namespace xsilo::server

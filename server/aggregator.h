@@ -95,6 +95,10 @@ FoldResult check_upload(protocol::UploadCheck& check, const Contribution& c, con
 std::pair<double, nlohmann::json> adapt_clip_norm(const AggregationConfig::AdaptiveClip& ac, double clip_norm,
                                                   double unclipped, std::size_t inputs, double ceiling = 0);
 
+// Whether make_aggregator() stages uploads of a model this size in a file (plain FedAvg over
+// the staging threshold): the server then holds two models, not three.
+bool stages_uploads(const RoundConfig& cfg, std::uint64_t model_bytes);
+
 // The aggregator the round's config calls for. `selected`: the round's silos (secure groups
 // are drawn from them). `clip_norm`: this round's, when adaptive clipping sets it.
 std::unique_ptr<Aggregator> make_aggregator(const RoundConfig& cfg, const Model& layout, std::uint64_t round,

@@ -85,10 +85,7 @@ TrainResult BuiltinTrainer::train(const Model& global, const TrainTask& task, Mo
 RoundOutput run_local_round(const AgentConfig& cfg, const LocalData& data, const Model& global,
                             const wire::TrainingPlan& plan, std::uint64_t round, const std::string& silo) {
   BuiltinTrainer trainer(cfg, data);
-  TrainTask task;
-  task.round = round;
-  task.silo = silo;
-  task.plan = plan;
+  const TrainTask task{round, silo, plan};
   auto out = run_round(trainer, global, task);
   if (out.update) out.sha256 = crypto::sha256_hex(out.update->flat());
   return out;

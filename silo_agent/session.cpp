@@ -184,20 +184,18 @@ void Session::on_round_start(const wire::Envelope& e) {
   model_sha_ = rs.model_sha256();
   Model layout;
   for (const auto& t : rs.tensors()) layout.add_layout(t.name(), {t.shape().begin(), t.shape().end()});
-  streaming_ = trainer_.streams() && !rs.has_secagg() && !protocol::compressed(compression_) &&
-               plan_.silo_momentum() <= 0;
-  if (streaming_) {
+  if (trainer_.streams() && !hook_.tampers() && !rs.has_secagg() && !protocol::compressed(compression_) &&
+      plan_.silo_momentum() <= 0) {
     // Nothing of the model is kept: it is hashed as it arrives, through a window of reserved
     // address space whose pages go back after each chunk.
     global_.reset();
     layout_ = layout.tensors();
-    std::uint64_t elements = 0;
-    for (const auto& t : layout_) elements += t.size();
-    if (!window_ || window_->bytes().size() != elements * sizeof(float)) {
+    const std::size_t d = elements(layout_);
+    if (!window_ || window_->bytes().size() != d * sizeof(float)) {
       window_.reset();
-      window_ = std::make_unique<Window>(elements * sizeof(float));
+      window_ = std::make_unique<Window>(d * sizeof(float));
     }
-    rx_.reset({reinterpret_cast<float*>(window_->bytes().data()), elements}, layout_, /*hash=*/true);
+    rx_.reset({reinterpret_cast<float*>(window_->bytes().data()), d}, layout_, /*hash=*/true);
   } else {
     window_.reset();
     // Reuse last round's buffer when nothing else holds it: no fresh pages every round.
@@ -338,7 +336,7 @@ void Session::on_unmask_request(const wire::Envelope& e) {
 }
 
 void Session::on_model_chunk(const wire::Envelope& e) {
-  if ((!global_ && !streaming_) || e.round() != round_ || !in_round_) {
+  if ((!global_ && !streaming()) || e.round() != round_ || !in_round_) {
     reply_error(wire::WRONG_ROUND, "model chunk for a round that has not started here");
     return;
   }
@@ -346,18 +344,21 @@ void Session::on_model_chunk(const wire::Envelope& e) {
     spdlog::error("round {}: bad model chunk: {}", round_, st.message);
     reply_error(wire::BAD_UPDATE, st.message);
     global_.reset();
-    streaming_ = false;
+    window_.reset();
     return;
   }
-  if (streaming_) window_->release(rx_.last_first() * sizeof(float), (rx_.last_first() + rx_.last_count()) * sizeof(float));
+  if (streaming()) window_->release(rx_.last_first() * sizeof(float), (rx_.last_first() + rx_.last_count()) * sizeof(float));
   if (rx_.complete()) on_model();
 }
 
 // The whole model has arrived: check it, evaluate and train on the worker.
 namespace {
 
-// The upload becomes weight * momentum; the momentum is kept (durably, when there is a file) so
-// that a restarted agent goes on from it.
+// The model received against the SHA-256 its RoundStart announced.
+void check_model_sha(const std::string& announced, const std::string& received) {
+  if (received != announced) throw TrainerError("the model received does not match the SHA-256 the round announced");
+}
+
 // A silo's state across rounds (momentum, error feedback): loaded from `file` on first use, zeros
 // when missing, unreadable or of another layout than `like`.
 Model& silo_state(std::optional<Model>& state, const std::filesystem::path& file, const Model& like, const char* what) {
@@ -376,6 +377,8 @@ Model& silo_state(std::optional<Model>& state, const std::filesystem::path& file
   return *state;
 }
 
+// The upload becomes weight * momentum; the momentum is kept (durably, when there is a file) so
+// that a restarted agent goes on from it.
 void with_momentum(RoundOutput& out, std::optional<Model>& state, const std::filesystem::path& file,
                    const wire::TrainingPlan& plan) {
   Model& momentum = silo_state(state, file, *out.update, "momentum");
@@ -435,20 +438,15 @@ TrainDone training_job(const std::atomic<std::uint64_t>& live, std::uint64_t gen
 
 void Session::on_model() {
   training_ = true;
-  if (streaming_) return on_streamed_model();
+  if (streaming()) return on_streamed_model();
   spdlog::info("round {}: model received ({} parameters); training", round_, global_->size());
-  TrainTask task;
-  task.round = round_;
-  task.silo = name_;
-  task.plan = plan_;
+  const TrainTask task{round_, name_, plan_};
   job([&trainer = trainer_, &hook = hook_, model = global_, task, sha = model_sha_, spare = std::move(spare_),
        live = live_generation_, gen = generation_, momentum = momentum_, momentum_file = cfg_.momentum_file,
        compression = compression_, secure = setup_.has_value(), residual = residual_,
        residual_file = cfg_.residual_file, chunk_bytes = cfg_.chunk_bytes]() mutable -> SessionJobResult {
     return training_job(*live, gen, task.round, [&] {
-      if (!sha.empty() && crypto::sha256_hex(model->flat()) != sha) {
-        throw TrainerError("the model received does not match the SHA-256 the round announced");
-      }
+      if (!sha.empty()) check_model_sha(sha, crypto::sha256_hex(model->flat()));
       auto out = run_round(trainer, *model, task, std::move(spare));
       if (out.update && task.plan.silo_momentum() > 0) with_momentum(out, *momentum, momentum_file, task.plan);
       if (out.update) {
@@ -468,18 +466,12 @@ void Session::on_model() {
 void Session::on_streamed_model() {
   const std::string got = rx_.finish_sha256();
   spdlog::info("round {}: model received and hashed, not kept ({} parameters); training", round_, rx_.received());
-  TrainTask task;
-  task.round = round_;
-  task.silo = name_;
-  task.plan = plan_;
+  const TrainTask task{round_, name_, plan_};
   job([&trainer = trainer_, task, sha = model_sha_, got, layout = layout_, live = live_generation_, gen = generation_,
        chunk_elems = cfg_.chunk_bytes / sizeof(float)]() mutable -> SessionJobResult {
     return training_job(*live, gen, task.round, [&] {
-      if (!sha.empty() && got != sha) {
-        throw TrainerError("the model received does not match the SHA-256 the round announced");
-      }
-      std::size_t d = 0;
-      for (const auto& t : layout) d += t.size();
+      if (!sha.empty()) check_model_sha(sha, got);
+      const std::size_t d = elements(layout);
       return form_streamed_update(trainer.train_streamed(task, d), std::move(layout), task.plan, chunk_elems);
     });
   });

@@ -47,6 +47,9 @@ class FaultHook {
   // own checks; a simulated Byzantine silo changes it here. Runs on the worker thread.
   virtual void tamper(const TrainTask& /*task*/, const Model& /*global*/, std::span<float> /*update*/,
                       double /*weight*/) {}
+  // Whether tamper() changes updates: a tampered update needs the model in memory, so the
+  // session does not stream (Trainer::streams()) for such a hook.
+  virtual bool tampers() const { return false; }
   // Every message the session sends, before it leaves; `secure_session` is the secure group's
   // session string ("" outside secure aggregation). A simulated hostile silo rewrites its
   // protocol messages here.
@@ -185,7 +188,7 @@ class Session {
   std::shared_ptr<Model> global_;
   // A streamed round (Trainer::streams()): the model is hashed as it arrives into `window_`,
   // whose pages go back chunk by chunk; `layout_` is its layout. Nothing of it is kept.
-  bool streaming_ = false;
+  bool streaming() const { return window_ != nullptr; }
   std::unique_ptr<Window> window_;
   std::vector<TensorInfo> layout_;
   // The silo's momentum: used by one training job at a time (jobs run in order on the worker);

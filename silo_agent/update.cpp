@@ -7,14 +7,25 @@
 
 namespace xsilo::agent {
 
-RoundOutput form_update(const Model& global, const Model& local, const TrainResult& r, const wire::TrainingPlan& plan,
-                        std::shared_ptr<Model> reuse) {
+namespace {
+
+// What every upload carries besides its values: the sample count, the metrics, and the weight,
+// which is the sample count capped at the plan's max_weight.
+RoundOutput output_of(const TrainResult& r, const wire::TrainingPlan& plan) {
   if (r.num_samples == 0) throw TrainerError("the trainer reported no training samples");
   RoundOutput out;
   out.num_samples = r.num_samples;
   out.metrics = r.metrics;
   out.weight = static_cast<double>(r.num_samples);
   if (plan.max_weight() > 0) out.weight = std::min(out.weight, static_cast<double>(plan.max_weight()));
+  return out;
+}
+
+}  // namespace
+
+RoundOutput form_update(const Model& global, const Model& local, const TrainResult& r, const wire::TrainingPlan& plan,
+                        std::shared_ptr<Model> reuse) {
+  RoundOutput out = output_of(r, plan);
   // Reuse last round's buffer when nothing else holds it: no fresh pages every round.
   if (reuse && reuse.use_count() == 1 && reuse->same_layout(global)) {
     out.update = std::move(reuse);
@@ -43,20 +54,13 @@ RoundOutput form_update(const Model& global, const Model& local, const TrainResu
 
 std::uint64_t RoundOutput::bytes() const {
   if (update) return update->bytes();
-  std::uint64_t n = 0;
-  for (const auto& t : layout) n += t.size();
-  return n * sizeof(float);
+  return elements(layout) * sizeof(float);
 }
 
 RoundOutput form_streamed_update(StreamedTraining t, std::vector<TensorInfo> layout, const wire::TrainingPlan& plan,
                                  std::size_t chunk_elems) {
-  if (t.result.num_samples == 0) throw TrainerError("the trainer reported no training samples");
+  RoundOutput out = output_of(t.result, plan);
   if (!t.delta) throw TrainerError("the trainer streamed no delta");
-  RoundOutput out;
-  out.num_samples = t.result.num_samples;
-  out.metrics = t.result.metrics;
-  out.weight = static_cast<double>(t.result.num_samples);
-  if (plan.max_weight() > 0) out.weight = std::min(out.weight, static_cast<double>(plan.max_weight()));
   out.stream = std::move(t.delta);
   out.layout = std::move(layout);
   const std::size_t d = out.bytes() / sizeof(float);

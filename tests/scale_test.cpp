@@ -45,20 +45,20 @@ json bench_round(const test::TempDir& dir, const std::vector<std::string>& extra
   // that did not commit or a process that failed.
   EXPECT_TRUE(code && (*code == 0 || *code == 1)) << log_tail(log, 40);
   const auto text = read_file(log);
-  for (auto at = text.find("{\"bench\""); at != std::string::npos; at = text.find("{\"bench\"", at + 1)) {
+  if (const auto at = text.find("{\"bench\""); at != std::string::npos) {
     return json::parse(text.substr(at, text.find('\n', at) - at));
   }
   ADD_FAILURE() << "no result from bench round:\n" << log_tail(log, 40);
   return json::object();
 }
 
-// The server's memory: its model buffers (the global model, the sum, one upload) and a fixed
-// base, plus half a MiB per connection (TLS buffers; a connection's large buffers are given
+// The server's memory: the bench's bound for its model buffers (the global model, the sum, one
+// upload, and a fixed base), plus half a MiB per connection (TLS buffers; a connection's large buffers are given
 // back when it goes idle) and what the mode holds beyond that.
 void expect_server_resources(const json& r, std::size_t connections, std::uint64_t extra = 0) {
   ASSERT_TRUE(r.contains("peak_rss_bytes")) << r.dump();
-  const std::uint64_t model = r["model_bytes"];
-  const std::uint64_t bound = 3 * model + (64u << 20) + connections * (512u << 10) + extra;
+  const std::uint64_t bound =
+      r["peak_rss_bound_bytes"].get<std::uint64_t>() + connections * (512u << 10) + extra;
 #if defined(__SANITIZE_ADDRESS__)
   std::cout << "[ NOTE     ] server memory bound (" << bound << " bytes) not checked: AddressSanitizer's shadow "
             << "memory and quarantine are in the server's RSS (" << r["peak_rss_bytes"] << " bytes)\n";

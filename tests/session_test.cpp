@@ -94,8 +94,9 @@ void sign(wire::Envelope& start) {
 
 class Harness {
  public:
-  explicit Harness(FaultHook* hook = nullptr, SessionConfig cfg = session_config())
-      : session_(std::move(cfg), trainer, hook ? *hook : none_) {
+  // `own`: a trainer of the test's in place of `trainer`.
+  explicit Harness(FaultHook* hook = nullptr, SessionConfig cfg = session_config(), Trainer* own = nullptr)
+      : session_(std::move(cfg), own ? *own : trainer, hook ? *hook : none_) {
     session_.on_connected("silo-a", "127.0.0.1:7443", "server", "server server");
   }
 
@@ -234,66 +235,30 @@ class StreamingTrainer final : public Trainer {
 
 TEST(Session, AStreamingTrainersUpdateIsMadeAsItIsSentAndTheModelOnlyHashed) {
   StreamingTrainer trainer;
-  FaultHook none;
-  Session s(session_config(), trainer, none);
-  s.on_connected("silo-a", "127.0.0.1:7443", "server", "server server");
-  Harness shape;  // for its messages only
+  Harness h(nullptr, session_config(), &trainer);
   const Model m = model();
-  std::vector<wire::Envelope> sent;
-  std::vector<std::shared_ptr<protocol::ChunkSource>> streams;
-  auto run = [&] {
-    for (bool more = true; more;) {
-      more = false;
-      for (auto& a : s.take_actions()) {
-        if (auto* e = std::get_if<action::Send>(&a)) sent.push_back(e->env);
-        if (auto* st = std::get_if<action::SendStream>(&a)) streams.push_back(st->source);
-        if (auto* j = std::get_if<action::Job>(&a)) {
-          s.on_job_done(j->id, j->work());
-          more = true;
-        }
-      }
-    }
-  };
-  auto deliver = [&](const wire::Envelope& e) {
-    s.on_message(e);
-    run();
-  };
   // A model whose bytes do not match the announced hash is refused, as without streaming.
-  deliver(shape.round_start(1, m, std::string(64, 'a')));
-  {
-    auto keep = std::make_shared<Model>(m);
-    protocol::ChunkSource src(keep, keep->flat(), keep->tensors(), "fed", 1, 8);
-    while (auto c = src.next()) deliver(*c);
-  }
-  ASSERT_FALSE(sent.empty());
-  EXPECT_EQ(sent.back().body_case(), wire::Envelope::kError);
-  EXPECT_NE(sent.back().error().message().find("SHA-256"), std::string::npos);
-  sent.clear();
-  deliver(shape.round_start(2, m));
-  {
-    auto keep = std::make_shared<Model>(m);
-    protocol::ChunkSource src(keep, keep->flat(), keep->tensors(), "fed", 2, 8);
-    while (auto c = src.next()) deliver(*c);
-  }
+  h.deliver(h.round_start(1, m, std::string(64, 'a')));
+  h.send_model(1, m);
+  h.run_jobs();
+  ASSERT_FALSE(h.sent.empty());
+  EXPECT_EQ(h.sent.back().body_case(), wire::Envelope::kError);
+  EXPECT_NE(h.sent.back().error().message().find("SHA-256"), std::string::npos);
+  h.sent.clear();
+  h.deliver(h.round_start(2, m));
+  h.send_model(2, m);
+  h.run_jobs();
   EXPECT_EQ(trainer.seen_elements, m.size());
-  ASSERT_FALSE(sent.empty());
-  ASSERT_EQ(sent.back().body_case(), wire::Envelope::kUpdateReady);
-  wire::Envelope grant;
-  grant.set_federation("fed");
-  grant.set_round(2);
-  grant.mutable_upload_grant();
-  deliver(grant);
-  ASSERT_EQ(sent.back().body_case(), wire::Envelope::kUpdateEnd);
-  const auto& end = sent.back().update_end();
+  ASSERT_FALSE(h.sent.empty());
+  ASSERT_EQ(h.sent.back().body_case(), wire::Envelope::kUpdateReady);
+  h.grant(2);
+  ASSERT_EQ(h.sent.back().body_case(), wire::Envelope::kUpdateEnd);
+  const auto& end = h.sent.back().update_end();
   EXPECT_DOUBLE_EQ(end.weight(), 4.0);
-  ASSERT_EQ(streams.size(), 1u);
-  std::vector<float> up;
-  while (auto c = streams[0]->next()) {
-    const auto& d = c->tensor_chunk().data();
-    const std::size_t at = up.size();
-    up.resize(at + d.size() / sizeof(float));
-    std::memcpy(up.data() + at, d.data(), d.size());
-  }
+  ASSERT_EQ(h.streams.size(), 1u);
+  const auto bytes = h.streamed_bytes();
+  std::vector<float> up(bytes.size() / sizeof(float));
+  std::memcpy(up.data(), bytes.data(), bytes.size());
   ASSERT_EQ(up.size(), m.size());
   for (std::size_t i = 0; i < up.size(); ++i) EXPECT_FLOAT_EQ(up[i], 4.0f * 0.25f * static_cast<float>(i + 1)) << i;
   EXPECT_EQ(end.update_sha256(), crypto::sha256_hex(std::span<const float>(up)));

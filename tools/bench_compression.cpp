@@ -54,26 +54,38 @@ std::vector<Row> rows(const CompressionBenchOptions& o) {
   return out;
 }
 
-// The federation of a row: the digits MLP, or the model, trainer, data and training of the
-// sim config given with --sim (a user's own model: examples/pytorch/sim.json); either way 10
-// silos, Dirichlet 0.5, the bench's rounds and seed, FedAvg, every silo in every round.
-SimConfig federation(const CompressionBenchOptions& o, std::uint64_t seed, const Row& row) {
+// What every row's federation shares: the digits MLP, or the model, trainer, data and training
+// of the sim config given with --sim (a user's own model: examples/pytorch/sim.json), with the
+// deadlines, transport and local workers its trainer needs. Nothing else of it is taken: the
+// protocol is the row's, and its attacks, faults and simulated compute are not the bench's.
+SimConfig federation_base(const CompressionBenchOptions& o) {
   SimConfig c = default_sim_config();
-  if (!o.sim.empty()) {
-    c = load_sim_config(o.sim);
-    // Only its model, trainer, data and training: the protocol is the row's.
-    c.faults.clear();
-    c.hostile.clear();
-    c.edges = 0;
-    c.secure = nullptr;
-    c.compression = nullptr;
-    c.aggregation = nullptr;
-  } else {
+  if (o.sim.empty()) {
     c.data_path = data_dir() / "digits.csv.gz";
     c.model_kind = "mlp";
     c.hidden = {64};
     c.training = {{"local_epochs", 2}, {"batch_size", 32}, {"learning_rate", 0.05}};
+    return c;
   }
+  const SimConfig user = load_sim_config(o.sim);
+  c.file = user.file;
+  c.data_path = user.data_path;
+  c.test_fraction = user.test_fraction;
+  c.standardize = user.standardize;
+  c.model_kind = user.model_kind;
+  c.hidden = user.hidden;
+  c.model_file = user.model_file;
+  c.trainer = user.trainer;
+  c.training = user.training;
+  c.deadlines = user.deadlines;
+  c.transport = user.transport;
+  c.local = user.local;
+  return c;
+}
+
+// The federation of a row: the base's model and data; 10 silos, Dirichlet 0.5, the bench's
+// rounds and seed, FedAvg, every silo in every round, and the row's protocol.
+SimConfig federation(SimConfig c, const CompressionBenchOptions& o, std::uint64_t seed, const Row& row) {
   c.name = "compression";
   c.silos = 10;
   c.rounds = o.rounds;
@@ -245,6 +257,7 @@ int bench_compression(const CompressionBenchOptions& o) {
   const auto tmp = std::filesystem::temp_directory_path() / ("xsilo-bench-compression-" + std::to_string(::getpid()));
   int failures = 0;
   std::vector<std::pair<Row, Outcome>> results;
+  const SimConfig base = federation_base(o);
   std::cerr << "bench compression: " << (o.sim.empty() ? "digits MLP" : "the model and trainer of " + o.sim.string())
             << ", 10 silos, Dirichlet 0.5, " << o.rounds << " rounds, "
             << o.seeds.size() << " seed(s), real processes over mutual TLS\n";
@@ -254,7 +267,7 @@ int bench_compression(const CompressionBenchOptions& o) {
     for (auto seed : o.seeds) {
       try {
         std::filesystem::remove_all(tmp);
-        const auto r = run_sim(federation(o, seed, row), tmp, /*quiet=*/true);
+        const auto r = run_sim(federation(base, o, seed, row), tmp, /*quiet=*/true);
         if (r.rounds_committed != o.rounds) {
           out.failed = std::to_string(r.rounds_committed) + "/" + std::to_string(o.rounds) + " rounds committed";
           ++failures;

@@ -9,6 +9,7 @@
 #include "common/fs.h"
 #include "common/process.h"
 #include "protocol/compression.h"
+#include "server/aggregator.h"
 #include "server/config.h"
 #include "server/metrics.h"
 #include "tools/bench.h"
@@ -189,8 +190,7 @@ RoundResult run_one(const RoundBenchOptions& opts, std::size_t silos, std::size_
   r.peak_rss = stats["peak_rss_bytes"];
   r.peak_descriptors = stats.value("peak_open_descriptors", std::size_t{0});
   r.model_bytes = stats["model_bytes"];
-  r.staged = !server_cfg.secure.on() && !server_cfg.aggregation.needs_all_updates() &&
-             server_cfg.staging.stages(r.model_bytes);
+  r.staged = server::stages_uploads(server_cfg, r.model_bytes);
   // Rounds after the first: connection set-up and page faults of the first allocations are
   // not part of a steady round.
   std::vector<double> secs;

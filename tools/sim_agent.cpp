@@ -55,7 +55,7 @@ class SyntheticDelta final : public agent::DeltaStream {
 
 class SyntheticTrainer final : public agent::Trainer {
  public:
-  SyntheticTrainer(std::uint64_t samples, bool streams) : samples_(samples), streams_(streams) {}
+  explicit SyntheticTrainer(std::uint64_t samples) : samples_(samples) {}
   wire::TrainMetrics evaluate(const Model&, const agent::TrainTask&) override { return {}; }
   agent::TrainResult train(const Model& global, const agent::TrainTask& task, Model& local) override {
     const auto g = global.flat();
@@ -66,7 +66,7 @@ class SyntheticTrainer final : public agent::Trainer {
     r.num_samples = samples_;
     return r;
   }
-  bool streams() const override { return streams_; }
+  bool streams() const override { return true; }
   agent::StreamedTraining train_streamed(const agent::TrainTask& task, std::size_t elements) override {
     agent::StreamedTraining t;
     t.delta = std::make_shared<SyntheticDelta>(agent::round_seed(task.plan.seed(), task.round, task.silo), elements);
@@ -76,7 +76,6 @@ class SyntheticTrainer final : public agent::Trainer {
 
  private:
   std::uint64_t samples_;
-  bool streams_;
 };
 
 // Simulated compute around a real trainer: a round's training takes at least its drawn time.
@@ -151,6 +150,9 @@ class SimHook final : public agent::FaultHook {
       spdlog::warn("round {}: hostile: dealt boxes of random bytes, signed", e.round());
     }
   }
+
+  // An attack replaces the delta after the agent's checks, on a model in memory.
+  bool tampers() const override { return sim_.attack.active(); }
 
   void tamper(const agent::TrainTask& task, const Model& global, std::span<float> update, double weight) override {
     const auto& a = sim_.attack;
@@ -232,8 +234,7 @@ nlohmann::json to_json(const SimAgentConfig& c) {
 agent::AgentHooks make_sim_hooks(const agent::AgentConfig& cfg, const SimAgentConfig& sim) {
   agent::AgentHooks hooks;
   if (sim.synthetic_samples) {
-    // An attack replaces the delta after the agent's checks, on a model in memory: no streaming.
-    hooks.trainer = std::make_unique<SyntheticTrainer>(*sim.synthetic_samples, !sim.attack.active());
+    hooks.trainer = std::make_unique<SyntheticTrainer>(*sim.synthetic_samples);
   } else if (sim.attack.kind == "label_flip") {
     auto data = agent::load_local_data(cfg);
     for (auto& y : data.train.y) y = data.train.classes - 1 - y;

@@ -272,13 +272,13 @@ bool Channel::send(wire::Envelope env) {
     return false;
   }
   const std::size_t bytes = frame->size();
-  return enqueue(Item{std::move(*frame), nullptr, nullptr}, bytes);
+  return enqueue(Item(std::move(*frame)), bytes);
 }
 
 bool Channel::send_frame(std::shared_ptr<const std::string> frame) {
   if (!open_ || closing_ || !frame) return false;
   const std::size_t bytes = frame->size();
-  return enqueue(Item{{}, nullptr, std::move(frame)}, bytes);
+  return enqueue(Item(std::move(frame)), bytes);
 }
 
 bool Channel::enqueue(Item item, std::size_t bytes) {
@@ -294,9 +294,28 @@ bool Channel::enqueue(Item item, std::size_t bytes) {
   return true;
 }
 
+std::optional<proto::SplitFrame> Channel::take_front(std::shared_ptr<const std::string>& keep) {
+  Item& front = queue_.front();
+  proto::SplitFrame frame;
+  if (auto* source = std::get_if<Source>(&front)) {
+    auto next = (*source)();
+    if (!next) queue_.pop_front();
+    return next;
+  }
+  if (auto* shared = std::get_if<std::shared_ptr<const std::string>>(&front)) {
+    keep = std::move(*shared);
+    frame.tail = {reinterpret_cast<const std::uint8_t*>(keep->data()), keep->size()};
+  } else {
+    frame.head = std::move(std::get<std::string>(front));
+  }
+  queue_.pop_front();
+  queued_bytes_ -= std::min(queued_bytes_, frame.size());
+  return frame;
+}
+
 bool Channel::send_stream(Source next) {
   if (!open_ || closing_) return false;
-  queue_.push_back(Item{{}, std::move(next), nullptr});
+  queue_.push_back(Item(std::move(next)));
   wake_.cancel();
   return true;
 }
@@ -349,26 +368,10 @@ awaitable<void> Channel::writer() {
         continue;
       }
       trimmed = false;
-      proto::SplitFrame frame;
       std::shared_ptr<const std::string> shared;  // kept alive until written
-      Item& front = queue_.front();
-      if (front.shared) {
-        shared = std::move(front.shared);
-        frame.tail = {reinterpret_cast<const std::uint8_t*>(shared->data()), shared->size()};
-        queue_.pop_front();
-        queued_bytes_ -= std::min(queued_bytes_, shared->size());
-      } else if (!front.source) {
-        frame.head = std::move(front.frame);
-        queue_.pop_front();
-        queued_bytes_ -= std::min(queued_bytes_, frame.head.size());
-      } else {
-        auto next = front.source();
-        if (!next) {
-          queue_.pop_front();
-          continue;
-        }
-        frame = std::move(*next);
-      }
+      auto next = take_front(shared);
+      if (!next) continue;
+      proto::SplitFrame frame = std::move(*next);
       co_await stream_.write({reinterpret_cast<const std::uint8_t*>(frame.head.data()), frame.head.size()},
                              frame.tail);
       bytes_sent_ += frame.size();

@@ -13,6 +13,7 @@
 #include <set>
 #include <string>
 #include <utility>  // Boost 1.74's awaitable.hpp uses std::exchange without it
+#include <variant>
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -96,12 +97,13 @@ class Channel : public std::enable_shared_from_this<Channel> {
   const std::string& federation() const { return federation_; }
 
  private:
-  struct Item {
-    std::string frame;
-    Source source;
-    std::shared_ptr<const std::string> shared;
-  };
+  // What is queued to send: an encoded frame, a frame shared with other channels, or a stream
+  // of frames made as they are sent.
+  using Item = std::variant<std::string, std::shared_ptr<const std::string>, Source>;
   bool enqueue(Item item, std::size_t bytes);
+  // The next frame to write, taken from the front of the queue (nullopt: a stream ended);
+  // `keep` holds a shared frame until it is written.
+  std::optional<proto::SplitFrame> take_front(std::shared_ptr<const std::string>& keep);
   awaitable<proto::Result<wire::Envelope>> read_frame();
   awaitable<void> write_frame_now(const wire::Envelope& env);
   awaitable<void> writer();
