@@ -14,6 +14,9 @@ namespace {
 constexpr std::size_t kBlock = 16 * 1024;  // keystream generated in L1-sized pieces
 constexpr std::size_t kPiece = 8 * 1024;   // masks applied to the vector this much at a time
 constexpr std::size_t kBatch = 64;         // masks applied in one pass
+static_assert(kPiece <= kBlock);
+
+alignas(64) const std::uint8_t kZeros[kBlock] = {};
 
 struct Ctr {
   EVP_CIPHER_CTX* ctx = EVP_CIPHER_CTX_new();
@@ -27,11 +30,42 @@ struct Ctr {
   // Fills `out` with the next keystream bytes: CTR mode XORs the keystream onto its input,
   // so encrypting zeros yields the keystream itself.
   void next(std::uint8_t* out, std::size_t n) {
-    alignas(64) static const std::uint8_t kZeros[kBlock] = {};
     int len = 0;
     EVP_EncryptUpdate(ctx, out, &len, kZeros, static_cast<int>(n));
   }
 };
+
+// v[k] += (a[k] + b[k]), or -= with Sub, for the words of T in two keystream buffers: two masks
+// per load and store of the vector's piece.
+template <class T, bool Sub>
+[[gnu::always_inline]] inline void add_two(T* __restrict v, const std::uint8_t* a, const std::uint8_t* b,
+                                           std::size_t n) {
+  for (std::size_t k = 0; k < n; ++k) {
+    T x, y;
+    std::memcpy(&x, a + k * sizeof(T), sizeof(T));
+    std::memcpy(&y, b + k * sizeof(T), sizeof(T));
+    const T s = static_cast<T>(x + y);  // unsigned: wraps mod 2^bits (after promotion)
+    v[k] = Sub ? static_cast<T>(v[k] - s) : static_cast<T>(v[k] + s);
+  }
+}
+
+// The same loop built twice: for the portable baseline, and with AVX2 for the CPUs that have it
+// (chosen at run time, so the default build runs everywhere).
+template <class T, bool Sub>
+void add_two_baseline(T* __restrict v, const std::uint8_t* a, const std::uint8_t* b, std::size_t n) {
+  add_two<T, Sub>(v, a, b, n);
+}
+template <class T, bool Sub>
+[[gnu::target("avx2")]] void add_two_avx2(T* __restrict v, const std::uint8_t* a, const std::uint8_t* b,
+                                          std::size_t n) {
+  add_two<T, Sub>(v, a, b, n);
+}
+
+template <class T, bool Sub>
+auto add_two_kernel() {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  return avx2 ? &add_two_avx2<T, Sub> : &add_two_baseline<T, Sub>;
+}
 
 template <class T>
 void add_masks_impl(std::span<const MaskTerm> terms, std::span<T> vec) {
@@ -44,29 +78,29 @@ void add_masks_impl(std::span<const MaskTerm> terms, std::span<T> vec) {
     }
     return;
   }
-  std::vector<std::unique_ptr<Ctr>> ctrs;
-  ctrs.reserve(terms.size());
-  for (const auto& t : terms) ctrs.push_back(std::make_unique<Ctr>(t.seed));
-  // The piece of vec and the keystream buffer together stay within a 32 KiB L1 cache.
-  alignas(64) std::uint8_t buf[kPiece];
+  // The masks to add, then those to subtract (the order of a sum mod 2^bits is free), so that
+  // they go into the vector two at a time; an odd one out is paired with zeros.
+  std::vector<std::unique_ptr<Ctr>> adds, subs;
+  for (const auto& t : terms) (t.sign > 0 ? adds : subs).push_back(std::make_unique<Ctr>(t.seed));
+  const auto add = add_two_kernel<T, false>();
+  const auto sub = add_two_kernel<T, true>();
+  // The piece of vec and the two keystream buffers together stay within a 32 KiB L1 cache.
+  alignas(64) std::uint8_t a[kPiece];
+  alignas(64) std::uint8_t b[kPiece];
   constexpr std::size_t per = kPiece / sizeof(T);
   for (std::size_t i = 0; i < vec.size(); i += per) {
     const std::size_t n = std::min(per, vec.size() - i);
-    T* __restrict v = vec.data() + i;
-    for (std::size_t j = 0; j < terms.size(); ++j) {
-      ctrs[j]->next(buf, n * sizeof(T));
-      if (terms[j].sign > 0) {
-        for (std::size_t k = 0; k < n; ++k) {
-          T w;
-          std::memcpy(&w, buf + k * sizeof(T), sizeof(T));
-          v[k] = static_cast<T>(v[k] + w);  // unsigned: wraps mod 2^bits (after promotion)
+    T* v = vec.data() + i;
+    for (const auto* list : {&adds, &subs}) {
+      const auto kernel = list == &adds ? add : sub;
+      for (std::size_t j = 0; j < list->size(); j += 2) {
+        (*list)[j]->next(a, n * sizeof(T));
+        const std::uint8_t* second = kZeros;
+        if (j + 1 < list->size()) {
+          (*list)[j + 1]->next(b, n * sizeof(T));
+          second = b;
         }
-      } else {
-        for (std::size_t k = 0; k < n; ++k) {
-          T w;
-          std::memcpy(&w, buf + k * sizeof(T), sizeof(T));
-          v[k] = static_cast<T>(v[k] - w);
-        }
+        kernel(v, a, second, n);
       }
     }
   }

@@ -20,7 +20,9 @@ struct MaskTerm {
 
 // vec[i] += sum_j terms[j].sign * PRG(terms[j].seed)[i], in one pass over vec per 64 terms: each
 // piece of it (a few KiB) takes every term's keystream while it is in the L1 cache, so a vector
-// larger than the caches crosses memory once per 64 masks, not once per mask.
+// larger than the caches crosses memory once per 64 masks, not once per mask. Within the piece
+// the masks go in two at a time (one load and store of the piece per two keystreams), with AVX2
+// where the CPU has it.
 void add_masks(std::span<const MaskTerm> terms, std::span<std::uint32_t> vec);
 void add_masks(std::span<const MaskTerm> terms, std::span<std::uint64_t> vec);
 void add_masks(std::span<const MaskTerm> terms, std::span<std::uint16_t> vec);

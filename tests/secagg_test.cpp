@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <random>
 #include <set>
@@ -46,7 +47,8 @@ TEST(Aead, TamperedCiphertextOrWrongContextIsRefused) {
 }
 
 // The fused pass adds exactly what one mask after another adds: word i of every term's stream
-// lands on word i, across the pieces the pass cuts the vector into, in both rings.
+// (read from the raw keystream here) lands on word i, across the pieces the pass cuts the vector
+// into and the pairs it adds them in, with any mix of signs, in every ring.
 template <class T>
 void check_fused_equals_one_by_one(std::size_t length, int count = 7) {
   std::vector<MaskTerm> terms;
@@ -54,7 +56,15 @@ void check_fused_equals_one_by_one(std::size_t length, int count = 7) {
   std::vector<T> fused(length), sequential(length);
   for (std::size_t i = 0; i < length; ++i) fused[i] = sequential[i] = static_cast<T>(i * 2654435761u);
   add_masks(terms, std::span<T>(fused));
-  for (const auto& t : terms) add_mask(t.seed, std::span<T>(sequential), t.sign);
+  std::vector<std::uint8_t> ks(length * sizeof(T));
+  for (const auto& t : terms) {
+    keystream(t.seed, ks);
+    for (std::size_t i = 0; i < length; ++i) {
+      T w;
+      std::memcpy(&w, ks.data() + i * sizeof(T), sizeof(T));
+      sequential[i] = static_cast<T>(t.sign > 0 ? sequential[i] + w : sequential[i] - w);
+    }
+  }
   EXPECT_EQ(fused, sequential) << sizeof(T) * 8 << "-bit words, length " << length;
   add_masks(std::span<const MaskTerm>(), std::span<T>(fused));  // no terms: unchanged
   EXPECT_EQ(fused, sequential);
@@ -67,9 +77,12 @@ TEST(MaskPrg, TheFusedPassAddsWhatOneMaskAfterAnotherAdds) {
     check_fused_equals_one_by_one<std::uint16_t>(length);
     check_fused_equals_one_by_one<std::uint8_t>(length);
   }
-  // More terms than one pass takes (64): the batches add up to the same.
+  // More terms than one pass takes (64): the batches add up to the same. One term, and two
+  // (each an odd one out of its sign, paired with zeros).
   check_fused_equals_one_by_one<std::uint32_t>(5003, 130);
   check_fused_equals_one_by_one<std::uint16_t>(5003, 130);
+  check_fused_equals_one_by_one<std::uint64_t>(5003, 1);
+  check_fused_equals_one_by_one<std::uint32_t>(5003, 2);
 }
 
 TEST(MaskPrg, MasksCancelAndTheKeystreamIsAes128Ctr) {
