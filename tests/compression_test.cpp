@@ -52,6 +52,17 @@ TEST(Compression, EveryChunkDecodesToExactlyWhatTheSiloComputedWhenEncoding) {
       std::size_t kept = 0;
       ASSERT_EQ(decode_chunk(c, data, back, kept), "") << describe(c) << " n=" << n;
       EXPECT_EQ(std::memcmp(decoded.data(), back.data(), n * 4), 0) << describe(c) << " n=" << n;
+      if (c.scheme() == C::SIGN) {
+        // Each element decodes to its own block's mean |x| with its own sign: the packed bits
+        // (eight at a time where a block is byte-aligned) are in element order.
+        for (std::size_t b = 0; b < n; b += c.block()) {
+          const std::size_t e = std::min<std::size_t>(n, b + c.block());
+          float sum = 0;
+          for (std::size_t i = b; i < e; ++i) sum += std::fabs(x[i]);
+          const float s = sum / static_cast<float>(e - b);
+          for (std::size_t i = b; i < e; ++i) ASSERT_EQ(back[i], x[i] < 0 ? -s : s) << "n=" << n << " i=" << i;
+        }
+      }
       std::size_t nonzero = 0;
       for (float v : x) nonzero += v != 0;
       EXPECT_EQ(data.size(), encoded_bytes(c, n, nonzero)) << describe(c);
