@@ -2,6 +2,7 @@
 
 #include <openssl/evp.h>
 
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -55,6 +56,10 @@ template <class T, bool Sub>
 void add_two_baseline(T* __restrict v, const std::uint8_t* a, const std::uint8_t* b, std::size_t n) {
   add_two<T, Sub>(v, a, b, n);
 }
+
+std::atomic<bool> portable_only{false};  // set_mask_kernel(MaskKernel::Portable)
+
+#if defined(__x86_64__) || defined(__i386__)
 template <class T, bool Sub>
 [[gnu::target("avx2")]] void add_two_avx2(T* __restrict v, const std::uint8_t* a, const std::uint8_t* b,
                                           std::size_t n) {
@@ -64,8 +69,14 @@ template <class T, bool Sub>
 template <class T, bool Sub>
 auto add_two_kernel() {
   static const bool avx2 = __builtin_cpu_supports("avx2");
-  return avx2 ? &add_two_avx2<T, Sub> : &add_two_baseline<T, Sub>;
+  return avx2 && !portable_only ? &add_two_avx2<T, Sub> : &add_two_baseline<T, Sub>;
 }
+#else
+template <class T, bool Sub>
+auto add_two_kernel() {
+  return &add_two_baseline<T, Sub>;
+}
+#endif
 
 template <class T>
 void add_masks_impl(std::span<const MaskTerm> terms, std::span<T> vec) {
@@ -122,6 +133,8 @@ void add_mask(const Secret& seed, std::span<std::uint8_t> vec, int sign) { add_m
 void add_mask(const Secret& seed, std::span<std::uint16_t> vec, int sign) { add_mask_impl(seed, vec, sign); }
 void add_mask(const Secret& seed, std::span<std::uint32_t> vec, int sign) { add_mask_impl(seed, vec, sign); }
 void add_mask(const Secret& seed, std::span<std::uint64_t> vec, int sign) { add_mask_impl(seed, vec, sign); }
+
+void set_mask_kernel(MaskKernel k) { portable_only = k == MaskKernel::Portable; }
 
 void keystream(const Secret& seed, std::span<std::uint8_t> out) {
   Ctr ctr(seed);

@@ -36,6 +36,11 @@ void add_mask(const Secret& seed, std::span<std::uint16_t> vec, int sign);
 void add_mask(const Secret& seed, std::span<std::uint32_t> vec, int sign);
 // vec[i] += sign * PRG(seed)[i]  (mod 2^64)
 void add_mask(const Secret& seed, std::span<std::uint64_t> vec, int sign);
+// Which loop add_masks() adds with: AVX2 where the CPU has it (Auto, the default), or the
+// portable one everywhere (Portable: for tests, which run both on the same machine).
+enum class MaskKernel { Auto, Portable };
+void set_mask_kernel(MaskKernel k);
+
 // Raw keystream, for benchmarks and tests.
 void keystream(const Secret& seed, std::span<std::uint8_t> out);
 

@@ -36,7 +36,7 @@ std::vector<float> gaussian(std::size_t n, std::uint32_t seed, float sigma = 1.0
 }
 
 std::vector<C> every_scheme() {
-  return {scheme(C::QUANTIZE, 8, 64), scheme(C::QUANTIZE, 4, 33), scheme(C::SIGN, 0, 40),
+  return {scheme(C::QUANTIZE, 8, 64), scheme(C::QUANTIZE, 4, 33), scheme(C::SIGN, 0, 40), scheme(C::SIGN, 0, 13),
           scheme(C::TOP_K, 0, 0, 0.1), scheme(C::RANDOM_K, 0, 0, 0.25)};
 }
 
