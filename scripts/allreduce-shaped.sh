@@ -48,7 +48,7 @@ trap 'echo "allreduce-shaped: interrupted" >&2; exit 130' INT
 trap 'echo "allreduce-shaped: terminated" >&2; exit 143' TERM
 
 echo "allreduce-shaped: building (scripts/build.sh)" >&2
-build_dir=$(bash scripts/build.sh | tail -n 1)
+build_dir=$(BUILD_TARGET=xsilo bash scripts/build.sh | tail -n 1)
 ip netns add "$ns" 2>/dev/null || skip "cannot make network namespace $ns (ip netns add failed; no CAP_SYS_ADMIN?)"
 made=true
 ip -n "$ns" link set lo up

@@ -4,6 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
-build_dir=$(bash scripts/build.sh | tail -n 1)
+build_dir=$(BUILD_TARGET=xsilo bash scripts/build.sh | tail -n 1)
 out=${1:-runs/demo}
 "$build_dir/tools/xsilo" sim --out "$out"

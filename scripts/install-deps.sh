@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake pkg-config git
+  build-essential cmake pkg-config git ccache
   libboost-dev libssl-dev libsodium-dev libprotobuf-dev protobuf-compiler
   nlohmann-json3-dev libgtest-dev libgmock-dev libcli11-dev libspdlog-dev libfmt-dev
   libeigen3-dev zlib1g-dev

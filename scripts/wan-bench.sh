@@ -83,7 +83,7 @@ sent_bytes() {  # bytes the qdisc of device $2 in namespace $1 has sent
 }
 
 echo "wan-bench: building (scripts/build.sh)" >&2
-build_dir=$(bash scripts/build.sh | tail -n 1)
+build_dir=$(BUILD_TARGET=xsilo bash scripts/build.sh | tail -n 1)
 xsilo=$build_dir/tools/xsilo
 echo "wan-bench: $silos silos at ${rate} Mbit/s up and down, ${params} parameters, ${rounds} rounds per scheme" >&2
 new_ns "$server_ns"
