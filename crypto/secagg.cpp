@@ -110,7 +110,13 @@ std::string check_params(const Params& p) {
   if (n == 0) return "a secure group needs members";
   if (sorted(p.members).size() != n) return "a secure group names a member twice";
   if (p.threshold < 2) return "the threshold must be at least 2";
-  if (2 * std::size_t{p.threshold} <= n) {
+  if (p.graph()) {
+    if (p.degree % 2) return "the neighbour graph's degree " + std::to_string(p.degree) + " must be even";
+    if (p.threshold > p.degree + 1) {
+      return "threshold " + std::to_string(p.threshold) + " exceeds the " + std::to_string(p.degree + 1) +
+             " holders of each secret (degree " + std::to_string(p.degree) + " and the owner)";
+    }
+  } else if (2 * std::size_t{p.threshold} <= n) {
     return "threshold " + std::to_string(p.threshold) + " is not above half of the group's " + std::to_string(n) +
            " members: two different survivor sets could each collect it";
   }
@@ -186,7 +192,10 @@ std::optional<UnmaskReply> decode_reply(std::string_view bytes) {
 Client::Client(Params p, std::string me, CertSigner signer, CertVerifier ca, std::string server_certificate,
                std::string server_name)
     : p_(std::move(p)), me_(std::move(me)), signer_(std::move(signer)), ca_(std::move(ca)),
-      server_certificate_(std::move(server_certificate)), server_name_(std::move(server_name)) {}
+      server_certificate_(std::move(server_certificate)), server_name_(std::move(server_name)),
+      graph_(p_.members.size(), p_.graph() ? p_.degree : 0, p_.session + "/" + p_.graph_seed), mine_(p_.index_of(me_)) {
+  for (auto v : graph_.neighbours(mine_)) near_[p_.members[v - 1]] = v;
+}
 
 Client::~Client() {
   for (auto& [owner, shares] : held_) {
@@ -198,14 +207,13 @@ Client::~Client() {
 Expected<Advertisement> Client::advertise() {
   if (step_ != Step::Advertise) return std::string("keys advertised twice");
   if (auto why = check_params(p_); !why.empty()) return why;
-  if (!p_.index_of(me_)) return std::string("this silo is not a member of the group");
+  if (!mine_) return std::string("this silo is not a member of the group");
   mask_ = X25519KeyPair::generate();
   self_seed_ = Secret::random();
   Advertisement a;
   a.mask_pk = mask_.public_key;
   a.self_mask_commitment = sha256(std::span<const std::uint8_t>(self_seed_.bytes()));
-  for (const auto& m : p_.members) {
-    if (m == me_) continue;
+  for (const auto& [m, index] : near_) {
     inbox_[m] = X25519KeyPair::generate();
     a.inbox_keys[m] = inbox_[m].public_key;
   }
@@ -239,18 +247,32 @@ Expected<Outbox> Client::share(const KeyList& u1) {
     return "only " + std::to_string(u1.size()) + " members advertised keys; a sum needs " +
            std::to_string(p_.min_survivors);
   }
+  const std::set<std::string> group(p_.members.begin(), p_.members.end());
   for (const auto& [name, keys] : u1) {
-    if (name == me_) continue;
-    if (auto why = check_peer(name, keys); !why.empty()) return why;
+    if (!group.count(name)) return "the key list names " + name + ", who is not in the group";
   }
-  u1_ = u1;
-  const auto n = static_cast<std::uint32_t>(p_.members.size());
-  const auto key_shares = shamir_split(mask_.secret, p_.threshold, n);
-  const auto seed_shares = shamir_split(self_seed_, p_.threshold, n);
+  // This member's neighbours that advertised keys (every other member: complete graph), and it.
+  u1_.clear();
+  std::vector<std::uint32_t> xs;
+  for (const auto& [name, index] : near_) {
+    auto it = u1.find(name);
+    if (it == u1.end()) continue;
+    if (auto why = check_peer(name, it->second); !why.empty()) return why;
+    u1_.insert(*it);
+  }
+  u1_.insert(*self);
+  for (const auto& [name, keys] : u1_) xs.push_back(name == me_ ? mine_ : near_.at(name));
+  if (xs.size() < p_.threshold) {
+    return "only " + std::to_string(xs.size()) + " of this silo's " + std::to_string(near_.size() + 1) +
+           " holders advertised keys; its secrets need " + std::to_string(p_.threshold);
+  }
+  const auto key_shares = shamir_split(mask_.secret, p_.threshold, xs);
+  const auto seed_shares = shamir_split(self_seed_, p_.threshold, xs);
   Outbox out;
-  for (const auto& [name, keys] : u1) {
-    const std::uint32_t i = p_.index_of(name) - 1;
+  std::size_t i = 0;
+  for (const auto& [name, keys] : u1_) {
     std::string a = key_shares[i].encode(), b = seed_shares[i].encode();
+    ++i;
     SignedShare sa{a, signer_.sign(share_statement(p_.session, me_, name, true, a))};
     SignedShare sb{b, signer_.sign(share_statement(p_.session, me_, name, false, b))};
     if (name == me_) {
@@ -308,7 +330,7 @@ std::string Client::settle(const Settled& s) {
     return "only " + std::to_string(members.size()) + " members remain; a sum needs " + std::to_string(p_.min_survivors);
   }
   for (const auto& m : members) {
-    if (!held_.count(m)) return "the settled list names " + m + ", whose shares this silo does not hold";
+    if (holds(m) && !held_.count(m)) return "the settled list names " + m + ", whose shares this silo does not hold";
   }
   u2_ = members;
   step_ = Step::Mask;
@@ -320,13 +342,12 @@ std::string Client::mask_impl(std::span<T> input) {
   if (step_ != Step::Mask) return "masked input out of order";
   if (input.size() != p_.length) return "input has the wrong length";
   if (sizeof(T) * 8 != p_.bits) return "input words do not match the ring";
-  const std::uint32_t mine = p_.index_of(me_);
   std::vector<MaskTerm> masks;
-  for (const auto& v : u2_) {
-    if (v == me_) continue;
+  for (const auto& [v, index] : near_) {
+    if (!std::binary_search(u2_.begin(), u2_.end(), v)) continue;
     auto seed = pair_seed(p_, mask_.secret, u1_.at(v).mask_pk, me_, v);
     if (!seed) return "member " + v + " advertised an invalid mask key";
-    masks.push_back({*seed, mine < p_.index_of(v) ? +1 : -1});
+    masks.push_back({*seed, mine_ < index ? +1 : -1});
   }
   masks.push_back({self_seed_, +1});
   add_masks(masks, input);  // one pass over the input for all of them
@@ -368,21 +389,39 @@ Expected<SealedReply> Client::unmask(const UnmaskRequest& r) {
   // Everyone this silo masked with is either a survivor or dropped, and nobody else: otherwise
   // the sum could never be unmasked, and a partial answer would only leak.
   if (sorted(all) != u2_) return std::string("the request does not account for exactly the members this silo masked with");
+  // Signatures on U3: from at least max(t, min_group) survivors; with a graph, from t of this
+  // member's own holders (its neighbours and itself), the only ones it can check without work
+  // that grows with n.
   std::size_t valid = 0;
   const std::string agreed = survivors_statement(p_.session, survivors);
   for (const auto& [who, sig] : r.signatures) {
-    if (std::binary_search(survivors.begin(), survivors.end(), who) &&
+    if (holds(who) && std::binary_search(survivors.begin(), survivors.end(), who) &&
         ca_.verify(u1_.at(who).certificate, who, kSiloRole, agreed, sig).empty()) {
       ++valid;
     }
   }
-  if (valid < p_.min_survivors) {
-    return "only " + std::to_string(valid) + " survivors signed the survivor set; " + std::to_string(p_.min_survivors) +
-           " must";
+  const std::size_t needed = p_.graph() ? p_.threshold : p_.min_survivors;
+  if (valid < needed) {
+    return "only " + std::to_string(valid) + (p_.graph() ? " of this silo's holders" : " survivors") +
+           " signed the survivor set; " + std::to_string(needed) + " must";
+  }
+  if (p_.graph()) {
+    std::map<std::string, std::uint32_t> index;
+    for (std::size_t i = 0; i < p_.members.size(); ++i) index[p_.members[i]] = static_cast<std::uint32_t>(i + 1);
+    std::vector<std::uint32_t> alive;
+    for (const auto& v : survivors) alive.push_back(index.at(v));
+    if (!graph_.connected(alive)) {
+      return std::string("the survivors fall apart into pieces of the neighbour graph; unmasking would reveal "
+                         "the sum of each piece");
+    }
   }
   UnmaskReply reply;
-  for (const auto& v : dropped) reply.mask_key_shares[v] = held_.at(v).first;
-  for (const auto& v : survivors) reply.self_mask_shares[v] = held_.at(v).second;
+  for (const auto& v : dropped) {
+    if (holds(v)) reply.mask_key_shares[v] = held_.at(v).first;
+  }
+  for (const auto& v : survivors) {
+    if (holds(v)) reply.self_mask_shares[v] = held_.at(v).second;
+  }
   std::string plain = encode(reply);
   std::string sealed = seal_to(p_.server_key, plain);
   wipe(plain);
@@ -400,8 +439,23 @@ Expected<SealedReply> Client::unmask(const UnmaskRequest& r) {
 // ---- server ---------------------------------------------------------------------------------
 
 Server::Server(Params p, CertVerifier ca, CertSigner signer, X25519KeyPair box)
-    : p_(std::move(p)), ca_(std::move(ca)), signer_(std::move(signer)), box_(std::move(box)) {
+    : p_(std::move(p)), graph_(p_.members.size(), p_.graph() ? p_.degree : 0, p_.session + "/" + p_.graph_seed),
+      ca_(std::move(ca)), signer_(std::move(signer)), box_(std::move(box)) {
   p_.server_key = box_.public_key;
+  for (std::size_t i = 0; i < p_.members.size(); ++i) index_[p_.members[i]] = static_cast<std::uint32_t>(i + 1);
+}
+
+bool Server::near(const std::string& a, const std::string& b) const {
+  auto ia = index_.find(a), ib = index_.find(b);
+  return ia != index_.end() && ib != index_.end() && graph_.adjacent(ia->second, ib->second);
+}
+
+std::vector<std::string> Server::neighbours(const std::string& silo) const {
+  std::vector<std::string> out;
+  auto it = index_.find(silo);
+  if (it == index_.end()) return out;
+  for (auto v : graph_.neighbours(it->second)) out.push_back(p_.members[v - 1]);
+  return out;
 }
 
 Server::~Server() {
@@ -418,7 +472,7 @@ void Server::blame(const std::string& silo, const std::string& why) {
 
 std::string Server::on_keys(const std::string& from, const Advertisement& a) {
   if (step_ != Step::Keys) return "keys arrived after the key list was sent";
-  if (!p_.index_of(from)) return from + " is not in this secure group";
+  if (!index_.count(from)) return from + " is not in this secure group";
   if (keys_.count(from)) return from + " advertised keys twice";
   if (auto why = ca_.verify(a.certificate, from, kSiloRole, keys_statement(p_.session, from, a), a.signature);
       !why.empty()) {
@@ -427,8 +481,7 @@ std::string Server::on_keys(const std::string& from, const Advertisement& a) {
   // Signed by the silo: whatever is wrong with them now is its own doing.
   std::size_t others = 0;
   bool usable = usable_public_key(a.mask_pk);
-  for (const auto& m : p_.members) {
-    if (m == from) continue;
+  for (const auto& m : neighbours(from)) {
     auto it = a.inbox_keys.find(m);
     if (it == a.inbox_keys.end() || !usable_public_key(it->second)) usable = false;
     ++others;
@@ -457,9 +510,11 @@ std::string Server::on_shares(const std::string& from, const Outbox& to) {
   if (!u1_.count(from)) return from + " shares keys without having advertised any";
   if (shares_.count(from)) return from + " shared keys twice";
   for (const auto& [recipient, c] : to) {
-    if (!u1_.count(recipient) || recipient == from) return from + " addressed shares to " + recipient;
+    if (!u1_.count(recipient) || !near(from, recipient)) return from + " addressed shares to " + recipient;
   }
-  if (to.size() + 1 != u1_.size()) return from + " did not share with every member of the key list";
+  std::size_t expected = 0;
+  for (const auto& v : neighbours(from)) expected += u1_.count(v);
+  if (to.size() != expected) return from + " did not share with every neighbour in the key list";
   shares_[from] = to;
   return "";
 }
@@ -474,8 +529,8 @@ Expected<std::map<std::string, Inbox>> Server::close_shares() {
   for (const auto& [sender, to] : shares_) u2_.insert(sender);
   for (const auto& recipient : u2_) {
     auto& box = out[recipient];
-    for (const auto& sender : u2_) {
-      if (sender != recipient) box[sender] = shares_.at(sender).at(recipient);
+    for (const auto& sender : neighbours(recipient)) {
+      if (u2_.count(sender)) box[sender] = shares_.at(sender).at(recipient);
     }
   }
   step_ = Step::Receipts;
@@ -484,7 +539,9 @@ Expected<std::map<std::string, Inbox>> Server::close_shares() {
 
 void Server::judge(const std::string& accuser, const Accusation& a) {
   const std::string& accused = a.accused;
-  if (!u2_.count(accused) || accused == accuser) return blame(accuser, "accused " + accused + ", who dealt it nothing");
+  if (!u2_.count(accused) || !near(accused, accuser)) {
+    return blame(accuser, "accused " + accused + ", who dealt it nothing");
+  }
   const auto& keys = keys_.at(accused);
   if (!ca_.verify(keys.certificate, accused, kSiloRole, box_statement(p_.session, accused, accuser, a.evidence.box),
                   a.evidence.signature)
@@ -547,6 +604,12 @@ Expected<std::vector<std::string>> Server::close_masked() {
     return "only " + std::to_string(u3_.size()) + " masked inputs arrived; a sum needs " +
            std::to_string(p_.min_survivors);
   }
+  std::vector<std::uint32_t> alive;
+  for (const auto& v : u3_) alive.push_back(index_.at(v));
+  if (!graph_.connected(alive)) {
+    return "the " + std::to_string(u3_.size()) +
+           " survivors fall apart into pieces of the neighbour graph; their members refuse to unmask";
+  }
   return std::vector<std::string>(u3_.begin(), u3_.end());
 }
 
@@ -586,14 +649,19 @@ std::string Server::on_unmask(const std::string& from, const std::string& sealed
   auto reply = decode_reply(*plain);
   wipe(*plain);
   if (!reply) return "the unmask answer from " + from + " is malformed";
+  // The shares it holds: of its neighbours (and its own self mask).
+  std::size_t dropped = 0, survivors = 0;
   for (const auto& v : request_->dropped) {
+    if (!near(from, v)) continue;
+    ++dropped;
     if (!reply->mask_key_shares.count(v)) return from + " left out the share of " + v + "'s mask key";
   }
   for (const auto& v : request_->survivors) {
+    if (v != from && !near(from, v)) continue;
+    ++survivors;
     if (!reply->self_mask_shares.count(v)) return from + " left out the share of " + v + "'s self mask";
   }
-  if (reply->mask_key_shares.size() != request_->dropped.size() ||
-      reply->self_mask_shares.size() != request_->survivors.size()) {
+  if (reply->mask_key_shares.size() != dropped || reply->self_mask_shares.size() != survivors) {
     return from + " answered with shares nobody asked for";
   }
   replies_[from] = std::move(*reply);
@@ -604,7 +672,7 @@ std::optional<Secret> Server::rebuild(const std::string& owner, bool mask_key, s
   std::vector<Share> shares;
   const auto& dealer = keys_.at(owner);
   for (const auto& [holder, reply] : replies_) {
-    if (excluded_.count(holder)) continue;
+    if (excluded_.count(holder) || (holder != owner && !near(holder, owner))) continue;
     const auto& s = (mask_key ? reply.mask_key_shares : reply.self_mask_shares).at(owner);
     if (!ca_.verify(dealer.certificate, owner, kSiloRole, share_statement(p_.session, owner, holder, mask_key, s.share),
                     s.signature)
@@ -613,7 +681,7 @@ std::optional<Secret> Server::rebuild(const std::string& owner, bool mask_key, s
       continue;
     }
     auto share = Share::decode(s.share);
-    if (!share || share->x != p_.index_of(holder)) {
+    if (!share || share->x != index_.at(holder)) {
       blame(owner, "signed a malformed share for " + holder);
       why = owner + " dealt a malformed share";
       return std::nullopt;
@@ -652,10 +720,11 @@ std::string Server::finish_impl(std::span<T> sum) {
       return "the mask key of " + v + " rebuilt from its signed shares does not match its public key";
     }
     for (const auto& w : request_->survivors) {
+      if (!near(v, w)) continue;  // w never masked with v
       auto seed = pair_seed(p_, *sk, keys_.at(w).mask_pk, v, w);
       if (!seed) return "member " + w + " advertised an invalid mask key";
       // w added +PRG when index(w) < index(v), -PRG otherwise: take it out.
-      masks.push_back({*seed, p_.index_of(w) < p_.index_of(v) ? -1 : +1});
+      masks.push_back({*seed, index_.at(w) < index_.at(v) ? -1 : +1});
     }
   }
   // Every survivor's self mask.

@@ -31,6 +31,17 @@
 // sets can never both collect t signatures unless a member signs twice; no sum over fewer than
 // max(t, min_group) survivors is ever revealed. Blame is provable: an accusation, a share its
 // dealer did not sign, or shares that rebuild to something their dealer's commitment refutes.
+//
+// SecAgg+ (Bell et al., CCS 2020; Params::degree > 0, crypto/secagg_graph.h): every step above
+// runs between neighbours in a k-regular graph drawn from the session and the graph seed. A
+// member advertises inbox keys for, deals to, holds shares of and masks with its k neighbours
+// only; t counts shares among a secret's k + 1 holders (its owner and its neighbours). A member
+// answers the unmask request only when t of those holders signed the same U3 and the survivors
+// form one connected piece of the graph (otherwise the sum of one piece could be told apart from
+// the rest); the server refuses such a U3 too. A member still answers once: the complete graph
+// withstands a server that asks twice (two U3 sets cannot both collect t > n / 2 signatures);
+// with k + 1 < 2t the graph does too, and below that it relies on the server asking once, as
+// DESIGN.md §2's honest-but-curious server does. plan_graph() chooses k and t.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +57,7 @@
 #include "crypto/fixed_point.h"
 #include "crypto/hash.h"
 #include "crypto/keys.h"
+#include "crypto/secagg_graph.h"
 #include "crypto/shamir.h"
 
 namespace xsilo::crypto::secagg {
@@ -67,16 +79,20 @@ inline constexpr const char* kSiloRole = "silo";
 struct Params {
   std::string session;               // binds federation, round and group
   std::vector<std::string> members;  // index of a member = position + 1
-  std::uint32_t threshold = 2;       // t
+  std::uint32_t threshold = 2;       // t (of the n members, or of each secret's k + 1 holders)
   std::uint32_t min_survivors = 2;   // the fewest silos a revealed sum may cover: max(t, min_group)
   std::uint32_t bits = 32;           // ring Z_{2^bits}: 8, 16, 32 or 64
   std::size_t length = 0;            // words in each input
   Key32 server_key{};                // unmask answers are sealed to it
+  std::uint32_t degree = 0;          // SecAgg+: k, even, below n - 1 (0: the complete graph)
+  std::string graph_seed;            // draws the graph, with the session (the round's seed)
+  bool graph() const { return degree != 0 && std::size_t{degree} + 1 < members.size(); }
   std::uint32_t index_of(const std::string& name) const;  // 0 if not a member
 };
 
 // "" or why the parameters cannot be used safely: no members, t < 2, t <= n / 2, t > n,
-// min_survivors < t or above n, bits not 8/16/32/64, an unusable server key.
+// min_survivors < t or above n, bits not 8/16/32/64, an unusable server key; with a graph, an
+// odd degree or t above k + 1 (t <= n / 2 is then allowed).
 std::string check_params(const Params& p);
 
 struct Advertisement {
@@ -185,16 +201,20 @@ class Client {
   template <class T>
   std::string mask_impl(std::span<T> input);
   std::string check_peer(const std::string& name, const Advertisement& a) const;
+  bool holds(const std::string& owner) const { return owner == me_ || near_.count(owner); }
 
   Params p_;
   std::string me_;
   CertSigner signer_;
   CertVerifier ca_;
   std::string server_certificate_, server_name_;
+  Graph graph_;
+  std::uint32_t mine_ = 0;                      // this member's index
+  std::map<std::string, std::uint32_t> near_;   // neighbour -> index (every other member: complete graph)
   X25519KeyPair mask_;
   std::map<std::string, X25519KeyPair> inbox_;  // per other member
   Secret self_seed_;
-  KeyList u1_;
+  KeyList u1_;  // this member's and its neighbours' entries of U1
   std::set<std::string> accused_;
   std::vector<std::string> u2_;  // the settled U2 (itself included)
   std::map<std::string, std::pair<SignedShare, SignedShare>> held_;  // owner -> (mask-key, self-mask) shares
@@ -250,9 +270,13 @@ class Server {
   std::string finish_impl(std::span<T> sum);
   void blame(const std::string& silo, const std::string& why);
   void judge(const std::string& accuser, const Accusation& a);
+  bool near(const std::string& a, const std::string& b) const;  // neighbours (any two members: complete graph)
+  std::vector<std::string> neighbours(const std::string& silo) const;
   std::optional<Secret> rebuild(const std::string& owner, bool mask_key, std::string& why);
 
   Params p_;
+  Graph graph_;
+  std::map<std::string, std::uint32_t> index_;  // member -> index
   CertVerifier ca_;
   CertSigner signer_;
   X25519KeyPair box_;

@@ -2,6 +2,7 @@
 
 #include <sodium.h>
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 #include <stdexcept>
@@ -80,11 +81,20 @@ std::optional<Share> Share::decode(std::string_view bytes) {
 }
 
 std::vector<Share> shamir_split(const Secret& secret, std::uint32_t t, std::uint32_t n) {
+  std::vector<std::uint32_t> xs(n);
+  for (std::uint32_t i = 0; i < n; ++i) xs[i] = i + 1;
+  return shamir_split(secret, t, xs);
+}
+
+std::vector<Share> shamir_split(const Secret& secret, std::uint32_t t, const std::vector<std::uint32_t>& xs) {
   ensure_sodium();
-  if (t < 1 || t > n) throw std::invalid_argument("Shamir needs 1 <= t <= n");
+  if (t < 1 || t > xs.size()) throw std::invalid_argument("Shamir needs 1 <= t <= n");
+  if (std::set<std::uint32_t>(xs.begin(), xs.end()).size() != xs.size() || std::count(xs.begin(), xs.end(), 0u)) {
+    throw std::invalid_argument("Shamir shares need distinct, nonzero x");
+  }
   const auto limbs = limbs_of(secret);
-  std::vector<Share> shares(n);
-  for (std::uint32_t i = 0; i < n; ++i) shares[i].x = i + 1;
+  std::vector<Share> shares(xs.size());
+  for (std::size_t i = 0; i < xs.size(); ++i) shares[i].x = xs[i];
   std::vector<std::uint64_t> coeff(t);
   for (std::size_t j = 0; j < kShamirLimbs; ++j) {
     coeff[0] = limbs[j];

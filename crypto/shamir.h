@@ -25,6 +25,9 @@ struct Share {
 
 // n shares, any t of which rebuild the secret. Throws std::invalid_argument unless 1 <= t <= n.
 std::vector<Share> shamir_split(const Secret& secret, std::uint32_t t, std::uint32_t n);
+// The shares at the given x only (distinct, nonzero): a member that deals to its neighbours in
+// a graph pays for them, not for the whole group. Throws unless 1 <= t <= xs.size().
+std::vector<Share> shamir_split(const Secret& secret, std::uint32_t t, const std::vector<std::uint32_t>& xs);
 // Lagrange interpolation at 0 from exactly the given shares (distinct x, at least t of them:
 // the caller passes t). nullopt for duplicate or zero x or a limb that overflows 56 bits.
 std::optional<Secret> shamir_combine(const std::vector<Share>& shares);

@@ -8,6 +8,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <tuple>
 
 #include "crypto/fixed_point.h"
 #include "crypto/mask.h"
@@ -266,6 +267,8 @@ struct Outcome {
   std::string phase, why;
   std::vector<std::uint64_t> sum, expected;
   std::set<std::string> blamed;
+  std::size_t expansions = 0;
+  std::vector<std::string> refusals;  // SecAgg+: why members declined to share or to unmask
 };
 
 secagg::Params make_params(std::size_t n, std::uint32_t t, std::uint32_t min_survivors, std::uint32_t bits,
@@ -286,8 +289,13 @@ std::string forged_reply(const secagg::Params& p, const std::string& me, const s
   Share s;
   s.x = p.index_of(me);
   s.y = {1, 2, 3, 4, 5};
-  for (const auto& v : r.dropped) fake.mask_key_shares[v] = {s.encode(), "forged"};
-  for (const auto& v : r.survivors) fake.self_mask_shares[v] = {s.encode(), "forged"};
+  const secagg::Graph g(p.members.size(), p.graph() ? p.degree : 0, p.session + "/" + p.graph_seed);
+  for (const auto& v : r.dropped) {
+    if (g.adjacent(s.x, p.index_of(v))) fake.mask_key_shares[v] = {s.encode(), "forged"};
+  }
+  for (const auto& v : r.survivors) {
+    if (v == me || g.adjacent(s.x, p.index_of(v))) fake.self_mask_shares[v] = {s.encode(), "forged"};
+  }
   return seal_to(p.server_key, secagg::encode(fake));
 }
 
@@ -329,6 +337,10 @@ Outcome run_protocol(secagg::Params p, const std::vector<Silo>& silos, std::mt19
   for (const auto& s : silos) {
     if (s.fate == BeforeKeys || s.fate == AfterKeys) continue;
     auto out = clients.at(s.name).share(secagg::value(keys));
+    if (p.graph() && !secagg::ok(out)) {  // too few of its holders advertised keys: it goes no further
+      o.refusals.push_back(s.name + ": " + secagg::error(out));
+      continue;
+    }
     EXPECT_TRUE(secagg::ok(out)) << secagg::error(out);
     for (const auto& v : s.garbage_to) {
       if (!secagg::value(out).count(v)) continue;  // it never advertised keys: nothing dealt to it
@@ -380,6 +392,10 @@ Outcome run_protocol(secagg::Params p, const std::vector<Silo>& silos, std::mt19
     const Silo& s = *by_name.at(name);
     if (s.fate == AfterMasking || s.fate == AfterConfirm) continue;
     auto reply = clients.at(name).unmask(secagg::value(request));
+    if (p.graph() && !secagg::ok(reply)) {  // too few of its holders confirmed: it does not answer
+      o.refusals.push_back(name + ": " + secagg::error(reply));
+      continue;
+    }
     EXPECT_TRUE(secagg::ok(reply)) << secagg::error(reply);
     const std::string sealed =
         s.behaviour == BadForwarder ? forged_reply(p, name, secagg::value(request)) : secagg::value(reply).box;
@@ -389,6 +405,7 @@ Outcome run_protocol(secagg::Params p, const std::vector<Silo>& silos, std::mt19
   collect_blame();
   if (!err.empty()) return abort("unmask", err);
   o.sum.assign(sum.begin(), sum.end());
+  o.expansions = server.expansions();
   return o;
 }
 
@@ -536,9 +553,12 @@ struct Group {
   std::unique_ptr<secagg::Server> server;
   secagg::KeyList keys;
   std::map<std::string, secagg::Inbox> inboxes;
-  explicit Group(std::size_t n, std::uint32_t t, std::size_t len = 4, std::uint32_t min_survivors = 0)
+  explicit Group(std::size_t n, std::uint32_t t, std::size_t len = 4, std::uint32_t min_survivors = 0,
+                 std::uint32_t degree = 0)
       : p(make_params(n, t, min_survivors ? min_survivors : t, 32, len)) {
     p.session = "fed/7/1";
+    p.degree = degree;
+    p.graph_seed = "round-seed";
     p.server_key = box.public_key;
     server = std::make_unique<secagg::Server>(p, test::verifier(), server_signer, box);
     for (auto& m : p.members) clients.push_back(client(m));
@@ -911,6 +931,277 @@ TEST(SecAgg, MaskedUploadsAreStatisticallyIndependentOfThePlaintext) {
     grp.clients[0].mask(std::span<std::uint32_t>(x));
     EXPECT_LT(chi_square_bytes(x), 330.0) << (zeros ? "zeros" : "update");
   }
+}
+
+// ---- SecAgg+: neighbour graphs -------------------------------------------------------------
+
+TEST(SecAggPlus, EveryMemberHasKNeighboursAndEveryPartyDrawsTheSameGraphFromTheSeed) {
+  const secagg::Graph g(50, 8, "fed/3/1/seed"), again(50, 8, "fed/3/1/seed"), other(50, 8, "fed/4/1/seed");
+  bool differs = false;
+  for (std::uint32_t a = 1; a <= 50; ++a) {
+    const auto near = g.neighbours(a);
+    ASSERT_EQ(near.size(), 8u);
+    EXPECT_EQ(near, again.neighbours(a));
+    differs = differs || near != other.neighbours(a);
+    for (std::uint32_t b = 1; b <= 50; ++b) {
+      const bool listed = std::binary_search(near.begin(), near.end(), b);
+      EXPECT_EQ(g.adjacent(a, b), listed) << a << " " << b;
+      EXPECT_EQ(g.adjacent(a, b), g.adjacent(b, a));
+    }
+    EXPECT_FALSE(g.adjacent(a, a));
+  }
+  EXPECT_TRUE(differs) << "another round's seed draws another graph";
+  // Degree 0, or too large for the group: the complete graph.
+  for (const secagg::Graph& c : {secagg::Graph(10, 0, "s"), secagg::Graph(10, 9, "s"), secagg::Graph(10, 12, "s")}) {
+    EXPECT_TRUE(c.complete());
+    EXPECT_EQ(c.neighbours(3).size(), 9u);
+  }
+}
+
+TEST(SecAggPlus, ConnectivityAgreesWithASearchOverTheEdgesAndSeesAnIsolatedMember) {
+  const secagg::Graph g(40, 4, "seed");
+  std::mt19937_64 rng(7);
+  int split = 0;
+  for (int trial = 0; trial < 500; ++trial) {
+    std::vector<std::uint32_t> alive;
+    for (std::uint32_t m = 1; m <= 40; ++m) {
+      if (rng() % 100 < 45) alive.push_back(m);  // about 55 % drop: splits happen
+    }
+    if (alive.empty()) continue;
+    // Reference: a search that only asks adjacent().
+    std::set<std::uint32_t> seen{alive.front()};
+    std::vector<std::uint32_t> todo{alive.front()};
+    while (!todo.empty()) {
+      const auto a = todo.back();
+      todo.pop_back();
+      for (auto b : alive) {
+        if (!seen.count(b) && g.adjacent(a, b)) {
+          seen.insert(b);
+          todo.push_back(b);
+        }
+      }
+    }
+    const bool reference = seen.size() == alive.size();
+    EXPECT_EQ(g.connected(alive), reference) << "trial " << trial;
+    split += !reference;
+  }
+  EXPECT_GT(split, 50) << "the trials should include split survivor sets";
+  // Everyone but member 1's neighbours: member 1 is cut off.
+  const auto near = g.neighbours(1);
+  std::vector<std::uint32_t> alive;
+  for (std::uint32_t m = 1; m <= 40; ++m) {
+    if (!std::binary_search(near.begin(), near.end(), m)) alive.push_back(m);
+  }
+  EXPECT_FALSE(g.connected(alive));
+}
+
+TEST(SecAggPlus, BinomialTailsMatchTheirExactValues) {
+  EXPECT_NEAR(secagg::binomial_tail(4, 0.5, 3), 5.0 / 16.0, 1e-12);
+  EXPECT_NEAR(secagg::binomial_tail(10, 0.3, 0), 1.0, 1e-12);
+  EXPECT_NEAR(secagg::binomial_tail(10, 0.3, 10), std::pow(0.3, 10), 1e-15);
+  EXPECT_EQ(secagg::binomial_tail(10, 0.3, 11), 0.0);
+  EXPECT_EQ(secagg::binomial_tail(10, 0.0, 1), 0.0);
+}
+
+// What one round of a planned graph comes to, drawn at random: a member drops with probability
+// `dropout`, is corrupt with probability `corrupt` (independently). The round fails when the
+// survivors split or a secret (a survivor's self mask, a dropped member's mask key) has fewer
+// than t live holders; privacy fails when an honest member has t corrupt neighbours or the
+// honest survivors split while all survivors hold together.
+struct Drawn {
+  int failed = 0, exposed = 0;
+};
+Drawn draw_rounds(std::size_t n, const secagg::GraphPlan& plan, double dropout, double corrupt, int rounds) {
+  std::mt19937_64 rng(11);
+  std::bernoulli_distribution drops(dropout), corrupts(corrupt);
+  Drawn d;
+  for (int r = 0; r < rounds; ++r) {
+    const secagg::Graph g(n, plan.degree, "round " + std::to_string(r));
+    std::vector<char> live(n + 1), bad(n + 1);
+    std::vector<std::uint32_t> alive, honest_alive;
+    for (std::uint32_t m = 1; m <= n; ++m) {
+      live[m] = !drops(rng);
+      bad[m] = corrupts(rng);
+      if (live[m]) alive.push_back(m);
+      if (live[m] && !bad[m]) honest_alive.push_back(m);
+    }
+    bool fail = !g.connected(alive), expose = false;
+    for (std::uint32_t m = 1; m <= n; ++m) {
+      std::uint32_t holders = live[m] ? 1 : 0, corrupt_near = 0;
+      for (auto v : g.neighbours(m)) {
+        holders += live[v];
+        corrupt_near += bad[v];
+      }
+      fail = fail || holders < plan.threshold;
+      expose = expose || (!bad[m] && corrupt_near >= plan.threshold);
+    }
+    expose = expose || (!fail && !g.connected(honest_alive));
+    d.failed += fail;
+    d.exposed += expose;
+  }
+  return d;
+}
+
+TEST(SecAggPlus, RoundsFailAndSecretsLeakNoMoreOftenThanThePlanBounds) {
+  // Loose bounds (2^-5, 2^-6), so that a few thousand drawn rounds can tell a wrong bound.
+  for (const auto& [n, dropout, corrupt] : {std::tuple{60, 0.3, 0.0}, std::tuple{80, 0.2, 0.1}, std::tuple{120, 0.1, 0.05}}) {
+    const auto plan = secagg::plan_graph(n, dropout, corrupt, 6, 5);
+    ASSERT_NE(plan.degree, 0u) << n;
+    ASSERT_LE(plan.p_unavailable, std::exp2(-5));
+    ASSERT_LE(plan.p_exposed, std::exp2(-6));
+    const int rounds = 4000;
+    const Drawn d = draw_rounds(n, plan, dropout, corrupt, rounds);
+    std::cout << "n = " << n << ", dropout " << dropout << ", corrupt " << corrupt << ": k = " << plan.degree
+              << ", t = " << plan.threshold << "; failed " << d.failed << ", exposed " << d.exposed << " of " << rounds
+              << " (bounds " << plan.p_unavailable * rounds << ", " << plan.p_exposed * rounds << ")\n";
+    // Three standard deviations above the bound's expectation, at least 5 rounds.
+    auto allowed = [&](double p) { return p * rounds + std::max(5.0, 3 * std::sqrt(p * rounds)); };
+    EXPECT_LE(d.failed, allowed(plan.p_unavailable));
+    EXPECT_LE(d.exposed, allowed(plan.p_exposed));
+  }
+}
+
+TEST(SecAggPlus, TheDefaultBoundsGiveAGraphThatGrowsWithLogNotN) {
+  const auto hundred = secagg::plan_graph(100, 0.3, 0.05);
+  const auto thousand = secagg::plan_graph(1000, 0.2, 0.05);
+  for (const auto& plan : {hundred, thousand}) {
+    ASSERT_NE(plan.degree, 0u);
+    EXPECT_EQ(plan.degree % 2, 0u);
+    EXPECT_LE(plan.p_unavailable, std::exp2(-20));
+    EXPECT_LE(plan.p_exposed, std::exp2(-40));
+    EXPECT_GE(plan.threshold, 2u);
+    EXPECT_LE(plan.threshold, plan.degree + 1);
+  }
+  EXPECT_LT(thousand.degree, 100u) << "k for 1,000 silos";
+  std::cout << "n = 100, 30 % dropouts, 5 % corrupt: k = " << hundred.degree << ", t = " << hundred.threshold
+            << "; n = 1000, 20 %, 5 %: k = " << thousand.degree << ", t = " << thousand.threshold << "\n";
+}
+
+TEST(SecAggPlus, ParametersAreCheckedForTheGraph) {
+  auto p = make_params(20, 3, 10, 32, 4);
+  p.server_key = X25519KeyPair::generate().public_key;
+  p.degree = 6;
+  EXPECT_EQ(secagg::check_params(p), "") << "t below half the group is allowed with a graph";
+  p.degree = 5;
+  EXPECT_NE(secagg::check_params(p).find("must be even"), std::string::npos);
+  p.degree = 6;
+  p.threshold = 8;
+  EXPECT_NE(secagg::check_params(p).find("exceeds the 7 holders"), std::string::npos);
+  p.degree = 19;  // the complete graph: t > n / 2 again
+  p.threshold = 3;
+  EXPECT_NE(secagg::check_params(p).find("not above half"), std::string::npos);
+}
+
+// Random groups with a graph, dropouts in every phase and Byzantine silos: every round ends in
+// the exact sum of the survivors' inputs or aborts with a reason, no honest silo is blamed, and
+// the server expands one mask per (dropped, surviving neighbour) pair and per survivor.
+TEST(SecAggPlus, RecoversTheExactSumUnderDropoutsAndByzantineSilos) {
+  std::mt19937_64 rng(2027);
+  int commits = 0, aborts = 0, clean_commits = 0;
+  for (int scenario = 0; scenario < 120; ++scenario) {
+    const std::size_t n = 12 + rng() % 20;
+    const std::uint32_t k = 4 + 2 * static_cast<std::uint32_t>(rng() % 3);  // 4, 6 or 8
+    const std::uint32_t t = 2 + static_cast<std::uint32_t>(rng() % (k / 2));  // at most k / 2 + 1
+    auto p = make_params(n, t, static_cast<std::uint32_t>(n / 2), 32, 1 + rng() % 8);
+    p.degree = k;
+    p.graph_seed = "scenario " + std::to_string(scenario);
+    const bool clean = scenario % 4 == 0;  // no dropouts, no Byzantine silos: must commit
+    std::vector<Silo> silos(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      silos[i].name = p.members[i];
+      if (clean) continue;
+      silos[i].fate = rng() % 8 == 0 ? static_cast<Fate>(1 + rng() % 6) : Stays;
+      if (rng() % 10 == 0) silos[i].behaviour = rng() % 2 ? Garbage : BadForwarder;
+    }
+    for (auto& s : silos) {
+      if (s.behaviour != Garbage) continue;
+      for (const auto& v : p.members) {
+        if (v != s.name && rng() % 2) s.garbage_to.insert(v);
+      }
+    }
+    const Outcome o = run_protocol<std::uint32_t>(p, silos, rng);
+    for (const auto& b : o.blamed) {
+      auto it = std::find_if(silos.begin(), silos.end(), [&](const Silo& s) { return s.name == b; });
+      ASSERT_NE(it->behaviour, Honest) << "scenario " << scenario << " blamed honest " << b;
+    }
+    if (o.aborted) {
+      ASSERT_FALSE(clean) << "scenario " << scenario << " aborted in " << o.phase << ": " << o.why;
+      ASSERT_FALSE(o.why.empty());
+      ++aborts;
+      continue;
+    }
+    ASSERT_EQ(o.sum, o.expected) << "scenario " << scenario;
+    ++commits;
+    if (clean) {
+      ++clean_commits;
+      EXPECT_EQ(o.expansions, n) << "no dropouts: only the survivors' self masks";
+    }
+  }
+  EXPECT_EQ(clean_commits, 30);
+  EXPECT_GT(commits, 60);
+  EXPECT_GT(aborts, 5);
+  std::cout << commits << " committed, " << aborts << " aborted\n";
+}
+
+TEST(SecAggPlus, TheServerUnmasksOnlyNeighbourPairsOfTheDroppedMembers) {
+  Group g(30, 4, 16, 15, 6);
+  g.settle();
+  auto sum = g.mask(27);  // s27, s28 and s29 drop after settling
+  auto u3 = secagg::value(g.server->close_masked());
+  for (const auto& m : u3) {
+    const auto i = static_cast<std::size_t>(g.p.index_of(m) - 1);
+    ASSERT_EQ(g.server->on_confirmation(m, secagg::value(g.c(i).confirm(u3)).signature), "");
+  }
+  auto request = secagg::value(g.server->close_confirmations());
+  for (const auto& m : u3) {
+    const auto i = static_cast<std::size_t>(g.p.index_of(m) - 1);
+    ASSERT_EQ(g.server->on_unmask(m, secagg::value(g.c(i).unmask(request)).box), "");
+  }
+  ASSERT_EQ(g.server->finish(std::span<std::uint32_t>(sum)), "");
+  for (auto v : sum) EXPECT_EQ(v, 27u * 28u / 2u);
+  const secagg::Graph graph(30, 6, g.p.session + "/" + g.p.graph_seed);
+  std::size_t pairs = 0;
+  for (std::uint32_t v = 28; v <= 30; ++v) {
+    for (auto w : graph.neighbours(v)) pairs += w <= 27;
+  }
+  EXPECT_EQ(g.server->expansions(), pairs + 27);
+  EXPECT_LT(g.server->expansions(), 3u * 27u + 27u) << "fewer than the complete graph's";
+}
+
+TEST(SecAggPlus, SurvivorsThatFallApartAreNeverUnmasked) {
+  // s0's neighbours all vanish after settling: s0 alone would be a piece of its own, and the sum
+  // of that piece is its input. The server does not ask, and a member asked anyway refuses.
+  Group g(20, 3, 4, 10, 4);
+  g.settle();
+  const secagg::Graph graph(20, 4, g.p.session + "/" + g.p.graph_seed);
+  const auto near = graph.neighbours(1);
+  std::vector<std::string> u3;
+  for (std::size_t i = 0; i < 20; ++i) {
+    if (std::binary_search(near.begin(), near.end(), static_cast<std::uint32_t>(i + 1))) continue;
+    std::vector<std::uint32_t> x(4, 1);
+    ASSERT_EQ(g.c(i).mask(std::span<std::uint32_t>(x)), "");
+    ASSERT_EQ(g.server->on_masked_input(g.p.members[i]), "");
+    u3.push_back(g.p.members[i]);
+  }
+  auto closed = g.server->close_masked();
+  ASSERT_FALSE(secagg::ok(closed));
+  EXPECT_NE(secagg::error(closed).find("fall apart"), std::string::npos) << secagg::error(closed);
+  // Members shown the split set with every survivor's signature on it refuse: s0 because too
+  // few of its holders signed, the others because the set falls apart.
+  std::sort(u3.begin(), u3.end());
+  std::map<std::string, std::string> sigs;
+  for (const auto& m : u3) {
+    sigs[m] = secagg::value(g.c(static_cast<std::size_t>(g.p.index_of(m) - 1)).confirm(u3)).signature;
+  }
+  std::vector<std::string> dropped;
+  for (auto v : near) dropped.push_back(g.p.members[v - 1]);
+  int apart = 0;
+  for (const auto& m : u3) {
+    auto r = g.c(static_cast<std::size_t>(g.p.index_of(m) - 1)).unmask(secagg::UnmaskRequest{dropped, u3, sigs});
+    ASSERT_FALSE(secagg::ok(r)) << m;
+    apart += secagg::error(r).find("fall apart") != std::string::npos;
+  }
+  EXPECT_GT(apart, 10) << "most survivors see that the set falls apart";
 }
 
 }  // namespace

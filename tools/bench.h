@@ -69,6 +69,9 @@ struct SecAggBenchOptions {
   std::vector<std::size_t> n{10, 50, 100};
   std::vector<std::size_t> d{1'000'000, 10'000'000};
   std::vector<double> dropouts{0.0, 0.1, 0.3};
+  std::string graph = "complete";  // complete (SecAgg), plus (SecAgg+ neighbour graphs) or both
+  double plan_dropout = 0.3;       // the dropout rate SecAgg+'s graph is chosen for
+  double corrupt = 0.05;           // the fraction of corrupt silos it is chosen for
   bool json = false;
 };
 int bench_secagg(const SecAggBenchOptions& opts);

@@ -80,6 +80,15 @@ void add_bench(CLI::App& app, int& exit_code) {
   sb->add_option("--n", so->n, "silos per group (several values)")->capture_default_str();
   sb->add_option("--d", so->d, "parameters (several values)")->capture_default_str();
   sb->add_option("--dropouts", so->dropouts, "fractions of silos that vanish after sharing keys")->capture_default_str();
+  sb->add_option("--graph", so->graph, "complete (every pair masks), plus (SecAgg+: k neighbours each) or both")
+      ->check(CLI::IsMember({"complete", "plus", "both"}))
+      ->capture_default_str();
+  sb->add_option("--plan-dropout", so->plan_dropout, "dropout rate SecAgg+'s graph is chosen for")
+      ->check(CLI::Range(0.0, 0.9))
+      ->capture_default_str();
+  sb->add_option("--corrupt", so->corrupt, "fraction of corrupt silos SecAgg+'s graph is chosen for")
+      ->check(CLI::Range(0.0, 0.5))
+      ->capture_default_str();
   sb->add_flag("--json", so->json, "one JSON object per measurement");
   sb->callback([so, &exit_code] { exit_code = bench_secagg(*so); });
 
