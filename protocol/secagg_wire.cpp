@@ -50,6 +50,8 @@ secagg::Params secagg_params(const wire::SecAggSetup& s, const std::string& fede
   p.min_survivors = s.min_survivors();
   p.bits = s.modulus_bits();
   p.length = s.vector_length();
+  p.degree = s.degree();
+  p.graph_seed = s.graph_seed();
   if (!copy_exact(s.server_key(), p.server_key)) p.server_key = {};  // check_params refuses it
   return p;
 }
@@ -70,6 +72,11 @@ std::string setup_statement(const wire::SecAggSetup& s, const std::string& feder
     std::snprintf(exact, sizeof exact, "%a", static_cast<double>(s.clip_norm()));
     crypto::append_field(out, "count_unclipped");
     crypto::append_field(out, exact);
+  }
+  if (s.degree()) {  // SecAgg+: the graph (without it, the statement is as before)
+    crypto::append_field(out, "graph");
+    crypto::append_field(out, num(s.degree()));
+    crypto::append_field(out, s.graph_seed());
   }
   return out;
 }

@@ -174,6 +174,13 @@ void parse_rounds_aggregation(const ConfigNode& root, ServerConfig& c) {
   sc.max_weight = se.number("max_weight", 1000.0, 1e-9, 1e12);
   sc.keys_deadline = std::chrono::milliseconds(static_cast<long>(se.number("keys_s", 30, 0.01, 86400) * 1000));
   sc.unmask_deadline = std::chrono::milliseconds(static_cast<long>(se.number("unmask_s", 30, 0.01, 86400) * 1000));
+  if (se.has("graph")) {
+    const auto gr = se.child("graph");
+    sc.graph = true;
+    sc.graph_dropout = gr.number("dropout", 0.3, 0.0, 0.9);
+    sc.graph_corrupt = gr.number("corrupt", 0.05, 0.0, 0.5);
+    gr.finish();
+  }
   se.finish();
 
   // The rule must be able to run on the fewest inputs a round may commit with: the silos'
@@ -410,6 +417,7 @@ nlohmann::json to_json(const ServerConfig& c) {
   if (!c.port_file.empty()) j["port_file"] = abs_path(c.port_file);
   if (c.metrics.listen) j["metrics"] = transport::to_json(c.metrics);
   if (protocol::compressed(c.compression)) j["compression"] = protocol::to_json(c.compression);
+  if (sc.graph) j["secure"]["graph"] = {{"dropout", sc.graph_dropout}, {"corrupt", sc.graph_corrupt}};
   if (const auto& ac = c.aggregation.adaptive_clip; ac.on()) {
     j["aggregation"]["adaptive_clip"] = {{"quantile", ac.quantile}, {"lr", ac.lr}, {"initial", ac.initial}, {"min", ac.min}};
   }

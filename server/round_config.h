@@ -65,6 +65,11 @@ struct SecureConfig {
   double max_weight = 1000.0;
   std::chrono::milliseconds keys_deadline{30000};    // each of the key, share and receipt phases
   std::chrono::milliseconds unmask_deadline{30000};  // each of the confirmation and unmask phases
+  // SecAgg+ neighbour graphs, chosen per group for these rates (crypto/secagg_graph.h); off:
+  // every member masks with every other.
+  bool graph = false;
+  double graph_dropout = 0.3;  // the fraction of a group expected to drop out in a round
+  double graph_corrupt = 0.05; // the fraction of silos that may collude with the server
   bool on() const { return mode != SecureMode::Off; }
   crypto::FixedPointParams codec() const { return {bits, fraction_bits, clip_norm, max_weight}; }
 };

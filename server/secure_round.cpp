@@ -57,6 +57,16 @@ SecureRound::SecureRound(const SecureConfig& cfg, const std::optional<crypto::Ce
     const auto n = groups[k].size();
     s.set_threshold(group_threshold(cfg_, n));
     s.set_min_survivors(group_min_survivors(cfg_, n));
+    if (cfg_.graph) {
+      // SecAgg+ where a graph smaller than the complete one meets the bounds for this group.
+      const auto plan = secagg::plan_graph(n, cfg_.graph_dropout, cfg_.graph_corrupt);
+      if (plan.degree) {
+        s.set_degree(plan.degree);
+        s.set_graph_seed(std::to_string(permutation_seed_) + "/" + std::to_string(id));
+        s.set_threshold(plan.threshold);
+        s.set_min_survivors(std::max(plan.threshold, static_cast<std::uint32_t>(cfg_.min_group)));
+      }
+    }
     s.set_modulus_bits(cfg_.bits);
     s.set_fraction_bits(cfg_.fraction_bits);
     s.set_vector_length((kept_.empty() ? d_ : kept_.size()) + 1 + (count_unclipped ? 1 : 0));
@@ -396,6 +406,7 @@ nlohmann::json SecureRound::describe() const {
                       {"members", std::vector<std::string>(g.setup.members().begin(), g.setup.members().end())},
                       {"threshold", g.setup.threshold()},
                       {"min_survivors", g.setup.min_survivors()},
+                      {"degree", g.setup.degree() ? g.setup.degree() : g.setup.members_size() - 1},
                       {"advertised_keys", s.u1().size()},
                       {"shared_keys", s.u2().size()},
                       {"settled", s.settled().size()},
@@ -408,13 +419,15 @@ nlohmann::json SecureRound::describe() const {
     }
     if (!g.failed.empty()) groups.back()["failed"] = g.failed;
   }
-  return {{"mode", name(cfg_.mode)},
-          {"permutation_seed", permutation_seed_},
-          {"modulus_bits", cfg_.bits},
-          {"fraction_bits", cfg_.fraction_bits},
-          {"clip_norm", cfg_.clip_norm},
-          {"max_weight", cfg_.max_weight},
-          {"groups", groups}};
+  nlohmann::json out = {{"mode", name(cfg_.mode)},
+                        {"permutation_seed", permutation_seed_},
+                        {"modulus_bits", cfg_.bits},
+                        {"fraction_bits", cfg_.fraction_bits},
+                        {"clip_norm", cfg_.clip_norm},
+                        {"max_weight", cfg_.max_weight},
+                        {"groups", groups}};
+  if (cfg_.graph) out["graph"] = {{"dropout", cfg_.graph_dropout}, {"corrupt", cfg_.graph_corrupt}};
+  return out;
 }
 
 }  // namespace xsilo::server

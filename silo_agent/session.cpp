@@ -267,8 +267,10 @@ void Session::start_secure(const wire::SecAggSetup& setup) {
   auto out = env();
   *out.mutable_secagg_keys() = protocol::to_wire(crypto::secagg::value(keys));
   send(std::move(out));
-  spdlog::info("round {}: secure group {} of {} silos (threshold {}, sums of at least {}); keys advertised", round_,
-               setup.group(), setup.members_size(), setup.threshold(), setup.min_survivors());
+  spdlog::info("round {}: secure group {} of {} silos ({} neighbours each, threshold {}, sums of at least {}); keys advertised",
+               round_, setup.group(), setup.members_size(),
+               setup.degree() ? setup.degree() : static_cast<std::uint32_t>(setup.members_size() - 1), setup.threshold(),
+               setup.min_survivors());
   silent_ = hook_.after_sent(SecureStep::KeysSent, round_);
 }
 

@@ -85,6 +85,17 @@ std::vector<Case> cases() {
     s["faults"] = {fault("hospital-02", "kill", 2, "after_keys"), fault("hospital-05", "kill", 2, "after_shares")};
     out.push_back({"GlobalSecureEdgesDropouts", s, 1e-4, 3});
   }
+  {  // SecAgg+: one group of 16 on a neighbour graph (k below 15) through two edges, a silo lost
+     // after keys and one after shares: the survivors' self masks and the lost silo's mask key
+     // come back from neighbours' shares only.
+    json s = base_sim(16, 3);
+    s["edges"] = 2;
+    s["selection"] = {{"min_silos", 14}, {"min_updates", 12}};
+    s["secure"] = secure("global");
+    s["secure"]["graph"] = {{"dropout", 0.1}, {"corrupt", 0.0}};
+    s["faults"] = {fault("hospital-03", "kill", 2, "after_keys"), fault("hospital-11", "kill", 2, "after_shares")};
+    out.push_back({"SecAggPlusGraphEdgesDropouts", s, 1e-4, 3});
+  }
   {  // Several secure groups per edge (the first-contact scenario), no faults.
     json s = base_sim(12, 3);
     s["edges"] = 2;
@@ -350,6 +361,16 @@ TEST_P(Combinations, EveryRoundEqualsTheReferenceOfTheSilosItsRecordNames) {
   }
   const auto want_rounds = c.sim["rounds"].get<std::size_t>();
   ASSERT_EQ(rounds.size(), want_rounds) << sim_log;
+  if (c.sim.contains("secure") && c.sim["secure"].contains("graph")) {
+    std::size_t graphs = 0;
+    for (const auto& r : rounds) {
+      for (const auto& g : r["secure"]["groups"]) {
+        EXPECT_LT(g["degree"].get<std::size_t>() + 1, g["members"].size()) << "a complete graph: " << g.dump();
+        ++graphs;
+      }
+    }
+    EXPECT_GE(graphs, want_rounds) << "every round's record names its group's graph";
+  }
 
   // Each silo's own trainer, in this process and alone (no local workers; crashes are sim hooks).
   const auto scfg = server::load_server_config(out / "configs" / "server.json");

@@ -174,6 +174,18 @@ TEST(Config, ASixteenBitRingIsAcceptedOnlyWhenTheGroupsSumCannotOverflowIt) {
   }
 }
 
+// secure.graph (SecAgg+): the rates it is planned for, each within its range, and nothing else.
+TEST(Config, ASecAggPlusGraphIsPlannedForStatedDropoutAndCorruptionRates) {
+  const SixSiloServer load;
+  EXPECT_EQ(load(R"(, "secure": {"mode": "global", "graph": {"dropout": 0.2, "corrupt": 0.05}})"), "");
+  EXPECT_EQ(load(R"(, "secure": {"mode": "grouped", "graph": {}})"), "");  // the defaults
+  EXPECT_NE(load(R"(, "secure": {"mode": "global", "graph": {"dropout": 0.95}})").find(".secure.graph.dropout"),
+            std::string::npos);
+  EXPECT_NE(load(R"(, "secure": {"mode": "global", "graph": {"corrupt": 0.6}})").find(".secure.graph.corrupt"),
+            std::string::npos);
+  EXPECT_NE(load(R"(, "secure": {"mode": "global", "graph": {"degree": 4}})").find("degree"), std::string::npos);
+}
+
 TEST(Config, SecureAggregationSettingsAreChecked) {
   const SixSiloServer load;
   EXPECT_EQ(load(R"(, "secure": {"mode": "global"})"), "");

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <set>
 
+#include "protocol/secagg_wire.h"
 #include "server/aggregator.h"
 #include "server/secure_groups.h"
 #include "server/secure_round.h"
@@ -92,6 +93,32 @@ TEST(SecureGroups, AGroupSmallerThanMinGroupFailsBeforeKeys) {
   EXPECT_EQ(enough.setup(1).min_survivors(), 4u);
   EXPECT_EQ(enough.setup(1).threshold(), 3u);
   EXPECT_THROW(SecureRound(cfg, std::nullopt, ca, "fed", 1, 1, silos(4), 10), std::invalid_argument);
+}
+
+// secure.graph: each group gets SecAgg+'s plan for its size (signed into its setup, so a relay
+// cannot change it), or the complete graph where no smaller one meets the bounds.
+TEST(SecureGroups, AGraphIsPlannedForEachGroupLargeEnoughToHaveOne) {
+  SecureConfig cfg;
+  cfg.mode = SecureMode::Global;
+  cfg.graph = true;
+  cfg.graph_dropout = 0.1;
+  cfg.graph_corrupt = 0.0;
+  const std::optional<crypto::CertSigner> signer = test::signer(wire::SERVER, "server");
+  const std::optional<crypto::CertVerifier> ca = test::verifier();
+  SecureRound big(cfg, signer, ca, "fed", 3, 9, silos(40), 10);
+  const auto plan = crypto::secagg::plan_graph(40, 0.1, 0.0);
+  ASSERT_NE(plan.degree, 0u);
+  EXPECT_EQ(big.setup(1).degree(), plan.degree);
+  EXPECT_EQ(big.setup(1).threshold(), plan.threshold);
+  EXPECT_FALSE(big.setup(1).graph_seed().empty());
+  EXPECT_TRUE(big.take_dropped().empty()) << "the plan's parameters pass the members' checks";
+  const auto params = protocol::secagg_params(big.setup(1), "fed", 3);
+  EXPECT_TRUE(params.graph());
+  auto tampered = big.setup(1);
+  tampered.set_degree(plan.degree + 2);
+  EXPECT_NE(protocol::setup_statement(tampered, "fed", 3), protocol::setup_statement(big.setup(1), "fed", 3));
+  SecureRound small(cfg, signer, ca, "fed", 3, 9, silos(5), 10);
+  EXPECT_EQ(small.setup(1).degree(), 0u) << "five silos: the complete graph";
 }
 
 }  // namespace
