@@ -190,6 +190,7 @@ TEST(Relay, CarriesASilosLeavingUpAndTheAnswerBackInOrder) {
   Harness h;
   h.two_silos_in_round_one();
   h.to("s1");
+  h.to("s2");
   h.up();
   wire::Envelope leave;
   leave.set_round(1);
