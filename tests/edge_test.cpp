@@ -82,7 +82,8 @@ TEST(Edges, AnEdgeKilledMidRoundDropsItsSilosWhoFailOverAndComeBack) {
 // asking the server first (Leaving). No round after the kill's loses a silo to the move, and
 // at the end edge-01 carries its three silos again.
 TEST(Edges, SilosMoveBackToARestartedEdgeWithoutDroppingOutOfARound) {
-  SimConfig cfg = small_config(6, 30);
+  constexpr std::uint64_t kRounds = 300;  // rounds of tens of milliseconds: the move falls between two of them
+  SimConfig cfg = small_config(6, kRounds);
   cfg.edges = 2;
   cfg.selection = {{"min_silos", 3}, {"min_updates", 3}};
   cfg.deadlines = {{"join_s", 5}, {"train_s", 30}, {"upload_s", 30}};
@@ -100,7 +101,7 @@ TEST(Edges, SilosMoveBackToARestartedEdgeWithoutDroppingOutOfARound) {
   ASSERT_TRUE(code) << fed.logs();
   ASSERT_EQ(*code, 0) << fed.logs();
   const auto rounds = fed.rounds();
-  ASSERT_EQ(rounds.size(), 30u) << fed.logs();
+  ASSERT_EQ(rounds.size(), kRounds) << fed.logs();
   ASSERT_LT(back_after + 5, rounds.size()) << "the federation ended too soon after the restart to see the move";
   for (std::size_t r = killed_after + 1; r < rounds.size(); ++r) {  // round r + 1: after the kill's round
     EXPECT_EQ(rounds[r]["status"], "committed") << rounds[r].dump();
