@@ -198,6 +198,13 @@ void Session::on_round_start(const wire::Envelope& e) {
   in_round_ = true;
   training_ = false;
   round_ = rs.round();
+  if (leave_granted_) {
+    // Selected after the upstream agreed to select this silo no more: the server that agreed
+    // has restarted since and forgotten. Ask the one there now, and go when it answers.
+    spdlog::info("round {}: selected after leave was granted (the server restarted?); asking again", round_);
+    leave_granted_ = leave_requested_ = false;
+    request_leave();
+  }
   plan_ = rs.plan();
   compression_ = rs.compression();
   model_sha_ = rs.model_sha256();

@@ -364,10 +364,25 @@ TEST(Session, LeavesOnlyOnceAnsweredAndInNoRound) {
   EXPECT_TRUE(h.session().may_leave());
   EXPECT_FALSE(h.last(wire::Envelope::kError));
 
+  // Selected again after the answer: the server restarted and forgot (the edge between stayed
+  // up). The silo takes part in the round, asks again, and stays until that is answered.
+  h.deliver(h.round_start(2, m));
+  h.send_model(2, m);
+  EXPECT_FALSE(h.session().may_leave());
+  asked = 0;
+  for (const auto& e : h.sent) asked += e.has_leaving();
+  EXPECT_EQ(asked, 2);
+  h.deliver_in(2, answer);
+  h.run_jobs();
+  h.grant(2);
+  h.deliver_in(2, [](wire::Envelope& e) { e.mutable_round_end()->set_committed(true); });
+  EXPECT_TRUE(h.session().may_leave());
+  EXPECT_FALSE(h.last(wire::Envelope::kError));
+
   h.session().on_disconnected();
   h.session().on_connected("silo-a", "127.0.0.1:7444", "edge-1", "edge edge-1");
   EXPECT_FALSE(h.session().may_leave());
-  h.deliver_in(2, answer);
+  h.deliver_in(3, answer);
   ASSERT_TRUE(h.last(wire::Envelope::kError));
   EXPECT_EQ(h.last(wire::Envelope::kError)->error().code(), wire::UNEXPECTED);
   EXPECT_FALSE(h.session().may_leave());
