@@ -76,6 +76,7 @@ void Relay::on_server_message(const wire::Envelope& e) {
     case B::kSecaggShareDelivery:
     case B::kSecaggSurvivors:
     case B::kSecaggUnmaskRequest:
+    case B::kLeaving:
       if (!e.silo().empty()) to_silo(e.silo(), e);  // the edge only carries them
       break;
     case B::kTensorChunk:
@@ -226,8 +227,9 @@ void Relay::on_silo_message(const std::string& silo, const wire::Envelope& e) {
     case B::kSecaggShares:
     case B::kSecaggReceipt:
     case B::kSecaggConfirmation:
-    case B::kSecaggUnmaskShares: {
-      wire::Envelope relay = e;  // signed or sealed protocol messages pass through unread
+    case B::kSecaggUnmaskShares:
+    case B::kLeaving: {
+      wire::Envelope relay = e;  // signed or sealed protocol messages, and Leaving, pass through unread
       relay.set_silo(silo);
       to_server(std::move(relay));
       break;

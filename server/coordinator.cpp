@@ -106,9 +106,9 @@ void Coordinator::on_timer(Timer timer, std::int64_t now_ms) {
     case Timer::Join:
       join_elapsed_ = true;
       if (phase_ == Phase::Joining) {
-        if (membership_.connected() < cfg_.selection.min_silos) {
+        if (membership_.selectable() < cfg_.selection.min_silos) {
           spdlog::warn("round {}: {} of the {} silos needed are connected; waiting", round_,
-                       membership_.connected(), cfg_.selection.min_silos);
+                       membership_.selectable(), cfg_.selection.min_silos);
         }
         try_start_round(now_ms);
       }
@@ -164,7 +164,7 @@ void Coordinator::on_timer(Timer timer, std::int64_t now_ms) {
 
 void Coordinator::try_start_round(std::int64_t now_ms) {
   if (phase_ != Phase::Joining || job_ != JobKind::None || paused_) return;
-  if (membership_.connected() < cfg_.selection.min_silos) return;
+  if (membership_.selectable() < cfg_.selection.min_silos) return;
   // Only silos never seen are worth the join wait: one that was connected and has left joins
   // the next round when it comes back, and does not hold this one back.
   if (membership_.all_accounted_for(cfg_.expected_silos) || join_elapsed_) start_round(now_ms);
@@ -172,7 +172,10 @@ void Coordinator::try_start_round(std::int64_t now_ms) {
 
 void Coordinator::start_round(std::int64_t now_ms) {
   actions_.push_back(action::CancelTimer{Timer::Join});
-  std::vector<std::pair<std::string, SessionId>> candidates(membership_.routes().begin(), membership_.routes().end());
+  std::vector<std::pair<std::string, SessionId>> candidates;
+  for (const auto& route : membership_.routes()) {
+    if (!membership_.leaving(route.first)) candidates.push_back(route);  // moving to another upstream
+  }
   std::mt19937_64 rng(cfg_.seed ^ (round_ * 0x9e3779b97f4a7c15ull));
   std::shuffle(candidates.begin(), candidates.end(), rng);
   const auto& sel = cfg_.selection;

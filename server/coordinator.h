@@ -191,6 +191,7 @@ class Coordinator {
   void silo_joined(const std::string& silo, SessionId link, std::int64_t now_ms);
   void silo_gone(const std::string& silo, SessionId link, const std::string& why, std::int64_t now_ms);
   void on_edge_message(SessionId id, const wire::Envelope& env, std::int64_t now_ms);
+  void on_leaving(const std::string& silo, SessionId via);
   void on_region_status(SessionId id, const wire::RegionStatus& status, std::int64_t now_ms);
   // A fresh join nonce for an edge session, sent to it: every proof made for the old one is
   // void. On connect, and whenever a silo leaves the edge's region (so that the edge cannot

@@ -155,6 +155,7 @@ void Coordinator::on_message(SessionId id, const wire::Envelope& e, std::int64_t
     if (auto m = member_of(id)) member_failed(*m, e, now_ms);
     return;
   }
+  if (body == B::kLeaving) return on_leaving(peer->name, id);
   const bool secure_body = proto::is_secagg_from_silo(body);
   if (body != B::kUpdateReady && body != B::kTensorChunk && body != B::kUpdateEnd && !secure_body) {
     send_error(id, wire::UNEXPECTED, "a silo may not send " + proto::body_name(e));
@@ -190,6 +191,7 @@ void Coordinator::on_edge_message(SessionId id, const wire::Envelope& e, std::in
   }
   if (body == B::kRegionStatus) return on_region_status(id, e.region_status(), now_ms);
   if (!e.silo().empty()) {
+    if (body == B::kLeaving) return on_leaving(e.silo(), id);
     // Relayed from one of its silos: UpdateReady and the secure protocol (its uploads go into
     // the region's sum).
     const auto m = member_named(e.silo());
@@ -224,6 +226,26 @@ void Coordinator::on_edge_message(SessionId id, const wire::Envelope& e, std::in
     case B::kUpdateEnd: on_region_end(id, e, now_ms); break;
     default: send_error(id, wire::UNEXPECTED, "an edge may not send " + proto::body_name(e));
   }
+}
+
+// A silo moving to its preferred upstream asks to leave this route between rounds: no later
+// round selects it here (until it has a new route), and the answer goes after every RoundStart
+// sent to it, so that it leaves only when no round holds it. An edge can ask this only for a
+// silo it carries, which it could drop anyway.
+void Coordinator::on_leaving(const std::string& silo, SessionId via) {
+  auto reply = env();
+  if (membership_.is_edge(via)) reply.set_silo(silo);
+  if (membership_.route_of(silo) != via) {
+    reply.mutable_error()->set_code(wire::UNEXPECTED);
+    reply.mutable_error()->set_message("Leaving from " + proto::printable(silo, 64) +
+                                       ", which is not connected through this link");
+    send(via, std::move(reply));
+    return;
+  }
+  membership_.set_leaving(silo);
+  spdlog::info("silo {} is moving to another upstream: no round after {} selects it here", silo, round_);
+  reply.mutable_leaving();
+  send(via, std::move(reply));
 }
 
 void Coordinator::on_region_status(SessionId id, const wire::RegionStatus& status, std::int64_t now_ms) {

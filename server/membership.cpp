@@ -10,6 +10,7 @@ std::vector<std::string> Membership::remove_session(SessionId id) {
   for (auto r = routes_.begin(); r != routes_.end();) {
     if (r->second == id) {
       gone.push_back(r->first);
+      leaving_.erase(r->first);
       r = routes_.erase(r);
     } else {
       ++r;
@@ -32,6 +33,7 @@ std::optional<SessionId> Membership::route(const std::string& silo, SessionId vi
   std::optional<SessionId> before;
   if (auto it = routes_.find(silo); it != routes_.end() && it->second != via) before = it->second;
   routes_[silo] = via;
+  leaving_.erase(silo);
   seen_.insert(silo);
   return before;
 }
@@ -40,6 +42,7 @@ bool Membership::unroute(const std::string& silo, SessionId via) {
   auto it = routes_.find(silo);
   if (it == routes_.end() || it->second != via) return false;
   routes_.erase(it);
+  leaving_.erase(silo);
   return true;
 }
 

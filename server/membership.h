@@ -44,6 +44,13 @@ class Membership {
   std::optional<SessionId> route_of(const std::string& silo) const;
   const std::map<std::string, SessionId>& routes() const { return routes_; }
   std::size_t connected() const { return routes_.size(); }
+  // `silo` asked to leave its route between rounds (Leaving): no round selects it until it has
+  // a new route. `selectable()` counts the connected silos that have not asked.
+  void set_leaving(const std::string& silo) {
+    if (routes_.count(silo)) leaving_.insert(silo);
+  }
+  bool leaving(const std::string& silo) const { return leaving_.count(silo) > 0; }
+  std::size_t selectable() const { return routes_.size() - leaving_.size(); }
 
   // An edge's RegionStatus: the silos that left it and those newly announced, in order.
   struct RegionChange {
@@ -63,6 +70,7 @@ class Membership {
   std::map<SessionId, Peer> sessions_;
   std::map<std::string, SessionId> routes_;  // silo -> its session or its edge's
   std::set<std::string> seen_;               // silos connected at some time since start
+  std::set<std::string> leaving_;            // a subset of routes_' silos
 };
 
 }  // namespace xsilo::server

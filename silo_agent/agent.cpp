@@ -1,8 +1,12 @@
 // The agent daemon: a TLS connection to the upstream around the sans-I/O Session.
 #include "silo_agent/agent.h"
 
+#include <algorithm>
+#include <chrono>
+
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <spdlog/spdlog.h>
 
 #include "common/fs.h"
@@ -41,6 +45,8 @@ SessionConfig session_config(const AgentConfig& cfg) {
   if (!cfg.state_dir.empty()) s.residual_file = cfg.state_dir / "error_feedback.safetensors";
   return s;
 }
+
+constexpr std::chrono::seconds kLeaveUnanswered{30};
 
 class Agent {
  public:
@@ -91,7 +97,7 @@ class Agent {
         count(e);
         session_.on_message(e);
         apply();
-        if (switching_ && !session_.in_round()) return false;  // between rounds: to the preferred upstream
+        if (switching_ && may_leave()) return false;  // to the preferred upstream
         return !session_.finished();
       };
       co_await transport::serve_channel(ch, handle);
@@ -104,13 +110,25 @@ class Agent {
       if (session_.finished() || rt_.stopping()) co_return;
       if (switching_) spdlog::info("the preferred upstream {} is back; moving to it", cfg_.upstreams[0].str());
       else spdlog::warn("lost the connection to {}; trying the upstreams in order", at.str());
-      switching_ = false;
+      switching_ = leave_unanswered_ = false;
+      leave_timer_.cancel();
     };
     std::function<bool()> done = [this] { return session_.finished() || rt_.stopping(); };
     std::function<void()> preferred_back = [this] {
-      // Leave now when idle, else right after this round ends.
+      // Ask to be selected for no more rounds here, and go once that is answered and no round
+      // holds this silo: leaving right after a round would drop it from the next one, which the
+      // server may have started with it already. An upstream that never answers (an edge that
+      // drops the request) is left when the silo is idle after kLeaveUnanswered, or three probe
+      // intervals if longer.
       switching_ = true;
-      if (channel_ && !session_.in_round()) channel_->close();
+      session_.request_leave();
+      apply();
+      leave_timer_.expires_after(std::max<std::chrono::steady_clock::duration>(kLeaveUnanswered, 3 * cfg_.failover_probe));
+      leave_timer_.async_wait([this](const boost::system::error_code& ec) {
+        if (ec || !switching_) return;
+        leave_unanswered_ = true;
+        if (channel_ && may_leave()) channel_->close();
+      });
     };
     co_await upstream_.run(session, done, preferred_back);
     stop(upstream_.exhausted() ? 1 : 0);
@@ -119,6 +137,7 @@ class Agent {
   void apply() {
     for (auto& a : session_.take_actions()) std::visit([this](auto& x) { run(x); }, a);
   }
+  bool may_leave() const { return session_.may_leave() || (leave_unanswered_ && !session_.in_round()); }
   void run(action::Send& a) {
     if (a.env.has_error() && a.env.error().code() == wire::TRAINING_FAILED) metrics_.add("xsilo_trainer_failures_total");
     if (channel_) channel_->send(std::move(a.env));
@@ -186,7 +205,9 @@ class Agent {
   Session session_;
   transport::Upstream upstream_;
   std::shared_ptr<Channel> channel_;
-  bool switching_ = false;
+  bool switching_ = false;          // to the preferred upstream, which is back
+  bool leave_unanswered_ = false;   // the request to leave went unanswered for a probe interval
+  boost::asio::steady_timer leave_timer_{rt_.io()};
   MetricRegistry metrics_;
   std::unique_ptr<transport::MetricsEndpoint> metrics_endpoint_;
   std::uint64_t bytes_in_ = 0, bytes_out_ = 0;  // of connections already closed

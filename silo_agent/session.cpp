@@ -67,10 +67,12 @@ void Session::on_connected(const std::string& identity, const std::string& upstr
   upstream_name_ = upstream_name;
   upstream_identity_ = upstream_identity;
   connected_ = true;
+  leave_requested_ = leave_granted_ = false;
 }
 
 void Session::on_disconnected() {
   connected_ = false;
+  leave_requested_ = leave_granted_ = false;
   ++generation_;  // whatever was in flight belongs to a connection that is gone
   *live_generation_ = generation_;
   pending_.reset();
@@ -124,9 +126,26 @@ void Session::on_message(const wire::Envelope& e) {
       finished_ = true;
       actions_.push_back(action::Finished{});
       break;
+    case B::kLeaving:
+      if (!leave_requested_) {
+        reply_error(wire::UNEXPECTED, "Leaving, but this silo did not ask to leave");
+        break;
+      }
+      leave_granted_ = true;
+      spdlog::info("{} selects this silo for no more rounds; leaving {}", upstream_identity_,
+                   in_round_ ? "when round " + std::to_string(round_) + " ends" : "now");
+      break;
     case B::kError: spdlog::warn("{} reports: {}", upstream_identity_, e.error().message()); break;
     default: reply_error(wire::UNEXPECTED, "a silo does not expect " + proto::body_name(e));
   }
+}
+
+void Session::request_leave() {
+  if (!connected_ || leave_requested_ || finished_) return;
+  leave_requested_ = true;
+  auto e = env();
+  e.mutable_leaving();
+  send(std::move(e));
 }
 
 // An edge asks this silo to sign its join (protocol/join.h), for the edge named in the
@@ -179,6 +198,13 @@ void Session::on_round_start(const wire::Envelope& e) {
   in_round_ = true;
   training_ = false;
   round_ = rs.round();
+  if (leave_granted_) {
+    // Selected after the upstream agreed to select this silo no more: the server that agreed
+    // has restarted since and forgotten. Ask the one there now, and go when it answers.
+    spdlog::info("round {}: selected after leave was granted (the server restarted?); asking again", round_);
+    leave_granted_ = leave_requested_ = false;
+    request_leave();
+  }
   plan_ = rs.plan();
   compression_ = rs.compression();
   model_sha_ = rs.model_sha256();

@@ -136,6 +136,12 @@ class Session {
   void on_message(const wire::Envelope& e);
   void on_job_done(std::uint64_t id, SessionJobResult result);
 
+  // The preferred upstream is back: ask this one to select the silo for no more rounds
+  // (wire Leaving). Once it has answered, any round that selected the silo has started.
+  void request_leave();
+  // Answered, and in no round: the silo can leave without dropping out of anything.
+  bool may_leave() const { return leave_granted_ && !in_round_; }
+
   std::vector<Action> take_actions() { return std::exchange(actions_, {}); }
   bool in_round() const { return in_round_; }
   bool finished() const { return finished_; }
@@ -172,6 +178,7 @@ class Session {
   std::vector<Action> actions_;
   std::string name_, upstream_, upstream_name_, upstream_identity_;
   bool connected_ = false, finished_ = false, silent_ = false;
+  bool leave_requested_ = false, leave_granted_ = false;  // on this connection
 
   // The round in progress. `generation_` moves on with every round and connection: a job's
   // result for an older generation is dropped.

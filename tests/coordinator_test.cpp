@@ -346,6 +346,70 @@ TEST(Coordinator, ASiloThatLeftDoesNotMakeLaterRoundsWaitForTheJoinDeadline) {
   EXPECT_EQ(h.coord().members().size(), 3u);
 }
 
+// Failback without a dropout: a silo moving to its preferred upstream asks to leave. It finishes
+// the round it is in, is answered after that round's RoundStart, and no later round selects it
+// on this connection; connected again, it is selected again.
+TEST(Coordinator, ASiloAskingToLeaveFinishesItsRoundAndNoLaterRoundSelectsIt) {
+  Harness h(3);
+  h.connect_all(3);
+  ASSERT_EQ(h.coord().phase(), Phase::Collecting);
+  ASSERT_EQ(h.coord().members().size(), 3u);
+  wire::Envelope leave;
+  leave.set_round(h.coord().round());
+  leave.mutable_leaving();
+  h.deliver(2, leave);
+  const auto& in = h.inbox[h.session(2)];
+  ASSERT_FALSE(in.empty());
+  EXPECT_TRUE(in.back().has_leaving());
+  EXPECT_TRUE(h.last(2, wire::Envelope::kRoundStart));  // its round started before the answer
+  for (std::size_t i = 0; i < 3; ++i) h.ready(i, 10);
+  h.serve({{0, {constant(1), 10}}, {1, {constant(3), 10}}, {2, {constant(5), 10}}});
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  EXPECT_EQ(h.store.commits[0].record["participants"].size(), 3u);  // it finished its round
+  ASSERT_EQ(h.coord().round(), 2u);
+  ASSERT_EQ(h.coord().phase(), Phase::Collecting);
+  ASSERT_EQ(h.coord().members().size(), 2u);
+  for (const auto& m : h.coord().members()) EXPECT_NE(m.silo, name(2));
+  int starts = 0;
+  for (const auto& m : h.inbox[h.session(2)]) starts += m.has_round_start();
+  EXPECT_EQ(starts, 1);
+  h.disconnect(2);  // it moves: round 2 goes on without a dropout
+  h.connect(2);
+  h.ready(0, 10);
+  h.ready(1, 10);
+  h.serve({{0, {constant(1), 10}}, {1, {constant(3), 10}}});
+  ASSERT_EQ(h.store.commits.size(), 2u);
+  EXPECT_EQ(h.store.commits[1].record["status"], "committed");
+  EXPECT_EQ(h.coord().round(), 3u);
+  EXPECT_EQ(h.coord().members().size(), 3u);  // on its new connection it is selected again
+}
+
+// Through an edge: the edge relays a silo's Leaving and the answer (named by Envelope.silo).
+// An edge cannot ask it for a silo it does not carry: that one gets an error and stays.
+TEST(Coordinator, AnEdgeRelaysLeavingOnlyForItsOwnSilos) {
+  Harness h(3);
+  h.connect(0);
+  h.edge_connect(900, "edge-1");
+  h.region(900, {2});
+  ASSERT_EQ(h.coord().phase(), Phase::Joining);  // silo 1 is not here yet
+  wire::Envelope leave;
+  leave.set_round(h.coord().round());
+  leave.set_silo(name(0));  // connected directly, not through this edge
+  leave.mutable_leaving();
+  h.from_edge(900, leave);
+  ASSERT_FALSE(h.inbox[900].empty());
+  EXPECT_TRUE(h.inbox[900].back().has_error());
+  EXPECT_EQ(h.inbox[900].back().silo(), name(0));
+  leave.set_silo(name(2));
+  h.from_edge(900, leave);
+  EXPECT_TRUE(h.inbox[900].back().has_leaving());
+  EXPECT_EQ(h.inbox[900].back().silo(), name(2));
+  h.connect(1);  // every silo accounted for: the round starts, without silo 2
+  ASSERT_EQ(h.coord().phase(), Phase::Collecting);
+  ASSERT_EQ(h.coord().members().size(), 2u);
+  for (const auto& m : h.coord().members()) EXPECT_NE(m.silo, name(2));
+}
+
 // An edge's word does not replace a silo's own live connection: an edge announcing a silo that
 // is connected directly does not take it over (its sessions and messages stay the silo's);
 // when the direct connection ends, the edge carries it (a silo moving to its preferred edge).

@@ -77,6 +77,41 @@ TEST(Edges, AnEdgeKilledMidRoundDropsItsSilosWhoFailOverAndComeBack) {
   for (const auto& p : rounds[3]["participants"]) EXPECT_NE(p.value("edge", ""), "edge-01");
 }
 
+// Failback without a dropout. edge-01 is killed after round 1, and its three silos carry on
+// through their backup (edge-02); it comes back, and they move back to it between rounds, each
+// asking the server first (Leaving). No round after the kill's loses a silo to the move, and
+// at the end edge-01 carries its three silos again.
+TEST(Edges, SilosMoveBackToARestartedEdgeWithoutDroppingOutOfARound) {
+  constexpr std::uint64_t kRounds = 300;  // rounds of tens of milliseconds: the move falls between two of them
+  SimConfig cfg = small_config(6, kRounds);
+  cfg.edges = 2;
+  cfg.selection = {{"min_silos", 3}, {"min_updates", 3}};
+  cfg.deadlines = {{"join_s", 5}, {"train_s", 30}, {"upload_s", 30}};
+  Fed fed(cfg);
+  fed.start_server();
+  fed.start_edges();
+  fed.start_agents();
+  ASSERT_TRUE(wait_until([&] { return metrics_rows(fed.files.state) >= 1; }, 60s)) << fed.logs();
+  fed.edges[0]->signal(SIGKILL);
+  const std::size_t killed_after = metrics_rows(fed.files.state);
+  ASSERT_TRUE(wait_until([&] { return metrics_rows(fed.files.state) >= killed_after + 3; }, 60s)) << fed.logs();
+  fed.restart_edge(0);
+  const std::size_t back_after = metrics_rows(fed.files.state);
+  auto code = fed.server->wait(120s);
+  ASSERT_TRUE(code) << fed.logs();
+  ASSERT_EQ(*code, 0) << fed.logs();
+  const auto rounds = fed.rounds();
+  ASSERT_EQ(rounds.size(), kRounds) << fed.logs();
+  ASSERT_LT(back_after + 5, rounds.size()) << "the federation ended too soon after the restart to see the move";
+  for (std::size_t r = killed_after + 1; r < rounds.size(); ++r) {  // round r + 1: after the kill's round
+    EXPECT_EQ(rounds[r]["status"], "committed") << rounds[r].dump();
+    EXPECT_TRUE(rounds[r]["dropouts"].empty()) << rounds[r].dump();
+  }
+  int via_edge_01 = 0;
+  for (const auto& p : rounds.back()["participants"]) via_edge_01 += p.value("edge", "") == "edge-01";
+  EXPECT_EQ(via_edge_01, 3) << rounds.back().dump() << fed.logs();
+}
+
 // An edge that connects before any of its silos announces an empty region and stays
 // connected: no refused envelope, no reconnect loop. Its silos then join and rounds commit.
 TEST(Edges, AnEdgeWithAnEmptyRegionStaysConnected) {

@@ -44,13 +44,19 @@ struct Fed {
     port = wait_for_port(*server, files);
   }
   void start_edges() {
-    for (std::size_t e = 0; e < files.edges.size(); ++e) {
-      std::filesystem::remove(files.out / (files.edges[e] + ".port"));  // the port it binds now, not an old one
-      edges.push_back(std::make_unique<Process>(
-          std::vector<std::string>{test::xsilo_bin(), "edge", "--config", edge_config_path(files, e).string()},
-          files.logs / (files.edges[e] + ".log")));
-    }
+    for (std::size_t e = 0; e < files.edges.size(); ++e) edges.push_back(edge_process(e, files.edges[e] + ".log"));
     for (std::size_t e = 0; e < files.edges.size(); ++e) wait_for_edge(*edges[e], files, e);
+  }
+  // Edge e again, after the test killed it: its config and port, a log of its own.
+  void restart_edge(std::size_t e) {
+    edges[e] = edge_process(e, files.edges[e] + "-restarted.log");
+    wait_for_edge(*edges[e], files, e);
+  }
+  std::unique_ptr<Process> edge_process(std::size_t e, const std::string& log) {
+    std::filesystem::remove(files.out / (files.edges[e] + ".port"));  // the port it binds now, not an old one
+    return std::make_unique<Process>(
+        std::vector<std::string>{test::xsilo_bin(), "edge", "--config", edge_config_path(files, e).string()},
+        files.logs / log);
   }
   void start_agents() {
     for (std::size_t i = 0; i < cfg.silos; ++i) {

@@ -184,6 +184,32 @@ std::vector<float> floats(const std::vector<std::uint8_t>& b) {
   return v;
 }
 
+// Failback: a silo's Leaving goes up named by Envelope.silo, and the server's answer goes to
+// that silo only, after the RoundStart the server sent it before.
+TEST(Relay, CarriesASilosLeavingUpAndTheAnswerBackInOrder) {
+  Harness h;
+  h.two_silos_in_round_one();
+  h.to("s1");
+  h.to("s2");
+  h.up();
+  wire::Envelope leave;
+  leave.set_round(1);
+  leave.mutable_leaving();
+  h.from_silo("s1", leave);
+  const auto up = h.up();
+  ASSERT_EQ(up.size(), 1u);
+  EXPECT_TRUE(up[0].has_leaving());
+  EXPECT_EQ(up[0].silo(), "s1");
+  h.round_start(2, "s1");
+  leave.set_silo("s1");
+  h.from_server(leave);
+  const auto in = h.to("s1");
+  ASSERT_EQ(in.size(), 2u);
+  EXPECT_TRUE(in[0].has_round_start());
+  EXPECT_TRUE(in[1].has_leaving());
+  EXPECT_TRUE(h.to("s2").empty());
+}
+
 // Found by fuzzing (fuzz/corpus/relay): a RoundStart whose layout claims 48 GiB made the edge
 // allocate it and die. Layouts are checked first; the edge answers with an error and goes on.
 TEST(Relay, ARoundStartWithAnImpossibleLayoutIsRefusedBeforeAnythingIsAllocated) {

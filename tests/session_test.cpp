@@ -148,6 +148,10 @@ class Harness {
   void grant(std::uint64_t round) {
     deliver_in(round, [](wire::Envelope& e) { e.mutable_upload_grant(); });
   }
+  void request_leave() {
+    session_.request_leave();
+    take();
+  }
   const wire::Envelope* last(wire::Envelope::BodyCase body) const {
     for (auto it = sent.rbegin(); it != sent.rend(); ++it) {
       if (it->body_case() == body) return &*it;
@@ -333,6 +337,55 @@ TEST(Session, AnUpdateIsUploadedOnceHoweverManyGrantsArrive) {
   EXPECT_EQ(h.streams.size(), 1u);
   EXPECT_EQ(h.records.size(), 1u);
   EXPECT_EQ(h.last(wire::Envelope::kError)->error().code(), wire::UNEXPECTED);
+}
+
+// Failback: the silo asks its upstream to leave (once per connection) and may go only once
+// answered and in no round. An answer it did not ask for is an error; a new connection starts
+// afresh.
+TEST(Session, LeavesOnlyOnceAnsweredAndInNoRound) {
+  Harness h;
+  const Model m = model();
+  h.deliver(h.round_start(1, m));
+  h.send_model(1, m);
+  h.request_leave();
+  h.request_leave();
+  int asked = 0;
+  for (const auto& e : h.sent) asked += e.has_leaving();
+  EXPECT_EQ(asked, 1);
+  EXPECT_FALSE(h.session().may_leave());  // not answered
+  const auto answer = [](wire::Envelope& e) { e.mutable_leaving(); };
+  h.deliver_in(1, answer);
+  EXPECT_FALSE(h.session().may_leave());  // round 1 holds it
+  h.run_jobs();
+  h.grant(1);
+  ASSERT_TRUE(h.last(wire::Envelope::kUpdateEnd));  // it finishes its round
+  EXPECT_FALSE(h.session().may_leave());
+  h.deliver_in(1, [](wire::Envelope& e) { e.mutable_round_end()->set_committed(true); });
+  EXPECT_TRUE(h.session().may_leave());
+  EXPECT_FALSE(h.last(wire::Envelope::kError));
+
+  // Selected again after the answer: the server restarted and forgot (the edge between stayed
+  // up). The silo takes part in the round, asks again, and stays until that is answered.
+  h.deliver(h.round_start(2, m));
+  h.send_model(2, m);
+  EXPECT_FALSE(h.session().may_leave());
+  asked = 0;
+  for (const auto& e : h.sent) asked += e.has_leaving();
+  EXPECT_EQ(asked, 2);
+  h.deliver_in(2, answer);
+  h.run_jobs();
+  h.grant(2);
+  h.deliver_in(2, [](wire::Envelope& e) { e.mutable_round_end()->set_committed(true); });
+  EXPECT_TRUE(h.session().may_leave());
+  EXPECT_FALSE(h.last(wire::Envelope::kError));
+
+  h.session().on_disconnected();
+  h.session().on_connected("silo-a", "127.0.0.1:7444", "edge-1", "edge edge-1");
+  EXPECT_FALSE(h.session().may_leave());
+  h.deliver_in(3, answer);
+  ASSERT_TRUE(h.last(wire::Envelope::kError));
+  EXPECT_EQ(h.last(wire::Envelope::kError)->error().code(), wire::UNEXPECTED);
+  EXPECT_FALSE(h.session().may_leave());
 }
 
 TEST(Session, ARoundStartWithABadLayoutIsRefused) {
