@@ -360,10 +360,17 @@ std::string Client::mask(std::span<std::uint16_t> input) { return mask_impl(inpu
 std::string Client::mask(std::span<std::uint32_t> input) { return mask_impl(input); }
 std::string Client::mask(std::span<std::uint64_t> input) { return mask_impl(input); }
 
-Expected<Confirmation> Client::confirm(const std::vector<std::string>& survivors) {
+Expected<Confirmation> Client::confirm(const std::vector<std::string>& survivors, const std::string& server_signature) {
   const auto u3 = sorted(survivors);
   if (confirmed_ && *confirmed_ != u3) return std::string("asked to confirm a second, different survivor set; refusing");
   if (!confirmed_ && step_ != Step::Confirm) return std::string("survivor confirmation out of order");
+  if (!server_signature.empty() || p_.graph()) {
+    if (auto why = ca_.verify(server_certificate_, server_name_, "server", survivors_statement(p_.session, u3),
+                              server_signature);
+        !why.empty()) {
+      return "the survivor set is not signed by the server (" + why + ")";
+    }
+  }
   if (!std::binary_search(u3.begin(), u3.end(), me_)) return std::string("this silo is not among the survivors");
   if (u3.size() < p_.min_survivors) {
     return "only " + std::to_string(u3.size()) + " survivors; a sum needs " + std::to_string(p_.min_survivors);
@@ -610,7 +617,9 @@ Expected<std::vector<std::string>> Server::close_masked() {
     return "the " + std::to_string(u3_.size()) +
            " survivors fall apart into pieces of the neighbour graph; their members refuse to unmask";
   }
-  return std::vector<std::string>(u3_.begin(), u3_.end());
+  std::vector<std::string> u3(u3_.begin(), u3_.end());
+  u3_signature_ = signer_.sign(survivors_statement(p_.session, u3));
+  return u3;
 }
 
 std::string Server::on_confirmation(const std::string& from, const std::string& signature) {
@@ -719,8 +728,8 @@ std::string Server::finish_impl(std::span<T> sum) {
       blame(v, "dealt shares (signed by it) that rebuild to a mask key other than the one it advertised");
       return "the mask key of " + v + " rebuilt from its signed shares does not match its public key";
     }
-    for (const auto& w : request_->survivors) {
-      if (!near(v, w)) continue;  // w never masked with v
+    for (const auto& w : neighbours(v)) {
+      if (!u3_.count(w)) continue;  // only survivors masked with v and are in the sum
       auto seed = pair_seed(p_, *sk, keys_.at(w).mask_pk, v, w);
       if (!seed) return "member " + w + " advertised an invalid mask key";
       // w added +PRG when index(w) < index(v), -PRG otherwise: take it out.

@@ -187,8 +187,11 @@ class Client {
   std::string mask(std::span<std::uint16_t> input);
   std::string mask(std::span<std::uint32_t> input);
   std::string mask(std::span<std::uint64_t> input);
-  // Signs U3, once: a second, different set is refused.
-  Expected<Confirmation> confirm(const std::vector<std::string>& survivors);
+  // Signs U3, once: a second, different set is refused. `server_signature` is the server's on
+  // U3: checked when given, and required with a graph, where a member counts only its own
+  // holders' confirmations (a relay showing two sets to two sides of a member could otherwise
+  // collect t confirmations for each).
+  Expected<Confirmation> confirm(const std::vector<std::string>& survivors, const std::string& server_signature = "");
   // Answers once, sealed to the server; refuses any request that would reveal both shares of
   // one member, that names another U3 than the one confirmed, or that lacks enough signatures.
   Expected<SealedReply> unmask(const UnmaskRequest& request);
@@ -245,6 +248,7 @@ class Server {
   // The caller received a complete masked input from `from` and added it to its sum.
   std::string on_masked_input(const std::string& from);
   Expected<std::vector<std::string>> close_masked();  // U3, to be confirmed; fails below min_survivors
+  const std::string& survivors_signature() const { return u3_signature_; }  // the server's, on U3
   std::string on_confirmation(const std::string& from, const std::string& signature);
   Expected<UnmaskRequest> close_confirmations();  // fails below min_survivors signatures
   std::string on_unmask(const std::string& from, const std::string& sealed_reply);
@@ -286,6 +290,7 @@ class Server {
   std::map<std::string, std::string> confirmations_;
   std::map<std::string, UnmaskReply> replies_;
   std::optional<UnmaskRequest> request_;
+  std::string u3_signature_;
   std::set<std::string> excluded_;
   std::vector<Blame> blamed_;
   enum class Step { Keys, Shares, Receipts, Masked, Confirm, Unmask, Done } step_ = Step::Keys;

@@ -308,6 +308,7 @@ void SecureRound::begin_unmask() {
     }
     auto e = env();
     for (const auto& v : secagg::value(u3)) e.mutable_secagg_survivors()->add_survivors(v);
+    e.mutable_secagg_survivors()->set_server_signature(g.server->survivors_signature());
     g.survivors = e;
     g.waiting.clear();
     for (const auto& v : secagg::value(u3)) {

@@ -344,7 +344,7 @@ void Session::on_settled(const wire::Envelope& e) {
 void Session::on_survivors(const wire::Envelope& e) {
   if (!secure_ || e.round() != round_) return;
   const auto& s = e.secagg_survivors().survivors();
-  auto c = secure_->confirm({s.begin(), s.end()});
+  auto c = secure_->confirm({s.begin(), s.end()}, e.secagg_survivors().server_signature());
   if (!crypto::secagg::ok(c)) return secure_failed("survivors", crypto::secagg::error(c));
   auto out = env();
   out.mutable_secagg_confirmation()->set_signature(crypto::secagg::value(c).signature);

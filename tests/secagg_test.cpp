@@ -382,7 +382,7 @@ Outcome run_protocol(secagg::Params p, const std::vector<Silo>& silos, std::mt19
   if (!secagg::ok(u3)) return abort("masked", secagg::error(u3));
   for (const auto& name : secagg::value(u3)) {
     if (by_name.at(name)->fate == AfterMasking) continue;
-    auto c = clients.at(name).confirm(secagg::value(u3));
+    auto c = clients.at(name).confirm(secagg::value(u3), server.survivors_signature());
     EXPECT_TRUE(secagg::ok(c));
     EXPECT_EQ(server.on_confirmation(name, secagg::value(c).signature), "");
   }
@@ -1150,7 +1150,7 @@ TEST(SecAggPlus, TheServerUnmasksOnlyNeighbourPairsOfTheDroppedMembers) {
   auto u3 = secagg::value(g.server->close_masked());
   for (const auto& m : u3) {
     const auto i = static_cast<std::size_t>(g.p.index_of(m) - 1);
-    ASSERT_EQ(g.server->on_confirmation(m, secagg::value(g.c(i).confirm(u3)).signature), "");
+    ASSERT_EQ(g.server->on_confirmation(m, secagg::value(g.c(i).confirm(u3, g.server->survivors_signature())).signature), "");
   }
   auto request = secagg::value(g.server->close_confirmations());
   for (const auto& m : u3) {
@@ -1189,9 +1189,10 @@ TEST(SecAggPlus, SurvivorsThatFallApartAreNeverUnmasked) {
   // Members shown the split set with every survivor's signature on it refuse: s0 because too
   // few of its holders signed, the others because the set falls apart.
   std::sort(u3.begin(), u3.end());
+  const std::string signed_by_server = g.server_signer.sign(secagg::survivors_statement(g.p.session, u3));
   std::map<std::string, std::string> sigs;
   for (const auto& m : u3) {
-    sigs[m] = secagg::value(g.c(static_cast<std::size_t>(g.p.index_of(m) - 1)).confirm(u3)).signature;
+    sigs[m] = secagg::value(g.c(static_cast<std::size_t>(g.p.index_of(m) - 1)).confirm(u3, signed_by_server)).signature;
   }
   std::vector<std::string> dropped;
   for (auto v : near) dropped.push_back(g.p.members[v - 1]);
@@ -1202,6 +1203,28 @@ TEST(SecAggPlus, SurvivorsThatFallApartAreNeverUnmasked) {
     apart += secagg::error(r).find("fall apart") != std::string::npos;
   }
   EXPECT_GT(apart, 10) << "most survivors see that the set falls apart";
+}
+
+// In a graph a member counts only its own holders' confirmations, so a relay that showed the
+// members on one side of v a survivor set without v, and the rest the true one, could collect
+// enough confirmations for both and have v's two secrets revealed. The server signs the one set
+// it names; a member of a graph confirms nothing else.
+TEST(SecAggPlus, ASurvivorSetTheServerDidNotSignIsNotConfirmed) {
+  Group g(20, 3, 4, 10, 4);
+  g.settle();
+  auto sum = g.mask(20);
+  auto u3 = secagg::value(g.server->close_masked());
+  const std::string& real = g.server->survivors_signature();
+  std::vector<std::string> without_v(u3.begin() + 1, u3.end());
+  for (const std::string& sig : {real, std::string()}) {
+    auto r = g.c(1).confirm(without_v, sig);
+    ASSERT_FALSE(secagg::ok(r));
+    EXPECT_NE(secagg::error(r).find("not signed by the server"), std::string::npos) << secagg::error(r);
+  }
+  EXPECT_FALSE(secagg::ok(g.c(1).confirm(u3, "")));
+  auto ok = g.c(1).confirm(u3, real);
+  EXPECT_TRUE(secagg::ok(ok)) << secagg::error(ok);
+  (void)sum;
 }
 
 }  // namespace

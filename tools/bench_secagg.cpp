@@ -167,7 +167,7 @@ Row run(std::size_t n, std::size_t d, double drop, double rate, const BenchPki& 
   }
   auto u3 = crypto::secagg::value(server.close_masked());
   for (std::size_t i = 0; i + dropped < n; ++i) {
-    server.on_confirmation(p.members[i], crypto::secagg::value(clients[i]->confirm(u3)).signature);
+    server.on_confirmation(p.members[i], crypto::secagg::value(clients[i]->confirm(u3, server.survivors_signature())).signature);
   }
   auto request = crypto::secagg::value(server.close_confirmations());
   for (std::size_t i = 0; i + dropped < n; ++i) {
