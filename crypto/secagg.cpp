@@ -195,6 +195,9 @@ Client::Client(Params p, std::string me, CertSigner signer, CertVerifier ca, std
       server_certificate_(std::move(server_certificate)), server_name_(std::move(server_name)),
       graph_(p_.members.size(), p_.graph() ? p_.degree : 0, p_.session + "/" + p_.graph_seed), mine_(p_.index_of(me_)) {
   for (auto v : graph_.neighbours(mine_)) near_[p_.members[v - 1]] = v;
+  if (p_.graph()) {
+    for (std::size_t i = 0; i < p_.members.size(); ++i) index_[p_.members[i]] = static_cast<std::uint32_t>(i + 1);
+  }
 }
 
 Client::~Client() {
@@ -413,10 +416,8 @@ Expected<SealedReply> Client::unmask(const UnmaskRequest& r) {
            " signed the survivor set; " + std::to_string(needed) + " must";
   }
   if (p_.graph()) {
-    std::map<std::string, std::uint32_t> index;
-    for (std::size_t i = 0; i < p_.members.size(); ++i) index[p_.members[i]] = static_cast<std::uint32_t>(i + 1);
     std::vector<std::uint32_t> alive;
-    for (const auto& v : survivors) alive.push_back(index.at(v));
+    for (const auto& v : survivors) alive.push_back(index_.at(v));
     if (!graph_.connected(alive)) {
       return std::string("the survivors fall apart into pieces of the neighbour graph; unmasking would reveal "
                          "the sum of each piece");
@@ -658,17 +659,23 @@ std::string Server::on_unmask(const std::string& from, const std::string& sealed
   auto reply = decode_reply(*plain);
   wipe(*plain);
   if (!reply) return "the unmask answer from " + from + " is malformed";
-  // The shares it holds: of its neighbours (and its own self mask).
+  // The shares it holds: of its neighbours (and its own self mask), as the request names them
+  // (both lists sorted: they come from a set).
+  auto named = [](const std::vector<std::string>& list, const std::string& v) {
+    return std::binary_search(list.begin(), list.end(), v);
+  };
+  auto holds = neighbours(from);
+  holds.push_back(from);
   std::size_t dropped = 0, survivors = 0;
-  for (const auto& v : request_->dropped) {
-    if (!near(from, v)) continue;
-    ++dropped;
-    if (!reply->mask_key_shares.count(v)) return from + " left out the share of " + v + "'s mask key";
-  }
-  for (const auto& v : request_->survivors) {
-    if (v != from && !near(from, v)) continue;
-    ++survivors;
-    if (!reply->self_mask_shares.count(v)) return from + " left out the share of " + v + "'s self mask";
+  for (const auto& v : holds) {
+    if (v != from && named(request_->dropped, v)) {
+      ++dropped;
+      if (!reply->mask_key_shares.count(v)) return from + " left out the share of " + v + "'s mask key";
+    }
+    if (named(request_->survivors, v)) {
+      ++survivors;
+      if (!reply->self_mask_shares.count(v)) return from + " left out the share of " + v + "'s self mask";
+    }
   }
   if (reply->mask_key_shares.size() != dropped || reply->self_mask_shares.size() != survivors) {
     return from + " answered with shares nobody asked for";

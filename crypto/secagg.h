@@ -214,6 +214,7 @@ class Client {
   Graph graph_;
   std::uint32_t mine_ = 0;                      // this member's index
   std::map<std::string, std::uint32_t> near_;   // neighbour -> index (every other member: complete graph)
+  std::map<std::string, std::uint32_t> index_;  // graph: member -> index (for the survivors' connectivity)
   X25519KeyPair mask_;
   std::map<std::string, X25519KeyPair> inbox_;  // per other member
   Secret self_seed_;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fnmatch.h>
 #include <functional>
 #include <limits>
 #include <random>
@@ -277,6 +278,14 @@ wire::Compression::Scheme scheme_of_name(std::string_view name) {
 }
 
 std::string check_compression(const wire::Compression& c) {
+  if (c.dense_size() > static_cast<int>(kMaxDensePatterns)) {
+    return "at most " + std::to_string(kMaxDensePatterns) + " dense patterns, not " + std::to_string(c.dense_size());
+  }
+  for (const auto& p : c.dense()) {
+    if (p.empty() || p.size() > kMaxDensePattern || p.find('\0') != std::string::npos) {
+      return "a dense pattern must be 1.." + std::to_string(kMaxDensePattern) + " characters without NUL";
+    }
+  }
   switch (c.scheme()) {
     case Compression::NONE: return "";
     case Compression::QUANTIZE:
@@ -324,6 +333,7 @@ nlohmann::json to_json(const wire::Compression& c) {
   }
   j["error_feedback"] = c.error_feedback();
   if (c.seed()) j["seed"] = c.seed();
+  if (c.dense_size()) j["dense"] = std::vector<std::string>(c.dense().begin(), c.dense().end());
   return j;
 }
 
@@ -333,6 +343,29 @@ std::size_t kept_count(const wire::Compression& c, std::size_t d) {
   const double p = c.fraction() * static_cast<double>(d);
   const double k = std::ceil(p - 1e-9);
   return std::clamp<std::size_t>(static_cast<std::size_t>(std::max(k, 1.0)), 1, d);
+}
+
+const std::vector<std::string>& default_dense_patterns() {
+  static const std::vector<std::string> p = {"*running_mean", "*running_var", "*num_batches_tracked", "*moving_mean",
+                                             "*moving_variance"};
+  return p;
+}
+
+std::vector<bool> dense_tensors(const wire::Compression& c, const std::vector<TensorInfo>& layout) {
+  std::vector<bool> dense(layout.size(), false);
+  if (!compressed(c)) return dense;
+  for (std::size_t i = 0; i < layout.size(); ++i) {
+    for (const auto& p : c.dense()) {
+      if (fnmatch(p.c_str(), layout[i].name.c_str(), 0) == 0) dense[i] = true;
+    }
+  }
+  return dense;
+}
+
+std::size_t compressible(const std::vector<TensorInfo>& layout, const std::vector<bool>& dense) {
+  std::size_t d = 0;
+  for (std::size_t i = 0; i < layout.size(); ++i) d += dense[i] ? 0 : layout[i].size();
+  return d;
 }
 
 std::vector<std::uint64_t> random_k_set(std::uint64_t seed, std::size_t d, std::size_t k) {
@@ -532,35 +565,75 @@ std::span<float> with_residual(std::span<float> update, std::span<float> residua
   return residual;
 }
 
-// The k coordinates of v largest in magnitude (ties: the earliest), sorted.
-std::vector<std::uint64_t> top_k_set(std::span<const float> v, std::size_t k) {
-  std::vector<std::uint64_t> set;
-  if (k == 0) return set;
-  std::vector<float> mag(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) mag[i] = std::fabs(v[i]);
-  std::nth_element(mag.begin(), mag.begin() + static_cast<std::ptrdiff_t>(k - 1), mag.end(), std::greater<float>());
-  const float thr = mag[k - 1];
-  std::size_t above = 0;
-  for (float x : v) above += std::fabs(x) > thr;
-  std::size_t ties = k - std::min(k, above);
-  set.reserve(k);
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    const float a = std::fabs(v[i]);
-    if (a > thr || (a == thr && ties > 0 && ties--)) set.push_back(i);
+// The coordinates a sparsifier chooses among: those of the tensors that do not travel dense, as
+// sorted, disjoint [begin, end) ranges of the whole vector (adjacent tensors merged).
+using Ranges = std::vector<std::pair<std::uint64_t, std::uint64_t>>;
+
+Ranges compressible_ranges(const std::vector<TensorInfo>& layout, const std::vector<bool>& dense) {
+  Ranges r;
+  for (std::size_t i = 0; i < layout.size(); ++i) {
+    const auto& t = layout[i];
+    if (dense[i] || t.size() == 0) continue;
+    if (!r.empty() && r.back().second == t.offset) {
+      r.back().second += t.size();
+    } else {
+      r.emplace_back(t.offset, t.offset + t.size());
+    }
+  }
+  return r;
+}
+
+std::size_t length(const Ranges& parts) {
+  std::size_t n = 0;
+  for (const auto& [b, e] : parts) n += e - b;
+  return n;
+}
+
+// `set`, sorted coordinates of the concatenation of `parts`, as coordinates of the whole vector.
+std::vector<std::uint64_t> to_flat(std::vector<std::uint64_t> set, const Ranges& parts) {
+  std::size_t j = 0, base = 0;
+  for (const auto& [b, e] : parts) {
+    for (; j < set.size() && set[j] < base + (e - b); ++j) set[j] = b + (set[j] - base);
+    base += e - b;
   }
   return set;
 }
 
-// Keeps `set` of v: `update` becomes zero but there, where it holds v (scaled, for random-k
-// without error feedback: each kept coordinate stands for its stratum); with error feedback
-// `residual` (which is v) loses what is sent. Returns the values sent. `v` may be `update`
-// itself: the values are gathered before the update is cleared.
-std::vector<float> keep(const wire::Compression& c, std::span<const float> v, const std::vector<std::uint64_t>& set,
-                        std::span<float> update, std::span<float> residual) {
-  const std::size_t d = update.size(), k = set.size();
-  const bool scaled = c.scheme() == Compression::RANDOM_K && !c.error_feedback();
+// The k coordinates of v within `parts` largest in magnitude (ties: the earliest), sorted.
+std::vector<std::uint64_t> top_k_set(std::span<const float> v, std::size_t k, const Ranges& parts) {
+  std::vector<std::uint64_t> set;
+  if (k == 0) return set;
+  std::vector<float> mag;
+  mag.reserve(length(parts));
+  for (const auto& [b, e] : parts) {
+    for (std::size_t i = b; i < e; ++i) mag.push_back(std::fabs(v[i]));
+  }
+  std::nth_element(mag.begin(), mag.begin() + static_cast<std::ptrdiff_t>(k - 1), mag.end(), std::greater<float>());
+  const float thr = mag[k - 1];
+  std::size_t above = 0;
+  for (float x : mag) above += x > thr;
+  std::size_t ties = k - std::min(k, above);
+  set.reserve(k);
+  for (const auto& [b, e] : parts) {
+    for (std::size_t i = b; i < e; ++i) {
+      const float a = std::fabs(v[i]);
+      if (a > thr || (a == thr && ties > 0 && ties--)) set.push_back(i);
+    }
+  }
+  return set;
+}
+
+// Keeps `set` of v: `update` becomes zero but there, where it holds v (scaled when `strata` is
+// not 0, for random-k without error feedback: the j-th kept coordinate stands for the j-th of
+// `set.size()` strata of `strata` coordinates); with error feedback `residual` (which is v)
+// loses what is sent. Returns the values sent. `v` may be `update` itself: the values are
+// gathered before the update is cleared.
+std::vector<float> keep(std::span<const float> v, const std::vector<std::uint64_t>& set, std::span<float> update,
+                        std::span<float> residual, std::size_t strata_of = 0) {
+  const std::size_t k = set.size();
+  const bool scaled = strata_of != 0;
   std::vector<float> vals(k);
-  Strata strata(d, std::max<std::size_t>(k, 1));
+  Strata strata(std::max<std::size_t>(strata_of, 1), std::max<std::size_t>(k, 1));
   // One pass: each kept value read (v in increasing order), the zeros before it and it written.
   std::size_t filled = 0;
   for (std::size_t j = 0; j < k; ++j) {
@@ -633,15 +706,21 @@ EncodedUpdate compress_update(const wire::Compression& c, std::span<float> updat
                               const std::vector<TensorInfo>& layout, std::size_t chunk_elems, std::uint64_t seed) {
   if (!c.error_feedback()) residual = {};
   if (c.scheme() == Compression::POWER_SGD) seed = c.seed();  // the round's start, shared by the silos
-  const std::size_t d = update.size();
+  const auto dense = dense_tensors(c, layout);
   std::span<float> v = with_residual(update, residual);
   std::vector<float> scratch;
   std::vector<std::uint64_t> set;
   std::vector<float> vals;
+  std::vector<float> held;  // sparse: the dense tensors' values, which keep() clears from the update
   if (sparse(c)) {
-    const auto k = kept_count(c, d);
-    set = c.scheme() == Compression::TOP_K ? top_k_set(v, k) : random_k_set(seed, d, k);
-    vals = keep(c, v, set, update, residual);
+    const auto parts = compressible_ranges(layout, dense);
+    const std::size_t d = length(parts), k = kept_count(c, d);
+    set = c.scheme() == Compression::TOP_K ? top_k_set(v, k, parts) : to_flat(random_k_set(seed, d, k), parts);
+    for (std::size_t i = 0; i < layout.size(); ++i) {
+      if (dense[i]) held.insert(held.end(), v.begin() + layout[i].offset, v.begin() + layout[i].offset + layout[i].size());
+    }
+    const bool scaled = c.scheme() == Compression::RANDOM_K && !c.error_feedback();
+    vals = keep(v, set, update, residual, scaled ? d : 0);
   } else if (v.data() == update.data()) {
     scratch.assign(update.begin(), update.end());  // the codec reads v and writes the update apart
     v = scratch;
@@ -653,7 +732,30 @@ EncodedUpdate compress_update(const wire::Compression& c, std::span<float> updat
   chunk_elems = std::clamp<std::size_t>(chunk_elems, 1, kMaxChunkCount);
   std::uint64_t chunk_seed = seed;
   std::size_t next = 0;  // sparse: the first kept coordinate not yet in a chunk
-  for (const auto& t : layout) {
+  std::size_t from_held = 0;
+  for (std::size_t ti = 0; ti < layout.size(); ++ti) {
+    const auto& t = layout[ti];
+    if (dense[ti]) {  // float32 as it is (the update holds v there), no residual left
+      auto dec = update.subspan(t.offset, t.size());
+      if (sparse(c)) {
+        std::copy_n(held.begin() + static_cast<std::ptrdiff_t>(from_held), t.size(), dec.begin());
+        from_held += t.size();
+        if (!residual.empty()) std::fill_n(residual.begin() + static_cast<std::ptrdiff_t>(t.offset), t.size(), 0.0f);
+      } else {
+        const auto src = v.subspan(t.offset, t.size());
+        std::copy(src.begin(), src.end(), dec.begin());  // the residual loses it below
+      }
+      for (std::size_t off = 0; off < t.size(); off += chunk_elems) {
+        const std::size_t n = std::min(chunk_elems, t.size() - off);
+        auto ch = chunk_of(c, t, off, n);
+        ch.set_encoding(Compression::NONE);
+        ch.clear_count();
+        ch.set_data(std::string(reinterpret_cast<const char*>(dec.data() + off), 4 * n));
+        out.bytes += ch.data().size();
+        out.chunks.push_back(std::move(ch));
+      }
+      continue;
+    }
     if (c.scheme() == Compression::POWER_SGD && low_rank(t, c.rank())) {
       encode_low_rank(c, t, v.subspan(t.offset, t.size()), update.subspan(t.offset, t.size()), chunk_elems,
                       splitmix64(chunk_seed), out);
@@ -686,12 +788,33 @@ EncodedUpdate compress_update(const wire::Compression& c, std::span<float> updat
   return out;
 }
 
+std::vector<std::uint64_t> shared_kept_set(const wire::Compression& c, const std::vector<TensorInfo>& layout) {
+  const auto dense = dense_tensors(c, layout);
+  const auto parts = compressible_ranges(layout, dense);
+  const std::size_t d = length(parts);
+  auto drawn = to_flat(random_k_set(c.seed(), d, kept_count(c, d)), parts);
+  if (std::none_of(dense.begin(), dense.end(), [](bool b) { return b; })) return drawn;
+  std::vector<std::uint64_t> set;
+  set.reserve(drawn.size());
+  std::size_t j = 0;
+  for (std::size_t i = 0; i < layout.size(); ++i) {
+    const auto& t = layout[i];
+    if (dense[i]) {
+      for (std::uint64_t x = t.offset; x < t.offset + t.size(); ++x) set.push_back(x);
+    } else {
+      for (; j < drawn.size() && drawn[j] < t.offset + t.size(); ++j) set.push_back(drawn[j]);
+    }
+  }
+  return set;
+}
+
 std::vector<std::uint64_t> keep_shared_random_k(const wire::Compression& c, std::span<float> update,
-                                                std::span<float> residual) {
+                                                std::span<float> residual, const std::vector<TensorInfo>& layout) {
   if (!c.error_feedback()) residual = {};
   const std::span<float> v = with_residual(update, residual);
-  auto set = random_k_set(c.seed(), update.size(), kept_count(c, update.size()));
-  keep(c, v, set, update, residual);
+  auto set = shared_kept_set(c, layout);
+  // Never scaled: the fixed-point codec clips each update, so secure random-k needs error feedback.
+  keep(v, set, update, residual);
   return set;
 }
 

@@ -19,6 +19,8 @@
 // into its float32 buffer, so everything after it (hashes, robust rules, the edge's sums) sees
 // the decoded update, the same values the silo computed when it encoded it.
 //
+// Tensors named by `dense` patterns travel as float32 chunks of encoding NONE under every scheme.
+//
 // Under secure aggregation only RANDOM_K applies: every silo keeps the same coordinates (drawn
 // from the round's seed) and masks just those; the server puts the unmasked sum back in place.
 // No I/O here.
@@ -40,6 +42,8 @@ namespace xsilo::protocol {
 // The most elements one encoded chunk may stand for (receivers refuse more: a small chunk must
 // not make them decode a whole tensor at once).
 inline constexpr std::uint64_t kMaxChunkCount = std::uint64_t{1} << 22;
+// Limits on Compression.dense that check_compression() enforces.
+inline constexpr std::size_t kMaxDensePatterns = 64, kMaxDensePattern = 256;
 
 // "" when the scheme's parameters are usable (bits 8 or 4, block 8..65536, fraction in (0, 1],
 // rank 1..64), else why not.
@@ -55,6 +59,17 @@ nlohmann::json to_json(const wire::Compression& c);
 
 // How many coordinates a sparsifier keeps of `d`: ceil(fraction * d), at least 1.
 std::size_t kept_count(const wire::Compression& c, std::size_t d);
+
+// Dense tensors (`c.dense()`, fnmatch patterns of names): for each tensor of `layout`, whether
+// it travels dense under `c` (never when `c` compresses nothing). A dense tensor goes as float32
+// chunks of encoding NONE, keeps no residual, and is not counted in a sparsifier's k: a
+// sparsifier keeps kept_count(c, compressible(layout, dense)) of the other coordinates.
+std::vector<bool> dense_tensors(const wire::Compression& c, const std::vector<TensorInfo>& layout);
+std::size_t compressible(const std::vector<TensorInfo>& layout, const std::vector<bool>& dense);
+
+// The default patterns: PyTorch's BatchNorm statistics (`running_mean`, `running_var`,
+// `num_batches_tracked`) and Keras's (`moving_mean`, `moving_variance`).
+const std::vector<std::string>& default_dense_patterns();
 
 // `k` distinct coordinates of [0, d), sorted, drawn from `seed` (the same set for the same
 // arguments on every machine): one coordinate at random in each of k strata of consecutive
@@ -97,9 +112,14 @@ struct EncodedUpdate {
 EncodedUpdate compress_update(const wire::Compression& c, std::span<float> update, std::span<float> residual,
                               const std::vector<TensorInfo>& layout, std::size_t chunk_elems, std::uint64_t seed);
 
-// Secure RANDOM_K: keeps the coordinates of random_k_set(c.seed, d, k) of `update` (plus the
-// residual, which keeps the rest) and zeroes the others. Returns the set.
+// Secure RANDOM_K: the coordinates every silo masks, sorted: random_k_set(c.seed, d', k) over
+// the d' coordinates of the tensors that do not travel dense (in model order), and every
+// coordinate of those that do.
+std::vector<std::uint64_t> shared_kept_set(const wire::Compression& c, const std::vector<TensorInfo>& layout);
+
+// Secure RANDOM_K: keeps the coordinates of shared_kept_set() of `update` (plus the residual,
+// which keeps the rest) and zeroes the others. Returns the set.
 std::vector<std::uint64_t> keep_shared_random_k(const wire::Compression& c, std::span<float> update,
-                                                std::span<float> residual);
+                                                std::span<float> residual, const std::vector<TensorInfo>& layout);
 
 }  // namespace xsilo::protocol

@@ -56,6 +56,11 @@ secagg::Params secagg_params(const wire::SecAggSetup& s, const std::string& fede
   return p;
 }
 
+std::uint32_t secagg_degree(const wire::SecAggSetup& setup) {
+  if (setup.degree()) return setup.degree();
+  return setup.members_size() > 0 ? static_cast<std::uint32_t>(setup.members_size() - 1) : 0;
+}
+
 std::string setup_statement(const wire::SecAggSetup& s, const std::string& federation, std::uint64_t round) {
   std::string members;
   for (const auto& m : s.members()) crypto::append_field(members, m);

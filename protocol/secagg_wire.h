@@ -19,6 +19,8 @@ namespace secagg = crypto::secagg;
 std::string secagg_session(const std::string& federation, std::uint64_t round, std::uint32_t group);
 // The group's parameters as a member reads them from RoundStart.secagg.
 secagg::Params secagg_params(const wire::SecAggSetup& setup, const std::string& federation, std::uint64_t round);
+// The neighbour graph's degree k: the setup's, or members - 1 for the complete graph (degree 0).
+std::uint32_t secagg_degree(const wire::SecAggSetup& setup);
 // What the server signs of a setup (every field but the signature, with federation and round).
 std::string setup_statement(const wire::SecAggSetup& setup, const std::string& federation, std::uint64_t round);
 

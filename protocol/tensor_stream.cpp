@@ -105,7 +105,8 @@ void TensorReceiver::reset(std::span<float> into, std::vector<TensorInfo> layout
   reset_words({reinterpret_cast<std::uint8_t*>(into.data()), into.size() * sizeof(float)}, std::move(layout),
               wire::F32, hash);
   scheme_ = scheme;
-  budget_ = kept_count(scheme_, elements(layout_));
+  dense_ = dense_tensors(scheme_, layout_);
+  budget_ = kept_count(scheme_, compressible(layout_, dense_));
 }
 
 void TensorReceiver::reset_words(std::span<std::uint8_t> into, std::vector<TensorInfo> layout,
@@ -115,6 +116,7 @@ void TensorReceiver::reset_words(std::span<std::uint8_t> into, std::vector<Tenso
   elem_ = elem_size(dtype);
   layout_ = std::move(layout);
   scheme_.Clear();
+  dense_.assign(layout_.size(), false);
   tensor_ = offset_ = received_ = last_first_ = last_count_ = kept_ = budget_ = 0;
   bytes_ = 0;
   hash_ = hash ? std::make_unique<crypto::Sha256>() : nullptr;
@@ -135,11 +137,13 @@ proto::Status TensorReceiver::add(const wire::TensorChunk& c) {
     return bad("chunk of " + t.name + " at offset " + std::to_string(c.offset()) + ", expected " +
                std::to_string(offset_));
   }
-  if (c.encoding() != scheme_.scheme()) {
+  const bool dense = dense_[tensor_];
+  if (c.encoding() != (dense ? wire::Compression::NONE : scheme_.scheme())) {
     return bad("chunk of " + t.name + " is " + (c.encoding() == wire::Compression::NONE ? "not compressed" : "compressed") +
-               " but the round's scheme is " + describe(scheme_));
+               " but the round's scheme is " + describe(scheme_) +
+               (dense ? " and this tensor travels dense" : ""));
   }
-  if (compressed(scheme_)) return add_encoded(c, t);
+  if (compressed(scheme_) && !dense) return add_encoded(c, t);
   if (c.data().empty() || c.data().size() % elem_ != 0) {
     return bad("chunk of " + t.name + " has " + std::to_string(c.data().size()) +
                " bytes, not a positive multiple of " + std::to_string(elem_));

@@ -70,7 +70,8 @@ class TensorReceiver {
   // Expect `layout`, writing into `into` (which must hold every element of the layout). With
   // `hash` false the caller hashes the written regions itself (off the network thread). With a
   // `scheme`, every chunk must be encoded with it and is decoded into place (the bytes counted
-  // are the encoded ones; a sparse scheme's kept elements, all chunks together, at most its k).
+  // are the encoded ones; a sparse scheme's kept elements, all chunks together, at most its k),
+  // but for the scheme's dense tensors (dense_tensors()), which come as float32, encoding NONE.
   void reset(std::span<float> into, std::vector<TensorInfo> layout, bool hash = true,
              const wire::Compression& scheme = {});
   // The same for vectors of ring words (masked inputs: U8, U16, U32 or U64); `layout` counts
@@ -101,6 +102,7 @@ class TensorReceiver {
   std::unique_ptr<crypto::Sha256> hash_;
   wire::Compression scheme_;
   std::size_t kept_ = 0, budget_ = 0;  // sparse schemes: elements kept so far, and at most
+  std::vector<bool> dense_;             // per tensor of layout_: it comes as float32 under scheme_
 };
 
 }  // namespace xsilo::protocol

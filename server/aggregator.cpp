@@ -283,7 +283,7 @@ std::pair<double, nlohmann::json> adapt_clip_norm(const AggregationConfig::Adapt
 
 std::unique_ptr<Aggregator> make_aggregator(const RoundConfig& cfg, const Model& layout, std::uint64_t round,
                                             const std::vector<std::string>& selected, std::optional<double> clip_norm) {
-  if (cfg.secure.on()) return std::make_unique<SecureGroups>(cfg, layout.size(), round, selected, clip_norm);
+  if (cfg.secure.on()) return std::make_unique<SecureGroups>(cfg, layout.tensors(), round, selected, clip_norm);
   if (cfg.aggregation.needs_all_updates()) {
     AggregationConfig a = cfg.aggregation;
     if (clip_norm) a.clip_norm = *clip_norm;

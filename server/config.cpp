@@ -274,6 +274,15 @@ void parse_compression(const ConfigNode& root, ServerConfig& c) {
   }
   // Error feedback is what makes biased compressors converge (sign, top-k); on by default.
   z.set_error_feedback(cn.boolean("error_feedback", z.scheme() != C::NONE));
+  // Tensors that travel dense (fnmatch patterns of names): normalisation statistics by default,
+  // which local training sets rather than moves, so a residual of them only grows.
+  if (z.scheme() != C::NONE) {
+    const auto dense = cn.has("dense") ? cn.str_list("dense") : protocol::default_dense_patterns();
+    for (const auto& p : dense) z.add_dense(p);
+    if (auto why = protocol::check_compression(z); !why.empty()) cn.fail("dense", why);
+  } else if (cn.has("dense")) {
+    cn.fail("dense", "applies when a scheme is set");
+  }
   cn.finish();
   if (c.secure.on() && z.scheme() != C::NONE && z.scheme() != C::RANDOM_K) {
     cn.fail("scheme", scheme + " cannot be combined with secure aggregation: the server sums masked vectors, so "

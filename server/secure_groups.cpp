@@ -17,10 +17,11 @@ SecureConfig with_clip_norm(SecureConfig s, std::optional<double> clip_norm) {
 }
 
 // RANDOM_K: the round's shared coordinate set (protocol/compression.h); empty otherwise.
-std::vector<std::uint64_t> shared_set(const RoundConfig& cfg, std::size_t d, std::uint64_t round) {
+std::vector<std::uint64_t> shared_set(const RoundConfig& cfg, const std::vector<TensorInfo>& layout,
+                                      std::uint64_t round) {
   const auto c = round_compression(cfg, round);
   if (c.scheme() != wire::Compression::RANDOM_K) return {};
-  return protocol::random_k_set(c.seed(), d, protocol::kept_count(c, d));
+  return protocol::shared_kept_set(c, layout);
 }
 
 }  // namespace
@@ -54,15 +55,15 @@ std::string implausible_sum(const std::vector<double>& sum, std::size_t d, std::
   return "";
 }
 
-SecureGroups::SecureGroups(const RoundConfig& cfg, std::size_t d, std::uint64_t round,
+SecureGroups::SecureGroups(const RoundConfig& cfg, const std::vector<TensorInfo>& layout, std::uint64_t round,
                            const std::vector<std::string>& selected, std::optional<double> clip_norm)
     : aggregation_(cfg.aggregation),
-      d_(d),
+      d_(elements(layout)),
       clip_norm_(clip_norm),
       ceiling_(cfg.secure.clip_norm),
-      kept_(shared_set(cfg, d, round)),
-      words_((kept_.empty() ? d : kept_.size()) + 1 + (clip_norm ? 1 : 0)),
-      round_(with_clip_norm(cfg.secure, clip_norm), cfg.signer, cfg.ca, cfg.federation, round, cfg.seed, selected, d,
+      kept_(shared_set(cfg, layout, round)),
+      words_((kept_.empty() ? d_ : kept_.size()) + 1 + (clip_norm ? 1 : 0)),
+      round_(with_clip_norm(cfg.secure, clip_norm), cfg.signer, cfg.ca, cfg.federation, round, cfg.seed, selected, d_,
              clip_norm.has_value(), kept_),
       current_(cfg.secure.bits, words_) {
   for (auto g : round_.groups()) sums_.emplace(g, protocol::MaskedVector(cfg.secure.bits, words_));

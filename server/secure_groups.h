@@ -22,8 +22,8 @@ class SecureGroups final : public Aggregator {
  public:
   // `clip_norm`: this round's (adaptive clipping), which every member clips to; the masked sums
   // then also count the members that were within it.
-  SecureGroups(const RoundConfig& cfg, std::size_t d, std::uint64_t round, const std::vector<std::string>& selected,
-               std::optional<double> clip_norm = std::nullopt);
+  SecureGroups(const RoundConfig& cfg, const std::vector<TensorInfo>& layout, std::uint64_t round,
+               const std::vector<std::string>& selected, std::optional<double> clip_norm = std::nullopt);
 
   protocol::UploadBuffer buffer() override;
   FoldResult fold(const Contribution& c, protocol::UploadCheck& check) override;

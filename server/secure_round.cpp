@@ -407,7 +407,7 @@ nlohmann::json SecureRound::describe() const {
                       {"members", std::vector<std::string>(g.setup.members().begin(), g.setup.members().end())},
                       {"threshold", g.setup.threshold()},
                       {"min_survivors", g.setup.min_survivors()},
-                      {"degree", g.setup.degree() ? g.setup.degree() : g.setup.members_size() - 1},
+                      {"degree", protocol::secagg_degree(g.setup)},
                       {"advertised_keys", s.u1().size()},
                       {"shared_keys", s.u2().size()},
                       {"settled", s.settled().size()},

@@ -295,7 +295,7 @@ void Session::start_secure(const wire::SecAggSetup& setup) {
   send(std::move(out));
   spdlog::info("round {}: secure group {} of {} silos ({} neighbours each, threshold {}, sums of at least {}); keys advertised",
                round_, setup.group(), setup.members_size(),
-               setup.degree() ? setup.degree() : static_cast<std::uint32_t>(setup.members_size() - 1), setup.threshold(),
+               protocol::secagg_degree(setup), setup.threshold(),
                setup.min_survivors());
   silent_ = hook_.after_sent(SecureStep::KeysSent, round_);
 }
@@ -430,7 +430,7 @@ void with_compression(RoundOutput& out, const wire::Compression& c, bool secure,
   }
   if (secure) {
     out.kept = std::make_shared<const std::vector<std::uint64_t>>(
-        protocol::keep_shared_random_k(c, out.update->flat(), rs));
+        protocol::keep_shared_random_k(c, out.update->flat(), rs, out.update->tensors()));
   } else {
     std::uint64_t seed = 0;
     randombytes_buf(&seed, sizeof seed);  // unbiased rounding, random-k's coordinates

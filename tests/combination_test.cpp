@@ -255,8 +255,23 @@ std::vector<Case> cases() {
     s["edges"] = 2;
     s["selection"] = {{"min_silos", 6}, {"min_updates", 6}};
     s["local"] = {{"workers", 2}, {"backend", "ring"}};
-    s["compression"] = {{"scheme", "powersgd"}, {"rank", 2}};
+    s["compression"] = {{"scheme", "powersgd"}, {"rank", 2}, {"dense", {"layers.1.*"}}};  // the output layer dense
     out.push_back({"PowerSgdErrorFeedbackEdgesWorkersDigitsMlp", s, 1e-4, 3});
+  }
+  {  // Secure random-k with tensors that travel dense (here the MLP's biases, as a model's
+     // normalisation statistics would): every member masks all of them and the round's shared
+     // 10 % of the weights, through two edges, local workers, a silo lost after sharing.
+    json s = base_sim(7, 3);
+    s["data"] = {{"dataset", "digits"}, {"split", "dirichlet"}, {"alpha", 0.5}};
+    s["model"] = {{"kind", "mlp"}, {"hidden", {16}}};
+    s["training"] = {{"local_epochs", 1}, {"batch_size", 32}, {"learning_rate", 0.05}};
+    s["edges"] = 2;
+    s["selection"] = {{"min_silos", 6}, {"min_updates", 6}};
+    s["local"] = {{"workers", 2}, {"backend", "ring"}};
+    s["secure"] = secure("global");
+    s["compression"] = {{"scheme", "random_k"}, {"fraction", 0.1}, {"dense", {"*.bias"}}};
+    s["faults"] = {fault("hospital-03", "kill", 2, "after_shares")};
+    out.push_back({"SecureRandomKDenseBiasesEdgesWorkersDropoutDigitsMlp", s, 1e-4, 3});
   }
   {  // 8-bit quantization, no error feedback, the trimmed mean, local workers: unbiased rounding
      // at the silos cannot be replayed here, so each coordinate must match within its rounding
@@ -433,6 +448,10 @@ TEST_P(Combinations, EveryRoundEqualsTheReferenceOfTheSilosItsRecordNames) {
     if (protocol::compressed(scfg.compression)) {
       ASSERT_TRUE(rec.contains("compression")) << rec.dump(2);
       EXPECT_EQ(rec["compression"]["scheme"], protocol::to_json(scfg.compression)["scheme"]);
+      // The dense tensors the federation asked for (the defaults where it did not) are the ones
+      // the server applied, so the reference below applies them too.
+      EXPECT_EQ(rec["compression"].value("dense", json::array()),
+                c.sim["compression"].value("dense", json(protocol::default_dense_patterns())));
       wire::Compression z = scfg.compression;
       z.set_seed(rec["compression"].value("seed", std::uint64_t{0}));
       std::map<std::string, agent::RoundOutput> sent_only;
@@ -453,7 +472,7 @@ TEST_P(Combinations, EveryRoundEqualsTheReferenceOfTheSilosItsRecordNames) {
           if (!sent[s].count(round)) unsaved = res;
           const auto r = !z.error_feedback() ? std::span<float>() : sent[s].count(round) ? res.flat() : unsaved.flat();
           if (secure_mode) {
-            protocol::keep_shared_random_k(z, o.update->flat(), r);
+            protocol::keep_shared_random_k(z, o.update->flat(), r, o.update->tensors());
           } else if (z.scheme() != wire::Compression::QUANTIZE) {
             protocol::compress_update(z, o.update->flat(), r, o.update->tensors(), acfg[s].chunk_bytes / 4, 0);
           }

@@ -169,7 +169,7 @@ TEST(Compression, TheSharedRandomSetIsTheSameForTheSameSeedSortedAndExactlyK) {
   auto u = gaussian(1000, 5);
   const auto before = u;
   std::vector<float> residual(1000, 0.0f);
-  const auto set = keep_shared_random_k(c, u, residual);
+  const auto set = keep_shared_random_k(c, u, residual, {TensorInfo{"w", {1000}, 0}});
   EXPECT_EQ(set, random_k_set(77, 1000, 100));
   for (std::size_t i = 0; i < 1000; ++i) EXPECT_FLOAT_EQ(u[i] + residual[i], before[i]);
 }
@@ -197,6 +197,152 @@ TEST(Compression, TheReceiverDecodesAnUploadIntoPlaceWithTheSilosHash) {
     EXPECT_EQ(rx.bytes(), enc.bytes);
     EXPECT_LT(enc.bytes, m.bytes() * 0.55) << describe(c);  // random-k 25%: an index and a value per kept element
   }
+}
+
+// Normalisation statistics travel dense under every scheme (docs/compression.md, "Dense
+// tensors"): float32 chunks of encoding NONE holding exactly the update plus what was held back
+// (the residual of a state file from before), no residual left for them, and a sparsifier's k
+// counted over the other tensors only. The receiver takes both kinds in one upload.
+Model batch_norm_model() {
+  Model m;
+  m.add("conv.weight", {8, 30});
+  m.add("bn.running_mean", {8});
+  m.add("bn.running_var", {8});
+  m.add("bn.num_batches_tracked", {1});
+  m.add("fc.weight", {10, 24});
+  m.add("fc.bias", {10});
+  return m;
+}
+
+TEST(Compression, NormalisationStatisticsTravelDenseOutsideTheErrorFeedback) {
+  auto schemes = every_scheme();
+  schemes.push_back(scheme(C::RANDOM_K, 0, 0, 0.1, false));  // scaled: the strata are the other tensors'
+  auto p = scheme(C::POWER_SGD);
+  p.set_rank(1);
+  schemes.push_back(p);
+  for (auto c : schemes) {
+    for (const auto& pat : default_dense_patterns()) c.add_dense(pat);
+    ASSERT_EQ(check_compression(c), "");
+    Model m = batch_norm_model();
+    const auto dense = dense_tensors(c, m.tensors());
+    ASSERT_EQ(dense, (std::vector<bool>{false, true, true, true, false, false}));
+    const std::size_t other = compressible(m.tensors(), dense);
+    ASSERT_EQ(other, 8u * 30 + 10 * 24 + 10);
+    auto x = gaussian(m.size(), 31);
+    std::copy(x.begin(), x.end(), m.flat().begin());
+    auto residual = gaussian(m.size(), 32, 0.1f);  // held back last round (the dense part too: an old state file)
+    const auto held = residual;
+    auto enc = compress_update(c, m.flat(), residual, m.tensors(), 64, 9);
+    std::size_t nonzero_other = 0;
+    for (std::size_t ti = 0; ti < m.tensors().size(); ++ti) {
+      const auto& t = m.tensors()[ti];
+      for (std::size_t i = t.offset; i < t.offset + t.size(); ++i) {
+        if (dense[ti]) {
+          const float v = c.error_feedback() ? x[i] + held[i] : x[i];
+          EXPECT_EQ(m.flat()[i], v) << describe(c) << " " << t.name;
+          if (c.error_feedback()) {
+            EXPECT_EQ(residual[i], 0.0f) << describe(c) << " " << t.name;
+          }
+        } else {
+          nonzero_other += m.flat()[i] != 0;
+        }
+      }
+    }
+    if (c.scheme() == C::TOP_K || c.scheme() == C::RANDOM_K) {
+      EXPECT_EQ(nonzero_other, kept_count(c, other)) << describe(c);
+    }
+    for (const auto& ch : enc.chunks) {
+      const bool is_dense = ch.name().find("bn.") == 0;
+      EXPECT_EQ(ch.encoding(), is_dense ? C::NONE : c.scheme()) << describe(c) << " " << ch.name();
+    }
+    auto chunks = std::make_shared<const std::vector<wire::TensorChunk>>(enc.chunks);
+    ChunkSource src(chunks, "fed", 3);
+    std::vector<float> into(m.size(), 7.0f);
+    TensorReceiver rx;
+    rx.reset(into, m.tensors(), true, c);
+    while (auto e = src.next()) ASSERT_TRUE(rx.add(e->tensor_chunk())) << describe(c);
+    ASSERT_TRUE(rx.complete());
+    EXPECT_EQ(rx.finish_sha256(), crypto::sha256_hex(m.flat())) << describe(c);
+    EXPECT_EQ(std::memcmp(into.data(), m.flat().data(), m.bytes()), 0) << describe(c);
+  }
+}
+
+TEST(Compression, ATensorThatTravelsDenseMustComeUncompressedAndTheOthersCompressed) {
+  auto c = scheme(C::QUANTIZE, 8, 16);
+  c.add_dense("bn.*");
+  Model m = batch_norm_model();
+  auto x = gaussian(m.size(), 5);
+  std::copy(x.begin(), x.end(), m.flat().begin());
+  std::vector<float> residual(m.size(), 0.0f);
+  const auto enc = compress_update(c, m.flat(), residual, m.tensors(), 1024, 1);
+  auto run = [&](std::size_t which, C::Scheme as) {
+    std::vector<float> into(m.size());
+    TensorReceiver rx;
+    rx.reset(into, m.tensors(), true, c);
+    for (std::size_t i = 0; i < enc.chunks.size(); ++i) {
+      auto ch = enc.chunks[i];
+      if (i == which) ch.set_encoding(as);
+      if (auto st = rx.add(ch); !st) return st.message;
+    }
+    return std::string();
+  };
+  EXPECT_EQ(run(enc.chunks.size(), C::NONE), "");
+  EXPECT_NE(run(1, C::QUANTIZE).find("compressed but the round's scheme is quantize-8/16+ef and this tensor travels dense"),
+            std::string::npos)
+      << run(1, C::QUANTIZE);
+  EXPECT_NE(run(0, C::NONE).find("not compressed but the round's scheme is quantize-8/16+ef"), std::string::npos);
+  // A dense chunk is whole float32 values.
+  std::vector<float> into(m.size());
+  TensorReceiver rx;
+  rx.reset(into, m.tensors(), true, c);
+  ASSERT_TRUE(rx.add(enc.chunks[0]));
+  auto bad = enc.chunks[1];
+  bad.set_data(bad.data().substr(1));
+  EXPECT_NE(rx.add(bad).message.find("not a positive multiple of 4"), std::string::npos);
+}
+
+TEST(Compression, ASecureSharedSetHoldsEveryDenseCoordinateAndKOfTheOthers) {
+  auto c = scheme(C::RANDOM_K, 0, 0, 0.1);
+  c.set_seed(41);
+  for (const auto& pat : default_dense_patterns()) c.add_dense(pat);
+  Model m = batch_norm_model();
+  const auto& layout = m.tensors();
+  const auto set = shared_kept_set(c, layout);
+  EXPECT_EQ(set, shared_kept_set(c, layout));  // every silo and the server draw the same
+  EXPECT_TRUE(std::is_sorted(set.begin(), set.end()));
+  EXPECT_EQ(std::adjacent_find(set.begin(), set.end()), set.end());
+  const auto dense = dense_tensors(c, layout);
+  std::size_t in_dense = 0;
+  for (std::size_t ti = 0; ti < layout.size(); ++ti) {
+    for (auto i : set) in_dense += dense[ti] && i >= layout[ti].offset && i < layout[ti].offset + layout[ti].size();
+  }
+  EXPECT_EQ(in_dense, 17u);
+  EXPECT_EQ(set.size(), 17u + kept_count(c, compressible(layout, dense)));
+  // Without dense tensors the set is random_k_set's, as before.
+  auto plain = c;
+  plain.clear_dense();
+  EXPECT_EQ(shared_kept_set(plain, layout), random_k_set(41, m.size(), kept_count(plain, m.size())));
+
+  auto x = gaussian(m.size(), 8);
+  std::copy(x.begin(), x.end(), m.flat().begin());
+  std::vector<float> residual(m.size(), 0.5f);
+  EXPECT_EQ(keep_shared_random_k(c, m.flat(), residual, layout), set);
+  for (auto i : set) EXPECT_EQ(m.flat()[i], x[i] + 0.5f);
+  for (std::size_t i = layout[1].offset; i < layout[4].offset; ++i) EXPECT_EQ(residual[i], 0.0f);
+}
+
+TEST(Compression, DensePatternsAreCheckedAndOnlyMatterWhenSomethingIsCompressed) {
+  auto c = scheme(C::TOP_K, 0, 0, 0.1);
+  c.add_dense("");
+  EXPECT_NE(check_compression(c).find("dense pattern must be 1..256 characters"), std::string::npos);
+  c.clear_dense();
+  for (int i = 0; i < 65; ++i) c.add_dense("x");
+  EXPECT_NE(check_compression(c).find("at most 64 dense patterns"), std::string::npos);
+  C none;
+  none.add_dense("*");
+  Model m = batch_norm_model();
+  EXPECT_EQ(dense_tensors(none, m.tensors()), std::vector<bool>(6, false));
+  EXPECT_EQ(to_json(c)["dense"].size(), 65u);
 }
 
 // ---- bad input --------------------------------------------------------------------------------

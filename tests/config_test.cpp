@@ -7,6 +7,7 @@
 #include "common/safetensors.h"
 #include "tests/testlib.h"
 #include "edge_aggregator/config.h"
+#include "protocol/compression.h"
 #include "server/config.h"
 #include "silo_agent/config.h"
 #include "tools/sim.h"
@@ -246,6 +247,37 @@ TEST(Config, CompressionSchemesAreCheckedAndOnlyRandomKIsSecure) {
             std::string::npos);
   EXPECT_NE(load(R"(, "compression": {"scheme": "random_k", "error_feedback": false}, "secure": {"mode": "global"})")
                 .find(".compression.error_feedback: must be true for random_k with secure aggregation"),
+            std::string::npos);
+}
+
+// Which tensors travel dense under compression: normalisation statistics unless the config says
+// otherwise; the list survives the config's JSON (the sim hands it to its server that way).
+TEST(Config, NormalisationStatisticsTravelDenseByDefaultAndTheListCanBeSet) {
+  test::TempDir dir;
+  test::make_pki(dir / "pki", "f", {{wire::SERVER, "server"}});
+  auto load = [&](const std::string& compression) {
+    atomic_write_file(dir / "s.json", R"({"federation": "f", "tls": {"kit": "pki/kits/server"},
+      "allow": {"silo": ["*"]}, "model": {"inputs": 4}, "selection": {"min_silos": 2}, "compression": )" +
+                                          compression + "}");
+    return server::load_server_config(dir / "s.json");
+  };
+  auto dense = [](const server::ServerConfig& c) {
+    return std::vector<std::string>(c.compression.dense().begin(), c.compression.dense().end());
+  };
+  EXPECT_EQ(dense(load(R"({"scheme": "top_k"})")), protocol::default_dense_patterns());
+  const auto two = load(R"({"scheme": "random_k", "dense": ["*.bias", "bn*"]})");
+  EXPECT_EQ(dense(two), (std::vector<std::string>{"*.bias", "bn*"}));
+  EXPECT_TRUE(dense(load(R"({"scheme": "sign", "dense": []})")).empty());
+  EXPECT_TRUE(dense(load(R"({"scheme": "none"})")).empty());
+  atomic_write_file(dir / "back.json", server::to_json(two).dump());
+  EXPECT_EQ(dense(server::load_server_config(dir / "back.json")), dense(two));
+
+  const SixSiloServer six;
+  EXPECT_NE(six(R"(, "compression": {"scheme": "none", "dense": ["x"]})").find(".compression.dense: applies when a scheme is set"),
+            std::string::npos);
+  EXPECT_NE(six(R"(, "compression": {"scheme": "top_k", "dense": [""]})").find(".compression.dense: a dense pattern must be"),
+            std::string::npos);
+  EXPECT_NE(six(R"(, "compression": {"scheme": "top_k", "dense": "bn"})").find("must be a list of strings"),
             std::string::npos);
 }
 
