@@ -50,6 +50,16 @@ json base_sim(std::size_t silos, std::uint64_t rounds) {
           {"deadlines", {{"join_s", 5}, {"train_s", 30}, {"upload_s", 30}}}};
 }
 
+// base_sim on the digits MLP (one hidden layer of `hidden`), through two edges.
+json digits_mlp_sim(std::size_t silos, std::uint64_t rounds, int hidden) {
+  json s = base_sim(silos, rounds);
+  s["data"] = {{"dataset", "digits"}, {"split", "dirichlet"}, {"alpha", 0.5}};
+  s["model"] = {{"kind", "mlp"}, {"hidden", {hidden}}};
+  s["training"] = {{"local_epochs", 1}, {"batch_size", 32}, {"learning_rate", 0.05}};
+  s["edges"] = 2;
+  return s;
+}
+
 json secure(const std::string& mode, std::size_t min_group = 3) {
   return {{"mode", mode},     {"min_group", min_group}, {"modulus_bits", 64}, {"fraction_bits", 24},
           {"clip_norm", 100}, {"max_weight", 1000},     {"keys_s", 10},       {"unmask_s", 10}};
@@ -105,11 +115,7 @@ std::vector<Case> cases() {
   }
   {  // The same on the digits MLP, with a silo lost after keys, one after shares and an edge
      // restarted mid-upload.
-    json s = base_sim(12, 4);
-    s["data"] = {{"dataset", "digits"}, {"split", "dirichlet"}, {"alpha", 0.5}};
-    s["model"] = {{"kind", "mlp"}, {"hidden", {64}}};
-    s["training"] = {{"local_epochs", 1}, {"batch_size", 32}, {"learning_rate", 0.05}};
-    s["edges"] = 2;
+    json s = digits_mlp_sim(12, 4, 64);
     s["selection"] = {{"min_silos", 6}, {"min_updates", 4}};
     s["secure"] = secure("grouped", 4);
     s["faults"] = {fault("hospital-02", "kill", 2, "after_keys"), fault("hospital-07", "kill", 2, "after_shares"),
@@ -131,11 +137,7 @@ std::vector<Case> cases() {
      // behind edges x the trimmed mean x a silo lost after sharing, on the digits MLP. The
      // reference trains each silo in one process, so the model must match within what the
      // workers' 8-bit codes leave out.
-    json s = base_sim(12, 3);
-    s["data"] = {{"dataset", "digits"}, {"split", "dirichlet"}, {"alpha", 0.5}};
-    s["model"] = {{"kind", "mlp"}, {"hidden", {32}}};
-    s["training"] = {{"local_epochs", 1}, {"batch_size", 32}, {"learning_rate", 0.05}};
-    s["edges"] = 2;
+    json s = digits_mlp_sim(12, 3, 32);
     s["selection"] = {{"min_silos", 11}, {"min_updates", 9}};
     s["secure"] = secure("grouped", 3);
     s["aggregation"] = {{"rule", "trimmed_mean"}, {"f", 1}};
@@ -248,11 +250,7 @@ std::vector<Case> cases() {
   }
   {  // PowerSGD rank 2 with error feedback on the digits MLP, through two edges that decode the
      // factors, local workers: the round's seed starts every factorization, so it is replayed.
-    json s = base_sim(6, 3);
-    s["data"] = {{"dataset", "digits"}, {"split", "dirichlet"}, {"alpha", 0.5}};
-    s["model"] = {{"kind", "mlp"}, {"hidden", {16}}};
-    s["training"] = {{"local_epochs", 1}, {"batch_size", 32}, {"learning_rate", 0.05}};
-    s["edges"] = 2;
+    json s = digits_mlp_sim(6, 3, 16);
     s["selection"] = {{"min_silos", 6}, {"min_updates", 6}};
     s["local"] = {{"workers", 2}, {"backend", "ring"}};
     s["compression"] = {{"scheme", "powersgd"}, {"rank", 2}, {"dense", {"layers.1.*"}}};  // the output layer dense
@@ -261,11 +259,7 @@ std::vector<Case> cases() {
   {  // Secure random-k with tensors that travel dense (here the MLP's biases, as a model's
      // normalisation statistics would): every member masks all of them and the round's shared
      // 10 % of the weights, through two edges, local workers, a silo lost after sharing.
-    json s = base_sim(7, 3);
-    s["data"] = {{"dataset", "digits"}, {"split", "dirichlet"}, {"alpha", 0.5}};
-    s["model"] = {{"kind", "mlp"}, {"hidden", {16}}};
-    s["training"] = {{"local_epochs", 1}, {"batch_size", 32}, {"learning_rate", 0.05}};
-    s["edges"] = 2;
+    json s = digits_mlp_sim(7, 3, 16);
     s["selection"] = {{"min_silos", 6}, {"min_updates", 6}};
     s["local"] = {{"workers", 2}, {"backend", "ring"}};
     s["secure"] = secure("global");

@@ -174,6 +174,21 @@ TEST(Compression, TheSharedRandomSetIsTheSameForTheSameSeedSortedAndExactlyK) {
   for (std::size_t i = 0; i < 1000; ++i) EXPECT_FLOAT_EQ(u[i] + residual[i], before[i]);
 }
 
+// Sends `enc` through a ChunkSource to a receiver of scheme `c`: it must decode into exactly
+// `m` (the silo's decoded update), with its hash, counting the bytes as they travelled.
+void expect_received_as_decoded(const C& c, const Model& m, const EncodedUpdate& enc) {
+  auto chunks = std::make_shared<const std::vector<wire::TensorChunk>>(enc.chunks);
+  ChunkSource src(chunks, "fed", 3);
+  std::vector<float> into(m.size(), 7.0f);
+  TensorReceiver rx;
+  rx.reset(into, m.tensors(), true, c);
+  while (auto e = src.next()) ASSERT_TRUE(rx.add(e->tensor_chunk())) << describe(c);
+  ASSERT_TRUE(rx.complete());
+  EXPECT_EQ(rx.finish_sha256(), crypto::sha256_hex(m.flat())) << describe(c);
+  EXPECT_EQ(std::memcmp(into.data(), m.flat().data(), m.bytes()), 0) << describe(c);
+  EXPECT_EQ(rx.bytes(), enc.bytes) << describe(c);
+}
+
 // The receiver decodes a silo's compressed upload into place: the same values and hash as the
 // silo's decoded update, the bytes counted as they travelled.
 TEST(Compression, TheReceiverDecodesAnUploadIntoPlaceWithTheSilosHash) {
@@ -185,16 +200,7 @@ TEST(Compression, TheReceiverDecodesAnUploadIntoPlaceWithTheSilosHash) {
     std::copy(x.begin(), x.end(), m.flat().begin());
     std::vector<float> residual(m.size(), 0.0f);
     auto enc = compress_update(c, m.flat(), residual, m.tensors(), 300, 5);
-    auto chunks = std::make_shared<const std::vector<wire::TensorChunk>>(enc.chunks);
-    ChunkSource src(chunks, "fed", 3);
-    std::vector<float> into(m.size(), 7.0f);
-    TensorReceiver rx;
-    rx.reset(into, m.tensors(), true, c);
-    while (auto e = src.next()) ASSERT_TRUE(rx.add(e->tensor_chunk())) << describe(c);
-    ASSERT_TRUE(rx.complete());
-    EXPECT_EQ(rx.finish_sha256(), crypto::sha256_hex(m.flat())) << describe(c);
-    EXPECT_EQ(std::memcmp(into.data(), m.flat().data(), m.bytes()), 0) << describe(c);
-    EXPECT_EQ(rx.bytes(), enc.bytes);
+    expect_received_as_decoded(c, m, enc);
     EXPECT_LT(enc.bytes, m.bytes() * 0.55) << describe(c);  // random-k 25%: an index and a value per kept element
   }
 }
@@ -255,15 +261,7 @@ TEST(Compression, NormalisationStatisticsTravelDenseOutsideTheErrorFeedback) {
       const bool is_dense = ch.name().find("bn.") == 0;
       EXPECT_EQ(ch.encoding(), is_dense ? C::NONE : c.scheme()) << describe(c) << " " << ch.name();
     }
-    auto chunks = std::make_shared<const std::vector<wire::TensorChunk>>(enc.chunks);
-    ChunkSource src(chunks, "fed", 3);
-    std::vector<float> into(m.size(), 7.0f);
-    TensorReceiver rx;
-    rx.reset(into, m.tensors(), true, c);
-    while (auto e = src.next()) ASSERT_TRUE(rx.add(e->tensor_chunk())) << describe(c);
-    ASSERT_TRUE(rx.complete());
-    EXPECT_EQ(rx.finish_sha256(), crypto::sha256_hex(m.flat())) << describe(c);
-    EXPECT_EQ(std::memcmp(into.data(), m.flat().data(), m.bytes()), 0) << describe(c);
+    expect_received_as_decoded(c, m, enc);
   }
 }
 
