@@ -246,7 +246,10 @@ Expected<Outbox> Client::share(const KeyList& u1) {
                                                       sha256(std::span<const std::uint8_t>(self_seed_.bytes()))) {
     return std::string("the key list altered this silo's own keys");
   }
-  if (u1.size() < p_.min_survivors) {
+  // On a graph the list holds this member's neighbours only (Server::keys_for): what counts
+  // here is its holders (below), and the survivor count is checked at confirmation, on the set
+  // the server signs.
+  if (!p_.graph() && u1.size() < p_.min_survivors) {
     return "only " + std::to_string(u1.size()) + " members advertised keys; a sum needs " +
            std::to_string(p_.min_survivors);
   }
@@ -511,6 +514,16 @@ Expected<KeyList> Server::close_keys() {
   for (const auto& [name, k] : keys_) u1_.insert(name);
   step_ = Step::Shares;
   return keys_;
+}
+
+KeyList Server::keys_for(const std::string& member) const {
+  if (!p_.graph()) return keys_;
+  KeyList out;
+  if (auto it = keys_.find(member); it != keys_.end()) out.insert(*it);
+  for (const auto& v : neighbours(member)) {
+    if (auto it = keys_.find(v); it != keys_.end()) out.insert(*it);
+  }
+  return out;
 }
 
 std::string Server::on_shares(const std::string& from, const Outbox& to) {

@@ -237,6 +237,9 @@ class Server {
 
   std::string on_keys(const std::string& from, const Advertisement& keys);
   Expected<KeyList> close_keys();  // U1; fails below min_survivors
+  // After close_keys(): the part of U1 that `member` is sent, its own entry and its neighbours'
+  // (all of U1 on the complete graph). On a graph a member's key-list bytes grow with k, not n.
+  KeyList keys_for(const std::string& member) const;
   std::string on_shares(const std::string& from, const Outbox& to);
   // Per member of U2: what the other members of U2 dealt it.
   Expected<std::map<std::string, Inbox>> close_shares();

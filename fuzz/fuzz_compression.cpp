@@ -2,7 +2,7 @@
 // chunks of any encoding, count and bytes into a small model, as the server's or the edge's
 // TensorReceiver decodes them. A chunk either decodes within its tensor or is refused; what
 // QUANTIZE and SIGN decode must be finite (their scales are checked). Raw float32 values (a
-// dense chunk, sparse values, PowerSGD's dense tensors) pass as sent, as in an uncompressed
+// dense chunk or tensor, sparse values, PowerSGD's dense tensors) pass as sent, as in an uncompressed
 // upload: the upload's own check refuses a value that is not finite (protocol/upload_slot).
 #include <cmath>
 #include <stdexcept>
@@ -19,6 +19,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   c.set_bits(in.u8() % 2 ? 8 : 4);
   c.set_block(8 + in.u16() % 300);
   c.set_fraction((1 + in.u8()) / 256.0);
+  if (in.u8() & 1) c.add_dense("b");  // "b" travels dense: float32 chunks of encoding NONE
   xsilo::Model m;
   m.add("w", {1 + in.u16() % 700u});
   m.add("b", {in.u8() % 40u});

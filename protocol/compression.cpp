@@ -333,7 +333,7 @@ nlohmann::json to_json(const wire::Compression& c) {
   }
   j["error_feedback"] = c.error_feedback();
   if (c.seed()) j["seed"] = c.seed();
-  if (c.dense_size()) j["dense"] = std::vector<std::string>(c.dense().begin(), c.dense().end());
+  j["dense"] = std::vector<std::string>(c.dense().begin(), c.dense().end());  // [] too: none, not the defaults
   return j;
 }
 

@@ -76,6 +76,9 @@ std::string check_layout(const wire::RoundStart& rs, std::uint64_t max_elements)
   if (rs.has_secagg() && compressed(rs.compression()) && rs.compression().scheme() != wire::Compression::RANDOM_K) {
     return "compression " + describe(rs.compression()) + " cannot be combined with secure aggregation";
   }
+  if (rs.has_secagg() && rs.compression().scheme() == wire::Compression::RANDOM_K && !rs.compression().error_feedback()) {
+    return "secure random-k needs error feedback (the server's config requires it)";
+  }
   return "";
 }
 

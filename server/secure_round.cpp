@@ -198,8 +198,10 @@ void SecureRound::advance(Group& g, bool force) {
 void SecureRound::close_keys(Group& g) {
   auto keys = g.server->close_keys();
   if (!secagg::ok(keys)) return fail(g, secagg::error(keys));
+  // The complete graph: one list for every member. A graph: each member its neighbours' part.
+  const bool graph = g.setup.degree() != 0;
   auto e = env();
-  *e.mutable_secagg_key_list() = protocol::to_wire(secagg::value(keys));
+  if (!graph) *e.mutable_secagg_key_list() = protocol::to_wire(secagg::value(keys));
   // Members without valid keys in U1 cannot take part from here: dropouts now, not at the
   // training deadline.
   for (const auto& m : g.setup.members()) {
@@ -211,6 +213,7 @@ void SecureRound::close_keys(Group& g) {
   g.waiting.clear();
   for (const auto& [silo, k] : secagg::value(keys)) {
     g.waiting.insert(silo);
+    if (graph) *e.mutable_secagg_key_list() = protocol::to_wire(g.server->keys_for(silo));
     send(silo, e);
   }
   g.phase = Phase::Shares;

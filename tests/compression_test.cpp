@@ -9,6 +9,7 @@
 
 #include "crypto/hash.h"
 #include "protocol/compression.h"
+#include "protocol/round_start.h"
 #include "protocol/tensor_stream.h"
 #include "protocol/upload_slot.h"
 
@@ -306,7 +307,13 @@ TEST(Compression, ASecureSharedSetHoldsEveryDenseCoordinateAndKOfTheOthers) {
   Model m = batch_norm_model();
   const auto& layout = m.tensors();
   const auto set = shared_kept_set(c, layout);
-  EXPECT_EQ(set, shared_kept_set(c, layout));  // every silo and the server draw the same
+  // Built by hand: the draw over the 490 coordinates outside the statistics (conv.weight
+  // [0, 240), then fc.weight and fc.bias [257, 507)), and the statistics' 17 at [240, 257).
+  std::vector<std::uint64_t> expected;
+  for (auto x : random_k_set(41, 490, kept_count(c, 490))) expected.push_back(x < 240 ? x : x + 17);
+  for (std::uint64_t x = 240; x < 257; ++x) expected.push_back(x);
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(set, expected);
   EXPECT_TRUE(std::is_sorted(set.begin(), set.end()));
   EXPECT_EQ(std::adjacent_find(set.begin(), set.end()), set.end());
   const auto dense = dense_tensors(c, layout);
@@ -327,6 +334,22 @@ TEST(Compression, ASecureSharedSetHoldsEveryDenseCoordinateAndKOfTheOthers) {
   EXPECT_EQ(keep_shared_random_k(c, m.flat(), residual, layout), set);
   for (auto i : set) EXPECT_EQ(m.flat()[i], x[i] + 0.5f);
   for (std::size_t i = layout[1].offset; i < layout[4].offset; ++i) EXPECT_EQ(residual[i], 0.0f);
+}
+
+// A silo refuses a secure random-k round without error feedback, which the server's config
+// never makes: its kept coordinates would not be scaled (the codec clips each update).
+TEST(Compression, ASecureRandomKRoundWithoutErrorFeedbackIsRefusedBySilosAndEdges) {
+  wire::RoundStart rs;
+  auto* t = rs.add_tensors();
+  t->set_name("w");
+  t->set_dtype(wire::F32);
+  t->add_shape(10);
+  rs.mutable_secagg()->set_modulus_bits(32);
+  rs.mutable_secagg()->set_vector_length(3);
+  *rs.mutable_compression() = scheme(C::RANDOM_K, 0, 0, 0.1);
+  EXPECT_EQ(check_layout(rs), "");
+  rs.mutable_compression()->set_error_feedback(false);
+  EXPECT_NE(check_layout(rs).find("secure random-k needs error feedback"), std::string::npos) << check_layout(rs);
 }
 
 TEST(Compression, DensePatternsAreCheckedAndOnlyMatterWhenSomethingIsCompressed) {

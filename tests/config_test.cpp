@@ -271,6 +271,9 @@ TEST(Config, NormalisationStatisticsTravelDenseByDefaultAndTheListCanBeSet) {
   EXPECT_TRUE(dense(load(R"({"scheme": "none"})")).empty());
   atomic_write_file(dir / "back.json", server::to_json(two).dump());
   EXPECT_EQ(dense(server::load_server_config(dir / "back.json")), dense(two));
+  // "No dense tensors" stays that, not the defaults (found in review: `[]` was not written back).
+  atomic_write_file(dir / "back.json", server::to_json(load(R"({"scheme": "sign", "dense": []})")).dump());
+  EXPECT_TRUE(dense(server::load_server_config(dir / "back.json")).empty());
 
   const SixSiloServer six;
   EXPECT_NE(six(R"(, "compression": {"scheme": "none", "dense": ["x"]})").find(".compression.dense: applies when a scheme is set"),

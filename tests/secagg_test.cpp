@@ -336,7 +336,7 @@ Outcome run_protocol(secagg::Params p, const std::vector<Silo>& silos, std::mt19
   if (!secagg::ok(keys)) return abort("keys", secagg::error(keys));
   for (const auto& s : silos) {
     if (s.fate == BeforeKeys || s.fate == AfterKeys) continue;
-    auto out = clients.at(s.name).share(secagg::value(keys));
+    auto out = clients.at(s.name).share(server.keys_for(s.name));  // its part of the list, as sent
     if (p.graph() && !secagg::ok(out)) {  // too few of its holders advertised keys: it goes no further
       o.refusals.push_back(s.name + ": " + secagg::error(out));
       continue;
@@ -576,7 +576,8 @@ struct Group {
   void share() {
     advertise();
     for (std::size_t i = 0; i < clients.size(); ++i) {
-      EXPECT_EQ(server->on_shares(p.members[i], secagg::value(clients[i].share(keys))), "");
+      // Each member gets its part of the list, as SecureRound sends it (all of it: complete graph).
+      EXPECT_EQ(server->on_shares(p.members[i], secagg::value(clients[i].share(server->keys_for(p.members[i])))), "");
     }
     inboxes = secagg::value(server->close_shares());
   }
@@ -1166,6 +1167,28 @@ TEST(SecAggPlus, TheServerUnmasksOnlyNeighbourPairsOfTheDroppedMembers) {
   }
   EXPECT_EQ(g.server->expansions(), pairs + 27);
   EXPECT_LT(g.server->expansions(), 3u * 27u + 27u) << "fewer than the complete graph's";
+}
+
+// Each member is sent its own keys and its neighbours' (Server::keys_for): k + 1 entries, here
+// fewer than min_survivors, which members of a graph check at confirmation instead (the test
+// above sums exactly with such lists). The complete graph sends everyone all of U1.
+TEST(SecAggPlus, EachMemberIsSentOnlyItsNeighboursKeys) {
+  Group g(30, 4, 16, 15, 6);
+  g.advertise();
+  const secagg::Graph graph(30, 6, g.p.session + "/" + g.p.graph_seed);
+  for (const auto& m : g.p.members) {
+    const auto part = g.server->keys_for(m);
+    ASSERT_EQ(part.size(), 7u) << m;
+    EXPECT_TRUE(part.count(m));
+    for (const auto& [name, keys] : part) {
+      if (name != m) {
+        EXPECT_TRUE(graph.adjacent(g.p.index_of(m), g.p.index_of(name))) << m << " got " << name;
+      }
+    }
+  }
+  Group complete(6, 4);
+  complete.advertise();
+  EXPECT_EQ(complete.server->keys_for("s0").size(), 6u);
 }
 
 TEST(SecAggPlus, SurvivorsThatFallApartAreNeverUnmasked) {

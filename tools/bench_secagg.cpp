@@ -142,9 +142,10 @@ Row run(std::size_t n, std::size_t d, double drop, double rate, const BenchPki& 
                                                                server_signer.certificate(), "server"));
     server.on_keys(m, crypto::secagg::value(timed(i, [&] { return clients.back()->advertise(); })));
   }
-  auto keys = crypto::secagg::value(server.close_keys());
+  if (auto keys = server.close_keys(); !crypto::secagg::ok(keys)) throw std::runtime_error(crypto::secagg::error(keys));
   for (std::size_t i = 0; i < n; ++i) {
-    server.on_shares(p.members[i], crypto::secagg::value(timed(i, [&] { return clients[i]->share(keys); })));
+    const auto mine = server.keys_for(p.members[i]);  // as the server sends it: the member's neighbours' part
+    server.on_shares(p.members[i], crypto::secagg::value(timed(i, [&] { return clients[i]->share(mine); })));
   }
   auto boxes = crypto::secagg::value(server.close_shares());
   for (std::size_t i = 0; i < n; ++i) {
