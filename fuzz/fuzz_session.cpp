@@ -1,9 +1,13 @@
 // A silo agent's session: arbitrary messages from its upstream (a malicious edge can send
 // anything), connections coming and going. A trainer that returns a fixed update stands in for
-// training; jobs run inline.
+// training; jobs run inline. A RoundStart may carry a secure group the server signed (the
+// complete graph or a SecAgg+ graph), so that what follows reaches the secure-aggregation
+// handlers of a silo that takes part.
 #include "crypto/hash.h"
+#include "crypto/keys.h"
 #include "fuzz/fuzz_input.h"
 #include "protocol/round_start.h"
+#include "protocol/secagg_wire.h"
 #include "protocol/tensor_stream.h"
 #include "silo_agent/session.h"
 
@@ -22,6 +26,29 @@ class FixedTrainer : public agent::Trainer {
     return r;
   }
 };
+
+// silo-0 and 2-7 others, the complete graph or a ring of degree 2 or 4, signed by the server.
+void add_secure_group(wire::RoundStart& rs, fuzz::Input& in, std::uint64_t round, std::size_t elements) {
+  static const auto box = crypto::X25519KeyPair::generate();
+  const auto& pki = fuzz::pki();
+  auto* s = rs.mutable_secagg();
+  s->set_group(1);
+  const std::uint32_t n = 3 + in.u8() % 6;
+  for (std::uint32_t i = 0; i < n; ++i) s->add_members("silo-" + std::to_string(i));
+  const std::uint32_t degree = n >= 5 && (in.u8() & 1) ? 2 + 2 * (in.u8() % ((n - 3) / 2)) : 0;
+  s->set_degree(degree);
+  if (degree) s->set_graph_seed(in.bytes(8));
+  s->set_threshold(degree ? 2 + in.u8() % degree : n / 2 + 1);
+  s->set_min_survivors(s->threshold());
+  s->set_modulus_bits(in.u8() & 1 ? 32 : 64);
+  s->set_fraction_bits(16);
+  s->set_vector_length(elements + 1);  // the weight coordinate after the update
+  s->set_clip_norm(100);
+  s->set_max_weight(1000);
+  s->set_server_key(std::string(box.public_key.begin(), box.public_key.end()));
+  s->set_server_certificate(pki.server.certificate());
+  s->set_server_signature(pki.server.sign(protocol::setup_statement(*s, "fed", round)));
+}
 
 }  // namespace
 
@@ -80,6 +107,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           for (auto d : t.shape) spec->add_shape(d);
         }
         rs->set_model_sha256(in.u8() & 1 ? crypto::sha256_hex(model->flat()) : "0");
+        if (in.u8() & 1) add_secure_group(*rs, in, round, model->size());
         protocol::sign_round_start(*rs, pki.server, "fed");
         session.on_message(e);
         pump();
