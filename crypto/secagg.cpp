@@ -517,6 +517,7 @@ Expected<KeyList> Server::close_keys() {
 }
 
 KeyList Server::keys_for(const std::string& member) const {
+  if (step_ == Step::Keys) return {};  // U1 is not settled yet
   if (!p_.graph()) return keys_;
   KeyList out;
   if (auto it = keys_.find(member); it != keys_.end()) out.insert(*it);

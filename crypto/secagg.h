@@ -239,7 +239,9 @@ class Server {
   Expected<KeyList> close_keys();  // U1; fails below min_survivors
   // After close_keys(): the part of U1 that `member` is sent, its own entry and its neighbours'
   // (all of U1 on the complete graph). On a graph a member's key-list bytes grow with k, not n.
+  // Empty before close_keys().
   KeyList keys_for(const std::string& member) const;
+  bool graph() const { return p_.graph(); }  // members see only their neighbours (SecAgg+)
   std::string on_shares(const std::string& from, const Outbox& to);
   // Per member of U2: what the other members of U2 dealt it.
   Expected<std::map<std::string, Inbox>> close_shares();

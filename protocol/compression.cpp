@@ -362,12 +362,6 @@ std::vector<bool> dense_tensors(const wire::Compression& c, const std::vector<Te
   return dense;
 }
 
-std::size_t compressible(const std::vector<TensorInfo>& layout, const std::vector<bool>& dense) {
-  std::size_t d = 0;
-  for (std::size_t i = 0; i < layout.size(); ++i) d += dense[i] ? 0 : layout[i].size();
-  return d;
-}
-
 std::vector<std::uint64_t> random_k_set(std::uint64_t seed, std::size_t d, std::size_t k) {
   // Stratified: one coordinate drawn in each of k strata of consecutive coordinates, so the set
   // comes out sorted, exactly k, in O(k), and covers the model evenly.
@@ -623,30 +617,39 @@ std::vector<std::uint64_t> top_k_set(std::span<const float> v, std::size_t k, co
   return set;
 }
 
-// Keeps `set` of v: `update` becomes zero but there, where it holds v (scaled when `strata` is
-// not 0, for random-k without error feedback: the j-th kept coordinate stands for the j-th of
-// `set.size()` strata of `strata` coordinates); with error feedback `residual` (which is v)
-// loses what is sent. Returns the values sent. `v` may be `update` itself: the values are
-// gathered before the update is cleared.
-std::vector<float> keep(std::span<const float> v, const std::vector<std::uint64_t>& set, std::span<float> update,
-                        std::span<float> residual, std::size_t strata_of = 0) {
+// Keeps `set` (sorted, within `parts`) of v: `update` becomes zero in `parts` but there, where it
+// holds v (scaled when `strata_of` is not 0, for random-k without error feedback: the j-th kept
+// coordinate stands for the j-th of `set.size()` strata of `strata_of` coordinates); outside
+// `parts` it is left as it is. With error feedback `residual` (which is v) loses what is sent.
+// Returns the values sent. `v` may be `update` itself: each value is read before it is written.
+// Every coordinate of `set` lies in `parts`.
+std::vector<float> keep(std::span<const float> v, const std::vector<std::uint64_t>& set, const Ranges& parts,
+                        std::span<float> update, std::span<float> residual, std::size_t strata_of = 0) {
   const std::size_t k = set.size();
   const bool scaled = strata_of != 0;
   std::vector<float> vals(k);
   Strata strata(std::max<std::size_t>(strata_of, 1), std::max<std::size_t>(k, 1));
-  // One pass: each kept value read (v in increasing order), the zeros before it and it written.
-  std::size_t filled = 0;
-  for (std::size_t j = 0; j < k; ++j) {
-    const auto [b, e] = strata.next();
-    const std::size_t i = set[j];
-    const float val = v[i] * (scaled ? static_cast<float>(e - b) : 1.0f);
-    std::fill(update.begin() + static_cast<std::ptrdiff_t>(filled), update.begin() + static_cast<std::ptrdiff_t>(i),
-              0.0f);
-    update[i] = vals[j] = val;
-    filled = i + 1;
-    if (!residual.empty()) residual[i] -= val;
+  // One pass, a block at a time: the block's kept values gathered, the block zeroed (one memset,
+  // not one per gap) and the values put back while it is in the L1 cache.
+  constexpr std::size_t kBlock = 4096;
+  std::size_t j = 0;
+  for (const auto& [begin, end] : parts) {
+    for (std::size_t b = begin; b < end; b += kBlock) {
+      const std::size_t e = std::min(end, b + kBlock), first = j;
+      for (; j < k && set[j] < e; ++j) {
+        const std::size_t i = set[j];
+        float val = v[i];
+        if (scaled) {
+          const auto [sb, se] = strata.next();
+          val *= static_cast<float>(se - sb);
+        }
+        vals[j] = val;
+        if (!residual.empty()) residual[i] -= val;
+      }
+      std::fill(update.begin() + static_cast<std::ptrdiff_t>(b), update.begin() + static_cast<std::ptrdiff_t>(e), 0.0f);
+      for (std::size_t q = first; q < j; ++q) update[set[q]] = vals[q];
+    }
   }
-  std::fill(update.begin() + static_cast<std::ptrdiff_t>(filled), update.end(), 0.0f);
   return vals;
 }
 
@@ -702,6 +705,10 @@ void encode_low_rank(const wire::Compression& c, const TensorInfo& t, std::span<
 
 }  // namespace
 
+std::size_t compressible(const std::vector<TensorInfo>& layout, const std::vector<bool>& dense) {
+  return length(compressible_ranges(layout, dense));
+}
+
 EncodedUpdate compress_update(const wire::Compression& c, std::span<float> update, std::span<float> residual,
                               const std::vector<TensorInfo>& layout, std::size_t chunk_elems, std::uint64_t seed) {
   if (!c.error_feedback()) residual = {};
@@ -711,16 +718,12 @@ EncodedUpdate compress_update(const wire::Compression& c, std::span<float> updat
   std::vector<float> scratch;
   std::vector<std::uint64_t> set;
   std::vector<float> vals;
-  std::vector<float> held;  // sparse: the dense tensors' values, which keep() clears from the update
-  if (sparse(c)) {
+  if (sparse(c)) {  // the dense tensors are left alone in v (and in the update)
     const auto parts = compressible_ranges(layout, dense);
     const std::size_t d = length(parts), k = kept_count(c, d);
     set = c.scheme() == Compression::TOP_K ? top_k_set(v, k, parts) : to_flat(random_k_set(seed, d, k), parts);
-    for (std::size_t i = 0; i < layout.size(); ++i) {
-      if (dense[i]) held.insert(held.end(), v.begin() + layout[i].offset, v.begin() + layout[i].offset + layout[i].size());
-    }
     const bool scaled = c.scheme() == Compression::RANDOM_K && !c.error_feedback();
-    vals = keep(v, set, update, residual, scaled ? d : 0);
+    vals = keep(v, set, parts, update, residual, scaled ? d : 0);
   } else if (v.data() == update.data()) {
     scratch.assign(update.begin(), update.end());  // the codec reads v and writes the update apart
     v = scratch;
@@ -732,19 +735,14 @@ EncodedUpdate compress_update(const wire::Compression& c, std::span<float> updat
   chunk_elems = std::clamp<std::size_t>(chunk_elems, 1, kMaxChunkCount);
   std::uint64_t chunk_seed = seed;
   std::size_t next = 0;  // sparse: the first kept coordinate not yet in a chunk
-  std::size_t from_held = 0;
   for (std::size_t ti = 0; ti < layout.size(); ++ti) {
     const auto& t = layout[ti];
     if (dense[ti]) {  // float32 as it is (the update holds v there), no residual left
       auto dec = update.subspan(t.offset, t.size());
-      if (sparse(c)) {
-        std::copy_n(held.begin() + static_cast<std::ptrdiff_t>(from_held), t.size(), dec.begin());
-        from_held += t.size();
-        if (!residual.empty()) std::fill_n(residual.begin() + static_cast<std::ptrdiff_t>(t.offset), t.size(), 0.0f);
-      } else {
-        const auto src = v.subspan(t.offset, t.size());
-        std::copy(src.begin(), src.end(), dec.begin());  // the residual loses it below
-      }
+      const auto src = v.subspan(t.offset, t.size());
+      if (src.data() != dec.data()) std::copy(src.begin(), src.end(), dec.begin());
+      // Sparse schemes are done with the residual; the others take the update out of it below.
+      if (sparse(c) && !residual.empty()) std::fill(src.begin(), src.end(), 0.0f);
       for (std::size_t off = 0; off < t.size(); off += chunk_elems) {
         const std::size_t n = std::min(chunk_elems, t.size() - off);
         auto ch = chunk_of(c, t, off, n);
@@ -790,19 +788,19 @@ EncodedUpdate compress_update(const wire::Compression& c, std::span<float> updat
 
 std::vector<std::uint64_t> shared_kept_set(const wire::Compression& c, const std::vector<TensorInfo>& layout) {
   const auto dense = dense_tensors(c, layout);
-  const auto parts = compressible_ranges(layout, dense);
-  const std::size_t d = length(parts);
-  auto drawn = to_flat(random_k_set(c.seed(), d, kept_count(c, d)), parts);
-  if (std::none_of(dense.begin(), dense.end(), [](bool b) { return b; })) return drawn;
+  const std::size_t d = compressible(layout, dense);
+  // Drawn among the compressible coordinates, counted without the dense tensors' in between.
+  const auto drawn = random_k_set(c.seed(), d, kept_count(c, d));
   std::vector<std::uint64_t> set;
   set.reserve(drawn.size());
-  std::size_t j = 0;
+  std::size_t j = 0, base = 0;
   for (std::size_t i = 0; i < layout.size(); ++i) {
     const auto& t = layout[i];
     if (dense[i]) {
       for (std::uint64_t x = t.offset; x < t.offset + t.size(); ++x) set.push_back(x);
     } else {
-      for (; j < drawn.size() && drawn[j] < t.offset + t.size(); ++j) set.push_back(drawn[j]);
+      for (; j < drawn.size() && drawn[j] < base + t.size(); ++j) set.push_back(t.offset + (drawn[j] - base));
+      base += t.size();
     }
   }
   return set;
@@ -814,7 +812,7 @@ std::vector<std::uint64_t> keep_shared_random_k(const wire::Compression& c, std:
   const std::span<float> v = with_residual(update, residual);
   auto set = shared_kept_set(c, layout);
   // Never scaled: the fixed-point codec clips each update, so secure random-k needs error feedback.
-  keep(v, set, update, residual);
+  keep(v, set, {{0, update.size()}}, update, residual);
   return set;
 }
 

@@ -199,7 +199,7 @@ void SecureRound::close_keys(Group& g) {
   auto keys = g.server->close_keys();
   if (!secagg::ok(keys)) return fail(g, secagg::error(keys));
   // The complete graph: one list for every member. A graph: each member its neighbours' part.
-  const bool graph = g.setup.degree() != 0;
+  const bool graph = g.server->graph();
   auto e = env();
   if (!graph) *e.mutable_secagg_key_list() = protocol::to_wire(secagg::value(keys));
   // Members without valid keys in U1 cannot take part from here: dropouts now, not at the

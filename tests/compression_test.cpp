@@ -266,6 +266,66 @@ TEST(Compression, NormalisationStatisticsTravelDenseOutsideTheErrorFeedback) {
   }
 }
 
+// Any layout: dense tensors first, last, side by side or none. Top-k against a plain reference
+// (the k largest of the other tensors' coordinates, all distinct here); random-k scaled keeps
+// exactly k of the others. The dense tensors' values and the residual are exact either way.
+TEST(Compression, SparsifiersLeaveDenseTensorsAloneWhereverTheyLie) {
+  std::mt19937 rng(77);
+  for (int trial = 0; trial < 300; ++trial) {
+    Model m;
+    const int tensors = 1 + static_cast<int>(rng() % 7);
+    for (int i = 0; i < tensors; ++i) {
+      m.add((rng() % 3 == 0 ? "bn" + std::to_string(i) + ".running_var" : "w" + std::to_string(i)),
+            {1 + rng() % 40});
+    }
+    const bool ef = rng() % 2 == 0, top = rng() % 2 == 0;
+    auto c = top ? scheme(C::TOP_K, 0, 0, 0.2, ef) : scheme(C::RANDOM_K, 0, 0, 0.2, ef);
+    for (const auto& pat : default_dense_patterns()) c.add_dense(pat);
+    const auto& layout = m.tensors();
+    const auto dense = dense_tensors(c, layout);
+    const std::size_t other = compressible(layout, dense), k = kept_count(c, other);
+    const auto x = gaussian(m.size(), 100 + static_cast<std::uint32_t>(trial));
+    std::copy(x.begin(), x.end(), m.flat().begin());
+    std::vector<float> residual = ef ? gaussian(m.size(), 500 + static_cast<std::uint32_t>(trial), 0.1f)
+                                     : std::vector<float>(m.size(), 0.0f);
+    std::vector<float> v = x;
+    if (ef) {
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] += residual[i];
+    }
+    std::vector<float> mags;  // the others' magnitudes, for top-k's threshold
+    for (std::size_t ti = 0; ti < layout.size(); ++ti) {
+      for (std::size_t i = layout[ti].offset; !dense[ti] && i < layout[ti].offset + layout[ti].size(); ++i) {
+        mags.push_back(std::fabs(v[i]));
+      }
+    }
+    std::sort(mags.begin(), mags.end(), std::greater<float>());
+    auto res = residual;
+    (void)compress_update(c, m.flat(), res, layout, 16, 3);
+    std::size_t kept = 0;
+    for (std::size_t ti = 0; ti < layout.size(); ++ti) {
+      for (std::size_t i = layout[ti].offset; i < layout[ti].offset + layout[ti].size(); ++i) {
+        const float out = m.flat()[i];
+        if (dense[ti]) {
+          ASSERT_EQ(out, v[i]) << trial << " " << layout[ti].name;
+          if (ef) {
+            ASSERT_EQ(res[i], 0.0f) << trial;
+          }
+          continue;
+        }
+        kept += out != 0.0f;
+        if (top) {
+          const bool chosen = k > 0 && std::fabs(v[i]) >= mags[k - 1];
+          ASSERT_EQ(out, chosen ? v[i] : 0.0f) << trial << " " << layout[ti].name << " " << i;
+        }
+        if (ef) {
+          ASSERT_EQ(res[i], out != 0.0f ? v[i] - out : v[i]) << trial << " " << i;
+        }
+      }
+    }
+    ASSERT_EQ(kept, k) << trial;
+  }
+}
+
 TEST(Compression, ATensorThatTravelsDenseMustComeUncompressedAndTheOthersCompressed) {
   auto c = scheme(C::QUANTIZE, 8, 16);
   c.add_dense("bn.*");

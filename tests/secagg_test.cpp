@@ -1174,7 +1174,12 @@ TEST(SecAggPlus, TheServerUnmasksOnlyNeighbourPairsOfTheDroppedMembers) {
 // above sums exactly with such lists). The complete graph sends everyone all of U1.
 TEST(SecAggPlus, EachMemberIsSentOnlyItsNeighboursKeys) {
   Group g(30, 4, 16, 15, 6);
-  g.advertise();
+  EXPECT_TRUE(g.server->graph());
+  for (std::size_t i = 0; i < g.clients.size(); ++i) {
+    EXPECT_EQ(g.server->on_keys(g.p.members[i], secagg::value(g.clients[i].advertise())), "");
+  }
+  EXPECT_TRUE(g.server->keys_for("s0").empty()) << "nothing is sent before U1 is settled";
+  g.keys = secagg::value(g.server->close_keys());
   const secagg::Graph graph(30, 6, g.p.session + "/" + g.p.graph_seed);
   for (const auto& m : g.p.members) {
     const auto part = g.server->keys_for(m);
@@ -1187,6 +1192,7 @@ TEST(SecAggPlus, EachMemberIsSentOnlyItsNeighboursKeys) {
     }
   }
   Group complete(6, 4);
+  EXPECT_FALSE(complete.server->graph());
   complete.advertise();
   EXPECT_EQ(complete.server->keys_for("s0").size(), 6u);
 }
