@@ -338,6 +338,17 @@ std::string Client::settle(const Settled& s) {
   for (const auto& m : members) {
     if (holds(m) && !held_.count(m)) return "the settled list names " + m + ", whose shares this silo does not hold";
   }
+  // The masks are agreed now, one X25519 per settled neighbour, while the update is usually still
+  // being trained: mask() is then the keystreams alone.
+  std::vector<MaskTerm> masks;
+  for (const auto& [v, index] : near_) {
+    if (!std::binary_search(members.begin(), members.end(), v)) continue;
+    auto seed = pair_seed(p_, mask_.secret, u1_.at(v).mask_pk, me_, v);
+    if (!seed) return "member " + v + " advertised an invalid mask key";
+    masks.push_back({*seed, mine_ < index ? +1 : -1});
+  }
+  masks.push_back({self_seed_, +1});
+  masks_ = std::move(masks);
   u2_ = members;
   step_ = Step::Mask;
   return "";
@@ -348,15 +359,8 @@ std::string Client::mask_impl(std::span<T> input) {
   if (step_ != Step::Mask) return "masked input out of order";
   if (input.size() != p_.length) return "input has the wrong length";
   if (sizeof(T) * 8 != p_.bits) return "input words do not match the ring";
-  std::vector<MaskTerm> masks;
-  for (const auto& [v, index] : near_) {
-    if (!std::binary_search(u2_.begin(), u2_.end(), v)) continue;
-    auto seed = pair_seed(p_, mask_.secret, u1_.at(v).mask_pk, me_, v);
-    if (!seed) return "member " + v + " advertised an invalid mask key";
-    masks.push_back({*seed, mine_ < index ? +1 : -1});
-  }
-  masks.push_back({self_seed_, +1});
-  add_masks(masks, input);  // one pass over the input for all of them
+  add_masks(masks_, input);  // one pass over the input for all of them
+  masks_.clear();              // the seeds are zeroed as they go
   step_ = Step::Confirm;
   return "";
 }

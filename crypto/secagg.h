@@ -55,6 +55,7 @@
 
 #include "crypto/certs.h"
 #include "crypto/fixed_point.h"
+#include "crypto/mask.h"
 #include "crypto/hash.h"
 #include "crypto/keys.h"
 #include "crypto/secagg_graph.h"
@@ -180,9 +181,10 @@ class Client {
   // Opens what the others dealt; a box that fails becomes an accusation in the receipt. An
   // error means the delivery itself was tampered with (a signature that does not verify).
   Expected<Receipt> receive(const Inbox& from);
-  // The server's final U2: this member masks with exactly these.
+  // The server's final U2: this member masks with exactly these. Agrees the pairwise mask seeds
+  // with its settled neighbours here (one X25519 each), so that mask() is the keystreams alone.
   std::string settle(const Settled& settled);
-  // Adds the masks to an encoded input in place (length words).
+  // Adds the masks to an encoded input in place (length words), in one pass over it.
   std::string mask(std::span<std::uint8_t> input);
   std::string mask(std::span<std::uint16_t> input);
   std::string mask(std::span<std::uint32_t> input);
@@ -221,6 +223,7 @@ class Client {
   KeyList u1_;  // this member's and its neighbours' entries of U1
   std::set<std::string> accused_;
   std::vector<std::string> u2_;  // the settled U2 (itself included)
+  std::vector<MaskTerm> masks_;  // agreed at settle(): a pairwise seed per settled neighbour, the self seed
   std::map<std::string, std::pair<SignedShare, SignedShare>> held_;  // owner -> (mask-key, self-mask) shares
   std::optional<std::vector<std::string>> confirmed_;
   enum class Step { Advertise, Share, Receive, Settle, Mask, Confirm, Unmask, Done } step_ = Step::Advertise;
