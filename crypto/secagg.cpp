@@ -359,6 +359,7 @@ std::string Client::mask_impl(std::span<T> input) {
   if (step_ != Step::Mask) return "masked input out of order";
   if (input.size() != p_.length) return "input has the wrong length";
   if (sizeof(T) * 8 != p_.bits) return "input words do not match the ring";
+  if (masks_.empty()) return "no masks were agreed when U2 was settled";  // never sent unmasked
   add_masks(masks_, input);  // one pass over the input for all of them
   masks_.clear();              // the seeds are zeroed as they go
   step_ = Step::Confirm;

@@ -266,17 +266,20 @@ TEST(Compression, NormalisationStatisticsTravelDenseOutsideTheErrorFeedback) {
   }
 }
 
-// Any layout: dense tensors first, last, side by side or none. Top-k against a plain reference
-// (the k largest of the other tensors' coordinates, all distinct here); random-k scaled keeps
-// exactly k of the others. The dense tensors' values and the residual are exact either way.
+// Any layout: dense tensors first, last, side by side or none, empty tensors, tensors across
+// keep()'s blocks of 4,096. Top-k against a plain reference (the k largest of the other tensors'
+// coordinates, all distinct here); random-k keeps the draw of random_k_set over the other
+// tensors' coordinates, scaled by its stratum's size without error feedback. The dense tensors'
+// values and the residual are exact either way.
 TEST(Compression, SparsifiersLeaveDenseTensorsAloneWhereverTheyLie) {
   std::mt19937 rng(77);
+  const std::uint64_t sizes[] = {0, 4095, 4096, 4097, 8193};
   for (int trial = 0; trial < 300; ++trial) {
     Model m;
     const int tensors = 1 + static_cast<int>(rng() % 7);
     for (int i = 0; i < tensors; ++i) {
-      m.add((rng() % 3 == 0 ? "bn" + std::to_string(i) + ".running_var" : "w" + std::to_string(i)),
-            {1 + rng() % 40});
+      const std::uint64_t size = rng() % 4 == 0 ? sizes[rng() % 5] : 1 + rng() % 40;
+      m.add((rng() % 3 == 0 ? "bn" + std::to_string(i) + ".running_var" : "w" + std::to_string(i)), {size});
     }
     const bool ef = rng() % 2 == 0, top = rng() % 2 == 0;
     auto c = top ? scheme(C::TOP_K, 0, 0, 0.2, ef) : scheme(C::RANDOM_K, 0, 0, 0.2, ef);
@@ -293,12 +296,16 @@ TEST(Compression, SparsifiersLeaveDenseTensorsAloneWhereverTheyLie) {
       for (std::size_t i = 0; i < v.size(); ++i) v[i] += residual[i];
     }
     std::vector<float> mags;  // the others' magnitudes, for top-k's threshold
+    std::vector<std::size_t> flat;  // the others' coordinates in order, for random-k's draw
     for (std::size_t ti = 0; ti < layout.size(); ++ti) {
       for (std::size_t i = layout[ti].offset; !dense[ti] && i < layout[ti].offset + layout[ti].size(); ++i) {
         mags.push_back(std::fabs(v[i]));
+        flat.push_back(i);
       }
     }
     std::sort(mags.begin(), mags.end(), std::greater<float>());
+    std::vector<char> drawn(m.size(), 0);
+    for (auto j : random_k_set(3, other, k)) drawn[flat[j]] = 1;
     auto res = residual;
     (void)compress_update(c, m.flat(), res, layout, 16, 3);
     std::size_t kept = 0;
@@ -316,6 +323,13 @@ TEST(Compression, SparsifiersLeaveDenseTensorsAloneWhereverTheyLie) {
         if (top) {
           const bool chosen = k > 0 && std::fabs(v[i]) >= mags[k - 1];
           ASSERT_EQ(out, chosen ? v[i] : 0.0f) << trial << " " << layout[ti].name << " " << i;
+        } else if (!drawn[i]) {
+          ASSERT_EQ(out, 0.0f) << trial << " " << i;
+        } else if (ef) {
+          ASSERT_EQ(out, v[i]) << trial << " " << i;
+        } else {  // a stratum of other / k coordinates, or one more
+          const float q = static_cast<float>(other / k);
+          ASSERT_TRUE(out == v[i] * q || out == v[i] * (q + 1.0f)) << trial << " " << i << " " << out / v[i];
         }
         if (ef) {
           ASSERT_EQ(res[i], out != 0.0f ? v[i] - out : v[i]) << trial << " " << i;
