@@ -157,6 +157,7 @@ class Session {
   void on_survivors(const wire::Envelope& e);
   void on_unmask_request(const wire::Envelope& e);
   void secure_failed(const std::string& step, const std::string& why);
+  bool secure_message(const wire::Envelope& e, const std::string& step);
   // The server that signed a secure setup, checked; "" when it may not run this silo's groups.
   std::string setup_signer(const wire::SecAggSetup& setup, std::string& why) const;
   void on_model_chunk(const wire::Envelope& e);

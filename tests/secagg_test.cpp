@@ -567,10 +567,14 @@ struct Group {
     return secagg::Client(p, m, test::signer(wire::SILO, m), test::verifier(), server_signer.certificate(), "server");
   }
   secagg::Client& c(std::size_t i) { return clients[i]; }
-  void advertise() {
+  // Every member's keys to the server, U1 not yet settled.
+  void offer_keys() {
     for (std::size_t i = 0; i < clients.size(); ++i) {
       EXPECT_EQ(server->on_keys(p.members[i], secagg::value(clients[i].advertise())), "");
     }
+  }
+  void advertise() {
+    offer_keys();
     keys = secagg::value(server->close_keys());
   }
   void share() {
@@ -1175,9 +1179,7 @@ TEST(SecAggPlus, TheServerUnmasksOnlyNeighbourPairsOfTheDroppedMembers) {
 TEST(SecAggPlus, EachMemberIsSentOnlyItsNeighboursKeys) {
   Group g(30, 4, 16, 15, 6);
   EXPECT_TRUE(g.server->graph());
-  for (std::size_t i = 0; i < g.clients.size(); ++i) {
-    EXPECT_EQ(g.server->on_keys(g.p.members[i], secagg::value(g.clients[i].advertise())), "");
-  }
+  g.offer_keys();
   EXPECT_TRUE(g.server->keys_for("s0").empty()) << "nothing is sent before U1 is settled";
   g.keys = secagg::value(g.server->close_keys());
   const secagg::Graph graph(30, 6, g.p.session + "/" + g.p.graph_seed);

@@ -491,6 +491,13 @@ TEST(Session, TakesPartInSecureAggregationSoThatOnlyTheSumIsRevealed) {
   h.run_jobs();  // train; masking waits for the settled members
   EXPECT_FALSE(h.last(wire::Envelope::kUpdateReady));
   h.deliver_in(1, [&](wire::Envelope& e) { *e.mutable_secagg_settled() = protocol::to_wire(settled); });
+  // A survivor list that overtakes the masking job (only a faulty or malicious upstream sends
+  // one) is refused, not handled beside the job that holds the client; the round goes on.
+  h.deliver_in(1, [&](wire::Envelope& e) { e.mutable_secagg_survivors()->add_survivors("silo-a"); });
+  ASSERT_TRUE(h.last(wire::Envelope::kError));
+  EXPECT_NE(h.last(wire::Envelope::kError)->error().message().find("survivors arrived while this silo masks"),
+            std::string::npos);
+  EXPECT_FALSE(h.last(wire::Envelope::kSecaggConfirmation));
   h.run_jobs();  // mask
   const auto* ready = h.last(wire::Envelope::kUpdateReady);
   ASSERT_TRUE(ready);

@@ -130,6 +130,10 @@ Row run(std::size_t n, std::size_t d, double drop, double rate, const BenchPki& 
   std::vector<std::unique_ptr<crypto::secagg::Client>> clients;
   const std::uint32_t degree = plan.degree ? plan.degree : static_cast<std::uint32_t>(n - 1);
   Row r{n, d, drop, degree, p.threshold, 0, 0, 0, 0, 0, 0, false};
+  // Every step must succeed: a refusal is a bug in the bench or the protocol, not a slow row.
+  auto must = [](const std::string& err, const char* step) {
+    if (!err.empty()) throw std::runtime_error(std::string("secagg bench: ") + step + ": " + err);
+  };
   auto timed = [&](std::size_t i, auto&& f) {
     const auto t0 = Clock::now();
     auto out = f();
@@ -140,19 +144,22 @@ Row run(std::size_t n, std::size_t d, double drop, double rate, const BenchPki& 
     const auto& m = p.members[i];
     clients.push_back(std::make_unique<crypto::secagg::Client>(p, m, pki.signers.at(m), *pki.ca,
                                                                server_signer.certificate(), "server"));
-    server.on_keys(m, crypto::secagg::value(timed(i, [&] { return clients.back()->advertise(); })));
+    must(server.on_keys(m, crypto::secagg::value(timed(i, [&] { return clients.back()->advertise(); }))), "keys");
   }
   if (auto keys = server.close_keys(); !crypto::secagg::ok(keys)) throw std::runtime_error(crypto::secagg::error(keys));
   for (std::size_t i = 0; i < n; ++i) {
     const auto mine = server.keys_for(p.members[i]);  // as the server sends it: the member's neighbours' part
-    server.on_shares(p.members[i], crypto::secagg::value(timed(i, [&] { return clients[i]->share(mine); })));
+    must(server.on_shares(p.members[i], crypto::secagg::value(timed(i, [&] { return clients[i]->share(mine); }))),
+         "shares");
   }
   auto boxes = crypto::secagg::value(server.close_shares());
   for (std::size_t i = 0; i < n; ++i) {
-    server.on_receipt(p.members[i], crypto::secagg::value(timed(i, [&] { return clients[i]->receive(boxes[p.members[i]]); })));
+    must(server.on_receipt(p.members[i],
+                           crypto::secagg::value(timed(i, [&] { return clients[i]->receive(boxes[p.members[i]]); }))),
+         "receipt");
   }
   auto settled = crypto::secagg::value(server.settle());
-  for (std::size_t i = 0; i < n; ++i) timed(i, [&] { return clients[i]->settle(settled); });  // agrees the mask seeds
+  for (std::size_t i = 0; i < n; ++i) must(timed(i, [&] { return clients[i]->settle(settled); }), "settle");  // agrees the seeds
   // The last `dropped` silos vanish after settling: the server must rebuild their mask keys.
   const auto dropped = static_cast<std::size_t>(std::round(drop * static_cast<double>(n)));
   std::vector<std::uint32_t> y(d + 1), sum(d + 1, 0), expected(d + 1, 0);
@@ -160,19 +167,21 @@ Row run(std::size_t n, std::size_t d, double drop, double rate, const BenchPki& 
     for (std::size_t k = 0; k <= d; ++k) y[k] = static_cast<std::uint32_t>(i * 2654435761u + k);
     for (std::size_t k = 0; k <= d; ++k) expected[k] += y[k];
     const auto t0 = Clock::now();
-    clients[i]->mask(y);
+    must(clients[i]->mask(y), "mask");
     const double s = seconds_since(t0);
     if (i < 3) r.mask_s = i == 0 ? s : std::min(r.mask_s, s);  // best of the first three silos
     for (std::size_t k = 0; k <= d; ++k) sum[k] += y[k];
-    server.on_masked_input(p.members[i]);
+    must(server.on_masked_input(p.members[i]), "masked input");
   }
   auto u3 = crypto::secagg::value(server.close_masked());
   for (std::size_t i = 0; i + dropped < n; ++i) {
-    server.on_confirmation(p.members[i], crypto::secagg::value(clients[i]->confirm(u3, server.survivors_signature())).signature);
+    must(server.on_confirmation(p.members[i],
+                                crypto::secagg::value(clients[i]->confirm(u3, server.survivors_signature())).signature),
+         "confirmation");
   }
   auto request = crypto::secagg::value(server.close_confirmations());
   for (std::size_t i = 0; i + dropped < n; ++i) {
-    server.on_unmask(p.members[i], crypto::secagg::value(clients[i]->unmask(request)).box);
+    must(server.on_unmask(p.members[i], crypto::secagg::value(clients[i]->unmask(request)).box), "unmask");
   }
   const auto t0 = Clock::now();
   const auto err = server.finish(std::span<std::uint32_t>(sum));
