@@ -788,21 +788,21 @@ EncodedUpdate compress_update(const wire::Compression& c, std::span<float> updat
 
 std::vector<std::uint64_t> shared_kept_set(const wire::Compression& c, const std::vector<TensorInfo>& layout) {
   const auto dense = dense_tensors(c, layout);
-  const std::size_t d = compressible(layout, dense);
+  const auto parts = compressible_ranges(layout, dense);
   // Drawn among the compressible coordinates, counted without the dense tensors' in between.
-  const auto drawn = random_k_set(c.seed(), d, kept_count(c, d));
+  const std::size_t d = length(parts);
+  const auto drawn = to_flat(random_k_set(c.seed(), d, kept_count(c, d)), parts);
+  // Every coordinate of the dense tensors joins it, in order.
   std::vector<std::uint64_t> set;
-  set.reserve(drawn.size());
-  std::size_t j = 0, base = 0;
+  set.reserve(drawn.size() + elements(layout) - d);
+  auto next = drawn.begin();
   for (std::size_t i = 0; i < layout.size(); ++i) {
+    if (!dense[i]) continue;
     const auto& t = layout[i];
-    if (dense[i]) {
-      for (std::uint64_t x = t.offset; x < t.offset + t.size(); ++x) set.push_back(x);
-    } else {
-      for (; j < drawn.size() && drawn[j] < base + t.size(); ++j) set.push_back(t.offset + (drawn[j] - base));
-      base += t.size();
-    }
+    for (; next != drawn.end() && *next < t.offset; ++next) set.push_back(*next);
+    for (std::uint64_t x = t.offset; x < t.offset + t.size(); ++x) set.push_back(x);
   }
+  set.insert(set.end(), next, drawn.end());
   return set;
 }
 

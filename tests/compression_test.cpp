@@ -306,6 +306,21 @@ TEST(Compression, SparsifiersLeaveDenseTensorsAloneWhereverTheyLie) {
     std::sort(mags.begin(), mags.end(), std::greater<float>());
     std::vector<char> drawn(m.size(), 0);
     for (auto j : random_k_set(3, other, k)) drawn[flat[j]] = 1;
+    if (!top) {  // the secure set: the same draw from the round's seed, and every dense coordinate
+      auto shared = c;
+      shared.set_seed(3);
+      std::vector<std::uint64_t> expected;
+      for (std::size_t i = 0; i < m.size(); ++i) {
+        if (drawn[i]) expected.push_back(i);
+      }
+      for (std::size_t ti = 0; ti < layout.size(); ++ti) {
+        for (std::size_t i = layout[ti].offset; dense[ti] && i < layout[ti].offset + layout[ti].size(); ++i) {
+          expected.push_back(i);
+        }
+      }
+      std::sort(expected.begin(), expected.end());
+      ASSERT_EQ(shared_kept_set(shared, layout), expected) << trial;
+    }
     auto res = residual;
     (void)compress_update(c, m.flat(), res, layout, 16, 3);
     std::size_t kept = 0;

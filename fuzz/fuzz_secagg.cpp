@@ -1,0 +1,235 @@
+// Secure aggregation's message handlers past their signature checks. A group of four silos
+// (the complete graph, or SecAgg+ on a ring of degree 2) runs in process with real
+// certificates, keys and boxes, every step as in a real round. The input decides, step by
+// step, what silo-0 is sent (the key list, the share delivery, the settled list, the survivors,
+// the unmask request) and what the server is sent by silo-3 (keys, shares, receipt,
+// confirmation, unmask answer): the honest message, the honest message with bytes of its wire
+// form altered, or a message parsed from the input; and whether silo-3 masks. The honest members
+// go on whatever happens, so every later handler is reached with the state a real round has.
+// Every refusal must be a reason, never a crash or a leak; and a round whose messages were all
+// honest must end in exactly the sum of the masked inputs.
+#include <cstdlib>
+
+#include "crypto/keys.h"
+#include "fuzz/fuzz_input.h"
+#include "protocol/secagg_wire.h"
+
+namespace {
+
+using namespace xsilo;
+namespace secagg = crypto::secagg;
+
+constexpr std::size_t kMembers = 4, kLength = 5;
+
+const std::vector<crypto::CertSigner>& silo_signers() {
+  static const auto signers = [] {
+    std::vector<crypto::CertSigner> s;
+    for (std::size_t i = 0; i < kMembers; ++i) {
+      const auto kit = fuzz::pki().dir / "kits" / ("silo-" + std::to_string(i));
+      s.push_back(crypto::CertSigner::from_pem(read_file(kit / "cert.pem"), read_file(kit / "key.pem")));
+    }
+    return s;
+  }();
+  return signers;
+}
+
+// What one party is sent at one step: the honest message (`honest` stays true), the honest one
+// with up to four of its bytes altered, or one parsed from the input.
+class Adversary {
+ public:
+  explicit Adversary(fuzz::Input& in) : in_(in) {}
+  bool honest() const { return honest_; }
+
+  std::string bytes(const std::string& real) {
+    switch (in_.u8() % 4) {
+      case 2: {
+        honest_ = false;
+        std::string b = real;
+        for (int k = 1 + in_.u8() % 4; k > 0 && !b.empty(); --k) b[in_.u16() % b.size()] ^= static_cast<char>(in_.u8() | 1);
+        return b;
+      }
+      case 3: honest_ = false; return in_.bytes(in_.u16() % 2048);
+      default: return real;
+    }
+  }
+  template <class Msg>
+  Msg message(const Msg& real) {
+    const std::string b = bytes(real.SerializeAsString());
+    Msg m;
+    (void)m.ParseFromString(b);  // what does not parse arrives empty
+    return m;
+  }
+  // Who the server hears it from: silo-3 mostly, now and then another name (a relay's mislabel).
+  std::string sender() {
+    const std::uint8_t v = in_.u8();
+    if (v < 200) return "silo-3";
+    honest_ = false;
+    return v < 250 ? "silo-" + std::to_string(v % 6) : in_.bytes(8);
+  }
+  fuzz::Input& in() { return in_; }
+
+ private:
+  fuzz::Input& in_;
+  bool honest_ = true;
+};
+
+// Silo i's input before masking.
+template <class T>
+std::vector<T> masked_input(std::size_t i) {
+  std::vector<T> x(kLength);
+  for (std::size_t k = 0; k < kLength; ++k) x[k] = static_cast<T>(1000 * (i + 1) + k);
+  return x;
+}
+
+// The round from the keys to the sum, for words of type T.
+template <class T>
+void run(secagg::Params p, Adversary& adv) {
+  static const auto box = crypto::X25519KeyPair::generate();
+  const auto& pki = fuzz::pki();
+  p.bits = 8 * sizeof(T);
+  p.server_key = box.public_key;
+  secagg::Server server(p, pki.ca, pki.server, box);
+  std::vector<secagg::Client> c;
+  for (std::size_t i = 0; i < kMembers; ++i) {
+    c.emplace_back(p, p.members[i], silo_signers()[i], pki.ca, pki.server.certificate(), "server");
+  }
+  // Keys: silo-3's pass through the adversary to the server.
+  for (std::size_t i = 0; i < kMembers; ++i) {
+    auto keys = c[i].advertise();
+    if (!secagg::ok(keys)) std::abort();  // valid parameters: advertising cannot fail
+    if (i + 1 < kMembers) {
+      (void)server.on_keys(p.members[i], secagg::value(keys));
+    } else if (auto a = protocol::from_wire(adv.message(protocol::to_wire(secagg::value(keys))))) {
+      const std::string from = adv.sender();
+      (void)server.on_keys(from, *a);
+    }
+  }
+  if (!secagg::ok(server.close_keys())) return;
+  // Shares: silo-0's key list and silo-3's shares through the adversary.
+  for (std::size_t i = 0; i < kMembers; ++i) {
+    auto list = server.keys_for(p.members[i]);
+    if (i == 0) {
+      auto got = protocol::from_wire(adv.message(protocol::to_wire(list)));
+      if (!got) continue;
+      list = *got;
+    }
+    auto out = c[i].share(list);
+    if (!secagg::ok(out)) continue;
+    if (i + 1 < kMembers) {
+      (void)server.on_shares(p.members[i], secagg::value(out));
+    } else if (auto o = protocol::from_wire(adv.message(protocol::outbox_to_wire(secagg::value(out))))) {
+      const std::string from = adv.sender();
+      (void)server.on_shares(from, *o);
+    }
+  }
+  auto inboxes = server.close_shares();
+  if (!secagg::ok(inboxes)) return;
+  // Receipts: silo-0's delivery and silo-3's receipt through the adversary.
+  for (std::size_t i = 0; i < kMembers; ++i) {
+    auto inbox = secagg::value(inboxes)[p.members[i]];
+    if (i == 0) {
+      auto got = protocol::from_wire(adv.message(protocol::delivery_to_wire(inbox)));
+      if (!got) continue;
+      inbox = *got;
+    }
+    auto receipt = c[i].receive(inbox);
+    if (!secagg::ok(receipt)) continue;
+    if (i + 1 < kMembers) {
+      (void)server.on_receipt(p.members[i], secagg::value(receipt));
+    } else if (auto r = protocol::from_wire(adv.message(protocol::to_wire(secagg::value(receipt))))) {
+      const std::string from = adv.sender();
+      (void)server.on_receipt(from, *r);
+    }
+  }
+  auto settled = server.settle();
+  if (!secagg::ok(settled)) return;
+  // Masking: silo-0 is sent the adversary's settled list; silo-3 masks, or vanishes.
+  const bool third_masks = adv.in().u8() % 4 != 0;
+  std::vector<T> sum(kLength, 0), expected(kLength, 0);
+  for (std::size_t i = 0; i < kMembers; ++i) {
+    const auto s = i == 0 ? protocol::from_wire(adv.message(protocol::to_wire(secagg::value(settled))))
+                          : secagg::value(settled);
+    if (!c[i].settle(s).empty() || (i + 1 == kMembers && !third_masks)) continue;
+    const auto plain = masked_input<T>(i);
+    auto x = plain;
+    if (!c[i].mask(std::span<T>(x)).empty()) continue;
+    for (std::size_t k = 0; k < kLength; ++k) {
+      sum[k] = static_cast<T>(sum[k] + x[k]);
+      expected[k] = static_cast<T>(expected[k] + plain[k]);
+    }
+    (void)server.on_masked_input(p.members[i]);
+  }
+  auto u3 = server.close_masked();
+  if (!secagg::ok(u3)) return;
+  // Confirmations: silo-0 is sent the adversary's survivors; silo-3's signature goes through it.
+  for (std::size_t i = 0; i < kMembers; ++i) {
+    std::vector<std::string> survivors = secagg::value(u3);
+    std::string signature = server.survivors_signature();
+    if (i == 0) {
+      wire::SecAggSurvivors real;
+      for (const auto& v : survivors) real.add_survivors(v);
+      real.set_server_signature(signature);
+      const auto got = adv.message(real);
+      survivors.assign(got.survivors().begin(), got.survivors().end());
+      signature = got.server_signature();
+    }
+    auto confirmation = c[i].confirm(survivors, signature);
+    if (!secagg::ok(confirmation)) continue;
+    if (i + 1 < kMembers) {
+      (void)server.on_confirmation(p.members[i], secagg::value(confirmation).signature);
+    } else {
+      const std::string sig = adv.bytes(secagg::value(confirmation).signature);
+      const std::string from = adv.sender();
+      (void)server.on_confirmation(from, sig);
+    }
+  }
+  auto request = server.close_confirmations();
+  if (!secagg::ok(request)) return;
+  // Unmasking: silo-0 is sent the adversary's request; silo-3's sealed answer goes through it.
+  for (std::size_t i = 0; i < kMembers; ++i) {
+    auto r = secagg::value(request);
+    if (i == 0) {
+      auto got = protocol::from_wire(adv.message(protocol::to_wire(r)));
+      if (!got) continue;
+      r = *got;
+    }
+    auto reply = c[i].unmask(r);
+    if (!secagg::ok(reply)) continue;
+    if (i + 1 < kMembers) {
+      (void)server.on_unmask(p.members[i], secagg::value(reply).box);
+    } else {
+      const std::string sealed = adv.bytes(secagg::value(reply).box);
+      const std::string from = adv.sender();
+      (void)server.on_unmask(from, sealed);
+    }
+  }
+  const std::string err = server.finish(std::span<T>(sum));
+  // An honest round (silo-3 masking or gone) ends in exactly the sum of the masked inputs.
+  if (adv.honest() && (!err.empty() || sum != expected)) std::abort();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  fuzz::Input in(data, size);
+  Adversary adv(in);
+  secagg::Params p;
+  p.session = "fed/1/1";
+  for (std::size_t i = 0; i < kMembers; ++i) p.members.push_back("silo-" + std::to_string(i));
+  p.length = kLength;
+  const std::uint8_t shape = in.u8();
+  if (shape & 1) {  // SecAgg+: each silo masks with its two ring neighbours
+    p.degree = 2;
+    p.graph_seed = in.bytes(4);
+    p.threshold = p.min_survivors = 2;
+  } else {
+    p.threshold = p.min_survivors = 3;
+  }
+  switch ((shape >> 1) % 4) {
+    case 0: run<std::uint32_t>(p, adv); break;
+    case 1: run<std::uint64_t>(p, adv); break;
+    case 2: run<std::uint16_t>(p, adv); break;
+    default: run<std::uint8_t>(p, adv); break;
+  }
+  return 0;
+}
