@@ -9,6 +9,7 @@
 // Every refusal must be a reason, never a crash or a leak; and a round whose messages were all
 // honest must end in exactly the sum of the masked inputs.
 #include <cstdlib>
+#include <optional>
 
 #include "crypto/keys.h"
 #include "fuzz/fuzz_input.h"
@@ -81,6 +82,39 @@ std::vector<T> masked_input(std::size_t i) {
   return x;
 }
 
+// The wire form of the messages that have one to_wire overload.
+constexpr auto wire_of = [](const auto& m) { return protocol::to_wire(m); };
+
+// What member i is sent: silo-0 gets what the adversary makes of the message on the wire
+// (nothing, when that does not parse), the others the message.
+template <class T, class ToWire>
+std::optional<T> to_member(std::size_t i, const T& real, Adversary& adv, ToWire to_wire) {
+  if (i != 0) return real;
+  auto got = protocol::from_wire(adv.message(to_wire(real)));
+  if (!got) return std::nullopt;
+  return T(*got);
+}
+
+// What member i answers, to the server (`take(from, answer)`): silo-3's through the adversary,
+// under the name it picks.
+template <class T, class ToWire, class Take>
+void to_server(std::size_t i, const std::string& name, const T& answer, Adversary& adv, ToWire to_wire, Take take) {
+  if (i + 1 < kMembers) return take(name, answer);
+  if (auto got = protocol::from_wire(adv.message(to_wire(answer)))) {
+    const std::string from = adv.sender();
+    take(from, *got);
+  }
+}
+
+// The same for an answer that is bytes (a signature, a sealed box).
+template <class Take>
+void bytes_to_server(std::size_t i, const std::string& name, const std::string& answer, Adversary& adv, Take take) {
+  if (i + 1 < kMembers) return take(name, answer);
+  const std::string got = adv.bytes(answer);
+  const std::string from = adv.sender();
+  take(from, got);
+}
+
 // The round from the keys to the sum, for words of type T.
 template <class T>
 void run(secagg::Params p, Adversary& adv) {
@@ -93,53 +127,34 @@ void run(secagg::Params p, Adversary& adv) {
   for (std::size_t i = 0; i < kMembers; ++i) {
     c.emplace_back(p, p.members[i], silo_signers()[i], pki.ca, pki.server.certificate(), "server");
   }
-  // Keys: silo-3's pass through the adversary to the server.
+    // Keys: silo-3's pass through the adversary to the server.
   for (std::size_t i = 0; i < kMembers; ++i) {
     auto keys = c[i].advertise();
     if (!secagg::ok(keys)) std::abort();  // valid parameters: advertising cannot fail
-    if (i + 1 < kMembers) {
-      (void)server.on_keys(p.members[i], secagg::value(keys));
-    } else if (auto a = protocol::from_wire(adv.message(protocol::to_wire(secagg::value(keys))))) {
-      const std::string from = adv.sender();
-      (void)server.on_keys(from, *a);
-    }
+    to_server(i, p.members[i], secagg::value(keys), adv, wire_of,
+              [&](const std::string& from, const auto& a) { (void)server.on_keys(from, a); });
   }
   if (!secagg::ok(server.close_keys())) return;
   // Shares: silo-0's key list and silo-3's shares through the adversary.
   for (std::size_t i = 0; i < kMembers; ++i) {
-    auto list = server.keys_for(p.members[i]);
-    if (i == 0) {
-      auto got = protocol::from_wire(adv.message(protocol::to_wire(list)));
-      if (!got) continue;
-      list = *got;
-    }
-    auto out = c[i].share(list);
+    const auto list = to_member(i, server.keys_for(p.members[i]), adv, wire_of);
+    if (!list) continue;
+    auto out = c[i].share(*list);
     if (!secagg::ok(out)) continue;
-    if (i + 1 < kMembers) {
-      (void)server.on_shares(p.members[i], secagg::value(out));
-    } else if (auto o = protocol::from_wire(adv.message(protocol::outbox_to_wire(secagg::value(out))))) {
-      const std::string from = adv.sender();
-      (void)server.on_shares(from, *o);
-    }
+    to_server(i, p.members[i], secagg::value(out), adv, [](const auto& o) { return protocol::outbox_to_wire(o); },
+              [&](const std::string& from, const auto& o) { (void)server.on_shares(from, o); });
   }
   auto inboxes = server.close_shares();
   if (!secagg::ok(inboxes)) return;
   // Receipts: silo-0's delivery and silo-3's receipt through the adversary.
   for (std::size_t i = 0; i < kMembers; ++i) {
-    auto inbox = secagg::value(inboxes)[p.members[i]];
-    if (i == 0) {
-      auto got = protocol::from_wire(adv.message(protocol::delivery_to_wire(inbox)));
-      if (!got) continue;
-      inbox = *got;
-    }
-    auto receipt = c[i].receive(inbox);
+    const auto inbox = to_member(i, secagg::value(inboxes)[p.members[i]], adv,
+                                 [](const auto& in) { return protocol::delivery_to_wire(in); });
+    if (!inbox) continue;
+    auto receipt = c[i].receive(*inbox);
     if (!secagg::ok(receipt)) continue;
-    if (i + 1 < kMembers) {
-      (void)server.on_receipt(p.members[i], secagg::value(receipt));
-    } else if (auto r = protocol::from_wire(adv.message(protocol::to_wire(secagg::value(receipt))))) {
-      const std::string from = adv.sender();
-      (void)server.on_receipt(from, *r);
-    }
+    to_server(i, p.members[i], secagg::value(receipt), adv, wire_of,
+              [&](const std::string& from, const auto& r) { (void)server.on_receipt(from, r); });
   }
   auto settled = server.settle();
   if (!secagg::ok(settled)) return;
@@ -175,33 +190,19 @@ void run(secagg::Params p, Adversary& adv) {
     }
     auto confirmation = c[i].confirm(survivors, signature);
     if (!secagg::ok(confirmation)) continue;
-    if (i + 1 < kMembers) {
-      (void)server.on_confirmation(p.members[i], secagg::value(confirmation).signature);
-    } else {
-      const std::string sig = adv.bytes(secagg::value(confirmation).signature);
-      const std::string from = adv.sender();
-      (void)server.on_confirmation(from, sig);
-    }
+    bytes_to_server(i, p.members[i], secagg::value(confirmation).signature, adv,
+                    [&](const std::string& from, const std::string& sig) { (void)server.on_confirmation(from, sig); });
   }
   auto request = server.close_confirmations();
   if (!secagg::ok(request)) return;
   // Unmasking: silo-0 is sent the adversary's request; silo-3's sealed answer goes through it.
   for (std::size_t i = 0; i < kMembers; ++i) {
-    auto r = secagg::value(request);
-    if (i == 0) {
-      auto got = protocol::from_wire(adv.message(protocol::to_wire(r)));
-      if (!got) continue;
-      r = *got;
-    }
-    auto reply = c[i].unmask(r);
+    const auto r = to_member(i, secagg::value(request), adv, wire_of);
+    if (!r) continue;
+    auto reply = c[i].unmask(*r);
     if (!secagg::ok(reply)) continue;
-    if (i + 1 < kMembers) {
-      (void)server.on_unmask(p.members[i], secagg::value(reply).box);
-    } else {
-      const std::string sealed = adv.bytes(secagg::value(reply).box);
-      const std::string from = adv.sender();
-      (void)server.on_unmask(from, sealed);
-    }
+    bytes_to_server(i, p.members[i], secagg::value(reply).box, adv,
+                    [&](const std::string& from, const std::string& sealed) { (void)server.on_unmask(from, sealed); });
   }
   const std::string err = server.finish(std::span<T>(sum));
   // An honest round (silo-3 masking or gone) ends in exactly the sum of the masked inputs.
