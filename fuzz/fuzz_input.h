@@ -43,8 +43,16 @@ class Input {
     --left_;
     return *p_++;
   }
-  std::uint16_t u16() { return static_cast<std::uint16_t>(u8() | (u8() << 8)); }
-  std::uint32_t u32() { return u16() | (static_cast<std::uint32_t>(u16()) << 16); }
+  // Low byte first, in sequence: the operands of | are evaluated in no set order, and the
+  // replay build (GCC) must read a corpus as the fuzz build (clang) wrote it.
+  std::uint16_t u16() {
+    const std::uint16_t low = u8();
+    return static_cast<std::uint16_t>(low | (u8() << 8));
+  }
+  std::uint32_t u32() {
+    const std::uint32_t low = u16();
+    return low | (static_cast<std::uint32_t>(u16()) << 16);
+  }
   float f32() {
     const std::uint32_t bits = u32();
     float f;

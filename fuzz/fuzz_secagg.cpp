@@ -1,13 +1,16 @@
-// Secure aggregation's message handlers past their signature checks. A group of four silos
-// (the complete graph, or SecAgg+ on a ring of degree 2) runs in process with real
-// certificates, keys and boxes, every step as in a real round. The input decides, step by
-// step, what silo-0 is sent (the key list, the share delivery, the settled list, the survivors,
-// the unmask request) and what the server is sent by silo-3 (keys, shares, receipt,
+// Secure aggregation's message handlers under messages altered or made up at every step. A
+// group of four silos (the complete graph, or SecAgg+ on a ring of degree 2) runs in process
+// with real certificates, keys and boxes, every step as in a real round. The input decides,
+// step by step, what silo-0 is sent (the key list, the share delivery, the settled list, the
+// survivors, the unmask request) and what the server is sent by silo-3 (keys, shares, receipt,
 // confirmation, unmask answer): the honest message, the honest message with bytes of its wire
-// form altered, or a message parsed from the input; and whether silo-3 masks. The honest members
-// go on whatever happens, so every later handler is reached with the state a real round has.
-// Every refusal must be a reason, never a crash or a leak; and a round whose messages were all
-// honest must end in exactly the sum of the masked inputs.
+// form altered, or a message parsed from the input. Silo-3 is Byzantine: it may sign what it
+// altered with its own key (so that keys, boxes and receipts reach the checks behind the
+// signatures and the blame), seal made-up unmask answers to the server, vanish after settling,
+// or speak under another name. The honest members go on whatever happens, so every later
+// handler is reached with the state a real round has. Every refusal must be a reason, never a
+// crash or a leak; and in a round whose messages were all honest, every step must succeed and
+// the sum must be exact.
 #include <cstdlib>
 #include <optional>
 
@@ -63,9 +66,18 @@ class Adversary {
   // Who the server hears it from: silo-3 mostly, now and then another name (a relay's mislabel).
   std::string sender() {
     const std::uint8_t v = in_.u8();
-    if (v < 200) return "silo-3";
-    honest_ = false;
-    return v < 250 ? "silo-" + std::to_string(v % 6) : in_.bytes(8);
+    std::string name = v < 200 ? "silo-3" : v < 250 ? "silo-" + std::to_string(v % 6) : in_.bytes(8);
+    if (name != "silo-3") honest_ = false;
+    return name;
+  }
+  // Whether silo-3 signs (or seals) what it sends afresh: of honest content, a signature as good
+  // as the first; of altered content, a Byzantine member's message that its signature covers.
+  bool signs() { return in_.u8() & 1; }
+  void forge() { honest_ = false; }
+  // In a round that was honest so far, a step that failed is a bug.
+  bool failed(bool failure) const {
+    if (failure && honest_) std::abort();
+    return failure;
   }
   fuzz::Input& in() { return in_; }
 
@@ -96,21 +108,30 @@ std::optional<T> to_member(std::size_t i, const T& real, Adversary& adv, ToWire 
 }
 
 // What member i answers, to the server (`take(from, answer)`): silo-3's through the adversary,
-// under the name it picks.
-template <class T, class ToWire, class Take>
-void to_server(std::size_t i, const std::string& name, const T& answer, Adversary& adv, ToWire to_wire, Take take) {
+// signed afresh by silo-3 (`sign`) when it chooses, under the name it picks.
+template <class T, class ToWire, class Sign, class Take>
+void to_server(std::size_t i, const std::string& name, const T& answer, Adversary& adv, ToWire to_wire, Sign sign,
+               Take take) {
   if (i + 1 < kMembers) return take(name, answer);
-  if (auto got = protocol::from_wire(adv.message(to_wire(answer)))) {
-    const std::string from = adv.sender();
-    take(from, *got);
-  }
+  auto got = protocol::from_wire(adv.message(to_wire(answer)));
+  if (!got) return;
+  T msg = *got;
+  if (adv.signs()) sign(msg);
+  const std::string from = adv.sender();
+  take(from, msg);
 }
 
-// The same for an answer that is bytes (a signature, a sealed box).
-template <class Take>
-void bytes_to_server(std::size_t i, const std::string& name, const std::string& answer, Adversary& adv, Take take) {
+// The same for an answer that is bytes (a signature, a sealed box); `forge` makes silo-3's own
+// version of it from bytes of the input.
+template <class Forge, class Take>
+void bytes_to_server(std::size_t i, const std::string& name, const std::string& answer, Adversary& adv, Forge forge,
+                     Take take) {
   if (i + 1 < kMembers) return take(name, answer);
-  const std::string got = adv.bytes(answer);
+  std::string got = adv.bytes(answer);
+  if (adv.signs()) {
+    adv.forge();
+    got = forge(adv.in().bytes(adv.in().u16() % 512));
+  }
   const std::string from = adv.sender();
   take(from, got);
 }
@@ -120,6 +141,7 @@ template <class T>
 void run(secagg::Params p, Adversary& adv) {
   static const auto box = crypto::X25519KeyPair::generate();
   const auto& pki = fuzz::pki();
+  const auto& byzantine = silo_signers()[kMembers - 1];
   p.bits = 8 * sizeof(T);
   p.server_key = box.public_key;
   secagg::Server server(p, pki.ca, pki.server, box);
@@ -127,57 +149,68 @@ void run(secagg::Params p, Adversary& adv) {
   for (std::size_t i = 0; i < kMembers; ++i) {
     c.emplace_back(p, p.members[i], silo_signers()[i], pki.ca, pki.server.certificate(), "server");
   }
-    // Keys: silo-3's pass through the adversary to the server.
+  const std::string& me3 = p.members[kMembers - 1];
+  // Keys: silo-3's pass through the adversary to the server.
   for (std::size_t i = 0; i < kMembers; ++i) {
     auto keys = c[i].advertise();
     if (!secagg::ok(keys)) std::abort();  // valid parameters: advertising cannot fail
-    to_server(i, p.members[i], secagg::value(keys), adv, wire_of,
-              [&](const std::string& from, const auto& a) { (void)server.on_keys(from, a); });
+    to_server(
+        i, p.members[i], secagg::value(keys), adv, wire_of,
+        [&](secagg::Advertisement& a) { a.signature = byzantine.sign(secagg::keys_statement(p.session, me3, a)); },
+        [&](const std::string& from, const auto& a) { adv.failed(!server.on_keys(from, a).empty()); });
   }
-  if (!secagg::ok(server.close_keys())) return;
+  if (adv.failed(!secagg::ok(server.close_keys()))) return;
   // Shares: silo-0's key list and silo-3's shares through the adversary.
   for (std::size_t i = 0; i < kMembers; ++i) {
     const auto list = to_member(i, server.keys_for(p.members[i]), adv, wire_of);
-    if (!list) continue;
+    if (adv.failed(!list)) continue;
     auto out = c[i].share(*list);
-    if (!secagg::ok(out)) continue;
-    to_server(i, p.members[i], secagg::value(out), adv, [](const auto& o) { return protocol::outbox_to_wire(o); },
-              [&](const std::string& from, const auto& o) { (void)server.on_shares(from, o); });
+    if (adv.failed(!secagg::ok(out))) continue;
+    to_server(
+        i, p.members[i], secagg::value(out), adv, [](const auto& o) { return protocol::outbox_to_wire(o); },
+        [&](secagg::Outbox& o) {
+          for (auto& [to, b] : o) b.signature = byzantine.sign(secagg::box_statement(p.session, me3, to, b.box));
+        },
+        [&](const std::string& from, const auto& o) { adv.failed(!server.on_shares(from, o).empty()); });
   }
   auto inboxes = server.close_shares();
-  if (!secagg::ok(inboxes)) return;
+  if (adv.failed(!secagg::ok(inboxes))) return;
   // Receipts: silo-0's delivery and silo-3's receipt through the adversary.
   for (std::size_t i = 0; i < kMembers; ++i) {
     const auto inbox = to_member(i, secagg::value(inboxes)[p.members[i]], adv,
                                  [](const auto& in) { return protocol::delivery_to_wire(in); });
-    if (!inbox) continue;
+    if (adv.failed(!inbox)) continue;
     auto receipt = c[i].receive(*inbox);
-    if (!secagg::ok(receipt)) continue;
-    to_server(i, p.members[i], secagg::value(receipt), adv, wire_of,
-              [&](const std::string& from, const auto& r) { (void)server.on_receipt(from, r); });
+    if (adv.failed(!secagg::ok(receipt))) continue;
+    to_server(
+        i, p.members[i], secagg::value(receipt), adv, wire_of,
+        [&](secagg::Receipt& r) { r.signature = byzantine.sign(secagg::receipt_statement(p.session, me3, r)); },
+        [&](const std::string& from, const auto& r) { adv.failed(!server.on_receipt(from, r).empty()); });
   }
   auto settled = server.settle();
-  if (!secagg::ok(settled)) return;
+  if (adv.failed(!secagg::ok(settled))) return;
   // Masking: silo-0 is sent the adversary's settled list; silo-3 masks, or vanishes.
   const bool third_masks = adv.in().u8() % 4 != 0;
+  const std::size_t members = third_masks ? kMembers : kMembers - 1;  // those still here
   std::vector<T> sum(kLength, 0), expected(kLength, 0);
-  for (std::size_t i = 0; i < kMembers; ++i) {
+  for (std::size_t i = 0; i < members; ++i) {
     const auto s = i == 0 ? protocol::from_wire(adv.message(protocol::to_wire(secagg::value(settled))))
                           : secagg::value(settled);
-    if (!c[i].settle(s).empty() || (i + 1 == kMembers && !third_masks)) continue;
+    if (adv.failed(!c[i].settle(s).empty())) continue;
     const auto plain = masked_input<T>(i);
     auto x = plain;
-    if (!c[i].mask(std::span<T>(x)).empty()) continue;
+    if (adv.failed(!c[i].mask(std::span<T>(x)).empty())) continue;
     for (std::size_t k = 0; k < kLength; ++k) {
       sum[k] = static_cast<T>(sum[k] + x[k]);
       expected[k] = static_cast<T>(expected[k] + plain[k]);
     }
-    (void)server.on_masked_input(p.members[i]);
+    adv.failed(!server.on_masked_input(p.members[i]).empty());
   }
   auto u3 = server.close_masked();
-  if (!secagg::ok(u3)) return;
-  // Confirmations: silo-0 is sent the adversary's survivors; silo-3's signature goes through it.
-  for (std::size_t i = 0; i < kMembers; ++i) {
+  if (adv.failed(!secagg::ok(u3))) return;
+  // Confirmations: silo-0 is sent the adversary's survivors; silo-3's signature goes through it
+  // (or silo-3 signs a survivor set of its own making).
+  for (std::size_t i = 0; i < members; ++i) {
     std::vector<std::string> survivors = secagg::value(u3);
     std::string signature = server.survivors_signature();
     if (i == 0) {
@@ -189,20 +222,29 @@ void run(secagg::Params p, Adversary& adv) {
       signature = got.server_signature();
     }
     auto confirmation = c[i].confirm(survivors, signature);
-    if (!secagg::ok(confirmation)) continue;
-    bytes_to_server(i, p.members[i], secagg::value(confirmation).signature, adv,
-                    [&](const std::string& from, const std::string& sig) { (void)server.on_confirmation(from, sig); });
+    if (adv.failed(!secagg::ok(confirmation))) continue;
+    bytes_to_server(
+        i, p.members[i], secagg::value(confirmation).signature, adv,
+        [&](const std::string& names) {
+          std::vector<std::string> set;
+          for (const char n : names) set.push_back("silo-" + std::to_string(static_cast<unsigned char>(n) % 5));
+          return byzantine.sign(secagg::survivors_statement(p.session, set));
+        },
+        [&](const std::string& from, const std::string& sig) { adv.failed(!server.on_confirmation(from, sig).empty()); });
   }
   auto request = server.close_confirmations();
-  if (!secagg::ok(request)) return;
-  // Unmasking: silo-0 is sent the adversary's request; silo-3's sealed answer goes through it.
-  for (std::size_t i = 0; i < kMembers; ++i) {
+  if (adv.failed(!secagg::ok(request))) return;
+  // Unmasking: silo-0 is sent the adversary's request; silo-3's sealed answer goes through it
+  // (or silo-3 seals bytes of its own making to the server).
+  for (std::size_t i = 0; i < members; ++i) {
     const auto r = to_member(i, secagg::value(request), adv, wire_of);
-    if (!r) continue;
+    if (adv.failed(!r)) continue;
     auto reply = c[i].unmask(*r);
-    if (!secagg::ok(reply)) continue;
-    bytes_to_server(i, p.members[i], secagg::value(reply).box, adv,
-                    [&](const std::string& from, const std::string& sealed) { (void)server.on_unmask(from, sealed); });
+    if (adv.failed(!secagg::ok(reply))) continue;
+    bytes_to_server(
+        i, p.members[i], secagg::value(reply).box, adv,
+        [&](const std::string& plain) { return crypto::seal_to(p.server_key, plain); },
+        [&](const std::string& from, const std::string& sealed) { adv.failed(!server.on_unmask(from, sealed).empty()); });
   }
   const std::string err = server.finish(std::span<T>(sum));
   // An honest round (silo-3 masking or gone) ends in exactly the sum of the masked inputs.

@@ -76,13 +76,17 @@ void Session::on_disconnected() {
   ++generation_;  // whatever was in flight belongs to a connection that is gone
   *live_generation_ = generation_;
   pending_.reset();
+  if (masking_) {
+    // The masking job's result will be dropped: this silo's input never reaches the sum, and it
+    // takes no further part in its group. The job keeps its own reference to the client, which
+    // no later message can reach.
+    secure_.reset();
+    setup_.reset();
+    settled_ = false;
+  }
+  // Otherwise the secure state stays: a member whose masked input is in the sum still holds
+  // shares, and the server reaches it through its new route to confirm and unmask.
   in_round_ = training_ = masking_ = false;
-  // A secure group does not outlive its connection; a masking job still running keeps its own
-  // reference to the client, which no later message can reach.
-  secure_.reset();
-  setup_.reset();
-  masked_.reset();
-  settled_ = false;
 }
 
 void Session::on_message(const wire::Envelope& e) {
