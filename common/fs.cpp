@@ -82,6 +82,15 @@ void append_durable(const std::filesystem::path& path, std::string_view bytes) {
   ::close(fd);
 }
 
+std::string why_absent(const std::filesystem::path& path, bool folder) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (st.type() == std::filesystem::file_type::not_found) return "does not exist";
+  if (ec) return "cannot be looked up (" + ec.message() + ")";
+  if (folder && !std::filesystem::is_directory(st)) return "is not a folder";
+  return "";
+}
+
 std::string read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error("cannot read " + path.string() + ": " + std::strerror(errno));

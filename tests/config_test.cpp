@@ -88,6 +88,21 @@ TEST(Config, TlsKitMustExist) {
   EXPECT_NE(error_of([&] { transport::parse_tls(node); }).find("does not exist"), std::string::npos);
 }
 
+// Found by fuzzing the config loaders: a path the system cannot look up (a name longer than a
+// file name may be) made std::filesystem throw out of the loader instead of a config error.
+TEST(Config, APathTheSystemCannotLookUpIsAConfigErrorThatSaysWhy) {
+  const std::string name(300, 'k');
+  nlohmann::json tls = {{"kit", "/tmp/" + name}};
+  ConfigNode node(tls, "f.json", ".tls");
+  const auto err = error_of([&] { transport::parse_tls(node); });
+  EXPECT_NE(err.find(".tls.kit: file /tmp/" + name + "/key.pem cannot be looked up ("), std::string::npos) << err;
+  EXPECT_EQ(why_absent("/tmp/" + name), "cannot be looked up (File name too long)");
+  EXPECT_EQ(why_absent("/nonexistent/file"), "does not exist");
+  EXPECT_EQ(why_absent("/tmp"), "");
+  EXPECT_EQ(why_absent("/tmp", true), "");
+  EXPECT_EQ(why_absent("/proc/self/status", true), "is not a folder");
+}
+
 TEST(Config, AllowListNeedsNames) {
   auto j = nlohmann::json::parse(R"({"silo": []})");
   ConfigNode node(j, "f.json", ".allow");

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "common/config.h"
+#include "common/fs.h"
 #include "tools/sim_attack.h"
 
 namespace xsilo::tools {
@@ -16,7 +17,7 @@ using json = nlohmann::json;
 std::filesystem::path resolve_dataset(const std::string& name) {
   for (const char* ext : {".csv", ".csv.gz"}) {
     const auto p = data_dir() / (name + ext);
-    if (std::filesystem::exists(p)) return p;
+    if (why_absent(p).empty()) return p;
   }
   return {};
 }
@@ -50,8 +51,8 @@ SimConfig::Trainer parse_sim_trainer(const ConfigNode& root, const ConfigNode& m
     model.fail("kind", "an external trainer trains its own model: give \"kind\": \"file\" and the initial model's "
                        "\"path\" (trainer.init can write it)");
   }
-  if (!std::filesystem::exists(c.model_file) && tr.init.empty()) {
-    model.fail("path", "file " + c.model_file.string() + " does not exist (trainer.init can write it)");
+  if (const auto why = why_absent(c.model_file); !why.empty() && tr.init.empty()) {
+    model.fail("path", "file " + c.model_file.string() + " " + why + " (trainer.init can write it)");
   }
   return tr;
 }
@@ -143,7 +144,7 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
   const auto data = root.child("data");
   if (data.has("path")) {
     c.data_path = data.path("path", "");
-    if (!std::filesystem::exists(c.data_path)) data.fail("path", "file " + c.data_path.string() + " does not exist");
+    if (const auto why = why_absent(c.data_path); !why.empty()) data.fail("path", "file " + c.data_path.string() + " " + why);
     data.str("dataset", "");
   } else {
     const auto name = data.one_of("dataset", "breast_cancer", {"breast_cancer", "digits"});
@@ -171,8 +172,8 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
 
   if (root.has("trainer")) {
     c.trainer = parse_sim_trainer(root, model, file, c);
-  } else if (c.model_kind == "file" && !std::filesystem::exists(c.model_file)) {
-    model.fail("path", "file " + c.model_file.string() + " does not exist");
+  } else if (const auto why = c.model_kind == "file" ? why_absent(c.model_file) : ""; !why.empty()) {
+    model.fail("path", "file " + c.model_file.string() + " " + why);
   }
 
   auto pass = [&](const char* key, json& into) {

@@ -1,5 +1,6 @@
 #include "transport/config.h"
 
+#include "common/fs.h"
 #include "transport/pki.h"
 
 namespace xsilo::transport {
@@ -28,8 +29,8 @@ TlsFiles parse_tls(const ConfigNode& node) {
   node.finish();
   for (const auto& [key, p] : {std::pair{"key", f.key}, {"cert", f.cert}, {"ca", f.ca}, {"crl", f.crl}}) {
     if (std::string(key) == "crl" && p.empty()) continue;  // optional
-    if (p.empty() || !std::filesystem::exists(p)) {
-      node.fail(node.has("kit") ? "kit" : key, "file " + p.string() + " does not exist");
+    if (const auto why = p.empty() ? "does not exist" : why_absent(p); !why.empty()) {
+      node.fail(node.has("kit") ? "kit" : key, "file " + p.string() + " " + why);
     }
   }
   return f;

@@ -21,7 +21,7 @@ namespace xsilo::transport {
 
 TlsFiles TlsFiles::from_kit(const std::filesystem::path& kit) {
   const auto crl = kit / "crl.pem";
-  return {kit / "key.pem", kit / "cert.pem", kit / "ca.pem", std::filesystem::exists(crl) ? crl : ""};
+  return {kit / "key.pem", kit / "cert.pem", kit / "ca.pem", why_absent(crl).empty() ? crl : ""};
 }
 
 ssl::context make_tls_context(const TlsFiles& f) {
