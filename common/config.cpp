@@ -6,6 +6,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/fs.h"
+
 namespace xsilo {
 
 namespace {
@@ -193,6 +195,14 @@ std::filesystem::path ConfigNode::path(const std::string& key, const std::string
     p = std::filesystem::path(file_).parent_path() / p;
   }
   return p.lexically_normal();
+}
+
+void ConfigNode::require_exists(const std::string& key, const std::filesystem::path& p, bool folder,
+                                const std::string& hint) const {
+  if (p.empty()) return;
+  if (const auto why = why_absent(p, folder); !why.empty()) {
+    fail(key, (folder ? "folder " : "file ") + p.string() + " " + why + hint);
+  }
 }
 
 namespace {

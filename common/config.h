@@ -57,6 +57,11 @@ class ConfigNode {
                                                   const std::string& unit) const;
   // A path, resolved against the folder of the config file when relative.
   std::filesystem::path path(const std::string& key, const std::string& def) const;
+  // Refuses `p` (read from `key`) unless it names an existing file, or folder when `folder`,
+  // saying why ("file P does not exist", "... cannot be looked up (File name too long)"), with
+  // `hint` after it. An empty path is not checked.
+  void require_exists(const std::string& key, const std::filesystem::path& p, bool folder = false,
+                      const std::string& hint = "") const;
   // The value as JSON (null when absent), for keys whose type varies.
   const nlohmann::json& raw(const std::string& key) const;
 

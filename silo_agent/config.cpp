@@ -1,7 +1,6 @@
 #include "silo_agent/config.h"
 
 #include "common/config.h"
-#include "common/fs.h"
 #include "silo_agent/collective/gpu_info.h"
 #include "transport/config.h"
 
@@ -15,9 +14,8 @@ double secs(std::chrono::milliseconds ms) { return static_cast<double>(ms.count(
 void parse_data(const ConfigNode& data, AgentConfig& c) {
   c.train_data = data.path("train", "");
   c.test_data = data.path("test", "");
-  for (const auto& [key, p] : {std::pair{"train", c.train_data}, {"test", c.test_data}}) {
-    if (const auto why = p.empty() ? "" : why_absent(p); !why.empty()) data.fail(key, "file " + p.string() + " " + why);
-  }
+  data.require_exists("train", c.train_data);
+  data.require_exists("test", c.test_data);
   const auto& st = data.raw("standardize");
   if (st.is_null() || (st.is_string() && st == "none")) {
     c.standardize = "none";
@@ -49,9 +47,7 @@ void parse_trainer(const ConfigNode& t, AgentConfig& c) {
     e.command = t.str_list("command");
     if (e.command.empty()) t.fail("command", "is required: the trainer's command line, e.g. [\"python3\", \"train.py\"]");
     e.cwd = t.path("cwd", "");
-    if (const auto why = e.cwd.empty() ? "" : why_absent(e.cwd, true); !why.empty()) {
-      t.fail("cwd", "folder " + e.cwd.string() + " " + why);
-    }
+    t.require_exists("cwd", e.cwd, true);
     e.env = t.string_map("env");
     e.startup = std::chrono::milliseconds(static_cast<long>(t.number("startup_s", 60, 0.1, 86400) * 1000));
     e.task_timeout = std::chrono::milliseconds(static_cast<long>(t.number("task_timeout_s", 0, 0, 7 * 86400) * 1000));

@@ -103,6 +103,24 @@ TEST(Config, APathTheSystemCannotLookUpIsAConfigErrorThatSaysWhy) {
   EXPECT_EQ(why_absent("/proc/self/status", true), "is not a folder");
 }
 
+// Every loader checks its files through ConfigNode::require_exists: one sentence, naming the
+// key, the path and why, with the caller's hint after it.
+TEST(Config, RequireExistsNamesTheKeyThePathAndWhy) {
+  nlohmann::json j = {{"a", 1}};
+  ConfigNode node(j, "f.json", ".trainer");
+  node.require_exists("cwd", "/tmp", true);
+  node.require_exists("cwd", "");  // not given: nothing to check
+  EXPECT_EQ(error_of([&] { node.require_exists("cwd", "/proc/self/status", true); }),
+            "config f.json: .trainer.cwd: folder /proc/self/status is not a folder");
+  EXPECT_EQ(error_of([&] { node.require_exists("path", "/nonexistent/m.safetensors", false, " (init writes it)"); }),
+            "config f.json: .trainer.path: file /nonexistent/m.safetensors does not exist (init writes it)");
+  // A hand-written TLS block without a kit must name all three files.
+  auto tls = nlohmann::json::parse(R"({"key": "/tmp"})");
+  ConfigNode t(tls, "f.json", ".tls");
+  EXPECT_EQ(error_of([&] { transport::parse_tls(t); }),
+            "config f.json: .tls.cert: is required (or give kit, a folder made by xsilo pki issue)");
+}
+
 TEST(Config, AllowListNeedsNames) {
   auto j = nlohmann::json::parse(R"({"silo": []})");
   ConfigNode node(j, "f.json", ".allow");

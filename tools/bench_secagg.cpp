@@ -134,6 +134,10 @@ Row run(std::size_t n, std::size_t d, double drop, double rate, const BenchPki& 
   auto must = [](const std::string& err, const char* step) {
     if (!err.empty()) throw std::runtime_error(std::string("secagg bench: ") + step + ": " + err);
   };
+  auto got = [&](auto&& e, const char* step) {
+    must(crypto::secagg::ok(e) ? std::string() : crypto::secagg::error(e), step);
+    return crypto::secagg::value(std::move(e));
+  };
   auto timed = [&](std::size_t i, auto&& f) {
     const auto t0 = Clock::now();
     auto out = f();
@@ -144,21 +148,21 @@ Row run(std::size_t n, std::size_t d, double drop, double rate, const BenchPki& 
     const auto& m = p.members[i];
     clients.push_back(std::make_unique<crypto::secagg::Client>(p, m, pki.signers.at(m), *pki.ca,
                                                                server_signer.certificate(), "server"));
-    must(server.on_keys(m, crypto::secagg::value(timed(i, [&] { return clients.back()->advertise(); }))), "keys");
+    must(server.on_keys(m, got(timed(i, [&] { return clients.back()->advertise(); }), "advertise")), "keys");
   }
-  if (auto keys = server.close_keys(); !crypto::secagg::ok(keys)) throw std::runtime_error(crypto::secagg::error(keys));
+  (void)got(server.close_keys(), "close keys");
   for (std::size_t i = 0; i < n; ++i) {
     const auto mine = server.keys_for(p.members[i]);  // as the server sends it: the member's neighbours' part
-    must(server.on_shares(p.members[i], crypto::secagg::value(timed(i, [&] { return clients[i]->share(mine); }))),
+    must(server.on_shares(p.members[i], got(timed(i, [&] { return clients[i]->share(mine); }), "share")),
          "shares");
   }
-  auto boxes = crypto::secagg::value(server.close_shares());
+  auto boxes = got(server.close_shares(), "close shares");
   for (std::size_t i = 0; i < n; ++i) {
     must(server.on_receipt(p.members[i],
-                           crypto::secagg::value(timed(i, [&] { return clients[i]->receive(boxes[p.members[i]]); }))),
+                           got(timed(i, [&] { return clients[i]->receive(boxes[p.members[i]]); }), "receive")),
          "receipt");
   }
-  auto settled = crypto::secagg::value(server.settle());
+  auto settled = got(server.settle(), "settle list");
   for (std::size_t i = 0; i < n; ++i) must(timed(i, [&] { return clients[i]->settle(settled); }), "settle");  // agrees the seeds
   // The last `dropped` silos vanish after settling: the server must rebuild their mask keys.
   const auto dropped = static_cast<std::size_t>(std::round(drop * static_cast<double>(n)));
@@ -173,15 +177,15 @@ Row run(std::size_t n, std::size_t d, double drop, double rate, const BenchPki& 
     for (std::size_t k = 0; k <= d; ++k) sum[k] += y[k];
     must(server.on_masked_input(p.members[i]), "masked input");
   }
-  auto u3 = crypto::secagg::value(server.close_masked());
+  auto u3 = got(server.close_masked(), "close masked");
   for (std::size_t i = 0; i + dropped < n; ++i) {
     must(server.on_confirmation(p.members[i],
-                                crypto::secagg::value(clients[i]->confirm(u3, server.survivors_signature())).signature),
+                                got(clients[i]->confirm(u3, server.survivors_signature()), "confirm").signature),
          "confirmation");
   }
-  auto request = crypto::secagg::value(server.close_confirmations());
+  auto request = got(server.close_confirmations(), "close confirmations");
   for (std::size_t i = 0; i + dropped < n; ++i) {
-    must(server.on_unmask(p.members[i], crypto::secagg::value(clients[i]->unmask(request)).box), "unmask");
+    must(server.on_unmask(p.members[i], got(clients[i]->unmask(request), "unmask request").box), "unmask");
   }
   const auto t0 = Clock::now();
   const auto err = server.finish(std::span<std::uint32_t>(sum));

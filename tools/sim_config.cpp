@@ -51,9 +51,7 @@ SimConfig::Trainer parse_sim_trainer(const ConfigNode& root, const ConfigNode& m
     model.fail("kind", "an external trainer trains its own model: give \"kind\": \"file\" and the initial model's "
                        "\"path\" (trainer.init can write it)");
   }
-  if (const auto why = why_absent(c.model_file); !why.empty() && tr.init.empty()) {
-    model.fail("path", "file " + c.model_file.string() + " " + why + " (trainer.init can write it)");
-  }
+  if (tr.init.empty()) model.require_exists("path", c.model_file, false, " (trainer.init can write it)");
   return tr;
 }
 
@@ -144,7 +142,7 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
   const auto data = root.child("data");
   if (data.has("path")) {
     c.data_path = data.path("path", "");
-    if (const auto why = why_absent(c.data_path); !why.empty()) data.fail("path", "file " + c.data_path.string() + " " + why);
+    data.require_exists("path", c.data_path);
     data.str("dataset", "");
   } else {
     const auto name = data.one_of("dataset", "breast_cancer", {"breast_cancer", "digits"});
@@ -172,8 +170,8 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
 
   if (root.has("trainer")) {
     c.trainer = parse_sim_trainer(root, model, file, c);
-  } else if (const auto why = c.model_kind == "file" ? why_absent(c.model_file) : ""; !why.empty()) {
-    model.fail("path", "file " + c.model_file.string() + " " + why);
+  } else if (c.model_kind == "file") {
+    model.require_exists("path", c.model_file);
   }
 
   auto pass = [&](const char* key, json& into) {

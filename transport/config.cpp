@@ -1,6 +1,5 @@
 #include "transport/config.h"
 
-#include "common/fs.h"
 #include "transport/pki.h"
 
 namespace xsilo::transport {
@@ -29,9 +28,8 @@ TlsFiles parse_tls(const ConfigNode& node) {
   node.finish();
   for (const auto& [key, p] : {std::pair{"key", f.key}, {"cert", f.cert}, {"ca", f.ca}, {"crl", f.crl}}) {
     if (std::string(key) == "crl" && p.empty()) continue;  // optional
-    if (const auto why = p.empty() ? "does not exist" : why_absent(p); !why.empty()) {
-      node.fail(node.has("kit") ? "kit" : key, "file " + p.string() + " " + why);
-    }
+    if (p.empty()) node.fail(key, "is required (or give kit, a folder made by xsilo pki issue)");
+    node.require_exists(node.has("kit") ? "kit" : key, p);
   }
   return f;
 }
