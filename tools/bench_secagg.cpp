@@ -135,7 +135,7 @@ Row run(std::size_t n, std::size_t d, double drop, double rate, const BenchPki& 
     if (!err.empty()) throw std::runtime_error(std::string("secagg bench: ") + step + ": " + err);
   };
   auto got = [&](auto&& e, const char* step) {
-    must(crypto::secagg::ok(e) ? std::string() : crypto::secagg::error(e), step);
+    if (!crypto::secagg::ok(e)) must(crypto::secagg::error(e), step);
     return crypto::secagg::value(std::move(e));
   };
   auto timed = [&](std::size_t i, auto&& f) {

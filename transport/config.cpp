@@ -27,9 +27,10 @@ TlsFiles parse_tls(const ConfigNode& node) {
   if (node.has("crl")) f.crl = node.path("crl", "");
   node.finish();
   for (const auto& [key, p] : {std::pair{"key", f.key}, {"cert", f.cert}, {"ca", f.ca}, {"crl", f.crl}}) {
-    if (std::string(key) == "crl" && p.empty()) continue;  // optional
-    if (p.empty()) node.fail(key, "is required (or give kit, a folder made by xsilo pki issue)");
-    node.require_exists(node.has("kit") ? "kit" : key, p);
+    if (p.empty() && std::string(key) != "crl") {
+      node.fail(key, "is required (or give kit, a folder made by xsilo pki issue)");
+    }
+    node.require_exists(node.has("kit") ? "kit" : key, p);  // an empty crl (optional) is not checked
   }
   return f;
 }
