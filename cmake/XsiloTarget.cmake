@@ -10,7 +10,13 @@ target_compile_options(xsilo_options INTERFACE
   # 105651, fixed in GCC 13): a false positive whose report depends on inlining, so on -O2
   # and the instruction set. Off for GCC 12 only.
   $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CXX_COMPILER_ID:GNU>,$<VERSION_LESS:$<CXX_COMPILER_VERSION>,13>>:-Wno-restrict>
-  $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${XSILO_WERROR}>>:-Werror>)
+  $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${XSILO_WERROR}>>:-Werror>
+  # No fused multiply-add unless the code asks for one: the values a silo hashes and the values
+  # a receiver decodes (PowerSGD's P Q^T, a broadcast's base + delta) must be the same bits on a
+  # portable build and on an x86-64-v3 or native one, where GCC would otherwise fuse a * b + c
+  # across statements (-ffp-contract=fast is GCC's default). Eigen's kernels call their FMA
+  # intrinsics explicitly and keep them.
+  $<$<COMPILE_LANGUAGE:CXX>:-ffp-contract=off>)
 target_compile_definitions(xsilo_options INTERFACE
   BOOST_ASIO_NO_DEPRECATED XSILO_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 # Instruction set: portable by default (see XSILO_ARCH in the top CMakeLists.txt). The choice is
