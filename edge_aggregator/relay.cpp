@@ -1,6 +1,7 @@
 #include "edge_aggregator/relay.h"
 
 #include "crypto/hash.h"
+#include "protocol/compression.h"
 
 #include <algorithm>
 
@@ -50,6 +51,7 @@ void Relay::send_region_status() {
     announced_.insert(name);
     if (proof != proofs_.end() && proof_sent_.insert(name).second) *status->add_proofs() = proof->second;
   }
+  status->set_model_sha256(model_sha_);
   to_server(std::move(e));
 }
 
@@ -82,6 +84,10 @@ void Relay::on_server_message(const wire::Envelope& e) {
     case B::kTensorChunk:
       // The model passes through: each chunk goes on to the selected silos as it arrives.
       if (!this_round) break;
+      if (region_->broadcast) {
+        model_chunk(e);
+        break;
+      }
       {
         action::ToSilos out;
         for (const auto& [name, state] : region_->silos) {
@@ -143,6 +149,18 @@ void Relay::start_round(const wire::Envelope& e) {
     Model layout;
     for (const auto& t : rs.tensors()) layout.add(t.name(), {t.shape().begin(), t.shape().end()});
     region_->layout = layout.tensors();
+    region_->broadcast = protocol::compressed(rs.broadcast());
+    if (region_->broadcast) {
+      const bool have_base = !model_sha_.empty() && model_sha_ == rs.base_sha256() && model_ &&
+                             model_->same_layout(layout);
+      if (!have_base && (!model_ || !model_->same_layout(layout))) model_ = std::make_shared<Model>(layout.zeros_like());
+      model_sha_.clear();
+      region_->model_rx.reset_model(model_->flat(), model_->tensors(), rs.broadcast(), have_base, /*hash=*/true);
+      region_->model_sha256 = rs.model_sha256();
+    } else {
+      model_.reset();  // nothing to keep a copy for
+      model_sha_.clear();
+    }
     region_->secure = rs.has_secagg();
     if (region_->secure) {
       region_->current_words =
@@ -155,6 +173,13 @@ void Relay::start_round(const wire::Envelope& e) {
     spdlog::info("round {} starts", region_->round);
   }
   const std::string silo = e.silo();
+  if (region_->broadcast) {
+    const auto held = silo_held_.find(silo);
+    if (held != silo_held_.end() && !rs.base_sha256().empty() && held->second == rs.base_sha256()) {
+      region_->delta_ok.insert(silo);
+    }
+    silo_held_.erase(silo);  // its model is replaced now
+  }
   if (rs.has_secagg()) region_->group_of[silo] = rs.secagg().group();
   if (!connected_.count(silo)) {
     region_->silos[silo] = SiloState::Gone;
@@ -162,6 +187,55 @@ void Relay::start_round(const wire::Envelope& e) {
   }
   region_->silos[silo] = SiloState::Training;
   to_silo(silo, e);
+}
+
+// A chunk of a compressed broadcast: into the edge's copy of the model, then on to the selected
+// silos: the server's chunk as it is where it applies (values, or a delta for a silo that holds
+// the base), the chunk's new values for the others. The copy, once complete and matching the
+// round's SHA-256, is the base this edge asks the next delta for.
+void Relay::model_chunk(const wire::Envelope& e) {
+  Region& r = *region_;
+  if (r.model_failed) return;
+  const auto& chunk = e.tensor_chunk();
+  if (auto st = r.model_rx.add(chunk); !st) {
+    r.model_failed = true;
+    spdlog::error("round {}: bad model chunk: {}", r.round, st.message);
+    auto err = env();
+    err.set_round(r.round);
+    err.mutable_error()->set_code(wire::BAD_UPDATE);
+    err.mutable_error()->set_message("edge: model: " + st.message);
+    to_server(std::move(err));
+    return;
+  }
+  action::ToSilos as_sent, as_values;
+  for (const auto& [name, state] : r.silos) {
+    if (state == SiloState::Gone || !connected_.count(name)) continue;
+    const bool delta = chunk.encoding() != wire::Compression::NONE;
+    (delta && !r.delta_ok.count(name) ? as_values : as_sent).silos.push_back(name);
+  }
+  if (!as_sent.silos.empty()) {
+    as_sent.env = e;
+    as_sent.env.clear_silo();
+    actions_.push_back(std::move(as_sent));
+  }
+  if (!as_values.silos.empty()) {
+    as_values.env = e;
+    as_values.env.clear_silo();
+    auto* c = as_values.env.mutable_tensor_chunk();
+    c->set_encoding(wire::Compression::NONE);
+    c->clear_count();
+    const float* v = model_->flat().data() + r.model_rx.last_first();
+    c->set_data(std::string(reinterpret_cast<const char*>(v), r.model_rx.last_count() * sizeof(float)));
+    actions_.push_back(std::move(as_values));
+  }
+  if (!r.model_rx.complete()) return;
+  const std::string sha = r.model_rx.finish_sha256();
+  if (sha != r.model_sha256) {
+    spdlog::warn("round {}: the model received does not match the round's SHA-256; keeping no base", r.round);
+    return;
+  }
+  model_sha_ = sha;
+  send_region_status();  // the server may send the next model as a delta
 }
 
 // ---- downstream: the region's silos ---------------------------------------------------------
@@ -197,6 +271,7 @@ void Relay::on_silo_up(const std::string& silo) {
 
 void Relay::on_silo_down(const std::string& silo) {
   if (!connected_.erase(silo)) return;
+  silo_held_.erase(silo);
   proofs_.erase(silo);
   proof_sent_.erase(silo);
   announced_.erase(silo);
@@ -244,6 +319,7 @@ void Relay::on_silo_message(const std::string& silo, const wire::Envelope& e) {
         return;
       }
       st->second = SiloState::Ready;
+      if (!e.update_ready().model_sha256().empty()) silo_held_[silo] = e.update_ready().model_sha256();
       wire::Contributor c;
       c.set_silo(silo);
       c.set_num_samples(e.update_ready().num_samples());

@@ -106,9 +106,17 @@ class Relay {
     bool granted = false;     // the server granted the region's upload (or forced it)
     std::deque<std::uint32_t> unsent_groups;
     bool sent = false;
+    // A compressed broadcast (RoundStart.broadcast): the model is rebuilt in model_ as it
+    // arrives; silos that hold the round's base get the server's delta chunks, the others each
+    // chunk's values.
+    bool broadcast = false, model_failed = false;
+    protocol::TensorReceiver model_rx;
+    std::string model_sha256;       // what the RoundStart announces
+    std::set<std::string> delta_ok;  // selected silos that hold the base
   };
 
   void start_round(const wire::Envelope& e);
+  void model_chunk(const wire::Envelope& e);
   void to_silo(const std::string& silo, wire::Envelope e);
   void to_server(wire::Envelope e) { actions_.push_back(action::ToServer{std::move(e)}); }
   void silo_error(const std::string& silo, wire::ErrorCode code, const std::string& msg);
@@ -130,6 +138,12 @@ class Relay {
   std::map<std::string, wire::JoinProof> proofs_;
   std::set<std::string> proof_sent_, announced_;
   std::unique_ptr<Region> region_;
+  // Compressed broadcasts: the last model this edge received and checked against its round's
+  // SHA-256 (model_sha_; empty while it is being replaced), and what each connected silo said it
+  // holds in its last UpdateReady. Kept across rounds and server connections.
+  std::shared_ptr<Model> model_;
+  std::string model_sha_;
+  std::map<std::string, std::string> silo_held_;
   std::uint64_t last_round_ = 0;
   bool finished_ = false;
   std::uint64_t job_id_ = 0;

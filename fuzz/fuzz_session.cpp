@@ -2,10 +2,12 @@
 // anything), connections coming and going. A trainer that returns a fixed update stands in for
 // training; jobs run inline. A RoundStart may carry a secure group the server signed (the
 // complete graph or a SecAgg+ graph), so that what follows reaches the secure-aggregation
-// handlers of a silo that takes part.
+// handlers of a silo that takes part, and a compressed broadcast, its model whole or as a delta
+// against the previous round's (the base the silo may or may not hold).
 #include "crypto/hash.h"
 #include "crypto/keys.h"
 #include "fuzz/fuzz_input.h"
+#include "protocol/compression.h"
 #include "protocol/round_start.h"
 #include "protocol/secagg_wire.h"
 #include "protocol/tensor_stream.h"
@@ -81,6 +83,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   session.on_connected("silo-0", "127.0.0.1:1", in.u8() & 1 ? "server" : "edge-0", "server server");
   pump();
   std::uint64_t round = 0;
+  std::shared_ptr<Model> last;  // the model of the last RoundStart, a broadcast's base
+  std::string last_sha;
   while (in.more() && !session.finished()) {
     switch (in.u8() % 8) {
       case 0:
@@ -106,13 +110,33 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           spec->set_dtype(wire::F32);
           for (auto d : t.shape) spec->add_shape(d);
         }
-        rs->set_model_sha256(in.u8() & 1 ? crypto::sha256_hex(model->flat()) : "0");
+        // A compressed broadcast: the model whole, or as a delta against the last one sent
+        // (which the session holds if it trained on it and said so), against the base named.
+        const std::uint8_t how = in.u8();
+        std::shared_ptr<const std::vector<wire::TensorChunk>> delta;
+        if (how & 2) {
+          wire::Compression b;
+          b.set_scheme(wire::Compression::QUANTIZE);
+          b.set_bits(how & 16 ? 4 : 8);
+          b.set_block(8);
+          *rs->mutable_broadcast() = b;
+          rs->set_base_sha256(how & 4 ? last_sha : "0");
+          if ((how & 8) && last && last->same_layout(*model)) {
+            delta = std::make_shared<const std::vector<wire::TensorChunk>>(
+                protocol::encode_model_delta(b, last->flat(), model->flat(), model->tensors(), 4, in.u8()).chunks);
+          }
+        }
+        const std::string sha = crypto::sha256_hex(model->flat());
+        rs->set_model_sha256(how & 1 ? sha : "0");
         if (in.u8() & 1) add_secure_group(*rs, in, round, model->size());
         protocol::sign_round_start(*rs, pki.server, "fed");
         session.on_message(e);
         pump();
-        protocol::ChunkSource src(model, model->flat(), model->tensors(), "fed", round, 4 * (1 + in.u8() % 8));
+        auto src = delta ? protocol::ChunkSource(delta, "fed", round)
+                         : protocol::ChunkSource(model, model->flat(), model->tensors(), "fed", round, 4 * (1 + in.u8() % 8));
         while (auto c = src.next()) session.on_message(*c);
+        last = model;
+        last_sha = sha;
         break;
       }
       default: session.on_message(in.envelope("fed", in.u8() & 1 ? round : in.u8())); break;

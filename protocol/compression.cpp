@@ -219,8 +219,9 @@ class Strata {
 };
 
 // POWER_SGD's decoding: out (rows x cols) = P (rows x r) Q^T (Q: cols x r), each value summed in
-// k order from zero, one product at a time (no fused multiply-add: every build gets the same
-// bits, so the silo's hash matches the receiver's). Vectorizes across a row.
+// k order from zero, one product at a time (no fused multiply-add: the build passes
+// -ffp-contract=off, so every instruction set gets the same bits and the silo's hash matches the
+// receiver's). Vectorizes across a row.
 void low_rank_product(const float* p, const float* q, std::size_t rows, std::size_t cols, std::size_t r, float* out) {
   std::vector<float> qt(cols * r);
   for (std::size_t j = 0; j < cols; ++j) {
@@ -782,6 +783,46 @@ EncodedUpdate compress_update(const wire::Compression& c, std::span<float> updat
   // What was left out stays for next round (sparse schemes took out what they sent already).
   if (!sparse(c)) {
     for (std::size_t i = 0; i < residual.size(); ++i) residual[i] -= update[i];
+  }
+  return out;
+}
+
+std::string check_broadcast(const wire::Compression& c) {
+  if (c.scheme() != Compression::QUANTIZE) {
+    return "a model broadcast is sent as a quantized delta (scheme quantize), not " + describe(c);
+  }
+  if (c.error_feedback()) return "a broadcast has no error feedback: the model the silos receive is the model";
+  return check_compression(c);
+}
+
+EncodedUpdate encode_model_delta(const wire::Compression& c, std::span<const float> base, std::span<float> model,
+                                 const std::vector<TensorInfo>& layout, std::size_t chunk_elems, std::uint64_t seed) {
+  const auto dense = dense_tensors(c, layout);
+  chunk_elems = std::clamp<std::size_t>(chunk_elems, 1, kMaxChunkCount);
+  std::vector<float> delta(std::min(chunk_elems, model.size())), decoded(delta.size());
+  EncodedUpdate out;
+  std::uint64_t chunk_seed = seed;
+  for (std::size_t ti = 0; ti < layout.size(); ++ti) {
+    const auto& t = layout[ti];
+    for (std::size_t off = 0; off < t.size(); off += chunk_elems) {
+      const std::size_t n = std::min(chunk_elems, t.size() - off);
+      float* m = model.data() + t.offset + off;
+      auto ch = chunk_of(c, t, off, n);
+      if (dense[ti]) {  // the tensor's new values themselves
+        ch.set_encoding(Compression::NONE);
+        ch.clear_count();
+        ch.set_data(std::string(reinterpret_cast<const char*>(m), 4 * n));
+      } else {
+        const float* b = base.data() + t.offset + off;
+        for (std::size_t i = 0; i < n; ++i) delta[i] = m[i] - b[i];
+        ch.set_data(encode_chunk(c, {delta.data(), n}, splitmix64(chunk_seed), {decoded.data(), n}));
+        // What every receiver computes from its copy of the base: the same bits (no fused
+        // multiply-add anywhere in this sum, see cmake/XsiloTarget.cmake).
+        for (std::size_t i = 0; i < n; ++i) m[i] = b[i] + decoded[i];
+      }
+      out.bytes += ch.data().size();
+      out.chunks.push_back(std::move(ch));
+    }
   }
   return out;
 }

@@ -112,6 +112,19 @@ struct EncodedUpdate {
 EncodedUpdate compress_update(const wire::Compression& c, std::span<float> update, std::span<float> residual,
                               const std::vector<TensorInfo>& layout, std::size_t chunk_elems, std::uint64_t seed);
 
+// The model broadcast (server -> silos) as a delta against the model the receiver holds
+// (docs/compression.md, "The model broadcast"): "" when `c` can be a broadcast's scheme
+// (QUANTIZE, 8 or 4 bits, no error feedback), else why not.
+std::string check_broadcast(const wire::Compression& c);
+
+// Encodes `model` (laid out as `layout`) as a delta against `base`: a QUANTIZE chunk of
+// model - base per chunk of the compressible tensors (unbiased rounding from `seed`), and float32
+// chunks of encoding NONE holding the new values of the dense ones. On return `model` is what a
+// receiver that holds `base` makes of the chunks: base + the decoded delta, the same bits on
+// every build. `base` and `model` do not overlap.
+EncodedUpdate encode_model_delta(const wire::Compression& c, std::span<const float> base, std::span<float> model,
+                                 const std::vector<TensorInfo>& layout, std::size_t chunk_elems, std::uint64_t seed);
+
 // Secure RANDOM_K: the coordinates every silo masks, sorted: random_k_set(c.seed, d', k) over
 // the d' coordinates of the tensors that do not travel dense (in model order), and every
 // coordinate of those that do.

@@ -109,6 +109,13 @@ void TensorReceiver::reset(std::span<float> into, std::vector<TensorInfo> layout
   budget_ = kept_count(scheme_, compressible(layout_, dense_));
 }
 
+void TensorReceiver::reset_model(std::span<float> into, std::vector<TensorInfo> layout,
+                                 const wire::Compression& broadcast, bool have_base, bool hash) {
+  reset(into, std::move(layout), hash, broadcast);
+  model_ = true;
+  have_base_ = have_base;
+}
+
 void TensorReceiver::reset_words(std::span<std::uint8_t> into, std::vector<TensorInfo> layout,
                                  wire::DType dtype, bool hash) {
   base_ = into.data();
@@ -117,6 +124,7 @@ void TensorReceiver::reset_words(std::span<std::uint8_t> into, std::vector<Tenso
   layout_ = std::move(layout);
   scheme_.Clear();
   dense_.assign(layout_.size(), false);
+  model_ = have_base_ = false;
   tensor_ = offset_ = received_ = last_first_ = last_count_ = kept_ = budget_ = 0;
   bytes_ = 0;
   hash_ = hash ? std::make_unique<crypto::Sha256>() : nullptr;
@@ -138,12 +146,13 @@ proto::Status TensorReceiver::add(const wire::TensorChunk& c) {
                std::to_string(offset_));
   }
   const bool dense = dense_[tensor_];
-  if (c.encoding() != (dense ? wire::Compression::NONE : scheme_.scheme())) {
+  if (model_ && c.encoding() != wire::Compression::NONE) return add_delta(c, t);
+  if (!model_ && c.encoding() != (dense ? wire::Compression::NONE : scheme_.scheme())) {
     return bad("chunk of " + t.name + " is " + (c.encoding() == wire::Compression::NONE ? "not compressed" : "compressed") +
                " but the round's scheme is " + describe(scheme_) +
                (dense ? " and this tensor travels dense" : ""));
   }
-  if (compressed(scheme_) && !dense) return add_encoded(c, t);
+  if (compressed(scheme_) && !dense && !model_) return add_encoded(c, t);
   if (c.data().empty() || c.data().size() % elem_ != 0) {
     return bad("chunk of " + t.name + " has " + std::to_string(c.data().size()) +
                " bytes, not a positive multiple of " + std::to_string(elem_));
@@ -158,13 +167,16 @@ proto::Status TensorReceiver::add(const wire::TensorChunk& c) {
   return proto::Status::ok();
 }
 
+std::string TensorReceiver::count_error(std::uint64_t n, const TensorInfo& t) const {
+  if (n != 0 && n <= t.size() - offset_ && n <= kMaxChunkCount) return "";
+  return "count " + std::to_string(n) + " is not within its " + std::to_string(t.size() - offset_) +
+         " remaining elements (and at most " + std::to_string(kMaxChunkCount) + " a chunk)";
+}
+
 proto::Status TensorReceiver::add_encoded(const wire::TensorChunk& c, const TensorInfo& t) {
   auto bad = [&](std::string why) { return proto::error(wire::BAD_UPDATE, "chunk of " + t.name + ": " + std::move(why)); };
   const std::uint64_t n = c.count();
-  if (n == 0 || n > t.size() - offset_ || n > kMaxChunkCount) {
-    return bad("count " + std::to_string(n) + " is not within its " + std::to_string(t.size() - offset_) +
-               " remaining elements (and at most " + std::to_string(kMaxChunkCount) + " a chunk)");
-  }
+  if (auto why = count_error(n, t); !why.empty()) return bad(why);
   std::span<float> out(reinterpret_cast<float*>(base_) + t.offset + offset_, n);
   std::size_t kept = 0;
   if (auto why = decode_chunk(scheme_, c.data(), out, kept, &t, offset_); !why.empty()) return bad(why);
@@ -174,6 +186,30 @@ proto::Status TensorReceiver::add_encoded(const wire::TensorChunk& c, const Tens
                " of " + describe(scheme_));
   }
   if (hash_) hash_->update(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(out.data()), n * 4));
+  advance(n, c.data().size());
+  return proto::Status::ok();
+}
+
+// A broadcast's delta chunk: checked and decoded aside, then added to the base in place.
+proto::Status TensorReceiver::add_delta(const wire::TensorChunk& c, const TensorInfo& t) {
+  auto bad = [&](std::string why) { return proto::error(wire::BAD_UPDATE, "model chunk of " + t.name + ": " + std::move(why)); };
+  if (c.encoding() != scheme_.scheme() || !compressed(scheme_)) {
+    return bad("encoded as " + wire::Compression::Scheme_Name(c.encoding()) + ", but the broadcast is " +
+               describe(scheme_) + " (or float32)");
+  }
+  if (dense_[tensor_]) return bad("is a delta, but this tensor travels as float32 values under " + describe(scheme_));
+  if (!have_base_) {
+    return bad("is a delta against the round's base model, which this receiver does not hold (the sender "
+               "should have sent the whole model)");
+  }
+  const std::uint64_t n = c.count();
+  if (auto why = count_error(n, t); !why.empty()) return bad(why);
+  delta_.resize(n);
+  std::size_t kept = 0;
+  if (auto why = decode_chunk(scheme_, c.data(), delta_, kept, &t, offset_); !why.empty()) return bad(why);
+  float* out = reinterpret_cast<float*>(base_) + t.offset + offset_;
+  for (std::size_t i = 0; i < n; ++i) out[i] = out[i] + delta_[i];  // as encode_model_delta made it
+  if (hash_) hash_->update(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(out), n * 4));
   advance(n, c.data().size());
   return proto::Status::ok();
 }

@@ -74,6 +74,13 @@ class TensorReceiver {
   // but for the scheme's dense tensors (dense_tensors()), which come as float32, encoding NONE.
   void reset(std::span<float> into, std::vector<TensorInfo> layout, bool hash = true,
              const wire::Compression& scheme = {});
+  // A model broadcast (RoundStart.broadcast set): `into` holds the model of the round's
+  // base_sha256 when `have_base`. Each chunk is either float32 values (encoding NONE), which
+  // replace those in place, or, for a tensor that is not one of the broadcast's dense tensors and
+  // only with the base held, a delta encoded with `broadcast`, added in place. With `hash` the
+  // values in place after each chunk are hashed (finish_sha256: the model's SHA-256).
+  void reset_model(std::span<float> into, std::vector<TensorInfo> layout, const wire::Compression& broadcast,
+                   bool have_base, bool hash = true);
   // The same for vectors of ring words (masked inputs: U8, U16, U32 or U64); `layout` counts
   // words, and a chunk whose bytes are not whole words of the ring is refused before any copy.
   void reset_words(std::span<std::uint8_t> into, std::vector<TensorInfo> layout, wire::DType dtype,
@@ -92,6 +99,9 @@ class TensorReceiver {
  private:
   void skip_empty();
   proto::Status add_encoded(const wire::TensorChunk& chunk, const TensorInfo& t);
+  proto::Status add_delta(const wire::TensorChunk& chunk, const TensorInfo& t);
+  // "" when an encoded chunk of `n` elements fits what is left of tensor `t`, else why not.
+  std::string count_error(std::uint64_t n, const TensorInfo& t) const;
   void advance(std::size_t n, std::size_t bytes);  // n elements (bytes on the wire) are in place
   std::uint8_t* base_ = nullptr;
   std::size_t elem_ = sizeof(float);
@@ -103,6 +113,8 @@ class TensorReceiver {
   wire::Compression scheme_;
   std::size_t kept_ = 0, budget_ = 0;  // sparse schemes: elements kept so far, and at most
   std::vector<bool> dense_;             // per tensor of layout_: it comes as float32 under scheme_
+  bool model_ = false, have_base_ = false;  // reset_model(): a broadcast, and whether deltas apply
+  std::vector<float> delta_;                // a decoded delta chunk, before it is added
 };
 
 }  // namespace xsilo::protocol

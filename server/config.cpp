@@ -299,6 +299,33 @@ void parse_compression(const ConfigNode& root, ServerConfig& c) {
   }
 }
 
+// "broadcast": the model goes to silos that hold the previous round's model as a quantized
+// delta against it (the rest get it whole). Independent of the upload's compression and of
+// secure aggregation: the model is no secret from the silos.
+void parse_broadcast(const ConfigNode& root, ServerConfig& c) {
+  if (!root.has("broadcast")) return;
+  const auto bn = root.child("broadcast");
+  auto& b = c.broadcast;
+  const auto scheme = bn.one_of("scheme", "none", {"none", "quantize"});
+  if (scheme == "none") {
+    for (const char* key : {"bits", "block", "dense"}) {
+      if (bn.has(key)) bn.fail(key, "applies to scheme quantize only");
+    }
+    bn.finish();
+    return;
+  }
+  b.set_scheme(wire::Compression::QUANTIZE);
+  b.set_bits(static_cast<std::uint32_t>(bn.integer("bits", 8, 4, 8)));
+  if (b.bits() != 8 && b.bits() != 4) bn.fail("bits", "must be 8 or 4");
+  b.set_block(static_cast<std::uint32_t>(bn.integer("block", 256, 8, 65536)));
+  // Normalisation statistics go as their values: a rounded delta could take a small variance
+  // below zero.
+  const auto dense = bn.has("dense") ? bn.str_list("dense") : protocol::default_dense_patterns();
+  for (const auto& p : dense) b.add_dense(p);
+  if (auto why = protocol::check_broadcast(b); !why.empty()) bn.fail("dense", why);
+  bn.finish();
+}
+
 }  // namespace
 
 ServerConfig load_server_config(const std::filesystem::path& file) {
@@ -340,6 +367,7 @@ ServerConfig load_server_config(const std::filesystem::path& file) {
   parse_optimizer(root, c);
   parse_rounds_aggregation(root, c);
   parse_compression(root, c);
+  parse_broadcast(root, c);
 
   c.log_level = root.one_of("log_level", "info", {"trace", "debug", "info", "warn", "error"});
   c.log_format = root.one_of("log_format", "text", {"text", "json"});
@@ -426,6 +454,11 @@ nlohmann::json to_json(const ServerConfig& c) {
   if (!c.port_file.empty()) j["port_file"] = abs_path(c.port_file);
   if (c.metrics.listen) j["metrics"] = transport::to_json(c.metrics);
   if (protocol::compressed(c.compression)) j["compression"] = protocol::to_json(c.compression);
+  if (protocol::compressed(c.broadcast)) {
+    auto b = protocol::to_json(c.broadcast);
+    b.erase("error_feedback");  // never part of a broadcast
+    j["broadcast"] = b;
+  }
   if (sc.graph) j["secure"]["graph"] = {{"dropout", sc.graph_dropout}, {"corrupt", sc.graph_corrupt}};
   if (const auto& ac = c.aggregation.adaptive_clip; ac.on()) {
     j["aggregation"]["adaptive_clip"] = {{"quantile", ac.quantile}, {"lr", ac.lr}, {"initial", ac.initial}, {"min", ac.min}};

@@ -30,7 +30,6 @@ struct ServerConfig : RoundConfig {
   transport::TlsFiles tls;
   transport::AllowList allow;
   transport::ChannelOptions channel;
-  std::size_t chunk_bytes = 1u << 20;
   std::filesystem::path state_dir;
   std::size_t keep_checkpoints = 5;  // 0: keep all
   ModelSpec model;

@@ -210,6 +210,10 @@ void Coordinator::start_round(std::int64_t now_ms) {
     for (auto d : t.shape) spec->add_shape(d);
   }
   rs->set_model_sha256(global_sha_);
+  if (protocol::compressed(cfg_.broadcast)) {
+    *rs->mutable_broadcast() = cfg_.broadcast;
+    if (delta_) rs->set_base_sha256(delta_base_);
+  }
   r_->compression = round_compression(cfg_, round_);
   if (protocol::compressed(r_->compression)) *rs->mutable_compression() = r_->compression;
   std::set<SessionId> edges;
@@ -229,10 +233,10 @@ void Coordinator::start_round(std::int64_t now_ms) {
     // Signed per silo, the secure setup included: a relay can neither change nor drop it.
     if (cfg_.signer) protocol::sign_round_start(*mine.mutable_round_start(), *cfg_.signer, cfg_.federation);
     send_to_member(r_->members.size() - 1, std::move(mine));
-    if (!peer->edge) actions_.push_back(action::SendModel{session, global_, round_});
+    if (!peer->edge) send_model(session);
   }
   // An edge receives the model once and passes it to its selected silos.
-  for (auto edge : edges) actions_.push_back(action::SendModel{edge, global_, round_});
+  for (auto edge : edges) send_model(edge);
   if (r_->secure) {
     actions_.push_back(action::StartTimer{Timer::SecAgg, cfg_.secure.keys_deadline});
     drain_secure();
@@ -240,6 +244,31 @@ void Coordinator::start_round(std::int64_t now_ms) {
   actions_.push_back(action::StartTimer{Timer::Train, cfg_.deadlines.train});
   spdlog::info("round {}/{}: {} silos selected, closing at {}", round_, cfg_.rounds, r_->members.size(), target);
   event("round_started", std::to_string(r_->members.size()) + " selected");
+}
+
+// The round's model to one session: as the delta when the session said it holds the delta's
+// base, else whole. Either way it holds no model the server knows of until it says so again.
+void Coordinator::send_model(SessionId to) {
+  const Peer* peer = membership_.peer(to);
+  const bool delta = delta_ && peer && !delta_base_.empty() && peer->held_model == delta_base_;
+  membership_.set_held_model(to, "");
+  if (delta) {
+    actions_.push_back(action::SendModel{to, global_, round_, delta_});
+    r_->broadcast_bytes += delta_bytes_;
+    r_->broadcast_base = delta_base_;
+    ++r_->broadcast_deltas;
+  } else {
+    actions_.push_back(action::SendModel{to, global_, round_, nullptr});
+    r_->broadcast_bytes += global_->size() * sizeof(float);
+    ++r_->broadcast_wholes;
+  }
+}
+
+// A session's word that it holds a model: kept when it is the round's model (what the session
+// was sent last, or a base for the next delta); an older claim can serve no delta.
+void Coordinator::held_model(SessionId id, const std::string& sha256) {
+  if (!protocol::compressed(cfg_.broadcast)) return;
+  membership_.set_held_model(id, sha256 == global_sha_ ? sha256 : "");
 }
 
 void Coordinator::pump(std::int64_t now_ms) {
@@ -313,7 +342,9 @@ void Coordinator::decide(std::int64_t now_ms) {
     return m.state == MemberState::Dropped && m.drop_cause == DropCause::NonFinite;
   }));
   run_job(JobKind::Commit, [agg = r_->agg.get(), &optimizer = optimizer_, &store = store_, global = global_,
-                            round = round_, ctx, rec = round_record(s), row = metrics_row(s)]() mutable -> JobResult {
+                            round = round_, ctx, rec = round_record(s), row = metrics_row(s), broadcast = cfg_.broadcast,
+                            chunk_elems = cfg_.chunk_bytes / sizeof(float),
+                            seed = broadcast_seed(cfg_, round_)]() mutable -> JobResult {
     auto next = agg->output(*global);
     const Combined c = agg->combine(next->flat(), ctx);
     if (c.record.is_object()) rec.merge_patch(c.record);
@@ -321,14 +352,24 @@ void Coordinator::decide(std::int64_t now_ms) {
       rec["status"] = "aborted";
       rec["reason"] = c.reason;
       row.committed = false;
-      return CommitOutcome{false, c.reason, nullptr, "", store.record(rec, &row), std::nullopt, robust_rejected(rec)};
+      return CommitOutcome{false, c.reason, nullptr, "", store.record(rec, &row), std::nullopt, robust_rejected(rec), nullptr};
     }
     // The optimizer writes the new model into the same buffer, which becomes the global model.
     optimizer.step_into(global->flat(), next->flat());
+    // A compressed broadcast: the new model is the old one plus the rounded step, exactly what
+    // a silo holding the old one rebuilds from the delta (so every silo trains on the model
+    // whose hash the round announces, whichever way it came).
+    std::shared_ptr<const std::vector<wire::TensorChunk>> delta;
+    if (protocol::compressed(broadcast)) {
+      auto enc = protocol::encode_model_delta(broadcast, global->flat(), next->flat(), next->tensors(), chunk_elems, seed);
+      rec["broadcast_delta_bytes"] = enc.bytes;
+      delta = std::make_shared<const std::vector<wire::TensorChunk>>(std::move(enc.chunks));
+    }
     const std::string sha = crypto::sha256_hex(next->flat());
     rec["model_sha256_after"] = sha;
     AuditHead audit = store.commit(round, *next, optimizer.state(), rec, row);
-    return CommitOutcome{true, "", std::move(next), sha, std::move(audit), c.next_clip_norm, robust_rejected(rec)};
+    return CommitOutcome{true, "", std::move(next), sha, std::move(audit), c.next_clip_norm, robust_rejected(rec),
+                         std::move(delta)};
   });
 }
 
@@ -563,6 +604,12 @@ void Coordinator::on_job_done(std::uint64_t job, JobResult result, std::int64_t 
         finish_round(false, outcome.audit, now_ms);
         break;
       }
+      if (outcome.delta) {
+        delta_ = std::move(outcome.delta);
+        delta_base_ = global_sha_;
+        delta_bytes_ = 0;
+        for (const auto& ch : *delta_) delta_bytes_ += ch.data().size();
+      }
       global_ = std::move(outcome.model);
       global_sha_ = outcome.model_sha256;
       if (outcome.next_clip_norm) clip_norm_ = outcome.next_clip_norm;
@@ -595,6 +642,14 @@ RoundSummary Coordinator::summary(bool committed, const std::string& reason, std
   s.total_weight = r_->total_weight();
   s.upload_bytes = r_->upload_bytes;
   if (protocol::compressed(r_->compression)) s.compression = protocol::to_json(r_->compression);
+  s.broadcast_bytes = r_->broadcast_bytes;
+  if (protocol::compressed(cfg_.broadcast)) {
+    s.broadcast = protocol::to_json(cfg_.broadcast);
+    s.broadcast.erase("error_feedback");
+    s.broadcast["deltas"] = r_->broadcast_deltas;
+    s.broadcast["whole"] = r_->broadcast_wholes;
+    if (!r_->broadcast_base.empty()) s.broadcast["base_sha256"] = r_->broadcast_base;
+  }
   s.secure = r_->secure != nullptr;
   if (r_->secure) s.secure_groups = r_->secure->describe();
   s.model_sha256_before = s.model_sha256_after = global_sha_;

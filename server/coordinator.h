@@ -48,6 +48,8 @@ struct CommitOutcome {
   AuditHead audit;  // the audit log after the round's record
   std::optional<double> next_clip_norm;  // adaptive clipping: the next round's clip norm
   std::size_t robust_rejected = 0;        // inputs the robust rule left out
+  // A compressed broadcast: `model` as a delta against the round's model (its chunks).
+  std::shared_ptr<const std::vector<wire::TensorChunk>> delta;
 };
 // The value a job returns to on_job_done (an AuditHead: an aborted round's record is written).
 using JobResult = std::variant<std::monostate, FoldResult, std::vector<Rejection>, CommitOutcome, AuditHead>;
@@ -57,11 +59,13 @@ struct Send {
   SessionId to;
   wire::Envelope env;
 };
-// Stream `model` as TensorChunks.
+// Stream `model` as TensorChunks, or, when `delta` is set, those chunks: the model as a delta
+// against the one the receiver holds (RoundStart.base_sha256).
 struct SendModel {
   SessionId to;
   std::shared_ptr<const Model> model;
   std::uint64_t round;
+  std::shared_ptr<const std::vector<wire::TensorChunk>> delta = nullptr;
 };
 struct Close {
   SessionId id;
@@ -201,6 +205,8 @@ class Coordinator {
   void try_start_round(std::int64_t now_ms);
   void start_round(std::int64_t now_ms);
   void pump(std::int64_t now_ms);
+  void send_model(SessionId to);
+  void held_model(SessionId id, const std::string& sha256);
   void close_round(std::int64_t now_ms);
   void finish_unmask(std::int64_t now_ms);
   void set_phase(Phase p, std::int64_t now_ms);
@@ -245,6 +251,11 @@ class Coordinator {
   RoundConfig cfg_;
   std::shared_ptr<const Model> global_;
   std::string global_sha_;
+  // A compressed broadcast (cfg_.broadcast): global_ as a delta against the model of
+  // delta_base_ (the one before the last commit), for receivers that hold that one.
+  std::shared_ptr<const std::vector<wire::TensorChunk>> delta_;
+  std::string delta_base_;
+  std::uint64_t delta_bytes_ = 0;
   std::optional<double> clip_norm_;  // adaptive clipping: this round's clip norm
   ServerOptimizer optimizer_;  // touched by commit jobs only, one at a time
   Store& store_;

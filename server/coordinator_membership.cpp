@@ -156,6 +156,8 @@ void Coordinator::on_message(SessionId id, const wire::Envelope& e, std::int64_t
     return;
   }
   if (body == B::kLeaving) return on_leaving(peer->name, id);
+  // Whatever round it is for: the model the silo trained on is the one it holds now.
+  if (body == B::kUpdateReady) held_model(id, e.update_ready().model_sha256());
   const bool secure_body = proto::is_secagg_from_silo(body);
   if (body != B::kUpdateReady && body != B::kTensorChunk && body != B::kUpdateEnd && !secure_body) {
     send_error(id, wire::UNEXPECTED, "a silo may not send " + proto::body_name(e));
@@ -189,7 +191,10 @@ void Coordinator::on_edge_message(SessionId id, const wire::Envelope& e, std::in
     if (m && r_->members[*m].session == id) member_failed(*m, e, now_ms);
     return;
   }
-  if (body == B::kRegionStatus) return on_region_status(id, e.region_status(), now_ms);
+  if (body == B::kRegionStatus) {
+    held_model(id, e.region_status().model_sha256());
+    return on_region_status(id, e.region_status(), now_ms);
+  }
   if (!e.silo().empty()) {
     if (body == B::kLeaving) return on_leaving(e.silo(), id);
     // Relayed from one of its silos: UpdateReady and the secure protocol (its uploads go into

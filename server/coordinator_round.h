@@ -27,6 +27,10 @@ struct Coordinator::Round {
   std::vector<std::size_t> upload_members;
   bool upload_more = false;              // an edge: another secure group's sum follows
   std::uint64_t upload_bytes = 0;
+  // The model's broadcast: bytes of model data sent, and to how many sessions as a delta or whole.
+  std::uint64_t broadcast_bytes = 0;
+  std::size_t broadcast_deltas = 0, broadcast_wholes = 0;
+  std::string broadcast_base;  // the delta's base model, when one went out
   std::string abort_reason;
   std::size_t robust_rejected = 0;
   // Members by name, and how many are in each state: messages of every silo ask both, so

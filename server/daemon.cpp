@@ -343,8 +343,9 @@ class Server {
       pending_broadcasts_.pop_front();
       auto* ch = channel(a.to);
       if (!ch || !ch->is_open()) continue;
-      auto src = std::make_shared<protocol::ChunkSource>(a.model, a.model->flat(), a.model->tensors(),
-                                                          cfg_.federation, a.round, cfg_.chunk_bytes);
+      auto src = a.delta ? std::make_shared<protocol::ChunkSource>(a.delta, cfg_.federation, a.round)
+                         : std::make_shared<protocol::ChunkSource>(a.model, a.model->flat(), a.model->tensors(),
+                                                                   cfg_.federation, a.round, cfg_.chunk_bytes);
       // The slot is released when the stream is finished or dropped with its connection.
       auto slot = std::make_shared<BroadcastSlot>(this);
       ++broadcasting_;

@@ -20,12 +20,15 @@ struct Peer {
   bool edge = false;
   std::set<std::string> region;  // edges: the silos announced behind it
   std::string join_nonce;        // edges: the nonce its silos sign to join through this session
+  // The model (SHA-256) this session's peer said it holds since the server last sent it one: a
+  // compressed broadcast may go to it as a delta against that model. Empty: none known.
+  std::string held_model;
 };
 
 class Membership {
  public:
   void add_session(SessionId id, const std::string& name, bool edge, std::string join_nonce = {}) {
-    sessions_[id] = Peer{name, edge, {}, std::move(join_nonce)};
+    sessions_[id] = Peer{name, edge, {}, std::move(join_nonce), {}};
   }
   // Removes a session; returns the silos whose route it was (gone with it).
   std::vector<std::string> remove_session(SessionId id);
@@ -33,6 +36,9 @@ class Membership {
   const Peer* peer(SessionId id) const;
   void set_join_nonce(SessionId id, std::string nonce) {
     if (auto it = sessions_.find(id); it != sessions_.end()) it->second.join_nonce = std::move(nonce);
+  }
+  void set_held_model(SessionId id, std::string sha256) {
+    if (auto it = sessions_.find(id); it != sessions_.end()) it->second.held_model = std::move(sha256);
   }
   bool is_edge(SessionId id) const;
   const std::map<SessionId, Peer>& sessions() const { return sessions_; }

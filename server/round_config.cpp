@@ -20,4 +20,8 @@ wire::Compression round_compression(const RoundConfig& cfg, std::uint64_t round)
   return c;
 }
 
+std::uint64_t broadcast_seed(const RoundConfig& cfg, std::uint64_t round) {
+  return (cfg.seed * 0xd6e8feb86659fd93ull) ^ (round * 0x9e3779b97f4a7c15ull) ^ 0xb5026f5aa96619e9ull;
+}
+
 }  // namespace xsilo::server

@@ -95,6 +95,10 @@ struct RoundConfig {
   AggregationConfig aggregation;
   SecureConfig secure;
   wire::Compression compression;  // how silos compress their uploads (docs/compression.md)
+  // How the model goes out: as a quantized delta against the model a receiver holds, where it
+  // holds the previous one (QUANTIZE), or whole (NONE). docs/compression.md, "The model broadcast".
+  wire::Compression broadcast;
+  std::size_t chunk_bytes = 1u << 20;  // of the model's (and a delta broadcast's) chunks
   UploadStaging staging;
   // The federation CA (and its revocation list): checks the signed joins of silos behind edges
   // and, in secure mode, the silos' protocol signatures. Not read from a config file: the server
@@ -112,5 +116,8 @@ struct RoundConfig {
 // round keeps the same coordinates; the next round keeps others); PowerSGD's random start Q0
 // likewise.
 wire::Compression round_compression(const RoundConfig& cfg, std::uint64_t round);
+// The seed of the unbiased rounding of round `round`'s broadcast delta (replayable from the
+// config, like the rest of the round).
+std::uint64_t broadcast_seed(const RoundConfig& cfg, std::uint64_t round);
 
 }  // namespace xsilo::server

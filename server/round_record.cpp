@@ -101,6 +101,8 @@ nlohmann::json round_record(const RoundSummary& s) {
   if (s.silo_momentum > 0) r["aggregation"]["silo_momentum"] = s.silo_momentum;
   if (!s.compression.is_null()) r["compression"] = s.compression;
   r["upload_bytes"] = s.upload_bytes;
+  r["broadcast_bytes"] = s.broadcast_bytes;
+  if (!s.broadcast.is_null()) r["broadcast"] = s.broadcast;
   return r;
 }
 

@@ -68,6 +68,8 @@ struct RoundSummary {
   double total_weight = 0;
   std::uint64_t upload_bytes = 0;
   nlohmann::json compression;         // the round's scheme (protocol::to_json), null when none
+  std::uint64_t broadcast_bytes = 0;  // model data sent to silos and edges at the round's start
+  nlohmann::json broadcast;           // a compressed broadcast: its scheme, deltas and wholes sent, base
   bool secure = false;                // sample counts and weights stay inside the masked sums
   nlohmann::json secure_groups;       // secure: the groups as set up (SecureRound::describe)
   std::string model_sha256_before, model_sha256_after;

@@ -220,6 +220,12 @@ void Session::on_round_start(const wire::Envelope& e) {
   model_sha_ = rs.model_sha256();
   Model layout;
   for (const auto& t : rs.tensors()) layout.add_layout(t.name(), {t.shape().begin(), t.shape().end()});
+  // A compressed broadcast comes as a delta against the model this silo holds when the server
+  // knows it holds the round's base (it said so in its last UpdateReady), else whole.
+  const bool broadcast = protocol::compressed(rs.broadcast());
+  const bool have_base = broadcast && !rs.base_sha256().empty() && held_sha_ == rs.base_sha256() && global_ &&
+                         global_->same_layout(layout);
+  held_sha_.clear();  // whatever comes now replaces the model held
   if (trainer_.streams() && !hook_.tampers() && !rs.has_secagg() && !protocol::compressed(compression_) &&
       plan_.silo_momentum() <= 0) {
     // Nothing of the model is kept: it is hashed as it arrives, through a window of reserved
@@ -231,15 +237,21 @@ void Session::on_round_start(const wire::Envelope& e) {
       window_.reset();
       window_ = std::make_unique<Window>(d * sizeof(float));
     }
-    rx_.reset({reinterpret_cast<float*>(window_->bytes().data()), d}, layout_, /*hash=*/true);
+    const std::span<float> into{reinterpret_cast<float*>(window_->bytes().data()), d};
+    // Holding no model, it is sent the whole one (the receiver says why, should a delta come).
+    if (broadcast) rx_.reset_model(into, layout_, rs.broadcast(), /*have_base=*/false, /*hash=*/true);
+    else rx_.reset(into, layout_, /*hash=*/true);
   } else {
     window_.reset();
-    // Reuse last round's buffer when nothing else holds it: no fresh pages every round.
-    if (!global_ || global_.use_count() > 1 || !global_->same_layout(layout)) {
+    if (have_base && global_.use_count() > 1) {
+      global_ = std::make_shared<Model>(*global_);  // a job still reads the base: the delta goes onto a copy
+    } else if (!have_base && (!global_ || global_.use_count() > 1 || !global_->same_layout(layout))) {
+      // Reuse last round's buffer when nothing else holds it: no fresh pages every round.
       global_ = std::make_shared<Model>();
       for (const auto& t : layout.tensors()) global_->add(t.name, t.shape);
     }
-    rx_.reset(global_->flat(), global_->tensors(), /*hash=*/false);
+    if (broadcast) rx_.reset_model(global_->flat(), global_->tensors(), rs.broadcast(), have_base, /*hash=*/false);
+    else rx_.reset(global_->flat(), global_->tensors(), /*hash=*/false);
   }
   secure_.reset();
   setup_.reset();
@@ -391,7 +403,10 @@ void Session::on_unmask_request(const wire::Envelope& e) {
 
 void Session::on_model_chunk(const wire::Envelope& e) {
   if ((!global_ && !streaming()) || e.round() != round_ || !in_round_) {
-    reply_error(wire::WRONG_ROUND, "model chunk for a round that has not started here");
+    // The rest of a model already refused goes unanswered; any other chunk is out of place.
+    if (e.round() != round_ || round_failed_ != round_) {
+      reply_error(wire::WRONG_ROUND, "model chunk for a round that has not started here");
+    }
     return;
   }
   if (auto st = rx_.add(e.tensor_chunk()); !st) {
@@ -399,6 +414,8 @@ void Session::on_model_chunk(const wire::Envelope& e) {
     reply_error(wire::BAD_UPDATE, st.message);
     global_.reset();
     window_.reset();
+    in_round_ = false;  // the rest of this model is dropped without a word: one error says why
+    round_failed_ = round_;
     return;
   }
   if (streaming()) window_->release(rx_.last_first() * sizeof(float), (rx_.last_first() + rx_.last_count()) * sizeof(float));
@@ -539,6 +556,8 @@ void Session::trained(TrainDone r) {
     if (r.fatal) actions_.push_back(action::Fatal{r.error});
     return;
   }
+  // The training job checked the model against the round's SHA-256 before it trained.
+  if (global_ && !model_sha_.empty()) held_sha_ = model_sha_;
   pending_ = std::move(r.out);
   if (!plan_.train()) return;  // an evaluation-only round: the metrics went nowhere to upload
   if (secure_) return mask_when_ready();
@@ -550,6 +569,7 @@ void Session::announce_ready() {
   auto* r = e.mutable_update_ready();
   r->set_num_samples(secure_ ? 1 : pending_->num_samples);  // secure: the real count is inside the masked sum
   *r->mutable_metrics() = pending_->metrics;
+  r->set_model_sha256(held_sha_);
   send(std::move(e));
   spdlog::info("round {}: trained on {} samples (loss {:.4f}); update ready", round_, pending_->num_samples,
                pending_->metrics.train_loss());

@@ -190,10 +190,15 @@ class Session {
   std::map<std::uint64_t, std::uint64_t> job_generation_;
   bool in_round_ = false;
   std::uint64_t round_ = 0;
+  std::uint64_t round_failed_ = 0;  // the round whose model this silo refused (0: none)
   wire::TrainingPlan plan_;
   wire::Compression compression_;   // the round's (none when unset)
   std::string model_sha_;
   std::shared_ptr<Model> global_;
+  // The SHA-256 of global_'s values once a training job checked them against their round's
+  // RoundStart; empty while they are being replaced (or were never checked). A compressed
+  // broadcast's delta is added to global_ only when the round's base is this one.
+  std::string held_sha_;
   // A streamed round (Trainer::streams()): the model is hashed as it arrives into `window_`,
   // whose pages go back chunk by chunk; `layout_` is its layout. Nothing of it is kept.
   bool streaming() const { return window_ != nullptr; }

@@ -277,6 +277,42 @@ std::vector<Case> cases() {
     s["compression"] = {{"scheme", "quantize"}, {"bits", 8}, {"block", 32}, {"error_feedback", false}};
     out.push_back({"Quantize8TrimmedMeanWorkers", s, 1e-4, 3});
   }
+  // The model broadcast as a quantized delta (docs/compression.md, "The model broadcast"): the
+  // server rounds each step and every silo rebuilds the round's model from the one it holds (its
+  // hash is checked before training); the reference follows within the step's rounding.
+  {  // 8-bit deltas to secure groups behind two edges, local workers, a silo restarted as round 3
+     // trains (it comes back holding nothing: the whole model) and one lost after sharing.
+    json s = digits_mlp_sim(12, 4, 16);
+    s["selection"] = {{"min_silos", 11}, {"min_updates", 8}};
+    s["secure"] = secure("grouped", 3);
+    s["local"] = {{"workers", 2}, {"backend", "ring"}};
+    s["broadcast"] = {{"scheme", "quantize"}, {"bits", 8}, {"block", 64}};
+    s["faults"] = {fault("hospital-05", "restart", 3, "train"), fault("hospital-09", "kill", 2, "after_shares")};
+    out.push_back({"BroadcastDeltaGroupedSecureEdgesWorkersRestartDropoutDigitsMlp", s, 1e-4, 4});
+  }
+  {  // 4-bit deltas with top-10 % + EF uploads through two edges that decode and sum, one edge
+     // restarted as round 2 trains (that round may abort with its region; the restarted edge
+     // holds no model, and an edge that holds the aborted round's model holds no base for the
+     // next delta: each gets the whole model once, then deltas again).
+    json s = base_sim(8, 4);
+    s["edges"] = 2;
+    s["selection"] = {{"min_silos", 6}, {"min_updates", 6}};
+    s["compression"] = {{"scheme", "top_k"}, {"fraction", 0.1}};
+    s["broadcast"] = {{"scheme", "quantize"}, {"bits", 4}, {"block", 16}};
+    s["faults"] = {fault("edge-01", "restart", 2, "train")};
+    out.push_back({"Broadcast4BitTopKEdgesEdgeRestart", s, 1e-4, 3});
+  }
+  {  // 8-bit deltas straight to the silos, EF-SignSGD uploads, Multi-Krum on the decoded updates,
+     // local workers, a silo restarted as round 3 trains (the server sends it the whole model).
+    json s = base_sim(7, 4);
+    s["selection"] = {{"min_silos", 7}, {"min_updates", 6}};
+    s["aggregation"] = {{"rule", "multi_krum"}, {"f", 1}};
+    s["local"] = {{"workers", 2}, {"backend", "ring"}};
+    s["compression"] = {{"scheme", "sign"}, {"block", 16}};
+    s["broadcast"] = {{"scheme", "quantize"}, {"bits", 8}, {"block", 32}};
+    s["faults"] = {fault("hospital-03", "restart", 3, "train")};
+    out.push_back({"BroadcastDeltaSignMultiKrumWorkersSiloRestart", s, 1e-4, 4});
+  }
   // Hostile parties as real processes (docs/security.md). The checks above still hold for
   // every committed round: its model is exactly the reference of the silos its record names.
   {  // Three edges, one secure group: edge-01 alters the mask keys it relays (its three silos
@@ -403,15 +439,48 @@ TEST_P(Combinations, EveryRoundEqualsTheReferenceOfTheSilosItsRecordNames) {
       if (!line.empty()) sent[s].insert(json::parse(line)["round"].get<std::uint64_t>());
     }
   }
-  std::size_t committed = 0, adaptive_rounds = 0;
+  std::size_t committed = 0, adaptive_rounds = 0, broadcast_deltas = 0, broadcast_wholes_later = 0;
   std::optional<double> next_clip;
   const bool secure_mode = scfg.secure.on();
+  // The round's upload scheme as its record names it (the seed of a shared random-k set).
+  auto round_scheme = [&](const json& rec) {
+    wire::Compression z = scfg.compression;
+    z.set_seed(rec["compression"].value("seed", std::uint64_t{0}));
+    return z;
+  };
+  // What silo s's compression made of its update `o` in `round` under scheme z, and its error
+  // feedback after it.
+  auto compress_as_silo = [&](const std::string& s, agent::RoundOutput& o, const wire::Compression& z,
+                              std::uint64_t round) {
+    Model& res = residual[s];
+    if (!res.same_layout(*o.update)) res = o.update->zeros_like();
+    // A silo killed after its upload left but before it saved the residual and recorded the
+    // upload has the round in the server's record but not in its own: it comes back with the
+    // residual from before (and sends that part again). Its update used the residual all the same.
+    Model unsaved;
+    if (!sent[s].count(round)) unsaved = res;
+    const auto r = !z.error_feedback() ? std::span<float>() : sent[s].count(round) ? res.flat() : unsaved.flat();
+    if (secure_mode) {
+      protocol::keep_shared_random_k(z, o.update->flat(), r, o.update->tensors());
+    } else if (z.scheme() != wire::Compression::QUANTIZE) {
+      protocol::compress_update(z, o.update->flat(), r, o.update->tensors(), acfg[s].chunk_bytes / 4, 0);
+    }
+  };
   for (const auto& rec : rounds) {
     const auto round = rec["round"].get<std::uint64_t>();
     if (rec["status"] != "committed") {
       // An abort says why and leaves the model as it was.
       EXPECT_FALSE(rec.value("reason", "").empty()) << rec.dump(2);
       EXPECT_EQ(rec["model_sha256_after"], rec["model_sha256_before"]) << rec.dump(2);
+      // An upload that left moved its silo's error feedback on, whatever became of its round.
+      if (protocol::compressed(scfg.compression) && scfg.compression.error_feedback()) {
+        const wire::Compression z = round_scheme(rec);
+        for (const auto& [s, rounds_sent] : sent) {
+          if (!rounds_sent.count(round)) continue;
+          auto o = agent::run_local_round(acfg[s], data[s], global, scfg.plan, round, s);
+          compress_as_silo(s, o, z, round);
+        }
+      }
       continue;
     }
     ++committed;
@@ -446,8 +515,7 @@ TEST_P(Combinations, EveryRoundEqualsTheReferenceOfTheSilosItsRecordNames) {
       // the server applied, so the reference below applies them too.
       EXPECT_EQ(rec["compression"].value("dense", json::array()),
                 c.sim["compression"].value("dense", json(protocol::default_dense_patterns())));
-      wire::Compression z = scfg.compression;
-      z.set_seed(rec["compression"].value("seed", std::uint64_t{0}));
+      const wire::Compression z = round_scheme(rec);
       std::map<std::string, agent::RoundOutput> sent_only;
       for (const auto& [s, rounds_sent] : sent) {
         if (!outs.count(s) && rounds_sent.count(round)) {
@@ -455,22 +523,7 @@ TEST_P(Combinations, EveryRoundEqualsTheReferenceOfTheSilosItsRecordNames) {
         }
       }
       for (auto* group : {&outs, &sent_only}) {
-        for (auto& [s, o] : *group) {
-          Model& res = residual[s];
-          if (!res.same_layout(*o.update)) res = o.update->zeros_like();
-          // A silo killed after its upload left but before it saved the residual and recorded
-          // the upload has the round in the server's record but not in its own: it comes back
-          // with the residual from before (and sends that part again). Its update used the
-          // residual all the same.
-          Model unsaved;
-          if (!sent[s].count(round)) unsaved = res;
-          const auto r = !z.error_feedback() ? std::span<float>() : sent[s].count(round) ? res.flat() : unsaved.flat();
-          if (secure_mode) {
-            protocol::keep_shared_random_k(z, o.update->flat(), r, o.update->tensors());
-          } else if (z.scheme() != wire::Compression::QUANTIZE) {
-            protocol::compress_update(z, o.update->flat(), r, o.update->tensors(), acfg[s].chunk_bytes / 4, 0);
-          }
-        }
+        for (auto& [s, o] : *group) compress_as_silo(s, o, z, round);
       }
     }
     const std::size_t d = global.size();
@@ -573,6 +626,22 @@ TEST_P(Combinations, EveryRoundEqualsTheReferenceOfTheSilosItsRecordNames) {
     const auto agg = apply_rule(rec, scfg.aggregation, rows, weights, d);
     Model expect = global;
     for (std::size_t k = 0; k < d; ++k) expect.flat()[k] += agg[k];  // FedAvg with server lr 1
+    // A compressed broadcast: the server rounds the step it commits (unbiased, blocks of the
+    // chunk's coordinates), so each coordinate is within one step of its block.
+    if (protocol::compressed(scfg.broadcast)) {
+      ASSERT_TRUE(rec.contains("broadcast")) << rec.dump(2);
+      broadcast_deltas += rec["broadcast"]["deltas"].get<std::size_t>();
+      if (round > 1) broadcast_wholes_later += rec["broadcast"]["whole"].get<std::size_t>();
+      const std::size_t b = scfg.broadcast.block();
+      const double levels = double((1 << (scfg.broadcast.bits() - 1)) - 1);
+      for (std::size_t k = 0; k < d; ++k) {
+        double m = 0;
+        for (std::size_t j = k >= b - 1 ? k - (b - 1) : 0; j < std::min(d, k + b); ++j) {
+          m = std::max(m, static_cast<double>(std::abs(agg[j])));
+        }
+        rounding[k] += m / levels;
+      }
+    }
 
     const Model got = checkpoint(out, round);
     ASSERT_TRUE(got.same_layout(expect));
@@ -598,6 +667,20 @@ TEST_P(Combinations, EveryRoundEqualsTheReferenceOfTheSilosItsRecordNames) {
   }
   if (scfg.aggregation.adaptive_clip.on()) {
     EXPECT_EQ(adaptive_rounds, committed);
+  }
+  if (protocol::compressed(scfg.broadcast)) {
+    // Deltas went out, and an edge that came back after a restart (it holds no model) got the
+    // whole one. A restarted silo behind an edge gets the values from its edge: that it takes
+    // part again (checked above) says its model checked out.
+    EXPECT_GT(broadcast_deltas, 0u);
+    bool seen_restarted = false;  // by the server: an edge, or a silo without edges
+    for (const auto& f : c.sim.value("faults", json::array())) {
+      const bool edge = f["process"].get<std::string>().rfind("edge-", 0) == 0;
+      seen_restarted = seen_restarted || (f["action"] == "restart" && (edge || !c.sim.contains("edges")));
+    }
+    if (seen_restarted) {
+      EXPECT_GT(broadcast_wholes_later, 0u);
+    }
   }
   Process verify({test::xsilo_bin(), "audit", "verify", (out / "audit.jsonl").string(), "--key",
                   (out / "audit.pub").string()},

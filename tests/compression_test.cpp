@@ -687,5 +687,117 @@ TEST(Compression, ANonFiniteUpdateGivesAScaleEveryReceiverRefuses) {
   }
 }
 
+// ---- the model broadcast as a delta -----------------------------------------------------------
+
+Model broadcast_layout() {
+  Model m;
+  m.add("fc.weight", {40, 25});
+  m.add("bn.running_var", {7});
+  m.add("fc.bias", {3});
+  return m;
+}
+
+C broadcast_scheme(std::uint32_t bits) {
+  C c = scheme(C::QUANTIZE, bits, 64, 0, /*ef=*/false);
+  for (const auto& p : default_dense_patterns()) c.add_dense(p);
+  return c;
+}
+
+// What the server commits is what a receiver holding the base rebuilds, bit for bit, from
+// chunks a quarter (8-bit) or an eighth (4-bit) of the model, plus the dense tensors' values;
+// the step it rounds moves by less than one quantization step per coordinate.
+TEST(Compression, ABroadcastDeltaRebuildsTheServersModelBitForBitFromTheBase) {
+  for (std::uint32_t bits : {8u, 4u}) {
+    const C c = broadcast_scheme(bits);
+    ASSERT_EQ(check_broadcast(c), "");
+    Model base = broadcast_layout(), next = broadcast_layout();
+    const auto b = gaussian(base.size(), 1), step = gaussian(base.size(), 2, 0.01f);
+    for (std::size_t i = 0; i < base.size(); ++i) {
+      base.flat()[i] = b[i];
+      next.flat()[i] = b[i] + step[i];
+    }
+    for (std::size_t i = 0; i < 7; ++i) next.flat()[1000 + i] = 0.001f * static_cast<float>(i);  // small variances
+    const Model exact = next;
+    const auto enc = encode_model_delta(c, base.flat(), next.flat(), next.tensors(), 300, 9);
+    // fc.weight in chunks of 300 (4 of them), then the variances as values, then fc.bias.
+    ASSERT_EQ(enc.chunks.size(), 6u);
+    EXPECT_EQ(enc.chunks[4].name(), "bn.running_var");
+    EXPECT_EQ(enc.chunks[4].encoding(), C::NONE);
+    EXPECT_EQ(enc.chunks[0].encoding(), C::QUANTIZE);
+    const double ratio = double(enc.bytes) / double(4 * base.size());
+    EXPECT_LT(ratio, bits == 8 ? 0.29 : 0.16) << bits;
+    // The dense tensor's new values exactly; the others within a step (max |step| / levels of its block).
+    for (std::size_t i = 0; i < 7; ++i) EXPECT_EQ(next.flat()[1000 + i], exact.flat()[1000 + i]);
+    const float levels = bits == 8 ? 127.0f : 7.0f;
+    for (std::size_t i = 0; i < 1000; ++i) {
+      const std::size_t first = (i / 300) * 300 + ((i % 300) / 64) * 64;
+      float m = 0;
+      for (std::size_t j = first; j < std::min<std::size_t>(first + 64, (i / 300) * 300 + 300); ++j) {
+        m = std::max(m, std::fabs(step[j]));
+      }
+      ASSERT_LE(std::fabs(next.flat()[i] - exact.flat()[i]), m / levels * 1.0001f + 1e-7f) << i;
+    }
+
+    Model held = base;
+    TensorReceiver rx;
+    rx.reset_model(held.flat(), held.tensors(), c, /*have_base=*/true, /*hash=*/true);
+    for (const auto& ch : enc.chunks) ASSERT_TRUE(rx.add(ch)) << ch.name();
+    ASSERT_TRUE(rx.complete());
+    EXPECT_EQ(std::memcmp(held.flat().data(), next.flat().data(), 4 * next.size()), 0) << bits;
+    EXPECT_EQ(rx.finish_sha256(), crypto::sha256_hex(next.flat()));
+    EXPECT_EQ(rx.bytes(), enc.bytes);
+
+    // A receiver without the base takes the whole model (values), and refuses a delta with the reason.
+    Model fresh = broadcast_layout();
+    rx.reset_model(fresh.flat(), fresh.tensors(), c, /*have_base=*/false, /*hash=*/true);
+    ChunkSource whole(nullptr, next.flat(), next.tensors(), "fed", 2, 1200);
+    while (auto e = whole.next()) ASSERT_TRUE(rx.add(e->tensor_chunk()));
+    EXPECT_EQ(rx.finish_sha256(), crypto::sha256_hex(next.flat()));
+    rx.reset_model(fresh.flat(), fresh.tensors(), c, /*have_base=*/false);
+    const auto st = rx.add(enc.chunks[0]);
+    ASSERT_FALSE(st);
+    EXPECT_NE(st.message.find("does not hold"), std::string::npos) << st.message;
+  }
+}
+
+TEST(Compression, ABroadcastReceiverRefusesDeltasOfDenseTensorsOtherSchemesAndBadScales) {
+  const C c = broadcast_scheme(8);
+  Model base = broadcast_layout(), next = broadcast_layout();
+  for (std::size_t i = 0; i < base.size(); ++i) next.flat()[i] = 0.5f;
+  const auto enc = encode_model_delta(c, base.flat(), next.flat(), next.tensors(), 1000, 3);
+  auto refused = [&](const std::vector<wire::TensorChunk>& chunks, const std::string& why) {
+    Model held = base;
+    TensorReceiver rx;
+    rx.reset_model(held.flat(), held.tensors(), c, true);
+    for (const auto& ch : chunks) {
+      const auto st = rx.add(ch);
+      if (!st) {
+        EXPECT_NE(st.message.find(why), std::string::npos) << st.message;
+        return;
+      }
+    }
+    ADD_FAILURE() << "accepted; wanted: " << why;
+  };
+  auto chunks = enc.chunks;
+  // The variances as a delta: a dense tensor must come as its values.
+  chunks[1] = encode_model_delta(scheme(C::QUANTIZE, 8, 64, 0, false), base.flat(), next.flat(), next.tensors(), 1000, 3)
+                  .chunks[1];
+  refused(chunks, "travels as float32 values");
+  chunks = enc.chunks;
+  chunks[0].set_encoding(C::SIGN);
+  refused(chunks, "but the broadcast is quantize-8/64");
+  chunks = enc.chunks;
+  const float nan = std::nanf("");
+  std::memcpy(chunks[0].mutable_data()->data(), &nan, 4);  // the first block's scale
+  refused(chunks, "NaN");
+  chunks = enc.chunks;
+  chunks[0].set_count(2000);
+  refused(chunks, "count 2000");
+  // A broadcast scheme is quantization without error feedback.
+  EXPECT_NE(check_broadcast(scheme(C::TOP_K, 0, 0, 0.1, false)), "");
+  EXPECT_NE(check_broadcast(scheme(C::QUANTIZE, 8, 64, 0, true)), "");
+  EXPECT_NE(check_broadcast(scheme(C::QUANTIZE, 5, 64, 0, false)), "");
+}
+
 }  // namespace
 }  // namespace xsilo::protocol

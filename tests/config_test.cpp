@@ -317,6 +317,36 @@ TEST(Config, NormalisationStatisticsTravelDenseByDefaultAndTheListCanBeSet) {
             std::string::npos);
 }
 
+// The model broadcast: a quantized delta or nothing; it combines with every upload scheme and
+// with secure aggregation, and its config survives the JSON the sim hands its server.
+TEST(Config, ABroadcastIsAQuantizedDeltaWithItsOwnKeys) {
+  const SixSiloServer six;
+  EXPECT_EQ(six(R"(, "broadcast": {"scheme": "quantize"})"), "");
+  EXPECT_EQ(six(R"(, "broadcast": {"scheme": "none"})"), "");
+  EXPECT_EQ(six(R"(, "broadcast": {"scheme": "quantize", "bits": 4, "block": 64}, "compression": {"scheme": "top_k"})"),
+            "");
+  EXPECT_EQ(six(R"(, "broadcast": {"scheme": "quantize"}, "secure": {"mode": "global"})"), "");
+  EXPECT_NE(six(R"(, "broadcast": {"scheme": "quantize", "bits": 6})").find(".broadcast.bits: must be 8 or 4"),
+            std::string::npos);
+  EXPECT_NE(six(R"(, "broadcast": {"scheme": "top_k"})").find(".broadcast.scheme: must be one of"), std::string::npos);
+  EXPECT_NE(six(R"(, "broadcast": {"scheme": "none", "bits": 8})").find(".broadcast.bits: applies to scheme quantize"),
+            std::string::npos);
+  EXPECT_NE(six(R"(, "broadcast": {"scheme": "quantize", "error_feedback": true})").find("error_feedback"),
+            std::string::npos);
+
+  test::TempDir dir;
+  test::make_pki(dir / "pki", "f", {{wire::SERVER, "server"}});
+  atomic_write_file(dir / "s.json", R"({"federation": "f", "tls": {"kit": "pki/kits/server"},
+      "allow": {"silo": ["*"]}, "model": {"inputs": 4}, "selection": {"min_silos": 2},
+      "broadcast": {"scheme": "quantize", "bits": 4, "dense": ["*.bias"]}})");
+  const auto c = server::load_server_config(dir / "s.json");
+  EXPECT_EQ(protocol::describe(c.broadcast), "quantize-4/256");
+  ASSERT_EQ(c.broadcast.dense_size(), 1);
+  atomic_write_file(dir / "back.json", server::to_json(c).dump());
+  const auto back = server::load_server_config(dir / "back.json");
+  EXPECT_EQ(back.broadcast.SerializeAsString(), c.broadcast.SerializeAsString());
+}
+
 // Bucketing and nearest-neighbour mixing in front of a rule: the rule is checked on the buckets
 // a round may commit with, and mixing needs an f.
 TEST(Config, PreAggregationStepsAreCheckedWithTheRule) {

@@ -167,10 +167,12 @@ class Harness {
     coord_->on_message(session(i), e, now);
     pump();
   }
-  void ready(std::size_t i, std::uint64_t samples, std::uint64_t round = 0) {
+  // `holds`: the model the silo says it trained on and holds (UpdateReady.model_sha256).
+  void ready(std::size_t i, std::uint64_t samples, std::uint64_t round = 0, const std::string& holds = "") {
     wire::Envelope e;
     e.set_round(round ? round : coord_->round());
     e.mutable_update_ready()->set_num_samples(samples);
+    e.mutable_update_ready()->set_model_sha256(holds);
     deliver(i, e);
   }
   // Streams weight * delta in chunks of 3 elements, then UpdateEnd (unless stop_after chunks).
@@ -230,6 +232,7 @@ class Harness {
   std::map<SessionId, std::vector<wire::Envelope>> inbox;
   std::map<SessionId, std::string> edges_;
   std::map<SessionId, int> models_sent;
+  std::map<SessionId, std::vector<action::SendModel>> model_actions;
   std::set<Timer> armed;
   std::vector<SessionId> closed;
   bool finished = false;
@@ -242,7 +245,10 @@ class Harness {
       if (actions.empty()) return;
       for (auto& a : actions) {
         if (auto* s = std::get_if<action::Send>(&a)) inbox[s->to].push_back(s->env);
-        if (auto* m = std::get_if<action::SendModel>(&a)) ++models_sent[m->to];
+        if (auto* m = std::get_if<action::SendModel>(&a)) {
+          ++models_sent[m->to];
+          model_actions[m->to].push_back(*m);
+        }
         if (auto* t = std::get_if<action::StartTimer>(&a)) armed.insert(t->timer);
         if (auto* t = std::get_if<action::CancelTimer>(&a)) armed.erase(t->timer);
         if (auto* c = std::get_if<action::Close>(&a)) closed.push_back(c->id);
@@ -1117,6 +1123,91 @@ TEST(Coordinator, APeersTextThatIsNotUtf8CannotBreakTheAuditRecordOrTheStatus) {
   EXPECT_LT(reason.size(), 600u);  // bounded
   for (const auto& r : h.store.records) EXPECT_NO_THROW((void)r.dump());
   EXPECT_NO_THROW((void)h.coord().status(h.now).dump());
+}
+
+// A compressed broadcast: the model goes as a quantized delta to each session that said it holds
+// the previous round's model, whole to the others; the delta rebuilds the committed model bit
+// for bit from that base, and the audit record says who got what.
+TEST(Coordinator, BroadcastsTheModelAsADeltaToTheSessionsThatHoldTheLastOne) {
+  RoundConfig cfg = three_rounds();
+  cfg.rounds = 4;
+  cfg.broadcast.set_scheme(wire::Compression::QUANTIZE);
+  cfg.broadcast.set_bits(8);
+  cfg.broadcast.set_block(8);
+  Harness h(3, cfg);
+  h.connect_all(3);
+  ASSERT_EQ(h.coord().phase(), Phase::Collecting);
+  auto start = [&](std::size_t i) { return h.last(i, wire::Envelope::kRoundStart)->round_start(); };
+  auto sent_delta = [&](std::size_t i) { return h.model_actions[h.session(i)].back().delta != nullptr; };
+  const std::string m1 = crypto::sha256_hex(h.initial_.flat());
+  // Round 1: nobody holds a model; the round says how a delta would come, and against nothing.
+  EXPECT_EQ(start(0).broadcast().scheme(), wire::Compression::QUANTIZE);
+  EXPECT_EQ(start(0).base_sha256(), "");
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_FALSE(sent_delta(i)) << i;
+  h.ready(0, 10, 0, m1);
+  h.ready(1, 10, 0, m1);
+  h.ready(2, 10);  // holds nothing it says
+  std::map<std::size_t, std::pair<std::vector<float>, double>> ups = {
+      {0, {constant(1.0f), 10}}, {1, {constant(-0.5f), 10}}, {2, {constant(2.0f), 10}}};
+  h.serve(ups);
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  const Model& c1 = h.store.commits[0].model;
+  EXPECT_EQ(h.store.commits[0].record["broadcast"]["whole"], 3);
+  EXPECT_EQ(h.store.commits[0].record["broadcast"]["deltas"], 0);
+  EXPECT_EQ(h.store.commits[0].record["broadcast_bytes"], 3 * 40);
+  // The committed model is the rounded step: within one step (max |delta| / 127 of a block) of
+  // the exact mean, and what the delta rebuilds from the base.
+  const auto exact = fedavg(h.initial_, {ups[0], ups[1], ups[2]});
+  for (std::size_t k = 0; k < exact.size(); ++k) EXPECT_NEAR(c1.flat()[k], exact[k], 0.0834f / 127 + 1e-6f) << k;
+
+  // Round 2: the delta against m1 to silos 0 and 1, the whole model to silo 2.
+  const std::string m2 = crypto::sha256_hex(c1.flat());
+  EXPECT_EQ(start(0).base_sha256(), m1);
+  EXPECT_EQ(start(0).model_sha256(), m2);
+  EXPECT_TRUE(sent_delta(0));
+  EXPECT_TRUE(sent_delta(1));
+  EXPECT_FALSE(sent_delta(2));
+  Model held = h.initial_;
+  protocol::TensorReceiver rx;
+  rx.reset_model(held.flat(), held.tensors(), start(0).broadcast(), /*have_base=*/true);
+  std::uint64_t delta_bytes = 0;
+  for (const auto& ch : *h.model_actions[h.session(0)].back().delta) {
+    ASSERT_TRUE(rx.add(ch));
+    delta_bytes += ch.data().size();
+  }
+  ASSERT_TRUE(rx.complete());
+  EXPECT_EQ(rx.finish_sha256(), m2);
+  EXPECT_EQ(std::memcmp(held.flat().data(), c1.flat().data(), 4 * c1.size()), 0);
+  // Silo 2 claims m1 now: that model is no base for any delta to come, so the claim is dropped.
+  h.ready(0, 10, 0, m2);
+  h.ready(1, 10, 0, m2);
+  h.ready(2, 10, 0, m1);
+  h.serve(ups);
+  ASSERT_EQ(h.store.commits.size(), 2u);
+  const auto& rec2 = h.store.commits[1].record;
+  EXPECT_EQ(rec2["broadcast"]["deltas"], 2);
+  EXPECT_EQ(rec2["broadcast"]["whole"], 1);
+  EXPECT_EQ(rec2["broadcast"]["base_sha256"], m1);
+  EXPECT_EQ(rec2["broadcast_bytes"], 2 * delta_bytes + 40);
+  EXPECT_LT(delta_bytes, 40u);
+
+  // Round 3: deltas against m2 for 0 and 1, whole for 2. Silo 0's connection then drops after its
+  // upload: the session it comes back on holds nothing the server knows of.
+  EXPECT_EQ(start(0).base_sha256(), m2);
+  EXPECT_TRUE(sent_delta(0));
+  EXPECT_TRUE(sent_delta(1));
+  EXPECT_FALSE(sent_delta(2));
+  const std::string m3 = start(0).model_sha256();
+  for (std::size_t i = 0; i < 3; ++i) h.ready(i, 10, 0, m3);
+  h.serve({{0, ups[0]}});
+  h.disconnect(0);
+  h.connect(0);
+  h.serve({{1, ups[1]}, {2, ups[2]}});
+  ASSERT_EQ(h.store.commits.size(), 3u);
+  EXPECT_EQ(h.coord().round(), 4u);
+  EXPECT_FALSE(sent_delta(0));
+  EXPECT_TRUE(sent_delta(1));
+  EXPECT_TRUE(sent_delta(2));
 }
 
 TEST(Printable, KeepsUtf8AndReplacesWhatIsNot) {

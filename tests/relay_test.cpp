@@ -9,6 +9,7 @@
 
 #include "crypto/hash.h"
 #include "edge_aggregator/relay.h"
+#include "protocol/compression.h"
 #include "protocol/join.h"
 #include "protocol/masked.h"
 #include "tests/testlib.h"
@@ -541,6 +542,115 @@ TEST(Relay, ASecureSiloTheServerDidNotSettleCannotUpload) {
   EXPECT_NE(to2.back().error().message().find("before the server settled"), std::string::npos)
       << to2.back().error().message();
   EXPECT_FALSE(Harness::has(h.to("a1"), wire::Envelope::kError));
+}
+
+// A compressed broadcast through an edge: the edge rebuilds the model in its own copy; a silo
+// that said it holds the round's base gets the server's delta chunks, the others each chunk's
+// new values; both end with the round's model, and the edge tells the server it holds it. A
+// delta against a base the edge does not hold is refused up, with the reason.
+TEST(Relay, PassesABroadcastDeltaToSilosThatHoldTheBaseAndValuesToTheOthers) {
+  Harness h;
+  h.server_up();
+  for (auto s : {"s1", "s2"}) h.silo_up(s);
+  wire::Compression b;
+  b.set_scheme(wire::Compression::QUANTIZE);
+  b.set_bits(8);
+  b.set_block(8);
+  Model m1;
+  m1.add("a", {4});
+  m1.add("b", {2});
+  for (std::size_t i = 0; i < m1.size(); ++i) m1.flat()[i] = 0.25f * static_cast<float>(i);
+  auto start = [&](std::uint64_t round, const std::string& silo, const Model& m, const std::string& base) {
+    wire::Envelope e;
+    e.set_round(round);
+    e.set_silo(silo);
+    auto* rs = e.mutable_round_start();
+    rs->set_round(round);
+    for (const auto& t : m.tensors()) {
+      auto* spec = rs->add_tensors();
+      spec->set_name(t.name);
+      spec->set_dtype(wire::F32);
+      for (auto d : t.shape) spec->add_shape(d);
+    }
+    rs->set_model_sha256(crypto::sha256_hex(m.flat()));
+    *rs->mutable_broadcast() = b;
+    rs->set_base_sha256(base);
+    h.from_server(e);
+  };
+  auto from_server = [&](std::uint64_t round, const std::vector<wire::TensorChunk>& chunks) {
+    for (const auto& ch : chunks) {
+      wire::Envelope e;
+      e.set_round(round);
+      *e.mutable_tensor_chunk() = ch;
+      h.from_server(e);
+    }
+  };
+  // What a silo makes of the chunks it was sent, starting from `held` (have_base when it holds one).
+  auto rebuild = [&](const std::vector<wire::Envelope>& got, Model held, bool have_base, std::size_t& deltas) {
+    protocol::TensorReceiver rx;
+    rx.reset_model(held.flat(), held.tensors(), b, have_base);
+    deltas = 0;
+    for (const auto& e : got) {
+      if (!e.has_tensor_chunk()) continue;
+      deltas += e.tensor_chunk().encoding() != wire::Compression::NONE;
+      EXPECT_TRUE(rx.add(e.tensor_chunk()));
+    }
+    EXPECT_TRUE(rx.complete());
+    return rx.finish_sha256();
+  };
+  auto region_holds = [&](const std::vector<wire::Envelope>& up) {
+    std::string sha;
+    for (const auto& e : up) {
+      if (e.has_region_status()) sha = e.region_status().model_sha256();
+    }
+    return sha;
+  };
+
+  // Round 1: the whole model, passed on as it is.
+  const std::string sha1 = crypto::sha256_hex(m1.flat());
+  for (auto s : {"s1", "s2"}) start(1, s, m1, "");
+  h.to("s1");
+  h.to("s2");
+  h.up();
+  std::vector<wire::TensorChunk> whole;
+  protocol::ChunkSource src(nullptr, m1.flat(), m1.tensors(), "fed", 1, 12);
+  while (auto e = src.next()) whole.push_back(e->tensor_chunk());
+  from_server(1, whole);
+  std::size_t deltas = 0;
+  EXPECT_EQ(rebuild(h.to("s1"), m1.zeros_like(), false, deltas), sha1);
+  EXPECT_EQ(region_holds(h.up()), sha1);
+  wire::Envelope ready;
+  ready.set_round(1);
+  ready.mutable_update_ready()->set_num_samples(3);
+  ready.mutable_update_ready()->set_model_sha256(sha1);
+  h.from_silo("s1", ready);  // s1 holds m1; s2 says nothing
+  h.ready("s2", 1, 3);
+  h.up();
+  h.to("s1");
+  h.to("s2");
+
+  // Round 2: the delta against m1.
+  Model m2 = m1;
+  for (std::size_t i = 0; i < m2.size(); ++i) m2.flat()[i] -= 0.1f * static_cast<float>(i % 3);
+  const auto enc = protocol::encode_model_delta(b, m1.flat(), m2.flat(), m2.tensors(), 3, 11);
+  const std::string sha2 = crypto::sha256_hex(m2.flat());
+  for (auto s : {"s1", "s2"}) start(2, s, m2, sha1);
+  from_server(2, enc.chunks);
+  EXPECT_EQ(rebuild(h.to("s1"), m1, true, deltas), sha2);
+  EXPECT_EQ(deltas, enc.chunks.size());
+  EXPECT_EQ(rebuild(h.to("s2"), m1.zeros_like(), false, deltas), sha2);
+  EXPECT_EQ(deltas, 0u);
+  EXPECT_EQ(region_holds(h.up()), sha2);
+
+  // Round 3: a delta against m1, which the edge no longer holds.
+  for (auto s : {"s1", "s2"}) start(3, s, m2, sha1);
+  h.up();
+  from_server(3, enc.chunks);
+  const auto up = h.up();
+  ASSERT_FALSE(up.empty());
+  ASSERT_TRUE(up.back().has_error());
+  EXPECT_NE(up.back().error().message().find("does not hold"), std::string::npos) << up.back().error().message();
+  EXPECT_FALSE(Harness::has(h.to("s1"), wire::Envelope::kTensorChunk));
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "crypto/hash.h"
+#include "protocol/compression.h"
 #include "protocol/join.h"
 #include "protocol/round_start.h"
 #include "protocol/secagg_wire.h"
@@ -649,6 +650,70 @@ TEST(Session, ASimulatedCrashAfterSendingKeysSilencesTheSession) {
   h.send_model(1, m);
   h.run_jobs();
   EXPECT_EQ(h.sent.size(), before);  // as if the process were already gone
+}
+
+// A compressed broadcast: the model comes whole first; the silo says in UpdateReady which model
+// it trained on; the next round's delta goes onto that model (the round's hash checks the
+// result). A delta against a model the silo does not hold is refused with the reason.
+TEST(Session, TakesABroadcastDeltaOntoTheModelItHoldsAndSaysWhichItHolds) {
+  Harness h;
+  wire::Compression b;
+  b.set_scheme(wire::Compression::QUANTIZE);
+  b.set_bits(8);
+  b.set_block(8);
+  auto start = [&](std::uint64_t round, const Model& m, const std::string& base) {
+    auto e = h.round_start(round, m);
+    *e.mutable_round_start()->mutable_broadcast() = b;
+    e.mutable_round_start()->set_base_sha256(base);
+    sign(e);
+    return e;
+  };
+  auto deliver_chunks = [&](std::uint64_t round, const std::vector<wire::TensorChunk>& chunks) {
+    for (const auto& ch : chunks) {
+      h.deliver_in(round, [&](wire::Envelope& e) { *e.mutable_tensor_chunk() = ch; });
+    }
+  };
+  const Model m1 = model();
+  const std::string sha1 = crypto::sha256_hex(m1.flat());
+  h.deliver(start(1, m1, ""));
+  h.send_model(1, m1);
+  h.run_jobs();
+  ASSERT_TRUE(h.last(wire::Envelope::kUpdateReady));
+  EXPECT_EQ(h.last(wire::Envelope::kUpdateReady)->update_ready().model_sha256(), sha1);
+  h.grant(1);
+
+  // Round 2: the delta against m1.
+  Model m2 = m1;
+  for (std::size_t i = 0; i < m2.size(); ++i) m2.flat()[i] += 0.01f * static_cast<float>(i + 1);
+  const auto enc = protocol::encode_model_delta(b, m1.flat(), m2.flat(), m2.tensors(), 2, 5);
+  const std::string sha2 = crypto::sha256_hex(m2.flat());
+  h.sent.clear();
+  h.deliver(start(2, m2, sha1));
+  deliver_chunks(2, enc.chunks);
+  h.run_jobs();
+  ASSERT_TRUE(h.last(wire::Envelope::kUpdateReady)) << (h.sent.empty() ? "" : h.sent.back().DebugString());
+  EXPECT_EQ(h.last(wire::Envelope::kUpdateReady)->update_ready().model_sha256(), sha2);
+  h.grant(2);
+
+  // Round 3 claims a delta against m1 again, which this silo no longer holds.
+  h.sent.clear();
+  h.deliver(start(3, m2, sha1));
+  deliver_chunks(3, enc.chunks);
+  h.run_jobs();
+  EXPECT_FALSE(h.last(wire::Envelope::kUpdateReady));
+  // One error says why; the rest of that model goes unanswered.
+  EXPECT_EQ(std::count_if(h.sent.begin(), h.sent.end(), [](const auto& e) { return e.has_error(); }), 1);
+  ASSERT_TRUE(h.last(wire::Envelope::kError));
+  EXPECT_NE(h.last(wire::Envelope::kError)->error().message().find("does not hold"), std::string::npos)
+      << h.last(wire::Envelope::kError)->error().message();
+
+  // Round 4: the whole model, and the silo holds a model again.
+  h.sent.clear();
+  h.deliver(start(4, m2, sha1));
+  h.send_model(4, m2);
+  h.run_jobs();
+  ASSERT_TRUE(h.last(wire::Envelope::kUpdateReady));
+  EXPECT_EQ(h.last(wire::Envelope::kUpdateReady)->update_ready().model_sha256(), sha2);
 }
 
 }  // namespace

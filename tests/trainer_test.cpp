@@ -380,6 +380,13 @@ void run_example(const std::string& config, double max_gap, const json& changes 
                         << "print('loaded', len(sd), 'tensors')\n";
   Process load({python(), script.string(), (dir / "out" / "model.safetensors").string()}, dir / "load.log");
   EXPECT_EQ(load.wait(120s).value_or(-1), 0) << log_tail(dir / "load.log");
+  if (cfg.contains("broadcast")) {  // the model went out as deltas after the first round
+    std::size_t deltas = 0;
+    for (const auto& r : server::read_audit_log(dir / "out" / "audit.jsonl")) {
+      if (r.value("event", "") == "round") deltas += r["broadcast"]["deltas"].get<std::size_t>();
+    }
+    EXPECT_GE(deltas, cfg["rounds"].get<std::size_t>() - 1) << log;
+  }
 }
 
 TEST(PytorchExample, FiveSilosReachTheCentralAccuracyWithinTwoPoints) { run_example("sim.json", 0.02); }
@@ -388,10 +395,15 @@ TEST(PytorchExample, SecureGroupedMedianTwoEdgesTwoWorkersPerSiloWithinTwoPoints
   run_example("sim-secure.json", 0.02);
 }
 
-// The user's own model with compressed uploads (docs/compression.md): 8-bit codes through an
-// edge that decodes them, the silos' error feedback in their state folders.
-TEST(PytorchExample, EightBitUploadsThroughAnEdgeWithinTwoPoints) {
-  run_example("sim.json", 0.02, {{"edges", 1}, {"compression", {{"scheme", "quantize"}, {"bits", 8}}}});
+// The user's own model with compressed uploads and broadcasts (docs/compression.md): 8-bit codes
+// through an edge that decodes them, the silos' error feedback in their state folders, and the
+// model sent as 8-bit deltas that the edge and the silos add to the model they hold (the
+// BatchNorm statistics as their values).
+TEST(PytorchExample, EightBitUploadsAndBroadcastDeltasThroughAnEdgeWithinTwoPoints) {
+  run_example("sim.json", 0.02,
+              {{"edges", 1},
+               {"compression", {{"scheme", "quantize"}, {"bits", 8}}},
+               {"broadcast", {{"scheme", "quantize"}, {"bits", 8}}}});
 }
 
 }  // namespace

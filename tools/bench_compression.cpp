@@ -1,6 +1,7 @@
-// xsilo bench compression: what each upload compressor costs in accuracy and saves in bytes
-// (whole federations as real processes over mutual TLS), and how fast its codec runs against a
-// memory pass and a 1 Gbit/s link, measured in the same run.
+// xsilo bench compression: what each upload compressor, and the model broadcast as a quantized
+// delta, costs in accuracy and saves in bytes (whole federations as real processes over mutual
+// TLS), and how fast its codec runs against a memory pass and a 1 Gbit/s link, measured in the
+// same run.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -15,6 +16,7 @@
 #include "common/config.h"
 #include "common/fs.h"
 #include "protocol/compression.h"
+#include "protocol/tensor_stream.h"
 #include "server/audit.h"
 #include "tools/bench.h"
 #include "tools/sim.h"
@@ -31,6 +33,7 @@ struct Row {
   json compression;  // the server config's block (null: none)
   bool secure = false;
   std::uint32_t ring = 32;  // secure rows: modulus_bits
+  json broadcast = nullptr;  // the server config's broadcast block (null: the whole model every round)
 };
 
 std::vector<Row> rows(const CompressionBenchOptions& o) {
@@ -45,6 +48,12 @@ std::vector<Row> rows(const CompressionBenchOptions& o) {
       {"none (secure)", nullptr, true},
       {"random-10%+EF (secure)", {{"scheme", "random_k"}, {"fraction", 0.1}}, true},
       {"random-10%+EF (secure, 16-bit ring)", {{"scheme", "random_k"}, {"fraction", 0.1}}, true, 16},
+      // The model broadcast as a quantized delta (docs/compression.md, "The model broadcast").
+      {"none, 8-bit broadcast", nullptr, false, 32, {{"scheme", "quantize"}, {"bits", 8}}},
+      {"none, 4-bit broadcast", nullptr, false, 32, {{"scheme", "quantize"}, {"bits", 4}}},
+      {"8-bit, 8-bit broadcast", {{"scheme", "quantize"}, {"bits", 8}}, false, 32, {{"scheme", "quantize"}, {"bits", 8}}},
+      {"random-10%+EF (secure), 8-bit broadcast", {{"scheme", "random_k"}, {"fraction", 0.1}}, true, 32,
+       {{"scheme", "quantize"}, {"bits", 8}}},
   };
   if (o.only.empty()) return r;
   std::vector<Row> out;
@@ -96,6 +105,7 @@ SimConfig federation(SimConfig c, const CompressionBenchOptions& o, std::uint64_
   c.selection = {{"min_silos", 10}, {"min_updates", 10}};
   c.baseline = false;
   if (!row.compression.is_null()) c.compression = row.compression;
+  if (!row.broadcast.is_null()) c.broadcast = row.broadcast;
   // 32-bit ring words (4 bytes a coordinate, like float32) with room for 10 silos of up to
   // 500 samples and deltas of norm up to 10.
   if (row.secure && row.ring == 32) {
@@ -114,6 +124,7 @@ SimConfig federation(SimConfig c, const CompressionBenchOptions& o, std::uint64_
 struct Outcome {
   std::vector<double> accuracy, loss;  // per seed
   double bytes_per_silo_round = 0;  // mean over seeds and rounds
+  double download_per_silo_round = 0;  // the model's broadcast, likewise
   std::string failed;
 };
 
@@ -132,6 +143,18 @@ double upload_per_silo(const std::filesystem::path& audit) {
     uploads += static_cast<double>(r["participants"].size());
   }
   return uploads > 0 ? bytes / uploads : 0;
+}
+
+// Model bytes the server sent per selected silo and round at the rounds' starts (every silo
+// connects straight to the server here), from the audit records.
+double download_per_silo(const std::filesystem::path& audit) {
+  double bytes = 0, sends = 0;
+  for (const auto& r : server::read_audit_log(audit)) {
+    if (r.value("event", "") != "round") continue;
+    bytes += r.value("broadcast_bytes", 0.0);
+    sends += static_cast<double>(r["selected"].size());
+  }
+  return sends > 0 ? bytes / sends : 0;
 }
 
 // ---- codec speed -------------------------------------------------------------------------------
@@ -178,7 +201,7 @@ void codec_speed(const CompressionBenchOptions& o) {
     });
     std::vector<std::vector<std::string>> table;
     for (const auto& row : rows(o)) {
-      if (row.compression.is_null() || row.secure) continue;
+      if (row.compression.is_null() || row.secure || !row.broadcast.is_null()) continue;
       const C c = scheme_of(row.compression);
       const bool powersgd = c.scheme() == C::POWER_SGD;
       if (powersgd && d % 1000) continue;
@@ -239,10 +262,50 @@ void codec_speed(const CompressionBenchOptions& o) {
                   << std::endl;
       }
     }
+    // The broadcast's delta: the server's encode (delta, codes, the model rebuilt) and a
+    // receiver's decode (checked, then added to its base), against the same link.
+    for (std::uint32_t bits : {8u, 4u}) {
+      C c = scheme_of({{"scheme", "quantize"}, {"bits", bits}});
+      c.set_error_feedback(false);
+      const std::string name = std::to_string(bits) + "-bit broadcast delta";
+      std::vector<float> base(d);
+      for (std::size_t i = 0; i < d; ++i) base[i] = x[i] * 10;
+      const std::size_t chunk = (1u << 20) / 4;
+      protocol::EncodedUpdate enc;
+      const double encode = std::max(seconds_of([&] {
+                                       for (std::size_t i = 0; i < d; ++i) work[i] = base[i] + x[i];
+                                       enc = protocol::encode_model_delta(c, base, work, flat_layout, chunk, 7);
+                                     }) - copy,
+                                     1e-9);
+      protocol::TensorReceiver rx;
+      const double decode = std::max(seconds_of([&] {
+                                       std::copy(base.begin(), base.end(), out.begin());
+                                       rx.reset_model(out, flat_layout, c, /*have_base=*/true, /*hash=*/false);
+                                       for (const auto& ch : enc.chunks) {
+                                         if (auto st = rx.add(ch); !st) throw std::runtime_error("bench: " + st.message);
+                                       }
+                                     }) - copy,
+                                     1e-9);
+      if (std::memcmp(out.data(), work.data(), 4 * d) != 0) throw std::runtime_error("bench: " + name + " rebuilt another model");
+      const double dense_link = bytes / link, sent_link = double(enc.bytes) / link;
+      const double total = encode + sent_link + decode;
+      table.push_back({name, fmt(double(enc.bytes) / 1e6, 2), fmt(bytes / double(enc.bytes), 1) + "x",
+                       fmt(bytes / encode / 1e9, 2), fmt(bytes / decode / 1e9, 2), fmt(encode / (bytes / mem), 1) + "x",
+                       "-", fmt(1000 * total, 1), fmt(1000 * dense_link, 1), total < dense_link ? "yes" : "NO"});
+      if (o.json) {
+        std::cout << json{{"bench", "compression_codec"}, {"d", d}, {"scheme", name}, {"encoded_bytes", enc.bytes},
+                          {"encode_gbps", bytes / encode / 1e9}, {"decode_gbps", bytes / decode / 1e9},
+                          {"memcpy_gbps", mem / 1e9}}
+                         .dump()
+                  << std::endl;
+      }
+    }
     if (o.json) continue;
     std::cout << "\nCodec speed, d = " << d << " (" << fmt(bytes / 1e6, 0) << " MB float32), one core, GB/s of "
               << "float32; memory pass (memcpy) " << fmt(mem / 1e9, 2) << " GB/s measured in this run. The silo "
-              << "step adds error feedback (the residual in, and out) to the codec; a round sends after it\n";
+              << "step adds error feedback (the residual in, and out) to the codec; a round sends after it. "
+              << "Broadcast deltas: the server's encode (the delta, its codes, the model rebuilt) and a "
+              << "receiver's decode added to its base, in the step+send+decode column\n";
     print_table({"scheme", "encoded MB", "smaller", "encode GB/s", "decode GB/s", "encode / memcpy", "silo step GB/s",
                  "step+send+decode ms @1 Gbit/s", "dense send ms", "faster than dense"},
                 table);
@@ -263,7 +326,7 @@ int bench_compression(const CompressionBenchOptions& o) {
             << o.seeds.size() << " seed(s), real processes over mutual TLS\n";
   for (const auto& row : rows(o)) {
     Outcome out;
-    std::vector<double> per_seed_bytes;
+    std::vector<double> per_seed_bytes, per_seed_download;
     for (auto seed : o.seeds) {
       try {
         std::filesystem::remove_all(tmp);
@@ -276,6 +339,7 @@ int bench_compression(const CompressionBenchOptions& o) {
         out.accuracy.push_back(r.final_accuracy);
         out.loss.push_back(r.final_loss);
         per_seed_bytes.push_back(upload_per_silo(tmp / "audit.jsonl"));
+        per_seed_download.push_back(download_per_silo(tmp / "audit.jsonl"));
       } catch (const std::exception& e) {
         out.failed = e.what();
         ++failures;
@@ -283,14 +347,16 @@ int bench_compression(const CompressionBenchOptions& o) {
       }
     }
     out.bytes_per_silo_round = mean(per_seed_bytes);
+    out.download_per_silo_round = mean(per_seed_download);
     std::cerr << "  " << row.name << ": "
               << (out.failed.empty() ? fmt(100 * mean(out.accuracy), 2) + " %, " + fmt(out.bytes_per_silo_round, 0) +
-                                           " B per upload"
+                                           " B per upload, " + fmt(out.download_per_silo_round, 0) + " B per download"
                                      : "failed: " + out.failed)
               << "\n";
     if (o.json) {
       std::cout << json{{"bench", "compression"}, {"scheme", row.name}, {"accuracy", out.accuracy},
-                        {"upload_bytes_per_silo_round", out.bytes_per_silo_round}, {"failed", out.failed}}
+                        {"upload_bytes_per_silo_round", out.bytes_per_silo_round},
+                        {"download_bytes_per_silo_round", out.download_per_silo_round}, {"failed", out.failed}}
                        .dump()
                 << std::endl;
     }
@@ -301,14 +367,14 @@ int bench_compression(const CompressionBenchOptions& o) {
   // Each row against the uncompressed run of its mode (plain or secure).
   auto reference = [&](bool secure) -> const Outcome* {
     for (const auto& [row, out] : results) {
-      if (row.secure == secure && row.compression.is_null() && out.failed.empty()) return &out;
+      if (row.secure == secure && row.compression.is_null() && row.broadcast.is_null() && out.failed.empty()) return &out;
     }
     return nullptr;
   };
   std::vector<std::vector<std::string>> table;
   for (const auto& [row, out] : results) {
     if (!out.failed.empty()) {
-      table.push_back({row.name, "failed", "", "", "", "", out.failed});
+      table.push_back({row.name, "failed", "", "", "", "", "", "", out.failed});
       continue;
     }
     const Outcome* ref = reference(row.secure);
@@ -323,13 +389,20 @@ int bench_compression(const CompressionBenchOptions& o) {
     } else if (row.name == "top-1%+EF") {
       target = std::string(gap >= -1.5 && ratio >= 30 ? "met" : "MISSED") + " (within 1.5 points at 1/30)";
     }
+    const double down = ref && out.download_per_silo_round > 0
+                            ? ref->download_per_silo_round / out.download_per_silo_round
+                            : NAN;
     table.push_back({row.name, fmt(acc, 2), ref ? fmt(gap, 2) : "-", fmt(mean(out.loss), 4),
-                     fmt(out.bytes_per_silo_round, 0), ref ? fmt(ratio, 1) + "x" : "-", target});
+                     fmt(out.bytes_per_silo_round, 0), ref ? fmt(ratio, 1) + "x" : "-",
+                     fmt(out.download_per_silo_round, 0), ref ? fmt(down, 1) + "x" : "-", target});
   }
   std::cout << "\nLearning quality: " << (o.sim.empty() ? "digits MLP (64 hidden)" : o.sim.string()) << ", 10 silos, Dirichlet 0.5, " << o.rounds
             << " rounds, final test accuracy (mean over " << o.seeds.size()
-            << " seed(s)); upload bytes per silo and round as the server received them\n";
-  print_table({"scheme", "accuracy %", "vs none (points)", "test loss", "upload B", "smaller", "target"}, table);
+            << " seed(s)); upload bytes per silo and round as the server received them; download: the model "
+               "the server sent per silo and round (whole in the first round, deltas after)\n";
+  print_table({"scheme", "accuracy %", "vs none (points)", "test loss", "upload B", "smaller", "download B", "smaller",
+               "target"},
+              table);
   std::cout << "  (the test split has 359 rows: accuracies move in steps of 0.28 points, so close runs can tie; "
                "the loss tells them apart)\n";
   return failures ? 1 : 0;

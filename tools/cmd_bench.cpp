@@ -54,7 +54,7 @@ void add_bench(CLI::App& app, int& exit_code) {
   a->callback([at, &exit_code] { exit_code = bench_attacks(*at); });
 
   auto co = std::make_shared<CompressionBenchOptions>();
-  auto* cb = bench->add_subcommand("compression", "upload compressors: accuracy, bytes and codec speed");
+  auto* cb = bench->add_subcommand("compression", "upload compressors and broadcast deltas: accuracy, bytes and codec speed");
   cb->add_option("--d", co->d, "parameters for the codec speed table (several values)")->capture_default_str();
   cb->add_option("--rounds", co->rounds, "rounds of each federation (0: codec speed only)")->capture_default_str();
   cb->add_option("--seeds", co->seeds, "seeds: each row is their mean")->capture_default_str();

@@ -52,7 +52,7 @@ struct SimConfig {
   };
   std::optional<Trainer> trainer;
   // passed through to the server config (validated there)
-  nlohmann::json training, optimizer, selection, deadlines, transport, aggregation, secure, compression;
+  nlohmann::json training, optimizer, selection, deadlines, transport, aggregation, secure, compression, broadcast;
   // Simulated Byzantine silos: the last `attackers` silos run `attack` (its keys as in the
   // agent config's "attack" section, without "honest", which the sim fills in).
   std::size_t attackers = 0;

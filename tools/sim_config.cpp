@@ -188,6 +188,7 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
   pass("aggregation", c.aggregation);
   pass("secure", c.secure);
   pass("compression", c.compression);
+  pass("broadcast", c.broadcast);
   pass("local", c.local);
   c.edges = static_cast<std::size_t>(root.integer("edges", 0, 0, 64));
   for (const auto& fn : root.child_list("faults")) {

@@ -43,6 +43,12 @@ void refuse_protocol_modes(const SimConfig& cfg) {
   if (!cfg.faults.empty()) refuse("faults");
   if (!cfg.hostile.empty()) refuse("hostile processes");
   if (cfg.trainer) refuse("an external trainer");
+  // The codecs and their error feedback live in the agents' and the server's sessions.
+  auto set = [](const nlohmann::json& block) {
+    return block.is_object() && block.value("scheme", std::string("none")) != "none";
+  };
+  if (set(cfg.compression)) refuse("compressed uploads (compression)");
+  if (set(cfg.broadcast)) refuse("a compressed broadcast (broadcast)");
   if (cfg.selection.is_object() && cfg.selection.value("silos_per_round", std::size_t{0}) != 0 &&
       cfg.selection.value("silos_per_round", std::size_t{0}) < cfg.silos) {
     refuse("sampling silos per round (selection.silos_per_round)");
