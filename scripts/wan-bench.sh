@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# WAN-shaped rounds, one per upload compression scheme (docs/benchmarks.md):
+# WAN-shaped rounds, one per upload compression scheme and broadcast (docs/benchmarks.md):
 #   bash scripts/wan-bench.sh [--rate-mbit 100] [--silos 4] [--params 10000000] [--rounds 3]
 # Needs root. The server and each silo run in their own network namespace; every silo's veth
 # is a port of a bridge in the server's namespace, and both directions of each silo's link (the
@@ -102,28 +102,31 @@ for ((i = 0; i < silos; i++)); do
 done
 echo "wan-bench: namespaces $server_ns (bridge, $server_ip) and $prefix-silo-0..$((silos - 1)) shaped" >&2
 
-# name | compression block | secure.mode
+# name | compression block | secure.mode | broadcast block
 schemes=(
-  'none|{"scheme":"none"}|off'
-  'quantize 8-bit|{"scheme":"quantize","bits":8}|off'
-  'quantize 4-bit|{"scheme":"quantize","bits":4}|off'
-  'sign|{"scheme":"sign"}|off'
-  'top_k 1%|{"scheme":"top_k","fraction":0.01}|off'
-  'random_k 10%|{"scheme":"random_k","fraction":0.1}|off'
-  'none, secure global|{"scheme":"none"}|global'
-  'random_k 10%, secure global|{"scheme":"random_k","fraction":0.1}|global'
+  'none|{"scheme":"none"}|off|{"scheme":"none"}'
+  'quantize 8-bit|{"scheme":"quantize","bits":8}|off|{"scheme":"none"}'
+  'quantize 4-bit|{"scheme":"quantize","bits":4}|off|{"scheme":"none"}'
+  'sign|{"scheme":"sign"}|off|{"scheme":"none"}'
+  'top_k 1%|{"scheme":"top_k","fraction":0.01}|off|{"scheme":"none"}'
+  'random_k 10%|{"scheme":"random_k","fraction":0.1}|off|{"scheme":"none"}'
+  'none, secure global|{"scheme":"none"}|global|{"scheme":"none"}'
+  'random_k 10%, secure global|{"scheme":"random_k","fraction":0.1}|global|{"scheme":"none"}'
+  'none, 8-bit broadcast|{"scheme":"none"}|off|{"scheme":"quantize","bits":8}'
+  'quantize 8-bit, 8-bit broadcast|{"scheme":"quantize","bits":8}|off|{"scheme":"quantize","bits":8}'
+  'top_k 1%, 4-bit broadcast|{"scheme":"top_k","fraction":0.01}|off|{"scheme":"quantize","bits":4}'
 )
 out=$(mktemp -d /tmp/xsilo-wan-bench.XXXXXX)
 n=0
 for s in "${schemes[@]}"; do
-  IFS='|' read -r name block secure <<<"$s"
+  IFS='|' read -r name block secure broadcast <<<"$s"
   n=$((n + 1))
   echo "wan-bench: [$n/${#schemes[@]}] $name ..." >&2
   up0=0
   for ((i = 0; i < silos; i++)); do up0=$((up0 + $(sent_bytes "$prefix-silo-$i" eth0))); done
   started=$(date +%s)
   "$xsilo" bench round --silos "$silos" --params "$params" --rounds "$rounds" --compression "$block" \
-    --secure "$secure" --netns-prefix "$prefix" --server-address "$server_ip" --json >"$out/$n.json" 2>"$out/$n.log" &
+    --broadcast "$broadcast" --secure "$secure" --netns-prefix "$prefix" --server-address "$server_ip" --json >"$out/$n.json" 2>"$out/$n.log" &
   bench_pid=$!
   ok=true
   wait "$bench_pid" || ok=false
@@ -148,13 +151,15 @@ done
 # the rate on the silo's own link (download, then upload); `as scheduled` also counts that the
 # server streams the model to 2 silos at a time (kBroadcastsAtOnce, server/daemon.cpp) and
 # takes uploads one at a time (protocol/upload_slot.h), and that under secure aggregation no
-# silo uploads before the settled list, which reaches the last silos behind their model.
+# silo uploads before the settled list, which reaches the last silos behind their model. The
+# download is the model data the server sent a silo in the timed rounds (a compressed
+# broadcast's delta after the first round).
 echo
 echo "WAN-shaped rounds: $silos silos, ${rate} Mbit/s each way per silo (tc tbf), $params float32 parameters, median s/round of rounds 2..$rounds"
 echo
-echo "| upload | upload MB/silo/round | of dense | silo uplink on the wire MB/round | s/round | link time: bytes alone | link time: as scheduled | measured / scheduled |"
-echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
-jq -r '[.name, .upload_bytes_per_sender_per_round, .wire_up_bytes, .seconds_per_round, .model_bytes, .secure] | @tsv' \
+echo "| upload | upload MB/silo/round | of dense | silo uplink on the wire MB/round | download MB/silo/round | s/round | link time: bytes alone | link time: as scheduled | measured / scheduled |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+jq -r '[.name, .upload_bytes_per_sender_per_round, .wire_up_bytes, .seconds_per_round, .download_bytes_per_receiver_per_round, .secure] | @tsv' \
   "$out/all.jsonl" | awk -F'\t' -v rate="$rate" -v k="$silos" '
   NR == 1 { dense = $2 }
   {
@@ -164,8 +169,8 @@ jq -r '[.name, .upload_bytes_per_sender_per_round, .wire_up_bytes, .seconds_per_
       ready = $6 == "off" ? (int(i / 2) + 1) * down : last
       t = (t > ready ? t : ready) + up
     }
-    printf "| %s | %.2f | %.1f%% | %.2f | %.2f | %.2f s | %.2f s | %.2f |\n", $1, $2 / 1e6, 100 * $2 / dense, $3 / 1e6, $4,
-      down + up, t, $4 / t
+    printf "| %s | %.2f | %.1f%% | %.2f | %.2f | %.2f | %.2f s | %.2f s | %.2f |\n", $1, $2 / 1e6, 100 * $2 / dense, $3 / 1e6,
+      $5 / 1e6, $4, down + up, t, $4 / t
   }'
 echo
-echo "Model broadcast: $(jq -s '.[0].model_bytes / 1e6' "$out/all.jsonl") MB to every silo each round, dense float32 (not compressed in this version)."
+echo "Model: $(jq -s '.[0].model_bytes / 1e6' "$out/all.jsonl") MB of float32; rows without a compressed broadcast send all of it to every silo each round."

@@ -226,8 +226,10 @@ void Session::on_round_start(const wire::Envelope& e) {
   const bool have_base = broadcast && !rs.base_sha256().empty() && held_sha_ == rs.base_sha256() && global_ &&
                          global_->same_layout(layout);
   held_sha_.clear();  // whatever comes now replaces the model held
+  // A compressed broadcast keeps the model even for a trainer that could stream: the next
+  // round's delta goes onto it.
   if (trainer_.streams() && !hook_.tampers() && !rs.has_secagg() && !protocol::compressed(compression_) &&
-      plan_.silo_momentum() <= 0) {
+      plan_.silo_momentum() <= 0 && !broadcast) {
     // Nothing of the model is kept: it is hashed as it arrives, through a window of reserved
     // address space whose pages go back after each chunk.
     global_.reset();
@@ -237,10 +239,7 @@ void Session::on_round_start(const wire::Envelope& e) {
       window_.reset();
       window_ = std::make_unique<Window>(d * sizeof(float));
     }
-    const std::span<float> into{reinterpret_cast<float*>(window_->bytes().data()), d};
-    // Holding no model, it is sent the whole one (the receiver says why, should a delta come).
-    if (broadcast) rx_.reset_model(into, layout_, rs.broadcast(), /*have_base=*/false, /*hash=*/true);
-    else rx_.reset(into, layout_, /*hash=*/true);
+    rx_.reset({reinterpret_cast<float*>(window_->bytes().data()), d}, layout_, /*hash=*/true);
   } else {
     window_.reset();
     if (have_base && global_.use_count() > 1) {

@@ -716,5 +716,51 @@ TEST(Session, TakesABroadcastDeltaOntoTheModelItHoldsAndSaysWhichItHolds) {
   EXPECT_EQ(h.last(wire::Envelope::kUpdateReady)->update_ready().model_sha256(), sha2);
 }
 
+// A trainer that could stream keeps the model in rounds with a compressed broadcast (the next
+// delta goes onto it) and trains on it in memory; without one it keeps nothing and says so.
+TEST(Session, AStreamingTrainerKeepsTheModelForABroadcastDelta) {
+  class BothWays final : public Trainer {
+   public:
+    wire::TrainMetrics evaluate(const Model&, const TrainTask&) override { return {}; }
+    TrainResult train(const Model& global, const TrainTask&, Model& local) override {
+      ++in_memory;
+      for (std::size_t i = 0; i < local.size(); ++i) local.flat()[i] = global.flat()[i] + 1.0f;
+      TrainResult r;
+      r.num_samples = 2;
+      return r;
+    }
+    bool streams() const override { return true; }
+    StreamedTraining train_streamed(const TrainTask&, std::size_t) override {
+      ++streamed;
+      StreamedTraining t;
+      t.delta = std::make_shared<StreamingTrainer::Delta>();
+      t.result.num_samples = 2;
+      return t;
+    }
+    int in_memory = 0, streamed = 0;
+  } trainer;
+  Harness h(nullptr, session_config(), &trainer);
+  const Model m = model();
+  h.deliver(h.round_start(1, m));
+  h.send_model(1, m);
+  h.run_jobs();
+  EXPECT_EQ(trainer.streamed, 1);
+  ASSERT_TRUE(h.last(wire::Envelope::kUpdateReady));
+  EXPECT_EQ(h.last(wire::Envelope::kUpdateReady)->update_ready().model_sha256(), "");  // it keeps none
+  h.grant(1);
+  auto e = h.round_start(2, m);
+  e.mutable_round_start()->mutable_broadcast()->set_scheme(wire::Compression::QUANTIZE);
+  e.mutable_round_start()->mutable_broadcast()->set_bits(8);
+  e.mutable_round_start()->mutable_broadcast()->set_block(8);
+  sign(e);
+  h.sent.clear();
+  h.deliver(e);
+  h.send_model(2, m);
+  h.run_jobs();
+  EXPECT_EQ(trainer.in_memory, 1);
+  ASSERT_TRUE(h.last(wire::Envelope::kUpdateReady));
+  EXPECT_EQ(h.last(wire::Envelope::kUpdateReady)->update_ready().model_sha256(), crypto::sha256_hex(m.flat()));
+}
+
 }  // namespace
 }  // namespace xsilo::agent

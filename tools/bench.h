@@ -22,6 +22,7 @@ struct RoundBenchOptions {
   std::vector<std::size_t> edges{0};  // 0: silos connect straight to the server
   // The server config's "compression" block and secure.mode of every run (null, "off": neither).
   nlohmann::json compression;
+  nlohmann::json broadcast;  // the server config's "broadcast" block (null: the whole model every round)
   std::string secure = "off";
   // For scripts/wan-bench.sh: each process in a network namespace the script made and shaped,
   // PREFIX-server and PREFIX-silo-I, the server listening on `server_address` (no edges).

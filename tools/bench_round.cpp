@@ -10,6 +10,7 @@
 #include "common/process.h"
 #include "protocol/compression.h"
 #include "server/aggregator.h"
+#include "server/audit.h"
 #include "server/config.h"
 #include "server/metrics.h"
 #include "tools/bench.h"
@@ -28,6 +29,7 @@ struct RoundResult {
   std::uint64_t server_bytes_per_round = 0;
   std::uint64_t server_ingress_per_round = 0;
   std::uint64_t upload_bytes_per_sender = 0;  // encoded bytes a silo (an edge, with edges) uploads a round
+  std::uint64_t download_bytes_per_receiver = 0;  // model bytes the server sends a silo (an edge) a round, after the first
   double throughput_gbps = 0;
   std::uint64_t peak_rss = 0;
   std::size_t peak_descriptors = 0;  // the server's open descriptors, the most seen as a round closed
@@ -103,6 +105,7 @@ RoundResult run_one(const RoundBenchOptions& opts, std::size_t silos, std::size_
                  {"secure", {{"mode", opts.secure}}},
                  {"transport", transport}};
   if (!opts.compression.is_null()) server["compression"] = opts.compression;
+  if (!opts.broadcast.is_null()) server["broadcast"] = opts.broadcast;
   atomic_write_file(dir / "server.json", server.dump(2));
   // A compression block the server would refuse is a usage error here, not a failed run.
   const auto server_cfg = [&] {
@@ -186,7 +189,9 @@ RoundResult run_one(const RoundBenchOptions& opts, std::size_t silos, std::size_
   r.silos = silos;
   r.edges = edges;
   r.scheme = protocol::describe(server_cfg.compression);
-  r.loopback_bound = opts.netns_prefix.empty() && !protocol::compressed(server_cfg.compression) && !server_cfg.secure.on();
+  if (protocol::compressed(server_cfg.broadcast)) r.scheme += ", broadcast " + protocol::describe(server_cfg.broadcast);
+  r.loopback_bound = opts.netns_prefix.empty() && !protocol::compressed(server_cfg.compression) &&
+                     !protocol::compressed(server_cfg.broadcast) && !server_cfg.secure.on();
   r.peak_rss = stats["peak_rss_bytes"];
   r.peak_descriptors = stats.value("peak_open_descriptors", std::size_t{0});
   r.model_bytes = stats["model_bytes"];
@@ -201,6 +206,15 @@ RoundResult run_one(const RoundBenchOptions& opts, std::size_t silos, std::size_
   }
   r.seconds_per_round = median(secs);
   r.upload_bytes_per_sender = uploaded / rounds / (edges ? edges : silos);
+  // The model's broadcast, from the audit records, over the same rounds as the timing (a
+  // compressed broadcast sends the whole model in the first).
+  std::uint64_t sent = 0, timed = 0;
+  for (const auto& rec : server::read_audit_log(dir / "state/audit.jsonl")) {
+    if (rec.value("event", "") != "round" || (rec.value("round", 0) == 1 && rounds > 1)) continue;
+    sent += rec.value("broadcast_bytes", std::uint64_t{0});
+    ++timed;
+  }
+  r.download_bytes_per_receiver = timed ? sent / timed / (edges ? edges : silos) : 0;
   const std::uint64_t total = stats["bytes_in"].get<std::uint64_t>() + stats["bytes_out"].get<std::uint64_t>();
   r.server_bytes_per_round = total / rounds;
   r.server_ingress_per_round = stats["bytes_in"].get<std::uint64_t>() / rounds;
@@ -237,6 +251,7 @@ int bench_round(const RoundBenchOptions& opts) {
                         {"secure", opts.secure},
                         {"seconds_per_round", r.seconds_per_round},
                         {"upload_bytes_per_sender_per_round", r.upload_bytes_per_sender},
+                        {"download_bytes_per_receiver_per_round", r.download_bytes_per_receiver},
                         {"server_bytes_per_round", r.server_bytes_per_round},
                         {"server_ingress_bytes_per_round", r.server_ingress_per_round},
                         {"throughput_GBps", r.throughput_gbps},
@@ -252,6 +267,7 @@ int bench_round(const RoundBenchOptions& opts) {
     rows.push_back({r.scheme + (opts.secure == "off" ? "" : ", secure " + opts.secure), std::to_string(k),
                     std::to_string(e), std::to_string(opts.params), fmt(r.seconds_per_round, 3),
                     fmt(static_cast<double>(r.upload_bytes_per_sender) / mib, 2),
+                    fmt(static_cast<double>(r.download_bytes_per_receiver) / mib, 2),
                     fmt(static_cast<double>(r.server_bytes_per_round) / mib, 1),
                     fmt(static_cast<double>(r.server_ingress_per_round) / mib, 1),
                     fmt(r.throughput_gbps, 3) + (tput_ok ? "" : " (<0.6)"),
@@ -261,8 +277,9 @@ int bench_round(const RoundBenchOptions& opts) {
    }
   }
   if (!opts.json) {
-    print_table({"upload", "silos", "edges", "params", "s/round", "upload MiB/sender", "server MiB/round",
-                 "ingress MiB/round", "GB/s", "of TLS limit", "server peak RSS MiB", "RSS bound MiB", "server fds"},
+    print_table({"upload", "silos", "edges", "params", "s/round", "upload MiB/sender", "model MiB/receiver",
+                 "server MiB/round", "ingress MiB/round", "GB/s", "of TLS limit", "server peak RSS MiB",
+                 "RSS bound MiB", "server fds"},
                 rows);
     std::cout << "TLS 1.3 loopback limit between two processes: " << kTlsLoopbackGBps
               << " GB/s (DESIGN §11); target for dense plain rounds on loopback: at least half of it; for every "

@@ -28,6 +28,13 @@ void add_bench(CLI::App& app, int& exit_code) {
          if (!round->compression.is_object()) throw CLI::ValidationError("--compression", "not a JSON object: " + s);
        },
        "the server config's compression block, e.g. '{\"scheme\": \"quantize\", \"bits\": 4}'");
+  r->add_option_function<std::string>(
+       "--broadcast",
+       [round](const std::string& s) {
+         round->broadcast = nlohmann::json::parse(s, nullptr, false);
+         if (!round->broadcast.is_object()) throw CLI::ValidationError("--broadcast", "not a JSON object: " + s);
+       },
+       "the server config's broadcast block, e.g. '{\"scheme\": \"quantize\", \"bits\": 8}'");
   r->add_option("--secure", round->secure, "secure aggregation mode")
       ->check(CLI::IsMember({"off", "global", "grouped"}))
       ->capture_default_str();
