@@ -195,16 +195,39 @@ void Relay::start_round(const wire::Envelope& e) {
 // round's SHA-256, is the base this edge asks the next delta for.
 void Relay::model_chunk(const wire::Envelope& e) {
   Region& r = *region_;
-  if (r.model_failed) return;
   const auto& chunk = e.tensor_chunk();
+  if (r.model_failed) {
+    // The edge's copy is lost for this round; the silos that hold the base check the server's
+    // chunks themselves.
+    action::ToSilos as_sent;
+    for (const auto& name : r.delta_ok) {
+      if (r.silos[name] != SiloState::Gone && connected_.count(name)) as_sent.silos.push_back(name);
+    }
+    if (as_sent.silos.empty()) return;
+    as_sent.env = e;
+    as_sent.env.clear_silo();
+    actions_.push_back(std::move(as_sent));
+    return;
+  }
   if (auto st = r.model_rx.add(chunk); !st) {
     r.model_failed = true;
     spdlog::error("round {}: bad model chunk: {}", r.round, st.message);
-    auto err = env();
-    err.set_round(r.round);
-    err.mutable_error()->set_code(wire::BAD_UPDATE);
-    err.mutable_error()->set_message("edge: model: " + st.message);
-    to_server(std::move(err));
+    // Every selected silo that needs the edge's copy is out of the round now, and says so at
+    // once (the server would otherwise wait for it until the training deadline).
+    for (auto& [name, state] : r.silos) {
+      if (state == SiloState::Gone || state == SiloState::Done || r.delta_ok.count(name)) continue;
+      auto err = env();
+      err.set_round(r.round);
+      err.set_silo(name);
+      err.mutable_error()->set_code(wire::BAD_UPDATE);
+      err.mutable_error()->set_message("edge: the round's model could not be rebuilt here: " + st.message);
+      to_server(err);
+      silo_error(name, wire::BAD_UPDATE, err.error().message());
+      state = SiloState::Gone;
+    }
+    pump();
+    r.model_failed = true;
+    model_chunk(e);  // on to the silos that hold the base, as it is
     return;
   }
   action::ToSilos as_sent, as_values;

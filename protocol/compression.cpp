@@ -808,13 +808,17 @@ EncodedUpdate encode_model_delta(const wire::Compression& c, std::span<const flo
       const std::size_t n = std::min(chunk_elems, t.size() - off);
       float* m = model.data() + t.offset + off;
       auto ch = chunk_of(c, t, off, n);
-      if (dense[ti]) {  // the tensor's new values themselves
+      const float* b = base.data() + t.offset + off;
+      bool values = dense[ti];
+      if (!values) {
+        for (std::size_t i = 0; i < n; ++i) delta[i] = m[i] - b[i];
+        values = !max_abs(delta.data(), n).second;  // a step past float's range has no codes
+      }
+      if (values) {  // the new values themselves
         ch.set_encoding(Compression::NONE);
         ch.clear_count();
         ch.set_data(std::string(reinterpret_cast<const char*>(m), 4 * n));
       } else {
-        const float* b = base.data() + t.offset + off;
-        for (std::size_t i = 0; i < n; ++i) delta[i] = m[i] - b[i];
         ch.set_data(encode_chunk(c, {delta.data(), n}, splitmix64(chunk_seed), {decoded.data(), n}));
         // What every receiver computes from its copy of the base: the same bits (no fused
         // multiply-add anywhere in this sum, see cmake/XsiloTarget.cmake).

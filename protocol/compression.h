@@ -119,7 +119,8 @@ std::string check_broadcast(const wire::Compression& c);
 
 // Encodes `model` (laid out as `layout`) as a delta against `base`: a QUANTIZE chunk of
 // model - base per chunk of the compressible tensors (unbiased rounding from `seed`), and float32
-// chunks of encoding NONE holding the new values of the dense ones. On return `model` is what a
+// chunks of encoding NONE holding the new values of the dense ones (and of a chunk whose step
+// is not finite in float). On return `model` is what a
 // receiver that holds `base` makes of the chunks: base + the decoded delta, the same bits on
 // every build. `base` and `model` do not overlap.
 EncodedUpdate encode_model_delta(const wire::Compression& c, std::span<const float> base, std::span<float> model,

@@ -251,7 +251,7 @@ void Coordinator::start_round(std::int64_t now_ms) {
 void Coordinator::send_model(SessionId to) {
   const Peer* peer = membership_.peer(to);
   const bool delta = delta_ && peer && !delta_base_.empty() && peer->held_model == delta_base_;
-  membership_.set_held_model(to, "");
+  membership_.model_sent(to, round_);
   if (delta) {
     actions_.push_back(action::SendModel{to, global_, round_, delta_});
     r_->broadcast_bytes += delta_bytes_;
@@ -264,11 +264,12 @@ void Coordinator::send_model(SessionId to) {
   }
 }
 
-// A session's word that it holds a model: kept when it is the round's model (what the session
-// was sent last, or a base for the next delta); an older claim can serve no delta.
-void Coordinator::held_model(SessionId id, const std::string& sha256) {
+// A session's word, in a message of round `round`, that it holds a model: kept when it is the
+// current model (the base of the next delta) and said since the last model went to the session
+// (a word from before it, arriving late, speaks of a model the session may have replaced).
+void Coordinator::held_model(SessionId id, const std::string& sha256, std::uint64_t round) {
   if (!protocol::compressed(cfg_.broadcast)) return;
-  membership_.set_held_model(id, sha256 == global_sha_ ? sha256 : "");
+  membership_.set_held_model(id, sha256 == global_sha_ ? sha256 : "", round);
 }
 
 void Coordinator::pump(std::int64_t now_ms) {
@@ -346,8 +347,14 @@ void Coordinator::decide(std::int64_t now_ms) {
                             chunk_elems = cfg_.chunk_bytes / sizeof(float),
                             seed = broadcast_seed(cfg_, round_)]() mutable -> JobResult {
     auto next = agg->output(*global);
-    const Combined c = agg->combine(next->flat(), ctx);
+    Combined c = agg->combine(next->flat(), ctx);
     if (c.record.is_object()) rec.merge_patch(c.record);
+    // Every input was finite, but a sum of them can still overflow float: such a step never
+    // reaches the optimizer (whose state it would move) or the model.
+    if (c.ok && !std::all_of(next->flat().begin(), next->flat().end(), [](float v) { return std::isfinite(v); })) {
+      c.ok = false;
+      c.reason = "the aggregate step has NaN or infinite values (the inputs' sum overflows float)";
+    }
     if (!c.ok) {
       rec["status"] = "aborted";
       rec["reason"] = c.reason;

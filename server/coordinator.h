@@ -206,7 +206,7 @@ class Coordinator {
   void start_round(std::int64_t now_ms);
   void pump(std::int64_t now_ms);
   void send_model(SessionId to);
-  void held_model(SessionId id, const std::string& sha256);
+  void held_model(SessionId id, const std::string& sha256, std::uint64_t round);
   void close_round(std::int64_t now_ms);
   void finish_unmask(std::int64_t now_ms);
   void set_phase(Phase p, std::int64_t now_ms);

@@ -157,7 +157,7 @@ void Coordinator::on_message(SessionId id, const wire::Envelope& e, std::int64_t
   }
   if (body == B::kLeaving) return on_leaving(peer->name, id);
   // Whatever round it is for: the model the silo trained on is the one it holds now.
-  if (body == B::kUpdateReady) held_model(id, e.update_ready().model_sha256());
+  if (body == B::kUpdateReady) held_model(id, e.update_ready().model_sha256(), e.round());
   const bool secure_body = proto::is_secagg_from_silo(body);
   if (body != B::kUpdateReady && body != B::kTensorChunk && body != B::kUpdateEnd && !secure_body) {
     send_error(id, wire::UNEXPECTED, "a silo may not send " + proto::body_name(e));
@@ -192,7 +192,7 @@ void Coordinator::on_edge_message(SessionId id, const wire::Envelope& e, std::in
     return;
   }
   if (body == B::kRegionStatus) {
-    held_model(id, e.region_status().model_sha256());
+    held_model(id, e.region_status().model_sha256(), e.round());
     return on_region_status(id, e.region_status(), now_ms);
   }
   if (!e.silo().empty()) {

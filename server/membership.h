@@ -23,12 +23,13 @@ struct Peer {
   // The model (SHA-256) this session's peer said it holds since the server last sent it one: a
   // compressed broadcast may go to it as a delta against that model. Empty: none known.
   std::string held_model;
+  std::uint64_t model_round = 0;  // the round of the last model sent to it: older words are stale
 };
 
 class Membership {
  public:
   void add_session(SessionId id, const std::string& name, bool edge, std::string join_nonce = {}) {
-    sessions_[id] = Peer{name, edge, {}, std::move(join_nonce), {}};
+    sessions_[id] = Peer{name, edge, {}, std::move(join_nonce), {}, 0};
   }
   // Removes a session; returns the silos whose route it was (gone with it).
   std::vector<std::string> remove_session(SessionId id);
@@ -37,8 +38,15 @@ class Membership {
   void set_join_nonce(SessionId id, std::string nonce) {
     if (auto it = sessions_.find(id); it != sessions_.end()) it->second.join_nonce = std::move(nonce);
   }
-  void set_held_model(SessionId id, std::string sha256) {
-    if (auto it = sessions_.find(id); it != sessions_.end()) it->second.held_model = std::move(sha256);
+  // A model of round `round` goes to session `id`: it holds none the server knows of.
+  void model_sent(SessionId id, std::uint64_t round) {
+    if (auto it = sessions_.find(id); it != sessions_.end()) it->second.held_model.clear(), it->second.model_round = round;
+  }
+  // The session says, in a message of round `round`, that it holds model `sha256`; a word from
+  // before the last model sent to it is ignored.
+  void set_held_model(SessionId id, std::string sha256, std::uint64_t round) {
+    auto it = sessions_.find(id);
+    if (it != sessions_.end() && round >= it->second.model_round) it->second.held_model = std::move(sha256);
   }
   bool is_edge(SessionId id) const;
   const std::map<SessionId, Peer>& sessions() const { return sessions_; }

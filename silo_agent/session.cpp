@@ -408,6 +408,11 @@ void Session::on_model_chunk(const wire::Envelope& e) {
     }
     return;
   }
+  if (rx_.complete()) {
+    // The model is here (and maybe training): a chunk past its end changes nothing of it.
+    reply_error(wire::BAD_UPDATE, "model chunk after the whole model arrived");
+    return;
+  }
   if (auto st = rx_.add(e.tensor_chunk()); !st) {
     spdlog::error("round {}: bad model chunk: {}", round_, st.message);
     reply_error(wire::BAD_UPDATE, st.message);

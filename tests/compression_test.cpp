@@ -799,5 +799,24 @@ TEST(Compression, ABroadcastReceiverRefusesDeltasOfDenseTensorsOtherSchemesAndBa
   EXPECT_NE(check_broadcast(scheme(C::QUANTIZE, 5, 64, 0, false)), "");
 }
 
+// A step past float's range (finite models whose difference overflows) has no codes: that chunk
+// goes as its values, and the receiver still rebuilds the model exactly.
+TEST(Compression, ABroadcastStepPastFloatsRangeGoesAsValues) {
+  const C c = broadcast_scheme(8);
+  Model base = broadcast_layout(), next = broadcast_layout();
+  for (std::size_t i = 0; i < base.size(); ++i) next.flat()[i] = 0.25f;
+  base.flat()[5] = -3e38f;
+  next.flat()[5] = 3e38f;
+  const auto enc = encode_model_delta(c, base.flat(), next.flat(), next.tensors(), 300, 1);
+  EXPECT_EQ(enc.chunks[0].encoding(), C::NONE);      // fc.weight[0, 300): the step overflows
+  EXPECT_EQ(enc.chunks[1].encoding(), C::QUANTIZE);  // the next chunk is a delta as usual
+  EXPECT_EQ(next.flat()[5], 3e38f);
+  Model held = base;
+  TensorReceiver rx;
+  rx.reset_model(held.flat(), held.tensors(), c, true);
+  for (const auto& ch : enc.chunks) ASSERT_TRUE(rx.add(ch));
+  EXPECT_EQ(std::memcmp(held.flat().data(), next.flat().data(), 4 * next.size()), 0);
+}
+
 }  // namespace
 }  // namespace xsilo::protocol

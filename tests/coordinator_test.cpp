@@ -1210,6 +1210,47 @@ TEST(Coordinator, BroadcastsTheModelAsADeltaToTheSessionsThatHoldTheLastOne) {
   EXPECT_TRUE(sent_delta(2));
 }
 
+// A word about the model a session holds counts only when said since the last model went to
+// it: a late UpdateReady of an earlier round (here after an aborted round, when the model did
+// not change) must not earn the session a delta against a model it may have replaced.
+TEST(Coordinator, ALateWordAboutAnEarlierRoundsModelEarnsNoDelta) {
+  RoundConfig cfg = three_rounds();
+  cfg.rounds = 4;
+  cfg.broadcast.set_scheme(wire::Compression::QUANTIZE);
+  cfg.broadcast.set_bits(8);
+  cfg.broadcast.set_block(8);
+  Harness h(3, cfg);
+  h.connect_all(3);
+  auto sent_delta = [&](std::size_t i) { return h.model_actions[h.session(i)].back().delta != nullptr; };
+  auto sha = [&] { return h.last(0, wire::Envelope::kRoundStart)->round_start().model_sha256(); };
+  std::map<std::size_t, std::pair<std::vector<float>, double>> ups = {
+      {0, {constant(1.0f), 10}}, {1, {constant(-0.5f), 10}}, {2, {constant(2.0f), 10}}};
+  for (std::size_t i = 0; i < 3; ++i) h.ready(i, 10, 0, sha());
+  h.serve(ups);  // round 1 commits: m2
+  const std::string m2 = sha();
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_TRUE(sent_delta(i)) << i;
+  // Round 2: every silo trains on m2 and says so, then none uploads: the round aborts.
+  for (std::size_t i = 0; i < 3; ++i) h.ready(i, 10, 0, m2);
+  h.fire(Timer::Train);
+  while (h.coord().round() == 2 && h.armed.count(Timer::Upload)) h.fire(Timer::Upload);
+  ASSERT_EQ(h.coord().round(), 3u);
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  // Round 3 (model m2 still; the delta is against m1): whole models; silo 1's word from round 2
+  // arrives after its round-3 model went out, and silo 1 says nothing in round 3.
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_FALSE(sent_delta(i)) << i;
+  h.ready(1, 10, 2, m2);
+  h.ready(0, 10, 0, m2);
+  h.ready(2, 10, 0, m2);
+  h.serve({{0, ups[0]}, {2, ups[2]}});
+  h.fire(Timer::Train);  // silo 1 is dropped; the round commits with 0 and 2
+  ASSERT_EQ(h.store.commits.size(), 2u);
+  // Round 4: the delta against m2 to silos 0 and 2, the whole model to silo 1.
+  EXPECT_EQ(h.last(0, wire::Envelope::kRoundStart)->round_start().base_sha256(), m2);
+  EXPECT_TRUE(sent_delta(0));
+  EXPECT_FALSE(sent_delta(1));
+  EXPECT_TRUE(sent_delta(2));
+}
+
 TEST(Printable, KeepsUtf8AndReplacesWhatIsNot) {
   EXPECT_EQ(proto::printable("h\xc3\xa9llo \xe2\x82\xac"), "h\xc3\xa9llo \xe2\x82\xac");  // é, €
   EXPECT_EQ(proto::printable("a\xc3(b"), "a?(b");                 // a lead byte without its continuation

@@ -693,7 +693,13 @@ TEST(Session, TakesABroadcastDeltaOntoTheModelItHoldsAndSaysWhichItHolds) {
   h.run_jobs();
   ASSERT_TRUE(h.last(wire::Envelope::kUpdateReady)) << (h.sent.empty() ? "" : h.sent.back().DebugString());
   EXPECT_EQ(h.last(wire::Envelope::kUpdateReady)->update_ready().model_sha256(), sha2);
+  // A chunk past the model's end (a relay's doing) is answered and changes nothing: the upload
+  // goes ahead.
+  deliver_chunks(2, {enc.chunks[0]});
+  ASSERT_TRUE(h.last(wire::Envelope::kError));
+  EXPECT_NE(h.last(wire::Envelope::kError)->error().message().find("after the whole model"), std::string::npos);
   h.grant(2);
+  ASSERT_TRUE(h.last(wire::Envelope::kUpdateEnd));
 
   // Round 3 claims a delta against m1 again, which this silo no longer holds.
   h.sent.clear();
