@@ -7,6 +7,7 @@
 #include "edge_aggregator/relay.h"
 #include "fuzz/fuzz_input.h"
 #include "protocol/compression.h"
+#include "protocol/round_start.h"
 #include "protocol/tensor_stream.h"
 
 namespace {
@@ -41,12 +42,7 @@ void broadcast_round(edge::Relay& relay, fuzz::Input& in, Model& last, std::stri
     e.set_silo("silo-" + std::to_string(i));
     auto* rs = e.mutable_round_start();
     rs->set_round(round);
-    for (const auto& t : m.tensors()) {
-      auto* spec = rs->add_tensors();
-      spec->set_name(t.name);
-      spec->set_dtype(wire::F32);
-      for (auto d : t.shape) spec->add_shape(d);
-    }
+    protocol::add_layout(*rs, m.tensors());
     rs->set_model_sha256(sha);
     *rs->mutable_broadcast() = b;
     rs->set_base_sha256(how & 4 ? last_sha : in.bytes(in.u8() % 65));

@@ -104,12 +104,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         rs->set_round(round);
         const std::string plan = in.bytes(in.u8());
         (void)rs->mutable_plan()->ParseFromString(plan);
-        for (const auto& t : model->tensors()) {
-          auto* spec = rs->add_tensors();
-          spec->set_name(t.name);
-          spec->set_dtype(wire::F32);
-          for (auto d : t.shape) spec->add_shape(d);
-        }
+        protocol::add_layout(*rs, model->tensors());
         // A compressed broadcast: the model whole, or as a delta against the last one sent
         // (which the session holds if it trained on it and said so), against the base named.
         const std::uint8_t how = in.u8();

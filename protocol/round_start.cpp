@@ -24,6 +24,15 @@ std::string round_start_statement(const wire::RoundStart& rs, const std::string&
   return crypto::statement("round-start", {federation, bytes});
 }
 
+void add_layout(wire::RoundStart& rs, const std::vector<TensorInfo>& layout) {
+  for (const auto& t : layout) {
+    auto* spec = rs.add_tensors();
+    spec->set_name(t.name);
+    spec->set_dtype(wire::F32);
+    for (auto d : t.shape) spec->add_shape(d);
+  }
+}
+
 void sign_round_start(wire::RoundStart& rs, const crypto::CertSigner& server, const std::string& federation) {
   rs.set_server_certificate(server.certificate());
   rs.set_server_signature(server.sign(round_start_statement(rs, federation)));

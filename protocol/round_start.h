@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/model.h"
 #include "crypto/certs.h"
 #include "proto/xsilo.pb.h"
 
@@ -21,6 +22,9 @@ inline constexpr std::uint64_t kMaxModelElements = std::uint64_t{1} << 34;
 // or 64 bits with a vector of at most the model plus its two extra words; otherwise why not.
 // Checked before anything is allocated from it.
 std::string check_layout(const wire::RoundStart& rs, std::uint64_t max_elements = kMaxModelElements);
+
+// Appends `layout`'s tensors to the RoundStart's model layout, as float32 specs, in order.
+void add_layout(wire::RoundStart& rs, const std::vector<TensorInfo>& layout);
 
 // The signed bytes: a tag, the federation, and the RoundStart's deterministic protobuf
 // encoding without `server_certificate` and `server_signature`.

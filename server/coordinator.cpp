@@ -203,12 +203,7 @@ void Coordinator::start_round(std::int64_t now_ms) {
   auto* rs = start.mutable_round_start();
   rs->set_round(round_);
   *rs->mutable_plan() = cfg_.plan;
-  for (const auto& t : global_->tensors()) {
-    auto* spec = rs->add_tensors();
-    spec->set_name(t.name);
-    spec->set_dtype(wire::F32);
-    for (auto d : t.shape) spec->add_shape(d);
-  }
+  protocol::add_layout(*rs, global_->tensors());
   rs->set_model_sha256(global_sha_);
   if (protocol::compressed(cfg_.broadcast)) {
     *rs->mutable_broadcast() = cfg_.broadcast;

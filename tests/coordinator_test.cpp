@@ -1125,16 +1125,20 @@ TEST(Coordinator, APeersTextThatIsNotUtf8CannotBreakTheAuditRecordOrTheStatus) {
   EXPECT_NO_THROW((void)h.coord().status(h.now).dump());
 }
 
-// A compressed broadcast: the model goes as a quantized delta to each session that said it holds
-// the previous round's model, whole to the others; the delta rebuilds the committed model bit
-// for bit from that base, and the audit record says who got what.
-TEST(Coordinator, BroadcastsTheModelAsADeltaToTheSessionsThatHoldTheLastOne) {
+RoundConfig four_rounds_with_8_bit_broadcasts() {
   RoundConfig cfg = three_rounds();
   cfg.rounds = 4;
   cfg.broadcast.set_scheme(wire::Compression::QUANTIZE);
   cfg.broadcast.set_bits(8);
   cfg.broadcast.set_block(8);
-  Harness h(3, cfg);
+  return cfg;
+}
+
+// A compressed broadcast: the model goes as a quantized delta to each session that said it holds
+// the previous round's model, whole to the others; the delta rebuilds the committed model bit
+// for bit from that base, and the audit record says who got what.
+TEST(Coordinator, BroadcastsTheModelAsADeltaToTheSessionsThatHoldTheLastOne) {
+  Harness h(3, four_rounds_with_8_bit_broadcasts());
   h.connect_all(3);
   ASSERT_EQ(h.coord().phase(), Phase::Collecting);
   auto start = [&](std::size_t i) { return h.last(i, wire::Envelope::kRoundStart)->round_start(); };
@@ -1214,12 +1218,7 @@ TEST(Coordinator, BroadcastsTheModelAsADeltaToTheSessionsThatHoldTheLastOne) {
 // it: a late UpdateReady of an earlier round (here after an aborted round, when the model did
 // not change) must not earn the session a delta against a model it may have replaced.
 TEST(Coordinator, ALateWordAboutAnEarlierRoundsModelEarnsNoDelta) {
-  RoundConfig cfg = three_rounds();
-  cfg.rounds = 4;
-  cfg.broadcast.set_scheme(wire::Compression::QUANTIZE);
-  cfg.broadcast.set_bits(8);
-  cfg.broadcast.set_block(8);
-  Harness h(3, cfg);
+  Harness h(3, four_rounds_with_8_bit_broadcasts());
   h.connect_all(3);
   auto sent_delta = [&](std::size_t i) { return h.model_actions[h.session(i)].back().delta != nullptr; };
   auto sha = [&] { return h.last(0, wire::Envelope::kRoundStart)->round_start().model_sha256(); };

@@ -13,6 +13,7 @@
 #include "protocol/compression.h"
 #include "protocol/join.h"
 #include "protocol/masked.h"
+#include "protocol/round_start.h"
 #include "tests/testlib.h"
 
 namespace xsilo::edge {
@@ -545,6 +546,38 @@ TEST(Relay, ASecureSiloTheServerDidNotSettleCannotUpload) {
   EXPECT_FALSE(Harness::has(h.to("a1"), wire::Envelope::kError));
 }
 
+wire::Compression eight_bit_broadcast() {
+  wire::Compression b;
+  b.set_scheme(wire::Compression::QUANTIZE);
+  b.set_bits(8);
+  b.set_block(8);
+  return b;
+}
+
+// The harness's layout: a[4], b[2].
+Model layout_a4_b2() {
+  Model m;
+  m.add("a", {4});
+  m.add("b", {2});
+  return m;
+}
+
+// The server's RoundStart of a compressed broadcast round for `silo`: model `m` as a delta
+// against the model of `base` where the receiver holds it.
+wire::Envelope broadcast_start(std::uint64_t round, const std::string& silo, const Model& m, const wire::Compression& b,
+                               const std::string& base) {
+  wire::Envelope e;
+  e.set_round(round);
+  e.set_silo(silo);
+  auto* rs = e.mutable_round_start();
+  rs->set_round(round);
+  protocol::add_layout(*rs, m.tensors());
+  rs->set_model_sha256(crypto::sha256_hex(m.flat()));
+  *rs->mutable_broadcast() = b;
+  rs->set_base_sha256(base);
+  return e;
+}
+
 // A compressed broadcast through an edge: the edge rebuilds the model in its own copy; a silo
 // that said it holds the round's base gets the server's delta chunks, the others each chunk's
 // new values; both end with the round's model, and the edge tells the server it holds it. A
@@ -553,30 +586,11 @@ TEST(Relay, PassesABroadcastDeltaToSilosThatHoldTheBaseAndValuesToTheOthers) {
   Harness h;
   h.server_up();
   for (auto s : {"s1", "s2"}) h.silo_up(s);
-  wire::Compression b;
-  b.set_scheme(wire::Compression::QUANTIZE);
-  b.set_bits(8);
-  b.set_block(8);
-  Model m1;
-  m1.add("a", {4});
-  m1.add("b", {2});
+  const wire::Compression b = eight_bit_broadcast();
+  Model m1 = layout_a4_b2();
   for (std::size_t i = 0; i < m1.size(); ++i) m1.flat()[i] = 0.25f * static_cast<float>(i);
   auto start = [&](std::uint64_t round, const std::string& silo, const Model& m, const std::string& base) {
-    wire::Envelope e;
-    e.set_round(round);
-    e.set_silo(silo);
-    auto* rs = e.mutable_round_start();
-    rs->set_round(round);
-    for (const auto& t : m.tensors()) {
-      auto* spec = rs->add_tensors();
-      spec->set_name(t.name);
-      spec->set_dtype(wire::F32);
-      for (auto d : t.shape) spec->add_shape(d);
-    }
-    rs->set_model_sha256(crypto::sha256_hex(m.flat()));
-    *rs->mutable_broadcast() = b;
-    rs->set_base_sha256(base);
-    h.from_server(e);
+    h.from_server(broadcast_start(round, silo, m, b, base));
   };
   auto from_server = [&](std::uint64_t round, const std::vector<wire::TensorChunk>& chunks) {
     for (const auto& ch : chunks) {
@@ -668,13 +682,8 @@ TEST(Relay, PassesABroadcastDeltaToSilosThatHoldTheBaseAndValuesToTheOthers) {
 // delta on to the silos that hold its base: they check it themselves.
 TEST(Relay, AnEdgeWithoutTheBasePassesTheDeltaToSilosThatHoldIt) {
   Harness h;
-  wire::Compression b;
-  b.set_scheme(wire::Compression::QUANTIZE);
-  b.set_bits(8);
-  b.set_block(8);
-  Model m1;
-  m1.add("a", {4});
-  m1.add("b", {2});
+  const wire::Compression b = eight_bit_broadcast();
+  Model m1 = layout_a4_b2();
   for (std::size_t i = 0; i < m1.size(); ++i) m1.flat()[i] = 1.0f + static_cast<float>(i);
   const std::string sha1 = crypto::sha256_hex(m1.flat());
   // Round 1 is not compressed: the edge keeps no copy; s1 trains on m1 and says so.
@@ -687,23 +696,7 @@ TEST(Relay, AnEdgeWithoutTheBasePassesTheDeltaToSilosThatHoldIt) {
   Model m2 = m1;
   for (auto& v : m2.flat()) v *= 1.5f;
   const auto enc = protocol::encode_model_delta(b, m1.flat(), m2.flat(), m2.tensors(), 3, 2);
-  for (auto s : {"s1", "s2"}) {
-    wire::Envelope e;
-    e.set_round(2);
-    e.set_silo(s);
-    auto* rs = e.mutable_round_start();
-    rs->set_round(2);
-    for (const auto& t : m2.tensors()) {
-      auto* spec = rs->add_tensors();
-      spec->set_name(t.name);
-      spec->set_dtype(wire::F32);
-      for (auto d : t.shape) spec->add_shape(d);
-    }
-    rs->set_model_sha256(crypto::sha256_hex(m2.flat()));
-    *rs->mutable_broadcast() = b;
-    rs->set_base_sha256(sha1);
-    h.from_server(e);
-  }
+  for (auto s : {"s1", "s2"}) h.from_server(broadcast_start(2, s, m2, b, sha1));
   h.to("s1");
   h.to("s2");
   h.up();

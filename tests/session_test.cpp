@@ -109,12 +109,7 @@ class Harness {
     rs->set_round(round);
     rs->mutable_plan()->set_train(true);
     rs->mutable_plan()->set_seed(1);
-    for (const auto& t : m.tensors()) {
-      auto* spec = rs->add_tensors();
-      spec->set_name(t.name);
-      spec->set_dtype(wire::F32);
-      for (auto d : t.shape) spec->add_shape(d);
-    }
+    protocol::add_layout(*rs, m.tensors());
     rs->set_model_sha256(sha.empty() ? crypto::sha256_hex(m.flat()) : sha);
     sign(e);
     return e;

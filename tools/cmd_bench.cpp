@@ -21,20 +21,20 @@ void add_bench(CLI::App& app, int& exit_code) {
   r->add_option("--rounds", round->rounds, "rounds per run (the first is not timed)")->capture_default_str();
   r->add_option("--edges", round->edges, "edge aggregators between silos and server (several values)")
       ->capture_default_str();
-  r->add_option_function<std::string>(
-       "--compression",
-       [round](const std::string& s) {
-         round->compression = nlohmann::json::parse(s, nullptr, false);
-         if (!round->compression.is_object()) throw CLI::ValidationError("--compression", "not a JSON object: " + s);
-       },
-       "the server config's compression block, e.g. '{\"scheme\": \"quantize\", \"bits\": 4}'");
-  r->add_option_function<std::string>(
-       "--broadcast",
-       [round](const std::string& s) {
-         round->broadcast = nlohmann::json::parse(s, nullptr, false);
-         if (!round->broadcast.is_object()) throw CLI::ValidationError("--broadcast", "not a JSON object: " + s);
-       },
-       "the server config's broadcast block, e.g. '{\"scheme\": \"quantize\", \"bits\": 8}'");
+  // A block of the server config, as a JSON object (`round` keeps `into` alive).
+  auto config_block = [&](const std::string& flag, nlohmann::json& into, const std::string& help) {
+    r->add_option_function<std::string>(
+        flag,
+        [round, &into, flag](const std::string& s) {
+          into = nlohmann::json::parse(s, nullptr, false);
+          if (!into.is_object()) throw CLI::ValidationError(flag, "not a JSON object: " + s);
+        },
+        help);
+  };
+  config_block("--compression", round->compression,
+               "the server config's compression block, e.g. '{\"scheme\": \"quantize\", \"bits\": 4}'");
+  config_block("--broadcast", round->broadcast,
+               "the server config's broadcast block, e.g. '{\"scheme\": \"quantize\", \"bits\": 8}'");
   r->add_option("--secure", round->secure, "secure aggregation mode")
       ->check(CLI::IsMember({"off", "global", "grouped"}))
       ->capture_default_str();
