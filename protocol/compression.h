@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -125,6 +126,15 @@ std::string check_broadcast(const wire::Compression& c);
 // every build. `base` and `model` do not overlap.
 EncodedUpdate encode_model_delta(const wire::Compression& c, std::span<const float> base, std::span<float> model,
                                  const std::vector<TensorInfo>& layout, std::size_t chunk_elems, std::uint64_t seed);
+
+// The broadcast of `model` to receivers that hold it already (after an aborted round, which
+// changed nothing): the chunks encode_model_delta makes of a step of zeros (codes and scales,
+// a quarter of the model at 8 bits; the dense tensors' values). Empty when a receiver adding the
+// decoded zeros would not get `model` back bit for bit (a delta-coded coordinate that is -0.0:
+// -0.0 + 0.0 is +0.0). Holds a copy of the model while it checks.
+std::optional<EncodedUpdate> encode_same_model(const wire::Compression& c, std::span<const float> model,
+                                               const std::vector<TensorInfo>& layout, std::size_t chunk_elems,
+                                               std::uint64_t seed);
 
 // Secure RANDOM_K: the coordinates every silo masks, sorted: random_k_set(c.seed, d', k) over
 // the d' coordinates of the tensors that do not travel dense (in model order), and every

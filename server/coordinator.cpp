@@ -28,6 +28,18 @@ std::size_t robust_rejected(const nlohmann::json& rec) {
   for (const auto& d : rec["robust"]["decisions"]) n += d.value("kept", true) ? 0 : 1;
   return n;
 }
+
+// After an aborted round (on the worker): the unchanged model for receivers that hold it, as a
+// step of zeros, when `make` (a compressed broadcast with no such chunks yet) and the model
+// allows it (protocol::encode_same_model).
+std::shared_ptr<const std::vector<wire::TensorChunk>> same_model_chunks(bool make, const wire::Compression& broadcast,
+                                                                        const Model& model, std::size_t chunk_elems,
+                                                                        std::uint64_t seed) {
+  if (!make) return nullptr;
+  auto enc = protocol::encode_same_model(broadcast, model.flat(), model.tensors(), chunk_elems, seed);
+  if (!enc) return nullptr;
+  return std::make_shared<const std::vector<wire::TensorChunk>>(std::move(enc->chunks));
+}
 }  // namespace
 
 Coordinator::Coordinator(RoundConfig cfg, Model initial, ServerOptimizer optimizer, Store& store,
@@ -207,7 +219,8 @@ void Coordinator::start_round(std::int64_t now_ms) {
   rs->set_model_sha256(global_sha_);
   if (protocol::compressed(cfg_.broadcast)) {
     *rs->mutable_broadcast() = cfg_.broadcast;
-    if (delta_) rs->set_base_sha256(delta_base_);
+    offer_ = choose_offer(candidates);
+    if (offer_) rs->set_base_sha256(offer_->base);
   }
   r_->compression = round_compression(cfg_, round_);
   if (protocol::compressed(r_->compression)) *rs->mutable_compression() = r_->compression;
@@ -241,16 +254,43 @@ void Coordinator::start_round(std::int64_t now_ms) {
   event("round_started", std::to_string(r_->members.size()) + " selected");
 }
 
-// The round's model to one session: as the delta when the session said it holds the delta's
-// base, else whole. Either way it holds no model the server knows of until it says so again.
+Coordinator::BroadcastDelta Coordinator::broadcast_delta(std::shared_ptr<const std::vector<wire::TensorChunk>> chunks,
+                                                         std::string base) {
+  BroadcastDelta d{std::move(chunks), std::move(base), 0};
+  for (const auto& ch : *d.chunks) d.bytes += ch.data().size();
+  return d;
+}
+
+// The delta this round offers: the one whose base more of the sessions the model goes to hold
+// (the selected silos that connect directly, and their edges), none when no one holds either.
+const Coordinator::BroadcastDelta* Coordinator::choose_offer(
+    const std::vector<std::pair<std::string, SessionId>>& candidates) const {
+  std::set<SessionId> receivers;
+  for (const auto& c : candidates) receivers.insert(c.second);  // a relayed silo's session is its edge's
+  auto holders = [&](const std::optional<BroadcastDelta>& d) {
+    if (!d) return std::size_t{0};
+    return static_cast<std::size_t>(std::count_if(receivers.begin(), receivers.end(), [&](SessionId id) {
+      const Peer* p = membership_.peer(id);
+      return p && p->held_model == d->base;
+    }));
+  };
+  const std::size_t by_delta = holders(delta_), by_same = holders(same_);
+  if (by_same > by_delta) return &*same_;
+  if (by_delta > 0) return &*delta_;
+  return nullptr;
+}
+
+// The round's model to one session: as the round's delta when the session said it holds the
+// delta's base, else whole. Either way it holds no model the server knows of until it says so
+// again.
 void Coordinator::send_model(SessionId to) {
   const Peer* peer = membership_.peer(to);
-  const bool delta = delta_ && peer && !delta_base_.empty() && peer->held_model == delta_base_;
+  const bool delta = offer_ && peer && peer->held_model == offer_->base;
   membership_.model_sent(to, round_);
   if (delta) {
-    actions_.push_back(action::SendModel{to, global_, round_, delta_});
-    r_->broadcast_bytes += delta_bytes_;
-    r_->broadcast_base = delta_base_;
+    actions_.push_back(action::SendModel{to, global_, round_, offer_->chunks});
+    r_->broadcast_bytes += offer_->bytes;
+    r_->broadcast_base = offer_->base;
     ++r_->broadcast_deltas;
   } else {
     actions_.push_back(action::SendModel{to, global_, round_, nullptr});
@@ -325,8 +365,14 @@ void Coordinator::decide(std::int64_t now_ms) {
     r_->abort_reason = "only " + std::to_string(done) + " updates arrived, " + std::to_string(need) + " needed";
     spdlog::warn("round {} aborted: {}", round_, r_->abort_reason);
     const auto s = summary(false, r_->abort_reason, now_ms);
-    run_job(JobKind::Record, [&store = store_, rec = round_record(s), row = metrics_row(s)]() -> JobResult {
-      return store.record(rec, &row);
+    run_job(JobKind::Record, [&store = store_, rec = round_record(s), row = metrics_row(s), global = global_,
+                              broadcast = cfg_.broadcast, chunk_elems = cfg_.chunk_bytes / sizeof(float),
+                              seed = broadcast_seed(cfg_, round_), make_same = wants_same()]() -> JobResult {
+      CommitOutcome o;
+      o.reason = "aborted";
+      o.audit = store.record(rec, &row);
+      o.delta = same_model_chunks(make_same, broadcast, *global, chunk_elems, seed);
+      return o;
     });
     return;
   }
@@ -340,7 +386,7 @@ void Coordinator::decide(std::int64_t now_ms) {
   run_job(JobKind::Commit, [agg = r_->agg.get(), &optimizer = optimizer_, &store = store_, global = global_,
                             round = round_, ctx, rec = round_record(s), row = metrics_row(s), broadcast = cfg_.broadcast,
                             chunk_elems = cfg_.chunk_bytes / sizeof(float),
-                            seed = broadcast_seed(cfg_, round_)]() mutable -> JobResult {
+                            seed = broadcast_seed(cfg_, round_), make_same = wants_same()]() mutable -> JobResult {
     auto next = agg->output(*global);
     Combined c = agg->combine(next->flat(), ctx);
     if (c.record.is_object()) rec.merge_patch(c.record);
@@ -354,7 +400,8 @@ void Coordinator::decide(std::int64_t now_ms) {
       rec["status"] = "aborted";
       rec["reason"] = c.reason;
       row.committed = false;
-      return CommitOutcome{false, c.reason, nullptr, "", store.record(rec, &row), std::nullopt, robust_rejected(rec), nullptr};
+      return CommitOutcome{false,        c.reason, nullptr, "", store.record(rec, &row), std::nullopt, robust_rejected(rec),
+                           same_model_chunks(make_same, broadcast, *global, chunk_elems, seed)};
     }
     // The optimizer writes the new model into the same buffer, which becomes the global model.
     optimizer.step_into(global->flat(), next->flat());
@@ -603,15 +650,14 @@ void Coordinator::on_job_done(std::uint64_t job, JobResult result, std::int64_t 
         ++aborted_;
         r_->abort_reason = outcome.reason;
         spdlog::warn("round {} aborted: {}", round_, outcome.reason);
+        offer_ = nullptr;
+        if (outcome.delta && !same_) same_ = broadcast_delta(std::move(outcome.delta), global_sha_);
         finish_round(false, outcome.audit, now_ms);
         break;
       }
-      if (outcome.delta) {
-        delta_ = std::move(outcome.delta);
-        delta_base_ = global_sha_;
-        delta_bytes_ = 0;
-        for (const auto& ch : *delta_) delta_bytes_ += ch.data().size();
-      }
+      offer_ = nullptr;  // the round is over; the next one chooses among the new deltas
+      if (outcome.delta) delta_ = broadcast_delta(std::move(outcome.delta), global_sha_);
+      same_.reset();
       global_ = std::move(outcome.model);
       global_sha_ = outcome.model_sha256;
       if (outcome.next_clip_norm) clip_norm_ = outcome.next_clip_norm;
@@ -619,10 +665,14 @@ void Coordinator::on_job_done(std::uint64_t job, JobResult result, std::int64_t 
       finish_round(true, outcome.audit, now_ms);
       break;
     }
-    case JobKind::Record:
+    case JobKind::Record: {
+      auto outcome = std::get<CommitOutcome>(std::move(result));
       ++aborted_;
-      finish_round(false, std::get<AuditHead>(result), now_ms);
+      offer_ = nullptr;
+      if (outcome.delta && !same_) same_ = broadcast_delta(std::move(outcome.delta), global_sha_);
+      finish_round(false, outcome.audit, now_ms);
       break;
+    }
     case JobKind::Barrier: pump(now_ms); break;
     case JobKind::None: break;
   }

@@ -27,6 +27,7 @@
 
 #include "common/model.h"
 #include "proto/xsilo.pb.h"
+#include "protocol/compression.h"
 #include "protocol/upload_slot.h"
 #include "server/aggregator.h"
 #include "server/membership.h"
@@ -48,7 +49,8 @@ struct CommitOutcome {
   AuditHead audit;  // the audit log after the round's record
   std::optional<double> next_clip_norm;  // adaptive clipping: the next round's clip norm
   std::size_t robust_rejected = 0;        // inputs the robust rule left out
-  // A compressed broadcast: `model` as a delta against the round's model (its chunks).
+  // A compressed broadcast: `model` as a delta against the round's model (its chunks); for an
+  // aborted round, the unchanged model as a step of zeros against itself.
   std::shared_ptr<const std::vector<wire::TensorChunk>> delta;
 };
 // The value a job returns to on_job_done (an AuditHead: an aborted round's record is written).
@@ -251,11 +253,20 @@ class Coordinator {
   RoundConfig cfg_;
   std::shared_ptr<const Model> global_;
   std::string global_sha_;
-  // A compressed broadcast (cfg_.broadcast): global_ as a delta against the model of
-  // delta_base_ (the one before the last commit), for receivers that hold that one.
-  std::shared_ptr<const std::vector<wire::TensorChunk>> delta_;
-  std::string delta_base_;
-  std::uint64_t delta_bytes_ = 0;
+  // A compressed broadcast (cfg_.broadcast): global_ as a delta against the model before the
+  // last commit (`delta_`), for receivers that hold that one, and, after an aborted round, as a
+  // step of zeros against itself (`same_`), for receivers that hold global_ already. A round
+  // offers the one more of its receivers hold (`offer_`); the others get the whole model.
+  struct BroadcastDelta {
+    std::shared_ptr<const std::vector<wire::TensorChunk>> chunks;
+    std::string base;  // the model it applies to
+    std::uint64_t bytes = 0;
+  };
+  const BroadcastDelta* choose_offer(const std::vector<std::pair<std::string, SessionId>>& candidates) const;
+  bool wants_same() const { return protocol::compressed(cfg_.broadcast) && !same_; }
+  static BroadcastDelta broadcast_delta(std::shared_ptr<const std::vector<wire::TensorChunk>> chunks, std::string base);
+  std::optional<BroadcastDelta> delta_, same_;
+  const BroadcastDelta* offer_ = nullptr;
   std::optional<double> clip_norm_;  // adaptive clipping: this round's clip norm
   ServerOptimizer optimizer_;  // touched by commit jobs only, one at a time
   Store& store_;

@@ -1216,7 +1216,8 @@ TEST(Coordinator, BroadcastsTheModelAsADeltaToTheSessionsThatHoldTheLastOne) {
 
 // A word about the model a session holds counts only when said since the last model went to
 // it: a late UpdateReady of an earlier round (here after an aborted round, when the model did
-// not change) must not earn the session a delta against a model it may have replaced.
+// not change) must not earn the session a delta against a model it may have replaced. After the
+// aborted round, the sessions that hold the unchanged model get it as a step of zeros.
 TEST(Coordinator, ALateWordAboutAnEarlierRoundsModelEarnsNoDelta) {
   Harness h(3, four_rounds_with_8_bit_broadcasts());
   h.connect_all(3);
@@ -1234,15 +1235,34 @@ TEST(Coordinator, ALateWordAboutAnEarlierRoundsModelEarnsNoDelta) {
   while (h.coord().round() == 2 && h.armed.count(Timer::Upload)) h.fire(Timer::Upload);
   ASSERT_EQ(h.coord().round(), 3u);
   ASSERT_EQ(h.store.commits.size(), 1u);
-  // Round 3 (model m2 still; the delta is against m1): whole models; silo 1's word from round 2
-  // arrives after its round-3 model went out, and silo 1 says nothing in round 3.
-  for (std::size_t i = 0; i < 3; ++i) EXPECT_FALSE(sent_delta(i)) << i;
+  // Round 3 (model m2 still): every silo said it holds m2, so each gets m2 as a step of zeros
+  // against itself, which rebuilds it bit for bit, not the whole model again; silo 1's word from
+  // round 2 arrives after its round-3 model went out, and silo 1 says nothing in round 3.
+  const auto& start3 = h.last(0, wire::Envelope::kRoundStart)->round_start();
+  EXPECT_EQ(start3.base_sha256(), m2);
+  EXPECT_EQ(start3.model_sha256(), m2);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_TRUE(sent_delta(i)) << i;
+  Model held = h.store.commits[0].model;
+  protocol::TensorReceiver rx;
+  rx.reset_model(held.flat(), held.tensors(), start3.broadcast(), /*have_base=*/true);
+  std::uint64_t bytes = 0;
+  for (const auto& ch : *h.model_actions[h.session(0)].back().delta) {
+    ASSERT_TRUE(rx.add(ch));
+    EXPECT_EQ(ch.encoding(), wire::Compression::QUANTIZE);
+    bytes += ch.data().size();
+  }
+  ASSERT_TRUE(rx.complete());
+  EXPECT_EQ(rx.finish_sha256(), m2);
+  EXPECT_LT(bytes, 40u);  // codes and scales, less than the 10 float32 of the whole model
   h.ready(1, 10, 2, m2);
   h.ready(0, 10, 0, m2);
   h.ready(2, 10, 0, m2);
   h.serve({{0, ups[0]}, {2, ups[2]}});
   h.fire(Timer::Train);  // silo 1 is dropped; the round commits with 0 and 2
   ASSERT_EQ(h.store.commits.size(), 2u);
+  EXPECT_EQ(h.store.commits[1].record["broadcast"]["deltas"], 3);
+  EXPECT_EQ(h.store.commits[1].record["broadcast"]["whole"], 0);
+  EXPECT_EQ(h.store.commits[1].record["broadcast"]["base_sha256"], m2);
   // Round 4: the delta against m2 to silos 0 and 2, the whole model to silo 1.
   EXPECT_EQ(h.last(0, wire::Envelope::kRoundStart)->round_start().base_sha256(), m2);
   EXPECT_TRUE(sent_delta(0));
