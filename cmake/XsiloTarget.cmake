@@ -51,9 +51,17 @@ if(XSILO_FUZZ)
   # crashes. Not UBSan: clang 14 fails on C++20 coroutines with it ("Cannot represent a
   # difference across sections"); the corpora run under GCC's ASan+UBSan as tests (fuzz/).
   # Line tables only: crash reports name file and line; full debug info only slows the build.
+  # XSILO_FUZZ_ASAN=OFF leaves ASan out for long runs (several times the inputs a second): a
+  # crash, an abort or a failed check still stops the run, and what it finds and keeps is then
+  # replayed under ASan (scripts/fuzz.sh, FUZZ_ASAN=0).
+  if(XSILO_FUZZ_ASAN)
+    set(xsilo_fuzz_sanitizers fuzzer-no-link,address)
+    target_link_options(xsilo_options INTERFACE -fsanitize=address)
+  else()
+    set(xsilo_fuzz_sanitizers fuzzer-no-link)
+  endif()
   target_compile_options(xsilo_options INTERFACE
-    $<$<COMPILE_LANGUAGE:CXX>:-gline-tables-only -fsanitize=fuzzer-no-link,address -fno-omit-frame-pointer>)
-  target_link_options(xsilo_options INTERFACE -fsanitize=address)
+    $<$<COMPILE_LANGUAGE:CXX>:-gline-tables-only -fsanitize=${xsilo_fuzz_sanitizers} -fno-omit-frame-pointer>)
   # Boost 1.74 looks for clang's coroutines TS, not C++20's: clang 14 has the latter.
   target_compile_definitions(xsilo_options INTERFACE BOOST_ASIO_HAS_CO_AWAIT=1)
 endif()

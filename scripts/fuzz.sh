@@ -6,7 +6,9 @@
 # fuzz/CMakeLists.txt). Starts from the checked-in seeds in fuzz/corpus/TARGET; the corpus it
 # grows stays in build-fuzz/corpus/TARGET; a crash is saved to build-fuzz/crashes/TARGET/ and
 # the script exits 1 naming it: fix the bug, then add the input to fuzz/corpus/TARGET, where
-# the test Fuzz.TARGET replays it from then on. Prints executions and coverage.
+# the test Fuzz.TARGET replays it from then on. Prints executions and coverage. With
+# FUZZ_ASAN=0 it builds without ASan into build-fuzz-noasan/ (several times the inputs a
+# second, for runs of 10 million) and then replays the corpus it grew under ASan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 targets=(frame safetensors config coordinator relay session compression trainer secagg)
@@ -24,10 +26,14 @@ fi
 case " ${targets[*]} " in *" $target "*) ;; *) echo "fuzz: no target $target; targets: ${targets[*]}" >&2; exit 2 ;; esac
 
 bash scripts/install-deps.sh clang >&2
-build=${BUILD_DIR:-build-fuzz}
+# FUZZ_ASAN=0: a build without ASan (build-fuzz-noasan/), for long runs; the corpus it grows is
+# then replayed under ASan with the ASan build (below), so a memory bug among the inputs it kept
+# still fails the run.
+asan=${FUZZ_ASAN:-1}
+if [ "$asan" = 0 ]; then build=${BUILD_DIR:-build-fuzz-noasan}; asan_option=OFF; else build=${BUILD_DIR:-build-fuzz}; asan_option=ON; fi
 # Configured every time (cheap once cached): a target added since the last run needs it.
 CC=clang CXX=clang++ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DXSILO_FUZZ=ON -DXSILO_CUDA=OFF \
-  -DBUILD_TESTING=OFF >&2
+  -DXSILO_FUZZ_ASAN="$asan_option" -DBUILD_TESTING=OFF >&2
 cmake --build "$build" -j"${JOBS:-2}" --target "fuzz_$target" >&2
 
 corpus=$build/corpus/$target
@@ -50,4 +56,19 @@ if [ $rc -ne 0 ]; then
   echo "fuzz: $target FAILED (exit $rc):" >&2
   grep -aE 'ERROR|SUMMARY|Test unit written|==[0-9]+==' "$log" | head -n 20 >&2
   exit 1
+fi
+if [ "$asan" = 0 ]; then
+  # Every input the run kept, once more under ASan: -runs=0 runs the corpus and stops at the first crash.
+  asan_build=build-fuzz
+  CC=clang CXX=clang++ cmake -S . -B "$asan_build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DXSILO_FUZZ=ON \
+    -DXSILO_CUDA=OFF -DXSILO_FUZZ_ASAN=ON -DBUILD_TESTING=OFF >&2
+  cmake --build "$asan_build" -j"${JOBS:-2}" --target "fuzz_$target" >&2
+  replay_log=$build/fuzz_${target}_asan_replay.log
+  if ! "$asan_build/fuzz/fuzz_$target" "$corpus" -runs=0 -rss_limit_mb=2048 -timeout=10 \
+      -artifact_prefix="$crashes/" >"$replay_log" 2>&1; then
+    echo "fuzz: $target: an input of the corpus FAILED under ASan (log $replay_log):" >&2
+    grep -aE 'ERROR|SUMMARY|Test unit written|==[0-9]+==' "$replay_log" | head -n 20 >&2
+    exit 1
+  fi
+  echo "fuzz: $target: the corpus's $(ls "$corpus" | wc -l) inputs replayed under ASan without a finding"
 fi
