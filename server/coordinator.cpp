@@ -212,6 +212,7 @@ void Coordinator::start_round(std::int64_t now_ms) {
   r_->secure = r_->agg->secure();
 
   wire::Envelope start = env();
+  const BroadcastDelta* offer = nullptr;  // into delta_ or same_, which only a finished job changes
   auto* rs = start.mutable_round_start();
   rs->set_round(round_);
   *rs->mutable_plan() = cfg_.plan;
@@ -219,8 +220,8 @@ void Coordinator::start_round(std::int64_t now_ms) {
   rs->set_model_sha256(global_sha_);
   if (protocol::compressed(cfg_.broadcast)) {
     *rs->mutable_broadcast() = cfg_.broadcast;
-    offer_ = choose_offer(candidates);
-    if (offer_) rs->set_base_sha256(offer_->base);
+    offer = choose_offer(candidates);
+    if (offer) rs->set_base_sha256(offer->base);
   }
   r_->compression = round_compression(cfg_, round_);
   if (protocol::compressed(r_->compression)) *rs->mutable_compression() = r_->compression;
@@ -241,10 +242,10 @@ void Coordinator::start_round(std::int64_t now_ms) {
     // Signed per silo, the secure setup included: a relay can neither change nor drop it.
     if (cfg_.signer) protocol::sign_round_start(*mine.mutable_round_start(), *cfg_.signer, cfg_.federation);
     send_to_member(r_->members.size() - 1, std::move(mine));
-    if (!peer->edge) send_model(session);
+    if (!peer->edge) send_model(session, offer);
   }
   // An edge receives the model once and passes it to its selected silos.
-  for (auto edge : edges) send_model(edge);
+  for (auto edge : edges) send_model(edge, offer);
   if (r_->secure) {
     actions_.push_back(action::StartTimer{Timer::SecAgg, cfg_.secure.keys_deadline});
     drain_secure();
@@ -280,17 +281,29 @@ const Coordinator::BroadcastDelta* Coordinator::choose_offer(
   return nullptr;
 }
 
+// After an aborted round: the step of zeros the job made, kept until the next commit. When the
+// job could not make one (a delta-coded -0.0 would come back +0.0), later aborts of the same
+// model do not try again.
+void Coordinator::keep_same(std::shared_ptr<const std::vector<wire::TensorChunk>> chunks) {
+  if (!wants_same()) return;
+  if (chunks) {
+    same_ = broadcast_delta(std::move(chunks), global_sha_);
+  } else {
+    same_refused_ = global_sha_;
+  }
+}
+
 // The round's model to one session: as the round's delta when the session said it holds the
 // delta's base, else whole. Either way it holds no model the server knows of until it says so
 // again.
-void Coordinator::send_model(SessionId to) {
+void Coordinator::send_model(SessionId to, const BroadcastDelta* offer) {
   const Peer* peer = membership_.peer(to);
-  const bool delta = offer_ && peer && peer->held_model == offer_->base;
+  const bool delta = offer && peer && peer->held_model == offer->base;
   membership_.model_sent(to, round_);
   if (delta) {
-    actions_.push_back(action::SendModel{to, global_, round_, offer_->chunks});
-    r_->broadcast_bytes += offer_->bytes;
-    r_->broadcast_base = offer_->base;
+    actions_.push_back(action::SendModel{to, global_, round_, offer->chunks});
+    r_->broadcast_bytes += offer->bytes;
+    r_->broadcast_base = offer->base;
     ++r_->broadcast_deltas;
   } else {
     actions_.push_back(action::SendModel{to, global_, round_, nullptr});
@@ -369,7 +382,6 @@ void Coordinator::decide(std::int64_t now_ms) {
                               broadcast = cfg_.broadcast, chunk_elems = cfg_.chunk_bytes / sizeof(float),
                               seed = broadcast_seed(cfg_, round_), make_same = wants_same()]() -> JobResult {
       CommitOutcome o;
-      o.reason = "aborted";
       o.audit = store.record(rec, &row);
       o.delta = same_model_chunks(make_same, broadcast, *global, chunk_elems, seed);
       return o;
@@ -650,12 +662,10 @@ void Coordinator::on_job_done(std::uint64_t job, JobResult result, std::int64_t 
         ++aborted_;
         r_->abort_reason = outcome.reason;
         spdlog::warn("round {} aborted: {}", round_, outcome.reason);
-        offer_ = nullptr;
-        if (outcome.delta && !same_) same_ = broadcast_delta(std::move(outcome.delta), global_sha_);
+        keep_same(std::move(outcome.delta));
         finish_round(false, outcome.audit, now_ms);
         break;
       }
-      offer_ = nullptr;  // the round is over; the next one chooses among the new deltas
       if (outcome.delta) delta_ = broadcast_delta(std::move(outcome.delta), global_sha_);
       same_.reset();
       global_ = std::move(outcome.model);
@@ -668,8 +678,7 @@ void Coordinator::on_job_done(std::uint64_t job, JobResult result, std::int64_t 
     case JobKind::Record: {
       auto outcome = std::get<CommitOutcome>(std::move(result));
       ++aborted_;
-      offer_ = nullptr;
-      if (outcome.delta && !same_) same_ = broadcast_delta(std::move(outcome.delta), global_sha_);
+      keep_same(std::move(outcome.delta));
       finish_round(false, outcome.audit, now_ms);
       break;
     }

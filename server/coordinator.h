@@ -53,8 +53,8 @@ struct CommitOutcome {
   // aborted round, the unchanged model as a step of zeros against itself.
   std::shared_ptr<const std::vector<wire::TensorChunk>> delta;
 };
-// The value a job returns to on_job_done (an AuditHead: an aborted round's record is written).
-using JobResult = std::variant<std::monostate, FoldResult, std::vector<Rejection>, CommitOutcome, AuditHead>;
+// The value a job returns to on_job_done (a CommitOutcome also for an aborted round's record).
+using JobResult = std::variant<std::monostate, FoldResult, std::vector<Rejection>, CommitOutcome>;
 
 namespace action {
 struct Send {
@@ -207,7 +207,6 @@ class Coordinator {
   void try_start_round(std::int64_t now_ms);
   void start_round(std::int64_t now_ms);
   void pump(std::int64_t now_ms);
-  void send_model(SessionId to);
   void held_model(SessionId id, const std::string& sha256, std::uint64_t round);
   void close_round(std::int64_t now_ms);
   void finish_unmask(std::int64_t now_ms);
@@ -256,17 +255,19 @@ class Coordinator {
   // A compressed broadcast (cfg_.broadcast): global_ as a delta against the model before the
   // last commit (`delta_`), for receivers that hold that one, and, after an aborted round, as a
   // step of zeros against itself (`same_`), for receivers that hold global_ already. A round
-  // offers the one more of its receivers hold (`offer_`); the others get the whole model.
+  // offers the one more of its receivers hold (choose_offer); the others get the whole model.
   struct BroadcastDelta {
     std::shared_ptr<const std::vector<wire::TensorChunk>> chunks;
     std::string base;  // the model it applies to
     std::uint64_t bytes = 0;
   };
+  void send_model(SessionId to, const BroadcastDelta* offer);
   const BroadcastDelta* choose_offer(const std::vector<std::pair<std::string, SessionId>>& candidates) const;
-  bool wants_same() const { return protocol::compressed(cfg_.broadcast) && !same_; }
+  bool wants_same() const { return protocol::compressed(cfg_.broadcast) && !same_ && same_refused_ != global_sha_; }
+  void keep_same(std::shared_ptr<const std::vector<wire::TensorChunk>> chunks);
   static BroadcastDelta broadcast_delta(std::shared_ptr<const std::vector<wire::TensorChunk>> chunks, std::string base);
   std::optional<BroadcastDelta> delta_, same_;
-  const BroadcastDelta* offer_ = nullptr;
+  std::string same_refused_;  // the model no step of zeros can rebuild bit for bit
   std::optional<double> clip_norm_;  // adaptive clipping: this round's clip norm
   ServerOptimizer optimizer_;  // touched by commit jobs only, one at a time
   Store& store_;

@@ -691,7 +691,12 @@ TEST_P(Combinations, EveryRoundEqualsTheReferenceOfTheSilosItsRecordNames) {
       const std::string who = f["process"];
       if (f["action"] != "restart") continue;
       if (who.rfind("edge-", 0) == 0) came_back = came_back || times("edge " + who + " connected") >= 2;
-      if (!c.sim.contains("edges")) came_back = came_back || times("silo " + who + " joined") >= 2;
+      if (!c.sim.contains("edges") && who.rfind("hospital-", 0) == 0) {
+        // It took part again (checked above), so the server saw it join twice: were the wording
+        // of that line to drift, this says so rather than skip the check below.
+        EXPECT_GE(times("silo " + who + " joined"), 2u) << who;
+        came_back = came_back || times("silo " + who + " joined") >= 2;
+      }
     }
     if (came_back) {
       std::string seen;

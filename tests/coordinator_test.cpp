@@ -1270,6 +1270,69 @@ TEST(Coordinator, ALateWordAboutAnEarlierRoundsModelEarnsNoDelta) {
   EXPECT_TRUE(sent_delta(2));
 }
 
+// Two aborted rounds in a row: the step of zeros made after the first is offered again after
+// the second (the same chunks, not encoded again), each audit record counts it, and the commit
+// that follows offers the delta against the model the silos held.
+TEST(Coordinator, TwoAbortedRoundsInARowOfferTheSameStepOfZerosUntilTheNextCommit) {
+  auto cfg = four_rounds_with_8_bit_broadcasts();
+  cfg.rounds = 5;
+  Harness h(3, cfg);
+  h.connect_all(3);
+  auto sent = [&](std::size_t i) { return h.model_actions[h.session(i)].back().delta; };
+  auto start = [&] { return h.last(0, wire::Envelope::kRoundStart)->round_start(); };
+  std::map<std::size_t, std::pair<std::vector<float>, double>> ups = {
+      {0, {constant(1.0f), 10}}, {1, {constant(-0.5f), 10}}, {2, {constant(2.0f), 10}}};
+  for (std::size_t i = 0; i < 3; ++i) h.ready(i, 10, 0, start().model_sha256());
+  h.serve(ups);  // round 1 commits m2
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  const std::string m2 = start().model_sha256();
+  auto abort_round = [&](std::uint64_t round) {
+    for (std::size_t i = 0; i < 3; ++i) h.ready(i, 10, 0, m2);
+    h.fire(Timer::Train);
+    while (h.coord().round() == round && h.armed.count(Timer::Upload)) h.fire(Timer::Upload);
+    ASSERT_EQ(h.coord().round(), round + 1);
+  };
+  abort_round(2);
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  EXPECT_EQ(start().base_sha256(), m2);
+  EXPECT_EQ(start().model_sha256(), m2);
+  std::vector<std::shared_ptr<const std::vector<wire::TensorChunk>>> first;
+  for (std::size_t i = 0; i < 3; ++i) {
+    first.push_back(sent(i));
+    ASSERT_NE(first.back(), nullptr) << i;
+  }
+  abort_round(3);
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  EXPECT_EQ(start().base_sha256(), m2);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(sent(i), first[i]) << i;  // the same step, kept
+  // Both aborted rounds' records count three deltas and no whole model: round 2 sent m2 as the
+  // step from m1, round 3 as the step of zeros from m2.
+  ASSERT_GE(h.store.records.size(), 2u);
+  const std::string m1 = crypto::sha256_hex(h.initial_.flat());
+  for (std::size_t r = h.store.records.size() - 2; r < h.store.records.size(); ++r) {
+    EXPECT_EQ(h.store.records[r]["status"], "aborted") << r;
+    EXPECT_EQ(h.store.records[r]["broadcast"]["deltas"], 3) << r;
+    EXPECT_EQ(h.store.records[r]["broadcast"]["whole"], 0) << r;
+    EXPECT_EQ(h.store.records[r]["broadcast"]["base_sha256"], r + 1 == h.store.records.size() ? m2 : m1) << r;
+  }
+  // Round 4 commits m3 from m2; round 5 offers the delta against m2, a new step, not the zeros.
+  for (std::size_t i = 0; i < 3; ++i) h.ready(i, 10, 0, m2);
+  h.serve(ups);
+  ASSERT_EQ(h.store.commits.size(), 2u);
+  EXPECT_EQ(start().base_sha256(), m2);
+  EXPECT_NE(start().model_sha256(), m2);
+  for (std::size_t i = 0; i < 3; ++i) {
+    ASSERT_NE(sent(i), nullptr) << i;
+    EXPECT_NE(sent(i), first[i]) << i;
+  }
+  Model held = h.store.commits[0].model;
+  protocol::TensorReceiver rx;
+  rx.reset_model(held.flat(), held.tensors(), start().broadcast(), /*have_base=*/true);
+  for (const auto& ch : *sent(1)) ASSERT_TRUE(rx.add(ch));
+  ASSERT_TRUE(rx.complete());
+  EXPECT_EQ(rx.finish_sha256(), start().model_sha256());
+}
+
 TEST(Printable, KeepsUtf8AndReplacesWhatIsNot) {
   EXPECT_EQ(proto::printable("h\xc3\xa9llo \xe2\x82\xac"), "h\xc3\xa9llo \xe2\x82\xac");  // é, €
   EXPECT_EQ(proto::printable("a\xc3(b"), "a?(b");                 // a lead byte without its continuation
