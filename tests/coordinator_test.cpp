@@ -63,8 +63,8 @@ RoundConfig three_rounds() {
 class Harness {
  public:
   explicit Harness(std::size_t silos, RoundConfig cfg = three_rounds(),
-                   std::uint64_t first_round = 1)
-      : initial_(small_model()) {
+                   std::uint64_t first_round = 1, Model initial = small_model())
+      : initial_(std::move(initial)) {
     cfg.federation = "fed";
     cfg.ca = test::verifier();
     if (cfg.selection.min_silos == 2 && silos < 2) cfg.selection.min_silos = 1;
@@ -1331,6 +1331,35 @@ TEST(Coordinator, TwoAbortedRoundsInARowOfferTheSameStepOfZerosUntilTheNextCommi
   for (const auto& ch : *sent(1)) ASSERT_TRUE(rx.add(ch));
   ASSERT_TRUE(rx.complete());
   EXPECT_EQ(rx.finish_sha256(), start().model_sha256());
+}
+
+// A model with a -0.0 where the broadcast sends deltas: a step of zeros would rebuild it as
+// +0.0, so after each aborted round every silo gets the whole model, bit for bit, and the
+// records say so.
+TEST(Coordinator, AModelNoStepOfZerosCanRebuildGoesWholeAfterEveryAbort) {
+  Model initial = small_model();
+  initial.flat()[3] = -0.0f;
+  Harness h(3, four_rounds_with_8_bit_broadcasts(), 1, initial);
+  h.connect_all(3);
+  const std::string m1 = crypto::sha256_hex(initial.flat());
+  for (std::uint64_t round = 1; round <= 2; ++round) {
+    for (std::size_t i = 0; i < 3; ++i) h.ready(i, 10, 0, m1);
+    h.fire(Timer::Train);
+    while (h.coord().round() == round && h.armed.count(Timer::Upload)) h.fire(Timer::Upload);
+    ASSERT_EQ(h.coord().round(), round + 1);
+    const auto& start = h.last(0, wire::Envelope::kRoundStart)->round_start();
+    EXPECT_EQ(start.model_sha256(), m1);
+    EXPECT_EQ(start.base_sha256(), "") << round;  // nothing on offer
+    for (std::size_t i = 0; i < 3; ++i) {
+      const auto& sent = h.model_actions[h.session(i)].back();
+      EXPECT_EQ(sent.delta, nullptr) << i;
+      ASSERT_NE(sent.model, nullptr);
+      EXPECT_EQ(std::bit_cast<std::uint32_t>(sent.model->flat()[3]), std::bit_cast<std::uint32_t>(-0.0f));
+    }
+  }
+  ASSERT_TRUE(h.store.commits.empty());
+  EXPECT_EQ(h.store.records.back()["broadcast"]["whole"], 3);
+  EXPECT_EQ(h.store.records.back()["broadcast"]["deltas"], 0);
 }
 
 TEST(Printable, KeepsUtf8AndReplacesWhatIsNot) {
