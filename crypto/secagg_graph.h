@@ -52,8 +52,10 @@ struct GraphPlan {
   double p_exposed = 0;         // the bound on privacy failing
 };
 
-inline constexpr double kGraphSigmaBits = 40;  // privacy: 2^-40 per round
-inline constexpr double kGraphEtaBits = 20;    // availability: 2^-20 per round
+// Per group and round: a round of G groups has G times these, and a run adds them up over its
+// rounds (docs/security.md, "Neighbour graphs").
+inline constexpr double kGraphSigmaBits = 40;  // privacy: 2^-40
+inline constexpr double kGraphEtaBits = 20;    // availability: 2^-20
 
 // The smallest even k (and, for it, the largest t) meeting both bounds; degree 0 when none
 // below n - 1 does. dropout and corrupt are fractions in [0, 1).

@@ -177,7 +177,9 @@ void parse_rounds_aggregation(const ConfigNode& root, ServerConfig& c) {
   if (se.has("graph")) {
     const auto gr = se.child("graph");
     sc.graph = true;
-    sc.graph_dropout = gr.number("dropout", 0.3, 0.0, 0.9);
+    // At least 1 %: planned for no dropout at all, the graph is a ring that any two dropouts
+    // apart from each other split, and every such round aborts.
+    sc.graph_dropout = gr.number("dropout", 0.3, 0.01, 0.9);
     sc.graph_corrupt = gr.number("corrupt", 0.05, 0.0, 0.5);
     gr.finish();
   }

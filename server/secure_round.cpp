@@ -7,6 +7,8 @@
 #include <random>
 #include <stdexcept>
 
+#include "crypto/hash.h"
+#include "crypto/keys.h"
 #include "protocol/secagg_wire.h"
 
 namespace xsilo::server {
@@ -31,6 +33,18 @@ std::uint32_t group_threshold(const SecureConfig& cfg, std::size_t n) {
                              std::ceil(cfg.threshold * static_cast<double>(n) - 1e-9)});
   return static_cast<std::uint32_t>(std::min(t, static_cast<double>(std::max<std::size_t>(n, 2))));
 }
+
+// A seed for one group's graph in one round, fresh from libsodium's generator. It is public
+// (signed into the setup) but unpredictable before the round: drawn from the round's
+// permutation seed, which one setup reveals, every later round's graph could be worked out in
+// advance, and a coalition could choose whom to corrupt to surround a silo in a round to come
+// (the privacy bound assumes the corrupt silos do not depend on the graph).
+namespace {
+std::string fresh_graph_seed() {
+  const auto r = crypto::Secret::random();
+  return crypto::to_hex(std::span<const std::uint8_t>(r.bytes().data(), 16));
+}
+}  // namespace
 
 std::uint32_t group_min_survivors(const SecureConfig& cfg, std::size_t n) {
   return std::max(group_threshold(cfg, n), static_cast<std::uint32_t>(cfg.min_group));
@@ -62,7 +76,7 @@ SecureRound::SecureRound(const SecureConfig& cfg, const std::optional<crypto::Ce
       const auto plan = secagg::plan_graph(n, cfg_.graph_dropout, cfg_.graph_corrupt);
       if (plan.degree) {
         s.set_degree(plan.degree);
-        s.set_graph_seed(std::to_string(permutation_seed_) + "/" + std::to_string(id));
+        s.set_graph_seed(fresh_graph_seed());
         s.set_threshold(plan.threshold);
         s.set_min_survivors(std::max(plan.threshold, static_cast<std::uint32_t>(cfg_.min_group)));
       }
@@ -411,6 +425,7 @@ nlohmann::json SecureRound::describe() const {
                       {"threshold", g.setup.threshold()},
                       {"min_survivors", g.setup.min_survivors()},
                       {"degree", protocol::secagg_degree(g.setup)},
+                      {"graph_seed", g.setup.graph_seed()},
                       {"advertised_keys", s.u1().size()},
                       {"shared_keys", s.u2().size()},
                       {"settled", s.settled().size()},

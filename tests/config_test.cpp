@@ -215,6 +215,8 @@ TEST(Config, ASecAggPlusGraphIsPlannedForStatedDropoutAndCorruptionRates) {
   EXPECT_EQ(load(R"(, "secure": {"mode": "grouped", "graph": {}})"), "");  // the defaults
   EXPECT_NE(load(R"(, "secure": {"mode": "global", "graph": {"dropout": 0.95}})").find(".secure.graph.dropout"),
             std::string::npos);
+  EXPECT_NE(load(R"(, "secure": {"mode": "global", "graph": {"dropout": 0}})").find(".secure.graph.dropout"),
+            std::string::npos);
   EXPECT_NE(load(R"(, "secure": {"mode": "global", "graph": {"corrupt": 0.6}})").find(".secure.graph.corrupt"),
             std::string::npos);
   EXPECT_NE(load(R"(, "secure": {"mode": "global", "graph": {"degree": 4}})").find("degree"), std::string::npos);

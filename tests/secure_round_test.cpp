@@ -111,6 +111,13 @@ TEST(SecureGroups, AGraphIsPlannedForEachGroupLargeEnoughToHaveOne) {
   EXPECT_EQ(big.setup(1).degree(), plan.degree);
   EXPECT_EQ(big.setup(1).threshold(), plan.threshold);
   EXPECT_FALSE(big.setup(1).graph_seed().empty());
+  // The graph's seed is fresh in every round, not derived from the config's seed and the round
+  // (which one setup reveals): the same round built again draws another graph, and the audit
+  // record names the one drawn.
+  SecureRound again(cfg, signer, ca, "fed", 3, 9, silos(40), 10);
+  EXPECT_EQ(again.setup(1).graph_seed().size(), 32u);
+  EXPECT_NE(again.setup(1).graph_seed(), big.setup(1).graph_seed());
+  EXPECT_EQ(big.describe()["groups"][0]["graph_seed"], big.setup(1).graph_seed());
   EXPECT_TRUE(big.take_dropped().empty()) << "the plan's parameters pass the members' checks";
   const auto params = protocol::secagg_params(big.setup(1), "fed", 3);
   EXPECT_TRUE(params.graph());
