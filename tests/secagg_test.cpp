@@ -1049,7 +1049,9 @@ Drawn draw_rounds(std::size_t n, const secagg::GraphPlan& plan, double dropout, 
 
 TEST(SecAggPlus, RoundsFailAndSecretsLeakNoMoreOftenThanThePlanBounds) {
   // Loose bounds (2^-5, 2^-6), so that a few thousand drawn rounds can tell a wrong bound.
-  for (const auto& [n, dropout, corrupt] : {std::tuple{60, 0.3, 0.0}, std::tuple{80, 0.2, 0.1}, std::tuple{120, 0.1, 0.05}}) {
+  // The last case has many corrupt silos, so that the honest survivors' split counts.
+  for (const auto& [n, dropout, corrupt] :
+       {std::tuple{60, 0.3, 0.0}, std::tuple{80, 0.2, 0.1}, std::tuple{120, 0.1, 0.05}, std::tuple{40, 0.05, 0.35}}) {
     const auto plan = secagg::plan_graph(n, dropout, corrupt, 6, 5);
     ASSERT_NE(plan.degree, 0u) << n;
     ASSERT_LE(plan.p_unavailable, std::exp2(-5));
@@ -1063,6 +1065,35 @@ TEST(SecAggPlus, RoundsFailAndSecretsLeakNoMoreOftenThanThePlanBounds) {
     auto allowed = [&](double p) { return p * rounds + std::max(5.0, 3 * std::sqrt(p * rounds)); };
     EXPECT_LE(d.failed, allowed(plan.p_unavailable));
     EXPECT_LE(d.exposed, allowed(plan.p_exposed));
+  }
+}
+
+// The plan is the one docs/security.md states: t is the largest threshold whose availability
+// bound holds for k (one more would break it), and no smaller even k meets both bounds.
+TEST(SecAggPlus, ThePlanTakesTheLargestThresholdAndTheSmallestDegreeTheBoundsAllow) {
+  for (const auto& [n, dropout, corrupt] :
+       {std::tuple{100, 0.3, 0.05}, std::tuple{1000, 0.2, 0.05}, std::tuple{60, 0.1, 0.0}, std::tuple{200, 0.3, 0.01}}) {
+    const auto plan = secagg::plan_graph(n, dropout, corrupt);
+    ASSERT_NE(plan.degree, 0u) << n;
+    const double nn = n, eta = std::exp2(-secagg::kGraphEtaBits), sigma = std::exp2(-secagg::kGraphSigmaBits);
+    auto unavailable = [&](std::uint32_t k, std::uint32_t t) {
+      return nn * secagg::binomial_tail(k, dropout, k - t + 1) + nn * nn * std::pow(dropout, k);
+    };
+    auto exposed = [&](std::uint32_t k, std::uint32_t t) {
+      const double q = std::min(1.0, dropout + corrupt), r = k / 2.0;
+      return nn * secagg::binomial_tail(k, corrupt, t) + nn * nn * std::pow(q, r) * (std::pow(q, r) - std::pow(dropout, r));
+    };
+    const std::uint32_t k = plan.degree, t = plan.threshold;
+    EXPECT_LE(unavailable(k, t), eta) << n;
+    if (t <= k) {
+      EXPECT_GT(unavailable(k, t + 1), eta) << n << ": t could be " << t + 1;
+    }
+    EXPECT_LE(exposed(k, t), sigma) << n;
+    for (std::uint32_t smaller = 2; smaller < k; smaller += 2) {
+      bool meets = false;
+      for (std::uint32_t c = 2; c <= smaller + 1; ++c) meets = meets || (unavailable(smaller, c) <= eta && exposed(smaller, c) <= sigma);
+      EXPECT_FALSE(meets) << n << ": k = " << smaller << " would do";
+    }
   }
 }
 
