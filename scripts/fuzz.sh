@@ -26,15 +26,25 @@ fi
 case " ${targets[*]} " in *" $target "*) ;; *) echo "fuzz: no target $target; targets: ${targets[*]}" >&2; exit 2 ;; esac
 
 bash scripts/install-deps.sh clang >&2
+# build_fuzzer DIR ASAN(ON|OFF): configures (every time, cheap once cached: a target added since the
+# last run needs it) and builds this target's fuzzer.
+build_fuzzer() {
+  CC=clang CXX=clang++ cmake -S . -B "$1" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DXSILO_FUZZ=ON -DXSILO_CUDA=OFF \
+    -DXSILO_FUZZ_ASAN="$2" -DBUILD_TESTING=OFF >&2
+  cmake --build "$1" -j"${JOBS:-2}" --target "fuzz_$target" >&2
+}
+# failed LOG WHAT: says what failed and the sanitizer's summary from LOG, then exits 1.
+failed() {
+  echo "fuzz: $target $2 (log $1):" >&2
+  grep -aE 'ERROR|SUMMARY|Test unit written|==[0-9]+==' "$1" | head -n 20 >&2
+  exit 1
+}
 # FUZZ_ASAN=0: a build without ASan (build-fuzz-noasan/), for long runs; the corpus it grows is
 # then replayed under ASan with the ASan build (below), so a memory bug among the inputs it kept
 # still fails the run.
 asan=${FUZZ_ASAN:-1}
 if [ "$asan" = 0 ]; then build=${BUILD_DIR:-build-fuzz-noasan}; asan_option=OFF; else build=${BUILD_DIR:-build-fuzz}; asan_option=ON; fi
-# Configured every time (cheap once cached): a target added since the last run needs it.
-CC=clang CXX=clang++ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DXSILO_FUZZ=ON -DXSILO_CUDA=OFF \
-  -DXSILO_FUZZ_ASAN="$asan_option" -DBUILD_TESTING=OFF >&2
-cmake --build "$build" -j"${JOBS:-2}" --target "fuzz_$target" >&2
+build_fuzzer "$build" "$asan_option"
 
 corpus=$build/corpus/$target
 crashes=$build/crashes/$target
@@ -52,23 +62,14 @@ last=$(grep -aE '^#[0-9]+' "$log" | tail -n 1 || true)
 cov=$(grep -o 'cov: [0-9]*' <<<"$last" | grep -o '[0-9]*' || echo "?")
 ft=$(grep -o 'ft: [0-9]*' <<<"$last" | grep -o '[0-9]*' || echo "?")
 echo "fuzz: $target: $runs executions, coverage $cov edges, $ft features, corpus $(ls "$corpus" | wc -l) inputs"
-if [ $rc -ne 0 ]; then
-  echo "fuzz: $target FAILED (exit $rc):" >&2
-  grep -aE 'ERROR|SUMMARY|Test unit written|==[0-9]+==' "$log" | head -n 20 >&2
-  exit 1
-fi
+if [ $rc -ne 0 ]; then failed "$log" "FAILED (exit $rc)"; fi
 if [ "$asan" = 0 ]; then
   # Every input the run kept, once more under ASan: -runs=0 runs the corpus and stops at the first crash.
-  asan_build=build-fuzz
-  CC=clang CXX=clang++ cmake -S . -B "$asan_build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DXSILO_FUZZ=ON \
-    -DXSILO_CUDA=OFF -DXSILO_FUZZ_ASAN=ON -DBUILD_TESTING=OFF >&2
-  cmake --build "$asan_build" -j"${JOBS:-2}" --target "fuzz_$target" >&2
+  build_fuzzer build-fuzz ON
   replay_log=$build/fuzz_${target}_asan_replay.log
-  if ! "$asan_build/fuzz/fuzz_$target" "$corpus" -runs=0 -rss_limit_mb=2048 -timeout=10 \
+  if ! build-fuzz/fuzz/fuzz_$target "$corpus" -runs=0 -rss_limit_mb=2048 -timeout=10 \
       -artifact_prefix="$crashes/" >"$replay_log" 2>&1; then
-    echo "fuzz: $target: an input of the corpus FAILED under ASan (log $replay_log):" >&2
-    grep -aE 'ERROR|SUMMARY|Test unit written|==[0-9]+==' "$replay_log" | head -n 20 >&2
-    exit 1
+    failed "$replay_log" "FAILED under ASan on an input of its corpus"
   fi
   echo "fuzz: $target: the corpus's $(ls "$corpus" | wc -l) inputs replayed under ASan without a finding"
 fi
