@@ -57,8 +57,9 @@ set +e
   -rss_limit_mb=2048 -artifact_prefix="$crashes/" -timeout=10 "$@" >"$log" 2>&1
 rc=$?
 set -e
-runs=$(grep -ao 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")
 last=$(grep -aE '^#[0-9]+' "$log" | tail -n 1 || true)
+# -fork=N (N processes, one campaign) prints no final stats; its status lines count all processes' inputs.
+runs=$(grep -ao 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || grep -aoE '^#[0-9]+' <<<"$last" | tr -d '#' || echo "?")
 cov=$(grep -o 'cov: [0-9]*' <<<"$last" | grep -o '[0-9]*' || echo "?")
 ft=$(grep -o 'ft: [0-9]*' <<<"$last" | grep -o '[0-9]*' || echo "?")
 echo "fuzz: $target: $runs executions, coverage $cov edges, $ft features, corpus $(ls "$corpus" | wc -l) inputs"
