@@ -6,7 +6,8 @@
 # fuzz/CMakeLists.txt). Starts from the checked-in seeds in fuzz/corpus/TARGET; the corpus it
 # grows stays in build-fuzz/corpus/TARGET; a crash is saved to build-fuzz/crashes/TARGET/ and
 # the script exits 1 naming it: fix the bug, then add the input to fuzz/corpus/TARGET, where
-# the test Fuzz.TARGET replays it from then on. Prints executions and coverage. With
+# the test Fuzz.TARGET replays it from then on. Prints executions and coverage; -jobs=N
+# -workers=N runs N processes over the one corpus and adds up their executions. With
 # FUZZ_ASAN=0 it builds without ASan into build-fuzz-noasan/ (several times the inputs a
 # second, for runs of 10 million) and then replays the corpus it grew under ASan.
 set -euo pipefail
@@ -51,19 +52,39 @@ crashes=$build/crashes/$target
 mkdir -p "$corpus" "$crashes"
 log=$build/fuzz_$target.log
 echo "fuzz: $target for ${seconds}s (log $log)"
+# -jobs=N -workers=N (libFuzzer's parallel mode: N processes sharing the one corpus directory, each
+# running the whole -runs and writing its own fuzz-JOB.log into the current directory): the run
+# happens in $jobdir, so those logs sit beside this run's log and none from an older run is counted.
+root=$PWD
+jobdir=$build/jobs_$target
+rm -rf "$jobdir"
+mkdir -p "$jobdir"
 set +e
 # -rss_limit_mb: the targets hold small models; more is a leak or an unchecked length.
-"$build/fuzz/fuzz_$target" "$corpus" "fuzz/corpus/$target" -max_total_time="$seconds" -print_final_stats=1 \
-  -rss_limit_mb=2048 -artifact_prefix="$crashes/" -timeout=10 "$@" >"$log" 2>&1
+# -close_fd_mask=1: the cores' log lines (stdout) go to /dev/null, formatted but not written, or
+# an hour's run writes tens of GB of them; libFuzzer's lines and the sanitizers' go to stderr.
+(cd "$jobdir" && "$root/$build/fuzz/fuzz_$target" "$root/$corpus" "$root/fuzz/corpus/$target" \
+  -max_total_time="$seconds" -print_final_stats=1 -rss_limit_mb=2048 -artifact_prefix="$root/$crashes/" \
+  -timeout=10 -close_fd_mask=1 "$@") >"$log" 2>&1
 rc=$?
 set -e
-last=$(grep -aE '^#[0-9]+' "$log" | tail -n 1 || true)
-# -fork=N (N processes, one campaign) prints no final stats; its status lines count all processes' inputs.
-runs=$(grep -ao 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || grep -aoE '^#[0-9]+' <<<"$last" | tr -d '#' || echo "?")
-cov=$(grep -o 'cov: [0-9]*' <<<"$last" | grep -o '[0-9]*' || echo "?")
-ft=$(grep -o 'ft: [0-9]*' <<<"$last" | grep -o '[0-9]*' || echo "?")
-echo "fuzz: $target: $runs executions, coverage $cov edges, $ft features, corpus $(ls "$corpus" | wc -l) inputs"
-if [ $rc -ne 0 ]; then failed "$log" "FAILED (exit $rc)"; fi
+logs=("$log")
+for job_log in "$jobdir"/fuzz-*.log; do [ -e "$job_log" ] && logs+=("$job_log"); done
+# Inputs run: the final stats of every process (one, or one per job); -fork=N prints none, and its
+# last status line counts all its processes' inputs.
+runs=$(cat "${logs[@]}" | grep -ao 'stat::number_of_executed_units: *[0-9]*' | grep -o '[0-9]*$' |
+  awk '{ n += $1 } END { if (NR) print n }' || true)
+last=$(cat "${logs[@]}" | grep -aE '^#[0-9]+' | sort -t' ' -k1.2n | tail -n 1 || true)
+[ -n "$runs" ] || runs=$(grep -aoE '^#[0-9]+' <<<"$last" | tr -d '#' || true)
+cov=$(cat "${logs[@]}" | grep -ao 'cov: [0-9]*' | grep -o '[0-9]*' | sort -n | tail -n 1 || true)
+ft=$(cat "${logs[@]}" | grep -ao 'ft: [0-9]*' | grep -o '[0-9]*' | sort -n | tail -n 1 || true)
+jobs_note=""
+if [ ${#logs[@]} -gt 1 ]; then jobs_note=" (in $((${#logs[@]} - 1)) processes, logs $jobdir/fuzz-*.log)"; fi
+echo "fuzz: $target: ${runs:-?} executions$jobs_note, coverage ${cov:-?} edges, ${ft:-?} features, corpus $(ls "$corpus" | wc -l) inputs"
+if [ $rc -ne 0 ]; then
+  for l in "${logs[@]:1}"; do if grep -aq 'SUMMARY\|Test unit written' "$l"; then failed "$l" "FAILED (exit $rc)"; fi; done
+  failed "$log" "FAILED (exit $rc)"
+fi
 if [ "$asan" = 0 ]; then
   # Every input the run kept, once more under ASan: -runs=0 runs the corpus and stops at the first crash.
   build_fuzzer build-fuzz ON
