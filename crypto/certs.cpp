@@ -136,9 +136,24 @@ struct CertVerifier::Impl {
   };
   std::map<std::string, Checked, std::less<>> cache;  // by DER; certificates that verified
 
+  // The verdict on `certificate`: from the cache, or verified (and kept) when it is not there
+  // or a minute old. nullptr, with `why`, when it does not verify. Called with `mu` held.
+  const Checked* checked(std::string_view certificate, std::string& why);
+  // "" when `certificate` verifies and names `name` in `role`; the key it certifies in `key_out`.
   std::string check(std::string_view certificate, const std::string& name, const std::string& role,
                     std::shared_ptr<EVP_PKEY>* key_out);
 };
+
+namespace {
+
+// Why a certificate that verified is not the one wanted ("" when it is).
+std::string unwanted(const CertifiedName& who, const std::string& name, const std::string& role) {
+  if (who.role != role) return "the certificate of " + who.name + " is for role '" + who.role + "', not " + role;
+  if (who.name != name) return "the certificate names " + who.name + ", not " + name;
+  return "";
+}
+
+}  // namespace
 
 CertVerifier CertVerifier::from_pem(std::string_view ca_pem, std::string_view crl_pem) {
   auto impl = std::make_shared<Impl>();
@@ -166,39 +181,50 @@ CertVerifier CertVerifier::from_pem(std::string_view ca_pem, std::string_view cr
   return v;
 }
 
-std::string CertVerifier::Impl::check(std::string_view certificate, const std::string& name, const std::string& role,
-                                     std::shared_ptr<EVP_PKEY>* key_out) {
+const CertVerifier::Impl::Checked* CertVerifier::Impl::checked(std::string_view certificate, std::string& why) {
   using Clock = std::chrono::steady_clock;
   // A verdict is kept for a minute: long enough for a round's many signatures, short enough
   // that an expiry is noticed.
   constexpr auto kFresh = std::chrono::minutes(1);
-  std::lock_guard lock(mu);
   auto it = cache.find(certificate);
-  if (it == cache.end() || Clock::now() - it->second.at > kFresh) {
-    if (it != cache.end()) cache.erase(it);
-    X509Ptr cert = cert_from_der(certificate);
-    if (!cert) return "the certificate is not DER";
-    StoreCtxPtr ctx(X509_STORE_CTX_new());
-    if (!ctx || X509_STORE_CTX_init(ctx.get(), store.get(), cert.get(), nullptr) != 1) {
-      return "cannot check the certificate: " + ossl_error();
-    }
-    if (X509_verify_cert(ctx.get()) != 1) {
-      const int err = X509_STORE_CTX_get_error(ctx.get());
-      ERR_clear_error();
-      return std::string("the certificate did not verify against the federation CA: ") +
-             X509_verify_cert_error_string(err);
-    }
-    EVP_PKEY* key = X509_get_pubkey(cert.get());
-    if (!key) return "the certificate holds no usable key";
-    if (cache.size() >= 4096) cache.clear();  // bounded; a round needs far fewer
-    it = cache.emplace(std::string(certificate),
-                       Checked{names_in(cert.get()), std::shared_ptr<EVP_PKEY>(key, EVP_PKEY_free), Clock::now()})
-             .first;
+  if (it != cache.end() && Clock::now() - it->second.at <= kFresh) return &it->second;
+  if (it != cache.end()) cache.erase(it);
+  X509Ptr cert = cert_from_der(certificate);
+  if (!cert) {
+    why = "the certificate is not DER";
+    return nullptr;
   }
-  const auto& who = it->second.who;
-  if (who.role != role) return "the certificate of " + who.name + " is for role '" + who.role + "', not " + role;
-  if (who.name != name) return "the certificate names " + who.name + ", not " + name;
-  if (key_out) *key_out = it->second.key;
+  StoreCtxPtr ctx(X509_STORE_CTX_new());
+  if (!ctx || X509_STORE_CTX_init(ctx.get(), store.get(), cert.get(), nullptr) != 1) {
+    why = "cannot check the certificate: " + ossl_error();
+    return nullptr;
+  }
+  if (X509_verify_cert(ctx.get()) != 1) {
+    const int err = X509_STORE_CTX_get_error(ctx.get());
+    ERR_clear_error();
+    why = std::string("the certificate did not verify against the federation CA: ") + X509_verify_cert_error_string(err);
+    return nullptr;
+  }
+  EVP_PKEY* key = X509_get_pubkey(cert.get());
+  if (!key) {
+    why = "the certificate holds no usable key";
+    return nullptr;
+  }
+  if (cache.size() >= 4096) cache.clear();  // bounded; a round needs far fewer
+  return &cache
+              .emplace(std::string(certificate),
+                       Checked{names_in(cert.get()), std::shared_ptr<EVP_PKEY>(key, EVP_PKEY_free), Clock::now()})
+              .first->second;
+}
+
+std::string CertVerifier::Impl::check(std::string_view certificate, const std::string& name, const std::string& role,
+                                     std::shared_ptr<EVP_PKEY>* key_out) {
+  std::lock_guard lock(mu);
+  std::string why;
+  const Checked* c = checked(certificate, why);
+  if (!c) return why;
+  if (why = unwanted(c->who, name, role); !why.empty()) return why;
+  if (key_out) *key_out = c->key;
   return "";
 }
 
@@ -206,17 +232,15 @@ std::string CertVerifier::check(std::string_view certificate, const std::string&
   return impl_->check(certificate, name, role, nullptr);
 }
 
+// Parses the certificate only when its verdict is not cached (d2i_X509 costs as much as a
+// signature check: half of what a silo spent on a RoundStart).
 std::optional<CertifiedName> CertVerifier::certified(std::string_view certificate, const std::string& role,
                                                      std::string& why) const {
-  X509Ptr cert = cert_from_der(certificate);
-  if (!cert) {
-    why = "the certificate is not DER";
-    return std::nullopt;
-  }
-  CertifiedName who = names_in(cert.get());
-  why = impl_->check(certificate, who.name, role, nullptr);
-  if (!why.empty()) return std::nullopt;
-  return who;
+  std::lock_guard lock(impl_->mu);
+  const Impl::Checked* c = impl_->checked(certificate, why);
+  if (!c) return std::nullopt;
+  if (why = unwanted(c->who, c->who.name, role); !why.empty()) return std::nullopt;
+  return c->who;
 }
 
 std::string CertVerifier::verify(std::string_view certificate, const std::string& name, const std::string& role,

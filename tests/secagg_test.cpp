@@ -903,6 +903,16 @@ TEST(CertSigner, SignaturesVerifyOnlyForTheCertifiedNameRoleAndMessage) {
   auto who = v.certified(s.certificate(), "silo", why);
   ASSERT_TRUE(who) << why;
   EXPECT_EQ(who->name, "hospital-a");
+  // Asked again, the verdict comes from the cache: the same name, the role still checked.
+  who = v.certified(s.certificate(), "silo", why);
+  ASSERT_TRUE(who) << why;
+  EXPECT_EQ(who->name, "hospital-a");
+  EXPECT_FALSE(v.certified(s.certificate(), "edge", why));
+  EXPECT_NE(why.find("is for role 'silo', not edge"), std::string::npos) << why;
+  EXPECT_FALSE(v.certified(test::foreign_signer(wire::SILO, "hospital-a").certificate(), "silo", why));
+  EXPECT_NE(why.find("did not verify against the federation CA"), std::string::npos) << why;
+  EXPECT_FALSE(v.certified("not a certificate", "silo", why));
+  EXPECT_EQ(why, "the certificate is not DER");
 }
 
 // What the server or an edge receives looks uniformly random whatever the input, and the same
