@@ -62,8 +62,10 @@ if(XSILO_FUZZ)
   endif()
   target_compile_options(xsilo_options INTERFACE
     $<$<COMPILE_LANGUAGE:CXX>:-gline-tables-only -fsanitize=${xsilo_fuzz_sanitizers} -fno-omit-frame-pointer>)
-  # Boost 1.74 looks for clang's coroutines TS, not C++20's: clang 14 has the latter.
-  target_compile_definitions(xsilo_options INTERFACE BOOST_ASIO_HAS_CO_AWAIT=1)
+  # Boost 1.74 looks for clang's coroutines TS, not C++20's: clang 14 has the latter. The
+  # fuzzing convention's macro turns on crypto/fuzz_memo.h (public-key results remembered).
+  target_compile_definitions(xsilo_options INTERFACE BOOST_ASIO_HAS_CO_AWAIT=1
+                                                     FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION)
 endif()
 
 # xsilo_library(NAME SOURCES... DEPS ...)

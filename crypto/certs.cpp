@@ -13,6 +13,7 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "crypto/fuzz_memo.h"
 #include "crypto/openssl_ptr.h"
 
 namespace xsilo::crypto {
@@ -109,19 +110,21 @@ const std::string& CertSigner::certificate() const { return impl_->der; }
 const CertifiedName& CertSigner::who() const { return impl_->who; }
 
 std::string CertSigner::sign(std::string_view message) const {
-  MdCtxPtr ctx(EVP_MD_CTX_new());
-  std::size_t n = 0;
-  const auto* m = reinterpret_cast<const unsigned char*>(message.data());
-  if (!ctx || EVP_DigestSignInit(ctx.get(), nullptr, digest_for(impl_->key.get()), nullptr, impl_->key.get()) != 1 ||
-      EVP_DigestSign(ctx.get(), nullptr, &n, m, message.size()) != 1) {
-    throw std::runtime_error("cannot sign: " + ossl_error());
-  }
-  std::string sig(n, '\0');
-  if (EVP_DigestSign(ctx.get(), reinterpret_cast<unsigned char*>(sig.data()), &n, m, message.size()) != 1) {
-    throw std::runtime_error("cannot sign: " + ossl_error());
-  }
-  sig.resize(n);
-  return sig;
+  return fuzz_memo::remember({impl_->der, message}, [&] {
+    MdCtxPtr ctx(EVP_MD_CTX_new());
+    std::size_t n = 0;
+    const auto* m = reinterpret_cast<const unsigned char*>(message.data());
+    if (!ctx || EVP_DigestSignInit(ctx.get(), nullptr, digest_for(impl_->key.get()), nullptr, impl_->key.get()) != 1 ||
+        EVP_DigestSign(ctx.get(), nullptr, &n, m, message.size()) != 1) {
+      throw std::runtime_error("cannot sign: " + ossl_error());
+    }
+    std::string sig(n, '\0');
+    if (EVP_DigestSign(ctx.get(), reinterpret_cast<unsigned char*>(sig.data()), &n, m, message.size()) != 1) {
+      throw std::runtime_error("cannot sign: " + ossl_error());
+    }
+    sig.resize(n);
+    return sig;
+  });
 }
 
 // ---- verifier -------------------------------------------------------------------------------
@@ -247,11 +250,15 @@ std::string CertVerifier::verify(std::string_view certificate, const std::string
                                  std::string_view message, std::string_view signature) const {
   std::shared_ptr<EVP_PKEY> key;
   if (auto why = impl_->check(certificate, name, role, &key); !why.empty()) return why;
-  MdCtxPtr ctx(EVP_MD_CTX_new());
-  const int ok = ctx && EVP_DigestVerifyInit(ctx.get(), nullptr, digest_for(key.get()), nullptr, key.get()) == 1 &&
-                 EVP_DigestVerify(ctx.get(), reinterpret_cast<const unsigned char*>(signature.data()), signature.size(),
-                                  reinterpret_cast<const unsigned char*>(message.data()), message.size()) == 1;
-  ERR_clear_error();
+  const bool ok = fuzz_memo::remember({certificate, message, signature}, [&] {
+    MdCtxPtr ctx(EVP_MD_CTX_new());
+    const bool good = ctx && EVP_DigestVerifyInit(ctx.get(), nullptr, digest_for(key.get()), nullptr, key.get()) == 1 &&
+                      EVP_DigestVerify(ctx.get(), reinterpret_cast<const unsigned char*>(signature.data()),
+                                       signature.size(), reinterpret_cast<const unsigned char*>(message.data()),
+                                       message.size()) == 1;
+    ERR_clear_error();
+    return good;
+  });
   return ok ? "" : "the signature of " + name + " does not verify";
 }
 

@@ -4,6 +4,7 @@
 
 #include <stdexcept>
 
+#include "crypto/fuzz_memo.h"
 #include "crypto/sign.h"
 
 namespace xsilo::crypto {
@@ -31,19 +32,25 @@ X25519KeyPair X25519KeyPair::generate() {
 
 Key32 X25519KeyPair::public_of(const Secret& sk) {
   ensure_sodium();
-  Key32 pk{};
-  crypto_scalarmult_base(pk.data(), sk.bytes().data());
-  return pk;
+  return fuzz_memo::remember({fuzz_memo::part(sk.bytes())}, [&] {
+    Key32 pk{};
+    crypto_scalarmult_base(pk.data(), sk.bytes().data());
+    return pk;
+  });
 }
 
 std::optional<Secret> x25519(const Secret& my_secret, std::span<const std::uint8_t> their_public) {
   ensure_sodium();
   if (their_public.size() != crypto_scalarmult_BYTES) return std::nullopt;
-  Secret out;
-  if (crypto_scalarmult(out.bytes().data(), my_secret.bytes().data(), their_public.data()) != 0) {
-    return std::nullopt;
-  }
-  return out;
+  return fuzz_memo::remember({fuzz_memo::part(my_secret.bytes()), fuzz_memo::part(their_public)},
+                             [&]() -> std::optional<Secret> {
+                               Secret out;
+                               if (crypto_scalarmult(out.bytes().data(), my_secret.bytes().data(),
+                                                     their_public.data()) != 0) {
+                                 return std::nullopt;
+                               }
+                               return out;
+                             });
 }
 
 Secret derive(const Secret& key, std::string_view context) {
@@ -89,24 +96,32 @@ std::optional<std::string> open(const Secret& key, std::string_view ciphertext, 
 
 std::string seal_to(const Key32& recipient, std::string_view plaintext) {
   ensure_sodium();
-  std::string out(plaintext.size() + crypto_box_SEALBYTES, '\0');
-  if (crypto_box_seal(reinterpret_cast<unsigned char*>(out.data()), reinterpret_cast<const unsigned char*>(plaintext.data()),
-                      plaintext.size(), recipient.data()) != 0) {
-    throw std::runtime_error("crypto_box_seal failed");
-  }
-  return out;
+  return fuzz_memo::remember({fuzz_memo::part(recipient), plaintext}, [&] {
+    std::string out(plaintext.size() + crypto_box_SEALBYTES, '\0');
+    if (crypto_box_seal(reinterpret_cast<unsigned char*>(out.data()),
+                        reinterpret_cast<const unsigned char*>(plaintext.data()), plaintext.size(),
+                        recipient.data()) != 0) {
+      throw std::runtime_error("crypto_box_seal failed");
+    }
+    return out;
+  });
 }
 
 std::optional<std::string> open_sealed(const X25519KeyPair& recipient, std::string_view box) {
   ensure_sodium();
   if (box.size() < crypto_box_SEALBYTES) return std::nullopt;
-  std::string out(box.size() - crypto_box_SEALBYTES, '\0');
-  if (crypto_box_seal_open(reinterpret_cast<unsigned char*>(out.data()), reinterpret_cast<const unsigned char*>(box.data()),
-                           box.size(), recipient.public_key.data(), recipient.secret.bytes().data()) != 0) {
-    sodium_memzero(out.data(), out.size());
-    return std::nullopt;
-  }
-  return out;
+  return fuzz_memo::remember(
+      {fuzz_memo::part(recipient.secret.bytes()), fuzz_memo::part(recipient.public_key), box},
+      [&]() -> std::optional<std::string> {
+        std::string out(box.size() - crypto_box_SEALBYTES, '\0');
+        if (crypto_box_seal_open(reinterpret_cast<unsigned char*>(out.data()),
+                                 reinterpret_cast<const unsigned char*>(box.data()), box.size(),
+                                 recipient.public_key.data(), recipient.secret.bytes().data()) != 0) {
+          sodium_memzero(out.data(), out.size());
+          return std::nullopt;
+        }
+        return out;
+      });
 }
 
 bool usable_public_key(const Key32& key) {

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <google/protobuf/stubs/logging.h>
+#include <sodium.h>
 
 #include "common/fs.h"
 #include "common/model.h"
@@ -29,6 +30,29 @@ inline const bool kQuietProtobuf = [] {
   return true;
 }();
 
+// libsodium's randomness (keys, self-mask seeds, Shamir coefficients, nonces) as a function of
+// how many times it was asked since the input began: each input starts it over (Input's
+// constructor), so a target does the same for the same input, as libFuzzer expects, and the
+// keys of an honest secure round are the same in every input, which lets the fuzz build
+// remember the public-key steps they lead to (crypto/fuzz_memo.h). Installed before libsodium
+// is first initialised (crypto::ensure_sodium runs on first use).
+inline std::uint64_t random_draws = 0;
+inline void input_random_bytes(void* const out, const std::size_t size) {
+  std::uint8_t seed[randombytes_SEEDBYTES] = {};
+  std::memcpy(seed, &random_draws, sizeof random_draws);
+  ++random_draws;
+  randombytes_buf_deterministic(out, size, seed);
+}
+inline std::uint32_t input_random_u32() {
+  std::uint32_t v;
+  input_random_bytes(&v, sizeof v);
+  return v;
+}
+inline const char* input_random_name() { return "xsilo-fuzz-input"; }
+inline randombytes_implementation input_randomness = {input_random_name, input_random_u32, nullptr, nullptr,
+                                                      input_random_bytes, nullptr};
+inline const bool kInputRandomness = [] { return randombytes_set_implementation(&input_randomness) == 0; }();
+
 // The largest model a fuzzed RoundStart may describe (the default allows 64 GiB).
 inline constexpr std::uint64_t kMaxFuzzModel = 1u << 20;
 
@@ -36,7 +60,7 @@ inline constexpr std::uint64_t kMaxFuzzModel = 1u << 20;
 // never reads out of bounds and short inputs still do something.
 class Input {
  public:
-  Input(const std::uint8_t* data, std::size_t size) : p_(data), left_(size) {}
+  Input(const std::uint8_t* data, std::size_t size) : p_(data), left_(size) { random_draws = 0; }
   bool more() const { return left_ > 0; }
   std::uint8_t u8() {
     if (!left_) return 0;

@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "crypto/fixed_point.h"
+#include "crypto/fuzz_memo.h"
 #include "crypto/mask.h"
 #include "crypto/secagg.h"
 #include "crypto/shamir.h"
@@ -884,6 +885,22 @@ TEST(SecAgg, NoSurvivorRevealsBothSharesOfOnePeer) {
   secagg::UnmaskRequest honest{{}, {"s0", "s1", "s2"}, sigs};
   EXPECT_TRUE(secagg::ok(g.c(0).unmask(honest)));
   EXPECT_FALSE(secagg::ok(g.c(0).unmask(honest)));
+}
+
+// The fuzz build's memo of public-key results (crypto/fuzz_memo.h) is compiled out of every
+// other build: each signature is made and each check computed, every time.
+TEST(FuzzMemo, OrdinaryBuildsComputeEveryTime) {
+  static_assert(!fuzz_memo::kOn, "FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION reached a build that is not a fuzz build");
+  int computed = 0;
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(fuzz_memo::remember({"same", "key"}, [&] { return ++computed; }), i + 1);
+  // A tampered signature is refused even right after the true one verified.
+  const auto s = test::signer(wire::SILO, "hospital-a");
+  const auto v = test::verifier();
+  const auto msg = statement("test", {"memo"});
+  auto sig = s.sign(msg);
+  EXPECT_EQ(v.verify(s.certificate(), "hospital-a", "silo", msg, sig), "");
+  sig[sig.size() / 2] ^= 1;
+  EXPECT_NE(v.verify(s.certificate(), "hospital-a", "silo", msg, sig), "");
 }
 
 TEST(CertSigner, SignaturesVerifyOnlyForTheCertifiedNameRoleAndMessage) {
