@@ -36,8 +36,8 @@ using Results = std::map<std::size_t, double>;  // bytes -> seconds per all-redu
 // Plain TCP over loopback, one stream between two threads: what one link carries here.
 double loopback_once() {
   auto [lfd, port] = collective::listen_any("127.0.0.1");
-  const std::size_t total = std::size_t{512} << 20, block = std::size_t{1} << 20;
-  std::thread receiver([lfd = lfd, total, block] {
+  constexpr std::size_t total = std::size_t{512} << 20, block = std::size_t{1} << 20;
+  std::thread receiver([lfd = lfd] {
     const int fd = ::accept(lfd, nullptr, nullptr);
     std::vector<char> buf(block);
     std::size_t got = 0;

@@ -58,7 +58,7 @@ void add_admin(CLI::App& app, int& exit_code) {
     auto* sub = admin->add_subcommand(name, help);
     auto t = std::make_shared<Target>();
     add_target_options(sub, *t);
-    sub->callback([t, command, &exit_code] {
+    sub->callback([t, command = command, &exit_code] {  // (a structured binding is not capturable in clang 14)
       const auto r = admin_call(endpoint(*t), t->kit, command, std::chrono::seconds(t->timeout_s));
       (r.ok ? std::cout : std::cerr) << (r.ok ? "" : "xsilo admin: ") << r.message << "\n";
       exit_code = r.ok ? 0 : 1;
