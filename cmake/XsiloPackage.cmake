@@ -5,6 +5,11 @@
 # /lib/systemd/system whatever the prefix, and the units start /usr/bin/xsilo. From a source
 # build, copy the binary instead (docs/operations.md).
 
+# A fuzz build remembers its public-key results (crypto/fuzz_memo.h): never a package's binary.
+if(XSILO_FUZZ)
+  return()
+endif()
+
 install(TARGETS xsilo RUNTIME DESTINATION bin)
 install(FILES packaging/etc/server.json packaging/etc/edge.json packaging/etc/agent.json
         DESTINATION /etc/xsilo)

@@ -3,13 +3,15 @@
 // time in our handlers rather than in OpenSSL's and libsodium's arithmetic. Every other build
 // calls straight through.
 //
-// What a handler sees does not change. Each remembered operation is a function of the bytes it
-// is keyed by: a signature check, an X25519 product, opening a sealed box. Signing and sealing
-// are randomized, and a remembered one gives back the first signature (box) it made for the same
-// key and message, which is as valid as a fresh one. The fuzz harnesses make libsodium's
-// randomness start over for each input (fuzz/fuzz_input.h), so the keys of an honest round are
-// the same in every input and the protocol's steps up to the first byte an input alters are
-// remembered; what the input alters is computed afresh. The checked-in corpora are replayed in
+// What a handler sees does not change. Each remembered operation is a function of the bytes it is
+// keyed by: a signature check, an X25519 product, opening a sealed box. Signing and sealing are
+// randomized, and a remembered one gives back the first signature (box) it made for the same key
+// and message, which is as valid as a fresh one; a remembered box still takes the draw of its
+// one-time key from libsodium, so the draws after it stay what they would have been (OpenSSL's
+// signatures draw from OpenSSL, which the harnesses leave alone). The fuzz harnesses make
+// libsodium's randomness start over for each input (fuzz/fuzz_input.h), so the keys of an honest
+// round are the same in every input and the protocol's steps up to the first byte an input alters
+// are remembered; what the input alters is computed afresh. The checked-in corpora are replayed in
 // the test suite by the ordinary build, with every operation computed (docs/benchmarks.md,
 // "Fuzzing").
 #pragma once

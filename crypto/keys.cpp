@@ -96,7 +96,9 @@ std::optional<std::string> open(const Secret& key, std::string_view ciphertext, 
 
 std::string seal_to(const Key32& recipient, std::string_view plaintext) {
   ensure_sodium();
-  return fuzz_memo::remember({fuzz_memo::part(recipient), plaintext}, [&] {
+  bool sealed = false;
+  std::string box = fuzz_memo::remember({fuzz_memo::part(recipient), plaintext}, [&] {
+    sealed = true;
     std::string out(plaintext.size() + crypto_box_SEALBYTES, '\0');
     if (crypto_box_seal(reinterpret_cast<unsigned char*>(out.data()),
                         reinterpret_cast<const unsigned char*>(plaintext.data()), plaintext.size(),
@@ -105,6 +107,13 @@ std::string seal_to(const Key32& recipient, std::string_view plaintext) {
     }
     return out;
   });
+  if (fuzz_memo::kOn && !sealed) {
+    // The draw of the box's one-time key that a remembered box skipped, so that every later
+    // draw of this input is the one it would have been (fuzz/fuzz_input.h).
+    Key32 unused{};
+    randombytes_buf(unused.data(), unused.size());
+  }
+  return box;
 }
 
 std::optional<std::string> open_sealed(const X25519KeyPair& recipient, std::string_view box) {

@@ -19,6 +19,7 @@
 #include "common/fs.h"
 #include "common/model.h"
 #include "crypto/certs.h"
+#include "crypto/keys.h"
 #include "proto/xsilo.pb.h"
 #include "transport/pki.h"
 
@@ -51,7 +52,25 @@ inline std::uint32_t input_random_u32() {
 inline const char* input_random_name() { return "xsilo-fuzz-input"; }
 inline randombytes_implementation input_randomness = {input_random_name, input_random_u32, nullptr, nullptr,
                                                       input_random_bytes, nullptr};
-inline const bool kInputRandomness = [] { return randombytes_set_implementation(&input_randomness) == 0; }();
+inline const bool kInputRandomness = [] {
+  const bool installed = randombytes_set_implementation(&input_randomness) == 0;
+  // Lazy draws of the libraries' own (the probe of usable_public_key) are made now, before any
+  // input, not in whichever input happens to come first.
+  (void)crypto::usable_public_key(crypto::X25519KeyPair::public_of(crypto::Secret(crypto::Key32{9})));
+  return installed;
+}();
+
+// The server's X25519 key pair of the secure targets, fixed and drawn from no generator, so that
+// making it takes nothing from an input's draws.
+inline const crypto::X25519KeyPair& server_box() {
+  static const crypto::X25519KeyPair box = [] {
+    crypto::X25519KeyPair kp;
+    kp.secret = crypto::Secret(crypto::Key32{7});
+    kp.public_key = crypto::X25519KeyPair::public_of(kp.secret);
+    return kp;
+  }();
+  return box;
+}
 
 // The largest model a fuzzed RoundStart may describe (the default allows 64 GiB).
 inline constexpr std::uint64_t kMaxFuzzModel = 1u << 20;

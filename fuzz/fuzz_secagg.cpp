@@ -139,7 +139,7 @@ void bytes_to_server(std::size_t i, const std::string& name, const std::string& 
 // The round from the keys to the sum, for words of type T.
 template <class T>
 void run(secagg::Params p, Adversary& adv) {
-  static const auto box = crypto::X25519KeyPair::generate();
+  const auto& box = fuzz::server_box();
   const auto& pki = fuzz::pki();
   const auto& byzantine = silo_signers()[kMembers - 1];
   p.bits = 8 * sizeof(T);

@@ -31,7 +31,7 @@ class FixedTrainer : public agent::Trainer {
 
 // silo-0 and 2-7 others, the complete graph or a ring of degree 2 or 4, signed by the server.
 void add_secure_group(wire::RoundStart& rs, fuzz::Input& in, std::uint64_t round, std::size_t elements) {
-  static const auto box = crypto::X25519KeyPair::generate();
+  const auto& box = fuzz::server_box();
   const auto& pki = fuzz::pki();
   auto* s = rs.mutable_secagg();
   s->set_group(1);
