@@ -82,6 +82,42 @@ void append_durable(const std::filesystem::path& path, std::string_view bytes) {
   ::close(fd);
 }
 
+std::string cut_torn_tail(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return "";
+    fail("cannot open", path);
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  const off_t size = ::lseek(fd, 0, SEEK_END);
+  if (size < 0) fail("cannot read", path);
+  // Back from the end in blocks until a newline: a torn line is at most one record long.
+  std::string tail;
+  off_t keep = 0;
+  char block[4096];
+  for (off_t end = size; end > 0;) {
+    const off_t start = end > off_t(sizeof block) ? end - off_t(sizeof block) : 0;
+    const auto want = static_cast<std::size_t>(end - start);
+    if (::pread(fd, block, want, start) != static_cast<ssize_t>(want)) fail("cannot read", path);
+    if (end == size && block[want - 1] == '\n') return "";
+    const std::string_view b(block, want);
+    const auto nl = b.rfind('\n');
+    if (nl != std::string_view::npos) {
+      keep = start + static_cast<off_t>(nl) + 1;
+      tail.insert(0, b.substr(nl + 1));
+      break;
+    }
+    tail.insert(0, b);
+    end = start;
+  }
+  if (keep == size) return "";
+  if (::ftruncate(fd, keep) != 0 || ::fsync(fd) != 0) fail("cannot cut the torn last line of", path);
+  return tail;
+}
+
 std::string why_absent(const std::filesystem::path& path, bool folder) {
   std::error_code ec;
   const auto st = std::filesystem::status(path, ec);

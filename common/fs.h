@@ -16,6 +16,11 @@ void atomic_write_parts(const std::filesystem::path& path,
                         std::initializer_list<std::string_view> parts, unsigned mode = 0644);
 // Appends bytes and fsyncs before returning.
 void append_durable(const std::filesystem::path& path, std::string_view bytes);
+// A log of lines whose last append was cut short (a crash or a full disk mid-write) ends in a
+// partial line: cuts it (truncate after the last newline, fsync) and returns what was cut ("" when
+// the file ends in a newline, is empty or does not exist). The next append then starts a line of
+// its own instead of merging into the partial one.
+std::string cut_torn_tail(const std::filesystem::path& path);
 std::string read_file(const std::filesystem::path& path);
 // "" when `path` names something that can be reached (with `folder`, a folder), else why not:
 // "does not exist", "is not a folder", or what the system said when it could not look the path

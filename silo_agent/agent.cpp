@@ -12,6 +12,7 @@
 #include "common/fs.h"
 #include "silo_agent/builtin_trainer.h"
 #include "silo_agent/external_trainer.h"
+#include "silo_agent/silo_state.h"
 #include "common/prometheus.h"
 #include "transport/metrics_endpoint.h"
 #include "transport/runtime.h"
@@ -71,6 +72,7 @@ class Agent {
 
   int run() {
     std::filesystem::create_directories(cfg_.state_dir);
+    for (const auto& repaired : repair_state(cfg_.state_dir)) spdlog::warn("state {}: {}", cfg_.state_dir.string(), repaired);
     return rt_.run(
         [this] {
           metrics_endpoint_ =
@@ -154,7 +156,7 @@ class Agent {
   }
   void run(action::Record& a) {
     try {
-      append_durable(cfg_.state_dir / a.log, a.entry.dump() + "\n");
+      commit_record(cfg_.state_dir / a.log, a.entry, a.staged, a.onto);
     } catch (const std::exception& e) {
       spdlog::warn("cannot write the silo's log {}: {}", a.log, e.what());
     }

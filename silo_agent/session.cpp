@@ -16,6 +16,7 @@
 #include "protocol/join.h"
 #include "protocol/round_start.h"
 #include "protocol/secagg_wire.h"
+#include "silo_agent/silo_state.h"
 
 namespace xsilo::agent {
 
@@ -115,13 +116,13 @@ void Session::on_message(const wire::Envelope& e) {
         // The server's signed audit head after this round: kept as a witness, so an auditor can
         // hold the server's log against it (xsilo audit verify --witness).
         const auto& h = e.round_end().audit_head();
-        actions_.push_back(action::Record{{{"federation", cfg_.federation},
-                                           {"round", e.round()},
-                                           {"seq", h.seq()},
-                                           {"head", h.sha256()},
-                                           {"sig", h.signature()},
-                                           {"time", now_iso()}},
-                                          "audit_heads.jsonl"});
+        actions_.push_back(action::Record{.entry = {{"federation", cfg_.federation},
+                                                    {"round", e.round()},
+                                                    {"seq", h.seq()},
+                                                    {"head", h.sha256()},
+                                                    {"sig", h.signature()},
+                                                    {"time", now_iso()}},
+                                          .log = "audit_heads.jsonl"});
       }
       if (e.round() == round_) {
         ++generation_;
@@ -529,6 +530,16 @@ void Session::on_model() {
         if (protocol::compressed(compression)) {
           with_compression(out, compression, secure, *residual, residual_file, chunk_bytes);
         }
+        if (out.residual_next) {
+          // Staged, not yet the silo's: it becomes the error feedback with the upload's line of
+          // sent.jsonl, before the upload leaves (silo_state.h).
+          out.residual_sha256 = crypto::sha256_hex(out.residual_next->flat());
+          if (!residual_file.empty()) {
+            save_safetensors(staged_path(residual_file), *out.residual_next,
+                             {{"xsilo.compression", protocol::describe(compression)},
+                              {"xsilo.round", std::to_string(task.round)}});
+          }
+        }
         out.sha256 = crypto::sha256_hex(out.update->flat());
       }
       return out;
@@ -655,6 +666,27 @@ void Session::upload() {
     const auto& u = pending_->update;
     src = std::make_shared<protocol::ChunkSource>(u, u->flat(), u->tensors(), cfg_.federation, round_, cfg_.chunk_bytes);
   }
+  // The silo's own record of what left the building (hashes, never data), durable before the
+  // first byte leaves: every update the server counts is in it. With error feedback the residual
+  // moves on with this line (silo_state.h), whether or not the upload arrives.
+  action::Record sent{.entry = {{"time", now_iso()},
+                                {"round", round_},
+                                {"upstream", upstream_},
+                                {"upstream_identity", upstream_identity_},
+                                {"model_sha256", model_sha_},
+                                {"update_sha256", pending_->sha256},
+                                {"weight", pending_->weight},
+                                {"num_samples", pending_->num_samples}}};
+  if (pending_->residual_next) {
+    *residual_ = std::move(*pending_->residual_next);
+    pending_->residual_next.reset();
+    sent.entry["error_feedback_sha256"] = pending_->residual_sha256;
+    if (!cfg_.residual_file.empty()) {
+      sent.staged = staged_path(cfg_.residual_file);
+      sent.onto = cfg_.residual_file;
+    }
+  }
+  actions_.push_back(std::move(sent));
   actions_.push_back(action::SendStream{std::move(src)});
   uploaded_ = true;  // once per round, however many grants arrive
   auto e = env();
@@ -664,35 +696,6 @@ void Session::upload() {
   end->set_update_sha256(pending_->sha256);
   *end->mutable_metrics() = pending_->metrics;
   send(std::move(e));
-  // The silo's own record of what left the building: hashes, never data.
-  action::Record sent{{{"time", now_iso()},
-                       {"round", round_},
-                       {"upstream", upstream_},
-                       {"upstream_identity", upstream_identity_},
-                       {"model_sha256", model_sha_},
-                       {"update_sha256", pending_->sha256},
-                       {"weight", pending_->weight},
-                       {"num_samples", pending_->num_samples}}};
-  if (pending_->residual_next) {
-    // The upload has left: what it left out is the silo's error feedback now. Its file is
-    // written on the worker (before the next round's training reads it), then the record of
-    // the upload, so that the two agree after a crash but for that instant.
-    *residual_ = std::move(*pending_->residual_next);
-    pending_->residual_next.reset();
-    if (!cfg_.residual_file.empty()) {
-      job([file = cfg_.residual_file, residual = residual_, scheme = protocol::describe(compression_),
-           sent = std::move(sent)]() mutable -> SessionJobResult {
-        try {
-          save_safetensors(file, **residual, {{"xsilo.compression", scheme}});
-        } catch (const std::exception& e) {
-          spdlog::warn("error feedback not saved to {}: {}", file.string(), e.what());
-        }
-        return StateSaved{std::move(sent.entry)};
-      });
-      sent.entry = nullptr;  // moved into the job
-    }
-  }
-  if (!sent.entry.is_null()) actions_.push_back(std::move(sent));
   if (pending_->encoded) {
     spdlog::info("round {}: uploading {} bytes ({} of {} uncompressed)", round_, pending_->encoded_bytes,
                  protocol::describe(compression_), pending_->bytes());
@@ -708,10 +711,6 @@ void Session::on_job_done(std::uint64_t id, SessionJobResult result) {
   const bool current = it->second == generation_;
   job_generation_.erase(it);
   if (auto* t = std::get_if<TrainDone>(&result); t && t->fatal) actions_.push_back(action::Fatal{t->error});
-  if (auto* saved = std::get_if<StateSaved>(&result)) {  // whatever the round does now
-    actions_.push_back(action::Record{std::move(saved->then_record)});
-    return;
-  }
   if (!current || silent_) return;  // the round or the connection moved on
   if (auto* t = std::get_if<TrainDone>(&result)) {
     if (!t->fatal) trained(std::move(*t));

@@ -66,11 +66,7 @@ struct MaskDone {
   std::string sha256;
   std::string error;
 };
-// A silo state file written; then this record (an entry of sent.jsonl) is written.
-struct StateSaved {
-  nlohmann::json then_record;
-};
-using SessionJobResult = std::variant<TrainDone, MaskDone, StateSaved>;
+using SessionJobResult = std::variant<TrainDone, MaskDone>;
 
 namespace action {
 struct Send {
@@ -89,6 +85,9 @@ struct Job {
 struct Record {
   nlohmann::json entry;
   std::string log = "sent.jsonl";
+  // Once the line is durable: `staged` (a file a job wrote) is renamed onto `onto`
+  // (silo_state.h: the error feedback moves on with its upload's line).
+  std::filesystem::path staged{}, onto{};
 };
 struct Finished {};
 // The trainer failed too many rounds in a row: stop with this reason.

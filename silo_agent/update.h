@@ -23,8 +23,10 @@ struct RoundOutput {
   std::uint64_t encoded_bytes = 0;
   // Secure RANDOM_K: the coordinates of `update` that are masked and sent.
   std::shared_ptr<const std::vector<std::uint64_t>> kept;
-  // Error feedback: the residual once this upload has left (it becomes the silo's only then).
+  // Error feedback: the residual once this upload has left (it becomes the silo's only then),
+  // and its SHA-256 (the upload's line of sent.jsonl names it: silo_state.h).
   std::shared_ptr<Model> residual_next;
+  std::string residual_sha256;
   // A streamed round (Trainer::streams()): the upload is weight * what `stream` makes, laid
   // out as `layout`; `update` is null.
   std::shared_ptr<const DeltaStream> stream;

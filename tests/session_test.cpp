@@ -2,6 +2,7 @@
 // sockets, no threads, every timing scripted (jobs run when the test says so).
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <functional>
 #include <set>
 
@@ -14,6 +15,9 @@
 #include "protocol/round_start.h"
 #include "protocol/secagg_wire.h"
 #include "silo_agent/session.h"
+#include "silo_agent/silo_state.h"
+#include "common/fs.h"
+#include "common/safetensors.h"
 #include "tests/testlib.h"
 
 namespace xsilo::agent {
@@ -166,22 +170,31 @@ class Harness {
   std::vector<wire::Envelope> sent;
   std::vector<std::shared_ptr<protocol::ChunkSource>> streams;
   std::vector<nlohmann::json> records;
+  std::vector<action::Record> record_actions;  // as the daemon gets them (with what to rename after)
   bool fatal = false;
   Session& session() { return session_; }
 
  private:
   void take() {
+    actions_before_.clear();
     for (auto& a : session_.take_actions()) {
       if (auto* s = std::get_if<action::Send>(&a)) sent.push_back(s->env);
       if (auto* s = std::get_if<action::SendStream>(&a)) streams.push_back(s->source);
       if (auto* j = std::get_if<action::Job>(&a)) jobs_.push_back(std::move(*j));
-      if (auto* r = std::get_if<action::Record>(&a)) records.push_back(r->entry);
+      if (auto* r = std::get_if<action::Record>(&a)) {
+        records.push_back(r->entry);
+        record_actions.push_back(*r);
+        // The record is queued before the upload's stream: durable before a byte leaves.
+        EXPECT_TRUE(r->log != "sent.jsonl" || !std::any_of(actions_before_.begin(), actions_before_.end(), [](bool s) { return s; }));
+      }
+      actions_before_.push_back(std::holds_alternative<action::SendStream>(a));
       if (std::get_if<action::Fatal>(&a)) fatal = true;
     }
   }
   FaultHook none_;
   Session session_;
   std::vector<action::Job> jobs_;
+  std::vector<bool> actions_before_;  // of the batch being taken: whether each was a SendStream
 };
 
 TEST(Session, TrainsOnTheModelAndUploadsWeightTimesDeltaWhenGranted) {
@@ -304,6 +317,103 @@ TEST(Session, SiloMomentumIsUploadedAndKeptAcrossRestarts) {
     return v;
   }();
   for (float v : up) EXPECT_FLOAT_EQ(v, 5.0f);
+}
+
+// Error feedback moves on exactly with the upload's line of sent.jsonl, wherever a crash lands
+// (issue 47: a silo killed between saving its residual and writing that line came back with the
+// residual moved on and no line, so the silo's own log lacked an update the server had counted).
+// The crash points the real processes hit only by timing, here one at a time: after the training
+// job staged the residual, after the line, after the rename; then the state folder is repaired
+// as the agent does at start and a restarted session uploads round 2 from it.
+TEST(Session, ErrorFeedbackMovesOnExactlyWithTheUploadsLineWhereverACrashLands) {
+  // local = global + step * (1, 2, 3, 4): top-1 of 4 keeps the largest, error feedback the rest.
+  class RampTrainer final : public Trainer {
+   public:
+    wire::TrainMetrics evaluate(const Model&, const TrainTask&) override { return {}; }
+    TrainResult train(const Model& global, const TrainTask&, Model& local) override {
+      for (std::size_t i = 0; i < local.size(); ++i) local.flat()[i] = global.flat()[i] + 0.1f * float(i + 1);
+      TrainResult r;
+      r.num_samples = 1;
+      return r;
+    }
+  } trainer;
+  const Model m = model();
+  auto start = [&](Harness& h, std::uint64_t r) {
+    auto e = h.round_start(r, m);
+    auto* c = e.mutable_round_start()->mutable_compression();
+    c->set_scheme(wire::Compression::TOP_K);
+    c->set_fraction(0.25);
+    c->set_error_feedback(true);
+    sign(e);
+    h.deliver(e);
+    h.send_model(r, m);
+    h.run_jobs();
+  };
+  enum class Crash { AfterStaging, AfterLine, AfterRename };
+  for (const Crash crash : {Crash::AfterStaging, Crash::AfterLine, Crash::AfterRename}) {
+    SCOPED_TRACE(static_cast<int>(crash));
+    test::TempDir dir;
+    SessionConfig cfg = session_config();
+    cfg.residual_file = dir / "error_feedback.safetensors";
+    std::string named;  // the residual the line names
+    {
+      Harness h(nullptr, cfg, &trainer);
+      start(h, 1);
+      EXPECT_TRUE(std::filesystem::exists(staged_path(cfg.residual_file)));
+      EXPECT_FALSE(std::filesystem::exists(cfg.residual_file));  // staged only: no upload has left
+      if (crash != Crash::AfterStaging) {
+        h.grant(1);
+        ASSERT_EQ(h.record_actions.size(), 1u);
+        const auto& rec = h.record_actions[0];
+        named = rec.entry["error_feedback_sha256"].get<std::string>();
+        EXPECT_EQ(named, residual_sha256(staged_path(cfg.residual_file)));
+        if (crash == Crash::AfterLine) {
+          append_durable(dir / rec.log, rec.entry.dump() + "\n");  // the daemon's first step only
+        } else {
+          commit_record(dir / rec.log, rec.entry, rec.staged, rec.onto);
+        }
+      }
+    }
+    // A write cut short by the crash, and a torn line of an earlier crash's witness log.
+    std::ofstream(dir / "error_feedback.safetensors.tmp123") << "partial";
+    std::ofstream(dir / "audit_heads.jsonl") << "{\"seq\":1}\n{\"seq\":2,\"he";
+    const auto did = repair_state(dir.path());
+    EXPECT_FALSE(std::filesystem::exists(staged_path(cfg.residual_file)));
+    EXPECT_FALSE(std::filesystem::exists(dir / "error_feedback.safetensors.tmp123"));
+    EXPECT_EQ(read_file(dir / "audit_heads.jsonl"), "{\"seq\":1}\n");
+    EXPECT_EQ(did.size(), crash == Crash::AfterRename ? 2u : 3u) << ::testing::PrintToString(did);
+    if (crash == Crash::AfterStaging) {
+      EXPECT_FALSE(std::filesystem::exists(dir / "sent.jsonl"));
+      EXPECT_FALSE(std::filesystem::exists(cfg.residual_file));  // round 1's upload never left
+    } else {
+      EXPECT_EQ(residual_sha256(cfg.residual_file), named);  // moved on with the line
+    }
+    // The restarted silo's round 2 sends its update plus what the log says is held back.
+    Harness again(nullptr, cfg, &trainer);
+    start(again, 2);
+    again.grant(2);
+    const auto bytes = again.streamed_bytes();
+    ASSERT_FALSE(bytes.empty());
+    const auto& line = again.record_actions.at(0).entry;
+    EXPECT_EQ(line["round"], 2);
+    const Model held = crash == Crash::AfterStaging ? m.zeros_like() : load_safetensors(cfg.residual_file);
+    // Everything round 2 had to send (its delta plus the residual) is split between what the
+    // staged residual holds back and the kept coordinate, which top-k chose as the largest.
+    const Model next = load_safetensors(staged_path(cfg.residual_file));
+    double held_back = 0, total = 0, largest = 0;
+    for (std::size_t i = 0; i < m.size(); ++i) {
+      const double want = 0.1 * double(i + 1) + held.flat()[i];
+      // Round 1 held back all but its largest coordinate, unless its upload never left.
+      EXPECT_NEAR(held.flat()[i], crash == Crash::AfterStaging || i == 3 ? 0.0 : 0.1 * double(i + 1), 1e-6) << i;
+      total += want;
+      largest = std::max(largest, want);
+      held_back += next.flat()[i];
+      if (next.flat()[i] != 0.0f) {
+        EXPECT_NEAR(next.flat()[i], want, 1e-6) << i;
+      }
+    }
+    EXPECT_NEAR(total - held_back, largest, 1e-6);  // what left: the largest coordinate
+  }
 }
 
 // Behind an edge, the silo signs the server's join challenge for the edge named in its
