@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <fstream>
+#include <set>
 #include <sstream>
+#include <vector>
 
 #include "common/fs.h"
 
@@ -24,10 +26,39 @@ ConfigNode::ConfigNode(const nlohmann::json& j, std::string file, std::string pa
 }
 
 nlohmann::json ConfigNode::load_file(const std::filesystem::path& file) {
+  if (std::filesystem::is_directory(file)) throw ConfigError("config " + file.string() + ": is a folder, not a file");
   std::ifstream in(file);
   if (!in) throw ConfigError("config " + file.string() + ": cannot open the file");
+  // A key given twice in one object is refused: JSON parsers disagree on which one wins (ours
+  // keeps the last), so the config a reader sees might not be the one that runs.
+  struct Frame {
+    bool array;
+    std::string name;  // ".key", or "[]" for an element of a list
+    std::set<std::string> keys;
+  };
+  std::vector<Frame> open;
+  std::string pending;  // the key whose value comes next
+  const nlohmann::json::parser_callback_t no_duplicates = [&](int, nlohmann::json::parse_event_t event,
+                                                               nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    if (event == E::object_start || event == E::array_start) {
+      const bool in_array = !open.empty() && open.back().array;
+      open.push_back({event == E::array_start, open.empty() ? "" : in_array ? "[]" : "." + pending, {}});
+    } else if (event == E::object_end || event == E::array_end) {
+      open.pop_back();
+    } else if (event == E::key) {
+      pending = parsed.get<std::string>();
+      if (!open.empty() && !open.back().keys.insert(pending).second) {
+        std::string where;
+        for (const auto& f : open) where += f.name;
+        throw ConfigError("config " + file.string() + ": " + where + "." + pending +
+                          ": given twice in one object (only one may stay)");
+      }
+    }
+    return true;
+  };
   try {
-    return nlohmann::json::parse(in);
+    return nlohmann::json::parse(in, no_duplicates);
   } catch (const nlohmann::json::parse_error& e) {
     std::string what = e.what();
     throw ConfigError("config " + file.string() + ": not valid JSON (byte " +

@@ -24,6 +24,15 @@ SigningKey::SigningKey(SigningKey&& o) noexcept : sk_(o.sk_), pk_(o.pk_) {
   sodium_memzero(o.sk_.data(), o.sk_.size());
 }
 
+SigningKey& SigningKey::operator=(SigningKey&& o) noexcept {
+  if (this != &o) {
+    sk_ = o.sk_;
+    pk_ = o.pk_;
+    sodium_memzero(o.sk_.data(), o.sk_.size());
+  }
+  return *this;
+}
+
 SigningKey::~SigningKey() { sodium_memzero(sk_.data(), sk_.size()); }
 
 SigningKey SigningKey::from_hex(std::string text, const std::string& what) {

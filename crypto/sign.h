@@ -18,6 +18,7 @@ class SigningKey {
   static SigningKey from_hex(std::string text, const std::string& what);
   SigningKey(const SigningKey&) = delete;
   SigningKey(SigningKey&& o) noexcept;
+  SigningKey& operator=(SigningKey&& o) noexcept;
   ~SigningKey();
 
   // The secret key as hex text (the caller wipes it: sodium_memzero) and the public key.

@@ -53,6 +53,15 @@ void Relay::send_region_status() {
   }
   status->set_model_sha256(model_sha_);
   to_server(std::move(e));
+  // A silo's witnessed audit head goes up once the server knows the silo is behind this edge.
+  for (auto it = witnesses_.begin(); it != witnesses_.end();) {
+    if (proof_sent_.count(it->first)) {
+      to_server(std::move(it->second));
+      it = witnesses_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 void Relay::on_server_message(const wire::Envelope& e) {
@@ -297,6 +306,7 @@ void Relay::on_silo_down(const std::string& silo) {
   silo_held_.erase(silo);
   proofs_.erase(silo);
   proof_sent_.erase(silo);
+  witnesses_.erase(silo);
   announced_.erase(silo);
   silo_gone(silo);
   spdlog::info("silo {} left ({} in the region)", silo, connected_.size());
@@ -321,6 +331,17 @@ void Relay::on_silo_message(const std::string& silo, const wire::Envelope& e) {
       spdlog::info("silo {} signed its join ({} in the region)", silo, proofs_.size());
       send_region_status();
       break;
+    case B::kWitness: {
+      // Passed up unread (the server checks the audit key's signature), after the silo's join.
+      wire::Envelope relay = e;
+      relay.set_silo(silo);
+      if (proof_sent_.count(silo)) {
+        to_server(std::move(relay));
+      } else {
+        witnesses_[silo] = std::move(relay);
+      }
+      break;
+    }
     case B::kSecaggKeys:
     case B::kSecaggShares:
     case B::kSecaggReceipt:

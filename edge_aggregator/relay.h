@@ -137,6 +137,7 @@ class Relay {
   std::string nonce_;
   std::map<std::string, wire::JoinProof> proofs_;
   std::set<std::string> proof_sent_, announced_;
+  std::map<std::string, wire::Envelope> witnesses_;  // a silo's Witness, until its join has gone up
   std::unique_ptr<Region> region_;
   // Compressed broadcasts: the last model this edge received and checked against its round's
   // SHA-256 (model_sha_; empty while it is being replaced), and what each connected silo said it

@@ -2,14 +2,19 @@
 
 #include <sodium.h>
 
+#include <algorithm>
 #include <fstream>
 #include <stdexcept>
 
 #include "common/fs.h"
 #include "crypto/certs.h"
 #include "crypto/hash.h"
+#include "protocol/audit_key.h"
 
 namespace xsilo::server {
+
+using protocol::audit_head_statement;
+using protocol::key_rotation_statement;
 
 namespace {
 
@@ -69,9 +74,43 @@ std::string check_line(const std::string& line, const std::string& pk, std::uint
 
 }  // namespace
 
+std::string key_hex(const std::string& public_key) {
+  return crypto::to_hex(
+      std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(public_key.data()), public_key.size()));
+}
+
+bool AuditVerifyResult::has_key(const std::string& public_key) const {
+  return std::any_of(keys.begin(), keys.end(), [&](const AuditKeySpan& k) { return k.public_key == public_key; });
+}
+
+namespace {
+
+// The next key a verified rotation record names ("" with `why` set when it is not well formed).
+std::string rotation_next_key(const std::string& line, const std::string& old_key, std::string& sig, std::string& why) {
+  std::string message, sig_hex;
+  split_signature(line, message, sig_hex);
+  const auto rec = nlohmann::json::parse(message);
+  if (rec.value("event", "") != "key_rotation") return "";
+  try {
+    const std::string next = crypto::public_key_from_hex(rec.at("next_public_key").get<std::string>(), "next_public_key");
+    sig = crypto::from_hex(rec.at("rotation_signature").get<std::string>());
+    if (!crypto::verify_signature(old_key, key_rotation_statement(old_key, next), sig)) {
+      why = "its rotation_signature is not the old key's";
+      return "";
+    }
+    return next;
+  } catch (const std::exception& e) {
+    why = std::string("a key rotation without a usable next key (") + e.what() + ")";
+    return "";
+  }
+}
+
+}  // namespace
+
 AuditVerifyResult verify_audit_log(const std::filesystem::path& path, const std::string& pk) {
   AuditVerifyResult r;
   r.head_sha256 = kGenesis;
+  r.keys.push_back({pk, 1, ""});
   if (!std::filesystem::exists(path)) {
     r.reason = "no audit log at " + path.string();
     return r;
@@ -81,25 +120,29 @@ AuditVerifyResult verify_audit_log(const std::filesystem::path& path, const std:
   std::uint64_t n = 0;
   for (std::string line; std::getline(in, line);) {
     ++n;
-    if (const std::string why = check_line(line, pk, n, r.head_sha256); !why.empty()) {
+    const std::string& key = r.keys.back().public_key;
+    std::string why = check_line(line, key, n, r.head_sha256), sig;
+    std::string next;
+    if (why.empty()) next = rotation_next_key(line, key, sig, why);
+    if (!why.empty()) {
       r.first_bad = n;
       r.reason = "record " + std::to_string(n) + ": " + why;
       return r;
     }
+    if (!next.empty()) r.keys.push_back({next, n + 1, sig});
     r.head_sha256 = crypto::sha256_hex(line);
     r.line_sha256.push_back(r.head_sha256);
     r.records = n;
+  }
+  if (in.bad()) {
+    r.reason = "cannot read " + path.string();
+    return r;
   }
   r.ok = true;
   return r;
 }
 
-std::string audit_head_statement(std::uint64_t seq, const std::string& sha256) {
-  return crypto::statement("audit-head", {std::to_string(seq), sha256});
-}
-
-WitnessResult check_witness(const AuditVerifyResult& log, const std::filesystem::path& witness,
-                            const std::string& pk) {
+WitnessResult check_witness(const AuditVerifyResult& log, const std::filesystem::path& witness) {
   WitnessResult w;
   const std::string who = witness.filename().string();
   if (!std::filesystem::exists(witness)) {
@@ -111,14 +154,22 @@ WitnessResult check_witness(const AuditVerifyResult& log, const std::filesystem:
     ++n;
     const std::string at = who + " line " + std::to_string(n) + ": ";
     AuditHead h;
+    std::string named_key;  // the key the silo checked the head under ("" in files before it did)
     try {
       const auto j = nlohmann::json::parse(line);
       h.seq = j.at("seq").get<std::uint64_t>();
       h.sha256 = j.at("head").get<std::string>();
       h.signature = j.at("sig").get<std::string>();
+      if (j.contains("key")) named_key = crypto::public_key_from_hex(j["key"].get<std::string>(), "key");
     } catch (const std::exception& e) {
       if (!w.ignored++) w.first_ignored = at + "not a witness entry (" + e.what() + ")";
       continue;
+    }
+    if (!named_key.empty() && !log.has_key(named_key)) {
+      w.reason = at + "the silo witnessed a log signed by key " + key_hex(named_key).substr(0, 16) +
+                 ", which this log never names (its first key is " + key_hex(log.keys.front().public_key).substr(0, 16) +
+                 ", with no rotation from that one): another server's log, or one started again";
+      return w;
     }
     std::string sig;
     try {
@@ -126,8 +177,11 @@ WitnessResult check_witness(const AuditVerifyResult& log, const std::filesystem:
     } catch (const std::exception&) {
       sig.clear();
     }
-    if (sig.empty() || !crypto::verify_signature(pk, audit_head_statement(h.seq, h.sha256), sig)) {
-      if (!w.ignored++) w.first_ignored = at + "its head is not signed by this audit key";
+    const bool signed_by_log = !sig.empty() && std::any_of(log.keys.begin(), log.keys.end(), [&](const AuditKeySpan& k) {
+      return crypto::verify_signature(k.public_key, audit_head_statement(h.seq, h.sha256), sig);
+    });
+    if (!signed_by_log) {
+      if (!w.ignored++) w.first_ignored = at + "its head is not signed by this log's audit key";
       continue;
     }
     if (h.seq == 0) {
@@ -147,6 +201,11 @@ WitnessResult check_witness(const AuditVerifyResult& log, const std::filesystem:
     }
     ++w.checked;
   }
+  if (w.checked == 0 && w.ignored > 0) {
+    w.reason = who + ": none of its " + std::to_string(w.ignored) +
+               " entries is signed by this log's audit key: the silo witnessed another log (" + w.first_ignored + ")";
+    return w;
+  }
   w.ok = true;
   return w;
 }
@@ -165,19 +224,40 @@ std::vector<nlohmann::json> read_audit_log(const std::filesystem::path& path) {
   return out;
 }
 
-AuditLog::AuditLog(std::filesystem::path path, crypto::SigningKey key)
+AuditLog::AuditLog(std::filesystem::path path, crypto::SigningKey key, std::string first_key)
     : path_(std::move(path)), key_(std::move(key)), head_(kGenesis) {
+  if (first_key.empty()) first_key = key_.public_key();
+  keys_.push_back({first_key, 1, ""});
   if (std::filesystem::exists(path_)) {
-    auto v = verify_audit_log(path_, key_.public_key());
+    auto v = verify_audit_log(path_, first_key);
     if (!v.ok) {
       throw std::runtime_error("audit log " + path_.string() + " is damaged (" + v.reason +
                                "); refusing to append to it");
     }
     seq_ = v.records;
     head_ = v.head_sha256;
+    keys_ = std::move(v.keys);
+    lines_ = std::move(v.line_sha256);
   } else if (path_.has_parent_path()) {
     std::filesystem::create_directories(path_.parent_path());
   }
+  if (keys_.back().public_key != key_.public_key()) {
+    throw std::runtime_error("the audit key " + key_hex(key_.public_key()).substr(0, 16) + " is not the key " +
+                             path_.string() + " is signed with now (" + key_hex(keys_.back().public_key).substr(0, 16) +
+                             "); refusing to sign a record it could not verify");
+  }
+}
+
+AuditHead AuditLog::rotate(crypto::SigningKey next, nlohmann::json fields) {
+  const std::string old_key = key_.public_key(), next_key = next.public_key();
+  const std::string sig = key_.sign(key_rotation_statement(old_key, next_key));
+  fields["event"] = "key_rotation";
+  fields["next_public_key"] = key_hex(next_key);
+  fields["rotation_signature"] = key_hex(sig);
+  append(std::move(fields));
+  keys_.push_back({next_key, seq_ + 1, sig});
+  key_ = std::move(next);
+  return signed_head();
 }
 
 std::string AuditLog::seal(nlohmann::json record) const {
@@ -198,9 +278,11 @@ AuditHead AuditLog::append_line(const std::string& line) {
     throw std::runtime_error("refusing to append record " + std::to_string(seq_ + 1) + " to " + path_.string() +
                              ": " + why);
   }
+  cut_torn_tail(path_);  // a line cut short by a full disk earlier in this run: never append to it
   append_durable(path_, line + "\n");
   ++seq_;
   head_ = crypto::sha256_hex(line);
+  lines_.push_back(head_);
   return signed_head();
 }
 

@@ -4,6 +4,13 @@
 //   "sig":  Ed25519 signature (hex) by the server's audit key
 // and the event's own fields. The signed bytes are the line with its final
 // `,"sig":"<128 hex>"}` replaced by `}`: byte-exact, so any JSON library can check a record.
+//
+// The key may change only by a rotation record, signed by the key before it:
+//   {"event": "key_rotation", "next_public_key": HEX, "rotation_signature": HEX, ...}
+// every record after it is signed by the next key. `rotation_signature` is the old key's
+// signature over key_rotation_statement(old, next), which silos check without the log
+// (protocol::AuditKey carries the chain to them). A verifier starts from the first key
+// (audit.pub, which is never overwritten) and follows the chain.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +25,13 @@
 
 namespace xsilo::server {
 
+// A key of the log and the first record it signs (the first key: record 1).
+struct AuditKeySpan {
+  std::string public_key;  // 32 raw bytes
+  std::uint64_t from_seq = 1;
+  std::string rotation_signature;  // the previous key's, over key_rotation_statement (raw); "" for the first
+};
+
 struct AuditVerifyResult {
   bool ok = false;
   std::uint64_t records = 0;          // records that verified
@@ -25,13 +39,19 @@ struct AuditVerifyResult {
   std::string reason;
   std::string head_sha256;            // hash of the last good line
   std::vector<std::string> line_sha256;  // hash of each good line, record 1 first
+  std::vector<AuditKeySpan> keys;     // the first key, then each rotation's next key
+  bool has_key(const std::string& public_key) const;
 };
 
-// Checks the whole chain with `public_key` (32 raw bytes).
+// Checks the whole chain, starting with `public_key` (32 raw bytes) and following rotations.
 AuditVerifyResult verify_audit_log(const std::filesystem::path& path, const std::string& public_key);
 
+// A key's fingerprint as witness files and messages name it: its 64 hex characters.
+std::string key_hex(const std::string& public_key);
+
 // A point of the log the server vouches for: record `seq`'s line hashes to `sha256`, and
-// `signature` (hex) is the audit key's over audit_head_statement(seq, sha256). The server sends
+// `signature` (hex) is the audit key's over protocol::audit_head_statement(seq, sha256) (the
+// statements silos check: protocol/audit_key.h). The server sends
 // one to each silo of a round with its RoundEnd; silos keep them (STATE_DIR/audit_heads.jsonl),
 // so a log whose tail was cut, or that was rewritten or forked, shows against any one silo's.
 struct AuditHead {
@@ -39,7 +59,6 @@ struct AuditHead {
   std::string sha256;
   std::string signature;
 };
-std::string audit_head_statement(std::uint64_t seq, const std::string& sha256);
 
 struct WitnessResult {
   bool ok = false;
@@ -48,21 +67,26 @@ struct WitnessResult {
   std::string first_ignored;  // where the first of those is, and why
   std::string reason;
 };
-// Checks a silo's witness file (JSON lines with "seq", "head", "sig") against a verified log:
-// every entry signed by the audit key `public_key` must name a record the log has, with that
-// hash. Entries the key did not sign prove nothing either way and are counted, not held against
-// the log (an edge could otherwise inject one to discredit an honest log).
-WitnessResult check_witness(const AuditVerifyResult& log, const std::filesystem::path& witness,
-                            const std::string& public_key);
+// Checks a silo's witness file (JSON lines with "seq", "head", "sig" and "key", the hex public
+// key the silo checked the head under) against a verified log:
+// - an entry whose "key" is not one of the log's keys fails the check: the silo witnessed
+//   another log (another server's, or one started again in a wiped state folder);
+// - every entry signed by one of the log's keys must name a record the log has, with that hash;
+// - entries no key of the log signed prove nothing either way (written before silos checked
+//   heads: an edge could have injected them) and are counted; but a file in which no entry at
+//   all is signed by the log's keys fails: it witnessed another log.
+WitnessResult check_witness(const AuditVerifyResult& log, const std::filesystem::path& witness);
 
 // Reads the records (signature not checked); throws std::runtime_error on unparsable lines.
 std::vector<nlohmann::json> read_audit_log(const std::filesystem::path& path);
 
 class AuditLog {
  public:
-  // Opens (or creates) the log. An existing log must verify under `key`: a server never
-  // appends to a damaged chain. Throws std::runtime_error naming the first bad record.
-  AuditLog(std::filesystem::path path, crypto::SigningKey key);
+  // Opens (or creates) the log. An existing log must verify from `first_key` (audit.pub; empty:
+  // `key`'s own) through its rotations, and `key` must be the key its last record names: a
+  // server never appends to a damaged chain, nor with another key. Throws std::runtime_error
+  // naming the first bad record.
+  AuditLog(std::filesystem::path path, crypto::SigningKey key, std::string first_key = {});
 
   // The line append(record) would write next: seq, prev and sig filled in, signed. A
   // checkpoint keeps it, so recovery appends exactly what was signed, after checking it.
@@ -74,16 +98,26 @@ class AuditLog {
   // The head now, signed.
   AuditHead signed_head() const;
 
+  // Appends the rotation record (signed by the key now) and signs with `next` from then on.
+  AuditHead rotate(crypto::SigningKey next, nlohmann::json fields);
+
   std::uint64_t size() const { return seq_; }
   const std::string& head() const { return head_; }
   const std::filesystem::path& path() const { return path_; }
   std::string public_key() const { return key_.public_key(); }
+  // The keys of the log, the first one first (the last signs now).
+  const std::vector<AuditKeySpan>& keys() const { return keys_; }
+  // The SHA-256 of record `seq`'s line ("" past the head); kept for every record (32 bytes of
+  // hex each), so that a silo's witnessed head can be checked at its join.
+  std::string line_sha256(std::uint64_t seq) const { return seq >= 1 && seq <= lines_.size() ? lines_[seq - 1] : ""; }
 
  private:
   std::filesystem::path path_;
   crypto::SigningKey key_;
   std::uint64_t seq_ = 0;
   std::string head_;
+  std::vector<AuditKeySpan> keys_;
+  std::vector<std::string> lines_;
 };
 
 // The audit key on disk: the secret as hex text (0600), the public key beside it (0644).

@@ -356,6 +356,10 @@ ServerConfig load_server_config(const std::filesystem::path& file) {
                                  std::to_string(c.channel.max_frame_bytes) + " (need 4096 spare)");
   }
   c.state_dir = root.path("state_dir", "state");
+  c.state_mirror = root.path("state_mirror", "");
+  if (!c.state_mirror.empty() && std::filesystem::weakly_canonical(c.state_mirror) == std::filesystem::weakly_canonical(c.state_dir)) {
+    root.fail("state_mirror", "must be another folder than state_dir (ideally on another disk)");
+  }
   c.keep_checkpoints = static_cast<std::size_t>(root.integer("keep_checkpoints", 5, 0, 1 << 20));
   c.staging.over_bytes = static_cast<std::uint64_t>(root.integer("stage_uploads_over_mib", 1024, 0, 1 << 30)) << 20;
   c.staging.dir = c.state_dir;
@@ -411,6 +415,7 @@ nlohmann::json to_json(const ServerConfig& c) {
             {"transport", transport::to_json(c.channel)},
             {"chunk_bytes", c.chunk_bytes},
             {"state_dir", abs_path(c.state_dir)},
+            {"state_mirror", c.state_mirror.empty() ? std::string() : abs_path(c.state_mirror)},
             {"keep_checkpoints", c.keep_checkpoints},
             {"stage_uploads_over_mib", c.staging.over_bytes >> 20},
             {"model", model},

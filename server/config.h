@@ -31,6 +31,9 @@ struct ServerConfig : RoundConfig {
   transport::AllowList allow;
   transport::ChannelOptions channel;
   std::filesystem::path state_dir;
+  // A second copy of the checkpoints, the audit log and its public key, on another disk: the
+  // last committed model and the log survive the loss or damage of one (server/state.h).
+  std::filesystem::path state_mirror;
   std::size_t keep_checkpoints = 5;  // 0: keep all
   ModelSpec model;
   OptimizerConfig optimizer;

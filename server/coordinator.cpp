@@ -10,6 +10,7 @@
 #include <random>
 
 #include "crypto/hash.h"
+#include "crypto/keys.h"
 #include "proto/frame.h"
 #include "protocol/round_start.h"
 #include "protocol/compression.h"
@@ -186,7 +187,7 @@ void Coordinator::start_round(std::int64_t now_ms) {
   actions_.push_back(action::CancelTimer{Timer::Join});
   std::vector<std::pair<std::string, SessionId>> candidates;
   for (const auto& route : membership_.routes()) {
-    if (!membership_.leaving(route.first)) candidates.push_back(route);  // moving to another upstream
+    if (!membership_.excluded(route.first)) candidates.push_back(route);  // moving to another upstream, or disowned
   }
   std::mt19937_64 rng(cfg_.seed ^ (round_ * 0x9e3779b97f4a7c15ull));
   std::shuffle(candidates.begin(), candidates.end(), rng);
@@ -215,6 +216,10 @@ void Coordinator::start_round(std::int64_t now_ms) {
   const BroadcastDelta* offer = nullptr;  // into delta_ or same_, which only a finished job changes
   auto* rs = start.mutable_round_start();
   rs->set_round(round_);
+  {
+    const auto nonce = crypto::Secret::random();
+    rs->set_nonce(std::string(nonce.bytes().begin(), nonce.bytes().begin() + 16));
+  }
   *rs->mutable_plan() = cfg_.plan;
   protocol::add_layout(*rs, global_->tensors());
   rs->set_model_sha256(global_sha_);
@@ -225,6 +230,16 @@ void Coordinator::start_round(std::int64_t now_ms) {
   }
   r_->compression = round_compression(cfg_, round_);
   if (protocol::compressed(r_->compression)) *rs->mutable_compression() = r_->compression;
+  if (const auto keys = store_.audit_keys(); !keys.empty()) {
+    auto* k = rs->mutable_audit_key();
+    k->set_public_key(keys.back().public_key);
+    for (std::size_t i = 1; i < keys.size(); ++i) {
+      auto* rot = k->add_rotations();
+      rot->set_old_key(keys[i - 1].public_key);
+      rot->set_next_key(keys[i].public_key);
+      rot->set_signature(keys[i].rotation_signature);
+    }
+  }
   std::set<SessionId> edges;
   for (const auto& [silo, session] : candidates) {
     Member mb;

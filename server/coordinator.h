@@ -95,6 +95,11 @@ struct Finished {
 struct Background {
   std::function<void()> work;
 };
+// The server cannot go on without its operator (a silo witnessed audit records this log does
+// not hold): the daemon logs `reason` and exits with code 2, telling no one the federation ended.
+struct Stop {
+  std::string reason;
+};
 // A structured progress event for whoever watches (the daemon writes them to events.jsonl).
 struct Event {
   std::string name;  // round_started, upload_granted, round_closed, round_committed, round_aborted
@@ -104,7 +109,7 @@ struct Event {
 }  // namespace action
 
 using Action = std::variant<action::Send, action::SendModel, action::Close, action::StartTimer, action::CancelTimer,
-                            action::Job, action::Finished, action::Background, action::Event>;
+                            action::Job, action::Finished, action::Background, action::Event, action::Stop>;
 
 enum class Phase { Joining, Collecting, Unmasking, Closing, Finished };
 // "join", "collect", "unmask", "commit", "finished": as status and metrics name them.
@@ -198,6 +203,8 @@ class Coordinator {
   void silo_gone(const std::string& silo, SessionId link, const std::string& why, std::int64_t now_ms);
   void on_edge_message(SessionId id, const wire::Envelope& env, std::int64_t now_ms);
   void on_leaving(const std::string& silo, SessionId via);
+  // A silo's last witnessed audit head (docs/audit.md, "Witnesses").
+  void on_witness(const std::string& silo, const wire::Witness& w);
   void on_region_status(SessionId id, const wire::RegionStatus& status, std::int64_t now_ms);
   // A fresh join nonce for an edge session, sent to it: every proof made for the old one is
   // void. On connect, and whenever a silo leaves the edge's region (so that the edge cannot

@@ -9,6 +9,7 @@
 
 #include "crypto/keys.h"
 #include "proto/frame.h"
+#include "protocol/audit_key.h"
 #include "protocol/join.h"
 #include "server/coordinator_round.h"
 #include "server/secure_round.h"
@@ -156,6 +157,7 @@ void Coordinator::on_message(SessionId id, const wire::Envelope& e, std::int64_t
     return;
   }
   if (body == B::kLeaving) return on_leaving(peer->name, id);
+  if (body == B::kWitness) return on_witness(peer->name, e.witness());
   // Whatever round it is for: the model the silo trained on is the one it holds now.
   if (body == B::kUpdateReady) held_model(id, e.update_ready().model_sha256(), e.round());
   const bool secure_body = proto::is_secagg_from_silo(body);
@@ -197,6 +199,11 @@ void Coordinator::on_edge_message(SessionId id, const wire::Envelope& e, std::in
   }
   if (!e.silo().empty()) {
     if (body == B::kLeaving) return on_leaving(e.silo(), id);
+    if (body == B::kWitness) {
+      const Peer* p = membership_.peer(id);
+      if (p->region.count(e.silo())) on_witness(e.silo(), e.witness());
+      return;
+    }
     // Relayed from one of its silos: UpdateReady and the secure protocol (its uploads go into
     // the region's sum).
     const auto m = member_named(e.silo());
@@ -230,6 +237,34 @@ void Coordinator::on_edge_message(SessionId id, const wire::Envelope& e, std::in
     case B::kTensorChunk: on_chunk(Uploader{kNone, id}, id, e, now_ms); break;
     case B::kUpdateEnd: on_region_end(id, e, now_ms); break;
     default: send_error(id, wire::UNEXPECTED, "an edge may not send " + proto::body_name(e));
+  }
+}
+
+// A head signed by one of this log's keys that the log does not hold proves the log lost or
+// rewrote records: the server stops rather than sign on (a silo cannot fake one; it needs the
+// server's signature). A head under another key proves nothing about this log, but that silo
+// witnessed another history and refuses this one's rounds: it is left out of selection, said
+// so in the log.
+void Coordinator::on_witness(const std::string& silo, const wire::Witness& w) {
+  const auto keys = store_.audit_keys();
+  if (keys.empty()) return;  // a store that keeps no log
+  const bool ours = std::any_of(keys.begin(), keys.end(), [&](const AuditKeySpan& k) { return k.public_key == w.public_key(); });
+  const std::string head = "record " + std::to_string(w.head().seq()) + " (" + proto::printable(w.head().sha256(), 12) + ")";
+  if (!ours) {
+    membership_.set_disowned(silo);
+    spdlog::error("silo {} witnessed audit {} of a log signed by another key: it took part in another history (this "
+                  "state folder started again, or another server's) and will refuse this server's rounds; it is not "
+                  "selected ({} such silos). If this folder is the wrong one, stop and restore it; if the federation "
+                  "restarted on purpose, the silo moves its audit_heads.jsonl aside",
+                  silo, head, membership_.disowned());
+    return;
+  }
+  if (!protocol::head_signed_by(w.head(), w.public_key())) {
+    spdlog::warn("silo {} sent a witnessed head ({}) this server's key did not sign; ignored", silo, head);
+    return;
+  }
+  if (const std::string why = store_.check_witness(silo, w.head().seq(), w.head().sha256(), w.public_key()); !why.empty()) {
+    actions_.push_back(action::Stop{why});
   }
 }
 

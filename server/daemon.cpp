@@ -10,10 +10,12 @@
 #include <spdlog/spdlog.h>
 
 #include <fstream>
+#include <iostream>
 #include <deque>
 #include <map>
 #include <set>
 
+#include "common/config.h"
 #include "common/fs.h"
 #include "common/mlp.h"
 #include "common/prometheus.h"
@@ -49,14 +51,23 @@ class Server {
     declare_metrics();
   }
 
+  // Binds the listening port: a port in use is the operator's to mend (exit 2), found before
+  // anything is written to the audit log.
+  void bind() {
+    try {
+      listener_ = std::make_unique<transport::Listener>(
+          rt_.io().get_executor(), tls_, cfg_.listen, cfg_.channel, cfg_.allow,
+          transport::LocalInfo{cfg_.federation, wire::SERVER, {"plain", "edges"}},
+          [this](std::shared_ptr<transport::Channel> ch) { on_channel(std::move(ch)); }, [this] { return coord_.round(); });
+    } catch (const boost::system::system_error& e) {
+      throw ConfigError("config " + cfg_.file.string() + ": .listen: cannot listen on " + cfg_.listen.host + ":" +
+                        std::to_string(cfg_.listen.port) + ": " + e.code().message());
+    }
+  }
+
   int run() {
     const int code = rt_.run(
         [this] {
-          listener_ = std::make_unique<transport::Listener>(
-              rt_.io().get_executor(), tls_, cfg_.listen, cfg_.channel, cfg_.allow,
-              transport::LocalInfo{cfg_.federation, wire::SERVER, {"plain", "edges"}},
-              [this](std::shared_ptr<transport::Channel> ch) { on_channel(std::move(ch)); },
-              [this] { return coord_.round(); });
           listener_->start();
           spdlog::info("server for federation {} listening on {}:{}", cfg_.federation, cfg_.listen.host,
                        listener_->port());
@@ -380,6 +391,11 @@ class Server {
     });
   }
   void apply(action::Background& a) { rt_.background(std::move(a.work)); }
+  void apply(action::Stop& a) {
+    spdlog::error("stopping: {}", a.reason);
+    std::cerr << "xsilo server: " << a.reason << "\n";
+    shutdown(2);
+  }
   // Progress events, one JSON object per line, for whoever follows the federation (xsilo sim
   // fires its rehearsed faults from them).
   void apply(action::Event& a) {
@@ -416,9 +432,10 @@ class Server {
                           {"time", iso_time(now_ms())}};
     // On the worker, after every record queued before it (an admin's stop is one): the audit
     // log has one writer. Then the Finished messages get time to reach the silos.
-    // An operator's stop is a success whatever rounds aborted before it (a service manager must
-    // not restart the server); otherwise aborted rounds make the exit code 3.
-    const int code = a.stopped_by_admin || a.aborted == 0 ? 0 : 3;
+    // The federation ran to its end (or an operator stopped it): a success whatever rounds
+    // aborted on the way, which the audit log and the metrics say (a service manager must not
+    // restart a server whose work is done).
+    const int code = 0;
     rt_.work<int>(
         [this, rec = std::move(rec)] {
           state_.record(rec, nullptr);
@@ -480,10 +497,13 @@ class Server {
 
 }  // namespace
 
-int run_server(const ServerConfig& cfg) {
-  ServerState state(cfg.state_dir, cfg.keep_checkpoints);
+int run_server(const ServerConfig& cfg, const StartOptions& start) {
+  // 1. The state as a whole (state.h): nothing is written to the audit log before it checks out
+  //    and the listener is bound.
+  ServerState state(StateOptions{cfg.state_dir, cfg.state_mirror, cfg.keep_checkpoints, start.resume_from_round});
   Model initial = init_model(cfg.model);
   Resume resume = state.recover(initial);
+  if (resume.missing) throw StateError(state.missing_model_error(*resume.missing));
   Model model = resume.model ? std::move(*resume.model) : std::move(initial);
   ServerOptimizer optimizer(cfg.optimizer, model);
   if (resume.optimizer_state) optimizer.load_state(*resume.optimizer_state);
@@ -492,6 +512,41 @@ int run_server(const ServerConfig& cfg) {
     spdlog::info("resuming after committed round {} (next round {})", resume.committed_round, first_round);
   }
   const std::string sha = crypto::sha256_hex(model.flat());
+  RoundConfig rounds(cfg);
+  if (resume.clip_norm && rounds.aggregation.adaptive_clip.on()) {
+    rounds.aggregation.adaptive_clip.initial = *resume.clip_norm;  // adaptive clipping goes on where it was
+  }
+  // 2. TLS: the server checks silos' signatures (joins through edges, secure aggregation) against
+  //    the federation CA and its revocation list, and signs round starts and secure setups with
+  //    its key. A file that is missing or does not fit its certificate is a config error.
+  std::unique_ptr<Coordinator> coord;
+  std::unique_ptr<Server> server;
+  try {
+    rounds.ca = transport::load_verifier(cfg.tls);
+    rounds.signer = transport::load_signer(cfg.tls);
+    coord = std::make_unique<Coordinator>(std::move(rounds), std::move(model), std::move(optimizer), state, first_round);
+    server = std::make_unique<Server>(cfg, state, *coord);
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw ConfigError("config " + cfg.file.string() + ": .tls: " + e.what());
+  }
+  // 3. The port.
+  server->bind();
+  // 4. Only now, the records of this start: what was repaired, an operator's decision, the start.
+  const auto now = now_ms();
+  if (!resume.repairs.empty()) {
+    for (const auto& r : resume.repairs) spdlog::warn("state repaired: {}", r);
+    state.record({{"event", "state_repair"}, {"repairs", resume.repairs}, {"time", iso_time(now)}}, nullptr);
+  }
+  if (resume.decision) {
+    auto d = *resume.decision;
+    d["by"] = "operator (--resume-from-round)";
+    d["time"] = iso_time(now);
+    spdlog::warn("the operator's decision: going on from committed round {}; rounds {} superseded",
+                 d["from_round"].get<std::uint64_t>(), d["superseded_rounds"].dump());
+    state.record(d, nullptr);
+  }
   state.record({{"event", "federation_start"},
                 {"federation", cfg.federation},
                 {"config_sha256", cfg.config_sha256},
@@ -499,19 +554,9 @@ int run_server(const ServerConfig& cfg) {
                 {"first_round", first_round},
                 {"resumed_from_round", resume.committed_round},
                 {"model_sha256", sha},
-                {"time", iso_time(now_ms())}},
+                {"time", iso_time(now)}},
                nullptr);
-  RoundConfig rounds(cfg);
-  if (resume.clip_norm && rounds.aggregation.adaptive_clip.on()) {
-    rounds.aggregation.adaptive_clip.initial = *resume.clip_norm;  // adaptive clipping goes on where it was
-  }
-  // The server checks silos' signatures (joins through edges, secure aggregation) against the
-  // federation CA and its revocation list, and signs round starts and secure setups with its key.
-  rounds.ca = transport::load_verifier(cfg.tls);
-  rounds.signer = transport::load_signer(cfg.tls);
-  Coordinator coord(std::move(rounds), std::move(model), std::move(optimizer), state, first_round);
-  Server server(cfg, state, coord);
-  return server.run();
+  return server->run();
 }
 
 }  // namespace xsilo::server

@@ -11,6 +11,7 @@ std::vector<std::string> Membership::remove_session(SessionId id) {
     if (r->second == id) {
       gone.push_back(r->first);
       leaving_.erase(r->first);
+      disowned_.erase(r->first);
       r = routes_.erase(r);
     } else {
       ++r;
@@ -34,6 +35,7 @@ std::optional<SessionId> Membership::route(const std::string& silo, SessionId vi
   if (auto it = routes_.find(silo); it != routes_.end() && it->second != via) before = it->second;
   routes_[silo] = via;
   leaving_.erase(silo);
+  disowned_.erase(silo);
   seen_.insert(silo);
   return before;
 }
@@ -43,6 +45,7 @@ bool Membership::unroute(const std::string& silo, SessionId via) {
   if (it == routes_.end() || it->second != via) return false;
   routes_.erase(it);
   leaving_.erase(silo);
+  disowned_.erase(silo);
   return true;
 }
 

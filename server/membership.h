@@ -64,7 +64,19 @@ class Membership {
     if (routes_.count(silo)) leaving_.insert(silo);
   }
   bool leaving(const std::string& silo) const { return leaving_.count(silo) > 0; }
-  std::size_t selectable() const { return routes_.size() - leaving_.size(); }
+  // `silo` witnessed audit heads of another log (Witness): it would refuse this server's rounds,
+  // so none selects it while this route lasts.
+  void set_disowned(const std::string& silo) {
+    if (routes_.count(silo)) disowned_.insert(silo);
+  }
+  // Not to be selected: leaving, or disowned.
+  bool excluded(const std::string& silo) const { return leaving_.count(silo) > 0 || disowned_.count(silo) > 0; }
+  std::size_t selectable() const {
+    std::size_t n = 0;
+    for (const auto& [silo, via] : routes_) n += excluded(silo) ? 0 : 1;
+    return n;
+  }
+  std::size_t disowned() const { return disowned_.size(); }
 
   // An edge's RegionStatus: the silos that left it and those newly announced, in order.
   struct RegionChange {
@@ -85,6 +97,7 @@ class Membership {
   std::map<std::string, SessionId> routes_;  // silo -> its session or its edge's
   std::set<std::string> seen_;               // silos connected at some time since start
   std::set<std::string> leaving_;            // a subset of routes_' silos
+  std::set<std::string> disowned_;           // likewise
 };
 
 }  // namespace xsilo::server

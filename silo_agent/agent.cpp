@@ -44,6 +44,7 @@ SessionConfig session_config(const AgentConfig& cfg) {
   }
   if (!cfg.state_dir.empty()) s.momentum_file = cfg.state_dir / "momentum.safetensors";
   if (!cfg.state_dir.empty()) s.residual_file = cfg.state_dir / "error_feedback.safetensors";
+  if (!cfg.state_dir.empty()) s.witnessed = last_witnessed(cfg.state_dir);
   return s;
 }
 
@@ -71,8 +72,6 @@ class Agent {
   }
 
   int run() {
-    std::filesystem::create_directories(cfg_.state_dir);
-    for (const auto& repaired : repair_state(cfg_.state_dir)) spdlog::warn("state {}: {}", cfg_.state_dir.string(), repaired);
     return rt_.run(
         [this] {
           metrics_endpoint_ =
@@ -219,6 +218,9 @@ class Agent {
 }  // namespace
 
 int run_agent(const AgentConfig& cfg, AgentHooks hooks) {
+  // The state folder first, as a crash may have left it (silo_state.h): the session reads it.
+  std::filesystem::create_directories(cfg.state_dir);
+  for (const auto& repaired : repair_state(cfg.state_dir)) spdlog::warn("state {}: {}", cfg.state_dir.string(), repaired);
   auto trainer = hooks.trainer ? std::move(hooks.trainer) : make_trainer(cfg);
   Agent agent(cfg, std::move(trainer), std::move(hooks.faults));
   return agent.run();

@@ -12,6 +12,7 @@
 #include "crypto/fixed_point.h"
 #include "crypto/hash.h"
 #include "proto/frame.h"
+#include "protocol/audit_key.h"
 #include "protocol/compression.h"
 #include "protocol/join.h"
 #include "protocol/round_start.h"
@@ -34,7 +35,9 @@ std::string now_iso() {
 }  // namespace
 
 Session::Session(SessionConfig cfg, Trainer& trainer, FaultHook& hook)
-    : cfg_(std::move(cfg)), trainer_(trainer), hook_(hook) {}
+    : cfg_(std::move(cfg)), trainer_(trainer), hook_(hook) {
+  if (cfg_.witnessed) witnessed_key_ = cfg_.witnessed->public_key();
+}
 
 wire::Envelope Session::env() const {
   wire::Envelope e;
@@ -69,6 +72,12 @@ void Session::on_connected(const std::string& identity, const std::string& upstr
   upstream_identity_ = upstream_identity;
   connected_ = true;
   leave_requested_ = leave_granted_ = false;
+  // The last head this silo witnessed: a server whose log does not hold it stops (docs/audit.md).
+  if (cfg_.witnessed) {
+    auto e = env();
+    *e.mutable_witness() = *cfg_.witnessed;
+    send(std::move(e));
+  }
 }
 
 void Session::on_disconnected() {
@@ -112,18 +121,7 @@ void Session::on_message(const wire::Envelope& e) {
     case B::kRoundEnd:
       spdlog::info("round {} ended for this silo: {}{}", e.round(), e.round_end().committed() ? "committed" : "not committed",
                    e.round_end().reason().empty() ? "" : " (" + e.round_end().reason() + ")");
-      if (e.round_end().has_audit_head() && e.round_end().audit_head().seq() > 0) {
-        // The server's signed audit head after this round: kept as a witness, so an auditor can
-        // hold the server's log against it (xsilo audit verify --witness).
-        const auto& h = e.round_end().audit_head();
-        actions_.push_back(action::Record{.entry = {{"federation", cfg_.federation},
-                                                    {"round", e.round()},
-                                                    {"seq", h.seq()},
-                                                    {"head", h.sha256()},
-                                                    {"sig", h.signature()},
-                                                    {"time", now_iso()}},
-                                          .log = "audit_heads.jsonl"});
-      }
+      if (e.round_end().has_audit_head() && e.round_end().audit_head().seq() > 0) witness(e);
       if (e.round() == round_) {
         ++generation_;
         *live_generation_ = generation_;
@@ -176,6 +174,29 @@ void Session::on_join_challenge(const wire::Envelope& e) {
 }
 
 
+// The server's signed audit head after a round: kept as a witness, so an auditor can hold the
+// server's log against it (xsilo audit verify --witness), with the key it was checked under.
+// A head the round's audit key did not sign (altered or made up on the way) is not kept.
+void Session::witness(const wire::Envelope& e) {
+  const auto& h = e.round_end().audit_head();
+  const std::string key = e.round() == round_ && !round_audit_key_.empty() ? round_audit_key_ : witnessed_key_;
+  nlohmann::json entry = {{"federation", cfg_.federation}, {"round", e.round()}, {"seq", h.seq()},
+                          {"head", h.sha256()},           {"sig", h.signature()}, {"time", now_iso()}};
+  if (!key.empty()) {
+    if (!protocol::head_signed_by(h, key)) {
+      spdlog::warn("round {}: the audit head {} is not signed by the server's audit key; not kept", e.round(), h.seq());
+      return;
+    }
+    entry["key"] = crypto::to_hex(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(key.data()), key.size()));
+    witnessed_key_ = key;
+    wire::Witness w;
+    *w.mutable_head() = h;
+    w.set_public_key(key);
+    cfg_.witnessed = std::move(w);
+  }
+  actions_.push_back(action::Record{.entry = std::move(entry), .log = "audit_heads.jsonl"});
+}
+
 void Session::on_round_start(const wire::Envelope& e) {
   const auto& rs = e.round_start();
   if (auto why = protocol::check_layout(rs, cfg_.max_model_elements); !why.empty()) {
@@ -202,6 +223,24 @@ void Session::on_round_start(const wire::Envelope& e) {
                                        std::to_string(round_) + " did: refused");
     return;
   }
+  if (!rs.nonce().empty() && rs.nonce() == start_nonce_) {
+    // The start this silo acted on, again (relayed twice): a server starts each round afresh.
+    // Ignored without an answer, which the server would count against this silo.
+    spdlog::warn("round {}: the same signed RoundStart again; ignored (each is acted on once)", rs.round());
+    return;
+  }
+  if (rs.has_audit_key()) {
+    // The audit key this silo takes part under: the one it witnessed, or one its rotations lead to.
+    std::string why;
+    const std::string key = protocol::reach_audit_key(witnessed_key_, rs.audit_key(), why);
+    if (key.empty()) {
+      spdlog::error("round {}: refusing the round: {}", rs.round(), why);
+      reply_error(wire::NOT_ALLOWED, "audit key: " + why);
+      return;
+    }
+    round_audit_key_ = key;
+  }
+  start_nonce_ = rs.nonce();
   ++generation_;
   *live_generation_ = generation_;
   pending_.reset();

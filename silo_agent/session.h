@@ -117,6 +117,10 @@ struct SessionConfig {
   std::filesystem::path residual_file;
   // A RoundStart whose model has more elements is refused (protocol::check_layout).
   std::uint64_t max_model_elements = protocol::kMaxModelElements;
+  // The last audit head this silo witnessed (state_dir/audit_heads.jsonl) and the key it checked
+  // it under: sent to the upstream after each connection, and the key this silo takes part
+  // under (or a key rotations signed by it lead to). Unset: nothing witnessed yet.
+  std::optional<wire::Witness> witnessed;
 };
 
 class Session {
@@ -149,6 +153,7 @@ class Session {
  private:
   void on_join_challenge(const wire::Envelope& e);
   void on_round_start(const wire::Envelope& e);
+  void witness(const wire::Envelope& round_end);
   void start_secure(const wire::SecAggSetup& setup);
   void on_key_list(const wire::Envelope& e);
   void on_share_delivery(const wire::Envelope& e);
@@ -190,6 +195,10 @@ class Session {
   bool in_round_ = false;
   std::uint64_t round_ = 0;
   std::uint64_t round_failed_ = 0;  // the round whose model this silo refused (0: none)
+  std::string start_nonce_;         // of the RoundStart acted on last: a replay of it is refused
+  // The audit key: the one this silo witnessed last (from cfg_.witnessed, then each head kept),
+  // and the one the round's RoundStart named, reached from it.
+  std::string witnessed_key_, round_audit_key_;
   wire::TrainingPlan plan_;
   wire::Compression compression_;   // the round's (none when unset)
   std::string model_sha_;

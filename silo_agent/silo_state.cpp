@@ -46,6 +46,26 @@ void commit_record(const std::filesystem::path& log, const nlohmann::json& entry
   fsync_dir(onto.parent_path());
 }
 
+std::optional<wire::Witness> last_witnessed(const std::filesystem::path& dir) {
+  std::ifstream in(dir / "audit_heads.jsonl");
+  std::optional<wire::Witness> last;
+  for (std::string line; std::getline(in, line);) {
+    try {
+      const auto j = nlohmann::json::parse(line);
+      if (!j.contains("key")) continue;  // kept before silos checked heads: no key to go by
+      wire::Witness w;
+      w.mutable_head()->set_seq(j.at("seq").get<std::uint64_t>());
+      w.mutable_head()->set_sha256(j.at("head").get<std::string>());
+      w.mutable_head()->set_signature(j.at("sig").get<std::string>());
+      w.set_public_key(crypto::from_hex(j.at("key").get<std::string>()));
+      last = std::move(w);
+    } catch (const std::exception&) {
+      // a damaged line witnesses nothing
+    }
+  }
+  return last;
+}
+
 std::string residual_sha256(const std::filesystem::path& file) {
   const Model m = load_safetensors(file);
   return crypto::sha256_hex(m.flat());

@@ -18,10 +18,13 @@
 #pragma once
 
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "proto/xsilo.pb.h"
 
 namespace xsilo::agent {
 
@@ -41,6 +44,9 @@ void commit_record(const std::filesystem::path& log, const nlohmann::json& entry
 // - staged error feedback is promoted when the last line of sent.jsonl names it (the crash
 //   came between that line and the rename) and removed otherwise (its upload never left).
 std::vector<std::string> repair_state(const std::filesystem::path& dir);
+
+// The last head of audit_heads.jsonl that names the key it was checked under, if any.
+std::optional<wire::Witness> last_witnessed(const std::filesystem::path& dir);
 
 // The hash sent.jsonl records for a residual (SHA-256 of its float32 values).
 std::string residual_sha256(const std::filesystem::path& file);

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <functional>
 
 #include "common/fs.h"
 #include "crypto/hash.h"
@@ -124,13 +125,15 @@ TEST_F(AuditTest, AWitnessCatchesACutTailAndARewrittenLog) {
   }
   auto witness = [&](const std::vector<AuditHead>& hs) {
     std::string s;
-    for (const auto& h : hs) s += nlohmann::json{{"seq", h.seq}, {"head", h.sha256}, {"sig", h.signature}}.dump() + "\n";
+    for (const auto& h : hs) {
+      s += nlohmann::json{{"seq", h.seq}, {"head", h.sha256}, {"sig", h.signature}, {"key", key_hex(pub_)}}.dump() + "\n";
+    }
     atomic_write_file(d / "heads.jsonl", s);
     return d / "heads.jsonl";
   };
   const auto full = verify_audit_log(d / "audit.jsonl", pub_);
   ASSERT_TRUE(full.ok);
-  auto w = check_witness(full, witness({heads[1], heads[4]}), pub_);
+  auto w = check_witness(full, witness({heads[1], heads[4]}));
   EXPECT_TRUE(w.ok) << w.reason;
   EXPECT_EQ(w.checked, 2u);
 
@@ -140,7 +143,7 @@ TEST_F(AuditTest, AWitnessCatchesACutTailAndARewrittenLog) {
   write_lines(d / "cut.jsonl", lines);
   const auto cut = verify_audit_log(d / "cut.jsonl", pub_);
   ASSERT_TRUE(cut.ok);
-  w = check_witness(cut, witness({heads[1], heads[4]}), pub_);
+  w = check_witness(cut, witness({heads[1], heads[4]}));
   EXPECT_FALSE(w.ok);
   EXPECT_NE(w.reason.find("tail was cut"), std::string::npos) << w.reason;
 
@@ -153,9 +156,9 @@ TEST_F(AuditTest, AWitnessCatchesACutTailAndARewrittenLog) {
   }
   const auto forked = verify_audit_log(d / "fork.jsonl", pub_);
   ASSERT_TRUE(forked.ok);
-  w = check_witness(forked, witness({heads[1]}), pub_);
+  w = check_witness(forked, witness({heads[1]}));
   EXPECT_TRUE(w.ok) << w.reason;  // records 1-2 are the same in both
-  w = check_witness(forked, witness({heads[1], heads[4]}), pub_);
+  w = check_witness(forked, witness({heads[1], heads[4]}));
   EXPECT_FALSE(w.ok);
   EXPECT_NE(w.reason.find("rewritten or forked"), std::string::npos) << w.reason;
 
@@ -163,14 +166,91 @@ TEST_F(AuditTest, AWitnessCatchesACutTailAndARewrittenLog) {
   // evidence: it is counted and ignored, and neither discredits an honest log nor hides a cut.
   AuditHead forged = heads[4];
   forged.sha256 = std::string(64, 'a');
-  w = check_witness(full, witness({forged, heads[1]}), pub_);
+  w = check_witness(full, witness({forged, heads[1]}));
   EXPECT_TRUE(w.ok) << w.reason;
   EXPECT_EQ(w.ignored, 1u);
   EXPECT_EQ(w.checked, 1u);
-  EXPECT_NE(w.first_ignored.find("not signed by this audit key"), std::string::npos) << w.first_ignored;
-  w = check_witness(cut, witness({forged, heads[4]}), pub_);
+  EXPECT_NE(w.first_ignored.find("not signed by this log's audit key"), std::string::npos) << w.first_ignored;
+  w = check_witness(cut, witness({forged, heads[4]}));
   EXPECT_FALSE(w.ok);
   EXPECT_NE(w.reason.find("tail was cut"), std::string::npos) << w.reason;
+}
+
+// Found by the 2026-12-04 review (N2): a silo's witness file checked against another server's
+// log and key said OK, every genuine head "ignored" as signed by another key. Witnesses now name
+// the key they checked each head under; a key the log never names fails, and so does a file of
+// which no entry is signed by the log's keys (files kept before silos named keys).
+TEST_F(AuditTest, AWitnessOfAnotherLogFailsWhetherOrNotItNamesTheKey) {
+  test::TempDir d;
+  auto other_key = crypto::SigningKey::generate();
+  const std::string other_pub = other_key.public_key();
+  std::vector<AuditHead> heads;
+  {
+    AuditLog other(d / "other.jsonl", std::move(other_key));
+    for (int r = 1; r <= 3; ++r) heads.push_back(other.append({{"event", "round"}, {"round", r}}));
+  }
+  const auto ours = verify_audit_log(dir_ / "audit.jsonl", pub_);
+  ASSERT_TRUE(ours.ok);
+  std::string named, unnamed;
+  for (const auto& h : heads) {
+    named += nlohmann::json{{"seq", h.seq}, {"head", h.sha256}, {"sig", h.signature}, {"key", key_hex(other_pub)}}.dump() + "\n";
+    unnamed += nlohmann::json{{"seq", h.seq}, {"head", h.sha256}, {"sig", h.signature}}.dump() + "\n";
+  }
+  atomic_write_file(d / "named.jsonl", named);
+  atomic_write_file(d / "unnamed.jsonl", unnamed);
+  auto w = check_witness(ours, d / "named.jsonl");
+  EXPECT_FALSE(w.ok);
+  EXPECT_NE(w.reason.find("which this log never names"), std::string::npos) << w.reason;
+  w = check_witness(ours, d / "unnamed.jsonl");
+  EXPECT_FALSE(w.ok);
+  EXPECT_NE(w.reason.find("none of its 3 entries is signed by this log's audit key"), std::string::npos) << w.reason;
+}
+
+// Rotating the key: the old key signs a record naming the next one, which signs from then on. A
+// verifier starts from the first key and follows; heads signed by either key witness the log; a
+// rotation record whose handover signature is not the old key's breaks the chain there.
+TEST_F(AuditTest, ARotatedKeyIsFollowedFromTheFirstKey) {
+  test::TempDir d;
+  std::vector<AuditHead> heads;
+  std::string next_pub;
+  {
+    AuditLog log(d / "audit.jsonl", load_signing_key(dir_ / "k"));
+    heads.push_back(log.append({{"event", "round"}, {"round", 1}}));
+    auto next = crypto::SigningKey::generate();
+    next_pub = next.public_key();
+    log.rotate(std::move(next), {{"by", "test"}});
+    heads.push_back(log.append({{"event", "round"}, {"round", 2}}));
+    EXPECT_EQ(log.public_key(), next_pub);
+  }
+  const auto v = verify_audit_log(d / "audit.jsonl", pub_);
+  ASSERT_TRUE(v.ok) << v.reason;
+  ASSERT_EQ(v.keys.size(), 2u);
+  EXPECT_EQ(v.keys[1].public_key, next_pub);
+  EXPECT_EQ(v.keys[1].from_seq, 3u);
+  std::string s;
+  s += nlohmann::json{{"seq", heads[0].seq}, {"head", heads[0].sha256}, {"sig", heads[0].signature}, {"key", key_hex(pub_)}}.dump() + "\n";
+  s += nlohmann::json{{"seq", heads[1].seq}, {"head", heads[1].sha256}, {"sig", heads[1].signature}, {"key", key_hex(next_pub)}}.dump() + "\n";
+  atomic_write_file(d / "heads.jsonl", s);
+  const auto w = check_witness(v, d / "heads.jsonl");
+  EXPECT_TRUE(w.ok) << w.reason;
+  EXPECT_EQ(w.checked, 2u);
+  // The log goes on only with the key it is signed with now.
+  EXPECT_THROW(AuditLog(d / "audit.jsonl", load_signing_key(dir_ / "k"), pub_), std::runtime_error);
+  // A rotation whose handover signature is another key's: the old key signed the record, but the
+  // statement a silo checks does not verify, so the chain breaks there.
+  auto lines = lines_of(d / "audit.jsonl");
+  {
+    AuditLog bad(d / "bad.jsonl", load_signing_key(dir_ / "k"));
+    bad.append({{"event", "round"}, {"round", 1}});
+    auto mallory = crypto::SigningKey::generate();
+    bad.append({{"event", "key_rotation"},
+                {"next_public_key", key_hex(mallory.public_key())},
+                {"rotation_signature", key_hex(mallory.sign("anything"))}});
+  }
+  const auto b = verify_audit_log(d / "bad.jsonl", pub_);
+  EXPECT_FALSE(b.ok);
+  EXPECT_EQ(b.first_bad, 2u);
+  EXPECT_NE(b.reason.find("rotation_signature"), std::string::npos) << b.reason;
 }
 
 // A line is appended only when it verifies under the log's key and chains to its head.
@@ -297,7 +377,8 @@ TEST_F(RecoveryTest, AnEditedCheckpointIsNotTrustedAndNothingIsSignedForIt) {
     EXPECT_EQ(log_text().find("mallory"), std::string::npos);
     EXPECT_EQ(lines_of(dir_ / "audit.jsonl").size(), 1u);
   }
-  // A checkpoint whose model is not the one its (intact) signed record names: not trusted.
+  // A checkpoint whose model is not the one its (intact) signed record names: not trusted, and
+  // the server does not fall back to an older model (issue 37): round 1's model is missing.
   commit_rounds(0);
   Metadata meta1;
   Model m1 = load_safetensors(checkpoint(1), &meta1);
@@ -305,8 +386,10 @@ TEST_F(RecoveryTest, AnEditedCheckpointIsNotTrustedAndNothingIsSignedForIt) {
   save_safetensors(checkpoint(1), m1, meta1);
   ServerState st(dir_.path(), 0);
   const auto r = st.recover(layout());
-  EXPECT_EQ(r.committed_round, 0u);  // round 1's model is not the one the log records
   EXPECT_FALSE(r.model.has_value());
+  ASSERT_TRUE(r.missing);
+  EXPECT_EQ(r.missing->round, 1u);
+  EXPECT_NE(r.missing->why.find("the log names"), std::string::npos) << r.missing->why;
 }
 
 // Adaptive clipping goes on after a restart where the last committed round's record left it.
@@ -349,9 +432,229 @@ TEST_F(RecoveryTest, AnEditedOptimizerStateIsNotTrusted) {
   save_safetensors(opt, model(9.0f));
   ServerState st(dir_.path(), 0);
   const auto r = st.recover(layout());
-  EXPECT_EQ(r.committed_round, 1u);  // round 2's momentum is not the one its record names
-  ASSERT_TRUE(r.optimizer_state);
-  EXPECT_EQ(r.optimizer_state->flat()[0], 0.5f);
+  ASSERT_TRUE(r.missing);  // round 2's momentum is not the one its record names: round 2 is not usable
+  EXPECT_EQ(r.missing->round, 2u);
+  EXPECT_NE(r.missing->why.find("optimizer state"), std::string::npos) << r.missing->why;
+}
+
+// ---- issue 37: whatever happens to the state folder, nothing committed is lost, forked or
+// re-signed. Each damage the operator's experiment found, at the ServerState level (the daemon's
+// part, and real processes, are in federation_test's RecoveryTable).
+
+StateOptions with_mirror(const std::filesystem::path& dir, const std::filesystem::path& mirror,
+                         std::optional<std::uint64_t> resume = {}) {
+  return StateOptions{dir, mirror, 0, resume};
+}
+
+std::string state_error(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const StateError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void flip_byte(const std::filesystem::path& p, std::size_t at) {
+  std::string b = read_file(p);
+  b[std::min(at, b.size() - 1)] ^= 0x40;
+  atomic_write_file(p, b);
+}
+
+TEST_F(RecoveryTest, ADamagedNewestCheckpointIsNeverReplacedByAnOlderModel) {
+  commit_rounds(5);
+  for (const std::string damage : {"truncated", "bit flipped", "garbage header", "deleted"}) {
+    SCOPED_TRACE(damage);
+    const std::string good = read_file(checkpoint(5));
+    if (damage == "truncated") atomic_write_file(checkpoint(5), good.substr(0, good.size() / 2));
+    if (damage == "bit flipped") flip_byte(checkpoint(5), good.size() - 3);  // in the values
+    if (damage == "garbage header") atomic_write_file(checkpoint(5), "{garbage" + good.substr(8));
+    if (damage == "deleted") std::filesystem::remove(checkpoint(5));
+    {
+      ServerState st(dir_.path(), 0);
+      const auto r = st.recover(layout());
+      EXPECT_FALSE(r.model);
+      ASSERT_TRUE(r.missing);
+      EXPECT_EQ(r.missing->round, 5u);
+      const auto error = st.missing_model_error(*r.missing);
+      EXPECT_NE(error.find("--resume-from-round"), std::string::npos) << error;
+      EXPECT_NE(error.find("the newest checkpoint on disk is round 4"), std::string::npos) << error;
+    }
+    EXPECT_EQ(lines_of(dir_ / "audit.jsonl").size(), 5u);  // nothing signed
+    atomic_write_file(checkpoint(5), good);
+  }
+}
+
+TEST_F(RecoveryTest, TheOperatorsDecisionToGoOnFromAnEarlierRoundIsRecordedAndSupersedesTheRest) {
+  commit_rounds(5);
+  std::filesystem::remove(checkpoint(5));
+  std::filesystem::remove(checkpoint(4));
+  EXPECT_NE(state_error([&] { ServerState(with_mirror(dir_.path(), {}, 4)).recover(layout()); })
+                .find("--resume-from-round 4: its checkpoint is not usable either"),
+            std::string::npos);
+  EXPECT_NE(state_error([&] { ServerState(with_mirror(dir_.path(), {}, 9)).recover(layout()); })
+                .find("the last committed round is 5"),
+            std::string::npos);
+  {
+    ServerState st(with_mirror(dir_.path(), {}, 3));
+    const auto r = st.recover(layout());
+    EXPECT_EQ(r.committed_round, 3u);
+    ASSERT_TRUE(r.model);
+    EXPECT_EQ(r.model->flat()[0], 3.0f);
+    ASSERT_TRUE(r.decision);
+    EXPECT_EQ((*r.decision)["superseded_rounds"], nlohmann::json({4, 5}));
+    EXPECT_EQ(r.last_round, 5u);  // round numbers never go back: the next round is 6
+    st.record(*r.decision, nullptr);
+    const Model m6 = model(6.0f);
+    st.commit(6, m6, Model{}, record(6, m6), MetricsRow{});
+  }
+  // From then on the log's last committed round is 6, and 4 and 5 count for nothing.
+  ServerState st(dir_.path(), 0);
+  const auto r = st.recover(layout());
+  EXPECT_EQ(r.committed_round, 6u);
+  EXPECT_FALSE(r.missing);
+}
+
+TEST_F(RecoveryTest, AMirrorRestoresTheLogAndTheCheckpointAndIsKeptUpToDate) {
+  test::TempDir mirror;
+  {
+    ServerState st(with_mirror(dir_.path(), mirror.path()));
+    for (int r = 1; r <= 3; ++r) {
+      const Model m = model(static_cast<float>(r));
+      st.commit(static_cast<std::uint64_t>(r), m, Model{}, record(r, m), MetricsRow{});
+    }
+  }
+  EXPECT_EQ(read_file(mirror / "audit.jsonl"), log_text());
+  EXPECT_EQ(read_file(mirror / "audit.pub"), read_file(dir_ / "audit.pub"));
+  EXPECT_FALSE(std::filesystem::exists(mirror / "audit.key"));  // the secret stays on its own disk
+  // The log emptied and the newest checkpoint bit-flipped: both come back from the mirror.
+  const std::string log = log_text();
+  atomic_write_file(dir_ / "audit.jsonl", "");
+  flip_byte(checkpoint(3), read_file(checkpoint(3)).size() - 2);
+  {
+    ServerState st(with_mirror(dir_.path(), mirror.path()));
+    const auto r = st.recover(layout());
+    EXPECT_EQ(r.committed_round, 3u);
+    ASSERT_TRUE(r.model);
+    EXPECT_EQ(r.model->flat()[0], 3.0f);
+    ASSERT_EQ(r.repairs.size(), 2u) << ::testing::PrintToString(r.repairs);
+    EXPECT_NE(r.repairs[0].find("restored audit.jsonl from the mirror"), std::string::npos);
+    EXPECT_NE(r.repairs[1].find("restored the checkpoint of round 3 from the mirror"), std::string::npos);
+    st.record({{"event", "state_repair"}, {"repairs", r.repairs}}, nullptr);
+  }
+  EXPECT_EQ(log_text().rfind(log, 0), 0u);  // the same history, one record longer
+  EXPECT_EQ(read_file(mirror / "audit.jsonl"), log_text());
+  // The mirror lagging behind (a disk that was away) is brought up to date.
+  auto lines = lines_of(mirror / "audit.jsonl");
+  lines.resize(2);
+  write_lines(mirror / "audit.jsonl", lines);
+  {
+    ServerState st(with_mirror(dir_.path(), mirror.path()));
+    EXPECT_EQ(st.recover(layout()).repairs.size(), 1u);
+  }
+  EXPECT_EQ(read_file(mirror / "audit.jsonl"), log_text());
+  // Two histories (the mirror's record 2 re-signed differently): refused, naming the record.
+  {
+    auto key = load_signing_key(dir_ / "audit.key");
+    AuditLog other(mirror / "other.jsonl", std::move(key));
+    other.append(nlohmann::json::parse(lines_of(dir_ / "audit.jsonl")[0]));
+    other.append({{"event", "round"}, {"round", 2}, {"status", "committed"}, {"participants", {{{"silo", "mallory"}}}}});
+  }
+  std::filesystem::rename(mirror / "other.jsonl", mirror / "audit.jsonl");
+  EXPECT_NE(state_error([&] { ServerState st(with_mirror(dir_.path(), mirror.path())); }).find("disagree from record"),
+            std::string::npos);
+}
+
+TEST_F(RecoveryTest, ATornLastLineIsCutAndKeptAsideAndTheRepairSaidSo) {
+  commit_rounds(2);
+  const std::string intact = log_text();
+  append_durable(dir_ / "audit.jsonl", "{\"seq\":3,\"prev\":\"ab");  // a full disk mid-append
+  ServerState st(dir_.path(), 0);
+  const auto r = st.recover(layout());
+  EXPECT_EQ(r.committed_round, 2u);
+  EXPECT_EQ(log_text(), intact);
+  ASSERT_EQ(r.repairs.size(), 1u);
+  EXPECT_NE(r.repairs[0].find("cut a torn last line of 19 bytes"), std::string::npos) << r.repairs[0];
+  bool kept = false;
+  for (const auto& e : std::filesystem::directory_iterator(dir_.path())) {
+    kept = kept || (e.path().filename().string().rfind("audit.torn.", 0) == 0 && read_file(e.path()) == "{\"seq\":3,\"prev\":\"ab");
+  }
+  EXPECT_TRUE(kept);
+  // A line appended after a torn one starts a line of its own (a full disk during this run).
+  append_durable(dir_ / "audit.jsonl", "{\"torn");
+  st.record({{"event", "state_repair"}, {"repairs", r.repairs}}, nullptr);
+  EXPECT_TRUE(verify_audit_log(dir_ / "audit.jsonl", st.audit().public_key()).ok);
+}
+
+TEST_F(RecoveryTest, ALostLogOrKeyIsNeverReplacedByANewHistory) {
+  commit_rounds(3);
+  const std::string pub = read_file(dir_ / "audit.pub");
+  // The key deleted: no new key, audit.pub untouched.
+  std::filesystem::rename(dir_ / "audit.key", dir_ / "audit.key.saved");
+  auto why = state_error([&] { ServerState st(dir_.path(), 0); });
+  EXPECT_NE(why.find("audit.key is missing while audit.jsonl exists"), std::string::npos) << why;
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "audit.key"));
+  EXPECT_EQ(read_file(dir_ / "audit.pub"), pub);
+  std::filesystem::rename(dir_ / "audit.key.saved", dir_ / "audit.key");
+  // The log deleted or emptied while checkpoints exist.
+  const std::string log = log_text();
+  for (const std::string how : {"deleted", "emptied"}) {
+    if (how == "deleted") std::filesystem::remove(dir_ / "audit.jsonl");
+    if (how == "emptied") atomic_write_file(dir_ / "audit.jsonl", "");
+    why = state_error([&] { ServerState st(dir_.path(), 0); });
+    EXPECT_NE(why.find("audit.jsonl is missing but checkpoints of rounds 1..3 exist"), std::string::npos) << why;
+  }
+  atomic_write_file(dir_ / "audit.jsonl", log);
+  // Records cut from the end: those a checkpoint carries come back from it (each checkpoint
+  // keeps its round's signed record); a record no checkpoint carries (an aborted round's) leaves a
+  // gap the newer checkpoint shows, and the server refuses.
+  cut_log(1);
+  {
+    ServerState st(dir_.path(), 0);
+    const auto r = st.recover(layout());
+    EXPECT_EQ(r.committed_round, 3u);
+    EXPECT_EQ(r.repairs.size(), 2u) << ::testing::PrintToString(r.repairs);
+    st.record({{"event", "round"}, {"round", 4}, {"status", "aborted"}}, nullptr);
+    const Model m5 = model(5.0f);
+    st.commit(5, m5, Model{}, record(5, m5), MetricsRow{});
+  }
+  const std::string longer = log_text();
+  cut_log(3);
+  why = state_error([&] { ServerState(dir_.path(), 0).recover(layout()); });
+  EXPECT_NE(why.find("carries audit record 5, but audit.jsonl has only 3 records"), std::string::npos) << why;
+  atomic_write_file(dir_ / "audit.jsonl", longer);
+  // A damaged record in the middle, no mirror.
+  auto lines = lines_of(dir_ / "audit.jsonl");
+  lines[1][lines[1].size() / 2] ^= 1;
+  write_lines(dir_ / "audit.jsonl", lines);
+  why = state_error([&] { ServerState st(dir_.path(), 0); });
+  EXPECT_NE(why.find("audit.jsonl is damaged"), std::string::npos) << why;
+  EXPECT_NE(why.find("no state_mirror is set"), std::string::npos) << why;
+  atomic_write_file(dir_ / "audit.jsonl", log);
+  // A key that is not the one the log is signed with.
+  save_signing_key(crypto::SigningKey::generate(), dir_ / "audit.key", dir_ / "other.pub");
+  why = state_error([&] { ServerState st(dir_.path(), 0); });
+  EXPECT_NE(why.find("is not the key"), std::string::npos) << why;
+}
+
+TEST_F(RecoveryTest, OneServerPerStateFolderAndAFileIsNotAFolder) {
+  ServerState first(dir_.path(), 0);
+  EXPECT_NE(state_error([&] { ServerState second(dir_.path(), 0); }).find("another xsilo server"), std::string::npos);
+  atomic_write_file(dir_ / "afile", "x");
+  EXPECT_NE(state_error([&] { ServerState st(dir_ / "afile", 0); }).find("is a file, not a folder"), std::string::npos);
+}
+
+TEST_F(RecoveryTest, ASiloWitnessIsCheckedAgainstTheLog) {
+  commit_rounds(3);
+  ServerState st(dir_.path(), 0);
+  const auto key = st.audit().public_key();
+  const auto lines = lines_of(dir_ / "audit.jsonl");
+  EXPECT_EQ(st.check_witness("h1", 2, crypto::sha256_hex(lines[1]), key), "");
+  EXPECT_NE(st.check_witness("h1", 5, std::string(64, 'a'), key).find("has only 3 records"), std::string::npos);
+  EXPECT_NE(st.check_witness("h1", 2, std::string(64, 'a'), key).find("rewritten or forked"), std::string::npos);
+  EXPECT_NE(st.check_witness("h1", 2, crypto::sha256_hex(lines[1]), crypto::SigningKey::generate().public_key())
+                .find("does not hold the history"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -64,6 +64,23 @@ TEST(Config, InvalidJsonNamesTheFile) {
   EXPECT_NE(msg.find("bad.json: not valid JSON"), std::string::npos) << msg;
 }
 
+// A key given twice is refused with its path (nlohmann keeps the last one silently; another
+// reader of the same file might keep the first), and a folder named as the config is one line,
+// not a stream error.
+TEST(Config, AKeyGivenTwiceAndAFolderAreRefusedWithThePath) {
+  test::TempDir dir;
+  atomic_write_file(dir / "twice.json", R"({"federation": "f", "selection": {"min_silos": 2, "min_silos": 3}})");
+  EXPECT_EQ(error_of([&] { ConfigNode::load_file(dir / "twice.json"); }),
+            "config " + (dir / "twice.json").string() + ": .selection.min_silos: given twice in one object (only one may stay)");
+  atomic_write_file(dir / "list.json", R"({"faults": [{"round": 1}, {"round": 2, "phase": "a", "phase": "b"}]})");
+  EXPECT_EQ(error_of([&] { ConfigNode::load_file(dir / "list.json"); }),
+            "config " + (dir / "list.json").string() + ": .faults[].phase: given twice in one object (only one may stay)");
+  // The same key in two objects is fine.
+  atomic_write_file(dir / "ok.json", R"({"a": {"x": 1}, "b": {"x": 2}, "c": [{"x": 1}, {"x": 2}]})");
+  EXPECT_EQ(error_of([&] { ConfigNode::load_file(dir / "ok.json"); }), "");
+  EXPECT_EQ(error_of([&] { ConfigNode::load_file(dir.path()); }), "config " + dir.path().string() + ": is a folder, not a file");
+}
+
 TEST(Config, IdleTimeoutMustExceedHeartbeat) {
   auto j = nlohmann::json::parse(R"({"heartbeat_s": 10, "idle_timeout_s": 5})");
   ConfigNode node(j, "f.json", ".transport");

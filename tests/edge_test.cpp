@@ -60,8 +60,11 @@ TEST(Edges, AnEdgeKilledMidRoundDropsItsSilosWhoFailOverAndComeBack) {
   fed.start_server();
   fed.start_edges();
   fed.start_agents();
-  ASSERT_TRUE(wait_until([&] { return metrics_rows(fed.files.state) >= 1; }, 120s)) << fed.logs();
-  fed.edges[0]->signal(SIGKILL);  // round 2 is under way: its silos are training
+  // Round 2 under way with all six silos (they train for seconds): then edge-01 dies. (Waiting
+  // for round 1's metrics row raced the start of round 2: the kill could land before it and the
+  // round then selected edge-02's silos only.)
+  ASSERT_TRUE(wait_until([&] { return round_started(fed.files.state, 2, 6); }, 120s)) << fed.logs();
+  fed.edges[0]->signal(SIGKILL);
   auto code = fed.server->wait(240s);
   ASSERT_TRUE(code) << fed.logs();
   EXPECT_EQ(*code, 0) << fed.logs();

@@ -118,7 +118,8 @@ TEST(Federation, AnAgentKilledMidRoundIsADropoutAndTheRoundCommits) {
   Fed fed(cfg);
   fed.start_server();
   fed.start_agents();
-  ASSERT_TRUE(wait_until([&] { return metrics_rows(fed.files.state) >= 1; }, 120s)) << fed.logs();
+  // Round 2 under way with all three (waiting for round 1's metrics row raced its start).
+  ASSERT_TRUE(wait_until([&] { return round_started(fed.files.state, 2, 3); }, 120s)) << fed.logs();
   // Freeze silo 3 inside round 2 (it is training), then kill it.
   fed.agents[2]->signal(SIGSTOP);
   std::this_thread::sleep_for(200ms);

@@ -25,6 +25,25 @@ inline std::size_t metrics_rows(const std::filesystem::path& state) {
   return n ? n - 1 : 0;
 }
 
+// Whether the server's events.jsonl says round `round` started with `selected` silos (0: any):
+// the moment to fault a round "under way", which metrics.csv's rows show only after the round
+// before has ended (the next one may or may not have started by then: a timing race, issue 47).
+inline bool round_started(const std::filesystem::path& state, std::uint64_t round, std::size_t selected = 0) {
+  std::ifstream in(state / "events.jsonl");
+  for (std::string l; std::getline(in, l);) {
+    try {
+      const auto e = nlohmann::json::parse(l);
+      if (e.value("event", "") == "round_started" && e.value("round", std::uint64_t{0}) == round &&
+          (selected == 0 || e.value("detail", "") == std::to_string(selected) + " selected")) {
+        return true;
+      }
+    } catch (const nlohmann::json::exception&) {
+      // a line still being written
+    }
+  }
+  return false;
+}
+
 inline bool wait_until(const std::function<bool()>& cond, std::chrono::milliseconds timeout) {
   const auto end = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < end) {

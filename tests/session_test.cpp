@@ -10,6 +10,8 @@
 #include <cstring>
 
 #include "crypto/hash.h"
+#include "crypto/sign.h"
+#include "protocol/audit_key.h"
 #include "protocol/compression.h"
 #include "protocol/join.h"
 #include "protocol/round_start.h"
@@ -103,6 +105,7 @@ class Harness {
   explicit Harness(FaultHook* hook = nullptr, SessionConfig cfg = session_config(), Trainer* own = nullptr)
       : session_(std::move(cfg), own ? *own : trainer, hook ? *hook : none_) {
     session_.on_connected("silo-a", "127.0.0.1:7443", "server", "server server");
+    take();
   }
 
   wire::Envelope round_start(std::uint64_t round, const Model& m, const std::string& sha = "") {
@@ -414,6 +417,97 @@ TEST(Session, ErrorFeedbackMovesOnExactlyWithTheUploadsLineWhereverACrashLands) 
     }
     EXPECT_NEAR(total - held_back, largest, 1e-6);  // what left: the largest coordinate
   }
+}
+
+// Witnesses (docs/audit.md): the silo keeps only heads the round's audit key signed, names the
+// key in each, and sends its last one after connecting; a RoundStart under an audit key it cannot
+// reach from the one it witnessed (a wiped state folder, another server) is refused untrained.
+wire::AuditHead head_signed(const crypto::SigningKey& key, std::uint64_t seq, const std::string& sha) {
+  wire::AuditHead h;
+  h.set_seq(seq);
+  h.set_sha256(sha);
+  const std::string sig = key.sign(protocol::audit_head_statement(seq, sha));
+  h.set_signature(crypto::to_hex(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(sig.data()), sig.size())));
+  return h;
+}
+
+TEST(Session, WitnessesOnlyHeadsTheRoundsAuditKeySignedAndRefusesAKeyItCannotReach) {
+  const Model m = model();
+  const auto audit = crypto::SigningKey::generate();
+  auto start_under = [&](Harness& h, std::uint64_t r, const wire::AuditKey& key) {
+    auto e = h.round_start(r, m);
+    *e.mutable_round_start()->mutable_audit_key() = key;
+    e.mutable_round_start()->set_nonce("nonce-" + std::to_string(r));
+    sign(e);
+    h.deliver(e);
+  };
+  wire::AuditKey k;
+  k.set_public_key(audit.public_key());
+  Harness h;
+  start_under(h, 1, k);
+  h.send_model(1, m);
+  h.run_jobs();
+  EXPECT_NE(h.last(wire::Envelope::kUpdateReady), nullptr);
+  const auto forged = head_signed(crypto::SigningKey::generate(), 7, std::string(64, 'f'));
+  const auto genuine = head_signed(audit, 7, std::string(64, 'a'));
+  for (const auto& head : {forged, genuine}) {
+    h.deliver_in(1, [&](wire::Envelope& e) { *e.mutable_round_end()->mutable_audit_head() = head; });
+  }
+  ASSERT_EQ(h.records.size(), 1u);  // the forged head is not kept
+  EXPECT_EQ(h.records[0]["head"], std::string(64, 'a'));
+  EXPECT_EQ(h.records[0]["key"], crypto::to_hex(std::span<const std::uint8_t>(
+                                     reinterpret_cast<const std::uint8_t*>(k.public_key().data()), 32)));
+
+  // A restarted agent: its last witness goes up on connecting; a server with another key is refused.
+  SessionConfig cfg = session_config();
+  wire::Witness w;
+  *w.mutable_head() = genuine;
+  w.set_public_key(audit.public_key());
+  cfg.witnessed = w;
+  Harness again(nullptr, cfg);
+  ASSERT_NE(again.last(wire::Envelope::kWitness), nullptr);
+  EXPECT_EQ(again.last(wire::Envelope::kWitness)->witness().head().seq(), 7u);
+  const auto other = crypto::SigningKey::generate();
+  wire::AuditKey other_key;
+  other_key.set_public_key(other.public_key());
+  start_under(again, 2, other_key);
+  const auto* refused = again.last(wire::Envelope::kError);
+  ASSERT_NE(refused, nullptr);
+  EXPECT_EQ(refused->error().code(), wire::NOT_ALLOWED);
+  EXPECT_NE(refused->error().message().find("not the history this silo witnessed"), std::string::npos)
+      << refused->error().message();
+  again.send_model(2, m);
+  again.run_jobs();
+  EXPECT_EQ(again.last(wire::Envelope::kUpdateReady), nullptr);  // it did not train
+  // The same key reached by a rotation the witnessed key signed: accepted.
+  auto* rot = other_key.add_rotations();
+  rot->set_old_key(audit.public_key());
+  rot->set_next_key(other.public_key());
+  rot->set_signature(audit.sign(protocol::key_rotation_statement(audit.public_key(), other.public_key())));
+  start_under(again, 3, other_key);
+  again.send_model(3, m);
+  again.run_jobs();
+  EXPECT_NE(again.last(wire::Envelope::kUpdateReady), nullptr);
+}
+
+// Found by the 2026-12-04 review (N4): a replayed signed RoundStart made a silo train and upload
+// twice (or, in secure mode, throw away its keys: a dropout an edge could aim). Each is acted on
+// once, and the replay gets no answer the server could count against the silo.
+TEST(Session, ASignedRoundStartIsActedOnOnce) {
+  const Model m = model();
+  Harness h;
+  auto start = h.round_start(1, m);
+  start.mutable_round_start()->set_nonce("n1");
+  sign(start);
+  h.deliver(start);
+  h.send_model(1, m);
+  h.run_jobs();
+  const auto sent = h.sent.size();
+  h.deliver(start);  // replayed
+  h.run_jobs();
+  EXPECT_EQ(h.sent.size(), sent);  // no second UpdateReady, no error
+  h.grant(1);
+  EXPECT_EQ(h.streams.size(), 1u);
 }
 
 // Behind an edge, the silo signs the server's join challenge for the edge named in its

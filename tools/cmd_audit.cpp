@@ -4,6 +4,7 @@
 #include "common/config.h"
 #include "crypto/sign.h"
 #include "server/audit.h"
+#include "server/state.h"
 #include "tools/commands.h"
 
 namespace xsilo::tools {
@@ -78,7 +79,7 @@ void add_audit(CLI::App& app, int& exit_code) {
     auto r = server::verify_audit_log(*log, pk);
     if (r.ok) {
       for (const auto& w : *witnesses) {
-        const auto c = server::check_witness(r, w, pk);
+        const auto c = server::check_witness(r, w);
         if (!c.ok) {
           std::cout << "FAILED: " << c.reason << "\n"
                     << "the log's own " << r.records << " records verify; the witness shows it is not the log "
@@ -92,6 +93,10 @@ void add_audit(CLI::App& app, int& exit_code) {
                     << "the first: " << c.first_ignored << "\n";
         }
       }
+      if (r.keys.size() > 1) {
+        std::cout << "the audit key was rotated " << r.keys.size() - 1 << " time(s); the log is signed by "
+                  << server::key_hex(r.keys.back().public_key) << " since record " << r.keys.back().from_seq << "\n";
+      }
       std::cout << "OK: " << r.records << " records, every signature valid, chain intact"
                 << (witnesses->empty() ? "" : ", every witness consistent") << "\n"
                 << "head " << r.head_sha256 << "\n";
@@ -101,6 +106,26 @@ void add_audit(CLI::App& app, int& exit_code) {
       if (r.records) std::cout << "the first " << r.records << " records verify\n";
       exit_code = 1;
     }
+  });
+
+  auto state_dir = std::make_shared<std::string>();
+  auto rotate_by = std::make_shared<std::string>("operator");
+  auto* rotate = audit->add_subcommand(
+      "rotate-key",
+      "replace the audit key: the old key signs a record naming the new one (the server must be stopped)");
+  rotate->add_option("--state", *state_dir, "the server's state_dir")->required();
+  rotate->add_option("--by", *rotate_by, "who rotates (written into the record)");
+  rotate->callback([state_dir, rotate_by, &exit_code] {
+    if (!std::filesystem::is_directory(*state_dir) || !std::filesystem::exists(std::filesystem::path(*state_dir) / "audit.key")) {
+      throw ConfigError("audit rotate-key: " + *state_dir + " is not a server state folder (no audit.key)");
+    }
+    server::ServerState state(std::filesystem::path(*state_dir), 0);
+    const auto old_key = state.audit().public_key();
+    const auto head = state.rotate_key(*rotate_by);
+    std::cout << "rotated the audit key: " << server::key_hex(old_key) << " -> " << server::key_hex(state.audit().public_key())
+              << "\nrecord " << head.seq << " (signed by the old key) names the new one; audit.pub still holds the "
+              << "first key, from which `xsilo audit verify` follows the rotations\n";
+    exit_code = 0;
   });
 
   auto show_log = std::make_shared<std::string>();

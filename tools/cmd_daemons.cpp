@@ -35,7 +35,12 @@ void add_server(CLI::App& app, int& exit_code) {
   cmd->add_option("--listen", *listen,
                   "HOST:PORT to listen on instead of the config's listen (the config file, whose hash the "
                   "audit records, stays as it is: e.g. to bind again the port a first start chose with port 0)");
-  cmd->callback([config, log_file, listen, &exit_code] {
+  auto start = std::make_shared<server::StartOptions>();
+  cmd->add_option("--resume-from-round", start->resume_from_round,
+                  "the operator's decision: go on from this committed round (its checkpoint must be intact); the "
+                  "rounds committed after it are superseded, and the audit log records the decision "
+                  "(docs/operations.md, \"When the state folder is damaged\")");
+  cmd->callback([config, log_file, listen, start, &exit_code] {
     auto cfg = server::load_server_config(*config);
     if (!listen->empty()) {
       try {
@@ -46,7 +51,7 @@ void add_server(CLI::App& app, int& exit_code) {
     }
     init_logging("server", cfg.log_level, *log_file, cfg.log_format);
     warn_if_own_certificate_expires(cfg.tls, cfg.channel.certificate_warn_days);
-    exit_code = server::run_server(cfg);
+    exit_code = server::run_server(cfg, *start);
   });
 }
 
