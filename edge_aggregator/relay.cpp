@@ -2,6 +2,7 @@
 
 #include "crypto/hash.h"
 #include "protocol/compression.h"
+#include "protocol/signed_update.h"
 
 #include <algorithm>
 
@@ -405,7 +406,11 @@ void Relay::on_silo_message(const std::string& silo, const wire::Envelope& e) {
         silo_gone(silo);
         return;
       }
-      r->contributors[silo].set_weight(r->secure ? 0.0 : w);
+      // The silo's own signed word on its upload, as it said it (the server checks it).
+      auto& c = r->contributors[silo];
+      c.set_weight(r->secure ? 0.0 : w);
+      if (!e.update_end().silo_signature().empty()) c.set_num_samples(e.update_end().num_samples());  // as signed
+      protocol::copy_signed_word(e.update_end(), c);
       r->folding = true;
       const std::uint64_t id = r->job = ++job_id_;
       // On the worker, after the chunks' checks: the bytes must be what the silo declared (and,

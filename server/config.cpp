@@ -1,4 +1,5 @@
 #include "server/config.h"
+#include "server/secure_round.h"
 
 #include <cmath>
 
@@ -162,7 +163,11 @@ void parse_rounds_aggregation(const ConfigNode& root, ServerConfig& c) {
   const auto mode = se.one_of("mode", "off", {"off", "global", "grouped"});
   sc.mode = mode == "global" ? SecureMode::Global : mode == "grouped" ? SecureMode::Grouped : SecureMode::Off;
   sc.min_group = static_cast<std::size_t>(se.integer("min_group", 3, 2, 1 << 20));
+  sc.group_dropouts = static_cast<std::size_t>(se.integer("group_dropouts", 1, 0, 1 << 16));
   sc.threshold = se.number("threshold", 2.0 / 3.0, 0.5, 1.0);
+  if (sc.threshold >= 1.0 && sc.group_dropouts > 0 && mode == "grouped") {
+    se.fail("group_dropouts", "cannot be met with threshold 1 (every member must answer); lower threshold or set 0");
+  }
   if (sc.threshold <= 0.5) {
     se.fail("threshold", "must be above 0.5: with half a group or less, two halves could each be shown a different "
                          "set of survivors and together unmask one silo");
@@ -225,7 +230,7 @@ void parse_rounds_aggregation(const ConfigNode& root, ServerConfig& c) {
       largest = std::min(largest, static_cast<std::size_t>(std::ceil(
                                       static_cast<double>(c.selection.silos_per_round) * (1 + c.selection.over_selection))));
     }
-    if (sc.mode == SecureMode::Grouped) largest = std::min(largest, 2 * sc.min_group - 1);
+    if (sc.mode == SecureMode::Grouped) largest = std::min(largest, 2 * group_size(sc) - 1);
     auto codec = sc.codec();
     codec.unclipped_bit = a.adaptive_clip.on();
     // Checked as the silos will see them: the setup carries both as float32.
@@ -233,10 +238,12 @@ void parse_rounds_aggregation(const ConfigNode& root, ServerConfig& c) {
     codec.max_weight = static_cast<float>(codec.max_weight);
     if (auto why = crypto::check_overflow(codec, largest); !why.empty()) se.fail("modulus_bits", why);
     if (sc.mode == SecureMode::Grouped && a.inspects_inputs()) {
-      const std::size_t groups = n / sc.min_group;
+      const std::size_t size = group_size(sc), groups = std::max<std::size_t>(1, n / size);
       if (const auto why = robust::check(rule, groups); !why.empty()) {
         ag.fail("rule", why + " across secure groups, but min_updates " + std::to_string(n) + " silos make only " +
-                            std::to_string(groups) + " groups of min_group " + std::to_string(sc.min_group));
+                            std::to_string(groups) + " groups of " + std::to_string(size) + " (min_group " +
+                            std::to_string(sc.min_group) + ", each surviving " + std::to_string(sc.group_dropouts) +
+                            " dropouts)");
       }
     }
   }
@@ -450,6 +457,7 @@ nlohmann::json to_json(const ServerConfig& c) {
             {"secure",
              {{"mode", name(sc.mode)},
               {"min_group", sc.min_group},
+              {"group_dropouts", sc.group_dropouts},
               {"threshold", sc.threshold},
               {"modulus_bits", sc.bits},
               {"fraction_bits", sc.fraction_bits},

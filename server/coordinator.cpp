@@ -128,6 +128,18 @@ void Coordinator::on_timer(Timer timer, std::int64_t now_ms) {
       break;
     case Timer::Train:
       if (phase_ != Phase::Collecting) break;
+      if (r_->secure && !r_->secure->settled()) {
+        // Members mask (and announce) only once their group settles, which a hung member holds
+        // up until the key deadlines pass. Dropping everyone still "training" now would blame
+        // them all for the one (issue 37): the deadline starts again at the settlement.
+        if (!r_->train_deferred) {
+          spdlog::warn("round {}: the training deadline came while secure groups still wait for keys; it starts "
+                       "again once they settle",
+                       round_);
+        }
+        r_->train_deferred = true;
+        break;
+      }
       r_->train_elapsed = true;
       for (std::size_t i = 0; i < r_->members.size(); ++i) {
         if (r_->members[i].state == MemberState::Training) {
@@ -643,6 +655,10 @@ void Coordinator::drain_secure() {
            d.excluded ? DropCause::Excluded : DropCause::SecureGroupFailed, d.why);
     }
   }
+  if (r_->train_deferred && phase_ == Phase::Collecting && r_->secure->settled()) {
+    r_->train_deferred = false;
+    actions_.push_back(action::StartTimer{Timer::Train, cfg_.deadlines.train});
+  }
 }
 
 // ---- jobs and output ------------------------------------------------------------------------
@@ -728,6 +744,7 @@ RoundSummary Coordinator::summary(bool committed, const std::string& reason, std
   }
   s.secure = r_->secure != nullptr;
   if (r_->secure) s.secure_groups = r_->secure->describe();
+  s.regions = r_->regions;
   s.model_sha256_before = s.model_sha256_after = global_sha_;
   s.config_sha256 = cfg_.config_sha256;
   return s;

@@ -79,6 +79,7 @@ void Coordinator::silo_joined(const std::string& silo, SessionId link, std::int6
     mb.session = link;
     mb.relayed = via_edge;  // the record keeps the edge that carried its input
     if (phase_ == Phase::Unmasking) {
+      r_->secure->silo_back(silo);
       if (auto req = r_->secure->unmask_request(silo)) send_to_member(*m, std::move(*req));
     }
   }
@@ -103,6 +104,12 @@ void Coordinator::silo_gone(const std::string& silo, SessionId link, const std::
   if (r_->secure && phase_ == Phase::Collecting) {
     r_->secure->silo_gone(silo);
     drain_secure();
+  } else if (r_->secure && phase_ == Phase::Unmasking && !membership_.route_of(silo)) {
+    // Known to be gone: its group does not wait for it until the deadline (issue 37); if it
+    // comes back through another route before the phase closes, it is asked again.
+    r_->secure->silo_away(silo);
+    drain_secure();
+    if (r_->secure->unmask_complete()) finish_unmask(now_ms);
   }
   auto m = member_named(silo);
   if (!m) return;

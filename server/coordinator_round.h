@@ -17,6 +17,10 @@ struct Coordinator::Round {
   std::vector<Member> members;
   std::size_t target = 0;
   bool train_elapsed = false;
+  // Secure rounds: the training deadline came while the groups' key phases still waited (on a
+  // hung member, up to keys_s a step): it starts again once they settle (drain_secure), so that
+  // only the hung member misses it.
+  bool train_deferred = false;
   std::unique_ptr<Aggregator> agg;
   wire::Compression compression;         // the silos' uploads (an edge's sum is dense)
   SecureRound* secure = nullptr;         // agg's secure protocol state, if the mode has one
@@ -32,6 +36,7 @@ struct Coordinator::Round {
   std::size_t broadcast_deltas = 0, broadcast_wholes = 0;
   std::string broadcast_base;  // the delta's base model, when one went out
   std::string abort_reason;
+  nlohmann::json regions = nlohmann::json::array();  // each edge's folded partial sums (round_record's "regions")
   std::size_t robust_rejected = 0;
   // Members by name, and how many are in each state: messages of every silo ask both, so
   // neither may cost a scan of the round's silos (hundreds of them). add() and set_state()

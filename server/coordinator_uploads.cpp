@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "proto/frame.h"
+#include "protocol/signed_update.h"
 #include "server/coordinator_round.h"
 #include "server/secure_round.h"
 
@@ -115,6 +116,13 @@ void Coordinator::on_region_end(SessionId id, const wire::Envelope& e, std::int6
       why = "edge " + edge + " lists a non-positive weight for " + c.silo();
       break;
     }
+    // The silo's own signed word on what it sent: an edge can neither alter it nor make one up.
+    if (cfg_.ca) {
+      if (const auto bad = protocol::check_signed_word(c, *cfg_.ca, cfg_.federation, round_); !bad.empty()) {
+        why = "edge " + edge + "'s partial sum: " + bad;
+        break;
+      }
+    }
     who.push_back(*m);
     weight += c.weight();
   }
@@ -137,8 +145,13 @@ void Coordinator::on_region_end(SessionId id, const wire::Envelope& e, std::int6
     return;
   }
   for (std::size_t k = 0; k < who.size(); ++k) {
-    r_->members[who[k]].weight = end.contributors(static_cast<int>(k)).weight();
-    r_->members[who[k]].num_samples = end.contributors(static_cast<int>(k)).num_samples();
+    const auto& c = end.contributors(static_cast<int>(k));
+    auto& mb = r_->members[who[k]];
+    mb.weight = c.weight();
+    mb.num_samples = c.num_samples();
+    // What the silo itself says it sent (its sent.jsonl names the same), signed by it.
+    mb.update_sha256 = c.update_sha256();
+    mb.update_signed = cfg_.ca.has_value();
   }
   r_->upload_bytes += r_->slot.bytes_received();
   r_->upload = Contribution{{}, weight, end.group(), end.update_sha256(), true};
@@ -169,11 +182,16 @@ void Coordinator::folded(FoldResult r, std::int64_t now_ms) {
   }
   for (auto m : r_->upload_members) {
     r_->set_state(r_->members[m], MemberState::Done);
-    r_->members[m].update_sha256 = r.sha256;
+    if (!u.edge) r_->members[m].update_sha256 = r.sha256;  // an edge's silos keep their own word
     if (r_->secure) r_->secure->masked_from(r_->members[m].silo);
   }
   if (u.edge) {
     const Peer* p = membership_.peer(u.edge);
+    // The region's sum, apart from its silos' own updates.
+    nlohmann::json region = {{"edge", r_->members[r_->upload_members.front()].edge}, {"sum_sha256", r.sha256}};
+    if (r_->secure) region["group"] = r_->upload.group;
+    for (auto m : r_->upload_members) region["silos"].push_back(r_->members[m].silo);
+    r_->regions.push_back(std::move(region));
     if (r_->upload_more && p) {
       grant(u);  // the edge has another secure group's partial sum: the slot again
       return;

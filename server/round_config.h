@@ -58,6 +58,9 @@ std::string_view name(SecureMode m);
 struct SecureConfig {
   SecureMode mode = SecureMode::Off;
   std::size_t min_group = 3;       // grouped: every group has at least this many silos
+  // grouped: every group is drawn large enough that this many of its members may drop out and
+  // its sum still be revealed (secure_round.h, group_size())
+  std::size_t group_dropouts = 1;
   double threshold = 2.0 / 3.0;    // t = max(2, floor(n / 2) + 1, ceil(threshold * n)) for a group of n
   std::uint32_t bits = 32;
   std::uint32_t fraction_bits = 16;

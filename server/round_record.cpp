@@ -71,6 +71,7 @@ nlohmann::json round_record(const RoundSummary& s) {
                                              {"weight", mb.weight},
                                              {"update_sha256", mb.update_sha256}});
       if (mb.via_edge()) participants.back()["edge"] = mb.edge;
+      if (mb.update_signed) participants.back()["update_signed"] = true;
     } else if (mb.state == MemberState::Dropped) {
       dropouts.push_back({{"silo", mb.silo},
                           {"phase", std::string(name(mb.drop_phase))},
@@ -98,6 +99,7 @@ nlohmann::json round_record(const RoundSummary& s) {
             {"config_sha256", s.config_sha256}};
   if (!s.committed) r["reason"] = s.reason;
   if (s.secure) r["secure"] = s.secure_groups;
+  if (s.regions.is_array() && !s.regions.empty()) r["regions"] = s.regions;
   if (s.silo_momentum > 0) r["aggregation"]["silo_momentum"] = s.silo_momentum;
   if (!s.compression.is_null()) r["compression"] = s.compression;
   r["upload_bytes"] = s.upload_bytes;

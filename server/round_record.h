@@ -51,7 +51,8 @@ struct Member {
   std::uint64_t num_samples = 0;
   double weight = 0;
   wire::TrainMetrics metrics;
-  std::string update_sha256;
+  std::string update_sha256;   // of the bytes the silo sent (behind an edge: its own signed word)
+  bool update_signed = false;  // behind an edge: the silo's signature on it was checked
   bool via_edge() const { return !edge.empty(); }
 };
 
@@ -72,6 +73,7 @@ struct RoundSummary {
   nlohmann::json broadcast;           // a compressed broadcast: its scheme, deltas and wholes sent, base
   bool secure = false;                // sample counts and weights stay inside the masked sums
   nlohmann::json secure_groups;       // secure: the groups as set up (SecureRound::describe)
+  nlohmann::json regions;             // edges: each partial sum folded (edge, its SHA-256, its silos)
   std::string model_sha256_before, model_sha256_after;
   std::string config_sha256;
 };

@@ -21,7 +21,7 @@ std::vector<std::vector<std::string>> make_groups(std::vector<std::string> silos
   std::mt19937_64 rng(permutation_seed);
   std::shuffle(silos.begin(), silos.end(), rng);
   std::size_t g = 1;
-  if (cfg.mode == SecureMode::Grouped) g = std::max<std::size_t>(1, silos.size() / cfg.min_group);
+  if (cfg.mode == SecureMode::Grouped) g = std::max<std::size_t>(1, silos.size() / group_size(cfg));
   std::vector<std::vector<std::string>> out(g);
   for (std::size_t i = 0; i < silos.size(); ++i) out[i % g].push_back(silos[i]);
   for (auto& group : out) std::sort(group.begin(), group.end());
@@ -48,6 +48,14 @@ std::string fresh_graph_seed() {
 
 std::uint32_t group_min_survivors(const SecureConfig& cfg, std::size_t n) {
   return std::max(group_threshold(cfg, n), static_cast<std::uint32_t>(cfg.min_group));
+}
+
+std::size_t group_size(const SecureConfig& cfg) {
+  std::size_t n = cfg.min_group;
+  if (cfg.threshold >= 1.0) return n;  // every member must answer: no size tolerates a dropout
+  // Ends: n - t grows without bound with n, as t <= ceil(threshold n) + 1 and threshold < 1.
+  while (n - group_min_survivors(cfg, n) < cfg.group_dropouts) ++n;
+  return n;
 }
 
 SecureRound::SecureRound(const SecureConfig& cfg, const std::optional<crypto::CertSigner>& signer,
@@ -194,7 +202,7 @@ void SecureRound::receive(Group& g, const std::string& silo, const wire::Envelop
 }
 
 void SecureRound::advance(Group& g, bool force) {
-  while (g.failed.empty() && (g.waiting.empty() || force)) {
+  while (g.failed.empty() && (only_away(g) || force)) {
     const Phase before = g.phase;
     switch (g.phase) {
       case Phase::Keys: close_keys(g); break;
@@ -296,6 +304,13 @@ void SecureRound::silo_gone(const std::string& silo) {
   if (g->waiting.erase(silo)) advance(*g, false);
 }
 
+void SecureRound::silo_away(const std::string& silo) {
+  Group* g = group_for(silo);
+  if (!g || !g->failed.empty() || (g->phase != Phase::Confirm && g->phase != Phase::Unmask)) return;
+  away_.insert(silo);
+  if (g->phase == Phase::Confirm) advance(*g, false);
+}
+
 bool SecureRound::settled() const {
   return std::all_of(groups_.begin(), groups_.end(), [](const auto& kv) {
     return kv.second.phase >= Phase::Masking || !kv.second.failed.empty();
@@ -364,9 +379,9 @@ bool SecureRound::unmask_complete() const {
   // Asked on every message of the unmasking: a scan of all groups each time would make a round
   // cost messages x groups. Groups complete one after another and stay so, so the search resumes
   // at the group the last call found open; only "complete" takes a full pass to confirm.
-  auto open = [](const auto& kv) {
+  auto open = [this](const auto& kv) {
     const Group& g = kv.second;
-    return g.failed.empty() && g.phase >= Phase::Confirm && !(g.phase == Phase::Unmask && g.waiting.empty());
+    return g.failed.empty() && g.phase >= Phase::Confirm && !(g.phase == Phase::Unmask && only_away(g));
   };
   auto it = std::find_if(groups_.lower_bound(open_from_), groups_.end(), open);
   if (it == groups_.end()) it = std::find_if(groups_.begin(), groups_.end(), open);

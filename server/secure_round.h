@@ -8,6 +8,7 @@
 // phase waits for the members it expects, one who goes away, or its deadline.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -62,6 +63,11 @@ class SecureRound {
   void keys_deadline();
   // A silo is gone: its group stops waiting for it.
   void silo_gone(const std::string& silo);
+  // A survivor's route is gone while its group unmasks: the confirmation or unmask phase stops
+  // waiting for it (a silo known to be gone is not waited for until the deadline). If it comes
+  // back before the phase closes (silo_back), it is asked again and counted.
+  void silo_away(const std::string& silo);
+  void silo_back(const std::string& silo) { away_.erase(silo); }
 
   // True once every group is settled (or failed): the settled members may upload.
   bool settled() const;
@@ -119,11 +125,16 @@ class SecureRound {
   std::map<std::uint32_t, Group> groups_;
   mutable std::uint32_t open_from_ = 0;  // unmask_complete(): groups before this one were complete
   std::map<std::string, std::uint32_t> group_of_;
+  std::set<std::string> away_;  // survivors without a route during the unmasking
+  bool only_away(const Group& g) const {
+    return std::all_of(g.waiting.begin(), g.waiting.end(), [&](const std::string& s) { return away_.count(s) > 0; });
+  }
   std::vector<std::pair<std::string, wire::Envelope>> out_;
   std::vector<SecureDrop> dropped_;
 };
 
-// Splits n silos into floor(n / min_group) groups of near-equal size (global: one group).
+// Splits n silos into floor(n / group_size(cfg)) groups of near-equal size, at least one
+// (global: one group).
 std::vector<std::vector<std::string>> make_groups(std::vector<std::string> silos, const SecureConfig& cfg,
                                                   std::uint64_t permutation_seed);
 
@@ -131,5 +142,11 @@ std::vector<std::vector<std::string>> make_groups(std::vector<std::string> silos
 // ceil(threshold * n)), at most n; min_survivors = max(t, min_group).
 std::uint32_t group_threshold(const SecureConfig& cfg, std::size_t n);
 std::uint32_t group_min_survivors(const SecureConfig& cfg, std::size_t n);
+
+// The size groups are drawn at: the smallest n >= min_group for which n - min_survivors(n) >=
+// group_dropouts, so that that many members of every group may drop out at any phase and its sum
+// still be revealed. With min_group 3 and the default threshold: 4 for one dropout, 6 for two.
+// (A group of exactly min_group fails with its first dropout.)
+std::size_t group_size(const SecureConfig& cfg);
 
 }  // namespace xsilo::server

@@ -17,6 +17,7 @@
 #include "protocol/join.h"
 #include "protocol/round_start.h"
 #include "protocol/secagg_wire.h"
+#include "protocol/signed_update.h"
 #include "silo_agent/silo_state.h"
 
 namespace xsilo::agent {
@@ -734,6 +735,8 @@ void Session::upload() {
   end->set_num_samples(secure_ ? 0 : pending_->num_samples);
   end->set_update_sha256(pending_->sha256);
   *end->mutable_metrics() = pending_->metrics;
+  // Signed, so that an edge forwards the silo's own word on what it sent (signed_update.h).
+  if (cfg_.signer) protocol::sign_update(*end, *cfg_.signer, cfg_.federation, round_);
   send(std::move(e));
   if (pending_->encoded) {
     spdlog::info("round {}: uploading {} bytes ({} of {} uncompressed)", round_, pending_->encoded_bytes,

@@ -81,6 +81,29 @@ TEST(Config, AKeyGivenTwiceAndAFolderAreRefusedWithThePath) {
   EXPECT_EQ(error_of([&] { ConfigNode::load_file(dir.path()); }), "config " + dir.path().string() + ": is a folder, not a file");
 }
 
+// Issue 37: a fault that names no process of the federation, or one that could never fire (a
+// silo's crash after a secure step in a federation without secure aggregation), is refused
+// with its key before anything is made or started.
+TEST(Config, ASimFaultTheFederationCannotHaveIsRefusedWithItsKey) {
+  test::TempDir dir;
+  auto refused = [&](const nlohmann::json& fault, bool secure) {
+    nlohmann::json sim = {{"silos", 3}, {"rounds", 2}, {"edges", 1}, {"faults", {fault}}};
+    if (secure) sim["secure"] = {{"mode", "global"}};
+    atomic_write_file(dir / "sim.json", sim.dump());
+    return error_of([&] { tools::load_sim_config(dir / "sim.json"); });
+  };
+  EXPECT_NE(refused({{"process", "hospital-07"}, {"round", 1}}, false)
+                .find(".faults[0].process: \"hospital-07\" is not a process of this federation (server, edge-01..edge-01, "
+                      "hospital-01..hospital-03)"),
+            std::string::npos);
+  EXPECT_NE(refused({{"process", "edge-02"}, {"round", 1}}, false).find(".faults[0].process"), std::string::npos);
+  EXPECT_NE(refused({{"process", "hospital-02"}, {"round", 1}, {"phase", "after_keys"}}, false)
+                .find(".faults[0].phase: after_keys fires after a step of secure aggregation"),
+            std::string::npos);
+  EXPECT_EQ(refused({{"process", "hospital-02"}, {"round", 1}, {"phase", "after_keys"}}, true), "");
+  EXPECT_EQ(refused({{"process", "edge-01"}, {"round", 2}, {"action", "restart"}}, false), "");
+}
+
 TEST(Config, IdleTimeoutMustExceedHeartbeat) {
   auto j = nlohmann::json::parse(R"({"heartbeat_s": 10, "idle_timeout_s": 5})");
   ConfigNode node(j, "f.json", ".transport");

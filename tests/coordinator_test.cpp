@@ -4,12 +4,14 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <random>
 
 #include "crypto/hash.h"
 #include "proto/frame.h"
 #include "protocol/join.h"
+#include "protocol/signed_update.h"
 #include "server/coordinator.h"
 #include "server/upload_stage.h"
 #include "tests/testlib.h"
@@ -128,9 +130,12 @@ class Harness {
     from_edge(edge, region);
   }
   // The edge's partial sum: chunks, then UpdateEnd naming `contributors` (silo, weight).
+  // Each contributor's own word is signed by that silo, over an update hash of its own, unless
+  // `tamper` changes it on the way (an edge altering what a silo said).
   void edge_upload(SessionId edge, const std::vector<float>& sum,
                    const std::vector<std::pair<std::string, double>>& contributors, double weight,
-                   std::optional<std::string> declared = std::nullopt) {
+                   std::optional<std::string> declared = std::nullopt,
+                   const std::function<void(wire::Contributor&)>& tamper = nullptr) {
     auto m = std::make_shared<Model>(initial_.zeros_like());
     std::copy(sum.begin(), sum.end(), m->flat().begin());
     protocol::ChunkSource src(m, m->flat(), m->tensors(), "fed", coord_->round(), 12);
@@ -141,10 +146,17 @@ class Harness {
     u->set_weight(weight);
     u->set_update_sha256(declared.value_or(crypto::sha256_hex(m->flat())));
     for (const auto& [silo, w] : contributors) {
+      wire::UpdateEnd own;  // what the silo sent the edge, signed
+      own.set_weight(w);
+      own.set_num_samples(10);
+      own.set_update_sha256(crypto::sha256_hex("update of " + silo));
+      protocol::sign_update(own, test::signer(wire::SILO, silo), "fed", coord_->round());
       auto* c = u->add_contributors();
       c->set_silo(silo);
       c->set_weight(w);
       c->set_num_samples(10);
+      protocol::copy_signed_word(own, *c);
+      if (tamper) tamper(*c);
     }
     from_edge(edge, end);
   }
@@ -446,7 +458,7 @@ TEST(Coordinator, AnEdgeCannotTakeOverADirectlyConnectedSilo) {
 // A bad one drops the edge's silos for the round, with the reason; the direct silos commit.
 TEST(Coordinator, AnEdgesPartialSumIsCheckedBeforeItIsFolded) {
   RoundConfig cfg = three_rounds();
-  cfg.rounds = 4;
+  cfg.rounds = 8;
   cfg.selection.min_silos = 4;
   cfg.selection.min_updates = 2;
   Harness h(4, cfg);
@@ -460,19 +472,25 @@ TEST(Coordinator, AnEdgesPartialSumIsCheckedBeforeItIsFolded) {
     double weight;
     std::optional<std::string> declared;
     const char* says;
+    std::function<void(wire::Contributor&)> tamper = nullptr;
   };
   const std::vector<Bad> bad = {
       {"no hash", {{name(0), 10}, {name(1), 10}}, 20, std::string(), "declares no SHA-256"},
       {"wrong hash", {{name(0), 10}, {name(1), 10}}, 20, crypto::sha256_hex("x"), "does not match its SHA-256"},
       {"a silo not behind it", {{name(0), 10}, {name(2), 10}}, 20, std::nullopt, "not one of its silos"},
       {"weights that do not add up", {{name(0), 10}, {name(1), 10}}, 35, std::nullopt, "not the sum"},
+      // Issue 37: each silo's own word on its upload is signed by it; the edge passes it on.
+      {"a silo's word altered", {{name(0), 10}, {name(1), 10}}, 20, std::nullopt, "does not verify",
+       [](wire::Contributor& c) { c.set_update_sha256(crypto::sha256_hex("something else")); }},
+      {"a silo's word made up", {{name(0), 10}, {name(1), 10}}, 20, std::nullopt, "carries no signature",
+       [](wire::Contributor& c) { c.clear_silo_signature(); }},
   };
   for (const auto& b : bad) {
     ASSERT_EQ(h.coord().phase(), Phase::Collecting) << b.what;
     h.edge_ready(900, {0, 1}, 10);
     h.ready(2, 10);
     h.ready(3, 10);
-    h.edge_upload(900, constant(7), b.contributors, b.weight, b.declared);
+    h.edge_upload(900, constant(7), b.contributors, b.weight, b.declared, b.tamper);
     h.upload(2, constant(2), 10);
     h.upload(3, constant(3), 10);
     ASSERT_FALSE(h.store.records.empty()) << b.what;
@@ -487,6 +505,25 @@ TEST(Coordinator, AnEdgesPartialSumIsCheckedBeforeItIsFolded) {
     }
     EXPECT_NE(why.find(b.says), std::string::npos) << b.what << ": " << why;
   }
+  // A good partial sum: each of its silos recorded with its own signed hash (which its own
+  // sent.jsonl names), and the region's sum apart.
+  h.edge_ready(900, {0, 1}, 10);
+  h.ready(2, 10);
+  h.ready(3, 10);
+  h.edge_upload(900, constant(7), {{name(0), 10}, {name(1), 10}}, 20);
+  h.upload(2, constant(2), 10);
+  h.upload(3, constant(3), 10);
+  const auto& rec = h.store.records.back();
+  ASSERT_EQ(rec["status"], "committed") << rec.dump(2);
+  for (const auto& p : rec["participants"]) {
+    if (p.value("edge", "").empty()) continue;
+    EXPECT_EQ(p["update_sha256"], crypto::sha256_hex("update of " + p["silo"].get<std::string>())) << p.dump();
+    EXPECT_TRUE(p.value("update_signed", false)) << p.dump();
+  }
+  ASSERT_EQ(rec["regions"].size(), 1u) << rec.dump(2);
+  EXPECT_EQ(rec["regions"][0]["edge"], "edge-1");
+  EXPECT_EQ(rec["regions"][0]["silos"], nlohmann::json({name(0), name(1)}));
+  EXPECT_EQ(rec["regions"][0]["sum_sha256"].get<std::string>().size(), 64u);
 }
 
 // Adaptive clipping: each round clips with the current norm C, then C <- C exp(-lr (b - q)), b

@@ -234,8 +234,9 @@ TEST(SecureEdges, RoundsSurviveDropoutsAfterKeysAndAfterSharesAndMatchFedAvg) {
 // Grouped secure aggregation: the server sees one sum per group and runs the robust rule
 // across the group means.
 TEST(SecureEdges, GroupedModeRunsTheRobustRuleAcrossGroupMeans) {
-  SimConfig cfg = small_config(9, 2);
-  cfg.selection = {{"min_silos", 9}, {"min_updates", 9}};
+  // Twelve silos make three groups of four (min_group 3, each group surviving one dropout).
+  SimConfig cfg = small_config(12, 2);
+  cfg.selection = {{"min_silos", 12}, {"min_updates", 12}};
   cfg.secure = {{"mode", "grouped"}, {"min_group", 3}, {"modulus_bits", 64}, {"fraction_bits", 24},
                 {"clip_norm", 100}, {"max_weight", 1000}};
   cfg.aggregation = {{"rule", "median"}};

@@ -44,25 +44,41 @@ TEST(SecureGroups, TheThresholdIsAboveHalfTheGroupAndAtLeastTheFraction) {
   EXPECT_EQ(group_min_survivors(cfg, 9), 6u);  // t above min_group
 }
 
-// Grouped: floor(n / min_group) groups, none smaller than min_group, every silo in exactly one;
-// the split depends on the seed. Global: one group of all.
+// Grouped: floor(n / group_size) groups (at least one), none smaller than min_group, every
+// silo in exactly one; the split depends on the seed. Global: one group of all.
 TEST(SecureGroups, SilosAreSplitIntoGroupsOfAtLeastMinGroup) {
   SecureConfig cfg;
   cfg.mode = SecureMode::Grouped;
+  for (std::size_t dropouts : {0u, 1u, 2u}) {
+  cfg.group_dropouts = dropouts;
   for (std::size_t min_group : {2u, 3u, 5u}) {
     cfg.min_group = min_group;
     for (std::size_t n = min_group; n <= 40; ++n) {
       const auto groups = make_groups(silos(n), cfg, 7 + n);
-      EXPECT_EQ(groups.size(), n / min_group);
+      EXPECT_EQ(groups.size(), std::max<std::size_t>(1, n / group_size(cfg)));
       std::multiset<std::string> all;
       for (const auto& g : groups) {
         EXPECT_GE(g.size(), min_group) << n;
+        // Every group drawn at group_size or more survives `dropouts` dropouts.
+        if (g.size() >= group_size(cfg)) {
+          EXPECT_GE(g.size() - group_min_survivors(cfg, g.size()), dropouts) << n;
+        }
         all.insert(g.begin(), g.end());
       }
       const auto want = silos(n);
       EXPECT_EQ(all, std::multiset<std::string>(want.begin(), want.end())) << n;
     }
   }
+  }
+  // Found by the 2026-12-04 operator's run (issue 37): groups of exactly min_group fail whole
+  // with one dropout (one kill cost 4 silos). The default sizes them for one.
+  cfg.group_dropouts = 1;
+  cfg.min_group = 3;
+  EXPECT_EQ(group_size(cfg), 4u);
+  cfg.group_dropouts = 2;
+  EXPECT_EQ(group_size(cfg), 6u);
+  cfg.group_dropouts = 0;
+  EXPECT_EQ(group_size(cfg), 3u);
   cfg.min_group = 3;
   EXPECT_NE(make_groups(silos(12), cfg, 1), make_groups(silos(12), cfg, 2));
   cfg.mode = SecureMode::Global;

@@ -1,5 +1,6 @@
 // xsilo sim: runs a whole federation on this machine and follows it round by round.
 #include "tools/sim.h"
+#include "tools/sim_agent.h"
 
 #include <signal.h>
 
@@ -142,13 +143,12 @@ class Processes {
   Process& operator[](const std::string& name) { return *procs_.at(name); }
   void set_argv(const std::string& name, std::vector<std::string> argv) { argv_[name] = std::move(argv); }
   bool has(const std::string& name) const { return argv_.count(name) > 0; }
-  void kill(const std::string& name, bool restart) {
+  // SIGKILL, and wait until it is gone.
+  void kill(const std::string& name) {
     procs_[name]->signal(SIGKILL);
     procs_[name]->wait(std::chrono::milliseconds(5000));
-    if (!restart) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    launch(name);
   }
+  void relaunch(const std::string& name) { launch(name); }
   // The others got Finished from the server (or their edge): one grace period for all of them,
   // then whatever is left (an edge restarted after the end, its silos) is stopped together.
   void finish(std::chrono::milliseconds grace) {
@@ -174,21 +174,75 @@ class Processes {
 };
 
 // Fires the rehearsed faults on the server's progress events (events.jsonl): a round starting
-// ("train"), its first upload grant ("upload"). Silos' "after_*" faults are their own hooks.
+// ("train"), its first upload grant ("upload"). A silo's "after_*" faults are its own hook; the
+// player counts them when the silo dies of them (its exit code kCrashExit, in the round they name).
 class FaultPlayer {
  public:
   // Each fault fired is a line of `log` (OUT/faults.jsonl): round, phase, process, action.
   FaultPlayer(const SimConfig& cfg, std::filesystem::path events, const std::filesystem::path& log)
       : cfg_(cfg), events_(std::move(events)), done_(cfg.faults.size()), log_(log) {}
-  // A fault fires only while its round is still the latest round the events show: one read
-  // behind (the sim was busy restarting a process) would otherwise land in a later round
-  // than it names. Such a fault is missed, said so, and not counted as fired.
+  // A fault fires only while its round is still the latest round the events show, read again
+  // right before the kill: one read behind would land it in a later round than it names. Such a
+  // fault is missed, said so, and not counted as fired. Faults on one event are killed together
+  // and restarted together after one pause, so a second one does not wait out the first's.
   template <class Say>
   void poll(Processes& procs, Say&& say) {
     if (cfg_.faults.empty()) return;
+    const auto events = read_events();
+    for (const auto& [name, round] : events) {
+      std::vector<std::size_t> due;
+      for (std::size_t k = 0; k < cfg_.faults.size(); ++k) {
+        const auto& fault = cfg_.faults[k];
+        if (done_[k] || fault.phase.rfind("after_", 0) == 0 || fault.round != round) continue;
+        if (name != (fault.phase == "train" ? "round_started" : "upload_granted")) continue;
+        done_[k] = true;
+        due.push_back(k);
+      }
+      if (due.empty()) continue;
+      for (auto&& later : read_events()) pending_.push_back(std::move(later));  // the newest round, now
+      std::vector<std::size_t> restart;
+      for (const auto k : due) {
+        const auto& fault = cfg_.faults[k];
+        const std::string what = fault.action + " " + fault.process + " in round " + std::to_string(round) + " (" + fault.phase + ")";
+        if (round < latest_) {
+          ++missed_;
+          say("  fault missed: " + what + ": round " + std::to_string(latest_) + " had started when it was seen");
+          continue;
+        }
+        procs.kill(fault.process);
+        fired(fault, say, what);
+        if (fault.action == "restart") restart.push_back(k);
+      }
+      if (!restart.empty()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        for (const auto k : restart) procs.relaunch(cfg_.faults[k].process);
+      }
+    }
+    // A silo's own crash after a secure step: it exits with kCrashExit in the round the fault names
+    // (tools/sim_agent.cpp); counted once it has.
+    for (std::size_t k = 0; k < cfg_.faults.size(); ++k) {
+      const auto& fault = cfg_.faults[k];
+      if (done_[k] || fault.phase.rfind("after_", 0) != 0 || !procs.has(fault.process)) continue;
+      const auto code = procs[fault.process].wait(std::chrono::milliseconds(0));
+      if (!code) continue;
+      done_[k] = true;
+      if (*code != kCrashExit) continue;  // it ended otherwise (killed by a fault, or the federation finished first)
+      const std::string what = fault.action + " " + fault.process + " in round " + std::to_string(fault.round) + " (" +
+                               fault.phase + ", its own hook)";
+      fired(fault, say, what);
+      if (fault.action == "restart") {
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        procs.relaunch(fault.process);
+      }
+    }
+  }
+
+ private:
+  // The events written since the last read (and those read ahead of a kill).
+  std::vector<std::pair<std::string, std::uint64_t>> read_events() {
+    std::vector<std::pair<std::string, std::uint64_t>> events = std::exchange(pending_, {});
     std::ifstream in(events_, std::ios::binary);
     in.seekg(static_cast<std::streamoff>(read_));
-    std::vector<std::pair<std::string, std::uint64_t>> events;
     for (std::string line; std::getline(in, line);) {
       if (in.eof()) break;  // a line still being written
       read_ += line.size() + 1;
@@ -200,31 +254,20 @@ class FaultPlayer {
       }
       if (events.back().first == "round_started") latest_ = std::max(latest_, events.back().second);
     }
-    for (const auto& [name, round] : events) {
-      for (std::size_t k = 0; k < cfg_.faults.size(); ++k) {
-        const auto& fault = cfg_.faults[k];
-        if (done_[k] || fault.phase.rfind("after_", 0) == 0 || fault.round != round) continue;
-        if (name != (fault.phase == "train" ? "round_started" : "upload_granted")) continue;
-        done_[k] = true;
-        const std::string what = fault.action + " " + fault.process + " in round " + std::to_string(round) + " (" + fault.phase + ")";
-        if (round < latest_) {
-          ++missed_;
-          say("  fault missed: " + what + ": round " + std::to_string(latest_) + " had started when it was seen");
-          continue;
-        }
-        ++fired_;
-        say("  fault: " + what);
-        log_ << json{{"round", round}, {"phase", fault.phase}, {"process", fault.process}, {"action", fault.action}}.dump()
-             << std::endl;
-        procs.kill(fault.process, fault.action == "restart");
-      }
-    }
+    return events;
+  }
+  template <class Say>
+  void fired(const SimConfig::Fault& fault, Say&& say, const std::string& what) {
+    ++fired_;
+    say("  fault: " + what);
+    log_ << json{{"round", fault.round}, {"phase", fault.phase}, {"process", fault.process}, {"action", fault.action}}.dump()
+         << std::endl;
   }
 
- private:
   const SimConfig& cfg_;
   std::filesystem::path events_;
   std::vector<bool> done_;
+  std::vector<std::pair<std::string, std::uint64_t>> pending_;
   std::size_t read_ = 0, fired_ = 0, missed_ = 0;
   std::uint64_t latest_ = 0;
   std::ofstream log_;
@@ -329,11 +372,6 @@ std::string describe(const SimConfig& cfg, const FederationFiles& f) {
 // The federation's processes: the server, the edges (listening before their silos dial), the
 // agents.
 void start_federation(const SimConfig& cfg, FederationFiles& f, Processes& procs) {
-  for (const auto& fault : cfg.faults) {
-    const bool known = fault.process == "server" || std::count(f.edges.begin(), f.edges.end(), fault.process) ||
-                       std::count(f.silos.begin(), f.silos.end(), fault.process);
-    if (!known) throw ConfigError("sim: fault names process \"" + fault.process + "\", which this federation does not have");
-  }
   for (const auto& [name, what] : cfg.hostile) {
     if (!std::count(f.edges.begin(), f.edges.end(), name) && !std::count(f.silos.begin(), f.silos.end(), name)) {
       throw ConfigError("sim: hostile names process \"" + name + "\", which this federation does not have");

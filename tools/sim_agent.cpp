@@ -123,7 +123,7 @@ class SimHook final : public agent::FaultHook {
     // Let the message leave, then die as a crash would: from here on the silo does nothing.
     std::thread([] {
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
-      std::_Exit(137);
+      std::_Exit(kCrashExit);
     }).detach();
     return true;
   }

@@ -16,9 +16,13 @@
 
 namespace xsilo::tools {
 
+// The exit code of a silo that died of its own simulated crash (`crash_after`): the sim tells it
+// from a kill it made itself (128 + SIGKILL) and counts the fault as fired.
+inline constexpr int kCrashExit = 97;
+
 struct SimAgentConfig {
   AttackConfig attack;                 // kind "": honest
-  std::string crash_after;             // "keys" or "shares": die right after sending that step
+  std::string crash_after;             // "keys" or "shares": die right after sending that step, with kCrashExit
   std::uint64_t crash_round = 0;
   std::optional<std::uint64_t> synthetic_samples;  // the synthetic trainer, with this sample count
   // A silo hostile inside secure aggregation, signing what it sends with its own key:

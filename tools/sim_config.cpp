@@ -191,9 +191,24 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
   pass("broadcast", c.broadcast);
   pass("local", c.local);
   c.edges = static_cast<std::size_t>(root.integer("edges", 0, 0, 64));
+  // The processes a fault may name: checked here, before anything is made or started.
+  auto names_a_process = [&](const std::string& p) {
+    for (std::size_t i = 0; i < c.silos; ++i) {
+      if (p == silo_name(i)) return true;
+    }
+    for (std::size_t e = 0; e < c.edges; ++e) {
+      if (p == edge_name(e)) return true;
+    }
+    return p == "server";
+  };
   for (const auto& fn : root.child_list("faults")) {
     SimConfig::Fault fault;
     fault.process = fn.str_required("process");
+    if (!names_a_process(fault.process)) {
+      fn.fail("process", "\"" + fault.process + "\" is not a process of this federation (server, " +
+                             (c.edges ? "edge-01.." + edge_name(c.edges - 1) + ", " : std::string()) + "hospital-01.." +
+                             silo_name(c.silos - 1) + ")");
+    }
     fault.action = fn.one_of("action", "kill", {"kill", "restart"});
     fault.round = static_cast<std::uint64_t>(fn.integer("round", 1, 1, static_cast<std::int64_t>(c.rounds)));
     fault.phase = fn.one_of("phase", "train", {"train", "upload", "after_keys", "after_shares"});
@@ -202,6 +217,10 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
     }
     if (c.trainer && fault.phase.rfind("after_", 0) == 0) {
       fn.fail("phase", fault.phase + " needs the built-in trainer (it is a hook inside the silo's simulated agent)");
+    }
+    if (fault.phase.rfind("after_", 0) == 0 && !c.secure.is_object()) {
+      fn.fail("phase", fault.phase + " fires after a step of secure aggregation, which this federation does not run "
+                                     "(set \"secure\"): it could never fire");
     }
     fn.finish();
     c.faults.push_back(fault);
