@@ -305,7 +305,7 @@ std::string grid_chart(const Grid& g) {
   const double left = group_w + std::min<double>(260, 6.2 * static_cast<double>(longest) + 12);
   const double cols = static_cast<double>(std::max<std::size_t>(1, g.columns.size()));
   const double rows = static_cast<double>(std::max<std::size_t>(1, g.rows.size()));
-  const double cw = std::clamp(std::floor(820.0 / cols), 3.0, 26.0), rh = std::clamp(std::floor(600.0 / rows), 6.0, 18.0);
+  const double cw = std::clamp(std::floor(820.0 / cols), 3.0, 34.0), rh = std::clamp(std::floor(600.0 / rows), 6.0, 18.0);
   const Box b{left, 48, cw * cols, rh * rows};
   const bool letters = cw >= 12 && rh >= 11;
   std::ostringstream s;
