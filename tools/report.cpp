@@ -100,11 +100,12 @@ std::string gaps(const report::Run& run, const report::Layout& l) {
   });
   if (!eval) g.push_back("Each silo's own evaluation: only its weighted mean is kept (metrics.csv).");
   if (std::none_of(l.rounds.begin(), l.rounds.end(), [](auto* r) { return r->epsilon_spent.has_value(); })) {
-    g.push_back("Privacy spent: no record carries privacy.epsilon_spent (this run used no differential privacy), "
-                "so there is no privacy section.");
+    g.push_back("Privacy spent: no record carries privacy.epsilon_spent (no differential privacy is recorded in "
+                "this log), so there is no privacy section.");
   }
-  if (l.rounds.empty() && run.audit.why_not.find("no audit log") != std::string::npos) {
-    g.push_back("Participation, decisions and bytes: they come from the audit log, which was not there.");
+  if (run.records == 0) {
+    g.push_back("Participation, decisions, bytes and the rounds' times: they come from the audit log's records, and "
+                "none was read.");
   }
   std::ostringstream s;
   s << "<section id='gaps' aria-labelledby='gaps-h'><h2 id='gaps-h'>Not in these files</h2>\n<ul>";
@@ -161,6 +162,7 @@ report::Run load_run(const ReportSources& s) {
 
 std::string render_report(const report::Run& run) {
   const report::Layout l = report::layout_of(run);
+  const std::string privacy = report::privacy_section(l);
   const std::string title = "xsilo report: " + (run.title.empty() ? std::string("a federation") : run.title);
   std::ostringstream s;
   s << "<!doctype html>\n<html lang='en'><head><meta charset='utf-8'><title>" << esc(title) << "</title>\n<style>"
@@ -169,11 +171,13 @@ std::string render_report(const report::Run& run) {
     << overview(run, l)
     << "<nav aria-label='sections'><a href='#audit'>audit log</a> | <a href='#curves'>accuracy</a> | <a "
        "href='#participation'>who took part</a> | <a href='#robust'>robust decisions</a> | <a "
-       "href='#evaluation'>silos' evaluation</a> | <a href='#timeline'>time</a> | <a href='#bytes'>bytes</a> | <a "
-       "href='#rounds'>rounds</a> | <a href='#silos'>silos</a> | <a href='#gaps'>not recorded</a></nav></header>\n<main>\n"
+       "href='#evaluation'>silos' evaluation</a> | <a href='#timeline'>time</a> | <a href='#bytes'>bytes</a> | "
+    << (privacy.empty() ? "" : "<a href='#privacy'>privacy</a> | ")
+    << "<a href='#rounds'>rounds</a> | <a href='#silos'>silos</a> | <a href='#gaps'>not recorded</a></nav></header>\n"
+       "<main>\n"
     << audit_section(run) << report::curves_section(run) << report::participation_section(run, l)
     << report::decisions_section(run, l) << report::evaluation_section(l) << report::timeline_section(l)
-    << report::bytes_section(run, l) << report::privacy_section(l) << report::rounds_table(l)
+    << report::bytes_section(run, l) << privacy << report::rounds_table(l)
     << report::silos_table(run, l) << gaps(run, l) << "</main>\n</body></html>\n";
   return s.str();
 }

@@ -1,5 +1,6 @@
 #include "tools/report_data.h"
 
+#include <cctype>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -111,12 +112,12 @@ void fold_decisions(Run& run, Round& x, const json& r, const std::unordered_map<
 }
 
 void fold_round(Run& run, const json& r, bool verified) {
-  const auto number_of_round = r.find("round");
-  if (number_of_round == r.end() || !number_of_round->is_number_unsigned()) {
+  const auto round = r.find("round");
+  if (round == r.end() || !round->is_number_unsigned()) {
     run.problems.push_back("record " + std::to_string(run.records) + ": a round record without a round number");
     return;
   }
-  Round& x = run.at(number_of_round->get<std::uint64_t>());
+  Round& x = run.at(round->get<std::uint64_t>());
   x.has_record = true;
   x.verified = verified;
   x.committed = text(r, "status") == "committed";
