@@ -169,6 +169,20 @@ void fold_round(Run& run, const json& r, bool verified) {
   fold_decisions(run, x, r, where);
 }
 
+// Calls on_line(number, value) for each line of a JSON Lines file (a line that is not JSON comes
+// as a discarded value); an unreadable file is named in problems.
+template <class OnLine>
+void each_json_line(Run& run, const std::filesystem::path& path, OnLine on_line) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    run.problems.push_back(path.string() + ": cannot be read");
+    return;
+  }
+  run.read.push_back(path.string());
+  std::uint64_t n = 0;
+  for (std::string line; std::getline(in, line);) on_line(++n, json::parse(line, nullptr, false));
+}
+
 }  // namespace
 
 std::uint32_t Run::silo_id(const std::string& name) {
@@ -224,23 +238,13 @@ void fold_record(Run& run, const json& record, bool verified) {
 }
 
 void read_audit(Run& run, const std::filesystem::path& log, std::uint64_t verified_records) {
-  std::ifstream in(log, std::ios::binary);
-  if (!in) {
-    run.problems.push_back(log.string() + ": cannot be read");
-    return;
-  }
-  run.read.push_back(log.string());
-  std::string line;
-  std::uint64_t n = 0;
-  while (std::getline(in, line)) {
-    ++n;
-    json record = json::parse(line, nullptr, false);
+  each_json_line(run, log, [&](std::uint64_t n, const json& record) {
     if (record.is_discarded()) {
       run.problems.push_back(log.filename().string() + " line " + std::to_string(n) + ": not JSON, skipped");
-      continue;
+    } else {
+      fold_record(run, record, n <= verified_records);
     }
-    fold_record(run, record, n <= verified_records);
-  }
+  });
 }
 
 AuditCheck check_audit(const std::filesystem::path& log, const std::filesystem::path& key) {
@@ -308,18 +312,10 @@ void read_metrics(Run& run, const std::filesystem::path& csv) {
 }
 
 void read_events(Run& run, const std::filesystem::path& events) {
-  std::ifstream in(events, std::ios::binary);
-  if (!in) {
-    run.problems.push_back(events.string() + ": cannot be read");
-    return;
-  }
-  run.read.push_back(events.string());
-  std::string line;
-  while (std::getline(in, line)) {
-    const json e = json::parse(line, nullptr, false);
-    if (!e.is_object() || !e.contains("round") || !e["round"].is_number_unsigned()) continue;
+  each_json_line(run, events, [&](std::uint64_t, const json& e) {
+    if (!e.is_object() || !e.contains("round") || !e["round"].is_number_unsigned()) return;
     const auto t = parse_time(text(e, "time"));
-    if (!t) continue;
+    if (!t) return;
     Round& x = run.at(e["round"].get<std::uint64_t>());
     const std::string name = text(e, "event");
     if (name == "round_started") {  // a restarted server runs the round again: its last start counts
@@ -334,7 +330,7 @@ void read_events(Run& run, const std::filesystem::path& events) {
     } else if (name == "round_committed" || name == "round_aborted") {
       x.ev_done = *t;
     }
-  }
+  });
 }
 
 void read_summary(Run& run, const std::filesystem::path& summary) {
