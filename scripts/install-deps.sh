@@ -12,6 +12,7 @@ packages=(
   libopenmpi-dev openmpi-bin libgloo-dev   # peers measured by `xsilo bench allreduce`
   python3-numpy                            # reference implementation in `xsilo bench robust`, the SDK
   python3-torch                            # the PyTorch example (examples/pytorch) and its tests
+  chromium                                 # headless, draws report.html in tests/report_browser_test.cpp
   openssl
 )
 packages+=("$@")

@@ -12,6 +12,7 @@ void add_edge(CLI::App& app, int& exit_code);
 void add_agent(CLI::App& app, int& exit_code);
 void add_sim(CLI::App& app, int& exit_code);
 void add_audit(CLI::App& app, int& exit_code);
+void add_report(CLI::App& app, int& exit_code);
 void add_bench(CLI::App& app, int& exit_code);
 void add_collective(CLI::App& app, int& exit_code);
 void add_admin(CLI::App& app, int& exit_code);  // status and admin

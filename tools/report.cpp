@@ -1,101 +1,193 @@
-// report.svg / report.html: accuracy and loss per round, readable in any browser.
+// The report's page: its sources, the audit verdict, the sections in order, what the files do
+// not hold.
+#include "tools/report.h"
+
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <fstream>
+#include <limits>
+#include <set>
 #include <sstream>
 
+#include "common/config.h"
 #include "common/fs.h"
-#include "tools/sim.h"
+#include "tools/report_sections.h"
 
 namespace xsilo::tools {
 
 namespace {
 
-// One panel: a polyline of ys over xs inside the box (x0, y0, w, h).
-std::string panel(const std::string& title, const std::vector<double>& xs,
-                  const std::vector<double>& ys, double x0, double y0, double w, double h,
-                  const std::string& color, double ref, bool percent) {
+using report::esc;
+
+constexpr const char* kStyle = R"(body{font-family:sans-serif;max-width:1000px;margin:1em auto;padding:0 1em;color:#111}
+h1{font-size:1.5em}h2{border-bottom:1px solid #bbb;margin-top:1.6em}
+table{border-collapse:collapse;font-size:.85em;margin:.5em 0}th,td{border:1px solid #bbb;padding:2px 6px;text-align:left}
+caption{text-align:left;font-weight:bold;padding:4px 0}code{font-size:.9em}svg{max-width:100%;height:auto}
+.legend{list-style:none;padding:0;display:flex;flex-wrap:wrap;gap:4px 18px;font-size:.9em}
+.verdict{padding:8px 12px;border:3px solid #888;background:#f3f3f3}.verdict.ok{border-color:#1b7837;background:#e7f4e4}
+.verdict.failed{border-color:#b2182b;border-style:double;background:#fde0dd}.hash{font-family:monospace;word-break:break-all}
+@media print{body{max-width:none}nav{display:none}svg,table{break-inside:avoid}}
+)";
+
+// `name` in `dir`, else in `dir/server` (xsilo sim keeps the server's state_dir there); empty
+// when neither has it.
+std::filesystem::path find(const std::filesystem::path& dir, const char* name) {
+  for (const auto& where : {dir, dir / "server"}) {
+    if (why_absent(where / name).empty()) return where / name;
+  }
+  return {};
+}
+
+std::string audit_section(const report::Run& run) {
+  const auto& a = run.audit;
   std::ostringstream s;
-  double lo = ys.empty() ? 0 : *std::min_element(ys.begin(), ys.end());
-  double hi = ys.empty() ? 1 : *std::max_element(ys.begin(), ys.end());
-  if (ref >= 0) {
-    lo = std::min(lo, ref);
-    hi = std::max(hi, ref);
+  s << "<section id='audit' aria-labelledby='audit-h'><h2 id='audit-h'>Audit log</h2>\n";
+  if (!a.attempted) {
+    s << "<p class='verdict'><strong>NOT VERIFIED:</strong> " << esc(a.why_not) << ".</p>\n";
+  } else if (a.ok) {
+    s << "<p class='verdict ok'><strong>VERIFIED:</strong> " << a.records
+      << " records, every signature valid, the hash chain intact (checked by the server's own verifier, as "
+         "<code>xsilo audit verify</code> does).</p>\n<p>Head (SHA-256 of the last record's line): <span "
+         "class='hash'>"
+      << esc(a.head_sha256) << "</span><br>Audit public key: <span class='hash'>" << esc(a.key_hex)
+      << "</span></p>\n<p>A log cut short after its last record still verifies: compare this head with one a silo "
+         "witnessed (<code>xsilo audit verify --witness</code>, docs/audit.md).</p>\n";
+  } else {
+    s << "<p class='verdict failed'><strong>FAILED VERIFICATION:</strong> " << esc(a.reason) << ".</p>\n<p>The first "
+      << a.records << " records verify"
+      << (a.records ? " (head of that part: <span class='hash'>" + esc(a.head_sha256) + "</span>)" : std::string())
+      << ". The sections below also draw the records after them as read; nothing vouches for those (the round "
+         "table marks them).</p>\n";
   }
-  if (hi - lo < 1e-9) {
-    hi += 0.5;
-    lo -= 0.5;
+  s << "<p>" << run.records << " records read.</p>\n";
+  if (!run.admin.empty()) {
+    s << "<p>Operators' commands recorded:</p><ul>";
+    for (const auto& c : run.admin) s << "<li>" << esc(c) << "</li>";
+    s << "</ul>\n";
   }
-  const double pad = 0.05 * (hi - lo);
-  lo -= pad;
-  hi += pad;
-  const double xmin = xs.empty() ? 0 : xs.front(), xmax = xs.empty() ? 1 : std::max(xs.back(), xmin + 1);
-  auto px = [&](double x) { return x0 + (x - xmin) / (xmax - xmin) * w; };
-  auto py = [&](double y) { return y0 + h - (y - lo) / (hi - lo) * h; };
-  s << "<text x='" << x0 << "' y='" << y0 - 10 << "' font-size='15' font-weight='bold'>" << title << "</text>\n";
-  s << "<rect x='" << x0 << "' y='" << y0 << "' width='" << w << "' height='" << h
-    << "' fill='none' stroke='#888'/>\n";
-  for (int i = 0; i <= 4; ++i) {
-    const double v = lo + (hi - lo) * i / 4.0;
-    char label[32];
-    std::snprintf(label, sizeof label, percent ? "%.1f%%" : "%.3f", percent ? 100 * v : v);
-    s << "<line x1='" << x0 << "' x2='" << x0 + w << "' y1='" << py(v) << "' y2='" << py(v)
-      << "' stroke='#eee'/><text x='" << x0 - 6 << "' y='" << py(v) + 4
-      << "' font-size='11' text-anchor='end'>" << label << "</text>\n";
+  s << "</section>\n";
+  return s.str();
+}
+
+std::string overview(const report::Run& run, const report::Layout& l) {
+  std::size_t committed = 0, secure = 0;
+  std::set<std::string> rules;
+  for (const auto* r : l.rounds) {
+    committed += r->committed;
+    secure += r->secure;
+    if (!r->rule.empty()) rules.insert(r->rule);
   }
-  const int xticks = static_cast<int>(std::min<double>(10, xmax - xmin));
-  for (int i = 0; i <= xticks; ++i) {
-    const double x = xmin + (xmax - xmin) * i / std::max(1, xticks);
-    s << "<text x='" << px(x) << "' y='" << y0 + h + 16 << "' font-size='11' text-anchor='middle'>"
-      << static_cast<long>(std::lround(x)) << "</text>\n";
+  std::ostringstream s;
+  s << "<p>" << l.rounds.size() << " rounds recorded: " << committed << " committed, " << l.rounds.size() - committed
+    << " aborted; " << run.silos.size() << " silos, " << run.edges.size() - 1 << " edges";
+  if (secure) s << "; " << secure << " rounds under secure aggregation";
+  if (run.model_parameters) s << "; a model of " << run.model_parameters << " parameters";
+  s << ".</p>\n";
+  return s.str();
+}
+
+// What the report would draw but no file read holds: said, not guessed.
+std::string gaps(const report::Run& run, const report::Layout& l) {
+  std::vector<std::string> g;
+  const bool events = std::any_of(l.rounds.begin(), l.rounds.end(), [](auto* r) { return r->ev_started >= 0; });
+  if (!events) {
+    g.push_back("Phase timings: no events.jsonl was read, so the timeline shows each record's span (started_at to "
+                "ended_at) only.");
   }
-  s << "<text x='" << x0 + w / 2 << "' y='" << y0 + h + 34 << "' font-size='12' text-anchor='middle'>round</text>\n";
-  if (ref >= 0) {
-    s << "<line x1='" << x0 << "' x2='" << x0 + w << "' y1='" << py(ref) << "' y2='" << py(ref)
-      << "' stroke='#999' stroke-dasharray='6,4'/><text x='" << x0 + w - 4 << "' y='" << py(ref) - 5
-      << "' font-size='11' text-anchor='end' fill='#666'>centralized</text>\n";
+  g.push_back("When each silo received the model and when it finished training: the server records neither, so "
+              "broadcast and training are one span.");
+  const bool eval = std::any_of(l.rounds.begin(), l.rounds.end(), [](auto* r) {
+    return std::any_of(r->silos.begin(), r->silos.end(), [](auto& s) { return std::isfinite(s.eval_accuracy); });
+  });
+  if (!eval) g.push_back("Each silo's own evaluation: only its weighted mean is kept (metrics.csv).");
+  if (std::none_of(l.rounds.begin(), l.rounds.end(), [](auto* r) { return r->epsilon_spent.has_value(); })) {
+    g.push_back("Privacy spent: no record carries privacy.epsilon_spent (no differential privacy is recorded in "
+                "this log), so there is no privacy section.");
   }
-  s << "<polyline fill='none' stroke='" << color << "' stroke-width='2' points='";
-  for (std::size_t i = 0; i < xs.size(); ++i) s << px(xs[i]) << "," << py(ys[i]) << " ";
-  s << "'/>\n";
-  for (std::size_t i = 0; i < xs.size(); ++i) {
-    s << "<circle cx='" << px(xs[i]) << "' cy='" << py(ys[i]) << "' r='2.5' fill='" << color << "'/>\n";
+  if (run.records == 0) {
+    g.push_back("Participation, decisions, bytes and the rounds' times: they come from the audit log's records, and "
+                "none was read.");
   }
+  std::ostringstream s;
+  s << "<section id='gaps' aria-labelledby='gaps-h'><h2 id='gaps-h'>Not in these files</h2>\n<ul>";
+  for (const auto& x : g) s << "<li>" << esc(x) << "</li>";
+  s << "</ul>\n";
+  if (!run.problems.empty()) {
+    s << "<p>Could not be read:</p><ul>";
+    for (std::size_t i = 0; i < run.problems.size() && i < 20; ++i) s << "<li>" << esc(run.problems[i]) << "</li>";
+    if (run.problems.size() > 20) s << "<li>... and " << run.problems.size() - 20 << " more</li>";
+    s << "</ul>\n";
+  }
+  s << "<p>Drawn from: ";
+  for (std::size_t i = 0; i < run.read.size(); ++i) s << (i ? ", " : "") << "<code>" << esc(run.read[i]) << "</code>";
+  s << ".</p>\n</section>\n";
   return s.str();
 }
 
 }  // namespace
 
-void write_report(const std::filesystem::path& out, const std::string& title,
-                  const std::vector<double>& rounds, const std::vector<double>& accuracy,
-                  const std::vector<double>& loss, double baseline_accuracy) {
-  std::ostringstream svg;
-  svg << "<svg xmlns='http://www.w3.org/2000/svg' width='980' height='400' font-family='sans-serif'>\n"
-      << "<rect width='100%' height='100%' fill='white'/>\n"
-      << "<text x='20' y='24' font-size='17'>xsilo sim: " << title << "</text>\n"
-      << panel("Test accuracy", rounds, accuracy, 80, 70, 380, 260, "#1f77b4", baseline_accuracy, true)
-      << panel("Test loss", rounds, loss, 570, 70, 380, 260, "#d62728", -1, false) << "</svg>\n";
-  atomic_write_file(out / "report.svg", svg.str());
-  std::ostringstream html;
-  html << "<!doctype html><html><head><meta charset='utf-8'><title>xsilo sim: " << title
-       << "</title></head><body style='font-family:sans-serif'>\n"
-       << svg.str() << "<table border='1' cellpadding='4' style='border-collapse:collapse'>"
-       << "<tr><th>round</th><th>test accuracy</th><th>test loss</th></tr>\n";
-  for (std::size_t i = 0; i < rounds.size(); ++i) {
-    char row[160];
-    std::snprintf(row, sizeof row, "<tr><td>%.0f</td><td>%.2f%%</td><td>%.4f</td></tr>\n", rounds[i],
-                  100 * accuracy[i], loss[i]);
-    html << row;
+ReportSources run_sources(const std::filesystem::path& run_dir) {
+  if (const auto why = why_absent(run_dir, true); !why.empty()) {
+    throw ConfigError("report: run folder " + run_dir.string() + " " + why);
   }
-  html << "</table>";
-  if (baseline_accuracy >= 0) {
-    char b[128];
-    std::snprintf(b, sizeof b, "<p>Centralized training on the pooled data: %.2f%%</p>", 100 * baseline_accuracy);
-    html << b;
+  ReportSources s;
+  s.audit_log = find(run_dir, "audit.jsonl");
+  if (!s.audit_log.empty()) s.audit_key = find(s.audit_log.parent_path(), "audit.pub");
+  s.metrics = find(run_dir, "metrics.csv");
+  s.events = find(run_dir, "events.jsonl");
+  if (s.audit_log.empty() && s.metrics.empty() && s.events.empty()) {
+    throw ConfigError("report: " + run_dir.string() +
+                      " holds no audit.jsonl, metrics.csv or events.jsonl (in it or in server/): it is neither a "
+                      "run folder of xsilo sim nor a server's state_dir");
   }
-  html << "</body></html>\n";
-  atomic_write_file(out / "report.html", html.str());
+  if (why_absent(run_dir / "summary.json").empty()) s.summary = run_dir / "summary.json";
+  if (why_absent(run_dir / "model.safetensors").empty()) s.model = run_dir / "model.safetensors";
+  return s;
+}
+
+report::Run load_run(const ReportSources& s) {
+  report::Run run;
+  if (!s.audit_log.empty()) {
+    run.audit = report::check_audit(s.audit_log, s.audit_key);
+    const std::uint64_t vouched = run.audit.ok ? std::numeric_limits<std::uint64_t>::max() : run.audit.records;
+    report::read_audit(run, s.audit_log, run.audit.attempted ? vouched : 0);
+  } else {
+    run.audit.why_not = "no audit log (audit.jsonl) was found";
+  }
+  if (!s.summary.empty()) report::read_summary(run, s.summary);
+  if (!s.metrics.empty()) report::read_metrics(run, s.metrics);
+  if (!s.events.empty()) report::read_events(run, s.events);
+  if (!s.model.empty()) report::read_model_size(run, s.model);
+  return run;
+}
+
+std::string render_report(const report::Run& run) {
+  const report::Layout l = report::layout_of(run);
+  const std::string privacy = report::privacy_section(l);
+  const std::string title = "xsilo report: " + (run.title.empty() ? std::string("a federation") : run.title);
+  std::ostringstream s;
+  s << "<!doctype html>\n<html lang='en'><head><meta charset='utf-8'><title>" << esc(title) << "</title>\n<style>"
+    << kStyle << "</style></head>\n<body>\n"
+    << report::fill_defs() << "<header><h1>" << esc(title) << "</h1>\n"
+    << overview(run, l)
+    << "<nav aria-label='sections'><a href='#audit'>audit log</a> | <a href='#curves'>accuracy</a> | <a "
+       "href='#participation'>who took part</a> | <a href='#robust'>robust decisions</a> | <a "
+       "href='#evaluation'>silos' evaluation</a> | <a href='#timeline'>time</a> | <a href='#bytes'>bytes</a> | "
+    << (privacy.empty() ? "" : "<a href='#privacy'>privacy</a> | ")
+    << "<a href='#rounds'>rounds</a> | <a href='#silos'>silos</a> | <a href='#gaps'>not recorded</a></nav></header>\n"
+       "<main>\n"
+    << audit_section(run) << report::curves_section(run) << report::participation_section(run, l)
+    << report::decisions_section(run, l) << report::evaluation_section(l) << report::timeline_section(l)
+    << report::bytes_section(run, l) << privacy << report::rounds_table(l)
+    << report::silos_table(run, l) << gaps(run, l) << "</main>\n</body></html>\n";
+  return s.str();
+}
+
+report::Run write_report(const ReportSources& sources, const std::filesystem::path& html,
+                         const std::filesystem::path& svg) {
+  report::Run run = load_run(sources);
+  atomic_write_file(html, render_report(run));
+  if (!svg.empty()) atomic_write_file(svg, report::curves_svg(run));
+  return run;
 }
 
 }  // namespace xsilo::tools

@@ -21,6 +21,7 @@
 #include "server/metrics.h"
 #include "silo_agent/external_trainer.h"
 #include "silo_agent/sgd.h"
+#include "tools/report.h"
 #include "tools/sim_edge.h"
 
 namespace xsilo::tools {
@@ -302,7 +303,7 @@ class Progress {
     }
     for (; seen_ < rows.size(); ++seen_) report(rows[seen_], say);
   }
-  std::vector<double> rounds, accuracy, loss;
+  std::vector<double> rounds;  // committed rounds
 
  private:
   template <class Say>
@@ -314,8 +315,6 @@ class Progress {
       std::tie(acc, l) = central_.evaluate(load_safetensors(f_.state / "checkpoints" / name), r.round);
       ++result_.rounds_committed;
       rounds.push_back(static_cast<double>(r.round));
-      accuracy.push_back(acc);
-      loss.push_back(l);
       result_.final_accuracy = acc;
       result_.final_loss = l;
     }
@@ -474,7 +473,6 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
 
   copy_outputs(f, progress.rounds);
   if (cfg.baseline && !g_interrupted) result.baseline_accuracy = central.baseline();
-  write_report(out, cfg.name, progress.rounds, progress.accuracy, progress.loss, result.baseline_accuracy);
   const double secs = std::chrono::duration<double>(Clock::now() - t_start).count();
   json summary = {{"name", cfg.name},
                   {"rounds", cfg.rounds},
@@ -488,6 +486,8 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
                   {"seconds", secs}};
   if (result.baseline_accuracy >= 0) summary["centralized_accuracy"] = result.baseline_accuracy;
   atomic_write_file(out / "summary.json", summary.dump(2) + "\n");
+  // From the files just written, as `xsilo report OUT` would draw it.
+  write_report(run_sources(out), out / "report.html", out / "report.svg");
 
   // Under a kill storm a round may abort (its silos were killed; the audit record says why,
   // and the server exits 3): the run is whole when every round ended, committed or aborted.

@@ -174,9 +174,4 @@ using RoundCallback = std::function<void(std::uint64_t round, bool committed, co
 SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& out,
                              const RoundCallback& on_round = nullptr);
 
-// Writes report.svg and report.html from the sim's metrics.
-void write_report(const std::filesystem::path& out, const std::string& title,
-                  const std::vector<double>& rounds, const std::vector<double>& accuracy,
-                  const std::vector<double>& loss, double baseline_accuracy);
-
 }  // namespace xsilo::tools

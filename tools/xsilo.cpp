@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   xsilo::tools::add_sim(app, exit_code);
   xsilo::tools::add_pki(app, exit_code);
   xsilo::tools::add_audit(app, exit_code);
+  xsilo::tools::add_report(app, exit_code);
   xsilo::tools::add_bench(app, exit_code);
   xsilo::tools::add_collective(app, exit_code);
   xsilo::tools::add_admin(app, exit_code);
