@@ -72,6 +72,13 @@ nlohmann::json round_record(const RoundSummary& s) {
                                              {"update_sha256", mb.update_sha256}});
       if (mb.via_edge()) participants.back()["edge"] = mb.edge;
       if (mb.update_signed) participants.back()["update_signed"] = true;
+      // Its evaluation of the round's model on its own test rows, which the server receives in
+      // UpdateReady: a silo doing badly stays visible behind a good mean (the report draws it).
+      if (mb.metrics.eval_samples() > 0) {
+        participants.back()["metrics"] = {{"eval_accuracy", mb.metrics.eval_accuracy()},
+                                          {"eval_loss", mb.metrics.eval_loss()},
+                                          {"eval_samples", mb.metrics.eval_samples()}};
+      }
     } else if (mb.state == MemberState::Dropped) {
       dropouts.push_back({{"silo", mb.silo},
                           {"phase", std::string(name(mb.drop_phase))},

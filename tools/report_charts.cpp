@@ -120,10 +120,11 @@ std::string evaluation_section(const Layout& l) {
   }
   if (xs.empty()) {
     s << "<p><strong>Not recorded.</strong> Each silo evaluates the round's model on its own test split and sends "
-         "the result with its update; the server keeps only the weighted mean (<code>fed_eval_accuracy</code> in "
-         "<code>metrics.csv</code>, drawn above). No file of this run holds the per-silo values, so a silo that does "
-         "badly behind a good mean cannot be shown here. This section fills in when round records carry "
-         "<code>participants[].metrics.eval_accuracy</code>.</p></section>\n";
+         "the result with its update; the server records it per participant "
+         "(<code>participants[].metrics.eval_accuracy</code>), but no round record of this log carries it (a log "
+         "written before servers recorded it, or a federation whose silos do not evaluate), so a silo that does "
+         "badly behind a good mean cannot be shown here. The weighted mean is in <code>metrics.csv</code>.</p>"
+         "</section>\n";
     return s.str();
   }
   LineChart c;
