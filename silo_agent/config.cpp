@@ -16,11 +16,26 @@ void parse_data(const ConfigNode& data, AgentConfig& c) {
   c.test_data = data.path("test", "");
   data.require_exists("train", c.train_data);
   data.require_exists("test", c.test_data);
+  c.feature_stats_file = data.path("feature_stats", "");
+  if (!c.feature_stats_file.empty()) {
+    data.require_exists("feature_stats", c.feature_stats_file);
+    try {
+      c.feature_stats = load_feature_stats(c.feature_stats_file);
+    } catch (const std::exception& e) {
+      data.fail("feature_stats", e.what());
+    }
+  }
   const auto& st = data.raw("standardize");
   if (st.is_null() || (st.is_string() && st == "none")) {
     c.standardize = "none";
   } else if (st.is_string() && st == "local") {
     c.standardize = "local";
+  } else if (st.is_string() && st == "federated") {
+    if (c.feature_stats.empty()) {
+      data.fail("standardize", "\"federated\" needs data.feature_stats: the federation's statistics "
+                               "(xsilo sim computes them before round 1)");
+    }
+    c.standardize = "federated";
   } else if (st.is_object()) {
     ConfigNode s(st, data.file(), data.key_path("standardize"));
     const auto mean = s.number_list("mean");
@@ -34,7 +49,7 @@ void parse_data(const ConfigNode& data, AgentConfig& c) {
     c.given.mean.assign(mean.begin(), mean.end());
     c.given.stddev.assign(sd.begin(), sd.end());
   } else {
-    data.fail("standardize", "must be \"none\", \"local\" or {\"mean\": [...], \"std\": [...]}");
+    data.fail("standardize", "must be \"none\", \"local\", \"federated\" or {\"mean\": [...], \"std\": [...]}");
   }
   data.finish();
 }
@@ -140,6 +155,7 @@ nlohmann::json to_json(const AgentConfig& c) {
   if (!c.test_data.empty()) data["test"] = abs(c.test_data);
   if (c.standardize == "given") data["standardize"] = {{"mean", c.given.mean}, {"std", c.given.stddev}};
   else data["standardize"] = c.standardize;
+  if (!c.feature_stats_file.empty()) data["feature_stats"] = abs(c.feature_stats_file);
   json j = {{"federation", c.federation},
             {"upstreams", ups},
             {"tls", transport::to_json(c.tls)},
