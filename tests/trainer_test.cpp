@@ -12,7 +12,9 @@
 
 #include "common/fs.h"
 #include "common/safetensors.h"
+#include "common/feature_stats.h"
 #include "server/audit.h"
+#include "server/metrics.h"
 #include "silo_agent/external_trainer.h"
 #include "silo_agent/trainer_protocol.h"
 #include "tests/federation_util.h"
@@ -528,10 +530,12 @@ void run_example(const std::string& config, double max_gap, const json& changes 
   auto cfg = json::parse(read_file(kSource / "examples" / "pytorch" / config));
   cfg.merge_patch(changes);
   cfg["trainer"]["cwd"] = (kSource / "examples" / "pytorch").string();
-  cfg["model"]["path"] = (dir / "init.safetensors").string();  // written by trainer.init
+  // No model file: the sim asks the script for its initial weights (an init task) and writes
+  // OUT/init.safetensors.
   std::string log;
   const auto summary = run_sim_config(dir, cfg, 600s, &log);
   EXPECT_EQ(summary["rounds_committed"], cfg["rounds"]) << log;
+  EXPECT_TRUE(std::filesystem::exists(dir / "out" / "init.safetensors")) << log;
   const double fed = summary["final_accuracy"], central = summary["centralized_accuracy"];
   EXPECT_GT(fed, central - max_gap) << "federated " << fed << ", central " << central << "\n" << log;
   // The checkpoint is a safetensors file that PyTorch loads into the user's module (the
@@ -559,6 +563,111 @@ void run_example(const std::string& config, double max_gap, const json& changes 
 }
 
 TEST(PytorchExample, FiveSilosReachTheCentralAccuracyWithinTwoPoints) { run_example("sim.json", 0.02); }
+
+// The Python that has the optional packages (tensorboard's reader, mlflow): XSILO_EXTRAS_PYTHON,
+// else the venv scripts/python-extras.sh makes; empty when neither can import `module`.
+std::string extras_python(const std::string& module) {
+  std::vector<std::string> candidates;
+  if (const char* p = std::getenv("XSILO_EXTRAS_PYTHON")) candidates.push_back(p);
+  candidates.push_back((kSource / ".venv-extras" / "bin" / "python").string());
+  candidates.push_back(python());
+  for (const auto& p : candidates) {
+    if (!std::filesystem::exists(p) && p != python()) continue;
+    test::TempDir dir;
+    Process probe({p, "-c", "import " + module}, dir / "probe.log");
+    if (probe.wait(120s).value_or(-1) == 0) return p;
+  }
+  return "";
+}
+
+// examples/tabular: a plain central script federated by seven lines (docs/bring-your-own-model.md),
+// its initial model asked through the protocol, the federation's feature statistics used in every
+// silo; within three points of the same script trained centrally. With report.tensorboard the
+// rounds are TensorBoard event files that tensorboard's own reader reads back.
+TEST(TabularExample, FiveSilosWithTheFederationsStatisticsReachCentralWithinThreePoints) {
+  REQUIRE_PYTHON_MODULE("torch");
+  test::TempDir dir;
+  auto cfg = json::parse(read_file(kSource / "examples" / "tabular" / "sim.json"));
+  cfg["trainer"]["cwd"] = (kSource / "examples" / "tabular").string();
+  cfg["trainer"]["env"]["PYTHONPATH"] = (kSource / "python").string();
+  cfg["report"] = {{"tensorboard", (dir / "tb").string()}};
+  std::string log;
+  const auto summary = run_sim_config(dir, cfg, 300s, &log);
+  EXPECT_EQ(summary["rounds_committed"], cfg["rounds"]) << log;
+  const double fed = summary["final_accuracy"], central = summary["centralized_accuracy"];
+  EXPECT_GT(fed, central - 0.03) << "federated " << fed << ", central " << central << "\n" << log;
+  // The statistics every silo got: the pooled training rows' mean and population variance.
+  const auto stats = load_feature_stats(dir / "out" / "feature_stats.json");
+  const Dataset pooled = load_csv(dir / "out" / "central" / "train.csv");
+  ASSERT_EQ(stats.mean.size(), pooled.features);
+  EXPECT_EQ(stats.count, pooled.rows);
+  double m0 = 0, v0 = 0;
+  for (std::size_t i = 0; i < pooled.rows; ++i) m0 += pooled.row(i)[0];
+  m0 /= static_cast<double>(pooled.rows);
+  for (std::size_t i = 0; i < pooled.rows; ++i) v0 += (pooled.row(i)[0] - m0) * (pooled.row(i)[0] - m0);
+  v0 /= static_cast<double>(pooled.rows);
+  EXPECT_NEAR(stats.mean[0], m0, 1e-6 * std::abs(m0));
+  EXPECT_NEAR(stats.var[0], v0, 1e-6 * v0);
+  // Each silo's files: CSV with a header, and the same rows as .npz.
+  const auto silo = dir / "out" / "silos" / "hospital-01";
+  EXPECT_EQ(read_file(silo / "train.csv").substr(0, 9), "x0,x1,x2,");
+  const std::string tb_python = extras_python("tensorboard.backend.event_processing.event_accumulator");
+  const std::string np_check = "import numpy, sys; d = numpy.load(sys.argv[1]); "
+                               "assert d['x'].dtype == numpy.float32 and d['y'].dtype == numpy.int64, d; "
+                               "print(d['x'].shape[0], d['x'].shape[1])";
+  Process npz({python(), "-c", np_check, (silo / "train.npz").string()}, dir / "npz.log");
+  EXPECT_EQ(npz.wait(60s).value_or(-1), 0) << log_tail(dir / "npz.log");
+  const Dataset own = load_csv(silo / "train.csv");
+  EXPECT_NE(read_file(dir / "npz.log").find(std::to_string(own.rows) + " " + std::to_string(own.features)),
+            std::string::npos);
+  if (tb_python.empty()) {
+    GTEST_SKIP() << "skipped the read-back: no Python here imports tensorboard (scripts/python-extras.sh installs it)";
+  }
+  const std::string read = "import sys, json\n"
+                           "from tensorboard.backend.event_processing.event_accumulator import EventAccumulator\n"
+                           "acc = EventAccumulator(sys.argv[1]); acc.Reload()\n"
+                           "print(json.dumps({t: [[e.step, e.value] for e in acc.Scalars(t)] for t in acc.Tags()['scalars']}))\n";
+  Process reader({tb_python, "-c", read, (dir / "tb").string()}, dir / "tb.log");
+  ASSERT_EQ(reader.wait(120s).value_or(-1), 0) << log_tail(dir / "tb.log");
+  const auto text = read_file(dir / "tb.log");
+  const auto scalars = json::parse(text.substr(text.find('{')));
+  ASSERT_TRUE(scalars.contains("test/accuracy")) << text;
+  ASSERT_EQ(scalars["test/accuracy"].size(), cfg["rounds"].get<std::size_t>());
+  const auto metrics = server::read_metrics(dir / "out" / "server" / "metrics.csv");
+  for (std::size_t r = 0; r < metrics.size(); ++r) {
+    EXPECT_EQ(scalars["train/loss"][r][0], metrics[r].round);
+    EXPECT_NEAR(scalars["train/loss"][r][1].get<double>(), metrics[r].train_loss, 1e-5 + 1e-6 * metrics[r].train_loss);
+    EXPECT_EQ(scalars["round/upload_bytes"][r][1].get<double>(), static_cast<double>(metrics[r].upload_bytes));
+  }
+  EXPECT_NEAR(scalars["test/accuracy"].back()[1].get<double>(), fed, 1e-6);
+}
+
+// examples/lora: only the adapters and the head are federated (federate=), under secure
+// aggregation over 5 silos: the server's model holds just them, and each round uploads their
+// masked words, not the model's.
+TEST(LoraExample, OnlyTheAdaptersAreFederatedUnderSecureAggregation) {
+  REQUIRE_PYTHON_MODULE("torch");
+  test::TempDir dir;
+  auto cfg = json::parse(read_file(kSource / "examples" / "lora" / "sim.json"));
+  cfg["trainer"]["cwd"] = (kSource / "examples" / "lora").string();
+  cfg["data"]["path"] = (kSource / "examples" / "lora" / "reviews.csv").string();
+  cfg["rounds"] = 4;
+  cfg["trainer"]["env"] = {{"HOME", dir.path().string()}};  // the pretrained base: written once, here
+  std::string log;
+  const auto summary = run_sim_config(dir, cfg, 600s, &log);
+  EXPECT_EQ(summary["rounds_committed"], 4) << log;
+  const Model m = load_safetensors(dir / "out" / "model.safetensors");
+  std::size_t params = 0;
+  for (const auto& t : m.tensors()) {
+    EXPECT_TRUE(t.name.find("lora_") != std::string::npos || t.name.rfind("head.", 0) == 0) << t.name;
+    params += t.size();
+  }
+  EXPECT_EQ(params, 2178u);
+  for (const auto& row : server::read_metrics(dir / "out" / "server" / "metrics.csv")) {
+    EXPECT_EQ(row.upload_bytes, 5u * (params + 1) * 8) << "5 silos, a 64-bit word per parameter and the weight";
+  }
+  EXPECT_GT(summary["final_accuracy"].get<double>(), 0.75) << log;  // chance is 0.5
+}
 
 TEST(PytorchExample, SecureGroupedMedianTwoEdgesTwoWorkersPerSiloWithinTwoPoints) {
   run_example("sim-secure.json", 0.02);

@@ -17,8 +17,14 @@ std::string panel(const std::string& title, const std::vector<double>& xs,
                   const std::vector<double>& ys, double x0, double y0, double w, double h,
                   const std::string& color, double ref, bool percent) {
   std::ostringstream s;
-  double lo = ys.empty() ? 0 : *std::min_element(ys.begin(), ys.end());
-  double hi = ys.empty() ? 1 : *std::max_element(ys.begin(), ys.end());
+  // Values not measured (NaN: a script that does not evaluate) are left out of the scale and the line.
+  double lo = INFINITY, hi = -INFINITY;
+  for (double y : ys) {
+    if (std::isnan(y)) continue;
+    lo = std::min(lo, y);
+    hi = std::max(hi, y);
+  }
+  if (lo > hi) lo = 0, hi = 1;
   if (ref >= 0) {
     lo = std::min(lo, ref);
     hi = std::max(hi, ref);
@@ -57,9 +63,12 @@ std::string panel(const std::string& title, const std::vector<double>& xs,
       << "' font-size='11' text-anchor='end' fill='#666'>centralized</text>\n";
   }
   s << "<polyline fill='none' stroke='" << color << "' stroke-width='2' points='";
-  for (std::size_t i = 0; i < xs.size(); ++i) s << px(xs[i]) << "," << py(ys[i]) << " ";
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    if (!std::isnan(ys[i])) s << px(xs[i]) << "," << py(ys[i]) << " ";
+  }
   s << "'/>\n";
   for (std::size_t i = 0; i < xs.size(); ++i) {
+    if (std::isnan(ys[i])) continue;
     s << "<circle cx='" << px(xs[i]) << "' cy='" << py(ys[i]) << "' r='2.5' fill='" << color << "'/>\n";
   }
   return s.str();
@@ -83,9 +92,10 @@ void write_report(const std::filesystem::path& out, const std::string& title,
        << svg.str() << "<table border='1' cellpadding='4' style='border-collapse:collapse'>"
        << "<tr><th>round</th><th>test accuracy</th><th>test loss</th></tr>\n";
   for (std::size_t i = 0; i < rounds.size(); ++i) {
-    char row[160];
-    std::snprintf(row, sizeof row, "<tr><td>%.0f</td><td>%.2f%%</td><td>%.4f</td></tr>\n", rounds[i],
-                  100 * accuracy[i], loss[i]);
+    char acc[32] = "not measured", l[32] = "not measured", row[160];
+    if (!std::isnan(accuracy[i])) std::snprintf(acc, sizeof acc, "%.2f%%", 100 * accuracy[i]);
+    if (!std::isnan(loss[i])) std::snprintf(l, sizeof l, "%.4f", loss[i]);
+    std::snprintf(row, sizeof row, "<tr><td>%.0f</td><td>%s</td><td>%s</td></tr>\n", rounds[i], acc, l);
     html << row;
   }
   html << "</table>";

@@ -71,7 +71,8 @@ class CentralEvaluator {
       agent::TrainTask task{round, "central", sim_plan(cfg_)};
       const auto ev = external_->evaluate(m, task);
       if (ev.eval_samples() == 0) return {NAN, NAN};  // the script does not evaluate: not measured, not 0
-      return {ev.eval_accuracy(), ev.eval_loss()};
+      // A script that reports its accuracy but no loss: a cross-entropy is never exactly 0.
+      return {ev.eval_accuracy(), ev.eval_loss() > 0 ? ev.eval_loss() : NAN};
     } catch (const std::exception& e) {
       std::cerr << "sim: evaluating round " << round << " failed: " << e.what() << "\n";
       return {NAN, NAN};
@@ -285,7 +286,11 @@ class Progress {
       // The silos' training loss (what they reported), then the model's test loss and accuracy on
       // the pooled test rows where they were measured (a script that does not evaluate has none).
       char test[64] = "";
-      if (!std::isnan(acc)) std::snprintf(test, sizeof test, " | test loss %.4f | acc %6.2f%%", l, 100 * acc);
+      if (!std::isnan(acc) && !std::isnan(l)) {
+        std::snprintf(test, sizeof test, " | test loss %.4f | acc %6.2f%%", l, 100 * acc);
+      } else if (!std::isnan(acc)) {
+        std::snprintf(test, sizeof test, " | acc %6.2f%%", 100 * acc);
+      }
       std::snprintf(line, sizeof line, "round %3llu/%llu | silos %zu/%zu%s | dropped %zu | train loss %.4f%s | %5.2f s",
                     static_cast<unsigned long long>(r.round), static_cast<unsigned long long>(cfg_.rounds), r.reported,
                     r.selected, edges.c_str(), r.dropped, r.train_loss, test, r.seconds);
@@ -306,7 +311,8 @@ class Progress {
                                                      {"round/seconds", r.seconds},
                                                      {"round/upload_bytes", static_cast<double>(r.upload_bytes)}};
     if (r.committed) s.emplace_back("train/loss", r.train_loss);
-    if (!std::isnan(acc)) s.insert(s.end(), {{"test/accuracy", acc}, {"test/loss", l}});
+    if (!std::isnan(acc)) s.emplace_back("test/accuracy", acc);
+    if (!std::isnan(l)) s.emplace_back("test/loss", l);
     if (r.fed_eval_accuracy > 0 || r.fed_eval_loss > 0) {
       s.insert(s.end(), {{"federated_eval/accuracy", r.fed_eval_accuracy}, {"federated_eval/loss", r.fed_eval_loss}});
     }

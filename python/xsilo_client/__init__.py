@@ -20,9 +20,9 @@ from .channel import ProtocolError
 from .client import PROTOCOL, SDK_VERSION, Client, FeatureStats, Task, save_initial
 
 __version__ = SDK_VERSION
-__all__ = ["Client", "FeatureStats", "ProtocolError", "Task", "PROTOCOL", "__version__", "data_paths", "init",
-           "is_federated", "rank", "receive", "run", "save_initial", "send", "send_error", "silo", "tasks",
-           "world_size"]
+__all__ = ["Client", "FeatureStats", "ProtocolError", "Task", "PROTOCOL", "__version__", "data_paths", "epochs",
+           "feature_stats", "init", "is_federated", "log", "rank", "receive", "run", "save_initial", "send",
+           "send_error", "silo", "tasks", "world_size"]
 
 logging.getLogger("xsilo_client").addHandler(logging.NullHandler())
 
@@ -72,6 +72,31 @@ def tasks(model=None, evaluate=False, federate=None, epochs=1):
     task with ``evaluate=True``), and send() only logs.
     """
     return _loop.tasks(_default(), model, evaluate=evaluate, federate=federate, epochs=epochs)
+
+
+def epochs(model, num_samples, epochs=1, evaluate=None, federate=None):
+    """The epochs of every round, for the epoch loop a script already has:
+
+        for epoch in xc.epochs(model, num_samples=len(train_set), epochs=args.epochs):
+            ...  # one epoch of training, as before; xc.log(loss=loss) if you like
+
+    Each round's global weights are loaded into ``model`` before its first epoch, the round's
+    ``local_epochs`` are yielded, and after its last epoch the model is sent (with what
+    xc.log() recorded). ``evaluate``: a function () -> metrics, for federations that ask for
+    evaluation. Run by hand it yields range(epochs). ``federate`` as in tasks().
+    """
+    return _loop.epochs(_default(), model, num_samples, epochs=epochs, evaluate=evaluate, federate=federate)
+
+
+def log(**metrics):
+    """Records metrics (loss=..., any name -> number) for the current round's result."""
+    _default().log(metrics)
+
+
+def feature_stats(fallback=None):
+    """The federation's feature statistics (mean, var, std, standardize()), computed before the
+    first round; without them (run by hand), those of ``fallback`` (your own rows), else None."""
+    return _default().feature_stats(fallback)
 
 
 def run(model, train, evaluate=None, federate=None, epochs=1):

@@ -83,6 +83,14 @@ class FeatureStats:
         self.std = np.sqrt(np.maximum(self.var, 0.0))
         self.std[self.std == 0] = 1.0
 
+    @classmethod
+    def of(cls, rows):
+        """The statistics of ``rows`` ([rows, features], numpy or torch): a silo's own."""
+        if hasattr(rows, "detach"):
+            rows = rows.detach().cpu().numpy()
+        rows = np.asarray(rows, dtype=np.float64)
+        return cls({"mean": rows.mean(0).tolist(), "var": rows.var(0).tolist(), "count": len(rows)})
+
     def standardize(self, x):
         """(x - mean) / std along the last axis, for numpy arrays and torch tensors alike."""
         if state.torch_or_none() is not None and state.is_torch_tensor(x):
@@ -225,6 +233,7 @@ class Client:
         self._logged_local = set()  # names already logged as kept local
         self._logged_float64 = set()  # names already logged as narrowed to float32
         self._federate = None       # name -> bool: the tensors this script federates (None: all)
+        self._logged = {}           # xc.log(): metrics for the current round's result
         self._notes = {}            # told to the agent once, with the next result (it logs them)
 
     def close(self):
@@ -363,6 +372,26 @@ class Client:
     def pending(self):
         """The task awaiting its answer, or None."""
         return self._task
+
+    def log(self, metrics):
+        """Metrics for the current round's result (xc.epochs sends them); the last value wins."""
+        self._logged.update(check_metrics(metrics))
+
+    def take_logged(self):
+        logged, self._logged = self._logged, {}
+        return logged
+
+    def feature_stats(self, fallback=None):
+        """The federation's feature statistics (FeatureStats), from the agent's welcome; without
+        them (run by hand, or an agent that has none), those of ``fallback`` (this process's own
+        rows: an array or tensor of [rows, features]), else None."""
+        if self.is_federated():
+            self.init()
+            if self._welcome.get("feature_stats") is not None:
+                return FeatureStats(self._welcome["feature_stats"])
+        if fallback is None:
+            return None
+        return FeatureStats.of(fallback)
 
     def start_central(self, task):
         """A task of a run by hand (no agent): send() logs its metrics instead of answering."""

@@ -89,6 +89,17 @@ def _train_result(result):
     return result, {}
 
 
+def epochs(client, model, num_samples, epochs=1, evaluate=None, federate=None):
+    """The epochs of every round, for a script's own epoch loop. See xsilo_client.epochs."""
+    for task in tasks(client, model, evaluate=evaluate is not None, federate=federate, epochs=epochs):
+        if task.kind == "evaluate":
+            client.send(metrics=evaluate())
+            continue
+        client.take_logged()
+        yield from range(task.local_epochs)
+        client.send(model, num_samples=num_samples, metrics=client.take_logged())
+
+
 def run(client, model, train, evaluate=None, federate=None, epochs=1):
     """Answers the agent's tasks with callbacks until the federation ends. See xsilo_client.run."""
     if not callable(train):

@@ -52,11 +52,11 @@ def audit_summary(path):
             summary["records"] += 1
             if record.get("event") != "round":
                 continue
-            committed = record.get("committed", record.get("outcome") == "committed")
+            committed = record.get("status") == "committed"
             summary["rounds_committed" if committed else "rounds_aborted"] += 1
             summary["dropouts"] += len(record.get("dropouts") or [])
-            if committed and record.get("model_sha256"):
-                summary["model_sha256"] = record["model_sha256"]
+            if committed and record.get("model_sha256_after"):
+                summary["model_sha256"] = record["model_sha256_after"]
     if last_line:
         summary["head_sha256"] = hashlib.sha256(last_line.encode()).hexdigest()
     return summary
