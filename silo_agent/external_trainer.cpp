@@ -288,11 +288,12 @@ void ExternalTrainer::start(const TrainTask& task, std::size_t model_bytes) {
       }
       fail(wire::TRAINER_PROTOCOL_ERROR, "rank " + std::to_string(c->rank) + " " + why);
     }
-    const json welcome = {{"type", "welcome"},
+    json welcome = {{"type", "welcome"},
                           {"protocol", kTrainerProtocol},
                           {"agent", "0.1.0"},
                           {"silo", task.silo},
                           {"exchange_dir", exchange_.string()}};
+    if (!cfg_.feature_stats.empty()) welcome["feature_stats"] = cfg_.feature_stats.to_json();
     if (!send_message(c->fd, welcome)) {
       fail(wire::TRAINER_EXITED, "rank " + std::to_string(c->rank) + " closed its channel after hello");
     }
