@@ -55,8 +55,10 @@ void parse_data(const ConfigNode& data, AgentConfig& c) {
 }
 
 void parse_trainer(const ConfigNode& t, AgentConfig& c) {
-  const auto kind = t.one_of("kind", "builtin", {"builtin", "external"});
-  c.trainer = kind == "external" ? TrainerKind::External : TrainerKind::Builtin;
+  const auto kind = t.one_of("kind", "builtin", {"builtin", "external", "feature_stats"});
+  c.trainer = kind == "external"        ? TrainerKind::External
+              : kind == "feature_stats" ? TrainerKind::FeatureStats
+                                        : TrainerKind::Builtin;
   if (c.trainer == TrainerKind::External) {
     auto& e = c.external;
     e.command = t.str_list("command");
@@ -101,7 +103,7 @@ AgentConfig load_agent_config(const std::filesystem::path& file) {
   }
   parse_trainer(root.child("trainer"), c);
   parse_data(root.child("data"), c);
-  if (c.trainer == TrainerKind::Builtin && c.train_data.empty()) {
+  if (c.trainer != TrainerKind::External && c.train_data.empty()) {
     root.child("data").fail("train", "is required for the built-in trainer (a CSV file, label last)");
   }
   c.state_dir = root.path("state_dir", "agent-state");
@@ -190,7 +192,7 @@ nlohmann::json to_json(const AgentConfig& c) {
                     {"evaluate", e.evaluate}};
     if (!e.cwd.empty()) j["trainer"]["cwd"] = abs(e.cwd);
   } else {
-    j["trainer"] = {{"kind", "builtin"}};
+    j["trainer"] = {{"kind", c.trainer == TrainerKind::FeatureStats ? "feature_stats" : "builtin"}};
   }
   return j;
 }

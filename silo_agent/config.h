@@ -21,7 +21,8 @@
 
 namespace xsilo::agent {
 
-enum class TrainerKind { Builtin, External };
+// FeatureStats: the silo's part of the federation's feature statistics (silo_agent/stats_trainer.h).
+enum class TrainerKind { Builtin, External, FeatureStats };
 
 // "trainer": {"kind": "external", ...}: the hospital's own training script
 // (docs/bring-your-own-model.md, docs/trainer-protocol.md).

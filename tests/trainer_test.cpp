@@ -642,6 +642,48 @@ TEST(TabularExample, FiveSilosWithTheFederationsStatisticsReachCentralWithinThre
   EXPECT_NEAR(scalars["test/accuracy"].back()[1].get<double>(), fed, 1e-6);
 }
 
+// In a secure federation the feature statistics are computed before round 1 by a federation of
+// the silos' agents under the same secure aggregation (silo_agent/stats_trainer.h): the server
+// learns the totals only, and they equal the pooled rows' mean and variance to float precision.
+TEST(FeatureStats, ASecureFederationComputesThemUnderItsOwnSecureAggregation) {
+  test::TempDir dir;
+  const json cfg = {{"silos", 4},
+                    {"rounds", 2},
+                    {"baseline", false},
+                    {"data", {{"dataset", "breast_cancer"}}},
+                    {"secure", {{"mode", "global"}, {"modulus_bits", 64}, {"clip_norm", 10}, {"max_weight", 1000}}}};
+  std::string log;
+  const auto summary = run_sim_config(dir, cfg, 240s, &log);
+  EXPECT_EQ(summary["rounds_committed"], 2) << log;
+  const auto stats = load_feature_stats(dir / "out" / "feature_stats.json");
+  const Dataset pooled = load_csv(dir / "out" / "central" / "train.csv");
+  ASSERT_EQ(stats.mean.size(), pooled.features);
+  EXPECT_EQ(stats.count, pooled.rows);
+  for (std::size_t j = 0; j < pooled.features; ++j) {
+    double m = 0, v = 0;
+    for (std::size_t i = 0; i < pooled.rows; ++i) m += pooled.row(i)[j];
+    m /= static_cast<double>(pooled.rows);
+    for (std::size_t i = 0; i < pooled.rows; ++i) v += (pooled.row(i)[j] - m) * (pooled.row(i)[j] - m);
+    v /= static_cast<double>(pooled.rows);
+    EXPECT_NEAR(stats.mean[j], m, 1e-5 * std::abs(m) + 1e-9) << j;
+    EXPECT_NEAR(stats.var[j], v, 1e-4 * v + 1e-12) << j;
+  }
+  // The statistics' server ran two secure rounds of all four silos: it saw masked vectors only.
+  std::size_t rounds = 0;
+  for (const auto& r : server::read_audit_log(dir / "out" / "feature_stats" / "server" / "audit.jsonl")) {
+    if (r.value("event", "") != "round") continue;
+    ++rounds;
+    EXPECT_EQ(r["status"], "committed");
+    EXPECT_EQ(r["secure"]["mode"], "global");
+    EXPECT_EQ(r["secure"]["groups"][0]["masked_inputs"], 4);
+  }
+  EXPECT_EQ(rounds, 2u);
+  // Every silo's built-in trainer standardized with them.
+  const auto agent = json::parse(read_file(dir / "out" / "configs" / "hospital-01.json"));
+  EXPECT_EQ(agent["data"]["standardize"], "federated");
+  EXPECT_EQ(agent["data"]["feature_stats"], (dir / "out" / "feature_stats.json").string());
+}
+
 // examples/lora: only the adapters and the head are federated (federate=), under secure
 // aggregation over 5 silos: the server's model holds just them, and each round uploads their
 // masked words, not the model's.

@@ -145,6 +145,13 @@ inline std::filesystem::path metrics_port_file(const FederationFiles& f, const s
 // each silo computes over its own rows (its count, sum and sum of squares about a shared
 // reference), added up (tools/sim_stats.cpp).
 FeatureStats federation_feature_stats(const std::vector<std::filesystem::path>& silo_train_files);
+// The same statistics computed by a federation of the silos' agents (trainer.kind
+// "feature_stats": silo_agent/stats_trainer.h) under `cfg`'s secure aggregation, before the
+// federation's own server starts: the server learns only the totals. `pooled` (the sums'
+// result) only sets the public bounds of the ring (clip norm, weight cap). Throws
+// std::runtime_error with the statistics server's log when it cannot finish.
+FeatureStats secure_feature_stats(const SimConfig& cfg, const FederationFiles& f,
+                                  const std::vector<std::filesystem::path>& silo_train_files, const FeatureStats& pooled);
 // Why the config's data split cannot be made (the split prepare_federation makes), or "".
 std::string split_problem(const SimConfig& cfg);
 // Waits for the server to write its port file; throws with the log's tail if it dies. The

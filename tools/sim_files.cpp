@@ -292,20 +292,27 @@ FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::
   std::filesystem::create_directories(out);
   std::filesystem::remove_all(out / "logs");
   std::filesystem::remove_all(out / "silos");  // an earlier run's silo state (momentum, witnessed audit heads)
+  f.logs = out / "logs";
+  std::filesystem::create_directories(f.logs);
 
   split_data(cfg, f);
+  make_pki(cfg, f);
   if (cfg.standardize) {
     std::vector<std::filesystem::path> train_files;
     for (std::size_t i = 0; i < cfg.silos; ++i) {
       const bool own = cfg.trainer && !cfg.trainer->silo_data.empty();
       train_files.push_back(own ? cfg.trainer->silo_data[i].first : f.out / "silos" / f.silos[i] / "train.csv");
     }
+    // A plain federation shows the server every update anyway: the silos' sums are added up
+    // here. A secure one computes them under its own secure aggregation.
     f.feature_stats = federation_feature_stats(train_files);
+    if (cfg.secure.is_object() && cfg.secure.value("mode", "off") != "off") {
+      f.feature_stats = secure_feature_stats(cfg, f, train_files, f.feature_stats);
+    }
     f.feature_stats_file = f.out / "feature_stats.json";
     save_feature_stats(f.feature_stats_file, f.feature_stats);
   }
   make_initial_model(cfg, f);
-  make_pki(cfg, f);
   write_server_config(cfg, f);
   write_edge_configs(cfg, f);
   return f;
