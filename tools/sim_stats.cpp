@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <thread>
 
 #include "common/config.h"
@@ -134,13 +135,17 @@ FeatureStats secure_feature_stats(const SimConfig& cfg, const FederationFiles& f
   } catch (const ConfigError& e) {
     throw ConfigError(std::string("the feature statistics' federation: ") + e.what());
   }
+  // The xsilo binary: this process under `xsilo sim`; a test that prepares a federation itself
+  // names it in XSILO_BIN, as CTest does.
+  const char* bin = std::getenv("XSILO_BIN");
+  const std::string xsilo = bin && *bin ? bin : self_exe();
   std::vector<std::unique_ptr<Process>> procs;
   auto fail = [&](const std::string& why) -> std::runtime_error {
     for (auto& p : procs) p->stop(std::chrono::milliseconds(1000));
     return std::runtime_error("sim: the feature statistics could not be computed: " + why + "; the server's log ends:\n" +
                               log_tail(f.logs / "feature-stats-server.log"));
   };
-  procs.push_back(std::make_unique<Process>(std::vector<std::string>{self_exe(), "server", "--config", server_config.string()},
+  procs.push_back(std::make_unique<Process>(std::vector<std::string>{xsilo, "server", "--config", server_config.string()},
                                             f.logs / "feature-stats-server.log"));
   Process& srv = *procs.front();
   std::uint16_t port = 0;
@@ -166,7 +171,7 @@ FeatureStats secure_feature_stats(const SimConfig& cfg, const FederationFiles& f
     a.state_dir = dir / "silos" / f.silos[i];
     const auto file = dir / (f.silos[i] + ".json");
     atomic_write_file(file, agent::to_json(a).dump(2) + "\n");
-    procs.push_back(std::make_unique<Process>(std::vector<std::string>{self_exe(), "agent", "--config", file.string()},
+    procs.push_back(std::make_unique<Process>(std::vector<std::string>{xsilo, "agent", "--config", file.string()},
                                               f.logs / ("feature-stats-" + f.silos[i] + ".log")));
   }
   const auto code = srv.wait(std::chrono::minutes(5));
