@@ -640,6 +640,18 @@ TEST(TabularExample, FiveSilosWithTheFederationsStatisticsReachCentralWithinThre
     EXPECT_EQ(scalars["round/upload_bytes"][r][1].get<double>(), static_cast<double>(metrics[r].upload_bytes));
   }
   EXPECT_NEAR(scalars["test/accuracy"].back()[1].get<double>(), fed, 1e-6);
+  // A server's metrics.csv outside the sim: `xsilo report tensorboard` writes the same scalars.
+  Process convert({test::xsilo_bin(), "report", "tensorboard", (dir / "out" / "server" / "metrics.csv").string(),
+                   (dir / "tb-server").string()},
+                  dir / "convert.log");
+  ASSERT_EQ(convert.wait(60s).value_or(-1), 0) << log_tail(dir / "convert.log");
+  Process reader2({tb_python, "-c", read, (dir / "tb-server").string()}, dir / "tb2.log");
+  ASSERT_EQ(reader2.wait(120s).value_or(-1), 0) << log_tail(dir / "tb2.log");
+  const auto text2 = read_file(dir / "tb2.log");
+  const auto server_scalars = json::parse(text2.substr(text2.find('{')));
+  EXPECT_EQ(server_scalars["train/loss"], scalars["train/loss"]);
+  EXPECT_EQ(server_scalars["round/upload_bytes"], scalars["round/upload_bytes"]);
+  EXPECT_FALSE(server_scalars.contains("test/accuracy"));  // the server has no test rows
 }
 
 // In a secure federation the feature statistics are computed before round 1 by a federation of

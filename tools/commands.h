@@ -15,5 +15,6 @@ void add_audit(CLI::App& app, int& exit_code);
 void add_bench(CLI::App& app, int& exit_code);
 void add_collective(CLI::App& app, int& exit_code);
 void add_admin(CLI::App& app, int& exit_code);  // status and admin
+void add_report(CLI::App& app, int& exit_code);  // report tensorboard
 
 }  // namespace xsilo::tools

@@ -108,4 +108,20 @@ void write_report(const std::filesystem::path& out, const std::string& title,
   atomic_write_file(out / "report.html", html.str());
 }
 
+std::vector<std::pair<std::string, double>> tensorboard_scalars(const server::MetricsRow& r, double test_accuracy,
+                                                                double test_loss) {
+  std::vector<std::pair<std::string, double>> s = {{"round/committed", r.committed ? 1 : 0},
+                                                   {"round/silos_reporting", static_cast<double>(r.reported)},
+                                                   {"round/dropped", static_cast<double>(r.dropped)},
+                                                   {"round/seconds", r.seconds},
+                                                   {"round/upload_bytes", static_cast<double>(r.upload_bytes)}};
+  if (r.committed) s.emplace_back("train/loss", r.train_loss);
+  if (!std::isnan(test_accuracy)) s.emplace_back("test/accuracy", test_accuracy);
+  if (!std::isnan(test_loss)) s.emplace_back("test/loss", test_loss);
+  if (r.fed_eval_accuracy > 0 || r.fed_eval_loss > 0) {
+    s.insert(s.end(), {{"federated_eval/accuracy", r.fed_eval_accuracy}, {"federated_eval/loss", r.fed_eval_loss}});
+  }
+  return s;
+}
+
 }  // namespace xsilo::tools

@@ -279,7 +279,7 @@ class Progress {
     out_ << r.round << "," << (r.committed ? 1 : 0) << "," << acc << "," << l << "," << r.fed_eval_accuracy << ","
          << r.fed_eval_loss << "," << r.train_loss << "," << r.reported << "," << r.dropped << "," << r.seconds << "\n";
     out_.flush();
-    if (tensorboard_) write_tensorboard(r, acc, l);
+    if (tensorboard_) tensorboard_->write(static_cast<std::int64_t>(r.round), tensorboard_scalars(r, acc, l));
     char line[256];
     const std::string edges = cfg_.edges ? " | edges " + std::to_string(r.edges) + "/" + std::to_string(cfg_.edges) : "";
     if (r.committed) {
@@ -302,21 +302,6 @@ class Progress {
     }
     say(line);
     sample_server(r.round);
-  }
-  // The row as TensorBoard scalars, step = round; what was not measured is left out.
-  void write_tensorboard(const server::MetricsRow& r, double acc, double l) {
-    std::vector<std::pair<std::string, double>> s = {{"round/committed", r.committed ? 1 : 0},
-                                                     {"round/silos_reporting", static_cast<double>(r.reported)},
-                                                     {"round/dropped", static_cast<double>(r.dropped)},
-                                                     {"round/seconds", r.seconds},
-                                                     {"round/upload_bytes", static_cast<double>(r.upload_bytes)}};
-    if (r.committed) s.emplace_back("train/loss", r.train_loss);
-    if (!std::isnan(acc)) s.emplace_back("test/accuracy", acc);
-    if (!std::isnan(l)) s.emplace_back("test/loss", l);
-    if (r.fed_eval_accuracy > 0 || r.fed_eval_loss > 0) {
-      s.insert(s.end(), {{"federated_eval/accuracy", r.fed_eval_accuracy}, {"federated_eval/loss", r.fed_eval_loss}});
-    }
-    tensorboard_->write(static_cast<std::int64_t>(r.round), s);
   }
   // server_resources.csv: the server's resident memory (VmRSS of /proc/PID/status) and open
   // descriptors (entries of /proc/PID/fd) after each round; nothing where /proc has no such

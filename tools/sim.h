@@ -19,6 +19,7 @@
 #include "common/feature_stats.h"
 #include "common/model.h"
 #include "common/process.h"
+#include "server/metrics.h"
 #include "silo_agent/config.h"
 
 namespace xsilo::tools {
@@ -197,6 +198,11 @@ using RoundCallback = std::function<void(std::uint64_t round, bool committed, co
 // hostile processes, external trainers, sampling silos. Writes out/model.safetensors.
 SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& out,
                              const RoundCallback& on_round = nullptr);
+
+// A round's metrics as TensorBoard scalars (tag, value): the server's row, and the test accuracy
+// and loss on the pooled test rows where measured (NaN: not). tools/cmd_report.cpp.
+std::vector<std::pair<std::string, double>> tensorboard_scalars(const server::MetricsRow& row, double test_accuracy,
+                                                                double test_loss);
 
 // Writes report.svg and report.html from the sim's metrics.
 void write_report(const std::filesystem::path& out, const std::string& title,

@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   xsilo::tools::add_bench(app, exit_code);
   xsilo::tools::add_collective(app, exit_code);
   xsilo::tools::add_admin(app, exit_code);
+  xsilo::tools::add_report(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
