@@ -92,10 +92,14 @@ Dataset load_csv(const std::filesystem::path& path) {
   return d;
 }
 
-void save_csv(const std::filesystem::path& path, const Dataset& d) {
+void save_csv(const std::filesystem::path& path, const Dataset& d, bool header) {
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
   std::ofstream out(path);
   out.precision(9);
+  if (header) {
+    for (std::size_t j = 0; j < d.features; ++j) out << 'x' << j << ',';
+    out << "label\n";
+  }
   for (std::size_t i = 0; i < d.rows; ++i) {
     for (std::size_t j = 0; j < d.features; ++j) out << d.x[i * d.features + j] << ',';
     out << d.y[i] << '\n';

@@ -23,7 +23,8 @@ struct Dataset {
 // numbers or has another field count (scikit-learn's "569,30,malignant,benign") is a header.
 // Throws std::runtime_error naming the file and line on malformed data.
 Dataset load_csv(const std::filesystem::path& path);
-void save_csv(const std::filesystem::path& path, const Dataset& d);
+// With `header`, a first line "x0,x1,...,label" names the columns (load_csv skips it).
+void save_csv(const std::filesystem::path& path, const Dataset& d, bool header = false);
 
 Dataset subset(const Dataset& d, const std::vector<std::size_t>& rows);
 

@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
+bash scripts/python-extras.sh  # tensorboard's reader and mlflow for their tests (they skip without)
 if [ "${CI:-}" = true ] && [ -z "${XSILO_SANITIZE:-}" ]; then export XSILO_SANITIZE=1; fi
 build_dir=$(bash scripts/build.sh | tail -n 1)
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}

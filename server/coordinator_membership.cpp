@@ -10,6 +10,7 @@
 #include "crypto/keys.h"
 #include "proto/frame.h"
 #include "protocol/audit_key.h"
+#include "protocol/failure.h"
 #include "protocol/join.h"
 #include "server/coordinator_round.h"
 #include "server/secure_round.h"
@@ -336,13 +337,15 @@ void Coordinator::on_region_status(SessionId id, const wire::RegionStatus& statu
 }
 
 // A member that reports an error while it trains has failed its round (its trainer could not
-// produce an update): it is a dropout now, not at the training deadline.
+// produce an update): it is a dropout now, not at the training deadline. Its reason is the
+// code's fixed text: words a silo sends with it are not logged or audited (a trainer's output
+// stays in the silo, protocol/failure.h).
 void Coordinator::member_failed(std::size_t m, const wire::Envelope& e, std::int64_t now_ms) {
   if (e.error().code() != wire::TRAINING_FAILED || phase_ != Phase::Collecting || e.round() != round_ ||
       r_->members[m].state != MemberState::Training) {
     return;
   }
-  drop(m, DropPhase::Train, DropCause::TrainingFailed, "its training failed: " + proto::printable(e.error().message()), false);
+  drop(m, DropPhase::Train, DropCause::TrainingFailed, "its training failed: " + std::string(protocol::failure_text(e.error().failure())), false);
   pump(now_ms);
 }
 

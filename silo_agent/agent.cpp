@@ -13,6 +13,7 @@
 #include "silo_agent/builtin_trainer.h"
 #include "silo_agent/external_trainer.h"
 #include "silo_agent/silo_state.h"
+#include "silo_agent/stats_trainer.h"
 #include "common/prometheus.h"
 #include "transport/metrics_endpoint.h"
 #include "transport/runtime.h"
@@ -25,6 +26,7 @@ using transport::Channel;
 
 std::unique_ptr<Trainer> make_trainer(const AgentConfig& cfg) {
   if (cfg.trainer == TrainerKind::External) return std::make_unique<ExternalTrainer>(cfg);
+  if (cfg.trainer == TrainerKind::FeatureStats) return std::make_unique<FeatureStatsTrainer>(load_csv(cfg.train_data));
   LocalData data = load_local_data(cfg);
   spdlog::info("local data: {} training rows, {} test rows, {} features", data.train.rows, data.test.rows,
                data.train.features);

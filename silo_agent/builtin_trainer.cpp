@@ -22,6 +22,10 @@ LocalData load_local_data(const AgentConfig& cfg) {
   } else if (cfg.standardize == "given") {
     cfg.given.apply(d.train);
     if (d.test.rows) cfg.given.apply(d.test);
+  } else if (cfg.standardize == "federated") {  // the federation's statistics (data.feature_stats)
+    const auto s = cfg.feature_stats.standardizer();
+    s.apply(d.train);
+    if (d.test.rows) s.apply(d.test);
   }
   if (cfg.local.workers > 1) {  // written once, as loaded and standardized: what the workers read
     d.workers_train = cfg.state_dir / "local" / "train.csv";
@@ -37,7 +41,7 @@ wire::TrainMetrics BuiltinTrainer::evaluate(const Model& model, const TrainTask&
   if (!data_.test.rows) return m;
   const Network net(model);
   if (net.inputs() != data_.test.features) {
-    throw TrainerError("local test data has " + std::to_string(data_.test.features) +
+    throw TrainerError(wire::LOCAL_DATA_MISMATCH, "local test data has " + std::to_string(data_.test.features) +
                        " features but the federation's model takes " + std::to_string(net.inputs()));
   }
   const auto ev = net.evaluate(model.flat(), data_.test);
@@ -50,7 +54,7 @@ wire::TrainMetrics BuiltinTrainer::evaluate(const Model& model, const TrainTask&
 TrainResult BuiltinTrainer::train(const Model& global, const TrainTask& task, Model& local) {
   const Network net(global);
   if (net.inputs() != data_.train.features) {
-    throw TrainerError("local data has " + std::to_string(data_.train.features) +
+    throw TrainerError(wire::LOCAL_DATA_MISMATCH, "local data has " + std::to_string(data_.train.features) +
                        " features but the federation's model takes " + std::to_string(net.inputs()));
   }
   const auto t0 = std::chrono::steady_clock::now();

@@ -16,11 +16,26 @@ void parse_data(const ConfigNode& data, AgentConfig& c) {
   c.test_data = data.path("test", "");
   data.require_exists("train", c.train_data);
   data.require_exists("test", c.test_data);
+  c.feature_stats_file = data.path("feature_stats", "");
+  if (!c.feature_stats_file.empty()) {
+    data.require_exists("feature_stats", c.feature_stats_file);
+    try {
+      c.feature_stats = load_feature_stats(c.feature_stats_file);
+    } catch (const std::exception& e) {
+      data.fail("feature_stats", e.what());
+    }
+  }
   const auto& st = data.raw("standardize");
   if (st.is_null() || (st.is_string() && st == "none")) {
     c.standardize = "none";
   } else if (st.is_string() && st == "local") {
     c.standardize = "local";
+  } else if (st.is_string() && st == "federated") {
+    if (c.feature_stats.empty()) {
+      data.fail("standardize", "\"federated\" needs data.feature_stats: the federation's statistics "
+                               "(xsilo sim computes them before round 1)");
+    }
+    c.standardize = "federated";
   } else if (st.is_object()) {
     ConfigNode s(st, data.file(), data.key_path("standardize"));
     const auto mean = s.number_list("mean");
@@ -34,14 +49,16 @@ void parse_data(const ConfigNode& data, AgentConfig& c) {
     c.given.mean.assign(mean.begin(), mean.end());
     c.given.stddev.assign(sd.begin(), sd.end());
   } else {
-    data.fail("standardize", "must be \"none\", \"local\" or {\"mean\": [...], \"std\": [...]}");
+    data.fail("standardize", "must be \"none\", \"local\", \"federated\" or {\"mean\": [...], \"std\": [...]}");
   }
   data.finish();
 }
 
 void parse_trainer(const ConfigNode& t, AgentConfig& c) {
-  const auto kind = t.one_of("kind", "builtin", {"builtin", "external"});
-  c.trainer = kind == "external" ? TrainerKind::External : TrainerKind::Builtin;
+  const auto kind = t.one_of("kind", "builtin", {"builtin", "external", "feature_stats"});
+  c.trainer = kind == "external"        ? TrainerKind::External
+              : kind == "feature_stats" ? TrainerKind::FeatureStats
+                                        : TrainerKind::Builtin;
   if (c.trainer == TrainerKind::External) {
     auto& e = c.external;
     e.command = t.str_list("command");
@@ -86,7 +103,7 @@ AgentConfig load_agent_config(const std::filesystem::path& file) {
   }
   parse_trainer(root.child("trainer"), c);
   parse_data(root.child("data"), c);
-  if (c.trainer == TrainerKind::Builtin && c.train_data.empty()) {
+  if (c.trainer != TrainerKind::External && c.train_data.empty()) {
     root.child("data").fail("train", "is required for the built-in trainer (a CSV file, label last)");
   }
   c.state_dir = root.path("state_dir", "agent-state");
@@ -140,6 +157,7 @@ nlohmann::json to_json(const AgentConfig& c) {
   if (!c.test_data.empty()) data["test"] = abs(c.test_data);
   if (c.standardize == "given") data["standardize"] = {{"mean", c.given.mean}, {"std", c.given.stddev}};
   else data["standardize"] = c.standardize;
+  if (!c.feature_stats_file.empty()) data["feature_stats"] = abs(c.feature_stats_file);
   json j = {{"federation", c.federation},
             {"upstreams", ups},
             {"tls", transport::to_json(c.tls)},
@@ -174,7 +192,7 @@ nlohmann::json to_json(const AgentConfig& c) {
                     {"evaluate", e.evaluate}};
     if (!e.cwd.empty()) j["trainer"]["cwd"] = abs(e.cwd);
   } else {
-    j["trainer"] = {{"kind", "builtin"}};
+    j["trainer"] = {{"kind", c.trainer == TrainerKind::FeatureStats ? "feature_stats" : "builtin"}};
   }
   return j;
 }

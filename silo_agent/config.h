@@ -11,6 +11,7 @@
 
 #include "common/config.h"
 #include "common/dataset.h"
+#include "common/feature_stats.h"
 #include "common/net.h"
 #include "silo_agent/workers.h"
 #include "transport/channel.h"
@@ -20,7 +21,8 @@
 
 namespace xsilo::agent {
 
-enum class TrainerKind { Builtin, External };
+// FeatureStats: the silo's part of the federation's feature statistics (silo_agent/stats_trainer.h).
+enum class TrainerKind { Builtin, External, FeatureStats };
 
 // "trainer": {"kind": "external", ...}: the hospital's own training script
 // (docs/bring-your-own-model.md, docs/trainer-protocol.md).
@@ -52,8 +54,13 @@ struct AgentConfig {
   // The silo's data: read by the built-in trainer; told to an external trainer as
   // XSILO_TRAIN_DATA / XSILO_TEST_DATA.
   std::filesystem::path train_data, test_data;
-  std::string standardize = "none";  // builtin: "none", "local", or "given" (mean/std below)
+  std::string standardize = "none";  // builtin: "none", "local", "federated" or "given" (mean/std below)
   Standardizer given;
+  // "data.feature_stats": the federation's feature statistics (a JSON file of mean, var, count):
+  // handed to an external trainer with every task (task.feature_stats); the built-in trainer
+  // standardizes with them under "standardize": "federated".
+  std::filesystem::path feature_stats_file;
+  FeatureStats feature_stats;
   std::filesystem::path state_dir;
   LocalWorkersConfig local;  // data-parallel local training ("local" in the file)
   std::string log_level = "info";

@@ -125,20 +125,50 @@ std::string ExternalTrainer::logs() const {
   return out;
 }
 
-void ExternalTrainer::fail(const std::string& why) {
+void ExternalTrainer::fail(wire::FailureReason reason, const std::string& why, bool stop, bool fatal_now) {
   ++consecutive_failures_;
-  const bool fatal = consecutive_failures_ >= cfg_.external.max_failures;
+  const bool fatal = fatal_now || consecutive_failures_ >= cfg_.external.max_failures;
   std::string msg = "external trainer: " + why;
-  const std::string tail = logs();
-  stop_copies(std::chrono::milliseconds(2000));
-  clear_exchange();  // whatever the copies left there (a half-written update, say)
-  if (fatal) {
-    msg += " (" + std::to_string(consecutive_failures_) + " failed rounds in a row, the limit trainer.max_failures)";
-  } else {
-    msg += "; it is started again for the next round";
+  std::string tail;
+  if (stop) {
+    tail = logs();
+    stop_copies(std::chrono::milliseconds(2000));
   }
-  throw TrainerError(msg + tail, fatal);
+  clear_exchange();  // whatever the copies left there (a half-written update, say)
+  if (fatal_now) {
+    // Said in `why`: nothing a restart changes.
+  } else if (fatal) {
+    msg += " (" + std::to_string(consecutive_failures_) + " failed rounds in a row, the limit trainer.max_failures)";
+  } else if (stop) {
+    msg += "; it is started again for the next round";
+  } else {
+    msg += "; the trainer keeps running (its state is kept) and gets the next round's task";
+  }
+  throw TrainerError(reason, msg + tail, fatal);
 }
+
+std::chrono::milliseconds ExternalTrainer::task_budget(const TrainTask& task, std::string& key) const {
+  if (cfg_.external.task_timeout.count()) {
+    key = "trainer.task_timeout_s";
+    return cfg_.external.task_timeout;
+  }
+  if (task.plan.train_timeout_ms()) {
+    key = "the round's training deadline (the server's deadlines.train_s)";
+    return std::chrono::milliseconds(task.plan.train_timeout_ms());
+  }
+  key = "the default of an hour";
+  return std::chrono::hours(1);
+}
+
+namespace {
+
+std::string seconds_text(std::chrono::steady_clock::duration d) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f s", std::chrono::duration<double>(d).count());
+  return buf;
+}
+
+}  // namespace
 
 void ExternalTrainer::clear_exchange() {
   std::error_code ec;
@@ -153,9 +183,9 @@ auto ExternalTrainer::guarded(F&& f) {
   } catch (const TrainerError&) {
     throw;
   } catch (const json::exception& e) {
-    fail(std::string("the trainer's message has the wrong shape: ") + e.what());
+    fail(wire::TRAINER_PROTOCOL_ERROR, std::string("the trainer's message has the wrong shape: ") + e.what());
   } catch (const std::filesystem::filesystem_error& e) {
-    fail(std::string("exchange folder: ") + e.what());
+    fail(wire::AGENT_INTERNAL, std::string("exchange folder: ") + e.what());
   }
 }
 
@@ -179,7 +209,7 @@ void ExternalTrainer::start(const TrainTask& task, std::size_t model_bytes) {
     for (auto end = Clock::now() + wait; Clock::now() < end && !cancelled_;) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
-    if (cancelled_) throw TrainerError("external trainer: the agent is stopping");
+    if (cancelled_) throw TrainerError(wire::AGENT_STOPPING, "external trainer: the agent is stopping");
   }
   if (exchange_.empty()) {
     // /dev/shm when it has room for three copies of the model (global, update, slack).
@@ -196,7 +226,9 @@ void ExternalTrainer::start(const TrainTask& task, std::size_t model_bytes) {
     }
     std::vector<char> buf(tmpl.begin(), tmpl.end());
     buf.push_back('\0');
-    if (!::mkdtemp(buf.data())) fail("cannot create a private exchange folder " + tmpl + ": " + std::strerror(errno));
+    if (!::mkdtemp(buf.data())) {
+      fail(wire::AGENT_INTERNAL, "cannot create a private exchange folder " + tmpl + ": " + std::strerror(errno));
+    }
     exchange_ = buf.data();  // mkdtemp makes it 0700
   }
   clear_exchange();  // files of copies that are gone
@@ -204,7 +236,9 @@ void ExternalTrainer::start(const TrainTask& task, std::size_t model_bytes) {
   const std::string port = std::to_string(free_port());
   for (int rank = 0; rank < workers; ++rank) {
     int sv[2];
-    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) fail(std::string("socketpair: ") + std::strerror(errno));
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+      fail(wire::AGENT_INTERNAL, std::string("socketpair: ") + std::strerror(errno));
+    }
     auto c = std::make_unique<Copy>();
     c->rank = rank;
     c->fd = sv[0];
@@ -230,60 +264,74 @@ void ExternalTrainer::start(const TrainTask& task, std::size_t model_bytes) {
     } catch (const std::exception& e) {
       ::close(sv[1]);
       copies_.push_back(std::move(c));
-      fail(std::string("cannot start ") + cfg_.external.command[0] + ": " + e.what());
+      fail(wire::TRAINER_DID_NOT_START, std::string("cannot start ") + cfg_.external.command[0] + ": " + e.what());
     }
     ::close(sv[1]);
     copies_.push_back(std::move(c));
   }
-  // Every copy says hello within the startup time; a version we do not speak is refused.
-  const auto deadline = Clock::now() + cfg_.external.startup;
+  // Every copy says hello within the start-up budget (its own: the first task's time starts
+  // after it); a version we do not speak is refused.
+  char budget[64];
+  std::snprintf(budget, sizeof budget, "trainer.startup_s = %g s",
+                std::chrono::duration<double>(cfg_.external.startup).count());
+  const auto since = Clock::now();
+  const Wait hello_wait{"its hello", budget, wire::TRAINER_DID_NOT_START, since, since + cfg_.external.startup};
   for (auto& c : copies_) {
-    const json hello = receive(*c, deadline, "its hello");
+    const json hello = receive(*c, hello_wait);
     std::int64_t protocol = 0;
     if (const auto why = trainer_protocol::check_hello(hello, protocol); !why.empty()) {
       if (hello.contains("type") && hello["type"] == "hello") {  // another protocol: tell the trainer too
         send_message(c->fd, {{"type", "error"},
                              {"message", "this agent speaks trainer protocol " + std::to_string(kTrainerProtocol) +
                                              ", the trainer " + std::to_string(protocol)}});
-        fail(why);
+        fail(wire::TRAINER_DID_NOT_START, why);
       }
-      fail("rank " + std::to_string(c->rank) + " " + why);
+      fail(wire::TRAINER_PROTOCOL_ERROR, "rank " + std::to_string(c->rank) + " " + why);
     }
-    const json welcome = {{"type", "welcome"},
+    json welcome = {{"type", "welcome"},
                           {"protocol", kTrainerProtocol},
                           {"agent", "0.1.0"},
                           {"silo", task.silo},
                           {"exchange_dir", exchange_.string()}};
+    if (!cfg_.feature_stats.empty()) welcome["feature_stats"] = cfg_.feature_stats.to_json();
     if (!send_message(c->fd, welcome)) {
-      fail("rank " + std::to_string(c->rank) + " closed its channel after hello");
+      fail(wire::TRAINER_EXITED, "rank " + std::to_string(c->rank) + " closed its channel after hello");
     }
   }
-  spdlog::info("external trainer: {} cop{} of `{}` started (exchange folder {}{})", workers, workers == 1 ? "y" : "ies",
-               cfg_.external.command[0], exchange_.string(), exchange_in_shm_ ? ", in memory" : "");
+  spdlog::info("external trainer: {} cop{} of `{}` started in {} (exchange folder {}{})", workers,
+               workers == 1 ? "y" : "ies", cfg_.external.command[0], seconds_text(Clock::now() - since),
+               exchange_.string(), exchange_in_shm_ ? ", in memory" : "");
 }
 
-json ExternalTrainer::receive(Copy& c, Clock::time_point deadline, const char* waiting_for) {
+json ExternalTrainer::receive(Copy& c, const Wait& wait) {
   const std::string who = "rank " + std::to_string(c.rank);
+  const bool starting = wait.on_timeout == wire::TRAINER_DID_NOT_START;
   for (;;) {
     std::string bad;
     if (auto message = c.reader.next(bad)) return std::move(*message);
-    if (!bad.empty()) fail(who + " " + bad);
-    if (cancelled_) fail("the agent is stopping");
+    if (!bad.empty()) fail(wire::TRAINER_PROTOCOL_ERROR, who + " " + bad);
+    if (cancelled_) fail(wire::AGENT_STOPPING, "the agent is stopping");
     const auto now = Clock::now();
-    if (now >= deadline) {
-      fail(who + " did not send " + waiting_for + " before its deadline (trainer.startup_s for the hello, "
-                 "the round's training deadline or trainer.task_timeout_s for tasks)");
+    if (now >= wait.deadline) {
+      if (starting) {
+        fail(wait.on_timeout, who + " did not start in time: no hello after " + seconds_text(now - wait.since) + " (" +
+                                  wait.budget + "); it was stopped. A script that imports torch or loads its data "
+                                  "before xc.init() may need more: raise trainer.startup_s");
+      }
+      fail(wait.on_timeout, who + " hung: no answer (" + wait.what + ") after " + seconds_text(now - wait.since) + " (" +
+                                wait.budget + "); it was stopped");
     }
     pollfd p{c.fd, POLLIN, 0};
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(wait.deadline - now).count();
     const int r = ::poll(&p, 1, static_cast<int>(std::clamp<long long>(left, 1, 200)));
-    if (r < 0 && errno != EINTR) fail(std::string("poll: ") + std::strerror(errno));
+    if (r < 0 && errno != EINTR) fail(wire::AGENT_INTERNAL, std::string("poll: ") + std::strerror(errno));
     if (r <= 0) {
       // Nothing to read: only now does an exited copy count (what it sent before exiting is read
       // first).
       if (c.process && !c.process->running()) {
-        fail(who + " exited with code " + std::to_string(c.process->exit_code().value_or(-1)) +
-             " while the agent waited for " + waiting_for);
+        fail(starting ? wire::TRAINER_DID_NOT_START : wire::TRAINER_EXITED,
+             who + " exited with code " + std::to_string(c.process->exit_code().value_or(-1)) +
+                 " while the agent waited for " + wait.what + (starting ? " (during start-up)" : ""));
       }
       continue;
     }
@@ -292,14 +340,15 @@ json ExternalTrainer::receive(Copy& c, Clock::time_point deadline, const char* w
     if (got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN)) {
       if (c.process) c.process->wait(std::chrono::milliseconds(500));
       const auto code = c.process ? c.process->exit_code() : std::nullopt;
-      fail(who + " closed its channel while the agent waited for " + waiting_for +
-           (code ? " (it exited with code " + std::to_string(*code) + ")" : ""));
+      fail(starting ? wire::TRAINER_DID_NOT_START : wire::TRAINER_EXITED,
+           who + " closed its channel while the agent waited for " + wait.what +
+               (code ? " (it exited with code " + std::to_string(*code) + ")" : ""));
     }
     if (got > 0) c.reader.feed({buf, static_cast<std::size_t>(got)});
   }
 }
 
-json ExternalTrainer::run(const std::string& kind, const Model& model, const TrainTask& task, Clock::time_point deadline) {
+json ExternalTrainer::run(const std::string& kind, const Model* model, const TrainTask& task) {
   json config = json::object();
   if (!task.plan.config_json().empty()) {
     try {
@@ -310,50 +359,144 @@ json ExternalTrainer::run(const std::string& kind, const Model& model, const Tra
   }
   config["round"] = task.round;
   config["seed"] = task.plan.seed();
-  start(task, model.bytes());
+  if (!config.contains("local_epochs") && task.plan.local_epochs() > 0) config["local_epochs"] = task.plan.local_epochs();
+  start(task, model ? model->bytes() : 0);
+  // The task's budget starts now, after start-up.
+  std::string key;
+  const auto budget = task_budget(task, key);
+  const auto since = Clock::now();
+  char limit[64];
+  std::snprintf(limit, sizeof limit, " = %g s", std::chrono::duration<double>(budget).count());
+  const Wait wait{"its " + kind + " result for round " + std::to_string(task.round), key + limit, wire::TRAINER_HUNG,
+                  since, since + budget};
   const std::uint64_t id = ++next_id_;
-  const auto model_path = exchange_ / ("global-" + std::to_string(task.round) + "-" + std::to_string(id) + ".safetensors");
+  json msg = {{"type", "task"}, {"id", id}, {"kind", kind}, {"round", task.round}, {"config", config}};
+  if (!cfg_.feature_stats.empty()) msg["feature_stats"] = cfg_.feature_stats.to_json();
+  std::filesystem::path model_path;
+  if (model) {
+    model_path = exchange_ / ("global-" + std::to_string(task.round) + "-" + std::to_string(id) + ".safetensors");
+    write_safetensors(model_path, *model, {{"xsilo.round", std::to_string(task.round)}});
+    msg["model"] = model_path.string();
+  } else {
+    msg["model"] = nullptr;
+  }
   const RemoveOnExit remove_model{model_path};  // whatever way the task ends
-  write_safetensors(model_path, model, {{"xsilo.round", std::to_string(task.round)}});
-  const json msg = {{"type", "task"}, {"id", id}, {"kind", kind}, {"round", task.round}, {"model", model_path.string()},
-                    {"config", config}};
   for (auto& c : copies_) {
     if (!send_message(c->fd, msg)) {
-      fail("rank " + std::to_string(c->rank) + " closed its channel before the " + kind + " task");
+      fail(wire::TRAINER_EXITED, "rank " + std::to_string(c->rank) + " closed its channel before the " + kind + " task");
     }
   }
+  // Every copy answers; a copy's own error or a malformed answer is decided once all have
+  // answered, so that the healthy ones stay in step and keep running.
   json first;
+  std::string reported, malformed;
   for (auto& c : copies_) {
-    json r = receive(*c, deadline, ("its " + kind + " result for round " + std::to_string(task.round)).c_str());
-    if (const auto why = trainer_protocol::check_result(r, id); !why.empty()) fail("rank " + std::to_string(c->rank) + " " + why);
+    json r = receive(*c, wait);
+    const std::string who = "rank " + std::to_string(c->rank);
+    if (r.is_object() && r.contains("type") && r["type"] == "error") {
+      if (reported.empty()) reported = who + " " + trainer_protocol::check_result(r, id);
+    } else if (const auto why = trainer_protocol::check_result(r, id); !why.empty()) {
+      if (malformed.empty()) malformed = who + " " + why;
+    }
     if (c->rank == 0) first = std::move(r);
   }
+  last_task_seconds_ = std::chrono::duration<double>(Clock::now() - since).count();
+  if (!malformed.empty()) fail(wire::TRAINER_PROTOCOL_ERROR, malformed);
+  if (!reported.empty()) fail(wire::TRAINER_REPORTED_ERROR, reported, /*stop=*/false);
+  log_notes(first);
   return first;
 }
 
 wire::TrainMetrics ExternalTrainer::evaluate(const Model& model, const TrainTask& task) {
   wire::TrainMetrics m;
   if (!cfg_.external.evaluate) return m;
-  const auto timeout = cfg_.external.task_timeout.count() ? cfg_.external.task_timeout
-                       : task.plan.train_timeout_ms()   ? std::chrono::milliseconds(task.plan.train_timeout_ms())
-                                                        : std::chrono::milliseconds(3600000);
-  return guarded([&] {
-    return trainer_protocol::parse_eval_metrics(run("evaluate", model, task, Clock::now() + timeout));
-  });
+  return guarded([&] { return trainer_protocol::parse_eval_metrics(run("evaluate", &model, task)); });
 }
 
 TrainResult ExternalTrainer::train(const Model& global, const TrainTask& task, Model& local) {
-  const auto t0 = Clock::now();
-  const auto timeout = cfg_.external.task_timeout.count() ? cfg_.external.task_timeout
-                       : task.plan.train_timeout_ms()   ? std::chrono::milliseconds(task.plan.train_timeout_ms())
-                                                        : std::chrono::milliseconds(3600000);
   return guarded([&] {
-    const json r = run("train", global, task, t0 + timeout);
+    const json r = run("train", &global, task);
     TrainResult out = read_weights(r, global, local, task);
-    out.metrics.set_train_seconds(std::chrono::duration<double>(Clock::now() - t0).count());
+    check_process_group(r);
+    out.metrics.set_train_seconds(last_task_seconds_);
     consecutive_failures_ = 0;
     return out;
   });
+}
+
+Model ExternalTrainer::initial_model(const TrainTask& task) {
+  return guarded([&] {
+    const json r = run("init", nullptr, task);
+    trainer_protocol::TrainAnswer answer;
+    if (const auto refused = trainer_protocol::parse_train_answer(r, exchange_, answer); !refused.empty()) {
+      fail(wire::TRAINER_PROTOCOL_ERROR, refused, false);
+    }
+    const RemoveOnExit remove_weights{answer.weights};
+    Model m;
+    std::string why;
+    try {
+      const MappedFile file(answer.weights);
+      const auto view = parse_safetensors(file.bytes());
+      for (const auto& t : view.tensors) {
+        if (t.is_float()) m.add(t.name, t.shape);
+      }
+      for (const auto& t : view.tensors) {
+        if (t.is_float()) to_float32(t, m.tensor(t.name));
+      }
+    } catch (const std::exception& e) {
+      why = std::string("cannot read the trainer's initial weights: ") + e.what();
+    }
+    if (!why.empty()) fail(wire::TRAINER_BAD_WEIGHTS, why, false);
+    if (m.tensors().empty()) fail(wire::TRAINER_BAD_WEIGHTS, "the trainer's initial weights hold no floating-point tensor", false);
+    for (const auto& t : m.tensors()) {
+      const auto v = m.tensor(t.name);
+      if (std::any_of(v.begin(), v.end(), [](float x) { return !std::isfinite(x); })) {
+        fail(wire::TRAINER_NON_FINITE, "the trainer's initial weights have NaN or infinite values in tensor " + t.name, false);
+      }
+    }
+    consecutive_failures_ = 0;
+    return m;
+  });
+}
+
+// What the SDK says once about the tensors it sends: at WARNING in the agent's log, where the
+// silo's operator looks (the script's own log is easy to miss).
+void ExternalTrainer::log_notes(const json& r) {
+  if (!r.contains("notes") || !r["notes"].is_object()) return;
+  auto names = [](const json& list) {
+    std::string out;
+    if (!list.is_array()) return out;
+    for (const auto& n : list) {
+      if (n.is_string()) out += (out.empty() ? "" : ", ") + n.get<std::string>();
+    }
+    return out.substr(0, 2000);
+  };
+  const json& notes = r["notes"];
+  if (const auto kept = names(notes.value("kept_local", json())); !kept.empty()) {
+    spdlog::warn("external trainer: not federated, kept in the silo (integer and bool tensors): {}", kept);
+  }
+  if (const auto narrowed = names(notes.value("narrowed", json())); !narrowed.empty()) {
+    spdlog::warn("external trainer: float64 tensors federated as float32: {}", narrowed);
+  }
+}
+
+void ExternalTrainer::check_process_group(const json& r) {
+  const int workers = std::max(1, cfg_.local.workers);
+  if (workers == 1 || process_group_checked_) return;
+  if (!r.contains("process_group") || !r["process_group"].is_number_integer()) return;  // an SDK that cannot tell
+  const auto group = r["process_group"].get<std::int64_t>();
+  if (group == workers) {
+    process_group_checked_ = true;
+    return;
+  }
+  fail(wire::TRAINER_MISCONFIGURED,
+       "local.workers is " + std::to_string(workers) + " but the script's copies " +
+           (group == 0 ? std::string("never joined a process group")
+                       : "joined a process group of " + std::to_string(group)) +
+           ": every copy trains on all rows and only rank 0's work is kept. Fix: call "
+           "torch.distributed.init_process_group(\"gloo\" or \"nccl\") in the script, wrap the model in "
+           "DistributedDataParallel and shard the data by rank (DistributedSampler), or set local.workers to 1",
+       /*stop=*/true, /*fatal=*/true);
 }
 
 // Rank 0's weights: a regular file of the exchange folder with exactly the global model's
@@ -363,7 +506,7 @@ TrainResult ExternalTrainer::read_weights(const json& r, const Model& global, Mo
   const auto refused = trainer_protocol::parse_train_answer(r, exchange_, answer);
   const std::filesystem::path& weights = answer.weights;
   const RemoveOnExit remove_weights{weights.parent_path() == exchange_ ? weights : std::filesystem::path()};
-  if (!refused.empty()) fail(refused);
+  if (!refused.empty()) fail(wire::TRAINER_PROTOCOL_ERROR, refused, false);
   const auto samples = answer.num_samples;
   std::string why;
   try {
@@ -394,14 +537,14 @@ TrainResult ExternalTrainer::read_weights(const json& r, const Model& global, Mo
   } catch (const std::exception& e) {
     why = std::string("cannot read the trainer's weights: ") + e.what();
   }
-  if (!why.empty()) fail(why);
+  if (!why.empty()) fail(wire::TRAINER_BAD_WEIGHTS, why, /*stop=*/false);
   for (const auto& g : global.tensors()) {
     const auto v = local.tensor(g.name);
     if (std::any_of(v.begin(), v.end(), [](float x) { return !std::isfinite(x); })) {
-      fail("the trainer returned NaN or infinite values in tensor " + g.name);
+      fail(wire::TRAINER_NON_FINITE, "the trainer returned NaN or infinite values in tensor " + g.name, false);
     }
   }
-  if (samples == 0) fail("rank 0's train result has no positive num_samples");
+  if (samples == 0) fail(wire::TRAINER_NO_SAMPLES, "rank 0's train result has no positive num_samples", false);
   TrainResult out;
   out.num_samples = samples;
   out.metrics.set_train_loss(answer.loss);

@@ -6,9 +6,16 @@
 //
 // With local.workers N it starts N copies with the torchrun environment (RANK, WORLD_SIZE,
 // MASTER_ADDR, ...): the script's torch.distributed does the all-reduce inside the silo; rank
-// 0's answer carries the weights. A copy that fails ends the round for the silo; all copies
-// start afresh for the next round, after a backoff; after max_failures failed rounds in a row
-// the trainer's errors are fatal.
+// 0's answer carries the weights (and copies that never joined a process group are refused).
+//
+// Budgets: start-up (trainer.startup_s, from start to every copy's hello) and each task
+// (trainer.task_timeout_s, else the round's training deadline, from the task's start) are
+// separate. A failed round is a TrainerError with a reason code (protocol/failure.h): the
+// server gets the code, the silo's log gets the whole story (with the copies' last lines). A
+// copy out of step with the agent (hung, exited, broke the protocol) is stopped, and all copies
+// start afresh for the next round after a backoff; a result the agent refuses (bad weights,
+// NaN, no samples, the script's own error) leaves the healthy copies running, their optimizer
+// state and counters kept. After max_failures failed rounds in a row the errors are fatal.
 #pragma once
 
 #include <atomic>
@@ -36,6 +43,9 @@ class ExternalTrainer final : public Trainer {
 
   wire::TrainMetrics evaluate(const Model& model, const TrainTask& task) override;
   TrainResult train(const Model& global, const TrainTask& task, Model& local) override;
+  // The script's initial weights, asked through the protocol (an "init" task): every tensor
+  // it federates, as float32. The server's initial model without a separate --init mode.
+  Model initial_model(const TrainTask& task);
   // From any thread: the agent is stopping; a task in progress fails at once.
   void cancel() override { cancelled_ = true; }
 
@@ -47,15 +57,31 @@ class ExternalTrainer final : public Trainer {
   using Clock = std::chrono::steady_clock;
   void start(const TrainTask& task, std::size_t model_bytes);
   void stop_copies(std::chrono::milliseconds grace);
-  // Sends a task to every copy and waits for every answer; rank 0's answer is returned.
-  nlohmann::json run(const std::string& kind, const Model& model, const TrainTask& task, Clock::time_point deadline);
-  nlohmann::json receive(Copy& c, Clock::time_point deadline, const char* waiting_for);
-  [[noreturn]] void fail(const std::string& why);
+  // What a wait is for: its name in messages, the budget's key and length, the code of a
+  // wait that runs out.
+  struct Wait {
+    std::string what;                 // "its hello", "its train result for round 7"
+    std::string budget;               // "trainer.startup_s = 5 s"
+    wire::FailureReason on_timeout;   // TRAINER_DID_NOT_START or TRAINER_HUNG
+    Clock::time_point since, deadline;
+  };
+  // Sends a task to every copy and waits for every answer (within the task's budget, from now:
+  // the copies are started first); rank 0's answer is returned. `model` may be null (init).
+  nlohmann::json run(const std::string& kind, const Model* model, const TrainTask& task);
+  nlohmann::json receive(Copy& c, const Wait& wait);
+  // The round failed for `why` (the silo's log; the server gets `reason`). `stop`: the copies
+  // are out of step with the agent and are stopped; otherwise they keep running. `fatal`: no
+  // later round can do better (the agent exits now).
+  [[noreturn]] void fail(wire::FailureReason reason, const std::string& why, bool stop = true, bool fatal = false);
+  std::chrono::milliseconds task_budget(const TrainTask& task, std::string& key) const;
   // Runs `f`, turning what a misbehaving trainer can make the agent's code throw (bad JSON
   // types, file errors) into a failed round.
   template <class F>
   auto guarded(F&& f);
   TrainResult read_weights(const nlohmann::json& result, const Model& global, Model& local, const TrainTask& task);
+  // Rank 0 of every copy joined a process group of local.workers (what the SDK reports).
+  void check_process_group(const nlohmann::json& result);
+  void log_notes(const nlohmann::json& result);
   void clear_exchange();
   std::string logs() const;
 
@@ -68,6 +94,8 @@ class ExternalTrainer final : public Trainer {
   int consecutive_failures_ = 0;
   std::atomic<bool> cancelled_{false};
   std::vector<std::string> local_only_logged_;
+  bool process_group_checked_ = false;
+  double last_task_seconds_ = 0;  // the last task's time, start-up not included
 };
 
 }  // namespace xsilo::agent

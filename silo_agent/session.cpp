@@ -14,6 +14,7 @@
 #include "proto/frame.h"
 #include "protocol/audit_key.h"
 #include "protocol/compression.h"
+#include "protocol/failure.h"
 #include "protocol/join.h"
 #include "protocol/round_start.h"
 #include "protocol/secagg_wire.h"
@@ -51,6 +52,14 @@ void Session::reply_error(wire::ErrorCode code, const std::string& msg) {
   auto e = env();
   e.mutable_error()->set_code(code);
   e.mutable_error()->set_message(msg);
+  send(std::move(e));
+}
+
+void Session::reply_failure(wire::FailureReason reason) {
+  auto e = env();
+  e.mutable_error()->set_code(wire::TRAINING_FAILED);
+  e.mutable_error()->set_failure(reason);
+  e.mutable_error()->set_message(std::string(protocol::failure_text(reason)));
   send(std::move(e));
 }
 
@@ -472,7 +481,7 @@ namespace {
 
 // The model received against the SHA-256 its RoundStart announced.
 void check_model_sha(const std::string& announced, const std::string& received) {
-  if (received != announced) throw TrainerError("the model received does not match the SHA-256 the round announced");
+  if (received != announced) throw TrainerError(wire::MODEL_MISMATCH, "the model received does not match the SHA-256 the round announced");
 }
 
 // A silo's state across rounds (momentum, error feedback): loaded from `file` on first use, zeros
@@ -544,8 +553,10 @@ TrainDone training_job(const std::atomic<std::uint64_t>& live, std::uint64_t gen
   } catch (const TrainerError& e) {
     r.error = e.what();
     r.fatal = e.fatal();
+    r.failure = e.reason();
   } catch (const std::exception& e) {
     r.error = e.what();
+    r.failure = wire::AGENT_INTERNAL;
   }
   return r;
 }
@@ -606,8 +617,8 @@ void Session::on_streamed_model() {
 void Session::trained(TrainDone r) {
   training_ = false;
   if (!r.error.empty()) {
-    spdlog::error("round {}: {}", round_, r.error);
-    reply_error(wire::TRAINING_FAILED, r.error);  // the server lets the round go on without this silo
+    spdlog::error("round {}: {}", round_, r.error);  // the silo's own log: the whole story
+    reply_failure(r.failure);  // the server: a code; it lets the round go on without this silo
     if (r.fatal) actions_.push_back(action::Fatal{r.error});
     return;
   }
@@ -675,7 +686,7 @@ void Session::masked(MaskDone r) {
   masking_ = false;
   if (!r.error.empty()) {
     spdlog::error("round {}: masking failed: {}", round_, r.error);
-    reply_error(wire::TRAINING_FAILED, "masking failed: " + r.error);
+    reply_failure(wire::UPDATE_NOT_ENCODABLE);
     return;
   }
   masked_ = std::move(r.words);
@@ -753,6 +764,11 @@ void Session::on_job_done(std::uint64_t id, SessionJobResult result) {
   const bool current = it->second == generation_;
   job_generation_.erase(it);
   if (auto* t = std::get_if<TrainDone>(&result); t && t->fatal) actions_.push_back(action::Fatal{t->error});
+  if (auto* t = std::get_if<TrainDone>(&result); t && !current && !t->error.empty()) {
+    // The round ended for this silo before its training did (a hung trainer past the server's
+    // deadline, say): what happened is still the silo's to know.
+    spdlog::warn("a training that ended after its round had moved on: {}", t->error);
+  }
   if (!current || silent_) return;  // the round or the connection moved on
   if (auto* t = std::get_if<TrainDone>(&result)) {
     if (!t->fatal) trained(std::move(*t));

@@ -58,7 +58,8 @@ class FaultHook {
 
 struct TrainDone {
   std::optional<RoundOutput> out;
-  std::string error;
+  std::string error;  // for the silo's log only
+  wire::FailureReason failure = wire::FAILURE_UNSPECIFIED;  // what the server is told
   bool fatal = false;  // the trainer cannot go on: the agent exits
 };
 struct MaskDone {
@@ -173,6 +174,9 @@ class Session {
   void upload();
   void announce_ready();
   void reply_error(wire::ErrorCode code, const std::string& msg);
+  // TRAINING_FAILED with a reason code and its fixed text (protocol/failure.h), never the
+  // trainer's own words.
+  void reply_failure(wire::FailureReason reason);
   void send(wire::Envelope e);
   void job(std::function<SessionJobResult()> work);
   wire::Envelope env() const;

@@ -36,14 +36,21 @@ struct TrainResult {
 };
 
 // A round the trainer could not do: the silo is a dropout for it. `fatal`: the agent cannot go
-// on (the trainer failed too many rounds in a row).
+// on (the trainer failed too many rounds in a row). `what()` is for the silo's own log (it may
+// quote the trainer's output); the server gets only `reason()` and its fixed text
+// (protocol/failure.h).
 class TrainerError : public std::runtime_error {
  public:
-  explicit TrainerError(const std::string& what, bool fatal = false) : std::runtime_error(what), fatal_(fatal) {}
+  explicit TrainerError(const std::string& what, bool fatal = false, wire::FailureReason reason = wire::AGENT_INTERNAL)
+      : std::runtime_error(what), fatal_(fatal), reason_(reason) {}
+  TrainerError(wire::FailureReason reason, const std::string& what, bool fatal = false)
+      : TrainerError(what, fatal, reason) {}
   bool fatal() const { return fatal_; }
+  wire::FailureReason reason() const { return reason_; }
 
  private:
   bool fatal_;
+  wire::FailureReason reason_;
 };
 
 // A delta made piece by piece, never held whole: the synthetic trainer of benchmarks, so that

@@ -12,7 +12,7 @@ namespace {
 // What every upload carries besides its values: the sample count, the metrics, and the weight,
 // which is the sample count capped at the plan's max_weight.
 RoundOutput output_of(const TrainResult& r, const wire::TrainingPlan& plan) {
-  if (r.num_samples == 0) throw TrainerError("the trainer reported no training samples");
+  if (r.num_samples == 0) throw TrainerError(wire::TRAINER_NO_SAMPLES, "the trainer reported no training samples");
   RoundOutput out;
   out.num_samples = r.num_samples;
   out.metrics = r.metrics;
@@ -45,7 +45,7 @@ RoundOutput form_update(const Model& global, const Model& local, const TrainResu
     for (const auto& t : local.tensors()) {
       const auto v = local.tensor(t.name);
       if (std::any_of(v.begin(), v.end(), [](float x) { return !std::isfinite(x); })) {
-        throw TrainerError("the trained model has NaN or infinite values in tensor " + t.name);
+        throw TrainerError(wire::TRAINER_NON_FINITE, "the trained model has NaN or infinite values in tensor " + t.name);
       }
     }
   }
@@ -70,7 +70,7 @@ RoundOutput form_streamed_update(StreamedTraining t, std::vector<TensorInfo> lay
     const std::span<float> piece(chunk.data(), std::min(chunk.size(), d - first));
     fill_streamed_update(out, first, piece);
     if (!std::all_of(piece.begin(), piece.end(), [](float v) { return std::isfinite(v); })) {
-      throw TrainerError("the streamed update has NaN or infinite values");
+      throw TrainerError(wire::TRAINER_NON_FINITE, "the streamed update has NaN or infinite values");
     }
     sha.update(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(piece.data()), piece.size() * 4));
   }

@@ -2,9 +2,12 @@
 """A stand-in training script for the agent's tests, numpy only.
 
 FAKE_MODE picks its behaviour: "ok" is a well-behaved trainer written with the SDK (one step of
-a fixed update per round); every other mode misbehaves in one way, speaking the protocol by hand
-so that it can say what the SDK never would. FAKE_SILO, when set, limits the misbehaviour to that
-silo; FAKE_ROUNDS (e.g. "2") to those rounds.
+a fixed update per round); "secret" is one that raises an exception quoting a secret string
+(FAKE_SECRET) from its training; every other mode misbehaves in one way, speaking the protocol
+by hand so that it can say what the SDK never would. FAKE_SILO, when set, limits the
+misbehaviour to that silo; FAKE_ROUNDS (e.g. "2") to those rounds. FAKE_PIDS names a file each
+process appends its pid to when it starts (how often the agent started it). FAKE_GROUP=joined
+stands in for torch.distributed: the SDK reports a process group of WORLD_SIZE.
 
     fake_trainer.py --init PATH   writes a 30-input logistic model (the breast cancer layout)
 """
@@ -30,6 +33,14 @@ import xsilo_client as xc  # noqa: E402
 from xsilo_client import safetensors  # noqa: E402
 
 MODE = os.environ.get("FAKE_MODE", "ok")
+if os.environ.get("FAKE_PIDS"):
+    with open(os.environ["FAKE_PIDS"], "a") as pids:
+        pids.write(f"{os.getpid()}\n")
+if os.environ.get("FAKE_GROUP") == "joined":  # what the SDK reads of torch.distributed, without torch
+    import types
+    sys.modules["torch.distributed"] = types.SimpleNamespace(
+        is_available=lambda: True, is_initialized=lambda: True,
+        get_world_size=lambda: int(os.environ.get("WORLD_SIZE", "1")))
 SILO = os.environ.get("FAKE_SILO", "")
 ROUNDS = {int(r) for r in os.environ.get("FAKE_ROUNDS", "").split(",") if r}
 
@@ -56,6 +67,22 @@ def run_ok():
             continue
         new = trained(task.arrays(), {"config": task.config})
         xc.send(new, num_samples=10 + xc.rank(), metrics={"loss": 0.25, "note": 7})
+
+
+def run_secret():
+    """A script that fails the way real ones do: an exception whose text quotes a data row."""
+    secret = os.environ.get("FAKE_SECRET", "patient 4711")
+    weights = {}
+
+    def train(_, task):
+        if misbehaving(task.round):
+            print(f"loading row: {secret}", flush=True)
+            raise ValueError(f"cannot parse row {secret!r} in /data/{secret}.csv")
+        weights.update(trained(task.arrays(), {"config": task.config}))
+        return 10, {"loss": 0.25}
+
+    # xc.run sends the model it was given: here a dict the train callback fills in.
+    xc.run(weights, train=train, evaluate=lambda _, task: {"eval_accuracy": 0.75, "eval_samples": 4})
 
 
 # --- by hand ----------------------------------------------------------------------------------
@@ -151,6 +178,8 @@ def main():
         return
     if MODE == "ok":
         run_ok()
+    elif MODE == "secret":
+        run_secret()
     else:
         run_raw()
 

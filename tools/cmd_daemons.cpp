@@ -1,10 +1,14 @@
 // xsilo server | agent: the daemons, each from one JSON config.
+#include <cstdio>
+
 #include "common/config.h"
 #include "common/log.h"
 #include "common/net.h"
 #include "edge_aggregator/edge.h"
 #include "server/daemon.h"
+#include "common/safetensors.h"
 #include "silo_agent/agent.h"
+#include "silo_agent/external_trainer.h"
 #include "tools/commands.h"
 #include "tools/sim_agent.h"
 #include "tools/sim_edge.h"
@@ -79,13 +83,28 @@ void add_agent(CLI::App& app, int& exit_code) {
   auto config = std::make_shared<std::string>();
   auto log_file = std::make_shared<std::string>();
   auto simulate = std::make_shared<std::string>();
+  auto initial = std::make_shared<std::string>();
   cmd->add_option("--config", *config, "agent config (JSON)")->required();
   cmd->add_option("--log-file", *log_file, "log here instead of stderr");
+  cmd->add_option("--write-initial-model", *initial,
+                  "ask the external trainer for its initial weights (an init task), write them as the server's "
+                  "initial model (safetensors) and exit");
   // Simulations only (xsilo sim, benchmarks): attacks, crashes, the synthetic trainer.
   cmd->add_option("--simulate", *simulate, "simulation hooks (JSON, written by xsilo sim)")->group("");
-  cmd->callback([config, log_file, simulate, &exit_code] {
+  cmd->callback([config, log_file, simulate, initial, &exit_code] {
     auto cfg = agent::load_agent_config(*config);
     init_logging("agent", cfg.log_level, *log_file, cfg.log_format);
+    if (!initial->empty()) {
+      if (cfg.trainer != agent::TrainerKind::External) {
+        throw ConfigError("--write-initial-model asks an external trainer; " + *config + " has the built-in one (the "
+                          "server makes its initial model from its own config)");
+      }
+      agent::ExternalTrainer trainer(cfg);
+      save_safetensors(*initial, trainer.initial_model({0, "initial-model", {}}));
+      std::printf("wrote %s: the server's \"model\": {\"kind\": \"file\", \"path\": ...}\n", initial->c_str());
+      exit_code = 0;
+      return;
+    }
     warn_if_own_certificate_expires(cfg.tls, cfg.channel.certificate_warn_days);
     agent::AgentHooks hooks;
     if (!simulate->empty()) hooks = make_sim_hooks(cfg, load_sim_agent_config(*simulate));

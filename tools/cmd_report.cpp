@@ -1,13 +1,43 @@
 // xsilo report RUN_DIR | --audit LOG --key PUB: the run's report.html, or the auditor's part of
-// it from the signed log alone.
+// it from the signed log alone. xsilo report tensorboard METRICS OUT: a server's metrics.csv as
+// TensorBoard event files (the scalars the sim's report.tensorboard writes).
+#include <cmath>
+#include <cstdio>
 #include <iostream>
 
 #include "common/config.h"
 #include "common/fs.h"
+#include "common/tensorboard.h"
 #include "tools/commands.h"
 #include "tools/report.h"
+#include "tools/sim.h"
 
 namespace xsilo::tools {
+
+namespace {
+
+void add_tensorboard(CLI::App& report, int& exit_code) {
+  auto* tb = report.add_subcommand(
+      "tensorboard", "write a server's metrics.csv (state_dir/metrics.csv) as TensorBoard event files, step = round");
+  auto metrics = std::make_shared<std::string>();
+  auto out = std::make_shared<std::string>();
+  tb->add_option("metrics", *metrics, "the server's metrics.csv")->required();
+  tb->add_option("out", *out, "the folder for the event files (tensorboard --logdir OUT)")->required();
+  tb->callback([metrics, out, &exit_code] {
+    std::vector<server::MetricsRow> rows;
+    try {
+      rows = server::read_metrics(*metrics);
+    } catch (const std::exception& e) {
+      throw ConfigError(std::string("report tensorboard: ") + e.what());
+    }
+    TensorBoardWriter writer(*out);
+    for (const auto& r : rows) writer.write(static_cast<std::int64_t>(r.round), tensorboard_scalars(r, NAN, NAN));
+    std::printf("wrote %zu rounds to %s\n", rows.size(), writer.file().string().c_str());
+    exit_code = 0;
+  });
+}
+
+}  // namespace
 
 void add_report(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand(
@@ -21,7 +51,9 @@ void add_report(CLI::App& app, int& exit_code) {
   cmd->add_option("--key", *key, "the server's audit public key (audit.pub), to verify the log with")->needs(audit);
   cmd->add_option("--out", *out, "where to write the page (default: RUN_DIR/report.html, or audit-report.html "
                                   "beside the log)");
-  cmd->callback([run_dir, log, key, out, &exit_code] {
+  add_tensorboard(*cmd, exit_code);
+  cmd->callback([cmd, run_dir, log, key, out, &exit_code] {
+    if (cmd->get_subcommands().size() > 0) return;  // report tensorboard did the work
     if (run_dir->empty() == log->empty()) {
       throw ConfigError("report: give a run folder or --audit LOG --key PUB (one of the two)");
     }

@@ -11,6 +11,7 @@
 #include "common/config.h"
 #include "common/fs.h"
 #include "tools/report_sections.h"
+#include "tools/sim.h"
 
 namespace xsilo::tools {
 
@@ -188,6 +189,23 @@ report::Run write_report(const ReportSources& sources, const std::filesystem::pa
   atomic_write_file(html, render_report(run));
   if (!svg.empty()) atomic_write_file(svg, report::curves_svg(run));
   return run;
+}
+
+// A round's metrics as TensorBoard scalars (sim.h).
+std::vector<std::pair<std::string, double>> tensorboard_scalars(const server::MetricsRow& r, double test_accuracy,
+                                                                double test_loss) {
+  std::vector<std::pair<std::string, double>> s = {{"round/committed", r.committed ? 1 : 0},
+                                                   {"round/silos_reporting", static_cast<double>(r.reported)},
+                                                   {"round/dropped", static_cast<double>(r.dropped)},
+                                                   {"round/seconds", r.seconds},
+                                                   {"round/upload_bytes", static_cast<double>(r.upload_bytes)}};
+  if (r.committed) s.emplace_back("train/loss", r.train_loss);
+  if (!std::isnan(test_accuracy)) s.emplace_back("test/accuracy", test_accuracy);
+  if (!std::isnan(test_loss)) s.emplace_back("test/loss", test_loss);
+  if (r.fed_eval_accuracy > 0 || r.fed_eval_loss > 0) {
+    s.insert(s.end(), {{"federated_eval/accuracy", r.fed_eval_accuracy}, {"federated_eval/loss", r.fed_eval_loss}});
+  }
+  return s;
 }
 
 }  // namespace xsilo::tools

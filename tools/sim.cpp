@@ -18,6 +18,7 @@
 #include "common/fs.h"
 #include "common/mlp.h"
 #include "common/safetensors.h"
+#include "common/tensorboard.h"
 #include "server/metrics.h"
 #include "silo_agent/external_trainer.h"
 #include "silo_agent/sgd.h"
@@ -60,18 +61,7 @@ class CentralEvaluator {
  public:
   CentralEvaluator(const SimConfig& cfg, const FederationFiles& f) : cfg_(cfg), f_(f) {
     if (!cfg.trainer) return;
-    agent::AgentConfig a;
-    a.trainer = agent::TrainerKind::External;
-    a.external.command = cfg.trainer->command;
-    a.external.cwd = cfg.trainer->cwd;
-    a.external.env = cfg.trainer->env;
-    a.external.startup = std::chrono::milliseconds(static_cast<long>(cfg.trainer->startup_s * 1000));
-    a.external.evaluate = true;
-    a.external.max_failures = 1000;
-    a.train_data = f.central_train_csv;
-    a.test_data = f.central_test_csv;
-    a.state_dir = f.out / "central" / "state";
-    external_ = std::make_unique<agent::ExternalTrainer>(a);
+    external_ = std::make_unique<agent::ExternalTrainer>(central_trainer_config(cfg, f, f.out / "central" / "state"));
   }
   // Accuracy and loss of `m` on the pooled test rows (NaN when it cannot be evaluated).
   std::pair<double, double> evaluate(const Model& m, std::uint64_t round) {
@@ -82,7 +72,9 @@ class CentralEvaluator {
     try {
       agent::TrainTask task{round, "central", sim_plan(cfg_)};
       const auto ev = external_->evaluate(m, task);
-      return {ev.eval_accuracy(), ev.eval_loss()};
+      if (ev.eval_samples() == 0) return {NAN, NAN};  // the script does not evaluate: not measured, not 0
+      // A script that reports its accuracy but no loss: a cross-entropy is never exactly 0.
+      return {ev.eval_accuracy(), ev.eval_loss() > 0 ? ev.eval_loss() : NAN};
     } catch (const std::exception& e) {
       std::cerr << "sim: evaluating round " << round << " failed: " << e.what() << "\n";
       return {NAN, NAN};
@@ -115,7 +107,12 @@ class CentralEvaluator {
       Model trained = init.zeros_like();
       agent::TrainTask task{1, "central", sim_plan(cfg_, cfg_.rounds)};
       external_->train(init, task, trained);
-      return external_->evaluate(trained, task).eval_accuracy();
+      const auto ev = external_->evaluate(trained, task);
+      if (ev.eval_samples() == 0) {
+        std::cerr << "sim: the script does not evaluate (no evaluate task answered): no central accuracy to compare\n";
+        return -1;
+      }
+      return ev.eval_accuracy();
     } catch (const std::exception& e) {
       std::cerr << "sim: central training failed: " << e.what() << "\n";
       return -1;
@@ -142,6 +139,7 @@ class Processes {
     launch(name);
   }
   Process& operator[](const std::string& name) { return *procs_.at(name); }
+  bool running(const std::string& name) const { return procs_.count(name) && procs_.at(name)->running(); }
   void set_argv(const std::string& name, std::vector<std::string> argv) { argv_[name] = std::move(argv); }
   bool has(const std::string& name) const { return argv_.count(name) > 0; }
   // SIGKILL, and wait until it is gone.
@@ -285,6 +283,7 @@ class Progress {
   Progress(const SimConfig& cfg, const FederationFiles& f, CentralEvaluator& central, SimResult& result)
       : cfg_(cfg), f_(f), central_(central), result_(result), out_(f.out / "metrics.csv"),
         resources_(f.out / "server_resources.csv") {
+    if (!cfg.tensorboard.empty()) tensorboard_ = std::make_unique<TensorBoardWriter>(cfg.tensorboard);
     out_ << "round,committed,accuracy,loss,fed_eval_accuracy,fed_eval_loss,train_loss,silos_reporting,dropped,seconds\n";
     resources_ << "round,pid,rss_kb,fds\n";
   }
@@ -317,16 +316,26 @@ class Progress {
       rounds.push_back(static_cast<double>(r.round));
       result_.final_accuracy = acc;
       result_.final_loss = l;
+      result_.final_train_loss = r.train_loss;
     }
     out_ << r.round << "," << (r.committed ? 1 : 0) << "," << acc << "," << l << "," << r.fed_eval_accuracy << ","
          << r.fed_eval_loss << "," << r.train_loss << "," << r.reported << "," << r.dropped << "," << r.seconds << "\n";
     out_.flush();
+    if (tensorboard_) tensorboard_->write(static_cast<std::int64_t>(r.round), tensorboard_scalars(r, acc, l));
     char line[256];
     const std::string edges = cfg_.edges ? " | edges " + std::to_string(r.edges) + "/" + std::to_string(cfg_.edges) : "";
     if (r.committed) {
-      std::snprintf(line, sizeof line, "round %3llu/%llu | silos %zu/%zu%s | dropped %zu | loss %.4f | acc %6.2f%% | %5.2f s",
+      // The silos' training loss (what they reported), then the model's test loss and accuracy on
+      // the pooled test rows where they were measured (a script that does not evaluate has none).
+      char test[64] = "";
+      if (!std::isnan(acc) && !std::isnan(l)) {
+        std::snprintf(test, sizeof test, " | test loss %.4f | acc %6.2f%%", l, 100 * acc);
+      } else if (!std::isnan(acc)) {
+        std::snprintf(test, sizeof test, " | acc %6.2f%%", 100 * acc);
+      }
+      std::snprintf(line, sizeof line, "round %3llu/%llu | silos %zu/%zu%s | dropped %zu | train loss %.4f%s | %5.2f s",
                     static_cast<unsigned long long>(r.round), static_cast<unsigned long long>(cfg_.rounds), r.reported,
-                    r.selected, edges.c_str(), r.dropped, l, 100 * acc, r.seconds);
+                    r.selected, edges.c_str(), r.dropped, r.train_loss, test, r.seconds);
     } else {
       ++result_.rounds_aborted;
       std::snprintf(line, sizeof line, "round %3llu/%llu | ABORTED | silos %zu/%zu | dropped %zu | %5.2f s",
@@ -351,9 +360,21 @@ class Progress {
   CentralEvaluator& central_;
   SimResult& result_;
   std::ofstream out_, resources_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
   std::size_t seen_ = 0;
   pid_t server_ = -1;
 };
+
+// The script a trainer command runs ("train.py --epochs 3"), without the interpreter's path.
+std::string trainer_command(const SimConfig::Trainer& t) {
+  std::string out;
+  for (std::size_t i = 0; i < t.command.size(); ++i) {
+    const std::string& a = t.command[i];
+    if (i == 0 && t.command.size() > 1) continue;  // python3
+    out += (out.empty() ? "" : " ") + a;
+  }
+  return out.size() > 60 ? out.substr(0, 57) + "..." : out;
+}
 
 std::string describe(const SimConfig& cfg, const FederationFiles& f) {
   std::string sizes;
@@ -364,7 +385,7 @@ std::string describe(const SimConfig& cfg, const FederationFiles& f) {
          " rounds | " + cfg.data_path.filename().string() + " (" + std::to_string(f.all.rows) + " rows, " +
          std::to_string(f.all.features) + " features, " + std::to_string(f.all.classes) + " classes) | split " +
          cfg.split + (cfg.split == "dirichlet" ? " alpha=" + std::to_string(cfg.alpha).substr(0, 4) : "") +
-         (cfg.trainer ? " | trainer: " + cfg.trainer->command.back() : "") + "\n  training rows per silo: " + sizes +
+         (cfg.trainer ? " | trainer: " + trainer_command(*cfg.trainer) : "") + "\n  training rows per silo: " + sizes +
          "; " + std::to_string(f.central_test.rows) + " test rows";
 }
 
@@ -394,10 +415,59 @@ void start_federation(const SimConfig& cfg, FederationFiles& f, Processes& procs
   }
 }
 
+// Why the federation cannot go on although its server runs, or "": every agent has exited, or
+// fewer run than a round needs (selection.min_silos) for longer than a restart takes. The
+// server would wait for them for ever ("0 of the 3 silos needed are connected; waiting").
+class StallWatch {
+ public:
+  StallWatch(const SimConfig& cfg, const FederationFiles& f) : f_(f) {
+    const json& sel = cfg.selection;
+    needed_ = sel.is_object() && sel.contains("min_silos") && sel["min_silos"].is_number_unsigned()
+                  ? sel["min_silos"].get<std::size_t>()
+                  : std::max<std::size_t>(1, cfg.silos / 2 + 1);
+  }
+  std::string check(Processes& procs) {
+    std::size_t alive = 0;
+    for (const auto& s : f_.silos) alive += procs.running(s) ? 1 : 0;
+    const auto now = Clock::now();
+    if (alive >= needed_) {
+      short_since_.reset();
+      return "";
+    }
+    if (!short_since_) short_since_ = now;
+    // A restart fault brings a process back within a second; an agent that exits does not.
+    const auto grace = alive == 0 ? std::chrono::seconds(5) : std::chrono::seconds(20);
+    if (now - *short_since_ < grace) return "";
+    return alive == 0 ? "every agent has exited"
+                      : "only " + std::to_string(alive) + " of the " + std::to_string(f_.silos.size()) +
+                            " agents run, and a round needs " + std::to_string(needed_) + " (selection.min_silos)";
+  }
+
+ private:
+  const FederationFiles& f_;
+  std::size_t needed_ = 1;
+  std::optional<Clock::time_point> short_since_;
+};
+
+// Each agent that exited: its exit code and the last lines of its log, where it said why.
+std::string exited_agents(Processes& procs, const FederationFiles& f) {
+  std::string out;
+  for (const auto& s : f.silos) {
+    if (procs.running(s)) continue;
+    const auto code = procs[s].exit_code();
+    out += "  " + s + " exited" + (code ? " with code " + std::to_string(*code) : "") + "; its log ends:\n" +
+           log_tail(f.logs / (s + ".log"), 4);
+  }
+  return out;
+}
+
 // Runs until the server exits (a server killed by a "restart" fault comes back: its exit is not
-// the end) or the user interrupts; returns the server's exit code.
+// the end), the user interrupts, or no round can go on (`stalled` says why); returns the server's
+// exit code.
 template <class Say>
-int follow(const SimConfig& cfg, Processes& procs, FaultPlayer& faults, Progress& progress, Say&& say) {
+int follow(const SimConfig& cfg, const FederationFiles& f, Processes& procs, FaultPlayer& faults, Progress& progress,
+           std::string& stalled, Say&& say) {
+  StallWatch watch(cfg, f);
   auto prev_handler = std::signal(SIGINT, on_interrupt);
   std::signal(SIGTERM, on_interrupt);
   const bool restarts_server = std::any_of(cfg.faults.begin(), cfg.faults.end(), [](const auto& fl) {
@@ -410,6 +480,12 @@ int follow(const SimConfig& cfg, Processes& procs, FaultPlayer& faults, Progress
     if (g_interrupted) {
       say("interrupted: stopping the federation");
       procs["server"].stop();
+      break;
+    }
+    if (stalled = watch.check(procs); !stalled.empty()) {
+      say("the federation cannot go on: " + stalled + "; stopping the server\n" + exited_agents(procs, f));
+      procs["server"].stop();
+      exit = procs["server"].exit_code();
       break;
     }
     exit = procs["server"].wait(std::chrono::milliseconds(cfg.faults.empty() ? 50 : 5));
@@ -468,7 +544,8 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
   CentralEvaluator central(cfg, f);
   FaultPlayer faults(cfg, f.state / "events.jsonl", f.out / "faults.jsonl");
   Progress progress(cfg, f, central, result);
-  const int server_code = follow(cfg, procs, faults, progress, say);
+  std::string stalled;
+  const int server_code = follow(cfg, f, procs, faults, progress, stalled, say);
   procs.finish(std::chrono::milliseconds(5000));
 
   copy_outputs(f, progress.rounds);
@@ -481,10 +558,12 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
                   {"faults_fired", faults.fired()},
                   {"faults_missed", faults.missed()},
                   {"server_exit_code", server_code},
-                  {"final_accuracy", result.final_accuracy},
+                  {"final_accuracy", result.final_accuracy},  // NaN (null): not measured
                   {"final_loss", result.final_loss},
+                  {"final_train_loss", result.final_train_loss},
                   {"seconds", secs}};
   if (result.baseline_accuracy >= 0) summary["centralized_accuracy"] = result.baseline_accuracy;
+  if (!stalled.empty()) summary["stalled"] = stalled;
   atomic_write_file(out / "summary.json", summary.dump(2) + "\n");
   // From the files just written, as `xsilo report OUT` would draw it.
   write_report(run_sources(out), out / "report.html", out / "report.svg");
@@ -495,11 +574,15 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
                                        result.rounds_committed + result.rounds_aborted == cfg.rounds
                                  : server_code == 0 && result.rounds_committed == cfg.rounds;
   char line[256];
-  std::snprintf(line, sizeof line, "%s: %llu/%llu rounds committed in %.1f s; final test accuracy %.2f%%",
-                ok ? "done" : "FAILED", static_cast<unsigned long long>(result.rounds_committed),
-                static_cast<unsigned long long>(cfg.rounds), secs, 100 * result.final_accuracy);
+  char accuracy[96] = "; final test accuracy not measured (the script does not evaluate)";
+  if (!std::isnan(result.final_accuracy)) {
+    std::snprintf(accuracy, sizeof accuracy, "; final test accuracy %.2f%%", 100 * result.final_accuracy);
+  }
+  std::snprintf(line, sizeof line, "%s: %llu/%llu rounds committed in %.1f s%s%s", ok ? "done" : "FAILED",
+                static_cast<unsigned long long>(result.rounds_committed), static_cast<unsigned long long>(cfg.rounds),
+                secs, result.rounds_committed ? accuracy : "", stalled.empty() ? "" : (" (" + stalled + ")").c_str());
   say(line);
-  if (result.baseline_accuracy >= 0) {
+  if (result.baseline_accuracy >= 0 && !std::isnan(result.final_accuracy)) {
     std::snprintf(line, sizeof line, "  centralized training on the pooled data: %.2f%% (difference %+.2f points)",
                   100 * result.baseline_accuracy, 100 * (result.final_accuracy - result.baseline_accuracy));
     say(line);
@@ -509,7 +592,7 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
   say("  verify the audit log: xsilo audit verify " + (out / "audit.jsonl").string() + " --key " +
       (out / "audit.pub").string() +
       (f.silos.empty() ? "" : " --witness " + (out / "silos" / f.silos[0] / "state" / "audit_heads.jsonl").string()));
-  if (!ok && server_code != 0 && server_code != 3) {
+  if (!ok && stalled.empty() && server_code != 0 && server_code != 3) {
     say("  the server exited with code " + std::to_string(server_code) + "; its log ends:\n" + log_tail(f.logs / "server.log"));
   }
   result.exit_code = ok ? 0 : 1;

@@ -16,8 +16,11 @@
 #include <nlohmann/json.hpp>
 
 #include "common/dataset.h"
+#include "common/feature_stats.h"
 #include "common/model.h"
 #include "common/process.h"
+#include "server/metrics.h"
+#include "silo_agent/config.h"
 
 namespace xsilo::tools {
 
@@ -91,6 +94,8 @@ struct SimConfig {
   // ("hospital-03": tools/sim_agent.h), and what it does.
   std::map<std::string, std::string> hostile;
   bool baseline = true;              // also train centrally on the pooled data
+  // "report": {"tensorboard": DIR}: each round's metrics as TensorBoard event files in DIR.
+  std::filesystem::path tensorboard;
   std::string log_format = "text";   // every process's log_format ("json": one object per line)
   bool metrics = false;              // every process serves Prometheus metrics on a loopback port
 };
@@ -120,15 +125,34 @@ struct FederationFiles {
   std::uint16_t server_port = 0;
   std::vector<std::uint16_t> edge_ports;
   Dataset all, central_train, central_test;
-  Standardizer standardizer;
+  Standardizer standardizer;  // pooled (the in-process sim's); the processes use feature_stats
+  // The federation's feature statistics, handed to every silo (data.feature_stats): the built-in
+  // trainer standardizes with them, an external trainer gets them as task.feature_stats.
+  std::filesystem::path feature_stats_file;
+  FeatureStats feature_stats;
 };
 
 FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::path& out);
+// The user's script as one more trainer of the sim's own, on the pooled rows: it gives the
+// initial weights (an init task) and evaluates each round's model on the pooled test rows.
+agent::AgentConfig central_trainer_config(const SimConfig& cfg, const FederationFiles& f,
+                                         const std::filesystem::path& state_dir);
 // Where a process of the federation ("server", an edge's or a silo's name) writes its metrics
 // port when the sim config asks for metrics: OUT/metrics/NAME.port.
 inline std::filesystem::path metrics_port_file(const FederationFiles& f, const std::string& process) {
   return f.out / "metrics" / (process + ".port");
 }
+// The federation-wide mean and variance of the features of the silos' training files, from what
+// each silo computes over its own rows (its count, sum and sum of squares about a shared
+// reference), added up (tools/sim_stats.cpp).
+FeatureStats federation_feature_stats(const std::vector<std::filesystem::path>& silo_train_files);
+// The same statistics computed by a federation of the silos' agents (trainer.kind
+// "feature_stats": silo_agent/stats_trainer.h) under `cfg`'s secure aggregation, before the
+// federation's own server starts: the server learns only the totals. `pooled` (the sums'
+// result) only sets the public bounds of the ring (clip norm, weight cap). Throws
+// std::runtime_error with the statistics server's log when it cannot finish.
+FeatureStats secure_feature_stats(const SimConfig& cfg, const FederationFiles& f,
+                                  const std::vector<std::filesystem::path>& silo_train_files, const FeatureStats& pooled);
 // Why the config's data split cannot be made (the split prepare_federation makes), or "".
 std::string split_problem(const SimConfig& cfg);
 // Waits for the server to write its port file; throws with the log's tail if it dies. The
@@ -158,7 +182,8 @@ void wait_for_edge(Process& edge, FederationFiles& f, std::size_t e,
 struct SimResult {
   int exit_code = 1;
   std::uint64_t rounds_committed = 0, rounds_aborted = 0;
-  double final_accuracy = 0, final_loss = 0, baseline_accuracy = -1;
+  double final_accuracy = 0, final_loss = 0, baseline_accuracy = -1;  // NaN: the script does not evaluate
+  double final_train_loss = 0;  // what the silos reported for the last committed round
 };
 
 SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool quiet = false);
@@ -173,5 +198,10 @@ using RoundCallback = std::function<void(std::uint64_t round, bool committed, co
 // hostile processes, external trainers, sampling silos. Writes out/model.safetensors.
 SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& out,
                              const RoundCallback& on_round = nullptr);
+
+// A round's metrics as TensorBoard scalars (tag, value): the server's row, and the test accuracy
+// and loss on the pooled test rows where measured (NaN: not). tools/report.cpp.
+std::vector<std::pair<std::string, double>> tensorboard_scalars(const server::MetricsRow& row, double test_accuracy,
+                                                                 double test_loss);
 
 }  // namespace xsilo::tools

@@ -51,7 +51,8 @@ SimConfig::Trainer parse_sim_trainer(const ConfigNode& root, const ConfigNode& m
     model.fail("kind", "an external trainer trains its own model: give \"kind\": \"file\" and the initial model's "
                        "\"path\" (trainer.init can write it)");
   }
-  if (tr.init.empty()) model.require_exists("path", c.model_file, false, " (trainer.init can write it)");
+  // A missing model file is asked of the script through the trainer protocol (or written by
+  // trainer.init): tools/sim_files.cpp.
   return tr;
 }
 
@@ -138,6 +139,11 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
   c.baseline = root.boolean("baseline", true);
   c.log_format = root.one_of("log_format", "text", {"text", "json"});
   c.metrics = root.boolean("metrics", false);
+  if (root.has("report")) {
+    const auto report = root.child("report");
+    c.tensorboard = report.path("tensorboard", "");
+    report.finish();
+  }
 
   const auto data = root.child("data");
   if (data.has("path")) {
@@ -159,12 +165,16 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
   data.finish();
 
   const auto model = root.child("model");
-  c.model_kind = model.one_of("kind", "logistic", {"logistic", "mlp", "file"});
+  // A user's own script trains a model of its own: "file" unless said otherwise.
+  c.model_kind = model.one_of("kind", root.has("trainer") ? "file" : "logistic", {"logistic", "mlp", "file"});
   for (auto h : model.int_list("hidden", 1, 1 << 16)) c.hidden.push_back(static_cast<std::size_t>(h));
   if (c.model_kind == "logistic" && !c.hidden.empty()) model.fail("hidden", "a logistic model has no hidden layers");
   if (c.model_kind == "file") {
     c.model_file = model.path("path", "");
-    if (c.model_file.empty()) model.fail("path", "is required: the initial model as a safetensors file");
+    // With a trainer, a missing file is asked of the script (it is written to OUT/init.safetensors).
+    if (c.model_file.empty() && !root.has("trainer")) {
+      model.fail("path", "is required: the initial model as a safetensors file");
+    }
   }
   model.finish();
 

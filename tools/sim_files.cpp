@@ -11,7 +11,10 @@
 #include "common/fs.h"
 #include "edge_aggregator/config.h"
 #include "server/config.h"
+#include "common/npz.h"
+#include "common/safetensors.h"
 #include "silo_agent/config.h"
+#include "silo_agent/external_trainer.h"
 #include "tools/sim_agent.h"
 #include "transport/config.h"
 #include "transport/pki.h"
@@ -26,6 +29,24 @@ using json = nlohmann::json;
 void write_json(const std::filesystem::path& p, const json& j) { atomic_write_file(p, j.dump(2) + "\n"); }
 
 }  // namespace
+
+agent::AgentConfig central_trainer_config(const SimConfig& cfg, const FederationFiles& f,
+                                         const std::filesystem::path& state_dir) {
+  agent::AgentConfig a;
+  a.trainer = agent::TrainerKind::External;
+  a.external.command = cfg.trainer->command;
+  a.external.cwd = cfg.trainer->cwd;
+  a.external.env = cfg.trainer->env;
+  a.external.startup = std::chrono::milliseconds(static_cast<long>(cfg.trainer->startup_s * 1000));
+  a.external.evaluate = true;
+  a.external.max_failures = 1000;
+  a.train_data = f.central_train_csv;
+  a.test_data = f.central_test_csv;
+  a.state_dir = state_dir;
+  a.feature_stats_file = f.feature_stats_file;
+  a.feature_stats = f.feature_stats;
+  return a;
+}
 
 std::string silo_name(std::size_t i) {
   char buf[32];
@@ -59,11 +80,16 @@ void split_data(const SimConfig& cfg, FederationFiles& f) {
     f.standardizer.apply(f.central_test);
     f.standardizer.apply(f.central_train);
   }
+  // Each silo's files as researchers have them: CSV with a header (x0..x{d-1},label) and the
+  // same rows as .npz (x float32 [rows, features], y int64 [rows]), raw, not standardized.
   for (std::size_t i = 0; i < cfg.silos; ++i) {
     f.silos.push_back(silo_name(i));
     const auto dir = out / "silos" / f.silos.back();
-    save_csv(dir / "train.csv", subset(all, parts[i]));
-    save_csv(dir / "test.csv", subset(all, test_parts[i]));
+    for (const auto& [name, rows] : {std::pair{"train", &parts[i]}, {"test", &test_parts[i]}}) {
+      const Dataset d = subset(all, *rows);
+      save_csv(dir / (std::string(name) + ".csv"), d, /*header=*/true);
+      save_npz(dir / (std::string(name) + ".npz"), d);
+    }
   }
   // The pooled rows as files too (raw, like the silos'): an external trainer's central run.
   f.central_train_csv = out / "central" / "train.csv";
@@ -82,21 +108,37 @@ void split_data(const SimConfig& cfg, FederationFiles& f) {
         }
       }
     }
-    save_csv(f.central_train_csv, train);
-    save_csv(f.central_test_csv, test);
+    save_csv(f.central_train_csv, train, true);
+    save_csv(f.central_test_csv, test, true);
   } else {
-    save_csv(f.central_train_csv, subset(all, train_rows));
-    save_csv(f.central_test_csv, subset(all, test_rows));
+    save_csv(f.central_train_csv, subset(all, train_rows), true);
+    save_csv(f.central_test_csv, subset(all, test_rows), true);
   }
 }
 
-// The initial model of a user's own network: given, or written by the trainer's init command.
+// The initial model of a user's own network: given; else asked of the script itself through the
+// trainer protocol (an "init" task, answered by xc.tasks(model) / xc.run); else written by
+// trainer.init, for those who keep such a mode.
 void make_initial_model(const SimConfig& cfg, FederationFiles& f) {
   const auto& out = f.out;
-  // The initial model of a user's own network: given, or written by the trainer's init command.
   if (cfg.model_kind == "file") {
     f.initial_model = cfg.model_file;
-    if (!std::filesystem::exists(f.initial_model)) {
+    if ((f.initial_model.empty() || !std::filesystem::exists(f.initial_model)) && cfg.trainer->init.empty()) {
+      f.initial_model = out / "init.safetensors";
+      agent::AgentConfig a = central_trainer_config(cfg, f, out / "central" / "init-state");
+      agent::ExternalTrainer trainer(a);
+      wire::TrainingPlan plan;
+      plan.set_seed(cfg.seed);
+      plan.set_config_json(cfg.training.dump());
+      try {
+        save_safetensors(f.initial_model, trainer.initial_model({0, "central", plan}));
+      } catch (const agent::TrainerError& e) {
+        throw std::runtime_error(std::string("sim: the training script did not give its initial weights (it answers the "
+                                             "agent's init task when it calls xc.tasks(model) or xc.run(model, ...); "
+                                             "or give trainer.init): ") +
+                                 e.what());
+      }
+    } else if (!std::filesystem::exists(f.initial_model)) {
       f.initial_model = out / "init.safetensors";
       std::vector<std::string> argv;
       for (auto a : cfg.trainer->init) {
@@ -106,6 +148,7 @@ void make_initial_model(const SimConfig& cfg, FederationFiles& f) {
       std::filesystem::remove(f.initial_model);
       ProcessOptions in_cwd;
       in_cwd.cwd = cfg.trainer->cwd;
+      in_cwd.env = cfg.trainer->env;  // what reaches the trainers reaches their init too (PYTHONPATH, say)
       Process init(argv, out / "logs" / "init.log", in_cwd);
       const auto code = init.wait(std::chrono::minutes(5));
       if (code.value_or(-1) != 0 || !std::filesystem::exists(f.initial_model)) {
@@ -249,10 +292,27 @@ FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::
   std::filesystem::create_directories(out);
   std::filesystem::remove_all(out / "logs");
   std::filesystem::remove_all(out / "silos");  // an earlier run's silo state (momentum, witnessed audit heads)
+  f.logs = out / "logs";
+  std::filesystem::create_directories(f.logs);
 
   split_data(cfg, f);
-  make_initial_model(cfg, f);
   make_pki(cfg, f);
+  if (cfg.standardize) {
+    std::vector<std::filesystem::path> train_files;
+    for (std::size_t i = 0; i < cfg.silos; ++i) {
+      const bool own = cfg.trainer && !cfg.trainer->silo_data.empty();
+      train_files.push_back(own ? cfg.trainer->silo_data[i].first : f.out / "silos" / f.silos[i] / "train.csv");
+    }
+    // A plain federation shows the server every update anyway: the silos' sums are added up
+    // here. A secure one computes them under its own secure aggregation.
+    f.feature_stats = federation_feature_stats(train_files);
+    if (cfg.secure.is_object() && cfg.secure.value("mode", "off") != "off") {
+      f.feature_stats = secure_feature_stats(cfg, f, train_files, f.feature_stats);
+    }
+    f.feature_stats_file = f.out / "feature_stats.json";
+    save_feature_stats(f.feature_stats_file, f.feature_stats);
+  }
+  make_initial_model(cfg, f);
   write_server_config(cfg, f);
   write_edge_configs(cfg, f);
   return f;
@@ -370,8 +430,11 @@ AgentFiles write_agent_config(const SimConfig& cfg, const FederationFiles& f, st
     a.external.evaluate = t.evaluate;
     if (!t.silo_data.empty()) std::tie(a.train_data, a.test_data) = t.silo_data[i];
   } else if (cfg.standardize) {
-    a.standardize = "given";
-    a.given = f.standardizer;
+    a.standardize = "federated";
+  }
+  if (!f.feature_stats.empty()) {
+    a.feature_stats_file = f.feature_stats_file;
+    a.feature_stats = f.feature_stats;
   }
   if (cfg.local.is_object()) a.local = agent::parse_local(ConfigNode(cfg.local, cfg.file.string(), ".local"), a.trainer);
   AgentFiles files;

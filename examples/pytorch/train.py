@@ -2,14 +2,15 @@
 """Train the digits CNN: centrally when run by hand, as one silo when an xsilo agent runs it.
 
     python3 train.py --epochs 10                 # central: pooled data, prints test accuracy
-    python3 train.py --init model.safetensors    # the initial model file for the server
+    python3 train.py --init model.safetensors    # the initial model file (xsilo sim asks the script instead)
     torchrun --nproc_per_node 2 train.py         # central, 2 processes (gloo / NCCL)
 
-Under an agent (XSILO_TRAINER_FD set) the script answers the agent's tasks until shutdown;
-with `local.workers: N` the agent starts N copies and they train with DistributedDataParallel.
+Under an agent (XSILO_TRAINER_FD set) the script answers the agent's tasks until shutdown
+(xc.tasks: the agent's request for the initial weights included); with `local.workers: N` the
+agent starts N copies and they train with DistributedDataParallel.
 
-Data: CSV rows of 64 pixel values then the label, no header (gzip allowed). Paths come from
-XSILO_TRAIN_DATA / XSILO_TEST_DATA, else --train / --test, else the repository's
+Data: CSV rows of 64 pixel values then the label, a header line allowed (gzip allowed). Paths
+come from the agent (xc.data_paths()), else --train / --test, else the repository's
 data/digits.csv.gz split 80/20 with a fixed seed. A training file without a test file is
 split the same way.
 """
@@ -88,8 +89,7 @@ def input_scale(x):
 
 
 def load_data(args):
-    train_path = os.environ.get("XSILO_TRAIN_DATA") or args.train
-    test_path = os.environ.get("XSILO_TEST_DATA") or args.test
+    train_path, test_path = xc.data_paths(default=(args.train, args.test))
     train = read_csv(train_path or DEFAULT_DATA)
     test = read_csv(test_path) if test_path else None
     if test is None:
@@ -184,16 +184,13 @@ def evaluate(model, data, workers):
 def run_federated(args, workers, train, test):
     model = DigitsCNN().to(workers.device)
     wrapped = workers.wrap(model)
-    xc.init()
-    while (task := xc.receive()) is not None:
-        task.load_into(model)
+    for task in xc.tasks(model, evaluate=True):  # the global weights loaded into model
         if task.kind == "evaluate":
             metrics = evaluate(model, test, workers)
             xc.send(metrics=metrics)
         else:
-            config = {"seed": args.seed, **task.config}
-            loss = train_round(model, wrapped, train, config, workers)
-            xc.send(model.state_dict(), num_samples=len(train), metrics={"loss": loss})
+            loss = train_round(model, wrapped, train, {"seed": args.seed, **task.config}, workers)
+            xc.send(model, num_samples=len(train), metrics={"loss": loss})
             metrics = {"loss": loss}
         if workers.rank == 0:
             log.info("%s round %d %s: %s", xc.silo(), task.round, task.kind,

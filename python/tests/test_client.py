@@ -54,7 +54,7 @@ class Handshake(ClientTestCase):
         self.welcome()
         c.init()
         hello = self.agent.receive()
-        self.assertEqual(hello, {"type": "hello", "protocol": 1, "sdk": "0.1.0", "rank": 1,
+        self.assertEqual(hello, {"type": "hello", "protocol": 1, "sdk": xc.__version__, "rank": 1,
                                  "world_size": 2, "pid": os.getpid()})
         self.assertEqual(c.silo(), "hospital-01")
         self.assertEqual(c.exchange_dir(), self.exchange)
@@ -143,8 +143,12 @@ class Tasks(ClientTestCase):
 
         result = self.agent.receive()
         path = os.path.join(self.exchange, "update-3-7.safetensors")
+        # The agent is told once which tensors stay local (it logs them at WARNING), and that
+        # this process joined no torch.distributed group (it refuses local.workers > 1 then).
         self.assertEqual(result, {"type": "result", "id": 7, "rank": 0, "weights": path,
-                                  "num_samples": 120, "metrics": {"loss": 0.25}})
+                                  "num_samples": 120, "metrics": {"loss": 0.25}, "process_group": 0,
+                                  "notes": {"kept_local": ["steps"]}})
+        self.assertEqual(logs.records[0].levelname, "WARNING")
         written = st.load_file(path)
         self.assertEqual(set(written), {"w", "b"})
         self.assertEqual(written["b"].dtype, np.float16)
@@ -188,7 +192,8 @@ class Tasks(ClientTestCase):
         self.assertEqual(result, {"type": "result", "id": 8, "rank": 0, "weights": None,
                                   "num_samples": None, "metrics": {"eval_loss": 0.5,
                                                                    "eval_accuracy": 0.75,
-                                                                   "eval_samples": 40}})
+                                                                   "eval_samples": 40},
+                                  "process_group": 0})
         self.assertEqual(os.listdir(self.exchange), [])
 
     def test_other_ranks_answer_train_tasks_without_weights(self):

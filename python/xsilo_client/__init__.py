@@ -2,28 +2,27 @@
 
     import xsilo_client as xc
 
-    if xc.is_federated():
-        xc.init()
-        while (task := xc.receive()) is not None:
-            task.load_into(model)
-            if task.kind == "evaluate":
-                xc.send(metrics=evaluate(model))
-                continue
-            loss = train(model, task.config)
-            xc.send(model.state_dict(), num_samples=len(dataset), metrics={"loss": loss})
+    train_set = load(xc.data_paths(default=(args.train, args.test))[0])
+    for task in xc.tasks(model):                  # global weights loaded into `model` for you
+        for epoch in range(task.local_epochs):
+            loss = train_one_epoch(model, train_set)
+        xc.send(model, num_samples=len(train_set), metrics={"loss": loss})
 
-The agent starts the script with XSILO_TRAINER_FD set; without it the script is a plain
-script. The protocol is docs/trainer-protocol.md (version 1).
+or, with callbacks: ``xc.run(model, train=fit, evaluate=None)``. The agent starts the script
+with XSILO_TRAINER_FD set; without it the same loop trains centrally (one task of ``epochs``
+local epochs). The protocol is docs/trainer-protocol.md (version 1).
 """
 
 import logging
 
+from . import loop as _loop
 from .channel import ProtocolError
-from .client import PROTOCOL, SDK_VERSION, Client, Task, save_initial
+from .client import PROTOCOL, SDK_VERSION, Client, FeatureStats, Task, save_initial
 
 __version__ = SDK_VERSION
-__all__ = ["Client", "ProtocolError", "Task", "PROTOCOL", "__version__", "init", "is_federated",
-           "rank", "receive", "save_initial", "send", "send_error", "silo", "world_size"]
+__all__ = ["Client", "FeatureStats", "ProtocolError", "Task", "PROTOCOL", "__version__", "data_paths", "epochs",
+           "feature_stats", "init", "is_federated", "log", "rank", "receive", "run", "save_initial", "send",
+           "send_error", "silo", "tasks", "world_size"]
 
 logging.getLogger("xsilo_client").addHandler(logging.NullHandler())
 
@@ -60,7 +59,65 @@ def receive():
     return _default().receive()
 
 
-def send(state_dict=None, num_samples=None, metrics=None):
+def tasks(model=None, evaluate=False, federate=None, epochs=1):
+    """The agent's tasks, for a loop: ``for task in xc.tasks(model): ...; xc.send(model, ...)``.
+
+    With ``model`` (a torch module) the round's global weights are loaded into it before each
+    task is yielded, and the agent's request for initial weights is answered with its own (so
+    no separate --init mode is needed). Evaluate tasks are yielded only with ``evaluate=True``;
+    otherwise they are answered with no metrics and a warning. ``federate``: which tensors to
+    federate (a glob, a list of globs or a function of the name; the rest stay local).
+    ``task.local_epochs``, ``task.config`` and ``task.feature_stats`` say what to do. Without an
+    agent (run by hand) it yields one train task of ``epochs`` local epochs (then one evaluate
+    task with ``evaluate=True``), and send() only logs.
+    """
+    return _loop.tasks(_default(), model, evaluate=evaluate, federate=federate, epochs=epochs)
+
+
+def epochs(model, num_samples, epochs=1, evaluate=None, federate=None):
+    """The epochs of every round, for the epoch loop a script already has:
+
+        for epoch in xc.epochs(model, num_samples=len(train_set), epochs=args.epochs):
+            ...  # one epoch of training, as before; xc.log(loss=loss) if you like
+
+    Each round's global weights are loaded into ``model`` before its first epoch, the round's
+    ``local_epochs`` are yielded, and after its last epoch the model is sent (with what
+    xc.log() recorded). ``evaluate``: a function () -> metrics, for federations that ask for
+    evaluation. Run by hand it yields range(epochs). ``federate`` as in tasks().
+    """
+    return _loop.epochs(_default(), model, num_samples, epochs=epochs, evaluate=evaluate, federate=federate)
+
+
+def log(**metrics):
+    """Records metrics (loss=..., any name -> number) for the current round's result."""
+    _default().log(metrics)
+
+
+def feature_stats(fallback=None):
+    """The federation's feature statistics (mean, var, std, standardize()), computed before the
+    first round; without them (run by hand), those of ``fallback`` (your own rows), else None."""
+    return _default().feature_stats(fallback)
+
+
+def run(model, train, evaluate=None, federate=None, epochs=1):
+    """Answers the agent's tasks with callbacks until the federation ends.
+
+    ``train(model, task)`` trains ``model`` (already holding the global weights) for
+    ``task.local_epochs`` and returns ``num_samples`` or ``(num_samples, metrics)``; its
+    weights are sent. ``evaluate(model, task)``, when given, returns metrics
+    (``eval_loss``, ``eval_accuracy``, ``eval_samples``). ``federate`` and ``epochs`` as in
+    tasks(). Run by hand, it trains once for ``epochs`` local epochs.
+    """
+    _loop.run(_default(), model, train, evaluate=evaluate, federate=federate, epochs=epochs)
+
+
+def data_paths(default=(None, None)):
+    """(train, test): the silo's data files as the agent's config names them (``data.train``,
+    ``data.test``; the sim sets them to each silo's split), else ``default``'s entries."""
+    return _default().data_paths(default)
+
+
+def send(state_dict=None, num_samples=None, metrics=None, federate=None):
     """Answers the current task with its result.
 
     For a train task on rank 0: ``state_dict`` (or the module) is required; its floating-point
@@ -68,9 +125,10 @@ def send(state_dict=None, num_samples=None, metrics=None):
     exchange folder and named in the result; integer and bool tensors stay local (their names
     are logged once). ``num_samples`` (the silo's training rows, > 0) is required there.
     Other ranks, and evaluate tasks, send no weights. ``metrics``: name -> finite number
-    (numpy and torch scalars accepted).
+    (numpy and torch scalars accepted). ``federate``: only the matching floating-point tensors
+    are sent (a glob, a list of globs or a function of the name); the rest stay local.
     """
-    _default().send(state_dict, num_samples=num_samples, metrics=metrics)
+    _default().send(state_dict, num_samples=num_samples, metrics=metrics, federate=federate)
 
 
 def send_error(message):

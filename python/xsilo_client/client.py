@@ -7,15 +7,17 @@ then one task at a time, each answered by exactly one result or error.
 import logging
 import math
 import os
+import sys
 
 import numpy as np
 
 from . import safetensors, state
 from .channel import Channel, ProtocolError
+from .federate import name_filter
 
 PROTOCOL = 1
-SDK_VERSION = "0.1.0"
-TASK_KINDS = ("train", "evaluate", "shutdown")
+SDK_VERSION = "0.2.0"
+TASK_KINDS = ("train", "evaluate", "init", "shutdown")
 
 log = logging.getLogger("xsilo_client")
 
@@ -62,17 +64,68 @@ def check_metrics(metrics):
     return out
 
 
-class Task:
-    """One train or evaluate task from the agent."""
+class FeatureStats:
+    """The federation's feature statistics (docs/bring-your-own-model.md, "Feature statistics"):
+    the mean and variance of every feature over all silos' training rows, computed before the
+    first round without any silo's own statistics leaving it. ``mean``, ``var`` and ``std`` are
+    float64 numpy arrays (one value per feature); ``count`` is the number of rows."""
 
-    def __init__(self, message, last_sent):
+    def __init__(self, message):
+        try:
+            self.mean = np.asarray(message["mean"], dtype=np.float64)
+            self.var = np.asarray(message["var"], dtype=np.float64)
+            self.count = int(message.get("count", 0))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ProtocolError(f"the agent sent feature_stats that are not mean/var lists: {e}") from None
+        if self.mean.shape != self.var.shape or self.mean.ndim != 1:
+            raise ProtocolError("the agent sent feature_stats whose mean and var differ in length")
+        # A constant feature keeps its values centred, not divided by zero.
+        self.std = np.sqrt(np.maximum(self.var, 0.0))
+        self.std[self.std == 0] = 1.0
+
+    @classmethod
+    def of(cls, rows):
+        """The statistics of ``rows`` ([rows, features], numpy or torch): a silo's own."""
+        if hasattr(rows, "detach"):
+            rows = rows.detach().cpu().numpy()
+        rows = np.asarray(rows, dtype=np.float64)
+        return cls({"mean": rows.mean(0).tolist(), "var": rows.var(0).tolist(), "count": len(rows)})
+
+    def standardize(self, x):
+        """(x - mean) / std along the last axis, for numpy arrays and torch tensors alike."""
+        if state.torch_or_none() is not None and state.is_torch_tensor(x):
+            import torch
+            mean = torch.as_tensor(self.mean, dtype=x.dtype, device=x.device)
+            std = torch.as_tensor(self.std, dtype=x.dtype, device=x.device)
+            return (x - mean) / std
+        x = np.asarray(x)
+        return ((x - self.mean) / self.std).astype(x.dtype if x.dtype.kind == "f" else np.float32, copy=False)
+
+    def __repr__(self):
+        return f"FeatureStats({len(self.mean)} features, {self.count} rows)"
+
+
+class Task:
+    """One task from the agent: "train", "evaluate", or "init" (the agent asks for the model's
+    initial weights; xc.tasks(model) and xc.run answer it themselves)."""
+
+    def __init__(self, message, last_sent, keep=None):
         self.id = message["id"]
         self.kind = message["kind"]
-        self.round = message["round"]
-        self.model_path = message["model"]
+        self.round = message.get("round", 0)
+        self.model_path = message.get("model")
         self.config = dict(message.get("config") or {})
         self.config.setdefault("round", self.round)
+        stats = message.get("feature_stats")
+        self.feature_stats = FeatureStats(stats) if stats is not None else None
         self._last_sent = last_sent  # () -> the state dict last passed to send(), or None
+        self._keep = keep            # names the federation does not carry: kept local (federate=)
+
+    @property
+    def local_epochs(self):
+        """The round's local epochs (the server's training.local_epochs; 1 when not given)."""
+        value = self.config.get("local_epochs", 1)
+        return int(value) if _is_int(value) and value > 0 else 1
 
     def __repr__(self):
         return f"Task(kind={self.kind!r}, id={self.id}, round={self.round}, model_path={self.model_path!r})"
@@ -89,6 +142,8 @@ class Task:
         as BatchNorm's ``num_batches_tracked``) are filled from ``like``. Without it, names the
         global model lacks are filled from the state dict last passed to ``send()``, if any.
         """
+        if self.model_path is None:
+            raise RuntimeError(f"a {self.kind} task carries no model")
         arrays = self.arrays()
         result = {}
         for name, array in arrays.items():
@@ -112,7 +167,7 @@ class Task:
         out = {}
         for name, ref in like.items():
             if name not in result:
-                if state.is_floating(ref):
+                if state.is_floating(ref) and not (self._keep is not None and self._keep(name)):
                     log.warning("global model has no tensor %r; keeping the local value", name)
                 out[name] = ref
                 continue
@@ -128,6 +183,8 @@ class Task:
         module's own, integer buffers the global model lacks keep their local values."""
         if state.torch_or_none() is None:
             raise RuntimeError("load_into needs torch; use task.arrays() or task.state_dict() without it")
+        if self.model_path is None:  # a run by hand (no agent), or an init task: nothing to load
+            return model
         if type(model).__name__ in ("DistributedDataParallel", "DataParallel"):
             model = model.module
         loaded = self.state_dict(like=model.state_dict())
@@ -175,6 +232,9 @@ class Client:
         self._last_sent = None     # the state dict last passed to send()
         self._logged_local = set()  # names already logged as kept local
         self._logged_float64 = set()  # names already logged as narrowed to float32
+        self._federate = None       # name -> bool: the tensors this script federates (None: all)
+        self._logged = {}           # xc.log(): metrics for the current round's result
+        self._notes = {}            # told to the agent once, with the next result (it logs them)
 
     def close(self):
         """Closes the channel (the agent sees the trainer go). Process exit does the same."""
@@ -201,6 +261,17 @@ class Client:
         if self._welcome is not None:
             return self._welcome["exchange_dir"]
         return self._env.get("XSILO_EXCHANGE_DIR") or None
+
+    def data_paths(self, default=(None, None)):
+        """(train, test): the silo's data files as the agent's config names them
+        (XSILO_TRAIN_DATA, XSILO_TEST_DATA), each else its entry of ``default``."""
+        train, test = default
+        return (self._env.get("XSILO_TRAIN_DATA") or train, self._env.get("XSILO_TEST_DATA") or test)
+
+    def set_federate(self, federate):
+        """Which tensors this script federates: None (every floating-point tensor), a glob
+        pattern or a list of them ("*lora_*"), or a function name -> bool."""
+        self._federate = name_filter(federate)
 
     # Handshake -----------------------------------------------------------------------------
 
@@ -274,7 +345,8 @@ class Client:
             self._shut_down = True
             self._channel.close()
             return None
-        self._task = Task(message, lambda: self._last_sent)
+        keep = (lambda name: not self._federate(name)) if self._federate is not None else None
+        self._task = Task(message, lambda: self._last_sent, keep)
         return self._task
 
     @staticmethod
@@ -289,20 +361,56 @@ class Client:
             return None
         if not _is_int(message.get("round")) or message["round"] < 0:
             return f"{kind} task needs a non-negative integer 'round', got {message.get('round')!r}"
+        if kind == "init":
+            return None
         if not isinstance(message.get("model"), str) or not message["model"]:
             return f"{kind} task needs the global model's path in 'model', got {message.get('model')!r}"
         if message.get("config") is not None and not isinstance(message["config"], dict):
             return f"{kind} task's 'config' must be an object, got {type(message['config']).__name__}"
         return None
 
+    def pending(self):
+        """The task awaiting its answer, or None."""
+        return self._task
+
+    def log(self, metrics):
+        """Metrics for the current round's result (xc.epochs sends them); the last value wins."""
+        self._logged.update(check_metrics(metrics))
+
+    def take_logged(self):
+        logged, self._logged = self._logged, {}
+        return logged
+
+    def feature_stats(self, fallback=None):
+        """The federation's feature statistics (FeatureStats), from the agent's welcome; without
+        them (run by hand, or an agent that has none), those of ``fallback`` (this process's own
+        rows: an array or tensor of [rows, features]), else None."""
+        if self.is_federated():
+            self.init()
+            if self._welcome.get("feature_stats") is not None:
+                return FeatureStats(self._welcome["feature_stats"])
+        if fallback is None:
+            return None
+        return FeatureStats.of(fallback)
+
+    def start_central(self, task):
+        """A task of a run by hand (no agent): send() logs its metrics instead of answering."""
+        self._task = task
+
     def _current(self, what):
         if self._task is None:
             raise RuntimeError(f"{what}() answers a task: call receive() first")
         return self._task
 
-    def send(self, state_dict=None, num_samples=None, metrics=None):
+    def send(self, state_dict=None, num_samples=None, metrics=None, federate=None):
         """Answers the current task. See xsilo_client.send."""
+        if federate is not None:
+            self.set_federate(federate)
         task = self._current("send")
+        if getattr(task, "central", False):  # run by hand: nothing to answer
+            log.info("central %s: %s", task.kind, check_metrics(metrics))
+            self._task = None
+            return
         metrics = check_metrics(metrics)
         if num_samples is not None:
             if not _is_int(num_samples) or num_samples <= 0:
@@ -312,7 +420,11 @@ class Client:
             state_dict = state.as_state_dict(state_dict)
         rank = self.rank()
         weights = None
-        if task.kind == "train" and rank == 0:
+        if task.kind == "init" and rank == 0:
+            if state_dict is None:
+                raise ValueError("an init task's result on rank 0 needs the model's initial state_dict")
+            weights = self._write_update(task, state_dict, "init")
+        elif task.kind == "train" and rank == 0:
             if state_dict is None:
                 raise ValueError("a train task's result on rank 0 needs the trained state_dict")
             if num_samples is None:
@@ -322,7 +434,11 @@ class Client:
         elif state_dict is not None and task.kind == "evaluate":
             log.debug("evaluate task %s: weights are not sent", task.id)
         message = {"type": "result", "id": task.id, "rank": rank, "weights": weights,
-                   "num_samples": num_samples, "metrics": metrics}
+                   "num_samples": num_samples, "metrics": metrics,
+                   "process_group": process_group_size()}
+        if self._notes:
+            message["notes"] = self._notes
+        self._notes = {}
         try:
             self._channel.send(message)
         except ValueError:
@@ -333,12 +449,20 @@ class Client:
             self._last_sent = state_dict
         self._task = None
 
-    def _write_update(self, task, state_dict):
+    def _write_update(self, task, state_dict, prefix="update"):
         floating, local = state.split_floating(state_dict)
         new_local = [name for name in local if name not in self._logged_local]
         if new_local:
-            log.info("not federated, kept local (integer/bool tensors): %s", ", ".join(new_local))
+            # A warning, and told to the agent, which logs it where the silo's operator looks.
+            log.warning("not federated, kept local (integer/bool tensors): %s", ", ".join(new_local))
             self._logged_local.update(new_local)
+            self._notes["kept_local"] = new_local
+        if self._federate is not None:
+            left_out = [name for name in floating if not self._federate(name)]
+            floating = {name: v for name, v in floating.items() if self._federate(name)}
+            if not floating:
+                raise ValueError(f"federate= matches none of the model's {len(left_out)} floating-point "
+                                 f"tensors (e.g. {left_out[:3]})")
         if not floating:
             raise ValueError("the state dict has no floating-point tensors to send")
         wide = [name for name, v in floating.items() if state.dtype_name(v) == "float64"]
@@ -346,9 +470,10 @@ class Client:
             floating[name] = state.to_float32(floating[name])
         new_wide = [name for name in wide if name not in self._logged_float64]
         if new_wide:
-            log.info("float64 tensors sent as float32: %s", ", ".join(new_wide))
+            log.warning("float64 tensors sent as float32: %s", ", ".join(new_wide))
             self._logged_float64.update(new_wide)
-        path = os.path.join(self.exchange_dir(), f"update-{task.round}-{task.id}.safetensors")
+            self._notes["narrowed"] = new_wide
+        path = os.path.join(self.exchange_dir(), f"{prefix}-{task.round}-{task.id}.safetensors")
         safetensors.save_file(floating, path, durable=False,  # an exchange file: no fsync
                               metadata={"xsilo_task": str(task.id), "xsilo_round": str(task.round)})
         return path
@@ -358,6 +483,19 @@ class Client:
         task = self._current("send_error")
         self._channel.send({"type": "error", "id": task.id, "message": str(message)})
         self._task = None
+
+
+def process_group_size():
+    """The world size of the torch.distributed process group this process joined, else 0 (the
+    agent refuses local.workers > 1 whose copies never joined one: each would train on all
+    rows and only rank 0's work would count)."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_world_size())
+    except Exception:  # noqa: BLE001 - a broken process group is reported as none
+        pass
+    return 0
 
 
 def save_initial(model_or_state_dict, path, metadata=None):
