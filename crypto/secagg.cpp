@@ -116,6 +116,11 @@ std::string check_params(const Params& p) {
       return "threshold " + std::to_string(p.threshold) + " exceeds the " + std::to_string(p.degree + 1) +
              " holders of each secret (degree " + std::to_string(p.degree) + " and the owner)";
     }
+    if (2 * std::size_t{p.threshold} <= std::size_t{p.degree} + 1) {
+      return "threshold " + std::to_string(p.threshold) + " is not above half of each secret's " +
+             std::to_string(p.degree + 1) + " holders: two survivor sets shown to two halves of them could each "
+             "collect it";
+    }
   } else if (2 * std::size_t{p.threshold} <= n) {
     return "threshold " + std::to_string(p.threshold) + " is not above half of the group's " + std::to_string(n) +
            " members: two different survivor sets could each collect it";
@@ -129,6 +134,36 @@ std::string check_params(const Params& p) {
   }
   if (!ring_bits_supported(p.bits)) return std::string("modulus bits must be ") + kRingBits;
   if (!usable_public_key(p.server_key)) return "the server's key is not a usable X25519 key";
+  return "";
+}
+
+std::string check_floor(const Params& p, const Floor& f) {
+  const std::size_t n = p.members.size();
+  const std::uint32_t c = corrupt_count(n, f.corrupt);
+  const std::string assumed = " (this silo assumes up to " + std::to_string(c) + " of the group's " + std::to_string(n) +
+                              " may collude with the server: secure_floor.corrupt " + std::to_string(f.corrupt) + ")";
+  if (p.min_survivors < f.min_sum) {
+    return "the setup reveals sums of " + std::to_string(p.min_survivors) + " silos; this silo's floor is " +
+           std::to_string(f.min_sum) + " (secure_floor.min_sum)";
+  }
+  if (p.min_survivors < c + 2) {
+    return "the setup reveals sums of " + std::to_string(p.min_survivors) + " silos, which this silo and the colluders "
+           "alone could make" + assumed;
+  }
+  if (p.graph()) {
+    if (p.degree <= c) {
+      return "each member has " + std::to_string(p.degree) + " neighbours, which the colluders could all be" + assumed;
+    }
+    if (2 * std::size_t{p.threshold} <= std::size_t{p.degree} + 1 + c) {
+      return "threshold " + std::to_string(p.threshold) + " of " + std::to_string(p.degree + 1) +
+             " holders: a split view of the survivors, the colluders answering both sides, could gather both of a "
+             "member's secrets; it must exceed " + std::to_string((p.degree + 1 + c) / 2) + assumed;
+    }
+  } else if (2 * std::size_t{std::max(p.threshold, p.min_survivors)} <= n + c) {
+    return "threshold " + std::to_string(p.threshold) + " and sums of " + std::to_string(p.min_survivors) + " of " +
+           std::to_string(n) + ": a split view of the survivors, the colluders answering both sides, could gather "
+           "both of a member's secrets" + assumed;
+  }
   return "";
 }
 
@@ -190,9 +225,9 @@ std::optional<UnmaskReply> decode_reply(std::string_view bytes) {
 // ---- client ---------------------------------------------------------------------------------
 
 Client::Client(Params p, std::string me, CertSigner signer, CertVerifier ca, std::string server_certificate,
-               std::string server_name)
+               std::string server_name, Floor floor)
     : p_(std::move(p)), me_(std::move(me)), signer_(std::move(signer)), ca_(std::move(ca)),
-      server_certificate_(std::move(server_certificate)), server_name_(std::move(server_name)),
+      server_certificate_(std::move(server_certificate)), server_name_(std::move(server_name)), floor_(floor),
       graph_(p_.members.size(), p_.graph() ? p_.degree : 0, p_.session + "/" + p_.graph_seed), mine_(p_.index_of(me_)) {
   for (auto v : graph_.neighbours(mine_)) near_[p_.members[v - 1]] = v;
   if (p_.graph()) {
@@ -210,6 +245,7 @@ Client::~Client() {
 Expected<Advertisement> Client::advertise() {
   if (step_ != Step::Advertise) return std::string("keys advertised twice");
   if (auto why = check_params(p_); !why.empty()) return why;
+  if (auto why = check_floor(p_, floor_); !why.empty()) return "below this silo's floor: " + why;
   if (!mine_) return std::string("this silo is not a member of the group");
   mask_ = X25519KeyPair::generate();
   self_seed_ = Secret::random();

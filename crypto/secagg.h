@@ -38,10 +38,16 @@
 // only; t counts shares among a secret's k + 1 holders (its owner and its neighbours). A member
 // answers the unmask request only when t of those holders signed the same U3 and the survivors
 // form one connected piece of the graph (otherwise the sum of one piece could be told apart from
-// the rest); the server refuses such a U3 too. A member still answers once: the complete graph
-// withstands a server that asks twice (two U3 sets cannot both collect t > n / 2 signatures);
-// with k + 1 < 2t the graph does too, and below that it relies on the server asking once, as
-// DESIGN.md §2's honest-but-curious server does. plan_graph() chooses k and t.
+// the rest); the server refuses such a U3 too.
+//
+// A server that deviates (DESIGN.md §2: split views, weak signed setups, chosen seeds) meets
+// the member's own Floor: with c colluders assumed, a member joins only setups where two
+// survivor sets shown to two sides of any member, the colluders answering both, cannot each
+// gather t shares of one of its secrets (2t > k + 1 + c; the complete graph, 2 max(t,
+// min_survivors) > n + c). Then also t > c + 1: a survivor whose honest neighbours the server
+// claims dropped keeps its self mask, since only it and at most c colluders of its holders
+// survive to answer, and it answers only with t of its own holders' signatures. Both hold for
+// every graph, so a chosen or ground seed gains the server nothing. plan_graph() chooses k, t.
 #pragma once
 
 #include <cstdint>
@@ -93,8 +99,23 @@ struct Params {
 
 // "" or why the parameters cannot be used safely: no members, t < 2, t <= n / 2, t > n,
 // min_survivors < t or above n, bits not 8/16/32/64, an unusable server key; with a graph, an
-// odd degree or t above k + 1 (t <= n / 2 is then allowed).
+// odd degree, t above k + 1, or 2t <= k + 1 (two survivor sets shown to two halves of a
+// secret's holders could each gather t shares of it; t <= n / 2 is then allowed).
 std::string check_params(const Params& p);
+
+// The weakest setup a member joins, whatever the server's signed setup states: the member's own
+// configuration (the agent's `secure_floor`). A server that may deviate could otherwise sign a
+// ring with t = 2 or sums of two silos.
+struct Floor {
+  std::uint32_t min_sum = 3;  // the fewest silos a revealed sum may cover (min_survivors)
+  double corrupt = 0.05;      // the fraction of its group it assumes may collude with the server
+};
+// "" or why a member with floor `f` refuses `p`; with c = corrupt_count(n, f.corrupt) colluders:
+// min_survivors below f.min_sum or below c + 2 (a sum of the member and the colluders alone);
+// the complete graph with 2 max(t, min_survivors) <= n + c, a graph with k <= c or 2t <= k + 1 + c
+// (a split view of the survivors, the colluders answering both sides, could gather both of a
+// member's secrets).
+std::string check_floor(const Params& p, const Floor& f);
 
 struct Advertisement {
   Key32 mask_pk{};
@@ -169,7 +190,7 @@ class Client {
  public:
   // `signer` is this member's certificate key; `ca` checks the other members' and the server's.
   Client(Params p, std::string me, CertSigner signer, CertVerifier ca, std::string server_certificate,
-         std::string server_name);
+         std::string server_name, Floor floor = {});
   Client(Client&&) = default;
   Client& operator=(Client&&) = default;
   ~Client();  // zeroes the shares it still holds (a group that ended before unmasking)
@@ -213,6 +234,7 @@ class Client {
   CertSigner signer_;
   CertVerifier ca_;
   std::string server_certificate_, server_name_;
+  Floor floor_;
   Graph graph_;
   std::uint32_t mine_ = 0;                      // this member's index
   std::map<std::string, std::uint32_t> near_;   // neighbour -> index (every other member: complete graph)

@@ -91,23 +91,31 @@ double binomial_tail(std::uint32_t trials, double p, std::uint32_t k) {
   return std::min(1.0, sum);
 }
 
-GraphPlan plan_graph(std::size_t n, double dropout, double corrupt, double sigma_bits, double eta_bits) {
-  const double max_exposed = std::exp2(-sigma_bits), max_unavailable = std::exp2(-eta_bits);
+std::uint32_t corrupt_count(std::size_t n, double corrupt) {
+  return corrupt <= 0 ? 0 : static_cast<std::uint32_t>(std::ceil(corrupt * static_cast<double>(n) - 1e-9));
+}
+
+std::uint32_t split_safe_threshold(std::uint32_t k, std::uint32_t corrupt) { return (k + 1 + corrupt) / 2 + 1; }
+
+GraphPlan plan_graph(std::size_t n, double dropout, double corrupt, double eta_bits) {
+  const double max_unavailable = std::exp2(-eta_bits);
   const double nn = static_cast<double>(n);
-  const double removed = std::min(1.0, dropout + corrupt);  // dropped or corrupt
+  const std::uint32_t c = corrupt_count(n, corrupt);
   for (std::uint32_t k = 2; std::size_t{k} + 1 < n; k += 2) {
+    // Whatever graph a deviating server draws: t > (k + 1 + c) / 2, so that no two survivor
+    // sets, with the c colluders among a secret's holders answering both, gather t shares of it
+    // each (crypto/secagg.h). k > c follows from t <= k + 1.
+    const std::uint32_t t_min = split_safe_threshold(k, c);
+    if (t_min > k + 1) continue;
     const double run = k / 2.0;
-    // Two disjoint windows of k / 2 ring positions, all removed, split the graph (n^2 pairs of
-    // windows at most). The survivors themselves split only when both windows are all dropped
-    // (members refuse to unmask then); the honest ones also when a corrupt member fills a gap.
+    // The survivors split into pieces only when two disjoint windows of k / 2 ring positions are
+    // all dropped (n^2 pairs of windows at most); members refuse to unmask then.
     const double split_dropped = nn * nn * std::pow(dropout, 2 * run);
-    const double window_with_corrupt = std::pow(removed, run) - std::pow(dropout, run);
-    const double split_honest = nn * nn * std::pow(removed, run) * window_with_corrupt;
     // The largest t that every secret still finds among its live holders: a dropped member's
     // k neighbours, each live with probability 1 - dropout (a survivor also holds its own).
     std::uint32_t t = 0;
     double lacking = 1;
-    for (std::uint32_t cand = k + 1; cand >= 2; --cand) {
+    for (std::uint32_t cand = k + 1; cand >= t_min; --cand) {
       lacking = nn * binomial_tail(k, dropout, k - cand + 1);  // P[live < cand] = P[dropped > k - cand]
       if (lacking + split_dropped <= max_unavailable) {
         t = cand;
@@ -115,9 +123,9 @@ GraphPlan plan_graph(std::size_t n, double dropout, double corrupt, double sigma
       }
     }
     if (t == 0) continue;
-    const double exposed = nn * binomial_tail(k, corrupt, t) + split_honest;  // t corrupt neighbours
-    if (exposed > max_exposed) continue;
-    return {k, t, std::min(1.0, lacking + split_dropped), std::min(1.0, exposed)};
+    // Privacy does not rest on the draw: with at most c corrupt members, t and the members'
+    // checks hold for every graph a server could choose (docs/security.md, "Neighbour graphs").
+    return {k, t, c, std::min(1.0, lacking + split_dropped)};
   }
   return {};
 }

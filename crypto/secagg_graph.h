@@ -9,12 +9,18 @@
 // removing members splits it only where k / 2 consecutive ones on the ring are gone, twice.
 //
 // plan_graph() chooses k and the threshold t (shares of k + 1 holders, the owner's included)
-// for a group of n with a dropout rate and a fraction of corrupt silos, so that
+// for a group of n with a dropout rate and a fraction of silos that may collude with a server
+// that deviates from the protocol (c = ceil(corrupt x n) of them), so that
+//   - privacy holds for EVERY graph, whichever seed a server draws or grinds: t > (k + 1 + c) / 2,
+//     so two survivor sets shown to two sides of a member (a split view), with the c colluders
+//     answering both, cannot each gather t shares of one of its secrets (crypto/secagg.h says
+//     why this also keeps a member whose honest neighbours are claimed dropped safe);
 //   - a round fails (a secret with fewer than t live holders, or the survivors' graph split,
-//     which members refuse to unmask) with probability at most 2^-eta_bits, and
-//   - privacy fails (t corrupt neighbours of an honest member, or the honest survivors split
-//     into pieces by runs of dropped-or-corrupt members) with probability at most 2^-sigma_bits,
-// each a union bound over the members with dropouts and corruptions independent per member.
+//     which members refuse to unmask) with probability at most 2^-eta_bits, a union bound over
+//     the members with dropouts independent per member.
+// More than half of every secret's holders must then survive a round: a graph smaller than the
+// complete one exists only where the dropout rate leaves room for that (docs/security.md,
+// "Neighbour graphs", has the table).
 #pragma once
 
 #include <cstdint>
@@ -48,19 +54,23 @@ class Graph {
 struct GraphPlan {
   std::uint32_t degree = 0;     // 0: no graph smaller than the complete one meets the bounds
   std::uint32_t threshold = 0;  // of the k + 1 holders of each secret
+  std::uint32_t corrupt = 0;    // c: the colluders it is safe against, whatever the graph
   double p_unavailable = 0;     // the bound on a round failing
-  double p_exposed = 0;         // the bound on privacy failing
 };
 
-// Per group and round: a round of G groups has G times these, and a run adds them up over its
+// Per group and round: a round of G groups has G times this, and a run adds them up over its
 // rounds (docs/security.md, "Neighbour graphs").
-inline constexpr double kGraphSigmaBits = 40;  // privacy: 2^-40
-inline constexpr double kGraphEtaBits = 20;    // availability: 2^-20
+inline constexpr double kGraphEtaBits = 20;  // availability: 2^-20
 
-// The smallest even k (and, for it, the largest t) meeting both bounds; degree 0 when none
+// c = ceil(corrupt x n), the colluders assumed among n (0 for corrupt 0).
+std::uint32_t corrupt_count(std::size_t n, double corrupt);
+// The smallest threshold for which no split view of k + 1 holders with c colluders gathers t
+// shares on both sides: floor((k + 1 + c) / 2) + 1.
+std::uint32_t split_safe_threshold(std::uint32_t k, std::uint32_t corrupt);
+
+// The smallest even k (and, for it, the largest t) meeting both conditions; degree 0 when none
 // below n - 1 does. dropout and corrupt are fractions in [0, 1).
-GraphPlan plan_graph(std::size_t n, double dropout, double corrupt, double sigma_bits = kGraphSigmaBits,
-                     double eta_bits = kGraphEtaBits);
+GraphPlan plan_graph(std::size_t n, double dropout, double corrupt, double eta_bits = kGraphEtaBits);
 
 // P[Binomial(trials, p) >= k] (for the bounds above and their tests).
 double binomial_tail(std::uint32_t trials, double p, std::uint32_t k);

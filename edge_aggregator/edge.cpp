@@ -1,6 +1,8 @@
 // The edge daemon: real connections around the sans-I/O Relay.
 #include "edge_aggregator/edge.h"
 
+#include "common/config.h"
+
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <spdlog/spdlog.h>
@@ -194,8 +196,17 @@ class Edge {
 }  // namespace
 
 int run_edge(const EdgeConfig& cfg, std::unique_ptr<EdgeHook> hook) {
-  Edge edge(cfg, std::move(hook));
-  return edge.run();
+  // TLS files that are missing, do not fit, or carry an expired revocation list: the operator's
+  // to mend (one line, exit 2), as a config error.
+  std::unique_ptr<Edge> edge;
+  try {
+    edge = std::make_unique<Edge>(cfg, std::move(hook));
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw ConfigError("config " + cfg.file.string() + ": .tls: " + e.what());
+  }
+  return edge->run();
 }
 
 }  // namespace xsilo::edge

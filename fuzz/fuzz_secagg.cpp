@@ -4,7 +4,8 @@
 // step by step, what silo-0 is sent (the key list, the share delivery, the settled list, the
 // survivors, the unmask request) and what the server is sent by silo-3 (keys, shares, receipt,
 // confirmation, unmask answer): the honest message, the honest message with bytes of its wire
-// form altered, or a message parsed from the input. Silo-3 is Byzantine: it may sign what it
+// form altered, or a message parsed from the input; and, as a server that deviates would, two
+// survivor sets the server signed (a split view), of which silo-0 must confirm only one. Silo-3 is Byzantine: it may sign what it
 // altered with its own key (so that keys, boxes and receipts reach the checks behind the
 // signatures and the blame), seal made-up unmask answers to the server, vanish after settling,
 // or speak under another name. The honest members go on whatever happens, so every later
@@ -147,7 +148,10 @@ void run(secagg::Params p, Adversary& adv) {
   secagg::Server server(p, pki.ca, pki.server, box);
   std::vector<secagg::Client> c;
   for (std::size_t i = 0; i < kMembers; ++i) {
-    c.emplace_back(p, p.members[i], silo_signers()[i], pki.ca, pki.server.certificate(), "server");
+    // Floor {2, 0}: the ring of degree 2 with t = 2 stays reachable (the default floor refuses it:
+    // its own tests are in secagg_test), so that the handlers behind advertise() are fuzzed.
+    c.emplace_back(p, p.members[i], silo_signers()[i], pki.ca, pki.server.certificate(), "server",
+                   secagg::Floor{2, 0.0});
   }
   const std::string& me3 = p.members[kMembers - 1];
   // Keys: silo-3's pass through the adversary to the server.
@@ -213,16 +217,42 @@ void run(secagg::Params p, Adversary& adv) {
   for (std::size_t i = 0; i < members; ++i) {
     std::vector<std::string> survivors = secagg::value(u3);
     std::string signature = server.survivors_signature();
+    // A deviating server (review N1) signs survivor sets of its choosing: one for silo-0 here,
+    // then a second one; silo-0 confirms the second only if it is the same set.
+    auto signed_set = [&](std::uint8_t pick) {
+      std::vector<std::string> set;
+      for (std::size_t m = 0; m < kMembers; ++m) {
+        if (pick & (1u << m)) set.push_back(p.members[m]);
+      }
+      return set;
+    };
     if (i == 0) {
       wire::SecAggSurvivors real;
       for (const auto& v : survivors) real.add_survivors(v);
       real.set_server_signature(signature);
-      const auto got = adv.message(real);
-      survivors.assign(got.survivors().begin(), got.survivors().end());
-      signature = got.server_signature();
+      if (adv.in().u8() % 4 == 0) {
+        adv.forge();
+        survivors = signed_set(adv.in().u8());
+        signature = pki.server.sign(secagg::survivors_statement(p.session, survivors));
+      } else {
+        const auto got = adv.message(real);
+        survivors.assign(got.survivors().begin(), got.survivors().end());
+        signature = got.server_signature();
+      }
     }
     auto confirmation = c[i].confirm(survivors, signature);
     if (adv.failed(!secagg::ok(confirmation))) continue;
+    if (i == 0 && adv.in().u8() % 4 == 0) {
+      adv.forge();
+      auto other = signed_set(adv.in().u8());
+      const auto again = c[0].confirm(other, pki.server.sign(secagg::survivors_statement(p.session, other)));
+      std::sort(other.begin(), other.end());
+      auto first = survivors;
+      std::sort(first.begin(), first.end());
+      first.erase(std::unique(first.begin(), first.end()), first.end());
+      other.erase(std::unique(other.begin(), other.end()), other.end());
+      if (secagg::ok(again) && other != first) std::abort();  // two survivor sets confirmed: a split view
+    }
     bytes_to_server(
         i, p.members[i], secagg::value(confirmation).signature, adv,
         [&](const std::string& names) {

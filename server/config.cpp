@@ -102,12 +102,16 @@ void parse_training(const ConfigNode& root, ServerConfig& c) {
   c.plan.set_batch_size(static_cast<std::uint32_t>(tr.integer("batch_size", 32, 1, 1 << 20)));
   c.plan.set_learning_rate(static_cast<float>(tr.number("learning_rate", 0.1, 1e-9, 1e3)));
   c.plan.set_weight_decay(static_cast<float>(tr.number("weight_decay", 0.0, 0.0, 1.0)));
+  // The most one silo's update may weigh (its sample count is capped at it by the silo; an upload
+  // claiming more is refused by the server): a silo that lies about its count, or a trainer
+  // that reports 2^64 - 1 samples, cannot decide a step alone (review N5).
+  c.plan.set_max_weight(static_cast<float>(tr.number("max_weight", 1e6, 1.0, 1e12)));
   c.plan.set_silo_momentum(static_cast<float>(tr.number("silo_momentum", 0.0, 0.0, 0.999)));
   c.plan.set_seed(c.seed);
   c.plan.set_model_kind(c.model.kind);
   // Keys of its own go to external trainers as they are (a schedule, momentum, ...).
   const auto user_keys =
-      tr.finish_open({"local_epochs", "batch_size", "learning_rate", "weight_decay", "silo_momentum"});
+      tr.finish_open({"local_epochs", "batch_size", "learning_rate", "weight_decay", "silo_momentum", "max_weight"});
   c.plan.set_config_json(tr.json().is_object() ? tr.json().dump() : "{}");
   c.training_user_keys = user_keys;
 }
@@ -413,6 +417,7 @@ nlohmann::json to_json(const ServerConfig& c) {
   training["learning_rate"] = c.plan.learning_rate();
   training["weight_decay"] = c.plan.weight_decay();
   training["silo_momentum"] = c.plan.silo_momentum();
+  training["max_weight"] = c.plan.max_weight();
   const auto& r = c.aggregation.rule;
   const auto& sc = c.secure;
   json j = {{"federation", c.federation},

@@ -232,6 +232,10 @@ class Coordinator {
   void on_region_end(SessionId edge, const wire::Envelope& env, std::int64_t now_ms);
   void folded(FoldResult r, std::int64_t now_ms);
   void fail_upload(const Uploader& u, DropPhase phase, DropCause cause, const std::string& why);
+  // A plain upload's weight above the plan's cap (review N5: one silo claiming 1e300 decided a step).
+  bool heavier_than_allowed(double weight) const {
+    return cfg_.plan.max_weight() > 0 && weight > static_cast<double>(cfg_.plan.max_weight()) * (1 + 1e-6);
+  }
   void abandon_upload();
   // Secure aggregation
   void on_secure_message(std::size_t member, const wire::Envelope& env, std::int64_t now_ms);

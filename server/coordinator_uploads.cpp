@@ -61,6 +61,9 @@ void Coordinator::on_update_end(std::size_t m, const wire::Envelope& e, std::int
   std::string why = r_->slot.end("update");
   if (why.empty() && !r_->secure && (!std::isfinite(end.weight()) || end.weight() <= 0)) {
     why = "update weight must be a positive number";
+  } else if (why.empty() && !r_->secure && heavier_than_allowed(end.weight())) {
+    why = "update weight " + std::to_string(end.weight()) + " exceeds training.max_weight " +
+          std::to_string(cfg_.plan.max_weight());
   }
   actions_.push_back(action::CancelTimer{Timer::Upload});
   if (!why.empty()) {
@@ -114,6 +117,10 @@ void Coordinator::on_region_end(SessionId id, const wire::Envelope& e, std::int6
       }
     } else if (!std::isfinite(c.weight()) || c.weight() <= 0) {
       why = "edge " + edge + " lists a non-positive weight for " + c.silo();
+      break;
+    } else if (heavier_than_allowed(c.weight())) {
+      why = "edge " + edge + " lists weight " + std::to_string(c.weight()) + " for " + c.silo() +
+            ", above training.max_weight " + std::to_string(cfg_.plan.max_weight());
       break;
     }
     // The silo's own signed word on what it sent: an edge can neither alter it nor make one up.

@@ -47,6 +47,7 @@ SessionConfig session_config(const AgentConfig& cfg) {
   if (!cfg.state_dir.empty()) s.momentum_file = cfg.state_dir / "momentum.safetensors";
   if (!cfg.state_dir.empty()) s.residual_file = cfg.state_dir / "error_feedback.safetensors";
   if (!cfg.state_dir.empty()) s.witnessed = last_witnessed(cfg.state_dir);
+  s.floor = cfg.secure_floor;
   return s;
 }
 
@@ -224,8 +225,17 @@ int run_agent(const AgentConfig& cfg, AgentHooks hooks) {
   std::filesystem::create_directories(cfg.state_dir);
   for (const auto& repaired : repair_state(cfg.state_dir)) spdlog::warn("state {}: {}", cfg.state_dir.string(), repaired);
   auto trainer = hooks.trainer ? std::move(hooks.trainer) : make_trainer(cfg);
-  Agent agent(cfg, std::move(trainer), std::move(hooks.faults));
-  return agent.run();
+  // TLS files that are missing, do not fit, or carry an expired revocation list: the operator's
+  // to mend (one line, exit 2), as a config error.
+  std::unique_ptr<Agent> agent;
+  try {
+    agent = std::make_unique<Agent>(cfg, std::move(trainer), std::move(hooks.faults));
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw ConfigError("config " + cfg.file.string() + ": .tls: " + e.what());
+  }
+  return agent->run();
 }
 
 }  // namespace xsilo::agent

@@ -107,6 +107,12 @@ AgentConfig load_agent_config(const std::filesystem::path& file) {
     root.child("data").fail("train", "is required for the built-in trainer (a CSV file, label last)");
   }
   c.state_dir = root.path("state_dir", "agent-state");
+  if (root.has("secure_floor")) {
+    const auto f = root.child("secure_floor");
+    c.secure_floor.min_sum = static_cast<std::uint32_t>(f.integer("min_sum", 3, 2, 1 << 20));
+    c.secure_floor.corrupt = f.number("corrupt", 0.05, 0.0, 0.49);
+    f.finish();
+  }
   if (root.has("local")) c.local = parse_local(root.child("local"), c.trainer);
   c.log_level = root.one_of("log_level", "info", {"trace", "debug", "info", "warn", "error"});
   c.log_format = root.one_of("log_format", "text", {"text", "json"});
@@ -168,6 +174,7 @@ nlohmann::json to_json(const AgentConfig& c) {
             {"chunk_bytes", c.chunk_bytes},
             {"data", data},
             {"state_dir", abs(c.state_dir)},
+            {"secure_floor", {{"min_sum", c.secure_floor.min_sum}, {"corrupt", c.secure_floor.corrupt}}},
             {"local",
              {{"workers", c.local.workers},
               {"hosts", c.local.hosts},

@@ -13,6 +13,7 @@
 #include "common/dataset.h"
 #include "common/feature_stats.h"
 #include "common/net.h"
+#include "crypto/secagg.h"
 #include "silo_agent/workers.h"
 #include "transport/channel.h"
 #include "transport/dialer.h"
@@ -62,6 +63,10 @@ struct AgentConfig {
   std::filesystem::path feature_stats_file;
   FeatureStats feature_stats;
   std::filesystem::path state_dir;
+  // "secure_floor": the weakest secure setup this silo joins, whatever the server's signed setup
+  // states (crypto/secagg.h, Floor): sums of at least min_sum silos, and safety against a server
+  // colluding with `corrupt` of each group.
+  crypto::secagg::Floor secure_floor;
   LocalWorkersConfig local;  // data-parallel local training ("local" in the file)
   std::string log_level = "info";
   transport::MetricsOptions metrics;  // "metrics": the Prometheus endpoint, off unless listen is set

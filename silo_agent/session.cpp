@@ -352,11 +352,13 @@ void Session::start_secure(const wire::SecAggSetup& setup) {
   }
   auto p = protocol::secagg_params(setup, cfg_.federation, round_);
   auto client = std::make_shared<crypto::secagg::Client>(p, name_, *cfg_.signer, *cfg_.ca, setup.server_certificate(),
-                                                         server);
+                                                         server, cfg_.floor);
   auto keys = client->advertise();
   if (!crypto::secagg::ok(keys)) {
+    // A setup below this silo's floor, or unusable: said to the server (and so recorded), and
+    // in the silo's own log.
     spdlog::error("round {}: refusing the secure group: {}", round_, crypto::secagg::error(keys));
-    reply_error(wire::UNEXPECTED, "unusable secure group: " + crypto::secagg::error(keys));
+    reply_error(wire::NOT_ALLOWED, "unusable secure group: " + crypto::secagg::error(keys));
     return;
   }
   setup_ = setup;
@@ -647,10 +649,12 @@ void Session::mask_when_ready() {
   if (!secure_ || !settled_ || !pending_ || !pending_->update || masked_ || masking_) return;
   masking_ = true;
   job([client = secure_, setup = *setup_, update = pending_->update, weight = pending_->weight,
-       kept = pending_->kept]() -> SessionJobResult {
+       kept = pending_->kept, &hook = hook_]() -> SessionJobResult {
     MaskDone r;
     const crypto::FixedPointParams codec{setup.modulus_bits(), setup.fraction_bits(), setup.clip_norm(),
                                          setup.max_weight(), setup.count_unclipped()};
+    crypto::FixedPointParams applied = codec;
+    hook.encoding(applied);  // the production hook changes nothing
     // RANDOM_K: only the round's shared coordinates are masked and sent.
     const std::size_t d = kept ? kept->size() : update->size();
     if (setup.vector_length() != codec.words(d)) {
@@ -672,10 +676,9 @@ void Session::mask_when_ready() {
     r.words = std::make_shared<protocol::MaskedVector>(codec.bits, codec.words(d));
     std::uint64_t seed = 0;
     randombytes_buf(&seed, sizeof seed);  // stochastic rounding
-    r.error = r.words->visit([&](auto words) {
-      crypto::encode(codec, delta, weight, seed, words);
-      return client->mask(words);
-    });
+    r.words->visit([&](auto words) { crypto::encode(applied, delta, weight, seed, words); });
+    hook.encoded(*r.words, codec);
+    r.error = r.words->visit([&](auto words) { return client->mask(words); });
     const auto b = r.words->bytes();
     r.sha256 = crypto::sha256_hex(std::string_view(reinterpret_cast<const char*>(b.data()), b.size()));
     return r;

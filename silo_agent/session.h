@@ -54,6 +54,11 @@ class FaultHook {
   // session string ("" outside secure aggregation). A simulated hostile silo rewrites its
   // protocol messages here.
   virtual void outgoing(wire::Envelope& /*e*/, const std::string& /*secure_session*/) {}
+  // A secure round's fixed-point encoding of the update, about to run (worker thread): a
+  // simulated Byzantine silo that skips its clipping widens `codec` here; and the encoded words,
+  // before the masks: one that lies in its unclipped count (adaptive clipping) rewrites them.
+  virtual void encoding(crypto::FixedPointParams& /*codec*/) {}
+  virtual void encoded(protocol::MaskedVector& /*words*/, const crypto::FixedPointParams& /*codec*/) {}
 };
 
 struct TrainDone {
@@ -122,6 +127,8 @@ struct SessionConfig {
   // it under: sent to the upstream after each connection, and the key this silo takes part
   // under (or a key rotations signed by it lead to). Unset: nothing witnessed yet.
   std::optional<wire::Witness> witnessed;
+  // The weakest secure setup this silo joins (the agent's secure_floor), whatever the server signs.
+  crypto::secagg::Floor floor;
 };
 
 class Session {

@@ -36,16 +36,28 @@ RoundOutput form_update(const Model& global, const Model& local, const TrainResu
   const auto l = local.flat();
   auto u = out.update->flat();
   const auto w = static_cast<float>(out.weight);
-  bool finite = true;
+  bool finite = true, weighted_finite = true;
   for (std::size_t i = 0; i < u.size(); ++i) {
     u[i] = (l[i] - g[i]) * w;
     finite = finite && std::isfinite(l[i]);
+    weighted_finite = weighted_finite && std::isfinite(u[i]);
   }
   if (!finite) {
     for (const auto& t : local.tensors()) {
       const auto v = local.tensor(t.name);
       if (std::any_of(v.begin(), v.end(), [](float x) { return !std::isfinite(x); })) {
         throw TrainerError(wire::TRAINER_NON_FINITE, "the trained model has NaN or infinite values in tensor " + t.name);
+      }
+    }
+  }
+  if (!weighted_finite) {
+    // Finite weights whose difference, times the weight, leaves float32 (3e38 and the like):
+    // refused here, not left for the server to find (review N8).
+    for (const auto& t : local.tensors()) {
+      const auto v = out.update->tensor(t.name);
+      if (std::any_of(v.begin(), v.end(), [](float x) { return !std::isfinite(x); })) {
+        throw TrainerError(wire::TRAINER_NON_FINITE, "the update (weight " + std::to_string(out.weight) +
+                                                         " x (trained - global)) overflows float32 in tensor " + t.name);
       }
     }
   }

@@ -104,6 +104,24 @@ TEST(Config, ASimFaultTheFederationCannotHaveIsRefusedWithItsKey) {
   EXPECT_EQ(refused({{"process", "edge-01"}, {"round", 2}, {"action", "restart"}}, false), "");
 }
 
+// An attack on a secure round's encoding (a member that skips its clipping or lies in its
+// unclipped count) has nothing to attack without secure aggregation: refused, not run as if honest.
+TEST(Config, ASimAttackOnTheSecureEncodingNeedsSecureAggregation) {
+  test::TempDir dir;
+  auto error = [&](const std::string& kind, bool secure) {
+    nlohmann::json sim = {{"silos", 6}, {"rounds", 2}, {"attack", {{"silos", 1}, {"kind", kind}}}};
+    if (secure) sim["secure"] = {{"mode", "grouped"}};
+    atomic_write_file(dir / "sim.json", sim.dump());
+    return error_of([&] { tools::load_sim_config(dir / "sim.json"); });
+  };
+  for (const std::string kind : {"skip_clipping", "unclipped_lie"}) {
+    EXPECT_NE(error(kind, false).find(".attack.kind: \"" + kind + "\" attacks a secure round's encoding: set \"secure\""),
+              std::string::npos)
+        << error(kind, false);
+    EXPECT_EQ(error(kind, true), "");
+  }
+}
+
 TEST(Config, IdleTimeoutMustExceedHeartbeat) {
   auto j = nlohmann::json::parse(R"({"heartbeat_s": 10, "idle_timeout_s": 5})");
   ConfigNode node(j, "f.json", ".transport");

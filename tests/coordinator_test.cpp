@@ -853,9 +853,10 @@ TEST(Coordinator, OverSelectionClosesAtTheTargetAndReleasesTheRest) {
 TEST(Coordinator, NonFiniteOrMalformedUpdatesAreRejected) {
   RoundConfig cfg = three_rounds();
   cfg.selection.min_updates = 1;
-  Harness h(6, cfg);
-  h.connect_all(6);
-  for (std::size_t i = 0; i < 6; ++i) h.ready(i, 10);
+  cfg.plan.set_max_weight(1000);
+  Harness h(7, cfg);
+  h.connect_all(7);
+  for (std::size_t i = 0; i < 7; ++i) h.ready(i, 10);
   auto nan = constant(1);
   nan[3] = std::nanf("");
   h.upload(0, nan, 10);  // NaN
@@ -873,7 +874,9 @@ TEST(Coordinator, NonFiniteOrMalformedUpdatesAreRejected) {
   h.upload(2, constant(2), -1);  // negative weight
   h.upload(3, constant(3), 10);
   h.upload(4, constant(4), 10, -1, "");  // no declared hash
-  h.upload(5, constant(5), 10, -1, crypto::sha256_hex("another update"));  // the last: the round closes
+  h.upload(5, constant(5), 10, -1, crypto::sha256_hex("another update"));
+  // A weight no silo has (review N5): one silo would decide the step. The last: the round closes.
+  h.upload(6, constant(6), 1e300);
   ASSERT_EQ(h.store.commits.size(), 1u);
   const auto& rec = h.store.commits[0].record;
   ASSERT_EQ(rec["participants"].size(), 1u);
@@ -885,6 +888,7 @@ TEST(Coordinator, NonFiniteOrMalformedUpdatesAreRejected) {
   EXPECT_NE(why[name(2)].find("weight"), std::string::npos);
   EXPECT_NE(why[name(4)].find("declares no SHA-256"), std::string::npos) << why[name(4)];
   EXPECT_NE(why[name(5)].find("does not match its SHA-256"), std::string::npos) << why[name(5)];
+  EXPECT_NE(why[name(6)].find("exceeds training.max_weight 1000"), std::string::npos) << why[name(6)];
   expect_model(h.store.commits[0].model, fedavg(h.initial_, {{constant(3), 10}}));
 }
 

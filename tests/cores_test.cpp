@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <deque>
+#include <limits>
 #include <map>
 #include <set>
 
+#include "crypto/fixed_point.h"
 #include "crypto/hash.h"
 #include "protocol/tensor_stream.h"
 #include "server/coordinator.h"
@@ -57,15 +59,35 @@ class SiloTrainer final : public agent::Trainer {
   float step_;
 };
 
-// A silo process that dies right after it sends the message of a secure step.
+// A silo's simulated faults: its process dies right after it sends the message of a secure
+// step; or it is Byzantine inside secure aggregation: it scales its update and skips its own
+// clipping, or claims an unclipped count of 7 where an honest member adds 0 or 1.
 class DieAfter final : public agent::FaultHook {
  public:
   bool after_sent(agent::SecureStep step, std::uint64_t) override {
     fired = fired || (die_after && *die_after == step);
     return fired;
   }
+  bool tampers() const override { return skip_clipping > 0; }
+  void tamper(const agent::TrainTask&, const Model&, std::span<float> update, double) override {
+    if (skip_clipping > 0) {
+      for (auto& v : update) v *= static_cast<float>(skip_clipping);
+    }
+  }
+  void encoding(crypto::FixedPointParams& codec) override {
+    if (skip_clipping > 0) codec.clip_norm = std::numeric_limits<double>::max();
+  }
+  void encoded(protocol::MaskedVector& words, const crypto::FixedPointParams& codec) override {
+    if (!lies_in_count || !codec.unclipped_bit) return;
+    words.visit([&](auto w) {
+      using T = typename decltype(w)::element_type;
+      w[w.size() - 1] = static_cast<T>(T{7} << codec.fraction_bits);
+    });
+  }
   std::optional<agent::SecureStep> die_after;
   bool fired = false;
+  double skip_clipping = 0;  // > 0: the factor the update is scaled by
+  bool lies_in_count = false;
 };
 
 Model small_model() {
@@ -120,6 +142,7 @@ class Cores {
     settle();
   }
   void die_after(std::size_t i, agent::SecureStep step) { hooks_[i]->die_after = step; }
+  DieAfter& hook(std::size_t i) { return *hooks_[i]; }
   // Silo i freezes as a message of this kind reaches it (the message waits, unread).
   void hang_on(std::size_t i, wire::Envelope::BodyCase body) { hang_on_[i] = body; }
   // The secure group the server put silo i in (from the RoundStart waiting for it or handled).
@@ -312,6 +335,48 @@ TEST(Cores, OneDropoutInEverySecureGroupCostsOnlyThatSilo) {
   for (const auto& o : rounds[0]["secure"]["groups_outcome"]) EXPECT_TRUE(o["ok"].get<bool>()) << rounds[0].dump(2);
   EXPECT_EQ(rounds[0]["participants"].size(), 9u);
   EXPECT_EQ(names_of(rounds[0]["dropouts"]), dead);
+}
+
+// Issue 38: a Byzantine silo inside secure aggregation that skips its own clipping (its update
+// scaled by 10^4), or lies in its unclipped count (7 where a member may add 0 or 1). The server
+// never sees either update, only its group's sum, which no honest group could make: the group
+// is rejected with the reason (the culprit cannot be named, docs/security.md), the other groups
+// commit the round.
+TEST(Cores, AGroupWithAMemberWhoSkippedClippingOrLiedInItsCountIsRejectedAndTheOthersCommit) {
+  for (const bool lie : {false, true}) {
+    SCOPED_TRACE(lie ? "lies in its unclipped count" : "skips its clipping");
+    auto cfg = secure_config(server::SecureMode::Grouped, 12);
+    cfg.selection.min_updates = 6;
+    cfg.secure.clip_norm = 1;
+    if (lie) {  // adaptive clipping: the masked sums count the members within the round's norm
+      cfg.aggregation.adaptive_clip.quantile = 0.5;
+      cfg.aggregation.adaptive_clip.initial = 0.5;
+    }
+    Cores fed(cfg, 12);
+    if (lie) {
+      fed.hook(3).lies_in_count = true;
+    } else {
+      fed.hook(3).skip_clipping = 1e4;
+    }
+    fed.start();
+    fed.advance(1s);
+    const auto rounds = fed.store.rounds();
+    ASSERT_EQ(rounds.size(), 1u);
+    EXPECT_EQ(rounds[0]["status"], "committed") << rounds[0].dump(2);
+    std::size_t rejected = 0;
+    for (const auto& o : rounds[0]["secure"]["groups_outcome"]) {
+      if (o["ok"].get<bool>()) continue;
+      ++rejected;
+      const std::string why = o["reason"];
+      EXPECT_NE(why.find(lie ? "a member sent a bit other than 0 or 1" : "a member skipped clipping"), std::string::npos)
+          << why;
+    }
+    EXPECT_EQ(rejected, 1u) << rounds[0].dump(2);
+    // The rejected group's silos are dropouts with that reason; silo-3 among them.
+    bool named = false;
+    for (const auto& d : rounds[0]["dropouts"]) named = named || d["silo"] == "silo-3";
+    EXPECT_TRUE(named) << rounds[0].dump(2);
+  }
 }
 
 }  // namespace

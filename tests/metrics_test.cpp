@@ -87,6 +87,29 @@ TEST(MetricsEndpoint, ServesMetricsOverHttpAndRefusesEverythingElse) {
   t.join();
 }
 
+// Review N6: eight silent local connections took every scrape slot. With every slot taken, the
+// oldest connection that has not sent its request is dropped, so a scraper still gets in.
+TEST(MetricsEndpoint, SilentConnectionsCannotKeepAScraperOut) {
+  MetricRegistry m;
+  m.declare("xsilo_round", MetricRegistry::Type::Gauge, "The round");
+  asio::io_context io;
+  MetricsEndpoint ep(io.get_executor(), Endpoint{"127.0.0.1", 0}, m);
+  ep.start();
+  std::thread t([&] { io.run(); });
+  asio::io_context client;
+  std::vector<tcp::socket> silent;
+  for (int i = 0; i < 12; ++i) {
+    silent.emplace_back(client);
+    silent.back().connect({asio::ip::make_address("127.0.0.1"), ep.port()});
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const auto ok = http(ep.port(), "GET /metrics HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(ok.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << ok;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1)) << "waited for the silent ones";
+  asio::post(io, [&] { ep.stop(); });
+  t.join();
+}
+
 MetricsOptions parse(const std::string& section) {
   return parse_metrics(ConfigNode(nlohmann::json::parse(R"({"metrics": )" + section + "}"), "test.json"));
 }

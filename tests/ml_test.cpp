@@ -1,6 +1,8 @@
 // The built-in models, trainer, data loading and splits.
 #include <gtest/gtest.h>
 
+#include "silo_agent/update.h"
+
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -152,6 +154,28 @@ TEST(ServerOptimizer, FedAvgMAndFedAdamFollowTheirUpdateRules) {
   adam.step(y, std::vector<float>{1, 1});
   again.step(y2, std::vector<float>{1, 1});
   EXPECT_EQ(y, y2);
+}
+
+
+// Review N8: a trainer's finite but huge values (3e38) passed the agent, overflowed to infinity
+// once weighted, and only the server refused them. The agent refuses them itself, naming the
+// tensor, with the reason code a non-finite update has.
+TEST(Update, AnUpdateThatOverflowsOnceWeightedIsRefusedByTheAgent) {
+  Model global;
+  global.add("w", {2});
+  global.add("b", {1});
+  Model local = global;
+  local.flat()[0] = 3e38f;
+  global.flat()[0] = -3e38f;  // finite both, their difference is not
+  agent::TrainResult r;
+  r.num_samples = 10;
+  try {
+    agent::form_update(global, local, r, wire::TrainingPlan{});
+    ADD_FAILURE() << "an update that is not finite once weighted was formed";
+  } catch (const agent::TrainerError& e) {
+    EXPECT_NE(std::string(e.what()).find("overflows float32 in tensor w"), std::string::npos) << e.what();
+    EXPECT_EQ(e.reason(), wire::TRAINER_NON_FINITE);
+  }
 }
 
 }  // namespace

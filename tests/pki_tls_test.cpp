@@ -194,6 +194,55 @@ TEST_F(TlsTest, RenewingAKitKeepsNameAndRoleWithAFreshKeyAndTheWarningSaysWhen) 
   EXPECT_EQ(key_type("ed-silo"), EVP_PKEY_EC);
 }
 
+// Review N3: `pki renew` then `pki revoke` revoked the new certificate while the old (possibly
+// leaked) one still connected, and no serial was kept to revoke it later. Now the CA keeps an
+// index of what it issued, renew revokes the old certificate (unless told to keep it), and any
+// issued certificate can be revoked by its serial.
+TEST_F(TlsTest, RenewRevokesTheOldCertificateAndAnyIssuedOneCanBeRevokedBySerial) {
+  pki_issue(dir_.path(), IssueRequest{wire::SILO, "hospital-n3", 365, 0, KeyType::P256});
+  const std::string old_cert = read_file(dir_ / "kits/hospital-n3/cert.pem");
+  const std::string old_key = read_file(dir_ / "kits/hospital-n3/key.pem");
+  pki_renew(dir_.path(), "hospital-n3");
+  const auto index = pki_index(dir_.path());
+  std::vector<std::string> serials;
+  for (const auto& c : index) {
+    if (c.name == "hospital-n3") serials.push_back(c.serial);
+  }
+  ASSERT_EQ(serials.size(), 2u);
+  EXPECT_NE(serials[0], serials[1]);
+  // The old certificate is on the list, the new one is not: signatures tell which.
+  const auto ca = crypto::CertVerifier::from_pem(read_file(dir_ / "ca/ca.pem"), read_file(dir_ / "ca/crl.pem"));
+  const auto old_signer = crypto::CertSigner::from_pem(old_cert, old_key);
+  const auto new_signer = crypto::CertSigner::from_pem(read_file(dir_ / "kits/hospital-n3/cert.pem"),
+                                                       read_file(dir_ / "kits/hospital-n3/key.pem"));
+  EXPECT_NE(ca.verify(old_signer.certificate(), "hospital-n3", "silo", "m", old_signer.sign("m")), "");
+  EXPECT_EQ(ca.verify(new_signer.certificate(), "hospital-n3", "silo", "m", new_signer.sign("m")), "");
+  // --keep-old leaves the old one valid; it is revoked later by its serial from the index.
+  pki_renew(dir_.path(), "hospital-n3", 365, std::nullopt, /*keep_old=*/true);
+  const auto kept = pki_index(dir_.path()).back();
+  const auto listed_before = pki_revoke(dir_.path(), "", 365);
+  EXPECT_EQ(pki_revoke(dir_.path(), "", 365, serials[1]), listed_before + 1);
+  EXPECT_EQ(pki_revoke(dir_.path(), "", 365, serials[1]), listed_before + 1);  // once on the list
+  EXPECT_THROW(pki_revoke(dir_.path(), "", 365, "DEADBEEF"), std::invalid_argument);
+  EXPECT_EQ(kept.name, "hospital-n3");
+}
+
+// Review N7: a revocation list past its date made every handshake fail ("certificate expired")
+// while the daemon started without a word. It is a start-up error now, with the way out.
+TEST_F(TlsTest, AnExpiredRevocationListIsAStartUpErrorThatSaysHowToRefreshIt) {
+  pki_issue(dir_.path(), IssueRequest{wire::SILO, "hospital-n7", 365, 0, KeyType::P256});
+  pki_revoke(dir_.path(), "", -1);  // a list whose next update was yesterday
+  try {
+    make_tls_context(kit("hospital-n7"));
+    ADD_FAILURE() << "an expired revocation list was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("expired on"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("xsilo pki revoke --refresh"), std::string::npos) << e.what();
+  }
+  pki_revoke(dir_.path(), "", 30);
+  EXPECT_NO_THROW(make_tls_context(kit("hospital-n7")));
+}
+
 // `xsilo pki revoke`: the revoked silo fails the handshake and its signatures stop verifying,
 // while the others go on; the list reaches every kit.
 TEST_F(TlsTest, ARevokedCertificateIsRefusedInTheHandshakeAndInSignatures) {

@@ -69,6 +69,7 @@ SessionConfig session_config(std::set<std::string> servers = {}) {
   c.signer = test::signer(wire::SILO, "silo-a");
   c.ca = test::verifier();
   c.servers = std::move(servers);
+  c.floor = crypto::secagg::Floor{2, 0.0};  // the groups of two below (the floor has tests of its own)
   return c;
 }
 
@@ -667,7 +668,7 @@ TEST(Session, TakesPartInSecureAggregationSoThatOnlyTheSumIsRevealed) {
   const auto params = protocol::secagg_params(s, "fed", 1);
   const auto server_signer = test::signer(wire::SERVER, "server");
   crypto::secagg::Client b(params, "silo-b", test::signer(wire::SILO, "silo-b"), test::verifier(),
-                           server_signer.certificate(), "server");
+                           server_signer.certificate(), "server", crypto::secagg::Floor{2, 0.0});
   crypto::secagg::Server server(params, test::verifier(), server_signer, box);
   h.deliver(start);
   const auto* keys = h.last(wire::Envelope::kSecaggKeys);
@@ -742,6 +743,26 @@ TEST(Session, TakesPartInSecureAggregationSoThatOnlyTheSumIsRevealed) {
   const auto decoded = crypto::decode(codec, std::span<const std::uint64_t>(sum));
   for (std::size_t i = 0; i < m.size(); ++i) EXPECT_NEAR(decoded[i], 5.0 * 1.0 + 3.0 * 2.0, 1e-4) << i;
   EXPECT_NEAR(decoded[m.size()], 5.0 + 3.0, 1e-4);  // the summed weights
+}
+
+// The silo's own floor (review N1b): a server's signed setup for a sum of two silos is refused
+// before any key is made, with the reason, whatever the server signed.
+TEST(Session, ASecureSetupBelowTheSilosOwnFloorIsRefusedBeforeAnyKey) {
+  SessionConfig cfg = session_config();
+  cfg.floor = crypto::secagg::Floor{};  // the defaults: sums of at least 3
+  Harness h(nullptr, cfg);
+  const Model m = model();
+  auto start = h.round_start(1, m);
+  const auto box = crypto::X25519KeyPair::generate();
+  *start.mutable_round_start()->mutable_secagg() = signed_setup(m, box);
+  sign(start);
+  h.deliver(start);
+  EXPECT_EQ(h.last(wire::Envelope::kSecaggKeys), nullptr);
+  const auto* err = h.last(wire::Envelope::kError);
+  ASSERT_NE(err, nullptr);
+  EXPECT_EQ(err->error().code(), wire::NOT_ALLOWED);
+  EXPECT_NE(err->error().message().find("below this silo's floor"), std::string::npos) << err->error().message();
+  EXPECT_NE(err->error().message().find("secure_floor.min_sum"), std::string::npos) << err->error().message();
 }
 
 TEST(Session, ASecureSetupNotSignedByATrustedServerIsRefused) {

@@ -221,9 +221,11 @@ int bench_secagg(const SecAggBenchOptions& opts) {
       std::cout << "SecAgg+ for n = " << n << ", dropouts " << fmt(opts.plan_dropout * 100, 0) << "%, corrupt "
                 << fmt(opts.corrupt * 100, 0) << "%: "
                 << (plan.degree ? "k = " + std::to_string(plan.degree) + ", t = " + std::to_string(plan.threshold) +
-                                      " of k + 1; a round fails with p < " + sci(plan.p_unavailable) +
-                                      ", privacy with p < " + sci(plan.p_exposed)
-                                : std::string("no graph below the complete one meets 2^-40 and 2^-20"))
+                                      " of k + 1, safe against a deviating server with " +
+                                      std::to_string(plan.corrupt) + " colluders whatever the graph; a round fails "
+                                      "with p < " + sci(plan.p_unavailable)
+                                : std::string("no graph below the complete one keeps t above half of each secret's "
+                                              "holders with these dropouts (2^-20): the complete graph"))
                 << "\n";
     }
     std::vector<crypto::secagg::GraphPlan> graphs;

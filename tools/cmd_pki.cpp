@@ -72,26 +72,32 @@ void add_pki(CLI::App& app, int& exit_code) {
 
   struct RevokeOpts {
     std::string pki = "pki";
-    std::string name;
+    std::string name, serial;
     int days = 365;
     bool refresh = false;
   };
   auto revoke = std::make_shared<RevokeOpts>();
   auto* cmd_revoke = pki->add_subcommand("revoke", "revoke a participant's certificate (DIR/ca/crl.pem)");
   cmd_revoke->add_option("--pki", revoke->pki, "PKI folder made by pki init")->capture_default_str();
-  cmd_revoke->add_option("--name", revoke->name, "the participant whose kit DIR/kits/NAME is revoked");
+  cmd_revoke->add_option("--name", revoke->name, "the participant whose kit DIR/kits/NAME is revoked (its certificate now)");
+  cmd_revoke->add_option("--serial", revoke->serial,
+                         "any certificate this CA issued, by its serial (xsilo pki list), e.g. an older one");
   cmd_revoke->add_flag("--refresh", revoke->refresh, "only re-sign the list with a new validity");
   cmd_revoke->add_option("--days", revoke->days, "the list's validity in days; refresh it before then")
       ->capture_default_str();
   cmd_revoke->callback([revoke, &exit_code] {
-    if (revoke->name.empty() != revoke->refresh) throw ConfigError("pki revoke: give either --name NAME or --refresh");
+    const int given = !revoke->name.empty() + !revoke->serial.empty() + revoke->refresh;
+    if (given != 1) throw ConfigError("pki revoke: give one of --name NAME, --serial HEX or --refresh");
     std::size_t n = 0;
     try {
-      n = transport::pki_revoke(revoke->pki, revoke->name, revoke->days);
+      n = transport::pki_revoke(revoke->pki, revoke->name, revoke->days, revoke->serial);
     } catch (const std::invalid_argument& e) {
       throw ConfigError(std::string("pki revoke: ") + e.what());
     }
-    std::cout << (revoke->name.empty() ? "refreshed" : "revoked " + revoke->name + ";") << " the revocation list "
+    const std::string what = !revoke->name.empty() ? "revoked " + revoke->name + ";"
+                             : !revoke->serial.empty() ? "revoked serial " + revoke->serial + ";"
+                                                       : "refreshed";
+    std::cout << what << " the revocation list "
               << revoke->pki << "/ca/crl.pem names " << n << " certificate" << (n == 1 ? "" : "s") << ", valid "
               << revoke->days << " days.\nIt was copied into every kit under " << revoke->pki
               << "/kits; give it to every participant (as crl.pem in its kit, or tls.crl) and restart them.\n";
@@ -101,6 +107,7 @@ void add_pki(CLI::App& app, int& exit_code) {
   struct RenewOpts {
     std::string pki = "pki", name, key;
     int days = 365;
+    bool keep_old = false;
   };
   auto renew = std::make_shared<RenewOpts>();
   auto* cmd_renew = pki->add_subcommand("renew", "issue a fresh key and certificate for an existing kit DIR/kits/NAME");
@@ -108,6 +115,8 @@ void add_pki(CLI::App& app, int& exit_code) {
   cmd_renew->add_option("--name", renew->name, "the participant whose kit is renewed (its role is kept)")->required();
   cmd_renew->add_option("--days", renew->days, "validity in days")->capture_default_str();
   cmd_renew->add_option("--key", renew->key, "key type: p256 or ed25519 (default: the kit's current type)");
+  cmd_renew->add_flag("--keep-old", renew->keep_old,
+                      "leave the old certificate valid until it expires (by default it is revoked)");
   cmd_renew->callback([renew, &exit_code] {
     std::optional<transport::KeyType> key;
     if (renew->key == "p256") key = transport::KeyType::P256;
@@ -115,16 +124,28 @@ void add_pki(CLI::App& app, int& exit_code) {
     else if (!renew->key.empty()) throw ConfigError("pki renew: --key must be p256 or ed25519");
     std::filesystem::path kit;
     try {
-      kit = transport::pki_renew(renew->pki, renew->name, renew->days, key);
+      kit = transport::pki_renew(renew->pki, renew->name, renew->days, key, renew->keep_old);
     } catch (const std::invalid_argument& e) {
       throw ConfigError(std::string("pki renew: ") + e.what());
     }
     const auto id = transport::own_identity(transport::TlsFiles::from_kit(kit));
     std::cout << "renewed " << id.str() << ": a new key and certificate, valid until " << transport::utc_day(id.not_after)
               << ". Hand over the folder " << kit.string()
-              << " and restart the participant with it. Its old certificate stays valid until it expires; "
-                 "when its key may be compromised, revoke first (`xsilo pki revoke --name "
-              << id.name << "`), then renew.\n";
+              << " and restart the participant with it. "
+              << (renew->keep_old ? "Its old certificate stays valid until it expires (--keep-old); revoke it later "
+                                    "with `xsilo pki revoke --serial` (xsilo pki list shows it).\n"
+                                  : "Its old certificate is revoked: the new revocation list is in every kit under " +
+                                        renew->pki + "/kits; give it to the other participants and restart them.\n");
+    exit_code = 0;
+  });
+
+  auto list_pki = std::make_shared<std::string>("pki");
+  auto* cmd_list = pki->add_subcommand("list", "every certificate this CA issued (DIR/ca/index.jsonl): serial, name, role, expiry");
+  cmd_list->add_option("--pki", *list_pki, "PKI folder made by pki init")->capture_default_str();
+  cmd_list->callback([list_pki, &exit_code] {
+    for (const auto& c : transport::pki_index(*list_pki)) {
+      std::cout << c.serial << "  " << c.role << "  " << c.name << "  until " << c.not_after << "\n";
+    }
     exit_code = 0;
   });
 }

@@ -15,6 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "crypto/secagg.h"
+
 #include "common/dataset.h"
 #include "common/feature_stats.h"
 #include "common/model.h"
@@ -104,6 +106,9 @@ struct SimConfig {
 SimConfig load_sim_config(const std::filesystem::path& file);
 SimConfig default_sim_config();
 // The processes' names in a federation: silo i is "hospital-NN", edge e "edge-NN" (from 1).
+// The floor a simulated federation's silos keep (the agent's secure_floor): they assume what its
+// server plans for, the colluding fraction of secure.graph.corrupt (the defaults otherwise).
+crypto::secagg::Floor sim_secure_floor(const SimConfig& cfg);
 std::string silo_name(std::size_t i);
 std::string edge_name(std::size_t e);
 // The storm's faults for a federation of `silos` silos, `edges` edges and `rounds` rounds: the

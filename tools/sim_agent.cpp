@@ -1,5 +1,7 @@
 #include "tools/sim_agent.h"
 
+#include <limits>
+
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -153,6 +155,20 @@ class SimHook final : public agent::FaultHook {
 
   // An attack replaces the delta after the agent's checks, on a model in memory.
   bool tampers() const override { return sim_.attack.active(); }
+
+  // Under secure aggregation: an attacker that skips its clipping encodes with no norm bound (the
+  // ring's largest code still bounds each coordinate); one that lies in its unclipped count
+  // adds 7 where an honest member adds 0 or 1. What the server does about each: docs/security.md.
+  void encoding(crypto::FixedPointParams& codec) override {
+    if (sim_.attack.kind == "skip_clipping") codec.clip_norm = std::numeric_limits<double>::max();
+  }
+  void encoded(protocol::MaskedVector& words, const crypto::FixedPointParams& codec) override {
+    if (sim_.attack.kind != "unclipped_lie" || !codec.unclipped_bit) return;
+    words.visit([&](auto w) {
+      using T = typename decltype(w)::element_type;
+      w[w.size() - 1] = static_cast<T>(T{7} << codec.fraction_bits);
+    });
+  }
 
   void tamper(const agent::TrainTask& task, const Model& global, std::span<float> update, double weight) override {
     const auto& a = sim_.attack;

@@ -9,7 +9,7 @@ namespace xsilo::tools {
 AttackConfig parse_attack(const ConfigNode& node, bool need_honest) {
   AttackConfig a;
   a.kind = node.one_of("kind", "", {"", "sign_flip", "gaussian", "scaling", "alie", "ipm", "label_flip", "nan", "mimic",
-                                    "model_replacement"});
+                                    "model_replacement", "skip_clipping", "unclipped_lie"});
   a.scale = node.number("scale", 1.0, 0.0, 1e6);
   a.sigma = node.number("sigma", 1.0, 0.0, 1e6);
   a.factor = node.number("factor", 10.0, -1e6, 1e6);
@@ -84,7 +84,7 @@ void apply_attack(const AttackConfig& a, std::span<float> delta, std::uint64_t s
                   const std::function<std::vector<std::vector<float>>()>& honest_deltas) {
   if (a.kind == "sign_flip") {
     for (auto& v : delta) v = static_cast<float>(-a.scale * v);
-  } else if (a.kind == "scaling") {
+  } else if (a.kind == "scaling" || a.kind == "skip_clipping") {
     for (auto& v : delta) v = static_cast<float>(a.factor * v);
   } else if (a.kind == "gaussian") {
     std::mt19937_64 rng(seed);

@@ -19,7 +19,9 @@ namespace xsilo::tools {
 
 struct AttackConfig {
   std::string kind;  // "" (none), sign_flip, gaussian, scaling, alie, ipm, label_flip, nan, mimic,
-                     // model_replacement (docs/robust.md defines each)
+                     // model_replacement (docs/robust.md defines each); under secure aggregation,
+                     // skip_clipping (factor x delta, encoded without the silo's clipping) and
+                     // unclipped_lie (an unclipped count of 7 where a member may add 0 or 1)
   double scale = 1.0;    // sign_flip: delta -> -scale * delta
   double sigma = 1.0;    // gaussian: delta -> N(0, sigma^2) per coordinate
   double factor = 10.0;  // scaling: delta -> factor * delta (model replacement)

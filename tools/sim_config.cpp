@@ -265,6 +265,10 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
     }
     att.finish();
     if (!c.attack.contains("kind")) att.fail("kind", "is required");
+    const std::string kind = c.attack["kind"].is_string() ? c.attack["kind"].get<std::string>() : "";
+    if ((kind == "skip_clipping" || kind == "unclipped_lie") && !c.secure.is_object()) {
+      att.fail("kind", "\"" + kind + "\" attacks a secure round's encoding: set \"secure\"");
+    }
   }
   root.finish();
   return c;

@@ -48,6 +48,14 @@ agent::AgentConfig central_trainer_config(const SimConfig& cfg, const Federation
   return a;
 }
 
+crypto::secagg::Floor sim_secure_floor(const SimConfig& cfg) {
+  crypto::secagg::Floor floor;
+  if (cfg.secure.is_object() && cfg.secure.contains("graph") && cfg.secure["graph"].is_object()) {
+    floor.corrupt = cfg.secure["graph"].value("corrupt", floor.corrupt);
+  }
+  return floor;
+}
+
 std::string silo_name(std::size_t i) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "hospital-%02zu", i + 1);
@@ -418,6 +426,7 @@ AgentFiles write_agent_config(const SimConfig& cfg, const FederationFiles& f, st
   a.train_data = dir / "train.csv";
   a.test_data = dir / "test.csv";
   a.state_dir = dir / "state";
+  a.secure_floor = sim_secure_floor(cfg);
   if (cfg.trainer) {
     const auto& t = *cfg.trainer;
     a.trainer = agent::TrainerKind::External;

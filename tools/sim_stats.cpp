@@ -167,6 +167,7 @@ FeatureStats secure_feature_stats(const SimConfig& cfg, const FederationFiles& f
     a.reconnect = {std::chrono::milliseconds(100), std::chrono::milliseconds(1000), 0};
     a.log_format = cfg.log_format;
     a.trainer = agent::TrainerKind::FeatureStats;
+    a.secure_floor = sim_secure_floor(cfg);
     a.train_data = silo_train_files[i];
     a.state_dir = dir / "silos" / f.silos[i];
     const auto file = dir / (f.silos[i] + ".json");

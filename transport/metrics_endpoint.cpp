@@ -19,7 +19,8 @@ namespace xsilo::transport {
 namespace {
 constexpr std::size_t kMaxRequestHead = 8192;
 constexpr std::size_t kMaxScrapesAtOnce = 8;
-constexpr auto kRequestTimeout = std::chrono::seconds(5);
+// A scraper sends its request at once; a client that has not within this is cut off.
+constexpr auto kRequestTimeout = std::chrono::seconds(2);
 
 std::string response(int code, std::string_view reason, std::string_view content_type, const std::string& body) {
   return "HTTP/1.1 " + std::to_string(code) + " " + std::string(reason) + "\r\nContent-Type: " +
@@ -95,8 +96,21 @@ awaitable<void> MetricsEndpoint::accept_loop() {
       continue;
     }
     if (serving_ >= kMaxScrapesAtOnce) {
-      socket.close(ec);
-      continue;
+      // Every slot taken: the connection that has waited longest without sending its request
+      // goes, so that a few silent connections cannot keep a scraper out (review N6). A scraper
+      // sends at once and is done in milliseconds.
+      bool evicted = false;
+      while (!reading_.empty() && !evicted) {
+        if (auto oldest = reading_.front().lock(); oldest && oldest->is_open()) {
+          oldest->close(ec);
+          evicted = true;
+        }
+        reading_.pop_front();
+      }
+      if (!evicted) {
+        socket.close(ec);
+        continue;
+      }
     }
     asio::co_spawn(ex_, serve(std::move(socket)), asio::detached);
   }
@@ -114,6 +128,7 @@ awaitable<void> MetricsEndpoint::serve(tcp::socket s) {
       if (*alive) --self->serving_;
     }
   } done{this, alive};
+  reading_.push_back(socket);
   // A client that sends nothing, or too slowly, is cut off.
   asio::steady_timer timeout(ex_, kRequestTimeout);
   timeout.async_wait([socket](boost::system::error_code ec) {

@@ -1,9 +1,13 @@
 // The Prometheus scrape endpoint of a daemon: plain HTTP/1.1 on its own port (`metrics.listen`,
 // off by default), GET /metrics only, one response per connection. It runs on the daemon's
-// network thread, shares nothing with the TLS port, and never reads more than a request head.
+// network thread (the gauges are read there, where the daemon's state lives; rendering the text
+// is microseconds), shares nothing with the TLS port, never reads more than a request head,
+// cuts off a client silent for 2 s, and, with every slot taken, drops the oldest connection
+// still waiting for its request rather than the newcomer.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -49,6 +53,7 @@ class MetricsEndpoint {
   std::function<void()> refresh_;
   std::uint16_t port_ = 0;
   std::size_t serving_ = 0;
+  std::deque<std::weak_ptr<tcp::socket>> reading_;  // connections in the order they came, oldest first
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

@@ -7,8 +7,13 @@
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
 
+#include <algorithm>
+#include <ctime>
+#include <fstream>
 #include <memory>
 #include <stdexcept>
+
+#include <nlohmann/json.hpp>
 
 #include "common/fs.h"
 #include "crypto/keys.h"
@@ -168,6 +173,50 @@ void pki_init(const std::filesystem::path& dir, const std::string& federation, i
   atomic_write_file(ca_dir / "ca.pem", to_pem(cert.get()), 0644);
 }
 
+namespace {
+
+std::string serial_hex(X509* cert) {
+  std::unique_ptr<BIGNUM, decltype(&BN_free)> bn(ASN1_INTEGER_to_BN(X509_get_serialNumber(cert), nullptr), &BN_free);
+  if (!bn) ossl_fail("cannot read a certificate's serial");
+  char* hex = BN_bn2hex(bn.get());
+  std::string out(hex);
+  OPENSSL_free(hex);
+  return out;
+}
+
+std::string asn1_time_text(const ASN1_TIME* t) {
+  std::tm tm{};
+  if (ASN1_TIME_to_tm(t, &tm) != 1) return "";
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+void append_index(const std::filesystem::path& dir, X509* cert, const std::string& name, const std::string& role) {
+  const nlohmann::json line = {{"serial", serial_hex(cert)},
+                               {"name", name},
+                               {"role", role},
+                               {"not_after", asn1_time_text(X509_get0_notAfter(cert))}};
+  cut_torn_tail(dir / "ca" / "index.jsonl");
+  append_durable(dir / "ca" / "index.jsonl", line.dump() + "\n");
+}
+
+}  // namespace
+
+std::vector<IssuedCertificate> pki_index(const std::filesystem::path& dir) {
+  std::vector<IssuedCertificate> out;
+  std::ifstream in(dir / "ca" / "index.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    try {
+      const auto j = nlohmann::json::parse(line);
+      out.push_back({j.at("serial"), j.at("name"), j.at("role"), j.value("not_after", "")});
+    } catch (const std::exception&) {
+      // a damaged line: the others still count
+    }
+  }
+  return out;
+}
+
 std::filesystem::path pki_issue(const std::filesystem::path& dir, const IssueRequest& req) {
   const bool name_ok =
       !req.name.empty() && req.name.size() <= 64 && req.name != "." && req.name != ".." &&
@@ -194,11 +243,12 @@ std::filesystem::path pki_issue(const std::filesystem::path& dir, const IssueReq
   atomic_write_file(kit / "key.pem", crypto::SecretText(to_pem(key.get())).str(), 0600);
   atomic_write_file(kit / "cert.pem", to_pem(cert.get()), 0644);
   atomic_write_file(kit / "ca.pem", read_file(ca_dir / "ca.pem"), 0644);
+  append_index(dir, cert.get(), req.name, role_name(req.role));
   return kit;
 }
 
 std::filesystem::path pki_renew(const std::filesystem::path& dir, const std::string& name, int days,
-                                std::optional<KeyType> key) {
+                                std::optional<KeyType> key, bool keep_old) {
   const auto kit = dir / "kits" / name;
   if (name.empty() || !std::filesystem::exists(kit / "cert.pem")) {
     throw std::invalid_argument("no kit " + kit.string() + " to renew (issue one with `xsilo pki issue`)");
@@ -211,16 +261,19 @@ std::filesystem::path pki_renew(const std::filesystem::path& dir, const std::str
   req.role = current.role;
   req.name = name;
   req.days = days;
+  auto old = read_cert(kit / "cert.pem");
   if (key) {
     req.key = *key;
   } else {
-    auto cert = read_cert(kit / "cert.pem");
-    req.key = EVP_PKEY_get_base_id(X509_get0_pubkey(cert.get())) == EVP_PKEY_ED25519 ? KeyType::Ed25519 : KeyType::P256;
+    req.key = EVP_PKEY_get_base_id(X509_get0_pubkey(old.get())) == EVP_PKEY_ED25519 ? KeyType::Ed25519 : KeyType::P256;
   }
-  return pki_issue(dir, req);
+  const std::string old_serial = serial_hex(old.get());
+  const auto renewed = pki_issue(dir, req);
+  if (!keep_old) pki_revoke(dir, "", 365, old_serial);
+  return renewed;
 }
 
-std::size_t pki_revoke(const std::filesystem::path& dir, const std::string& name, int days) {
+std::size_t pki_revoke(const std::filesystem::path& dir, const std::string& name, int days, const std::string& serial) {
   const auto ca_dir = dir / "ca";
   if (!std::filesystem::exists(ca_dir / "ca.key")) {
     throw std::runtime_error("no CA in " + ca_dir.string() + "; run `xsilo pki init` first");
@@ -244,14 +297,34 @@ std::size_t pki_revoke(const std::filesystem::path& dir, const std::string& name
   std::unique_ptr<ASN1_TIME, crypto::OpenSslDeleter<ASN1_TIME, ASN1_TIME_free>> now(ASN1_TIME_new()), next(ASN1_TIME_new());
   X509_gmtime_adj(now.get(), 0);
   X509_gmtime_adj(next.get(), static_cast<long>(std::int64_t{days} * 86400));
+  auto revoke = [&](const ASN1_INTEGER* number) {
+    X509_REVOKED* listed = nullptr;
+    if (X509_CRL_get0_by_serial(crl.get(), &listed, number) == 1) return;  // already on the list
+    X509_REVOKED* r = X509_REVOKED_new();
+    X509_REVOKED_set_serialNumber(r, const_cast<ASN1_INTEGER*>(number));
+    X509_REVOKED_set_revocationDate(r, now.get());
+    X509_CRL_add0_revoked(crl.get(), r);
+  };
   if (!name.empty()) {
     const auto cert_path = dir / "kits" / name / "cert.pem";
     if (!std::filesystem::exists(cert_path)) throw std::invalid_argument("no kit " + (dir / "kits" / name).string());
     auto cert = read_cert(cert_path);
-    X509_REVOKED* r = X509_REVOKED_new();
-    X509_REVOKED_set_serialNumber(r, X509_get_serialNumber(cert.get()));
-    X509_REVOKED_set_revocationDate(r, now.get());
-    X509_CRL_add0_revoked(crl.get(), r);
+    revoke(X509_get_serialNumber(cert.get()));
+  }
+  if (!serial.empty()) {
+    const auto issued = pki_index(dir);
+    const bool known = std::any_of(issued.begin(), issued.end(), [&](const IssuedCertificate& c) {
+      return OPENSSL_strcasecmp(c.serial.c_str(), serial.c_str()) == 0;
+    });
+    if (!known) {
+      throw std::invalid_argument("no certificate with serial " + serial + " in " + (ca_dir / "index.jsonl").string() +
+                                  " (xsilo pki list shows what this CA issued)");
+    }
+    BIGNUM* bn = nullptr;
+    if (!BN_hex2bn(&bn, serial.c_str())) throw std::invalid_argument("serial " + serial + " is not hex");
+    std::unique_ptr<BIGNUM, decltype(&BN_free)> owned(bn, &BN_free);
+    std::unique_ptr<ASN1_INTEGER, decltype(&ASN1_INTEGER_free)> number(BN_to_ASN1_INTEGER(bn, nullptr), &ASN1_INTEGER_free);
+    revoke(number.get());
   }
   X509_CRL_set1_lastUpdate(crl.get(), now.get());
   X509_CRL_set1_nextUpdate(crl.get(), next.get());

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "proto/xsilo.pb.h"
 
@@ -27,23 +28,36 @@ struct IssueRequest {
 void pki_init(const std::filesystem::path& dir, const std::string& federation, int days = 3650,
               KeyType key = KeyType::P256);
 
-// Issues a key and certificate signed by the CA in DIR/ca and writes DIR/kits/NAME/.
+// Issues a key and certificate signed by the CA in DIR/ca and writes DIR/kits/NAME/; records it
+// in the CA's index (DIR/ca/index.jsonl: serial, name, role, not_after, one line each), so that
+// any certificate the CA issued can be revoked later, not only the one a kit holds now.
 // Returns the kit folder. Refuses names that are not [A-Za-z0-9._-]{1,64}.
 std::filesystem::path pki_issue(const std::filesystem::path& dir, const IssueRequest& req);
 
-// Renews the kit DIR/kits/NAME: a fresh key and a certificate for the same name and role (the
-// role its current certificate names), valid `days` from now, replace the kit's files. The old
-// certificate stays valid until it expires (or `pki_revoke`); the participant switches by
-// restarting with the new kit, and keeps its place (identity is the name). Returns the kit.
-// Throws std::invalid_argument when there is no such kit.
-std::filesystem::path pki_renew(const std::filesystem::path& dir, const std::string& name, int days = 365,
-                                std::optional<KeyType> key = std::nullopt);  // default: the current key's type
+// One line of the CA's index.
+struct IssuedCertificate {
+  std::string serial;  // hex, as `openssl x509 -serial` prints it
+  std::string name, role, not_after;
+};
+std::vector<IssuedCertificate> pki_index(const std::filesystem::path& dir);
 
-// Revokes the certificate of kit DIR/kits/NAME: adds it to the CA's revocation list, re-signs
+// Renews the kit DIR/kits/NAME: a fresh key and a certificate for the same name and role (the
+// role its current certificate names), valid `days` from now, replace the kit's files; the old
+// certificate is revoked (it may have been the reason to renew: a leaked key) unless `keep_old`.
+// The participant switches by restarting with the new kit, and keeps its place (identity is the
+// name); peers refuse the old certificate once they load the new revocation list. Returns the
+// kit. Throws std::invalid_argument when there is no such kit.
+std::filesystem::path pki_renew(const std::filesystem::path& dir, const std::string& name, int days = 365,
+                                std::optional<KeyType> key = std::nullopt,  // default: the current key's type
+                                bool keep_old = false);
+
+// Revokes a certificate: the one kit DIR/kits/NAME holds now (`name`), or any the CA issued by
+// its serial from the index (`serial`, hex). Adds it to the CA's revocation list, re-signs
 // DIR/ca/crl.pem (valid `days`; an expired list makes every check fail, so re-run it, e.g.
 // `xsilo pki revoke --refresh`, before then) and copies it into every kit folder under DIR/kits.
-// Returns how many certificates the list now names. An empty NAME only refreshes the list.
-std::size_t pki_revoke(const std::filesystem::path& dir, const std::string& name, int days = 365);
+// Returns how many certificates the list now names. Both empty: only refreshes the list.
+std::size_t pki_revoke(const std::filesystem::path& dir, const std::string& name, int days = 365,
+                       const std::string& serial = "");
 
 // The federation a CA certificate (PEM file, a kit's ca.pem) was made for: its organization.
 // Throws std::runtime_error naming the file when it is not a certificate.

@@ -1,5 +1,7 @@
 #include "transport/tls.h"
 
+#include <spdlog/spdlog.h>
+
 #include <chrono>
 #include <ctime>
 #include <memory>
@@ -51,6 +53,28 @@ ssl::context make_tls_context(const TlsFiles& f) {
     std::unique_ptr<X509_CRL, decltype(&X509_CRL_free)> crl(PEM_read_bio_X509_CRL(bio.get(), nullptr, nullptr, nullptr),
                                                              &X509_CRL_free);
     if (!crl) throw std::runtime_error("revocation list " + f.crl.string() + " is not a PEM CRL");
+    // An expired list makes every handshake fail ("CRL has expired"): said at start, with the
+    // way out, instead of a daemon that runs and connects to no one (review N7).
+    const ASN1_TIME* next = X509_CRL_get0_nextUpdate(crl.get());
+    if (next && X509_cmp_current_time(next) < 0) {
+      std::tm tm{};
+      char day[16] = "?";
+      if (ASN1_TIME_to_tm(next, &tm) == 1) std::strftime(day, sizeof day, "%Y-%m-%d", &tm);
+      throw std::runtime_error("revocation list " + f.crl.string() + " expired on " + day +
+                               ": every handshake would fail with it. Refresh it (xsilo pki revoke --refresh) and "
+                               "give the new crl.pem to every participant");
+    }
+    if (next) {
+      std::time_t soon = std::time(nullptr) + 7 * 86400;
+      if (X509_cmp_time(next, &soon) < 0) {
+        std::tm tm{};
+        char day[16] = "?";
+        if (ASN1_TIME_to_tm(next, &tm) == 1) std::strftime(day, sizeof day, "%Y-%m-%d", &tm);
+        spdlog::warn("revocation list {} expires on {}: refresh it (xsilo pki revoke --refresh) before then, or every "
+                     "handshake fails",
+                     f.crl.string(), day);
+      }
+    }
     X509_STORE* store = SSL_CTX_get_cert_store(native);
     X509_STORE_add_crl(store, crl.get());
     X509_STORE_set_flags(store, X509_V_FLAG_CRL_CHECK);
