@@ -17,7 +17,9 @@
 //                        per coordinate drop the f largest and f smallest selected values and
 //                        average the remaining theta - 2f. Needs n >= 4f + 3.
 //   centered_clip(tau, L, v0): v <- v + mean_i (x_i - v) * min(1, tau / ||x_i - v||), L times,
-//                        from v0 (Karimireddy, He, Jaggi 2021).
+//                        from v0 (Karimireddy, He, Jaggi 2021: v0 is the previous round's
+//                        aggregate). tau <= 0: each iteration's radius is half the median of
+//                        the distances ||x_i - v||, in the inputs' own units.
 // Pre-aggregation steps, composable with every rule (rule.h runs nnm, then bucketing, then the
 // rule):
 //   nnm(f):              nearest-neighbour mixing (Allouah et al., AISTATS 2023): input i is
@@ -58,6 +60,7 @@ struct Result {
   std::vector<float> aggregate;   // d values
   std::vector<Decision> decisions;  // n entries
   std::vector<std::vector<std::size_t>> buckets;  // after bucketing: the inputs of each bucket
+  double radius = 0;  // centered_clip: the first iteration's radius (tau, or half the median distance)
 };
 
 // Why a rule cannot run on n inputs, or "" when it can.

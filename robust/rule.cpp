@@ -85,7 +85,7 @@ Result apply_rule(const RuleSpec& s, MatrixView x, std::span<const double> weigh
     case Rule::Median: return median(x);
     case Rule::TrimmedMean: return trimmed_mean(x, trim_count(s, x.n));
     case Rule::Bulyan: return bulyan(x, s.f);
-    case Rule::CenteredClip: return centered_clip(x, s.tau, s.iterations);
+    case Rule::CenteredClip: return centered_clip(x, s.tau, s.iterations, s.centre);
   }
   return {};
 }
@@ -105,6 +105,35 @@ std::string check(const RuleSpec& s, std::size_t n) {
   if (why.empty() || k == n) return why;
   return why + " (" + std::to_string(n) + " inputs make " + std::to_string(k) + " buckets of " +
          std::to_string(s.bucket) + ")";
+}
+
+std::string check_tolerance(const RuleSpec& s, std::size_t n) {
+  if (s.f == 0 || (s.rule == Rule::FedAvg && !s.nnm && s.bucket <= 1)) return "";
+  const std::size_t k = rule_inputs(s, n), f = s.f;
+  std::size_t need = 2 * f + 1;
+  std::string rule = "a median";
+  switch (s.rule) {
+    case Rule::Krum:
+    case Rule::MultiKrum: need = 2 * f + 3, rule = std::string(name(s.rule)); break;
+    case Rule::Bulyan: need = 4 * f + 3, rule = "bulyan"; break;
+    case Rule::TrimmedMean: rule = "a trimmed mean"; break;
+    case Rule::CenteredClip: rule = "centered clipping"; break;
+    case Rule::FedAvg: rule = "nearest-neighbour mixing"; break;
+    case Rule::Median: break;
+  }
+  if (s.nnm && s.rule != Rule::Krum && s.rule != Rule::MultiKrum && s.rule != Rule::Bulyan) rule += " after mixing";
+  if (k >= need) return "";
+  return rule + " withstands f = " + std::to_string(f) + " Byzantine inputs only among at least " + std::to_string(need) +
+         " (more than " + (need == 4 * f + 3 ? "4f + 2" : need == 2 * f + 3 ? "2f + 2" : "2f") + "), not " +
+         std::to_string(k);
+}
+
+std::string void_robustness(const RuleSpec& s, std::size_t n) {
+  if (s.rule == Rule::FedAvg && !s.nnm && s.bucket <= 1) return "";
+  const std::size_t k = rule_inputs(s, n);
+  if (k > 2) return "";
+  return std::string(name(s.rule)) + " over " + std::to_string(k) + (k == 1 ? " input is that input" : " inputs is their mean") +
+         ": no input can be outvoted";
 }
 
 Result apply(const RuleSpec& s, MatrixView x, std::span<const double> weights) {

@@ -32,13 +32,16 @@ struct RuleSpec {
   std::size_t f = 0;            // Byzantine inputs tolerated (krum, multi_krum, bulyan, trimmed_mean)
   std::size_t m = 0;            // multi_krum: inputs averaged; 0: n - f
   double beta = 0;              // trimmed_mean: b = floor(beta * n) when > 0, else b = f
-  double tau = 1.0;             // centered_clip radius
-  std::size_t iterations = 1;   // centered_clip iterations
+  double tau = 0;               // centered_clip radius; 0: half the median distance to the centre, per iteration
+  std::size_t iterations = 10;  // centered_clip iterations
   // Pre-aggregation steps (robust.h), before the rule: nearest-neighbour mixing with this f,
   // then buckets of `bucket` inputs (0 or 1: none) shuffled with `seed` (the caller's, per round).
   bool nnm = false;
   std::size_t bucket = 0;
   std::uint64_t seed = 0;
+  // centered_clip's starting centre: the previous round's aggregate (the caller's, per round);
+  // empty: zeros (the first round, or a layout that changed).
+  std::span<const float> centre;
 };
 
 // How many rows the rule itself sees for n inputs (buckets, after bucketing).
@@ -52,6 +55,13 @@ std::size_t trim_count(const RuleSpec& s, std::size_t n);
 std::size_t krum_average(const RuleSpec& s, std::size_t n);
 // Why the rule cannot run on n inputs, or "".
 std::string check(const RuleSpec& s, std::size_t n);
+// Why n inputs (silos' updates, or secure groups' means) cannot withstand the spec's f Byzantine
+// ones, or "": the coordinate-wise rules, centered clipping and mixing need n > 2f, Krum and
+// Multi-Krum n > 2f + 2, Bulyan n >= 4f + 3. With f = 0 (not declared) there is nothing to check.
+std::string check_tolerance(const RuleSpec& s, std::size_t n);
+// Why the rule protects nothing on n inputs (n <= 2: a median or a centered clip of two inputs is
+// their mean, Krum picks one of them), or "".
+std::string void_robustness(const RuleSpec& s, std::size_t n);
 // Runs the pre-aggregation steps and the rule on the n rows of x (weights: fedavg's, one per
 // row; others ignore them). Decisions are per input: an input in a bucket gets its bucket's.
 // The caller has checked it; non-finite rows must have been removed.

@@ -138,8 +138,15 @@ class RowCollector final : public Aggregator {
     rows_.resize(at + d);
     const float inv = static_cast<float>(1.0 / c.weight);
     for (std::size_t i = 0; i < d; ++i) rows_[at + i] = cur[i] * inv;
+    // Its norm goes into the audit record whether or not it is clipped.
+    const auto row = std::span<float>(rows_).subspan(at, d);
     double norm = 0;
-    if (a_.clip_norm > 0) norm = robust::clip_l2(std::span<float>(rows_).subspan(at, d), 1, d, a_.clip_norm)[0].score;
+    if (a_.clip_norm > 0) {
+      norm = robust::clip_l2(row, 1, d, a_.clip_norm)[0].score;
+    } else {
+      for (float v : row) norm += static_cast<double>(v) * v;
+      norm = std::sqrt(norm);
+    }
     labels_.push_back(c.silos.front());
     weights_.push_back(c.weight);
     norms_.push_back(norm);
@@ -202,6 +209,7 @@ Combined combine_rows(const AggregationConfig& a, std::vector<float>& rows, std:
   robust::RuleSpec spec = a.rule;
   spec.f = a.rule.f - std::min(a.rule.f, ctx.nonfinite);
   spec.seed = ctx.seed ^ (ctx.round * 0x9e3779b97f4a7c15ull);
+  if (ctx.centre.size() == d) spec.centre = ctx.centre;
   nlohmann::json info = {{"rule", robust::name(a.rule.rule)}, {"f", a.rule.f}, {"inputs", n}};
   if (ctx.nonfinite) {
     info["nonfinite_rejected"] = ctx.nonfinite;
@@ -233,14 +241,18 @@ Combined combine_rows(const AggregationConfig& a, std::vector<float>& rows, std:
   const robust::MatrixView x{rows.data(), n, d};
   const auto r = robust::apply(spec, x, weights);
   std::copy(r.aggregate.begin(), r.aggregate.end(), out.begin());
+  if (spec.rule == robust::Rule::CenteredClip) {
+    // What an auditor needs to recompute it: the radius, whether it was measured, and the centre.
+    info["tau"] = r.radius;
+    if (spec.tau <= 0) info["tau_from"] = "half the median distance";
+    info["centre"] = spec.centre.empty() ? "zero" : "last committed step";
+  }
   nlohmann::json inputs = nlohmann::json::array();
   for (std::size_t i = 0; i < n; ++i) {
     nlohmann::json e = {{label_key, labels[i]}, {"kept", r.decisions[i].kept}, {"score", r.decisions[i].score}};
     if (!r.decisions[i].reason.empty()) e["reason"] = r.decisions[i].reason;
-    if (a.clip_norm > 0) {
-      e["norm"] = norms[i];
-      if (norms[i] > a.clip_norm) e["clipped"] = true;
-    }
+    e["norm"] = norms[i];
+    if (a.clip_norm > 0 && norms[i] > a.clip_norm) e["clipped"] = true;
     inputs.push_back(e);
   }
   info["decisions"] = inputs;

@@ -57,6 +57,7 @@ struct CombineContext {
   std::uint64_t round = 0;
   std::uint64_t seed = 0;     // the federation's seed: bucketing draws its permutation from it and the round
   std::size_t nonfinite = 0;  // silos caught sending NaN/inf this round: they used up part of f
+  std::span<const float> centre;  // the last committed aggregate step (centered clipping's start), or empty
 };
 
 struct Combined {

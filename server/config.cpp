@@ -137,8 +137,15 @@ void parse_rounds_aggregation(const ConfigNode& root, ServerConfig& c) {
   rule.f = static_cast<std::size_t>(ag.integer("f", 0, 0, 1 << 20));
   rule.m = static_cast<std::size_t>(ag.integer("m", 0, 0, 1 << 20));
   rule.beta = ag.number("beta", 0.0, 0.0, 0.499);
-  rule.tau = ag.number("tau", 1.0, 1e-12, 1e12);
-  rule.iterations = static_cast<std::size_t>(ag.integer("iterations", 1, 1, 100));
+  // centered_clip's radius: "auto" (the default) measures it on each round's inputs (half the
+  // median distance to the centre), so it holds for updates of any scale; a number fixes it.
+  if (ag.raw("tau").is_string()) {
+    ag.one_of("tau", "auto", {"auto"});
+    rule.tau = 0;
+  } else {
+    rule.tau = ag.number("tau", 0.0, 1e-12, 1e12);
+  }
+  rule.iterations = static_cast<std::size_t>(ag.integer("iterations", 10, 1, 100));
   rule.nnm = ag.boolean("nnm", false);
   rule.bucket = static_cast<std::size_t>(ag.integer("bucket", 0, 0, 1 << 20));
   a.clip_norm = ag.number("clip_norm", 0.0, 0.0, 1e12);
@@ -202,6 +209,14 @@ void parse_rounds_aggregation(const ConfigNode& root, ServerConfig& c) {
       ag.fail("rule", why + " but a round may commit with selection.min_updates = " + std::to_string(n) +
                           " updates; raise min_updates or lower f");
     }
+    if (const auto why = robust::check_tolerance(rule, n); !why.empty()) {
+      ag.fail("f", why + ": a round may commit with selection.min_updates = " + std::to_string(n) +
+                       " updates; raise min_updates or lower f");
+    }
+    if (const auto why = robust::void_robustness(rule, n); !why.empty()) {
+      c.warnings.push_back(ag.key_path("rule") + ": " + why + " when a round commits with selection.min_updates = " +
+                           std::to_string(n) + " updates");
+    }
     if (a.needs_all_updates() && c.allow.allows_role(wire::EDGE)) {
       ag.fail(a.clip_norm > 0 && rule.rule == robust::Rule::FedAvg ? "clip_norm" : "rule",
               "needs every silo's own update, but edges send one partial sum per region; "
@@ -242,12 +257,21 @@ void parse_rounds_aggregation(const ConfigNode& root, ServerConfig& c) {
     codec.max_weight = static_cast<float>(codec.max_weight);
     if (auto why = crypto::check_overflow(codec, largest); !why.empty()) se.fail("modulus_bits", why);
     if (sc.mode == SecureMode::Grouped && a.inspects_inputs()) {
+      // The rule sees one mean per group: its f counts groups (a Byzantine silo spoils its whole
+      // group), and its conditions are on the number of groups.
       const std::size_t size = group_size(sc), groups = std::max<std::size_t>(1, n / size);
+      const std::string made = "min_updates " + std::to_string(n) + " silos make only " + std::to_string(groups) +
+                               " groups of " + std::to_string(size) + " (min_group " + std::to_string(sc.min_group) +
+                               ", each surviving " + std::to_string(sc.group_dropouts) + " dropouts)";
       if (const auto why = robust::check(rule, groups); !why.empty()) {
-        ag.fail("rule", why + " across secure groups, but min_updates " + std::to_string(n) + " silos make only " +
-                            std::to_string(groups) + " groups of " + std::to_string(size) + " (min_group " +
-                            std::to_string(sc.min_group) + ", each surviving " + std::to_string(sc.group_dropouts) +
-                            " dropouts)");
+        ag.fail("rule", why + " across secure groups, but " + made);
+      }
+      if (const auto why = robust::check_tolerance(rule, groups); !why.empty()) {
+        ag.fail("f", "counts secure groups (a Byzantine silo spoils its group's mean): " + why + ", and " + made);
+      }
+      if (const auto why = robust::void_robustness(rule, groups); !why.empty()) {
+        c.warnings.push_back(ag.key_path("rule") + ": across secure groups " + why + "; " + made +
+                             ": smaller groups or more silos per round make more groups (docs/robust.md)");
       }
     }
   }
@@ -383,6 +407,7 @@ ServerConfig load_server_config(const std::filesystem::path& file) {
   parse_training(root, c);
   parse_optimizer(root, c);
   parse_rounds_aggregation(root, c);
+  c.optimizer.keep_last_step = c.aggregation.rule.rule == robust::Rule::CenteredClip;
   parse_compression(root, c);
   parse_broadcast(root, c);
 
@@ -453,7 +478,7 @@ nlohmann::json to_json(const ServerConfig& c) {
               {"f", r.f},
               {"m", r.m},
               {"beta", r.beta},
-              {"tau", r.tau},
+              {"tau", r.tau > 0 ? nlohmann::json(r.tau) : nlohmann::json("auto")},
               {"iterations", r.iterations},
               {"nnm", r.nnm},
               {"bucket", r.bucket},

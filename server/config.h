@@ -41,6 +41,9 @@ struct ServerConfig : RoundConfig {
   std::string log_level = "info";
   transport::MetricsOptions metrics;  // "metrics": the Prometheus endpoint, off unless listen is set
   std::string log_format = "text";  // or "json": one object per line (common/log.h)
+  // What validation accepted but an operator should hear about (a robust rule over two inputs,
+  // which protects nothing), each naming its key: logged as the server starts.
+  std::vector<std::string> warnings;
 };
 
 // Throws ConfigError ("config FILE: .key.path: reason") on any invalid or unknown key.

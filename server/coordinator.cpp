@@ -427,6 +427,7 @@ void Coordinator::decide(std::int64_t now_ms) {
                             chunk_elems = cfg_.chunk_bytes / sizeof(float),
                             seed = broadcast_seed(cfg_, round_), make_same = wants_same()]() mutable -> JobResult {
     auto next = agg->output(*global);
+    ctx.centre = optimizer.last_step();  // read here, where only this job moves the optimizer
     Combined c = agg->combine(next->flat(), ctx);
     if (c.record.is_object()) rec.merge_patch(c.record);
     // Every input was finite, but a sum of them can still overflow float: such a step never

@@ -6,7 +6,7 @@
 
 namespace xsilo::server {
 
-ServerOptimizer::ServerOptimizer(OptimizerConfig cfg, const Model& layout) : cfg_(std::move(cfg)) {
+ServerOptimizer::ServerOptimizer(OptimizerConfig cfg, const Model& layout) : cfg_(std::move(cfg)), size_(layout.size()) {
   if (cfg_.kind == "fedavgm" || cfg_.kind == "fedadam") m_.assign(layout.size(), 0.0f);
   if (cfg_.kind == "fedadam") v_.assign(layout.size(), 0.0f);
   if (cfg_.kind != "fedavg" && cfg_.kind != "fedavgm" && cfg_.kind != "fedadam") {
@@ -16,6 +16,7 @@ ServerOptimizer::ServerOptimizer(OptimizerConfig cfg, const Model& layout) : cfg
 
 void ServerOptimizer::step_into(std::span<const float> model, std::span<float> d) {
   const std::size_t n = model.size();
+  if (cfg_.keep_last_step) last_.assign(d.begin(), d.end());
   if (cfg_.kind == "fedavg") {
     for (std::size_t i = 0; i < n; ++i) d[i] = model[i] + cfg_.lr * d[i];
   } else if (cfg_.kind == "fedavgm") {
@@ -48,6 +49,10 @@ Model ServerOptimizer::state() const {
     s.add("v", {v_.size()});
     std::memcpy(s.tensor("v").data(), v_.data(), v_.size() * sizeof(float));
   }
+  if (!last_.empty()) {
+    s.add("last_step", {last_.size()});
+    std::memcpy(s.tensor("last_step").data(), last_.data(), last_.size() * sizeof(float));
+  }
   return s;
 }
 
@@ -64,6 +69,11 @@ void ServerOptimizer::load_state(const Model& state) {
   };
   load("m", m_);
   load("v", v_);
+  if (const auto* t = state.find("last_step"); cfg_.keep_last_step && t) {
+    if (t->size() != size_) throw std::runtime_error("optimizer state's last_step is not of the model's size");
+    const auto src = state.tensor("last_step");
+    last_.assign(src.begin(), src.end());
+  }
 }
 
 }  // namespace xsilo::server

@@ -19,6 +19,9 @@ struct OptimizerConfig {
   float beta1 = 0.9f;
   float beta2 = 0.99f;
   float tau = 1e-3f;
+  // Keep the last aggregate step (the mean delta it was given) in the state: centered clipping
+  // starts each round from it. Set by the server config, not by users.
+  bool keep_last_step = false;
 };
 
 class ServerOptimizer {
@@ -30,13 +33,18 @@ class ServerOptimizer {
   void step_into(std::span<const float> model, std::span<float> delta_then_model);
 
   const OptimizerConfig& config() const { return cfg_; }
-  // State to checkpoint: "m" and "v" tensors (absent for fedavg).
+  // State to checkpoint: "m" and "v" tensors (absent for fedavg), and "last_step" when kept.
   Model state() const;
-  void load_state(const Model& state);  // throws std::runtime_error on a layout mismatch
+  // Throws std::runtime_error on a layout mismatch. A state without "last_step" (a checkpoint
+  // from before it was kept) starts it from zeros, as the first round does.
+  void load_state(const Model& state);
+  // The last aggregate step taken (empty before the first, or when not kept).
+  std::span<const float> last_step() const { return last_; }
 
  private:
   OptimizerConfig cfg_;
-  std::vector<float> m_, v_;
+  std::size_t size_ = 0;  // the model's
+  std::vector<float> m_, v_, last_;
 };
 
 }  // namespace xsilo::server

@@ -98,46 +98,57 @@ std::vector<Rejection> SecureGroups::prepare() {
 }
 
 Combined SecureGroups::combine(std::span<float> out, const CombineContext& ctx) {
+  return combine_groups(aggregation_, results_, d_, clip_norm_ ? std::optional<double>(round_.config().clip_norm)
+                                                               : std::nullopt,
+                        ceiling_, ctx, out);
+}
+
+Combined combine_groups(const AggregationConfig& aggregation, const std::vector<GroupResult>& results, std::size_t d,
+                        std::optional<double> clip_norm, double ceiling, const CombineContext& ctx,
+                        std::span<float> out) {
   nlohmann::json outcome = nlohmann::json::array();
-  std::vector<double> total(d_ + 1, 0.0);
+  std::vector<double> total(d + 1, 0.0);
   std::vector<float> rows;
   std::vector<std::string> labels;
-  std::vector<double> weights;
+  std::vector<double> weights, norms;
   double unclipped = 0;
   std::size_t counted = 0;
-  for (const auto& r : results_) {
+  for (const auto& r : results) {
     nlohmann::json o = {{"group", r.group}, {"survivors", r.survivors}, {"ok", r.ok}};
     if (!r.ok) o["reason"] = r.why;
-    else o["weight"] = r.sum[d_];
-    if (r.ok && clip_norm_) {
+    else o["weight"] = r.sum[d];
+    if (r.ok && clip_norm) {
       // The group's count of members within the clip norm: a sum, like everything else here
       // (prepare() checked it is a whole number of at most the survivors).
-      o["unclipped"] = r.sum[d_ + 1];
-      unclipped += r.sum[d_ + 1];
+      o["unclipped"] = r.sum[d + 1];
+      unclipped += r.sum[d + 1];
       counted += r.survivors.size();
     }
     outcome.push_back(o);
     if (!r.ok) continue;
-    for (std::size_t k = 0; k <= d_; ++k) total[k] += r.sum[k];
+    for (std::size_t k = 0; k <= d; ++k) total[k] += r.sum[k];
     // The group's mean: one row for a robust rule across groups.
-    const double inv = 1.0 / r.sum[d_];
-    for (std::size_t k = 0; k < d_; ++k) rows.push_back(static_cast<float>(r.sum[k] * inv));
+    const double inv = 1.0 / r.sum[d];
+    double sq = 0;
+    for (std::size_t k = 0; k < d; ++k) {
+      rows.push_back(static_cast<float>(r.sum[k] * inv));
+      sq += static_cast<double>(rows.back()) * rows.back();
+    }
     labels.push_back(std::to_string(r.group));
-    weights.push_back(r.sum[d_]);
+    weights.push_back(r.sum[d]);
+    norms.push_back(std::sqrt(sq));
   }
   Combined c;
-  if (aggregation_.inspects_inputs()) {
-    c = combine_rows(aggregation_, rows, d_, labels, "group", weights, std::vector<double>(weights.size(), 0.0), ctx,
-                     out);
+  if (aggregation.inspects_inputs()) {
+    c = combine_rows(aggregation, rows, d, labels, "group", weights, norms, ctx, out);
   } else {
-    for (std::size_t k = 0; k < d_; ++k) out[k] = static_cast<float>(total[k] / total[d_]);
+    for (std::size_t k = 0; k < d; ++k) out[k] = static_cast<float>(total[k] / total[d]);
   }
   c.record["secure"]["groups_outcome"] = outcome;
-  if (clip_norm_ && counted > 0 && c.ok) {
+  if (clip_norm && counted > 0 && c.ok) {
     // Every member clipped to the round's norm (capped by secure.clip_norm, the codec's bound);
     // the next one follows the unclipped fraction, and stays under that bound.
-    auto [next, part] = adapt_clip_norm(aggregation_.adaptive_clip, round_.config().clip_norm,
-                                        unclipped, counted, ceiling_);
+    auto [next, part] = adapt_clip_norm(aggregation.adaptive_clip, *clip_norm, unclipped, counted, ceiling);
     part["counted_in"] = "the masked group sums";
     c.record["robust"]["adaptive_clip"] = std::move(part);
     c.next_clip_norm = next;

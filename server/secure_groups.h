@@ -18,6 +18,14 @@ namespace xsilo::server {
 std::string implausible_sum(const std::vector<double>& sum, std::size_t d, std::size_t survivors,
                             const SecureConfig& sc, bool counts_unclipped);
 
+// The unmasked group sums (results whose ok is false are left out) through the rule across group
+// means, or their total for FedAvg, with each group's outcome and, under adaptive clipping
+// (`clip_norm`: the round's, every member clipped to it), the next clip norm, at most `ceiling`.
+// SecureGroups::combine, and `xsilo sim --in-process`'s grouped rounds.
+Combined combine_groups(const AggregationConfig& aggregation, const std::vector<GroupResult>& results, std::size_t d,
+                        std::optional<double> clip_norm, double ceiling, const CombineContext& ctx,
+                        std::span<float> out);
+
 class SecureGroups final : public Aggregator {
  public:
   // `clip_norm`: this round's (adaptive clipping), which every member clips to; the masked sums

@@ -63,7 +63,7 @@ SecureRound::SecureRound(const SecureConfig& cfg, const std::optional<crypto::Ce
                          std::uint64_t seed, std::vector<std::string> selected, std::size_t d, bool count_unclipped,
                          std::vector<std::uint64_t> kept)
     : cfg_(cfg), federation_(federation), round_(round),
-      permutation_seed_(seed ^ (round * 0xd1b54a32d192ed03ull)), d_(d), kept_(std::move(kept)) {
+      permutation_seed_(group_permutation_seed(seed, round)), d_(d), kept_(std::move(kept)) {
   if (!signer || !ca) throw std::invalid_argument("secure aggregation needs the server's certificate key and CA");
   const auto groups = make_groups(std::move(selected), cfg_, permutation_seed_);
   for (std::size_t k = 0; k < groups.size(); ++k) {

@@ -227,6 +227,13 @@ class SixSiloServer {
       "selection": {"min_silos": 6})" + extra + "}");
     return error_of([&] { server::load_server_config(dir_ / "s.json"); });
   }
+  // The warnings of a config that loads, one per line.
+  std::string warnings(const std::string& extra) const {
+    (*this)(extra);
+    std::string out;
+    for (const auto& w : server::load_server_config(dir_ / "s.json").warnings) out += w + "\n";
+    return out;
+  }
 
  private:
   test::TempDir dir_;
@@ -311,6 +318,45 @@ TEST(Config, SecureAggregationSettingsAreChecked) {
   const auto few = load(R"(, "secure": {"mode": "global", "min_group": 7})");
   EXPECT_NE(few.find(".secure.min_group: is 7 but selection.min_updates allows rounds of 6 silos"), std::string::npos)
       << few;
+}
+
+// f counts what the rule sees: silos in plain mode, group means in grouped secure mode (a
+// Byzantine silo spoils its group's mean). A rule that cannot outvote f of them is refused; one
+// over two inputs (their mean) loads with a warning.
+TEST(Config, RobustRulesAreCheckedAgainstTheInputsTheySeeSilosOrSecureGroups) {
+  const SixSiloServer load;
+  const auto plain = load(R"(, "aggregation": {"rule": "median", "f": 3})");
+  EXPECT_NE(plain.find(".aggregation.f: a median withstands f = 3 Byzantine inputs only among at least 7"),
+            std::string::npos)
+      << plain;
+  EXPECT_EQ(load(R"(, "aggregation": {"rule": "median", "f": 2})"), "");
+  // Groups of 2 (6 silos: 3 groups) hold f = 1 group, not 2.
+  const std::string pairs = R"(, "secure": {"mode": "grouped", "min_group": 2, "group_dropouts": 0}, )";
+  EXPECT_EQ(load(pairs + R"("aggregation": {"rule": "median", "f": 1})"), "");
+  const auto groups = load(pairs + R"("aggregation": {"rule": "centered_clip", "nnm": true, "f": 2})");
+  EXPECT_NE(groups.find(".aggregation.f: counts secure groups (a Byzantine silo spoils its group's mean): "
+                        "centered clipping after mixing withstands f = 2"),
+            std::string::npos)
+      << groups;
+  EXPECT_NE(groups.find("6 silos make only 3 groups of 2"), std::string::npos) << groups;
+  // Groups of 3: a median of 2 group means is their mean.
+  const std::string triples = R"(, "secure": {"mode": "grouped", "min_group": 3, "group_dropouts": 0}, )";
+  const auto warned = load.warnings(triples + R"("aggregation": {"rule": "median"})");
+  EXPECT_NE(warned.find(".aggregation.rule: across secure groups median over 2 inputs is their mean"), std::string::npos)
+      << warned;
+  EXPECT_EQ(load.warnings(triples + R"("aggregation": {"rule": "fedavg"})"), "");
+  EXPECT_EQ(load.warnings(pairs + R"("aggregation": {"rule": "median"})"), "");
+}
+
+// centered_clip's radius: "auto" by default (measured on each round's inputs), or a number.
+TEST(Config, CenteredClippingsRadiusIsAutomaticUnlessANumberFixesIt) {
+  const SixSiloServer load;
+  EXPECT_EQ(load(R"(, "aggregation": {"rule": "centered_clip"})"), "");
+  EXPECT_EQ(load(R"(, "aggregation": {"rule": "centered_clip", "tau": "auto"})"), "");
+  EXPECT_EQ(load(R"(, "aggregation": {"rule": "centered_clip", "tau": 0.05})"), "");
+  EXPECT_NE(load(R"(, "aggregation": {"rule": "centered_clip", "tau": "fast"})").find(".aggregation.tau"),
+            std::string::npos);
+  EXPECT_NE(load(R"(, "aggregation": {"rule": "centered_clip", "tau": 0})").find(".aggregation.tau"), std::string::npos);
 }
 
 // Compression: each scheme's own keys, and only random-k with secure aggregation.

@@ -157,6 +157,36 @@ TEST(ServerOptimizer, FedAvgMAndFedAdamFollowTheirUpdateRules) {
 }
 
 
+// Centered clipping starts each round from the last aggregate step: the optimizer keeps it, and
+// a restarted server (its checkpointed state) goes on from the same centre.
+TEST(ServerOptimizer, TheLastStepIsKeptForCenteredClippingAndSurvivesARestart) {
+  Model layout;
+  layout.add("w", {3});
+  server::OptimizerConfig c{"fedavgm", 1.0f, 0.5f};
+  c.keep_last_step = true;
+  server::ServerOptimizer opt(c, layout);
+  EXPECT_TRUE(opt.last_step().empty());
+  std::vector<float> model{1, 2, 3}, d{0.5f, -1, 2};
+  opt.step_into(model, d);
+  const std::vector<float> want{0.5f, -1, 2};
+  EXPECT_EQ(std::vector<float>(opt.last_step().begin(), opt.last_step().end()), want);
+  server::ServerOptimizer restarted(c, layout);
+  restarted.load_state(opt.state());
+  EXPECT_EQ(std::vector<float>(restarted.last_step().begin(), restarted.last_step().end()), want);
+  // A checkpoint from before the step was kept: zeros, as in the first round.
+  server::OptimizerConfig plain = c;
+  plain.keep_last_step = false;
+  server::ServerOptimizer old(plain, layout);
+  old.step_into(model, d);
+  server::ServerOptimizer from_old(c, layout);
+  from_old.load_state(old.state());
+  EXPECT_TRUE(from_old.last_step().empty());
+  Model wrong;
+  wrong.add("m", {3});
+  wrong.add("last_step", {2});
+  EXPECT_THROW(restarted.load_state(wrong), std::runtime_error);
+}
+
 // Review N8: a trainer's finite but huge values (3e38) passed the agent, overflowed to infinity
 // once weighted, and only the server refused them. The agent refuses them itself, naming the
 // tensor, with the reason code a non-finite update has.

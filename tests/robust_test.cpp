@@ -66,6 +66,51 @@ TEST(Robust, CenteredClippingMovesAtMostTauPerInput) {
   EXPECT_TRUE(r.decisions[0].reason.empty());
 }
 
+// Karimireddy, He, Jaggi (2021) iterate from the previous round's aggregate: an input at the
+// centre moves nothing, wherever the centre is.
+TEST(Robust, CenteredClippingStartsFromTheGivenCentre) {
+  const std::vector<float> x{5, 5, 5};
+  const std::vector<float> centre{5};
+  EXPECT_NEAR(centered_clip(view(x, 3), 1.0, 1).aggregate[0], 1.0, 1e-6);  // from 0: one tau
+  EXPECT_NEAR(centered_clip(view(x, 3), 1.0, 1, centre).aggregate[0], 5.0, 1e-6);
+  const std::vector<float> other_layout{5, 5};
+  EXPECT_NEAR(centered_clip(view(x, 3), 1.0, 1, other_layout).aggregate[0], 1.0, 1e-6);  // not d values: zeros
+}
+
+// The automatic radius is measured in the inputs' own units: multiplying every input and the
+// centre by 10^k clips the same inputs and scales the aggregate and the radius by 10^k.
+TEST(Robust, CenteredClippingWithTheAutomaticRadiusDecidesAlikeAtEveryScale) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> g(0, 1);
+  const std::size_t n = 10, d = 40;
+  std::vector<float> x(n * d), centre(d);
+  for (auto& v : centre) v = 0.3f * g(rng);
+  for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t k = 0; k < d; ++k) x[i * d + k] = i < 2 ? -20.0f * (1 + g(rng) * 0.1f) : 1 + 0.5f * g(rng);
+  }
+  const auto base = centered_clip(view(x, n), 0, 3, centre);
+  std::size_t clipped = 0;
+  for (const auto& dec : base.decisions) clipped += !dec.reason.empty();
+  EXPECT_GE(clipped, 2u);  // the two attackers at least
+  EXPECT_FALSE(base.decisions[0].reason.empty());
+  EXPECT_GT(base.radius, 0);
+  for (int k : {-4, -2, 2, 3}) {
+    const float s = std::pow(10.0f, static_cast<float>(k));
+    std::vector<float> xs = x, cs = centre;
+    for (auto& v : xs) v *= s;
+    for (auto& v : cs) v *= s;
+    const auto r = centered_clip(view(xs, n), 0, 3, cs);
+    for (std::size_t i = 0; i < n; ++i) EXPECT_EQ(r.decisions[i].reason.empty(), base.decisions[i].reason.empty()) << k << " " << i;
+    EXPECT_NEAR(r.radius / s, base.radius, 1e-4 * base.radius) << k;
+    for (std::size_t j = 0; j < d; ++j) EXPECT_NEAR(r.aggregate[j] / s, base.aggregate[j], 1e-4) << k << " " << j;
+  }
+  // A fixed radius does not scale: at 10^-3 the same tau clips nothing.
+  std::vector<float> small = x;
+  for (auto& v : small) v *= 1e-3f;
+  const auto fixed = centered_clip(view(small, n), base.radius, 3);
+  for (const auto& dec : fixed.decisions) EXPECT_TRUE(dec.reason.empty());
+}
+
 TEST(Robust, L2ClipScalesOnlyLongRows) {
   std::vector<float> x{3, 4, 0.3f, 0.4f};
   auto d = clip_l2(x, 2, 2, 1.0);
@@ -217,6 +262,36 @@ TEST(Robust, BucketingPartitionsTheInputsBySeedAndKeepsTheWeightedMean) {
   }
   std::vector<float> x(40 * 2, 1.0f);
   EXPECT_NE(bucketing(view(x, 40), 2, 1).sources, bucketing(view(x, 40), 2, 2).sources);
+}
+
+// f Byzantine inputs need an honest majority the rule can find: more than 2f inputs for the
+// coordinate-wise rules, clipping and mixing, 2f + 2 for Krum, 4f + 2 for Bulyan; two inputs
+// (a median of two secure groups) leave nothing to outvote.
+TEST(Robust, ToleranceOfFIsCheckedAndVoidRobustnessNamed) {
+  RuleSpec spec;
+  spec.rule = Rule::Median;
+  spec.f = 2;
+  EXPECT_EQ(check_tolerance(spec, 5), "");
+  EXPECT_EQ(check_tolerance(spec, 4), "a median withstands f = 2 Byzantine inputs only among at least 5 (more than 2f), not 4");
+  spec.nnm = true;
+  spec.rule = Rule::CenteredClip;
+  EXPECT_NE(check_tolerance(spec, 3).find("centered clipping after mixing"), std::string::npos) << check_tolerance(spec, 3);
+  spec.nnm = false;
+  spec.rule = Rule::MultiKrum;
+  EXPECT_NE(check_tolerance(spec, 6).find("at least 7 (more than 2f + 2)"), std::string::npos) << check_tolerance(spec, 6);
+  EXPECT_EQ(check_tolerance(spec, 7), "");
+  spec.rule = Rule::Bulyan;
+  EXPECT_NE(check_tolerance(spec, 10), "");
+  EXPECT_EQ(check_tolerance(spec, 11), "");
+  spec.f = 0;  // nothing declared, nothing to check
+  EXPECT_EQ(check_tolerance(spec, 1), "");
+
+  RuleSpec median;
+  median.rule = Rule::Median;
+  EXPECT_EQ(void_robustness(median, 2), "median over 2 inputs is their mean: no input can be outvoted");
+  EXPECT_EQ(void_robustness(median, 3), "");
+  RuleSpec fedavg;
+  EXPECT_EQ(void_robustness(fedavg, 2), "");  // nothing was promised
 }
 
 // Composed with a rule: the rule sees the buckets (check() counts them), every input gets its

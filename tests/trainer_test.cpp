@@ -723,6 +723,8 @@ TEST(LoraExample, OnlyTheAdaptersAreFederatedUnderSecureAggregation) {
   EXPECT_GT(summary["final_accuracy"].get<double>(), 0.75) << log;  // chance is 0.5
 }
 
+// 9 silos in 3 groups of 3: the median across the group means outvotes one (over 2 groups it
+// would be their mean, which validation warns about).
 TEST(PytorchExample, SecureGroupedMedianTwoEdgesTwoWorkersPerSiloWithinTwoPoints) {
   run_example("sim-secure.json", 0.02);
 }

@@ -43,7 +43,10 @@ struct AttackBenchOptions {
   std::vector<std::size_t> attackers{2, 3};
   std::vector<std::uint64_t> seeds{11, 12, 13};  // each cell: mean and spread over these
   std::uint64_t rounds = 30;
-  double tau = 0.5;   // centered clipping radius (typical update norms here: 0.3-0.6)
+  double tau = 0;     // centered clipping radius; 0: "auto" (from the round's own inputs)
+  std::size_t f = 0;  // the rules' tolerance; 0: the number of attackers
+  std::size_t iterations = 10;  // centered clipping's
+  std::size_t silos = 10;
   std::vector<std::string> defences, attacks;    // only these (empty: all)
   bool processes = false;                        // real processes instead of in process
   bool json = false;
@@ -52,11 +55,14 @@ int bench_attacks(const AttackBenchOptions& opts);
 
 // One row of the attack tables: a rule with its pre-aggregation steps (the server's
 // "aggregation" block) and silo-side settings (keys of "training", e.g. silo_momentum).
+// A row may also be a secure round ("secure": the server's secure section; the rule then sees
+// one mean per group, and its f counts groups).
 struct Defence {
   std::string name;
-  nlohmann::json aggregation, training;
+  nlohmann::json aggregation, training, secure;
 };
-std::vector<Defence> attack_bench_defences(std::size_t f, double tau);
+std::vector<Defence> attack_bench_defences(std::size_t f, double tau, std::size_t iterations = 10,
+                                           std::size_t silos = 10);
 
 struct RobustBenchOptions {
   std::vector<std::size_t> n{10, 32, 100};

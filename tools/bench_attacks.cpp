@@ -25,6 +25,8 @@ struct Setting {
   std::string dataset;
   double alpha = 0.5;
   std::size_t attackers = 2;
+  std::size_t f = 2;  // what the rules assume
+  std::size_t silos = 10;
 };
 
 // The model and training of each data set: the digits MLP of the quick start, breast cancer's
@@ -32,7 +34,7 @@ struct Setting {
 SimConfig base(const Setting& s, std::uint64_t seed, std::uint64_t rounds) {
   SimConfig c = default_sim_config();
   c.name = "attacks";
-  c.silos = 10;
+  c.silos = s.silos;
   c.rounds = rounds;
   c.seed = seed;
   c.data_path = data_dir() / (s.dataset == "digits" ? "digits.csv.gz" : "breast_cancer.csv");
@@ -47,7 +49,7 @@ SimConfig base(const Setting& s, std::uint64_t seed, std::uint64_t rounds) {
     c.training = {{"local_epochs", 1}, {"batch_size", 16}, {"learning_rate", 0.1}};
   }
   c.optimizer = {{"kind", "fedavg"}};
-  c.selection = {{"min_silos", 10}, {"min_updates", 10}};
+  c.selection = {{"min_silos", s.silos}, {"min_updates", s.silos}};
   c.baseline = false;
   return c;
 }
@@ -56,10 +58,12 @@ const std::vector<std::pair<std::string, json>>& attacks() {
   static const std::vector<std::pair<std::string, json>> a = {
       {"none", json()},
       {"sign_flip", {{"kind", "sign_flip"}, {"scale", 4.0}}},
+      {"sign_flip20", {{"kind", "sign_flip"}, {"scale", 20.0}}},
       {"gaussian", {{"kind", "gaussian"}, {"sigma", 0.1}}},
       {"scaling", {{"kind", "scaling"}, {"factor", 10.0}}},
       {"alie", {{"kind", "alie"}, {"z", 1.0}}},
       {"ipm", {{"kind", "ipm"}, {"epsilon", 0.5}}},
+      {"ipm10", {{"kind", "ipm"}, {"epsilon", 10.0}}},
       {"label_flip", {{"kind", "label_flip"}}},
       {"nan", {{"kind", "nan"}}},
       {"mimic", {{"kind", "mimic"}}},
@@ -69,35 +73,48 @@ const std::vector<std::pair<std::string, json>>& attacks() {
 
 }  // namespace
 
-std::vector<Defence> attack_bench_defences(std::size_t f, double tau) {
-  const json cclip = {{"rule", "centered_clip"}, {"tau", tau}, {"iterations", 3}};
+std::vector<Defence> attack_bench_defences(std::size_t f, double tau, std::size_t iterations, std::size_t silos) {
+  const json cclip = {{"rule", "centered_clip"}, {"tau", tau > 0 ? json(tau) : json("auto")}, {"iterations", iterations}};
   const json adaptive = {{"quantile", 0.5}, {"lr", 0.2}, {"initial", 1.0}};
   std::vector<Defence> d = {
-      {"fedavg", {{"rule", "fedavg"}}, {}},
-      {"krum", {{"rule", "krum"}, {"f", f}}, {}},
-      {"multi_krum", {{"rule", "multi_krum"}, {"f", f}}, {}},
-      {"median", {{"rule", "median"}}, {}},
-      {"trimmed_mean", {{"rule", "trimmed_mean"}, {"f", f}}, {}},
-      {"centered_clip", cclip, {}},
+      {"fedavg", {{"rule", "fedavg"}}, {}, {}},
+      {"krum", {{"rule", "krum"}, {"f", f}}, {}, {}},
+      {"multi_krum", {{"rule", "multi_krum"}, {"f", f}}, {}, {}},
+      {"median", {{"rule", "median"}}, {}, {}},
+      {"trimmed_mean", {{"rule", "trimmed_mean"}, {"f", f}}, {}, {}},
+      {"centered_clip", cclip, {}, {}},
   };
-  if (10 >= 4 * f + 3) d.push_back({"bulyan", {{"rule", "bulyan"}, {"f", f}}, {}});
+  if (silos >= 4 * f + 3) d.push_back({"bulyan", {{"rule", "bulyan"}, {"f", f}}, {}, {}});
   // The steps of docs/robust.md, in the combinations their papers recommend.
-  d.push_back({"nnm+trimmed_mean", {{"rule", "trimmed_mean"}, {"f", f}, {"nnm", true}}, {}});
-  d.push_back({"nnm+multi_krum", {{"rule", "multi_krum"}, {"f", f}, {"nnm", true}}, {}});
+  d.push_back({"nnm+trimmed_mean", {{"rule", "trimmed_mean"}, {"f", f}, {"nnm", true}}, {}, {}});
+  d.push_back({"nnm+multi_krum", {{"rule", "multi_krum"}, {"f", f}, {"nnm", true}}, {}, {}});
   json mixed = cclip;
   mixed["nnm"] = true;
   mixed["f"] = f;
-  d.push_back({"nnm+cclip", mixed, {}});
+  d.push_back({"nnm+cclip", mixed, {}, {}});
   json bucketed = cclip;
   bucketed["bucket"] = 2;
-  d.push_back({"bucket2+cclip", bucketed, {}});
-  d.push_back({"momentum+cclip", cclip, {{"silo_momentum", 0.9}}});
-  d.push_back({"momentum+nnm+tm", {{"rule", "trimmed_mean"}, {"f", f}, {"nnm", true}}, {{"silo_momentum", 0.9}}});
-  d.push_back({"adaptclip+fedavg", {{"rule", "fedavg"}, {"adaptive_clip", adaptive}}, {}});
-  d.push_back({"adaptclip+nnm+tm", {{"rule", "trimmed_mean"}, {"f", f}, {"nnm", true}, {"adaptive_clip", adaptive}}, {}});
+  d.push_back({"bucket2+cclip", bucketed, {}, {}});
+  d.push_back({"momentum+cclip", cclip, {{"silo_momentum", 0.9}}, {}});
+  d.push_back({"momentum+nnm+tm", {{"rule", "trimmed_mean"}, {"f", f}, {"nnm", true}}, {{"silo_momentum", 0.9}}, {}});
+  d.push_back({"adaptclip+fedavg", {{"rule", "fedavg"}, {"adaptive_clip", adaptive}}, {}, {}});
+  d.push_back({"adaptclip+nnm+tm", {{"rule", "trimmed_mean"}, {"f", f}, {"nnm", true}, {"adaptive_clip", adaptive}}, {}, {}});
   json clipped_mixed = mixed;
   clipped_mixed["adaptive_clip"] = adaptive;
-  d.push_back({"adaptclip+nnm+cclip", clipped_mixed, {}});
+  d.push_back({"adaptclip+nnm+cclip", clipped_mixed, {}, {}});
+  // Secure rounds in groups of 3 (a silo's default floor: no sum of fewer than 3 is revealed),
+  // silos / 3 group means: a Byzantine silo spoils its group's mean, so f counts groups (10
+  // silos make 3 means, which withstand one spoiled mean; 30 make 10). With adaptive clipping every member clips its own delta to the
+  // round's C before it is masked: an attacker's share of its group's mean is at most C / 3.
+  const json groups = {{"mode", "grouped"}, {"min_group", 3},      {"group_dropouts", 0}, {"modulus_bits", 64},
+                       {"fraction_bits", 24}, {"clip_norm", 100}, {"max_weight", 1000}};
+  d.push_back({"groups+fedavg", {{"rule", "fedavg"}}, {}, groups});
+  d.push_back({"groups+median", {{"rule", "median"}}, {}, groups});
+  d.push_back({"groups+cclip", cclip, {}, groups});
+  json clipped = cclip;
+  clipped["adaptive_clip"] = adaptive;
+  d.push_back({"groups+adaptclip+cclip", clipped, {}, groups});
+  d.push_back({"groups+adaptclip+fedavg", {{"rule", "fedavg"}, {"adaptive_clip", adaptive}}, {}, groups});
   return d;
 }
 
@@ -154,7 +171,8 @@ std::vector<std::uint64_t> usable_seeds(const Setting& s, const std::vector<std:
 }
 
 std::string setting_name(const Setting& s) {
-  return s.dataset + ", Dirichlet " + fmt(s.alpha, 1) + ", " + std::to_string(s.attackers) + " of 10 attack";
+  return s.dataset + ", Dirichlet " + fmt(s.alpha, 1) + ", " + std::to_string(s.attackers) + " of " + std::to_string(s.silos) + " attack" +
+         (s.f != s.attackers ? " (rules assume f = " + std::to_string(s.f) + ")" : "");
 }
 
 }  // namespace
@@ -166,7 +184,7 @@ int bench_attacks(const AttackBenchOptions& opts) {
   for (const auto& ds : opts.datasets) {
     if (ds != "digits" && ds != "breast_cancer") throw ConfigError("bench attacks: unknown data set " + ds);
     for (double alpha : opts.alpha) {
-      for (std::size_t f : opts.attackers) settings.push_back({ds, alpha, f});
+      for (std::size_t n : opts.attackers) settings.push_back({ds, alpha, n, opts.f ? opts.f : n, opts.silos});
     }
   }
   auto wanted = [](const std::vector<std::string>& only, const std::string& name) {
@@ -175,7 +193,7 @@ int bench_attacks(const AttackBenchOptions& opts) {
   std::cerr << "bench attacks: " << settings.size() << " settings x " << opts.seeds.size() << " seeds, "
             << (opts.processes ? "real processes over mutual TLS" : "in process (xsilo sim --in-process)") << "\n";
   for (const auto& s : settings) {
-    const auto defences = attack_bench_defences(s.attackers, opts.tau);
+    const auto defences = attack_bench_defences(s.f, opts.tau, opts.iterations, s.silos);
     std::string seed_note;
     const auto seeds = usable_seeds(s, opts.seeds, opts.rounds, seed_note);
     std::vector<std::vector<std::string>> rows;
@@ -189,9 +207,10 @@ int bench_attacks(const AttackBenchOptions& opts) {
         for (auto seed : seeds) {
           SimConfig c = base(s, seed, opts.rounds);
           c.aggregation = def.aggregation;
+          if (!def.secure.is_null()) c.secure = def.secure;
           for (const auto& [k, v] : def.training.items()) c.training[k] = v;
           // NaN updates are rejected at validation (and use up f): the round commits on the rest.
-          if (attack == "nan") c.selection["min_updates"] = 10 - s.attackers;
+          if (attack == "nan") c.selection["min_updates"] = s.silos - s.attackers;
           if (!a.is_null()) {
             c.attackers = s.attackers;
             c.attack = a;

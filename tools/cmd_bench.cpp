@@ -47,13 +47,19 @@ void add_bench(CLI::App& app, int& exit_code) {
   r->callback([round, &exit_code] { exit_code = bench_round(*round); });
 
   auto at = std::make_shared<AttackBenchOptions>();
-  auto* a = bench->add_subcommand("attacks", "robust rules and steps against simulated attacks (10 silos, non-IID)");
+  auto* a = bench->add_subcommand("attacks", "robust rules and steps against simulated attacks (10 silos by default, non-IID)");
   a->add_option("--datasets", at->datasets, "digits, breast_cancer (several values)")->capture_default_str();
   a->add_option("--alpha", at->alpha, "Dirichlet label skew (several values: one table each)")->capture_default_str();
   a->add_option("--attackers", at->attackers, "Byzantine silos (several values: one table each)")->capture_default_str();
   a->add_option("--seeds", at->seeds, "seeds: each cell is their mean and spread")->capture_default_str();
   a->add_option("--rounds", at->rounds, "rounds per run")->capture_default_str();
-  a->add_option("--tau", at->tau, "centered clipping radius")->capture_default_str();
+  a->add_option("--tau", at->tau, "centered clipping radius (0: auto, from each round's inputs)")->capture_default_str();
+  a->add_option("--silos", at->silos, "silos in each federation (every one takes part in every round)")
+      ->check(CLI::Range(3, 1000))
+      ->capture_default_str();
+  a->add_option("--iterations", at->iterations, "centered clipping's iterations")->capture_default_str();
+  a->add_option("--f", at->f, "the f the rules assume (0: the number of attackers; set it to try more attackers than f)")
+      ->capture_default_str();
   a->add_option("--defences", at->defences, "only these rows (default: all)");
   a->add_option("--attacks", at->attacks, "only these columns (default: all)");
   a->add_flag("--processes", at->processes, "every run as real processes over mutual TLS (slow) instead of in process");

@@ -54,6 +54,7 @@ void add_server(CLI::App& app, int& exit_code) {
       }
     }
     init_logging("server", cfg.log_level, *log_file, cfg.log_format);
+    for (const auto& w : cfg.warnings) spdlog::warn("config {}: {}", cfg.file.string(), w);
     warn_if_own_certificate_expires(cfg.tls, cfg.channel.certificate_warn_days);
     exit_code = server::run_server(cfg, *start);
   });

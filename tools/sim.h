@@ -198,9 +198,10 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
 using RoundCallback = std::function<void(std::uint64_t round, bool committed, const Model& model, double accuracy,
                                          double loss)>;
 // The same federation in this process (tools/sim_in_process.cpp): the agents' trainers, the
-// simulated attacks and the server's aggregator and optimizer, without processes or network.
-// Refuses, with the reason, what lives in the protocol: secure aggregation, edges, faults,
-// hostile processes, external trainers, sampling silos. Writes out/model.safetensors.
+// simulated attacks and the server's aggregator and optimizer, without processes or network
+// (secure aggregation as its arithmetic, as said above). Refuses, with the reason, what lives in
+// the protocol: edges, faults, hostile processes, external trainers, sampling silos, compressed
+// uploads, and a secure setup the silos would refuse. Writes out/model.safetensors.
 SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& out,
                              const RoundCallback& on_round = nullptr);
 

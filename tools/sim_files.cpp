@@ -7,6 +7,8 @@
 #include <optional>
 #include <thread>
 
+#include <spdlog/spdlog.h>
+
 #include "common/config.h"
 #include "common/fs.h"
 #include "edge_aggregator/config.h"
@@ -246,7 +248,11 @@ void write_server_config(const SimConfig& cfg, FederationFiles& f) {
   // the config written is the loaded struct's own JSON.
   write_json(f.server_config, server);
   try {
-    write_json(f.server_config, server::to_json(server::load_server_config(f.server_config)));
+    const auto loaded = server::load_server_config(f.server_config);
+    for (const auto& w : loaded.warnings) {
+      spdlog::warn("sim config {}: {}", cfg.file.empty() ? std::string("defaults") : cfg.file.string(), w);
+    }
+    write_json(f.server_config, server::to_json(loaded));
   } catch (const ConfigError& e) {
     throw ConfigError(std::string(e.what()) + " (generated from sim config " +
                       (cfg.file.empty() ? std::string("defaults") : cfg.file.string()) + ")");

@@ -4,9 +4,14 @@
 // aggregator (make_aggregator: the upload checks, clipping, the pre-aggregation steps, the
 // rule and its fallback, adaptive clipping) and the server optimizer. What is left out is the
 // network and the protocol around it: no TLS, no deadlines, no dropouts, no audit log, so the
-// modes that live in the protocol (secure aggregation, edges, faults, hostile processes, an
-// external trainer) are refused with the reason. It is what large sweeps (xsilo bench
-// attacks) run on; a test checks that it commits the same models as the real processes.
+// modes that live in the protocol (edges, faults, hostile processes, an external trainer) are
+// refused with the reason. Secure aggregation runs as its arithmetic: every silo encodes its
+// update with the round's codec (clipping, weight cap, fixed point, the unclipped bit) as its
+// session does, the encoded words of each group (drawn as the server draws them) are summed in
+// the ring, where the pairwise masks would cancel, and the server's own checks and combination
+// run on the decoded sums. It is what large sweeps (xsilo bench attacks) run on; tests check
+// that it commits the same models as the real processes.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <iostream>
@@ -23,6 +28,7 @@
 #include "server/aggregator.h"
 #include "server/config.h"
 #include "server/optimizer.h"
+#include "server/secure_groups.h"
 #include "silo_agent/config.h"
 #include "silo_agent/update.h"
 #include "tools/sim.h"
@@ -38,7 +44,6 @@ void refuse_protocol_modes(const SimConfig& cfg) {
   auto refuse = [&](const std::string& what) {
     throw ConfigError("sim --in-process: " + what + " needs the real processes (run xsilo sim without --in-process)");
   };
-  if (cfg.secure.is_object() && cfg.secure.value("mode", std::string("off")) != "off") refuse("secure aggregation");
   if (cfg.edges) refuse("edges");
   if (!cfg.faults.empty()) refuse("faults");
   if (!cfg.hostile.empty()) refuse("hostile processes");
@@ -54,6 +59,87 @@ void refuse_protocol_modes(const SimConfig& cfg) {
     refuse("sampling silos per round (selection.silos_per_round)");
   }
 }
+
+// A round of secure aggregation without its protocol: the members' encoded words summed per
+// group, decoded, checked and combined as SecureGroups does after unmasking.
+class GroupedSums {
+ public:
+  GroupedSums(const server::ServerConfig& cfg, std::uint64_t round, const std::vector<std::string>& silos,
+              std::size_t d, std::optional<double> clip_norm, const crypto::secagg::Floor& floor)
+      : cfg_(cfg), round_(round), d_(d), clip_norm_(clip_norm) {
+    codec_ = cfg.secure.codec();
+    if (clip_norm) codec_.clip_norm = std::min(*clip_norm, cfg.secure.clip_norm);
+    codec_.unclipped_bit = clip_norm.has_value();
+    // The signed setup carries both as float32: the silos clip and cap with those values.
+    codec_.clip_norm = static_cast<float>(codec_.clip_norm);
+    codec_.max_weight = static_cast<float>(codec_.max_weight);
+    const auto groups = server::make_groups(silos, cfg.secure, server::group_permutation_seed(cfg.seed, round));
+    for (const auto& g : groups) {
+      // The silos' own floor (the agent's secure_floor): sums smaller than it are refused there.
+      const auto least = server::group_min_survivors(cfg.secure, g.size());
+      if (least < floor.min_sum) {
+        throw ConfigError("sim --in-process: the silos would refuse this secure setup: it reveals sums of " +
+                          std::to_string(least) + " silos, below a silo's floor of " + std::to_string(floor.min_sum) +
+                          " (secure_floor.min_sum); raise secure.min_group");
+      }
+    }
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      for (const auto& m : groups[g]) group_of_[m] = g;
+      sums_.emplace_back(codec_.bits, codec_.words(d));
+      members_.push_back(groups[g]);
+    }
+  }
+
+  // The silo's upload (weight x delta) as its session encodes it, its hook included.
+  void add(const std::string& silo, std::span<const float> update, double weight, agent::FaultHook& hook) {
+    std::vector<float> delta(update.begin(), update.end());
+    for (auto& v : delta) v = static_cast<float>(v / weight);
+    auto applied = codec_;
+    hook.encoding(applied);
+    protocol::MaskedVector words(codec_.bits, codec_.words(d_));
+    // Stochastic rounding, from the silo's name and the round (its session draws it at random).
+    const auto digest = crypto::sha256(silo + "/" + std::to_string(round_));
+    std::uint64_t seed = 0;
+    std::memcpy(&seed, digest.data(), sizeof seed);
+    words.visit([&](auto w) { crypto::encode(applied, delta, weight, seed, w); });
+    hook.encoded(words, codec_);
+    const auto g = group_of_.at(silo);
+    sums_[g].add(words);
+    survivors_[g].push_back(silo);
+  }
+
+  server::Combined combine(std::span<float> out, const server::CombineContext& ctx) {
+    std::vector<server::GroupResult> results;
+    for (std::size_t g = 0; g < sums_.size(); ++g) {
+      server::GroupResult r;
+      r.group = static_cast<std::uint32_t>(g + 1);
+      r.members = members_[g];
+      r.survivors = survivors_[g];
+      r.ok = r.survivors.size() >= server::group_min_survivors(cfg_.secure, r.members.size());
+      if (!r.ok) r.why = "too few members uploaded";
+      if (r.ok) {
+        r.sum = sums_[g].visit([&](auto w) { return crypto::decode(codec_, w); });
+        r.why = server::implausible_sum(r.sum, d_, r.survivors.size(), cfg_.secure, clip_norm_.has_value());
+        r.ok = r.why.empty();
+      }
+      results.push_back(std::move(r));
+    }
+    return server::combine_groups(cfg_.aggregation, results, d_,
+                                  clip_norm_ ? std::optional<double>(codec_.clip_norm) : std::nullopt,
+                                  cfg_.secure.clip_norm, ctx, out);
+  }
+
+ private:
+  const server::ServerConfig& cfg_;
+  std::uint64_t round_;
+  std::size_t d_;
+  std::optional<double> clip_norm_;
+  crypto::FixedPointParams codec_;
+  std::map<std::string, std::size_t> group_of_;
+  std::vector<protocol::MaskedVector> sums_;
+  std::vector<std::vector<std::string>> members_;
+  std::map<std::size_t, std::vector<std::string>> survivors_;
+};
 
 struct Silo {
   std::string name;
@@ -99,9 +185,16 @@ SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& 
 
   SimResult result;
   result.exit_code = 0;
+  const bool secure = scfg.secure.on();
   for (std::uint64_t round = 1; round <= scfg.rounds; ++round) {
-    auto agg = server::make_aggregator(scfg, global, round, names, clip_norm);
-    server::CombineContext ctx{round, scfg.seed, 0};
+    std::unique_ptr<server::Aggregator> agg;
+    std::optional<GroupedSums> groups;
+    if (secure) {
+      groups.emplace(scfg, round, names, global.size(), clip_norm, sim_secure_floor(cfg));
+    } else {
+      agg = server::make_aggregator(scfg, global, round, names, clip_norm);
+    }
+    server::CombineContext ctx{round, scfg.seed, 0, optimizer.last_step()};
     std::size_t folded = 0;
     for (auto& s : silos) {
       agent::TrainTask task{round, s.name, scfg.plan};
@@ -119,6 +212,14 @@ SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& 
         agent::apply_momentum(*o.update, o.weight, s.momentum, scfg.plan.silo_momentum());
       }
       s.hook->tamper(task, global, o.update->flat(), o.weight);
+      if (groups) {
+        // A silo refuses to encode an update with NaN or infinite values (its session's check).
+        const auto u = o.update->flat();
+        if (!std::all_of(u.begin(), u.end(), [&](float v) { return std::isfinite(v / o.weight); })) continue;
+        groups->add(s.name, u, o.weight, *s.hook);
+        ++folded;
+        continue;
+      }
       // The upload, as the server's slot receives it: into the aggregator's buffer, checked.
       auto buf = agg->buffer();
       const auto bytes = std::as_bytes(o.update->flat());
@@ -130,11 +231,11 @@ SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& 
       if (r.ok()) ++folded;
       else if (r.error == server::FoldError::NonFinite) ++ctx.nonfinite;
     }
-    (void)agg->prepare();
+    if (agg) (void)agg->prepare();
     bool committed = folded >= need;
     if (committed) {
       Model next = global.zeros_like();
-      const auto c = agg->combine(next.flat(), ctx);
+      const auto c = groups ? groups->combine(next.flat(), ctx) : agg->combine(next.flat(), ctx);
       committed = c.ok;
       if (committed) {
         optimizer.step_into(global.flat(), next.flat());
