@@ -993,9 +993,14 @@ TEST(Coordinator, KrumKeepsTheAttackerOutAndTheAuditSaysWhy) {
   ASSERT_EQ(h.store.commits.size(), 1u);
   const auto& robust = h.store.commits[0].record["robust"];
   EXPECT_EQ(robust["applied"], "krum");
+  const double dims = static_cast<double>(h.initial_.size());
   for (const auto& d : robust["decisions"]) {
+    // The norm of every input's delta is recorded, clipping or not (docs/robust.md).
+    ASSERT_TRUE(d.contains("norm")) << d.dump();
+    EXPECT_FALSE(d.contains("clipped")) << d.dump();
     if (d["silo"] == name(4)) {
       EXPECT_FALSE(d["kept"].get<bool>());
+      EXPECT_NEAR(d["norm"].get<double>(), 1e6 * std::sqrt(dims), 1e-4 * 1e6 * std::sqrt(dims));
     }
   }
   // Krum picks one honest delta (0.2 or 0.3 are the most central); it is far from the attack.
