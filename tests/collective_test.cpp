@@ -405,6 +405,10 @@ void expect_clean_exit(Workers& w, int k, std::chrono::milliseconds limit) {
   EXPECT_EQ(*code, 0) << slurp(w.logs[static_cast<std::size_t>(k)]);
 }
 
+// Depends on timing: worker 2 is killed once it logs "STEP 3 begin" and the kill must land inside
+// that step, which 24 MiB steps on loopback allow (load only lengthens them); the survivors notice
+// by the 2 s step timeout. No deterministic counterpart yet: the collectives have no sans-I/O
+// harness.
 TEST(CollectiveProcesses, KillOneOfFourMidStepAndTheStepCompletesOnThreeWithTheRightSum) {
   test::TempDir dir;
   // 24 MiB per step: a step takes long enough on loopback for the kill to land inside it.
@@ -425,6 +429,9 @@ TEST(CollectiveProcesses, KillOneOfFourMidStepAndTheStepCompletesOnThreeWithTheR
   EXPECT_EQ(w.coord->members(), (std::vector<int>{0, 1, 3}));
 }
 
+// Depends on timing: worker 1 stalls at step 2 and is excluded when the 2 s step timeout expires on
+// purpose; the live workers' steps of 1,000 elements take far less, so load does not make them
+// look stalled. No deterministic counterpart yet.
 TEST(CollectiveProcesses, AStalledWorkerIsDetectedByTheStepTimeoutAndExcluded) {
   test::TempDir dir;
   auto w = start_workers(3, dir.path(), {"--backend", "hd", "--check-steps", "4", "--elements", "1000"},
@@ -486,6 +493,10 @@ Model train_with_a_kill(const TrainingCase& c, const std::string& compression, c
   return load_safetensors(job.out);
 }
 
+// Depends on timing: worker 0 is killed once it logs epoch 2 of 20, and the kill must land before
+// training ends (train_with_a_kill says so when it did not); 18 epochs left are a wide margin.
+// Deterministic counterpart: DataParallel.ShardsOfAnExcludedWorkerPassToTheSurvivors covers which
+// survivor takes the killed worker's shards; the re-formation has no deterministic counterpart yet.
 TEST(CollectiveProcesses, TrainingSurvivesAKilledWorkerAndEqualsOneProcess) {
   test::TempDir dir;
   auto c = digits_case();
@@ -498,6 +509,9 @@ TEST(CollectiveProcesses, TrainingSurvivesAKilledWorkerAndEqualsOneProcess) {
 
 // 8-bit buckets x a killed worker: the step is redone with each survivor's error feedback rolled
 // back with its parameters, and the model learns as well as one process does.
+// Depends on timing as the test above does (the kill after epoch 2 of 20). Deterministic
+// counterpart: DataParallel.ShardsOfAnExcludedWorkerPassToTheSurvivors; the rolled-back step has
+// no deterministic counterpart yet.
 TEST(CollectiveProcesses, Int8TrainingSurvivesAKilledWorkerAndLearnsAsOneProcessDoes) {
   test::TempDir dir;
   auto c = digits_case();

@@ -51,6 +51,12 @@ TEST(Edges, TwoEdgesOfThreeSilosGiveTheFlatTopologysModel) {
   for (auto& e : tiered.edges) EXPECT_EQ(e->wait(10s).value_or(-1), 0) << tiered.logs();
 }
 
+// Depends on timing: edge-01 is killed once round 2 has started with all six and must die before
+// it sends its region's sum, which slow_config's seconds of training allow; its silos must fail
+// over by their reconnect backoff before round 4, within round 3's seconds of training (join_s 5
+// bounds each wait). No deterministic counterpart yet for the loss of a whole edge at the server;
+// Coordinator.HundredSilosWithRandomDropoutsAtEveryPhaseMatchTheReference covers silos lost one by
+// one and Coordinator.AnEdgeCannotTakeOverADirectlyConnectedSilo a silo moving to another upstream.
 TEST(Edges, AnEdgeKilledMidRoundDropsItsSilosWhoFailOverAndComeBack) {
   SimConfig cfg = slow_config(6, 4);
   cfg.edges = 2;
@@ -84,6 +90,12 @@ TEST(Edges, AnEdgeKilledMidRoundDropsItsSilosWhoFailOverAndComeBack) {
 // through their backup (edge-02); it comes back, and they move back to it between rounds, each
 // asking the server first (Leaving). No round after the kill's loses a silo to the move, and
 // at the end edge-01 carries its three silos again.
+// Depends on timing: the kill and the restart fall between rounds of tens of milliseconds, and
+// 300 rounds leave room to see the move (if they end within 5 rounds of the restart, the test
+// fails saying so); where the move falls is a race the Leaving exchange makes safe. Deterministic
+// counterparts: Coordinator.ASiloAskingToLeaveFinishesItsRoundAndNoLaterRoundSelectsIt,
+// Relay.CarriesASilosLeavingUpAndTheAnswerBackInOrder and
+// Session.LeavesOnlyOnceAnsweredAndInNoRound.
 TEST(Edges, SilosMoveBackToARestartedEdgeWithoutDroppingOutOfARound) {
   constexpr std::uint64_t kRounds = 300;  // rounds of tens of milliseconds: the move falls between two of them
   SimConfig cfg = small_config(6, kRounds);
@@ -117,6 +129,10 @@ TEST(Edges, SilosMoveBackToARestartedEdgeWithoutDroppingOutOfARound) {
 
 // An edge that connects before any of its silos announces an empty region and stays
 // connected: no refused envelope, no reconnect loop. Its silos then join and rounds commit.
+// Depends on timing: the 2 s of real time are the window in which a reconnect loop would show
+// (the sim's backoff starts at 100 ms); under load fewer reconnects fit, so a broken edge could
+// pass, a good one cannot fail. Deterministic counterpart:
+// Relay.AnEmptyRegionIsAnnouncedWithARegionStatusBody.
 TEST(Edges, AnEdgeWithAnEmptyRegionStaysConnected) {
   SimConfig cfg = small_config(2, 1);
   cfg.edges = 1;
@@ -188,6 +204,12 @@ namespace {
 // shares them) and one after sharing them (its mask key is rebuilt from the others' shares).
 // Every round commits, and the model is plain FedAvg of the silos that made it, to within the
 // fixed-point step.
+// The two deaths are the silos' own hooks, placed exactly; what depends on timing is join_s 3: the
+// reference assumes all six silos joined round 1 through their edges within 3 s (a late one
+// would sit it out and the models would differ), and keys_s and unmask_s of 10 s must outlast the
+// live silos' steps. Deterministic counterparts:
+// Cores.OneDropoutInEverySecureGroupCostsOnlyThatSilo and
+// Session.ASimulatedCrashAfterSendingKeysSilencesTheSession.
 TEST(SecureEdges, RoundsSurviveDropoutsAfterKeysAndAfterSharesAndMatchFedAvg) {
   SimConfig cfg = small_config(6, 3);
   cfg.edges = 2;

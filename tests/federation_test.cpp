@@ -111,6 +111,11 @@ TEST(Federation, AHandshakeFloodDoesNotStopTheRounds) {
       << fed.logs();
 }
 
+// Depends on timing: silo 3 is stopped and killed once round 2 has started with all three, and
+// must die before it uploads, which slow_config's seconds of training allow (load only makes
+// them longer); join_s 2 bounds how long round 3 could wait for it. Deterministic counterparts:
+// Coordinator.HundredSilosWithRandomDropoutsAtEveryPhaseMatchTheReference (silos lost in training
+// and mid-upload) and Coordinator.ASiloThatLeftDoesNotMakeLaterRoundsWaitForTheJoinDeadline.
 TEST(Federation, AnAgentKilledMidRoundIsADropoutAndTheRoundCommits) {
   SimConfig cfg = slow_config(3, 3);
   cfg.selection["min_silos"] = 2;
@@ -141,6 +146,12 @@ TEST(Federation, AnAgentKilledMidRoundIsADropoutAndTheRoundCommits) {
 // Certificate lifecycle: a silo whose kit is renewed (`xsilo pki renew`) and which restarts with
 // it keeps its place: it takes part in the rounds after, under the same name. The new
 // certificate expires soon, so the server warns, with the date and the way out.
+// Depends on timing: the kill lands wherever round 2 is after round 1's row, and the restart races
+// the rounds; the checks hold wherever they fall (a round 2 it was in commits without it, and
+// min_silos 3 holds rounds 3 and 4 until it is back). Deterministic counterparts:
+// Coordinator.NeverStartsBelowMinSilosEvenAfterTheJoinDeadline and
+// Coordinator.AReconnectingSiloReplacesItsOldConnection (the warning's text:
+// TlsTest.RenewingAKitKeepsNameAndRoleWithAFreshKeyAndTheWarningSaysWhen).
 TEST(Federation, ASiloRestartedWithARenewedKitKeepsItsPlaceAndExpiriesAreWarnedOf) {
   SimConfig cfg = slow_config(3, 4);
   cfg.selection = {{"min_silos", 3}, {"min_updates", 2}};  // no round starts without all three
@@ -182,6 +193,12 @@ TEST(Federation, ASiloRestartedWithARenewedKitKeepsItsPlaceAndExpiriesAreWarnedO
   EXPECT_EQ(server_log.find("certificate of silo hospital-02 expires"), std::string::npos);
 }
 
+// Depends on timing: the server is killed wherever round 3 is once round 2's row is written (a
+// commit in progress included) and the agents come back by their own reconnect backoff; the
+// checks hold wherever the kill lands, and 240 s leave room for slow_config's rounds under load.
+// Deterministic counterparts: RecoveryTest.ACheckpointAheadOfTheLogIsAppendedExactlyAsSigned and
+// RecoveryTest.RoundsTheLogRecordsButTheMetricsLackGetTheirRowsBack (a kill inside a commit), and
+// Coordinator.ResumedPastTheLastRoundFinishesAtOnce.
 TEST(Federation, ARestartedServerResumesFromItsLastCommittedRound) {
   Fed fed(slow_config(3, 5));  // the server keeps its port across the restart
   fed.start_server();
@@ -504,6 +521,12 @@ wire::Envelope admin_request_as_silo(const FederationFiles& f, std::uint16_t por
 // An operator watches a federation through status and metrics, pauses it (the pause survives
 // a server crash), resumes and stops it; a silo's certificate cannot do the same. Edges,
 // metrics on every process and a server restart in one run.
+// Depends on timing: that no round runs while paused is seen over 1.5 s and 1 s of real time, in
+// which rounds of tens of milliseconds would add rows (under load a wrongly started round could be
+// missed; a correct run cannot fail). Deterministic counterparts:
+// Coordinator.AdminPauseResumeAndStopActBetweenRoundsAndAreAudited and
+// Coordinator.AdminStopBetweenRoundsEndsTheFederationAtOnce; the pause kept across a server
+// restart has no deterministic counterpart yet.
 TEST(Federation, OperatorsWatchPauseResumeAndStopAFederation) {
   auto c = small_config(3, 100000);
   c.edges = 1;

@@ -112,6 +112,13 @@ TEST(KillStorm, AStormTheFederationCannotHaveIsRefusedWithItsKey) {
   EXPECT_FALSE(ok.faults.empty());
 }
 
+// Depends on timing: each kill lands wherever the sim sees its phase begin, in rounds the storm
+// paces with 100 to 300 ms of training; a fault seen after the next round started is missed (at
+// most half may be), the restarts race the rounds, and deadlines of 5 s bound what a kill costs;
+// 150 s leave room for the 36 rounds under load. Deterministic counterparts:
+// Coordinator.HundredSilosWithRandomDropoutsAtEveryPhaseMatchTheReference,
+// Session.ErrorFeedbackMovesOnExactlyWithTheUploadsLineWhereverACrashLands and
+// RecoveryTest.RoundsTheLogRecordsButTheMetricsLackGetTheirRowsBack.
 TEST(KillStorm, ThirtySixRoundsUnderAKillEveryFewRoundsLoseAndRepeatNoCommittedRound) {
   test::TempDir dir;
   const std::uint64_t rounds = 36;

@@ -189,6 +189,12 @@ std::size_t lines_of(const std::filesystem::path& p) {
 // reason code for the server. A trainer out of step with the agent (hung, exited) is started
 // afresh for the next round; one whose answer was refused keeps running, its state kept (here
 // it behaves from round 2 on).
+// Depends on timing: the "hang" and "silent" modes wait out trainer.task_timeout_s 3 and
+// trainer.startup_s 5 on purpose, and every other mode needs Python with numpy to start within
+// 5 s and answer within 3 s (on a machine loaded enough to miss that, the error names the
+// timeout). Deterministic counterpart of what the session does with each failure:
+// Session.ATrainerFailureIsReportedAndAFatalOneStopsTheAgent; the trainer's timeouts themselves
+// have no deterministic counterpart yet.
 TEST_P(TrainerMisbehaviour, IsAClearErrorAndTheNextRoundStartsAfresh) {
   REQUIRE_PYTHON_MODULE("numpy");
   const auto& m = GetParam();
@@ -279,6 +285,9 @@ TEST(ExternalTrainer, WorkersThatNeverJoinAProcessGroupAreRefusedWithTheFix) {
 // Start-up has its own budget: a trainer that needs 2 s to start (an `import torch`) and 1.5 s
 // for a task passes with trainer.startup_s 5 and trainer.task_timeout_s 2 (one budget would have
 // counted 3.5 s against 2).
+// Depends on timing: the 2 s sleep and Python's own start must fit in startup_s 5, and the task in
+// task_timeout_s 2; a machine loaded enough to stretch either fails it with the timeout's
+// message. No deterministic counterpart yet.
 TEST(ExternalTrainer, StartUpDoesNotCountAgainstTheTaskBudget) {
   REQUIRE_PYTHON_MODULE("numpy");
   test::TempDir dir;
@@ -434,6 +443,10 @@ TEST(ExternalTrainers, ATrainersOutputStaysInTheSiloOnlyAReasonCodeReachesTheSer
 // The sim never waits for ever: when every agent has exited (here each trainer fails its first
 // round and trainer.max_failures is 1), it stops the server, says why, names each agent's exit
 // and the end of its log, and exits non-zero.
+// Depends on timing: it measures that the sim gives up within 120 s of real time, where it waits
+// 5 s once no agent runs; the rest is the agents' start and one failed round each, a wide margin
+// under load. No deterministic counterpart yet for the sim's stall watch;
+// Session.ATrainerFailureIsReportedAndAFatalOneStopsTheAgent covers the agent's fatal stop.
 TEST(ExternalTrainers, TheSimEndsWithTheReasonWhenEveryAgentHasExited) {
   REQUIRE_PYTHON_MODULE("numpy");
   test::TempDir dir;

@@ -19,7 +19,7 @@ void add_sim(CLI::App& app, int& exit_code) {
   cmd->add_flag("--quiet", *quiet, "no progress lines");
   cmd->add_flag("--in-process", *in_process,
                 "the same trainers, attacks, aggregator and optimizer in one process, without network "
-                "(fast sweeps; refuses secure aggregation, edges, faults, external trainers)");
+                "(fast sweeps; secure aggregation as its arithmetic; refuses edges, faults, external trainers)");
   cmd->callback([config, out, quiet, in_process, &exit_code] {
     const SimConfig cfg = config->empty() ? default_sim_config() : load_sim_config(*config);
     if (!*in_process) {
