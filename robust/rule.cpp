@@ -118,10 +118,12 @@ std::string check_tolerance(const RuleSpec& s, std::size_t n) {
     case Rule::Bulyan: need = 4 * f + 3, rule = "bulyan"; break;
     case Rule::TrimmedMean: rule = "a trimmed mean"; break;
     case Rule::CenteredClip: rule = "centered clipping"; break;
-    case Rule::FedAvg: rule = "nearest-neighbour mixing"; break;
+    case Rule::FedAvg: rule = s.nnm ? "nearest-neighbour mixing" : "a mean of buckets"; break;
     case Rule::Median: break;
   }
-  if (s.nnm && s.rule != Rule::Krum && s.rule != Rule::MultiKrum && s.rule != Rule::Bulyan) rule += " after mixing";
+  const bool mixing_named = s.rule == Rule::FedAvg || s.rule == Rule::Krum || s.rule == Rule::MultiKrum ||
+                            s.rule == Rule::Bulyan;
+  if (s.nnm && !mixing_named) rule += " after mixing";
   if (k >= need) return "";
   return rule + " withstands f = " + std::to_string(f) + " Byzantine inputs only among at least " + std::to_string(need) +
          " (more than " + (need == 4 * f + 3 ? "4f + 2" : need == 2 * f + 3 ? "2f + 2" : "2f") + "), not " +
@@ -130,10 +132,15 @@ std::string check_tolerance(const RuleSpec& s, std::size_t n) {
 
 std::string void_robustness(const RuleSpec& s, std::size_t n) {
   if (s.rule == Rule::FedAvg && !s.nnm && s.bucket <= 1) return "";
+  // A fixed radius still bounds each input's pull, however few the inputs.
+  if (s.rule == Rule::CenteredClip && s.tau > 0) return "";
   const std::size_t k = rule_inputs(s, n);
   if (k > 2) return "";
-  return std::string(name(s.rule)) + " over " + std::to_string(k) + (k == 1 ? " input is that input" : " inputs is their mean") +
-         ": no input can be outvoted";
+  if (k == 1) return std::string(name(s.rule)) + " over 1 input is that input: no input can be outvoted";
+  const std::string what = s.rule == Rule::Krum          ? " inputs picks one of them"
+                           : s.rule == Rule::CenteredClip ? " inputs lets the farther one pull without bound (the radius grows with its distance)"
+                                                          : " inputs is their mean";
+  return std::string(name(s.rule)) + " over 2" + what + ": no input can be outvoted";
 }
 
 Result apply(const RuleSpec& s, MatrixView x, std::span<const double> weights) {
@@ -155,6 +162,7 @@ Result apply(const RuleSpec& s, MatrixView x, std::span<const double> weights) {
   Result r = apply_rule(s, buckets.view(x.d), buckets.weights);
   Result out;
   out.aggregate = std::move(r.aggregate);
+  out.radius = r.radius;
   out.decisions.resize(x.n);
   for (std::size_t b = 0; b < buckets.sources.size(); ++b) {
     for (auto i : buckets.sources[b]) {

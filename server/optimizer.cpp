@@ -60,9 +60,9 @@ void ServerOptimizer::load_state(const Model& state) {
   auto load = [&](const char* name, std::vector<float>& into) {
     if (into.empty()) return;
     const auto* t = state.find(name);
-    if (!t || t->size() != into.size()) {
-      throw std::runtime_error(std::string("optimizer state lacks tensor ") + name +
-                               " of the model's size");
+    if (!t) return;  // written by another optimizer (changed since): from zeros, as a first step
+    if (t->size() != into.size()) {
+      throw std::runtime_error(std::string("optimizer state's tensor ") + name + " is not of the model's size");
     }
     auto src = state.tensor(name);
     std::memcpy(into.data(), src.data(), into.size() * sizeof(float));

@@ -35,8 +35,9 @@ class ServerOptimizer {
   const OptimizerConfig& config() const { return cfg_; }
   // State to checkpoint: "m" and "v" tensors (absent for fedavg), and "last_step" when kept.
   Model state() const;
-  // Throws std::runtime_error on a layout mismatch. A state without "last_step" (a checkpoint
-  // from before it was kept) starts it from zeros, as the first round does.
+  // Throws std::runtime_error on a layout mismatch. A tensor the state lacks (a checkpoint of
+  // another optimizer, or from before "last_step" was kept) starts from zeros, as the first
+  // round does.
   void load_state(const Model& state);
   // The last aggregate step taken (empty before the first, or when not kept).
   std::span<const float> last_step() const { return last_; }

@@ -185,6 +185,16 @@ TEST(ServerOptimizer, TheLastStepIsKeptForCenteredClippingAndSurvivesARestart) {
   wrong.add("m", {3});
   wrong.add("last_step", {2});
   EXPECT_THROW(restarted.load_state(wrong), std::runtime_error);
+  // The optimizer changed since the checkpoint (fedavg with centered clipping kept only the
+  // step): the momentum starts from zeros, the centre goes on.
+  server::OptimizerConfig avg{"fedavg", 1.0f};
+  avg.keep_last_step = true;
+  server::ServerOptimizer first(avg, layout);
+  std::vector<float> fresh{0.5f, -1, 2};  // step_into leaves model + step in its argument
+  first.step_into(model, fresh);
+  server::ServerOptimizer switched(c, layout);
+  EXPECT_NO_THROW(switched.load_state(first.state()));
+  EXPECT_EQ(std::vector<float>(switched.last_step().begin(), switched.last_step().end()), want);
 }
 
 // Review N8: a trainer's finite but huge values (3e38) passed the agent, overflowed to infinity

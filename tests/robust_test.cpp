@@ -292,6 +292,30 @@ TEST(Robust, ToleranceOfFIsCheckedAndVoidRobustnessNamed) {
   EXPECT_EQ(void_robustness(median, 3), "");
   RuleSpec fedavg;
   EXPECT_EQ(void_robustness(fedavg, 2), "");  // nothing was promised
+  RuleSpec clip;
+  clip.rule = Rule::CenteredClip;
+  EXPECT_NE(void_robustness(clip, 2).find("the farther one pull without bound"), std::string::npos);
+  clip.tau = 0.5;  // a fixed radius still bounds each input's pull
+  EXPECT_EQ(void_robustness(clip, 2), "");
+  RuleSpec buckets;  // FedAvg over buckets is named as such, not as mixing
+  buckets.f = 2;
+  buckets.bucket = 2;
+  EXPECT_NE(check_tolerance(buckets, 8).find("a mean of buckets withstands"), std::string::npos)
+      << check_tolerance(buckets, 8);
+}
+
+// With bucketing, the rule's result is rebuilt per input; the radius of centered clipping
+// (which the audit record states) comes with it.
+TEST(Robust, TheCentredClippingRadiusSurvivesBucketing) {
+  std::vector<float> x(8 * 3);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 7) - 3.0f;
+  RuleSpec spec;
+  spec.rule = Rule::CenteredClip;
+  spec.bucket = 2;
+  spec.seed = 4;
+  const auto r = apply(spec, view(x, 8), {});
+  EXPECT_GT(r.radius, 0);
+  EXPECT_EQ(r.buckets.size(), 4u);
 }
 
 // Composed with a rule: the rule sees the buckets (check() counts them), every input gets its

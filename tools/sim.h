@@ -201,7 +201,9 @@ using RoundCallback = std::function<void(std::uint64_t round, bool committed, co
 // simulated attacks and the server's aggregator and optimizer, without processes or network
 // (secure aggregation as its arithmetic, as said above). Refuses, with the reason, what lives in
 // the protocol: edges, faults, hostile processes, external trainers, sampling silos, compressed
-// uploads, and a secure setup the silos would refuse. Writes out/model.safetensors.
+// uploads, and a secure setup whose sums are smaller than the silos' floor (secure_floor.min_sum;
+// the floor's other conditions, on colluders and SecAgg+ graphs, are checked only by real
+// silos). Writes out/model.safetensors.
 SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& out,
                              const RoundCallback& on_round = nullptr);
 

@@ -66,9 +66,10 @@ class GroupedSums {
  public:
   GroupedSums(const server::ServerConfig& cfg, std::uint64_t round, const std::vector<std::string>& silos,
               std::size_t d, std::optional<double> clip_norm, const crypto::secagg::Floor& floor)
-      : cfg_(cfg), round_(round), d_(d), clip_norm_(clip_norm) {
-    codec_ = cfg.secure.codec();
-    if (clip_norm) codec_.clip_norm = std::min(*clip_norm, cfg.secure.clip_norm);
+      : cfg_(cfg), secure_(cfg.secure), round_(round), d_(d), clip_norm_(clip_norm) {
+    // As the server's round: the round's adaptive clip norm, never above secure.clip_norm.
+    if (clip_norm) secure_.clip_norm = std::min(*clip_norm, secure_.clip_norm);
+    codec_ = secure_.codec();
     codec_.unclipped_bit = clip_norm.has_value();
     // The signed setup carries both as float32: the silos clip and cap with those values.
     codec_.clip_norm = static_cast<float>(codec_.clip_norm);
@@ -119,18 +120,19 @@ class GroupedSums {
       if (!r.ok) r.why = "too few members uploaded";
       if (r.ok) {
         r.sum = sums_[g].visit([&](auto w) { return crypto::decode(codec_, w); });
-        r.why = server::implausible_sum(r.sum, d_, r.survivors.size(), cfg_.secure, clip_norm_.has_value());
+        r.why = server::implausible_sum(r.sum, d_, r.survivors.size(), secure_, clip_norm_.has_value());
         r.ok = r.why.empty();
       }
       results.push_back(std::move(r));
     }
     return server::combine_groups(cfg_.aggregation, results, d_,
-                                  clip_norm_ ? std::optional<double>(codec_.clip_norm) : std::nullopt,
+                                  clip_norm_ ? std::optional<double>(secure_.clip_norm) : std::nullopt,
                                   cfg_.secure.clip_norm, ctx, out);
   }
 
  private:
   const server::ServerConfig& cfg_;
+  server::SecureConfig secure_;  // the round's: clip_norm lowered to the adaptive one
   std::uint64_t round_;
   std::size_t d_;
   std::optional<double> clip_norm_;
@@ -236,7 +238,9 @@ SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& 
     if (committed) {
       Model next = global.zeros_like();
       const auto c = groups ? groups->combine(next.flat(), ctx) : agg->combine(next.flat(), ctx);
-      committed = c.ok;
+      // As the server: a step whose sum overflowed float never reaches the optimizer or the model.
+      const auto step = next.flat();
+      committed = c.ok && std::all_of(step.begin(), step.end(), [](float v) { return std::isfinite(v); });
       if (committed) {
         optimizer.step_into(global.flat(), next.flat());
         global = std::move(next);
