@@ -193,11 +193,13 @@ std::vector<std::size_t> finite_rows(MatrixView x) {
   return out;
 }
 
+double l2_norm(std::span<const float> row) { return std::sqrt(sq_norm(row)); }
+
 std::vector<Decision> clip_l2(std::span<float> rows, std::size_t n, std::size_t d, double c) {
   std::vector<Decision> out(n);
   for (std::size_t i = 0; i < n; ++i) {
     auto r = rows.subspan(i * d, d);
-    const double norm = std::sqrt(sq_norm(r));
+    const double norm = l2_norm(r);
     out[i].score = norm;
     if (norm > c) {
       const auto s = static_cast<float>(c / norm);

@@ -72,6 +72,9 @@ std::string check_bulyan(std::size_t n, std::size_t f);
 // Indices of rows whose every value is finite.
 std::vector<std::size_t> finite_rows(MatrixView x);
 
+// The L2 norm of a row (summed in double).
+double l2_norm(std::span<const float> row);
+
 // Scales rows in place to L2 norm at most `c`; decision score = the original norm.
 std::vector<Decision> clip_l2(std::span<float> rows, std::size_t n, std::size_t d, double c);
 

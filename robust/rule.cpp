@@ -111,11 +111,11 @@ std::string check_tolerance(const RuleSpec& s, std::size_t n) {
   if (s.f == 0 || (s.rule == Rule::FedAvg && !s.nnm && s.bucket <= 1)) return "";
   const std::size_t k = rule_inputs(s, n), f = s.f;
   std::size_t need = 2 * f + 1;
-  std::string rule = "a median";
+  std::string rule = "a median", more = "2f";
   switch (s.rule) {
     case Rule::Krum:
-    case Rule::MultiKrum: need = 2 * f + 3, rule = std::string(name(s.rule)); break;
-    case Rule::Bulyan: need = 4 * f + 3, rule = "bulyan"; break;
+    case Rule::MultiKrum: need = 2 * f + 3, more = "2f + 2", rule = std::string(name(s.rule)); break;
+    case Rule::Bulyan: need = 4 * f + 3, more = "4f + 2", rule = "bulyan"; break;
     case Rule::TrimmedMean: rule = "a trimmed mean"; break;
     case Rule::CenteredClip: rule = "centered clipping"; break;
     case Rule::FedAvg: rule = s.nnm ? "nearest-neighbour mixing" : "a mean of buckets"; break;
@@ -126,7 +126,7 @@ std::string check_tolerance(const RuleSpec& s, std::size_t n) {
   if (s.nnm && !mixing_named) rule += " after mixing";
   if (k >= need) return "";
   return rule + " withstands f = " + std::to_string(f) + " Byzantine inputs only among at least " + std::to_string(need) +
-         " (more than " + (need == 4 * f + 3 ? "4f + 2" : need == 2 * f + 3 ? "2f + 2" : "2f") + "), not " +
+         " (more than " + more + "), not " +
          std::to_string(k);
 }
 

@@ -140,13 +140,7 @@ class RowCollector final : public Aggregator {
     for (std::size_t i = 0; i < d; ++i) rows_[at + i] = cur[i] * inv;
     // Its norm goes into the audit record whether or not it is clipped.
     const auto row = std::span<float>(rows_).subspan(at, d);
-    double norm = 0;
-    if (a_.clip_norm > 0) {
-      norm = robust::clip_l2(row, 1, d, a_.clip_norm)[0].score;
-    } else {
-      for (float v : row) norm += static_cast<double>(v) * v;
-      norm = std::sqrt(norm);
-    }
+    const double norm = a_.clip_norm > 0 ? robust::clip_l2(row, 1, d, a_.clip_norm)[0].score : robust::l2_norm(row);
     labels_.push_back(c.silos.front());
     weights_.push_back(c.weight);
     norms_.push_back(norm);

@@ -129,14 +129,10 @@ Combined combine_groups(const AggregationConfig& aggregation, const std::vector<
     for (std::size_t k = 0; k <= d; ++k) total[k] += r.sum[k];
     // The group's mean: one row for a robust rule across groups.
     const double inv = 1.0 / r.sum[d];
-    double sq = 0;
-    for (std::size_t k = 0; k < d; ++k) {
-      rows.push_back(static_cast<float>(r.sum[k] * inv));
-      sq += static_cast<double>(rows.back()) * rows.back();
-    }
+    for (std::size_t k = 0; k < d; ++k) rows.push_back(static_cast<float>(r.sum[k] * inv));
     labels.push_back(std::to_string(r.group));
     weights.push_back(r.sum[d]);
-    norms.push_back(std::sqrt(sq));
+    norms.push_back(robust::l2_norm(std::span<const float>(rows).last(d)));
   }
   Combined c;
   if (aggregation.inspects_inputs()) {
