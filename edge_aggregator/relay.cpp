@@ -91,6 +91,13 @@ void Relay::on_server_message(const wire::Envelope& e) {
     case B::kLeaving:
       if (!e.silo().empty()) to_silo(e.silo(), e);  // the edge only carries them
       break;
+    case B::kModelRequest:
+      // A restarted server asks one silo for its last committed model: the silo's answer (its
+      // chunks, then a ModelOffer) is carried up as it is, outside any round's upload slot.
+      if (e.silo().empty() || !connected_.count(e.silo())) break;
+      model_asked_.insert(e.silo());
+      to_silo(e.silo(), e);
+      break;
     case B::kTensorChunk:
       // The model passes through: each chunk goes on to the selected silos as it arrives.
       if (!this_round) break;
@@ -304,6 +311,7 @@ void Relay::on_silo_up(const std::string& silo) {
 
 void Relay::on_silo_down(const std::string& silo) {
   if (!connected_.erase(silo)) return;
+  model_asked_.erase(silo);
   silo_held_.erase(silo);
   proofs_.erase(silo);
   proof_sent_.erase(silo);
@@ -312,6 +320,13 @@ void Relay::on_silo_down(const std::string& silo) {
   silo_gone(silo);
   spdlog::info("silo {} left ({} in the region)", silo, connected_.size());
   send_region_status();
+}
+
+// The asked silo's copy of the model, checked by the server against its audit log.
+void Relay::relay_model(const std::string& silo, const wire::Envelope& e) {
+  wire::Envelope relay = e;
+  relay.set_silo(silo);
+  to_server(std::move(relay));
 }
 
 void Relay::on_silo_message(const std::string& silo, const wire::Envelope& e) {
@@ -331,6 +346,13 @@ void Relay::on_silo_message(const std::string& silo, const wire::Envelope& e) {
       proof_sent_.erase(silo);
       spdlog::info("silo {} signed its join ({} in the region)", silo, proofs_.size());
       send_region_status();
+      break;
+    case B::kModelOffer:
+      if (!model_asked_.erase(silo)) {
+        silo_error(silo, wire::UNEXPECTED, "ModelOffer, but the server asked this silo for no model");
+        break;
+      }
+      relay_model(silo, e);
       break;
     case B::kWitness: {
       // Passed up unread (the server checks the audit key's signature), after the silo's join.
@@ -377,6 +399,10 @@ void Relay::on_silo_message(const std::string& silo, const wire::Envelope& e) {
       break;
     }
     case B::kTensorChunk: {
+      if (model_asked_.count(silo)) {
+        relay_model(silo, e);
+        break;
+      }
       if (!in_round || !r->slot.held_by(silo) || r->slot.complete() || r->folding) {
         silo_error(silo, wire::UNEXPECTED, "TensorChunk without an UploadGrant");
         return;

@@ -117,6 +117,7 @@ class Relay {
 
   void start_round(const wire::Envelope& e);
   void model_chunk(const wire::Envelope& e);
+  void relay_model(const std::string& silo, const wire::Envelope& e);
   void to_silo(const std::string& silo, wire::Envelope e);
   void to_server(wire::Envelope e) { actions_.push_back(action::ToServer{std::move(e)}); }
   void silo_error(const std::string& silo, wire::ErrorCode code, const std::string& msg);
@@ -145,6 +146,7 @@ class Relay {
   std::shared_ptr<Model> model_;
   std::string model_sha_;
   std::map<std::string, std::string> silo_held_;
+  std::set<std::string> model_asked_;  // silos the server asked for its lost model (ModelRequest)
   std::uint64_t last_round_ = 0;
   bool finished_ = false;
   std::uint64_t job_id_ = 0;

@@ -101,6 +101,11 @@ void Coordinator::start(std::int64_t now_ms) {
   set_phase(Phase::Joining, now_ms);
   join_elapsed_ = false;
   actions_.push_back(action::StartTimer{Timer::Join, cfg_.deadlines.join});
+  if (fetch_) {
+    spdlog::warn("the model of committed round {} is in no copy here: asking the silos for it as they connect",
+                 fetch_->round);
+    return;
+  }
   if (paused_) spdlog::warn("paused by admin {}: no round starts until `xsilo admin resume`", paused_by_);
   try_start_round(now_ms);
 }
@@ -117,6 +122,10 @@ void Coordinator::set_phase(Phase p, std::int64_t now_ms) {
 void Coordinator::on_timer(Timer timer, std::int64_t now_ms) {
   switch (timer) {
     case Timer::Join:
+      if (fetch_) {
+        if (!fetch_->restoring) fetch_expired();
+        break;
+      }
       join_elapsed_ = true;
       if (phase_ == Phase::Joining) {
         if (membership_.selectable() < cfg_.selection.min_silos) {
@@ -188,7 +197,7 @@ void Coordinator::on_timer(Timer timer, std::int64_t now_ms) {
 // ---- the round ------------------------------------------------------------------------------
 
 void Coordinator::try_start_round(std::int64_t now_ms) {
-  if (phase_ != Phase::Joining || job_ != JobKind::None || paused_) return;
+  if (phase_ != Phase::Joining || job_ != JobKind::None || paused_ || fetch_) return;
   if (membership_.selectable() < cfg_.selection.min_silos) return;
   // Only silos never seen are worth the join wait: one that was connected and has left joins
   // the next round when it comes back, and does not hold this one back.
@@ -687,6 +696,7 @@ void Coordinator::on_job_done(std::uint64_t job, JobResult result, std::int64_t 
       }
       decide(now_ms);
       break;
+    case JobKind::Restore: restored(std::get<CommitOutcome>(std::move(result)), now_ms); break;
     case JobKind::Commit: {
       auto outcome = std::get<CommitOutcome>(std::move(result));
       r_->robust_rejected = outcome.robust_rejected;

@@ -146,6 +146,16 @@ class Coordinator {
   ~Coordinator();
 
   void start(std::int64_t now_ms);
+  // The last committed model (round `round`, SHA-256 `sha256` as the audit log records it) is in
+  // no copy the server holds (state.h, Resume::Missing). Call before start(): until a copy comes,
+  // no round starts; each silo that connects (directly or through an edge) is asked for it
+  // (ModelRequest), one at a time, and the first copy whose SHA-256 is `sha256` is taken:
+  // `restore` (run on the worker) makes it that round's checkpoint and writes the start's
+  // records, then the rounds go on from it. If no copy comes within the join deadline, the
+  // daemon stops with `refusal` and what each silo answered (action::Stop: exit 2).
+  void await_model(std::uint64_t round, std::string sha256, std::function<void(const Model&)> restore,
+                   std::string refusal);
+  bool awaiting_model() const { return fetch_ != nullptr; }
   void on_connect(SessionId id, const std::string& silo, std::int64_t now_ms);
   // An edge aggregator: it announces its silos with RegionStatus, relays their messages with
   // Envelope.silo set, and uploads one partial sum per region (per secure group, if any).
@@ -196,7 +206,7 @@ class Coordinator {
     bool operator==(const Uploader&) const = default;
   };
   struct Round;  // everything that lives for one round (coordinator.cpp)
-  enum class JobKind { None, Fold, Prepare, Commit, Record, Barrier };
+  enum class JobKind { None, Fold, Prepare, Commit, Record, Barrier, Restore };
 
   // Membership
   void silo_joined(const std::string& silo, SessionId link, std::int64_t now_ms);
@@ -210,6 +220,17 @@ class Coordinator {
   // void. On connect, and whenever a silo leaves the edge's region (so that the edge cannot
   // replay that silo's proof to claim it back).
   void challenge_edge(SessionId edge);
+  // The last committed model asked of the silos (await_model; coordinator_fetch.cpp)
+  struct Fetch;
+  void fetch_from(const std::string& silo, SessionId link);
+  void ask_next_holder();
+  // A ModelOffer or a TensorChunk from `silo` (through `link`) while the model is awaited.
+  void on_fetch_message(const std::string& silo, SessionId link, const wire::Envelope& e);
+  // The silo asked cannot give a usable copy (`why`): the next one is asked.
+  void fetch_refused(const std::string& why);
+  void fetch_link_gone(SessionId link);
+  void restored(CommitOutcome outcome, std::int64_t now_ms);
+  void fetch_expired();
   // Round lifecycle
   void try_start_round(std::int64_t now_ms);
   void start_round(std::int64_t now_ms);
@@ -290,6 +311,7 @@ class Coordinator {
   std::uint64_t committed_ = 0, aborted_ = 0;
   bool join_elapsed_ = false;
   std::unique_ptr<Round> r_;  // the round in progress (Collecting, Unmasking, Closing)
+  std::unique_ptr<Fetch> fetch_;  // set while the last committed model is awaited
   JobKind job_ = JobKind::None;
   std::uint64_t job_id_ = 0;
   std::int64_t phase_since_ms_ = 0;

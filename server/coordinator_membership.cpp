@@ -95,12 +95,14 @@ void Coordinator::silo_joined(const std::string& silo, SessionId link, std::int6
     }
     return;
   }
+  if (fetch_) return fetch_from(silo, link);
   try_start_round(now_ms);
 }
 
 // The route of `silo` through `link` is gone (the membership already forgot it).
 void Coordinator::silo_gone(const std::string& silo, SessionId link, const std::string& why, std::int64_t now_ms) {
   spdlog::info("silo {} left: {} ({} connected)", silo, why, membership_.connected());
+  if (fetch_) fetch_link_gone(link);
   if (!r_) return;
   if (r_->secure && phase_ == Phase::Collecting) {
     r_->secure->silo_gone(silo);
@@ -166,6 +168,7 @@ void Coordinator::on_message(SessionId id, const wire::Envelope& e, std::int64_t
   }
   if (body == B::kLeaving) return on_leaving(peer->name, id);
   if (body == B::kWitness) return on_witness(peer->name, e.witness());
+  if (fetch_ && (body == B::kTensorChunk || body == B::kModelOffer)) return on_fetch_message(peer->name, id, e);
   // Whatever round it is for: the model the silo trained on is the one it holds now.
   if (body == B::kUpdateReady) held_model(id, e.update_ready().model_sha256(), e.round());
   const bool secure_body = proto::is_secagg_from_silo(body);
@@ -207,6 +210,7 @@ void Coordinator::on_edge_message(SessionId id, const wire::Envelope& e, std::in
   }
   if (!e.silo().empty()) {
     if (body == B::kLeaving) return on_leaving(e.silo(), id);
+    if (fetch_ && (body == B::kTensorChunk || body == B::kModelOffer)) return on_fetch_message(e.silo(), id, e);
     if (body == B::kWitness) {
       const Peer* p = membership_.peer(id);
       if (p->region.count(e.silo())) on_witness(e.silo(), e.witness());

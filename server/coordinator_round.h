@@ -3,9 +3,11 @@
 #pragma once
 
 #include <array>
+#include <deque>
 #include <set>
 #include <unordered_map>
 
+#include "protocol/tensor_stream.h"
 #include "server/coordinator.h"
 
 namespace xsilo::server {
@@ -60,6 +62,21 @@ struct Coordinator::Round {
     for (const auto& m : members) w += m.state == MemberState::Done ? m.weight : 0.0;
     return w;
   }
+};
+
+// While the last committed model is awaited (Coordinator::await_model, coordinator_fetch.cpp).
+struct Coordinator::Fetch {
+  std::uint64_t round = 0;
+  std::string sha256;
+  std::function<void(const Model&)> restore;
+  std::string refusal;
+  std::deque<std::pair<std::string, SessionId>> waiting;  // silos to ask, in the order they came
+  std::optional<std::pair<std::string, SessionId>> asking;
+  std::set<std::string> answered;        // asked, and could not give a usable copy
+  std::vector<std::string> answers;      // what each said, for the refusal
+  std::shared_ptr<Model> copy;           // the asked silo's copy, as it arrives
+  protocol::TensorReceiver rx;
+  bool restoring = false;
 };
 
 }  // namespace xsilo::server

@@ -495,6 +495,34 @@ class Server {
   std::ofstream events_;
 };
 
+// The records of a start, once the state checks out, the listener is bound and the model is in:
+// what was repaired, an operator's decision, the start.
+void announce_start(ServerState& state, const ServerConfig& cfg, const Resume& resume,
+                    const std::vector<std::string>& repairs, std::uint64_t first_round, const std::string& sha) {
+  const auto now = now_ms();
+  if (!repairs.empty()) {
+    for (const auto& r : repairs) spdlog::warn("state repaired: {}", r);
+    state.record({{"event", "state_repair"}, {"repairs", repairs}, {"time", iso_time(now)}}, nullptr);
+  }
+  if (resume.decision) {
+    auto d = *resume.decision;
+    d["by"] = "operator (--resume-from-round)";
+    d["time"] = iso_time(now);
+    spdlog::warn("the operator's decision: going on from committed round {}; rounds {} superseded",
+                 d["from_round"].get<std::uint64_t>(), d["superseded_rounds"].dump());
+    state.record(d, nullptr);
+  }
+  state.record({{"event", "federation_start"},
+                {"federation", cfg.federation},
+                {"config_sha256", cfg.config_sha256},
+                {"rounds", cfg.rounds},
+                {"first_round", first_round},
+                {"resumed_from_round", resume.committed_round},
+                {"model_sha256", sha},
+                {"time", iso_time(now)}},
+               nullptr);
+}
+
 }  // namespace
 
 int run_server(const ServerConfig& cfg, const StartOptions& start) {
@@ -503,7 +531,6 @@ int run_server(const ServerConfig& cfg, const StartOptions& start) {
   ServerState state(StateOptions{cfg.state_dir, cfg.state_mirror, cfg.keep_checkpoints, start.resume_from_round});
   Model initial = init_model(cfg.model);
   Resume resume = state.recover(initial);
-  if (resume.missing) throw StateError(state.missing_model_error(*resume.missing));
   Model model = resume.model ? std::move(*resume.model) : std::move(initial);
   ServerOptimizer optimizer(cfg.optimizer, model);
   if (resume.optimizer_state) optimizer.load_state(*resume.optimizer_state);
@@ -534,28 +561,22 @@ int run_server(const ServerConfig& cfg, const StartOptions& start) {
   // 3. The port.
   server->bind();
   // 4. Only now, the records of this start: what was repaired, an operator's decision, the start.
-  const auto now = now_ms();
-  if (!resume.repairs.empty()) {
-    for (const auto& r : resume.repairs) spdlog::warn("state repaired: {}", r);
-    state.record({{"event", "state_repair"}, {"repairs", resume.repairs}, {"time", iso_time(now)}}, nullptr);
+  //    Where the last committed model is in no copy here, they wait until a silo has sent it
+  //    (Coordinator::await_model): a server that then refuses to start has signed nothing.
+  auto announce = [&](const std::vector<std::string>& repairs, const std::string& sha) {
+    announce_start(state, cfg, resume, repairs, first_round, sha);
+  };
+  if (!resume.missing) {
+    announce(resume.repairs, sha);
+  } else {
+    const Resume::Missing missing = *resume.missing;
+    coord->await_model(missing.round, missing.model_sha256,
+                       [&state, &announce, missing, repairs = resume.repairs](const Model& m) mutable {
+                         repairs.push_back(state.restore_model(missing, m));
+                         announce(repairs, missing.model_sha256);
+                       },
+                       state.missing_model_error(missing));
   }
-  if (resume.decision) {
-    auto d = *resume.decision;
-    d["by"] = "operator (--resume-from-round)";
-    d["time"] = iso_time(now);
-    spdlog::warn("the operator's decision: going on from committed round {}; rounds {} superseded",
-                 d["from_round"].get<std::uint64_t>(), d["superseded_rounds"].dump());
-    state.record(d, nullptr);
-  }
-  state.record({{"event", "federation_start"},
-                {"federation", cfg.federation},
-                {"config_sha256", cfg.config_sha256},
-                {"rounds", cfg.rounds},
-                {"first_round", first_round},
-                {"resumed_from_round", resume.committed_round},
-                {"model_sha256", sha},
-                {"time", iso_time(now)}},
-               nullptr);
   return server->run();
 }
 

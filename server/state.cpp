@@ -508,13 +508,13 @@ std::string ServerState::missing_model_error(const Resume::Missing& m) const {
   }
   return "state_dir " + opts_.dir.string() + ": the model of committed round " + std::to_string(m.round) + " (" +
          short_sha(m.model_sha256) + ") is in no copy: " + m.why +
-         "; and no silo or edge offered it. Restore checkpoints/" + round_file(m.round) +
+         "; and no silo offered it. Restore checkpoints/" + round_file(m.round) +
          " from a backup, or decide to go on from an earlier committed round with `--resume-from-round N`" +
          (usable ? " (the newest checkpoint on disk is round " + std::to_string(usable) + ")" : std::string()) +
          ": the rounds after N are then superseded, and the audit log says so";
 }
 
-void ServerState::restore_model(const Resume::Missing& m, const Model& model) {
+std::string ServerState::restore_model(const Resume::Missing& m, const Model& model) {
   const std::string sha = crypto::sha256_hex(model.flat());
   if (sha != m.model_sha256) {
     throw std::runtime_error("the model offered is " + short_sha(sha) + ", round " + std::to_string(m.round) +
@@ -523,11 +523,13 @@ void ServerState::restore_model(const Resume::Missing& m, const Model& model) {
   save_safetensors(checkpoint_path(m.round), model,
                    {{"xsilo.round", std::to_string(m.round)}, {"xsilo.model_sha256", sha}});
   mirror_file(std::filesystem::path("checkpoints") / round_file(m.round));
-  repairs_.push_back("restored the model of committed round " + std::to_string(m.round) + " (" + short_sha(sha) +
-                     ") from a copy a silo or an edge held, checked against its record" +
-                     (m.optimizer_sha256.empty() ? std::string()
-                                                 : "; its optimizer state (" + short_sha(m.optimizer_sha256) +
-                                                       ") was lost with the checkpoint and starts again from zero"));
+  std::string repair = "restored the model of committed round " + std::to_string(m.round) + " (" + short_sha(sha) +
+                       ") from a copy a silo held, checked against its record" +
+                       (m.optimizer_sha256.empty() ? std::string()
+                                                   : "; its optimizer state (" + short_sha(m.optimizer_sha256) +
+                                                         ") was lost with the checkpoint and starts again from zero");
+  repairs_.push_back(repair);
+  return repair;
 }
 
 AuditHead ServerState::commit(std::uint64_t round, const Model& model, const Model& optimizer_state,

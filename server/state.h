@@ -16,8 +16,9 @@
 //                  record shows: refused.
 //   the model      the last committed round's checkpoint, by the hash its record names, from
 //                  this folder or the mirror; if neither holds it, Resume::missing says so and
-//                  the daemon may fetch it from a silo or an edge that holds it (by its hash),
-//                  else it refuses to start, naming the newest round an operator can resume
+//                  the daemon asks the silos that connect for it and takes a copy whose hash
+//                  the record names (Coordinator::await_model); if none has it within the join
+//                  deadline, it refuses to start, naming the newest round an operator can resume
 //                  from (`--resume-from-round N`, recorded in the log as the operator's decision).
 //
 // Whatever it repaired is written to the audit log (a "state_repair" record) by the daemon once
@@ -84,10 +85,11 @@ class ServerState : public Store {
   // The last committed round and its model, as the rule above says. Throws StateError where the
   // state cannot go on without an operator (Resume::missing is the case a fetch may mend).
   Resume recover(const Model& layout);
-  // The model a silo or an edge sent for Resume::missing, checked against its hash: written as
-  // that round's checkpoint (with the record the log holds for it) and used. Its optimizer state
-  // is gone if it had one; the repair says so and the optimizer starts again from zero.
-  void restore_model(const Resume::Missing& missing, const Model& model);
+  // The model a silo sent for Resume::missing, checked against its hash: written as that round's
+  // checkpoint (and to the mirror) and used. Its optimizer state is gone if it had one; the
+  // repair, returned for the start's "state_repair" record, says so and the optimizer starts
+  // again from zero.
+  std::string restore_model(const Resume::Missing& missing, const Model& model);
   // The message to refuse with when nobody could provide the missing model.
   std::string missing_model_error(const Resume::Missing& missing) const;
 

@@ -147,7 +147,7 @@ class Agent {
     if (channel_) channel_->send(std::move(a.env));
   }
   void run(action::SendStream& a) {
-    if (channel_) metrics_.add("xsilo_uploads_total");
+    if (channel_ && a.update) metrics_.add("xsilo_uploads_total");
     if (channel_) channel_->send_stream([src = a.source, max = cfg_.channel.max_frame_bytes] { return src->next_frame(max); });
   }
   void run(action::Job& a) {

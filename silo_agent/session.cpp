@@ -121,6 +121,7 @@ void Session::on_message(const wire::Envelope& e) {
     case B::kSecaggSurvivors: on_survivors(e); break;
     case B::kSecaggUnmaskRequest: on_unmask_request(e); break;
     case B::kTensorChunk: on_model_chunk(e); break;
+    case B::kModelRequest: on_model_request(e); break;
     case B::kUploadGrant:
       if (!pending_ || (!pending_->update && !pending_->stream) || uploaded_ || e.round() != round_ || !in_round_) {
         reply_error(wire::UNEXPECTED, "UploadGrant but no update is ready for round " + std::to_string(e.round()));
@@ -187,6 +188,23 @@ void Session::on_join_challenge(const wire::Envelope& e) {
 // The server's signed audit head after a round: kept as a witness, so an auditor can hold the
 // server's log against it (xsilo audit verify --witness), with the key it was checked under.
 // A head the round's audit key did not sign (altered or made up on the way) is not kept.
+void Session::on_model_request(const wire::Envelope& e) {
+  const std::string& want = e.model_request().model_sha256();
+  // held_sha_ names a model the training job checked against its round's hash, still in global_.
+  const bool held = global_ && !want.empty() && held_sha_ == want;
+  if (held) {
+    actions_.push_back(action::SendStream{std::make_shared<protocol::ChunkSource>(
+        global_, global_->flat(), global_->tensors(), cfg_.federation, e.round(), cfg_.chunk_bytes), false});
+  }
+  auto offer = env();
+  offer.set_round(e.round());
+  offer.mutable_model_offer()->set_model_sha256(want);
+  offer.mutable_model_offer()->set_held(held);
+  send(std::move(offer));
+  spdlog::warn("{} asks for the model of committed round {} ({}): {}", upstream_identity_, e.model_request().round(),
+               proto::printable(want.substr(0, 12)), held ? "sending the copy this silo holds" : "this silo holds none");
+}
+
 void Session::witness(const wire::Envelope& e) {
   const auto& h = e.round_end().audit_head();
   const std::string key = e.round() == round_ && !round_audit_key_.empty() ? round_audit_key_ : witnessed_key_;

@@ -80,6 +80,7 @@ struct Send {
 };
 struct SendStream {  // an update's chunks, produced lazily from the buffer
   std::shared_ptr<protocol::ChunkSource> source;
+  bool update = true;  // false: the global model a restarted server asked for (not an upload)
 };
 // Work for the worker thread; its result comes back through on_job_done.
 struct Job {
@@ -173,6 +174,9 @@ class Session {
   // The server that signed a secure setup, checked; "" when it may not run this silo's groups.
   std::string setup_signer(const wire::SecAggSetup& setup, std::string& why) const;
   void on_model_chunk(const wire::Envelope& e);
+  // A restarted server lost its last committed model and asks for it (ModelRequest): the
+  // model this silo holds goes up if it is the one asked for, and a ModelOffer says which.
+  void on_model_request(const wire::Envelope& e);
   void on_model();
   void on_streamed_model();
   void trained(TrainDone r);

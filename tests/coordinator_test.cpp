@@ -65,7 +65,8 @@ RoundConfig three_rounds() {
 class Harness {
  public:
   explicit Harness(std::size_t silos, RoundConfig cfg = three_rounds(),
-                   std::uint64_t first_round = 1, Model initial = small_model())
+                   std::uint64_t first_round = 1, Model initial = small_model(),
+                   const std::function<void(Coordinator&)>& before_start = nullptr)
       : initial_(std::move(initial)) {
     cfg.federation = "fed";
     cfg.ca = test::verifier();
@@ -74,6 +75,7 @@ class Harness {
     for (std::size_t i = 0; i < silos; ++i) cfg.expected_silos.insert(name(i));
     coord_ = std::make_unique<Coordinator>(cfg, initial_, ServerOptimizer({}, initial_), store,
                                            first_round);
+    if (before_start) before_start(*coord_);
     coord_->start(now);
     pump();
   }
@@ -248,6 +250,7 @@ class Harness {
   std::set<Timer> armed;
   std::vector<SessionId> closed;
   bool finished = false;
+  std::optional<std::string> stopped;  // action::Stop's reason
   Model initial_;
 
   // Carries out the coordinator's actions (after a call the harness did not make itself).
@@ -265,6 +268,7 @@ class Harness {
         if (auto* t = std::get_if<action::CancelTimer>(&a)) armed.erase(t->timer);
         if (auto* c = std::get_if<action::Close>(&a)) closed.push_back(c->id);
         if (std::get_if<action::Finished>(&a)) finished = true;
+        if (auto* s = std::get_if<action::Stop>(&a)) stopped = s->reason;
         if (auto* b = std::get_if<action::Background>(&a)) b->work();
         if (auto* j = std::get_if<action::Job>(&a)) {
           coord_->on_job_done(j->id, j->work(), now);
@@ -1417,6 +1421,153 @@ TEST(Printable, KeepsUtf8AndReplacesWhatIsNot) {
   EXPECT_EQ(proto::printable("tab\there\x7f"), "tab?here?");
   EXPECT_EQ(proto::printable("abcdef", 4), "abcd...");
   EXPECT_EQ(proto::printable("ab\xe2\x82\xac", 4), "ab...");     // never half a character
+}
+
+
+// ---- the last committed model, asked of the silos (Coordinator::await_model) ------------------
+
+// What committed round 4 made, which the server's state folder lost: the server starts from a
+// placeholder (the initial model) and must not run a round on it.
+Model lost_model() {
+  Model m = small_model();
+  for (std::size_t i = 0; i < m.size(); ++i) m.flat()[i] = 1.0f - 0.05f * static_cast<float>(i);
+  return m;
+}
+
+struct Fetching {
+  Model lost = lost_model();
+  std::string sha = crypto::sha256_hex(lost.flat());
+  std::vector<std::string> restored;  // the SHA-256 of each model given to restore()
+  std::unique_ptr<Harness> h;
+
+  explicit Fetching(std::size_t silos) {
+    RoundConfig cfg = three_rounds();
+    cfg.rounds = 6;
+    h = std::make_unique<Harness>(silos, cfg, 5, small_model(), [this](Coordinator& c) {
+      c.await_model(4, sha, [this](const Model& m) { restored.push_back(crypto::sha256_hex(m.flat())); },
+                    "the model of committed round 4 is in no copy");
+    });
+  }
+  // Silo i's answer: `copy`'s chunks then a ModelOffer, or an offer without a model. Through
+  // `edge` when set (the silo's name on each message).
+  void answer(std::size_t i, const Model* copy, SessionId edge = 0) {
+    auto from = [&](wire::Envelope e) {
+      e.set_round(h->coord().round());
+      if (!edge) return h->deliver(i, std::move(e));
+      e.set_silo(name(i));
+      h->from_edge(edge, std::move(e));
+    };
+    if (copy) {
+      auto m = std::make_shared<Model>(*copy);
+      protocol::ChunkSource src(m, m->flat(), m->tensors(), "fed", h->coord().round(), 12);
+      while (auto e = src.next()) from(*e);
+    }
+    wire::Envelope offer;
+    offer.mutable_model_offer()->set_model_sha256(sha);
+    offer.mutable_model_offer()->set_held(copy != nullptr);
+    from(std::move(offer));
+  }
+  // How many ModelRequests silo i (or the edge, for it) received.
+  int requests(SessionId to, const std::string& silo = "") const {
+    int n = 0;
+    auto it = h->inbox.find(to);
+    if (it == h->inbox.end()) return 0;
+    for (const auto& e : it->second) n += e.has_model_request() && e.silo() == silo && e.model_request().model_sha256() == sha;
+    return n;
+  }
+};
+
+TEST(Coordinator, ALostModelIsTakenFromTheFirstSiloWhoseCopyMatchesTheLogAndTheRoundsGoOnFromIt) {
+  Fetching f(3);
+  f.h->connect_all(3);
+  // Every expected silo is here, yet no round starts on the placeholder; one silo is asked at a time.
+  EXPECT_EQ(f.h->coord().phase(), Phase::Joining);
+  EXPECT_TRUE(f.h->coord().awaiting_model());
+  EXPECT_EQ(f.requests(f.h->session(0)), 1);
+  EXPECT_EQ(f.requests(f.h->session(1)), 0);
+  f.answer(0, nullptr);  // holds none
+  EXPECT_EQ(f.requests(f.h->session(1)), 1);
+  Model other = f.lost;
+  other.flat()[3] += 1e-3f;  // a copy of another model: refused
+  f.answer(1, &other);
+  EXPECT_TRUE(f.restored.empty());
+  EXPECT_EQ(f.h->coord().phase(), Phase::Joining);
+  ASSERT_EQ(f.requests(f.h->session(2)), 1);
+  f.answer(2, &f.lost);
+  ASSERT_EQ(f.restored, std::vector<std::string>{f.sha});
+  EXPECT_FALSE(f.h->coord().awaiting_model());
+  // Round 5 starts from the restored model, with every silo.
+  ASSERT_EQ(f.h->coord().phase(), Phase::Collecting);
+  EXPECT_EQ(f.h->coord().round(), 5u);
+  EXPECT_EQ(f.h->coord().model_sha256(), f.sha);
+  for (std::size_t i = 0; i < 3; ++i) {
+    const auto* rs = f.h->last(i, wire::Envelope::kRoundStart);
+    ASSERT_TRUE(rs) << i;
+    EXPECT_EQ(rs->round_start().model_sha256(), f.sha);
+  }
+  // Nobody was asked twice.
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(f.requests(f.h->session(i)), 1) << i;
+  EXPECT_FALSE(f.h->stopped);
+}
+
+TEST(Coordinator, AnAskedSiloThatLeavesMidCopyIsAskedAgainWhenItComesBackAndOthersMeanwhile) {
+  Fetching f(2);
+  f.h->connect(0);
+  // Half its copy, then it is gone: the next silo is asked.
+  auto m = std::make_shared<Model>(f.lost);
+  protocol::ChunkSource src(m, m->flat(), m->tensors(), "fed", f.h->coord().round(), 12);
+  wire::Envelope first = *src.next();
+  f.h->deliver(0, first);
+  f.h->disconnect(0);
+  f.h->connect(1);
+  EXPECT_EQ(f.requests(f.h->session(1)), 1);
+  f.answer(1, nullptr);
+  // Back: asked again from the start, and its whole copy is taken.
+  f.h->connect(0);
+  EXPECT_EQ(f.requests(f.h->session(0)), 2);
+  f.answer(0, &f.lost);
+  EXPECT_EQ(f.restored, std::vector<std::string>{f.sha});
+  EXPECT_EQ(f.h->coord().phase(), Phase::Collecting);
+}
+
+TEST(Coordinator, ASiloBehindAnEdgeIsAskedThroughItAndItsCopyTaken) {
+  Fetching f(2);
+  const SessionId edge = 7;
+  f.h->edge_connect(edge, "edge-01");
+  f.h->region(edge, {0, 1});
+  ASSERT_EQ(f.requests(edge, name(0)), 1);
+  EXPECT_EQ(f.requests(edge, name(1)), 0);
+  // A chunk in another silo's name than the one asked is refused, and changes nothing.
+  f.answer(1, &f.lost, edge);
+  EXPECT_TRUE(f.restored.empty());
+  f.answer(0, &f.lost, edge);
+  EXPECT_EQ(f.restored, std::vector<std::string>{f.sha});
+  EXPECT_EQ(f.h->coord().phase(), Phase::Collecting);
+}
+
+TEST(Coordinator, WithNoCopyOfTheLostModelTheServerStopsAtTheJoinDeadlineSayingWhatEachSiloAnswered) {
+  Fetching f(2);
+  f.h->connect_all(2);
+  f.answer(0, nullptr);
+  Model truncated;  // a copy with the wrong layout's worth of elements: the offer comes early
+  truncated.add("a", {4});
+  auto m = std::make_shared<Model>(truncated);
+  protocol::ChunkSource src(m, m->flat(), m->tensors(), "fed", f.h->coord().round(), 12);
+  while (auto e = src.next()) f.h->deliver(1, *e);
+  wire::Envelope offer;
+  offer.set_round(f.h->coord().round());
+  offer.mutable_model_offer()->set_model_sha256(f.sha);
+  offer.mutable_model_offer()->set_held(true);
+  f.h->deliver(1, offer);
+  EXPECT_FALSE(f.h->stopped);
+  f.h->fire(Timer::Join);
+  ASSERT_TRUE(f.h->stopped);
+  EXPECT_NE(f.h->stopped->find("the model of committed round 4 is in no copy"), std::string::npos) << *f.h->stopped;
+  EXPECT_NE(f.h->stopped->find(name(0) + " holds no model"), std::string::npos) << *f.h->stopped;
+  EXPECT_NE(f.h->stopped->find(name(1) + " offered the model after 4 elements"), std::string::npos) << *f.h->stopped;
+  EXPECT_TRUE(f.restored.empty());
+  EXPECT_TRUE(f.h->store.records.empty());  // nothing signed
+  EXPECT_EQ(f.h->coord().phase(), Phase::Joining);
 }
 
 }  // namespace

@@ -189,6 +189,52 @@ std::vector<float> floats(const std::vector<std::uint8_t>& b) {
 
 // Failback: a silo's Leaving goes up named by Envelope.silo, and the server's answer goes to
 // that silo only, after the RoundStart the server sent it before.
+TEST(Relay, CarriesAnAskedSilosCopyOfTheLostModelUpAndNoOneElses) {
+  Harness h;
+  h.server_up();
+  h.silo_up("s1");
+  h.silo_up("s2");
+  h.up();
+  h.to("s1");
+  h.to("s2");
+  wire::Envelope ask;
+  ask.set_round(3);
+  ask.set_silo("s1");
+  ask.mutable_model_request()->set_model_sha256("abc");
+  h.from_server(ask);
+  const auto in = h.to("s1");
+  ASSERT_EQ(in.size(), 1u);
+  EXPECT_TRUE(in[0].has_model_request());
+  EXPECT_TRUE(h.to("s2").empty());
+  // s1's chunk and offer go up in its name, outside any upload slot.
+  wire::Envelope chunk;
+  chunk.set_round(3);
+  chunk.mutable_tensor_chunk()->set_name("w");
+  chunk.mutable_tensor_chunk()->set_data(std::string(8, '\0'));
+  wire::Envelope offer;
+  offer.set_round(3);
+  offer.mutable_model_offer()->set_model_sha256("abc");
+  offer.mutable_model_offer()->set_held(true);
+  h.from_silo("s1", chunk);
+  h.from_silo("s1", offer);
+  const auto up = h.up();
+  ASSERT_EQ(up.size(), 2u);
+  EXPECT_TRUE(up[0].has_tensor_chunk());
+  EXPECT_TRUE(up[1].has_model_offer());
+  for (const auto& e : up) EXPECT_EQ(e.silo(), "s1");
+  // Its answer is over: a second offer, and s2's unasked ones, are refused at the edge.
+  h.from_silo("s1", offer);
+  h.from_silo("s2", chunk);
+  h.from_silo("s2", offer);
+  EXPECT_TRUE(h.up().empty());
+  const auto again = h.to("s1");
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_TRUE(again[0].has_error());
+  const auto errors = h.to("s2");
+  ASSERT_EQ(errors.size(), 2u);
+  for (const auto& e : errors) EXPECT_TRUE(e.has_error());
+}
+
 TEST(Relay, CarriesASilosLeavingUpAndTheAnswerBackInOrder) {
   Harness h;
   h.two_silos_in_round_one();

@@ -991,5 +991,42 @@ TEST(Session, AStreamingTrainerKeepsTheModelForABroadcastDelta) {
   EXPECT_EQ(h.last(wire::Envelope::kUpdateReady)->update_ready().model_sha256(), crypto::sha256_hex(m.flat()));
 }
 
+
+TEST(Session, SendsTheModelItHoldsWhenARestartedServerAsksForItByItsHashAndNothingElse) {
+  Harness h;
+  const Model m = model();
+  const std::string sha = crypto::sha256_hex(m.flat());
+  auto ask = [&](const std::string& want) {
+    h.sent.clear();
+    h.streams.clear();
+    h.deliver_in(2, [&](wire::Envelope& e) {
+      e.mutable_model_request()->set_model_sha256(want);
+      e.mutable_model_request()->set_round(1);
+    });
+    const auto* offer = h.last(wire::Envelope::kModelOffer);
+    EXPECT_TRUE(offer);
+    return offer ? offer->model_offer() : wire::ModelOffer();
+  };
+  // Before any round it holds nothing.
+  EXPECT_FALSE(ask(sha).held());
+  EXPECT_TRUE(h.streams.empty());
+  h.deliver(h.round_start(1, m));
+  h.send_model(1, m);
+  // Received but not yet checked by the training job: not offered.
+  EXPECT_FALSE(ask(sha).held());
+  h.run_jobs();
+  // Another hash (its own trained model, say): nothing but "none".
+  EXPECT_FALSE(ask(crypto::sha256_hex("its local model")).held());
+  EXPECT_TRUE(h.streams.empty());
+  // The model it trained on, asked by its hash: every element, exactly, then the offer.
+  const auto offer = ask(sha);
+  EXPECT_TRUE(offer.held());
+  EXPECT_EQ(offer.model_sha256(), sha);
+  const auto bytes = h.streamed_bytes();
+  ASSERT_EQ(bytes.size(), m.bytes());
+  EXPECT_EQ(std::memcmp(bytes.data(), m.flat().data(), bytes.size()), 0);
+  EXPECT_TRUE(h.records.empty());  // no upload: nothing in sent.jsonl
+}
+
 }  // namespace
 }  // namespace xsilo::agent
