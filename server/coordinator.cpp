@@ -123,7 +123,8 @@ void Coordinator::on_timer(Timer timer, std::int64_t now_ms) {
   switch (timer) {
     case Timer::Join:
       if (fetch_) {
-        if (!fetch_->restoring) fetch_expired();
+        fetch_->expired = true;  // a copy on its way still gets its upload deadline
+        if (!fetch_->asking) fetch_expired();
         break;
       }
       join_elapsed_ = true;
@@ -179,6 +180,13 @@ void Coordinator::on_timer(Timer timer, std::int64_t now_ms) {
       finish_unmask(now_ms);
       break;
     case Timer::Upload: {
+      if (fetch_) {
+        if (fetch_->asking && !fetch_->restoring) {
+          fetch_refused("sent no whole copy within the upload deadline (" +
+                        std::to_string(cfg_.deadlines.upload.count() / 1000) + " s)");
+        }
+        break;
+      }
       if (phase_ != Phase::Collecting || !r_->slot.busy() || job_ != JobKind::None) break;
       const Uploader u = *r_->slot.holder();
       if (u.edge) {

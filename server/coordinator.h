@@ -151,8 +151,9 @@ class Coordinator {
   // no round starts; each silo that connects (directly or through an edge) is asked for it
   // (ModelRequest), one at a time, and the first copy whose SHA-256 is `sha256` is taken:
   // `restore` (run on the worker) makes it that round's checkpoint and writes the start's
-  // records, then the rounds go on from it. If no copy comes within the join deadline, the
-  // daemon stops with `refusal` and what each silo answered (action::Stop: exit 2).
+  // records, then the rounds go on from it. Each silo asked has the upload deadline to send its
+  // copy. Once the join deadline has passed and every silo connected by then was asked in vain,
+  // the daemon stops with `refusal` and what each silo answered (action::Stop: exit 2).
   void await_model(std::uint64_t round, std::string sha256, std::function<void(const Model&)> restore,
                    std::string refusal);
   bool awaiting_model() const { return fetch_ != nullptr; }

@@ -43,8 +43,11 @@ void Coordinator::ask_next_holder() {
     e.mutable_model_request()->set_model_sha256(f.sha256);
     e.mutable_model_request()->set_round(f.round);
     send(link, std::move(e));
+    actions_.push_back(action::StartTimer{Timer::Upload, cfg_.deadlines.upload});  // a silo that stalls is passed over
     spdlog::info("asking silo {} for the model of committed round {} ({})", silo, f.round, f.sha256.substr(0, 12));
   }
+  // After the join deadline, the silos already here are still asked; then the server gives up.
+  if (f.expired && !f.asking && !f.restoring) fetch_expired();
 }
 
 void Coordinator::on_fetch_message(const std::string& silo, SessionId link, const wire::Envelope& e) {
@@ -66,6 +69,7 @@ void Coordinator::on_fetch_message(const std::string& silo, SessionId link, cons
   }
   // Checked against the audit log: written as the round's checkpoint, then the start's records.
   f.restoring = true;
+  actions_.push_back(action::CancelTimer{Timer::Upload});
   spdlog::info("silo {} sent the model of committed round {}; it matches the audit log", silo, f.round);
   run_job(JobKind::Restore, [restore = f.restore, model = std::shared_ptr<const Model>(f.copy), sha]() -> JobResult {
     CommitOutcome out;
@@ -121,6 +125,7 @@ void Coordinator::restored(CommitOutcome outcome, std::int64_t now_ms) {
 }
 
 void Coordinator::fetch_expired() {
+  if (std::exchange(fetch_->stopped, true)) return;
   std::string answers;
   for (const auto& a : fetch_->answers) answers += (answers.empty() ? "" : "; ") + a;
   actions_.push_back(action::Stop{fetch_->refusal + " (waited " + std::to_string(cfg_.deadlines.join.count() / 1000) +

@@ -77,6 +77,8 @@ struct Coordinator::Fetch {
   std::shared_ptr<Model> copy;           // the asked silo's copy, as it arrives
   protocol::TensorReceiver rx;
   bool restoring = false;
+  bool expired = false;  // the join deadline passed: the silos here are asked, then it stops
+  bool stopped = false;  // action::Stop was sent
 };
 
 }  // namespace xsilo::server

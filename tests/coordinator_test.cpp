@@ -1545,6 +1545,29 @@ TEST(Coordinator, ASiloBehindAnEdgeIsAskedThroughItAndItsCopyTaken) {
   EXPECT_EQ(f.h->coord().phase(), Phase::Collecting);
 }
 
+TEST(Coordinator, ASiloThatStallsIsPassedOverAtTheUploadDeadlineAndAfterTheJoinDeadlineOnlySilosHereAreAsked) {
+  Fetching f(3);
+  f.h->connect_all(3);
+  ASSERT_EQ(f.requests(f.h->session(0)), 1);
+  // Silo 0 says nothing: at the upload deadline silo 1 is asked.
+  f.h->fire(Timer::Upload);
+  ASSERT_EQ(f.requests(f.h->session(1)), 1);
+  // The join deadline passes while silo 1's copy is on its way: it still gets its time.
+  auto m = std::make_shared<Model>(f.lost);
+  protocol::ChunkSource src(m, m->flat(), m->tensors(), "fed", f.h->coord().round(), 12);
+  f.h->deliver(1, *src.next());
+  f.h->fire(Timer::Join);
+  EXPECT_FALSE(f.h->stopped);
+  f.h->disconnect(1);  // cut off: the silo already here is still asked
+  ASSERT_EQ(f.requests(f.h->session(2)), 1);
+  EXPECT_FALSE(f.h->stopped);
+  f.answer(2, nullptr);
+  ASSERT_TRUE(f.h->stopped);
+  EXPECT_NE(f.h->stopped->find(name(0) + " sent no whole copy within the upload deadline"), std::string::npos)
+      << *f.h->stopped;
+  EXPECT_TRUE(f.restored.empty());
+}
+
 TEST(Coordinator, WithNoCopyOfTheLostModelTheServerStopsAtTheJoinDeadlineSayingWhatEachSiloAnswered) {
   Fetching f(2);
   f.h->connect_all(2);
