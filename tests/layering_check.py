@@ -20,7 +20,7 @@ from pathlib import Path
 
 CORE = ["server/round_config.cpp", "server/membership.cpp", "server/metrics.cpp", "server/round_record.cpp",
         "server/aggregator.cpp", "server/upload_stage.cpp", "server/secure_groups.cpp", "server/secure_round.cpp", "server/coordinator.cpp",
-        "server/optimizer.cpp", "server/coordinator_membership.cpp", "server/coordinator_uploads.cpp",
+        "server/optimizer.cpp", "server/coordinator_membership.cpp", "server/coordinator_uploads.cpp", "server/coordinator_fetch.cpp",
         "edge_aggregator/relay.cpp", "silo_agent/session.cpp", "silo_agent/update.cpp"]
 CORE_FORBIDDEN = ["boost/asio", "/openssl/", "/transport/"]
 OURS = ["proto/", "common/", "crypto/", "robust/", "protocol/", "transport/", "server/", "silo_agent/",
