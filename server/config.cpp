@@ -1,12 +1,15 @@
 #include "server/config.h"
 #include "server/secure_round.h"
 
+#include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "common/config.h"
 #include "common/fs.h"
 #include "common/safetensors.h"
 #include "crypto/hash.h"
+#include "protocol/codec.h"
 #include "protocol/compression.h"
 #include "robust/rule.h"
 #include "transport/config.h"
@@ -277,6 +280,28 @@ void parse_rounds_aggregation(const ConfigNode& root, ServerConfig& c) {
   }
 }
 
+// A key of another codec's block than `codec`'s is refused, naming the schemes it belongs to.
+void refuse_other_schemes_keys(const ConfigNode& cn, const protocol::Codec& codec) {
+  const auto own = codec.keys();
+  std::set<std::string> keys;
+  for (const auto* other : protocol::codecs()) {
+    for (const auto& k : other->keys()) keys.insert(k);
+  }
+  for (const auto& key : keys) {
+    if (!cn.has(key) || std::count(own.begin(), own.end(), key)) continue;
+    std::vector<std::string> whose;
+    for (const auto* other : protocol::codecs()) {
+      const auto ks = other->keys();
+      if (std::count(ks.begin(), ks.end(), key)) whose.emplace_back(other->name());
+    }
+    std::string names;
+    for (std::size_t i = 0; i < whose.size(); ++i) {
+      names += (i == 0 ? "" : i + 1 == whose.size() ? " and " : ", ") + whose[i];
+    }
+    cn.fail(key, "applies to scheme" + std::string(whose.size() > 1 ? "s " : " ") + names + " only");
+  }
+}
+
 // "compression": which scheme the silos use on their uploads, and whether it can be made
 // secure (only linear schemes survive masking: random-k with a shared coordinate set).
 void parse_compression(const ConfigNode& root, ServerConfig& c) {
@@ -286,29 +311,9 @@ void parse_compression(const ConfigNode& root, ServerConfig& c) {
   const auto scheme = cn.one_of("scheme", "none", protocol::scheme_names());
   using C = wire::Compression;
   z.set_scheme(protocol::scheme_of_name(scheme));
-  const bool blocky = z.scheme() == C::QUANTIZE || z.scheme() == C::SIGN;
-  const bool sparse = z.scheme() == C::TOP_K || z.scheme() == C::RANDOM_K;
-  if (z.scheme() == C::QUANTIZE) {
-    z.set_bits(static_cast<std::uint32_t>(cn.integer("bits", 8, 4, 8)));
-    if (z.bits() != 8 && z.bits() != 4) cn.fail("bits", "must be 8 or 4");
-  } else if (cn.has("bits")) {
-    cn.fail("bits", "applies to scheme quantize only");
-  }
-  if (blocky) {
-    z.set_block(static_cast<std::uint32_t>(cn.integer("block", 256, 8, 65536)));
-  } else if (cn.has("block")) {
-    cn.fail("block", "applies to schemes quantize and sign only");
-  }
-  if (sparse) {
-    z.set_fraction(cn.number("fraction", 0.01, 1e-9, 1.0));
-  } else if (cn.has("fraction")) {
-    cn.fail("fraction", "applies to schemes top_k and random_k only");
-  }
-  if (z.scheme() == C::POWER_SGD) {
-    z.set_rank(static_cast<std::uint32_t>(cn.integer("rank", 4, 1, 64)));
-  } else if (cn.has("rank")) {
-    cn.fail("rank", "applies to scheme powersgd only");
-  }
+  const protocol::Codec& codec = *protocol::find_codec(z.scheme());
+  codec.configure(cn, z);
+  refuse_other_schemes_keys(cn, codec);
   // Error feedback is what makes biased compressors converge (sign, top-k); on by default.
   z.set_error_feedback(cn.boolean("error_feedback", z.scheme() != C::NONE));
   // Tensors that travel dense (fnmatch patterns of names): normalisation statistics by default,
@@ -321,14 +326,10 @@ void parse_compression(const ConfigNode& root, ServerConfig& c) {
     cn.fail("dense", "applies when a scheme is set");
   }
   cn.finish();
-  if (c.secure.on() && z.scheme() != C::NONE && z.scheme() != C::RANDOM_K) {
+  if (const auto why = codec.secure(z); c.secure.on() && !why.empty()) {
     cn.fail("scheme", scheme + " cannot be combined with secure aggregation: the server sums masked vectors, so "
-                                "every silo must send the same coordinates as ring words; " +
-                                (z.scheme() == C::TOP_K       ? "each silo's top-k picks its own coordinates"
-                                 : z.scheme() == C::POWER_SGD ? "each silo's low-rank factors are its own (PowerSGD "
-                                                                "over secure sums is not built)"
-                                                              : "quantized codes with per-silo scales do not add up") +
-                                ". Use random_k (the coordinate set drawn from the round's seed), or secure.mode off");
+                               "every silo must send the same coordinates as ring words; " +
+                               why + ". Use random_k (the coordinate set drawn from the round's seed), or secure.mode off");
   }
   if (c.secure.on() && z.scheme() == C::RANDOM_K && !z.error_feedback()) {
     cn.fail("error_feedback", "must be true for random_k with secure aggregation: without it each kept coordinate "
@@ -352,9 +353,7 @@ void parse_broadcast(const ConfigNode& root, ServerConfig& c) {
     return;
   }
   b.set_scheme(wire::Compression::QUANTIZE);
-  b.set_bits(static_cast<std::uint32_t>(bn.integer("bits", 8, 4, 8)));
-  if (b.bits() != 8 && b.bits() != 4) bn.fail("bits", "must be 8 or 4");
-  b.set_block(static_cast<std::uint32_t>(bn.integer("block", 256, 8, 65536)));
+  protocol::find_codec(b.scheme())->configure(bn, b);
   // Normalisation statistics go as their values: a rounded delta could take a small variance
   // below zero.
   const auto dense = bn.has("dense") ? bn.str_list("dense") : protocol::default_dense_patterns();

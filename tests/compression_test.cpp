@@ -6,8 +6,10 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <set>
 
 #include "crypto/hash.h"
+#include "protocol/codec.h"
 #include "protocol/compression.h"
 #include "protocol/round_start.h"
 #include "protocol/tensor_stream.h"
@@ -845,6 +847,46 @@ TEST(Compression, ABroadcastStepPastFloatsRangeGoesAsValues) {
   rx.reset_model(held.flat(), held.tensors(), c, true);
   for (const auto& ch : enc.chunks) ASSERT_TRUE(rx.add(ch));
   EXPECT_EQ(std::memcmp(held.flat().data(), next.flat().data(), 4 * next.size()), 0);
+}
+
+
+// The codec seam (protocol/codec.h): every scheme is one codec in the table, found by its value
+// and its name, configured from its own keys with defaults its check accepts, and each chunk it
+// encodes decodes, through the same entry points the roles call, to what it computed.
+TEST(Codecs, EveryCodecInTheTableIsFoundByNameConfiguresItsDefaultsAndRoundTripsAChunk) {
+  const auto& table = codecs();
+  ASSERT_EQ(table.size(), static_cast<std::size_t>(C::Scheme_ARRAYSIZE));
+  std::set<std::string> keys_seen;
+  for (std::size_t s = 0; s < table.size(); ++s) {
+    const Codec* codec = table[s];
+    ASSERT_TRUE(codec) << "scheme " << s << " has no codec";
+    const auto scheme = static_cast<C::Scheme>(s);
+    EXPECT_EQ(find_codec(scheme), codec);
+    EXPECT_EQ(scheme_of_name(codec->name()), scheme) << codec->name();
+    C c;
+    c.set_scheme(scheme);
+    codec->configure(ConfigNode(nlohmann::json::object(), "test.json", "compression"), c);
+    EXPECT_EQ(check_compression(c), "") << codec->name() << " defaults: " << describe(c);
+    for (const auto& k : codec->keys()) keys_seen.insert(k);
+    if (scheme == C::NONE) continue;
+    const TensorInfo t{"w", {257}, 0};
+    auto x = gaussian(257, 7);
+    for (std::size_t i = 0; i < x.size(); i += 3) x[i] = 0;
+    std::vector<float> decoded(x.size()), back(x.size(), -1.0f);
+    const auto data = encode_chunk(c, x, 5, decoded);
+    std::size_t kept = 0;
+    ASSERT_EQ(decode_chunk(c, data, back, kept, &t, 0), "") << codec->name();
+    EXPECT_EQ(std::memcmp(decoded.data(), back.data(), 4 * x.size()), 0) << codec->name();
+    EXPECT_EQ(data.size(), encoded_bytes(c, x.size(), kept)) << codec->name();
+  }
+  EXPECT_EQ(keys_seen, (std::set<std::string>{"bits", "block", "fraction", "rank"}));
+  EXPECT_EQ(find_codec(static_cast<C::Scheme>(C::Scheme_ARRAYSIZE)), nullptr);
+  C unknown;
+  unknown.set_scheme(static_cast<C::Scheme>(99));
+  EXPECT_EQ(check_compression(unknown), "unknown compression scheme 99");
+  std::vector<float> out(4);
+  std::size_t kept = 0;
+  EXPECT_EQ(decode_chunk(unknown, "abcd", out, kept), "unknown compression scheme 99");
 }
 
 }  // namespace
