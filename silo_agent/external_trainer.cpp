@@ -147,29 +147,6 @@ void ExternalTrainer::fail(wire::FailureReason reason, const std::string& why, b
   throw TrainerError(reason, msg + tail, fatal);
 }
 
-std::chrono::milliseconds ExternalTrainer::task_budget(const TrainTask& task, std::string& key) const {
-  if (cfg_.external.task_timeout.count()) {
-    key = "trainer.task_timeout_s";
-    return cfg_.external.task_timeout;
-  }
-  if (task.plan.train_timeout_ms()) {
-    key = "the round's training deadline (the server's deadlines.train_s)";
-    return std::chrono::milliseconds(task.plan.train_timeout_ms());
-  }
-  key = "the default of an hour";
-  return std::chrono::hours(1);
-}
-
-namespace {
-
-std::string seconds_text(std::chrono::steady_clock::duration d) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f s", std::chrono::duration<double>(d).count());
-  return buf;
-}
-
-}  // namespace
-
 void ExternalTrainer::clear_exchange() {
   std::error_code ec;
   if (exchange_.empty()) return;
@@ -203,8 +180,8 @@ void ExternalTrainer::stop_copies(std::chrono::milliseconds grace) {
 void ExternalTrainer::start(const TrainTask& task, std::size_t model_bytes) {
   if (!copies_.empty()) return;
   if (consecutive_failures_ > 0) {
-    // Back off before trying again: 1 s, 2 s, 4 s, ... at most a minute.
-    const auto wait = std::chrono::seconds(std::min(60, 1 << std::min(consecutive_failures_ - 1, 6)));
+    // Back off before trying again (restart_backoff: 1 s, 2 s, 4 s, ... at most a minute).
+    const auto wait = restart_backoff(consecutive_failures_);
     spdlog::info("external trainer: restarting in {} s", wait.count());
     for (auto end = Clock::now() + wait; Clock::now() < end && !cancelled_;) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -271,11 +248,8 @@ void ExternalTrainer::start(const TrainTask& task, std::size_t model_bytes) {
   }
   // Every copy says hello within the start-up budget (its own: the first task's time starts
   // after it); a version we do not speak is refused.
-  char budget[64];
-  std::snprintf(budget, sizeof budget, "trainer.startup_s = %g s",
-                std::chrono::duration<double>(cfg_.external.startup).count());
   const auto since = Clock::now();
-  const Wait hello_wait{"its hello", budget, wire::TRAINER_DID_NOT_START, since, since + cfg_.external.startup};
+  const TrainerWait hello_wait = startup_wait(cfg_.external.startup, since);
   for (auto& c : copies_) {
     const json hello = receive(*c, hello_wait);
     std::int64_t protocol = 0;
@@ -303,27 +277,18 @@ void ExternalTrainer::start(const TrainTask& task, std::size_t model_bytes) {
                exchange_.string(), exchange_in_shm_ ? ", in memory" : "");
 }
 
-json ExternalTrainer::receive(Copy& c, const Wait& wait) {
+json ExternalTrainer::receive(Copy& c, const TrainerWait& wait) {
   const std::string who = "rank " + std::to_string(c.rank);
-  const bool starting = wait.on_timeout == wire::TRAINER_DID_NOT_START;
+  const bool starting = wait.starting();
   for (;;) {
     std::string bad;
     if (auto message = c.reader.next(bad)) return std::move(*message);
     if (!bad.empty()) fail(wire::TRAINER_PROTOCOL_ERROR, who + " " + bad);
     if (cancelled_) fail(wire::AGENT_STOPPING, "the agent is stopping");
     const auto now = Clock::now();
-    if (now >= wait.deadline) {
-      if (starting) {
-        fail(wait.on_timeout, who + " did not start in time: no hello after " + seconds_text(now - wait.since) + " (" +
-                                  wait.budget + "); it was stopped. A script that imports torch or loads its data "
-                                  "before xc.init() may need more: raise trainer.startup_s");
-      }
-      fail(wait.on_timeout, who + " hung: no answer (" + wait.what + ") after " + seconds_text(now - wait.since) + " (" +
-                                wait.budget + "); it was stopped");
-    }
+    if (wait.expired(now)) fail(wait.on_timeout, wait.timeout_message(who, now));
     pollfd p{c.fd, POLLIN, 0};
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(wait.deadline - now).count();
-    const int r = ::poll(&p, 1, static_cast<int>(std::clamp<long long>(left, 1, 200)));
+    const int r = ::poll(&p, 1, static_cast<int>(wait.poll_for(now).count()));
     if (r < 0 && errno != EINTR) fail(wire::AGENT_INTERNAL, std::string("poll: ") + std::strerror(errno));
     if (r <= 0) {
       // Nothing to read: only now does an exited copy count (what it sent before exiting is read
@@ -362,13 +327,9 @@ json ExternalTrainer::run(const std::string& kind, const Model* model, const Tra
   if (!config.contains("local_epochs") && task.plan.local_epochs() > 0) config["local_epochs"] = task.plan.local_epochs();
   start(task, model ? model->bytes() : 0);
   // The task's budget starts now, after start-up.
-  std::string key;
-  const auto budget = task_budget(task, key);
   const auto since = Clock::now();
-  char limit[64];
-  std::snprintf(limit, sizeof limit, " = %g s", std::chrono::duration<double>(budget).count());
-  const Wait wait{"its " + kind + " result for round " + std::to_string(task.round), key + limit, wire::TRAINER_HUNG,
-                  since, since + budget};
+  const TrainerWait wait =
+      task_wait(kind, task.round, task_budget(cfg_.external.task_timeout, task.plan.train_timeout_ms()), since);
   const std::uint64_t id = ++next_id_;
   json msg = {{"type", "task"}, {"id", id}, {"kind", kind}, {"round", task.round}, {"config", config}};
   if (!cfg_.feature_stats.empty()) msg["feature_stats"] = cfg_.feature_stats.to_json();

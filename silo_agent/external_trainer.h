@@ -30,6 +30,7 @@
 #include "common/process.h"
 #include "silo_agent/config.h"
 #include "silo_agent/trainer.h"
+#include "silo_agent/trainer_budget.h"
 #include "silo_agent/trainer_protocol.h"
 
 namespace xsilo::agent {
@@ -57,23 +58,14 @@ class ExternalTrainer final : public Trainer {
   using Clock = std::chrono::steady_clock;
   void start(const TrainTask& task, std::size_t model_bytes);
   void stop_copies(std::chrono::milliseconds grace);
-  // What a wait is for: its name in messages, the budget's key and length, the code of a
-  // wait that runs out.
-  struct Wait {
-    std::string what;                 // "its hello", "its train result for round 7"
-    std::string budget;               // "trainer.startup_s = 5 s"
-    wire::FailureReason on_timeout;   // TRAINER_DID_NOT_START or TRAINER_HUNG
-    Clock::time_point since, deadline;
-  };
   // Sends a task to every copy and waits for every answer (within the task's budget, from now:
   // the copies are started first); rank 0's answer is returned. `model` may be null (init).
   nlohmann::json run(const std::string& kind, const Model* model, const TrainTask& task);
-  nlohmann::json receive(Copy& c, const Wait& wait);
+  nlohmann::json receive(Copy& c, const TrainerWait& wait);
   // The round failed for `why` (the silo's log; the server gets `reason`). `stop`: the copies
   // are out of step with the agent and are stopped; otherwise they keep running. `fatal`: no
   // later round can do better (the agent exits now).
   [[noreturn]] void fail(wire::FailureReason reason, const std::string& why, bool stop = true, bool fatal = false);
-  std::chrono::milliseconds task_budget(const TrainTask& task, std::string& key) const;
   // Runs `f`, turning what a misbehaving trainer can make the agent's code throw (bad JSON
   // types, file errors) into a failed round.
   template <class F>

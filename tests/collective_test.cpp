@@ -14,6 +14,7 @@
 
 #include "common/process.h"
 #include "common/safetensors.h"
+#include "silo_agent/collective/failure_policy.h"
 #include "silo_agent/collective/gpu_info.h"
 #include "silo_agent/collective/group.h"
 #include "silo_agent/data_parallel.h"
@@ -354,6 +355,99 @@ TEST(DataParallel, ShardsOfAnExcludedWorkerPassToTheSurvivors) {
   EXPECT_EQ(agent::shard_owner(0, {1, 3}), 1);
 }
 
+// ---- the failure policy with time moved by hand ------------------------------------------------
+// Deterministic counterparts of CollectiveProcesses.AStalledWorkerIsDetectedByTheStepTimeoutAndExcluded
+// and CollectiveProcesses.KillOneOfFourMidStepAndTheStepCompletesOnThreeWithTheRightSum: the same
+// settings (a 2 s step timeout; a grace of 1 s and 3 s), the decisions at exact instants.
+
+using namespace std::chrono_literals;
+const SteadyTime t0{};  // the tests' own epoch: no clock is read
+
+// A step whose bytes keep moving never times out however long it takes; once they stop, the
+// peer is given up on exactly a step timeout after the last byte.
+TEST(StepDeadline, ALongStepThatKeepsMovingNeverExpiresAndAStalledOneExpiresATimeoutAfterItsLastByte) {
+  StepDeadline d(2000ms, t0);
+  for (auto t = 500ms; t <= 10000ms; t += 500ms) {
+    EXPECT_FALSE(d.expired(t0 + t)) << t.count();
+    d.moved(t0 + t);
+  }
+  EXPECT_EQ(d.left(t0 + 10500ms), 1500ms);
+  EXPECT_FALSE(d.expired(t0 + 11999ms));
+  EXPECT_TRUE(d.expired(t0 + 12000ms));
+  EXPECT_EQ(d.left(t0 + 12000ms), 0ms);
+  EXPECT_EQ(d.left(t0 + 13000ms), 0ms);
+}
+
+std::vector<WorkerStatus> live_members(int n) {
+  std::vector<WorkerStatus> w;
+  for (int id = 0; id < n; ++id) w.push_back({id, true, false, true, std::nullopt});
+  return w;
+}
+
+// Three workers, worker 1 stalls in step 2 and keeps its control connection open. Workers 0 and 2
+// give up on it when their step deadline expires and report step 2; the coordinator waits the
+// grace of 1 s for worker 1's report, then excludes it and resumes step 2 on the other two.
+TEST(Reformation, AStalledWorkerIsExcludedExactlyWhenTheGraceAfterTheFirstReportEnds) {
+  auto w = live_members(3);
+  StepDeadline step2(2000ms, t0 + 100ms);  // step 2 began at 100 ms; worker 1 never answers
+  SteadyTime now = t0 + 100ms;
+  while (!step2.expired(now)) now += 1ms;
+  ASSERT_EQ(now, t0 + 2100ms);
+  w[0].failed_op = 2;
+  const SteadyTime failure_since = now;
+  EXPECT_FALSE(decide_reformation(w, failure_since, 1000ms, now)) << "worker 2 has not reported yet";
+  w[2].failed_op = 2;  // 5 ms later
+  EXPECT_FALSE(decide_reformation(w, failure_since, 1000ms, now + 5ms)) << "worker 1 is alive: its grace runs";
+  EXPECT_FALSE(decide_reformation(w, failure_since, 1000ms, now + 999ms));
+  const auto r = decide_reformation(w, failure_since, 1000ms, now + 1000ms);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->excluded, (std::vector<int>{1}));
+  EXPECT_TRUE(r->left.empty());
+  EXPECT_EQ(r->resume_op, 2u);
+  EXPECT_FALSE(decide_reformation(w, std::nullopt, 1000ms, now + 5000ms)) << "no failure, no re-formation";
+}
+
+// Four workers, worker 2 killed inside step 3: its connection closes (the failure starts there)
+// and the three survivors report step 3 as their exchanges fail. The group re-forms as soon as
+// the last survivor has reported, long before the grace of 3 s: a dead worker is not waited for.
+TEST(Reformation, AKilledWorkerIsExcludedAsSoonAsEverySurvivorHasReported) {
+  auto w = live_members(4);
+  const SteadyTime killed = t0 + 50ms;
+  w[2].connected = false;
+  w[0].failed_op = 3;
+  w[1].failed_op = 3;
+  EXPECT_FALSE(decide_reformation(w, killed, 3000ms, t0 + 70ms)) << "worker 3 is alive and has not reported";
+  w[3].failed_op = 3;
+  const auto r = decide_reformation(w, killed, 3000ms, t0 + 80ms);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->excluded, (std::vector<int>{2}));
+  EXPECT_EQ(r->resume_op, 3u);
+}
+
+// Survivors a step apart resume from the earlier one (each keeps that step's inputs); a worker
+// that finished before the failure leaves without being killed; non-members are not counted;
+// when nobody reported, the grace ends it all the same and the group starts over at 0.
+TEST(Reformation, ResumesFromTheEarliestStepAndAFinishedWorkerLeavesWithoutBeingExcluded) {
+  auto w = live_members(5);
+  w[0].failed_op = 5;
+  w[1].failed_op = 4;
+  w[2].done = true;
+  w[3].member = false;  // excluded in an earlier epoch, still connected
+  w[4].failed_op = 6;
+  const auto r = decide_reformation(w, t0, 1000ms, t0 + 1ms);
+  ASSERT_TRUE(r) << "every live member has reported";
+  EXPECT_EQ(r->resume_op, 4u);
+  EXPECT_EQ(r->left, (std::vector<int>{2}));
+  EXPECT_TRUE(r->excluded.empty());
+
+  auto silent = live_members(2);
+  EXPECT_FALSE(decide_reformation(silent, t0, 1000ms, t0 + 999ms));
+  const auto none = decide_reformation(silent, t0, 1000ms, t0 + 1000ms);
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->excluded, (std::vector<int>{0, 1}));
+  EXPECT_EQ(none->resume_op, 0u);
+}
+
 // ---- real worker processes --------------------------------------------------------------------
 
 struct Workers {
@@ -407,8 +501,9 @@ void expect_clean_exit(Workers& w, int k, std::chrono::milliseconds limit) {
 
 // Depends on timing: worker 2 is killed once it logs "STEP 3 begin" and the kill must land inside
 // that step, which 24 MiB steps on loopback allow (load only lengthens them); the survivors notice
-// by the 2 s step timeout. No deterministic counterpart yet: the collectives have no sans-I/O
-// harness.
+// by the 2 s step timeout. Deterministic counterparts (the decisions, with time moved by hand):
+// Reformation.AKilledWorkerIsExcludedAsSoonAsEverySurvivorHasReported and
+// Reformation.ResumesFromTheEarliestStepAndAFinishedWorkerLeavesWithoutBeingExcluded above.
 TEST(CollectiveProcesses, KillOneOfFourMidStepAndTheStepCompletesOnThreeWithTheRightSum) {
   test::TempDir dir;
   // 24 MiB per step: a step takes long enough on loopback for the kill to land inside it.
@@ -431,7 +526,9 @@ TEST(CollectiveProcesses, KillOneOfFourMidStepAndTheStepCompletesOnThreeWithTheR
 
 // Depends on timing: worker 1 stalls at step 2 and is excluded when the 2 s step timeout expires on
 // purpose; the live workers' steps of 1,000 elements take far less, so load does not make them
-// look stalled. No deterministic counterpart yet.
+// look stalled. Deterministic counterparts (the decisions, with time moved by hand):
+// StepDeadline.ALongStepThatKeepsMovingNeverExpiresAndAStalledOneExpiresATimeoutAfterItsLastByte and
+// Reformation.AStalledWorkerIsExcludedExactlyWhenTheGraceAfterTheFirstReportEnds above.
 TEST(CollectiveProcesses, AStalledWorkerIsDetectedByTheStepTimeoutAndExcluded) {
   test::TempDir dir;
   auto w = start_workers(3, dir.path(), {"--backend", "hd", "--check-steps", "4", "--elements", "1000"},

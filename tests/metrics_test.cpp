@@ -91,7 +91,10 @@ TEST(MetricsEndpoint, ServesMetricsOverHttpAndRefusesEverythingElse) {
 // oldest connection that has not sent its request is dropped, so a scraper still gets in.
 // Depends on timing: the scrape must be answered within 1 s of real time, less than the 2 s
 // request timeout a wait for the silent connections would cost; a loopback scrape takes far
-// less, so only a machine stalled for most of a second fails it. No deterministic counterpart yet.
+// less, so only a machine stalled for most of a second fails it. Deterministic counterparts:
+// ScrapeSlots.SilentConnectionsAreEvictedOldestFirstSoAScraperGetsInAtOnce and
+// ScrapeSlots.ConnectionsAnsweringAreNeverEvictedAndWhenAllAreTheNewcomerIsRefused
+// (transport_policy_test.cpp), the endpoint's slots and deadlines with time moved by hand.
 TEST(MetricsEndpoint, SilentConnectionsCannotKeepAScraperOut) {
   MetricRegistry m;
   m.declare("xsilo_round", MetricRegistry::Type::Gauge, "The round");

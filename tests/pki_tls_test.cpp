@@ -353,8 +353,9 @@ bool eventually(Pred done, std::chrono::milliseconds limit = std::chrono::millis
 // and in all; the rest are closed at accept. A good client from another address gets in at once
 // (long before the flood's handshakes time out) and established channels keep working.
 // Depends on timing: the good client must get in within 5 s of real time, where the flood's
-// handshakes time out after 20 s, so only a machine stalled for seconds fails it. No
-// deterministic counterpart yet: the caps live in the transport, which has no sans-I/O harness.
+// handshakes time out after 20 s, so only a machine stalled for seconds fails it. Deterministic
+// counterpart: HandshakeSlots.AFloodHoldsOnlyItsAddresssCapAndAGoodClientStillGetsIn
+// (transport_policy_test.cpp), the listener's caps with the same flood and no clock.
 TEST_F(TlsTest, AHandshakeFloodIsCappedAndAGoodClientStillGetsIn) {
   ChannelOptions opts;
   opts.max_handshakes = 16;
@@ -397,7 +398,9 @@ TEST_F(TlsTest, AHandshakeFloodIsCappedAndAGoodClientStillGetsIn) {
 // descriptors are back it accepts again.
 // Depends on timing: the accept failures are counted over 1.8 s of real time, the child's
 // connections starting 0.3 s in; 2 to 12 leave room for a loaded machine that fits fewer attempts
-// (about 8 when idle), while a spin would make thousands. No deterministic counterpart yet.
+// (about 8 when idle), while a spin would make thousands. Deterministic counterparts:
+// AcceptBackoff.PausesTenMillisecondsDoublingToOneSecondAndStartsOverAfterASuccess and
+// AcceptBackoff.FailingForOneAndAHalfSecondsMakesEightAttemptsNotASpin (transport_policy_test.cpp).
 TEST_F(TlsTest, AcceptFailuresBackOffInsteadOfSpinning) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "skipped in sanitizer builds: with every descriptor taken, the sanitizers' own checks (UBSan's vptr "
@@ -533,8 +536,10 @@ TEST_F(TlsTest, MalformedFramesGetAnErrorAndTheServerKeepsServing) {
 
 // Depends on timing: after 1 s of real time the silent peer must have been closed by the 400 ms
 // idle timeout and the chatty one kept open by its 100 ms heartbeats, so a heartbeat held up for
-// more than 300 ms on a loaded machine would close the chatty one too. No deterministic
-// counterpart yet (Config.IdleTimeoutMustExceedHeartbeat checks only the configuration rule).
+// more than 300 ms on a loaded machine would close the chatty one too. Deterministic counterpart:
+// IdleWatch.ASilentPeerIsClosedAtTheFirstTickPastItsTimeoutAndHeartbeatsKeepAPeerOpen
+// (transport_policy_test.cpp), the channel's watchdog with the same settings and time moved by
+// hand (Config.IdleTimeoutMustExceedHeartbeat checks the configuration rule).
 TEST_F(TlsTest, IdlePeersAreClosedAndHeartbeatsKeepThemOpen) {
   ChannelOptions server_opts;
   server_opts.idle_timeout = std::chrono::milliseconds(400);

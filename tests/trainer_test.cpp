@@ -193,8 +193,8 @@ std::size_t lines_of(const std::filesystem::path& p) {
 // trainer.startup_s 5 on purpose, and every other mode needs Python with numpy to start within
 // 5 s and answer within 3 s (on a machine loaded enough to miss that, the error names the
 // timeout). Deterministic counterpart of what the session does with each failure:
-// Session.ATrainerFailureIsReportedAndAFatalOneStopsTheAgent; the trainer's timeouts themselves
-// have no deterministic counterpart yet.
+// Session.ATrainerFailureIsReportedAndAFatalOneStopsTheAgent; of the trainer's timeouts and
+// restart backoff: TrainerBudget.* (trainer_budget_test.cpp).
 TEST_P(TrainerMisbehaviour, IsAClearErrorAndTheNextRoundStartsAfresh) {
   REQUIRE_PYTHON_MODULE("numpy");
   const auto& m = GetParam();
@@ -287,7 +287,7 @@ TEST(ExternalTrainer, WorkersThatNeverJoinAProcessGroupAreRefusedWithTheFix) {
 // counted 3.5 s against 2).
 // Depends on timing: the 2 s sleep and Python's own start must fit in startup_s 5, and the task in
 // task_timeout_s 2; a machine loaded enough to stretch either fails it with the timeout's
-// message. No deterministic counterpart yet.
+// message. Deterministic counterpart: TrainerBudget.StartUpHasItsOwnBudgetAndATasksBudgetRunsFromWhenItIsSent.
 TEST(ExternalTrainer, StartUpDoesNotCountAgainstTheTaskBudget) {
   REQUIRE_PYTHON_MODULE("numpy");
   test::TempDir dir;

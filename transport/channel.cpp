@@ -32,7 +32,7 @@ Channel::Channel(tcp::socket socket, ssl::context& ctx, ChannelOptions opts)
     : stream_(std::move(socket), ctx), opts_(opts), wake_(stream_.socket().get_executor()),
       heartbeat_timer_(stream_.socket().get_executor()),
       watchdog_timer_(stream_.socket().get_executor()),
-      deadline_(stream_.socket().get_executor()), last_read_(Clock::now()) {
+      deadline_(stream_.socket().get_executor()), idle_(opts.idle_timeout, Clock::now()) {
   boost::system::error_code ec;
   auto ep = stream_.socket().remote_endpoint(ec);
   remote_ = ec ? "?" : ep.address().to_string() + ":" + std::to_string(ep.port());
@@ -206,7 +206,7 @@ awaitable<proto::Status> Channel::connect(const AllowList& upstreams, const Loca
 void Channel::start() {
   if (started_) return;
   started_ = true;
-  last_read_ = Clock::now();
+  idle_.heard(Clock::now());
   auto self = shared_from_this();
   asio::co_spawn(executor(), [self] { return self->writer(); }, asio::detached);
   if (opts_.heartbeat_interval.count() > 0) {
@@ -239,7 +239,7 @@ awaitable<proto::Result<wire::Envelope>> Channel::read_frame() {
                            "connection to " + remote_ + " closed: " + e.code().message());
   }
   bytes_received_ += proto::kFrameHeaderBytes + size;
-  last_read_ = Clock::now();
+  idle_.heard(Clock::now());
   if (stream_.has_pending_output()) wake_.cancel();  // TLS wants to answer (key update)
   auto env = proto::decode_envelope({read_buffer_.data(), size});
   // Keep a small buffer between frames; a large one is given back (an idle connection
@@ -402,14 +402,12 @@ awaitable<void> Channel::heartbeat() {
 
 awaitable<void> Channel::watchdog() {
   auto self = shared_from_this();
-  const auto tick = std::max(std::chrono::milliseconds(50),
-                             std::min(opts_.idle_timeout / 4, std::chrono::milliseconds(1000)));
   while (open_) {
-    watchdog_timer_.expires_after(tick);
+    watchdog_timer_.expires_after(idle_.tick());
     boost::system::error_code ec;
     co_await watchdog_timer_.async_wait(asio::redirect_error(use_awaitable, ec));
     if (ec || !open_) break;
-    if (Clock::now() - last_read_ > opts_.idle_timeout) {
+    if (idle_.silent_too_long(Clock::now())) {
       spdlog::warn("{} ({}) sent nothing for {} ms; closing the connection", peer_.str(), remote_,
                    opts_.idle_timeout.count());
       close();

@@ -20,6 +20,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include "proto/frame.h"
+#include "transport/policy.h"
 #include "transport/tls.h"
 #include "transport/tls_stream.h"
 
@@ -128,7 +129,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
   std::string remote_;
   std::string federation_;
   std::uint64_t bytes_sent_ = 0, bytes_received_ = 0;
-  std::chrono::steady_clock::time_point last_read_;
+  IdleWatch idle_;  // when the last frame was read: the watchdog's decision
 };
 
 // Fills federation and round of an envelope.

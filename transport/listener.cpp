@@ -17,7 +17,7 @@ Listener::Listener(asio::any_io_executor ex, ssl::context& ctx, const Endpoint& 
                    RoundFn current_round)
     : ex_(ex), ctx_(ctx), acceptor_(ex), opts_(opts), allow_(std::move(allow)),
       me_(std::move(me)), on_channel_(std::move(on_channel)),
-      current_round_(std::move(current_round)) {
+      current_round_(std::move(current_round)), slots_(opts.max_handshakes, opts.max_handshakes_per_address) {
   tcp::resolver resolver(ex);
   auto results = resolver.resolve(at.host, std::to_string(at.port));
   tcp::endpoint ep = results.begin()->endpoint();
@@ -42,9 +42,7 @@ void Listener::stop() {
 
 awaitable<void> Listener::accept_loop() {
   auto alive = alive_;
-  using namespace std::chrono_literals;
-  std::chrono::milliseconds backoff{0};
-  std::uint64_t failures = 0;
+  AcceptBackoff backoff;
   asio::steady_timer pause(ex_);
   while (*alive && acceptor_.is_open()) {
     boost::system::error_code ec;
@@ -53,38 +51,32 @@ awaitable<void> Listener::accept_loop() {
     if (!*alive) break;
     if (ec) {
       if (ec == asio::error::operation_aborted) break;
-      // Out of descriptors or memory, most likely: wait before trying again (10 ms doubling to
-      // 1 s) rather than spin, and say so once per pause, not once per attempt.
-      ++failures;
+      // Out of descriptors or memory, most likely: wait before trying again (AcceptBackoff)
+      // rather than spin, and say so once per pause, not once per attempt.
       ++accept_failures_;
-      backoff = std::min<std::chrono::milliseconds>(1000ms, backoff.count() ? backoff * 2 : 10ms);
-      spdlog::warn("accept failed ({} in a row): {}; next attempt in {} ms", failures, ec.message(), backoff.count());
-      pause.expires_after(backoff);
+      const auto wait = backoff.failed();
+      spdlog::warn("accept failed ({} in a row): {}; next attempt in {} ms", backoff.failures_in_a_row(),
+                   ec.message(), wait.count());
+      pause.expires_after(wait);
       co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
       continue;
     }
-    backoff = 0ms;
-    failures = 0;
+    backoff.succeeded();
     auto from = socket.remote_endpoint(ec);
     const std::string address = ec ? std::string("?") : from.address().to_string();
-    if (handshaking_ >= opts_.max_handshakes || handshaking_from_[address] >= opts_.max_handshakes_per_address) {
+    if (!slots_.take(address)) {
       // Shed before any TLS work: unauthenticated peers cannot hold more than the caps.
       ++shed_;
       ++refused_by_reason_["shed"];
-      const auto now = std::chrono::steady_clock::now();
-      if (now - last_shed_log_ > 1s) {
-        last_shed_log_ = now;
+      if (shed_log_.allow(std::chrono::steady_clock::now())) {
         spdlog::warn("closed a connection from {} at accept: {} handshakes in progress ({} from that address); "
                      "{} closed so far",
-                     address, handshaking_, handshaking_from_[address], shed_);
+                     address, slots_.in_progress(), slots_.from(address), shed_);
       }
-      if (handshaking_from_[address] == 0) handshaking_from_.erase(address);
       socket.close(ec);
       continue;
     }
     socket.set_option(tcp::no_delay(true), ec);
-    ++handshaking_;
-    ++handshaking_from_[address];
     asio::co_spawn(ex_, authenticate(std::move(socket), address), asio::detached);
   }
 }
@@ -98,9 +90,7 @@ awaitable<void> Listener::authenticate(tcp::socket socket, std::string address) 
     Slot(const Slot&) = delete;
     Slot& operator=(const Slot&) = delete;
     ~Slot() {
-      if (!*alive) return;
-      --self->handshaking_;
-      if (--self->handshaking_from_[address] == 0) self->handshaking_from_.erase(address);
+      if (*alive) self->slots_.give_back(address);
     }
     Listener* self;
     std::shared_ptr<bool> alive;

@@ -11,6 +11,7 @@
 
 #include "common/net.h"
 #include "transport/channel.h"
+#include "transport/policy.h"
 
 namespace xsilo::transport {
 
@@ -32,7 +33,7 @@ class Listener {
   const std::map<std::string, std::uint64_t>& refused_by_reason() const { return refused_by_reason_; }
   // Connections closed at accept because the handshake caps were full.
   std::uint64_t shed() const { return shed_; }
-  std::size_t handshaking() const { return handshaking_; }
+  std::size_t handshaking() const { return slots_.in_progress(); }
   // Failed accept calls (out of descriptors, say), each followed by a pause.
   std::uint64_t accept_failures() const { return accept_failures_; }
 
@@ -51,12 +52,11 @@ class Listener {
   std::uint16_t port_ = 0;
   std::uint64_t refused_ = 0;
   // Handshakes in progress, in all and per source address (ChannelOptions caps them).
-  std::size_t handshaking_ = 0;
-  std::map<std::string, std::size_t> handshaking_from_;
+  HandshakeSlots slots_;
   std::uint64_t shed_ = 0;
   std::map<std::string, std::uint64_t> refused_by_reason_;
   std::uint64_t accept_failures_ = 0;
-  std::chrono::steady_clock::time_point last_shed_log_{};
+  LogLimit shed_log_{std::chrono::seconds(1)};
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

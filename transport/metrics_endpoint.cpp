@@ -63,7 +63,8 @@ nlohmann::json to_json(const MetricsOptions& o) {
 
 MetricsEndpoint::MetricsEndpoint(asio::any_io_executor ex, const Endpoint& at, const MetricRegistry& registry,
                                  std::function<void()> refresh)
-    : ex_(ex), acceptor_(ex), registry_(registry), refresh_(std::move(refresh)) {
+    : ex_(ex), acceptor_(ex), registry_(registry), refresh_(std::move(refresh)),
+      slots_(kMaxScrapesAtOnce, kRequestTimeout) {
   tcp::resolver resolver(ex);
   const tcp::endpoint ep = resolver.resolve(at.host, std::to_string(at.port)).begin()->endpoint();
   acceptor_.open(ep.protocol());
@@ -95,42 +96,43 @@ awaitable<void> MetricsEndpoint::accept_loop() {
       co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
       continue;
     }
-    if (serving_ >= kMaxScrapesAtOnce) {
-      // Every slot taken: the connection that has waited longest without sending its request
-      // goes, so that a few silent connections cannot keep a scraper out (review N6). A scraper
-      // sends at once and is done in milliseconds.
-      bool evicted = false;
-      while (!reading_.empty() && !evicted) {
-        if (auto oldest = reading_.front().lock(); oldest && oldest->is_open()) {
-          oldest->close(ec);
-          evicted = true;
-        }
-        reading_.pop_front();
-      }
-      if (!evicted) {
-        socket.close(ec);
-        continue;
-      }
+    // Every slot taken: the connection that has waited longest without sending its request
+    // goes, so that a few silent connections cannot keep a scraper out (review N6); a scraper
+    // sends at once and is done in milliseconds. Every slot answering: the newcomer goes.
+    auto shared = std::make_shared<tcp::socket>(std::move(socket));
+    const ScrapeSlots::Id id = next_id_++;
+    const auto admission = slots_.admit(id, std::chrono::steady_clock::now());
+    if (admission.evict) {
+      if (auto oldest = sockets_[*admission.evict].lock()) oldest->close(ec);
+      sockets_.erase(*admission.evict);
     }
-    asio::co_spawn(ex_, serve(std::move(socket)), asio::detached);
+    if (!admission.admitted) {
+      shared->close(ec);
+      continue;
+    }
+    sockets_[id] = shared;
+    asio::co_spawn(ex_, serve(std::move(shared), id, admission.deadline), asio::detached);
   }
 }
 
-awaitable<void> MetricsEndpoint::serve(tcp::socket s) {
+awaitable<void> MetricsEndpoint::serve(std::shared_ptr<tcp::socket> socket, ScrapeSlots::Id id,
+                                       std::chrono::steady_clock::time_point deadline) {
   auto alive = alive_;
-  // Shared with the timeout's handler, which may run after this coroutine has ended.
-  auto socket = std::make_shared<tcp::socket>(std::move(s));
-  ++serving_;
+  // The slot is given back however this ends (evicted, timed out, answered), unless the
+  // endpoint is gone.
   struct Done {
     MetricsEndpoint* self;
     std::shared_ptr<bool> alive;
+    ScrapeSlots::Id id;
     ~Done() {
-      if (*alive) --self->serving_;
+      if (!*alive) return;
+      self->slots_.done(id);
+      self->sockets_.erase(id);
     }
-  } done{this, alive};
-  reading_.push_back(socket);
-  // A client that sends nothing, or too slowly, is cut off.
-  asio::steady_timer timeout(ex_, kRequestTimeout);
+  } done{this, alive, id};
+  // A client that sends nothing, or too slowly, is cut off at its deadline. The socket is
+  // shared with the timeout's handler, which may run after this coroutine has ended.
+  asio::steady_timer timeout(ex_, deadline);
   timeout.async_wait([socket](boost::system::error_code ec) {
     if (!ec) socket->close(ec);
   });
@@ -139,6 +141,7 @@ awaitable<void> MetricsEndpoint::serve(tcp::socket s) {
   co_await asio::async_read_until(*socket, asio::dynamic_buffer(head, kMaxRequestHead), "\r\n\r\n",
                                   asio::redirect_error(asio::use_awaitable, ec));
   if (!*alive) co_return;
+  slots_.request_read(id);
   std::string reply;
   if (ec) {
     if (!socket->is_open()) co_return;  // timed out

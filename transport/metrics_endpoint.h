@@ -7,7 +7,6 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -18,6 +17,7 @@
 #include "common/net.h"
 #include "common/prometheus.h"
 #include "transport/channel.h"
+#include "transport/policy.h"
 #include "transport/tls.h"
 
 namespace xsilo::transport {
@@ -46,14 +46,16 @@ class MetricsEndpoint {
 
  private:
   awaitable<void> accept_loop();
-  awaitable<void> serve(tcp::socket socket);
+  awaitable<void> serve(std::shared_ptr<tcp::socket> socket, ScrapeSlots::Id id,
+                        std::chrono::steady_clock::time_point deadline);
   asio::any_io_executor ex_;
   tcp::acceptor acceptor_;
   const MetricRegistry& registry_;
   std::function<void()> refresh_;
   std::uint16_t port_ = 0;
-  std::size_t serving_ = 0;
-  std::deque<std::weak_ptr<tcp::socket>> reading_;  // connections in the order they came, oldest first
+  ScrapeSlots slots_;  // which connection goes when every slot is taken, and each one's deadline
+  std::map<ScrapeSlots::Id, std::weak_ptr<tcp::socket>> sockets_;
+  ScrapeSlots::Id next_id_ = 0;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

@@ -1,5 +1,6 @@
 #include "silo_agent/collective/group.h"
 
+#include "silo_agent/collective/failure_policy.h"
 #include "silo_agent/collective/nccl.h"
 
 #include <arpa/inet.h>
@@ -115,30 +116,21 @@ void Coordinator::broadcast_table(std::uint64_t resume) {
 }
 
 // After a failure: once every live member has reported (or the grace period is over), keep
-// those who reported and resume from the earliest operation any of them was in.
+// those who reported and resume from the earliest operation any of them was in
+// (decide_reformation).
 void Coordinator::maybe_reform() {
-  if (!failure_since_) return;
-  bool all = true;
-  for (const auto& [id, w] : workers_) all = all && (!w.member || w.done || w.fd < 0 || w.failed_op);
-  if (!all && std::chrono::steady_clock::now() - *failure_since_ < grace_) return;
-  std::vector<int> excluded;
-  std::uint64_t resume = UINT64_MAX;
-  for (auto& [id, w] : workers_) {
-    if (!w.member) continue;
-    if (w.done) {  // finished before the failure: it leaves the group, nobody kills it
-      w.member = false;
-      continue;
-    }
-    if (w.fd < 0 || !w.failed_op) {
-      w.member = false;
-      excluded.push_back(id);
-      if (w.fd >= 0) send_line(w.fd, "EXCLUDED");
-      continue;
-    }
-    resume = std::min(resume, *w.failed_op);
+  std::vector<WorkerStatus> status;
+  for (const auto& [id, w] : workers_) status.push_back({id, w.member, w.done, w.fd >= 0, w.failed_op});
+  const auto r = decide_reformation(status, failure_since_, grace_, std::chrono::steady_clock::now());
+  if (!r) return;
+  for (int id : r->left) workers_[id].member = false;  // finished before the failure: nobody kills it
+  for (int id : r->excluded) {
+    Worker& w = workers_[id];
+    w.member = false;
+    if (w.fd >= 0) send_line(w.fd, "EXCLUDED");
   }
-  if (!excluded.empty() && on_excluded_) on_excluded_(excluded);
-  broadcast_table(resume == UINT64_MAX ? 0 : resume);
+  if (!r->excluded.empty() && on_excluded_) on_excluded_(r->excluded);
+  broadcast_table(r->resume_op);
 }
 
 void Coordinator::loop() {

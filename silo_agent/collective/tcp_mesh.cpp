@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "silo_agent/collective/communicator.h"
+#include "silo_agent/collective/failure_policy.h"
 
 namespace xsilo::collective {
 
@@ -109,7 +110,7 @@ class TcpMesh : public Mesh {
     const int in_fd = src < 0 ? -1 : socks_.at(static_cast<std::size_t>(src))->native_handle();
     std::size_t chunk_start = got, chunk_len = 0;
     std::uint8_t* landing = nullptr;
-    auto deadline = Clock::now() + timeout_;
+    StepDeadline deadline(timeout_, Clock::now());
     int spins = 0;
     while (sent < out_total || got < in_bytes) {
       // Try both directions first; poll only when neither can move.
@@ -149,7 +150,7 @@ class TcpMesh : public Mesh {
         }
       }
       if (moved) {
-        deadline = Clock::now() + timeout_;
+        deadline.moved(Clock::now());
         spins = 0;
         continue;
       }
@@ -162,8 +163,8 @@ class TcpMesh : public Mesh {
       nfds_t count = 0;
       if (sent < ready) fds[count++] = {out_fd, POLLOUT, 0};
       if (got < in_bytes) fds[count++] = {in_fd, POLLIN, 0};
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-      if (left <= 0 || (::poll(fds, count, static_cast<int>(left)) == 0 && Clock::now() >= deadline)) {
+      const auto left = deadline.left(Clock::now()).count();
+      if (left <= 0 || (::poll(fds, count, static_cast<int>(left)) == 0 && deadline.expired(Clock::now()))) {
         const int peer = got < in_bytes ? src : dst;
         fail(peer, "did not answer within " + std::to_string(timeout_.count()) + " ms");
       }
