@@ -21,6 +21,7 @@
 #include "silo_agent/builtin_trainer.h"
 #include "silo_agent/update.h"
 #include "tests/federation_util.h"
+#include "tests/hostile_record.h"
 
 namespace xsilo::tools {
 namespace {
@@ -342,6 +343,38 @@ std::vector<Case> cases() {
     s["secure"]["unmask_s"] = 3;
     s["hostile"] = {{"edge-02", "split_view"}};
     out.push_back({"HostileEdgeSplitView", s, 1e-4, 2});
+    // The same in SecAgg+ (k = 10 of 12, t = 6 of each secret's 11 holders): a graph member
+    // also wants the server's signature on the set, which the edge cannot make.
+    s = base_sim(12, 2);
+    s["edges"] = 2;
+    s["selection"] = {{"min_silos", 12}, {"min_updates", 12}};
+    s["secure"] = secure("global");
+    s["secure"]["graph"] = {{"dropout", 0.01}, {"corrupt", 0.0}};
+    s["secure"]["unmask_s"] = 3;
+    s["hostile"] = {{"edge-02", "split_view"}};
+    out.push_back({"HostileEdgeSplitViewSecAggPlus", s, 1e-4, 2});
+  }
+  {  // The server itself shows half of the survivors a set without a victim, signed with its own
+     // key, and asks that half to unmask the victim as a dropout (tools/sim_server.h): they refuse
+     // (too few signed their set); the other half's confirmations carry the round, summed over
+     // the set with the victim (tests/hostile_record.h). unmask_s 3: the server waits that long
+     // for confirmations of its own set from the half shown the other. Straight to the server:
+     // an edge relays no error a silo answers (its refusal), only what it sends to unmask.
+    json s = base_sim(6, 2);
+    s["selection"] = {{"min_silos", 6}, {"min_updates", 6}};
+    s["secure"] = secure("global");
+    s["secure"]["unmask_s"] = 3;
+    s["hostile"] = {{"server", "split_view"}};
+    out.push_back({"HostileServerSplitView", s, 1e-4, 2});
+    // SecAgg+ (k = 10 of 12, t = 6), straight to the server: 5 silos told the victim dropped
+    // hold at most 5 of any member's holders' signatures.
+    s = base_sim(12, 2);
+    s["selection"] = {{"min_silos", 12}, {"min_updates", 12}};
+    s["secure"] = secure("global");
+    s["secure"]["graph"] = {{"dropout", 0.01}, {"corrupt", 0.0}};
+    s["secure"]["unmask_s"] = 3;
+    s["hostile"] = {{"server", "split_view"}};
+    out.push_back({"HostileServerSplitViewSecAggPlus", s, 1e-4, 2});
   }
   {  // Two Byzantine silos inside secure aggregation, each signing what it does: an unusable
      // mask key, boxes of random bytes. Both are excluded with evidence, every round; the
@@ -388,16 +421,18 @@ class Combinations : public ::testing::TestWithParam<Case> {};
 // Depends on timing in the cases with faults: the sim fires a "train" or "upload" fault when it
 // reads the phase in events.jsonl, so where the kill lands varies from run to run (a fault seen
 // only after the next round started is missed, and counted so), and the hostile cases set keys_s
-// or unmask_s to 3 s so that the wait for what a hostile edge withheld expires on purpose. The
+// or unmask_s to 3 s so that the wait for what a hostile edge withheld, or for the confirmations
+// a hostile server's own set never gets from the silos it showed another, expires on purpose. The
 // checks hold wherever a kill lands: each round is recomputed from the silos its record names and
 // error feedback from each silo's sent.jsonl. Deterministic counterparts:
 // Coordinator.HundredSilosWithRandomDropoutsAtEveryPhaseMatchTheReference,
 // Cores.OneDropoutInEverySecureGroupCostsOnlyThatSilo,
 // Cores.OneHungSiloCostsOnlyItselfWhenTheKeyDeadlineOutlastsTraining,
 // Session.ErrorFeedbackMovesOnExactlyWithTheUploadsLineWhereverACrashLands,
-// SecAgg.KeysSwappedOrReplayedOnTheWayAreRefusedByEveryMember and
-// SecAgg.ASplitViewOfTheSurvivorsCannotCollectEnoughConfirmations; an edge restarted mid-round has
-// no deterministic counterpart yet.
+// SecAgg.KeysSwappedOrReplayedOnTheWayAreRefusedByEveryMember,
+// SecAgg.ASplitViewOfTheSurvivorsCannotCollectEnoughConfirmations and
+// SecAggPlus.ASplitViewOfTheSurvivorsCannotRebuildBothSecretsOfAMember; an edge restarted mid-round
+// has no deterministic counterpart yet.
 TEST_P(Combinations, EveryRoundEqualsTheReferenceOfTheSilosItsRecordNames) {
   const Case& c = GetParam();
   test::TempDir dir;
@@ -709,6 +744,7 @@ TEST_P(Combinations, EveryRoundEqualsTheReferenceOfTheSilosItsRecordNames) {
   if (scfg.aggregation.adaptive_clip.on()) {
     EXPECT_EQ(adaptive_rounds, committed);
   }
+  if (c.sim.value("hostile", json::object()).contains("server")) test::check_split_view(out / "hostile_server.jsonl", rounds);
   if (protocol::compressed(scfg.broadcast)) {
     // Deltas went out, and a process that came back after a restart (it holds no model) got the
     // whole one. A restarted silo behind an edge gets the values from its edge: that it takes
