@@ -34,7 +34,8 @@ class HostileServer final : public server::ServerHook {
         record_(sim_.record, std::ios::app) {}
 
   bool to_silo(const std::string& silo, wire::Envelope& e) override {
-    if (e.round() != round_) new_round(e.round());
+    if (e.has_round_start() && e.round() != round_) new_round(e.round());
+    if (e.round() != round_) return true;  // not about the round it is splitting
     if (e.has_round_start() && e.round_start().secagg().members_size() > 0) {
       const auto& s = e.round_start().secagg();
       group_of_[silo] = s.group();
