@@ -42,8 +42,8 @@ std::int64_t now_ms() {
 
 class Server {
  public:
-  Server(const ServerConfig& cfg, ServerState& state, Coordinator& coord)
-      : cfg_(cfg), state_(state), coord_(coord), tls_(transport::make_tls_context(cfg.tls)),
+  Server(const ServerConfig& cfg, ServerState& state, Coordinator& coord, std::unique_ptr<ServerHook> hook)
+      : cfg_(cfg), state_(state), coord_(coord), hook_(std::move(hook)), tls_(transport::make_tls_context(cfg.tls)),
         events_(cfg.state_dir / "events.jsonl", std::ios::app) {
     for (auto t : {Timer::Join, Timer::Train, Timer::Upload, Timer::SecAgg, Timer::Unmask}) {
       timers_.emplace(t, std::make_unique<asio::steady_timer>(rt_.io()));
@@ -121,6 +121,7 @@ class Server {
         ch->close_with_error(wire::UNEXPECTED, "an admin connection carries AdminRequests only, got " + proto::body_name(e));
         return false;
       }
+      if (hook_) hooked_in(id, *ch, e);
       coord_.on_message(id, e, now_ms());
       drain();
       return true;
@@ -325,7 +326,33 @@ class Server {
   }
 
   void apply(action::Send& a) {
-    if (auto* ch = channel(a.to)) ch->send(std::move(a.env));
+    auto* ch = channel(a.to);
+    if (!ch) return;
+    if (hook_) {
+      const std::string silo = a.env.silo().empty() && ch->peer().role == wire::SILO ? ch->peer().name : a.env.silo();
+      if (!silo.empty() && !hook_->to_silo(silo, a.env)) return;
+    }
+    ch->send(std::move(a.env));
+    if (hook_) send_hooked();
+  }
+  // A simulation's hook (ServerHook) sees a silo's message, and its own messages go out by the
+  // route the silo's last message came in on.
+  void hooked_in(SessionId id, const transport::Channel& ch, const wire::Envelope& e) {
+    const bool relayed = ch.peer().role == wire::EDGE;
+    const std::string silo = relayed ? e.silo() : ch.peer().name;
+    if (silo.empty()) return;
+    hook_routes_[silo] = {id, relayed};
+    hook_->from_silo(silo, e);
+    send_hooked();
+  }
+  void send_hooked() {
+    for (auto& [silo, e] : hook_->take_out()) {
+      const auto route = hook_routes_.find(silo);
+      auto* ch = route == hook_routes_.end() ? nullptr : channel(route->second.first);
+      if (!ch) continue;
+      if (route->second.second) e.set_silo(silo);
+      ch->send(std::move(e));
+    }
   }
   // Models go out to at most `kBroadcastsAtOnce` silos at a time: the first silos get the
   // whole model early, train and upload while the broadcast to the others goes on, instead of
@@ -473,6 +500,8 @@ class Server {
   const ServerConfig& cfg_;
   ServerState& state_;
   Coordinator& coord_;
+  std::unique_ptr<ServerHook> hook_;                                 // a simulation's; none in production
+  std::map<std::string, std::pair<SessionId, bool>> hook_routes_;  // silo -> (session, through an edge)
   transport::Runtime rt_;
   transport::ssl::context tls_;
   std::unique_ptr<transport::Listener> listener_;
@@ -525,7 +554,7 @@ void announce_start(ServerState& state, const ServerConfig& cfg, const Resume& r
 
 }  // namespace
 
-int run_server(const ServerConfig& cfg, const StartOptions& start) {
+int run_server(const ServerConfig& cfg, const StartOptions& start, std::unique_ptr<ServerHook> hook) {
   // 1. The state as a whole (state.h): nothing is written to the audit log before it checks out
   //    and the listener is bound.
   ServerState state(StateOptions{cfg.state_dir, cfg.state_mirror, cfg.keep_checkpoints, start.resume_from_round});
@@ -552,7 +581,7 @@ int run_server(const ServerConfig& cfg, const StartOptions& start) {
     rounds.ca = transport::load_verifier(cfg.tls);
     rounds.signer = transport::load_signer(cfg.tls);
     coord = std::make_unique<Coordinator>(std::move(rounds), std::move(model), std::move(optimizer), state, first_round);
-    server = std::make_unique<Server>(cfg, state, *coord);
+    server = std::make_unique<Server>(cfg, state, *coord, std::move(hook));
   } catch (const ConfigError&) {
     throw;
   } catch (const std::exception& e) {

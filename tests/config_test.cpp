@@ -122,6 +122,29 @@ TEST(Config, ASimAttackOnTheSecureEncodingNeedsSecureAggregation) {
   }
 }
 
+// A hostile server (tools/sim_server.h) attacks secure aggregation with a split view: any other
+// mode, or a federation without secure aggregation, is refused with the key and the reason.
+TEST(Config, AHostileServerSplitsTheViewOfASecureRoundOnly) {
+  test::TempDir dir;
+  auto error = [&](const nlohmann::json& hostile, bool secure) {
+    nlohmann::json sim = {{"silos", 4}, {"rounds", 1}, {"hostile", hostile}};
+    if (secure) sim["secure"] = {{"mode", "global"}};
+    atomic_write_file(dir / "sim.json", sim.dump());
+    return error_of([&] { tools::load_sim_config(dir / "sim.json"); });
+  };
+  EXPECT_EQ(error({{"server", "split_view"}}, true), "");
+  const auto without = error({{"server", "split_view"}}, false);
+  EXPECT_NE(without.find(".hostile.server: a hostile server attacks secure aggregation: set \"secure\""),
+            std::string::npos)
+      << without;
+  const auto other = error({{"server", "swap_keys"}}, true);
+  EXPECT_NE(other.find(".hostile.server"), std::string::npos) << other;
+  EXPECT_NE(other.find("split_view"), std::string::npos) << other;
+  const auto nobody = error({{"coordinator", "split_view"}}, true);
+  EXPECT_NE(nobody.find("names neither the server, an edge (edge-NN) nor a silo (hospital-NN)"), std::string::npos)
+      << nobody;
+}
+
 TEST(Config, IdleTimeoutMustExceedHeartbeat) {
   auto j = nlohmann::json::parse(R"({"heartbeat_s": 10, "idle_timeout_s": 5})");
   ConfigNode node(j, "f.json", ".transport");

@@ -12,6 +12,7 @@
 #include "tools/commands.h"
 #include "tools/sim_agent.h"
 #include "tools/sim_edge.h"
+#include "tools/sim_server.h"
 #include "transport/tls.h"
 
 namespace xsilo::tools {
@@ -34,6 +35,7 @@ void add_server(CLI::App& app, int& exit_code) {
   auto config = std::make_shared<std::string>();
   auto log_file = std::make_shared<std::string>();
   auto listen = std::make_shared<std::string>();
+  auto simulate = std::make_shared<std::string>();
   cmd->add_option("--config", *config, "server config (JSON)")->required();
   cmd->add_option("--log-file", *log_file, "log here instead of stderr");
   cmd->add_option("--listen", *listen,
@@ -44,7 +46,9 @@ void add_server(CLI::App& app, int& exit_code) {
                   "the operator's decision: go on from this committed round (its checkpoint must be intact); the "
                   "rounds committed after it are superseded, and the audit log records the decision "
                   "(docs/operations.md, \"When the state folder is damaged\")");
-  cmd->callback([config, log_file, listen, start, &exit_code] {
+  // Simulations only (tests of the trust model): a server that deviates.
+  cmd->add_option("--simulate", *simulate, "simulation hooks (JSON, written by xsilo sim)")->group("");
+  cmd->callback([config, log_file, listen, start, simulate, &exit_code] {
     auto cfg = server::load_server_config(*config);
     if (!listen->empty()) {
       try {
@@ -56,7 +60,9 @@ void add_server(CLI::App& app, int& exit_code) {
     init_logging("server", cfg.log_level, *log_file, cfg.log_format);
     for (const auto& w : cfg.warnings) spdlog::warn("config {}: {}", cfg.file.string(), w);
     warn_if_own_certificate_expires(cfg.tls, cfg.channel.certificate_warn_days);
-    exit_code = server::run_server(cfg, *start);
+    std::unique_ptr<server::ServerHook> hook;
+    if (!simulate->empty()) hook = make_sim_server_hook(cfg, load_sim_server_config(*simulate));
+    exit_code = server::run_server(cfg, *start, std::move(hook));
   });
 }
 

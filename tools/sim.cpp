@@ -24,6 +24,7 @@
 #include "silo_agent/sgd.h"
 #include "tools/report.h"
 #include "tools/sim_edge.h"
+#include "tools/sim_server.h"
 
 namespace xsilo::tools {
 
@@ -393,9 +394,14 @@ std::string describe(const SimConfig& cfg, const FederationFiles& f) {
 // agents.
 void start_federation(const SimConfig& cfg, FederationFiles& f, Processes& procs) {
   for (const auto& [name, what] : cfg.hostile) {
-    if (!std::count(f.edges.begin(), f.edges.end(), name) && !std::count(f.silos.begin(), f.silos.end(), name)) {
+    if (name != "server" && !std::count(f.edges.begin(), f.edges.end(), name) &&
+        !std::count(f.silos.begin(), f.silos.end(), name)) {
       throw ConfigError("sim: hostile names process \"" + name + "\", which this federation does not have");
     }
+  }
+  if (auto h = cfg.hostile.find("server"); h != cfg.hostile.end()) {
+    f.server_simulate = f.out / "configs" / "server.simulate.json";
+    atomic_write_file(f.server_simulate, to_json(SimServerConfig{h->second, f.out / "hostile_server.jsonl"}).dump(2) + "\n");
   }
   procs.start("server", server_argv(f, self_exe()));
   wait_for_port(procs["server"], f);

@@ -92,8 +92,9 @@ struct SimConfig {
   // silo (tools/sim_agent.h). A kill storm's default is [100, 300]: without it a small model's
   // round lasts a few milliseconds and the faults would land rounds after the ones they name.
   std::uint64_t train_min_ms = 0, train_max_ms = 0;
-  // Hostile processes, by name: an edge ("edge-01": tools/sim_edge.h) or a silo in secure mode
-  // ("hospital-03": tools/sim_agent.h), and what it does.
+  // Hostile processes, by name: an edge ("edge-01": tools/sim_edge.h), a silo in secure mode
+  // ("hospital-03": tools/sim_agent.h) or the server in secure mode ("server":
+  // tools/sim_server.h), and what it does.
   std::map<std::string, std::string> hostile;
   bool baseline = true;              // also train centrally on the pooled data
   // "report": {"tensorboard": DIR}: each round's metrics as TensorBoard event files in DIR.
@@ -125,6 +126,7 @@ struct FederationFiles {
   std::filesystem::path out, pki, state, logs, server_config, port_file;
   std::filesystem::path central_train_csv, central_test_csv;  // the pooled rows, as the silos' files are
   std::filesystem::path initial_model;                        // model kind "file"
+  std::filesystem::path server_simulate;                      // a hostile server's hooks (tools/sim_server.h)
   std::vector<std::string> silos;
   std::vector<std::string> edges;
   std::uint16_t server_port = 0;
@@ -165,7 +167,8 @@ std::string split_problem(const SimConfig& cfg);
 // name it. The server's config file is not changed (the audit records its hash).
 std::uint16_t wait_for_port(Process& server, FederationFiles& f,
                             std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
-// The command that starts the federation's server: `--listen` the pinned port once it has one.
+// The command that starts the federation's server: `--listen` the pinned port once it has one,
+// `--simulate` a hostile server's hooks.
 std::vector<std::string> server_argv(const FederationFiles& f, const std::string& xsilo);
 // Silo i's files: its agent config, and its simulation hooks when it has any (an attack, a
 // crash); argv() is the command that starts it.

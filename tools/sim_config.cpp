@@ -249,11 +249,17 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
   if (root.has("hostile")) {
     const auto h = root.child("hostile");
     for (const auto& name : h.finish_open({})) {
-      const bool edge = name.rfind("edge-", 0) == 0;
-      if (!edge && name.rfind("hospital-", 0) != 0) h.fail(name, "names neither an edge (edge-NN) nor a silo (hospital-NN)");
-      c.hostile[name] = edge ? h.one_of(name, "", {"hijack", "forge_join", "swap_keys", "split_view"})
-                             : h.one_of(name, "", {"bad_keys", "garbage_shares"});
-      if (!edge && !c.secure.is_object()) h.fail(name, "a hostile silo attacks secure aggregation: set \"secure\"");
+      const bool edge = name.rfind("edge-", 0) == 0, server = name == "server";
+      if (!edge && !server && name.rfind("hospital-", 0) != 0) {
+        h.fail(name, "names neither the server, an edge (edge-NN) nor a silo (hospital-NN)");
+      }
+      c.hostile[name] = edge     ? h.one_of(name, "", {"hijack", "forge_join", "swap_keys", "split_view"})
+                        : server ? h.one_of(name, "", {"split_view"})
+                                 : h.one_of(name, "", {"bad_keys", "garbage_shares"});
+      if (!edge && !c.secure.is_object()) {
+        h.fail(name, std::string("a hostile ") + (server ? "server" : "silo") +
+                         " attacks secure aggregation: set \"secure\"");
+      }
     }
   }
   const auto att = root.child("attack");

@@ -406,6 +406,7 @@ void wait_for_edge(Process& edge, FederationFiles& f, std::size_t e, std::chrono
 std::vector<std::string> server_argv(const FederationFiles& f, const std::string& xsilo) {
   std::vector<std::string> a{xsilo, "server", "--config", f.server_config.string()};
   if (f.server_port) a.insert(a.end(), {"--listen", loopback(f.server_port)});
+  if (!f.server_simulate.empty()) a.insert(a.end(), {"--simulate", f.server_simulate.string()});
   return a;
 }
 
