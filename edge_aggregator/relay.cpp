@@ -91,13 +91,25 @@ void Relay::on_server_message(const wire::Envelope& e) {
     case B::kLeaving:
       if (!e.silo().empty()) to_silo(e.silo(), e);  // the edge only carries them
       break;
-    case B::kModelRequest:
-      // A restarted server asks one silo for its last committed model: the silo's answer (its
-      // chunks, then a ModelOffer) is carried up as it is, outside any round's upload slot.
+    case B::kModelRequest: {
+      // A restarted server asks one silo for its last committed model, before its first round:
+      // the silo's answer (its chunks, then a ModelOffer) is carried up as it is, outside any
+      // upload slot. Never while a round runs on this connection: a server that asked then
+      // would get the silo's own update, which only the region's sum may carry up; nor while the
+      // silo still streams an upload it was granted before the server went.
       if (e.silo().empty() || !connected_.count(e.silo())) break;
+      if (region_ || uploading_.count(e.silo())) {
+        wire::Envelope none = e;
+        none.clear_model_request();
+        none.mutable_model_offer()->set_model_sha256(e.model_request().model_sha256());
+        none.mutable_model_offer()->set_held(false);
+        to_server(std::move(none));
+        break;
+      }
       model_asked_.insert(e.silo());
       to_silo(e.silo(), e);
       break;
+    }
     case B::kTensorChunk:
       // The model passes through: each chunk goes on to the selected silos as it arrives.
       if (!this_round) break;
@@ -148,6 +160,7 @@ void Relay::on_server_message(const wire::Envelope& e) {
 // One RoundStart per selected silo (each with its own secure group, if any); the first of a new
 // round sets the region up.
 void Relay::start_round(const wire::Envelope& e) {
+  model_asked_.clear();  // a round began: a ModelRequest left unanswered is void
   const auto& rs = e.round_start();
   // Nothing is allocated from a layout before it is checked: a server that sent an impossible
   // one gets an error, and the edge goes on.
@@ -312,6 +325,7 @@ void Relay::on_silo_up(const std::string& silo) {
 void Relay::on_silo_down(const std::string& silo) {
   if (!connected_.erase(silo)) return;
   model_asked_.erase(silo);
+  uploading_.erase(silo);
   silo_held_.erase(silo);
   proofs_.erase(silo);
   proof_sent_.erase(silo);
@@ -399,7 +413,9 @@ void Relay::on_silo_message(const std::string& silo, const wire::Envelope& e) {
       break;
     }
     case B::kTensorChunk: {
-      if (model_asked_.count(silo)) {
+      // A silo granted an upload sends that upload's chunks until its UpdateEnd, whatever
+      // happened to the round (the server may have gone meanwhile): never relayed as a model.
+      if (model_asked_.count(silo) && !uploading_.count(silo)) {
         relay_model(silo, e);
         break;
       }
@@ -418,6 +434,7 @@ void Relay::on_silo_message(const std::string& silo, const wire::Envelope& e) {
       break;
     }
     case B::kUpdateEnd: {
+      uploading_.erase(silo);  // whatever comes from it next is not this upload
       if (!in_round || !r->slot.held_by(silo) || r->slot.complete() || r->folding) {
         silo_error(silo, wire::UNEXPECTED, "UpdateEnd without an UploadGrant");
         return;
@@ -534,6 +551,7 @@ void Relay::pump() {
     if (auto next = r->slot.next(ready)) {
       r->silos[*next] = SiloState::Uploading;
       r->slot.open(*next, buffer());
+      uploading_.insert(*next);
       auto g = env();
       g.mutable_upload_grant();
       to_silo(*next, std::move(g));

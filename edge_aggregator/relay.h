@@ -147,6 +147,7 @@ class Relay {
   std::string model_sha_;
   std::map<std::string, std::string> silo_held_;
   std::set<std::string> model_asked_;  // silos the server asked for its lost model (ModelRequest)
+  std::set<std::string> uploading_;    // silos granted an upload whose UpdateEnd has not come (kept across rounds)
   std::uint64_t last_round_ = 0;
   bool finished_ = false;
   std::uint64_t job_id_ = 0;

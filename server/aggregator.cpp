@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "crypto/hash.h"
+#include "crypto/sources.h"
 #include "server/secure_groups.h"
 #include "server/upload_stage.h"
 
@@ -202,7 +203,8 @@ Combined combine_rows(const AggregationConfig& a, std::vector<float>& rows, std:
   // budget f, so the rule guards against the f - caught that may remain among the inputs.
   robust::RuleSpec spec = a.rule;
   spec.f = a.rule.f - std::min(a.rule.f, ctx.nonfinite);
-  spec.seed = ctx.seed ^ (ctx.round * 0x9e3779b97f4a7c15ull);
+  // Its own derivation: the round's selection draws from the same federation seed and round.
+  spec.seed = crypto::derive_seed(ctx.seed, ctx.round, "robust-rule");
   if (ctx.centre.size() == d) spec.centre = ctx.centre;
   nlohmann::json info = {{"rule", robust::name(a.rule.rule)}, {"f", a.rule.f}, {"inputs", n}};
   if (ctx.nonfinite) {

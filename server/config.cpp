@@ -285,12 +285,13 @@ void refuse_other_schemes_keys(const ConfigNode& cn, const protocol::Codec& code
   const auto own = codec.keys();
   std::set<std::string> keys;
   for (const auto* other : protocol::codecs()) {
-    for (const auto& k : other->keys()) keys.insert(k);
+    if (other) for (const auto& k : other->keys()) keys.insert(k);
   }
   for (const auto& key : keys) {
     if (!cn.has(key) || std::count(own.begin(), own.end(), key)) continue;
     std::vector<std::string> whose;
     for (const auto* other : protocol::codecs()) {
+      if (!other) continue;
       const auto ks = other->keys();
       if (std::count(ks.begin(), ks.end(), key)) whose.emplace_back(other->name());
     }
@@ -311,7 +312,7 @@ void parse_compression(const ConfigNode& root, ServerConfig& c) {
   const auto scheme = cn.one_of("scheme", "none", protocol::scheme_names());
   using C = wire::Compression;
   z.set_scheme(protocol::scheme_of_name(scheme));
-  const protocol::Codec& codec = *protocol::find_codec(z.scheme());
+  const protocol::Codec& codec = *protocol::find_codec(z.scheme());  // scheme_names() has only codecs' names
   codec.configure(cn, z);
   refuse_other_schemes_keys(cn, codec);
   // Error feedback is what makes biased compressors converge (sign, top-k); on by default.

@@ -46,6 +46,7 @@ std::shared_ptr<const std::vector<wire::TensorChunk>> same_model_chunks(bool mak
 Coordinator::Coordinator(RoundConfig cfg, Model initial, ServerOptimizer optimizer, Store& store,
                          std::uint64_t first_round)
     : cfg_(std::move(cfg)), optimizer_(std::move(optimizer)), store_(store), round_(first_round) {
+  cfg_.secure.random_bytes = cfg_.sources.random_bytes;  // one source of randomness for the whole core
   global_sha_ = crypto::sha256_hex(initial.flat());
   global_ = std::make_shared<const Model>(std::move(initial));
   if (cfg_.aggregation.adaptive_clip.on()) clip_norm_ = cfg_.aggregation.adaptive_clip.initial;
@@ -218,7 +219,7 @@ void Coordinator::start_round(std::int64_t now_ms) {
   for (const auto& route : membership_.routes()) {
     if (!membership_.excluded(route.first)) candidates.push_back(route);  // moving to another upstream, or disowned
   }
-  std::mt19937_64 rng(cfg_.seed ^ (round_ * 0x9e3779b97f4a7c15ull));
+  std::mt19937_64 rng(cfg_.seed ^ (round_ * 0x9e3779b97f4a7c15ull));  // the selection's seed (robust rules derive their own)
   std::shuffle(candidates.begin(), candidates.end(), rng);
   const auto& sel = cfg_.selection;
   std::size_t n_select = candidates.size();
@@ -246,8 +247,9 @@ void Coordinator::start_round(std::int64_t now_ms) {
   auto* rs = start.mutable_round_start();
   rs->set_round(round_);
   {
-    const auto nonce = crypto::Secret::random();
-    rs->set_nonce(std::string(nonce.bytes().begin(), nonce.bytes().begin() + 16));
+    std::string nonce(16, '\0');
+    cfg_.sources.random_bytes({reinterpret_cast<std::uint8_t*>(nonce.data()), nonce.size()});
+    rs->set_nonce(std::move(nonce));
   }
   *rs->mutable_plan() = cfg_.plan;
   protocol::add_layout(*rs, global_->tensors());
@@ -554,6 +556,19 @@ void Coordinator::audit_admin(const std::string& command, const std::string& adm
 std::pair<bool, std::string> Coordinator::admin(wire::AdminRequest::Command command, const std::string& admin,
                                                 std::int64_t now_ms) {
   if (phase_ == Phase::Finished) return {false, "the federation has finished"};
+  if (fetch_) {
+    // Nothing may be signed before the last committed model is back (await_model): a stop
+    // ends the wait as a refusal would, with nothing written to the audit log.
+    if (command != wire::AdminRequest::STOP) {
+      return {false, "the server is waiting for the silos to send the model of committed round " +
+                         std::to_string(fetch_->round) + "; only stop applies"};
+    }
+    if (!std::exchange(fetch_->stopped, true)) {
+      actions_.push_back(action::Stop{"stopped by admin " + admin + " while waiting for the model of committed round " +
+                                      std::to_string(fetch_->round) + ": " + fetch_->refusal});
+    }
+    return {true, "stopping: nothing was signed; the server exits with code 2"};
+  }
   const bool between = phase_ == Phase::Joining && job_ == JobKind::None;
   switch (command) {
     case wire::AdminRequest::PAUSE:

@@ -22,7 +22,8 @@ void Coordinator::await_model(std::uint64_t round, std::string sha256, std::func
 }
 
 void Coordinator::fetch_from(const std::string& silo, SessionId link) {
-  if (fetch_->answered.count(silo)) return;
+  // After the join deadline only the silos here by then are asked (and asked once).
+  if (fetch_->answered.count(silo) || fetch_->expired) return;
   if (fetch_->asking && fetch_->asking->first == silo) return;
   std::erase_if(fetch_->waiting, [&](const auto& w) { return w.first == silo; });
   fetch_->waiting.emplace_back(silo, link);
@@ -99,7 +100,8 @@ void Coordinator::fetch_refused(const std::string& why) {
 void Coordinator::fetch_link_gone(SessionId link) {
   Fetch& f = *fetch_;
   if (!f.asking || f.asking->second != link || f.restoring) return;
-  // Its copy was cut off: it is asked again if it comes back.
+  if (f.expired) return fetch_refused("left before its copy of the model arrived");  // once is enough now
+  // Its copy was cut off: it is asked again if it comes back before the join deadline.
   spdlog::warn("silo {} left before its copy of the model arrived", f.asking->first);
   f.asking.reset();
   f.copy.reset();

@@ -47,8 +47,9 @@ void Coordinator::on_edge_connect(SessionId id, const std::string& edge, std::in
 }
 
 void Coordinator::challenge_edge(SessionId edge) {
-  const auto nonce = crypto::Secret::random();
-  membership_.set_join_nonce(edge, std::string(nonce.bytes().begin(), nonce.bytes().end()));
+  std::string nonce(32, '\0');
+  cfg_.sources.random_bytes({reinterpret_cast<std::uint8_t*>(nonce.data()), nonce.size()});
+  membership_.set_join_nonce(edge, std::move(nonce));
   auto challenge = env();
   challenge.mutable_join_challenge()->set_nonce(membership_.peer(edge)->join_nonce);
   send(edge, std::move(challenge));

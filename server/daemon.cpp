@@ -581,6 +581,10 @@ int run_server(const ServerConfig& cfg, const StartOptions& start, std::unique_p
     rounds.ca = transport::load_verifier(cfg.tls);
     rounds.signer = transport::load_signer(cfg.tls);
     coord = std::make_unique<Coordinator>(std::move(rounds), std::move(model), std::move(optimizer), state, first_round);
+    if (hook) {
+      spdlog::warn("SIMULATION: this server runs a hostile hook (--simulate): it deviates from the protocol on "
+                   "purpose; never use it for a real federation");
+    }
     server = std::make_unique<Server>(cfg, state, *coord, std::move(hook));
   } catch (const ConfigError&) {
     throw;

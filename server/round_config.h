@@ -5,14 +5,17 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <cstdint>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 
 #include "crypto/certs.h"
 #include "crypto/fixed_point.h"
+#include "crypto/sources.h"
 #include "proto/xsilo.pb.h"
 #include "robust/rule.h"
 
@@ -57,6 +60,9 @@ std::string_view name(SecureMode m);
 // Secure aggregation (docs/security.md).
 struct SecureConfig {
   SecureMode mode = SecureMode::Off;
+  // Fresh randomness for the groups' graph seeds: the coordinator passes its own
+  // (RoundConfig::sources), a test may pass its own.
+  std::function<void(std::span<std::uint8_t>)> random_bytes = crypto::Sources::system().random_bytes;
   std::size_t min_group = 3;       // grouped: every group has at least this many silos
   // grouped: every group is drawn large enough that this many of its members may drop out and
   // its sum still be revealed (secure_round.h, group_size())
@@ -90,6 +96,9 @@ struct RoundConfig {
   std::string config_sha256;
   std::uint64_t rounds = 1;
   std::uint64_t seed = 1;
+  // The wall clock and randomness (join and round nonces, graph seeds), which the coordinator
+  // never takes from the world itself (crypto/sources.h).
+  crypto::Sources sources = crypto::Sources::system();
   SelectionConfig selection;
   Deadlines deadlines;
   wire::TrainingPlan plan;

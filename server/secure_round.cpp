@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <random>
 #include <stdexcept>
@@ -40,9 +41,10 @@ std::uint32_t group_threshold(const SecureConfig& cfg, std::size_t n) {
 // advance, and a coalition could choose whom to corrupt to surround a silo in a round to come
 // (the privacy bound assumes the corrupt silos do not depend on the graph).
 namespace {
-std::string fresh_graph_seed() {
-  const auto r = crypto::Secret::random();
-  return crypto::to_hex(std::span<const std::uint8_t>(r.bytes().data(), 16));
+std::string fresh_graph_seed(const SecureConfig& cfg) {
+  std::array<std::uint8_t, 16> r{};
+  cfg.random_bytes(r);
+  return crypto::to_hex(r);
 }
 }  // namespace
 
@@ -84,7 +86,7 @@ SecureRound::SecureRound(const SecureConfig& cfg, const std::optional<crypto::Ce
       const auto plan = secagg::plan_graph(n, cfg_.graph_dropout, cfg_.graph_corrupt);
       if (plan.degree) {
         s.set_degree(plan.degree);
-        s.set_graph_seed(fresh_graph_seed());
+        s.set_graph_seed(fresh_graph_seed(cfg_));
         s.set_threshold(plan.threshold);
         s.set_min_survivors(std::max(plan.threshold, static_cast<std::uint32_t>(cfg_.min_group)));
       }

@@ -100,6 +100,9 @@ MetricsRow metrics_row_of(const nlohmann::json& rec) {
 struct Checkpoint {
   std::optional<Model> model, optimizer;
   std::string model_sha, optimizer_sha, audit_line, error;
+  // Restored from a silo's copy (restore_model): the round's optimizer state is lost, and the
+  // model alone is the checkpoint (any .opt beside it is not this round's).
+  bool optimizer_lost = false;
 };
 
 Checkpoint read_checkpoint(const std::filesystem::path& path, const Model& layout) {
@@ -114,6 +117,10 @@ Checkpoint read_checkpoint(const std::filesystem::path& path, const Model& layou
     }
     c.model_sha = crypto::sha256_hex(c.model->flat());
     if (auto it = meta.find("xsilo.audit_line"); it != meta.end()) c.audit_line = it->second;
+    if (auto it = meta.find("xsilo.optimizer_lost"); it != meta.end() && it->second == "1") {
+      c.optimizer_lost = true;
+      return c;
+    }
     const auto opt = std::filesystem::path(path).replace_extension(".opt");
     if (std::filesystem::exists(opt)) {
       c.optimizer = load_safetensors(opt);
@@ -435,13 +442,14 @@ Resume ServerState::recover(const Model& layout) {
       } else if (c.model_sha != want.model) {
         why += (why.empty() ? "" : "; ") + where + round_file(round) + " holds model " + short_sha(c.model_sha) +
                ", the log names " + short_sha(want.model);
-      } else if (c.optimizer_sha != want.optimizer) {
+      } else if (c.optimizer_sha != want.optimizer && !c.optimizer_lost) {
         why += (why.empty() ? "" : "; ") + where + round_file(round) + "'s optimizer state is " +
                short_sha(c.optimizer_sha) + ", the log names " + short_sha(want.optimizer);
       } else {
         if (folder != opts_.dir) {
-          save_safetensors(checkpoint_path(round), *c.model,
-                           {{"xsilo.round", std::to_string(round)}, {"xsilo.model_sha256", c.model_sha}});
+          Metadata meta{{"xsilo.round", std::to_string(round)}, {"xsilo.model_sha256", c.model_sha}};
+          if (c.optimizer_lost) meta["xsilo.optimizer_lost"] = "1";
+          save_safetensors(checkpoint_path(round), *c.model, meta);
           if (c.optimizer) {
             save_safetensors(std::filesystem::path(checkpoint_path(round)).replace_extension(".opt"), *c.optimizer);
           }
@@ -520,8 +528,9 @@ std::string ServerState::restore_model(const Resume::Missing& m, const Model& mo
     throw std::runtime_error("the model offered is " + short_sha(sha) + ", round " + std::to_string(m.round) +
                              "'s is " + short_sha(m.model_sha256));
   }
-  save_safetensors(checkpoint_path(m.round), model,
-                   {{"xsilo.round", std::to_string(m.round)}, {"xsilo.model_sha256", sha}});
+  Metadata meta{{"xsilo.round", std::to_string(m.round)}, {"xsilo.model_sha256", sha}};
+  if (!m.optimizer_sha256.empty()) meta["xsilo.optimizer_lost"] = "1";  // a later start takes the model alone
+  save_safetensors(checkpoint_path(m.round), model, meta);
   mirror_file(std::filesystem::path("checkpoints") / round_file(m.round));
   std::string repair = "restored the model of committed round " + std::to_string(m.round) + " (" + short_sha(sha) +
                        ") from a copy a silo held, checked against its record" +

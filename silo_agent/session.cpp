@@ -1,6 +1,5 @@
 #include "silo_agent/session.h"
 
-#include <sodium.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -25,8 +24,9 @@ namespace xsilo::agent {
 
 namespace {
 
-std::string now_iso() {
-  const auto t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+// The time of a line in the silo's own logs, from the session's clock (crypto/sources.h).
+std::string iso_time(std::int64_t unix_ms) {
+  const auto t = static_cast<std::time_t>(unix_ms / 1000);
   std::tm tm{};
   gmtime_r(&t, &tm);
   char buf[32];
@@ -39,6 +39,12 @@ std::string now_iso() {
 Session::Session(SessionConfig cfg, Trainer& trainer, FaultHook& hook)
     : cfg_(std::move(cfg)), trainer_(trainer), hook_(hook) {
   if (cfg_.witnessed) witnessed_key_ = cfg_.witnessed->public_key();
+}
+
+std::uint64_t Session::draw_seed() const {
+  std::uint64_t seed = 0;
+  cfg_.sources.random_bytes({reinterpret_cast<std::uint8_t*>(&seed), sizeof seed});
+  return seed;
 }
 
 wire::Envelope Session::env() const {
@@ -185,12 +191,12 @@ void Session::on_join_challenge(const wire::Envelope& e) {
 }
 
 
-// The server's signed audit head after a round: kept as a witness, so an auditor can hold the
-// server's log against it (xsilo audit verify --witness), with the key it was checked under.
-// A head the round's audit key did not sign (altered or made up on the way) is not kept.
 void Session::on_model_request(const wire::Envelope& e) {
   const std::string& want = e.model_request().model_sha256();
-  // held_sha_ names a model the training job checked against its round's hash, still in global_.
+  // held_sha_ names a model the training job checked against its round's hash, still in global_:
+  // the model the server itself sent, nothing of the silo's own. (Behind an edge, the silo may
+  // still think a round runs when the server is gone; the edge relays the request only when no
+  // upload of this silo is under way, so nothing of one follows the request up.)
   const bool held = global_ && !want.empty() && held_sha_ == want;
   if (held) {
     actions_.push_back(action::SendStream{std::make_shared<protocol::ChunkSource>(
@@ -205,11 +211,14 @@ void Session::on_model_request(const wire::Envelope& e) {
                proto::printable(want.substr(0, 12)), held ? "sending the copy this silo holds" : "this silo holds none");
 }
 
+// The server's signed audit head after a round: kept as a witness, so an auditor can hold the
+// server's log against it (xsilo audit verify --witness), with the key it was checked under.
+// A head the round's audit key did not sign (altered or made up on the way) is not kept.
 void Session::witness(const wire::Envelope& e) {
   const auto& h = e.round_end().audit_head();
   const std::string key = e.round() == round_ && !round_audit_key_.empty() ? round_audit_key_ : witnessed_key_;
   nlohmann::json entry = {{"federation", cfg_.federation}, {"round", e.round()}, {"seq", h.seq()},
-                          {"head", h.sha256()},           {"sig", h.signature()}, {"time", now_iso()}};
+                          {"head", h.sha256()},           {"sig", h.signature()}, {"time", iso_time(cfg_.sources.unix_ms())}};
   if (!key.empty()) {
     if (!protocol::head_signed_by(h, key)) {
       spdlog::warn("round {}: the audit head {} is not signed by the server's audit key; not kept", e.round(), h.seq());
@@ -534,8 +543,9 @@ void with_momentum(RoundOutput& out, std::optional<Model>& state, const std::fil
 // Compresses the upload (docs/compression.md). With error feedback the residual after this
 // upload is computed aside: it replaces the silo's (and its file) only when the upload leaves, so
 // an update that never left takes nothing from the residual.
+// `seed`: the silo's own randomness for the encoding (unbiased rounding, random-k's coordinates).
 void with_compression(RoundOutput& out, const wire::Compression& c, bool secure, std::optional<Model>& state,
-                      const std::filesystem::path& file, std::size_t chunk_bytes) {
+                      const std::filesystem::path& file, std::size_t chunk_bytes, std::uint64_t seed) {
   std::span<float> rs;
   // A non-finite update (only a silo that skips its own checks sends one) never enters the
   // error feedback: it goes out as it is, and the receiver refuses it.
@@ -549,8 +559,6 @@ void with_compression(RoundOutput& out, const wire::Compression& c, bool secure,
     out.kept = std::make_shared<const std::vector<std::uint64_t>>(
         protocol::keep_shared_random_k(c, out.update->flat(), rs, out.update->tensors()));
   } else {
-    std::uint64_t seed = 0;
-    randombytes_buf(&seed, sizeof seed);  // unbiased rounding, random-k's coordinates
     auto enc = protocol::compress_update(c, out.update->flat(), rs, out.update->tensors(), chunk_bytes / sizeof(float),
                                          seed);
     out.encoded_bytes = enc.bytes;
@@ -591,7 +599,8 @@ void Session::on_model() {
   job([&trainer = trainer_, &hook = hook_, model = global_, task, sha = model_sha_, spare = std::move(spare_),
        live = live_generation_, gen = generation_, momentum = momentum_, momentum_file = cfg_.momentum_file,
        compression = compression_, secure = setup_.has_value(), residual = residual_,
-       residual_file = cfg_.residual_file, chunk_bytes = cfg_.chunk_bytes]() mutable -> SessionJobResult {
+       residual_file = cfg_.residual_file, chunk_bytes = cfg_.chunk_bytes,
+       seed = draw_seed()]() mutable -> SessionJobResult {
     return training_job(*live, gen, task.round, [&] {
       if (!sha.empty()) check_model_sha(sha, crypto::sha256_hex(model->flat()));
       auto out = run_round(trainer, *model, task, std::move(spare));
@@ -599,7 +608,7 @@ void Session::on_model() {
       if (out.update) {
         hook.tamper(task, *model, out.update->flat(), out.weight);
         if (protocol::compressed(compression)) {
-          with_compression(out, compression, secure, *residual, residual_file, chunk_bytes);
+          with_compression(out, compression, secure, *residual, residual_file, chunk_bytes, seed);
         }
         if (out.residual_next) {
           // Staged, not yet the silo's: it becomes the error feedback with the upload's line of
@@ -667,7 +676,7 @@ void Session::mask_when_ready() {
   if (!secure_ || !settled_ || !pending_ || !pending_->update || masked_ || masking_) return;
   masking_ = true;
   job([client = secure_, setup = *setup_, update = pending_->update, weight = pending_->weight,
-       kept = pending_->kept, &hook = hook_]() -> SessionJobResult {
+       kept = pending_->kept, &hook = hook_, seed = draw_seed()]() -> SessionJobResult {
     MaskDone r;
     const crypto::FixedPointParams codec{setup.modulus_bits(), setup.fraction_bits(), setup.clip_norm(),
                                          setup.max_weight(), setup.count_unclipped()};
@@ -692,8 +701,6 @@ void Session::mask_when_ready() {
       }
     }
     r.words = std::make_shared<protocol::MaskedVector>(codec.bits, codec.words(d));
-    std::uint64_t seed = 0;
-    randombytes_buf(&seed, sizeof seed);  // stochastic rounding
     r.words->visit([&](auto words) { crypto::encode(applied, delta, weight, seed, words); });
     hook.encoded(*r.words, codec);
     r.error = r.words->visit([&](auto words) { return client->mask(words); });
@@ -741,7 +748,7 @@ void Session::upload() {
   // The silo's own record of what left the building (hashes, never data), durable before the
   // first byte leaves: every update the server counts is in it. With error feedback the residual
   // moves on with this line (silo_state.h), whether or not the upload arrives.
-  action::Record sent{.entry = {{"time", now_iso()},
+  action::Record sent{.entry = {{"time", iso_time(cfg_.sources.unix_ms())},
                                 {"round", round_},
                                 {"upstream", upstream_},
                                 {"upstream_identity", upstream_identity_},

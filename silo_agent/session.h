@@ -25,6 +25,7 @@
 
 #include "common/window.h"
 #include "crypto/secagg.h"
+#include "crypto/sources.h"
 #include "proto/xsilo.pb.h"
 #include "protocol/masked.h"
 #include "protocol/round_start.h"
@@ -113,6 +114,9 @@ struct SessionConfig {
   // aggregation and checks what its group and the server say. Secure rounds need both.
   std::optional<crypto::CertSigner> signer;
   std::optional<crypto::CertVerifier> ca;
+  // The wall clock (the times in the silo's own logs) and randomness (the encoding's rounding),
+  // which the session never takes from the world itself.
+  crypto::Sources sources = crypto::Sources::system();
   // When not empty, only a server certificate with one of these names may run this silo's
   // secure groups (pinning, on top of the CA).
   std::set<std::string> servers;
@@ -189,6 +193,8 @@ class Session {
   // trainer's own words.
   void reply_failure(wire::FailureReason reason);
   void send(wire::Envelope e);
+  // Fresh randomness for a job (drawn here, on the network thread, from cfg_.sources).
+  std::uint64_t draw_seed() const;
   void job(std::function<SessionJobResult()> work);
   wire::Envelope env() const;
 

@@ -437,6 +437,35 @@ TEST_F(RecoveryTest, AnEditedOptimizerStateIsNotTrusted) {
   EXPECT_NE(r.missing->why.find("optimizer state"), std::string::npos) << r.missing->why;
 }
 
+// A model restored from a silo's copy (restore_model) has lost its optimizer state: the next
+// start takes that checkpoint (the model alone, its hash checked) instead of asking again, and
+// the optimizer starts from zero as the repair said.
+TEST_F(RecoveryTest, AModelRestoredFromASiloIsTheCheckpointOfTheNextStartWithoutItsOptimizerState) {
+  {
+    ServerState st(dir_.path(), 0);
+    for (int r = 1; r <= 2; ++r) {
+      const Model m = model(static_cast<float>(r));
+      st.commit(static_cast<std::uint64_t>(r), m, model(0.5f * static_cast<float>(r)), record(r, m), MetricsRow{});
+    }
+  }
+  std::filesystem::remove(checkpoint(2));
+  {
+    ServerState st(dir_.path(), 0);
+    const auto r = st.recover(layout());
+    ASSERT_TRUE(r.missing);
+    EXPECT_THROW(st.restore_model(*r.missing, model(7.0f)), std::runtime_error);  // not the model the log names
+    const auto repair = st.restore_model(*r.missing, model(2.0f));
+    EXPECT_NE(repair.find("starts again from zero"), std::string::npos) << repair;
+  }
+  ServerState st(dir_.path(), 0);
+  const auto r = st.recover(layout());
+  EXPECT_FALSE(r.missing);
+  EXPECT_EQ(r.committed_round, 2u);
+  ASSERT_TRUE(r.model);
+  EXPECT_EQ(r.model->flat()[0], 2.0f);
+  EXPECT_FALSE(r.optimizer_state);  // round 1's .opt beside it or a stale one: never taken for round 2's
+}
+
 // ---- issue 37: whatever happens to the state folder, nothing committed is lost, forked or
 // re-signed. Each damage the operator's experiment found, at the ServerState level (the daemon's
 // part, and real processes, are in federation_test's RecoveryTable).

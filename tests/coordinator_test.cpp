@@ -1593,5 +1593,39 @@ TEST(Coordinator, WithNoCopyOfTheLostModelTheServerStopsAtTheJoinDeadlineSayingW
   EXPECT_EQ(f.h->coord().phase(), Phase::Joining);
 }
 
+
+TEST(Coordinator, WhileTheLostModelIsAwaitedOnlyStopAppliesAndItSignsNothing) {
+  Fetching f(2);
+  f.h->connect(0);
+  auto [ok, why] = f.h->coord().admin(wire::AdminRequest::PAUSE, "admin-1", f.h->now);
+  EXPECT_FALSE(ok);
+  EXPECT_NE(why.find("only stop applies"), std::string::npos) << why;
+  std::tie(ok, why) = f.h->coord().admin(wire::AdminRequest::STOP, "admin-1", f.h->now);
+  f.h->pump();
+  EXPECT_TRUE(ok) << why;
+  ASSERT_TRUE(f.h->stopped);
+  EXPECT_NE(f.h->stopped->find("stopped by admin admin-1"), std::string::npos) << *f.h->stopped;
+  EXPECT_TRUE(f.h->store.records.empty());
+  EXPECT_TRUE(f.h->store.commits.empty());
+  EXPECT_FALSE(f.h->finished);
+}
+
+TEST(Coordinator, AfterTheJoinDeadlineASiloThatLeavesMidCopyHasAnsweredAndNoNewcomerIsAsked) {
+  Fetching f(3);
+  f.h->connect_all(2);
+  f.h->fire(Timer::Join);  // silo 0 is being asked, silo 1 waits
+  EXPECT_FALSE(f.h->stopped);
+  f.h->connect(2);  // too late to be asked
+  f.h->disconnect(0);  // not asked again, even if it comes back
+  ASSERT_EQ(f.requests(f.h->session(1)), 1);
+  f.h->connect(0);
+  EXPECT_EQ(f.requests(f.h->session(0)), 1);
+  f.answer(1, nullptr);
+  EXPECT_EQ(f.requests(f.h->session(2)), 0);
+  ASSERT_TRUE(f.h->stopped);
+  EXPECT_NE(f.h->stopped->find(name(0) + " left before its copy of the model arrived"), std::string::npos)
+      << *f.h->stopped;
+}
+
 }  // namespace
 }  // namespace xsilo::server

@@ -8,6 +8,11 @@ includes (-M); a rule fails when a file of a layer reaches a header it must not:
   session): no Boost.Asio, no OpenSSL, nothing of transport/
   crypto/ and robust/: nothing of ours but their own folder (and common/eigen.h, the include
   wrapper of Eigen)
+  the roles meet only on the wire: nothing under server/, edge_aggregator/ or silo_agent/
+  includes a header of another of them (tools/ and tests/ may)
+
+and, on the cores' own code, that no core reads a clock or draws randomness itself: the wall
+clock and random bytes reach them through crypto/sources.h, time through their calls' now.
 
 Usage: layering_check.py BUILD_DIR SOURCE_DIR
 """
@@ -23,6 +28,10 @@ CORE = ["server/round_config.cpp", "server/membership.cpp", "server/metrics.cpp"
         "server/optimizer.cpp", "server/coordinator_membership.cpp", "server/coordinator_uploads.cpp", "server/coordinator_fetch.cpp",
         "edge_aggregator/relay.cpp", "silo_agent/session.cpp", "silo_agent/update.cpp"]
 CORE_FORBIDDEN = ["boost/asio", "/openssl/", "/transport/"]
+ROLES = ["server/", "edge_aggregator/", "silo_agent/"]
+# A clock or a random source in a core's own code (comments included: say it another way).
+CORE_WORLD = ["system_clock", "steady_clock", "high_resolution_clock", "random_device", "randombytes",
+              "Secret::random", "RAND_bytes", "std::time(", "gettimeofday", "clock_gettime"]
 OURS = ["proto/", "common/", "crypto/", "robust/", "protocol/", "transport/", "server/", "silo_agent/",
         "edge_aggregator/", "tools/"]
 
@@ -54,9 +63,15 @@ def main():
     for rel, entry in sorted(by_file.items()):
         core = rel in CORE or rel.startswith("protocol/")
         base = rel.startswith("crypto/") or rel.startswith("robust/")
-        if not (core or base):
+        role = next((r for r in ROLES if rel.startswith(r) and rel.endswith(".cpp")), None)
+        if not (core or base or role):
             continue
-        checked += 1
+        checked += core or base
+        if core:
+            text = (source / rel).read_text()
+            for bad in CORE_WORLD:
+                if bad in text:
+                    failures.append(f"{rel}: a protocol core uses {bad} (take it from crypto::Sources or the call's now)")
         for h in headers(entry, build):
             p = str(Path(h).resolve()) if not h.startswith("/") else h
             if core:
@@ -64,6 +79,11 @@ def main():
                     if bad in p:
                         failures.append(f"{rel}: protocol core includes {h}")
                         break
+            if role and p.startswith(str(source) + "/"):
+                mine = p[len(str(source)) + 1:]
+                other = next((r for r in ROLES if mine.startswith(r) and r != role), None)
+                if other:
+                    failures.append(f"{rel}: {role} meets {other} only on the wire, but includes {mine}")
             if base and p.startswith(str(source) + "/"):
                 mine = p[len(str(source)) + 1:]
                 folder = rel.split("/")[0] + "/"

@@ -189,6 +189,65 @@ std::vector<float> floats(const std::vector<std::uint8_t>& b) {
 
 // Failback: a silo's Leaving goes up named by Envelope.silo, and the server's answer goes to
 // that silo only, after the RoundStart the server sent it before.
+TEST(Relay, AModelRequestWhileARoundRunsIsAnsweredNoneAndNeverReachesTheSilo) {
+  Harness h;
+  h.two_silos_in_round_one();
+  h.to("s1");
+  h.up();
+  wire::Envelope ask;
+  ask.set_round(1);
+  ask.set_silo("s1");
+  ask.mutable_model_request()->set_model_sha256("abc");
+  h.from_server(ask);
+  EXPECT_TRUE(h.to("s1").empty());
+  const auto up = h.up();
+  ASSERT_EQ(up.size(), 1u);
+  ASSERT_TRUE(up[0].has_model_offer());
+  EXPECT_FALSE(up[0].model_offer().held());
+  EXPECT_EQ(up[0].silo(), "s1");
+  // The silo's chunks stay what they are in a round: refused without a grant, never relayed up.
+  wire::Envelope chunk;
+  chunk.set_round(1);
+  chunk.mutable_tensor_chunk()->set_name("a");
+  chunk.mutable_tensor_chunk()->set_data(std::string(8, '\0'));
+  h.from_silo("s1", chunk);
+  for (const auto& e : h.up()) EXPECT_FALSE(e.has_tensor_chunk());
+}
+
+TEST(Relay, AnUploadUnderWayWhenTheServerWentIsNeverRelayedAsTheLostModel) {
+  Harness h;
+  h.two_silos_in_round_one();
+  h.ready("s1", 1, 5);
+  ASSERT_TRUE(Harness::has(h.to("s1"), wire::Envelope::kUploadGrant));
+  h.upload("s1", 1, {1, 2, 3, 4, 5, 6}, 5.0, /*stop_after=*/1);  // one chunk of two, then the server goes
+  h.relay().on_server_down();
+  h.server_up("nonce-of-connection-2");
+  h.up();
+  wire::Envelope ask;
+  ask.set_round(3);
+  ask.set_silo("s1");
+  ask.mutable_model_request()->set_model_sha256("abc");
+  h.from_server(ask);
+  EXPECT_FALSE(Harness::has(h.to("s1"), wire::Envelope::kModelRequest));  // answered for it: none
+  auto up = h.up();
+  ASSERT_EQ(up.size(), 1u);
+  EXPECT_FALSE(up[0].model_offer().held());
+  // The rest of its upload arrives: nothing of it goes up.
+  wire::Envelope chunk;
+  chunk.set_round(1);
+  chunk.mutable_tensor_chunk()->set_name("b");
+  chunk.mutable_tensor_chunk()->set_data(std::string(8, '\0'));
+  h.from_silo("s1", chunk);
+  wire::Envelope end;
+  end.set_round(1);
+  end.mutable_update_end()->set_weight(5.0);
+  h.from_silo("s1", end);
+  for (const auto& e : h.up()) EXPECT_FALSE(e.has_tensor_chunk()) << e.DebugString();
+  // Its upload over, a request reaches it.
+  h.from_server(ask);
+  EXPECT_TRUE(Harness::has(h.to("s1"), wire::Envelope::kModelRequest));
+}
+
 TEST(Relay, CarriesAnAskedSilosCopyOfTheLostModelUpAndNoOneElses) {
   Harness h;
   h.server_up();
