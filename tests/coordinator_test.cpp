@@ -1627,5 +1627,65 @@ TEST(Coordinator, AfterTheJoinDeadlineASiloThatLeavesMidCopyHasAnsweredAndNoNewc
       << *f.h->stopped;
 }
 
+
+// The deterministic counterpart of Edges.AnEdgeKilledMidRoundDropsItsSilosWhoFailOverAndComeBack
+// (and of the combination cases that restart an edge mid-round): an edge lost after round 1 has
+// started costs the round its region's silos only; they fail over to the server directly and the
+// next round has all four.
+TEST(Coordinator, AnEdgeLostMidRoundCostsOnlyItsSilosWhoComeBackDirectlyForTheNextRound) {
+  RoundConfig cfg = three_rounds();
+  cfg.rounds = 4;
+  cfg.selection.min_silos = 4;
+  cfg.selection.min_updates = 2;
+  Harness h(4, cfg);
+  h.edge_connect(900, "edge-1");
+  h.region(900, {0, 1});
+  h.connect(2);
+  h.connect(3);
+  ASSERT_EQ(h.coord().phase(), Phase::Collecting);
+  ASSERT_EQ(h.coord().members().size(), 4u);
+  h.edge_ready(900, {0, 1}, 10);
+  h.coord().on_disconnect(900, h.now);  // the edge dies before its region's sum went up
+  h.pump();
+  for (std::size_t i : {0u, 1u}) {
+    const auto& m = h.coord().members()[i];
+    EXPECT_EQ(m.state, MemberState::Dropped) << m.silo;
+    EXPECT_EQ(m.drop_cause, DropCause::Disconnected) << m.silo;
+  }
+  h.ready(2, 10);
+  h.ready(3, 10);
+  h.serve({{2, {constant(2), 10}}, {3, {constant(4), 10}}});
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  expect_model(h.store.commits[0].model, fedavg(h.initial_, {{constant(2), 10}, {constant(4), 10}}));
+  const auto& rec = h.store.commits[0].record;
+  EXPECT_EQ(rec["participants"].size(), 2u);
+  // Its silos fail over: straight to the server, where round 2 selects them with the others.
+  h.connect(0);
+  h.connect(1);
+  ASSERT_EQ(h.coord().round(), 2u);
+  ASSERT_EQ(h.coord().phase(), Phase::Collecting);
+  EXPECT_EQ(h.coord().members().size(), 4u);
+  for (std::size_t i = 0; i < 4; ++i) EXPECT_TRUE(h.last(i, wire::Envelope::kRoundStart)) << i;
+}
+
+// The deterministic counterpart of the restart part of Federation.OperatorsWatchPauseResumeAndStop:
+// a server started paused (its daemon kept the flag in the state folder) starts no round, at the
+// join deadline either, until an admin resumes it.
+TEST(Coordinator, AServerStartedPausedStartsNoRoundUntilResumed) {
+  RoundConfig cfg = three_rounds();
+  Harness h(2, cfg, 1, small_model(), [](Coordinator& c) { c.start_paused("alice"); });
+  h.connect_all(2);
+  EXPECT_EQ(h.coord().phase(), Phase::Joining);
+  h.fire(Timer::Join);
+  EXPECT_EQ(h.coord().phase(), Phase::Joining);
+  EXPECT_EQ(h.coord().status(h.now)["paused_by"], "alice");
+  const auto [ok, msg] = h.coord().admin(wire::AdminRequest::RESUME, "bob", h.now);
+  h.pump();
+  EXPECT_TRUE(ok) << msg;
+  EXPECT_EQ(h.coord().phase(), Phase::Collecting);
+  ASSERT_FALSE(h.store.records.empty());
+  EXPECT_EQ(h.store.records.back()["event"], "admin");
+}
+
 }  // namespace
 }  // namespace xsilo::server

@@ -54,7 +54,8 @@ TEST(Edges, TwoEdgesOfThreeSilosGiveTheFlatTopologysModel) {
 // Depends on timing: edge-01 is killed once round 2 has started with all six and must die before
 // it sends its region's sum, which slow_config's seconds of training allow; its silos must fail
 // over by their reconnect backoff before round 4, within round 3's seconds of training (join_s 5
-// bounds each wait). No deterministic counterpart yet for the loss of a whole edge at the server;
+// bounds each wait). Deterministic counterpart for the loss of a whole edge at the server:
+// Coordinator.AnEdgeLostMidRoundCostsOnlyItsSilosWhoComeBackDirectlyForTheNextRound;
 // Coordinator.HundredSilosWithRandomDropoutsAtEveryPhaseMatchTheReference covers silos lost one by
 // one and Coordinator.AnEdgeCannotTakeOverADirectlyConnectedSilo a silo moving to another upstream.
 TEST(Edges, AnEdgeKilledMidRoundDropsItsSilosWhoFailOverAndComeBack) {

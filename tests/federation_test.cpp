@@ -526,7 +526,7 @@ wire::Envelope admin_request_as_silo(const FederationFiles& f, std::uint16_t por
 // missed; a correct run cannot fail). Deterministic counterparts:
 // Coordinator.AdminPauseResumeAndStopActBetweenRoundsAndAreAudited and
 // Coordinator.AdminStopBetweenRoundsEndsTheFederationAtOnce; the pause kept across a server
-// restart has no deterministic counterpart yet.
+// restart: Coordinator.AServerStartedPausedStartsNoRoundUntilResumed.
 TEST(Federation, OperatorsWatchPauseResumeAndStopAFederation) {
   auto c = small_config(3, 100000);
   c.edges = 1;
