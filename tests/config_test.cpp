@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 
 #include "common/config.h"
@@ -11,6 +12,7 @@
 #include "server/config.h"
 #include "silo_agent/config.h"
 #include "tools/sim.h"
+#include "tools/sim_stall.h"
 #include "transport/config.h"
 
 namespace xsilo {
@@ -665,6 +667,30 @@ TEST(Config, AServerStartsFromAUsersModelFileOfFloatTensors) {
   f += header + std::string(8, '\0');
   atomic_write_file(dir / "int.safetensors", f);
   EXPECT_NE(load(R"({"kind": "file", "path": "int.safetensors"})").find("tensor n in"), std::string::npos);
+}
+
+
+// The deterministic counterpart of ExternalTrainers.TheSimEndsWithTheReasonWhenEveryAgentHasExited:
+// the sim gives up 5 s after the last agent exits (a restart comes back within a second), 20 s
+// after fewer than a round needs remain, and never while enough run.
+TEST(SimStall, TheSimGivesUpFiveSecondsAfterTheLastAgentAndTwentyAfterTooFewRemain) {
+  using namespace std::chrono_literals;
+  const auto t0 = tools::StallWatch::Clock::time_point{} + 1h;
+  tools::StallWatch w(2);
+  EXPECT_EQ(w.check(3, 3, t0), "");
+  EXPECT_EQ(w.check(0, 3, t0 + 1s), "");  // every agent gone: the grace starts
+  EXPECT_EQ(w.check(0, 3, t0 + 5999ms), "");
+  EXPECT_EQ(w.check(0, 3, t0 + 6s), "every agent has exited");
+  tools::StallWatch restart(2);
+  EXPECT_EQ(restart.check(0, 3, t0), "");
+  EXPECT_EQ(restart.check(3, 3, t0 + 900ms), "");  // a restart brought them back: the grace ends
+  EXPECT_EQ(restart.check(0, 3, t0 + 4s), "");     // and starts again from here
+  EXPECT_EQ(restart.check(0, 3, t0 + 8999ms), "");
+  EXPECT_EQ(restart.check(0, 3, t0 + 9s), "every agent has exited");
+  tools::StallWatch few(2);
+  EXPECT_EQ(few.check(1, 3, t0), "");
+  EXPECT_EQ(few.check(1, 3, t0 + 19s), "");
+  EXPECT_EQ(few.check(1, 3, t0 + 20s), "only 1 of the 3 agents run, and a round needs 2 (selection.min_silos)");
 }
 
 }  // namespace

@@ -445,8 +445,8 @@ TEST(ExternalTrainers, ATrainersOutputStaysInTheSiloOnlyAReasonCodeReachesTheSer
 // and the end of its log, and exits non-zero.
 // Depends on timing: it measures that the sim gives up within 120 s of real time, where it waits
 // 5 s once no agent runs; the rest is the agents' start and one failed round each, a wide margin
-// under load. No deterministic counterpart yet for the sim's stall watch;
-// Session.ATrainerFailureIsReportedAndAFatalOneStopsTheAgent covers the agent's fatal stop.
+// under load. Deterministic counterparts: SimStall.TheSimGivesUpFiveSecondsAfterTheLastAgentAndTwentyAfterTooFewRemain
+// for the sim's stall watch, Session.ATrainerFailureIsReportedAndAFatalOneStopsTheAgent for the agent's fatal stop.
 TEST(ExternalTrainers, TheSimEndsWithTheReasonWhenEveryAgentHasExited) {
   REQUIRE_PYTHON_MODULE("numpy");
   test::TempDir dir;

@@ -25,6 +25,7 @@
 #include "tools/report.h"
 #include "tools/sim_edge.h"
 #include "tools/sim_server.h"
+#include "tools/sim_stall.h"
 
 namespace xsilo::tools {
 
@@ -421,39 +422,20 @@ void start_federation(const SimConfig& cfg, FederationFiles& f, Processes& procs
   }
 }
 
-// Why the federation cannot go on although its server runs, or "": every agent has exited, or
-// fewer run than a round needs (selection.min_silos) for longer than a restart takes. The
-// server would wait for them for ever ("0 of the 3 silos needed are connected; waiting").
-class StallWatch {
- public:
-  StallWatch(const SimConfig& cfg, const FederationFiles& f) : f_(f) {
-    const json& sel = cfg.selection;
-    needed_ = sel.is_object() && sel.contains("min_silos") && sel["min_silos"].is_number_unsigned()
-                  ? sel["min_silos"].get<std::size_t>()
-                  : std::max<std::size_t>(1, cfg.silos / 2 + 1);
-  }
-  std::string check(Processes& procs) {
-    std::size_t alive = 0;
-    for (const auto& s : f_.silos) alive += procs.running(s) ? 1 : 0;
-    const auto now = Clock::now();
-    if (alive >= needed_) {
-      short_since_.reset();
-      return "";
-    }
-    if (!short_since_) short_since_ = now;
-    // A restart fault brings a process back within a second; an agent that exits does not.
-    const auto grace = alive == 0 ? std::chrono::seconds(5) : std::chrono::seconds(20);
-    if (now - *short_since_ < grace) return "";
-    return alive == 0 ? "every agent has exited"
-                      : "only " + std::to_string(alive) + " of the " + std::to_string(f_.silos.size()) +
-                            " agents run, and a round needs " + std::to_string(needed_) + " (selection.min_silos)";
-  }
+// The agents that run now, for StallWatch (tools/sim_stall.h), with selection.min_silos (or a
+// majority) as what a round needs.
+std::size_t stall_needed(const SimConfig& cfg) {
+  const json& sel = cfg.selection;
+  return sel.is_object() && sel.contains("min_silos") && sel["min_silos"].is_number_unsigned()
+             ? sel["min_silos"].get<std::size_t>()
+             : std::max<std::size_t>(1, cfg.silos / 2 + 1);
+}
 
- private:
-  const FederationFiles& f_;
-  std::size_t needed_ = 1;
-  std::optional<Clock::time_point> short_since_;
-};
+std::size_t agents_running(Processes& procs, const FederationFiles& f) {
+  std::size_t alive = 0;
+  for (const auto& s : f.silos) alive += procs.running(s) ? 1 : 0;
+  return alive;
+}
 
 // Each agent that exited: its exit code and the last lines of its log, where it said why.
 std::string exited_agents(Processes& procs, const FederationFiles& f) {
@@ -473,7 +455,7 @@ std::string exited_agents(Processes& procs, const FederationFiles& f) {
 template <class Say>
 int follow(const SimConfig& cfg, const FederationFiles& f, Processes& procs, FaultPlayer& faults, Progress& progress,
            std::string& stalled, Say&& say) {
-  StallWatch watch(cfg, f);
+  StallWatch watch(stall_needed(cfg));
   auto prev_handler = std::signal(SIGINT, on_interrupt);
   std::signal(SIGTERM, on_interrupt);
   const bool restarts_server = std::any_of(cfg.faults.begin(), cfg.faults.end(), [](const auto& fl) {
@@ -488,7 +470,7 @@ int follow(const SimConfig& cfg, const FederationFiles& f, Processes& procs, Fau
       procs["server"].stop();
       break;
     }
-    if (stalled = watch.check(procs); !stalled.empty()) {
+    if (stalled = watch.check(agents_running(procs, f), f.silos.size(), StallWatch::Clock::now()); !stalled.empty()) {
       say("the federation cannot go on: " + stalled + "; stopping the server\n" + exited_agents(procs, f));
       procs["server"].stop();
       exit = procs["server"].exit_code();
