@@ -459,10 +459,7 @@ void Relay::on_silo_message(const std::string& silo, const wire::Envelope& e) {
       // On the worker, after the chunks' checks: the bytes must be what the silo declared (and,
       // plain, finite) before they touch the sum.
       auto checked = [check = r->slot.check(), declared = e.update_end().update_sha256()]() -> std::string {
-        const std::string got = crypto::to_hex(check->hash.finish());
-        if (got != declared) return "update does not match its SHA-256 (sent " + declared + ", received " + got + ")";
-        if (!check->finite) return "update contains NaN or infinite values";
-        return "";
+        return protocol::verify_upload(*check, declared, "update").why;  // the server's own check
       };
       if (r->secure) {
         auto& sum = r->group_sums[r->group_of[silo]];

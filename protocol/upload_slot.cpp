@@ -7,6 +7,22 @@
 
 namespace xsilo::protocol {
 
+UploadVerdict verify_upload(UploadCheck& check, const std::string& declared, const std::string& what) {
+  UploadVerdict v;
+  v.sha256 = crypto::to_hex(check.hash.finish());
+  if (!check.finite) {
+    v.problem = UploadVerdict::Problem::NonFinite;
+    v.why = what + " contains NaN or infinite values";
+  } else if (declared.empty()) {
+    v.problem = UploadVerdict::Problem::HashMismatch;
+    v.why = what + " declares no SHA-256 (UpdateEnd.update_sha256 is required)";
+  } else if (declared != v.sha256) {
+    v.problem = UploadVerdict::Problem::HashMismatch;
+    v.why = what + " does not match its SHA-256 (sent " + proto::printable(declared, 80) + ", received " + v.sha256 + ")";
+  }
+  return v;
+}
+
 namespace {
 
 // Hashes `count` elements at `data` into the check, and for F32 checks that they are finite.

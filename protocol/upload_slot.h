@@ -33,6 +33,18 @@ struct UploadCheck {
   std::string sink_error;  // the first failure of the buffer's sink ("" when none)
 };
 
+// The verdict on an upload whose bytes are all in, the same wherever it lands (the server, of a
+// silo's update or an edge's partial sum; an edge, of its silos' updates): its SHA-256 as
+// received, and why it may not be used, if so. `what` names it in the reason ("update",
+// "partial sum"); `declared` is the sender's UpdateEnd.update_sha256, shown escaped.
+struct UploadVerdict {
+  enum class Problem { None, NonFinite, HashMismatch };
+  std::string sha256;
+  Problem problem = Problem::None;
+  std::string why;
+};
+UploadVerdict verify_upload(UploadCheck& check, const std::string& declared, const std::string& what);
+
 // Where the bytes of an upload go once in place: put() on the network thread, right after the
 // chunk was decoded into the buffer (which it may then reuse); get() on the worker, by the
 // chunk's check work. `at` is the byte offset in the buffer. Both return "" or why not.

@@ -22,19 +22,13 @@ std::span<std::uint8_t> bytes_of(Model& m) { return {reinterpret_cast<std::uint8
 }  // namespace
 
 FoldResult check_upload(protocol::UploadCheck& check, const Contribution& c, const std::string& what) {
+  auto v = protocol::verify_upload(check, c.declared_sha256, what);
   FoldResult r;
-  r.sha256 = crypto::to_hex(check.hash.finish());
-  if (!check.finite) {
-    r.error = FoldError::NonFinite;
-    r.why = what + " contains NaN or infinite values";
-  } else if (c.declared_sha256.empty()) {
-    r.error = FoldError::HashMismatch;
-    r.why = what + " declares no SHA-256 (UpdateEnd.update_sha256 is required)";
-  } else if (c.declared_sha256 != r.sha256) {
-    r.error = FoldError::HashMismatch;
-    r.why = what + " does not match its SHA-256 (sent " + proto::printable(c.declared_sha256, 80) + ", received " +
-            r.sha256 + ")";
-  }
+  r.sha256 = std::move(v.sha256);
+  r.error = v.problem == protocol::UploadVerdict::Problem::NonFinite      ? FoldError::NonFinite
+            : v.problem == protocol::UploadVerdict::Problem::HashMismatch ? FoldError::HashMismatch
+                                                                          : FoldError::None;
+  r.why = std::move(v.why);
   return r;
 }
 

@@ -520,7 +520,9 @@ TEST(Relay, ANonFiniteUploadIsRefusedAndLeftOutOfTheSum) {
 }
 
 TEST(Relay, AnUploadThatIsNotWhatItsSiloDeclaredIsRefusedAndLeftOutOfTheSum) {
-  for (const std::string& declared : {std::string(), crypto::sha256_hex("something else")}) {
+  // The third: what a peer declared is shown escaped (the relay echoed it raw before; the check
+  // is now the server's own, protocol::verify_upload).
+  for (const std::string& declared : {std::string(), crypto::sha256_hex("something else"), std::string("\x1b[2Jforged")}) {
     Harness h;
     h.two_silos_in_round_one();
     h.ready("s1", 1, 10);
@@ -529,6 +531,7 @@ TEST(Relay, AnUploadThatIsNotWhatItsSiloDeclaredIsRefusedAndLeftOutOfTheSum) {
     const auto to1 = h.to("s1");
     ASSERT_TRUE(Harness::has(to1, wire::Envelope::kError));
     EXPECT_NE(to1.back().error().message().find("SHA-256"), std::string::npos) << to1.back().error().message();
+    EXPECT_EQ(to1.back().error().message().find('\x1b'), std::string::npos) << to1.back().error().message();
     h.upload("s2", 1, {1, 1, 1, 1, 1, 1}, 10);
     h.up();
     h.grant_region(1);
