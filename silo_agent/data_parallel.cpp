@@ -1,5 +1,6 @@
 #include "silo_agent/data_parallel.h"
 
+#include "silo_agent/collective/failure_policy.h"
 #include "silo_agent/quantized_all_reduce.h"
 
 #include <algorithm>
@@ -114,12 +115,13 @@ TrainStats train_data_parallel(collective::Group& group, int shards, const Netwo
   std::span<float> g(grad.data() + 1, params.size());
   std::vector<float> xb;
   std::vector<int> yb;
-  std::vector<float> kept[2];  // parameters before steps op (op % 2) and op - 1
+  collective::StepSnapshots<std::vector<float>> kept;  // parameters before steps op and op - 1
   const bool int8 = buckets.compression == "int8";
   if (!int8 && buckets.compression != "none") {
     throw std::invalid_argument("bucket compression is none or int8, not " + buckets.compression);
   }
-  QuantizedResidual residual, kept_residual[2];  // int8: error feedback, kept as the parameters are
+  QuantizedResidual residual;  // int8: error feedback, kept as the parameters are
+  collective::StepSnapshots<QuantizedResidual> kept_residual;
   if (int8) residual.resize(grad.size());
   std::uint64_t op_now = 0;  // the step whose buckets the reducer is summing
   BucketReducer reducer([&](std::span<float> bucket) {
@@ -188,8 +190,8 @@ TrainStats train_data_parallel(collective::Group& group, int shards, const Netwo
   };
 
   for (std::uint64_t op = 0; op < total;) {
-    kept[op % 2].assign(params.begin(), params.end());
-    if (int8) kept_residual[op % 2] = residual;
+    kept.keep(op).assign(params.begin(), params.end());
+    if (int8) kept_residual.keep(op) = residual;
     const auto resume = group.attempt(op, [&](collective::Communicator&) { step(op); });
     if (!resume) {
       ++op;
@@ -198,9 +200,10 @@ TrainStats train_data_parallel(collective::Group& group, int shards, const Netwo
     }
     // The group re-formed: go back to the parameters kept before the step to redo (a worker
     // that finished step op - 1 may be one step ahead of one that failed in it).
-    std::copy(kept[*resume % 2].begin(), kept[*resume % 2].end(), params.begin());
+    const auto& back = kept.before(*resume);
+    std::copy(back.begin(), back.end(), params.begin());
     if (int8) {
-      residual = kept_residual[*resume % 2];
+      residual = kept_residual.before(*resume);
       residual.handover();  // the segments have new owners
     }
     if (log) {

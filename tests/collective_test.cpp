@@ -593,7 +593,8 @@ Model train_with_a_kill(const TrainingCase& c, const std::string& compression, c
 // Depends on timing: worker 0 is killed once it logs epoch 2 of 20, and the kill must land before
 // training ends (train_with_a_kill says so when it did not); 18 epochs left are a wide margin.
 // Deterministic counterpart: DataParallel.ShardsOfAnExcludedWorkerPassToTheSurvivors covers which
-// survivor takes the killed worker's shards; the re-formation has no deterministic counterpart yet.
+// survivor takes the killed worker's shards; the re-formation: Reformation.* (the decision) and
+// StepSnapshots.AWorkerRollsBackToTheStepItFailedInOrTheOneBeforeAndNoFurther (the roll-back).
 TEST(CollectiveProcesses, TrainingSurvivesAKilledWorkerAndEqualsOneProcess) {
   test::TempDir dir;
   auto c = digits_case();
@@ -607,8 +608,9 @@ TEST(CollectiveProcesses, TrainingSurvivesAKilledWorkerAndEqualsOneProcess) {
 // 8-bit buckets x a killed worker: the step is redone with each survivor's error feedback rolled
 // back with its parameters, and the model learns as well as one process does.
 // Depends on timing as the test above does (the kill after epoch 2 of 20). Deterministic
-// counterpart: DataParallel.ShardsOfAnExcludedWorkerPassToTheSurvivors; the rolled-back step has
-// no deterministic counterpart yet.
+// counterpart: DataParallel.ShardsOfAnExcludedWorkerPassToTheSurvivors; the rolled-back step:
+// StepSnapshots.AWorkerRollsBackToTheStepItFailedInOrTheOneBeforeAndNoFurther (parameters and error
+// feedback keep the same two copies).
 TEST(CollectiveProcesses, Int8TrainingSurvivesAKilledWorkerAndLearnsAsOneProcessDoes) {
   test::TempDir dir;
   auto c = digits_case();
@@ -620,6 +622,23 @@ TEST(CollectiveProcesses, Int8TrainingSurvivesAKilledWorkerAndLearnsAsOneProcess
   const auto want = net.evaluate(single.flat(), c.data), got = net.evaluate(trained.flat(), c.data);
   EXPECT_GT(relative_gap(single.flat(), trained.flat()), 1e-6) << "the buckets did not travel as codes";
   EXPECT_GT(got.accuracy, want.accuracy - 0.02) << "one process " << want.accuracy << ", int8 " << got.accuracy;
+}
+
+
+// The deterministic counterpart of the survivors' roll-back in CollectiveProcesses.*Training*:
+// a worker rolls back to its copy from before the step its re-formed group redoes, the step it
+// failed in or the one before (it may have finished that one while another worker failed in it);
+// an older step is refused, never redone from the wrong copy.
+TEST(StepSnapshots, AWorkerRollsBackToTheStepItFailedInOrTheOneBeforeAndNoFurther) {
+  StepSnapshots<std::vector<float>> kept;
+  for (std::uint64_t op = 0; op < 5; ++op) kept.keep(op).assign(3, static_cast<float>(op));
+  // Steps 3 and 4 are held: 4, the step it was in, or 3, the one a slower survivor was in.
+  EXPECT_EQ(kept.before(4), std::vector<float>(3, 4.0f));
+  EXPECT_EQ(kept.before(3), std::vector<float>(3, 3.0f));
+  EXPECT_THROW(kept.before(2), std::logic_error);
+  EXPECT_THROW(kept.before(5), std::logic_error);  // not yet kept
+  StepSnapshots<std::vector<float>> fresh;
+  EXPECT_THROW(fresh.before(0), std::logic_error);
 }
 
 }  // namespace

@@ -73,8 +73,8 @@ class Combinations : public ::testing::TestWithParam<Case> {};
 // Session.ErrorFeedbackMovesOnExactlyWithTheUploadsLineWhereverACrashLands,
 // SecAgg.KeysSwappedOrReplayedOnTheWayAreRefusedByEveryMember,
 // SecAgg.ASplitViewOfTheSurvivorsCannotCollectEnoughConfirmations and
-// SecAggPlus.ASplitViewOfTheSurvivorsCannotRebuildBothSecretsOfAMember; an edge restarted mid-round
-// has no deterministic counterpart yet.
+// SecAggPlus.ASplitViewOfTheSurvivorsCannotRebuildBothSecretsOfAMember; an edge restarted mid-round:
+// Coordinator.AnEdgeLostMidRoundCostsOnlyItsSilosWhoComeBackDirectlyForTheNextRound.
 TEST_P(Combinations, EveryRoundEqualsTheReferenceOfTheSilosItsRecordNames) {
   const Case& c = GetParam();
   test::TempDir dir;

@@ -75,8 +75,8 @@ void expect_server_resources(const json& r, std::size_t connections, std::uint64
 // meet the bench's deadlines (join_s 60, train_s and upload_s 600) on this machine, which CTest
 // leaves to the scale tests alone (scale_serial.cmake); a missed throughput target (exit code 1)
 // is accepted. The round logic at this scale is covered deterministically by
-// Coordinator.HundredSilosWithRandomDropoutsAtEveryPhaseMatchTheReference; the server's memory and
-// descriptors have no deterministic counterpart yet.
+// Coordinator.HundredSilosWithRandomDropoutsAtEveryPhaseMatchTheReference. The server's memory and
+// descriptors are the real process's, measured here only: no harness without the process has them.
 TEST(Scale, TwoHundredSilosStraightToTheServer) {
   test::TempDir dir;
   const auto r = bench_round(dir, {});
@@ -85,7 +85,7 @@ TEST(Scale, TwoHundredSilosStraightToTheServer) {
 
 // Depends on timing as the test above does (the bench's deadlines, run alone). Deterministic
 // counterpart: Relay.SumsItsSilosOneUploadAtATimeAndSendsOnePartialSum for the edges' sums; the
-// server's memory and descriptors have no deterministic counterpart yet.
+// server's memory and descriptors are measured on the real processes only.
 TEST(Scale, TwoHundredSilosBehindFourEdges) {
   test::TempDir dir;
   const auto r = bench_round(dir, {"--edges", "4"});
@@ -97,8 +97,8 @@ TEST(Scale, TwoHundredSilosBehindFourEdges) {
 // them), not with n^2.
 // Depends on timing as the tests above do, and on the secure phases' default deadlines (keys_s and
 // unmask_s 30). Deterministic counterparts: Cores.OneDropoutInEverySecureGroupCostsOnlyThatSilo
-// and Relay.SendsOneMaskedPartialSumPerSecureGroupOnePerGrant; the server's memory has no
-// deterministic counterpart yet.
+// and Relay.SendsOneMaskedPartialSumPerSecureGroupOnePerGrant; the server's memory is the real
+// process's, measured here only.
 TEST(Scale, TwoHundredSilosInGroupedSecureModeBehindFourEdges) {
   test::TempDir dir;
   const auto r = bench_round(dir, {"--edges", "4", "--secure", "grouped"});

@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <stdexcept>
 #include <vector>
 
 namespace xsilo::collective {
@@ -52,5 +54,31 @@ struct Reformation {
 std::optional<Reformation> decide_reformation(const std::vector<WorkerStatus>& workers,
                                               std::optional<SteadyTime> failure_since,
                                               std::chrono::milliseconds grace, SteadyTime now);
+
+// A worker's state before each of its last two steps (the parameters, the int8 error feedback):
+// the group resumes from the earliest step any survivor was in, which is the step this worker
+// failed in or, when it had finished that one, the one before. Rolling back further is
+// impossible, and said so rather than done from the wrong copy.
+template <class State>
+class StepSnapshots {
+ public:
+  // Before step `op` runs: the copy to fill (its storage is the one of two steps before).
+  State& keep(std::uint64_t op) {
+    op_[op % 2] = op;
+    return kept_[op % 2];
+  }
+  // The state before step `resume`.
+  const State& before(std::uint64_t resume) const {
+    if (op_[resume % 2] != resume) {
+      throw std::logic_error("the group resumes from step " + std::to_string(resume) +
+                             ", which this worker has no copy of (it keeps the last two steps)");
+    }
+    return kept_[resume % 2];
+  }
+
+ private:
+  State kept_[2];
+  std::uint64_t op_[2] = {~std::uint64_t{0}, ~std::uint64_t{0}};
+};
 
 }  // namespace xsilo::collective
