@@ -6,18 +6,18 @@
 #include <cstring>
 
 #include "crypto/hash.h"
+#include "crypto/sign.h"
 
 namespace xsilo::crypto {
 
-Sources Sources::system() {
-  return Sources{
-      .unix_ms =
-          [] {
-            return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-                .count();
-          },
-      .random_bytes = [](std::span<std::uint8_t> out) { randombytes_buf(out.data(), out.size()); },
-  };
+std::int64_t system_unix_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+void system_random_bytes(std::span<std::uint8_t> out) {
+  ensure_sodium();
+  randombytes_buf(out.data(), out.size());
 }
 
 std::uint64_t derive_seed(std::uint64_t seed, std::uint64_t round, std::string_view purpose) {

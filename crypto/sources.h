@@ -12,12 +12,15 @@
 
 namespace xsilo::crypto {
 
-struct Sources {
-  std::function<std::int64_t()> unix_ms;                      // the wall clock, milliseconds since the epoch
-  std::function<void(std::span<std::uint8_t>)> random_bytes;  // unpredictable bytes (nonces, seeds)
+// The system's clock and libsodium's generator: the defaults.
+std::int64_t system_unix_ms();
+void system_random_bytes(std::span<std::uint8_t> out);
 
-  // The system's clock and libsodium's generator.
-  static Sources system();
+struct Sources {
+  std::function<std::int64_t()> unix_ms = system_unix_ms;                          // milliseconds since the epoch
+  std::function<void(std::span<std::uint8_t>)> random_bytes = system_random_bytes;  // unpredictable bytes
+
+  static Sources system() { return Sources{}; }
 };
 
 // A seed for one purpose, derived from a federation's seed and a round: the first 8 bytes of

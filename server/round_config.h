@@ -60,8 +60,8 @@ std::string_view name(SecureMode m);
 // Secure aggregation (docs/security.md).
 struct SecureConfig {
   SecureMode mode = SecureMode::Off;
-  // Fresh randomness for the groups' graph seeds: the coordinator passes its own
-  // (RoundConfig::sources), a test may pass its own.
+  // Fresh randomness for the groups' graph seeds: the coordinator sets it from its own
+  // RoundConfig::sources.
   std::function<void(std::span<std::uint8_t>)> random_bytes = crypto::Sources::system().random_bytes;
   std::size_t min_group = 3;       // grouped: every group has at least this many silos
   // grouped: every group is drawn large enough that this many of its members may drop out and
