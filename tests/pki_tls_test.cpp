@@ -22,6 +22,7 @@
 #include <thread>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/read.hpp>
+#include <boost/asio/redirect_error.hpp>
 #include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -462,6 +463,57 @@ TEST_F(TlsTest, ClientRefusesAServerWhoseCertificateIsNotAServers) {
   EXPECT_FALSE(c.ch);
   EXPECT_NE(c.status.message.find("not an upstream role"), std::string::npos) << c.status.message;
   io_.run_sync([&] { l->stop(); });
+}
+
+TEST_F(TlsTest, AHandshakeThatEndsAfterTheListenerIsGoneReadsNothingOfIt) {
+  // The server's side of a handshake runs on after the listener that started it is stopped
+  // and destroyed (a test's end, a daemon's shutdown): what it reads next (who may connect,
+  // who this end is) must still be there. ASan builds caught a read of the freed allow-list
+  // here when a refused client's handshake finished late.
+  auto ctx = make_tls_context(kit("server"));
+  AllowList allow;
+  allow.allow(wire::SILO, {"hospital-a"});
+  std::unique_ptr<Listener> l;
+  io_.run_sync([&] {
+    l = std::make_unique<Listener>(io_.executor(), ctx, Endpoint{"127.0.0.1", 0},
+                                   ChannelOptions{}, allow, LocalInfo{kFed, wire::SERVER, {}},
+                                   [](std::shared_ptr<Channel>) { ADD_FAILURE() << "no channel may be handed on"; });
+    l->start();
+  });
+  // Connected, so the listener has begun this connection's handshake; no ClientHello yet.
+  auto client_ctx = make_tls_context(kit("hospital-a"));
+  auto stream = std::make_unique<asio::ssl::stream<tcp::socket>>(io_.executor(), client_ctx);
+  io_.run([&]() -> awaitable<void> {
+    co_await stream->lowest_layer().async_connect(
+        tcp::endpoint(asio::ip::make_address("127.0.0.1"), l->port()), asio::use_awaitable);
+  }());
+  // Wait until the listener holds the connection in a handshake, then destroy it.
+  for (int i = 0; i < 500; ++i) {
+    std::size_t n = 0;
+    io_.run_sync([&] { n = l->handshaking(); });
+    if (n == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  io_.run_sync([&] { l.reset(); });
+  // The handshake completes now, and the server's side goes on to its checks.
+  const bool handshake_done = io_.run([&]() -> awaitable<bool> {
+    boost::system::error_code ec;
+    co_await stream->async_handshake(ssl::stream_base::client, asio::redirect_error(asio::use_awaitable, ec));
+    if (ec) co_return false;
+    // The Hello takes the server's side on to the checks it makes after the allow-list.
+    auto hello = envelope(kFed, 0);
+    hello.mutable_hello()->set_protocol_version(proto::kProtocolVersion);
+    hello.mutable_hello()->set_role(wire::SILO);
+    const auto frame = *proto::encode_frame(hello, 1 << 20);
+    co_await asio::async_write(*stream, asio::buffer(frame), asio::redirect_error(asio::use_awaitable, ec));
+    std::array<std::uint8_t, 4> h{};
+    co_await asio::async_read(*stream, asio::buffer(h), asio::redirect_error(asio::use_awaitable, ec));
+    co_return true;
+  }());
+  // The server's side finished its handshake on its own (the read of what a listener holds is
+  // what ASan watches); whether a Welcome follows does not matter, no channel is handed on.
+  EXPECT_TRUE(handshake_done);
+  io_.run_sync([&] { stream->lowest_layer().close(); });
 }
 
 // A TLS client that writes raw bytes after a proper Hello, to feed the server bad frames.

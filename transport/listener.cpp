@@ -15,8 +15,9 @@ namespace xsilo::transport {
 Listener::Listener(asio::any_io_executor ex, ssl::context& ctx, const Endpoint& at,
                    ChannelOptions opts, AllowList allow, LocalInfo me, Handler on_channel,
                    RoundFn current_round)
-    : ex_(ex), ctx_(ctx), acceptor_(ex), opts_(opts), allow_(std::move(allow)),
-      me_(std::move(me)), on_channel_(std::move(on_channel)),
+    : ex_(ex), ctx_(ctx), acceptor_(ex), opts_(opts),
+      admission_(std::make_shared<const Admission>(Admission{std::move(allow), std::move(me)})),
+      on_channel_(std::move(on_channel)),
       current_round_(std::move(current_round)), slots_(opts.max_handshakes, opts.max_handshakes_per_address) {
   tcp::resolver resolver(ex);
   auto results = resolver.resolve(at.host, std::to_string(at.port));
@@ -83,6 +84,7 @@ awaitable<void> Listener::accept_loop() {
 
 awaitable<void> Listener::authenticate(tcp::socket socket, std::string address) {
   auto alive = alive_;
+  const auto admission = admission_;  // held here: the listener may be gone when it is read
   // The handshake slot is given back however this ends (an exception included), unless the
   // listener is gone.
   struct Slot {
@@ -103,7 +105,7 @@ awaitable<void> Listener::authenticate(tcp::socket socket, std::string address) 
   try {
     channel = std::make_shared<Channel>(std::move(socket), ctx_, opts_);
     const std::uint64_t round = current_round_ ? current_round_() : 0;
-    st = co_await channel->accept(allow_, me_, round);
+    st = co_await channel->accept(admission->allow, admission->me, round);
   } catch (const std::exception& e) {
     if (*alive) {
       spdlog::warn("connection from {} failed before it was authenticated: {}", address, e.what());

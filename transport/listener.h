@@ -45,8 +45,13 @@ class Listener {
   ssl::context& ctx_;
   tcp::acceptor acceptor_;
   ChannelOptions opts_;
-  AllowList allow_;
-  LocalInfo me_;
+  // Who may connect and who this end is: shared with each handshake in flight, which can
+  // outlive the listener (a handshake that completes after stop() still reads them).
+  struct Admission {
+    AllowList allow;
+    LocalInfo me;
+  };
+  std::shared_ptr<const Admission> admission_;
   Handler on_channel_;
   RoundFn current_round_;
   std::uint16_t port_ = 0;
