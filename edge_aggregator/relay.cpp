@@ -76,18 +76,12 @@ void Relay::on_server_message(const wire::Envelope& e) {
       proof_sent_.clear();
       for (const auto& silo : connected_) to_silo(silo, e);
       break;
-    case B::kSecaggSettled:
-      // Whom the server let into its group's sum: only they may upload through this edge.
-      if (this_round && !e.silo().empty() &&
-          std::count(e.secagg_settled().members().begin(), e.secagg_settled().members().end(), e.silo())) {
-        region_->settled.insert(e.silo());
-      }
+    case B::kSecure:
+      // Carried down unread. A step that admits the silo to its group's sum lets it upload
+      // through this edge (the server's word: the edge only guards its region's sum).
+      if (this_round && !e.silo().empty() && e.secure().admits_upload()) region_->settled.insert(e.silo());
       if (!e.silo().empty()) to_silo(e.silo(), e);
       break;
-    case B::kSecaggKeyList:
-    case B::kSecaggShareDelivery:
-    case B::kSecaggSurvivors:
-    case B::kSecaggUnmaskRequest:
     case B::kLeaving:
       if (!e.silo().empty()) to_silo(e.silo(), e);  // the edge only carries them
       break;
@@ -379,13 +373,9 @@ void Relay::on_silo_message(const std::string& silo, const wire::Envelope& e) {
       }
       break;
     }
-    case B::kSecaggKeys:
-    case B::kSecaggShares:
-    case B::kSecaggReceipt:
-    case B::kSecaggConfirmation:
-    case B::kSecaggUnmaskShares:
+    case B::kSecure:
     case B::kLeaving: {
-      wire::Envelope relay = e;  // signed or sealed protocol messages, and Leaving, pass through unread
+      wire::Envelope relay = e;  // signed or sealed protocol steps, and Leaving, pass through unread
       relay.set_silo(silo);
       to_server(std::move(relay));
       break;

@@ -172,20 +172,12 @@ std::string printable(std::string_view text, std::size_t max_bytes) {
 }
 
 std::string body_name(const wire::Envelope& env) {
+  if (env.has_secure()) {
+    const auto* step = wire::SecureAggregation::descriptor()->FindFieldByNumber(env.secure().step_case());
+    return step ? step->name() : "secure";
+  }
   const auto* field = wire::Envelope::descriptor()->FindFieldByNumber(env.body_case());
   return field ? field->name() : "empty";
-}
-
-bool is_secagg_from_silo(wire::Envelope::BodyCase body) {
-  using B = wire::Envelope::BodyCase;
-  return body == B::kSecaggKeys || body == B::kSecaggShares || body == B::kSecaggReceipt ||
-         body == B::kSecaggConfirmation || body == B::kSecaggUnmaskShares;
-}
-
-bool is_secagg_to_silo(wire::Envelope::BodyCase body) {
-  using B = wire::Envelope::BodyCase;
-  return body == B::kSecaggKeyList || body == B::kSecaggShareDelivery || body == B::kSecaggSettled ||
-         body == B::kSecaggSurvivors || body == B::kSecaggUnmaskRequest;
 }
 
 }  // namespace xsilo::proto

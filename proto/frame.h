@@ -13,7 +13,8 @@
 
 namespace xsilo::proto {
 
-inline constexpr std::uint32_t kProtocolVersion = 2;  // 2: secure aggregation against active adversaries
+// 2: secure aggregation against active adversaries; 3: its steps inside one SecureAggregation.
+inline constexpr std::uint32_t kProtocolVersion = 3;
 inline constexpr std::size_t kFrameHeaderBytes = 4;
 inline constexpr std::size_t kDefaultMaxFrameBytes = 4u << 20;
 
@@ -66,12 +67,8 @@ class FrameDecoder {
 // are kept (then "..."). Protobuf does not guarantee that a string field holds UTF-8.
 std::string printable(std::string_view text, std::size_t max_bytes = 512);
 
-// Names the Envelope's body for logs ("round_start", "tensor_chunk", ...).
+// Names the Envelope's body for logs ("round_start", "tensor_chunk", ...); a secure-aggregation
+// step by its own name ("secagg_keys"), "secure" when it holds none.
 std::string body_name(const wire::Envelope& env);
-
-// Secure-aggregation messages a silo sends (and an edge relays up), and those the server
-// sends a silo (and an edge relays down).
-bool is_secagg_from_silo(wire::Envelope::BodyCase body);
-bool is_secagg_to_silo(wire::Envelope::BodyCase body);
 
 }  // namespace xsilo::proto

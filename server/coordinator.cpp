@@ -541,13 +541,9 @@ void Coordinator::on_secure_message(std::size_t m, const wire::Envelope& e, std:
     send_to_member(m, std::move(err));
     return;
   }
-  // Keys, shares and receipts while collecting, confirmations and unmask shares while
-  // unmasking; anything else is late.
-  const bool keys = e.has_secagg_keys() || e.has_secagg_shares() || e.has_secagg_receipt();
-  const bool unmask = e.has_secagg_confirmation() || e.has_secagg_unmask_shares();
-  if ((keys && phase_ == Phase::Collecting) || (unmask && phase_ == Phase::Unmasking)) {
-    r_->secure->on_message(r_->members[m].silo, e);
-  }
+  // Fed only while no job holds the groups (the finish runs on the worker); each group takes
+  // the steps its own stage expects and ignores the rest.
+  if (phase_ == Phase::Collecting || phase_ == Phase::Unmasking) r_->secure->on_message(r_->members[m].silo, e.secure());
   drain_secure();
   if (phase_ == Phase::Unmasking && job_ == JobKind::None && r_->secure->unmask_complete()) finish_unmask(now_ms);
   pump(now_ms);

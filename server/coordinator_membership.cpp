@@ -172,7 +172,7 @@ void Coordinator::on_message(SessionId id, const wire::Envelope& e, std::int64_t
   if (fetch_ && (body == B::kTensorChunk || body == B::kModelOffer)) return on_fetch_message(peer->name, id, e);
   // Whatever round it is for: the model the silo trained on is the one it holds now.
   if (body == B::kUpdateReady) held_model(id, e.update_ready().model_sha256(), e.round());
-  const bool secure_body = proto::is_secagg_from_silo(body);
+  const bool secure_body = body == B::kSecure;
   if (body != B::kUpdateReady && body != B::kTensorChunk && body != B::kUpdateEnd && !secure_body) {
     send_error(id, wire::UNEXPECTED, "a silo may not send " + proto::body_name(e));
     return;
@@ -221,7 +221,7 @@ void Coordinator::on_edge_message(SessionId id, const wire::Envelope& e, std::in
     // the region's sum).
     const auto m = member_named(e.silo());
     const bool ours = m && r_->members[*m].session == id && e.round() == round_;
-    const bool secure_body = proto::is_secagg_from_silo(body);
+    const bool secure_body = body == B::kSecure;
     if (secure_body && ours) return on_secure_message(*m, e, now_ms);
     const Peer* p = membership_.peer(id);
     if (!ours || !p->region.count(e.silo()) || body != B::kUpdateReady || phase_ != Phase::Collecting) {

@@ -1,11 +1,13 @@
 // The server's side of secure aggregation for one round: the selected silos split into secure
-// groups, one crypto::secagg::Server per group, their messages, and at the end one decoded sum
-// per group. Sans-I/O like the coordinator that drives it: messages in, (silo, envelope)
-// pairs out. The masked sums themselves belong to the aggregator (SecureGroups).
+// groups, one secure::Group per group running the protocol its setup names (server/secure/
+// group.h), their steps routed unopened, and at the end one decoded sum per group. Sans-I/O
+// like the coordinator that drives it: steps in, (silo, envelope) pairs out. The masked sums
+// themselves belong to the aggregator (SecureGroups).
 //
-// A group moves through its phases (crypto/secagg.h): keys, shares, receipts (then the
-// settled members may upload), and after collection confirmations, then unmask answers. Each
-// phase waits for the members it expects, one who goes away, or its deadline.
+// A group moves through the stages every protocol shares (Setup, Masking, Confirm, Unmask): the
+// settled members may upload once every group is past Setup; after collection the survivors
+// confirm their set, then answer the unmask request. Each step waits for the members it
+// expects, one who goes away, or its deadline.
 #pragma once
 
 #include <algorithm>
@@ -23,6 +25,7 @@
 #include "proto/xsilo.pb.h"
 #include "protocol/masked.h"
 #include "server/round_config.h"
+#include "server/secure/group.h"
 
 namespace xsilo::server {
 
@@ -40,7 +43,8 @@ struct GroupResult {
 // A member the coordinator must drop: its group failed, or it was excluded with proof.
 struct SecureDrop {
   std::string silo, why;
-  bool excluded = false;  // Byzantine, with proof (else its group failed)
+  secure::DropReason reason = secure::DropReason::GroupFailed;
+  bool excluded = false;  // Byzantine, with proof (else its group failed or it missed a step)
 };
 
 class SecureRound {
@@ -54,12 +58,13 @@ class SecureRound {
 
   std::uint32_t group_of(const std::string& silo) const;
   std::vector<std::uint32_t> groups() const;
-  const wire::SecAggSetup& setup(std::uint32_t group) const { return groups_.at(group).setup; }
+  const wire::SecAggSetup& setup(std::uint32_t group) const { return groups_.at(group)->setup(); }
   const SecureConfig& config() const { return cfg_; }
 
-  // A secure-aggregation message from a member; replies queue in take_out().
-  void on_message(const std::string& silo, const wire::Envelope& e);
-  // The key, share or receipt phase is past its deadline: close whatever group still waits.
+  // A secure-aggregation step from a member, for its group (never opened here); replies queue
+  // in take_out().
+  void on_message(const std::string& silo, const wire::SecureAggregation& step);
+  // The setup steps are past their deadline: close whatever group still waits.
   void keys_deadline();
   // A silo is gone: its group stops waiting for it.
   void silo_gone(const std::string& silo);
@@ -94,27 +99,13 @@ class SecureRound {
   nlohmann::json describe() const;
 
  private:
-  enum class Phase { Keys, Shares, Receipts, Masking, Confirm, Unmask, Done };
-  struct Group {
-    wire::SecAggSetup setup;
-    std::unique_ptr<crypto::secagg::Server> server;
-    Phase phase = Phase::Keys;
-    std::set<std::string> waiting;  // members the current phase still waits for
-    std::string failed;
-    wire::Envelope survivors, unmask_request;
-    std::size_t blames_reported = 0;
-  };
-  Group* group_for(const std::string& silo);
-  void receive(Group& g, const std::string& silo, const wire::Envelope& e);
-  void advance(Group& g, bool force);
-  void close_keys(Group& g);
-  void close_shares(Group& g);
-  void close_receipts(Group& g);
-  void close_confirmations(Group& g);
-  void report_blame(Group& g);
-  void fail(Group& g, const std::string& why);
+  secure::Group* group_for(const std::string& silo);
+  // What the group sent and dropped, queued for the coordinator.
+  void drain(secure::Group& g);
   wire::Envelope env() const;
-  void send(const std::string& silo, wire::Envelope e) { out_.emplace_back(silo, std::move(e)); }
+  bool only_away(const secure::Group& g) const {
+    return std::all_of(g.waiting().begin(), g.waiting().end(), [&](const std::string& s) { return away_.count(s) > 0; });
+  }
 
   SecureConfig cfg_;
   std::string federation_;
@@ -122,13 +113,11 @@ class SecureRound {
   std::uint64_t permutation_seed_;
   std::size_t d_;
   std::vector<std::uint64_t> kept_;  // RANDOM_K: the coordinates the masked vectors hold (else all d)
-  std::map<std::uint32_t, Group> groups_;
+  std::map<std::uint32_t, std::unique_ptr<secure::Group>> groups_;
   mutable std::uint32_t open_from_ = 0;  // unmask_complete(): groups before this one were complete
   std::map<std::string, std::uint32_t> group_of_;
   std::set<std::string> away_;  // survivors without a route during the unmasking
-  bool only_away(const Group& g) const {
-    return std::all_of(g.waiting.begin(), g.waiting.end(), [&](const std::string& s) { return away_.count(s) > 0; });
-  }
+  bool unmasking_ = false;      // begin_unmask() was called
   std::vector<std::pair<std::string, wire::Envelope>> out_;
   std::vector<SecureDrop> dropped_;
 };

@@ -69,7 +69,7 @@ void Session::reply_failure(wire::FailureReason reason) {
 }
 
 void Session::send(wire::Envelope e) {
-  hook_.outgoing(e, secure_ ? secure_->params().session : std::string());
+  hook_.outgoing(e, secure_ && setup_ ? protocol::secagg_session(cfg_.federation, round_, setup_->group()) : std::string());
   actions_.push_back(action::Send{std::move(e)});
 }
 
@@ -120,11 +120,7 @@ void Session::on_message(const wire::Envelope& e) {
   switch (e.body_case()) {
     case B::kJoinChallenge: on_join_challenge(e); break;
     case B::kRoundStart: on_round_start(e); break;
-    case B::kSecaggKeyList: on_key_list(e); break;
-    case B::kSecaggShareDelivery: on_share_delivery(e); break;
-    case B::kSecaggSettled: on_settled(e); break;
-    case B::kSecaggSurvivors: on_survivors(e); break;
-    case B::kSecaggUnmaskRequest: on_unmask_request(e); break;
+    case B::kSecure: on_secure(e); break;
     case B::kTensorChunk: on_model_chunk(e); break;
     case B::kModelRequest: on_model_request(e); break;
     case B::kUploadGrant:

@@ -25,6 +25,7 @@
 
 #include "common/window.h"
 #include "crypto/secagg.h"
+#include "silo_agent/secure/member.h"
 #include "crypto/sources.h"
 #include "proto/xsilo.pb.h"
 #include "protocol/masked.h"
@@ -168,13 +169,8 @@ class Session {
   void on_round_start(const wire::Envelope& e);
   void witness(const wire::Envelope& round_end);
   void start_secure(const wire::SecAggSetup& setup);
-  void on_key_list(const wire::Envelope& e);
-  void on_share_delivery(const wire::Envelope& e);
-  void on_settled(const wire::Envelope& e);
-  void on_survivors(const wire::Envelope& e);
-  void on_unmask_request(const wire::Envelope& e);
+  void on_secure(const wire::Envelope& e);
   void secure_failed(const std::string& step, const std::string& why);
-  bool secure_message(const wire::Envelope& e, const std::string& step);
   // The server that signed a secure setup, checked; "" when it may not run this silo's groups.
   std::string setup_signer(const wire::SecAggSetup& setup, std::string& why) const;
   void on_model_chunk(const wire::Envelope& e);
@@ -244,7 +240,7 @@ class Session {
   bool uploaded_ = false;
   std::shared_ptr<Model> spare_;         // last round's update buffer, reused
   // Secure aggregation.
-  std::shared_ptr<crypto::secagg::Client> secure_;
+  std::shared_ptr<secure::Member> secure_;
   std::optional<wire::SecAggSetup> setup_;
   std::shared_ptr<protocol::MaskedVector> masked_;
   bool settled_ = false, masking_ = false;

@@ -12,6 +12,7 @@
 #include "proto/frame.h"
 #include "protocol/failure.h"
 #include "protocol/secagg_wire.h"
+#include "silo_agent/secure/member.h"
 
 namespace xsilo::agent {
 
@@ -47,26 +48,22 @@ void Session::start_secure(const wire::SecAggSetup& setup) {
     reply_error(wire::NOT_ALLOWED, why);
     return;
   }
-  auto p = protocol::secagg_params(setup, cfg_.federation, round_);
-  auto client = std::make_shared<crypto::secagg::Client>(p, name_, *cfg_.signer, *cfg_.ca, setup.server_certificate(),
-                                                         server, cfg_.floor);
-  auto keys = client->advertise();
-  if (!crypto::secagg::ok(keys)) {
+  std::shared_ptr<secure::Member> member = secure::make_member(
+      setup, secure::MemberContext{cfg_.federation, round_, name_, *cfg_.signer, *cfg_.ca, server, cfg_.floor});
+  auto keys = member->start();
+  if (!keys) {
     // A setup below this silo's floor, or unusable: said to the server (and so recorded), and
     // in the silo's own log.
-    spdlog::error("round {}: refusing the secure group: {}", round_, crypto::secagg::error(keys));
-    reply_error(wire::NOT_ALLOWED, "unusable secure group: " + crypto::secagg::error(keys));
+    spdlog::error("round {}: refusing the secure group: {}", round_, keys.status().message);
+    reply_error(keys.status().code, keys.status().message);
     return;
   }
   setup_ = setup;
-  secure_ = std::move(client);
+  secure_ = std::move(member);
   auto out = env();
-  *out.mutable_secagg_keys() = protocol::to_wire(crypto::secagg::value(keys));
+  *out.mutable_secure() = std::move(*keys);
   send(std::move(out));
-  spdlog::info("round {}: secure group {} of {} silos ({} neighbours each, threshold {}, sums of at least {}); keys advertised",
-               round_, setup.group(), setup.members_size(),
-               protocol::secagg_degree(setup), setup.threshold(),
-               setup.min_survivors());
+  spdlog::info("round {}: {}; keys advertised", round_, secure_->describe());
   silent_ = hook_.after_sent(SecureStep::KeysSent, round_);
 }
 
@@ -76,77 +73,27 @@ void Session::secure_failed(const std::string& step, const std::string& why) {
   reply_error(wire::UNEXPECTED, why);
 }
 
-// Whether a secure-aggregation message is this round's and may be handled now. While the
-// masking job runs, the worker holds the client: a message that overtakes the masking (only a
-// faulty or malicious upstream sends one; the server asks for nothing before the update is
-// announced) is refused here rather than handled beside the worker.
-bool Session::secure_message(const wire::Envelope& e, const std::string& step) {
-  if (!secure_ || e.round() != round_) return false;
-  if (masking_) {
-    secure_failed(step, "the " + step + " arrived while this silo masks its update");
-    return false;
+// A step of this round's secure group, for the member. While the masking job runs, the worker
+// holds the member: a step that overtakes the masking (only a faulty or malicious upstream sends
+// one; the server asks for nothing before the update is announced) is refused here rather than
+// handled beside the worker.
+void Session::on_secure(const wire::Envelope& e) {
+  if (!secure_ || e.round() != round_) return;
+  const std::string step = proto::body_name(e);
+  if (masking_) return secure_failed(step, "the " + step + " arrived while this silo masks its update");
+  auto r = secure_->receive(e.secure());
+  if (auto* no = std::get_if<secure::Refusal>(&r)) return secure_failed(no->step, no->why);
+  auto& answer = std::get<secure::Answer>(r);
+  if (answer.step) {
+    auto out = env();
+    *out.mutable_secure() = std::move(*answer.step);
+    send(std::move(out));
   }
-  return true;
-}
-
-void Session::on_key_list(const wire::Envelope& e) {
-  if (!secure_message(e, "key list")) return;
-  auto list = protocol::from_wire(e.secagg_key_list());
-  if (!list) return secure_failed("key list", list.status().message);
-  auto shares = secure_->share(*list);
-  if (!crypto::secagg::ok(shares)) return secure_failed("key list", crypto::secagg::error(shares));
-  auto out = env();
-  *out.mutable_secagg_shares() = protocol::outbox_to_wire(crypto::secagg::value(shares));
-  send(std::move(out));
-  silent_ = hook_.after_sent(SecureStep::SharesSent, round_);
-}
-
-void Session::on_share_delivery(const wire::Envelope& e) {
-  if (!secure_message(e, "share delivery")) return;
-  auto from = protocol::from_wire(e.secagg_share_delivery());
-  if (!from) return secure_failed("share delivery", from.status().message);
-  auto receipt = secure_->receive(*from);
-  if (!crypto::secagg::ok(receipt)) return secure_failed("share delivery", crypto::secagg::error(receipt));
-  for (const auto& a : crypto::secagg::value(receipt).accusations) {
-    spdlog::warn("round {}: the shares {} dealt this silo are bad; accusing it with the evidence", round_, a.accused);
+  if (answer.sent == secure::Sent::Shares) silent_ = hook_.after_sent(SecureStep::SharesSent, round_);
+  if (secure_->ready() && !settled_) {
+    settled_ = true;
+    mask_when_ready();
   }
-  auto out = env();
-  *out.mutable_secagg_receipt() = protocol::to_wire(crypto::secagg::value(receipt));
-  send(std::move(out));
-}
-
-// Checks U2 and agrees the pairwise mask seeds here, on the network thread (one X25519 per
-// settled neighbour, about 5 ms at 100): the worker is usually still training then, and a job
-// would queue behind the training and put the agreements back between it and the masking.
-void Session::on_settled(const wire::Envelope& e) {
-  if (!secure_message(e, "settled members")) return;
-  if (auto err = secure_->settle(protocol::from_wire(e.secagg_settled())); !err.empty()) {
-    return secure_failed("settled members", err);
-  }
-  settled_ = true;
-  mask_when_ready();
-}
-
-void Session::on_survivors(const wire::Envelope& e) {
-  if (!secure_message(e, "survivors")) return;
-  const auto& s = e.secagg_survivors().survivors();
-  auto c = secure_->confirm({s.begin(), s.end()}, e.secagg_survivors().server_signature());
-  if (!crypto::secagg::ok(c)) return secure_failed("survivors", crypto::secagg::error(c));
-  auto out = env();
-  out.mutable_secagg_confirmation()->set_signature(crypto::secagg::value(c).signature);
-  send(std::move(out));
-}
-
-void Session::on_unmask_request(const wire::Envelope& e) {
-  if (!secure_message(e, "unmask request")) return;
-  auto request = protocol::from_wire(e.secagg_unmask_request());
-  if (!request) return secure_failed("unmask request", request.status().message);
-  auto reply = secure_->unmask(*request);
-  if (!crypto::secagg::ok(reply)) return secure_failed("unmask request", crypto::secagg::error(reply));
-  auto out = env();
-  out.mutable_secagg_unmask_shares()->set_sealed(crypto::secagg::value(reply).box);
-  send(std::move(out));
-  spdlog::info("round {}: unmasking shares sent, sealed to the server", round_);
 }
 
 // Masks the encoded update once both it and the share deliveries are here (on the worker: one
@@ -154,7 +101,7 @@ void Session::on_unmask_request(const wire::Envelope& e) {
 void Session::mask_when_ready() {
   if (!secure_ || !settled_ || !pending_ || !pending_->update || masked_ || masking_) return;
   masking_ = true;
-  job([client = secure_, setup = *setup_, update = pending_->update, weight = pending_->weight,
+  job([member = secure_, setup = *setup_, update = pending_->update, weight = pending_->weight,
        kept = pending_->kept, &hook = hook_, seed = draw_seed()]() -> SessionJobResult {
     MaskDone r;
     const crypto::FixedPointParams codec{setup.modulus_bits(), setup.fraction_bits(), setup.clip_norm(),
@@ -182,7 +129,7 @@ void Session::mask_when_ready() {
     r.words = std::make_shared<protocol::MaskedVector>(codec.bits, codec.words(d));
     r.words->visit([&](auto words) { crypto::encode(applied, delta, weight, seed, words); });
     hook.encoded(*r.words, codec);
-    r.error = r.words->visit([&](auto words) { return client->mask(words); });
+    r.error = member->mask(*r.words);
     const auto b = r.words->bytes();
     r.sha256 = crypto::sha256_hex(std::string_view(reinterpret_cast<const char*>(b.data()), b.size()));
     return r;

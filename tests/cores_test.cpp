@@ -144,7 +144,7 @@ class Cores {
   void die_after(std::size_t i, agent::SecureStep step) { hooks_[i]->die_after = step; }
   DieAfter& hook(std::size_t i) { return *hooks_[i]; }
   // Silo i freezes as a message of this kind reaches it (the message waits, unread).
-  void hang_on(std::size_t i, wire::Envelope::BodyCase body) { hang_on_[i] = body; }
+  void hang_on(std::size_t i, wire::SecureAggregation::StepCase step) { hang_on_[i] = step; }
   // The secure group the server put silo i in (from the RoundStart waiting for it or handled).
   std::uint32_t group_of(std::size_t i) const { return groups_.count(i) ? groups_.at(i) : 0; }
   // Moves time on by `dt`, firing every timer that falls due on the way, in order.
@@ -172,7 +172,7 @@ class Cores {
       for (std::size_t i = 0; i < sessions_.size(); ++i) {
         if (dead_.count(i) || hung_.count(i)) continue;
         while (!inbox_[i].empty()) {
-          if (hang_on_.count(i) && inbox_[i].front().body_case() == hang_on_[i]) {
+          if (hang_on_.count(i) && inbox_[i].front().secure().step_case() == hang_on_[i]) {
             hung_.insert(i);
             break;
           }
@@ -230,7 +230,7 @@ class Cores {
   std::unique_ptr<server::Coordinator> coord_;
   std::vector<std::unique_ptr<DieAfter>> hooks_;
   std::map<std::size_t, std::uint32_t> groups_;
-  std::map<std::size_t, wire::Envelope::BodyCase> hang_on_;
+  std::map<std::size_t, wire::SecureAggregation::StepCase> hang_on_;
   std::vector<std::unique_ptr<SiloTrainer>> trainers_;
   std::vector<std::unique_ptr<agent::Session>> sessions_;
   std::map<std::size_t, std::deque<wire::Envelope>> inbox_;
@@ -292,7 +292,7 @@ TEST(Cores, ASurvivorGoneWhileItsGroupUnmasksIsNotWaitedFor) {
   auto cfg = secure_config(server::SecureMode::Global, 5);
   cfg.selection.min_updates = 5;  // the round closes once all five uploaded
   Cores fed(cfg, 5);
-  fed.hang_on(2, wire::Envelope::kSecaggSurvivors);  // uploaded, then stops as the unmasking starts
+  fed.hang_on(2, wire::SecureAggregation::kSecaggSurvivors);  // uploaded, then stops as the unmasking starts
   fed.start();
   ASSERT_EQ(fed.coord().phase(), server::Phase::Unmasking);  // the others confirmed; silo-2's answer is awaited
   EXPECT_TRUE(fed.store.rounds().empty());

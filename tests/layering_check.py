@@ -61,7 +61,7 @@ def main():
                if Path(e["file"]).resolve().is_relative_to(source)}
     failures, checked = [], 0
     for rel, entry in sorted(by_file.items()):
-        core = rel in CORE or rel.startswith("protocol/")
+        core = rel in CORE or rel.startswith(("protocol/", "server/secure/", "silo_agent/secure/"))
         base = rel.startswith("crypto/") or rel.startswith("robust/")
         role = next((r for r in ROLES if rel.startswith(r) and rel.endswith(".cpp")), None)
         if not (core or base or role):

@@ -90,7 +90,8 @@ class Harness {
     wire::Envelope e;
     e.set_round(round);
     e.set_silo(silo);
-    for (const auto& m : members) e.mutable_secagg_settled()->add_members(m);
+    for (const auto& m : members) e.mutable_secure()->mutable_secagg_settled()->add_members(m);
+    e.mutable_secure()->set_admits_upload(std::count(members.begin(), members.end(), silo) > 0);
     from_server(e);
   }
   void ready(const std::string& silo, std::uint64_t round, std::uint64_t samples) {
@@ -143,6 +144,9 @@ class Harness {
   std::vector<wire::Envelope> up() { return std::exchange(server_inbox, {}); }
   static bool has(const std::vector<wire::Envelope>& v, wire::Envelope::BodyCase body) {
     return std::any_of(v.begin(), v.end(), [&](const auto& e) { return e.body_case() == body; });
+  }
+  static bool has(const std::vector<wire::Envelope>& v, wire::SecureAggregation::StepCase step) {
+    return std::any_of(v.begin(), v.end(), [&](const auto& e) { return e.has_secure() && e.secure().step_case() == step; });
   }
   // The region's own UpdateReady (not one relayed for a silo).
   static bool region_ready(const std::vector<wire::Envelope>& v) {
@@ -644,7 +648,7 @@ TEST(Relay, ASecureSiloTheServerDidNotSettleCannotUpload) {
   h.round_start(1, "a2", 1);
   h.settled(1, "a1", {"a1", "a3"});  // a2 was excluded
   h.settled(1, "a2", {"a1", "a3"});
-  EXPECT_TRUE(Harness::has(h.to("a2"), wire::Envelope::kSecaggSettled));  // it learns that it is out
+  EXPECT_TRUE(Harness::has(h.to("a2"), wire::SecureAggregation::kSecaggSettled));  // it learns that it is out
   h.ready("a1", 1, 1);
   h.ready("a2", 1, 1);
   const auto to2 = h.to("a2");

@@ -162,6 +162,13 @@ class Harness {
     }
     return nullptr;
   }
+  // The last secure-aggregation step of this kind sent.
+  const wire::Envelope* last(wire::SecureAggregation::StepCase step) const {
+    for (auto it = sent.rbegin(); it != sent.rend(); ++it) {
+      if (it->has_secure() && it->secure().step_case() == step) return &*it;
+    }
+    return nullptr;
+  }
   std::vector<std::uint8_t> streamed_bytes() {
     std::vector<std::uint8_t> out;
     for (auto& s : streams) {
@@ -671,37 +678,37 @@ TEST(Session, TakesPartInSecureAggregationSoThatOnlyTheSumIsRevealed) {
                            server_signer.certificate(), "server", crypto::secagg::Floor{2, 0.0});
   crypto::secagg::Server server(params, test::verifier(), server_signer, box);
   h.deliver(start);
-  const auto* keys = h.last(wire::Envelope::kSecaggKeys);
+  const auto* keys = h.last(wire::SecureAggregation::kSecaggKeys);
   ASSERT_TRUE(keys);  // at once, before training
-  ASSERT_EQ(server.on_keys("silo-a", *protocol::from_wire(keys->secagg_keys())), "");
+  ASSERT_EQ(server.on_keys("silo-a", *protocol::from_wire(keys->secure().secagg_keys())), "");
   ASSERT_EQ(server.on_keys("silo-b", crypto::secagg::value(b.advertise())), "");
   auto list = crypto::secagg::value(server.close_keys());
-  h.deliver_in(1, [&](wire::Envelope& e) { *e.mutable_secagg_key_list() = protocol::to_wire(list); });
-  const auto* shares = h.last(wire::Envelope::kSecaggShares);
+  h.deliver_in(1, [&](wire::Envelope& e) { *e.mutable_secure()->mutable_secagg_key_list() = protocol::to_wire(list); });
+  const auto* shares = h.last(wire::SecureAggregation::kSecaggShares);
   ASSERT_TRUE(shares);
-  ASSERT_EQ(server.on_shares("silo-a", *protocol::from_wire(shares->secagg_shares())), "");
+  ASSERT_EQ(server.on_shares("silo-a", *protocol::from_wire(shares->secure().secagg_shares())), "");
   ASSERT_EQ(server.on_shares("silo-b", crypto::secagg::value(b.share(list))), "");
   auto boxes = crypto::secagg::value(server.close_shares());
   ASSERT_EQ(server.on_receipt("silo-b", crypto::secagg::value(b.receive(boxes["silo-b"]))), "");
   h.deliver_in(1, [&](wire::Envelope& e) {
-    *e.mutable_secagg_share_delivery() = protocol::delivery_to_wire(boxes["silo-a"]);
+    *e.mutable_secure()->mutable_secagg_share_delivery() = protocol::delivery_to_wire(boxes["silo-a"]);
   });
-  const auto* receipt = h.last(wire::Envelope::kSecaggReceipt);
+  const auto* receipt = h.last(wire::SecureAggregation::kSecaggReceipt);
   ASSERT_TRUE(receipt);
-  ASSERT_EQ(server.on_receipt("silo-a", *protocol::from_wire(receipt->secagg_receipt())), "");
+  ASSERT_EQ(server.on_receipt("silo-a", *protocol::from_wire(receipt->secure().secagg_receipt())), "");
   auto settled = crypto::secagg::value(server.settle());
   ASSERT_EQ(b.settle(settled), "");
   h.send_model(1, m);
   h.run_jobs();  // train; masking waits for the settled members
   EXPECT_FALSE(h.last(wire::Envelope::kUpdateReady));
-  h.deliver_in(1, [&](wire::Envelope& e) { *e.mutable_secagg_settled() = protocol::to_wire(settled); });
+  h.deliver_in(1, [&](wire::Envelope& e) { *e.mutable_secure()->mutable_secagg_settled() = protocol::to_wire(settled); });
   // A survivor list that overtakes the masking job (only a faulty or malicious upstream sends
   // one) is refused, not handled beside the job that holds the client; the round goes on.
-  h.deliver_in(1, [&](wire::Envelope& e) { e.mutable_secagg_survivors()->add_survivors("silo-a"); });
+  h.deliver_in(1, [&](wire::Envelope& e) { e.mutable_secure()->mutable_secagg_survivors()->add_survivors("silo-a"); });
   ASSERT_TRUE(h.last(wire::Envelope::kError));
   EXPECT_NE(h.last(wire::Envelope::kError)->error().message().find("survivors arrived while this silo masks"),
             std::string::npos);
-  EXPECT_FALSE(h.last(wire::Envelope::kSecaggConfirmation));
+  EXPECT_FALSE(h.last(wire::SecureAggregation::kSecaggConfirmation));
   h.run_jobs();  // mask
   const auto* ready = h.last(wire::Envelope::kUpdateReady);
   ASSERT_TRUE(ready);
@@ -727,17 +734,17 @@ TEST(Session, TakesPartInSecureAggregationSoThatOnlyTheSumIsRevealed) {
   h.session().on_disconnected();
   h.session().on_connected("silo-a", "127.0.0.1:7444", "edge-1", "edge edge-1");
   h.deliver_in(1, [&](wire::Envelope& e) {
-    for (const auto& v : u3) e.mutable_secagg_survivors()->add_survivors(v);
+    for (const auto& v : u3) e.mutable_secure()->mutable_secagg_survivors()->add_survivors(v);
   });
-  const auto* confirmation = h.last(wire::Envelope::kSecaggConfirmation);
+  const auto* confirmation = h.last(wire::SecureAggregation::kSecaggConfirmation);
   ASSERT_TRUE(confirmation);
-  ASSERT_EQ(server.on_confirmation("silo-a", confirmation->secagg_confirmation().signature()), "");
+  ASSERT_EQ(server.on_confirmation("silo-a", confirmation->secure().secagg_confirmation().signature()), "");
   ASSERT_EQ(server.on_confirmation("silo-b", crypto::secagg::value(b.confirm(u3)).signature), "");
   auto request = crypto::secagg::value(server.close_confirmations());
-  h.deliver_in(1, [&](wire::Envelope& e) { *e.mutable_secagg_unmask_request() = protocol::to_wire(request); });
-  const auto* a_unmask = h.last(wire::Envelope::kSecaggUnmaskShares);
+  h.deliver_in(1, [&](wire::Envelope& e) { *e.mutable_secure()->mutable_secagg_unmask_request() = protocol::to_wire(request); });
+  const auto* a_unmask = h.last(wire::SecureAggregation::kSecaggUnmaskShares);
   ASSERT_TRUE(a_unmask);
-  ASSERT_EQ(server.on_unmask("silo-a", a_unmask->secagg_unmask_shares().sealed()), "");
+  ASSERT_EQ(server.on_unmask("silo-a", a_unmask->secure().secagg_unmask_shares().sealed()), "");
   ASSERT_EQ(server.on_unmask("silo-b", crypto::secagg::value(b.unmask(request)).box), "");
   ASSERT_EQ(server.finish(std::span<std::uint64_t>(sum)), "");
   const auto decoded = crypto::decode(codec, std::span<const std::uint64_t>(sum));
@@ -757,7 +764,7 @@ TEST(Session, ASecureSetupBelowTheSilosOwnFloorIsRefusedBeforeAnyKey) {
   *start.mutable_round_start()->mutable_secagg() = signed_setup(m, box);
   sign(start);
   h.deliver(start);
-  EXPECT_EQ(h.last(wire::Envelope::kSecaggKeys), nullptr);
+  EXPECT_EQ(h.last(wire::SecureAggregation::kSecaggKeys), nullptr);
   const auto* err = h.last(wire::Envelope::kError);
   ASSERT_NE(err, nullptr);
   EXPECT_EQ(err->error().code(), wire::NOT_ALLOWED);
@@ -790,7 +797,7 @@ TEST(Session, ASecureSetupNotSignedByATrustedServerIsRefused) {
     *start.mutable_round_start()->mutable_secagg() = c.setup;
     sign(start);  // the server's signature on the round start is good: the setup inside is what fails
     h.deliver(start);
-    EXPECT_FALSE(h.last(wire::Envelope::kSecaggKeys)) << c.what;
+    EXPECT_FALSE(h.last(wire::SecureAggregation::kSecaggKeys)) << c.what;
     const auto* err = h.last(wire::Envelope::kError);
     ASSERT_TRUE(err) << c.what;
     EXPECT_NE(err->error().message().find(c.says), std::string::npos) << c.what << ": " << err->error().message();
@@ -868,7 +875,7 @@ TEST(Session, ASimulatedCrashAfterSendingKeysSilencesTheSession) {
   *start.mutable_round_start()->mutable_secagg() = signed_setup(m, crypto::X25519KeyPair::generate(), 32);
   sign(start);
   h.deliver(start);
-  EXPECT_TRUE(h.last(wire::Envelope::kSecaggKeys));
+  EXPECT_TRUE(h.last(wire::SecureAggregation::kSecaggKeys));
   const auto before = h.sent.size();
   h.send_model(1, m);
   h.run_jobs();

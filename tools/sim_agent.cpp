@@ -135,15 +135,15 @@ class SimHook final : public agent::FaultHook {
   void outgoing(wire::Envelope& e, const std::string& session) override {
     if (!signer_ || session.empty()) return;
     const std::string me = signer_->who().name;
-    if (sim_.hostile == "bad_keys" && e.has_secagg_keys()) {
-      auto a = protocol::from_wire(e.secagg_keys());
+    if (sim_.hostile == "bad_keys" && e.secure().has_secagg_keys()) {
+      auto a = protocol::from_wire(e.secure().secagg_keys());
       if (!a) return;
       a->mask_pk.fill(0);  // the identity point: every pair key with it is known to all
       a->signature = signer_->sign(crypto::secagg::keys_statement(session, me, *a));
-      *e.mutable_secagg_keys() = protocol::to_wire(*a);
+      *e.mutable_secure()->mutable_secagg_keys() = protocol::to_wire(*a);
       spdlog::warn("round {}: hostile: advertised an unusable mask key, signed", e.round());
-    } else if (sim_.hostile == "garbage_shares" && e.has_secagg_shares()) {
-      for (auto& entry : *e.mutable_secagg_shares()->mutable_entries()) {
+    } else if (sim_.hostile == "garbage_shares" && e.secure().has_secagg_shares()) {
+      for (auto& entry : *e.mutable_secure()->mutable_secagg_shares()->mutable_entries()) {
         std::string box(entry.box().size(), '\0');
         randombytes_buf(box.data(), box.size());
         entry.set_signature(signer_->sign(crypto::secagg::box_statement(session, me, entry.recipient(), box)));

@@ -19,8 +19,8 @@ class HostileEdge final : public edge::EdgeHook {
 
   bool to_server(wire::Envelope& e) override {
     if (e.has_region_status()) claim(*e.mutable_region_status());
-    if (sim_.hostile == "swap_keys" && e.has_secagg_keys() && !e.secagg_keys().mask_pk().empty()) {
-      flip(*e.mutable_secagg_keys()->mutable_mask_pk());
+    if (sim_.hostile == "swap_keys" && e.secure().has_secagg_keys() && !e.secure().secagg_keys().mask_pk().empty()) {
+      flip(*e.mutable_secure()->mutable_secagg_keys()->mutable_mask_pk());
       spdlog::warn("hostile: altered {}'s advertised mask key on its way to the server", e.silo());
     }
     return true;
@@ -28,8 +28,8 @@ class HostileEdge final : public edge::EdgeHook {
 
   bool to_silo(const std::string& silo, wire::Envelope& e) override {
     if (e.has_join_challenge()) nonce_ = e.join_challenge().nonce();
-    if (sim_.hostile == "swap_keys" && e.has_secagg_key_list()) {
-      for (auto& entry : *e.mutable_secagg_key_list()->mutable_entries()) {
+    if (sim_.hostile == "swap_keys" && e.secure().has_secagg_key_list()) {
+      for (auto& entry : *e.mutable_secure()->mutable_secagg_key_list()->mutable_entries()) {
         if (entry.silo() != silo && !entry.keys().mask_pk().empty()) {
           flip(*entry.mutable_keys()->mutable_mask_pk());
           spdlog::warn("hostile: altered {}'s mask key in the list for {}", entry.silo(), silo);
@@ -37,10 +37,10 @@ class HostileEdge final : public edge::EdgeHook {
         }
       }
     }
-    if (sim_.hostile == "split_view" && e.has_secagg_unmask_request() && (++requests_ % 2 == 0)) {
+    if (sim_.hostile == "split_view" && e.secure().has_secagg_unmask_request() && (++requests_ % 2 == 0)) {
       // Every other silo is told a survivor dropped: to get both of its secrets, were the
       // silos to answer.
-      auto* r = e.mutable_secagg_unmask_request();
+      auto* r = e.mutable_secure()->mutable_secagg_unmask_request();
       auto* survivors = r->mutable_survivors();
       auto victim = std::find_if(survivors->begin(), survivors->end(), [&](const auto& s) { return s != silo; });
       if (victim != survivors->end()) {

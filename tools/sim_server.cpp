@@ -42,15 +42,15 @@ class HostileServer final : public server::ServerHook {
       auto& g = groups_[s.group()];
       g.id = s.group();
       g.params = protocol::secagg_params(s, federation_, e.round());
-    } else if (Group* g = group(silo); g && e.has_secagg_settled()) {
-      const auto& m = e.secagg_settled().members();
+    } else if (Group* g = group(silo); g && e.secure().has_secagg_settled()) {
+      const auto& m = e.secure().secagg_settled().members();
       g->settled = {m.begin(), m.end()};
-    } else if (g && e.has_secagg_survivors()) {
-      split(*g, silo, *e.mutable_secagg_survivors());
-    } else if (g && e.has_secagg_unmask_request() && !g->victim.empty()) {
+    } else if (g && e.secure().has_secagg_survivors()) {
+      split(*g, silo, *e.mutable_secure()->mutable_secagg_survivors());
+    } else if (g && e.secure().has_secagg_unmask_request() && !g->victim.empty()) {
       // The ordinary server's own request, to those that confirmed the set it holds.
       g->asked.insert(silo);
-      note(*g, "asked", silo, {{"signatures", e.secagg_unmask_request().signatures_size()}});
+      note(*g, "asked", silo, {{"signatures", e.secure().secagg_unmask_request().signatures_size()}});
     }
     return true;
   }
@@ -58,12 +58,12 @@ class HostileServer final : public server::ServerHook {
   void from_silo(const std::string& silo, const wire::Envelope& e) override {
     Group* g = e.round() == round_ ? group(silo) : nullptr;
     if (!g || g->victim.empty()) return;
-    if (e.has_secagg_confirmation()) {
+    if (e.secure().has_secagg_confirmation()) {
       note(*g, "confirmed", silo);
       if (!g->dropped.count(silo)) return;
-      g->confirmations[silo] = e.secagg_confirmation().signature();
+      g->confirmations[silo] = e.secure().secagg_confirmation().signature();
       if (g->confirmations.size() == g->dropped.size()) ask_dropped_side(*g);
-    } else if (e.has_secagg_unmask_shares() && g->asked.erase(silo)) {
+    } else if (e.secure().has_secagg_unmask_shares() && g->asked.erase(silo)) {
       note(*g, "answered", silo);
     } else if (e.has_error() && g->asked.erase(silo)) {
       note(*g, "refused", silo, {{"why", e.error().message()}});
@@ -136,7 +136,7 @@ class HostileServer final : public server::ServerHook {
     wire::Envelope e;
     e.set_federation(federation_);
     e.set_round(round_);
-    *e.mutable_secagg_unmask_request() = protocol::to_wire(r);
+    *e.mutable_secure()->mutable_secagg_unmask_request() = protocol::to_wire(r);
     for (const auto& silo : g.dropped) {
       g.asked.insert(silo);
       note(g, "asked", silo, {{"signatures", r.signatures.size()}});

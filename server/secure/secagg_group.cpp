@@ -1,0 +1,256 @@
+#include "server/secure/secagg_group.h"
+
+#include <algorithm>
+#include <array>
+
+#include <spdlog/spdlog.h>
+
+#include "crypto/hash.h"
+#include "protocol/secagg_wire.h"
+#include "server/secure_round.h"
+
+namespace xsilo::server::secure {
+
+namespace {
+
+namespace secagg = crypto::secagg;
+using Step = wire::SecureAggregation::StepCase;
+
+// A seed for one group's graph in one round, fresh from the server's random source. It is public
+// (signed into the setup) but unpredictable before the round: drawn from the round's
+// permutation seed, which one setup reveals, every later round's graph could be worked out in
+// advance, and a coalition could choose whom to corrupt to surround a silo in a round to come
+// (the privacy bound assumes the corrupt silos do not depend on the graph).
+std::string fresh_graph_seed(const SecureConfig& cfg) {
+  std::array<std::uint8_t, 16> r{};
+  cfg.random_bytes(r);
+  return crypto::to_hex(r);
+}
+
+class SecAggGroup final : public Group {
+ public:
+  SecAggGroup(wire::SecAggSetup setup, GroupContext ctx, crypto::X25519KeyPair box)
+      : Group(std::move(setup), std::move(ctx)) {
+    const auto params = protocol::secagg_params(setup_, ctx_.federation, ctx_.round);
+    server_ = std::make_unique<secagg::Server>(params, ctx_.ca, ctx_.signer, std::move(box));
+  }
+
+  void masked_from(const std::string& silo) override {
+    if (!failed().empty()) return;
+    if (auto err = server_->on_masked_input(silo); !err.empty()) spdlog::warn("round {}: {}", ctx_.round, err);
+  }
+
+  std::string finish(protocol::MaskedVector& sum) override {
+    auto& server = *server_;
+    return sum.visit([&](auto words) { return server.finish(words); });
+  }
+
+  std::vector<std::string> survivors() const override { return {server_->u3().begin(), server_->u3().end()}; }
+  std::vector<secagg::Blame> excluded() const override { return server_->blamed(); }
+
+  nlohmann::json describe() const override {
+    const auto& s = *server_;
+    nlohmann::json out = {{"group", id()},
+                          {"members", std::vector<std::string>(setup_.members().begin(), setup_.members().end())},
+                          {"threshold", setup_.threshold()},
+                          {"min_survivors", setup_.min_survivors()},
+                          {"degree", protocol::secagg_degree(setup_)},
+                          {"graph_seed", setup_.graph_seed()},
+                          {"advertised_keys", s.u1().size()},
+                          {"shared_keys", s.u2().size()},
+                          {"settled", s.settled().size()},
+                          {"masked_inputs", s.u3().size()},
+                          {"confirmed", s.confirmed().size()}};
+    if (!s.blamed().empty()) {
+      nlohmann::json ex = nlohmann::json::array();
+      for (const auto& b : s.blamed()) ex.push_back({{"silo", b.silo}, {"evidence", b.why}});
+      out["excluded"] = ex;
+    }
+    if (!failed().empty()) out["failed"] = failed();
+    return out;
+  }
+
+ protected:
+  bool handles(const wire::SecureAggregation& m) const override {
+    const auto step = m.step_case();
+    return (step == Step::kSecaggKeys && phase_ == Phase::Keys) ||
+           (step == Step::kSecaggShares && phase_ == Phase::Shares) ||
+           (step == Step::kSecaggReceipt && phase_ == Phase::Receipts) ||
+           (step == Step::kSecaggConfirmation && stage_ == Stage::Confirm) ||
+           (step == Step::kSecaggUnmaskShares && stage_ == Stage::Unmask);
+  }
+
+  std::string handle(const std::string& silo, const wire::SecureAggregation& m) override {
+    auto& server = *server_;
+    switch (m.step_case()) {
+      case Step::kSecaggKeys: {
+        auto keys = protocol::from_wire(m.secagg_keys());
+        return keys ? server.on_keys(silo, *keys) : keys.status().message;
+      }
+      case Step::kSecaggShares: {
+        auto to = protocol::from_wire(m.secagg_shares());
+        return to ? server.on_shares(silo, *to) : to.status().message;
+      }
+      case Step::kSecaggReceipt: {
+        auto receipt = protocol::from_wire(m.secagg_receipt());
+        return receipt ? server.on_receipt(silo, *receipt) : receipt.status().message;
+      }
+      case Step::kSecaggConfirmation: return server.on_confirmation(silo, m.secagg_confirmation().signature());
+      case Step::kSecaggUnmaskShares: return server.on_unmask(silo, m.secagg_unmask_shares().sealed());
+      default: return "not a step of SecAgg";
+    }
+  }
+
+  bool close() override {
+    if (stage_ == Stage::Setup) {
+      switch (phase_) {
+        case Phase::Keys: close_keys(); return true;
+        case Phase::Shares: close_shares(); return true;
+        case Phase::Receipts: close_receipts(); return true;
+      }
+    }
+    if (stage_ == Stage::Confirm) {
+      close_confirmations();
+      return true;
+    }
+    return false;  // Masking and Unmask end by the coordinator's decision
+  }
+
+  void ask_survivors() override {
+    auto u3 = server_->close_masked();
+    if (!secagg::ok(u3)) return fail(secagg::error(u3));
+    wire::SecureAggregation m;
+    for (const auto& v : secagg::value(u3)) m.mutable_secagg_survivors()->add_survivors(v);
+    m.mutable_secagg_survivors()->set_server_signature(server_->survivors_signature());
+    request_ = m;
+    waiting_.clear();
+    for (const auto& v : secagg::value(u3)) {
+      waiting_.insert(v);
+      send(v, m);
+    }
+    stage_ = Stage::Confirm;
+  }
+
+  bool admitted(const std::string& silo) const override { return server_->settled_member(silo); }
+
+  std::vector<secagg::Blame> new_blames() override {
+    const auto& blamed = server_->blamed();
+    std::vector<secagg::Blame> out(blamed.begin() + static_cast<std::ptrdiff_t>(blames_reported_), blamed.end());
+    blames_reported_ = blamed.size();
+    return out;
+  }
+
+ private:
+  // The steps of the Setup stage.
+  enum class Phase { Keys, Shares, Receipts };
+
+  void close_keys() {
+    auto keys = server_->close_keys();
+    if (!secagg::ok(keys)) return fail(secagg::error(keys));
+    // The complete graph: one list for every member. A graph: each member its neighbours' part.
+    const bool graph = server_->graph();
+    wire::SecureAggregation m;
+    if (!graph) *m.mutable_secagg_key_list() = protocol::to_wire(secagg::value(keys));
+    // Members without valid keys in U1 cannot take part from here: dropouts now, not at the
+    // training deadline.
+    for (const auto& silo : setup_.members()) {
+      if (waiting_.count(silo)) drop(silo, DropReason::NoKeys, label() + ": no valid signed keys from it in time");
+    }
+    waiting_.clear();
+    for (const auto& [silo, k] : secagg::value(keys)) {
+      waiting_.insert(silo);
+      if (graph) *m.mutable_secagg_key_list() = protocol::to_wire(server_->keys_for(silo));
+      send(silo, m);
+    }
+    phase_ = Phase::Shares;
+  }
+
+  void close_shares() {
+    auto boxes = server_->close_shares();
+    if (!secagg::ok(boxes)) return fail(secagg::error(boxes));
+    for (const auto& silo : waiting_) drop(silo, DropReason::NoShares, label() + ": no valid signed shares from it in time");
+    waiting_.clear();
+    for (const auto& [recipient, inbox] : secagg::value(boxes)) {
+      wire::SecureAggregation m;
+      *m.mutable_secagg_share_delivery() = protocol::delivery_to_wire(inbox);
+      waiting_.insert(recipient);
+      send(recipient, std::move(m));
+    }
+    phase_ = Phase::Receipts;
+  }
+
+  void close_receipts() {
+    auto settled = server_->settle();
+    report_blame();
+    if (!secagg::ok(settled)) return fail(secagg::error(settled));
+    wire::SecureAggregation m;
+    *m.mutable_secagg_settled() = protocol::to_wire(secagg::value(settled));
+    // Every member that shared learns the outcome; one left out stops there. Those in it may
+    // upload from now (an edge lets them).
+    for (const auto& silo : server_->u2()) {
+      m.set_admits_upload(server_->settled_member(silo));
+      send(silo, m);
+    }
+    // Members that shared but sent no receipt are out of the group now.
+    const auto& blamed = server_->blamed();
+    for (const auto& silo : server_->u2()) {
+      if (!server_->settled_member(silo) &&
+          std::none_of(blamed.begin(), blamed.end(), [&](const auto& b) { return b.silo == silo; })) {
+        drop(silo, DropReason::NoReceipt, label() + ": sent no receipt for its shares");
+      }
+    }
+    waiting_.clear();
+    stage_ = Stage::Masking;
+  }
+
+  void close_confirmations() {
+    auto request = server_->close_confirmations();
+    if (!secagg::ok(request)) return fail(secagg::error(request));
+    wire::SecureAggregation m;
+    *m.mutable_secagg_unmask_request() = protocol::to_wire(secagg::value(request));
+    request_ = m;
+    waiting_.clear();
+    for (const auto& v : server_->confirmed()) {
+      waiting_.insert(v);
+      send(v, m);
+    }
+    stage_ = Stage::Unmask;
+  }
+
+  std::unique_ptr<secagg::Server> server_;
+  Phase phase_ = Phase::Keys;
+  std::size_t blames_reported_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Group> make_secagg_group(const SecureConfig& cfg, wire::SecAggSetup s, GroupContext ctx) {
+  const auto n = static_cast<std::size_t>(s.members_size());
+  s.set_threshold(group_threshold(cfg, n));
+  s.set_min_survivors(group_min_survivors(cfg, n));
+  if (cfg.graph) {
+    // SecAgg+ where a graph smaller than the complete one meets the bounds for this group.
+    const auto plan = secagg::plan_graph(n, cfg.graph_dropout, cfg.graph_corrupt);
+    if (plan.degree) {
+      s.set_degree(plan.degree);
+      s.set_graph_seed(fresh_graph_seed(cfg));
+      s.set_threshold(plan.threshold);
+      s.set_min_survivors(std::max(plan.threshold, static_cast<std::uint32_t>(cfg.min_group)));
+    }
+  }
+  auto box = crypto::X25519KeyPair::generate();
+  s.set_server_key(std::string(reinterpret_cast<const char*>(box.public_key.data()), box.public_key.size()));
+  s.set_server_certificate(ctx.signer.certificate());
+  s.set_server_signature(ctx.signer.sign(protocol::setup_statement(s, ctx.federation, ctx.round)));
+  const auto params = protocol::secagg_params(s, ctx.federation, ctx.round);
+  auto g = std::make_unique<SecAggGroup>(std::move(s), std::move(ctx), std::move(box));
+  if (n < cfg.min_group) {
+    g->fail("a group of " + std::to_string(n) + " silos is smaller than min_group " + std::to_string(cfg.min_group) +
+            ": its sum would reveal too little about too few");
+  } else if (auto why = secagg::check_params(params); !why.empty()) {
+    g->fail(why);
+  }
+  return g;
+}
+
+}  // namespace xsilo::server::secure
