@@ -79,6 +79,8 @@ struct SecAggBenchOptions {
   std::string graph = "complete";  // complete (SecAgg), plus (SecAgg+ neighbour graphs) or both
   double plan_dropout = 0.3;       // the dropout rate SecAgg+'s graph is chosen for
   double corrupt = 0.05;           // the fraction of corrupt silos it is chosen for
+  bool lightsecagg = false;        // add LightSecAgg rows (crypto/lightsecagg.h) to each cell
+  double lsa_privacy = 0.5;        // LightSecAgg's T as a fraction of n (U from plan_dropout)
   bool json = false;
 };
 int bench_secagg(const SecAggBenchOptions& opts);

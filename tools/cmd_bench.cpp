@@ -102,6 +102,11 @@ void add_bench(CLI::App& app, int& exit_code) {
   sb->add_option("--corrupt", so->corrupt, "fraction of corrupt silos SecAgg+'s graph is chosen for")
       ->check(CLI::Range(0.0, 0.5))
       ->capture_default_str();
+  sb->add_flag("--lightsecagg", so->lightsecagg,
+               "add LightSecAgg rows: U = n minus the --plan-dropout share, T = --lsa-privacy x n");
+  sb->add_option("--lsa-privacy", so->lsa_privacy, "LightSecAgg's privacy T as a fraction of n")
+      ->check(CLI::Range(0.01, 0.99))
+      ->capture_default_str();
   sb->add_flag("--json", so->json, "one JSON object per measurement");
   sb->callback([so, &exit_code] { exit_code = bench_secagg(*so); });
 
