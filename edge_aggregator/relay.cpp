@@ -187,8 +187,7 @@ void Relay::start_round(const wire::Envelope& e) {
     }
     region_->secure = rs.has_secagg();
     if (region_->secure) {
-      region_->current_words =
-          std::make_shared<protocol::MaskedVector>(rs.secagg().modulus_bits(), rs.secagg().vector_length());
+      region_->current_words = std::make_shared<protocol::MaskedVector>(protocol::MaskedVector::for_setup(rs.secagg()));
     } else {
       region_->current = std::make_shared<Model>(layout.zeros_like());
       region_->scheme = rs.compression();  // silos' uploads are decoded here; the region's sum goes up dense
@@ -453,8 +452,8 @@ void Relay::on_silo_message(const std::string& silo, const wire::Envelope& e) {
       };
       if (r->secure) {
         auto& sum = r->group_sums[r->group_of[silo]];
-        if (!sum) sum = std::make_shared<protocol::MaskedVector>(r->current_words->bits(), r->current_words->words());
-        // Masked words of one group add up mod 2^bits; the edge never sees anything else.
+        if (!sum) sum = std::make_shared<protocol::MaskedVector>(r->current_words->zeros_like());
+        // Masked words of one group add up mod 2^bits (or mod p); the edge never sees anything else.
         actions_.push_back(action::Job{id, [sum, cur = r->current_words, checked]() -> std::string {
                                          if (auto why = checked(); !why.empty()) return why;
                                          sum->add(*cur);

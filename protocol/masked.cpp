@@ -1,6 +1,7 @@
 #include "protocol/masked.h"
 
 #include "crypto/fixed_point.h"
+#include "crypto/prime_field.h"
 
 #include <cstring>
 #include <stdexcept>
@@ -33,6 +34,20 @@ MaskedVector::MaskedVector(std::uint32_t bits, std::size_t words) : bits_(bits),
     throw std::invalid_argument(std::string("masked vectors have words of ") + crypto::kRingBits + " bits");
   }
   bytes_.assign(words * (bits / 8), 0);
+}
+
+MaskedVector MaskedVector::field(std::size_t words) {
+  MaskedVector v(32, words);
+  v.prime_ = true;
+  return v;
+}
+
+MaskedVector MaskedVector::for_setup(const wire::SecAggSetup& setup) {
+  if (setup.protocol() == wire::LIGHTSECAGG) {
+    if (setup.modulus_bits() != 32) throw std::invalid_argument("LightSecAgg masks in 32-bit field words");
+    return field(setup.vector_length());
+  }
+  return MaskedVector(setup.modulus_bits(), setup.vector_length());
 }
 
 std::span<std::uint8_t> MaskedVector::u8() {
@@ -68,6 +83,17 @@ void add_words(std::uint8_t* acc, const std::uint8_t* other, std::size_t n) {
     std::memcpy(acc + i * sizeof(W), &a, sizeof(W));
   }
 }
+
+void add_field_words(std::uint8_t* acc, const std::uint8_t* other, std::size_t n) {
+  namespace field = crypto::field;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint32_t a, b;
+    std::memcpy(&a, acc + i * 4, 4);
+    std::memcpy(&b, other + i * 4, 4);
+    a = field::add(a, b >= field::kPrime ? b - field::kPrime : b);
+    std::memcpy(acc + i * 4, &a, 4);
+  }
+}
 }  // namespace
 
 void MaskedVector::add(std::span<const std::uint8_t> other) {
@@ -75,6 +101,7 @@ void MaskedVector::add(std::span<const std::uint8_t> other) {
     throw std::invalid_argument("masked vectors of " + std::to_string(bytes_.size()) + " and " +
                                 std::to_string(other.size()) + " bytes cannot be added");
   }
+  if (prime_) return add_field_words(bytes_.data(), other.data(), words_);
   switch (bits_) {
     case 8: add_words<std::uint8_t>(bytes_.data(), other.data(), words_); break;
     case 16: add_words<std::uint16_t>(bytes_.data(), other.data(), words_); break;

@@ -1,5 +1,6 @@
 // A masked input of secure aggregation, or a sum of them: `words` elements of the ring
-// Z_{2^bits} (bits 8, 16, 32 or 64), stored as the little-endian bytes they travel as (wire
+// Z_{2^bits} (bits 8, 16, 32 or 64), or of the field of p = 2^32 - 5 (LightSecAgg,
+// crypto/prime_field.h: 32-bit words), stored as the little-endian bytes they travel as (wire
 // dtype U8, U16, U32, U64). Silos mask into one, edges and the server add them up; nobody but
 // the unmasking server ever decodes one.
 #pragma once
@@ -20,6 +21,14 @@ class MaskedVector {
  public:
   MaskedVector() = default;
   MaskedVector(std::uint32_t bits, std::size_t words);  // zero: the sum of nothing
+  // Words of the field F_p, p = 2^32 - 5, rather than of a ring (bits 32).
+  static MaskedVector field(std::size_t words);
+  // The vector a secure group's members mask into and its sums are kept in: the setup's ring,
+  // or the field where its protocol masks in one.
+  static MaskedVector for_setup(const wire::SecAggSetup& setup);
+  bool prime() const { return prime_; }
+  // A zero vector of the same ring (or field) and length.
+  MaskedVector zeros_like() const { return prime_ ? field(words_) : MaskedVector(bits_, words_); }
 
   std::uint32_t bits() const { return bits_; }
   std::size_t words() const { return words_; }
@@ -48,12 +57,15 @@ class MaskedVector {
     }
   }
 
-  // this += other, word by word mod 2^bits; `other` holds as many bytes as this.
+  // this += other, word by word mod 2^bits (or mod p); `other` holds as many bytes as this. In
+  // the field, a word of `other` at or above p is reduced first: a malformed upload cannot
+  // leave the sum outside the field.
   void add(std::span<const std::uint8_t> other);
   void add(const MaskedVector& other) { add(other.bytes()); }
 
  private:
   std::uint32_t bits_ = 32;
+  bool prime_ = false;
   std::size_t words_ = 0;
   std::vector<std::uint8_t> bytes_;  // malloc alignment: fine for 8-byte words
 };

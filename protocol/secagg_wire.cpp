@@ -83,6 +83,12 @@ std::string setup_statement(const wire::SecAggSetup& s, const std::string& feder
     crypto::append_field(out, num(s.degree()));
     crypto::append_field(out, s.graph_seed());
   }
+  if (s.protocol() != wire::SECAGG) {  // another protocol and its parameters (SecAgg's is as before)
+    crypto::append_field(out, "protocol");
+    crypto::append_field(out, wire::SecureProtocol_Name(s.protocol()));
+    crypto::append_field(out, num(s.privacy()));
+    crypto::append_field(out, num(s.target()));
+  }
   return out;
 }
 
@@ -114,6 +120,65 @@ proto::Result<secagg::Advertisement> from_wire(const wire::SecAggKeys& w) {
   a.certificate = w.certificate();
   a.signature = w.signature();
   return a;
+}
+
+lightsecagg::Params lightsecagg_params(const wire::SecAggSetup& s, const std::string& federation, std::uint64_t round) {
+  lightsecagg::Params p;
+  p.session = secagg_session(federation, round, s.group());
+  p.members.assign(s.members().begin(), s.members().end());
+  p.privacy = s.privacy();
+  p.target = s.target();
+  p.threshold = s.threshold();
+  p.min_survivors = s.min_survivors();
+  p.length = s.vector_length();
+  if (!copy_exact(s.server_key(), p.server_key)) p.server_key = {};  // check_params refuses it
+  return p;
+}
+
+wire::LsaKeys to_wire(const lightsecagg::Advertisement& a) {
+  wire::LsaKeys w;
+  for (const auto& [peer, key] : a.inbox_keys) {
+    auto* k = w.add_inbox_keys();
+    k->set_peer(peer);
+    k->set_key(as_bytes(key));
+  }
+  w.set_certificate(a.certificate);
+  w.set_signature(a.signature);
+  return w;
+}
+
+proto::Result<lightsecagg::Advertisement> from_wire(const wire::LsaKeys& w) {
+  lightsecagg::Advertisement a;
+  for (const auto& k : w.inbox_keys()) {
+    crypto::Key32 key{};
+    if (k.peer().empty() || !copy_exact(k.key(), key)) return bad("malformed keys: an inbox key without a peer or of the wrong size");
+    if (!a.inbox_keys.emplace(k.peer(), key).second) return bad("malformed keys: two inbox keys for " + k.peer());
+  }
+  if (w.certificate().empty() || w.signature().empty()) return bad("keys without a certificate or signature");
+  a.certificate = w.certificate();
+  a.signature = w.signature();
+  return a;
+}
+
+wire::LsaKeyList to_wire(const lightsecagg::KeyList& list) {
+  wire::LsaKeyList w;
+  for (const auto& [silo, k] : list) {
+    auto* e = w.add_entries();
+    e->set_silo(silo);
+    *e->mutable_keys() = to_wire(k);
+  }
+  return w;
+}
+
+proto::Result<lightsecagg::KeyList> from_wire(const wire::LsaKeyList& w) {
+  lightsecagg::KeyList list;
+  for (const auto& e : w.entries()) {
+    if (e.silo().empty()) return bad("key list entry without a silo name");
+    auto k = from_wire(e.keys());
+    if (!k) return bad("the key list entry of " + e.silo() + ": " + k.status().message);
+    if (!list.emplace(e.silo(), std::move(*k)).second) return bad("the key list names " + e.silo() + " twice");
+  }
+  return list;
 }
 
 wire::SecAggKeyList to_wire(const secagg::KeyList& list) {

@@ -1,5 +1,5 @@
-// Secure aggregation on the wire, written once: the plain structs of crypto/secagg.h to and
-// from their protobuf messages, for the agent (client side), the server (its groups) and tests.
+// Secure aggregation on the wire, written once: the plain structs of crypto/secagg.h and
+// crypto/lightsecagg.h to and from their protobuf messages, for the agent (client side), the server (its groups) and tests.
 // Everything read from a peer is checked for form: key sizes, duplicate names, empty fields.
 // Whether it is signed by whom it claims is crypto/secagg's business.
 #pragma once
@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "crypto/lightsecagg.h"
 #include "crypto/secagg.h"
 #include "proto/status.h"
 #include "proto/xsilo.pb.h"
@@ -14,6 +15,7 @@
 namespace xsilo::protocol {
 
 namespace secagg = crypto::secagg;
+namespace lightsecagg = crypto::lightsecagg;
 
 // The session string that binds federation, round and group into every key and signature.
 std::string secagg_session(const std::string& federation, std::uint64_t round, std::uint32_t group);
@@ -21,6 +23,9 @@ std::string secagg_session(const std::string& federation, std::uint64_t round, s
 secagg::Params secagg_params(const wire::SecAggSetup& setup, const std::string& federation, std::uint64_t round);
 // The neighbour graph's degree k: the setup's, or members - 1 for the complete graph (degree 0).
 std::uint32_t secagg_degree(const wire::SecAggSetup& setup);
+// A LightSecAgg group's parameters as a member reads them from RoundStart.secagg.
+lightsecagg::Params lightsecagg_params(const wire::SecAggSetup& setup, const std::string& federation,
+                                       std::uint64_t round);
 // What the server signs of a setup (every field but the signature, with federation and round).
 std::string setup_statement(const wire::SecAggSetup& setup, const std::string& federation, std::uint64_t round);
 
@@ -28,6 +33,10 @@ wire::SecAggKeys to_wire(const secagg::Advertisement& keys);
 proto::Result<secagg::Advertisement> from_wire(const wire::SecAggKeys& keys);
 
 wire::SecAggKeyList to_wire(const secagg::KeyList& list);
+wire::LsaKeys to_wire(const lightsecagg::Advertisement& keys);
+proto::Result<lightsecagg::Advertisement> from_wire(const wire::LsaKeys& keys);
+wire::LsaKeyList to_wire(const lightsecagg::KeyList& list);
+proto::Result<lightsecagg::KeyList> from_wire(const wire::LsaKeyList& list);
 proto::Result<secagg::KeyList> from_wire(const wire::SecAggKeyList& list);
 
 // A member's sealed shares: recipient -> box.

@@ -1,4 +1,5 @@
 #include "server/config.h"
+#include "crypto/prime_field.h"
 #include "server/secure_round.h"
 
 #include <algorithm>
@@ -202,6 +203,24 @@ void parse_rounds_aggregation(const ConfigNode& root, ServerConfig& c) {
     sc.graph_corrupt = gr.number("corrupt", 0.05, 0.0, 0.5);
     gr.finish();
   }
+  const auto protocol = se.one_of("protocol", "secagg", {"secagg", "lightsecagg"});
+  sc.protocol = protocol == "lightsecagg" ? SecureProtocol::LightSecAgg : SecureProtocol::SecAgg;
+  if (se.has("lightsecagg")) {
+    if (sc.protocol != SecureProtocol::LightSecAgg) se.fail("lightsecagg", "is read only with \"protocol\": \"lightsecagg\"");
+    const auto ls = se.child("lightsecagg");
+    sc.privacy_corrupt = ls.number("corrupt", 0.05, 0.0, 0.5);
+    ls.finish();
+  }
+  if (sc.protocol == SecureProtocol::LightSecAgg) {
+    if (sc.graph) {
+      se.fail("graph", "is SecAgg+'s neighbour graph; LightSecAgg shares each mask with every member of its group. "
+                       "Remove graph, or use \"protocol\": \"secagg\"");
+    }
+    if (sc.bits != 32) {
+      se.fail("modulus_bits", "LightSecAgg masks in the field of p = 2^32 - 5: modulus_bits must be 32, not " +
+                                  std::to_string(sc.bits));
+    }
+  }
   se.finish();
 
   // The rule must be able to run on the fewest inputs a round may commit with: the silos'
@@ -259,6 +278,9 @@ void parse_rounds_aggregation(const ConfigNode& root, ServerConfig& c) {
     codec.clip_norm = static_cast<float>(codec.clip_norm);
     codec.max_weight = static_cast<float>(codec.max_weight);
     if (auto why = crypto::check_overflow(codec, largest); !why.empty()) se.fail("modulus_bits", why);
+    if (sc.protocol == SecureProtocol::LightSecAgg && sc.bits == 32) {
+      if (auto why = crypto::field::check_overflow_field(codec, largest); !why.empty()) se.fail("fraction_bits", why);
+    }
     if (sc.mode == SecureMode::Grouped && a.inspects_inputs()) {
       // The rule sees one mean per group: its f counts groups (a Byzantine silo spoils its whole
       // group), and its conditions are on the number of groups.
@@ -383,6 +405,7 @@ ServerConfig load_server_config(const std::filesystem::path& file) {
     if (s != "*") c.expected_silos.insert(s);
   }
   c.channel = transport::parse_channel_options(root.child("transport"));
+  c.secure.max_message_bytes = c.channel.max_frame_bytes;  // LightSecAgg's share messages must fit
   c.chunk_bytes = static_cast<std::size_t>(
       root.integer("chunk_bytes", 1 << 20, 1024, std::int64_t{1} << 30));
   if (c.chunk_bytes + 4096 > c.channel.max_frame_bytes) {
@@ -505,6 +528,10 @@ nlohmann::json to_json(const ServerConfig& c) {
     j["broadcast"] = b;
   }
   if (sc.graph) j["secure"]["graph"] = {{"dropout", sc.graph_dropout}, {"corrupt", sc.graph_corrupt}};
+  if (sc.protocol != SecureProtocol::SecAgg) {
+    j["secure"]["protocol"] = name(sc.protocol);
+    j["secure"]["lightsecagg"] = {{"corrupt", sc.privacy_corrupt}};
+  }
   if (const auto& ac = c.aggregation.adaptive_clip; ac.on()) {
     j["aggregation"]["adaptive_clip"] = {{"quantile", ac.quantile}, {"lr", ac.lr}, {"initial", ac.initial}, {"min", ac.min}};
   }

@@ -11,6 +11,14 @@ std::string_view name(SecureMode m) {
   return "?";
 }
 
+std::string_view name(SecureProtocol p) {
+  switch (p) {
+    case SecureProtocol::SecAgg: return "secagg";
+    case SecureProtocol::LightSecAgg: return "lightsecagg";
+  }
+  return "?";
+}
+
 wire::Compression round_compression(const RoundConfig& cfg, std::uint64_t round) {
   wire::Compression c = cfg.compression;
   // PowerSGD's random start is the round's too: the silos' factorizations can be replayed.

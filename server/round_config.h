@@ -56,6 +56,9 @@ struct AggregationConfig {
 
 enum class SecureMode { Off, Global, Grouped };
 std::string_view name(SecureMode m);
+// The protocol every secure group runs (server/secure/group.h).
+enum class SecureProtocol { SecAgg, LightSecAgg };
+std::string_view name(SecureProtocol p);
 
 // Secure aggregation (docs/security.md).
 struct SecureConfig {
@@ -79,6 +82,14 @@ struct SecureConfig {
   bool graph = false;
   double graph_dropout = 0.3;  // the fraction of a group expected to drop out in a round
   double graph_corrupt = 0.05; // the fraction of silos that may collude with the server
+  // SecAgg (SecAgg+ with `graph`), or LightSecAgg (crypto/lightsecagg.h): every survivor's mask
+  // removed by decoding one aggregate, at the price of encoded mask shares sent ahead. Its T (the
+  // colluding members that learn nothing of one mask) is max(1, corrupt_count(n, privacy_corrupt)).
+  SecureProtocol protocol = SecureProtocol::SecAgg;
+  double privacy_corrupt = 0.05;
+  // The largest message the transport carries (transport.max_frame_bytes): a LightSecAgg group
+  // whose members' encoded shares would not fit in one fails with the reason.
+  std::size_t max_message_bytes = std::size_t{4} << 20;
   bool on() const { return mode != SecureMode::Off; }
   crypto::FixedPointParams codec() const { return {bits, fraction_bits, clip_norm, max_weight}; }
 };

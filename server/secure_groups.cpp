@@ -65,8 +65,8 @@ SecureGroups::SecureGroups(const RoundConfig& cfg, const std::vector<TensorInfo>
       words_((kept_.empty() ? d_ : kept_.size()) + 1 + (clip_norm ? 1 : 0)),
       round_(with_clip_norm(cfg.secure, clip_norm), cfg.signer, cfg.ca, cfg.federation, round, cfg.seed, selected, d_,
              clip_norm.has_value(), kept_),
-      current_(cfg.secure.bits, words_) {
-  for (auto g : round_.groups()) sums_.emplace(g, protocol::MaskedVector(cfg.secure.bits, words_));
+      current_(protocol::MaskedVector::for_setup(round_.setup(round_.groups().front()))) {
+  for (auto g : round_.groups()) sums_.emplace(g, protocol::MaskedVector::for_setup(round_.setup(g)));
 }
 
 protocol::UploadBuffer SecureGroups::buffer() {

@@ -260,6 +260,7 @@ nlohmann::json SecureRound::describe() const {
                         {"max_weight", cfg_.max_weight},
                         {"groups", groups}};
   if (cfg_.graph) out["graph"] = {{"dropout", cfg_.graph_dropout}, {"corrupt", cfg_.graph_corrupt}};
+  if (cfg_.protocol != SecureProtocol::SecAgg) out["protocol"] = name(cfg_.protocol);
   return out;
 }
 

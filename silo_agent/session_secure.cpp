@@ -49,7 +49,13 @@ void Session::start_secure(const wire::SecAggSetup& setup) {
     return;
   }
   std::shared_ptr<secure::Member> member = secure::make_member(
-      setup, secure::MemberContext{cfg_.federation, round_, name_, *cfg_.signer, *cfg_.ca, server, cfg_.floor});
+      setup, secure::MemberContext{cfg_.federation, round_, name_, *cfg_.signer, *cfg_.ca, server, cfg_.floor, cfg_.sources});
+  if (!member) {
+    why = "the secure setup names protocol " + std::to_string(setup.protocol()) + ", which this agent does not speak";
+    spdlog::error("round {}: refusing the secure group: {}", round_, why);
+    reply_error(wire::NOT_ALLOWED, why);
+    return;
+  }
   auto keys = member->start();
   if (!keys) {
     // A setup below this silo's floor, or unusable: said to the server (and so recorded), and

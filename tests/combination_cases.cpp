@@ -1,5 +1,7 @@
 #include "tests/combination_cases.h"
 
+#include <cmath>
+
 namespace xsilo::tools::combination {
 
 namespace {
@@ -30,6 +32,17 @@ json digits_mlp_sim(std::size_t silos, std::uint64_t rounds, int hidden) {
 json secure(const std::string& mode, std::size_t min_group = 3) {
   return {{"mode", mode},     {"min_group", min_group}, {"modulus_bits", 64}, {"fraction_bits", 24},
           {"clip_norm", 100}, {"max_weight", 1000},     {"keys_s", 10},       {"unmask_s", 10}};
+}
+
+// LightSecAgg's field of 32-bit words (crypto/lightsecagg.h).
+json lightsecagg(const std::string& mode) {
+  json s = secure(mode);
+  s["protocol"] = "lightsecagg";
+  s["modulus_bits"] = 32;
+  s["fraction_bits"] = 16;
+  s["clip_norm"] = 10;
+  s["max_weight"] = 100;
+  return s;
 }
 
 json fault(const std::string& process, const std::string& action, int round, const std::string& phase) {
@@ -76,6 +89,29 @@ std::vector<Case> cases() {
     s["secure"]["graph"] = {{"dropout", 0.01}, {"corrupt", 0.0}};
     s["faults"] = {fault("hospital-03", "kill", 2, "after_keys"), fault("hospital-11", "kill", 2, "after_shares")};
     out.push_back({"SecAggPlusGraphEdgesDropouts", s, 1e-4, 3});
+  }
+  {  // LightSecAgg (issue 41): one group through two edges, silos lost after keys and after
+     // sharing; the survivors' masks come off in one decoding. Field words of 32 bits: every
+     // delta clipped to norm 10 and weight capped at 100 keep 6 x 100 x 10 x 2^16 below (p - 1) / 2.
+    json s = base_sim(6, 3);
+    s["edges"] = 2;
+    s["selection"] = {{"min_silos", 4}, {"min_updates", 4}};
+    s["secure"] = lightsecagg("global");
+    s["faults"] = {fault("hospital-02", "kill", 2, "after_keys"), fault("hospital-05", "kill", 2, "after_shares")};
+    out.push_back({"LightSecAggGlobalEdgesDropouts", s, 1e-4, 3, {}, {}, std::ldexp(1.0, -16)});
+  }
+  {  // LightSecAgg in groups of four through two edges, the median across group means, two
+     // local workers per silo, a silo lost after sharing and an edge restarted mid-upload.
+    json s = base_sim(12, 3);
+    s["edges"] = 2;
+    s["selection"] = {{"min_silos", 9}, {"min_updates", 6}};
+    s["secure"] = lightsecagg("grouped");
+    s["aggregation"] = {{"rule", "median"}};
+    s["local"] = {{"workers", 2}, {"backend", "ring"}};
+    s["faults"] = {fault("hospital-05", "kill", 2, "after_shares"), fault("edge-01", "restart", 3, "upload")};
+    // Round 3 may lose edge-01's region; whether its groups keep their thresholds depends on
+    // the draw, so that round may abort (cleanly, model unchanged).
+    out.push_back({"LightSecAggGroupedEdgesMedianWorkersFaults", s, 1e-4, 2, {}, {}, std::ldexp(1.0, -16)});
   }
   {  // Several secure groups per edge (the first-contact scenario), no faults.
     json s = base_sim(12, 3);

@@ -111,6 +111,17 @@ TEST_P(Combinations, EveryRoundEqualsTheReferenceOfTheSilosItsRecordNames) {
     }
     EXPECT_GE(graphs, want_rounds) << "every round's record names its group's graph";
   }
+  if (c.sim.contains("secure") && c.sim["secure"].value("protocol", "secagg") != "secagg") {
+    // The audit record says which protocol every group ran, and with which parameters.
+    const std::string protocol = c.sim["secure"]["protocol"];
+    for (const auto& r : rounds) {
+      EXPECT_EQ(r["secure"].value("protocol", ""), protocol) << r["secure"].dump();
+      for (const auto& g : r["secure"]["groups"]) {
+        EXPECT_EQ(g.value("protocol", ""), protocol) << g.dump();
+        EXPECT_LT(g["privacy"].get<std::size_t>(), g["target"].get<std::size_t>()) << g.dump();
+      }
+    }
+  }
 
   // Each silo's own trainer, in this process and alone (no local workers; crashes are sim hooks).
   const auto scfg = server::load_server_config(out / "configs" / "server.json");

@@ -312,6 +312,24 @@ TEST(Config, ASecAggPlusGraphIsPlannedForStatedDropoutAndCorruptionRates) {
   EXPECT_NE(load(R"(, "secure": {"mode": "global", "graph": {"degree": 4}})").find("degree"), std::string::npos);
 }
 
+// secure.protocol lightsecagg: 32-bit field words, no SecAgg+ graph, its own block only with it.
+TEST(Config, LightSecAggIsChosenWithItsPrivacyAndRefusedWhereItCannotRun) {
+  const SixSiloServer load;
+  EXPECT_EQ(load(R"(, "secure": {"mode": "global", "protocol": "lightsecagg"})"), "");
+  EXPECT_EQ(load(R"(, "secure": {"mode": "grouped", "protocol": "lightsecagg", "lightsecagg": {"corrupt": 0.2}})"), "");
+  EXPECT_NE(load(R"(, "secure": {"mode": "global", "protocol": "lightsecagg", "modulus_bits": 64})")
+                .find(".secure.modulus_bits: LightSecAgg masks in the field of p = 2^32 - 5"),
+            std::string::npos);
+  EXPECT_NE(load(R"(, "secure": {"mode": "global", "protocol": "lightsecagg", "graph": {}})").find(".secure.graph"),
+            std::string::npos);
+  EXPECT_NE(load(R"(, "secure": {"mode": "global", "lightsecagg": {"corrupt": 0.1}})").find(".secure.lightsecagg"),
+            std::string::npos);
+  EXPECT_NE(load(R"(, "secure": {"mode": "global", "protocol": "lightsecagg", "lightsecagg": {"corrupt": 0.9}})")
+                .find(".secure.lightsecagg.corrupt"),
+            std::string::npos);
+  EXPECT_NE(load(R"(, "secure": {"mode": "global", "protocol": "secagg3"})").find(".secure.protocol"), std::string::npos);
+}
+
 TEST(Config, SecureAggregationSettingsAreChecked) {
   const SixSiloServer load;
   EXPECT_EQ(load(R"(, "secure": {"mode": "global"})"), "");

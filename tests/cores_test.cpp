@@ -379,5 +379,57 @@ TEST(Cores, AGroupWithAMemberWhoSkippedClippingOrLiedInItsCountIsRejectedAndTheO
   }
 }
 
+// Issue 41: LightSecAgg behind the secure seam, in the same federation as SecAgg. With a silo
+// of every group dying right after it dealt its shares (one in a global group of five; one in
+// each of three groups of four), both protocols commit the mean of exactly the survivors'
+// updates (to the fixed-point codec's rounding), and the round's record names the protocol.
+TEST(Cores, LightSecAggCommitsTheSurvivorsMeanAsSecAggDoesWithADropoutInEveryGroup) {
+  for (const auto protocol : {server::SecureProtocol::SecAgg, server::SecureProtocol::LightSecAgg}) {
+    for (const auto mode : {server::SecureMode::Global, server::SecureMode::Grouped}) {
+      const std::size_t n = mode == server::SecureMode::Global ? 5 : 12;
+      SCOPED_TRACE(std::string(server::name(protocol)) + " " + std::string(server::name(mode)));
+      auto cfg = secure_config(mode, n);
+      cfg.secure.protocol = protocol;
+      cfg.secure.bits = 32;  // LightSecAgg's field words; SecAgg in the same ring for the comparison
+      cfg.secure.fraction_bits = 16;
+      cfg.selection.min_updates = 3;
+      Cores fed(cfg, n);
+      for (std::size_t i = 0; i < n; ++i) fed.hang(i);
+      fed.start();
+      std::map<std::uint32_t, std::size_t> victim;
+      for (std::size_t i = 0; i < n; ++i) victim.emplace(fed.group_of(i), i);
+      std::set<std::string> dead;
+      for (const auto& [group, i] : victim) {
+        fed.die_after(i, agent::SecureStep::SharesSent);
+        dead.insert(Cores::name(i));
+      }
+      for (std::size_t i = 0; i < n; ++i) fed.unhang(i);
+      fed.advance(61s);
+      fed.advance(61s);
+      const auto rounds = fed.store.rounds();
+      ASSERT_EQ(rounds.size(), 1u);
+      ASSERT_EQ(rounds[0]["status"], "committed") << rounds[0].dump(2);
+      EXPECT_EQ(names_of(rounds[0]["dropouts"]), dead);
+      ASSERT_EQ(rounds[0]["participants"].size(), n - dead.size());
+      if (protocol == server::SecureProtocol::LightSecAgg) {
+        EXPECT_EQ(rounds[0]["secure"]["protocol"], "lightsecagg") << rounds[0]["secure"].dump(2);
+        for (const auto& g : rounds[0]["secure"]["groups"]) EXPECT_EQ(g["protocol"], "lightsecagg");
+      }
+      // Every silo trained 10 samples; silo i's delta is 0.01 (i + 1) in every coordinate.
+      double mean = 0;
+      for (const auto& p : rounds[0]["participants"]) {
+        const std::string silo = p["silo"];
+        mean += 0.01 * (std::stod(silo.substr(silo.find('-') + 1)) + 1);
+      }
+      mean /= static_cast<double>(rounds[0]["participants"].size());
+      const Model initial = small_model();
+      const auto model = fed.coord().model();
+      for (std::size_t j = 0; j < initial.size(); ++j) {
+        EXPECT_NEAR(model->flat()[j] - initial.flat()[j], mean, 1e-4) << "coordinate " << j;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace xsilo

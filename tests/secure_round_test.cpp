@@ -111,6 +111,45 @@ TEST(SecureGroups, AGroupSmallerThanMinGroupFailsBeforeKeys) {
   EXPECT_THROW(SecureRound(cfg, std::nullopt, ca, "fed", 1, 1, silos(4), 10), std::invalid_argument);
 }
 
+// protocol lightsecagg: each group's setup names LightSecAgg with its T and U (signed: a relay
+// cannot change either), U = min_survivors, so it tolerates SecAgg's dropouts, and its sums are
+// field words. A group whose encoded shares would not fit in one message fails with the reason
+// before any key is asked for.
+TEST(SecureGroups, ALightSecAggGroupIsPlannedSignedAndRefusedWhereItsSharesWouldNotFit) {
+  SecureConfig cfg;
+  cfg.mode = SecureMode::Grouped;
+  cfg.protocol = SecureProtocol::LightSecAgg;
+  cfg.min_group = 3;
+  const std::optional<crypto::CertSigner> signer = test::signer(wire::SERVER, "server");
+  const std::optional<crypto::CertVerifier> ca = test::verifier();
+  SecureRound round(cfg, signer, ca, "fed", 2, 7, silos(8), 1000);
+  ASSERT_TRUE(round.take_dropped().empty());
+  for (const auto g : round.groups()) {
+    const auto& s = round.setup(g);
+    EXPECT_EQ(s.protocol(), wire::LIGHTSECAGG);
+    EXPECT_EQ(s.target(), s.min_survivors());
+    EXPECT_GE(s.privacy(), 1u);
+    EXPECT_LT(s.privacy(), s.target());
+    EXPECT_EQ(protocol::MaskedVector::for_setup(s).prime(), true);
+    EXPECT_EQ(crypto::lightsecagg::check_params(protocol::lightsecagg_params(s, "fed", 2)), "");
+    auto tampered = s;
+    tampered.set_privacy(s.privacy() + 1);
+    EXPECT_NE(protocol::setup_statement(tampered, "fed", 2), protocol::setup_statement(s, "fed", 2));
+  }
+  // Keys are asked for at once, as LightSecAgg's own step.
+  const auto out = round.take_out();
+  EXPECT_TRUE(out.empty()) << "nothing is sent before the members advertise";
+
+  cfg.max_message_bytes = 64 << 10;  // 64 KiB: groups of 4 with d = 100k need about 130 KiB each
+  SecureRound big(cfg, signer, ca, "fed", 2, 7, silos(8), 100000);
+  const auto dropped = big.take_dropped();
+  ASSERT_EQ(dropped.size(), 8u);
+  for (const auto& d : dropped) {
+    EXPECT_NE(d.why.find("above transport.max_frame_bytes"), std::string::npos) << d.why;
+    EXPECT_EQ(d.reason, secure::DropReason::GroupFailed);
+  }
+}
+
 // secure.graph: each group gets SecAgg+'s plan for its size (signed into its setup, so a relay
 // cannot change it), or the complete graph where no smaller one meets the bounds.
 TEST(SecureGroups, AGraphIsPlannedForEachGroupLargeEnoughToHaveOne) {

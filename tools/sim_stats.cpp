@@ -72,7 +72,8 @@ double norm(const std::vector<double>& v) {
 }
 
 // The secure block of the statistics federation: the federation's own mode and group rules, with
-// a ring, clip norm and weight cap that fit statistics. The clip norm and weight cap are public
+// a ring (SecAgg's 64 bits, whatever protocol the training uses), clip norm and weight cap that
+// fit statistics. The clip norm and weight cap are public
 // bounds (here from the data the sim holds: twice the largest norm a silo's contribution can
 // have, and the largest silo's rows); a real federation's operators state them.
 json stats_secure(const SimConfig& cfg, const std::vector<std::filesystem::path>& files, const FeatureStats& pooled) {
@@ -101,6 +102,10 @@ json stats_secure(const SimConfig& cfg, const std::vector<std::filesystem::path>
   s["clip_norm"] = clip;
   s["max_weight"] = rows;
   s.erase("count_unclipped");
+  // The 64-bit ring is SecAgg's: a federation that trains under LightSecAgg (32-bit field words)
+  // computes its statistics under SecAgg, with the same mode, groups and floor.
+  s.erase("protocol");
+  s.erase("lightsecagg");
   return s;
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "protocol/secagg_wire.h"
+#include "server/secure/lightsecagg_group.h"
 #include "server/secure/secagg_group.h"
 
 namespace xsilo::server::secure {
@@ -86,9 +87,12 @@ std::optional<wire::SecureAggregation> Group::pending(const std::string& silo) c
 }
 
 std::unique_ptr<Group> make_group(const SecureConfig& cfg, wire::SecAggSetup setup, GroupContext ctx) {
-  // The protocols, by the setup's name for them. One line per protocol.
-  std::unique_ptr<Group> g = make_secagg_group(cfg, std::move(setup), std::move(ctx));
-  return g;
+  // The protocols, by the configuration's name for them. One line per protocol.
+  switch (cfg.protocol) {
+    case SecureProtocol::LightSecAgg: return make_lightsecagg_group(cfg, std::move(setup), std::move(ctx));
+    case SecureProtocol::SecAgg: break;
+  }
+  return make_secagg_group(cfg, std::move(setup), std::move(ctx));
 }
 
 }  // namespace xsilo::server::secure

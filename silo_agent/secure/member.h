@@ -15,6 +15,7 @@
 
 #include "crypto/certs.h"
 #include "crypto/secagg.h"
+#include "crypto/sources.h"
 #include "proto/status.h"
 #include "proto/xsilo.pb.h"
 #include "protocol/masked.h"
@@ -43,7 +44,11 @@ struct MemberContext {
   crypto::CertVerifier ca;
   std::string server_name;  // the setup's signer, already checked
   crypto::secagg::Floor floor;
+  crypto::Sources sources;  // the member's randomness (masks, keys), from the session's
 };
+
+// The name of a step ("secagg_keys"), for refusals.
+std::string step_name(const wire::SecureAggregation& step);
 
 class Member {
  public:
@@ -62,7 +67,7 @@ class Member {
   virtual std::string describe() const = 0;
 };
 
-// The member the setup's protocol calls for.
+// The member the setup's protocol calls for; null for a protocol this agent does not speak.
 std::unique_ptr<Member> make_member(const wire::SecAggSetup& setup, MemberContext ctx);
 
 }  // namespace xsilo::agent::secure

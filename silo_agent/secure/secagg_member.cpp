@@ -76,11 +76,6 @@ class SecAggMember final : public Member {
   }
 
  private:
-  static std::string step_name(const wire::SecureAggregation& step) {
-    const auto* f = wire::SecureAggregation::descriptor()->FindFieldByNumber(step.step_case());
-    return f ? f->name() : "(none)";
-  }
-
   std::variant<Answer, Refusal> on_key_list(const wire::SecAggKeyList& l) {
     auto list = protocol::from_wire(l);
     if (!list) return Refusal{"key list", list.status().message};

@@ -1,0 +1,248 @@
+#include "server/secure/lightsecagg_group.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include <spdlog/spdlog.h>
+
+#include "crypto/prime_field.h"
+#include "crypto/secagg_graph.h"
+#include "protocol/secagg_wire.h"
+#include "server/secure_round.h"
+
+namespace xsilo::server::secure {
+
+namespace {
+
+namespace lsa = crypto::lightsecagg;
+namespace secagg = crypto::secagg;
+using Step = wire::SecureAggregation::StepCase;
+
+class LightSecAggGroup final : public Group {
+ public:
+  LightSecAggGroup(wire::SecAggSetup setup, GroupContext ctx, crypto::X25519KeyPair box,
+                   std::function<void(std::span<std::uint8_t>)> random_bytes)
+      : Group(std::move(setup), std::move(ctx)),
+        server_(protocol::lightsecagg_params(setup_, ctx_.federation, ctx_.round), ctx_.ca, ctx_.signer, std::move(box),
+                crypto::Sources{crypto::system_unix_ms, std::move(random_bytes)}) {}
+
+  void masked_from(const std::string& silo) override {
+    if (!failed().empty()) return;
+    if (auto err = server_.on_masked_input(silo); !err.empty()) spdlog::warn("round {}: {}", ctx_.round, err);
+  }
+
+  std::string finish(protocol::MaskedVector& sum) override {
+    if (!sum.prime()) return "LightSecAgg sums are field words; this sum is a ring's";
+    auto words = sum.u32();
+    if (auto err = server_.finish(words); !err.empty()) return err;
+    crypto::field::from_field(words);  // the codec's ring from here: decoded as SecAgg's sums are
+    return "";
+  }
+
+  std::vector<std::string> survivors() const override { return {server_.u3().begin(), server_.u3().end()}; }
+  std::vector<secagg::Blame> excluded() const override { return server_.blamed(); }
+
+  nlohmann::json describe() const override {
+    nlohmann::json out = {{"group", id()},
+                          {"protocol", "lightsecagg"},
+                          {"members", std::vector<std::string>(setup_.members().begin(), setup_.members().end())},
+                          {"threshold", setup_.threshold()},
+                          {"min_survivors", setup_.min_survivors()},
+                          {"privacy", setup_.privacy()},
+                          {"target", setup_.target()},
+                          {"advertised_keys", server_.u1().size()},
+                          {"shared_keys", server_.u2().size()},
+                          {"settled", server_.settled().size()},
+                          {"masked_inputs", server_.u3().size()},
+                          {"answers", server_.unmask_replies()}};
+    if (!server_.blamed().empty()) {
+      nlohmann::json ex = nlohmann::json::array();
+      for (const auto& b : server_.blamed()) ex.push_back({{"silo", b.silo}, {"evidence", b.why}});
+      out["excluded"] = ex;
+    }
+    if (!failed().empty()) out["failed"] = failed();
+    return out;
+  }
+
+ protected:
+  bool handles(const wire::SecureAggregation& m) const override {
+    const auto step = m.step_case();
+    return (step == Step::kLsaKeys && phase_ == Phase::Keys) || (step == Step::kLsaShares && phase_ == Phase::Shares) ||
+           (step == Step::kLsaReceipt && phase_ == Phase::Receipts) ||
+           (step == Step::kLsaConfirmation && stage_ == Stage::Confirm) ||
+           (step == Step::kLsaAnswer && stage_ == Stage::Unmask);
+  }
+
+  std::string handle(const std::string& silo, const wire::SecureAggregation& m) override {
+    switch (m.step_case()) {
+      case Step::kLsaKeys: {
+        auto keys = protocol::from_wire(m.lsa_keys());
+        return keys ? server_.on_keys(silo, *keys) : keys.status().message;
+      }
+      case Step::kLsaShares: {
+        auto to = protocol::from_wire(m.lsa_shares());
+        return to ? server_.on_shares(silo, *to) : to.status().message;
+      }
+      case Step::kLsaReceipt: {
+        auto receipt = protocol::from_wire(m.lsa_receipt());
+        return receipt ? server_.on_receipt(silo, *receipt) : receipt.status().message;
+      }
+      case Step::kLsaConfirmation: return server_.on_confirmation(silo, m.lsa_confirmation().signature());
+      case Step::kLsaAnswer: return server_.on_unmask(silo, m.lsa_answer().sealed());
+      default: return "not a step of LightSecAgg";
+    }
+  }
+
+  bool close() override {
+    if (stage_ == Stage::Setup) {
+      switch (phase_) {
+        case Phase::Keys: close_keys(); return true;
+        case Phase::Shares: close_shares(); return true;
+        case Phase::Receipts: close_receipts(); return true;
+      }
+    }
+    if (stage_ == Stage::Confirm) {
+      close_confirmations();
+      return true;
+    }
+    return false;  // Masking and Unmask end by the coordinator's decision
+  }
+
+  void ask_survivors() override {
+    auto u3 = server_.close_masked();
+    if (!secagg::ok(u3)) return fail(secagg::error(u3));
+    wire::SecureAggregation m;
+    for (const auto& v : secagg::value(u3)) m.mutable_lsa_survivors()->add_survivors(v);
+    m.mutable_lsa_survivors()->set_server_signature(server_.survivors_signature());
+    ask(secagg::value(u3), std::move(m), Stage::Confirm);
+  }
+
+  bool admitted(const std::string& silo) const override { return server_.settled().count(silo) > 0; }
+
+  std::vector<secagg::Blame> new_blames() override {
+    const auto& blamed = server_.blamed();
+    std::vector<secagg::Blame> out(blamed.begin() + static_cast<std::ptrdiff_t>(blames_reported_), blamed.end());
+    blames_reported_ = blamed.size();
+    return out;
+  }
+
+ private:
+  enum class Phase { Keys, Shares, Receipts };
+
+  // Sends `request` to `whom`, waits for their answers, and moves to `next`.
+  template <class Names>
+  void ask(const Names& whom, wire::SecureAggregation request, Stage next) {
+    request_ = request;
+    waiting_.clear();
+    for (const auto& v : whom) {
+      waiting_.insert(v);
+      send(v, request);
+    }
+    stage_ = next;
+  }
+
+  void close_keys() {
+    auto keys = server_.close_keys();
+    if (!secagg::ok(keys)) return fail(secagg::error(keys));
+    for (const auto& silo : setup_.members()) {
+      if (waiting_.count(silo)) drop(silo, DropReason::NoKeys, label() + ": no valid signed keys from it in time");
+    }
+    // Every member shares with every other: one list for all.
+    wire::SecureAggregation m;
+    *m.mutable_lsa_key_list() = protocol::to_wire(secagg::value(keys));
+    waiting_.clear();
+    for (const auto& [silo, k] : secagg::value(keys)) {
+      waiting_.insert(silo);
+      send(silo, m);
+    }
+    phase_ = Phase::Shares;
+  }
+
+  void close_shares() {
+    auto boxes = server_.close_shares();
+    if (!secagg::ok(boxes)) return fail(secagg::error(boxes));
+    for (const auto& silo : waiting_) drop(silo, DropReason::NoShares, label() + ": no valid signed shares from it in time");
+    waiting_.clear();
+    for (const auto& [recipient, inbox] : secagg::value(boxes)) {
+      wire::SecureAggregation m;
+      *m.mutable_lsa_share_delivery() = protocol::delivery_to_wire(inbox);
+      waiting_.insert(recipient);
+      send(recipient, std::move(m));
+    }
+    phase_ = Phase::Receipts;
+  }
+
+  void close_receipts() {
+    auto settled = server_.settle();
+    report_blame();
+    if (!secagg::ok(settled)) return fail(secagg::error(settled));
+    wire::SecureAggregation m;
+    *m.mutable_lsa_settled() = protocol::to_wire(secagg::value(settled));
+    for (const auto& silo : server_.u2()) {
+      m.set_admits_upload(server_.settled().count(silo) > 0);
+      send(silo, m);
+    }
+    const auto& blamed = server_.blamed();
+    for (const auto& silo : server_.u2()) {
+      if (!server_.settled().count(silo) &&
+          std::none_of(blamed.begin(), blamed.end(), [&](const auto& b) { return b.silo == silo; })) {
+        drop(silo, DropReason::NoReceipt, label() + ": sent no receipt for its shares");
+      }
+    }
+    waiting_.clear();
+    stage_ = Stage::Masking;
+  }
+
+  void close_confirmations() {
+    auto request = server_.close_confirmations();
+    if (!secagg::ok(request)) return fail(secagg::error(request));
+    wire::SecureAggregation m;
+    *m.mutable_lsa_unmask_request() = protocol::to_wire(secagg::value(request));
+    // Every survivor that confirmed answers (any U of them decode the aggregate mask).
+    std::vector<std::string> confirmed;
+    for (const auto& [silo, signature] : secagg::value(request).signatures) confirmed.push_back(silo);
+    ask(confirmed, std::move(m), Stage::Unmask);
+  }
+
+  lsa::Server server_;
+  Phase phase_ = Phase::Keys;
+  std::size_t blames_reported_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Group> make_lightsecagg_group(const SecureConfig& cfg, wire::SecAggSetup s, GroupContext ctx) {
+  const auto n = static_cast<std::size_t>(s.members_size());
+  s.set_protocol(wire::LIGHTSECAGG);
+  s.set_threshold(group_threshold(cfg, n));
+  s.set_min_survivors(group_min_survivors(cfg, n));
+  s.set_target(s.min_survivors());
+  s.set_privacy(std::max<std::uint32_t>(1, secagg::corrupt_count(n, cfg.privacy_corrupt)));
+  auto box = crypto::X25519KeyPair::generate();
+  s.set_server_key(std::string(reinterpret_cast<const char*>(box.public_key.data()), box.public_key.size()));
+  s.set_server_certificate(ctx.signer.certificate());
+  s.set_server_signature(ctx.signer.sign(protocol::setup_statement(s, ctx.federation, ctx.round)));
+  const auto params = protocol::lightsecagg_params(s, ctx.federation, ctx.round);
+  auto g = std::make_unique<LightSecAggGroup>(std::move(s), std::move(ctx), std::move(box), cfg.random_bytes);
+  // A member's shares travel in one message (and each member's delivery in one): n - 1 boxes of
+  // L words, each with its seal, signatures and names (about 300 bytes).
+  const double message = static_cast<double>(n > 0 ? n - 1 : 0) * (4.0 * static_cast<double>(params.segment()) + 300.0);
+  auto mib = [](double bytes) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / 1048576.0);
+    return std::string(buf);
+  };
+  if (n < cfg.min_group) {
+    g->fail("a group of " + std::to_string(n) + " silos is smaller than min_group " + std::to_string(cfg.min_group) +
+            ": its sum would reveal too little about too few");
+  } else if (auto why = lsa::check_params(params); !why.empty()) {
+    g->fail(why);
+  } else if (message > static_cast<double>(cfg.max_message_bytes)) {
+    g->fail("LightSecAgg's encoded mask shares of a member of this group take " + mib(message) +
+            " in one message, above transport.max_frame_bytes (" + mib(static_cast<double>(cfg.max_message_bytes)) +
+            "): raise it on the server, edges and silos, draw smaller groups, or use protocol secagg");
+  }
+  return g;
+}
+
+}  // namespace xsilo::server::secure
