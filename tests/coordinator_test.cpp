@@ -98,6 +98,13 @@ class Harness {
   }
   // The edge's region: these silos, each with its join signed for this edge session (unless
   // `unsigned_` lists it).
+  // Silos 0 and 1 behind edge-1 (session 900), silos 2 and 3 connected directly.
+  void edge_region_and_direct() {
+    edge_connect(900, "edge-1");
+    region(900, {0, 1});
+    connect(2);
+    connect(3);
+  }
   void region(SessionId edge, const std::vector<std::size_t>& silos, const std::set<std::size_t>& unsigned_ = {}) {
     wire::Envelope e;
     e.set_federation("fed");
@@ -453,6 +460,16 @@ TEST(Coordinator, AnEdgeCannotTakeOverADirectlyConnectedSilo) {
   EXPECT_EQ(h.coord().connected(), 3u);
 }
 
+// Four silos, every one selected, two updates enough: silos 0 and 1 behind edge-1 (session
+// 900), 2 and 3 connected directly (Harness::edge_region_and_direct()).
+RoundConfig edge_and_direct(std::uint64_t rounds) {
+  RoundConfig cfg = three_rounds();
+  cfg.rounds = rounds;
+  cfg.selection.min_silos = 4;
+  cfg.selection.min_updates = 2;
+  return cfg;
+}
+
 // The server admits a silo behind an edge only with the silo's own signature over its join
 // through that edge session: an edge naming a silo with no proof, a proof from another CA, a
 // proof made for another edge or another session, or another silo's proof, gets the silo
@@ -461,15 +478,8 @@ TEST(Coordinator, AnEdgeCannotTakeOverADirectlyConnectedSilo) {
 // matching), contributors that are this edge's silos in the round, and weights that add up.
 // A bad one drops the edge's silos for the round, with the reason; the direct silos commit.
 TEST(Coordinator, AnEdgesPartialSumIsCheckedBeforeItIsFolded) {
-  RoundConfig cfg = three_rounds();
-  cfg.rounds = 8;
-  cfg.selection.min_silos = 4;
-  cfg.selection.min_updates = 2;
-  Harness h(4, cfg);
-  h.edge_connect(900, "edge-1");
-  h.region(900, {0, 1});
-  h.connect(2);
-  h.connect(3);
+  Harness h(4, edge_and_direct(8));
+  h.edge_region_and_direct();
   struct Bad {
     const char* what;
     std::vector<std::pair<std::string, double>> contributors;
@@ -1633,15 +1643,8 @@ TEST(Coordinator, AfterTheJoinDeadlineASiloThatLeavesMidCopyHasAnsweredAndNoNewc
 // started costs the round its region's silos only; they fail over to the server directly and the
 // next round has all four.
 TEST(Coordinator, AnEdgeLostMidRoundCostsOnlyItsSilosWhoComeBackDirectlyForTheNextRound) {
-  RoundConfig cfg = three_rounds();
-  cfg.rounds = 4;
-  cfg.selection.min_silos = 4;
-  cfg.selection.min_updates = 2;
-  Harness h(4, cfg);
-  h.edge_connect(900, "edge-1");
-  h.region(900, {0, 1});
-  h.connect(2);
-  h.connect(3);
+  Harness h(4, edge_and_direct(4));
+  h.edge_region_and_direct();
   ASSERT_EQ(h.coord().phase(), Phase::Collecting);
   ASSERT_EQ(h.coord().members().size(), 4u);
   h.edge_ready(900, {0, 1}, 10);

@@ -122,6 +122,18 @@ void set_rounds(const Fed& fed, std::uint64_t rounds, const std::filesystem::pat
   atomic_write_file(fed.files.server_config, j.dump(2));
 }
 
+// The audit log verifies under its key, and so does every silo's witness against it; each
+// witness checks at least `at_least` heads.
+void expect_every_witness_verifies(const Fed& fed, std::size_t at_least = 0) {
+  const auto v = server::verify_audit_log(fed.files.state / "audit.jsonl", server::load_public_key(fed.files.state / "audit.pub"));
+  ASSERT_TRUE(v.ok) << v.reason;
+  for (const auto& s : fed.files.silos) {
+    const auto w = server::check_witness(v, fed.files.out / "silos" / s / "state" / "audit_heads.jsonl");
+    EXPECT_TRUE(w.ok) << s << ": " << w.reason;
+    EXPECT_GE(w.checked, at_least) << s;
+  }
+}
+
 void run_all(Fed& fed) {
   fed.start_server();
   if (fed.cfg.edges) fed.start_edges();
@@ -199,14 +211,7 @@ TEST_P(RecoveryTable, ContinuesFromTheLastCommittedModelOrRefusesWithTheReason) 
   EXPECT_EQ(after[2]["model_sha256_before"], model_2);
   for (const auto& r : after) EXPECT_EQ(r["status"], "committed") << r.dump();
   // Every silo's witness verifies against the log (the heads from both runs).
-  for (const auto& s : fed.files.silos) {
-    const auto heads = fed.files.out / "silos" / s / "state" / "audit_heads.jsonl";
-    const auto v = server::verify_audit_log(fed.files.state / "audit.jsonl", server::load_public_key(fed.files.state / "audit.pub"));
-    ASSERT_TRUE(v.ok) << v.reason;
-    const auto w = server::check_witness(v, heads);
-    EXPECT_TRUE(w.ok) << s << ": " << w.reason;
-    EXPECT_GE(w.checked, 2u) << s;
-  }
+  expect_every_witness_verifies(fed, 2);
 }
 
 std::vector<Case> cases() {
@@ -291,13 +296,7 @@ TEST_P(ModelFetch, ALostLastModelIsTakenFromTheSilosThatHoldItAndTheHistoryGoesO
     if (r.value("event", "") == "state_repair" && r.dump().find("from a copy a silo held") != std::string::npos) repaired = true;
   }
   EXPECT_TRUE(repaired);
-  for (const auto& s : fed.files.silos) {
-    const auto heads = fed.files.out / "silos" / s / "state" / "audit_heads.jsonl";
-    const auto v = server::verify_audit_log(fed.files.state / "audit.jsonl", server::load_public_key(fed.files.state / "audit.pub"));
-    ASSERT_TRUE(v.ok) << v.reason;
-    const auto w = server::check_witness(v, heads);
-    EXPECT_TRUE(w.ok) << s << ": " << w.reason;
-  }
+  expect_every_witness_verifies(fed);
 }
 
 INSTANTIATE_TEST_SUITE_P(Recovery, ModelFetch, ::testing::Bool(), [](const auto& info) {
@@ -428,12 +427,7 @@ TEST(RecoverySoak, RandomDamageBetweenKillsLosesNothingCommitted) {
     last_model = r["model_sha256_after"];
   }
   EXPECT_GE(n, committed_before);
-  const auto v = server::verify_audit_log(fed.files.state / "audit.jsonl", server::load_public_key(fed.files.state / "audit.pub"));
-  ASSERT_TRUE(v.ok) << v.reason;
-  for (const auto& s : fed.files.silos) {
-    const auto w = server::check_witness(v, fed.files.out / "silos" / s / "state" / "audit_heads.jsonl");
-    EXPECT_TRUE(w.ok) << s << ": " << w.reason;
-  }
+  expect_every_witness_verifies(fed);
   for (const auto& [name, times] : applied) summary += " " + name + " x" + std::to_string(times);
   std::cout << "soak: " << kills << " kills, " << n << " of " << total << " rounds committed, damages:" << summary
             << std::endl;
