@@ -124,10 +124,20 @@ std::size_t Params::segment() const {
   return (length + k - 1) / k;
 }
 
+std::size_t max_box_bytes(const Params& p) { return 4 * p.segment() + kMaxSignatureBytes + 128; }
+
+std::size_t max_shares_message_bytes(const Params& p) {
+  const std::size_t n = p.members.size();
+  return (n > 0 ? n - 1 : 0) * (max_box_bytes(p) + kMaxSignatureBytes + 256);
+}
+
 std::string check_params(const Params& p) {
   const std::size_t n = p.members.size();
   if (n == 0) return "a secure group needs members";
   if (sorted(p.members).size() != n) return "a secure group names a member twice";
+  if (!std::is_sorted(p.members.begin(), p.members.end())) {
+    return "a secure group's members must be listed in order (every member places the others by the list)";
+  }
   if (p.privacy < 1) return "the privacy T must be at least 1 (T colluding members learn nothing of a mask)";
   if (p.target <= p.privacy) {
     return "the target U " + std::to_string(p.target) + " must exceed the privacy T " + std::to_string(p.privacy) +
@@ -521,6 +531,9 @@ std::string Server::on_shares(const std::string& from, const Outbox& to) {
   if (shares_.count(from)) return from + " shared twice";
   for (const auto& [recipient, c] : to) {
     if (!u1_.count(recipient) || recipient == from) return from + " addressed a share to " + recipient;
+    if (c.box.size() > max_box_bytes(p_) || c.signature.size() > kMaxSignatureBytes) {
+      return from + "'s box for " + recipient + " is larger than a share of this group can be";
+    }
   }
   if (to.size() + 1 != u1_.size()) return from + " did not share with every member in the key list";
   shares_[from] = to;

@@ -266,6 +266,16 @@ class Server {
   enum class Step { Keys, Shares, Receipts, Masked, Confirm, Unmask, Done } step_ = Step::Keys;
 };
 
+// The largest sealed box (and, apart, the largest box signature) a member may deal for a group
+// with these parameters: the share's 4 L bytes with the seal, the framing and a signature of up
+// to kMaxSignatureBytes. The server refuses larger ones, so that no member can grow another's
+// delivery past what the server planned for (review of 421039f).
+inline constexpr std::size_t kMaxSignatureBytes = 1024;
+std::size_t max_box_bytes(const Params& p);
+// The largest message of one member's shares, or of one member's delivery: n - 1 boxes, their
+// signatures and names.
+std::size_t max_shares_message_bytes(const Params& p);
+
 // ---- the coding itself (what the state machines run; benchmarks time it alone) ------------
 
 // Encodes U segments of L field words (the U - T mask segments, then the T noise) into the

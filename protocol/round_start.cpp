@@ -76,6 +76,14 @@ std::string check_layout(const wire::RoundStart& rs, std::uint64_t max_elements)
     if (!crypto::ring_bits_supported(s.modulus_bits())) {
       return "the secure setup's ring is " + std::to_string(s.modulus_bits()) + " bits, not " + crypto::kRingBits;
     }
+    if (!wire::SecureProtocol_IsValid(s.protocol())) {
+      return "the secure setup names protocol " + std::to_string(static_cast<int>(s.protocol())) +
+             ", which this build does not speak";
+    }
+    if (s.protocol() == wire::LIGHTSECAGG && s.modulus_bits() != 32) {
+      return "the secure setup runs LightSecAgg, whose field words are 32 bits, on a ring of " +
+             std::to_string(s.modulus_bits()) + " bits";
+    }
     if (s.vector_length() > total + 2) {
       return "the secure setup's vector of " + std::to_string(s.vector_length()) + " words does not fit a model of " +
              std::to_string(total) + " elements";

@@ -1,5 +1,7 @@
 #include "protocol/secagg_wire.h"
 
+#include "crypto/hash.h"
+
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -85,7 +87,7 @@ std::string setup_statement(const wire::SecAggSetup& s, const std::string& feder
   }
   if (s.protocol() != wire::SECAGG) {  // another protocol and its parameters (SecAgg's is as before)
     crypto::append_field(out, "protocol");
-    crypto::append_field(out, wire::SecureProtocol_Name(s.protocol()));
+    crypto::append_field(out, num(static_cast<int>(s.protocol())));
     crypto::append_field(out, num(s.privacy()));
     crypto::append_field(out, num(s.target()));
   }
@@ -124,7 +126,11 @@ proto::Result<secagg::Advertisement> from_wire(const wire::SecAggKeys& w) {
 
 lightsecagg::Params lightsecagg_params(const wire::SecAggSetup& s, const std::string& federation, std::uint64_t round) {
   lightsecagg::Params p;
-  p.session = secagg_session(federation, round, s.group());
+  // Bound to the exact setup signed: every member places the others by its own member list and
+  // T and U, so a server showing members different setups could solve for single masks from
+  // their answers (review of 421039f). With the setup's digest in the session, every key,
+  // share, box, confirmation and answer signed under one setup fails to verify under another.
+  p.session = secagg_session(federation, round, s.group()) + "/" + crypto::sha256_hex(setup_statement(s, federation, round));
   p.members.assign(s.members().begin(), s.members().end());
   p.privacy = s.privacy();
   p.target = s.target();

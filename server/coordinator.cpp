@@ -3,6 +3,8 @@
 // are in coordinator_membership.cpp, uploads in coordinator_uploads.cpp.
 #include "server/coordinator.h"
 
+#include "server/commit.h"
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -447,14 +449,10 @@ void Coordinator::decide(std::int64_t now_ms) {
                             seed = broadcast_seed(cfg_, round_), make_same = wants_same()]() mutable -> JobResult {
     auto next = agg->output(*global);
     ctx.centre = optimizer.last_step();  // read here, where only this job moves the optimizer
-    Combined c = agg->combine(next->flat(), ctx);
+    // The optimizer writes the new model into the same buffer, which becomes the global model.
+    Combined c = commit_round([&](std::span<float> step) { return agg->combine(step, ctx); }, next->flat(), optimizer,
+                              global->flat());
     if (c.record.is_object()) rec.merge_patch(c.record);
-    // Every input was finite, but a sum of them can still overflow float: such a step never
-    // reaches the optimizer (whose state it would move) or the model.
-    if (c.ok && !std::all_of(next->flat().begin(), next->flat().end(), [](float v) { return std::isfinite(v); })) {
-      c.ok = false;
-      c.reason = "the aggregate step has NaN or infinite values (the inputs' sum overflows float)";
-    }
     if (!c.ok) {
       rec["status"] = "aborted";
       rec["reason"] = c.reason;
@@ -462,8 +460,6 @@ void Coordinator::decide(std::int64_t now_ms) {
       return CommitOutcome{false,        c.reason, nullptr, "", store.record(rec, &row), std::nullopt, robust_rejected(rec),
                            same_model_chunks(make_same, broadcast, *global, chunk_elems, seed)};
     }
-    // The optimizer writes the new model into the same buffer, which becomes the global model.
-    optimizer.step_into(global->flat(), next->flat());
     // A compressed broadcast: the new model is the old one plus the rounded step, exactly what
     // a silo holding the old one rebuilds from the delta (so every silo trains on the model
     // whose hash the round announces, whichever way it came).

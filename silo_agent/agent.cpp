@@ -48,6 +48,7 @@ SessionConfig session_config(const AgentConfig& cfg) {
   if (!cfg.state_dir.empty()) s.residual_file = cfg.state_dir / "error_feedback.safetensors";
   if (!cfg.state_dir.empty()) s.witnessed = last_witnessed(cfg.state_dir);
   s.floor = cfg.secure_floor;
+  s.max_message_bytes = cfg.channel.max_frame_bytes;
   return s;
 }
 

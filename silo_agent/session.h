@@ -135,6 +135,9 @@ struct SessionConfig {
   std::optional<wire::Witness> witnessed;
   // The weakest secure setup this silo joins (the agent's secure_floor), whatever the server signs.
   crypto::secagg::Floor floor;
+  // The largest message this silo's transport carries (transport.max_frame_bytes): a secure
+  // setup whose steps could not fit (LightSecAgg's encoded shares) is refused before any work.
+  std::size_t max_message_bytes = std::size_t{4} << 20;
 };
 
 class Session {

@@ -49,7 +49,8 @@ void Session::start_secure(const wire::SecAggSetup& setup) {
     return;
   }
   std::shared_ptr<secure::Member> member = secure::make_member(
-      setup, secure::MemberContext{cfg_.federation, round_, name_, *cfg_.signer, *cfg_.ca, server, cfg_.floor, cfg_.sources});
+      setup, secure::MemberContext{cfg_.federation, round_, name_, *cfg_.signer, *cfg_.ca, server, cfg_.floor, cfg_.sources,
+                            cfg_.max_message_bytes});
   if (!member) {
     why = "the secure setup names protocol " + std::to_string(setup.protocol()) + ", which this agent does not speak";
     spdlog::error("round {}: refusing the secure group: {}", round_, why);

@@ -140,6 +140,20 @@ TEST(SecureGroups, ALightSecAggGroupIsPlannedSignedAndRefusedWhereItsSharesWould
   const auto out = round.take_out();
   EXPECT_TRUE(out.empty()) << "nothing is sent before the members advertise";
 
+  // Every signature of the group binds the whole setup (review of 421039f): members shown
+  // setups that differ in their order, T or U do not even share a session, and members out of
+  // order are refused.
+  const auto& s1 = round.setup(1);
+  auto reordered = s1;
+  reordered.mutable_members()->SwapElements(0, 1);
+  auto weaker = s1;
+  weaker.set_target(s1.target() + 1);
+  const auto session = protocol::lightsecagg_params(s1, "fed", 2).session;
+  EXPECT_NE(protocol::lightsecagg_params(reordered, "fed", 2).session, session);
+  EXPECT_NE(protocol::lightsecagg_params(weaker, "fed", 2).session, session);
+  EXPECT_NE(crypto::lightsecagg::check_params(protocol::lightsecagg_params(reordered, "fed", 2)).find("in order"),
+            std::string::npos);
+
   cfg.max_message_bytes = 64 << 10;  // 64 KiB: groups of 4 with d = 100k need about 130 KiB each
   SecureRound big(cfg, signer, ca, "fed", 2, 7, silos(8), 100000);
   const auto dropped = big.take_dropped();

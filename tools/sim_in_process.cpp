@@ -28,6 +28,7 @@
 #include "server/aggregator.h"
 #include "server/config.h"
 #include "server/optimizer.h"
+#include "server/commit.h"
 #include "server/secure_groups.h"
 #include "silo_agent/config.h"
 #include "silo_agent/update.h"
@@ -237,12 +238,12 @@ SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& 
     bool committed = folded >= need;
     if (committed) {
       Model next = global.zeros_like();
-      const auto c = groups ? groups->combine(next.flat(), ctx) : agg->combine(next.flat(), ctx);
-      // As the server: a step whose sum overflowed float never reaches the optimizer or the model.
-      const auto step = next.flat();
-      committed = c.ok && std::all_of(step.begin(), step.end(), [](float v) { return std::isfinite(v); });
+      // The server's own commit: a step whose sum overflowed float never reaches the optimizer.
+      const auto c = server::commit_round(
+          [&](std::span<float> step) { return groups ? groups->combine(step, ctx) : agg->combine(step, ctx); },
+          next.flat(), optimizer, global.flat());
+      committed = c.ok;
       if (committed) {
-        optimizer.step_into(global.flat(), next.flat());
         global = std::move(next);
         if (c.next_clip_norm) clip_norm = c.next_clip_norm;
         ++result.rounds_committed;

@@ -67,8 +67,10 @@ class LightSecAggGroup final : public Group {
  protected:
   bool handles(const wire::SecureAggregation& m) const override {
     const auto step = m.step_case();
-    return (step == Step::kLsaKeys && phase_ == Phase::Keys) || (step == Step::kLsaShares && phase_ == Phase::Shares) ||
-           (step == Step::kLsaReceipt && phase_ == Phase::Receipts) ||
+    const bool setup = stage_ == Stage::Setup;
+    return (setup && step == Step::kLsaKeys && phase_ == Phase::Keys) ||
+           (setup && step == Step::kLsaShares && phase_ == Phase::Shares) ||
+           (setup && step == Step::kLsaReceipt && phase_ == Phase::Receipts) ||
            (step == Step::kLsaConfirmation && stage_ == Stage::Confirm) ||
            (step == Step::kLsaAnswer && stage_ == Stage::Unmask);
   }
@@ -225,8 +227,9 @@ std::unique_ptr<Group> make_lightsecagg_group(const SecureConfig& cfg, wire::Sec
   const auto params = protocol::lightsecagg_params(s, ctx.federation, ctx.round);
   auto g = std::make_unique<LightSecAggGroup>(std::move(s), std::move(ctx), std::move(box), cfg.random_bytes);
   // A member's shares travel in one message (and each member's delivery in one): n - 1 boxes of
-  // L words, each with its seal, signatures and names (about 300 bytes).
-  const double message = static_cast<double>(n > 0 ? n - 1 : 0) * (4.0 * static_cast<double>(params.segment()) + 300.0);
+  // L words, each with its seal, signatures and names, at most lsa::max_shares_message_bytes(),
+  // which the crypto server enforces box by box.
+  const auto message = static_cast<double>(lsa::max_shares_message_bytes(params));
   auto mib = [](double bytes) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / 1048576.0);

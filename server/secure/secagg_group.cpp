@@ -73,9 +73,10 @@ class SecAggGroup final : public Group {
  protected:
   bool handles(const wire::SecureAggregation& m) const override {
     const auto step = m.step_case();
-    return (step == Step::kSecaggKeys && phase_ == Phase::Keys) ||
-           (step == Step::kSecaggShares && phase_ == Phase::Shares) ||
-           (step == Step::kSecaggReceipt && phase_ == Phase::Receipts) ||
+    const bool setup = stage_ == Stage::Setup;
+    return (setup && step == Step::kSecaggKeys && phase_ == Phase::Keys) ||
+           (setup && step == Step::kSecaggShares && phase_ == Phase::Shares) ||
+           (setup && step == Step::kSecaggReceipt && phase_ == Phase::Receipts) ||
            (step == Step::kSecaggConfirmation && stage_ == Stage::Confirm) ||
            (step == Step::kSecaggUnmaskShares && stage_ == Stage::Unmask);
   }

@@ -25,6 +25,15 @@ class LightSecAggMember final : public Member {
       return proto::error(wire::NOT_ALLOWED, "unusable secure group: LightSecAgg masks 32-bit field words, the setup says " +
                                                  std::to_string(setup_.modulus_bits()) + " bits");
     }
+    // The server chooses L = d / (U - T): a setup whose shares this silo could not send (or
+    // whose encoding would take memory and time for nothing) is refused before any work.
+    const auto bytes = lsa::max_shares_message_bytes(client_.params());
+    if (bytes > ctx_.max_message_bytes) {
+      return proto::error(wire::NOT_ALLOWED, "unusable secure group: its encoded mask shares take up to " +
+                                                 std::to_string(bytes >> 20) + " MiB in one message, above this silo's "
+                                                 "transport.max_frame_bytes (" +
+                                                 std::to_string(ctx_.max_message_bytes >> 20) + " MiB)");
+    }
     auto keys = client_.advertise();
     if (!secagg::ok(keys)) return proto::error(wire::NOT_ALLOWED, "unusable secure group: " + secagg::error(keys));
     wire::SecureAggregation m;

@@ -45,6 +45,7 @@ struct MemberContext {
   std::string server_name;  // the setup's signer, already checked
   crypto::secagg::Floor floor;
   crypto::Sources sources;  // the member's randomness (masks, keys), from the session's
+  std::size_t max_message_bytes = std::size_t{4} << 20;  // the transport's frame limit
 };
 
 // The name of a step ("secagg_keys"), for refusals.
