@@ -16,10 +16,13 @@
 //                        lowest score among those left, scores recomputed over those left), then
 //                        per coordinate drop the f largest and f smallest selected values and
 //                        average the remaining theta - 2f. Needs n >= 4f + 3.
-//   centered_clip(tau, L, v0): v <- v + mean_i (x_i - v) * min(1, tau / ||x_i - v||), L times,
-//                        from v0 (Karimireddy, He, Jaggi 2021: v0 is the previous round's
+//   centered_clip(tau, L, v0, r): v <- v + mean_i (x_i - v) * min(1, tau / ||x_i - v||), L
+//                        times, from v0 (Karimireddy, He, Jaggi 2021: v0 is the previous round's
 //                        aggregate). tau <= 0: each iteration's radius is half the median of
-//                        the distances ||x_i - v||, in the inputs' own units.
+//                        the distances ||x_i - v||, in the inputs' own units. r > 0: an input
+//                        farther from v than r times that median distance is out of the
+//                        iteration (the mean runs over the others), so an update far outside
+//                        the honest spread pulls nothing instead of a full radius; r <= 0: none.
 // Pre-aggregation steps, composable with every rule (rule.h runs nnm, then bucketing, then the
 // rule):
 //   nnm(f):              nearest-neighbour mixing (Allouah et al., AISTATS 2023): input i is
@@ -60,7 +63,11 @@ struct Result {
   std::vector<float> aggregate;   // d values
   std::vector<Decision> decisions;  // n entries
   std::vector<std::vector<std::size_t>> buckets;  // after bucketing: the inputs of each bucket
-  double radius = 0;  // centered_clip: the first iteration's radius (tau, or half the median distance)
+  // centered_clip, in its last iteration (the one that fixed the aggregate; its decisions are
+  // that iteration's too): the radius (tau, or half the median distance) and the distance
+  // beyond which inputs were rejected (0: no rejection).
+  double radius = 0;
+  double rejected_beyond = 0;
 };
 
 // Why a rule cannot run on n inputs, or "" when it can.
@@ -98,6 +105,7 @@ Result multi_krum(MatrixView x, std::size_t f, std::size_t m);
 Result median(MatrixView x);
 Result trimmed_mean(MatrixView x, std::size_t b);
 Result bulyan(MatrixView x, std::size_t f);
-Result centered_clip(MatrixView x, double tau, std::size_t iterations, std::span<const float> v0 = {});
+Result centered_clip(MatrixView x, double tau, std::size_t iterations, std::span<const float> v0 = {},
+                     double reject = 0);
 
 }  // namespace xsilo::robust

@@ -85,7 +85,7 @@ Result apply_rule(const RuleSpec& s, MatrixView x, std::span<const double> weigh
     case Rule::Median: return median(x);
     case Rule::TrimmedMean: return trimmed_mean(x, trim_count(s, x.n));
     case Rule::Bulyan: return bulyan(x, s.f);
-    case Rule::CenteredClip: return centered_clip(x, s.tau, s.iterations, s.centre);
+    case Rule::CenteredClip: return centered_clip(x, s.tau, s.iterations, s.centre, s.reject);
   }
   return {};
 }

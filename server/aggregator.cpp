@@ -232,10 +232,15 @@ Combined combine_rows(const AggregationConfig& a, std::vector<float>& rows, std:
   const auto r = robust::apply(spec, x, weights);
   std::copy(r.aggregate.begin(), r.aggregate.end(), out.begin());
   if (spec.rule == robust::Rule::CenteredClip) {
-    // What an auditor needs to recompute it: the radius, whether it was measured, and the centre.
+    // What an auditor needs to recompute it: the radius, whether it was measured, the centre,
+    // and the rejection (all of the last iteration, like the decisions).
     info["tau"] = r.radius;
     if (spec.tau <= 0) info["tau_from"] = "half the median distance";
     info["centre"] = spec.centre.empty() ? "zero" : "last committed step";
+    if (spec.reject > 0) {
+      info["reject"] = spec.reject;
+      info["rejected_beyond"] = r.rejected_beyond;
+    }
   }
   nlohmann::json inputs = nlohmann::json::array();
   for (std::size_t i = 0; i < n; ++i) {

@@ -150,6 +150,12 @@ void parse_rounds_aggregation(const ConfigNode& root, ServerConfig& c) {
     rule.tau = ag.number("tau", 0.0, 1e-12, 1e12);
   }
   rule.iterations = static_cast<std::size_t>(ag.integer("iterations", 10, 1, 100));
+  // centered_clip's rejection of far inputs, in median distances to the centre (0: off).
+  rule.reject = ag.number("reject", robust::kDefaultReject, 0.0, 1e6);
+  if (rule.reject > 0 && rule.reject < 1.5) {
+    ag.fail("reject", "must be 0 (no rejection) or at least 1.5 median distances: nearer, the rule would reject "
+                      "honest updates that are merely on the far side of the median");
+  }
   rule.nnm = ag.boolean("nnm", false);
   rule.bucket = static_cast<std::size_t>(ag.integer("bucket", 0, 0, 1 << 20));
   a.clip_norm = ag.number("clip_norm", 0.0, 0.0, 1e12);
@@ -503,6 +509,7 @@ nlohmann::json to_json(const ServerConfig& c) {
               {"beta", r.beta},
               {"tau", r.tau > 0 ? nlohmann::json(r.tau) : nlohmann::json("auto")},
               {"iterations", r.iterations},
+              {"reject", r.reject},
               {"nnm", r.nnm},
               {"bucket", r.bucket},
               {"clip_norm", c.aggregation.clip_norm},

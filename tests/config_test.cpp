@@ -391,6 +391,19 @@ TEST(Config, RobustRulesAreCheckedAgainstTheInputsTheySeeSilosOrSecureGroups) {
   EXPECT_EQ(load.warnings(pairs + R"("aggregation": {"rule": "median"})"), "");
 }
 
+// centered_clip rejects inputs beyond 3.5 median distances by default; 0 turns it off, and a
+// factor so near that honest updates past the median would go is refused.
+TEST(Config, CenteredClippingsRejectionIsAFactorOfTheMedianDistanceOrOff) {
+  const SixSiloServer load;
+  EXPECT_EQ(load(R"(, "aggregation": {"rule": "centered_clip", "reject": 0})"), "");
+  EXPECT_EQ(load(R"(, "aggregation": {"rule": "centered_clip", "reject": 6})"), "");
+  const auto near = load(R"(, "aggregation": {"rule": "centered_clip", "reject": 1.2})");
+  EXPECT_NE(near.find(".aggregation.reject"), std::string::npos) << near;
+  EXPECT_NE(near.find("at least 1.5"), std::string::npos) << near;
+  EXPECT_NE(load(R"(, "aggregation": {"rule": "centered_clip", "reject": -1})").find(".aggregation.reject"),
+            std::string::npos);
+}
+
 // centered_clip's radius: "auto" by default (measured on each round's inputs), or a number.
 TEST(Config, CenteredClippingsRadiusIsAutomaticUnlessANumberFixesIt) {
   const SixSiloServer load;

@@ -1022,6 +1022,40 @@ TEST(Coordinator, KrumKeepsTheAttackerOutAndTheAuditSaysWhy) {
   EXPECT_TRUE(std::abs(moved - 0.2f) < 1e-5 || std::abs(moved - 0.3f) < 1e-5) << moved;
 }
 
+// The default centered clipping takes an update a million times an honest one out of the mean
+// (it would otherwise pull by a radius) and the audit says by what measure.
+TEST(Coordinator, CenteredClippingRejectsAFarUpdateAndTheAuditSaysBeyondWhatDistance) {
+  RoundConfig cfg = three_rounds();
+  cfg.selection.min_silos = 5;
+  cfg.aggregation.rule.rule = robust::Rule::CenteredClip;
+  Harness h(5, cfg);
+  h.connect_all(5);
+  std::map<std::size_t, std::pair<std::vector<float>, double>> ups;
+  for (std::size_t i = 0; i < 4; ++i) ups[i] = {constant(0.1f * static_cast<float>(i + 1) * 10), 10};
+  ups[4] = {constant(-1e6f * 10), 10};  // the Byzantine silo
+  for (std::size_t i = 0; i < 5; ++i) h.ready(i, 10);
+  h.serve(ups);
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  const auto& robust = h.store.commits[0].record["robust"];
+  EXPECT_EQ(robust["applied"], "centered_clip");
+  EXPECT_EQ(robust["reject"].get<double>(), robust::kDefaultReject);
+  const double beyond = robust["rejected_beyond"].get<double>();
+  EXPECT_GT(beyond, robust["tau"].get<double>());
+  for (const auto& d : robust["decisions"]) {
+    ASSERT_TRUE(d.contains("norm")) << d.dump();
+    const bool attacker = d["silo"] == name(4);
+    EXPECT_EQ(d["kept"].get<bool>(), !attacker) << d.dump();
+    if (attacker) {
+      EXPECT_GT(d["score"].get<double>(), beyond);
+      EXPECT_NE(d["reason"].get<std::string>().find("rejected"), std::string::npos) << d.dump();
+    }
+  }
+  // The honest deltas are 0.1-0.4; the attacker's -10^6 moved the step nowhere near it.
+  const float moved = h.store.commits[0].model.flat()[0] - h.initial_.flat()[0];
+  EXPECT_GT(moved, 0.05f);
+  EXPECT_LT(moved, 0.4f);
+}
+
 TEST(Coordinator, TooFewUpdatesForTheRuleFallBackAsConfigured) {
   RoundConfig cfg = three_rounds();
   cfg.selection.min_silos = 3;

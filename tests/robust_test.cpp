@@ -77,8 +77,45 @@ TEST(Robust, CenteredClippingStartsFromTheGivenCentre) {
   EXPECT_NEAR(centered_clip(view(x, 3), 1.0, 1, other_layout).aggregate[0], 1.0, 1e-6);  // not d values: zeros
 }
 
-// The automatic radius is measured in the inputs' own units: multiplying every input and the
-// centre by 10^k clips the same inputs and scales the aggregate and the radius by 10^k.
+// An update far outside the honest spread (here 1000 times an honest one) is out of the mean
+// altogether; without the rejection it pulls by a full radius in every iteration.
+TEST(Robust, CenteredClippingRejectsAnInputFarOutsideTheHonestSpread) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> g(0, 1);
+  const std::size_t n = 10, d = 20;
+  std::vector<float> x(n * d);
+  for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t k = 0; k < d; ++k) x[i * d + k] = i == 9 ? -1000.0f : 1 + 0.3f * g(rng);
+  }
+  std::vector<float> honest_mean(d, 0.0f);
+  for (std::size_t i = 0; i < 9; ++i) {
+    for (std::size_t k = 0; k < d; ++k) honest_mean[k] += x[i * d + k] / 9.0f;
+  }
+  // From the honest mean (the last step, where the honest inputs agree): the rule should stay.
+  const auto with = centered_clip(view(x, n), 0, 10, honest_mean, kDefaultReject);
+  EXPECT_FALSE(with.decisions[9].kept);
+  EXPECT_NE(with.decisions[9].reason.find("rejected"), std::string::npos) << with.decisions[9].reason;
+  for (std::size_t i = 0; i < 9; ++i) EXPECT_TRUE(with.decisions[i].kept) << i;
+  EXPECT_GT(with.rejected_beyond, with.radius);
+  EXPECT_LT(with.rejected_beyond, with.decisions[9].score);
+  const auto without = centered_clip(view(x, n), 0, 10, honest_mean, 0);
+  EXPECT_TRUE(without.decisions[9].kept);
+  EXPECT_EQ(without.rejected_beyond, 0);
+  auto towards_it = [&](const std::vector<float>& v) {  // how far v moved from the honest mean towards it
+    double p = 0;
+    for (std::size_t k = 0; k < d; ++k) p += double(honest_mean[k] - v[k]) / std::sqrt(double(d));
+    return p;
+  };
+  // Without the rejection the far input pulls a tenth of a radius in each of the ten iterations
+  // (the honest inputs pull back only as the centre leaves them); with it, nothing beyond the
+  // honest inputs' own scatter.
+  EXPECT_GT(towards_it(without.aggregate), 0.2 * without.radius);
+  EXPECT_LT(std::abs(towards_it(with.aggregate)), 0.2 * towards_it(without.aggregate));
+}
+
+// The automatic radius and the rejection are measured in the inputs' own units: multiplying
+// every input and the centre by 10^k clips and rejects the same inputs and scales the aggregate
+// and the radius by 10^k.
 TEST(Robust, CenteredClippingWithTheAutomaticRadiusDecidesAlikeAtEveryScale) {
   std::mt19937 rng(7);
   std::normal_distribution<float> g(0, 1);
@@ -86,21 +123,31 @@ TEST(Robust, CenteredClippingWithTheAutomaticRadiusDecidesAlikeAtEveryScale) {
   std::vector<float> x(n * d), centre(d);
   for (auto& v : centre) v = 0.3f * g(rng);
   for (std::size_t i = 0; i < n; ++i) {
-    for (std::size_t k = 0; k < d; ++k) x[i * d + k] = i < 2 ? -20.0f * (1 + g(rng) * 0.1f) : 1 + 0.5f * g(rng);
+    // Input 0 far enough to be rejected, input 1 near enough to be clipped only.
+    for (std::size_t k = 0; k < d; ++k) {
+      x[i * d + k] = i == 0 ? -20.0f * (1 + g(rng) * 0.1f) : i == 1 ? -0.3f * (1 + g(rng) * 0.1f) : 1 + 0.5f * g(rng);
+    }
   }
-  const auto base = centered_clip(view(x, n), 0, 3, centre);
+  const auto base = centered_clip(view(x, n), 0, 3, centre, kDefaultReject);
+  EXPECT_FALSE(base.decisions[0].kept);
+  EXPECT_TRUE(base.decisions[1].kept);
   std::size_t clipped = 0;
   for (const auto& dec : base.decisions) clipped += !dec.reason.empty();
   EXPECT_GE(clipped, 2u);  // the two attackers at least
   EXPECT_FALSE(base.decisions[0].reason.empty());
+  EXPECT_FALSE(base.decisions[1].reason.empty());
   EXPECT_GT(base.radius, 0);
   for (int k : {-4, -2, 2, 3}) {
     const float s = std::pow(10.0f, static_cast<float>(k));
     std::vector<float> xs = x, cs = centre;
     for (auto& v : xs) v *= s;
     for (auto& v : cs) v *= s;
-    const auto r = centered_clip(view(xs, n), 0, 3, cs);
-    for (std::size_t i = 0; i < n; ++i) EXPECT_EQ(r.decisions[i].reason.empty(), base.decisions[i].reason.empty()) << k << " " << i;
+    const auto r = centered_clip(view(xs, n), 0, 3, cs, kDefaultReject);
+    for (std::size_t i = 0; i < n; ++i) {
+      EXPECT_EQ(r.decisions[i].reason.empty(), base.decisions[i].reason.empty()) << k << " " << i;
+      EXPECT_EQ(r.decisions[i].kept, base.decisions[i].kept) << k << " " << i;
+    }
+    EXPECT_NEAR(r.rejected_beyond / s, base.rejected_beyond, 1e-4 * base.rejected_beyond) << k;
     EXPECT_NEAR(r.radius / s, base.radius, 1e-4 * base.radius) << k;
     for (std::size_t j = 0; j < d; ++j) EXPECT_NEAR(r.aggregate[j] / s, base.aggregate[j], 1e-4) << k << " " << j;
   }

@@ -48,7 +48,7 @@ void add_bench(CLI::App& app, int& exit_code) {
 
   auto at = std::make_shared<AttackBenchOptions>();
   auto* a = bench->add_subcommand("attacks", "robust rules and steps against simulated attacks (10 silos by default, non-IID)");
-  a->add_option("--datasets", at->datasets, "digits, breast_cancer (several values)")->capture_default_str();
+  a->add_option("--datasets", at->datasets, "digits (MLP), breast_cancer, digits_logistic (logistic regressions; several values)")->capture_default_str();
   a->add_option("--alpha", at->alpha, "Dirichlet label skew (several values: one table each)")->capture_default_str();
   a->add_option("--attackers", at->attackers, "Byzantine silos (several values: one table each)")->capture_default_str();
   a->add_option("--seeds", at->seeds, "seeds: each cell is their mean and spread")->capture_default_str();
