@@ -338,22 +338,8 @@ void Relay::relay_model(const std::string& silo, const wire::Envelope& e) {
 
 void Relay::on_silo_message(const std::string& silo, const wire::Envelope& e) {
   using B = wire::Envelope::BodyCase;
-  Region* r = region_.get();
-  const auto st = r ? r->silos.find(silo) : decltype(r->silos)::iterator{};
-  const bool in_round = r && st != r->silos.end() && e.round() == r->round && !r->sent;
   switch (e.body_case()) {
-    case B::kJoinProof:
-      // The server checks the signature; the edge only keeps answers to its current challenge
-      // from the silo that connected under that name.
-      if (e.join_proof().silo() != silo || nonce_.empty() || e.join_proof().nonce() != nonce_) {
-        silo_error(silo, wire::NOT_ALLOWED, "a join proof must answer this edge's current challenge in your own name");
-        break;
-      }
-      proofs_[silo] = e.join_proof();
-      proof_sent_.erase(silo);
-      spdlog::info("silo {} signed its join ({} in the region)", silo, proofs_.size());
-      send_region_status();
-      break;
+    case B::kJoinProof: join_proof(silo, e); break;
     case B::kModelOffer:
       if (!model_asked_.erase(silo)) {
         silo_error(silo, wire::UNEXPECTED, "ModelOffer, but the server asked this silo for no model");
@@ -361,17 +347,7 @@ void Relay::on_silo_message(const std::string& silo, const wire::Envelope& e) {
       }
       relay_model(silo, e);
       break;
-    case B::kWitness: {
-      // Passed up unread (the server checks the audit key's signature), after the silo's join.
-      wire::Envelope relay = e;
-      relay.set_silo(silo);
-      if (proof_sent_.count(silo)) {
-        to_server(std::move(relay));
-      } else {
-        witnesses_[silo] = std::move(relay);
-      }
-      break;
-    }
+    case B::kWitness: witness(silo, e); break;
     case B::kSecure:
     case B::kLeaving: {
       wire::Envelope relay = e;  // signed or sealed protocol steps, and Leaving, pass through unread
@@ -379,109 +355,150 @@ void Relay::on_silo_message(const std::string& silo, const wire::Envelope& e) {
       to_server(std::move(relay));
       break;
     }
-    case B::kUpdateReady: {
-      if (!in_round || st->second != SiloState::Training) {
-        silo_error(silo, wire::WRONG_ROUND, "UpdateReady not expected for round " + std::to_string(e.round()));
-        return;
-      }
-      if (r->secure && !r->settled.count(silo)) {
-        silo_error(silo, wire::UNEXPECTED, "UpdateReady before the server settled this silo into its secure group");
-        return;
-      }
-      st->second = SiloState::Ready;
-      if (!e.update_ready().model_sha256().empty()) silo_held_[silo] = e.update_ready().model_sha256();
-      wire::Contributor c;
-      c.set_silo(silo);
-      c.set_num_samples(e.update_ready().num_samples());
-      r->contributors[silo] = c;  // counts only once it is Done
-      wire::Envelope relay = e;
-      relay.set_silo(silo);
-      to_server(std::move(relay));  // the server tracks every silo's readiness and metrics
-      r->slot.enqueue(silo);
-      pump();
-      break;
-    }
-    case B::kTensorChunk: {
-      // A silo granted an upload sends that upload's chunks until its UpdateEnd, whatever
-      // happened to the round (the server may have gone meanwhile): never relayed as a model.
-      if (model_asked_.count(silo) && !uploading_.count(silo)) {
-        relay_model(silo, e);
-        break;
-      }
-      if (!in_round || !r->slot.held_by(silo) || r->slot.complete() || r->folding) {
-        silo_error(silo, wire::UNEXPECTED, "TensorChunk without an UploadGrant");
-        return;
-      }
-      auto check = r->slot.add(e.tensor_chunk());
-      if (!check) {
-        silo_error(silo, check.status().code, check.status().message);
-        st->second = SiloState::Gone;
-        silo_gone(silo);
-        return;
-      }
-      actions_.push_back(action::Background{std::move(*check)});
-      break;
-    }
-    case B::kUpdateEnd: {
-      uploading_.erase(silo);  // whatever comes from it next is not this upload
-      if (!in_round || !r->slot.held_by(silo) || r->slot.complete() || r->folding) {
-        silo_error(silo, wire::UNEXPECTED, "UpdateEnd without an UploadGrant");
-        return;
-      }
-      const double w = e.update_end().weight();
-      std::string why = r->slot.end("update");
-      if (why.empty() && !r->secure && (!std::isfinite(w) || w <= 0)) why = "update weight must be a positive number";
-      if (why.empty() && e.update_end().update_sha256().empty()) why = "UpdateEnd declares no SHA-256 of the update";
-      if (!why.empty()) {
-        silo_error(silo, wire::BAD_UPDATE, why);
-        st->second = SiloState::Gone;
-        silo_gone(silo);
-        return;
-      }
-      // The silo's own signed word on its upload, as it said it (the server checks it).
-      auto& c = r->contributors[silo];
-      c.set_weight(r->secure ? 0.0 : w);
-      if (!e.update_end().silo_signature().empty()) c.set_num_samples(e.update_end().num_samples());  // as signed
-      protocol::copy_signed_word(e.update_end(), c);
-      r->folding = true;
-      const std::uint64_t id = r->job = ++job_id_;
-      // On the worker, after the chunks' checks: the bytes must be what the silo declared (and,
-      // plain, finite) before they touch the sum.
-      auto checked = [check = r->slot.check(), declared = e.update_end().update_sha256()]() -> std::string {
-        return protocol::verify_upload(*check, declared, "update").why;  // the server's own check
-      };
-      if (r->secure) {
-        auto& sum = r->group_sums[r->group_of[silo]];
-        if (!sum) sum = std::make_shared<protocol::MaskedVector>(r->current_words->zeros_like());
-        // Masked words of one group add up mod 2^bits (or mod p); the edge never sees anything else.
-        actions_.push_back(action::Job{id, [sum, cur = r->current_words, checked]() -> std::string {
-                                         if (auto why = checked(); !why.empty()) return why;
-                                         sum->add(*cur);
-                                         return "";
-                                       }});
-      } else {
-        actions_.push_back(action::Job{id, [sum = r->sum, cur = r->current, checked]() -> std::string {
-                                         if (auto why = checked(); !why.empty()) return why;
-                                         const auto c = cur->flat();
-                                         auto acc = sum->flat();
-                                         for (std::size_t i = 0; i < c.size(); ++i) acc[i] += c[i];
-                                         return "";
-                                       }});
-      }
-      break;
-    }
-    case B::kError: {
-      spdlog::warn("silo {} reports: {}", silo, e.error().message());
-      if (in_round && e.error().code() == wire::TRAINING_FAILED) {
-        // Its trainer failed: the server drops it from the round, the region stops waiting.
-        wire::Envelope relay = e;
-        relay.set_silo(silo);
-        to_server(std::move(relay));
-        silo_gone(silo);
-      }
-      break;
-    }
+    case B::kUpdateReady: update_ready(silo, e); break;
+    case B::kTensorChunk: upload_chunk(silo, e); break;
+    case B::kUpdateEnd: update_end(silo, e); break;
+    case B::kError: silo_report(silo, e); break;
     default: silo_error(silo, wire::UNEXPECTED, "a silo may not send " + proto::body_name(e));
+  }
+}
+
+Relay::SiloState* Relay::in_round(const std::string& silo, std::uint64_t round) {
+  Region* r = region_.get();
+  if (!r || round != r->round || r->sent) return nullptr;
+  const auto st = r->silos.find(silo);
+  return st == r->silos.end() ? nullptr : &st->second;
+}
+
+void Relay::join_proof(const std::string& silo, const wire::Envelope& e) {
+  // The server checks the signature; the edge only keeps answers to its current challenge
+  // from the silo that connected under that name.
+  if (e.join_proof().silo() != silo || nonce_.empty() || e.join_proof().nonce() != nonce_) {
+    silo_error(silo, wire::NOT_ALLOWED, "a join proof must answer this edge's current challenge in your own name");
+    return;
+  }
+  proofs_[silo] = e.join_proof();
+  proof_sent_.erase(silo);
+  spdlog::info("silo {} signed its join ({} in the region)", silo, proofs_.size());
+  send_region_status();
+}
+
+void Relay::witness(const std::string& silo, const wire::Envelope& e) {
+  // Passed up unread (the server checks the audit key's signature), after the silo's join.
+  wire::Envelope relay = e;
+  relay.set_silo(silo);
+  if (proof_sent_.count(silo)) {
+    to_server(std::move(relay));
+  } else {
+    witnesses_[silo] = std::move(relay);
+  }
+}
+
+void Relay::update_ready(const std::string& silo, const wire::Envelope& e) {
+  SiloState* state = in_round(silo, e.round());
+  if (!state || *state != SiloState::Training) {
+    silo_error(silo, wire::WRONG_ROUND, "UpdateReady not expected for round " + std::to_string(e.round()));
+    return;
+  }
+  Region* r = region_.get();
+  if (r->secure && !r->settled.count(silo)) {
+    silo_error(silo, wire::UNEXPECTED, "UpdateReady before the server settled this silo into its secure group");
+    return;
+  }
+  *state = SiloState::Ready;
+  if (!e.update_ready().model_sha256().empty()) silo_held_[silo] = e.update_ready().model_sha256();
+  wire::Contributor c;
+  c.set_silo(silo);
+  c.set_num_samples(e.update_ready().num_samples());
+  r->contributors[silo] = c;  // counts only once it is Done
+  wire::Envelope relay = e;
+  relay.set_silo(silo);
+  to_server(std::move(relay));  // the server tracks every silo's readiness and metrics
+  r->slot.enqueue(silo);
+  pump();
+}
+
+void Relay::upload_chunk(const std::string& silo, const wire::Envelope& e) {
+  // A silo granted an upload sends that upload's chunks until its UpdateEnd, whatever
+  // happened to the round (the server may have gone meanwhile): never relayed as a model.
+  if (model_asked_.count(silo) && !uploading_.count(silo)) {
+    relay_model(silo, e);
+    return;
+  }
+  SiloState* state = in_round(silo, e.round());
+  Region* r = region_.get();
+  if (!state || !r->slot.held_by(silo) || r->slot.complete() || r->folding) {
+    silo_error(silo, wire::UNEXPECTED, "TensorChunk without an UploadGrant");
+    return;
+  }
+  auto check = r->slot.add(e.tensor_chunk());
+  if (!check) {
+    silo_error(silo, check.status().code, check.status().message);
+    *state = SiloState::Gone;
+    silo_gone(silo);
+    return;
+  }
+  actions_.push_back(action::Background{std::move(*check)});
+}
+
+void Relay::update_end(const std::string& silo, const wire::Envelope& e) {
+  uploading_.erase(silo);  // whatever comes from it next is not this upload
+  SiloState* state = in_round(silo, e.round());
+  Region* r = region_.get();
+  if (!state || !r->slot.held_by(silo) || r->slot.complete() || r->folding) {
+    silo_error(silo, wire::UNEXPECTED, "UpdateEnd without an UploadGrant");
+    return;
+  }
+  const double w = e.update_end().weight();
+  std::string why = r->slot.end("update");
+  if (why.empty() && !r->secure && (!std::isfinite(w) || w <= 0)) why = "update weight must be a positive number";
+  if (why.empty() && e.update_end().update_sha256().empty()) why = "UpdateEnd declares no SHA-256 of the update";
+  if (!why.empty()) {
+    silo_error(silo, wire::BAD_UPDATE, why);
+    *state = SiloState::Gone;
+    silo_gone(silo);
+    return;
+  }
+  // The silo's own signed word on its upload, as it said it (the server checks it).
+  auto& c = r->contributors[silo];
+  c.set_weight(r->secure ? 0.0 : w);
+  if (!e.update_end().silo_signature().empty()) c.set_num_samples(e.update_end().num_samples());  // as signed
+  protocol::copy_signed_word(e.update_end(), c);
+  r->folding = true;
+  const std::uint64_t id = r->job = ++job_id_;
+  // On the worker, after the chunks' checks: the bytes must be what the silo declared (and,
+  // plain, finite) before they touch the sum.
+  auto checked = [check = r->slot.check(), declared = e.update_end().update_sha256()]() -> std::string {
+    return protocol::verify_upload(*check, declared, "update").why;  // the server's own check
+  };
+  if (r->secure) {
+    auto& sum = r->group_sums[r->group_of[silo]];
+    if (!sum) sum = std::make_shared<protocol::MaskedVector>(r->current_words->zeros_like());
+    // Masked words of one group add up mod 2^bits (or mod p); the edge never sees anything else.
+    actions_.push_back(action::Job{id, [sum, cur = r->current_words, checked]() -> std::string {
+                                     if (auto why = checked(); !why.empty()) return why;
+                                     sum->add(*cur);
+                                     return "";
+                                   }});
+  } else {
+    actions_.push_back(action::Job{id, [sum = r->sum, cur = r->current, checked]() -> std::string {
+                                     if (auto why = checked(); !why.empty()) return why;
+                                     const auto c = cur->flat();
+                                     auto acc = sum->flat();
+                                     for (std::size_t i = 0; i < c.size(); ++i) acc[i] += c[i];
+                                     return "";
+                                   }});
+  }
+}
+
+void Relay::silo_report(const std::string& silo, const wire::Envelope& e) {
+  spdlog::warn("silo {} reports: {}", silo, e.error().message());
+  if (in_round(silo, e.round()) && e.error().code() == wire::TRAINING_FAILED) {
+    // Its trainer failed: the server drops it from the round, the region stops waiting.
+    wire::Envelope relay = e;
+    relay.set_silo(silo);
+    to_server(std::move(relay));
+    silo_gone(silo);
   }
 }
 

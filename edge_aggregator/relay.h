@@ -118,6 +118,15 @@ class Relay {
   void start_round(const wire::Envelope& e);
   void model_chunk(const wire::Envelope& e);
   void relay_model(const std::string& silo, const wire::Envelope& e);
+  // A silo's state when `round` is the region's round and its sum has not gone up; else null.
+  SiloState* in_round(const std::string& silo, std::uint64_t round);
+  // What on_silo_message does with each kind of message from a silo.
+  void join_proof(const std::string& silo, const wire::Envelope& e);
+  void witness(const std::string& silo, const wire::Envelope& e);
+  void update_ready(const std::string& silo, const wire::Envelope& e);
+  void upload_chunk(const std::string& silo, const wire::Envelope& e);
+  void update_end(const std::string& silo, const wire::Envelope& e);
+  void silo_report(const std::string& silo, const wire::Envelope& e);
   void to_silo(const std::string& silo, wire::Envelope e);
   void to_server(wire::Envelope e) { actions_.push_back(action::ToServer{std::move(e)}); }
   void silo_error(const std::string& silo, wire::ErrorCode code, const std::string& msg);

@@ -336,20 +336,22 @@ std::filesystem::path ServerState::checkpoint_path(std::uint64_t round) const {
   return opts_.dir / "checkpoints" / round_file(round);
 }
 
-Resume ServerState::recover(const Model& layout) {
-  Resume r;
-  // The audit log's view (verified when it was opened): last round, and the model each
-  // committed round left; an operator's resume decision supersedes the commits after its round.
+// The audit log's view (verified when it was opened): last round, and the model each
+// committed round left; an operator's resume decision supersedes the commits after its round.
+struct ServerState::AuditHistory {
   struct Committed {
     std::string model, optimizer;  // SHA-256s the record names ("" optimizer: none)
     std::optional<double> clip_norm;
   };
   std::map<std::uint64_t, Committed> committed;
-  // Rounds the log records after the last row of metrics.csv: their rows are appended below.
+  std::uint64_t last_round = 0;
+  // Rounds the log records after the last row of metrics.csv: their rows are appended at the end.
   std::uint64_t metrics_round = 0;
-  if (const auto rows = read_metrics(opts_.dir / "metrics.csv"); !rows.empty()) metrics_round = rows.back().round;
   std::map<std::uint64_t, MetricsRow> missing_rows;
-  auto take = [&](const nlohmann::json& rec) {
+
+  std::uint64_t last_commit() const { return committed.empty() ? 0 : committed.rbegin()->first; }
+
+  void take(const nlohmann::json& rec) {
     const std::string event = rec.value("event", "");
     if (event == "operator_resume") {
       const auto from = rec.value("from_round", std::uint64_t{0});
@@ -359,7 +361,7 @@ Resume ServerState::recover(const Model& layout) {
     if (event != "round") return;
     const auto n = rec.value("round", std::uint64_t{0});
     if (n > metrics_round) missing_rows[n] = metrics_row_of(rec);
-    r.last_round = std::max(r.last_round, n);
+    last_round = std::max(last_round, n);
     if (rec.value("status", "") == "committed") {
       Committed c{rec.value("model_sha256_after", ""), rec.value("optimizer_state_sha256", ""), std::nullopt};
       if (const auto ac = rec.value("robust", nlohmann::json::object()).value("adaptive_clip", nlohmann::json());
@@ -368,13 +370,23 @@ Resume ServerState::recover(const Model& layout) {
       }
       committed[n] = c;
     }
-  };
-  for_each_record(audit_->path(), take);
+  }
+};
 
-  // A checkpoint ahead of the log: the server died between writing it and appending its record,
-  // which the checkpoint carries as signed. Appended exactly, after checking; a checkpoint whose
-  // record is further ahead shows the log lost records; one that contradicts a record is a fork.
-  const std::uint64_t last_commit = committed.empty() ? 0 : committed.rbegin()->first;
+ServerState::AuditHistory ServerState::read_audit_history() const {
+  AuditHistory history;
+  if (const auto rows = read_metrics(opts_.dir / "metrics.csv"); !rows.empty()) {
+    history.metrics_round = rows.back().round;
+  }
+  for_each_record(audit_->path(), [&](const nlohmann::json& rec) { history.take(rec); });
+  return history;
+}
+
+// A checkpoint ahead of the log: the server died between writing it and appending its record,
+// which the checkpoint carries as signed. Appended exactly, after checking; a checkpoint whose
+// record is further ahead shows the log lost records; one that contradicts a record is a fork.
+void ServerState::append_checkpointed_records(AuditHistory& history, const Model& layout) {
+  const std::uint64_t last_commit = history.last_commit();
   for (const auto& folder : {opts_.dir, opts_.mirror}) {
     if (folder.empty()) continue;
     for (const auto& [round, path] : list_checkpoints(folder / "checkpoints")) {
@@ -389,7 +401,7 @@ Resume ServerState::recover(const Model& layout) {
       }
       const auto seq = rec.value("seq", std::uint64_t{0});
       if (seq <= audit_->size()) {
-        if (audit_->line_sha256(seq) != crypto::sha256_hex(c.audit_line) && committed.count(round) == 0) {
+        if (audit_->line_sha256(seq) != crypto::sha256_hex(c.audit_line) && history.committed.count(round) == 0) {
           // Not this log's record (a checkpoint a superseded history left, or one edited): no claim.
           spdlog::warn("checkpoint {} carries a record {} this log does not hold; ignored", path.string(), seq);
         }
@@ -415,73 +427,99 @@ Resume ServerState::recover(const Model& layout) {
         repairs_.push_back("round " + std::to_string(round) +
                            " was checkpointed but not audited (the server stopped in between): its signed record "
                            "appended");
-        take(rec);
-        if (round > metrics_round) missing_rows[round] = metrics_row_of(rec);
+        history.take(rec);
+        if (round > history.metrics_round) history.missing_rows[round] = metrics_row_of(rec);
       } catch (const std::exception& e) {
         spdlog::error("checkpoint {} not trusted: {}; ignored", path.string(), e.what());
       }
     }
   }
+}
 
-  if (!committed.empty()) r.clip_norm = committed.rbegin()->second.clip_norm;
-  const std::uint64_t target = committed.empty() ? 0 : committed.rbegin()->first;
-  // The model of committed round `round`, from this folder or the mirror, as its record names it.
-  auto find_model = [&](std::uint64_t round, std::string& why) -> std::optional<Checkpoint> {
-    const auto& want = committed.at(round);
-    for (const auto& folder : {opts_.dir, opts_.mirror}) {
-      if (folder.empty()) continue;
-      const auto path = folder / "checkpoints" / round_file(round);
-      const std::string where = folder == opts_.dir ? "checkpoints/" : "the mirror's checkpoints/";
-      if (!std::filesystem::exists(path)) {
-        why += (why.empty() ? "" : "; ") + where + round_file(round) + " is missing";
-        continue;
-      }
-      Checkpoint c = read_checkpoint(path, layout);
-      if (!c.model) {
-        why += (why.empty() ? "" : "; ") + where + round_file(round) + ": " + c.error;
-      } else if (c.model_sha != want.model) {
-        why += (why.empty() ? "" : "; ") + where + round_file(round) + " holds model " + short_sha(c.model_sha) +
-               ", the log names " + short_sha(want.model);
-      } else if (c.optimizer_sha != want.optimizer && !c.optimizer_lost) {
-        why += (why.empty() ? "" : "; ") + where + round_file(round) + "'s optimizer state is " +
-               short_sha(c.optimizer_sha) + ", the log names " + short_sha(want.optimizer);
-      } else {
-        if (folder != opts_.dir) {
-          Metadata meta{{"xsilo.round", std::to_string(round)}, {"xsilo.model_sha256", c.model_sha}};
-          if (c.optimizer_lost) meta["xsilo.optimizer_lost"] = "1";
-          save_safetensors(checkpoint_path(round), *c.model, meta);
-          if (c.optimizer) {
-            save_safetensors(std::filesystem::path(checkpoint_path(round)).replace_extension(".opt"), *c.optimizer);
-          }
-          repairs_.push_back("restored the checkpoint of round " + std::to_string(round) + " from the mirror (" + why + ")");
+// The committed round to go on from: the last one, or the operator's `--resume-from-round`
+// once the log shows it committed and not superseded.
+std::uint64_t ServerState::resume_round(const AuditHistory& history) const {
+  const std::uint64_t target = history.last_commit();
+  if (!opts_.resume_from_round) return target;
+  const std::uint64_t from = *opts_.resume_from_round;
+  if (from > target) {
+    throw StateError("--resume-from-round " + std::to_string(from) + ": the last committed round is " +
+                     std::to_string(target));
+  }
+  if (from > 0 && history.committed.count(from) == 0) {
+    throw StateError("--resume-from-round " + std::to_string(from) + ": the audit log has no committed round " +
+                     std::to_string(from) + " (or an earlier decision superseded it)");
+  }
+  return from;
+}
+
+// The model of committed round `round`, from this folder or the mirror, as its record names it,
+// into `r`; false, with what happened to each copy in `why`, when no copy holds it.
+bool ServerState::load_committed_model(std::uint64_t round, const AuditHistory& history, const Model& layout,
+                                       Resume& r, std::string& why) {
+  const auto& want = history.committed.at(round);
+  for (const auto& folder : {opts_.dir, opts_.mirror}) {
+    if (folder.empty()) continue;
+    const auto path = folder / "checkpoints" / round_file(round);
+    const std::string where = folder == opts_.dir ? "checkpoints/" : "the mirror's checkpoints/";
+    if (!std::filesystem::exists(path)) {
+      why += (why.empty() ? "" : "; ") + where + round_file(round) + " is missing";
+      continue;
+    }
+    Checkpoint c = read_checkpoint(path, layout);
+    if (!c.model) {
+      why += (why.empty() ? "" : "; ") + where + round_file(round) + ": " + c.error;
+    } else if (c.model_sha != want.model) {
+      why += (why.empty() ? "" : "; ") + where + round_file(round) + " holds model " + short_sha(c.model_sha) +
+             ", the log names " + short_sha(want.model);
+    } else if (c.optimizer_sha != want.optimizer && !c.optimizer_lost) {
+      why += (why.empty() ? "" : "; ") + where + round_file(round) + "'s optimizer state is " +
+             short_sha(c.optimizer_sha) + ", the log names " + short_sha(want.optimizer);
+    } else {
+      if (folder != opts_.dir) {
+        Metadata meta{{"xsilo.round", std::to_string(round)}, {"xsilo.model_sha256", c.model_sha}};
+        if (c.optimizer_lost) meta["xsilo.optimizer_lost"] = "1";
+        save_safetensors(checkpoint_path(round), *c.model, meta);
+        if (c.optimizer) {
+          save_safetensors(std::filesystem::path(checkpoint_path(round)).replace_extension(".opt"), *c.optimizer);
         }
-        return c;
+        repairs_.push_back("restored the checkpoint of round " + std::to_string(round) + " from the mirror (" + why +
+                           ")");
       }
-    }
-    return std::nullopt;
-  };
-
-  std::uint64_t from = target;
-  if (opts_.resume_from_round) {
-    from = *opts_.resume_from_round;
-    if (from > target) {
-      throw StateError("--resume-from-round " + std::to_string(from) + ": the last committed round is " +
-                       std::to_string(target));
-    }
-    if (from > 0 && committed.count(from) == 0) {
-      throw StateError("--resume-from-round " + std::to_string(from) + ": the audit log has no committed round " +
-                       std::to_string(from) + " (or an earlier decision superseded it)");
+      r.committed_round = round;
+      r.model = std::move(c.model);
+      r.optimizer_state = std::move(c.optimizer);
+      return true;
     }
   }
+  return false;
+}
+
+void ServerState::append_missing_metrics(const AuditHistory& history) {
+  for (const auto& [round, row] : history.missing_rows) {
+    spdlog::warn("round {} is in the audit log but not in metrics.csv (the server died in between); its row "
+                 "appended from the record",
+                 round);
+    append_metrics(row);
+  }
+}
+
+Resume ServerState::recover(const Model& layout) {
+  Resume r;
+  AuditHistory history = read_audit_history();
+  append_checkpointed_records(history, layout);
+
+  const auto& committed = history.committed;
+  if (!committed.empty()) r.clip_norm = committed.rbegin()->second.clip_norm;
+  const std::uint64_t target = history.last_commit();
+  const std::uint64_t from = resume_round(history);
   if (from > 0) {
     std::string why;
-    if (auto c = find_model(from, why)) {
-      r.committed_round = from;
-      r.model = std::move(c->model);
-      r.optimizer_state = std::move(c->optimizer);
-    } else if (opts_.resume_from_round) {
-      throw StateError("--resume-from-round " + std::to_string(from) + ": its checkpoint is not usable either (" + why + ")");
-    } else {
+    if (!load_committed_model(from, history, layout, r, why)) {
+      if (opts_.resume_from_round) {
+        throw StateError("--resume-from-round " + std::to_string(from) + ": its checkpoint is not usable either (" +
+                         why + ")");
+      }
       r.committed_round = from;
       r.missing = Resume::Missing{from, committed.at(from).model, committed.at(from).optimizer, why};
     }
@@ -495,13 +533,8 @@ Resume ServerState::recover(const Model& layout) {
                                 {"superseded_rounds", superseded}};
     r.clip_norm = from == 0 ? std::nullopt : committed.at(from).clip_norm;
   }
-  r.last_round = std::max(r.last_round, r.committed_round);
-  for (const auto& [round, row] : missing_rows) {
-    spdlog::warn("round {} is in the audit log but not in metrics.csv (the server died in between); its row "
-                 "appended from the record",
-                 round);
-    append_metrics(row);
-  }
+  r.last_round = std::max(history.last_round, r.committed_round);
+  append_missing_metrics(history);
   r.repairs = repairs_;
   return r;
 }

@@ -112,6 +112,14 @@ class ServerState : public Store {
  private:
   crypto::SigningKey open_key();
   void settle_log(const std::string& first_key);
+  // recover()'s steps, in order (state.cpp).
+  struct AuditHistory;
+  AuditHistory read_audit_history() const;
+  void append_checkpointed_records(AuditHistory& history, const Model& layout);
+  std::uint64_t resume_round(const AuditHistory& history) const;
+  bool load_committed_model(std::uint64_t round, const AuditHistory& history, const Model& layout, Resume& r,
+                            std::string& why);
+  void append_missing_metrics(const AuditHistory& history);
   void append_metrics(const MetricsRow& row);
   void prune(const std::filesystem::path& dir);
   // Whatever is written to the state folder goes to the mirror too; a mirror that fails is
