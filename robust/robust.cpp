@@ -470,7 +470,10 @@ Result centered_clip(MatrixView x, double tau, std::size_t iterations, std::span
   r.decisions.resize(x.n);
   std::vector<double> v(x.d, 0.0);
   if (v0.size() == x.d) std::copy(v0.begin(), v0.end(), v.begin());
+  // At 1 or more the input at the median distance always counts, so no iteration is empty.
+  if (reject > 0) reject = std::max(reject, 1.0);
   std::vector<double> dist(x.n);
+  std::vector<std::size_t> rejections(x.n, 0);
   const std::size_t rounds = std::max<std::size_t>(1, iterations);
   for (std::size_t it = 0; it < rounds; ++it) {
     for (std::size_t i = 0; i < x.n; ++i) {
@@ -484,29 +487,31 @@ Result centered_clip(MatrixView x, double tau, std::size_t iterations, std::span
     }
     // Both thresholds in the units of this round's inputs: while more than half of the inputs
     // are honest, the median distance to the centre is an honest input's however far the others
-    // are, and scaling every input (and the centre) scales it alike.
+    // are, and scaling every input (and the centre) scales it alike. A median distance of 0
+    // (most inputs at the centre) gives no scale to reject by.
     const double median_distance = median_of(dist);
     const double radius = tau > 0 ? tau : kAutoRadius * median_distance;
-    const double far = reject > 0 ? reject * median_distance : std::numeric_limits<double>::infinity();
+    const double far = reject > 0 && median_distance > 0 ? reject * median_distance
+                                                         : std::numeric_limits<double>::infinity();
     const bool last = it + 1 == rounds;
     if (last) {
       r.radius = radius;
-      r.rejected_beyond = reject > 0 ? far : 0;
+      r.rejected_beyond = std::isfinite(far) ? far : 0;
     }
     std::vector<double> step(x.d, 0.0);
     std::size_t counted = 0;
     for (std::size_t i = 0; i < x.n; ++i) {
       const bool rejected = dist[i] > far;
       const double scale = rejected ? 0.0 : dist[i] > radius ? radius / dist[i] : 1.0;
+      if (rejected) ++rejections[i];
       if (last) {
-        auto& dec = r.decisions[i];
-        dec.score = dist[i];
-        dec.kept = !rejected;
+        r.decisions[i].score = dist[i];
         if (rejected) {
-          dec.reason = "rejected: " + std::to_string(dist[i]) + " from the centre, more than " + std::to_string(reject) +
-                       " times the median distance " + std::to_string(median_distance);
+          r.decisions[i].reason = "rejected: " + std::to_string(dist[i]) + " from the centre, more than " +
+                                  std::to_string(reject) + " times the median distance " +
+                                  std::to_string(median_distance);
         } else if (scale < 1.0) {
-          dec.reason = "clipped around the centre from distance " + std::to_string(dist[i]);
+          r.decisions[i].reason = "clipped around the centre from distance " + std::to_string(dist[i]);
         }
       }
       if (rejected) continue;
@@ -515,8 +520,19 @@ Result centered_clip(MatrixView x, double tau, std::size_t iterations, std::span
       for (std::size_t k = 0; k < x.d; ++k) step[k] += (row[k] - v[k]) * scale;
     }
     // The mean over the inputs that count: a rejected input is out of this iteration, not a zero.
-    if (counted == 0) break;  // unreachable: the input at the median distance always counts
+    if (counted == 0) break;  // no inputs (check() refuses that before)
     for (std::size_t k = 0; k < x.d; ++k) v[k] += step[k] / static_cast<double>(counted);
+  }
+  // Left out only if it counted in no iteration; an input that pulled in some iterations and
+  // was rejected in others is kept, and its reason says how often it was out.
+  for (std::size_t i = 0; i < x.n; ++i) {
+    auto& dec = r.decisions[i];
+    dec.kept = rejections[i] < rounds;
+    if (rejections[i] > 0 && rejections[i] < rounds) {
+      const std::string last = dec.reason.empty() ? "within the radius in the last" : dec.reason + " in the last";
+      dec.reason = "rejected in " + std::to_string(rejections[i]) + " of " + std::to_string(rounds) +
+                   " iterations (beyond " + std::to_string(reject) + " median distances); " + last;
+    }
   }
   r.aggregate.assign(v.begin(), v.end());
   return r;

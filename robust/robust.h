@@ -22,7 +22,9 @@
 //                        the distances ||x_i - v||, in the inputs' own units. r > 0: an input
 //                        farther from v than r times that median distance is out of the
 //                        iteration (the mean runs over the others), so an update far outside
-//                        the honest spread pulls nothing instead of a full radius; r <= 0: none.
+//                        the honest spread pulls nothing instead of a full radius; r <= 0: none
+//                        (r is at least 1; a median distance of 0 rejects nothing). An input is
+//                        left out (kept = false) when it was rejected in every iteration.
 // Pre-aggregation steps, composable with every rule (rule.h runs nnm, then bucketing, then the
 // rule):
 //   nnm(f):              nearest-neighbour mixing (Allouah et al., AISTATS 2023): input i is
@@ -105,7 +107,9 @@ Result multi_krum(MatrixView x, std::size_t f, std::size_t m);
 Result median(MatrixView x);
 Result trimmed_mean(MatrixView x, std::size_t b);
 Result bulyan(MatrixView x, std::size_t f);
+// centered_clip's default rejection, in median distances to the centre (rule.h says why).
+inline constexpr double kDefaultReject = 3.5;
 Result centered_clip(MatrixView x, double tau, std::size_t iterations, std::span<const float> v0 = {},
-                     double reject = 0);
+                     double reject = kDefaultReject);
 
 }  // namespace xsilo::robust

@@ -163,6 +163,7 @@ Result apply(const RuleSpec& s, MatrixView x, std::span<const double> weights) {
   Result out;
   out.aggregate = std::move(r.aggregate);
   out.radius = r.radius;
+  out.rejected_beyond = r.rejected_beyond;
   out.decisions.resize(x.n);
   for (std::size_t b = 0; b < buckets.sources.size(); ++b) {
     for (auto i : buckets.sources[b]) {

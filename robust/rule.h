@@ -15,9 +15,6 @@
 
 namespace xsilo::robust {
 
-// centered_clip's default rejection, in median distances to the centre.
-inline constexpr double kDefaultReject = 3.5;
-
 enum class Rule { FedAvg, Krum, MultiKrum, Median, TrimmedMean, Bulyan, CenteredClip };
 
 // What a round does when dropouts left too few inputs for the rule.

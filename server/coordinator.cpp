@@ -32,6 +32,21 @@ std::size_t robust_rejected(const nlohmann::json& rec) {
   return n;
 }
 
+// The audit record's cause for a silo its secure group dropped: the step it missed, when the
+// group says which, so an operator can tell a silo that never started the protocol from one
+// that vanished halfway.
+DropCause secure_cause(const SecureDrop& d) {
+  if (d.excluded) return DropCause::Excluded;
+  switch (d.reason) {
+    case secure::DropReason::NoKeys: return DropCause::SecureNoKeys;
+    case secure::DropReason::NoShares: return DropCause::SecureNoShares;
+    case secure::DropReason::NoReceipt: return DropCause::SecureNoReceipt;
+    case secure::DropReason::Excluded: return DropCause::Excluded;
+    case secure::DropReason::GroupFailed: break;
+  }
+  return DropCause::SecureGroupFailed;
+}
+
 // After an aborted round (on the worker): the unchanged model for receivers that hold it, as a
 // step of zeros, when `make` (a compressed broadcast with no such chunks yet) and the model
 // allows it (protocol::encode_same_model).
@@ -551,8 +566,7 @@ void Coordinator::drain_secure() {
   }
   for (const auto& d : r_->secure->take_dropped()) {
     if (auto m = member_named(d.silo)) {
-      drop(*m, phase_ == Phase::Unmasking ? DropPhase::Unmask : DropPhase::Secure,
-           d.excluded ? DropCause::Excluded : DropCause::SecureGroupFailed, d.why);
+      drop(*m, phase_ == Phase::Unmasking ? DropPhase::Unmask : DropPhase::Secure, secure_cause(d), d.why);
     }
   }
   if (r_->train_deferred && phase_ == Phase::Collecting && r_->secure->settled()) {

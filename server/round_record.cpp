@@ -42,6 +42,9 @@ std::string_view name(DropCause c) {
     case DropCause::EdgeRejected: return "edge_rejected";
     case DropCause::NotInPartialSum: return "not_in_partial_sum";
     case DropCause::SecureGroupFailed: return "secure_group_failed";
+    case DropCause::SecureNoKeys: return "secure_no_keys";
+    case DropCause::SecureNoShares: return "secure_no_shares";
+    case DropCause::SecureNoReceipt: return "secure_no_receipt";
     case DropCause::Excluded: return "excluded";
   }
   return "?";

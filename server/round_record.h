@@ -34,6 +34,9 @@ enum class DropCause {
   EdgeRejected,      // its edge's partial sum was refused
   NotInPartialSum,   // its edge's partial sum left it out
   SecureGroupFailed, // its secure group fell below the threshold or failed its checks
+  SecureNoKeys,      // sent no valid signed keys to its secure group in time
+  SecureNoShares,    // sent no valid signed shares to its secure group in time
+  SecureNoReceipt,   // sent no receipt for the shares it was dealt
   Excluded,          // excluded from its secure group with proof of misbehaviour (Byzantine)
 };
 std::string_view name(DropPhase p);

@@ -283,6 +283,7 @@ TEST(Cores, OneHungSiloCostsOnlyItselfWhenTheKeyDeadlineOutlastsTraining) {
   EXPECT_EQ(names_of(rounds[0]["participants"]), (std::set<std::string>{"silo-0", "silo-1", "silo-2", "silo-3"}));
   ASSERT_EQ(rounds[0]["dropouts"].size(), 1u) << rounds[0].dump(2);
   EXPECT_EQ(rounds[0]["dropouts"][0]["silo"], "silo-4");
+  EXPECT_EQ(rounds[0]["dropouts"][0]["cause"], "secure_no_keys");  // the step it missed, not just "its group"
 }
 
 // Issue 37: a survivor whose connection closed after its upload made the server wait the whole
@@ -335,6 +336,8 @@ TEST(Cores, OneDropoutInEverySecureGroupCostsOnlyThatSilo) {
   for (const auto& o : rounds[0]["secure"]["groups_outcome"]) EXPECT_TRUE(o["ok"].get<bool>()) << rounds[0].dump(2);
   EXPECT_EQ(rounds[0]["participants"].size(), 9u);
   EXPECT_EQ(names_of(rounds[0]["dropouts"]), dead);
+  // Dead, not merely silent: the cause is the closed connection, seen before any step was missed.
+  for (const auto& d : rounds[0]["dropouts"]) EXPECT_EQ(d["cause"], "disconnected") << d.dump();
 }
 
 // Issue 38: a Byzantine silo inside secure aggregation that skips its own clipping (its update
