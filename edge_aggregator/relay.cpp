@@ -85,69 +85,77 @@ void Relay::on_server_message(const wire::Envelope& e) {
     case B::kLeaving:
       if (!e.silo().empty()) to_silo(e.silo(), e);  // the edge only carries them
       break;
-    case B::kModelRequest: {
-      // A restarted server asks one silo for its last committed model, before its first round:
-      // the silo's answer (its chunks, then a ModelOffer) is carried up as it is, outside any
-      // upload slot. Never while a round runs on this connection: a server that asked then
-      // would get the silo's own update, which only the region's sum may carry up; nor while the
-      // silo still streams an upload it was granted before the server went.
-      if (e.silo().empty() || !connected_.count(e.silo())) break;
-      if (region_ || uploading_.count(e.silo())) {
-        wire::Envelope none = e;
-        none.clear_model_request();
-        none.mutable_model_offer()->set_model_sha256(e.model_request().model_sha256());
-        none.mutable_model_offer()->set_held(false);
-        to_server(std::move(none));
-        break;
-      }
-      model_asked_.insert(e.silo());
-      to_silo(e.silo(), e);
-      break;
-    }
+    case B::kModelRequest: model_request(e); break;
     case B::kTensorChunk:
-      // The model passes through: each chunk goes on to the selected silos as it arrives.
-      if (!this_round) break;
-      if (region_->broadcast) {
-        model_chunk(e);
-        break;
-      }
-      {
-        action::ToSilos out;
-        for (const auto& [name, state] : region_->silos) {
-          if (state != SiloState::Gone && connected_.count(name)) out.silos.push_back(name);
-        }
-        if (out.silos.empty()) break;
-        out.env = e;
-        out.env.clear_silo();
-        actions_.push_back(std::move(out));
-      }
+      if (this_round) pass_model_chunk(e);
       break;
     case B::kUploadGrant:
-      if (!this_round) break;
-      if (region_->sent) {
-        send_next_sum();  // one grant per secure group's partial sum
-        break;
-      }
-      region_->granted = true;
-      pump();
+      if (this_round) upload_grant();
       break;
     case B::kRoundEnd:
       // The server ended this silo's round (dropped, surplus or done): stop waiting for it.
       if (!e.silo().empty() && this_round) silo_gone(e.silo());
       [[fallthrough]];
-    case B::kError:
-      if (!e.silo().empty()) {
-        to_silo(e.silo(), e);
-      } else if (e.has_error()) {
-        spdlog::warn("server reports: {}", e.error().message());
-      }
-      break;
+    case B::kError: server_report(e); break;
     case B::kFinished:
       spdlog::info("the federation finished: {}", e.finished().reason());
       for (const auto& name : connected_) to_silo(name, e);
       finished_ = true;
       break;
     default: spdlog::warn("unexpected {} from the server", proto::body_name(e));
+  }
+}
+
+// A restarted server asks one silo for its last committed model, before its first round:
+// the silo's answer (its chunks, then a ModelOffer) is carried up as it is, outside any
+// upload slot. Never while a round runs on this connection: a server that asked then
+// would get the silo's own update, which only the region's sum may carry up; nor while the
+// silo still streams an upload it was granted before the server went.
+void Relay::model_request(const wire::Envelope& e) {
+  if (e.silo().empty() || !connected_.count(e.silo())) return;
+  if (region_ || uploading_.count(e.silo())) {
+    wire::Envelope none = e;
+    none.clear_model_request();
+    none.mutable_model_offer()->set_model_sha256(e.model_request().model_sha256());
+    none.mutable_model_offer()->set_held(false);
+    to_server(std::move(none));
+    return;
+  }
+  model_asked_.insert(e.silo());
+  to_silo(e.silo(), e);
+}
+
+// The model passes through: each chunk goes on to the selected silos as it arrives.
+void Relay::pass_model_chunk(const wire::Envelope& e) {
+  if (region_->broadcast) {
+    model_chunk(e);
+    return;
+  }
+  action::ToSilos out;
+  for (const auto& [name, state] : region_->silos) {
+    if (state != SiloState::Gone && connected_.count(name)) out.silos.push_back(name);
+  }
+  if (out.silos.empty()) return;
+  out.env = e;
+  out.env.clear_silo();
+  actions_.push_back(std::move(out));
+}
+
+void Relay::upload_grant() {
+  if (region_->sent) {
+    send_next_sum();  // one grant per secure group's partial sum
+    return;
+  }
+  region_->granted = true;
+  pump();
+}
+
+// A RoundEnd or an Error for one silo goes down to it; an error for the edge itself is logged.
+void Relay::server_report(const wire::Envelope& e) {
+  if (!e.silo().empty()) {
+    to_silo(e.silo(), e);
+  } else if (e.has_error()) {
+    spdlog::warn("server reports: {}", e.error().message());
   }
 }
 

@@ -117,6 +117,12 @@ class Relay {
 
   void start_round(const wire::Envelope& e);
   void model_chunk(const wire::Envelope& e);
+  // What on_server_message does with the longer kinds of message from the server (a chunk or a
+  // grant only when it is for the region's round).
+  void model_request(const wire::Envelope& e);
+  void pass_model_chunk(const wire::Envelope& e);
+  void upload_grant();
+  void server_report(const wire::Envelope& e);
   void relay_model(const std::string& silo, const wire::Envelope& e);
   // A silo's state when `round` is the region's round and its sum has not gone up; else null.
   SiloState* in_round(const std::string& silo, std::uint64_t round);

@@ -132,10 +132,8 @@ void parse_optimizer(const ConfigNode& root, ServerConfig& c) {
   op.finish();
 }
 
-// "aggregation" and "secure", and whether the rule can run on what a round may commit with.
-void parse_rounds_aggregation(const ConfigNode& root, ServerConfig& c) {
-  const auto ag = root.child("aggregation");
-  auto& a = c.aggregation;
+// "aggregation": the robust rule and the server's clipping, checked on their own.
+void parse_aggregation(const ConfigNode& ag, AggregationConfig& a) {
   auto& rule = a.rule;
   rule.rule = *robust::parse_rule(ag.one_of("rule", "fedavg", robust::rule_names()));
   rule.f = static_cast<std::size_t>(ag.integer("f", 0, 0, 1 << 20));
@@ -178,9 +176,10 @@ void parse_rounds_aggregation(const ConfigNode& root, ServerConfig& c) {
   if (rule.nnm && rule.f == 0) {
     ag.fail("nnm", "mixes each input with its n - f nearest: set f >= 1 (with f = 0 every input becomes the mean)");
   }
+}
 
-  const auto se = root.child("secure");
-  auto& sc = c.secure;
+// "secure": the mode, the fixed-point codec, SecAgg+'s graph or LightSecAgg, checked on their own.
+void parse_secure(const ConfigNode& se, SecureConfig& sc) {
   const auto mode = se.one_of("mode", "off", {"off", "global", "grouped"});
   sc.mode = mode == "global" ? SecureMode::Global : mode == "grouped" ? SecureMode::Grouped : SecureMode::Off;
   sc.min_group = static_cast<std::size_t>(se.integer("min_group", 3, 2, 1 << 20));
@@ -228,83 +227,118 @@ void parse_rounds_aggregation(const ConfigNode& root, ServerConfig& c) {
     }
   }
   se.finish();
+}
 
+// Without secure aggregation the rule runs on the silos' own updates: on as few as min_updates,
+// and never on an edge's partial sum.
+void check_plain_rule(const ConfigNode& ag, ServerConfig& c) {
+  const auto& a = c.aggregation;
+  const auto& rule = a.rule;
+  const std::size_t n = c.selection.min_updates;
+  if (const auto why = robust::check(rule, n); !why.empty()) {
+    ag.fail("rule", why + " but a round may commit with selection.min_updates = " + std::to_string(n) +
+                        " updates; raise min_updates or lower f");
+  }
+  if (const auto why = robust::check_tolerance(rule, n); !why.empty()) {
+    ag.fail("f", why + ": a round may commit with selection.min_updates = " + std::to_string(n) +
+                     " updates; raise min_updates or lower f");
+  }
+  if (const auto why = robust::void_robustness(rule, n); !why.empty()) {
+    c.warnings.push_back(ag.key_path("rule") + ": " + why + " when a round commits with selection.min_updates = " +
+                         std::to_string(n) + " updates");
+  }
+  if (a.needs_all_updates() && c.allow.allows_role(wire::EDGE)) {
+    ag.fail(a.clip_norm > 0 && rule.rule == robust::Rule::FedAvg ? "clip_norm" : "rule",
+            "needs every silo's own update, but edges send one partial sum per region; "
+            "remove allow.edge, or run the rule across secure groups");
+  }
+}
+
+// Whether a round can gather a secure sum, and whether the largest one it can gather fits the
+// modulus.
+void check_secure_sums(const ConfigNode& se, const ServerConfig& c) {
+  const auto& sc = c.secure;
+  // No sum of fewer than min_group silos is ever revealed: a round must be able to gather them
+  // (silos_per_round and the allow-list are at least min_updates already).
+  if (c.selection.min_updates < sc.min_group) {
+    se.fail("min_group", "is " + std::to_string(sc.min_group) + " but selection.min_updates allows rounds of " +
+                             std::to_string(c.selection.min_updates) +
+                             " silos; a secure sum never covers fewer than min_group");
+  }
+  // The largest group a round can have.
+  std::size_t largest = !c.expected_silos.empty() ? c.expected_silos.size() : 1000;
+  if (c.selection.silos_per_round) {
+    largest = std::min(largest, static_cast<std::size_t>(std::ceil(
+                                    static_cast<double>(c.selection.silos_per_round) * (1 + c.selection.over_selection))));
+  }
+  if (sc.mode == SecureMode::Grouped) largest = std::min(largest, 2 * group_size(sc) - 1);
+  auto codec = sc.codec();
+  codec.unclipped_bit = c.aggregation.adaptive_clip.on();
+  // Checked as the silos will see them: the setup carries both as float32.
+  codec.clip_norm = static_cast<float>(codec.clip_norm);
+  codec.max_weight = static_cast<float>(codec.max_weight);
+  if (auto why = crypto::check_overflow(codec, largest); !why.empty()) se.fail("modulus_bits", why);
+  if (sc.protocol == SecureProtocol::LightSecAgg && sc.bits == 32) {
+    if (auto why = crypto::field::check_overflow_field(codec, largest); !why.empty()) se.fail("fraction_bits", why);
+  }
+}
+
+// The rule sees one mean per group: its f counts groups (a Byzantine silo spoils its whole
+// group), and its conditions are on the number of groups.
+void check_rule_across_groups(const ConfigNode& ag, ServerConfig& c) {
+  const auto& rule = c.aggregation.rule;
+  const auto& sc = c.secure;
+  const std::size_t n = c.selection.min_updates;
+  const std::size_t size = group_size(sc), groups = std::max<std::size_t>(1, n / size);
+  const std::string made = "min_updates " + std::to_string(n) + " silos make only " + std::to_string(groups) +
+                           " groups of " + std::to_string(size) + " (min_group " + std::to_string(sc.min_group) +
+                           ", each surviving " + std::to_string(sc.group_dropouts) + " dropouts)";
+  if (const auto why = robust::check(rule, groups); !why.empty()) {
+    ag.fail("rule", why + " across secure groups, but " + made);
+  }
+  if (const auto why = robust::check_tolerance(rule, groups); !why.empty()) {
+    ag.fail("f", "counts secure groups (a Byzantine silo spoils its group's mean): " + why + ", and " + made);
+  }
+  if (const auto why = robust::void_robustness(rule, groups); !why.empty()) {
+    c.warnings.push_back(ag.key_path("rule") + ": across secure groups " + why + "; " + made +
+                         ": smaller groups or more silos per round make more groups (docs/robust.md)");
+  }
+}
+
+// With secure aggregation the server sees only sums: what it would clip or choose from, and the
+// sums a round can reveal.
+void check_secure_rule(const ConfigNode& ag, const ConfigNode& se, ServerConfig& c) {
+  const auto& a = c.aggregation;
+  const auto& sc = c.secure;
+  if (a.clip_norm > 0) {
+    ag.fail("clip_norm", "the server cannot clip updates it never sees; with secure aggregation use secure.clip_norm");
+  }
+  if (a.adaptive_clip.on() && a.adaptive_clip.initial > sc.clip_norm) {
+    ag.fail("adaptive_clip", "initial " + std::to_string(a.adaptive_clip.initial) + " is above secure.clip_norm " +
+                                 std::to_string(sc.clip_norm) +
+                                 ": with secure aggregation the clip norm adapts below secure.clip_norm, the bound "
+                                 "the fixed-point codec's overflow check is made for");
+  }
+  if (sc.mode == SecureMode::Global && a.inspects_inputs()) {
+    ag.fail("rule", "secure.mode global shows the server only the total, so a robust rule has nothing to "
+                    "choose from; use secure.mode grouped");
+  }
+  check_secure_sums(se, c);
+  if (sc.mode == SecureMode::Grouped && a.inspects_inputs()) check_rule_across_groups(ag, c);
+}
+
+// "aggregation" and "secure", and whether the rule can run on what a round may commit with.
+void parse_rounds_aggregation(const ConfigNode& root, ServerConfig& c) {
+  const auto ag = root.child("aggregation");
+  parse_aggregation(ag, c.aggregation);
+  const auto se = root.child("secure");
+  parse_secure(se, c.secure);
   // The rule must be able to run on the fewest inputs a round may commit with: the silos'
   // updates, or with secure groups the groups that min_updates silos make.
-  const std::size_t n = c.selection.min_updates;
-  if (!sc.on()) {
-    if (const auto why = robust::check(rule, n); !why.empty()) {
-      ag.fail("rule", why + " but a round may commit with selection.min_updates = " + std::to_string(n) +
-                          " updates; raise min_updates or lower f");
-    }
-    if (const auto why = robust::check_tolerance(rule, n); !why.empty()) {
-      ag.fail("f", why + ": a round may commit with selection.min_updates = " + std::to_string(n) +
-                       " updates; raise min_updates or lower f");
-    }
-    if (const auto why = robust::void_robustness(rule, n); !why.empty()) {
-      c.warnings.push_back(ag.key_path("rule") + ": " + why + " when a round commits with selection.min_updates = " +
-                           std::to_string(n) + " updates");
-    }
-    if (a.needs_all_updates() && c.allow.allows_role(wire::EDGE)) {
-      ag.fail(a.clip_norm > 0 && rule.rule == robust::Rule::FedAvg ? "clip_norm" : "rule",
-              "needs every silo's own update, but edges send one partial sum per region; "
-              "remove allow.edge, or run the rule across secure groups");
-    }
+  if (!c.secure.on()) {
+    check_plain_rule(ag, c);
   } else {
-    if (a.clip_norm > 0) {
-      ag.fail("clip_norm", "the server cannot clip updates it never sees; with secure aggregation use secure.clip_norm");
-    }
-    if (a.adaptive_clip.on() && a.adaptive_clip.initial > sc.clip_norm) {
-      ag.fail("adaptive_clip", "initial " + std::to_string(a.adaptive_clip.initial) + " is above secure.clip_norm " +
-                                   std::to_string(sc.clip_norm) +
-                                   ": with secure aggregation the clip norm adapts below secure.clip_norm, the bound "
-                                   "the fixed-point codec's overflow check is made for");
-    }
-    if (sc.mode == SecureMode::Global && a.inspects_inputs()) {
-      ag.fail("rule", "secure.mode global shows the server only the total, so a robust rule has nothing to "
-                      "choose from; use secure.mode grouped");
-    }
-    // No sum of fewer than min_group silos is ever revealed: a round must be able to gather them
-    // (silos_per_round and the allow-list are at least min_updates already).
-    if (c.selection.min_updates < sc.min_group) {
-      se.fail("min_group", "is " + std::to_string(sc.min_group) + " but selection.min_updates allows rounds of " +
-                               std::to_string(c.selection.min_updates) +
-                               " silos; a secure sum never covers fewer than min_group");
-    }
-    // The largest group a round can have.
-    std::size_t largest = !c.expected_silos.empty() ? c.expected_silos.size() : 1000;
-    if (c.selection.silos_per_round) {
-      largest = std::min(largest, static_cast<std::size_t>(std::ceil(
-                                      static_cast<double>(c.selection.silos_per_round) * (1 + c.selection.over_selection))));
-    }
-    if (sc.mode == SecureMode::Grouped) largest = std::min(largest, 2 * group_size(sc) - 1);
-    auto codec = sc.codec();
-    codec.unclipped_bit = a.adaptive_clip.on();
-    // Checked as the silos will see them: the setup carries both as float32.
-    codec.clip_norm = static_cast<float>(codec.clip_norm);
-    codec.max_weight = static_cast<float>(codec.max_weight);
-    if (auto why = crypto::check_overflow(codec, largest); !why.empty()) se.fail("modulus_bits", why);
-    if (sc.protocol == SecureProtocol::LightSecAgg && sc.bits == 32) {
-      if (auto why = crypto::field::check_overflow_field(codec, largest); !why.empty()) se.fail("fraction_bits", why);
-    }
-    if (sc.mode == SecureMode::Grouped && a.inspects_inputs()) {
-      // The rule sees one mean per group: its f counts groups (a Byzantine silo spoils its whole
-      // group), and its conditions are on the number of groups.
-      const std::size_t size = group_size(sc), groups = std::max<std::size_t>(1, n / size);
-      const std::string made = "min_updates " + std::to_string(n) + " silos make only " + std::to_string(groups) +
-                               " groups of " + std::to_string(size) + " (min_group " + std::to_string(sc.min_group) +
-                               ", each surviving " + std::to_string(sc.group_dropouts) + " dropouts)";
-      if (const auto why = robust::check(rule, groups); !why.empty()) {
-        ag.fail("rule", why + " across secure groups, but " + made);
-      }
-      if (const auto why = robust::check_tolerance(rule, groups); !why.empty()) {
-        ag.fail("f", "counts secure groups (a Byzantine silo spoils its group's mean): " + why + ", and " + made);
-      }
-      if (const auto why = robust::void_robustness(rule, groups); !why.empty()) {
-        c.warnings.push_back(ag.key_path("rule") + ": across secure groups " + why + "; " + made +
-                             ": smaller groups or more silos per round make more groups (docs/robust.md)");
-      }
-    }
+    check_secure_rule(ag, se, c);
   }
 }
 

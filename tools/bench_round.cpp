@@ -60,130 +60,178 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
 }
 
-RoundResult run_one(const RoundBenchOptions& opts, std::size_t silos, std::size_t edges) {
-  const std::uint64_t rounds = opts.rounds;
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("xsilo-bench-round-" + std::to_string(::getpid()) + "-" + std::to_string(silos) + "-" +
-                    std::to_string(edges));
-  std::filesystem::remove_all(dir);
-  // A daemon named `name` (server, silo-I, edge-E), inside its network namespace if the
-  // benchmark runs across namespaces (`ip netns exec` execs the daemon in place).
-  auto start = [&](const std::string& name, const std::string& role, const std::vector<std::string>& args) {
-    std::vector<std::string> argv;
-    if (!opts.netns_prefix.empty()) argv = {"ip", "netns", "exec", opts.netns_prefix + "-" + name};
-    argv.push_back(self_exe());
-    argv.push_back(role);
-    argv.insert(argv.end(), args.begin(), args.end());
-    return std::make_unique<Process>(argv, dir / (name + ".log"));
-  };
-  const auto pki = dir / "pki";
+// The daemons of one run, and the folder of their certificates, configs, logs and state.
+struct Federation {
+  std::filesystem::path dir;
+  std::vector<std::string> silo_names, edge_names;
+  std::unique_ptr<Process> server;
+  std::uint16_t port = 0;
+  std::vector<std::pair<std::string, std::unique_ptr<Process>>> daemons;  // edges and agents
+};
+
+// Every daemon's "transport" block.
+json transport_settings() {
+  return json{{"max_frame_bytes", 4 << 20}, {"idle_timeout_s", 120}, {"max_queued_mib", 4096}};
+}
+
+// A daemon named `name` (server, silo-I, edge-E), inside its network namespace if the
+// benchmark runs across namespaces (`ip netns exec` execs the daemon in place).
+std::unique_ptr<Process> start_daemon(const RoundBenchOptions& opts, const std::filesystem::path& dir,
+                                      const std::string& name, const std::string& role,
+                                      const std::vector<std::string>& args) {
+  std::vector<std::string> argv;
+  if (!opts.netns_prefix.empty()) argv = {"ip", "netns", "exec", opts.netns_prefix + "-" + name};
+  argv.push_back(self_exe());
+  argv.push_back(role);
+  argv.insert(argv.end(), args.begin(), args.end());
+  return std::make_unique<Process>(argv, dir / (name + ".log"));
+}
+
+// The run's own CA, and a certificate for the server and for each silo and edge.
+void issue_certificates(Federation& f, std::size_t silos, std::size_t edges) {
+  const auto pki = f.dir / "pki";
   transport::pki_init(pki, "bench");
   transport::pki_issue(pki, {wire::SERVER, "server"});
-  std::vector<std::string> names;
   for (std::size_t i = 0; i < silos; ++i) {
-    names.push_back("silo-" + std::to_string(i));
-    transport::pki_issue(pki, {wire::SILO, names.back()});
+    f.silo_names.push_back("silo-" + std::to_string(i));
+    transport::pki_issue(pki, {wire::SILO, f.silo_names.back()});
   }
-  std::vector<std::string> edge_names;
   for (std::size_t e = 0; e < edges; ++e) {
-    edge_names.push_back("edge-" + std::to_string(e));
-    transport::pki_issue(pki, {wire::EDGE, edge_names.back()});
+    f.edge_names.push_back("edge-" + std::to_string(e));
+    transport::pki_issue(pki, {wire::EDGE, f.edge_names.back()});
   }
+}
+
+// Writes the server's config and loads it as the server will.
+server::ServerConfig write_server_config(const RoundBenchOptions& opts, const Federation& f) {
+  const auto& dir = f.dir;
+  const auto pki = dir / "pki";
+  const auto& names = f.silo_names;
+  const auto& edge_names = f.edge_names;
   const std::string host = opts.server_address;
-  const json transport = {{"max_frame_bytes", 4 << 20}, {"idle_timeout_s", 120}, {"max_queued_mib", 4096}};
   json server = {{"federation", "bench"},
                  {"listen", host + ":0"},
                  {"port_file", (dir / "port").string()},
                  {"tls", {{"kit", (pki / "kits/server").string()}}},
-                 {"allow", edges ? json{{"silo", names}, {"edge", edge_names}} : json{{"silo", names}}},
+                 {"allow", !edge_names.empty() ? json{{"silo", names}, {"edge", edge_names}} : json{{"silo", names}}},
                  {"state_dir", (dir / "state").string()},
                  {"keep_checkpoints", 1},
-                 {"rounds", rounds},
+                 {"rounds", opts.rounds},
                  {"model", {{"kind", "synthetic"}, {"parameters", opts.params}}},
-                 {"selection", {{"min_silos", silos}}},
+                 {"selection", {{"min_silos", names.size()}}},
                  {"deadlines", {{"join_s", 60}, {"train_s", 600}, {"upload_s", 600}}},
                  {"secure", {{"mode", opts.secure}}},
-                 {"transport", transport}};
+                 {"transport", transport_settings()}};
   if (!opts.compression.is_null()) server["compression"] = opts.compression;
   if (!opts.broadcast.is_null()) server["broadcast"] = opts.broadcast;
   atomic_write_file(dir / "server.json", server.dump(2));
   // A compression block the server would refuse is a usage error here, not a failed run.
-  const auto server_cfg = [&] {
-    try {
-      return server::load_server_config(dir / "server.json");
-    } catch (const ConfigError&) {
-      std::filesystem::remove_all(dir);
-      throw;
-    }
-  }();
-  auto srv = start("server", "server", {"--config", (dir / "server.json").string()});
-  const std::uint16_t port = wait_for_port(dir / "port", dir / "server.log", "the server");
-  std::vector<std::pair<std::string, std::unique_ptr<Process>>> daemons;  // edges and agents
+  try {
+    return server::load_server_config(dir / "server.json");
+  } catch (const ConfigError&) {
+    std::filesystem::remove_all(dir);
+    throw;
+  }
+}
+
+// Starts each edge under the server; returns the port each one listens on for its silos.
+std::vector<std::uint16_t> start_edges(const RoundBenchOptions& opts, Federation& f) {
+  const auto& dir = f.dir;
+  const auto pki = dir / "pki";
+  const auto& edge_names = f.edge_names;
+  const std::string host = opts.server_address;
   std::vector<std::uint16_t> edge_ports;
-  for (std::size_t e = 0; e < edges; ++e) {
+  for (std::size_t e = 0; e < edge_names.size(); ++e) {
     const auto port_file = dir / (edge_names[e] + ".port");
     const json edge = {{"federation", "bench"},
                        {"listen", "127.0.0.1:0"},
                        {"port_file", port_file.string()},
-                       {"upstreams", {host + ":" + std::to_string(port)}},
+                       {"upstreams", {host + ":" + std::to_string(f.port)}},
                        {"tls", {{"kit", (pki / "kits" / edge_names[e]).string()}}},
-                       {"allow", {{"silo", names}}},
-                       {"transport", transport},
+                       {"allow", {{"silo", f.silo_names}}},
+                       {"transport", transport_settings()},
                        {"log_level", "warn"}};
     atomic_write_file(dir / (edge_names[e] + ".json"), edge.dump(2));
-    daemons.emplace_back(edge_names[e],
-                         start(edge_names[e], "edge", {"--config", (dir / (edge_names[e] + ".json")).string()}));
+    f.daemons.emplace_back(edge_names[e], start_daemon(opts, dir, edge_names[e], "edge",
+                                                       {"--config", (dir / (edge_names[e] + ".json")).string()}));
     edge_ports.push_back(wait_for_port(port_file, dir / (edge_names[e] + ".log"), "an edge"));
   }
+  return edge_ports;
+}
+
+// Starts each silo's agent with the synthetic trainer, under its edge (silo i under edge
+// i mod edges) or straight under the server.
+void start_agents(const RoundBenchOptions& opts, Federation& f, const std::vector<std::uint16_t>& edge_ports) {
+  const auto& dir = f.dir;
+  const auto pki = dir / "pki";
+  const auto& names = f.silo_names;
+  const std::size_t edges = edge_ports.size();
+  const std::string host = opts.server_address;
   for (std::size_t i = 0; i < names.size(); ++i) {
     const auto& n = names[i];
-    const std::string up = edges ? "127.0.0.1:" + std::to_string(edge_ports[i % edges]) : host + ":" + std::to_string(port);
+    const std::string up =
+        edges ? "127.0.0.1:" + std::to_string(edge_ports[i % edges]) : host + ":" + std::to_string(f.port);
     const json agent = {{"federation", "bench"},
                         {"upstreams", {up}},
                         {"tls", {{"kit", (pki / "kits" / n).string()}}},
                         {"trainer", {{"kind", "external"}, {"command", {"(synthetic)"}}}},
                         {"state_dir", (dir / n).string()},
-                        {"transport", transport},
+                        {"transport", transport_settings()},
                         {"log_level", std::getenv("XSILO_KEEP_BENCH_DIR") ? "info" : "warn"}};
     atomic_write_file(dir / (n + ".json"), agent.dump(2));
     // The synthetic trainer (no data, a random update) is a simulation hook, not an agent feature.
     atomic_write_file(dir / (n + ".simulate.json"), json{{"synthetic", {{"samples", 100}}}}.dump());
-    daemons.emplace_back(n, start(n, "agent",
-                                  {"--config", (dir / (n + ".json")).string(), "--simulate",
-                                   (dir / (n + ".simulate.json")).string()}));
+    f.daemons.emplace_back(n, start_daemon(opts, dir, n, "agent",
+                                           {"--config", (dir / (n + ".json")).string(), "--simulate",
+                                            (dir / (n + ".simulate.json")).string()}));
   }
-  // Every round must commit: a round that aborted measured a dropout, not a round. The server
-  // would wait for a lost silo until its deadlines, so the run fails as soon as a round aborts
-  // or a daemon exits before the last round.
-  const auto metrics = dir / "state/metrics.csv";
-  auto check_rounds = [&](const std::string& why) {
-    const auto rows = server::read_metrics(metrics);
-    for (const auto& row : rows) {
-      if (!row.committed) {
-        throw std::runtime_error("bench round: round " + std::to_string(row.round) + " did not commit (" +
-                                 std::to_string(row.reported) + " of " + std::to_string(row.selected) +
-                                 " silos reported):\n" + log_tail(dir / "server.log"));
-      }
+}
+
+// Every round must commit: a round that aborted measured a dropout, not a round. Throws for a
+// round that did not, and, once the run has ended (`why`), for rounds that never came.
+std::vector<server::MetricsRow> check_rounds(const std::filesystem::path& dir, std::uint64_t rounds,
+                                             const std::string& why) {
+  const auto rows = server::read_metrics(dir / "state/metrics.csv");
+  for (const auto& row : rows) {
+    if (!row.committed) {
+      throw std::runtime_error("bench round: round " + std::to_string(row.round) + " did not commit (" +
+                               std::to_string(row.reported) + " of " + std::to_string(row.selected) +
+                               " silos reported):\n" + log_tail(dir / "server.log"));
     }
-    if (!why.empty() && rows.size() < rounds) {
-      throw std::runtime_error("bench round: " + why + " after " + std::to_string(rows.size()) + " of " +
-                               std::to_string(rounds) + " rounds:\n" + log_tail(dir / "server.log"));
-    }
-    return rows;
-  };
+  }
+  if (!why.empty() && rows.size() < rounds) {
+    throw std::runtime_error("bench round: " + why + " after " + std::to_string(rows.size()) + " of " +
+                             std::to_string(rounds) + " rounds:\n" + log_tail(dir / "server.log"));
+  }
+  return rows;
+}
+
+// Waits for the server's last round. The server would wait for a lost silo until its
+// deadlines, so the run fails as soon as a round aborts or a daemon exits before the last round.
+std::vector<server::MetricsRow> run_rounds(Federation& f, std::uint64_t rounds) {
   std::optional<int> code;
   for (int half_seconds = 0; !code && half_seconds < 30 * 60 * 2; ++half_seconds) {
-    code = srv->wait(std::chrono::milliseconds(500));
-    check_rounds("");
-    for (auto& [name, p] : daemons) {
-      if (!code && !p->running()) check_rounds(name + " exited with code " + std::to_string(*p->exit_code()));
+    code = f.server->wait(std::chrono::milliseconds(500));
+    check_rounds(f.dir, rounds, "");
+    for (auto& [name, p] : f.daemons) {
+      if (!code && !p->running()) {
+        check_rounds(f.dir, rounds, name + " exited with code " + std::to_string(*p->exit_code()));
+      }
     }
   }
   if (!code || *code != 0) {
-    throw std::runtime_error("bench round: the server failed:\n" + log_tail(dir / "server.log"));
+    throw std::runtime_error("bench round: the server failed:\n" + log_tail(f.dir / "server.log"));
   }
-  for (auto& d : daemons) d.second->wait(std::chrono::seconds(10));
-  const auto rows = check_rounds("the server ended");
+  for (auto& d : f.daemons) d.second->wait(std::chrono::seconds(10));
+  return check_rounds(f.dir, rounds, "the server ended");
+}
+
+// The run's numbers, from the server's metrics rows, its stats and its audit log.
+RoundResult measure(const RoundBenchOptions& opts, const server::ServerConfig& server_cfg, const Federation& f,
+                    const std::vector<server::MetricsRow>& rows) {
+  const auto& dir = f.dir;
+  const std::uint64_t rounds = opts.rounds;
+  const std::size_t silos = f.silo_names.size(), edges = f.edge_names.size();
   const auto stats = json::parse(read_file(dir / "state/server_stats.json"));
   RoundResult r;
   r.silos = silos;
@@ -219,7 +267,23 @@ RoundResult run_one(const RoundBenchOptions& opts, std::size_t silos, std::size_
   r.server_bytes_per_round = total / rounds;
   r.server_ingress_per_round = stats["bytes_in"].get<std::uint64_t>() / rounds;
   r.throughput_gbps = static_cast<double>(r.server_bytes_per_round) / r.seconds_per_round / 1e9;
-  if (!std::getenv("XSILO_KEEP_BENCH_DIR")) std::filesystem::remove_all(dir);
+  return r;
+}
+
+RoundResult run_one(const RoundBenchOptions& opts, std::size_t silos, std::size_t edges) {
+  Federation f;
+  f.dir = std::filesystem::temp_directory_path() /
+          ("xsilo-bench-round-" + std::to_string(::getpid()) + "-" + std::to_string(silos) + "-" +
+           std::to_string(edges));
+  std::filesystem::remove_all(f.dir);
+  issue_certificates(f, silos, edges);
+  const auto server_cfg = write_server_config(opts, f);
+  f.server = start_daemon(opts, f.dir, "server", "server", {"--config", (f.dir / "server.json").string()});
+  f.port = wait_for_port(f.dir / "port", f.dir / "server.log", "the server");
+  start_agents(opts, f, start_edges(opts, f));
+  const auto rows = run_rounds(f, opts.rounds);
+  RoundResult r = measure(opts, server_cfg, f, rows);
+  if (!std::getenv("XSILO_KEEP_BENCH_DIR")) std::filesystem::remove_all(f.dir);
   return r;
 }
 
