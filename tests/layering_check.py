@@ -6,8 +6,8 @@ includes (-M); a rule fails when a file of a layer reaches a header it must not:
 
   protocol cores (the coordinator and its parts, protocol/, the edge's relay, the agent's
   session): no Boost.Asio, no OpenSSL, nothing of transport/
-  crypto/ and robust/: nothing of ours but their own folder (and common/eigen.h, the include
-  wrapper of Eigen)
+  crypto/, robust/ and privacy/: nothing of ours but their own folder (and common/eigen.h, the
+  include wrapper of Eigen)
   the roles meet only on the wire: nothing under server/, edge_aggregator/ or silo_agent/
   includes a header of another of them (tools/ and tests/ may)
 
@@ -32,7 +32,7 @@ ROLES = ["server/", "edge_aggregator/", "silo_agent/"]
 # A clock or a random source in a core's own code (comments included: say it another way).
 CORE_WORLD = ["system_clock", "steady_clock", "high_resolution_clock", "random_device", "randombytes",
               "Secret::random", "RAND_bytes", "std::time(", "gettimeofday", "clock_gettime"]
-OURS = ["proto/", "common/", "crypto/", "robust/", "protocol/", "transport/", "server/", "silo_agent/",
+OURS = ["proto/", "common/", "crypto/", "robust/", "privacy/", "protocol/", "transport/", "server/", "silo_agent/",
         "edge_aggregator/", "tools/"]
 
 
@@ -62,7 +62,7 @@ def main():
     failures, checked = [], 0
     for rel, entry in sorted(by_file.items()):
         core = rel in CORE or rel.startswith(("protocol/", "server/secure/", "silo_agent/secure/"))
-        base = rel.startswith("crypto/") or rel.startswith("robust/")
+        base = rel.startswith(("crypto/", "robust/", "privacy/"))
         role = next((r for r in ROLES if rel.startswith(r) and rel.endswith(".cpp")), None)
         if not (core or base or role):
             continue
