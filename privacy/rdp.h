@@ -26,8 +26,9 @@
 //                       The series stops when both parts' terms are decreasing and below
 //                       e^-30 of the total; a series that has not stopped after 1000 terms
 //                       gives +infinity (the order is left out of the conversion), as in
-//                       dp-accounting. Opacus subtracts the negative terms instead; the two
-//                       differ only at fractional orders, by far less than the tests' tolerance.
+//                       dp-accounting. Opacus subtracts the negative terms instead and sums
+//                       on until a term is below e^-30: at fractional orders its value can be
+//                       lower than ours, never higher (docs/privacy.md says by how much).
 //     q = 1:            the Gaussian mechanism, eps(alpha) = alpha / (2 sigma^2).
 // SkellamSum{l1, l2, variance}: each silo adds symmetric Skellam noise to its update scaled and
 //   rounded to integers; the sum carries Skellam noise of total variance mu = `variance`.
