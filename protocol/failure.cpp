@@ -26,6 +26,7 @@ constexpr Entry kReasons[] = {
     {wire::UPDATE_NOT_ENCODABLE, "update_not_encodable", "the update could not be encoded"},
     {wire::AGENT_STOPPING, "agent_stopping", "the agent is stopping"},
     {wire::AGENT_INTERNAL, "agent_internal", "the agent failed inside"},
+    {wire::PRIVACY_BUDGET_SPENT, "privacy_budget_spent", "another round would exceed the silo's privacy budget"},
 };
 
 const Entry& entry(wire::FailureReason reason) {

@@ -1,5 +1,6 @@
 #include "server/audit.h"
 
+#include <fmt/format.h>
 #include <sodium.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include "crypto/certs.h"
 #include "crypto/hash.h"
 #include "protocol/audit_key.h"
+#include "protocol/privacy.h"
 
 namespace xsilo::server {
 
@@ -306,6 +308,49 @@ void save_signing_key(const crypto::SigningKey& key, const std::filesystem::path
 
 std::string load_public_key(const std::filesystem::path& path) {
   return crypto::public_key_from_hex(read_file(path), path.string());
+}
+
+}  // namespace xsilo::server
+
+namespace xsilo::server {
+
+PrivacyAudit check_privacy_claims(const std::vector<nlohmann::json>& records) {
+  PrivacyAudit a;
+  std::map<std::string, std::vector<wire::PrivacySpend>> rounds;
+  for (std::size_t i = 0; i < records.size() && a.ok; ++i) {
+    const auto& r = records[i];
+    if (r.value("event", "") != "round" || !r.contains("participants")) continue;
+    for (const auto& p : r["participants"]) {
+      if (!p.contains("privacy")) continue;
+      const std::string silo = p.value("silo", "?");
+      const std::string at = "record " + std::to_string(i + 1) + " (round " + std::to_string(r.value("round", 0)) +
+                             "), silo " + silo + ": ";
+      wire::PrivacySpend s;
+      try {
+        s = protocol::privacy_from_json(p["privacy"]);
+      } catch (const std::exception& e) {
+        a = {false, at + "its privacy spend cannot be read (" + e.what() + ")", a.spends, a.epsilon};
+        break;
+      }
+      auto& mine = rounds[silo];
+      mine.push_back(s);
+      ++a.spends;
+      const double eps = protocol::dp_sgd_epsilon(mine, s.delta());
+      a.epsilon[silo] = eps;
+      // The same accountant on the same parameters: only rounding separates an honest claim.
+      if (s.epsilon() < eps * (1 - 1e-9) - 1e-12) {
+        a = {false, at + fmt::format("claims epsilon {:.6g}, but the parameters of its {} recorded rounds give {:.6g}",
+                                     s.epsilon(), mine.size(), eps), a.spends, a.epsilon};
+        break;
+      }
+      if (s.max_epsilon() > 0 && eps > s.max_epsilon() * (1 + 1e-9)) {
+        a = {false, at + fmt::format("its recorded rounds give epsilon {:.6g}, past its own budget {:.6g}", eps,
+                                     s.max_epsilon()), a.spends, a.epsilon};
+        break;
+      }
+    }
+  }
+  return a;
 }
 
 }  // namespace xsilo::server

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -79,6 +80,19 @@ WitnessResult check_witness(const AuditVerifyResult& log, const std::filesystem:
 
 // Reads the records (signature not checked); throws std::runtime_error on unparsable lines.
 std::vector<nlohmann::json> read_audit_log(const std::filesystem::path& path);
+
+// Record-level privacy in the log (docs/privacy.md): every participant's "privacy" spend, silo by
+// silo in the log's order, recomposed by the accountant from the recorded parameters. A record
+// fails when its claimed epsilon is below what the parameters of that silo's rounds so far give
+// (the silo may claim more: rounds whose update left it but that the log does not count), or
+// above the silo's own max_epsilon, or when a spend cannot be read.
+struct PrivacyAudit {
+  bool ok = true;
+  std::string reason;               // the first failure
+  std::uint64_t spends = 0;         // participant spends checked
+  std::map<std::string, double> epsilon;  // each silo's recomputed epsilon at its last record's delta
+};
+PrivacyAudit check_privacy_claims(const std::vector<nlohmann::json>& records);
 
 class AuditLog {
  public:

@@ -505,6 +505,7 @@ void Coordinator::finish_round(bool committed, const AuditHead& audit, std::int6
     RoundOutcome o{round_, committed, committed ? "" : r_->abort_reason, r_->started_ms, now_ms,
                    r_->members.size(), r_->done(), r_->upload_bytes, r_->robust_rejected, {}};
     for (const auto& m : r_->members) {
+      if (m.state == MemberState::Done && !m.privacy.mechanism().empty()) privacy_[m.silo] = m.privacy;
       if (m.state != MemberState::Dropped) continue;
       o.dropouts.push_back({m.silo, std::string(name(m.drop_phase)), std::string(name(m.drop_cause)), m.drop_reason});
       ++totals_.dropouts[std::string(name(m.drop_cause))];

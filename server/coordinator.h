@@ -321,6 +321,8 @@ class Coordinator {
   static constexpr std::size_t kRecentRounds = 10;
   std::deque<RoundOutcome> recent_;
   CoordinatorTotals totals_;
+  // Each silo's last record-level privacy spend the server took in (xsilo status).
+  std::map<std::string, wire::PrivacySpend> privacy_;
   std::map<std::string, std::int64_t> relayed_not_after_;
 };
 

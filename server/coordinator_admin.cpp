@@ -109,6 +109,14 @@ nlohmann::json Coordinator::status(std::int64_t now_ms) const {
     if (const Peer* p = membership_.peer(session); p && p->edge) e["edge"] = p->name;
     silos.push_back(std::move(e));
   }
+  // Record-level privacy as each silo accounts it, from its last counted update.
+  if (!privacy_.empty()) {
+    nlohmann::json spent = nlohmann::json::object();
+    for (const auto& [silo, p] : privacy_) {
+      spent[silo] = {{"epsilon", p.epsilon()}, {"max_epsilon", p.max_epsilon()}, {"delta", p.delta()}};
+    }
+    j["privacy"] = std::move(spent);
+  }
   j["silos"] = std::move(silos);
   nlohmann::json recent = nlohmann::json::array();
   for (const auto& o : recent_) {

@@ -12,6 +12,7 @@
 #include "protocol/audit_key.h"
 #include "protocol/failure.h"
 #include "protocol/join.h"
+#include "protocol/privacy.h"
 #include "server/coordinator_round.h"
 #include "server/secure_round.h"
 
@@ -378,6 +379,15 @@ void Coordinator::on_update_ready(std::size_t m, const wire::Envelope& e, std::i
          false);
     pump(now_ms);
     return;
+  }
+  if (e.update_ready().has_privacy()) {
+    if (const auto why = protocol::check_privacy(e.update_ready().privacy()); !why.empty()) {
+      error(wire::BAD_UPDATE, "a malformed privacy spend: " + why);
+      drop(m, DropPhase::Train, DropCause::BadUpload, "announced a malformed privacy spend (" + why + ")", false);
+      pump(now_ms);
+      return;
+    }
+    mb.privacy = e.update_ready().privacy();
   }
   r_->set_state(mb, MemberState::Ready);
   mb.num_samples = e.update_ready().num_samples();

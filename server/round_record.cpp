@@ -4,6 +4,8 @@
 #include <ctime>
 #include <set>
 
+#include "protocol/privacy.h"
+
 namespace xsilo::server {
 
 std::string_view name(MemberState s) {
@@ -75,6 +77,9 @@ nlohmann::json round_record(const RoundSummary& s) {
                                              {"update_sha256", mb.update_sha256}});
       if (mb.via_edge()) participants.back()["edge"] = mb.edge;
       if (mb.update_signed) participants.back()["update_signed"] = true;
+      // Its record-level privacy as it accounts it: the parameters let an auditor recompute the
+      // epsilon (xsilo audit verify).
+      if (!mb.privacy.mechanism().empty()) participants.back()["privacy"] = protocol::privacy_json(mb.privacy);
       // Its evaluation of the round's model on its own test rows, which the server receives in
       // UpdateReady: a silo doing badly stays visible behind a good mean (the report draws it).
       if (mb.metrics.eval_samples() > 0) {

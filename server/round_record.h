@@ -54,6 +54,7 @@ struct Member {
   std::uint64_t num_samples = 0;
   double weight = 0;
   wire::TrainMetrics metrics;
+  wire::PrivacySpend privacy;  // record-level privacy: the silo's own account (mechanism empty: none)
   std::string update_sha256;   // of the bytes the silo sent (behind an edge: its own signed word)
   bool update_signed = false;  // behind an edge: the silo's signature on it was checked
   bool via_edge() const { return !edge.empty(); }

@@ -12,6 +12,7 @@
 #include "common/fs.h"
 #include "silo_agent/builtin_trainer.h"
 #include "silo_agent/external_trainer.h"
+#include "silo_agent/privacy_budget.h"
 #include "silo_agent/silo_state.h"
 #include "silo_agent/stats_trainer.h"
 #include "common/prometheus.h"
@@ -25,12 +26,23 @@ using transport::awaitable;
 using transport::Channel;
 
 std::unique_ptr<Trainer> make_trainer(const AgentConfig& cfg) {
-  if (cfg.trainer == TrainerKind::External) return std::make_unique<ExternalTrainer>(cfg);
   if (cfg.trainer == TrainerKind::FeatureStats) return std::make_unique<FeatureStatsTrainer>(load_csv(cfg.train_data));
-  LocalData data = load_local_data(cfg);
-  spdlog::info("local data: {} training rows, {} test rows, {} features", data.train.rows, data.test.rows,
-               data.train.features);
-  return std::make_unique<BuiltinTrainer>(cfg, std::move(data));
+  // Under a privacy budget every round is charged before its update can leave.
+  std::shared_ptr<const PrivacyBudget> budget;
+  if (cfg.privacy.on()) budget = std::make_shared<PrivacyBudget>(cfg.privacy, cfg.state_dir / "sent.jsonl");
+  std::unique_ptr<Trainer> t;
+  if (cfg.trainer == TrainerKind::External) {
+    t = std::make_unique<ExternalTrainer>(cfg);
+  } else {
+    LocalData data = load_local_data(cfg);
+    spdlog::info("local data: {} training rows, {} test rows, {} features", data.train.rows, data.test.rows,
+                 data.train.features);
+    t = std::make_unique<BuiltinTrainer>(cfg, std::move(data), budget);
+  }
+  if (!budget) return t;
+  spdlog::info("privacy budget: epsilon {} at delta {}, enforced by this silo (docs/privacy.md)",
+               cfg.privacy.max_epsilon, cfg.privacy.delta);
+  return std::make_unique<BudgetedTrainer>(std::move(t), std::move(budget));
 }
 
 namespace {
@@ -140,7 +152,10 @@ class Agent {
   }
 
   void apply() {
-    for (auto& a : session_.take_actions()) std::visit([this](auto& x) { run(x); }, a);
+    for (auto& a : session_.take_actions()) {
+      if (halted_) return;  // a required record failed: nothing after it may happen
+      std::visit([this](auto& x) { run(x); }, a);
+    }
   }
   bool may_leave() const { return session_.may_leave() || (leave_unanswered_ && !session_.in_round()); }
   void run(action::Send& a) {
@@ -161,6 +176,13 @@ class Agent {
     try {
       commit_record(cfg_.state_dir / a.log, a.entry, a.staged, a.onto);
     } catch (const std::exception& e) {
+      if (a.required) {
+        spdlog::error("stopping: cannot write the silo's log {} ({}), which must record this upload's privacy "
+                      "spend before it leaves; the update stays here", a.log, e.what());
+        halted_ = true;
+        stop(1);
+        return;
+      }
       spdlog::warn("cannot write the silo's log {}: {}", a.log, e.what());
     }
   }
@@ -202,6 +224,7 @@ class Agent {
   }
 
   const AgentConfig& cfg_;
+  bool halted_ = false;  // a required record could not be written: no action runs any more
   transport::Runtime rt_;
   std::unique_ptr<Trainer> trainer_;
   std::unique_ptr<FaultHook> hook_;

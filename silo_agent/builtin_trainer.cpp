@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "common/mlp.h"
@@ -34,7 +35,8 @@ LocalData load_local_data(const AgentConfig& cfg) {
   return d;
 }
 
-BuiltinTrainer::BuiltinTrainer(const AgentConfig& cfg, LocalData data) : cfg_(cfg), data_(std::move(data)) {}
+BuiltinTrainer::BuiltinTrainer(const AgentConfig& cfg, LocalData data, std::shared_ptr<const PrivacyBudget> budget)
+    : cfg_(cfg), data_(std::move(data)), budget_(std::move(budget)) {}
 
 wire::TrainMetrics BuiltinTrainer::evaluate(const Model& model, const TrainTask&) {
   wire::TrainMetrics m;
@@ -65,6 +67,15 @@ TrainResult BuiltinTrainer::train(const Model& global, const TrainTask& task, Mo
   opts.learning_rate = plan.learning_rate();
   opts.weight_decay = plan.weight_decay();
   opts.seed = round_seed(plan.seed(), task.round, task.silo);  // silos shuffle differently, runs repeat
+  if (budget_) {
+    // DP-SGD at the plan's batch size as the expected one; the budget sets the noise.
+    const auto& pc = budget_->config();
+    opts.dp.clip_norm = pc.clip_norm;
+    opts.dp.sample_rate = std::min(1.0, static_cast<double>(std::max<std::uint32_t>(1, opts.batch_size)) /
+                                            static_cast<double>(std::max<std::size_t>(1, data_.train.rows)));
+    const std::uint64_t steps = dp_steps_per_epoch(opts.dp.sample_rate) * opts.epochs;
+    opts.dp.noise_multiplier = budget_->noise_for(opts.dp.sample_rate, steps);
+  }
   std::copy(global.flat().begin(), global.flat().end(), local.flat().begin());
   TrainStats stats;
   if (cfg_.local.workers > 1) {
@@ -80,6 +91,7 @@ TrainResult BuiltinTrainer::train(const Model& global, const TrainTask& task, Mo
     stats = train_sgd(net, local.flat(), data_.train, opts);
   }
   TrainResult out;
+  if (opts.dp.on()) out.dp = DpSgdReport{opts.dp.sample_rate, opts.dp.noise_multiplier, stats.steps, opts.dp.clip_norm};
   out.num_samples = data_.train.rows;
   out.metrics.set_train_loss(stats.mean_loss);
   out.metrics.set_train_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

@@ -4,9 +4,11 @@
 #pragma once
 
 #include <filesystem>
+#include <memory>
 
 #include "common/dataset.h"
 #include "silo_agent/config.h"
+#include "silo_agent/privacy_budget.h"
 #include "silo_agent/trainer.h"
 #include "silo_agent/update.h"
 
@@ -22,7 +24,8 @@ LocalData load_local_data(const AgentConfig& cfg);
 
 class BuiltinTrainer final : public Trainer {
  public:
-  BuiltinTrainer(const AgentConfig& cfg, LocalData data);
+  // `budget`: DP-SGD under the silo's privacy budget, which sets each round's noise.
+  BuiltinTrainer(const AgentConfig& cfg, LocalData data, std::shared_ptr<const PrivacyBudget> budget = nullptr);
   wire::TrainMetrics evaluate(const Model& model, const TrainTask& task) override;
   TrainResult train(const Model& global, const TrainTask& task, Model& local) override;
   const LocalData& data() const { return data_; }
@@ -30,6 +33,7 @@ class BuiltinTrainer final : public Trainer {
  private:
   AgentConfig cfg_;
   LocalData data_;
+  std::shared_ptr<const PrivacyBudget> budget_;
 };
 
 // One silo's round with a BuiltinTrainer over `data` (its update with its sha256): the reference

@@ -114,10 +114,36 @@ AgentConfig load_agent_config(const std::filesystem::path& file) {
     f.finish();
   }
   if (root.has("local")) c.local = parse_local(root.child("local"), c.trainer);
+  if (root.has("privacy")) c.privacy = parse_privacy(root.child("privacy"), c.trainer, c.local);
   c.log_level = root.one_of("log_level", "info", {"trace", "debug", "info", "warn", "error"});
   c.log_format = root.one_of("log_format", "text", {"text", "json"});
   c.metrics = transport::parse_metrics(root);
   root.finish();
+  return c;
+}
+
+PrivacyConfig parse_privacy(const ConfigNode& p, TrainerKind trainer, const LocalWorkersConfig& local) {
+  PrivacyConfig c;
+  c.max_epsilon = p.number("max_epsilon", 0, 0, 1e6);
+  c.delta = p.number("delta", 1e-5, 0, 0.1);
+  c.clip_norm = p.number("clip_norm", 1.0, 0, 1e9);
+  c.noise_multiplier = p.number("noise_multiplier", 0, 0, 1e6);
+  c.rounds = static_cast<std::uint64_t>(p.integer("rounds", 0, 0, 100000000));
+  p.finish();
+  if (!(c.max_epsilon > 0)) p.fail("max_epsilon", "is required: the epsilon this silo's records may spend in all, e.g. 8");
+  if (!(c.delta > 0)) p.fail("delta", "must be > 0: e.g. 1e-5, below one over the number of records");
+  if (trainer == TrainerKind::FeatureStats) {
+    p.fail("max_epsilon", "the feature-statistics trainer releases exact statistics: it runs without a privacy budget");
+  }
+  if (trainer == TrainerKind::Builtin) {
+    if (!(c.clip_norm > 0)) p.fail("clip_norm", "must be > 0: each record's gradient is clipped to it");
+    if (c.noise_multiplier == 0 && c.rounds == 0) {
+      p.fail("rounds", "is required without a noise_multiplier: the rounds the budget must last, which set the noise");
+    }
+    if (local.workers > 1) {
+      p.fail("max_epsilon", "DP-SGD runs in the agent's own process: set local.workers to 1 under a privacy budget");
+    }
+  }
   return c;
 }
 
@@ -186,6 +212,10 @@ nlohmann::json to_json(const AgentConfig& c) {
               {"compression", c.local.buckets.compression}}},
             {"log_level", c.log_level}, {"log_format", c.log_format}};
   if (c.metrics.listen) j["metrics"] = transport::to_json(c.metrics);
+  if (c.privacy.on()) {
+    j["privacy"] = {{"max_epsilon", c.privacy.max_epsilon}, {"delta", c.privacy.delta}, {"clip_norm", c.privacy.clip_norm},
+                    {"noise_multiplier", c.privacy.noise_multiplier}, {"rounds", c.privacy.rounds}};
+  }
   if (c.trainer == TrainerKind::External) {
     const auto& e = c.external;
     json env = json::object();

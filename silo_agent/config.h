@@ -37,6 +37,19 @@ struct ExternalTrainerConfig {
   bool evaluate = false;                                  // also send evaluate tasks each round
 };
 
+// "privacy": the silo's own record-level budget (docs/privacy.md). The agent enforces it: it
+// refuses to train, or to send an update, past max_epsilon at delta.
+struct PrivacyConfig {
+  double max_epsilon = 0;  // 0: no budget
+  double delta = 1e-5;
+  // The built-in trainer's DP-SGD: the per-example clip norm, and the noise multiplier (0: the
+  // smallest that lets `rounds` rounds of the server's plan fit in max_epsilon).
+  double clip_norm = 1.0;
+  double noise_multiplier = 0;
+  std::uint64_t rounds = 0;
+  bool on() const { return max_epsilon > 0; }
+};
+
 struct AgentConfig {
   std::filesystem::path file;
   std::string federation;
@@ -68,6 +81,7 @@ struct AgentConfig {
   // colluding with `corrupt` of each group.
   crypto::secagg::Floor secure_floor;
   LocalWorkersConfig local;  // data-parallel local training ("local" in the file)
+  PrivacyConfig privacy;
   std::string log_level = "info";
   transport::MetricsOptions metrics;  // "metrics": the Prometheus endpoint, off unless listen is set
   std::string log_format = "text";  // or "json": one object per line (common/log.h)
@@ -75,6 +89,8 @@ struct AgentConfig {
 
 // Throws ConfigError ("config FILE: .key.path: reason") on any invalid or unknown key.
 AgentConfig load_agent_config(const std::filesystem::path& file);
+// The "privacy" section.
+PrivacyConfig parse_privacy(const ConfigNode& node, TrainerKind trainer, const LocalWorkersConfig& local);
 // The "local" section (data-parallel workers).
 LocalWorkersConfig parse_local(const ConfigNode& node, TrainerKind trainer);
 // The config as the JSON load_agent_config reads back (paths absolute where they were given so).

@@ -508,6 +508,7 @@ TrainResult ExternalTrainer::read_weights(const json& r, const Model& global, Mo
   if (samples == 0) fail(wire::TRAINER_NO_SAMPLES, "rank 0's train result has no positive num_samples", false);
   TrainResult out;
   out.num_samples = samples;
+  out.dp = answer.dp;  // charged by the agent's privacy budget, when it has one
   out.metrics.set_train_loss(answer.loss);
   for (auto it = answer.metrics.begin(); it != answer.metrics.end(); ++it) {
     if (it.key() != "loss" && it.key() != "train_loss") spdlog::info("round {}: trainer metric {} = {}", task.round, it.key(), it->dump());

@@ -14,6 +14,7 @@
 #include "protocol/compression.h"
 #include "protocol/failure.h"
 #include "protocol/join.h"
+#include "protocol/privacy.h"
 #include "protocol/round_start.h"
 #include "protocol/secagg_wire.h"
 #include "protocol/signed_update.h"
@@ -526,6 +527,7 @@ void Session::announce_ready() {
   r->set_num_samples(secure_ ? 1 : pending_->num_samples);  // secure: the real count is inside the masked sum
   *r->mutable_metrics() = pending_->metrics;
   r->set_model_sha256(held_sha_);
+  if (!pending_->privacy.mechanism().empty()) *r->mutable_privacy() = pending_->privacy;
   send(std::move(e));
   spdlog::info("round {}: trained on {} samples (loss {:.4f}); update ready", round_, pending_->num_samples,
                pending_->metrics.train_loss());
@@ -564,6 +566,12 @@ void Session::upload() {
                                 {"update_sha256", pending_->sha256},
                                 {"weight", pending_->weight},
                                 {"num_samples", pending_->num_samples}}};
+  // Record-level privacy: what this upload spent, in the line that says it left. The silo's
+  // budget is the sum of these lines (silo_agent/privacy_budget.h).
+  if (!pending_->privacy.mechanism().empty()) {
+    sent.entry["privacy"] = protocol::privacy_json(pending_->privacy);
+    sent.required = true;
+  }
   if (pending_->residual_next) {
     *residual_ = std::move(*pending_->residual_next);
     pending_->residual_next.reset();

@@ -97,6 +97,9 @@ struct Record {
   // Once the line is durable: `staged` (a file a job wrote) is renamed onto `onto`
   // (silo_state.h: the error feedback moves on with its upload's line).
   std::filesystem::path staged{}, onto{};
+  // The actions after it must not run unless the line is durable: the line carries a privacy
+  // spend, and an update whose spend is not on record would leave the budget behind.
+  bool required = false;
 };
 struct Finished {};
 // The trainer failed too many rounds in a row: stop with this reason.

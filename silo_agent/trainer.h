@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -30,9 +31,20 @@ struct TrainTask {
   wire::TrainingPlan plan;     // the server's training block (plan.extra_json: every key as given)
 };
 
+// The DP-SGD a trainer ran this round (record-level privacy, docs/privacy.md): what Opacus's
+// PrivacyEngine holds. The agent's own accountant turns it into epsilon.
+struct DpSgdReport {
+  double sample_rate = 0;       // Poisson sampling rate q
+  double noise_multiplier = 0;  // sigma
+  std::uint64_t steps = 0;
+  double clip_norm = 0;
+};
+
 struct TrainResult {
   std::uint64_t num_samples = 0;
   wire::TrainMetrics metrics;  // train_loss, train_seconds
+  std::optional<DpSgdReport> dp;  // set by a trainer that ran DP-SGD
+  wire::PrivacySpend privacy;     // set by the agent's budget (silo_agent/privacy_budget.h)
 };
 
 // A round the trainer could not do: the silo is a dropout for it. `fatal`: the agent cannot go

@@ -99,6 +99,23 @@ std::string parse_train_answer(const json& result, const std::filesystem::path& 
   out.num_samples = counted ? result["num_samples"].get<std::uint64_t>() : 0;
   out.metrics = result.contains("metrics") && result["metrics"].is_object() ? result["metrics"] : json::object();
   out.loss = number_or(out.metrics, {"loss", "train_loss"}, 0);
+  if (result.contains("privacy") && !result["privacy"].is_null()) {
+    const json& p = result["privacy"];
+    auto number = [&](const char* key) {
+      return p.is_object() && p.contains(key) && p[key].is_number() ? p[key].get<double>() : std::nan("");
+    };
+    DpSgdReport dp{number("sample_rate"), number("noise_multiplier"), 0, p.is_object() ? number("clip_norm") : 0};
+    if (std::isnan(dp.clip_norm)) dp.clip_norm = 0;  // optional: the accountant does not need it
+    const bool steps_ok = p.is_object() && p.contains("steps") && p["steps"].is_number_integer() &&
+                          (p["steps"].is_number_unsigned() || p["steps"].get<std::int64_t>() >= 1);
+    if (!p.is_object() || !(dp.sample_rate > 0 && dp.sample_rate <= 1) || !(dp.noise_multiplier > 0) ||
+        !std::isfinite(dp.noise_multiplier) || !steps_ok || p["steps"].get<std::uint64_t>() == 0) {
+      return "the train result's privacy must be {\"sample_rate\": in (0, 1], \"noise_multiplier\": > 0, \"steps\": "
+             ">= 1, \"clip_norm\": optional}";
+    }
+    dp.steps = p["steps"].get<std::uint64_t>();
+    out.dp = dp;
+  }
   return "";
 }
 

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "proto/xsilo.pb.h"
+#include "silo_agent/trainer.h"
 
 namespace xsilo::agent::trainer_protocol {
 
@@ -55,6 +56,9 @@ struct TrainAnswer {
   std::uint64_t num_samples = 0;
   double loss = 0;
   nlohmann::json metrics = nlohmann::json::object();  // the trainer's own metrics, for the log
+  // "privacy": the DP-SGD this round ran (docs/privacy.md): sample rate, noise multiplier, steps
+  // and clip norm, as the SDK reads them off Opacus's PrivacyEngine.
+  std::optional<DpSgdReport> dp;
 };
 std::string parse_train_answer(const nlohmann::json& result, const std::filesystem::path& exchange, TrainAnswer& out);
 

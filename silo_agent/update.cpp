@@ -16,6 +16,7 @@ RoundOutput output_of(const TrainResult& r, const wire::TrainingPlan& plan) {
   RoundOutput out;
   out.num_samples = r.num_samples;
   out.metrics = r.metrics;
+  out.privacy = r.privacy;
   out.weight = static_cast<double>(r.num_samples);
   if (plan.max_weight() > 0) out.weight = std::min(out.weight, static_cast<double>(plan.max_weight()));
   return out;

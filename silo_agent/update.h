@@ -18,6 +18,7 @@ struct RoundOutput {
   double weight = 0;
   std::string sha256;              // of the update bytes as sent (compressed: as the server decodes them)
   wire::TrainMetrics metrics;
+  wire::PrivacySpend privacy;      // record-level privacy: this round's spend (mechanism empty: none)
   // A compressed plain upload: its encoded chunks (`update` holds what they decode to).
   std::shared_ptr<const std::vector<wire::TensorChunk>> encoded;
   std::uint64_t encoded_bytes = 0;

@@ -112,6 +112,13 @@ std::string format_status(const nlohmann::json& s) {
     line(fmt::format("  {:<24} {:<22} {}", e.value("silo", "?"), e.contains("edge") ? "via " + e.value("edge", "") : "direct",
                      days_left(e)));
   }
+  if (s.contains("privacy")) {
+    line("\nrecord-level privacy (each silo's own account, from its last counted update):");
+    for (const auto& [silo, p] : s["privacy"].items()) {
+      line(fmt::format("  {:<24} epsilon {:.3f} of {} (delta {})", silo, p.value("epsilon", 0.0), p.value("max_epsilon", 0.0),
+                       p.value("delta", 0.0)));
+    }
+  }
   const auto edges = s.value("edges", nlohmann::json::array());
   line(fmt::format("edges connected: {}", edges.size()));
   for (const auto& e : edges) line(fmt::format("  {:<24} {:<22} {}", e.value("name", "?"), e.value("address", ""), days_left(e)));

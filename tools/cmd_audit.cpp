@@ -93,6 +93,19 @@ void add_audit(CLI::App& app, int& exit_code) {
                     << "the first: " << c.first_ignored << "\n";
         }
       }
+      // Record-level privacy: every claimed epsilon recomputed from its recorded parameters.
+      const auto privacy = server::check_privacy_claims(server::read_audit_log(*log));
+      if (!privacy.ok) {
+        std::cout << "FAILED: " << privacy.reason << "\n"
+                  << "the log's " << r.records << " records verify; a privacy claim in it does not\n";
+        exit_code = 1;
+        return;
+      }
+      if (privacy.spends) {
+        std::cout << "privacy: " << privacy.spends << " record-level spends of " << privacy.epsilon.size()
+                  << " silos recomputed from their parameters, every claim at least what they give\n";
+        for (const auto& [silo, eps] : privacy.epsilon) std::cout << "  " << silo << ": epsilon " << eps << "\n";
+      }
       if (r.keys.size() > 1) {
         std::cout << "the audit key was rotated " << r.keys.size() - 1 << " time(s); the log is signed by "
                   << server::key_hex(r.keys.back().public_key) << " since record " << r.keys.back().from_seq << "\n";

@@ -20,7 +20,9 @@
 #include "common/safetensors.h"
 #include "common/tensorboard.h"
 #include "server/metrics.h"
+#include "protocol/privacy.h"
 #include "silo_agent/external_trainer.h"
+#include "silo_agent/privacy_budget.h"
 #include "silo_agent/sgd.h"
 #include "tools/report.h"
 #include "tools/sim_edge.h"
@@ -100,6 +102,16 @@ class CentralEvaluator {
       opts.learning_rate = plan.learning_rate();
       opts.weight_decay = plan.weight_decay();
       opts.seed = cfg_.seed;
+      if (cfg_.privacy) {
+        // The same DP-SGD on the pooled rows, at the same epsilon over all its steps: what the
+        // federation is compared against under record-level privacy.
+        const auto& p = *cfg_.privacy;
+        opts.dp.clip_norm = p.clip_norm;
+        opts.dp.sample_rate = std::min(1.0, static_cast<double>(opts.batch_size) / static_cast<double>(f_.central_train.rows));
+        const auto steps = agent::dp_steps_per_epoch(opts.dp.sample_rate) * opts.epochs;
+        opts.dp.noise_multiplier = protocol::dp_sgd_noise_for({}, opts.dp.sample_rate, steps, 1, p.max_epsilon, p.delta);
+        if (opts.dp.noise_multiplier == 0) return -1;
+      }
       const Network net(m);
       agent::train_sgd(net, m.flat(), f_.central_train, opts);
       return net.evaluate(m.flat(), f_.central_test).accuracy;
@@ -489,6 +501,17 @@ int follow(const SimConfig& cfg, const FederationFiles& f, Processes& procs, Fau
 }
 
 // model.safetensors (the last committed round), the audit log and its key, next to metrics.
+// Record-level privacy: the largest epsilon a silo spent, from each silo's own log (-1: off).
+double epsilon_spent(const SimConfig& cfg, const FederationFiles& f) {
+  if (!cfg.privacy) return -1;
+  double most = 0;
+  for (const auto& silo : f.silos) {
+    const agent::PrivacyBudget budget(*cfg.privacy, f.out / "silos" / silo / "state" / "sent.jsonl");
+    most = std::max(most, protocol::dp_sgd_epsilon(budget.spent(), cfg.privacy->delta));
+  }
+  return most;
+}
+
 void copy_outputs(const FederationFiles& f, const std::vector<double>& rounds) {
   if (!rounds.empty()) {
     char name[64];
@@ -552,6 +575,8 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
                   {"seconds", secs}};
   if (result.baseline_accuracy >= 0) summary["centralized_accuracy"] = result.baseline_accuracy;
   if (!stalled.empty()) summary["stalled"] = stalled;
+  result.epsilon_spent = epsilon_spent(cfg, f);
+  if (result.epsilon_spent >= 0) summary["epsilon_spent"] = result.epsilon_spent;
   atomic_write_file(out / "summary.json", summary.dump(2) + "\n");
   // From the files just written, as `xsilo report OUT` would draw it.
   write_report(run_sources(out), out / "report.html", out / "report.svg");
@@ -570,9 +595,14 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
                 static_cast<unsigned long long>(result.rounds_committed), static_cast<unsigned long long>(cfg.rounds),
                 secs, result.rounds_committed ? accuracy : "", stalled.empty() ? "" : (" (" + stalled + ")").c_str());
   say(line);
+  if (result.epsilon_spent >= 0) {
+    std::snprintf(line, sizeof line, "  record-level privacy: epsilon %.3f of %g spent (delta %g), the largest over silos",
+                  result.epsilon_spent, cfg.privacy->max_epsilon, cfg.privacy->delta);
+    say(line);
+  }
   if (result.baseline_accuracy >= 0 && !std::isnan(result.final_accuracy)) {
-    std::snprintf(line, sizeof line, "  centralized training on the pooled data: %.2f%% (difference %+.2f points)",
-                  100 * result.baseline_accuracy, 100 * (result.final_accuracy - result.baseline_accuracy));
+    std::snprintf(line, sizeof line, "  centralized training on the pooled data%s: %.2f%% (difference %+.2f points)",
+                  cfg.privacy ? " (DP-SGD, the same epsilon)" : "", 100 * result.baseline_accuracy, 100 * (result.final_accuracy - result.baseline_accuracy));
     say(line);
   }
   say("  outputs: " + (out / "metrics.csv").string() + ", model.safetensors, audit.jsonl + audit.pub, report.html");

@@ -66,6 +66,10 @@ struct SimConfig {
   // server). 0: every silo talks to the server.
   std::size_t edges = 0;
   nlohmann::json local;  // passed to every agent as its "local" block (local.workers: data-parallel workers)
+  // "privacy": {"level": "record", "max_epsilon": E, "delta": D, ...}: every silo gets that budget
+  // (the agent's "privacy" block; rounds: the sim's, unless a noise_multiplier is given) and
+  // DP-SGD in the built-in trainer.
+  std::optional<agent::PrivacyConfig> privacy;
   // Rehearsed failures: kill or restart a process when a round reaches a phase.
   struct Fault {
     std::string process;  // "server", "edge-01", "hospital-03"
@@ -192,6 +196,7 @@ struct SimResult {
   std::uint64_t rounds_committed = 0, rounds_aborted = 0;
   double final_accuracy = 0, final_loss = 0, baseline_accuracy = -1;  // NaN: the script does not evaluate
   double final_train_loss = 0;  // what the silos reported for the last committed round
+  double epsilon_spent = -1;    // record-level privacy: the largest epsilon a silo spent (-1: off)
 };
 
 SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool quiet = false);

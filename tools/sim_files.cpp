@@ -453,6 +453,7 @@ AgentFiles write_agent_config(const SimConfig& cfg, const FederationFiles& f, st
     a.feature_stats = f.feature_stats;
   }
   if (cfg.local.is_object()) a.local = agent::parse_local(ConfigNode(cfg.local, cfg.file.string(), ".local"), a.trainer);
+  if (cfg.privacy) a.privacy = *cfg.privacy;
   AgentFiles files;
   files.config = f.out / "configs" / (f.silos[i] + ".json");
   write_json(files.config, agent::to_json(a));

@@ -25,12 +25,14 @@
 #include "common/mlp.h"
 #include "common/safetensors.h"
 #include "crypto/hash.h"
+#include "protocol/privacy.h"
 #include "server/aggregator.h"
 #include "server/config.h"
 #include "server/optimizer.h"
 #include "server/commit.h"
 #include "server/secure_groups.h"
 #include "silo_agent/config.h"
+#include "silo_agent/silo_state.h"
 #include "silo_agent/update.h"
 #include "tools/sim.h"
 #include "tools/sim_agent.h"
@@ -149,6 +151,7 @@ struct Silo {
   std::unique_ptr<agent::Trainer> trainer;
   std::unique_ptr<agent::FaultHook> hook;  // the simulated attack, if any
   Model momentum;
+  std::filesystem::path sent_log;  // record-level privacy: its spends, as an agent logs its uploads
 };
 
 }  // namespace
@@ -175,6 +178,9 @@ SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& 
     s.name = f.silos[i];
     s.trainer = hooks.trainer ? std::move(hooks.trainer) : agent::make_trainer(a);
     s.hook = std::move(hooks.faults);
+    s.sent_log = a.state_dir / "sent.jsonl";
+    std::filesystem::create_directories(a.state_dir);
+    std::filesystem::remove(s.sent_log);  // a new federation: nothing spent yet
     silos.push_back(std::move(s));
   }
 
@@ -210,6 +216,13 @@ SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& 
         continue;
       }
       if (!o.update || !(o.weight > 0) || !std::isfinite(o.weight)) continue;  // the server refuses such a weight
+      if (!o.privacy.mechanism().empty()) {
+        // As an agent's upload: its spend is on record before the update leaves.
+        agent::commit_record(s.sent_log, {{"round", round},
+                                          {"update_sha256", crypto::sha256_hex(o.update->flat())},
+                                          {"privacy", protocol::privacy_json(o.privacy)}});
+        result.epsilon_spent = std::max(result.epsilon_spent, o.privacy.epsilon());
+      }
       if (scfg.plan.silo_momentum() > 0) {
         if (!s.momentum.same_layout(*o.update)) s.momentum = o.update->zeros_like();
         agent::apply_momentum(*o.update, o.weight, s.momentum, scfg.plan.silo_momentum());

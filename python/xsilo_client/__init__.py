@@ -117,7 +117,7 @@ def data_paths(default=(None, None)):
     return _default().data_paths(default)
 
 
-def send(state_dict=None, num_samples=None, metrics=None, federate=None):
+def send(state_dict=None, num_samples=None, metrics=None, federate=None, privacy=None):
     """Answers the current task with its result.
 
     For a train task on rank 0: ``state_dict`` (or the module) is required; its floating-point
@@ -127,8 +127,12 @@ def send(state_dict=None, num_samples=None, metrics=None, federate=None):
     Other ranks, and evaluate tasks, send no weights. ``metrics``: name -> finite number
     (numpy and torch scalars accepted). ``federate``: only the matching floating-point tensors
     are sent (a glob, a list of globs or a function of the name); the rest stay local.
+    ``privacy``: the DP-SGD this round ran, for a silo with a privacy budget (docs/privacy.md):
+    Opacus's ``PrivacyEngine`` (its accountant's steps since the last send are reported), or a
+    dict ``{"sample_rate": q, "noise_multiplier": sigma, "steps": n, "clip_norm": c}``. The
+    agent accounts the epsilon itself and keeps the update when it would pass the budget.
     """
-    _default().send(state_dict, num_samples=num_samples, metrics=metrics, federate=federate)
+    _default().send(state_dict, num_samples=num_samples, metrics=metrics, federate=federate, privacy=privacy)
 
 
 def send_error(message):

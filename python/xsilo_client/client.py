@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from . import safetensors, state
+from . import privacy, safetensors, state
 from .channel import Channel, ProtocolError
 from .federate import name_filter
 
@@ -235,6 +235,7 @@ class Client:
         self._federate = None       # name -> bool: the tensors this script federates (None: all)
         self._logged = {}           # xc.log(): metrics for the current round's result
         self._notes = {}            # told to the agent once, with the next result (it logs them)
+        self._privacy = privacy.Reporter()  # send(privacy=...): DP-SGD steps since the last report
 
     def close(self):
         """Closes the channel (the agent sees the trainer go). Process exit does the same."""
@@ -402,7 +403,7 @@ class Client:
             raise RuntimeError(f"{what}() answers a task: call receive() first")
         return self._task
 
-    def send(self, state_dict=None, num_samples=None, metrics=None, federate=None):
+    def send(self, state_dict=None, num_samples=None, metrics=None, federate=None, privacy=None):
         """Answers the current task. See xsilo_client.send."""
         if federate is not None:
             self.set_federate(federate)
@@ -436,6 +437,8 @@ class Client:
         message = {"type": "result", "id": task.id, "rank": rank, "weights": weights,
                    "num_samples": num_samples, "metrics": metrics,
                    "process_group": process_group_size()}
+        if privacy is not None and task.kind == "train" and rank == 0:
+            message["privacy"] = self._privacy.report(privacy)
         if self._notes:
             message["notes"] = self._notes
         self._notes = {}
