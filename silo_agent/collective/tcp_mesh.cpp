@@ -240,7 +240,7 @@ class TcpCommunicator : public Communicator {
 
  private:
   Options opts_;
-  Algorithm algorithm_;
+  Algorithm algorithm_;  // before mesh_: a backend that is not ours is refused before the mesh forms
   TcpMesh mesh_;
 };
 
@@ -248,7 +248,6 @@ class TcpCommunicator : public Communicator {
 
 std::unique_ptr<Communicator> make_tcp_communicator(int rank, const std::vector<PeerAddress>& peers, int listen_fd,
                                                     const Options& opts) {
-  parse_algorithm(opts.backend);  // refuses a backend that is not ours before the mesh forms
   return std::make_unique<TcpCommunicator>(rank, peers, listen_fd, opts);
 }
 
