@@ -1,6 +1,7 @@
 #include "silo_agent/config.h"
 
 #include "common/config.h"
+#include "silo_agent/collective/communicator.h"
 #include "silo_agent/collective/gpu_info.h"
 #include "transport/config.h"
 
@@ -154,7 +155,9 @@ LocalWorkersConfig parse_local(const ConfigNode& lo, TrainerKind trainer) {
     c.workers = static_cast<int>(lo.integer("workers", 1, 1, 256));
     c.hosts = lo.str_list("hosts");
     c.listen_host = lo.str("listen_host", "127.0.0.1");
-    c.backend = lo.one_of("backend", "auto", {"ring", "hd", "auto", "nccl"});
+    auto backends = collective::tcp_backends();
+    backends.push_back("nccl");
+    c.backend = lo.one_of("backend", "auto", backends);
     c.step_timeout = std::chrono::milliseconds(lo.integer("step_timeout_ms", 10000, 100, 3600000));
     c.buckets.first_bytes = static_cast<std::size_t>(lo.integer("first_bucket_bytes", 1 << 20, 4, std::int64_t{1} << 32));
     c.buckets.bytes = static_cast<std::size_t>(lo.integer("bucket_bytes", 25 << 20, 4, std::int64_t{1} << 32));
@@ -165,7 +168,7 @@ LocalWorkersConfig parse_local(const ConfigNode& lo, TrainerKind trainer) {
         lo.fail("compression", "an external trainer's all-reduce is its script's own (torch DDP communication hooks)");
       }
       if (c.backend == "nccl") {
-        lo.fail("compression", "int8 buckets run on the TCP backends (ring, hd, auto); NCCL sums float32 on the GPUs");
+        lo.fail("compression", "int8 buckets run on the TCP backends (ring, hd, tree, butterfly, auto); NCCL sums float32 on the GPUs");
       }
     }
     if (c.backend == "nccl" && trainer == TrainerKind::Builtin) {

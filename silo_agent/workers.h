@@ -22,7 +22,7 @@ struct LocalWorkersConfig {
   int workers = 1;                       // 1: train in the agent's process
   std::vector<std::string> hosts;        // empty: all on this host; else worker k on hosts[k % size]
   std::string listen_host = "127.0.0.1"; // where the coordinator listens (an address the hosts reach)
-  std::string backend = "auto";          // ring, hd, auto
+  std::string backend = "auto";          // collective::tcp_backends() or nccl
   std::chrono::milliseconds step_timeout{10000};
   BucketOptions buckets;
 };

@@ -653,6 +653,30 @@ TEST(Config, Int8BucketsAreForTheBuiltinTrainerOnTheTcpBackends) {
             std::string::npos);
 }
 
+TEST(Config, TheLocalAllReduceIsOneOfTheTcpAlgorithmsOrNccl) {
+  test::TempDir dir;
+  test::make_pki(dir / "pki", "f", {{wire::SILO, "a"}});
+  auto load = [&](const std::string& body, agent::AgentConfig* out = nullptr) {
+    atomic_write_file(dir / "a.json", R"({"federation": "f", "upstreams": ["h:1"], "tls": {"kit": "pki/kits/a"})" + body + "}");
+    return error_of([&] {
+      auto c = agent::load_agent_config(dir / "a.json");
+      if (out) *out = c;
+    });
+  };
+  atomic_write_file(dir / "t.csv", "1,2,0\n");
+  const std::string data = R"(, "data": {"train": "t.csv"})";
+  agent::AgentConfig c;
+  for (const std::string backend : {"ring", "hd", "tree", "butterfly", "auto"}) {
+    EXPECT_EQ(load(data + R"(, "local": {"workers": 3, "backend": ")" + backend + R"("})", &c), "") << backend;
+    EXPECT_EQ(c.local.backend, backend);
+    EXPECT_EQ(load(data + R"(, "local": {"workers": 3, "compression": "int8", "backend": ")" + backend + R"("})"), "")
+        << "int8 runs on every TCP backend: " << backend;
+  }
+  const auto typo = load(data + R"(, "local": {"workers": 3, "backend": "trees"})");
+  EXPECT_NE(typo.find(".local.backend"), std::string::npos) << typo;
+  EXPECT_NE(typo.find("butterfly"), std::string::npos) << "the choices are listed: " << typo;
+}
+
 // The training block passes keys of its own to external trainers, but a near-miss of a known
 // key is a typo, not a user key.
 TEST(Config, TrainingKeysOfTheUsersOwnPassThroughAndTyposAreCaught) {

@@ -1,7 +1,10 @@
-// xsilo bench allreduce: our TCP all-reduce (ring, halving-doubling, auto, and int8: the 8-bit
-// all-reduce with error feedback) across N worker processes on loopback, beside OpenMPI's
-// MPI_Allreduce over TCP and Gloo's ring-chunked all-reduce measured in the same run, against
-// the loopback bound measured in the same run. Bus bandwidth follows nccl-tests: busbw = algbw x
+// xsilo bench allreduce: our TCP all-reduce (ring, halving-doubling, tree, butterfly, auto, and
+// int8: the 8-bit all-reduce with error feedback) across N worker processes on loopback, beside
+// OpenMPI's MPI_Allreduce over TCP and Gloo's ring-chunked all-reduce measured in the same run,
+// against the loopback bound measured in the same run. With tree or butterfly among the
+// backends, OpenMPI's own algorithm of that shape runs too (openmpi-tree: a segmented binary-tree
+// reduce then a segmented binary-tree broadcast; openmpi-butterfly: recursive doubling); Gloo has
+// neither. Bus bandwidth follows nccl-tests: busbw = algbw x
 // 2(N-1)/N, the rate each link must carry, counted in float32 bytes for every system (int8's
 // links carry about a quarter of that).
 #include <arpa/inet.h>
@@ -9,6 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -134,9 +138,33 @@ std::filesystem::path peer_binary(const std::string& name) {
   return std::filesystem::path(XSILO_BENCH_BIN_DIR) / name;
 }
 
-Results run_mpi(int ranks, const std::vector<std::size_t>& sizes, const std::filesystem::path& dir) {
+// The mpirun arguments that force OpenMPI's coll/tuned all-reduce of the same shape as our
+// `ours` (tree, butterfly), pieces of our chunk size; none (its own choice) for anything else.
+std::vector<std::string> mpi_algorithm(const std::string& ours, std::size_t chunk_bytes) {
+  const std::string segment = std::to_string(chunk_bytes);
+  std::vector<std::string> mca{"--mca", "coll_tuned_use_dynamic_rules", "1"};
+  auto add = [&](const char* key, const std::string& value) {
+    mca.insert(mca.end(), {"--mca", key, value});
+  };
+  if (ours == "tree") {
+    add("coll_tuned_allreduce_algorithm", "2");  // nonoverlapping: reduce, then bcast
+    add("coll_tuned_reduce_algorithm", "4");     // binary tree
+    add("coll_tuned_reduce_algorithm_segmentsize", segment);
+    add("coll_tuned_bcast_algorithm", "5");      // binary tree
+    add("coll_tuned_bcast_algorithm_segmentsize", segment);
+  } else if (ours == "butterfly") {
+    add("coll_tuned_allreduce_algorithm", "3");  // recursive doubling
+  } else {
+    return {};
+  }
+  return mca;
+}
+
+Results run_mpi(int ranks, const std::vector<std::size_t>& sizes, const std::filesystem::path& dir,
+                const std::string& variant = "", std::size_t chunk_bytes = 1u << 20) {
   const auto bin = peer_binary("xsilo_mpi_allreduce");
-  std::cerr << "bench allreduce: OpenMPI, " << ranks << " ranks..." << std::endl;
+  const std::string name = variant.empty() ? "openmpi" : "openmpi-" + variant;
+  std::cerr << "bench allreduce: " << name << ", " << ranks << " ranks..." << std::endl;
   if (!std::filesystem::exists(bin)) {
     std::cout << "OpenMPI peer: skipped (" << bin.string() << " was not built: OpenMPI not found)\n";
     return {};
@@ -144,12 +172,15 @@ Results run_mpi(int ranks, const std::vector<std::size_t>& sizes, const std::fil
   // TCP only (no shared memory), so that every system here moves its bytes through loopback.
   std::vector<std::string> argv{"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", std::to_string(ranks),
                                 "--mca", "btl", "tcp,self", "--mca", "pml", "ob1", "--mca", "btl_tcp_if_include",
-                                "lo", bin.string()};
+                                "lo"};
+  for (auto& a : mpi_algorithm(variant, chunk_bytes)) argv.push_back(a);
+  argv.push_back(bin.string());
   for (auto& s : size_args(sizes)) argv.push_back(s);
+  const auto log = dir / (name + ".log");
   std::vector<std::unique_ptr<Process>> procs;
-  procs.push_back(std::make_unique<Process>(argv, dir / "mpi.log"));
-  if (!wait_all(procs, std::chrono::seconds(900))) std::cerr << "bench allreduce: mpirun failed; see " << (dir / "mpi.log").string() << "\n";
-  return parse_results(dir / "mpi.log");
+  procs.push_back(std::make_unique<Process>(argv, log));
+  if (!wait_all(procs, std::chrono::seconds(900))) std::cerr << "bench allreduce: mpirun failed; see " << log.string() << "\n";
+  return parse_results(log);
 }
 
 Results run_gloo(int ranks, const std::vector<std::size_t>& sizes, const std::filesystem::path& dir) {
@@ -213,6 +244,14 @@ int bench_allreduce(const AllreduceBenchOptions& opts) {
       for (const char* p : {"openmpi", "gloo"}) {
         if (!measured[p].empty()) systems.push_back(p);
       }
+      // The peers' algorithms of the same shape as ours. Gloo has no tree or butterfly all-reduce
+      // (ring, ring-chunked, halving-doubling, bcube), so only OpenMPI's run.
+      for (const char* variant : {"tree", "butterfly"}) {
+        if (std::find(opts.backends.begin(), opts.backends.end(), variant) == opts.backends.end()) continue;
+        const std::string name = std::string("openmpi-") + variant;
+        measured[name] = run_mpi(ranks, opts.bytes, dir, variant, opts.chunk_bytes);
+        if (!measured[name].empty()) systems.push_back(name);
+      }
     }
     const double factor = ranks > 1 ? 2.0 * (ranks - 1) / ranks : 1.0;
     const double bound = link / ranks;
@@ -262,6 +301,14 @@ int bench_allreduce(const AllreduceBenchOptions& opts) {
         const double o = at(ours, big), g = at("gloo", big), m = at("openmpi", big);
         std::printf("64 MiB, %s: busbw %.3f GB/s = %.2fx Gloo (target >= 1), %.2fx OpenMPI (target >= 1.25), %.0f%% of the bound\n",
                     ours.c_str(), big * factor / o / 1e9, g / o, m / o, 100.0 * big * factor / o / bound);
+      }
+      // Tree and butterfly against OpenMPI's algorithm of the same shape, on their home ground.
+      const std::string same = "openmpi-" + ours;
+      for (std::size_t bytes : {small, std::size_t{64} << 10}) {
+        if ((ours == "tree" || ours == "butterfly") && at(ours, bytes) > 0 && at(same, bytes) > 0 && !opts.json) {
+          std::printf("%s, %s: %.0f us vs %s %.0f us = %.2fx (target >= 1)\n", human(bytes).c_str(), ours.c_str(),
+                      at(ours, bytes) * 1e6, same.c_str(), at(same, bytes) * 1e6, at(same, bytes) / at(ours, bytes));
+        }
       }
       if (at(ours, small) > 0 && at("openmpi", small) > 0 && !opts.json) {
         std::printf("4 KiB, %s: %.0f us vs OpenMPI %.0f us (target: no slower)\n", ours.c_str(), at(ours, small) * 1e6,

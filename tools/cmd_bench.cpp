@@ -112,7 +112,7 @@ void add_bench(CLI::App& app, int& exit_code) {
 
   auto ar = std::make_shared<AllreduceBenchOptions>();
   auto* arc = bench->add_subcommand("allreduce", "all-reduce across local worker processes, beside OpenMPI and Gloo");
-  arc->add_option("--backend", ar->backends, "ring, hd, auto, nccl, int8 (the 8-bit all-reduce over the TCP mesh; several values)")->capture_default_str();
+  arc->add_option("--backend", ar->backends, "ring, hd, tree, butterfly, auto, nccl, int8 (the 8-bit all-reduce over the TCP mesh; several values)")->capture_default_str();
   arc->add_option("--ranks", ar->ranks, "worker processes (several values: one table each)")->capture_default_str();
   arc->add_option("--bytes", ar->bytes, "message sizes in bytes")->capture_default_str();
   arc->add_option("--chunk-bytes", ar->chunk_bytes, "pipelining unit of our ring")->capture_default_str();

@@ -129,7 +129,7 @@ void add_collective(CLI::App& app, int& exit_code) {
   c->add_option("--coordinator", o->coordinator, "the workers' coordinator, HOST:PORT")->required();
   c->add_option("--id", o->id, "this worker's id, 0..N-1")->required();
   c->add_option("--host", o->host, "address this worker listens on for its peers")->capture_default_str();
-  c->add_option("--backend", o->backend, "ring, hd, auto or nccl")->capture_default_str();
+  c->add_option("--backend", o->backend, "ring, hd, tree, butterfly, auto or nccl")->capture_default_str();
   c->add_option("--compression", o->compression, "--bench: none, or int8 (the 8-bit all-reduce)")
       ->check(CLI::IsMember({"none", "int8"}))
       ->capture_default_str();

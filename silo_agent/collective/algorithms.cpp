@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "silo_agent/collective/communicator.h"
+#include "silo_agent/collective/exchange.h"
 
 namespace xsilo::collective {
 
@@ -13,51 +14,18 @@ std::pair<std::size_t, std::size_t> segment(std::size_t n, std::size_t parts, st
   return {begin, base + (k < extra ? 1 : 0)};
 }
 
-namespace {
-
-std::span<const std::uint8_t> bytes(std::span<const float> v) {
-  return {reinterpret_cast<const std::uint8_t*>(v.data()), v.size() * sizeof(float)};
-}
-
-// Receives into a chunk-sized scratch buffer while sending `out` to dst, adding each received
-// chunk into `into` as soon as it lands: the scratch stays in cache.
-void exchange_reduce(Mesh& mesh, int dst, std::span<const float> out, int src, std::span<float> into,
-                     std::vector<float>& scratch, std::size_t chunk_bytes) {
-  chunk_bytes = std::max<std::size_t>(sizeof(float), chunk_bytes / sizeof(float) * sizeof(float));
-  scratch.resize(std::min(into.size(), chunk_bytes / sizeof(float)));
-  auto* landing = reinterpret_cast<std::uint8_t*>(scratch.data());
-  mesh.exchange(
-      dst, bytes(out), src, into.size() * sizeof(float), chunk_bytes,
-      [&](std::size_t, std::size_t want) { return std::span<std::uint8_t>(landing, want); },
-      [&](std::size_t off, std::size_t len) {
-        const std::size_t first = off / sizeof(float), count = len / sizeof(float);
-        float* __restrict a = into.data() + first;
-        const float* __restrict b = scratch.data();
-        for (std::size_t i = 0; i < count; ++i) a[i] += b[i];
-      });
-}
-
-void exchange_copy(Mesh& mesh, int dst, std::span<const float> out, int src, std::span<float> into,
-                   std::size_t chunk_bytes) {
-  auto* base = reinterpret_cast<std::uint8_t*>(into.data());
-  mesh.exchange(
-      dst, bytes(out), src, into.size() * sizeof(float), chunk_bytes, [&](std::size_t off, std::size_t want) { return std::span<std::uint8_t>(base + off, want); },
-      [](std::size_t, std::size_t) {});
-}
-
-}  // namespace
-
 // Ring all-reduce. Imagine the data cut into N segments and the ranks on a ring, each sending
 // to its right neighbour and receiving from its left. Scatter-reduce: at step s rank r sends
-// segment (r - s) and receives segment (r - s - 1), adding it to its own; after N - 1 steps rank
-// r holds the full sum of segment (r + 1). All-gather: at step s rank r sends segment
-// (r + 1 - s) and receives segment (r - s), now final, overwriting its own. Every rank sends
+// segment (r - s) and receives segment (r - s - 1), combining it into its own (adding, for a
+// sum); after N - 1 steps rank r holds the full result of segment (r + 1). All-gather: at step
+// s rank r sends segment (r + 1 - s) and receives segment (r - s), now final, overwriting its
+// own. Every rank sends
 // 2(N - 1)/N of the data, which is optimal: no link carries more than that.
 //
 // What a rank sends at step j + 1 is exactly what it received (and reduced) at step j, so the
 // 2(N - 1) steps run as one pipeline: a chunk goes on to the right neighbour as soon as it has
 // been added in, instead of waiting for the whole segment, and no step boundary stalls a link.
-void ring_all_reduce(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes) {
+void ring_all_reduce(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes, Op op) {
   const int n = mesh.size(), r = mesh.rank();
   if (n == 1 || data.empty()) return;
   const int right = (r + 1) % n, left = (r + n - 1) % n;
@@ -104,10 +72,8 @@ void ring_all_reduce(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes)
   const auto on_chunk = [&](std::size_t io, std::size_t len) {
     const std::size_t j = seg_of(io);
     if (static_cast<int>(j) < n - 1) {
-      float* __restrict a = in_seg[j].data() + (io - in_off[j]) / sizeof(float);
-      const float* __restrict b = scratch.data();
       const std::size_t count = len / sizeof(float);
-      for (std::size_t i = 0; i < count; ++i) a[i] += b[i];
+      combine(op, in_seg[j].subspan((io - in_off[j]) / sizeof(float), count), std::span<const float>(scratch.data(), count));
     }
     processed = io + len;
   };
@@ -116,36 +82,21 @@ void ring_all_reduce(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes)
 
 // Recursive halving-doubling (Rabenseifner). With p = 2^k ranks: reduce-scatter by halving
 // (at distance p/2, p/4, ..., 1 each rank swaps the half of its current range it will not keep
-// with its partner r ^ distance, and adds the half it keeps), then all-gather by doubling (the
-// same pairs in reverse order swap their finished ranges). log2(p) steps each way: fewer, larger
-// messages than the ring's 2(N-1), which wins on latency for small data. With N not a power of
-// two, the N - p extra ranks first fold their data into a partner and get the result back at
-// the end.
-void halving_doubling_all_reduce(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes,
+// with its partner r ^ distance, and combines the half it keeps), then all-gather by doubling
+// (the same pairs in reverse order swap their finished ranges). log2(p) steps each way: fewer,
+// larger messages than the ring's 2(N-1), which wins on latency for small data. With N not a
+// power of two, the N - p extra ranks first fold their data into a partner and get the result
+// back at the end. Each element's result is computed on one rank and copied to the others.
+void halving_doubling_all_reduce(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes, Op op,
                                  std::size_t doubling_bytes) {
   const int n = mesh.size(), r = mesh.rank();
   if (n == 1 || data.empty()) return;
-  int p = 1;
-  while (p * 2 <= n) p *= 2;
+  if (data.size() * sizeof(float) < doubling_bytes) return butterfly_all_reduce(mesh, data, chunk_bytes, op);
+  using detail::exchange_copy;
+  using detail::exchange_reduce;
+  const int p = detail::power_of_two_floor(n);
   std::vector<float> scratch;
-  const std::span<float> none;
-  if (r >= p) {  // an extra rank: hand over, then wait for the result
-    exchange_copy(mesh, r - p, data, -1, none, chunk_bytes);
-    exchange_copy(mesh, -1, none, r - p, data, chunk_bytes);
-    return;
-  }
-  if (r + p < n) exchange_reduce(mesh, -1, none, r + p, data, scratch, chunk_bytes);
-  if (data.size() * sizeof(float) < doubling_bytes) {
-    // Recursive doubling: swap whole vectors with r ^ 1, r ^ 2, ... Partners add the same two
-    // values in either order, so every rank ends bit-identical.
-    std::vector<float> mine;
-    for (int dist = 1; dist < p; dist *= 2) {
-      mine.assign(data.begin(), data.end());  // what goes out must not change while we add
-      exchange_reduce(mesh, r ^ dist, mine, r ^ dist, data, scratch, chunk_bytes);
-    }
-    if (r + p < n) exchange_copy(mesh, r + p, data, -1, none, chunk_bytes);
-    return;
-  }
+  if (!detail::fold_in(mesh, data, p, chunk_bytes, op, scratch)) return;
   // Halving: track the range [lo, hi) of segments this rank is responsible for.
   std::size_t lo = 0, hi = static_cast<std::size_t>(p);
   auto range = [&](std::size_t a, std::size_t b) {
@@ -160,7 +111,7 @@ void halving_doubling_all_reduce(Mesh& mesh, std::span<float> data, std::size_t 
     const bool lower = (r & dist) == 0;
     const auto keep = lower ? range(lo, mid) : range(mid, hi);
     const auto give = lower ? range(mid, hi) : range(lo, mid);
-    exchange_reduce(mesh, partner, give, partner, keep, scratch, chunk_bytes);
+    exchange_reduce(mesh, partner, give, partner, keep, scratch, chunk_bytes, op);
     kept.emplace_back(lo, hi);
     if (lower) hi = mid;
     else lo = mid;
@@ -177,11 +128,12 @@ void halving_doubling_all_reduce(Mesh& mesh, std::span<float> data, std::size_t 
     lo = plo;
     hi = phi;
   }
-  if (r + p < n) exchange_copy(mesh, r + p, data, -1, none, chunk_bytes);
+  detail::fold_out(mesh, data, p, chunk_bytes);
 }
 
 // Binomial tree from the root: log2(N) rounds.
 void tree_broadcast(Mesh& mesh, std::span<float> data, int root, std::size_t chunk_bytes) {
+  using detail::exchange_copy;
   const int n = mesh.size();
   const int me = (mesh.rank() - root + n) % n;  // position relative to the root
   const std::span<float> none;
@@ -195,6 +147,11 @@ void tree_broadcast(Mesh& mesh, std::span<float> data, int root, std::size_t chu
     }
     mask *= 2;
   }
+}
+
+const std::vector<std::string>& tcp_backends() {
+  static const std::vector<std::string> names{"ring", "hd", "tree", "butterfly", "auto"};
+  return names;
 }
 
 void Communicator::all_reduce_mean(std::span<float> data) {

@@ -1,8 +1,9 @@
-// Collectives between the local workers of one silo: all-reduce, broadcast, barrier on float32
-// spans. Backends: "ring" (scatter-reduce + all-gather over TCP, ours), "hd" (recursive
-// halving-doubling over TCP, ours), "auto" (hd below a size threshold, ring above) and "nccl"
-// (GPU). Every algorithm is written against Mesh, a small vocabulary (send to a peer while
-// receiving from another, chunk by chunk), never against a socket.
+// Collectives between the local workers of one silo: all-reduce (sum, min, max or product),
+// broadcast, barrier on float32 spans. Backends: "ring" (scatter-reduce + all-gather over TCP,
+// ours), "hd" (recursive halving-doubling over TCP, ours), "tree" (pipelined binary-tree reduce
+// and broadcast), "butterfly" (recursive doubling), "auto" (hd below a size threshold, ring
+// above) and "nccl" (GPU). Every algorithm is written against Mesh, a small vocabulary (send to
+// a peer while receiving from another, chunk by chunk), never against a socket.
 #pragma once
 
 #include <chrono>
@@ -14,6 +15,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "silo_agent/collective/reduce_op.h"
 
 namespace xsilo::collective {
 
@@ -79,8 +82,10 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string backend() const = 0;
-  // In-place sum over all ranks; every rank ends with the same values.
-  virtual void all_reduce(std::span<float> data) = 0;
+  // In-place reduction over all ranks, element by element; every rank ends with the same
+  // values, bit for bit.
+  virtual void all_reduce(std::span<float> data, Op op) = 0;
+  void all_reduce(std::span<float> data) { all_reduce(data, Op::sum); }
   void all_reduce_mean(std::span<float> data);
   virtual void broadcast(std::span<float> data, int root) = 0;
   virtual void barrier() = 0;
@@ -93,16 +98,28 @@ class Communicator {
 // length). The ring's segments, and those of any algorithm that splits the work the same way.
 std::pair<std::size_t, std::size_t> segment(std::size_t n, std::size_t parts, std::size_t k);
 
-// The algorithms, usable on any Mesh.
-void ring_all_reduce(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes);
-// Below `doubling_bytes` halving-doubling exchanges whole vectors (recursive doubling): half
-// the steps, each one latency-bound anyway.
-void halving_doubling_all_reduce(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes,
+// The algorithms, usable on any Mesh. Each leaves every rank with op over all ranks' data.
+// Ring: 2(N - 1) pipelined steps, each rank sends 2(N - 1)/N of the data (bandwidth-optimal).
+void ring_all_reduce(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes, Op op = Op::sum);
+// Halving-doubling: 2 log2(p) steps, the ring's bytes. Below `doubling_bytes` it runs the
+// butterfly instead: half the steps, each one latency-bound anyway.
+void halving_doubling_all_reduce(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes, Op op = Op::sum,
                                  std::size_t doubling_bytes = 64u << 10);
+// Butterfly (recursive doubling on a hypercube): log2(p) steps, each swapping the whole vector
+// with the partner r ^ 2^k; the N - p extra ranks of a count that is not a power of two fold
+// into partners first and get the result back at the end (two more steps).
+void butterfly_all_reduce(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes, Op op = Op::sum);
+// Tree: reduce up a binary tree to rank 0, then broadcast down it, each in pieces of
+// `chunk_bytes` that follow one another through the levels: 2 floor(log2 N) levels for a small
+// vector, any N.
+void tree_all_reduce(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes, Op op = Op::sum);
 void tree_broadcast(Mesh& mesh, std::span<float> data, int root, std::size_t chunk_bytes);
 
+// The backends make_tcp_communicator takes: ring, hd, tree, butterfly, auto.
+const std::vector<std::string>& tcp_backends();
+
 struct Options {
-  std::string backend = "auto";                  // ring, hd, auto
+  std::string backend = "auto";                  // tcp_backends() or nccl
   std::size_t chunk_bytes = 1u << 20;            // pipelining unit of the ring
   std::size_t hd_threshold_bytes = 256u << 10;   // auto: hd below, ring from here on
   std::chrono::milliseconds step_timeout{10000};

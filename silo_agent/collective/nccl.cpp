@@ -27,6 +27,16 @@ void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw CollectiveError(std::string(what) + ": " + cudaGetErrorString(e), -1);
 }
 
+ncclRedOp_t nccl_op(Op op) {
+  switch (op) {
+    case Op::sum: return ncclSum;
+    case Op::min: return ncclMin;
+    case Op::max: return ncclMax;
+    case Op::product: return ncclProd;
+  }
+  return ncclSum;
+}
+
 class NcclCommunicator : public Communicator {
  public:
   NcclCommunicator(std::unique_ptr<Communicator> boot, const Options& opts, NcclCommunicator* previous,
@@ -71,10 +81,11 @@ class NcclCommunicator : public Communicator {
   int size() const override { return boot_->size(); }
   std::string backend() const override { return "nccl"; }
 
-  void all_reduce(std::span<float> data) override {
+  using Communicator::all_reduce;
+  void all_reduce(std::span<float> data, Op op) override {
     if (data.empty()) return;
     stage_in(data);
-    launch(ncclAllReduce(buffer_, buffer_, data.size(), ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce");
+    launch(ncclAllReduce(buffer_, buffer_, data.size(), ncclFloat, nccl_op(op), comm_, stream_), "ncclAllReduce");
     stage_out(data);
   }
   void broadcast(std::span<float> data, int root) override {

@@ -196,28 +196,51 @@ class TcpMesh : public Mesh {
   std::vector<std::unique_ptr<tcp::socket>> socks_;
 };
 
+// The all-reduce a TCP communicator runs; "auto" picks hd or ring by size.
+enum class Algorithm { ring, hd, tree, butterfly, automatic };
+
+Algorithm parse_algorithm(const std::string& backend) {
+  if (backend == "ring") return Algorithm::ring;
+  if (backend == "hd") return Algorithm::hd;
+  if (backend == "tree") return Algorithm::tree;
+  if (backend == "butterfly") return Algorithm::butterfly;
+  if (backend == "auto") return Algorithm::automatic;
+  std::string known;  // "nccl": see nccl.h
+  for (const auto& b : tcp_backends()) known += (known.empty() ? "" : ", ") + b;
+  throw std::invalid_argument("TCP backends are " + known + ", not " + backend);
+}
+
 class TcpCommunicator : public Communicator {
  public:
   TcpCommunicator(int rank, const std::vector<PeerAddress>& peers, int listen_fd, const Options& opts)
-      : opts_(opts), mesh_(rank, peers, listen_fd, opts.step_timeout) {}
+      : opts_(opts), algorithm_(parse_algorithm(opts.backend)), mesh_(rank, peers, listen_fd, opts.step_timeout) {}
   int rank() const override { return mesh_.rank(); }
   int size() const override { return mesh_.size(); }
   std::string backend() const override { return opts_.backend; }
-  void all_reduce(std::span<float> data) override {
-    const bool hd = opts_.backend == "hd" ||
-                    (opts_.backend == "auto" && data.size() * sizeof(float) < opts_.hd_threshold_bytes);
-    if (hd) halving_doubling_all_reduce(mesh_, data, opts_.chunk_bytes);
-    else ring_all_reduce(mesh_, data, opts_.chunk_bytes);
+  using Communicator::all_reduce;
+  void all_reduce(std::span<float> data, Op op) override {
+    auto algorithm = algorithm_;
+    if (algorithm == Algorithm::automatic) {
+      algorithm = data.size() * sizeof(float) < opts_.hd_threshold_bytes ? Algorithm::hd : Algorithm::ring;
+    }
+    switch (algorithm) {
+      case Algorithm::ring: return ring_all_reduce(mesh_, data, opts_.chunk_bytes, op);
+      case Algorithm::hd: return halving_doubling_all_reduce(mesh_, data, opts_.chunk_bytes, op);
+      case Algorithm::tree: return tree_all_reduce(mesh_, data, opts_.chunk_bytes, op);
+      case Algorithm::butterfly: return butterfly_all_reduce(mesh_, data, opts_.chunk_bytes, op);
+      case Algorithm::automatic: break;
+    }
   }
   void broadcast(std::span<float> data, int root) override { tree_broadcast(mesh_, data, root, opts_.chunk_bytes); }
   void barrier() override {
     float one = 1;
-    halving_doubling_all_reduce(mesh_, std::span<float>(&one, 1), opts_.chunk_bytes);
+    butterfly_all_reduce(mesh_, std::span<float>(&one, 1), opts_.chunk_bytes);
   }
   Mesh* mesh() override { return &mesh_; }
 
  private:
   Options opts_;
+  Algorithm algorithm_;  // before mesh_: a backend that is not ours is refused before the mesh forms
   TcpMesh mesh_;
 };
 
@@ -225,9 +248,6 @@ class TcpCommunicator : public Communicator {
 
 std::unique_ptr<Communicator> make_tcp_communicator(int rank, const std::vector<PeerAddress>& peers, int listen_fd,
                                                     const Options& opts) {
-  if (opts.backend != "ring" && opts.backend != "hd" && opts.backend != "auto") {  // "nccl": see nccl.h
-    throw std::invalid_argument("TCP backends are ring, hd and auto, not " + opts.backend);
-  }
   return std::make_unique<TcpCommunicator>(rank, peers, listen_fd, opts);
 }
 
