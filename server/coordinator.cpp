@@ -521,6 +521,13 @@ void Coordinator::finish_round(bool committed, const AuditHead& audit, std::int6
     end_federation("all rounds done", now_ms);
     return;
   }
+  if (membership_.budget_spent() > 0 && membership_.could_train(cfg_.expected_silos) < cfg_.selection.min_silos) {
+    // Silos' own privacy budgets: fewer silos can still train than a round needs, for good.
+    end_federation("privacy budgets spent: " + std::to_string(membership_.budget_spent()) +
+                       " silos can train no more, and a round needs " + std::to_string(cfg_.selection.min_silos),
+                   now_ms);
+    return;
+  }
   set_phase(Phase::Joining, now_ms);
   if (stop_requested_) {
     end_federation("stopped by admin " + stopped_by_, now_ms);
@@ -540,7 +547,7 @@ void Coordinator::end_federation(const std::string& reason, std::int64_t now_ms)
     e.mutable_finished()->set_rounds(cfg_.rounds);
     send(id, std::move(e));
   }
-  actions_.push_back(action::Finished{committed_, aborted_, stop_requested_});
+  actions_.push_back(action::Finished{committed_, aborted_, stop_requested_, reason});
 }
 
 // ---- secure aggregation ---------------------------------------------------------------------

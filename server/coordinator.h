@@ -89,6 +89,7 @@ struct Job {
 struct Finished {
   std::uint64_t committed, aborted;
   bool stopped_by_admin = false;  // an operator's stop, not the last round: the server exits 0
+  std::string reason;             // why it ended ("all rounds done", ...), into the audit record
 };
 // Work for the same worker queue as Jobs, in order, without a completion call (checking an
 // upload chunk by chunk while the next chunk is being received).

@@ -351,6 +351,11 @@ void Coordinator::member_failed(std::size_t m, const wire::Envelope& e, std::int
       r_->members[m].state != MemberState::Training) {
     return;
   }
+  if (e.error().failure() == wire::PRIVACY_BUDGET_SPENT) {
+    // The silo's own budget: it will refuse every later round too, so none selects it again.
+    membership_.set_budget_spent(r_->members[m].silo);
+    event("privacy_budget_spent", r_->members[m].silo);
+  }
   drop(m, DropPhase::Train, DropCause::TrainingFailed, "its training failed: " + std::string(protocol::failure_text(e.error().failure())), false);
   pump(now_ms);
 }

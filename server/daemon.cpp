@@ -455,6 +455,7 @@ class Server {
                           {"federation", cfg_.federation},
                           {"rounds_committed", a.committed},
                           {"rounds_aborted", a.aborted},
+                          {"reason", a.reason},
                           {"model_sha256", coord_.model_sha256()},
                           {"time", iso_time(now_ms())}};
     // On the worker, after every record queued before it (an admin's stop is one): the audit

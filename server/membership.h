@@ -69,8 +69,24 @@ class Membership {
   void set_disowned(const std::string& silo) {
     if (routes_.count(silo)) disowned_.insert(silo);
   }
-  // Not to be selected: leaving, or disowned.
-  bool excluded(const std::string& silo) const { return leaving_.count(silo) > 0 || disowned_.count(silo) > 0; }
+  // `silo` reported that its record-level privacy budget is spent (docs/privacy.md): no round
+  // selects it again, whatever route it comes back on.
+  void set_budget_spent(const std::string& silo) { spent_.insert(silo); }
+  std::size_t budget_spent() const { return spent_.size(); }
+  // The silos that could still train: connected now or since start (or, with an allow-list,
+  // expected), less those whose budget is spent.
+  std::size_t could_train(const std::set<std::string>& expected) const {
+    std::set<std::string> all = seen_;
+    all.insert(expected.begin(), expected.end());
+    for (const auto& [silo, via] : routes_) all.insert(silo);
+    std::size_t n = 0;
+    for (const auto& silo : all) n += spent_.count(silo) ? 0 : 1;
+    return n;
+  }
+  // Not to be selected: leaving, disowned, or its privacy budget spent.
+  bool excluded(const std::string& silo) const {
+    return leaving_.count(silo) > 0 || disowned_.count(silo) > 0 || spent_.count(silo) > 0;
+  }
   std::size_t selectable() const {
     std::size_t n = 0;
     for (const auto& [silo, via] : routes_) n += excluded(silo) ? 0 : 1;
@@ -98,6 +114,7 @@ class Membership {
   std::set<std::string> seen_;               // silos connected at some time since start
   std::set<std::string> leaving_;            // a subset of routes_' silos
   std::set<std::string> disowned_;           // likewise
+  std::set<std::string> spent_;              // privacy budget spent: for good
 };
 
 }  // namespace xsilo::server

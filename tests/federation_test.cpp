@@ -15,6 +15,7 @@
 #include "server/config.h"
 #include "silo_agent/agent.h"
 #include "silo_agent/builtin_trainer.h"
+#include "silo_agent/privacy_budget.h"
 #include "tests/federation_util.h"
 #include "tests/testlib.h"
 #include "tools/sim.h"
@@ -290,6 +291,70 @@ TEST(Federation, SimRunsTheDefaultExperimentEndToEnd) {
       dir / "witnessed.log", in_dir);
   EXPECT_EQ(witnessed.wait(30s).value_or(-1), 1) << log_tail(dir / "witnessed.log");
   EXPECT_NE(read_file(dir / "witnessed.log").find("tail was cut"), std::string::npos) << log_tail(dir / "witnessed.log");
+}
+
+// Record-level privacy in a federation of real processes, secure groups through two edges: each
+// silo chooses its own noise for the rounds its budget was planned for, spends its budget across
+// them, refuses the round after, and the server ends the federation (audited) once too few silos
+// have budget left. The audit log carries every spend and `xsilo audit verify` recomputes them.
+TEST(Federation, EachSiloSpendsItsOwnPrivacyBudgetAndTheFederationEndsWhenTheBudgetsAre) {
+  test::TempDir dir;
+  nlohmann::json sim = {{"silos", 4},
+                        {"rounds", 4},
+                        {"seed", 5},
+                        {"baseline", false},
+                        {"edges", 2},
+                        {"data", {{"dataset", "breast_cancer"}, {"split", "dirichlet"}, {"alpha", 1.0}}},
+                        {"model", {{"kind", "logistic"}}},
+                        {"training", {{"local_epochs", 1}, {"batch_size", 16}, {"learning_rate", 0.1}}},
+                        {"selection", {{"min_silos", 3}, {"min_updates", 3}}},
+                        {"secure", {{"mode", "global"}, {"min_group", 3}, {"modulus_bits", 64}, {"fraction_bits", 24},
+                                    {"clip_norm", 100}, {"max_weight", 1000}, {"keys_s", 10}, {"unmask_s", 10}}},
+                        {"deadlines", {{"join_s", 5}, {"train_s", 30}, {"upload_s", 30}}},
+                        // planned for 2 of the sim's 4 rounds: round 3 finds every budget spent
+                        {"privacy", {{"level", "record"}, {"max_epsilon", 2.0}, {"delta", 1e-5}, {"rounds", 2}}}};
+  atomic_write_file(dir / "sim.json", sim.dump());
+  ProcessOptions in_dir;
+  in_dir.cwd = dir.path();
+  Process run({test::xsilo_bin(), "sim", "--config", "sim.json", "--out", "out"}, dir / "sim.log", in_dir);
+  ASSERT_EQ(run.wait(180s).value_or(-1), 0) << log_tail(dir / "sim.log", 40);
+  const auto out = dir / "out";
+  const auto summary = nlohmann::json::parse(read_file(out / "summary.json"));
+  EXPECT_EQ(summary["rounds_committed"], 2);
+  EXPECT_LE(summary["epsilon_spent"].get<double>(), 2.0);
+  EXPECT_GT(summary["epsilon_spent"].get<double>(), 1.9);  // the plan spends the budget
+  EXPECT_NE(read_file(dir / "sim.log").find("the federation ended before its last round: privacy budgets spent"),
+            std::string::npos)
+      << log_tail(dir / "sim.log", 20);
+
+  std::size_t spends = 0;
+  bool refused = false, ended = false;
+  for (const auto& r : server::read_audit_log(out / "audit.jsonl")) {
+    if (r.value("event", "") == "round" && r.value("status", "") == "committed") {
+      for (const auto& p : r["participants"]) {
+        ASSERT_TRUE(p.contains("privacy")) << p.dump();
+        EXPECT_EQ(p["privacy"]["mechanism"], "dp_sgd");
+        EXPECT_LE(p["privacy"]["epsilon"].get<double>(), 2.0);
+        ++spends;
+      }
+    }
+    if (r.value("event", "") == "round" && r.value("round", 0) == 3) {
+      for (const auto& d : r["dropouts"]) refused = refused || d.value("reason", "").find("privacy budget") != std::string::npos;
+    }
+    if (r.value("event", "") == "federation_end") ended = r.value("reason", "").rfind("privacy budgets spent", 0) == 0;
+  }
+  EXPECT_EQ(spends, 8u);
+  EXPECT_TRUE(refused) << "round 3's dropouts do not name the budget";
+  EXPECT_TRUE(ended) << "the federation_end record does not say the budgets were spent";
+  Process verify({test::xsilo_bin(), "audit", "verify", "out/audit.jsonl", "--key", "out/audit.pub"}, dir / "verify.log",
+                 in_dir);
+  EXPECT_EQ(verify.wait(30s).value_or(-1), 0) << log_tail(dir / "verify.log");
+  EXPECT_NE(read_file(dir / "verify.log").find("privacy: 8 record-level spends of 4 silos"), std::string::npos)
+      << log_tail(dir / "verify.log");
+  // Each silo's own log: two uploads, each with its spend.
+  const agent::PrivacyBudget budget(*load_sim_config(dir / "sim.json").privacy,
+                                    out / "silos" / "hospital-01" / "state" / "sent.jsonl");
+  EXPECT_EQ(budget.spent().size(), 2u);
 }
 
 // A silo that trains with three local worker processes (ring all-reduce, bucketed gradients)

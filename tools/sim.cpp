@@ -512,6 +512,22 @@ double epsilon_spent(const SimConfig& cfg, const FederationFiles& f) {
   return most;
 }
 
+// The reason of the audit log's federation_end record ("" when there is none).
+std::string federation_end_reason(const std::filesystem::path& audit) {
+  if (!std::filesystem::exists(audit)) return "";
+  std::string reason;
+  std::ifstream in(audit);
+  for (std::string line; std::getline(in, line);) {
+    try {
+      const auto j = nlohmann::json::parse(line);
+      if (j.value("event", "") == "federation_end") reason = j.value("reason", "");
+    } catch (const nlohmann::json::exception&) {
+      // a damaged line: the verify command the run prints says which
+    }
+  }
+  return reason;
+}
+
 void copy_outputs(const FederationFiles& f, const std::vector<double>& rounds) {
   if (!rounds.empty()) {
     char name[64];
@@ -583,9 +599,14 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
 
   // Under a kill storm a round may abort (its silos were killed; the audit record says why,
   // and the server exits 3): the run is whole when every round ended, committed or aborted.
-  const bool ok = cfg.kill_storm ? (server_code == 0 || server_code == 3) &&
-                                       result.rounds_committed + result.rounds_aborted == cfg.rounds
-                                 : server_code == 0 && result.rounds_committed == cfg.rounds;
+  // Under record-level privacy the server ends the federation, audited, once too few silos have
+  // budget left for a round: the run is whole then too, however many rounds it committed.
+  const std::string ended = federation_end_reason(out / "audit.jsonl");
+  const bool budgets_spent = cfg.privacy && server_code == 0 && ended.rfind("privacy budgets spent", 0) == 0;
+  const bool ok = budgets_spent ||
+                  (cfg.kill_storm ? (server_code == 0 || server_code == 3) &&
+                                        result.rounds_committed + result.rounds_aborted == cfg.rounds
+                                  : server_code == 0 && result.rounds_committed == cfg.rounds);
   char line[256];
   char accuracy[96] = "; final test accuracy not measured (the script does not evaluate)";
   if (!std::isnan(result.final_accuracy)) {
@@ -600,9 +621,11 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
                   result.epsilon_spent, cfg.privacy->max_epsilon, cfg.privacy->delta);
     say(line);
   }
+  if (budgets_spent) say("  the federation ended before its last round: " + ended);
   if (result.baseline_accuracy >= 0 && !std::isnan(result.final_accuracy)) {
     std::snprintf(line, sizeof line, "  centralized training on the pooled data%s: %.2f%% (difference %+.2f points)",
-                  cfg.privacy ? " (DP-SGD, the same epsilon)" : "", 100 * result.baseline_accuracy, 100 * (result.final_accuracy - result.baseline_accuracy));
+                  !cfg.privacy ? "" : cfg.trainer ? " (the script's own DP-SGD)" : " (DP-SGD, the same epsilon)",
+                  100 * result.baseline_accuracy, 100 * (result.final_accuracy - result.baseline_accuracy));
     say(line);
   }
   say("  outputs: " + (out / "metrics.csv").string() + ", model.safetensors, audit.jsonl + audit.pub, report.html");

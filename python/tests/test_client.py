@@ -155,6 +155,15 @@ class Tasks(ClientTestCase):
         np.testing.assert_array_equal(written["w"], update["w"])
         self.assertEqual(os.listdir(self.exchange), ["update-3-7.safetensors"])
 
+    def test_a_train_result_carries_the_dp_sgd_it_ran(self):
+        c = self.welcomed()
+        self.send_task()
+        task = c.receive()
+        c.send({"w": task.arrays()["w"]}, num_samples=10,
+               privacy={"sample_rate": 0.1, "noise_multiplier": 1.5, "steps": 20})
+        result = self.agent.receive()
+        self.assertEqual(result["privacy"], {"sample_rate": 0.1, "noise_multiplier": 1.5, "steps": 20})
+
     def test_integer_tensors_are_logged_once_only(self):
         c = self.welcomed()
         records = []
