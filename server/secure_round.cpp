@@ -226,8 +226,8 @@ std::vector<GroupResult> SecureRound::finish(std::map<std::uint32_t, protocol::M
       r.why = g.failed();
     } else if (g.stage() != secure::Stage::Unmask) {
       r.why = "collection closed before the survivors confirmed their set";
-    } else if (std::string err = g.finish(sum); !err.empty()) {
-      r.why = err;
+    } else if (auto unmasked = g.finish(sum); !unmasked) {
+      r.why = unmasked.error().message();
     } else {
       r.ok = true;
       const auto codec = cfg_.codec();
