@@ -105,10 +105,7 @@ void SecureRound::drain(secure::Group& g) {
     *e.mutable_secure() = std::move(step);
     out_.emplace_back(silo, std::move(e));
   }
-  for (auto& d : g.take_dropped()) {
-    const bool excluded = d.excluded();
-    dropped_.push_back({std::move(d.silo), std::move(d.why), d.reason, excluded});
-  }
+  for (auto& d : g.take_dropped()) dropped_.push_back({std::move(d.silo), std::move(d.why), d.reason});
 }
 
 void SecureRound::on_message(const std::string& silo, const wire::SecureAggregation& step) {

@@ -99,7 +99,7 @@ TEST(SecureGroups, AGroupSmallerThanMinGroupFailsBeforeKeys) {
   ASSERT_EQ(dropped.size(), 3u);
   for (const auto& d : dropped) {
     EXPECT_NE(d.why.find("smaller than min_group 4"), std::string::npos) << d.why;
-    EXPECT_FALSE(d.excluded);
+    EXPECT_NE(d.reason, secure::DropReason::Excluded);
     EXPECT_FALSE(round.may_upload(d.silo));
   }
   EXPECT_TRUE(round.take_out().empty());

@@ -55,7 +55,6 @@ struct Drop {
   std::string silo;
   DropReason reason = DropReason::GroupFailed;
   std::string why;  // the sentence for logs and the audit record
-  bool excluded() const { return reason == DropReason::Excluded; }
 };
 
 // What a group needs from the server to run: its certificate key (signs setups, survivor sets),
