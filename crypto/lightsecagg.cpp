@@ -87,29 +87,29 @@ X25519KeyPair fresh_key_pair(const Sources& s) {
   return X25519KeyPair{sk, X25519KeyPair::public_of(sk)};
 }
 
-// What a box from `dealer` to `holder` holds: the dealer-signed share, checked. "" and `out`
+// What a box from `dealer` to `holder` holds: the dealer-signed share, checked. Success and `out`
 // filled, or why the box is bad (the dealer's fault: the box carries its signature).
-std::string open_box(const Params& p, const CertVerifier& ca, const Advertisement& dealer_keys,
-                     const std::string& dealer, const std::string& holder, const X25519KeyPair& inbox,
-                     std::string_view box, std::vector<std::uint32_t>& out) {
+Status open_box(const Params& p, const CertVerifier& ca, const Advertisement& dealer_keys, const std::string& dealer,
+                const std::string& holder, const X25519KeyPair& inbox, std::string_view box,
+                std::vector<std::uint32_t>& out) {
   auto plain = open_sealed(inbox, box);
-  if (!plain) return "its share for " + holder + " does not open";
+  if (!plain) return Error("its share for " + holder + " does not open");
   auto fields = unpack(*plain, 2);
   wipe(*plain);
-  if (!fields) return "its share for " + holder + " is malformed";
+  if (!fields) return Error("its share for " + holder + " is malformed");
   auto words = field_words((*fields)[0], p.segment());
   const bool signed_by_dealer =
       ca.verify(dealer_keys.certificate, dealer, kSiloRole, share_statement(p.session, dealer, holder, (*fields)[0]),
                 (*fields)[1])
           .empty();
   wipe((*fields)[0]);
-  if (!words) return "its share for " + holder + " is not " + std::to_string(p.segment()) + " field words";
+  if (!words) return Error("its share for " + holder + " is not " + std::to_string(p.segment()) + " field words");
   if (!signed_by_dealer) {
     wipe(*words);
-    return "its share for " + holder + " is not signed by it";
+    return Error("its share for " + holder + " is not signed by it");
   }
   out = std::move(*words);
-  return "";
+  return {};
 }
 
 }  // namespace
@@ -131,62 +131,67 @@ std::size_t max_shares_message_bytes(const Params& p) {
   return (n > 0 ? n - 1 : 0) * (max_box_bytes(p) + kMaxSignatureBytes + 256);
 }
 
-std::string check_params(const Params& p) {
+Status check_params(const Params& p) {
   const std::size_t n = p.members.size();
-  if (n == 0) return "a secure group needs members";
-  if (sorted(p.members).size() != n) return "a secure group names a member twice";
+  if (n == 0) return Error("a secure group needs members");
+  if (sorted(p.members).size() != n) return Error("a secure group names a member twice");
   if (!std::is_sorted(p.members.begin(), p.members.end())) {
-    return "a secure group's members must be listed in order (every member places the others by the list)";
+    return Error("a secure group's members must be listed in order (every member places the others by the list)");
   }
-  if (p.privacy < 1) return "the privacy T must be at least 1 (T colluding members learn nothing of a mask)";
+  if (p.privacy < 1) return Error("the privacy T must be at least 1 (T colluding members learn nothing of a mask)");
   if (p.target <= p.privacy) {
-    return "the target U " + std::to_string(p.target) + " must exceed the privacy T " + std::to_string(p.privacy) +
-           " (the mask takes U - T segments of the code)";
+    return Error("the target U " + std::to_string(p.target) + " must exceed the privacy T " +
+                 std::to_string(p.privacy) + " (the mask takes U - T segments of the code)");
   }
   if (p.target > n) {
-    return "the target U " + std::to_string(p.target) + " exceeds the group's " + std::to_string(n) +
-           " members: the server could never gather U answers";
+    return Error("the target U " + std::to_string(p.target) + " exceeds the group's " + std::to_string(n) +
+                 " members: the server could never gather U answers");
   }
   if (2 * std::size_t{p.threshold} <= n) {
-    return "threshold " + std::to_string(p.threshold) + " is not above half of the group's " + std::to_string(n) +
-           " members: two different survivor sets could each collect it";
+    return Error("threshold " + std::to_string(p.threshold) + " is not above half of the group's " + std::to_string(n) +
+                 " members: two different survivor sets could each collect it");
   }
   if (p.threshold > n) {
-    return "threshold " + std::to_string(p.threshold) + " exceeds the group's " + std::to_string(n) + " members";
+    return Error("threshold " + std::to_string(p.threshold) + " exceeds the group's " + std::to_string(n) + " members");
   }
   const std::uint32_t least = std::max(p.threshold, p.target);
   if (p.min_survivors < least || p.min_survivors > n) {
-    return "the smallest revealed sum (" + std::to_string(p.min_survivors) + " silos) must lie between max(t, U) = " +
-           std::to_string(least) + " and the group's " + std::to_string(n) + " members";
+    return Error("the smallest revealed sum (" + std::to_string(p.min_survivors) +
+                 " silos) must lie between max(t, U) = " + std::to_string(least) + " and the group's " +
+                 std::to_string(n) + " members");
   }
-  if (p.length == 0) return "an input needs at least one word";
-  if (!usable_public_key(p.server_key)) return "the server's key is not a usable X25519 key";
-  return "";
+  if (p.length == 0) return Error("an input needs at least one word");
+  if (!usable_public_key(p.server_key)) return Error("the server's key is not a usable X25519 key");
+  return {};
 }
 
-std::string check_floor(const Params& p, const secagg::Floor& f) {
+Status check_floor(const Params& p, const secagg::Floor& f) {
   const std::size_t n = p.members.size();
   const std::uint32_t c = secagg::corrupt_count(n, f.corrupt);
   const std::string assumed = " (this silo assumes up to " + std::to_string(c) + " of the group's " + std::to_string(n) +
                               " may collude with the server: secure_floor.corrupt " + std::to_string(f.corrupt) + ")";
   if (p.privacy < c) {
-    return "privacy T = " + std::to_string(p.privacy) + " is below the colluders: " + std::to_string(c) +
-           " shares of a member's mask would leave part of it unprotected" + assumed;
+    return Error("privacy T = " + std::to_string(p.privacy) + " is below the colluders: " + std::to_string(c) +
+                 " shares of a member's mask would leave part of it unprotected" + assumed);
   }
   if (p.min_survivors < f.min_sum) {
-    return "the setup reveals sums of " + std::to_string(p.min_survivors) + " silos; this silo's floor is " +
-           std::to_string(f.min_sum) + " (secure_floor.min_sum)";
+    return Error("the setup reveals sums of " + std::to_string(p.min_survivors) + " silos; this silo's floor is " +
+                 std::to_string(f.min_sum) + " (secure_floor.min_sum)");
   }
   if (p.min_survivors < c + 2) {
-    return "the setup reveals sums of " + std::to_string(p.min_survivors) + " silos, which this silo and the colluders "
-           "alone could make" + assumed;
+    return Error("the setup reveals sums of " + std::to_string(p.min_survivors) +
+                 " silos, which this silo and the colluders "
+                 "alone could make" +
+                 assumed);
   }
   if (2 * std::size_t{std::max(p.threshold, p.min_survivors)} <= n + c) {
-    return "threshold " + std::to_string(p.threshold) + " and sums of " + std::to_string(p.min_survivors) + " of " +
-           std::to_string(n) + ": a split view of the survivors, the colluders confirming both sides, could gather "
-           "confirmations for two survivor sets" + assumed;
+    return Error("threshold " + std::to_string(p.threshold) + " and sums of " + std::to_string(p.min_survivors) +
+                 " of " + std::to_string(n) +
+                 ": a split view of the survivors, the colluders confirming both sides, could gather "
+                 "confirmations for two survivor sets" +
+                 assumed);
   }
-  return "";
+  return {};
 }
 
 std::string keys_statement(const std::string& session, const std::string& silo, const Advertisement& a) {
@@ -257,11 +262,11 @@ Client::~Client() {
   for (auto& [dealer, share] : held_) wipe(share);
 }
 
-Expected<Advertisement> Client::advertise() {
-  if (step_ != Step::Advertise) return std::string("keys advertised twice");
-  if (auto why = check_params(p_); !why.empty()) return why;
-  if (auto why = check_floor(p_, floor_); !why.empty()) return "below this silo's floor: " + why;
-  if (!mine_) return std::string("this silo is not a member of the group");
+Result<Advertisement> Client::advertise() {
+  if (step_ != Step::Advertise) return Error("keys advertised twice");
+  if (auto why = check_params(p_); !why) return why.error();
+  if (auto why = check_floor(p_, floor_); !why) return Error("below this silo's floor: " + why.error().message());
+  if (!mine_) return Error("this silo is not a member of the group");
   Advertisement a;
   for (const auto& m : p_.members) {
     if (m == me_) continue;
@@ -274,36 +279,36 @@ Expected<Advertisement> Client::advertise() {
   return a;
 }
 
-std::string Client::check_peer(const std::string& name, const Advertisement& a) const {
-  if (!p_.index_of(name)) return "the key list names " + name + ", who is not in the group";
+Status Client::check_peer(const std::string& name, const Advertisement& a) const {
+  if (!p_.index_of(name)) return Error("the key list names " + name + ", who is not in the group");
   if (auto why = ca_.verify(a.certificate, name, kSiloRole, keys_statement(p_.session, name, a), a.signature);
       !why.empty()) {
-    return "the keys of " + name + " are not signed by " + name + " (" + why + ")";
+    return Error("the keys of " + name + " are not signed by " + name + " (" + why + ")");
   }
   auto mine = a.inbox_keys.find(me_);
-  if (mine == a.inbox_keys.end()) return name + " advertised no key for this silo's share";
-  if (!usable_public_key(mine->second)) return name + " advertised an unusable key";
-  return "";
+  if (mine == a.inbox_keys.end()) return Error(name + " advertised no key for this silo's share");
+  if (!usable_public_key(mine->second)) return Error(name + " advertised an unusable key");
+  return {};
 }
 
-Expected<Outbox> Client::share(const KeyList& u1) {
-  if (step_ != Step::Share) return std::string("sharing out of order");
+Result<Outbox> Client::share(const KeyList& u1) {
+  if (step_ != Step::Share) return Error("sharing out of order");
   auto self = u1.find(me_);
-  if (self == u1.end()) return std::string("the key list does not include this silo");
+  if (self == u1.end()) return Error("the key list does not include this silo");
   for (const auto& [m, kp] : inbox_) {
     auto it = self->second.inbox_keys.find(m);
     if (it == self->second.inbox_keys.end() || it->second != kp.public_key) {
-      return std::string("the key list altered this silo's own keys");
+      return Error("the key list altered this silo's own keys");
     }
   }
   if (u1.size() < p_.min_survivors) {
-    return "only " + std::to_string(u1.size()) + " members advertised keys; a sum needs " +
-           std::to_string(p_.min_survivors);
+    return Error("only " + std::to_string(u1.size()) + " members advertised keys; a sum needs " +
+                 std::to_string(p_.min_survivors));
   }
   u1_.clear();
   for (const auto& [name, keys] : u1) {
     if (name == me_) continue;
-    if (auto why = check_peer(name, keys); !why.empty()) return why;
+    if (auto why = check_peer(name, keys); !why) return why.error();
   }
   u1_ = u1;
   // The mask and the noise: U segments of L uniform field words from one fresh seed; the mask's
@@ -350,19 +355,19 @@ Expected<Outbox> Client::share(const KeyList& u1) {
   return outbox;
 }
 
-Expected<Receipt> Client::receive(const Inbox& from) {
-  if (step_ != Step::Receive) return std::string("share delivery out of order");
+Result<Receipt> Client::receive(const Inbox& from) {
+  if (step_ != Step::Receive) return Error("share delivery out of order");
   Receipt r;
   for (const auto& [sender, sealed] : from) {
     auto keys = u1_.find(sender);
-    if (keys == u1_.end() || sender == me_) return "a share from " + sender + ", who advertised no keys";
+    if (keys == u1_.end() || sender == me_) return Error("a share from " + sender + ", who advertised no keys");
     if (!ca_.verify(keys->second.certificate, sender, kSiloRole, box_statement(p_.session, sender, me_, sealed.box),
                     sealed.signature)
              .empty()) {
-      return "the share from " + sender + " does not carry its signature: altered on the way";
+      return Error("the share from " + sender + " does not carry its signature: altered on the way");
     }
     std::vector<std::uint32_t> got;
-    if (auto why = open_box(p_, ca_, keys->second, sender, me_, inbox_.at(sender), sealed.box, got); !why.empty()) {
+    if (auto why = open_box(p_, ca_, keys->second, sender, me_, inbox_.at(sender), sealed.box, got); !why) {
       r.accusations.push_back({sender, sealed, inbox_.at(sender).secret});
       accused_.insert(sender);
       continue;
@@ -374,29 +379,30 @@ Expected<Receipt> Client::receive(const Inbox& from) {
   return r;
 }
 
-std::string Client::settle(const Settled& s) {
-  if (step_ != Step::Settle) return "the settled member list arrived out of order";
+Status Client::settle(const Settled& s) {
+  if (step_ != Step::Settle) return Error("the settled member list arrived out of order");
   if (auto why = ca_.verify(server_certificate_, server_name_, "server", secagg::settled_statement(p_.session, s.members),
                             s.signature);
       !why.empty()) {
-    return "the settled member list is not signed by the server (" + why + ")";
+    return Error("the settled member list is not signed by the server (" + why + ")");
   }
   const auto members = sorted(s.members);
-  if (!std::binary_search(members.begin(), members.end(), me_)) return "this silo was excluded from its group";
+  if (!std::binary_search(members.begin(), members.end(), me_)) return Error("this silo was excluded from its group");
   if (members.size() < p_.min_survivors) {
-    return "only " + std::to_string(members.size()) + " members remain; a sum needs " + std::to_string(p_.min_survivors);
+    return Error("only " + std::to_string(members.size()) + " members remain; a sum needs " +
+                 std::to_string(p_.min_survivors));
   }
   for (const auto& m : members) {
-    if (!held_.count(m)) return "the settled list names " + m + ", whose share this silo does not hold";
+    if (!held_.count(m)) return Error("the settled list names " + m + ", whose share this silo does not hold");
   }
   u2_ = members;
   step_ = Step::Mask;
-  return "";
+  return {};
 }
 
-std::string Client::mask(std::span<std::uint32_t> input) {
-  if (step_ != Step::Mask) return "masked input out of order";
-  if (input.size() != p_.length || z_.size() != p_.length) return "input has the wrong length";
+Status Client::mask(std::span<std::uint32_t> input) {
+  if (step_ != Step::Mask) return Error("masked input out of order");
+  if (input.size() != p_.length || z_.size() != p_.length) return Error("input has the wrong length");
   std::uint32_t bad = 0;
   std::uint32_t* __restrict x = input.data();
   const std::uint32_t* __restrict z = z_.data();
@@ -407,43 +413,43 @@ std::string Client::mask(std::span<std::uint32_t> input) {
   }
   if (bad) {
     std::fill(input.begin(), input.end(), 0u);
-    return "input words must be field words below p = 2^32 - 5 (map the codec's words with field::to_field)";
+    return Error("input words must be field words below p = 2^32 - 5 (map the codec's words with field::to_field)");
   }
   wipe(z_);
   step_ = Step::Confirm;
-  return "";
+  return {};
 }
 
-Expected<Confirmation> Client::confirm(const std::vector<std::string>& survivors, const std::string& server_signature) {
+Result<Confirmation> Client::confirm(const std::vector<std::string>& survivors, const std::string& server_signature) {
   const auto u3 = sorted(survivors);
-  if (confirmed_ && *confirmed_ != u3) return std::string("asked to confirm a second, different survivor set; refusing");
-  if (!confirmed_ && step_ != Step::Confirm) return std::string("survivor confirmation out of order");
+  if (confirmed_ && *confirmed_ != u3) return Error("asked to confirm a second, different survivor set; refusing");
+  if (!confirmed_ && step_ != Step::Confirm) return Error("survivor confirmation out of order");
   if (!server_signature.empty()) {
     if (auto why = ca_.verify(server_certificate_, server_name_, "server", secagg::survivors_statement(p_.session, u3),
                               server_signature);
         !why.empty()) {
-      return "the survivor set is not signed by the server (" + why + ")";
+      return Error("the survivor set is not signed by the server (" + why + ")");
     }
   }
-  if (!std::binary_search(u3.begin(), u3.end(), me_)) return std::string("this silo is not among the survivors");
+  if (!std::binary_search(u3.begin(), u3.end(), me_)) return Error("this silo is not among the survivors");
   if (u3.size() < p_.min_survivors) {
-    return "only " + std::to_string(u3.size()) + " survivors; a sum needs " + std::to_string(p_.min_survivors);
+    return Error("only " + std::to_string(u3.size()) + " survivors; a sum needs " + std::to_string(p_.min_survivors));
   }
   for (const auto& v : u3) {
-    if (!held_.count(v)) return "survivor " + v + " dealt this silo no share: its mask could not be removed";
-    if (!std::binary_search(u2_.begin(), u2_.end(), v)) return "survivor " + v + " is not in the settled group";
+    if (!held_.count(v)) return Error("survivor " + v + " dealt this silo no share: its mask could not be removed");
+    if (!std::binary_search(u2_.begin(), u2_.end(), v)) return Error("survivor " + v + " is not in the settled group");
   }
   confirmed_ = u3;
   if (step_ == Step::Confirm) step_ = Step::Unmask;
   return Confirmation{signer_.sign(secagg::survivors_statement(p_.session, u3))};
 }
 
-Expected<SealedReply> Client::unmask(const UnmaskRequest& r) {
-  if (step_ != Step::Unmask) return std::string("unmasking out of order (or asked twice)");
+Result<SealedReply> Client::unmask(const UnmaskRequest& r) {
+  if (step_ != Step::Unmask) return Error("unmasking out of order (or asked twice)");
   const auto survivors = sorted(r.survivors);
-  if (survivors != *confirmed_) return std::string("the request names other survivors than this silo confirmed");
+  if (survivors != *confirmed_) return Error("the request names other survivors than this silo confirmed");
   for (const auto& v : survivors) {
-    if (!held_.count(v)) return "the request names " + v + ", who dealt this silo no share; refusing";
+    if (!held_.count(v)) return Error("the request names " + v + ", who dealt this silo no share; refusing");
   }
   std::size_t valid = 0;
   const std::string agreed = secagg::survivors_statement(p_.session, survivors);
@@ -456,7 +462,8 @@ Expected<SealedReply> Client::unmask(const UnmaskRequest& r) {
   }
   const std::size_t needed = std::max(p_.threshold, p_.min_survivors);
   if (valid < needed) {
-    return "only " + std::to_string(valid) + " survivors signed the survivor set; " + std::to_string(needed) + " must";
+    return Error("only " + std::to_string(valid) + " survivors signed the survivor set; " + std::to_string(needed) +
+                 " must");
   }
   // The aggregate share: sum over U3 of what each dealt this silo.
   std::vector<std::uint32_t> answer(p_.segment(), 0);
@@ -492,13 +499,13 @@ void Server::blame(const std::string& silo, const std::string& why) {
   blamed_.push_back({silo, why});
 }
 
-std::string Server::on_keys(const std::string& from, const Advertisement& a) {
-  if (step_ != Step::Keys) return "keys arrived after the key list was sent";
-  if (!index_.count(from)) return from + " is not in this secure group";
-  if (keys_.count(from)) return from + " advertised keys twice";
+Status Server::on_keys(const std::string& from, const Advertisement& a) {
+  if (step_ != Step::Keys) return Error("keys arrived after the key list was sent");
+  if (!index_.count(from)) return Error(from + " is not in this secure group");
+  if (keys_.count(from)) return Error(from + " advertised keys twice");
   if (auto why = ca_.verify(a.certificate, from, kSiloRole, keys_statement(p_.session, from, a), a.signature);
       !why.empty()) {
-    return "the keys said to be from " + from + " are not signed by it (" + why + ")";
+    return Error("the keys said to be from " + from + " are not signed by it (" + why + ")");
   }
   bool usable = a.inbox_keys.size() + 1 == p_.members.size();
   for (const auto& m : p_.members) {
@@ -508,42 +515,43 @@ std::string Server::on_keys(const std::string& from, const Advertisement& a) {
   }
   if (!usable) {
     blame(from, "advertised unusable keys (signed by it)");
-    return from + " advertised unusable keys";
+    return Error(from + " advertised unusable keys");
   }
   keys_[from] = a;
-  return "";
+  return {};
 }
 
-Expected<KeyList> Server::close_keys() {
-  if (step_ != Step::Keys) return std::string("key list already sent");
+Result<KeyList> Server::close_keys() {
+  if (step_ != Step::Keys) return Error("key list already sent");
   if (keys_.size() < p_.min_survivors) {
-    return "only " + std::to_string(keys_.size()) + " of " + std::to_string(p_.members.size()) +
-           " silos advertised keys; a sum needs " + std::to_string(p_.min_survivors);
+    return Error("only " + std::to_string(keys_.size()) + " of " + std::to_string(p_.members.size()) +
+                 " silos advertised keys; a sum needs " + std::to_string(p_.min_survivors));
   }
   for (const auto& [name, k] : keys_) u1_.insert(name);
   step_ = Step::Shares;
   return keys_;
 }
 
-std::string Server::on_shares(const std::string& from, const Outbox& to) {
-  if (step_ != Step::Shares) return "shares arrived out of order";
-  if (!u1_.count(from)) return from + " shares without having advertised keys";
-  if (shares_.count(from)) return from + " shared twice";
+Status Server::on_shares(const std::string& from, const Outbox& to) {
+  if (step_ != Step::Shares) return Error("shares arrived out of order");
+  if (!u1_.count(from)) return Error(from + " shares without having advertised keys");
+  if (shares_.count(from)) return Error(from + " shared twice");
   for (const auto& [recipient, c] : to) {
-    if (!u1_.count(recipient) || recipient == from) return from + " addressed a share to " + recipient;
+    if (!u1_.count(recipient) || recipient == from) return Error(from + " addressed a share to " + recipient);
     if (c.box.size() > max_box_bytes(p_) || c.signature.size() > kMaxSignatureBytes) {
-      return from + "'s box for " + recipient + " is larger than a share of this group can be";
+      return Error(from + "'s box for " + recipient + " is larger than a share of this group can be");
     }
   }
-  if (to.size() + 1 != u1_.size()) return from + " did not share with every member in the key list";
+  if (to.size() + 1 != u1_.size()) return Error(from + " did not share with every member in the key list");
   shares_[from] = to;
-  return "";
+  return {};
 }
 
-Expected<std::map<std::string, Inbox>> Server::close_shares() {
-  if (step_ != Step::Shares) return std::string("shares already delivered");
+Result<std::map<std::string, Inbox>> Server::close_shares() {
+  if (step_ != Step::Shares) return Error("shares already delivered");
   if (shares_.size() < p_.min_survivors) {
-    return "only " + std::to_string(shares_.size()) + " silos shared; a sum needs " + std::to_string(p_.min_survivors);
+    return Error("only " + std::to_string(shares_.size()) + " silos shared; a sum needs " +
+                 std::to_string(p_.min_survivors));
   }
   for (const auto& [sender, to] : shares_) u2_.insert(sender);
   std::map<std::string, Inbox> out;
@@ -572,37 +580,37 @@ void Server::judge(const std::string& accuser, const secagg::Accusation& a) {
     return blame(accuser, "accused " + accused + " with a key that is not the one it advertised");
   }
   std::vector<std::uint32_t> got;
-  if (auto why = open_box(p_, ca_, keys, accused, accuser, inbox, a.evidence.box, got); !why.empty()) {
-    return blame(accused, why + " (shown by " + accuser + " with the box " + accused + " signed)");
+  if (auto why = open_box(p_, ca_, keys, accused, accuser, inbox, a.evidence.box, got); !why) {
+    return blame(accused, why.error().message() + " (shown by " + accuser + " with the box " + accused + " signed)");
   }
   wipe(got);
   blame(accuser, "accused " + accused + " falsely: the box " + accused + " dealt it opens to a share " + accused +
                      " signed");
 }
 
-std::string Server::on_receipt(const std::string& from, const Receipt& r) {
-  if (step_ != Step::Receipts) return "a receipt arrived out of order";
-  if (!u2_.count(from)) return from + " sent a receipt without having shared";
-  if (receipted_.count(from)) return from + " sent two receipts";
+Status Server::on_receipt(const std::string& from, const Receipt& r) {
+  if (step_ != Step::Receipts) return Error("a receipt arrived out of order");
+  if (!u2_.count(from)) return Error(from + " sent a receipt without having shared");
+  if (receipted_.count(from)) return Error(from + " sent two receipts");
   if (auto why = ca_.verify(keys_.at(from).certificate, from, kSiloRole,
                             secagg::receipt_statement(p_.session, from, r), r.signature);
       !why.empty()) {
-    return "the receipt said to be from " + from + " is not signed by it (" + why + ")";
+    return Error("the receipt said to be from " + from + " is not signed by it (" + why + ")");
   }
   receipted_.insert(from);
   for (const auto& a : r.accusations) judge(from, a);
-  return "";
+  return {};
 }
 
-Expected<Settled> Server::settle() {
-  if (step_ != Step::Receipts) return std::string("the group is already settled");
+Result<Settled> Server::settle() {
+  if (step_ != Step::Receipts) return Error("the group is already settled");
   for (const auto& m : receipted_) {
     if (!excluded_.count(m)) settled_.insert(m);
   }
   step_ = Step::Masked;
   if (settled_.size() < p_.min_survivors) {
-    return "only " + std::to_string(settled_.size()) + " members remain after the receipts; a sum needs " +
-           std::to_string(p_.min_survivors);
+    return Error("only " + std::to_string(settled_.size()) + " members remain after the receipts; a sum needs " +
+                 std::to_string(p_.min_survivors));
   }
   Settled s;
   s.members.assign(settled_.begin(), settled_.end());
@@ -610,45 +618,45 @@ Expected<Settled> Server::settle() {
   return s;
 }
 
-std::string Server::on_masked_input(const std::string& from) {
-  if (step_ != Step::Masked) return "masked input arrived out of order";
-  if (!settled_.count(from)) return from + " is not a settled member of its group";
-  if (!u3_.insert(from).second) return from + " sent two masked inputs";
-  return "";
+Status Server::on_masked_input(const std::string& from) {
+  if (step_ != Step::Masked) return Error("masked input arrived out of order");
+  if (!settled_.count(from)) return Error(from + " is not a settled member of its group");
+  if (!u3_.insert(from).second) return Error(from + " sent two masked inputs");
+  return {};
 }
 
-Expected<std::vector<std::string>> Server::close_masked() {
-  if (step_ != Step::Masked) return std::string("survivors already named");
+Result<std::vector<std::string>> Server::close_masked() {
+  if (step_ != Step::Masked) return Error("survivors already named");
   step_ = Step::Confirm;
   if (u3_.size() < p_.min_survivors) {
-    return "only " + std::to_string(u3_.size()) + " masked inputs arrived; a sum needs " +
-           std::to_string(p_.min_survivors);
+    return Error("only " + std::to_string(u3_.size()) + " masked inputs arrived; a sum needs " +
+                 std::to_string(p_.min_survivors));
   }
   std::vector<std::string> u3(u3_.begin(), u3_.end());
   u3_signature_ = signer_.sign(secagg::survivors_statement(p_.session, u3));
   return u3;
 }
 
-std::string Server::on_confirmation(const std::string& from, const std::string& signature) {
-  if (step_ != Step::Confirm) return "a confirmation arrived out of order";
-  if (!u3_.count(from)) return from + " is not a survivor";
+Status Server::on_confirmation(const std::string& from, const std::string& signature) {
+  if (step_ != Step::Confirm) return Error("a confirmation arrived out of order");
+  if (!u3_.count(from)) return Error(from + " is not a survivor");
   const std::vector<std::string> u3(u3_.begin(), u3_.end());
   if (auto why = ca_.verify(keys_.at(from).certificate, from, kSiloRole, secagg::survivors_statement(p_.session, u3),
                             signature);
       !why.empty()) {
-    return from + "'s confirmation does not verify (" + why + ")";
+    return Error(from + "'s confirmation does not verify (" + why + ")");
   }
   confirmations_[from] = signature;
-  return "";
+  return {};
 }
 
-Expected<UnmaskRequest> Server::close_confirmations() {
-  if (step_ != Step::Confirm) return std::string("unmasking already requested");
+Result<UnmaskRequest> Server::close_confirmations() {
+  if (step_ != Step::Confirm) return Error("unmasking already requested");
   step_ = Step::Unmask;
   const std::size_t needed = std::max(p_.threshold, p_.min_survivors);
   if (confirmations_.size() < needed) {
-    return "only " + std::to_string(confirmations_.size()) + " survivors confirmed the survivor set; " +
-           std::to_string(needed) + " must";
+    return Error("only " + std::to_string(confirmations_.size()) + " survivors confirmed the survivor set; " +
+                 std::to_string(needed) + " must");
   }
   UnmaskRequest r;
   for (const auto& v : settled_) (u3_.count(v) ? r.survivors : r.dropped).push_back(v);
@@ -657,35 +665,38 @@ Expected<UnmaskRequest> Server::close_confirmations() {
   return r;
 }
 
-std::string Server::on_unmask(const std::string& from, const std::string& sealed) {
-  if (step_ != Step::Unmask || !request_) return "an unmask answer arrived out of order";
-  if (!u3_.count(from)) return from + " is not a survivor";
-  if (answers_.count(from)) return from + " answered twice";
+Status Server::on_unmask(const std::string& from, const std::string& sealed) {
+  if (step_ != Step::Unmask || !request_) return Error("an unmask answer arrived out of order");
+  if (!u3_.count(from)) return Error(from + " is not a survivor");
+  if (answers_.count(from)) return Error(from + " answered twice");
   auto plain = open_sealed(box_, sealed);
-  if (!plain) return "the unmask answer from " + from + " does not open with the server's key";
+  if (!plain) return Error("the unmask answer from " + from + " does not open with the server's key");
   auto fields = unpack(*plain, 3);
   wipe(*plain);
-  if (!fields || (*fields)[0] != from) return "the unmask answer from " + from + " is malformed or names another member";
+  if (!fields || (*fields)[0] != from)
+    return Error("the unmask answer from " + from + " is malformed or names another member");
   if (auto why = ca_.verify(keys_.at(from).certificate, from, kSiloRole,
                             answer_statement(p_.session, from, request_->survivors, (*fields)[1]), (*fields)[2]);
       !why.empty()) {
-    return "the unmask answer from " + from + " is not signed by it for this survivor set (" + why + ")";
+    return Error("the unmask answer from " + from + " is not signed by it for this survivor set (" + why + ")");
   }
   auto words = field_words((*fields)[1], p_.segment());
   wipe((*fields)[1]);
-  if (!words) return "the unmask answer from " + from + " is not " + std::to_string(p_.segment()) + " field words";
+  if (!words)
+    return Error("the unmask answer from " + from + " is not " + std::to_string(p_.segment()) + " field words");
   answers_[from] = std::move(*words);
-  return "";
+  return {};
 }
 
-std::string Server::finish(std::span<std::uint32_t> sum) {
-  if (step_ != Step::Unmask || !request_) return "unmasking out of order";
+Status Server::finish(std::span<std::uint32_t> sum) {
+  if (step_ != Step::Unmask || !request_) return Error("unmasking out of order");
   if (answers_.size() < p_.target) {
-    return "only " + std::to_string(answers_.size()) + " survivors answered; decoding the aggregate mask needs U = " +
-           std::to_string(p_.target);
+    return Error("only " + std::to_string(answers_.size()) +
+                 " survivors answered; decoding the aggregate mask needs U = " + std::to_string(p_.target));
   }
-  if (sum.size() != p_.length) return "sum has the wrong length";
-  if (!field::in_field(sum)) return "the sum has words outside the field (add masked inputs with field::field_add)";
+  if (sum.size() != p_.length) return Error("sum has the wrong length");
+  if (!field::in_field(sum))
+    return Error("the sum has words outside the field (add masked inputs with field::field_add)");
   const std::size_t L = p_.segment();
   // The first U answers (in member order) decode; the rest check them.
   std::vector<std::uint32_t> responders, extras;
@@ -728,9 +739,12 @@ std::string Server::finish(std::span<std::uint32_t> sum) {
         std::uint32_t expected = 0;
         for (std::size_t j = 0; j < used.size(); ++j) expected = field::add(expected, field::mul(m.at(e, j), s[j]));
         if (expected != project(checks[e], which)) {
-          return "the " + std::to_string(answers_.size()) + " unmask answers do not lie on one polynomial of degree < U "
-                 "= " + std::to_string(p_.target) + ": a member answered wrongly or a dealer encoded inconsistently "
-                 "(which one cannot be told); the sum is left masked";
+          return Error("the " + std::to_string(answers_.size()) +
+                       " unmask answers do not lie on one polynomial of degree < U "
+                       "= " +
+                       std::to_string(p_.target) +
+                       ": a member answered wrongly or a dealer encoded inconsistently "
+                       "(which one cannot be told); the sum is left masked");
         }
       }
     }
@@ -741,7 +755,7 @@ std::string Server::finish(std::span<std::uint32_t> sum) {
   wipe(mask);
   for (auto& [who, a] : answers_) wipe(a);
   step_ = Step::Done;
-  return "";
+  return {};
 }
 
 }  // namespace xsilo::crypto::lightsecagg

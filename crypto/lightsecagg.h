@@ -85,6 +85,7 @@
 #include <string>
 #include <vector>
 
+#include "common/result.h"
 #include "crypto/certs.h"
 #include "crypto/keys.h"
 #include "crypto/prime_field.h"
@@ -93,8 +94,10 @@
 
 namespace xsilo::crypto::lightsecagg {
 
-using secagg::Expected;
+using secagg::Error;
 using secagg::kSiloRole;
+using secagg::Result;
+using secagg::Status;
 
 // The plain structs are secagg's where they are the same.
 using secagg::Blame;
@@ -121,17 +124,17 @@ struct Params {
   std::size_t segment() const;
 };
 
-// "" or why the parameters cannot be used: no members or a name twice, T < 1, U <= T, U > N,
+// Success, or why the parameters cannot be used: no members or a name twice, T < 1, U <= T, U > N,
 // t <= N / 2 or t > N, min_survivors below max(t, U) or above N, no input words, an unusable
 // server key.
-std::string check_params(const Params& p);
+Status check_params(const Params& p);
 
-// "" or why a member with floor `f` (crypto::secagg's: the member's own configuration) refuses
+// Success, or why a member with floor `f` (crypto::secagg's: the member's own configuration) refuses
 // `p`; with c = corrupt_count(N, f.corrupt) colluders: T < c (c shares of a mask would leave
 // part of it unprotected), min_survivors below f.min_sum or below c + 2, or 2 max(t,
 // min_survivors) <= N + c (a split view of the survivors, the colluders confirming both sides,
 // could gather confirmations for two sets).
-std::string check_floor(const Params& p, const secagg::Floor& f);
+Status check_floor(const Params& p, const secagg::Floor& f);
 
 struct Advertisement {
   std::map<std::string, Key32> inbox_keys;  // other member -> the key its share to this one is sealed to
@@ -164,29 +167,29 @@ class Client {
   ~Client();  // zeroes its mask and the shares it still holds
 
   // Checks the parameters and the floor before anything is generated; inbox keys per member.
-  Expected<Advertisement> advertise();
+  Result<Advertisement> advertise();
   // The signed key list: checks every entry, draws the mask and the noise, encodes them and
   // deals a signed, sealed share to every other member of U1 (keeps its own).
-  Expected<Outbox> share(const KeyList& u1);
+  Result<Outbox> share(const KeyList& u1);
   // Opens what the others dealt; a box that fails becomes an accusation in the receipt. An error
   // means the delivery itself was tampered with (a box signature that does not verify).
-  Expected<Receipt> receive(const Inbox& from);
+  Result<Receipt> receive(const Inbox& from);
   // The server's final U2; refused when it names a member this silo holds no share from.
-  std::string settle(const Settled& settled);
+  Status settle(const Settled& settled);
   // input[i] = input[i] + z[i] (mod p) in one pass, for `length` field words. A word >= p is
   // refused and the input zeroed (never half-masked); the mask is wiped once it is used.
-  std::string mask(std::span<std::uint32_t> input);
+  Status mask(std::span<std::uint32_t> input);
   // Signs U3, once: a second, different set is refused, as is a set naming a member that dealt
   // this silo nothing or that is not settled. `server_signature` is checked when given.
-  Expected<Confirmation> confirm(const std::vector<std::string>& survivors, const std::string& server_signature = "");
+  Result<Confirmation> confirm(const std::vector<std::string>& survivors, const std::string& server_signature = "");
   // Answers once with its aggregate share over U3, signed and sealed to the server.
-  Expected<SealedReply> unmask(const UnmaskRequest& request);
+  Result<SealedReply> unmask(const UnmaskRequest& request);
 
   const std::set<std::string>& accused() const { return accused_; }
   const Params& params() const { return p_; }
 
  private:
-  std::string check_peer(const std::string& name, const Advertisement& a) const;
+  Status check_peer(const std::string& name, const Advertisement& a) const;
 
   Params p_;
   std::string me_;
@@ -218,26 +221,26 @@ class Server {
   Server& operator=(Server&&) = default;
   ~Server();  // zeroes the answers
 
-  std::string on_keys(const std::string& from, const Advertisement& keys);
-  Expected<KeyList> close_keys();  // U1; fails below min_survivors
-  std::string on_shares(const std::string& from, const Outbox& to);
-  Expected<std::map<std::string, Inbox>> close_shares();  // per member of U2: what the others dealt it
+  Status on_keys(const std::string& from, const Advertisement& keys);
+  Result<KeyList> close_keys();  // U1; fails below min_survivors
+  Status on_shares(const std::string& from, const Outbox& to);
+  Result<std::map<std::string, Inbox>> close_shares();  // per member of U2: what the others dealt it
   // A member's receipt; its accusations are judged at once (verdicts in blamed()).
-  std::string on_receipt(const std::string& from, const Receipt& receipt);
-  Expected<Settled> settle();  // the final U2; fails below min_survivors
+  Status on_receipt(const std::string& from, const Receipt& receipt);
+  Result<Settled> settle();  // the final U2; fails below min_survivors
   // The caller received `from`'s masked input and added it to its sum (field::field_add).
-  std::string on_masked_input(const std::string& from);
-  Expected<std::vector<std::string>> close_masked();  // U3, signed; fails below min_survivors
+  Status on_masked_input(const std::string& from);
+  Result<std::vector<std::string>> close_masked();  // U3, signed; fails below min_survivors
   const std::string& survivors_signature() const { return u3_signature_; }
-  std::string on_confirmation(const std::string& from, const std::string& signature);
-  Expected<UnmaskRequest> close_confirmations();  // fails below max(t, min_survivors) signatures
+  Status on_confirmation(const std::string& from, const std::string& signature);
+  Result<UnmaskRequest> close_confirmations();  // fails below max(t, min_survivors) signatures
   // A survivor's sealed answer: opened, its signature and length checked, kept.
-  std::string on_unmask(const std::string& from, const std::string& sealed_reply);
+  Status on_unmask(const std::string& from, const std::string& sealed_reply);
   std::size_t unmask_replies() const { return answers_.size(); }
   // sum = sum_{i in U3} y_i (mod p), field words, length d: removes the aggregate mask in place.
   // Fails with fewer than U answers, or when answers beyond U do not lie on the polynomial the
   // first U give (a Byzantine answer or dealer, not identified), leaving the sum untouched.
-  std::string finish(std::span<std::uint32_t> sum);
+  Status finish(std::span<std::uint32_t> sum);
 
   const std::set<std::string>& u1() const { return u1_; }
   const std::set<std::string>& u2() const { return u2_; }

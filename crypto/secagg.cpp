@@ -69,33 +69,32 @@ std::optional<Secret> pair_seed(const Params& p, const Secret& my_secret, const 
   return derive(*shared, pair_context("pair-mask", p, me, them));
 }
 
-
-// What a box from `dealer` to `holder` holds: the two dealer-signed shares, checked. "" and
+// What a box from `dealer` to `holder` holds: the two dealer-signed shares, checked. Success and
 // `out` filled, or why the box is bad (then the dealer is at fault: the box carries its
 // signature).
-std::string open_box(const Params& p, const CertVerifier& ca, const Advertisement& dealer_keys, const std::string& dealer,
-                     const std::string& holder, const X25519KeyPair& inbox, std::string_view box,
-                     std::pair<SignedShare, SignedShare>& out) {
+Status open_box(const Params& p, const CertVerifier& ca, const Advertisement& dealer_keys, const std::string& dealer,
+                const std::string& holder, const X25519KeyPair& inbox, std::string_view box,
+                std::pair<SignedShare, SignedShare>& out) {
   auto plain = open_sealed(inbox, box);
-  if (!plain) return "its shares for " + holder + " do not open";
+  if (!plain) return Error("its shares for " + holder + " do not open");
   auto fields = unpack(*plain, 4);
   wipe(*plain);
-  if (!fields) return "its shares for " + holder + " are malformed";
+  if (!fields) return Error("its shares for " + holder + " are malformed");
   const std::uint32_t x = p.index_of(holder);
   for (int k = 0; k < 2; ++k) {
     const std::string& share = (*fields)[2 * k];
     const std::string& sig = (*fields)[2 * k + 1];
     auto decoded = Share::decode(share);
-    if (!decoded || decoded->x != x) return "its shares for " + holder + " are malformed";
+    if (!decoded || decoded->x != x) return Error("its shares for " + holder + " are malformed");
     if (!ca.verify(dealer_keys.certificate, dealer, kSiloRole, share_statement(p.session, dealer, holder, k == 0, share),
                    sig)
              .empty()) {
-      return "its shares for " + holder + " are not signed by it";
+      return Error("its shares for " + holder + " are not signed by it");
     }
   }
   out = {{(*fields)[0], (*fields)[1]}, {(*fields)[2], (*fields)[3]}};
   for (auto& f : *fields) wipe(f);
-  return "";
+  return {};
 }
 
 }  // namespace
@@ -105,66 +104,75 @@ std::uint32_t Params::index_of(const std::string& name) const {
   return it == members.end() ? 0 : static_cast<std::uint32_t>(it - members.begin()) + 1;
 }
 
-std::string check_params(const Params& p) {
+Status check_params(const Params& p) {
   const auto n = p.members.size();
-  if (n == 0) return "a secure group needs members";
-  if (sorted(p.members).size() != n) return "a secure group names a member twice";
-  if (p.threshold < 2) return "the threshold must be at least 2";
+  if (n == 0) return Error("a secure group needs members");
+  if (sorted(p.members).size() != n) return Error("a secure group names a member twice");
+  if (p.threshold < 2) return Error("the threshold must be at least 2");
   if (p.graph()) {
-    if (p.degree % 2) return "the neighbour graph's degree " + std::to_string(p.degree) + " must be even";
+    if (p.degree % 2) return Error("the neighbour graph's degree " + std::to_string(p.degree) + " must be even");
     if (p.threshold > p.degree + 1) {
-      return "threshold " + std::to_string(p.threshold) + " exceeds the " + std::to_string(p.degree + 1) +
-             " holders of each secret (degree " + std::to_string(p.degree) + " and the owner)";
+      return Error("threshold " + std::to_string(p.threshold) + " exceeds the " + std::to_string(p.degree + 1) +
+                   " holders of each secret (degree " + std::to_string(p.degree) + " and the owner)");
     }
     if (2 * std::size_t{p.threshold} <= std::size_t{p.degree} + 1) {
-      return "threshold " + std::to_string(p.threshold) + " is not above half of each secret's " +
-             std::to_string(p.degree + 1) + " holders: two survivor sets shown to two halves of them could each "
-             "collect it";
+      return Error("threshold " + std::to_string(p.threshold) + " is not above half of each secret's " +
+                   std::to_string(p.degree + 1) +
+                   " holders: two survivor sets shown to two halves of them could each "
+                   "collect it");
     }
   } else if (2 * std::size_t{p.threshold} <= n) {
-    return "threshold " + std::to_string(p.threshold) + " is not above half of the group's " + std::to_string(n) +
-           " members: two different survivor sets could each collect it";
+    return Error("threshold " + std::to_string(p.threshold) + " is not above half of the group's " + std::to_string(n) +
+                 " members: two different survivor sets could each collect it");
   }
   if (p.threshold > n) {
-    return "threshold " + std::to_string(p.threshold) + " exceeds the group's " + std::to_string(n) + " members";
+    return Error("threshold " + std::to_string(p.threshold) + " exceeds the group's " + std::to_string(n) + " members");
   }
   if (p.min_survivors < p.threshold || p.min_survivors > n) {
-    return "the smallest revealed sum (" + std::to_string(p.min_survivors) + " silos) must lie between the threshold " +
-           std::to_string(p.threshold) + " and the group's " + std::to_string(n) + " members";
+    return Error("the smallest revealed sum (" + std::to_string(p.min_survivors) +
+                 " silos) must lie between the threshold " + std::to_string(p.threshold) + " and the group's " +
+                 std::to_string(n) + " members");
   }
-  if (!ring_bits_supported(p.bits)) return std::string("modulus bits must be ") + kRingBits;
-  if (!usable_public_key(p.server_key)) return "the server's key is not a usable X25519 key";
-  return "";
+  if (!ring_bits_supported(p.bits)) return Error(std::string("modulus bits must be ") + kRingBits);
+  if (!usable_public_key(p.server_key)) return Error("the server's key is not a usable X25519 key");
+  return {};
 }
 
-std::string check_floor(const Params& p, const Floor& f) {
+Status check_floor(const Params& p, const Floor& f) {
   const std::size_t n = p.members.size();
   const std::uint32_t c = corrupt_count(n, f.corrupt);
   const std::string assumed = " (this silo assumes up to " + std::to_string(c) + " of the group's " + std::to_string(n) +
                               " may collude with the server: secure_floor.corrupt " + std::to_string(f.corrupt) + ")";
   if (p.min_survivors < f.min_sum) {
-    return "the setup reveals sums of " + std::to_string(p.min_survivors) + " silos; this silo's floor is " +
-           std::to_string(f.min_sum) + " (secure_floor.min_sum)";
+    return Error("the setup reveals sums of " + std::to_string(p.min_survivors) + " silos; this silo's floor is " +
+                 std::to_string(f.min_sum) + " (secure_floor.min_sum)");
   }
   if (p.min_survivors < c + 2) {
-    return "the setup reveals sums of " + std::to_string(p.min_survivors) + " silos, which this silo and the colluders "
-           "alone could make" + assumed;
+    return Error("the setup reveals sums of " + std::to_string(p.min_survivors) +
+                 " silos, which this silo and the colluders "
+                 "alone could make" +
+                 assumed);
   }
   if (p.graph()) {
     if (p.degree <= c) {
-      return "each member has " + std::to_string(p.degree) + " neighbours, which the colluders could all be" + assumed;
+      return Error("each member has " + std::to_string(p.degree) + " neighbours, which the colluders could all be" +
+                   assumed);
     }
     if (2 * std::size_t{p.threshold} <= std::size_t{p.degree} + 1 + c) {
-      return "threshold " + std::to_string(p.threshold) + " of " + std::to_string(p.degree + 1) +
-             " holders: a split view of the survivors, the colluders answering both sides, could gather both of a "
-             "member's secrets; it must exceed " + std::to_string((p.degree + 1 + c) / 2) + assumed;
+      return Error(
+          "threshold " + std::to_string(p.threshold) + " of " + std::to_string(p.degree + 1) +
+          " holders: a split view of the survivors, the colluders answering both sides, could gather both of a "
+          "member's secrets; it must exceed " +
+          std::to_string((p.degree + 1 + c) / 2) + assumed);
     }
   } else if (2 * std::size_t{std::max(p.threshold, p.min_survivors)} <= n + c) {
-    return "threshold " + std::to_string(p.threshold) + " and sums of " + std::to_string(p.min_survivors) + " of " +
-           std::to_string(n) + ": a split view of the survivors, the colluders answering both sides, could gather "
-           "both of a member's secrets" + assumed;
+    return Error("threshold " + std::to_string(p.threshold) + " and sums of " + std::to_string(p.min_survivors) +
+                 " of " + std::to_string(n) +
+                 ": a split view of the survivors, the colluders answering both sides, could gather "
+                 "both of a member's secrets" +
+                 assumed);
   }
-  return "";
+  return {};
 }
 
 std::string keys_statement(const std::string& session, const std::string& silo, const Advertisement& a) {
@@ -242,11 +250,11 @@ Client::~Client() {
   }
 }
 
-Expected<Advertisement> Client::advertise() {
-  if (step_ != Step::Advertise) return std::string("keys advertised twice");
-  if (auto why = check_params(p_); !why.empty()) return why;
-  if (auto why = check_floor(p_, floor_); !why.empty()) return "below this silo's floor: " + why;
-  if (!mine_) return std::string("this silo is not a member of the group");
+Result<Advertisement> Client::advertise() {
+  if (step_ != Step::Advertise) return Error("keys advertised twice");
+  if (auto why = check_params(p_); !why) return why.error();
+  if (auto why = check_floor(p_, floor_); !why) return Error("below this silo's floor: " + why.error().message());
+  if (!mine_) return Error("this silo is not a member of the group");
   mask_ = X25519KeyPair::generate();
   self_seed_ = Secret::random();
   Advertisement a;
@@ -262,36 +270,37 @@ Expected<Advertisement> Client::advertise() {
   return a;
 }
 
-std::string Client::check_peer(const std::string& name, const Advertisement& a) const {
-  if (!p_.index_of(name)) return "the key list names " + name + ", who is not in the group";
+Status Client::check_peer(const std::string& name, const Advertisement& a) const {
+  if (!p_.index_of(name)) return Error("the key list names " + name + ", who is not in the group");
   if (auto why = ca_.verify(a.certificate, name, kSiloRole, keys_statement(p_.session, name, a), a.signature);
       !why.empty()) {
-    return "the keys of " + name + " are not signed by " + name + " (" + why + ")";
+    return Error("the keys of " + name + " are not signed by " + name + " (" + why + ")");
   }
   auto mine = a.inbox_keys.find(me_);
-  if (mine == a.inbox_keys.end()) return name + " advertised no key for this silo's shares";
-  if (!usable_public_key(mine->second) || !usable_public_key(a.mask_pk)) return name + " advertised an unusable key";
-  return "";
+  if (mine == a.inbox_keys.end()) return Error(name + " advertised no key for this silo's shares");
+  if (!usable_public_key(mine->second) || !usable_public_key(a.mask_pk))
+    return Error(name + " advertised an unusable key");
+  return {};
 }
 
-Expected<Outbox> Client::share(const KeyList& u1) {
-  if (step_ != Step::Share) return std::string("ShareKeys out of order");
+Result<Outbox> Client::share(const KeyList& u1) {
+  if (step_ != Step::Share) return Error("ShareKeys out of order");
   auto self = u1.find(me_);
-  if (self == u1.end()) return std::string("the key list does not include this silo");
+  if (self == u1.end()) return Error("the key list does not include this silo");
   if (self->second.mask_pk != mask_.public_key || self->second.self_mask_commitment !=
                                                       sha256(std::span<const std::uint8_t>(self_seed_.bytes()))) {
-    return std::string("the key list altered this silo's own keys");
+    return Error("the key list altered this silo's own keys");
   }
   // On a graph the list holds this member's neighbours only (Server::keys_for): what counts
   // here is its holders (below), and the survivor count is checked at confirmation, on the set
   // the server signs.
   if (!p_.graph() && u1.size() < p_.min_survivors) {
-    return "only " + std::to_string(u1.size()) + " members advertised keys; a sum needs " +
-           std::to_string(p_.min_survivors);
+    return Error("only " + std::to_string(u1.size()) + " members advertised keys; a sum needs " +
+                 std::to_string(p_.min_survivors));
   }
   const std::set<std::string> group(p_.members.begin(), p_.members.end());
   for (const auto& [name, keys] : u1) {
-    if (!group.count(name)) return "the key list names " + name + ", who is not in the group";
+    if (!group.count(name)) return Error("the key list names " + name + ", who is not in the group");
   }
   // This member's neighbours that advertised keys (every other member: complete graph), and it.
   u1_.clear();
@@ -299,14 +308,14 @@ Expected<Outbox> Client::share(const KeyList& u1) {
   for (const auto& [name, index] : near_) {
     auto it = u1.find(name);
     if (it == u1.end()) continue;
-    if (auto why = check_peer(name, it->second); !why.empty()) return why;
+    if (auto why = check_peer(name, it->second); !why) return why.error();
     u1_.insert(*it);
   }
   u1_.insert(*self);
   for (const auto& [name, keys] : u1_) xs.push_back(name == me_ ? mine_ : near_.at(name));
   if (xs.size() < p_.threshold) {
-    return "only " + std::to_string(xs.size()) + " of this silo's " + std::to_string(near_.size() + 1) +
-           " holders advertised keys; its secrets need " + std::to_string(p_.threshold);
+    return Error("only " + std::to_string(xs.size()) + " of this silo's " + std::to_string(near_.size() + 1) +
+                 " holders advertised keys; its secrets need " + std::to_string(p_.threshold));
   }
   const auto key_shares = shamir_split(mask_.secret, p_.threshold, xs);
   const auto seed_shares = shamir_split(self_seed_, p_.threshold, xs);
@@ -335,19 +344,19 @@ Expected<Outbox> Client::share(const KeyList& u1) {
   return out;
 }
 
-Expected<Receipt> Client::receive(const Inbox& from) {
-  if (step_ != Step::Receive) return std::string("share delivery out of order");
+Result<Receipt> Client::receive(const Inbox& from) {
+  if (step_ != Step::Receive) return Error("share delivery out of order");
   Receipt r;
   for (const auto& [sender, sealed] : from) {
     auto keys = u1_.find(sender);
-    if (keys == u1_.end() || sender == me_) return "shares from " + sender + ", who advertised no keys";
+    if (keys == u1_.end() || sender == me_) return Error("shares from " + sender + ", who advertised no keys");
     if (!ca_.verify(keys->second.certificate, sender, kSiloRole, box_statement(p_.session, sender, me_, sealed.box),
                     sealed.signature)
              .empty()) {
-      return "the shares from " + sender + " do not carry its signature: altered on the way";
+      return Error("the shares from " + sender + " do not carry its signature: altered on the way");
     }
     std::pair<SignedShare, SignedShare> got;
-    if (auto why = open_box(p_, ca_, keys->second, sender, me_, inbox_.at(sender), sealed.box, got); !why.empty()) {
+    if (auto why = open_box(p_, ca_, keys->second, sender, me_, inbox_.at(sender), sealed.box, got); !why) {
       r.accusations.push_back({sender, sealed, inbox_.at(sender).secret});
       accused_.insert(sender);
       continue;
@@ -359,20 +368,22 @@ Expected<Receipt> Client::receive(const Inbox& from) {
   return r;
 }
 
-std::string Client::settle(const Settled& s) {
-  if (step_ != Step::Settle) return "the settled member list arrived out of order";
+Status Client::settle(const Settled& s) {
+  if (step_ != Step::Settle) return Error("the settled member list arrived out of order");
   if (auto why = ca_.verify(server_certificate_, server_name_, "server", settled_statement(p_.session, s.members),
                             s.signature);
       !why.empty()) {
-    return "the settled member list is not signed by the server (" + why + ")";
+    return Error("the settled member list is not signed by the server (" + why + ")");
   }
   const auto members = sorted(s.members);
-  if (!std::binary_search(members.begin(), members.end(), me_)) return "this silo was excluded from its group";
+  if (!std::binary_search(members.begin(), members.end(), me_)) return Error("this silo was excluded from its group");
   if (members.size() < p_.min_survivors) {
-    return "only " + std::to_string(members.size()) + " members remain; a sum needs " + std::to_string(p_.min_survivors);
+    return Error("only " + std::to_string(members.size()) + " members remain; a sum needs " +
+                 std::to_string(p_.min_survivors));
   }
   for (const auto& m : members) {
-    if (holds(m) && !held_.count(m)) return "the settled list names " + m + ", whose shares this silo does not hold";
+    if (holds(m) && !held_.count(m))
+      return Error("the settled list names " + m + ", whose shares this silo does not hold");
   }
   // The masks are agreed now, one X25519 per settled neighbour, while the update is usually still
   // being trained: mask() is then the keystreams alone.
@@ -380,69 +391,70 @@ std::string Client::settle(const Settled& s) {
   for (const auto& [v, index] : near_) {
     if (!std::binary_search(members.begin(), members.end(), v)) continue;
     auto seed = pair_seed(p_, mask_.secret, u1_.at(v).mask_pk, me_, v);
-    if (!seed) return "member " + v + " advertised an invalid mask key";
+    if (!seed) return Error("member " + v + " advertised an invalid mask key");
     masks.push_back({*seed, mine_ < index ? +1 : -1});
   }
   masks.push_back({self_seed_, +1});
   masks_ = std::move(masks);
   u2_ = members;
   step_ = Step::Mask;
-  return "";
+  return {};
 }
 
 template <class T>
-std::string Client::mask_impl(std::span<T> input) {
-  if (step_ != Step::Mask) return "masked input out of order";
-  if (input.size() != p_.length) return "input has the wrong length";
-  if (sizeof(T) * 8 != p_.bits) return "input words do not match the ring";
-  if (masks_.empty()) return "no masks were agreed when U2 was settled";  // never sent unmasked
+Status Client::mask_impl(std::span<T> input) {
+  if (step_ != Step::Mask) return Error("masked input out of order");
+  if (input.size() != p_.length) return Error("input has the wrong length");
+  if (sizeof(T) * 8 != p_.bits) return Error("input words do not match the ring");
+  if (masks_.empty()) return Error("no masks were agreed when U2 was settled");  // never sent unmasked
   add_masks(masks_, input);  // one pass over the input for all of them
-  masks_.clear();              // the seeds are zeroed as they go
+  masks_.clear();            // the seeds are zeroed as they go
   step_ = Step::Confirm;
-  return "";
+  return {};
 }
 
-std::string Client::mask(std::span<std::uint8_t> input) { return mask_impl(input); }
-std::string Client::mask(std::span<std::uint16_t> input) { return mask_impl(input); }
-std::string Client::mask(std::span<std::uint32_t> input) { return mask_impl(input); }
-std::string Client::mask(std::span<std::uint64_t> input) { return mask_impl(input); }
+Status Client::mask(std::span<std::uint8_t> input) { return mask_impl(input); }
+Status Client::mask(std::span<std::uint16_t> input) { return mask_impl(input); }
+Status Client::mask(std::span<std::uint32_t> input) { return mask_impl(input); }
+Status Client::mask(std::span<std::uint64_t> input) { return mask_impl(input); }
 
-Expected<Confirmation> Client::confirm(const std::vector<std::string>& survivors, const std::string& server_signature) {
+Result<Confirmation> Client::confirm(const std::vector<std::string>& survivors, const std::string& server_signature) {
   const auto u3 = sorted(survivors);
-  if (confirmed_ && *confirmed_ != u3) return std::string("asked to confirm a second, different survivor set; refusing");
-  if (!confirmed_ && step_ != Step::Confirm) return std::string("survivor confirmation out of order");
+  if (confirmed_ && *confirmed_ != u3) return Error("asked to confirm a second, different survivor set; refusing");
+  if (!confirmed_ && step_ != Step::Confirm) return Error("survivor confirmation out of order");
   if (!server_signature.empty() || p_.graph()) {
     if (auto why = ca_.verify(server_certificate_, server_name_, "server", survivors_statement(p_.session, u3),
                               server_signature);
         !why.empty()) {
-      return "the survivor set is not signed by the server (" + why + ")";
+      return Error("the survivor set is not signed by the server (" + why + ")");
     }
   }
-  if (!std::binary_search(u3.begin(), u3.end(), me_)) return std::string("this silo is not among the survivors");
+  if (!std::binary_search(u3.begin(), u3.end(), me_)) return Error("this silo is not among the survivors");
   if (u3.size() < p_.min_survivors) {
-    return "only " + std::to_string(u3.size()) + " survivors; a sum needs " + std::to_string(p_.min_survivors);
+    return Error("only " + std::to_string(u3.size()) + " survivors; a sum needs " + std::to_string(p_.min_survivors));
   }
   for (const auto& v : u3) {
-    if (!std::binary_search(u2_.begin(), u2_.end(), v)) return "survivor " + v + " is not in the settled group";
+    if (!std::binary_search(u2_.begin(), u2_.end(), v)) return Error("survivor " + v + " is not in the settled group");
   }
   confirmed_ = u3;
   if (step_ == Step::Confirm) step_ = Step::Unmask;
   return Confirmation{signer_.sign(survivors_statement(p_.session, u3))};
 }
 
-Expected<SealedReply> Client::unmask(const UnmaskRequest& r) {
-  if (step_ != Step::Unmask) return std::string("unmasking out of order (or asked twice)");
+Result<SealedReply> Client::unmask(const UnmaskRequest& r) {
+  if (step_ != Step::Unmask) return Error("unmasking out of order (or asked twice)");
   const auto survivors = sorted(r.survivors);
   const auto dropped = sorted(r.dropped);
-  if (survivors != *confirmed_) return std::string("the request names other survivors than this silo confirmed");
+  if (survivors != *confirmed_) return Error("the request names other survivors than this silo confirmed");
   for (const auto& v : dropped) {
-    if (std::binary_search(survivors.begin(), survivors.end(), v)) return "asked for both shares of " + v + "; refusing";
+    if (std::binary_search(survivors.begin(), survivors.end(), v))
+      return Error("asked for both shares of " + v + "; refusing");
   }
   std::vector<std::string> all = survivors;
   all.insert(all.end(), dropped.begin(), dropped.end());
   // Everyone this silo masked with is either a survivor or dropped, and nobody else: otherwise
   // the sum could never be unmasked, and a partial answer would only leak.
-  if (sorted(all) != u2_) return std::string("the request does not account for exactly the members this silo masked with");
+  if (sorted(all) != u2_) return Error("the request does not account for exactly the members this silo masked with");
   // Signatures on U3: from at least max(t, min_group) survivors; with a graph, from t of this
   // member's own holders (its neighbours and itself), the only ones it can check without work
   // that grows with n.
@@ -456,15 +468,16 @@ Expected<SealedReply> Client::unmask(const UnmaskRequest& r) {
   }
   const std::size_t needed = p_.graph() ? p_.threshold : p_.min_survivors;
   if (valid < needed) {
-    return "only " + std::to_string(valid) + (p_.graph() ? " of this silo's holders" : " survivors") +
-           " signed the survivor set; " + std::to_string(needed) + " must";
+    return Error("only " + std::to_string(valid) + (p_.graph() ? " of this silo's holders" : " survivors") +
+                 " signed the survivor set; " + std::to_string(needed) + " must");
   }
   if (p_.graph()) {
     std::vector<std::uint32_t> alive;
     for (const auto& v : survivors) alive.push_back(index_.at(v));
     if (!graph_.connected(alive)) {
-      return std::string("the survivors fall apart into pieces of the neighbour graph; unmasking would reveal "
-                         "the sum of each piece");
+      return Error(
+          "the survivors fall apart into pieces of the neighbour graph; unmasking would reveal "
+          "the sum of each piece");
     }
   }
   UnmaskReply reply;
@@ -522,13 +535,13 @@ void Server::blame(const std::string& silo, const std::string& why) {
   blamed_.push_back({silo, why});
 }
 
-std::string Server::on_keys(const std::string& from, const Advertisement& a) {
-  if (step_ != Step::Keys) return "keys arrived after the key list was sent";
-  if (!index_.count(from)) return from + " is not in this secure group";
-  if (keys_.count(from)) return from + " advertised keys twice";
+Status Server::on_keys(const std::string& from, const Advertisement& a) {
+  if (step_ != Step::Keys) return Error("keys arrived after the key list was sent");
+  if (!index_.count(from)) return Error(from + " is not in this secure group");
+  if (keys_.count(from)) return Error(from + " advertised keys twice");
   if (auto why = ca_.verify(a.certificate, from, kSiloRole, keys_statement(p_.session, from, a), a.signature);
       !why.empty()) {
-    return "the keys said to be from " + from + " are not signed by it (" + why + ")";
+    return Error("the keys said to be from " + from + " are not signed by it (" + why + ")");
   }
   // Signed by the silo: whatever is wrong with them now is its own doing.
   std::size_t others = 0;
@@ -540,17 +553,17 @@ std::string Server::on_keys(const std::string& from, const Advertisement& a) {
   }
   if (!usable || a.inbox_keys.size() != others) {
     blame(from, "advertised unusable keys (signed by it)");
-    return from + " advertised unusable keys";
+    return Error(from + " advertised unusable keys");
   }
   keys_[from] = a;
-  return "";
+  return {};
 }
 
-Expected<KeyList> Server::close_keys() {
-  if (step_ != Step::Keys) return std::string("key list already sent");
+Result<KeyList> Server::close_keys() {
+  if (step_ != Step::Keys) return Error("key list already sent");
   if (keys_.size() < p_.min_survivors) {
-    return "only " + std::to_string(keys_.size()) + " of " + std::to_string(p_.members.size()) +
-           " silos advertised keys; a sum needs " + std::to_string(p_.min_survivors);
+    return Error("only " + std::to_string(keys_.size()) + " of " + std::to_string(p_.members.size()) +
+                 " silos advertised keys; a sum needs " + std::to_string(p_.min_survivors));
   }
   for (const auto& [name, k] : keys_) u1_.insert(name);
   step_ = Step::Shares;
@@ -568,25 +581,25 @@ KeyList Server::keys_for(const std::string& member) const {
   return out;
 }
 
-std::string Server::on_shares(const std::string& from, const Outbox& to) {
-  if (step_ != Step::Shares) return "shares arrived out of order";
-  if (!u1_.count(from)) return from + " shares keys without having advertised any";
-  if (shares_.count(from)) return from + " shared keys twice";
+Status Server::on_shares(const std::string& from, const Outbox& to) {
+  if (step_ != Step::Shares) return Error("shares arrived out of order");
+  if (!u1_.count(from)) return Error(from + " shares keys without having advertised any");
+  if (shares_.count(from)) return Error(from + " shared keys twice");
   for (const auto& [recipient, c] : to) {
-    if (!u1_.count(recipient) || !near(from, recipient)) return from + " addressed shares to " + recipient;
+    if (!u1_.count(recipient) || !near(from, recipient)) return Error(from + " addressed shares to " + recipient);
   }
   std::size_t expected = 0;
   for (const auto& v : neighbours(from)) expected += u1_.count(v);
-  if (to.size() != expected) return from + " did not share with every neighbour in the key list";
+  if (to.size() != expected) return Error(from + " did not share with every neighbour in the key list");
   shares_[from] = to;
-  return "";
+  return {};
 }
 
-Expected<std::map<std::string, Inbox>> Server::close_shares() {
-  if (step_ != Step::Shares) return std::string("shares already delivered");
+Result<std::map<std::string, Inbox>> Server::close_shares() {
+  if (step_ != Step::Shares) return Error("shares already delivered");
   if (shares_.size() < p_.min_survivors) {
-    return "only " + std::to_string(shares_.size()) + " silos shared keys; a sum needs " +
-           std::to_string(p_.min_survivors);
+    return Error("only " + std::to_string(shares_.size()) + " silos shared keys; a sum needs " +
+                 std::to_string(p_.min_survivors));
   }
   std::map<std::string, Inbox> out;
   for (const auto& [sender, to] : shares_) u2_.insert(sender);
@@ -616,36 +629,36 @@ void Server::judge(const std::string& accuser, const Accusation& a) {
     return blame(accuser, "accused " + accused + " with a key that is not the one it advertised");
   }
   std::pair<SignedShare, SignedShare> got;
-  if (auto why = open_box(p_, ca_, keys, accused, accuser, inbox, a.evidence.box, got); !why.empty()) {
-    return blame(accused, why + " (shown by " + accuser + " with the box " + accused + " signed)");
+  if (auto why = open_box(p_, ca_, keys, accused, accuser, inbox, a.evidence.box, got); !why) {
+    return blame(accused, why.error().message() + " (shown by " + accuser + " with the box " + accused + " signed)");
   }
   blame(accuser, "accused " + accused + " falsely: the box " + accused + " dealt it opens to shares " + accused +
                      " signed");
 }
 
-std::string Server::on_receipt(const std::string& from, const Receipt& r) {
-  if (step_ != Step::Receipts) return "a receipt arrived out of order";
-  if (!u2_.count(from)) return from + " sent a receipt without having shared keys";
-  if (receipted_.count(from)) return from + " sent two receipts";
+Status Server::on_receipt(const std::string& from, const Receipt& r) {
+  if (step_ != Step::Receipts) return Error("a receipt arrived out of order");
+  if (!u2_.count(from)) return Error(from + " sent a receipt without having shared keys");
+  if (receipted_.count(from)) return Error(from + " sent two receipts");
   if (auto why = ca_.verify(keys_.at(from).certificate, from, kSiloRole, receipt_statement(p_.session, from, r),
                             r.signature);
       !why.empty()) {
-    return "the receipt said to be from " + from + " is not signed by it (" + why + ")";
+    return Error("the receipt said to be from " + from + " is not signed by it (" + why + ")");
   }
   receipted_.insert(from);
   for (const auto& a : r.accusations) judge(from, a);
-  return "";
+  return {};
 }
 
-Expected<Settled> Server::settle() {
-  if (step_ != Step::Receipts) return std::string("the group is already settled");
+Result<Settled> Server::settle() {
+  if (step_ != Step::Receipts) return Error("the group is already settled");
   for (const auto& m : receipted_) {
     if (!excluded_.count(m)) settled_.insert(m);
   }
   step_ = Step::Masked;
   if (settled_.size() < p_.min_survivors) {
-    return "only " + std::to_string(settled_.size()) + " members remain after the receipts; a sum needs " +
-           std::to_string(p_.min_survivors);
+    return Error("only " + std::to_string(settled_.size()) + " members remain after the receipts; a sum needs " +
+                 std::to_string(p_.min_survivors));
   }
   Settled s;
   s.members.assign(settled_.begin(), settled_.end());
@@ -653,50 +666,50 @@ Expected<Settled> Server::settle() {
   return s;
 }
 
-std::string Server::on_masked_input(const std::string& from) {
-  if (step_ != Step::Masked) return "masked input arrived out of order";
-  if (!settled_.count(from)) return from + " is not a settled member of its group";
-  if (!u3_.insert(from).second) return from + " sent two masked inputs";
-  return "";
+Status Server::on_masked_input(const std::string& from) {
+  if (step_ != Step::Masked) return Error("masked input arrived out of order");
+  if (!settled_.count(from)) return Error(from + " is not a settled member of its group");
+  if (!u3_.insert(from).second) return Error(from + " sent two masked inputs");
+  return {};
 }
 
-Expected<std::vector<std::string>> Server::close_masked() {
-  if (step_ != Step::Masked) return std::string("survivors already named");
+Result<std::vector<std::string>> Server::close_masked() {
+  if (step_ != Step::Masked) return Error("survivors already named");
   step_ = Step::Confirm;
   if (u3_.size() < p_.min_survivors) {
-    return "only " + std::to_string(u3_.size()) + " masked inputs arrived; a sum needs " +
-           std::to_string(p_.min_survivors);
+    return Error("only " + std::to_string(u3_.size()) + " masked inputs arrived; a sum needs " +
+                 std::to_string(p_.min_survivors));
   }
   std::vector<std::uint32_t> alive;
   for (const auto& v : u3_) alive.push_back(index_.at(v));
   if (!graph_.connected(alive)) {
-    return "the " + std::to_string(u3_.size()) +
-           " survivors fall apart into pieces of the neighbour graph; their members refuse to unmask";
+    return Error("the " + std::to_string(u3_.size()) +
+                 " survivors fall apart into pieces of the neighbour graph; their members refuse to unmask");
   }
   std::vector<std::string> u3(u3_.begin(), u3_.end());
   u3_signature_ = signer_.sign(survivors_statement(p_.session, u3));
   return u3;
 }
 
-std::string Server::on_confirmation(const std::string& from, const std::string& signature) {
-  if (step_ != Step::Confirm) return "a confirmation arrived out of order";
-  if (!u3_.count(from)) return from + " is not a survivor";
+Status Server::on_confirmation(const std::string& from, const std::string& signature) {
+  if (step_ != Step::Confirm) return Error("a confirmation arrived out of order");
+  if (!u3_.count(from)) return Error(from + " is not a survivor");
   const std::vector<std::string> u3(u3_.begin(), u3_.end());
   if (auto why = ca_.verify(keys_.at(from).certificate, from, kSiloRole, survivors_statement(p_.session, u3), signature);
       !why.empty()) {
-    return from + "'s confirmation does not verify (" + why + ")";
+    return Error(from + "'s confirmation does not verify (" + why + ")");
   }
   confirmations_[from] = signature;
   confirmed_.insert(from);
-  return "";
+  return {};
 }
 
-Expected<UnmaskRequest> Server::close_confirmations() {
-  if (step_ != Step::Confirm) return std::string("unmasking already requested");
+Result<UnmaskRequest> Server::close_confirmations() {
+  if (step_ != Step::Confirm) return Error("unmasking already requested");
   step_ = Step::Unmask;
   if (confirmations_.size() < p_.min_survivors) {
-    return "only " + std::to_string(confirmations_.size()) + " survivors confirmed the survivor set; " +
-           std::to_string(p_.min_survivors) + " must";
+    return Error("only " + std::to_string(confirmations_.size()) + " survivors confirmed the survivor set; " +
+                 std::to_string(p_.min_survivors) + " must");
   }
   UnmaskRequest r;
   for (const auto& v : settled_) (u3_.count(v) ? r.survivors : r.dropped).push_back(v);
@@ -705,15 +718,15 @@ Expected<UnmaskRequest> Server::close_confirmations() {
   return r;
 }
 
-std::string Server::on_unmask(const std::string& from, const std::string& sealed) {
-  if (step_ != Step::Unmask || !request_) return "unmask shares arrived out of order";
-  if (!u3_.count(from)) return from + " is not a survivor";
-  if (replies_.count(from)) return from + " answered twice";
+Status Server::on_unmask(const std::string& from, const std::string& sealed) {
+  if (step_ != Step::Unmask || !request_) return Error("unmask shares arrived out of order");
+  if (!u3_.count(from)) return Error(from + " is not a survivor");
+  if (replies_.count(from)) return Error(from + " answered twice");
   auto plain = open_sealed(box_, sealed);
-  if (!plain) return "the unmask answer from " + from + " does not open with the server's key";
+  if (!plain) return Error("the unmask answer from " + from + " does not open with the server's key");
   auto reply = decode_reply(*plain);
   wipe(*plain);
-  if (!reply) return "the unmask answer from " + from + " is malformed";
+  if (!reply) return Error("the unmask answer from " + from + " is malformed");
   // The shares it holds: of its neighbours (and its own self mask), as the request names them
   // (both lists sorted: they come from a set).
   auto named = [](const std::vector<std::string>& list, const std::string& v) {
@@ -725,18 +738,18 @@ std::string Server::on_unmask(const std::string& from, const std::string& sealed
   for (const auto& v : holds) {
     if (v != from && named(request_->dropped, v)) {
       ++dropped;
-      if (!reply->mask_key_shares.count(v)) return from + " left out the share of " + v + "'s mask key";
+      if (!reply->mask_key_shares.count(v)) return Error(from + " left out the share of " + v + "'s mask key");
     }
     if (named(request_->survivors, v)) {
       ++survivors;
-      if (!reply->self_mask_shares.count(v)) return from + " left out the share of " + v + "'s self mask";
+      if (!reply->self_mask_shares.count(v)) return Error(from + " left out the share of " + v + "'s self mask");
     }
   }
   if (reply->mask_key_shares.size() != dropped || reply->self_mask_shares.size() != survivors) {
-    return from + " answered with shares nobody asked for";
+    return Error(from + " answered with shares nobody asked for");
   }
   replies_[from] = std::move(*reply);
-  return "";
+  return {};
 }
 
 std::optional<Secret> Server::rebuild(const std::string& owner, bool mask_key, std::string& why) {
@@ -769,14 +782,14 @@ std::optional<Secret> Server::rebuild(const std::string& owner, bool mask_key, s
 }
 
 template <class T>
-std::string Server::finish_impl(std::span<T> sum) {
-  if (step_ != Step::Unmask || !request_) return "unmasking out of order";
+Status Server::finish_impl(std::span<T> sum) {
+  if (step_ != Step::Unmask || !request_) return Error("unmasking out of order");
   if (replies_.size() < p_.threshold) {
-    return "only " + std::to_string(replies_.size()) + " survivors answered; the threshold is " +
-           std::to_string(p_.threshold);
+    return Error("only " + std::to_string(replies_.size()) + " survivors answered; the threshold is " +
+                 std::to_string(p_.threshold));
   }
-  if (sum.size() != p_.length) return "sum has the wrong length";
-  if (sizeof(T) * 8 != p_.bits) return "sum words do not match the ring";
+  if (sum.size() != p_.length) return Error("sum has the wrong length");
+  if (sizeof(T) * 8 != p_.bits) return Error("sum words do not match the ring");
   expansions_ = 0;
   std::string why;
   // Every secret is rebuilt and checked before the sum is touched; then one pass removes all
@@ -785,15 +798,15 @@ std::string Server::finish_impl(std::span<T> sum) {
   // Dropped after settling: rebuild the mask key; remove its pairwise masks from each survivor.
   for (const auto& v : request_->dropped) {
     auto sk = rebuild(v, true, why);
-    if (!sk) return why;
+    if (!sk) return Error(why);
     if (X25519KeyPair::public_of(*sk) != keys_.at(v).mask_pk) {
       blame(v, "dealt shares (signed by it) that rebuild to a mask key other than the one it advertised");
-      return "the mask key of " + v + " rebuilt from its signed shares does not match its public key";
+      return Error("the mask key of " + v + " rebuilt from its signed shares does not match its public key");
     }
     for (const auto& w : neighbours(v)) {
       if (!u3_.count(w)) continue;  // only survivors masked with v and are in the sum
       auto seed = pair_seed(p_, *sk, keys_.at(w).mask_pk, v, w);
-      if (!seed) return "member " + w + " advertised an invalid mask key";
+      if (!seed) return Error("member " + w + " advertised an invalid mask key");
       // w added +PRG when index(w) < index(v), -PRG otherwise: take it out.
       masks.push_back({*seed, index_.at(w) < index_.at(v) ? -1 : +1});
     }
@@ -801,22 +814,22 @@ std::string Server::finish_impl(std::span<T> sum) {
   // Every survivor's self mask.
   for (const auto& u : request_->survivors) {
     auto b = rebuild(u, false, why);
-    if (!b) return why;
+    if (!b) return Error(why);
     if (sha256(std::span<const std::uint8_t>(b->bytes())) != keys_.at(u).self_mask_commitment) {
       blame(u, "dealt shares (signed by it) that rebuild to a self-mask seed its commitment refutes");
-      return "the self-mask seed of " + u + " rebuilt from its signed shares does not match its commitment";
+      return Error("the self-mask seed of " + u + " rebuilt from its signed shares does not match its commitment");
     }
     masks.push_back({*b, -1});
   }
   add_masks(masks, sum);
   expansions_ = masks.size();
   step_ = Step::Done;
-  return "";
+  return {};
 }
 
-std::string Server::finish(std::span<std::uint8_t> sum) { return finish_impl(sum); }
-std::string Server::finish(std::span<std::uint16_t> sum) { return finish_impl(sum); }
-std::string Server::finish(std::span<std::uint32_t> sum) { return finish_impl(sum); }
-std::string Server::finish(std::span<std::uint64_t> sum) { return finish_impl(sum); }
+Status Server::finish(std::span<std::uint8_t> sum) { return finish_impl(sum); }
+Status Server::finish(std::span<std::uint16_t> sum) { return finish_impl(sum); }
+Status Server::finish(std::span<std::uint32_t> sum) { return finish_impl(sum); }
+Status Server::finish(std::span<std::uint64_t> sum) { return finish_impl(sum); }
 
 }  // namespace xsilo::crypto::secagg

@@ -56,9 +56,9 @@
 #include <set>
 #include <span>
 #include <string>
-#include <variant>
 #include <vector>
 
+#include "common/result.h"
 #include "crypto/certs.h"
 #include "crypto/fixed_point.h"
 #include "crypto/mask.h"
@@ -69,17 +69,10 @@
 
 namespace xsilo::crypto::secagg {
 
-// A value or the sentence that explains why there is none.
-template <class T>
-using Expected = std::variant<T, std::string>;
-template <class T>
-bool ok(const Expected<T>& e) { return e.index() == 0; }
-template <class T>
-T& value(Expected<T>& e) { return std::get<0>(e); }
-template <class T>
-T value(Expected<T>&& e) { return std::get<0>(std::move(e)); }
-template <class T>
-const std::string& error(const Expected<T>& e) { return std::get<1>(e); }
+// A value, or the Error whose sentence explains why there is none (common/result.h).
+using xsilo::Error;
+using xsilo::Result;
+using xsilo::Status;
 
 inline constexpr const char* kSiloRole = "silo";
 
@@ -97,11 +90,11 @@ struct Params {
   std::uint32_t index_of(const std::string& name) const;  // 0 if not a member
 };
 
-// "" or why the parameters cannot be used safely: no members, t < 2, t <= n / 2, t > n,
+// Success, or why the parameters cannot be used safely: no members, t < 2, t <= n / 2, t > n,
 // min_survivors < t or above n, bits not 8/16/32/64, an unusable server key; with a graph, an
 // odd degree, t above k + 1, or 2t <= k + 1 (two survivor sets shown to two halves of a
 // secret's holders could each gather t shares of it; t <= n / 2 is then allowed).
-std::string check_params(const Params& p);
+Status check_params(const Params& p);
 
 // The weakest setup a member joins, whatever the server's signed setup states: the member's own
 // configuration (the agent's `secure_floor`). A server that may deviate could otherwise sign a
@@ -110,12 +103,12 @@ struct Floor {
   std::uint32_t min_sum = 3;  // the fewest silos a revealed sum may cover (min_survivors)
   double corrupt = 0.05;      // the fraction of its group it assumes may collude with the server
 };
-// "" or why a member with floor `f` refuses `p`; with c = corrupt_count(n, f.corrupt) colluders:
+// Success, or why a member with floor `f` refuses `p`; with c = corrupt_count(n, f.corrupt) colluders:
 // min_survivors below f.min_sum or below c + 2 (a sum of the member and the colluders alone);
 // the complete graph with 2 max(t, min_survivors) <= n + c, a graph with k <= c or 2t <= k + 1 + c
 // (a split view of the survivors, the colluders answering both sides, could gather both of a
 // member's secrets).
-std::string check_floor(const Params& p, const Floor& f);
+Status check_floor(const Params& p, const Floor& f);
 
 struct Advertisement {
   Key32 mask_pk{};
@@ -196,28 +189,28 @@ class Client {
   ~Client();  // zeroes the shares it still holds (a group that ended before unmasking)
 
   // Checks the parameters (threshold above half, and so on) before anything is generated.
-  Expected<Advertisement> advertise();
+  Result<Advertisement> advertise();
   // The signed key list: checks every entry, then deals shares to every other member of U1.
-  Expected<Outbox> share(const KeyList& u1);
+  Result<Outbox> share(const KeyList& u1);
   // Opens what the others dealt; a box that fails becomes an accusation in the receipt. An
   // error means the delivery itself was tampered with (a signature that does not verify).
-  Expected<Receipt> receive(const Inbox& from);
+  Result<Receipt> receive(const Inbox& from);
   // The server's final U2: this member masks with exactly these. Agrees the pairwise mask seeds
   // with its settled neighbours here (one X25519 each), so that mask() is the keystreams alone.
-  std::string settle(const Settled& settled);
+  Status settle(const Settled& settled);
   // Adds the masks to an encoded input in place (length words), in one pass over it.
-  std::string mask(std::span<std::uint8_t> input);
-  std::string mask(std::span<std::uint16_t> input);
-  std::string mask(std::span<std::uint32_t> input);
-  std::string mask(std::span<std::uint64_t> input);
+  Status mask(std::span<std::uint8_t> input);
+  Status mask(std::span<std::uint16_t> input);
+  Status mask(std::span<std::uint32_t> input);
+  Status mask(std::span<std::uint64_t> input);
   // Signs U3, once: a second, different set is refused. `server_signature` is the server's on
   // U3: checked when given, and required with a graph, where a member counts only its own
   // holders' confirmations (a relay showing two sets to two sides of a member could otherwise
   // collect t confirmations for each).
-  Expected<Confirmation> confirm(const std::vector<std::string>& survivors, const std::string& server_signature = "");
+  Result<Confirmation> confirm(const std::vector<std::string>& survivors, const std::string& server_signature = "");
   // Answers once, sealed to the server; refuses any request that would reveal both shares of
   // one member, that names another U3 than the one confirmed, or that lacks enough signatures.
-  Expected<SealedReply> unmask(const UnmaskRequest& request);
+  Result<SealedReply> unmask(const UnmaskRequest& request);
 
   const std::vector<std::string>& masked_with() const { return u2_; }
   const std::set<std::string>& accused() const { return accused_; }
@@ -225,8 +218,8 @@ class Client {
 
  private:
   template <class T>
-  std::string mask_impl(std::span<T> input);
-  std::string check_peer(const std::string& name, const Advertisement& a) const;
+  Status mask_impl(std::span<T> input);
+  Status check_peer(const std::string& name, const Advertisement& a) const;
   bool holds(const std::string& owner) const { return owner == me_ || near_.count(owner); }
 
   Params p_;
@@ -260,36 +253,36 @@ class Server {
   Server& operator=(Server&&) = default;
   ~Server();  // zeroes the unmask answers it opened
 
-  std::string on_keys(const std::string& from, const Advertisement& keys);
-  Expected<KeyList> close_keys();  // U1; fails below min_survivors
+  Status on_keys(const std::string& from, const Advertisement& keys);
+  Result<KeyList> close_keys();  // U1; fails below min_survivors
   // After close_keys(): the part of U1 that `member` is sent, its own entry and its neighbours'
   // (all of U1 on the complete graph). On a graph a member's key-list bytes grow with k, not n.
   // Empty before close_keys().
   KeyList keys_for(const std::string& member) const;
   bool graph() const { return p_.graph(); }  // members see only their neighbours (SecAgg+)
-  std::string on_shares(const std::string& from, const Outbox& to);
+  Status on_shares(const std::string& from, const Outbox& to);
   // Per member of U2: what the other members of U2 dealt it.
-  Expected<std::map<std::string, Inbox>> close_shares();
+  Result<std::map<std::string, Inbox>> close_shares();
   // A member's receipt; its accusations are judged at once: the verdicts are in blamed(). An
   // error only for a receipt that is not the member's (unsigned) or not expected.
-  std::string on_receipt(const std::string& from, const Receipt& receipt);
+  Status on_receipt(const std::string& from, const Receipt& receipt);
   // The final U2: members that sent a receipt and were not excluded. Fails below min_survivors.
-  Expected<Settled> settle();
+  Result<Settled> settle();
   bool settled_member(const std::string& silo) const { return settled_.count(silo) > 0; }
   // The caller received a complete masked input from `from` and added it to its sum.
-  std::string on_masked_input(const std::string& from);
-  Expected<std::vector<std::string>> close_masked();  // U3, to be confirmed; fails below min_survivors
+  Status on_masked_input(const std::string& from);
+  Result<std::vector<std::string>> close_masked();  // U3, to be confirmed; fails below min_survivors
   const std::string& survivors_signature() const { return u3_signature_; }  // the server's, on U3
-  std::string on_confirmation(const std::string& from, const std::string& signature);
-  Expected<UnmaskRequest> close_confirmations();  // fails below min_survivors signatures
-  std::string on_unmask(const std::string& from, const std::string& sealed_reply);
+  Status on_confirmation(const std::string& from, const std::string& signature);
+  Result<UnmaskRequest> close_confirmations();  // fails below min_survivors signatures
+  Status on_unmask(const std::string& from, const std::string& sealed_reply);
   std::size_t unmask_replies() const { return replies_.size(); }
   // Removes the masks from the sum of the U3 members' masked inputs; fails below the
   // threshold or when a secret cannot be rebuilt (the dealer is blamed with the evidence).
-  std::string finish(std::span<std::uint8_t> sum);
-  std::string finish(std::span<std::uint16_t> sum);
-  std::string finish(std::span<std::uint32_t> sum);
-  std::string finish(std::span<std::uint64_t> sum);
+  Status finish(std::span<std::uint8_t> sum);
+  Status finish(std::span<std::uint16_t> sum);
+  Status finish(std::span<std::uint32_t> sum);
+  Status finish(std::span<std::uint64_t> sum);
 
   const std::set<std::string>& u1() const { return u1_; }
   const std::set<std::string>& u2() const { return u2_; }
@@ -302,7 +295,7 @@ class Server {
 
  private:
   template <class T>
-  std::string finish_impl(std::span<T> sum);
+  Status finish_impl(std::span<T> sum);
   void blame(const std::string& silo, const std::string& why);
   void judge(const std::string& accuser, const Accusation& a);
   bool near(const std::string& a, const std::string& b) const;  // neighbours (any two members: complete graph)

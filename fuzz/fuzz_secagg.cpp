@@ -157,65 +157,64 @@ void run(secagg::Params p, Adversary& adv) {
   // Keys: silo-3's pass through the adversary to the server.
   for (std::size_t i = 0; i < kMembers; ++i) {
     auto keys = c[i].advertise();
-    if (!secagg::ok(keys)) std::abort();  // valid parameters: advertising cannot fail
+    if (!keys) std::abort();  // valid parameters: advertising cannot fail
     to_server(
-        i, p.members[i], secagg::value(keys), adv, wire_of,
+        i, p.members[i], *keys, adv, wire_of,
         [&](secagg::Advertisement& a) { a.signature = byzantine.sign(secagg::keys_statement(p.session, me3, a)); },
-        [&](const std::string& from, const auto& a) { adv.failed(!server.on_keys(from, a).empty()); });
+        [&](const std::string& from, const auto& a) { adv.failed(!server.on_keys(from, a).has_value()); });
   }
-  if (adv.failed(!secagg::ok(server.close_keys()))) return;
+  if (adv.failed(!server.close_keys().has_value())) return;
   // Shares: silo-0's key list and silo-3's shares through the adversary.
   for (std::size_t i = 0; i < kMembers; ++i) {
     const auto list = to_member(i, server.keys_for(p.members[i]), adv, wire_of);
     if (adv.failed(!list)) continue;
     auto out = c[i].share(*list);
-    if (adv.failed(!secagg::ok(out))) continue;
+    if (adv.failed(!out)) continue;
     to_server(
-        i, p.members[i], secagg::value(out), adv, [](const auto& o) { return protocol::outbox_to_wire(o); },
+        i, p.members[i], *out, adv, [](const auto& o) { return protocol::outbox_to_wire(o); },
         [&](secagg::Outbox& o) {
           for (auto& [to, b] : o) b.signature = byzantine.sign(secagg::box_statement(p.session, me3, to, b.box));
         },
-        [&](const std::string& from, const auto& o) { adv.failed(!server.on_shares(from, o).empty()); });
+        [&](const std::string& from, const auto& o) { adv.failed(!server.on_shares(from, o).has_value()); });
   }
   auto inboxes = server.close_shares();
-  if (adv.failed(!secagg::ok(inboxes))) return;
+  if (adv.failed(!inboxes)) return;
   // Receipts: silo-0's delivery and silo-3's receipt through the adversary.
   for (std::size_t i = 0; i < kMembers; ++i) {
-    const auto inbox = to_member(i, secagg::value(inboxes)[p.members[i]], adv,
-                                 [](const auto& in) { return protocol::delivery_to_wire(in); });
+    const auto inbox =
+        to_member(i, (*inboxes)[p.members[i]], adv, [](const auto& in) { return protocol::delivery_to_wire(in); });
     if (adv.failed(!inbox)) continue;
     auto receipt = c[i].receive(*inbox);
-    if (adv.failed(!secagg::ok(receipt))) continue;
+    if (adv.failed(!receipt)) continue;
     to_server(
-        i, p.members[i], secagg::value(receipt), adv, wire_of,
+        i, p.members[i], *receipt, adv, wire_of,
         [&](secagg::Receipt& r) { r.signature = byzantine.sign(secagg::receipt_statement(p.session, me3, r)); },
-        [&](const std::string& from, const auto& r) { adv.failed(!server.on_receipt(from, r).empty()); });
+        [&](const std::string& from, const auto& r) { adv.failed(!server.on_receipt(from, r).has_value()); });
   }
   auto settled = server.settle();
-  if (adv.failed(!secagg::ok(settled))) return;
+  if (adv.failed(!settled)) return;
   // Masking: silo-0 is sent the adversary's settled list; silo-3 masks, or vanishes.
   const bool third_masks = adv.in().u8() % 4 != 0;
   const std::size_t members = third_masks ? kMembers : kMembers - 1;  // those still here
   std::vector<T> sum(kLength, 0), expected(kLength, 0);
   for (std::size_t i = 0; i < members; ++i) {
-    const auto s = i == 0 ? protocol::from_wire(adv.message(protocol::to_wire(secagg::value(settled))))
-                          : secagg::value(settled);
-    if (adv.failed(!c[i].settle(s).empty())) continue;
+    const auto s = i == 0 ? protocol::from_wire(adv.message(protocol::to_wire(*settled))) : *settled;
+    if (adv.failed(!c[i].settle(s).has_value())) continue;
     const auto plain = masked_input<T>(i);
     auto x = plain;
-    if (adv.failed(!c[i].mask(std::span<T>(x)).empty())) continue;
+    if (adv.failed(!c[i].mask(std::span<T>(x)).has_value())) continue;
     for (std::size_t k = 0; k < kLength; ++k) {
       sum[k] = static_cast<T>(sum[k] + x[k]);
       expected[k] = static_cast<T>(expected[k] + plain[k]);
     }
-    adv.failed(!server.on_masked_input(p.members[i]).empty());
+    adv.failed(!server.on_masked_input(p.members[i]).has_value());
   }
   auto u3 = server.close_masked();
-  if (adv.failed(!secagg::ok(u3))) return;
+  if (adv.failed(!u3)) return;
   // Confirmations: silo-0 is sent the adversary's survivors; silo-3's signature goes through it
   // (or silo-3 signs a survivor set of its own making).
   for (std::size_t i = 0; i < members; ++i) {
-    std::vector<std::string> survivors = secagg::value(u3);
+    std::vector<std::string> survivors = *u3;
     std::string signature = server.survivors_signature();
     // A deviating server (review N1) signs survivor sets of its choosing: one for silo-0 here,
     // then a second one; silo-0 confirms the second only if it is the same set.
@@ -241,7 +240,7 @@ void run(secagg::Params p, Adversary& adv) {
       }
     }
     auto confirmation = c[i].confirm(survivors, signature);
-    if (adv.failed(!secagg::ok(confirmation))) continue;
+    if (adv.failed(!confirmation)) continue;
     if (i == 0 && adv.in().u8() % 4 == 0) {
       adv.forge();
       auto other = signed_set(adv.in().u8());
@@ -251,34 +250,38 @@ void run(secagg::Params p, Adversary& adv) {
       std::sort(first.begin(), first.end());
       first.erase(std::unique(first.begin(), first.end()), first.end());
       other.erase(std::unique(other.begin(), other.end()), other.end());
-      if (secagg::ok(again) && other != first) std::abort();  // two survivor sets confirmed: a split view
+      if (again.has_value() && other != first) std::abort();  // two survivor sets confirmed: a split view
     }
     bytes_to_server(
-        i, p.members[i], secagg::value(confirmation).signature, adv,
+        i, p.members[i], confirmation->signature, adv,
         [&](const std::string& names) {
           std::vector<std::string> set;
           for (const char n : names) set.push_back("silo-" + std::to_string(static_cast<unsigned char>(n) % 5));
           return byzantine.sign(secagg::survivors_statement(p.session, set));
         },
-        [&](const std::string& from, const std::string& sig) { adv.failed(!server.on_confirmation(from, sig).empty()); });
+        [&](const std::string& from, const std::string& sig) {
+          adv.failed(!server.on_confirmation(from, sig).has_value());
+        });
   }
   auto request = server.close_confirmations();
-  if (adv.failed(!secagg::ok(request))) return;
+  if (adv.failed(!request)) return;
   // Unmasking: silo-0 is sent the adversary's request; silo-3's sealed answer goes through it
   // (or silo-3 seals bytes of its own making to the server).
   for (std::size_t i = 0; i < members; ++i) {
-    const auto r = to_member(i, secagg::value(request), adv, wire_of);
+    const auto r = to_member(i, *request, adv, wire_of);
     if (adv.failed(!r)) continue;
     auto reply = c[i].unmask(*r);
-    if (adv.failed(!secagg::ok(reply))) continue;
+    if (adv.failed(!reply)) continue;
     bytes_to_server(
-        i, p.members[i], secagg::value(reply).box, adv,
+        i, p.members[i], reply->box, adv,
         [&](const std::string& plain) { return crypto::seal_to(p.server_key, plain); },
-        [&](const std::string& from, const std::string& sealed) { adv.failed(!server.on_unmask(from, sealed).empty()); });
+        [&](const std::string& from, const std::string& sealed) {
+          adv.failed(!server.on_unmask(from, sealed).has_value());
+        });
   }
-  const std::string err = server.finish(std::span<T>(sum));
+  const auto unmasked = server.finish(std::span<T>(sum));
   // An honest round (silo-3 masking or gone) ends in exactly the sum of the masked inputs.
-  if (adv.honest() && (!err.empty() || sum != expected)) std::abort();
+  if (adv.honest() && (!unmasked || sum != expected)) std::abort();
 }
 
 }  // namespace

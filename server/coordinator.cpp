@@ -36,7 +36,6 @@ std::size_t robust_rejected(const nlohmann::json& rec) {
 // group says which, so an operator can tell a silo that never started the protocol from one
 // that vanished halfway.
 DropCause secure_cause(const SecureDrop& d) {
-  if (d.excluded) return DropCause::Excluded;
   switch (d.reason) {
     case secure::DropReason::NoKeys: return DropCause::SecureNoKeys;
     case secure::DropReason::NoShares: return DropCause::SecureNoShares;

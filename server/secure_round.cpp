@@ -105,10 +105,7 @@ void SecureRound::drain(secure::Group& g) {
     *e.mutable_secure() = std::move(step);
     out_.emplace_back(silo, std::move(e));
   }
-  for (auto& d : g.take_dropped()) {
-    const bool excluded = d.excluded();
-    dropped_.push_back({std::move(d.silo), std::move(d.why), d.reason, excluded});
-  }
+  for (auto& d : g.take_dropped()) dropped_.push_back({std::move(d.silo), std::move(d.why), d.reason});
 }
 
 void SecureRound::on_message(const std::string& silo, const wire::SecureAggregation& step) {
@@ -226,8 +223,8 @@ std::vector<GroupResult> SecureRound::finish(std::map<std::uint32_t, protocol::M
       r.why = g.failed();
     } else if (g.stage() != secure::Stage::Unmask) {
       r.why = "collection closed before the survivors confirmed their set";
-    } else if (std::string err = g.finish(sum); !err.empty()) {
-      r.why = err;
+    } else if (auto unmasked = g.finish(sum); !unmasked) {
+      r.why = unmasked.error().message();
     } else {
       r.ok = true;
       const auto codec = cfg_.codec();

@@ -40,11 +40,11 @@ struct GroupResult {
   std::vector<crypto::secagg::Blame> excluded;  // members excluded with proof, this round
 };
 
-// A member the coordinator must drop: its group failed, or it was excluded with proof.
+// A member the coordinator must drop: its group failed, it missed a step, or it was excluded
+// with proof (reason Excluded: Byzantine).
 struct SecureDrop {
   std::string silo, why;
   secure::DropReason reason = secure::DropReason::GroupFailed;
-  bool excluded = false;  // Byzantine, with proof (else its group failed or it missed a step)
 };
 
 class SecureRound {

@@ -136,7 +136,7 @@ void Session::mask_when_ready() {
     r.words = std::make_shared<protocol::MaskedVector>(codec.bits, codec.words(d));
     r.words->visit([&](auto words) { crypto::encode(applied, delta, weight, seed, words); });
     hook.encoded(*r.words, codec);
-    r.error = member->mask(*r.words);
+    if (auto masked = member->mask(*r.words); !masked) r.error = masked.error().message();
     const auto b = r.words->bytes();
     r.sha256 = crypto::sha256_hex(std::string_view(reinterpret_cast<const char*>(b.data()), b.size()));
     return r;

@@ -14,6 +14,7 @@
 #include "crypto/mask.h"
 #include "crypto/prime_field.h"
 #include "tests/testlib.h"
+#include "tests/result_util.h"
 
 namespace xsilo::crypto {
 namespace {
@@ -173,27 +174,27 @@ struct Group {
   void advertise() {
     for (std::size_t i = 0; i < clients.size(); ++i) {
       auto a = clients[i].advertise();
-      ASSERT_TRUE(secagg::ok(a)) << secagg::error(a);
-      EXPECT_EQ(server->on_keys(p.members[i], secagg::value(a)), "");
+      ASSERT_TRUE(a.has_value()) << a.error().message();
+      EXPECT_TRUE(succeeded(server->on_keys(p.members[i], *a)));
     }
-    keys = secagg::value(server->close_keys());
+    keys = *server->close_keys();
   }
   void share() {
     advertise();
     for (std::size_t i = 0; i < clients.size(); ++i) {
       auto out = clients[i].share(keys);
-      ASSERT_TRUE(secagg::ok(out)) << secagg::error(out);
-      EXPECT_EQ(server->on_shares(p.members[i], secagg::value(out)), "");
+      ASSERT_TRUE(out.has_value()) << out.error().message();
+      EXPECT_TRUE(succeeded(server->on_shares(p.members[i], *out)));
     }
-    inboxes = secagg::value(server->close_shares());
+    inboxes = *server->close_shares();
   }
   secagg::Settled settle() {
     share();
     for (std::size_t i = 0; i < clients.size(); ++i) {
-      EXPECT_EQ(server->on_receipt(p.members[i], secagg::value(clients[i].receive(inboxes[p.members[i]]))), "");
+      EXPECT_TRUE(succeeded(server->on_receipt(p.members[i], *clients[i].receive(inboxes[p.members[i]]))));
     }
-    auto s = secagg::value(server->settle());
-    for (auto& c : clients) EXPECT_EQ(c.settle(s), "");
+    auto s = *server->settle();
+    for (auto& c : clients) EXPECT_TRUE(succeeded(c.settle(s)));
     return s;
   }
   // Members [0, k) mask the input (i + 1) everywhere (in field words); the others drop.
@@ -203,21 +204,21 @@ struct Group {
     for (std::size_t i = 0; i < k; ++i) {
       std::vector<std::uint32_t> x(p.length, static_cast<std::uint32_t>(i + 1));
       field::field_add(expected, x);
-      EXPECT_EQ(clients[i].mask(x), "");
+      EXPECT_TRUE(succeeded(clients[i].mask(x)));
       field::field_add(sum, x);
-      EXPECT_EQ(server->on_masked_input(p.members[i]), "");
+      EXPECT_TRUE(succeeded(server->on_masked_input(p.members[i])));
     }
     return sum;
   }
   // After mask(k): members [0, k) confirm and the request comes back.
   secagg::UnmaskRequest confirm(std::size_t k) {
-    auto u3 = secagg::value(server->close_masked());
+    auto u3 = *server->close_masked();
     for (std::size_t i = 0; i < k; ++i) {
       auto c = clients[i].confirm(u3, server->survivors_signature());
-      EXPECT_TRUE(secagg::ok(c)) << secagg::error(c);
-      EXPECT_EQ(server->on_confirmation(p.members[i], secagg::value(c).signature), "");
+      EXPECT_TRUE(c.has_value()) << c.error().message();
+      EXPECT_TRUE(succeeded(server->on_confirmation(p.members[i], c->signature)));
     }
-    return secagg::value(server->close_confirmations());
+    return *server->close_confirmations();
   }
 };
 
@@ -238,40 +239,39 @@ Outcome run(const lsa::Params& params, const std::vector<Fate>& fates, std::mt19
   g.share();
   for (std::size_t i = 0; i < n; ++i) {
     if (fates[i] == BeforeReceipt) continue;
-    EXPECT_EQ(g.server->on_receipt(p.members[i], secagg::value(g.c(i).receive(g.inboxes[p.members[i]]))), "");
+    EXPECT_TRUE(succeeded(g.server->on_receipt(p.members[i], *g.c(i).receive(g.inboxes[p.members[i]]))));
   }
   auto settled = g.server->settle();
-  if (!secagg::ok(settled)) return {"settle", secagg::error(settled)};
+  if (!settled) return {"settle", settled.error().message()};
   std::vector<std::uint32_t> sum(p.length, 0), expected(p.length, 0);
   for (std::size_t i = 0; i < n; ++i) {
     if (fates[i] == BeforeReceipt) continue;
-    EXPECT_EQ(g.c(i).settle(secagg::value(settled)), "");
+    EXPECT_TRUE(succeeded(g.c(i).settle(*settled)));
     if (fates[i] == AfterSharing) continue;
     std::vector<std::uint32_t> x(p.length);
     for (auto& v : x) v = static_cast<std::uint32_t>(rng() % kPrime);
     field::field_add(expected, x);
-    EXPECT_EQ(g.c(i).mask(x), "");
+    EXPECT_TRUE(succeeded(g.c(i).mask(x)));
     field::field_add(sum, x);
-    EXPECT_EQ(g.server->on_masked_input(p.members[i]), "");
+    EXPECT_TRUE(succeeded(g.server->on_masked_input(p.members[i])));
   }
   auto u3 = g.server->close_masked();
-  if (!secagg::ok(u3)) return {"masked", secagg::error(u3)};
+  if (!u3) return {"masked", u3.error().message()};
   for (std::size_t i = 0; i < n; ++i) {
     if (fates[i] != Stays && fates[i] != DuringUnmasking) continue;
-    auto c = g.c(i).confirm(secagg::value(u3), g.server->survivors_signature());
-    EXPECT_TRUE(secagg::ok(c)) << secagg::error(c);
-    EXPECT_EQ(g.server->on_confirmation(p.members[i], secagg::value(c).signature), "");
+    auto c = g.c(i).confirm(*u3, g.server->survivors_signature());
+    EXPECT_TRUE(c.has_value()) << c.error().message();
+    EXPECT_TRUE(succeeded(g.server->on_confirmation(p.members[i], c->signature)));
   }
   auto request = g.server->close_confirmations();
-  if (!secagg::ok(request)) return {"confirm", secagg::error(request)};
+  if (!request) return {"confirm", request.error().message()};
   for (std::size_t i = 0; i < n; ++i) {
     if (fates[i] != Stays) continue;
-    auto r = g.c(i).unmask(secagg::value(request));
-    EXPECT_TRUE(secagg::ok(r)) << secagg::error(r);
-    EXPECT_EQ(g.server->on_unmask(p.members[i], secagg::value(r).box), "");
+    auto r = g.c(i).unmask(*request);
+    EXPECT_TRUE(r.has_value()) << r.error().message();
+    EXPECT_TRUE(succeeded(g.server->on_unmask(p.members[i], r->box)));
   }
-  const auto err = g.server->finish(sum);
-  if (!err.empty()) return {"unmask", err};
+  if (auto unmasked = g.server->finish(sum); !unmasked) return {"unmask", unmasked.error().message()};
   return {"", "", sum == expected};
 }
 
@@ -358,18 +358,18 @@ TEST(LightSecAgg, DecodingFromAnyUOfTheAnswersGivesTheSameSum) {
   auto sum = g.mask(7);
   auto request = g.confirm(7);
   std::vector<std::string> sealed;
-  for (std::size_t i = 0; i < 7; ++i) sealed.push_back(secagg::value(g.c(i).unmask(request)).box);
+  for (std::size_t i = 0; i < 7; ++i) sealed.push_back(g.c(i).unmask(request)->box);
   int subsets = 0;
   for (std::uint32_t set = 0; set < (1u << 7); ++set) {
     if (std::popcount(set) < 4) continue;
     lsa::Server s = *g.server;
     for (std::size_t i = 0; i < 7; ++i) {
       if (set >> i & 1) {
-        ASSERT_EQ(s.on_unmask(g.p.members[i], sealed[i]), "");
+        ASSERT_TRUE(succeeded(s.on_unmask(g.p.members[i], sealed[i])));
       }
     }
     auto copy = sum;
-    ASSERT_EQ(s.finish(copy), "") << "answers " << set;
+    ASSERT_TRUE(succeeded(s.finish(copy))) << "answers " << set;
     ASSERT_EQ(copy, g.expected) << "answers " << set;
     ++subsets;
   }
@@ -381,9 +381,10 @@ TEST(LightSecAgg, FewerThanUAnswersFailWithTheReasonAndLeaveTheSumMasked) {
   g.settle();
   auto sum = g.mask(6);
   auto request = g.confirm(6);
-  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(g.server->on_unmask(g.p.members[i], secagg::value(g.c(i).unmask(request)).box), "");
+  for (std::size_t i = 0; i < 3; ++i)
+    EXPECT_TRUE(succeeded(g.server->on_unmask(g.p.members[i], g.c(i).unmask(request)->box)));
   const auto before = sum;
-  const auto err = g.server->finish(sum);
+  const auto err = error_text(g.server->finish(sum));
   EXPECT_EQ(err, "only 3 survivors answered; decoding the aggregate mask needs U = 4");
   EXPECT_EQ(sum, before);
 }
@@ -397,7 +398,7 @@ TEST(LightSecAgg, AnAnswerAlteredByAByzantineMemberIsDetectedWithMoreThanUAnswer
   auto sum = g.mask(6);
   auto request = g.confirm(6);
   std::vector<std::string> sealed;
-  for (std::size_t i = 0; i < 6; ++i) sealed.push_back(secagg::value(g.c(i).unmask(request)).box);
+  for (std::size_t i = 0; i < 6; ++i) sealed.push_back(g.c(i).unmask(request)->box);
   // s2's answer: other field words, signed by s2 for this survivor set.
   std::vector<std::uint32_t> words(g.p.segment(), 12345);
   const std::string bytes(reinterpret_cast<const char*>(words.data()), words.size() * 4);
@@ -407,21 +408,23 @@ TEST(LightSecAgg, AnAnswerAlteredByAByzantineMemberIsDetectedWithMoreThanUAnswer
       lsa::encode_answer("s2", bytes, s2.sign(lsa::answer_statement(g.p.session, "s2", request.survivors, bytes))));
   for (std::size_t extra : {1u, 2u}) {
     lsa::Server s = *g.server;
-    for (std::size_t i = 0; i < 4 + extra; ++i) ASSERT_EQ(s.on_unmask(g.p.members[i], i == 2 ? forged : sealed[i]), "");
+    for (std::size_t i = 0; i < 4 + extra; ++i)
+      ASSERT_TRUE(succeeded(s.on_unmask(g.p.members[i], i == 2 ? forged : sealed[i])));
     auto copy = sum;
-    const auto err = s.finish(copy);
+    const auto err = error_text(s.finish(copy));
     EXPECT_NE(err.find("do not lie on one polynomial"), std::string::npos) << err;
     EXPECT_EQ(copy, sum);
   }
   lsa::Server exactly_u = *g.server;
-  for (std::size_t i = 0; i < 4; ++i) ASSERT_EQ(exactly_u.on_unmask(g.p.members[i], i == 2 ? forged : sealed[i]), "");
+  for (std::size_t i = 0; i < 4; ++i)
+    ASSERT_TRUE(succeeded(exactly_u.on_unmask(g.p.members[i], i == 2 ? forged : sealed[i])));
   auto copy = sum;
-  EXPECT_EQ(exactly_u.finish(copy), "");
+  EXPECT_TRUE(succeeded(exactly_u.finish(copy)));
   EXPECT_NE(copy, g.expected);  // undetectable without redundancy
   // The honest answers still give the exact sum.
   lsa::Server honest = *g.server;
-  for (std::size_t i = 0; i < 6; ++i) ASSERT_EQ(honest.on_unmask(g.p.members[i], sealed[i]), "");
-  ASSERT_EQ(honest.finish(sum), "");
+  for (std::size_t i = 0; i < 6; ++i) ASSERT_TRUE(succeeded(honest.on_unmask(g.p.members[i], sealed[i])));
+  ASSERT_TRUE(succeeded(honest.finish(sum)));
   EXPECT_EQ(sum, g.expected);
 }
 
@@ -431,16 +434,18 @@ TEST(LightSecAgg, AnAnswerNotSignedByItsMemberIsRefused) {
   g.settle();
   g.mask(5);
   auto request = g.confirm(5);
-  const auto a0 = secagg::value(g.c(0).unmask(request)).box;
-  EXPECT_NE(g.server->on_unmask("s1", a0).find("names another member"), std::string::npos);  // s0's answer as s1's
+  const auto a0 = g.c(0).unmask(request)->box;
+  EXPECT_NE(error_text(g.server->on_unmask("s1", a0)).find("names another member"),
+            std::string::npos);  // s0's answer as s1's
   std::vector<std::uint32_t> words(g.p.segment(), 1);
   const std::string bytes(reinterpret_cast<const char*>(words.data()), words.size() * 4);
   const auto s3 = test::signer(wire::SILO, "s3");
   const auto other_set = lsa::answer_statement(g.p.session, "s1", {"s0", "s1", "s2"}, bytes);
-  EXPECT_NE(g.server->on_unmask("s1", seal_to(g.p.server_key, lsa::encode_answer("s1", bytes, s3.sign(other_set))))
+  EXPECT_NE(error_text(
+                g.server->on_unmask("s1", seal_to(g.p.server_key, lsa::encode_answer("s1", bytes, s3.sign(other_set)))))
                 .find("not signed by it"),
             std::string::npos);
-  EXPECT_EQ(g.server->on_unmask("s0", a0), "");
+  EXPECT_TRUE(succeeded(g.server->on_unmask("s0", a0)));
 }
 
 // A dealer whose shares are not on one polynomial (one holder gets other words, signed by the
@@ -450,7 +455,7 @@ TEST(LightSecAgg, ADealerWhoseSharesAreNotOnOnePolynomialIsDetectedWithMoreThanU
   g.advertise();
   const auto s5 = test::signer(wire::SILO, "s5");
   for (std::size_t i = 0; i < 6; ++i) {
-    auto out = secagg::value(g.c(i).share(g.keys));
+    auto out = *g.c(i).share(g.keys);
     if (i == 5) {
       std::vector<std::uint32_t> words(g.p.segment(), 777);
       const std::string bytes(reinterpret_cast<const char*>(words.data()), words.size() * 4);
@@ -460,20 +465,21 @@ TEST(LightSecAgg, ADealerWhoseSharesAreNotOnOnePolynomialIsDetectedWithMoreThanU
       out["s0"].box = seal_to(g.keys["s0"].inbox_keys.at("s5"), plain);
       out["s0"].signature = s5.sign(lsa::box_statement(g.p.session, "s5", "s0", out["s0"].box));
     }
-    EXPECT_EQ(g.server->on_shares(g.p.members[i], out), "");
+    EXPECT_TRUE(succeeded(g.server->on_shares(g.p.members[i], out)));
   }
-  g.inboxes = secagg::value(g.server->close_shares());
+  g.inboxes = *g.server->close_shares();
   for (std::size_t i = 0; i < 6; ++i) {
-    auto r = secagg::value(g.c(i).receive(g.inboxes[g.p.members[i]]));
+    auto r = *g.c(i).receive(g.inboxes[g.p.members[i]]);
     EXPECT_TRUE(r.accusations.empty());
-    EXPECT_EQ(g.server->on_receipt(g.p.members[i], r), "");
+    EXPECT_TRUE(succeeded(g.server->on_receipt(g.p.members[i], r)));
   }
-  auto s = secagg::value(g.server->settle());
-  for (auto& c : g.clients) EXPECT_EQ(c.settle(s), "");
+  auto s = *g.server->settle();
+  for (auto& c : g.clients) EXPECT_TRUE(succeeded(c.settle(s)));
   auto sum = g.mask(6);
   auto request = g.confirm(6);
-  for (std::size_t i = 0; i < 6; ++i) EXPECT_EQ(g.server->on_unmask(g.p.members[i], secagg::value(g.c(i).unmask(request)).box), "");
-  const auto err = g.server->finish(sum);
+  for (std::size_t i = 0; i < 6; ++i)
+    EXPECT_TRUE(succeeded(g.server->on_unmask(g.p.members[i], g.c(i).unmask(request)->box)));
+  const auto err = error_text(g.server->finish(sum));
   EXPECT_NE(err.find("a dealer encoded inconsistently"), std::string::npos) << err;
 }
 
@@ -489,8 +495,8 @@ TEST(LightSecAgg, ABoxAlteredOnTheWayIsRefusedByItsRecipientNotBlamedOnItsDealer
     if (what == "signature") from_s1.signature[3] ^= 0x01;
     if (what == "sender") inbox["s1"] = inbox.at("s2");
     auto r = g.c(0).receive(inbox);
-    ASSERT_FALSE(secagg::ok(r)) << what;
-    EXPECT_NE(secagg::error(r).find("altered on the way"), std::string::npos) << what << ": " << secagg::error(r);
+    ASSERT_FALSE(r.has_value()) << what;
+    EXPECT_NE(r.error().message().find("altered on the way"), std::string::npos) << what << ": " << r.error().message();
     EXPECT_TRUE(g.server->blamed().empty());
   }
 }
@@ -504,7 +510,7 @@ TEST(LightSecAgg, ABadBoxExcludesItsDealerWithProofAndAFalseAccusationItsAccuser
     g.advertise();
     const auto s5 = test::signer(wire::SILO, "s5");
     for (std::size_t i = 0; i < 6; ++i) {
-      auto out = secagg::value(g.c(i).share(g.keys));
+      auto out = *g.c(i).share(g.keys);
       if (i == 5) {
         std::string plain;
         if (what == "does not open") {
@@ -518,19 +524,19 @@ TEST(LightSecAgg, ABadBoxExcludesItsDealerWithProofAndAFalseAccusationItsAccuser
         }
         out["s0"].signature = s5.sign(lsa::box_statement(g.p.session, "s5", "s0", out["s0"].box));
       }
-      g.server->on_shares(g.p.members[i], out);
+      EXPECT_TRUE(succeeded(g.server->on_shares(g.p.members[i], out)));
     }
-    g.inboxes = secagg::value(g.server->close_shares());
+    g.inboxes = *g.server->close_shares();
     for (std::size_t i = 0; i < 6; ++i) {
-      auto r = secagg::value(g.c(i).receive(g.inboxes[g.p.members[i]]));
+      auto r = *g.c(i).receive(g.inboxes[g.p.members[i]]);
       EXPECT_EQ(r.accusations.size(), i == 0 ? 1u : 0u);
       if (i == 2) {  // s2 accuses honest s3 with a made-up key
         r.accusations.push_back({"s3", g.inboxes["s2"].at("s3"), Secret::random()});
         r.signature = test::signer(wire::SILO, "s2").sign(secagg::receipt_statement(g.p.session, "s2", r));
       }
-      EXPECT_EQ(g.server->on_receipt(g.p.members[i], r), "");
+      EXPECT_TRUE(succeeded(g.server->on_receipt(g.p.members[i], r)));
     }
-    auto s = secagg::value(g.server->settle());
+    auto s = *g.server->settle();
     EXPECT_EQ(s.members, (std::vector<std::string>{"s0", "s1", "s3", "s4"})) << what;
     ASSERT_EQ(g.server->blamed().size(), 2u);
     std::map<std::string, std::string> blamed;
@@ -539,27 +545,27 @@ TEST(LightSecAgg, ABadBoxExcludesItsDealerWithProofAndAFalseAccusationItsAccuser
     EXPECT_NE(blamed["s2"].find("with a key that is not the one it advertised"), std::string::npos) << blamed["s2"];
     std::vector<lsa::Client*> in;
     for (std::size_t i : {0, 1, 3, 4}) {
-      EXPECT_EQ(g.c(i).settle(s), "");
+      EXPECT_TRUE(succeeded(g.c(i).settle(s)));
       in.push_back(&g.c(i));
     }
-    EXPECT_NE(g.c(5).settle(s), "");
+    EXPECT_FALSE(succeeded(g.c(5).settle(s)));
     std::vector<std::uint32_t> sum(g.p.length, 0), expected(g.p.length, 0);
     for (std::size_t k = 0; k < in.size(); ++k) {
       std::vector<std::uint32_t> x(g.p.length, static_cast<std::uint32_t>(10 + k));
       field::field_add(expected, x);
-      EXPECT_EQ(in[k]->mask(x), "");
+      EXPECT_TRUE(succeeded(in[k]->mask(x)));
       field::field_add(sum, x);
-      EXPECT_EQ(g.server->on_masked_input(s.members[k]), "");
+      EXPECT_TRUE(succeeded(g.server->on_masked_input(s.members[k])));
     }
-    auto u3 = secagg::value(g.server->close_masked());
+    auto u3 = *g.server->close_masked();
     for (std::size_t k = 0; k < in.size(); ++k) {
-      g.server->on_confirmation(s.members[k], secagg::value(in[k]->confirm(u3)).signature);
+      EXPECT_TRUE(succeeded(g.server->on_confirmation(s.members[k], in[k]->confirm(u3)->signature)));
     }
-    auto request = secagg::value(g.server->close_confirmations());
+    auto request = *g.server->close_confirmations();
     for (std::size_t k = 0; k < in.size(); ++k) {
-      EXPECT_EQ(g.server->on_unmask(s.members[k], secagg::value(in[k]->unmask(request)).box), "");
+      EXPECT_TRUE(succeeded(g.server->on_unmask(s.members[k], in[k]->unmask(request)->box)));
     }
-    ASSERT_EQ(g.server->finish(sum), "");
+    ASSERT_TRUE(succeeded(g.server->finish(sum)));
     EXPECT_EQ(sum, expected);
   }
 }
@@ -571,24 +577,24 @@ TEST(LightSecAgg, AMemberConfirmsOneSurvivorSetOnlyAndAnswersOnlyARequestWithEno
   const std::vector<std::string> all{"s0", "s1", "s2", "s3", "s4"};
   const std::vector<std::string> without_s4{"s0", "s1", "s2", "s3"};
   std::map<std::string, std::string> sig_without, sig_all;
-  for (std::size_t i : {0, 1}) sig_without[g.p.members[i]] = secagg::value(g.c(i).confirm(without_s4)).signature;
-  for (std::size_t i : {2, 3, 4}) sig_all[g.p.members[i]] = secagg::value(g.c(i).confirm(all)).signature;
+  for (std::size_t i : {0, 1}) sig_without[g.p.members[i]] = g.c(i).confirm(without_s4)->signature;
+  for (std::size_t i : {2, 3, 4}) sig_all[g.p.members[i]] = g.c(i).confirm(all)->signature;
   auto twice = g.c(2).confirm(without_s4);
-  ASSERT_FALSE(secagg::ok(twice));
-  EXPECT_EQ(secagg::error(twice), "asked to confirm a second, different survivor set; refusing");
+  ASSERT_FALSE(twice.has_value());
+  EXPECT_EQ(twice.error().message(), "asked to confirm a second, different survivor set; refusing");
   // Two signatures where three are needed; borrowed signatures on another set do not count.
   auto borrowed = sig_without;
   borrowed.insert(sig_all.begin(), sig_all.end());
   auto r = g.c(0).unmask(secagg::UnmaskRequest{{"s4"}, without_s4, borrowed});
-  ASSERT_FALSE(secagg::ok(r));
-  EXPECT_EQ(secagg::error(r), "only 2 survivors signed the survivor set; 3 must");
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().message(), "only 2 survivors signed the survivor set; 3 must");
   auto other = g.c(2).unmask(secagg::UnmaskRequest{{"s4"}, without_s4, borrowed});
-  ASSERT_FALSE(secagg::ok(other));
-  EXPECT_EQ(secagg::error(other), "the request names other survivors than this silo confirmed");
+  ASSERT_FALSE(other.has_value());
+  EXPECT_EQ(other.error().message(), "the request names other survivors than this silo confirmed");
   // An honest request is answered once.
   secagg::UnmaskRequest honest{{}, all, sig_all};
-  EXPECT_TRUE(secagg::ok(g.c(2).unmask(honest)));
-  EXPECT_FALSE(secagg::ok(g.c(2).unmask(honest)));
+  EXPECT_TRUE(bool(g.c(2).unmask(honest)));
+  EXPECT_FALSE(bool(g.c(2).unmask(honest)));
 }
 
 // s4 dealt s0 nothing (the relay dropped its box) and left before its receipt: a survivor set
@@ -598,21 +604,22 @@ TEST(LightSecAgg, AMemberRefusesASurvivorSetNamingSomeoneWhoDealtItNothing) {
   g.share();
   g.inboxes["s0"].erase("s4");
   for (std::size_t i = 0; i < 4; ++i) {
-    EXPECT_EQ(g.server->on_receipt(g.p.members[i], secagg::value(g.c(i).receive(g.inboxes[g.p.members[i]]))), "");
+    EXPECT_TRUE(succeeded(g.server->on_receipt(g.p.members[i], *g.c(i).receive(g.inboxes[g.p.members[i]]))));
   }
-  auto s = secagg::value(g.server->settle());
-  EXPECT_EQ(g.c(0).settle(s), "");
+  auto s = *g.server->settle();
+  EXPECT_TRUE(succeeded(g.c(0).settle(s)));
   std::vector<std::uint32_t> x(g.p.length, 1);
-  EXPECT_EQ(g.c(0).mask(x), "");
+  EXPECT_TRUE(succeeded(g.c(0).mask(x)));
   auto c = g.c(0).confirm({"s0", "s1", "s4"});
-  ASSERT_FALSE(secagg::ok(c));
-  EXPECT_EQ(secagg::error(c), "survivor s4 dealt this silo no share: its mask could not be removed");
+  ASSERT_FALSE(c.has_value());
+  EXPECT_EQ(c.error().message(), "survivor s4 dealt this silo no share: its mask could not be removed");
   // And a settled list naming it is refused before anything is masked.
   Group h(5, 1, 3, 3);
   h.share();
   h.inboxes["s0"].erase("s4");
-  for (std::size_t i = 0; i < 5; ++i) h.server->on_receipt(h.p.members[i], secagg::value(h.c(i).receive(h.inboxes[h.p.members[i]])));
-  EXPECT_EQ(h.c(0).settle(secagg::value(h.server->settle())),
+  for (std::size_t i = 0; i < 5; ++i)
+    EXPECT_TRUE(succeeded(h.server->on_receipt(h.p.members[i], *h.c(i).receive(h.inboxes[h.p.members[i]]))));
+  EXPECT_EQ(error_text(h.c(0).settle(*h.server->settle())),
             "the settled list names s4, whose share this silo does not hold");
 }
 
@@ -620,20 +627,20 @@ TEST(LightSecAgg, AnInputOutsideTheFieldIsRefusedAndNeverSentHalfMasked) {
   Group g(5, 1, 3, 3, 4);
   g.settle();
   std::vector<std::uint32_t> x{1, 2, 0xfffffffeu, 4};
-  EXPECT_NE(g.c(0).mask(x).find("field words below p"), std::string::npos);
+  EXPECT_NE(error_text(g.c(0).mask(x)).find("field words below p"), std::string::npos);
   EXPECT_EQ(x, std::vector<std::uint32_t>(4, 0));
   field::to_field(x = {1, 2, 0xfffffffeu, 4});
-  EXPECT_EQ(g.c(0).mask(x), "");
+  EXPECT_TRUE(succeeded(g.c(0).mask(x)));
 }
 
 TEST(LightSecAgg, ParametersAreRefusedWithTheirReason) {
   auto p = make_params(6, 2, 4, 4, 4, 10);
   p.server_key = X25519KeyPair::generate().public_key;
-  EXPECT_EQ(lsa::check_params(p), "");
+  EXPECT_TRUE(succeeded(lsa::check_params(p)));
   auto with = [&](auto change) {
     auto q = p;
     change(q);
-    return lsa::check_params(q);
+    return error_text(lsa::check_params(q));
   };
   EXPECT_EQ(with([](lsa::Params& q) { q.members.clear(); }), "a secure group needs members");
   EXPECT_EQ(with([](lsa::Params& q) { q.members[1] = "s0"; }), "a secure group names a member twice");
@@ -657,29 +664,32 @@ TEST(LightSecAgg, AMemberRefusesASetupBelowItsOwnFloor) {
   auto p = make_params(20, 2, 12, 12, 12, 10);
   p.server_key = X25519KeyPair::generate().public_key;
   const secagg::Floor floor{3, 0.1};  // c = 2 colluders
-  EXPECT_EQ(lsa::check_floor(p, floor), "");
+  EXPECT_TRUE(succeeded(lsa::check_floor(p, floor)));
   p.privacy = 1;
-  EXPECT_NE(lsa::check_floor(p, floor).find("privacy T = 1 is below the colluders"), std::string::npos)
-      << lsa::check_floor(p, floor);
+  EXPECT_NE(error_text(lsa::check_floor(p, floor)).find("privacy T = 1 is below the colluders"), std::string::npos)
+      << error_text(lsa::check_floor(p, floor));
   p.privacy = 2;
-  EXPECT_NE(lsa::check_floor(p, secagg::Floor{13, 0.1}).find("sums of 12 silos; this silo's floor is 13"),
+  EXPECT_NE(error_text(lsa::check_floor(p, secagg::Floor{13, 0.1})).find("sums of 12 silos; this silo's floor is 13"),
             std::string::npos);
-  EXPECT_NE(lsa::check_floor(p, secagg::Floor{2, 0.5}).find("privacy T = 2 is below the colluders"), std::string::npos);
+  EXPECT_NE(error_text(lsa::check_floor(p, secagg::Floor{2, 0.5})).find("privacy T = 2 is below the colluders"),
+            std::string::npos);
   auto q = make_params(20, 5, 6, 11, 11, 10);  // c = 5: 2 x 11 <= 20 + 5
-  EXPECT_NE(lsa::check_floor(q, secagg::Floor{2, 0.25}).find("a split view of the survivors"), std::string::npos)
-      << lsa::check_floor(q, secagg::Floor{2, 0.25});
-  auto r = make_params(20, 9, 10, 11, 11, 10);  // c = 10, T = 9
-  EXPECT_NE(lsa::check_floor(r, secagg::Floor{2, 0.5}).find("privacy T = 9"), std::string::npos);
-  auto small = make_params(8, 4, 5, 5, 5, 10);  // c = 4: a sum of 5 is the member and the colluders
-  EXPECT_NE(lsa::check_floor(small, secagg::Floor{2, 0.5}).find("which this silo and the colluders alone could make"),
+  EXPECT_NE(error_text(lsa::check_floor(q, secagg::Floor{2, 0.25})).find("a split view of the survivors"),
             std::string::npos)
-      << lsa::check_floor(small, secagg::Floor{2, 0.5});
+      << error_text(lsa::check_floor(q, secagg::Floor{2, 0.25}));
+  auto r = make_params(20, 9, 10, 11, 11, 10);  // c = 10, T = 9
+  EXPECT_NE(error_text(lsa::check_floor(r, secagg::Floor{2, 0.5})).find("privacy T = 9"), std::string::npos);
+  auto small = make_params(8, 4, 5, 5, 5, 10);  // c = 4: a sum of 5 is the member and the colluders
+  EXPECT_NE(error_text(lsa::check_floor(small, secagg::Floor{2, 0.5}))
+                .find("which this silo and the colluders alone could make"),
+            std::string::npos)
+      << error_text(lsa::check_floor(small, secagg::Floor{2, 0.5}));
   // advertise() refuses it, naming the floor.
   Group g(5, 1, 3, 3);
   g.floor = secagg::Floor{};  // sums of at least 3, 5 % colluders: c = 1, 2 x 3 <= 5 + 1
   auto a = g.client("s0").advertise();
-  ASSERT_FALSE(secagg::ok(a));
-  EXPECT_NE(secagg::error(a).find("below this silo's floor"), std::string::npos) << secagg::error(a);
+  ASSERT_FALSE(a.has_value());
+  EXPECT_NE(a.error().message().find("below this silo's floor"), std::string::npos) << a.error().message();
 }
 
 // Any T members' shares of one mask are uniform whatever the mask: with T = 2, the pairs of

@@ -15,6 +15,7 @@
 #include "crypto/mask.h"
 #include "crypto/secagg.h"
 #include "crypto/shamir.h"
+#include "tests/result_util.h"
 #include "tests/testlib.h"
 
 namespace xsilo::crypto {
@@ -330,79 +331,78 @@ Outcome run_protocol(secagg::Params p, const std::vector<Silo>& silos, std::mt19
   for (const auto& s : silos) {
     if (s.fate == BeforeKeys) continue;
     auto adv = clients.at(s.name).advertise();
-    EXPECT_TRUE(secagg::ok(adv));
-    EXPECT_EQ(server.on_keys(s.name, secagg::value(adv)), "");
+    EXPECT_TRUE(adv.has_value());
+    EXPECT_TRUE(succeeded(server.on_keys(s.name, *adv)));
   }
   auto keys = server.close_keys();
-  if (!secagg::ok(keys)) return abort("keys", secagg::error(keys));
+  if (!keys) return abort("keys", keys.error().message());
   for (const auto& s : silos) {
     if (s.fate == BeforeKeys || s.fate == AfterKeys) continue;
     auto out = clients.at(s.name).share(server.keys_for(s.name));  // its part of the list, as sent
-    if (p.graph() && !secagg::ok(out)) {  // too few of its holders advertised keys: it goes no further
-      o.refusals.push_back(s.name + ": " + secagg::error(out));
+    if (p.graph() && !out) {  // too few of its holders advertised keys: it goes no further
+      o.refusals.push_back(s.name + ": " + out.error().message());
       continue;
     }
-    EXPECT_TRUE(secagg::ok(out)) << secagg::error(out);
+    EXPECT_TRUE(out.has_value()) << out.error().message();
     for (const auto& v : s.garbage_to) {
-      if (!secagg::value(out).count(v)) continue;  // it never advertised keys: nothing dealt to it
-      auto& sealed = secagg::value(out).at(v);
-      sealed.box = seal_to(secagg::value(keys).at(v).inbox_keys.at(s.name), "not shares");
+      if (!out->count(v)) continue;  // it never advertised keys: nothing dealt to it
+      auto& sealed = out->at(v);
+      sealed.box = seal_to(keys->at(v).inbox_keys.at(s.name), "not shares");
       sealed.signature = test::signer(wire::SILO, s.name).sign(secagg::box_statement(p.session, s.name, v, sealed.box));
     }
-    EXPECT_EQ(server.on_shares(s.name, secagg::value(out)), "");
+    EXPECT_TRUE(succeeded(server.on_shares(s.name, *out)));
   }
   auto deliveries = server.close_shares();
-  if (!secagg::ok(deliveries)) return abort("shares", secagg::error(deliveries));
-  for (const auto& [name, inbox] : secagg::value(deliveries)) {
+  if (!deliveries) return abort("shares", deliveries.error().message());
+  for (const auto& [name, inbox] : *deliveries) {
     const Silo& s = *by_name.at(name);
     if (s.fate == AfterShares) continue;
     auto receipt = clients.at(name).receive(inbox);
-    EXPECT_TRUE(secagg::ok(receipt)) << secagg::error(receipt);
-    auto& r = secagg::value(receipt);
+    EXPECT_TRUE(receipt.has_value()) << receipt.error().message();
+    auto& r = *receipt;
     if (s.behaviour == FalseAccuser && inbox.count(s.accuses)) {
       r.accusations.push_back({s.accuses, inbox.at(s.accuses), Secret::random()});
       r.signature = test::signer(wire::SILO, name).sign(secagg::receipt_statement(p.session, name, r));
     }
-    server.on_receipt(name, r);
+    EXPECT_TRUE(succeeded(server.on_receipt(name, r)));
   }
   auto settled = server.settle();
   collect_blame();
-  if (!secagg::ok(settled)) return abort("settle", secagg::error(settled));
-  for (const auto& name : secagg::value(settled).members) {
+  if (!settled) return abort("settle", settled.error().message());
+  for (const auto& name : settled->members) {
     if (by_name.at(name)->fate == AfterReceipt) continue;
     auto& c = clients.at(name);
-    EXPECT_EQ(c.settle(secagg::value(settled)), "");
+    EXPECT_TRUE(succeeded(c.settle(*settled)));
     std::vector<T> x(p.length);
     for (auto& v : x) v = static_cast<T>(rng());
     for (std::size_t k = 0; k < p.length; ++k) o.expected[k] = static_cast<T>(o.expected[k] + x[k]);
-    EXPECT_EQ(c.mask(std::span<T>(x)), "");
+    EXPECT_TRUE(succeeded(c.mask(std::span<T>(x))));
     for (std::size_t k = 0; k < p.length; ++k) sum[k] = static_cast<T>(sum[k] + x[k]);
-    EXPECT_EQ(server.on_masked_input(name), "");
+    EXPECT_TRUE(succeeded(server.on_masked_input(name)));
   }
   auto u3 = server.close_masked();
-  if (!secagg::ok(u3)) return abort("masked", secagg::error(u3));
-  for (const auto& name : secagg::value(u3)) {
+  if (!u3) return abort("masked", u3.error().message());
+  for (const auto& name : *u3) {
     if (by_name.at(name)->fate == AfterMasking) continue;
-    auto c = clients.at(name).confirm(secagg::value(u3), server.survivors_signature());
-    EXPECT_TRUE(secagg::ok(c));
-    EXPECT_EQ(server.on_confirmation(name, secagg::value(c).signature), "");
+    auto c = clients.at(name).confirm(*u3, server.survivors_signature());
+    EXPECT_TRUE(c.has_value());
+    EXPECT_TRUE(succeeded(server.on_confirmation(name, c->signature)));
   }
   auto request = server.close_confirmations();
-  if (!secagg::ok(request)) return abort("confirm", secagg::error(request));
-  for (const auto& name : secagg::value(u3)) {
+  if (!request) return abort("confirm", request.error().message());
+  for (const auto& name : *u3) {
     const Silo& s = *by_name.at(name);
     if (s.fate == AfterMasking || s.fate == AfterConfirm) continue;
-    auto reply = clients.at(name).unmask(secagg::value(request));
-    if (p.graph() && !secagg::ok(reply)) {  // too few of its holders confirmed: it does not answer
-      o.refusals.push_back(name + ": " + secagg::error(reply));
+    auto reply = clients.at(name).unmask(*request);
+    if (p.graph() && !reply) {  // too few of its holders confirmed: it does not answer
+      o.refusals.push_back(name + ": " + reply.error().message());
       continue;
     }
-    EXPECT_TRUE(secagg::ok(reply)) << secagg::error(reply);
-    const std::string sealed =
-        s.behaviour == BadForwarder ? forged_reply(p, name, secagg::value(request)) : secagg::value(reply).box;
-    EXPECT_EQ(server.on_unmask(name, sealed), "");
+    EXPECT_TRUE(reply.has_value()) << reply.error().message();
+    const std::string sealed = s.behaviour == BadForwarder ? forged_reply(p, name, *request) : reply->box;
+    EXPECT_TRUE(succeeded(server.on_unmask(name, sealed)));
   }
-  const std::string err = server.finish(std::span<T>(sum));
+  const std::string err = error_text(server.finish(std::span<T>(sum)));
   collect_blame();
   if (!err.empty()) return abort("unmask", err);
   o.sum.assign(sum.begin(), sum.end());
@@ -575,29 +575,29 @@ struct Group {
   // Every member's keys to the server, U1 not yet settled.
   void offer_keys() {
     for (std::size_t i = 0; i < clients.size(); ++i) {
-      EXPECT_EQ(server->on_keys(p.members[i], secagg::value(clients[i].advertise())), "");
+      EXPECT_TRUE(succeeded(server->on_keys(p.members[i], *clients[i].advertise())));
     }
   }
   void advertise() {
     offer_keys();
-    keys = secagg::value(server->close_keys());
+    keys = *server->close_keys();
   }
   void share() {
     advertise();
     for (std::size_t i = 0; i < clients.size(); ++i) {
       // Each member gets its part of the list, as SecureRound sends it (all of it: complete graph).
-      EXPECT_EQ(server->on_shares(p.members[i], secagg::value(clients[i].share(server->keys_for(p.members[i])))), "");
+      EXPECT_TRUE(succeeded(server->on_shares(p.members[i], *clients[i].share(server->keys_for(p.members[i])))));
     }
-    inboxes = secagg::value(server->close_shares());
+    inboxes = *server->close_shares();
   }
   // Through receipts and settling, every member honest.
   secagg::Settled settle() {
     share();
     for (std::size_t i = 0; i < clients.size(); ++i) {
-      EXPECT_EQ(server->on_receipt(p.members[i], secagg::value(clients[i].receive(inboxes[p.members[i]]))), "");
+      EXPECT_TRUE(succeeded(server->on_receipt(p.members[i], *clients[i].receive(inboxes[p.members[i]]))));
     }
-    auto s = secagg::value(server->settle());
-    for (auto& c : clients) EXPECT_EQ(c.settle(s), "");
+    auto s = *server->settle();
+    for (auto& c : clients) EXPECT_TRUE(succeeded(c.settle(s)));
     return s;
   }
   // Members [0, k) mask input i + 1 everywhere; the others drop.
@@ -605,9 +605,9 @@ struct Group {
     std::vector<std::uint32_t> sum(p.length, 0);
     for (std::size_t i = 0; i < k; ++i) {
       std::vector<std::uint32_t> x(p.length, static_cast<std::uint32_t>(i + 1));
-      EXPECT_EQ(clients[i].mask(std::span<std::uint32_t>(x)), "");
+      EXPECT_TRUE(succeeded(clients[i].mask(std::span<std::uint32_t>(x))));
       for (std::size_t j = 0; j < p.length; ++j) sum[j] += x[j];
-      EXPECT_EQ(server->on_masked_input(p.members[i]), "");
+      EXPECT_TRUE(succeeded(server->on_masked_input(p.members[i])));
     }
     return sum;
   }
@@ -620,11 +620,11 @@ TEST(SecAgg, AThresholdNotAboveHalfTheGroupIsRefusedByTheSilos) {
   p.server_key = X25519KeyPair::generate().public_key;
   secagg::Client c(p, "s0", test::signer(wire::SILO, "s0"), test::verifier(), "", "server");
   auto adv = c.advertise();
-  ASSERT_FALSE(secagg::ok(adv));
-  EXPECT_NE(secagg::error(adv).find("not above half"), std::string::npos) << secagg::error(adv);
+  ASSERT_FALSE(adv.has_value());
+  EXPECT_NE(adv.error().message().find("not above half"), std::string::npos) << adv.error().message();
   p.threshold = 3;
   p.min_survivors = 2;  // a revealed sum smaller than the threshold
-  EXPECT_NE(secagg::check_params(p), "");
+  EXPECT_FALSE(succeeded(secagg::check_params(p)));
 }
 
 TEST(SecAgg, KeysSwappedOrReplayedOnTheWayAreRefusedByEveryMember) {
@@ -635,8 +635,8 @@ TEST(SecAgg, KeysSwappedOrReplayedOnTheWayAreRefusedByEveryMember) {
   auto swapped = g.keys;
   swapped["s1"].mask_pk = X25519KeyPair::generate().public_key;
   auto out = g.c(0).share(swapped);
-  ASSERT_FALSE(secagg::ok(out));
-  EXPECT_NE(secagg::error(out).find("keys of s1 are not signed by s1"), std::string::npos) << secagg::error(out);
+  ASSERT_FALSE(out.has_value());
+  EXPECT_NE(out.error().message().find("keys of s1 are not signed by s1"), std::string::npos) << out.error().message();
 
   Group h(3, 2);
   h.advertise();
@@ -645,9 +645,9 @@ TEST(SecAgg, KeysSwappedOrReplayedOnTheWayAreRefusedByEveryMember) {
   foreign["s1"].certificate = mallory.certificate();
   foreign["s1"].signature = mallory.sign(secagg::keys_statement(h.p.session, "s1", foreign["s1"]));
   out = h.c(0).share(foreign);
-  ASSERT_FALSE(secagg::ok(out));
-  EXPECT_NE(secagg::error(out).find("did not verify against the federation CA"), std::string::npos)
-      << secagg::error(out);
+  ASSERT_FALSE(out.has_value());
+  EXPECT_NE(out.error().message().find("did not verify against the federation CA"), std::string::npos)
+      << out.error().message();
 
   Group other_round(3, 2);
   other_round.p.session = "fed/6/1";
@@ -656,42 +656,44 @@ TEST(SecAgg, KeysSwappedOrReplayedOnTheWayAreRefusedByEveryMember) {
   Group k(3, 2);
   k.advertise();
   auto replayed = k.keys;
-  replayed["s1"] = secagg::value(other_round.c(1).advertise());
-  EXPECT_FALSE(secagg::ok(k.c(0).share(replayed)));
+  replayed["s1"] = *other_round.c(1).advertise();
+  EXPECT_FALSE(bool(k.c(0).share(replayed)));
   // And the server refuses keys not signed by the member they are said to come from.
-  EXPECT_NE(g.server->on_keys("s2", replayed["s1"]), "");
+  EXPECT_FALSE(succeeded(g.server->on_keys("s2", replayed["s1"])));
 }
 
 TEST(SecAgg, AMemberWhoseBoxesDoNotOpenIsExcludedWithProofAndTheGroupGoesOn) {
   Group g(4, 3);
   g.advertise();
   for (std::size_t i = 0; i < 4; ++i) {
-    auto out = secagg::value(g.c(i).share(g.keys));
+    auto out = *g.c(i).share(g.keys);
     if (i == 3) {  // s3 deals s0 garbage, signed by it
       out["s0"].box = seal_to(g.keys["s0"].inbox_keys.at("s3"), "garbage");
       out["s0"].signature = test::signer(wire::SILO, "s3").sign(secagg::box_statement(g.p.session, "s3", "s0", out["s0"].box));
     }
-    g.server->on_shares(g.p.members[i], out);
+    EXPECT_TRUE(succeeded(g.server->on_shares(g.p.members[i], out)));
   }
-  g.inboxes = secagg::value(g.server->close_shares());
+  g.inboxes = *g.server->close_shares();
   for (std::size_t i = 0; i < 4; ++i) {
-    auto r = secagg::value(g.c(i).receive(g.inboxes[g.p.members[i]]));
+    auto r = *g.c(i).receive(g.inboxes[g.p.members[i]]);
     EXPECT_EQ(r.accusations.size(), i == 0 ? 1u : 0u);
-    EXPECT_EQ(g.server->on_receipt(g.p.members[i], r), "");
+    EXPECT_TRUE(succeeded(g.server->on_receipt(g.p.members[i], r)));
   }
-  auto s = secagg::value(g.server->settle());
+  auto s = *g.server->settle();
   EXPECT_EQ(s.members, (std::vector<std::string>{"s0", "s1", "s2"}));
   ASSERT_EQ(g.server->blamed().size(), 1u);
   EXPECT_EQ(g.server->blamed()[0].silo, "s3");
   EXPECT_NE(g.server->blamed()[0].why.find("malformed"), std::string::npos) << g.server->blamed()[0].why;
-  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(g.c(i).settle(s), "");
-  EXPECT_NE(g.c(3).settle(s), "");  // excluded: it does not mask
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_TRUE(succeeded(g.c(i).settle(s)));
+  EXPECT_FALSE(succeeded(g.c(3).settle(s)));  // excluded: it does not mask
   auto sum = g.mask(3);
-  auto u3 = secagg::value(g.server->close_masked());
-  for (std::size_t i = 0; i < 3; ++i) g.server->on_confirmation(g.p.members[i], secagg::value(g.c(i).confirm(u3)).signature);
-  auto req = secagg::value(g.server->close_confirmations());
-  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(g.server->on_unmask(g.p.members[i], secagg::value(g.c(i).unmask(req)).box), "");
-  ASSERT_EQ(g.server->finish(std::span<std::uint32_t>(sum)), "");
+  auto u3 = *g.server->close_masked();
+  for (std::size_t i = 0; i < 3; ++i)
+    EXPECT_TRUE(succeeded(g.server->on_confirmation(g.p.members[i], g.c(i).confirm(u3)->signature)));
+  auto req = *g.server->close_confirmations();
+  for (std::size_t i = 0; i < 3; ++i)
+    EXPECT_TRUE(succeeded(g.server->on_unmask(g.p.members[i], g.c(i).unmask(req)->box)));
+  ASSERT_TRUE(succeeded(g.server->finish(std::span<std::uint32_t>(sum))));
   EXPECT_EQ(sum, std::vector<std::uint32_t>(4, 1 + 2 + 3));
 }
 
@@ -708,8 +710,8 @@ TEST(SecAgg, ABoxAlteredOnTheWayIsRefusedByItsRecipientNotBlamedOnItsDealer) {
     if (what == "signature") from_s1.signature[3] ^= 0x01;
     if (what == "sender") inbox["s1"] = inbox.at("s2");  // s2's box presented as s1's
     auto r = g.c(0).receive(inbox);
-    ASSERT_FALSE(secagg::ok(r)) << what;
-    EXPECT_NE(secagg::error(r).find("altered on the way"), std::string::npos) << what << ": " << secagg::error(r);
+    ASSERT_FALSE(r.has_value()) << what;
+    EXPECT_NE(r.error().message().find("altered on the way"), std::string::npos) << what << ": " << r.error().message();
     EXPECT_TRUE(g.server->blamed().empty()) << what;
   }
 }
@@ -718,14 +720,14 @@ TEST(SecAgg, AFalseAccusationExcludesTheAccuserNotTheAccused) {
   Group g(4, 3);
   g.share();
   for (std::size_t i = 0; i < 4; ++i) {
-    auto r = secagg::value(g.c(i).receive(g.inboxes[g.p.members[i]]));
+    auto r = *g.c(i).receive(g.inboxes[g.p.members[i]]);
     if (i == 1) {  // s1 accuses honest s2 with a made-up key
       r.accusations.push_back({"s2", g.inboxes["s1"].at("s2"), Secret::random()});
       r.signature = test::signer(wire::SILO, "s1").sign(secagg::receipt_statement(g.p.session, "s1", r));
     }
-    g.server->on_receipt(g.p.members[i], r);
+    EXPECT_TRUE(succeeded(g.server->on_receipt(g.p.members[i], r)));
   }
-  auto s = secagg::value(g.server->settle());
+  auto s = *g.server->settle();
   EXPECT_EQ(s.members, (std::vector<std::string>{"s0", "s2", "s3"}));
   ASSERT_EQ(g.server->blamed().size(), 1u);
   EXPECT_EQ(g.server->blamed()[0].silo, "s1");
@@ -734,16 +736,16 @@ TEST(SecAgg, AFalseAccusationExcludesTheAccuserNotTheAccused) {
 TEST(SecAgg, UnusableKeysSignedByTheirOwnerExcludeIt) {
   Group g(4, 3);
   for (std::size_t i = 0; i < 4; ++i) {
-    auto adv = secagg::value(g.c(i).advertise());
+    auto adv = *g.c(i).advertise();
     if (i == 2) {
       adv.mask_pk = Key32{};  // a low-order point, signed by s2 itself
       adv.signature = test::signer(wire::SILO, "s2").sign(secagg::keys_statement(g.p.session, "s2", adv));
-      EXPECT_NE(g.server->on_keys("s2", adv), "");
+      EXPECT_FALSE(succeeded(g.server->on_keys("s2", adv)));
     } else {
-      EXPECT_EQ(g.server->on_keys(g.p.members[i], adv), "");
+      EXPECT_TRUE(succeeded(g.server->on_keys(g.p.members[i], adv)));
     }
   }
-  auto keys = secagg::value(g.server->close_keys());
+  auto keys = *g.server->close_keys();
   EXPECT_EQ(keys.size(), 3u);
   EXPECT_EQ(keys.count("s2"), 0u);
   ASSERT_EQ(g.server->blamed().size(), 1u);
@@ -761,25 +763,25 @@ TEST(SecAgg, ASplitViewOfTheSurvivorsCannotCollectEnoughConfirmations) {
   const std::vector<std::string> without_s3{"s0", "s1", "s2", "s4"};
   // s0, s1 are shown the set without s3; s2, s3, s4 the full set.
   std::map<std::string, std::string> sig_without, sig_all;
-  for (std::size_t i : {0, 1}) sig_without[g.p.members[i]] = secagg::value(g.c(i).confirm(without_s3)).signature;
-  for (std::size_t i : {2, 3, 4}) sig_all[g.p.members[i]] = secagg::value(g.c(i).confirm(all)).signature;
+  for (std::size_t i : {0, 1}) sig_without[g.p.members[i]] = g.c(i).confirm(without_s3)->signature;
+  for (std::size_t i : {2, 3, 4}) sig_all[g.p.members[i]] = g.c(i).confirm(all)->signature;
   // A member asked to confirm a second set refuses.
   auto twice = g.c(2).confirm(without_s3);
-  ASSERT_FALSE(secagg::ok(twice));
-  EXPECT_NE(secagg::error(twice).find("second, different survivor set"), std::string::npos);
+  ASSERT_FALSE(twice.has_value());
+  EXPECT_NE(twice.error().message().find("second, different survivor set"), std::string::npos);
   // The "s3 dropped" request has only two signatures: s0 and s1 refuse to reveal s3's mask key.
   secagg::UnmaskRequest dropped_s3{{"s3"}, without_s3, sig_without};
   auto r = g.c(0).unmask(dropped_s3);
-  ASSERT_FALSE(secagg::ok(r));
-  EXPECT_NE(secagg::error(r).find("only 2 survivors signed"), std::string::npos) << secagg::error(r);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_NE(r.error().message().find("only 2 survivors signed"), std::string::npos) << r.error().message();
   // Borrowing the others' signatures does not help: they signed another set.
   auto borrowed = sig_without;
   borrowed.insert(sig_all.begin(), sig_all.end());
-  EXPECT_FALSE(secagg::ok(g.c(1).unmask(secagg::UnmaskRequest{{"s3"}, without_s3, borrowed})));
+  EXPECT_FALSE(bool(g.c(1).unmask(secagg::UnmaskRequest{{"s3"}, without_s3, borrowed})));
   // A member shown the full set refuses a request for the reduced one.
   auto other = g.c(2).unmask(secagg::UnmaskRequest{{"s3"}, without_s3, borrowed});
-  ASSERT_FALSE(secagg::ok(other));
-  EXPECT_NE(secagg::error(other).find("other survivors than this silo confirmed"), std::string::npos);
+  ASSERT_FALSE(other.has_value());
+  EXPECT_NE(other.error().message().find("other survivors than this silo confirmed"), std::string::npos);
   (void)sum;
 }
 
@@ -787,21 +789,22 @@ TEST(SecAgg, UnmaskAnswersAreSealedToTheServerAndForgedSharesAreBlamedOnTheirSen
   Group g(4, 3);
   g.settle();
   auto sum = g.mask(4);
-  auto u3 = secagg::value(g.server->close_masked());
-  for (std::size_t i = 0; i < 4; ++i) g.server->on_confirmation(g.p.members[i], secagg::value(g.c(i).confirm(u3)).signature);
-  auto req = secagg::value(g.server->close_confirmations());
+  auto u3 = *g.server->close_masked();
+  for (std::size_t i = 0; i < 4; ++i)
+    EXPECT_TRUE(succeeded(g.server->on_confirmation(g.p.members[i], g.c(i).confirm(u3)->signature)));
+  auto req = *g.server->close_confirmations();
   std::vector<std::string> sealed;
-  for (std::size_t i = 0; i < 4; ++i) sealed.push_back(secagg::value(g.c(i).unmask(req)).box);
+  for (std::size_t i = 0; i < 4; ++i) sealed.push_back(g.c(i).unmask(req)->box);
   // A relay sees ciphertext only: it cannot open it, and one changed byte makes it useless.
   EXPECT_FALSE(open_sealed(X25519KeyPair::generate(), sealed[0]));
   auto tampered = sealed[0];
   tampered[tampered.size() / 2] ^= 1;
-  EXPECT_NE(g.server->on_unmask("s0", tampered), "");
+  EXPECT_FALSE(succeeded(g.server->on_unmask("s0", tampered)));
   // s1 answers with shares no dealer signed: it is blamed, and the sum still comes out of the
   // other three answers (t = 3).
-  EXPECT_EQ(g.server->on_unmask("s1", forged_reply(g.p, "s1", req)), "");
-  for (std::size_t i : {0, 2, 3}) EXPECT_EQ(g.server->on_unmask(g.p.members[i], sealed[i]), "");
-  ASSERT_EQ(g.server->finish(std::span<std::uint32_t>(sum)), "");
+  EXPECT_TRUE(succeeded(g.server->on_unmask("s1", forged_reply(g.p, "s1", req))));
+  for (std::size_t i : {0, 2, 3}) EXPECT_TRUE(succeeded(g.server->on_unmask(g.p.members[i], sealed[i])));
+  ASSERT_TRUE(succeeded(g.server->finish(std::span<std::uint32_t>(sum))));
   EXPECT_EQ(sum, std::vector<std::uint32_t>(4, 1 + 2 + 3 + 4));
   ASSERT_FALSE(g.server->blamed().empty());
   EXPECT_EQ(g.server->blamed()[0].silo, "s1");
@@ -813,7 +816,7 @@ TEST(SecAgg, ADealerOfInconsistentSharesIsBlamedWhenTheyAreRebuilt) {
   Group g(4, 3);
   g.advertise();
   for (std::size_t i = 0; i < 4; ++i) {
-    auto out = secagg::value(g.c(i).share(g.keys));
+    auto out = *g.c(i).share(g.keys);
     if (i == 3) {
       const auto wrong = shamir_split(Secret::random(), 3, 4);
       const auto keyshares = shamir_split(Secret::random(), 3, 4);
@@ -830,20 +833,22 @@ TEST(SecAgg, ADealerOfInconsistentSharesIsBlamedWhenTheyAreRebuilt) {
         sealed.signature = s3.sign(secagg::box_statement(g.p.session, "s3", v, sealed.box));
       }
     }
-    g.server->on_shares(g.p.members[i], out);
+    EXPECT_TRUE(succeeded(g.server->on_shares(g.p.members[i], out)));
   }
-  g.inboxes = secagg::value(g.server->close_shares());
+  g.inboxes = *g.server->close_shares();
   for (std::size_t i = 0; i < 4; ++i) {
-    EXPECT_EQ(g.server->on_receipt(g.p.members[i], secagg::value(g.c(i).receive(g.inboxes[g.p.members[i]]))), "");
+    EXPECT_TRUE(succeeded(g.server->on_receipt(g.p.members[i], *g.c(i).receive(g.inboxes[g.p.members[i]]))));
   }
-  auto s = secagg::value(g.server->settle());
-  for (auto& c : g.clients) c.settle(s);
+  auto s = *g.server->settle();
+  for (auto& c : g.clients) EXPECT_TRUE(succeeded(c.settle(s)));
   auto sum = g.mask(4);
-  auto u3 = secagg::value(g.server->close_masked());
-  for (std::size_t i = 0; i < 4; ++i) g.server->on_confirmation(g.p.members[i], secagg::value(g.c(i).confirm(u3)).signature);
-  auto req = secagg::value(g.server->close_confirmations());
-  for (std::size_t i = 0; i < 4; ++i) g.server->on_unmask(g.p.members[i], secagg::value(g.c(i).unmask(req)).box);
-  const auto err = g.server->finish(std::span<std::uint32_t>(sum));
+  auto u3 = *g.server->close_masked();
+  for (std::size_t i = 0; i < 4; ++i)
+    EXPECT_TRUE(succeeded(g.server->on_confirmation(g.p.members[i], g.c(i).confirm(u3)->signature)));
+  auto req = *g.server->close_confirmations();
+  for (std::size_t i = 0; i < 4; ++i)
+    EXPECT_TRUE(succeeded(g.server->on_unmask(g.p.members[i], g.c(i).unmask(req)->box)));
+  const auto err = error_text(g.server->finish(std::span<std::uint32_t>(sum)));
   EXPECT_NE(err.find("self-mask seed of s3"), std::string::npos) << err;
   ASSERT_EQ(g.server->blamed().size(), 1u);
   EXPECT_EQ(g.server->blamed()[0].silo, "s3");
@@ -852,13 +857,14 @@ TEST(SecAgg, ADealerOfInconsistentSharesIsBlamedWhenTheyAreRebuilt) {
 TEST(SecAgg, ASettledListNotSignedByTheServerIsRefused) {
   Group g(3, 2);
   g.share();
-  for (std::size_t i = 0; i < 3; ++i) g.server->on_receipt(g.p.members[i], secagg::value(g.c(i).receive(g.inboxes[g.p.members[i]])));
-  auto s = secagg::value(g.server->settle());
+  for (std::size_t i = 0; i < 3; ++i)
+    EXPECT_TRUE(succeeded(g.server->on_receipt(g.p.members[i], *g.c(i).receive(g.inboxes[g.p.members[i]]))));
+  auto s = *g.server->settle();
   auto forged = s;
   forged.members = {"s0", "s1"};  // an edge drops s2 from s0's view
-  const auto err = g.c(0).settle(forged);
+  const auto err = error_text(g.c(0).settle(forged));
   EXPECT_NE(err.find("not signed by the server"), std::string::npos) << err;
-  EXPECT_EQ(g.c(0).settle(s), "");
+  EXPECT_TRUE(succeeded(g.c(0).settle(s)));
 }
 
 TEST(SecAgg, NoSumOfFewerThanMinSurvivorsIsRevealed) {
@@ -868,27 +874,27 @@ TEST(SecAgg, NoSumOfFewerThanMinSurvivorsIsRevealed) {
   g.settle();
   g.mask(3);
   auto u3 = g.server->close_masked();
-  ASSERT_FALSE(secagg::ok(u3));
-  EXPECT_NE(secagg::error(u3).find("a sum needs 4"), std::string::npos) << secagg::error(u3);
+  ASSERT_FALSE(u3.has_value());
+  EXPECT_NE(u3.error().message().find("a sum needs 4"), std::string::npos) << u3.error().message();
   // And a member refuses to confirm so small a set.
-  EXPECT_FALSE(secagg::ok(g.c(0).confirm({"s0", "s1", "s2"})));
+  EXPECT_FALSE(bool(g.c(0).confirm({"s0", "s1", "s2"})));
 }
 
 TEST(SecAgg, NoSurvivorRevealsBothSharesOfOnePeer) {
   Group g(3, 2);
   g.settle();
   g.mask(3);
-  auto u3 = secagg::value(g.server->close_masked());
+  auto u3 = *g.server->close_masked();
   std::map<std::string, std::string> sigs;
-  for (std::size_t i = 0; i < 3; ++i) sigs[g.p.members[i]] = secagg::value(g.c(i).confirm(u3)).signature;
+  for (std::size_t i = 0; i < 3; ++i) sigs[g.p.members[i]] = g.c(i).confirm(u3)->signature;
   secagg::UnmaskRequest greedy{{"s1"}, {"s0", "s1", "s2"}, sigs};
   auto r = g.c(0).unmask(greedy);
-  ASSERT_FALSE(secagg::ok(r));
-  EXPECT_NE(secagg::error(r).find("both shares of s1"), std::string::npos);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_NE(r.error().message().find("both shares of s1"), std::string::npos);
   // And once it has answered an honest request, it answers no other.
   secagg::UnmaskRequest honest{{}, {"s0", "s1", "s2"}, sigs};
-  EXPECT_TRUE(secagg::ok(g.c(0).unmask(honest)));
-  EXPECT_FALSE(secagg::ok(g.c(0).unmask(honest)));
+  EXPECT_TRUE(bool(g.c(0).unmask(honest)));
+  EXPECT_FALSE(bool(g.c(0).unmask(honest)));
 }
 
 // The fuzz build's memo of public-key results (crypto/fuzz_memo.h) is compiled out of every
@@ -964,7 +970,7 @@ TEST(SecAgg, MaskedUploadsAreStatisticallyIndependentOfThePlaintext) {
     if (!zeros) {
       EXPECT_GT(chi_square_bytes(x), 1000.0) << "the plaintext itself must fail the test";
     }
-    grp.clients[0].mask(std::span<std::uint32_t>(x));
+    EXPECT_TRUE(succeeded(grp.clients[0].mask(std::span<std::uint32_t>(x))));
     EXPECT_LT(chi_square_bytes(x), 330.0) << (zeros ? "zeros" : "update");
   }
 }
@@ -1176,15 +1182,15 @@ std::size_t best_split_view(std::size_t n, std::uint32_t k, std::uint32_t t, con
         if (colluders.count(m)) continue;
         const auto name = g.p.members[m - 1];
         auto c = sees_a(m) ? g.c(m - 1).confirm(without_v, sig_a) : g.c(m - 1).confirm(all, sig_b);
-        if (secagg::ok(c)) (sees_a(m) ? signed_a : signed_b)[name] = secagg::value(c).signature;
+        if (c.has_value()) (sees_a(m) ? signed_a : signed_b)[name] = c->signature;
       }
       secagg::UnmaskRequest ra{{v}, without_v, signed_a}, rb{{}, all, signed_b};
       std::size_t key_shares = 0, self_shares = 0;
       for (std::uint32_t m = 1; m <= n; ++m) {
         if (colluders.count(m)) continue;
         auto r = g.c(m - 1).unmask(sees_a(m) ? ra : rb);
-        if (!secagg::ok(r)) continue;
-        auto plain = open_sealed(g.box, secagg::value(r).box);
+        if (!r) continue;
+        auto plain = open_sealed(g.box, r->box);
         auto reply = secagg::decode_reply(*plain);
         key_shares += reply->mask_key_shares.count(v);
         self_shares += reply->self_mask_shares.count(v);
@@ -1232,7 +1238,7 @@ TEST(SecAgg, AMemberRefusesASignedSetupBelowItsOwnFloor) {
     auto p = make_params(n, t, m, 32, 4);
     p.degree = k;
     p.server_key = X25519KeyPair::generate().public_key;
-    return secagg::check_floor(p, floor);
+    return error_text(secagg::check_floor(p, floor));
   };
   EXPECT_NE(refused(2, 2, 2, 0).find("sums of 2 silos; this silo's floor is 3"), std::string::npos);
   EXPECT_NE(refused(8, 2, 3, 2).find("a split view of the survivors"), std::string::npos) << refused(8, 2, 3, 2);
@@ -1246,27 +1252,27 @@ TEST(SecAgg, AMemberRefusesASignedSetupBelowItsOwnFloor) {
   g.floor = secagg::Floor{};
   auto c = g.client("s0");
   auto a = c.advertise();
-  ASSERT_FALSE(secagg::ok(a));
-  EXPECT_NE(secagg::error(a).find("below this silo's floor"), std::string::npos) << secagg::error(a);
+  ASSERT_FALSE(a.has_value());
+  EXPECT_NE(a.error().message().find("below this silo's floor"), std::string::npos) << a.error().message();
 }
 
 TEST(SecAggPlus, ParametersAreCheckedForTheGraph) {
   auto p = make_params(20, 4, 10, 32, 4);
   p.server_key = X25519KeyPair::generate().public_key;
   p.degree = 6;
-  EXPECT_EQ(secagg::check_params(p), "") << "t below half the group is allowed with a graph";
+  EXPECT_TRUE(succeeded(secagg::check_params(p))) << "t below half the group is allowed with a graph";
   p.degree = 5;
-  EXPECT_NE(secagg::check_params(p).find("must be even"), std::string::npos);
+  EXPECT_NE(error_text(secagg::check_params(p)).find("must be even"), std::string::npos);
   p.degree = 6;
   p.threshold = 8;
-  EXPECT_NE(secagg::check_params(p).find("exceeds the 7 holders"), std::string::npos);
+  EXPECT_NE(error_text(secagg::check_params(p)).find("exceeds the 7 holders"), std::string::npos);
   // Not above half of a secret's holders: found by the 2026-12-04 review (N1), a server that signs
   // two survivor sets collects both of a member's secrets from the two halves.
   p.threshold = 3;
-  EXPECT_NE(secagg::check_params(p).find("not above half of each secret's 7 holders"), std::string::npos)
-      << secagg::check_params(p);
+  EXPECT_NE(error_text(secagg::check_params(p)).find("not above half of each secret's 7 holders"), std::string::npos)
+      << error_text(secagg::check_params(p));
   p.degree = 19;  // the complete graph: t > n / 2 again
-  EXPECT_NE(secagg::check_params(p).find("not above half"), std::string::npos);
+  EXPECT_NE(error_text(secagg::check_params(p)).find("not above half"), std::string::npos);
 }
 
 // Random groups with a graph, dropouts in every phase and Byzantine silos: every round ends in
@@ -1327,17 +1333,18 @@ TEST(SecAggPlus, TheServerUnmasksOnlyNeighbourPairsOfTheDroppedMembers) {
   Group g(30, 4, 16, 15, 6);
   g.settle();
   auto sum = g.mask(27);  // s27, s28 and s29 drop after settling
-  auto u3 = secagg::value(g.server->close_masked());
+  auto u3 = *g.server->close_masked();
   for (const auto& m : u3) {
     const auto i = static_cast<std::size_t>(g.p.index_of(m) - 1);
-    ASSERT_EQ(g.server->on_confirmation(m, secagg::value(g.c(i).confirm(u3, g.server->survivors_signature())).signature), "");
+    ASSERT_TRUE(
+        succeeded(g.server->on_confirmation(m, g.c(i).confirm(u3, g.server->survivors_signature())->signature)));
   }
-  auto request = secagg::value(g.server->close_confirmations());
+  auto request = *g.server->close_confirmations();
   for (const auto& m : u3) {
     const auto i = static_cast<std::size_t>(g.p.index_of(m) - 1);
-    ASSERT_EQ(g.server->on_unmask(m, secagg::value(g.c(i).unmask(request)).box), "");
+    ASSERT_TRUE(succeeded(g.server->on_unmask(m, g.c(i).unmask(request)->box)));
   }
-  ASSERT_EQ(g.server->finish(std::span<std::uint32_t>(sum)), "");
+  ASSERT_TRUE(succeeded(g.server->finish(std::span<std::uint32_t>(sum))));
   for (auto v : sum) EXPECT_EQ(v, 27u * 28u / 2u);
   const secagg::Graph graph(30, 6, g.p.session + "/" + g.p.graph_seed);
   std::size_t pairs = 0;
@@ -1356,7 +1363,7 @@ TEST(SecAggPlus, EachMemberIsSentOnlyItsNeighboursKeys) {
   EXPECT_TRUE(g.server->graph());
   g.offer_keys();
   EXPECT_TRUE(g.server->keys_for("s0").empty()) << "nothing is sent before U1 is settled";
-  g.keys = secagg::value(g.server->close_keys());
+  g.keys = *g.server->close_keys();
   const secagg::Graph graph(30, 6, g.p.session + "/" + g.p.graph_seed);
   for (const auto& m : g.p.members) {
     const auto part = g.server->keys_for(m);
@@ -1385,28 +1392,28 @@ TEST(SecAggPlus, SurvivorsThatFallApartAreNeverUnmasked) {
   for (std::size_t i = 0; i < 20; ++i) {
     if (std::binary_search(near.begin(), near.end(), static_cast<std::uint32_t>(i + 1))) continue;
     std::vector<std::uint32_t> x(4, 1);
-    ASSERT_EQ(g.c(i).mask(std::span<std::uint32_t>(x)), "");
-    ASSERT_EQ(g.server->on_masked_input(g.p.members[i]), "");
+    ASSERT_TRUE(succeeded(g.c(i).mask(std::span<std::uint32_t>(x))));
+    ASSERT_TRUE(succeeded(g.server->on_masked_input(g.p.members[i])));
     u3.push_back(g.p.members[i]);
   }
   auto closed = g.server->close_masked();
-  ASSERT_FALSE(secagg::ok(closed));
-  EXPECT_NE(secagg::error(closed).find("fall apart"), std::string::npos) << secagg::error(closed);
+  ASSERT_FALSE(closed.has_value());
+  EXPECT_NE(closed.error().message().find("fall apart"), std::string::npos) << closed.error().message();
   // Members shown the split set with every survivor's signature on it refuse: s0 because too
   // few of its holders signed, the others because the set falls apart.
   std::sort(u3.begin(), u3.end());
   const std::string signed_by_server = g.server_signer.sign(secagg::survivors_statement(g.p.session, u3));
   std::map<std::string, std::string> sigs;
   for (const auto& m : u3) {
-    sigs[m] = secagg::value(g.c(static_cast<std::size_t>(g.p.index_of(m) - 1)).confirm(u3, signed_by_server)).signature;
+    sigs[m] = g.c(static_cast<std::size_t>(g.p.index_of(m) - 1)).confirm(u3, signed_by_server)->signature;
   }
   std::vector<std::string> dropped;
   for (auto v : near) dropped.push_back(g.p.members[v - 1]);
   int apart = 0;
   for (const auto& m : u3) {
     auto r = g.c(static_cast<std::size_t>(g.p.index_of(m) - 1)).unmask(secagg::UnmaskRequest{dropped, u3, sigs});
-    ASSERT_FALSE(secagg::ok(r)) << m;
-    apart += secagg::error(r).find("fall apart") != std::string::npos;
+    ASSERT_FALSE(r.has_value()) << m;
+    apart += r.error().message().find("fall apart") != std::string::npos;
   }
   EXPECT_GT(apart, 10) << "most survivors see that the set falls apart";
 }
@@ -1419,17 +1426,17 @@ TEST(SecAggPlus, ASurvivorSetTheServerDidNotSignIsNotConfirmed) {
   Group g(20, 3, 4, 10, 4);
   g.settle();
   auto sum = g.mask(20);
-  auto u3 = secagg::value(g.server->close_masked());
+  auto u3 = *g.server->close_masked();
   const std::string& real = g.server->survivors_signature();
   std::vector<std::string> without_v(u3.begin() + 1, u3.end());
   for (const std::string& sig : {real, std::string()}) {
     auto r = g.c(1).confirm(without_v, sig);
-    ASSERT_FALSE(secagg::ok(r));
-    EXPECT_NE(secagg::error(r).find("not signed by the server"), std::string::npos) << secagg::error(r);
+    ASSERT_FALSE(r.has_value());
+    EXPECT_NE(r.error().message().find("not signed by the server"), std::string::npos) << r.error().message();
   }
-  EXPECT_FALSE(secagg::ok(g.c(1).confirm(u3, "")));
+  EXPECT_FALSE(bool(g.c(1).confirm(u3, "")));
   auto ok = g.c(1).confirm(u3, real);
-  EXPECT_TRUE(secagg::ok(ok)) << secagg::error(ok);
+  EXPECT_TRUE(ok.has_value()) << ok.error().message();
   (void)sum;
 }
 

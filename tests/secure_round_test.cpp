@@ -10,6 +10,7 @@
 #include "server/secure_groups.h"
 #include "server/secure_round.h"
 #include "tests/testlib.h"
+#include "tests/result_util.h"
 
 namespace xsilo::server {
 namespace {
@@ -98,7 +99,7 @@ TEST(SecureGroups, AGroupSmallerThanMinGroupFailsBeforeKeys) {
   ASSERT_EQ(dropped.size(), 3u);
   for (const auto& d : dropped) {
     EXPECT_NE(d.why.find("smaller than min_group 4"), std::string::npos) << d.why;
-    EXPECT_FALSE(d.excluded);
+    EXPECT_NE(d.reason, secure::DropReason::Excluded);
     EXPECT_FALSE(round.may_upload(d.silo));
   }
   EXPECT_TRUE(round.take_out().empty());
@@ -131,7 +132,7 @@ TEST(SecureGroups, ALightSecAggGroupIsPlannedSignedAndRefusedWhereItsSharesWould
     EXPECT_GE(s.privacy(), 1u);
     EXPECT_LT(s.privacy(), s.target());
     EXPECT_EQ(protocol::MaskedVector::for_setup(s).prime(), true);
-    EXPECT_EQ(crypto::lightsecagg::check_params(protocol::lightsecagg_params(s, "fed", 2)), "");
+    EXPECT_TRUE(succeeded(crypto::lightsecagg::check_params(protocol::lightsecagg_params(s, "fed", 2))));
     auto tampered = s;
     tampered.set_privacy(s.privacy() + 1);
     EXPECT_NE(protocol::setup_statement(tampered, "fed", 2), protocol::setup_statement(s, "fed", 2));
@@ -151,8 +152,9 @@ TEST(SecureGroups, ALightSecAggGroupIsPlannedSignedAndRefusedWhereItsSharesWould
   const auto session = protocol::lightsecagg_params(s1, "fed", 2).session;
   EXPECT_NE(protocol::lightsecagg_params(reordered, "fed", 2).session, session);
   EXPECT_NE(protocol::lightsecagg_params(weaker, "fed", 2).session, session);
-  EXPECT_NE(crypto::lightsecagg::check_params(protocol::lightsecagg_params(reordered, "fed", 2)).find("in order"),
-            std::string::npos);
+  EXPECT_NE(
+      error_text(crypto::lightsecagg::check_params(protocol::lightsecagg_params(reordered, "fed", 2))).find("in order"),
+      std::string::npos);
 
   cfg.max_message_bytes = 64 << 10;  // 64 KiB: groups of 4 with d = 100k need about 130 KiB each
   SecureRound big(cfg, signer, ca, "fed", 2, 7, silos(8), 100000);

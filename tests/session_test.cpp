@@ -21,6 +21,7 @@
 #include "common/fs.h"
 #include "common/safetensors.h"
 #include "tests/testlib.h"
+#include "tests/result_util.h"
 
 namespace xsilo::agent {
 namespace {
@@ -680,24 +681,24 @@ TEST(Session, TakesPartInSecureAggregationSoThatOnlyTheSumIsRevealed) {
   h.deliver(start);
   const auto* keys = h.last(wire::SecureAggregation::kSecaggKeys);
   ASSERT_TRUE(keys);  // at once, before training
-  ASSERT_EQ(server.on_keys("silo-a", *protocol::from_wire(keys->secure().secagg_keys())), "");
-  ASSERT_EQ(server.on_keys("silo-b", crypto::secagg::value(b.advertise())), "");
-  auto list = crypto::secagg::value(server.close_keys());
+  ASSERT_TRUE(succeeded(server.on_keys("silo-a", *protocol::from_wire(keys->secure().secagg_keys()))));
+  ASSERT_TRUE(succeeded(server.on_keys("silo-b", *b.advertise())));
+  auto list = *server.close_keys();
   h.deliver_in(1, [&](wire::Envelope& e) { *e.mutable_secure()->mutable_secagg_key_list() = protocol::to_wire(list); });
   const auto* shares = h.last(wire::SecureAggregation::kSecaggShares);
   ASSERT_TRUE(shares);
-  ASSERT_EQ(server.on_shares("silo-a", *protocol::from_wire(shares->secure().secagg_shares())), "");
-  ASSERT_EQ(server.on_shares("silo-b", crypto::secagg::value(b.share(list))), "");
-  auto boxes = crypto::secagg::value(server.close_shares());
-  ASSERT_EQ(server.on_receipt("silo-b", crypto::secagg::value(b.receive(boxes["silo-b"]))), "");
+  ASSERT_TRUE(succeeded(server.on_shares("silo-a", *protocol::from_wire(shares->secure().secagg_shares()))));
+  ASSERT_TRUE(succeeded(server.on_shares("silo-b", *b.share(list))));
+  auto boxes = *server.close_shares();
+  ASSERT_TRUE(succeeded(server.on_receipt("silo-b", *b.receive(boxes["silo-b"]))));
   h.deliver_in(1, [&](wire::Envelope& e) {
     *e.mutable_secure()->mutable_secagg_share_delivery() = protocol::delivery_to_wire(boxes["silo-a"]);
   });
   const auto* receipt = h.last(wire::SecureAggregation::kSecaggReceipt);
   ASSERT_TRUE(receipt);
-  ASSERT_EQ(server.on_receipt("silo-a", *protocol::from_wire(receipt->secure().secagg_receipt())), "");
-  auto settled = crypto::secagg::value(server.settle());
-  ASSERT_EQ(b.settle(settled), "");
+  ASSERT_TRUE(succeeded(server.on_receipt("silo-a", *protocol::from_wire(receipt->secure().secagg_receipt()))));
+  auto settled = *server.settle();
+  ASSERT_TRUE(succeeded(b.settle(settled)));
   h.send_model(1, m);
   h.run_jobs();  // train; masking waits for the settled members
   EXPECT_FALSE(h.last(wire::Envelope::kUpdateReady));
@@ -722,13 +723,13 @@ TEST(Session, TakesPartInSecureAggregationSoThatOnlyTheSumIsRevealed) {
   const crypto::FixedPointParams codec{64, 20, 100, 100};
   std::vector<std::uint64_t> b_words(m.size() + 1);
   crypto::encode(codec, std::vector<float>(m.size(), 2.0f), 3.0, 7, b_words);
-  ASSERT_EQ(b.mask(std::span<std::uint64_t>(b_words)), "");
+  ASSERT_TRUE(succeeded(b.mask(std::span<std::uint64_t>(b_words))));
   std::vector<std::uint64_t> sum(m.size() + 1);
   std::memcpy(sum.data(), a_words.data(), a_words.size());
   for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += b_words[i];
-  ASSERT_EQ(server.on_masked_input("silo-a"), "");
-  ASSERT_EQ(server.on_masked_input("silo-b"), "");
-  auto u3 = crypto::secagg::value(server.close_masked());
+  ASSERT_TRUE(succeeded(server.on_masked_input("silo-a")));
+  ASSERT_TRUE(succeeded(server.on_masked_input("silo-b")));
+  auto u3 = *server.close_masked();
   // Its route drops after the upload: through the new one, the server still reaches the member
   // for the unmasking (the coordinator re-routes a member whose input is in the sum).
   h.session().on_disconnected();
@@ -738,15 +739,15 @@ TEST(Session, TakesPartInSecureAggregationSoThatOnlyTheSumIsRevealed) {
   });
   const auto* confirmation = h.last(wire::SecureAggregation::kSecaggConfirmation);
   ASSERT_TRUE(confirmation);
-  ASSERT_EQ(server.on_confirmation("silo-a", confirmation->secure().secagg_confirmation().signature()), "");
-  ASSERT_EQ(server.on_confirmation("silo-b", crypto::secagg::value(b.confirm(u3)).signature), "");
-  auto request = crypto::secagg::value(server.close_confirmations());
+  ASSERT_TRUE(succeeded(server.on_confirmation("silo-a", confirmation->secure().secagg_confirmation().signature())));
+  ASSERT_TRUE(succeeded(server.on_confirmation("silo-b", b.confirm(u3)->signature)));
+  auto request = *server.close_confirmations();
   h.deliver_in(1, [&](wire::Envelope& e) { *e.mutable_secure()->mutable_secagg_unmask_request() = protocol::to_wire(request); });
   const auto* a_unmask = h.last(wire::SecureAggregation::kSecaggUnmaskShares);
   ASSERT_TRUE(a_unmask);
-  ASSERT_EQ(server.on_unmask("silo-a", a_unmask->secure().secagg_unmask_shares().sealed()), "");
-  ASSERT_EQ(server.on_unmask("silo-b", crypto::secagg::value(b.unmask(request)).box), "");
-  ASSERT_EQ(server.finish(std::span<std::uint64_t>(sum)), "");
+  ASSERT_TRUE(succeeded(server.on_unmask("silo-a", a_unmask->secure().secagg_unmask_shares().sealed())));
+  ASSERT_TRUE(succeeded(server.on_unmask("silo-b", b.unmask(request)->box)));
+  ASSERT_TRUE(succeeded(server.finish(std::span<std::uint64_t>(sum))));
   const auto decoded = crypto::decode(codec, std::span<const std::uint64_t>(sum));
   for (std::size_t i = 0; i < m.size(); ++i) EXPECT_NEAR(decoded[i], 5.0 * 1.0 + 3.0 * 2.0, 1e-4) << i;
   EXPECT_NEAR(decoded[m.size()], 5.0 + 3.0, 1e-4);  // the summed weights

@@ -134,12 +134,12 @@ Row run(std::size_t n, std::size_t d, double drop, double rate, const BenchPki& 
   const std::uint32_t degree = plan.degree ? plan.degree : static_cast<std::uint32_t>(n - 1);
   Row r{n, d, drop, degree, p.threshold, 0, 0, 0, 0, 0, 0, false};
   // Every step must succeed: a refusal is a bug in the bench or the protocol, not a slow row.
-  auto must = [](const std::string& err, const char* step) {
-    if (!err.empty()) throw std::runtime_error(std::string("secagg bench: ") + step + ": " + err);
+  auto must = [](const Status& done, const char* step) {
+    if (!done) throw std::runtime_error(std::string("secagg bench: ") + step + ": " + done.error().message());
   };
   auto got = [&](auto&& e, const char* step) {
-    if (!crypto::secagg::ok(e)) must(crypto::secagg::error(e), step);
-    return crypto::secagg::value(std::move(e));
+    if (!e) must(e.error(), step);
+    return *(std::move(e));
   };
   auto timed = [&](std::size_t i, auto&& f) {
     const auto t0 = Clock::now();
@@ -191,9 +191,9 @@ Row run(std::size_t n, std::size_t d, double drop, double rate, const BenchPki& 
     must(server.on_unmask(p.members[i], got(clients[i]->unmask(request), "unmask request").box), "unmask");
   }
   const auto t0 = Clock::now();
-  const auto err = server.finish(std::span<std::uint32_t>(sum));
+  const auto unmasked = server.finish(std::span<std::uint32_t>(sum));
   r.unmask_s = seconds_since(t0);
-  r.exact = err.empty() && sum == expected;
+  r.exact = unmasked && sum == expected;
   r.expansions = server.expansions();
   // A silo expands one mask per neighbour that shared keys (every other member in the complete
   // graph), plus its self mask.
@@ -249,12 +249,12 @@ LsaRow lsa_full(const crypto::lightsecagg::Params& params, double drop, const Be
   lsa::Server server(p, *pki.ca, pki.signers.at("server"), std::move(box));
   std::vector<std::unique_ptr<lsa::Client>> clients;
   LsaRow r{n, d, drop, p.privacy, p.target, p.threshold, true, 0, 0, 0, 0, false};
-  auto must = [](const std::string& err, const char* step) {
-    if (!err.empty()) throw std::runtime_error(std::string("lightsecagg bench: ") + step + ": " + err);
+  auto must = [](const Status& done, const char* step) {
+    if (!done) throw std::runtime_error(std::string("lightsecagg bench: ") + step + ": " + done.error().message());
   };
   auto got = [&](auto&& e, const char* step) {
-    if (!crypto::secagg::ok(e)) must(crypto::secagg::error(e), step);
-    return crypto::secagg::value(std::move(e));
+    if (!e) must(e.error(), step);
+    return *(std::move(e));
   };
   const crypto::secagg::Floor floor{2, 0.0};
   for (const auto& m : p.members) {
@@ -301,9 +301,9 @@ LsaRow lsa_full(const crypto::lightsecagg::Params& params, double drop, const Be
     must(server.on_unmask(p.members[i], got(clients[i]->unmask(request), "unmask request").box), "unmask");
   }
   const auto t0 = Clock::now();
-  const auto err = server.finish(sum);
+  const auto unmasked = server.finish(sum);
   r.unmask_s = seconds_since(t0);
-  r.exact = err.empty() && sum == expected;
+  r.exact = unmasked && sum == expected;
   return r;
 }
 
@@ -326,15 +326,15 @@ LsaRow lsa_partial(const crypto::lightsecagg::Params& params, double drop, const
                                                     pki.signers.at("server").certificate(), "server",
                                                     crypto::secagg::Floor{2, 0.0}));
     auto a = clients.back()->advertise();
-    if (!crypto::secagg::ok(a)) throw std::runtime_error("lightsecagg bench: advertise: " + crypto::secagg::error(a));
-    keys[m] = crypto::secagg::value(std::move(a));
+    if (!a) throw std::runtime_error("lightsecagg bench: advertise: " + a.error().message());
+    keys[m] = *(std::move(a));
   }
   {
     const auto t0 = Clock::now();
     auto out = clients[0]->share(keys);
     r.share_s = seconds_since(t0);
-    if (!crypto::secagg::ok(out)) throw std::runtime_error("lightsecagg bench: share: " + crypto::secagg::error(out));
-    r.offline_bytes = outbox_bytes(crypto::secagg::value(out));
+    if (!out) throw std::runtime_error("lightsecagg bench: share: " + out.error().message());
+    r.offline_bytes = outbox_bytes(*out);
   }
   clients.clear();
   std::vector<std::uint32_t> x(d + 1), z(d + 1);

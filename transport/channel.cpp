@@ -78,7 +78,7 @@ awaitable<proto::Status> Channel::accept(const AllowList& allow, const LocalInfo
   } else {
     peer_ = *id;
     st = allow.check(peer_);
-    if (st.ok()) warn_if_expiring();
+    if (st) warn_if_expiring();
   }
   auto refuse = [&](const proto::Status& why) -> awaitable<void> {
     auto env = envelope(me.federation, current_round);

@@ -48,8 +48,8 @@ void Group::report_blame() {
 void Group::receive(const std::string& silo, const wire::SecureAggregation& step, const std::set<std::string>& away) {
   if (!failed_.empty()) return;
   if (handles(step) && waiting_.count(silo)) {
-    if (auto err = handle(silo, step); !err.empty()) {
-      spdlog::warn("round {}: {}: {}: {}", ctx_.round, label(), silo, err);
+    if (auto handled = handle(silo, step); !handled) {
+      spdlog::warn("round {}: {}: {}: {}", ctx_.round, label(), silo, handled.error().message());
     } else {
       waiting_.erase(silo);
     }

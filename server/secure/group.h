@@ -29,6 +29,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/result.h"
 #include "crypto/certs.h"
 #include "crypto/keys.h"
 #include "crypto/secagg.h"
@@ -54,7 +55,6 @@ struct Drop {
   std::string silo;
   DropReason reason = DropReason::GroupFailed;
   std::string why;  // the sentence for logs and the audit record
-  bool excluded() const { return reason == DropReason::Excluded; }
 };
 
 // What a group needs from the server to run: its certificate key (signs setups, survivor sets),
@@ -100,8 +100,8 @@ class Group {
   // that came back through another route.
   std::optional<wire::SecureAggregation> pending(const std::string& silo) const;
   // Worker thread, once no more steps are fed: removes the masks from the sum of the survivors'
-  // masked inputs in place; "" or why not (the group's sum is then not revealed).
-  virtual std::string finish(protocol::MaskedVector& sum) = 0;
+  // masked inputs in place; success or why not (the group's sum is then not revealed).
+  virtual Status finish(protocol::MaskedVector& sum) = 0;
   // The members whose masked inputs are in the sum (U3).
   virtual std::vector<std::string> survivors() const = 0;
   virtual std::vector<crypto::secagg::Blame> excluded() const = 0;
@@ -117,11 +117,11 @@ class Group {
   Group(wire::SecAggSetup setup, GroupContext ctx);
 
   // The protocol's part. handles(): whether the current step takes this step from a member.
-  // handle(): "" when it counts (the member is no longer waited for), or why it does not.
+  // handle(): success when it counts (the member is no longer waited for), or why it does not.
   // close(): the current step ends with what it has; false when nothing changed (a stage that
   // ends by the coordinator's decision: Masking, Unmask).
   virtual bool handles(const wire::SecureAggregation& step) const = 0;
-  virtual std::string handle(const std::string& silo, const wire::SecureAggregation& step) = 0;
+  virtual Status handle(const std::string& silo, const wire::SecureAggregation& step) = 0;
   virtual bool close() = 0;
   // Masking -> Confirm: name the survivors and ask them; false (after fail()) when it cannot.
   virtual void ask_survivors() = 0;

@@ -28,15 +28,16 @@ class LightSecAggGroup final : public Group {
 
   void masked_from(const std::string& silo) override {
     if (!failed().empty()) return;
-    if (auto err = server_.on_masked_input(silo); !err.empty()) spdlog::warn("round {}: {}", ctx_.round, err);
+    if (auto added = server_.on_masked_input(silo); !added)
+      spdlog::warn("round {}: {}", ctx_.round, added.error().message());
   }
 
-  std::string finish(protocol::MaskedVector& sum) override {
-    if (!sum.prime()) return "LightSecAgg sums are field words; this sum is a ring's";
+  Status finish(protocol::MaskedVector& sum) override {
+    if (!sum.prime()) return Error("LightSecAgg sums are field words; this sum is a ring's");
     auto words = sum.u32();
-    if (auto err = server_.finish(words); !err.empty()) return err;
+    if (auto unmasked = server_.finish(words); !unmasked) return unmasked;
     crypto::field::from_field(words);  // the codec's ring from here: decoded as SecAgg's sums are
-    return "";
+    return {};
   }
 
   std::vector<std::string> survivors() const override { return {server_.u3().begin(), server_.u3().end()}; }
@@ -75,23 +76,23 @@ class LightSecAggGroup final : public Group {
            (step == Step::kLsaAnswer && stage_ == Stage::Unmask);
   }
 
-  std::string handle(const std::string& silo, const wire::SecureAggregation& m) override {
+  Status handle(const std::string& silo, const wire::SecureAggregation& m) override {
     switch (m.step_case()) {
       case Step::kLsaKeys: {
         auto keys = protocol::from_wire(m.lsa_keys());
-        return keys ? server_.on_keys(silo, *keys) : keys.status().message;
+        return keys ? server_.on_keys(silo, *keys) : Error(keys.status().message);
       }
       case Step::kLsaShares: {
         auto to = protocol::from_wire(m.lsa_shares());
-        return to ? server_.on_shares(silo, *to) : to.status().message;
+        return to ? server_.on_shares(silo, *to) : Error(to.status().message);
       }
       case Step::kLsaReceipt: {
         auto receipt = protocol::from_wire(m.lsa_receipt());
-        return receipt ? server_.on_receipt(silo, *receipt) : receipt.status().message;
+        return receipt ? server_.on_receipt(silo, *receipt) : Error(receipt.status().message);
       }
       case Step::kLsaConfirmation: return server_.on_confirmation(silo, m.lsa_confirmation().signature());
       case Step::kLsaAnswer: return server_.on_unmask(silo, m.lsa_answer().sealed());
-      default: return "not a step of LightSecAgg";
+      default: return Error("not a step of LightSecAgg");
     }
   }
 
@@ -112,11 +113,11 @@ class LightSecAggGroup final : public Group {
 
   void ask_survivors() override {
     auto u3 = server_.close_masked();
-    if (!secagg::ok(u3)) return fail(secagg::error(u3));
+    if (!u3) return fail(u3.error().message());
     wire::SecureAggregation m;
-    for (const auto& v : secagg::value(u3)) m.mutable_lsa_survivors()->add_survivors(v);
+    for (const auto& v : *u3) m.mutable_lsa_survivors()->add_survivors(v);
     m.mutable_lsa_survivors()->set_server_signature(server_.survivors_signature());
-    ask(secagg::value(u3), std::move(m), Stage::Confirm);
+    ask(*u3, std::move(m), Stage::Confirm);
   }
 
   bool admitted(const std::string& silo) const override { return server_.settled().count(silo) > 0; }
@@ -145,15 +146,15 @@ class LightSecAggGroup final : public Group {
 
   void close_keys() {
     auto keys = server_.close_keys();
-    if (!secagg::ok(keys)) return fail(secagg::error(keys));
+    if (!keys) return fail(keys.error().message());
     for (const auto& silo : setup_.members()) {
       if (waiting_.count(silo)) drop(silo, DropReason::NoKeys, label() + ": no valid signed keys from it in time");
     }
     // Every member shares with every other: one list for all.
     wire::SecureAggregation m;
-    *m.mutable_lsa_key_list() = protocol::to_wire(secagg::value(keys));
+    *m.mutable_lsa_key_list() = protocol::to_wire(*keys);
     waiting_.clear();
-    for (const auto& [silo, k] : secagg::value(keys)) {
+    for (const auto& [silo, k] : *keys) {
       waiting_.insert(silo);
       send(silo, m);
     }
@@ -162,10 +163,10 @@ class LightSecAggGroup final : public Group {
 
   void close_shares() {
     auto boxes = server_.close_shares();
-    if (!secagg::ok(boxes)) return fail(secagg::error(boxes));
+    if (!boxes) return fail(boxes.error().message());
     for (const auto& silo : waiting_) drop(silo, DropReason::NoShares, label() + ": no valid signed shares from it in time");
     waiting_.clear();
-    for (const auto& [recipient, inbox] : secagg::value(boxes)) {
+    for (const auto& [recipient, inbox] : *boxes) {
       wire::SecureAggregation m;
       *m.mutable_lsa_share_delivery() = protocol::delivery_to_wire(inbox);
       waiting_.insert(recipient);
@@ -177,9 +178,9 @@ class LightSecAggGroup final : public Group {
   void close_receipts() {
     auto settled = server_.settle();
     report_blame();
-    if (!secagg::ok(settled)) return fail(secagg::error(settled));
+    if (!settled) return fail(settled.error().message());
     wire::SecureAggregation m;
-    *m.mutable_lsa_settled() = protocol::to_wire(secagg::value(settled));
+    *m.mutable_lsa_settled() = protocol::to_wire(*settled);
     for (const auto& silo : server_.u2()) {
       m.set_admits_upload(server_.settled().count(silo) > 0);
       send(silo, m);
@@ -197,12 +198,12 @@ class LightSecAggGroup final : public Group {
 
   void close_confirmations() {
     auto request = server_.close_confirmations();
-    if (!secagg::ok(request)) return fail(secagg::error(request));
+    if (!request) return fail(request.error().message());
     wire::SecureAggregation m;
-    *m.mutable_lsa_unmask_request() = protocol::to_wire(secagg::value(request));
+    *m.mutable_lsa_unmask_request() = protocol::to_wire(*request);
     // Every survivor that confirmed answers (any U of them decode the aggregate mask).
     std::vector<std::string> confirmed;
-    for (const auto& [silo, signature] : secagg::value(request).signatures) confirmed.push_back(silo);
+    for (const auto& [silo, signature] : request->signatures) confirmed.push_back(silo);
     ask(confirmed, std::move(m), Stage::Unmask);
   }
 
@@ -238,8 +239,8 @@ std::unique_ptr<Group> make_lightsecagg_group(const SecureConfig& cfg, wire::Sec
   if (n < cfg.min_group) {
     g->fail("a group of " + std::to_string(n) + " silos is smaller than min_group " + std::to_string(cfg.min_group) +
             ": its sum would reveal too little about too few");
-  } else if (auto why = lsa::check_params(params); !why.empty()) {
-    g->fail(why);
+  } else if (auto usable = lsa::check_params(params); !usable) {
+    g->fail(usable.error().message());
   } else if (message > static_cast<double>(cfg.max_message_bytes)) {
     g->fail("LightSecAgg's encoded mask shares of a member of this group take " + mib(message) +
             " in one message, above transport.max_frame_bytes (" + mib(static_cast<double>(cfg.max_message_bytes)) +

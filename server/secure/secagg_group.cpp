@@ -37,10 +37,11 @@ class SecAggGroup final : public Group {
 
   void masked_from(const std::string& silo) override {
     if (!failed().empty()) return;
-    if (auto err = server_->on_masked_input(silo); !err.empty()) spdlog::warn("round {}: {}", ctx_.round, err);
+    if (auto added = server_->on_masked_input(silo); !added)
+      spdlog::warn("round {}: {}", ctx_.round, added.error().message());
   }
 
-  std::string finish(protocol::MaskedVector& sum) override {
+  Status finish(protocol::MaskedVector& sum) override {
     auto& server = *server_;
     return sum.visit([&](auto words) { return server.finish(words); });
   }
@@ -81,24 +82,24 @@ class SecAggGroup final : public Group {
            (step == Step::kSecaggUnmaskShares && stage_ == Stage::Unmask);
   }
 
-  std::string handle(const std::string& silo, const wire::SecureAggregation& m) override {
+  Status handle(const std::string& silo, const wire::SecureAggregation& m) override {
     auto& server = *server_;
     switch (m.step_case()) {
       case Step::kSecaggKeys: {
         auto keys = protocol::from_wire(m.secagg_keys());
-        return keys ? server.on_keys(silo, *keys) : keys.status().message;
+        return keys ? server.on_keys(silo, *keys) : Error(keys.status().message);
       }
       case Step::kSecaggShares: {
         auto to = protocol::from_wire(m.secagg_shares());
-        return to ? server.on_shares(silo, *to) : to.status().message;
+        return to ? server.on_shares(silo, *to) : Error(to.status().message);
       }
       case Step::kSecaggReceipt: {
         auto receipt = protocol::from_wire(m.secagg_receipt());
-        return receipt ? server.on_receipt(silo, *receipt) : receipt.status().message;
+        return receipt ? server.on_receipt(silo, *receipt) : Error(receipt.status().message);
       }
       case Step::kSecaggConfirmation: return server.on_confirmation(silo, m.secagg_confirmation().signature());
       case Step::kSecaggUnmaskShares: return server.on_unmask(silo, m.secagg_unmask_shares().sealed());
-      default: return "not a step of SecAgg";
+      default: return Error("not a step of SecAgg");
     }
   }
 
@@ -119,13 +120,13 @@ class SecAggGroup final : public Group {
 
   void ask_survivors() override {
     auto u3 = server_->close_masked();
-    if (!secagg::ok(u3)) return fail(secagg::error(u3));
+    if (!u3) return fail(u3.error().message());
     wire::SecureAggregation m;
-    for (const auto& v : secagg::value(u3)) m.mutable_secagg_survivors()->add_survivors(v);
+    for (const auto& v : *u3) m.mutable_secagg_survivors()->add_survivors(v);
     m.mutable_secagg_survivors()->set_server_signature(server_->survivors_signature());
     request_ = m;
     waiting_.clear();
-    for (const auto& v : secagg::value(u3)) {
+    for (const auto& v : *u3) {
       waiting_.insert(v);
       send(v, m);
     }
@@ -147,18 +148,18 @@ class SecAggGroup final : public Group {
 
   void close_keys() {
     auto keys = server_->close_keys();
-    if (!secagg::ok(keys)) return fail(secagg::error(keys));
+    if (!keys) return fail(keys.error().message());
     // The complete graph: one list for every member. A graph: each member its neighbours' part.
     const bool graph = server_->graph();
     wire::SecureAggregation m;
-    if (!graph) *m.mutable_secagg_key_list() = protocol::to_wire(secagg::value(keys));
+    if (!graph) *m.mutable_secagg_key_list() = protocol::to_wire(*keys);
     // Members without valid keys in U1 cannot take part from here: dropouts now, not at the
     // training deadline.
     for (const auto& silo : setup_.members()) {
       if (waiting_.count(silo)) drop(silo, DropReason::NoKeys, label() + ": no valid signed keys from it in time");
     }
     waiting_.clear();
-    for (const auto& [silo, k] : secagg::value(keys)) {
+    for (const auto& [silo, k] : *keys) {
       waiting_.insert(silo);
       if (graph) *m.mutable_secagg_key_list() = protocol::to_wire(server_->keys_for(silo));
       send(silo, m);
@@ -168,10 +169,10 @@ class SecAggGroup final : public Group {
 
   void close_shares() {
     auto boxes = server_->close_shares();
-    if (!secagg::ok(boxes)) return fail(secagg::error(boxes));
+    if (!boxes) return fail(boxes.error().message());
     for (const auto& silo : waiting_) drop(silo, DropReason::NoShares, label() + ": no valid signed shares from it in time");
     waiting_.clear();
-    for (const auto& [recipient, inbox] : secagg::value(boxes)) {
+    for (const auto& [recipient, inbox] : *boxes) {
       wire::SecureAggregation m;
       *m.mutable_secagg_share_delivery() = protocol::delivery_to_wire(inbox);
       waiting_.insert(recipient);
@@ -183,9 +184,9 @@ class SecAggGroup final : public Group {
   void close_receipts() {
     auto settled = server_->settle();
     report_blame();
-    if (!secagg::ok(settled)) return fail(secagg::error(settled));
+    if (!settled) return fail(settled.error().message());
     wire::SecureAggregation m;
-    *m.mutable_secagg_settled() = protocol::to_wire(secagg::value(settled));
+    *m.mutable_secagg_settled() = protocol::to_wire(*settled);
     // Every member that shared learns the outcome; one left out stops there. Those in it may
     // upload from now (an edge lets them).
     for (const auto& silo : server_->u2()) {
@@ -206,9 +207,9 @@ class SecAggGroup final : public Group {
 
   void close_confirmations() {
     auto request = server_->close_confirmations();
-    if (!secagg::ok(request)) return fail(secagg::error(request));
+    if (!request) return fail(request.error().message());
     wire::SecureAggregation m;
-    *m.mutable_secagg_unmask_request() = protocol::to_wire(secagg::value(request));
+    *m.mutable_secagg_unmask_request() = protocol::to_wire(*request);
     request_ = m;
     waiting_.clear();
     for (const auto& v : server_->confirmed()) {
@@ -248,8 +249,8 @@ std::unique_ptr<Group> make_secagg_group(const SecureConfig& cfg, wire::SecAggSe
   if (n < cfg.min_group) {
     g->fail("a group of " + std::to_string(n) + " silos is smaller than min_group " + std::to_string(cfg.min_group) +
             ": its sum would reveal too little about too few");
-  } else if (auto why = secagg::check_params(params); !why.empty()) {
-    g->fail(why);
+  } else if (auto usable = secagg::check_params(params); !usable) {
+    g->fail(usable.error().message());
   }
   return g;
 }

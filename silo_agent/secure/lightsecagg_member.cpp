@@ -35,9 +35,9 @@ class LightSecAggMember final : public Member {
                                                  std::to_string(ctx_.max_message_bytes >> 20) + " MiB)");
     }
     auto keys = client_.advertise();
-    if (!secagg::ok(keys)) return proto::error(wire::NOT_ALLOWED, "unusable secure group: " + secagg::error(keys));
+    if (!keys) return proto::error(wire::NOT_ALLOWED, "unusable secure group: " + keys.error().message());
     wire::SecureAggregation m;
-    *m.mutable_lsa_keys() = protocol::to_wire(secagg::value(keys));
+    *m.mutable_lsa_keys() = protocol::to_wire(*keys);
     return m;
   }
 
@@ -49,24 +49,24 @@ class LightSecAggMember final : public Member {
         if (!list) return Refusal{"key list", list.status().message};
         // Draws the mask and encodes it for every member (N U L multiply-adds: the offline cost).
         auto shares = client_.share(*list);
-        if (!secagg::ok(shares)) return Refusal{"key list", secagg::error(shares)};
-        *m.mutable_lsa_shares() = protocol::outbox_to_wire(secagg::value(shares));
+        if (!shares) return Refusal{"key list", shares.error().message()};
+        *m.mutable_lsa_shares() = protocol::outbox_to_wire(*shares);
         return Answer{std::move(m), Sent::Shares};
       }
       case Step::kLsaShareDelivery: {
         auto from = protocol::from_wire(step.lsa_share_delivery());
         if (!from) return Refusal{"share delivery", from.status().message};
         auto receipt = client_.receive(*from);
-        if (!secagg::ok(receipt)) return Refusal{"share delivery", secagg::error(receipt)};
-        for (const auto& a : secagg::value(receipt).accusations) {
+        if (!receipt) return Refusal{"share delivery", receipt.error().message()};
+        for (const auto& a : receipt->accusations) {
           spdlog::warn("round {}: the share {} dealt this silo is bad; accusing it with the evidence", ctx_.round, a.accused);
         }
-        *m.mutable_lsa_receipt() = protocol::to_wire(secagg::value(receipt));
+        *m.mutable_lsa_receipt() = protocol::to_wire(*receipt);
         return Answer{std::move(m), Sent::Other};
       }
       case Step::kLsaSettled: {
-        if (auto err = client_.settle(protocol::from_wire(step.lsa_settled())); !err.empty()) {
-          return Refusal{"settled members", err};
+        if (auto agreed = client_.settle(protocol::from_wire(step.lsa_settled())); !agreed) {
+          return Refusal{"settled members", agreed.error().message()};
         }
         settled_ = true;
         return Answer{};
@@ -74,16 +74,16 @@ class LightSecAggMember final : public Member {
       case Step::kLsaSurvivors: {
         const auto& s = step.lsa_survivors().survivors();
         auto c = client_.confirm({s.begin(), s.end()}, step.lsa_survivors().server_signature());
-        if (!secagg::ok(c)) return Refusal{"survivors", secagg::error(c)};
-        m.mutable_lsa_confirmation()->set_signature(secagg::value(c).signature);
+        if (!c) return Refusal{"survivors", c.error().message()};
+        m.mutable_lsa_confirmation()->set_signature(c->signature);
         return Answer{std::move(m), Sent::Other};
       }
       case Step::kLsaUnmaskRequest: {
         auto request = protocol::from_wire(step.lsa_unmask_request());
         if (!request) return Refusal{"unmask request", request.status().message};
         auto reply = client_.unmask(*request);
-        if (!secagg::ok(reply)) return Refusal{"unmask request", secagg::error(reply)};
-        m.mutable_lsa_answer()->set_sealed(secagg::value(reply).box);
+        if (!reply) return Refusal{"unmask request", reply.error().message()};
+        m.mutable_lsa_answer()->set_sealed(reply->box);
         spdlog::info("round {}: aggregate mask share sent, sealed to the server", ctx_.round);
         return Answer{std::move(m), Sent::Other};
       }
@@ -93,8 +93,8 @@ class LightSecAggMember final : public Member {
 
   bool ready() const override { return settled_; }
 
-  std::string mask(protocol::MaskedVector& words) override {
-    if (words.bits() != 32) return "LightSecAgg masks 32-bit words";
+  Status mask(protocol::MaskedVector& words) override {
+    if (words.bits() != 32) return Error("LightSecAgg masks 32-bit words");
     auto w = words.u32();
     crypto::field::to_field(w);  // the codec's two's-complement ring words, as field words
     return client_.mask(w);

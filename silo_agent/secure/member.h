@@ -13,6 +13,7 @@
 #include <string>
 #include <variant>
 
+#include "common/result.h"
 #include "crypto/certs.h"
 #include "crypto/secagg.h"
 #include "crypto/sources.h"
@@ -62,8 +63,8 @@ class Member {
   virtual std::variant<Answer, Refusal> receive(const wire::SecureAggregation& step) = 0;
   // Settled into its group's sum: mask() may run.
   virtual bool ready() const = 0;
-  // Worker: adds the masks to the encoded input in place; "" or why not.
-  virtual std::string mask(protocol::MaskedVector& words) = 0;
+  // Worker: adds the masks to the encoded input in place; success or why not.
+  virtual Status mask(protocol::MaskedVector& words) = 0;
   // One line for the silo's log about the group it joined.
   virtual std::string describe() const = 0;
 };

@@ -20,9 +20,9 @@ class SecAggMember final : public Member {
 
   proto::Result<wire::SecureAggregation> start() override {
     auto keys = client_.advertise();
-    if (!secagg::ok(keys)) return proto::error(wire::NOT_ALLOWED, "unusable secure group: " + secagg::error(keys));
+    if (!keys) return proto::error(wire::NOT_ALLOWED, "unusable secure group: " + keys.error().message());
     wire::SecureAggregation m;
-    *m.mutable_secagg_keys() = protocol::to_wire(secagg::value(keys));
+    *m.mutable_secagg_keys() = protocol::to_wire(*keys);
     return m;
   }
 
@@ -35,8 +35,8 @@ class SecAggMember final : public Member {
         // per settled neighbour, about 5 ms at 100): the worker is usually still training then,
         // and a job would queue behind the training and put the agreements back between it and
         // the masking.
-        if (auto err = client_.settle(protocol::from_wire(step.secagg_settled())); !err.empty()) {
-          return Refusal{"settled members", err};
+        if (auto agreed = client_.settle(protocol::from_wire(step.secagg_settled())); !agreed) {
+          return Refusal{"settled members", agreed.error().message()};
         }
         settled_ = true;
         return Answer{};
@@ -44,18 +44,18 @@ class SecAggMember final : public Member {
       case Step::kSecaggSurvivors: {
         const auto& s = step.secagg_survivors().survivors();
         auto c = client_.confirm({s.begin(), s.end()}, step.secagg_survivors().server_signature());
-        if (!secagg::ok(c)) return Refusal{"survivors", secagg::error(c)};
+        if (!c) return Refusal{"survivors", c.error().message()};
         wire::SecureAggregation m;
-        m.mutable_secagg_confirmation()->set_signature(secagg::value(c).signature);
+        m.mutable_secagg_confirmation()->set_signature(c->signature);
         return Answer{std::move(m), Sent::Other};
       }
       case Step::kSecaggUnmaskRequest: {
         auto request = protocol::from_wire(step.secagg_unmask_request());
         if (!request) return Refusal{"unmask request", request.status().message};
         auto reply = client_.unmask(*request);
-        if (!secagg::ok(reply)) return Refusal{"unmask request", secagg::error(reply)};
+        if (!reply) return Refusal{"unmask request", reply.error().message()};
         wire::SecureAggregation m;
-        m.mutable_secagg_unmask_shares()->set_sealed(secagg::value(reply).box);
+        m.mutable_secagg_unmask_shares()->set_sealed(reply->box);
         spdlog::info("round {}: unmasking shares sent, sealed to the server", ctx_.round);
         return Answer{std::move(m), Sent::Other};
       }
@@ -65,7 +65,7 @@ class SecAggMember final : public Member {
 
   bool ready() const override { return settled_; }
 
-  std::string mask(protocol::MaskedVector& words) override {
+  Status mask(protocol::MaskedVector& words) override {
     return words.visit([&](auto w) { return client_.mask(w); });
   }
 
@@ -80,9 +80,9 @@ class SecAggMember final : public Member {
     auto list = protocol::from_wire(l);
     if (!list) return Refusal{"key list", list.status().message};
     auto shares = client_.share(*list);
-    if (!secagg::ok(shares)) return Refusal{"key list", secagg::error(shares)};
+    if (!shares) return Refusal{"key list", shares.error().message()};
     wire::SecureAggregation m;
-    *m.mutable_secagg_shares() = protocol::outbox_to_wire(secagg::value(shares));
+    *m.mutable_secagg_shares() = protocol::outbox_to_wire(*shares);
     return Answer{std::move(m), Sent::Shares};
   }
 
@@ -90,13 +90,13 @@ class SecAggMember final : public Member {
     auto from = protocol::from_wire(d);
     if (!from) return Refusal{"share delivery", from.status().message};
     auto receipt = client_.receive(*from);
-    if (!secagg::ok(receipt)) return Refusal{"share delivery", secagg::error(receipt)};
-    for (const auto& a : secagg::value(receipt).accusations) {
+    if (!receipt) return Refusal{"share delivery", receipt.error().message()};
+    for (const auto& a : receipt->accusations) {
       spdlog::warn("round {}: the shares {} dealt this silo are bad; accusing it with the evidence", ctx_.round,
                    a.accused);
     }
     wire::SecureAggregation m;
-    *m.mutable_secagg_receipt() = protocol::to_wire(secagg::value(receipt));
+    *m.mutable_secagg_receipt() = protocol::to_wire(*receipt);
     return Answer{std::move(m), Sent::Other};
   }
 
