@@ -355,6 +355,8 @@ TEST(Federation, EachSiloSpendsItsOwnPrivacyBudgetAndTheFederationEndsWhenTheBud
   const agent::PrivacyBudget budget(*load_sim_config(dir / "sim.json").privacy,
                                     out / "silos" / "hospital-01" / "state" / "sent.jsonl");
   EXPECT_EQ(budget.spent().size(), 2u);
+  // The run's report draws the spend from the participants' records.
+  EXPECT_NE(read_file(out / "report.html").find("id='privacy'"), std::string::npos);
 }
 
 // A silo that trains with three local worker processes (ring all-reduce, bucketed gradients)

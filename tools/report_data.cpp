@@ -1,5 +1,6 @@
 #include "tools/report_data.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <ctime>
@@ -135,6 +136,20 @@ void fold_round(Run& run, const json& r, bool verified) {
     x.epsilon_spent = number(*p, "epsilon_spent");
     x.epsilon_total = number(*p, "epsilon_total");
     x.delta = number(*p, "delta");
+  } else if (const auto parts = r.find("participants"); parts != r.end() && parts->is_array()) {
+    // Record-level privacy: each silo's own account; the round's total is the largest silo's.
+    std::optional<double> most;
+    for (const auto& who : *parts) {
+      const auto p = who.is_object() ? who.find("privacy") : who.end();
+      if (p == who.end() || !p->is_object()) continue;
+      if (const auto e = number(*p, "epsilon")) most = std::max(most.value_or(0.0), *e);
+      if (const auto d = number(*p, "delta")) x.delta = d;
+    }
+    if (most) {
+      x.epsilon_total = *most;
+      x.epsilon_spent = std::max(0.0, *most - run.record_epsilon);
+      run.record_epsilon = std::max(run.record_epsilon, *most);
+    }
   }
   x.silos.clear();
   std::unordered_map<std::string, std::size_t> where;
