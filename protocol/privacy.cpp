@@ -1,6 +1,7 @@
 #include "protocol/privacy.h"
 
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -74,6 +75,7 @@ double dp_sgd_epsilon(std::span<const wire::PrivacySpend> spends, double delta) 
 
 double dp_sgd_noise_for(std::span<const wire::PrivacySpend> spent, double q, std::uint64_t steps,
                         std::uint64_t rounds, double max_epsilon, double delta) {
+  if (steps == 0 || rounds == 0 || rounds > std::numeric_limits<std::uint64_t>::max() / steps) return 0;
   const privacy::Accountant base = replay(spent);
   auto fits = [&](double sigma) {
     privacy::Accountant acc = base;

@@ -15,7 +15,18 @@ PrivacyBudget::PrivacyBudget(PrivacyConfig cfg, std::filesystem::path sent_log)
 
 std::vector<wire::PrivacySpend> PrivacyBudget::spent() const {
   std::vector<wire::PrivacySpend> out;
-  if (!std::filesystem::exists(sent_log_)) return out;
+  if (!std::filesystem::exists(sent_log_)) {
+    // Audit heads reach a silo only with the end of a round it uploaded to: with heads and no
+    // log of its uploads, the log is lost, not empty.
+    const auto heads = sent_log_.parent_path() / "audit_heads.jsonl";
+    if (std::filesystem::exists(heads) && std::filesystem::file_size(heads) > 0) {
+      throw TrainerError("privacy budget: " + sent_log_.string() + " is gone, but " + heads.string() +
+                             " shows this silo uploaded before; it cannot know what it has spent, so it trains no "
+                             "more (restore the file from a backup)",
+                         true, wire::PRIVACY_BUDGET_SPENT);
+    }
+    return out;
+  }
   std::istringstream in(read_file(sent_log_));
   std::set<std::string> uploads;
   std::string line;
@@ -91,13 +102,16 @@ wire::PrivacySpend PrivacyBudget::charge(std::vector<wire::PrivacySpend> spent, 
 BudgetedTrainer::BudgetedTrainer(std::unique_ptr<Trainer> inner, std::shared_ptr<const PrivacyBudget> budget)
     : inner_(std::move(inner)), budget_(std::move(budget)) {}
 
-wire::TrainMetrics BudgetedTrainer::evaluate(const Model& model, const TrainTask& task) {
-  return inner_->evaluate(model, task);
-}
+// Under a budget nothing but the DP-SGD update leaves the silo: metrics computed on its records
+// (losses, accuracy, even the training time) are exact functions of them and would be
+// released uncharged, as would the sample count that weighs the update.
+wire::TrainMetrics BudgetedTrainer::evaluate(const Model&, const TrainTask&) { return {}; }
 
 TrainResult BudgetedTrainer::train(const Model& global, const TrainTask& task, Model& local) {
   TrainResult r = inner_->train(global, task, local);
   r.privacy = budget_->charge(r.dp);
+  r.metrics = {};
+  r.num_samples = 1;  // every silo's update weighs the same: a record's presence changes nothing
   return r;
 }
 

@@ -28,7 +28,8 @@ class PrivacyBudget {
   const PrivacyConfig& config() const { return cfg_; }
 
   // One spend per upload in sent.jsonl (an upload sent twice counts once). Throws a fatal
-  // TrainerError when a line's spend cannot be read.
+  // TrainerError when a line's spend cannot be read, or when sent.jsonl is gone while the
+  // audit heads beside it show the silo uploaded before.
   std::vector<wire::PrivacySpend> spent() const;
   // The noise multiplier for a round of `steps` DP-SGD steps at rate q. Throws TrainerError
   // (PRIVACY_BUDGET_SPENT) when no round fits any more.
@@ -44,7 +45,9 @@ class PrivacyBudget {
   std::filesystem::path sent_log_;
 };
 
-// Any trainer under a budget: each trained round is charged before its update can leave.
+// Any trainer under a budget: each trained round is charged before its update can leave, and
+// nothing else computed on the records leaves with it: no metrics (evaluate() answers none),
+// and a sample count of 1, so every silo's update weighs the same.
 class BudgetedTrainer final : public Trainer {
  public:
   BudgetedTrainer(std::unique_ptr<Trainer> inner, std::shared_ptr<const PrivacyBudget> budget);

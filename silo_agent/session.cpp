@@ -466,7 +466,16 @@ void Session::on_model() {
     return training_job(*live, gen, task.round, [&] {
       if (!sha.empty()) check_model_sha(sha, crypto::sha256_hex(model->flat()));
       auto out = run_round(trainer, *model, task, std::move(spare));
-      if (out.update && task.plan.silo_momentum() > 0) with_momentum(out, *momentum, momentum_file, task.plan);
+      if (out.update && task.plan.silo_momentum() > 0) {
+        // Momentum would carry a trained round into later uploads whether or not that round's
+        // update ever left (and was charged): refused under a privacy budget.
+        if (!out.privacy.mechanism().empty()) {
+          throw TrainerError(wire::TRAINER_MISCONFIGURED,
+                             "the server's plan asks for silo momentum, which a silo under a privacy budget does not run "
+                             "(it would release rounds its budget never charged: docs/privacy.md)");
+        }
+        with_momentum(out, *momentum, momentum_file, task.plan);
+      }
       if (out.update) {
         hook.tamper(task, *model, out.update->flat(), out.weight);
         if (protocol::compressed(compression)) {

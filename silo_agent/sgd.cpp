@@ -45,6 +45,9 @@ TrainStats train_dp_sgd(const Network& net, std::span<float> params, const Datas
       double sq = 0;
       for (float g : grad) sq += static_cast<double>(g) * g;
       const double norm = std::sqrt(sq);
+      // A gradient that overflowed has no norm to clip to: the row adds nothing (NaN compares
+      // false and would pass unclipped; an infinite norm would scale inf by 0).
+      if (!std::isfinite(norm)) continue;
       const float scale = norm > dp.clip_norm ? static_cast<float>(dp.clip_norm / norm) : 1.0f;
       for (std::size_t k = 0; k < sum.size(); ++k) sum[k] += scale * grad[k];
     }

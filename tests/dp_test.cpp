@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <random>
 
 #include "common/config.h"
@@ -128,6 +129,17 @@ TEST(DpSgd, StepsTakePoissonSamplesOfTheRateAndAddNoiseOfTheMultiplierTimesTheCl
   EXPECT_NE(z.flat()[0], z0.flat()[0]);
 }
 
+TEST(DpSgd, ARecordWhoseGradientOverflowsAddsNothing) {
+  Dataset d = separable(20, 7);
+  for (std::size_t f = 0; f < 3; ++f) d.x[f] = std::numeric_limits<float>::quiet_NaN();  // row 0
+  Model m = init_model({"logistic", 3, 2, {}, 1, 0, {}});
+  agent::TrainOptions o;
+  o.learning_rate = 0.5f;
+  o.dp = {.clip_norm = 1, .noise_multiplier = 0.5, .sample_rate = 1.0, .noise_key = key(7)};
+  agent::train_sgd(Network(m), m.flat(), d, o);
+  for (float v : m.flat()) EXPECT_TRUE(std::isfinite(v));
+}
+
 agent::PrivacyConfig budget_config(double max_epsilon, std::uint64_t rounds, double sigma = 0) {
   agent::PrivacyConfig c;
   c.max_epsilon = max_epsilon;
@@ -221,6 +233,59 @@ TEST(PrivacyBudget, AnUploadLoggedTwiceCountsOnceAndADamagedLogStopsTraining) {
     EXPECT_TRUE(e.fatal());
     EXPECT_NE(std::string(e.what()).find("line 3"), std::string::npos) << e.what();
   }
+}
+
+TEST(PrivacyBudget, ALostLedgerStopsASiloThatUploadedBeforeButNotAFreshOne) {
+  test::TempDir dir;
+  const auto log = dir / "sent.jsonl";
+  const agent::PrivacyBudget budget(budget_config(8.0, 10), log);
+  EXPECT_TRUE(budget.spent().empty());  // a fresh silo
+  record_upload(log, 1, budget.charge(agent::DpSgdReport{0.1, 1.0, 10, 1.0}));
+  append_durable(dir / "audit_heads.jsonl", "{\"seq\": 3}\n");  // the head that ended that round
+  std::filesystem::remove(log);  // the state folder damaged
+  try {
+    (void)budget.spent();
+    FAIL() << "a lost ledger was read as nothing spent";
+  } catch (const agent::TrainerError& e) {
+    EXPECT_TRUE(e.fatal());
+    EXPECT_NE(std::string(e.what()).find("is gone"), std::string::npos) << e.what();
+  }
+}
+
+// A trainer that reports what a builtin DP-SGD run would, with metrics computed on its records.
+class RecordsTrainer final : public agent::Trainer {
+ public:
+  wire::TrainMetrics evaluate(const Model&, const agent::TrainTask&) override {
+    wire::TrainMetrics m;
+    m.set_eval_accuracy(0.93);
+    m.set_eval_samples(40);
+    return m;
+  }
+  agent::TrainResult train(const Model& global, const agent::TrainTask&, Model& local) override {
+    std::copy(global.flat().begin(), global.flat().end(), local.flat().begin());
+    agent::TrainResult r;
+    r.num_samples = 137;
+    r.metrics.set_train_loss(0.41);
+    r.metrics.set_train_seconds(2.5);
+    r.dp = agent::DpSgdReport{0.1, 1.0, 10, 1.0};
+    return r;
+  }
+};
+
+TEST(PrivacyBudget, UnderABudgetOnlyTheChargedUpdateLeavesTheSilo) {
+  test::TempDir dir;
+  agent::BudgetedTrainer t(std::make_unique<RecordsTrainer>(),
+                           std::make_shared<agent::PrivacyBudget>(budget_config(8.0, 10), dir / "sent.jsonl"));
+  Model m = init_model({"logistic", 3, 2, {}, 1, 0, {}});
+  Model local = m.zeros_like();
+  const agent::TrainTask task{1, "a", {}};
+  EXPECT_EQ(t.evaluate(m, task).eval_samples(), 0u);  // no evaluation of the records leaves
+  const auto r = t.train(m, task, local);
+  EXPECT_EQ(r.num_samples, 1u);  // every silo weighs the same
+  EXPECT_EQ(r.metrics.train_loss(), 0.0);
+  EXPECT_EQ(r.metrics.train_seconds(), 0.0);
+  EXPECT_EQ(r.privacy.mechanism(), "dp_sgd");
+  EXPECT_GT(r.privacy.epsilon(), 0.0);
 }
 
 TEST(PrivacyBudget, TheTrainerProtocolCarriesAnExternalTrainersReport) {

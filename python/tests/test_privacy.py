@@ -34,6 +34,14 @@ class PrivacyReportTest(unittest.TestCase):
         engine.accountant.step(2.0, 0.02, 10)
         self.assertEqual(r.report(engine), {"sample_rate": 0.02, "noise_multiplier": 2.0, "steps": 10})
 
+    def test_a_new_engine_each_round_reports_all_its_steps(self):
+        r = privacy.Reporter()
+        first, second = FakeEngine(), FakeEngine()
+        first.accountant.step(1.0, 0.1, 100)
+        self.assertEqual(r.report(first)["steps"], 100)
+        second.accountant.step(1.0, 0.1, 150)
+        self.assertEqual(r.report(second)["steps"], 150)
+
     def test_an_engine_that_took_no_step_or_changed_its_noise_within_a_round_is_refused(self):
         engine, r = FakeEngine(), privacy.Reporter()
         with self.assertRaisesRegex(ValueError, "no step"):

@@ -53,7 +53,8 @@ class Reporter:
     remembers how many of the accountant's steps were already reported."""
 
     def __init__(self):
-        self._reported = 0  # accountant steps already reported
+        self._accountant = None  # the accountant whose steps were last reported
+        self._reported = 0       # how many of its steps
 
     def report(self, privacy):
         if isinstance(privacy, dict):
@@ -66,6 +67,9 @@ class Reporter:
         # Opacus's RDP accountant: a list of (noise_multiplier, sample_rate, num_steps), one
         # entry per run of equal parameters. This round's steps are those after the last report.
         total = sum(int(n) for _, _, n in history)
+        if accountant is not self._accountant or total < self._reported:
+            # A new engine (a script may make one each round), or one reset: all its steps are new.
+            self._accountant, self._reported = accountant, 0
         new, skip = [], self._reported
         for sigma, q, n in history:
             n = int(n)
