@@ -150,7 +150,8 @@ void check_every_reduction(const std::string& backend) {
       const auto& mine = got[static_cast<std::size_t>(r)];
       ASSERT_EQ(mine.size(), first.size()) << backend << " n=" << n << " rank " << r;
       for (std::size_t c = 0; c < first.size(); ++c) {
-        EXPECT_EQ(std::memcmp(mine[c].data(), first[c].data(), first[c].size() * sizeof(float)), 0)
+        // (memcmp on an empty vector's null data is undefined: compare only what is there)
+        EXPECT_EQ(first[c].empty() ? 0 : std::memcmp(mine[c].data(), first[c].data(), first[c].size() * sizeof(float)), 0)
             << backend << " n=" << n << ": rank " << r << " differs from rank 0 in case " << c;
       }
     }

@@ -91,7 +91,8 @@ TEST(PrivacyAccountant, AgreesWithOpacusAndDpAccountingOnTheReferenceGrid) {
 }
 
 TEST(PrivacyAccountant, DiscreteGaussianAgreesWithDpAccounting) {
-  for (const json& c : load_reference()["discrete_gaussian"]) {
+  const json ref = load_reference();  // held: a range over a temporary's member dangles
+  for (const json& c : ref["discrete_gaussian"]) {
     const DiscreteGaussianSum m{1, c["l2"].get<double>(), c["sigma"].get<double>(), 1, 1};
     const double theirs = c["dp_accounting"]["epsilon"].get<double>();
     EXPECT_LT(rel(epsilon_of(m, c["steps"].get<std::uint64_t>()), theirs), 1e-9) << c.dump();
@@ -99,7 +100,8 @@ TEST(PrivacyAccountant, DiscreteGaussianAgreesWithDpAccounting) {
 }
 
 TEST(PrivacyAccountant, SkellamAndDistributedDiscreteGaussianMatchThePapersFormulas) {
-  for (const json& c : load_reference()["formula"]) {
+  const json ref = load_reference();  // held: a range over a temporary's member dangles
+  for (const json& c : ref["formula"]) {
     Mechanism m;
     if (c["mechanism"] == "skellam_sum") {
       m = SkellamSum{c["l1"].get<double>(), c["l2"].get<double>(), c["variance"].get<double>()};
