@@ -7,16 +7,13 @@
 #include <stdexcept>
 #include <string>
 
+#include "privacy/detail.h"
+
 namespace xsilo::privacy {
 namespace {
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
-[[noreturn]] void fail(const std::string& what, double got) {
-  std::ostringstream s;
-  s << "privacy: " << what << ", got " << got;
-  throw std::invalid_argument(s.str());
-}
+using detail::fail;
+using detail::kInf;
 
 void check_delta(double delta) {
   if (!(delta > 0 && delta < 1)) fail("delta must be in (0, 1)", delta);

@@ -8,16 +8,13 @@
 #include <stdexcept>
 #include <string>
 
+#include "privacy/detail.h"
+
 namespace xsilo::privacy {
 namespace {
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
-[[noreturn]] void fail(const std::string& what, double got) {
-  std::ostringstream s;
-  s << "privacy: " << what << ", got " << got;
-  throw std::invalid_argument(s.str());
-}
+using detail::fail;
+using detail::kInf;
 
 void check_positive(const char* what, double v) {
   if (!(std::isfinite(v) && v > 0)) fail(std::string(what) + " must be a finite number > 0", v);

@@ -68,6 +68,21 @@ wire::PrivacySpend privacy_from_json(const nlohmann::json& j) {
   return p;
 }
 
+struct DpSgdAccount::State {
+  privacy::Accountant acc;
+};
+DpSgdAccount::DpSgdAccount() : state_(std::make_unique<State>()) {}
+DpSgdAccount::~DpSgdAccount() = default;
+DpSgdAccount::DpSgdAccount(DpSgdAccount&&) noexcept = default;
+DpSgdAccount& DpSgdAccount::operator=(DpSgdAccount&&) noexcept = default;
+
+void DpSgdAccount::add(const wire::PrivacySpend& s) {
+  state_->acc.compose(privacy::SubsampledGaussian{s.sample_rate(), s.noise_multiplier()}, s.steps());
+  ++rounds_;
+}
+
+double DpSgdAccount::epsilon(double delta) const { return rounds_ ? state_->acc.epsilon(delta).epsilon : 0; }
+
 double dp_sgd_epsilon(std::span<const wire::PrivacySpend> spends, double delta) {
   if (spends.empty()) return 0;
   return replay(spends).epsilon(delta).epsilon;

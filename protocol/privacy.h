@@ -5,6 +5,7 @@
 // what `xsilo audit verify` checks a record's claim against.
 #pragma once
 
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -28,6 +29,24 @@ std::string check_privacy(const wire::PrivacySpend& p);
 // The (epsilon, delta)-DP of the rounds `spends` run one after another: each is `steps` steps of
 // the subsampled Gaussian at its sample rate and noise multiplier, composed by RDP.
 double dp_sgd_epsilon(std::span<const wire::PrivacySpend> spends, double delta);
+
+// A silo's DP-SGD rounds composed one at a time (what dp_sgd_epsilon() gives for all of them,
+// without replaying the earlier rounds at each new one).
+class DpSgdAccount {
+ public:
+  DpSgdAccount();
+  ~DpSgdAccount();
+  DpSgdAccount(DpSgdAccount&&) noexcept;
+  DpSgdAccount& operator=(DpSgdAccount&&) noexcept;
+  void add(const wire::PrivacySpend& round);
+  double epsilon(double delta) const;
+  std::size_t rounds() const { return rounds_; }
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+  std::size_t rounds_ = 0;
+};
 
 // The smallest noise multiplier (to a relative 1e-6, rounded up) for which `rounds` more rounds of
 // `steps` steps at rate q, after `spent`, keep epsilon at most max_epsilon; 0 when no noise

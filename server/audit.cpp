@@ -316,7 +316,7 @@ namespace xsilo::server {
 
 PrivacyAudit check_privacy_claims(const std::vector<nlohmann::json>& records) {
   PrivacyAudit a;
-  std::map<std::string, std::vector<wire::PrivacySpend>> rounds;
+  std::map<std::string, protocol::DpSgdAccount> rounds;
   for (std::size_t i = 0; i < records.size() && a.ok; ++i) {
     const auto& r = records[i];
     if (r.value("event", "") != "round" || !r.contains("participants")) continue;
@@ -333,14 +333,14 @@ PrivacyAudit check_privacy_claims(const std::vector<nlohmann::json>& records) {
         break;
       }
       auto& mine = rounds[silo];
-      mine.push_back(s);
+      mine.add(s);
       ++a.spends;
-      const double eps = protocol::dp_sgd_epsilon(mine, s.delta());
+      const double eps = mine.epsilon(s.delta());
       a.epsilon[silo] = eps;
       // The same accountant on the same parameters: only rounding separates an honest claim.
       if (s.epsilon() < eps * (1 - 1e-9) - 1e-12) {
         a = {false, at + fmt::format("claims epsilon {:.6g}, but the parameters of its {} recorded rounds give {:.6g}",
-                                     s.epsilon(), mine.size(), eps), a.spends, a.epsilon};
+                                     s.epsilon(), mine.rounds(), eps), a.spends, a.epsilon};
         break;
       }
       if (s.max_epsilon() > 0 && eps > s.max_epsilon() * (1 + 1e-9)) {
