@@ -463,19 +463,63 @@ double median_of(std::vector<double> v) {
 // fractions only need more iterations to get as far.
 constexpr double kAutoRadius = 0.5;
 
+// Each input's alignment with the last committed step (the cosine of the angle between them),
+// and which inputs point against the majority's side of it: those whose alignment is beyond
+// minus `oppose` times the median alignment. The median's sign says which side the majority is
+// on, so a step that attackers pulled backwards flips the test instead of turning it on the
+// honest inputs. Empty when there is nothing to compare with (no step, or a zero one).
+struct Opposition {
+  std::vector<double> alignment;
+  std::vector<bool> opposed;
+  double median = 0;
+};
+
+Opposition opposition(MatrixView x, std::span<const float> step, double oppose) {
+  Opposition o;
+  if (oppose <= 0 || step.size() != x.d || x.n == 0) return o;
+  const double step_norm = l2_norm(step);
+  if (!(step_norm > 0) || !std::isfinite(step_norm)) return o;
+  o.alignment.resize(x.n);
+  for (std::size_t i = 0; i < x.n; ++i) {
+    const auto row = x.row(i);
+    double dot = 0;
+    for (std::size_t k = 0; k < x.d; ++k) dot += double(row[k]) * step[k];
+    const double norm = l2_norm(row);
+    o.alignment[i] = norm > 0 ? dot / (norm * step_norm) : 0.0;
+  }
+  o.median = median_of(o.alignment);
+  const double side = o.median < 0 ? -1.0 : 1.0;
+  o.opposed.resize(x.n);
+  for (std::size_t i = 0; i < x.n; ++i) {
+    o.opposed[i] = o.median != 0 && side * o.alignment[i] < -oppose * std::abs(o.median);
+  }
+  return o;
+}
+
 }  // namespace
 
-Result centered_clip(MatrixView x, double tau, std::size_t iterations, std::span<const float> v0, double reject) {
+Result centered_clip(MatrixView x, double tau, std::size_t iterations, std::span<const float> v0, double reject,
+                     double oppose) {
   Result r;
   r.decisions.resize(x.n);
   std::vector<double> v(x.d, 0.0);
   if (v0.size() == x.d) std::copy(v0.begin(), v0.end(), v.begin());
   // At 1 or more the input at the median distance always counts, so no iteration is empty.
   if (reject > 0) reject = std::max(reject, 1.0);
-  std::vector<double> dist(x.n);
+  // Inputs against the last step are out of every iteration, and out of the median distance:
+  // the rule runs on the others. The majority's side is never opposed, so some always remain.
+  const Opposition against = opposition(x, v0, oppose);
+  const auto opposed = [&](std::size_t i) { return !against.opposed.empty() && against.opposed[i]; };
+  if (!against.alignment.empty()) {
+    r.median_alignment = against.median;
+    r.opposed_below = -oppose * std::abs(against.median);
+    for (std::size_t i = 0; i < x.n; ++i) r.decisions[i].alignment = against.alignment[i];
+  }
+  std::vector<double> dist(x.n), counted_dist;
   std::vector<std::size_t> rejections(x.n, 0);
   const std::size_t rounds = std::max<std::size_t>(1, iterations);
   for (std::size_t it = 0; it < rounds; ++it) {
+    counted_dist.clear();
     for (std::size_t i = 0; i < x.n; ++i) {
       const auto row = x.row(i);
       double s = 0;
@@ -484,12 +528,13 @@ Result centered_clip(MatrixView x, double tau, std::size_t iterations, std::span
         s += diff * diff;
       }
       dist[i] = std::sqrt(s);
+      if (!opposed(i)) counted_dist.push_back(dist[i]);
     }
     // Both thresholds in the units of this round's inputs: while more than half of the inputs
     // are honest, the median distance to the centre is an honest input's however far the others
     // are, and scaling every input (and the centre) scales it alike. A median distance of 0
     // (most inputs at the centre) gives no scale to reject by.
-    const double median_distance = median_of(dist);
+    const double median_distance = median_of(counted_dist);
     const double radius = tau > 0 ? tau : kAutoRadius * median_distance;
     const double far = reject > 0 && median_distance > 0 ? reject * median_distance
                                                          : std::numeric_limits<double>::infinity();
@@ -501,12 +546,16 @@ Result centered_clip(MatrixView x, double tau, std::size_t iterations, std::span
     std::vector<double> step(x.d, 0.0);
     std::size_t counted = 0;
     for (std::size_t i = 0; i < x.n; ++i) {
-      const bool rejected = dist[i] > far;
+      const bool rejected = opposed(i) || dist[i] > far;
       const double scale = rejected ? 0.0 : dist[i] > radius ? radius / dist[i] : 1.0;
       if (rejected) ++rejections[i];
       if (last) {
         r.decisions[i].score = dist[i];
-        if (rejected) {
+        if (opposed(i)) {
+          r.decisions[i].reason = "opposed: alignment " + std::to_string(against.alignment[i]) +
+                                  " with the last committed step, against the median " +
+                                  std::to_string(against.median);
+        } else if (rejected) {
           r.decisions[i].reason = "rejected: " + std::to_string(dist[i]) + " from the centre, more than " +
                                   std::to_string(reject) + " times the median distance " +
                                   std::to_string(median_distance);
@@ -528,7 +577,7 @@ Result centered_clip(MatrixView x, double tau, std::size_t iterations, std::span
   for (std::size_t i = 0; i < x.n; ++i) {
     auto& dec = r.decisions[i];
     dec.kept = rejections[i] < rounds;
-    if (rejections[i] > 0 && rejections[i] < rounds) {
+    if (rejections[i] > 0 && rejections[i] < rounds) {  // never an opposed input: out of all of them
       const std::string last = dec.reason.empty() ? "within the radius in the last" : dec.reason + " in the last";
       dec.reason = "rejected in " + std::to_string(rejections[i]) + " of " + std::to_string(rounds) +
                    " iterations (beyond " + std::to_string(reject) + " median distances); " + last;

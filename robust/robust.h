@@ -16,7 +16,7 @@
 //                        lowest score among those left, scores recomputed over those left), then
 //                        per coordinate drop the f largest and f smallest selected values and
 //                        average the remaining theta - 2f. Needs n >= 4f + 3.
-//   centered_clip(tau, L, v0, r): v <- v + mean_i (x_i - v) * min(1, tau / ||x_i - v||), L
+//   centered_clip(tau, L, v0, r, o): v <- v + mean_i (x_i - v) * min(1, tau / ||x_i - v||), L
 //                        times, from v0 (Karimireddy, He, Jaggi 2021: v0 is the previous round's
 //                        aggregate). tau <= 0: each iteration's radius is half the median of
 //                        the distances ||x_i - v||, in the inputs' own units. r > 0: an input
@@ -25,6 +25,11 @@
 //                        the honest spread pulls nothing instead of a full radius; r <= 0: none
 //                        (r is at least 1; a median distance of 0 rejects nothing). An input is
 //                        left out (kept = false) when it was rejected in every iteration.
+//                        o > 0 and v0 not zero: an input's alignment is the cosine between it
+//                        and v0; with m the median alignment (its sign is the majority's side),
+//                        an input with sign(m) * alignment < -o |m| points against the
+//                        majority's side of the last step and is out of every iteration and of
+//                        the median distance; o <= 0: none.
 // Pre-aggregation steps, composable with every rule (rule.h runs nnm, then bucketing, then the
 // rule):
 //   nnm(f):              nearest-neighbour mixing (Allouah et al., AISTATS 2023): input i is
@@ -43,6 +48,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -59,6 +65,8 @@ struct Decision {
   bool kept = true;
   double score = 0;     // rule-specific (Krum score, norm before clipping, ...)
   std::string reason;   // why it was rejected or changed, empty otherwise
+  // centered_clip with a last step to compare with: the cosine between the input and that step.
+  std::optional<double> alignment;
 };
 
 struct Result {
@@ -70,6 +78,10 @@ struct Result {
   // beyond which inputs were rejected (0: no rejection).
   double radius = 0;
   double rejected_beyond = 0;
+  // centered_clip with a last step to compare with: the median alignment, and the alignment
+  // (on the majority's side) below which inputs were opposed (0 and 0 without one).
+  double median_alignment = 0;
+  double opposed_below = 0;
 };
 
 // Why a rule cannot run on n inputs, or "" when it can.
@@ -107,9 +119,11 @@ Result multi_krum(MatrixView x, std::size_t f, std::size_t m);
 Result median(MatrixView x);
 Result trimmed_mean(MatrixView x, std::size_t b);
 Result bulyan(MatrixView x, std::size_t f);
-// centered_clip's default rejection, in median distances to the centre (rule.h says why).
+// centered_clip's default rejection, in median distances to the centre, and its default
+// opposition, in median alignments with the last step (rule.h says why).
 inline constexpr double kDefaultReject = 3.5;
+inline constexpr double kDefaultOppose = 0.5;
 Result centered_clip(MatrixView x, double tau, std::size_t iterations, std::span<const float> v0 = {},
-                     double reject = kDefaultReject);
+                     double reject = kDefaultReject, double oppose = kDefaultOppose);
 
 }  // namespace xsilo::robust

@@ -85,7 +85,7 @@ Result apply_rule(const RuleSpec& s, MatrixView x, std::span<const double> weigh
     case Rule::Median: return median(x);
     case Rule::TrimmedMean: return trimmed_mean(x, trim_count(s, x.n));
     case Rule::Bulyan: return bulyan(x, s.f);
-    case Rule::CenteredClip: return centered_clip(x, s.tau, s.iterations, s.centre, s.reject);
+    case Rule::CenteredClip: return centered_clip(x, s.tau, s.iterations, s.centre, s.reject, s.oppose);
   }
   return {};
 }
@@ -164,6 +164,8 @@ Result apply(const RuleSpec& s, MatrixView x, std::span<const double> weights) {
   out.aggregate = std::move(r.aggregate);
   out.radius = r.radius;
   out.rejected_beyond = r.rejected_beyond;
+  out.median_alignment = r.median_alignment;
+  out.opposed_below = r.opposed_below;
   out.decisions.resize(x.n);
   for (std::size_t b = 0; b < buckets.sources.size(); ++b) {
     for (auto i : buckets.sources[b]) {

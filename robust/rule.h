@@ -39,6 +39,11 @@ struct RuleSpec {
   // tables' tasks rejected 5 honest decisions in 3,600 and kept their accuracy, near enough that
   // sign flipping x20 and IPM 10 are rejected.
   double reject = kDefaultReject;
+  // centered_clip: inputs pointing against the last committed step, beyond this many times the
+  // median alignment on the other side, are out (0: none). Measured (docs/robust.md): inlier
+  // attacks (IPM 0.5, model replacement) sit inside the radius, where no distance can single
+  // them out, but point backwards; honest updates of strongly skewed silos lie near orthogonal.
+  double oppose = kDefaultOppose;
   // Pre-aggregation steps (robust.h), before the rule: nearest-neighbour mixing with this f,
   // then buckets of `bucket` inputs (0 or 1: none) shuffled with `seed` (the caller's, per round).
   bool nnm = false;

@@ -241,12 +241,20 @@ Combined combine_rows(const AggregationConfig& a, std::vector<float>& rows, std:
       info["reject"] = spec.reject;
       info["rejected_beyond"] = r.rejected_beyond;
     }
+    if (spec.oppose > 0) {
+      info["oppose"] = spec.oppose;
+      if (r.median_alignment != 0) {
+        info["median_alignment"] = r.median_alignment;
+        info["opposed_below"] = r.opposed_below;
+      }
+    }
   }
   nlohmann::json inputs = nlohmann::json::array();
   for (std::size_t i = 0; i < n; ++i) {
     nlohmann::json e = {{label_key, labels[i]}, {"kept", r.decisions[i].kept}, {"score", r.decisions[i].score}};
     if (!r.decisions[i].reason.empty()) e["reason"] = r.decisions[i].reason;
     e["norm"] = norms[i];
+    if (r.decisions[i].alignment) e["alignment"] = *r.decisions[i].alignment;
     if (a.clip_norm > 0 && norms[i] > a.clip_norm) e["clipped"] = true;
     inputs.push_back(e);
   }

@@ -154,6 +154,10 @@ void parse_aggregation(const ConfigNode& ag, AggregationConfig& a) {
     ag.fail("reject", "must be 0 (no rejection) or at least 1.5 median distances: nearer, the rule would reject "
                       "honest updates that are merely on the far side of the median");
   }
+  // centered_clip's opposition: inputs pointing against the last committed step, in median
+  // alignments on the majority's side (0: off). Only the other side is ever opposed, so a factor
+  // cannot take the majority out; above 1 an input must oppose more than the median aligns.
+  rule.oppose = ag.number("oppose", robust::kDefaultOppose, 0.0, 100.0);
   rule.nnm = ag.boolean("nnm", false);
   rule.bucket = static_cast<std::size_t>(ag.integer("bucket", 0, 0, 1 << 20));
   a.clip_norm = ag.number("clip_norm", 0.0, 0.0, 1e12);
@@ -544,6 +548,7 @@ nlohmann::json to_json(const ServerConfig& c) {
               {"tau", r.tau > 0 ? nlohmann::json(r.tau) : nlohmann::json("auto")},
               {"iterations", r.iterations},
               {"reject", r.reject},
+              {"oppose", r.oppose},
               {"nnm", r.nnm},
               {"bucket", r.bucket},
               {"clip_norm", c.aggregation.clip_norm},

@@ -404,6 +404,18 @@ TEST(Config, CenteredClippingsRejectionIsAFactorOfTheMedianDistanceOrOff) {
             std::string::npos);
 }
 
+// centered_clip's opposition: a factor of the median alignment (0.5 by default), or 0 for none.
+TEST(Config, CenteredClippingsOppositionIsAFactorOfTheMedianAlignmentOrOff) {
+  const SixSiloServer load;
+  EXPECT_EQ(load(R"(, "aggregation": {"rule": "centered_clip", "oppose": 0})"), "");
+  EXPECT_EQ(load(R"(, "aggregation": {"rule": "centered_clip", "oppose": 1.5})"), "");
+  for (const char* bad : {R"(, "aggregation": {"rule": "centered_clip", "oppose": -0.5})",
+                          R"(, "aggregation": {"rule": "centered_clip", "oppose": 1000})",
+                          R"(, "aggregation": {"rule": "centered_clip", "oppose": "yes"})"}) {
+    EXPECT_NE(load(bad).find(".aggregation.oppose"), std::string::npos) << bad;
+  }
+}
+
 // centered_clip's radius: "auto" by default (measured on each round's inputs), or a number.
 TEST(Config, CenteredClippingsRadiusIsAutomaticUnlessANumberFixesIt) {
   const SixSiloServer load;

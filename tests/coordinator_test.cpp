@@ -62,6 +62,13 @@ RoundConfig three_rounds() {
   return c;
 }
 
+// As parsing a server config sets it: centered clipping starts from the last committed step.
+OptimizerConfig optimizer_for(const RoundConfig& cfg) {
+  OptimizerConfig o;
+  o.keep_last_step = cfg.aggregation.rule.rule == robust::Rule::CenteredClip;
+  return o;
+}
+
 class Harness {
  public:
   explicit Harness(std::size_t silos, RoundConfig cfg = three_rounds(),
@@ -73,7 +80,7 @@ class Harness {
     if (cfg.selection.min_silos == 2 && silos < 2) cfg.selection.min_silos = 1;
     if (cfg.selection.min_updates == 0) cfg.selection.min_updates = cfg.selection.min_silos;
     for (std::size_t i = 0; i < silos; ++i) cfg.expected_silos.insert(name(i));
-    coord_ = std::make_unique<Coordinator>(cfg, initial_, ServerOptimizer({}, initial_), store,
+    coord_ = std::make_unique<Coordinator>(cfg, initial_, ServerOptimizer(optimizer_for(cfg), initial_), store,
                                            first_round);
     if (before_start) before_start(*coord_);
     coord_->start(now);
@@ -1054,6 +1061,50 @@ TEST(Coordinator, CenteredClippingRejectsAFarUpdateAndTheAuditSaysBeyondWhatDist
   const float moved = h.store.commits[0].model.flat()[0] - h.initial_.flat()[0];
   EXPECT_GT(moved, 0.05f);
   EXPECT_LT(moved, 0.4f);
+}
+
+// IPM 0.5 from one of five: inside the radius, so in round 1 (no last step yet) it counts; in
+// round 2 it points against round 1's step, is left out, and the record says each alignment.
+TEST(Coordinator, CenteredClippingLeavesOutAnUpdateAgainstTheLastStepAndTheAuditSaysWhy) {
+  RoundConfig cfg = three_rounds();
+  cfg.selection.min_silos = 5;
+  cfg.aggregation.rule.rule = robust::Rule::CenteredClip;
+  Harness h(5, cfg);
+  h.connect_all(5);
+  std::map<std::size_t, std::pair<std::vector<float>, double>> ups;
+  std::vector<float> mean(10, 0.0f);
+  for (std::size_t i = 0; i < 4; ++i) {
+    std::vector<float> delta(10);
+    for (std::size_t k = 0; k < 10; ++k) delta[k] = 0.1f + 0.3f * static_cast<float>((i + k) % 4 == 0);
+    for (std::size_t k = 0; k < 10; ++k) mean[k] += delta[k] / 4;
+    for (auto& v : delta) v *= 10;
+    ups[i] = {delta, 10};
+  }
+  std::vector<float> ipm(10);
+  for (std::size_t k = 0; k < 10; ++k) ipm[k] = -0.5f * mean[k] * 10;
+  ups[4] = {ipm, 10};
+  for (int round = 0; round < 2; ++round) {
+    for (std::size_t i = 0; i < 5; ++i) h.ready(i, 10);
+    h.serve(ups);
+  }
+  ASSERT_EQ(h.store.commits.size(), 2u);
+  const auto& first = h.store.commits[0].record["robust"];
+  EXPECT_FALSE(first.contains("median_alignment")) << first.dump();
+  for (const auto& d : first["decisions"]) {
+    EXPECT_TRUE(d["kept"].get<bool>()) << d.dump();
+    EXPECT_FALSE(d.contains("alignment")) << d.dump();
+  }
+  const auto& second = h.store.commits[1].record["robust"];
+  ASSERT_TRUE(second.contains("median_alignment")) << second.dump();
+  EXPECT_EQ(second["oppose"].get<double>(), robust::kDefaultOppose);
+  EXPECT_GT(second["median_alignment"].get<double>(), 0.5);
+  const double below = second["opposed_below"].get<double>();
+  for (const auto& d : second["decisions"]) {
+    const bool attacker = d["silo"] == name(4);
+    EXPECT_EQ(d["kept"].get<bool>(), !attacker) << d.dump();
+    EXPECT_EQ(d["alignment"].get<double>() < below, attacker) << d.dump();
+    if (attacker) EXPECT_NE(d["reason"].get<std::string>().find("opposed"), std::string::npos) << d.dump();
+  }
 }
 
 TEST(Coordinator, TooFewUpdatesForTheRuleFallBackAsConfigured) {

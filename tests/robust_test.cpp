@@ -92,13 +92,14 @@ TEST(Robust, CenteredClippingRejectsAnInputFarOutsideTheHonestSpread) {
     for (std::size_t k = 0; k < d; ++k) honest_mean[k] += x[i * d + k] / 9.0f;
   }
   // From the honest mean (the last step, where the honest inputs agree): the rule should stay.
-  const auto with = centered_clip(view(x, n), 0, 10, honest_mean, kDefaultReject);
+  // (Opposition off: the far input also points against the honest mean; the rejection alone.)
+  const auto with = centered_clip(view(x, n), 0, 10, honest_mean, kDefaultReject, 0);
   EXPECT_FALSE(with.decisions[9].kept);
   EXPECT_NE(with.decisions[9].reason.find("rejected"), std::string::npos) << with.decisions[9].reason;
   for (std::size_t i = 0; i < 9; ++i) EXPECT_TRUE(with.decisions[i].kept) << i;
   EXPECT_GT(with.rejected_beyond, with.radius);
   EXPECT_LT(with.rejected_beyond, with.decisions[9].score);
-  const auto without = centered_clip(view(x, n), 0, 10, honest_mean, 0);
+  const auto without = centered_clip(view(x, n), 0, 10, honest_mean, 0, 0);
   EXPECT_TRUE(without.decisions[9].kept);
   EXPECT_EQ(without.rejected_beyond, 0);
   auto towards_it = [&](const std::vector<float>& v) {  // how far v moved from the honest mean towards it
@@ -121,41 +122,140 @@ TEST(Robust, CenteredClippingWithTheAutomaticRadiusDecidesAlikeAtEveryScale) {
   std::normal_distribution<float> g(0, 1);
   const std::size_t n = 10, d = 40;
   std::vector<float> x(n * d), centre(d);
-  for (auto& v : centre) v = 0.3f * g(rng);
+  for (auto& v : centre) v = 0.5f + 0.3f * g(rng);  // the last step, the honest inputs' way
   for (std::size_t i = 0; i < n; ++i) {
     // Input 0 far enough to be rejected, input 1 near enough to be clipped only.
     for (std::size_t k = 0; k < d; ++k) {
       x[i * d + k] = i == 0 ? -20.0f * (1 + g(rng) * 0.1f) : i == 1 ? -0.3f * (1 + g(rng) * 0.1f) : 1 + 0.5f * g(rng);
     }
   }
-  const auto base = centered_clip(view(x, n), 0, 3, centre, kDefaultReject);
-  EXPECT_FALSE(base.decisions[0].kept);
-  EXPECT_TRUE(base.decisions[1].kept);
-  std::size_t clipped = 0;
-  for (const auto& dec : base.decisions) clipped += !dec.reason.empty();
-  EXPECT_GE(clipped, 2u);  // the two attackers at least
-  EXPECT_FALSE(base.decisions[0].reason.empty());
-  EXPECT_FALSE(base.decisions[1].reason.empty());
-  EXPECT_GT(base.radius, 0);
-  for (int k : {-4, -2, 2, 3}) {
-    const float s = std::pow(10.0f, static_cast<float>(k));
-    std::vector<float> xs = x, cs = centre;
-    for (auto& v : xs) v *= s;
-    for (auto& v : cs) v *= s;
-    const auto r = centered_clip(view(xs, n), 0, 3, cs, kDefaultReject);
-    for (std::size_t i = 0; i < n; ++i) {
-      EXPECT_EQ(r.decisions[i].reason.empty(), base.decisions[i].reason.empty()) << k << " " << i;
-      EXPECT_EQ(r.decisions[i].kept, base.decisions[i].kept) << k << " " << i;
+  // Without opposition input 1 is only clipped; with it (the centre leans the honest way),
+  // input 1 points against the last step and is out: both decide alike at every scale.
+  for (const double oppose : {0.0, kDefaultOppose}) {
+    const auto base = centered_clip(view(x, n), 0, 3, centre, kDefaultReject, oppose);
+    EXPECT_FALSE(base.decisions[0].kept);
+    EXPECT_EQ(base.decisions[1].kept, oppose == 0);
+    std::size_t clipped = 0;
+    for (const auto& dec : base.decisions) clipped += !dec.reason.empty();
+    EXPECT_GE(clipped, 2u);  // the two attackers at least
+    EXPECT_FALSE(base.decisions[0].reason.empty());
+    EXPECT_FALSE(base.decisions[1].reason.empty());
+    EXPECT_GT(base.radius, 0);
+    EXPECT_EQ(base.decisions[1].alignment.has_value(), oppose > 0);
+    for (int k : {-4, -2, 2, 3}) {
+      const float s = std::pow(10.0f, static_cast<float>(k));
+      std::vector<float> xs = x, cs = centre;
+      for (auto& v : xs) v *= s;
+      for (auto& v : cs) v *= s;
+      const auto r = centered_clip(view(xs, n), 0, 3, cs, kDefaultReject, oppose);
+      for (std::size_t i = 0; i < n; ++i) {
+        EXPECT_EQ(r.decisions[i].reason.empty(), base.decisions[i].reason.empty()) << k << " " << i;
+        EXPECT_EQ(r.decisions[i].kept, base.decisions[i].kept) << k << " " << i;
+        if (oppose > 0) EXPECT_NEAR(*r.decisions[i].alignment, *base.decisions[i].alignment, 1e-5) << k << " " << i;
+      }
+      EXPECT_NEAR(r.median_alignment, base.median_alignment, 1e-5) << k;
+      EXPECT_NEAR(r.rejected_beyond / s, base.rejected_beyond, 1e-4 * base.rejected_beyond) << k;
+      EXPECT_NEAR(r.radius / s, base.radius, 1e-4 * base.radius) << k;
+      for (std::size_t j = 0; j < d; ++j) EXPECT_NEAR(r.aggregate[j] / s, base.aggregate[j], 1e-4) << k << " " << j;
     }
-    EXPECT_NEAR(r.rejected_beyond / s, base.rejected_beyond, 1e-4 * base.rejected_beyond) << k;
-    EXPECT_NEAR(r.radius / s, base.radius, 1e-4 * base.radius) << k;
-    for (std::size_t j = 0; j < d; ++j) EXPECT_NEAR(r.aggregate[j] / s, base.aggregate[j], 1e-4) << k << " " << j;
   }
+  const auto base = centered_clip(view(x, n), 0, 3, centre, kDefaultReject);
   // A fixed radius does not scale: at 10^-3 the same tau clips nothing.
   std::vector<float> small = x;
   for (auto& v : small) v *= 1e-3f;
   const auto fixed = centered_clip(view(small, n), base.radius, 3, {}, 0);  // without the (relative) rejection
   for (const auto& dec : fixed.decisions) EXPECT_TRUE(dec.reason.empty());
+}
+
+// Skewed honest inputs (far apart) and three attackers at minus half their mean (IPM 0.5):
+// inside the radius, so no distance singles them out, but they point against the last step.
+struct InlierAttack {
+  static constexpr std::size_t n = 10, d = 30, honest = 7;
+  std::vector<float> x = std::vector<float>(n * d), mean = std::vector<float>(d, 0.0f),
+                     last = std::vector<float>(d);
+  InlierAttack() {
+    std::mt19937 rng(5);
+    std::normal_distribution<float> g(0, 1);
+    for (std::size_t k = 0; k < d; ++k) last[k] = 1 + 0.2f * g(rng);
+    for (std::size_t i = 0; i < honest; ++i) {
+      for (std::size_t k = 0; k < d; ++k) x[i * d + k] = last[k] + 2.5f * g(rng);  // spread over twice the step
+      for (std::size_t k = 0; k < d; ++k) mean[k] += x[i * d + k] / float(honest);
+    }
+    for (std::size_t i = honest; i < n; ++i) {
+      for (std::size_t k = 0; k < d; ++k) x[i * d + k] = -0.5f * mean[k];
+    }
+  }
+  double distance_to_mean(const std::vector<float>& v) const {
+    double s = 0;
+    for (std::size_t k = 0; k < d; ++k) s += double(v[k] - mean[k]) * (v[k] - mean[k]);
+    return std::sqrt(s);
+  }
+};
+
+TEST(Robust, CenteredClippingLeavesOutInputsThatPointAgainstTheLastStep) {
+  const InlierAttack a;
+  const auto view_x = view(a.x, a.n);
+  const auto with = centered_clip(view_x, 0, 10, a.last);
+  const auto without = centered_clip(view_x, 0, 10, a.last, kDefaultReject, 0);
+  for (std::size_t i = 0; i < a.n; ++i) {
+    const bool attacker = i >= a.honest;
+    EXPECT_EQ(with.decisions[i].kept, !attacker) << i << " " << with.decisions[i].reason;
+    ASSERT_TRUE(with.decisions[i].alignment) << i;
+    EXPECT_EQ(*with.decisions[i].alignment < with.opposed_below, attacker) << i;
+    if (attacker) {
+      EXPECT_NE(with.decisions[i].reason.find("opposed"), std::string::npos) << with.decisions[i].reason;
+      // Inside the rejection distance, and clipped no more than the honest inputs: distance alone keeps them.
+      EXPECT_TRUE(without.decisions[i].kept) << i;
+    }
+  }
+  EXPECT_GT(with.median_alignment, 0);
+  EXPECT_LT(with.opposed_below, 0);
+  // Kept, the attackers drag the aggregate towards them; left out, it lands near the honest mean.
+  EXPECT_LT(a.distance_to_mean(with.aggregate), 0.5 * a.distance_to_mean(without.aggregate));
+}
+
+// A last step that attackers had already turned around (pointing against the honest inputs):
+// the median alignment's sign says where the majority is, so the test turns with it and the
+// attackers, now on the step's side, are the ones out.
+TEST(Robust, OppositionFollowsTheMajorityWhenTheLastStepPointedBackwards) {
+  InlierAttack a;
+  for (auto& v : a.last) v = -v;
+  const auto r = centered_clip(view(a.x, a.n), 0, 10, a.last);
+  EXPECT_LT(r.median_alignment, 0);
+  for (std::size_t i = 0; i < a.n; ++i) EXPECT_EQ(r.decisions[i].kept, i < a.honest) << i << " " << r.decisions[i].reason;
+}
+
+// With no last step (the first round, a new layout) or a zero one there is nothing to oppose:
+// no alignment is reported and distances alone decide.
+TEST(Robust, WithoutALastStepNothingIsOpposed) {
+  const InlierAttack a;
+  const std::vector<float> zero(a.d, 0.0f);
+  for (const auto& from : {std::span<const float>(), std::span<const float>(zero)}) {
+    const auto r = centered_clip(view(a.x, a.n), 0, 10, from);
+    const auto plain = centered_clip(view(a.x, a.n), 0, 10, from, kDefaultReject, 0);
+    EXPECT_EQ(r.median_alignment, 0);
+    for (std::size_t i = 0; i < a.n; ++i) {
+      EXPECT_FALSE(r.decisions[i].alignment) << i;
+      EXPECT_EQ(r.decisions[i].kept, plain.decisions[i].kept) << i;
+    }
+    EXPECT_EQ(r.aggregate, plain.aggregate);
+  }
+}
+
+// An honest input nearly orthogonal to the last step (a silo whose classes the others lack)
+// is not opposed (distance may still reject it): only alignments beyond half the median, on
+// the other side, are.
+TEST(Robust, AnInputOrthogonalToTheLastStepIsNotOpposed) {
+  const std::size_t n = 5, d = 4;
+  // Four along the step (alignment about 0.7 to 1), one orthogonal to it with a slight lean back.
+  std::vector<float> x = {1, 1, 0, 0, 1, 0.8f, 0.2f, 0, 1, 1.2f, 0, 0.1f, 0.9f, 1, 0.1f, 0, -0.05f, -0.05f, 1, 0};
+  const std::vector<float> last = {1, 1, 0, 0};
+  const auto r = centered_clip(view(x, n), 0, 10, last);
+  ASSERT_TRUE(r.decisions[4].alignment);
+  EXPECT_LT(*r.decisions[4].alignment, 0);
+  EXPECT_GT(*r.decisions[4].alignment, r.opposed_below);
+  for (const auto& dec : r.decisions) EXPECT_EQ(dec.reason.find("opposed"), std::string::npos) << dec.reason;
+  EXPECT_NEAR(r.opposed_below, -kDefaultOppose * r.median_alignment, 1e-12);
 }
 
 TEST(Robust, L2ClipScalesOnlyLongRows) {

@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "robust/robust.h"
+
 namespace xsilo::tools {
 
 // The bounds measured on the reference machine (2 cores), DESIGN §11.
@@ -46,6 +48,7 @@ struct AttackBenchOptions {
   double tau = 0;     // centered clipping radius; 0: "auto" (from the round's own inputs)
   std::size_t f = 0;  // the rules' tolerance; 0: the number of attackers
   std::size_t iterations = 10;  // centered clipping's
+  double oppose = robust::kDefaultOppose;  // centered clipping's opposition (0: none)
   std::size_t silos = 10;
   std::vector<std::string> defences, attacks;    // only these (empty: all)
   bool processes = false;                        // real processes instead of in process
@@ -62,7 +65,7 @@ struct Defence {
   nlohmann::json aggregation, training, secure;
 };
 std::vector<Defence> attack_bench_defences(std::size_t f, double tau, std::size_t iterations = 10,
-                                           std::size_t silos = 10);
+                                           std::size_t silos = 10, double oppose = robust::kDefaultOppose);
 
 struct RobustBenchOptions {
   std::vector<std::size_t> n{10, 32, 100};

@@ -58,6 +58,9 @@ void add_bench(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(3, 1000))
       ->capture_default_str();
   a->add_option("--iterations", at->iterations, "centered clipping's iterations")->capture_default_str();
+  a->add_option("--oppose", at->oppose, "centered clipping's opposition, in median alignments with the last step (0: off)")
+      ->check(CLI::Range(0.0, 100.0))
+      ->capture_default_str();
   a->add_option("--f", at->f, "the f the rules assume (0: the number of attackers; set it to try more attackers than f)")
       ->capture_default_str();
   a->add_option("--defences", at->defences, "only these rows (default: all)");
