@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "crypto/secagg_graph.h"
+#include "crypto/secure_detail.h"
 
 namespace xsilo::crypto::lightsecagg {
 
@@ -16,15 +17,13 @@ namespace {
 
 using field::kPrime;
 
-template <class Array>
-std::string as_bytes(const Array& a) {
-  return std::string(reinterpret_cast<const char*>(a.data()), a.size());
-}
+using detail::as_bytes;
+using detail::joined;
+using detail::pack;
+using detail::sorted;
+using detail::unpack;
+using detail::wipe;
 
-void wipe(std::string& s) {
-  if (!s.empty()) sodium_memzero(s.data(), s.size());
-  s.clear();
-}
 void wipe(std::vector<std::uint32_t>& v) {
   if (!v.empty()) sodium_memzero(v.data(), v.size() * sizeof(std::uint32_t));
   v.clear();
@@ -32,39 +31,6 @@ void wipe(std::vector<std::uint32_t>& v) {
 
 std::string words_bytes(std::span<const std::uint32_t> w) {
   return std::string(reinterpret_cast<const char*>(w.data()), w.size() * sizeof(std::uint32_t));
-}
-
-// Length-prefixed fields (crypto::statement's encoding without the tag): what is sealed.
-std::string pack(std::initializer_list<std::string_view> fields) {
-  std::string out;
-  for (auto f : fields) append_field(out, f);
-  return out;
-}
-std::optional<std::vector<std::string>> unpack(std::string_view bytes, std::size_t count) {
-  std::vector<std::string> out;
-  while (out.size() < count) {
-    if (bytes.size() < 4) return std::nullopt;
-    std::uint32_t n = 0;
-    for (int i = 0; i < 4; ++i) n |= static_cast<std::uint32_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
-    bytes.remove_prefix(4);
-    if (bytes.size() < n) return std::nullopt;
-    out.emplace_back(bytes.substr(0, n));
-    bytes.remove_prefix(n);
-  }
-  if (!bytes.empty()) return std::nullopt;
-  return out;
-}
-
-std::vector<std::string> sorted(std::vector<std::string> v) {
-  std::sort(v.begin(), v.end());
-  v.erase(std::unique(v.begin(), v.end()), v.end());
-  return v;
-}
-
-std::string joined(const std::vector<std::string>& names) {
-  std::string out;
-  for (const auto& n : names) append_field(out, n);
-  return out;
 }
 
 // L field words from their bytes, or nullopt for the wrong length or a word >= p.
@@ -381,17 +347,9 @@ Result<Receipt> Client::receive(const Inbox& from) {
 
 Status Client::settle(const Settled& s) {
   if (step_ != Step::Settle) return Error("the settled member list arrived out of order");
-  if (auto why = ca_.verify(server_certificate_, server_name_, "server", secagg::settled_statement(p_.session, s.members),
-                            s.signature);
-      !why.empty()) {
-    return Error("the settled member list is not signed by the server (" + why + ")");
-  }
-  const auto members = sorted(s.members);
-  if (!std::binary_search(members.begin(), members.end(), me_)) return Error("this silo was excluded from its group");
-  if (members.size() < p_.min_survivors) {
-    return Error("only " + std::to_string(members.size()) + " members remain; a sum needs " +
-                 std::to_string(p_.min_survivors));
-  }
+  auto checked = checks().settled(s);
+  if (!checked) return checked.error();
+  const auto members = std::move(*checked);
   for (const auto& m : members) {
     if (!held_.count(m)) return Error("the settled list names " + m + ", whose share this silo does not hold");
   }
@@ -424,17 +382,7 @@ Result<Confirmation> Client::confirm(const std::vector<std::string>& survivors, 
   const auto u3 = sorted(survivors);
   if (confirmed_ && *confirmed_ != u3) return Error("asked to confirm a second, different survivor set; refusing");
   if (!confirmed_ && step_ != Step::Confirm) return Error("survivor confirmation out of order");
-  if (!server_signature.empty()) {
-    if (auto why = ca_.verify(server_certificate_, server_name_, "server", secagg::survivors_statement(p_.session, u3),
-                              server_signature);
-        !why.empty()) {
-      return Error("the survivor set is not signed by the server (" + why + ")");
-    }
-  }
-  if (!std::binary_search(u3.begin(), u3.end(), me_)) return Error("this silo is not among the survivors");
-  if (u3.size() < p_.min_survivors) {
-    return Error("only " + std::to_string(u3.size()) + " survivors; a sum needs " + std::to_string(p_.min_survivors));
-  }
+  if (auto why = checks().survivors(u3, server_signature, false); !why) return why.error();
   for (const auto& v : u3) {
     if (!held_.count(v)) return Error("survivor " + v + " dealt this silo no share: its mask could not be removed");
     if (!std::binary_search(u2_.begin(), u2_.end(), v)) return Error("survivor " + v + " is not in the settled group");
@@ -484,19 +432,16 @@ Result<SealedReply> Client::unmask(const UnmaskRequest& r) {
 // ---- server -------------------------------------------------------------------------------
 
 Server::Server(Params p, CertVerifier ca, CertSigner signer, X25519KeyPair box, Sources sources)
-    : p_(std::move(p)), ca_(std::move(ca)), signer_(std::move(signer)), box_(std::move(box)),
-      sources_(std::move(sources)) {
+    : Settlement({p.session, p.min_survivors, std::max(p.threshold, p.min_survivors),
+                  " sent a receipt without having shared"},
+                 std::move(ca), std::move(signer)),
+      p_(std::move(p)), box_(std::move(box)), sources_(std::move(sources)) {
   p_.server_key = box_.public_key;
   for (std::size_t i = 0; i < p_.members.size(); ++i) index_[p_.members[i]] = static_cast<std::uint32_t>(i + 1);
 }
 
 Server::~Server() {
   for (auto& [who, a] : answers_) wipe(a);
-}
-
-void Server::blame(const std::string& silo, const std::string& why) {
-  if (!excluded_.insert(silo).second) return;
-  blamed_.push_back({silo, why});
 }
 
 Status Server::on_keys(const std::string& from, const Advertisement& a) {
@@ -588,82 +533,7 @@ void Server::judge(const std::string& accuser, const secagg::Accusation& a) {
                      " signed");
 }
 
-Status Server::on_receipt(const std::string& from, const Receipt& r) {
-  if (step_ != Step::Receipts) return Error("a receipt arrived out of order");
-  if (!u2_.count(from)) return Error(from + " sent a receipt without having shared");
-  if (receipted_.count(from)) return Error(from + " sent two receipts");
-  if (auto why = ca_.verify(keys_.at(from).certificate, from, kSiloRole,
-                            secagg::receipt_statement(p_.session, from, r), r.signature);
-      !why.empty()) {
-    return Error("the receipt said to be from " + from + " is not signed by it (" + why + ")");
-  }
-  receipted_.insert(from);
-  for (const auto& a : r.accusations) judge(from, a);
-  return {};
-}
-
-Result<Settled> Server::settle() {
-  if (step_ != Step::Receipts) return Error("the group is already settled");
-  for (const auto& m : receipted_) {
-    if (!excluded_.count(m)) settled_.insert(m);
-  }
-  step_ = Step::Masked;
-  if (settled_.size() < p_.min_survivors) {
-    return Error("only " + std::to_string(settled_.size()) + " members remain after the receipts; a sum needs " +
-                 std::to_string(p_.min_survivors));
-  }
-  Settled s;
-  s.members.assign(settled_.begin(), settled_.end());
-  s.signature = signer_.sign(secagg::settled_statement(p_.session, s.members));
-  return s;
-}
-
-Status Server::on_masked_input(const std::string& from) {
-  if (step_ != Step::Masked) return Error("masked input arrived out of order");
-  if (!settled_.count(from)) return Error(from + " is not a settled member of its group");
-  if (!u3_.insert(from).second) return Error(from + " sent two masked inputs");
-  return {};
-}
-
-Result<std::vector<std::string>> Server::close_masked() {
-  if (step_ != Step::Masked) return Error("survivors already named");
-  step_ = Step::Confirm;
-  if (u3_.size() < p_.min_survivors) {
-    return Error("only " + std::to_string(u3_.size()) + " masked inputs arrived; a sum needs " +
-                 std::to_string(p_.min_survivors));
-  }
-  std::vector<std::string> u3(u3_.begin(), u3_.end());
-  u3_signature_ = signer_.sign(secagg::survivors_statement(p_.session, u3));
-  return u3;
-}
-
-Status Server::on_confirmation(const std::string& from, const std::string& signature) {
-  if (step_ != Step::Confirm) return Error("a confirmation arrived out of order");
-  if (!u3_.count(from)) return Error(from + " is not a survivor");
-  const std::vector<std::string> u3(u3_.begin(), u3_.end());
-  if (auto why = ca_.verify(keys_.at(from).certificate, from, kSiloRole, secagg::survivors_statement(p_.session, u3),
-                            signature);
-      !why.empty()) {
-    return Error(from + "'s confirmation does not verify (" + why + ")");
-  }
-  confirmations_[from] = signature;
-  return {};
-}
-
-Result<UnmaskRequest> Server::close_confirmations() {
-  if (step_ != Step::Confirm) return Error("unmasking already requested");
-  step_ = Step::Unmask;
-  const std::size_t needed = std::max(p_.threshold, p_.min_survivors);
-  if (confirmations_.size() < needed) {
-    return Error("only " + std::to_string(confirmations_.size()) + " survivors confirmed the survivor set; " +
-                 std::to_string(needed) + " must");
-  }
-  UnmaskRequest r;
-  for (const auto& v : settled_) (u3_.count(v) ? r.survivors : r.dropped).push_back(v);
-  r.signatures = confirmations_;
-  request_ = r;
-  return r;
-}
+const std::string& Server::certificate_of(const std::string& member) const { return keys_.at(member).certificate; }
 
 Status Server::on_unmask(const std::string& from, const std::string& sealed) {
   if (step_ != Step::Unmask || !request_) return Error("an unmask answer arrived out of order");

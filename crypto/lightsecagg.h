@@ -190,6 +190,7 @@ class Client {
 
  private:
   Status check_peer(const std::string& name, const Advertisement& a) const;
+  secagg::MemberChecks checks() const { return {p_.session, me_, p_.min_survivors, ca_, server_certificate_, server_name_}; }
 
   Params p_;
   std::string me_;
@@ -209,7 +210,7 @@ class Client {
   enum class Step { Advertise, Share, Receive, Settle, Mask, Confirm, Unmask, Done } step_ = Step::Advertise;
 };
 
-class Server {
+class Server : public secagg::Settlement {
  public:
   // `signer` is the server's certificate key (it signs the settled U2 and U3); `box` the key
   // pair answers are sealed to (its public half becomes Params::server_key). `sources` draws the
@@ -225,15 +226,9 @@ class Server {
   Result<KeyList> close_keys();  // U1; fails below min_survivors
   Status on_shares(const std::string& from, const Outbox& to);
   Result<std::map<std::string, Inbox>> close_shares();  // per member of U2: what the others dealt it
-  // A member's receipt; its accusations are judged at once (verdicts in blamed()).
-  Status on_receipt(const std::string& from, const Receipt& receipt);
-  Result<Settled> settle();  // the final U2; fails below min_survivors
-  // The caller received `from`'s masked input and added it to its sum (field::field_add).
-  Status on_masked_input(const std::string& from);
-  Result<std::vector<std::string>> close_masked();  // U3, signed; fails below min_survivors
-  const std::string& survivors_signature() const { return u3_signature_; }
-  Status on_confirmation(const std::string& from, const std::string& signature);
-  Result<UnmaskRequest> close_confirmations();  // fails below max(t, min_survivors) signatures
+  // Receipts, the settled U2, U3 and its confirmations: secagg::Settlement's, as in SecAgg
+  // (on_masked_input(): the caller added the masked input to its sum with field::field_add;
+  // close_confirmations() fails below max(t, min_survivors) signatures).
   // A survivor's sealed answer: opened, its signature and length checked, kept.
   Status on_unmask(const std::string& from, const std::string& sealed_reply);
   std::size_t unmask_replies() const { return answers_.size(); }
@@ -243,30 +238,19 @@ class Server {
   Status finish(std::span<std::uint32_t> sum);
 
   const std::set<std::string>& u1() const { return u1_; }
-  const std::set<std::string>& u2() const { return u2_; }
-  const std::set<std::string>& settled() const { return settled_; }
-  const std::set<std::string>& u3() const { return u3_; }
-  const std::vector<Blame>& blamed() const { return blamed_; }
 
  private:
-  void blame(const std::string& silo, const std::string& why);
-  void judge(const std::string& accuser, const secagg::Accusation& a);
+  const std::string& certificate_of(const std::string& member) const override;
+  void judge(const std::string& accuser, const secagg::Accusation& a) override;
 
   Params p_;
-  CertVerifier ca_;
-  CertSigner signer_;
   X25519KeyPair box_;
   Sources sources_;
   std::map<std::string, std::uint32_t> index_;
   KeyList keys_;
-  std::set<std::string> u1_, u2_, receipted_, settled_, u3_, excluded_;
+  std::set<std::string> u1_;
   std::map<std::string, Outbox> shares_;
-  std::map<std::string, std::string> confirmations_;
-  std::optional<UnmaskRequest> request_;
-  std::string u3_signature_;
   std::map<std::string, std::vector<std::uint32_t>> answers_;  // survivor -> a_j
-  std::vector<Blame> blamed_;
-  enum class Step { Keys, Shares, Receipts, Masked, Confirm, Unmask, Done } step_ = Step::Keys;
 };
 
 // The largest sealed box (and, apart, the largest box signature) a member may deal for a group

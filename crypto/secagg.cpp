@@ -6,55 +6,13 @@
 #include <cstring>
 
 #include "crypto/mask.h"
+#include "crypto/secure_detail.h"
 
 namespace xsilo::crypto::secagg {
 
 namespace {
 
-template <class Array>
-std::string as_bytes(const Array& a) {
-  return std::string(reinterpret_cast<const char*>(a.data()), a.size());
-}
-
-void wipe(std::string& s) {
-  if (!s.empty()) sodium_memzero(s.data(), s.size());
-  s.clear();
-}
-
-// Length-prefixed fields (the encoding of crypto::statement without its tag), the plaintext
-// format of what is sealed. unpack() wants exactly `count` fields (any number when 0) and
-// nothing after them.
-std::string pack(std::initializer_list<std::string_view> fields) {
-  std::string out;
-  for (auto f : fields) append_field(out, f);
-  return out;
-}
-std::optional<std::vector<std::string>> unpack(std::string_view bytes, std::size_t count) {
-  std::vector<std::string> out;
-  while (count ? out.size() < count : !bytes.empty()) {
-    if (bytes.size() < 4) return std::nullopt;
-    std::uint32_t n = 0;
-    for (int i = 0; i < 4; ++i) n |= static_cast<std::uint32_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
-    bytes.remove_prefix(4);
-    if (bytes.size() < n) return std::nullopt;
-    out.emplace_back(bytes.substr(0, n));
-    bytes.remove_prefix(n);
-  }
-  if (!bytes.empty()) return std::nullopt;
-  return out;
-}
-
-std::string joined(const std::vector<std::string>& names) {
-  std::string out;
-  for (const auto& n : names) out += pack({n});
-  return out;
-}
-
-std::vector<std::string> sorted(std::vector<std::string> v) {
-  std::sort(v.begin(), v.end());
-  v.erase(std::unique(v.begin(), v.end()), v.end());
-  return v;
-}
+using namespace detail;  // as_bytes, pack and unpack, joined, sorted, wipe
 
 std::string pair_context(const std::string& purpose, const Params& p, const std::string& a, const std::string& b) {
   const bool ab = a < b;
@@ -370,17 +328,9 @@ Result<Receipt> Client::receive(const Inbox& from) {
 
 Status Client::settle(const Settled& s) {
   if (step_ != Step::Settle) return Error("the settled member list arrived out of order");
-  if (auto why = ca_.verify(server_certificate_, server_name_, "server", settled_statement(p_.session, s.members),
-                            s.signature);
-      !why.empty()) {
-    return Error("the settled member list is not signed by the server (" + why + ")");
-  }
-  const auto members = sorted(s.members);
-  if (!std::binary_search(members.begin(), members.end(), me_)) return Error("this silo was excluded from its group");
-  if (members.size() < p_.min_survivors) {
-    return Error("only " + std::to_string(members.size()) + " members remain; a sum needs " +
-                 std::to_string(p_.min_survivors));
-  }
+  auto checked = checks().settled(s);
+  if (!checked) return checked.error();
+  const auto members = std::move(*checked);
   for (const auto& m : members) {
     if (holds(m) && !held_.count(m))
       return Error("the settled list names " + m + ", whose shares this silo does not hold");
@@ -422,17 +372,7 @@ Result<Confirmation> Client::confirm(const std::vector<std::string>& survivors, 
   const auto u3 = sorted(survivors);
   if (confirmed_ && *confirmed_ != u3) return Error("asked to confirm a second, different survivor set; refusing");
   if (!confirmed_ && step_ != Step::Confirm) return Error("survivor confirmation out of order");
-  if (!server_signature.empty() || p_.graph()) {
-    if (auto why = ca_.verify(server_certificate_, server_name_, "server", survivors_statement(p_.session, u3),
-                              server_signature);
-        !why.empty()) {
-      return Error("the survivor set is not signed by the server (" + why + ")");
-    }
-  }
-  if (!std::binary_search(u3.begin(), u3.end(), me_)) return Error("this silo is not among the survivors");
-  if (u3.size() < p_.min_survivors) {
-    return Error("only " + std::to_string(u3.size()) + " survivors; a sum needs " + std::to_string(p_.min_survivors));
-  }
+  if (auto why = checks().survivors(u3, server_signature, p_.graph()); !why) return why.error();
   for (const auto& v : u3) {
     if (!std::binary_search(u2_.begin(), u2_.end(), v)) return Error("survivor " + v + " is not in the settled group");
   }
@@ -504,8 +444,10 @@ Result<SealedReply> Client::unmask(const UnmaskRequest& r) {
 // ---- server ---------------------------------------------------------------------------------
 
 Server::Server(Params p, CertVerifier ca, CertSigner signer, X25519KeyPair box)
-    : p_(std::move(p)), graph_(p_.members.size(), p_.graph() ? p_.degree : 0, p_.session + "/" + p_.graph_seed),
-      ca_(std::move(ca)), signer_(std::move(signer)), box_(std::move(box)) {
+    : Settlement({p.session, p.min_survivors, p.min_survivors, " sent a receipt without having shared keys"},
+                 std::move(ca), std::move(signer)),
+      p_(std::move(p)), graph_(p_.members.size(), p_.graph() ? p_.degree : 0, p_.session + "/" + p_.graph_seed),
+      box_(std::move(box)) {
   p_.server_key = box_.public_key;
   for (std::size_t i = 0; i < p_.members.size(); ++i) index_[p_.members[i]] = static_cast<std::uint32_t>(i + 1);
 }
@@ -528,11 +470,6 @@ Server::~Server() {
     for (auto& [owner, s] : reply.mask_key_shares) wipe(s.share);
     for (auto& [owner, s] : reply.self_mask_shares) wipe(s.share);
   }
-}
-
-void Server::blame(const std::string& silo, const std::string& why) {
-  if (!excluded_.insert(silo).second) return;
-  blamed_.push_back({silo, why});
 }
 
 Status Server::on_keys(const std::string& from, const Advertisement& a) {
@@ -636,86 +573,16 @@ void Server::judge(const std::string& accuser, const Accusation& a) {
                      " signed");
 }
 
-Status Server::on_receipt(const std::string& from, const Receipt& r) {
-  if (step_ != Step::Receipts) return Error("a receipt arrived out of order");
-  if (!u2_.count(from)) return Error(from + " sent a receipt without having shared keys");
-  if (receipted_.count(from)) return Error(from + " sent two receipts");
-  if (auto why = ca_.verify(keys_.at(from).certificate, from, kSiloRole, receipt_statement(p_.session, from, r),
-                            r.signature);
-      !why.empty()) {
-    return Error("the receipt said to be from " + from + " is not signed by it (" + why + ")");
-  }
-  receipted_.insert(from);
-  for (const auto& a : r.accusations) judge(from, a);
-  return {};
-}
+const std::string& Server::certificate_of(const std::string& member) const { return keys_.at(member).certificate; }
 
-Result<Settled> Server::settle() {
-  if (step_ != Step::Receipts) return Error("the group is already settled");
-  for (const auto& m : receipted_) {
-    if (!excluded_.count(m)) settled_.insert(m);
-  }
-  step_ = Step::Masked;
-  if (settled_.size() < p_.min_survivors) {
-    return Error("only " + std::to_string(settled_.size()) + " members remain after the receipts; a sum needs " +
-                 std::to_string(p_.min_survivors));
-  }
-  Settled s;
-  s.members.assign(settled_.begin(), settled_.end());
-  s.signature = signer_.sign(settled_statement(p_.session, s.members));
-  return s;
-}
-
-Status Server::on_masked_input(const std::string& from) {
-  if (step_ != Step::Masked) return Error("masked input arrived out of order");
-  if (!settled_.count(from)) return Error(from + " is not a settled member of its group");
-  if (!u3_.insert(from).second) return Error(from + " sent two masked inputs");
-  return {};
-}
-
-Result<std::vector<std::string>> Server::close_masked() {
-  if (step_ != Step::Masked) return Error("survivors already named");
-  step_ = Step::Confirm;
-  if (u3_.size() < p_.min_survivors) {
-    return Error("only " + std::to_string(u3_.size()) + " masked inputs arrived; a sum needs " +
-                 std::to_string(p_.min_survivors));
-  }
+Status Server::check_survivors(const std::set<std::string>& u3) const {
   std::vector<std::uint32_t> alive;
-  for (const auto& v : u3_) alive.push_back(index_.at(v));
+  for (const auto& v : u3) alive.push_back(index_.at(v));
   if (!graph_.connected(alive)) {
-    return Error("the " + std::to_string(u3_.size()) +
+    return Error("the " + std::to_string(u3.size()) +
                  " survivors fall apart into pieces of the neighbour graph; their members refuse to unmask");
   }
-  std::vector<std::string> u3(u3_.begin(), u3_.end());
-  u3_signature_ = signer_.sign(survivors_statement(p_.session, u3));
-  return u3;
-}
-
-Status Server::on_confirmation(const std::string& from, const std::string& signature) {
-  if (step_ != Step::Confirm) return Error("a confirmation arrived out of order");
-  if (!u3_.count(from)) return Error(from + " is not a survivor");
-  const std::vector<std::string> u3(u3_.begin(), u3_.end());
-  if (auto why = ca_.verify(keys_.at(from).certificate, from, kSiloRole, survivors_statement(p_.session, u3), signature);
-      !why.empty()) {
-    return Error(from + "'s confirmation does not verify (" + why + ")");
-  }
-  confirmations_[from] = signature;
-  confirmed_.insert(from);
   return {};
-}
-
-Result<UnmaskRequest> Server::close_confirmations() {
-  if (step_ != Step::Confirm) return Error("unmasking already requested");
-  step_ = Step::Unmask;
-  if (confirmations_.size() < p_.min_survivors) {
-    return Error("only " + std::to_string(confirmations_.size()) + " survivors confirmed the survivor set; " +
-                 std::to_string(p_.min_survivors) + " must");
-  }
-  UnmaskRequest r;
-  for (const auto& v : settled_) (u3_.count(v) ? r.survivors : r.dropped).push_back(v);
-  r.signatures = confirmations_;
-  request_ = r;
-  return r;
 }
 
 Status Server::on_unmask(const std::string& from, const std::string& sealed) {

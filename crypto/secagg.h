@@ -179,6 +179,103 @@ std::string receipt_statement(const std::string& session, const std::string& mem
 std::string settled_statement(const std::string& session, const std::vector<std::string>& members);
 std::string survivors_statement(const std::string& session, const std::vector<std::string>& survivors);
 
+// ---- what SecAgg, SecAgg+ and LightSecAgg (crypto/lightsecagg.h) do alike ----------------
+//
+// Written once (crypto/secure_settlement.cpp) so that the protocols cannot drift: the server's
+// bookkeeping from the receipts to the unmask request, and a member's checks on the settled list
+// and on U3.
+//
+//   1b Receipt      signed by a member of U2, once; each accusation in it is judged by the
+//                   protocol (its boxes differ): the dealer or the accuser is excluded.
+//      Settled      U2 without the excluded and the silent, signed by the server.
+//   2 MaskedInput   one per settled member: U3.
+//   2b Consistency  the server names U3 (after the protocol's own check of it) and signs it; each
+//                   survivor's signature on U3 is checked; the unmask request carries them.
+//
+// A protocol's server derives from Settlement and tells it a member's certificate and how to
+// judge an accusation; its own steps (keys, shares, unmasking) stay its own.
+
+// What distinguishes one protocol's settlement from another's.
+struct SettlementRules {
+  std::string session;                 // the protocol's Params::session
+  std::uint32_t min_survivors = 2;     // the fewest members a sum may cover
+  std::size_t confirmations = 2;       // the fewest signatures on U3 close_confirmations() accepts
+  std::string receipt_before_sharing;  // the error for a receipt from outside U2, after the member's name
+};
+
+class Settlement {
+ public:
+  // A member's receipt; its accusations are judged at once: the verdicts are in blamed(). An
+  // error only for a receipt that is not the member's (unsigned) or not expected.
+  Status on_receipt(const std::string& from, const Receipt& receipt);
+  // The final U2: members that sent a receipt and were not excluded. Fails below min_survivors.
+  Result<Settled> settle();
+  bool settled_member(const std::string& silo) const { return settled_.count(silo) > 0; }
+  // The caller received a complete masked input from `from` and added it to its sum.
+  Status on_masked_input(const std::string& from);
+  Result<std::vector<std::string>> close_masked();  // U3, signed; fails below min_survivors
+  const std::string& survivors_signature() const { return u3_signature_; }  // the server's, on U3
+  Status on_confirmation(const std::string& from, const std::string& signature);
+  Result<UnmaskRequest> close_confirmations();  // fails below SettlementRules::confirmations signatures
+
+  const std::set<std::string>& u2() const { return u2_; }
+  const std::set<std::string>& settled() const { return settled_; }
+  const std::set<std::string>& u3() const { return u3_; }
+  const std::set<std::string>& confirmed() const { return confirmed_; }
+  const std::vector<Blame>& blamed() const { return blamed_; }
+
+ protected:
+  // The server's steps, the protocol's own included.
+  enum class Step { Keys, Shares, Receipts, Masked, Confirm, Unmask, Done };
+
+  // `signer` is the server's certificate key: it signs the settled U2 and U3.
+  Settlement(SettlementRules rules, CertVerifier ca, CertSigner signer);
+  Settlement(const Settlement&) = default;
+  Settlement& operator=(const Settlement&) = default;
+  Settlement(Settlement&&) = default;
+  Settlement& operator=(Settlement&&) = default;
+  virtual ~Settlement() = default;
+
+  // The certificate `member` advertised its keys with (a member of U1).
+  virtual const std::string& certificate_of(const std::string& member) const = 0;
+  // Judges one accusation of a receipt: blames the dealer or the accuser.
+  virtual void judge(const std::string& accuser, const Accusation& a) = 0;
+  // Success, or why the members of `u3` would refuse to unmask it (the protocol's own rule).
+  virtual Status check_survivors(const std::set<std::string>& u3) const;
+
+  // Excludes `silo` for the round, with the reason; only its first blame is kept.
+  void blame(const std::string& silo, const std::string& why);
+
+  SettlementRules rules_;
+  CertVerifier ca_;
+  CertSigner signer_;
+  Step step_ = Step::Keys;
+  std::set<std::string> u2_, receipted_, settled_, u3_, confirmed_, excluded_;
+  std::map<std::string, std::string> confirmations_;  // survivor -> its signature on U3
+  std::optional<UnmaskRequest> request_;
+  std::string u3_signature_;
+  std::vector<Blame> blamed_;
+};
+
+// A member's checks on what the server says of its group, the same in both protocols: a view of
+// the member's own state (references: use it at once).
+struct MemberChecks {
+  const std::string& session;
+  const std::string& me;
+  std::uint32_t min_survivors;
+  const CertVerifier& ca;
+  const std::string& server_certificate;  // DER
+  const std::string& server_name;
+
+  // The settled list: signed by the server, naming this member, leaving at least min_survivors
+  // members. The members, sorted, or why the list is refused.
+  Result<std::vector<std::string>> settled(const Settled& s) const;
+  // U3 (sorted): the server's signature on it checked when given or `signature_required`; this
+  // member among the survivors, and at least min_survivors of them.
+  Status survivors(const std::vector<std::string>& u3, const std::string& server_signature,
+                   bool signature_required) const;
+};
+
 class Client {
  public:
   // `signer` is this member's certificate key; `ca` checks the other members' and the server's.
@@ -220,6 +317,7 @@ class Client {
   template <class T>
   Status mask_impl(std::span<T> input);
   Status check_peer(const std::string& name, const Advertisement& a) const;
+  MemberChecks checks() const { return {p_.session, me_, p_.min_survivors, ca_, server_certificate_, server_name_}; }
   bool holds(const std::string& owner) const { return owner == me_ || near_.count(owner); }
 
   Params p_;
@@ -244,7 +342,7 @@ class Client {
   enum class Step { Advertise, Share, Receive, Settle, Mask, Confirm, Unmask, Done } step_ = Step::Advertise;
 };
 
-class Server {
+class Server : public Settlement {
  public:
   // `signer` is the server's certificate key (it signs the settled U2); `box` the key pair the
   // members seal their unmask answers to (its public half is Params::server_key).
@@ -263,18 +361,8 @@ class Server {
   Status on_shares(const std::string& from, const Outbox& to);
   // Per member of U2: what the other members of U2 dealt it.
   Result<std::map<std::string, Inbox>> close_shares();
-  // A member's receipt; its accusations are judged at once: the verdicts are in blamed(). An
-  // error only for a receipt that is not the member's (unsigned) or not expected.
-  Status on_receipt(const std::string& from, const Receipt& receipt);
-  // The final U2: members that sent a receipt and were not excluded. Fails below min_survivors.
-  Result<Settled> settle();
-  bool settled_member(const std::string& silo) const { return settled_.count(silo) > 0; }
-  // The caller received a complete masked input from `from` and added it to its sum.
-  Status on_masked_input(const std::string& from);
-  Result<std::vector<std::string>> close_masked();  // U3, to be confirmed; fails below min_survivors
-  const std::string& survivors_signature() const { return u3_signature_; }  // the server's, on U3
-  Status on_confirmation(const std::string& from, const std::string& signature);
-  Result<UnmaskRequest> close_confirmations();  // fails below min_survivors signatures
+  // Receipts, the settled U2, U3 and its confirmations: Settlement's (close_confirmations()
+  // fails below min_survivors signatures; close_masked() also when U3 falls apart on a graph).
   Status on_unmask(const std::string& from, const std::string& sealed_reply);
   std::size_t unmask_replies() const { return replies_.size(); }
   // Removes the masks from the sum of the U3 members' masked inputs; fails below the
@@ -285,19 +373,15 @@ class Server {
   Status finish(std::span<std::uint64_t> sum);
 
   const std::set<std::string>& u1() const { return u1_; }
-  const std::set<std::string>& u2() const { return u2_; }
-  const std::set<std::string>& settled() const { return settled_; }
-  const std::set<std::string>& u3() const { return u3_; }
-  const std::set<std::string>& confirmed() const { return confirmed_; }
-  const std::vector<Blame>& blamed() const { return blamed_; }
   // Mask expansions the last finish() needed (for benchmarks).
   std::size_t expansions() const { return expansions_; }
 
  private:
   template <class T>
   Status finish_impl(std::span<T> sum);
-  void blame(const std::string& silo, const std::string& why);
-  void judge(const std::string& accuser, const Accusation& a);
+  const std::string& certificate_of(const std::string& member) const override;
+  void judge(const std::string& accuser, const Accusation& a) override;
+  Status check_survivors(const std::set<std::string>& u3) const override;  // connected on the graph
   bool near(const std::string& a, const std::string& b) const;  // neighbours (any two members: complete graph)
   std::vector<std::string> neighbours(const std::string& silo) const;
   std::optional<Secret> rebuild(const std::string& owner, bool mask_key, std::string& why);
@@ -305,19 +389,11 @@ class Server {
   Params p_;
   Graph graph_;
   std::map<std::string, std::uint32_t> index_;  // member -> index
-  CertVerifier ca_;
-  CertSigner signer_;
   X25519KeyPair box_;
   KeyList keys_;
-  std::set<std::string> u1_, u2_, receipted_, settled_, u3_, confirmed_;
+  std::set<std::string> u1_;
   std::map<std::string, Outbox> shares_;  // sender -> recipient -> sealed shares
-  std::map<std::string, std::string> confirmations_;
   std::map<std::string, UnmaskReply> replies_;
-  std::optional<UnmaskRequest> request_;
-  std::string u3_signature_;
-  std::set<std::string> excluded_;
-  std::vector<Blame> blamed_;
-  enum class Step { Keys, Shares, Receipts, Masked, Confirm, Unmask, Done } step_ = Step::Keys;
   std::size_t expansions_ = 0;
 };
 

@@ -1,0 +1,130 @@
+// The steps SecAgg, SecAgg+ and LightSecAgg share between the shares and the unmask request
+// (crypto/secagg.h, "what SecAgg, SecAgg+ and LightSecAgg do alike").
+#include <algorithm>
+
+#include "crypto/secagg.h"
+#include "crypto/secure_detail.h"
+
+namespace xsilo::crypto::secagg {
+
+using detail::sorted;
+
+Settlement::Settlement(SettlementRules rules, CertVerifier ca, CertSigner signer)
+    : rules_(std::move(rules)), ca_(std::move(ca)), signer_(std::move(signer)) {}
+
+Status Settlement::check_survivors(const std::set<std::string>&) const { return {}; }
+
+void Settlement::blame(const std::string& silo, const std::string& why) {
+  if (!excluded_.insert(silo).second) return;
+  blamed_.push_back({silo, why});
+}
+
+Status Settlement::on_receipt(const std::string& from, const Receipt& r) {
+  if (step_ != Step::Receipts) return Error("a receipt arrived out of order");
+  if (!u2_.count(from)) return Error(from + rules_.receipt_before_sharing);
+  if (receipted_.count(from)) return Error(from + " sent two receipts");
+  if (auto why = ca_.verify(certificate_of(from), from, kSiloRole, receipt_statement(rules_.session, from, r),
+                            r.signature);
+      !why.empty()) {
+    return Error("the receipt said to be from " + from + " is not signed by it (" + why + ")");
+  }
+  receipted_.insert(from);
+  for (const auto& a : r.accusations) judge(from, a);
+  return {};
+}
+
+Result<Settled> Settlement::settle() {
+  if (step_ != Step::Receipts) return Error("the group is already settled");
+  for (const auto& m : receipted_) {
+    if (!excluded_.count(m)) settled_.insert(m);
+  }
+  step_ = Step::Masked;
+  if (settled_.size() < rules_.min_survivors) {
+    return Error("only " + std::to_string(settled_.size()) + " members remain after the receipts; a sum needs " +
+                 std::to_string(rules_.min_survivors));
+  }
+  Settled s;
+  s.members.assign(settled_.begin(), settled_.end());
+  s.signature = signer_.sign(settled_statement(rules_.session, s.members));
+  return s;
+}
+
+Status Settlement::on_masked_input(const std::string& from) {
+  if (step_ != Step::Masked) return Error("masked input arrived out of order");
+  if (!settled_.count(from)) return Error(from + " is not a settled member of its group");
+  if (!u3_.insert(from).second) return Error(from + " sent two masked inputs");
+  return {};
+}
+
+Result<std::vector<std::string>> Settlement::close_masked() {
+  if (step_ != Step::Masked) return Error("survivors already named");
+  step_ = Step::Confirm;
+  if (u3_.size() < rules_.min_survivors) {
+    return Error("only " + std::to_string(u3_.size()) + " masked inputs arrived; a sum needs " +
+                 std::to_string(rules_.min_survivors));
+  }
+  if (auto why = check_survivors(u3_); !why) return why.error();
+  std::vector<std::string> u3(u3_.begin(), u3_.end());
+  u3_signature_ = signer_.sign(survivors_statement(rules_.session, u3));
+  return u3;
+}
+
+Status Settlement::on_confirmation(const std::string& from, const std::string& signature) {
+  if (step_ != Step::Confirm) return Error("a confirmation arrived out of order");
+  if (!u3_.count(from)) return Error(from + " is not a survivor");
+  const std::vector<std::string> u3(u3_.begin(), u3_.end());
+  if (auto why = ca_.verify(certificate_of(from), from, kSiloRole, survivors_statement(rules_.session, u3), signature);
+      !why.empty()) {
+    return Error(from + "'s confirmation does not verify (" + why + ")");
+  }
+  confirmations_[from] = signature;
+  confirmed_.insert(from);
+  return {};
+}
+
+Result<UnmaskRequest> Settlement::close_confirmations() {
+  if (step_ != Step::Confirm) return Error("unmasking already requested");
+  step_ = Step::Unmask;
+  if (confirmations_.size() < rules_.confirmations) {
+    return Error("only " + std::to_string(confirmations_.size()) + " survivors confirmed the survivor set; " +
+                 std::to_string(rules_.confirmations) + " must");
+  }
+  UnmaskRequest r;
+  for (const auto& v : settled_) (u3_.count(v) ? r.survivors : r.dropped).push_back(v);
+  r.signatures = confirmations_;
+  request_ = r;
+  return r;
+}
+
+Result<std::vector<std::string>> MemberChecks::settled(const Settled& s) const {
+  if (auto why =
+          ca.verify(server_certificate, server_name, "server", settled_statement(session, s.members), s.signature);
+      !why.empty()) {
+    return Error("the settled member list is not signed by the server (" + why + ")");
+  }
+  auto members = sorted(s.members);
+  if (!std::binary_search(members.begin(), members.end(), me)) return Error("this silo was excluded from its group");
+  if (members.size() < min_survivors) {
+    return Error("only " + std::to_string(members.size()) + " members remain; a sum needs " +
+                 std::to_string(min_survivors));
+  }
+  return members;
+}
+
+Status MemberChecks::survivors(const std::vector<std::string>& u3, const std::string& server_signature,
+                               bool signature_required) const {
+  if (!server_signature.empty() || signature_required) {
+    if (auto why =
+            ca.verify(server_certificate, server_name, "server", survivors_statement(session, u3), server_signature);
+        !why.empty()) {
+      return Error("the survivor set is not signed by the server (" + why + ")");
+    }
+  }
+  if (!std::binary_search(u3.begin(), u3.end(), me)) return Error("this silo is not among the survivors");
+  if (u3.size() < min_survivors) {
+    return Error("only " + std::to_string(u3.size()) + " survivors; a sum needs " + std::to_string(min_survivors));
+  }
+  return {};
+}
+
+}  // namespace xsilo::crypto::secagg
