@@ -38,6 +38,54 @@ proto::Result<std::map<std::string, secagg::SealedShares>> to_map(const Entries&
   return out;
 }
 
+// The part of a key advertisement both protocols have: the inbox keys, the certificate and the
+// signature (W: wire::SecAggKeys or wire::LsaKeys).
+template <class W, class Advertisement>
+void signed_inbox_keys_to_wire(const Advertisement& a, W& w) {
+  for (const auto& [peer, key] : a.inbox_keys) {
+    auto* k = w.add_inbox_keys();
+    k->set_peer(peer);
+    k->set_key(as_bytes(key));
+  }
+  w.set_certificate(a.certificate);
+  w.set_signature(a.signature);
+}
+template <class W, class Advertisement>
+proto::Status signed_inbox_keys_from_wire(const W& w, Advertisement& a) {
+  for (const auto& k : w.inbox_keys()) {
+    crypto::Key32 key{};
+    if (k.peer().empty() || !copy_exact(k.key(), key)) return bad("malformed keys: an inbox key without a peer or of the wrong size");
+    if (!a.inbox_keys.emplace(k.peer(), key).second) return bad("malformed keys: two inbox keys for " + k.peer());
+  }
+  if (w.certificate().empty() || w.signature().empty()) return bad("keys without a certificate or signature");
+  a.certificate = w.certificate();
+  a.signature = w.signature();
+  return {};
+}
+
+// A key list (silo -> advertisement) either way, for either protocol.
+template <class WireList, class KeyList>
+WireList key_list_to_wire(const KeyList& list) {
+  WireList w;
+  for (const auto& [silo, k] : list) {
+    auto* e = w.add_entries();
+    e->set_silo(silo);
+    *e->mutable_keys() = to_wire(k);
+  }
+  return w;
+}
+template <class KeyList, class WireList>
+proto::Result<KeyList> key_list_from_wire(const WireList& w) {
+  KeyList list;
+  for (const auto& e : w.entries()) {
+    if (e.silo().empty()) return bad("key list entry without a silo name");
+    auto k = from_wire(e.keys());
+    if (!k) return bad("the key list entry of " + e.silo() + ": " + k.status().message);
+    if (!list.emplace(e.silo(), std::move(*k)).second) return bad("the key list names " + e.silo() + " twice");
+  }
+  return list;
+}
+
 }  // namespace
 
 std::string secagg_session(const std::string& federation, std::uint64_t round, std::uint32_t group) {
@@ -98,13 +146,7 @@ wire::SecAggKeys to_wire(const secagg::Advertisement& a) {
   wire::SecAggKeys w;
   w.set_mask_pk(as_bytes(a.mask_pk));
   w.set_self_mask_commitment(as_bytes(a.self_mask_commitment));
-  for (const auto& [peer, key] : a.inbox_keys) {
-    auto* k = w.add_inbox_keys();
-    k->set_peer(peer);
-    k->set_key(as_bytes(key));
-  }
-  w.set_certificate(a.certificate);
-  w.set_signature(a.signature);
+  signed_inbox_keys_to_wire(a, w);
   return w;
 }
 
@@ -113,14 +155,7 @@ proto::Result<secagg::Advertisement> from_wire(const wire::SecAggKeys& w) {
   if (!copy_exact(w.mask_pk(), a.mask_pk) || !copy_exact(w.self_mask_commitment(), a.self_mask_commitment)) {
     return bad("malformed keys: public keys and the commitment are 32 bytes each");
   }
-  for (const auto& k : w.inbox_keys()) {
-    crypto::Key32 key{};
-    if (k.peer().empty() || !copy_exact(k.key(), key)) return bad("malformed keys: an inbox key without a peer or of the wrong size");
-    if (!a.inbox_keys.emplace(k.peer(), key).second) return bad("malformed keys: two inbox keys for " + k.peer());
-  }
-  if (w.certificate().empty() || w.signature().empty()) return bad("keys without a certificate or signature");
-  a.certificate = w.certificate();
-  a.signature = w.signature();
+  if (auto why = signed_inbox_keys_from_wire(w, a); !why) return why;
   return a;
 }
 
@@ -143,70 +178,23 @@ lightsecagg::Params lightsecagg_params(const wire::SecAggSetup& s, const std::st
 
 wire::LsaKeys to_wire(const lightsecagg::Advertisement& a) {
   wire::LsaKeys w;
-  for (const auto& [peer, key] : a.inbox_keys) {
-    auto* k = w.add_inbox_keys();
-    k->set_peer(peer);
-    k->set_key(as_bytes(key));
-  }
-  w.set_certificate(a.certificate);
-  w.set_signature(a.signature);
+  signed_inbox_keys_to_wire(a, w);
   return w;
 }
 
 proto::Result<lightsecagg::Advertisement> from_wire(const wire::LsaKeys& w) {
   lightsecagg::Advertisement a;
-  for (const auto& k : w.inbox_keys()) {
-    crypto::Key32 key{};
-    if (k.peer().empty() || !copy_exact(k.key(), key)) return bad("malformed keys: an inbox key without a peer or of the wrong size");
-    if (!a.inbox_keys.emplace(k.peer(), key).second) return bad("malformed keys: two inbox keys for " + k.peer());
-  }
-  if (w.certificate().empty() || w.signature().empty()) return bad("keys without a certificate or signature");
-  a.certificate = w.certificate();
-  a.signature = w.signature();
+  if (auto why = signed_inbox_keys_from_wire(w, a); !why) return why;
   return a;
 }
 
-wire::LsaKeyList to_wire(const lightsecagg::KeyList& list) {
-  wire::LsaKeyList w;
-  for (const auto& [silo, k] : list) {
-    auto* e = w.add_entries();
-    e->set_silo(silo);
-    *e->mutable_keys() = to_wire(k);
-  }
-  return w;
-}
+wire::LsaKeyList to_wire(const lightsecagg::KeyList& list) { return key_list_to_wire<wire::LsaKeyList>(list); }
 
-proto::Result<lightsecagg::KeyList> from_wire(const wire::LsaKeyList& w) {
-  lightsecagg::KeyList list;
-  for (const auto& e : w.entries()) {
-    if (e.silo().empty()) return bad("key list entry without a silo name");
-    auto k = from_wire(e.keys());
-    if (!k) return bad("the key list entry of " + e.silo() + ": " + k.status().message);
-    if (!list.emplace(e.silo(), std::move(*k)).second) return bad("the key list names " + e.silo() + " twice");
-  }
-  return list;
-}
+proto::Result<lightsecagg::KeyList> from_wire(const wire::LsaKeyList& w) { return key_list_from_wire<lightsecagg::KeyList>(w); }
 
-wire::SecAggKeyList to_wire(const secagg::KeyList& list) {
-  wire::SecAggKeyList w;
-  for (const auto& [silo, k] : list) {
-    auto* e = w.add_entries();
-    e->set_silo(silo);
-    *e->mutable_keys() = to_wire(k);
-  }
-  return w;
-}
+wire::SecAggKeyList to_wire(const secagg::KeyList& list) { return key_list_to_wire<wire::SecAggKeyList>(list); }
 
-proto::Result<secagg::KeyList> from_wire(const wire::SecAggKeyList& w) {
-  secagg::KeyList list;
-  for (const auto& e : w.entries()) {
-    if (e.silo().empty()) return bad("key list entry without a silo name");
-    auto k = from_wire(e.keys());
-    if (!k) return bad("the key list entry of " + e.silo() + ": " + k.status().message);
-    if (!list.emplace(e.silo(), std::move(*k)).second) return bad("the key list names " + e.silo() + " twice");
-  }
-  return list;
-}
+proto::Result<secagg::KeyList> from_wire(const wire::SecAggKeyList& w) { return key_list_from_wire<secagg::KeyList>(w); }
 
 wire::SecAggShares outbox_to_wire(const secagg::Outbox& to) {
   wire::SecAggShares w;
