@@ -20,10 +20,11 @@
 #include "crypto/hash.h"
 #include "server/metrics.h"
 #include "server/round_record.h"
+#include "server/state_files.h"
 
 namespace xsilo::server {
 
-namespace {
+namespace detail {
 
 std::string round_file(std::uint64_t round) {
   char name[64];
@@ -51,89 +52,20 @@ std::vector<std::pair<std::uint64_t, std::filesystem::path>> list_checkpoints(co
   return out;
 }
 
+std::string short_sha(const std::string& s) { return s.empty() ? std::string("none") : s.substr(0, 12); }
+
+}  // namespace detail
+
+namespace {
+
+using detail::list_checkpoints;
+using detail::round_file;
+using detail::short_sha;
+
 bool nonempty_file(const std::filesystem::path& p) {
   std::error_code ec;
   return std::filesystem::is_regular_file(p, ec) && std::filesystem::file_size(p, ec) > 0;
 }
-
-// Each record of the audit log in turn, one line in memory at a time: recovery must not hold
-// the whole history (a 2,000-round log as JSON objects is tens of MiB, kept by the heap for the
-// server's whole life).
-template <class Fn>
-void for_each_record(const std::filesystem::path& path, Fn&& fn) {
-  std::ifstream in(path, std::ios::binary);
-  std::size_t n = 0;
-  for (std::string line; std::getline(in, line);) {
-    ++n;
-    nlohmann::json rec;
-    try {
-      rec = nlohmann::json::parse(line);
-    } catch (const std::exception&) {
-      throw std::runtime_error(path.string() + ": record " + std::to_string(n) + " is not JSON");
-    }
-    fn(rec);
-  }
-}
-
-// The metrics row of a round the audit log records but metrics.csv lacks (the server died
-// between appending the record and the row): what the record says; the losses it does not
-// hold are NaN, the duration is unknown (0).
-MetricsRow metrics_row_of(const nlohmann::json& rec) {
-  MetricsRow row;
-  row.round = rec.value("round", std::uint64_t{0});
-  row.committed = rec.value("status", "") == "committed";
-  row.selected = rec.value("selected", nlohmann::json::array()).size();
-  row.reported = rec.value("participants", nlohmann::json::array()).size();
-  row.dropped = rec.value("dropouts", nlohmann::json::array()).size();
-  row.train_loss = row.fed_eval_loss = row.fed_eval_accuracy = std::nan("");
-  row.upload_bytes = rec.value("upload_bytes", std::uint64_t{0});
-  std::set<std::string> edges;
-  for (const auto& p : rec.value("participants", nlohmann::json::array())) {
-    if (p.is_object() && p.contains("edge")) edges.insert(p.value("edge", ""));
-  }
-  row.edges = edges.size();
-  return row;
-}
-
-// A checkpoint as recovery reads it: the model, its optimizer state, and their hashes; or why
-// it cannot be read.
-struct Checkpoint {
-  std::optional<Model> model, optimizer;
-  std::string model_sha, optimizer_sha, audit_line, error;
-  // Restored from a silo's copy (restore_model): the round's optimizer state is lost, and the
-  // model alone is the checkpoint (any .opt beside it is not this round's).
-  bool optimizer_lost = false;
-};
-
-Checkpoint read_checkpoint(const std::filesystem::path& path, const Model& layout) {
-  Checkpoint c;
-  try {
-    Metadata meta;
-    c.model = load_safetensors(path, &meta);
-    if (!c.model->same_layout(layout)) {
-      c.error = "it holds another model layout";
-      c.model.reset();
-      return c;
-    }
-    c.model_sha = crypto::sha256_hex(c.model->flat());
-    if (auto it = meta.find("xsilo.audit_line"); it != meta.end()) c.audit_line = it->second;
-    if (auto it = meta.find("xsilo.optimizer_lost"); it != meta.end() && it->second == "1") {
-      c.optimizer_lost = true;
-      return c;
-    }
-    const auto opt = std::filesystem::path(path).replace_extension(".opt");
-    if (std::filesystem::exists(opt)) {
-      c.optimizer = load_safetensors(opt);
-      c.optimizer_sha = crypto::sha256_hex(c.optimizer->flat());
-    }
-  } catch (const std::exception& e) {
-    c.model.reset();
-    c.error = std::string("unreadable (") + e.what() + ")";
-  }
-  return c;
-}
-
-std::string short_sha(const std::string& s) { return s.empty() ? std::string("none") : s.substr(0, 12); }
 
 }  // namespace
 
@@ -334,244 +266,6 @@ void ServerState::settle_log(const std::string& first_key) {
 
 std::filesystem::path ServerState::checkpoint_path(std::uint64_t round) const {
   return opts_.dir / "checkpoints" / round_file(round);
-}
-
-// The audit log's view (verified when it was opened): last round, and the model each
-// committed round left; an operator's resume decision supersedes the commits after its round.
-struct ServerState::AuditHistory {
-  struct Committed {
-    std::string model, optimizer;  // SHA-256s the record names ("" optimizer: none)
-    std::optional<double> clip_norm;
-  };
-  std::map<std::uint64_t, Committed> committed;
-  std::uint64_t last_round = 0;
-  // Rounds the log records after the last row of metrics.csv: their rows are appended at the end.
-  std::uint64_t metrics_round = 0;
-  std::map<std::uint64_t, MetricsRow> missing_rows;
-
-  std::uint64_t last_commit() const { return committed.empty() ? 0 : committed.rbegin()->first; }
-
-  void take(const nlohmann::json& rec) {
-    const std::string event = rec.value("event", "");
-    if (event == "operator_resume") {
-      const auto from = rec.value("from_round", std::uint64_t{0});
-      committed.erase(committed.upper_bound(from), committed.end());
-      return;
-    }
-    if (event != "round") return;
-    const auto n = rec.value("round", std::uint64_t{0});
-    if (n > metrics_round) missing_rows[n] = metrics_row_of(rec);
-    last_round = std::max(last_round, n);
-    if (rec.value("status", "") == "committed") {
-      Committed c{rec.value("model_sha256_after", ""), rec.value("optimizer_state_sha256", ""), std::nullopt};
-      if (const auto ac = rec.value("robust", nlohmann::json::object()).value("adaptive_clip", nlohmann::json());
-          ac.is_object() && ac.contains("next")) {
-        c.clip_norm = ac["next"].get<double>();
-      }
-      committed[n] = c;
-    }
-  }
-};
-
-ServerState::AuditHistory ServerState::read_audit_history() const {
-  AuditHistory history;
-  if (const auto rows = read_metrics(opts_.dir / "metrics.csv"); !rows.empty()) {
-    history.metrics_round = rows.back().round;
-  }
-  for_each_record(audit_->path(), [&](const nlohmann::json& rec) { history.take(rec); });
-  return history;
-}
-
-// A checkpoint ahead of the log: the server died between writing it and appending its record,
-// which the checkpoint carries as signed. Appended exactly, after checking; a checkpoint whose
-// record is further ahead shows the log lost records; one that contradicts a record is a fork.
-void ServerState::append_checkpointed_records(AuditHistory& history, const Model& layout) {
-  const std::uint64_t last_commit = history.last_commit();
-  for (const auto& folder : {opts_.dir, opts_.mirror}) {
-    if (folder.empty()) continue;
-    for (const auto& [round, path] : list_checkpoints(folder / "checkpoints")) {
-      if (round <= last_commit) continue;
-      const Checkpoint c = read_checkpoint(path, layout);
-      if (c.audit_line.empty() || !c.model) continue;  // unreadable, or from before records were kept: no claim
-      nlohmann::json rec;
-      try {
-        rec = nlohmann::json::parse(c.audit_line);
-      } catch (const std::exception&) {
-        continue;
-      }
-      const auto seq = rec.value("seq", std::uint64_t{0});
-      if (seq <= audit_->size()) {
-        if (audit_->line_sha256(seq) != crypto::sha256_hex(c.audit_line) && history.committed.count(round) == 0) {
-          // Not this log's record (a checkpoint a superseded history left, or one edited): no claim.
-          spdlog::warn("checkpoint {} carries a record {} this log does not hold; ignored", path.string(), seq);
-        }
-        continue;
-      }
-      if (seq > audit_->size() + 1) {
-        throw StateError("state_dir " + opts_.dir.string() + ": checkpoint " + path.string() + " carries audit record " +
-                         std::to_string(seq) + ", but audit.jsonl has only " + std::to_string(audit_->size()) +
-                         " records: records were lost. Restore audit.jsonl from the mirror or a backup");
-      }
-      // One ahead: the record as signed, chaining to the head, naming this round and model.
-      const bool names_it = rec.value("event", "") == "round" && rec.value("round", std::uint64_t{0}) == round &&
-                            rec.value("status", "") == "committed" && rec.value("model_sha256_after", "") == c.model_sha &&
-                            rec.value("optimizer_state_sha256", "") == c.optimizer_sha;
-      if (!names_it) {
-        spdlog::error("checkpoint {} not trusted: its signed record is not the commit of its model; ignored", path.string());
-        continue;
-      }
-      try {
-        const std::string line = c.audit_line;
-        audit_->append_line(line);  // checks signature and chain before writing a byte
-        mirror_line(line);
-        repairs_.push_back("round " + std::to_string(round) +
-                           " was checkpointed but not audited (the server stopped in between): its signed record "
-                           "appended");
-        history.take(rec);
-        if (round > history.metrics_round) history.missing_rows[round] = metrics_row_of(rec);
-      } catch (const std::exception& e) {
-        spdlog::error("checkpoint {} not trusted: {}; ignored", path.string(), e.what());
-      }
-    }
-  }
-}
-
-// The committed round to go on from: the last one, or the operator's `--resume-from-round`
-// once the log shows it committed and not superseded.
-std::uint64_t ServerState::resume_round(const AuditHistory& history) const {
-  const std::uint64_t target = history.last_commit();
-  if (!opts_.resume_from_round) return target;
-  const std::uint64_t from = *opts_.resume_from_round;
-  if (from > target) {
-    throw StateError("--resume-from-round " + std::to_string(from) + ": the last committed round is " +
-                     std::to_string(target));
-  }
-  if (from > 0 && history.committed.count(from) == 0) {
-    throw StateError("--resume-from-round " + std::to_string(from) + ": the audit log has no committed round " +
-                     std::to_string(from) + " (or an earlier decision superseded it)");
-  }
-  return from;
-}
-
-// The model of committed round `round`, from this folder or the mirror, as its record names it,
-// into `r`; false, with what happened to each copy in `why`, when no copy holds it.
-bool ServerState::load_committed_model(std::uint64_t round, const AuditHistory& history, const Model& layout,
-                                       Resume& r, std::string& why) {
-  const auto& want = history.committed.at(round);
-  for (const auto& folder : {opts_.dir, opts_.mirror}) {
-    if (folder.empty()) continue;
-    const auto path = folder / "checkpoints" / round_file(round);
-    const std::string where = folder == opts_.dir ? "checkpoints/" : "the mirror's checkpoints/";
-    if (!std::filesystem::exists(path)) {
-      why += (why.empty() ? "" : "; ") + where + round_file(round) + " is missing";
-      continue;
-    }
-    Checkpoint c = read_checkpoint(path, layout);
-    if (!c.model) {
-      why += (why.empty() ? "" : "; ") + where + round_file(round) + ": " + c.error;
-    } else if (c.model_sha != want.model) {
-      why += (why.empty() ? "" : "; ") + where + round_file(round) + " holds model " + short_sha(c.model_sha) +
-             ", the log names " + short_sha(want.model);
-    } else if (c.optimizer_sha != want.optimizer && !c.optimizer_lost) {
-      why += (why.empty() ? "" : "; ") + where + round_file(round) + "'s optimizer state is " +
-             short_sha(c.optimizer_sha) + ", the log names " + short_sha(want.optimizer);
-    } else {
-      if (folder != opts_.dir) {
-        Metadata meta{{"xsilo.round", std::to_string(round)}, {"xsilo.model_sha256", c.model_sha}};
-        if (c.optimizer_lost) meta["xsilo.optimizer_lost"] = "1";
-        save_safetensors(checkpoint_path(round), *c.model, meta);
-        if (c.optimizer) {
-          save_safetensors(std::filesystem::path(checkpoint_path(round)).replace_extension(".opt"), *c.optimizer);
-        }
-        repairs_.push_back("restored the checkpoint of round " + std::to_string(round) + " from the mirror (" + why +
-                           ")");
-      }
-      r.committed_round = round;
-      r.model = std::move(c.model);
-      r.optimizer_state = std::move(c.optimizer);
-      return true;
-    }
-  }
-  return false;
-}
-
-void ServerState::append_missing_metrics(const AuditHistory& history) {
-  for (const auto& [round, row] : history.missing_rows) {
-    spdlog::warn("round {} is in the audit log but not in metrics.csv (the server died in between); its row "
-                 "appended from the record",
-                 round);
-    append_metrics(row);
-  }
-}
-
-Resume ServerState::recover(const Model& layout) {
-  Resume r;
-  AuditHistory history = read_audit_history();
-  append_checkpointed_records(history, layout);
-
-  const auto& committed = history.committed;
-  if (!committed.empty()) r.clip_norm = committed.rbegin()->second.clip_norm;
-  const std::uint64_t target = history.last_commit();
-  const std::uint64_t from = resume_round(history);
-  if (from > 0) {
-    std::string why;
-    if (!load_committed_model(from, history, layout, r, why)) {
-      if (opts_.resume_from_round) {
-        throw StateError("--resume-from-round " + std::to_string(from) + ": its checkpoint is not usable either (" +
-                         why + ")");
-      }
-      r.committed_round = from;
-      r.missing = Resume::Missing{from, committed.at(from).model, committed.at(from).optimizer, why};
-    }
-  }
-  if (opts_.resume_from_round && from < target) {
-    nlohmann::json superseded = nlohmann::json::array();
-    for (auto it = committed.upper_bound(from); it != committed.end(); ++it) superseded.push_back(it->first);
-    r.decision = nlohmann::json{{"event", "operator_resume"},
-                                {"from_round", from},
-                                {"model_sha256", from == 0 ? std::string() : committed.at(from).model},
-                                {"superseded_rounds", superseded}};
-    r.clip_norm = from == 0 ? std::nullopt : committed.at(from).clip_norm;
-  }
-  r.last_round = std::max(history.last_round, r.committed_round);
-  append_missing_metrics(history);
-  r.repairs = repairs_;
-  return r;
-}
-
-std::string ServerState::missing_model_error(const Resume::Missing& m) const {
-  std::uint64_t usable = 0;
-  for (const auto& folder : {opts_.dir, opts_.mirror}) {
-    if (folder.empty()) continue;
-    for (const auto& [round, path] : list_checkpoints(folder / "checkpoints")) {
-      if (round < m.round) usable = std::max(usable, round);
-    }
-  }
-  return "state_dir " + opts_.dir.string() + ": the model of committed round " + std::to_string(m.round) + " (" +
-         short_sha(m.model_sha256) + ") is in no copy: " + m.why +
-         "; and no silo offered it. Restore checkpoints/" + round_file(m.round) +
-         " from a backup, or decide to go on from an earlier committed round with `--resume-from-round N`" +
-         (usable ? " (the newest checkpoint on disk is round " + std::to_string(usable) + ")" : std::string()) +
-         ": the rounds after N are then superseded, and the audit log says so";
-}
-
-std::string ServerState::restore_model(const Resume::Missing& m, const Model& model) {
-  const std::string sha = crypto::sha256_hex(model.flat());
-  if (sha != m.model_sha256) {
-    throw std::runtime_error("the model offered is " + short_sha(sha) + ", round " + std::to_string(m.round) +
-                             "'s is " + short_sha(m.model_sha256));
-  }
-  Metadata meta{{"xsilo.round", std::to_string(m.round)}, {"xsilo.model_sha256", sha}};
-  if (!m.optimizer_sha256.empty()) meta["xsilo.optimizer_lost"] = "1";  // a later start takes the model alone
-  save_safetensors(checkpoint_path(m.round), model, meta);
-  mirror_file(std::filesystem::path("checkpoints") / round_file(m.round));
-  std::string repair = "restored the model of committed round " + std::to_string(m.round) + " (" + short_sha(sha) +
-                       ") from a copy a silo held, checked against its record" +
-                       (m.optimizer_sha256.empty() ? std::string()
-                                                   : "; its optimizer state (" + short_sha(m.optimizer_sha256) +
-                                                         ") was lost with the checkpoint and starts again from zero");
-  repairs_.push_back(repair);
-  return repair;
 }
 
 AuditHead ServerState::commit(std::uint64_t round, const Model& model, const Model& optimizer_state,

@@ -112,7 +112,7 @@ class ServerState : public Store {
  private:
   crypto::SigningKey open_key();
   void settle_log(const std::string& first_key);
-  // recover()'s steps, in order (state.cpp).
+  // recover()'s steps, in order (state_recovery.cpp).
   struct AuditHistory;
   AuditHistory read_audit_history() const;
   void append_checkpointed_records(AuditHistory& history, const Model& layout);
