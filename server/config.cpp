@@ -490,81 +490,77 @@ double secs_of(std::chrono::milliseconds ms) { return static_cast<double>(ms.cou
 std::string abs_path(const std::filesystem::path& p) { return std::filesystem::absolute(p).lexically_normal().string(); }
 }  // namespace
 
-nlohmann::json to_json(const ServerConfig& c) {
-  using json = nlohmann::json;
-  json model = {{"kind", c.model.kind}, {"init_seed", c.model.seed}};
-  if (c.model.kind == "file") {
-    model = {{"kind", "file"}, {"path", abs_path(c.model.file)}};
-  } else if (c.model.kind == "synthetic") {
-    model["parameters"] = c.model.parameters;
+namespace {
+
+nlohmann::json model_json(const ModelSpec& m) {
+  nlohmann::json model = {{"kind", m.kind}, {"init_seed", m.seed}};
+  if (m.kind == "file") {
+    model = {{"kind", "file"}, {"path", abs_path(m.file)}};
+  } else if (m.kind == "synthetic") {
+    model["parameters"] = m.parameters;
   } else {
-    model["inputs"] = c.model.inputs;
-    model["classes"] = c.model.classes;
-    if (!c.model.hidden.empty()) model["hidden"] = c.model.hidden;
+    model["inputs"] = m.inputs;
+    model["classes"] = m.classes;
+    if (!m.hidden.empty()) model["hidden"] = m.hidden;
   }
-  // The training block as given (user keys for external trainers included), known keys as parsed.
-  json training = c.plan.config_json().empty() ? json::object() : json::parse(c.plan.config_json());
-  training["local_epochs"] = c.plan.local_epochs();
-  training["batch_size"] = c.plan.batch_size();
-  training["learning_rate"] = c.plan.learning_rate();
-  training["weight_decay"] = c.plan.weight_decay();
-  training["silo_momentum"] = c.plan.silo_momentum();
-  training["max_weight"] = c.plan.max_weight();
-  const auto& r = c.aggregation.rule;
-  const auto& sc = c.secure;
-  json j = {{"federation", c.federation},
-            {"listen", c.listen.str()},
-            {"tls", transport::to_json(c.tls)},
-            {"allow", transport::to_json(c.allow)},
-            {"transport", transport::to_json(c.channel)},
-            {"chunk_bytes", c.chunk_bytes},
-            {"state_dir", abs_path(c.state_dir)},
-            {"state_mirror", c.state_mirror.empty() ? std::string() : abs_path(c.state_mirror)},
-            {"keep_checkpoints", c.keep_checkpoints},
-            {"stage_uploads_over_mib", c.staging.over_bytes >> 20},
-            {"model", model},
-            {"rounds", c.rounds},
-            {"seed", c.seed},
-            {"selection",
-             {{"min_silos", c.selection.min_silos},
-              {"min_updates", c.selection.min_updates},
-              {"silos_per_round", c.selection.silos_per_round},
-              {"over_selection", c.selection.over_selection}}},
-            {"deadlines",
-             {{"join_s", secs_of(c.deadlines.join)}, {"train_s", secs_of(c.deadlines.train)}, {"upload_s", secs_of(c.deadlines.upload)}}},
-            {"training", training},
-            {"optimizer",
-             {{"kind", c.optimizer.kind},
-              {"lr", c.optimizer.lr},
-              {"momentum", c.optimizer.momentum},
-              {"beta1", c.optimizer.beta1},
-              {"beta2", c.optimizer.beta2},
-              {"tau", c.optimizer.tau}}},
-            {"aggregation",
-             {{"rule", robust::name(r.rule)},
-              {"f", r.f},
-              {"m", r.m},
-              {"beta", r.beta},
-              {"tau", r.tau > 0 ? nlohmann::json(r.tau) : nlohmann::json("auto")},
-              {"iterations", r.iterations},
-              {"reject", r.reject},
-              {"oppose", r.oppose},
-              {"nnm", r.nnm},
-              {"bucket", r.bucket},
-              {"clip_norm", c.aggregation.clip_norm},
-              {"fallback", robust::name(c.aggregation.fallback)}}},
-            {"secure",
-             {{"mode", name(sc.mode)},
-              {"min_group", sc.min_group},
-              {"group_dropouts", sc.group_dropouts},
-              {"threshold", sc.threshold},
-              {"modulus_bits", sc.bits},
-              {"fraction_bits", sc.fraction_bits},
-              {"clip_norm", sc.clip_norm},
-              {"max_weight", sc.max_weight},
-              {"keys_s", secs_of(sc.keys_deadline)},
-              {"unmask_s", secs_of(sc.unmask_deadline)}}},
-            {"log_level", c.log_level}, {"log_format", c.log_format}};
+  return model;
+}
+
+// The training block as given (user keys for external trainers included), known keys as parsed.
+nlohmann::json training_json(const wire::TrainingPlan& plan) {
+  nlohmann::json training =
+      plan.config_json().empty() ? nlohmann::json::object() : nlohmann::json::parse(plan.config_json());
+  training["local_epochs"] = plan.local_epochs();
+  training["batch_size"] = plan.batch_size();
+  training["learning_rate"] = plan.learning_rate();
+  training["weight_decay"] = plan.weight_decay();
+  training["silo_momentum"] = plan.silo_momentum();
+  training["max_weight"] = plan.max_weight();
+  return training;
+}
+
+nlohmann::json aggregation_json(const AggregationConfig& a) {
+  const auto& r = a.rule;
+  nlohmann::json j = {{"rule", robust::name(r.rule)},
+                      {"f", r.f},
+                      {"m", r.m},
+                      {"beta", r.beta},
+                      {"tau", r.tau > 0 ? nlohmann::json(r.tau) : nlohmann::json("auto")},
+                      {"iterations", r.iterations},
+                      {"reject", r.reject},
+                      {"oppose", r.oppose},
+                      {"nnm", r.nnm},
+                      {"bucket", r.bucket},
+                      {"clip_norm", a.clip_norm},
+                      {"fallback", robust::name(a.fallback)}};
+  if (const auto& ac = a.adaptive_clip; ac.on()) {
+    j["adaptive_clip"] = {{"quantile", ac.quantile}, {"lr", ac.lr}, {"initial", ac.initial}, {"min", ac.min}};
+  }
+  return j;
+}
+
+nlohmann::json secure_json(const SecureConfig& sc) {
+  nlohmann::json j = {{"mode", name(sc.mode)},
+                      {"min_group", sc.min_group},
+                      {"group_dropouts", sc.group_dropouts},
+                      {"threshold", sc.threshold},
+                      {"modulus_bits", sc.bits},
+                      {"fraction_bits", sc.fraction_bits},
+                      {"clip_norm", sc.clip_norm},
+                      {"max_weight", sc.max_weight},
+                      {"keys_s", secs_of(sc.keys_deadline)},
+                      {"unmask_s", secs_of(sc.unmask_deadline)}};
+  if (sc.graph) j["graph"] = {{"dropout", sc.graph_dropout}, {"corrupt", sc.graph_corrupt}};
+  if (sc.protocol != SecureProtocol::SecAgg) {
+    j["protocol"] = name(sc.protocol);
+    j["lightsecagg"] = {{"corrupt", sc.privacy_corrupt}};
+  }
+  return j;
+}
+
+// Compression of the uploads and of the broadcast, the metrics listener, the port file: only
+// when configured.
+void add_optional_blocks(const ServerConfig& c, nlohmann::json& j) {
   if (!c.port_file.empty()) j["port_file"] = abs_path(c.port_file);
   if (c.metrics.listen) j["metrics"] = transport::to_json(c.metrics);
   if (protocol::compressed(c.compression)) j["compression"] = protocol::to_json(c.compression);
@@ -573,14 +569,46 @@ nlohmann::json to_json(const ServerConfig& c) {
     b.erase("error_feedback");  // never part of a broadcast
     j["broadcast"] = b;
   }
-  if (sc.graph) j["secure"]["graph"] = {{"dropout", sc.graph_dropout}, {"corrupt", sc.graph_corrupt}};
-  if (sc.protocol != SecureProtocol::SecAgg) {
-    j["secure"]["protocol"] = name(sc.protocol);
-    j["secure"]["lightsecagg"] = {{"corrupt", sc.privacy_corrupt}};
-  }
-  if (const auto& ac = c.aggregation.adaptive_clip; ac.on()) {
-    j["aggregation"]["adaptive_clip"] = {{"quantile", ac.quantile}, {"lr", ac.lr}, {"initial", ac.initial}, {"min", ac.min}};
-  }
+}
+
+}  // namespace
+
+nlohmann::json to_json(const ServerConfig& c) {
+  nlohmann::json j = {{"federation", c.federation},
+                      {"listen", c.listen.str()},
+                      {"tls", transport::to_json(c.tls)},
+                      {"allow", transport::to_json(c.allow)},
+                      {"transport", transport::to_json(c.channel)},
+                      {"chunk_bytes", c.chunk_bytes},
+                      {"state_dir", abs_path(c.state_dir)},
+                      {"state_mirror", c.state_mirror.empty() ? std::string() : abs_path(c.state_mirror)},
+                      {"keep_checkpoints", c.keep_checkpoints},
+                      {"stage_uploads_over_mib", c.staging.over_bytes >> 20},
+                      {"model", model_json(c.model)},
+                      {"rounds", c.rounds},
+                      {"seed", c.seed},
+                      {"selection",
+                       {{"min_silos", c.selection.min_silos},
+                        {"min_updates", c.selection.min_updates},
+                        {"silos_per_round", c.selection.silos_per_round},
+                        {"over_selection", c.selection.over_selection}}},
+                      {"deadlines",
+                       {{"join_s", secs_of(c.deadlines.join)},
+                        {"train_s", secs_of(c.deadlines.train)},
+                        {"upload_s", secs_of(c.deadlines.upload)}}},
+                      {"training", training_json(c.plan)},
+                      {"optimizer",
+                       {{"kind", c.optimizer.kind},
+                        {"lr", c.optimizer.lr},
+                        {"momentum", c.optimizer.momentum},
+                        {"beta1", c.optimizer.beta1},
+                        {"beta2", c.optimizer.beta2},
+                        {"tau", c.optimizer.tau}}},
+                      {"aggregation", aggregation_json(c.aggregation)},
+                      {"secure", secure_json(c.secure)},
+                      {"log_level", c.log_level},
+                      {"log_format", c.log_format}};
+  add_optional_blocks(c, j);
   return j;
 }
 
