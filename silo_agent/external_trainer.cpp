@@ -177,78 +177,79 @@ void ExternalTrainer::stop_copies(std::chrono::milliseconds grace) {
   copies_.clear();
 }
 
-void ExternalTrainer::start(const TrainTask& task, std::size_t model_bytes) {
-  if (!copies_.empty()) return;
-  if (consecutive_failures_ > 0) {
-    // Back off before trying again (restart_backoff: 1 s, 2 s, 4 s, ... at most a minute).
-    const auto wait = restart_backoff(consecutive_failures_);
-    spdlog::info("external trainer: restarting in {} s", wait.count());
-    for (auto end = Clock::now() + wait; Clock::now() < end && !cancelled_;) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    if (cancelled_) throw TrainerError(wire::AGENT_STOPPING, "external trainer: the agent is stopping");
+// Waits before trying again after failures (restart_backoff: 1 s, 2 s, 4 s, ... at most a
+// minute); throws when the agent stops meanwhile.
+void ExternalTrainer::back_off() {
+  const auto wait = restart_backoff(consecutive_failures_);
+  spdlog::info("external trainer: restarting in {} s", wait.count());
+  for (auto end = Clock::now() + wait; Clock::now() < end && !cancelled_;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  if (exchange_.empty()) {
-    // /dev/shm when it has room for three copies of the model (global, update, slack).
-    struct statvfs fs {};
-    const std::uint64_t need = 3 * static_cast<std::uint64_t>(model_bytes) + (64u << 20);
-    std::string tmpl;
-    if (::statvfs("/dev/shm", &fs) == 0 && static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize >= need) {
-      const std::string prefix = "xsilo-" + file_safe(task.silo) + "-";
-      remove_stale_exchanges(prefix);
-      tmpl = "/dev/shm/" + prefix + std::to_string(::getpid()) + "-XXXXXX";
-      exchange_in_shm_ = true;
-    } else {
-      tmpl = (dir_ / "exchange-XXXXXX").string();
-    }
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    if (!::mkdtemp(buf.data())) {
-      fail(wire::AGENT_INTERNAL, "cannot create a private exchange folder " + tmpl + ": " + std::strerror(errno));
-    }
-    exchange_ = buf.data();  // mkdtemp makes it 0700
+  if (cancelled_) throw TrainerError(wire::AGENT_STOPPING, "external trainer: the agent is stopping");
+}
+
+// The private folder the copies exchange tensor files in: in memory when /dev/shm has room for
+// three copies of the model (global, update, slack), else in the state folder.
+void ExternalTrainer::open_exchange(const std::string& silo, std::size_t model_bytes) {
+  struct statvfs fs {};
+  const std::uint64_t need = 3 * static_cast<std::uint64_t>(model_bytes) + (64u << 20);
+  std::string tmpl;
+  if (::statvfs("/dev/shm", &fs) == 0 && static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize >= need) {
+    const std::string prefix = "xsilo-" + file_safe(silo) + "-";
+    remove_stale_exchanges(prefix);
+    tmpl = "/dev/shm/" + prefix + std::to_string(::getpid()) + "-XXXXXX";
+    exchange_in_shm_ = true;
+  } else {
+    tmpl = (dir_ / "exchange-XXXXXX").string();
   }
-  clear_exchange();  // files of copies that are gone
-  const int workers = std::max(1, cfg_.local.workers);
-  const std::string port = std::to_string(free_port());
-  for (int rank = 0; rank < workers; ++rank) {
-    int sv[2];
-    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
-      fail(wire::AGENT_INTERNAL, std::string("socketpair: ") + std::strerror(errno));
-    }
-    auto c = std::make_unique<Copy>();
-    c->rank = rank;
-    c->fd = sv[0];
-    c->log = dir_ / ("rank-" + std::to_string(rank) + ".log");
-    ProcessOptions opts;
-    opts.cwd = cfg_.external.cwd;
-    opts.keep_fds = {sv[1]};
-    opts.env = {{"XSILO_TRAINER_FD", std::to_string(sv[1])},
-                {"XSILO_SILO", task.silo},
-                {"XSILO_EXCHANGE_DIR", exchange_.string()},
-                {"RANK", std::to_string(rank)},
-                {"LOCAL_RANK", std::to_string(rank)},
-                {"WORLD_SIZE", std::to_string(workers)},
-                {"LOCAL_WORLD_SIZE", std::to_string(workers)},
-                {"MASTER_ADDR", "127.0.0.1"},
-                {"MASTER_PORT", port},
-                {"PYTHONUNBUFFERED", "1"}};
-    if (!cfg_.train_data.empty()) opts.env.emplace_back("XSILO_TRAIN_DATA", std::filesystem::absolute(cfg_.train_data).string());
-    if (!cfg_.test_data.empty()) opts.env.emplace_back("XSILO_TEST_DATA", std::filesystem::absolute(cfg_.test_data).string());
-    for (const auto& kv : cfg_.external.env) opts.env.push_back(kv);
-    try {
-      c->process = std::make_unique<Process>(cfg_.external.command, c->log, opts);
-    } catch (const std::exception& e) {
-      ::close(sv[1]);
-      copies_.push_back(std::move(c));
-      fail(wire::TRAINER_DID_NOT_START, std::string("cannot start ") + cfg_.external.command[0] + ": " + e.what());
-    }
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  if (!::mkdtemp(buf.data())) {
+    fail(wire::AGENT_INTERNAL, "cannot create a private exchange folder " + tmpl + ": " + std::strerror(errno));
+  }
+  exchange_ = buf.data();  // mkdtemp makes it 0700
+}
+
+// Starts copy `rank` of `workers` with the torchrun environment and a socket to talk to it on.
+void ExternalTrainer::launch_copy(const std::string& silo, int rank, int workers, const std::string& port) {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+    fail(wire::AGENT_INTERNAL, std::string("socketpair: ") + std::strerror(errno));
+  }
+  auto c = std::make_unique<Copy>();
+  c->rank = rank;
+  c->fd = sv[0];
+  c->log = dir_ / ("rank-" + std::to_string(rank) + ".log");
+  ProcessOptions opts;
+  opts.cwd = cfg_.external.cwd;
+  opts.keep_fds = {sv[1]};
+  opts.env = {{"XSILO_TRAINER_FD", std::to_string(sv[1])},
+              {"XSILO_SILO", silo},
+              {"XSILO_EXCHANGE_DIR", exchange_.string()},
+              {"RANK", std::to_string(rank)},
+              {"LOCAL_RANK", std::to_string(rank)},
+              {"WORLD_SIZE", std::to_string(workers)},
+              {"LOCAL_WORLD_SIZE", std::to_string(workers)},
+              {"MASTER_ADDR", "127.0.0.1"},
+              {"MASTER_PORT", port},
+              {"PYTHONUNBUFFERED", "1"}};
+  if (!cfg_.train_data.empty()) opts.env.emplace_back("XSILO_TRAIN_DATA", std::filesystem::absolute(cfg_.train_data).string());
+  if (!cfg_.test_data.empty()) opts.env.emplace_back("XSILO_TEST_DATA", std::filesystem::absolute(cfg_.test_data).string());
+  for (const auto& kv : cfg_.external.env) opts.env.push_back(kv);
+  try {
+    c->process = std::make_unique<Process>(cfg_.external.command, c->log, opts);
+  } catch (const std::exception& e) {
     ::close(sv[1]);
     copies_.push_back(std::move(c));
+    fail(wire::TRAINER_DID_NOT_START, std::string("cannot start ") + cfg_.external.command[0] + ": " + e.what());
   }
-  // Every copy says hello within the start-up budget (its own: the first task's time starts
-  // after it); a version we do not speak is refused.
-  const auto since = Clock::now();
+  ::close(sv[1]);
+  copies_.push_back(std::move(c));
+}
+
+// Every copy says hello within the start-up budget (its own: the first task's time starts
+// after it) and is welcomed; a version we do not speak is refused.
+void ExternalTrainer::greet_copies(const std::string& silo, Clock::time_point since) {
   const TrainerWait hello_wait = startup_wait(cfg_.external.startup, since);
   for (auto& c : copies_) {
     const json hello = receive(*c, hello_wait);
@@ -263,15 +264,27 @@ void ExternalTrainer::start(const TrainTask& task, std::size_t model_bytes) {
       fail(wire::TRAINER_PROTOCOL_ERROR, "rank " + std::to_string(c->rank) + " " + why);
     }
     json welcome = {{"type", "welcome"},
-                          {"protocol", kTrainerProtocol},
-                          {"agent", "0.1.0"},
-                          {"silo", task.silo},
-                          {"exchange_dir", exchange_.string()}};
+                    {"protocol", kTrainerProtocol},
+                    {"agent", "0.1.0"},
+                    {"silo", silo},
+                    {"exchange_dir", exchange_.string()}};
     if (!cfg_.feature_stats.empty()) welcome["feature_stats"] = cfg_.feature_stats.to_json();
     if (!send_message(c->fd, welcome)) {
       fail(wire::TRAINER_EXITED, "rank " + std::to_string(c->rank) + " closed its channel after hello");
     }
   }
+}
+
+void ExternalTrainer::start(const TrainTask& task, std::size_t model_bytes) {
+  if (!copies_.empty()) return;
+  if (consecutive_failures_ > 0) back_off();
+  if (exchange_.empty()) open_exchange(task.silo, model_bytes);
+  clear_exchange();  // files of copies that are gone
+  const int workers = std::max(1, cfg_.local.workers);
+  const std::string port = std::to_string(free_port());
+  for (int rank = 0; rank < workers; ++rank) launch_copy(task.silo, rank, workers, port);
+  const auto since = Clock::now();
+  greet_copies(task.silo, since);
   spdlog::info("external trainer: {} cop{} of `{}` started in {} (exchange folder {}{})", workers,
                workers == 1 ? "y" : "ies", cfg_.external.command[0], seconds_text(Clock::now() - since),
                exchange_.string(), exchange_in_shm_ ? ", in memory" : "");

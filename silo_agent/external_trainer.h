@@ -57,6 +57,11 @@ class ExternalTrainer final : public Trainer {
   struct Copy;
   using Clock = std::chrono::steady_clock;
   void start(const TrainTask& task, std::size_t model_bytes);
+  // start()'s steps, in order.
+  void back_off();
+  void open_exchange(const std::string& silo, std::size_t model_bytes);
+  void launch_copy(const std::string& silo, int rank, int workers, const std::string& port);
+  void greet_copies(const std::string& silo, Clock::time_point since);
   void stop_copies(std::chrono::milliseconds grace);
   // Sends a task to every copy and waits for every answer (within the task's budget, from now:
   // the copies are started first); rank 0's answer is returned. `model` may be null (init).

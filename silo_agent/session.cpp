@@ -230,12 +230,15 @@ void Session::witness(const wire::Envelope& e) {
   actions_.push_back(action::Record{.entry = std::move(entry), .log = "audit_heads.jsonl"});
 }
 
-void Session::on_round_start(const wire::Envelope& e) {
-  const auto& rs = e.round_start();
+// The checks a round start passes before this silo acts on it: a model layout it can hold, a
+// server it trusts, no earlier round than the last, not the start it acted on already, and an
+// audit key it can reach (then taken for the round). False: refused (answered, except a start
+// seen before, which is ignored).
+bool Session::accept_round_start(const wire::RoundStart& rs) {
   if (auto why = protocol::check_layout(rs, cfg_.max_model_elements); !why.empty()) {
     spdlog::error("round {}: refusing the round's model layout: {}", rs.round(), why);
     reply_error(wire::BAD_UPDATE, "model layout: " + why);
-    return;
+    return false;
   }
   if (cfg_.ca) {
     // The model, layout and plan come through whoever relays them: only a server of this
@@ -246,7 +249,7 @@ void Session::on_round_start(const wire::Envelope& e) {
       if (why.empty()) why = "the round start is signed by server " + server + ", which is not one this agent trusts";
       spdlog::error("round {}: refusing the round: {}", rs.round(), why);
       reply_error(wire::NOT_ALLOWED, why);
-      return;
+      return false;
     }
   }
   if (rs.round() < round_) {
@@ -254,13 +257,13 @@ void Session::on_round_start(const wire::Envelope& e) {
     // server starts the same round again, never an older one).
     reply_error(wire::WRONG_ROUND, "round " + std::to_string(rs.round()) + " starts after round " +
                                        std::to_string(round_) + " did: refused");
-    return;
+    return false;
   }
   if (!rs.nonce().empty() && rs.nonce() == start_nonce_) {
     // The start this silo acted on, again (relayed twice): a server starts each round afresh.
     // Ignored without an answer, which the server would count against this silo.
     spdlog::warn("round {}: the same signed RoundStart again; ignored (each is acted on once)", rs.round());
-    return;
+    return false;
   }
   if (rs.has_audit_key()) {
     // The audit key this silo takes part under: the one it witnessed, or one its rotations lead to.
@@ -269,28 +272,16 @@ void Session::on_round_start(const wire::Envelope& e) {
     if (key.empty()) {
       spdlog::error("round {}: refusing the round: {}", rs.round(), why);
       reply_error(wire::NOT_ALLOWED, "audit key: " + why);
-      return;
+      return false;
     }
     round_audit_key_ = key;
   }
-  start_nonce_ = rs.nonce();
-  ++generation_;
-  *live_generation_ = generation_;
-  pending_.reset();
-  uploaded_ = false;
-  in_round_ = true;
-  training_ = false;
-  round_ = rs.round();
-  if (leave_granted_) {
-    // Selected after the upstream agreed to select this silo no more: the server that agreed
-    // has restarted since and forgotten. Ask the one there now, and go when it answers.
-    spdlog::info("round {}: selected after leave was granted (the server restarted?); asking again", round_);
-    leave_granted_ = leave_requested_ = false;
-    request_leave();
-  }
-  plan_ = rs.plan();
-  compression_ = rs.compression();
-  model_sha_ = rs.model_sha256();
+  return true;
+}
+
+// Readies the receipt of the round's model: streamed through a window when nothing of it is
+// kept, else into a model (the one held, when a compressed broadcast is a delta onto it).
+void Session::prepare_model_receipt(const wire::RoundStart& rs) {
   Model layout;
   for (const auto& t : rs.tensors()) layout.add_layout(t.name(), {t.shape().begin(), t.shape().end()});
   // A compressed broadcast comes as a delta against the model this silo holds when the server
@@ -325,6 +316,30 @@ void Session::on_round_start(const wire::Envelope& e) {
     if (broadcast) rx_.reset_model(global_->flat(), global_->tensors(), rs.broadcast(), have_base, /*hash=*/false);
     else rx_.reset(global_->flat(), global_->tensors(), /*hash=*/false);
   }
+}
+
+void Session::on_round_start(const wire::Envelope& e) {
+  const auto& rs = e.round_start();
+  if (!accept_round_start(rs)) return;
+  start_nonce_ = rs.nonce();
+  ++generation_;
+  *live_generation_ = generation_;
+  pending_.reset();
+  uploaded_ = false;
+  in_round_ = true;
+  training_ = false;
+  round_ = rs.round();
+  if (leave_granted_) {
+    // Selected after the upstream agreed to select this silo no more: the server that agreed
+    // has restarted since and forgotten. Ask the one there now, and go when it answers.
+    spdlog::info("round {}: selected after leave was granted (the server restarted?); asking again", round_);
+    leave_granted_ = leave_requested_ = false;
+    request_leave();
+  }
+  plan_ = rs.plan();
+  compression_ = rs.compression();
+  model_sha_ = rs.model_sha256();
+  prepare_model_receipt(rs);
   secure_.reset();
   setup_.reset();
   settled_ = masking_ = false;

@@ -173,6 +173,8 @@ class Session {
  private:
   void on_join_challenge(const wire::Envelope& e);
   void on_round_start(const wire::Envelope& e);
+  bool accept_round_start(const wire::RoundStart& rs);
+  void prepare_model_receipt(const wire::RoundStart& rs);
   void witness(const wire::Envelope& round_end);
   void start_secure(const wire::SecAggSetup& setup);
   void on_secure(const wire::Envelope& e);
