@@ -136,48 +136,81 @@ void Coordinator::set_phase(Phase p, std::int64_t now_ms) {
   phase_since_ms_ = now_ms;
 }
 
+// The join deadline: a model fetch has had its time; else the round starts with the silos there.
+void Coordinator::join_deadline(std::int64_t now_ms) {
+  if (fetch_) {
+    fetch_->expired = true;  // a copy on its way still gets its upload deadline
+    if (!fetch_->asking) fetch_expired();
+    return;
+  }
+  join_elapsed_ = true;
+  if (phase_ == Phase::Joining) {
+    if (membership_.selectable() < cfg_.selection.min_silos) {
+      spdlog::warn("round {}: {} of the {} silos needed are connected; waiting", round_,
+                   membership_.selectable(), cfg_.selection.min_silos);
+    }
+    try_start_round(now_ms);
+  }
+}
+
+// The training deadline: members still training are dropped and edges upload what they have,
+// unless secure groups still wait for keys (then it starts again at their settlement).
+void Coordinator::train_deadline(std::int64_t now_ms) {
+  if (phase_ != Phase::Collecting) return;
+  if (r_->secure && !r_->secure->settled()) {
+    // Members mask (and announce) only once their group settles, which a hung member holds
+    // up until the key deadlines pass. Dropping everyone still "training" now would blame
+    // them all for the one (issue 37): the deadline starts again at the settlement.
+    if (!r_->train_deferred) {
+      spdlog::warn("round {}: the training deadline came while secure groups still wait for keys; it starts "
+                   "again once they settle",
+                   round_);
+    }
+    r_->train_deferred = true;
+    return;
+  }
+  r_->train_elapsed = true;
+  for (std::size_t i = 0; i < r_->members.size(); ++i) {
+    if (r_->members[i].state == MemberState::Training) {
+      drop(i, DropPhase::Train, DropCause::Deadline, "missed the training deadline");
+    }
+  }
+  // Edges still collecting are told to upload what they have now.
+  for (const auto& [id, peer] : membership_.sessions()) {
+    if (peer.edge && edge_pending(id) && r_->edge_queued.insert(id).second) r_->slot.enqueue(Uploader{kNone, id});
+  }
+  pump(now_ms);
+}
+
+// The upload deadline: the holder of the upload slot (a silo, or an edge with its region) is
+// dropped; a model fetch's copy that did not come whole is refused.
+void Coordinator::upload_deadline(std::int64_t now_ms) {
+  if (fetch_) {
+    if (fetch_->asking && !fetch_->restoring) {
+      fetch_refused("sent no whole copy within the upload deadline (" +
+                    std::to_string(cfg_.deadlines.upload.count() / 1000) + " s)");
+    }
+    return;
+  }
+  if (phase_ != Phase::Collecting || !r_->slot.busy() || job_ != JobKind::None) return;
+  const Uploader u = *r_->slot.holder();
+  if (u.edge) {
+    const Peer* p = membership_.peer(u.edge);
+    drop_region(p ? p->name : "", DropPhase::Upload, DropCause::Deadline, "its edge missed the upload deadline");
+    abandon_upload();
+  } else {
+    drop(u.member, DropPhase::Upload, DropCause::Deadline, "missed the upload deadline");
+  }
+  pump(now_ms);
+}
+
 void Coordinator::on_timer(Timer timer, std::int64_t now_ms) {
   switch (timer) {
     case Timer::Join:
-      if (fetch_) {
-        fetch_->expired = true;  // a copy on its way still gets its upload deadline
-        if (!fetch_->asking) fetch_expired();
-        break;
-      }
-      join_elapsed_ = true;
-      if (phase_ == Phase::Joining) {
-        if (membership_.selectable() < cfg_.selection.min_silos) {
-          spdlog::warn("round {}: {} of the {} silos needed are connected; waiting", round_,
-                       membership_.selectable(), cfg_.selection.min_silos);
-        }
-        try_start_round(now_ms);
-      }
+      join_deadline(now_ms);
       break;
     case Timer::Train:
-      if (phase_ != Phase::Collecting) break;
-      if (r_->secure && !r_->secure->settled()) {
-        // Members mask (and announce) only once their group settles, which a hung member holds
-        // up until the key deadlines pass. Dropping everyone still "training" now would blame
-        // them all for the one (issue 37): the deadline starts again at the settlement.
-        if (!r_->train_deferred) {
-          spdlog::warn("round {}: the training deadline came while secure groups still wait for keys; it starts "
-                       "again once they settle",
-                       round_);
-        }
-        r_->train_deferred = true;
-        break;
-      }
-      r_->train_elapsed = true;
-      for (std::size_t i = 0; i < r_->members.size(); ++i) {
-        if (r_->members[i].state == MemberState::Training) {
-          drop(i, DropPhase::Train, DropCause::Deadline, "missed the training deadline");
-        }
-      }
-      // Edges still collecting are told to upload what they have now.
-      for (const auto& [id, peer] : membership_.sessions()) {
-        if (peer.edge && edge_pending(id) && r_->edge_queued.insert(id).second) r_->slot.enqueue(Uploader{kNone, id});
-      }
-      pump(now_ms);
+      train_deadline(now_ms);
       break;
     case Timer::SecAgg:
       if (phase_ != Phase::Collecting || !r_->secure) break;
@@ -196,26 +229,9 @@ void Coordinator::on_timer(Timer timer, std::int64_t now_ms) {
       }
       finish_unmask(now_ms);
       break;
-    case Timer::Upload: {
-      if (fetch_) {
-        if (fetch_->asking && !fetch_->restoring) {
-          fetch_refused("sent no whole copy within the upload deadline (" +
-                        std::to_string(cfg_.deadlines.upload.count() / 1000) + " s)");
-        }
-        break;
-      }
-      if (phase_ != Phase::Collecting || !r_->slot.busy() || job_ != JobKind::None) break;
-      const Uploader u = *r_->slot.holder();
-      if (u.edge) {
-        const Peer* p = membership_.peer(u.edge);
-        drop_region(p ? p->name : "", DropPhase::Upload, DropCause::Deadline, "its edge missed the upload deadline");
-        abandon_upload();
-      } else {
-        drop(u.member, DropPhase::Upload, DropCause::Deadline, "missed the upload deadline");
-      }
-      pump(now_ms);
+    case Timer::Upload:
+      upload_deadline(now_ms);
       break;
-    }
   }
 }
 
@@ -229,8 +245,10 @@ void Coordinator::try_start_round(std::int64_t now_ms) {
   if (membership_.all_accounted_for(cfg_.expected_silos) || join_elapsed_) start_round(now_ms);
 }
 
-void Coordinator::start_round(std::int64_t now_ms) {
-  actions_.push_back(action::CancelTimer{Timer::Join});
+// The silos this round selects, sorted: the candidates in an order drawn from the round's seed,
+// the first silos_per_round of them (with over-selection); `target` is the updates the round
+// closes at.
+std::vector<std::pair<std::string, SessionId>> Coordinator::select_candidates(std::size_t& target) const {
   std::vector<std::pair<std::string, SessionId>> candidates;
   for (const auto& route : membership_.routes()) {
     if (!membership_.excluded(route.first)) candidates.push_back(route);  // moving to another upstream, or disowned
@@ -239,7 +257,7 @@ void Coordinator::start_round(std::int64_t now_ms) {
   std::shuffle(candidates.begin(), candidates.end(), rng);
   const auto& sel = cfg_.selection;
   std::size_t n_select = candidates.size();
-  std::size_t target = n_select;
+  target = n_select;
   if (sel.silos_per_round > 0) {
     const auto want = static_cast<std::size_t>(
         std::ceil(static_cast<double>(sel.silos_per_round) * (1.0 + sel.over_selection)));
@@ -248,6 +266,55 @@ void Coordinator::start_round(std::int64_t now_ms) {
   }
   candidates.resize(n_select);
   std::sort(candidates.begin(), candidates.end());
+  return candidates;
+}
+
+// The audit key the silos take part under, and the rotations that lead to it from the first.
+void Coordinator::add_audit_key(wire::RoundStart& rs) const {
+  if (const auto keys = store_.audit_keys(); !keys.empty()) {
+    auto* k = rs.mutable_audit_key();
+    k->set_public_key(keys.back().public_key);
+    for (std::size_t i = 1; i < keys.size(); ++i) {
+      auto* rot = k->add_rotations();
+      rot->set_old_key(keys[i - 1].public_key);
+      rot->set_next_key(keys[i].public_key);
+      rot->set_signature(keys[i].rotation_signature);
+    }
+  }
+}
+
+// Each selected silo's round start, signed for it with its group's secure setup, and the model
+// (the silos behind an edge get theirs from the edge).
+void Coordinator::send_round_start(const wire::Envelope& start,
+                                   const std::vector<std::pair<std::string, SessionId>>& candidates,
+                                   const BroadcastDelta* offer) {
+  std::set<SessionId> edges;
+  for (const auto& [silo, session] : candidates) {
+    Member mb;
+    mb.silo = silo;
+    mb.session = session;
+    const Peer* peer = membership_.peer(session);
+    if (peer->edge) {
+      mb.relayed = true;
+      mb.edge = peer->name;
+      edges.insert(session);
+    }
+    r_->add(std::move(mb));
+    wire::Envelope mine = start;
+    if (r_->secure) *mine.mutable_round_start()->mutable_secagg() = r_->secure->setup(r_->secure->group_of(silo));
+    // Signed per silo, the secure setup included: a relay can neither change nor drop it.
+    if (cfg_.signer) protocol::sign_round_start(*mine.mutable_round_start(), *cfg_.signer, cfg_.federation);
+    send_to_member(r_->members.size() - 1, std::move(mine));
+    if (!peer->edge) send_model(session, offer);
+  }
+  // An edge receives the model once and passes it to its selected silos.
+  for (auto edge : edges) send_model(edge, offer);
+}
+
+void Coordinator::start_round(std::int64_t now_ms) {
+  actions_.push_back(action::CancelTimer{Timer::Join});
+  std::size_t target = 0;
+  const auto candidates = select_candidates(target);
 
   set_phase(Phase::Collecting, now_ms);
   r_ = std::make_unique<Round>();
@@ -277,37 +344,8 @@ void Coordinator::start_round(std::int64_t now_ms) {
   }
   r_->compression = round_compression(cfg_, round_);
   if (protocol::compressed(r_->compression)) *rs->mutable_compression() = r_->compression;
-  if (const auto keys = store_.audit_keys(); !keys.empty()) {
-    auto* k = rs->mutable_audit_key();
-    k->set_public_key(keys.back().public_key);
-    for (std::size_t i = 1; i < keys.size(); ++i) {
-      auto* rot = k->add_rotations();
-      rot->set_old_key(keys[i - 1].public_key);
-      rot->set_next_key(keys[i].public_key);
-      rot->set_signature(keys[i].rotation_signature);
-    }
-  }
-  std::set<SessionId> edges;
-  for (const auto& [silo, session] : candidates) {
-    Member mb;
-    mb.silo = silo;
-    mb.session = session;
-    const Peer* peer = membership_.peer(session);
-    if (peer->edge) {
-      mb.relayed = true;
-      mb.edge = peer->name;
-      edges.insert(session);
-    }
-    r_->add(std::move(mb));
-    wire::Envelope mine = start;
-    if (r_->secure) *mine.mutable_round_start()->mutable_secagg() = r_->secure->setup(r_->secure->group_of(silo));
-    // Signed per silo, the secure setup included: a relay can neither change nor drop it.
-    if (cfg_.signer) protocol::sign_round_start(*mine.mutable_round_start(), *cfg_.signer, cfg_.federation);
-    send_to_member(r_->members.size() - 1, std::move(mine));
-    if (!peer->edge) send_model(session, offer);
-  }
-  // An edge receives the model once and passes it to its selected silos.
-  for (auto edge : edges) send_model(edge, offer);
+  add_audit_key(*rs);
+  send_round_start(start, candidates, offer);
   if (r_->secure) {
     actions_.push_back(action::StartTimer{Timer::SecAgg, cfg_.secure.keys_deadline});
     drain_secure();

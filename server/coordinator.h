@@ -236,6 +236,13 @@ class Coordinator {
   // Round lifecycle
   void try_start_round(std::int64_t now_ms);
   void start_round(std::int64_t now_ms);
+  // on_timer()'s longer cases.
+  void join_deadline(std::int64_t now_ms);
+  void train_deadline(std::int64_t now_ms);
+  void upload_deadline(std::int64_t now_ms);
+  // start_round()'s steps.
+  std::vector<std::pair<std::string, SessionId>> select_candidates(std::size_t& target) const;
+  void add_audit_key(wire::RoundStart& rs) const;
   void pump(std::int64_t now_ms);
   void held_model(SessionId id, const std::string& sha256, std::uint64_t round);
   void close_round(std::int64_t now_ms);
@@ -253,6 +260,8 @@ class Coordinator {
   void on_chunk(const Uploader& u, SessionId reply_to, const wire::Envelope& env, std::int64_t now_ms);
   void on_update_end(std::size_t member, const wire::Envelope& env, std::int64_t now_ms);
   void on_region_end(SessionId edge, const wire::Envelope& env, std::int64_t now_ms);
+  std::string check_contributors(const std::string& edge, const wire::UpdateEnd& end, std::vector<std::size_t>& who,
+                                 double& weight) const;
   void folded(FoldResult r, std::int64_t now_ms);
   void fail_upload(const Uploader& u, DropPhase phase, DropCause cause, const std::string& why);
   // A plain upload's weight above the plan's cap (review N5: one silo claiming 1e300 decided a step).
@@ -297,6 +306,9 @@ class Coordinator {
   };
   void send_model(SessionId to, const BroadcastDelta* offer);
   const BroadcastDelta* choose_offer(const std::vector<std::pair<std::string, SessionId>>& candidates) const;
+  // start_round()'s last step: each selected silo's round start, and the model.
+  void send_round_start(const wire::Envelope& start, const std::vector<std::pair<std::string, SessionId>>& candidates,
+                        const BroadcastDelta* offer);
   bool wants_same() const { return protocol::compressed(cfg_.broadcast) && !same_ && same_refused_ != global_sha_; }
   void keep_same(std::shared_ptr<const std::vector<wire::TensorChunk>> chunks);
   static BroadcastDelta broadcast_delta(std::shared_ptr<const std::vector<wire::TensorChunk>> chunks, std::string base);

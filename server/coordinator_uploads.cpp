@@ -85,6 +85,43 @@ void Coordinator::on_update_end(std::size_t m, const wire::Envelope& e, std::int
   });
 }
 
+// The contributors an edge's partial sum lists, checked: this edge's members of the round, each
+// once, in the sum's secure group and settled there (or with a weight the round allows), each
+// with its own signed word. "" with `who` and their `weight` filled, or why the sum is refused.
+std::string Coordinator::check_contributors(const std::string& edge, const wire::UpdateEnd& end,
+                                            std::vector<std::size_t>& who, double& weight) const {
+  for (const auto& c : end.contributors()) {
+    const auto m = member_named(c.silo());
+    if (!m || r_->members[*m].edge != edge || r_->members[*m].state == MemberState::Done ||
+        std::find(who.begin(), who.end(), *m) != who.end()) {
+      return "edge " + edge + " lists " + c.silo() + ", which is not one of its silos in this round";
+    }
+    if (r_->secure) {
+      if (r_->secure->group_of(c.silo()) != end.group() || end.group() == 0) {
+        return "edge " + edge + " put " + c.silo() + " into the partial sum of secure group " +
+               std::to_string(end.group()) + ", which is not its group";
+      }
+      if (!r_->secure->may_upload(c.silo())) {
+        return "edge " + edge + " put " + c.silo() + " into a partial sum, but it is not a settled member of its group";
+      }
+    } else if (!std::isfinite(c.weight()) || c.weight() <= 0) {
+      return "edge " + edge + " lists a non-positive weight for " + c.silo();
+    } else if (heavier_than_allowed(c.weight())) {
+      return "edge " + edge + " lists weight " + std::to_string(c.weight()) + " for " + c.silo() +
+             ", above training.max_weight " + std::to_string(cfg_.plan.max_weight());
+    }
+    // The silo's own signed word on what it sent: an edge can neither alter it nor make one up.
+    if (cfg_.ca) {
+      if (const auto bad = protocol::check_signed_word(c, *cfg_.ca, cfg_.federation, round_); !bad.empty()) {
+        return "edge " + edge + "'s partial sum: " + bad;
+      }
+    }
+    who.push_back(*m);
+    weight += c.weight();
+  }
+  return "";
+}
+
 void Coordinator::on_region_end(SessionId id, const wire::Envelope& e, std::int64_t now_ms) {
   const Uploader u{kNone, id};
   if (!r_->slot.held_by(u) || r_->slot.complete()) {
@@ -97,42 +134,7 @@ void Coordinator::on_region_end(SessionId id, const wire::Envelope& e, std::int6
   // Contributors must be this edge's members of the round; their weights must add up.
   std::vector<std::size_t> who;
   double weight = 0;
-  std::string why;
-  for (const auto& c : end.contributors()) {
-    const auto m = member_named(c.silo());
-    if (!m || r_->members[*m].edge != edge || r_->members[*m].state == MemberState::Done ||
-        std::find(who.begin(), who.end(), *m) != who.end()) {
-      why = "edge " + edge + " lists " + c.silo() + ", which is not one of its silos in this round";
-      break;
-    }
-    if (r_->secure) {
-      if (r_->secure->group_of(c.silo()) != end.group() || end.group() == 0) {
-        why = "edge " + edge + " put " + c.silo() + " into the partial sum of secure group " +
-              std::to_string(end.group()) + ", which is not its group";
-        break;
-      }
-      if (!r_->secure->may_upload(c.silo())) {
-        why = "edge " + edge + " put " + c.silo() + " into a partial sum, but it is not a settled member of its group";
-        break;
-      }
-    } else if (!std::isfinite(c.weight()) || c.weight() <= 0) {
-      why = "edge " + edge + " lists a non-positive weight for " + c.silo();
-      break;
-    } else if (heavier_than_allowed(c.weight())) {
-      why = "edge " + edge + " lists weight " + std::to_string(c.weight()) + " for " + c.silo() +
-            ", above training.max_weight " + std::to_string(cfg_.plan.max_weight());
-      break;
-    }
-    // The silo's own signed word on what it sent: an edge can neither alter it nor make one up.
-    if (cfg_.ca) {
-      if (const auto bad = protocol::check_signed_word(c, *cfg_.ca, cfg_.federation, round_); !bad.empty()) {
-        why = "edge " + edge + "'s partial sum: " + bad;
-        break;
-      }
-    }
-    who.push_back(*m);
-    weight += c.weight();
-  }
+  std::string why = check_contributors(edge, end, who, weight);
   if (why.empty() && who.empty()) {
     drop_region(edge, DropPhase::Upload, DropCause::NotInPartialSum, "its edge had no update from it");
     abandon_upload();
