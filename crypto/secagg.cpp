@@ -555,18 +555,11 @@ void Server::judge(const std::string& accuser, const Accusation& a) {
   if (!u2_.count(accused) || !near(accused, accuser)) {
     return blame(accuser, "accused " + accused + ", who dealt it nothing");
   }
-  const auto& keys = keys_.at(accused);
-  if (!ca_.verify(keys.certificate, accused, kSiloRole, box_statement(p_.session, accused, accuser, a.evidence.box),
-                  a.evidence.signature)
-           .empty()) {
-    return blame(accuser, "accused " + accused + " with a box " + accused + " did not sign");
-  }
-  X25519KeyPair inbox{a.inbox_secret, X25519KeyPair::public_of(a.inbox_secret)};
-  if (inbox.public_key != keys_.at(accuser).inbox_keys.at(accused)) {
-    return blame(accuser, "accused " + accused + " with a key that is not the one it advertised");
-  }
+  auto inbox =
+      detail::accusation_key(ca_, keys_, accuser, a, box_statement(p_.session, accused, accuser, a.evidence.box));
+  if (!inbox) return blame(accuser, inbox.error().message());
   std::pair<SignedShare, SignedShare> got;
-  if (auto why = open_box(p_, ca_, keys, accused, accuser, inbox, a.evidence.box, got); !why) {
+  if (auto why = open_box(p_, ca_, keys_.at(accused), accused, accuser, *inbox, a.evidence.box, got); !why) {
     return blame(accused, why.error().message() + " (shown by " + accuser + " with the box " + accused + " signed)");
   }
   blame(accuser, "accused " + accused + " falsely: the box " + accused + " dealt it opens to shares " + accused +

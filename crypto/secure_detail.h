@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "crypto/certs.h"
+#include "crypto/keys.h"
+#include "crypto/secagg.h"
 
 namespace xsilo::crypto::detail {
 
@@ -61,6 +63,24 @@ inline std::vector<std::string> sorted(std::vector<std::string> v) {
   std::sort(v.begin(), v.end());
   v.erase(std::unique(v.begin(), v.end()), v.end());
   return v;
+}
+
+// A judge's first checks of an accusation, alike in both protocols: the box shown is one the
+// accused signed (`signed_box`: the statement its signature is over), and the inbox secret shown
+// is the one the accuser advertised for the accused. The key pair that opens the box, or what
+// the accuser is blamed for.
+template <class KeyList>
+Result<X25519KeyPair> accusation_key(const CertVerifier& ca, const KeyList& keys, const std::string& accuser,
+                                     const secagg::Accusation& a, const std::string& signed_box) {
+  const std::string& accused = a.accused;
+  if (!ca.verify(keys.at(accused).certificate, accused, secagg::kSiloRole, signed_box, a.evidence.signature).empty()) {
+    return Error("accused " + accused + " with a box " + accused + " did not sign");
+  }
+  X25519KeyPair inbox{a.inbox_secret, X25519KeyPair::public_of(a.inbox_secret)};
+  if (inbox.public_key != keys.at(accuser).inbox_keys.at(accused)) {
+    return Error("accused " + accused + " with a key that is not the one it advertised");
+  }
+  return inbox;
 }
 
 }  // namespace xsilo::crypto::detail
