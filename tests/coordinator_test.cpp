@@ -1103,7 +1103,9 @@ TEST(Coordinator, CenteredClippingLeavesOutAnUpdateAgainstTheLastStepAndTheAudit
     const bool attacker = d["silo"] == name(4);
     EXPECT_EQ(d["kept"].get<bool>(), !attacker) << d.dump();
     EXPECT_EQ(d["alignment"].get<double>() < below, attacker) << d.dump();
-    if (attacker) EXPECT_NE(d["reason"].get<std::string>().find("opposed"), std::string::npos) << d.dump();
+    if (attacker) {
+      EXPECT_NE(d["reason"].get<std::string>().find("opposed"), std::string::npos) << d.dump();
+    }
   }
 }
 

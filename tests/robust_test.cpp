@@ -151,7 +151,9 @@ TEST(Robust, CenteredClippingWithTheAutomaticRadiusDecidesAlikeAtEveryScale) {
       for (std::size_t i = 0; i < n; ++i) {
         EXPECT_EQ(r.decisions[i].reason.empty(), base.decisions[i].reason.empty()) << k << " " << i;
         EXPECT_EQ(r.decisions[i].kept, base.decisions[i].kept) << k << " " << i;
-        if (oppose > 0) EXPECT_NEAR(*r.decisions[i].alignment, *base.decisions[i].alignment, 1e-5) << k << " " << i;
+        if (oppose > 0) {
+          EXPECT_NEAR(*r.decisions[i].alignment, *base.decisions[i].alignment, 1e-5) << k << " " << i;
+        }
       }
       EXPECT_NEAR(r.median_alignment, base.median_alignment, 1e-5) << k;
       EXPECT_NEAR(r.rejected_beyond / s, base.rejected_beyond, 1e-4 * base.rejected_beyond) << k;
@@ -246,7 +248,7 @@ TEST(Robust, WithoutALastStepNothingIsOpposed) {
 // is not opposed (distance may still reject it): only alignments beyond half the median, on
 // the other side, are.
 TEST(Robust, AnInputOrthogonalToTheLastStepIsNotOpposed) {
-  const std::size_t n = 5, d = 4;
+  const std::size_t n = 5;  // of 4 values each
   // Four along the step (alignment about 0.7 to 1), one orthogonal to it with a slight lean back.
   std::vector<float> x = {1, 1, 0, 0, 1, 0.8f, 0.2f, 0, 1, 1.2f, 0, 0.1f, 0.9f, 1, 0.1f, 0, -0.05f, -0.05f, 1, 0};
   const std::vector<float> last = {1, 1, 0, 0};
