@@ -464,14 +464,19 @@ double median_of(std::vector<double> v) {
 constexpr double kAutoRadius = 0.5;
 
 // Each input's alignment with the last committed step (the cosine of the angle between them),
-// and which inputs point against the majority's side of it: those whose alignment is beyond
-// minus `oppose` times the median alignment. The median's sign says which side the majority is
-// on, so a step that attackers pulled backwards flips the test instead of turning it on the
-// honest inputs. Empty when there is nothing to compare with (no step, or a zero one).
+// and which inputs point against the majority's side of it. The median's sign says which side
+// the majority is on, so a step that attackers pulled backwards turns the test instead of
+// turning it on the honest inputs; but only a clear median (at least kOpposeClearMedian away
+// from 0) says so: when honest updates scatter around 0 (near convergence) a minority at -0.01
+// could otherwise tip the median below 0 and have the honest majority opposed. An input is
+// opposed when its alignment on the majority's side is below -max(oppose |m|,
+// kOpposeMinCosine): clearly backwards, never merely orthogonal. Fewer than 3 inputs have no
+// majority to speak of. Alignments are reported whenever a step was there to compare with.
 struct Opposition {
   std::vector<double> alignment;
-  std::vector<bool> opposed;
-  double median = 0;
+  std::vector<bool> opposed;  // empty: the test did not run (see `off`)
+  double median = 0, below = 0;
+  std::string off;  // why nothing was opposed, when alignments were measured
 };
 
 Opposition opposition(MatrixView x, std::span<const float> step, double oppose) {
@@ -488,11 +493,18 @@ Opposition opposition(MatrixView x, std::span<const float> step, double oppose) 
     o.alignment[i] = norm > 0 ? dot / (norm * step_norm) : 0.0;
   }
   o.median = median_of(o.alignment);
-  const double side = o.median < 0 ? -1.0 : 1.0;
-  o.opposed.resize(x.n);
-  for (std::size_t i = 0; i < x.n; ++i) {
-    o.opposed[i] = o.median != 0 && side * o.alignment[i] < -oppose * std::abs(o.median);
+  if (x.n < 3) {
+    o.off = "fewer than 3 inputs";
+    return o;
   }
+  if (std::abs(o.median) < kOpposeClearMedian) {
+    o.off = "the median alignment is within " + std::to_string(kOpposeClearMedian) + " of 0: no side is clear";
+    return o;
+  }
+  const double side = o.median < 0 ? -1.0 : 1.0;
+  o.below = -std::max(oppose * std::abs(o.median), kOpposeMinCosine);
+  o.opposed.resize(x.n);
+  for (std::size_t i = 0; i < x.n; ++i) o.opposed[i] = side * o.alignment[i] < o.below;
   return o;
 }
 
@@ -512,7 +524,8 @@ Result centered_clip(MatrixView x, double tau, std::size_t iterations, std::span
   const auto opposed = [&](std::size_t i) { return !against.opposed.empty() && against.opposed[i]; };
   if (!against.alignment.empty()) {
     r.median_alignment = against.median;
-    r.opposed_below = -oppose * std::abs(against.median);
+    r.opposed_below = against.below;
+    r.opposition_off = against.off;
     for (std::size_t i = 0; i < x.n; ++i) r.decisions[i].alignment = against.alignment[i];
   }
   std::vector<double> dist(x.n), counted_dist;

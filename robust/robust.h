@@ -27,9 +27,10 @@
 //                        left out (kept = false) when it was rejected in every iteration.
 //                        o > 0 and v0 not zero: an input's alignment is the cosine between it
 //                        and v0; with m the median alignment (its sign is the majority's side),
-//                        an input with sign(m) * alignment < -o |m| points against the
-//                        majority's side of the last step and is out of every iteration and of
-//                        the median distance; o <= 0: none.
+//                        an input with sign(m) * alignment < -max(o |m|, 0.2) points against
+//                        the majority's side of the last step and is out of every iteration
+//                        and of the median distance. Only with 3 inputs or more and |m| >= 0.1
+//                        (a clear side); o <= 0: none.
 // Pre-aggregation steps, composable with every rule (rule.h runs nnm, then bucketing, then the
 // rule):
 //   nnm(f):              nearest-neighbour mixing (Allouah et al., AISTATS 2023): input i is
@@ -79,9 +80,11 @@ struct Result {
   double radius = 0;
   double rejected_beyond = 0;
   // centered_clip with a last step to compare with: the median alignment, and the alignment
-  // (on the majority's side) below which inputs were opposed (0 and 0 without one).
+  // (on the majority's side: times the median's sign) below which inputs were opposed, or 0
+  // with the reason in `opposition_off` when the test did not run.
   double median_alignment = 0;
   double opposed_below = 0;
+  std::string opposition_off;
 };
 
 // Why a rule cannot run on n inputs, or "" when it can.
@@ -123,6 +126,10 @@ Result bulyan(MatrixView x, std::size_t f);
 // opposition, in median alignments with the last step (rule.h says why).
 inline constexpr double kDefaultReject = 3.5;
 inline constexpr double kDefaultOppose = 0.5;
+// The opposition's fixed floors, both cosines (scale-free): the median alignment must be this
+// far from 0 for its side to count, and an opposed input at least this far backwards on it.
+inline constexpr double kOpposeClearMedian = 0.1;
+inline constexpr double kOpposeMinCosine = 0.2;
 Result centered_clip(MatrixView x, double tau, std::size_t iterations, std::span<const float> v0 = {},
                      double reject = kDefaultReject, double oppose = kDefaultOppose);
 

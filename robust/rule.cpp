@@ -166,6 +166,7 @@ Result apply(const RuleSpec& s, MatrixView x, std::span<const double> weights) {
   out.rejected_beyond = r.rejected_beyond;
   out.median_alignment = r.median_alignment;
   out.opposed_below = r.opposed_below;
+  out.opposition_off = r.opposition_off;
   out.decisions.resize(x.n);
   for (std::size_t b = 0; b < buckets.sources.size(); ++b) {
     for (auto i : buckets.sources[b]) {

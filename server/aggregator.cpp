@@ -243,9 +243,15 @@ Combined combine_rows(const AggregationConfig& a, std::vector<float>& rows, std:
     }
     if (spec.oppose > 0) {
       info["oppose"] = spec.oppose;
-      if (r.median_alignment != 0) {
+      const bool measured = std::any_of(r.decisions.begin(), r.decisions.end(),
+                                        [](const robust::Decision& d) { return d.alignment.has_value(); });
+      if (measured) {
         info["median_alignment"] = r.median_alignment;
-        info["opposed_below"] = r.opposed_below;
+        if (r.opposition_off.empty()) {
+          info["opposed_below"] = r.opposed_below;
+        } else {
+          info["opposition_off"] = r.opposition_off;
+        }
       }
     }
   }

@@ -257,7 +257,69 @@ TEST(Robust, AnInputOrthogonalToTheLastStepIsNotOpposed) {
   EXPECT_LT(*r.decisions[4].alignment, 0);
   EXPECT_GT(*r.decisions[4].alignment, r.opposed_below);
   for (const auto& dec : r.decisions) EXPECT_EQ(dec.reason.find("opposed"), std::string::npos) << dec.reason;
-  EXPECT_NEAR(r.opposed_below, -kDefaultOppose * r.median_alignment, 1e-12);
+  EXPECT_NEAR(r.opposed_below, -std::max(kDefaultOppose * r.median_alignment, kOpposeMinCosine), 1e-12);
+}
+
+// An opposed input is out of everything, the median distance included: the rule over all the
+// inputs decides exactly as the rule without opposition over the inputs that were not opposed.
+TEST(Robust, AnOpposedInputIsAsIfItHadNotBeenSent) {
+  const InlierAttack a;
+  const auto all = centered_clip(view(a.x, a.n), 0, 10, a.last);
+  const std::vector<float> honest(a.x.begin(), a.x.begin() + static_cast<long>(a.honest * a.d));
+  const auto without_them = centered_clip(view(honest, a.honest), 0, 10, a.last, kDefaultReject, 0);
+  EXPECT_NEAR(all.radius, without_them.radius, 1e-9);
+  for (std::size_t k = 0; k < a.d; ++k) EXPECT_NEAR(all.aggregate[k], without_them.aggregate[k], 1e-5) << k;
+}
+
+// Rows with the given alignments to the step e_0, the rest of each row in its own direction.
+std::vector<float> with_alignments(const std::vector<double>& alignments, std::size_t d, std::mt19937& rng) {
+  std::normal_distribution<double> g(0, 1);
+  std::vector<float> x(alignments.size() * d, 0.0f);
+  for (std::size_t i = 0; i < alignments.size(); ++i) {
+    std::vector<double> u(d, 0.0);
+    double len = 0;
+    for (std::size_t k = 1; k < d; ++k) len += (u[k] = g(rng)) * u[k];
+    len = std::sqrt(len);
+    const double c = alignments[i], rest = std::sqrt(1 - c * c);
+    x[i * d] = static_cast<float>(c);
+    for (std::size_t k = 1; k < d; ++k) x[i * d + k] = static_cast<float>(rest * u[k] / len);
+  }
+  return x;
+}
+
+// Near convergence the honest updates scatter around the last step (alignments near 0). Four
+// attackers of ten just below 0 would tip the median negative and, were its sign taken at its
+// word, have the honest majority opposed; a median that close to 0 names no side, and nothing is.
+TEST(Robust, AMinorityCannotTipTheMedianToOpposeTheHonestUpdates) {
+  std::mt19937 rng(11);
+  const std::size_t d = 200;
+  const std::vector<double> alignments = {-0.03, 0.02, 0.08, 0.12, 0.18, 0.25, -0.05, -0.05, -0.05, -0.05};
+  const auto x = with_alignments(alignments, d, rng);
+  std::vector<float> last(d, 0.0f);
+  last[0] = 1;
+  const auto r = centered_clip(view(x, alignments.size()), 0, 10, last);
+  EXPECT_LT(r.median_alignment, 0);
+  EXPECT_FALSE(r.opposition_off.empty());
+  EXPECT_EQ(r.opposed_below, 0);
+  for (const auto& dec : r.decisions) EXPECT_EQ(dec.reason.find("opposed"), std::string::npos) << dec.reason;
+  // And the same rows against a clear majority: only the clearly backwards ones go.
+  const std::vector<double> clear = {0.3, 0.35, 0.4, 0.45, 0.5, 0.55, -0.1, -0.15, -0.6, -0.7};
+  const auto y = with_alignments(clear, d, rng);
+  const auto c = centered_clip(view(y, clear.size()), 0, 10, last);
+  EXPECT_NEAR(c.opposed_below, -kOpposeMinCosine, 1e-12);  // half the median (0.2125) is less
+  for (std::size_t i = 0; i < clear.size(); ++i) EXPECT_EQ(c.decisions[i].reason.rfind("opposed", 0) == 0, i >= 8) << i;
+}
+
+// Two inputs have no majority: one input against the other is never opposed.
+TEST(Robust, TwoInputsAreNeverOpposed) {
+  std::mt19937 rng(2);
+  const std::size_t d = 50;
+  const auto x = with_alignments({0.3, -0.41}, d, rng);
+  std::vector<float> last(d, 0.0f);
+  last[0] = 1;
+  const auto r = centered_clip(view(x, 2), 0, 10, last);
+  EXPECT_EQ(r.opposition_off, "fewer than 3 inputs");
+  for (const auto& dec : r.decisions) EXPECT_TRUE(dec.kept) << dec.reason;
 }
 
 TEST(Robust, L2ClipScalesOnlyLongRows) {
