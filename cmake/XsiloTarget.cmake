@@ -19,6 +19,10 @@ target_compile_options(xsilo_options INTERFACE
   $<$<COMPILE_LANGUAGE:CXX>:-ffp-contract=off>)
 target_compile_definitions(xsilo_options INTERFACE
   BOOST_ASIO_NO_DEPRECATED XSILO_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+# For every target alike: the switch changes the size of the objects that hold a ThreadCheck.
+if(XSILO_THREAD_CHECKS)
+  target_compile_definitions(xsilo_options INTERFACE XSILO_THREAD_CHECKS)
+endif()
 # Instruction set: portable by default (see XSILO_ARCH in the top CMakeLists.txt). The choice is
 # compiled in, so that `xsilo --version` and every benchmark table say which build ran.
 set(XSILO_BUILD_ARCH "")

@@ -446,7 +446,7 @@ void Relay::upload_chunk(const std::string& silo, const wire::Envelope& e) {
     silo_gone(silo);
     return;
   }
-  actions_.push_back(action::Background{std::move(*check)});
+  to_worker(std::move(*check));
 }
 
 void Relay::update_end(const std::string& silo, const wire::Envelope& e) {
@@ -483,19 +483,19 @@ void Relay::update_end(const std::string& silo, const wire::Envelope& e) {
     auto& sum = r->group_sums[r->group_of[silo]];
     if (!sum) sum = std::make_shared<protocol::MaskedVector>(r->current_words->zeros_like());
     // Masked words of one group add up mod 2^bits (or mod p); the edge never sees anything else.
-    actions_.push_back(action::Job{id, [sum, cur = r->current_words, checked]() -> std::string {
-                                     if (auto why = checked(); !why.empty()) return why;
-                                     sum->add(*cur);
-                                     return "";
-                                   }});
+    to_worker(id, [sum, cur = r->current_words, checked]() -> std::string {
+      if (auto why = checked(); !why.empty()) return why;
+      sum->add(*cur);
+      return "";
+    });
   } else {
-    actions_.push_back(action::Job{id, [sum = r->sum, cur = r->current, checked]() -> std::string {
-                                     if (auto why = checked(); !why.empty()) return why;
-                                     const auto c = cur->flat();
-                                     auto acc = sum->flat();
-                                     for (std::size_t i = 0; i < c.size(); ++i) acc[i] += c[i];
-                                     return "";
-                                   }});
+    to_worker(id, [sum = r->sum, cur = r->current, checked]() -> std::string {
+      if (auto why = checked(); !why.empty()) return why;
+      const auto c = cur->flat();
+      auto acc = sum->flat();
+      for (std::size_t i = 0; i < c.size(); ++i) acc[i] += c[i];
+      return "";
+    });
   }
 }
 
@@ -526,6 +526,20 @@ void Relay::on_job_done(std::uint64_t id, const std::string& refused) {
   pump();
 }
 
+void Relay::to_worker(std::uint64_t id, std::function<std::string()> work) {
+  actions_.push_back(action::Job{id, [worker = worker_, work = std::move(work)] {
+                                   worker->check("the edge's worker job");
+                                   return work();
+                                 }});
+}
+
+void Relay::to_worker(std::function<void()> work) {
+  actions_.push_back(action::Background{[worker = worker_, work = std::move(work)] {
+    worker->check("the edge's chunk check");
+    work();
+  }});
+}
+
 void Relay::silo_gone(const std::string& silo) {
   Region* r = region_.get();
   if (!r) return;
@@ -537,7 +551,7 @@ void Relay::silo_gone(const std::string& silo) {
     r->slot.release();
     r->folding = true;
     r->job = kBarrier | ++job_id_;
-    actions_.push_back(action::Job{r->job, [] { return std::string(); }});
+    to_worker(r->job, [] { return std::string(); });
   }
   if (st->second != SiloState::Done) st->second = SiloState::Gone;
   pump();

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/model.h"
+#include "common/thread_check.h"
 #include "proto/xsilo.pb.h"
 #include "protocol/masked.h"
 #include "protocol/round_start.h"
@@ -47,7 +48,8 @@ struct ToSilos {
   wire::Envelope env;
 };
 // Work for the worker thread, in order: chunk checks (Background) and folds (Job, whose result
-// comes back through on_job_done).
+// comes back through on_job_done). They run on that one thread, one at a time (checked:
+// common/thread_check.h): the folds write the regional sums without a lock.
 struct Background {
   std::function<void()> work;
 };
@@ -142,6 +144,9 @@ class Relay {
   void send_next_sum();
   protocol::UploadBuffer buffer();
   wire::Envelope env() const;
+  // Work for the worker, each piece under worker_'s check.
+  void to_worker(std::uint64_t id, std::function<std::string()> work);
+  void to_worker(std::function<void()> work);
 
   RelayConfig cfg_;
   std::set<std::string> connected_;
@@ -166,6 +171,7 @@ class Relay {
   std::uint64_t last_round_ = 0;
   bool finished_ = false;
   std::uint64_t job_id_ = 0;
+  std::shared_ptr<ThreadCheck> worker_ = std::make_shared<ThreadCheck>();  // shared with the queued work
   std::vector<Action> actions_;
 };
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Configures and builds xsilo into BUILD_DIR (default build/). XSILO_SANITIZE=1 builds with
-# AddressSanitizer and UndefinedBehaviorSanitizer (into build-asan/ unless BUILD_DIR is set).
+# AddressSanitizer and UndefinedBehaviorSanitizer (into build-asan/ unless BUILD_DIR is set),
+# and with the worker-thread checks that RelWithDebInfo's NDEBUG would leave out.
 # BUILD_TARGET builds only the named targets (space-separated; the demo needs only `xsilo`).
 # Where ccache is installed (scripts/install-deps.sh installs it), compiled objects are kept
 # between builds: a rebuild after a pull, or a second build folder with the same flags (the
@@ -23,6 +24,7 @@ launcher=""
 command -v ccache >/dev/null && launcher="env;CCACHE_BASEDIR=$(pwd);ccache"
 cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE="$build_type" -DXSILO_WERROR="$werror" \
   -DXSILO_SANITIZE=$([ "$sanitize" = 1 ] && echo ON || echo OFF) \
+  -DXSILO_THREAD_CHECKS=$([ "$sanitize" = 1 ] && echo ON || echo OFF) \
   -DCMAKE_CXX_COMPILER_LAUNCHER="$launcher" >&2
 targets=()
 for t in ${BUILD_TARGET:-}; do targets+=(--target "$t"); done

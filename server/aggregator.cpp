@@ -58,7 +58,8 @@ class PlainSum final : public Aggregator {
     return {stage_->window(), wire::F32, layout_, true, stage_, {}, stage_};
   }
 
-  FoldResult fold(const Contribution& c, protocol::UploadCheck& check) override {
+ private:
+  FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check) override {
     if (!check.sink_error.empty()) return lose(check.sink_error, c);
     auto r = check_upload(check, c, what_of(c));
     if (!r.ok()) return r;
@@ -76,7 +77,7 @@ class PlainSum final : public Aggregator {
   }
 
   // `out` may be the sum itself (output()): each element is read before it is written.
-  Combined combine(std::span<float> out, const CombineContext&) override {
+  Combined do_combine(std::span<float> out, const CombineContext&) override {
     if (!lost_.empty()) return {false, "the server lost the round's sum: " + lost_, {}, std::nullopt};
     const auto acc = sum_->flat();
     const float inv = static_cast<float>(1.0 / weight_);
@@ -84,9 +85,8 @@ class PlainSum final : public Aggregator {
     return {};
   }
 
-  std::shared_ptr<Model> output(const Model&) override { return sum_; }
+  std::shared_ptr<Model> do_output(const Model&) override { return sum_; }
 
- private:
   // The server's own storage failed while staging or adding an upload: the sum may be partly
   // updated, so the round cannot commit (combine() says why). The upload is not the uploader's
   // fault: it counts as received.
@@ -124,7 +124,8 @@ class RowCollector final : public Aggregator {
 
   protocol::UploadBuffer buffer() override { return {bytes_of(current_), wire::F32, current_.tensors(), true, nullptr, {}, nullptr}; }
 
-  FoldResult fold(const Contribution& c, protocol::UploadCheck& check) override {
+ private:
+  FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check) override {
     auto r = check_upload(check, c, what_of(c));
     if (!r.ok()) return r;
     // The upload is weight * delta: keep the delta, clipped if configured.
@@ -142,12 +143,11 @@ class RowCollector final : public Aggregator {
     return r;
   }
 
-  Combined combine(std::span<float> out, const CombineContext& ctx) override {
+  Combined do_combine(std::span<float> out, const CombineContext& ctx) override {
     in_silo_order();
     return combine_rows(a_, rows_, current_.size(), labels_, "silo", weights_, norms_, ctx, out);
   }
 
- private:
   // The rows in the order of the silos' names, not of their arrival: the seeded buckets (and
   // every tie the rules break by position) then depend on the seed and who took part only, so
   // a round can be recomputed from its record and the updates.

@@ -1,7 +1,8 @@
 // How a round turns the uploads it accepts into one mean delta. The coordinator runs the
 // protocol (who uploads when, who dropped out); an aggregator owns the buffers and the
-// arithmetic. Its fold(), prepare() and combine() run on the worker thread, one at a time and
-// in order, and return values: the coordinator never reads what they write anywhere else.
+// arithmetic. Its fold(), prepare(), combine() and output() run on the worker thread, one at a
+// time and in order (checked: common/thread_check.h), and return values: the coordinator never
+// reads what they write anywhere else.
 //
 //   PlainSum      fedavg: a running sum of weight * delta (silos' uploads or edges' partial sums)
 //   RowCollector  a robust rule or clipping: every silo's own delta, one row each
@@ -21,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/model.h"
+#include "common/thread_check.h"
 #include "protocol/upload_slot.h"
 #include "server/round_config.h"
 
@@ -73,17 +75,36 @@ class Aggregator {
   // Where the next upload goes and what it must look like.
   virtual protocol::UploadBuffer buffer() = 0;
   // Worker: validates the upload now in buffer() (the slot's checks have run) and folds it in.
-  virtual FoldResult fold(const Contribution& c, protocol::UploadCheck& check) = 0;
+  FoldResult fold(const Contribution& c, protocol::UploadCheck& check) {
+    worker_.check("Aggregator::fold");
+    return do_fold(c, check);
+  }
   // Worker, after collection closed: readies the inputs; returns those that failed.
-  virtual std::vector<Rejection> prepare() { return {}; }
+  std::vector<Rejection> prepare() {
+    worker_.check("Aggregator::prepare");
+    return do_prepare();
+  }
   // Worker: the mean delta of the round into `out` (d floats), or why the round must abort.
-  virtual Combined combine(std::span<float> out, const CombineContext& ctx) = 0;
+  Combined combine(std::span<float> out, const CombineContext& ctx) {
+    worker_.check("Aggregator::combine");
+    return do_combine(out, ctx);
+  }
   // Worker, after the last fold: the buffer combine() writes into, which then becomes the next
   // global model (a model of the layout; an aggregator may hand over a buffer of its own that it
   // no longer needs, so a round holds one model less).
-  virtual std::shared_ptr<Model> output(const Model& layout) { return std::make_shared<Model>(layout.zeros_like()); }
+  std::shared_ptr<Model> output(const Model& layout) {
+    worker_.check("Aggregator::output");
+    return do_output(layout);
+  }
   // The secure protocol state of this round, if the mode has one.
   virtual SecureRound* secure() { return nullptr; }
+
+ private:
+  virtual FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check) = 0;
+  virtual std::vector<Rejection> do_prepare() { return {}; }
+  virtual Combined do_combine(std::span<float> out, const CombineContext& ctx) = 0;
+  virtual std::shared_ptr<Model> do_output(const Model& layout) { return std::make_shared<Model>(layout.zeros_like()); }
+  ThreadCheck worker_;
 };
 
 // The checks every upload passes before it is folded: the finiteness the slot's check work

@@ -13,6 +13,7 @@
 
 #include "crypto/hash.h"
 #include "crypto/keys.h"
+#include "crypto/sources.h"
 #include "proto/frame.h"
 #include "protocol/round_start.h"
 #include "protocol/compression.h"
@@ -253,7 +254,7 @@ std::vector<std::pair<std::string, SessionId>> Coordinator::select_candidates(st
   for (const auto& route : membership_.routes()) {
     if (!membership_.excluded(route.first)) candidates.push_back(route);  // moving to another upstream, or disowned
   }
-  std::mt19937_64 rng(cfg_.seed ^ (round_ * 0x9e3779b97f4a7c15ull));  // the selection's seed (robust rules derive their own)
+  std::mt19937_64 rng(crypto::derive_seed(cfg_.seed, round_, "selection"));
   std::shuffle(candidates.begin(), candidates.end(), rng);
   const auto& sel = cfg_.selection;
   std::size_t n_select = candidates.size();

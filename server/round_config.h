@@ -137,10 +137,10 @@ struct RoundConfig {
 // The round's compression as the silos receive it: under secure aggregation, RANDOM_K's
 // coordinate set is drawn from a seed of the federation's seed and the round (every silo of the
 // round keeps the same coordinates; the next round keeps others); PowerSGD's random start Q0
-// likewise.
+// likewise (crypto::derive_seed, purpose "compression").
 wire::Compression round_compression(const RoundConfig& cfg, std::uint64_t round);
 // The seed of the unbiased rounding of round `round`'s broadcast delta (replayable from the
-// config, like the rest of the round).
+// config, like the rest of the round; purpose "broadcast").
 std::uint64_t broadcast_seed(const RoundConfig& cfg, std::uint64_t round);
 
 }  // namespace xsilo::server

@@ -73,14 +73,14 @@ protocol::UploadBuffer SecureGroups::buffer() {
   return {current_.bytes(), current_.dtype(), {{"masked", {words_}, 0}}, true, nullptr, {}, nullptr};
 }
 
-FoldResult SecureGroups::fold(const Contribution& c, protocol::UploadCheck& check) {
+FoldResult SecureGroups::do_fold(const Contribution& c, protocol::UploadCheck& check) {
   auto r = check_upload(check, c, c.partial_sum ? "partial sum" : "update");
   if (!r.ok()) return r;
   sums_.at(c.group).add(current_);  // masked words: nothing to check, add mod 2^bits
   return r;
 }
 
-std::vector<Rejection> SecureGroups::prepare() {
+std::vector<Rejection> SecureGroups::do_prepare() {
   results_ = round_.finish(sums_);
   const auto& sc = round_.config();
   std::vector<Rejection> rejected;
@@ -97,7 +97,7 @@ std::vector<Rejection> SecureGroups::prepare() {
   return rejected;
 }
 
-Combined SecureGroups::combine(std::span<float> out, const CombineContext& ctx) {
+Combined SecureGroups::do_combine(std::span<float> out, const CombineContext& ctx) {
   return combine_groups(aggregation_, results_, d_, clip_norm_ ? std::optional<double>(round_.config().clip_norm)
                                                                : std::nullopt,
                         ceiling_, ctx, out);

@@ -34,12 +34,13 @@ class SecureGroups final : public Aggregator {
                const std::vector<std::string>& selected, std::optional<double> clip_norm = std::nullopt);
 
   protocol::UploadBuffer buffer() override;
-  FoldResult fold(const Contribution& c, protocol::UploadCheck& check) override;
-  std::vector<Rejection> prepare() override;
-  Combined combine(std::span<float> out, const CombineContext& ctx) override;
   SecureRound* secure() override { return &round_; }
 
  private:
+  FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check) override;
+  std::vector<Rejection> do_prepare() override;
+  Combined do_combine(std::span<float> out, const CombineContext& ctx) override;
+
   AggregationConfig aggregation_;
   std::size_t d_;
   std::optional<double> clip_norm_;  // adaptive: this round's (else secure.clip_norm, fixed)

@@ -10,11 +10,16 @@
 
 #include "crypto/hash.h"
 #include "crypto/keys.h"
+#include "crypto/sources.h"
 #include "protocol/secagg_wire.h"
 
 namespace xsilo::server {
 
 namespace secagg = crypto::secagg;
+
+std::uint64_t group_permutation_seed(std::uint64_t seed, std::uint64_t round) {
+  return crypto::derive_seed(seed, round, "secure-groups");
+}
 
 std::vector<std::vector<std::string>> make_groups(std::vector<std::string> silos, const SecureConfig& cfg,
                                                   std::uint64_t permutation_seed) {

@@ -122,10 +122,8 @@ class SecureRound {
   std::vector<SecureDrop> dropped_;
 };
 
-// The seed a round's groups are drawn with, from the federation's seed.
-inline std::uint64_t group_permutation_seed(std::uint64_t seed, std::uint64_t round) {
-  return seed ^ (round * 0xd1b54a32d192ed03ull);
-}
+// The seed a round's groups are drawn with, from the federation's seed (purpose "secure-groups").
+std::uint64_t group_permutation_seed(std::uint64_t seed, std::uint64_t round);
 
 // Splits n silos into floor(n / group_size(cfg)) groups of near-equal size, at least one
 // (global: one group).

@@ -77,7 +77,10 @@ void Session::send(wire::Envelope e) {
 void Session::job(std::function<SessionJobResult()> work) {
   const std::uint64_t id = ++job_id_;
   job_generation_[id] = generation_;
-  actions_.push_back(action::Job{id, std::move(work)});
+  actions_.push_back(action::Job{id, [worker = worker_, work = std::move(work)] {
+                                   worker->check("the silo's worker job");
+                                   return work();
+                                 }});
 }
 
 void Session::on_connected(const std::string& identity, const std::string& upstream, const std::string& upstream_name,

@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/thread_check.h"
 #include "common/window.h"
 #include "crypto/secagg.h"
 #include "silo_agent/secure/member.h"
@@ -84,7 +85,8 @@ struct SendStream {  // an update's chunks, produced lazily from the buffer
   std::shared_ptr<protocol::ChunkSource> source;
   bool update = true;  // false: the global model a restarted server asked for (not an upload)
 };
-// Work for the worker thread; its result comes back through on_job_done.
+// Work for the worker thread; its result comes back through on_job_done. Jobs run on that one
+// thread, one at a time (checked: common/thread_check.h).
 struct Job {
   std::uint64_t id;
   std::function<SessionJobResult()> work;
@@ -217,6 +219,7 @@ class Session {
   std::shared_ptr<std::atomic<std::uint64_t>> live_generation_ = std::make_shared<std::atomic<std::uint64_t>>(0);
   std::uint64_t job_id_ = 0;
   std::map<std::uint64_t, std::uint64_t> job_generation_;
+  std::shared_ptr<ThreadCheck> worker_ = std::make_shared<ThreadCheck>();  // shared with the queued jobs
   bool in_round_ = false;
   std::uint64_t round_ = 0;
   std::uint64_t round_failed_ = 0;  // the round whose model this silo refused (0: none)
