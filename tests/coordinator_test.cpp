@@ -1029,13 +1029,18 @@ TEST(Coordinator, KrumKeepsTheAttackerOutAndTheAuditSaysWhy) {
   EXPECT_TRUE(std::abs(moved - 0.2f) < 1e-5 || std::abs(moved - 0.3f) < 1e-5) << moved;
 }
 
-// The default centered clipping takes an update a million times an honest one out of the mean
-// (it would otherwise pull by a radius) and the audit says by what measure.
-TEST(Coordinator, CenteredClippingRejectsAFarUpdateAndTheAuditSaysBeyondWhatDistance) {
+// Five silos, all of them in every round, under centered clipping with its defaults.
+RoundConfig five_with_centered_clipping() {
   RoundConfig cfg = three_rounds();
   cfg.selection.min_silos = 5;
   cfg.aggregation.rule.rule = robust::Rule::CenteredClip;
-  Harness h(5, cfg);
+  return cfg;
+}
+
+// The default centered clipping takes an update a million times an honest one out of the mean
+// (it would otherwise pull by a radius) and the audit says by what measure.
+TEST(Coordinator, CenteredClippingRejectsAFarUpdateAndTheAuditSaysBeyondWhatDistance) {
+  Harness h(5, five_with_centered_clipping());
   h.connect_all(5);
   std::map<std::size_t, std::pair<std::vector<float>, double>> ups;
   for (std::size_t i = 0; i < 4; ++i) ups[i] = {constant(0.1f * static_cast<float>(i + 1) * 10), 10};
@@ -1066,10 +1071,7 @@ TEST(Coordinator, CenteredClippingRejectsAFarUpdateAndTheAuditSaysBeyondWhatDist
 // IPM 0.5 from one of five: inside the radius, so in round 1 (no last step yet) it counts; in
 // round 2 it points against round 1's step, is left out, and the record says each alignment.
 TEST(Coordinator, CenteredClippingLeavesOutAnUpdateAgainstTheLastStepAndTheAuditSaysWhy) {
-  RoundConfig cfg = three_rounds();
-  cfg.selection.min_silos = 5;
-  cfg.aggregation.rule.rule = robust::Rule::CenteredClip;
-  Harness h(5, cfg);
+  Harness h(5, five_with_centered_clipping());
   h.connect_all(5);
   std::map<std::size_t, std::pair<std::vector<float>, double>> ups;
   std::vector<float> mean(10, 0.0f);
