@@ -508,10 +508,68 @@ Opposition opposition(MatrixView x, std::span<const float> step, double oppose) 
   return o;
 }
 
+// Each input's balance: the share of its coordinates above the coordinate-wise median of the
+// inputs, of those where it differs from it. An honest update of a model with many
+// coordinates lies above the median about as often as below it (measured: 0.44-0.56 on the
+// digits MLP, 0.45-0.55 on digits' logistic regression, clean, Dirichlet 0.3); an update
+// shifted against the same side on every coordinate, as "a little is enough" (ALIE: the honest
+// mean minus a multiple of each coordinate's spread) is, lies below it almost everywhere
+// (balance 0.00 there), however small the shift and however close it stays to the centre. An
+// input is one-sided when its balance is farther from the median balance than max(factor x
+// the spread, kOneSidedFloor), the spread being the distance from the median within which
+// the closest half of the inputs (and one more) lie: so a majority is never left out, and a
+// wide honest spread (a small model whose coordinates move together, such as a logistic
+// regression on correlated features) widens the bound instead of cutting honest inputs.
+// The test does not run on fewer than 3 inputs or fewer than kOneSidedMinCoordinates
+// coordinates, where a share of signs is noise.
+struct Balance {
+  std::vector<double> balance;
+  std::vector<bool> one_sided;  // empty: the test did not run (see `off`)
+  double median = 0, beyond = 0;
+  std::string off;
+};
+
+Balance balance(MatrixView x, double factor) {
+  Balance b;
+  if (factor <= 0 || x.n == 0) return b;
+  if (x.n < 3) {
+    b.off = "fewer than 3 inputs";
+    return b;
+  }
+  if (x.d < kOneSidedMinCoordinates) {
+    b.off = "fewer than " + std::to_string(kOneSidedMinCoordinates) + " coordinates";
+    return b;
+  }
+  const std::vector<float> med = median(x).aggregate;
+  std::vector<std::size_t> above(x.n, 0), below(x.n, 0);
+  for (std::size_t i = 0; i < x.n; ++i) {
+    const auto row = x.row(i);
+    for (std::size_t k = 0; k < x.d; ++k) {
+      above[i] += row[k] > med[k];
+      below[i] += row[k] < med[k];
+    }
+  }
+  b.balance.resize(x.n);
+  for (std::size_t i = 0; i < x.n; ++i) {
+    const auto differ = above[i] + below[i];
+    b.balance[i] = differ ? static_cast<double>(above[i]) / static_cast<double>(differ) : 0.5;
+  }
+  b.median = median_of(b.balance);
+  std::vector<double> gap(x.n);
+  for (std::size_t i = 0; i < x.n; ++i) gap[i] = std::abs(b.balance[i] - b.median);
+  std::vector<double> sorted_gap = gap;
+  const std::size_t half = x.n / 2;  // the (n/2 + 1)-th closest
+  std::nth_element(sorted_gap.begin(), sorted_gap.begin() + static_cast<std::ptrdiff_t>(half), sorted_gap.end());
+  b.beyond = std::max(factor * sorted_gap[half], kOneSidedFloor);
+  b.one_sided.resize(x.n);
+  for (std::size_t i = 0; i < x.n; ++i) b.one_sided[i] = gap[i] > b.beyond;
+  return b;
+}
+
 }  // namespace
 
 Result centered_clip(MatrixView x, double tau, std::size_t iterations, std::span<const float> v0, double reject,
-                     double oppose) {
+                     double oppose, double one_sided) {
   Result r;
   r.decisions.resize(x.n);
   std::vector<double> v(x.d, 0.0);
@@ -521,7 +579,17 @@ Result centered_clip(MatrixView x, double tau, std::size_t iterations, std::span
   // Inputs against the last step are out of every iteration, and out of the median distance:
   // the rule runs on the others. The majority's side is never opposed, so some always remain.
   const Opposition against = opposition(x, v0, oppose);
-  const auto opposed = [&](std::size_t i) { return !against.opposed.empty() && against.opposed[i]; };
+  const Balance lean = balance(x, one_sided);
+  const auto lopsided = [&](std::size_t i) { return !lean.one_sided.empty() && lean.one_sided[i]; };
+  const auto opposed = [&](std::size_t i) {
+    return (!against.opposed.empty() && against.opposed[i]) || lopsided(i);
+  };
+  if (!lean.balance.empty() || !lean.off.empty()) {
+    r.median_balance = lean.median;
+    r.one_sided_beyond = lean.beyond;
+    r.one_sided_off = lean.off;
+    for (std::size_t i = 0; i < lean.balance.size(); ++i) r.decisions[i].balance = lean.balance[i];
+  }
   if (!against.alignment.empty()) {
     r.median_alignment = against.median;
     r.opposed_below = against.below;
@@ -564,7 +632,11 @@ Result centered_clip(MatrixView x, double tau, std::size_t iterations, std::span
       if (rejected) ++rejections[i];
       if (last) {
         r.decisions[i].score = dist[i];
-        if (opposed(i)) {
+        if (lopsided(i)) {
+          r.decisions[i].reason = "one-sided: " + std::to_string(lean.balance[i]) +
+                                  " of its coordinates above the inputs' median, against the median balance " +
+                                  std::to_string(lean.median) + " (bound +-" + std::to_string(lean.beyond) + ")";
+        } else if (opposed(i)) {
           r.decisions[i].reason = "opposed: alignment " + std::to_string(against.alignment[i]) +
                                   " with the last committed step, against the median " +
                                   std::to_string(against.median);

@@ -68,6 +68,9 @@ struct Decision {
   std::string reason;   // why it was rejected or changed, empty otherwise
   // centered_clip with a last step to compare with: the cosine between the input and that step.
   std::optional<double> alignment;
+  // centered_clip with the one-sided test on: the share of the input's coordinates above the
+  // coordinate-wise median of the inputs, of those that differ from it.
+  std::optional<double> balance;
 };
 
 struct Result {
@@ -85,6 +88,12 @@ struct Result {
   double median_alignment = 0;
   double opposed_below = 0;
   std::string opposition_off;
+  // centered_clip's one-sided test: the median balance, and how far from it (either way) an
+  // input's balance had to be to be left out, or 0 with the reason in `one_sided_off` when the
+  // test did not run.
+  double median_balance = 0;
+  double one_sided_beyond = 0;
+  std::string one_sided_off;
 };
 
 // Why a rule cannot run on n inputs, or "" when it can.
@@ -130,7 +139,14 @@ inline constexpr double kDefaultOppose = 0.5;
 // far from 0 for its side to count, and an opposed input at least this far backwards on it.
 inline constexpr double kOpposeClearMedian = 0.1;
 inline constexpr double kOpposeMinCosine = 0.2;
+// centered_clip's default one-sided test, in spreads of the inputs' balances (rule.h says why),
+// and its fixed parts: the least distance from the median balance that counts whatever the
+// spread, and the fewest coordinates for a balance to say anything.
+inline constexpr double kDefaultOneSided = 2.0;
+inline constexpr double kOneSidedFloor = 0.25;
+inline constexpr std::size_t kOneSidedMinCoordinates = 256;
 Result centered_clip(MatrixView x, double tau, std::size_t iterations, std::span<const float> v0 = {},
-                     double reject = kDefaultReject, double oppose = kDefaultOppose);
+                     double reject = kDefaultReject, double oppose = kDefaultOppose,
+                     double one_sided = kDefaultOneSided);
 
 }  // namespace xsilo::robust

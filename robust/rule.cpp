@@ -85,7 +85,7 @@ Result apply_rule(const RuleSpec& s, MatrixView x, std::span<const double> weigh
     case Rule::Median: return median(x);
     case Rule::TrimmedMean: return trimmed_mean(x, trim_count(s, x.n));
     case Rule::Bulyan: return bulyan(x, s.f);
-    case Rule::CenteredClip: return centered_clip(x, s.tau, s.iterations, s.centre, s.reject, s.oppose);
+    case Rule::CenteredClip: return centered_clip(x, s.tau, s.iterations, s.centre, s.reject, s.oppose, s.one_sided);
   }
   return {};
 }
@@ -167,6 +167,9 @@ Result apply(const RuleSpec& s, MatrixView x, std::span<const double> weights) {
   out.median_alignment = r.median_alignment;
   out.opposed_below = r.opposed_below;
   out.opposition_off = r.opposition_off;
+  out.median_balance = r.median_balance;
+  out.one_sided_beyond = r.one_sided_beyond;
+  out.one_sided_off = r.one_sided_off;
   out.decisions.resize(x.n);
   for (std::size_t b = 0; b < buckets.sources.size(); ++b) {
     for (auto i : buckets.sources[b]) {

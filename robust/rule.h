@@ -44,6 +44,11 @@ struct RuleSpec {
   // attacks (IPM 0.5, model replacement) sit inside the radius, where no distance can single
   // them out, but point backwards; honest updates of strongly skewed silos lie near orthogonal.
   double oppose = kDefaultOppose;
+  // centered_clip: inputs whose balance (the share of their coordinates above the inputs'
+  // coordinate-wise median) is farther from the median balance than this many spreads are out
+  // (0: none). Measured (docs/robust.md): ALIE sits inside the radius and points forwards, but
+  // below the median on almost every coordinate.
+  double one_sided = kDefaultOneSided;
   // Pre-aggregation steps (robust.h), before the rule: nearest-neighbour mixing with this f,
   // then buckets of `bucket` inputs (0 or 1: none) shuffled with `seed` (the caller's, per round).
   bool nnm = false;

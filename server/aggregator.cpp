@@ -254,6 +254,15 @@ Combined combine_rows(const AggregationConfig& a, std::vector<float>& rows, std:
         }
       }
     }
+    if (spec.one_sided > 0) {
+      info["one_sided"] = spec.one_sided;
+      if (r.one_sided_off.empty()) {
+        info["median_balance"] = r.median_balance;
+        info["one_sided_beyond"] = r.one_sided_beyond;
+      } else {
+        info["one_sided_off"] = r.one_sided_off;
+      }
+    }
   }
   nlohmann::json inputs = nlohmann::json::array();
   for (std::size_t i = 0; i < n; ++i) {
@@ -261,6 +270,7 @@ Combined combine_rows(const AggregationConfig& a, std::vector<float>& rows, std:
     if (!r.decisions[i].reason.empty()) e["reason"] = r.decisions[i].reason;
     e["norm"] = norms[i];
     if (r.decisions[i].alignment) e["alignment"] = *r.decisions[i].alignment;
+    if (r.decisions[i].balance) e["balance"] = *r.decisions[i].balance;
     if (a.clip_norm > 0 && norms[i] > a.clip_norm) e["clipped"] = true;
     inputs.push_back(e);
   }

@@ -158,6 +158,14 @@ void parse_aggregation(const ConfigNode& ag, AggregationConfig& a) {
   // alignments on the majority's side (0: off). Only the other side is ever opposed, so a factor
   // cannot take the majority out; above 1 an input must oppose more than the median aligns.
   rule.oppose = ag.number("oppose", robust::kDefaultOppose, 0.0, 100.0);
+  // centered_clip's one-sided test: inputs whose balance of coordinates above and below the
+  // inputs' median is this many spreads from the median balance (0: off). Below 1 the bound
+  // could fall inside the closest half of the inputs.
+  rule.one_sided = ag.number("one_sided", robust::kDefaultOneSided, 0.0, 100.0);
+  if (rule.one_sided > 0 && rule.one_sided < 1) {
+    ag.fail("one_sided", "must be 0 (off) or at least 1 spread: below 1 the bound could leave out inputs of the "
+                         "closest half, which the test never does");
+  }
   rule.nnm = ag.boolean("nnm", false);
   rule.bucket = static_cast<std::size_t>(ag.integer("bucket", 0, 0, 1 << 20));
   a.clip_norm = ag.number("clip_norm", 0.0, 0.0, 1e12);
@@ -529,6 +537,7 @@ nlohmann::json aggregation_json(const AggregationConfig& a) {
                       {"iterations", r.iterations},
                       {"reject", r.reject},
                       {"oppose", r.oppose},
+                      {"one_sided", r.one_sided},
                       {"nnm", r.nnm},
                       {"bucket", r.bucket},
                       {"clip_norm", a.clip_norm},

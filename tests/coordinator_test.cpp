@@ -1097,6 +1097,8 @@ TEST(Coordinator, CenteredClippingLeavesOutAnUpdateAgainstTheLastStepAndTheAudit
     EXPECT_FALSE(d.contains("alignment")) << d.dump();
   }
   const auto& second = h.store.commits[1].record["robust"];
+  // Ten parameters are too few for a balance of signs to say anything: the record says so.
+  EXPECT_NE(second.value("one_sided_off", "").find("coordinates"), std::string::npos) << second.dump();
   ASSERT_TRUE(second.contains("median_alignment")) << second.dump();
   EXPECT_EQ(second["oppose"].get<double>(), robust::kDefaultOppose);
   EXPECT_GT(second["median_alignment"].get<double>(), 0.5);
@@ -1107,6 +1109,46 @@ TEST(Coordinator, CenteredClippingLeavesOutAnUpdateAgainstTheLastStepAndTheAudit
     EXPECT_EQ(d["alignment"].get<double>() < below, attacker) << d.dump();
     if (attacker) {
       EXPECT_NE(d["reason"].get<std::string>().find("opposed"), std::string::npos) << d.dump();
+    }
+  }
+}
+
+// A little below the honest mean on every coordinate (ALIE) from one of five, on a model of
+// 300 parameters: inside the radius and along the honest updates, but below the inputs' median
+// everywhere. It is left out as one-sided, and the record says every balance and the bound.
+TEST(Coordinator, CenteredClippingLeavesOutAOneSidedUpdateAndTheAuditSaysWhy) {
+  Model initial;
+  initial.add("w", {300});
+  Harness h(5, five_with_centered_clipping(), 1, initial);
+  h.connect_all(5);
+  std::mt19937 rng(4);
+  std::normal_distribution<float> g(0, 1);
+  std::map<std::size_t, std::pair<std::vector<float>, double>> ups;
+  std::vector<float> mean(300, 0.0f);
+  for (std::size_t i = 0; i < 4; ++i) {
+    std::vector<float> delta(300);
+    for (auto& v : delta) v = 1 + 0.5f * g(rng);
+    for (std::size_t k = 0; k < 300; ++k) mean[k] += delta[k] / 4;
+    for (auto& v : delta) v *= 10;
+    ups[i] = {delta, 10};
+  }
+  std::vector<float> alie(300);
+  for (std::size_t k = 0; k < 300; ++k) alie[k] = (mean[k] - 0.3f) * 10;
+  ups[4] = {alie, 10};
+  for (std::size_t i = 0; i < 5; ++i) h.ready(i, 10);
+  h.serve(ups);
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  const auto& r = h.store.commits[0].record["robust"];
+  EXPECT_EQ(r["one_sided"].get<double>(), robust::kDefaultOneSided);
+  ASSERT_TRUE(r.contains("one_sided_beyond")) << r.dump();
+  EXPECT_FALSE(r.contains("one_sided_off")) << r.dump();
+  const double median = r["median_balance"].get<double>(), beyond = r["one_sided_beyond"].get<double>();
+  for (const auto& d : r["decisions"]) {
+    const bool attacker = d["silo"] == name(4);
+    EXPECT_EQ(d["kept"].get<bool>(), !attacker) << d.dump();
+    EXPECT_EQ(std::abs(d["balance"].get<double>() - median) > beyond, attacker) << d.dump();
+    if (attacker) {
+      EXPECT_EQ(d["reason"].get<std::string>().rfind("one-sided", 0), 0u) << d.dump();
     }
   }
 }

@@ -322,6 +322,127 @@ TEST(Robust, TwoInputsAreNeverOpposed) {
   for (const auto& dec : r.decisions) EXPECT_TRUE(dec.kept) << dec.reason;
 }
 
+// Seven honest inputs scattered around a common mean, and three at "a little is enough" (ALIE:
+// the honest mean minus one standard deviation on every coordinate). They stay nearer the
+// centre than most honest inputs and lean neither way on the last step, so neither distance nor
+// direction singles them out; but they are below the inputs' median on every coordinate.
+struct LittleIsEnough {
+  static constexpr std::size_t n = 10, d = 1000, honest = 7;
+  std::vector<float> x = std::vector<float>(n * d), last = std::vector<float>(d);
+  explicit LittleIsEnough(float scale = 1) {
+    std::mt19937 rng(3);
+    std::normal_distribution<float> g(0, 1);
+    for (std::size_t k = 0; k < d; ++k) last[k] = scale * (1.0f + 0.2f * g(rng));
+    for (std::size_t i = 0; i < honest; ++i) {
+      for (std::size_t k = 0; k < d; ++k) x[i * d + k] = last[k] + 0.8f * scale * g(rng);
+    }
+    for (std::size_t k = 0; k < d; ++k) {
+      double mean = 0, sq = 0;
+      for (std::size_t i = 0; i < honest; ++i) mean += x[i * d + k] / double(honest);
+      for (std::size_t i = 0; i < honest; ++i) sq += (x[i * d + k] - mean) * (x[i * d + k] - mean) / double(honest);
+      for (std::size_t i = honest; i < n; ++i) x[i * d + k] = static_cast<float>(mean - std::sqrt(sq));
+    }
+  }
+};
+
+TEST(Robust, CenteredClippingLeavesOutInputsBelowTheMedianOnEveryCoordinate) {
+  const LittleIsEnough a;
+  const auto without = centered_clip(view(a.x, a.n), 0, 10, a.last, kDefaultReject, kDefaultOppose, 0);
+  for (std::size_t i = a.honest; i < a.n; ++i) EXPECT_TRUE(without.decisions[i].kept) << i;  // distance alone keeps them
+  const auto with = centered_clip(view(a.x, a.n), 0, 10, a.last);
+  EXPECT_TRUE(with.one_sided_off.empty()) << with.one_sided_off;
+  EXPECT_GE(with.one_sided_beyond, kOneSidedFloor);
+  for (std::size_t i = 0; i < a.n; ++i) {
+    ASSERT_TRUE(with.decisions[i].balance.has_value()) << i;
+    if (i < a.honest) {
+      EXPECT_TRUE(with.decisions[i].kept) << i << " " << with.decisions[i].reason;
+      // Above the median more often than not: the three below it everywhere pull it down.
+      EXPECT_GT(*with.decisions[i].balance, 0.5) << i;
+      EXPECT_LT(*with.decisions[i].balance, 0.85) << i;
+    } else {
+      EXPECT_FALSE(with.decisions[i].kept) << i;
+      EXPECT_LT(*with.decisions[i].balance, 0.05) << i;
+      EXPECT_EQ(with.decisions[i].reason.rfind("one-sided:", 0), 0u) << with.decisions[i].reason;
+    }
+  }
+  // Left out as if never sent: the rule over the honest inputs alone, without the test.
+  const std::vector<float> honest(a.x.begin(), a.x.begin() + static_cast<long>(a.honest * a.d));
+  const auto alone = centered_clip(view(honest, a.honest), 0, 10, a.last, kDefaultReject, kDefaultOppose, 0);
+  for (std::size_t k = 0; k < a.d; ++k) EXPECT_NEAR(with.aggregate[k], alone.aggregate[k], 1e-5) << k;
+}
+
+TEST(Robust, TheOneSidedTestDecidesAlikeAtEveryScale) {
+  const LittleIsEnough base;
+  const auto b = centered_clip(view(base.x, base.n), 0, 10, base.last);
+  for (const float scale : {1e-4f, 1e-2f, 1e3f}) {
+    const LittleIsEnough a(scale);
+    const auto r = centered_clip(view(a.x, a.n), 0, 10, a.last);
+    EXPECT_NEAR(r.median_balance, b.median_balance, 1e-3) << scale;
+    for (std::size_t i = 0; i < a.n; ++i) EXPECT_EQ(r.decisions[i].kept, b.decisions[i].kept) << scale << " " << i;
+  }
+}
+
+// A small model whose coordinates move together (a logistic regression on correlated
+// features): honest inputs lie above the median on 10 % to 90 % of their coordinates. The
+// spread of the balances widens the bound instead of cutting the honest inputs at its ends.
+TEST(Robust, AWideSpreadOfBalancesWidensTheBoundInsteadOfCuttingHonestInputs) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> g(0, 1);
+  const std::size_t n = 10, d = 400;
+  std::vector<float> x(n * d);
+  for (std::size_t i = 0; i < n; ++i) {
+    const float shift = 1.4f * (static_cast<float>(i) / float(n - 1) - 0.5f);  // -0.7 .. 0.7
+    for (std::size_t k = 0; k < d; ++k) x[i * d + k] = shift + 0.5f * g(rng);
+  }
+  const auto r = centered_clip(view(x, n), 0, 10, {});
+  EXPECT_TRUE(r.one_sided_off.empty());
+  EXPECT_LT(*r.decisions.front().balance, 0.15);
+  EXPECT_GT(*r.decisions.back().balance, 0.85);
+  EXPECT_GT(r.one_sided_beyond, kOneSidedFloor);
+  for (const auto& dec : r.decisions) EXPECT_EQ(dec.reason.find("one-sided"), std::string::npos) << dec.reason;
+}
+
+// Whatever the balances, the closest half of the inputs (and one more) always stays: a
+// minority can be left out, never the majority.
+TEST(Robust, AMajorityIsNeverOneSided) {
+  std::mt19937 rng(21);
+  std::uniform_real_distribution<float> u(-1, 1);
+  const std::size_t d = 300;
+  for (std::size_t n : {3u, 4u, 7u, 10u}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<float> x(n * d);
+      for (std::size_t i = 0; i < n; ++i) {
+        const float lean = u(rng);
+        for (std::size_t k = 0; k < d; ++k) x[i * d + k] = lean + 0.3f * u(rng);
+      }
+      const auto r = centered_clip(view(x, n), 0, 5, {});
+      const auto out = std::count_if(r.decisions.begin(), r.decisions.end(), [](const Decision& dec) {
+        return dec.reason.rfind("one-sided", 0) == 0;
+      });
+      EXPECT_LE(static_cast<std::size_t>(out), n - (n / 2 + 1)) << n << " " << trial;
+    }
+  }
+}
+
+TEST(Robust, TheOneSidedTestNeedsThreeInputsAndEnoughCoordinates) {
+  const LittleIsEnough a;
+  // The first kOneSidedMinCoordinates - 1 coordinates of each input only.
+  const std::size_t d = kOneSidedMinCoordinates - 1;
+  std::vector<float> few(a.n * d);
+  for (std::size_t i = 0; i < a.n; ++i) std::copy_n(a.x.begin() + static_cast<long>(i * a.d), d, few.begin() + static_cast<long>(i * d));
+  const auto narrow = centered_clip(view(few, a.n), 0, 10, {});
+  EXPECT_NE(narrow.one_sided_off.find("coordinates"), std::string::npos) << narrow.one_sided_off;
+  for (const auto& dec : narrow.decisions) EXPECT_FALSE(dec.balance.has_value());
+  const std::vector<float> two(a.x.begin() + static_cast<long>(6 * a.d), a.x.begin() + static_cast<long>(8 * a.d));
+  const auto pair = centered_clip(view(two, 2), 0, 10, {});
+  EXPECT_EQ(pair.one_sided_off, "fewer than 3 inputs");
+  for (const auto& dec : pair.decisions) EXPECT_TRUE(dec.kept);
+  const auto off = centered_clip(view(a.x, a.n), 0, 10, a.last, kDefaultReject, kDefaultOppose, 0);
+  EXPECT_TRUE(off.one_sided_off.empty());
+  EXPECT_EQ(off.one_sided_beyond, 0);
+  for (const auto& dec : off.decisions) EXPECT_FALSE(dec.balance.has_value());
+}
+
 TEST(Robust, L2ClipScalesOnlyLongRows) {
   std::vector<float> x{3, 4, 0.3f, 0.4f};
   auto d = clip_l2(x, 2, 2, 1.0);
