@@ -1,8 +1,9 @@
 // Which of a round's model streams go out now. Every stream is paced by its own connection: a
 // stream makes its next chunk only when the connection's last write completed (Channel's
 // send_stream), so a slow link holds its own stream and nothing else. What is left to plan is
-// how many streams run at once: all of them (0, the default: every link carries the model at its
-// own rate from the start), or at most `at_once` in the order the coordinator sent them (the
+// how many streams run at once: all of them (0: every link carries the model at its own rate
+// from the start), or at most `at_once` (the server's default is 16: each running stream holds a
+// chunk in memory) in the order the coordinator sent them (the
 // first receivers get the whole model early and train while the others still receive: on one
 // shared link, such as loopback, that is what 2 at a time bought).
 //

@@ -465,7 +465,7 @@ ServerConfig load_server_config(const std::filesystem::path& file) {
   c.keep_checkpoints = static_cast<std::size_t>(root.integer("keep_checkpoints", 5, 0, 1 << 20));
   c.staging.over_bytes = static_cast<std::uint64_t>(root.integer("stage_uploads_over_mib", 1024, 0, 1 << 30)) << 20;
   c.staging.dir = c.state_dir;
-  c.broadcasts_at_once = static_cast<std::size_t>(root.integer("broadcasts_at_once", 0, 0, 1 << 20));
+  c.broadcasts_at_once = static_cast<std::size_t>(root.integer("broadcasts_at_once", kDefaultBroadcastsAtOnce, 0, 1 << 20));
   c.uploads_at_once = static_cast<std::size_t>(root.integer("uploads_at_once", kDefaultUploadsAtOnce, 1, kMaxUploadsAtOnce));
   c.model = parse_model(root.child("model"));
   c.rounds = static_cast<std::uint64_t>(root.integer("rounds", 10, 1, 1 << 30));

@@ -608,7 +608,7 @@ TEST(Config, UploadsAtOnceAndBroadcastsAtOnceHaveDefaultsAndRefuseWhatCannotWork
   };
   const auto c = load("");
   EXPECT_EQ(c.uploads_at_once, static_cast<std::size_t>(server::kDefaultUploadsAtOnce));
-  EXPECT_EQ(c.broadcasts_at_once, 0u);
+  EXPECT_EQ(c.broadcasts_at_once, static_cast<std::size_t>(server::kDefaultBroadcastsAtOnce));
   EXPECT_EQ(load(R"(, "uploads_at_once": 1)").uploads_at_once, 1u);
   EXPECT_EQ(load(R"(, "broadcasts_at_once": 2)").broadcasts_at_once, 2u);
   for (const auto* bad : {R"(, "uploads_at_once": 0)", R"(, "uploads_at_once": 65)", R"(, "uploads_at_once": "4")"}) {
