@@ -1,8 +1,10 @@
-// One upload at a time into one buffer: who is ready (in order), who holds the grant, every
-// chunk checked against the expected layout and copied into place, and the checks of the bytes
+// Uploads into buffers of their own: who is ready (in order), who holds a grant, every chunk
+// checked against the expected layout and copied into place, and the checks of the bytes
 // (SHA-256, finiteness of float32 elements) handed out as work to run off the network thread,
-// chunk by chunk, while the next chunk arrives. Taking uploads one at a time means a peer that
-// vanishes mid-upload never leaves half an update anywhere; the buffer is reused.
+// chunk by chunk, while the next chunk arrives. An upload is used only once it is whole and
+// checked, so a peer that vanishes mid-upload never leaves half an update anywhere; buffers are
+// reused. UploadSlot takes one upload at a time (the edge); UploadLanes up to N at a time,
+// folded in grant order (the server).
 //
 // A buffer may name a sink: each chunk is then handed to it as soon as it is in place (on the
 // network thread), and the chunk's check work reads it back from the sink rather than from the
@@ -11,6 +13,8 @@
 // process (server/upload_stage.h).
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -77,24 +81,12 @@ std::function<void()> staged_check_work(std::shared_ptr<UploadCheck> check, std:
                                         std::uint64_t at, std::size_t count, wire::DType dtype, bool hash,
                                         std::string put_error);
 
+// One upload being received: who holds it, its buffer, its chunks checked against the layout
+// and copied into place, and the check work handed out for each.
 template <class Key>
-class UploadSlot {
+class UploadLane {
  public:
-  void enqueue(Key who) { queue_.push_back(std::move(who)); }
-  bool empty_queue() const { return queue_.empty(); }
-
-  // The first queued key for which `eligible(key)` holds, out of the queue (keys before it that
-  // are no longer eligible leave it too); nothing when none is. Then open() the slot to it.
-  template <class Eligible>
-  std::optional<Key> next(Eligible&& eligible) {
-    while (!queue_.empty()) {
-      Key k = std::move(queue_.front());
-      queue_.pop_front();
-      if (eligible(k)) return k;
-    }
-    return std::nullopt;
-  }
-  // Grants the slot to `who`: its upload goes into `into`.
+  // Grants the lane to `who`: its upload goes into `into`.
   void open(Key who, UploadBuffer into) {
     holder_ = std::move(who);
     complete_ = false;
@@ -136,24 +128,166 @@ class UploadSlot {
   }
   std::shared_ptr<UploadCheck> check() const { return check_; }
   std::uint64_t bytes_received() const { return rx_.bytes(); }
-  // Closes the slot (folded, refused or abandoned); the queue stays.
   void release() {
     holder_.reset();
     complete_ = false;
   }
-  void clear() {
-    release();
-    queue_.clear();
-  }
 
  private:
   std::size_t expected() const { return elements(buffer_.layout); }
-  std::deque<Key> queue_;
   std::optional<Key> holder_;
   bool complete_ = false;
   UploadBuffer buffer_;
   TensorReceiver rx_;
   std::shared_ptr<UploadCheck> check_;
+};
+
+// Who is ready, in order; the first eligible of them is next.
+template <class Key>
+class UploadQueue {
+ public:
+  void enqueue(Key who) { queue_.push_back(std::move(who)); }
+  bool empty_queue() const { return queue_.empty(); }
+  // The first queued key for which `eligible(key)` holds, out of the queue (keys before it that
+  // are no longer eligible leave it too); nothing when none is.
+  template <class Eligible>
+  std::optional<Key> next(Eligible&& eligible) {
+    while (!queue_.empty()) {
+      Key k = std::move(queue_.front());
+      queue_.pop_front();
+      if (eligible(k)) return k;
+    }
+    return std::nullopt;
+  }
+  void clear_queue() { queue_.clear(); }
+
+ private:
+  std::deque<Key> queue_;
+};
+
+// One upload at a time (the edge's slot): the queue and one lane.
+template <class Key>
+class UploadSlot : public UploadQueue<Key> {
+ public:
+  // Grants the slot to `who` (a key next() gave): its upload goes into `into`.
+  void open(Key who, UploadBuffer into) { lane_.open(std::move(who), std::move(into)); }
+  bool busy() const { return lane_.busy(); }
+  bool held_by(const Key& who) const { return lane_.held_by(who); }
+  const std::optional<Key>& holder() const { return lane_.holder(); }
+  bool complete() const { return lane_.complete(); }
+  proto::Result<std::function<void()>> add(const wire::TensorChunk& chunk) { return lane_.add(chunk); }
+  std::string end(std::string_view what = "update") { return lane_.end(what); }
+  std::shared_ptr<UploadCheck> check() const { return lane_.check(); }
+  std::uint64_t bytes_received() const { return lane_.bytes_received(); }
+  // Closes the slot (folded, refused or abandoned); the queue stays.
+  void release() { lane_.release(); }
+  void clear() {
+    release();
+    this->clear_queue();
+  }
+
+ private:
+  UploadLane<Key> lane_;
+};
+
+// Up to `lanes` uploads at a time (the server's), each into its own buffer, folded in the order
+// they were granted: a lane whose upload is complete waits for the lanes granted before it to
+// be folded or given up, so the sum is the same bit for bit whatever the order the uploads end
+// in (and the same as one lane's, which grants in the same order).
+//
+// A lane given up halfway may still have check work queued on the worker that reads its
+// buffer: it is not granted again until the worker has passed that work. The caller names the
+// point with a mark (its last job's number) and reports the jobs it sees done (drained()).
+template <class Key>
+class UploadLanes : public UploadQueue<Key> {
+ public:
+  explicit UploadLanes(std::size_t lanes = 1) : lanes_(lanes < 1 ? 1 : lanes) {}
+
+  std::size_t size() const { return lanes_.size(); }
+  UploadLane<Key>& operator[](std::size_t i) { return lanes_[i].lane; }
+  const UploadLane<Key>& operator[](std::size_t i) const { return lanes_[i].lane; }
+
+  // A lane that may be granted (not held, not draining); nothing when none may.
+  std::optional<std::size_t> free_lane() const {
+    for (std::size_t i = 0; i < lanes_.size(); ++i) {
+      if (!lanes_[i].lane.busy() && !lanes_[i].draining) return i;
+    }
+    return std::nullopt;
+  }
+  // Grants lane `i` (free_lane()) to `who` until `deadline_ms`.
+  void open(std::size_t i, Key who, UploadBuffer into, std::int64_t deadline_ms) {
+    lanes_[i].lane.open(std::move(who), std::move(into));
+    lanes_[i].granted = ++grants_;
+    lanes_[i].deadline_ms = deadline_ms;
+  }
+  // The lane `who` holds.
+  std::optional<std::size_t> lane_of(const Key& who) const {
+    for (std::size_t i = 0; i < lanes_.size(); ++i) {
+      if (lanes_[i].lane.held_by(who)) return i;
+    }
+    return std::nullopt;
+  }
+  bool held_by(const Key& who) const { return lane_of(who).has_value(); }
+  std::size_t held() const {
+    std::size_t n = 0;
+    for (const auto& l : lanes_) n += l.lane.busy() ? 1 : 0;
+    return n;
+  }
+  bool draining() const {
+    return std::any_of(lanes_.begin(), lanes_.end(), [](const Entry& l) { return l.draining; });
+  }
+  // The held lane granted first: the one whose upload folds next.
+  std::optional<std::size_t> oldest() const {
+    std::optional<std::size_t> at;
+    for (std::size_t i = 0; i < lanes_.size(); ++i) {
+      if (lanes_[i].lane.busy() && (!at || lanes_[i].granted < lanes_[*at].granted)) at = i;
+    }
+    return at;
+  }
+  // The earliest deadline of the lanes still receiving (held, UpdateEnd not yet in).
+  std::optional<std::int64_t> next_deadline() const {
+    std::optional<std::int64_t> t;
+    for (const auto& l : lanes_) {
+      if (l.lane.busy() && !l.lane.complete() && (!t || l.deadline_ms < *t)) t = l.deadline_ms;
+    }
+    return t;
+  }
+  // The lanes still receiving whose deadline is at or before `now_ms`, earliest granted first.
+  std::vector<std::size_t> overdue(std::int64_t now_ms) const {
+    std::vector<std::size_t> out;
+    for (std::size_t i = 0; i < lanes_.size(); ++i) {
+      const auto& l = lanes_[i];
+      if (l.lane.busy() && !l.lane.complete() && l.deadline_ms <= now_ms) out.push_back(i);
+    }
+    std::sort(out.begin(), out.end(), [&](auto a, auto b) { return lanes_[a].granted < lanes_[b].granted; });
+    return out;
+  }
+  // Lane `i` was folded or refused after its checks ran: free at once.
+  void release(std::size_t i) { lanes_[i].lane.release(); }
+  // Lane `i` is given up with check work possibly still queued: free once a job numbered
+  // above `mark` is done.
+  void abandon(std::size_t i, std::uint64_t mark) {
+    lanes_[i].lane.release();
+    lanes_[i].draining = true;
+    lanes_[i].mark = mark;
+  }
+  // The worker finished job `job`: everything queued before it has run.
+  void drained(std::uint64_t job) {
+    for (auto& l : lanes_) {
+      if (l.draining && job > l.mark) l.draining = false;
+    }
+  }
+
+ private:
+  struct Entry {
+    UploadLane<Key> lane;
+    std::uint64_t granted = 0;  // grant order
+    std::int64_t deadline_ms = 0;
+    bool draining = false;
+    std::uint64_t mark = 0;
+  };
+  std::vector<Entry> lanes_;
+  std::uint64_t grants_ = 0;
 };
 
 }  // namespace xsilo::protocol

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # WAN-shaped rounds, one per upload compression scheme and broadcast (docs/benchmarks.md):
 #   bash scripts/wan-bench.sh [--rate-mbit 100] [--silos 4] [--params 10000000] [--rounds 3]
+#        [--slow-mbit N] [--only NAME] [--uploads-at-once N] [--broadcasts-at-once N]
+# --slow-mbit: silo 0's link (both ways) at N Mbit/s, the others at --rate-mbit (uneven links).
+# --only: run only the scheme of that name (e.g. --only none: the dense round).
+# --uploads-at-once, --broadcasts-at-once: the server's keys of those names (default: its own).
 # Needs root. The server and each silo run in their own network namespace; every silo's veth
 # is a port of a bridge in the server's namespace, and both directions of each silo's link (the
 # silo's egress: its uplink; the bridge port's egress: its downlink) are shaped by a token
@@ -11,8 +15,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-rate=100 silos=4 params=10000000 rounds=3
-usage="usage: bash scripts/wan-bench.sh [--rate-mbit N] [--silos K] [--params P] [--rounds R]"
+rate=100 silos=4 params=10000000 rounds=3 slow=0 only="" uploads_at_once=-1 broadcasts_at_once=-1
+usage="usage: bash scripts/wan-bench.sh [--rate-mbit N] [--silos K] [--params P] [--rounds R] [--slow-mbit N] [--only NAME] [--uploads-at-once N] [--broadcasts-at-once N]"
 while [ $# -gt 0 ]; do
   case $1 in -h | --help) echo "$usage"; exit 0 ;; esac
   [ $# -ge 2 ] || { echo "wan-bench: $1 needs a value; $usage" >&2; exit 2; }
@@ -21,6 +25,10 @@ while [ $# -gt 0 ]; do
     --silos) silos=$2 ;;
     --params) params=$2 ;;
     --rounds) rounds=$2 ;;
+    --slow-mbit) slow=$2 ;;
+    --only) only=$2 ;;
+    --uploads-at-once) uploads_at_once=$2 ;;
+    --broadcasts-at-once) broadcasts_at_once=$2 ;;
     *) echo "wan-bench: unknown option $1; $usage" >&2; exit 2 ;;
   esac
   shift 2
@@ -28,6 +36,8 @@ done
 for v in "$rate" "$silos" "$params" "$rounds"; do
   [[ $v =~ ^[1-9][0-9]*$ ]] || { echo "wan-bench: '$v' is not a positive integer; $usage" >&2; exit 2; }
 done
+[[ $slow =~ ^[0-9]+$ ]] || { echo "wan-bench: --slow-mbit '$slow' is not a whole number; $usage" >&2; exit 2; }
+[[ $uploads_at_once =~ ^-?[0-9]+$ && $broadcasts_at_once =~ ^-?[0-9]+$ ]] || { echo "wan-bench: --uploads-at-once and --broadcasts-at-once take whole numbers; $usage" >&2; exit 2; }
 [ "$silos" -ge 3 ] && [ "$silos" -le 200 ] || { echo "wan-bench: --silos must be 3..200 (secure groups need 3)" >&2; exit 2; }
 [ "$rounds" -ge 2 ] || { echo "wan-bench: --rounds must be >= 2 (the first round is not timed)" >&2; exit 2; }
 
@@ -73,9 +83,10 @@ new_ns() {
 }
 # A token bucket at the link rate: bursts of 10 ms (at least 64 KiB, so a whole TSO segment
 # passes), and at most 50 ms of queue.
-shape() {
-  local burst=$(( rate * 1250 > 65536 ? rate * 1250 : 65536 ))
-  ip netns exec "$1" tc qdisc replace dev "$2" root tbf rate "${rate}mbit" burst "$burst" latency 50ms 2>/dev/null ||
+shape() {  # namespace, device[, rate in Mbit/s: default --rate-mbit]
+  local r=${3:-$rate}
+  local burst=$(( r * 1250 > 65536 ? r * 1250 : 65536 ))
+  ip netns exec "$1" tc qdisc replace dev "$2" root tbf rate "${r}mbit" burst "$burst" latency 50ms 2>/dev/null ||
     skip "cannot shape $2 in $1 with tc tbf (kernel module sch_tbf?)"
 }
 sent_bytes() {  # bytes the qdisc of device $2 in namespace $1 has sent
@@ -97,8 +108,10 @@ for ((i = 0; i < silos; i++)); do
   ip -n "$server_ns" link set "s$i" master br0 up
   ip -n "$ns" addr add "10.77.0.$((10 + i))/24" dev eth0
   ip -n "$ns" link set eth0 up
-  shape "$ns" eth0          # uplink: silo -> server
-  shape "$server_ns" "s$i"  # downlink: server -> silo
+  r=$rate
+  [ "$i" -eq 0 ] && [ "$slow" -gt 0 ] && r=$slow  # --slow-mbit: silo 0 on a slower link
+  shape "$ns" eth0 "$r"          # uplink: silo -> server
+  shape "$server_ns" "s$i" "$r"  # downlink: server -> silo
 done
 echo "wan-bench: namespaces $server_ns (bridge, $server_ip) and $prefix-silo-0..$((silos - 1)) shaped" >&2
 
@@ -116,6 +129,16 @@ schemes=(
   'quantize 8-bit, 8-bit broadcast|{"scheme":"quantize","bits":8}|off|{"scheme":"quantize","bits":8}'
   'top_k 1%, 4-bit broadcast|{"scheme":"top_k","fraction":0.01}|off|{"scheme":"quantize","bits":4}'
 )
+if [ -n "$only" ]; then
+  kept=()
+  for s in "${schemes[@]}"; do [ "${s%%|*}" = "$only" ] && kept+=("$s"); done
+  [ ${#kept[@]} -gt 0 ] || { echo "wan-bench: --only: no scheme named '$only'" >&2; exit 2; }
+  schemes=("${kept[@]}")
+fi
+extra=()
+[ "$uploads_at_once" -ge 0 ] && extra+=(--uploads-at-once "$uploads_at_once")
+[ "$broadcasts_at_once" -ge 0 ] && extra+=(--broadcasts-at-once "$broadcasts_at_once")
+[ "$slow" -gt 0 ] && echo "wan-bench: silo 0 at ${slow} Mbit/s, the others at ${rate} Mbit/s" >&2
 out=$(mktemp -d /tmp/xsilo-wan-bench.XXXXXX)
 n=0
 for s in "${schemes[@]}"; do
@@ -126,7 +149,7 @@ for s in "${schemes[@]}"; do
   for ((i = 0; i < silos; i++)); do up0=$((up0 + $(sent_bytes "$prefix-silo-$i" eth0))); done
   started=$(date +%s)
   "$xsilo" bench round --silos "$silos" --params "$params" --rounds "$rounds" --compression "$block" \
-    --broadcast "$broadcast" --secure "$secure" --netns-prefix "$prefix" --server-address "$server_ip" --json >"$out/$n.json" 2>"$out/$n.log" &
+    --broadcast "$broadcast" --secure "$secure" --netns-prefix "$prefix" --server-address "$server_ip" "${extra[@]}" --json >"$out/$n.json" 2>"$out/$n.log" &
   bench_pid=$!
   ok=true
   wait "$bench_pid" || ok=false
@@ -148,10 +171,11 @@ for s in "${schemes[@]}"; do
 done
 
 # The link model beside the measurement: `bytes alone` is the broadcast plus the upload, each at
-# the rate on the silo's own link (download, then upload); `as scheduled` also counts that the
-# server streams the model to 2 silos at a time (kBroadcastsAtOnce, server/daemon.cpp) and
-# takes uploads one at a time (protocol/upload_slot.h), and that under secure aggregation no
-# silo uploads before the settled list, which reaches the last silos behind their model. The
+# the rate on the silo's own link (download, then upload); `as scheduled` is the old schedule
+# (model streamed to 2 silos at a time, uploads taken one at a time), kept as the yardstick the
+# earlier figures were given against, and under secure aggregation no silo uploads before the
+# settled list, which reaches the last silos behind their model. With --slow-mbit both columns
+# still assume --rate-mbit on every link. The
 # download is the model data the server sent a silo in the timed rounds (a compressed
 # broadcast's delta after the first round).
 echo

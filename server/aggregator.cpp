@@ -37,38 +37,47 @@ namespace {
 std::string what_of(const Contribution& c) { return c.partial_sum ? "partial sum" : "update"; }
 
 // fedavg: a running sum of weight * delta; the mean is the sum over the summed weight, written
-// over the sum itself (the round's output buffer: the server holds the global model, the upload
-// buffer and the sum, three models, not four). A model over the staging threshold keeps no
-// upload buffer: the upload is staged in a file (server/upload_stage.h) and added from there,
-// once checked, so the server holds two models.
+// over the sum itself (the round's output buffer: the server holds the global model, an upload
+// buffer per upload lane and the sum, 2 + lanes models). A model over the staging threshold
+// keeps no upload buffer: each lane's upload is staged in a file of its own
+// (server/upload_stage.h) and added from there, once checked, so the server holds two models.
 class PlainSum final : public Aggregator {
  public:
   // `stage_dir`: where uploads are staged, if they are (stages_uploads()).
   PlainSum(const Model& layout, const std::optional<std::filesystem::path>& stage_dir)
-      : layout_(layout.tensors()), sum_(std::make_shared<Model>(layout.zeros_like())) {
-    if (stage_dir) {
-      stage_ = std::make_shared<StagedUpload>(*stage_dir, layout.bytes());
-    } else {
-      current_ = layout.zeros_like();
-    }
-  }
-
-  protocol::UploadBuffer buffer() override {
-    if (!stage_) return {bytes_of(current_), wire::F32, current_.tensors(), true, nullptr, {}, nullptr};
-    return {stage_->window(), wire::F32, layout_, true, stage_, {}, stage_};
+      : layout_(layout.tensors()),
+        bytes_(layout.bytes()),
+        stage_dir_(stage_dir),
+        sum_(std::make_shared<Model>(layout.zeros_like())) {
+    if (!stage_dir_) current_.push_back(std::make_unique<Model>(layout.zeros_like()));
   }
 
  private:
-  FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check) override {
+  // A lane's buffer or staged file beyond the first is made on its first use: a round with
+  // fewer uploads than lanes holds no more than it uses.
+  protocol::UploadBuffer lane_buffer(std::size_t lane) override {
+    if (stage_dir_) {
+      if (stage_.size() <= lane) stage_.resize(lane + 1);
+      if (!stage_[lane]) stage_[lane] = std::make_shared<StagedUpload>(*stage_dir_, bytes_);
+      const auto& s = stage_[lane];
+      return {s->window(), wire::F32, layout_, true, s, {}, s};
+    }
+    if (current_.size() <= lane) current_.resize(lane + 1);
+    if (!current_[lane]) current_[lane] = std::make_unique<Model>(current_.front()->zeros_like());
+    Model& m = *current_[lane];
+    return {bytes_of(m), wire::F32, m.tensors(), true, nullptr, {}, nullptr};
+  }
+
+  FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check, std::size_t lane) override {
     if (!check.sink_error.empty()) return lose(check.sink_error, c);
     auto r = check_upload(check, c, what_of(c));
     if (!r.ok()) return r;
-    if (stage_) {
+    if (stage_dir_) {
       // The upload passed its checks; only the server's own storage can fail from here.
       if (!lost_.empty()) return r;
-      if (auto why = stage_->add_to(sum_->flat()); !why.empty()) return lose(why, c);
+      if (auto why = stage_.at(lane)->add_to(sum_->flat()); !why.empty()) return lose(why, c);
     } else {
-      const auto cur = current_.flat();
+      const auto cur = current_.at(lane)->flat();
       auto acc = sum_->flat();
       for (std::size_t i = 0; i < cur.size(); ++i) acc[i] += cur[i];
     }
@@ -101,8 +110,10 @@ class PlainSum final : public Aggregator {
   }
 
   std::vector<TensorInfo> layout_;
-  Model current_;                        // the upload buffer, when uploads are not staged
-  std::shared_ptr<StagedUpload> stage_;  // else the staged upload
+  std::uint64_t bytes_ = 0;
+  std::optional<std::filesystem::path> stage_dir_;
+  std::vector<std::unique_ptr<Model>> current_;         // each lane's upload buffer, when uploads are not staged
+  std::vector<std::shared_ptr<StagedUpload>> stage_;    // else each lane's staged upload
   std::shared_ptr<Model> sum_;
   double weight_ = 0;
   std::string lost_;  // why the sum can no longer be trusted ("" while it can)
@@ -115,21 +126,27 @@ class RowCollector final : public Aggregator {
   // arrive), so that the rows are never copied to a larger buffer, holding n x d twice. Where
   // the system will not promise that much, the rows grow as they arrive.
   RowCollector(const Model& layout, AggregationConfig a, std::size_t selected)
-      : current_(layout.zeros_like()), a_(std::move(a)) {
+      : d_(layout.size()), a_(std::move(a)) {
+    current_.push_back(std::make_unique<Model>(layout.zeros_like()));
     try {
-      rows_.reserve(selected * current_.size());
+      rows_.reserve(selected * d_);
     } catch (const std::bad_alloc&) {
     }
   }
 
-  protocol::UploadBuffer buffer() override { return {bytes_of(current_), wire::F32, current_.tensors(), true, nullptr, {}, nullptr}; }
-
  private:
-  FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check) override {
+  protocol::UploadBuffer lane_buffer(std::size_t lane) override {
+    if (current_.size() <= lane) current_.resize(lane + 1);
+    if (!current_[lane]) current_[lane] = std::make_unique<Model>(current_.front()->zeros_like());
+    Model& m = *current_[lane];
+    return {bytes_of(m), wire::F32, m.tensors(), true, nullptr, {}, nullptr};
+  }
+
+  FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check, std::size_t lane) override {
     auto r = check_upload(check, c, what_of(c));
     if (!r.ok()) return r;
     // The upload is weight * delta: keep the delta, clipped if configured.
-    const auto cur = current_.flat();
+    const auto cur = current_.at(lane)->flat();
     const std::size_t d = cur.size(), at = rows_.size();
     rows_.resize(at + d);
     const float inv = static_cast<float>(1.0 / c.weight);
@@ -145,14 +162,14 @@ class RowCollector final : public Aggregator {
 
   Combined do_combine(std::span<float> out, const CombineContext& ctx) override {
     in_silo_order();
-    return combine_rows(a_, rows_, current_.size(), labels_, "silo", weights_, norms_, ctx, out);
+    return combine_rows(a_, rows_, d_, labels_, "silo", weights_, norms_, ctx, out);
   }
 
   // The rows in the order of the silos' names, not of their arrival: the seeded buckets (and
   // every tie the rules break by position) then depend on the seed and who took part only, so
   // a round can be recomputed from its record and the updates.
   void in_silo_order() {
-    const std::size_t n = labels_.size(), d = current_.size();
+    const std::size_t n = labels_.size(), d = d_;
     std::vector<std::size_t> order(n);
     std::iota(order.begin(), order.end(), std::size_t{0});
     std::sort(order.begin(), order.end(), [&](auto a, auto b) { return labels_[a] < labels_[b]; });
@@ -179,7 +196,8 @@ class RowCollector final : public Aggregator {
     permute(norms_);
   }
 
-  Model current_;
+  std::size_t d_;
+  std::vector<std::unique_ptr<Model>> current_;  // each lane's upload buffer
   AggregationConfig a_;
   std::vector<float> rows_;
   std::vector<std::string> labels_;

@@ -72,12 +72,14 @@ struct Combined {
 class Aggregator {
  public:
   virtual ~Aggregator() = default;
-  // Where the next upload goes and what it must look like.
-  virtual protocol::UploadBuffer buffer() = 0;
-  // Worker: validates the upload now in buffer() (the slot's checks have run) and folds it in.
-  FoldResult fold(const Contribution& c, protocol::UploadCheck& check) {
+  // Where the upload of upload lane `lane` goes and what it must look like: each lane has a
+  // buffer of its own (made when the lane is first used), so that uploads may arrive at the
+  // same time (the server's uploads_at_once); the edge and the simulation use lane 0.
+  protocol::UploadBuffer buffer(std::size_t lane = 0) { return lane_buffer(lane); }
+  // Worker: validates the upload now in buffer(lane) (the slot's checks have run) and folds it in.
+  FoldResult fold(const Contribution& c, protocol::UploadCheck& check, std::size_t lane = 0) {
     worker_.check("Aggregator::fold");
-    return do_fold(c, check);
+    return do_fold(c, check, lane);
   }
   // Worker, after collection closed: readies the inputs; returns those that failed.
   std::vector<Rejection> prepare() {
@@ -100,7 +102,8 @@ class Aggregator {
   virtual SecureRound* secure() { return nullptr; }
 
  private:
-  virtual FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check) = 0;
+  virtual protocol::UploadBuffer lane_buffer(std::size_t lane) = 0;
+  virtual FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check, std::size_t lane) = 0;
   virtual std::vector<Rejection> do_prepare() { return {}; }
   virtual Combined do_combine(std::span<float> out, const CombineContext& ctx) = 0;
   virtual std::shared_ptr<Model> do_output(const Model& layout) { return std::make_shared<Model>(layout.zeros_like()); }

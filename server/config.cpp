@@ -473,6 +473,8 @@ ServerConfig load_server_config(const std::filesystem::path& file) {
   c.keep_checkpoints = static_cast<std::size_t>(root.integer("keep_checkpoints", 5, 0, 1 << 20));
   c.staging.over_bytes = static_cast<std::uint64_t>(root.integer("stage_uploads_over_mib", 1024, 0, 1 << 30)) << 20;
   c.staging.dir = c.state_dir;
+  c.broadcasts_at_once = static_cast<std::size_t>(root.integer("broadcasts_at_once", kDefaultBroadcastsAtOnce, 0, 1 << 20));
+  c.uploads_at_once = static_cast<std::size_t>(root.integer("uploads_at_once", kDefaultUploadsAtOnce, 1, kMaxUploadsAtOnce));
   c.model = parse_model(root.child("model"));
   c.rounds = static_cast<std::uint64_t>(root.integer("rounds", 10, 1, 1 << 30));
   c.seed = static_cast<std::uint64_t>(root.integer("seed", 1, 0));
@@ -593,6 +595,8 @@ nlohmann::json to_json(const ServerConfig& c) {
                       {"state_mirror", c.state_mirror.empty() ? std::string() : abs_path(c.state_mirror)},
                       {"keep_checkpoints", c.keep_checkpoints},
                       {"stage_uploads_over_mib", c.staging.over_bytes >> 20},
+                      {"uploads_at_once", c.uploads_at_once},
+                      {"broadcasts_at_once", c.broadcasts_at_once},
                       {"model", model_json(c.model)},
                       {"rounds", c.rounds},
                       {"seed", c.seed},

@@ -23,12 +23,23 @@ namespace xsilo::server {
 
 // The server daemon's config: the round's settings (RoundConfig, all the coordinator sees) and
 // the daemon's own (listener, TLS, state folder, the initial model).
+// `uploads_at_once`: its default (chosen from docs/benchmarks.md, "Concurrent uploads") and its
+// ceiling (each lane holds a model's buffer, or a staged file, of its own).
+inline constexpr std::int64_t kDefaultUploadsAtOnce = 4;
+inline constexpr std::int64_t kMaxUploadsAtOnce = 64;
+// `broadcasts_at_once`: each stream holds a frame (a chunk) in memory while its link drains it,
+// so "every receiver" is capped: 200 silos at once held 200 frames (tests/scale_test.cpp).
+inline constexpr std::int64_t kDefaultBroadcastsAtOnce = 16;
+
 struct ServerConfig : RoundConfig {
   std::filesystem::path file;
   Endpoint listen;
   std::filesystem::path port_file;   // written with the bound port (useful with port 0)
   transport::TlsFiles tls;
   transport::AllowList allow;
+  // How many model streams go out at once, each paced by its own connection: at most N in the
+  // order the rounds send them, or 0: every receiver (server/broadcast_planner.h).
+  std::size_t broadcasts_at_once = kDefaultBroadcastsAtOnce;
   transport::ChannelOptions channel;
   std::filesystem::path state_dir;
   // A second copy of the checkpoints, the audit log and its public key, on another disk: the

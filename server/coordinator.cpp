@@ -193,14 +193,18 @@ void Coordinator::upload_deadline(std::int64_t now_ms) {
     }
     return;
   }
-  if (phase_ != Phase::Collecting || !r_->slot.busy() || job_ != JobKind::None) return;
-  const Uploader u = *r_->slot.holder();
-  if (u.edge) {
-    const Peer* p = membership_.peer(u.edge);
-    drop_region(p ? p->name : "", DropPhase::Upload, DropCause::Deadline, "its edge missed the upload deadline");
-    abandon_upload();
-  } else {
-    drop(u.member, DropPhase::Upload, DropCause::Deadline, "missed the upload deadline");
+  if (phase_ != Phase::Collecting || !r_->upload_timer) return;
+  // Every lane still receiving whose deadline has come (the timer is set for the earliest).
+  const std::int64_t due = std::max(now_ms, *std::exchange(r_->upload_timer, std::nullopt));
+  for (const auto lane : r_->slot.overdue(due)) {
+    const Uploader u = *r_->slot[lane].holder();
+    if (u.edge) {
+      const Peer* p = membership_.peer(u.edge);
+      drop_region(p ? p->name : "", DropPhase::Upload, DropCause::Deadline, "its edge missed the upload deadline");
+      abandon_upload(lane);
+    } else {
+      drop(u.member, DropPhase::Upload, DropCause::Deadline, "missed the upload deadline");
+    }
   }
   pump(now_ms);
 }
@@ -318,7 +322,7 @@ void Coordinator::start_round(std::int64_t now_ms) {
   const auto candidates = select_candidates(target);
 
   set_phase(Phase::Collecting, now_ms);
-  r_ = std::make_unique<Round>();
+  r_ = std::make_unique<Round>(cfg_.uploads_at_once);
   r_->started_ms = now_ms;
   r_->target = target;
   std::vector<std::string> names;
@@ -422,13 +426,26 @@ void Coordinator::held_model(SessionId id, const std::string& sha256, std::uint6
 }
 
 void Coordinator::pump(std::int64_t now_ms) {
-  if (phase_ != Phase::Collecting || job_ != JobKind::None || r_->slot.busy()) return;
-  if (r_->done() >= r_->target) return close_round(now_ms);
+  if (phase_ != Phase::Collecting) return;
   auto eligible = [&](const Uploader& u) {
     if (u.edge) return membership_.peer(u.edge) != nullptr && edge_pending(u.edge);
     return r_->members[u.member].state == MemberState::Ready;
   };
-  if (auto u = r_->slot.next(eligible)) return grant(*u);
+  // Grants while a lane is free and the round can still use another upload: never more
+  // uploads in flight than the target lacks, so a round closes with no upload half-received.
+  while (r_->done() + r_->slot.held() < r_->target) {
+    const auto lane = r_->slot.free_lane();
+    if (!lane) break;
+    auto u = r_->slot.next(eligible);
+    if (!u) break;
+    grant(*u, *lane, now_ms);
+  }
+  if (!fold_next() && job_ == JobKind::None && r_->slot.draining()) {
+    run_job(JobKind::Barrier, []() -> JobResult { return {}; });
+  }
+  arm_upload_timer(now_ms);
+  if (job_ != JobKind::None || r_->slot.held() > 0 || r_->slot.draining()) return;
+  if (r_->done() >= r_->target) return close_round(now_ms);
   const bool anyone_left = r_->count(MemberState::Training) + r_->count(MemberState::Ready) > 0;
   if (!anyone_left || r_->train_elapsed) close_round(now_ms);
 }
@@ -631,6 +648,7 @@ void Coordinator::run_job(JobKind kind, std::function<JobResult()> work) {
 void Coordinator::on_job_done(std::uint64_t job, JobResult result, std::int64_t now_ms) {
   if (job != job_id_ || job_ == JobKind::None) return;
   const JobKind kind = std::exchange(job_, JobKind::None);
+  if (r_) r_->slot.drained(job);
   switch (kind) {
     case JobKind::Fold: folded(std::get<FoldResult>(std::move(result)), now_ms); break;
     case JobKind::Prepare:

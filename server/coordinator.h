@@ -4,12 +4,12 @@
 // replayed deterministically in a unit test, and the same code runs behind the TLS daemon.
 //
 // A round: join -> select -> RoundStart + model -> silos train -> UpdateReady ->
-// one upload at a time (UploadGrant, TensorChunks, UpdateEnd) folded by the round's
-// Aggregator -> close at the target (or the deadline) -> [secure: unmask] -> combine + server
+// up to uploads_at_once uploads at a time (UploadGrant, TensorChunks, UpdateEnd), each into a
+// buffer of its own, folded in grant order by the round's Aggregator -> close at the target (or the deadline) -> [secure: unmask] -> combine + server
 // optimizer -> checkpoint and audit record -> RoundEnd.
 //
-// Its parts: Membership (who is connected, through which session), protocol::UploadSlot (one
-// upload at a time, checked chunk by chunk), an Aggregator per round (the arithmetic, on the
+// Its parts: Membership (who is connected, through which session), protocol::UploadLanes (up to
+// uploads_at_once uploads at a time, checked chunk by chunk, folded in grant order), an Aggregator per round (the arithmetic, on the
 // worker), SecureRound (the secure groups' messages), round_record() and metrics_row().
 #pragma once
 
@@ -256,7 +256,9 @@ class Coordinator {
   // Uploads
   void on_update_ready(std::size_t member, const wire::Envelope& env, std::int64_t now_ms);
   void member_failed(std::size_t member, const wire::Envelope& error, std::int64_t now_ms);
-  void grant(const Uploader& u);
+  void grant(const Uploader& u, std::size_t lane, std::int64_t now_ms);
+  void arm_upload_timer(std::int64_t now_ms);
+  bool fold_next();
   void on_chunk(const Uploader& u, SessionId reply_to, const wire::Envelope& env, std::int64_t now_ms);
   void on_update_end(std::size_t member, const wire::Envelope& env, std::int64_t now_ms);
   void on_region_end(SessionId edge, const wire::Envelope& env, std::int64_t now_ms);
@@ -268,7 +270,7 @@ class Coordinator {
   bool heavier_than_allowed(double weight) const {
     return cfg_.plan.max_weight() > 0 && weight > static_cast<double>(cfg_.plan.max_weight()) * (1 + 1e-6);
   }
-  void abandon_upload();
+  void abandon_upload(std::size_t lane);
   // Secure aggregation
   void on_secure_message(std::size_t member, const wire::Envelope& env, std::int64_t now_ms);
   void drain_secure();

@@ -120,7 +120,8 @@ void Coordinator::silo_gone(const std::string& silo, SessionId link, const std::
   if (!m) return;
   auto& mb = r_->members[*m];
   if (mb.session == link) {
-    const bool mid_upload = r_->slot.held_by(Uploader{*m, 0}) && !r_->slot.complete();
+    const auto lane = r_->slot.lane_of(Uploader{*m, 0});
+    const bool mid_upload = lane && !r_->slot[*lane].complete();
     if (mb.state == MemberState::Training) {
       drop(*m, DropPhase::Train, DropCause::Disconnected, why + " while training", false);
     } else if (mb.state == MemberState::Ready || (mb.state == MemberState::Uploading && mid_upload)) {
@@ -145,7 +146,11 @@ void Coordinator::on_disconnect(SessionId id, std::int64_t now_ms) {
     return;
   }
   spdlog::warn("edge {} disconnected; its {} silos are gone with it", peer.name, gone.size());
-  if (r_ && r_->slot.held_by(Uploader{kNone, id}) && !r_->slot.complete()) abandon_upload();
+  if (r_) {
+    if (const auto lane = r_->slot.lane_of(Uploader{kNone, id}); lane && !r_->slot[*lane].complete()) {
+      abandon_upload(*lane);
+    }
+  }
   for (const auto& silo : gone) silo_gone(silo, id, "its edge " + peer.name + " disconnected", now_ms);
   if (r_) {
     for (auto& mb : r_->members) {

@@ -26,12 +26,18 @@ struct Coordinator::Round {
   std::unique_ptr<Aggregator> agg;
   wire::Compression compression;         // the silos' uploads (an edge's sum is dense)
   SecureRound* secure = nullptr;         // agg's secure protocol state, if the mode has one
-  protocol::UploadSlot<Uploader> slot;
+  explicit Round(std::size_t lanes) : slot(lanes), uploads(slot.size()) {}
+  protocol::UploadLanes<Uploader> slot;  // uploads being received, folded in grant order
   std::set<SessionId> edge_queued;       // edges whose region upload is queued or done
-  // The upload in the slot, once its UpdateEnd arrived.
-  Contribution upload;
-  std::vector<std::size_t> upload_members;
-  bool upload_more = false;              // an edge: another secure group's sum follows
+  // Each lane's upload, once its UpdateEnd arrived.
+  struct Upload {
+    Contribution contribution;
+    std::vector<std::size_t> members;
+    bool more = false;                   // an edge: another secure group's sum follows
+  };
+  std::vector<Upload> uploads;           // by lane
+  std::optional<std::size_t> folding;    // the lane whose fold job runs
+  std::optional<std::int64_t> upload_timer;  // the deadline the Upload timer is set for
   std::uint64_t upload_bytes = 0;
   // The model's broadcast: bytes of model data sent, and to how many sessions as a delta or whole.
   std::uint64_t broadcast_bytes = 0;

@@ -1,5 +1,6 @@
-// The coordinator's uploads: grants one at a time, chunks checked as they come, the end of a
-// silo's upload or of an edge's partial sum, the fold's outcome, and dropouts.
+// The coordinator's uploads: grants (up to uploads_at_once at a time, each into a lane of its
+// own), chunks checked as they come, the end of a silo's upload or of an edge's partial sum,
+// the folds in grant order and their outcome, and dropouts.
 #include "server/coordinator.h"
 
 #include <spdlog/spdlog.h>
@@ -16,10 +17,11 @@ namespace xsilo::server {
 
 // ---- uploads --------------------------------------------------------------------------------
 
-void Coordinator::grant(const Uploader& u) {
-  auto buffer = r_->agg->buffer();
+void Coordinator::grant(const Uploader& u, std::size_t lane, std::int64_t now_ms) {
+  auto buffer = r_->agg->buffer(lane);
   if (!u.edge && !r_->secure) buffer.scheme = r_->compression;  // secure: fewer ring words, not encoded chunks
-  r_->slot.open(u, std::move(buffer));
+  r_->slot.open(lane, u, std::move(buffer), now_ms + cfg_.deadlines.upload.count());
+  r_->uploads[lane] = {};
   const std::string who = u.edge ? "edge " + membership_.peer(u.edge)->name : "silo " + r_->members[u.member].silo;
   spdlog::info("round {}: upload slot to {}", round_, who);
   event("upload_granted", who);
@@ -31,15 +33,42 @@ void Coordinator::grant(const Uploader& u) {
     r_->set_state(r_->members[u.member], MemberState::Uploading);
     send(r_->members[u.member].session, std::move(e));
   }
-  actions_.push_back(action::StartTimer{Timer::Upload, cfg_.deadlines.upload});
+  arm_upload_timer(now_ms);
+}
+
+// The Upload timer follows the earliest deadline of the lanes still receiving.
+void Coordinator::arm_upload_timer(std::int64_t now_ms) {
+  const auto next = r_->slot.next_deadline();
+  if (next == r_->upload_timer) return;
+  r_->upload_timer = next;
+  if (next) {
+    actions_.push_back(action::StartTimer{Timer::Upload, std::chrono::milliseconds(std::max<std::int64_t>(0, *next - now_ms))});
+  } else {
+    actions_.push_back(action::CancelTimer{Timer::Upload});
+  }
+}
+
+// The upload granted first, once whole, is folded (one fold job at a time, in grant order, so
+// the sum is the same whichever upload ends first). True when a fold started.
+bool Coordinator::fold_next() {
+  if (job_ != JobKind::None) return false;
+  const auto lane = r_->slot.oldest();
+  if (!lane || !r_->slot[*lane].complete()) return false;
+  r_->folding = *lane;
+  // Validate and fold off the network thread, after the chunks' checks (the worker's queue is
+  // in order).
+  run_job(JobKind::Fold, [agg = r_->agg.get(), c = r_->uploads[*lane].contribution, check = r_->slot[*lane].check(),
+                          lane = *lane]() -> JobResult { return agg->fold(c, *check, lane); });
+  return true;
 }
 
 void Coordinator::on_chunk(const Uploader& u, SessionId reply_to, const wire::Envelope& e, std::int64_t now_ms) {
-  if (!r_->slot.held_by(u) || r_->slot.complete()) {
+  const auto lane = r_->slot.lane_of(u);
+  if (!lane || r_->slot[*lane].complete()) {
     send_error(reply_to, wire::UNEXPECTED, "TensorChunk without an open UploadGrant");
     return;
   }
-  auto check = r_->slot.add(e.tensor_chunk());
+  auto check = r_->slot[*lane].add(e.tensor_chunk());
   if (!check) {
     send_error(reply_to, check.status().code, check.status().message);
     fail_upload(u, DropPhase::Upload, DropCause::BadUpload, check.status().message);
@@ -53,19 +82,19 @@ void Coordinator::on_chunk(const Uploader& u, SessionId reply_to, const wire::En
 void Coordinator::on_update_end(std::size_t m, const wire::Envelope& e, std::int64_t now_ms) {
   auto& mb = r_->members[m];
   const Uploader u{m, 0};
-  if (mb.state != MemberState::Uploading || !r_->slot.held_by(u) || r_->slot.complete()) {
+  const auto lane = r_->slot.lane_of(u);
+  if (mb.state != MemberState::Uploading || !lane || r_->slot[*lane].complete()) {
     send_error(mb.session, wire::UNEXPECTED, "UpdateEnd without an open UploadGrant");
     return;
   }
   const auto& end = e.update_end();
-  std::string why = r_->slot.end("update");
+  std::string why = r_->slot[*lane].end("update");
   if (why.empty() && !r_->secure && (!std::isfinite(end.weight()) || end.weight() <= 0)) {
     why = "update weight must be a positive number";
   } else if (why.empty() && !r_->secure && heavier_than_allowed(end.weight())) {
     why = "update weight " + std::to_string(end.weight()) + " exceeds training.max_weight " +
           std::to_string(cfg_.plan.max_weight());
   }
-  actions_.push_back(action::CancelTimer{Timer::Upload});
   if (!why.empty()) {
     send_error(mb.session, wire::BAD_UPDATE, why);
     fail_upload(u, DropPhase::Upload, DropCause::BadUpload, why);
@@ -73,16 +102,13 @@ void Coordinator::on_update_end(std::size_t m, const wire::Envelope& e, std::int
     return;
   }
   mb.weight = end.weight();
-  r_->upload_bytes += r_->slot.bytes_received();
-  r_->upload = Contribution{{mb.silo}, mb.weight, r_->secure ? r_->secure->group_of(mb.silo) : 0,
-                            end.update_sha256(), false};
-  r_->upload_members = {m};
-  r_->upload_more = false;
-  // Validate and fold off the network thread, after the chunks' checks (the worker's queue is
-  // in order).
-  run_job(JobKind::Fold, [agg = r_->agg.get(), c = r_->upload, check = r_->slot.check()]() -> JobResult {
-    return agg->fold(c, *check);
-  });
+  r_->upload_bytes += r_->slot[*lane].bytes_received();
+  auto& up = r_->uploads[*lane];
+  up.contribution = Contribution{{mb.silo}, mb.weight, r_->secure ? r_->secure->group_of(mb.silo) : 0,
+                                 end.update_sha256(), false};
+  up.members = {m};
+  up.more = false;
+  pump(now_ms);  // folds it now if the uploads granted before it are folded
 }
 
 // The contributors an edge's partial sum lists, checked: this edge's members of the round, each
@@ -124,25 +150,25 @@ std::string Coordinator::check_contributors(const std::string& edge, const wire:
 
 void Coordinator::on_region_end(SessionId id, const wire::Envelope& e, std::int64_t now_ms) {
   const Uploader u{kNone, id};
-  if (!r_->slot.held_by(u) || r_->slot.complete()) {
+  const auto lane = r_->slot.lane_of(u);
+  if (!lane || r_->slot[*lane].complete()) {
     send_error(id, wire::UNEXPECTED, "UpdateEnd without an open UploadGrant");
     return;
   }
   const auto& end = e.update_end();
   const std::string edge = membership_.peer(id)->name;
-  actions_.push_back(action::CancelTimer{Timer::Upload});
   // Contributors must be this edge's members of the round; their weights must add up.
   std::vector<std::size_t> who;
   double weight = 0;
   std::string why = check_contributors(edge, end, who, weight);
   if (why.empty() && who.empty()) {
     drop_region(edge, DropPhase::Upload, DropCause::NotInPartialSum, "its edge had no update from it");
-    abandon_upload();
+    abandon_upload(*lane);
     pump(now_ms);
     return;
   }
   if (r_->secure) weight = end.weight();  // weights travel inside the masked sum
-  if (why.empty()) why = r_->slot.end("partial sum");
+  if (why.empty()) why = r_->slot[*lane].end("partial sum");
   if (why.empty() && std::abs(weight - end.weight()) > 1e-6 * std::max(1.0, weight)) {
     why = "partial sum weight " + std::to_string(end.weight()) + " is not the sum of its contributors' " +
           std::to_string(weight);
@@ -162,24 +188,25 @@ void Coordinator::on_region_end(SessionId id, const wire::Envelope& e, std::int6
     mb.update_sha256 = c.update_sha256();
     mb.update_signed = cfg_.ca.has_value();
   }
-  r_->upload_bytes += r_->slot.bytes_received();
-  r_->upload = Contribution{{}, weight, end.group(), end.update_sha256(), true};
-  for (auto m : who) r_->upload.silos.push_back(r_->members[m].silo);
-  r_->upload_members = who;
-  r_->upload_more = end.more();
-  run_job(JobKind::Fold, [agg = r_->agg.get(), c = r_->upload, check = r_->slot.check()]() -> JobResult {
-    return agg->fold(c, *check);
-  });
+  r_->upload_bytes += r_->slot[*lane].bytes_received();
+  auto& up = r_->uploads[*lane];
+  up.contribution = Contribution{{}, weight, end.group(), end.update_sha256(), true};
+  for (auto m : who) up.contribution.silos.push_back(r_->members[m].silo);
+  up.members = who;
+  up.more = end.more();
+  pump(now_ms);
 }
 
 // The fold job is done: the upload is in the aggregate, or refused with the reason.
 void Coordinator::folded(FoldResult r, std::int64_t now_ms) {
-  const Uploader u = *r_->slot.holder();
-  r_->slot.release();
+  const std::size_t lane = *std::exchange(r_->folding, std::nullopt);
+  const Uploader u = *r_->slot[lane].holder();
+  r_->slot.release(lane);
+  const Round::Upload up = std::move(r_->uploads[lane]);
   if (!r.ok()) {
     if (u.edge) {
       send_error(u.edge, wire::BAD_UPDATE, r.why);
-      drop_region(r_->members[r_->upload_members.front()].edge, DropPhase::Validation, DropCause::EdgeRejected,
+      drop_region(r_->members[up.members.front()].edge, DropPhase::Validation, DropCause::EdgeRejected,
                   "its edge's partial sum was rejected: " + r.why);
     } else {
       send_error(r_->members[u.member].session, wire::BAD_UPDATE, r.why);
@@ -189,7 +216,7 @@ void Coordinator::folded(FoldResult r, std::int64_t now_ms) {
     pump(now_ms);
     return;
   }
-  for (auto m : r_->upload_members) {
+  for (auto m : up.members) {
     r_->set_state(r_->members[m], MemberState::Done);
     if (!u.edge) r_->members[m].update_sha256 = r.sha256;  // an edge's silos keep their own word
     if (r_->secure) r_->secure->masked_from(r_->members[m].silo);
@@ -197,39 +224,46 @@ void Coordinator::folded(FoldResult r, std::int64_t now_ms) {
   if (u.edge) {
     const Peer* p = membership_.peer(u.edge);
     // The region's sum, apart from its silos' own updates.
-    nlohmann::json region = {{"edge", r_->members[r_->upload_members.front()].edge}, {"sum_sha256", r.sha256}};
-    if (r_->secure) region["group"] = r_->upload.group;
-    for (auto m : r_->upload_members) region["silos"].push_back(r_->members[m].silo);
+    nlohmann::json region = {{"edge", r_->members[up.members.front()].edge}, {"sum_sha256", r.sha256}};
+    if (r_->secure) region["group"] = up.contribution.group;
+    for (auto m : up.members) region["silos"].push_back(r_->members[m].silo);
     r_->regions.push_back(std::move(region));
-    if (r_->upload_more && p) {
-      grant(u);  // the edge has another secure group's partial sum: the slot again
+    if (up.more && p) {
+      grant(u, lane, now_ms);  // the edge has another secure group's partial sum: its lane again
+      pump(now_ms);
       return;
     }
-    drop_region(p ? p->name : r_->members[r_->upload_members.front()].edge, DropPhase::Upload,
+    drop_region(p ? p->name : r_->members[up.members.front()].edge, DropPhase::Upload,
                 DropCause::NotInPartialSum, "its edge's partial sum did not include it");
   }
   pump(now_ms);
 }
 
-// The upload in the slot is refused: its silo, or the edge's unfinished silos, are dropped.
+// The upload `u` is sending is refused: its silo, or the edge's unfinished silos, are dropped.
 void Coordinator::fail_upload(const Uploader& u, DropPhase phase, DropCause cause, const std::string& why) {
+  const auto lane = r_->slot.lane_of(u);
   if (u.edge) {
     const Peer* p = membership_.peer(u.edge);
     std::string edge = p ? p->name : "";
-    if (edge.empty() && !r_->upload_members.empty()) edge = r_->members[r_->upload_members.front()].edge;
+    if (edge.empty() && lane && !r_->uploads[*lane].members.empty()) {
+      edge = r_->members[r_->uploads[*lane].members.front()].edge;
+    }
     drop_region(edge, phase, cause, u.edge && cause == DropCause::BadUpload ? "its edge sent a bad partial sum: " + why
                                                                              : why);
   } else {
     drop(u.member, phase, cause, why, false);
   }
-  abandon_upload();
+  if (lane && r_->slot[*lane].held_by(u)) abandon_upload(*lane);
 }
 
-void Coordinator::abandon_upload() {
-  r_->slot.release();
-  actions_.push_back(action::CancelTimer{Timer::Upload});
-  // Its chunk checks may still be queued on the worker: let them drain before the next upload
-  // reuses the buffer.
+void Coordinator::abandon_upload(std::size_t lane) {
+  // Its chunk checks may still be queued on the worker: the lane is granted again only once
+  // they have drained (a job started after this one is done).
+  r_->slot.abandon(lane, job_id_);
+  if (!r_->slot.next_deadline() && r_->upload_timer) {
+    r_->upload_timer.reset();
+    actions_.push_back(action::CancelTimer{Timer::Upload});
+  }
   if (job_ == JobKind::None) run_job(JobKind::Barrier, []() -> JobResult { return {}; });
 }
 
@@ -251,8 +285,8 @@ bool Coordinator::edge_pending(SessionId edge) const {
 void Coordinator::drop(std::size_t m, DropPhase phase, DropCause cause, const std::string& reason, bool notify) {
   auto& mb = r_->members[m];
   if (mb.state == MemberState::Dropped) return;
-  if (r_->slot.held_by(Uploader{m, 0}) && !r_->slot.complete()) {
-    abandon_upload();  // the half-received update is simply never folded in
+  if (const auto lane = r_->slot.lane_of(Uploader{m, 0}); lane && !r_->slot[*lane].complete()) {
+    abandon_upload(*lane);  // the half-received update is simply never folded in
   }
   r_->set_state(mb, MemberState::Dropped);
   mb.drop_phase = phase;

@@ -21,6 +21,7 @@
 #include "common/prometheus.h"
 #include "common/build_info.h"
 #include "common/process.h"
+#include "server/broadcast_planner.h"
 #include "server/coordinator.h"
 #include "server/state.h"
 #include "transport/listener.h"
@@ -43,7 +44,8 @@ std::int64_t now_ms() {
 class Server {
  public:
   Server(const ServerConfig& cfg, ServerState& state, Coordinator& coord, std::unique_ptr<ServerHook> hook)
-      : cfg_(cfg), state_(state), coord_(coord), hook_(std::move(hook)), tls_(transport::make_tls_context(cfg.tls)),
+      : cfg_(cfg), state_(state), coord_(coord), hook_(std::move(hook)), broadcasts_(cfg.broadcasts_at_once),
+        tls_(transport::make_tls_context(cfg.tls)),
         events_(cfg.state_dir / "events.jsonl", std::ios::app) {
     for (auto t : {Timer::Join, Timer::Train, Timer::Upload, Timer::SecAgg, Timer::Unmask}) {
       timers_.emplace(t, std::make_unique<asio::steady_timer>(rt_.io()));
@@ -354,10 +356,8 @@ class Server {
       ch->send(std::move(e));
     }
   }
-  // Models go out to at most `kBroadcastsAtOnce` silos at a time: the first silos get the
-  // whole model early, train and upload while the broadcast to the others goes on, instead of
-  // every silo receiving its last chunk at the same late moment.
-  static constexpr int kBroadcastsAtOnce = 2;
+  // Model streams go out as the broadcast planner says (server/broadcast_planner.h): by
+  // default to every receiver at once, each paced by its own connection's writes.
   struct BroadcastSlot {
     explicit BroadcastSlot(Server* s) : server(s) {}
     BroadcastSlot(const BroadcastSlot&) = delete;
@@ -366,27 +366,28 @@ class Server {
     ~BroadcastSlot() {
       Server* s = server;
       asio::post(s->rt_.io(), [s] {
-        --s->broadcasting_;
+        s->broadcasts_.finished();
         s->start_broadcasts();
       });
     }
   };
   void apply(action::SendModel& a) {
-    pending_broadcasts_.push_back(std::move(a));
+    broadcasts_.add(std::move(a));
     start_broadcasts();
   }
   void start_broadcasts() {
-    while (broadcasting_ < kBroadcastsAtOnce && !pending_broadcasts_.empty()) {
-      auto a = std::move(pending_broadcasts_.front());
-      pending_broadcasts_.pop_front();
+    while (auto next = broadcasts_.next()) {
+      auto a = std::move(*next);
       auto* ch = channel(a.to);
-      if (!ch || !ch->is_open()) continue;
+      if (!ch || !ch->is_open()) {
+        broadcasts_.finished();
+        continue;
+      }
       auto src = a.delta ? std::make_shared<protocol::ChunkSource>(a.delta, cfg_.federation, a.round)
                          : std::make_shared<protocol::ChunkSource>(a.model, a.model->flat(), a.model->tensors(),
                                                                    cfg_.federation, a.round, cfg_.chunk_bytes);
       // The slot is released when the stream is finished or dropped with its connection.
       auto slot = std::make_shared<BroadcastSlot>(this);
-      ++broadcasting_;
       ch->send_stream([src, slot, max = cfg_.channel.max_frame_bytes] { return src->next_frame(max); });
     }
   }
@@ -502,6 +503,7 @@ class Server {
   ServerState& state_;
   Coordinator& coord_;
   std::unique_ptr<ServerHook> hook_;                                 // a simulation's; none in production
+  BroadcastPlanner<action::SendModel> broadcasts_;                  // the model streams of a round
   std::map<std::string, std::pair<SessionId, bool>> hook_routes_;  // silo -> (session, through an edge)
   transport::Runtime rt_;
   transport::ssl::context tls_;
@@ -516,8 +518,6 @@ class Server {
   transport::PeerIdentity server_identity_ = transport::own_identity(cfg_.tls);
   std::map<SessionId, std::shared_ptr<transport::Channel>> channels_;
   std::map<Timer, std::unique_ptr<asio::steady_timer>> timers_;
-  std::deque<action::SendModel> pending_broadcasts_;
-  int broadcasting_ = 0;
   SessionId next_id_ = 0;
   bool stopping_ = false;
   std::uint64_t bytes_in_ = 0, bytes_out_ = 0;

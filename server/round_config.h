@@ -123,6 +123,9 @@ struct RoundConfig {
   wire::Compression broadcast;
   std::size_t chunk_bytes = 1u << 20;  // of the model's (and a delta broadcast's) chunks
   UploadStaging staging;
+  // How many uploads the server receives at the same time, each into a buffer (or staged
+  // file) of its own, folded in the order they were granted (docs/architecture.md, "A round").
+  std::size_t uploads_at_once = 1;
   // The federation CA (and its revocation list): checks the signed joins of silos behind edges
   // and, in secure mode, the silos' protocol signatures. Not read from a config file: the server
   // daemon sets it from its TLS files. Without it, no silo is admitted through an edge.

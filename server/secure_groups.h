@@ -3,6 +3,7 @@
 // their mean (or the robust rule across the group means).
 #pragma once
 
+#include <deque>
 #include <map>
 
 #include "protocol/masked.h"
@@ -33,11 +34,11 @@ class SecureGroups final : public Aggregator {
   SecureGroups(const RoundConfig& cfg, const std::vector<TensorInfo>& layout, std::uint64_t round,
                const std::vector<std::string>& selected, std::optional<double> clip_norm = std::nullopt);
 
-  protocol::UploadBuffer buffer() override;
   SecureRound* secure() override { return &round_; }
 
  private:
-  FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check) override;
+  protocol::UploadBuffer lane_buffer(std::size_t lane) override;
+  FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check, std::size_t lane) override;
   std::vector<Rejection> do_prepare() override;
   Combined do_combine(std::span<float> out, const CombineContext& ctx) override;
 
@@ -48,7 +49,7 @@ class SecureGroups final : public Aggregator {
   std::vector<std::uint64_t> kept_;  // RANDOM_K: the coordinates every member masks (else all)
   std::size_t words_;                // d (or the kept ones), the weight, and the unclipped count when adaptive
   SecureRound round_;
-  protocol::MaskedVector current_;                        // the upload being received
+  std::deque<protocol::MaskedVector> current_;            // each upload lane's upload being received
   std::map<std::uint32_t, protocol::MaskedVector> sums_;  // per group
   std::vector<GroupResult> results_;                      // after prepare()
 };

@@ -61,6 +61,24 @@ std::vector<Case> cases() {
     s["faults"] = {fault("edge-01", "restart", 2, "upload")};
     out.push_back({"PlainEdgesWorkersEdgeRestart", s, 1e-4, 3});
   }
+  {  // Four uploads at a time straight to the server, a silo killed as the uploads of round 2
+     // start (possibly mid-upload, while others upload beside it).
+    json s = base_sim(6, 3);
+    s["uploads_at_once"] = 4;
+    s["selection"] = {{"min_silos", 4}, {"min_updates", 4}};
+    s["faults"] = {fault("hospital-02", "kill", 2, "upload")};
+    out.push_back({"ConcurrentUploadsSiloKilledMidUpload", s, 1e-4, 3});
+  }
+  {  // Secure groups of three through two edges, three uploads at a time (the edges' partial
+     // sums of several groups side by side), a silo lost after sharing.
+    json s = base_sim(8, 3);
+    s["edges"] = 2;
+    s["uploads_at_once"] = 3;
+    s["selection"] = {{"min_silos", 6}, {"min_updates", 5}};
+    s["secure"] = secure("grouped");
+    s["faults"] = {fault("hospital-05", "kill", 2, "after_shares")};
+    out.push_back({"ConcurrentUploadsGroupedSecureEdgesDropouts", s, 1e-4, 2});
+  }
   {  // Krum without edges, local workers, a silo killed as round 2 starts.
     json s = base_sim(6, 3);
     s["selection"] = {{"min_silos", 5}, {"min_updates", 5}};

@@ -613,6 +613,25 @@ TEST(Config, UploadStagingDefaultsToModelsOverOneGibibyteInTheStateFolder) {
             std::string::npos);
 }
 
+TEST(Config, UploadsAtOnceAndBroadcastsAtOnceHaveDefaultsAndRefuseWhatCannotWork) {
+  test::TempDir dir;
+  test::make_pki(dir / "pki", "f", {{wire::SERVER, "server"}});
+  auto load = [&](const std::string& extra) {
+    atomic_write_file(dir / "s.json", R"({"federation": "f", "tls": {"kit": "pki/kits/server"},
+      "allow": {"silo": ["a", "b"]}, "model": {"inputs": 4}, "state_dir": "st")" + extra + "}");
+    return server::load_server_config(dir / "s.json");
+  };
+  const auto c = load("");
+  EXPECT_EQ(c.uploads_at_once, static_cast<std::size_t>(server::kDefaultUploadsAtOnce));
+  EXPECT_EQ(c.broadcasts_at_once, static_cast<std::size_t>(server::kDefaultBroadcastsAtOnce));
+  EXPECT_EQ(load(R"(, "uploads_at_once": 1)").uploads_at_once, 1u);
+  EXPECT_EQ(load(R"(, "broadcasts_at_once": 2)").broadcasts_at_once, 2u);
+  for (const auto* bad : {R"(, "uploads_at_once": 0)", R"(, "uploads_at_once": 65)", R"(, "uploads_at_once": "4")"}) {
+    EXPECT_NE(error_of([&] { load(bad); }).find(".uploads_at_once"), std::string::npos) << bad;
+  }
+  EXPECT_NE(error_of([&] { load(R"(, "broadcasts_at_once": -1)"); }).find(".broadcasts_at_once"), std::string::npos);
+}
+
 // Each loader has a to_json beside it: what it writes, it reads back to the same config.
 TEST(Config, EveryRoleConfigRoundTripsThroughItsToJson) {
   test::TempDir dir;

@@ -820,6 +820,167 @@ TEST(Coordinator, UploadDeadlineDropsTheUploaderAndGrantsTheNext) {
   EXPECT_EQ(h.store.commits[0].record["participants"].size(), 2u);
 }
 
+// ---- uploads at once --------------------------------------------------------------------------
+
+RoundConfig with_lanes(std::size_t lanes, RoundConfig c = three_rounds()) {
+  c.uploads_at_once = lanes;
+  return c;
+}
+
+// Four updates whose float sum depends on the order they are added in (1e8 + 1 is 1e8).
+std::map<std::size_t, std::pair<std::vector<float>, double>> order_sensitive() {
+  return {{0, {constant(1e8f), 10}}, {1, {constant(1.0f), 10}}, {2, {constant(-1e8f), 10}}, {3, {constant(1.0f), 10}}};
+}
+
+// Each silo that holds a grant, in `order`, uploads whole; until nobody does. The committed model.
+std::vector<float> finish_in(Harness& h, const std::map<std::size_t, std::pair<std::vector<float>, double>>& ups,
+                             const std::vector<std::size_t>& order) {
+  std::set<std::size_t> sent;
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (auto i : order) {
+      if (!sent.count(i) && h.granted(i)) {
+        h.upload(i, ups.at(i).first, ups.at(i).second);
+        sent.insert(i);
+        progress = true;
+        break;
+      }
+    }
+  }
+  if (h.store.commits.empty()) return {};
+  const auto m = h.store.commits.back().model.flat();
+  return {m.begin(), m.end()};
+}
+
+TEST(UploadLanes, GrantsEachLaneOnceAndAnAbandonedOneOnlyAfterTheWorkerPassedItsChecks) {
+  protocol::UploadLanes<int> lanes(2);
+  std::vector<float> a(4), b(4);
+  auto buf = [](std::vector<float>& v) {
+    return protocol::UploadBuffer{{reinterpret_cast<std::uint8_t*>(v.data()), v.size() * sizeof(float)},
+                                  wire::F32, {{"w", {4}, 0}}, true, nullptr, {}, nullptr};
+  };
+  ASSERT_EQ(lanes.free_lane(), std::optional<std::size_t>(0));
+  lanes.open(0, 7, buf(a), 100);
+  ASSERT_EQ(lanes.free_lane(), std::optional<std::size_t>(1));
+  lanes.open(1, 8, buf(b), 50);
+  EXPECT_FALSE(lanes.free_lane());
+  EXPECT_EQ(lanes.held(), 2u);
+  EXPECT_EQ(lanes.oldest(), std::optional<std::size_t>(0));
+  EXPECT_EQ(lanes.next_deadline(), std::optional<std::int64_t>(50));
+  EXPECT_EQ(lanes.lane_of(8), std::optional<std::size_t>(1));
+  lanes.abandon(0, /*mark=*/5);
+  EXPECT_EQ(lanes.oldest(), std::optional<std::size_t>(1));
+  EXPECT_FALSE(lanes.free_lane());  // its chunk checks may still be queued
+  EXPECT_TRUE(lanes.draining());
+  lanes.drained(5);                  // the job that was running when it was given up
+  EXPECT_FALSE(lanes.free_lane());
+  lanes.drained(6);                  // a job started after it
+  ASSERT_EQ(lanes.free_lane(), std::optional<std::size_t>(0));
+  lanes.open(0, 9, buf(a), 200);
+  EXPECT_EQ(lanes.oldest(), std::optional<std::size_t>(1));  // granted before 9
+  EXPECT_EQ(lanes.overdue(60), std::vector<std::size_t>{1});
+  EXPECT_EQ(lanes.overdue(200), (std::vector<std::size_t>{1, 0}));
+}
+
+TEST(Coordinator, UploadsAtOnceOneGrantsOneUploadAtATime) {
+  Harness h(3, with_lanes(1));
+  h.connect_all(3);
+  for (std::size_t i = 0; i < 3; ++i) h.ready(i, 10);
+  EXPECT_TRUE(h.granted(0));
+  EXPECT_FALSE(h.granted(1));
+  EXPECT_FALSE(h.granted(2));
+  h.upload(0, constant(1), 10);
+  EXPECT_TRUE(h.granted(1));
+  EXPECT_FALSE(h.granted(2));
+}
+
+TEST(Coordinator, UploadsAtOnceGrantsThatManyAndFoldsInGrantOrderWhateverOrderTheyEndIn) {
+  const auto ups = order_sensitive();
+  Harness one(4, with_lanes(1));
+  one.connect_all(4);
+  for (std::size_t i = 0; i < 4; ++i) one.ready(i, 10);
+  const auto reference = finish_in(one, ups, {0, 1, 2, 3});
+  ASSERT_FALSE(reference.empty());
+
+  Harness h(4, with_lanes(3));
+  h.connect_all(4);
+  for (std::size_t i = 0; i < 4; ++i) h.ready(i, 10);
+  EXPECT_TRUE(h.granted(0) && h.granted(1) && h.granted(2));
+  EXPECT_FALSE(h.granted(3));  // three lanes
+  h.upload(2, ups.at(2).first, ups.at(2).second);
+  h.upload(1, ups.at(1).first, ups.at(1).second);
+  EXPECT_FALSE(h.granted(3));  // both wait, whole, for silo 0's, granted first
+  const auto got = finish_in(h, ups, {3, 0});
+  ASSERT_EQ(got.size(), reference.size());
+  for (std::size_t k = 0; k < got.size(); ++k) EXPECT_EQ(got[k], reference[k]) << k;  // bit for bit
+  // Ending in another order changes nothing either.
+  Harness again(4, with_lanes(4));
+  again.connect_all(4);
+  for (std::size_t i = 0; i < 4; ++i) again.ready(i, 10);
+  EXPECT_EQ(finish_in(again, ups, {3, 2, 1, 0}), reference);
+}
+
+// A silo gone halfway while others upload beside it: the sum is exactly that of the others,
+// added in the order they were granted (as one lane would have added them).
+void vanishing_beside_others(RoundConfig cfg) {
+  auto ups = order_sensitive();
+  ups.erase(1);
+  Harness one(4, with_lanes(1, cfg));
+  one.connect_all(4);
+  for (std::size_t i = 0; i < 4; ++i) one.ready(i, 10);
+  one.disconnect(1);
+  const auto reference = finish_in(one, ups, {0, 2, 3});
+  ASSERT_FALSE(reference.empty());
+
+  Harness h(4, with_lanes(3, cfg));
+  h.connect_all(4);
+  for (std::size_t i = 0; i < 4; ++i) h.ready(i, 10);
+  h.upload(1, constant(1000), 10, /*stop_after=*/2);  // two chunks, then gone
+  h.upload(2, ups.at(2).first, ups.at(2).second);     // whole: waits for silo 0's, granted first
+  h.disconnect(1);
+  EXPECT_TRUE(h.granted(3));  // silo 1's lane, once its checks drained
+  h.upload(0, ups.at(0).first, ups.at(0).second);
+  const auto got = finish_in(h, ups, {3});
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  EXPECT_EQ(got, reference);
+  const auto& rec = h.store.commits[0].record;
+  EXPECT_EQ(rec["participants"].size(), 3u);
+  ASSERT_EQ(rec["dropouts"].size(), 1u);
+  EXPECT_EQ(rec["dropouts"][0]["silo"], name(1));
+  EXPECT_EQ(rec["dropouts"][0]["phase"], "upload");
+}
+
+TEST(Coordinator, ASiloVanishingMidUploadWhileOthersUploadLeavesTheSumExact) {
+  vanishing_beside_others(three_rounds());
+}
+
+TEST(Coordinator, AStagedUploadVanishingWhileOthersUploadLeavesTheSumExact) { vanishing_beside_others(staged_rounds()); }
+
+TEST(Coordinator, EachConcurrentUploadHasItsOwnDeadline) {
+  RoundConfig cfg = with_lanes(2);
+  cfg.selection.min_updates = 2;
+  Harness h(3, cfg);
+  h.connect_all(3);
+  for (std::size_t i = 0; i < 3; ++i) h.ready(i, 10);
+  ASSERT_TRUE(h.granted(0) && h.granted(1));
+  const std::int64_t start = h.now, upload_ms = cfg.deadlines.upload.count();
+  h.now += upload_ms / 2;
+  h.upload(0, constant(1), 10);
+  ASSERT_TRUE(h.granted(2));            // granted half a deadline later than silo 1
+  h.upload(1, constant(5), 10, /*stop_after=*/1);
+  h.now = start + upload_ms;
+  h.fire(Timer::Upload);                // silo 1's deadline, not yet silo 2's
+  EXPECT_TRUE(h.armed.count(Timer::Upload));
+  h.upload(2, constant(3), 10);
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  const auto& rec = h.store.commits[0].record;
+  EXPECT_EQ(rec["participants"].size(), 2u);
+  ASSERT_EQ(rec["dropouts"].size(), 1u);
+  EXPECT_EQ(rec["dropouts"][0]["silo"], name(1));
+  EXPECT_EQ(rec["dropouts"][0]["cause"], "deadline");
+  expect_model(h.store.commits[0].model, fedavg(h.initial_, {{constant(1), 10}, {constant(3), 10}}));
+}
+
 TEST(Coordinator, TooFewUpdatesAbortCleanlyAndTheNextRoundStarts) {
   RoundConfig cfg = three_rounds();
   cfg.selection.min_silos = 2;

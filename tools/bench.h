@@ -30,6 +30,9 @@ struct RoundBenchOptions {
   // PREFIX-server and PREFIX-silo-I, the server listening on `server_address` (no edges).
   std::string netns_prefix;
   std::string server_address = "127.0.0.1";
+  // The server's uploads_at_once and broadcasts_at_once (negative: the server's default).
+  std::int64_t uploads_at_once = -1;
+  std::int64_t broadcasts_at_once = -1;
 };
 
 // Server and K agents (real processes, mutual TLS on loopback) with a synthetic model: no

@@ -41,6 +41,10 @@ void add_bench(CLI::App& app, int& exit_code) {
   // scripts/wan-bench.sh makes the namespaces and shapes their links; hidden from --help.
   r->add_option("--netns-prefix", round->netns_prefix, "run the server in PREFIX-server, silo I in PREFIX-silo-I")
       ->group("");
+  r->add_option("--uploads-at-once", round->uploads_at_once,
+                "the server's uploads_at_once (default: the server's default)");
+  r->add_option("--broadcasts-at-once", round->broadcasts_at_once,
+                "the server's broadcasts_at_once, 0: every silo at once (default: the server's default)");
   r->add_option("--server-address", round->server_address, "the address the server listens on, silos dial")
       ->group("");
   r->add_flag("--json", round->json, "one JSON object per measurement");

@@ -65,6 +65,7 @@ struct SimConfig {
   // Edge aggregators: silo i is behind edge i % edges (its backup is the next edge, then the
   // server). 0: every silo talks to the server.
   std::size_t edges = 0;
+  std::int64_t uploads_at_once = 0;  // the server's (0: its default)
   nlohmann::json local;  // passed to every agent as its "local" block (local.workers: data-parallel workers)
   // "privacy": {"level": "record", "max_epsilon": E, "delta": D, ...}: every silo gets that budget
   // (the agent's "privacy" block; rounds: the sim's, unless a noise_multiplier is given) and

@@ -219,6 +219,7 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
   pass("local", c.local);
   if (root.has("privacy")) c.privacy = parse_sim_privacy(root.child("privacy"), c);
   c.edges = static_cast<std::size_t>(root.integer("edges", 0, 0, 64));
+  c.uploads_at_once = root.integer("uploads_at_once", 0, 0, 64);
   // The processes a fault may name: checked here, before anything is made or started.
   auto names_a_process = [&](const std::string& p) {
     for (std::size_t i = 0; i < c.silos; ++i) {
