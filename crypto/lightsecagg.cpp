@@ -66,8 +66,7 @@ Status open_box(const Params& p, const CertVerifier& ca, const Advertisement& de
   auto words = field_words((*fields)[0], p.segment());
   const bool signed_by_dealer =
       ca.verify(dealer_keys.certificate, dealer, kSiloRole, share_statement(p.session, dealer, holder, (*fields)[0]),
-                (*fields)[1])
-          .empty();
+                (*fields)[1]).has_value();
   wipe((*fields)[0]);
   if (!words) return Error("its share for " + holder + " is not " + std::to_string(p.segment()) + " field words");
   if (!signed_by_dealer) {
@@ -247,9 +246,9 @@ Result<Advertisement> Client::advertise() {
 
 Status Client::check_peer(const std::string& name, const Advertisement& a) const {
   if (!p_.index_of(name)) return Error("the key list names " + name + ", who is not in the group");
-  if (auto why = ca_.verify(a.certificate, name, kSiloRole, keys_statement(p_.session, name, a), a.signature);
-      !why.empty()) {
-    return Error("the keys of " + name + " are not signed by " + name + " (" + why + ")");
+  if (auto verdict = ca_.verify(a.certificate, name, kSiloRole, keys_statement(p_.session, name, a), a.signature);
+      !verdict) {
+    return Error("the keys of " + name + " are not signed by " + name + " (" + verdict.error().message() + ")");
   }
   auto mine = a.inbox_keys.find(me_);
   if (mine == a.inbox_keys.end()) return Error(name + " advertised no key for this silo's share");
@@ -328,8 +327,7 @@ Result<Receipt> Client::receive(const Inbox& from) {
     auto keys = u1_.find(sender);
     if (keys == u1_.end() || sender == me_) return Error("a share from " + sender + ", who advertised no keys");
     if (!ca_.verify(keys->second.certificate, sender, kSiloRole, box_statement(p_.session, sender, me_, sealed.box),
-                    sealed.signature)
-             .empty()) {
+                    sealed.signature)) {
       return Error("the share from " + sender + " does not carry its signature: altered on the way");
     }
     std::vector<std::uint32_t> got;
@@ -404,7 +402,7 @@ Result<SealedReply> Client::unmask(const UnmaskRequest& r) {
   for (const auto& [who, sig] : r.signatures) {
     auto keys = u1_.find(who);
     if (keys != u1_.end() && std::binary_search(survivors.begin(), survivors.end(), who) &&
-        ca_.verify(keys->second.certificate, who, kSiloRole, agreed, sig).empty()) {
+        ca_.verify(keys->second.certificate, who, kSiloRole, agreed, sig).has_value()) {
       ++valid;
     }
   }
@@ -448,9 +446,9 @@ Status Server::on_keys(const std::string& from, const Advertisement& a) {
   if (step_ != Step::Keys) return Error("keys arrived after the key list was sent");
   if (!index_.count(from)) return Error(from + " is not in this secure group");
   if (keys_.count(from)) return Error(from + " advertised keys twice");
-  if (auto why = ca_.verify(a.certificate, from, kSiloRole, keys_statement(p_.session, from, a), a.signature);
-      !why.empty()) {
-    return Error("the keys said to be from " + from + " are not signed by it (" + why + ")");
+  if (auto verdict = ca_.verify(a.certificate, from, kSiloRole, keys_statement(p_.session, from, a), a.signature);
+      !verdict) {
+    return Error("the keys said to be from " + from + " are not signed by it (" + verdict.error().message() + ")");
   }
   bool usable = a.inbox_keys.size() + 1 == p_.members.size();
   for (const auto& m : p_.members) {
@@ -538,10 +536,11 @@ Status Server::on_unmask(const std::string& from, const std::string& sealed) {
   wipe(*plain);
   if (!fields || (*fields)[0] != from)
     return Error("the unmask answer from " + from + " is malformed or names another member");
-  if (auto why = ca_.verify(keys_.at(from).certificate, from, kSiloRole,
-                            answer_statement(p_.session, from, request_->survivors, (*fields)[1]), (*fields)[2]);
-      !why.empty()) {
-    return Error("the unmask answer from " + from + " is not signed by it for this survivor set (" + why + ")");
+  if (auto verdict = ca_.verify(keys_.at(from).certificate, from, kSiloRole,
+                                answer_statement(p_.session, from, request_->survivors, (*fields)[1]), (*fields)[2]);
+      !verdict) {
+    return Error("the unmask answer from " + from + " is not signed by it for this survivor set (" +
+                 verdict.error().message() + ")");
   }
   auto words = field_words((*fields)[1], p_.segment());
   wipe((*fields)[1]);

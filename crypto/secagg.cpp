@@ -45,8 +45,7 @@ Status open_box(const Params& p, const CertVerifier& ca, const Advertisement& de
     auto decoded = Share::decode(share);
     if (!decoded || decoded->x != x) return Error("its shares for " + holder + " are malformed");
     if (!ca.verify(dealer_keys.certificate, dealer, kSiloRole, share_statement(p.session, dealer, holder, k == 0, share),
-                   sig)
-             .empty()) {
+                   sig)) {
       return Error("its shares for " + holder + " are not signed by it");
     }
   }
@@ -230,9 +229,9 @@ Result<Advertisement> Client::advertise() {
 
 Status Client::check_peer(const std::string& name, const Advertisement& a) const {
   if (!p_.index_of(name)) return Error("the key list names " + name + ", who is not in the group");
-  if (auto why = ca_.verify(a.certificate, name, kSiloRole, keys_statement(p_.session, name, a), a.signature);
-      !why.empty()) {
-    return Error("the keys of " + name + " are not signed by " + name + " (" + why + ")");
+  if (auto verdict = ca_.verify(a.certificate, name, kSiloRole, keys_statement(p_.session, name, a), a.signature);
+      !verdict) {
+    return Error("the keys of " + name + " are not signed by " + name + " (" + verdict.error().message() + ")");
   }
   auto mine = a.inbox_keys.find(me_);
   if (mine == a.inbox_keys.end()) return Error(name + " advertised no key for this silo's shares");
@@ -309,8 +308,7 @@ Result<Receipt> Client::receive(const Inbox& from) {
     auto keys = u1_.find(sender);
     if (keys == u1_.end() || sender == me_) return Error("shares from " + sender + ", who advertised no keys");
     if (!ca_.verify(keys->second.certificate, sender, kSiloRole, box_statement(p_.session, sender, me_, sealed.box),
-                    sealed.signature)
-             .empty()) {
+                    sealed.signature)) {
       return Error("the shares from " + sender + " do not carry its signature: altered on the way");
     }
     std::pair<SignedShare, SignedShare> got;
@@ -402,7 +400,7 @@ Result<SealedReply> Client::unmask(const UnmaskRequest& r) {
   const std::string agreed = survivors_statement(p_.session, survivors);
   for (const auto& [who, sig] : r.signatures) {
     if (holds(who) && std::binary_search(survivors.begin(), survivors.end(), who) &&
-        ca_.verify(u1_.at(who).certificate, who, kSiloRole, agreed, sig).empty()) {
+        ca_.verify(u1_.at(who).certificate, who, kSiloRole, agreed, sig).has_value()) {
       ++valid;
     }
   }
@@ -476,9 +474,9 @@ Status Server::on_keys(const std::string& from, const Advertisement& a) {
   if (step_ != Step::Keys) return Error("keys arrived after the key list was sent");
   if (!index_.count(from)) return Error(from + " is not in this secure group");
   if (keys_.count(from)) return Error(from + " advertised keys twice");
-  if (auto why = ca_.verify(a.certificate, from, kSiloRole, keys_statement(p_.session, from, a), a.signature);
-      !why.empty()) {
-    return Error("the keys said to be from " + from + " are not signed by it (" + why + ")");
+  if (auto verdict = ca_.verify(a.certificate, from, kSiloRole, keys_statement(p_.session, from, a), a.signature);
+      !verdict) {
+    return Error("the keys said to be from " + from + " are not signed by it (" + verdict.error().message() + ")");
   }
   // Signed by the silo: whatever is wrong with them now is its own doing.
   std::size_t others = 0;
@@ -619,8 +617,7 @@ std::optional<Secret> Server::rebuild(const std::string& owner, bool mask_key, s
     if (excluded_.count(holder) || (holder != owner && !near(holder, owner))) continue;
     const auto& s = (mask_key ? reply.mask_key_shares : reply.self_mask_shares).at(owner);
     if (!ca_.verify(dealer.certificate, owner, kSiloRole, share_statement(p_.session, owner, holder, mask_key, s.share),
-                    s.signature)
-             .empty()) {
+                    s.signature)) {
       blame(holder, "answered with a share of " + owner + " that " + owner + " never signed");
       continue;
     }

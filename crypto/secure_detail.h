@@ -73,7 +73,7 @@ template <class KeyList>
 Result<X25519KeyPair> accusation_key(const CertVerifier& ca, const KeyList& keys, const std::string& accuser,
                                      const secagg::Accusation& a, const std::string& signed_box) {
   const std::string& accused = a.accused;
-  if (!ca.verify(keys.at(accused).certificate, accused, secagg::kSiloRole, signed_box, a.evidence.signature).empty()) {
+  if (!ca.verify(keys.at(accused).certificate, accused, secagg::kSiloRole, signed_box, a.evidence.signature)) {
     return Error("accused " + accused + " with a box " + accused + " did not sign");
   }
   X25519KeyPair inbox{a.inbox_secret, X25519KeyPair::public_of(a.inbox_secret)};

@@ -23,10 +23,10 @@ Status Settlement::on_receipt(const std::string& from, const Receipt& r) {
   if (step_ != Step::Receipts) return Error("a receipt arrived out of order");
   if (!u2_.count(from)) return Error(from + rules_.receipt_before_sharing);
   if (receipted_.count(from)) return Error(from + " sent two receipts");
-  if (auto why = ca_.verify(certificate_of(from), from, kSiloRole, receipt_statement(rules_.session, from, r),
-                            r.signature);
-      !why.empty()) {
-    return Error("the receipt said to be from " + from + " is not signed by it (" + why + ")");
+  if (auto verdict = ca_.verify(certificate_of(from), from, kSiloRole, receipt_statement(rules_.session, from, r),
+                                r.signature);
+      !verdict) {
+    return Error("the receipt said to be from " + from + " is not signed by it (" + verdict.error().message() + ")");
   }
   receipted_.insert(from);
   for (const auto& a : r.accusations) judge(from, a);
@@ -73,9 +73,10 @@ Status Settlement::on_confirmation(const std::string& from, const std::string& s
   if (step_ != Step::Confirm) return Error("a confirmation arrived out of order");
   if (!u3_.count(from)) return Error(from + " is not a survivor");
   const std::vector<std::string> u3(u3_.begin(), u3_.end());
-  if (auto why = ca_.verify(certificate_of(from), from, kSiloRole, survivors_statement(rules_.session, u3), signature);
-      !why.empty()) {
-    return Error(from + "'s confirmation does not verify (" + why + ")");
+  if (auto verdict =
+          ca_.verify(certificate_of(from), from, kSiloRole, survivors_statement(rules_.session, u3), signature);
+      !verdict) {
+    return Error(from + "'s confirmation does not verify (" + verdict.error().message() + ")");
   }
   confirmations_[from] = signature;
   confirmed_.insert(from);
@@ -97,10 +98,10 @@ Result<UnmaskRequest> Settlement::close_confirmations() {
 }
 
 Result<std::vector<std::string>> MemberChecks::settled(const Settled& s) const {
-  if (auto why =
+  if (auto verdict =
           ca.verify(server_certificate, server_name, "server", settled_statement(session, s.members), s.signature);
-      !why.empty()) {
-    return Error("the settled member list is not signed by the server (" + why + ")");
+      !verdict) {
+    return Error("the settled member list is not signed by the server (" + verdict.error().message() + ")");
   }
   auto members = sorted(s.members);
   if (!std::binary_search(members.begin(), members.end(), me)) return Error("this silo was excluded from its group");
@@ -114,10 +115,10 @@ Result<std::vector<std::string>> MemberChecks::settled(const Settled& s) const {
 Status MemberChecks::survivors(const std::vector<std::string>& u3, const std::string& server_signature,
                                bool signature_required) const {
   if (!server_signature.empty() || signature_required) {
-    if (auto why =
+    if (auto verdict =
             ca.verify(server_certificate, server_name, "server", survivors_statement(session, u3), server_signature);
-        !why.empty()) {
-      return Error("the survivor set is not signed by the server (" + why + ")");
+        !verdict) {
+      return Error("the survivor set is not signed by the server (" + verdict.error().message() + ")");
     }
   }
   if (!std::binary_search(u3.begin(), u3.end(), me)) return Error("this silo is not among the survivors");

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/model.h"
+#include "common/result.h"
 #include "crypto/certs.h"
 #include "proto/xsilo.pb.h"
 
@@ -32,8 +33,8 @@ std::string round_start_statement(const wire::RoundStart& rs, const std::string&
 
 void sign_round_start(wire::RoundStart& rs, const crypto::CertSigner& server, const std::string& federation);
 
-// The name of the server whose valid certificate signed `rs`; "" with `why` set otherwise.
-std::string round_start_signer(const wire::RoundStart& rs, const crypto::CertVerifier& ca,
-                               const std::string& federation, std::string& why);
+// The name of the server whose valid certificate signed `rs`, or why there is none.
+Result<std::string> round_start_signer(const wire::RoundStart& rs, const crypto::CertVerifier& ca,
+                                       const std::string& federation);
 
 }  // namespace xsilo::protocol

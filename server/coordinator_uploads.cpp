@@ -41,8 +41,8 @@ void Coordinator::on_chunk(const Uploader& u, SessionId reply_to, const wire::En
   }
   auto check = r_->slot.add(e.tensor_chunk());
   if (!check) {
-    send_error(reply_to, check.status().code, check.status().message);
-    fail_upload(u, DropPhase::Upload, DropCause::BadUpload, check.status().message);
+    send_error(reply_to, check.error().code, check.error().message);
+    fail_upload(u, DropPhase::Upload, DropCause::BadUpload, check.error().message);
     pump(now_ms);
     return;
   }

@@ -87,15 +87,15 @@ class SecAggGroup final : public Group {
     switch (m.step_case()) {
       case Step::kSecaggKeys: {
         auto keys = protocol::from_wire(m.secagg_keys());
-        return keys ? server.on_keys(silo, *keys) : Error(keys.status().message);
+        return keys ? server.on_keys(silo, *keys) : Error(keys.error().message);
       }
       case Step::kSecaggShares: {
         auto to = protocol::from_wire(m.secagg_shares());
-        return to ? server.on_shares(silo, *to) : Error(to.status().message);
+        return to ? server.on_shares(silo, *to) : Error(to.error().message);
       }
       case Step::kSecaggReceipt: {
         auto receipt = protocol::from_wire(m.secagg_receipt());
-        return receipt ? server.on_receipt(silo, *receipt) : Error(receipt.status().message);
+        return receipt ? server.on_receipt(silo, *receipt) : Error(receipt.error().message);
       }
       case Step::kSecaggConfirmation: return server.on_confirmation(silo, m.secagg_confirmation().signature());
       case Step::kSecaggUnmaskShares: return server.on_unmask(silo, m.secagg_unmask_shares().sealed());

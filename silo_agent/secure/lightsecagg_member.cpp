@@ -46,7 +46,7 @@ class LightSecAggMember final : public Member {
     switch (step.step_case()) {
       case Step::kLsaKeyList: {
         auto list = protocol::from_wire(step.lsa_key_list());
-        if (!list) return Refusal{"key list", list.status().message};
+        if (!list) return Refusal{"key list", list.error().message};
         // Draws the mask and encodes it for every member (N U L multiply-adds: the offline cost).
         auto shares = client_.share(*list);
         if (!shares) return Refusal{"key list", shares.error().message()};
@@ -55,7 +55,7 @@ class LightSecAggMember final : public Member {
       }
       case Step::kLsaShareDelivery: {
         auto from = protocol::from_wire(step.lsa_share_delivery());
-        if (!from) return Refusal{"share delivery", from.status().message};
+        if (!from) return Refusal{"share delivery", from.error().message};
         auto receipt = client_.receive(*from);
         if (!receipt) return Refusal{"share delivery", receipt.error().message()};
         for (const auto& a : receipt->accusations) {
@@ -80,7 +80,7 @@ class LightSecAggMember final : public Member {
       }
       case Step::kLsaUnmaskRequest: {
         auto request = protocol::from_wire(step.lsa_unmask_request());
-        if (!request) return Refusal{"unmask request", request.status().message};
+        if (!request) return Refusal{"unmask request", request.error().message};
         auto reply = client_.unmask(*request);
         if (!reply) return Refusal{"unmask request", reply.error().message()};
         m.mutable_lsa_answer()->set_sealed(reply->box);

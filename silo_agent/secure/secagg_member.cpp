@@ -51,7 +51,7 @@ class SecAggMember final : public Member {
       }
       case Step::kSecaggUnmaskRequest: {
         auto request = protocol::from_wire(step.secagg_unmask_request());
-        if (!request) return Refusal{"unmask request", request.status().message};
+        if (!request) return Refusal{"unmask request", request.error().message};
         auto reply = client_.unmask(*request);
         if (!reply) return Refusal{"unmask request", reply.error().message()};
         wire::SecureAggregation m;
@@ -78,7 +78,7 @@ class SecAggMember final : public Member {
  private:
   std::variant<Answer, Refusal> on_key_list(const wire::SecAggKeyList& l) {
     auto list = protocol::from_wire(l);
-    if (!list) return Refusal{"key list", list.status().message};
+    if (!list) return Refusal{"key list", list.error().message};
     auto shares = client_.share(*list);
     if (!shares) return Refusal{"key list", shares.error().message()};
     wire::SecureAggregation m;
@@ -88,7 +88,7 @@ class SecAggMember final : public Member {
 
   std::variant<Answer, Refusal> on_share_delivery(const wire::SecAggShareDelivery& d) {
     auto from = protocol::from_wire(d);
-    if (!from) return Refusal{"share delivery", from.status().message};
+    if (!from) return Refusal{"share delivery", from.error().message};
     auto receipt = client_.receive(*from);
     if (!receipt) return Refusal{"share delivery", receipt.error().message()};
     for (const auto& a : receipt->accusations) {
