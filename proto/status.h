@@ -10,7 +10,7 @@
 
 namespace xsilo::proto {
 
-struct Status {
+struct [[nodiscard]] Status {
   wire::ErrorCode code = wire::ERROR_UNSPECIFIED;
   std::string message;
 

@@ -22,7 +22,7 @@ inline constexpr std::uint64_t kMaxModelElements = std::uint64_t{1} << 34;
 // do not overflow, at most `max_elements` in all, and a secure setup (if any) whose ring is 32
 // or 64 bits with a vector of at most the model plus its two extra words; otherwise why not.
 // Checked before anything is allocated from it.
-std::string check_layout(const wire::RoundStart& rs, std::uint64_t max_elements = kMaxModelElements);
+[[nodiscard]] std::string check_layout(const wire::RoundStart& rs, std::uint64_t max_elements = kMaxModelElements);
 
 // Appends `layout`'s tensors to the RoundStart's model layout, as float32 specs, in order.
 void add_layout(wire::RoundStart& rs, const std::vector<TensorInfo>& layout);

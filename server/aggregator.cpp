@@ -19,6 +19,17 @@ namespace {
 
 std::span<std::uint8_t> bytes_of(Model& m) { return {reinterpret_cast<std::uint8_t*>(m.flat().data()), m.bytes()}; }
 
+// An upload received straight into `m` (f32, its layout), hashed as it arrives.
+protocol::UploadBuffer into(Model& m) {
+  return {.bytes = bytes_of(m),
+          .dtype = wire::F32,
+          .layout = m.tensors(),
+          .hash = true,
+          .keep = nullptr,
+          .scheme = {},
+          .sink = nullptr};
+}
+
 }  // namespace
 
 FoldResult check_upload(protocol::UploadCheck& check, const Contribution& c, const std::string& what) {
@@ -54,8 +65,14 @@ class PlainSum final : public Aggregator {
   }
 
   protocol::UploadBuffer buffer() override {
-    if (!stage_) return {bytes_of(current_), wire::F32, current_.tensors(), true, nullptr, {}, nullptr};
-    return {stage_->window(), wire::F32, layout_, true, stage_, {}, stage_};
+    if (!stage_) return into(current_);
+    return {.bytes = stage_->window(),
+            .dtype = wire::F32,
+            .layout = layout_,
+            .hash = true,
+            .keep = stage_,
+            .scheme = {},
+            .sink = stage_};
   }
 
  private:
@@ -122,7 +139,7 @@ class RowCollector final : public Aggregator {
     }
   }
 
-  protocol::UploadBuffer buffer() override { return {bytes_of(current_), wire::F32, current_.tensors(), true, nullptr, {}, nullptr}; }
+  protocol::UploadBuffer buffer() override { return into(current_); }
 
  private:
   FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check) override {

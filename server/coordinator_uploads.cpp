@@ -74,8 +74,11 @@ void Coordinator::on_update_end(std::size_t m, const wire::Envelope& e, std::int
   }
   mb.weight = end.weight();
   r_->upload_bytes += r_->slot.bytes_received();
-  r_->upload = Contribution{{mb.silo}, mb.weight, r_->secure ? r_->secure->group_of(mb.silo) : 0,
-                            end.update_sha256(), false};
+  r_->upload = Contribution{.silos = {mb.silo},
+                            .weight = mb.weight,
+                            .group = r_->secure ? r_->secure->group_of(mb.silo) : 0,
+                            .declared_sha256 = end.update_sha256(),
+                            .partial_sum = false};
   r_->upload_members = {m};
   r_->upload_more = false;
   // Validate and fold off the network thread, after the chunks' checks (the worker's queue is
@@ -163,7 +166,7 @@ void Coordinator::on_region_end(SessionId id, const wire::Envelope& e, std::int6
     mb.update_signed = cfg_.ca.has_value();
   }
   r_->upload_bytes += r_->slot.bytes_received();
-  r_->upload = Contribution{{}, weight, end.group(), end.update_sha256(), true};
+  r_->upload = Contribution{.silos = {}, .weight = weight, .group = end.group(), .declared_sha256 = end.update_sha256(), .partial_sum = true};
   for (auto m : who) r_->upload.silos.push_back(r_->members[m].silo);
   r_->upload_members = who;
   r_->upload_more = end.more();

@@ -70,7 +70,13 @@ SecureGroups::SecureGroups(const RoundConfig& cfg, const std::vector<TensorInfo>
 }
 
 protocol::UploadBuffer SecureGroups::buffer() {
-  return {current_.bytes(), current_.dtype(), {{"masked", {words_}, 0}}, true, nullptr, {}, nullptr};
+  return {.bytes = current_.bytes(),
+          .dtype = current_.dtype(),
+          .layout = {{"masked", {words_}, 0}},
+          .hash = true,
+          .keep = nullptr,
+          .scheme = {},
+          .sink = nullptr};
 }
 
 FoldResult SecureGroups::do_fold(const Contribution& c, protocol::UploadCheck& check) {

@@ -39,8 +39,15 @@ void Session::start_secure(const wire::SecAggSetup& setup) {
     return;
   }
   std::shared_ptr<secure::Member> member = secure::make_member(
-      setup, secure::MemberContext{cfg_.federation, round_, name_, *cfg_.signer, *cfg_.ca, *signer, cfg_.floor, cfg_.sources,
-                            cfg_.max_message_bytes});
+      setup, secure::MemberContext{.federation = cfg_.federation,
+                                   .round = round_,
+                                   .me = name_,
+                                   .signer = *cfg_.signer,
+                                   .ca = *cfg_.ca,
+                                   .server_name = *signer,
+                                   .floor = cfg_.floor,
+                                   .sources = cfg_.sources,
+                                   .max_message_bytes = cfg_.max_message_bytes});
   if (!member) {
     why = "the secure setup names protocol " + std::to_string(setup.protocol()) + ", which this agent does not speak";
     spdlog::error("round {}: refusing the secure group: {}", round_, why);
