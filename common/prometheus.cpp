@@ -57,7 +57,7 @@ std::string render_labels(const Labels& labels) {
 void MetricRegistry::declare(const std::string& name, Type type, const std::string& help, bool labeled) {
   std::lock_guard lock(mu_);
   if (families_.count(name)) throw std::logic_error("metric " + name + " declared twice");
-  families_.emplace(name, Family{type, help, labeled, {}});
+  families_.emplace(name, Family{.type = type, .help = help, .labeled = labeled, .series = {}});
   order_.push_back(name);
 }
 

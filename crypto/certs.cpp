@@ -142,9 +142,9 @@ struct CertVerifier::Impl {
   // The verdict on `certificate`: from the cache, or verified (and kept) when it is not there
   // or a minute old. nullptr, with `why`, when it does not verify. Called with `mu` held.
   const Checked* checked(std::string_view certificate, std::string& why);
-  // "" when `certificate` verifies and names `name` in `role`; the key it certifies in `key_out`.
-  std::string check(std::string_view certificate, const std::string& name, const std::string& role,
-                    std::shared_ptr<EVP_PKEY>* key_out);
+  // Success when `certificate` verifies and names `name` in `role`; the key it certifies in `key_out`.
+  Status check(std::string_view certificate, const std::string& name, const std::string& role,
+               std::shared_ptr<EVP_PKEY>* key_out);
 };
 
 namespace {
@@ -220,36 +220,36 @@ const CertVerifier::Impl::Checked* CertVerifier::Impl::checked(std::string_view 
               .first->second;
 }
 
-std::string CertVerifier::Impl::check(std::string_view certificate, const std::string& name, const std::string& role,
-                                     std::shared_ptr<EVP_PKEY>* key_out) {
+Status CertVerifier::Impl::check(std::string_view certificate, const std::string& name, const std::string& role,
+                                std::shared_ptr<EVP_PKEY>* key_out) {
   std::lock_guard lock(mu);
   std::string why;
   const Checked* c = checked(certificate, why);
-  if (!c) return why;
-  if (why = unwanted(c->who, name, role); !why.empty()) return why;
+  if (!c) return Error(why);
+  if (why = unwanted(c->who, name, role); !why.empty()) return Error(why);
   if (key_out) *key_out = c->key;
-  return "";
+  return {};
 }
 
-std::string CertVerifier::check(std::string_view certificate, const std::string& name, const std::string& role) const {
+Status CertVerifier::check(std::string_view certificate, const std::string& name, const std::string& role) const {
   return impl_->check(certificate, name, role, nullptr);
 }
 
 // Parses the certificate only when its verdict is not cached (d2i_X509 costs as much as a
 // signature check: half of what a silo spent on a RoundStart).
-std::optional<CertifiedName> CertVerifier::certified(std::string_view certificate, const std::string& role,
-                                                     std::string& why) const {
+Result<CertifiedName> CertVerifier::certified(std::string_view certificate, const std::string& role) const {
   std::lock_guard lock(impl_->mu);
+  std::string why;
   const Impl::Checked* c = impl_->checked(certificate, why);
-  if (!c) return std::nullopt;
-  if (why = unwanted(c->who, c->who.name, role); !why.empty()) return std::nullopt;
+  if (!c) return Error(why);
+  if (why = unwanted(c->who, c->who.name, role); !why.empty()) return Error(why);
   return c->who;
 }
 
-std::string CertVerifier::verify(std::string_view certificate, const std::string& name, const std::string& role,
-                                 std::string_view message, std::string_view signature) const {
+Status CertVerifier::verify(std::string_view certificate, const std::string& name, const std::string& role,
+                            std::string_view message, std::string_view signature) const {
   std::shared_ptr<EVP_PKEY> key;
-  if (auto why = impl_->check(certificate, name, role, &key); !why.empty()) return why;
+  if (auto checked = impl_->check(certificate, name, role, &key); !checked) return checked;
   const bool ok = fuzz_memo::remember({certificate, message, signature}, [&] {
     MdCtxPtr ctx(EVP_MD_CTX_new());
     const bool good = ctx && EVP_DigestVerifyInit(ctx.get(), nullptr, digest_for(key.get()), nullptr, key.get()) == 1 &&
@@ -259,7 +259,8 @@ std::string CertVerifier::verify(std::string_view certificate, const std::string
     ERR_clear_error();
     return good;
   });
-  return ok ? "" : "the signature of " + name + " does not verify";
+  if (!ok) return Error("the signature of " + name + " does not verify");
+  return {};
 }
 
 }  // namespace xsilo::crypto

@@ -16,6 +16,8 @@
 #include <string_view>
 #include <vector>
 
+#include "common/result.h"
+
 namespace xsilo::crypto {
 
 // "xsilo/<tag>" followed by every field as 4-byte little-endian length + bytes.
@@ -57,14 +59,14 @@ class CertVerifier {
   // Throws std::invalid_argument when the PEM texts do not parse or the CRL is not signed by the CA.
   static CertVerifier from_pem(std::string_view ca_pem, std::string_view crl_pem = {});
 
-  // "" when `certificate` (DER) is valid now, issued by the CA, not revoked, and names `name` in
-  // `role`; otherwise why not.
-  std::string check(std::string_view certificate, const std::string& name, const std::string& role) const;
-  // Who a valid certificate of `role` names; nullopt with `why` set when it is not valid.
-  std::optional<CertifiedName> certified(std::string_view certificate, const std::string& role, std::string& why) const;
-  // check(), then "" when `signature` is the signature of `message` by the certified key.
-  std::string verify(std::string_view certificate, const std::string& name, const std::string& role,
-                     std::string_view message, std::string_view signature) const;
+  // Success when `certificate` (DER) is valid now, issued by the CA, not revoked, and names
+  // `name` in `role`; otherwise why not.
+  Status check(std::string_view certificate, const std::string& name, const std::string& role) const;
+  // Who a valid certificate of `role` names, or why it is not valid.
+  Result<CertifiedName> certified(std::string_view certificate, const std::string& role) const;
+  // check(), then success when `signature` is the signature of `message` by the certified key.
+  Status verify(std::string_view certificate, const std::string& name, const std::string& role,
+                std::string_view message, std::string_view signature) const;
 
  private:
   struct Impl;

@@ -66,8 +66,7 @@ Status open_box(const Params& p, const CertVerifier& ca, const Advertisement& de
   auto words = field_words((*fields)[0], p.segment());
   const bool signed_by_dealer =
       ca.verify(dealer_keys.certificate, dealer, kSiloRole, share_statement(p.session, dealer, holder, (*fields)[0]),
-                (*fields)[1])
-          .empty();
+                (*fields)[1]).has_value();
   wipe((*fields)[0]);
   if (!words) return Error("its share for " + holder + " is not " + std::to_string(p.segment()) + " field words");
   if (!signed_by_dealer) {
@@ -247,9 +246,9 @@ Result<Advertisement> Client::advertise() {
 
 Status Client::check_peer(const std::string& name, const Advertisement& a) const {
   if (!p_.index_of(name)) return Error("the key list names " + name + ", who is not in the group");
-  if (auto why = ca_.verify(a.certificate, name, kSiloRole, keys_statement(p_.session, name, a), a.signature);
-      !why.empty()) {
-    return Error("the keys of " + name + " are not signed by " + name + " (" + why + ")");
+  if (auto verdict = ca_.verify(a.certificate, name, kSiloRole, keys_statement(p_.session, name, a), a.signature);
+      !verdict) {
+    return Error("the keys of " + name + " are not signed by " + name + " (" + verdict.error().message() + ")");
   }
   auto mine = a.inbox_keys.find(me_);
   if (mine == a.inbox_keys.end()) return Error(name + " advertised no key for this silo's share");
@@ -323,25 +322,16 @@ Result<Outbox> Client::share(const KeyList& u1) {
 
 Result<Receipt> Client::receive(const Inbox& from) {
   if (step_ != Step::Receive) return Error("share delivery out of order");
-  Receipt r;
-  for (const auto& [sender, sealed] : from) {
-    auto keys = u1_.find(sender);
-    if (keys == u1_.end() || sender == me_) return Error("a share from " + sender + ", who advertised no keys");
-    if (!ca_.verify(keys->second.certificate, sender, kSiloRole, box_statement(p_.session, sender, me_, sealed.box),
-                    sealed.signature)
-             .empty()) {
-      return Error("the share from " + sender + " does not carry its signature: altered on the way");
-    }
-    std::vector<std::uint32_t> got;
-    if (auto why = open_box(p_, ca_, keys->second, sender, me_, inbox_.at(sender), sealed.box, got); !why) {
-      r.accusations.push_back({sender, sealed, inbox_.at(sender).secret});
-      accused_.insert(sender);
-      continue;
-    }
-    held_[sender] = std::move(got);
-  }
-  r.signature = signer_.sign(secagg::receipt_statement(p_.session, me_, r));
-  step_ = Step::Settle;
+  using Held = std::vector<std::uint32_t>;
+  auto r = detail::receive(
+      from,
+      detail::Delivery<KeyList, Held>{.session = p_.session, .me = me_, .ca = ca_, .signer = signer_, .u1 = u1_,
+                                      .inbox = inbox_, .held = held_, .accused = accused_},
+      {"a share from ", "the share from ", " does not carry"}, box_statement,
+      [&](const Advertisement& keys, const std::string& sender, const std::string& box, Held& got) {
+        return open_box(p_, ca_, keys, sender, me_, inbox_.at(sender), box, got);
+      });
+  if (r) step_ = Step::Settle;
   return r;
 }
 
@@ -399,15 +389,8 @@ Result<SealedReply> Client::unmask(const UnmaskRequest& r) {
   for (const auto& v : survivors) {
     if (!held_.count(v)) return Error("the request names " + v + ", who dealt this silo no share; refusing");
   }
-  std::size_t valid = 0;
-  const std::string agreed = secagg::survivors_statement(p_.session, survivors);
-  for (const auto& [who, sig] : r.signatures) {
-    auto keys = u1_.find(who);
-    if (keys != u1_.end() && std::binary_search(survivors.begin(), survivors.end(), who) &&
-        ca_.verify(keys->second.certificate, who, kSiloRole, agreed, sig).empty()) {
-      ++valid;
-    }
-  }
+  const std::size_t valid = detail::confirmations(ca_, p_.session, u1_, survivors, r.signatures,
+                                                   [](const std::string&) { return true; });
   const std::size_t needed = std::max(p_.threshold, p_.min_survivors);
   if (valid < needed) {
     return Error("only " + std::to_string(valid) + " survivors signed the survivor set; " + std::to_string(needed) +
@@ -432,83 +415,23 @@ Result<SealedReply> Client::unmask(const UnmaskRequest& r) {
 // ---- server -------------------------------------------------------------------------------
 
 Server::Server(Params p, CertVerifier ca, CertSigner signer, X25519KeyPair box, Sources sources)
-    : Settlement({p.session, p.min_survivors, std::max(p.threshold, p.min_survivors),
-                  " sent a receipt without having shared"},
-                 std::move(ca), std::move(signer)),
+    : Dealing({p.session, p.min_survivors, std::max(p.threshold, p.min_survivors), " sent a receipt without having shared"},
+              {" shares without having advertised keys", " shared twice", " addressed a share to ",
+               " did not share with every member in the key list", " silos shared; a sum needs "},
+              p.members, std::move(ca), std::move(signer)),
       p_(std::move(p)), box_(std::move(box)), sources_(std::move(sources)) {
   p_.server_key = box_.public_key;
-  for (std::size_t i = 0; i < p_.members.size(); ++i) index_[p_.members[i]] = static_cast<std::uint32_t>(i + 1);
 }
 
 Server::~Server() {
   for (auto& [who, a] : answers_) wipe(a);
 }
 
-Status Server::on_keys(const std::string& from, const Advertisement& a) {
-  if (step_ != Step::Keys) return Error("keys arrived after the key list was sent");
-  if (!index_.count(from)) return Error(from + " is not in this secure group");
-  if (keys_.count(from)) return Error(from + " advertised keys twice");
-  if (auto why = ca_.verify(a.certificate, from, kSiloRole, keys_statement(p_.session, from, a), a.signature);
-      !why.empty()) {
-    return Error("the keys said to be from " + from + " are not signed by it (" + why + ")");
+Status Server::check_box(const std::string& from, const std::string& recipient, const SealedShares& c) const {
+  if (c.box.size() > max_box_bytes(p_) || c.signature.size() > kMaxSignatureBytes) {
+    return Error(from + "'s box for " + recipient + " is larger than a share of this group can be");
   }
-  bool usable = a.inbox_keys.size() + 1 == p_.members.size();
-  for (const auto& m : p_.members) {
-    if (m == from) continue;
-    auto it = a.inbox_keys.find(m);
-    if (it == a.inbox_keys.end() || !usable_public_key(it->second)) usable = false;
-  }
-  if (!usable) {
-    blame(from, "advertised unusable keys (signed by it)");
-    return Error(from + " advertised unusable keys");
-  }
-  keys_[from] = a;
   return {};
-}
-
-Result<KeyList> Server::close_keys() {
-  if (step_ != Step::Keys) return Error("key list already sent");
-  if (keys_.size() < p_.min_survivors) {
-    return Error("only " + std::to_string(keys_.size()) + " of " + std::to_string(p_.members.size()) +
-                 " silos advertised keys; a sum needs " + std::to_string(p_.min_survivors));
-  }
-  for (const auto& [name, k] : keys_) u1_.insert(name);
-  step_ = Step::Shares;
-  return keys_;
-}
-
-Status Server::on_shares(const std::string& from, const Outbox& to) {
-  if (step_ != Step::Shares) return Error("shares arrived out of order");
-  if (!u1_.count(from)) return Error(from + " shares without having advertised keys");
-  if (shares_.count(from)) return Error(from + " shared twice");
-  for (const auto& [recipient, c] : to) {
-    if (!u1_.count(recipient) || recipient == from) return Error(from + " addressed a share to " + recipient);
-    if (c.box.size() > max_box_bytes(p_) || c.signature.size() > kMaxSignatureBytes) {
-      return Error(from + "'s box for " + recipient + " is larger than a share of this group can be");
-    }
-  }
-  if (to.size() + 1 != u1_.size()) return Error(from + " did not share with every member in the key list");
-  shares_[from] = to;
-  return {};
-}
-
-Result<std::map<std::string, Inbox>> Server::close_shares() {
-  if (step_ != Step::Shares) return Error("shares already delivered");
-  if (shares_.size() < p_.min_survivors) {
-    return Error("only " + std::to_string(shares_.size()) + " silos shared; a sum needs " +
-                 std::to_string(p_.min_survivors));
-  }
-  for (const auto& [sender, to] : shares_) u2_.insert(sender);
-  std::map<std::string, Inbox> out;
-  for (const auto& recipient : u2_) {
-    auto& box = out[recipient];
-    for (const auto& sender : u2_) {
-      if (sender != recipient) box[sender] = shares_.at(sender).at(recipient);
-    }
-  }
-  shares_.clear();  // delivered: the server keeps no copy of d-sized boxes
-  step_ = Step::Receipts;
-  return out;
 }
 
 void Server::judge(const std::string& accuser, const secagg::Accusation& a) {
@@ -526,8 +449,6 @@ void Server::judge(const std::string& accuser, const secagg::Accusation& a) {
                      " signed");
 }
 
-const std::string& Server::certificate_of(const std::string& member) const { return keys_.at(member).certificate; }
-
 Status Server::on_unmask(const std::string& from, const std::string& sealed) {
   if (step_ != Step::Unmask || !request_) return Error("an unmask answer arrived out of order");
   if (!u3_.count(from)) return Error(from + " is not a survivor");
@@ -538,10 +459,11 @@ Status Server::on_unmask(const std::string& from, const std::string& sealed) {
   wipe(*plain);
   if (!fields || (*fields)[0] != from)
     return Error("the unmask answer from " + from + " is malformed or names another member");
-  if (auto why = ca_.verify(keys_.at(from).certificate, from, kSiloRole,
-                            answer_statement(p_.session, from, request_->survivors, (*fields)[1]), (*fields)[2]);
-      !why.empty()) {
-    return Error("the unmask answer from " + from + " is not signed by it for this survivor set (" + why + ")");
+  if (auto verdict = ca_.verify(keys_.at(from).certificate, from, kSiloRole,
+                                answer_statement(p_.session, from, request_->survivors, (*fields)[1]), (*fields)[2]);
+      !verdict) {
+    return Error("the unmask answer from " + from + " is not signed by it for this survivor set (" +
+                 verdict.error().message() + ")");
   }
   auto words = field_words((*fields)[1], p_.segment());
   wipe((*fields)[1]);

@@ -210,7 +210,7 @@ class Client {
   enum class Step { Advertise, Share, Receive, Settle, Mask, Confirm, Unmask, Done } step_ = Step::Advertise;
 };
 
-class Server : public secagg::Settlement {
+class Server : public secagg::Dealing<KeyList> {
  public:
   // `signer` is the server's certificate key (it signs the settled U2 and U3); `box` the key
   // pair answers are sealed to (its public half becomes Params::server_key). `sources` draws the
@@ -222,10 +222,8 @@ class Server : public secagg::Settlement {
   Server& operator=(Server&&) = default;
   ~Server();  // zeroes the answers
 
-  Status on_keys(const std::string& from, const Advertisement& keys);
-  Result<KeyList> close_keys();  // U1; fails below min_survivors
-  Status on_shares(const std::string& from, const Outbox& to);
-  Result<std::map<std::string, Inbox>> close_shares();  // per member of U2: what the others dealt it
+  // Keys and shares: secagg::Dealing's, on the complete graph (close_keys() fails below
+  // min_survivors; close_shares() gives each member of U2 what the others dealt it).
   // Receipts, the settled U2, U3 and its confirmations: secagg::Settlement's, as in SecAgg
   // (on_masked_input(): the caller added the masked input to its sum with field::field_add;
   // close_confirmations() fails below max(t, min_survivors) signatures).
@@ -237,19 +235,14 @@ class Server : public secagg::Settlement {
   // first U give (a Byzantine answer or dealer, not identified), leaving the sum untouched.
   Status finish(std::span<std::uint32_t> sum);
 
-  const std::set<std::string>& u1() const { return u1_; }
-
  private:
-  const std::string& certificate_of(const std::string& member) const override;
   void judge(const std::string& accuser, const secagg::Accusation& a) override;
+  // A box no larger than a share of this group can be (max_box_bytes, kMaxSignatureBytes).
+  Status check_box(const std::string& from, const std::string& recipient, const SealedShares& box) const override;
 
   Params p_;
   X25519KeyPair box_;
   Sources sources_;
-  std::map<std::string, std::uint32_t> index_;
-  KeyList keys_;
-  std::set<std::string> u1_;
-  std::map<std::string, Outbox> shares_;
   std::map<std::string, std::vector<std::uint32_t>> answers_;  // survivor -> a_j
 };
 
@@ -275,3 +268,7 @@ void decode(const Params& p, std::span<const std::uint32_t> responders, std::spa
             std::span<std::uint32_t> out);
 
 }  // namespace xsilo::crypto::lightsecagg
+
+namespace xsilo::crypto::secagg {
+extern template class Dealing<lightsecagg::KeyList>;
+}  // namespace xsilo::crypto::secagg

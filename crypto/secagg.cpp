@@ -45,8 +45,7 @@ Status open_box(const Params& p, const CertVerifier& ca, const Advertisement& de
     auto decoded = Share::decode(share);
     if (!decoded || decoded->x != x) return Error("its shares for " + holder + " are malformed");
     if (!ca.verify(dealer_keys.certificate, dealer, kSiloRole, share_statement(p.session, dealer, holder, k == 0, share),
-                   sig)
-             .empty()) {
+                   sig)) {
       return Error("its shares for " + holder + " are not signed by it");
     }
   }
@@ -230,9 +229,9 @@ Result<Advertisement> Client::advertise() {
 
 Status Client::check_peer(const std::string& name, const Advertisement& a) const {
   if (!p_.index_of(name)) return Error("the key list names " + name + ", who is not in the group");
-  if (auto why = ca_.verify(a.certificate, name, kSiloRole, keys_statement(p_.session, name, a), a.signature);
-      !why.empty()) {
-    return Error("the keys of " + name + " are not signed by " + name + " (" + why + ")");
+  if (auto verdict = ca_.verify(a.certificate, name, kSiloRole, keys_statement(p_.session, name, a), a.signature);
+      !verdict) {
+    return Error("the keys of " + name + " are not signed by " + name + " (" + verdict.error().message() + ")");
   }
   auto mine = a.inbox_keys.find(me_);
   if (mine == a.inbox_keys.end()) return Error(name + " advertised no key for this silo's shares");
@@ -304,25 +303,16 @@ Result<Outbox> Client::share(const KeyList& u1) {
 
 Result<Receipt> Client::receive(const Inbox& from) {
   if (step_ != Step::Receive) return Error("share delivery out of order");
-  Receipt r;
-  for (const auto& [sender, sealed] : from) {
-    auto keys = u1_.find(sender);
-    if (keys == u1_.end() || sender == me_) return Error("shares from " + sender + ", who advertised no keys");
-    if (!ca_.verify(keys->second.certificate, sender, kSiloRole, box_statement(p_.session, sender, me_, sealed.box),
-                    sealed.signature)
-             .empty()) {
-      return Error("the shares from " + sender + " do not carry its signature: altered on the way");
-    }
-    std::pair<SignedShare, SignedShare> got;
-    if (auto why = open_box(p_, ca_, keys->second, sender, me_, inbox_.at(sender), sealed.box, got); !why) {
-      r.accusations.push_back({sender, sealed, inbox_.at(sender).secret});
-      accused_.insert(sender);
-      continue;
-    }
-    held_[sender] = std::move(got);
-  }
-  r.signature = signer_.sign(receipt_statement(p_.session, me_, r));
-  step_ = Step::Settle;
+  using Held = std::pair<SignedShare, SignedShare>;
+  auto r = detail::receive(
+      from,
+      detail::Delivery<KeyList, Held>{.session = p_.session, .me = me_, .ca = ca_, .signer = signer_, .u1 = u1_,
+                                      .inbox = inbox_, .held = held_, .accused = accused_},
+      {"shares from ", "the shares from ", " do not carry"}, box_statement,
+      [&](const Advertisement& keys, const std::string& sender, const std::string& box, Held& got) {
+        return open_box(p_, ca_, keys, sender, me_, inbox_.at(sender), box, got);
+      });
+  if (r) step_ = Step::Settle;
   return r;
 }
 
@@ -398,14 +388,8 @@ Result<SealedReply> Client::unmask(const UnmaskRequest& r) {
   // Signatures on U3: from at least max(t, min_group) survivors; with a graph, from t of this
   // member's own holders (its neighbours and itself), the only ones it can check without work
   // that grows with n.
-  std::size_t valid = 0;
-  const std::string agreed = survivors_statement(p_.session, survivors);
-  for (const auto& [who, sig] : r.signatures) {
-    if (holds(who) && std::binary_search(survivors.begin(), survivors.end(), who) &&
-        ca_.verify(u1_.at(who).certificate, who, kSiloRole, agreed, sig).empty()) {
-      ++valid;
-    }
-  }
+  const std::size_t valid = detail::confirmations(ca_, p_.session, u1_, survivors, r.signatures,
+                                                   [&](const std::string& who) { return holds(who); });
   const std::size_t needed = p_.graph() ? p_.threshold : p_.min_survivors;
   if (valid < needed) {
     return Error("only " + std::to_string(valid) + (p_.graph() ? " of this silo's holders" : " survivors") +
@@ -444,12 +428,13 @@ Result<SealedReply> Client::unmask(const UnmaskRequest& r) {
 // ---- server ---------------------------------------------------------------------------------
 
 Server::Server(Params p, CertVerifier ca, CertSigner signer, X25519KeyPair box)
-    : Settlement({p.session, p.min_survivors, p.min_survivors, " sent a receipt without having shared keys"},
-                 std::move(ca), std::move(signer)),
+    : Dealing({p.session, p.min_survivors, p.min_survivors, " sent a receipt without having shared keys"},
+              {" shares keys without having advertised any", " shared keys twice", " addressed shares to ",
+               " did not share with every neighbour in the key list", " silos shared keys; a sum needs "},
+              p.members, std::move(ca), std::move(signer)),
       p_(std::move(p)), graph_(p_.members.size(), p_.graph() ? p_.degree : 0, p_.session + "/" + p_.graph_seed),
       box_(std::move(box)) {
   p_.server_key = box_.public_key;
-  for (std::size_t i = 0; i < p_.members.size(); ++i) index_[p_.members[i]] = static_cast<std::uint32_t>(i + 1);
 }
 
 bool Server::near(const std::string& a, const std::string& b) const {
@@ -472,40 +457,7 @@ Server::~Server() {
   }
 }
 
-Status Server::on_keys(const std::string& from, const Advertisement& a) {
-  if (step_ != Step::Keys) return Error("keys arrived after the key list was sent");
-  if (!index_.count(from)) return Error(from + " is not in this secure group");
-  if (keys_.count(from)) return Error(from + " advertised keys twice");
-  if (auto why = ca_.verify(a.certificate, from, kSiloRole, keys_statement(p_.session, from, a), a.signature);
-      !why.empty()) {
-    return Error("the keys said to be from " + from + " are not signed by it (" + why + ")");
-  }
-  // Signed by the silo: whatever is wrong with them now is its own doing.
-  std::size_t others = 0;
-  bool usable = usable_public_key(a.mask_pk);
-  for (const auto& m : neighbours(from)) {
-    auto it = a.inbox_keys.find(m);
-    if (it == a.inbox_keys.end() || !usable_public_key(it->second)) usable = false;
-    ++others;
-  }
-  if (!usable || a.inbox_keys.size() != others) {
-    blame(from, "advertised unusable keys (signed by it)");
-    return Error(from + " advertised unusable keys");
-  }
-  keys_[from] = a;
-  return {};
-}
-
-Result<KeyList> Server::close_keys() {
-  if (step_ != Step::Keys) return Error("key list already sent");
-  if (keys_.size() < p_.min_survivors) {
-    return Error("only " + std::to_string(keys_.size()) + " of " + std::to_string(p_.members.size()) +
-                 " silos advertised keys; a sum needs " + std::to_string(p_.min_survivors));
-  }
-  for (const auto& [name, k] : keys_) u1_.insert(name);
-  step_ = Step::Shares;
-  return keys_;
-}
+bool Server::usable_keys(const Advertisement& a) const { return usable_public_key(a.mask_pk); }
 
 KeyList Server::keys_for(const std::string& member) const {
   if (step_ == Step::Keys) return {};  // U1 is not settled yet
@@ -515,38 +467,6 @@ KeyList Server::keys_for(const std::string& member) const {
   for (const auto& v : neighbours(member)) {
     if (auto it = keys_.find(v); it != keys_.end()) out.insert(*it);
   }
-  return out;
-}
-
-Status Server::on_shares(const std::string& from, const Outbox& to) {
-  if (step_ != Step::Shares) return Error("shares arrived out of order");
-  if (!u1_.count(from)) return Error(from + " shares keys without having advertised any");
-  if (shares_.count(from)) return Error(from + " shared keys twice");
-  for (const auto& [recipient, c] : to) {
-    if (!u1_.count(recipient) || !near(from, recipient)) return Error(from + " addressed shares to " + recipient);
-  }
-  std::size_t expected = 0;
-  for (const auto& v : neighbours(from)) expected += u1_.count(v);
-  if (to.size() != expected) return Error(from + " did not share with every neighbour in the key list");
-  shares_[from] = to;
-  return {};
-}
-
-Result<std::map<std::string, Inbox>> Server::close_shares() {
-  if (step_ != Step::Shares) return Error("shares already delivered");
-  if (shares_.size() < p_.min_survivors) {
-    return Error("only " + std::to_string(shares_.size()) + " silos shared keys; a sum needs " +
-                 std::to_string(p_.min_survivors));
-  }
-  std::map<std::string, Inbox> out;
-  for (const auto& [sender, to] : shares_) u2_.insert(sender);
-  for (const auto& recipient : u2_) {
-    auto& box = out[recipient];
-    for (const auto& sender : neighbours(recipient)) {
-      if (u2_.count(sender)) box[sender] = shares_.at(sender).at(recipient);
-    }
-  }
-  step_ = Step::Receipts;
   return out;
 }
 
@@ -565,8 +485,6 @@ void Server::judge(const std::string& accuser, const Accusation& a) {
   blame(accuser, "accused " + accused + " falsely: the box " + accused + " dealt it opens to shares " + accused +
                      " signed");
 }
-
-const std::string& Server::certificate_of(const std::string& member) const { return keys_.at(member).certificate; }
 
 Status Server::check_survivors(const std::set<std::string>& u3) const {
   std::vector<std::uint32_t> alive;
@@ -619,8 +537,7 @@ std::optional<Secret> Server::rebuild(const std::string& owner, bool mask_key, s
     if (excluded_.count(holder) || (holder != owner && !near(holder, owner))) continue;
     const auto& s = (mask_key ? reply.mask_key_shares : reply.self_mask_shares).at(owner);
     if (!ca_.verify(dealer.certificate, owner, kSiloRole, share_statement(p_.session, owner, holder, mask_key, s.share),
-                    s.signature)
-             .empty()) {
+                    s.signature)) {
       blame(holder, "answered with a share of " + owner + " that " + owner + " never signed");
       continue;
     }

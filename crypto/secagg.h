@@ -257,6 +257,61 @@ class Settlement {
   std::vector<Blame> blamed_;
 };
 
+// Rounds 0 and 1 at the server, the same in SecAgg, SecAgg+ and LightSecAgg but for what a key
+// list entry holds, who deals to whom and a few words, so written once
+// (crypto/secure_settlement.cpp):
+//
+//   0 AdvertiseKeys  from a member of the group, once, signed by it; keys it signed but that
+//                    cannot be used (an inbox key per neighbour, and the protocol's own) get it
+//                    blamed.                                                         -> U1
+//   1 ShareKeys      from a member of U1, once, to exactly its neighbours in U1 (every other
+//                    member on the complete graph); delivered to the members of U2 (those that
+//                    shared) from their neighbours in U2, and then forgotten.       -> U2
+//
+// A protocol's server derives from Dealing<its KeyList>.
+struct DealingWords {  // after the member's name
+  std::string shares_without_keys;  // " shares keys without having advertised any"
+  std::string shared_twice;         // " shared keys twice"
+  std::string addressed;            // " addressed shares to " (then the recipient)
+  std::string not_every;            // " did not share with every neighbour in the key list"
+  std::string few_shared;           // after the count: " silos shared keys; a sum needs "
+};
+
+template <class KeyList>
+class Dealing : public Settlement {
+ public:
+  using Advertisement = typename KeyList::mapped_type;
+
+  Status on_keys(const std::string& from, const Advertisement& keys);
+  Result<KeyList> close_keys();  // U1; fails below min_survivors
+  Status on_shares(const std::string& from, const Outbox& to);
+  // Per member of U2: what its neighbours in U2 dealt it.
+  Result<std::map<std::string, Inbox>> close_shares();
+
+  const std::set<std::string>& u1() const { return u1_; }
+
+ protected:
+  Dealing(SettlementRules rules, DealingWords words, std::vector<std::string> members, CertVerifier ca,
+          CertSigner signer);
+
+  // Neighbours: who deals to whom (any two members: the complete graph), and a member's in
+  // member order.
+  virtual bool near(const std::string& a, const std::string& b) const;
+  virtual std::vector<std::string> neighbours(const std::string& silo) const;
+  // The protocol's own checks of signed keys, beyond an inbox key per neighbour.
+  virtual bool usable_keys(const Advertisement&) const { return true; }
+  // Success, or why a box `from` deals `recipient` is refused before delivery.
+  virtual Status check_box(const std::string& from, const std::string& recipient, const SealedShares& box) const;
+  const std::string& certificate_of(const std::string& member) const override { return keys_.at(member).certificate; }
+
+  DealingWords words_;
+  std::vector<std::string> members_;
+  std::map<std::string, std::uint32_t> index_;  // member -> index
+  KeyList keys_;
+  std::set<std::string> u1_;
+  std::map<std::string, Outbox> shares_;  // sender -> recipient -> sealed, until delivered
+};
+
 // A member's checks on what the server says of its group, the same in both protocols: a view of
 // the member's own state (references: use it at once).
 struct MemberChecks {
@@ -342,7 +397,7 @@ class Client {
   enum class Step { Advertise, Share, Receive, Settle, Mask, Confirm, Unmask, Done } step_ = Step::Advertise;
 };
 
-class Server : public Settlement {
+class Server : public Dealing<KeyList> {
  public:
   // `signer` is the server's certificate key (it signs the settled U2); `box` the key pair the
   // members seal their unmask answers to (its public half is Params::server_key).
@@ -351,16 +406,12 @@ class Server : public Settlement {
   Server& operator=(Server&&) = default;
   ~Server();  // zeroes the unmask answers it opened
 
-  Status on_keys(const std::string& from, const Advertisement& keys);
-  Result<KeyList> close_keys();  // U1; fails below min_survivors
+  // Keys and shares: Dealing's (close_keys() fails below min_survivors).
   // After close_keys(): the part of U1 that `member` is sent, its own entry and its neighbours'
   // (all of U1 on the complete graph). On a graph a member's key-list bytes grow with k, not n.
   // Empty before close_keys().
   KeyList keys_for(const std::string& member) const;
   bool graph() const { return p_.graph(); }  // members see only their neighbours (SecAgg+)
-  Status on_shares(const std::string& from, const Outbox& to);
-  // Per member of U2: what the other members of U2 dealt it.
-  Result<std::map<std::string, Inbox>> close_shares();
   // Receipts, the settled U2, U3 and its confirmations: Settlement's (close_confirmations()
   // fails below min_survivors signatures; close_masked() also when U3 falls apart on a graph).
   Status on_unmask(const std::string& from, const std::string& sealed_reply);
@@ -372,29 +423,26 @@ class Server : public Settlement {
   Status finish(std::span<std::uint32_t> sum);
   Status finish(std::span<std::uint64_t> sum);
 
-  const std::set<std::string>& u1() const { return u1_; }
   // Mask expansions the last finish() needed (for benchmarks).
   std::size_t expansions() const { return expansions_; }
 
  private:
   template <class T>
   Status finish_impl(std::span<T> sum);
-  const std::string& certificate_of(const std::string& member) const override;
   void judge(const std::string& accuser, const Accusation& a) override;
   Status check_survivors(const std::set<std::string>& u3) const override;  // connected on the graph
-  bool near(const std::string& a, const std::string& b) const;  // neighbours (any two members: complete graph)
-  std::vector<std::string> neighbours(const std::string& silo) const;
+  bool near(const std::string& a, const std::string& b) const override;    // on the graph
+  std::vector<std::string> neighbours(const std::string& silo) const override;
+  bool usable_keys(const Advertisement& a) const override;  // the mask key too
   std::optional<Secret> rebuild(const std::string& owner, bool mask_key, std::string& why);
 
   Params p_;
   Graph graph_;
-  std::map<std::string, std::uint32_t> index_;  // member -> index
   X25519KeyPair box_;
-  KeyList keys_;
-  std::set<std::string> u1_;
-  std::map<std::string, Outbox> shares_;  // sender -> recipient -> sealed shares
   std::map<std::string, UnmaskReply> replies_;
   std::size_t expansions_ = 0;
 };
+
+extern template class Dealing<KeyList>;
 
 }  // namespace xsilo::crypto::secagg

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <map>
+#include <set>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -73,7 +75,7 @@ template <class KeyList>
 Result<X25519KeyPair> accusation_key(const CertVerifier& ca, const KeyList& keys, const std::string& accuser,
                                      const secagg::Accusation& a, const std::string& signed_box) {
   const std::string& accused = a.accused;
-  if (!ca.verify(keys.at(accused).certificate, accused, secagg::kSiloRole, signed_box, a.evidence.signature).empty()) {
+  if (!ca.verify(keys.at(accused).certificate, accused, secagg::kSiloRole, signed_box, a.evidence.signature)) {
     return Error("accused " + accused + " with a box " + accused + " did not sign");
   }
   X25519KeyPair inbox{a.inbox_secret, X25519KeyPair::public_of(a.inbox_secret)};
@@ -81,6 +83,72 @@ Result<X25519KeyPair> accusation_key(const CertVerifier& ca, const KeyList& keys
     return Error("accused " + accused + " with a key that is not the one it advertised");
   }
   return inbox;
+}
+
+// A member's part of round 1b, alike in the protocols. What it reads and keeps: references into
+// the member's state (use at once).
+template <class KeyList, class Held>
+struct Delivery {
+  const std::string& session;
+  const std::string& me;
+  const CertVerifier& ca;
+  const CertSigner& signer;
+  const KeyList& u1;                                   // the members it may hold something from
+  const std::map<std::string, X25519KeyPair>& inbox;   // per other member
+  std::map<std::string, Held>& held;                   // sender -> what its box opened to
+  std::set<std::string>& accused;
+};
+// The protocol's words for a box (the shares of SecAgg, the share of LightSecAgg).
+struct DeliveryWords {
+  std::string from;     // before the sender: "shares from "
+  std::string the;      // before the sender: "the shares from "
+  std::string carries;  // after the sender: " do not carry"
+};
+
+// Opens what the others dealt this member: each box comes from another member of U1 and carries
+// that member's signature over box_statement() (otherwise the delivery was altered on the way:
+// an error, nobody is blamed). `open(keys, sender, box, held)` opens one box to what its dealer
+// signed for this member; a box that does not becomes an accusation, with the inbox secret
+// that opens it. The receipt, signed.
+template <class KeyList, class Held, class BoxStatement, class Open>
+Result<secagg::Receipt> receive(const secagg::Inbox& from, const Delivery<KeyList, Held>& d, const DeliveryWords& words,
+                                BoxStatement box_statement, Open open) {
+  secagg::Receipt r;
+  for (const auto& [sender, sealed] : from) {
+    auto keys = d.u1.find(sender);
+    if (keys == d.u1.end() || sender == d.me) return Error(words.from + sender + ", who advertised no keys");
+    if (!d.ca.verify(keys->second.certificate, sender, secagg::kSiloRole,
+                     box_statement(d.session, sender, d.me, sealed.box), sealed.signature)) {
+      return Error(words.the + sender + words.carries + " its signature: altered on the way");
+    }
+    Held got;
+    if (auto why = open(keys->second, sender, sealed.box, got); !why) {
+      r.accusations.push_back({sender, sealed, d.inbox.at(sender).secret});
+      d.accused.insert(sender);
+      continue;
+    }
+    d.held[sender] = std::move(got);
+  }
+  r.signature = d.signer.sign(secagg::receipt_statement(d.session, d.me, r));
+  return r;
+}
+
+// How many members signed `survivors` (sorted) in `signatures`: survivors whose keys are in
+// `u1` and that `counts` admits, each signature checked.
+template <class KeyList, class Counts>
+std::size_t confirmations(const CertVerifier& ca, const std::string& session, const KeyList& u1,
+                          const std::vector<std::string>& survivors,
+                          const std::map<std::string, std::string>& signatures, Counts counts) {
+  std::size_t valid = 0;
+  const std::string agreed = secagg::survivors_statement(session, survivors);
+  for (const auto& [who, sig] : signatures) {
+    auto keys = u1.find(who);
+    if (keys != u1.end() && counts(who) && std::binary_search(survivors.begin(), survivors.end(), who) &&
+        ca.verify(keys->second.certificate, who, secagg::kSiloRole, agreed, sig)) {
+      ++valid;
+    }
+  }
+  return valid;
 }
 
 }  // namespace xsilo::crypto::detail

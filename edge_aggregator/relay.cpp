@@ -441,7 +441,7 @@ void Relay::upload_chunk(const std::string& silo, const wire::Envelope& e) {
   }
   auto check = r->slot.add(e.tensor_chunk());
   if (!check) {
-    silo_error(silo, check.status().code, check.status().message);
+    silo_error(silo, check.error().code, check.error().message);
     *state = SiloState::Gone;
     silo_gone(silo);
     return;

@@ -116,13 +116,13 @@ Status FrameDecoder::feed(std::span<const std::uint8_t> bytes) {
     auto len = decode_frame_length(std::span<const std::uint8_t, kFrameHeaderBytes>(p, 4),
                                    max_frame_bytes_);
     if (!len) {
-      error_ = len.status();
+      error_ = len.error();
       break;
     }
     if (pending_.size() - pos - kFrameHeaderBytes < *len) break;
     auto env = decode_envelope({p + kFrameHeaderBytes, *len});
     if (!env) {
-      error_ = env.status();
+      error_ = env.error();
       break;
     }
     ready_.push_back(std::move(*env));

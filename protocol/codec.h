@@ -35,7 +35,7 @@ class Codec {
   // The scheme's name in configs and audit records ("quantize").
   virtual std::string_view name() const = 0;
   // "" when the scheme's own parameters in `c` are usable, else why not.
-  virtual std::string check(const wire::Compression& c) const = 0;
+  [[nodiscard]] virtual std::string check(const wire::Compression& c) const = 0;
   // Its keys in the config's "compression" block (server/config.cpp refuses another scheme's),
   // and reading them into `c`, with their defaults and ranges.
   virtual std::vector<std::string> keys() const { return {}; }

@@ -21,9 +21,9 @@ std::string check_join(const crypto::CertVerifier& ca, const wire::JoinProof& pr
                        const std::string& edge, const std::string& nonce, const std::string& silo) {
   if (proof.silo() != silo) return "the proof is for " + proof.silo() + ", not " + silo;
   if (nonce.empty() || proof.nonce() != nonce) return "the proof answers another edge session's challenge, or an earlier one of this session";
-  const std::string why = ca.verify(proof.certificate(), silo, "silo", join_statement(federation, edge, nonce, silo),
-                                    proof.signature());
-  return why.empty() ? "" : "its join signature does not verify: " + why;
+  const auto verdict = ca.verify(proof.certificate(), silo, "silo", join_statement(federation, edge, nonce, silo),
+                                 proof.signature());
+  return verdict ? "" : "its join signature does not verify: " + verdict.error().message();
 }
 
 }  // namespace xsilo::protocol

@@ -22,7 +22,7 @@ wire::JoinProof sign_join(const crypto::CertSigner& silo, const std::string& fed
 
 // "" when `proof` is `silo`'s signed join of `federation` through `edge` for `nonce`, by a valid
 // silo certificate of the federation CA naming `silo`; otherwise why not.
-std::string check_join(const crypto::CertVerifier& ca, const wire::JoinProof& proof, const std::string& federation,
-                       const std::string& edge, const std::string& nonce, const std::string& silo);
+[[nodiscard]] std::string check_join(const crypto::CertVerifier& ca, const wire::JoinProof& proof, const std::string& federation,
+                                     const std::string& edge, const std::string& nonce, const std::string& silo);
 
 }  // namespace xsilo::protocol

@@ -38,22 +38,15 @@ void sign_round_start(wire::RoundStart& rs, const crypto::CertSigner& server, co
   rs.set_server_signature(server.sign(round_start_statement(rs, federation)));
 }
 
-std::string round_start_signer(const wire::RoundStart& rs, const crypto::CertVerifier& ca,
-                               const std::string& federation, std::string& why) {
-  if (rs.server_certificate().empty()) {
-    why = "the round start is not signed by a server";
-    return "";
-  }
-  auto server = ca.certified(rs.server_certificate(), "server", why);
-  if (!server) {
-    why = "the round start carries no valid server certificate: " + why;
-    return "";
-  }
-  why = ca.verify(rs.server_certificate(), server->name, "server", round_start_statement(rs, federation),
-                  rs.server_signature());
-  if (!why.empty()) {
-    why = "the round start is not signed by server " + server->name + " (" + why + ")";
-    return "";
+Result<std::string> round_start_signer(const wire::RoundStart& rs, const crypto::CertVerifier& ca,
+                                       const std::string& federation) {
+  if (rs.server_certificate().empty()) return Error("the round start is not signed by a server");
+  auto server = ca.certified(rs.server_certificate(), "server");
+  if (!server) return Error("the round start carries no valid server certificate: " + server.error().message());
+  auto verdict = ca.verify(rs.server_certificate(), server->name, "server", round_start_statement(rs, federation),
+                           rs.server_signature());
+  if (!verdict) {
+    return Error("the round start is not signed by server " + server->name + " (" + verdict.error().message() + ")");
   }
   return server->name;
 }

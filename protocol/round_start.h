@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/model.h"
+#include "common/result.h"
 #include "crypto/certs.h"
 #include "proto/xsilo.pb.h"
 
@@ -21,7 +22,7 @@ inline constexpr std::uint64_t kMaxModelElements = std::uint64_t{1} << 34;
 // do not overflow, at most `max_elements` in all, and a secure setup (if any) whose ring is 32
 // or 64 bits with a vector of at most the model plus its two extra words; otherwise why not.
 // Checked before anything is allocated from it.
-std::string check_layout(const wire::RoundStart& rs, std::uint64_t max_elements = kMaxModelElements);
+[[nodiscard]] std::string check_layout(const wire::RoundStart& rs, std::uint64_t max_elements = kMaxModelElements);
 
 // Appends `layout`'s tensors to the RoundStart's model layout, as float32 specs, in order.
 void add_layout(wire::RoundStart& rs, const std::vector<TensorInfo>& layout);
@@ -32,8 +33,8 @@ std::string round_start_statement(const wire::RoundStart& rs, const std::string&
 
 void sign_round_start(wire::RoundStart& rs, const crypto::CertSigner& server, const std::string& federation);
 
-// The name of the server whose valid certificate signed `rs`; "" with `why` set otherwise.
-std::string round_start_signer(const wire::RoundStart& rs, const crypto::CertVerifier& ca,
-                               const std::string& federation, std::string& why);
+// The name of the server whose valid certificate signed `rs`, or why there is none.
+Result<std::string> round_start_signer(const wire::RoundStart& rs, const crypto::CertVerifier& ca,
+                                       const std::string& federation);
 
 }  // namespace xsilo::protocol

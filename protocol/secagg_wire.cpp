@@ -80,7 +80,7 @@ proto::Result<KeyList> key_list_from_wire(const WireList& w) {
   for (const auto& e : w.entries()) {
     if (e.silo().empty()) return bad("key list entry without a silo name");
     auto k = from_wire(e.keys());
-    if (!k) return bad("the key list entry of " + e.silo() + ": " + k.status().message);
+    if (!k) return bad("the key list entry of " + e.silo() + ": " + k.error().message);
     if (!list.emplace(e.silo(), std::move(*k)).second) return bad("the key list names " + e.silo() + " twice");
   }
   return list;

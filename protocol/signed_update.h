@@ -27,7 +27,7 @@ void copy_signed_word(const wire::UpdateEnd& from, wire::Contributor& to);
 
 // "" when `c` is signed by a valid silo certificate naming c.silo(), over its own sha256, weight
 // and sample count in this round; otherwise why not.
-std::string check_signed_word(const wire::Contributor& c, const crypto::CertVerifier& ca, const std::string& federation,
-                              std::uint64_t round);
+[[nodiscard]] std::string check_signed_word(const wire::Contributor& c, const crypto::CertVerifier& ca, const std::string& federation,
+                                            std::uint64_t round);
 
 }  // namespace xsilo::protocol

@@ -96,7 +96,7 @@ std::optional<proto::SplitFrame> ChunkSource::next_frame(std::size_t max_frame_b
   auto a = advance();
   if (!a) return std::nullopt;
   auto f = proto::encode_chunk_frame(a->first, a->second, max_frame_bytes);
-  if (!f) throw std::runtime_error(f.status().message);
+  if (!f) throw std::runtime_error(f.error().message);
   return std::move(*f);
 }
 

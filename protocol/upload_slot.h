@@ -118,7 +118,7 @@ class UploadLane {
                              buffer_.sink->put(at, {buffer_.bytes.data() + at, rx_.last_count() * elem}));
   }
   // UpdateEnd from the holder: "" when every element arrived, else why not.
-  std::string end(std::string_view what = "update") {
+  [[nodiscard]] std::string end(std::string_view what = "update") {
     if (!rx_.complete()) {
       return std::string(what) + " has " + std::to_string(rx_.received()) + " of the " + std::to_string(expected()) +
              " elements";

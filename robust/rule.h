@@ -69,7 +69,7 @@ std::size_t trim_count(const RuleSpec& s, std::size_t n);
 // multi_krum's m for n inputs (at least 1).
 std::size_t krum_average(const RuleSpec& s, std::size_t n);
 // Why the rule cannot run on n inputs, or "".
-std::string check(const RuleSpec& s, std::size_t n);
+[[nodiscard]] std::string check(const RuleSpec& s, std::size_t n);
 // Why n inputs (silos' updates, or secure groups' means) cannot withstand the spec's f Byzantine
 // ones, or "": the coordinate-wise rules, centered clipping and mixing need n > 2f, Krum and
 // Multi-Krum n > 2f + 2, Bulyan n >= 4f + 3. With f = 0 (not declared) there is nothing to check.

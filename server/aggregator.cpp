@@ -19,6 +19,17 @@ namespace {
 
 std::span<std::uint8_t> bytes_of(Model& m) { return {reinterpret_cast<std::uint8_t*>(m.flat().data()), m.bytes()}; }
 
+// An upload received straight into `m` (f32, its layout), hashed as it arrives.
+protocol::UploadBuffer into(Model& m) {
+  return {.bytes = bytes_of(m),
+          .dtype = wire::F32,
+          .layout = m.tensors(),
+          .hash = true,
+          .keep = nullptr,
+          .scheme = {},
+          .sink = nullptr};
+}
+
 }  // namespace
 
 FoldResult check_upload(protocol::UploadCheck& check, const Contribution& c, const std::string& what) {
@@ -60,12 +71,12 @@ class PlainSum final : public Aggregator {
       if (stage_.size() <= lane) stage_.resize(lane + 1);
       if (!stage_[lane]) stage_[lane] = std::make_shared<StagedUpload>(*stage_dir_, bytes_);
       const auto& s = stage_[lane];
-      return {s->window(), wire::F32, layout_, true, s, {}, s};
+      return {.bytes = s->window(), .dtype = wire::F32, .layout = layout_, .hash = true, .keep = s, .scheme = {}, .sink = s};
     }
     if (current_.size() <= lane) current_.resize(lane + 1);
     if (!current_[lane]) current_[lane] = std::make_unique<Model>(current_.front()->zeros_like());
     Model& m = *current_[lane];
-    return {bytes_of(m), wire::F32, m.tensors(), true, nullptr, {}, nullptr};
+    return {.bytes = bytes_of(m), .dtype = wire::F32, .layout = m.tensors(), .hash = true, .keep = nullptr, .scheme = {}, .sink = nullptr};
   }
 
   FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check, std::size_t lane) override {
@@ -139,7 +150,7 @@ class RowCollector final : public Aggregator {
     if (current_.size() <= lane) current_.resize(lane + 1);
     if (!current_[lane]) current_[lane] = std::make_unique<Model>(current_.front()->zeros_like());
     Model& m = *current_[lane];
-    return {bytes_of(m), wire::F32, m.tensors(), true, nullptr, {}, nullptr};
+    return {.bytes = bytes_of(m), .dtype = wire::F32, .layout = m.tensors(), .hash = true, .keep = nullptr, .scheme = {}, .sink = nullptr};
   }
 
   FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check, std::size_t lane) override {

@@ -406,12 +406,12 @@ void Coordinator::send_model(SessionId to, const BroadcastDelta* offer) {
   const bool delta = offer && peer && peer->held_model == offer->base;
   membership_.model_sent(to, round_);
   if (delta) {
-    actions_.push_back(action::SendModel{to, global_, round_, offer->chunks});
+    actions_.push_back(action::SendModel{.to = to, .model = global_, .round = round_, .delta = offer->chunks});
     r_->broadcast_bytes += offer->bytes;
     r_->broadcast_base = offer->base;
     ++r_->broadcast_deltas;
   } else {
-    actions_.push_back(action::SendModel{to, global_, round_, nullptr});
+    actions_.push_back(action::SendModel{.to = to, .model = global_, .round = round_, .delta = nullptr});
     r_->broadcast_bytes += global_->size() * sizeof(float);
     ++r_->broadcast_wholes;
   }
@@ -527,8 +527,14 @@ void Coordinator::decide(std::int64_t now_ms) {
       rec["status"] = "aborted";
       rec["reason"] = c.reason;
       row.committed = false;
-      return CommitOutcome{false,        c.reason, nullptr, "", store.record(rec, &row), std::nullopt, robust_rejected(rec),
-                           same_model_chunks(make_same, broadcast, *global, chunk_elems, seed)};
+      return CommitOutcome{.committed = false,
+                           .reason = c.reason,
+                           .model = nullptr,
+                           .model_sha256 = "",
+                           .audit = store.record(rec, &row),
+                           .next_clip_norm = std::nullopt,
+                           .robust_rejected = robust_rejected(rec),
+                           .delta = same_model_chunks(make_same, broadcast, *global, chunk_elems, seed)};
     }
     // A compressed broadcast: the new model is the old one plus the rounded step, exactly what
     // a silo holding the old one rebuilds from the delta (so every silo trains on the model
@@ -542,8 +548,14 @@ void Coordinator::decide(std::int64_t now_ms) {
     const std::string sha = crypto::sha256_hex(next->flat());
     rec["model_sha256_after"] = sha;
     AuditHead audit = store.commit(round, *next, optimizer.state(), rec, row);
-    return CommitOutcome{true, "", std::move(next), sha, std::move(audit), c.next_clip_norm, robust_rejected(rec),
-                         std::move(delta)};
+    return CommitOutcome{.committed = true,
+                         .reason = "",
+                         .model = std::move(next),
+                         .model_sha256 = sha,
+                         .audit = std::move(audit),
+                         .next_clip_norm = c.next_clip_norm,
+                         .robust_rejected = robust_rejected(rec),
+                         .delta = std::move(delta)};
   });
 }
 
@@ -602,7 +614,7 @@ void Coordinator::end_federation(const std::string& reason, std::int64_t now_ms)
     e.mutable_finished()->set_rounds(cfg_.rounds);
     send(id, std::move(e));
   }
-  actions_.push_back(action::Finished{committed_, aborted_, stop_requested_, reason});
+  actions_.push_back(action::Finished{.committed = committed_, .aborted = aborted_, .stopped_by_admin = stop_requested_, .reason = reason});
 }
 
 // ---- secure aggregation ---------------------------------------------------------------------

@@ -70,8 +70,8 @@ void Coordinator::on_chunk(const Uploader& u, SessionId reply_to, const wire::En
   }
   auto check = r_->slot[*lane].add(e.tensor_chunk());
   if (!check) {
-    send_error(reply_to, check.status().code, check.status().message);
-    fail_upload(u, DropPhase::Upload, DropCause::BadUpload, check.status().message);
+    send_error(reply_to, check.error().code, check.error().message);
+    fail_upload(u, DropPhase::Upload, DropCause::BadUpload, check.error().message);
     pump(now_ms);
     return;
   }
@@ -104,8 +104,11 @@ void Coordinator::on_update_end(std::size_t m, const wire::Envelope& e, std::int
   mb.weight = end.weight();
   r_->upload_bytes += r_->slot[*lane].bytes_received();
   auto& up = r_->uploads[*lane];
-  up.contribution = Contribution{{mb.silo}, mb.weight, r_->secure ? r_->secure->group_of(mb.silo) : 0,
-                                 end.update_sha256(), false};
+  up.contribution = Contribution{.silos = {mb.silo},
+                                 .weight = mb.weight,
+                                 .group = r_->secure ? r_->secure->group_of(mb.silo) : 0,
+                                 .declared_sha256 = end.update_sha256(),
+                                 .partial_sum = false};
   up.members = {m};
   up.more = false;
   pump(now_ms);  // folds it now if the uploads granted before it are folded
@@ -190,7 +193,8 @@ void Coordinator::on_region_end(SessionId id, const wire::Envelope& e, std::int6
   }
   r_->upload_bytes += r_->slot[*lane].bytes_received();
   auto& up = r_->uploads[*lane];
-  up.contribution = Contribution{{}, weight, end.group(), end.update_sha256(), true};
+  up.contribution = Contribution{
+      .silos = {}, .weight = weight, .group = end.group(), .declared_sha256 = end.update_sha256(), .partial_sum = true};
   for (auto m : who) up.contribution.silos.push_back(r_->members[m].silo);
   up.members = who;
   up.more = end.more();

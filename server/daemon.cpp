@@ -558,7 +558,10 @@ void announce_start(ServerState& state, const ServerConfig& cfg, const Resume& r
 int run_server(const ServerConfig& cfg, const StartOptions& start, std::unique_ptr<ServerHook> hook) {
   // 1. The state as a whole (state.h): nothing is written to the audit log before it checks out
   //    and the listener is bound.
-  ServerState state(StateOptions{cfg.state_dir, cfg.state_mirror, cfg.keep_checkpoints, start.resume_from_round});
+  ServerState state(StateOptions{.dir = cfg.state_dir,
+                                        .mirror = cfg.state_mirror,
+                                        .keep_checkpoints = cfg.keep_checkpoints,
+                                        .resume_from_round = start.resume_from_round});
   Model initial = init_model(cfg.model);
   Resume resume = state.recover(initial);
   Model model = resume.model ? std::move(*resume.model) : std::move(initial);

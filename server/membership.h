@@ -29,7 +29,12 @@ struct Peer {
 class Membership {
  public:
   void add_session(SessionId id, const std::string& name, bool edge, std::string join_nonce = {}) {
-    sessions_[id] = Peer{name, edge, {}, std::move(join_nonce), {}, 0};
+    sessions_[id] = Peer{.name = name,
+                         .edge = edge,
+                         .region = {},
+                         .join_nonce = std::move(join_nonce),
+                         .held_model = {},
+                         .model_round = 0};
   }
   // Removes a session; returns the silos whose route it was (gone with it).
   std::vector<std::string> remove_session(SessionId id);

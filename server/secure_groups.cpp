@@ -73,7 +73,13 @@ protocol::UploadBuffer SecureGroups::lane_buffer(std::size_t lane) {
   // Every group's words have the same width (one setup for the round's ring): lane 0's shape.
   while (current_.size() <= lane) current_.push_back(current_.front().zeros_like());
   auto& cur = current_[lane];
-  return {cur.bytes(), cur.dtype(), {{"masked", {words_}, 0}}, true, nullptr, {}, nullptr};
+  return {.bytes = cur.bytes(),
+          .dtype = cur.dtype(),
+          .layout = {{"masked", {words_}, 0}},
+          .hash = true,
+          .keep = nullptr,
+          .scheme = {},
+          .sink = nullptr};
 }
 
 FoldResult SecureGroups::do_fold(const Contribution& c, protocol::UploadCheck& check, std::size_t lane) {

@@ -75,7 +75,7 @@ SecureRound::SecureRound(const SecureConfig& cfg, const std::optional<crypto::Ce
     s.set_count_unclipped(count_unclipped);
     s.set_clip_norm(static_cast<float>(cfg_.clip_norm));
     s.set_max_weight(static_cast<float>(cfg_.max_weight));
-    auto g = secure::make_group(cfg_, std::move(s), secure::GroupContext{*signer, *ca, federation_, round_});
+    auto g = secure::make_group(cfg_, std::move(s), secure::GroupContext{.signer = *signer, .ca = *ca, .federation = federation_, .round = round_});
     drain(*g);
     groups_.emplace(id, std::move(g));
   }

@@ -80,7 +80,7 @@ class ServerState : public Store {
   ~ServerState() override;
   // Tests and tools that need no mirror.
   ServerState(std::filesystem::path dir, std::size_t keep_checkpoints)
-      : ServerState(StateOptions{std::move(dir), {}, keep_checkpoints, {}}) {}
+      : ServerState(StateOptions{.dir = std::move(dir), .mirror = {}, .keep_checkpoints = keep_checkpoints, .resume_from_round = {}}) {}
 
   // The last committed round and its model, as the rule above says. Throws StateError where the
   // state cannot go on without an operator (Resume::missing is the case a fetch may mend).

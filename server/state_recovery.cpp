@@ -287,7 +287,10 @@ Resume ServerState::recover(const Model& layout) {
                          why + ")");
       }
       r.committed_round = from;
-      r.missing = Resume::Missing{from, committed.at(from).model, committed.at(from).optimizer, why};
+      r.missing = Resume::Missing{.round = from,
+                                  .model_sha256 = committed.at(from).model,
+                                  .optimizer_sha256 = committed.at(from).optimizer,
+                                  .why = why};
     }
   }
   if (opts_.resume_from_round && from < target) {

@@ -91,7 +91,10 @@ TrainResult BuiltinTrainer::train(const Model& global, const TrainTask& task, Mo
     stats = train_sgd(net, local.flat(), data_.train, opts);
   }
   TrainResult out;
-  if (opts.dp.on()) out.dp = DpSgdReport{opts.dp.sample_rate, opts.dp.noise_multiplier, stats.steps, opts.dp.clip_norm};
+  if (opts.dp.on()) out.dp = DpSgdReport{.sample_rate = opts.dp.sample_rate,
+                                          .noise_multiplier = opts.dp.noise_multiplier,
+                                          .steps = stats.steps,
+                                          .clip_norm = opts.dp.clip_norm};
   out.num_samples = data_.train.rows;
   out.metrics.set_train_loss(stats.mean_loss);
   out.metrics.set_train_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

@@ -50,7 +50,7 @@ std::vector<wire::PrivacySpend> PrivacyBudget::spent() const {
 double PrivacyBudget::noise_for(double q, std::uint64_t steps) const {
   const auto s = spent();
   if (cfg_.noise_multiplier > 0) {  // a fixed noise: train only if the round fits
-    charge(s, DpSgdReport{q, cfg_.noise_multiplier, steps, cfg_.clip_norm});
+    charge(s, DpSgdReport{.sample_rate = q, .noise_multiplier = cfg_.noise_multiplier, .steps = steps, .clip_norm = cfg_.clip_norm});
     return cfg_.noise_multiplier;
   }
   if (s.size() >= cfg_.rounds) {

@@ -246,10 +246,10 @@ bool Session::accept_round_start(const wire::RoundStart& rs) {
   if (cfg_.ca) {
     // The model, layout and plan come through whoever relays them: only a server of this
     // federation (one this agent pins, when it pins any) may start a round here.
-    std::string why;
-    const std::string server = protocol::round_start_signer(rs, *cfg_.ca, cfg_.federation, why);
-    if (server.empty() || (!cfg_.servers.empty() && !cfg_.servers.count(server))) {
-      if (why.empty()) why = "the round start is signed by server " + server + ", which is not one this agent trusts";
+    const auto server = protocol::round_start_signer(rs, *cfg_.ca, cfg_.federation);
+    if (!server || server->empty() || (!cfg_.servers.empty() && !cfg_.servers.count(*server))) {
+      const std::string why = server ? "the round start is signed by server " + *server + ", which is not one this agent trusts"
+                                     : server.error().message();
       spdlog::error("round {}: refusing the round: {}", rs.round(), why);
       reply_error(wire::NOT_ALLOWED, why);
       return false;

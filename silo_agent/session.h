@@ -181,8 +181,8 @@ class Session {
   void start_secure(const wire::SecAggSetup& setup);
   void on_secure(const wire::Envelope& e);
   void secure_failed(const std::string& step, const std::string& why);
-  // The server that signed a secure setup, checked; "" when it may not run this silo's groups.
-  std::string setup_signer(const wire::SecAggSetup& setup, std::string& why) const;
+  // The server that signed a secure setup, checked, or why it may not run this silo's groups.
+  Result<std::string> setup_signer(const wire::SecAggSetup& setup) const;
   void on_model_chunk(const wire::Envelope& e);
   // A restarted server lost its last committed model and asks for it (ModelRequest): the
   // model this silo holds goes up if it is the one asked for, and a ModelOffer says which.

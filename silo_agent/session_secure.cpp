@@ -16,41 +16,38 @@
 
 namespace xsilo::agent {
 
-std::string Session::setup_signer(const wire::SecAggSetup& setup, std::string& why) const {
-  if (!cfg_.signer || !cfg_.ca) {
-    why = "this agent has no certificate key to take part in secure aggregation";
-    return "";
-  }
-  auto server = cfg_.ca->certified(setup.server_certificate(), "server", why);
-  if (!server) {
-    why = "the secure setup carries no valid server certificate: " + why;
-    return "";
-  }
+Result<std::string> Session::setup_signer(const wire::SecAggSetup& setup) const {
+  if (!cfg_.signer || !cfg_.ca) return Error("this agent has no certificate key to take part in secure aggregation");
+  auto server = cfg_.ca->certified(setup.server_certificate(), "server");
+  if (!server) return Error("the secure setup carries no valid server certificate: " + server.error().message());
   if (!cfg_.servers.empty() && !cfg_.servers.count(server->name)) {
-    why = "the secure setup is signed by server " + server->name + ", which is not one this agent trusts";
-    return "";
+    return Error("the secure setup is signed by server " + server->name + ", which is not one this agent trusts");
   }
-  why = cfg_.ca->verify(setup.server_certificate(), server->name, "server",
-                        protocol::setup_statement(setup, cfg_.federation, round_), setup.server_signature());
-  if (!why.empty()) {
-    why = "the secure setup is not signed by the server (" + why + ")";
-    return "";
-  }
+  auto verdict = cfg_.ca->verify(setup.server_certificate(), server->name, "server",
+                                 protocol::setup_statement(setup, cfg_.federation, round_), setup.server_signature());
+  if (!verdict) return Error("the secure setup is not signed by the server (" + verdict.error().message() + ")");
   return server->name;
 }
 
 // Secure aggregation: the setup is checked, then keys go out at once, overlapping with training.
 void Session::start_secure(const wire::SecAggSetup& setup) {
-  std::string why;
-  const std::string server = setup_signer(setup, why);
-  if (server.empty()) {
+  const auto signer = setup_signer(setup);
+  std::string why = signer ? "" : signer.error().message();
+  if (!signer || signer->empty()) {  // a certificate that names no one signs nothing
     spdlog::error("round {}: refusing the secure group: {}", round_, why);
     reply_error(wire::NOT_ALLOWED, why);
     return;
   }
   std::shared_ptr<secure::Member> member = secure::make_member(
-      setup, secure::MemberContext{cfg_.federation, round_, name_, *cfg_.signer, *cfg_.ca, server, cfg_.floor, cfg_.sources,
-                            cfg_.max_message_bytes});
+      setup, secure::MemberContext{.federation = cfg_.federation,
+                                   .round = round_,
+                                   .me = name_,
+                                   .signer = *cfg_.signer,
+                                   .ca = *cfg_.ca,
+                                   .server_name = *signer,
+                                   .floor = cfg_.floor,
+                                   .sources = cfg_.sources,
+                                   .max_message_bytes = cfg_.max_message_bytes});
   if (!member) {
     why = "the secure setup names protocol " + std::to_string(setup.protocol()) + ", which this agent does not speak";
     spdlog::error("round {}: refusing the secure group: {}", round_, why);
@@ -61,8 +58,8 @@ void Session::start_secure(const wire::SecAggSetup& setup) {
   if (!keys) {
     // A setup below this silo's floor, or unusable: said to the server (and so recorded), and
     // in the silo's own log.
-    spdlog::error("round {}: refusing the secure group: {}", round_, keys.status().message);
-    reply_error(keys.status().code, keys.status().message);
+    spdlog::error("round {}: refusing the secure group: {}", round_, keys.error().message);
+    reply_error(keys.error().code, keys.error().message);
     return;
   }
   setup_ = setup;

@@ -34,7 +34,7 @@ TEST(Frame, TheVersionLineNamesTheWireProtocolSpoken) {
 
 TEST(Frame, RoundTripsAnEnvelope) {
   auto frame = encode_frame(sample(), kDefaultMaxFrameBytes);
-  ASSERT_TRUE(frame.ok());
+  ASSERT_TRUE(frame.has_value());
   FrameDecoder dec;
   ASSERT_TRUE(dec.feed(bytes(*frame)).is_ok());
   ASSERT_TRUE(dec.has_envelope());
@@ -54,13 +54,13 @@ TEST(Frame, SplitChunkFramesAreByteIdenticalToOrdinaryFrames) {
     const std::string data(n, '\x5a');
     auto split = encode_chunk_frame(
         head_only, {reinterpret_cast<const std::uint8_t*>(data.data()), data.size()}, kDefaultMaxFrameBytes);
-    ASSERT_TRUE(split.ok()) << split.status().message;
+    ASSERT_TRUE(split.has_value()) << split.error().message;
     EXPECT_EQ(split->head + data, *encode_frame(full, kDefaultMaxFrameBytes)) << n;
   }
   auto big = sample();
   big.mutable_tensor_chunk()->clear_data();
   const std::string data(2048, 'x');
-  EXPECT_FALSE(encode_chunk_frame(big, {reinterpret_cast<const std::uint8_t*>(data.data()), data.size()}, 1024).ok());
+  EXPECT_FALSE(encode_chunk_frame(big, {reinterpret_cast<const std::uint8_t*>(data.data()), data.size()}, 1024).has_value());
 }
 
 TEST(Frame, DecodesFramesSplitAtEveryByte) {
@@ -92,9 +92,9 @@ TEST(Frame, TruncatedFrameYieldsNothingUntilComplete) {
 TEST(Frame, RefusesA4GiBLengthPrefixBeforeAllocating) {
   const std::uint8_t h[4] = {0xff, 0xff, 0xff, 0xff};
   auto len = decode_frame_length(std::span<const std::uint8_t, 4>(h, 4), kDefaultMaxFrameBytes);
-  ASSERT_FALSE(len.ok());
-  EXPECT_EQ(len.status().code, wire::BAD_FRAME);
-  EXPECT_NE(len.status().message.find("4294967295"), std::string::npos);
+  ASSERT_FALSE(len.has_value());
+  EXPECT_EQ(len.error().code, wire::BAD_FRAME);
+  EXPECT_NE(len.error().message.find("4294967295"), std::string::npos);
   FrameDecoder dec;
   auto st = dec.feed(std::span<const std::uint8_t>(h, 4));
   EXPECT_FALSE(st.is_ok());
@@ -104,16 +104,16 @@ TEST(Frame, RefusesA4GiBLengthPrefixBeforeAllocating) {
 TEST(Frame, RefusesZeroLengthFrames) {
   const std::uint8_t h[4] = {0, 0, 0, 0};
   auto len = decode_frame_length(std::span<const std::uint8_t, 4>(h, 4), kDefaultMaxFrameBytes);
-  ASSERT_FALSE(len.ok());
-  EXPECT_NE(len.status().message.find("zero-length"), std::string::npos);
+  ASSERT_FALSE(len.has_value());
+  EXPECT_NE(len.error().message.find("zero-length"), std::string::npos);
 }
 
 TEST(Frame, RefusesToEncodeAnEnvelopeOverTheLimit) {
   auto env = sample();
   env.mutable_tensor_chunk()->set_data(std::string(2048, 'x'));
   auto frame = encode_frame(env, 1024);
-  ASSERT_FALSE(frame.ok());
-  EXPECT_EQ(frame.status().code, wire::BAD_FRAME);
+  ASSERT_FALSE(frame.has_value());
+  EXPECT_EQ(frame.error().code, wire::BAD_FRAME);
 }
 
 TEST(Frame, RefusesAnEnvelopeWithoutABody) {
@@ -121,8 +121,8 @@ TEST(Frame, RefusesAnEnvelopeWithoutABody) {
   env.set_federation("fed");
   auto payload = env.SerializeAsString();
   auto r = decode_envelope(bytes(payload));
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message.find("no message"), std::string::npos);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_NE(r.error().message.find("no message"), std::string::npos);
 }
 
 TEST(Frame, RandomGarbageIsRefusedAndTheDecoderStaysFailed) {

@@ -908,9 +908,9 @@ TEST(FuzzMemo, OrdinaryBuildsComputeEveryTime) {
   const auto v = test::verifier();
   const auto msg = statement("test", {"memo"});
   auto sig = s.sign(msg);
-  EXPECT_EQ(v.verify(s.certificate(), "hospital-a", "silo", msg, sig), "");
+  EXPECT_TRUE(v.verify(s.certificate(), "hospital-a", "silo", msg, sig));
   sig[sig.size() / 2] ^= 1;
-  EXPECT_NE(v.verify(s.certificate(), "hospital-a", "silo", msg, sig), "");
+  EXPECT_FALSE(v.verify(s.certificate(), "hospital-a", "silo", msg, sig));
 }
 
 TEST(CertSigner, SignaturesVerifyOnlyForTheCertifiedNameRoleAndMessage) {
@@ -918,28 +918,30 @@ TEST(CertSigner, SignaturesVerifyOnlyForTheCertifiedNameRoleAndMessage) {
   const auto v = test::verifier();
   const auto msg = statement("test", {"a", "b"});
   const auto sig = s.sign(msg);
-  EXPECT_EQ(v.verify(s.certificate(), "hospital-a", "silo", msg, sig), "");
-  EXPECT_NE(v.verify(s.certificate(), "hospital-b", "silo", msg, sig), "");
-  EXPECT_NE(v.verify(s.certificate(), "hospital-a", "edge", msg, sig), "");
-  EXPECT_NE(v.verify(s.certificate(), "hospital-a", "silo", statement("test", {"ab", ""}), sig), "");
-  EXPECT_NE(v.verify(test::foreign_signer(wire::SILO, "hospital-a").certificate(), "hospital-a", "silo", msg,
-                     test::foreign_signer(wire::SILO, "hospital-a").sign(msg)),
-            "");
-  EXPECT_NE(v.verify("not a certificate", "hospital-a", "silo", msg, sig), "");
-  std::string why;
-  auto who = v.certified(s.certificate(), "silo", why);
-  ASSERT_TRUE(who) << why;
+  EXPECT_TRUE(v.verify(s.certificate(), "hospital-a", "silo", msg, sig));
+  EXPECT_FALSE(v.verify(s.certificate(), "hospital-b", "silo", msg, sig));
+  EXPECT_FALSE(v.verify(s.certificate(), "hospital-a", "edge", msg, sig));
+  EXPECT_FALSE(v.verify(s.certificate(), "hospital-a", "silo", statement("test", {"ab", ""}), sig));
+  EXPECT_FALSE(v.verify(test::foreign_signer(wire::SILO, "hospital-a").certificate(), "hospital-a", "silo", msg,
+                     test::foreign_signer(wire::SILO, "hospital-a").sign(msg)));
+  EXPECT_FALSE(v.verify("not a certificate", "hospital-a", "silo", msg, sig));
+  auto who = v.certified(s.certificate(), "silo");
+  ASSERT_TRUE(who) << who.error().message();
   EXPECT_EQ(who->name, "hospital-a");
   // Asked again, the verdict comes from the cache: the same name, the role still checked.
-  who = v.certified(s.certificate(), "silo", why);
-  ASSERT_TRUE(who) << why;
+  who = v.certified(s.certificate(), "silo");
+  ASSERT_TRUE(who) << who.error().message();
   EXPECT_EQ(who->name, "hospital-a");
-  EXPECT_FALSE(v.certified(s.certificate(), "edge", why));
-  EXPECT_NE(why.find("is for role 'silo', not edge"), std::string::npos) << why;
-  EXPECT_FALSE(v.certified(test::foreign_signer(wire::SILO, "hospital-a").certificate(), "silo", why));
-  EXPECT_NE(why.find("did not verify against the federation CA"), std::string::npos) << why;
-  EXPECT_FALSE(v.certified("not a certificate", "silo", why));
-  EXPECT_EQ(why, "the certificate is not DER");
+  const auto as_edge = v.certified(s.certificate(), "edge");
+  ASSERT_FALSE(as_edge);
+  EXPECT_NE(as_edge.error().message().find("is for role 'silo', not edge"), std::string::npos) << as_edge.error().message();
+  const auto foreign = v.certified(test::foreign_signer(wire::SILO, "hospital-a").certificate(), "silo");
+  ASSERT_FALSE(foreign);
+  EXPECT_NE(foreign.error().message().find("did not verify against the federation CA"), std::string::npos)
+      << foreign.error().message();
+  const auto garbage = v.certified("not a certificate", "silo");
+  ASSERT_FALSE(garbage);
+  EXPECT_EQ(garbage.error().message(), "the certificate is not DER");
 }
 
 // What the server or an edge receives looks uniformly random whatever the input, and the same

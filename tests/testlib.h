@@ -7,6 +7,7 @@
 #include <string>
 #include <optional>
 #include <thread>
+#include <type_traits>
 #include <utility>
 
 #include <boost/asio/co_spawn.hpp>
@@ -56,7 +57,16 @@ class IoThread {
   // Runs a coroutine on the io thread and waits for its result.
   template <class T>
   T run(boost::asio::awaitable<T> a) {
-    return boost::asio::co_spawn(io_, std::move(a), boost::asio::use_future).get();
+    if constexpr (std::is_void_v<T> || std::is_default_constructible_v<T>) {
+      return boost::asio::co_spawn(io_, std::move(a), boost::asio::use_future).get();
+    } else {
+      // co_spawn wants a T for a coroutine that threw; a Result (common/result.h) has no empty
+      // state, so it travels in an optional.
+      auto wrapped = [](boost::asio::awaitable<T> inner) -> boost::asio::awaitable<std::optional<T>> {
+        co_return co_await std::move(inner);
+      };
+      return *boost::asio::co_spawn(io_, wrapped(std::move(a)), boost::asio::use_future).get();
+    }
   }
   void run_sync(std::function<void()> f);
 

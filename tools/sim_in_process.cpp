@@ -242,7 +242,8 @@ SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& 
       std::memcpy(buf.bytes.data(), bytes.data(), bytes.size());
       auto check = std::make_shared<protocol::UploadCheck>();
       protocol::check_work(check, buf.bytes.data(), o.update->size(), wire::F32, /*hash=*/true)();
-      const server::Contribution c{{s.name}, o.weight, 0, crypto::sha256_hex(o.update->flat()), false};
+      const server::Contribution c{.silos = {s.name}, .weight = o.weight, .group = 0,
+                                    .declared_sha256 = crypto::sha256_hex(o.update->flat()), .partial_sum = false};
       const auto r = agg->fold(c, *check);
       if (r.ok()) ++folded;
       else if (r.error == server::FoldError::NonFinite) ++ctx.nonfinite;

@@ -53,7 +53,7 @@ void Channel::disarm_deadline() { deadline_.cancel(); }
 
 awaitable<void> Channel::write_frame_now(const wire::Envelope& env) {
   auto frame = proto::encode_frame(env, opts_.max_frame_bytes);
-  if (!frame) throw std::runtime_error(frame.status().message);
+  if (!frame) throw std::runtime_error(frame.error().message);
   co_await stream_.write({reinterpret_cast<const std::uint8_t*>(frame->data()), frame->size()});
   bytes_sent_ += frame->size();
 }
@@ -74,7 +74,7 @@ awaitable<proto::Status> Channel::accept(const AllowList& allow, const LocalInfo
   }
   auto id = peer_identity(stream_.native_handle());
   if (!id) {
-    st = id.status();
+    st = id.error();
   } else {
     peer_ = *id;
     st = allow.check(peer_);
@@ -99,7 +99,7 @@ awaitable<proto::Status> Channel::accept(const AllowList& allow, const LocalInfo
   if (!hello) {
     disarm_deadline();
     close();
-    co_return hello.status();
+    co_return hello.error();
   }
   if (!hello->has_hello()) {
     st = proto::error(wire::UNEXPECTED, "expected Hello, got " + proto::body_name(*hello));
@@ -156,7 +156,7 @@ awaitable<proto::Status> Channel::connect(const AllowList& upstreams, const Loca
   if (!id) {
     disarm_deadline();
     close();
-    co_return id.status();
+    co_return id.error();
   }
   peer_ = *id;
   warn_if_expiring();
@@ -188,7 +188,7 @@ awaitable<proto::Status> Channel::connect(const AllowList& upstreams, const Loca
   disarm_deadline();
   if (!reply) {
     close();
-    co_return reply.status();
+    co_return reply.error();
   }
   if (reply->has_error()) {
     close();
@@ -223,7 +223,7 @@ awaitable<proto::Result<wire::Envelope>> Channel::read_frame() {
   try {
     co_await stream_.read_exact(header);
     auto len = proto::decode_frame_length(header, opts_.max_frame_bytes);
-    if (!len) co_return len.status();
+    if (!len) co_return len.error();
     size = *len;
     // One buffer per connection, grown to the largest frame seen and reused: no allocation,
     // zero-filling or page faults per frame.
@@ -268,7 +268,7 @@ bool Channel::send(wire::Envelope env) {
   auto frame = proto::encode_frame(env, opts_.max_frame_bytes);
   if (!frame) {
     spdlog::error("not sending {} to {}: {}", proto::body_name(env), peer_.str(),
-                  frame.status().message);
+                  frame.error().message);
     return false;
   }
   const std::size_t bytes = frame->size();

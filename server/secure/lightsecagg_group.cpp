@@ -3,11 +3,10 @@
 #include <algorithm>
 #include <cstdio>
 
-#include <spdlog/spdlog.h>
-
 #include "crypto/prime_field.h"
 #include "crypto/secagg_graph.h"
 #include "protocol/secagg_wire.h"
+#include "server/secure/settled_group.h"
 #include "server/secure_round.h"
 
 namespace xsilo::server::secure {
@@ -18,19 +17,13 @@ namespace lsa = crypto::lightsecagg;
 namespace secagg = crypto::secagg;
 using Step = wire::SecureAggregation::StepCase;
 
-class LightSecAggGroup final : public Group {
+class LightSecAggGroup final : public SettledGroup {
  public:
   LightSecAggGroup(wire::SecAggSetup setup, GroupContext ctx, crypto::X25519KeyPair box,
                    std::function<void(std::span<std::uint8_t>)> random_bytes)
-      : Group(std::move(setup), std::move(ctx)),
+      : SettledGroup(std::move(setup), std::move(ctx)),
         server_(protocol::lightsecagg_params(setup_, ctx_.federation, ctx_.round), ctx_.ca, ctx_.signer, std::move(box),
                 crypto::Sources{crypto::system_unix_ms, std::move(random_bytes)}) {}
-
-  void masked_from(const std::string& silo) override {
-    if (!failed().empty()) return;
-    if (auto added = server_.on_masked_input(silo); !added)
-      spdlog::warn("round {}: {}", ctx_.round, added.error().message());
-  }
 
   Status finish(protocol::MaskedVector& sum) override {
     if (!sum.prime()) return Error("LightSecAgg sums are field words; this sum is a ring's");
@@ -39,9 +32,6 @@ class LightSecAggGroup final : public Group {
     crypto::field::from_field(words);  // the codec's ring from here: decoded as SecAgg's sums are
     return {};
   }
-
-  std::vector<std::string> survivors() const override { return {server_.u3().begin(), server_.u3().end()}; }
-  std::vector<secagg::Blame> excluded() const override { return server_.blamed(); }
 
   nlohmann::json describe() const override {
     nlohmann::json out = {{"group", id()},
@@ -80,15 +70,15 @@ class LightSecAggGroup final : public Group {
     switch (m.step_case()) {
       case Step::kLsaKeys: {
         auto keys = protocol::from_wire(m.lsa_keys());
-        return keys ? server_.on_keys(silo, *keys) : Error(keys.status().message);
+        return keys ? server_.on_keys(silo, *keys) : Error(keys.error().message);
       }
       case Step::kLsaShares: {
         auto to = protocol::from_wire(m.lsa_shares());
-        return to ? server_.on_shares(silo, *to) : Error(to.status().message);
+        return to ? server_.on_shares(silo, *to) : Error(to.error().message);
       }
       case Step::kLsaReceipt: {
         auto receipt = protocol::from_wire(m.lsa_receipt());
-        return receipt ? server_.on_receipt(silo, *receipt) : Error(receipt.status().message);
+        return receipt ? server_.on_receipt(silo, *receipt) : Error(receipt.error().message);
       }
       case Step::kLsaConfirmation: return server_.on_confirmation(silo, m.lsa_confirmation().signature());
       case Step::kLsaAnswer: return server_.on_unmask(silo, m.lsa_answer().sealed());
@@ -96,55 +86,26 @@ class LightSecAggGroup final : public Group {
     }
   }
 
-  bool close() override {
-    if (stage_ == Stage::Setup) {
-      switch (phase_) {
-        case Phase::Keys: close_keys(); return true;
-        case Phase::Shares: close_shares(); return true;
-        case Phase::Receipts: close_receipts(); return true;
-      }
-    }
-    if (stage_ == Stage::Confirm) {
-      close_confirmations();
-      return true;
-    }
-    return false;  // Masking and Unmask end by the coordinator's decision
-  }
-
-  void ask_survivors() override {
-    auto u3 = server_.close_masked();
-    if (!u3) return fail(u3.error().message());
-    wire::SecureAggregation m;
-    for (const auto& v : *u3) m.mutable_lsa_survivors()->add_survivors(v);
-    m.mutable_lsa_survivors()->set_server_signature(server_.survivors_signature());
-    ask(*u3, std::move(m), Stage::Confirm);
-  }
-
-  bool admitted(const std::string& silo) const override { return server_.settled().count(silo) > 0; }
-
-  std::vector<secagg::Blame> new_blames() override {
-    const auto& blamed = server_.blamed();
-    std::vector<secagg::Blame> out(blamed.begin() + static_cast<std::ptrdiff_t>(blames_reported_), blamed.end());
-    blames_reported_ = blamed.size();
-    return out;
-  }
-
  private:
-  enum class Phase { Keys, Shares, Receipts };
+  secagg::Settlement& settlement() override { return server_; }
+  const secagg::Settlement& settlement() const override { return server_; }
 
-  // Sends `request` to `whom`, waits for their answers, and moves to `next`.
-  template <class Names>
-  void ask(const Names& whom, wire::SecureAggregation request, Stage next) {
-    request_ = request;
-    waiting_.clear();
-    for (const auto& v : whom) {
-      waiting_.insert(v);
-      send(v, request);
-    }
-    stage_ = next;
+  void put_delivery(wire::SecureAggregation& m, const secagg::Inbox& inbox) const override {
+    *m.mutable_lsa_share_delivery() = protocol::delivery_to_wire(inbox);
+  }
+  void put_settled(wire::SecureAggregation& m, const secagg::Settled& settled) const override {
+    *m.mutable_lsa_settled() = protocol::to_wire(settled);
+  }
+  void put_survivors(wire::SecureAggregation& m, const std::vector<std::string>& u3,
+                     const std::string& server_signature) const override {
+    for (const auto& v : u3) m.mutable_lsa_survivors()->add_survivors(v);
+    m.mutable_lsa_survivors()->set_server_signature(server_signature);
+  }
+  void put_unmask_request(wire::SecureAggregation& m, const secagg::UnmaskRequest& r) const override {
+    *m.mutable_lsa_unmask_request() = protocol::to_wire(r);
   }
 
-  void close_keys() {
+  void close_keys() override {
     auto keys = server_.close_keys();
     if (!keys) return fail(keys.error().message());
     for (const auto& silo : setup_.members()) {
@@ -161,55 +122,9 @@ class LightSecAggGroup final : public Group {
     phase_ = Phase::Shares;
   }
 
-  void close_shares() {
-    auto boxes = server_.close_shares();
-    if (!boxes) return fail(boxes.error().message());
-    for (const auto& silo : waiting_) drop(silo, DropReason::NoShares, label() + ": no valid signed shares from it in time");
-    waiting_.clear();
-    for (const auto& [recipient, inbox] : *boxes) {
-      wire::SecureAggregation m;
-      *m.mutable_lsa_share_delivery() = protocol::delivery_to_wire(inbox);
-      waiting_.insert(recipient);
-      send(recipient, std::move(m));
-    }
-    phase_ = Phase::Receipts;
-  }
-
-  void close_receipts() {
-    auto settled = server_.settle();
-    report_blame();
-    if (!settled) return fail(settled.error().message());
-    wire::SecureAggregation m;
-    *m.mutable_lsa_settled() = protocol::to_wire(*settled);
-    for (const auto& silo : server_.u2()) {
-      m.set_admits_upload(server_.settled().count(silo) > 0);
-      send(silo, m);
-    }
-    const auto& blamed = server_.blamed();
-    for (const auto& silo : server_.u2()) {
-      if (!server_.settled().count(silo) &&
-          std::none_of(blamed.begin(), blamed.end(), [&](const auto& b) { return b.silo == silo; })) {
-        drop(silo, DropReason::NoReceipt, label() + ": sent no receipt for its shares");
-      }
-    }
-    waiting_.clear();
-    stage_ = Stage::Masking;
-  }
-
-  void close_confirmations() {
-    auto request = server_.close_confirmations();
-    if (!request) return fail(request.error().message());
-    wire::SecureAggregation m;
-    *m.mutable_lsa_unmask_request() = protocol::to_wire(*request);
-    // Every survivor that confirmed answers (any U of them decode the aggregate mask).
-    std::vector<std::string> confirmed;
-    for (const auto& [silo, signature] : request->signatures) confirmed.push_back(silo);
-    ask(confirmed, std::move(m), Stage::Unmask);
-  }
+  void close_shares() override { delivered(server_.close_shares()); }
 
   lsa::Server server_;
-  Phase phase_ = Phase::Keys;
-  std::size_t blames_reported_ = 0;
 };
 
 }  // namespace

@@ -3,10 +3,9 @@
 #include <algorithm>
 #include <array>
 
-#include <spdlog/spdlog.h>
-
 #include "crypto/hash.h"
 #include "protocol/secagg_wire.h"
+#include "server/secure/settled_group.h"
 #include "server/secure_round.h"
 
 namespace xsilo::server::secure {
@@ -27,27 +26,18 @@ std::string fresh_graph_seed(const SecureConfig& cfg) {
   return crypto::to_hex(r);
 }
 
-class SecAggGroup final : public Group {
+class SecAggGroup final : public SettledGroup {
  public:
   SecAggGroup(wire::SecAggSetup setup, GroupContext ctx, crypto::X25519KeyPair box)
-      : Group(std::move(setup), std::move(ctx)) {
+      : SettledGroup(std::move(setup), std::move(ctx)) {
     const auto params = protocol::secagg_params(setup_, ctx_.federation, ctx_.round);
     server_ = std::make_unique<secagg::Server>(params, ctx_.ca, ctx_.signer, std::move(box));
-  }
-
-  void masked_from(const std::string& silo) override {
-    if (!failed().empty()) return;
-    if (auto added = server_->on_masked_input(silo); !added)
-      spdlog::warn("round {}: {}", ctx_.round, added.error().message());
   }
 
   Status finish(protocol::MaskedVector& sum) override {
     auto& server = *server_;
     return sum.visit([&](auto words) { return server.finish(words); });
   }
-
-  std::vector<std::string> survivors() const override { return {server_->u3().begin(), server_->u3().end()}; }
-  std::vector<secagg::Blame> excluded() const override { return server_->blamed(); }
 
   nlohmann::json describe() const override {
     const auto& s = *server_;
@@ -87,15 +77,15 @@ class SecAggGroup final : public Group {
     switch (m.step_case()) {
       case Step::kSecaggKeys: {
         auto keys = protocol::from_wire(m.secagg_keys());
-        return keys ? server.on_keys(silo, *keys) : Error(keys.status().message);
+        return keys ? server.on_keys(silo, *keys) : Error(keys.error().message);
       }
       case Step::kSecaggShares: {
         auto to = protocol::from_wire(m.secagg_shares());
-        return to ? server.on_shares(silo, *to) : Error(to.status().message);
+        return to ? server.on_shares(silo, *to) : Error(to.error().message);
       }
       case Step::kSecaggReceipt: {
         auto receipt = protocol::from_wire(m.secagg_receipt());
-        return receipt ? server.on_receipt(silo, *receipt) : Error(receipt.status().message);
+        return receipt ? server.on_receipt(silo, *receipt) : Error(receipt.error().message);
       }
       case Step::kSecaggConfirmation: return server.on_confirmation(silo, m.secagg_confirmation().signature());
       case Step::kSecaggUnmaskShares: return server.on_unmask(silo, m.secagg_unmask_shares().sealed());
@@ -103,50 +93,26 @@ class SecAggGroup final : public Group {
     }
   }
 
-  bool close() override {
-    if (stage_ == Stage::Setup) {
-      switch (phase_) {
-        case Phase::Keys: close_keys(); return true;
-        case Phase::Shares: close_shares(); return true;
-        case Phase::Receipts: close_receipts(); return true;
-      }
-    }
-    if (stage_ == Stage::Confirm) {
-      close_confirmations();
-      return true;
-    }
-    return false;  // Masking and Unmask end by the coordinator's decision
-  }
-
-  void ask_survivors() override {
-    auto u3 = server_->close_masked();
-    if (!u3) return fail(u3.error().message());
-    wire::SecureAggregation m;
-    for (const auto& v : *u3) m.mutable_secagg_survivors()->add_survivors(v);
-    m.mutable_secagg_survivors()->set_server_signature(server_->survivors_signature());
-    request_ = m;
-    waiting_.clear();
-    for (const auto& v : *u3) {
-      waiting_.insert(v);
-      send(v, m);
-    }
-    stage_ = Stage::Confirm;
-  }
-
-  bool admitted(const std::string& silo) const override { return server_->settled_member(silo); }
-
-  std::vector<secagg::Blame> new_blames() override {
-    const auto& blamed = server_->blamed();
-    std::vector<secagg::Blame> out(blamed.begin() + static_cast<std::ptrdiff_t>(blames_reported_), blamed.end());
-    blames_reported_ = blamed.size();
-    return out;
-  }
-
  private:
-  // The steps of the Setup stage.
-  enum class Phase { Keys, Shares, Receipts };
+  secagg::Settlement& settlement() override { return *server_; }
+  const secagg::Settlement& settlement() const override { return *server_; }
 
-  void close_keys() {
+  void put_delivery(wire::SecureAggregation& m, const secagg::Inbox& inbox) const override {
+    *m.mutable_secagg_share_delivery() = protocol::delivery_to_wire(inbox);
+  }
+  void put_settled(wire::SecureAggregation& m, const secagg::Settled& settled) const override {
+    *m.mutable_secagg_settled() = protocol::to_wire(settled);
+  }
+  void put_survivors(wire::SecureAggregation& m, const std::vector<std::string>& u3,
+                     const std::string& server_signature) const override {
+    for (const auto& v : u3) m.mutable_secagg_survivors()->add_survivors(v);
+    m.mutable_secagg_survivors()->set_server_signature(server_signature);
+  }
+  void put_unmask_request(wire::SecureAggregation& m, const secagg::UnmaskRequest& r) const override {
+    *m.mutable_secagg_unmask_request() = protocol::to_wire(r);
+  }
+
+  void close_keys() override {
     auto keys = server_->close_keys();
     if (!keys) return fail(keys.error().message());
     // The complete graph: one list for every member. A graph: each member its neighbours' part.
@@ -167,61 +133,9 @@ class SecAggGroup final : public Group {
     phase_ = Phase::Shares;
   }
 
-  void close_shares() {
-    auto boxes = server_->close_shares();
-    if (!boxes) return fail(boxes.error().message());
-    for (const auto& silo : waiting_) drop(silo, DropReason::NoShares, label() + ": no valid signed shares from it in time");
-    waiting_.clear();
-    for (const auto& [recipient, inbox] : *boxes) {
-      wire::SecureAggregation m;
-      *m.mutable_secagg_share_delivery() = protocol::delivery_to_wire(inbox);
-      waiting_.insert(recipient);
-      send(recipient, std::move(m));
-    }
-    phase_ = Phase::Receipts;
-  }
-
-  void close_receipts() {
-    auto settled = server_->settle();
-    report_blame();
-    if (!settled) return fail(settled.error().message());
-    wire::SecureAggregation m;
-    *m.mutable_secagg_settled() = protocol::to_wire(*settled);
-    // Every member that shared learns the outcome; one left out stops there. Those in it may
-    // upload from now (an edge lets them).
-    for (const auto& silo : server_->u2()) {
-      m.set_admits_upload(server_->settled_member(silo));
-      send(silo, m);
-    }
-    // Members that shared but sent no receipt are out of the group now.
-    const auto& blamed = server_->blamed();
-    for (const auto& silo : server_->u2()) {
-      if (!server_->settled_member(silo) &&
-          std::none_of(blamed.begin(), blamed.end(), [&](const auto& b) { return b.silo == silo; })) {
-        drop(silo, DropReason::NoReceipt, label() + ": sent no receipt for its shares");
-      }
-    }
-    waiting_.clear();
-    stage_ = Stage::Masking;
-  }
-
-  void close_confirmations() {
-    auto request = server_->close_confirmations();
-    if (!request) return fail(request.error().message());
-    wire::SecureAggregation m;
-    *m.mutable_secagg_unmask_request() = protocol::to_wire(*request);
-    request_ = m;
-    waiting_.clear();
-    for (const auto& v : server_->confirmed()) {
-      waiting_.insert(v);
-      send(v, m);
-    }
-    stage_ = Stage::Unmask;
-  }
+  void close_shares() override { delivered(server_->close_shares()); }
 
   std::unique_ptr<secagg::Server> server_;
-  Phase phase_ = Phase::Keys;
-  std::size_t blames_reported_ = 0;
 };
 
 }  // namespace

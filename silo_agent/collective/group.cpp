@@ -163,7 +163,13 @@ void Coordinator::loop() {
         std::uint16_t port = 0;
         in >> word >> id >> host >> port;
         if (word == "HELLO" && id >= 0 && !workers_.count(id)) {
-          workers_[id] = Worker{fd, host, port, buffer, true, false, std::nullopt};
+          workers_[id] = Worker{.fd = fd,
+                               .host = host,
+                               .port = port,
+                               .buffer = buffer,
+                               .member = true,
+                               .done = false,
+                               .failed_op = std::nullopt};
           if (static_cast<int>(workers_.size()) == expected_) broadcast_table(0);
         } else {
           ::close(fd);

@@ -1,9 +1,8 @@
 #include "silo_agent/secure/lightsecagg_member.h"
 
-#include <spdlog/spdlog.h>
-
 #include "crypto/prime_field.h"
 #include "protocol/secagg_wire.h"
+#include "silo_agent/secure/member_steps.h"
 
 namespace xsilo::agent::secure {
 
@@ -42,51 +41,19 @@ class LightSecAggMember final : public Member {
   }
 
   std::variant<Answer, Refusal> receive(const wire::SecureAggregation& step) override {
-    wire::SecureAggregation m;
     switch (step.step_case()) {
-      case Step::kLsaKeyList: {
-        auto list = protocol::from_wire(step.lsa_key_list());
-        if (!list) return Refusal{"key list", list.status().message};
+      case Step::kLsaKeyList:
         // Draws the mask and encodes it for every member (N U L multiply-adds: the offline cost).
-        auto shares = client_.share(*list);
-        if (!shares) return Refusal{"key list", shares.error().message()};
-        *m.mutable_lsa_shares() = protocol::outbox_to_wire(*shares);
-        return Answer{std::move(m), Sent::Shares};
-      }
-      case Step::kLsaShareDelivery: {
-        auto from = protocol::from_wire(step.lsa_share_delivery());
-        if (!from) return Refusal{"share delivery", from.status().message};
-        auto receipt = client_.receive(*from);
-        if (!receipt) return Refusal{"share delivery", receipt.error().message()};
-        for (const auto& a : receipt->accusations) {
-          spdlog::warn("round {}: the share {} dealt this silo is bad; accusing it with the evidence", ctx_.round, a.accused);
-        }
-        *m.mutable_lsa_receipt() = protocol::to_wire(*receipt);
-        return Answer{std::move(m), Sent::Other};
-      }
-      case Step::kLsaSettled: {
-        if (auto agreed = client_.settle(protocol::from_wire(step.lsa_settled())); !agreed) {
-          return Refusal{"settled members", agreed.error().message()};
-        }
-        settled_ = true;
-        return Answer{};
-      }
-      case Step::kLsaSurvivors: {
-        const auto& s = step.lsa_survivors().survivors();
-        auto c = client_.confirm({s.begin(), s.end()}, step.lsa_survivors().server_signature());
-        if (!c) return Refusal{"survivors", c.error().message()};
-        m.mutable_lsa_confirmation()->set_signature(c->signature);
-        return Answer{std::move(m), Sent::Other};
-      }
-      case Step::kLsaUnmaskRequest: {
-        auto request = protocol::from_wire(step.lsa_unmask_request());
-        if (!request) return Refusal{"unmask request", request.status().message};
-        auto reply = client_.unmask(*request);
-        if (!reply) return Refusal{"unmask request", reply.error().message()};
-        m.mutable_lsa_answer()->set_sealed(reply->box);
-        spdlog::info("round {}: aggregate mask share sent, sealed to the server", ctx_.round);
-        return Answer{std::move(m), Sent::Other};
-      }
+        return steps::deal(client_, step.lsa_key_list(), [](auto& m) { return m.mutable_lsa_shares(); });
+      case Step::kLsaShareDelivery:
+        return steps::take_delivery(client_, step.lsa_share_delivery(), ctx_.round, "share", "is",
+                                    [](auto& m) { return m.mutable_lsa_receipt(); });
+      case Step::kLsaSettled: return steps::settle(client_, step.lsa_settled(), settled_);
+      case Step::kLsaSurvivors:
+        return steps::confirm(client_, step.lsa_survivors(), [](auto& m) { return m.mutable_lsa_confirmation(); });
+      case Step::kLsaUnmaskRequest:
+        return steps::unmask(client_, step.lsa_unmask_request(), ctx_.round, "aggregate mask share",
+                             [](auto& m) { return m.mutable_lsa_answer(); });
       default: return Refusal{"secure step", "this silo's group runs LightSecAgg, which has no step " + step_name(step)};
     }
   }

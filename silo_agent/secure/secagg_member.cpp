@@ -1,8 +1,7 @@
 #include "silo_agent/secure/secagg_member.h"
 
-#include <spdlog/spdlog.h>
-
 #include "protocol/secagg_wire.h"
+#include "silo_agent/secure/member_steps.h"
 
 namespace xsilo::agent::secure {
 
@@ -28,37 +27,17 @@ class SecAggMember final : public Member {
 
   std::variant<Answer, Refusal> receive(const wire::SecureAggregation& step) override {
     switch (step.step_case()) {
-      case Step::kSecaggKeyList: return on_key_list(step.secagg_key_list());
-      case Step::kSecaggShareDelivery: return on_share_delivery(step.secagg_share_delivery());
-      case Step::kSecaggSettled: {
-        // Checks U2 and agrees the pairwise mask seeds here, on the network thread (one X25519
-        // per settled neighbour, about 5 ms at 100): the worker is usually still training then,
-        // and a job would queue behind the training and put the agreements back between it and
-        // the masking.
-        if (auto agreed = client_.settle(protocol::from_wire(step.secagg_settled())); !agreed) {
-          return Refusal{"settled members", agreed.error().message()};
-        }
-        settled_ = true;
-        return Answer{};
-      }
-      case Step::kSecaggSurvivors: {
-        const auto& s = step.secagg_survivors().survivors();
-        auto c = client_.confirm({s.begin(), s.end()}, step.secagg_survivors().server_signature());
-        if (!c) return Refusal{"survivors", c.error().message()};
-        wire::SecureAggregation m;
-        m.mutable_secagg_confirmation()->set_signature(c->signature);
-        return Answer{std::move(m), Sent::Other};
-      }
-      case Step::kSecaggUnmaskRequest: {
-        auto request = protocol::from_wire(step.secagg_unmask_request());
-        if (!request) return Refusal{"unmask request", request.status().message};
-        auto reply = client_.unmask(*request);
-        if (!reply) return Refusal{"unmask request", reply.error().message()};
-        wire::SecureAggregation m;
-        m.mutable_secagg_unmask_shares()->set_sealed(reply->box);
-        spdlog::info("round {}: unmasking shares sent, sealed to the server", ctx_.round);
-        return Answer{std::move(m), Sent::Other};
-      }
+      case Step::kSecaggKeyList:
+        return steps::deal(client_, step.secagg_key_list(), [](auto& m) { return m.mutable_secagg_shares(); });
+      case Step::kSecaggShareDelivery:
+        return steps::take_delivery(client_, step.secagg_share_delivery(), ctx_.round, "shares", "are",
+                                    [](auto& m) { return m.mutable_secagg_receipt(); });
+      case Step::kSecaggSettled: return steps::settle(client_, step.secagg_settled(), settled_);
+      case Step::kSecaggSurvivors:
+        return steps::confirm(client_, step.secagg_survivors(), [](auto& m) { return m.mutable_secagg_confirmation(); });
+      case Step::kSecaggUnmaskRequest:
+        return steps::unmask(client_, step.secagg_unmask_request(), ctx_.round, "unmasking shares",
+                             [](auto& m) { return m.mutable_secagg_unmask_shares(); });
       default: return Refusal{"secure step", "this silo's group runs SecAgg, which has no step " + step_name(step)};
     }
   }
@@ -76,30 +55,6 @@ class SecAggMember final : public Member {
   }
 
  private:
-  std::variant<Answer, Refusal> on_key_list(const wire::SecAggKeyList& l) {
-    auto list = protocol::from_wire(l);
-    if (!list) return Refusal{"key list", list.status().message};
-    auto shares = client_.share(*list);
-    if (!shares) return Refusal{"key list", shares.error().message()};
-    wire::SecureAggregation m;
-    *m.mutable_secagg_shares() = protocol::outbox_to_wire(*shares);
-    return Answer{std::move(m), Sent::Shares};
-  }
-
-  std::variant<Answer, Refusal> on_share_delivery(const wire::SecAggShareDelivery& d) {
-    auto from = protocol::from_wire(d);
-    if (!from) return Refusal{"share delivery", from.status().message};
-    auto receipt = client_.receive(*from);
-    if (!receipt) return Refusal{"share delivery", receipt.error().message()};
-    for (const auto& a : receipt->accusations) {
-      spdlog::warn("round {}: the shares {} dealt this silo are bad; accusing it with the evidence", ctx_.round,
-                   a.accused);
-    }
-    wire::SecureAggregation m;
-    *m.mutable_secagg_receipt() = protocol::to_wire(*receipt);
-    return Answer{std::move(m), Sent::Other};
-  }
-
   wire::SecAggSetup setup_;
   MemberContext ctx_;
   secagg::Client client_;
