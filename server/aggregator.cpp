@@ -76,7 +76,7 @@ class PlainSum final : public Aggregator {
     if (current_.size() <= lane) current_.resize(lane + 1);
     if (!current_[lane]) current_[lane] = std::make_unique<Model>(current_.front()->zeros_like());
     Model& m = *current_[lane];
-    return {.bytes = bytes_of(m), .dtype = wire::F32, .layout = m.tensors(), .hash = true, .keep = nullptr, .scheme = {}, .sink = nullptr};
+    return into(m);
   }
 
   FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check, std::size_t lane) override {
@@ -150,7 +150,7 @@ class RowCollector final : public Aggregator {
     if (current_.size() <= lane) current_.resize(lane + 1);
     if (!current_[lane]) current_[lane] = std::make_unique<Model>(current_.front()->zeros_like());
     Model& m = *current_[lane];
-    return {.bytes = bytes_of(m), .dtype = wire::F32, .layout = m.tensors(), .hash = true, .keep = nullptr, .scheme = {}, .sink = nullptr};
+    return into(m);
   }
 
   FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check, std::size_t lane) override {
