@@ -93,7 +93,7 @@ class CentralEvaluator {
       spec.inputs = f_.all.features;
       spec.classes = static_cast<std::size_t>(f_.all.classes);
       spec.hidden = cfg_.hidden;
-      spec.seed = cfg_.seed;
+      spec.seed = model_init_seed(cfg_);  // the federation's initial model (sim_files.cpp)
       Model m = init_model(spec);
       const auto plan = sim_plan(cfg_, cfg_.rounds);
       agent::TrainOptions opts;
@@ -101,7 +101,7 @@ class CentralEvaluator {
       opts.batch_size = plan.batch_size();
       opts.learning_rate = plan.learning_rate();
       opts.weight_decay = plan.weight_decay();
-      opts.seed = cfg_.seed;
+      opts.seed = sim_seed(cfg_, "baseline-row-order");
       if (cfg_.privacy) {
         // The same DP-SGD on the pooled rows, at the same epsilon over all its steps: what the
         // federation is compared against under record-level privacy.
