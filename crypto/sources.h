@@ -27,5 +27,9 @@ struct Sources {
 // SHA-256("xsilo-seed", purpose, seed, round), so that two uses of one seed (which silos a round
 // selects, how a robust rule buckets its inputs) never draw the same numbers.
 std::uint64_t derive_seed(std::uint64_t seed, std::uint64_t round, std::string_view purpose);
+// The same for one party's use of a purpose (a silo's row order, one bucket's rounding): the party
+// (its length first) follows the round in the hash, so two silos, or two buckets of one step,
+// never draw the same numbers for one purpose either.
+std::uint64_t derive_seed(std::uint64_t seed, std::uint64_t round, std::string_view purpose, std::string_view party);
 
 }  // namespace xsilo::crypto

@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <random>
 
 #include "crypto/hash.h"
 #include "crypto/keys.h"
@@ -19,6 +18,7 @@
 #include "protocol/compression.h"
 #include "server/coordinator_round.h"
 #include "server/secure_round.h"
+#include "server/selection.h"
 
 namespace xsilo::server {
 
@@ -250,30 +250,6 @@ void Coordinator::try_start_round(std::int64_t now_ms) {
   if (membership_.all_accounted_for(cfg_.expected_silos) || join_elapsed_) start_round(now_ms);
 }
 
-// The silos this round selects, sorted: the candidates in an order drawn from the round's seed,
-// the first silos_per_round of them (with over-selection); `target` is the updates the round
-// closes at.
-std::vector<std::pair<std::string, SessionId>> Coordinator::select_candidates(std::size_t& target) const {
-  std::vector<std::pair<std::string, SessionId>> candidates;
-  for (const auto& route : membership_.routes()) {
-    if (!membership_.excluded(route.first)) candidates.push_back(route);  // moving to another upstream, or disowned
-  }
-  std::mt19937_64 rng(crypto::derive_seed(cfg_.seed, round_, "selection"));
-  std::shuffle(candidates.begin(), candidates.end(), rng);
-  const auto& sel = cfg_.selection;
-  std::size_t n_select = candidates.size();
-  target = n_select;
-  if (sel.silos_per_round > 0) {
-    const auto want = static_cast<std::size_t>(
-        std::ceil(static_cast<double>(sel.silos_per_round) * (1.0 + sel.over_selection)));
-    n_select = std::min(n_select, want);
-    target = std::min(sel.silos_per_round, n_select);
-  }
-  candidates.resize(n_select);
-  std::sort(candidates.begin(), candidates.end());
-  return candidates;
-}
-
 // The audit key the silos take part under, and the rotations that lead to it from the first.
 void Coordinator::add_audit_key(wire::RoundStart& rs) const {
   if (const auto keys = store_.audit_keys(); !keys.empty()) {
@@ -318,8 +294,10 @@ void Coordinator::send_round_start(const wire::Envelope& start,
 
 void Coordinator::start_round(std::int64_t now_ms) {
   actions_.push_back(action::CancelTimer{Timer::Join});
-  std::size_t target = 0;
-  const auto candidates = select_candidates(target);
+  // Selection is a pure function (server/selection.h); try_start_round saw enough eligible silos.
+  const Selection selection = select(membership_.candidates(), round_, cfg_.selection, cfg_.seed);
+  const auto& candidates = selection.chosen;
+  const std::size_t target = selection.target;
 
   set_phase(Phase::Collecting, now_ms);
   r_ = std::make_unique<Round>(cfg_.uploads_at_once);

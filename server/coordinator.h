@@ -241,7 +241,6 @@ class Coordinator {
   void train_deadline(std::int64_t now_ms);
   void upload_deadline(std::int64_t now_ms);
   // start_round()'s steps.
-  std::vector<std::pair<std::string, SessionId>> select_candidates(std::size_t& target) const;
   void add_audit_key(wire::RoundStart& rs) const;
   void pump(std::int64_t now_ms);
   void held_model(SessionId id, const std::string& sha256, std::uint64_t round);

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "server/selection.h"
+
 namespace xsilo::server {
 
 using SessionId = std::uint64_t;
@@ -98,6 +100,15 @@ class Membership {
     return n;
   }
   std::size_t disowned() const { return disowned_.size(); }
+  // Every routed silo with what selection needs to know of it (server/selection.h).
+  std::vector<Candidate> candidates() const {
+    std::vector<Candidate> out;
+    for (const auto& [silo, via] : routes_) {
+      out.push_back({.silo = silo, .route = via, .leaving = leaving_.count(silo) > 0,
+                     .disowned = disowned_.count(silo) > 0, .budget_spent = spent_.count(silo) > 0});
+    }
+    return out;
+  }
 
   // An edge's RegionStatus: the silos that left it and those newly announced, in order.
   struct RegionChange {

@@ -18,15 +18,9 @@
 #include "crypto/sources.h"
 #include "proto/xsilo.pb.h"
 #include "robust/rule.h"
+#include "server/selection.h"  // SelectionConfig
 
 namespace xsilo::server {
-
-struct SelectionConfig {
-  std::size_t min_silos = 2;        // connected silos needed to start a round
-  std::size_t min_updates = 0;      // updates needed to commit (0: min_silos)
-  std::size_t silos_per_round = 0;  // k; 0: every connected silo
-  double over_selection = 0.0;      // select ceil(k * (1 + s)), close at k
-};
 
 struct Deadlines {
   std::chrono::milliseconds join{30000};

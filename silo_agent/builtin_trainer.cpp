@@ -7,6 +7,7 @@
 
 #include "common/mlp.h"
 #include "crypto/hash.h"
+#include "crypto/sources.h"
 #include "silo_agent/sgd.h"
 #include "silo_agent/workers.h"
 
@@ -53,20 +54,15 @@ wire::TrainMetrics BuiltinTrainer::evaluate(const Model& model, const TrainTask&
   return m;
 }
 
-TrainResult BuiltinTrainer::train(const Model& global, const TrainTask& task, Model& local) {
-  const Network net(global);
-  if (net.inputs() != data_.train.features) {
-    throw TrainerError(wire::LOCAL_DATA_MISMATCH, "local data has " + std::to_string(data_.train.features) +
-                       " features but the federation's model takes " + std::to_string(net.inputs()));
-  }
-  const auto t0 = std::chrono::steady_clock::now();
+TrainOptions BuiltinTrainer::options(const TrainTask& task) const {
   const auto& plan = task.plan;
   TrainOptions opts;
   opts.epochs = plan.local_epochs();
   opts.batch_size = plan.batch_size();
   opts.learning_rate = plan.learning_rate();
   opts.weight_decay = plan.weight_decay();
-  opts.seed = round_seed(plan.seed(), task.round, task.silo);  // silos shuffle differently, runs repeat
+  // Silos shuffle differently, runs repeat (and the local workers' 8-bit rounding derives its own from it).
+  opts.seed = crypto::derive_seed(plan.seed(), task.round, "row-order", task.silo);
   if (budget_) {
     // DP-SGD at the plan's batch size as the expected one; the budget sets the noise.
     const auto& pc = budget_->config();
@@ -76,6 +72,17 @@ TrainResult BuiltinTrainer::train(const Model& global, const TrainTask& task, Mo
     const std::uint64_t steps = dp_steps_per_epoch(opts.dp.sample_rate) * opts.epochs;
     opts.dp.noise_multiplier = budget_->noise_for(opts.dp.sample_rate, steps);
   }
+  return opts;
+}
+
+TrainResult BuiltinTrainer::train(const Model& global, const TrainTask& task, Model& local) {
+  const Network net(global);
+  if (net.inputs() != data_.train.features) {
+    throw TrainerError(wire::LOCAL_DATA_MISMATCH, "local data has " + std::to_string(data_.train.features) +
+                       " features but the federation's model takes " + std::to_string(net.inputs()));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const TrainOptions opts = options(task);
   std::copy(global.flat().begin(), global.flat().end(), local.flat().begin());
   TrainStats stats;
   if (cfg_.local.workers > 1) {

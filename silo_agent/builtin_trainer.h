@@ -9,6 +9,7 @@
 #include "common/dataset.h"
 #include "silo_agent/config.h"
 #include "silo_agent/privacy_budget.h"
+#include "silo_agent/sgd.h"
 #include "silo_agent/trainer.h"
 #include "silo_agent/update.h"
 
@@ -29,6 +30,9 @@ class BuiltinTrainer final : public Trainer {
   wire::TrainMetrics evaluate(const Model& model, const TrainTask& task) override;
   TrainResult train(const Model& global, const TrainTask& task, Model& local) override;
   const LocalData& data() const { return data_; }
+  // The options a round's training runs under, in this process or in the local workers: the
+  // plan's, the row order's seed for this silo and round, DP-SGD's under a budget.
+  TrainOptions options(const TrainTask& task) const;
 
  private:
   AgentConfig cfg_;

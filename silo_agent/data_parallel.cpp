@@ -1,5 +1,6 @@
 #include "silo_agent/data_parallel.h"
 
+#include "crypto/sources.h"
 #include "silo_agent/collective/failure_policy.h"
 #include "silo_agent/quantized_all_reduce.h"
 
@@ -135,7 +136,8 @@ TrainStats train_data_parallel(collective::Group& group, int shards, const Netwo
       bucket = bucket.subspan(1);
       at = 1;
     }
-    const std::uint64_t seed = (opts.seed << 1) ^ (op_now * 0x9e3779b97f4a7c15ull) ^ (at * 0xc2b2ae3d27d4eb4full);
+    // The rounding of this bucket in this step: its own purpose, never the row order's numbers.
+    const std::uint64_t seed = crypto::derive_seed(opts.seed, op_now, "int8-bucket-rounding", std::to_string(at));
     quantized_all_reduce(*mesh, bucket, std::span(residual.sent).subspan(at, bucket.size()),
                          std::span(residual.summed).subspan(at, bucket.size()), seed);
   });

@@ -32,50 +32,11 @@
 #include "protocol/masked.h"
 #include "protocol/round_start.h"
 #include "protocol/tensor_stream.h"
+#include "silo_agent/session_types.h"
 #include "silo_agent/trainer.h"
 #include "silo_agent/update.h"
 
 namespace xsilo::agent {
-
-// Where simulations reach into a silo: crashes at a protocol step and Byzantine updates. The
-// production agent runs the defaults, which do nothing.
-enum class SecureStep { KeysSent, SharesSent };
-class FaultHook {
- public:
-  virtual ~FaultHook() = default;
-  // The session has just queued the message of `step`; true: this process is about to die, and
-  // the session ignores everything from now on.
-  virtual bool after_sent(SecureStep, std::uint64_t /*round*/) { return false; }
-  // The update about to be uploaded (weight * delta, trained from `global`), after the agent's
-  // own checks; a simulated Byzantine silo changes it here. Runs on the worker thread.
-  virtual void tamper(const TrainTask& /*task*/, const Model& /*global*/, std::span<float> /*update*/,
-                      double /*weight*/) {}
-  // Whether tamper() changes updates: a tampered update needs the model in memory, so the
-  // session does not stream (Trainer::streams()) for such a hook.
-  virtual bool tampers() const { return false; }
-  // Every message the session sends, before it leaves; `secure_session` is the secure group's
-  // session string ("" outside secure aggregation). A simulated hostile silo rewrites its
-  // protocol messages here.
-  virtual void outgoing(wire::Envelope& /*e*/, const std::string& /*secure_session*/) {}
-  // A secure round's fixed-point encoding of the update, about to run (worker thread): a
-  // simulated Byzantine silo that skips its clipping widens `codec` here; and the encoded words,
-  // before the masks: one that lies in its unclipped count (adaptive clipping) rewrites them.
-  virtual void encoding(crypto::FixedPointParams& /*codec*/) {}
-  virtual void encoded(protocol::MaskedVector& /*words*/, const crypto::FixedPointParams& /*codec*/) {}
-};
-
-struct TrainDone {
-  std::optional<RoundOutput> out;
-  std::string error;  // for the silo's log only
-  wire::FailureReason failure = wire::FAILURE_UNSPECIFIED;  // what the server is told
-  bool fatal = false;  // the trainer cannot go on: the agent exits
-};
-struct MaskDone {
-  std::shared_ptr<protocol::MaskedVector> words;
-  std::string sha256;
-  std::string error;
-};
-using SessionJobResult = std::variant<TrainDone, MaskDone>;
 
 namespace action {
 struct Send {

@@ -99,14 +99,4 @@ TrainStats train_sgd(const Network& net, std::span<float> params, const Dataset&
   return stats;
 }
 
-std::uint64_t round_seed(std::uint64_t base, std::uint64_t round, const std::string& silo) {
-  // FNV-1a over the silo name, mixed with splitmix64.
-  std::uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : silo) h = (h ^ c) * 1099511628211ull;
-  std::uint64_t z = base ^ (round * 0x9e3779b97f4a7c15ull) ^ h;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 }  // namespace xsilo::agent

@@ -50,8 +50,5 @@ struct TrainStats {
 TrainStats train_sgd(const Network& net, std::span<float> params, const Dataset& data,
                      const TrainOptions& opts);
 
-// The seed a silo uses in a round: mixes the federation seed, the round and the silo name so
-// silos shuffle differently and runs repeat exactly.
-std::uint64_t round_seed(std::uint64_t base, std::uint64_t round, const std::string& silo);
 
 }  // namespace xsilo::agent

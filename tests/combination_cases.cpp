@@ -160,8 +160,11 @@ std::vector<Case> cases() {
   }
   {  // 8-bit buckets between local workers (error feedback inside each silo) x secure groups
      // behind edges x the trimmed mean x a silo lost after sharing, on the digits MLP. The
-     // reference trains each silo in one process, so the model must match within what the
-     // workers' 8-bit codes leave out.
+     // reference replays each silo's workers as threads, their 8-bit rounding drawn from the same
+     // derived seeds, so the model must match as closely as the float cases (it was 2e-3 of the
+     // model's largest value against a single-process reference: a bound taken from one seed's
+     // run, not from the rounding; over 20 sim seeds it was reached to 98 %, and exceeded in 4
+     // of 60 rounds once the seeds were derived with purpose labels).
     json s = digits_mlp_sim(12, 3, 32);
     s["selection"] = {{"min_silos", 11}, {"min_updates", 9}};
     s["secure"] = secure("grouped", 3);
@@ -169,7 +172,7 @@ std::vector<Case> cases() {
     s["aggregation"] = {{"rule", "trimmed_mean"}, {"f", 1}};
     s["local"] = {{"workers", 2}, {"backend", "ring"}, {"compression", "int8"}};
     s["faults"] = {fault("hospital-04", "kill", 2, "after_shares")};
-    out.push_back({"Int8WorkersGroupedSecureEdgesTrimmedMeanDropoutDigitsMlp", s, 2e-3, 3});
+    out.push_back({"Int8WorkersGroupedSecureEdgesTrimmedMeanDropoutDigitsMlp", s, 1e-4, 3});
   }
   {  // The trimmed mean across groups carried by edges, with a silo lost after sharing.
     json s = base_sim(12, 3);

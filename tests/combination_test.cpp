@@ -10,15 +10,19 @@
 #include <fstream>
 #include <iterator>
 #include <set>
+#include <thread>
 
 #include "common/mlp.h"
 #include "common/safetensors.h"
+#include "crypto/hash.h"
 #include "protocol/compression.h"
 #include "robust/rule.h"
 #include "server/audit.h"
 #include "server/config.h"
 #include "silo_agent/agent.h"
 #include "silo_agent/builtin_trainer.h"
+#include "silo_agent/collective/group.h"
+#include "silo_agent/data_parallel.h"
 #include "silo_agent/update.h"
 #include "tests/combination_cases.h"
 #include "tests/federation_util.h"
@@ -57,6 +61,56 @@ std::vector<float> apply_rule(const json& rec, const server::AggregationConfig& 
   }
   return robust::apply(spec, x, weights).aggregate;
 }
+
+// A silo's local workers as threads of this process over loopback: the same
+// train_data_parallel, options, buckets and rows (the file the agent wrote for its workers) as
+// the worker processes. With 8-bit buckets the single-process trainer cannot be the reference:
+// the workers round each bucket's codes with seeds derived from the silo's row-order seed
+// (data_parallel.cpp), and their error feedback leaves each step's parameters within a step of
+// the codes, so the trained model differs from the float one by what the rounding happened to
+// be. Replayed here from the same seeds it is the same bits, on every seed.
+class LocalWorkersHere final : public agent::Trainer {
+ public:
+  LocalWorkersHere(const agent::AgentConfig& cfg, const agent::LocalData& data)
+      : local_(cfg.local), builtin_(cfg, data), rows_(load_csv(cfg.state_dir / "local" / "train.csv")) {}
+  wire::TrainMetrics evaluate(const Model& model, const agent::TrainTask& task) override {
+    return builtin_.evaluate(model, task);
+  }
+  agent::TrainResult train(const Model& global, const agent::TrainTask& task, Model& local) override {
+    const auto opts = builtin_.options(task);
+    const Network net(global);
+    const int n = local_.workers;
+    std::vector<Model> replicas(static_cast<std::size_t>(n), global);
+    std::vector<std::string> errors(static_cast<std::size_t>(n));
+    collective::Coordinator coord(n, local_.step_timeout);
+    collective::Options copts;
+    copts.backend = local_.backend;
+    copts.step_timeout = local_.step_timeout;
+    std::vector<std::thread> threads;
+    for (int id = 0; id < n; ++id) {
+      threads.emplace_back([&, id] {
+        const auto i = static_cast<std::size_t>(id);
+        try {
+          collective::Group g("127.0.0.1", coord.port(), id, "127.0.0.1", copts);
+          agent::train_data_parallel(g, n, net, replicas[i].flat(), rows_, opts, local_.buckets);
+        } catch (const std::exception& e) {
+          errors[i] = e.what();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (const auto& e : errors) EXPECT_EQ(e, "") << "a local worker of " << task.silo << " failed";
+    std::copy(replicas[0].flat().begin(), replicas[0].flat().end(), local.flat().begin());
+    agent::TrainResult out;
+    out.num_samples = builtin_.data().train.rows;
+    return out;
+  }
+
+ private:
+  agent::LocalWorkersConfig local_;
+  agent::BuiltinTrainer builtin_;
+  Dataset rows_;
+};
 
 class Combinations : public ::testing::TestWithParam<Case> {};
 
@@ -127,15 +181,27 @@ TEST_P(Combinations, EveryRoundEqualsTheReferenceOfTheSilosItsRecordNames) {
   const auto scfg = server::load_server_config(out / "configs" / "server.json");
   std::map<std::string, agent::AgentConfig> acfg;
   std::map<std::string, agent::LocalData> data;
+  std::map<std::string, agent::LocalWorkersConfig> int8_workers;  // silos whose workers send 8-bit buckets
   for (std::size_t i = 0; i < c.sim["silos"].get<std::size_t>(); ++i) {
     char n[32];
     std::snprintf(n, sizeof n, "hospital-%02zu", i + 1);
     auto a = agent::load_agent_config(out / "configs" / (std::string(n) + ".json"));
+    if (a.local.workers > 1 && a.local.buckets.compression == "int8") int8_workers[n] = a.local;
     a.local.workers = 1;
     data[n] = agent::load_local_data(a);
     acfg[n] = a;
   }
 
+  // Silo s's round as it trained it: its own trainer in this process, its int8 workers as threads.
+  auto train_as_silo = [&](const std::string& s, const Model& from, std::uint64_t round) {
+    if (!int8_workers.count(s)) return agent::run_local_round(acfg[s], data[s], from, scfg.plan, round, s);
+    agent::AgentConfig a = acfg[s];
+    a.local = int8_workers[s];
+    LocalWorkersHere trainer(a, data[s]);
+    auto o = agent::run_round(trainer, from, agent::TrainTask{round, s, scfg.plan});
+    if (o.update) o.sha256 = crypto::sha256_hex(o.update->flat());
+    return o;
+  };
   Model global = init_model(scfg.model);
   std::map<std::string, Model> momentum, residual;
   std::map<std::string, std::set<std::uint64_t>> sent;  // each silo's own record of its uploads
@@ -187,7 +253,7 @@ TEST_P(Combinations, EveryRoundEqualsTheReferenceOfTheSilosItsRecordNames) {
         const wire::Compression z = round_scheme(rec);
         for (const auto& [s, rounds_sent] : sent) {
           if (!rounds_sent.count(round)) continue;
-          auto o = agent::run_local_round(acfg[s], data[s], global, scfg.plan, round, s);
+          auto o = train_as_silo(s, global, round);
           compress_as_silo(s, o, z);
         }
       }
@@ -214,7 +280,7 @@ TEST_P(Combinations, EveryRoundEqualsTheReferenceOfTheSilosItsRecordNames) {
     std::map<std::string, agent::RoundOutput> outs;
     for (const auto& p : rec["participants"]) {
       const std::string s = p["silo"];
-      outs[s] = agent::run_local_round(acfg[s], data[s], global, scfg.plan, round, s);
+      outs[s] = train_as_silo(s, global, round);
       if (scfg.plan.silo_momentum() > 0) {  // the silo's momentum (cases where every silo trains every round)
         agent::apply_momentum(*outs[s].update, outs[s].weight, momentum[s], scfg.plan.silo_momentum());
       }
@@ -234,7 +300,7 @@ TEST_P(Combinations, EveryRoundEqualsTheReferenceOfTheSilosItsRecordNames) {
       std::map<std::string, agent::RoundOutput> sent_only;
       for (const auto& [s, rounds_sent] : sent) {
         if (!outs.count(s) && rounds_sent.count(round)) {
-          sent_only[s] = agent::run_local_round(acfg[s], data[s], global, scfg.plan, round, s);
+          sent_only[s] = train_as_silo(s, global, round);
         }
       }
       for (auto* group : {&outs, &sent_only}) {

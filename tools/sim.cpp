@@ -101,7 +101,7 @@ class CentralEvaluator {
       opts.batch_size = plan.batch_size();
       opts.learning_rate = plan.learning_rate();
       opts.weight_decay = plan.weight_decay();
-      opts.seed = cfg_.seed;
+      opts.seed = sim_seed(cfg_, "baseline-row-order");
       if (cfg_.privacy) {
         // The same DP-SGD on the pooled rows, at the same epsilon over all its steps: what the
         // federation is compared against under record-level privacy.

@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -116,6 +117,10 @@ SimConfig default_sim_config();
 // server plans for, the colluding fraction of secure.graph.corrupt (the defaults otherwise).
 crypto::secagg::Floor sim_secure_floor(const SimConfig& cfg);
 std::string silo_name(std::size_t i);
+// The sim's seed for one purpose (the baseline's row order): crypto::derive_seed(cfg.seed, 0,
+// purpose). The data split and the initial model still take cfg.seed, + 1 and + 2 as they were:
+// relabelled, two example tests tuned on their split missed their accuracy (see issue 41).
+std::uint64_t sim_seed(const SimConfig& cfg, std::string_view purpose);
 std::string edge_name(std::size_t e);
 // The storm's faults for a federation of `silos` silos, `edges` edges and `rounds` rounds: the
 // same list for the same seed on every machine (its own arithmetic on a mt19937_64).

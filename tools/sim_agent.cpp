@@ -9,6 +9,8 @@
 #include <map>
 #include <thread>
 
+#include "crypto/sources.h"
+
 #include <sodium.h>
 
 #include "common/config.h"
@@ -62,7 +64,7 @@ class SyntheticTrainer final : public agent::Trainer {
   agent::TrainResult train(const Model& global, const agent::TrainTask& task, Model& local) override {
     const auto g = global.flat();
     auto l = local.flat();
-    SyntheticDelta(agent::round_seed(task.plan.seed(), task.round, task.silo), l.size()).fill(0, l);
+    SyntheticDelta(crypto::derive_seed(task.plan.seed(), task.round, "sim-synthetic-delta", task.silo), l.size()).fill(0, l);
     for (std::size_t i = 0; i < l.size(); ++i) l[i] += g[i];
     agent::TrainResult r;
     r.num_samples = samples_;
@@ -71,7 +73,8 @@ class SyntheticTrainer final : public agent::Trainer {
   bool streams() const override { return true; }
   agent::StreamedTraining train_streamed(const agent::TrainTask& task, std::size_t elements) override {
     agent::StreamedTraining t;
-    t.delta = std::make_shared<SyntheticDelta>(agent::round_seed(task.plan.seed(), task.round, task.silo), elements);
+    t.delta = std::make_shared<SyntheticDelta>(crypto::derive_seed(task.plan.seed(), task.round, "sim-synthetic-delta", task.silo),
+                                             elements);
     t.result.num_samples = samples_;
     return t;
   }
@@ -90,7 +93,7 @@ class PacedTrainer final : public agent::Trainer {
   }
   agent::TrainResult train(const Model& global, const agent::TrainTask& task, Model& local) override {
     const auto until = std::chrono::steady_clock::now() +
-                       std::chrono::milliseconds(min_ms_ + agent::round_seed(task.plan.seed() ^ 0x9ace, task.round, task.silo) %
+                       std::chrono::milliseconds(min_ms_ + crypto::derive_seed(task.plan.seed(), task.round, "sim-training-time", task.silo) %
                                                                (max_ms_ - min_ms_ + 1));
     auto r = inner_->train(global, task, local);
     std::this_thread::sleep_until(until);
@@ -175,7 +178,7 @@ class SimHook final : public agent::FaultHook {
     if (!a.active() || a.kind == "label_flip") return;
     std::vector<float> delta(update.begin(), update.end());
     for (auto& v : delta) v = static_cast<float>(v / weight);
-    apply_attack(a, delta, agent::round_seed(task.plan.seed() ^ 0xa77ac4, task.round, task.silo), [&] {
+    apply_attack(a, delta, crypto::derive_seed(task.plan.seed(), task.round, "sim-attack", task.silo), [&] {
       std::vector<std::vector<float>> deltas;
       for (const auto& [silo, trainer] : honest_) {
         agent::TrainTask t = task;

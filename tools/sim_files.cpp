@@ -11,6 +11,7 @@
 
 #include "common/config.h"
 #include "common/fs.h"
+#include "crypto/sources.h"
 #include "edge_aggregator/config.h"
 #include "server/config.h"
 #include "common/npz.h"
@@ -56,6 +57,10 @@ crypto::secagg::Floor sim_secure_floor(const SimConfig& cfg) {
     floor.corrupt = cfg.secure["graph"].value("corrupt", floor.corrupt);
   }
   return floor;
+}
+
+std::uint64_t sim_seed(const SimConfig& cfg, std::string_view purpose) {
+  return crypto::derive_seed(cfg.seed, 0, purpose);
 }
 
 std::string silo_name(std::size_t i) {

@@ -25,6 +25,7 @@
 #include "common/mlp.h"
 #include "common/safetensors.h"
 #include "crypto/hash.h"
+#include "crypto/sources.h"
 #include "protocol/privacy.h"
 #include "server/aggregator.h"
 #include "server/config.h"
@@ -101,10 +102,9 @@ class GroupedSums {
     auto applied = codec_;
     hook.encoding(applied);
     protocol::MaskedVector words(codec_.bits, codec_.words(d_));
-    // Stochastic rounding, from the silo's name and the round (its session draws it at random).
-    const auto digest = crypto::sha256(silo + "/" + std::to_string(round_));
-    std::uint64_t seed = 0;
-    std::memcpy(&seed, digest.data(), sizeof seed);
+    // Stochastic rounding, from the federation's seed, the round and the silo (its session draws
+    // it at random).
+    const std::uint64_t seed = crypto::derive_seed(cfg_.seed, round_, "sim-encoding-rounding", silo);
     words.visit([&](auto w) { crypto::encode(applied, delta, weight, seed, w); });
     hook.encoded(words, codec_);
     const auto g = group_of_.at(silo);
