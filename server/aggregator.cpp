@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <stdexcept>
 #include <cmath>
 #include <numeric>
 
@@ -18,6 +19,15 @@ namespace xsilo::server {
 namespace {
 
 std::span<std::uint8_t> bytes_of(Model& m) { return {reinterpret_cast<std::uint8_t*>(m.flat().data()), m.bytes()}; }
+
+std::size_t lanes(const RoundConfig& cfg) { return std::max<std::size_t>(1, cfg.uploads_at_once); }
+
+// A lane the coordinator's UploadLanes handed out is below uploads_at_once, always.
+void check_lane(std::size_t lane, std::size_t lanes) {
+  if (lane >= lanes) {
+    throw std::logic_error("upload lane " + std::to_string(lane) + " of " + std::to_string(lanes));
+  }
+}
 
 // An upload received straight into `m` (f32, its layout), hashed as it arrives.
 protocol::UploadBuffer into(Model& m) {
@@ -55,25 +65,30 @@ std::string what_of(const Contribution& c) { return c.partial_sum ? "partial sum
 class PlainSum final : public Aggregator {
  public:
   // `stage_dir`: where uploads are staged, if they are (stages_uploads()).
-  PlainSum(const Model& layout, const std::optional<std::filesystem::path>& stage_dir)
+  // `lanes`: uploads at once. Each lane's slot exists from the start and is filled on its first
+  // grant (on the network thread) while a fold of another lane may be reading its own slot on
+  // the worker: the vectors never grow, so no slot moves under the worker.
+  PlainSum(const Model& layout, const std::optional<std::filesystem::path>& stage_dir, std::size_t lanes)
       : layout_(layout.tensors()),
         bytes_(layout.bytes()),
         stage_dir_(stage_dir),
         sum_(std::make_shared<Model>(layout.zeros_like())) {
-    if (!stage_dir_) current_.push_back(std::make_unique<Model>(layout.zeros_like()));
+    current_.resize(lanes);
+    stage_.resize(lanes);
+    if (!stage_dir_) current_.front() = std::make_unique<Model>(layout.zeros_like());
   }
 
  private:
   // A lane's buffer or staged file beyond the first is made on its first use: a round with
   // fewer uploads than lanes holds no more than it uses.
   protocol::UploadBuffer lane_buffer(std::size_t lane) override {
+    check_lane(lane, stage_dir_ ? stage_.size() : current_.size());
     if (stage_dir_) {
-      if (stage_.size() <= lane) stage_.resize(lane + 1);
       if (!stage_[lane]) stage_[lane] = std::make_shared<StagedUpload>(*stage_dir_, bytes_);
       const auto& s = stage_[lane];
       return {.bytes = s->window(), .dtype = wire::F32, .layout = layout_, .hash = true, .keep = s, .scheme = {}, .sink = s};
     }
-    if (current_.size() <= lane) current_.resize(lane + 1);
+    check_lane(lane, current_.size());
     if (!current_[lane]) current_[lane] = std::make_unique<Model>(current_.front()->zeros_like());
     Model& m = *current_[lane];
     return into(m);
@@ -136,9 +151,10 @@ class RowCollector final : public Aggregator {
   // Room for a row per selected silo up front (address space only: pages are touched as rows
   // arrive), so that the rows are never copied to a larger buffer, holding n x d twice. Where
   // the system will not promise that much, the rows grow as they arrive.
-  RowCollector(const Model& layout, AggregationConfig a, std::size_t selected)
+  RowCollector(const Model& layout, AggregationConfig a, std::size_t selected, std::size_t lanes)
       : d_(layout.size()), a_(std::move(a)) {
-    current_.push_back(std::make_unique<Model>(layout.zeros_like()));
+    current_.resize(lanes);  // never grows: see PlainSum
+    current_.front() = std::make_unique<Model>(layout.zeros_like());
     try {
       rows_.reserve(selected * d_);
     } catch (const std::bad_alloc&) {
@@ -147,7 +163,7 @@ class RowCollector final : public Aggregator {
 
  private:
   protocol::UploadBuffer lane_buffer(std::size_t lane) override {
-    if (current_.size() <= lane) current_.resize(lane + 1);
+    check_lane(lane, current_.size());
     if (!current_[lane]) current_[lane] = std::make_unique<Model>(current_.front()->zeros_like());
     Model& m = *current_[lane];
     return into(m);
@@ -347,11 +363,13 @@ std::unique_ptr<Aggregator> make_aggregator(const RoundConfig& cfg, const Model&
   if (cfg.aggregation.needs_all_updates()) {
     AggregationConfig a = cfg.aggregation;
     if (clip_norm) a.clip_norm = *clip_norm;
-    return std::make_unique<RowCollector>(layout, std::move(a), selected.size());
+    return std::make_unique<RowCollector>(layout, std::move(a), selected.size(), lanes(cfg));
   }
-  return std::make_unique<PlainSum>(layout, stages_uploads(cfg, layout.bytes())
-                                                ? std::optional<std::filesystem::path>(cfg.staging.dir)
-                                                : std::nullopt);
+  return std::make_unique<PlainSum>(layout,
+                                    stages_uploads(cfg, layout.bytes())
+                                        ? std::optional<std::filesystem::path>(cfg.staging.dir)
+                                        : std::nullopt,
+                                    lanes(cfg));
 }
 
 bool stages_uploads(const RoundConfig& cfg, std::uint64_t model_bytes) {

@@ -289,8 +289,11 @@ bool Coordinator::edge_pending(SessionId edge) const {
 void Coordinator::drop(std::size_t m, DropPhase phase, DropCause cause, const std::string& reason, bool notify) {
   auto& mb = r_->members[m];
   if (mb.state == MemberState::Dropped) return;
-  if (const auto lane = r_->slot.lane_of(Uploader{m, 0}); lane && !r_->slot[*lane].complete()) {
-    abandon_upload(*lane);  // the half-received update is simply never folded in
+  // A half-received update is simply never folded in; nor is a whole one still waiting behind
+  // the lanes granted before it (the member is out of the round). Only the one being folded
+  // now goes on: its job is on the worker.
+  if (const auto lane = r_->slot.lane_of(Uploader{m, 0}); lane && (!r_->slot[*lane].complete() || r_->folding != lane)) {
+    abandon_upload(*lane);
   }
   r_->set_state(mb, MemberState::Dropped);
   mb.drop_phase = phase;

@@ -65,14 +65,21 @@ SecureGroups::SecureGroups(const RoundConfig& cfg, const std::vector<TensorInfo>
       words_((kept_.empty() ? d_ : kept_.size()) + 1 + (clip_norm ? 1 : 0)),
       round_(with_clip_norm(cfg.secure, clip_norm), cfg.signer, cfg.ca, cfg.federation, round, cfg.seed, selected, d_,
              clip_norm.has_value(), kept_),
-      current_{protocol::MaskedVector::for_setup(round_.setup(round_.groups().front()))} {
+      current_(std::max<std::size_t>(1, cfg.uploads_at_once)) {
+  // Every lane's slot exists from the start and never moves (the worker may be folding one lane
+  // while the network thread fills another's on its first grant); lane 0 is made now.
+  current_.front() =
+      std::make_unique<protocol::MaskedVector>(protocol::MaskedVector::for_setup(round_.setup(round_.groups().front())));
   for (auto g : round_.groups()) sums_.emplace(g, protocol::MaskedVector::for_setup(round_.setup(g)));
 }
 
 protocol::UploadBuffer SecureGroups::lane_buffer(std::size_t lane) {
   // Every group's words have the same width (one setup for the round's ring): lane 0's shape.
-  while (current_.size() <= lane) current_.push_back(current_.front().zeros_like());
-  auto& cur = current_[lane];
+  if (lane >= current_.size()) {
+    throw std::logic_error("upload lane " + std::to_string(lane) + " of " + std::to_string(current_.size()));
+  }
+  if (!current_[lane]) current_[lane] = std::make_unique<protocol::MaskedVector>(current_.front()->zeros_like());
+  auto& cur = *current_[lane];
   return {.bytes = cur.bytes(),
           .dtype = cur.dtype(),
           .layout = {{"masked", {words_}, 0}},
@@ -85,7 +92,7 @@ protocol::UploadBuffer SecureGroups::lane_buffer(std::size_t lane) {
 FoldResult SecureGroups::do_fold(const Contribution& c, protocol::UploadCheck& check, std::size_t lane) {
   auto r = check_upload(check, c, c.partial_sum ? "partial sum" : "update");
   if (!r.ok()) return r;
-  sums_.at(c.group).add(current_.at(lane));  // masked words: nothing to check, add mod 2^bits
+  sums_.at(c.group).add(*current_.at(lane));  // masked words: nothing to check, add mod 2^bits
   return r;
 }
 

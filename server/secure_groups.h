@@ -3,7 +3,7 @@
 // their mean (or the robust rule across the group means).
 #pragma once
 
-#include <deque>
+#include <memory>
 #include <map>
 
 #include "protocol/masked.h"
@@ -49,7 +49,7 @@ class SecureGroups final : public Aggregator {
   std::vector<std::uint64_t> kept_;  // RANDOM_K: the coordinates every member masks (else all)
   std::size_t words_;                // d (or the kept ones), the weight, and the unclipped count when adaptive
   SecureRound round_;
-  std::deque<protocol::MaskedVector> current_;            // each upload lane's upload being received
+  std::vector<std::unique_ptr<protocol::MaskedVector>> current_;            // each upload lane's upload being received
   std::map<std::uint32_t, protocol::MaskedVector> sums_;  // per group
   std::vector<GroupResult> results_;                      // after prepare()
 };
