@@ -46,14 +46,20 @@ double encode_impl(const FixedPointParams& p, std::span<const float> delta, doub
 }
 
 template <class T>
-std::vector<double> decode_impl(const FixedPointParams& p, std::span<const T> sum) {
+void decode_impl(const FixedPointParams& p, std::span<const T> sum, std::span<double> out) {
   if (sizeof(T) * 8 != p.bits) throw std::invalid_argument("decode: words do not match the ring");
-  std::vector<double> out(sum.size());
+  if (out.size() != sum.size()) throw std::invalid_argument("decode: as many values as words");
   const double inv = std::ldexp(1.0, -static_cast<int>(p.fraction_bits));
   for (std::size_t i = 0; i < sum.size(); ++i) {
     using S = std::make_signed_t<T>;
     out[i] = static_cast<double>(static_cast<S>(sum[i])) * inv;  // modular conversion (C++20)
   }
+}
+
+template <class T>
+std::vector<double> decode_impl(const FixedPointParams& p, std::span<const T> sum) {
+  std::vector<double> out(sum.size());
+  decode_impl(p, sum, std::span<double>(out));
   return out;
 }
 
@@ -125,6 +131,19 @@ std::vector<double> decode(const FixedPointParams& p, std::span<const std::uint3
 }
 std::vector<double> decode(const FixedPointParams& p, std::span<const std::uint64_t> sum) {
   return decode_impl(p, sum);
+}
+
+void decode(const FixedPointParams& p, std::span<const std::uint8_t> sum, std::span<double> out) {
+  decode_impl(p, sum, out);
+}
+void decode(const FixedPointParams& p, std::span<const std::uint16_t> sum, std::span<double> out) {
+  decode_impl(p, sum, out);
+}
+void decode(const FixedPointParams& p, std::span<const std::uint32_t> sum, std::span<double> out) {
+  decode_impl(p, sum, out);
+}
+void decode(const FixedPointParams& p, std::span<const std::uint64_t> sum, std::span<double> out) {
+  decode_impl(p, sum, out);
 }
 
 }  // namespace xsilo::crypto

@@ -60,5 +60,10 @@ std::vector<double> decode(const FixedPointParams& p, std::span<const std::uint8
 std::vector<double> decode(const FixedPointParams& p, std::span<const std::uint16_t> sum);
 std::vector<double> decode(const FixedPointParams& p, std::span<const std::uint32_t> sum);
 std::vector<double> decode(const FixedPointParams& p, std::span<const std::uint64_t> sum);
+// The same into `out` (as many values as words), for a sum read a block at a time.
+void decode(const FixedPointParams& p, std::span<const std::uint8_t> sum, std::span<double> out);
+void decode(const FixedPointParams& p, std::span<const std::uint16_t> sum, std::span<double> out);
+void decode(const FixedPointParams& p, std::span<const std::uint32_t> sum, std::span<double> out);
+void decode(const FixedPointParams& p, std::span<const std::uint64_t> sum, std::span<double> out);
 
 }  // namespace xsilo::crypto

@@ -67,6 +67,7 @@ std::span<std::uint64_t> MaskedVector::u64() {
   if (bits_ != 64) throw std::logic_error("not a vector of 64-bit words");
   return {reinterpret_cast<std::uint64_t*>(bytes_.data()), words_};
 }
+std::span<const std::uint8_t> MaskedVector::u8() const { return const_cast<MaskedVector*>(this)->u8(); }
 std::span<const std::uint16_t> MaskedVector::u16() const { return const_cast<MaskedVector*>(this)->u16(); }
 std::span<const std::uint32_t> MaskedVector::u32() const { return const_cast<MaskedVector*>(this)->u32(); }
 std::span<const std::uint64_t> MaskedVector::u64() const { return const_cast<MaskedVector*>(this)->u64(); }

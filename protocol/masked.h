@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "proto/xsilo.pb.h"
@@ -42,6 +43,7 @@ class MaskedVector {
   std::span<std::uint16_t> u16();
   std::span<std::uint32_t> u32();
   std::span<std::uint64_t> u64();
+  std::span<const std::uint8_t> u8() const;
   std::span<const std::uint16_t> u16() const;
   std::span<const std::uint32_t> u32() const;
   std::span<const std::uint64_t> u64() const;
@@ -49,12 +51,11 @@ class MaskedVector {
   // code which encodes, masks or unmasks is written once.
   template <class F>
   decltype(auto) visit(F&& f) {
-    switch (bits_) {
-      case 8: return f(u8());
-      case 16: return f(u16());
-      case 32: return f(u32());
-      default: return f(u64());
-    }
+    return visit_words(*this, std::forward<F>(f));
+  }
+  template <class F>
+  decltype(auto) visit(F&& f) const {
+    return visit_words(*this, std::forward<F>(f));
   }
 
   // this += other, word by word mod 2^bits (or mod p); `other` holds as many bytes as this. In
@@ -64,6 +65,16 @@ class MaskedVector {
   void add(const MaskedVector& other) { add(other.bytes()); }
 
  private:
+  template <class Self, class F>
+  static decltype(auto) visit_words(Self& self, F&& f) {
+    switch (self.bits_) {
+      case 8: return f(self.u8());
+      case 16: return f(self.u16());
+      case 32: return f(self.u32());
+      default: return f(self.u64());
+    }
+  }
+
   std::uint32_t bits_ = 32;
   bool prime_ = false;
   std::size_t words_ = 0;

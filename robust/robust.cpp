@@ -372,18 +372,25 @@ Result multi_krum(MatrixView x, std::size_t f, std::size_t m) {
 
 Result krum(MatrixView x, std::size_t f) { return multi_krum(x, f, 1); }
 
-Result median(MatrixView x) {
-  Result r;
-  r.decisions.resize(x.n);
-  r.aggregate.assign(x.d, 0.0f);
+namespace {
+// The coordinate-wise median alone, for the rules that need it without the scores.
+void median_into(MatrixView x, std::vector<float>& out) {
+  out.assign(x.d, 0.0f);
   const std::size_t n = x.n;
   sorted_blocks(x, [&](const float* sorted, std::size_t width, std::size_t w, std::size_t j0) {
     const float* hi = sorted + (n / 2) * width;
     const float* lo = sorted + ((n - 1) / 2) * width;
     for (std::size_t c = 0; c < w; ++c) {
-      r.aggregate[j0 + c] = static_cast<float>((static_cast<double>(lo[c]) + hi[c]) / 2.0);
+      out[j0 + c] = static_cast<float>((static_cast<double>(lo[c]) + hi[c]) / 2.0);
     }
   });
+}
+}  // namespace
+
+Result median(MatrixView x) {
+  Result r;
+  r.decisions.resize(x.n);
+  median_into(x, r.aggregate);
   score_by_distance(x, r);
   return r;
 }
@@ -540,7 +547,8 @@ Balance balance(MatrixView x, double factor) {
     b.off = "fewer than " + std::to_string(kOneSidedMinCoordinates) + " coordinates";
     return b;
   }
-  const std::vector<float> med = median(x).aggregate;
+  std::vector<float> med;
+  median_into(x, med);
   std::vector<std::size_t> above(x.n, 0), below(x.n, 0);
   for (std::size_t i = 0; i < x.n; ++i) {
     const auto row = x.row(i);

@@ -22,13 +22,6 @@ std::span<std::uint8_t> bytes_of(Model& m) { return {reinterpret_cast<std::uint8
 
 std::size_t lanes(const RoundConfig& cfg) { return std::max<std::size_t>(1, cfg.uploads_at_once); }
 
-// A lane the coordinator's UploadLanes handed out is below uploads_at_once, always.
-void check_lane(std::size_t lane, std::size_t lanes) {
-  if (lane >= lanes) {
-    throw std::logic_error("upload lane " + std::to_string(lane) + " of " + std::to_string(lanes));
-  }
-}
-
 // An upload received straight into `m` (f32, its layout), hashed as it arrives.
 protocol::UploadBuffer into(Model& m) {
   return {.bytes = bytes_of(m),
@@ -51,6 +44,12 @@ FoldResult check_upload(protocol::UploadCheck& check, const Contribution& c, con
                                                                           : FoldError::None;
   r.why = std::move(v.why);
   return r;
+}
+
+void Aggregator::check_lane(std::size_t lane, std::size_t lanes) {
+  if (lane >= lanes) {
+    throw std::logic_error("upload lane " + std::to_string(lane) + " of " + std::to_string(lanes));
+  }
 }
 
 namespace {

@@ -101,6 +101,11 @@ class Aggregator {
   // The secure protocol state of this round, if the mode has one.
   virtual SecureRound* secure() { return nullptr; }
 
+ protected:
+  // A lane the coordinator's UploadLanes hands out is below uploads_at_once, always; an
+  // aggregator's lane_buffer checks it against the lanes it made.
+  static void check_lane(std::size_t lane, std::size_t lanes);
+
  private:
   virtual protocol::UploadBuffer lane_buffer(std::size_t lane) = 0;
   virtual FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check, std::size_t lane) = 0;

@@ -26,11 +26,14 @@ std::vector<std::uint64_t> shared_set(const RoundConfig& cfg, const std::vector<
 
 }  // namespace
 
-std::string implausible_sum(const std::vector<double>& sum, std::size_t d, std::size_t survivors,
-                            const SecureConfig& sc, bool counts_unclipped) {
-  const double w = sum[d], n = static_cast<double>(survivors);
+std::string implausible_sum(const GroupSum& sum, std::size_t survivors, const SecureConfig& sc,
+                            bool counts_unclipped) {
+  const std::size_t d = sum.d();
+  const double w = sum.weight(), n = static_cast<double>(survivors);
   double sq = 0;
-  for (std::size_t k = 0; k < d; ++k) sq += sum[k] * sum[k];
+  sum.for_each_block([&](std::size_t, std::span<const double> block) {
+    for (const double v : block) sq += v * v;
+  });
   // Each member adds w x with ||x|| <= clip_norm and w <= max_weight; rounding adds at most one
   // step per coordinate and member.
   const double step = std::ldexp(1.0, -static_cast<int>(sc.fraction_bits)) * n;
@@ -46,7 +49,7 @@ std::string implausible_sum(const std::vector<double>& sum, std::size_t d, std::
   if (counts_unclipped) {
     // Honest bits are 0 or 1 and encode exactly: any other sum means a member (or the edge that
     // carried its region) sent something else.
-    const double c = sum[d + 1];
+    const double c = sum.at(d + 1);
     if (c != std::floor(c) || c < 0 || c > n) {
       return "unclipped count " + std::to_string(c) + " is impossible for " + std::to_string(survivors) +
              " members: a member sent a bit other than 0 or 1";
@@ -75,9 +78,7 @@ SecureGroups::SecureGroups(const RoundConfig& cfg, const std::vector<TensorInfo>
 
 protocol::UploadBuffer SecureGroups::lane_buffer(std::size_t lane) {
   // Every group's words have the same width (one setup for the round's ring): lane 0's shape.
-  if (lane >= current_.size()) {
-    throw std::logic_error("upload lane " + std::to_string(lane) + " of " + std::to_string(current_.size()));
-  }
+  check_lane(lane, current_.size());
   if (!current_[lane]) current_[lane] = std::make_unique<protocol::MaskedVector>(current_.front()->zeros_like());
   auto& cur = *current_[lane];
   return {.bytes = cur.bytes(),
@@ -102,7 +103,7 @@ std::vector<Rejection> SecureGroups::do_prepare() {
   std::vector<Rejection> rejected;
   for (auto& r : results_) {
     if (r.ok) {
-      r.why = implausible_sum(r.sum, d_, r.survivors.size(), sc, clip_norm_.has_value());
+      r.why = implausible_sum(r.sum, r.survivors.size(), sc, clip_norm_.has_value());
       r.ok = r.why.empty();
     }
     if (!r.ok) {
@@ -123,38 +124,55 @@ Combined combine_groups(const AggregationConfig& aggregation, const std::vector<
                         std::optional<double> clip_norm, double ceiling, const CombineContext& ctx,
                         std::span<float> out) {
   nlohmann::json outcome = nlohmann::json::array();
-  std::vector<double> total(d + 1, 0.0);
+  std::vector<const GroupSum*> sums;  // the groups counted, in order
   std::vector<float> rows;
   std::vector<std::string> labels;
   std::vector<double> weights, norms;
-  double unclipped = 0;
+  double unclipped = 0, total_weight = 0;
   std::size_t counted = 0;
   for (const auto& r : results) {
     nlohmann::json o = {{"group", r.group}, {"survivors", r.survivors}, {"ok", r.ok}};
     if (!r.ok) o["reason"] = r.why;
-    else o["weight"] = r.sum[d];
+    else o["weight"] = r.sum.weight();
     if (r.ok && clip_norm) {
       // The group's count of members within the clip norm: a sum, like everything else here
       // (prepare() checked it is a whole number of at most the survivors).
-      o["unclipped"] = r.sum[d + 1];
-      unclipped += r.sum[d + 1];
+      o["unclipped"] = r.sum.at(d + 1);
+      unclipped += r.sum.at(d + 1);
       counted += r.survivors.size();
     }
     outcome.push_back(o);
     if (!r.ok) continue;
-    for (std::size_t k = 0; k <= d; ++k) total[k] += r.sum[k];
-    // The group's mean: one row for a robust rule across groups.
-    const double inv = 1.0 / r.sum[d];
-    for (std::size_t k = 0; k < d; ++k) rows.push_back(static_cast<float>(r.sum[k] * inv));
+    sums.push_back(&r.sum);
+    total_weight += r.sum.weight();
     labels.push_back(std::to_string(r.group));
-    weights.push_back(r.sum[d]);
-    norms.push_back(robust::l2_norm(std::span<const float>(rows).last(d)));
+    weights.push_back(r.sum.weight());
   }
   Combined c;
   if (aggregation.inspects_inputs()) {
+    // Each group's mean: one row for a robust rule across groups.
+    rows.resize(sums.size() * d);
+    for (std::size_t g = 0; g < sums.size(); ++g) {
+      const double inv = 1.0 / sums[g]->weight();
+      float* row = rows.data() + g * d;
+      sums[g]->for_each_block([&](std::size_t from, std::span<const double> block) {
+        for (std::size_t k = 0; k < block.size(); ++k) row[from + k] = static_cast<float>(block[k] * inv);
+      });
+      norms.push_back(robust::l2_norm(std::span<const float>(row, d)));
+    }
     c = combine_rows(aggregation, rows, d, labels, "group", weights, norms, ctx, out);
   } else {
-    for (std::size_t k = 0; k < d; ++k) out[k] = static_cast<float>(total[k] / total[d]);
+    // The weighted mean: the groups' sums added in order, a block at a time.
+    std::vector<double> total(std::min(GroupSum::kBlock, d)), part(total.size());
+    for (std::size_t from = 0; from < d; from += GroupSum::kBlock) {
+      const std::size_t n = std::min(GroupSum::kBlock, d - from);
+      std::fill_n(total.begin(), n, 0.0);
+      for (const auto* s : sums) {
+        s->decode(from, {part.data(), n});
+        for (std::size_t k = 0; k < n; ++k) total[k] += part[k];
+      }
+      for (std::size_t k = 0; k < n; ++k) out[from + k] = static_cast<float>(total[k] / total_weight);
+    }
   }
   c.record["secure"]["groups_outcome"] = outcome;
   if (clip_norm && counted > 0 && c.ok) {

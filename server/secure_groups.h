@@ -12,12 +12,12 @@
 
 namespace xsilo::server {
 
-// Why a group's decoded sum (d coordinates, the summed weight, then the unclipped count when
+// Why a group's unmasked sum (d coordinates, the summed weight, then the unclipped count when
 // `counts_unclipped`) cannot come from `survivors` honest members under `sc`, or "": a weight
 // outside (0, survivors x max_weight], a norm above weight x clip_norm (a member skipped
 // clipping), a count that is not a whole number in [0, survivors]. Each with rounding slack.
-std::string implausible_sum(const std::vector<double>& sum, std::size_t d, std::size_t survivors,
-                            const SecureConfig& sc, bool counts_unclipped);
+std::string implausible_sum(const GroupSum& sum, std::size_t survivors, const SecureConfig& sc,
+                            bool counts_unclipped);
 
 // The unmasked group sums (results whose ok is false are left out) through the rule across group
 // means, or their total for FedAvg, with each group's outcome and, under adaptive clipping

@@ -57,7 +57,8 @@ SecureRound::SecureRound(const SecureConfig& cfg, const std::optional<crypto::Ce
                          std::uint64_t seed, std::vector<std::string> selected, std::size_t d, bool count_unclipped,
                          std::vector<std::uint64_t> kept)
     : cfg_(cfg), federation_(federation), round_(round),
-      permutation_seed_(group_permutation_seed(seed, round)), d_(d), kept_(std::move(kept)) {
+      permutation_seed_(group_permutation_seed(seed, round)), d_(d),
+      kept_(kept.empty() ? nullptr : std::make_shared<const std::vector<std::uint64_t>>(std::move(kept))) {
   if (!signer || !ca) throw std::invalid_argument("secure aggregation needs the server's certificate key and CA");
   const auto groups = make_groups(std::move(selected), cfg_, permutation_seed_);
   for (std::size_t k = 0; k < groups.size(); ++k) {
@@ -71,7 +72,7 @@ SecureRound::SecureRound(const SecureConfig& cfg, const std::optional<crypto::Ce
     }
     s.set_modulus_bits(cfg_.bits);
     s.set_fraction_bits(cfg_.fraction_bits);
-    s.set_vector_length((kept_.empty() ? d_ : kept_.size()) + 1 + (count_unclipped ? 1 : 0));
+    s.set_vector_length((kept_ ? kept_->size() : d_) + 1 + (count_unclipped ? 1 : 0));
     s.set_count_unclipped(count_unclipped);
     s.set_clip_norm(static_cast<float>(cfg_.clip_norm));
     s.set_max_weight(static_cast<float>(cfg_.max_weight));
@@ -232,20 +233,10 @@ std::vector<GroupResult> SecureRound::finish(std::map<std::uint32_t, protocol::M
       r.why = unmasked.error().message();
     } else {
       r.ok = true;
-      const auto codec = cfg_.codec();
-      r.sum = sum.visit([&](auto words) {
-        return crypto::decode(codec, std::span<const typename decltype(words)::element_type>(words));
-      });
-      if (!kept_.empty()) {  // the kept coordinates back in place, the others zero, the extras after d
-        std::vector<double> full(d_ + (r.sum.size() - kept_.size()), 0.0);
-        for (std::size_t j = 0; j < kept_.size(); ++j) full[kept_[j]] = r.sum[j];
-        std::copy(r.sum.begin() + static_cast<std::ptrdiff_t>(kept_.size()), r.sum.end(),
-                  full.begin() + static_cast<std::ptrdiff_t>(d_));
-        r.sum = std::move(full);
-      }
+      r.sum = GroupSum(std::move(sum), cfg_.codec(), d_, kept_);
     }
     r.excluded = g.excluded();
-    sum = protocol::MaskedVector();  // the masked sum is not needed again
+    sum = protocol::MaskedVector();  // moved into the result, or not needed again
     out.push_back(std::move(r));
   }
   return out;

@@ -24,6 +24,7 @@
 #include "crypto/secagg.h"
 #include "proto/xsilo.pb.h"
 #include "protocol/masked.h"
+#include "server/group_sum.h"
 #include "server/round_config.h"
 #include "server/secure/group.h"
 
@@ -35,7 +36,7 @@ struct GroupResult {
   std::size_t threshold = 0;
   bool ok = false;
   std::string why;            // when not ok
-  std::vector<double> sum;    // decoded: d weighted coordinates, then the summed weight (and the
+  GroupSum sum;               // unmasked: d weighted coordinates, then the summed weight (and the
                               // unclipped count); RANDOM_K's left-out coordinates are zero
   std::vector<crypto::secagg::Blame> excluded;  // members excluded with proof, this round
 };
@@ -90,8 +91,9 @@ class SecureRound {
   // What a survivor that came back through another route (its edge went away after carrying its
   // masked input) still has to answer: the survivor set or the unmask request.
   std::optional<wire::Envelope> unmask_request(const std::string& silo) const;
-  // Worker thread, once no more messages are fed: rebuilds the secrets, removes the masks from
-  // each group's sum of masked inputs and decodes it.
+  // Worker thread, once no more messages are fed: rebuilds the secrets and removes the masks
+  // from each group's sum of masked inputs, which then moves into its result (decoded where
+  // it is read, a block at a time).
   std::vector<GroupResult> finish(std::map<std::uint32_t, protocol::MaskedVector>& sums);
 
   std::vector<std::pair<std::string, wire::Envelope>> take_out() { return std::exchange(out_, {}); }
@@ -112,7 +114,8 @@ class SecureRound {
   std::uint64_t round_;
   std::uint64_t permutation_seed_;
   std::size_t d_;
-  std::vector<std::uint64_t> kept_;  // RANDOM_K: the coordinates the masked vectors hold (else all d)
+  // RANDOM_K: the coordinates the masked vectors hold (else null: all d)
+  std::shared_ptr<const std::vector<std::uint64_t>> kept_;
   std::map<std::uint32_t, std::unique_ptr<secure::Group>> groups_;
   mutable std::uint32_t open_from_ = 0;  // unmask_complete(): groups before this one were complete
   std::map<std::string, std::uint32_t> group_of_;

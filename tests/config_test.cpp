@@ -595,14 +595,19 @@ TEST(Config, ServerConfigRefusesImpossibleSelections) {
             std::string::npos);
 }
 
-TEST(Config, UploadStagingDefaultsToModelsOverOneGibibyteInTheStateFolder) {
-  test::TempDir dir;
-  test::make_pki(dir / "pki", "f", {{wire::SERVER, "server"}});
-  auto load = [&](const std::string& extra) {
+// A server config with a kit, two silos and a state folder, plus `extra` keys (", \"k\": v").
+class ServerKeys : public ::testing::Test {
+ protected:
+  ServerKeys() { test::make_pki(dir / "pki", "f", {{wire::SERVER, "server"}}); }
+  server::ServerConfig load(const std::string& extra) {
     atomic_write_file(dir / "s.json", R"({"federation": "f", "tls": {"kit": "pki/kits/server"},
       "allow": {"silo": ["a", "b"]}, "model": {"inputs": 4}, "state_dir": "st")" + extra + "}");
     return server::load_server_config(dir / "s.json");
-  };
+  }
+  test::TempDir dir;
+};
+
+TEST_F(ServerKeys, UploadStagingDefaultsToModelsOverOneGibibyteInTheStateFolder) {
   const auto c = load("");
   EXPECT_EQ(c.staging.over_bytes, std::uint64_t{1024} << 20);
   EXPECT_EQ(c.staging.dir, c.state_dir);
@@ -613,14 +618,7 @@ TEST(Config, UploadStagingDefaultsToModelsOverOneGibibyteInTheStateFolder) {
             std::string::npos);
 }
 
-TEST(Config, UploadsAtOnceAndBroadcastsAtOnceHaveDefaultsAndRefuseWhatCannotWork) {
-  test::TempDir dir;
-  test::make_pki(dir / "pki", "f", {{wire::SERVER, "server"}});
-  auto load = [&](const std::string& extra) {
-    atomic_write_file(dir / "s.json", R"({"federation": "f", "tls": {"kit": "pki/kits/server"},
-      "allow": {"silo": ["a", "b"]}, "model": {"inputs": 4}, "state_dir": "st")" + extra + "}");
-    return server::load_server_config(dir / "s.json");
-  };
+TEST_F(ServerKeys, UploadsAtOnceAndBroadcastsAtOnceHaveDefaultsAndRefuseWhatCannotWork) {
   const auto c = load("");
   EXPECT_EQ(c.uploads_at_once, static_cast<std::size_t>(server::kDefaultUploadsAtOnce));
   EXPECT_EQ(c.broadcasts_at_once, static_cast<std::size_t>(server::kDefaultBroadcastsAtOnce));

@@ -2,9 +2,14 @@
 // each group's threshold, and groups too small to be revealed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
 #include <set>
+#include <type_traits>
 
+#include "crypto/fixed_point.h"
+#include "protocol/masked.h"
 #include "protocol/secagg_wire.h"
 #include "server/aggregator.h"
 #include "server/secure_groups.h"
@@ -205,6 +210,60 @@ TEST(SecureGroups, AGraphIsPlannedForEachGroupLargeEnoughToHaveOne) {
 namespace xsilo::server {
 namespace {
 
+// A group sum kept as its words reads, block by block and coordinate by coordinate, the same
+// doubles as decoding all of it at once did: across block edges, in every ring, with the
+// weight and count after d, and under RANDOM_K with the left-out coordinates zero.
+TEST(SecureGroups, AGroupSumReadsTheSameDoublesAsDecodingItWhole) {
+  const std::size_t d = GroupSum::kBlock * 2 + 37;  // three blocks, the last one short
+  for (const std::uint32_t bits : {16u, 32u, 64u}) {
+    const crypto::FixedPointParams codec{.bits = bits, .fraction_bits = bits == 16 ? 6u : 16u, .clip_norm = 1.0,
+                                         .max_weight = 2.0, .unclipped_bit = true};
+    for (const bool random_k : {false, true}) {
+      std::shared_ptr<const std::vector<std::uint64_t>> kept;
+      if (random_k) {
+        auto k = std::make_shared<std::vector<std::uint64_t>>();
+        for (std::uint64_t j = 3; j < d; j += 7) k->push_back(j);
+        kept = k;
+      }
+      const std::size_t held = kept ? kept->size() : d;
+      protocol::MaskedVector words(bits, held + 2);
+      std::uint64_t x = 0x9e3779b97f4a7c15ull;
+      words.visit([&](auto w) {
+        for (auto& v : w) {
+          x = x * 6364136223846793005ull + 1442695040888963407ull;
+          v = static_cast<std::remove_reference_t<decltype(v)>>(x >> 17);
+        }
+      });
+      // What finish() used to hold: everything decoded, the kept coordinates put back in place.
+      const auto whole = words.visit([&](auto w) { return crypto::decode(codec, w); });
+      std::vector<double> expect(d + 2, 0.0);
+      for (std::size_t j = 0; j < held; ++j) expect[kept ? (*kept)[j] : j] = whole[j];
+      expect[d] = whole[held];
+      expect[d + 1] = whole[held + 1];
+
+      const GroupSum sum(words, codec, d, kept);
+      ASSERT_EQ(sum.size(), d + 2);
+      std::vector<double> blocks;
+      sum.for_each_block([&](std::size_t from, std::span<const double> b) {
+        EXPECT_EQ(from, blocks.size());
+        blocks.insert(blocks.end(), b.begin(), b.end());
+      });
+      ASSERT_EQ(blocks.size(), d);
+      EXPECT_TRUE(std::equal(blocks.begin(), blocks.end(), expect.begin())) << bits << " bits, random_k " << random_k;
+      for (const std::size_t k : {std::size_t{0}, std::size_t{3}, GroupSum::kBlock - 1, GroupSum::kBlock, d - 1, d, d + 1}) {
+        EXPECT_EQ(sum.at(k), expect[k]) << k;
+      }
+      EXPECT_EQ(sum.weight(), expect[d]);
+      std::vector<double> straddle(5);  // the last coordinates and the extras in one read
+      sum.decode(d - 3, straddle);
+      EXPECT_TRUE(std::equal(straddle.begin(), straddle.end(), expect.begin() + static_cast<std::ptrdiff_t>(d - 3)));
+      std::vector<double> past(3);
+      EXPECT_THROW(sum.decode(d, past), std::out_of_range);
+    }
+  }
+  EXPECT_THROW(GroupSum(protocol::MaskedVector(32, 3), crypto::FixedPointParams{}, 4), std::invalid_argument);
+}
+
 // What an unmasked group sum must look like to be used: the weight, the norm bound and (with
 // adaptive clipping) the count of members within the clip norm.
 TEST(SecureGroups, ASumNoHonestGroupCouldMakeIsRejectedWithTheReason) {
@@ -214,20 +273,20 @@ TEST(SecureGroups, ASumNoHonestGroupCouldMakeIsRejectedWithTheReason) {
   sc.fraction_bits = 16;
   // Three members of weight 2 within the norm: d = 2, then the weight, then the count.
   const std::vector<double> honest = {1.2, 1.6, 6.0, 2.0};
-  EXPECT_EQ(implausible_sum(honest, 2, 3, sc, true), "");
-  EXPECT_EQ(implausible_sum({1.2, 1.6, 6.0}, 2, 3, sc, false), "");
+  EXPECT_EQ(implausible_sum(GroupSum(honest, 2), 3, sc, true), "");
+  EXPECT_EQ(implausible_sum(GroupSum({1.2, 1.6, 6.0}, 2), 3, sc, false), "");
   auto with_count = [&](double c) {
     auto s = honest;
     s[3] = c;
-    return implausible_sum(s, 2, 3, sc, true);
+    return implausible_sum(GroupSum(s, 2), 3, sc, true);
   };
   EXPECT_EQ(with_count(0), "");
   EXPECT_EQ(with_count(3), "");
   for (double bad : {-1.0, 4.0, 1.5, 1000.0}) {
     EXPECT_NE(with_count(bad).find("a member sent a bit other than 0 or 1"), std::string::npos) << bad;
   }
-  EXPECT_NE(implausible_sum({6.0, 8.0, 6.0, 2.0}, 2, 3, sc, true).find("a member skipped clipping"), std::string::npos);
-  EXPECT_NE(implausible_sum({0.1, 0.1, 31.0, 2.0}, 2, 3, sc, true).find("summed weight"), std::string::npos);
+  EXPECT_NE(implausible_sum(GroupSum({6.0, 8.0, 6.0, 2.0}, 2), 3, sc, true).find("a member skipped clipping"), std::string::npos);
+  EXPECT_NE(implausible_sum(GroupSum({0.1, 0.1, 31.0, 2.0}, 2), 3, sc, true).find("summed weight"), std::string::npos);
 }
 
 // Adaptive clipping's step: toward the quantile, never above the ceiling (secure.clip_norm) nor

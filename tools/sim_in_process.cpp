@@ -122,8 +122,8 @@ class GroupedSums {
       r.ok = r.survivors.size() >= server::group_min_survivors(cfg_.secure, r.members.size());
       if (!r.ok) r.why = "too few members uploaded";
       if (r.ok) {
-        r.sum = sums_[g].visit([&](auto w) { return crypto::decode(codec_, w); });
-        r.why = server::implausible_sum(r.sum, d_, r.survivors.size(), secure_, clip_norm_.has_value());
+        r.sum = server::GroupSum(std::move(sums_[g]), codec_, d_);
+        r.why = server::implausible_sum(r.sum, r.survivors.size(), secure_, clip_norm_.has_value());
         r.ok = r.why.empty();
       }
       results.push_back(std::move(r));
