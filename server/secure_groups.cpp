@@ -70,16 +70,16 @@ SecureGroups::SecureGroups(const RoundConfig& cfg, const std::vector<TensorInfo>
              clip_norm.has_value(), kept_),
       current_(std::max<std::size_t>(1, cfg.uploads_at_once)) {
   // Every lane's slot exists from the start and never moves (the worker may be folding one lane
-  // while the network thread fills another's on its first grant); lane 0 is made now.
-  current_.front() =
-      std::make_unique<protocol::MaskedVector>(protocol::MaskedVector::for_setup(round_.setup(round_.groups().front())));
+  // while the network thread fills another's on its first grant); a lane's words are made then.
   for (auto g : round_.groups()) sums_.emplace(g, protocol::MaskedVector::for_setup(round_.setup(g)));
 }
 
 protocol::UploadBuffer SecureGroups::lane_buffer(std::size_t lane) {
-  // Every group's words have the same width (one setup for the round's ring): lane 0's shape.
+  // Every group's words have the same width (one setup for the round's ring): the first group's.
   check_lane(lane, current_.size());
-  if (!current_[lane]) current_[lane] = std::make_unique<protocol::MaskedVector>(current_.front()->zeros_like());
+  if (!current_[lane]) {
+    current_[lane] = std::make_unique<protocol::MaskedVector>(protocol::MaskedVector::for_setup(round_.setup(round_.groups().front())));
+  }
   auto& cur = *current_[lane];
   return {.bytes = cur.bytes(),
           .dtype = cur.dtype(),
@@ -98,6 +98,8 @@ FoldResult SecureGroups::do_fold(const Contribution& c, protocol::UploadCheck& c
 }
 
 std::vector<Rejection> SecureGroups::do_prepare() {
+  // Every upload is folded: the lanes' buffers go before the output model is made beside the sums.
+  for (auto& lane : current_) lane.reset();
   results_ = round_.finish(sums_);
   const auto& sc = round_.config();
   std::vector<Rejection> rejected;

@@ -13,6 +13,7 @@
 #include "server/audit.h"
 #include "server/config.h"
 #include "server/metrics.h"
+#include "server/secure_round.h"
 #include "tools/bench.h"
 #include "transport/pki.h"
 
@@ -42,7 +43,22 @@ struct RoundResult {
   bool staged = false;
   // Upload buffers the server may hold at once: its uploads_at_once, at most one per sender.
   std::size_t lanes = 1;
+  // Sums the server holds: one, or one per secure group (each group's is unmasked on its own),
+  // of `word_bytes` a coordinate (the ring's words under secure aggregation, else floats); the
+  // upload buffers are of the same words.
+  std::size_t sums = 1;
+  std::size_t word_bytes = sizeof(float);
 };
+
+// The bound's terms, for the table: "6x+64+conns/2" (in models), "1+7x2+64+conns/2" (the
+// model, then sums and lanes of 64-bit words), "2.2x" (staged).
+std::string bound_terms(const RoundResult& r) {
+  if (r.staged) return "2.2x";
+  const std::string n = std::to_string(r.sums + r.lanes);
+  const std::string models = r.word_bytes == sizeof(float) ? std::to_string(1 + r.sums + r.lanes) + "x"
+                                                           : "1+" + n + "x" + fmt(static_cast<double>(r.word_bytes) / sizeof(float), r.word_bytes < 4 ? 2 : 0);
+  return models + "+64+conns/2";
+}
 
 std::uint16_t wait_for_port(const std::filesystem::path& port_file, const std::filesystem::path& log,
                             const std::string& who) {
@@ -249,6 +265,12 @@ RoundResult measure(const RoundBenchOptions& opts, const server::ServerConfig& s
   r.model_bytes = stats["model_bytes"];
   r.staged = server::stages_uploads(server_cfg, r.model_bytes);
   r.lanes = std::max<std::size_t>(1, std::min(server_cfg.uploads_at_once, edges ? edges : silos));
+  if (server_cfg.secure.on()) {
+    r.word_bytes = server_cfg.secure.bits / 8;
+    if (server_cfg.secure.mode == server::SecureMode::Grouped) {
+      r.sums = std::max<std::size_t>(1, silos / server::group_size(server_cfg.secure));
+    }
+  }
   // Rounds after the first: connection set-up and page faults of the first allocations are
   // not part of a steady round.
   std::vector<double> secs;
@@ -306,12 +328,15 @@ int bench_round(const RoundBenchOptions& opts) {
                               << opts.rounds << " rounds..." << std::endl;
     const auto r = run_one(opts, k, e);
     const double mib = 1024.0 * 1024.0;
-    // Plain: the global model, the sum and a buffer per lane, a fixed base, and the TLS and
-    // stream buffers of each connection (half a MiB; tests/scale_test.cpp holds the same).
+    // The global model, the sum (a secure group's each) and a buffer per lane, a fixed base, and
+    // the TLS and stream buffers of each connection (half a MiB; tests/scale_test.cpp holds the
+    // same). Plain: (2 + lanes) x the model.
     const double connections = static_cast<double>(k + e);
+    const double words = static_cast<double>(r.model_bytes) / sizeof(float) * static_cast<double>(r.word_bytes);
     const double rss_bound = r.staged ? 2.2 * static_cast<double>(r.model_bytes)
-                                      : static_cast<double>(2 + r.lanes) * static_cast<double>(r.model_bytes) +
-                                            64 * mib + 0.5 * mib * connections;
+                                      : static_cast<double>(r.model_bytes) +
+                                            static_cast<double>(r.sums + r.lanes) * words + 64 * mib +
+                                            0.5 * mib * connections;
     const bool rss_ok = static_cast<double>(r.peak_rss) < rss_bound;
     const bool tput_ok = !r.loopback_bound || r.throughput_gbps >= kTlsLoopbackGBps / 2;
     ok = ok && rss_ok && tput_ok;
@@ -346,7 +371,7 @@ int bench_round(const RoundBenchOptions& opts) {
                     fmt(r.throughput_gbps, 3) + (tput_ok ? "" : " (<0.6)"),
                     r.loopback_bound ? fmt(100 * r.throughput_gbps / kTlsLoopbackGBps, 0) + "%" : "-",
                     fmt(static_cast<double>(r.peak_rss) / mib, 1) + (rss_ok ? "" : " (over)"),
-                    fmt(rss_bound / mib, 1) + (r.staged ? " (2.2x)" : " (" + std::to_string(2 + r.lanes) + "x+64+conns/2)"), std::to_string(r.peak_descriptors)});
+                    fmt(rss_bound / mib, 1) + " (" + bound_terms(r) + ")", std::to_string(r.peak_descriptors)});
    }
   }
   if (!opts.json) {
@@ -357,8 +382,10 @@ int bench_round(const RoundBenchOptions& opts) {
     std::cout << "TLS 1.3 loopback limit between two processes: " << kTlsLoopbackGBps
               << " GB/s (DESIGN §11); target for dense plain rounds on loopback: at least half of it; for every "
                  "run: peak RSS under the bound ((2 + uploads at once) x the model + 64 MiB + 0.5 MiB a connection, the uploads at once "
-                 "being the server's uploads_at_once or the senders, if fewer; 2.2x when uploads are staged in a "
-                 "file, models over the server's stage_uploads_over_mib)\n";
+                 "being the server's uploads_at_once or the senders, if fewer; under secure aggregation the sum and "
+                 "the upload buffers are the ring's words, and each secure group has a sum of its own: the model + "
+                 "(groups + uploads at once) x the words; 2.2x when uploads are staged in a file, models over the "
+                 "server's stage_uploads_over_mib)\n";
   }
   return ok ? 0 : 1;
 }
