@@ -194,14 +194,15 @@ void Session::on_join_challenge(const wire::Envelope& e) {
 
 void Session::on_model_request(const wire::Envelope& e) {
   const std::string& want = e.model_request().model_sha256();
-  // held_sha_ names a model the training job checked against its round's hash, still in global_:
-  // the model the server itself sent, nothing of the silo's own. (Behind an edge, the silo may
+  // The receipt's held_sha() names a model the training job checked against its round's hash,
+  // still held: the model the server itself sent, nothing of the silo's own. (Behind an edge, the silo may
   // still think a round runs when the server is gone; the edge relays the request only when no
   // upload of this silo is under way, so nothing of one follows the request up.)
-  const bool held = global_ && !want.empty() && held_sha_ == want;
+  const auto& model = receipt_.model();
+  const bool held = model && !want.empty() && receipt_.held_sha() == want;
   if (held) {
     actions_.push_back(action::SendStream{std::make_shared<protocol::ChunkSource>(
-        global_, global_->flat(), global_->tensors(), cfg_.federation, e.round(), cfg_.chunk_bytes), false});
+        model, model->flat(), model->tensors(), cfg_.federation, e.round(), cfg_.chunk_bytes), false});
   }
   auto offer = env();
   offer.set_round(e.round());
@@ -284,45 +285,6 @@ bool Session::accept_round_start(const wire::RoundStart& rs) {
   return true;
 }
 
-// Readies the receipt of the round's model: streamed through a window when nothing of it is
-// kept, else into a model (the one held, when a compressed broadcast is a delta onto it).
-void Session::prepare_model_receipt(const wire::RoundStart& rs) {
-  Model layout;
-  for (const auto& t : rs.tensors()) layout.add_layout(t.name(), {t.shape().begin(), t.shape().end()});
-  // A compressed broadcast comes as a delta against the model this silo holds when the server
-  // knows it holds the round's base (it said so in its last UpdateReady), else whole.
-  const bool broadcast = protocol::compressed(rs.broadcast());
-  const bool have_base = broadcast && !rs.base_sha256().empty() && held_sha_ == rs.base_sha256() && global_ &&
-                         global_->same_layout(layout);
-  held_sha_.clear();  // whatever comes now replaces the model held
-  // A compressed broadcast keeps the model even for a trainer that could stream: the next
-  // round's delta goes onto it.
-  if (trainer_.streams() && !hook_.tampers() && !rs.has_secagg() && !protocol::compressed(compression_) &&
-      plan_.silo_momentum() <= 0 && !broadcast) {
-    // Nothing of the model is kept: it is hashed as it arrives, through a window of reserved
-    // address space whose pages go back after each chunk.
-    global_.reset();
-    layout_ = layout.tensors();
-    const std::size_t d = elements(layout_);
-    if (!window_ || window_->bytes().size() != d * sizeof(float)) {
-      window_.reset();
-      window_ = std::make_unique<Window>(d * sizeof(float));
-    }
-    rx_.reset({reinterpret_cast<float*>(window_->bytes().data()), d}, layout_, /*hash=*/true);
-  } else {
-    window_.reset();
-    if (have_base && global_.use_count() > 1) {
-      global_ = std::make_shared<Model>(*global_);  // a job still reads the base: the delta goes onto a copy
-    } else if (!have_base && (!global_ || global_.use_count() > 1 || !global_->same_layout(layout))) {
-      // Reuse last round's buffer when nothing else holds it: no fresh pages every round.
-      global_ = std::make_shared<Model>();
-      for (const auto& t : layout.tensors()) global_->add(t.name, t.shape);
-    }
-    if (broadcast) rx_.reset_model(global_->flat(), global_->tensors(), rs.broadcast(), have_base, /*hash=*/false);
-    else rx_.reset(global_->flat(), global_->tensors(), /*hash=*/false);
-  }
-}
-
 void Session::on_round_start(const wire::Envelope& e) {
   const auto& rs = e.round_start();
   if (!accept_round_start(rs)) return;
@@ -344,7 +306,10 @@ void Session::on_round_start(const wire::Envelope& e) {
   plan_ = rs.plan();
   compression_ = rs.compression();
   model_sha_ = rs.model_sha256();
-  prepare_model_receipt(rs);
+  // Nothing of the model is kept when the trainer streams and the round needs nothing of it
+  // after training.
+  receipt_.prepare(rs, trainer_.streams() && !hook_.tampers() && !rs.has_secagg() &&
+                           !protocol::compressed(compression_) && plan_.silo_momentum() <= 0);
   secure_.reset();
   setup_.reset();
   settled_ = masking_ = false;
@@ -358,44 +323,42 @@ void Session::on_round_start(const wire::Envelope& e) {
       return;
     }
   }
-  if (!silent_ && rx_.complete()) on_model();
+  if (!silent_ && receipt_.complete()) on_model();
 }
 
 void Session::on_model_chunk(const wire::Envelope& e) {
-  if ((!global_ && !streaming()) || e.round() != round_ || !in_round_) {
+  if (!receipt_.open() || e.round() != round_ || !in_round_) {
     // The rest of a model already refused goes unanswered; any other chunk is out of place.
     if (e.round() != round_ || round_failed_ != round_) {
       reply_error(wire::WRONG_ROUND, "model chunk for a round that has not started here");
     }
     return;
   }
-  if (rx_.complete()) {
+  if (receipt_.complete()) {
     // The model is here (and maybe training): a chunk past its end changes nothing of it.
     reply_error(wire::BAD_UPDATE, "model chunk after the whole model arrived");
     return;
   }
-  if (auto st = rx_.add(e.tensor_chunk()); !st) {
+  if (auto st = receipt_.add(e.tensor_chunk()); !st) {
     spdlog::error("round {}: bad model chunk: {}", round_, st.message);
     reply_error(wire::BAD_UPDATE, st.message);
-    global_.reset();
-    window_.reset();
+    receipt_.drop();
     in_round_ = false;  // the rest of this model is dropped without a word: one error says why
     round_failed_ = round_;
     return;
   }
-  if (streaming()) window_->release(rx_.last_first() * sizeof(float), (rx_.last_first() + rx_.last_count()) * sizeof(float));
-  if (rx_.complete()) on_model();
+  if (receipt_.complete()) on_model();
 }
 
 // The whole model has arrived: check it, evaluate and train on the worker.
 void Session::on_model() {
   training_ = true;
-  if (streaming()) return on_streamed_model();
-  spdlog::info("round {}: model received ({} parameters); training", round_, global_->size());
+  if (receipt_.streaming()) return on_streamed_model();
+  spdlog::info("round {}: model received ({} parameters); training", round_, receipt_.model()->size());
   const TrainTask task{round_, name_, plan_};
   job([j = TrainingJob{.trainer = &trainer_,
                        .hook = &hook_,
-                       .model = global_,
+                       .model = receipt_.model(),
                        .task = task,
                        .sha = model_sha_,
                        .spare = std::move(spare_),
@@ -414,14 +377,14 @@ void Session::on_model() {
 // A streamed round: the model was hashed as it came; the trainer makes its delta, and the
 // upload's SHA-256 is taken as the delta is made (it is made again when it is sent).
 void Session::on_streamed_model() {
-  const std::string got = rx_.finish_sha256();
-  spdlog::info("round {}: model received and hashed, not kept ({} parameters); training", round_, rx_.received());
+  const std::string got = receipt_.finish_sha256();
+  spdlog::info("round {}: model received and hashed, not kept ({} parameters); training", round_, receipt_.received());
   const TrainTask task{round_, name_, plan_};
   job([j = StreamedTrainingJob{.trainer = &trainer_,
                                .task = task,
                                .sha = model_sha_,
                                .received_sha = got,
-                               .layout = layout_,
+                               .layout = receipt_.layout(),
                                .live = live_generation_,
                                .generation = generation_,
                                .chunk_elems = cfg_.chunk_bytes / sizeof(float)}]() mutable -> SessionJobResult {
@@ -438,7 +401,7 @@ void Session::trained(TrainDone r) {
     return;
   }
   // The training job checked the model against the round's SHA-256 before it trained.
-  if (global_ && !model_sha_.empty()) held_sha_ = model_sha_;
+  receipt_.hold(model_sha_);
   pending_ = std::move(r.out);
   if (!plan_.train()) return;  // an evaluation-only round: the metrics went nowhere to upload
   if (secure_) return mask_when_ready();
@@ -450,7 +413,7 @@ void Session::announce_ready() {
   auto* r = e.mutable_update_ready();
   r->set_num_samples(secure_ ? 1 : pending_->num_samples);  // secure: the real count is inside the masked sum
   *r->mutable_metrics() = pending_->metrics;
-  r->set_model_sha256(held_sha_);
+  r->set_model_sha256(receipt_.held_sha());
   if (!pending_->privacy.mechanism().empty()) *r->mutable_privacy() = pending_->privacy;
   send(std::move(e));
   spdlog::info("round {}: trained on {} samples (loss {:.4f}); update ready", round_, pending_->num_samples,

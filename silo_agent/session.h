@@ -24,7 +24,6 @@
 #include <nlohmann/json.hpp>
 
 #include "common/thread_check.h"
-#include "common/window.h"
 #include "crypto/secagg.h"
 #include "silo_agent/secure/member.h"
 #include "crypto/sources.h"
@@ -32,6 +31,7 @@
 #include "protocol/masked.h"
 #include "protocol/round_start.h"
 #include "protocol/tensor_stream.h"
+#include "silo_agent/model_receipt.h"
 #include "silo_agent/session_types.h"
 #include "silo_agent/trainer.h"
 #include "silo_agent/update.h"
@@ -137,7 +137,6 @@ class Session {
   void on_join_challenge(const wire::Envelope& e);
   void on_round_start(const wire::Envelope& e);
   bool accept_round_start(const wire::RoundStart& rs);
-  void prepare_model_receipt(const wire::RoundStart& rs);
   void witness(const wire::Envelope& round_end);
   void start_secure(const wire::SecAggSetup& setup);
   void on_secure(const wire::Envelope& e);
@@ -190,23 +189,14 @@ class Session {
   std::string witnessed_key_, round_audit_key_;
   wire::TrainingPlan plan_;
   wire::Compression compression_;   // the round's (none when unset)
-  std::string model_sha_;
-  std::shared_ptr<Model> global_;
-  // The SHA-256 of global_'s values once a training job checked them against their round's
-  // RoundStart; empty while they are being replaced (or were never checked). A compressed
-  // broadcast's delta is added to global_ only when the round's base is this one.
-  std::string held_sha_;
-  // A streamed round (Trainer::streams()): the model is hashed as it arrives into `window_`,
-  // whose pages go back chunk by chunk; `layout_` is its layout. Nothing of it is kept.
-  bool streaming() const { return window_ != nullptr; }
-  std::unique_ptr<Window> window_;
-  std::vector<TensorInfo> layout_;
+  std::string model_sha_;           // the round's model, as its RoundStart announced it
+  // The round's model as it arrives, and the one this silo holds (model_receipt.h).
+  ModelReceipt receipt_;
   // The silo's momentum: used by one training job at a time (jobs run in order on the worker);
   // loaded from cfg_.momentum_file on first use, written back after each update.
   std::shared_ptr<std::optional<Model>> momentum_ = std::make_shared<std::optional<Model>>();
   // The error feedback of compressed rounds, kept the same way (cfg_.residual_file).
   std::shared_ptr<std::optional<Model>> residual_ = std::make_shared<std::optional<Model>>();
-  protocol::TensorReceiver rx_;
   bool training_ = false;
   std::optional<RoundOutput> pending_;   // trained, not yet uploaded
   bool uploaded_ = false;

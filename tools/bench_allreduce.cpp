@@ -209,6 +209,123 @@ std::string human(std::size_t bytes) {
   return std::to_string(bytes) + " B";
 }
 
+// Why NCCL cannot run `ranks` ranks here ("" if it can).
+std::string nccl_unavailable(int ranks) {
+  const auto gpu = collective::gpu_info();
+  if (!gpu.built) return "this xsilo was built without CUDA and NCCL";
+  if (gpu.devices == 0) return "no GPU: " + gpu.cuda_error;
+  if (gpu.devices < ranks) return "NCCL takes one GPU per rank; " + std::to_string(gpu.devices) + " visible";
+  return "";
+}
+
+using Measured = std::map<std::string, Results>;
+
+// Bus bandwidth is algorithm bandwidth times 2(N - 1) / N (NCCL's convention).
+double bus_factor(int ranks) { return ranks > 1 ? 2.0 * (ranks - 1) / ranks : 1.0; }
+
+// Every system's times at `ranks`: ours (the backends asked for), then OpenMPI and Gloo. `systems`
+// lists those that ran, in the table's order.
+void measure(int ranks, const AllreduceBenchOptions& opts, const std::filesystem::path& dir, Measured& measured,
+             std::vector<std::string>& systems) {
+  for (const auto& backend : opts.backends) {
+    if (backend == "nccl") {
+      if (const auto why = nccl_unavailable(ranks); !why.empty()) {
+        std::cout << "nccl, " << ranks << " ranks: skipped (" << why << ")\n";
+        continue;
+      }
+    }
+    measured[backend] = run_ours(backend, ranks, opts.bytes, opts.chunk_bytes, dir);
+    systems.push_back(backend);
+  }
+  if (opts.peers) {
+    measured["openmpi"] = run_mpi(ranks, opts.bytes, dir);
+    measured["gloo"] = run_gloo(ranks, opts.bytes, dir);
+    for (const char* p : {"openmpi", "gloo"}) {
+      if (!measured[p].empty()) systems.push_back(p);
+    }
+    // The peers' algorithms of the same shape as ours. Gloo has no tree or butterfly all-reduce
+    // (ring, ring-chunked, halving-doubling, bcube), so only OpenMPI's run.
+    for (const char* variant : {"tree", "butterfly"}) {
+      if (std::find(opts.backends.begin(), opts.backends.end(), variant) == opts.backends.end()) continue;
+      const std::string name = std::string("openmpi-") + variant;
+      measured[name] = run_mpi(ranks, opts.bytes, dir, variant, opts.chunk_bytes);
+      if (!measured[name].empty()) systems.push_back(name);
+    }
+  }
+}
+
+// A row per size: each system's time and bus bandwidth beside the bound (a JSON line each with --json).
+void report_sizes(int ranks, double link, const AllreduceBenchOptions& opts, Measured& measured,
+                  const std::vector<std::string>& systems) {
+  const double factor = bus_factor(ranks);
+  const double bound = link / ranks;
+  std::vector<std::vector<std::string>> rows;
+  for (std::size_t bytes : opts.bytes) {
+    std::vector<std::string> row{human(bytes)};
+    for (const auto& s : systems) {
+      const auto it = measured[s].find(bytes);
+      if (it == measured[s].end()) {
+        row.push_back("-");
+        row.push_back("-");
+        continue;
+      }
+      const double algbw = static_cast<double>(bytes) / it->second;
+      row.push_back(fmt(it->second * 1e6, 0));
+      row.push_back(fmt(algbw * factor / 1e9, 3));
+      if (opts.json) {
+        std::cout << json{{"bench", "allreduce"}, {"system", s}, {"ranks", ranks}, {"bytes", bytes},
+                          {"seconds", it->second}, {"algbw_gbps", algbw / 1e9}, {"busbw_gbps", algbw * factor / 1e9},
+                          {"bound_busbw_gbps", bound / 1e9}}
+                         .dump()
+                  << "\n";
+      }
+    }
+    row.push_back(fmt(bound / 1e9, 3));
+    rows.push_back(row);
+  }
+  if (!opts.json) {
+    std::printf("\n%d ranks: time per all-reduce (us) and bus bandwidth (GB/s)\n", ranks);
+    std::vector<std::string> header{"size"};
+    for (const auto& s : systems) {
+      header.push_back(s + " us");
+      header.push_back(s + " busbw");
+    }
+    header.push_back("bound busbw");
+    print_table(header, rows);
+  }
+}
+
+// The targets of the issue at 64 MiB (bandwidth) and 4 KiB (latency).
+void report_targets(int ranks, double link, const AllreduceBenchOptions& opts, Measured& measured) {
+  const double factor = bus_factor(ranks);
+  const double bound = link / ranks;
+  auto at = [&](const std::string& s, std::size_t bytes) {
+    const auto it = measured[s].find(bytes);
+    return it == measured[s].end() ? 0.0 : it->second;
+  };
+  const std::size_t big = std::size_t{64} << 20, small = 4096;
+  for (const auto& ours : opts.backends) {
+    if (ours == "nccl" || !measured.count(ours)) continue;
+    if (at(ours, big) > 0 && at("gloo", big) > 0 && at("openmpi", big) > 0 && !opts.json) {
+      const double o = at(ours, big), g = at("gloo", big), m = at("openmpi", big);
+      std::printf("64 MiB, %s: busbw %.3f GB/s = %.2fx Gloo (target >= 1), %.2fx OpenMPI (target >= 1.25), %.0f%% of the bound\n",
+                  ours.c_str(), big * factor / o / 1e9, g / o, m / o, 100.0 * big * factor / o / bound);
+    }
+    // Tree and butterfly against OpenMPI's algorithm of the same shape, on their home ground.
+    const std::string same = "openmpi-" + ours;
+    for (std::size_t bytes : {small, std::size_t{64} << 10}) {
+      if ((ours == "tree" || ours == "butterfly") && at(ours, bytes) > 0 && at(same, bytes) > 0 && !opts.json) {
+        std::printf("%s, %s: %.0f us vs %s %.0f us = %.2fx (target >= 1)\n", human(bytes).c_str(), ours.c_str(),
+                    at(ours, bytes) * 1e6, same.c_str(), at(same, bytes) * 1e6, at(same, bytes) / at(ours, bytes));
+      }
+    }
+    if (at(ours, small) > 0 && at("openmpi", small) > 0 && !opts.json) {
+      std::printf("4 KiB, %s: %.0f us vs OpenMPI %.0f us (target: no slower)\n", ours.c_str(), at(ours, small) * 1e6,
+                  at("openmpi", small) * 1e6);
+    }
+  }
+}
+
 }  // namespace
 
 int bench_allreduce(const AllreduceBenchOptions& opts) {
@@ -221,100 +338,11 @@ int bench_allreduce(const AllreduceBenchOptions& opts) {
   }
   int status = 0;
   for (int ranks : opts.ranks) {
-    std::map<std::string, Results> measured;
+    Measured measured;
     std::vector<std::string> systems;
-    for (const auto& backend : opts.backends) {
-      if (backend == "nccl") {
-        const auto gpu = collective::gpu_info();
-        std::string why;
-        if (!gpu.built) why = "this xsilo was built without CUDA and NCCL";
-        else if (gpu.devices == 0) why = "no GPU: " + gpu.cuda_error;
-        else if (gpu.devices < ranks) why = "NCCL takes one GPU per rank; " + std::to_string(gpu.devices) + " visible";
-        if (!why.empty()) {
-          std::cout << "nccl, " << ranks << " ranks: skipped (" << why << ")\n";
-          continue;
-        }
-      }
-      measured[backend] = run_ours(backend, ranks, opts.bytes, opts.chunk_bytes, dir);
-      systems.push_back(backend);
-    }
-    if (opts.peers) {
-      measured["openmpi"] = run_mpi(ranks, opts.bytes, dir);
-      measured["gloo"] = run_gloo(ranks, opts.bytes, dir);
-      for (const char* p : {"openmpi", "gloo"}) {
-        if (!measured[p].empty()) systems.push_back(p);
-      }
-      // The peers' algorithms of the same shape as ours. Gloo has no tree or butterfly all-reduce
-      // (ring, ring-chunked, halving-doubling, bcube), so only OpenMPI's run.
-      for (const char* variant : {"tree", "butterfly"}) {
-        if (std::find(opts.backends.begin(), opts.backends.end(), variant) == opts.backends.end()) continue;
-        const std::string name = std::string("openmpi-") + variant;
-        measured[name] = run_mpi(ranks, opts.bytes, dir, variant, opts.chunk_bytes);
-        if (!measured[name].empty()) systems.push_back(name);
-      }
-    }
-    const double factor = ranks > 1 ? 2.0 * (ranks - 1) / ranks : 1.0;
-    const double bound = link / ranks;
-    std::vector<std::vector<std::string>> rows;
-    for (std::size_t bytes : opts.bytes) {
-      std::vector<std::string> row{human(bytes)};
-      for (const auto& s : systems) {
-        const auto it = measured[s].find(bytes);
-        if (it == measured[s].end()) {
-          row.push_back("-");
-          row.push_back("-");
-          continue;
-        }
-        const double algbw = static_cast<double>(bytes) / it->second;
-        row.push_back(fmt(it->second * 1e6, 0));
-        row.push_back(fmt(algbw * factor / 1e9, 3));
-        if (opts.json) {
-          std::cout << json{{"bench", "allreduce"}, {"system", s}, {"ranks", ranks}, {"bytes", bytes},
-                            {"seconds", it->second}, {"algbw_gbps", algbw / 1e9}, {"busbw_gbps", algbw * factor / 1e9},
-                            {"bound_busbw_gbps", bound / 1e9}}
-                           .dump()
-                    << "\n";
-        }
-      }
-      row.push_back(fmt(bound / 1e9, 3));
-      rows.push_back(row);
-    }
-    if (!opts.json) {
-      std::printf("\n%d ranks: time per all-reduce (us) and bus bandwidth (GB/s)\n", ranks);
-      std::vector<std::string> header{"size"};
-      for (const auto& s : systems) {
-        header.push_back(s + " us");
-        header.push_back(s + " busbw");
-      }
-      header.push_back("bound busbw");
-      print_table(header, rows);
-    }
-    // The targets of the issue at 64 MiB (bandwidth) and 4 KiB (latency).
-    auto at = [&](const std::string& s, std::size_t bytes) {
-      const auto it = measured[s].find(bytes);
-      return it == measured[s].end() ? 0.0 : it->second;
-    };
-    const std::size_t big = std::size_t{64} << 20, small = 4096;
-    for (const auto& ours : opts.backends) {
-      if (ours == "nccl" || !measured.count(ours)) continue;
-      if (at(ours, big) > 0 && at("gloo", big) > 0 && at("openmpi", big) > 0 && !opts.json) {
-        const double o = at(ours, big), g = at("gloo", big), m = at("openmpi", big);
-        std::printf("64 MiB, %s: busbw %.3f GB/s = %.2fx Gloo (target >= 1), %.2fx OpenMPI (target >= 1.25), %.0f%% of the bound\n",
-                    ours.c_str(), big * factor / o / 1e9, g / o, m / o, 100.0 * big * factor / o / bound);
-      }
-      // Tree and butterfly against OpenMPI's algorithm of the same shape, on their home ground.
-      const std::string same = "openmpi-" + ours;
-      for (std::size_t bytes : {small, std::size_t{64} << 10}) {
-        if ((ours == "tree" || ours == "butterfly") && at(ours, bytes) > 0 && at(same, bytes) > 0 && !opts.json) {
-          std::printf("%s, %s: %.0f us vs %s %.0f us = %.2fx (target >= 1)\n", human(bytes).c_str(), ours.c_str(),
-                      at(ours, bytes) * 1e6, same.c_str(), at(same, bytes) * 1e6, at(same, bytes) / at(ours, bytes));
-        }
-      }
-      if (at(ours, small) > 0 && at("openmpi", small) > 0 && !opts.json) {
-        std::printf("4 KiB, %s: %.0f us vs OpenMPI %.0f us (target: no slower)\n", ours.c_str(), at(ours, small) * 1e6,
-                    at("openmpi", small) * 1e6);
-      }
-    }
+    measure(ranks, opts, dir, measured, systems);
+    report_sizes(ranks, link, opts, measured, systems);
+    report_targets(ranks, link, opts, measured);
     for (const auto& s : systems) {
       if (measured[s].size() != opts.bytes.size()) status = 1;
     }

@@ -193,11 +193,8 @@ std::string setting_name(const Setting& s) {
          (s.f != s.attackers ? " (rules assume f = " + std::to_string(s.f) + ")" : "");
 }
 
-}  // namespace
-
-int bench_attacks(const AttackBenchOptions& opts) {
-  const auto tmp = std::filesystem::temp_directory_path() / ("xsilo-bench-attacks-" + std::to_string(::getpid()));
-  int failures = 0;
+// Every setting asked for: each dataset x alpha x number of attackers.
+std::vector<Setting> settings_of(const AttackBenchOptions& opts) {
   std::vector<Setting> settings;
   for (const auto& ds : opts.datasets) {
     if (ds != "digits" && ds != "breast_cancer" && ds != "digits_logistic") {
@@ -207,9 +204,95 @@ int bench_attacks(const AttackBenchOptions& opts) {
       for (std::size_t n : opts.attackers) settings.push_back({ds, alpha, n, opts.f ? opts.f : n, opts.silos});
     }
   }
-  auto wanted = [](const std::vector<std::string>& only, const std::string& name) {
-    return only.empty() || std::find(only.begin(), only.end(), name) != only.end();
-  };
+  return settings;
+}
+
+// --defences and --attacks: empty asks for all.
+bool wanted(const std::vector<std::string>& only, const std::string& name) {
+  return only.empty() || std::find(only.begin(), only.end(), name) != only.end();
+}
+
+// One cell of a setting's table: the defence against the attack, a federation per seed. A refusal
+// of the configuration ends the cell; a failed run counts in `failures`.
+void run_cell(const Setting& s, const Defence& def, const std::string& attack, const json& a,
+              const std::vector<std::uint64_t>& seeds, const AttackBenchOptions& opts, const std::filesystem::path& tmp,
+              Cell& cell, int& failures) {
+  for (auto seed : seeds) {
+    SimConfig c = base(s, seed, opts.rounds);
+    c.aggregation = def.aggregation;
+    if (!def.secure.is_null()) c.secure = def.secure;
+    for (const auto& [k, v] : def.training.items()) c.training[k] = v;
+    // NaN updates are rejected at validation (and use up f): the round commits on the rest.
+    if (attack == "nan") c.selection["min_updates"] = s.silos - s.attackers;
+    if (!a.is_null()) {
+      c.attackers = s.attackers;
+      c.attack = a;
+    }
+    double acc = -1;
+    try {
+      const auto r = opts.processes ? run_sim(c, tmp, /*quiet=*/true) : run_sim_in_process(c, tmp);
+      if (r.rounds_committed) cell.acc.push_back(acc = r.final_accuracy);
+      else ++failures;
+    } catch (const ConfigError& e) {
+      cell.refused = e.what();
+      break;
+    } catch (const std::exception& e) {
+      ++failures;
+      std::cerr << "  " << setting_name(s) << ", " << def.name << ", " << attack << ", seed " << seed
+                << ": failed: " << e.what() << "\n";
+    }
+    if (opts.json) {
+      std::cout << json{{"bench", "attacks"}, {"dataset", s.dataset},     {"alpha", s.alpha},
+                        {"attackers", s.attackers}, {"defence", def.name}, {"attack", attack},
+                        {"seed", seed},           {"final_accuracy", acc}}
+                       .dump()
+                << std::endl;
+    }
+  }
+}
+
+// A setting's table (a row per defence, a column per attack, and the worst drop), then the refusals.
+void print_setting(const Setting& s, const AttackBenchOptions& opts, const std::vector<std::uint64_t>& seeds,
+                   const std::string& seed_note, std::vector<std::vector<std::string>>& rows,
+                   std::map<std::string, std::map<std::string, Cell>>& cells) {
+  std::cout << "\n" << setting_name(s) << " (" << opts.rounds << " rounds; final test accuracy %, mean ± sd over "
+            << seeds.size() << " seeds)\n";
+  if (!seed_note.empty()) std::cout << "  " << seed_note << "\n";
+  std::vector<std::string> header{"defence"};
+  for (const auto& [attack, a] : attacks()) {
+    if (wanted(opts.attacks, attack)) header.push_back(attack);
+  }
+  header.push_back("worst drop");
+  // The last column: how far the worst attack takes each defence below its own clean run.
+  for (auto& row : rows) {
+    const auto& byattack = cells[row[0]];
+    const auto clean = byattack.find("none");
+    double worst = 0;
+    std::string which;
+    for (const auto& [attack, cell] : byattack) {
+      if (attack == "none" || clean == byattack.end() || !cell.refused.empty() || cell.acc.empty()) continue;
+      const double drop = 100 * (clean->second.mean() - cell.mean());
+      if (drop > worst || which.empty()) worst = drop, which = attack;
+    }
+    row.push_back(which.empty() ? "-" : fmt(worst, 1) + " (" + which + ")");
+  }
+  print_table(header, rows);
+  for (const auto& [def, byattack] : cells) {
+    for (const auto& [attack, cell] : byattack) {
+      if (!cell.refused.empty()) {
+        std::cout << "  " << def << " / " << attack << " refused: " << cell.refused << "\n";
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int bench_attacks(const AttackBenchOptions& opts) {
+  const auto tmp = std::filesystem::temp_directory_path() / ("xsilo-bench-attacks-" + std::to_string(::getpid()));
+  int failures = 0;
+  const std::vector<Setting> settings = settings_of(opts);
   std::cerr << "bench attacks: " << settings.size() << " settings x " << opts.seeds.size() << " seeds, "
             << (opts.processes ? "real processes over mutual TLS" : "in process (xsilo sim --in-process)") << "\n";
   for (const auto& s : settings) {
@@ -224,74 +307,14 @@ int bench_attacks(const AttackBenchOptions& opts) {
       for (const auto& [attack, a] : attacks()) {
         if (!wanted(opts.attacks, attack)) continue;
         Cell& cell = cells[def.name][attack];
-        for (auto seed : seeds) {
-          SimConfig c = base(s, seed, opts.rounds);
-          c.aggregation = def.aggregation;
-          if (!def.secure.is_null()) c.secure = def.secure;
-          for (const auto& [k, v] : def.training.items()) c.training[k] = v;
-          // NaN updates are rejected at validation (and use up f): the round commits on the rest.
-          if (attack == "nan") c.selection["min_updates"] = s.silos - s.attackers;
-          if (!a.is_null()) {
-            c.attackers = s.attackers;
-            c.attack = a;
-          }
-          double acc = -1;
-          try {
-            const auto r = opts.processes ? run_sim(c, tmp, /*quiet=*/true) : run_sim_in_process(c, tmp);
-            if (r.rounds_committed) cell.acc.push_back(acc = r.final_accuracy);
-            else ++failures;
-          } catch (const ConfigError& e) {
-            cell.refused = e.what();
-            break;
-          } catch (const std::exception& e) {
-            ++failures;
-            std::cerr << "  " << setting_name(s) << ", " << def.name << ", " << attack << ", seed " << seed
-                      << ": failed: " << e.what() << "\n";
-          }
-          if (opts.json) {
-            std::cout << json{{"bench", "attacks"}, {"dataset", s.dataset},     {"alpha", s.alpha},
-                              {"attackers", s.attackers}, {"defence", def.name}, {"attack", attack},
-                              {"seed", seed},           {"final_accuracy", acc}}
-                             .dump()
-                      << std::endl;
-          }
-        }
+        run_cell(s, def, attack, a, seeds, opts, tmp, cell, failures);
         std::cerr << "  " << setting_name(s) << " | " << def.name << " | " << attack << ": " << cell.text() << "\n";
         row.push_back(cell.text());
       }
       rows.push_back(row);
     }
     if (opts.json) continue;
-    std::cout << "\n" << setting_name(s) << " (" << opts.rounds << " rounds; final test accuracy %, mean ± sd over "
-              << seeds.size() << " seeds)\n";
-    if (!seed_note.empty()) std::cout << "  " << seed_note << "\n";
-    std::vector<std::string> header{"defence"};
-    for (const auto& [attack, a] : attacks()) {
-      if (wanted(opts.attacks, attack)) header.push_back(attack);
-    }
-    header.push_back("worst drop");
-    // The last column: how far the worst attack takes each defence below its own clean run.
-    for (auto& row : rows) {
-      const auto& byattack = cells[row[0]];
-      const auto clean = byattack.find("none");
-      double worst = 0;
-      std::string which;
-      for (const auto& [attack, cell] : byattack) {
-        if (attack == "none" || clean == byattack.end() || !cell.refused.empty() || cell.acc.empty()) continue;
-        const double drop = 100 * (clean->second.mean() - cell.mean());
-        if (drop > worst || which.empty()) worst = drop, which = attack;
-      }
-      row.push_back(which.empty() ? "-" : fmt(worst, 1) + " (" + which + ")");
-    }
-    print_table(header, rows);
-    for (const auto& [def, byattack] : cells) {
-      for (const auto& [attack, cell] : byattack) {
-        if (!cell.refused.empty()) {
-          std::cout << "  " << def << " / " << attack << " refused: " << cell.refused << "\n";
-          break;
-        }
-      }
-    }
+    print_setting(s, opts, seeds, seed_note, rows, cells);
   }
   std::filesystem::remove_all(tmp);
   return failures ? 1 : 0;

@@ -181,190 +181,200 @@ C scheme_of(const json& j) {
   return c;
 }
 
-void codec_speed(const CompressionBenchOptions& o) {
-  const double link = 1e9 / 8;  // 1 Gbit/s in bytes per second
-  for (std::size_t d : o.d) {
-    std::vector<float> x(d), work(d), residual(d), out(d);
+constexpr double kLink = 1e9 / 8;  // 1 Gbit/s in bytes per second
+
+// One size of the codec speed table: its input, the buffers, the memory pass and what setting a
+// repetition up costs, measured once; each codec adds its row.
+struct SpeedRun {
+  std::size_t d;
+  std::vector<float> x, work, residual, out;
+  double bytes, mem;
+  // One tensor; PowerSGD gets it as a matrix of 1,000 columns (d is a multiple of 1,000).
+  std::vector<TensorInfo> flat_layout, matrix;
+  double copy, setup;  // taken out of the timings that include them
+  std::vector<std::vector<std::string>> table;
+
+  explicit SpeedRun(std::size_t size) : d(size), x(d), work(d), residual(d), out(d) {
     std::mt19937 rng(1);
     std::normal_distribution<float> g(0.0f, 0.01f);
     for (auto& v : x) v = g(rng);
-    const double bytes = 4.0 * double(d);
-    const double mem = bytes / seconds_of([&] { std::memcpy(work.data(), x.data(), d * 4); }, 5);
-    // One tensor; PowerSGD gets it as a matrix of 1,000 columns (d is a multiple of 1,000).
-    const std::vector<TensorInfo> flat_layout{{"w", {d}, 0}};
-    const std::vector<TensorInfo> matrix{{"w", {d / 1000, 1000}, 0}};
-    // What setting a repetition up costs (copies), taken out of the timings that include it.
-    const double copy = seconds_of([&] { std::copy(x.begin(), x.end(), work.begin()); });
-    const double setup = seconds_of([&] {
+    bytes = 4.0 * double(d);
+    mem = bytes / seconds_of([&] { std::memcpy(work.data(), x.data(), d * 4); }, 5);
+    flat_layout = {{"w", {d}, 0}};
+    matrix = {{"w", {d / 1000, 1000}, 0}};
+    copy = seconds_of([&] { std::copy(x.begin(), x.end(), work.begin()); });
+    setup = seconds_of([&] {
       std::copy(x.begin(), x.end(), work.begin());
       std::fill(residual.begin(), residual.end(), 0.0f);
     });
-    std::vector<std::vector<std::string>> table;
+  }
+};
+
+// An upload codec: the codec alone, both ways, and the silo's whole step with error feedback.
+void upload_codec_speed(SpeedRun& s, const Row& row, const CompressionBenchOptions& o) {
+  const C c = scheme_of(row.compression);
+  const bool powersgd = c.scheme() == C::POWER_SGD;
+  if (powersgd && s.d % 1000) return;
+  const auto& layout = powersgd ? s.matrix : s.flat_layout;
+  // The codec alone: quantization and sign chunk by chunk (1 MiB), the others whole (their
+  // selection or factorization spans the tensor).
+  const bool whole = c.scheme() == C::TOP_K || c.scheme() == C::RANDOM_K || powersgd;
+  protocol::EncodedUpdate enc;
+  const std::size_t chunk = (1u << 20) / 4;
+  C plain = c;
+  plain.set_error_feedback(false);
+  const double encode = std::max(seconds_of([&] {
+                                   if (whole) {
+                                     std::copy(s.x.begin(), s.x.end(), s.work.begin());
+                                     enc = protocol::compress_update(plain, s.work, {}, layout, chunk, 7);
+                                     return;
+                                   }
+                                   enc = {};
+                                   for (std::size_t at = 0; at < s.d; at += chunk) {
+                                     const std::size_t n = std::min(chunk, s.d - at);
+                                     wire::TensorChunk ch;
+                                     ch.set_count(n);
+                                     ch.set_data(protocol::encode_chunk(c, {s.x.data() + at, n}, at, {s.work.data() + at, n}));
+                                     enc.bytes += ch.data().size();
+                                     enc.chunks.push_back(std::move(ch));
+                                   }
+                                 }) - (whole ? s.copy : 0.0),
+                                 1e-9);
+  // The silo's whole step: error feedback in, the codec, the residual out.
+  const double step = std::max(seconds_of([&] {
+                                 std::copy(s.x.begin(), s.x.end(), s.work.begin());
+                                 std::fill(s.residual.begin(), s.residual.end(), 0.0f);
+                                 protocol::compress_update(c, s.work, s.residual, layout, chunk, 7);
+                               }) - s.setup,
+                               1e-9);
+  const double decode = std::max(seconds_of([&] {
+                                   std::size_t at = 0, kept = 0;
+                                   for (const auto& ch : enc.chunks) {
+                                     auto why = protocol::decode_chunk(c, ch.data(), {s.out.data() + at, ch.count()},
+                                                                       kept, &layout[0], at);
+                                     if (!why.empty()) throw std::runtime_error("bench decode: " + why);
+                                     at += ch.count();
+                                   }
+                                 }),
+                                 1e-9);
+  const double dense_link = s.bytes / kLink, sent_link = double(enc.bytes) / kLink;
+  const double total = step + sent_link + decode;
+  s.table.push_back({row.name, fmt(double(enc.bytes) / 1e6, 2), fmt(s.bytes / double(enc.bytes), 1) + "x",
+                     fmt(s.bytes / encode / 1e9, 2), fmt(s.bytes / decode / 1e9, 2), fmt(encode / (s.bytes / s.mem), 1) + "x",
+                     fmt(s.bytes / step / 1e9, 2), fmt(1000 * total, 1), fmt(1000 * dense_link, 1),
+                     total < dense_link ? "yes" : "NO"});
+  if (o.json) {
+    std::cout << json{{"bench", "compression_codec"}, {"d", s.d}, {"scheme", row.name}, {"encoded_bytes", enc.bytes},
+                      {"encode_gbps", s.bytes / encode / 1e9}, {"decode_gbps", s.bytes / decode / 1e9},
+                      {"silo_step_gbps", s.bytes / step / 1e9},
+                      {"memcpy_gbps", s.mem / 1e9}}
+                     .dump()
+              << std::endl;
+  }
+}
+
+// The broadcast's delta: the server's encode (delta, codes, the model rebuilt) and a receiver's
+// decode (checked, then added to its base), against the same link.
+void broadcast_delta_speed(SpeedRun& s, std::uint32_t bits, const CompressionBenchOptions& o) {
+  C c = scheme_of({{"scheme", "quantize"}, {"bits", bits}});
+  c.set_error_feedback(false);
+  const std::string name = std::to_string(bits) + "-bit broadcast delta";
+  std::vector<float> base(s.d);
+  for (std::size_t i = 0; i < s.d; ++i) base[i] = s.x[i] * 10;
+  const std::size_t chunk = (1u << 20) / 4;
+  protocol::EncodedUpdate enc;
+  const double encode = std::max(seconds_of([&] {
+                                   for (std::size_t i = 0; i < s.d; ++i) s.work[i] = base[i] + s.x[i];
+                                   enc = protocol::encode_model_delta(c, base, s.work, s.flat_layout, chunk, 7);
+                                 }) - s.copy,
+                                 1e-9);
+  protocol::TensorReceiver rx;
+  const double decode = std::max(seconds_of([&] {
+                                   std::copy(base.begin(), base.end(), s.out.begin());
+                                   rx.reset_model(s.out, s.flat_layout, c, /*have_base=*/true, /*hash=*/false);
+                                   for (const auto& ch : enc.chunks) {
+                                     if (auto st = rx.add(ch); !st) throw std::runtime_error("bench: " + st.message);
+                                   }
+                                 }) - s.copy,
+                                 1e-9);
+  if (std::memcmp(s.out.data(), s.work.data(), 4 * s.d) != 0) throw std::runtime_error("bench: " + name + " rebuilt another model");
+  const double dense_link = s.bytes / kLink, sent_link = double(enc.bytes) / kLink;
+  const double total = encode + sent_link + decode;
+  s.table.push_back({name, fmt(double(enc.bytes) / 1e6, 2), fmt(s.bytes / double(enc.bytes), 1) + "x",
+                     fmt(s.bytes / encode / 1e9, 2), fmt(s.bytes / decode / 1e9, 2), fmt(encode / (s.bytes / s.mem), 1) + "x",
+                     "-", fmt(1000 * total, 1), fmt(1000 * dense_link, 1), total < dense_link ? "yes" : "NO"});
+  if (o.json) {
+    std::cout << json{{"bench", "compression_codec"}, {"d", s.d}, {"scheme", name}, {"encoded_bytes", enc.bytes},
+                      {"encode_gbps", s.bytes / encode / 1e9}, {"decode_gbps", s.bytes / decode / 1e9},
+                      {"memcpy_gbps", s.mem / 1e9}}
+                     .dump()
+              << std::endl;
+  }
+}
+
+void codec_speed(const CompressionBenchOptions& o) {
+  for (std::size_t d : o.d) {
+    SpeedRun s(d);
     for (const auto& row : rows(o)) {
       if (row.compression.is_null() || row.secure || !row.broadcast.is_null()) continue;
-      const C c = scheme_of(row.compression);
-      const bool powersgd = c.scheme() == C::POWER_SGD;
-      if (powersgd && d % 1000) continue;
-      const auto& layout = powersgd ? matrix : flat_layout;
-      // The codec alone: quantization and sign chunk by chunk (1 MiB), the others whole (their
-      // selection or factorization spans the tensor).
-      const bool whole = c.scheme() == C::TOP_K || c.scheme() == C::RANDOM_K || powersgd;
-      protocol::EncodedUpdate enc;
-      const std::size_t chunk = (1u << 20) / 4;
-      C plain = c;
-      plain.set_error_feedback(false);
-      const double encode = std::max(seconds_of([&] {
-                                       if (whole) {
-                                         std::copy(x.begin(), x.end(), work.begin());
-                                         enc = protocol::compress_update(plain, work, {}, layout, chunk, 7);
-                                         return;
-                                       }
-                                       enc = {};
-                                       for (std::size_t at = 0; at < d; at += chunk) {
-                                         const std::size_t n = std::min(chunk, d - at);
-                                         wire::TensorChunk ch;
-                                         ch.set_count(n);
-                                         ch.set_data(protocol::encode_chunk(c, {x.data() + at, n}, at, {work.data() + at, n}));
-                                         enc.bytes += ch.data().size();
-                                         enc.chunks.push_back(std::move(ch));
-                                       }
-                                     }) - (whole ? copy : 0.0),
-                                     1e-9);
-      // The silo's whole step: error feedback in, the codec, the residual out.
-      const double step = std::max(seconds_of([&] {
-                                     std::copy(x.begin(), x.end(), work.begin());
-                                     std::fill(residual.begin(), residual.end(), 0.0f);
-                                     protocol::compress_update(c, work, residual, layout, chunk, 7);
-                                   }) - setup,
-                                   1e-9);
-      const double decode = std::max(seconds_of([&] {
-                                       std::size_t at = 0, kept = 0;
-                                       for (const auto& ch : enc.chunks) {
-                                         auto why = protocol::decode_chunk(c, ch.data(), {out.data() + at, ch.count()},
-                                                                           kept, &layout[0], at);
-                                         if (!why.empty()) throw std::runtime_error("bench decode: " + why);
-                                         at += ch.count();
-                                       }
-                                     }),
-                                     1e-9);
-      const double dense_link = bytes / link, sent_link = double(enc.bytes) / link;
-      const double total = step + sent_link + decode;
-      table.push_back({row.name, fmt(double(enc.bytes) / 1e6, 2), fmt(bytes / double(enc.bytes), 1) + "x",
-                       fmt(bytes / encode / 1e9, 2), fmt(bytes / decode / 1e9, 2), fmt(encode / (bytes / mem), 1) + "x",
-                       fmt(bytes / step / 1e9, 2), fmt(1000 * total, 1), fmt(1000 * dense_link, 1),
-                       total < dense_link ? "yes" : "NO"});
-      if (o.json) {
-        std::cout << json{{"bench", "compression_codec"}, {"d", d}, {"scheme", row.name}, {"encoded_bytes", enc.bytes},
-                          {"encode_gbps", bytes / encode / 1e9}, {"decode_gbps", bytes / decode / 1e9},
-                          {"silo_step_gbps", bytes / step / 1e9},
-                          {"memcpy_gbps", mem / 1e9}}
-                         .dump()
-                  << std::endl;
-      }
+      upload_codec_speed(s, row, o);
     }
-    // The broadcast's delta: the server's encode (delta, codes, the model rebuilt) and a
-    // receiver's decode (checked, then added to its base), against the same link.
-    for (std::uint32_t bits : {8u, 4u}) {
-      C c = scheme_of({{"scheme", "quantize"}, {"bits", bits}});
-      c.set_error_feedback(false);
-      const std::string name = std::to_string(bits) + "-bit broadcast delta";
-      std::vector<float> base(d);
-      for (std::size_t i = 0; i < d; ++i) base[i] = x[i] * 10;
-      const std::size_t chunk = (1u << 20) / 4;
-      protocol::EncodedUpdate enc;
-      const double encode = std::max(seconds_of([&] {
-                                       for (std::size_t i = 0; i < d; ++i) work[i] = base[i] + x[i];
-                                       enc = protocol::encode_model_delta(c, base, work, flat_layout, chunk, 7);
-                                     }) - copy,
-                                     1e-9);
-      protocol::TensorReceiver rx;
-      const double decode = std::max(seconds_of([&] {
-                                       std::copy(base.begin(), base.end(), out.begin());
-                                       rx.reset_model(out, flat_layout, c, /*have_base=*/true, /*hash=*/false);
-                                       for (const auto& ch : enc.chunks) {
-                                         if (auto st = rx.add(ch); !st) throw std::runtime_error("bench: " + st.message);
-                                       }
-                                     }) - copy,
-                                     1e-9);
-      if (std::memcmp(out.data(), work.data(), 4 * d) != 0) throw std::runtime_error("bench: " + name + " rebuilt another model");
-      const double dense_link = bytes / link, sent_link = double(enc.bytes) / link;
-      const double total = encode + sent_link + decode;
-      table.push_back({name, fmt(double(enc.bytes) / 1e6, 2), fmt(bytes / double(enc.bytes), 1) + "x",
-                       fmt(bytes / encode / 1e9, 2), fmt(bytes / decode / 1e9, 2), fmt(encode / (bytes / mem), 1) + "x",
-                       "-", fmt(1000 * total, 1), fmt(1000 * dense_link, 1), total < dense_link ? "yes" : "NO"});
-      if (o.json) {
-        std::cout << json{{"bench", "compression_codec"}, {"d", d}, {"scheme", name}, {"encoded_bytes", enc.bytes},
-                          {"encode_gbps", bytes / encode / 1e9}, {"decode_gbps", bytes / decode / 1e9},
-                          {"memcpy_gbps", mem / 1e9}}
-                         .dump()
-                  << std::endl;
-      }
-    }
+    for (std::uint32_t bits : {8u, 4u}) broadcast_delta_speed(s, bits, o);
     if (o.json) continue;
-    std::cout << "\nCodec speed, d = " << d << " (" << fmt(bytes / 1e6, 0) << " MB float32), one core, GB/s of "
-              << "float32; memory pass (memcpy) " << fmt(mem / 1e9, 2) << " GB/s measured in this run. The silo "
+    std::cout << "\nCodec speed, d = " << s.d << " (" << fmt(s.bytes / 1e6, 0) << " MB float32), one core, GB/s of "
+              << "float32; memory pass (memcpy) " << fmt(s.mem / 1e9, 2) << " GB/s measured in this run. The silo "
               << "step adds error feedback (the residual in, and out) to the codec; a round sends after it. "
               << "Broadcast deltas: the server's encode (the delta, its codes, the model rebuilt) and a "
               << "receiver's decode added to its base, in the step+send+decode column\n";
     print_table({"scheme", "encoded MB", "smaller", "encode GB/s", "decode GB/s", "encode / memcpy", "silo step GB/s",
                  "step+send+decode ms @1 Gbit/s", "dense send ms", "faster than dense"},
-                table);
+                s.table);
   }
 }
 
-}  // namespace
-
-int bench_compression(const CompressionBenchOptions& o) {
-  if (!o.skip_codecs) codec_speed(o);
-  if (o.rounds == 0) return 0;
-  const auto tmp = std::filesystem::temp_directory_path() / ("xsilo-bench-compression-" + std::to_string(::getpid()));
-  int failures = 0;
-  std::vector<std::pair<Row, Outcome>> results;
-  const SimConfig base = federation_base(o);
-  std::cerr << "bench compression: " << (o.sim.empty() ? "digits MLP" : "the model and trainer of " + o.sim.string())
-            << ", 10 silos, Dirichlet 0.5, " << o.rounds << " rounds, "
-            << o.seeds.size() << " seed(s), real processes over mutual TLS\n";
-  for (const auto& row : rows(o)) {
-    Outcome out;
-    std::vector<double> per_seed_bytes, per_seed_download;
-    for (auto seed : o.seeds) {
-      try {
-        std::filesystem::remove_all(tmp);
-        const auto r = run_sim(federation(base, o, seed, row), tmp, /*quiet=*/true);
-        if (r.rounds_committed != o.rounds) {
-          out.failed = std::to_string(r.rounds_committed) + "/" + std::to_string(o.rounds) + " rounds committed";
-          ++failures;
-          break;
-        }
-        out.accuracy.push_back(r.final_accuracy);
-        out.loss.push_back(r.final_loss);
-        per_seed_bytes.push_back(upload_per_silo(tmp / "audit.jsonl"));
-        per_seed_download.push_back(download_per_silo(tmp / "audit.jsonl"));
-      } catch (const std::exception& e) {
-        out.failed = e.what();
+// One row's federations, a run per seed (the first failure ends the row and counts in `failures`).
+Outcome federate_row(const Row& row, const SimConfig& base, const CompressionBenchOptions& o,
+                     const std::filesystem::path& tmp, int& failures) {
+  Outcome out;
+  std::vector<double> per_seed_bytes, per_seed_download;
+  for (auto seed : o.seeds) {
+    try {
+      std::filesystem::remove_all(tmp);
+      const auto r = run_sim(federation(base, o, seed, row), tmp, /*quiet=*/true);
+      if (r.rounds_committed != o.rounds) {
+        out.failed = std::to_string(r.rounds_committed) + "/" + std::to_string(o.rounds) + " rounds committed";
         ++failures;
         break;
       }
+      out.accuracy.push_back(r.final_accuracy);
+      out.loss.push_back(r.final_loss);
+      per_seed_bytes.push_back(upload_per_silo(tmp / "audit.jsonl"));
+      per_seed_download.push_back(download_per_silo(tmp / "audit.jsonl"));
+    } catch (const std::exception& e) {
+      out.failed = e.what();
+      ++failures;
+      break;
     }
-    out.bytes_per_silo_round = mean(per_seed_bytes);
-    out.download_per_silo_round = mean(per_seed_download);
-    std::cerr << "  " << row.name << ": "
-              << (out.failed.empty() ? fmt(100 * mean(out.accuracy), 2) + " %, " + fmt(out.bytes_per_silo_round, 0) +
-                                           " B per upload, " + fmt(out.download_per_silo_round, 0) + " B per download"
-                                     : "failed: " + out.failed)
-              << "\n";
-    if (o.json) {
-      std::cout << json{{"bench", "compression"}, {"scheme", row.name}, {"accuracy", out.accuracy},
-                        {"upload_bytes_per_silo_round", out.bytes_per_silo_round},
-                        {"download_bytes_per_silo_round", out.download_per_silo_round}, {"failed", out.failed}}
-                       .dump()
-                << std::endl;
-    }
-    results.emplace_back(row, std::move(out));
   }
-  std::filesystem::remove_all(tmp);
-  if (o.json) return failures ? 1 : 0;
-  // Each row against the uncompressed run of its mode (plain or secure).
+  out.bytes_per_silo_round = mean(per_seed_bytes);
+  out.download_per_silo_round = mean(per_seed_download);
+  std::cerr << "  " << row.name << ": "
+            << (out.failed.empty() ? fmt(100 * mean(out.accuracy), 2) + " %, " + fmt(out.bytes_per_silo_round, 0) +
+                                         " B per upload, " + fmt(out.download_per_silo_round, 0) + " B per download"
+                                   : "failed: " + out.failed)
+            << "\n";
+  if (o.json) {
+    std::cout << json{{"bench", "compression"}, {"scheme", row.name}, {"accuracy", out.accuracy},
+                      {"upload_bytes_per_silo_round", out.bytes_per_silo_round},
+                      {"download_bytes_per_silo_round", out.download_per_silo_round}, {"failed", out.failed}}
+                     .dump()
+              << std::endl;
+  }
+  return out;
+}
+
+// The learning quality table: each row against the uncompressed run of its mode (plain or secure).
+void print_quality(const std::vector<std::pair<Row, Outcome>>& results, const CompressionBenchOptions& o) {
   auto reference = [&](bool secure) -> const Outcome* {
     for (const auto& [row, out] : results) {
       if (row.secure == secure && row.compression.is_null() && row.broadcast.is_null() && out.failed.empty()) return &out;
@@ -405,6 +415,24 @@ int bench_compression(const CompressionBenchOptions& o) {
               table);
   std::cout << "  (the test split has 359 rows: accuracies move in steps of 0.28 points, so close runs can tie; "
                "the loss tells them apart)\n";
+}
+
+}  // namespace
+
+int bench_compression(const CompressionBenchOptions& o) {
+  if (!o.skip_codecs) codec_speed(o);
+  if (o.rounds == 0) return 0;
+  const auto tmp = std::filesystem::temp_directory_path() / ("xsilo-bench-compression-" + std::to_string(::getpid()));
+  int failures = 0;
+  std::vector<std::pair<Row, Outcome>> results;
+  const SimConfig base = federation_base(o);
+  std::cerr << "bench compression: " << (o.sim.empty() ? "digits MLP" : "the model and trainer of " + o.sim.string())
+            << ", 10 silos, Dirichlet 0.5, " << o.rounds << " rounds, "
+            << o.seeds.size() << " seed(s), real processes over mutual TLS\n";
+  for (const auto& row : rows(o)) results.emplace_back(row, federate_row(row, base, o, tmp, failures));
+  std::filesystem::remove_all(tmp);
+  if (o.json) return failures ? 1 : 0;
+  print_quality(results, o);
   return failures ? 1 : 0;
 }
 

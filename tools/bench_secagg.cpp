@@ -111,7 +111,7 @@ struct Row {
 
 // plan.degree 0: the complete graph, t = max(n / 2 + 1, 2n / 3); otherwise SecAgg+ with the
 // plan's k and t, and sums over at least half the group.
-Row run(std::size_t n, std::size_t d, double drop, double rate, const BenchPki& pki, const crypto::secagg::GraphPlan& plan) {
+crypto::secagg::Params secagg_params(std::size_t n, std::size_t d, const crypto::secagg::GraphPlan& plan) {
   crypto::secagg::Params p;
   p.session = "bench/1/1";
   for (std::size_t i = 0; i < n; ++i) p.members.push_back("silo-" + std::to_string(i));
@@ -126,6 +126,13 @@ Row run(std::size_t n, std::size_t d, double drop, double rate, const BenchPki& 
   }
   p.bits = 32;
   p.length = d + 1;
+  return p;
+}
+
+// One group's whole protocol in process (silo 0's key phases and the best of three silos' masking
+// timed, then the server's unmasking), beside the keystream bounds at `rate`.
+Row run(std::size_t n, std::size_t d, double drop, double rate, const BenchPki& pki, const crypto::secagg::GraphPlan& plan) {
+  auto p = secagg_params(n, d, plan);
   auto box = crypto::X25519KeyPair::generate();
   p.server_key = box.public_key;
   const auto& server_signer = pki.signers.at("server");
@@ -380,6 +387,159 @@ LsaRow lsa_partial(const crypto::lightsecagg::Params& params, double drop, const
   r.exact = ok;
   return r;
 }
+// What the runs gather for the tables printed at the end; ok turns false on a miss of a target
+// or an inexact sum.
+struct SecAggTables {
+  std::vector<std::vector<std::string>> rows, lsa_rows;
+  std::vector<std::string> speedups, lsa_lines;
+  bool ok = true;
+};
+
+// The graph SecAgg+ chose for a group of n, and why.
+void say_plan(std::size_t n, const crypto::secagg::GraphPlan& plan, const SecAggBenchOptions& opts) {
+  if (opts.graph != "complete" && !opts.json) {
+    std::cout << "SecAgg+ for n = " << n << ", dropouts " << fmt(opts.plan_dropout * 100, 0) << "%, corrupt "
+              << fmt(opts.corrupt * 100, 0) << "%: "
+              << (plan.degree ? "k = " + std::to_string(plan.degree) + ", t = " + std::to_string(plan.threshold) +
+                                    " of k + 1, safe against a deviating server with " +
+                                    std::to_string(plan.corrupt) + " colluders whatever the graph; a round fails "
+                                    "with p < " + sci(plan.p_unavailable)
+                              : std::string("no graph below the complete one keeps t above half of each secret's "
+                                            "holders with these dropouts (2^-20): the complete graph"))
+              << "\n";
+  }
+}
+
+// One SecAgg or SecAgg+ run: its row, its JSON line, and against the complete graph's run before it
+// (complete_unmask, set by that run) SecAgg+'s speedup.
+void graph_case(std::size_t n, std::size_t d, double drop, double rate, const BenchPki& pki,
+                const crypto::secagg::GraphPlan& graph, const SecAggBenchOptions& opts, double& complete_unmask,
+                SecAggTables& t) {
+  if (!opts.json) {
+    std::cerr << "n = " << n << ", d = " << d << ", dropouts " << drop * 100 << "%, "
+              << (graph.degree ? "k = " + std::to_string(graph.degree) : std::string("complete graph"))
+              << " ..." << std::endl;
+  }
+  const Row r = run(n, d, drop, rate, pki, graph);
+  if (!graph.degree) complete_unmask = r.unmask_s;
+  if (graph.degree && complete_unmask > 0 && r.unmask_s > 0) {
+    t.speedups.push_back("n = " + std::to_string(n) + ", d = " + std::to_string(d) + ", dropouts " +
+                         fmt(drop * 100, 0) + "%: unmasking " + fmt(complete_unmask / r.unmask_s, 1) +
+                         "x faster with k = " + std::to_string(graph.degree));
+  }
+  const double mask_ratio = r.mask_s / r.mask_bound_s, unmask_ratio = r.unmask_s / r.unmask_bound_s;
+  const bool mask_ok = mask_ratio <= kMaskTarget;
+  const bool unmask_ok = drop < 0.3 - 1e-9 || unmask_ratio <= 2.0;
+  t.ok = t.ok && mask_ok && unmask_ok && r.exact;
+  if (opts.json) {
+    std::cout << json{{"bench", "secagg"},
+                      {"n", n},
+                      {"d", d},
+                      {"dropouts", drop},
+                      {"degree", r.degree},
+                      {"threshold", r.threshold},
+                      {"key_phases_seconds", r.setup_s},
+                      {"mask_seconds", r.mask_s},
+                      {"mask_bound_seconds", r.mask_bound_s},
+                      {"unmask_seconds", r.unmask_s},
+                      {"unmask_bound_seconds", r.unmask_bound_s},
+                      {"expansions", r.expansions},
+                      {"keystream_GBps", rate / 1e9},
+                      {"exact_sum", r.exact}}
+                     .dump()
+              << std::endl;
+  }
+  t.rows.push_back({std::to_string(n), std::to_string(d), fmt(drop * 100, 0) + "%",
+                    graph.degree ? std::to_string(r.degree) : "all", std::to_string(r.threshold),
+                    fmt(r.setup_s, 3), fmt(r.mask_s, 3), fmt(mask_ratio, 2) + "x" + (mask_ok ? "" : " (>1.25)"),
+                    fmt(r.unmask_s, 3), std::to_string(r.expansions),
+                    fmt(unmask_ratio, 2) + "x" + (unmask_ok ? "" : " (>2)"), r.exact ? "yes" : "NO"});
+}
+
+// LightSecAgg beside them: its row and its ratio to the complete graph's unmasking keystream
+// (complete_unmask: the complete graph's measured unmasking in this run, 0 if none ran).
+void lightsecagg_case(std::size_t n, std::size_t d, double drop, double rate, const BenchPki& pki,
+                      const SecAggBenchOptions& opts, double complete_unmask, SecAggTables& t) {
+  const auto lp = lsa_params(n, d, opts);
+  const auto dropped = static_cast<std::size_t>(std::round(drop * static_cast<double>(n)));
+  if (n - dropped < lp.min_survivors) {
+    t.lsa_lines.push_back("n = " + std::to_string(n) + ", dropouts " + fmt(drop * 100, 0) + "%: LightSecAgg with U = " +
+                          std::to_string(lp.target) + " cannot decode from " + std::to_string(n - dropped) +
+                          " survivors (raise --plan-dropout)");
+    return;
+  }
+  // Every box at once on the server: n (n - 1) L words. Beyond 2 GiB, one silo and the decode alone.
+  const double all_boxes = static_cast<double>(n) * static_cast<double>(n - 1) * 4.0 *
+                           static_cast<double>(lp.segment());
+  if (!opts.json) {
+    std::cerr << "n = " << n << ", d = " << d << ", dropouts " << drop * 100 << "%, LightSecAgg T = "
+              << lp.privacy << ", U = " << lp.target << " ..." << std::endl;
+  }
+  const LsaRow l = all_boxes <= 2.0 * (1u << 30) ? lsa_full(lp, drop, pki) : lsa_partial(lp, drop, pki);
+  // The complete graph's unmasking keystream: every survivor's self mask and every
+  // dropped member's pairwise mask with every survivor, 4(d + 1) bytes each.
+  const std::size_t survivors = n - dropped;
+  const double complete_expansions = static_cast<double>(survivors + dropped * survivors);
+  const double complete_ks = complete_expansions * 4.0 * static_cast<double>(d + 1) / rate;
+  const double ratio = l.unmask_s / complete_ks;
+  t.ok = t.ok && l.exact;
+  if (opts.json) {
+    std::cout << json{{"bench", "secagg"}, {"protocol", "lightsecagg"}, {"n", n}, {"d", d}, {"dropouts", drop},
+                      {"privacy", l.T}, {"target", l.U}, {"threshold", l.t}, {"in_process", l.full},
+                      {"share_seconds", l.share_s}, {"mask_seconds", l.mask_s}, {"unmask_seconds", l.unmask_s},
+                      {"offline_bytes_per_silo", l.offline_bytes},
+                      {"complete_graph_keystream_seconds", complete_ks}, {"unmask_of_complete_keystream", ratio},
+                      {"keystream_GBps", rate / 1e9}, {"exact_sum", l.exact}}
+                     .dump()
+              << std::endl;
+  }
+  t.lsa_rows.push_back({std::to_string(n), std::to_string(d), fmt(drop * 100, 0) + "%", std::to_string(l.T),
+                        std::to_string(l.U), std::to_string(l.t), l.full ? "all" : "one silo + decode",
+                        fmt(l.share_s, 3), fmt(l.mask_s, 4), fmt(l.unmask_s, 3),
+                        fmt(static_cast<double>(l.offline_bytes) / 1e6, 1), fmt(ratio, 3) + "x",
+                        l.exact ? (l.full ? "yes" : "yes (8 probes)") : "NO"});
+  t.lsa_lines.push_back("n = " + std::to_string(n) + ", d = " + std::to_string(d) + ", dropouts " +
+                        fmt(drop * 100, 0) + "%: LightSecAgg unmasks in " + fmt(l.unmask_s, 3) + " s = " +
+                        fmt(ratio, 3) + "x the complete graph's keystream time (" +
+                        std::to_string(static_cast<std::size_t>(complete_expansions)) + " expansions x " +
+                        fmt(4.0 * static_cast<double>(d + 1) / 1e6, 1) + " MB at " + fmt(rate / 1e9, 2) +
+                        " GB/s = " + fmt(complete_ks, 3) + " s: measured rate x expansions)" +
+                        (complete_unmask > 0 ? "; the complete graph's measured unmasking in this run: " +
+                                                   fmt(complete_unmask, 3) + " s (" +
+                                                   fmt(l.unmask_s / complete_unmask, 3) + "x)"
+                                             : ""));
+}
+
+void print_tables(const SecAggTables& t, const SecAggBenchOptions& opts) {
+  if (opts.json) return;
+print_table({"n", "d", "dropouts", "k", "t", "key phases s", "mask s",
+             "of bound", "unmask s", "expansions", "of bound", "exact sum"},
+            t.rows);
+std::cout << "bounds: masking = (k + 1) x 4(d+1) bytes of keystream; "
+             "unmasking = expansions x 4(d+1) bytes\n"
+          << "key phases: one silo's advertise, share, receive and settle "
+             "(certificate signatures and checks, sealing, agreeing its mask seeds)\n"
+          << "k: neighbours each silo masks with (all: the complete "
+             "graph); t: shares that rebuild a secret\n";
+for (const auto& line : t.speedups) std::cout << "SecAgg+ " << line << "\n";
+if (opts.lightsecagg) {
+  std::cout << "\nLightSecAgg (crypto/lightsecagg.h), field 2^32 - 5:\n";
+  print_table({"n", "d", "dropouts", "T", "U", "t", "in process", "share s", "mask s", "unmask s",
+               "offline MB/silo", "of complete ks", "exact sum"},
+              t.lsa_rows);
+  std::cout << "share: one silo's offline phase (draw the mask and noise, encode n shares, sign and seal "
+               "them); mask: one silo's pass y = x + z mod p; unmask: the server's decode of the aggregate "
+               "mask from U answers and its subtraction (with the check of answers beyond U)\n"
+            << "in process \"one silo + decode\": every box at once would not fit (n(n-1) d / (U - T) words); "
+               "the silos advertise, one silo shares for real, mask is the field addition pass mask() runs, "
+               "and the decode runs on U answers of L words, checked at 8 coordinates against plain Lagrange "
+               "interpolation\n"
+            << "of complete ks: unmask s over the complete graph's unmasking keystream, (survivors + dropped x "
+               "survivors) x 4(d+1) bytes at the measured rate\n";
+  for (const auto& line : t.lsa_lines) std::cout << line << "\n";
+}
+}
+
 }  // namespace
 
 int bench_secagg(const SecAggBenchOptions& opts) {
@@ -390,153 +550,25 @@ int bench_secagg(const SecAggBenchOptions& opts) {
     std::cout << "AES-128-CTR keystream, one core: openssl speed " << fmt(openssl / 1e9, 2) << " GB/s, xsilo's PRG "
               << fmt(ours / 1e9, 2) << " GB/s; bounds use " << fmt(rate / 1e9, 2) << " GB/s\n";
   }
-  std::vector<std::vector<std::string>> rows, lsa_rows;
-  std::vector<std::string> speedups, lsa_lines;
-  bool ok = true;
+  SecAggTables t;
   const BenchPki pki(*std::max_element(opts.n.begin(), opts.n.end()));
   for (auto n : opts.n) {
     // SecAgg+'s graph for this group size, the planned dropout rate and corruption.
     const auto plan = crypto::secagg::plan_graph(n, opts.plan_dropout, opts.corrupt);
-    if (opts.graph != "complete" && !opts.json) {
-      std::cout << "SecAgg+ for n = " << n << ", dropouts " << fmt(opts.plan_dropout * 100, 0) << "%, corrupt "
-                << fmt(opts.corrupt * 100, 0) << "%: "
-                << (plan.degree ? "k = " + std::to_string(plan.degree) + ", t = " + std::to_string(plan.threshold) +
-                                      " of k + 1, safe against a deviating server with " +
-                                      std::to_string(plan.corrupt) + " colluders whatever the graph; a round fails "
-                                      "with p < " + sci(plan.p_unavailable)
-                                : std::string("no graph below the complete one keeps t above half of each secret's "
-                                              "holders with these dropouts (2^-20): the complete graph"))
-                << "\n";
-    }
+    say_plan(n, plan, opts);
     std::vector<crypto::secagg::GraphPlan> graphs;
     if (opts.graph != "plus") graphs.push_back({});
     if (opts.graph != "complete" && plan.degree) graphs.push_back(plan);
     for (auto d : opts.d) {
       for (auto drop : opts.dropouts) {
         double complete_unmask = 0;
-        for (const auto& graph : graphs) {
-          if (!opts.json) {
-            std::cerr << "n = " << n << ", d = " << d << ", dropouts " << drop * 100 << "%, "
-                      << (graph.degree ? "k = " + std::to_string(graph.degree) : std::string("complete graph"))
-                      << " ..." << std::endl;
-          }
-          const Row r = run(n, d, drop, rate, pki, graph);
-          if (!graph.degree) complete_unmask = r.unmask_s;
-          if (graph.degree && complete_unmask > 0 && r.unmask_s > 0) {
-            speedups.push_back("n = " + std::to_string(n) + ", d = " + std::to_string(d) + ", dropouts " +
-                               fmt(drop * 100, 0) + "%: unmasking " + fmt(complete_unmask / r.unmask_s, 1) +
-                               "x faster with k = " + std::to_string(graph.degree));
-          }
-          const double mask_ratio = r.mask_s / r.mask_bound_s, unmask_ratio = r.unmask_s / r.unmask_bound_s;
-          const bool mask_ok = mask_ratio <= kMaskTarget;
-          const bool unmask_ok = drop < 0.3 - 1e-9 || unmask_ratio <= 2.0;
-          ok = ok && mask_ok && unmask_ok && r.exact;
-          if (opts.json) {
-            std::cout << json{{"bench", "secagg"},
-                              {"n", n},
-                              {"d", d},
-                              {"dropouts", drop},
-                              {"degree", r.degree},
-                              {"threshold", r.threshold},
-                              {"key_phases_seconds", r.setup_s},
-                              {"mask_seconds", r.mask_s},
-                              {"mask_bound_seconds", r.mask_bound_s},
-                              {"unmask_seconds", r.unmask_s},
-                              {"unmask_bound_seconds", r.unmask_bound_s},
-                              {"expansions", r.expansions},
-                              {"keystream_GBps", rate / 1e9},
-                              {"exact_sum", r.exact}}
-                             .dump()
-                      << std::endl;
-          }
-          rows.push_back({std::to_string(n), std::to_string(d), fmt(drop * 100, 0) + "%",
-                          graph.degree ? std::to_string(r.degree) : "all", std::to_string(r.threshold),
-                          fmt(r.setup_s, 3), fmt(r.mask_s, 3), fmt(mask_ratio, 2) + "x" + (mask_ok ? "" : " (>1.25)"),
-                          fmt(r.unmask_s, 3), std::to_string(r.expansions),
-                          fmt(unmask_ratio, 2) + "x" + (unmask_ok ? "" : " (>2)"), r.exact ? "yes" : "NO"});
-        }
-        if (opts.lightsecagg) {
-          const auto lp = lsa_params(n, d, opts);
-          const auto dropped = static_cast<std::size_t>(std::round(drop * static_cast<double>(n)));
-          if (n - dropped < lp.min_survivors) {
-            lsa_lines.push_back("n = " + std::to_string(n) + ", dropouts " + fmt(drop * 100, 0) + "%: LightSecAgg with U = " +
-                                std::to_string(lp.target) + " cannot decode from " + std::to_string(n - dropped) +
-                                " survivors (raise --plan-dropout)");
-            continue;
-          }
-          // Every box at once on the server: n (n - 1) L words. Beyond 2 GiB, one silo and the decode alone.
-          const double all_boxes = static_cast<double>(n) * static_cast<double>(n - 1) * 4.0 *
-                                   static_cast<double>(lp.segment());
-          if (!opts.json) {
-            std::cerr << "n = " << n << ", d = " << d << ", dropouts " << drop * 100 << "%, LightSecAgg T = "
-                      << lp.privacy << ", U = " << lp.target << " ..." << std::endl;
-          }
-          const LsaRow l = all_boxes <= 2.0 * (1u << 30) ? lsa_full(lp, drop, pki) : lsa_partial(lp, drop, pki);
-          // The complete graph's unmasking keystream: every survivor's self mask and every
-          // dropped member's pairwise mask with every survivor, 4(d + 1) bytes each.
-          const std::size_t survivors = n - dropped;
-          const double complete_expansions = static_cast<double>(survivors + dropped * survivors);
-          const double complete_ks = complete_expansions * 4.0 * static_cast<double>(d + 1) / rate;
-          const double ratio = l.unmask_s / complete_ks;
-          ok = ok && l.exact;
-          if (opts.json) {
-            std::cout << json{{"bench", "secagg"}, {"protocol", "lightsecagg"}, {"n", n}, {"d", d}, {"dropouts", drop},
-                              {"privacy", l.T}, {"target", l.U}, {"threshold", l.t}, {"in_process", l.full},
-                              {"share_seconds", l.share_s}, {"mask_seconds", l.mask_s}, {"unmask_seconds", l.unmask_s},
-                              {"offline_bytes_per_silo", l.offline_bytes},
-                              {"complete_graph_keystream_seconds", complete_ks}, {"unmask_of_complete_keystream", ratio},
-                              {"keystream_GBps", rate / 1e9}, {"exact_sum", l.exact}}
-                             .dump()
-                      << std::endl;
-          }
-          lsa_rows.push_back({std::to_string(n), std::to_string(d), fmt(drop * 100, 0) + "%", std::to_string(l.T),
-                              std::to_string(l.U), std::to_string(l.t), l.full ? "all" : "one silo + decode",
-                              fmt(l.share_s, 3), fmt(l.mask_s, 4), fmt(l.unmask_s, 3),
-                              fmt(static_cast<double>(l.offline_bytes) / 1e6, 1), fmt(ratio, 3) + "x",
-                              l.exact ? (l.full ? "yes" : "yes (8 probes)") : "NO"});
-          lsa_lines.push_back("n = " + std::to_string(n) + ", d = " + std::to_string(d) + ", dropouts " +
-                              fmt(drop * 100, 0) + "%: LightSecAgg unmasks in " + fmt(l.unmask_s, 3) + " s = " +
-                              fmt(ratio, 3) + "x the complete graph's keystream time (" +
-                              std::to_string(static_cast<std::size_t>(complete_expansions)) + " expansions x " +
-                              fmt(4.0 * static_cast<double>(d + 1) / 1e6, 1) + " MB at " + fmt(rate / 1e9, 2) +
-                              " GB/s = " + fmt(complete_ks, 3) + " s: measured rate x expansions)" +
-                              (complete_unmask > 0 ? "; the complete graph's measured unmasking in this run: " +
-                                                         fmt(complete_unmask, 3) + " s (" +
-                                                         fmt(l.unmask_s / complete_unmask, 3) + "x)"
-                                                   : ""));
-        }
+        for (const auto& graph : graphs) graph_case(n, d, drop, rate, pki, graph, opts, complete_unmask, t);
+        if (opts.lightsecagg) lightsecagg_case(n, d, drop, rate, pki, opts, complete_unmask, t);
       }
     }
   }
-  if (!opts.json) {
-    print_table({"n", "d", "dropouts", "k", "t", "key phases s", "mask s",
-                 "of bound", "unmask s", "expansions", "of bound", "exact sum"},
-                rows);
-    std::cout << "bounds: masking = (k + 1) x 4(d+1) bytes of keystream; "
-                 "unmasking = expansions x 4(d+1) bytes\n"
-              << "key phases: one silo's advertise, share, receive and settle "
-                 "(certificate signatures and checks, sealing, agreeing its mask seeds)\n"
-              << "k: neighbours each silo masks with (all: the complete "
-                 "graph); t: shares that rebuild a secret\n";
-    for (const auto& line : speedups) std::cout << "SecAgg+ " << line << "\n";
-    if (opts.lightsecagg) {
-      std::cout << "\nLightSecAgg (crypto/lightsecagg.h), field 2^32 - 5:\n";
-      print_table({"n", "d", "dropouts", "T", "U", "t", "in process", "share s", "mask s", "unmask s",
-                   "offline MB/silo", "of complete ks", "exact sum"},
-                  lsa_rows);
-      std::cout << "share: one silo's offline phase (draw the mask and noise, encode n shares, sign and seal "
-                   "them); mask: one silo's pass y = x + z mod p; unmask: the server's decode of the aggregate "
-                   "mask from U answers and its subtraction (with the check of answers beyond U)\n"
-                << "in process \"one silo + decode\": every box at once would not fit (n(n-1) d / (U - T) words); "
-                   "the silos advertise, one silo shares for real, mask is the field addition pass mask() runs, "
-                   "and the decode runs on U answers of L words, checked at 8 coordinates against plain Lagrange "
-                   "interpolation\n"
-                << "of complete ks: unmask s over the complete graph's unmasking keystream, (survivors + dropped x "
-                   "survivors) x 4(d+1) bytes at the measured rate\n";
-      for (const auto& line : lsa_lines) std::cout << line << "\n";
-    }
-  }
-  return ok ? 0 : 1;
+  print_tables(t, opts);
+  return t.ok ? 0 : 1;
 }
 
 }  // namespace xsilo::tools

@@ -65,6 +65,78 @@ double mean_round_seconds(const std::filesystem::path& out) {
   return rows.empty() ? NAN : sum / static_cast<double>(rows.size());
 }
 
+// One model size: the best hand-off to the trainer and back against the same bytes written and
+// read once through its folder. False when the model did not come back unchanged.
+bool handoff_row(std::size_t d, const agent::AgentConfig& cfg, const TrainerBenchOptions& opts,
+                 std::vector<std::vector<std::string>>& rows) {
+  std::cerr << "bench trainer: " << d << " parameters (" << d * 4 / (1 << 20) << " MiB), " << opts.repeats
+            << " hand-offs..." << std::endl;
+  Model global;
+  global.add("w", {d});
+  for (std::size_t i = 0; i < d; ++i) global.flat()[i] = static_cast<float>(i % 1000) * 1e-3f;
+  Model local = global.zeros_like();
+  agent::ExternalTrainer trainer(cfg);
+  agent::TrainTask task;
+  task.silo = "bench";
+  task.plan.set_train(true);
+  task.round = 0;
+  trainer.train(global, task, local);  // start-up and a first hand-off: not timed
+  double best = 1e30;
+  for (std::size_t k = 0; k < opts.repeats; ++k) {
+    task.round = k + 1;
+    const auto t0 = Clock::now();
+    trainer.train(global, task, local);
+    best = std::min(best, seconds_since(t0));
+  }
+  const bool unchanged = std::memcmp(local.flat().data(), global.flat().data(), global.bytes()) == 0;
+  if (!unchanged) std::cerr << "bench trainer: the model did not come back unchanged\n";
+  // The bound: the same bytes written and read once through the same folder.
+  std::vector<float> data(global.flat().begin(), global.flat().end()), back(d);
+  double bound = 1e30;
+  for (std::size_t k = 0; k < opts.repeats; ++k) bound = std::min(bound, shm_round_trip(trainer.exchange_dir(), data, back));
+  const double gb = static_cast<double>(global.bytes()) / 1e9;
+  if (opts.json) {
+    std::cout << json{{"bench", "trainer"}, {"params", d}, {"handoff_s", best}, {"shm_once_s", bound},
+                      {"ratio", best / bound}}.dump()
+              << std::endl;
+  }
+  rows.push_back({std::to_string(d), fmt(gb * 1000, 0), fmt(best, 3), fmt(2 * gb / best, 2), fmt(bound, 3),
+                  fmt(best / bound, 2), best / bound <= 3.0 ? "met" : "MISSED"});
+  return unchanged;
+}
+
+// The default experiment with the built-in trainer, then with the no-op external trainer.
+void default_experiment(const TrainerBenchOptions& opts, const std::filesystem::path& script,
+                        const std::filesystem::path& tmp) {
+  std::cerr << "bench trainer: the default experiment, built-in and external..." << std::endl;
+  SimConfig builtin = default_sim_config();
+  builtin.rounds = opts.rounds;
+  builtin.baseline = false;
+  run_sim(builtin, tmp / "builtin", true);
+  SimConfig external = builtin;
+  ModelSpec spec;
+  spec.inputs = 30;
+  save_safetensors(tmp / "init.safetensors", init_model(spec));
+  external.model_kind = "file";
+  external.model_file = tmp / "init.safetensors";
+  external.trainer = SimConfig::Trainer{};
+  external.trainer->command = {opts.python, script.string()};
+  external.trainer->evaluate = false;
+  external.baseline = false;
+  run_sim(external, tmp / "external", true);
+  const double b = mean_round_seconds(tmp / "builtin"), e = mean_round_seconds(tmp / "external");
+  if (opts.json) {
+    std::cout << json{{"bench", "trainer_round"}, {"builtin_s", b}, {"external_s", e}, {"overhead_s", e - b}}.dump()
+              << std::endl;
+  } else {
+    std::cout << "\nPer round on the default experiment (5 silos, breast cancer, " << opts.rounds
+              << " rounds, mean of the rounds):\n";
+    print_table({"trainer", "seconds per round", "overhead"},
+                {{"built-in (logistic regression in the agent)", fmt(b, 4), "-"},
+                 {"external (no-op Python trainer via the SDK)", fmt(e, 4), fmt(e - b, 4) + " s"}});
+  }
+}
+
 }  // namespace
 
 int bench_trainer(const TrainerBenchOptions& opts) {
@@ -80,41 +152,7 @@ int bench_trainer(const TrainerBenchOptions& opts) {
   std::vector<std::vector<std::string>> rows;
   int rc = 0;
   for (const auto d : opts.params) {
-    std::cerr << "bench trainer: " << d << " parameters (" << d * 4 / (1 << 20) << " MiB), " << opts.repeats
-              << " hand-offs..." << std::endl;
-    Model global;
-    global.add("w", {d});
-    for (std::size_t i = 0; i < d; ++i) global.flat()[i] = static_cast<float>(i % 1000) * 1e-3f;
-    Model local = global.zeros_like();
-    agent::ExternalTrainer trainer(cfg);
-    agent::TrainTask task;
-    task.silo = "bench";
-    task.plan.set_train(true);
-    task.round = 0;
-    trainer.train(global, task, local);  // start-up and a first hand-off: not timed
-    double best = 1e30;
-    for (std::size_t k = 0; k < opts.repeats; ++k) {
-      task.round = k + 1;
-      const auto t0 = Clock::now();
-      trainer.train(global, task, local);
-      best = std::min(best, seconds_since(t0));
-    }
-    if (std::memcmp(local.flat().data(), global.flat().data(), global.bytes()) != 0) {
-      std::cerr << "bench trainer: the model did not come back unchanged\n";
-      rc = 1;
-    }
-    // The bound: the same bytes written and read once through the same folder.
-    std::vector<float> data(global.flat().begin(), global.flat().end()), back(d);
-    double bound = 1e30;
-    for (std::size_t k = 0; k < opts.repeats; ++k) bound = std::min(bound, shm_round_trip(trainer.exchange_dir(), data, back));
-    const double gb = static_cast<double>(global.bytes()) / 1e9;
-    if (opts.json) {
-      std::cout << json{{"bench", "trainer"}, {"params", d}, {"handoff_s", best}, {"shm_once_s", bound},
-                        {"ratio", best / bound}}.dump()
-                << std::endl;
-    }
-    rows.push_back({std::to_string(d), fmt(gb * 1000, 0), fmt(best, 3), fmt(2 * gb / best, 2), fmt(bound, 3),
-                    fmt(best / bound, 2), best / bound <= 3.0 ? "met" : "MISSED"});
+    if (!handoff_row(d, cfg, opts, rows)) rc = 1;
   }
   if (!opts.json) {
     std::cout << "\nHand-off agent -> trainer -> agent (no-op Python trainer via the SDK), best of " << opts.repeats
@@ -123,36 +161,7 @@ int bench_trainer(const TrainerBenchOptions& opts) {
                 rows);
   }
 
-  if (opts.rounds > 0) {
-    // The default experiment with the built-in trainer, then with the no-op external trainer.
-    std::cerr << "bench trainer: the default experiment, built-in and external..." << std::endl;
-    SimConfig builtin = default_sim_config();
-    builtin.rounds = opts.rounds;
-    builtin.baseline = false;
-    run_sim(builtin, tmp / "builtin", true);
-    SimConfig external = builtin;
-    ModelSpec spec;
-    spec.inputs = 30;
-    save_safetensors(tmp / "init.safetensors", init_model(spec));
-    external.model_kind = "file";
-    external.model_file = tmp / "init.safetensors";
-    external.trainer = SimConfig::Trainer{};
-    external.trainer->command = {opts.python, script.string()};
-    external.trainer->evaluate = false;
-    external.baseline = false;
-    run_sim(external, tmp / "external", true);
-    const double b = mean_round_seconds(tmp / "builtin"), e = mean_round_seconds(tmp / "external");
-    if (opts.json) {
-      std::cout << json{{"bench", "trainer_round"}, {"builtin_s", b}, {"external_s", e}, {"overhead_s", e - b}}.dump()
-                << std::endl;
-    } else {
-      std::cout << "\nPer round on the default experiment (5 silos, breast cancer, " << opts.rounds
-                << " rounds, mean of the rounds):\n";
-      print_table({"trainer", "seconds per round", "overhead"},
-                  {{"built-in (logistic regression in the agent)", fmt(b, 4), "-"},
-                   {"external (no-op Python trainer via the SDK)", fmt(e, 4), fmt(e - b, 4) + " s"}});
-    }
-  }
+  if (opts.rounds > 0) default_experiment(opts, script, tmp);
   std::error_code ec;
   std::filesystem::remove_all(tmp, ec);
   return rc;

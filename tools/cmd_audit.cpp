@@ -54,6 +54,69 @@ void show_record(const nlohmann::json& r) {
   }
 }
 
+// `audit verify`, after the chain verified: every witness's signed heads are in the log. False
+// (having said why) when one is not.
+bool witnesses_consistent(const server::AuditVerifyResult& r, const std::vector<std::string>& witnesses) {
+  for (const auto& w : witnesses) {
+    const auto c = server::check_witness(r, w);
+    if (!c.ok) {
+      std::cout << "FAILED: " << c.reason << "\n"
+                << "the log's own " << r.records << " records verify; the witness shows it is not the log "
+                << "the server signed heads of\n";
+      return false;
+    }
+    std::cout << "witness " << w << ": " << c.checked << " signed heads, all in the log\n";
+    if (c.ignored) {
+      std::cout << "  " << c.ignored << " entries not signed by this key were ignored (no evidence either way); "
+                << "the first: " << c.first_ignored << "\n";
+    }
+  }
+  return true;
+}
+
+// Record-level privacy: every claimed epsilon recomputed from its recorded parameters. False (having
+// said why) when a claim is less than they give.
+bool privacy_claims_hold(const server::AuditVerifyResult& r, const std::string& log) {
+  const auto privacy = server::check_privacy_claims(server::read_audit_log(log));
+  if (!privacy.ok) {
+    std::cout << "FAILED: " << privacy.reason << "\n"
+              << "the log's " << r.records << " records verify; a privacy claim in it does not\n";
+    return false;
+  }
+  if (privacy.spends) {
+    std::cout << "privacy: " << privacy.spends << " record-level spends of " << privacy.epsilon.size()
+              << " silos recomputed from their parameters, every claim at least what they give\n";
+    for (const auto& [silo, eps] : privacy.epsilon) std::cout << "  " << silo << ": epsilon " << eps << "\n";
+  }
+  return true;
+}
+
+// `audit verify`: the signatures and the hash chain, then the witnesses and the privacy claims.
+// Returns the exit code: 0 when all hold, 1 when one does not.
+int verify_audit(const std::string& log, const std::string& key, const std::vector<std::string>& witnesses) {
+  std::string pk;
+  try {
+    pk = server::load_public_key(key);
+  } catch (const std::exception& e) {
+    throw ConfigError(std::string("audit verify: ") + e.what());
+  }
+  const auto r = server::verify_audit_log(log, pk);
+  if (!r.ok) {
+    std::cout << "FAILED: " << r.reason << "\n";
+    if (r.records) std::cout << "the first " << r.records << " records verify\n";
+    return 1;
+  }
+  if (!witnesses_consistent(r, witnesses) || !privacy_claims_hold(r, log)) return 1;
+  if (r.keys.size() > 1) {
+    std::cout << "the audit key was rotated " << r.keys.size() - 1 << " time(s); the log is signed by "
+              << server::key_hex(r.keys.back().public_key) << " since record " << r.keys.back().from_seq << "\n";
+  }
+  std::cout << "OK: " << r.records << " records, every signature valid, chain intact"
+            << (witnesses.empty() ? "" : ", every witness consistent") << "\n"
+            << "head " << r.head_sha256 << "\n";
+  return 0;
+}
+
 }  // namespace
 
 void add_audit(CLI::App& app, int& exit_code) {
@@ -69,57 +132,7 @@ void add_audit(CLI::App& app, int& exit_code) {
   verify->add_option("--witness", *witnesses,
                      "a silo's audit_heads.jsonl: the heads the server signed for it must all be in the log")
       ->check(CLI::ExistingFile);
-  verify->callback([log, key, witnesses, &exit_code] {
-    std::string pk;
-    try {
-      pk = server::load_public_key(*key);
-    } catch (const std::exception& e) {
-      throw ConfigError(std::string("audit verify: ") + e.what());
-    }
-    auto r = server::verify_audit_log(*log, pk);
-    if (r.ok) {
-      for (const auto& w : *witnesses) {
-        const auto c = server::check_witness(r, w);
-        if (!c.ok) {
-          std::cout << "FAILED: " << c.reason << "\n"
-                    << "the log's own " << r.records << " records verify; the witness shows it is not the log "
-                    << "the server signed heads of\n";
-          exit_code = 1;
-          return;
-        }
-        std::cout << "witness " << w << ": " << c.checked << " signed heads, all in the log\n";
-        if (c.ignored) {
-          std::cout << "  " << c.ignored << " entries not signed by this key were ignored (no evidence either way); "
-                    << "the first: " << c.first_ignored << "\n";
-        }
-      }
-      // Record-level privacy: every claimed epsilon recomputed from its recorded parameters.
-      const auto privacy = server::check_privacy_claims(server::read_audit_log(*log));
-      if (!privacy.ok) {
-        std::cout << "FAILED: " << privacy.reason << "\n"
-                  << "the log's " << r.records << " records verify; a privacy claim in it does not\n";
-        exit_code = 1;
-        return;
-      }
-      if (privacy.spends) {
-        std::cout << "privacy: " << privacy.spends << " record-level spends of " << privacy.epsilon.size()
-                  << " silos recomputed from their parameters, every claim at least what they give\n";
-        for (const auto& [silo, eps] : privacy.epsilon) std::cout << "  " << silo << ": epsilon " << eps << "\n";
-      }
-      if (r.keys.size() > 1) {
-        std::cout << "the audit key was rotated " << r.keys.size() - 1 << " time(s); the log is signed by "
-                  << server::key_hex(r.keys.back().public_key) << " since record " << r.keys.back().from_seq << "\n";
-      }
-      std::cout << "OK: " << r.records << " records, every signature valid, chain intact"
-                << (witnesses->empty() ? "" : ", every witness consistent") << "\n"
-                << "head " << r.head_sha256 << "\n";
-      exit_code = 0;
-    } else {
-      std::cout << "FAILED: " << r.reason << "\n";
-      if (r.records) std::cout << "the first " << r.records << " records verify\n";
-      exit_code = 1;
-    }
-  });
+  verify->callback([log, key, witnesses, &exit_code] { exit_code = verify_audit(*log, *key, *witnesses); });
 
   auto state_dir = std::make_shared<std::string>();
   auto rotate_by = std::make_shared<std::string>("operator");

@@ -8,14 +8,12 @@
 
 namespace xsilo::tools {
 
-void add_bench(CLI::App& app, int& exit_code) {
-  auto* bench = app.add_subcommand("bench", "benchmarks: tables against the physical limits");
-  bench->require_subcommand(1);
-  // Every figure says which build and which CPU produced it (on stderr: --json stays JSON).
-  bench->parse_complete_callback([] { std::cerr << "# " << build_info() << "; CPU " << cpu_info() << "\n"; });
+namespace {
 
+// `bench round`: a real server and agents on loopback.
+void add_bench_round(CLI::App& bench, int& exit_code) {
   auto round = std::make_shared<RoundBenchOptions>();
-  auto* r = bench->add_subcommand("round", "server + K agents on loopback, synthetic model, no training");
+  auto* r = bench.add_subcommand("round", "server + K agents on loopback, synthetic model, no training");
   r->add_option("--silos", round->silos, "agents (several values: one run each)")->capture_default_str();
   r->add_option("--params", round->params, "float32 parameters of the model")->capture_default_str();
   r->add_option("--rounds", round->rounds, "rounds per run (the first is not timed)")->capture_default_str();
@@ -49,9 +47,12 @@ void add_bench(CLI::App& app, int& exit_code) {
       ->group("");
   r->add_flag("--json", round->json, "one JSON object per measurement");
   r->callback([round, &exit_code] { exit_code = bench_round(*round); });
+}
 
+// `bench attacks`: robust rules against simulated attackers.
+void add_bench_attacks(CLI::App& bench, int& exit_code) {
   auto at = std::make_shared<AttackBenchOptions>();
-  auto* a = bench->add_subcommand("attacks", "robust rules and steps against simulated attacks (10 silos by default, non-IID)");
+  auto* a = bench.add_subcommand("attacks", "robust rules and steps against simulated attacks (10 silos by default, non-IID)");
   a->add_option("--datasets", at->datasets, "digits (MLP), breast_cancer, digits_logistic (logistic regressions; several values)")->capture_default_str();
   a->add_option("--alpha", at->alpha, "Dirichlet label skew (several values: one table each)")->capture_default_str();
   a->add_option("--attackers", at->attackers, "Byzantine silos (several values: one table each)")->capture_default_str();
@@ -76,9 +77,12 @@ void add_bench(CLI::App& app, int& exit_code) {
   a->add_flag("--processes", at->processes, "every run as real processes over mutual TLS (slow) instead of in process");
   a->add_flag("--json", at->json, "one JSON object per run");
   a->callback([at, &exit_code] { exit_code = bench_attacks(*at); });
+}
 
+// `bench compression`: codecs and broadcast deltas.
+void add_bench_compression(CLI::App& bench, int& exit_code) {
   auto co = std::make_shared<CompressionBenchOptions>();
-  auto* cb = bench->add_subcommand("compression", "upload compressors and broadcast deltas: accuracy, bytes and codec speed");
+  auto* cb = bench.add_subcommand("compression", "upload compressors and broadcast deltas: accuracy, bytes and codec speed");
   cb->add_option("--d", co->d, "parameters for the codec speed table (several values)")->capture_default_str();
   cb->add_option("--rounds", co->rounds, "rounds of each federation (0: codec speed only)")->capture_default_str();
   cb->add_option("--seeds", co->seeds, "seeds: each row is their mean")->capture_default_str();
@@ -90,17 +94,23 @@ void add_bench(CLI::App& app, int& exit_code) {
   cb->add_flag("--no-codecs", co->skip_codecs, "skip the codec speed table");
   cb->add_flag("--json", co->json, "one JSON object per measurement");
   cb->callback([co, &exit_code] { exit_code = bench_compression(*co); });
+}
 
+// `bench robust`: the robust rules beside numpy.
+void add_bench_robust(CLI::App& bench, int& exit_code) {
   auto ro = std::make_shared<RobustBenchOptions>();
-  auto* rb = bench->add_subcommand("robust", "robust rules on n x d matrices beside a numpy reference");
+  auto* rb = bench.add_subcommand("robust", "robust rules on n x d matrices beside a numpy reference");
   rb->add_option("--n", ro->n, "inputs (several values)")->capture_default_str();
   rb->add_option("--d", ro->d, "parameters (several values)")->capture_default_str();
   rb->add_option("--numpy-rules", ro->numpy_rules, "rules the numpy reference times")->capture_default_str();
   rb->add_flag("--json", ro->json, "one JSON object per measurement");
   rb->callback([ro, &exit_code] { exit_code = bench_robust(*ro); });
+}
 
+// `bench secagg`: masking and unmasking against the keystream bound.
+void add_bench_secagg(CLI::App& bench, int& exit_code) {
   auto so = std::make_shared<SecAggBenchOptions>();
-  auto* sb = bench->add_subcommand("secagg", "masking and unmasking time against the AES-CTR keystream bound");
+  auto* sb = bench.add_subcommand("secagg", "masking and unmasking time against the AES-CTR keystream bound");
   sb->add_option("--n", so->n, "silos per group (several values)")->capture_default_str();
   sb->add_option("--d", so->d, "parameters (several values)")->capture_default_str();
   sb->add_option("--dropouts", so->dropouts, "fractions of silos that vanish after sharing keys")->capture_default_str();
@@ -120,9 +130,12 @@ void add_bench(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   sb->add_flag("--json", so->json, "one JSON object per measurement");
   sb->callback([so, &exit_code] { exit_code = bench_secagg(*so); });
+}
 
+// `bench allreduce`: our all-reduce beside OpenMPI and Gloo.
+void add_bench_allreduce(CLI::App& bench, int& exit_code) {
   auto ar = std::make_shared<AllreduceBenchOptions>();
-  auto* arc = bench->add_subcommand("allreduce", "all-reduce across local worker processes, beside OpenMPI and Gloo");
+  auto* arc = bench.add_subcommand("allreduce", "all-reduce across local worker processes, beside OpenMPI and Gloo");
   arc->add_option("--backend", ar->backends, "ring, hd, tree, butterfly, auto, nccl, int8 (the 8-bit all-reduce over the TCP mesh; several values)")->capture_default_str();
   arc->add_option("--ranks", ar->ranks, "worker processes (several values: one table each)")->capture_default_str();
   arc->add_option("--bytes", ar->bytes, "message sizes in bytes")->capture_default_str();
@@ -130,9 +143,12 @@ void add_bench(CLI::App& app, int& exit_code) {
   arc->add_flag("!--no-peers", ar->peers, "skip OpenMPI and Gloo");
   arc->add_flag("--json", ar->json, "one JSON object per measurement");
   arc->callback([ar, &exit_code] { exit_code = bench_allreduce(*ar); });
+}
 
+// `bench trainer`: the external trainer hand-off.
+void add_bench_trainer(CLI::App& bench, int& exit_code) {
   auto trn = std::make_shared<TrainerBenchOptions>();
-  auto* tb = bench->add_subcommand("trainer", "hand-off to an external trainer and back, against /dev/shm");
+  auto* tb = bench.add_subcommand("trainer", "hand-off to an external trainer and back, against /dev/shm");
   tb->add_option("--params", trn->params, "float32 parameters (several values)")->capture_default_str();
   tb->add_option("--repeats", trn->repeats, "timed hand-offs per size (the best counts)")->capture_default_str();
   tb->add_option("--rounds", trn->rounds, "rounds of the default experiment, built-in vs external (0: skip)")
@@ -140,17 +156,38 @@ void add_bench(CLI::App& app, int& exit_code) {
   tb->add_option("--python", trn->python, "the interpreter with numpy")->capture_default_str();
   tb->add_flag("--json", trn->json, "one JSON object per measurement");
   tb->callback([trn, &exit_code] { exit_code = bench_trainer(*trn); });
+}
 
+// `bench transport`: one TLS channel.
+void add_bench_transport(CLI::App& bench, int& exit_code) {
   struct TransportOpts {
     std::size_t mib = 256, chunk = 1 << 20;
     bool json = false;
   };
   auto tr = std::make_shared<TransportOpts>();
-  auto* t = bench->add_subcommand("transport", "one TLS channel streaming chunks over loopback");
+  auto* t = bench.add_subcommand("transport", "one TLS channel streaming chunks over loopback");
   t->add_option("--mib", tr->mib, "payload")->capture_default_str();
   t->add_option("--chunk-bytes", tr->chunk, "chunk size")->capture_default_str();
   t->add_flag("--json", tr->json, "JSON output");
   t->callback([tr, &exit_code] { exit_code = bench_transport(tr->mib, tr->chunk, tr->json); });
+}
+
+}  // namespace
+
+void add_bench(CLI::App& app, int& exit_code) {
+  auto* bench = app.add_subcommand("bench", "benchmarks: tables against the physical limits");
+  bench->require_subcommand(1);
+  // Every figure says which build and which CPU produced it (on stderr: --json stays JSON).
+  bench->parse_complete_callback([] { std::cerr << "# " << build_info() << "; CPU " << cpu_info() << "\n"; });
+
+  add_bench_round(*bench, exit_code);
+  add_bench_attacks(*bench, exit_code);
+  add_bench_compression(*bench, exit_code);
+  add_bench_robust(*bench, exit_code);
+  add_bench_secagg(*bench, exit_code);
+  add_bench_allreduce(*bench, exit_code);
+  add_bench_trainer(*bench, exit_code);
+  add_bench_transport(*bench, exit_code);
 }
 
 }  // namespace xsilo::tools

@@ -9,38 +9,43 @@
 
 namespace xsilo::tools {
 
-void add_pki(CLI::App& app, int& exit_code) {
-  auto* pki = app.add_subcommand("pki", "create the federation CA and issue participant kits");
-  pki->require_subcommand(1);
+namespace {
 
+// The --key option of init, issue and renew: p256 or ed25519, else a usage error naming `cmd`.
+transport::KeyType key_type(const std::string& key, const std::string& cmd) {
+  if (key == "p256") return transport::KeyType::P256;
+  if (key == "ed25519") return transport::KeyType::Ed25519;
+  throw ConfigError(cmd + ": --key must be p256 or ed25519");
+}
+
+// `pki init`: a new federation CA.
+void add_pki_init(CLI::App& pki, int& exit_code) {
   struct InitOpts {
     std::string out = "pki", federation = "xsilo", key = "p256";
     int days = 3650;
   };
   auto init = std::make_shared<InitOpts>();
-  auto* cmd_init = pki->add_subcommand("init", "create a federation CA in DIR/ca");
+  auto* cmd_init = pki.add_subcommand("init", "create a federation CA in DIR/ca");
   cmd_init->add_option("--out", init->out, "PKI folder")->capture_default_str();
   cmd_init->add_option("--federation", init->federation, "federation name (the CA's O=)")
       ->capture_default_str();
   cmd_init->add_option("--days", init->days, "validity in days")->capture_default_str();
   cmd_init->add_option("--key", init->key, "key type: p256 or ed25519")->capture_default_str();
   cmd_init->callback([init, &exit_code] {
-    if (init->key != "p256" && init->key != "ed25519") {
-      throw ConfigError("pki init: --key must be p256 or ed25519");
-    }
-    transport::pki_init(init->out, init->federation, init->days,
-                        init->key == "p256" ? transport::KeyType::P256
-                                            : transport::KeyType::Ed25519);
+    transport::pki_init(init->out, init->federation, init->days, key_type(init->key, "pki init"));
     std::cout << "created federation CA in " << init->out << "/ca (keep ca.key offline)\n";
     exit_code = 0;
   });
+}
 
+// `pki issue`: a key and certificate for one participant.
+void add_pki_issue(CLI::App& pki, int& exit_code) {
   struct IssueOpts {
     std::string pki = "pki", role, name, key = "p256";
     int days = 365;
   };
   auto issue = std::make_shared<IssueOpts>();
-  auto* cmd_issue = pki->add_subcommand("issue", "issue a key and certificate as DIR/kits/NAME");
+  auto* cmd_issue = pki.add_subcommand("issue", "issue a key and certificate as DIR/kits/NAME");
   cmd_issue->add_option("--pki", issue->pki, "PKI folder made by pki init")->capture_default_str();
   cmd_issue->add_option("--role", issue->role, "server, edge, silo or admin (an operator: xsilo status, xsilo admin)")->required();
   cmd_issue->add_option("--name", issue->name, "participant name (certificate CN)")->required();
@@ -53,12 +58,9 @@ void add_pki(CLI::App& app, int& exit_code) {
     } catch (const std::invalid_argument& e) {
       throw ConfigError(std::string("pki issue: --role: ") + e.what());
     }
-    if (issue->key != "p256" && issue->key != "ed25519") {
-      throw ConfigError("pki issue: --key must be p256 or ed25519");
-    }
+    req.key = key_type(issue->key, "pki issue");
     req.name = issue->name;
     req.days = issue->days;
-    req.key = issue->key == "p256" ? transport::KeyType::P256 : transport::KeyType::Ed25519;
     std::filesystem::path kit;
     try {
       kit = transport::pki_issue(issue->pki, req);
@@ -69,7 +71,10 @@ void add_pki(CLI::App& app, int& exit_code) {
               << kit.string() << " (key.pem, cert.pem, ca.pem)\n";
     exit_code = 0;
   });
+}
 
+// `pki revoke`: a certificate onto the CA's revocation list.
+void add_pki_revoke(CLI::App& pki, int& exit_code) {
   struct RevokeOpts {
     std::string pki = "pki";
     std::string name, serial;
@@ -77,7 +82,7 @@ void add_pki(CLI::App& app, int& exit_code) {
     bool refresh = false;
   };
   auto revoke = std::make_shared<RevokeOpts>();
-  auto* cmd_revoke = pki->add_subcommand("revoke", "revoke a participant's certificate (DIR/ca/crl.pem)");
+  auto* cmd_revoke = pki.add_subcommand("revoke", "revoke a participant's certificate (DIR/ca/crl.pem)");
   cmd_revoke->add_option("--pki", revoke->pki, "PKI folder made by pki init")->capture_default_str();
   cmd_revoke->add_option("--name", revoke->name, "the participant whose kit DIR/kits/NAME is revoked (its certificate now)");
   cmd_revoke->add_option("--serial", revoke->serial,
@@ -103,14 +108,17 @@ void add_pki(CLI::App& app, int& exit_code) {
               << "/kits; give it to every participant (as crl.pem in its kit, or tls.crl) and restart them.\n";
     exit_code = 0;
   });
+}
 
+// `pki renew`: a fresh key and certificate for an existing kit.
+void add_pki_renew(CLI::App& pki, int& exit_code) {
   struct RenewOpts {
     std::string pki = "pki", name, key;
     int days = 365;
     bool keep_old = false;
   };
   auto renew = std::make_shared<RenewOpts>();
-  auto* cmd_renew = pki->add_subcommand("renew", "issue a fresh key and certificate for an existing kit DIR/kits/NAME");
+  auto* cmd_renew = pki.add_subcommand("renew", "issue a fresh key and certificate for an existing kit DIR/kits/NAME");
   cmd_renew->add_option("--pki", renew->pki, "PKI folder made by pki init")->capture_default_str();
   cmd_renew->add_option("--name", renew->name, "the participant whose kit is renewed (its role is kept)")->required();
   cmd_renew->add_option("--days", renew->days, "validity in days")->capture_default_str();
@@ -119,9 +127,7 @@ void add_pki(CLI::App& app, int& exit_code) {
                       "leave the old certificate valid until it expires (by default it is revoked)");
   cmd_renew->callback([renew, &exit_code] {
     std::optional<transport::KeyType> key;
-    if (renew->key == "p256") key = transport::KeyType::P256;
-    else if (renew->key == "ed25519") key = transport::KeyType::Ed25519;
-    else if (!renew->key.empty()) throw ConfigError("pki renew: --key must be p256 or ed25519");
+    if (!renew->key.empty()) key = key_type(renew->key, "pki renew");
     std::filesystem::path kit;
     try {
       kit = transport::pki_renew(renew->pki, renew->name, renew->days, key, renew->keep_old);
@@ -138,9 +144,12 @@ void add_pki(CLI::App& app, int& exit_code) {
                                         renew->pki + "/kits; give it to the other participants and restart them.\n");
     exit_code = 0;
   });
+}
 
+// `pki list`: every certificate the CA issued.
+void add_pki_list(CLI::App& pki, int& exit_code) {
   auto list_pki = std::make_shared<std::string>("pki");
-  auto* cmd_list = pki->add_subcommand("list", "every certificate this CA issued (DIR/ca/index.jsonl): serial, name, role, expiry");
+  auto* cmd_list = pki.add_subcommand("list", "every certificate this CA issued (DIR/ca/index.jsonl): serial, name, role, expiry");
   cmd_list->add_option("--pki", *list_pki, "PKI folder made by pki init")->capture_default_str();
   cmd_list->callback([list_pki, &exit_code] {
     for (const auto& c : transport::pki_index(*list_pki)) {
@@ -148,6 +157,19 @@ void add_pki(CLI::App& app, int& exit_code) {
     }
     exit_code = 0;
   });
+}
+
+}  // namespace
+
+void add_pki(CLI::App& app, int& exit_code) {
+  auto* pki = app.add_subcommand("pki", "create the federation CA and issue participant kits");
+  pki->require_subcommand(1);
+
+  add_pki_init(*pki, exit_code);
+  add_pki_issue(*pki, exit_code);
+  add_pki_revoke(*pki, exit_code);
+  add_pki_renew(*pki, exit_code);
+  add_pki_list(*pki, exit_code);
 }
 
 }  // namespace xsilo::tools

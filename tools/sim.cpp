@@ -542,42 +542,20 @@ void copy_outputs(const FederationFiles& f, const std::vector<double>& rounds) {
   }
 }
 
-}  // namespace
+// The kill storm's faults, counted by kind of process.
+std::string kill_storm_line(const SimConfig& cfg) {
+  std::map<std::string, std::size_t> kinds;
+  for (const auto& fl : cfg.faults) ++kinds[fl.process == "server" ? "server" : fl.process.substr(0, fl.process.find('-'))];
+  std::string per;
+  for (const auto& [k, n] : kinds) per += (per.empty() ? "" : ", ") + std::to_string(n) + " " + k;
+  return "  kill storm: seed " + std::to_string(cfg.kill_storm->seed) + ", " + std::to_string(cfg.faults.size()) +
+         " SIGKILLs and restarts (" + per + ")";
+}
 
-SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool quiet) {
-  SimResult result;
-  auto say = [&](const std::string& s) {
-    if (!quiet) std::cout << s << std::endl;
-  };
-  const auto t_start = Clock::now();
-  FederationFiles f = prepare_federation(cfg, out);
-  say(describe(cfg, f));
-  if (cfg.kill_storm) {
-    std::map<std::string, std::size_t> kinds;
-    for (const auto& fl : cfg.faults) ++kinds[fl.process == "server" ? "server" : fl.process.substr(0, fl.process.find('-'))];
-    std::string per;
-    for (const auto& [k, n] : kinds) per += (per.empty() ? "" : ", ") + std::to_string(n) + " " + k;
-    say("  kill storm: seed " + std::to_string(cfg.kill_storm->seed) + ", " + std::to_string(cfg.faults.size()) +
-        " SIGKILLs and restarts (" + per + ")");
-  }
-  Processes procs(f.logs);
-  start_federation(cfg, f, procs);
-  say("  server on 127.0.0.1:" + std::to_string(f.server_port) + " (mutual TLS 1.3), " +
-      (f.edges.empty() ? std::string() : std::to_string(f.edges.size()) + " edges, ") + std::to_string(cfg.silos) +
-      " agents started; logs in " + f.logs.string());
-  say("  watch it: xsilo status --server 127.0.0.1:" + std::to_string(f.server_port) + " --kit " +
-      (f.pki / "kits" / "operator").string() +
-      (cfg.metrics ? "; metrics ports in " + (f.out / "metrics").string() : std::string()));
-  CentralEvaluator central(cfg, f);
-  FaultPlayer faults(cfg, f.state / "events.jsonl", f.out / "faults.jsonl");
-  Progress progress(cfg, f, central, result);
-  std::string stalled;
-  const int server_code = follow(cfg, f, procs, faults, progress, stalled, say);
-  procs.finish(std::chrono::milliseconds(5000));
-
-  copy_outputs(f, progress.rounds);
-  if (cfg.baseline && !g_interrupted) result.baseline_accuracy = central.baseline();
-  const double secs = std::chrono::duration<double>(Clock::now() - t_start).count();
+// OUT/summary.json (and the privacy spent, into `result`).
+void write_summary(const SimConfig& cfg, const FederationFiles& f, const std::filesystem::path& out,
+                   SimResult& result, const FaultPlayer& faults, int server_code, double secs,
+                   const std::string& stalled) {
   json summary = {{"name", cfg.name},
                   {"rounds", cfg.rounds},
                   {"rounds_committed", result.rounds_committed},
@@ -594,19 +572,14 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
   result.epsilon_spent = epsilon_spent(cfg, f);
   if (result.epsilon_spent >= 0) summary["epsilon_spent"] = result.epsilon_spent;
   atomic_write_file(out / "summary.json", summary.dump(2) + "\n");
-  // From the files just written, as `xsilo report OUT` would draw it.
-  write_report(run_sources(out), out / "report.html", out / "report.svg");
+}
 
-  // Under a kill storm a round may abort (its silos were killed; the audit record says why,
-  // and the server exits 3): the run is whole when every round ended, committed or aborted.
-  // Under record-level privacy the server ends the federation, audited, once too few silos have
-  // budget left for a round: the run is whole then too, however many rounds it committed.
-  const std::string ended = federation_end_reason(out / "audit.jsonl");
-  const bool budgets_spent = cfg.privacy && server_code == 0 && ended.rfind("privacy budgets spent", 0) == 0;
-  const bool ok = budgets_spent ||
-                  (cfg.kill_storm ? (server_code == 0 || server_code == 3) &&
-                                        result.rounds_committed + result.rounds_aborted == cfg.rounds
-                                  : server_code == 0 && result.rounds_committed == cfg.rounds);
+// The closing lines: the outcome, the privacy spent, the centralized baseline, the outputs and how
+// to verify the audit log; the server's log when it failed on its own.
+template <class Say>
+void say_outcome(const SimConfig& cfg, const FederationFiles& f, const std::filesystem::path& out,
+                 const SimResult& result, bool ok, bool budgets_spent, const std::string& ended, int server_code,
+                 double secs, const std::string& stalled, Say&& say) {
   char line[256];
   char accuracy[96] = "; final test accuracy not measured (the script does not evaluate)";
   if (!std::isnan(result.final_accuracy)) {
@@ -636,6 +609,52 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
   if (!ok && stalled.empty() && server_code != 0 && server_code != 3) {
     say("  the server exited with code " + std::to_string(server_code) + "; its log ends:\n" + log_tail(f.logs / "server.log"));
   }
+}
+
+}  // namespace
+
+SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool quiet) {
+  SimResult result;
+  auto say = [&](const std::string& s) {
+    if (!quiet) std::cout << s << std::endl;
+  };
+  const auto t_start = Clock::now();
+  FederationFiles f = prepare_federation(cfg, out);
+  say(describe(cfg, f));
+  if (cfg.kill_storm) say(kill_storm_line(cfg));
+  Processes procs(f.logs);
+  start_federation(cfg, f, procs);
+  say("  server on 127.0.0.1:" + std::to_string(f.server_port) + " (mutual TLS 1.3), " +
+      (f.edges.empty() ? std::string() : std::to_string(f.edges.size()) + " edges, ") + std::to_string(cfg.silos) +
+      " agents started; logs in " + f.logs.string());
+  say("  watch it: xsilo status --server 127.0.0.1:" + std::to_string(f.server_port) + " --kit " +
+      (f.pki / "kits" / "operator").string() +
+      (cfg.metrics ? "; metrics ports in " + (f.out / "metrics").string() : std::string()));
+  CentralEvaluator central(cfg, f);
+  FaultPlayer faults(cfg, f.state / "events.jsonl", f.out / "faults.jsonl");
+  Progress progress(cfg, f, central, result);
+  std::string stalled;
+  const int server_code = follow(cfg, f, procs, faults, progress, stalled, say);
+  procs.finish(std::chrono::milliseconds(5000));
+
+  copy_outputs(f, progress.rounds);
+  if (cfg.baseline && !g_interrupted) result.baseline_accuracy = central.baseline();
+  const double secs = std::chrono::duration<double>(Clock::now() - t_start).count();
+  write_summary(cfg, f, out, result, faults, server_code, secs, stalled);
+  // From the files just written, as `xsilo report OUT` would draw it.
+  write_report(run_sources(out), out / "report.html", out / "report.svg");
+
+  // Under a kill storm a round may abort (its silos were killed; the audit record says why,
+  // and the server exits 3): the run is whole when every round ended, committed or aborted.
+  // Under record-level privacy the server ends the federation, audited, once too few silos have
+  // budget left for a round: the run is whole then too, however many rounds it committed.
+  const std::string ended = federation_end_reason(out / "audit.jsonl");
+  const bool budgets_spent = cfg.privacy && server_code == 0 && ended.rfind("privacy budgets spent", 0) == 0;
+  const bool ok = budgets_spent ||
+                  (cfg.kill_storm ? (server_code == 0 || server_code == 3) &&
+                                        result.rounds_committed + result.rounds_aborted == cfg.rounds
+                                  : server_code == 0 && result.rounds_committed == cfg.rounds);
+  say_outcome(cfg, f, out, result, ok, budgets_spent, ended, server_code, secs, stalled, say);
   result.exit_code = ok ? 0 : 1;
   return result;
 }

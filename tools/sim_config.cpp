@@ -143,25 +143,10 @@ agent::PrivacyConfig parse_sim_privacy(const ConfigNode& p, const SimConfig& c) 
                                                                                  : agent::TrainerKind::Builtin, local);
 }
 
-SimConfig load_sim_config(const std::filesystem::path& file) {
-  const auto j = ConfigNode::load_file(file);
-  ConfigNode root(j, file.string());
-  SimConfig c = default_sim_config();
-  c.file = file;
-  c.name = root.str("name", file.stem().string());
-  c.federation = root.str("federation", c.federation);
-  c.silos = static_cast<std::size_t>(root.integer("silos", 5, 1, 1000));
-  c.rounds = static_cast<std::uint64_t>(root.integer("rounds", 20, 1, 100000));
-  c.seed = static_cast<std::uint64_t>(root.integer("seed", 7, 0));
-  c.baseline = root.boolean("baseline", true);
-  c.log_format = root.one_of("log_format", "text", {"text", "json"});
-  c.metrics = root.boolean("metrics", false);
-  if (root.has("report")) {
-    const auto report = root.child("report");
-    c.tensorboard = report.path("tensorboard", "");
-    report.finish();
-  }
+namespace {
 
+// "data": the dataset (a bundled one by name, or a CSV file) and how it is split.
+void parse_sim_data(const ConfigNode& root, SimConfig& c) {
   const auto data = root.child("data");
   if (data.has("path")) {
     c.data_path = data.path("path", "");
@@ -180,7 +165,10 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
   c.split = data.one_of("split", "dirichlet", {"dirichlet", "iid"});
   c.alpha = data.number("alpha", 0.5, 1e-3, 1e6);
   data.finish();
+}
 
+// "model", and "trainer" where the silos train with a script of their own.
+void parse_sim_model(const ConfigNode& root, const std::filesystem::path& file, SimConfig& c) {
   const auto model = root.child("model");
   // A user's own script trains a model of its own: "file" unless said otherwise.
   c.model_kind = model.one_of("kind", root.has("trainer") ? "file" : "logistic", {"logistic", "mlp", "file"});
@@ -200,7 +188,10 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
   } else if (c.model_kind == "file") {
     model.require_exists("path", c.model_file);
   }
+}
 
+// The blocks handed on to the server and agent configs as they are (each must be an object).
+void pass_sim_blocks(const ConfigNode& root, SimConfig& c) {
   auto pass = [&](const char* key, json& into) {
     const auto& v = root.raw(key);
     if (v.is_null()) return;
@@ -217,9 +208,10 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
   pass("compression", c.compression);
   pass("broadcast", c.broadcast);
   pass("local", c.local);
-  if (root.has("privacy")) c.privacy = parse_sim_privacy(root.child("privacy"), c);
-  c.edges = static_cast<std::size_t>(root.integer("edges", 0, 0, 64));
-  c.uploads_at_once = root.integer("uploads_at_once", 0, 0, 64);
+}
+
+// "faults": the processes to kill or restart, when and in which phase.
+void parse_sim_faults(const ConfigNode& root, SimConfig& c) {
   // The processes a fault may name: checked here, before anything is made or started.
   auto names_a_process = [&](const std::string& p) {
     for (std::size_t i = 0; i < c.silos; ++i) {
@@ -254,33 +246,29 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
     fn.finish();
     c.faults.push_back(fault);
   }
-  if (root.has("train_ms")) {
-    const auto [lo, hi] = root.int_range("train_ms", 0, 3600 * 1000, "milliseconds");
-    c.train_min_ms = static_cast<std::uint64_t>(lo);
-    c.train_max_ms = static_cast<std::uint64_t>(hi);
-  }
-  if (root.has("kill_storm")) {
-    c.kill_storm = parse_kill_storm(root, c);
-    if (!root.has("train_ms")) std::tie(c.train_min_ms, c.train_max_ms) = std::pair<std::uint64_t, std::uint64_t>{100, 300};
-    const auto storm = kill_storm_faults(*c.kill_storm, c.silos, c.edges, c.rounds);
-    c.faults.insert(c.faults.end(), storm.begin(), storm.end());
-  }
-  if (root.has("hostile")) {
-    const auto h = root.child("hostile");
-    for (const auto& name : h.finish_open({})) {
-      const bool edge = name.rfind("edge-", 0) == 0, server = name == "server";
-      if (!edge && !server && name.rfind("hospital-", 0) != 0) {
-        h.fail(name, "names neither the server, an edge (edge-NN) nor a silo (hospital-NN)");
-      }
-      c.hostile[name] = edge     ? h.one_of(name, "", {"hijack", "forge_join", "swap_keys", "split_view"})
-                        : server ? h.one_of(name, "", {"split_view"})
-                                 : h.one_of(name, "", {"bad_keys", "garbage_shares"});
-      if (!edge && !c.secure.is_object()) {
-        h.fail(name, std::string("a hostile ") + (server ? "server" : "silo") +
-                         " attacks secure aggregation: set \"secure\"");
-      }
+}
+
+// "hostile": processes that attack the protocol, each by name.
+void parse_sim_hostile(const ConfigNode& root, SimConfig& c) {
+  if (!root.has("hostile")) return;
+  const auto h = root.child("hostile");
+  for (const auto& name : h.finish_open({})) {
+    const bool edge = name.rfind("edge-", 0) == 0, server = name == "server";
+    if (!edge && !server && name.rfind("hospital-", 0) != 0) {
+      h.fail(name, "names neither the server, an edge (edge-NN) nor a silo (hospital-NN)");
+    }
+    c.hostile[name] = edge     ? h.one_of(name, "", {"hijack", "forge_join", "swap_keys", "split_view"})
+                      : server ? h.one_of(name, "", {"split_view"})
+                               : h.one_of(name, "", {"bad_keys", "garbage_shares"});
+    if (!edge && !c.secure.is_object()) {
+      h.fail(name, std::string("a hostile ") + (server ? "server" : "silo") +
+                       " attacks secure aggregation: set \"secure\"");
     }
   }
+}
+
+// "attack": Byzantine silos and the attack they mount on their updates.
+void parse_sim_attack(const ConfigNode& root, SimConfig& c) {
   const auto att = root.child("attack");
   if (root.has("attack")) {
     c.attackers = static_cast<std::size_t>(att.integer("silos", 1, 0, static_cast<std::int64_t>(c.silos) - 1));
@@ -295,6 +283,49 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
       att.fail("kind", "\"" + kind + "\" attacks a secure round's encoding: set \"secure\"");
     }
   }
+}
+
+}  // namespace
+
+SimConfig load_sim_config(const std::filesystem::path& file) {
+  const auto j = ConfigNode::load_file(file);
+  ConfigNode root(j, file.string());
+  SimConfig c = default_sim_config();
+  c.file = file;
+  c.name = root.str("name", file.stem().string());
+  c.federation = root.str("federation", c.federation);
+  c.silos = static_cast<std::size_t>(root.integer("silos", 5, 1, 1000));
+  c.rounds = static_cast<std::uint64_t>(root.integer("rounds", 20, 1, 100000));
+  c.seed = static_cast<std::uint64_t>(root.integer("seed", 7, 0));
+  c.baseline = root.boolean("baseline", true);
+  c.log_format = root.one_of("log_format", "text", {"text", "json"});
+  c.metrics = root.boolean("metrics", false);
+  if (root.has("report")) {
+    const auto report = root.child("report");
+    c.tensorboard = report.path("tensorboard", "");
+    report.finish();
+  }
+
+  parse_sim_data(root, c);
+  parse_sim_model(root, file, c);
+  pass_sim_blocks(root, c);
+  if (root.has("privacy")) c.privacy = parse_sim_privacy(root.child("privacy"), c);
+  c.edges = static_cast<std::size_t>(root.integer("edges", 0, 0, 64));
+  c.uploads_at_once = root.integer("uploads_at_once", 0, 0, 64);
+  parse_sim_faults(root, c);
+  if (root.has("train_ms")) {
+    const auto [lo, hi] = root.int_range("train_ms", 0, 3600 * 1000, "milliseconds");
+    c.train_min_ms = static_cast<std::uint64_t>(lo);
+    c.train_max_ms = static_cast<std::uint64_t>(hi);
+  }
+  if (root.has("kill_storm")) {
+    c.kill_storm = parse_kill_storm(root, c);
+    if (!root.has("train_ms")) std::tie(c.train_min_ms, c.train_max_ms) = std::pair<std::uint64_t, std::uint64_t>{100, 300};
+    const auto storm = kill_storm_faults(*c.kill_storm, c.silos, c.edges, c.rounds);
+    c.faults.insert(c.faults.end(), storm.begin(), storm.end());
+  }
+  parse_sim_hostile(root, c);
+  parse_sim_attack(root, c);
   root.finish();
   return c;
 }

@@ -154,19 +154,8 @@ struct Silo {
   std::filesystem::path sent_log;  // record-level privacy: its spends, as an agent logs its uploads
 };
 
-}  // namespace
-
-SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& out, const RoundCallback& on_round) {
-  // The agents' start-up lines would be noise here: warnings and errors still show.
-  struct Quieter {
-    spdlog::level::level_enum was = spdlog::get_level();
-    Quieter() { spdlog::set_level(std::max(was, spdlog::level::warn)); }
-    ~Quieter() { spdlog::set_level(was); }
-  } quieter;
-  refuse_protocol_modes(cfg);
-  FederationFiles f = prepare_federation(cfg, out);
-  const auto scfg = server::load_server_config(f.server_config);
-
+// The federation's silos, each with its agent's own config, trainer and simulated attack.
+std::vector<Silo> make_silos(const SimConfig& cfg, const FederationFiles& f) {
   std::vector<Silo> silos;
   for (std::size_t i = 0; i < cfg.silos; ++i) {
     const auto files = write_agent_config(cfg, f, i, {"127.0.0.1:1"});
@@ -183,6 +172,88 @@ SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& 
     std::filesystem::remove(s.sent_log);  // a new federation: nothing spent yet
     silos.push_back(std::move(s));
   }
+  return silos;
+}
+
+// A silo's round as its agent runs it: training (a failure leaves the round to the others), the
+// privacy spend on record, momentum, the simulated attack. Nothing when it has no update to send.
+std::optional<agent::RoundOutput> silo_round(Silo& s, const agent::TrainTask& task, const Model& global,
+                                             const server::ServerConfig& scfg, SimResult& result) {
+  const auto round = task.round;
+  agent::RoundOutput o;
+  try {
+    o = agent::run_round(*s.trainer, global, task);
+  } catch (const agent::TrainerError& e) {
+    // As an agent does: the silo reports the failure and the round goes on without it.
+    spdlog::warn("round {}: {}: training failed: {}", round, s.name, e.what());
+    return std::nullopt;
+  }
+  if (!o.update || !(o.weight > 0) || !std::isfinite(o.weight)) return std::nullopt;  // the server refuses such a weight
+  if (!o.privacy.mechanism().empty()) {
+    // As an agent's upload: its spend is on record before the update leaves.
+    agent::commit_record(s.sent_log, {{"round", round},
+                                      {"update_sha256", crypto::sha256_hex(o.update->flat())},
+                                      {"privacy", protocol::privacy_json(o.privacy)}});
+    result.epsilon_spent = std::max(result.epsilon_spent, o.privacy.epsilon());
+  }
+  if (scfg.plan.silo_momentum() > 0) {
+    if (!s.momentum.same_layout(*o.update)) s.momentum = o.update->zeros_like();
+    agent::apply_momentum(*o.update, o.weight, s.momentum, scfg.plan.silo_momentum());
+  }
+  s.hook->tamper(task, global, o.update->flat(), o.weight);
+  return o;
+}
+
+// The upload, as the server's slot receives it: into the aggregator's buffer, checked, folded.
+bool fold_upload(server::Aggregator& agg, const std::string& silo, const agent::RoundOutput& o,
+                 server::CombineContext& ctx) {
+  auto buf = agg.buffer();
+  const auto bytes = std::as_bytes(o.update->flat());
+  std::memcpy(buf.bytes.data(), bytes.data(), bytes.size());
+  auto check = std::make_shared<protocol::UploadCheck>();
+  protocol::check_work(check, buf.bytes.data(), o.update->size(), wire::F32, /*hash=*/true)();
+  const server::Contribution c{.silos = {silo}, .weight = o.weight, .group = 0,
+                                .declared_sha256 = crypto::sha256_hex(o.update->flat()), .partial_sum = false};
+  const auto r = agg.fold(c, *check);
+  if (r.error == server::FoldError::NonFinite) ++ctx.nonfinite;
+  return r.ok();
+}
+
+// Every silo's round into the round's sums (the secure groups or the aggregator): how many were folded.
+std::size_t fold_round(std::vector<Silo>& silos, std::uint64_t round, const Model& global,
+                       const server::ServerConfig& scfg, std::optional<GroupedSums>& groups,
+                       server::Aggregator* agg, server::CombineContext& ctx, SimResult& result) {
+  std::size_t folded = 0;
+  for (auto& s : silos) {
+    const agent::TrainTask task{round, s.name, scfg.plan};
+    const auto o = silo_round(s, task, global, scfg, result);
+    if (!o) continue;
+    if (groups) {
+      // A silo refuses to encode an update with NaN or infinite values (its session's check).
+      const auto u = o->update->flat();
+      if (!std::all_of(u.begin(), u.end(), [&](float v) { return std::isfinite(v / o->weight); })) continue;
+      groups->add(s.name, u, o->weight, *s.hook);
+      ++folded;
+      continue;
+    }
+    if (fold_upload(*agg, s.name, *o, ctx)) ++folded;
+  }
+  return folded;
+}
+
+}  // namespace
+
+SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& out, const RoundCallback& on_round) {
+  // The agents' start-up lines would be noise here: warnings and errors still show.
+  struct Quieter {
+    spdlog::level::level_enum was = spdlog::get_level();
+    Quieter() { spdlog::set_level(std::max(was, spdlog::level::warn)); }
+    ~Quieter() { spdlog::set_level(was); }
+  } quieter;
+  refuse_protocol_modes(cfg);
+  FederationFiles f = prepare_federation(cfg, out);
+  const auto scfg = server::load_server_config(f.server_config);
+  std::vector<Silo> silos = make_silos(cfg, f);
 
   Model global = init_model(scfg.model);
   server::ServerOptimizer optimizer(scfg.optimizer, global);
@@ -204,50 +275,7 @@ SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& 
       agg = server::make_aggregator(scfg, global, round, names, clip_norm);
     }
     server::CombineContext ctx{round, scfg.seed, 0, optimizer.last_step()};
-    std::size_t folded = 0;
-    for (auto& s : silos) {
-      agent::TrainTask task{round, s.name, scfg.plan};
-      agent::RoundOutput o;
-      try {
-        o = agent::run_round(*s.trainer, global, task);
-      } catch (const agent::TrainerError& e) {
-        // As an agent does: the silo reports the failure and the round goes on without it.
-        spdlog::warn("round {}: {}: training failed: {}", round, s.name, e.what());
-        continue;
-      }
-      if (!o.update || !(o.weight > 0) || !std::isfinite(o.weight)) continue;  // the server refuses such a weight
-      if (!o.privacy.mechanism().empty()) {
-        // As an agent's upload: its spend is on record before the update leaves.
-        agent::commit_record(s.sent_log, {{"round", round},
-                                          {"update_sha256", crypto::sha256_hex(o.update->flat())},
-                                          {"privacy", protocol::privacy_json(o.privacy)}});
-        result.epsilon_spent = std::max(result.epsilon_spent, o.privacy.epsilon());
-      }
-      if (scfg.plan.silo_momentum() > 0) {
-        if (!s.momentum.same_layout(*o.update)) s.momentum = o.update->zeros_like();
-        agent::apply_momentum(*o.update, o.weight, s.momentum, scfg.plan.silo_momentum());
-      }
-      s.hook->tamper(task, global, o.update->flat(), o.weight);
-      if (groups) {
-        // A silo refuses to encode an update with NaN or infinite values (its session's check).
-        const auto u = o.update->flat();
-        if (!std::all_of(u.begin(), u.end(), [&](float v) { return std::isfinite(v / o.weight); })) continue;
-        groups->add(s.name, u, o.weight, *s.hook);
-        ++folded;
-        continue;
-      }
-      // The upload, as the server's slot receives it: into the aggregator's buffer, checked.
-      auto buf = agg->buffer();
-      const auto bytes = std::as_bytes(o.update->flat());
-      std::memcpy(buf.bytes.data(), bytes.data(), bytes.size());
-      auto check = std::make_shared<protocol::UploadCheck>();
-      protocol::check_work(check, buf.bytes.data(), o.update->size(), wire::F32, /*hash=*/true)();
-      const server::Contribution c{.silos = {s.name}, .weight = o.weight, .group = 0,
-                                    .declared_sha256 = crypto::sha256_hex(o.update->flat()), .partial_sum = false};
-      const auto r = agg->fold(c, *check);
-      if (r.ok()) ++folded;
-      else if (r.error == server::FoldError::NonFinite) ++ctx.nonfinite;
-    }
+    const std::size_t folded = fold_round(silos, round, global, scfg, groups, agg.get(), ctx, result);
     if (agg) (void)agg->prepare();
     bool committed = folded >= need;
     if (committed) {

@@ -109,15 +109,11 @@ json stats_secure(const SimConfig& cfg, const std::vector<std::filesystem::path>
   return s;
 }
 
-}  // namespace
-
-FeatureStats secure_feature_stats(const SimConfig& cfg, const FederationFiles& f,
-                                  const std::vector<std::filesystem::path>& silo_train_files, const FeatureStats& pooled) {
-  const auto dir = f.out / "feature_stats";
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  const auto model_file = dir / "zeros.safetensors";
-  save_safetensors(model_file, agent::feature_stats_model(pooled.mean.size()));
+// The statistics' server: two rounds of secure aggregation over every silo, its config checked.
+std::filesystem::path write_stats_server(const SimConfig& cfg, const FederationFiles& f, const std::filesystem::path& dir,
+                                         const std::filesystem::path& model_file,
+                                         const std::vector<std::filesystem::path>& silo_train_files,
+                                         const FeatureStats& pooled) {
   json server = {{"federation", cfg.federation},
                  {"listen", "127.0.0.1:0"},
                  {"port_file", (dir / "server.port").string()},
@@ -140,6 +136,53 @@ FeatureStats secure_feature_stats(const SimConfig& cfg, const FederationFiles& f
   } catch (const ConfigError& e) {
     throw ConfigError(std::string("the feature statistics' federation: ") + e.what());
   }
+  return server_config;
+}
+
+// A silo's agent for the statistics: it reports its data's statistics as its update.
+std::filesystem::path write_stats_agent(const SimConfig& cfg, const FederationFiles& f, const std::filesystem::path& dir,
+                                        const std::string& silo, std::uint16_t port,
+                                        const std::filesystem::path& train_file) {
+  agent::AgentConfig a;
+  a.federation = cfg.federation;
+  a.upstreams = {{"127.0.0.1", port}};
+  a.tls = transport::TlsFiles::from_kit(f.pki / "kits" / silo);
+  a.reconnect = {std::chrono::milliseconds(100), std::chrono::milliseconds(1000), 0};
+  a.log_format = cfg.log_format;
+  a.trainer = agent::TrainerKind::FeatureStats;
+  a.secure_floor = sim_secure_floor(cfg);
+  a.train_data = train_file;
+  a.state_dir = dir / "silos" / silo;
+  const auto file = dir / (silo + ".json");
+  atomic_write_file(file, agent::to_json(a).dump(2) + "\n");
+  return file;
+}
+
+// The rounds the statistics' server committed (into `committed`), and the count: the first
+// round's summed weight.
+std::uint64_t stats_count(const std::filesystem::path& audit, std::size_t& committed) {
+  std::uint64_t count = 0;
+  for (const auto& r : server::read_audit_log(audit)) {
+    if (r.value("event", "") != "round" || r.value("status", "") != "committed") continue;
+    ++committed;
+    if (r.value("round", 0) != 1 || !r.contains("secure")) continue;
+    double weight = 0;  // the groups' unmasked weights: the rows of the silos each group summed
+    for (const auto& g : r["secure"].value("groups_outcome", json::array())) weight += g.value("weight", 0.0);
+    count = static_cast<std::uint64_t>(std::llround(weight));
+  }
+  return count;
+}
+
+}  // namespace
+
+FeatureStats secure_feature_stats(const SimConfig& cfg, const FederationFiles& f,
+                                  const std::vector<std::filesystem::path>& silo_train_files, const FeatureStats& pooled) {
+  const auto dir = f.out / "feature_stats";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const auto model_file = dir / "zeros.safetensors";
+  save_safetensors(model_file, agent::feature_stats_model(pooled.mean.size()));
+  const auto server_config = write_stats_server(cfg, f, dir, model_file, silo_train_files, pooled);
   // The xsilo binary: this process under `xsilo sim`; a test that prepares a federation itself
   // names it in XSILO_BIN, as CTest does.
   const char* bin = std::getenv("XSILO_BIN");
@@ -165,18 +208,7 @@ FeatureStats secure_feature_stats(const SimConfig& cfg, const FederationFiles& f
   }
   if (!port) throw fail("its server did not start");
   for (std::size_t i = 0; i < f.silos.size(); ++i) {
-    agent::AgentConfig a;
-    a.federation = cfg.federation;
-    a.upstreams = {{"127.0.0.1", port}};
-    a.tls = transport::TlsFiles::from_kit(f.pki / "kits" / f.silos[i]);
-    a.reconnect = {std::chrono::milliseconds(100), std::chrono::milliseconds(1000), 0};
-    a.log_format = cfg.log_format;
-    a.trainer = agent::TrainerKind::FeatureStats;
-    a.secure_floor = sim_secure_floor(cfg);
-    a.train_data = silo_train_files[i];
-    a.state_dir = dir / "silos" / f.silos[i];
-    const auto file = dir / (f.silos[i] + ".json");
-    atomic_write_file(file, agent::to_json(a).dump(2) + "\n");
+    const auto file = write_stats_agent(cfg, f, dir, f.silos[i], port, silo_train_files[i]);
     procs.push_back(std::make_unique<Process>(std::vector<std::string>{xsilo, "agent", "--config", file.string()},
                                               f.logs / ("feature-stats-" + f.silos[i] + ".log")));
   }
@@ -187,16 +219,8 @@ FeatureStats secure_feature_stats(const SimConfig& cfg, const FederationFiles& f
   }
   // Two committed rounds; the count is the first round's summed weight (inside the masked sum
   // under secure aggregation: the server learns the total only).
-  std::uint64_t count = 0;
   std::size_t committed = 0;
-  for (const auto& r : server::read_audit_log(dir / "server" / "audit.jsonl")) {
-    if (r.value("event", "") != "round" || r.value("status", "") != "committed") continue;
-    ++committed;
-    if (r.value("round", 0) != 1 || !r.contains("secure")) continue;
-    double weight = 0;  // the groups' unmasked weights: the rows of the silos each group summed
-    for (const auto& g : r["secure"].value("groups_outcome", json::array())) weight += g.value("weight", 0.0);
-    count = static_cast<std::uint64_t>(std::llround(weight));
-  }
+  const std::uint64_t count = stats_count(dir / "server" / "audit.jsonl", committed);
   if (committed != 2) throw fail(std::to_string(committed) + " of its 2 rounds committed");
   return agent::feature_stats_from(load_safetensors(dir / "server" / "checkpoints" / "round_000002.safetensors"), count);
 }
