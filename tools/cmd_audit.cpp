@@ -106,6 +106,11 @@ void add_audit(CLI::App& app, int& exit_code) {
                   << " silos recomputed from their parameters, every claim at least what they give\n";
         for (const auto& [silo, eps] : privacy.epsilon) std::cout << "  " << silo << ": epsilon " << eps << "\n";
       }
+      if (privacy.central_rounds) {
+        std::cout << "privacy: silo-level central DP, " << privacy.central_rounds
+                  << " committed noised rounds recomposed from their parameters: epsilon " << privacy.central_epsilon
+                  << ", every claim at least what they give\n";
+      }
       if (r.keys.size() > 1) {
         std::cout << "the audit key was rotated " << r.keys.size() - 1 << " time(s); the log is signed by "
                   << server::key_hex(r.keys.back().public_key) << " since record " << r.keys.back().from_seq << "\n";
