@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "common/config.h"
 #include "robust/rule.h"
@@ -97,7 +98,12 @@ void parse_privacy(const ConfigNode& root, ServerConfig& c) {
     }
   }
   if (!fits_another_round(dp, {})) {
-    p.fail("noise_multiplier", "is too small for even one round within epsilon " + std::to_string(dp.epsilon));
+    privacy::Ledger one;
+    one.add(round_mechanism(dp), 1);
+    char why[160];
+    std::snprintf(why, sizeof why, "%g is too small for even one round: it spends epsilon %.4g, the budget is %g",
+                  dp.noise_multiplier, epsilon_of(one, dp.delta), dp.epsilon);
+    p.fail("noise_multiplier", why);
   }
   if (dp.delta * dp.denominator >= 1) {
     c.warnings.push_back(p.key_path("delta") + ": is not below 1 / denominator (" + std::to_string(dp.denominator) +

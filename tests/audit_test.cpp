@@ -584,10 +584,12 @@ TEST_F(RecoveryTest, CentralDpSpendIsRebuiltFromEveryCommittedRecordOfTheLog) {
   EXPECT_EQ(r.central_dp.steps[0].count, 4u);
   // A committed record whose spend cannot be read: the server cannot know its budget.
   std::filesystem::create_directories(dir_ / "other");
-  ServerState damaged_copy(dir_ / "other", 0);
-  auto rec = record(1, model(1.0f));
-  rec["privacy"] = {{"mechanism", "central"}, {"noise_multiplier", "much"}};
-  damaged_copy.commit(1, model(1.0f), Model{}, rec, MetricsRow{});
+  {
+    ServerState damaged(dir_ / "other", 0);
+    auto rec = record(1, model(1.0f));
+    rec["privacy"] = {{"mechanism", "central"}, {"noise_multiplier", "much"}};
+    damaged.commit(1, model(1.0f), Model{}, rec, MetricsRow{});
+  }
   EXPECT_NE(state_error([&] { ServerState(dir_ / "other", 0).recover(layout()); }).find("the privacy spent cannot be rebuilt"),
             std::string::npos);
 }

@@ -104,7 +104,7 @@ TEST(CentralDp, TheNoisesStandardDeviationIsZTimesTheClipNormOverTheDenominator)
 // (sample count) it claims: its delta is clipped, and every delta counts once.
 TEST(CentralDp, OneSiloMovesTheStepByAtMostTheClipNormOverTheDenominator) {
   const std::size_t d = 50;
-  const double clip = 0.5, w = 4;
+  const double clip = 1.0, w = 4;  // the honest updates' norms are at most 0.52
   const auto cfg = central(1e-9, clip, w);  // noise far below float rounding of the step
   std::vector<std::vector<float>> honest(3, std::vector<float>(d));
   for (std::size_t i = 0; i < 3; ++i) {
@@ -174,7 +174,7 @@ nlohmann::json committed_round(std::uint64_t r, const server::CentralDpConfig& d
 // round spends nothing.
 TEST(CentralDp, AuditVerifyCatchesARecordThatClaimsLessThanItsRoundsGive) {
   server::CentralDpConfig dp;
-  dp.epsilon = 4;
+  dp.epsilon = 10;
   dp.noise_multiplier = 1.5;
   dp.denominator = 10;
   std::vector<nlohmann::json> log = {{{"event", "federation_start"}}};

@@ -799,11 +799,11 @@ TEST(SimStall, TheSimGivesUpFiveSecondsAfterTheLastAgentAndTwentyAfterTooFewRema
 TEST(Config, CentralDpIsConfiguredWithItsBudgetAndRefusedWhereItsGuaranteeWouldNotHold) {
   const SixSiloServer six;
   EXPECT_EQ(six(R"(, "privacy": {"level": "silo", "mode": "central", "epsilon": 3, "delta": 1e-5, "rounds": 20})"), "");
-  EXPECT_EQ(six(R"(, "privacy": {"epsilon": 3, "noise_multiplier": 1.2, "clip_norm": 0.5})"), "");
+  EXPECT_EQ(six(R"(, "privacy": {"epsilon": 3, "noise_multiplier": 2, "clip_norm": 0.5})"), "");
   // The noise: chosen for the rounds, or fixed; not both, and a fixed one must fit one round.
   EXPECT_NE(six(R"(, "privacy": {"epsilon": 3, "rounds": 5, "noise_multiplier": 1})").find(".privacy.noise_multiplier: and rounds both"),
             std::string::npos);
-  EXPECT_NE(six(R"(, "privacy": {"epsilon": 0.01, "noise_multiplier": 0.01})").find(".privacy.noise_multiplier: is too small"),
+  EXPECT_NE(six(R"(, "privacy": {"epsilon": 0.01, "noise_multiplier": 0.01})").find(".privacy.noise_multiplier: 0.01 is too small for even one round"),
             std::string::npos);
   EXPECT_NE(six(R"(, "privacy": {"delta": 1e-5})").find(".privacy.epsilon: is required"), std::string::npos);
   EXPECT_NE(six(R"(, "privacy": {"epsilon": 3, "delta": 2})").find(".privacy.delta"), std::string::npos);
