@@ -353,6 +353,8 @@ TEST(Federation, CentralDpSpendsTheServersBudgetAcrossARestartAndEndsTheFederati
   EXPECT_EQ(verify.wait(30s).value_or(-1), 0) << log_tail(dir / "verify.log");
   EXPECT_NE(read_file(dir / "verify.log").find("silo-level central DP, 2 committed noised rounds"), std::string::npos)
       << log_tail(dir / "verify.log");
+  // The run's report draws the federation's spend from the rounds' records.
+  EXPECT_NE(read_file(out / "report.html").find("id='privacy'"), std::string::npos);
 }
 
 // Record-level privacy in a federation of real processes, secure groups through two edges: each
