@@ -351,6 +351,10 @@ PrivacyAudit check_privacy_claims(const std::vector<nlohmann::json>& records) {
         central.add(*m, 1);
         ++a.central_rounds;
         a.central_epsilon = epsilon_of(central, r["privacy"]["delta"].get<double>());
+      }
+      // Every round's record states the spend so far, an aborted round's too (it spends nothing).
+      if (r.value("event", "") == "round" && r.contains("privacy") && r["privacy"].is_object() &&
+          r["privacy"].value("mechanism", "") == "central") {
         if (auto why = check_central_claim(r, central); !why.empty()) {
           a.ok = false;
           a.reason = where + why;

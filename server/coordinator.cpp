@@ -413,7 +413,9 @@ void Coordinator::decide(std::int64_t now_ms) {
     r_->abort_reason = "only " + std::to_string(done) + " updates arrived, " + std::to_string(need) + " needed";
     spdlog::warn("round {} aborted: {}", round_, r_->abort_reason);
     const auto s = summary(false, r_->abort_reason, now_ms);
-    run_job(JobKind::Record, [&store = store_, rec = round_record(s), row = metrics_row(s), global = global_,
+    auto rec = round_record(s);
+    if (cfg_.central_dp) rec["privacy"] = round_privacy_record(*cfg_.central_dp, central_spent_);  // spends nothing
+    run_job(JobKind::Record, [&store = store_, rec = std::move(rec), row = metrics_row(s), global = global_,
                               broadcast = cfg_.broadcast, chunk_elems = cfg_.chunk_bytes / sizeof(float),
                               seed = broadcast_seed(cfg_, round_), make_same = wants_same()]() -> JobResult {
       CommitOutcome o;
@@ -430,16 +432,18 @@ void Coordinator::decide(std::int64_t now_ms) {
   ctx.nonfinite = static_cast<std::size_t>(std::count_if(r_->members.begin(), r_->members.end(), [](const Member& m) {
     return m.state == MemberState::Dropped && m.drop_cause == DropCause::NonFinite;
   }));
-  // Silo-level central DP: what the round spends once committed, recorded with it.
-  nlohmann::json privacy_part;
+  // Silo-level central DP: what the round spends once committed, recorded with it; an aborted
+  // round's record states the spend so far, unchanged.
+  nlohmann::json privacy_part, privacy_unspent;
   if (cfg_.central_dp) {
     auto after = central_spent_;
     after.add(round_mechanism(*cfg_.central_dp), 1);
     privacy_part = round_privacy_record(*cfg_.central_dp, after);
+    privacy_unspent = round_privacy_record(*cfg_.central_dp, central_spent_);
   }
   run_job(JobKind::Commit, [agg = r_->agg.get(), &optimizer = optimizer_, &store = store_, global = global_,
                             round = round_, ctx, rec = round_record(s), row = metrics_row(s), broadcast = cfg_.broadcast,
-                            privacy_part = std::move(privacy_part),
+                            privacy_part = std::move(privacy_part), privacy_unspent = std::move(privacy_unspent),
                             chunk_elems = cfg_.chunk_bytes / sizeof(float),
                             seed = broadcast_seed(cfg_, round_), make_same = wants_same()]() mutable -> JobResult {
     auto next = agg->output(*global);
@@ -451,6 +455,7 @@ void Coordinator::decide(std::int64_t now_ms) {
     if (!c.ok) {
       rec["status"] = "aborted";
       rec["reason"] = c.reason;
+      if (!privacy_unspent.is_null()) rec["privacy"] = std::move(privacy_unspent);
       row.committed = false;
       return CommitOutcome{.committed = false,
                            .reason = c.reason,

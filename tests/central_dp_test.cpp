@@ -183,7 +183,7 @@ TEST(CentralDp, AuditVerifyCatchesARecordThatClaimsLessThanItsRoundsGive) {
     spent.add(server::round_mechanism(dp), 1);
     log.push_back(committed_round(r, dp, spent));
   }
-  log.push_back({{"event", "round"}, {"round", 5}, {"status", "aborted"}});
+  log.push_back({{"event", "round"}, {"round", 5}, {"status", "aborted"}, {"privacy", server::round_privacy_record(dp, spent)}});
   const auto ok = server::check_privacy_claims(log);
   EXPECT_TRUE(ok.ok) << ok.reason;
   EXPECT_EQ(ok.central_rounds, 4u);
@@ -195,6 +195,12 @@ TEST(CentralDp, AuditVerifyCatchesARecordThatClaimsLessThanItsRoundsGive) {
   const auto bad = server::check_privacy_claims(lie);
   EXPECT_FALSE(bad.ok);
   EXPECT_NE(bad.reason.find("record 4 (round 3): central DP claims epsilon"), std::string::npos) << bad.reason;
+  // An aborted round states the spend so far, and is held to it too.
+  auto aborted_lie = log;
+  aborted_lie[5]["privacy"]["epsilon"] = 0.0;
+  const auto aborted = server::check_privacy_claims(aborted_lie);
+  EXPECT_FALSE(aborted.ok);
+  EXPECT_NE(aborted.reason.find("record 6 (round 5): central DP claims epsilon 0"), std::string::npos) << aborted.reason;
   // A record whose noise was smaller than the later ones state (the claim is then too low).
   auto weaker = log;
   weaker[2]["privacy"]["noise_multiplier"] = 0.5;
