@@ -358,6 +358,7 @@ std::pair<double, nlohmann::json> adapt_clip_norm(const AggregationConfig::Adapt
 
 std::unique_ptr<Aggregator> make_aggregator(const RoundConfig& cfg, const Model& layout, std::uint64_t round,
                                             const std::vector<std::string>& selected, std::optional<double> clip_norm) {
+  if (cfg.central_dp) return make_central_dp_sum(cfg, layout);
   if (cfg.secure.on()) return std::make_unique<SecureGroups>(cfg, layout.tensors(), round, selected, clip_norm);
   if (cfg.aggregation.needs_all_updates()) {
     AggregationConfig a = cfg.aggregation;
@@ -372,7 +373,8 @@ std::unique_ptr<Aggregator> make_aggregator(const RoundConfig& cfg, const Model&
 }
 
 bool stages_uploads(const RoundConfig& cfg, std::uint64_t model_bytes) {
-  return !cfg.secure.on() && !cfg.aggregation.needs_all_updates() && cfg.staging.stages(model_bytes);
+  return !cfg.secure.on() && !cfg.central_dp && !cfg.aggregation.needs_all_updates() &&
+         cfg.staging.stages(model_bytes);
 }
 
 }  // namespace xsilo::server

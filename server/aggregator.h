@@ -135,6 +135,12 @@ std::unique_ptr<Aggregator> make_aggregator(const RoundConfig& cfg, const Model&
                                             const std::vector<std::string>& selected,
                                             std::optional<double> clip_norm = std::nullopt);
 
+// Silo-level central DP (server/central_dp.h; cfg.central_dp set): each silo's delta clipped to
+// C with weight 1, the step their sum over W plus Gaussian noise of z C / W. `key`: the noise's
+// ChaCha20 key, for tests; none: a fresh one from the system's random source each round.
+std::unique_ptr<Aggregator> make_central_dp_sum(const RoundConfig& cfg, const Model& layout,
+                                                std::optional<crypto::NoiseSource::Key> key = std::nullopt);
+
 // Rows (deltas or group means) through the configured rule, with its fallback when too few
 // inputs remain; the decisions go into the record. Shared by RowCollector and SecureGroups.
 Combined combine_rows(const AggregationConfig& a, std::vector<float>& rows, std::size_t d,

@@ -12,6 +12,7 @@
 #include "crypto/hash.h"
 #include "protocol/audit_key.h"
 #include "protocol/privacy.h"
+#include "server/central_dp.h"
 
 namespace xsilo::server {
 
@@ -314,11 +315,57 @@ std::string load_public_key(const std::filesystem::path& path) {
 
 namespace xsilo::server {
 
+namespace {
+
+// A committed round's silo-level central DP claim against the rounds recorded so far (`spent`
+// includes it): "" when it holds.
+std::string check_central_claim(const nlohmann::json& r, const privacy::Ledger& spent) {
+  const auto& p = r["privacy"];
+  const double delta = p["delta"].get<double>();
+  const double claimed = p["epsilon"].get<double>();
+  const double eps = epsilon_of(spent, delta);
+  std::uint64_t rounds = 0;
+  for (const auto& s : spent.steps) rounds += s.count;
+  if (claimed < eps * (1 - 1e-9) - 1e-12) {
+    return fmt::format("central DP claims epsilon {:.6g}, but the parameters of the {} committed noised rounds "
+                       "recorded so far give {:.6g}", claimed, rounds, eps);
+  }
+  if (p.contains("max_epsilon") && p["max_epsilon"].is_number() && eps > p["max_epsilon"].get<double>() * (1 + 1e-9)) {
+    return fmt::format("central DP: the recorded rounds give epsilon {:.6g}, past the budget {:.6g}", eps,
+                       p["max_epsilon"].get<double>());
+  }
+  return {};
+}
+
+}  // namespace
+
 PrivacyAudit check_privacy_claims(const std::vector<nlohmann::json>& records) {
   PrivacyAudit a;
   std::map<std::string, protocol::DpSgdAccount> rounds;
+  privacy::Ledger central;
   for (std::size_t i = 0; i < records.size() && a.ok; ++i) {
     const auto& r = records[i];
+    const std::string where = "record " + std::to_string(i + 1) + " (round " + std::to_string(r.value("round", 0)) + "): ";
+    try {
+      if (const auto m = central_mechanism_of(r)) {
+        central.add(*m, 1);
+        ++a.central_rounds;
+        a.central_epsilon = epsilon_of(central, r["privacy"]["delta"].get<double>());
+      }
+      // Every round's record states the spend so far, an aborted round's too (it spends nothing).
+      if (r.value("event", "") == "round" && r.contains("privacy") && r["privacy"].is_object() &&
+          r["privacy"].value("mechanism", "") == "central") {
+        if (auto why = check_central_claim(r, central); !why.empty()) {
+          a.ok = false;
+          a.reason = where + why;
+          break;
+        }
+      }
+    } catch (const std::exception& e) {
+      a.ok = false;
+      a.reason = where + "its central DP spend cannot be read (" + e.what() + ")";
+      break;
+    }
     if (r.value("event", "") != "round" || !r.contains("participants")) continue;
     for (const auto& p : r["participants"]) {
       if (!p.contains("privacy")) continue;

@@ -91,7 +91,13 @@ struct PrivacyAudit {
   std::string reason;               // the first failure
   std::uint64_t spends = 0;         // participant spends checked
   std::map<std::string, double> epsilon;  // each silo's recomputed epsilon at its last record's delta
+  std::uint64_t central_rounds = 0;       // silo-level central DP: committed rounds that spent
+  double central_epsilon = 0;             // their recomputed epsilon at the last record's delta
 };
+// Record level: each silo's claims recomposed from its recorded DP-SGD parameters. Silo-level
+// central DP: every committed round's "privacy" recomposed from its (sample rate, noise
+// multiplier), in the log's order; a record claiming less epsilon than they give, or more than
+// its own max_epsilon allows, fails.
 PrivacyAudit check_privacy_claims(const std::vector<nlohmann::json>& records);
 
 class AuditLog {

@@ -1,4 +1,5 @@
 #include "server/config.h"
+#include "server/config_privacy.h"
 #include "crypto/prime_field.h"
 #include "server/secure_round.h"
 
@@ -487,6 +488,7 @@ ServerConfig load_server_config(const std::filesystem::path& file) {
   c.optimizer.keep_last_step = c.aggregation.rule.rule == robust::Rule::CenteredClip;
   parse_compression(root, c);
   parse_broadcast(root, c);
+  parse_privacy(root, c);
 
   c.log_level = root.one_of("log_level", "info", {"trace", "debug", "info", "warn", "error"});
   c.log_format = root.one_of("log_format", "text", {"text", "json"});
@@ -573,6 +575,7 @@ nlohmann::json secure_json(const SecureConfig& sc) {
 // when configured.
 void add_optional_blocks(const ServerConfig& c, nlohmann::json& j) {
   if (!c.port_file.empty()) j["port_file"] = abs_path(c.port_file);
+  if (c.central_dp) j["privacy"] = privacy_json(*c.central_dp);
   if (c.metrics.listen) j["metrics"] = transport::to_json(c.metrics);
   if (protocol::compressed(c.compression)) j["compression"] = protocol::to_json(c.compression);
   if (protocol::compressed(c.broadcast)) {

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "crypto/hash.h"
 #include "crypto/keys.h"
@@ -68,6 +69,7 @@ Coordinator::Coordinator(RoundConfig cfg, Model initial, ServerOptimizer optimiz
   global_sha_ = crypto::sha256_hex(initial.flat());
   global_ = std::make_shared<const Model>(std::move(initial));
   if (cfg_.aggregation.adaptive_clip.on()) clip_norm_ = cfg_.aggregation.adaptive_clip.initial;
+  if (cfg_.central_dp) central_spent_ = cfg_.central_dp->spent;
 }
 
 Coordinator::~Coordinator() = default;
@@ -126,6 +128,7 @@ void Coordinator::start(std::int64_t now_ms) {
     return;
   }
   if (paused_) spdlog::warn("paused by admin {}: no round starts until `xsilo admin resume`", paused_by_);
+  if (central_budget_spent(now_ms)) return;
   try_start_round(now_ms);
 }
 
@@ -410,7 +413,9 @@ void Coordinator::decide(std::int64_t now_ms) {
     r_->abort_reason = "only " + std::to_string(done) + " updates arrived, " + std::to_string(need) + " needed";
     spdlog::warn("round {} aborted: {}", round_, r_->abort_reason);
     const auto s = summary(false, r_->abort_reason, now_ms);
-    run_job(JobKind::Record, [&store = store_, rec = round_record(s), row = metrics_row(s), global = global_,
+    auto rec = round_record(s);
+    if (cfg_.central_dp) rec["privacy"] = round_privacy_record(*cfg_.central_dp, central_spent_);  // spends nothing
+    run_job(JobKind::Record, [&store = store_, rec = std::move(rec), row = metrics_row(s), global = global_,
                               broadcast = cfg_.broadcast, chunk_elems = cfg_.chunk_bytes / sizeof(float),
                               seed = broadcast_seed(cfg_, round_), make_same = wants_same()]() -> JobResult {
       CommitOutcome o;
@@ -427,8 +432,18 @@ void Coordinator::decide(std::int64_t now_ms) {
   ctx.nonfinite = static_cast<std::size_t>(std::count_if(r_->members.begin(), r_->members.end(), [](const Member& m) {
     return m.state == MemberState::Dropped && m.drop_cause == DropCause::NonFinite;
   }));
+  // Silo-level central DP: what the round spends once committed, recorded with it; an aborted
+  // round's record states the spend so far, unchanged.
+  nlohmann::json privacy_part, privacy_unspent;
+  if (cfg_.central_dp) {
+    auto after = central_spent_;
+    after.add(round_mechanism(*cfg_.central_dp), 1);
+    privacy_part = round_privacy_record(*cfg_.central_dp, after);
+    privacy_unspent = round_privacy_record(*cfg_.central_dp, central_spent_);
+  }
   run_job(JobKind::Commit, [agg = r_->agg.get(), &optimizer = optimizer_, &store = store_, global = global_,
                             round = round_, ctx, rec = round_record(s), row = metrics_row(s), broadcast = cfg_.broadcast,
+                            privacy_part = std::move(privacy_part), privacy_unspent = std::move(privacy_unspent),
                             chunk_elems = cfg_.chunk_bytes / sizeof(float),
                             seed = broadcast_seed(cfg_, round_), make_same = wants_same()]() mutable -> JobResult {
     auto next = agg->output(*global);
@@ -440,6 +455,7 @@ void Coordinator::decide(std::int64_t now_ms) {
     if (!c.ok) {
       rec["status"] = "aborted";
       rec["reason"] = c.reason;
+      if (!privacy_unspent.is_null()) rec["privacy"] = std::move(privacy_unspent);
       row.committed = false;
       return CommitOutcome{.committed = false,
                            .reason = c.reason,
@@ -461,6 +477,7 @@ void Coordinator::decide(std::int64_t now_ms) {
     }
     const std::string sha = crypto::sha256_hex(next->flat());
     rec["model_sha256_after"] = sha;
+    if (!privacy_part.is_null()) rec["privacy"] = std::move(privacy_part);
     AuditHead audit = store.commit(round, *next, optimizer.state(), rec, row);
     return CommitOutcome{.committed = true,
                          .reason = "",
@@ -509,6 +526,7 @@ void Coordinator::finish_round(bool committed, const AuditHead& audit, std::int6
                    now_ms);
     return;
   }
+  if (central_budget_spent(now_ms)) return;
   set_phase(Phase::Joining, now_ms);
   if (stop_requested_) {
     end_federation("stopped by admin " + stopped_by_, now_ms);
@@ -517,6 +535,20 @@ void Coordinator::finish_round(bool committed, const AuditHead& audit, std::int6
   join_elapsed_ = false;
   actions_.push_back(action::StartTimer{Timer::Join, cfg_.deadlines.join});
   try_start_round(now_ms);
+}
+
+bool Coordinator::central_budget_spent(std::int64_t now_ms) {
+  if (!cfg_.central_dp || fits_another_round(*cfg_.central_dp, central_spent_)) return false;
+  const auto& dp = *cfg_.central_dp;
+  std::uint64_t rounds = 0;
+  for (const auto& s : central_spent_.steps) rounds += s.count;
+  char why[256];
+  std::snprintf(why, sizeof why,
+                "privacy budget spent: epsilon %.6g of %.6g (delta %g) after %llu noised rounds; another would exceed it",
+                epsilon_of(central_spent_, dp.delta), dp.epsilon, dp.delta, static_cast<unsigned long long>(rounds));
+  spdlog::warn("{}", why);
+  end_federation(why, now_ms);
+  return true;
 }
 
 void Coordinator::end_federation(const std::string& reason, std::int64_t now_ms) {
@@ -607,6 +639,7 @@ void Coordinator::on_job_done(std::uint64_t job, JobResult result, std::int64_t 
       global_ = std::move(outcome.model);
       global_sha_ = outcome.model_sha256;
       if (outcome.next_clip_norm) clip_norm_ = outcome.next_clip_norm;
+      if (cfg_.central_dp) central_spent_.add(round_mechanism(*cfg_.central_dp), 1);
       ++committed_;
       finish_round(true, outcome.audit, now_ms);
       break;

@@ -249,6 +249,9 @@ class Coordinator {
   void set_phase(Phase p, std::int64_t now_ms);
   // Tells every connected silo and edge that the federation is over, and the daemon to stop.
   void end_federation(const std::string& reason, std::int64_t now_ms);
+  // Silo-level central DP: when another committed round would pass the budget, ends the
+  // federation (audited, with the reason) and returns true.
+  bool central_budget_spent(std::int64_t now_ms);
   void audit_admin(const std::string& command, const std::string& admin, std::int64_t now_ms);
   void decide(std::int64_t now_ms);
   void finish_round(bool committed, const AuditHead& audit, std::int64_t now_ms);
@@ -337,6 +340,8 @@ class Coordinator {
   CoordinatorTotals totals_;
   // Each silo's last record-level privacy spend the server took in (xsilo status).
   std::map<std::string, wire::PrivacySpend> privacy_;
+  // Silo-level central DP: every committed round's mechanism, from the audit chain at start on.
+  privacy::Ledger central_spent_;
   std::map<std::string, std::int64_t> relayed_not_after_;
 };
 

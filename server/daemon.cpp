@@ -576,6 +576,14 @@ int run_server(const ServerConfig& cfg, const StartOptions& start, std::unique_p
   if (resume.clip_norm && rounds.aggregation.adaptive_clip.on()) {
     rounds.aggregation.adaptive_clip.initial = *resume.clip_norm;  // adaptive clipping goes on where it was
   }
+  if (rounds.central_dp) {
+    // The budget goes on from what the audit chain says was spent, never from a counter.
+    rounds.central_dp->spent = resume.central_dp;
+    if (!resume.central_dp.steps.empty()) {
+      spdlog::info("central DP: epsilon {:.4g} of {:.4g} spent before this start (from the audit log)",
+                   epsilon_of(resume.central_dp, rounds.central_dp->delta), rounds.central_dp->epsilon);
+    }
+  }
   // 2. TLS: the server checks silos' signatures (joins through edges, secure aggregation) against
   //    the federation CA and its revocation list, and signs round starts and secure setups with
   //    its key. A file that is missing or does not fit its certificate is a config error.

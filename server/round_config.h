@@ -18,6 +18,7 @@
 #include "crypto/sources.h"
 #include "proto/xsilo.pb.h"
 #include "robust/rule.h"
+#include "server/central_dp.h"
 #include "server/selection.h"  // SelectionConfig
 
 namespace xsilo::server {
@@ -117,6 +118,9 @@ struct RoundConfig {
   wire::Compression broadcast;
   std::size_t chunk_bytes = 1u << 20;  // of the model's (and a delta broadcast's) chunks
   UploadStaging staging;
+  // Silo-level differential privacy, central mode (server/central_dp.h): set when the config's
+  // "privacy" block asks for it.
+  std::optional<CentralDpConfig> central_dp;
   // How many uploads the server receives at the same time, each into a buffer (or staged
   // file) of its own, folded in the order they were granted (docs/architecture.md, "A round").
   std::size_t uploads_at_once = 1;

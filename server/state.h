@@ -59,6 +59,8 @@ struct Resume {
   std::optional<Model> model;
   std::optional<Model> optimizer_state;
   std::optional<double> clip_norm;    // adaptive clipping: where the last committed round left it
+  // Silo-level central DP: what every committed round of the audit log spent (server/central_dp.h).
+  privacy::Ledger central_dp;
   // The last committed round's model is in neither folder: its hashes, to fetch it by.
   struct Missing {
     std::uint64_t round = 0;

@@ -13,6 +13,7 @@
 #include "server/metrics.h"
 #include "server/round_record.h"
 #include "server/state.h"
+#include "server/central_dp.h"
 #include "server/state_files.h"
 
 namespace xsilo::server {
@@ -114,6 +115,9 @@ struct ServerState::AuditHistory {
   // Rounds the log records after the last row of metrics.csv: their rows are appended at the end.
   std::uint64_t metrics_round = 0;
   std::map<std::uint64_t, MetricsRow> missing_rows;
+  // Silo-level central DP: every committed round's mechanism, in the log's order. An operator's
+  // resume supersedes commits but not their spend: their models were released.
+  privacy::Ledger central_dp;
 
   std::uint64_t last_commit() const { return committed.empty() ? 0 : committed.rbegin()->first; }
 
@@ -128,6 +132,12 @@ struct ServerState::AuditHistory {
     const auto n = rec.value("round", std::uint64_t{0});
     if (n > metrics_round) missing_rows[n] = metrics_row_of(rec);
     last_round = std::max(last_round, n);
+    try {
+      if (const auto m = central_mechanism_of(rec)) central_dp.add(*m, 1);
+    } catch (const std::invalid_argument& e) {
+      throw StateError("audit log: round " + std::to_string(n) + ": " + e.what() +
+                       "; the privacy spent cannot be rebuilt, so no round may start");
+    }
     if (rec.value("status", "") == "committed") {
       Committed c{rec.value("model_sha256_after", ""), rec.value("optimizer_state_sha256", ""), std::nullopt};
       if (const auto ac = rec.value("robust", nlohmann::json::object()).value("adaptive_clip", nlohmann::json());
@@ -277,6 +287,7 @@ Resume ServerState::recover(const Model& layout) {
 
   const auto& committed = history.committed;
   if (!committed.empty()) r.clip_norm = committed.rbegin()->second.clip_norm;
+  r.central_dp = history.central_dp;
   const std::uint64_t target = history.last_commit();
   const std::uint64_t from = resume_round(history);
   if (from > 0) {

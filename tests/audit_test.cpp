@@ -544,6 +544,56 @@ TEST_F(RecoveryTest, TheOperatorsDecisionToGoOnFromAnEarlierRoundIsRecordedAndSu
   EXPECT_FALSE(r.missing);
 }
 
+// Silo-level central DP: a restarted server's spend is what the audit chain's committed records
+// state, every one of them: an operator's resume from an earlier round supersedes commits, not
+// the spend of the models they released; a damaged spend stops the start.
+TEST_F(RecoveryTest, CentralDpSpendIsRebuiltFromEveryCommittedRecordOfTheLog) {
+  CentralDpConfig dp;
+  dp.epsilon = 8;
+  dp.noise_multiplier = 1.1;
+  dp.denominator = 5;
+  auto commit = [&](ServerState& st, int r, privacy::Ledger& spent) {
+    const Model m = model(static_cast<float>(r));
+    spent.add(round_mechanism(dp), 1);
+    auto rec = record(r, m);
+    rec["privacy"] = round_privacy_record(dp, spent);
+    st.commit(static_cast<std::uint64_t>(r), m, Model{}, rec, MetricsRow{});
+  };
+  privacy::Ledger spent;
+  {
+    ServerState st(dir_.path(), 0);
+    for (int r = 1; r <= 3; ++r) commit(st, r, spent);
+    st.record({{"event", "round"}, {"round", 4}, {"status", "aborted"}}, nullptr);  // spends nothing
+  }
+  {
+    ServerState st(dir_.path(), 0);
+    const auto r = st.recover(layout());
+    EXPECT_EQ(r.central_dp, spent);
+    EXPECT_NEAR(epsilon_of(r.central_dp, dp.delta), epsilon_of(spent, dp.delta), 1e-12);
+  }
+  {
+    ServerState st(with_mirror(dir_.path(), {}, 2));  // go on from round 2: round 3's model was released all the same
+    const auto r = st.recover(layout());
+    st.record(*r.decision, nullptr);
+    EXPECT_EQ(r.central_dp, spent);
+    commit(st, 5, spent);
+  }
+  ServerState st(dir_.path(), 0);
+  const auto r = st.recover(layout());
+  ASSERT_EQ(r.central_dp.steps.size(), 1u);
+  EXPECT_EQ(r.central_dp.steps[0].count, 4u);
+  // A committed record whose spend cannot be read: the server cannot know its budget.
+  std::filesystem::create_directories(dir_ / "other");
+  {
+    ServerState damaged(dir_ / "other", 0);
+    auto rec = record(1, model(1.0f));
+    rec["privacy"] = {{"mechanism", "central"}, {"noise_multiplier", "much"}};
+    damaged.commit(1, model(1.0f), Model{}, rec, MetricsRow{});
+  }
+  EXPECT_NE(state_error([&] { ServerState(dir_ / "other", 0).recover(layout()); }).find("the privacy spent cannot be rebuilt"),
+            std::string::npos);
+}
+
 TEST_F(RecoveryTest, AMirrorRestoresTheLogAndTheCheckpointAndIsKeptUpToDate) {
   test::TempDir mirror;
   {

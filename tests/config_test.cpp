@@ -792,5 +792,78 @@ TEST(SimStall, TheSimGivesUpFiveSecondsAfterTheLastAgentAndTwentyAfterTooFewRema
   EXPECT_EQ(few.check(1, 3, t0 + 20s), "only 1 of the 3 agents run, and a round needs 2 (selection.min_silos)");
 }
 
+// Silo-level central DP: the server's "privacy" block, and every combination that would void
+// its guarantee refused with the key and the reason.
+TEST(Config, CentralDpIsConfiguredWithItsBudgetAndRefusedWhereItsGuaranteeWouldNotHold) {
+  const SixSiloServer six;
+  EXPECT_EQ(six(R"(, "privacy": {"level": "silo", "mode": "central", "epsilon": 3, "delta": 1e-5, "rounds": 20})"), "");
+  EXPECT_EQ(six(R"(, "privacy": {"epsilon": 3, "noise_multiplier": 2, "clip_norm": 0.5})"), "");
+  // The noise: chosen for the rounds, or fixed; not both, and a fixed one must fit one round.
+  EXPECT_NE(six(R"(, "privacy": {"epsilon": 3, "rounds": 5, "noise_multiplier": 1})").find(".privacy.noise_multiplier: and rounds both"),
+            std::string::npos);
+  EXPECT_NE(six(R"(, "privacy": {"epsilon": 0.01, "noise_multiplier": 0.01})").find(".privacy.noise_multiplier: 0.01 is too small for even one round"),
+            std::string::npos);
+  EXPECT_NE(six(R"(, "privacy": {"delta": 1e-5})").find(".privacy.epsilon: is required"), std::string::npos);
+  EXPECT_NE(six(R"(, "privacy": {"epsilon": 3, "delta": 2})").find(".privacy.delta"), std::string::npos);
+  EXPECT_NE(six(R"(, "privacy": {"epsilon": 3, "typo": 1})").find(".privacy.typo"), std::string::npos);
+  // Modes and levels that are not this block's.
+  const auto distributed = six(R"(, "privacy": {"mode": "distributed", "epsilon": 3})");
+  EXPECT_NE(distributed.find(".privacy.mode: distributed"), std::string::npos) << distributed;
+  EXPECT_NE(distributed.find("not built yet"), std::string::npos) << distributed;
+  EXPECT_NE(six(R"(, "privacy": {"level": "record", "epsilon": 3})").find(".privacy.level: record-level budgets belong to each silo"),
+            std::string::npos);
+  // Secure aggregation: the server never sees an update to clip.
+  const auto secure = six(R"(, "privacy": {"epsilon": 3}, "secure": {"mode": "global"})");
+  EXPECT_NE(secure.find(".privacy.mode: central needs the server to clip each silo's update"), std::string::npos) << secure;
+  EXPECT_NE(secure.find("\"distributed\""), std::string::npos) << secure;
+  // Rules whose output one silo moves by more than C / W.
+  for (const char* rule : {R"("rule": "krum", "f": 1)", R"("rule": "multi_krum", "f": 1, "m": 3)", R"("rule": "median", "f": 1)",
+                           R"("rule": "trimmed_mean", "f": 1)", R"("rule": "centered_clip", "f": 1)"}) {
+    const auto why = six(std::string(R"(, "privacy": {"epsilon": 3}, "aggregation": {)") + rule + "}");
+    EXPECT_NE(why.find(".aggregation.rule:"), std::string::npos) << rule << ": " << why;
+    EXPECT_NE(why.find("cannot be combined with central DP"), std::string::npos) << rule << ": " << why;
+  }
+  EXPECT_NE(six(R"(, "privacy": {"epsilon": 3}, "aggregation": {"bucket": 2})").find(".aggregation.bucket"), std::string::npos);
+  EXPECT_NE(six(R"(, "privacy": {"epsilon": 3}, "aggregation": {"clip_norm": 1})").find(".aggregation.clip_norm: central DP clips"),
+            std::string::npos);
+  EXPECT_NE(six(R"(, "privacy": {"epsilon": 3}, "aggregation": {"adaptive_clip": {"quantile": 0.5}})")
+                .find(".aggregation.adaptive_clip: adapts the clip norm"),
+            std::string::npos);
+
+  // The block as loaded: W is the silos the allow-list names (or a round's silos_per_round), the
+  // noise is chosen for the rounds, and the config reads back with the same noise.
+  test::TempDir dir;
+  test::make_pki(dir / "pki", "f", {{wire::SERVER, "server"}});
+  atomic_write_file(dir / "s.json", R"({"federation": "f", "tls": {"kit": "pki/kits/server"},
+      "allow": {"silo": ["a", "b", "c", "d"]}, "model": {"inputs": 4}, "rounds": 12, "selection": {"min_silos": 3},
+      "privacy": {"level": "silo", "mode": "central", "epsilon": 2, "delta": 1e-6, "clip_norm": 0.3}})");
+  const auto c = server::load_server_config(dir / "s.json");
+  ASSERT_TRUE(c.central_dp);
+  EXPECT_EQ(c.central_dp->denominator, 4);
+  EXPECT_EQ(c.central_dp->rounds, 12u);
+  EXPECT_EQ(c.central_dp->sample_rate, 1.0);
+  EXPECT_NEAR(c.central_dp->noise_multiplier, privacy::noise_multiplier_for(2, 1e-6, 1.0, 12), 1e-12);
+  atomic_write_file(dir / "back.json", server::to_json(c).dump());
+  const auto back = server::load_server_config(dir / "back.json");
+  ASSERT_TRUE(back.central_dp);
+  EXPECT_EQ(back.central_dp->noise_multiplier, c.central_dp->noise_multiplier);
+  EXPECT_EQ(back.central_dp->denominator, 4);
+  // Any silo may join: W must be given.
+  atomic_write_file(dir / "any.json", R"({"federation": "f", "tls": {"kit": "pki/kits/server"},
+      "allow": {"silo": ["*"]}, "model": {"inputs": 4}, "selection": {"min_silos": 3}, "privacy": {"epsilon": 2}})");
+  EXPECT_NE(error_of([&] { server::load_server_config(dir / "any.json"); }).find(".privacy.denominator: is required"),
+            std::string::npos);
+  // The sim's block maps to the server's; distributed noise is refused before anything runs.
+  atomic_write_file(dir / "sim.json", R"({"silos": 3, "rounds": 4, "privacy": {"level": "silo", "epsilon": 3, "delta": 1e-5}})");
+  const auto sim = tools::load_sim_config(dir / "sim.json");
+  EXPECT_FALSE(sim.privacy);
+  EXPECT_EQ(sim.silo_privacy.value("mode", ""), "central");
+  EXPECT_EQ(sim.silo_privacy.value("rounds", 0), 4);
+  atomic_write_file(dir / "sim.json", R"({"silos": 3, "privacy": {"level": "silo", "mode": "distributed", "epsilon": 3}})");
+  const auto refused = error_of([&] { tools::load_sim_config(dir / "sim.json"); });
+  EXPECT_NE(refused.find(".privacy.mode: distributed"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("not built yet"), std::string::npos) << refused;
+}
+
 }  // namespace
 }  // namespace xsilo

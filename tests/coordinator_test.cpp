@@ -264,6 +264,7 @@ class Harness {
   std::set<Timer> armed;
   std::vector<SessionId> closed;
   bool finished = false;
+  std::string finished_reason;  // action::Finished's
   std::optional<std::string> stopped;  // action::Stop's reason
   Model initial_;
 
@@ -281,7 +282,10 @@ class Harness {
         if (auto* t = std::get_if<action::StartTimer>(&a)) armed.insert(t->timer);
         if (auto* t = std::get_if<action::CancelTimer>(&a)) armed.erase(t->timer);
         if (auto* c = std::get_if<action::Close>(&a)) closed.push_back(c->id);
-        if (std::get_if<action::Finished>(&a)) finished = true;
+        if (auto* f = std::get_if<action::Finished>(&a)) {
+          finished = true;
+          finished_reason = f->reason;
+        }
         if (auto* s = std::get_if<action::Stop>(&a)) stopped = s->reason;
         if (auto* b = std::get_if<action::Background>(&a)) b->work();
         if (auto* j = std::get_if<action::Job>(&a)) {
@@ -580,6 +584,59 @@ TEST(Coordinator, AdaptiveClippingFollowsTheQuantileOfTheNorms) {
   for (float d : deltas) mean += d * std::min(1.0, c / (d * s));
   mean /= 4;
   EXPECT_NEAR(h.store.commits[1].model.flat()[0] - h.store.commits[0].model.flat()[0], mean, 1e-5);
+}
+
+// Silo-level central DP: each committed round's record states its spend so far; when another
+// round would pass the budget the federation ends with the reason, rounds to spare or not. A
+// coordinator started with the spend its audit chain gives (a restart) goes on from there.
+TEST(Coordinator, CentralDpRecordsEachRoundsSpendAndEndsTheFederationWhenTheBudgetIsSpent) {
+  RoundConfig cfg = three_rounds();
+  cfg.rounds = 5;
+  CentralDpConfig dp;
+  dp.epsilon = 3;
+  dp.clip_norm = 1;
+  dp.denominator = 3;
+  dp.rounds = 2;
+  dp.noise_multiplier = noise_multiplier_for_rounds(dp.epsilon, dp.delta, 1.0, dp.rounds);
+  cfg.central_dp = dp;
+  Harness h(3, cfg);
+  h.connect_all(3);
+  for (int round = 0; round < 2; ++round) {
+    for (std::size_t i = 0; i < 3; ++i) h.ready(i, 10);
+    for (std::size_t i = 0; i < 3; ++i) h.upload(i, constant(0.01f * 10.0f), 10);
+  }
+  ASSERT_EQ(h.store.commits.size(), 2u);
+  double last = 0;
+  for (std::size_t r = 0; r < 2; ++r) {
+    const auto& p = h.store.commits[r].record["privacy"];
+    ASSERT_TRUE(p.is_object()) << h.store.commits[r].record.dump(2);
+    EXPECT_EQ(p["mechanism"], "central");
+    EXPECT_EQ(p["rounds_spent"], r + 1);
+    EXPECT_EQ(p["noise_multiplier"], dp.noise_multiplier);
+    EXPECT_GT(p["epsilon"].get<double>(), last);
+    last = p["epsilon"].get<double>();
+  }
+  EXPECT_LE(last, dp.epsilon);
+  EXPECT_TRUE(h.finished);
+  EXPECT_EQ(h.finished_reason.rfind("privacy budget spent: epsilon", 0), 0u) << h.finished_reason;
+  EXPECT_NE(h.coord().status(h.now).dump().find("\"central_dp\""), std::string::npos);
+
+  // Restarted with the audit chain's two rounds: no round starts.
+  cfg.central_dp->spent.add(round_mechanism(dp), 2);
+  Harness again(3, cfg, 3);
+  again.connect_all(3);
+  EXPECT_TRUE(again.finished);
+  EXPECT_TRUE(again.store.commits.empty());
+  // With one round on record, one more commits, then it ends.
+  cfg.central_dp->spent = {};
+  cfg.central_dp->spent.add(round_mechanism(dp), 1);
+  Harness once(3, cfg, 2);
+  once.connect_all(3);
+  for (std::size_t i = 0; i < 3; ++i) once.ready(i, 10);
+  for (std::size_t i = 0; i < 3; ++i) once.upload(i, constant(0.1f), 10);
+  ASSERT_EQ(once.store.commits.size(), 1u);
+  EXPECT_EQ(once.store.commits[0].record["privacy"]["rounds_spent"], 2);
+  EXPECT_TRUE(once.finished);
 }
 
 TEST(Coordinator, AnEdgeCannotNameASiloThatDidNotSignItsJoin) {

@@ -293,6 +293,70 @@ TEST(Federation, SimRunsTheDefaultExperimentEndToEnd) {
   EXPECT_NE(read_file(dir / "witnessed.log").find("tail was cut"), std::string::npos) << log_tail(dir / "witnessed.log");
 }
 
+// Silo-level central DP in a federation of real processes (digits): the server clips, averages
+// over the fixed denominator and adds the noise; its budget, planned for 2 of the sim's 4
+// rounds, ends the federation (audited) after 2 committed rounds, even though the server is
+// restarted in round 2: the spend is rebuilt from the audit chain, not forgotten. Every
+// committed record states the mechanism and its parameters, and `xsilo audit verify`
+// recomputes them.
+TEST(Federation, CentralDpSpendsTheServersBudgetAcrossARestartAndEndsTheFederationWhenItIsSpent) {
+  test::TempDir dir;
+  nlohmann::json sim = {{"silos", 4},
+                        {"rounds", 4},
+                        {"seed", 3},
+                        {"baseline", false},
+                        {"data", {{"dataset", "digits"}, {"standardize", true}}},
+                        {"model", {{"kind", "logistic"}}},
+                        {"training", {{"local_epochs", 1}, {"batch_size", 32}, {"learning_rate", 0.1}}},
+                        {"selection", {{"min_silos", 3}, {"min_updates", 3}}},
+                        {"deadlines", {{"join_s", 5}, {"train_s", 30}, {"upload_s", 30}}},
+                        {"faults", {{{"process", "server"}, {"action", "restart"}, {"round", 2}, {"phase", "train"}}}},
+                        {"privacy", {{"level", "silo"}, {"mode", "central"}, {"epsilon", 2.0}, {"delta", 1e-5},
+                                     {"rounds", 2}, {"clip_norm", 1.0}}}};
+  atomic_write_file(dir / "sim.json", sim.dump());
+  ProcessOptions in_dir;
+  in_dir.cwd = dir.path();
+  Process run({test::xsilo_bin(), "sim", "--config", "sim.json", "--out", "out"}, dir / "sim.log", in_dir);
+  ASSERT_EQ(run.wait(180s).value_or(-1), 0) << log_tail(dir / "sim.log", 40);
+  const auto out = dir / "out";
+  const auto summary = nlohmann::json::parse(read_file(out / "summary.json"));
+  EXPECT_EQ(summary["rounds_committed"], 2);
+  EXPECT_LE(summary["epsilon_spent"].get<double>(), 2.0);
+  EXPECT_GT(summary["epsilon_spent"].get<double>(), 1.9);  // the plan spends the budget
+  EXPECT_NE(read_file(dir / "sim.log").find("the federation ended before its last round: privacy budget spent"),
+            std::string::npos)
+      << log_tail(dir / "sim.log", 20);
+
+  std::size_t noised = 0, starts = 0;
+  bool ended = false;
+  for (const auto& r : server::read_audit_log(out / "audit.jsonl")) {
+    if (r.value("event", "") == "federation_start") ++starts;
+    if (r.value("event", "") == "round" && r.value("status", "") == "committed") {
+      ASSERT_TRUE(r.contains("privacy")) << r.dump();
+      const auto& p = r["privacy"];
+      EXPECT_EQ(p["mechanism"], "central");
+      EXPECT_EQ(p["sample_rate"], 1.0);
+      EXPECT_EQ(p["clip_norm"], 1.0);
+      EXPECT_EQ(p["denominator"], 4.0);  // the four silos the allow-list names
+      EXPECT_EQ(p["delta"], 1e-5);
+      EXPECT_EQ(p["rounds_spent"], ++noised);
+      EXPECT_LE(p["epsilon"].get<double>(), 2.0);
+      EXPECT_FALSE(r.contains("robust")) << "no update's norm is recorded: " << r.dump();
+    }
+    if (r.value("event", "") == "federation_end") ended = r.value("reason", "").rfind("privacy budget spent", 0) == 0;
+  }
+  EXPECT_EQ(noised, 2u);
+  EXPECT_EQ(starts, 2u) << "the server was not restarted";
+  EXPECT_TRUE(ended) << "the federation_end record does not say the budget was spent";
+  Process verify({test::xsilo_bin(), "audit", "verify", "out/audit.jsonl", "--key", "out/audit.pub"}, dir / "verify.log",
+                 in_dir);
+  EXPECT_EQ(verify.wait(30s).value_or(-1), 0) << log_tail(dir / "verify.log");
+  EXPECT_NE(read_file(dir / "verify.log").find("silo-level central DP, 2 committed noised rounds"), std::string::npos)
+      << log_tail(dir / "verify.log");
+  // The run's report draws the federation's spend from the rounds' records.
+  EXPECT_NE(read_file(out / "report.html").find("id='privacy'"), std::string::npos);
+}
+
 // Record-level privacy in a federation of real processes, secure groups through two edges: each
 // silo chooses its own noise for the rounds its budget was planned for, spends its budget across
 // them, refuses the round after, and the server ends the federation (audited) once too few silos

@@ -88,6 +88,11 @@ bool privacy_claims_hold(const server::AuditVerifyResult& r, const std::string& 
               << " silos recomputed from their parameters, every claim at least what they give\n";
     for (const auto& [silo, eps] : privacy.epsilon) std::cout << "  " << silo << ": epsilon " << eps << "\n";
   }
+  if (privacy.central_rounds) {
+    std::cout << "privacy: silo-level central DP, " << privacy.central_rounds
+              << " committed noised rounds recomposed from their parameters: epsilon " << privacy.central_epsilon
+              << ", every claim at least what they give\n";
+  }
   return true;
 }
 

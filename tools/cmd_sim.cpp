@@ -37,9 +37,12 @@ void add_sim(CLI::App& app, int& exit_code) {
     if (!*quiet) std::printf("in-process: %llu of %llu rounds committed; model in %s\n",
                              static_cast<unsigned long long>(r.rounds_committed),
                              static_cast<unsigned long long>(cfg.rounds), (std::filesystem::path(*out) / "model.safetensors").string().c_str());
-    if (!*quiet && r.epsilon_spent >= 0) {
+    if (!*quiet && r.epsilon_spent >= 0 && cfg.privacy) {
       std::printf("record-level privacy: epsilon %.3f of %g spent (delta %g), the largest over silos\n", r.epsilon_spent,
                   cfg.privacy->max_epsilon, cfg.privacy->delta);
+    } else if (!*quiet && r.epsilon_spent >= 0) {
+      std::printf("silo-level central DP: epsilon %.3f of %g spent (delta %g)\n", r.epsilon_spent,
+                  cfg.silo_privacy.value("epsilon", 0.0), cfg.silo_privacy.value("delta", 1e-5));
     }
     exit_code = r.exit_code;
   });

@@ -132,7 +132,15 @@ void fold_round(Run& run, const json& r, bool verified) {
   x.compression = describe_scheme(r.value("compression", json()));
   x.broadcast = describe_scheme(r.value("broadcast", json()));
   x.rule = describe_rule(r);
-  if (const auto p = r.find("privacy"); p != r.end() && p->is_object()) {
+  if (const auto p = r.find("privacy"); p != r.end() && p->is_object() && p->value("mechanism", "") == "central") {
+    // Silo-level central DP: the federation's epsilon so far; the round spent the difference.
+    if (const auto e = number(*p, "epsilon")) {
+      x.epsilon_total = *e;
+      x.epsilon_spent = std::max(0.0, *e - run.record_epsilon);
+      run.record_epsilon = std::max(run.record_epsilon, *e);
+    }
+    x.delta = number(*p, "delta");
+  } else if (const auto p = r.find("privacy"); p != r.end() && p->is_object()) {
     x.epsilon_spent = number(*p, "epsilon_spent");
     x.epsilon_total = number(*p, "epsilon_total");
     x.delta = number(*p, "delta");

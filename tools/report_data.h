@@ -70,7 +70,7 @@ struct Run {
   std::uint64_t records = 0;        // audit records read
   double baseline_accuracy = -1;    // summary.json: centralized training on the pooled data
   std::uint64_t model_parameters = 0;  // model.safetensors: for the float32 size of an upload
-  double record_epsilon = 0;  // record-level privacy: the largest silo's epsilon in the rounds read so far
+  double record_epsilon = 0;  // the epsilon spent in the rounds read so far: the largest silo's (record level) or the federation's (central DP)
 
   std::uint32_t silo_id(const std::string& name);
   std::uint32_t edge_id(const std::string& name);

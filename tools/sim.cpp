@@ -502,7 +502,23 @@ int follow(const SimConfig& cfg, const FederationFiles& f, Processes& procs, Fau
 
 // model.safetensors (the last committed round), the audit log and its key, next to metrics.
 // Record-level privacy: the largest epsilon a silo spent, from each silo's own log (-1: off).
+// Silo level: the epsilon the last committed round's audit record states (0: none committed).
 double epsilon_spent(const SimConfig& cfg, const FederationFiles& f) {
+  if (cfg.silo_privacy.is_object()) {
+    double eps = 0;
+    std::ifstream in(f.out / "audit.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      try {
+        const auto j = nlohmann::json::parse(line);
+        if (j.value("event", "") == "round" && j.value("status", "") == "committed" && j.contains("privacy")) {
+          eps = j["privacy"].value("epsilon", eps);
+        }
+      } catch (const nlohmann::json::exception&) {
+        // a damaged line: the verify command the run prints says which
+      }
+    }
+    return eps;
+  }
   if (!cfg.privacy) return -1;
   double most = 0;
   for (const auto& silo : f.silos) {
@@ -589,9 +605,13 @@ void say_outcome(const SimConfig& cfg, const FederationFiles& f, const std::file
                 static_cast<unsigned long long>(result.rounds_committed), static_cast<unsigned long long>(cfg.rounds),
                 secs, result.rounds_committed ? accuracy : "", stalled.empty() ? "" : (" (" + stalled + ")").c_str());
   say(line);
-  if (result.epsilon_spent >= 0) {
+  if (result.epsilon_spent >= 0 && cfg.privacy) {
     std::snprintf(line, sizeof line, "  record-level privacy: epsilon %.3f of %g spent (delta %g), the largest over silos",
                   result.epsilon_spent, cfg.privacy->max_epsilon, cfg.privacy->delta);
+    say(line);
+  } else if (result.epsilon_spent >= 0) {
+    std::snprintf(line, sizeof line, "  silo-level central DP: epsilon %.3f of %g spent (delta %g)", result.epsilon_spent,
+                  cfg.silo_privacy.value("epsilon", 0.0), cfg.silo_privacy.value("delta", 1e-5));
     say(line);
   }
   if (budgets_spent) say("  the federation ended before its last round: " + ended);
@@ -649,7 +669,9 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
   // Under record-level privacy the server ends the federation, audited, once too few silos have
   // budget left for a round: the run is whole then too, however many rounds it committed.
   const std::string ended = federation_end_reason(out / "audit.jsonl");
-  const bool budgets_spent = cfg.privacy && server_code == 0 && ended.rfind("privacy budgets spent", 0) == 0;
+  // Silo-level central DP: the server ends it, audited, once another round would pass the budget.
+  const bool budgets_spent = (cfg.privacy || cfg.silo_privacy.is_object()) && server_code == 0 &&
+                             (ended.rfind("privacy budgets spent", 0) == 0 || ended.rfind("privacy budget spent", 0) == 0);
   const bool ok = budgets_spent ||
                   (cfg.kill_storm ? (server_code == 0 || server_code == 3) &&
                                         result.rounds_committed + result.rounds_aborted == cfg.rounds

@@ -72,6 +72,10 @@ struct SimConfig {
   // (the agent's "privacy" block; rounds: the sim's, unless a noise_multiplier is given) and
   // DP-SGD in the built-in trainer.
   std::optional<agent::PrivacyConfig> privacy;
+  // "privacy": {"level": "silo", "mode": "central", "epsilon": E, "delta": D, ...}: the server's
+  // "privacy" block as given, less "level" (server/config_privacy.cpp validates it; rounds: the
+  // sim's unless given). Null when off.
+  nlohmann::json silo_privacy;
   // Rehearsed failures: kill or restart a process when a round reaches a phase.
   struct Fault {
     std::string process;  // "server", "edge-01", "hospital-03"
@@ -202,7 +206,7 @@ struct SimResult {
   std::uint64_t rounds_committed = 0, rounds_aborted = 0;
   double final_accuracy = 0, final_loss = 0, baseline_accuracy = -1;  // NaN: the script does not evaluate
   double final_train_loss = 0;  // what the silos reported for the last committed round
-  double epsilon_spent = -1;    // record-level privacy: the largest epsilon a silo spent (-1: off)
+  double epsilon_spent = -1;    // record level: the largest epsilon a silo spent; silo level: the federation's (-1: off)
 };
 
 SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool quiet = false);

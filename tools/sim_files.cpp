@@ -249,6 +249,7 @@ void write_server_config(const SimConfig& cfg, FederationFiles& f) {
   if (cfg.compression.is_object()) server["compression"] = cfg.compression;
   if (cfg.broadcast.is_object()) server["broadcast"] = cfg.broadcast;
   if (cfg.uploads_at_once > 0) server["uploads_at_once"] = cfg.uploads_at_once;
+  if (cfg.silo_privacy.is_object()) server["privacy"] = cfg.silo_privacy;
   f.server_config = out / "configs" / "server.json";
   // The sim's blocks are the user's server-config blocks: the server's loader checks them, and
   // the config written is the loaded struct's own JSON.

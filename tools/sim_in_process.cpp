@@ -266,7 +266,17 @@ SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& 
   SimResult result;
   result.exit_code = 0;
   const bool secure = scfg.secure.on();
+  // Silo-level central DP: the server's budget, spent by committed rounds as its coordinator does.
+  privacy::Ledger central_spent;
+  bool budget_ended = false;
+  if (scfg.central_dp) result.epsilon_spent = 0;
   for (std::uint64_t round = 1; round <= scfg.rounds; ++round) {
+    if (scfg.central_dp && !server::fits_another_round(*scfg.central_dp, central_spent)) {
+      spdlog::warn("round {}: the central DP budget is spent (epsilon {:.4g}); the federation ends", round,
+                   result.epsilon_spent);
+      budget_ended = true;
+      break;
+    }
     std::unique_ptr<server::Aggregator> agg;
     std::optional<GroupedSums> groups;
     if (secure) {
@@ -289,6 +299,10 @@ SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& 
         global = std::move(next);
         if (c.next_clip_norm) clip_norm = c.next_clip_norm;
         ++result.rounds_committed;
+        if (scfg.central_dp) {
+          central_spent.add(server::round_mechanism(*scfg.central_dp), 1);
+          result.epsilon_spent = server::epsilon_of(central_spent, scfg.central_dp->delta);
+        }
       }
     }
     const auto ev = Network(global).evaluate(global.flat(), f.central_test);
@@ -297,7 +311,8 @@ SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& 
     if (on_round) on_round(round, committed, global, ev.accuracy, ev.loss);
   }
   save_safetensors(f.out / "model.safetensors", global);
-  result.exit_code = result.rounds_committed == scfg.rounds ? 0 : 1;  // as xsilo sim: every round committed
+  // As xsilo sim: every round committed, or the central DP budget ended the federation.
+  result.exit_code = result.rounds_committed == scfg.rounds || budget_ended ? 0 : 1;
   return result;
 }
 

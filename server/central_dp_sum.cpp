@@ -1,0 +1,83 @@
+// The aggregator of silo-level central DP (server/central_dp.h): every silo's own delta clipped
+// to C and added with weight 1; the step is the sum over the fixed denominator W plus Gaussian
+// noise of standard deviation z C / W. A running sum, like PlainSum: no rows are kept.
+#include "server/aggregator.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace xsilo::server {
+
+namespace {
+
+class CentralDpSum final : public Aggregator {
+ public:
+  CentralDpSum(const Model& layout, CentralDpConfig dp, std::size_t lanes, std::optional<crypto::NoiseSource::Key> key)
+      : dp_(std::move(dp)), key_(key), sum_(std::make_shared<Model>(layout.zeros_like())) {
+    current_.resize(lanes);  // never grows: see PlainSum
+    current_.front() = std::make_unique<Model>(layout.zeros_like());
+  }
+
+ private:
+  protocol::UploadBuffer lane_buffer(std::size_t lane) override {
+    if (lane >= current_.size()) {
+      throw std::logic_error("upload lane " + std::to_string(lane) + " of " + std::to_string(current_.size()));
+    }
+    if (!current_[lane]) current_[lane] = std::make_unique<Model>(current_.front()->zeros_like());
+    Model& m = *current_[lane];
+    return {.bytes = {reinterpret_cast<std::uint8_t*>(m.flat().data()), m.bytes()},
+            .dtype = wire::F32,
+            .layout = m.tensors(),
+            .hash = true,
+            .keep = nullptr,
+            .scheme = {},
+            .sink = nullptr};
+  }
+
+  FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check, std::size_t lane) override {
+    auto r = check_upload(check, c, "update");
+    if (!r.ok()) return r;
+    // The upload is weight * delta: the delta, clipped, counts once whatever weight it claims.
+    const auto cur = current_.at(lane)->flat();
+    const float inv = static_cast<float>(1.0 / c.weight);
+    for (auto& v : cur) v *= inv;
+    clip_to(cur, dp_.clip_norm);
+    const auto acc = sum_->flat();
+    for (std::size_t i = 0; i < cur.size(); ++i) acc[i] += cur[i];
+    ++updates_;
+    return r;
+  }
+
+  // `out` may be the sum itself (output()): each element is read before it is written.
+  Combined do_combine(std::span<float> out, const CombineContext&) override {
+    const auto acc = sum_->flat();
+    const double inv = 1.0 / dp_.denominator;
+    for (std::size_t i = 0; i < acc.size(); ++i) out[i] = static_cast<float>(static_cast<double>(acc[i]) * inv);
+    crypto::NoiseSource noise(key_);  // a fresh key from the system's random source unless a test fixed one
+    add_gaussian_noise(out, noise_stddev(dp_), noise);
+    Combined c;
+    // Neither the norms nor which update was clipped: only what the mechanism's parameters and
+    // the participant list already say (the norms are the silos' data, and the log is no secret).
+    c.record["central_dp"] = {{"updates", updates_}, {"denominator", dp_.denominator},
+                              {"noise_stddev", noise_stddev(dp_)}};
+    return c;
+  }
+
+  std::shared_ptr<Model> do_output(const Model&) override { return sum_; }
+
+  CentralDpConfig dp_;
+  std::optional<crypto::NoiseSource::Key> key_;
+  std::vector<std::unique_ptr<Model>> current_;  // each lane's upload buffer
+  std::shared_ptr<Model> sum_;
+  std::size_t updates_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Aggregator> make_central_dp_sum(const RoundConfig& cfg, const Model& layout,
+                                                std::optional<crypto::NoiseSource::Key> key) {
+  if (!cfg.central_dp) throw std::logic_error("make_central_dp_sum without a central_dp config");
+  return std::make_unique<CentralDpSum>(layout, *cfg.central_dp, std::max<std::size_t>(1, cfg.uploads_at_once), key);
+}
+
+}  // namespace xsilo::server

@@ -1,0 +1,223 @@
+// Silo-level differential privacy, central mode (server/central_dp.h, docs/privacy.md): the
+// server's aggregator clips each silo's delta, divides by the fixed denominator and adds noise of
+// z C / W; the accountant, the budget's end and the audit check of every round's claim.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+
+#include "crypto/hash.h"
+#include "protocol/upload_slot.h"
+#include "server/aggregator.h"
+#include "server/audit.h"
+#include "server/central_dp.h"
+
+namespace xsilo {
+namespace {
+
+constexpr std::size_t kDim = 20000;
+
+Model layout(std::size_t d = kDim) {
+  Model m;
+  m.add("w", {d});
+  return m;
+}
+
+crypto::NoiseSource::Key key(std::uint8_t b) {
+  crypto::NoiseSource::Key k{};
+  k.fill(b);
+  return k;
+}
+
+server::RoundConfig central(double z, double clip, double denominator) {
+  server::RoundConfig cfg;
+  server::CentralDpConfig dp;
+  dp.epsilon = 10;
+  dp.noise_multiplier = z;
+  dp.clip_norm = clip;
+  dp.denominator = denominator;
+  cfg.central_dp = dp;
+  return cfg;
+}
+
+// Each (weight * delta) upload through the aggregator as the server's slot hands it over, then
+// the round's step.
+std::vector<float> step_of(const server::RoundConfig& cfg, const std::vector<std::vector<float>>& uploads,
+                           const std::vector<double>& weights, std::optional<crypto::NoiseSource::Key> k) {
+  const Model l = layout(uploads.empty() ? kDim : uploads[0].size());
+  auto agg = server::make_central_dp_sum(cfg, l, k);
+  for (std::size_t i = 0; i < uploads.size(); ++i) {
+    auto buf = agg->buffer();
+    std::memcpy(buf.bytes.data(), uploads[i].data(), uploads[i].size() * sizeof(float));
+    auto check = std::make_shared<protocol::UploadCheck>();
+    protocol::check_work(check, buf.bytes.data(), uploads[i].size(), wire::F32, true)();
+    const server::Contribution c{.silos = {"silo-" + std::to_string(i)}, .weight = weights[i], .group = 0,
+                                 .declared_sha256 = crypto::sha256_hex(std::span<const float>(uploads[i])),
+                                 .partial_sum = false};
+    EXPECT_TRUE(agg->fold(c, *check).ok());
+  }
+  std::vector<float> out(l.size());
+  EXPECT_TRUE(agg->combine(out, {}).ok);
+  return out;
+}
+
+double stddev(const std::vector<float>& v) {
+  double sum = 0, sq = 0;
+  for (float x : v) {
+    sum += x;
+    sq += static_cast<double>(x) * x;
+  }
+  const double n = static_cast<double>(v.size()), mean = sum / n;
+  return std::sqrt(sq / n - mean * mean);
+}
+
+double distance(const std::vector<float>& a, const std::vector<float>& b) {
+  double sq = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) sq += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+  return std::sqrt(sq);
+}
+
+// With every update zero the step is the noise alone: its spread is z C / W, whatever z and C
+// make that product. At a fixed key the sample is fixed, so the tolerance (six standard errors
+// of a standard deviation estimated from 20000 draws, sqrt(1 / (2 n)) relative) cannot fail by
+// chance; a wrong factor (W, C, z, or a variance taken for a deviation) is far outside it.
+TEST(CentralDp, TheNoisesStandardDeviationIsZTimesTheClipNormOverTheDenominator) {
+  const std::vector<std::vector<float>> zeros(3, std::vector<float>(kDim, 0.0f));
+  const std::vector<double> ones(3, 1.0);
+  const double tol = 6 / std::sqrt(2.0 * kDim);
+  struct Case {
+    double z, c, w;
+  };
+  for (const Case k : {Case{1.0, 2.0, 4.0}, Case{2.0, 1.0, 4.0}, Case{2.0, 1.0, 8.0}, Case{0.5, 3.0, 10.0}}) {
+    const double want = k.z * k.c / k.w;
+    const double got = stddev(step_of(central(k.z, k.c, k.w), zeros, ones, key(7)));
+    EXPECT_NEAR(got / want, 1.0, tol) << "z " << k.z << ", C " << k.c << ", W " << k.w;
+  }
+  // The same key gives the same noise; without a key each round draws a fresh one.
+  const auto cfg = central(1.0, 1.0, 4.0);
+  EXPECT_EQ(step_of(cfg, zeros, ones, key(3)), step_of(cfg, zeros, ones, key(3)));
+  EXPECT_NE(step_of(cfg, zeros, ones, std::nullopt), step_of(cfg, zeros, ones, std::nullopt));
+}
+
+// Adding one silo moves the step by at most C / W, whatever the silo sends and whatever weight
+// (sample count) it claims: its delta is clipped, and every delta counts once.
+TEST(CentralDp, OneSiloMovesTheStepByAtMostTheClipNormOverTheDenominator) {
+  const std::size_t d = 50;
+  const double clip = 1.0, w = 4;  // the honest updates' norms are at most 0.52
+  const auto cfg = central(1e-9, clip, w);  // noise far below float rounding of the step
+  std::vector<std::vector<float>> honest(3, std::vector<float>(d));
+  for (std::size_t i = 0; i < 3; ++i) {
+    for (std::size_t j = 0; j < d; ++j) honest[i][j] = 0.01f * static_cast<float>((i + 1) * (j % 5));
+  }
+  const std::vector<double> ones(3, 1.0);
+  const auto without = step_of(cfg, honest, ones, key(1));
+  auto with = honest;
+  with.push_back(std::vector<float>(d, 1e6f));  // a huge update
+  const double claimed_weight = 1000;           // and a huge sample count: weight * delta
+  for (auto& v : with.back()) v *= static_cast<float>(claimed_weight);
+  auto weights = ones;
+  weights.push_back(claimed_weight);
+  const auto added = step_of(cfg, with, weights, key(1));
+  EXPECT_LE(distance(without, added), clip / w * (1 + 1e-5));
+  EXPECT_GT(distance(without, added), clip / w * 0.99);  // clipped to C, not dropped
+  // The honest updates are small: within C, they pass unchanged, divided by W (not by 3).
+  const auto sum_over_w = [&](std::size_t j) { return (honest[0][j] + honest[1][j] + honest[2][j]) / w; };
+  EXPECT_NEAR(without[7], sum_over_w(7), 1e-6);
+}
+
+// At full participation (q = 1) a round is the Gaussian mechanism with multiplier z, composed
+// over rounds: the accountant agrees with dp-accounting's values checked into
+// tests/data/privacy_reference.json (scripts/privacy_reference.py).
+TEST(CentralDp, TheSpendOfItsRoundsAgreesWithDpAccountingAtFullParticipation) {
+  std::ifstream in(std::string(XSILO_SOURCE_DIR) + "/tests/data/privacy_reference.json");
+  ASSERT_TRUE(in) << "tests/data/privacy_reference.json";
+  const auto ref = nlohmann::json::parse(in);
+  const double delta = ref["delta"].get<double>();
+  int checked = 0;
+  for (const auto& c : ref["subsampled_gaussian"]) {
+    if (c["q"].get<double>() != 1.0) continue;
+    server::CentralDpConfig dp;
+    dp.noise_multiplier = c["sigma"].get<double>();
+    privacy::Ledger spent;
+    spent.add(server::round_mechanism(dp), c["steps"].get<std::uint64_t>());
+    const double want = c["dp_accounting"]["epsilon"].get<double>();
+    EXPECT_NEAR(server::epsilon_of(spent, delta), want, 1e-6 * want) << c.dump();
+    ++checked;
+  }
+  EXPECT_EQ(checked, 15);  // sigma in {0.5, 0.8, 1, 2, 5} x steps in {1, 100, 10000}
+}
+
+// The noise is chosen to last the planned rounds: they fit, one more does not.
+TEST(CentralDp, TheNoiseLastsThePlannedRoundsAndNotOneMore) {
+  server::CentralDpConfig dp;
+  dp.epsilon = 3;
+  dp.delta = 1e-5;
+  dp.rounds = 20;
+  dp.noise_multiplier = server::noise_multiplier_for_rounds(dp.epsilon, dp.delta, 1.0, dp.rounds);
+  privacy::Ledger spent;
+  for (std::uint64_t r = 0; r < dp.rounds; ++r) {
+    ASSERT_TRUE(server::fits_another_round(dp, spent)) << "round " << r + 1;
+    spent.add(server::round_mechanism(dp), 1);
+  }
+  EXPECT_LE(server::epsilon_of(spent, dp.delta), dp.epsilon);
+  EXPECT_GT(server::epsilon_of(spent, dp.delta), 0.99 * dp.epsilon);
+  EXPECT_FALSE(server::fits_another_round(dp, spent));
+}
+
+nlohmann::json committed_round(std::uint64_t r, const server::CentralDpConfig& dp, const privacy::Ledger& spent) {
+  return {{"event", "round"}, {"round", r}, {"status", "committed"}, {"privacy", server::round_privacy_record(dp, spent)}};
+}
+
+// `xsilo audit verify` recomposes every committed round's spend from its recorded parameters: a
+// record that claims less than they give, or more spent than its budget, fails; an aborted
+// round spends nothing.
+TEST(CentralDp, AuditVerifyCatchesARecordThatClaimsLessThanItsRoundsGive) {
+  server::CentralDpConfig dp;
+  dp.epsilon = 10;
+  dp.noise_multiplier = 1.5;
+  dp.denominator = 10;
+  std::vector<nlohmann::json> log = {{{"event", "federation_start"}}};
+  privacy::Ledger spent;
+  for (std::uint64_t r = 1; r <= 4; ++r) {
+    spent.add(server::round_mechanism(dp), 1);
+    log.push_back(committed_round(r, dp, spent));
+  }
+  log.push_back({{"event", "round"}, {"round", 5}, {"status", "aborted"}, {"privacy", server::round_privacy_record(dp, spent)}});
+  const auto ok = server::check_privacy_claims(log);
+  EXPECT_TRUE(ok.ok) << ok.reason;
+  EXPECT_EQ(ok.central_rounds, 4u);
+  EXPECT_NEAR(ok.central_epsilon, server::epsilon_of(spent, dp.delta), 1e-12);
+
+  // Round 3 claims round 1's spend only.
+  auto lie = log;
+  lie[3]["privacy"]["epsilon"] = log[1]["privacy"]["epsilon"];
+  const auto bad = server::check_privacy_claims(lie);
+  EXPECT_FALSE(bad.ok);
+  EXPECT_NE(bad.reason.find("record 4 (round 3): central DP claims epsilon"), std::string::npos) << bad.reason;
+  // An aborted round states the spend so far, and is held to it too.
+  auto aborted_lie = log;
+  aborted_lie[5]["privacy"]["epsilon"] = 0.0;
+  const auto aborted = server::check_privacy_claims(aborted_lie);
+  EXPECT_FALSE(aborted.ok);
+  EXPECT_NE(aborted.reason.find("record 6 (round 5): central DP claims epsilon 0"), std::string::npos) << aborted.reason;
+  // A record whose noise was smaller than the later ones state (the claim is then too low).
+  auto weaker = log;
+  weaker[2]["privacy"]["noise_multiplier"] = 0.5;
+  EXPECT_FALSE(server::check_privacy_claims(weaker).ok);
+  // Past the recorded budget.
+  auto over = log;
+  over[4]["privacy"]["max_epsilon"] = 0.1;
+  const auto past = server::check_privacy_claims(over);
+  EXPECT_FALSE(past.ok);
+  EXPECT_NE(past.reason.find("past the budget"), std::string::npos) << past.reason;
+  // Unreadable parameters.
+  auto broken = log;
+  broken[1]["privacy"].erase("noise_multiplier");
+  const auto unread = server::check_privacy_claims(broken);
+  EXPECT_FALSE(unread.ok);
+  EXPECT_NE(unread.reason.find("cannot be read"), std::string::npos) << unread.reason;
+}
+
+}  // namespace
+}  // namespace xsilo
