@@ -22,17 +22,6 @@ std::span<std::uint8_t> bytes_of(Model& m) { return {reinterpret_cast<std::uint8
 
 std::size_t lanes(const RoundConfig& cfg) { return std::max<std::size_t>(1, cfg.uploads_at_once); }
 
-// An upload received straight into `m` (f32, its layout), hashed as it arrives.
-protocol::UploadBuffer into(Model& m) {
-  return {.bytes = bytes_of(m),
-          .dtype = wire::F32,
-          .layout = m.tensors(),
-          .hash = true,
-          .keep = nullptr,
-          .scheme = {},
-          .sink = nullptr};
-}
-
 }  // namespace
 
 FoldResult check_upload(protocol::UploadCheck& check, const Contribution& c, const std::string& what) {
@@ -44,6 +33,16 @@ FoldResult check_upload(protocol::UploadCheck& check, const Contribution& c, con
                                                                           : FoldError::None;
   r.why = std::move(v.why);
   return r;
+}
+
+protocol::UploadBuffer Aggregator::into(Model& m) {
+  return {.bytes = bytes_of(m),
+          .dtype = wire::F32,
+          .layout = m.tensors(),
+          .hash = true,
+          .keep = nullptr,
+          .scheme = {},
+          .sink = nullptr};
 }
 
 void Aggregator::check_lane(std::size_t lane, std::size_t lanes) {

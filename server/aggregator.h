@@ -105,6 +105,8 @@ class Aggregator {
   // A lane the coordinator's UploadLanes hands out is below uploads_at_once, always; an
   // aggregator's lane_buffer checks it against the lanes it made.
   static void check_lane(std::size_t lane, std::size_t lanes);
+  // An upload received straight into `m` (f32, its layout), hashed as it arrives.
+  static protocol::UploadBuffer into(Model& m);
 
  private:
   virtual protocol::UploadBuffer lane_buffer(std::size_t lane) = 0;

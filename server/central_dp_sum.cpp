@@ -20,18 +20,9 @@ class CentralDpSum final : public Aggregator {
 
  private:
   protocol::UploadBuffer lane_buffer(std::size_t lane) override {
-    if (lane >= current_.size()) {
-      throw std::logic_error("upload lane " + std::to_string(lane) + " of " + std::to_string(current_.size()));
-    }
+    check_lane(lane, current_.size());
     if (!current_[lane]) current_[lane] = std::make_unique<Model>(current_.front()->zeros_like());
-    Model& m = *current_[lane];
-    return {.bytes = {reinterpret_cast<std::uint8_t*>(m.flat().data()), m.bytes()},
-            .dtype = wire::F32,
-            .layout = m.tensors(),
-            .hash = true,
-            .keep = nullptr,
-            .scheme = {},
-            .sink = nullptr};
+    return into(*current_[lane]);
   }
 
   FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check, std::size_t lane) override {
