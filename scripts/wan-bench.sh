@@ -199,3 +199,11 @@ jq -r '[.name, .upload_bytes_per_sender_per_round, .wire_up_bytes, .seconds_per_
   }'
 echo
 echo "Model: $(jq -s '.[0].model_bytes / 1e6' "$out/all.jsonl") MB of float32; rows without a compressed broadcast send all of it to every silo each round."
+# Each silo's idle time a round, from the round records' timelines (xsilo bench round's
+# silo_idle_seconds_per_round): waiting for its upload slot, then for the round to close.
+echo
+echo "Silos' idle seconds a round (waiting for an upload slot or for the round to close; mean of rounds 2..$rounds):"
+echo
+echo "| upload | $(jq -r -s '.[0].silo_idle_seconds_per_round // {} | keys | join(" | ")' "$out/all.jsonl") |"
+echo "| --- |$(jq -r -s '.[0].silo_idle_seconds_per_round // {} | keys | map(" --- |") | join("")' "$out/all.jsonl")"
+jq -r '"| \(.name) | " + ((.silo_idle_seconds_per_round // {}) | to_entries | sort_by(.key) | map(.value * 100 | round / 100 | tostring) | join(" | ")) + " |"' "$out/all.jsonl"

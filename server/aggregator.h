@@ -139,7 +139,8 @@ std::unique_ptr<Aggregator> make_aggregator(const RoundConfig& cfg, const Model&
 
 // Silo-level central DP (server/central_dp.h; cfg.central_dp set): each silo's delta clipped to
 // C with weight 1, the step their sum over W plus Gaussian noise of z C / W. `key`: the noise's
-// ChaCha20 key, for tests; none: a fresh one from the system's random source each round.
+// ChaCha20 key, for tests; none: a fresh one each round from cfg.sources (the daemon's: the system's
+// random source).
 std::unique_ptr<Aggregator> make_central_dp_sum(const RoundConfig& cfg, const Model& layout,
                                                 std::optional<crypto::NoiseSource::Key> key = std::nullopt);
 

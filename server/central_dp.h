@@ -20,8 +20,9 @@
 //     amplification by subsampling is claimed; q is recorded so that a later mode that samples
 //     in secret can claim it, and the audit check composes whatever q a record states.
 //
-// The noise comes from crypto::NoiseSource under a fresh key from the system's random source
-// each round, never from the federation seed (which anyone with the config knows).
+// The noise comes from crypto::NoiseSource under a fresh key each round from the round's random
+// source (RoundConfig::sources: the daemon gives the system's), never from the federation seed
+// (which anyone with the config knows).
 //
 // Only committed rounds spend: an aborted round releases no model. The spend of every committed
 // round is in its audit record ("privacy"); the server rebuilds it from the audit chain when it

@@ -44,7 +44,7 @@ class CentralDpSum final : public Aggregator {
     const auto acc = sum_->flat();
     const double inv = 1.0 / dp_.denominator;
     for (std::size_t i = 0; i < acc.size(); ++i) out[i] = static_cast<float>(static_cast<double>(acc[i]) * inv);
-    crypto::NoiseSource noise(key_);  // a fresh key from the system's random source unless a test fixed one
+    crypto::NoiseSource noise(key_);  // the round's key (make_central_dp_sum)
     add_gaussian_noise(out, noise_stddev(dp_), noise);
     Combined c;
     // Neither the norms nor which update was clipped: only what the mechanism's parameters and
@@ -68,6 +68,11 @@ class CentralDpSum final : public Aggregator {
 std::unique_ptr<Aggregator> make_central_dp_sum(const RoundConfig& cfg, const Model& layout,
                                                 std::optional<crypto::NoiseSource::Key> key) {
   if (!cfg.central_dp) throw std::logic_error("make_central_dp_sum without a central_dp config");
+  if (!key) {  // the round's noise key: fresh, from the sources the core is given (crypto/sources.h)
+    crypto::NoiseSource::Key fresh;
+    cfg.sources.random_bytes(fresh);
+    key = fresh;
+  }
   return std::make_unique<CentralDpSum>(layout, *cfg.central_dp, std::max<std::size_t>(1, cfg.uploads_at_once), key);
 }
 

@@ -134,6 +134,7 @@ void Coordinator::start(std::int64_t now_ms) {
 
 void Coordinator::set_phase(Phase p, std::int64_t now_ms) {
   if (p == phase_) return;
+  if (r_ && (p == Phase::Unmasking || p == Phase::Closing)) r_->phases.emplace_back(name(p), r_->since_start(now_ms));
   auto& [seconds, times] = totals_.phase_seconds[std::string(name(phase_))];
   seconds += static_cast<double>(now_ms - phase_since_ms_) / 1000.0;
   ++times;
@@ -685,6 +686,7 @@ RoundSummary Coordinator::summary(bool committed, const std::string& reason, std
   s.regions = r_->regions;
   s.model_sha256_before = s.model_sha256_after = global_sha_;
   s.config_sha256 = cfg_.config_sha256;
+  s.phases = r_->phases;
   return s;
 }
 

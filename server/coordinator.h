@@ -166,6 +166,9 @@ class Coordinator {
   void on_message(SessionId id, const wire::Envelope& env, std::int64_t now_ms);
   void on_timer(Timer timer, std::int64_t now_ms);
   void on_job_done(std::uint64_t job, JobResult result, std::int64_t now_ms);
+  // The model stream of round `round` to session `id` (a silo, or an edge) has been written to
+  // its last byte: the members it reached get it in their timeline. Emits no action.
+  void on_model_sent(SessionId id, std::uint64_t round, std::int64_t now_ms);
 
   std::vector<Action> take_actions() { return std::exchange(actions_, {}); }
 

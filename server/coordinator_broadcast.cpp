@@ -76,4 +76,11 @@ void Coordinator::held_model(SessionId id, const std::string& sha256, std::uint6
   membership_.set_held_model(id, sha256 == global_sha_ ? sha256 : "", round);
 }
 
+void Coordinator::on_model_sent(SessionId id, std::uint64_t round, std::int64_t now_ms) {
+  if (!r_ || round != round_ || id == 0) return;
+  for (auto& m : r_->members) {
+    if (m.session == id && m.times.model_sent < 0) m.times.model_sent = r_->since_start(now_ms);
+  }
+}
+
 }  // namespace xsilo::server

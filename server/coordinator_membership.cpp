@@ -400,6 +400,7 @@ void Coordinator::on_update_ready(std::size_t m, const wire::Envelope& e, std::i
     mb.privacy = e.update_ready().privacy();
   }
   r_->set_state(mb, MemberState::Ready);
+  mb.times.ready = r_->since_start(now_ms);
   mb.num_samples = e.update_ready().num_samples();
   mb.metrics = e.update_ready().metrics();
   if (!mb.relayed) r_->slot.enqueue(Uploader{m, 0});  // an edge uploads for its silos

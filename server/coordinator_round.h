@@ -34,6 +34,7 @@ struct Coordinator::Round {
     Contribution contribution;
     std::vector<std::size_t> members;
     bool more = false;                   // an edge: another secure group's sum follows
+    std::int64_t granted_ms = 0;         // when its lane was granted (its members' timeline)
   };
   std::vector<Upload> uploads;           // by lane
   std::optional<std::size_t> folding;    // the lane whose fold job runs
@@ -44,6 +45,9 @@ struct Coordinator::Round {
   std::size_t broadcast_deltas = 0, broadcast_wholes = 0;
   std::string broadcast_base;  // the delta's base model, when one went out
   std::string abort_reason;
+  // When each phase after collection began, in ms since started_ms (the record's "phases").
+  std::vector<std::pair<std::string, std::int64_t>> phases;
+  std::int64_t since_start(std::int64_t now_ms) const { return now_ms - started_ms; }
   nlohmann::json regions = nlohmann::json::array();  // each edge's folded partial sums (round_record's "regions")
   std::size_t robust_rejected = 0;
   // Members by name, and how many are in each state: messages of every silo ask both, so

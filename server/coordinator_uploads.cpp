@@ -22,6 +22,7 @@ void Coordinator::grant(const Uploader& u, std::size_t lane, std::int64_t now_ms
   if (!u.edge && !r_->secure) buffer.scheme = r_->compression;  // secure: fewer ring words, not encoded chunks
   r_->slot.open(lane, u, std::move(buffer), now_ms + cfg_.deadlines.upload.count());
   r_->uploads[lane] = {};
+  r_->uploads[lane].granted_ms = now_ms;
   const std::string who = u.edge ? "edge " + membership_.peer(u.edge)->name : "silo " + r_->members[u.member].silo;
   spdlog::info("round {}: upload slot to {}", round_, who);
   event("upload_granted", who);
@@ -31,6 +32,7 @@ void Coordinator::grant(const Uploader& u, std::size_t lane, std::int64_t now_ms
     send(u.edge, std::move(e));
   } else {
     r_->set_state(r_->members[u.member], MemberState::Uploading);
+    r_->members[u.member].times.granted = r_->since_start(now_ms);
     send(r_->members[u.member].session, std::move(e));
   }
   arm_upload_timer(now_ms);
@@ -102,6 +104,7 @@ void Coordinator::on_update_end(std::size_t m, const wire::Envelope& e, std::int
     return;
   }
   mb.weight = end.weight();
+  mb.times.received = r_->since_start(now_ms);
   r_->upload_bytes += r_->slot[*lane].bytes_received();
   auto& up = r_->uploads[*lane];
   up.contribution = Contribution{.silos = {mb.silo},
@@ -195,7 +198,11 @@ void Coordinator::on_region_end(SessionId id, const wire::Envelope& e, std::int6
   auto& up = r_->uploads[*lane];
   up.contribution = Contribution{
       .silos = {}, .weight = weight, .group = end.group(), .declared_sha256 = end.update_sha256(), .partial_sum = true};
-  for (auto m : who) up.contribution.silos.push_back(r_->members[m].silo);
+  for (auto m : who) {
+    up.contribution.silos.push_back(r_->members[m].silo);
+    r_->members[m].times.granted = r_->since_start(up.granted_ms);
+    r_->members[m].times.received = r_->since_start(now_ms);
+  }
   up.members = who;
   up.more = end.more();
   pump(now_ms);
@@ -222,6 +229,7 @@ void Coordinator::folded(FoldResult r, std::int64_t now_ms) {
   }
   for (auto m : up.members) {
     r_->set_state(r_->members[m], MemberState::Done);
+    r_->members[m].times.folded = r_->since_start(now_ms);
     if (!u.edge) r_->members[m].update_sha256 = r.sha256;  // an edge's silos keep their own word
     if (r_->secure) r_->secure->masked_from(r_->members[m].silo);
   }

@@ -358,14 +358,19 @@ class Server {
   }
   // Model streams go out as the broadcast planner says (server/broadcast_planner.h): by
   // default to every receiver at once, each paced by its own connection's writes.
+  // A running stream's place in the planner; when the stream ends, written whole or dropped with
+  // its connection, the place is given back (and a whole one goes into the members' timeline).
   struct BroadcastSlot {
-    explicit BroadcastSlot(Server* s) : server(s) {}
+    BroadcastSlot(Server* s, SessionId to, std::uint64_t round) : server(s), to(to), round(round) {}
     BroadcastSlot(const BroadcastSlot&) = delete;
     BroadcastSlot& operator=(const BroadcastSlot&) = delete;
     Server* server;
+    SessionId to;
+    std::uint64_t round;
+    bool whole = false;  // its last frame was made
     ~BroadcastSlot() {
-      Server* s = server;
-      asio::post(s->rt_.io(), [s] {
+      asio::post(server->rt_.io(), [s = server, to = to, round = round, whole = whole] {
+        if (whole) s->coord_.on_model_sent(to, round, now_ms());
         s->broadcasts_.finished();
         s->start_broadcasts();
       });
@@ -387,8 +392,12 @@ class Server {
                          : std::make_shared<protocol::ChunkSource>(a.model, a.model->flat(), a.model->tensors(),
                                                                    cfg_.federation, a.round, cfg_.chunk_bytes);
       // The slot is released when the stream is finished or dropped with its connection.
-      auto slot = std::make_shared<BroadcastSlot>(this);
-      ch->send_stream([src, slot, max = cfg_.channel.max_frame_bytes] { return src->next_frame(max); });
+      auto slot = std::make_shared<BroadcastSlot>(this, a.to, a.round);
+      ch->send_stream([src, slot, max = cfg_.channel.max_frame_bytes] {
+        auto frame = src->next_frame(max);
+        if (!frame) slot->whole = true;
+        return frame;
+      });
     }
   }
   void apply(action::Close& a) {

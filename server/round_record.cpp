@@ -63,6 +63,20 @@ std::string iso_time(std::int64_t unix_ms) {
   return out;
 }
 
+nlohmann::json member_timeline(const Member& m) {
+  nlohmann::json t = nlohmann::json::object();
+  const auto at = [&](const char* key, std::int64_t ms) {
+    if (ms >= 0) t[key] = static_cast<double>(ms) / 1000.0;
+  };
+  at("model_sent", m.times.model_sent);
+  if (m.metrics.train_seconds() > 0) t["train"] = m.metrics.train_seconds();
+  at("ready", m.times.ready);
+  at("granted", m.times.granted);
+  at("received", m.times.received);
+  at("folded", m.times.folded);
+  return t;
+}
+
 nlohmann::json round_record(const RoundSummary& s) {
   using json = nlohmann::json;
   json participants = json::array(), dropouts = json::array(), surplus = json::array(), selected = json::array();
@@ -87,12 +101,14 @@ nlohmann::json round_record(const RoundSummary& s) {
                                           {"eval_loss", mb.metrics.eval_loss()},
                                           {"eval_samples", mb.metrics.eval_samples()}};
       }
+      if (auto t = member_timeline(mb); !t.empty()) participants.back()["timeline"] = std::move(t);
     } else if (mb.state == MemberState::Dropped) {
       dropouts.push_back({{"silo", mb.silo},
                           {"phase", std::string(name(mb.drop_phase))},
                           {"cause", std::string(name(mb.drop_cause))},
                           {"reason", mb.drop_reason}});
       if (mb.via_edge()) dropouts.back()["edge"] = mb.edge;
+      if (auto t = member_timeline(mb); !t.empty()) dropouts.back()["timeline"] = std::move(t);
     } else if (mb.state == MemberState::Surplus) {
       surplus.push_back(mb.silo);
     }
@@ -120,6 +136,11 @@ nlohmann::json round_record(const RoundSummary& s) {
   r["upload_bytes"] = s.upload_bytes;
   r["broadcast_bytes"] = s.broadcast_bytes;
   if (!s.broadcast.is_null()) r["broadcast"] = s.broadcast;
+  if (!s.phases.empty()) {
+    json phases = json::object();
+    for (const auto& [phase, ms] : s.phases) phases[phase] = static_cast<double>(ms) / 1000.0;
+    r["phases"] = std::move(phases);
+  }
   return r;
 }
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -57,6 +58,12 @@ struct Member {
   wire::PrivacySpend privacy;  // record-level privacy: the silo's own account (mechanism empty: none)
   std::string update_sha256;   // of the bytes the silo sent (behind an edge: its own signed word)
   bool update_signed = false;  // behind an edge: the silo's signature on it was checked
+  // When the server saw each step of this member's round, in ms since the round started (-1:
+  // not seen): the model's last byte written to it (behind an edge: to its edge), its
+  // UpdateReady, the grant of the upload that carried it, that upload whole, and folded.
+  struct Times {
+    std::int64_t model_sent = -1, ready = -1, granted = -1, received = -1, folded = -1;
+  } times;
   bool via_edge() const { return !edge.empty(); }
 };
 
@@ -80,7 +87,13 @@ struct RoundSummary {
   nlohmann::json regions;             // edges: each partial sum folded (edge, its SHA-256, its silos)
   std::string model_sha256_before, model_sha256_after;
   std::string config_sha256;
+  // When each phase after collection began, in ms since the round started ("unmask", "commit").
+  std::vector<std::pair<std::string, std::int64_t>> phases;
 };
+
+// A member's timeline for its record: seconds since the round started for each step the server
+// saw, and the training time the silo reported ("train"); empty when nothing was seen.
+nlohmann::json member_timeline(const Member& m);
 
 nlohmann::json round_record(const RoundSummary& s);
 MetricsRow metrics_row(const RoundSummary& s);

@@ -350,6 +350,53 @@ TEST(Coordinator, StartsWhenEveryExpectedSiloJoinedAndCommitsTheWeightedMean) {
   ASSERT_TRUE(h.last(0, wire::Envelope::kRoundEnd));
 }
 
+// Each participant's record says when the server saw each step of its round, in seconds since
+// the round started: the model written whole (once, and only this round's), its UpdateReady with
+// the training time it reported, its grant, its whole upload and its fold; the round's record
+// says when its later phases began. With one upload at a time, silo 1 waits for silo 0's slot.
+TEST(Coordinator, EachParticipantsRecordSaysWhenTheServerSawEachStepOfItsRound) {
+  RoundConfig cfg = three_rounds();
+  cfg.uploads_at_once = 1;
+  Harness h(2, cfg);
+  h.connect_all(2);
+  ASSERT_EQ(h.coord().phase(), Phase::Collecting);
+  const std::uint64_t round = h.coord().round();
+  h.now += 1500;
+  h.coord().on_model_sent(h.session(0), round, h.now);
+  h.coord().on_model_sent(h.session(0), round, h.now + 999);  // a second stream to it: the first counts
+  h.coord().on_model_sent(h.session(1), round + 1, h.now);    // another round's: not this one's
+  h.now += 2000;
+  wire::Envelope e;
+  e.set_round(round);
+  e.mutable_update_ready()->set_num_samples(10);
+  e.mutable_update_ready()->mutable_metrics()->set_train_seconds(1.25);
+  h.deliver(0, e);  // ready at 3.5 s, granted at once
+  ASSERT_TRUE(h.granted(0));
+  h.now += 500;
+  h.ready(1, 10);  // ready at 4.0 s; the one lane is silo 0's
+  EXPECT_FALSE(h.granted(1));
+  h.now += 1000;
+  h.upload(0, constant(1.0f), 10);  // received and folded at 5.0 s; silo 1 granted then
+  h.now += 250;
+  h.upload(1, constant(2.0f), 10);  // 5.25 s; the round closes
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  const auto& rec = h.store.commits[0].record;
+  const auto timeline = [&](const std::string& silo) {
+    for (const auto& p : rec["participants"]) {
+      if (p["silo"] == silo) return p.value("timeline", nlohmann::json::object());
+    }
+    return nlohmann::json::object();
+  };
+  using json = nlohmann::json;
+  EXPECT_EQ(timeline(name(0)), (json{{"model_sent", 1.5}, {"train", 1.25}, {"ready", 3.5}, {"granted", 3.5},
+                                     {"received", 5.0}, {"folded", 5.0}}));
+  EXPECT_EQ(timeline(name(1)), (json{{"ready", 4.0}, {"granted", 5.0}, {"received", 5.25}, {"folded", 5.25}}));
+  EXPECT_EQ(rec["phases"], (json{{"commit", 5.25}}));
+  // Nothing of the next round's stream reached this round's record, and late calls are harmless.
+  h.coord().on_model_sent(h.session(1), round, h.now);
+  h.coord().on_model_sent(0, round + 1, h.now);
+}
+
 TEST(Coordinator, WaitsForTheJoinDeadlineWhenSomeSiloIsMissing) {
   Harness h(3);
   h.connect(0);

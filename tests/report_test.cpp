@@ -216,6 +216,30 @@ TEST_F(Report, SplitsEachRoundsTimeByPhaseFromTheServersEvents) {
   EXPECT_TRUE(has(p, "<td>0.050</td><td>11.1%</td>"));  // the commit
 }
 
+// Each silo's round in parts, from the participants' timelines (the record ends at +0.4 s):
+// hospital-01 got the model at 0.05 s, trained 0.1 s (ready at 0.2 s: 0.05 s of other work),
+// waited 0.05 s for its slot and uploaded 0.05 s, then waited 0.1 s for the round to close:
+// 0.15 of 0.4 s idle. Silos without a timeline are left out; records without any say so.
+TEST_F(Report, SplitsEachSilosRoundIntoItsPartsAndItsIdleShare) {
+  Member a = member("hospital-01", ""), b = member("hospital-02", "");
+  a.times = {.model_sent = 50, .ready = 200, .granted = 250, .received = 300, .folded = 310};
+  a.metrics.set_train_seconds(0.1);
+  append(record(1, {a, b}));
+  const std::string p = page(audit_only());
+  EXPECT_TRUE(has(p, "<tr><th scope='row'>hospital-01</th><td>1</td><td>0.050</td><td>0.100</td><td>0.050</td>"
+                     "<td>0.050</td><td>0.050</td><td>0.100</td><td>37.5%</td></tr>")) << p;
+  EXPECT_FALSE(has(p, "<tr><th scope='row'>hospital-02</th><td>1</td>"));
+  EXPECT_TRUE(has(p, "id='silo-time-chart'"));
+
+  test::TempDir other;
+  auto key = crypto::SigningKey::generate();
+  server::save_signing_key(key, other / "audit.key", other / "audit.pub");
+  server::AuditLog old(other / "audit.jsonl", std::move(key));
+  old.append(record(1, {b}));
+  EXPECT_TRUE(has(render_report(load_run({other / "audit.jsonl", other / "audit.pub", {}, {}, {}, {}})),
+                  "No silo timelines"));
+}
+
 TEST_F(Report, DrawsTheRecordsSpanAloneWithoutEvents) {
   three_rounds();
   const std::string p = page(audit_only());

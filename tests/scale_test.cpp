@@ -6,6 +6,7 @@
 // connection. The figures with 50, 100 and 200 silos are in docs/benchmarks.md.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <iostream>
 
 #include <nlohmann/json.hpp>
@@ -81,6 +82,19 @@ TEST(Scale, TwoHundredSilosStraightToTheServer) {
   test::TempDir dir;
   const auto r = bench_round(dir, {});
   expect_server_resources(r, kSilos);
+  // Every silo's idle time, from its timeline in the round records: the wait for an upload slot
+  // and for the round to close, within the round.
+  ASSERT_TRUE(r.contains("silo_idle_seconds_per_round")) << r.dump();
+  EXPECT_EQ(r["silo_idle_seconds_per_round"].size(), kSilos);
+  // With 200 silos and a few upload lanes most wait for theirs: someone was idle.
+  double most = 0;
+  const double round = r["seconds_per_round"].get<double>();
+  for (const auto& [silo, idle] : r["silo_idle_seconds_per_round"].items()) {
+    EXPECT_GE(idle.get<double>(), 0.0) << silo;
+    EXPECT_LE(idle.get<double>(), round + 0.5) << silo;  // the mean of 2 timed rounds, like the median
+    most = std::max(most, idle.get<double>());
+  }
+  EXPECT_GT(most, 0.0);
 }
 
 // Depends on timing as the test above does (the bench's deadlines, run alone). Deterministic

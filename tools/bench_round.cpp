@@ -1,6 +1,7 @@
 // xsilo bench round: seconds per round, bytes through the server and uploaded, server peak RSS.
 #include <algorithm>
 #include <iostream>
+#include <map>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -48,6 +49,9 @@ struct RoundResult {
   // upload buffers are of the same words.
   std::size_t sums = 1;
   std::size_t word_bytes = sizeof(float);
+  // Each silo's idle seconds a timed round (the record timelines: waiting for its upload slot,
+  // then for the round to close), the mean over the timed rounds it uploaded in.
+  std::map<std::string, double> idle_seconds;
 };
 
 // The bound's terms, for the table: "6x+64+conns/2" (in models), "1+7x2+64+conns/2" (the
@@ -58,6 +62,18 @@ std::string bound_terms(const RoundResult& r) {
   const std::string models = r.word_bytes == sizeof(float) ? std::to_string(1 + r.sums + r.lanes) + "x"
                                                            : "1+" + n + "x" + fmt(static_cast<double>(r.word_bytes) / sizeof(float), r.word_bytes < 4 ? 2 : 0);
   return models + "+64+conns/2";
+}
+
+// The silos' idle seconds a round: "0.120, 0.310 (silo-07)", or "-" without timelines.
+std::string idle_text(const RoundResult& r) {
+  if (r.idle_seconds.empty()) return "-";
+  double sum = 0;
+  auto most = r.idle_seconds.begin();
+  for (auto it = r.idle_seconds.begin(); it != r.idle_seconds.end(); ++it) {
+    sum += it->second;
+    if (it->second > most->second) most = it;
+  }
+  return fmt(sum / static_cast<double>(r.idle_seconds.size()), 3) + ", " + fmt(most->second, 3) + " (" + most->first + ")";
 }
 
 std::uint16_t wait_for_port(const std::filesystem::path& port_file, const std::filesystem::path& log,
@@ -246,6 +262,20 @@ std::vector<server::MetricsRow> run_rounds(Federation& f, std::uint64_t rounds) 
   return check_rounds(f.dir, rounds, "the server ended");
 }
 
+// A round record's participants' idle seconds, added to `idle` (and counted): the wait between
+// UpdateReady and the upload's grant, and from the upload received to the round's close.
+void add_idle(const json& rec, std::map<std::string, double>& idle, std::map<std::string, std::size_t>& counted) {
+  const double closed = rec.value("phases", json::object()).value("commit", -1.0);
+  if (closed < 0) return;
+  for (const auto& p : rec.value("participants", json::array())) {
+    const auto t = p.value("timeline", json::object());
+    if (!t.contains("ready") || !t.contains("granted") || !t.contains("received")) continue;
+    const double wait = t["granted"].get<double>() - t["ready"].get<double>();
+    idle[p.value("silo", "")] += std::max(0.0, wait) + std::max(0.0, closed - t["received"].get<double>());
+    ++counted[p.value("silo", "")];
+  }
+}
+
 // The run's numbers, from the server's metrics rows, its stats and its audit log.
 RoundResult measure(const RoundBenchOptions& opts, const server::ServerConfig& server_cfg, const Federation& f,
                     const std::vector<server::MetricsRow>& rows) {
@@ -284,11 +314,15 @@ RoundResult measure(const RoundBenchOptions& opts, const server::ServerConfig& s
   // The model's broadcast, from the audit records, over the same rounds as the timing (a
   // compressed broadcast sends the whole model in the first).
   std::uint64_t sent = 0, timed = 0;
+  std::map<std::string, double> idle;
+  std::map<std::string, std::size_t> counted;
   for (const auto& rec : server::read_audit_log(dir / "state/audit.jsonl")) {
     if (rec.value("event", "") != "round" || (rec.value("round", 0) == 1 && rounds > 1)) continue;
     sent += rec.value("broadcast_bytes", std::uint64_t{0});
     ++timed;
+    add_idle(rec, idle, counted);
   }
+  for (const auto& [silo, seconds] : idle) r.idle_seconds[silo] = seconds / static_cast<double>(counted[silo]);
   r.download_bytes_per_receiver = timed ? sent / timed / (edges ? edges : silos) : 0;
   const std::uint64_t total = stats["bytes_in"].get<std::uint64_t>() + stats["bytes_out"].get<std::uint64_t>();
   r.server_bytes_per_round = total / rounds;
@@ -350,6 +384,7 @@ int bench_round(const RoundBenchOptions& opts) {
                         {"seconds_per_round", r.seconds_per_round},
                         {"upload_bytes_per_sender_per_round", r.upload_bytes_per_sender},
                         {"download_bytes_per_receiver_per_round", r.download_bytes_per_receiver},
+                        {"silo_idle_seconds_per_round", r.idle_seconds},
                         {"server_bytes_per_round", r.server_bytes_per_round},
                         {"server_ingress_bytes_per_round", r.server_ingress_per_round},
                         {"throughput_GBps", r.throughput_gbps},
@@ -371,13 +406,14 @@ int bench_round(const RoundBenchOptions& opts) {
                     fmt(r.throughput_gbps, 3) + (tput_ok ? "" : " (<0.6)"),
                     r.loopback_bound ? fmt(100 * r.throughput_gbps / kTlsLoopbackGBps, 0) + "%" : "-",
                     fmt(static_cast<double>(r.peak_rss) / mib, 1) + (rss_ok ? "" : " (over)"),
-                    fmt(rss_bound / mib, 1) + " (" + bound_terms(r) + ")", std::to_string(r.peak_descriptors)});
+                    fmt(rss_bound / mib, 1) + " (" + bound_terms(r) + ")", std::to_string(r.peak_descriptors),
+                    idle_text(r)});
    }
   }
   if (!opts.json) {
     print_table({"upload", "silos", "edges", "params", "s/round", "upload MiB/sender", "model MiB/receiver",
                  "server MiB/round", "ingress MiB/round", "GB/s", "of TLS limit", "server peak RSS MiB",
-                 "RSS bound MiB", "server fds"},
+                 "RSS bound MiB", "server fds", "silo idle s/round: mean, most"},
                 rows);
     std::cout << "TLS 1.3 loopback limit between two processes: " << kTlsLoopbackGBps
               << " GB/s (DESIGN §11); target for dense plain rounds on loopback: at least half of it; for every "

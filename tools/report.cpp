@@ -172,12 +172,13 @@ std::string render_report(const report::Run& run) {
     << overview(run, l)
     << "<nav aria-label='sections'><a href='#audit'>audit log</a> | <a href='#curves'>accuracy</a> | <a "
        "href='#participation'>who took part</a> | <a href='#robust'>robust decisions</a> | <a "
-       "href='#evaluation'>silos' evaluation</a> | <a href='#timeline'>time</a> | <a href='#bytes'>bytes</a> | "
+       "href='#evaluation'>silos' evaluation</a> | <a href='#timeline'>time</a> | <a href='#silo-time'>each silo's time</a> | <a href='#bytes'>bytes</a> | "
     << (privacy.empty() ? "" : "<a href='#privacy'>privacy</a> | ")
     << "<a href='#rounds'>rounds</a> | <a href='#silos'>silos</a> | <a href='#gaps'>not recorded</a></nav></header>\n"
        "<main>\n"
     << audit_section(run) << report::curves_section(run) << report::participation_section(run, l)
     << report::decisions_section(run, l) << report::evaluation_section(l) << report::timeline_section(l)
+    << report::silo_time_section(run, l)
     << report::bytes_section(run, l) << privacy << report::rounds_table(l)
     << report::silos_table(run, l) << gaps(run, l) << "</main>\n</body></html>\n";
   return s.str();

@@ -179,8 +179,8 @@ std::string timeline_section(const Layout& l) {
     s << "<p><strong>No timing recorded</strong> in the files read.</p></section>\n";
     return s.str();
   }
-  s << "<p>Broadcast and training are one span: the server records when a round starts and when it grants the "
-       "first upload, not when each silo received the model or finished training (silos train in parallel). "
+  s << "<p>Broadcast and training are one span here: the round's start to its first upload grant (silos "
+       "train in parallel; each silo's own parts are in the next section). "
        "Unmasking runs from the round's close to the record's <code>ended_at</code> in secure rounds; the commit "
        "from there to the <code>round_committed</code> event.</p>\n"
     << bar_chart(c) << "<table><caption>Time per phase, all rounds</caption><tr><th scope='col'>phase</th><th "
@@ -194,6 +194,100 @@ std::string timeline_section(const Layout& l) {
     }
   }
   s << "</table>\n</section>\n";
+  return s.str();
+}
+
+namespace {
+
+// A silo's round in parts, from its record timeline (seconds): the model received, training (the
+// silo's own report), the rest before it was ready (set-up, secure key steps), waiting for its
+// upload slot, uploading, then waiting for the round to end (the others, unmasking). NAN parts
+// where the timeline lacks a step.
+constexpr std::size_t kSiloParts = 6;
+constexpr const char* kSiloPartNames[kSiloParts] = {
+    "model received", "training (as the silo reports it)", "other work before ready (set-up, secure key steps)",
+    "waiting for its upload slot (idle)", "uploading", "waiting for the round to close (idle)"};
+constexpr const char* kSiloPartFills[kSiloParts] = {"phase0", "up", "plain", "phase1", "down", "phase2"};
+
+std::array<double, kSiloParts> silo_parts(const Round& r, const SiloRound& s) {
+  const auto& t = s.times;
+  const double end = seconds(r.started_ms, r.ended_ms);
+  const double trained = std::isfinite(t.train) ? t.train : 0.0;
+  return {t.model_sent,
+          t.train,
+          std::max(0.0, static_cast<double>(t.ready) - (std::isfinite(t.model_sent) ? t.model_sent : 0.0) - trained),
+          static_cast<double>(t.granted) - t.ready,
+          static_cast<double>(t.received) - t.granted,
+          end - t.received};
+}
+
+}  // namespace
+
+// Each silo's share of its rounds: the mean of each part over the rounds whose record gives the
+// silo a timeline (committed uploads), silos binned like the grids' rows.
+std::string silo_time_section(const Run& run, const Layout& l) {
+  std::ostringstream s;
+  s << "<section id='silo-time' aria-labelledby='silo-time-h'><h2 id='silo-time-h'>Each silo's round</h2>\n";
+  // Per silo id: sums of each part, and the rounds counted.
+  std::vector<std::array<double, kSiloParts>> sum(run.silos.size());
+  std::vector<std::size_t> counted(run.silos.size(), 0);
+  for (const Round* r : l.rounds) {
+    for (const auto& x : r->silos) {
+      if (x.outcome != Outcome::Committed || !std::isfinite(x.times.received) || !std::isfinite(x.times.ready)) continue;
+      const auto p = silo_parts(*r, x);
+      for (std::size_t j = 0; j < kSiloParts; ++j) sum[x.silo][j] += std::isfinite(p[j]) ? std::max(0.0, p[j]) : 0.0;
+      ++counted[x.silo];
+    }
+  }
+  BarChart c;
+  c.frame = {"silo-time-chart", "Seconds of a round, per silo, by part",
+             "Stacked, the mean over the rounds each silo uploaded in: the model received, training, other work, "
+             "waiting for an upload slot, uploading, waiting for the round to close; from the round records' "
+             "participant timelines.",
+             l.rows.per == 1 ? "silo" : "silos (mean)", "seconds"};
+  std::array<double, kSiloParts> total{};
+  std::ostringstream rows;
+  for (std::size_t b = 0; b < l.rows.count(); ++b) {
+    std::array<double, kSiloParts> mean{};
+    std::size_t n = 0;
+    for (std::size_t k = l.rows.first(b); k < l.rows.end(b); ++k) {
+      const auto id = l.order[k];
+      if (counted[id] == 0) continue;
+      for (std::size_t j = 0; j < kSiloParts; ++j) mean[j] += sum[id][j] / static_cast<double>(counted[id]);
+      ++n;
+      const double idle = (sum[id][3] + sum[id][5]) / static_cast<double>(counted[id]);
+      double all = 0;
+      for (double v : sum[id]) all += v / static_cast<double>(counted[id]);
+      rows << "<tr><th scope='row'>" << esc(run.silos[id]) << "</th><td>" << counted[id] << "</td>";
+      for (std::size_t j = 0; j < kSiloParts; ++j) rows << "<td>" << fmt(sum[id][j] / static_cast<double>(counted[id]), "%.3f") << "</td>";
+      rows << "<td>" << fmt(all > 0 ? 100 * idle / all : 0, "%.1f") << "%</td></tr>\n";
+    }
+    if (n == 0) continue;
+    std::string hover = l.rows.per == 1 ? run.silos[l.order[l.rows.first(b)]] + ":" : "silos " + std::to_string(l.rows.first(b) + 1) + "-" + std::to_string(l.rows.end(b)) + ":";
+    for (std::size_t j = 0; j < kSiloParts; ++j) {
+      mean[j] /= static_cast<double>(n);
+      total[j] += mean[j];
+      hover += " " + std::string(kSiloPartNames[j]) + " " + fmt(mean[j], "%.3f") + " s;";
+    }
+    c.values.emplace_back(mean.begin(), mean.end());
+    c.x_labels.push_back(l.rows.per == 1 ? run.silos[l.order[l.rows.first(b)]] : std::to_string(l.rows.first(b) + 1));
+    c.hover.push_back(hover);
+  }
+  if (c.values.empty()) {
+    s << "<p><strong>No silo timelines</strong> in the records read (records written before 2026-12-05 have "
+         "none).</p></section>\n";
+    return s.str();
+  }
+  for (std::size_t j = 0; j < kSiloParts; ++j) c.fills.push_back(kSiloPartFills[j]), c.labels.push_back(kSiloPartNames[j]);
+  c.y_text = [](double v) { return fmt(v, "%.3g"); };
+  s << "<p>From each participant's <code>timeline</code> in the round records: when the server wrote the "
+       "model's last byte to the silo (behind an edge: to its edge), the silo's reported training time, its "
+       "<code>UpdateReady</code>, its upload's grant and its whole upload, against the record's "
+       "<code>ended_at</code>. The idle parts are where the silo waits on the server or the other silos.</p>\n"
+    << bar_chart(c) << "<table><caption>Mean seconds per round, per silo</caption><tr><th scope='col'>silo</th>"
+    << "<th scope='col'>rounds</th>";
+  for (const char* name : kSiloPartNames) s << "<th scope='col'>" << esc(name) << "</th>";
+  s << "<th scope='col'>idle share</th></tr>\n" << rows.str() << "</table>\n</section>\n";
   return s.str();
 }
 

@@ -78,6 +78,19 @@ Decision decision_of(const json& d) {
 
 // The robust rule's decisions: per silo, or per secure group (then each surviving member of
 // the group carries its group's decision).
+// A participant's or dropout's "timeline" (round_record.h's member_timeline).
+void fold_times(const json& t, SiloRound::Times& out) {
+  if (!t.is_object()) return;
+  const auto at = [&](const char* key, float& v) {
+    if (const auto x = number(t, key); x && std::isfinite(*x) && *x >= 0) v = static_cast<float>(*x);
+  };
+  at("model_sent", out.model_sent);
+  at("train", out.train);
+  at("ready", out.ready);
+  at("granted", out.granted);
+  at("received", out.received);
+}
+
 void fold_decisions(Run& run, Round& x, const json& r, const std::unordered_map<std::string, std::size_t>& where) {
   const json robust = r.value("robust", json::object());
   const json decisions = robust.value("decisions", json::array());
@@ -170,6 +183,7 @@ void fold_round(Run& run, const json& r, bool verified) {
     s.outcome = o;
     if (who.is_object()) s.edge = run.edge_id(text(who, "edge"));
     s.why = why.empty() ? 0 : run.note_id(why);
+    if (who.is_object()) fold_times(who.value("timeline", json::object()), s.times);
     x.silos.push_back(s);
     return &x.silos.back();
   };

@@ -32,6 +32,11 @@ struct SiloRound {
   std::uint32_t decided = 0;        // Run::notes: the robust decision in words; 0: none
   float score = NAN, norm = NAN;    // the decision's numbers (kept apart: the words repeat, they do not)
   float eval_accuracy = NAN;        // participants[].metrics.eval_accuracy, when recorded
+  // Its timeline (the record's participants[] or dropouts[] "timeline"), in seconds since the
+  // round started; "train" is the silo's own report. NAN where the record has none.
+  struct Times {
+    float model_sent = NAN, train = NAN, ready = NAN, granted = NAN, received = NAN;
+  } times;
 };
 
 struct Round {

@@ -38,6 +38,7 @@ std::string curves_section(const Run& run);
 std::string curves_svg(const Run& run);  // the two curves as one standalone SVG (report.svg)
 std::string evaluation_section(const Layout& l);
 std::string timeline_section(const Layout& l);
+std::string silo_time_section(const Run& run, const Layout& l);  // each silo's round in parts
 std::string bytes_section(const Run& run, const Layout& l);
 std::string privacy_section(const Layout& l);  // "" when no record carries privacy fields
 std::string rounds_table(const Layout& l);
