@@ -321,8 +321,8 @@ namespace {
 // includes it): "" when it holds.
 std::string check_central_claim(const nlohmann::json& r, const privacy::Ledger& spent) {
   const auto& p = r["privacy"];
-  const double delta = p["delta"].get<double>();
-  const double claimed = p["epsilon"].get<double>();
+  const double delta = p.at("delta").get<double>();  // at(): a missing key throws, into the caller's catch
+  const double claimed = p.at("epsilon").get<double>();
   const double eps = epsilon_of(spent, delta);
   std::uint64_t rounds = 0;
   for (const auto& s : spent.steps) rounds += s.count;

@@ -60,17 +60,4 @@ void add_gaussian_noise(std::span<float> step, double stddev, crypto::NoiseSourc
   for (auto& v : step) v = static_cast<float>(static_cast<double>(v) + stddev * noise.gaussian());
 }
 
-double clip_to(std::span<float> v, double clip_norm) {
-  double sq = 0;
-  for (float x : v) sq += static_cast<double>(x) * static_cast<double>(x);
-  const double norm = std::sqrt(sq);
-  if (norm > clip_norm) {
-    // Scaled by a factor a little below C / norm, so that float rounding cannot leave the
-    // clipped vector's norm above C.
-    const double f = clip_norm / norm * (1 - 1e-6);
-    for (auto& x : v) x = static_cast<float>(static_cast<double>(x) * f);
-  }
-  return norm;
-}
-
 }  // namespace xsilo::server

@@ -74,7 +74,4 @@ std::optional<privacy::Mechanism> central_mechanism_of(const nlohmann::json& rec
 // Adds N(0, stddev^2) to every coordinate of `step`, drawn from `noise`.
 void add_gaussian_noise(std::span<float> step, double stddev, crypto::NoiseSource& noise);
 
-// Clips `v` to L2 norm `clip_norm` in place; returns its norm before.
-double clip_to(std::span<float> v, double clip_norm);
-
 }  // namespace xsilo::server

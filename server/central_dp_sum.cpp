@@ -4,6 +4,7 @@
 #include "server/aggregator.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 namespace xsilo::server {
@@ -29,12 +30,18 @@ class CentralDpSum final : public Aggregator {
     auto r = check_upload(check, c, "update");
     if (!r.ok()) return r;
     // The upload is weight * delta: the delta, clipped, counts once whatever weight it claims.
+    // One factor, in double: min(1 / w, C / ||w delta||). Scaling by 1 / w in float first would
+    // overflow for a tiny claimed weight, and a non-finite norm would then escape the clipping.
     const auto cur = current_.at(lane)->flat();
-    const float inv = static_cast<float>(1.0 / c.weight);
-    for (auto& v : cur) v *= inv;
-    clip_to(cur, dp_.clip_norm);
-    const auto acc = sum_->flat();
-    for (std::size_t i = 0; i < cur.size(); ++i) acc[i] += cur[i];
+    double sq = 0;
+    for (const float x : cur) sq += static_cast<double>(x) * static_cast<double>(x);
+    const double norm = std::sqrt(sq);
+    if (norm > 0) {
+      // Just below C / norm when clipping, so that float rounding cannot leave it above C.
+      const double f = std::min(1.0 / c.weight, dp_.clip_norm * (1 - 1e-6) / norm);
+      const auto acc = sum_->flat();
+      for (std::size_t i = 0; i < cur.size(); ++i) acc[i] += static_cast<float>(static_cast<double>(cur[i]) * f);
+    }
     ++updates_;
     return r;
   }

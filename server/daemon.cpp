@@ -586,6 +586,14 @@ int run_server(const ServerConfig& cfg, const StartOptions& start, std::unique_p
     rounds.aggregation.adaptive_clip.initial = *resume.clip_norm;  // adaptive clipping goes on where it was
   }
   if (rounds.central_dp) {
+    // Models this federation released without the noise are outside any guarantee it could give.
+    if (resume.committed_without_central_dp > 0) {
+      throw ConfigError("config " + cfg.file.string() + ": .privacy: the audit log has " +
+                        std::to_string(resume.committed_without_central_dp) +
+                        " committed rounds without central DP noise: their models were released without it, so no "
+                        "budget can cover this federation; start a new federation (a new state_dir) with the privacy "
+                        "block from its first round");
+    }
     // The budget goes on from what the audit chain says was spent, never from a counter.
     rounds.central_dp->spent = resume.central_dp;
     if (!resume.central_dp.steps.empty()) {

@@ -61,6 +61,7 @@ struct Resume {
   std::optional<double> clip_norm;    // adaptive clipping: where the last committed round left it
   // Silo-level central DP: what every committed round of the audit log spent (server/central_dp.h).
   privacy::Ledger central_dp;
+  std::uint64_t committed_without_central_dp = 0;  // committed rounds of the log without its noise
   // The last committed round's model is in neither folder: its hashes, to fetch it by.
   struct Missing {
     std::uint64_t round = 0;

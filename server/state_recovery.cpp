@@ -118,6 +118,7 @@ struct ServerState::AuditHistory {
   // Silo-level central DP: every committed round's mechanism, in the log's order. An operator's
   // resume supersedes commits but not their spend: their models were released.
   privacy::Ledger central_dp;
+  std::uint64_t committed_without_central_dp = 0;  // their models were released without its noise
 
   std::uint64_t last_commit() const { return committed.empty() ? 0 : committed.rbegin()->first; }
 
@@ -133,8 +134,12 @@ struct ServerState::AuditHistory {
     if (n > metrics_round) missing_rows[n] = metrics_row_of(rec);
     last_round = std::max(last_round, n);
     try {
-      if (const auto m = central_mechanism_of(rec)) central_dp.add(*m, 1);
-    } catch (const std::invalid_argument& e) {
+      if (const auto m = central_mechanism_of(rec)) {
+        central_dp.add(*m, 1);
+      } else if (rec.value("status", "") == "committed") {
+        ++committed_without_central_dp;
+      }
+    } catch (const std::exception& e) {  // invalid_argument, or a JSON type error in a damaged part
       throw StateError("audit log: round " + std::to_string(n) + ": " + e.what() +
                        "; the privacy spent cannot be rebuilt, so no round may start");
     }
@@ -288,6 +293,7 @@ Resume ServerState::recover(const Model& layout) {
   const auto& committed = history.committed;
   if (!committed.empty()) r.clip_norm = committed.rbegin()->second.clip_norm;
   r.central_dp = history.central_dp;
+  r.committed_without_central_dp = history.committed_without_central_dp;
   const std::uint64_t target = history.last_commit();
   const std::uint64_t from = resume_round(history);
   if (from > 0) {

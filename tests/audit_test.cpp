@@ -592,6 +592,25 @@ TEST_F(RecoveryTest, CentralDpSpendIsRebuiltFromEveryCommittedRecordOfTheLog) {
   }
   EXPECT_NE(state_error([&] { ServerState(dir_ / "other", 0).recover(layout()); }).find("the privacy spent cannot be rebuilt"),
             std::string::npos);
+  // A mechanism that is not even a string (a JSON type error, not an invalid value): the same.
+  std::filesystem::create_directories(dir_ / "typed");
+  {
+    ServerState damaged(dir_ / "typed", 0);
+    auto rec = record(1, model(1.0f));
+    rec["privacy"] = {{"mechanism", 7}};
+    damaged.commit(1, model(1.0f), Model{}, rec, MetricsRow{});
+  }
+  EXPECT_NE(state_error([&] { ServerState(dir_ / "typed", 0).recover(layout()); }).find("the privacy spent cannot be rebuilt"),
+            std::string::npos);
+  // Committed rounds without its noise are counted: the daemon refuses central DP over them.
+  std::filesystem::create_directories(dir_ / "noiseless");
+  {
+    ServerState plain(dir_ / "noiseless", 0);
+    plain.commit(1, model(1.0f), Model{}, record(1, model(1.0f)), MetricsRow{});
+    plain.commit(2, model(2.0f), Model{}, record(2, model(2.0f)), MetricsRow{});
+  }
+  EXPECT_EQ(ServerState(dir_ / "noiseless", 0).recover(layout()).committed_without_central_dp, 2u);
+  EXPECT_EQ(r.committed_without_central_dp, 0u);  // every committed round of the first log was noised
 }
 
 TEST_F(RecoveryTest, AMirrorRestoresTheLogAndTheCheckpointAndIsKeptUpToDate) {

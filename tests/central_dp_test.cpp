@@ -217,6 +217,36 @@ TEST(CentralDp, AuditVerifyCatchesARecordThatClaimsLessThanItsRoundsGive) {
   const auto unread = server::check_privacy_claims(broken);
   EXPECT_FALSE(unread.ok);
   EXPECT_NE(unread.reason.find("cannot be read"), std::string::npos) << unread.reason;
+  // An aborted round's part without its delta or epsilon: a clear failure, not a read past the end.
+  for (const char* key : {"delta", "epsilon"}) {
+    auto missing = log;
+    missing[5]["privacy"].erase(key);
+    const auto m = server::check_privacy_claims(missing);
+    EXPECT_FALSE(m.ok) << key;
+    EXPECT_NE(m.reason.find("record 6 (round 5): its central DP spend cannot be read"), std::string::npos) << m.reason;
+  }
+}
+
+// A silo claiming a weight so small that 1 / w overflows float (or sending values that would
+// overflow once divided by it) still moves the step by at most C / W: the factor is taken in
+// double and the norm is never infinite or NaN, so the round commits.
+TEST(CentralDp, ATinyClaimedWeightCannotOverflowTheClippingOrAbortTheRound) {
+  const std::size_t d = 50;
+  const double clip = 1.0, w = 4;
+  const auto cfg = central(1e-9, clip, w);
+  std::vector<std::vector<float>> honest(3, std::vector<float>(d, 0.01f));
+  const std::vector<double> ones(3, 1.0);
+  const auto without = step_of(cfg, honest, ones, key(2));
+  for (const double tiny : {1e-39, 1e-300}) {
+    auto with = honest;
+    with.push_back(std::vector<float>(d, 3e38f));  // finite, and each value above float's max once over w
+    auto weights = ones;
+    weights.push_back(tiny);
+    const auto added = step_of(cfg, with, weights, key(2));
+    for (float v : added) ASSERT_TRUE(std::isfinite(v)) << tiny;
+    EXPECT_LE(distance(without, added), clip / w * (1 + 1e-5)) << tiny;
+    EXPECT_GT(distance(without, added), clip / w * 0.99) << tiny;
+  }
 }
 
 }  // namespace

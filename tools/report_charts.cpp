@@ -245,7 +245,6 @@ std::string silo_time_section(const Run& run, const Layout& l) {
              "waiting for an upload slot, uploading, waiting for the round to close; from the round records' "
              "participant timelines.",
              l.rows.per == 1 ? "silo" : "silos (mean)", "seconds"};
-  std::array<double, kSiloParts> total{};
   std::ostringstream rows;
   for (std::size_t b = 0; b < l.rows.count(); ++b) {
     std::array<double, kSiloParts> mean{};
@@ -266,7 +265,6 @@ std::string silo_time_section(const Run& run, const Layout& l) {
     std::string hover = l.rows.per == 1 ? run.silos[l.order[l.rows.first(b)]] + ":" : "silos " + std::to_string(l.rows.first(b) + 1) + "-" + std::to_string(l.rows.end(b)) + ":";
     for (std::size_t j = 0; j < kSiloParts; ++j) {
       mean[j] /= static_cast<double>(n);
-      total[j] += mean[j];
       hover += " " + std::string(kSiloPartNames[j]) + " " + fmt(mean[j], "%.3f") + " s;";
     }
     c.values.emplace_back(mean.begin(), mean.end());
