@@ -80,6 +80,12 @@ void Ledger::add(const Mechanism& m, std::uint64_t count) {
   }
 }
 
+std::uint64_t Ledger::count() const {
+  std::uint64_t runs = 0;
+  for (const auto& s : steps) runs += s.count;
+  return runs;
+}
+
 Accountant::Accountant(std::span<const double> orders)
     : orders_(orders.begin(), orders.end()), rdp_(orders.size(), 0), before_last_(orders.size(), 0) {
   if (orders_.empty()) throw std::invalid_argument("privacy: the accountant needs at least one RDP order");

@@ -57,6 +57,8 @@ struct Step {
 struct Ledger {
   std::vector<Step> steps;
   void add(const Mechanism& m, std::uint64_t count);
+  // How many runs the ledger holds, over all its steps.
+  [[nodiscard]] std::uint64_t count() const;
   bool operator==(const Ledger&) const = default;
 };
 

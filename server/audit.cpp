@@ -324,8 +324,7 @@ std::string check_central_claim(const nlohmann::json& r, const privacy::Ledger& 
   const double delta = p.at("delta").get<double>();  // at(): a missing key throws, into the caller's catch
   const double claimed = p.at("epsilon").get<double>();
   const double eps = epsilon_of(spent, delta);
-  std::uint64_t rounds = 0;
-  for (const auto& s : spent.steps) rounds += s.count;
+  const std::uint64_t rounds = spent.count();
   if (claimed < eps * (1 - 1e-9) - 1e-12) {
     return fmt::format("central DP claims epsilon {:.6g}, but the parameters of the {} committed noised rounds "
                        "recorded so far give {:.6g}", claimed, rounds, eps);

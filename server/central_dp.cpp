@@ -25,8 +25,7 @@ double noise_multiplier_for_rounds(double epsilon, double delta, double sample_r
 }
 
 nlohmann::json round_privacy_record(const CentralDpConfig& c, const privacy::Ledger& spent) {
-  std::uint64_t rounds = 0;
-  for (const auto& s : spent.steps) rounds += s.count;
+  const std::uint64_t rounds = spent.count();
   return {{"level", "silo"},
           {"mechanism", "central"},
           {"noise_multiplier", c.noise_multiplier},

@@ -541,8 +541,7 @@ void Coordinator::finish_round(bool committed, const AuditHead& audit, std::int6
 bool Coordinator::central_budget_spent(std::int64_t now_ms) {
   if (!cfg_.central_dp || fits_another_round(*cfg_.central_dp, central_spent_)) return false;
   const auto& dp = *cfg_.central_dp;
-  std::uint64_t rounds = 0;
-  for (const auto& s : central_spent_.steps) rounds += s.count;
+  const std::uint64_t rounds = central_spent_.count();
   char why[256];
   std::snprintf(why, sizeof why,
                 "privacy budget spent: epsilon %.6g of %.6g (delta %g) after %llu noised rounds; another would exceed it",

@@ -119,8 +119,7 @@ nlohmann::json Coordinator::status(std::int64_t now_ms) const {
   }
   // Silo-level central DP: the federation's own spend, from the audit chain and the rounds since.
   if (cfg_.central_dp) {
-    std::uint64_t rounds = 0;
-    for (const auto& s : central_spent_.steps) rounds += s.count;
+    const std::uint64_t rounds = central_spent_.count();
     j["central_dp"] = {{"epsilon", epsilon_of(central_spent_, cfg_.central_dp->delta)},
                        {"max_epsilon", cfg_.central_dp->epsilon},
                        {"delta", cfg_.central_dp->delta},

@@ -1,5 +1,6 @@
 #include "server/round_record.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <set>
@@ -61,6 +62,10 @@ std::string iso_time(std::int64_t unix_ms) {
   char out[48];
   std::snprintf(out, sizeof out, "%s.%03dZ", buf, static_cast<int>(unix_ms % 1000));
   return out;
+}
+
+double idle_seconds(double ready, double granted, double received, double closed) {
+  return std::max(0.0, granted - ready) + std::max(0.0, closed - received);
 }
 
 nlohmann::json member_timeline(const Member& m) {

@@ -94,6 +94,10 @@ struct RoundSummary {
 // A member's timeline for its record: seconds since the round started for each step the server
 // saw, and the training time the silo reported ("train"); empty when nothing was seen.
 nlohmann::json member_timeline(const Member& m);
+// A participant's idle seconds in a round, from its timeline (seconds since the round started):
+// waiting for its upload slot (ready to granted) and, its upload received, for the round to
+// close at `closed`. Negative stretches (clock steps, a restart) count as none.
+double idle_seconds(double ready, double granted, double received, double closed);
 
 nlohmann::json round_record(const RoundSummary& s);
 MetricsRow metrics_row(const RoundSummary& s);

@@ -293,6 +293,23 @@ TEST(Federation, SimRunsTheDefaultExperimentEndToEnd) {
   EXPECT_NE(read_file(dir / "witnessed.log").find("tail was cut"), std::string::npos) << log_tail(dir / "witnessed.log");
 }
 
+// Runs `xsilo sim` on `sim` in `dir` (sim.json, the run in out/), planned so that the privacy
+// budget lasts 2 committed rounds of the config's 4 and reaches 2.0: the run ends early, cleanly,
+// saying why ("privacy budget spent" or "privacy budgets spent").
+void expect_budget_spent_after_two_rounds(const test::TempDir& dir, const nlohmann::json& sim, const std::string& why) {
+  atomic_write_file(dir / "sim.json", sim.dump());
+  ProcessOptions in_dir;
+  in_dir.cwd = dir.path();
+  Process run({test::xsilo_bin(), "sim", "--config", "sim.json", "--out", "out"}, dir / "sim.log", in_dir);
+  ASSERT_EQ(run.wait(180s).value_or(-1), 0) << log_tail(dir / "sim.log", 40);
+  const auto summary = nlohmann::json::parse(read_file(dir / "out" / "summary.json"));
+  EXPECT_EQ(summary["rounds_committed"], 2);
+  EXPECT_LE(summary["epsilon_spent"].get<double>(), 2.0);
+  EXPECT_GT(summary["epsilon_spent"].get<double>(), 1.9);  // the plan spends the budget
+  EXPECT_NE(read_file(dir / "sim.log").find("the federation ended before its last round: " + why), std::string::npos)
+      << log_tail(dir / "sim.log", 20);
+}
+
 // Silo-level central DP in a federation of real processes (digits): the server clips, averages
 // over the fixed denominator and adds the noise; its budget, planned for 2 of the sim's 4
 // rounds, ends the federation (audited) after 2 committed rounds, even though the server is
@@ -313,19 +330,10 @@ TEST(Federation, CentralDpSpendsTheServersBudgetAcrossARestartAndEndsTheFederati
                         {"faults", {{{"process", "server"}, {"action", "restart"}, {"round", 2}, {"phase", "train"}}}},
                         {"privacy", {{"level", "silo"}, {"mode", "central"}, {"epsilon", 2.0}, {"delta", 1e-5},
                                      {"rounds", 2}, {"clip_norm", 1.0}}}};
-  atomic_write_file(dir / "sim.json", sim.dump());
+  ASSERT_NO_FATAL_FAILURE(expect_budget_spent_after_two_rounds(dir, sim, "privacy budget spent"));
+  const auto out = dir / "out";
   ProcessOptions in_dir;
   in_dir.cwd = dir.path();
-  Process run({test::xsilo_bin(), "sim", "--config", "sim.json", "--out", "out"}, dir / "sim.log", in_dir);
-  ASSERT_EQ(run.wait(180s).value_or(-1), 0) << log_tail(dir / "sim.log", 40);
-  const auto out = dir / "out";
-  const auto summary = nlohmann::json::parse(read_file(out / "summary.json"));
-  EXPECT_EQ(summary["rounds_committed"], 2);
-  EXPECT_LE(summary["epsilon_spent"].get<double>(), 2.0);
-  EXPECT_GT(summary["epsilon_spent"].get<double>(), 1.9);  // the plan spends the budget
-  EXPECT_NE(read_file(dir / "sim.log").find("the federation ended before its last round: privacy budget spent"),
-            std::string::npos)
-      << log_tail(dir / "sim.log", 20);
 
   std::size_t noised = 0, starts = 0;
   bool ended = false;
@@ -377,19 +385,10 @@ TEST(Federation, EachSiloSpendsItsOwnPrivacyBudgetAndTheFederationEndsWhenTheBud
                         {"deadlines", {{"join_s", 5}, {"train_s", 30}, {"upload_s", 30}}},
                         // planned for 2 of the sim's 4 rounds: round 3 finds every budget spent
                         {"privacy", {{"level", "record"}, {"max_epsilon", 2.0}, {"delta", 1e-5}, {"rounds", 2}}}};
-  atomic_write_file(dir / "sim.json", sim.dump());
+  ASSERT_NO_FATAL_FAILURE(expect_budget_spent_after_two_rounds(dir, sim, "privacy budgets spent"));
+  const auto out = dir / "out";
   ProcessOptions in_dir;
   in_dir.cwd = dir.path();
-  Process run({test::xsilo_bin(), "sim", "--config", "sim.json", "--out", "out"}, dir / "sim.log", in_dir);
-  ASSERT_EQ(run.wait(180s).value_or(-1), 0) << log_tail(dir / "sim.log", 40);
-  const auto out = dir / "out";
-  const auto summary = nlohmann::json::parse(read_file(out / "summary.json"));
-  EXPECT_EQ(summary["rounds_committed"], 2);
-  EXPECT_LE(summary["epsilon_spent"].get<double>(), 2.0);
-  EXPECT_GT(summary["epsilon_spent"].get<double>(), 1.9);  // the plan spends the budget
-  EXPECT_NE(read_file(dir / "sim.log").find("the federation ended before its last round: privacy budgets spent"),
-            std::string::npos)
-      << log_tail(dir / "sim.log", 20);
 
   std::size_t spends = 0;
   bool refused = false, ended = false;

@@ -232,6 +232,7 @@ TEST(PrivacyAccountant, LedgerReplayRebuildsTheSpentEpsilon) {
   a.compose(DiscreteGaussianSum{1000, 100, 60, 10, 1000}, 3);
   ASSERT_EQ(a.ledger().steps.size(), 3u);
   EXPECT_EQ(a.ledger().steps[0].count, 120u);
+  EXPECT_EQ(a.ledger().count(), 124u);  // every run, over all the steps
   const Accountant b = Accountant::replay(a.ledger());
   EXPECT_EQ(b.ledger(), a.ledger());
   EXPECT_EQ(b.rdp(), a.rdp());

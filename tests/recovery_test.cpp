@@ -364,6 +364,35 @@ TEST(StartupErrors, AreOneLineAndExitTwoAndSignNothing) {
 }
 
 
+// A federation that released models without central DP cannot take it up later: the server,
+// restarted on that state folder with a privacy block, refuses (exit 2, the reason) and signs
+// nothing, since no budget covers the noiseless models already out. The unit-level counterpart
+// is RecoveryTest's count of committed rounds without the noise.
+TEST(StartupErrors, CentralDpOnAFederationThatReleasedNoiselessModelsIsRefused) {
+  Fed fed(small_config(3, 1));
+  run_all(fed);
+  const auto code = fed.server->wait(120s);
+  ASSERT_TRUE(code) << fed.logs();
+  ASSERT_EQ(*code, 0) << fed.logs();
+  for (auto& a : fed.agents) a->wait(10s);
+  const std::string log_before = read_file(fed.files.state / "audit.jsonl");
+  auto j = json::parse(read_file(fed.files.server_config));
+  j["rounds"] = 3;
+  j["privacy"] = {{"level", "silo"}, {"mode", "central"}, {"epsilon", 4.0}, {"delta", 1e-5},
+                  {"rounds", 2}, {"clip_norm", 1.0}};
+  atomic_write_file(fed.files.server_config, j.dump(2));
+  std::filesystem::remove(fed.files.port_file);
+  Process server(server_argv(fed.files, test::xsilo_bin()), fed.files.logs / "server.dp.log");
+  const auto refused = server.wait(60s);
+  ASSERT_TRUE(refused) << log_tail(fed.files.logs / "server.dp.log");
+  EXPECT_EQ(*refused, 2) << log_tail(fed.files.logs / "server.dp.log");
+  EXPECT_NE(read_file(fed.files.logs / "server.dp.log").find("committed rounds without central DP noise"),
+            std::string::npos)
+      << log_tail(fed.files.logs / "server.dp.log");
+  EXPECT_EQ(read_file(fed.files.state / "audit.jsonl"), log_before);  // nothing signed
+}
+
+
 // The soak of issue 37, opt-in (it runs for minutes): XSILO_SOAK_KILLS=N (and XSILO_SOAK_SEED)
 // SIGKILLs the server N times, each at a random moment 1-5 rounds after the last kill, and between
 // kill and restart applies a random damage the mirror can repair (or none). The silos and

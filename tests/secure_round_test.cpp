@@ -264,6 +264,21 @@ TEST(SecureGroups, AGroupSumReadsTheSameDoublesAsDecodingItWhole) {
   EXPECT_THROW(GroupSum(protocol::MaskedVector(32, 3), crypto::FixedPointParams{}, 4), std::invalid_argument);
 }
 
+// A group sum holding `values` (d coordinates, then the weight and the count) as a 64-bit ring's
+// words with 32 fraction bits, as the server holds a sum it unmasked.
+namespace {
+GroupSum sum_of(const std::vector<double>& values, std::size_t d) {
+  crypto::FixedPointParams codec;
+  codec.bits = 64;
+  codec.fraction_bits = 32;
+  protocol::MaskedVector words(64, values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    words.u64()[i] = static_cast<std::uint64_t>(std::llround(std::ldexp(values[i], 32)));
+  }
+  return GroupSum(std::move(words), codec, d);
+}
+}  // namespace
+
 // What an unmasked group sum must look like to be used: the weight, the norm bound and (with
 // adaptive clipping) the count of members within the clip norm.
 TEST(SecureGroups, ASumNoHonestGroupCouldMakeIsRejectedWithTheReason) {
@@ -273,20 +288,20 @@ TEST(SecureGroups, ASumNoHonestGroupCouldMakeIsRejectedWithTheReason) {
   sc.fraction_bits = 16;
   // Three members of weight 2 within the norm: d = 2, then the weight, then the count.
   const std::vector<double> honest = {1.2, 1.6, 6.0, 2.0};
-  EXPECT_EQ(implausible_sum(GroupSum(honest, 2), 3, sc, true), "");
-  EXPECT_EQ(implausible_sum(GroupSum({1.2, 1.6, 6.0}, 2), 3, sc, false), "");
+  EXPECT_EQ(implausible_sum(sum_of(honest, 2), 3, sc, true), "");
+  EXPECT_EQ(implausible_sum(sum_of({1.2, 1.6, 6.0}, 2), 3, sc, false), "");
   auto with_count = [&](double c) {
     auto s = honest;
     s[3] = c;
-    return implausible_sum(GroupSum(s, 2), 3, sc, true);
+    return implausible_sum(sum_of(s, 2), 3, sc, true);
   };
   EXPECT_EQ(with_count(0), "");
   EXPECT_EQ(with_count(3), "");
   for (double bad : {-1.0, 4.0, 1.5, 1000.0}) {
     EXPECT_NE(with_count(bad).find("a member sent a bit other than 0 or 1"), std::string::npos) << bad;
   }
-  EXPECT_NE(implausible_sum(GroupSum({6.0, 8.0, 6.0, 2.0}, 2), 3, sc, true).find("a member skipped clipping"), std::string::npos);
-  EXPECT_NE(implausible_sum(GroupSum({0.1, 0.1, 31.0, 2.0}, 2), 3, sc, true).find("summed weight"), std::string::npos);
+  EXPECT_NE(implausible_sum(sum_of({6.0, 8.0, 6.0, 2.0}, 2), 3, sc, true).find("a member skipped clipping"), std::string::npos);
+  EXPECT_NE(implausible_sum(sum_of({0.1, 0.1, 31.0, 2.0}, 2), 3, sc, true).find("summed weight"), std::string::npos);
 }
 
 // Adaptive clipping's step: toward the quantile, never above the ceiling (secure.clip_norm) nor

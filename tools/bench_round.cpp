@@ -14,6 +14,7 @@
 #include "server/audit.h"
 #include "server/config.h"
 #include "server/metrics.h"
+#include "server/round_record.h"
 #include "server/secure_round.h"
 #include "tools/bench.h"
 #include "transport/pki.h"
@@ -270,8 +271,8 @@ void add_idle(const json& rec, std::map<std::string, double>& idle, std::map<std
   for (const auto& p : rec.value("participants", json::array())) {
     const auto t = p.value("timeline", json::object());
     if (!t.contains("ready") || !t.contains("granted") || !t.contains("received")) continue;
-    const double wait = t["granted"].get<double>() - t["ready"].get<double>();
-    idle[p.value("silo", "")] += std::max(0.0, wait) + std::max(0.0, closed - t["received"].get<double>());
+    idle[p.value("silo", "")] +=
+        server::idle_seconds(t["ready"].get<double>(), t["granted"].get<double>(), t["received"].get<double>(), closed);
     ++counted[p.value("silo", "")];
   }
 }

@@ -5,6 +5,7 @@
 #include <set>
 #include <sstream>
 
+#include "server/round_record.h"
 #include "tools/report_sections.h"
 
 namespace xsilo::tools::report {
@@ -231,11 +232,14 @@ std::string silo_time_section(const Run& run, const Layout& l) {
   // Per silo id: sums of each part, and the rounds counted.
   std::vector<std::array<double, kSiloParts>> sum(run.silos.size());
   std::vector<std::size_t> counted(run.silos.size(), 0);
+  std::vector<double> idle_sum(run.silos.size(), 0.0);
   for (const Round* r : l.rounds) {
     for (const auto& x : r->silos) {
       if (x.outcome != Outcome::Committed || !std::isfinite(x.times.received) || !std::isfinite(x.times.ready)) continue;
       const auto p = silo_parts(*r, x);
       for (std::size_t j = 0; j < kSiloParts; ++j) sum[x.silo][j] += std::isfinite(p[j]) ? std::max(0.0, p[j]) : 0.0;
+      const auto& t = x.times;
+      idle_sum[x.silo] += server::idle_seconds(t.ready, t.granted, t.received, seconds(r->started_ms, r->ended_ms));
       ++counted[x.silo];
     }
   }
@@ -254,7 +258,7 @@ std::string silo_time_section(const Run& run, const Layout& l) {
       if (counted[id] == 0) continue;
       for (std::size_t j = 0; j < kSiloParts; ++j) mean[j] += sum[id][j] / static_cast<double>(counted[id]);
       ++n;
-      const double idle = (sum[id][3] + sum[id][5]) / static_cast<double>(counted[id]);
+      const double idle = idle_sum[id] / static_cast<double>(counted[id]);
       double all = 0;
       for (double v : sum[id]) all += v / static_cast<double>(counted[id]);
       rows << "<tr><th scope='row'>" << esc(run.silos[id]) << "</th><td>" << counted[id] << "</td>";
