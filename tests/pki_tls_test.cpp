@@ -1,6 +1,8 @@
 // Real TLS 1.3 on loopback with certificates from our own PKI: who gets in, who is refused,
 // and that one bad peer never disturbs another.
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <sys/stat.h>
 
 #include <arpa/inet.h>
@@ -72,6 +74,12 @@ class EchoServer {
   std::uint16_t port() const { return listener_->port(); }
   int bad_frames() const { return bad_frames_; }
   std::uint64_t refused() const { return listener_->refused(); }
+  // The connections the server still holds open, read on its own thread.
+  std::size_t open_channels() {
+    std::size_t n = 0;
+    io_.run_sync([&] { n = static_cast<std::size_t>(std::count_if(channels_.begin(), channels_.end(), [](const auto& c) { return c->is_open(); })); });
+    return n;
+  }
   // The listener's counters, read on its own thread.
   struct Counts {
     std::uint64_t shed = 0, accept_failures = 0;
@@ -610,6 +618,44 @@ TEST_F(TlsTest, IdlePeersAreClosedAndHeartbeatsKeepThemOpen) {
   std::this_thread::sleep_for(std::chrono::milliseconds(1000));
   EXPECT_FALSE(echoes(io_, *quiet.ch, "too late"));
   EXPECT_TRUE(echoes(io_, *alive.ch, "still here"));
+}
+
+// A peer that keeps its connection alive (heartbeats) but stops reading: the server's writes to
+// it stall once the socket buffers are full, and the server closes it after the idle timeout
+// instead of holding the stream (a broadcast's place, its memory) for good; another peer is
+// served meanwhile. Depends on timing: the stalled peer must be closed within 5 s of real time
+// by a 400 ms timeout. Deterministic counterpart:
+// IdleWatch.AWriteThatWaitsOnThePeerPastTheTimeoutIsStalledWhateverItHears.
+TEST_F(TlsTest, APeerThatStopsReadingIsClosedAfterTheIdleTimeout) {
+  ChannelOptions server_opts;
+  server_opts.idle_timeout = std::chrono::milliseconds(400);
+  server_opts.heartbeat_interval = std::chrono::milliseconds(100);
+  server_opts.max_queued_bytes = std::size_t{1} << 30;  // the queue limit is not what closes it
+  EchoServer server(io_, dir_.path(), 0, server_opts);
+  ChannelOptions deaf;
+  deaf.heartbeat_interval = std::chrono::milliseconds(100);  // alive to the idle watchdog
+  deaf.idle_timeout = std::chrono::milliseconds(0);
+  deaf.max_queued_bytes = std::size_t{1} << 30;
+  auto stalled = connect(io_, kit("hospital-a"), server.port(), deaf);
+  ChannelOptions reading = deaf;  // heartbeats too, and it reads its echo
+  auto other = connect(io_, kit("hospital-a"), server.port(), reading);
+  ASSERT_TRUE(stalled.ch && other.ch);
+  ASSERT_EQ(server.open_channels(), 2u);
+  // 45 MiB the server echoes back into a peer that never reads: more than loopback's buffers hold.
+  const std::string big(3u << 20, 'x');
+  for (int k = 0; k < 15; ++k) {
+    ASSERT_TRUE(io_.run([&]() -> awaitable<bool> {
+      auto env = envelope(kFed, 0);
+      env.mutable_region_status()->add_silos(big);
+      co_return stalled.ch->send(env);
+    }()));
+  }
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (server.open_channels() > 1 && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(server.open_channels(), 1u) << "the server still holds the peer that stopped reading";
+  EXPECT_TRUE(echoes(io_, *other.ch, "served meanwhile"));
 }
 
 // An idle channel gives back the buffers a large frame grew (its write BIO is replaced) and the

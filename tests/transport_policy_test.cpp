@@ -91,6 +91,19 @@ TEST(IdleWatch, SilentTooLongOnlyStrictlyPastTheTimeoutSinceTheLastFrame) {
   EXPECT_EQ(IdleWatch(2000ms, t0).tick(), 500ms);
 }
 
+// Counterpart of TlsTest.APeerThatStopsReadingIsClosedAfterTheIdleTimeout: a write that has
+// waited on the peer for more than the timeout is stalled, however recently the peer was heard
+// (its heartbeats); no write waiting, or a zero timeout, never is.
+TEST(IdleWatch, AWriteThatWaitsOnThePeerPastTheTimeoutIsStalledWhateverItHears) {
+  IdleWatch w(400ms, t0);
+  w.heard(t0 + 900ms);  // a heartbeat just arrived
+  EXPECT_FALSE(w.write_stalled(std::nullopt, t0 + 1000ms)) << "nothing is being written";
+  EXPECT_FALSE(w.write_stalled(t0 + 600ms, t0 + 1000ms));  // at the timeout, not past it
+  EXPECT_TRUE(w.write_stalled(t0 + 599ms, t0 + 1000ms));
+  EXPECT_FALSE(w.silent_too_long(t0 + 1000ms)) << "the peer is not silent: only its reading stopped";
+  EXPECT_FALSE(IdleWatch(0ms, t0).write_stalled(t0, t0 + 24h)) << "a zero timeout never closes";
+}
+
 // Counterpart of TlsTest.AHandshakeFloodIsCappedAndAGoodClientStillGetsIn, with the loopback
 // test's caps (16 in all, 4 per address): a flood of 200 from one address holds 4 slots, a good
 // client from another gets in at once, many addresses are held to 16 in all, and the slots

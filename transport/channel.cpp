@@ -412,6 +412,11 @@ awaitable<void> Channel::watchdog() {
                    opts_.idle_timeout.count());
       close();
     }
+    if (open_ && idle_.write_stalled(stream_.writing_since(), Clock::now())) {
+      spdlog::warn("{} ({}) took none of what we sent for {} ms (it stopped reading); closing the connection",
+                   peer_.str(), remote_, opts_.idle_timeout.count());
+      close();
+    }
   }
 }
 

@@ -1,6 +1,7 @@
 // A framed, mutually authenticated TLS connection. One coroutine reads (read()), one writer
 // coroutine drains the send queue, a heartbeat keeps NAT mappings alive and an idle watchdog
-// closes a peer that went silent. send() never blocks: a slow peer only fills its own queue,
+// closes a peer that went silent, or that stopped taking what we write (a write stalled past
+// the idle timeout). send() never blocks: a slow peer only fills its own queue,
 // and a queue over its limit closes that peer rather than growing without bound.
 #pragma once
 

@@ -25,6 +25,10 @@ bool IdleWatch::silent_too_long(SteadyTime now) const {
   return timeout_.count() > 0 && now - last_heard_ > timeout_;
 }
 
+bool IdleWatch::write_stalled(std::optional<SteadyTime> writing_since, SteadyTime now) const {
+  return timeout_.count() > 0 && writing_since && now - *writing_since > timeout_;
+}
+
 std::chrono::milliseconds IdleWatch::tick() const {
   return std::max(std::chrono::milliseconds(50), std::min(timeout_ / 4, std::chrono::milliseconds(1000)));
 }

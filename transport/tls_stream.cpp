@@ -54,6 +54,7 @@ asio::awaitable<void> TlsStream::flush() {
     out_.resize(n);
     BIO_read(wbio_, out_.data(), static_cast<int>(n));
     writing_ = true;
+    write_started_ = std::chrono::steady_clock::now();
     try {
       co_await asio::async_write(socket_, asio::buffer(out_.data(), n), use_awaitable);
     } catch (...) {
@@ -62,6 +63,11 @@ asio::awaitable<void> TlsStream::flush() {
     }
     writing_ = false;
   }
+}
+
+std::optional<std::chrono::steady_clock::time_point> TlsStream::writing_since() const {
+  if (!writing_) return std::nullopt;
+  return write_started_;
 }
 
 void TlsStream::trim() {

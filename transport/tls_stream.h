@@ -8,8 +8,10 @@
 
 #include <openssl/ssl.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <utility>  // Boost 1.74 awaitable.hpp needs std::exchange
 #include <vector>
@@ -41,6 +43,10 @@ class TlsStream {
   // nothing waits to be written: an idle connection then keeps little, which a server with
   // hundreds of silos needs. The next large frame grows them again.
   void trim();
+  // Since when the ciphertext being written now has waited on the socket; nullopt when no write
+  // is in progress. A peer that stops reading (its window full) keeps it set: the channel's
+  // watchdog closes such a peer (a write stalled past the idle timeout).
+  std::optional<std::chrono::steady_clock::time_point> writing_since() const;
 
   SSL* native_handle() { return ssl_; }
   boost::asio::ip::tcp::socket& socket() { return socket_; }
@@ -56,6 +62,7 @@ class TlsStream {
   BIO* wbio_ = nullptr;  // owned by ssl_
   std::vector<std::uint8_t> in_, out_;
   bool writing_ = false;
+  std::chrono::steady_clock::time_point write_started_{};  // while writing_
 };
 
 }  // namespace xsilo::transport
