@@ -163,25 +163,25 @@ void mean_of_rows(MatrixView x, const std::vector<std::size_t>& rows, std::vecto
 
 }  // namespace
 
-std::string check_krum(std::size_t n, std::size_t f) {
-  if (n > 2 * f + 2) return "";
-  return "Krum needs n > 2f + 2: n = " + std::to_string(n) + ", f = " + std::to_string(f);
+Status check_krum(std::size_t n, std::size_t f) {
+  if (n > 2 * f + 2) return {};
+  return Error("Krum needs n > 2f + 2: n = " + std::to_string(n) + ", f = " + std::to_string(f));
 }
 
-std::string check_multi_krum(std::size_t n, std::size_t f, std::size_t m) {
-  if (auto s = check_krum(n, f); !s.empty()) return "Multi-" + s;
-  if (m == 0 || m > n) return "Multi-Krum needs 1 <= m <= n: m = " + std::to_string(m) + ", n = " + std::to_string(n);
-  return "";
+Status check_multi_krum(std::size_t n, std::size_t f, std::size_t m) {
+  if (auto s = check_krum(n, f); !s) return Error("Multi-" + s.error().message());
+  if (m == 0 || m > n) return Error("Multi-Krum needs 1 <= m <= n: m = " + std::to_string(m) + ", n = " + std::to_string(n));
+  return {};
 }
 
-std::string check_trimmed_mean(std::size_t n, std::size_t b) {
-  if (n > 2 * b) return "";
-  return "trimmed mean needs n > 2b: n = " + std::to_string(n) + ", b = " + std::to_string(b);
+Status check_trimmed_mean(std::size_t n, std::size_t b) {
+  if (n > 2 * b) return {};
+  return Error("trimmed mean needs n > 2b: n = " + std::to_string(n) + ", b = " + std::to_string(b));
 }
 
-std::string check_bulyan(std::size_t n, std::size_t f) {
-  if (n >= 4 * f + 3) return "";
-  return "Bulyan needs n >= 4f + 3: n = " + std::to_string(n) + ", f = " + std::to_string(f);
+Status check_bulyan(std::size_t n, std::size_t f) {
+  if (n >= 4 * f + 3) return {};
+  return Error("Bulyan needs n >= 4f + 3: n = " + std::to_string(n) + ", f = " + std::to_string(f));
 }
 
 std::vector<std::size_t> finite_rows(MatrixView x) {

@@ -322,7 +322,8 @@ Combined combine_rows(const AggregationConfig& a, std::vector<float>& rows, std:
     info["f_applied"] = spec.f;
   }
   Combined c;
-  if (const auto why = robust::check(spec, n); !why.empty()) {
+  if (const auto st = robust::check(spec, n); !st) {
+    const std::string& why = st.error().message();
     info["fallback"] = robust::name(a.fallback);
     info["fallback_reason"] = why;
     spdlog::warn("round {}: {}; falling back to {}", ctx.round, why, robust::name(a.fallback));

@@ -528,9 +528,9 @@ TEST(Session, SignsAJoinChallengeForTheUpstreamItIsConnectedTo) {
   const auto* p = h.last(wire::Envelope::kJoinProof);
   ASSERT_NE(p, nullptr);
   const auto v = test::verifier();
-  EXPECT_EQ(protocol::check_join(v, p->join_proof(), "fed", "server", nonce, "silo-a"), "");
-  EXPECT_NE(protocol::check_join(v, p->join_proof(), "fed", "edge-2", nonce, "silo-a"), "");
-  EXPECT_NE(protocol::check_join(v, p->join_proof(), "other-fed", "server", nonce, "silo-a"), "");
+  EXPECT_EQ(error_text(protocol::check_join(v, p->join_proof(), "fed", "server", nonce, "silo-a")), "");
+  EXPECT_NE(error_text(protocol::check_join(v, p->join_proof(), "fed", "edge-2", nonce, "silo-a")), "");
+  EXPECT_NE(error_text(protocol::check_join(v, p->join_proof(), "other-fed", "server", nonce, "silo-a")), "");
   h.deliver_in(0, [&](wire::Envelope& e) { e.mutable_join_challenge()->set_nonce("short"); });
   ASSERT_NE(h.last(wire::Envelope::kError), nullptr);  // too short a nonce to be fresh: refused
 }
