@@ -17,13 +17,16 @@ wire::JoinProof sign_join(const crypto::CertSigner& silo, const std::string& fed
   return p;
 }
 
-std::string check_join(const crypto::CertVerifier& ca, const wire::JoinProof& proof, const std::string& federation,
-                       const std::string& edge, const std::string& nonce, const std::string& silo) {
-  if (proof.silo() != silo) return "the proof is for " + proof.silo() + ", not " + silo;
-  if (nonce.empty() || proof.nonce() != nonce) return "the proof answers another edge session's challenge, or an earlier one of this session";
+Status check_join(const crypto::CertVerifier& ca, const wire::JoinProof& proof, const std::string& federation,
+                  const std::string& edge, const std::string& nonce, const std::string& silo) {
+  if (proof.silo() != silo) return Error("the proof is for " + proof.silo() + ", not " + silo);
+  if (nonce.empty() || proof.nonce() != nonce) {
+    return Error("the proof answers another edge session's challenge, or an earlier one of this session");
+  }
   const auto verdict = ca.verify(proof.certificate(), silo, "silo", join_statement(federation, edge, nonce, silo),
                                  proof.signature());
-  return verdict ? "" : "its join signature does not verify: " + verdict.error().message();
+  if (!verdict) return Error("its join signature does not verify: " + verdict.error().message());
+  return {};
 }
 
 }  // namespace xsilo::protocol

@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "common/result.h"
 #include "crypto/certs.h"
 #include "proto/xsilo.pb.h"
 
@@ -20,9 +21,9 @@ std::string join_statement(const std::string& federation, const std::string& edg
 wire::JoinProof sign_join(const crypto::CertSigner& silo, const std::string& federation, const std::string& edge,
                           const std::string& nonce);
 
-// "" when `proof` is `silo`'s signed join of `federation` through `edge` for `nonce`, by a valid
-// silo certificate of the federation CA naming `silo`; otherwise why not.
-[[nodiscard]] std::string check_join(const crypto::CertVerifier& ca, const wire::JoinProof& proof, const std::string& federation,
+// Whether `proof` is `silo`'s signed join of `federation` through `edge` for `nonce`, by a valid
+// silo certificate of the federation CA naming `silo`, or why not.
+Status check_join(const crypto::CertVerifier& ca, const wire::JoinProof& proof, const std::string& federation,
                                      const std::string& edge, const std::string& nonce, const std::string& silo);
 
 }  // namespace xsilo::protocol

@@ -163,25 +163,25 @@ void mean_of_rows(MatrixView x, const std::vector<std::size_t>& rows, std::vecto
 
 }  // namespace
 
-std::string check_krum(std::size_t n, std::size_t f) {
-  if (n > 2 * f + 2) return "";
-  return "Krum needs n > 2f + 2: n = " + std::to_string(n) + ", f = " + std::to_string(f);
+Status check_krum(std::size_t n, std::size_t f) {
+  if (n > 2 * f + 2) return {};
+  return Error("Krum needs n > 2f + 2: n = " + std::to_string(n) + ", f = " + std::to_string(f));
 }
 
-std::string check_multi_krum(std::size_t n, std::size_t f, std::size_t m) {
-  if (auto s = check_krum(n, f); !s.empty()) return "Multi-" + s;
-  if (m == 0 || m > n) return "Multi-Krum needs 1 <= m <= n: m = " + std::to_string(m) + ", n = " + std::to_string(n);
-  return "";
+Status check_multi_krum(std::size_t n, std::size_t f, std::size_t m) {
+  if (auto s = check_krum(n, f); !s) return Error("Multi-" + s.error().message());
+  if (m == 0 || m > n) return Error("Multi-Krum needs 1 <= m <= n: m = " + std::to_string(m) + ", n = " + std::to_string(n));
+  return {};
 }
 
-std::string check_trimmed_mean(std::size_t n, std::size_t b) {
-  if (n > 2 * b) return "";
-  return "trimmed mean needs n > 2b: n = " + std::to_string(n) + ", b = " + std::to_string(b);
+Status check_trimmed_mean(std::size_t n, std::size_t b) {
+  if (n > 2 * b) return {};
+  return Error("trimmed mean needs n > 2b: n = " + std::to_string(n) + ", b = " + std::to_string(b));
 }
 
-std::string check_bulyan(std::size_t n, std::size_t f) {
-  if (n >= 4 * f + 3) return "";
-  return "Bulyan needs n >= 4f + 3: n = " + std::to_string(n) + ", f = " + std::to_string(f);
+Status check_bulyan(std::size_t n, std::size_t f) {
+  if (n >= 4 * f + 3) return {};
+  return Error("Bulyan needs n >= 4f + 3: n = " + std::to_string(n) + ", f = " + std::to_string(f));
 }
 
 std::vector<std::size_t> finite_rows(MatrixView x) {
@@ -574,6 +574,49 @@ Balance balance(MatrixView x, double factor) {
   return b;
 }
 
+// The screens ahead of the iterations, recorded in the result: an input against the last step
+// or one-sided is out of every iteration, and out of the median distance.
+struct Screens {
+  Opposition against;
+  Balance lean;
+  bool lopsided(std::size_t i) const { return !lean.one_sided.empty() && lean.one_sided[i]; }
+  bool opposed(std::size_t i) const { return (!against.opposed.empty() && against.opposed[i]) || lopsided(i); }
+
+  // Why input i is out of the last iteration, or bent in it ("": it counted as it was).
+  std::string reason(std::size_t i, bool rejected, double scale, double dist, double reject, double median) const {
+    if (lopsided(i)) {
+      return "one-sided: " + std::to_string(lean.balance[i]) + " of its coordinates above the inputs' median, " +
+             "against the median balance " + std::to_string(lean.median) + " (bound +-" + std::to_string(lean.beyond) + ")";
+    }
+    if (opposed(i)) {
+      return "opposed: alignment " + std::to_string(against.alignment[i]) +
+             " with the last committed step, against the median " + std::to_string(against.median);
+    }
+    if (rejected) {
+      return "rejected: " + std::to_string(dist) + " from the centre, more than " + std::to_string(reject) +
+             " times the median distance " + std::to_string(median);
+    }
+    return scale < 1.0 ? "clipped around the centre from distance " + std::to_string(dist) : std::string();
+  }
+};
+
+Screens screens(MatrixView x, std::span<const float> v0, double oppose, double one_sided, Result& r) {
+  Screens s{opposition(x, v0, oppose), balance(x, one_sided)};
+  if (!s.lean.balance.empty() || !s.lean.off.empty()) {
+    r.median_balance = s.lean.median;
+    r.one_sided_beyond = s.lean.beyond;
+    r.one_sided_off = s.lean.off;
+    for (std::size_t i = 0; i < s.lean.balance.size(); ++i) r.decisions[i].balance = s.lean.balance[i];
+  }
+  if (!s.against.alignment.empty()) {
+    r.median_alignment = s.against.median;
+    r.opposed_below = s.against.below;
+    r.opposition_off = s.against.off;
+    for (std::size_t i = 0; i < x.n; ++i) r.decisions[i].alignment = s.against.alignment[i];
+  }
+  return s;
+}
+
 }  // namespace
 
 Result centered_clip(MatrixView x, double tau, std::size_t iterations, std::span<const float> v0, double reject,
@@ -586,24 +629,8 @@ Result centered_clip(MatrixView x, double tau, std::size_t iterations, std::span
   if (reject > 0) reject = std::max(reject, 1.0);
   // Inputs against the last step are out of every iteration, and out of the median distance:
   // the rule runs on the others. The majority's side is never opposed, so some always remain.
-  const Opposition against = opposition(x, v0, oppose);
-  const Balance lean = balance(x, one_sided);
-  const auto lopsided = [&](std::size_t i) { return !lean.one_sided.empty() && lean.one_sided[i]; };
-  const auto opposed = [&](std::size_t i) {
-    return (!against.opposed.empty() && against.opposed[i]) || lopsided(i);
-  };
-  if (!lean.balance.empty() || !lean.off.empty()) {
-    r.median_balance = lean.median;
-    r.one_sided_beyond = lean.beyond;
-    r.one_sided_off = lean.off;
-    for (std::size_t i = 0; i < lean.balance.size(); ++i) r.decisions[i].balance = lean.balance[i];
-  }
-  if (!against.alignment.empty()) {
-    r.median_alignment = against.median;
-    r.opposed_below = against.below;
-    r.opposition_off = against.off;
-    for (std::size_t i = 0; i < x.n; ++i) r.decisions[i].alignment = against.alignment[i];
-  }
+  const Screens screen = screens(x, v0, oppose, one_sided, r);
+  const auto opposed = [&](std::size_t i) { return screen.opposed(i); };
   std::vector<double> dist(x.n), counted_dist;
   std::vector<std::size_t> rejections(x.n, 0);
   const std::size_t rounds = std::max<std::size_t>(1, iterations);
@@ -640,21 +667,7 @@ Result centered_clip(MatrixView x, double tau, std::size_t iterations, std::span
       if (rejected) ++rejections[i];
       if (last) {
         r.decisions[i].score = dist[i];
-        if (lopsided(i)) {
-          r.decisions[i].reason = "one-sided: " + std::to_string(lean.balance[i]) +
-                                  " of its coordinates above the inputs' median, against the median balance " +
-                                  std::to_string(lean.median) + " (bound +-" + std::to_string(lean.beyond) + ")";
-        } else if (opposed(i)) {
-          r.decisions[i].reason = "opposed: alignment " + std::to_string(against.alignment[i]) +
-                                  " with the last committed step, against the median " +
-                                  std::to_string(against.median);
-        } else if (rejected) {
-          r.decisions[i].reason = "rejected: " + std::to_string(dist[i]) + " from the centre, more than " +
-                                  std::to_string(reject) + " times the median distance " +
-                                  std::to_string(median_distance);
-        } else if (scale < 1.0) {
-          r.decisions[i].reason = "clipped around the centre from distance " + std::to_string(dist[i]);
-        }
+        r.decisions[i].reason = screen.reason(i, rejected, scale, dist[i], reject, median_distance);
       }
       if (rejected) continue;
       ++counted;

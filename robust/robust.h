@@ -54,6 +54,8 @@
 #include <string>
 #include <vector>
 
+#include "common/result.h"
+
 namespace xsilo::robust {
 
 struct MatrixView {
@@ -96,11 +98,11 @@ struct Result {
   std::string one_sided_off;
 };
 
-// Why a rule cannot run on n inputs, or "" when it can.
-std::string check_krum(std::size_t n, std::size_t f);
-std::string check_multi_krum(std::size_t n, std::size_t f, std::size_t m);
-std::string check_trimmed_mean(std::size_t n, std::size_t b);
-std::string check_bulyan(std::size_t n, std::size_t f);
+// Whether a rule can run on n inputs, or why not.
+Status check_krum(std::size_t n, std::size_t f);
+Status check_multi_krum(std::size_t n, std::size_t f, std::size_t m);
+Status check_trimmed_mean(std::size_t n, std::size_t b);
+Status check_bulyan(std::size_t n, std::size_t f);
 
 // Indices of rows whose every value is finite.
 std::vector<std::size_t> finite_rows(MatrixView x);

@@ -64,7 +64,7 @@ std::size_t rule_inputs(const RuleSpec& s, std::size_t n) { return bucket_count(
 
 namespace {
 
-std::string check_rule(const RuleSpec& s, std::size_t n) {
+Status check_rule(const RuleSpec& s, std::size_t n) {
   switch (s.rule) {
     case Rule::Krum: return check_krum(n, s.f);
     case Rule::MultiKrum: return check_multi_krum(n, s.f, krum_average(s, n));
@@ -72,9 +72,9 @@ std::string check_rule(const RuleSpec& s, std::size_t n) {
     case Rule::Bulyan: return check_bulyan(n, s.f);
     case Rule::FedAvg:
     case Rule::Median:
-    case Rule::CenteredClip: return n > 0 ? "" : "no inputs";
+    case Rule::CenteredClip: return n > 0 ? Status() : Error("no inputs");
   }
-  return "unknown rule";
+  return Error("unknown rule");
 }
 
 Result apply_rule(const RuleSpec& s, MatrixView x, std::span<const double> weights) {
@@ -92,23 +92,23 @@ Result apply_rule(const RuleSpec& s, MatrixView x, std::span<const double> weigh
 
 }  // namespace
 
-std::string check(const RuleSpec& s, std::size_t n) {
-  if (s.nnm && n <= s.f) return "nearest-neighbour mixing needs more than f = " + std::to_string(s.f) + " inputs";
+Status check(const RuleSpec& s, std::size_t n) {
+  if (s.nnm && n <= s.f) return Error("nearest-neighbour mixing needs more than f = " + std::to_string(s.f) + " inputs");
   const std::size_t k = rule_inputs(s, n);
   if (s.bucket > 1 && k < 2 * s.f + 1) {
     // Fewer buckets than that and the f Byzantine inputs can spoil half of them (one bucket of
     // everything is the plain mean).
-    return "bucketing makes " + std::to_string(k) + " buckets of " + std::to_string(s.bucket) + " from " +
-           std::to_string(n) + " inputs; it needs at least 2f + 1 = " + std::to_string(2 * s.f + 1);
+    return Error("bucketing makes " + std::to_string(k) + " buckets of " + std::to_string(s.bucket) + " from " +
+                 std::to_string(n) + " inputs; it needs at least 2f + 1 = " + std::to_string(2 * s.f + 1));
   }
-  const std::string why = check_rule(s, k);
-  if (why.empty() || k == n) return why;
-  return why + " (" + std::to_string(n) + " inputs make " + std::to_string(k) + " buckets of " +
-         std::to_string(s.bucket) + ")";
+  auto st = check_rule(s, k);
+  if (st || k == n) return st;
+  return Error(st.error().message() + " (" + std::to_string(n) + " inputs make " + std::to_string(k) +
+               " buckets of " + std::to_string(s.bucket) + ")");
 }
 
-std::string check_tolerance(const RuleSpec& s, std::size_t n) {
-  if (s.f == 0 || (s.rule == Rule::FedAvg && !s.nnm && s.bucket <= 1)) return "";
+Status check_tolerance(const RuleSpec& s, std::size_t n) {
+  if (s.f == 0 || (s.rule == Rule::FedAvg && !s.nnm && s.bucket <= 1)) return {};
   const std::size_t k = rule_inputs(s, n), f = s.f;
   std::size_t need = 2 * f + 1;
   std::string rule = "a median", more = "2f";
@@ -124,10 +124,9 @@ std::string check_tolerance(const RuleSpec& s, std::size_t n) {
   const bool mixing_named = s.rule == Rule::FedAvg || s.rule == Rule::Krum || s.rule == Rule::MultiKrum ||
                             s.rule == Rule::Bulyan;
   if (s.nnm && !mixing_named) rule += " after mixing";
-  if (k >= need) return "";
-  return rule + " withstands f = " + std::to_string(f) + " Byzantine inputs only among at least " + std::to_string(need) +
-         " (more than " + more + "), not " +
-         std::to_string(k);
+  if (k >= need) return {};
+  return Error(rule + " withstands f = " + std::to_string(f) + " Byzantine inputs only among at least " +
+               std::to_string(need) + " (more than " + more + "), not " + std::to_string(k));
 }
 
 std::string void_robustness(const RuleSpec& s, std::size_t n) {

@@ -68,12 +68,12 @@ bool needs_f(Rule r);
 std::size_t trim_count(const RuleSpec& s, std::size_t n);
 // multi_krum's m for n inputs (at least 1).
 std::size_t krum_average(const RuleSpec& s, std::size_t n);
-// Why the rule cannot run on n inputs, or "".
-[[nodiscard]] std::string check(const RuleSpec& s, std::size_t n);
-// Why n inputs (silos' updates, or secure groups' means) cannot withstand the spec's f Byzantine
-// ones, or "": the coordinate-wise rules, centered clipping and mixing need n > 2f, Krum and
+// Whether the rule can run on n inputs, or why not.
+Status check(const RuleSpec& s, std::size_t n);
+// Whether n inputs (silos' updates, or secure groups' means) withstand the spec's f Byzantine
+// ones, or why not: the coordinate-wise rules, centered clipping and mixing need n > 2f, Krum and
 // Multi-Krum n > 2f + 2, Bulyan n >= 4f + 3. With f = 0 (not declared) there is nothing to check.
-std::string check_tolerance(const RuleSpec& s, std::size_t n);
+Status check_tolerance(const RuleSpec& s, std::size_t n);
 // Why the rule protects nothing on n inputs (n <= 2: a median of two inputs is their mean, Krum
 // picks one of them, centered clipping with the automatic radius lets the farther one pull
 // without bound; a fixed radius still bounds each input's pull), or "".

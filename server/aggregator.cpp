@@ -231,11 +231,11 @@ class RowCollector final : public Aggregator {
 
 }  // namespace
 
-Combined combine_rows(const AggregationConfig& a, std::vector<float>& rows, std::size_t d,
-                      const std::vector<std::string>& labels, const char* label_key,
-                      const std::vector<double>& weights, const std::vector<double>& norms,
-                      const CombineContext& ctx, std::span<float> out) {
-  const std::size_t n = labels.size();
+namespace {
+
+// The rule as it runs this round: the Byzantine budget less the silos already caught, its own
+// seed, the centre of the last committed step.
+robust::RuleSpec round_spec(const AggregationConfig& a, std::size_t d, const CombineContext& ctx) {
   // Silos caught sending NaN or infinite values were Byzantine: they used up part of the
   // budget f, so the rule guards against the f - caught that may remain among the inputs.
   robust::RuleSpec spec = a.rule;
@@ -243,13 +243,87 @@ Combined combine_rows(const AggregationConfig& a, std::vector<float>& rows, std:
   // Its own derivation: the round's selection draws from the same federation seed and round.
   spec.seed = crypto::derive_seed(ctx.seed, ctx.round, "robust-rule");
   if (ctx.centre.size() == d) spec.centre = ctx.centre;
+  return spec;
+}
+
+// What an auditor needs to recompute a centred clipping: the radius, whether it was measured,
+// the centre, and the rejection (all of the last iteration, like the decisions).
+void record_centered_clip(nlohmann::json& info, const robust::RuleSpec& spec, const robust::Result& r) {
+  info["tau"] = r.radius;
+  if (spec.tau <= 0) info["tau_from"] = "half the median distance";
+  info["centre"] = spec.centre.empty() ? "zero" : "last committed step";
+  if (spec.reject > 0) {
+    info["reject"] = spec.reject;
+    info["rejected_beyond"] = r.rejected_beyond;
+  }
+  if (spec.oppose > 0) {
+    info["oppose"] = spec.oppose;
+    const bool measured = std::any_of(r.decisions.begin(), r.decisions.end(),
+                                      [](const robust::Decision& d) { return d.alignment.has_value(); });
+    if (measured) {
+      info["median_alignment"] = r.median_alignment;
+      if (r.opposition_off.empty()) {
+        info["opposed_below"] = r.opposed_below;
+      } else {
+        info["opposition_off"] = r.opposition_off;
+      }
+    }
+  }
+  if (spec.one_sided > 0) {
+    info["one_sided"] = spec.one_sided;
+    if (r.one_sided_off.empty()) {
+      info["median_balance"] = r.median_balance;
+      info["one_sided_beyond"] = r.one_sided_beyond;
+    } else {
+      info["one_sided_off"] = r.one_sided_off;
+    }
+  }
+}
+
+// Each input's decision, under its label, with its norm and whether clipping touched it.
+nlohmann::json record_decisions(const AggregationConfig& a, const robust::Result& r,
+                                const std::vector<std::string>& labels, const char* label_key,
+                                const std::vector<double>& norms) {
+  nlohmann::json inputs = nlohmann::json::array();
+  for (std::size_t i = 0; i < labels.size(); ++i) {
+    nlohmann::json e = {{label_key, labels[i]}, {"kept", r.decisions[i].kept}, {"score", r.decisions[i].score}};
+    if (!r.decisions[i].reason.empty()) e["reason"] = r.decisions[i].reason;
+    e["norm"] = norms[i];
+    if (r.decisions[i].alignment) e["alignment"] = *r.decisions[i].alignment;
+    if (r.decisions[i].balance) e["balance"] = *r.decisions[i].balance;
+    if (a.clip_norm > 0 && norms[i] > a.clip_norm) e["clipped"] = true;
+    inputs.push_back(e);
+  }
+  return inputs;
+}
+
+// The seeded buckets, by their members' labels.
+nlohmann::json record_buckets(const robust::Result& r, const std::vector<std::string>& labels) {
+  nlohmann::json buckets = nlohmann::json::array();
+  for (const auto& b : r.buckets) {
+    nlohmann::json names = nlohmann::json::array();
+    for (auto i : b) names.push_back(labels[i]);
+    buckets.push_back(names);
+  }
+  return buckets;
+}
+
+}  // namespace
+
+Combined combine_rows(const AggregationConfig& a, std::vector<float>& rows, std::size_t d,
+                      const std::vector<std::string>& labels, const char* label_key,
+                      const std::vector<double>& weights, const std::vector<double>& norms,
+                      const CombineContext& ctx, std::span<float> out) {
+  const std::size_t n = labels.size();
+  robust::RuleSpec spec = round_spec(a, d, ctx);
   nlohmann::json info = {{"rule", robust::name(a.rule.rule)}, {"f", a.rule.f}, {"inputs", n}};
   if (ctx.nonfinite) {
     info["nonfinite_rejected"] = ctx.nonfinite;
     info["f_applied"] = spec.f;
   }
   Combined c;
-  if (const auto why = robust::check(spec, n); !why.empty()) {
+  if (const auto st = robust::check(spec, n); !st) {
+    const std::string& why = st.error().message();
     info["fallback"] = robust::name(a.fallback);
     info["fallback_reason"] = why;
     spdlog::warn("round {}: {}; falling back to {}", ctx.round, why, robust::name(a.fallback));
@@ -274,65 +348,15 @@ Combined combine_rows(const AggregationConfig& a, std::vector<float>& rows, std:
   const robust::MatrixView x{rows.data(), n, d};
   const auto r = robust::apply(spec, x, weights);
   std::copy(r.aggregate.begin(), r.aggregate.end(), out.begin());
-  if (spec.rule == robust::Rule::CenteredClip) {
-    // What an auditor needs to recompute it: the radius, whether it was measured, the centre,
-    // and the rejection (all of the last iteration, like the decisions).
-    info["tau"] = r.radius;
-    if (spec.tau <= 0) info["tau_from"] = "half the median distance";
-    info["centre"] = spec.centre.empty() ? "zero" : "last committed step";
-    if (spec.reject > 0) {
-      info["reject"] = spec.reject;
-      info["rejected_beyond"] = r.rejected_beyond;
-    }
-    if (spec.oppose > 0) {
-      info["oppose"] = spec.oppose;
-      const bool measured = std::any_of(r.decisions.begin(), r.decisions.end(),
-                                        [](const robust::Decision& d) { return d.alignment.has_value(); });
-      if (measured) {
-        info["median_alignment"] = r.median_alignment;
-        if (r.opposition_off.empty()) {
-          info["opposed_below"] = r.opposed_below;
-        } else {
-          info["opposition_off"] = r.opposition_off;
-        }
-      }
-    }
-    if (spec.one_sided > 0) {
-      info["one_sided"] = spec.one_sided;
-      if (r.one_sided_off.empty()) {
-        info["median_balance"] = r.median_balance;
-        info["one_sided_beyond"] = r.one_sided_beyond;
-      } else {
-        info["one_sided_off"] = r.one_sided_off;
-      }
-    }
-  }
-  nlohmann::json inputs = nlohmann::json::array();
-  for (std::size_t i = 0; i < n; ++i) {
-    nlohmann::json e = {{label_key, labels[i]}, {"kept", r.decisions[i].kept}, {"score", r.decisions[i].score}};
-    if (!r.decisions[i].reason.empty()) e["reason"] = r.decisions[i].reason;
-    e["norm"] = norms[i];
-    if (r.decisions[i].alignment) e["alignment"] = *r.decisions[i].alignment;
-    if (r.decisions[i].balance) e["balance"] = *r.decisions[i].balance;
-    if (a.clip_norm > 0 && norms[i] > a.clip_norm) e["clipped"] = true;
-    inputs.push_back(e);
-  }
-  info["decisions"] = inputs;
+  if (spec.rule == robust::Rule::CenteredClip) record_centered_clip(info, spec, r);
+  info["decisions"] = record_decisions(a, r, labels, label_key, norms);
   if (a.adaptive_clip.on() && a.clip_norm > 0 && n > 0) {
     const auto unclipped = std::count_if(norms.begin(), norms.end(), [&](double v) { return v <= a.clip_norm; });
     auto [next, part] = adapt_clip_norm(a.adaptive_clip, a.clip_norm, static_cast<double>(unclipped), n);
     info["adaptive_clip"] = std::move(part);
     c.next_clip_norm = next;
   }
-  if (!r.buckets.empty()) {
-    nlohmann::json buckets = nlohmann::json::array();
-    for (const auto& b : r.buckets) {
-      nlohmann::json names = nlohmann::json::array();
-      for (auto i : b) names.push_back(labels[i]);
-      buckets.push_back(names);
-    }
-    info["buckets"] = buckets;
-  }
+  if (!r.buckets.empty()) info["buckets"] = record_buckets(r, labels);
   c.record["robust"] = info;
   return c;
 }

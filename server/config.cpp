@@ -248,12 +248,12 @@ void check_plain_rule(const ConfigNode& ag, ServerConfig& c) {
   const auto& a = c.aggregation;
   const auto& rule = a.rule;
   const std::size_t n = c.selection.min_updates;
-  if (const auto why = robust::check(rule, n); !why.empty()) {
-    ag.fail("rule", why + " but a round may commit with selection.min_updates = " + std::to_string(n) +
+  if (const auto st = robust::check(rule, n); !st) {
+    ag.fail("rule", st.error().message() + " but a round may commit with selection.min_updates = " + std::to_string(n) +
                         " updates; raise min_updates or lower f");
   }
-  if (const auto why = robust::check_tolerance(rule, n); !why.empty()) {
-    ag.fail("f", why + ": a round may commit with selection.min_updates = " + std::to_string(n) +
+  if (const auto st = robust::check_tolerance(rule, n); !st) {
+    ag.fail("f", st.error().message() + ": a round may commit with selection.min_updates = " + std::to_string(n) +
                      " updates; raise min_updates or lower f");
   }
   if (const auto why = robust::void_robustness(rule, n); !why.empty()) {
@@ -306,11 +306,11 @@ void check_rule_across_groups(const ConfigNode& ag, ServerConfig& c) {
   const std::string made = "min_updates " + std::to_string(n) + " silos make only " + std::to_string(groups) +
                            " groups of " + std::to_string(size) + " (min_group " + std::to_string(sc.min_group) +
                            ", each surviving " + std::to_string(sc.group_dropouts) + " dropouts)";
-  if (const auto why = robust::check(rule, groups); !why.empty()) {
-    ag.fail("rule", why + " across secure groups, but " + made);
+  if (const auto st = robust::check(rule, groups); !st) {
+    ag.fail("rule", st.error().message() + " across secure groups, but " + made);
   }
-  if (const auto why = robust::check_tolerance(rule, groups); !why.empty()) {
-    ag.fail("f", "counts secure groups (a Byzantine silo spoils its group's mean): " + why + ", and " + made);
+  if (const auto st = robust::check_tolerance(rule, groups); !st) {
+    ag.fail("f", "counts secure groups (a Byzantine silo spoils its group's mean): " + st.error().message() + ", and " + made);
   }
   if (const auto why = robust::void_robustness(rule, groups); !why.empty()) {
     c.warnings.push_back(ag.key_path("rule") + ": across secure groups " + why + "; " + made +

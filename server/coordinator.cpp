@@ -406,6 +406,21 @@ void Coordinator::finish_unmask(std::int64_t now_ms) {
   run_job(JobKind::Prepare, [agg = r_->agg.get()]() -> JobResult { return agg->prepare(); });
 }
 
+// An aborted round: its record (spending nothing), and the same model for the next round.
+void Coordinator::record_abort(std::int64_t now_ms) {
+  const auto s = summary(false, r_->abort_reason, now_ms);
+  auto rec = round_record(s);
+  if (cfg_.central_dp) rec["privacy"] = round_privacy_record(*cfg_.central_dp, central_spent_);  // spends nothing
+  run_job(JobKind::Record, [&store = store_, rec = std::move(rec), row = metrics_row(s), global = global_,
+                            broadcast = cfg_.broadcast, chunk_elems = cfg_.chunk_bytes / sizeof(float),
+                            seed = broadcast_seed(cfg_, round_), make_same = wants_same()]() -> JobResult {
+    CommitOutcome o;
+    o.audit = store.record(rec, &row);
+    o.delta = same_model_chunks(make_same, broadcast, *global, chunk_elems, seed);
+    return o;
+  });
+}
+
 void Coordinator::decide(std::int64_t now_ms) {
   set_phase(Phase::Closing, now_ms);
   const std::size_t done = r_->done();
@@ -413,18 +428,7 @@ void Coordinator::decide(std::int64_t now_ms) {
   if (done < need) {
     r_->abort_reason = "only " + std::to_string(done) + " updates arrived, " + std::to_string(need) + " needed";
     spdlog::warn("round {} aborted: {}", round_, r_->abort_reason);
-    const auto s = summary(false, r_->abort_reason, now_ms);
-    auto rec = round_record(s);
-    if (cfg_.central_dp) rec["privacy"] = round_privacy_record(*cfg_.central_dp, central_spent_);  // spends nothing
-    run_job(JobKind::Record, [&store = store_, rec = std::move(rec), row = metrics_row(s), global = global_,
-                              broadcast = cfg_.broadcast, chunk_elems = cfg_.chunk_bytes / sizeof(float),
-                              seed = broadcast_seed(cfg_, round_), make_same = wants_same()]() -> JobResult {
-      CommitOutcome o;
-      o.audit = store.record(rec, &row);
-      o.delta = same_model_chunks(make_same, broadcast, *global, chunk_elems, seed);
-      return o;
-    });
-    return;
+    return record_abort(now_ms);
   }
   const auto s = summary(true, "", now_ms);
   CombineContext ctx;

@@ -257,6 +257,7 @@ class Coordinator {
   bool central_budget_spent(std::int64_t now_ms);
   void audit_admin(const std::string& command, const std::string& admin, std::int64_t now_ms);
   void decide(std::int64_t now_ms);
+  void record_abort(std::int64_t now_ms);
   void finish_round(bool committed, const AuditHead& audit, std::int64_t now_ms);
   // Uploads
   void on_update_ready(std::size_t member, const wire::Envelope& env, std::int64_t now_ms);

@@ -325,11 +325,12 @@ void Coordinator::on_region_status(SessionId id, const wire::RegionStatus& statu
     }
     // The silo exists for the server only once it has signed its join through this edge.
     auto proof = proofs.find(silo);
-    std::string why = proof == proofs.end() ? "no signed join from it"
-                      : !cfg_.ca           ? "the server has no CA to check joins with"
-                                           : protocol::check_join(*cfg_.ca, *proof->second, cfg_.federation, edge,
-                                                                  nonce, silo);
-    if (!why.empty()) {
+    const Status joined = proof == proofs.end() ? Error("no signed join from it")
+                          : !cfg_.ca           ? Error("the server has no CA to check joins with")
+                                               : protocol::check_join(*cfg_.ca, *proof->second, cfg_.federation, edge,
+                                                                      nonce, silo);
+    if (!joined) {
+      const std::string& why = joined.error().message();
       spdlog::warn("edge {} announces silo {}, refused: {}", edge, silo, why);
       send_error(id, wire::NOT_ALLOWED, "silo " + silo + " refused: " + why);
       continue;

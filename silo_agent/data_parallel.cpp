@@ -88,140 +88,193 @@ class BucketReducer {
   std::thread thread_;
 };
 
-}  // namespace
+// One worker's data-parallel training: the single-process trainer's batches, each worker
+// taking the rows of the shards it owns; each step's gradient summed over the group bucket by
+// bucket while the backward pass goes on (BucketReducer); a step redone from the parameters kept
+// before it when the group re-forms.
+class DataParallelRun {
+ public:
+  DataParallelRun(collective::Group& group, int shards, const Network& net, std::span<float> params,
+                  const Dataset& data, const TrainOptions& opts, const BucketOptions& buckets)
+      : group_(group), shards_(shards), net_(net), params_(params), data_(data), opts_(opts), buckets_(buckets),
+        bs_(std::max<std::uint32_t>(1, opts.batch_size)), steps_per_epoch_((data.rows + bs_ - 1) / bs_),
+        total_(steps_per_epoch_ * opts.epochs), orders_(row_orders(data, opts)), int8_(int8_buckets(buckets)),
+        grad_(params.size() + 1), g_(grad_.data() + 1, params.size()), step_loss_(total_) {
+    if (int8_) residual_.resize(grad_.size());
+  }
 
-TrainStats train_data_parallel(collective::Group& group, int shards, const Network& net, std::span<float> params,
-                               const Dataset& data, const TrainOptions& opts, const BucketOptions& buckets,
-                               const std::function<void(const std::string&)>& log,
-                               const std::function<void(std::uint32_t)>& on_epoch) {
-  TrainStats stats;
-  if (data.rows == 0) return stats;
-  const std::size_t bs = std::max<std::uint32_t>(1, opts.batch_size);
-  const std::size_t steps_per_epoch = (data.rows + bs - 1) / bs;
-  const std::uint64_t total = steps_per_epoch * opts.epochs;
-  // The single-process trainer's row orders, epoch by epoch.
-  std::vector<std::vector<std::size_t>> orders(opts.epochs, std::vector<std::size_t>(data.rows));
-  std::mt19937_64 rng(opts.seed);
-  std::vector<std::size_t> order(data.rows);
-  std::iota(order.begin(), order.end(), 0);
-  for (auto& epoch_order : orders) {  // each epoch reshuffles the previous order, as train_sgd does
-    std::shuffle(order.begin(), order.end(), rng);
-    epoch_order = order;
+  TrainStats run(const std::function<void(const std::string&)>& log,
+                 const std::function<void(std::uint32_t)>& on_epoch) {
+    for (std::uint64_t op = 0; op < total_;) {
+      kept_.keep(op).assign(params_.begin(), params_.end());
+      if (int8_) kept_residual_.keep(op) = residual_;
+      const auto resume = group_.attempt(op, [&](collective::Communicator&) { step(op); });
+      if (!resume) {
+        ++op;
+        if (on_epoch && op % steps_per_epoch_ == 0) on_epoch(static_cast<std::uint32_t>(op / steps_per_epoch_));
+        continue;
+      }
+      go_back(*resume);
+      if (log) log(reformed(op, *resume));
+      op = *resume;
+    }
+    TrainStats stats;
+    stats.steps = total_;
+    stats.mean_loss = std::accumulate(step_loss_.begin(), step_loss_.end(), 0.0) / static_cast<double>(total_);
+    return stats;
   }
-  auto shard_of = [&](std::size_t row) {
-    return static_cast<int>(row * static_cast<std::size_t>(shards) / data.rows);
-  };
-  // grad[0] carries this worker's share of the batch loss; grad[1..] the gradient.
-  std::vector<float> grad(params.size() + 1);
-  std::span<float> g(grad.data() + 1, params.size());
-  std::vector<float> xb;
-  std::vector<int> yb;
-  collective::StepSnapshots<std::vector<float>> kept;  // parameters before steps op and op - 1
-  const bool int8 = buckets.compression == "int8";
-  if (!int8 && buckets.compression != "none") {
-    throw std::invalid_argument("bucket compression is none or int8, not " + buckets.compression);
+
+ private:
+  // The single-process trainer's row orders, epoch by epoch: each epoch reshuffles the previous
+  // order, as train_sgd does.
+  static std::vector<std::vector<std::size_t>> row_orders(const Dataset& data, const TrainOptions& opts) {
+    std::vector<std::vector<std::size_t>> orders(opts.epochs, std::vector<std::size_t>(data.rows));
+    std::mt19937_64 rng(opts.seed);
+    std::vector<std::size_t> order(data.rows);
+    std::iota(order.begin(), order.end(), 0);
+    for (auto& epoch_order : orders) {
+      std::shuffle(order.begin(), order.end(), rng);
+      epoch_order = order;
+    }
+    return orders;
   }
-  QuantizedResidual residual;  // int8: error feedback, kept as the parameters are
-  collective::StepSnapshots<QuantizedResidual> kept_residual;
-  if (int8) residual.resize(grad.size());
-  std::uint64_t op_now = 0;  // the step whose buckets the reducer is summing
-  BucketReducer reducer([&](std::span<float> bucket) {
-    auto& comm = group.comm();
-    if (!int8) return comm.all_reduce(bucket);
+
+  static bool int8_buckets(const BucketOptions& buckets) {
+    const bool int8 = buckets.compression == "int8";
+    if (!int8 && buckets.compression != "none") {
+      throw std::invalid_argument("bucket compression is none or int8, not " + buckets.compression);
+    }
+    return int8;
+  }
+
+  int shard_of(std::size_t row) const { return static_cast<int>(row * static_cast<std::size_t>(shards_) / data_.rows); }
+
+  // One bucket of the step's gradient summed over the group (on the reducer's thread).
+  void reduce(std::span<float> bucket) {
+    auto& comm = group_.comm();
+    if (!int8_) return comm.all_reduce(bucket);
     auto* mesh = comm.mesh();
     if (!mesh) throw std::runtime_error("the int8 all-reduce runs on the TCP backends, not " + comm.backend());
-    auto at = static_cast<std::size_t>(bucket.data() - grad.data());
+    auto at = static_cast<std::size_t>(bucket.data() - grad_.data());
     if (at == 0) {  // the loss, as it is
       comm.all_reduce(bucket.first(1));
       bucket = bucket.subspan(1);
       at = 1;
     }
     // The rounding of this bucket in this step: its own purpose, never the row order's numbers.
-    const std::uint64_t seed = crypto::derive_seed(opts.seed, op_now, "int8-bucket-rounding", std::to_string(at));
-    quantized_all_reduce(*mesh, bucket, std::span(residual.sent).subspan(at, bucket.size()),
-                         std::span(residual.summed).subspan(at, bucket.size()), seed);
-  });
-  std::vector<double> step_loss(total);
+    const std::uint64_t seed = crypto::derive_seed(opts_.seed, op_now_, "int8-bucket-rounding", std::to_string(at));
+    quantized_all_reduce(*mesh, bucket, std::span(residual_.sent).subspan(at, bucket.size()),
+                         std::span(residual_.summed).subspan(at, bucket.size()), seed);
+  }
 
-  auto step = [&](std::uint64_t op) {
-    op_now = op;
-    const auto& order = orders[op / steps_per_epoch];
-    const std::size_t start = (op % steps_per_epoch) * bs;
-    const std::size_t batch = std::min(bs, data.rows - start);
-    xb.clear();
-    yb.clear();
+  // This worker's rows of the batch [start, start + batch) of `order` into xb_ and yb_.
+  void gather(const std::vector<std::size_t>& order, std::size_t start, std::size_t batch) {
+    xb_.clear();
+    yb_.clear();
     for (std::size_t i = 0; i < batch; ++i) {
       const std::size_t r = order[start + i];
-      if (shard_owner(shard_of(r), group.members()) != group.id()) continue;
-      xb.insert(xb.end(), data.row(r), data.row(r) + data.features);
-      yb.push_back(data.y[r]);
+      if (shard_owner(shard_of(r), group_.members()) != group_.id()) continue;
+      xb_.insert(xb_.end(), data_.row(r), data_.row(r) + data_.features);
+      yb_.push_back(data_.y[r]);
     }
-    const std::size_t mine = yb.size();
+  }
+
+  // Step `op`: backward on this worker's rows, buckets submitted as the gradient fills from the
+  // end, the summed gradient applied once every bucket is back.
+  void step(std::uint64_t op) {
+    op_now_ = op;
+    const auto& order = orders_[op / steps_per_epoch_];
+    const std::size_t start = (op % steps_per_epoch_) * bs_;
+    const std::size_t batch = std::min(bs_, data_.rows - start);
+    gather(order, start, batch);
+    const std::size_t mine = yb_.size();
     // loss_and_grad averages over this worker's rows; scaling by mine/batch makes the sum over
     // workers the mean over the global batch.
     const float scale = static_cast<float>(mine) / static_cast<float>(batch);
-    std::size_t lo = grad.size();  // [lo, end) is submitted; [ready_lo, lo) ready but pending
+    std::size_t lo = grad_.size();  // [lo, end) is submitted; [ready_lo, lo) ready but pending
     std::size_t ready_lo = lo;
     bool first = true;
     auto flush = [&](std::size_t down_to) {
-      std::span<float> bucket(grad.data() + down_to, lo - down_to);
+      std::span<float> bucket(grad_.data() + down_to, lo - down_to);
       if (mine == 0) std::fill(bucket.begin(), bucket.end(), 0.0f);  // not 0 x value: a NaN stays NaN
       else for (auto& v : bucket) v *= scale;
-      reducer.submit(bucket);
+      reducer_.submit(bucket);
       lo = down_to;
       first = false;
     };
     // A worker with none of the batch's rows contributes zeros, but in the same buckets as the
     // others (every collective must match its peers'): it runs backward on one row of the batch
     // for the bucket boundaries and sends zeros.
-    const float* rows = mine ? xb.data() : data.row(order[start]);
-    const int* labels = mine ? yb.data() : &data.y[order[start]];
-    const double loss = net.loss_and_grad(params, rows, labels, std::max<std::size_t>(mine, 1), g,
-                                          [&](std::size_t offset, std::size_t) {
-                                            ready_lo = offset + 1;
-                                            const std::size_t limit = first ? buckets.first_bytes : buckets.bytes;
-                                            if ((lo - ready_lo) * sizeof(float) >= limit) flush(ready_lo);
-                                          });
-    grad[0] = static_cast<float>(loss);
+    const float* rows = mine ? xb_.data() : data_.row(order[start]);
+    const int* labels = mine ? yb_.data() : &data_.y[order[start]];
+    const double loss = net_.loss_and_grad(params_, rows, labels, std::max<std::size_t>(mine, 1), g_,
+                                           [&](std::size_t offset, std::size_t) {
+                                             ready_lo = offset + 1;
+                                             const std::size_t limit = first ? buckets_.first_bytes : buckets_.bytes;
+                                             if ((lo - ready_lo) * sizeof(float) >= limit) flush(ready_lo);
+                                           });
+    grad_[0] = static_cast<float>(loss);
     flush(0);
-    reducer.finish();
-    step_loss[op] = grad[0];
-    for (std::size_t k = 0; k < params.size(); ++k) {
-      params[k] -= opts.learning_rate * (g[k] + opts.weight_decay * params[k]);
+    reducer_.finish();
+    step_loss_[op] = grad_[0];
+    for (std::size_t k = 0; k < params_.size(); ++k) {
+      params_[k] -= opts_.learning_rate * (g_[k] + opts_.weight_decay * params_[k]);
     }
-  };
-
-  for (std::uint64_t op = 0; op < total;) {
-    kept.keep(op).assign(params.begin(), params.end());
-    if (int8) kept_residual.keep(op) = residual;
-    const auto resume = group.attempt(op, [&](collective::Communicator&) { step(op); });
-    if (!resume) {
-      ++op;
-      if (on_epoch && op % steps_per_epoch == 0) on_epoch(static_cast<std::uint32_t>(op / steps_per_epoch));
-      continue;
-    }
-    // The group re-formed: go back to the parameters kept before the step to redo (a worker
-    // that finished step op - 1 may be one step ahead of one that failed in it).
-    const auto& back = kept.before(*resume);
-    std::copy(back.begin(), back.end(), params.begin());
-    if (int8) {
-      residual = kept_residual.before(*resume);
-      residual.handover();  // the segments have new owners
-    }
-    if (log) {
-      std::string ids;
-      for (int id : group.members()) {
-        if (!ids.empty()) ids += ',';
-        ids += std::to_string(id);
-      }
-      log("step " + std::to_string(op) + " failed; the workers re-formed as [" + ids + "] (epoch " +
-          std::to_string(group.epoch()) + ") and redo step " + std::to_string(*resume));
-    }
-    op = *resume;
   }
-  stats.steps = total;
-  stats.mean_loss = std::accumulate(step_loss.begin(), step_loss.end(), 0.0) / static_cast<double>(total);
-  return stats;
+
+  // The group re-formed: go back to the parameters kept before the step to redo (a worker that
+  // finished step op - 1 may be one step ahead of one that failed in it).
+  void go_back(std::uint64_t resume) {
+    const auto& back = kept_.before(resume);
+    std::copy(back.begin(), back.end(), params_.begin());
+    if (int8_) {
+      residual_ = kept_residual_.before(resume);
+      residual_.handover();  // the segments have new owners
+    }
+  }
+
+  std::string reformed(std::uint64_t op, std::uint64_t resume) const {
+    std::string ids;
+    for (int id : group_.members()) {
+      if (!ids.empty()) ids += ',';
+      ids += std::to_string(id);
+    }
+    return "step " + std::to_string(op) + " failed; the workers re-formed as [" + ids + "] (epoch " +
+           std::to_string(group_.epoch()) + ") and redo step " + std::to_string(resume);
+  }
+
+  collective::Group& group_;
+  const int shards_;
+  const Network& net_;
+  std::span<float> params_;
+  const Dataset& data_;
+  const TrainOptions& opts_;
+  const BucketOptions& buckets_;
+  const std::size_t bs_, steps_per_epoch_;
+  const std::uint64_t total_;
+  const std::vector<std::vector<std::size_t>> orders_;
+  const bool int8_;
+  // grad_[0] carries this worker's share of the batch loss; grad_[1..] (g_) the gradient.
+  std::vector<float> grad_;
+  std::span<float> g_;
+  std::vector<float> xb_;
+  std::vector<int> yb_;
+  collective::StepSnapshots<std::vector<float>> kept_;  // parameters before steps op and op - 1
+  QuantizedResidual residual_;  // int8: error feedback, kept as the parameters are
+  collective::StepSnapshots<QuantizedResidual> kept_residual_;
+  std::uint64_t op_now_ = 0;  // the step whose buckets the reducer is summing
+  std::vector<double> step_loss_;
+  BucketReducer reducer_{[this](std::span<float> bucket) { reduce(bucket); }};  // last: its thread uses the above
+};
+
+}  // namespace
+
+TrainStats train_data_parallel(collective::Group& group, int shards, const Network& net, std::span<float> params,
+                               const Dataset& data, const TrainOptions& opts, const BucketOptions& buckets,
+                               const std::function<void(const std::string&)>& log,
+                               const std::function<void(std::uint32_t)>& on_epoch) {
+  if (data.rows == 0) return TrainStats{};
+  return DataParallelRun(group, shards, net, params, data, opts, buckets).run(log, on_epoch);
 }
 
 }  // namespace xsilo::agent

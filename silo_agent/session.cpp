@@ -36,10 +36,20 @@ std::string iso_time(std::int64_t unix_ms) {
   return buf;
 }
 
+SecureClientConfig secure_config(const SessionConfig& cfg) {
+  return SecureClientConfig{.federation = cfg.federation,
+                            .signer = cfg.signer,
+                            .ca = cfg.ca,
+                            .servers = cfg.servers,
+                            .floor = cfg.floor,
+                            .sources = cfg.sources,
+                            .max_message_bytes = cfg.max_message_bytes};
+}
+
 }  // namespace
 
 Session::Session(SessionConfig cfg, Trainer& trainer, FaultHook& hook)
-    : cfg_(std::move(cfg)), trainer_(trainer), hook_(hook) {
+    : cfg_(std::move(cfg)), trainer_(trainer), hook_(hook), secure_(secure_config(cfg_)) {
   if (cfg_.witnessed) witnessed_key_ = cfg_.witnessed->public_key();
 }
 
@@ -72,7 +82,7 @@ void Session::reply_failure(wire::FailureReason reason) {
 }
 
 void Session::send(wire::Envelope e) {
-  hook_.outgoing(e, secure_ && setup_ ? protocol::secagg_session(cfg_.federation, round_, setup_->group()) : std::string());
+  hook_.outgoing(e, secure_.session_string());
   actions_.push_back(action::Send{std::move(e)});
 }
 
@@ -107,17 +117,11 @@ void Session::on_disconnected() {
   ++generation_;  // whatever was in flight belongs to a connection that is gone
   *live_generation_ = generation_;
   pending_.reset();
-  if (masking_) {
-    // The masking job's result will be dropped: this silo's input never reaches the sum, and it
-    // takes no further part in its group. The job keeps its own reference to the client, which
-    // no later message can reach.
-    secure_.reset();
-    setup_.reset();
-    settled_ = false;
-  }
-  // Otherwise the secure state stays: a member whose masked input is in the sum still holds
-  // shares, and the server reaches it through its new route to confirm and unmask.
-  in_round_ = training_ = masking_ = false;
+  // A masking in flight is dropped with its member; otherwise the secure state stays: a member
+  // whose masked input is in the sum still holds shares, and the server reaches it through its
+  // new route to confirm and unmask.
+  secure_.disconnected();
+  in_round_ = training_ = false;
 }
 
 void Session::on_message(const wire::Envelope& e) {
@@ -311,12 +315,9 @@ void Session::on_round_start(const wire::Envelope& e) {
   receipt_.prepare(rs, trainer_.streams() && !hook_.tampers() && !rs.has_secagg() &&
                            !protocol::compressed(compression_) && plan_.silo_momentum() <= 0);
   secure_.reset();
-  setup_.reset();
-  settled_ = masking_ = false;
-  masked_.reset();
   if (rs.has_secagg()) {
     start_secure(rs.secagg());
-    if (!secure_) {
+    if (!secure_.active()) {
       // A secure round this silo cannot take part in securely: it takes no part at all (an
       // update trained here must never leave in the clear).
       in_round_ = false;
@@ -367,7 +368,7 @@ void Session::on_model() {
                        .momentum = momentum_,
                        .momentum_file = cfg_.momentum_file,
                        .compression = compression_,
-                       .secure = setup_.has_value(),
+                       .secure = secure_.active(),
                        .residual = residual_,
                        .residual_file = cfg_.residual_file,
                        .chunk_bytes = cfg_.chunk_bytes,
@@ -404,14 +405,14 @@ void Session::trained(TrainDone r) {
   receipt_.hold(model_sha_);
   pending_ = std::move(r.out);
   if (!plan_.train()) return;  // an evaluation-only round: the metrics went nowhere to upload
-  if (secure_) return mask_when_ready();
+  if (secure_.active()) return mask_when_ready();
   announce_ready();
 }
 
 void Session::announce_ready() {
   auto e = env();
   auto* r = e.mutable_update_ready();
-  r->set_num_samples(secure_ ? 1 : pending_->num_samples);  // secure: the real count is inside the masked sum
+  r->set_num_samples(secure_.active() ? 1 : pending_->num_samples);  // secure: the real count is inside the masked sum
   *r->mutable_metrics() = pending_->metrics;
   r->set_model_sha256(receipt_.held_sha());
   if (!pending_->privacy.mechanism().empty()) *r->mutable_privacy() = pending_->privacy;
@@ -421,11 +422,12 @@ void Session::announce_ready() {
 }
 
 void Session::upload() {
-  if (secure_ && !masked_) {
+  const bool secure = secure_.active();
+  if (secure && !secure_.words()) {
     reply_error(wire::UNEXPECTED, "the masked update is not ready");
     return;
   }
-  auto src = upload_source(*pending_, secure_ ? masked_ : nullptr, cfg_.federation, round_, cfg_.chunk_bytes);
+  auto src = upload_source(*pending_, secure ? secure_.words() : nullptr, cfg_.federation, round_, cfg_.chunk_bytes);
   // The silo's own record of what left the building (hashes, never data), durable before the
   // first byte leaves: every update the server counts is in it. With error feedback the residual
   // moves on with this line (silo_state.h), whether or not the upload arrives.
@@ -457,8 +459,8 @@ void Session::upload() {
   uploaded_ = true;  // once per round, however many grants arrive
   auto e = env();
   auto* end = e.mutable_update_end();
-  end->set_weight(secure_ ? 0.0 : pending_->weight);  // secure: inside the masked sum
-  end->set_num_samples(secure_ ? 0 : pending_->num_samples);
+  end->set_weight(secure ? 0.0 : pending_->weight);  // secure: inside the masked sum
+  end->set_num_samples(secure ? 0 : pending_->num_samples);
   end->set_update_sha256(pending_->sha256);
   *end->mutable_metrics() = pending_->metrics;
   // Signed, so that an edge forwards the silo's own word on what it sent (signed_update.h).
@@ -468,9 +470,64 @@ void Session::upload() {
     spdlog::info("round {}: uploading {} bytes ({} of {} uncompressed)", round_, pending_->encoded_bytes,
                  protocol::describe(compression_), pending_->bytes());
   } else {
-    spdlog::info("round {}: uploading {} bytes{}", round_, secure_ && masked_ ? masked_->bytes().size() : pending_->bytes(),
+    spdlog::info("round {}: uploading {} bytes{}", round_,
+                 secure && secure_.words() ? secure_.words()->bytes().size() : pending_->bytes(),
                  pending_->stream ? ", made as they are sent" : "");
   }
+}
+
+// Secure aggregation: the setup is checked, then keys go out at once, overlapping with training.
+void Session::start_secure(const wire::SecAggSetup& setup) {
+  auto keys = secure_.start(setup, round_, name_);
+  if (!keys) {
+    // Not this silo's server, a setup below its floor, or unusable: said to the server (and so
+    // recorded), and in the silo's own log.
+    spdlog::error("round {}: refusing the secure group: {}", round_, keys.error().message);
+    reply_error(keys.error().code, keys.error().message);
+    return;
+  }
+  auto out = env();
+  *out.mutable_secure() = std::move(*keys);
+  send(std::move(out));
+  spdlog::info("round {}: {}; keys advertised", round_, secure_.describe());
+  silent_ = hook_.after_sent(SecureStep::KeysSent, round_);
+}
+
+// A step of this round's secure group: the answer goes upstream; a refusal says why, and the
+// silo takes no further part.
+void Session::on_secure(const wire::Envelope& e) {
+  if (!secure_.active() || e.round() != round_) return;
+  auto r = secure_.receive(e);
+  if (!r) {
+    spdlog::error("round {}: secure aggregation ({}): {}", round_, r.error().step, r.error().why);
+    reply_error(wire::UNEXPECTED, r.error().why);
+    return;
+  }
+  if (r->answer.step) {
+    auto out = env();
+    *out.mutable_secure() = std::move(*r->answer.step);
+    send(std::move(out));
+  }
+  if (r->answer.sent == secure::Sent::Shares) silent_ = hook_.after_sent(SecureStep::SharesSent, round_);
+  if (r->settled) mask_when_ready();
+}
+
+// Masks the encoded update once both it and the share deliveries are here (on the worker: one
+// PRG expansion per group member), then announces it.
+void Session::mask_when_ready() {
+  if (auto j = secure_.masking_job(pending_, hook_)) job([j = std::move(*j)]() -> SessionJobResult { return j(); });
+}
+
+void Session::masked(MaskDone r) {
+  auto sha = secure_.masked(std::move(r));
+  if (!sha) {
+    spdlog::error("round {}: masking failed: {}", round_, sha.error().message());
+    reply_failure(wire::UPDATE_NOT_ENCODABLE);
+    return;
+  }
+  pending_->sha256 = std::move(*sha);
+  announce_ready();
+  spdlog::info("round {}: update encoded and masked", round_);
 }
 
 void Session::on_job_done(std::uint64_t id, SessionJobResult result) {

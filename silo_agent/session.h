@@ -25,13 +25,13 @@
 
 #include "common/thread_check.h"
 #include "crypto/secagg.h"
-#include "silo_agent/secure/member.h"
 #include "crypto/sources.h"
 #include "proto/xsilo.pb.h"
 #include "protocol/masked.h"
 #include "protocol/round_start.h"
 #include "protocol/tensor_stream.h"
 #include "silo_agent/model_receipt.h"
+#include "silo_agent/secure_client.h"
 #include "silo_agent/session_types.h"
 #include "silo_agent/trainer.h"
 #include "silo_agent/update.h"
@@ -138,11 +138,9 @@ class Session {
   void on_round_start(const wire::Envelope& e);
   bool accept_round_start(const wire::RoundStart& rs);
   void witness(const wire::Envelope& round_end);
+  // Secure aggregation: the secure client's answers sent, its refusals answered and logged.
   void start_secure(const wire::SecAggSetup& setup);
   void on_secure(const wire::Envelope& e);
-  void secure_failed(const std::string& step, const std::string& why);
-  // The server that signed a secure setup, checked, or why it may not run this silo's groups.
-  Result<std::string> setup_signer(const wire::SecAggSetup& setup) const;
   void on_model_chunk(const wire::Envelope& e);
   // A restarted server lost its last committed model and asks for it (ModelRequest): the
   // model this silo holds goes up if it is the one asked for, and a ModelOffer says which.
@@ -201,11 +199,8 @@ class Session {
   std::optional<RoundOutput> pending_;   // trained, not yet uploaded
   bool uploaded_ = false;
   std::shared_ptr<Model> spare_;         // last round's update buffer, reused
-  // Secure aggregation.
-  std::shared_ptr<secure::Member> secure_;
-  std::optional<wire::SecAggSetup> setup_;
-  std::shared_ptr<protocol::MaskedVector> masked_;
-  bool settled_ = false, masking_ = false;
+  // Secure aggregation: the round's group, its masking and the masked words (secure_client.h).
+  SecureClient secure_;
 };
 
 }  // namespace xsilo::agent

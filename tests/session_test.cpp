@@ -528,9 +528,9 @@ TEST(Session, SignsAJoinChallengeForTheUpstreamItIsConnectedTo) {
   const auto* p = h.last(wire::Envelope::kJoinProof);
   ASSERT_NE(p, nullptr);
   const auto v = test::verifier();
-  EXPECT_EQ(protocol::check_join(v, p->join_proof(), "fed", "server", nonce, "silo-a"), "");
-  EXPECT_NE(protocol::check_join(v, p->join_proof(), "fed", "edge-2", nonce, "silo-a"), "");
-  EXPECT_NE(protocol::check_join(v, p->join_proof(), "other-fed", "server", nonce, "silo-a"), "");
+  EXPECT_EQ(error_text(protocol::check_join(v, p->join_proof(), "fed", "server", nonce, "silo-a")), "");
+  EXPECT_NE(error_text(protocol::check_join(v, p->join_proof(), "fed", "edge-2", nonce, "silo-a")), "");
+  EXPECT_NE(error_text(protocol::check_join(v, p->join_proof(), "other-fed", "server", nonce, "silo-a")), "");
   h.deliver_in(0, [&](wire::Envelope& e) { e.mutable_join_challenge()->set_nonce("short"); });
   ASSERT_NE(h.last(wire::Envelope::kError), nullptr);  // too short a nonce to be fresh: refused
 }
@@ -1034,6 +1034,66 @@ TEST(Session, SendsTheModelItHoldsWhenARestartedServerAsksForItByItsHashAndNothi
   ASSERT_EQ(bytes.size(), m.bytes());
   EXPECT_EQ(std::memcmp(bytes.data(), m.flat().data(), bytes.size()), 0);
   EXPECT_TRUE(h.records.empty());  // no upload: nothing in sent.jsonl
+}
+
+// The secure client on its own (silo_agent/secure_client.h): what it returns, without a session.
+SecureClientConfig secure_client_config(std::set<std::string> servers = {}) {
+  const SessionConfig c = session_config(std::move(servers));
+  return SecureClientConfig{.federation = c.federation, .signer = c.signer, .ca = c.ca, .servers = c.servers, .floor = c.floor};
+}
+
+TEST(SecureClient, ReturnsItsKeysForATrustedSetupAndMasksNothingBeforeItsGroupSettles) {
+  SecureClient client(secure_client_config());
+  const Model m = model();
+  const auto setup = signed_setup(m, crypto::X25519KeyPair::generate());
+  auto keys = client.start(setup, 1, "silo-a");
+  ASSERT_TRUE(keys) << keys.error().message;
+  EXPECT_TRUE(keys->has_secagg_keys());
+  EXPECT_TRUE(client.active());
+  EXPECT_EQ(client.session_string(), protocol::secagg_session("fed", 1, setup.group()));
+  // The update is here, but the share deliveries are not: no masking job yet, and no words.
+  RoundOutput pending;
+  pending.update = std::make_shared<Model>(m);
+  pending.weight = 1;
+  FaultHook hook;
+  EXPECT_FALSE(client.masking_job(pending, hook));
+  EXPECT_FALSE(client.masking());
+  EXPECT_FALSE(client.words());
+  // A lost connection leaves a member that is not masking in its group; a new round drops it.
+  client.disconnected();
+  EXPECT_TRUE(client.active());
+  client.reset();
+  EXPECT_FALSE(client.active());
+  EXPECT_EQ(client.session_string(), "");
+}
+
+TEST(SecureClient, RefusesWithAWireCodeAndTakesNoPartWithoutAKeyOrUnderAServerItDoesNotPin) {
+  const Model m = model();
+  const auto setup = signed_setup(m, crypto::X25519KeyPair::generate());
+  SecureClientConfig keyless = secure_client_config();
+  keyless.signer.reset();
+  for (auto& [cfg, says] : std::vector<std::pair<SecureClientConfig, std::string>>{
+           {keyless, "no certificate key"}, {secure_client_config({"central"}), "not one this agent trusts"}}) {
+    SecureClient client(cfg);
+    auto keys = client.start(setup, 1, "silo-a");
+    ASSERT_FALSE(keys) << says;
+    EXPECT_EQ(keys.error().code, wire::NOT_ALLOWED) << says;
+    EXPECT_NE(keys.error().message.find(says), std::string::npos) << keys.error().message;
+    EXPECT_FALSE(client.active()) << says;
+  }
+}
+
+TEST(SecureClient, KeepsTheMaskedWordsOnlyFromAMaskingThatSucceeded) {
+  SecureClient client(secure_client_config());
+  auto failed = client.masked(MaskDone{.words = nullptr, .sha256 = "", .error = "the update does not fit the ring"});
+  ASSERT_FALSE(failed);
+  EXPECT_EQ(failed.error().message(), "the update does not fit the ring");
+  EXPECT_FALSE(client.words());
+  auto words = std::make_shared<protocol::MaskedVector>();
+  auto sha = client.masked(MaskDone{.words = words, .sha256 = "abc", .error = ""});
+  ASSERT_TRUE(sha);
+  EXPECT_EQ(*sha, "abc");
+  EXPECT_EQ(client.words(), words);
 }
 
 }  // namespace

@@ -79,7 +79,7 @@ RuleRuns time_rules(const robust::MatrixView& view, std::size_t f) {
   time_rule("trimmed_mean", [&] { return robust::trimmed_mean(view, f); });
   time_rule("krum", [&] { return robust::krum(view, f); });
   time_rule("multi_krum", [&] { return robust::multi_krum(view, f, n - f); });
-  if (robust::check_bulyan(n, f).empty()) time_rule("bulyan", [&] { return robust::bulyan(view, f); });
+  if (robust::check_bulyan(n, f)) time_rule("bulyan", [&] { return robust::bulyan(view, f); });
   time_rule("centered_clip", [&] { return robust::centered_clip(view, 1.0, 1); });
   return ours;
 }

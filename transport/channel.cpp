@@ -28,6 +28,31 @@ wire::Envelope envelope(const std::string& federation, std::uint64_t round) {
   return env;
 }
 
+namespace {
+
+// A peer's first message: a Hello of this federation, in this protocol version, from the role
+// its certificate names.
+proto::Status check_hello(const wire::Envelope& hello, const LocalInfo& me, wire::Role certified) {
+  if (!hello.has_hello()) return proto::error(wire::UNEXPECTED, "expected Hello, got " + proto::body_name(hello));
+  if (hello.federation() != me.federation) {
+    return proto::error(wire::WRONG_FEDERATION, "peer belongs to federation \"" + hello.federation() +
+                                                    "\", this is \"" + me.federation + "\"");
+  }
+  if (hello.hello().protocol_version() != proto::kProtocolVersion) {
+    return proto::error(wire::VERSION_MISMATCH, "peer speaks protocol version " +
+                                                    std::to_string(hello.hello().protocol_version()) + ", this " +
+                                                    role_name(me.role) + " speaks version " +
+                                                    std::to_string(proto::kProtocolVersion));
+  }
+  if (hello.hello().role() != certified) {
+    return proto::error(wire::NOT_ALLOWED, "peer claims role " + role_name(hello.hello().role()) +
+                                               " but its certificate says " + role_name(certified));
+  }
+  return proto::Status::ok();
+}
+
+}  // namespace
+
 Channel::Channel(tcp::socket socket, ssl::context& ctx, ChannelOptions opts)
     : stream_(std::move(socket), ctx), opts_(opts), wake_(stream_.socket().get_executor()),
       heartbeat_timer_(stream_.socket().get_executor()),
@@ -101,22 +126,7 @@ awaitable<proto::Status> Channel::accept(const AllowList& allow, const LocalInfo
     close();
     co_return hello.error();
   }
-  if (!hello->has_hello()) {
-    st = proto::error(wire::UNEXPECTED, "expected Hello, got " + proto::body_name(*hello));
-  } else if (hello->federation() != me.federation) {
-    st = proto::error(wire::WRONG_FEDERATION, "peer belongs to federation \"" +
-                                                  hello->federation() + "\", this is \"" +
-                                                  me.federation + "\"");
-  } else if (hello->hello().protocol_version() != proto::kProtocolVersion) {
-    st = proto::error(wire::VERSION_MISMATCH,
-                      "peer speaks protocol version " +
-                          std::to_string(hello->hello().protocol_version()) + ", this " +
-                          role_name(me.role) + " speaks version " +
-                          std::to_string(proto::kProtocolVersion));
-  } else if (hello->hello().role() != peer_.role) {
-    st = proto::error(wire::NOT_ALLOWED, "peer claims role " + role_name(hello->hello().role()) +
-                                             " but its certificate says " + role_name(peer_.role));
-  }
+  st = check_hello(*hello, me, peer_.role);
   if (!st) {
     co_await refuse(st);
     co_return st;

@@ -1,0 +1,102 @@
+#include "silo_agent/secure_client.h"
+
+#include "proto/frame.h"
+#include "protocol/secagg_wire.h"
+
+namespace xsilo::agent {
+
+void SecureClient::reset() {
+  member_.reset();
+  setup_.reset();
+  settled_ = masking_ = false;
+  words_.reset();
+}
+
+void SecureClient::disconnected() {
+  if (!masking_) return;
+  // The masking job's result will be dropped: this silo's input never reaches the sum, and it
+  // takes no further part in its group. The job keeps its own reference to the member, which no
+  // later message can reach.
+  member_.reset();
+  setup_.reset();
+  settled_ = masking_ = false;
+}
+
+Result<std::string> SecureClient::setup_signer(const wire::SecAggSetup& setup, std::uint64_t round) const {
+  if (!cfg_.signer || !cfg_.ca) return Error("this agent has no certificate key to take part in secure aggregation");
+  auto server = cfg_.ca->certified(setup.server_certificate(), "server");
+  if (!server) return Error("the secure setup carries no valid server certificate: " + server.error().message());
+  if (!cfg_.servers.empty() && !cfg_.servers.count(server->name)) {
+    return Error("the secure setup is signed by server " + server->name + ", which is not one this agent trusts");
+  }
+  auto verdict = cfg_.ca->verify(setup.server_certificate(), server->name, "server",
+                                 protocol::setup_statement(setup, cfg_.federation, round), setup.server_signature());
+  if (!verdict) return Error("the secure setup is not signed by the server (" + verdict.error().message() + ")");
+  return server->name;
+}
+
+proto::Result<wire::SecureAggregation> SecureClient::start(const wire::SecAggSetup& setup, std::uint64_t round,
+                                                           const std::string& me) {
+  const auto signer = setup_signer(setup, round);
+  if (!signer || signer->empty()) {  // a certificate that names no one signs nothing
+    return proto::error(wire::NOT_ALLOWED, signer ? "" : signer.error().message());
+  }
+  std::shared_ptr<secure::Member> member = secure::make_member(
+      setup, secure::MemberContext{.federation = cfg_.federation,
+                                   .round = round,
+                                   .me = me,
+                                   .signer = *cfg_.signer,
+                                   .ca = *cfg_.ca,
+                                   .server_name = *signer,
+                                   .floor = cfg_.floor,
+                                   .sources = cfg_.sources,
+                                   .max_message_bytes = cfg_.max_message_bytes});
+  if (!member) {
+    return proto::error(wire::NOT_ALLOWED, "the secure setup names protocol " + std::to_string(setup.protocol()) +
+                                               ", which this agent does not speak");
+  }
+  // A setup below this silo's floor, or unusable: refused with the member's own code and words.
+  auto keys = member->start();
+  if (!keys) return keys;
+  round_ = round;
+  setup_ = setup;
+  member_ = std::move(member);
+  return keys;
+}
+
+Result<SecureReply, secure::Refusal> SecureClient::receive(const wire::Envelope& e) {
+  const std::string step = proto::body_name(e);
+  if (masking_) return secure::Refusal{step, "the " + step + " arrived while this silo masks its update"};
+  auto r = member_->receive(e.secure());
+  if (auto* no = std::get_if<secure::Refusal>(&r)) return std::move(*no);
+  SecureReply reply{.answer = std::move(std::get<secure::Answer>(r))};
+  if (member_->ready() && !settled_) settled_ = reply.settled = true;
+  return reply;
+}
+
+std::optional<MaskingJob> SecureClient::masking_job(const std::optional<RoundOutput>& pending, FaultHook& hook) {
+  if (!member_ || !settled_ || !pending || !pending->update || words_ || masking_) return std::nullopt;
+  masking_ = true;
+  std::uint64_t seed = 0;  // the encoding's rounding
+  cfg_.sources.random_bytes({reinterpret_cast<std::uint8_t*>(&seed), sizeof seed});
+  return MaskingJob{.member = member_,
+                    .setup = *setup_,
+                    .update = pending->update,
+                    .weight = pending->weight,
+                    .kept = pending->kept,
+                    .hook = &hook,
+                    .seed = seed};
+}
+
+Result<std::string> SecureClient::masked(MaskDone r) {
+  masking_ = false;
+  if (!r.error.empty()) return Error(std::move(r.error));
+  words_ = std::move(r.words);
+  return std::move(r.sha256);
+}
+
+std::string SecureClient::session_string() const {
+  return member_ && setup_ ? protocol::secagg_session(cfg_.federation, round_, setup_->group()) : std::string();
+}
+
+}  // namespace xsilo::agent
