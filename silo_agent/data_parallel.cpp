@@ -2,6 +2,7 @@
 
 #include "crypto/sources.h"
 #include "silo_agent/collective/failure_policy.h"
+#include "silo_agent/collective/sparse_all_reduce.h"
 #include "silo_agent/quantized_all_reduce.h"
 
 #include <algorithm>
@@ -117,24 +118,35 @@ TrainStats train_data_parallel(collective::Group& group, int shards, const Netwo
   std::vector<float> xb;
   std::vector<int> yb;
   collective::StepSnapshots<std::vector<float>> kept;  // parameters before steps op and op - 1
-  const bool int8 = buckets.compression == "int8";
-  if (!int8 && buckets.compression != "none") {
-    throw std::invalid_argument("bucket compression is none or int8, not " + buckets.compression);
+  const bool int8 = buckets.compression == "int8", topk = buckets.compression == "topk";
+  if (!int8 && !topk && buckets.compression != "none") {
+    throw std::invalid_argument("bucket compression is none, int8 or topk, not " + buckets.compression);
   }
+  // topk: what each worker has not sent yet, kept (and rolled back) as the parameters are. It
+  // is the worker's own: a re-formation hands nothing over, and a dead worker's is lost.
+  std::vector<float> sparse_residual(topk ? grad.size() : 0);
+  collective::StepSnapshots<std::vector<float>> kept_sparse;
   QuantizedResidual residual;  // int8: error feedback, kept as the parameters are
   collective::StepSnapshots<QuantizedResidual> kept_residual;
   if (int8) residual.resize(grad.size());
   std::uint64_t op_now = 0;  // the step whose buckets the reducer is summing
   BucketReducer reducer([&](std::span<float> bucket) {
     auto& comm = group.comm();
-    if (!int8) return comm.all_reduce(bucket);
+    if (!int8 && !topk) return comm.all_reduce(bucket);
     auto* mesh = comm.mesh();
-    if (!mesh) throw std::runtime_error("the int8 all-reduce runs on the TCP backends, not " + comm.backend());
+    if (!mesh) {
+      throw std::runtime_error("the " + buckets.compression + " all-reduce runs on the TCP backends, not " + comm.backend());
+    }
     auto at = static_cast<std::size_t>(bucket.data() - grad.data());
     if (at == 0) {  // the loss, as it is
       comm.all_reduce(bucket.first(1));
       bucket = bucket.subspan(1);
       at = 1;
+    }
+    if (topk) {
+      collective::sparse_all_reduce(*mesh, bucket, std::span(sparse_residual).subspan(at, bucket.size()),
+                                    buckets.topk_fraction);
+      return;
     }
     // The rounding of this bucket in this step: its own purpose, never the row order's numbers.
     const std::uint64_t seed = crypto::derive_seed(opts.seed, op_now, "int8-bucket-rounding", std::to_string(at));
@@ -194,6 +206,7 @@ TrainStats train_data_parallel(collective::Group& group, int shards, const Netwo
   for (std::uint64_t op = 0; op < total;) {
     kept.keep(op).assign(params.begin(), params.end());
     if (int8) kept_residual.keep(op) = residual;
+    if (topk) kept_sparse.keep(op) = sparse_residual;
     const auto resume = group.attempt(op, [&](collective::Communicator&) { step(op); });
     if (!resume) {
       ++op;
@@ -208,6 +221,7 @@ TrainStats train_data_parallel(collective::Group& group, int shards, const Netwo
       residual = kept_residual.before(*resume);
       residual.handover();  // the segments have new owners
     }
+    if (topk) sparse_residual = kept_sparse.before(*resume);
     if (log) {
       std::string ids;
       for (int id : group.members()) {

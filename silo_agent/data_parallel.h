@@ -29,12 +29,15 @@ namespace xsilo::agent {
 struct BucketOptions {
   std::size_t first_bytes = std::size_t{1} << 20;   // small first bucket: communication starts early
   std::size_t bytes = std::size_t{25} << 20;        // then large buckets: fewer, cheaper collectives
-  // "none": float32 all-reduce; "int8": 8-bit codes with error feedback (quantized_all_reduce.h),
-  // on the TCP backends. The loss of each step travels as a float beside the codes.
+  // "none": float32 all-reduce; "int8": 8-bit codes with error feedback (quantized_all_reduce.h);
+  // "topk": the largest topk_fraction of each bucket's coordinates with error feedback
+  // (collective/sparse_all_reduce.h). Both on the TCP backends; the loss of each step travels
+  // as a float beside them.
   std::string compression = "none";
+  double topk_fraction = 0.01;
 };
 inline const std::vector<std::string>& bucket_compressions() {
-  static const std::vector<std::string> names{"none", "int8"};
+  static const std::vector<std::string> names{"none", "int8", "topk"};
   return names;
 }
 
