@@ -16,8 +16,19 @@
 
 namespace xsilo::agent {
 
-int shard_owner(int shard, const std::vector<int>& members) {
+int shard_owner(int shard, int shards, const std::vector<int>& members) {
   if (std::find(members.begin(), members.end(), shard) != members.end()) return shard;
+  // The i-th orphaned shard goes to the i-th promoted backup (ids >= shards), in id order.
+  std::vector<int> backups;
+  for (int id : members) {
+    if (id >= shards) backups.push_back(id);
+  }
+  std::sort(backups.begin(), backups.end());
+  std::size_t orphan = 0;
+  for (int s = 0; s < shard; ++s) {
+    orphan += std::find(members.begin(), members.end(), s) == members.end();
+  }
+  if (orphan < backups.size()) return backups[orphan];
   return members[static_cast<std::size_t>(shard) % members.size()];
 }
 
@@ -164,7 +175,7 @@ TrainStats train_data_parallel(collective::Group& group, int shards, const Netwo
     yb.clear();
     for (std::size_t i = 0; i < batch; ++i) {
       const std::size_t r = order[start + i];
-      if (shard_owner(shard_of(r), group.members()) != group.id()) continue;
+      if (shard_owner(shard_of(r), shards, group.members()) != group.id()) continue;
       xb.insert(xb.end(), data.row(r), data.row(r) + data.features);
       yb.push_back(data.y[r]);
     }
@@ -203,12 +214,21 @@ TrainStats train_data_parallel(collective::Group& group, int shards, const Netwo
     }
   };
 
-  for (std::uint64_t op = 0; op < total;) {
+  // After every re-formation the first step begins with the parameters broadcast from rank 0
+  // (a worker that was in the group before): a backup promoted into the group holds only the
+  // round's starting model, and every member of a new table has come through the same
+  // re-formation, so all of them agree to broadcast. A backup starts at the step it joins in.
+  bool sync = group.first_op() > 0;
+  for (std::uint64_t op = group.first_op(); op < total;) {
     kept.keep(op).assign(params.begin(), params.end());
     if (int8) kept_residual.keep(op) = residual;
     if (topk) kept_sparse.keep(op) = sparse_residual;
-    const auto resume = group.attempt(op, [&](collective::Communicator&) { step(op); });
+    const auto resume = group.attempt(op, [&](collective::Communicator& comm) {
+      if (sync) comm.broadcast(params, 0);
+      step(op);
+    });
     if (!resume) {
+      sync = false;
       ++op;
       if (on_epoch && op % steps_per_epoch == 0) on_epoch(static_cast<std::uint32_t>(op / steps_per_epoch));
       continue;
@@ -232,6 +252,7 @@ TrainStats train_data_parallel(collective::Group& group, int shards, const Netwo
           std::to_string(group.epoch()) + ") and redo step " + std::to_string(*resume));
     }
     op = *resume;
+    sync = true;
   }
   stats.steps = total;
   stats.mean_loss = std::accumulate(step_loss.begin(), step_loss.end(), 0.0) / static_cast<double>(total);

@@ -42,8 +42,9 @@ inline const std::vector<std::string>& bucket_compressions() {
 }
 
 // Shard s of `shards` is rows [s*rows/shards, (s+1)*rows/shards). Its owner is worker s while
-// s is a member, else members[s % members.size()].
-int shard_owner(int shard, const std::vector<int>& members);
+// s is a member; else the i-th promoted backup (a member whose id is >= shards, in id order)
+// when s is the i-th shard without its worker; else members[s % members.size()].
+int shard_owner(int shard, int shards, const std::vector<int>& members);
 
 // Trains `params` in place with every member of `group`; `shards` is the number of workers the
 // group started with. `log` receives one line per re-formation, `on_epoch` each finished epoch.

@@ -99,7 +99,7 @@ WorkersResult train_with_workers(const LocalWorkersConfig& cfg, const std::files
   save_safetensors(job.model, model);
   save_job(dir / "job.json", job);
 
-  collective::Coordinator coord(cfg.workers, cfg.step_timeout, cfg.listen_host);
+  collective::Coordinator coord(cfg.workers, cfg.step_timeout, cfg.listen_host, cfg.backups);
   std::mutex mu;
   std::map<int, std::unique_ptr<Process>> procs;
   WorkersResult result;
@@ -113,7 +113,7 @@ WorkersResult train_with_workers(const LocalWorkersConfig& cfg, const std::files
   });
   {
     std::lock_guard<std::mutex> lock(mu);
-    for (int k = 0; k < cfg.workers; ++k) {
+    for (int k = 0; k < cfg.workers + cfg.backups; ++k) {
       const std::string host = cfg.hosts.empty() ? "127.0.0.1" : cfg.hosts[static_cast<std::size_t>(k) % cfg.hosts.size()];
       std::vector<std::string> argv{self_exe(), "collective", "--coordinator",
                                     cfg.listen_host + ":" + std::to_string(coord.port()), "--id", std::to_string(k),
@@ -126,7 +126,7 @@ WorkersResult train_with_workers(const LocalWorkersConfig& cfg, const std::files
       procs[k] = std::make_unique<Process>(argv, dir / ("worker-" + std::to_string(k) + ".log"));
     }
   }
-  for (int k = 0; k < cfg.workers; ++k) {
+  for (int k = 0; k < cfg.workers + cfg.backups; ++k) {
     Process* p;
     {
       std::lock_guard<std::mutex> lock(mu);

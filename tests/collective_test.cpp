@@ -925,9 +925,16 @@ TEST(DataParallel, WorkersWithNoRowsInABatchReduceTheSameBucketsAsTheOthers) {
 }
 
 TEST(DataParallel, ShardsOfAnExcludedWorkerPassToTheSurvivors) {
-  EXPECT_EQ(agent::shard_owner(2, {0, 1, 2, 3}), 2);
-  EXPECT_EQ(agent::shard_owner(2, {0, 1, 3}), 3);  // members[2 % 3]
-  EXPECT_EQ(agent::shard_owner(0, {1, 3}), 1);
+  EXPECT_EQ(agent::shard_owner(2, 4, {0, 1, 2, 3}), 2);
+  EXPECT_EQ(agent::shard_owner(2, 4, {0, 1, 3}), 3);  // members[2 % 3]
+  EXPECT_EQ(agent::shard_owner(0, 4, {1, 3}), 1);
+  // Promoted backups (ids 4 and 5 of 4 shards) take the orphaned shards, in order.
+  EXPECT_EQ(agent::shard_owner(2, 4, {0, 1, 3, 4}), 4);
+  EXPECT_EQ(agent::shard_owner(0, 4, {1, 3, 4, 5}), 4);
+  EXPECT_EQ(agent::shard_owner(2, 4, {1, 3, 4, 5}), 5);
+  EXPECT_EQ(agent::shard_owner(1, 4, {1, 3, 4, 5}), 1);
+  EXPECT_EQ(agent::shard_owner(2, 4, {1, 3, 4}), 4);  // one backup, two orphans: the second goes to members[2 % 3]
+  EXPECT_EQ(agent::shard_owner(0, 4, {1, 3, 4}), 4);  // the first orphan: the backup
 }
 
 // ---- the failure policy with time moved by hand ------------------------------------------------
@@ -1032,10 +1039,11 @@ struct Workers {
 };
 
 Workers start_workers(int n, const std::filesystem::path& dir, const std::vector<std::string>& extra,
-                      std::chrono::milliseconds grace, const std::map<int, std::vector<std::string>>& more = {}) {
+                      std::chrono::milliseconds grace, const std::map<int, std::vector<std::string>>& more = {},
+                      int backups = 0) {
   Workers w;
-  w.coord = std::make_unique<Coordinator>(n, grace);
-  for (int k = 0; k < n; ++k) {
+  w.coord = std::make_unique<Coordinator>(n, grace, "127.0.0.1", backups);
+  for (int k = 0; k < n + backups; ++k) {
     std::vector<std::string> argv{test::xsilo_bin(), "collective", "--coordinator",
                                   "127.0.0.1:" + std::to_string(w.coord->port()), "--id", std::to_string(k),
                                   "--step-timeout-ms", "2000"};
@@ -1124,6 +1132,44 @@ TEST(CollectiveProcesses, KillAHostLeaderMidHierarchicalStepAndTheStepCompletesO
   kill_one_of_four_mid_step("hierarchical", {"--ranks-per-host", "2"});
 }
 
+// The backup pool: four workers and one standby (id 4); worker 2 is SIGKILLed inside step 3. The
+// coordinator swaps the standby in, so step 3 is redone on four ranks, not three: the standby
+// joins at step 3, takes worker 2's shard, and every later sum of the four shards is exact. The
+// width stays 4 to the end. Depends on timing as the ring's test does.
+TEST(CollectiveProcesses, ABackupTakesAKilledWorkersPlaceAndTheStepKeepsItsWidth) {
+  test::TempDir dir;
+  auto w = start_workers(4, dir.path(), {"--backend", "ring", "--check-steps", "8", "--elements", "6000000", "--shards", "4"},
+                         std::chrono::milliseconds(3000), {}, 1);
+  ASSERT_TRUE(wait_for_text(w.logs[2], "STEP 3 begin", std::chrono::seconds(60))) << slurp(w.logs[2]);
+  w.procs[2]->signal(SIGKILL);
+  for (int k : {0, 1, 3, 4}) {
+    ASSERT_NO_FATAL_FAILURE(expect_clean_exit(w, k, std::chrono::milliseconds(60000)));
+    const auto log = slurp(w.logs[static_cast<std::size_t>(k)]);
+    EXPECT_NE(log.find("STEP 3 ok on 4 ranks"), std::string::npos) << log;
+    EXPECT_NE(log.find("STEP 7 ok on 4 ranks"), std::string::npos) << log;
+    EXPECT_EQ(log.find("WRONG"), std::string::npos) << log;
+    if (k != 4) {
+      EXPECT_NE(log.find("re-formed on 4 ranks, resuming at step 3"), std::string::npos) << log;
+    }
+  }
+  const auto standby = slurp(w.logs[4]);
+  EXPECT_NE(standby.find("BACKUP 4 joins at step 3 on 4 ranks"), std::string::npos) << standby;
+  EXPECT_EQ(standby.find("STEP 2 "), std::string::npos) << "the standby ran a step before it was needed: " << standby;
+  EXPECT_EQ(w.coord->members(), (std::vector<int>{0, 1, 3, 4}));
+}
+
+// A standby the group never needs is released when the members finish, and exits cleanly: the
+// agent does not wait on it forever.
+TEST(CollectiveProcesses, AnUnneededBackupIsReleasedWhenTheGroupFinishes) {
+  test::TempDir dir;
+  auto w = start_workers(3, dir.path(), {"--backend", "hd", "--check-steps", "3", "--elements", "1000"},
+                         std::chrono::milliseconds(3000), {}, 1);
+  for (int k = 0; k < 4; ++k) ASSERT_NO_FATAL_FAILURE(expect_clean_exit(w, k, std::chrono::milliseconds(60000)));
+  EXPECT_NE(slurp(w.logs[3]).find("was not needed"), std::string::npos) << slurp(w.logs[3]);
+  EXPECT_EQ(slurp(w.logs[3]).find("STEP"), std::string::npos) << slurp(w.logs[3]);
+  EXPECT_EQ(w.coord->members(), (std::vector<int>{0, 1, 2}));
+}
+
 // Depends on timing: worker 1 stalls at step 2 and is excluded when the 2 s step timeout expires on
 // purpose; the live workers' steps of 1,000 elements take far less, so load does not make them
 // look stalled. Deterministic counterparts (the decisions, with time moved by hand):
@@ -1165,7 +1211,8 @@ TEST(CollectiveProcesses, BenchAllreduceMeasuresEverySize) {
 
 // Four worker processes train `c` for 20 epochs; worker 0 (the one that would write the
 // result) is killed once training is under way. Returns what the survivors wrote.
-Model train_with_a_kill(const TrainingCase& c, const std::string& compression, const test::TempDir& dir) {
+Model train_with_a_kill(const TrainingCase& c, const std::string& compression, const test::TempDir& dir,
+                        int backups = 0) {
   agent::WorkerJob job;
   job.model = dir / "global.safetensors";
   job.data = dir / "train.csv";
@@ -1177,10 +1224,10 @@ Model train_with_a_kill(const TrainingCase& c, const std::string& compression, c
   save_csv(job.data, c.data);
   agent::save_job(dir / "job.json", job);
   auto w = start_workers(4, dir.path(), {"--backend", "ring", "--job", (dir / "job.json").string()},
-                         std::chrono::milliseconds(3000));
+                         std::chrono::milliseconds(3000), {}, backups);
   EXPECT_TRUE(wait_for_text(w.logs[0], "epoch 2 of 20 done", std::chrono::seconds(60))) << slurp(w.logs[0]);
   w.procs[0]->signal(SIGKILL);
-  for (int k : {1, 2, 3}) expect_clean_exit(w, k, std::chrono::milliseconds(120000));
+  for (int k = 1; k < 4 + backups; ++k) expect_clean_exit(w, k, std::chrono::milliseconds(120000));
   if (!std::filesystem::exists(job.out)) {
     ADD_FAILURE() << "no worker wrote the result: " << slurp(w.logs[1]);
     return c.model;
@@ -1203,6 +1250,21 @@ TEST(CollectiveProcesses, TrainingSurvivesAKilledWorkerAndEqualsOneProcess) {
   agent::train_sgd(Network(c.model), single.flat(), c.data, c.opts);
   const Model trained = train_with_a_kill(c, "none", dir);
   EXPECT_LT(relative_gap(single.flat(), trained.flat()), 1e-4);
+}
+
+// The same kill with one backup: the standby (id 4) joins at the step worker 0 died in, gets the
+// parameters broadcast from rank 0, trains worker 0's shard, and the group keeps four workers to
+// the end; the result still equals one process. Depends on timing as the test above does.
+TEST(CollectiveProcesses, TrainingWithABackupKeepsFourWorkersAfterAKillAndEqualsOneProcess) {
+  test::TempDir dir;
+  auto c = digits_case();
+  c.opts.epochs = 20;
+  Model single = c.model;
+  agent::train_sgd(Network(c.model), single.flat(), c.data, c.opts);
+  const Model trained = train_with_a_kill(c, "none", dir, 1);
+  EXPECT_LT(relative_gap(single.flat(), trained.flat()), 1e-4);
+  const auto stats = slurp(dir / "trained.safetensors.json");
+  EXPECT_NE(stats.find("re-formed as [1,2,3,4]"), std::string::npos) << stats;
 }
 
 // 8-bit buckets x a killed worker: the step is redone with each survivor's error feedback rolled

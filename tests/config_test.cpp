@@ -722,8 +722,9 @@ TEST(Config, TheLocalAllReduceIsOneOfTheTcpAlgorithmsOrNccl) {
 }
 
 // hierarchical takes its hosts from local.hosts or, on one machine, from ranks_per_host; topk
-// takes a fraction. Each key is refused, by name, where it cannot apply.
-TEST(Config, HierarchicalAndTopkTakeTheirOwnKeysAndRefuseThemElsewhere) {
+// takes a fraction; backups need local workers. Each key is refused, by name, where it cannot
+// apply.
+TEST(Config, HierarchicalTopkAndBackupsTakeTheirOwnKeysAndRefuseThemElsewhere) {
   test::TempDir dir;
   test::make_pki(dir / "pki", "f", {{wire::SILO, "a"}});
   auto load = [&](const std::string& body, agent::AgentConfig* out = nullptr) {
@@ -758,6 +759,12 @@ TEST(Config, HierarchicalAndTopkTakeTheirOwnKeysAndRefuseThemElsewhere) {
   EXPECT_NE(big.find(".local.topk_fraction"), std::string::npos) << big;
   const auto stray = load(data + R"(, "local": {"workers": 4, "compression": "int8", "topk_fraction": 0.1})");
   EXPECT_NE(stray.find(".local.topk_fraction: applies to"), std::string::npos) << stray;
+  EXPECT_EQ(load(data + R"(, "local": {"workers": 4, "backups": 2})", &c), "");
+  EXPECT_EQ(c.local.backups, 2);
+  const auto lone = load(data + R"(, "local": {"backups": 1})");
+  EXPECT_NE(lone.find(".local.backups: stand by for local workers"), std::string::npos) << lone;
+  const auto many = load(data + R"(, "local": {"workers": 2, "backups": 65})");
+  EXPECT_NE(many.find(".local.backups"), std::string::npos) << many;
   // Written back and read again: the keys that apply, and only those.
   EXPECT_EQ(load(data + R"(, "local": {"workers": 4, "compression": "topk", "topk_fraction": 0.05})", &c), "");
   const auto j = agent::to_json(c);

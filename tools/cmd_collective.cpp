@@ -78,14 +78,18 @@ void run_bench(collective::Group& group, const std::vector<std::size_t>& sizes, 
 int run_check(collective::Group& group, const WorkerOptions& o) {
   const int shards = o.shards > 0 ? o.shards : group.size();
   std::vector<float> v(o.elements);
-  for (std::uint64_t step = 0; step < o.check_steps;) {
+  if (group.first_op() > 0) {
+    std::printf("BACKUP %d joins at step %llu on %d ranks\n", group.id(), static_cast<unsigned long long>(group.first_op()),
+                group.size());
+  }
+  for (std::uint64_t step = group.first_op(); step < o.check_steps;) {
     std::printf("STEP %llu begin on %d ranks\n", static_cast<unsigned long long>(step), group.size());
     std::fflush(stdout);
     if (step == o.stall_at_step) std::this_thread::sleep_for(std::chrono::hours(1));
     const auto resume = group.attempt(step, [&](collective::Communicator& comm) {
       std::fill(v.begin(), v.end(), 0.0f);
       for (int k = 0; k < shards; ++k) {
-        if (agent::shard_owner(k, group.members()) != group.id()) continue;
+        if (agent::shard_owner(k, shards, group.members()) != group.id()) continue;
         for (std::size_t i = 0; i < v.size(); ++i) v[i] += static_cast<float>((step + 1) * static_cast<unsigned>(k + 1) + i % 7);
       }
       comm.all_reduce(v);
@@ -131,6 +135,9 @@ int run_worker(const WorkerOptions& o) {
     if (o.check_steps) return run_check(group, o);
     if (o.job.empty()) throw ConfigError("give --job FILE, --bench SIZES or --check-steps N");
     agent::run_worker_job(group, agent::load_job(o.job));
+    return 0;
+  } catch (const collective::StandbyReleased& e) {
+    spdlog::info("worker {}: {}", o.id, e.what());
     return 0;
   } catch (const collective::CollectiveError& e) {
     spdlog::error("worker {}: {}", o.id, e.what());
