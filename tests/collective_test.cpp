@@ -1190,7 +1190,7 @@ TEST(CollectiveProcesses, AStalledWorkerIsDetectedByTheStepTimeoutAndExcluded) {
 TEST(CollectiveProcesses, BenchAllreduceMeasuresEverySize) {
   test::TempDir dir;
   Process bench({test::xsilo_bin(), "bench", "allreduce", "--ranks", "3", "--bytes", "4096", "65536", "--backend",
-                 "ring", "hd", "tree", "butterfly", "--no-peers", "--json"},
+                 "ring", "hd", "tree", "butterfly", "hierarchical", "topk", "--no-peers", "--json"},
                 dir / "bench.log");
   const auto code = bench.wait(std::chrono::milliseconds(120000));
   ASSERT_TRUE(code.has_value());
@@ -1206,7 +1206,7 @@ TEST(CollectiveProcesses, BenchAllreduceMeasuresEverySize) {
     EXPECT_GT(j["seconds"].get<double>(), 0.0);
     ++rows;
   }
-  EXPECT_EQ(rows, 8) << "4 backends x 2 sizes";
+  EXPECT_EQ(rows, 12) << "6 backends x 2 sizes";
 }
 
 // Four worker processes train `c` for 20 epochs; worker 0 (the one that would write the
