@@ -162,13 +162,36 @@ LocalWorkersConfig parse_local(const ConfigNode& lo, TrainerKind trainer) {
     c.buckets.first_bytes = static_cast<std::size_t>(lo.integer("first_bucket_bytes", 1 << 20, 4, std::int64_t{1} << 32));
     c.buckets.bytes = static_cast<std::size_t>(lo.integer("bucket_bytes", 25 << 20, 4, std::int64_t{1} << 32));
     c.buckets.compression = lo.one_of("compression", "none", bucket_compressions());
+    c.ranks_per_host = static_cast<int>(lo.integer("ranks_per_host", 0, 0, 256));
+    c.backups = static_cast<int>(lo.integer("backups", 0, 0, 64));
+    const bool fraction_given = lo.has("topk_fraction");
+    c.buckets.topk_fraction = lo.number("topk_fraction", 0.01, 1e-6, 1.0);
     lo.finish();
+    if (fraction_given && c.buckets.compression != "topk") {
+      lo.fail("topk_fraction", "applies to \"compression\": \"topk\" only, and compression is " + c.buckets.compression);
+    }
+    if (c.backups > 0 && c.workers < 2) {
+      lo.fail("backups", "stand by for local workers: set local.workers to 2 or more (1 trains in the agent's process)");
+    }
+    if (c.backups > 0 && trainer == TrainerKind::External) {
+      lo.fail("backups", "an external trainer's workers are its script's (torchrun's); the agent cannot swap them");
+    }
+    if (c.backups > 0 && c.backend == "nccl") {
+      lo.fail("backups", "NCCL's communicator can only shrink (ncclCommShrink), not take a standby in; use a TCP backend");
+    }
+    if (c.ranks_per_host > 0 && c.backend != "hierarchical") {
+      lo.fail("ranks_per_host", "only the hierarchical backend groups workers by host, and backend is " + c.backend);
+    }
+    if (c.ranks_per_host > 0 && !c.hosts.empty()) {
+      lo.fail("ranks_per_host", "the hosts list already says which host each worker is on; give one or the other");
+    }
     if (c.buckets.compression != "none") {
       if (trainer == TrainerKind::External) {
         lo.fail("compression", "an external trainer's all-reduce is its script's own (torch DDP communication hooks)");
       }
       if (c.backend == "nccl") {
-        lo.fail("compression", "int8 buckets run on the TCP backends (ring, hd, tree, butterfly, auto); NCCL sums float32 on the GPUs");
+        lo.fail("compression", c.buckets.compression +
+                                   " buckets run on the TCP backends (ring, hd, tree, butterfly, hierarchical, auto); NCCL sums float32 on the GPUs");
       }
     }
     if (c.backend == "nccl" && trainer == TrainerKind::Builtin) {
@@ -215,6 +238,10 @@ nlohmann::json to_json(const AgentConfig& c) {
               {"compression", c.local.buckets.compression}}},
             {"log_level", c.log_level}, {"log_format", c.log_format}};
   if (c.metrics.listen) j["metrics"] = transport::to_json(c.metrics);
+  // Only where they apply: the loader refuses them elsewhere.
+  if (c.local.buckets.compression == "topk") j["local"]["topk_fraction"] = c.local.buckets.topk_fraction;
+  if (c.local.ranks_per_host > 0) j["local"]["ranks_per_host"] = c.local.ranks_per_host;
+  if (c.local.backups > 0) j["local"]["backups"] = c.local.backups;
   if (c.privacy.on()) {
     j["privacy"] = {{"max_epsilon", c.privacy.max_epsilon}, {"delta", c.privacy.delta}, {"clip_norm", c.privacy.clip_norm},
                     {"noise_multiplier", c.privacy.noise_multiplier}, {"rounds", c.privacy.rounds}};

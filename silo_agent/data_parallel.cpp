@@ -2,6 +2,7 @@
 
 #include "crypto/sources.h"
 #include "silo_agent/collective/failure_policy.h"
+#include "silo_agent/collective/sparse_all_reduce.h"
 #include "silo_agent/quantized_all_reduce.h"
 
 #include <algorithm>
@@ -15,8 +16,19 @@
 
 namespace xsilo::agent {
 
-int shard_owner(int shard, const std::vector<int>& members) {
+int shard_owner(int shard, int shards, const std::vector<int>& members) {
   if (std::find(members.begin(), members.end(), shard) != members.end()) return shard;
+  // The i-th orphaned shard goes to the i-th promoted backup (ids >= shards), in id order.
+  std::vector<int> backups;
+  for (int id : members) {
+    if (id >= shards) backups.push_back(id);
+  }
+  std::sort(backups.begin(), backups.end());
+  std::size_t orphan = 0;
+  for (int s = 0; s < shard; ++s) {
+    orphan += std::find(members.begin(), members.end(), s) == members.end();
+  }
+  if (orphan < backups.size()) return backups[orphan];
   return members[static_cast<std::size_t>(shard) % members.size()];
 }
 
@@ -98,18 +110,30 @@ class DataParallelRun {
                   const Dataset& data, const TrainOptions& opts, const BucketOptions& buckets)
       : group_(group), shards_(shards), net_(net), params_(params), data_(data), opts_(opts), buckets_(buckets),
         bs_(std::max<std::uint32_t>(1, opts.batch_size)), steps_per_epoch_((data.rows + bs_ - 1) / bs_),
-        total_(steps_per_epoch_ * opts.epochs), orders_(row_orders(data, opts)), int8_(int8_buckets(buckets)),
-        grad_(params.size() + 1), g_(grad_.data() + 1, params.size()), step_loss_(total_) {
+        total_(steps_per_epoch_ * opts.epochs), orders_(row_orders(data, opts)), int8_(compression(buckets) == "int8"),
+        topk_(buckets.compression == "topk"), grad_(params.size() + 1), g_(grad_.data() + 1, params.size()),
+        step_loss_(total_) {
     if (int8_) residual_.resize(grad_.size());
+    if (topk_) sparse_residual_.resize(grad_.size());
   }
 
   TrainStats run(const std::function<void(const std::string&)>& log,
                  const std::function<void(std::uint32_t)>& on_epoch) {
-    for (std::uint64_t op = 0; op < total_;) {
+    // After every re-formation the first step begins with the parameters broadcast from rank 0
+    // (a worker that was in the group before): a backup promoted into the group holds only the
+    // round's starting model, and every member of a new table has come through the same
+    // re-formation, so all of them agree to broadcast. A backup starts at the step it joins in.
+    bool sync = group_.first_op() > 0;
+    for (std::uint64_t op = group_.first_op(); op < total_;) {
       kept_.keep(op).assign(params_.begin(), params_.end());
       if (int8_) kept_residual_.keep(op) = residual_;
-      const auto resume = group_.attempt(op, [&](collective::Communicator&) { step(op); });
+      if (topk_) kept_sparse_.keep(op) = sparse_residual_;
+      const auto resume = group_.attempt(op, [&](collective::Communicator& comm) {
+        if (sync) comm.broadcast(params_, 0);
+        step(op);
+      });
       if (!resume) {
+        sync = false;
         ++op;
         if (on_epoch && op % steps_per_epoch_ == 0) on_epoch(static_cast<std::uint32_t>(op / steps_per_epoch_));
         continue;
@@ -117,6 +141,7 @@ class DataParallelRun {
       go_back(*resume);
       if (log) log(reformed(op, *resume));
       op = *resume;
+      sync = true;
     }
     TrainStats stats;
     stats.steps = total_;
@@ -139,12 +164,13 @@ class DataParallelRun {
     return orders;
   }
 
-  static bool int8_buckets(const BucketOptions& buckets) {
-    const bool int8 = buckets.compression == "int8";
-    if (!int8 && buckets.compression != "none") {
-      throw std::invalid_argument("bucket compression is none or int8, not " + buckets.compression);
+  // The buckets' compression, once checked.
+  static const std::string& compression(const BucketOptions& buckets) {
+    const auto& names = bucket_compressions();
+    if (std::find(names.begin(), names.end(), buckets.compression) == names.end()) {
+      throw std::invalid_argument("bucket compression is none, int8 or topk, not " + buckets.compression);
     }
-    return int8;
+    return buckets.compression;
   }
 
   int shard_of(std::size_t row) const { return static_cast<int>(row * static_cast<std::size_t>(shards_) / data_.rows); }
@@ -152,14 +178,22 @@ class DataParallelRun {
   // One bucket of the step's gradient summed over the group (on the reducer's thread).
   void reduce(std::span<float> bucket) {
     auto& comm = group_.comm();
-    if (!int8_) return comm.all_reduce(bucket);
+    if (!int8_ && !topk_) return comm.all_reduce(bucket);
     auto* mesh = comm.mesh();
-    if (!mesh) throw std::runtime_error("the int8 all-reduce runs on the TCP backends, not " + comm.backend());
+    if (!mesh) {
+      throw std::runtime_error("the " + buckets_.compression + " all-reduce runs on the TCP backends, not " +
+                               comm.backend());
+    }
     auto at = static_cast<std::size_t>(bucket.data() - grad_.data());
     if (at == 0) {  // the loss, as it is
       comm.all_reduce(bucket.first(1));
       bucket = bucket.subspan(1);
       at = 1;
+    }
+    if (topk_) {
+      collective::sparse_all_reduce(*mesh, bucket, std::span(sparse_residual_).subspan(at, bucket.size()),
+                                    buckets_.topk_fraction);
+      return;
     }
     // The rounding of this bucket in this step: its own purpose, never the row order's numbers.
     const std::uint64_t seed = crypto::derive_seed(opts_.seed, op_now_, "int8-bucket-rounding", std::to_string(at));
@@ -173,7 +207,7 @@ class DataParallelRun {
     yb_.clear();
     for (std::size_t i = 0; i < batch; ++i) {
       const std::size_t r = order[start + i];
-      if (shard_owner(shard_of(r), group_.members()) != group_.id()) continue;
+      if (shard_owner(shard_of(r), shards_, group_.members()) != group_.id()) continue;
       xb_.insert(xb_.end(), data_.row(r), data_.row(r) + data_.features);
       yb_.push_back(data_.y[r]);
     }
@@ -231,6 +265,7 @@ class DataParallelRun {
       residual_ = kept_residual_.before(resume);
       residual_.handover();  // the segments have new owners
     }
+    if (topk_) sparse_residual_ = kept_sparse_.before(resume);
   }
 
   std::string reformed(std::uint64_t op, std::uint64_t resume) const {
@@ -253,7 +288,7 @@ class DataParallelRun {
   const std::size_t bs_, steps_per_epoch_;
   const std::uint64_t total_;
   const std::vector<std::vector<std::size_t>> orders_;
-  const bool int8_;
+  const bool int8_, topk_;
   // grad_[0] carries this worker's share of the batch loss; grad_[1..] (g_) the gradient.
   std::vector<float> grad_;
   std::span<float> g_;
@@ -262,6 +297,10 @@ class DataParallelRun {
   collective::StepSnapshots<std::vector<float>> kept_;  // parameters before steps op and op - 1
   QuantizedResidual residual_;  // int8: error feedback, kept as the parameters are
   collective::StepSnapshots<QuantizedResidual> kept_residual_;
+  // topk: what this worker has not sent yet, kept (and rolled back) as the parameters are. It
+  // is the worker's own: a re-formation hands nothing over, and a dead worker's is lost.
+  std::vector<float> sparse_residual_;
+  collective::StepSnapshots<std::vector<float>> kept_sparse_;
   std::uint64_t op_now_ = 0;  // the step whose buckets the reducer is summing
   std::vector<double> step_loss_;
   BucketReducer reducer_{[this](std::span<float> bucket) { reduce(bucket); }};  // last: its thread uses the above

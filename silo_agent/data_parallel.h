@@ -29,18 +29,22 @@ namespace xsilo::agent {
 struct BucketOptions {
   std::size_t first_bytes = std::size_t{1} << 20;   // small first bucket: communication starts early
   std::size_t bytes = std::size_t{25} << 20;        // then large buckets: fewer, cheaper collectives
-  // "none": float32 all-reduce; "int8": 8-bit codes with error feedback (quantized_all_reduce.h),
-  // on the TCP backends. The loss of each step travels as a float beside the codes.
+  // "none": float32 all-reduce; "int8": 8-bit codes with error feedback (quantized_all_reduce.h);
+  // "topk": the largest topk_fraction of each bucket's coordinates with error feedback
+  // (collective/sparse_all_reduce.h). Both on the TCP backends; the loss of each step travels
+  // as a float beside them.
   std::string compression = "none";
+  double topk_fraction = 0.01;
 };
 inline const std::vector<std::string>& bucket_compressions() {
-  static const std::vector<std::string> names{"none", "int8"};
+  static const std::vector<std::string> names{"none", "int8", "topk"};
   return names;
 }
 
 // Shard s of `shards` is rows [s*rows/shards, (s+1)*rows/shards). Its owner is worker s while
-// s is a member, else members[s % members.size()].
-int shard_owner(int shard, const std::vector<int>& members);
+// s is a member; else the i-th promoted backup (a member whose id is >= shards, in id order)
+// when s is the i-th shard without its worker; else members[s % members.size()].
+int shard_owner(int shard, int shards, const std::vector<int>& members);
 
 // Trains `params` in place with every member of `group`; `shards` is the number of workers the
 // group started with. `log` receives one line per re-formation, `on_epoch` each finished epoch.

@@ -27,7 +27,8 @@ void save_job(const std::filesystem::path& path, const WorkerJob& job) {
                          {"shards", job.shards},
                          {"first_bucket_bytes", job.buckets.first_bytes},
                          {"bucket_bytes", job.buckets.bytes},
-                         {"bucket_compression", job.buckets.compression}};
+                         {"bucket_compression", job.buckets.compression},
+                         {"topk_fraction", job.buckets.topk_fraction}};
   atomic_write_file(path, j.dump(2) + "\n");
 }
 
@@ -50,6 +51,7 @@ WorkerJob load_job(const std::filesystem::path& path) {
     job.buckets.first_bytes = j.at("first_bucket_bytes").get<std::size_t>();
     job.buckets.bytes = j.at("bucket_bytes").get<std::size_t>();
     job.buckets.compression = j.value("bucket_compression", std::string("none"));
+    job.buckets.topk_fraction = j.value("topk_fraction", 0.01);
     if (job.shards < 1) throw std::runtime_error("shards must be at least 1");
     return job;
   } catch (const nlohmann::json::exception& e) {
@@ -97,7 +99,7 @@ WorkersResult train_with_workers(const LocalWorkersConfig& cfg, const std::files
   save_safetensors(job.model, model);
   save_job(dir / "job.json", job);
 
-  collective::Coordinator coord(cfg.workers, cfg.step_timeout, cfg.listen_host);
+  collective::Coordinator coord(cfg.workers, cfg.step_timeout, cfg.listen_host, cfg.backups);
   std::mutex mu;
   std::map<int, std::unique_ptr<Process>> procs;
   WorkersResult result;
@@ -111,11 +113,12 @@ WorkersResult train_with_workers(const LocalWorkersConfig& cfg, const std::files
   });
   {
     std::lock_guard<std::mutex> lock(mu);
-    for (int k = 0; k < cfg.workers; ++k) {
+    for (int k = 0; k < cfg.workers + cfg.backups; ++k) {
       const std::string host = cfg.hosts.empty() ? "127.0.0.1" : cfg.hosts[static_cast<std::size_t>(k) % cfg.hosts.size()];
       std::vector<std::string> argv{self_exe(), "collective", "--coordinator",
                                     cfg.listen_host + ":" + std::to_string(coord.port()), "--id", std::to_string(k),
-                                    "--host", host, "--backend", cfg.backend, "--step-timeout-ms",
+                                    "--host", host, "--backend", cfg.backend, "--ranks-per-host",
+                                    std::to_string(cfg.ranks_per_host), "--step-timeout-ms",
                                     std::to_string(cfg.step_timeout.count()), "--job", (dir / "job.json").string()};
       // A worker on another host of the silo's cluster starts there over ssh; the kit, the
       // binary and the data sit at the same paths on every host of the cluster.
@@ -123,7 +126,7 @@ WorkersResult train_with_workers(const LocalWorkersConfig& cfg, const std::files
       procs[k] = std::make_unique<Process>(argv, dir / ("worker-" + std::to_string(k) + ".log"));
     }
   }
-  for (int k = 0; k < cfg.workers; ++k) {
+  for (int k = 0; k < cfg.workers + cfg.backups; ++k) {
     Process* p;
     {
       std::lock_guard<std::mutex> lock(mu);

@@ -23,6 +23,8 @@ struct LocalWorkersConfig {
   std::vector<std::string> hosts;        // empty: all on this host; else worker k on hosts[k % size]
   std::string listen_host = "127.0.0.1"; // where the coordinator listens (an address the hosts reach)
   std::string backend = "auto";          // collective::tcp_backends() or nccl
+  int ranks_per_host = 0;                // hierarchical on one machine: workers r / n share a "host"
+  int backups = 0;                       // hot standbys swapped in for a failed worker (ids workers..)
   std::chrono::milliseconds step_timeout{10000};
   BucketOptions buckets;
 };

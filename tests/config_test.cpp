@@ -710,7 +710,7 @@ TEST(Config, TheLocalAllReduceIsOneOfTheTcpAlgorithmsOrNccl) {
   atomic_write_file(dir / "t.csv", "1,2,0\n");
   const std::string data = R"(, "data": {"train": "t.csv"})";
   agent::AgentConfig c;
-  for (const std::string backend : {"ring", "hd", "tree", "butterfly", "auto"}) {
+  for (const std::string backend : {"ring", "hd", "tree", "butterfly", "hierarchical", "auto"}) {
     EXPECT_EQ(load(data + R"(, "local": {"workers": 3, "backend": ")" + backend + R"("})", &c), "") << backend;
     EXPECT_EQ(c.local.backend, backend);
     EXPECT_EQ(load(data + R"(, "local": {"workers": 3, "compression": "int8", "backend": ")" + backend + R"("})"), "")
@@ -719,6 +719,57 @@ TEST(Config, TheLocalAllReduceIsOneOfTheTcpAlgorithmsOrNccl) {
   const auto typo = load(data + R"(, "local": {"workers": 3, "backend": "trees"})");
   EXPECT_NE(typo.find(".local.backend"), std::string::npos) << typo;
   EXPECT_NE(typo.find("butterfly"), std::string::npos) << "the choices are listed: " << typo;
+}
+
+// hierarchical takes its hosts from local.hosts or, on one machine, from ranks_per_host; topk
+// takes a fraction; backups need local workers. Each key is refused, by name, where it cannot
+// apply.
+TEST(Config, HierarchicalTopkAndBackupsTakeTheirOwnKeysAndRefuseThemElsewhere) {
+  test::TempDir dir;
+  test::make_pki(dir / "pki", "f", {{wire::SILO, "a"}});
+  auto load = [&](const std::string& body, agent::AgentConfig* out = nullptr) {
+    atomic_write_file(dir / "a.json", R"({"federation": "f", "upstreams": ["h:1"], "tls": {"kit": "pki/kits/a"})" + body + "}");
+    return error_of([&] {
+      auto c = agent::load_agent_config(dir / "a.json");
+      if (out) *out = c;
+    });
+  };
+  atomic_write_file(dir / "t.csv", "1,2,0\n");
+  const std::string data = R"(, "data": {"train": "t.csv"})";
+  agent::AgentConfig c;
+  EXPECT_EQ(load(data + R"(, "local": {"workers": 6, "backend": "hierarchical", "ranks_per_host": 2})", &c), "");
+  EXPECT_EQ(c.local.backend, "hierarchical");
+  EXPECT_EQ(c.local.ranks_per_host, 2);
+  EXPECT_EQ(load(data + R"(, "local": {"workers": 4, "backend": "hierarchical", "hosts": ["10.0.0.1", "10.0.0.2"]})"), "");
+  const auto not_hier = load(data + R"(, "local": {"workers": 4, "backend": "ring", "ranks_per_host": 2})");
+  EXPECT_NE(not_hier.find(".local.ranks_per_host: only the hierarchical backend"), std::string::npos) << not_hier;
+  const auto both = load(data + R"(, "local": {"workers": 4, "backend": "hierarchical", "ranks_per_host": 2, "hosts": ["10.0.0.1"]})");
+  EXPECT_NE(both.find(".local.ranks_per_host"), std::string::npos) << both;
+  EXPECT_NE(load(data + R"(, "local": {"workers": 4, "backend": "hierarchical", "ranks_per_host": -1})").find(".local.ranks_per_host"),
+            std::string::npos);
+
+  EXPECT_EQ(load(data + R"(, "local": {"workers": 4, "compression": "topk", "topk_fraction": 0.05})", &c), "");
+  EXPECT_EQ(c.local.buckets.compression, "topk");
+  EXPECT_EQ(c.local.buckets.topk_fraction, 0.05);
+  EXPECT_EQ(load(data + R"(, "local": {"workers": 4, "compression": "topk"})", &c), "");
+  EXPECT_EQ(c.local.buckets.topk_fraction, 0.01);
+  const auto zero = load(data + R"(, "local": {"workers": 4, "compression": "topk", "topk_fraction": 0})");
+  EXPECT_NE(zero.find(".local.topk_fraction"), std::string::npos) << zero;
+  const auto big = load(data + R"(, "local": {"workers": 4, "compression": "topk", "topk_fraction": 1.5})");
+  EXPECT_NE(big.find(".local.topk_fraction"), std::string::npos) << big;
+  const auto stray = load(data + R"(, "local": {"workers": 4, "compression": "int8", "topk_fraction": 0.1})");
+  EXPECT_NE(stray.find(".local.topk_fraction: applies to"), std::string::npos) << stray;
+  EXPECT_EQ(load(data + R"(, "local": {"workers": 4, "backups": 2})", &c), "");
+  EXPECT_EQ(c.local.backups, 2);
+  const auto lone = load(data + R"(, "local": {"backups": 1})");
+  EXPECT_NE(lone.find(".local.backups: stand by for local workers"), std::string::npos) << lone;
+  const auto many = load(data + R"(, "local": {"workers": 2, "backups": 65})");
+  EXPECT_NE(many.find(".local.backups"), std::string::npos) << many;
+  // Written back and read again: the keys that apply, and only those.
+  EXPECT_EQ(load(data + R"(, "local": {"workers": 4, "compression": "topk", "topk_fraction": 0.05})", &c), "");
+  const auto j = agent::to_json(c);
+  EXPECT_EQ(j["local"]["topk_fraction"], 0.05);
+  EXPECT_FALSE(j["local"].contains("ranks_per_host"));
 }
 
 // The training block passes keys of its own to external trainers, but a near-miss of a known

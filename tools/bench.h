@@ -98,6 +98,8 @@ struct AllreduceBenchOptions {
   std::vector<int> ranks{4};
   std::vector<std::size_t> bytes{4096, 16384, 65536, 262144, 1u << 20, 4u << 20, 16u << 20, 64u << 20, 256u << 20};
   std::size_t chunk_bytes = 1u << 20;  // pipelining unit of our ring
+  std::size_t ranks_per_host = 2;      // hierarchical: ranks r / this share a host
+  double topk_fraction = 0.01;         // topk: the share of coordinates each rank sends
   bool peers = true;  // OpenMPI and Gloo in the same run
   bool json = false;
 };

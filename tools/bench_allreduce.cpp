@@ -1,5 +1,6 @@
 // xsilo bench allreduce: our TCP all-reduce (ring, halving-doubling, tree, butterfly, auto, and
-// int8: the 8-bit all-reduce with error feedback) across N worker processes on loopback, beside
+// int8: the 8-bit all-reduce with error feedback; hierarchical, with --ranks-per-host; topk: the
+// sparse all-reduce, with the bytes it moves and the error a merging ring would add) across N worker processes on loopback, beside
 // OpenMPI's MPI_Allreduce over TCP and Gloo's ring-chunked all-reduce measured in the same run,
 // against the loopback bound measured in the same run. With tree or butterfly among the
 // backends, OpenMPI's own algorithm of that shape runs too (openmpi-tree: a segmented binary-tree
@@ -14,6 +15,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <random>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -28,6 +31,7 @@
 #include "common/process.h"
 #include "silo_agent/collective/gpu_info.h"
 #include "silo_agent/collective/group.h"
+#include "silo_agent/collective/sparse_all_reduce.h"
 #include "tools/bench.h"
 
 namespace xsilo::tools {
@@ -85,6 +89,21 @@ double loopback_rate() {
   return best;
 }
 
+// topk: the bytes rank 0 sent per call, by size ("SENT bytes sent" lines of its log).
+std::map<std::size_t, double> parse_sent(const std::filesystem::path& log) {
+  std::map<std::size_t, double> r;
+  std::ifstream in(log);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream s(line);
+    std::string word;
+    std::size_t bytes;
+    double sent;
+    if (s >> word >> bytes >> sent && word == "SENT") r[bytes] = sent;
+  }
+  return r;
+}
+
 Results parse_results(const std::filesystem::path& log) {
   Results r;
   std::ifstream in(log);
@@ -115,16 +134,20 @@ bool wait_all(std::vector<std::unique_ptr<Process>>& procs, std::chrono::seconds
   return ok;
 }
 
-Results run_ours(const std::string& backend, int ranks, const std::vector<std::size_t>& sizes, std::size_t chunk_bytes,
+Results run_ours(const std::string& backend, int ranks, const AllreduceBenchOptions& opts,
                  const std::filesystem::path& dir) {
+  const auto& sizes = opts.bytes;
+  const bool compressed = backend == "int8" || backend == "topk";
   std::cerr << "bench allreduce: " << backend << ", " << ranks << " ranks..." << std::endl;
   collective::Coordinator coord(ranks, std::chrono::milliseconds(5000));
   std::vector<std::unique_ptr<Process>> procs;
   for (int k = 0; k < ranks; ++k) {
     std::vector<std::string> argv{self_exe(), "collective", "--coordinator", "127.0.0.1:" + std::to_string(coord.port()),
-                                  "--id", std::to_string(k), "--backend", backend == "int8" ? "ring" : backend,
-                                  "--compression", backend == "int8" ? "int8" : "none", "--step-timeout-ms", "60000",
-                                  "--chunk-bytes", std::to_string(chunk_bytes), "--bench"};
+                                  "--id", std::to_string(k), "--backend", compressed ? "ring" : backend,
+                                  "--compression", compressed ? backend : "none", "--step-timeout-ms", "60000",
+                                  "--chunk-bytes", std::to_string(opts.chunk_bytes), "--ranks-per-host",
+                                  backend == "hierarchical" ? std::to_string(opts.ranks_per_host) : "0",
+                                  "--topk-fraction", std::to_string(opts.topk_fraction), "--bench"};
     for (auto& s : size_args(sizes)) argv.push_back(s);
     procs.push_back(std::make_unique<Process>(argv, dir / (backend + "-" + std::to_string(k) + ".log")));
   }
@@ -234,7 +257,7 @@ void measure(int ranks, const AllreduceBenchOptions& opts, const std::filesystem
         continue;
       }
     }
-    measured[backend] = run_ours(backend, ranks, opts.bytes, opts.chunk_bytes, dir);
+    measured[backend] = run_ours(backend, ranks, opts, dir);
     systems.push_back(backend);
   }
   if (opts.peers) {
@@ -326,6 +349,58 @@ void report_targets(int ranks, double link, const AllreduceBenchOptions& opts, M
   }
 }
 
+// topk: the bytes a rank sent against the float32 ring's 2(N - 1)/N of the vector, and the loss
+// along hops of a ring that would merge the sets and cut them back to k at every hop (computed
+// here, no sockets), beside the all-gather's (none) and the top-k choice's own (what error
+// feedback carries over).
+void report_topk(int ranks, const AllreduceBenchOptions& opts, const std::filesystem::path& dir) {
+  if (std::find(opts.backends.begin(), opts.backends.end(), "topk") == opts.backends.end() || opts.json) return;
+  const auto sent = parse_sent(dir / "topk-0.log");
+  for (const auto& [bytes, s] : sent) {
+    const double dense = bus_factor(ranks) * static_cast<double>(bytes);
+    std::printf("topk %.4g, %s, %d ranks: a rank sends %.0f bytes = %.2f%% of the float32 ring's %.0f\n",
+                opts.topk_fraction, human(bytes).c_str(), ranks, s, 100.0 * s / dense, dense);
+  }
+  // The hops: a table for 2, 4, 8 and 16 ranks, whatever --ranks says (no sockets here).
+  static bool hops_done = false;
+  if (hops_done) return;
+  hops_done = true;
+  const std::size_t n = std::size_t{1} << 20;
+  const std::size_t k = collective::topk_count(n, opts.topk_fraction);
+  std::printf("\ntopk %.4g of 2^20 normal coordinates per rank: relative L2 error of the result\n", opts.topk_fraction);
+  std::vector<std::vector<std::string>> rows;
+  for (int ranks_here : {2, 4, 8, 16}) {
+    std::vector<std::vector<collective::SparseEntry>> sets;
+    std::vector<double> dense(n, 0.0), exact(n, 0.0);
+    for (int r = 0; r < ranks_here; ++r) {
+      std::mt19937_64 rng(static_cast<std::uint64_t>(r) + 1);
+      std::normal_distribution<float> d(0.0f, 1.0f);
+      std::vector<float> g(n), residual(n, 0.0f);
+      for (std::size_t i = 0; i < n; ++i) dense[i] += g[i] = d(rng);
+      sets.push_back(collective::select_topk(g, residual, k));
+      for (const auto& e : sets.back()) exact[e.index] += e.value;
+    }
+    auto gap = [&](const std::vector<float>& got, const std::vector<double>& want) {
+      double num = 0, den = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        num += (got[i] - want[i]) * (got[i] - want[i]);
+        den += want[i] * want[i];
+      }
+      return std::sqrt(num / den);
+    };
+    std::vector<float> gathered(n, 0.0f);
+    for (const auto& set : sets) {
+      for (const auto& e : set) gathered[e.index] += e.value;
+    }
+    const auto merged = collective::merge_ring_sum(sets, n, k);
+    rows.push_back({std::to_string(ranks_here), std::to_string(ranks_here - 1), fmt(gap(gathered, exact), 4),
+                    fmt(gap(merged, exact), 4), fmt(gap(gathered, dense), 4), fmt(gap(merged, dense), 4)});
+  }
+  print_table({"ranks", "hops", "all-gather vs sets", "merging ring vs sets", "all-gather vs dense",
+               "merging ring vs dense"},
+              rows);
+}
+
 }  // namespace
 
 int bench_allreduce(const AllreduceBenchOptions& opts) {
@@ -343,6 +418,7 @@ int bench_allreduce(const AllreduceBenchOptions& opts) {
     measure(ranks, opts, dir, measured, systems);
     report_sizes(ranks, link, opts, measured, systems);
     report_targets(ranks, link, opts, measured);
+    report_topk(ranks, opts, dir);
     for (const auto& s : systems) {
       if (measured[s].size() != opts.bytes.size()) status = 1;
     }

@@ -10,6 +10,7 @@
 #include "bench/peer_common.h"
 #include "common/config.h"
 #include "silo_agent/collective/group.h"
+#include "silo_agent/collective/sparse_all_reduce.h"
 #include "silo_agent/data_parallel.h"
 #include "silo_agent/quantized_all_reduce.h"
 #include "silo_agent/workers.h"
@@ -22,21 +23,32 @@ namespace {
 struct WorkerOptions {
   std::string coordinator, host = "127.0.0.1", backend = "auto", compression = "none", job;
   int id = 0, shards = 0;
-  std::size_t chunk_bytes = 1u << 20;
+  std::size_t chunk_bytes = 1u << 20, ranks_per_host = 0;
+  double topk_fraction = 0.01;
   std::uint64_t step_timeout_ms = 10000, check_steps = 0, elements = 1000, stall_at_step = UINT64_MAX;
   std::vector<std::size_t> bench;
 };
 
 // Times all_reduce (or the 8-bit all-reduce) for each size; the first member prints one RESULT
 // line per size.
-void run_bench(collective::Group& group, const std::vector<std::size_t>& sizes, const std::string& compression) {
+void run_bench(collective::Group& group, const std::vector<std::size_t>& sizes, const std::string& compression,
+               double topk_fraction) {
   std::uint64_t calls = 0;
   for (std::size_t bytes : sizes) {
     std::vector<float> v(bytes / sizeof(float), 1.0f);
     agent::QuantizedResidual residual;
     residual.resize(v.size());
+    std::vector<float> sparse_residual(compression == "topk" ? v.size() : 0);
+    std::uint64_t sent = 0;
     auto reduce = [&] {
-      if (compression == "int8") {
+      if (compression == "topk") {
+        auto* mesh = group.comm().mesh();
+        if (!mesh) throw ConfigError("--compression topk needs a TCP backend");
+        // Fresh inputs, varied so that the top-k moves around: a gradient, not a constant.
+        for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>((i * 2654435761u + calls) % 1000) - 500.0f;
+        ++calls;
+        sent = collective::sparse_all_reduce(*mesh, v, sparse_residual, topk_fraction);
+      } else if (compression == "int8") {
         auto* mesh = group.comm().mesh();
         if (!mesh) throw ConfigError("--compression int8 needs a TCP backend");
         // Fresh inputs each time: sums of sums would grow without bound.
@@ -53,6 +65,10 @@ void run_bench(collective::Group& group, const std::vector<std::size_t>& sizes, 
     for (int i = 0; i < iters; ++i) reduce();
     const double t = (xsilo_bench::now() - t0) / iters;
     if (group.rank() == 0) xsilo_bench::print_result(bytes, t);
+    if (group.rank() == 0 && compression == "topk") {
+      std::printf("SENT %zu %llu\n", bytes, static_cast<unsigned long long>(sent));
+      std::fflush(stdout);
+    }
   }
 }
 
@@ -62,14 +78,18 @@ void run_bench(collective::Group& group, const std::vector<std::size_t>& sizes, 
 int run_check(collective::Group& group, const WorkerOptions& o) {
   const int shards = o.shards > 0 ? o.shards : group.size();
   std::vector<float> v(o.elements);
-  for (std::uint64_t step = 0; step < o.check_steps;) {
+  if (group.first_op() > 0) {
+    std::printf("BACKUP %d joins at step %llu on %d ranks\n", group.id(), static_cast<unsigned long long>(group.first_op()),
+                group.size());
+  }
+  for (std::uint64_t step = group.first_op(); step < o.check_steps;) {
     std::printf("STEP %llu begin on %d ranks\n", static_cast<unsigned long long>(step), group.size());
     std::fflush(stdout);
     if (step == o.stall_at_step) std::this_thread::sleep_for(std::chrono::hours(1));
     const auto resume = group.attempt(step, [&](collective::Communicator& comm) {
       std::fill(v.begin(), v.end(), 0.0f);
       for (int k = 0; k < shards; ++k) {
-        if (agent::shard_owner(k, group.members()) != group.id()) continue;
+        if (agent::shard_owner(k, shards, group.members()) != group.id()) continue;
         for (std::size_t i = 0; i < v.size(); ++i) v[i] += static_cast<float>((step + 1) * static_cast<unsigned>(k + 1) + i % 7);
       }
       comm.all_reduce(v);
@@ -102,18 +122,22 @@ int run_worker(const WorkerOptions& o) {
   collective::Options opts;
   opts.backend = o.backend;
   opts.chunk_bytes = o.chunk_bytes;
+  opts.ranks_per_host = o.ranks_per_host;
   opts.step_timeout = std::chrono::milliseconds(o.step_timeout_ms);
   try {
     collective::Group group(o.coordinator.substr(0, colon),
                             static_cast<std::uint16_t>(std::stoi(o.coordinator.substr(colon + 1))), o.id, o.host, opts);
     spdlog::info("worker {}: rank {} of {} ({} backend)", o.id, group.rank(), group.size(), o.backend);
     if (!o.bench.empty()) {
-      run_bench(group, o.bench, o.compression);
+      run_bench(group, o.bench, o.compression, o.topk_fraction);
       return 0;
     }
     if (o.check_steps) return run_check(group, o);
     if (o.job.empty()) throw ConfigError("give --job FILE, --bench SIZES or --check-steps N");
     agent::run_worker_job(group, agent::load_job(o.job));
+    return 0;
+  } catch (const collective::StandbyReleased& e) {
+    spdlog::info("worker {}: {}", o.id, e.what());
     return 0;
   } catch (const collective::CollectiveError& e) {
     spdlog::error("worker {}: {}", o.id, e.what());
@@ -129,9 +153,14 @@ void add_collective(CLI::App& app, int& exit_code) {
   c->add_option("--coordinator", o->coordinator, "the workers' coordinator, HOST:PORT")->required();
   c->add_option("--id", o->id, "this worker's id, 0..N-1")->required();
   c->add_option("--host", o->host, "address this worker listens on for its peers")->capture_default_str();
-  c->add_option("--backend", o->backend, "ring, hd, tree, butterfly, auto or nccl")->capture_default_str();
-  c->add_option("--compression", o->compression, "--bench: none, or int8 (the 8-bit all-reduce)")
-      ->check(CLI::IsMember({"none", "int8"}))
+  c->add_option("--backend", o->backend, "ring, hd, tree, butterfly, hierarchical, auto or nccl")->capture_default_str();
+  c->add_option("--ranks-per-host", o->ranks_per_host,
+                "hierarchical: ranks r / N share a host (0: ranks with the same --host address do)")
+      ->capture_default_str();
+  c->add_option("--compression", o->compression, "--bench: none, int8 (the 8-bit all-reduce) or topk (the sparse one)")
+      ->check(CLI::IsMember({"none", "int8", "topk"}))
+      ->capture_default_str();
+  c->add_option("--topk-fraction", o->topk_fraction, "--bench with topk: the share of coordinates each rank sends")
       ->capture_default_str();
   c->add_option("--chunk-bytes", o->chunk_bytes, "pipelining unit of the ring")->capture_default_str();
   c->add_option("--step-timeout-ms", o->step_timeout_ms, "a peer silent this long has failed")->capture_default_str();

@@ -25,7 +25,12 @@ std::pair<std::size_t, std::size_t> segment(std::size_t n, std::size_t parts, st
 // What a rank sends at step j + 1 is exactly what it received (and reduced) at step j, so the
 // 2(N - 1) steps run as one pipeline: a chunk goes on to the right neighbour as soon as it has
 // been added in, instead of waiting for the whole segment, and no step boundary stalls a link.
-void ring_all_reduce(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes, Op op) {
+//
+// Stopping after the scatter-reduce (N - 1 steps) is the reduce-scatter the hierarchical
+// all-reduce runs inside each host.
+namespace {
+
+void ring(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes, Op op, bool all_gather) {
   const int n = mesh.size(), r = mesh.rank();
   if (n == 1 || data.empty()) return;
   const int right = (r + 1) % n, left = (r + n - 1) % n;
@@ -34,7 +39,7 @@ void ring_all_reduce(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes,
     return data.subspan(b, len);
   };
   // Incoming segment j: the scatter-reduce steps (added in), then the all-gather steps (copied).
-  const int steps = 2 * (n - 1);
+  const int steps = all_gather ? 2 * (n - 1) : n - 1;
   std::vector<std::span<float>> in_seg;
   std::vector<std::size_t> in_off{0};  // byte offset of each incoming segment in the stream
   for (int j = 0; j < steps; ++j) {
@@ -79,6 +84,18 @@ void ring_all_reduce(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes,
   };
   mesh.stream(right, out, left, in_off.back(), chunk, land, on_chunk);
 }
+
+}  // namespace
+
+void ring_all_reduce(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes, Op op) {
+  ring(mesh, data, chunk_bytes, op, true);
+}
+
+namespace detail {
+void ring_reduce_scatter(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes, Op op) {
+  ring(mesh, data, chunk_bytes, op, false);
+}
+}  // namespace detail
 
 // Recursive halving-doubling (Rabenseifner). With p = 2^k ranks: reduce-scatter by halving
 // (at distance p/2, p/4, ..., 1 each rank swaps the half of its current range it will not keep
@@ -150,7 +167,7 @@ void tree_broadcast(Mesh& mesh, std::span<float> data, int root, std::size_t chu
 }
 
 const std::vector<std::string>& tcp_backends() {
-  static const std::vector<std::string> names{"ring", "hd", "tree", "butterfly", "auto"};
+  static const std::vector<std::string> names{"ring", "hd", "tree", "butterfly", "hierarchical", "auto"};
   return names;
 }
 

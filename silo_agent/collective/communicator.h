@@ -1,8 +1,8 @@
 // Collectives between the local workers of one silo: all-reduce (sum, min, max or product),
 // broadcast, barrier on float32 spans. Backends: "ring" (scatter-reduce + all-gather over TCP,
 // ours), "hd" (recursive halving-doubling over TCP, ours), "tree" (pipelined binary-tree reduce
-// and broadcast), "butterfly" (recursive doubling), "auto" (hd below a size threshold, ring
-// above) and "nccl" (GPU). Every algorithm is written against Mesh, a small vocabulary (send to
+// and broadcast), "butterfly" (recursive doubling), "hierarchical" (a ring inside each host, a
+// ring across the hosts' leaders), "auto" (hd below a size threshold, ring above) and "nccl" (GPU). Every algorithm is written against Mesh, a small vocabulary (send to
 // a peer while receiving from another, chunk by chunk), never against a socket.
 #pragma once
 
@@ -115,7 +115,30 @@ void butterfly_all_reduce(Mesh& mesh, std::span<float> data, std::size_t chunk_b
 void tree_all_reduce(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes, Op op = Op::sum);
 void tree_broadcast(Mesh& mesh, std::span<float> data, int root, std::size_t chunk_bytes);
 
-// The backends make_tcp_communicator takes: ring, hd, tree, butterfly, auto.
+// Which host each rank runs on. Hosts are numbered in the order of their lowest rank; a host's
+// first rank is its leader.
+class HostLayout {
+ public:
+  // host_of[r]: any label, equal for the ranks of one host.
+  explicit HostLayout(std::span<const int> host_of);
+  std::size_t ranks() const { return host_.size(); }
+  std::size_t hosts() const { return members_.size(); }
+  std::size_t host(int rank) const { return host_.at(static_cast<std::size_t>(rank)); }
+  const std::vector<int>& members(std::size_t host) const { return members_.at(host); }
+  const std::vector<int>& leaders() const { return leaders_; }
+
+ private:
+  std::vector<std::size_t> host_;
+  std::vector<std::vector<int>> members_;
+  std::vector<int> leaders_;
+};
+// Hierarchical: reduce inside each host (the ring's scatter-reduce, then each segment to the
+// host's leader), the ring all-reduce among the leaders across hosts, then a pipelined chain
+// broadcast inside each host. Only the leaders use the inter-host links. Any N, any host sizes.
+void hierarchical_all_reduce(Mesh& mesh, std::span<float> data, const HostLayout& hosts, std::size_t chunk_bytes,
+                             Op op = Op::sum);
+
+// The backends make_tcp_communicator takes: ring, hd, tree, butterfly, hierarchical, auto.
 const std::vector<std::string>& tcp_backends();
 
 struct Options {
@@ -123,7 +146,14 @@ struct Options {
   std::size_t chunk_bytes = 1u << 20;            // pipelining unit of the ring
   std::size_t hd_threshold_bytes = 256u << 10;   // auto: hd below, ring from here on
   std::chrono::milliseconds step_timeout{10000};
+  // hierarchical: ranks r / ranks_per_host share a host (tests and benchmarks on one machine);
+  // 0: ranks whose peers' addresses are equal share a host.
+  std::size_t ranks_per_host = 0;
 };
+
+// The host layout a TCP communicator's hierarchical all-reduce uses: ranks r / ranks_per_host
+// share a host, or, with ranks_per_host 0, ranks whose addresses are equal.
+HostLayout host_layout(const std::vector<PeerAddress>& peers, std::size_t ranks_per_host);
 
 // A communicator over TCP: rank r listens (the caller bound `listen_fd`), connects to the
 // lower ranks and accepts the higher ones. Throws CollectiveError when the mesh cannot form.

@@ -23,6 +23,35 @@ void exchange_reduce(Mesh& mesh, int dst, std::span<const float> out, int src, s
 void exchange_copy(Mesh& mesh, int dst, std::span<const float> out, int src, std::span<float> into,
                    std::size_t chunk_bytes);
 
+// The scatter-reduce half of the ring (N - 1 pipelined steps): afterwards rank r holds op over
+// every rank of segment (r + 1) % N, segment() cutting `data` into N pieces; the rest of its
+// data is partial.
+void ring_reduce_scatter(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes, Op op);
+
+// Rank 0's `data` to every rank along the chain 0 -> 1 -> ... -> N-1, chunk by chunk: a rank
+// passes a chunk on as soon as it has landed, so the vector reaches the end after about its own
+// time plus N - 2 chunk-times.
+void chain_broadcast(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes);
+
+// Ranks `ranks` of `parent` (in this order) as a mesh of their own: rank k here is ranks[k]
+// there. `me` is this rank's index in `ranks`.
+class SubMesh : public Mesh {
+ public:
+  SubMesh(Mesh& parent, std::vector<int> ranks, int me) : parent_(parent), ranks_(std::move(ranks)), me_(me) {}
+  int rank() const override { return me_; }
+  int size() const override { return static_cast<int>(ranks_.size()); }
+  void stream(int dst, const Outgoing& out, int src, std::size_t in_bytes, std::size_t chunk, const Landing& land,
+              const OnChunk& on_chunk) override {
+    parent_.stream(dst < 0 ? -1 : ranks_.at(static_cast<std::size_t>(dst)), out,
+                   src < 0 ? -1 : ranks_.at(static_cast<std::size_t>(src)), in_bytes, chunk, land, on_chunk);
+  }
+
+ private:
+  Mesh& parent_;
+  std::vector<int> ranks_;
+  int me_;
+};
+
 // The largest power of two not above n.
 int power_of_two_floor(int n);
 

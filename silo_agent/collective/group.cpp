@@ -63,8 +63,8 @@ int connect_to(const std::string& host, std::uint16_t port) {
 
 // ---- coordinator ----------------------------------------------------------------------------
 
-Coordinator::Coordinator(int expected, std::chrono::milliseconds grace, const std::string& host)
-    : expected_(expected), grace_(grace) {
+Coordinator::Coordinator(int expected, std::chrono::milliseconds grace, const std::string& host, int backups)
+    : expected_(expected), backups_(backups), grace_(grace) {
   auto [fd, port] = listen_any(host);
   listen_fd_ = fd;
   port_ = port;
@@ -130,7 +130,29 @@ void Coordinator::maybe_reform() {
     if (w.fd >= 0) send_line(w.fd, "EXCLUDED");
   }
   if (!r->excluded.empty() && on_excluded_) on_excluded_(r->excluded);
+  // The backup pool: a connected standby (lowest id first) for each member excluded.
+  std::size_t promote = r->excluded.size();
+  for (auto& [id, w] : workers_) {
+    if (promote == 0) break;
+    if (!w.standby || w.fd < 0) continue;
+    w.standby = false;
+    w.member = true;
+    --promote;
+  }
   broadcast_table(r->resume_op);
+}
+
+// Once every member has finished, a standby still waiting has nothing left to stand by for.
+void Coordinator::release_standbys() {
+  if (epoch_ < 0) return;
+  for (const auto& [id, w] : workers_) {
+    if (w.member && !w.done) return;
+  }
+  for (auto& [id, w] : workers_) {
+    if (!w.standby || w.fd < 0) continue;
+    send_line(w.fd, "RELEASED");
+    w.standby = false;
+  }
 }
 
 void Coordinator::loop() {
@@ -167,10 +189,11 @@ void Coordinator::loop() {
                                .host = host,
                                .port = port,
                                .buffer = buffer,
-                               .member = true,
+                               .member = id < expected_,
+                               .standby = id >= expected_,
                                .done = false,
                                .failed_op = std::nullopt};
-          if (static_cast<int>(workers_.size()) == expected_) broadcast_table(0);
+          if (static_cast<int>(workers_.size()) == expected_ + backups_) broadcast_table(0);
         } else {
           ::close(fd);
         }
@@ -205,6 +228,7 @@ void Coordinator::loop() {
       }
     }
     maybe_reform();
+    release_standbys();
   }
 }
 
@@ -218,7 +242,7 @@ Group::Group(const std::string& coordinator_host, std::uint16_t coordinator_port
   listen_port_ = port;
   control_fd_ = connect_to(coordinator_host, coordinator_port);
   send_line(control_fd_, "HELLO " + std::to_string(id_) + " " + host_ + " " + std::to_string(listen_port_));
-  wait_table();
+  first_op_ = wait_table();
 }
 
 Group::~Group() {
@@ -236,6 +260,7 @@ std::uint64_t Group::wait_table() {
     std::string word;
     in >> word;
     if (word == "EXCLUDED") throw GroupEnded("this worker was excluded from the group");
+    if (word == "RELEASED") throw StandbyReleased();
     if (word != "TABLE") continue;
     int epoch = 0;
     std::uint64_t resume = 0;

@@ -5,9 +5,16 @@
 // earliest any survivor was in. Each survivor rolls back to that operation's kept inputs and
 // redoes it on the smaller ring.
 //
+// Backup pool: with `backups` K > 0 the coordinator also waits for K more workers (ids
+// expected..expected+K-1), hot standbys that joined and listen but are in no table. When a
+// re-formation excludes members, it promotes one connected standby per excluded member into the
+// new table, so the step is redone at the same width; the standby starts at the resume op (its
+// Group's first_op()). When every member has finished, the standbys still waiting are released.
+//
 // Control protocol (text lines over TCP, inside the silo's network):
 //   worker -> coordinator   HELLO <id> <host> <port>      FAILED <epoch> <op>      DONE
 //   coordinator -> worker   TABLE <epoch> <resume_op> <n> (<id> <host> <port>){n}      EXCLUDED
+//                           RELEASED (a standby the group finished without)
 #pragma once
 
 #include <atomic>
@@ -28,8 +35,9 @@ namespace xsilo::collective {
 
 class Coordinator {
  public:
-  // Waits for `expected` workers; `grace` bounds how long a failure waits for slow reports.
-  Coordinator(int expected, std::chrono::milliseconds grace, const std::string& host = "127.0.0.1");
+  // Waits for `expected` workers and `backups` standbys; `grace` bounds how long a failure
+  // waits for slow reports.
+  Coordinator(int expected, std::chrono::milliseconds grace, const std::string& host = "127.0.0.1", int backups = 0);
   ~Coordinator();
   std::uint16_t port() const { return port_; }
   // Called (from the coordinator's thread) with the ids it dropped: the owner kills them.
@@ -43,8 +51,9 @@ class Coordinator {
   void loop();
   void broadcast_table(std::uint64_t resume);
   void maybe_reform();
+  void release_standbys();
 
-  int expected_;
+  int expected_, backups_;
   std::chrono::milliseconds grace_;
   int listen_fd_ = -1;
   std::uint16_t port_ = 0;
@@ -57,6 +66,7 @@ class Coordinator {
     std::uint16_t port = 0;
     std::string buffer;
     bool member = false;
+    bool standby = false;  // a backup not yet in any table
     bool done = false;  // finished its work: its connection closing is not a failure
     std::optional<std::uint64_t> failed_op;
   };
@@ -67,9 +77,16 @@ class Coordinator {
   std::function<void(const std::vector<int>&)> on_excluded_;
 };
 
+// A standby that the group finished without: it has nothing to do, and that is not a failure.
+class StandbyReleased : public GroupEnded {
+ public:
+  StandbyReleased() : GroupEnded("this backup worker was not needed: the group finished without it") {}
+};
+
 class Group {
  public:
-  // Joins the coordinator as worker `id`, listening for peers on `host`.
+  // Joins the coordinator as worker `id`, listening for peers on `host`. A standby waits here
+  // until it is promoted (or throws StandbyReleased).
   Group(const std::string& coordinator_host, std::uint16_t coordinator_port, int id, const std::string& host,
         Options opts);
   // Leaving scope normally tells the coordinator this worker is done; unwinding from an
@@ -80,6 +97,9 @@ class Group {
   int size() const { return comm_->size(); }
   int epoch() const { return epoch_; }
   int id() const { return id_; }
+  // The operation this worker starts at: 0, or the resume op of the re-formation that
+  // promoted it from the backup pool.
+  std::uint64_t first_op() const { return first_op_; }
   // The ids of the current members, in rank order.
   const std::vector<int>& members() const { return members_; }
 
@@ -97,6 +117,7 @@ class Group {
   std::uint16_t listen_port_ = 0;
   std::string host_;
   int epoch_ = -1;
+  std::uint64_t first_op_ = 0;
   std::string buffer_;
   std::vector<int> members_;
   std::unique_ptr<Communicator> comm_;

@@ -12,6 +12,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <thread>
 
@@ -197,23 +198,46 @@ class TcpMesh : public Mesh {
 };
 
 // The all-reduce a TCP communicator runs; "auto" picks hd or ring by size.
-enum class Algorithm { ring, hd, tree, butterfly, automatic };
+enum class Algorithm { ring, hd, tree, butterfly, hierarchical, automatic };
 
 Algorithm parse_algorithm(const std::string& backend) {
   if (backend == "ring") return Algorithm::ring;
   if (backend == "hd") return Algorithm::hd;
   if (backend == "tree") return Algorithm::tree;
   if (backend == "butterfly") return Algorithm::butterfly;
+  if (backend == "hierarchical") return Algorithm::hierarchical;
   if (backend == "auto") return Algorithm::automatic;
   std::string known;  // "nccl": see nccl.h
   for (const auto& b : tcp_backends()) known += (known.empty() ? "" : ", ") + b;
   throw std::invalid_argument("TCP backends are " + known + ", not " + backend);
 }
 
+}  // namespace
+
+HostLayout host_layout(const std::vector<PeerAddress>& peers, std::size_t ranks_per_host) {
+  std::vector<int> labels;
+  std::vector<std::string> seen;
+  for (std::size_t r = 0; r < peers.size(); ++r) {
+    if (ranks_per_host > 0) {
+      labels.push_back(static_cast<int>(r / ranks_per_host));
+      continue;
+    }
+    auto it = std::find(seen.begin(), seen.end(), peers[r].host);
+    if (it == seen.end()) it = seen.insert(seen.end(), peers[r].host);
+    labels.push_back(static_cast<int>(it - seen.begin()));
+  }
+  return HostLayout(labels);
+}
+
+namespace {
+
 class TcpCommunicator : public Communicator {
  public:
   TcpCommunicator(int rank, const std::vector<PeerAddress>& peers, int listen_fd, const Options& opts)
-      : opts_(opts), algorithm_(parse_algorithm(opts.backend)), mesh_(rank, peers, listen_fd, opts.step_timeout) {}
+      : opts_(opts),
+        algorithm_(parse_algorithm(opts.backend)),
+        mesh_(rank, peers, listen_fd, opts.step_timeout),
+        hosts_(host_layout(peers, opts.ranks_per_host)) {}
   int rank() const override { return mesh_.rank(); }
   int size() const override { return mesh_.size(); }
   std::string backend() const override { return opts_.backend; }
@@ -228,6 +252,7 @@ class TcpCommunicator : public Communicator {
       case Algorithm::hd: return halving_doubling_all_reduce(mesh_, data, opts_.chunk_bytes, op);
       case Algorithm::tree: return tree_all_reduce(mesh_, data, opts_.chunk_bytes, op);
       case Algorithm::butterfly: return butterfly_all_reduce(mesh_, data, opts_.chunk_bytes, op);
+      case Algorithm::hierarchical: return hierarchical_all_reduce(mesh_, data, hosts_, opts_.chunk_bytes, op);
       case Algorithm::automatic: break;
     }
   }
@@ -242,6 +267,7 @@ class TcpCommunicator : public Communicator {
   Options opts_;
   Algorithm algorithm_;  // before mesh_: a backend that is not ours is refused before the mesh forms
   TcpMesh mesh_;
+  HostLayout hosts_;
 };
 
 }  // namespace
