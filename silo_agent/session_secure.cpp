@@ -102,13 +102,15 @@ void Session::on_secure(const wire::Envelope& e) {
 void Session::mask_when_ready() {
   if (!secure_ || !settled_ || !pending_ || !pending_->update || masked_ || masking_) return;
   masking_ = true;
-  job([j = MaskingJob{.member = secure_,
-                      .setup = *setup_,
-                      .update = pending_->update,
-                      .weight = pending_->weight,
-                      .kept = pending_->kept,
-                      .hook = &hook_,
-                      .seed = draw_seed()}]() -> SessionJobResult { return j(); });
+  MaskingJob m{.member = secure_,
+               .setup = *setup_,
+               .update = pending_->update,
+               .weight = pending_->weight,
+               .kept = pending_->kept,
+               .hook = &hook_,
+               .seed = draw_seed()};
+  if (setup_->has_skellam()) cfg_.sources.random_bytes(m.noise_key);  // distributed DP's noise
+  job([j = std::move(m)]() -> SessionJobResult { return j(); });
 }
 
 void Session::masked(MaskDone r) {
