@@ -880,8 +880,10 @@ TEST(Config, DistributedDpNeedsSecureAggregationAndIsRefusedWhereItsGuaranteeWou
   const auto wide = with(R"("epsilon": 3, "bits": 40)");
   EXPECT_NE(wide.find(".privacy.bits: 40 does not fit the masking ring of secure.bits = 32"), std::string::npos) << wide;
   EXPECT_NE(with(R"("epsilon": 3, "rounds": 5, "noise_multiplier": 1)").find("and rounds both"), std::string::npos);
-  for (const char* rule : {R"("rule": "krum", "f": 1)", R"("rule": "median", "f": 1)", R"("rule": "trimmed_mean", "f": 1)"}) {
-    const auto why = with(R"("epsilon": 3)", std::string(R"(, "aggregation": {)") + rule + "}");
+  // Robust rules need grouped secure mode (global shows only the total): three groups of two.
+  for (const char* rule : {R"("rule": "median", "f": 1)", R"("rule": "trimmed_mean", "f": 1)"}) {
+    const auto why = six(std::string(R"(, "privacy": {"mode": "distributed", "epsilon": 3}, "secure": {"mode": "grouped", )"
+                                     R"("min_group": 2, "max_weight": 1}, "aggregation": {)") + rule + "}");
     EXPECT_NE(why.find("cannot be combined with distributed DP"), std::string::npos) << rule << ": " << why;
   }
   EXPECT_NE(with(R"("epsilon": 3)", R"(, "aggregation": {"adaptive_clip": {"quantile": 0.5}})").find(".aggregation.adaptive_clip"),
