@@ -883,7 +883,7 @@ TEST(Config, DistributedDpNeedsSecureAggregationAndIsRefusedWhereItsGuaranteeWou
   // Robust rules need grouped secure mode (global shows only the total): three groups of two.
   for (const char* rule : {R"("rule": "median", "f": 1)", R"("rule": "trimmed_mean", "f": 1)"}) {
     const auto why = six(std::string(R"(, "privacy": {"mode": "distributed", "epsilon": 3}, "secure": {"mode": "grouped", )"
-                                     R"("min_group": 2, "max_weight": 1}, "aggregation": {)") + rule + "}");
+                                     R"("min_group": 2, "group_dropouts": 0, "max_weight": 1}, "aggregation": {)") + rule + "}");
     EXPECT_NE(why.find("cannot be combined with distributed DP"), std::string::npos) << rule << ": " << why;
   }
   EXPECT_NE(with(R"("epsilon": 3)", R"(, "aggregation": {"adaptive_clip": {"quantile": 0.5}})").find(".aggregation.adaptive_clip"),
