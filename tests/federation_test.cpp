@@ -455,6 +455,33 @@ TEST(Federation, DistributedDpSurvivesASiloDroppingOutAndRunsInProcess) {
   EXPECT_NEAR(r.epsilon_spent, summary["epsilon_spent"].get<double>(), 1e-9);
 }
 
+// Distributed DP through two edges: an edge only adds masked words mod 2^modulus_bits, so the
+// server still unmasks one sum over the same ring, with every silo's noise share in it.
+TEST(Federation, DistributedDpRunsThroughEdges) {
+  test::TempDir dir;
+  auto sim = distributed_sim({{"level", "silo"}, {"mode", "distributed"}, {"epsilon", 20.0}, {"delta", 1e-5},
+                              {"bits", 20}},
+                             nlohmann::json::array());
+  sim["edges"] = 2;
+  sim["rounds"] = 2;
+  atomic_write_file(dir / "sim.json", sim.dump());
+  ProcessOptions in_dir;
+  in_dir.cwd = dir.path();
+  Process run({test::xsilo_bin(), "sim", "--config", "sim.json", "--out", "out"}, dir / "sim.log", in_dir);
+  ASSERT_EQ(run.wait(240s).value_or(-1), 0) << log_tail(dir / "sim.log", 40);
+  EXPECT_NE(read_file(dir / "sim.log").find("edges 2/2"), std::string::npos) << log_tail(dir / "sim.log", 20);
+  const auto summary = nlohmann::json::parse(read_file(dir / "out" / "summary.json"));
+  EXPECT_EQ(summary["rounds_committed"], 2);
+  std::size_t noised = 0;
+  for (const auto& r : server::read_audit_log(dir / "out" / "audit.jsonl")) {
+    if (r.value("event", "") != "round" || r.value("status", "") != "committed") continue;
+    EXPECT_EQ(r["privacy"]["mechanism"], "skellam");
+    EXPECT_EQ(r["distributed_dp"]["updates"], 5.0) << r.dump();
+    ++noised;
+  }
+  EXPECT_EQ(noised, 2u);
+}
+
 // Record-level privacy in a federation of real processes, secure groups through two edges: each
 // silo chooses its own noise for the rounds its budget was planned for, spends its budget across
 // them, refuses the round after, and the server ends the federation (audited) once too few silos
