@@ -6,6 +6,7 @@
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
 #include "crypto/fixed_point.h"
+#include "crypto/skellam.h"
 #include "protocol/compression.h"
 
 namespace xsilo::protocol {
@@ -77,7 +78,12 @@ std::string check_layout(const wire::RoundStart& rs, std::uint64_t max_elements)
       return "the secure setup runs LightSecAgg, whose field words are 32 bits, on a ring of " +
              std::to_string(s.modulus_bits()) + " bits";
     }
-    if (s.vector_length() > total + 2) {
+    if (s.has_skellam()) {  // distributed DP: the rotated length (a power of two) and the count
+      if (s.vector_length() != crypto::padded_length(total) + 1) {
+        return "the secure setup's distributed-DP vector of " + std::to_string(s.vector_length()) +
+               " words is not the rotated length of a model of " + std::to_string(total) + " elements plus one";
+      }
+    } else if (s.vector_length() > total + 2) {
       return "the secure setup's vector of " + std::to_string(s.vector_length()) + " words does not fit a model of " +
              std::to_string(total) + " elements";
     }

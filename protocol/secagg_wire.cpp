@@ -133,6 +133,21 @@ std::string setup_statement(const wire::SecAggSetup& s, const std::string& feder
     crypto::append_field(out, num(s.degree()));
     crypto::append_field(out, s.graph_seed());
   }
+  if (s.has_skellam()) {  // distributed DP: every parameter to the bit (without it, as before)
+    const auto& k = s.skellam();
+    auto exact = [](double v) {
+      char b[64];
+      std::snprintf(b, sizeof b, "%a", v);
+      return std::string(b);
+    };
+    crypto::append_field(out, "skellam");
+    crypto::append_field(out, num(k.bits()));
+    crypto::append_field(out, exact(k.gamma()));
+    crypto::append_field(out, exact(k.variance()));
+    crypto::append_field(out, exact(k.clip_norm()));
+    crypto::append_field(out, exact(k.beta()));
+    crypto::append_field(out, num(k.rotation_seed()));
+  }
   if (s.protocol() != wire::SECAGG) {  // another protocol and its parameters (SecAgg's is as before)
     crypto::append_field(out, "protocol");
     crypto::append_field(out, num(static_cast<int>(s.protocol())));

@@ -13,6 +13,7 @@
 #include "protocol/audit_key.h"
 #include "protocol/privacy.h"
 #include "server/central_dp.h"
+#include "server/distributed_dp.h"
 
 namespace xsilo::server {
 
@@ -326,8 +327,9 @@ std::string check_central_claim(const nlohmann::json& r, const privacy::Ledger& 
   const double eps = epsilon_of(spent, delta);
   const std::uint64_t rounds = spent.count();
   if (claimed < eps * (1 - 1e-9) - 1e-12) {
-    return fmt::format("central DP claims epsilon {:.6g}, but the parameters of the {} committed noised rounds "
-                       "recorded so far give {:.6g}", claimed, rounds, eps);
+    return fmt::format("{} claims epsilon {:.6g}, but the parameters of the {} committed noised rounds "
+                       "recorded so far give {:.6g}", p.value("mechanism", "") == "skellam" ? "distributed DP" : "central DP",
+                       claimed, rounds, eps);
   }
   if (p.contains("max_epsilon") && p["max_epsilon"].is_number() && eps > p["max_epsilon"].get<double>() * (1 + 1e-9)) {
     return fmt::format("central DP: the recorded rounds give epsilon {:.6g}, past the budget {:.6g}", eps,
@@ -346,14 +348,14 @@ PrivacyAudit check_privacy_claims(const std::vector<nlohmann::json>& records) {
     const auto& r = records[i];
     const std::string where = "record " + std::to_string(i + 1) + " (round " + std::to_string(r.value("round", 0)) + "): ";
     try {
-      if (const auto m = central_mechanism_of(r)) {
+      if (const auto m = silo_level_mechanism_of(r)) {
         central.add(*m, 1);
         ++a.central_rounds;
         a.central_epsilon = epsilon_of(central, r["privacy"]["delta"].get<double>());
       }
       // Every round's record states the spend so far, an aborted round's too (it spends nothing).
       if (r.value("event", "") == "round" && r.contains("privacy") && r["privacy"].is_object() &&
-          r["privacy"].value("mechanism", "") == "central") {
+          (r["privacy"].value("mechanism", "") == "central" || r["privacy"].value("mechanism", "") == "skellam")) {
         if (auto why = check_central_claim(r, central); !why.empty()) {
           a.ok = false;
           a.reason = where + why;

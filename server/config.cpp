@@ -576,6 +576,7 @@ nlohmann::json secure_json(const SecureConfig& sc) {
 void add_optional_blocks(const ServerConfig& c, nlohmann::json& j) {
   if (!c.port_file.empty()) j["port_file"] = abs_path(c.port_file);
   if (c.central_dp) j["privacy"] = privacy_json(*c.central_dp);
+  if (c.distributed_dp) j["privacy"] = privacy_json(*c.distributed_dp);
   if (c.metrics.listen) j["metrics"] = transport::to_json(c.metrics);
   if (protocol::compressed(c.compression)) j["compression"] = protocol::to_json(c.compression);
   if (protocol::compressed(c.broadcast)) {

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "common/config.h"
+#include "protocol/compression.h"
 #include "robust/rule.h"
 
 namespace xsilo::server {
@@ -30,7 +31,7 @@ void refuse_voiding_combinations(const ConfigNode& root, const ConfigNode& p, co
     p.fail("mode", "central needs the server to clip each silo's update, but with secure." +
                        std::string(name(c.secure.mode)) +
                        " the server never sees one (only masked sums); the mode for secure aggregation is "
-                       "\"distributed\" (noise added by the silos inside the masked ring), not built yet");
+                       "\"distributed\" (noise added by the silos inside the masked ring)");
   }
   const auto ag = root.child("aggregation");
   const auto& a = c.aggregation;
@@ -58,7 +59,114 @@ void refuse_voiding_combinations(const ConfigNode& root, const ConfigNode& p, co
   }
 }
 
+// The most silos one secure group's sum may hold: every silo a round selects, at most.
+std::size_t max_group(const ConfigNode& root, const ConfigNode& p, const ServerConfig& c) {
+  if (p.has("max_silos")) return static_cast<std::size_t>(p.integer("max_silos", 2, 1, 1 << 20));
+  const auto& s = c.selection;
+  if (s.silos_per_round > 0) {
+    return static_cast<std::size_t>(std::ceil(static_cast<double>(s.silos_per_round) * (1 + s.over_selection) - 1e-9));
+  }
+  const auto listed = root.child("allow").str_list("silo");
+  const bool any = std::find(listed.begin(), listed.end(), "*") != listed.end();
+  if (!c.expected_silos.empty() && !any) return c.expected_silos.size();
+  p.fail("max_silos", "is required when neither selection.silos_per_round nor a list of silos in allow.silo says how "
+                      "many silos a round may hold (the ring must hold the sum of that many silos' updates)");
+}
+
+// What distributed DP cannot be combined with, each with its reason.
+void refuse_voiding_distributed(const ConfigNode& root, const ConfigNode& p, const ServerConfig& c) {
+  if (!c.secure.on()) {
+    p.fail("mode", "distributed needs secure aggregation (secure.mode \"global\" or \"grouped\"): each silo adds "
+                   "only its share of the noise, which protects nothing unless the server sees nothing but the "
+                   "masked sum; without secure aggregation use \"central\"");
+  }
+  if (c.secure.protocol != SecureProtocol::SecAgg) {
+    root.child("secure").fail("protocol", "lightsecagg masks in the field of p = 2^32 - 5, not in a ring of 2^bits: "
+                                          "the Skellam integers wrap in a power-of-two ring; use secagg");
+  }
+  const auto ag = root.child("aggregation");
+  const auto& a = c.aggregation;
+  if (a.rule.rule != robust::Rule::FedAvg) {
+    ag.fail("rule", std::string(robust::name(a.rule.rule)) +
+                        " cannot be combined with distributed DP: the noise is calibrated for one silo moving a group "
+                        "sum by its clipped update, and a rule across group sums moves the step otherwise (Krum and "
+                        "median jump from one group to another); use fedavg");
+  }
+  if (a.rule.nnm || a.rule.bucket > 1) {
+    ag.fail(a.rule.nnm ? "nnm" : "bucket", "mixes the group sums before the mean; distributed DP needs plain fedavg");
+  }
+  if (a.clip_norm > 0) {
+    ag.fail("clip_norm", "distributed DP clips every update to privacy.clip_norm; remove aggregation.clip_norm");
+  }
+  if (a.adaptive_clip.on()) {
+    ag.fail("adaptive_clip", "adapts the clip norm to the members' unclipped count, a release that distributed DP's "
+                             "accountant does not count; set privacy.clip_norm");
+  }
+  if (protocol::compressed(c.compression)) {
+    root.child("compression").fail("scheme", "distributed DP encodes the whole rotated update in the ring; random-k "
+                                             "or quantization of the upload is not accounted for; remove compression");
+  }
+}
+
+DistributedDpConfig parse_distributed(const ConfigNode& root, const ConfigNode& p, ServerConfig& c) {
+  DistributedDpConfig dp;
+  if (!p.has("epsilon")) p.fail("epsilon", "is required: the federation's privacy budget");
+  dp.epsilon = p.number("epsilon", 0, 1e-3, 1e3);
+  dp.delta = p.number("delta", 1e-5, 1e-300, 0.1);
+  if (dp.delta <= 0) p.fail("delta", "must be above 0");
+  dp.clip_norm = p.number("clip_norm", 1.0, 1e-9, 1e9);
+  if (p.has("rounds") && p.has("noise_multiplier")) {
+    p.fail("noise_multiplier", "and rounds both set the noise: keep one (rounds: the smallest noise that lasts them)");
+  }
+  dp.denominator = p.has("denominator") ? p.number("denominator", 1, 1, 1 << 30) : default_denominator(root, p, c);
+  if (p.has("noise_multiplier")) {
+    dp.noise_multiplier = p.number("noise_multiplier", 1, 1e-3, 1e6);
+  } else {
+    dp.rounds = static_cast<std::uint64_t>(p.integer("rounds", static_cast<std::int64_t>(c.rounds), 1, 1 << 30));
+  }
+  dp.bits = static_cast<std::uint32_t>(p.integer("bits", 20, 4, 62));
+  dp.ring = c.secure.bits;
+  dp.max_group = max_group(root, p, c);
+  // The model's size is known when the server loads it: a dimension given here lets the check
+  // run now (and the config's tests run without a model).
+  const auto dim = static_cast<std::size_t>(p.integer("dim", 0, 0, std::int64_t{1} << 40));
+  p.finish();
+  refuse_voiding_distributed(root, p, c);
+  if (dp.bits > c.secure.bits) {
+    p.fail("bits", std::to_string(dp.bits) + " does not fit the masking ring of secure.bits = " +
+                       std::to_string(c.secure.bits) + ": the noisy integers live mod 2^bits inside it");
+  }
+  if (c.secure.bits < 16) {
+    root.child("secure").fail("bits", "8 leaves no room for distributed DP's integers; use 16, 32 or 64");
+  }
+  if (dp.delta * dp.denominator >= 1) {
+    c.warnings.push_back(p.key_path("delta") + ": is not below 1 / denominator (" + std::to_string(dp.denominator) +
+                         "): at silo level delta should be well below one over the number of silos");
+  }
+  if (dim > 0) {
+    try {
+      finalize_distributed_dp(dp, dim);
+      if (!fits_another_round(dp, {})) p.fail("noise_multiplier", "is too small for even one round within the budget");
+    } catch (const std::invalid_argument& e) {
+      p.fail("bits", e.what());
+    }
+  }
+  return dp;
+}
+
 }  // namespace
+
+void check_distributed_dp(DistributedDpConfig& dp, std::size_t d, const std::string& where) {
+  try {
+    finalize_distributed_dp(dp, d);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(where + ".privacy.bits: " + e.what());
+  }
+  if (!fits_another_round(dp, {})) {
+    throw ConfigError(where + ".privacy.noise_multiplier: " + std::to_string(dp.noise_multiplier) +
+                      " is too small for even one round within epsilon " + std::to_string(dp.epsilon));
+  }
+}
 
 void parse_privacy(const ConfigNode& root, ServerConfig& c) {
   if (!root.has("privacy")) return;
@@ -70,8 +178,8 @@ void parse_privacy(const ConfigNode& root, ServerConfig& c) {
   }
   const auto mode = p.one_of("mode", "central", {"central", "distributed"});
   if (mode == "distributed") {
-    p.fail("mode", "distributed (each silo's share of discrete Gaussian or Skellam noise inside secure aggregation) "
-                   "is not built yet; \"central\" has the server add the noise (a trusted server)");
+    c.distributed_dp = parse_distributed(root, p, c);
+    return;
   }
   CentralDpConfig dp;
   if (!p.has("epsilon")) p.fail("epsilon", "is required: the federation's privacy budget");
@@ -115,6 +223,15 @@ void parse_privacy(const ConfigNode& root, ServerConfig& c) {
                          "budget is spent");
   }
   c.central_dp = std::move(dp);
+}
+
+nlohmann::json privacy_json(const DistributedDpConfig& dp) {
+  nlohmann::json j = {{"level", "silo"},           {"mode", "distributed"}, {"epsilon", dp.epsilon},
+                      {"delta", dp.delta},         {"clip_norm", dp.clip_norm}, {"denominator", dp.denominator},
+                      {"bits", dp.bits},           {"max_silos", dp.max_group}};
+  if (dp.rounds > 0) j["rounds"] = dp.rounds;
+  else j["noise_multiplier"] = dp.noise_multiplier;
+  return j;
 }
 
 nlohmann::json privacy_json(const CentralDpConfig& dp) {

@@ -13,5 +13,10 @@ namespace xsilo::server {
 void parse_privacy(const ConfigNode& root, ServerConfig& c);
 // The block as parse_privacy reads it back (the chosen noise multiplier, not the rounds).
 nlohmann::json privacy_json(const CentralDpConfig& dp);
+nlohmann::json privacy_json(const DistributedDpConfig& dp);
+// Distributed mode, once the model's size d is known (the daemon, the sim): chooses gamma and mu
+// (server/distributed_dp.h). Throws ConfigError naming `where` (the config file) and the key
+// when the bits cannot hold the sum or the noise does not last one round.
+void check_distributed_dp(DistributedDpConfig& dp, std::size_t d, const std::string& where);
 
 }  // namespace xsilo::server

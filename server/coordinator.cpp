@@ -70,6 +70,12 @@ Coordinator::Coordinator(RoundConfig cfg, Model initial, ServerOptimizer optimiz
   global_ = std::make_shared<const Model>(std::move(initial));
   if (cfg_.aggregation.adaptive_clip.on()) clip_norm_ = cfg_.aggregation.adaptive_clip.initial;
   if (cfg_.central_dp) central_spent_ = cfg_.central_dp->spent;
+  if (cfg_.distributed_dp) {
+    // Gamma and mu depend on the model's size (the daemon and the sim have done it already,
+    // refusing a config whose bits cannot hold the sum; a test's config may come unfinished).
+    if (!cfg_.distributed_dp->ready()) finalize_distributed_dp(*cfg_.distributed_dp, global_->size());
+    central_spent_ = cfg_.distributed_dp->spent;
+  }
 }
 
 Coordinator::~Coordinator() = default;
@@ -411,6 +417,7 @@ void Coordinator::record_abort(std::int64_t now_ms) {
   const auto s = summary(false, r_->abort_reason, now_ms);
   auto rec = round_record(s);
   if (cfg_.central_dp) rec["privacy"] = round_privacy_record(*cfg_.central_dp, central_spent_);  // spends nothing
+  if (cfg_.distributed_dp) rec["privacy"] = round_privacy_record(*cfg_.distributed_dp, central_spent_);
   run_job(JobKind::Record, [&store = store_, rec = std::move(rec), row = metrics_row(s), global = global_,
                             broadcast = cfg_.broadcast, chunk_elems = cfg_.chunk_bytes / sizeof(float),
                             seed = broadcast_seed(cfg_, round_), make_same = wants_same()]() -> JobResult {
@@ -445,6 +452,12 @@ void Coordinator::decide(std::int64_t now_ms) {
     after.add(round_mechanism(*cfg_.central_dp), 1);
     privacy_part = round_privacy_record(*cfg_.central_dp, after);
     privacy_unspent = round_privacy_record(*cfg_.central_dp, central_spent_);
+  }
+  if (cfg_.distributed_dp) {  // silo-level distributed DP: the same, with the Skellam sum
+    auto after = central_spent_;
+    after.add(round_mechanism(*cfg_.distributed_dp), 1);
+    privacy_part = round_privacy_record(*cfg_.distributed_dp, after);
+    privacy_unspent = round_privacy_record(*cfg_.distributed_dp, central_spent_);
   }
   run_job(JobKind::Commit, [agg = r_->agg.get(), &optimizer = optimizer_, &store = store_, global = global_,
                             round = round_, ctx, rec = round_record(s), row = metrics_row(s), broadcast = cfg_.broadcast,
@@ -543,6 +556,17 @@ void Coordinator::finish_round(bool committed, const AuditHead& audit, std::int6
 }
 
 bool Coordinator::central_budget_spent(std::int64_t now_ms) {
+  if (cfg_.distributed_dp && !fits_another_round(*cfg_.distributed_dp, central_spent_)) {
+    const auto& dp = *cfg_.distributed_dp;
+    char why[256];
+    std::snprintf(why, sizeof why,
+                  "privacy budget spent: epsilon %.6g of %.6g (delta %g) with distributed Skellam noise; another round "
+                  "would exceed it",
+                  epsilon_of(central_spent_, dp.delta), dp.epsilon, dp.delta);
+    spdlog::warn("{}", why);
+    end_federation(why, now_ms);
+    return true;
+  }
   if (!cfg_.central_dp || fits_another_round(*cfg_.central_dp, central_spent_)) return false;
   const auto& dp = *cfg_.central_dp;
   const std::uint64_t rounds = central_spent_.count();
@@ -644,6 +668,7 @@ void Coordinator::on_job_done(std::uint64_t job, JobResult result, std::int64_t 
       global_sha_ = outcome.model_sha256;
       if (outcome.next_clip_norm) clip_norm_ = outcome.next_clip_norm;
       if (cfg_.central_dp) central_spent_.add(round_mechanism(*cfg_.central_dp), 1);
+      if (cfg_.distributed_dp) central_spent_.add(round_mechanism(*cfg_.distributed_dp), 1);
       ++committed_;
       finish_round(true, outcome.audit, now_ms);
       break;

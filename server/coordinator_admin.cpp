@@ -126,6 +126,12 @@ nlohmann::json Coordinator::status(std::int64_t now_ms) const {
                        {"noise_multiplier", cfg_.central_dp->noise_multiplier},
                        {"rounds_spent", rounds}};
   }
+  if (cfg_.distributed_dp) {
+    const auto& dp = *cfg_.distributed_dp;
+    j["distributed_dp"] = {{"epsilon", epsilon_of(central_spent_, dp.delta)}, {"max_epsilon", dp.epsilon},
+                           {"delta", dp.delta}, {"noise_multiplier", dp.noise_multiplier}, {"gamma", dp.gamma},
+                           {"bits", dp.bits}};
+  }
   j["silos"] = std::move(silos);
   nlohmann::json recent = nlohmann::json::array();
   for (const auto& o : recent_) {

@@ -1,4 +1,5 @@
 #include "server/daemon.h"
+#include "server/config_privacy.h"
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -22,6 +23,7 @@
 #include "common/build_info.h"
 #include "common/process.h"
 #include "server/broadcast_planner.h"
+#include "server/config_privacy.h"
 #include "server/coordinator.h"
 #include "server/state.h"
 #include "transport/listener.h"
@@ -584,6 +586,23 @@ int run_server(const ServerConfig& cfg, const StartOptions& start, std::unique_p
   RoundConfig rounds(cfg);
   if (resume.clip_norm && rounds.aggregation.adaptive_clip.on()) {
     rounds.aggregation.adaptive_clip.initial = *resume.clip_norm;  // adaptive clipping goes on where it was
+  }
+  if (rounds.distributed_dp) {
+    // Gamma and mu for this model's size: a config whose bits cannot hold the sum stops here.
+    check_distributed_dp(*rounds.distributed_dp, model.size(), "config " + cfg.file.string());
+    if (resume.committed_without_central_dp > 0) {
+      throw ConfigError("config " + cfg.file.string() + ": .privacy: the audit log has " +
+                        std::to_string(resume.committed_without_central_dp) +
+                        " committed rounds without silo-level DP noise: their models were released without it, so "
+                        "no budget can cover this federation; start a new federation (a new state_dir) with the "
+                        "privacy block from its first round");
+    }
+    rounds.distributed_dp->spent = resume.central_dp;  // from the audit chain, never a counter
+    spdlog::info("distributed DP: gamma {:.6g}, Skellam variance {:.6g} (noise multiplier {:.4g}), {} bits, "
+                 "rotated length {}; epsilon {:.4g} of {:.4g} spent before this start",
+                 rounds.distributed_dp->gamma, rounds.distributed_dp->variance,
+                 rounds.distributed_dp->noise_multiplier, rounds.distributed_dp->bits, rounds.distributed_dp->padded,
+                 epsilon_of(resume.central_dp, rounds.distributed_dp->delta), rounds.distributed_dp->epsilon);
   }
   if (rounds.central_dp) {
     // Models this federation released without the noise are outside any guarantee it could give.

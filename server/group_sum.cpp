@@ -20,6 +20,11 @@ GroupSum::GroupSum(protocol::MaskedVector words, const crypto::FixedPointParams&
   }
 }
 
+GroupSum::GroupSum(std::vector<double> decoded, std::size_t d) : decoded_(std::move(decoded)), d_(d) {
+  if (decoded_.size() < d_) throw std::invalid_argument("group sum: fewer values than coordinates");
+  extras_ = decoded_.size() - d_;
+}
+
 double GroupSum::at(std::size_t k) const {
   double v = 0;
   decode(k, {&v, 1});
@@ -28,6 +33,10 @@ double GroupSum::at(std::size_t k) const {
 
 void GroupSum::decode(std::size_t from, std::span<double> out) const {
   if (from + out.size() > size()) throw std::out_of_range("group sum: coordinates past its end");
+  if (!decoded_.empty()) {
+    std::copy_n(decoded_.begin() + static_cast<std::ptrdiff_t>(from), out.size(), out.begin());
+    return;
+  }
   // Words [j, j + n) decoded into `to`.
   const auto words = [&](std::size_t j, std::span<double> to) {
     words_.visit([&](auto w) { crypto::decode(codec_, w.subspan(j, to.size()), to); });

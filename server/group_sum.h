@@ -31,6 +31,9 @@ class GroupSum {
   // coordinates RANDOM_K kept, or null for all d).
   GroupSum(protocol::MaskedVector words, const crypto::FixedPointParams& codec, std::size_t d,
            std::shared_ptr<const std::vector<std::uint64_t>> kept = nullptr);
+  // A sum already decoded: distributed DP's, whose words must be rotated back as a whole
+  // (crypto::decode_skellam) before any coordinate can be read.
+  explicit GroupSum(std::vector<double> decoded, std::size_t d);
 
   std::size_t d() const { return d_; }
   std::size_t size() const { return d_ + extras_; }  // d, then the weight and the count
@@ -52,6 +55,7 @@ class GroupSum {
 
  private:
   protocol::MaskedVector words_;
+  std::vector<double> decoded_;  // when constructed from doubles
   crypto::FixedPointParams codec_{};
   std::size_t d_ = 0, extras_ = 0;
   std::shared_ptr<const std::vector<std::uint64_t>> kept_;

@@ -19,6 +19,7 @@
 #include "proto/xsilo.pb.h"
 #include "robust/rule.h"
 #include "server/central_dp.h"
+#include "server/distributed_dp.h"
 #include "server/selection.h"  // SelectionConfig
 
 namespace xsilo::server {
@@ -121,6 +122,9 @@ struct RoundConfig {
   // Silo-level differential privacy, central mode (server/central_dp.h): set when the config's
   // "privacy" block asks for it.
   std::optional<CentralDpConfig> central_dp;
+  // Distributed mode (server/distributed_dp.h): the silos add the noise under secure aggregation.
+  // Parsed from the config; ready() once finalize_distributed_dp knows the model's size.
+  std::optional<DistributedDpConfig> distributed_dp;
   // How many uploads the server receives at the same time, each into a buffer (or staged
   // file) of its own, folded in the order they were granted (docs/architecture.md, "A round").
   std::size_t uploads_at_once = 1;

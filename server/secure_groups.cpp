@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "crypto/skellam.h"
 #include "protocol/compression.h"
 
 namespace xsilo::server {
@@ -25,6 +26,47 @@ std::vector<std::uint64_t> shared_set(const RoundConfig& cfg, const std::vector<
 }
 
 }  // namespace
+
+// Distributed DP's setup part: the parameters every member encodes with (server/distributed_dp.h).
+std::optional<wire::SkellamSetup> skellam_setup(const RoundConfig& cfg, std::uint64_t round) {
+  if (!cfg.distributed_dp) return std::nullopt;
+  const auto& dp = *cfg.distributed_dp;
+  if (!dp.ready()) throw std::logic_error("distributed DP was not finalized for the model's size");
+  wire::SkellamSetup s;
+  s.set_bits(dp.bits);
+  s.set_gamma(dp.gamma);
+  s.set_variance(dp.variance);
+  s.set_clip_norm(dp.clip_norm);
+  s.set_beta(dp.beta);
+  // Public, labelled with its purpose: every silo and the server rotate alike.
+  s.set_rotation_seed(crypto::derive_seed(cfg.seed, round, "skellam-rotation"));
+  return s;
+}
+
+// Why a distributed-DP group sum cannot come from its survivors: the count word is not their
+// number (every member adds exactly 1), or the norm is beyond what clipped members, rounding and
+// the noise can make (a member skipped clipping or scaled wrong). The noise's norm is about
+// sqrt(P V) / gamma; three times that is never reached by honest members in practice.
+std::string implausible_skellam_sum(const GroupSum& sum, std::size_t survivors, std::size_t min_survivors,
+                                    const DistributedDpConfig& dp) {
+  const double n = static_cast<double>(survivors);
+  if (sum.weight() != n) {
+    return "member count " + std::to_string(sum.weight()) + " is not the " + std::to_string(survivors) +
+           " survivors: a member sent a count word other than 1";
+  }
+  double sq = 0;
+  sum.for_each_block([&](std::size_t, std::span<const double> block) {
+    for (const double v : block) sq += v * v;
+  });
+  const double P = static_cast<double>(dp.padded);
+  const double v = n * dp.variance / static_cast<double>(std::max<std::size_t>(1, min_survivors));
+  const double bound = n * dp.clip_norm + (n * std::sqrt(P) + 3 * std::sqrt(P * v) + 10) / dp.gamma;
+  if (std::sqrt(sq) > bound) {
+    return "group sum norm " + std::to_string(std::sqrt(sq)) + " exceeds what " + std::to_string(survivors) +
+           " clipped members and the noise can make (" + std::to_string(bound) + "): a member skipped clipping";
+  }
+  return "";
+}
 
 std::string implausible_sum(const GroupSum& sum, std::size_t survivors, const SecureConfig& sc,
                             bool counts_unclipped) {
@@ -65,9 +107,11 @@ SecureGroups::SecureGroups(const RoundConfig& cfg, const std::vector<TensorInfo>
       clip_norm_(clip_norm),
       ceiling_(cfg.secure.clip_norm),
       kept_(shared_set(cfg, layout, round)),
-      words_((kept_.empty() ? d_ : kept_.size()) + 1 + (clip_norm ? 1 : 0)),
+      words_(cfg.distributed_dp ? crypto::padded_length(d_) + 1
+                                : (kept_.empty() ? d_ : kept_.size()) + 1 + (clip_norm ? 1 : 0)),
+      dp_(cfg.distributed_dp),
       round_(with_clip_norm(cfg.secure, clip_norm), cfg.signer, cfg.ca, cfg.federation, round, cfg.seed, selected, d_,
-             clip_norm.has_value(), kept_),
+             clip_norm.has_value(), kept_, skellam_setup(cfg, round)),
       current_(std::max<std::size_t>(1, cfg.uploads_at_once)) {
   // Every lane's slot exists from the start and never moves (the worker may be folding one lane
   // while the network thread fills another's on its first grant); a lane's words are made then.
@@ -105,7 +149,8 @@ std::vector<Rejection> SecureGroups::do_prepare() {
   std::vector<Rejection> rejected;
   for (auto& r : results_) {
     if (r.ok) {
-      r.why = implausible_sum(r.sum, r.survivors.size(), sc, clip_norm_.has_value());
+      r.why = dp_ ? implausible_skellam_sum(r.sum, r.survivors.size(), r.min_survivors, *dp_)
+                  : implausible_sum(r.sum, r.survivors.size(), sc, clip_norm_.has_value());
       r.ok = r.why.empty();
     }
     if (!r.ok) {
@@ -117,9 +162,37 @@ std::vector<Rejection> SecureGroups::do_prepare() {
 }
 
 Combined SecureGroups::do_combine(std::span<float> out, const CombineContext& ctx) {
+  if (dp_) return combine_distributed_groups(results_, d_, *dp_, out);
   return combine_groups(aggregation_, results_, d_, clip_norm_ ? std::optional<double>(round_.config().clip_norm)
                                                                : std::nullopt,
                         ceiling_, ctx, out);
+}
+
+Combined combine_distributed_groups(const std::vector<GroupResult>& results, std::size_t d,
+                                   const DistributedDpConfig& dp, std::span<float> out) {
+  // The groups' noisy sums over the fixed denominator W, as central mode (server/distributed_dp.h);
+  // FedAvg only (config_privacy.cpp refuses the rest).
+  nlohmann::json outcome = nlohmann::json::array();
+  std::vector<double> total(d, 0.0);
+  double members = 0;
+  for (const auto& r : results) {
+    nlohmann::json o = {{"group", r.group}, {"survivors", r.survivors}, {"ok", r.ok},
+                        {"min_survivors", r.min_survivors}};
+    if (!r.ok) o["reason"] = r.why;
+    outcome.push_back(o);
+    if (!r.ok) continue;
+    members += r.sum.weight();
+    r.sum.for_each_block([&](std::size_t from, std::span<const double> block) {
+      for (std::size_t k = 0; k < block.size(); ++k) total[from + k] += block[k];
+    });
+  }
+  Combined c;
+  c.ok = members > 0;
+  if (!c.ok) c.reason = "no secure group's sum was revealed";
+  for (std::size_t k = 0; k < d; ++k) out[k] = static_cast<float>(total[k] / dp.denominator);
+  c.record["secure"]["groups_outcome"] = outcome;
+  c.record["distributed_dp"] = {{"updates", members}, {"denominator", dp.denominator}};
+  return c;
 }
 
 Combined combine_groups(const AggregationConfig& aggregation, const std::vector<GroupResult>& results, std::size_t d,

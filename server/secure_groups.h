@@ -27,6 +27,18 @@ Combined combine_groups(const AggregationConfig& aggregation, const std::vector<
                         std::optional<double> clip_norm, double ceiling, const CombineContext& ctx,
                         std::span<float> out);
 
+// Distributed DP (server/distributed_dp.h): the setup part every member encodes with, for a round;
+// nullopt without distributed DP. Throws std::logic_error when the config was not finalized.
+std::optional<wire::SkellamSetup> skellam_setup(const RoundConfig& cfg, std::uint64_t round);
+// Why a decoded distributed-DP group sum cannot come from its survivors (the count word is not
+// their number, or the norm passes what clipped members, rounding and 3 times the noise's norm
+// can make), or "".
+std::string implausible_skellam_sum(const GroupSum& sum, std::size_t survivors, std::size_t min_survivors,
+                                    const DistributedDpConfig& dp);
+// The revealed groups' noisy sums added and divided by the fixed denominator W.
+Combined combine_distributed_groups(const std::vector<GroupResult>& results, std::size_t d,
+                                   const DistributedDpConfig& dp, std::span<float> out);
+
 class SecureGroups final : public Aggregator {
  public:
   // `clip_norm`: this round's (adaptive clipping), which every member clips to; the masked sums
@@ -48,6 +60,7 @@ class SecureGroups final : public Aggregator {
   double ceiling_ = 0;               // secure.clip_norm: the codec's overflow check is made for it
   std::vector<std::uint64_t> kept_;  // RANDOM_K: the coordinates every member masks (else all)
   std::size_t words_;                // d (or the kept ones), the weight, and the unclipped count when adaptive
+  std::optional<DistributedDpConfig> dp_;  // distributed DP: words_ = the rotated length + 1
   SecureRound round_;
   std::vector<std::unique_ptr<protocol::MaskedVector>> current_;            // each upload lane's upload being received
   std::map<std::uint32_t, protocol::MaskedVector> sums_;  // per group

@@ -10,6 +10,7 @@
 
 #include "crypto/hash.h"
 #include "crypto/keys.h"
+#include "crypto/skellam.h"
 #include "crypto/sources.h"
 #include "protocol/secagg_wire.h"
 
@@ -55,8 +56,8 @@ std::size_t group_size(const SecureConfig& cfg) {
 SecureRound::SecureRound(const SecureConfig& cfg, const std::optional<crypto::CertSigner>& signer,
                          const std::optional<crypto::CertVerifier>& ca, const std::string& federation, std::uint64_t round,
                          std::uint64_t seed, std::vector<std::string> selected, std::size_t d, bool count_unclipped,
-                         std::vector<std::uint64_t> kept)
-    : cfg_(cfg), federation_(federation), round_(round),
+                         std::vector<std::uint64_t> kept, std::optional<wire::SkellamSetup> skellam)
+    : cfg_(cfg), skellam_(std::move(skellam)), federation_(federation), round_(round),
       permutation_seed_(group_permutation_seed(seed, round)), d_(d),
       kept_(kept.empty() ? nullptr : std::make_shared<const std::vector<std::uint64_t>>(std::move(kept))) {
   if (!signer || !ca) throw std::invalid_argument("secure aggregation needs the server's certificate key and CA");
@@ -73,6 +74,10 @@ SecureRound::SecureRound(const SecureConfig& cfg, const std::optional<crypto::Ce
     s.set_modulus_bits(cfg_.bits);
     s.set_fraction_bits(cfg_.fraction_bits);
     s.set_vector_length((kept_ ? kept_->size() : d_) + 1 + (count_unclipped ? 1 : 0));
+    if (skellam_) {  // distributed DP: the rotated length, then the count (crypto/skellam.h)
+      s.set_vector_length(crypto::padded_length(d_) + 1);
+      *s.mutable_skellam() = *skellam_;
+    }
     s.set_count_unclipped(count_unclipped);
     s.set_clip_norm(static_cast<float>(cfg_.clip_norm));
     s.set_max_weight(static_cast<float>(cfg_.max_weight));
@@ -223,6 +228,7 @@ std::vector<GroupResult> SecureRound::finish(std::map<std::uint32_t, protocol::M
     r.group = id;
     r.members.assign(g.setup().members().begin(), g.setup().members().end());
     r.threshold = g.setup().threshold();
+    r.min_survivors = g.setup().min_survivors();
     r.survivors = g.survivors();
     auto& sum = sums.at(id);
     if (!g.failed().empty()) {
@@ -233,7 +239,15 @@ std::vector<GroupResult> SecureRound::finish(std::map<std::uint32_t, protocol::M
       r.why = unmasked.error().message();
     } else {
       r.ok = true;
-      r.sum = GroupSum(std::move(sum), cfg_.codec(), d_, kept_);
+      if (skellam_) {
+        crypto::SkellamParams p;
+        p.bits = skellam_->bits();
+        p.gamma = skellam_->gamma();
+        p.rotation_seed = skellam_->rotation_seed();
+        r.sum = GroupSum(sum.visit([&](auto w) { return crypto::decode_skellam(p, w, d_); }), d_);
+      } else {
+        r.sum = GroupSum(std::move(sum), cfg_.codec(), d_, kept_);
+      }
     }
     r.excluded = g.excluded();
     sum = protocol::MaskedVector();  // moved into the result, or not needed again

@@ -34,6 +34,7 @@ struct GroupResult {
   std::uint32_t group = 0;
   std::vector<std::string> members, survivors;
   std::size_t threshold = 0;
+  std::size_t min_survivors = 0;  // the setup's: distributed DP's noise is calibrated for it
   bool ok = false;
   std::string why;            // when not ok
   GroupSum sum;               // unmasked: d weighted coordinates, then the summed weight (and the
@@ -55,7 +56,7 @@ class SecureRound {
   SecureRound(const SecureConfig& cfg, const std::optional<crypto::CertSigner>& signer,
               const std::optional<crypto::CertVerifier>& ca, const std::string& federation, std::uint64_t round,
               std::uint64_t seed, std::vector<std::string> selected, std::size_t d, bool count_unclipped = false,
-              std::vector<std::uint64_t> kept = {});
+              std::vector<std::uint64_t> kept = {}, std::optional<wire::SkellamSetup> skellam = std::nullopt);
 
   std::uint32_t group_of(const std::string& silo) const;
   std::vector<std::uint32_t> groups() const;
@@ -110,6 +111,7 @@ class SecureRound {
   }
 
   SecureConfig cfg_;
+  std::optional<wire::SkellamSetup> skellam_;  // distributed DP (server/distributed_dp.h)
   std::string federation_;
   std::uint64_t round_;
   std::uint64_t permutation_seed_;

@@ -14,6 +14,7 @@
 #include "server/round_record.h"
 #include "server/state.h"
 #include "server/central_dp.h"
+#include "server/distributed_dp.h"
 #include "server/state_files.h"
 
 namespace xsilo::server {
@@ -134,7 +135,7 @@ struct ServerState::AuditHistory {
     if (n > metrics_round) missing_rows[n] = metrics_row_of(rec);
     last_round = std::max(last_round, n);
     try {
-      if (const auto m = central_mechanism_of(rec)) {
+      if (const auto m = silo_level_mechanism_of(rec)) {
         central_dp.add(*m, 1);
       } else if (rec.value("status", "") == "committed") {
         ++committed_without_central_dp;

@@ -6,10 +6,63 @@
 
 #include "crypto/fixed_point.h"
 #include "crypto/hash.h"
+#include "crypto/skellam.h"
 
 namespace xsilo::agent {
 
+namespace {
+
+// Distributed DP (crypto/skellam.h): the weight-1 clipped delta, rotated, scaled, rounded, with
+// this silo's share of the noise (variance / min_survivors), then the count word 1.
+MaskDone encode_skellam_update(const MaskingJob& j) {
+  MaskDone r;
+  const auto& k = j.setup.skellam();
+  const std::size_t d = j.update->size();
+  if (j.kept) {
+    r.error = "distributed DP does not combine with RANDOM_K compression";
+    return r;
+  }
+  if (j.setup.vector_length() != crypto::padded_length(d) + 1 || k.bits() > j.setup.modulus_bits() ||
+      j.setup.min_survivors() < 1 || !(k.variance() > 0) || !(k.gamma() > 0)) {
+    r.error = "the secure setup's distributed-DP parameters do not fit the model (" + std::to_string(d) +
+              " coordinates) or its ring";
+    return r;
+  }
+  std::vector<float> delta(d);
+  const auto u = j.update->flat();
+  for (std::size_t i = 0; i < d; ++i) {
+    delta[i] = static_cast<float>(u[i] / j.weight);
+    if (!std::isfinite(delta[i])) {
+      r.error = "the update has NaN or infinite values; it cannot be encoded";
+      return r;
+    }
+  }
+  crypto::SkellamParams p;
+  p.ring = j.setup.modulus_bits();
+  p.bits = k.bits();
+  p.clip_norm = k.clip_norm();
+  p.gamma = k.gamma();
+  p.silo_variance = k.variance() / static_cast<double>(j.setup.min_survivors());
+  p.beta = k.beta();
+  p.rotation_seed = k.rotation_seed();
+  r.words = std::make_shared<protocol::MaskedVector>(j.setup.modulus_bits(), crypto::padded_length(d) + 1);
+  try {
+    crypto::NoiseSource noise(j.noise_key);
+    r.words->visit([&](auto words) { crypto::encode_skellam(p, delta, noise, words); });
+  } catch (const std::exception& e) {
+    r.error = std::string("distributed DP encoding failed: ") + e.what();
+    return r;
+  }
+  if (auto masked = j.member->mask(*r.words); !masked) r.error = masked.error().message();
+  const auto b = r.words->bytes();
+  r.sha256 = crypto::sha256_hex(std::string_view(reinterpret_cast<const char*>(b.data()), b.size()));
+  return r;
+}
+
+}  // namespace
+
 MaskDone MaskingJob::operator()() const {
+  if (setup.has_skellam()) return encode_skellam_update(*this);
   MaskDone r;
   const crypto::FixedPointParams codec{setup.modulus_bits(), setup.fraction_bits(), setup.clip_norm(),
                                        setup.max_weight(), setup.count_unclipped()};

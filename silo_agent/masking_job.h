@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/model.h"
+#include "crypto/noise.h"
 #include "proto/xsilo.pb.h"
 #include "silo_agent/secure/member.h"
 #include "silo_agent/session_types.h"
@@ -25,6 +26,9 @@ struct MaskingJob {
   std::shared_ptr<const std::vector<std::uint64_t>> kept;  // secure RANDOM_K: the coordinates sent
   FaultHook* hook;
   std::uint64_t seed = 0;  // the silo's own randomness for the encoding (drawn on the network thread)
+  // Distributed DP (setup.skellam): the key of the silo's Skellam noise and rounding, from its
+  // own random source (drawn on the network thread); never known to the server.
+  crypto::NoiseSource::Key noise_key{};
 
   MaskDone operator()() const;
 };

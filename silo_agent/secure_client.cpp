@@ -79,13 +79,15 @@ std::optional<MaskingJob> SecureClient::masking_job(const std::optional<RoundOut
   masking_ = true;
   std::uint64_t seed = 0;  // the encoding's rounding
   cfg_.sources.random_bytes({reinterpret_cast<std::uint8_t*>(&seed), sizeof seed});
-  return MaskingJob{.member = member_,
-                    .setup = *setup_,
-                    .update = pending->update,
-                    .weight = pending->weight,
-                    .kept = pending->kept,
-                    .hook = &hook,
-                    .seed = seed};
+  MaskingJob m{.member = member_,
+               .setup = *setup_,
+               .update = pending->update,
+               .weight = pending->weight,
+               .kept = pending->kept,
+               .hook = &hook,
+               .seed = seed};
+  if (setup_->has_skellam()) cfg_.sources.random_bytes(m.noise_key);  // distributed DP's noise
+  return m;
 }
 
 Result<std::string> SecureClient::masked(MaskDone r) {

@@ -858,9 +858,9 @@ TEST(Config, CentralDpIsConfiguredWithItsBudgetAndRefusedWhereItsGuaranteeWouldN
   EXPECT_NE(six(R"(, "privacy": {"epsilon": 3, "delta": 2})").find(".privacy.delta"), std::string::npos);
   EXPECT_NE(six(R"(, "privacy": {"epsilon": 3, "typo": 1})").find(".privacy.typo"), std::string::npos);
   // Modes and levels that are not this block's.
+  // Distributed mode without secure aggregation: each silo's share protects nothing.
   const auto distributed = six(R"(, "privacy": {"mode": "distributed", "epsilon": 3})");
-  EXPECT_NE(distributed.find(".privacy.mode: distributed"), std::string::npos) << distributed;
-  EXPECT_NE(distributed.find("not built yet"), std::string::npos) << distributed;
+  EXPECT_NE(distributed.find(".privacy.mode: distributed needs secure aggregation"), std::string::npos) << distributed;
   EXPECT_NE(six(R"(, "privacy": {"level": "record", "epsilon": 3})").find(".privacy.level: record-level budgets belong to each silo"),
             std::string::npos);
   // Secure aggregation: the server never sees an update to clip.
@@ -911,9 +911,39 @@ TEST(Config, CentralDpIsConfiguredWithItsBudgetAndRefusedWhereItsGuaranteeWouldN
   EXPECT_EQ(sim.silo_privacy.value("mode", ""), "central");
   EXPECT_EQ(sim.silo_privacy.value("rounds", 0), 4);
   atomic_write_file(dir / "sim.json", R"({"silos": 3, "privacy": {"level": "silo", "mode": "distributed", "epsilon": 3}})");
-  const auto refused = error_of([&] { tools::load_sim_config(dir / "sim.json"); });
-  EXPECT_NE(refused.find(".privacy.mode: distributed"), std::string::npos) << refused;
-  EXPECT_NE(refused.find("not built yet"), std::string::npos) << refused;
+  const auto distributed_sim = tools::load_sim_config(dir / "sim.json");
+  EXPECT_EQ(distributed_sim.silo_privacy.value("mode", ""), "distributed");
+}
+
+// Silo-level distributed DP: needs secure aggregation (SecAgg, a ring of 16 bits or more), and
+// is refused with the reason wherever its guarantee would not hold; with the model's size
+// known, too few bits for the sum are refused at load.
+TEST(Config, DistributedDpNeedsSecureAggregationAndIsRefusedWhereItsGuaranteeWouldNotHold) {
+  const SixSiloServer six;
+  const std::string secure = R"(, "secure": {"mode": "global", "max_weight": 1})";
+  auto with = [&](const std::string& privacy, const std::string& more = "") {
+    return six(R"(, "privacy": {"level": "silo", "mode": "distributed", )" + privacy + "}" + secure + more);
+  };
+  EXPECT_EQ(with(R"("epsilon": 3, "rounds": 20, "clip_norm": 0.5)"), "");
+  EXPECT_EQ(with(R"("epsilon": 3, "rounds": 20, "bits": 16, "dim": 4810)"), "");
+  const auto few = with(R"("epsilon": 3, "rounds": 20, "bits": 8, "dim": 4810)");
+  EXPECT_NE(few.find(".privacy.bits: 8 bits cannot hold the sum"), std::string::npos) << few;
+  const auto wide = with(R"("epsilon": 3, "bits": 40)");
+  EXPECT_NE(wide.find(".privacy.bits: 40 does not fit the masking ring of secure.bits = 32"), std::string::npos) << wide;
+  EXPECT_NE(with(R"("epsilon": 3, "rounds": 5, "noise_multiplier": 1)").find("and rounds both"), std::string::npos);
+  // Robust rules need grouped secure mode (global shows only the total): three groups of two.
+  for (const char* rule : {R"("rule": "median", "f": 1)", R"("rule": "trimmed_mean", "f": 1)"}) {
+    const auto why = six(std::string(R"(, "privacy": {"mode": "distributed", "epsilon": 3}, "secure": {"mode": "grouped", )"
+                                     R"("min_group": 2, "group_dropouts": 0, "max_weight": 1}, "aggregation": {)") + rule + "}");
+    EXPECT_NE(why.find("cannot be combined with distributed DP"), std::string::npos) << rule << ": " << why;
+  }
+  EXPECT_NE(with(R"("epsilon": 3)", R"(, "aggregation": {"adaptive_clip": {"quantile": 0.5}})").find(".aggregation.adaptive_clip"),
+            std::string::npos);
+  EXPECT_NE(with(R"("epsilon": 3)", R"(, "aggregation": {"clip_norm": 1})").find(".aggregation.clip_norm"), std::string::npos);
+  const auto compressed = with(R"("epsilon": 3)", R"(, "compression": {"scheme": "random_k", "fraction": 0.1})");
+  EXPECT_NE(compressed.find("distributed DP encodes the whole rotated update"), std::string::npos) << compressed;
+  const auto lsa = six(R"(, "privacy": {"mode": "distributed", "epsilon": 3}, "secure": {"mode": "global", "protocol": "lightsecagg", "max_weight": 1})");
+  EXPECT_NE(lsa.find(".secure.protocol: lightsecagg masks in the field"), std::string::npos) << lsa;
 }
 
 }  // namespace

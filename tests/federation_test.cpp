@@ -365,6 +365,131 @@ TEST(Federation, CentralDpSpendsTheServersBudgetAcrossARestartAndEndsTheFederati
   EXPECT_NE(read_file(out / "report.html").find("id='privacy'"), std::string::npos);
 }
 
+nlohmann::json distributed_sim(nlohmann::json privacy, nlohmann::json faults) {
+  return {{"silos", 5},
+          {"rounds", 3},
+          {"seed", 4},
+          {"baseline", false},
+          {"data", {{"dataset", "digits"}, {"standardize", true}}},
+          {"model", {{"kind", "logistic"}}},
+          {"training", {{"local_epochs", 1}, {"batch_size", 32}, {"learning_rate", 0.1}}},
+          {"selection", {{"min_silos", 4}, {"min_updates", 4}}},
+          {"secure", {{"mode", "global"}, {"min_group", 3}, {"modulus_bits", 32}, {"max_weight", 1000},
+                      {"keys_s", 10}, {"unmask_s", 10}}},
+          {"deadlines", {{"join_s", 5}, {"train_s", 30}, {"upload_s", 30}}},
+          {"faults", std::move(faults)},
+          {"privacy", std::move(privacy)}};
+}
+
+// Silo-level distributed DP in a federation of real processes (digits, secure aggregation): each
+// silo adds its share of Skellam noise inside the masked ring; the budget, planned for 2 of the
+// sim's 3 rounds, ends the federation (audited) after 2 committed rounds although the server is
+// restarted in round 2 (the spend is rebuilt from the audit chain); every committed record names
+// the Skellam mechanism and its parameters, and `xsilo audit verify` recomputes the epsilon.
+TEST(Federation, DistributedDpSpendsTheBudgetAcrossARestartAndEndsTheFederationWhenItIsSpent) {
+  test::TempDir dir;
+  const auto sim = distributed_sim({{"level", "silo"}, {"mode", "distributed"}, {"epsilon", 3.0}, {"delta", 1e-5},
+                                    {"rounds", 2}, {"clip_norm", 1.0}, {"bits", 20}},
+                                   {{{"process", "server"}, {"action", "restart"}, {"round", 2}, {"phase", "train"}}});
+  atomic_write_file(dir / "sim.json", sim.dump());
+  ProcessOptions in_dir;
+  in_dir.cwd = dir.path();
+  Process run({test::xsilo_bin(), "sim", "--config", "sim.json", "--out", "out"}, dir / "sim.log", in_dir);
+  ASSERT_EQ(run.wait(240s).value_or(-1), 0) << log_tail(dir / "sim.log", 40);
+  const auto out = dir / "out";
+  const auto summary = nlohmann::json::parse(read_file(out / "summary.json"));
+  EXPECT_EQ(summary["rounds_committed"], 2);
+  EXPECT_LE(summary["epsilon_spent"].get<double>(), 3.0);
+  EXPECT_GT(summary["epsilon_spent"].get<double>(), 2.9);
+  EXPECT_NE(read_file(dir / "sim.log").find("privacy budget spent"), std::string::npos) << log_tail(dir / "sim.log", 20);
+  std::size_t noised = 0, starts = 0;
+  for (const auto& r : server::read_audit_log(out / "audit.jsonl")) {
+    if (r.value("event", "") == "federation_start") ++starts;
+    if (r.value("event", "") == "round" && r.value("status", "") == "committed") {
+      ASSERT_TRUE(r.contains("privacy")) << r.dump();
+      const auto& p = r["privacy"];
+      EXPECT_EQ(p["mechanism"], "skellam");
+      EXPECT_EQ(p["bits"], 20);
+      EXPECT_EQ(p["padded_length"], 1024);  // digits logistic: 64 x 10 + 10 = 650 coordinates
+      EXPECT_GT(p["gamma"].get<double>(), 0);
+      EXPECT_GT(p["variance"].get<double>(), 0);
+      EXPECT_EQ(p["rounds_spent"], ++noised);
+      EXPECT_EQ(r["distributed_dp"]["updates"], 5.0) << r.dump();
+    }
+  }
+  EXPECT_EQ(noised, 2u);
+  EXPECT_EQ(starts, 2u) << "the server was not restarted";
+  Process verify({test::xsilo_bin(), "audit", "verify", "out/audit.jsonl", "--key", "out/audit.pub"}, dir / "verify.log",
+                 in_dir);
+  EXPECT_EQ(verify.wait(30s).value_or(-1), 0) << log_tail(dir / "verify.log");
+}
+
+// A silo lost after sharing its keys in round 2: its group's sum is still revealed from the 4
+// survivors the threshold allows (n_min = 4: each member added mu / 4, so the 4 survivors' sum
+// carries mu exactly), the round commits, and the federation runs its 3 rounds. The same
+// config runs in-process (`xsilo sim --in-process`) with the same spend.
+TEST(Federation, DistributedDpSurvivesASiloDroppingOutAndRunsInProcess) {
+  test::TempDir dir;
+  const nlohmann::json privacy = {{"level", "silo"}, {"mode", "distributed"}, {"epsilon", 20.0}, {"delta", 1e-5},
+                                  {"clip_norm", 1.0}, {"bits", 16}};
+  const auto sim = distributed_sim(privacy, {{{"process", "hospital-03"}, {"action", "kill"}, {"round", 2},
+                                              {"phase", "after_shares"}}});
+  atomic_write_file(dir / "sim.json", sim.dump());
+  ProcessOptions in_dir;
+  in_dir.cwd = dir.path();
+  Process run({test::xsilo_bin(), "sim", "--config", "sim.json", "--out", "out"}, dir / "sim.log", in_dir);
+  ASSERT_EQ(run.wait(240s).value_or(-1), 0) << log_tail(dir / "sim.log", 40);
+  const auto summary = nlohmann::json::parse(read_file(dir / "out" / "summary.json"));
+  EXPECT_EQ(summary["rounds_committed"], 3);
+  EXPECT_GT(summary["epsilon_spent"].get<double>(), 0);
+  EXPECT_LE(summary["epsilon_spent"].get<double>(), 20.0);
+  bool saw_dropout = false;
+  for (const auto& r : server::read_audit_log(dir / "out" / "audit.jsonl")) {
+    if (r.value("event", "") != "round" || r.value("status", "") != "committed" || r.value("round", 0) != 2) continue;
+    const auto& g = r["secure"]["groups_outcome"][0];
+    EXPECT_EQ(g["survivors"].size(), 4u) << r.dump();
+    EXPECT_EQ(g["min_survivors"], 4) << r.dump();
+    EXPECT_EQ(r["distributed_dp"]["updates"], 4.0) << r.dump();
+    saw_dropout = true;
+  }
+  EXPECT_TRUE(saw_dropout);
+
+  auto local = sim;
+  local.erase("faults");
+  atomic_write_file(dir / "local.json", local.dump());
+  const auto r = tools::run_sim_in_process(tools::load_sim_config(dir / "local.json"), dir / "in-process", {});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.rounds_committed, 3u);
+  EXPECT_NEAR(r.epsilon_spent, summary["epsilon_spent"].get<double>(), 1e-9);
+}
+
+// Distributed DP through two edges: an edge only adds masked words mod 2^modulus_bits, so the
+// server still unmasks one sum over the same ring, with every silo's noise share in it.
+TEST(Federation, DistributedDpRunsThroughEdges) {
+  test::TempDir dir;
+  auto sim = distributed_sim({{"level", "silo"}, {"mode", "distributed"}, {"epsilon", 20.0}, {"delta", 1e-5},
+                              {"bits", 20}},
+                             nlohmann::json::array());
+  sim["edges"] = 2;
+  sim["rounds"] = 2;
+  atomic_write_file(dir / "sim.json", sim.dump());
+  ProcessOptions in_dir;
+  in_dir.cwd = dir.path();
+  Process run({test::xsilo_bin(), "sim", "--config", "sim.json", "--out", "out"}, dir / "sim.log", in_dir);
+  ASSERT_EQ(run.wait(240s).value_or(-1), 0) << log_tail(dir / "sim.log", 40);
+  EXPECT_NE(read_file(dir / "sim.log").find("edges 2/2"), std::string::npos) << log_tail(dir / "sim.log", 20);
+  const auto summary = nlohmann::json::parse(read_file(dir / "out" / "summary.json"));
+  EXPECT_EQ(summary["rounds_committed"], 2);
+  std::size_t noised = 0;
+  for (const auto& r : server::read_audit_log(dir / "out" / "audit.jsonl")) {
+    if (r.value("event", "") != "round" || r.value("status", "") != "committed") continue;
+    EXPECT_EQ(r["privacy"]["mechanism"], "skellam");
+    EXPECT_EQ(r["distributed_dp"]["updates"], 5.0) << r.dump();
+    ++noised;
+  }
+  EXPECT_EQ(noised, 2u);
+}
+
 // Record-level privacy in a federation of real processes, secure groups through two edges: each
 // silo chooses its own noise for the rounds its budget was planned for, spends its budget across
 // them, refuses the round after, and the server ends the federation (audited) once too few silos

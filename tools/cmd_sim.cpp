@@ -41,7 +41,8 @@ void add_sim(CLI::App& app, int& exit_code) {
       std::printf("record-level privacy: epsilon %.3f of %g spent (delta %g), the largest over silos\n", r.epsilon_spent,
                   cfg.privacy->max_epsilon, cfg.privacy->delta);
     } else if (!*quiet && r.epsilon_spent >= 0) {
-      std::printf("silo-level central DP: epsilon %.3f of %g spent (delta %g)\n", r.epsilon_spent,
+      std::printf("silo-level %s DP: epsilon %.3f of %g spent (delta %g)\n",
+                  cfg.silo_privacy.value("mode", "central").c_str(), r.epsilon_spent,
                   cfg.silo_privacy.value("epsilon", 0.0), cfg.silo_privacy.value("delta", 1e-5));
     }
     exit_code = r.exit_code;

@@ -610,7 +610,8 @@ void say_outcome(const SimConfig& cfg, const FederationFiles& f, const std::file
                   result.epsilon_spent, cfg.privacy->max_epsilon, cfg.privacy->delta);
     say(line);
   } else if (result.epsilon_spent >= 0) {
-    std::snprintf(line, sizeof line, "  silo-level central DP: epsilon %.3f of %g spent (delta %g)", result.epsilon_spent,
+    std::snprintf(line, sizeof line, "  silo-level %s DP: epsilon %.3f of %g spent (delta %g)",
+                  cfg.silo_privacy.value("mode", "central").c_str(), result.epsilon_spent,
                   cfg.silo_privacy.value("epsilon", 0.0), cfg.silo_privacy.value("delta", 1e-5));
     say(line);
   }

@@ -25,9 +25,11 @@
 #include "common/mlp.h"
 #include "common/safetensors.h"
 #include "crypto/hash.h"
+#include "crypto/skellam.h"
 #include "crypto/sources.h"
 #include "protocol/privacy.h"
 #include "server/aggregator.h"
+#include "server/config_privacy.h"
 #include "server/config.h"
 #include "server/optimizer.h"
 #include "server/commit.h"
@@ -88,9 +90,10 @@ class GroupedSums {
                           " (secure_floor.min_sum); raise secure.min_group");
       }
     }
+    skellam_ = server::skellam_setup(cfg, round);  // distributed DP: as the server's setups say
     for (std::size_t g = 0; g < groups.size(); ++g) {
       for (const auto& m : groups[g]) group_of_[m] = g;
-      sums_.emplace_back(codec_.bits, codec_.words(d));
+      sums_.emplace_back(codec_.bits, skellam_ ? crypto::padded_length(d) + 1 : codec_.words(d));
       members_.push_back(groups[g]);
     }
   }
@@ -99,6 +102,16 @@ class GroupedSums {
   void add(const std::string& silo, std::span<const float> update, double weight, agent::FaultHook& hook) {
     std::vector<float> delta(update.begin(), update.end());
     for (auto& v : delta) v = static_cast<float>(v / weight);
+    if (skellam_) {  // distributed DP: the silo's encoding (silo_agent/masking_job.cpp), fresh noise
+      const auto g = group_of_.at(silo);
+      const auto p = params(server::group_min_survivors(cfg_.secure, members_[g].size()));
+      protocol::MaskedVector words(codec_.bits, crypto::padded_length(d_) + 1);
+      crypto::NoiseSource noise;
+      words.visit([&](auto w) { crypto::encode_skellam(p, delta, noise, w); });
+      sums_[g].add(words);
+      survivors_[g].push_back(silo);
+      return;
+    }
     auto applied = codec_;
     hook.encoding(applied);
     protocol::MaskedVector words(codec_.bits, codec_.words(d_));
@@ -119,22 +132,42 @@ class GroupedSums {
       r.group = static_cast<std::uint32_t>(g + 1);
       r.members = members_[g];
       r.survivors = survivors_[g];
-      r.ok = r.survivors.size() >= server::group_min_survivors(cfg_.secure, r.members.size());
+      r.min_survivors = server::group_min_survivors(cfg_.secure, r.members.size());
+      r.ok = r.survivors.size() >= r.min_survivors;
       if (!r.ok) r.why = "too few members uploaded";
-      if (r.ok) {
+      if (r.ok && skellam_) {
+        const auto p = params(static_cast<std::uint32_t>(r.min_survivors));
+        r.sum = server::GroupSum(sums_[g].visit([&](auto w) { return crypto::decode_skellam(p, w, d_); }), d_);
+        r.why = server::implausible_skellam_sum(r.sum, r.survivors.size(), r.min_survivors, *cfg_.distributed_dp);
+        r.ok = r.why.empty();
+      } else if (r.ok) {
         r.sum = server::GroupSum(std::move(sums_[g]), codec_, d_);
         r.why = server::implausible_sum(r.sum, r.survivors.size(), secure_, clip_norm_.has_value());
         r.ok = r.why.empty();
       }
       results.push_back(std::move(r));
     }
+    if (skellam_) return server::combine_distributed_groups(results, d_, *cfg_.distributed_dp, out);
     return server::combine_groups(cfg_.aggregation, results, d_,
                                   clip_norm_ ? std::optional<double>(secure_.clip_norm) : std::nullopt,
                                   cfg_.secure.clip_norm, ctx, out);
   }
 
  private:
+  crypto::SkellamParams params(std::uint32_t min_survivors) const {
+    crypto::SkellamParams p;
+    p.ring = codec_.bits;
+    p.bits = skellam_->bits();
+    p.gamma = skellam_->gamma();
+    p.clip_norm = skellam_->clip_norm();
+    p.silo_variance = skellam_->variance() / static_cast<double>(std::max<std::uint32_t>(1, min_survivors));
+    p.beta = skellam_->beta();
+    p.rotation_seed = skellam_->rotation_seed();
+    return p;
+  }
+
   const server::ServerConfig& cfg_;
+  std::optional<wire::SkellamSetup> skellam_;
   server::SecureConfig secure_;  // the round's: clip_norm lowered to the adaptive one
   std::uint64_t round_;
   std::size_t d_;
@@ -252,10 +285,11 @@ SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& 
   } quieter;
   refuse_protocol_modes(cfg);
   FederationFiles f = prepare_federation(cfg, out);
-  const auto scfg = server::load_server_config(f.server_config);
+  auto scfg = server::load_server_config(f.server_config);
   std::vector<Silo> silos = make_silos(cfg, f);
 
   Model global = init_model(scfg.model);
+  if (scfg.distributed_dp) server::check_distributed_dp(*scfg.distributed_dp, global.size(), f.server_config.string());
   server::ServerOptimizer optimizer(scfg.optimizer, global);
   std::optional<double> clip_norm;
   if (scfg.aggregation.adaptive_clip.on()) clip_norm = scfg.aggregation.adaptive_clip.initial;
@@ -269,9 +303,10 @@ SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& 
   // Silo-level central DP: the server's budget, spent by committed rounds as its coordinator does.
   privacy::Ledger central_spent;
   bool budget_ended = false;
-  if (scfg.central_dp) result.epsilon_spent = 0;
+  if (scfg.central_dp || scfg.distributed_dp) result.epsilon_spent = 0;
   for (std::uint64_t round = 1; round <= scfg.rounds; ++round) {
-    if (scfg.central_dp && !server::fits_another_round(*scfg.central_dp, central_spent)) {
+    if ((scfg.central_dp && !server::fits_another_round(*scfg.central_dp, central_spent)) ||
+        (scfg.distributed_dp && !server::fits_another_round(*scfg.distributed_dp, central_spent))) {
       spdlog::warn("round {}: the central DP budget is spent (epsilon {:.4g}); the federation ends", round,
                    result.epsilon_spent);
       budget_ended = true;
@@ -302,6 +337,10 @@ SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& 
         if (scfg.central_dp) {
           central_spent.add(server::round_mechanism(*scfg.central_dp), 1);
           result.epsilon_spent = server::epsilon_of(central_spent, scfg.central_dp->delta);
+        }
+        if (scfg.distributed_dp) {
+          central_spent.add(server::round_mechanism(*scfg.distributed_dp), 1);
+          result.epsilon_spent = server::epsilon_of(central_spent, scfg.distributed_dp->delta);
         }
       }
     }

@@ -1,0 +1,103 @@
+// Distributed differential privacy under secure aggregation: the Skellam mechanism (Agarwal,
+// Kairouz, Liu, NeurIPS 2021, "The Skellam Mechanism for Differentially Private Federated
+// Learning", arXiv:2110.04995, Algorithm 1). Each silo turns its update into integers and adds
+// its share of Skellam noise before masking; the masked sum the server reveals carries the sum of
+// the shares, itself Skellam (Skellam(a) + Skellam(b) = Skellam(a + b)), and no party ever sees a
+// less noisy value than that sum.
+//
+// A silo's encoding of its delta x (d coordinates), with P = the next power of two >= d:
+//   1. clip:    x <- x min(1, C / ||x||_2) (every silo weighs 1, whatever its sample count)
+//   2. rotate:  y = H D [x, 0...0] / sqrt(P): D diagonal random signs, H the P x P Walsh-Hadamard
+//               matrix (entries +-1, H H = P I). Orthogonal: ||y|| = ||x||. The signs come from
+//               the round's public rotation seed (SkellamParams::rotation_seed; a NoiseSource
+//               keyed by SHA-256 of a purpose label and the seed), the same at every silo and the
+//               server: it spreads a vector's mass over all coordinates, so that no coordinate of
+//               the sum nears the ring's edge. It is no secret and the guarantee does not rest on
+//               it (the sensitivities below hold for any signs).
+//   3. scale:   y <- gamma y.
+//   4. round:   each coordinate to floor(v) or floor(v) + 1 with the probabilities that make it
+//               unbiased (E = v), drawn again (conditional rounding, the paper's Section 4.1)
+//               until the rounded vector's squared norm is at most rounded_l2_bound()^2. Each
+//               try passes with probability >= 1 - beta (the paper's Lemma: beta = e^-0.5 by
+//               default); a silo that fails 10000 tries in a row reports an error rather than
+//               send a vector outside the bound (probability < 0.61^10000).
+//   5. noise:   + Skellam(silo_variance) per coordinate: Poisson(v/2) - Poisson(v/2), drawn from
+//               the silo's own NoiseSource (never the rotation's).
+//   6. ring:    each integer as a word of Z_{2^ring} (two's complement), then a last word 1 (the
+//               count of contributors: who took part is no secret). Masking follows unchanged.
+//
+// The server reduces the unmasked sum's words modulo 2^bits (bits <= ring: the mechanism's
+// ring; a wider wire ring only carries it), reads them centred in [-2^(bits-1), 2^(bits-1)),
+// inverts 3 and 2 (divide by gamma; x = D H y / sqrt(P)) and drops the padding.
+//
+// Sensitivity of the sum to one silo's vector, in integer units (rdp.h's SkellamSum):
+//   L2 <= Delta_2 = rounded_l2_bound(gamma C, P, beta) by the conditional rounding, and
+//   L1 <= Delta_1 = min(sqrt(P) Delta_2, Delta_2^2) (Cauchy-Schwarz; and an integer vector has
+//   |v_i| <= v_i^2 in every coordinate).
+//
+// Poisson sampler (poisson()): exact rejection algorithms fed by NoiseSource's uniforms:
+//   lambda < 10: multiplication of uniforms (Knuth): the smallest k with U_1...U_{k+1} < e^-lambda.
+//   lambda >= 10: PTRS, transformed rejection with squeeze (Hörmann 1993, "The transformed
+//   rejection method for generating Poisson random variables", Insurance: Mathematics and
+//   Economics 12), the algorithm numpy uses; its acceptance test compares against the exact
+//   Poisson probability (lgamma), so the output is Poisson(lambda) up to double rounding.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "crypto/noise.h"
+
+namespace xsilo::crypto {
+
+struct SkellamParams {
+  std::uint32_t ring = 32;        // the masking ring's bits (8, 16, 32, 64): the wire words
+  std::uint32_t bits = 20;        // the mechanism's ring 2^bits, bits <= ring
+  double clip_norm = 1.0;         // C
+  double gamma = 1.0;             // scale before rounding
+  double silo_variance = 1.0;     // this silo's share of the Skellam variance (integer units)
+  double beta = 0.6065306597126334;  // conditional rounding: e^-0.5
+  std::uint64_t rotation_seed = 0;
+};
+
+// The next power of two >= d (1 for d = 0).
+std::size_t padded_length(std::size_t d);
+
+// The paper's bound on the norm of a conditionally rounded vector of norm <= c in P
+// coordinates: sqrt(min(c^2 + P/4 + sqrt(2 ln(1/beta)) (c + sqrt(P)/2), (c + sqrt(P))^2)).
+double rounded_l2_bound(double c, std::size_t padded, double beta);
+
+// y = H x (unnormalized fast Walsh-Hadamard transform), x.size() a power of two.
+void walsh_hadamard(std::span<double> x);
+// y = H D x / sqrt(P) and its inverse x = D H y / sqrt(P), D the signs of `seed`.
+void rotate(std::span<double> x, std::uint64_t seed);
+void unrotate(std::span<double> x, std::uint64_t seed);
+
+// Exact samplers (above).
+std::uint64_t poisson(NoiseSource& noise, double lambda);
+std::int64_t skellam(NoiseSource& noise, double variance);
+
+// Encodes delta (steps 1-6) into out (padded_length(delta.size()) + 1 words). Returns the clip
+// factor applied (1 if none). Throws std::runtime_error when the conditional rounding keeps
+// failing or a value does not fit in 62 bits.
+double encode_skellam(const SkellamParams& p, std::span<const float> delta, NoiseSource& noise,
+                      std::span<std::uint8_t> out);
+double encode_skellam(const SkellamParams& p, std::span<const float> delta, NoiseSource& noise,
+                      std::span<std::uint16_t> out);
+double encode_skellam(const SkellamParams& p, std::span<const float> delta, NoiseSource& noise,
+                      std::span<std::uint32_t> out);
+double encode_skellam(const SkellamParams& p, std::span<const float> delta, NoiseSource& noise,
+                      std::span<std::uint64_t> out);
+
+// Word k of a sum as the mechanism's signed integer: reduced mod 2^bits, centred.
+std::int64_t centred(std::uint64_t word, std::uint32_t bits);
+
+// Decodes a sum of encodings (padded_length(d) + 1 words): the d coordinates of sum(clip(x))
+// plus noise / gamma, then the count of contributors last (d + 1 values).
+std::vector<double> decode_skellam(const SkellamParams& p, std::span<const std::uint8_t> sum, std::size_t d);
+std::vector<double> decode_skellam(const SkellamParams& p, std::span<const std::uint16_t> sum, std::size_t d);
+std::vector<double> decode_skellam(const SkellamParams& p, std::span<const std::uint32_t> sum, std::size_t d);
+std::vector<double> decode_skellam(const SkellamParams& p, std::span<const std::uint64_t> sum, std::size_t d);
+
+}  // namespace xsilo::crypto

@@ -1,0 +1,155 @@
+#include "server/distributed_dp.h"
+
+#include <cmath>
+#include <cstdio>
+#include <stdexcept>
+
+#include "server/central_dp.h"
+
+namespace xsilo::server {
+
+double distributed_l2(const DistributedDpConfig& c, double gamma) {
+  return crypto::rounded_l2_bound(gamma * c.clip_norm, c.padded, c.beta);
+}
+
+double distributed_l1(const DistributedDpConfig& c, double gamma) {
+  const double l2 = distributed_l2(c, gamma);
+  return std::min(std::sqrt(static_cast<double>(c.padded)) * l2, l2 * l2);
+}
+
+privacy::Mechanism round_mechanism(const DistributedDpConfig& c) {
+  return privacy::SkellamSum{distributed_l1(c, c.gamma), distributed_l2(c, c.gamma), c.variance};
+}
+
+bool fits_another_round(const DistributedDpConfig& c, const privacy::Ledger& spent) {
+  return privacy::Accountant::replay(spent).steps_within(round_mechanism(c), c.epsilon, c.delta, 1) >= 1;
+}
+
+double skellam_noise_multiplier_for(double epsilon, double delta, double l1, double l2, std::uint64_t rounds) {
+  auto eps = [&](double z) {
+    privacy::Accountant a;
+    a.compose(privacy::SkellamSum{l1, l2, z * z * l2 * l2}, rounds);
+    return a.epsilon(delta).epsilon;
+  };
+  double lo = std::log(1e-3), hi = std::log(1e6);
+  if (eps(std::exp(hi)) > epsilon) throw std::invalid_argument("no noise multiplier up to 1e6 reaches the budget");
+  if (eps(std::exp(lo)) <= epsilon) return std::exp(lo);
+  for (int i = 0; i < 100 && hi - lo > 1e-10; ++i) {
+    const double mid = (lo + hi) / 2;
+    (eps(std::exp(mid)) <= epsilon ? hi : lo) = mid;
+  }
+  return std::exp(hi);
+}
+
+double ring_reach(const DistributedDpConfig& c, double gamma, double variance) {
+  const double n = static_cast<double>(c.max_group), P = static_cast<double>(c.padded);
+  const double k = std::sqrt(2 * std::log(4 * n * P / kWrapFailure));
+  const double L = std::log(4 * P / kWrapFailure);
+  const double V = 2 * variance;
+  const double t = L / 3 + std::sqrt(L * L / 9 + 2 * L * V);
+  return n * (gamma * c.clip_norm * k / std::sqrt(P) + 1) + t;
+}
+
+void finalize_distributed_dp(DistributedDpConfig& c, std::size_t d) {
+  if (c.max_group < 1) throw std::invalid_argument("distributed DP: no group size");
+  c.dim = d;
+  c.padded = crypto::padded_length(d);
+  const bool chosen = c.rounds > 0;
+  auto z_at = [&](double gamma) {
+    return chosen ? skellam_noise_multiplier_for(c.epsilon, c.delta, distributed_l1(c, gamma), distributed_l2(c, gamma),
+                                                 c.rounds)
+                  : c.noise_multiplier;
+  };
+  auto mu_at = [&](double gamma, double z) { return z * z * distributed_l2(c, gamma) * distributed_l2(c, gamma); };
+  const double limit = std::ldexp(1.0, static_cast<int>(c.bits) - 1) - 1;
+  auto fits = [&](double gamma) { return ring_reach(c, gamma, mu_at(gamma, z_at(gamma))) <= limit; };
+  // The smallest gamma worth having: gamma C = sqrt(P), the rounding's noise norm.
+  const double floor_gamma = std::sqrt(static_cast<double>(c.padded)) / c.clip_norm;
+  if (!fits(floor_gamma)) {
+    const double z = z_at(floor_gamma);
+    char why[400];
+    std::snprintf(why, sizeof why,
+                  "%u bits cannot hold the sum: at gamma %.4g (gamma clip_norm = sqrt(%zu), the rounding's own noise) "
+                  "a coordinate of %zu silos' sum with noise multiplier %.4g reaches %.4g, above 2^%u - 1; use more "
+                  "bits, fewer rounds or a larger epsilon",
+                  c.bits, floor_gamma, c.padded, c.max_group, z, ring_reach(c, floor_gamma, mu_at(floor_gamma, z)),
+                  c.bits - 1);
+    throw std::invalid_argument(why);
+  }
+  // Bisection on log gamma: the reach grows with gamma (signal and noise both scale with it).
+  double lo = std::log(floor_gamma), hi = std::log(floor_gamma) + 60;
+  for (int i = 0; i < 80 && hi - lo > 1e-6; ++i) {
+    const double mid = (lo + hi) / 2;
+    (fits(std::exp(mid)) ? lo : hi) = mid;
+  }
+  c.gamma = std::exp(lo);
+  c.noise_multiplier = z_at(c.gamma);
+  c.variance = mu_at(c.gamma, c.noise_multiplier);
+}
+
+crypto::SkellamParams skellam_params(const DistributedDpConfig& c, std::uint32_t min_survivors,
+                                     std::uint64_t rotation_seed) {
+  crypto::SkellamParams p;
+  p.ring = c.ring;
+  p.bits = c.bits;
+  p.clip_norm = c.clip_norm;
+  p.gamma = c.gamma;
+  p.silo_variance = c.variance / static_cast<double>(std::max<std::uint32_t>(1, min_survivors));
+  p.beta = c.beta;
+  p.rotation_seed = rotation_seed;
+  return p;
+}
+
+nlohmann::json round_privacy_record(const DistributedDpConfig& c, const privacy::Ledger& spent) {
+  std::uint64_t rounds = 0;
+  for (const auto& s : spent.steps) rounds += s.count;
+  return {{"level", "silo"},
+          {"mechanism", "skellam"},
+          {"noise_multiplier", c.noise_multiplier},
+          {"variance", c.variance},
+          {"gamma", c.gamma},
+          {"bits", c.bits},
+          {"clip_norm", c.clip_norm},
+          {"padded_length", c.padded},
+          {"beta", c.beta},
+          {"l1", distributed_l1(c, c.gamma)},
+          {"l2", distributed_l2(c, c.gamma)},
+          {"denominator", c.denominator},
+          {"n_min", "each group's min_survivors (its secure setup): every member adds variance / n_min"},
+          {"delta", c.delta},
+          {"epsilon", epsilon_of(spent, c.delta)},
+          {"max_epsilon", c.epsilon},
+          {"rounds_spent", rounds}};
+}
+
+std::optional<privacy::Mechanism> distributed_mechanism_of(const nlohmann::json& record) {
+  if (record.value("event", "") != "round" || record.value("status", "") != "committed") return std::nullopt;
+  const auto it = record.find("privacy");
+  if (it == record.end() || !it->is_object() || it->value("mechanism", "") != "skellam") return std::nullopt;
+  const auto& p = *it;
+  for (const char* key : {"gamma", "clip_norm", "padded_length", "beta", "variance", "delta", "epsilon"}) {
+    if (!p.contains(key) || !p[key].is_number()) {
+      throw std::invalid_argument(std::string("its privacy part has no number \"") + key + "\"");
+    }
+  }
+  DistributedDpConfig c;
+  c.clip_norm = p["clip_norm"].get<double>();
+  c.padded = p["padded_length"].get<std::size_t>();
+  c.beta = p["beta"].get<double>();
+  c.gamma = p["gamma"].get<double>();
+  c.variance = p["variance"].get<double>();
+  if (c.padded == 0 || (c.padded & (c.padded - 1)) != 0 || !(c.beta > 0 && c.beta < 1) || !(c.gamma > 0) ||
+      !(c.clip_norm > 0)) {
+    throw std::invalid_argument("its privacy part has a padded_length, beta, gamma or clip_norm out of range");
+  }
+  const privacy::Mechanism m = round_mechanism(c);
+  privacy::validate(m);
+  return m;
+}
+
+std::optional<privacy::Mechanism> silo_level_mechanism_of(const nlohmann::json& record) {
+  if (auto m = central_mechanism_of(record)) return m;
+  return distributed_mechanism_of(record);
+}
+
+}  // namespace xsilo::server

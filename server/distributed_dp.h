@@ -1,0 +1,96 @@
+// Silo-level differential privacy, distributed mode (issue 42 item 2; docs/privacy.md): under
+// secure aggregation, each silo adds its share of Skellam noise to its clipped, rotated, scaled
+// and rounded update inside the masked ring (crypto/skellam.h), so the sum the server unmasks
+// already carries the whole noise and nobody, the server included, sees a less noisy value.
+//
+//   step = (1 / W) (sum_{i in round} clip_C(delta_i) + Skellam noise / gamma)
+//
+// as in central mode (server/central_dp.h): every silo weighs 1, W is the fixed denominator.
+//
+// Parameters, all in the signed secure setup (what a silo does) and the audit record:
+//   P       the rotated length, the next power of two >= d (the model's coordinates).
+//   gamma   the scale before rounding: chosen (choose_gamma) as the largest for which the sum fits
+//           the mechanism's ring 2^bits with probability >= 1 - kWrapFailure a round. Tail bound:
+//           a coordinate of the sum is sum_i (gamma y_ij + e_ij) + Z_j, |e_ij| < 1 (rounding),
+//           y_ij a coordinate of silo i's rotated vector (norm <= C) and Z_j the noise.
+//           Hoeffding over the random signs: P(|y_ij| > k C / sqrt(P)) <= 2 exp(-k^2 / 2); the
+//           silos' coordinates may be aligned, so their sum is bounded by n times the largest.
+//           Z_j is Skellam of variance V <= 2 mu (n / n_min < 2: a group's threshold is more than
+//           half its members), a difference of Poissons: Bernstein, P(|Z_j| > t) <= 2 exp(-t^2 /
+//           (2 (V + t / 3))). With the failure split in two halves, a union bound over the n P
+//           rotated coordinates and the P noise coordinates:
+//             n (gamma C k / sqrt(P) + 1) + t <= 2^(bits - 1) - 1,
+//             k = sqrt(2 ln(4 n P / b)), t = L / 3 + sqrt(L^2 / 9 + 2 L V), L = ln(4 P / b),
+//           b = kWrapFailure. A config whose bits cannot hold gamma C above the rounding's own
+//           noise (gamma C >= sqrt(P)) is refused with the numbers.
+//   Delta_2 = rounded_l2_bound(gamma C, P, beta), Delta_1 = min(sqrt(P) Delta_2, Delta_2^2).
+//   mu      the Skellam variance of the sum of the n_min least silos a group may reveal:
+//           (z Delta_2)^2, z the noise multiplier (the noise's standard deviation over the L2
+//           sensitivity, as in central mode), chosen from (epsilon, delta, rounds) by bisection
+//           on the Skellam RDP. Each of a group's members adds mu / n_min, n_min its setup's
+//           min_survivors, so any sum the protocol reveals carries at least mu: dropouts cannot
+//           weaken it.
+// One round is privacy::SkellamSum{Delta_1, Delta_2, mu}; only committed rounds spend, and the
+// spend is rebuilt from the audit chain at start, as in central mode.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "crypto/skellam.h"
+#include "privacy/accountant.h"
+
+namespace xsilo::server {
+
+inline constexpr double kWrapFailure = 1e-6;
+
+struct DistributedDpConfig {
+  double epsilon = 0;
+  double delta = 1e-5;
+  double clip_norm = 1.0;         // C
+  double noise_multiplier = 0;    // z (chosen from the rounds unless fixed)
+  std::uint64_t rounds = 0;       // the rounds z was chosen for (0: z fixed)
+  double denominator = 0;         // W
+  std::uint32_t bits = 20;        // the mechanism's ring 2^bits
+  std::uint32_t ring = 32;        // the masking ring (secure.bits)
+  double beta = 0.6065306597126334;  // conditional rounding, e^-0.5
+  std::size_t max_group = 0;      // the most silos one group's sum may hold (n)
+  // Set by finalize_distributed_dp once the model's size is known:
+  std::size_t dim = 0;            // d
+  std::size_t padded = 0;         // P
+  double gamma = 0;
+  double variance = 0;            // mu
+  privacy::Ledger spent;
+  bool ready() const { return padded > 0 && gamma > 0 && variance > 0; }
+};
+
+// Delta_2 and Delta_1 at a gamma.
+double distributed_l2(const DistributedDpConfig& c, double gamma);
+double distributed_l1(const DistributedDpConfig& c, double gamma);
+// One committed round: SkellamSum{Delta_1, Delta_2, mu}.
+privacy::Mechanism round_mechanism(const DistributedDpConfig& c);
+bool fits_another_round(const DistributedDpConfig& c, const privacy::Ledger& spent);
+// The smallest z for which `rounds` rounds at (l1, l2) stay within (epsilon, delta).
+double skellam_noise_multiplier_for(double epsilon, double delta, double l1, double l2, std::uint64_t rounds);
+// Sets dim, padded, gamma, z (when chosen from the rounds) and mu for a model of d coordinates.
+// Throws std::invalid_argument with the numbers when the ring cannot hold it.
+void finalize_distributed_dp(DistributedDpConfig& c, std::size_t d);
+// The largest value one coordinate of a sum may reach with probability >= 1 - kWrapFailure.
+double ring_reach(const DistributedDpConfig& c, double gamma, double variance);
+
+// What a member of a group of `min_survivors` adds: SkellamParams for its encoding.
+crypto::SkellamParams skellam_params(const DistributedDpConfig& c, std::uint32_t min_survivors,
+                                     std::uint64_t rotation_seed);
+
+nlohmann::json round_privacy_record(const DistributedDpConfig& c, const privacy::Ledger& spent);
+// The mechanism a committed distributed-DP record states (nullopt for any other record); it is
+// recomputed from gamma, C, P, beta and mu, never read from the record's own sensitivities.
+std::optional<privacy::Mechanism> distributed_mechanism_of(const nlohmann::json& record);
+// Either silo-level mode's mechanism (central_mechanism_of or distributed_mechanism_of): what the
+// recovery and the audit check compose.
+std::optional<privacy::Mechanism> silo_level_mechanism_of(const nlohmann::json& record);
+
+}  // namespace xsilo::server

@@ -1,0 +1,314 @@
+// Silo-level differential privacy, distributed mode (crypto/skellam.h, server/distributed_dp.h,
+// docs/privacy.md): the samplers, the rotation, each silo's encoding and the server's decoding of
+// the ring sum, the noise the sum carries, gamma's fit in the ring, the budget and the audit check.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+
+#include "crypto/skellam.h"
+#include "server/audit.h"
+#include "server/central_dp.h"
+#include "server/distributed_dp.h"
+
+namespace xsilo {
+namespace {
+
+crypto::NoiseSource::Key key(std::uint8_t b) {
+  crypto::NoiseSource::Key k{};
+  k.fill(b);
+  return k;
+}
+
+struct Moments {
+  double mean = 0, variance = 0;
+};
+
+template <class F>
+Moments moments_of(std::size_t n, F&& draw) {
+  double s = 0, sq = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double v = draw();
+    s += v;
+    sq += v * v;
+  }
+  const double m = s / static_cast<double>(n);
+  return {m, sq / static_cast<double>(n) - m * m};
+}
+
+// Both branches of the sampler (multiplication below 10, PTRS above): the sample mean within 5
+// standard errors of lambda, the sample variance within 5 standard errors of lambda (the
+// variance of a sample variance of n Poisson draws is about (2 lambda^2 + lambda) / n).
+TEST(Skellam, ThePoissonSamplerHasTheMeanAndVarianceOfItsLambda) {
+  crypto::NoiseSource noise(key(1));
+  constexpr std::size_t n = 200000;
+  for (const double lambda : {0.3, 3.5, 9.99, 10.0, 47.2, 1234.5, 2.5e6}) {
+    const auto m = moments_of(n, [&] { return static_cast<double>(crypto::poisson(noise, lambda)); });
+    EXPECT_NEAR(m.mean, lambda, 5 * std::sqrt(lambda / n)) << lambda;
+    EXPECT_NEAR(m.variance, lambda, 5 * std::sqrt((2 * lambda * lambda + lambda) / n)) << lambda;
+  }
+  EXPECT_EQ(crypto::poisson(noise, 0), 0u);
+  EXPECT_THROW(crypto::poisson(noise, -1), std::invalid_argument);
+}
+
+TEST(Skellam, SkellamNoiseIsCentredWithItsVariance) {
+  crypto::NoiseSource noise(key(2));
+  constexpr std::size_t n = 200000;
+  for (const double v : {1.0, 25.0, 4e4}) {
+    const auto m = moments_of(n, [&] { return static_cast<double>(crypto::skellam(noise, v)); });
+    EXPECT_NEAR(m.mean, 0, 5 * std::sqrt(v / n)) << v;
+    EXPECT_NEAR(m.variance, v, 5 * std::sqrt((2 * v * v + v) / n)) << v;
+  }
+}
+
+TEST(Skellam, TheHadamardRotationRoundTripsExactlyAndKeepsTheNorm) {
+  // Integers: H H x = P x with no rounding at all.
+  std::vector<double> ints(1024);
+  for (std::size_t i = 0; i < ints.size(); ++i) ints[i] = static_cast<double>(static_cast<int>(i % 37) - 18);
+  auto h = ints;
+  crypto::walsh_hadamard(h);
+  crypto::walsh_hadamard(h);
+  for (std::size_t i = 0; i < ints.size(); ++i) {
+    EXPECT_EQ(h[i], 1024 * ints[i]) << i;
+  }
+  // The randomized rotation: orthogonal, inverted by unrotate, and it spreads a spike.
+  std::vector<double> x(4096, 0.0);
+  x[7] = 3.0;
+  auto y = x;
+  crypto::rotate(y, 99);
+  double sq = 0, top = 0;
+  for (const double v : y) {
+    sq += v * v;
+    top = std::max(top, std::fabs(v));
+  }
+  EXPECT_NEAR(std::sqrt(sq), 3.0, 1e-12);
+  EXPECT_NEAR(top, 3.0 / 64, 1e-12);  // every coordinate +-3 / sqrt(4096)
+  auto back = y;
+  crypto::unrotate(back, 99);
+  for (std::size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(back[i], x[i], 1e-12) << i;
+  auto other = y;
+  crypto::unrotate(other, 100);  // another seed's signs do not invert it
+  EXPECT_GT(std::fabs(other[7] - 3.0), 0.1);
+  EXPECT_THROW(crypto::walsh_hadamard(std::span<double>(x.data(), 1000)), std::invalid_argument);
+}
+
+// The centred reading of a ring word: two's complement mod 2^bits, whatever the wire ring.
+TEST(Skellam, ARingWordReadsAsItsCentredValueModuloTwoToTheBits) {
+  EXPECT_EQ(crypto::centred(static_cast<std::uint32_t>(-5), 20), -5);
+  EXPECT_EQ(crypto::centred(static_cast<std::uint32_t>(-5), 32), -5);
+  EXPECT_EQ(crypto::centred((1u << 19) - 1, 20), (1 << 19) - 1);
+  EXPECT_EQ(crypto::centred(1u << 19, 20), -(1 << 19));
+  EXPECT_EQ(crypto::centred((1u << 20) + 3, 20), 3);  // wraps mod 2^20
+}
+
+std::vector<std::vector<float>> random_updates(std::size_t n, std::size_t d, double scale, std::uint8_t seed) {
+  crypto::NoiseSource g(key(seed));
+  std::vector<std::vector<float>> out(n, std::vector<float>(d));
+  for (auto& u : out) {
+    for (auto& v : u) v = static_cast<float>(scale * g.gaussian());
+  }
+  return out;
+}
+
+template <class Word>
+std::vector<double> ring_sum(const crypto::SkellamParams& p, const std::vector<std::vector<float>>& updates,
+                             std::uint8_t seed) {
+  const std::size_t d = updates[0].size(), P = crypto::padded_length(d);
+  std::vector<Word> sum(P + 1, 0);
+  for (std::size_t i = 0; i < updates.size(); ++i) {
+    std::vector<Word> words(P + 1);
+    crypto::NoiseSource noise(key(static_cast<std::uint8_t>(seed + i)));
+    crypto::encode_skellam(p, updates[i], noise, std::span<Word>(words));
+    for (std::size_t k = 0; k <= P; ++k) sum[k] = static_cast<Word>(sum[k] + words[k]);  // mod 2^ring
+  }
+  return crypto::decode_skellam(p, std::span<const Word>(sum), d);
+}
+
+// n silos' encodings added mod 2^ring decode to the sum of their clipped updates, off by no more
+// than the rounding and the noise: the per-coordinate error's RMS is about sqrt(n (v + 1/4)) /
+// gamma, v each silo's noise variance (within 10%), and the count word is n. Some updates are
+// longer than C (clipped), and their values wrap around the ring (negative coordinates).
+TEST(Skellam, TheRingSumOfNEncodingsDecodesToTheSumOfClippedUpdatesWithinTheNoise) {
+  const std::size_t n = 6, d = 3000;
+  auto updates = random_updates(n, d, 0.03, 7);  // norm about 1.6: clipped to 1
+  std::vector<double> clipped(d, 0.0);
+  for (const auto& u : updates) {
+    double sq = 0;
+    for (const float v : u) sq += static_cast<double>(v) * v;
+    const double f = std::min(1.0, 1.0 / std::sqrt(sq));
+    for (std::size_t k = 0; k < d; ++k) clipped[k] += u[k] * f;
+  }
+  for (const auto& [ring, bits, gamma, v] : std::vector<std::tuple<std::uint32_t, std::uint32_t, double, double>>{
+           {32, 20, 2000.0, 400.0}, {16, 12, 100.0, 4.0}, {64, 40, 1e6, 1e4}}) {
+    crypto::SkellamParams p;
+    p.ring = ring;
+    p.bits = bits;
+    p.gamma = gamma;
+    p.clip_norm = 1.0;
+    p.silo_variance = v;
+    p.rotation_seed = 5;
+    std::vector<double> got;
+    if (ring == 16) got = ring_sum<std::uint16_t>(p, updates, 30);
+    else if (ring == 32) got = ring_sum<std::uint32_t>(p, updates, 30);
+    else got = ring_sum<std::uint64_t>(p, updates, 30);
+    ASSERT_EQ(got.size(), d + 1);
+    EXPECT_EQ(got[d], static_cast<double>(n)) << bits;
+    double err = 0;
+    for (std::size_t k = 0; k < d; ++k) err += (got[k] - clipped[k]) * (got[k] - clipped[k]);
+    const double rms = std::sqrt(err / d);
+    // Rounding: a uniform-ish error of variance at most 1/4 a silo and coordinate.
+    const double expected = std::sqrt(n * v) / gamma;
+    const double most = std::sqrt(n * (v + 0.25)) / gamma;
+    EXPECT_GT(rms, 0.9 * expected) << bits;
+    EXPECT_LT(rms, 1.1 * most) << bits;
+  }
+}
+
+// The sum the server decodes carries Skellam noise of variance n x (mu / n_min) in integer
+// units: zero updates (no rounding), n = n_min = 8 silos, 65536 coordinates; the empirical
+// variance is within 3% (its standard error is about sqrt(2 / 65536) = 0.55%).
+TEST(Skellam, TheNoiseTheServerSeesInTheSumHasTheCalibratedVariance) {
+  const std::size_t n = 8, d = 65536;
+  const double mu = 5000;
+  crypto::SkellamParams p;
+  p.bits = 24;
+  p.gamma = 1.0;
+  p.silo_variance = mu / n;
+  p.rotation_seed = 3;
+  std::vector<std::vector<float>> zeros(n, std::vector<float>(d, 0.0f));
+  const auto got = ring_sum<std::uint32_t>(p, zeros, 50);
+  double sq = 0, s = 0;
+  for (std::size_t k = 0; k < d; ++k) {
+    s += got[k];
+    sq += got[k] * got[k];
+  }
+  const double var = sq / d - (s / d) * (s / d);
+  EXPECT_NEAR(var, mu, 0.03 * mu);
+  EXPECT_NEAR(s / d, 0, 5 * std::sqrt(mu / d));
+}
+
+// Conditional rounding: whatever the input, the rounded vector is within the norm the
+// accountant charges for (checked by decoding one silo's encoding without noise).
+TEST(Skellam, ConditionalRoundingKeepsTheRoundedNormWithinTheAccountedBound) {
+  const std::size_t d = 2000, P = crypto::padded_length(d);
+  crypto::SkellamParams p;
+  p.bits = 30;
+  p.gamma = 3.0;  // gamma C small against sqrt(P): rounding dominates, the bound bites
+  p.silo_variance = 1e-300;
+  crypto::NoiseSource noise(key(9));
+  const double bound = crypto::rounded_l2_bound(p.gamma * p.clip_norm, P, p.beta);
+  for (int trial = 0; trial < 20; ++trial) {
+    const auto u = random_updates(1, d, 1.0, static_cast<std::uint8_t>(60 + trial))[0];
+    std::vector<std::uint32_t> words(P + 1);
+    crypto::encode_skellam(p, u, noise, std::span<std::uint32_t>(words));
+    double sq = 0;
+    for (std::size_t k = 0; k < P; ++k) {
+      const double v = static_cast<double>(crypto::centred(words[k], 32));
+      sq += v * v;
+    }
+    EXPECT_LE(std::sqrt(sq), bound) << trial;
+  }
+}
+
+server::DistributedDpConfig digits_like(std::uint32_t bits, double epsilon, std::uint64_t rounds) {
+  server::DistributedDpConfig c;
+  c.epsilon = epsilon;
+  c.delta = 1e-5;
+  c.clip_norm = 0.5;
+  c.rounds = rounds;
+  c.denominator = 10;
+  c.bits = bits;
+  c.max_group = 10;
+  return c;
+}
+
+// Gamma is the largest that keeps a coordinate of 10 silos' sum inside 2^(bits-1) by the stated
+// tail bound; more bits give a larger gamma and the same noise multiplier's privacy; too few
+// bits are refused with the numbers.
+TEST(DistributedDp, GammaFitsTheSumInTheRingAndTooFewBitsAreRefused) {
+  double last_gamma = 0;
+  for (const std::uint32_t bits : {16u, 18u, 20u}) {
+    auto c = digits_like(bits, 3, 30);
+    server::finalize_distributed_dp(c, 4810);
+    EXPECT_EQ(c.padded, 8192u);
+    EXPECT_TRUE(c.ready());
+    EXPECT_LE(server::ring_reach(c, c.gamma, c.variance), std::ldexp(1.0, static_cast<int>(bits) - 1) - 1) << bits;
+    EXPECT_GT(server::ring_reach(c, c.gamma * 1.01, c.variance * 1.0201), std::ldexp(1.0, static_cast<int>(bits) - 1) - 1)
+        << bits << ": gamma is not the largest";
+    EXPECT_GT(c.gamma, last_gamma);
+    last_gamma = c.gamma;
+    // The noise lasts its rounds and not one more.
+    privacy::Ledger spent;
+    spent.add(server::round_mechanism(c), 30);
+    EXPECT_LE(server::epsilon_of(spent, c.delta), 3.0 * (1 + 1e-9));
+    EXPECT_FALSE(server::fits_another_round(c, spent));
+    privacy::Ledger fewer;
+    fewer.add(server::round_mechanism(c), 29);
+    EXPECT_TRUE(server::fits_another_round(c, fewer));
+  }
+  auto tight = digits_like(12, 3, 30);
+  try {
+    server::finalize_distributed_dp(tight, 4810);
+    ADD_FAILURE() << "12 bits cannot hold 10 silos sum";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("12 bits cannot hold the sum"), std::string::npos) << e.what();
+  }
+}
+
+// The noise multiplier chosen for the rounds gives mu = (z Delta_2)^2 and matches the Skellam
+// RDP: a smaller one (by 1%) would pass the budget.
+TEST(DistributedDp, TheNoiseMultiplierIsTheSmallestThatLastsTheRounds) {
+  auto c = digits_like(20, 1, 50);
+  server::finalize_distributed_dp(c, 1000);
+  const double l2 = server::distributed_l2(c, c.gamma), l1 = server::distributed_l1(c, c.gamma);
+  EXPECT_NEAR(c.variance, c.noise_multiplier * c.noise_multiplier * l2 * l2, 1e-6 * c.variance);
+  EXPECT_LE(l1, std::sqrt(1024.0) * l2 * (1 + 1e-12));
+  auto eps_at = [&](double z) {
+    privacy::Accountant a;
+    a.compose(privacy::SkellamSum{l1, l2, z * z * l2 * l2}, 50);
+    return a.epsilon(c.delta).epsilon;
+  };
+  EXPECT_LE(eps_at(c.noise_multiplier), 1.0 * (1 + 1e-9));
+  EXPECT_GT(eps_at(c.noise_multiplier * 0.99), 1.0);
+}
+
+// `xsilo audit verify` recomposes the Skellam rounds from gamma, C, P, beta and mu: an
+// understated epsilon, or a record whose variance was smaller than it claims, fails.
+TEST(DistributedDp, AuditVerifyFailsOnAnUnderstatedEpsilon) {
+  auto c = digits_like(20, 8, 10);
+  server::finalize_distributed_dp(c, 4810);
+  std::vector<nlohmann::json> log = {{{"event", "federation_start"}}};
+  privacy::Ledger spent;
+  for (std::uint64_t r = 1; r <= 4; ++r) {
+    spent.add(server::round_mechanism(c), 1);
+    log.push_back({{"event", "round"}, {"round", r}, {"status", "committed"},
+                   {"privacy", server::round_privacy_record(c, spent)}});
+  }
+  const auto ok = server::check_privacy_claims(log);
+  EXPECT_TRUE(ok.ok) << ok.reason;
+  EXPECT_EQ(ok.central_rounds, 4u);
+  EXPECT_NEAR(ok.central_epsilon, server::epsilon_of(spent, c.delta), 1e-12);
+  EXPECT_EQ(log[4]["privacy"]["mechanism"], "skellam");
+  for (const char* k : {"gamma", "variance", "bits", "clip_norm", "epsilon"}) {
+    EXPECT_TRUE(log[4]["privacy"].contains(k)) << k;
+  }
+
+  auto lie = log;
+  lie[3]["privacy"]["epsilon"] = log[1]["privacy"]["epsilon"];
+  const auto bad = server::check_privacy_claims(lie);
+  EXPECT_FALSE(bad.ok);
+  EXPECT_NE(bad.reason.find("record 4 (round 3): distributed DP claims epsilon"), std::string::npos) << bad.reason;
+  auto weaker = log;
+  weaker[2]["privacy"]["variance"] = c.variance / 4;  // round 2 had less noise than the later claims count
+  EXPECT_FALSE(server::check_privacy_claims(weaker).ok);
+  auto broken = log;
+  broken[1]["privacy"].erase("gamma");
+  EXPECT_FALSE(server::check_privacy_claims(broken).ok);
+  // The recovery reads the same records.
+  const auto m = server::silo_level_mechanism_of(log[2]);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(*m, server::round_mechanism(c));
+}
+
+}  // namespace
+}  // namespace xsilo
