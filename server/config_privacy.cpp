@@ -84,6 +84,12 @@ void refuse_voiding_distributed(const ConfigNode& root, const ConfigNode& p, con
     root.child("secure").fail("protocol", "lightsecagg masks in the field of p = 2^32 - 5, not in a ring of 2^bits: "
                                           "the Skellam integers wrap in a power-of-two ring; use secagg");
   }
+  if (c.secure.graph) {
+    root.child("secure").fail("graph", "SecAgg+'s neighbour graphs reveal sums of as few as a neighbourhood's threshold "
+                                       "of survivors, far below half the group: the noise shares sized for that few "
+                                       "would sum to many times the planned noise in a full group and overflow the "
+                                       "ring that gamma was sized for; use the complete graph (remove secure.graph)");
+  }
   const auto ag = root.child("aggregation");
   const auto& a = c.aggregation;
   if (a.rule.rule != robust::Rule::FedAvg) {

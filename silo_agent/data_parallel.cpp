@@ -122,8 +122,11 @@ class DataParallelRun {
     // After every re-formation the first step begins with the parameters broadcast from rank 0
     // (a worker that was in the group before): a backup promoted into the group holds only the
     // round's starting model, and every member of a new table has come through the same
-    // re-formation, so all of them agree to broadcast. A backup starts at the step it joins in.
-    bool sync = group_.first_op() > 0;
+    // re-formation, so all of them agree to broadcast. A backup starts at the step it joins in,
+    // and always in a re-formed table (epoch > 0), even one that redoes step 0: deciding by its
+    // first step left a backup promoted in step 0 out of the survivors' broadcast, and every
+    // collective after it out of line.
+    bool sync = group_.epoch() > 0;
     for (std::uint64_t op = group_.first_op(); op < total_;) {
       kept_.keep(op).assign(params_.begin(), params_.end());
       if (int8_) kept_residual_.keep(op) = residual_;

@@ -944,6 +944,8 @@ TEST(Config, DistributedDpNeedsSecureAggregationAndIsRefusedWhereItsGuaranteeWou
   EXPECT_NE(compressed.find("distributed DP encodes the whole rotated update"), std::string::npos) << compressed;
   const auto lsa = six(R"(, "privacy": {"mode": "distributed", "epsilon": 3}, "secure": {"mode": "global", "protocol": "lightsecagg", "max_weight": 1})");
   EXPECT_NE(lsa.find(".secure.protocol: lightsecagg masks in the field"), std::string::npos) << lsa;
+  const auto graph = six(R"(, "privacy": {"mode": "distributed", "epsilon": 3}, "secure": {"mode": "global", "graph": {}, "max_weight": 1})");
+  EXPECT_NE(graph.find(".secure.graph: SecAgg+'s neighbour graphs"), std::string::npos) << graph;
 }
 
 }  // namespace

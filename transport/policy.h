@@ -58,8 +58,9 @@ class IdleWatch {
   bool silent_too_long(SteadyTime now) const;
   // A write that has waited on the peer since `writing_since` (nullopt: none waiting) for more
   // than the timeout: the peer keeps its connection alive but takes nothing we send (it would
-  // otherwise hold a model stream's place, and its memory, for good). One write is at most a
-  // 256 KiB piece of ciphertext, so a link of 70 kbit/s keeps a 30 s timeout.
+  // otherwise hold a model stream's place, and its memory, for good). `writing_since` is the
+  // last time the socket took any bytes, so a slow reader is never closed, only one whose
+  // window stays shut for the whole timeout.
   bool write_stalled(std::optional<SteadyTime> writing_since, SteadyTime now) const;
   std::chrono::milliseconds tick() const;
   std::chrono::milliseconds timeout() const { return timeout_; }

@@ -54,9 +54,13 @@ asio::awaitable<void> TlsStream::flush() {
     out_.resize(n);
     BIO_read(wbio_, out_.data(), static_cast<int>(n));
     writing_ = true;
-    write_started_ = std::chrono::steady_clock::now();
     try {
-      co_await asio::async_write(socket_, asio::buffer(out_.data(), n), use_awaitable);
+      // Piece by piece as the socket takes them: each piece taken is progress (writing_since()
+      // measures the wait since the last one, not since the whole write began).
+      for (std::size_t done = 0; done < n;) {
+        write_started_ = std::chrono::steady_clock::now();
+        done += co_await socket_.async_write_some(asio::buffer(out_.data() + done, n - done), use_awaitable);
+      }
     } catch (...) {
       writing_ = false;
       throw;

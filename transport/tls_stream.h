@@ -43,9 +43,10 @@ class TlsStream {
   // nothing waits to be written: an idle connection then keeps little, which a server with
   // hundreds of silos needs. The next large frame grows them again.
   void trim();
-  // Since when the ciphertext being written now has waited on the socket; nullopt when no write
-  // is in progress. A peer that stops reading (its window full) keeps it set: the channel's
-  // watchdog closes such a peer (a write stalled past the idle timeout).
+  // Since when the write in progress has waited on the socket without it taking a byte (the
+  // last partial write); nullopt when no write is in progress. A peer that stops reading (its
+  // window full) keeps it set: the channel's watchdog closes such a peer (a write stalled past
+  // the idle timeout); a slow reader keeps it moving.
   std::optional<std::chrono::steady_clock::time_point> writing_since() const;
 
   SSL* native_handle() { return ssl_; }
@@ -62,7 +63,7 @@ class TlsStream {
   BIO* wbio_ = nullptr;  // owned by ssl_
   std::vector<std::uint8_t> in_, out_;
   bool writing_ = false;
-  std::chrono::steady_clock::time_point write_started_{};  // while writing_
+  std::chrono::steady_clock::time_point write_started_{};  // while writing_: the last progress
 };
 
 }  // namespace xsilo::transport
