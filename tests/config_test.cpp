@@ -674,17 +674,26 @@ TEST(Config, AnExternalTrainerNeedsACommandAndTheBuiltinOneItsData) {
             std::string::npos);
 }
 
-TEST(Config, Int8BucketsAreForTheBuiltinTrainerOnTheTcpBackends) {
+// An agent config with a federation, an upstream, a kit and a one-row t.csv beside it; load()
+// writes it with `body` appended and returns the load error ("" when it loads), filling `out`.
+struct LocalConfigFile {
   test::TempDir dir;
-  test::make_pki(dir / "pki", "f", {{wire::SILO, "a"}});
-  auto load = [&](const std::string& body, agent::AgentConfig* out = nullptr) {
+  LocalConfigFile() {
+    test::make_pki(dir / "pki", "f", {{wire::SILO, "a"}});
+    atomic_write_file(dir / "t.csv", "1,2,0\n");
+  }
+  std::string load(const std::string& body, agent::AgentConfig* out = nullptr) {
     atomic_write_file(dir / "a.json", R"({"federation": "f", "upstreams": ["h:1"], "tls": {"kit": "pki/kits/a"})" + body + "}");
     return error_of([&] {
       auto c = agent::load_agent_config(dir / "a.json");
       if (out) *out = c;
     });
-  };
-  atomic_write_file(dir / "t.csv", "1,2,0\n");
+  }
+};
+
+TEST(Config, Int8BucketsAreForTheBuiltinTrainerOnTheTcpBackends) {
+  LocalConfigFile file;
+  auto load = [&](const std::string& body, agent::AgentConfig* out = nullptr) { return file.load(body, out); };
   const std::string data = R"(, "data": {"train": "t.csv"})";
   agent::AgentConfig c;
   EXPECT_EQ(load(data + R"(, "local": {"workers": 2, "compression": "int8"})", &c), "");
@@ -698,16 +707,8 @@ TEST(Config, Int8BucketsAreForTheBuiltinTrainerOnTheTcpBackends) {
 }
 
 TEST(Config, TheLocalAllReduceIsOneOfTheTcpAlgorithmsOrNccl) {
-  test::TempDir dir;
-  test::make_pki(dir / "pki", "f", {{wire::SILO, "a"}});
-  auto load = [&](const std::string& body, agent::AgentConfig* out = nullptr) {
-    atomic_write_file(dir / "a.json", R"({"federation": "f", "upstreams": ["h:1"], "tls": {"kit": "pki/kits/a"})" + body + "}");
-    return error_of([&] {
-      auto c = agent::load_agent_config(dir / "a.json");
-      if (out) *out = c;
-    });
-  };
-  atomic_write_file(dir / "t.csv", "1,2,0\n");
+  LocalConfigFile file;
+  auto load = [&](const std::string& body, agent::AgentConfig* out = nullptr) { return file.load(body, out); };
   const std::string data = R"(, "data": {"train": "t.csv"})";
   agent::AgentConfig c;
   for (const std::string backend : {"ring", "hd", "tree", "butterfly", "hierarchical", "auto"}) {
@@ -725,16 +726,8 @@ TEST(Config, TheLocalAllReduceIsOneOfTheTcpAlgorithmsOrNccl) {
 // takes a fraction; backups need local workers. Each key is refused, by name, where it cannot
 // apply.
 TEST(Config, HierarchicalTopkAndBackupsTakeTheirOwnKeysAndRefuseThemElsewhere) {
-  test::TempDir dir;
-  test::make_pki(dir / "pki", "f", {{wire::SILO, "a"}});
-  auto load = [&](const std::string& body, agent::AgentConfig* out = nullptr) {
-    atomic_write_file(dir / "a.json", R"({"federation": "f", "upstreams": ["h:1"], "tls": {"kit": "pki/kits/a"})" + body + "}");
-    return error_of([&] {
-      auto c = agent::load_agent_config(dir / "a.json");
-      if (out) *out = c;
-    });
-  };
-  atomic_write_file(dir / "t.csv", "1,2,0\n");
+  LocalConfigFile file;
+  auto load = [&](const std::string& body, agent::AgentConfig* out = nullptr) { return file.load(body, out); };
   const std::string data = R"(, "data": {"train": "t.csv"})";
   agent::AgentConfig c;
   EXPECT_EQ(load(data + R"(, "local": {"workers": 6, "backend": "hierarchical", "ranks_per_host": 2})", &c), "");

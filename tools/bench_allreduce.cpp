@@ -89,8 +89,9 @@ double loopback_rate() {
   return best;
 }
 
-// topk: the bytes rank 0 sent per call, by size ("SENT bytes sent" lines of its log).
-std::map<std::size_t, double> parse_sent(const std::filesystem::path& log) {
+// The "WORD bytes value" lines of a rank's log, by size: RESULT lines carry the seconds per
+// all-reduce, SENT lines (topk) the bytes rank 0 sent per call.
+std::map<std::size_t, double> parse_lines(const std::filesystem::path& log, const std::string& tag) {
   std::map<std::size_t, double> r;
   std::ifstream in(log);
   std::string line;
@@ -98,25 +99,13 @@ std::map<std::size_t, double> parse_sent(const std::filesystem::path& log) {
     std::istringstream s(line);
     std::string word;
     std::size_t bytes;
-    double sent;
-    if (s >> word >> bytes >> sent && word == "SENT") r[bytes] = sent;
+    double value;
+    if (s >> word >> bytes >> value && word == tag) r[bytes] = value;
   }
   return r;
 }
 
-Results parse_results(const std::filesystem::path& log) {
-  Results r;
-  std::ifstream in(log);
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream s(line);
-    std::string word;
-    std::size_t bytes;
-    double t;
-    if (s >> word >> bytes >> t && word == "RESULT") r[bytes] = t;
-  }
-  return r;
-}
+Results parse_results(const std::filesystem::path& log) { return parse_lines(log, "RESULT"); }
 
 std::vector<std::string> size_args(const std::vector<std::size_t>& sizes) {
   std::vector<std::string> out;
@@ -355,7 +344,7 @@ void report_targets(int ranks, double link, const AllreduceBenchOptions& opts, M
 // feedback carries over).
 void report_topk(int ranks, const AllreduceBenchOptions& opts, const std::filesystem::path& dir) {
   if (std::find(opts.backends.begin(), opts.backends.end(), "topk") == opts.backends.end() || opts.json) return;
-  const auto sent = parse_sent(dir / "topk-0.log");
+  const auto sent = parse_lines(dir / "topk-0.log", "SENT");
   for (const auto& [bytes, s] : sent) {
     const double dense = bus_factor(ranks) * static_cast<double>(bytes);
     std::printf("topk %.4g, %s, %d ranks: a rank sends %.0f bytes = %.2f%% of the float32 ring's %.0f\n",
