@@ -513,10 +513,12 @@ class Server {
   const ServerConfig& cfg_;
   ServerState& state_;
   Coordinator& coord_;
+  // First of the owned members, so it is destroyed last: a broadcast slot that a pending handler
+  // or a channel still holds posts to this context when it goes.
+  transport::Runtime rt_;
   std::unique_ptr<ServerHook> hook_;                                 // a simulation's; none in production
   BroadcastPlanner<action::SendModel> broadcasts_;                  // the model streams of a round
   std::map<std::string, std::pair<SessionId, bool>> hook_routes_;  // silo -> (session, through an edge)
-  transport::Runtime rt_;
   transport::ssl::context tls_;
   std::unique_ptr<transport::Listener> listener_;
   MetricRegistry metrics_;
