@@ -6,7 +6,6 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <spdlog/spdlog.h>
 
@@ -26,6 +25,7 @@
 #include "server/config_privacy.h"
 #include "server/coordinator.h"
 #include "server/state.h"
+#include "transport/deadline_timer.h"
 #include "transport/listener.h"
 #include "transport/metrics_endpoint.h"
 #include "transport/runtime.h"
@@ -50,7 +50,7 @@ class Server {
         tls_(transport::make_tls_context(cfg.tls)),
         events_(cfg.state_dir / "events.jsonl", std::ios::app) {
     for (auto t : {Timer::Join, Timer::Train, Timer::Upload, Timer::SecAgg, Timer::Unmask}) {
-      timers_.emplace(t, std::make_unique<asio::steady_timer>(rt_.io()));
+      timers_.emplace(t, std::make_unique<transport::DeadlineTimer>(rt_.io()));
     }
     declare_metrics();
   }
@@ -406,12 +406,9 @@ class Server {
     if (auto* ch = channel(a.id)) ch->close_with_error(a.code, a.reason);
   }
   void apply(action::StartTimer& a) {
-    auto& t = *timers_.at(a.timer);
-    t.expires_after(a.after);
     const Timer which = a.timer;
     deadlines_[which] = now_ms() + a.after.count();
-    t.async_wait([this, which](boost::system::error_code ec) {
-      if (ec) return;
+    timers_.at(which)->start(a.after, [this, which] {
       deadlines_.erase(which);
       coord_.on_timer(which, now_ms());
       drain();
@@ -530,7 +527,7 @@ class Server {
   std::int64_t started_ms_ = now_ms();
   transport::PeerIdentity server_identity_ = transport::own_identity(cfg_.tls);
   std::map<SessionId, std::shared_ptr<transport::Channel>> channels_;
-  std::map<Timer, std::unique_ptr<asio::steady_timer>> timers_;
+  std::map<Timer, std::unique_ptr<transport::DeadlineTimer>> timers_;
   SessionId next_id_ = 0;
   bool stopping_ = false;
   std::uint64_t bytes_in_ = 0, bytes_out_ = 0;

@@ -32,6 +32,7 @@
 
 #include "common/fs.h"
 #include "tests/testlib.h"
+#include "transport/deadline_timer.h"
 #include "transport/dialer.h"
 #include "transport/listener.h"
 
@@ -756,6 +757,54 @@ TEST(Backoff, GrowsExponentiallyWithJitterUpToTheCap) {
     EXPECT_GE(waits[i], 500);
     EXPECT_LE(waits[i], 1000);
   }
+}
+
+// Two deadlines expire before the io loop first looks; the earlier one's handler re-arms (or
+// cancels) the later one. By then asio has queued the later wait's handler with success, so a
+// plain steady_timer fires it for a deadline that no longer holds (shown first, so the test
+// cannot pass by missing the race); a DeadlineTimer retires it.
+TEST(DeadlineTimer, ARearmOrCancelRetiresAWaitThatHadAlreadyExpired) {
+  using namespace std::chrono_literals;
+  {
+    asio::io_context io;
+    asio::steady_timer first(io), second(io);
+    int stale = 0;
+    first.expires_after(1ms);
+    first.async_wait([&](boost::system::error_code) {
+      second.expires_after(std::chrono::hours(1));
+      second.async_wait([](boost::system::error_code) {});
+    });
+    second.expires_after(2ms);
+    second.async_wait([&](boost::system::error_code ec) { stale += !ec; });
+    std::this_thread::sleep_for(20ms);
+    io.run_for(100ms);
+    ASSERT_EQ(stale, 1) << "the race this test is about did not arise";
+  }
+  for (const bool rearm : {true, false}) {
+    asio::io_context io;
+    DeadlineTimer first(io), second(io);
+    int first_fired = 0, second_fired = 0;
+    first.start(1ms, [&] {
+      ++first_fired;
+      if (rearm) {
+        second.start(std::chrono::hours(1), [&] { ++second_fired; });
+      } else {
+        second.cancel();
+      }
+    });
+    second.start(2ms, [&] { ++second_fired; });
+    std::this_thread::sleep_for(20ms);  // both expire before the loop first looks
+    io.run_for(100ms);
+    EXPECT_EQ(first_fired, 1);
+    EXPECT_EQ(second_fired, 0) << (rearm ? "re-armed" : "cancelled");
+  }
+  asio::io_context io;
+  DeadlineTimer again(io);
+  int fired = 0;
+  again.start(1ms, [&] { ++fired; });
+  again.start(5ms, [&] { fired += 10; });
+  io.run_for(50ms);
+  EXPECT_EQ(fired, 10) << "only the last start fires";
 }
 
 }  // namespace
