@@ -132,7 +132,10 @@ class DataParallelRun {
       if (int8_) kept_residual_.keep(op) = residual_;
       if (topk_) kept_sparse_.keep(op) = sparse_residual_;
       const auto resume = group_.attempt(op, [&](collective::Communicator& comm) {
-        if (sync) comm.broadcast(params_, 0);
+        if (sync) {
+          comm.broadcast(params_, 0);
+          comm.broadcast(step_loss_, 0);  // a backup's mean loss counts the steps run before it came
+        }
         step(op);
       });
       if (!resume) {
@@ -305,7 +308,7 @@ class DataParallelRun {
   std::vector<float> sparse_residual_;
   collective::StepSnapshots<std::vector<float>> kept_sparse_;
   std::uint64_t op_now_ = 0;  // the step whose buckets the reducer is summing
-  std::vector<double> step_loss_;
+  std::vector<float> step_loss_;  // each step's loss over the global batch
   BucketReducer reducer_{[this](std::span<float> bucket) { reduce(bucket); }};  // last: its thread uses the above
 };
 

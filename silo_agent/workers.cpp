@@ -73,6 +73,7 @@ void run_worker_job(collective::Group& group, const WorkerJob& job) {
                                            spdlog::info("worker {}: epoch {} of {} done", group.id(), epoch,
                                                         job.train.epochs);
                                          });
+  spdlog::info("worker {}: {} steps, mean loss {:.9g}", group.id(), stats.steps, stats.mean_loss);
   if (group.members().front() != group.id()) return;
   // The first member writes for everyone: every replica holds the same parameters.
   save_safetensors(job.out, model);

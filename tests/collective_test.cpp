@@ -1038,10 +1038,10 @@ struct Workers {
 
 Workers start_workers(int n, const std::filesystem::path& dir, const std::vector<std::string>& extra,
                       std::chrono::milliseconds grace, const std::map<int, std::vector<std::string>>& more = {},
-                      int backups = 0) {
+                      int backups = 0, int backups_started = -1) {
   Workers w;
   w.coord = std::make_unique<Coordinator>(n, grace, "127.0.0.1", backups);
-  for (int k = 0; k < n + backups; ++k) {
+  for (int k = 0; k < n + (backups_started < 0 ? backups : backups_started); ++k) {
     std::vector<std::string> argv{test::xsilo_bin(), "collective", "--coordinator",
                                   "127.0.0.1:" + std::to_string(w.coord->port()), "--id", std::to_string(k),
                                   "--step-timeout-ms", "2000"};
@@ -1168,6 +1168,20 @@ TEST(CollectiveProcesses, AnUnneededBackupIsReleasedWhenTheGroupFinishes) {
   EXPECT_EQ(w.coord->members(), (std::vector<int>{0, 1, 2}));
 }
 
+// A standby that never starts does not hold the first table back: once the three members have
+// joined, the coordinator gives it the grace period (1 s) and starts without it.
+TEST(CollectiveProcesses, AStandbyThatNeverStartsDoesNotHoldTheFirstTableBack) {
+  test::TempDir dir;
+  auto w = start_workers(3, dir.path(), {"--backend", "ring", "--check-steps", "3", "--elements", "1000"},
+                         std::chrono::milliseconds(1000), {}, 1, 0);
+  for (int k = 0; k < 3; ++k) {
+    ASSERT_NO_FATAL_FAILURE(expect_clean_exit(w, k, std::chrono::milliseconds(60000)));
+    const auto log = slurp(w.logs[static_cast<std::size_t>(k)]);
+    EXPECT_NE(log.find("STEP 2 ok on 3 ranks"), std::string::npos) << log;
+  }
+  EXPECT_EQ(w.coord->members(), (std::vector<int>{0, 1, 2}));
+}
+
 // Depends on timing: worker 1 stalls at step 2 and is excluded when the 2 s step timeout expires on
 // purpose; the live workers' steps of 1,000 elements take far less, so load does not make them
 // look stalled. Deterministic counterparts (the decisions, with time moved by hand):
@@ -1263,6 +1277,15 @@ TEST(CollectiveProcesses, TrainingWithABackupKeepsFourWorkersAfterAKillAndEquals
   EXPECT_LT(relative_gap(single.flat(), trained.flat()), 1e-4);
   const auto stats = slurp(dir / "trained.safetensors.json");
   EXPECT_NE(stats.find("re-formed as [1,2,3,4]"), std::string::npos) << stats;
+  // The standby came in at the kill, but its mean loss counts every step, as worker 1's does: it
+  // would be the one to report it if it outlived every original worker.
+  auto mean_loss_line = [&](int k) {
+    const auto log = slurp(dir / ("worker-" + std::to_string(k) + ".log"));
+    const auto at = log.find("steps, mean loss");
+    return at == std::string::npos ? std::string("none in: ") + log : log.substr(at, log.find('\n', at) - at);
+  };
+  EXPECT_EQ(mean_loss_line(4), mean_loss_line(1));
+  EXPECT_EQ(mean_loss_line(1).rfind("steps, mean loss", 0), 0u) << mean_loss_line(1);
 }
 
 // 8-bit buckets x a killed worker: the step is redone with each survivor's error feedback rolled

@@ -115,6 +115,18 @@ void Coordinator::broadcast_table(std::uint64_t resume) {
   failure_since_.reset();
 }
 
+// The first table goes out once every member and every standby has joined, or once every
+// member has and the standbys still missing have had `grace` to come: a standby that never
+// starts must not hold the training back. One that comes later still stands by.
+void Coordinator::maybe_start() {
+  if (epoch_ >= 0) return;
+  const auto members = std::count_if(workers_.begin(), workers_.end(), [](const auto& w) { return w.second.member; });
+  if (members < expected_) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (!members_since_) members_since_ = now;
+  if (static_cast<int>(workers_.size()) == expected_ + backups_ || now - *members_since_ >= grace_) broadcast_table(0);
+}
+
 // After a failure: once every live member has reported (or the grace period is over), keep
 // those who reported and resume from the earliest operation any of them was in
 // (decide_reformation).
@@ -193,7 +205,6 @@ void Coordinator::loop() {
                                .standby = id >= expected_,
                                .done = false,
                                .failed_op = std::nullopt};
-          if (static_cast<int>(workers_.size()) == expected_ + backups_) broadcast_table(0);
         } else {
           ::close(fd);
         }
@@ -227,6 +238,7 @@ void Coordinator::loop() {
         }
       }
     }
+    maybe_start();
     maybe_reform();
     release_standbys();
   }

@@ -6,7 +6,8 @@
 // redoes it on the smaller ring.
 //
 // Backup pool: with `backups` K > 0 the coordinator also waits for K more workers (ids
-// expected..expected+K-1), hot standbys that joined and listen but are in no table. When a
+// expected..expected+K-1; for those still missing, at most the grace period after the last
+// member joined), hot standbys that joined and listen but are in no table. When a
 // re-formation excludes members, it promotes one connected standby per excluded member into the
 // new table, so the step is redone at the same width; the standby starts at the resume op (its
 // Group's first_op()). When every member has finished, the standbys still waiting are released.
@@ -35,8 +36,9 @@ namespace xsilo::collective {
 
 class Coordinator {
  public:
-  // Waits for `expected` workers and `backups` standbys; `grace` bounds how long a failure
-  // waits for slow reports.
+  // Waits for `expected` workers and `backups` standbys (those missing `grace` after the last
+  // worker joined are not waited for); `grace` also bounds how long a failure waits for slow
+  // reports.
   Coordinator(int expected, std::chrono::milliseconds grace, const std::string& host = "127.0.0.1", int backups = 0);
   ~Coordinator();
   std::uint16_t port() const { return port_; }
@@ -50,6 +52,7 @@ class Coordinator {
  private:
   void loop();
   void broadcast_table(std::uint64_t resume);
+  void maybe_start();
   void maybe_reform();
   void release_standbys();
 
@@ -74,6 +77,7 @@ class Coordinator {
   std::vector<int> gone_;
   std::atomic<int> epoch_{-1};
   std::optional<std::chrono::steady_clock::time_point> failure_since_;
+  std::optional<std::chrono::steady_clock::time_point> members_since_;  // every member had joined
   std::function<void(const std::vector<int>&)> on_excluded_;
 };
 
