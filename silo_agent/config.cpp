@@ -154,6 +154,12 @@ LocalWorkersConfig parse_local(const ConfigNode& lo, TrainerKind trainer) {
     auto& c = local;
     c.workers = static_cast<int>(lo.integer("workers", 1, 1, 256));
     c.hosts = lo.str_list("hosts");
+    if (lo.has("launcher")) {
+      c.launcher = lo.str_list("launcher");
+      if (c.launcher.empty() || c.launcher.front().empty()) {
+        lo.fail("launcher", "must name a command, e.g. [\"ssh\", \"-o\", \"BatchMode=yes\", \"{host}\"]");
+      }
+    }
     c.listen_host = lo.str("listen_host", "127.0.0.1");
     auto backends = collective::tcp_backends();
     backends.push_back("nccl");
@@ -242,6 +248,7 @@ nlohmann::json to_json(const AgentConfig& c) {
   if (c.local.buckets.compression == "topk") j["local"]["topk_fraction"] = c.local.buckets.topk_fraction;
   if (c.local.ranks_per_host > 0) j["local"]["ranks_per_host"] = c.local.ranks_per_host;
   if (c.local.backups > 0) j["local"]["backups"] = c.local.backups;
+  if (c.local.launcher != default_launcher()) j["local"]["launcher"] = c.local.launcher;
   if (c.privacy.on()) {
     j["privacy"] = {{"max_epsilon", c.privacy.max_epsilon}, {"delta", c.privacy.delta}, {"clip_norm", c.privacy.clip_norm},
                     {"noise_multiplier", c.privacy.noise_multiplier}, {"rounds", c.privacy.rounds}};

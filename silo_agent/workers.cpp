@@ -85,6 +85,17 @@ void run_worker_job(collective::Group& group, const WorkerJob& job) {
   atomic_write_file(job.out.string() + ".json", j.dump(2) + "\n");
 }
 
+std::vector<std::string> default_launcher() { return {"ssh", "-o", "BatchMode=yes", "{host}"}; }
+
+std::vector<std::string> launch_prefix(const std::vector<std::string>& launcher, const std::string& host) {
+  std::vector<std::string> out;
+  for (auto word : launcher) {
+    for (std::size_t at; (at = word.find("{host}")) != std::string::npos;) word.replace(at, 6, host);
+    out.push_back(std::move(word));
+  }
+  return out;
+}
+
 WorkersResult train_with_workers(const LocalWorkersConfig& cfg, const std::filesystem::path& dir, Model& model,
                                  const std::filesystem::path& data_csv, const TrainOptions& opts) {
   std::filesystem::create_directories(dir);
@@ -121,9 +132,12 @@ WorkersResult train_with_workers(const LocalWorkersConfig& cfg, const std::files
                                     "--host", host, "--backend", cfg.backend, "--ranks-per-host",
                                     std::to_string(cfg.ranks_per_host), "--step-timeout-ms",
                                     std::to_string(cfg.step_timeout.count()), "--job", (dir / "job.json").string()};
-      // A worker on another host of the silo's cluster starts there over ssh; the kit, the
-      // binary and the data sit at the same paths on every host of the cluster.
-      if (host != "127.0.0.1" && host != "localhost") argv.insert(argv.begin(), {"ssh", "-o", "BatchMode=yes", host});
+      // A worker on another host of the silo's cluster starts there through the launcher (ssh
+      // by default); the kit, the binary and the data sit at the same paths on every host.
+      if (host != "127.0.0.1" && host != "localhost") {
+        const auto prefix = launch_prefix(cfg.launcher, host);
+        argv.insert(argv.begin(), prefix.begin(), prefix.end());
+      }
       procs[k] = std::make_unique<Process>(argv, dir / ("worker-" + std::to_string(k) + ".log"));
     }
   }

@@ -18,10 +18,17 @@
 
 namespace xsilo::agent {
 
+std::vector<std::string> default_launcher();
+// The launcher's words with every "{host}" replaced by `host`.
+std::vector<std::string> launch_prefix(const std::vector<std::string>& launcher, const std::string& host);
+
 struct LocalWorkersConfig {
   int workers = 1;                       // 1: train in the agent's process
   std::vector<std::string> hosts;        // empty: all on this host; else worker k on hosts[k % size]
   std::string listen_host = "127.0.0.1"; // where the coordinator listens (an address the hosts reach)
+  // How a worker on another host is started: the command put before the worker's own, each
+  // "{host}" replaced by its host (ssh by default; `ip netns exec` in the tests).
+  std::vector<std::string> launcher = default_launcher();
   std::string backend = "auto";          // collective::tcp_backends() or nccl
   int ranks_per_host = 0;                // hierarchical on one machine: workers r / n share a "host"
   int backups = 0;                       // hot standbys swapped in for a failed worker (ids workers..)

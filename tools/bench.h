@@ -100,6 +100,11 @@ struct AllreduceBenchOptions {
   std::size_t chunk_bytes = 1u << 20;  // pipelining unit of our ring
   std::size_t ranks_per_host = 2;      // hierarchical: ranks r / this share a host
   double topk_fraction = 0.01;         // topk: the share of coordinates each rank sends
+  // Ranks on several hosts, as an agent's local.hosts: rank k on hosts[k % size], started
+  // through `launcher` (local.launcher's words, "{host}" replaced); the coordinator listens on
+  // listen_host. Empty: every rank on this host.
+  std::vector<std::string> hosts, launcher;
+  std::string listen_host = "127.0.0.1";
   bool peers = true;  // OpenMPI and Gloo in the same run
   bool json = false;
 };

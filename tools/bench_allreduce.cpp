@@ -28,10 +28,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/config.h"
 #include "common/process.h"
 #include "silo_agent/collective/gpu_info.h"
 #include "silo_agent/collective/group.h"
 #include "silo_agent/collective/sparse_all_reduce.h"
+#include "silo_agent/workers.h"
 #include "tools/bench.h"
 
 namespace xsilo::tools {
@@ -128,16 +130,24 @@ Results run_ours(const std::string& backend, int ranks, const AllreduceBenchOpti
   const auto& sizes = opts.bytes;
   const bool compressed = backend == "int8" || backend == "topk";
   std::cerr << "bench allreduce: " << backend << ", " << ranks << " ranks..." << std::endl;
-  collective::Coordinator coord(ranks, std::chrono::milliseconds(5000));
+  collective::Coordinator coord(ranks, std::chrono::milliseconds(5000), opts.listen_host);
   std::vector<std::unique_ptr<Process>> procs;
   for (int k = 0; k < ranks; ++k) {
-    std::vector<std::string> argv{self_exe(), "collective", "--coordinator", "127.0.0.1:" + std::to_string(coord.port()),
-                                  "--id", std::to_string(k), "--backend", compressed ? "ring" : backend,
+    // With hosts given, hierarchical groups the ranks by their --host address.
+    const std::string host = opts.hosts.empty() ? "127.0.0.1" : opts.hosts[static_cast<std::size_t>(k) % opts.hosts.size()];
+    const bool by_rank = backend == "hierarchical" && opts.hosts.empty();
+    std::vector<std::string> argv{self_exe(), "collective", "--coordinator",
+                                  opts.listen_host + ":" + std::to_string(coord.port()), "--id", std::to_string(k),
+                                  "--host", host, "--backend", compressed ? "ring" : backend,
                                   "--compression", compressed ? backend : "none", "--step-timeout-ms", "60000",
                                   "--chunk-bytes", std::to_string(opts.chunk_bytes), "--ranks-per-host",
-                                  backend == "hierarchical" ? std::to_string(opts.ranks_per_host) : "0",
+                                  by_rank ? std::to_string(opts.ranks_per_host) : "0",
                                   "--topk-fraction", std::to_string(opts.topk_fraction), "--bench"};
     for (auto& s : size_args(sizes)) argv.push_back(s);
+    if (!opts.hosts.empty() && !opts.launcher.empty()) {
+      const auto prefix = agent::launch_prefix(opts.launcher, host);
+      argv.insert(argv.begin(), prefix.begin(), prefix.end());
+    }
     procs.push_back(std::make_unique<Process>(argv, dir / (backend + "-" + std::to_string(k) + ".log")));
   }
   if (!wait_all(procs, std::chrono::seconds(900))) {
@@ -393,6 +403,9 @@ void report_topk(int ranks, const AllreduceBenchOptions& opts, const std::filesy
 }  // namespace
 
 int bench_allreduce(const AllreduceBenchOptions& opts) {
+  if (!opts.hosts.empty() && opts.peers) {
+    throw ConfigError("bench allreduce: --hosts places our ranks only, and OpenMPI and Gloo would run here; add --no-peers");
+  }
   const auto dir = std::filesystem::temp_directory_path() / ("xsilo-bench-allreduce-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const double link = loopback_rate();

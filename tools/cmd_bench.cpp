@@ -144,6 +144,9 @@ void add_bench_allreduce(CLI::App& bench, int& exit_code) {
   arc->add_option("--ranks", ar->ranks, "worker processes (several values: one table each)")->capture_default_str();
   arc->add_option("--bytes", ar->bytes, "message sizes in bytes")->capture_default_str();
   arc->add_option("--chunk-bytes", ar->chunk_bytes, "pipelining unit of our ring")->capture_default_str();
+  arc->add_option("--hosts", ar->hosts, "rank k runs on hosts[k % N] (as local.hosts; hierarchical then groups ranks by host)");
+  arc->add_option("--launcher", ar->launcher, "with --hosts: the command that starts a rank on its host, {host} replaced (as local.launcher)");
+  arc->add_option("--listen-host", ar->listen_host, "with --hosts: the address the ranks reach this machine at")->capture_default_str();
   arc->add_flag("!--no-peers", ar->peers, "skip OpenMPI and Gloo");
   arc->add_flag("--json", ar->json, "one JSON object per measurement");
   arc->callback([ar, &exit_code] { exit_code = bench_allreduce(*ar); });
