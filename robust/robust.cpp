@@ -479,6 +479,10 @@ constexpr double kAutoRadius = 0.5;
 // opposed when its alignment on the majority's side is below -max(oppose |m|,
 // kOpposeMinCosine): clearly backwards, never merely orthogonal. Fewer than 3 inputs have no
 // majority to speak of. Alignments are reported whenever a step was there to compare with.
+// On the same clear side, an input lags when its alignment is behind the median's by more than
+// max(lag x spread, kLagFloor), the spread measured like the balances' (the closest half and one
+// more): label flippers are near orthogonal to a step the honest majority leans with, not
+// backwards, so only their distance behind the majority gives them away.
 struct Opposition {
   std::vector<double> alignment;
   std::vector<bool> opposed;  // empty: the test did not run (see `off`)
