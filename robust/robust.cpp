@@ -479,16 +479,21 @@ constexpr double kAutoRadius = 0.5;
 // opposed when its alignment on the majority's side is below -max(oppose |m|,
 // kOpposeMinCosine): clearly backwards, never merely orthogonal. Fewer than 3 inputs have no
 // majority to speak of. Alignments are reported whenever a step was there to compare with.
+// On the same clear side, an input lags when its alignment is behind the median's by more than
+// max(lag x spread, kLagFloor), the spread measured like the balances' (the closest half and one
+// more): label flippers are near orthogonal to a step the honest majority leans with, not
+// backwards, so only their distance behind the majority gives them away.
 struct Opposition {
   std::vector<double> alignment;
   std::vector<bool> opposed;  // empty: the test did not run (see `off`)
-  double median = 0, below = 0;
+  std::vector<bool> lagging;  // empty: the lag test did not run (off, or see `off`)
+  double median = 0, below = 0, lag_beyond = 0;
   std::string off;  // why nothing was opposed, when alignments were measured
 };
 
-Opposition opposition(MatrixView x, std::span<const float> step, double oppose) {
+Opposition opposition(MatrixView x, std::span<const float> step, double oppose, double lag) {
   Opposition o;
-  if (oppose <= 0 || step.size() != x.d || x.n == 0) return o;
+  if ((oppose <= 0 && lag <= 0) || step.size() != x.d || x.n == 0) return o;
   const double step_norm = l2_norm(step);
   if (!(step_norm > 0) || !std::isfinite(step_norm)) return o;
   o.alignment.resize(x.n);
@@ -509,9 +514,22 @@ Opposition opposition(MatrixView x, std::span<const float> step, double oppose) 
     return o;
   }
   const double side = o.median < 0 ? -1.0 : 1.0;
-  o.below = -std::max(oppose * std::abs(o.median), kOpposeMinCosine);
-  o.opposed.resize(x.n);
-  for (std::size_t i = 0; i < x.n; ++i) o.opposed[i] = side * o.alignment[i] < o.below;
+  if (oppose > 0) {
+    o.below = -std::max(oppose * std::abs(o.median), kOpposeMinCosine);
+    o.opposed.resize(x.n);
+    for (std::size_t i = 0; i < x.n; ++i) o.opposed[i] = side * o.alignment[i] < o.below;
+  }
+  if (lag > 0) {
+    // The spread of the alignments: the distance from the median within which the closest half
+    // of the inputs, and one more, lie; so the bound never reaches into that majority.
+    std::vector<double> gap(x.n);
+    for (std::size_t i = 0; i < x.n; ++i) gap[i] = std::abs(o.alignment[i] - o.median);
+    const std::size_t half = x.n / 2;  // the (n/2 + 1)-th closest
+    std::nth_element(gap.begin(), gap.begin() + static_cast<std::ptrdiff_t>(half), gap.end());
+    o.lag_beyond = std::max(lag * gap[half], kLagFloor);
+    o.lagging.resize(x.n);
+    for (std::size_t i = 0; i < x.n; ++i) o.lagging[i] = side * (o.alignment[i] - o.median) < -o.lag_beyond;
+  }
   return o;
 }
 
@@ -580,7 +598,10 @@ struct Screens {
   Opposition against;
   Balance lean;
   bool lopsided(std::size_t i) const { return !lean.one_sided.empty() && lean.one_sided[i]; }
-  bool opposed(std::size_t i) const { return (!against.opposed.empty() && against.opposed[i]) || lopsided(i); }
+  bool lags(std::size_t i) const { return !against.lagging.empty() && against.lagging[i]; }
+  bool opposed(std::size_t i) const {
+    return (!against.opposed.empty() && against.opposed[i]) || lags(i) || lopsided(i);
+  }
 
   // Why input i is out of the last iteration, or bent in it ("": it counted as it was).
   std::string reason(std::size_t i, bool rejected, double scale, double dist, double reject, double median) const {
@@ -588,9 +609,13 @@ struct Screens {
       return "one-sided: " + std::to_string(lean.balance[i]) + " of its coordinates above the inputs' median, " +
              "against the median balance " + std::to_string(lean.median) + " (bound +-" + std::to_string(lean.beyond) + ")";
     }
-    if (opposed(i)) {
+    if (!against.opposed.empty() && against.opposed[i]) {
       return "opposed: alignment " + std::to_string(against.alignment[i]) +
              " with the last committed step, against the median " + std::to_string(against.median);
+    }
+    if (lags(i)) {
+      return "lagging: alignment " + std::to_string(against.alignment[i]) + " with the last committed step, more than " +
+             std::to_string(against.lag_beyond) + " behind the median " + std::to_string(against.median);
     }
     if (rejected) {
       return "rejected: " + std::to_string(dist) + " from the centre, more than " + std::to_string(reject) +
@@ -600,8 +625,8 @@ struct Screens {
   }
 };
 
-Screens screens(MatrixView x, std::span<const float> v0, double oppose, double one_sided, Result& r) {
-  Screens s{opposition(x, v0, oppose), balance(x, one_sided)};
+Screens screens(MatrixView x, std::span<const float> v0, double oppose, double one_sided, double lag, Result& r) {
+  Screens s{opposition(x, v0, oppose, lag), balance(x, one_sided)};
   if (!s.lean.balance.empty() || !s.lean.off.empty()) {
     r.median_balance = s.lean.median;
     r.one_sided_beyond = s.lean.beyond;
@@ -612,6 +637,7 @@ Screens screens(MatrixView x, std::span<const float> v0, double oppose, double o
     r.median_alignment = s.against.median;
     r.opposed_below = s.against.below;
     r.opposition_off = s.against.off;
+    r.lagging_beyond = s.against.lag_beyond;
     for (std::size_t i = 0; i < x.n; ++i) r.decisions[i].alignment = s.against.alignment[i];
   }
   return s;
@@ -620,7 +646,7 @@ Screens screens(MatrixView x, std::span<const float> v0, double oppose, double o
 }  // namespace
 
 Result centered_clip(MatrixView x, double tau, std::size_t iterations, std::span<const float> v0, double reject,
-                     double oppose, double one_sided) {
+                     double oppose, double one_sided, double lag) {
   Result r;
   r.decisions.resize(x.n);
   std::vector<double> v(x.d, 0.0);
@@ -629,7 +655,7 @@ Result centered_clip(MatrixView x, double tau, std::size_t iterations, std::span
   if (reject > 0) reject = std::max(reject, 1.0);
   // Inputs against the last step are out of every iteration, and out of the median distance:
   // the rule runs on the others. The majority's side is never opposed, so some always remain.
-  const Screens screen = screens(x, v0, oppose, one_sided, r);
+  const Screens screen = screens(x, v0, oppose, one_sided, lag, r);
   const auto opposed = [&](std::size_t i) { return screen.opposed(i); };
   std::vector<double> dist(x.n), counted_dist;
   std::vector<std::size_t> rejections(x.n, 0);

@@ -31,6 +31,11 @@
 //                        the majority's side of the last step and is out of every iteration
 //                        and of the median distance. Only with 3 inputs or more and |m| >= 0.1
 //                        (a clear side); o <= 0: none.
+//                        g > 0, on the same clear side: an input whose alignment lies behind the
+//                        median's, sign(m) * (alignment - m) < -max(g s, 0.4), s the distance
+//                        from m within which the closest half of the alignments and one more
+//                        lie, lags (near orthogonal where the majority leans with the step, as
+//                        label flipping's do) and is out the same way; g <= 0: none.
 // Pre-aggregation steps, composable with every rule (rule.h runs nnm, then bucketing, then the
 // rule):
 //   nnm(f):              nearest-neighbour mixing (Allouah et al., AISTATS 2023): input i is
@@ -90,6 +95,9 @@ struct Result {
   double median_alignment = 0;
   double opposed_below = 0;
   std::string opposition_off;
+  // centered_clip's lag test, on the same side: how far behind the median alignment an input's
+  // alignment had to be to be left out (0: the test did not run; `opposition_off` says why).
+  double lagging_beyond = 0;
   // centered_clip's one-sided test: the median balance, and how far from it (either way) an
   // input's balance had to be to be left out, or 0 with the reason in `one_sided_off` when the
   // test did not run.
@@ -147,8 +155,13 @@ inline constexpr double kOpposeMinCosine = 0.2;
 inline constexpr double kDefaultOneSided = 2.0;
 inline constexpr double kOneSidedFloor = 0.25;
 inline constexpr std::size_t kOneSidedMinCoordinates = 256;
+// centered_clip's default lag test, in spreads of the alignments with the last step (rule.h
+// says why), and its fixed part: the least distance behind the median alignment that counts
+// whatever the spread (a cosine, so scale-free).
+inline constexpr double kDefaultLag = 2.0;
+inline constexpr double kLagFloor = 0.4;
 Result centered_clip(MatrixView x, double tau, std::size_t iterations, std::span<const float> v0 = {},
                      double reject = kDefaultReject, double oppose = kDefaultOppose,
-                     double one_sided = kDefaultOneSided);
+                     double one_sided = kDefaultOneSided, double lag = kDefaultLag);
 
 }  // namespace xsilo::robust

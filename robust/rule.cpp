@@ -85,7 +85,7 @@ Result apply_rule(const RuleSpec& s, MatrixView x, std::span<const double> weigh
     case Rule::Median: return median(x);
     case Rule::TrimmedMean: return trimmed_mean(x, trim_count(s, x.n));
     case Rule::Bulyan: return bulyan(x, s.f);
-    case Rule::CenteredClip: return centered_clip(x, s.tau, s.iterations, s.centre, s.reject, s.oppose, s.one_sided);
+    case Rule::CenteredClip: return centered_clip(x, s.tau, s.iterations, s.centre, s.reject, s.oppose, s.one_sided, s.lag);
   }
   return {};
 }
@@ -166,6 +166,7 @@ Result apply(const RuleSpec& s, MatrixView x, std::span<const double> weights) {
   out.median_alignment = r.median_alignment;
   out.opposed_below = r.opposed_below;
   out.opposition_off = r.opposition_off;
+  out.lagging_beyond = r.lagging_beyond;
   out.median_balance = r.median_balance;
   out.one_sided_beyond = r.one_sided_beyond;
   out.one_sided_off = r.one_sided_off;

@@ -49,6 +49,11 @@ struct RuleSpec {
   // (0: none). Measured (docs/robust.md): ALIE sits inside the radius and points forwards, but
   // below the median on almost every coordinate.
   double one_sided = kDefaultOneSided;
+  // centered_clip: inputs whose alignment with the last committed step lies behind the median
+  // alignment by more than this many spreads (and 0.4) are out (0: none). Measured
+  // (docs/robust.md): label flippers train honestly on flipped labels; they stay inside the
+  // rejection and lean neither way, but sit near orthogonal to the step the majority leans with.
+  double lag = kDefaultLag;
   // Pre-aggregation steps (robust.h), before the rule: nearest-neighbour mixing with this f,
   // then buckets of `bucket` inputs (0 or 1: none) shuffled with `seed` (the caller's, per round).
   bool nnm = false;

@@ -256,18 +256,22 @@ void record_centered_clip(nlohmann::json& info, const robust::RuleSpec& spec, co
     info["reject"] = spec.reject;
     info["rejected_beyond"] = r.rejected_beyond;
   }
-  if (spec.oppose > 0) {
-    info["oppose"] = spec.oppose;
+  if (spec.oppose > 0) info["oppose"] = spec.oppose;
+  if (spec.oppose > 0 || spec.lag > 0) {
     const bool measured = std::any_of(r.decisions.begin(), r.decisions.end(),
                                       [](const robust::Decision& d) { return d.alignment.has_value(); });
     if (measured) {
       info["median_alignment"] = r.median_alignment;
-      if (r.opposition_off.empty()) {
-        info["opposed_below"] = r.opposed_below;
-      } else {
+      if (!r.opposition_off.empty()) {
         info["opposition_off"] = r.opposition_off;
+      } else if (spec.oppose > 0) {
+        info["opposed_below"] = r.opposed_below;
       }
     }
+  }
+  if (spec.lag > 0) {
+    info["lag"] = spec.lag;
+    if (r.lagging_beyond > 0) info["lagging_beyond"] = r.lagging_beyond;
   }
   if (spec.one_sided > 0) {
     info["one_sided"] = spec.one_sided;

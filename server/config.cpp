@@ -167,6 +167,13 @@ void parse_aggregation(const ConfigNode& ag, AggregationConfig& a) {
     ag.fail("one_sided", "must be 0 (off) or at least 1 spread: below 1 the bound could leave out inputs of the "
                          "closest half, which the test never does");
   }
+  // centered_clip's lag test: inputs whose alignment with the last step is this many spreads
+  // behind the median alignment (0: off). Below 1 the bound could fall inside the closest half.
+  rule.lag = ag.number("lag", robust::kDefaultLag, 0.0, 100.0);
+  if (rule.lag > 0 && rule.lag < 1) {
+    ag.fail("lag", "must be 0 (off) or at least 1 spread: below 1 the bound could leave out inputs of the closest "
+                   "half, which the test never does");
+  }
   rule.nnm = ag.boolean("nnm", false);
   rule.bucket = static_cast<std::size_t>(ag.integer("bucket", 0, 0, 1 << 20));
   a.clip_norm = ag.number("clip_norm", 0.0, 0.0, 1e12);
@@ -542,6 +549,7 @@ nlohmann::json aggregation_json(const AggregationConfig& a) {
                       {"reject", r.reject},
                       {"oppose", r.oppose},
                       {"one_sided", r.one_sided},
+                      {"lag", r.lag},
                       {"nnm", r.nnm},
                       {"bucket", r.bucket},
                       {"clip_norm", a.clip_norm},

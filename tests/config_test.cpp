@@ -431,6 +431,21 @@ TEST(Config, CenteredClippingsOneSidedTestIsAtLeastOneSpreadOrOff) {
   }
 }
 
+// centered_clip's lag test: a number of spreads of the alignments with the last step (2 by
+// default), at least 1 (below, the bound could cut into the closest half), or 0 for none.
+TEST(Config, CenteredClippingsLagTestIsAtLeastOneSpreadOrOff) {
+  const SixSiloServer load;
+  EXPECT_EQ(load(R"(, "aggregation": {"rule": "centered_clip", "lag": 0})"), "");
+  EXPECT_EQ(load(R"(, "aggregation": {"rule": "centered_clip", "lag": 3})"), "");
+  const auto inside = load(R"(, "aggregation": {"rule": "centered_clip", "lag": 0.5})");
+  EXPECT_NE(inside.find(".aggregation.lag"), std::string::npos) << inside;
+  EXPECT_NE(inside.find("at least 1"), std::string::npos) << inside;
+  for (const char* bad : {R"(, "aggregation": {"rule": "centered_clip", "lag": -1})",
+                          R"(, "aggregation": {"rule": "centered_clip", "lag": 1000})"}) {
+    EXPECT_NE(load(bad).find(".aggregation.lag"), std::string::npos) << bad;
+  }
+}
+
 // centered_clip's radius: "auto" by default (measured on each round's inputs), or a number.
 TEST(Config, CenteredClippingsRadiusIsAutomaticUnlessANumberFixesIt) {
   const SixSiloServer load;

@@ -1378,6 +1378,51 @@ TEST(Coordinator, CenteredClippingLeavesOutAnUpdateAgainstTheLastStepAndTheAudit
   }
 }
 
+// A label flipper's kind of update from one of five: as long as an honest one but orthogonal to
+// the honest mean, so inside the radius and not backwards. In round 2 it lags far behind the
+// median alignment with round 1's step, is left out, and the record says the bound and why.
+TEST(Coordinator, CenteredClippingLeavesOutAnUpdateThatLagsBehindTheLastStepAndTheAuditSaysWhy) {
+  Harness h(5, five_with_centered_clipping());
+  h.connect_all(5);
+  std::map<std::size_t, std::pair<std::vector<float>, double>> ups;
+  std::vector<float> mean(10, 0.0f);
+  for (std::size_t i = 0; i < 4; ++i) {
+    std::vector<float> delta(10);
+    for (std::size_t k = 0; k < 10; ++k) delta[k] = 0.1f + 0.3f * static_cast<float>((i + k) % 4 == 0);
+    for (std::size_t k = 0; k < 10; ++k) mean[k] += delta[k] / 4;
+    for (auto& v : delta) v *= 10;
+    ups[i] = {delta, 10};
+  }
+  // Alternating signs, less their projection on the honest mean, at the honest mean's norm.
+  std::vector<float> side(10);
+  double dot = 0, mm = 0;
+  for (std::size_t k = 0; k < 10; ++k) side[k] = k % 2 ? 1.0f : -1.0f;
+  for (std::size_t k = 0; k < 10; ++k) dot += double(side[k]) * mean[k], mm += double(mean[k]) * mean[k];
+  double sn = 0;
+  for (std::size_t k = 0; k < 10; ++k) side[k] -= static_cast<float>(dot / mm) * mean[k], sn += double(side[k]) * side[k];
+  for (auto& v : side) v *= static_cast<float>(std::sqrt(mm / sn) * 10);
+  ups[4] = {side, 10};
+  for (int round = 0; round < 2; ++round) {
+    for (std::size_t i = 0; i < 5; ++i) h.ready(i, 10);
+    h.serve(ups);
+  }
+  ASSERT_EQ(h.store.commits.size(), 2u);
+  const auto& second = h.store.commits[1].record["robust"];
+  EXPECT_EQ(second["lag"].get<double>(), robust::kDefaultLag);
+  ASSERT_TRUE(second.contains("lagging_beyond")) << second.dump();
+  const double median = second["median_alignment"].get<double>(), beyond = second["lagging_beyond"].get<double>();
+  EXPECT_GE(beyond, robust::kLagFloor);
+  for (const auto& d : second["decisions"]) {
+    const bool lagging = d["silo"] == name(4);
+    EXPECT_EQ(d["kept"].get<bool>(), !lagging) << d.dump();
+    EXPECT_EQ(d["alignment"].get<double>() < median - beyond, lagging) << d.dump();
+    EXPECT_GT(d["alignment"].get<double>(), second["opposed_below"].get<double>()) << d.dump();
+    if (lagging) {
+      EXPECT_EQ(d["reason"].get<std::string>().rfind("lagging", 0), 0u) << d.dump();
+    }
+  }
+}
+
 // A little below the honest mean on every coordinate (ALIE) from one of five, on a model of
 // 300 parameters: inside the radius and along the honest updates, but below the inputs' median
 // everywhere. It is left out as one-sided, and the record says every balance and the bound.

@@ -93,14 +93,15 @@ TEST(Robust, CenteredClippingRejectsAnInputFarOutsideTheHonestSpread) {
     for (std::size_t k = 0; k < d; ++k) honest_mean[k] += x[i * d + k] / 9.0f;
   }
   // From the honest mean (the last step, where the honest inputs agree): the rule should stay.
-  // (Opposition off: the far input also points against the honest mean; the rejection alone.)
-  const auto with = centered_clip(view(x, n), 0, 10, honest_mean, kDefaultReject, 0);
+  // (Opposition and lag test off: the far input also points against the honest mean; the
+  // rejection alone.)
+  const auto with = centered_clip(view(x, n), 0, 10, honest_mean, kDefaultReject, 0, kDefaultOneSided, 0);
   EXPECT_FALSE(with.decisions[9].kept);
   EXPECT_NE(with.decisions[9].reason.find("rejected"), std::string::npos) << with.decisions[9].reason;
   for (std::size_t i = 0; i < 9; ++i) EXPECT_TRUE(with.decisions[i].kept) << i;
   EXPECT_GT(with.rejected_beyond, with.radius);
   EXPECT_LT(with.rejected_beyond, with.decisions[9].score);
-  const auto without = centered_clip(view(x, n), 0, 10, honest_mean, 0, 0);
+  const auto without = centered_clip(view(x, n), 0, 10, honest_mean, 0, 0, kDefaultOneSided, 0);
   EXPECT_TRUE(without.decisions[9].kept);
   EXPECT_EQ(without.rejected_beyond, 0);
   auto towards_it = [&](const std::vector<float>& v) {  // how far v moved from the honest mean towards it
@@ -133,7 +134,8 @@ TEST(Robust, CenteredClippingWithTheAutomaticRadiusDecidesAlikeAtEveryScale) {
   // Without opposition input 1 is only clipped; with it (the centre leans the honest way),
   // input 1 points against the last step and is out: both decide alike at every scale.
   for (const double oppose : {0.0, kDefaultOppose}) {
-    const auto base = centered_clip(view(x, n), 0, 3, centre, kDefaultReject, oppose);
+    const double lag = oppose > 0 ? kDefaultLag : 0.0;  // the lag test measures the same alignments
+    const auto base = centered_clip(view(x, n), 0, 3, centre, kDefaultReject, oppose, kDefaultOneSided, lag);
     EXPECT_FALSE(base.decisions[0].kept);
     EXPECT_EQ(base.decisions[1].kept, oppose == 0);
     std::size_t clipped = 0;
@@ -148,7 +150,7 @@ TEST(Robust, CenteredClippingWithTheAutomaticRadiusDecidesAlikeAtEveryScale) {
       std::vector<float> xs = x, cs = centre;
       for (auto& v : xs) v *= s;
       for (auto& v : cs) v *= s;
-      const auto r = centered_clip(view(xs, n), 0, 3, cs, kDefaultReject, oppose);
+      const auto r = centered_clip(view(xs, n), 0, 3, cs, kDefaultReject, oppose, kDefaultOneSided, lag);
       for (std::size_t i = 0; i < n; ++i) {
         EXPECT_EQ(r.decisions[i].reason.empty(), base.decisions[i].reason.empty()) << k << " " << i;
         EXPECT_EQ(r.decisions[i].kept, base.decisions[i].kept) << k << " " << i;
@@ -157,6 +159,7 @@ TEST(Robust, CenteredClippingWithTheAutomaticRadiusDecidesAlikeAtEveryScale) {
         }
       }
       EXPECT_NEAR(r.median_alignment, base.median_alignment, 1e-5) << k;
+      EXPECT_NEAR(r.lagging_beyond, base.lagging_beyond, 1e-5) << k;
       EXPECT_NEAR(r.rejected_beyond / s, base.rejected_beyond, 1e-4 * base.rejected_beyond) << k;
       EXPECT_NEAR(r.radius / s, base.radius, 1e-4 * base.radius) << k;
       for (std::size_t j = 0; j < d; ++j) EXPECT_NEAR(r.aggregate[j] / s, base.aggregate[j], 1e-4) << k << " " << j;
@@ -199,7 +202,7 @@ TEST(Robust, CenteredClippingLeavesOutInputsThatPointAgainstTheLastStep) {
   const InlierAttack a;
   const auto view_x = view(a.x, a.n);
   const auto with = centered_clip(view_x, 0, 10, a.last);
-  const auto without = centered_clip(view_x, 0, 10, a.last, kDefaultReject, 0);
+  const auto without = centered_clip(view_x, 0, 10, a.last, kDefaultReject, 0, kDefaultOneSided, 0);
   for (std::size_t i = 0; i < a.n; ++i) {
     const bool attacker = i >= a.honest;
     EXPECT_EQ(with.decisions[i].kept, !attacker) << i << " " << with.decisions[i].reason;
@@ -321,6 +324,77 @@ TEST(Robust, TwoInputsAreNeverOpposed) {
   const auto r = centered_clip(view(x, 2), 0, 10, last);
   EXPECT_EQ(r.opposition_off, "fewer than 3 inputs");
   for (const auto& dec : r.decisions) EXPECT_TRUE(dec.kept) << dec.reason;
+}
+
+// Label flipping: seven honest inputs lean with the last step (alignments 0.3-0.6), three
+// flippers train honestly on flipped labels and sit near orthogonal to it (-0.1 to -0.05). All have
+// the same norm, so no distance singles the flippers out, and none points clearly backwards, so
+// the opposition keeps them; but they lag behind the median alignment by more than twice the
+// spread of the closest half, and the lag test leaves them out.
+const std::vector<double> kFlipAlignments = {0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, -0.1, -0.08, -0.05};
+
+TEST(Robust, CenteredClippingLeavesOutInputsThatLagFarBehindTheStepTheMajorityLeansWith) {
+  std::mt19937 rng(17);
+  const std::size_t d = 300, n = kFlipAlignments.size();
+  const auto x = with_alignments(kFlipAlignments, d, rng);
+  std::vector<float> last(d, 0.0f);
+  last[0] = 1;
+  const auto with = centered_clip(view(x, n), 0, 10, last);
+  const auto without = centered_clip(view(x, n), 0, 10, last, kDefaultReject, kDefaultOppose, kDefaultOneSided, 0);
+  EXPECT_GE(with.lagging_beyond, kLagFloor);
+  EXPECT_EQ(without.lagging_beyond, 0);
+  for (std::size_t i = 0; i < n; ++i) {
+    const bool flipper = i >= 7;
+    EXPECT_TRUE(without.decisions[i].kept) << i << " " << without.decisions[i].reason;
+    EXPECT_EQ(without.decisions[i].reason.rfind("opposed", 0), std::string::npos) << without.decisions[i].reason;
+    EXPECT_EQ(with.decisions[i].kept, !flipper) << i << " " << with.decisions[i].reason;
+    EXPECT_EQ(with.decisions[i].reason.rfind("lagging", 0) == 0, flipper) << i << " " << with.decisions[i].reason;
+  }
+  // Left out, they are as if they had not been sent.
+  const std::vector<float> honest(x.begin(), x.begin() + static_cast<long>(7 * d));
+  const auto alone = centered_clip(view(honest, 7), 0, 10, last, kDefaultReject, kDefaultOppose, kDefaultOneSided, 0);
+  for (std::size_t k = 0; k < d; ++k) EXPECT_NEAR(with.aggregate[k], alone.aggregate[k], 1e-5) << k;
+}
+
+TEST(Robust, TheLagTestDecidesAlikeAtEveryScale) {
+  std::mt19937 rng(17);
+  const std::size_t d = 300, n = kFlipAlignments.size();
+  const auto x = with_alignments(kFlipAlignments, d, rng);
+  std::vector<float> last(d, 0.0f);
+  last[0] = 1;
+  const auto base = centered_clip(view(x, n), 0, 10, last);
+  for (int k : {-4, -2, 2, 3}) {
+    const float s = std::pow(10.0f, static_cast<float>(k));
+    std::vector<float> xs = x, ls = last;
+    for (auto& v : xs) v *= s;
+    for (auto& v : ls) v *= s;
+    const auto r = centered_clip(view(xs, n), 0, 10, ls);
+    EXPECT_NEAR(r.lagging_beyond, base.lagging_beyond, 1e-6) << k;
+    for (std::size_t i = 0; i < n; ++i) {
+      EXPECT_EQ(r.decisions[i].kept, base.decisions[i].kept) << k << " " << i;
+      EXPECT_EQ(r.decisions[i].reason.rfind("lagging", 0), base.decisions[i].reason.rfind("lagging", 0)) << k << " " << i;
+    }
+  }
+}
+
+// Honest alignments spread from 0 to 0.9 (strong skew: each silo moves its own classes): the
+// bound widens with the spread, and nothing lags. Nor does anything without a clear side.
+TEST(Robust, AWideSpreadOfAlignmentsWidensTheLagBoundInsteadOfCuttingHonestInputs) {
+  std::mt19937 rng(19);
+  const std::size_t d = 300;
+  std::vector<float> last(d, 0.0f);
+  last[0] = 1;
+  const std::vector<double> wide = {0.0, 0.15, 0.2, 0.3, 0.45, 0.5, 0.6, 0.75, 0.8, 0.9};
+  const auto x = with_alignments(wide, d, rng);
+  const auto r = centered_clip(view(x, wide.size()), 0, 10, last);
+  EXPECT_GT(r.lagging_beyond, kLagFloor);
+  for (const auto& dec : r.decisions) EXPECT_EQ(dec.reason.find("lagging"), std::string::npos) << dec.reason;
+  const std::vector<double> unclear = {-0.3, -0.2, -0.1, -0.05, 0.0, 0.05, 0.1, 0.2, 0.3, 0.4};
+  const auto y = with_alignments(unclear, d, rng);
+  const auto u = centered_clip(view(y, unclear.size()), 0, 10, last);
+  EXPECT_FALSE(u.opposition_off.empty());
+  EXPECT_EQ(u.lagging_beyond, 0);
+  for (const auto& dec : u.decisions) EXPECT_EQ(dec.reason.find("lagging"), std::string::npos) << dec.reason;
 }
 
 // Seven honest inputs scattered around a common mean, and three at "a little is enough" (ALIE:

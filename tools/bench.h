@@ -53,6 +53,7 @@ struct AttackBenchOptions {
   std::size_t iterations = 10;  // centered clipping's
   double oppose = robust::kDefaultOppose;  // centered clipping's opposition (0: none)
   double one_sided = robust::kDefaultOneSided;  // centered clipping's one-sided test (0: none)
+  double lag = robust::kDefaultLag;              // centered clipping's lag test (0: none)
   std::size_t silos = 10;
   std::vector<std::string> defences, attacks;    // only these (empty: all)
   bool processes = false;                        // real processes instead of in process
@@ -70,7 +71,8 @@ struct Defence {
 };
 std::vector<Defence> attack_bench_defences(std::size_t f, double tau, std::size_t iterations = 10,
                                            std::size_t silos = 10, double oppose = robust::kDefaultOppose,
-                                           double one_sided = robust::kDefaultOneSided);
+                                           double one_sided = robust::kDefaultOneSided,
+                                           double lag = robust::kDefaultLag);
 
 struct RobustBenchOptions {
   std::vector<std::size_t> n{10, 32, 100};

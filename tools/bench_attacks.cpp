@@ -78,12 +78,13 @@ const std::vector<std::pair<std::string, json>>& attacks() {
 }  // namespace
 
 std::vector<Defence> attack_bench_defences(std::size_t f, double tau, std::size_t iterations, std::size_t silos,
-                                           double oppose, double one_sided) {
+                                           double oppose, double one_sided, double lag) {
   const json cclip = {{"rule", "centered_clip"},
                       {"tau", tau > 0 ? json(tau) : json("auto")},
                       {"iterations", iterations},
                       {"oppose", oppose},
-                      {"one_sided", one_sided}};
+                      {"one_sided", one_sided},
+                      {"lag", lag}};
   const json adaptive = {{"quantile", 0.5}, {"lr", 0.2}, {"initial", 1.0}};
   std::vector<Defence> d = {
       {"fedavg", {{"rule", "fedavg"}}, {}, {}},
@@ -102,6 +103,9 @@ std::vector<Defence> attack_bench_defences(std::size_t f, double tau, std::size_
   json two_sided = cclip;  // without the one-sided test (before 2026-12-05's third run)
   two_sided["one_sided"] = 0;
   d.push_back({"cclip_noonesided", two_sided, {}, {}});
+  json unlagging = cclip;  // without the lag test (before 2026-12-06)
+  unlagging["lag"] = 0;
+  d.push_back({"cclip_nolag", unlagging, {}, {}});
   if (silos >= 4 * f + 3) d.push_back({"bulyan", {{"rule", "bulyan"}, {"f", f}}, {}, {}});
   // The steps of docs/robust.md, in the combinations their papers recommend.
   d.push_back({"nnm+trimmed_mean", {{"rule", "trimmed_mean"}, {"f", f}, {"nnm", true}}, {}, {}});
@@ -296,7 +300,7 @@ int bench_attacks(const AttackBenchOptions& opts) {
   std::cerr << "bench attacks: " << settings.size() << " settings x " << opts.seeds.size() << " seeds, "
             << (opts.processes ? "real processes over mutual TLS" : "in process (xsilo sim --in-process)") << "\n";
   for (const auto& s : settings) {
-    const auto defences = attack_bench_defences(s.f, opts.tau, opts.iterations, s.silos, opts.oppose, opts.one_sided);
+    const auto defences = attack_bench_defences(s.f, opts.tau, opts.iterations, s.silos, opts.oppose, opts.one_sided, opts.lag);
     std::string seed_note;
     const auto seeds = usable_seeds(s, opts.seeds, opts.rounds, seed_note);
     std::vector<std::vector<std::string>> rows;

@@ -70,6 +70,10 @@ void add_bench_attacks(CLI::App& bench, int& exit_code) {
                 "centered clipping's one-sided test, in spreads of the inputs' balances (0: off; else at least 1)")
       ->check(CLI::Range(0.0, 100.0))
       ->capture_default_str();
+  a->add_option("--lag", at->lag,
+                "centered clipping's lag test, in spreads of the alignments with the last step (0: off; else at least 1)")
+      ->check(CLI::Range(0.0, 100.0))
+      ->capture_default_str();
   a->add_option("--f", at->f, "the f the rules assume (0: the number of attackers; set it to try more attackers than f)")
       ->capture_default_str();
   a->add_option("--defences", at->defences, "only these rows (default: all)");
