@@ -25,6 +25,26 @@ double default_denominator(const ConfigNode& root, const ConfigNode& p, const Se
                         "at most clip_norm / W)");
 }
 
+// The budget keys both silo-level modes read alike: epsilon, delta, C, W, and the noise (a fixed
+// z, or the rounds the smallest z must last).
+template <class Dp>
+void read_budget(const ConfigNode& root, const ConfigNode& p, const ServerConfig& c, Dp& dp) {
+  if (!p.has("epsilon")) p.fail("epsilon", "is required: the federation's privacy budget");
+  dp.epsilon = p.number("epsilon", 0, 1e-3, 1e3);
+  dp.delta = p.number("delta", 1e-5, 1e-300, 0.1);
+  if (dp.delta <= 0) p.fail("delta", "must be above 0");
+  dp.clip_norm = p.number("clip_norm", 1.0, 1e-9, 1e9);
+  if (p.has("rounds") && p.has("noise_multiplier")) {
+    p.fail("noise_multiplier", "and rounds both set the noise: keep one (rounds: the smallest noise that lasts them)");
+  }
+  dp.denominator = p.has("denominator") ? p.number("denominator", 1, 1, 1 << 30) : default_denominator(root, p, c);
+  if (p.has("noise_multiplier")) {
+    dp.noise_multiplier = p.number("noise_multiplier", 1, 1e-3, 1e6);
+  } else {
+    dp.rounds = static_cast<std::uint64_t>(p.integer("rounds", static_cast<std::int64_t>(c.rounds), 1, 1 << 30));
+  }
+}
+
 // What central DP cannot be combined with, each with its reason.
 void refuse_voiding_combinations(const ConfigNode& root, const ConfigNode& p, const ServerConfig& c) {
   if (c.secure.on()) {
@@ -116,20 +136,7 @@ void refuse_voiding_distributed(const ConfigNode& root, const ConfigNode& p, con
 
 DistributedDpConfig parse_distributed(const ConfigNode& root, const ConfigNode& p, ServerConfig& c) {
   DistributedDpConfig dp;
-  if (!p.has("epsilon")) p.fail("epsilon", "is required: the federation's privacy budget");
-  dp.epsilon = p.number("epsilon", 0, 1e-3, 1e3);
-  dp.delta = p.number("delta", 1e-5, 1e-300, 0.1);
-  if (dp.delta <= 0) p.fail("delta", "must be above 0");
-  dp.clip_norm = p.number("clip_norm", 1.0, 1e-9, 1e9);
-  if (p.has("rounds") && p.has("noise_multiplier")) {
-    p.fail("noise_multiplier", "and rounds both set the noise: keep one (rounds: the smallest noise that lasts them)");
-  }
-  dp.denominator = p.has("denominator") ? p.number("denominator", 1, 1, 1 << 30) : default_denominator(root, p, c);
-  if (p.has("noise_multiplier")) {
-    dp.noise_multiplier = p.number("noise_multiplier", 1, 1e-3, 1e6);
-  } else {
-    dp.rounds = static_cast<std::uint64_t>(p.integer("rounds", static_cast<std::int64_t>(c.rounds), 1, 1 << 30));
-  }
+  read_budget(root, p, c, dp);
   dp.bits = static_cast<std::uint32_t>(p.integer("bits", 20, 4, 62));
   dp.ring = c.secure.bits;
   dp.max_group = max_group(root, p, c);
@@ -188,20 +195,7 @@ void parse_privacy(const ConfigNode& root, ServerConfig& c) {
     return;
   }
   CentralDpConfig dp;
-  if (!p.has("epsilon")) p.fail("epsilon", "is required: the federation's privacy budget");
-  dp.epsilon = p.number("epsilon", 0, 1e-3, 1e3);
-  dp.delta = p.number("delta", 1e-5, 1e-300, 0.1);
-  if (dp.delta <= 0) p.fail("delta", "must be above 0");
-  dp.clip_norm = p.number("clip_norm", 1.0, 1e-9, 1e9);
-  if (p.has("rounds") && p.has("noise_multiplier")) {
-    p.fail("noise_multiplier", "and rounds both set the noise: keep one (rounds: the smallest noise that lasts them)");
-  }
-  dp.denominator = p.has("denominator") ? p.number("denominator", 1, 1, 1 << 30) : default_denominator(root, p, c);
-  if (p.has("noise_multiplier")) {
-    dp.noise_multiplier = p.number("noise_multiplier", 1, 1e-3, 1e6);
-  } else {
-    dp.rounds = static_cast<std::uint64_t>(p.integer("rounds", static_cast<std::int64_t>(c.rounds), 1, 1 << 30));
-  }
+  read_budget(root, p, c, dp);
   p.finish();
   refuse_voiding_combinations(root, p, c);
   if (dp.rounds > 0) {

@@ -556,24 +556,24 @@ void Coordinator::finish_round(bool committed, const AuditHead& audit, std::int6
 }
 
 bool Coordinator::central_budget_spent(std::int64_t now_ms) {
-  if (cfg_.distributed_dp && !fits_another_round(*cfg_.distributed_dp, central_spent_)) {
-    const auto& dp = *cfg_.distributed_dp;
-    char why[256];
-    std::snprintf(why, sizeof why,
-                  "privacy budget spent: epsilon %.6g of %.6g (delta %g) with distributed Skellam noise; another round "
-                  "would exceed it",
-                  epsilon_of(central_spent_, dp.delta), dp.epsilon, dp.delta);
-    spdlog::warn("{}", why);
-    end_federation(why, now_ms);
-    return true;
+  // Either silo-level mode: its budget, and whether one more round's mechanism fits the spend.
+  double epsilon = 0, delta = 0;
+  const char* noise = nullptr;
+  if (cfg_.distributed_dp) {
+    if (fits_another_round(*cfg_.distributed_dp, central_spent_)) return false;
+    epsilon = cfg_.distributed_dp->epsilon, delta = cfg_.distributed_dp->delta, noise = "distributed Skellam";
+  } else if (cfg_.central_dp) {
+    if (fits_another_round(*cfg_.central_dp, central_spent_)) return false;
+    epsilon = cfg_.central_dp->epsilon, delta = cfg_.central_dp->delta, noise = "central Gaussian";
+  } else {
+    return false;
   }
-  if (!cfg_.central_dp || fits_another_round(*cfg_.central_dp, central_spent_)) return false;
-  const auto& dp = *cfg_.central_dp;
-  const std::uint64_t rounds = central_spent_.count();
   char why[256];
   std::snprintf(why, sizeof why,
-                "privacy budget spent: epsilon %.6g of %.6g (delta %g) after %llu noised rounds; another would exceed it",
-                epsilon_of(central_spent_, dp.delta), dp.epsilon, dp.delta, static_cast<unsigned long long>(rounds));
+                "privacy budget spent: epsilon %.6g of %.6g (delta %g) after %llu rounds with %s noise; another round "
+                "would exceed it",
+                epsilon_of(central_spent_, delta), epsilon, delta, static_cast<unsigned long long>(central_spent_.count()),
+                noise);
   spdlog::warn("{}", why);
   end_federation(why, now_ms);
   return true;

@@ -101,25 +101,19 @@ crypto::SkellamParams skellam_params(const DistributedDpConfig& c, std::uint32_t
 }
 
 nlohmann::json round_privacy_record(const DistributedDpConfig& c, const privacy::Ledger& spent) {
-  std::uint64_t rounds = 0;
-  for (const auto& s : spent.steps) rounds += s.count;
-  return {{"level", "silo"},
-          {"mechanism", "skellam"},
-          {"noise_multiplier", c.noise_multiplier},
-          {"variance", c.variance},
-          {"gamma", c.gamma},
-          {"bits", c.bits},
-          {"clip_norm", c.clip_norm},
-          {"padded_length", c.padded},
-          {"beta", c.beta},
-          {"l1", distributed_l1(c, c.gamma)},
-          {"l2", distributed_l2(c, c.gamma)},
-          {"denominator", c.denominator},
-          {"n_min", "each group's min_survivors (its secure setup): every member adds variance / n_min"},
-          {"delta", c.delta},
-          {"epsilon", epsilon_of(spent, c.delta)},
-          {"max_epsilon", c.epsilon},
-          {"rounds_spent", rounds}};
+  return silo_level_record("skellam",
+                           {{"noise_multiplier", c.noise_multiplier},
+                            {"variance", c.variance},
+                            {"gamma", c.gamma},
+                            {"bits", c.bits},
+                            {"clip_norm", c.clip_norm},
+                            {"padded_length", c.padded},
+                            {"beta", c.beta},
+                            {"l1", distributed_l1(c, c.gamma)},
+                            {"l2", distributed_l2(c, c.gamma)},
+                            {"denominator", c.denominator},
+                            {"n_min", "each group's min_survivors (its secure setup): every member adds variance / n_min"}},
+                           c.delta, c.epsilon, spent);
 }
 
 std::optional<privacy::Mechanism> distributed_mechanism_of(const nlohmann::json& record) {
