@@ -95,6 +95,11 @@ double rounded_l2_bound(double c, std::size_t padded, double beta) {
   return std::sqrt(std::min(cond, worst));
 }
 
+double skellam_noise_multiplier(double variance, double gamma, double clip_norm, std::size_t padded, double beta) {
+  if (!(variance >= 0) || !(gamma > 0) || !(clip_norm > 0) || padded == 0 || !(beta > 0 && beta < 1)) return 0;
+  return std::sqrt(variance) / rounded_l2_bound(gamma * clip_norm, padded, beta);
+}
+
 void walsh_hadamard(std::span<double> x) {
   const std::size_t n = x.size();
   if (n == 0 || (n & (n - 1)) != 0) throw std::invalid_argument("walsh_hadamard: the length must be a power of two");
