@@ -23,4 +23,11 @@ inline void expect_understated_epsilon_caught(const std::vector<nlohmann::json>&
   EXPECT_NE(bad.reason.find("record 4 (round 3): " + mode + " claims epsilon"), std::string::npos) << bad.reason;
 }
 
+// `xsilo audit verify`'s privacy check fails on `log`, saying `says`.
+inline void expect_claims_fail(const std::vector<nlohmann::json>& log, const std::string& says) {
+  const auto r = server::check_privacy_claims(log);
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.reason.find(says), std::string::npos) << r.reason;
+}
+
 }  // namespace xsilo::test
