@@ -80,17 +80,40 @@ void refuse_voiding_combinations(const ConfigNode& root, const ConfigNode& p, co
 }
 
 // The most silos one secure group's sum may hold: every silo a round selects, at most.
+// n, the most silos one group's sum may hold, which gamma is sized for: a round's selection bounds
+// every group (a group is a part of it), so n is the most silos a round may select. `max_silos`
+// may only raise it: one below what a round can select, or with no bound on the selection (every
+// connected silo of allow.silo "*"), is refused, so that no group is ever larger than gamma's n.
 std::size_t max_group(const ConfigNode& root, const ConfigNode& p, const ServerConfig& c) {
-  if (p.has("max_silos")) return static_cast<std::size_t>(p.integer("max_silos", 2, 1, 1 << 20));
   const auto& s = c.selection;
-  if (s.silos_per_round > 0) {
-    return static_cast<std::size_t>(std::ceil(static_cast<double>(s.silos_per_round) * (1 + s.over_selection) - 1e-9));
-  }
   const auto listed = root.child("allow").str_list("silo");
   const bool any = std::find(listed.begin(), listed.end(), "*") != listed.end();
-  if (!c.expected_silos.empty() && !any) return c.expected_silos.size();
-  p.fail("max_silos", "is required when neither selection.silos_per_round nor a list of silos in allow.silo says how "
-                      "many silos a round may hold (the ring must hold the sum of that many silos' updates)");
+  std::size_t selectable = 0;  // 0: unbounded
+  if (s.silos_per_round > 0) {
+    selectable =
+        static_cast<std::size_t>(std::ceil(static_cast<double>(s.silos_per_round) * (1 + s.over_selection) - 1e-9));
+  } else if (!c.expected_silos.empty() && !any) {
+    selectable = c.expected_silos.size();
+  }
+  if (!p.has("max_silos")) {
+    if (selectable == 0) {
+      p.fail("max_silos", "is required when neither selection.silos_per_round nor a list of silos in allow.silo says "
+                          "how many silos a round may hold (the ring must hold the sum of that many silos' updates)");
+    }
+    return selectable;
+  }
+  const auto n = static_cast<std::size_t>(p.integer("max_silos", 2, 1, 1 << 20));
+  if (selectable == 0) {
+    p.fail("max_silos", "bounds nothing while a round selects every connected silo (allow.silo \"*\" and no "
+                        "selection.silos_per_round): set selection.silos_per_round so that a round selects at most " +
+                            std::to_string(n));
+  }
+  if (selectable > n) {
+    p.fail("max_silos", std::to_string(n) + " is below the " + std::to_string(selectable) +
+                            " silos a round may select (selection.silos_per_round with over_selection, or allow.silo): "
+                            "a group that large could wrap the ring gamma was sized for");
+  }
+  return n;
 }
 
 // What distributed DP cannot be combined with, each with its reason.
