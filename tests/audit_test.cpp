@@ -621,7 +621,7 @@ TEST_F(RecoveryTest, CentralDpSpendIsRebuiltFromEveryCommittedRecordOfTheLog) {
 // damaged privacy part stops the start.
 TEST_F(RecoveryTest, DistributedDpSpendIsRebuiltFromTheAuditChainAfterADamagedCheckpoint) {
   DistributedDpConfig dp;
-  dp.epsilon = 8;
+  dp.epsilon = 40;
   dp.clip_norm = 0.5;
   dp.noise_multiplier = 1.2;
   dp.denominator = 5;
@@ -662,7 +662,7 @@ TEST_F(RecoveryTest, DistributedDpSpendIsRebuiltFromTheAuditChainAfterADamagedCh
     auto tight = dp;
     tight.epsilon = epsilon_of(spent, dp.delta) * 1.0001;
     EXPECT_FALSE(fits_another_round(tight, r.central_dp));
-    tight.epsilon = 8;
+    tight.epsilon = 40;
     EXPECT_TRUE(fits_another_round(tight, r.central_dp));
   }
   // The newest checkpoint lost with no mirror: the model is missing, the spend is the chain's.
