@@ -30,8 +30,10 @@
 //           on the Skellam RDP. Each of a group's members adds mu / n_min, n_min its setup's
 //           min_survivors, so any sum the protocol reveals carries at least mu: dropouts cannot
 //           weaken it.
-// One round is privacy::SkellamSum{Delta_1, Delta_2, mu}; only committed rounds spend, and the
-// spend is rebuilt from the audit chain at start, as in central mode.
+// One round is privacy::SkellamSum{Delta_1, Delta_2, mu} at the parameters its setups signed
+// (as_signed), whatever the config says; a committed round spends, and so does an aborted one
+// whose noisy sums were unmasked (the server saw them); the spend is rebuilt from the audit
+// chain at start, as in central mode.
 #pragma once
 
 #include <cstdint>
