@@ -95,6 +95,11 @@ double rounded_l2_bound(double c, std::size_t padded, double beta) {
   return std::sqrt(std::min(cond, worst));
 }
 
+double skellam_noise_multiplier(double variance, double gamma, double clip_norm, std::size_t padded, double beta) {
+  if (!(variance >= 0) || !(gamma > 0) || !(clip_norm > 0) || padded == 0 || !(beta > 0 && beta < 1)) return 0;
+  return std::sqrt(variance) / rounded_l2_bound(gamma * clip_norm, padded, beta);
+}
+
 void walsh_hadamard(std::span<double> x) {
   const std::size_t n = x.size();
   if (n == 0 || (n & (n - 1)) != 0) throw std::invalid_argument("walsh_hadamard: the length must be a power of two");
@@ -171,33 +176,19 @@ std::int64_t centred(std::uint64_t word, std::uint32_t bits) {
                    : static_cast<std::int64_t>(w);
 }
 
-double encode_skellam(const SkellamParams& p, std::span<const float> delta, NoiseSource& noise,
-                      std::span<std::uint8_t> out) {
-  return encode_words(p, delta, noise, out);
-}
-double encode_skellam(const SkellamParams& p, std::span<const float> delta, NoiseSource& noise,
-                      std::span<std::uint16_t> out) {
-  return encode_words(p, delta, noise, out);
-}
-double encode_skellam(const SkellamParams& p, std::span<const float> delta, NoiseSource& noise,
-                      std::span<std::uint32_t> out) {
-  return encode_words(p, delta, noise, out);
-}
-double encode_skellam(const SkellamParams& p, std::span<const float> delta, NoiseSource& noise,
-                      std::span<std::uint64_t> out) {
-  return encode_words(p, delta, noise, out);
-}
-std::vector<double> decode_skellam(const SkellamParams& p, std::span<const std::uint8_t> sum, std::size_t d) {
-  return decode_words(p, sum, d);
-}
-std::vector<double> decode_skellam(const SkellamParams& p, std::span<const std::uint16_t> sum, std::size_t d) {
-  return decode_words(p, sum, d);
-}
-std::vector<double> decode_skellam(const SkellamParams& p, std::span<const std::uint32_t> sum, std::size_t d) {
-  return decode_words(p, sum, d);
-}
-std::vector<double> decode_skellam(const SkellamParams& p, std::span<const std::uint64_t> sum, std::size_t d) {
-  return decode_words(p, sum, d);
-}
+// The header's overloads, one pair per word width, each the templates above.
+#define XSILO_SKELLAM_WORD(Word)                                                                              \
+  double encode_skellam(const SkellamParams& p, std::span<const float> delta, NoiseSource& noise,              \
+                        std::span<Word> out) {                                                                \
+    return encode_words(p, delta, noise, out);                                                                \
+  }                                                                                                           \
+  std::vector<double> decode_skellam(const SkellamParams& p, std::span<const Word> sum, std::size_t d) {      \
+    return decode_words(p, sum, d);                                                                           \
+  }
+XSILO_SKELLAM_WORD(std::uint8_t)
+XSILO_SKELLAM_WORD(std::uint16_t)
+XSILO_SKELLAM_WORD(std::uint32_t)
+XSILO_SKELLAM_WORD(std::uint64_t)
+#undef XSILO_SKELLAM_WORD
 
 }  // namespace xsilo::crypto

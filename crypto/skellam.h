@@ -67,6 +67,10 @@ std::size_t padded_length(std::size_t d);
 // The paper's bound on the norm of a conditionally rounded vector of norm <= c in P
 // coordinates: sqrt(min(c^2 + P/4 + sqrt(2 ln(1/beta)) (c + sqrt(P)/2), (c + sqrt(P))^2)).
 double rounded_l2_bound(double c, std::size_t padded, double beta);
+// The noise multiplier a setup's parameters give: the standard deviation of the sum's noise over
+// its L2 sensitivity, sqrt(variance) / rounded_l2_bound(gamma clip_norm, padded, beta). It does
+// not depend on how the variance is shared: what a silo checks against its own floor.
+double skellam_noise_multiplier(double variance, double gamma, double clip_norm, std::size_t padded, double beta);
 
 // y = H x (unnormalized fast Walsh-Hadamard transform), x.size() a power of two.
 void walsh_hadamard(std::span<double> x);

@@ -111,6 +111,25 @@ std::uint32_t secagg_degree(const wire::SecAggSetup& setup) {
   return setup.members_size() > 0 ? static_cast<std::uint32_t>(setup.members_size() - 1) : 0;
 }
 
+std::string skellam_statement(const wire::SkellamSetup& k) {
+  auto exact = [](double v) {
+    char b[64];
+    std::snprintf(b, sizeof b, "%a", v);
+    return std::string(b);
+  };
+  std::string out;
+  crypto::append_field(out, "skellam");
+  crypto::append_field(out, std::to_string(k.bits()));
+  crypto::append_field(out, exact(k.gamma()));
+  crypto::append_field(out, exact(k.variance()));
+  crypto::append_field(out, exact(k.clip_norm()));
+  crypto::append_field(out, exact(k.beta()));
+  crypto::append_field(out, std::to_string(k.rotation_seed()));
+  return out;
+}
+
+std::string skellam_sha256(const wire::SkellamSetup& k) { return crypto::sha256_hex(skellam_statement(k)); }
+
 std::string setup_statement(const wire::SecAggSetup& s, const std::string& federation, std::uint64_t round) {
   std::string members;
   for (const auto& m : s.members()) crypto::append_field(members, m);
@@ -133,21 +152,7 @@ std::string setup_statement(const wire::SecAggSetup& s, const std::string& feder
     crypto::append_field(out, num(s.degree()));
     crypto::append_field(out, s.graph_seed());
   }
-  if (s.has_skellam()) {  // distributed DP: every parameter to the bit (without it, as before)
-    const auto& k = s.skellam();
-    auto exact = [](double v) {
-      char b[64];
-      std::snprintf(b, sizeof b, "%a", v);
-      return std::string(b);
-    };
-    crypto::append_field(out, "skellam");
-    crypto::append_field(out, num(k.bits()));
-    crypto::append_field(out, exact(k.gamma()));
-    crypto::append_field(out, exact(k.variance()));
-    crypto::append_field(out, exact(k.clip_norm()));
-    crypto::append_field(out, exact(k.beta()));
-    crypto::append_field(out, num(k.rotation_seed()));
-  }
+  if (s.has_skellam()) out += skellam_statement(s.skellam());  // distributed DP (without it, as before)
   if (s.protocol() != wire::SECAGG) {  // another protocol and its parameters (SecAgg's is as before)
     crypto::append_field(out, "protocol");
     crypto::append_field(out, num(static_cast<int>(s.protocol())));

@@ -28,6 +28,10 @@ lightsecagg::Params lightsecagg_params(const wire::SecAggSetup& setup, const std
                                        std::uint64_t round);
 // What the server signs of a setup (every field but the signature, with federation and round).
 std::string setup_statement(const wire::SecAggSetup& setup, const std::string& federation, std::uint64_t round);
+// Distributed DP's part of the statement (every parameter to the bit), and its SHA-256 in hex:
+// what a round's audit record names, so that the recorded parameters are the signed ones.
+std::string skellam_statement(const wire::SkellamSetup& k);
+std::string skellam_sha256(const wire::SkellamSetup& k);
 
 wire::SecAggKeys to_wire(const secagg::Advertisement& keys);
 proto::Result<secagg::Advertisement> from_wire(const wire::SecAggKeys& keys);

@@ -24,19 +24,25 @@ double noise_multiplier_for_rounds(double epsilon, double delta, double sample_r
   return privacy::noise_multiplier_for(epsilon, delta, sample_rate, rounds);
 }
 
+nlohmann::json silo_level_record(const char* mechanism, nlohmann::json fields, double delta, double max_epsilon,
+                                 const privacy::Ledger& spent) {
+  fields["level"] = "silo";
+  fields["mechanism"] = mechanism;
+  fields["delta"] = delta;
+  fields["epsilon"] = epsilon_of(spent, delta);
+  fields["max_epsilon"] = max_epsilon;
+  fields["rounds_spent"] = spent.count();
+  return fields;
+}
+
 nlohmann::json round_privacy_record(const CentralDpConfig& c, const privacy::Ledger& spent) {
-  const std::uint64_t rounds = spent.count();
-  return {{"level", "silo"},
-          {"mechanism", "central"},
-          {"noise_multiplier", c.noise_multiplier},
-          {"clip_norm", c.clip_norm},
-          {"denominator", c.denominator},
-          {"noise_stddev", noise_stddev(c)},
-          {"sample_rate", c.sample_rate},
-          {"delta", c.delta},
-          {"epsilon", epsilon_of(spent, c.delta)},
-          {"max_epsilon", c.epsilon},
-          {"rounds_spent", rounds}};
+  return silo_level_record("central",
+                           {{"noise_multiplier", c.noise_multiplier},
+                            {"clip_norm", c.clip_norm},
+                            {"denominator", c.denominator},
+                            {"noise_stddev", noise_stddev(c)},
+                            {"sample_rate", c.sample_rate}},
+                           c.delta, c.epsilon, spent);
 }
 
 std::optional<privacy::Mechanism> central_mechanism_of(const nlohmann::json& record) {

@@ -66,6 +66,10 @@ bool fits_another_round(const CentralDpConfig& c, const privacy::Ledger& spent);
 double noise_multiplier_for_rounds(double epsilon, double delta, double sample_rate, std::uint64_t rounds);
 
 // A committed round's "privacy" record part, `spent` including the round itself.
+// A silo-level round's "privacy" part: the mechanism's own `fields`, and what every mode states
+// alike (level, mechanism, delta, the epsilon spent so far, the budget and the rounds spent).
+nlohmann::json silo_level_record(const char* mechanism, nlohmann::json fields, double delta, double max_epsilon,
+                                 const privacy::Ledger& spent);
 nlohmann::json round_privacy_record(const CentralDpConfig& c, const privacy::Ledger& spent);
 // The mechanism a round record states, when it is a committed central-DP round (nullopt for any
 // other record). Throws std::invalid_argument when its privacy part cannot be read.

@@ -25,6 +25,26 @@ double default_denominator(const ConfigNode& root, const ConfigNode& p, const Se
                         "at most clip_norm / W)");
 }
 
+// The budget keys both silo-level modes read alike: epsilon, delta, C, W, and the noise (a fixed
+// z, or the rounds the smallest z must last).
+template <class Dp>
+void read_budget(const ConfigNode& root, const ConfigNode& p, const ServerConfig& c, Dp& dp) {
+  if (!p.has("epsilon")) p.fail("epsilon", "is required: the federation's privacy budget");
+  dp.epsilon = p.number("epsilon", 0, 1e-3, 1e3);
+  dp.delta = p.number("delta", 1e-5, 1e-300, 0.1);
+  if (dp.delta <= 0) p.fail("delta", "must be above 0");
+  dp.clip_norm = p.number("clip_norm", 1.0, 1e-9, 1e9);
+  if (p.has("rounds") && p.has("noise_multiplier")) {
+    p.fail("noise_multiplier", "and rounds both set the noise: keep one (rounds: the smallest noise that lasts them)");
+  }
+  dp.denominator = p.has("denominator") ? p.number("denominator", 1, 1, 1 << 30) : default_denominator(root, p, c);
+  if (p.has("noise_multiplier")) {
+    dp.noise_multiplier = p.number("noise_multiplier", 1, 1e-3, 1e6);
+  } else {
+    dp.rounds = static_cast<std::uint64_t>(p.integer("rounds", static_cast<std::int64_t>(c.rounds), 1, 1 << 30));
+  }
+}
+
 // What central DP cannot be combined with, each with its reason.
 void refuse_voiding_combinations(const ConfigNode& root, const ConfigNode& p, const ServerConfig& c) {
   if (c.secure.on()) {
@@ -60,17 +80,40 @@ void refuse_voiding_combinations(const ConfigNode& root, const ConfigNode& p, co
 }
 
 // The most silos one secure group's sum may hold: every silo a round selects, at most.
+// n, the most silos one group's sum may hold, which gamma is sized for: a round's selection bounds
+// every group (a group is a part of it), so n is the most silos a round may select. `max_silos`
+// may only raise it: one below what a round can select, or with no bound on the selection (every
+// connected silo of allow.silo "*"), is refused, so that no group is ever larger than gamma's n.
 std::size_t max_group(const ConfigNode& root, const ConfigNode& p, const ServerConfig& c) {
-  if (p.has("max_silos")) return static_cast<std::size_t>(p.integer("max_silos", 2, 1, 1 << 20));
   const auto& s = c.selection;
-  if (s.silos_per_round > 0) {
-    return static_cast<std::size_t>(std::ceil(static_cast<double>(s.silos_per_round) * (1 + s.over_selection) - 1e-9));
-  }
   const auto listed = root.child("allow").str_list("silo");
   const bool any = std::find(listed.begin(), listed.end(), "*") != listed.end();
-  if (!c.expected_silos.empty() && !any) return c.expected_silos.size();
-  p.fail("max_silos", "is required when neither selection.silos_per_round nor a list of silos in allow.silo says how "
-                      "many silos a round may hold (the ring must hold the sum of that many silos' updates)");
+  std::size_t selectable = 0;  // 0: unbounded
+  if (s.silos_per_round > 0) {
+    selectable =
+        static_cast<std::size_t>(std::ceil(static_cast<double>(s.silos_per_round) * (1 + s.over_selection) - 1e-9));
+  } else if (!c.expected_silos.empty() && !any) {
+    selectable = c.expected_silos.size();
+  }
+  if (!p.has("max_silos")) {
+    if (selectable == 0) {
+      p.fail("max_silos", "is required when neither selection.silos_per_round nor a list of silos in allow.silo says "
+                          "how many silos a round may hold (the ring must hold the sum of that many silos' updates)");
+    }
+    return selectable;
+  }
+  const auto n = static_cast<std::size_t>(p.integer("max_silos", 2, 1, 1 << 20));
+  if (selectable == 0) {
+    p.fail("max_silos", "bounds nothing while a round selects every connected silo (allow.silo \"*\" and no "
+                        "selection.silos_per_round): set selection.silos_per_round so that a round selects at most " +
+                            std::to_string(n));
+  }
+  if (selectable > n) {
+    p.fail("max_silos", std::to_string(n) + " is below the " + std::to_string(selectable) +
+                            " silos a round may select (selection.silos_per_round with over_selection, or allow.silo): "
+                            "a group that large could wrap the ring gamma was sized for");
+  }
+  return n;
 }
 
 // What distributed DP cannot be combined with, each with its reason.
@@ -116,20 +159,7 @@ void refuse_voiding_distributed(const ConfigNode& root, const ConfigNode& p, con
 
 DistributedDpConfig parse_distributed(const ConfigNode& root, const ConfigNode& p, ServerConfig& c) {
   DistributedDpConfig dp;
-  if (!p.has("epsilon")) p.fail("epsilon", "is required: the federation's privacy budget");
-  dp.epsilon = p.number("epsilon", 0, 1e-3, 1e3);
-  dp.delta = p.number("delta", 1e-5, 1e-300, 0.1);
-  if (dp.delta <= 0) p.fail("delta", "must be above 0");
-  dp.clip_norm = p.number("clip_norm", 1.0, 1e-9, 1e9);
-  if (p.has("rounds") && p.has("noise_multiplier")) {
-    p.fail("noise_multiplier", "and rounds both set the noise: keep one (rounds: the smallest noise that lasts them)");
-  }
-  dp.denominator = p.has("denominator") ? p.number("denominator", 1, 1, 1 << 30) : default_denominator(root, p, c);
-  if (p.has("noise_multiplier")) {
-    dp.noise_multiplier = p.number("noise_multiplier", 1, 1e-3, 1e6);
-  } else {
-    dp.rounds = static_cast<std::uint64_t>(p.integer("rounds", static_cast<std::int64_t>(c.rounds), 1, 1 << 30));
-  }
+  read_budget(root, p, c, dp);
   dp.bits = static_cast<std::uint32_t>(p.integer("bits", 20, 4, 62));
   dp.ring = c.secure.bits;
   dp.max_group = max_group(root, p, c);
@@ -188,20 +218,7 @@ void parse_privacy(const ConfigNode& root, ServerConfig& c) {
     return;
   }
   CentralDpConfig dp;
-  if (!p.has("epsilon")) p.fail("epsilon", "is required: the federation's privacy budget");
-  dp.epsilon = p.number("epsilon", 0, 1e-3, 1e3);
-  dp.delta = p.number("delta", 1e-5, 1e-300, 0.1);
-  if (dp.delta <= 0) p.fail("delta", "must be above 0");
-  dp.clip_norm = p.number("clip_norm", 1.0, 1e-9, 1e9);
-  if (p.has("rounds") && p.has("noise_multiplier")) {
-    p.fail("noise_multiplier", "and rounds both set the noise: keep one (rounds: the smallest noise that lasts them)");
-  }
-  dp.denominator = p.has("denominator") ? p.number("denominator", 1, 1, 1 << 30) : default_denominator(root, p, c);
-  if (p.has("noise_multiplier")) {
-    dp.noise_multiplier = p.number("noise_multiplier", 1, 1e-3, 1e6);
-  } else {
-    dp.rounds = static_cast<std::uint64_t>(p.integer("rounds", static_cast<std::int64_t>(c.rounds), 1, 1 << 30));
-  }
+  read_budget(root, p, c, dp);
   p.finish();
   refuse_voiding_combinations(root, p, c);
   if (dp.rounds > 0) {

@@ -416,8 +416,10 @@ void Coordinator::finish_unmask(std::int64_t now_ms) {
 void Coordinator::record_abort(std::int64_t now_ms) {
   const auto s = summary(false, r_->abort_reason, now_ms);
   auto rec = round_record(s);
-  if (cfg_.central_dp) rec["privacy"] = round_privacy_record(*cfg_.central_dp, central_spent_);  // spends nothing
-  if (cfg_.distributed_dp) rec["privacy"] = round_privacy_record(*cfg_.distributed_dp, central_spent_);
+  // Spends nothing, unless distributed DP's noisy sums were unmasked before the abort.
+  auto spent = central_spent_;
+  if (charged_on_abort()) spent.add(round_dp_mechanism(), 1);
+  if (cfg_.central_dp || cfg_.distributed_dp) rec["privacy"] = privacy_record(spent);
   run_job(JobKind::Record, [&store = store_, rec = std::move(rec), row = metrics_row(s), global = global_,
                             broadcast = cfg_.broadcast, chunk_elems = cfg_.chunk_bytes / sizeof(float),
                             seed = broadcast_seed(cfg_, round_), make_same = wants_same()]() -> JobResult {
@@ -444,20 +446,15 @@ void Coordinator::decide(std::int64_t now_ms) {
   ctx.nonfinite = static_cast<std::size_t>(std::count_if(r_->members.begin(), r_->members.end(), [](const Member& m) {
     return m.state == MemberState::Dropped && m.drop_cause == DropCause::NonFinite;
   }));
-  // Silo-level central DP: what the round spends once committed, recorded with it; an aborted
-  // round's record states the spend so far, unchanged.
+  // Silo-level DP: what the round spends once committed, recorded with it; an aborted round's
+  // record states the spend so far, unchanged, unless its noisy sums were already unmasked
+  // (distributed DP): then it spends as if committed.
   nlohmann::json privacy_part, privacy_unspent;
-  if (cfg_.central_dp) {
+  if (cfg_.central_dp || cfg_.distributed_dp) {
     auto after = central_spent_;
-    after.add(round_mechanism(*cfg_.central_dp), 1);
-    privacy_part = round_privacy_record(*cfg_.central_dp, after);
-    privacy_unspent = round_privacy_record(*cfg_.central_dp, central_spent_);
-  }
-  if (cfg_.distributed_dp) {  // silo-level distributed DP: the same, with the Skellam sum
-    auto after = central_spent_;
-    after.add(round_mechanism(*cfg_.distributed_dp), 1);
-    privacy_part = round_privacy_record(*cfg_.distributed_dp, after);
-    privacy_unspent = round_privacy_record(*cfg_.distributed_dp, central_spent_);
+    after.add(round_dp_mechanism(), 1);
+    privacy_part = privacy_record(after);
+    privacy_unspent = charged_on_abort() ? privacy_part : privacy_record(central_spent_);
   }
   run_job(JobKind::Commit, [agg = r_->agg.get(), &optimizer = optimizer_, &store = store_, global = global_,
                             round = round_, ctx, rec = round_record(s), row = metrics_row(s), broadcast = cfg_.broadcast,
@@ -555,25 +552,53 @@ void Coordinator::finish_round(bool committed, const AuditHead& audit, std::int6
   try_start_round(now_ms);
 }
 
-bool Coordinator::central_budget_spent(std::int64_t now_ms) {
-  if (cfg_.distributed_dp && !fits_another_round(*cfg_.distributed_dp, central_spent_)) {
-    const auto& dp = *cfg_.distributed_dp;
-    char why[256];
-    std::snprintf(why, sizeof why,
-                  "privacy budget spent: epsilon %.6g of %.6g (delta %g) with distributed Skellam noise; another round "
-                  "would exceed it",
-                  epsilon_of(central_spent_, dp.delta), dp.epsilon, dp.delta);
-    spdlog::warn("{}", why);
-    end_federation(why, now_ms);
-    return true;
+// Distributed DP: the part this round's setups signed and the rotated length they state (before
+// any setup exists, the config's own).
+std::pair<wire::SkellamSetup, std::size_t> Coordinator::signed_skellam() const {
+  const auto& budget = *cfg_.distributed_dp;
+  if (r_ && r_->secure && r_->secure->skellam()) {
+    return {*r_->secure->skellam(), r_->secure->setup(r_->secure->groups().front()).vector_length() - 1};
   }
-  if (!cfg_.central_dp || fits_another_round(*cfg_.central_dp, central_spent_)) return false;
-  const auto& dp = *cfg_.central_dp;
-  const std::uint64_t rounds = central_spent_.count();
+  return {signed_part(budget, 0), budget.padded};
+}
+
+privacy::Mechanism Coordinator::round_dp_mechanism() const {
+  if (cfg_.central_dp) return round_mechanism(*cfg_.central_dp);
+  const auto [k, padded] = signed_skellam();
+  return round_mechanism(as_signed(*cfg_.distributed_dp, k, padded));
+}
+
+nlohmann::json Coordinator::privacy_record(const privacy::Ledger& spent) const {
+  if (cfg_.central_dp) return round_privacy_record(*cfg_.central_dp, spent);
+  const auto [k, padded] = signed_skellam();
+  auto j = round_privacy_record(*cfg_.distributed_dp, k, padded, spent);
+  j["sums_revealed"] = r_ && r_->secure ? r_->secure->revealed() : std::size_t{0};
+  return j;
+}
+
+bool Coordinator::charged_on_abort() const {
+  return cfg_.distributed_dp && r_ && r_->secure && r_->secure->revealed() > 0;
+}
+
+bool Coordinator::central_budget_spent(std::int64_t now_ms) {
+  // Either silo-level mode: its budget, and whether one more round's mechanism fits the spend.
+  double epsilon = 0, delta = 0;
+  const char* noise = nullptr;
+  if (cfg_.distributed_dp) {
+    if (fits_another_round(*cfg_.distributed_dp, central_spent_)) return false;
+    epsilon = cfg_.distributed_dp->epsilon, delta = cfg_.distributed_dp->delta, noise = "distributed Skellam";
+  } else if (cfg_.central_dp) {
+    if (fits_another_round(*cfg_.central_dp, central_spent_)) return false;
+    epsilon = cfg_.central_dp->epsilon, delta = cfg_.central_dp->delta, noise = "central Gaussian";
+  } else {
+    return false;
+  }
   char why[256];
   std::snprintf(why, sizeof why,
-                "privacy budget spent: epsilon %.6g of %.6g (delta %g) after %llu noised rounds; another would exceed it",
-                epsilon_of(central_spent_, dp.delta), dp.epsilon, dp.delta, static_cast<unsigned long long>(rounds));
+                "privacy budget spent: epsilon %.6g of %.6g (delta %g) after %llu rounds with %s noise; another round "
+                "would exceed it",
+                epsilon_of(central_spent_, delta), epsilon, delta, static_cast<unsigned long long>(central_spent_.count()),
+                noise);
   spdlog::warn("{}", why);
   end_federation(why, now_ms);
   return true;
@@ -658,6 +683,7 @@ void Coordinator::on_job_done(std::uint64_t job, JobResult result, std::int64_t 
         ++aborted_;
         r_->abort_reason = outcome.reason;
         spdlog::warn("round {} aborted: {}", round_, outcome.reason);
+        if (charged_on_abort()) central_spent_.add(round_dp_mechanism(), 1);
         keep_same(std::move(outcome.delta));
         finish_round(false, outcome.audit, now_ms);
         break;
@@ -667,8 +693,7 @@ void Coordinator::on_job_done(std::uint64_t job, JobResult result, std::int64_t 
       global_ = std::move(outcome.model);
       global_sha_ = outcome.model_sha256;
       if (outcome.next_clip_norm) clip_norm_ = outcome.next_clip_norm;
-      if (cfg_.central_dp) central_spent_.add(round_mechanism(*cfg_.central_dp), 1);
-      if (cfg_.distributed_dp) central_spent_.add(round_mechanism(*cfg_.distributed_dp), 1);
+      if (cfg_.central_dp || cfg_.distributed_dp) central_spent_.add(round_dp_mechanism(), 1);
       ++committed_;
       finish_round(true, outcome.audit, now_ms);
       break;
@@ -676,6 +701,7 @@ void Coordinator::on_job_done(std::uint64_t job, JobResult result, std::int64_t 
     case JobKind::Record: {
       auto outcome = std::get<CommitOutcome>(std::move(result));
       ++aborted_;
+      if (charged_on_abort()) central_spent_.add(round_dp_mechanism(), 1);  // as its record states
       keep_same(std::move(outcome.delta));
       finish_round(false, outcome.audit, now_ms);
       break;

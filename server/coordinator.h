@@ -22,6 +22,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -255,6 +256,13 @@ class Coordinator {
   // Silo-level central DP: when another committed round would pass the budget, ends the
   // federation (audited, with the reason) and returns true.
   bool central_budget_spent(std::int64_t now_ms);
+  // Silo-level DP, either mode: this round's mechanism (distributed: as its signed setup states
+  // it, whatever the config says) and its record part for the spend `spent`; whether an aborted
+  // round is charged (distributed DP once any noisy group sum was unmasked: the server saw it).
+  std::pair<wire::SkellamSetup, std::size_t> signed_skellam() const;
+  privacy::Mechanism round_dp_mechanism() const;
+  nlohmann::json privacy_record(const privacy::Ledger& spent) const;
+  bool charged_on_abort() const;
   void audit_admin(const std::string& command, const std::string& admin, std::int64_t now_ms);
   void decide(std::int64_t now_ms);
   void record_abort(std::int64_t now_ms);

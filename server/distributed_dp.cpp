@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <stdexcept>
 
+#include "protocol/secagg_wire.h"
 #include "server/central_dp.h"
 
 namespace xsilo::server {
@@ -100,51 +101,98 @@ crypto::SkellamParams skellam_params(const DistributedDpConfig& c, std::uint32_t
   return p;
 }
 
-nlohmann::json round_privacy_record(const DistributedDpConfig& c, const privacy::Ledger& spent) {
-  std::uint64_t rounds = 0;
-  for (const auto& s : spent.steps) rounds += s.count;
-  return {{"level", "silo"},
-          {"mechanism", "skellam"},
-          {"noise_multiplier", c.noise_multiplier},
-          {"variance", c.variance},
-          {"gamma", c.gamma},
-          {"bits", c.bits},
-          {"clip_norm", c.clip_norm},
-          {"padded_length", c.padded},
-          {"beta", c.beta},
-          {"l1", distributed_l1(c, c.gamma)},
-          {"l2", distributed_l2(c, c.gamma)},
-          {"denominator", c.denominator},
-          {"n_min", "each group's min_survivors (its secure setup): every member adds variance / n_min"},
-          {"delta", c.delta},
-          {"epsilon", epsilon_of(spent, c.delta)},
-          {"max_epsilon", c.epsilon},
-          {"rounds_spent", rounds}};
+wire::SkellamSetup signed_part(const DistributedDpConfig& c, std::uint64_t rotation_seed) {
+  wire::SkellamSetup s;
+  s.set_bits(c.bits);
+  s.set_gamma(c.gamma);
+  s.set_variance(c.variance);
+  s.set_clip_norm(c.clip_norm);
+  s.set_beta(c.beta);
+  s.set_rotation_seed(rotation_seed);
+  return s;
 }
 
-std::optional<privacy::Mechanism> distributed_mechanism_of(const nlohmann::json& record) {
-  if (record.value("event", "") != "round" || record.value("status", "") != "committed") return std::nullopt;
+DistributedDpConfig as_signed(const DistributedDpConfig& budget, const wire::SkellamSetup& k, std::size_t padded) {
+  DistributedDpConfig c = budget;
+  c.bits = k.bits();
+  c.gamma = k.gamma();
+  c.variance = k.variance();
+  c.clip_norm = k.clip_norm();
+  c.beta = k.beta();
+  c.padded = padded;
+  c.noise_multiplier = crypto::skellam_noise_multiplier(c.variance, c.gamma, c.clip_norm, c.padded, c.beta);
+  return c;
+}
+
+nlohmann::json round_privacy_record(const DistributedDpConfig& budget, const wire::SkellamSetup& k, std::size_t padded,
+                                    const privacy::Ledger& spent) {
+  const DistributedDpConfig c = as_signed(budget, k, padded);
+  return silo_level_record("skellam",
+                           {{"noise_multiplier", c.noise_multiplier},
+                            {"variance", c.variance},
+                            {"gamma", c.gamma},
+                            {"bits", c.bits},
+                            {"clip_norm", c.clip_norm},
+                            {"padded_length", c.padded},
+                            {"beta", c.beta},
+                            {"rotation_seed", k.rotation_seed()},
+                            {"setup_sha256", protocol::skellam_sha256(k)},
+                            {"l1", distributed_l1(c, c.gamma)},
+                            {"l2", distributed_l2(c, c.gamma)},
+                            {"denominator", c.denominator},
+                            {"n_min", "each group's min_survivors (its secure setup): every member adds variance / n_min"}},
+                           c.delta, c.epsilon, spent);
+}
+
+std::optional<privacy::Mechanism> recorded_skellam_mechanism(const nlohmann::json& record) {
   const auto it = record.find("privacy");
   if (it == record.end() || !it->is_object() || it->value("mechanism", "") != "skellam") return std::nullopt;
   const auto& p = *it;
-  for (const char* key : {"gamma", "clip_norm", "padded_length", "beta", "variance", "delta", "epsilon"}) {
+  for (const char* key : {"gamma", "clip_norm", "padded_length", "beta", "variance", "delta", "epsilon", "bits",
+                          "rotation_seed"}) {
     if (!p.contains(key) || !p[key].is_number()) {
       throw std::invalid_argument(std::string("its privacy part has no number \"") + key + "\"");
     }
   }
+  if (!p.contains("setup_sha256") || !p["setup_sha256"].is_string()) {
+    throw std::invalid_argument("its privacy part names no setup_sha256: nothing ties its parameters to the setup "
+                                "the silos were sent");
+  }
+  wire::SkellamSetup k;
+  k.set_bits(p["bits"].get<std::uint32_t>());
+  k.set_gamma(p["gamma"].get<double>());
+  k.set_variance(p["variance"].get<double>());
+  k.set_clip_norm(p["clip_norm"].get<double>());
+  k.set_beta(p["beta"].get<double>());
+  k.set_rotation_seed(p["rotation_seed"].get<std::uint64_t>());
+  if (protocol::skellam_sha256(k) != p["setup_sha256"].get<std::string>()) {
+    throw std::invalid_argument("its privacy part's bits, gamma, variance, clip_norm, beta and rotation_seed are not "
+                                "the signed setup it names (setup_sha256 " + p["setup_sha256"].get<std::string>() +
+                                ")");
+  }
   DistributedDpConfig c;
-  c.clip_norm = p["clip_norm"].get<double>();
   c.padded = p["padded_length"].get<std::size_t>();
-  c.beta = p["beta"].get<double>();
-  c.gamma = p["gamma"].get<double>();
-  c.variance = p["variance"].get<double>();
-  if (c.padded == 0 || (c.padded & (c.padded - 1)) != 0 || !(c.beta > 0 && c.beta < 1) || !(c.gamma > 0) ||
-      !(c.clip_norm > 0)) {
+  if (c.padded == 0 || (c.padded & (c.padded - 1)) != 0 || !(k.beta() > 0 && k.beta() < 1) || !(k.gamma() > 0) ||
+      !(k.clip_norm() > 0)) {
     throw std::invalid_argument("its privacy part has a padded_length, beta, gamma or clip_norm out of range");
   }
+  c = as_signed(c, k, c.padded);
   const privacy::Mechanism m = round_mechanism(c);
   privacy::validate(m);
   return m;
+}
+
+std::optional<privacy::Mechanism> distributed_mechanism_of(const nlohmann::json& record) {
+  if (record.value("event", "") != "round") return std::nullopt;
+  const std::string status = record.value("status", "");
+  if (status == "committed") return recorded_skellam_mechanism(record);
+  // An aborted round whose noisy sums were unmasked spent as much as a committed one.
+  if (status != "aborted" || !record.contains("privacy") || !record["privacy"].is_object()) return std::nullopt;
+  const auto revealed = record["privacy"].find("sums_revealed");
+  if (revealed == record["privacy"].end()) return std::nullopt;
+  if (!revealed->is_number_unsigned()) throw std::invalid_argument("its privacy part's sums_revealed is not a count");
+  if (revealed->get<std::uint64_t>() == 0) return std::nullopt;
+  return recorded_skellam_mechanism(record);
 }
 
 std::optional<privacy::Mechanism> silo_level_mechanism_of(const nlohmann::json& record) {

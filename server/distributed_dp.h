@@ -30,8 +30,10 @@
 //           on the Skellam RDP. Each of a group's members adds mu / n_min, n_min its setup's
 //           min_survivors, so any sum the protocol reveals carries at least mu: dropouts cannot
 //           weaken it.
-// One round is privacy::SkellamSum{Delta_1, Delta_2, mu}; only committed rounds spend, and the
-// spend is rebuilt from the audit chain at start, as in central mode.
+// One round is privacy::SkellamSum{Delta_1, Delta_2, mu} at the parameters its setups signed
+// (as_signed), whatever the config says; a committed round spends, and so does an aborted one
+// whose noisy sums were unmasked (the server saw them); the spend is rebuilt from the audit
+// chain at start, as in central mode.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +44,7 @@
 
 #include "crypto/skellam.h"
 #include "privacy/accountant.h"
+#include "proto/xsilo.pb.h"
 
 namespace xsilo::server {
 
@@ -85,9 +88,24 @@ double ring_reach(const DistributedDpConfig& c, double gamma, double variance);
 crypto::SkellamParams skellam_params(const DistributedDpConfig& c, std::uint32_t min_survivors,
                                      std::uint64_t rotation_seed);
 
-nlohmann::json round_privacy_record(const DistributedDpConfig& c, const privacy::Ledger& spent);
-// The mechanism a committed distributed-DP record states (nullopt for any other record); it is
-// recomputed from gamma, C, P, beta and mu, never read from the record's own sensitivities.
+// The setup part every member of a round encodes with (signed with the setup): c's parameters.
+wire::SkellamSetup signed_part(const DistributedDpConfig& c, std::uint64_t rotation_seed);
+// A round's parameters as its signed setup part `k` states them (P: the setup's vector_length - 1),
+// with the budget's delta, epsilon and denominator from `budget`: what the round spends and what
+// its record states, whatever the server's config says (a deviating server that signs less noise
+// than it is configured for is charged, and recorded, for the noise it signed).
+DistributedDpConfig as_signed(const DistributedDpConfig& budget, const wire::SkellamSetup& k, std::size_t padded);
+// A round's "privacy" part: the signed parameters (as_signed), the rotation seed and
+// "setup_sha256" (protocol::skellam_sha256 of the signed part), and the spend so far.
+nlohmann::json round_privacy_record(const DistributedDpConfig& budget, const wire::SkellamSetup& k, std::size_t padded,
+                                    const privacy::Ledger& spent);
+// The mechanism a distributed-DP record states (nullopt for a record with no skellam part); it is
+// recomputed from gamma, C, P, beta and mu, never read from the record's own sensitivities, and
+// only once bits, gamma, mu, C, beta and the rotation seed hash to the record's setup_sha256
+// (else std::invalid_argument: the record's parameters are not those the silos were sent).
+std::optional<privacy::Mechanism> recorded_skellam_mechanism(const nlohmann::json& record);
+// The same, for a round that spent: committed, or aborted after unmasking a noisy sum (its
+// privacy part's "sums_revealed" > 0); nullopt for any other record.
 std::optional<privacy::Mechanism> distributed_mechanism_of(const nlohmann::json& record);
 // Either silo-level mode's mechanism (central_mechanism_of or distributed_mechanism_of): what the
 // recovery and the audit check compose.

@@ -32,15 +32,8 @@ std::optional<wire::SkellamSetup> skellam_setup(const RoundConfig& cfg, std::uin
   if (!cfg.distributed_dp) return std::nullopt;
   const auto& dp = *cfg.distributed_dp;
   if (!dp.ready()) throw std::logic_error("distributed DP was not finalized for the model's size");
-  wire::SkellamSetup s;
-  s.set_bits(dp.bits);
-  s.set_gamma(dp.gamma);
-  s.set_variance(dp.variance);
-  s.set_clip_norm(dp.clip_norm);
-  s.set_beta(dp.beta);
-  // Public, labelled with its purpose: every silo and the server rotate alike.
-  s.set_rotation_seed(crypto::derive_seed(cfg.seed, round, "skellam-rotation"));
-  return s;
+  // The rotation seed is public, labelled with its purpose: every silo and the server rotate alike.
+  return signed_part(dp, crypto::derive_seed(cfg.seed, round, "skellam-rotation"));
 }
 
 // Why a distributed-DP group sum cannot come from its survivors: the count word is not their

@@ -239,6 +239,7 @@ std::vector<GroupResult> SecureRound::finish(std::map<std::uint32_t, protocol::M
       r.why = unmasked.error().message();
     } else {
       r.ok = true;
+      ++revealed_;
       if (skellam_) {
         crypto::SkellamParams p;
         p.bits = skellam_->bits();

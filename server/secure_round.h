@@ -61,6 +61,11 @@ class SecureRound {
   std::uint32_t group_of(const std::string& silo) const;
   std::vector<std::uint32_t> groups() const;
   const wire::SecAggSetup& setup(std::uint32_t group) const { return groups_.at(group)->setup(); }
+  // Distributed DP: the part every group's setup signed (nullopt without distributed DP).
+  const std::optional<wire::SkellamSetup>& skellam() const { return skellam_; }
+  // How many groups' sums finish() unmasked (revealed to the server), plausible or not: under
+  // distributed DP each is a noisy release the budget is charged for, whatever the round becomes.
+  std::size_t revealed() const { return revealed_; }
   const SecureConfig& config() const { return cfg_; }
 
   // A secure-aggregation step from a member, for its group (never opened here); replies queue
@@ -112,6 +117,7 @@ class SecureRound {
 
   SecureConfig cfg_;
   std::optional<wire::SkellamSetup> skellam_;  // distributed DP (server/distributed_dp.h)
+  std::size_t revealed_ = 0;                    // sums unmasked by finish()
   std::string federation_;
   std::uint64_t round_;
   std::uint64_t permutation_seed_;

@@ -112,6 +112,7 @@ AgentConfig load_agent_config(const std::filesystem::path& file) {
     const auto f = root.child("secure_floor");
     c.secure_floor.min_sum = static_cast<std::uint32_t>(f.integer("min_sum", 3, 2, 1 << 20));
     c.secure_floor.corrupt = f.number("corrupt", 0.05, 0.0, 0.49);
+    c.secure_floor.min_noise_multiplier = f.number("min_noise_multiplier", 0.0, 0.0, 1e6);
     f.finish();
   }
   if (root.has("local")) c.local = parse_local(root.child("local"), c.trainer);
@@ -232,7 +233,10 @@ nlohmann::json to_json(const AgentConfig& c) {
             {"chunk_bytes", c.chunk_bytes},
             {"data", data},
             {"state_dir", abs(c.state_dir)},
-            {"secure_floor", {{"min_sum", c.secure_floor.min_sum}, {"corrupt", c.secure_floor.corrupt}}},
+            {"secure_floor",
+             {{"min_sum", c.secure_floor.min_sum},
+              {"corrupt", c.secure_floor.corrupt},
+              {"min_noise_multiplier", c.secure_floor.min_noise_multiplier}}},
             {"local",
              {{"workers", c.local.workers},
               {"hosts", c.local.hosts},

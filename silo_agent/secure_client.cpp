@@ -1,5 +1,8 @@
 #include "silo_agent/secure_client.h"
 
+#include <cstdio>
+
+#include "crypto/skellam.h"
 #include "proto/frame.h"
 #include "protocol/secagg_wire.h"
 
@@ -35,12 +38,42 @@ Result<std::string> SecureClient::setup_signer(const wire::SecAggSetup& setup, s
   return server->name;
 }
 
+namespace {
+
+// Distributed DP's part of this silo's floor: "" when the signed setup carries at least the noise
+// the silo's own config asks for (its noise multiplier: the sum's noise over its sensitivity,
+// whatever the server's config says), else the refusal.
+std::string below_noise_floor(const wire::SecAggSetup& setup, const crypto::secagg::Floor& floor) {
+  if (floor.min_noise_multiplier <= 0) return "";
+  char why[400];
+  if (!setup.has_skellam()) {
+    std::snprintf(why, sizeof why,
+                  "below this silo's floor: the secure setup adds no distributed-DP noise, and this silo joins only "
+                  "with a noise multiplier of at least %.6g (secure_floor.min_noise_multiplier)",
+                  floor.min_noise_multiplier);
+    return why;
+  }
+  const auto& k = setup.skellam();
+  const std::size_t padded = setup.vector_length() > 0 ? setup.vector_length() - 1 : 0;
+  const double z = crypto::skellam_noise_multiplier(k.variance(), k.gamma(), k.clip_norm(), padded, k.beta());
+  if (z >= floor.min_noise_multiplier) return "";
+  std::snprintf(why, sizeof why,
+                "below this silo's floor: the secure setup's distributed-DP noise (variance %.6g, gamma %.6g, "
+                "clip_norm %.6g, %zu rotated coordinates) has noise multiplier %.6g, below this silo's %.6g "
+                "(secure_floor.min_noise_multiplier)",
+                k.variance(), k.gamma(), k.clip_norm(), padded, z, floor.min_noise_multiplier);
+  return why;
+}
+
+}  // namespace
+
 proto::Result<wire::SecureAggregation> SecureClient::start(const wire::SecAggSetup& setup, std::uint64_t round,
                                                            const std::string& me) {
   const auto signer = setup_signer(setup, round);
   if (!signer || signer->empty()) {  // a certificate that names no one signs nothing
     return proto::error(wire::NOT_ALLOWED, signer ? "" : signer.error().message());
   }
+  if (auto weak = below_noise_floor(setup, cfg_.floor); !weak.empty()) return proto::error(wire::NOT_ALLOWED, weak);
   std::shared_ptr<secure::Member> member = secure::make_member(
       setup, secure::MemberContext{.federation = cfg_.federation,
                                    .round = round,
@@ -95,6 +128,10 @@ Result<std::string> SecureClient::masked(MaskDone r) {
   if (!r.error.empty()) return Error(std::move(r.error));
   words_ = std::move(r.words);
   return std::move(r.sha256);
+}
+
+std::string SecureClient::skellam_sha256() const {
+  return setup_ && setup_->has_skellam() ? protocol::skellam_sha256(setup_->skellam()) : std::string();
 }
 
 std::string SecureClient::session_string() const {

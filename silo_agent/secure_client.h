@@ -82,6 +82,9 @@ class SecureClient {
   // The masked update, once masked() succeeded (null before).
   const std::shared_ptr<protocol::MaskedVector>& words() const { return words_; }
   // The group's session string (protocol/secagg_wire.h) for the fault hook; "" when not active.
+  // Distributed DP: the SHA-256 of the Skellam part of the setup this silo accepted
+  // (protocol::skellam_sha256), what the server's round record must name; "" without one.
+  std::string skellam_sha256() const;
   std::string session_string() const;
   // One line for the silo's log about the group it joined.
   std::string describe() const { return member_ ? member_->describe() : std::string(); }

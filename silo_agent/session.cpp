@@ -439,6 +439,11 @@ void Session::upload() {
                                 {"update_sha256", pending_->sha256},
                                 {"weight", pending_->weight},
                                 {"num_samples", pending_->num_samples}}};
+  // Distributed DP: the noise this silo was asked to add, as the hash the server's round record
+  // must name (docs/privacy.md): the silo's side of the comparison.
+  if (secure) {
+    if (auto k = secure_.skellam_sha256(); !k.empty()) sent.entry["skellam_setup_sha256"] = std::move(k);
+  }
   // Record-level privacy: what this upload spent, in the line that says it left. The silo's
   // budget is the sum of these lines (silo_agent/privacy_budget.h).
   if (!pending_->privacy.mechanism().empty()) {

@@ -9,6 +9,7 @@
 #include "crypto/hash.h"
 #include "common/safetensors.h"
 #include "server/audit.h"
+#include "server/distributed_dp.h"
 #include "server/metrics.h"
 #include "server/state.h"
 #include "tests/testlib.h"
@@ -611,6 +612,85 @@ TEST_F(RecoveryTest, CentralDpSpendIsRebuiltFromEveryCommittedRecordOfTheLog) {
   }
   EXPECT_EQ(ServerState(dir_ / "noiseless", 0).recover(layout()).committed_without_central_dp, 2u);
   EXPECT_EQ(r.committed_without_central_dp, 0u);  // every committed round of the first log was noised
+}
+
+// Silo-level distributed DP, as central DP's above (issue 42): the spend is rebuilt from the
+// audit chain's records, committed rounds and a round aborted after its noisy sums were
+// unmasked, whatever happened to the checkpoints (the newest one damaged and restored from the
+// mirror, or lost); a restarted server with that spend refuses a round past the budget; a
+// damaged privacy part stops the start.
+TEST_F(RecoveryTest, DistributedDpSpendIsRebuiltFromTheAuditChainAfterADamagedCheckpoint) {
+  DistributedDpConfig dp;
+  dp.epsilon = 40;
+  dp.clip_norm = 0.5;
+  dp.noise_multiplier = 1.2;
+  dp.denominator = 5;
+  dp.max_group = 5;
+  finalize_distributed_dp(dp, 4);
+  const auto k = signed_part(dp, 11);
+  const auto mech = round_mechanism(as_signed(dp, k, dp.padded));
+  privacy::Ledger spent;
+  auto privacy_part = [&](bool spends, std::uint64_t revealed) {
+    if (spends) spent.add(mech, 1);
+    auto p = round_privacy_record(dp, k, dp.padded, spent);
+    p["sums_revealed"] = revealed;
+    return p;
+  };
+  test::TempDir mirror;
+  {
+    ServerState st(with_mirror(dir_.path(), mirror.path()));
+    for (int r = 1; r <= 3; ++r) {
+      const Model m = model(static_cast<float>(r));
+      auto rec = record(r, m);
+      rec["privacy"] = privacy_part(true, 1);
+      st.commit(static_cast<std::uint64_t>(r), m, Model{}, rec, MetricsRow{});
+    }
+    // Round 4 aborted after its sums were unmasked (spent), round 5 before (nothing).
+    st.record({{"event", "round"}, {"round", 4}, {"status", "aborted"}, {"privacy", privacy_part(true, 2)}}, nullptr);
+    st.record({{"event", "round"}, {"round", 5}, {"status", "aborted"}, {"privacy", privacy_part(false, 0)}}, nullptr);
+  }
+  ASSERT_EQ(spent.count(), 4u);
+  flip_byte(checkpoint(3), read_file(checkpoint(3)).size() - 2);
+  {
+    ServerState st(with_mirror(dir_.path(), mirror.path()));
+    const auto r = st.recover(layout());
+    ASSERT_TRUE(r.model);
+    EXPECT_EQ(r.committed_round, 3u);
+    EXPECT_FALSE(r.repairs.empty());
+    EXPECT_EQ(r.central_dp, spent);
+    // The restarted server's budget check: a budget the four rounds nearly fill takes no fifth.
+    auto tight = dp;
+    tight.epsilon = epsilon_of(spent, dp.delta) * 1.0001;
+    EXPECT_FALSE(fits_another_round(tight, r.central_dp));
+    tight.epsilon = 40;
+    EXPECT_TRUE(fits_another_round(tight, r.central_dp));
+  }
+  // The newest checkpoint lost with no mirror: the model is missing, the spend is the chain's.
+  std::filesystem::remove(checkpoint(3));
+  {
+    ServerState st(dir_.path(), 0);
+    const auto r = st.recover(layout());
+    EXPECT_FALSE(r.model);
+    EXPECT_EQ(r.central_dp, spent);
+  }
+  // `xsilo audit verify` composes the same four rounds.
+  std::vector<nlohmann::json> records;
+  for (const auto& line : lines_of(dir_ / "audit.jsonl")) records.push_back(nlohmann::json::parse(line));
+  const auto claims = check_privacy_claims(records);
+  EXPECT_TRUE(claims.ok) << claims.reason;
+  EXPECT_EQ(claims.central_rounds, 4u);
+  // A committed record whose parameters do not hash to its signed setup: no start.
+  std::filesystem::create_directories(dir_ / "other");
+  {
+    ServerState damaged(dir_ / "other", 0);
+    auto rec = record(1, model(1.0f));
+    rec["privacy"] = round_privacy_record(dp, k, dp.padded, spent);
+    rec["privacy"]["variance"] = dp.variance / 4;
+    damaged.commit(1, model(1.0f), Model{}, rec, MetricsRow{});
+  }
+  const auto why = state_error([&] { ServerState(dir_ / "other", 0).recover(layout()); });
+  EXPECT_NE(why.find("the privacy spent cannot be rebuilt"), std::string::npos) << why;
+  EXPECT_NE(why.find("not the signed setup"), std::string::npos) << why;
 }
 
 TEST_F(RecoveryTest, AMirrorRestoresTheLogAndTheCheckpointAndIsKeptUpToDate) {

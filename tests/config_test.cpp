@@ -939,6 +939,11 @@ TEST(Config, DistributedDpNeedsSecureAggregationAndIsRefusedWhereItsGuaranteeWou
   const auto wide = with(R"("epsilon": 3, "bits": 40)");
   EXPECT_NE(wide.find(".privacy.bits: 40 does not fit the masking ring of secure.bits = 32"), std::string::npos) << wide;
   EXPECT_NE(with(R"("epsilon": 3, "rounds": 5, "noise_multiplier": 1)").find("and rounds both"), std::string::npos);
+  // max_silos (gamma's n) may raise the bound of a round's six silos, never lower it: a larger
+  // group could wrap the ring more often than gamma's bound states.
+  EXPECT_EQ(with(R"("epsilon": 3, "rounds": 20, "max_silos": 10)"), "");
+  const auto small = with(R"("epsilon": 3, "rounds": 20, "max_silos": 4)");
+  EXPECT_NE(small.find(".privacy.max_silos: 4 is below the 6 silos a round may select"), std::string::npos) << small;
   // Robust rules need grouped secure mode (global shows only the total): three groups of two.
   for (const char* rule : {R"("rule": "median", "f": 1)", R"("rule": "trimmed_mean", "f": 1)"}) {
     const auto why = six(std::string(R"(, "privacy": {"mode": "distributed", "epsilon": 3}, "secure": {"mode": "grouped", )"

@@ -7,9 +7,11 @@
 #include <numeric>
 
 #include "crypto/skellam.h"
+#include "protocol/secagg_wire.h"
 #include "server/audit.h"
 #include "server/central_dp.h"
 #include "server/distributed_dp.h"
+#include "tests/privacy_claims.h"
 
 namespace xsilo {
 namespace {
@@ -282,7 +284,7 @@ TEST(DistributedDp, AuditVerifyFailsOnAnUnderstatedEpsilon) {
   for (std::uint64_t r = 1; r <= 4; ++r) {
     spent.add(server::round_mechanism(c), 1);
     log.push_back({{"event", "round"}, {"round", r}, {"status", "committed"},
-                   {"privacy", server::round_privacy_record(c, spent)}});
+                   {"privacy", server::round_privacy_record(c, server::signed_part(c, 7), c.padded, spent)}});
   }
   const auto ok = server::check_privacy_claims(log);
   EXPECT_TRUE(ok.ok) << ok.reason;
@@ -293,11 +295,7 @@ TEST(DistributedDp, AuditVerifyFailsOnAnUnderstatedEpsilon) {
     EXPECT_TRUE(log[4]["privacy"].contains(k)) << k;
   }
 
-  auto lie = log;
-  lie[3]["privacy"]["epsilon"] = log[1]["privacy"]["epsilon"];
-  const auto bad = server::check_privacy_claims(lie);
-  EXPECT_FALSE(bad.ok);
-  EXPECT_NE(bad.reason.find("record 4 (round 3): distributed DP claims epsilon"), std::string::npos) << bad.reason;
+  test::expect_understated_epsilon_caught(log, "distributed DP");
   auto weaker = log;
   weaker[2]["privacy"]["variance"] = c.variance / 4;  // round 2 had less noise than the later claims count
   EXPECT_FALSE(server::check_privacy_claims(weaker).ok);
@@ -308,6 +306,99 @@ TEST(DistributedDp, AuditVerifyFailsOnAnUnderstatedEpsilon) {
   const auto m = server::silo_level_mechanism_of(log[2]);
   ASSERT_TRUE(m);
   EXPECT_EQ(*m, server::round_mechanism(c));
+}
+
+// A digits-sized federation's parameters, and the setup part a deviating server signs for it:
+// the configured one with a sixteenth of the variance (a quarter of the noise multiplier).
+server::DistributedDpConfig finalized() {
+  auto c = digits_like(20, 8, 10);
+  server::finalize_distributed_dp(c, 4810);
+  return c;
+}
+wire::SkellamSetup sixteenth_of_the_variance(const server::DistributedDpConfig& c) {
+  auto weak = server::signed_part(c, 7);
+  weak.set_variance(c.variance / 16);
+  return weak;
+}
+
+// Issue 42, a deviating server (docs/privacy.md): a round's record is built from the Skellam part
+// its setups signed, not from the server's config, and names its hash. A server that signs a
+// quarter of the configured variance is charged, and recorded, for that smaller noise.
+TEST(DistributedDp, ARoundIsChargedAndRecordedForTheNoiseItsSetupSignedNotTheConfiguredOne) {
+  const auto c = finalized();
+  const auto weak = sixteenth_of_the_variance(c);
+  privacy::Ledger spent;
+  spent.add(server::round_mechanism(server::as_signed(c, weak, c.padded)), 1);
+  const auto rec = server::round_privacy_record(c, weak, c.padded, spent);
+  EXPECT_EQ(rec["variance"].get<double>(), c.variance / 16);
+  EXPECT_NEAR(rec["noise_multiplier"].get<double>(), c.noise_multiplier / 4, 1e-9 * c.noise_multiplier);
+  EXPECT_EQ(rec["setup_sha256"], protocol::skellam_sha256(weak));
+  EXPECT_NE(rec["setup_sha256"], protocol::skellam_sha256(server::signed_part(c, 7)));
+  privacy::Ledger configured;
+  configured.add(server::round_mechanism(c), 1);
+  EXPECT_GT(rec["epsilon"].get<double>(), 2 * server::epsilon_of(configured, c.delta));
+  // What the recovery and the audit check read back is the signed mechanism.
+  const nlohmann::json round = {{"event", "round"}, {"round", 1}, {"status", "committed"}, {"privacy", rec}};
+  const auto m = server::silo_level_mechanism_of(round);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(*m, server::round_mechanism(server::as_signed(c, weak, c.padded)));
+}
+
+// The record's parameters must hash to the setup it names: a server that signed a weak setup
+// but records its configured parameters (with the weak setup's hash, the one its silos hold) is
+// caught by `xsilo audit verify`, as is a record that names no setup at all.
+TEST(DistributedDp, AuditVerifyFailsWhenARecordsParametersAreNotTheSignedSetupItNames) {
+  const auto c = finalized();
+  const auto weak = sixteenth_of_the_variance(c);
+  privacy::Ledger spent;
+  spent.add(server::round_mechanism(c), 1);
+  std::vector<nlohmann::json> log = {
+      {{"event", "federation_start"}},
+      {{"event", "round"}, {"round", 1}, {"status", "committed"},
+       {"privacy", server::round_privacy_record(c, server::signed_part(c, 7), c.padded, spent)}}};
+  const auto honest = server::check_privacy_claims(log);
+  EXPECT_TRUE(honest.ok) << honest.reason;
+  auto lie = log;
+  lie[1]["privacy"]["setup_sha256"] = protocol::skellam_sha256(weak);
+  test::expect_claims_fail(lie, "not the signed setup it names");
+  auto unnamed = log;
+  unnamed[1]["privacy"].erase("setup_sha256");
+  test::expect_claims_fail(unnamed, "names no setup_sha256");
+}
+
+// Issue 42: a round that aborts after its noisy sums were unmasked has released them to the
+// server: its record says how many ("sums_revealed") and states the spend with it, and the audit
+// check (as the recovery, which reads the same records) counts it; a round that aborted before
+// any unmasking spends nothing, and an aborted record that hides its spend is caught.
+TEST(DistributedDp, ARoundAbortedAfterItsSumsWereUnmaskedSpendsAndAuditVerifyCountsIt) {
+  const auto c = finalized();
+  const auto k = server::signed_part(c, 7);
+  const auto mech = server::round_mechanism(server::as_signed(c, k, c.padded));
+  privacy::Ledger spent;
+  std::vector<nlohmann::json> log = {{{"event", "federation_start"}}};
+  auto round = [&](std::uint64_t r, const char* status, std::uint64_t revealed) {
+    if (std::string(status) == "committed" || revealed > 0) spent.add(mech, 1);
+    auto p = server::round_privacy_record(c, k, c.padded, spent);
+    p["sums_revealed"] = revealed;
+    log.push_back({{"event", "round"}, {"round", r}, {"status", status}, {"privacy", p}});
+  };
+  round(1, "committed", 2);
+  round(2, "aborted", 2);  // both groups unmasked, then too few updates left: spent
+  round(3, "aborted", 0);  // aborted while collecting: nothing seen
+  round(4, "committed", 1);
+  const auto ok = server::check_privacy_claims(log);
+  EXPECT_TRUE(ok.ok) << ok.reason;
+  EXPECT_EQ(ok.central_rounds, 3u);
+  EXPECT_NEAR(ok.central_epsilon, server::epsilon_of(spent, c.delta), 1e-12);
+  EXPECT_TRUE(server::silo_level_mechanism_of(log[2]));
+  EXPECT_FALSE(server::silo_level_mechanism_of(log[3]));
+  // Round 2's record claiming only the spend before it (as if the abort had spent nothing).
+  auto hidden = log;
+  hidden[2]["privacy"]["epsilon"] = log[1]["privacy"]["epsilon"];
+  test::expect_claims_fail(hidden, "record 3 (round 2): distributed DP claims epsilon");
+  auto unreadable = log;
+  unreadable[2]["privacy"]["sums_revealed"] = "two";
+  EXPECT_FALSE(server::check_privacy_claims(unreadable).ok);
 }
 
 }  // namespace

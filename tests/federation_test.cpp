@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include "common/fs.h"
@@ -403,6 +404,7 @@ TEST(Federation, DistributedDpSpendsTheBudgetAcrossARestartAndEndsTheFederationW
   EXPECT_GT(summary["epsilon_spent"].get<double>(), 2.9);
   EXPECT_NE(read_file(dir / "sim.log").find("privacy budget spent"), std::string::npos) << log_tail(dir / "sim.log", 20);
   std::size_t noised = 0, starts = 0;
+  std::map<std::uint64_t, std::string> signed_setups;  // round -> the record's setup_sha256
   for (const auto& r : server::read_audit_log(out / "audit.jsonl")) {
     if (r.value("event", "") == "federation_start") ++starts;
     if (r.value("event", "") == "round" && r.value("status", "") == "committed") {
@@ -415,9 +417,22 @@ TEST(Federation, DistributedDpSpendsTheBudgetAcrossARestartAndEndsTheFederationW
       EXPECT_GT(p["variance"].get<double>(), 0);
       EXPECT_EQ(p["rounds_spent"], ++noised);
       EXPECT_EQ(r["distributed_dp"]["updates"], 5.0) << r.dump();
+      signed_setups[r["round"].get<std::uint64_t>()] = p["setup_sha256"].get<std::string>();
     }
   }
   EXPECT_EQ(noised, 2u);
+  // The silo's side: each upload's line of its sent.jsonl names the Skellam part it was sent,
+  // the one the server's record of that round names.
+  std::size_t compared = 0;
+  std::ifstream sent(out / "silos" / "hospital-01" / "state" / "sent.jsonl");
+  for (std::string line; std::getline(sent, line);) {
+    const auto j = nlohmann::json::parse(line);
+    const auto it = signed_setups.find(j.value("round", std::uint64_t{0}));
+    if (it == signed_setups.end()) continue;
+    EXPECT_EQ(j.value("skellam_setup_sha256", ""), it->second) << line;
+    ++compared;
+  }
+  EXPECT_GE(compared, 2u);
   EXPECT_EQ(starts, 2u) << "the server was not restarted";
   Process verify({test::xsilo_bin(), "audit", "verify", "out/audit.jsonl", "--key", "out/audit.pub"}, dir / "verify.log",
                  in_dir);

@@ -11,6 +11,7 @@
 
 #include "crypto/hash.h"
 #include "crypto/sign.h"
+#include "crypto/skellam.h"
 #include "protocol/audit_key.h"
 #include "protocol/compression.h"
 #include "protocol/join.h"
@@ -753,6 +754,17 @@ TEST(Session, TakesPartInSecureAggregationSoThatOnlyTheSumIsRevealed) {
   EXPECT_NEAR(decoded[m.size()], 5.0 + 3.0, 1e-4);  // the summed weights
 }
 
+// The silo answered a round start with NOT_ALLOWED, below its floor, naming the key `says`, and
+// sent no key.
+void expect_refused_before_any_key(Harness& h, const std::string& says) {
+  EXPECT_EQ(h.last(wire::SecureAggregation::kSecaggKeys), nullptr);
+  const auto* err = h.last(wire::Envelope::kError);
+  ASSERT_NE(err, nullptr);
+  EXPECT_EQ(err->error().code(), wire::NOT_ALLOWED);
+  EXPECT_NE(err->error().message().find("below this silo's floor"), std::string::npos) << err->error().message();
+  EXPECT_NE(err->error().message().find(says), std::string::npos) << err->error().message();
+}
+
 // The silo's own floor (review N1b): a server's signed setup for a sum of two silos is refused
 // before any key is made, with the reason, whatever the server signed.
 TEST(Session, ASecureSetupBelowTheSilosOwnFloorIsRefusedBeforeAnyKey) {
@@ -765,12 +777,7 @@ TEST(Session, ASecureSetupBelowTheSilosOwnFloorIsRefusedBeforeAnyKey) {
   *start.mutable_round_start()->mutable_secagg() = signed_setup(m, box);
   sign(start);
   h.deliver(start);
-  EXPECT_EQ(h.last(wire::SecureAggregation::kSecaggKeys), nullptr);
-  const auto* err = h.last(wire::Envelope::kError);
-  ASSERT_NE(err, nullptr);
-  EXPECT_EQ(err->error().code(), wire::NOT_ALLOWED);
-  EXPECT_NE(err->error().message().find("below this silo's floor"), std::string::npos) << err->error().message();
-  EXPECT_NE(err->error().message().find("secure_floor.min_sum"), std::string::npos) << err->error().message();
+  expect_refused_before_any_key(h, "secure_floor.min_sum");
 }
 
 TEST(Session, ASecureSetupNotSignedByATrustedServerIsRefused) {
@@ -1081,6 +1088,78 @@ TEST(SecureClient, RefusesWithAWireCodeAndTakesNoPartWithoutAKeyOrUnderAServerIt
     EXPECT_NE(keys.error().message.find(says), std::string::npos) << keys.error().message;
     EXPECT_FALSE(client.active()) << says;
   }
+}
+
+// A group of silo-a and silo-b under distributed DP whose signed Skellam part gives noise
+// multiplier z (the sum's noise over its sensitivity), signed by the server.
+wire::SecAggSetup skellam_setup(const Model& m, const crypto::X25519KeyPair& box, double z) {
+  auto s = signed_setup(m, box, 32);
+  const std::size_t padded = crypto::padded_length(m.size());
+  s.set_vector_length(padded + 1);
+  auto* k = s.mutable_skellam();
+  k->set_bits(20);
+  k->set_gamma(64);
+  k->set_clip_norm(1);
+  k->set_beta(0.6065306597126334);
+  k->set_rotation_seed(5);
+  const double l2 = crypto::rounded_l2_bound(k->gamma() * k->clip_norm(), padded, k->beta());
+  k->set_variance(z * z * l2 * l2);
+  s.set_server_signature(test::signer(wire::SERVER, "server").sign(protocol::setup_statement(s, "fed", 1)));
+  return s;
+}
+
+// Issue 42, a deviating server: a silo whose own config sets secure_floor.min_noise_multiplier
+// refuses, with the wire code and the numbers, a signed setup whose Skellam noise is below it,
+// or one that carries no noise at all, and takes no part in the round; the same setup passes a
+// silo without that floor, and a setup at the floor passes it.
+TEST(SecureClient, RefusesASignedSetupWhoseDistributedDpNoiseIsBelowItsOwnFloor) {
+  const Model m = model();
+  const auto box = crypto::X25519KeyPair::generate();
+  SecureClientConfig floored = secure_client_config();
+  floored.floor.min_noise_multiplier = 1.0;
+  struct Case {
+    const char* what;
+    wire::SecAggSetup setup;
+    const char* says;  // "" when the silo joins
+  };
+  const std::vector<Case> cases = {
+      {"a tenth of the noise", skellam_setup(m, box, 0.1), "has noise multiplier 0.1, below this silo's 1"},
+      {"no noise", signed_setup(m, box, 32), "adds no distributed-DP noise"},
+      {"the floor's noise", skellam_setup(m, box, 1.0000001), ""},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    SecureClient client(floored);
+    auto keys = client.start(c.setup, 1, "silo-a");
+    if (std::string(c.says).empty()) {
+      EXPECT_TRUE(keys) << keys.error().message;
+      EXPECT_TRUE(client.active());
+      EXPECT_EQ(client.skellam_sha256(), protocol::skellam_sha256(c.setup.skellam()));  // for its sent.jsonl
+      continue;
+    }
+    ASSERT_FALSE(keys);
+    EXPECT_EQ(keys.error().code, wire::NOT_ALLOWED);
+    EXPECT_NE(keys.error().message.find("below this silo's floor"), std::string::npos) << keys.error().message;
+    EXPECT_NE(keys.error().message.find(c.says), std::string::npos) << keys.error().message;
+    EXPECT_NE(keys.error().message.find("secure_floor.min_noise_multiplier"), std::string::npos) << keys.error().message;
+    EXPECT_FALSE(client.active());
+  }
+  SecureClient unfloored(secure_client_config());
+  EXPECT_TRUE(unfloored.start(skellam_setup(m, box, 0.1), 1, "silo-a"));
+}
+
+// The same refusal through a session: an Error with the code and reason goes to the server, no
+// key leaves.
+TEST(Session, ASignedSetupWithLessDistributedDpNoiseThanTheSilosFloorIsRefusedBeforeAnyKey) {
+  SessionConfig cfg = session_config();
+  cfg.floor.min_noise_multiplier = 2;
+  Harness h(nullptr, cfg);
+  const Model m = model();
+  auto start = h.round_start(1, m);
+  *start.mutable_round_start()->mutable_secagg() = skellam_setup(m, crypto::X25519KeyPair::generate(), 0.5);
+  sign(start);
+  h.deliver(start);
+  expect_refused_before_any_key(h, "secure_floor.min_noise_multiplier");
 }
 
 TEST(SecureClient, KeepsTheMaskedWordsOnlyFromAMaskingThatSucceeded) {

@@ -136,6 +136,7 @@ class GroupedSums {
       r.ok = r.survivors.size() >= r.min_survivors;
       if (!r.ok) r.why = "too few members uploaded";
       if (r.ok && skellam_) {
+        ++revealed_;  // unmasked: a noisy release, charged even if the round then aborts
         const auto p = params(static_cast<std::uint32_t>(r.min_survivors));
         r.sum = server::GroupSum(sums_[g].visit([&](auto w) { return crypto::decode_skellam(p, w, d_); }), d_);
         r.why = server::implausible_skellam_sum(r.sum, r.survivors.size(), r.min_survivors, *cfg_.distributed_dp);
@@ -153,6 +154,9 @@ class GroupedSums {
                                   cfg_.secure.clip_norm, ctx, out);
   }
 
+  // Distributed DP: the group sums combine() unmasked (as server::SecureRound::revealed).
+  std::size_t revealed() const { return revealed_; }
+
  private:
   crypto::SkellamParams params(std::uint32_t min_survivors) const {
     crypto::SkellamParams p;
@@ -168,6 +172,7 @@ class GroupedSums {
 
   const server::ServerConfig& cfg_;
   std::optional<wire::SkellamSetup> skellam_;
+  std::size_t revealed_ = 0;
   server::SecureConfig secure_;  // the round's: clip_norm lowered to the adaptive one
   std::uint64_t round_;
   std::size_t d_;
@@ -334,14 +339,18 @@ SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& 
         global = std::move(next);
         if (c.next_clip_norm) clip_norm = c.next_clip_norm;
         ++result.rounds_committed;
-        if (scfg.central_dp) {
-          central_spent.add(server::round_mechanism(*scfg.central_dp), 1);
-          result.epsilon_spent = server::epsilon_of(central_spent, scfg.central_dp->delta);
-        }
-        if (scfg.distributed_dp) {
-          central_spent.add(server::round_mechanism(*scfg.distributed_dp), 1);
-          result.epsilon_spent = server::epsilon_of(central_spent, scfg.distributed_dp->delta);
-        }
+      }
+    }
+    // As the coordinator: a committed round spends, and under distributed DP so does a round
+    // that aborted after unmasking a noisy sum.
+    if (committed || (scfg.distributed_dp && groups && groups->revealed() > 0)) {
+      if (scfg.central_dp) {
+        central_spent.add(server::round_mechanism(*scfg.central_dp), 1);
+        result.epsilon_spent = server::epsilon_of(central_spent, scfg.central_dp->delta);
+      }
+      if (scfg.distributed_dp) {
+        central_spent.add(server::round_mechanism(*scfg.distributed_dp), 1);
+        result.epsilon_spent = server::epsilon_of(central_spent, scfg.distributed_dp->delta);
       }
     }
     const auto ev = Network(global).evaluate(global.flat(), f.central_test);
