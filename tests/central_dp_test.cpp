@@ -58,7 +58,7 @@ std::vector<float> step_of(const server::RoundConfig& cfg, const std::vector<std
     EXPECT_TRUE(agg->fold(c, *check).ok());
   }
   std::vector<float> out(l.size());
-  EXPECT_TRUE(agg->combine(out, {}).ok);
+  EXPECT_TRUE(agg->combine(out, {}).has_value());
   return out;
 }
 

@@ -81,7 +81,7 @@ json krum_decisions() {
   server::CombineContext ctx;
   const auto c = server::combine_rows(a, rows, 2, labels, "silo", std::vector<double>(5, 1.0),
                                       {0.3, 0.6, 0.7, 0.8, 70.0}, ctx, out);
-  return c.record;
+  return c.value().record;
 }
 
 class Report : public ::testing::Test {
