@@ -10,6 +10,7 @@
 #include "server/audit.h"
 #include "server/central_dp.h"
 #include "server/distributed_dp.h"
+#include "tests/result_util.h"
 
 namespace xsilo {
 namespace {
@@ -285,9 +286,9 @@ TEST(DistributedDp, AuditVerifyFailsOnAnUnderstatedEpsilon) {
                    {"privacy", server::round_privacy_record(c, spent)}});
   }
   const auto ok = server::check_privacy_claims(log);
-  EXPECT_TRUE(ok.ok) << ok.reason;
-  EXPECT_EQ(ok.central_rounds, 4u);
-  EXPECT_NEAR(ok.central_epsilon, server::epsilon_of(spent, c.delta), 1e-12);
+  EXPECT_TRUE(succeeded(ok));
+  EXPECT_EQ(ok->central_rounds, 4u);
+  EXPECT_NEAR(ok->central_epsilon, server::epsilon_of(spent, c.delta), 1e-12);
   EXPECT_EQ(log[4]["privacy"]["mechanism"], "skellam");
   for (const char* k : {"gamma", "variance", "bits", "clip_norm", "epsilon"}) {
     EXPECT_TRUE(log[4]["privacy"].contains(k)) << k;
@@ -296,14 +297,14 @@ TEST(DistributedDp, AuditVerifyFailsOnAnUnderstatedEpsilon) {
   auto lie = log;
   lie[3]["privacy"]["epsilon"] = log[1]["privacy"]["epsilon"];
   const auto bad = server::check_privacy_claims(lie);
-  EXPECT_FALSE(bad.ok);
-  EXPECT_NE(bad.reason.find("record 4 (round 3): distributed DP claims epsilon"), std::string::npos) << bad.reason;
+  EXPECT_FALSE(bad.has_value());
+  EXPECT_NE(bad.error().message().find("record 4 (round 3): distributed DP claims epsilon"), std::string::npos) << bad.error().message();
   auto weaker = log;
   weaker[2]["privacy"]["variance"] = c.variance / 4;  // round 2 had less noise than the later claims count
-  EXPECT_FALSE(server::check_privacy_claims(weaker).ok);
+  EXPECT_FALSE(server::check_privacy_claims(weaker).has_value());
   auto broken = log;
   broken[1]["privacy"].erase("gamma");
-  EXPECT_FALSE(server::check_privacy_claims(broken).ok);
+  EXPECT_FALSE(server::check_privacy_claims(broken).has_value());
   // The recovery reads the same records.
   const auto m = server::silo_level_mechanism_of(log[2]);
   ASSERT_TRUE(m);

@@ -22,6 +22,7 @@
 #include "tools/admin_client.h"
 #include "transport/dialer.h"
 #include "transport/pki.h"
+#include "tests/result_util.h"
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/read.hpp>
@@ -77,7 +78,7 @@ TEST(Federation, ThreeAgentsMatchAnInProcessFedAvgReference) {
   // The audit log verifies and names every participant with its update's hash, which the
   // silo's own send log repeats.
   const auto pk = server::load_public_key(fed.files.state / "audit.pub");
-  EXPECT_TRUE(server::verify_audit_log(fed.files.state / "audit.jsonl", pk).ok);
+  EXPECT_TRUE(server::verify_audit_log(fed.files.state / "audit.jsonl", pk).has_value());
   const auto rounds = fed.rounds();
   ASSERT_EQ(rounds.size(), 3u);
   const auto sent = read_file(fed.dir / "silos/hospital-01/state/sent.jsonl");
@@ -219,7 +220,7 @@ TEST(Federation, ARestartedServerResumesFromItsLastCommittedRound) {
 
   const auto pk = server::load_public_key(fed.files.state / "audit.pub");
   const auto v = server::verify_audit_log(fed.files.state / "audit.jsonl", pk);
-  EXPECT_TRUE(v.ok) << v.reason;
+  EXPECT_TRUE(succeeded(v));
   std::map<std::uint64_t, int> commits;
   for (const auto& r : fed.rounds()) {
     if (r["status"] == "committed") ++commits[r["round"].get<std::uint64_t>()];
@@ -885,7 +886,7 @@ TEST(Federation, OperatorsWatchPauseResumeAndStopAFederation) {
 
   const auto v = server::verify_audit_log(fed.files.state / "audit.jsonl",
                                           server::load_public_key(fed.files.state / "audit.pub"));
-  EXPECT_TRUE(v.ok) << v.reason << "\n" << fed.logs();
+  EXPECT_TRUE(succeeded(v)) << "\n" << fed.logs();
   std::vector<std::string> commands;
   for (auto& r : server::read_audit_log(fed.files.state / "audit.jsonl")) {
     if (r["event"] != "admin") continue;
