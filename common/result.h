@@ -57,7 +57,11 @@ class [[nodiscard]] Result {
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
 
-  const E& error() const {
+  const E& error() const& {
+    if (has_value()) throw std::logic_error("Result::error() on a value");
+    return std::get<1>(v_);
+  }
+  E& error() & {
     if (has_value()) throw std::logic_error("Result::error() on a value");
     return std::get<1>(v_);
   }

@@ -110,12 +110,12 @@ class PlainSum final : public Aggregator {
   }
 
   // `out` may be the sum itself (output()): each element is read before it is written.
-  Combined do_combine(std::span<float> out, const CombineContext&) override {
-    if (!lost_.empty()) return {false, "the server lost the round's sum: " + lost_, {}, std::nullopt};
+  CombineResult do_combine(std::span<float> out, const CombineContext&) override {
+    if (!lost_.empty()) return CombineFailure{.reason = "the server lost the round's sum: " + lost_, .record = {}};
     const auto acc = sum_->flat();
     const float inv = static_cast<float>(1.0 / weight_);
     for (std::size_t i = 0; i < acc.size(); ++i) out[i] = acc[i] * inv;
-    return {};
+    return Combined{};
   }
 
   std::shared_ptr<Model> do_output(const Model&) override { return sum_; }
@@ -185,7 +185,7 @@ class RowCollector final : public Aggregator {
     return r;
   }
 
-  Combined do_combine(std::span<float> out, const CombineContext& ctx) override {
+  CombineResult do_combine(std::span<float> out, const CombineContext& ctx) override {
     in_silo_order();
     return combine_rows(a_, rows_, d_, labels_, "silo", weights_, norms_, ctx, out);
   }
@@ -314,10 +314,10 @@ nlohmann::json record_buckets(const robust::Result& r, const std::vector<std::st
 
 }  // namespace
 
-Combined combine_rows(const AggregationConfig& a, std::vector<float>& rows, std::size_t d,
-                      const std::vector<std::string>& labels, const char* label_key,
-                      const std::vector<double>& weights, const std::vector<double>& norms,
-                      const CombineContext& ctx, std::span<float> out) {
+CombineResult combine_rows(const AggregationConfig& a, std::vector<float>& rows, std::size_t d,
+                           const std::vector<std::string>& labels, const char* label_key,
+                           const std::vector<double>& weights, const std::vector<double>& norms,
+                           const CombineContext& ctx, std::span<float> out) {
   const std::size_t n = labels.size();
   robust::RuleSpec spec = round_spec(a, d, ctx);
   nlohmann::json info = {{"rule", robust::name(a.rule.rule)}, {"f", a.rule.f}, {"inputs", n}};
@@ -333,10 +333,7 @@ Combined combine_rows(const AggregationConfig& a, std::vector<float>& rows, std:
     spdlog::warn("round {}: {}; falling back to {}", ctx.round, why, robust::name(a.fallback));
     if (a.fallback == robust::Fallback::Abort) {
       info["applied"] = "abort";
-      c.ok = false;
-      c.reason = why + "; the configured fallback is abort";
-      c.record["robust"] = info;
-      return c;
+      return CombineFailure{.reason = why + "; the configured fallback is abort", .record = {{"robust", info}}};
     }
     spec.rule = a.fallback == robust::Fallback::Median ? robust::Rule::Median : robust::Rule::FedAvg;
     spec.nnm = false;  // the fallback runs on the inputs as they are

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/model.h"
+#include "common/result.h"
 #include "common/thread_check.h"
 #include "protocol/upload_slot.h"
 #include "server/round_config.h"
@@ -41,7 +42,7 @@ struct Contribution {
 
 enum class FoldError { None, NonFinite, HashMismatch };
 
-struct FoldResult {
+struct [[nodiscard]] FoldResult {
   FoldError error = FoldError::None;
   std::string why;      // for people, when error != None
   std::string sha256;   // of the upload's bytes as received
@@ -62,12 +63,21 @@ struct CombineContext {
   std::span<const float> centre;  // the last committed aggregate step (centered clipping's start), or empty
 };
 
+// The round's aggregate step (written into combine()'s `out`), or why the round must abort.
+// Either way `record` holds the parts of the audit record that say how it came about
+// ("robust", "secure.groups_outcome", ...).
 struct Combined {
-  bool ok = true;
-  std::string reason;         // why the round must abort, when !ok
-  nlohmann::json record;      // parts of the audit record ("robust", "secure.groups_outcome")
+  nlohmann::json record;
   std::optional<double> next_clip_norm;  // adaptive clipping: the clip norm of the next round
 };
+struct CombineFailure {
+  std::string reason;
+  nlohmann::json record;
+};
+using CombineResult = Result<Combined, CombineFailure>;
+
+// The audit record's parts from either side of a CombineResult.
+inline nlohmann::json& record_of(CombineResult& c) { return c ? c->record : c.error().record; }
 
 class Aggregator {
  public:
@@ -82,12 +92,12 @@ class Aggregator {
     return do_fold(c, check, lane);
   }
   // Worker, after collection closed: readies the inputs; returns those that failed.
-  std::vector<Rejection> prepare() {
+  [[nodiscard]] std::vector<Rejection> prepare() {
     worker_.check("Aggregator::prepare");
     return do_prepare();
   }
   // Worker: the mean delta of the round into `out` (d floats), or why the round must abort.
-  Combined combine(std::span<float> out, const CombineContext& ctx) {
+  CombineResult combine(std::span<float> out, const CombineContext& ctx) {
     worker_.check("Aggregator::combine");
     return do_combine(out, ctx);
   }
@@ -112,7 +122,7 @@ class Aggregator {
   virtual protocol::UploadBuffer lane_buffer(std::size_t lane) = 0;
   virtual FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check, std::size_t lane) = 0;
   virtual std::vector<Rejection> do_prepare() { return {}; }
-  virtual Combined do_combine(std::span<float> out, const CombineContext& ctx) = 0;
+  virtual CombineResult do_combine(std::span<float> out, const CombineContext& ctx) = 0;
   virtual std::shared_ptr<Model> do_output(const Model& layout) { return std::make_shared<Model>(layout.zeros_like()); }
   ThreadCheck worker_;
 };
@@ -146,9 +156,9 @@ std::unique_ptr<Aggregator> make_central_dp_sum(const RoundConfig& cfg, const Mo
 
 // Rows (deltas or group means) through the configured rule, with its fallback when too few
 // inputs remain; the decisions go into the record. Shared by RowCollector and SecureGroups.
-Combined combine_rows(const AggregationConfig& a, std::vector<float>& rows, std::size_t d,
-                      const std::vector<std::string>& labels, const char* label_key,
-                      const std::vector<double>& weights, const std::vector<double>& norms,
-                      const CombineContext& ctx, std::span<float> out);
+CombineResult combine_rows(const AggregationConfig& a, std::vector<float>& rows, std::size_t d,
+                           const std::vector<std::string>& labels, const char* label_key,
+                           const std::vector<double>& weights, const std::vector<double>& norms,
+                           const CombineContext& ctx, std::span<float> out);
 
 }  // namespace xsilo::server

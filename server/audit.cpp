@@ -83,7 +83,7 @@ std::string key_hex(const std::string& public_key) {
       std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(public_key.data()), public_key.size()));
 }
 
-bool AuditVerifyResult::has_key(const std::string& public_key) const {
+bool AuditChain::has_key(const std::string& public_key) const {
   return std::any_of(keys.begin(), keys.end(), [&](const AuditKeySpan& k) { return k.public_key == public_key; });
 }
 
@@ -112,12 +112,11 @@ std::string rotation_next_key(const std::string& line, const std::string& old_ke
 }  // namespace
 
 AuditVerifyResult verify_audit_log(const std::filesystem::path& path, const std::string& pk) {
-  AuditVerifyResult r;
+  AuditChain r;
   r.head_sha256 = kGenesis;
   r.keys.push_back({pk, 1, ""});
   if (!std::filesystem::exists(path)) {
-    r.reason = "no audit log at " + path.string();
-    return r;
+    return AuditBreak{.reason = "no audit log at " + path.string(), .first_bad = 0, .verified = std::move(r)};
   }
   // A line at a time: a server verifies its whole log at every start, and must not hold it.
   std::ifstream in(path, std::ios::binary);
@@ -129,30 +128,21 @@ AuditVerifyResult verify_audit_log(const std::filesystem::path& path, const std:
     std::string next;
     if (why.empty()) next = rotation_next_key(line, key, sig, why);
     if (!why.empty()) {
-      r.first_bad = n;
-      r.reason = "record " + std::to_string(n) + ": " + why;
-      return r;
+      return AuditBreak{.reason = "record " + std::to_string(n) + ": " + why, .first_bad = n, .verified = std::move(r)};
     }
     if (!next.empty()) r.keys.push_back({next, n + 1, sig});
     r.head_sha256 = crypto::sha256_hex(line);
     r.line_sha256.push_back(r.head_sha256);
     r.records = n;
   }
-  if (in.bad()) {
-    r.reason = "cannot read " + path.string();
-    return r;
-  }
-  r.ok = true;
+  if (in.bad()) return AuditBreak{.reason = "cannot read " + path.string(), .first_bad = 0, .verified = std::move(r)};
   return r;
 }
 
-WitnessResult check_witness(const AuditVerifyResult& log, const std::filesystem::path& witness) {
-  WitnessResult w;
+WitnessResult check_witness(const AuditChain& log, const std::filesystem::path& witness) {
+  WitnessCheck w;
   const std::string who = witness.filename().string();
-  if (!std::filesystem::exists(witness)) {
-    w.reason = who + ": no such witness file";
-    return w;
-  }
+  if (!std::filesystem::exists(witness)) return Error(who + ": no such witness file");
   std::uint64_t n = 0;
   for (const auto& line : read_lines(witness)) {
     ++n;
@@ -170,10 +160,9 @@ WitnessResult check_witness(const AuditVerifyResult& log, const std::filesystem:
       continue;
     }
     if (!named_key.empty() && !log.has_key(named_key)) {
-      w.reason = at + "the silo witnessed a log signed by key " + key_hex(named_key).substr(0, 16) +
-                 ", which this log never names (its first key is " + key_hex(log.keys.front().public_key).substr(0, 16) +
-                 ", with no rotation from that one): another server's log, or one started again";
-      return w;
+      return Error(at + "the silo witnessed a log signed by key " + key_hex(named_key).substr(0, 16) +
+                   ", which this log never names (its first key is " + key_hex(log.keys.front().public_key).substr(0, 16) +
+                   ", with no rotation from that one): another server's log, or one started again");
     }
     std::string sig;
     try {
@@ -188,29 +177,22 @@ WitnessResult check_witness(const AuditVerifyResult& log, const std::filesystem:
       if (!w.ignored++) w.first_ignored = at + "its head is not signed by this log's audit key";
       continue;
     }
-    if (h.seq == 0) {
-      w.reason = at + "the server signed a head for record 0, which no log has";
-      return w;
-    }
+    if (h.seq == 0) return Error(at + "the server signed a head for record 0, which no log has");
     if (h.seq > log.records) {
-      w.reason = at + "the server signed record " + std::to_string(h.seq) + " as head " + h.sha256.substr(0, 16) +
-                 ", but the log has only " + std::to_string(log.records) + " records: its tail was cut";
-      return w;
+      return Error(at + "the server signed record " + std::to_string(h.seq) + " as head " + h.sha256.substr(0, 16) +
+                   ", but the log has only " + std::to_string(log.records) + " records: its tail was cut");
     }
     if (log.line_sha256[h.seq - 1] != h.sha256) {
-      w.reason = at + "the server signed record " + std::to_string(h.seq) + " as head " + h.sha256.substr(0, 16) +
-                 ", the log's record " + std::to_string(h.seq) + " hashes to " +
-                 log.line_sha256[h.seq - 1].substr(0, 16) + ": the log was rewritten or forked";
-      return w;
+      return Error(at + "the server signed record " + std::to_string(h.seq) + " as head " + h.sha256.substr(0, 16) +
+                   ", the log's record " + std::to_string(h.seq) + " hashes to " +
+                   log.line_sha256[h.seq - 1].substr(0, 16) + ": the log was rewritten or forked");
     }
     ++w.checked;
   }
   if (w.checked == 0 && w.ignored > 0) {
-    w.reason = who + ": none of its " + std::to_string(w.ignored) +
-               " entries is signed by this log's audit key: the silo witnessed another log (" + w.first_ignored + ")";
-    return w;
+    return Error(who + ": none of its " + std::to_string(w.ignored) +
+                 " entries is signed by this log's audit key: the silo witnessed another log (" + w.first_ignored + ")");
   }
-  w.ok = true;
   return w;
 }
 
@@ -234,14 +216,14 @@ AuditLog::AuditLog(std::filesystem::path path, crypto::SigningKey key, std::stri
   keys_.push_back({first_key, 1, ""});
   if (std::filesystem::exists(path_)) {
     auto v = verify_audit_log(path_, first_key);
-    if (!v.ok) {
-      throw std::runtime_error("audit log " + path_.string() + " is damaged (" + v.reason +
+    if (!v) {
+      throw std::runtime_error("audit log " + path_.string() + " is damaged (" + v.error().reason +
                                "); refusing to append to it");
     }
-    seq_ = v.records;
-    head_ = v.head_sha256;
-    keys_ = std::move(v.keys);
-    lines_ = std::move(v.line_sha256);
+    seq_ = v->records;
+    head_ = v->head_sha256;
+    keys_ = std::move(v->keys);
+    lines_ = std::move(v->line_sha256);
   } else if (path_.has_parent_path()) {
     std::filesystem::create_directories(path_.parent_path());
   }
@@ -340,11 +322,11 @@ std::string check_central_claim(const nlohmann::json& r, const privacy::Ledger& 
 
 }  // namespace
 
-PrivacyAudit check_privacy_claims(const std::vector<nlohmann::json>& records) {
+Result<PrivacyAudit> check_privacy_claims(const std::vector<nlohmann::json>& records) {
   PrivacyAudit a;
   std::map<std::string, protocol::DpSgdAccount> rounds;
   privacy::Ledger central;
-  for (std::size_t i = 0; i < records.size() && a.ok; ++i) {
+  for (std::size_t i = 0; i < records.size(); ++i) {
     const auto& r = records[i];
     const std::string where = "record " + std::to_string(i + 1) + " (round " + std::to_string(r.value("round", 0)) + "): ";
     try {
@@ -356,16 +338,10 @@ PrivacyAudit check_privacy_claims(const std::vector<nlohmann::json>& records) {
       // Every round's record states the spend so far, an aborted round's too (it spends nothing).
       if (r.value("event", "") == "round" && r.contains("privacy") && r["privacy"].is_object() &&
           (r["privacy"].value("mechanism", "") == "central" || r["privacy"].value("mechanism", "") == "skellam")) {
-        if (auto why = check_central_claim(r, central); !why.empty()) {
-          a.ok = false;
-          a.reason = where + why;
-          break;
-        }
+        if (auto why = check_central_claim(r, central); !why.empty()) return Error(where + why);
       }
     } catch (const std::exception& e) {
-      a.ok = false;
-      a.reason = where + "its central DP spend cannot be read (" + e.what() + ")";
-      break;
+      return Error(where + "its central DP spend cannot be read (" + e.what() + ")");
     }
     if (r.value("event", "") != "round" || !r.contains("participants")) continue;
     for (const auto& p : r["participants"]) {
@@ -377,8 +353,7 @@ PrivacyAudit check_privacy_claims(const std::vector<nlohmann::json>& records) {
       try {
         s = protocol::privacy_from_json(p["privacy"]);
       } catch (const std::exception& e) {
-        a = {false, at + "its privacy spend cannot be read (" + e.what() + ")", a.spends, a.epsilon};
-        break;
+        return Error(at + "its privacy spend cannot be read (" + e.what() + ")");
       }
       auto& mine = rounds[silo];
       mine.add(s);
@@ -387,14 +362,12 @@ PrivacyAudit check_privacy_claims(const std::vector<nlohmann::json>& records) {
       a.epsilon[silo] = eps;
       // The same accountant on the same parameters: only rounding separates an honest claim.
       if (s.epsilon() < eps * (1 - 1e-9) - 1e-12) {
-        a = {false, at + fmt::format("claims epsilon {:.6g}, but the parameters of its {} recorded rounds give {:.6g}",
-                                     s.epsilon(), mine.rounds(), eps), a.spends, a.epsilon};
-        break;
+        return Error(at + fmt::format("claims epsilon {:.6g}, but the parameters of its {} recorded rounds give {:.6g}",
+                                      s.epsilon(), mine.rounds(), eps));
       }
       if (s.max_epsilon() > 0 && eps > s.max_epsilon() * (1 + 1e-9)) {
-        a = {false, at + fmt::format("its recorded rounds give epsilon {:.6g}, past its own budget {:.6g}", eps,
-                                     s.max_epsilon()), a.spends, a.epsilon};
-        break;
+        return Error(at + fmt::format("its recorded rounds give epsilon {:.6g}, past its own budget {:.6g}", eps,
+                                      s.max_epsilon()));
       }
     }
   }

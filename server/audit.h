@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/result.h"
 #include "crypto/sign.h"
 
 namespace xsilo::server {
@@ -33,16 +34,26 @@ struct AuditKeySpan {
   std::string rotation_signature;  // the previous key's, over key_rotation_statement (raw); "" for the first
 };
 
-struct AuditVerifyResult {
-  bool ok = false;
-  std::uint64_t records = 0;          // records that verified
-  std::uint64_t first_bad = 0;        // 1-based line of the first bad record, 0 if none
-  std::string reason;
-  std::string head_sha256;            // hash of the last good line
+// The part of a log that verified: its first `records` records, each line's hash, and the keys
+// that signed them (the first key, then each rotation's next key).
+struct AuditChain {
+  std::uint64_t records = 0;
+  std::string head_sha256;               // hash of the last good line (64 zeros when none)
   std::vector<std::string> line_sha256;  // hash of each good line, record 1 first
-  std::vector<AuditKeySpan> keys;     // the first key, then each rotation's next key
+  std::vector<AuditKeySpan> keys;
   bool has_key(const std::string& public_key) const;
 };
+// Where a log stops verifying, and what verified before it.
+struct AuditBreak {
+  std::string reason;
+  std::uint64_t first_bad = 0;  // 1-based line of the first bad record, 0 when no record is at fault
+  AuditChain verified;          // the records before it
+  const std::string& message() const { return reason; }
+};
+// The whole log verified, or where it breaks.
+using AuditVerifyResult = Result<AuditChain, AuditBreak>;
+// The records that verified, whether or not the whole log did.
+inline const AuditChain& verified_part(const AuditVerifyResult& r) { return r ? *r : r.error().verified; }
 
 // Checks the whole chain, starting with `public_key` (32 raw bytes) and following rotations.
 AuditVerifyResult verify_audit_log(const std::filesystem::path& path, const std::string& public_key);
@@ -61,13 +72,14 @@ struct AuditHead {
   std::string signature;
 };
 
-struct WitnessResult {
-  bool ok = false;
+// A witness file consistent with the log: how many of its entries matched, and how many proved
+// nothing (with where the first of those is); or, as the error, the first entry that contradicts it.
+struct WitnessCheck {
   std::uint64_t checked = 0;  // witness entries that match the log
   std::uint64_t ignored = 0;  // entries not signed by the key (forged on the way, or damaged): no evidence
   std::string first_ignored;  // where the first of those is, and why
-  std::string reason;
 };
+using WitnessResult = Result<WitnessCheck>;
 // Checks a silo's witness file (JSON lines with "seq", "head", "sig" and "key", the hex public
 // key the silo checked the head under) against a verified log:
 // - an entry whose "key" is not one of the log's keys fails the check: the silo witnessed
@@ -76,7 +88,7 @@ struct WitnessResult {
 // - entries no key of the log signed prove nothing either way (written before silos checked
 //   heads: an edge could have injected them) and are counted; but a file in which no entry at
 //   all is signed by the log's keys fails: it witnessed another log.
-WitnessResult check_witness(const AuditVerifyResult& log, const std::filesystem::path& witness);
+WitnessResult check_witness(const AuditChain& log, const std::filesystem::path& witness);
 
 // Reads the records (signature not checked); throws std::runtime_error on unparsable lines.
 std::vector<nlohmann::json> read_audit_log(const std::filesystem::path& path);
@@ -87,8 +99,6 @@ std::vector<nlohmann::json> read_audit_log(const std::filesystem::path& path);
 // (the silo may claim more: rounds whose update left it but that the log does not count), or
 // above the silo's own max_epsilon, or when a spend cannot be read.
 struct PrivacyAudit {
-  bool ok = true;
-  std::string reason;               // the first failure
   std::uint64_t spends = 0;         // participant spends checked
   std::map<std::string, double> epsilon;  // each silo's recomputed epsilon at its last record's delta
   std::uint64_t central_rounds = 0;       // silo-level central DP: committed rounds that spent
@@ -97,8 +107,8 @@ struct PrivacyAudit {
 // Record level: each silo's claims recomposed from its recorded DP-SGD parameters. Silo-level
 // central DP: every committed round's "privacy" recomposed from its (sample rate, noise
 // multiplier), in the log's order; a record claiming less epsilon than they give, or more than
-// its own max_epsilon allows, fails.
-PrivacyAudit check_privacy_claims(const std::vector<nlohmann::json>& records);
+// its own max_epsilon allows, fails (the error names the first such record).
+Result<PrivacyAudit> check_privacy_claims(const std::vector<nlohmann::json>& records);
 
 class AuditLog {
  public:

@@ -47,7 +47,7 @@ class CentralDpSum final : public Aggregator {
   }
 
   // `out` may be the sum itself (output()): each element is read before it is written.
-  Combined do_combine(std::span<float> out, const CombineContext&) override {
+  CombineResult do_combine(std::span<float> out, const CombineContext&) override {
     const auto acc = sum_->flat();
     const double inv = 1.0 / dp_.denominator;
     for (std::size_t i = 0; i < acc.size(); ++i) out[i] = static_cast<float>(static_cast<double>(acc[i]) * inv);

@@ -15,7 +15,7 @@ namespace xsilo::server {
 // rule's output); a step that is not finite is refused (every input was finite, but their sum
 // can overflow float), and such a step never reaches the optimizer. Otherwise the optimizer
 // steps: on return `next` holds the new model, `global` still the old one.
-Combined commit_round(const std::function<Combined(std::span<float>)>& combine, std::span<float> next,
-                      ServerOptimizer& optimizer, std::span<const float> global);
+CombineResult commit_round(const std::function<CombineResult(std::span<float>)>& combine, std::span<float> next,
+                           ServerOptimizer& optimizer, std::span<const float> global);
 
 }  // namespace xsilo::server

@@ -464,16 +464,16 @@ void Coordinator::decide(std::int64_t now_ms) {
     auto next = agg->output(*global);
     ctx.centre = optimizer.last_step();  // read here, where only this job moves the optimizer
     // The optimizer writes the new model into the same buffer, which becomes the global model.
-    Combined c = commit_round([&](std::span<float> step) { return agg->combine(step, ctx); }, next->flat(), optimizer,
-                              global->flat());
-    if (c.record.is_object()) rec.merge_patch(c.record);
-    if (!c.ok) {
+    CombineResult c = commit_round([&](std::span<float> step) { return agg->combine(step, ctx); }, next->flat(),
+                                   optimizer, global->flat());
+    if (const auto& part = record_of(c); part.is_object()) rec.merge_patch(part);
+    if (!c) {
       rec["status"] = "aborted";
-      rec["reason"] = c.reason;
+      rec["reason"] = c.error().reason;
       if (!privacy_unspent.is_null()) rec["privacy"] = std::move(privacy_unspent);
       row.committed = false;
       return CommitOutcome{.committed = false,
-                           .reason = c.reason,
+                           .reason = c.error().reason,
                            .model = nullptr,
                            .model_sha256 = "",
                            .audit = store.record(rec, &row),
@@ -499,7 +499,7 @@ void Coordinator::decide(std::int64_t now_ms) {
                          .model = std::move(next),
                          .model_sha256 = sha,
                          .audit = std::move(audit),
-                         .next_clip_norm = c.next_clip_norm,
+                         .next_clip_norm = c->next_clip_norm,
                          .robust_rejected = robust_rejected(rec),
                          .delta = std::move(delta)};
   });

@@ -40,12 +40,12 @@ std::optional<wire::SkellamSetup> skellam_setup(const RoundConfig& cfg, std::uin
 // number (every member adds exactly 1), or the norm is beyond what clipped members, rounding and
 // the noise can make (a member skipped clipping or scaled wrong). The noise's norm is about
 // sqrt(P V) / gamma; three times that is never reached by honest members in practice.
-std::string implausible_skellam_sum(const GroupSum& sum, std::size_t survivors, std::size_t min_survivors,
-                                    const DistributedDpConfig& dp) {
+Status check_plausible_skellam_sum(const GroupSum& sum, std::size_t survivors, std::size_t min_survivors,
+                                   const DistributedDpConfig& dp) {
   const double n = static_cast<double>(survivors);
   if (sum.weight() != n) {
-    return "member count " + std::to_string(sum.weight()) + " is not the " + std::to_string(survivors) +
-           " survivors: a member sent a count word other than 1";
+    return Error("member count " + std::to_string(sum.weight()) + " is not the " + std::to_string(survivors) +
+                 " survivors: a member sent a count word other than 1");
   }
   double sq = 0;
   sum.for_each_block([&](std::size_t, std::span<const double> block) {
@@ -55,14 +55,14 @@ std::string implausible_skellam_sum(const GroupSum& sum, std::size_t survivors, 
   const double v = n * dp.variance / static_cast<double>(std::max<std::size_t>(1, min_survivors));
   const double bound = n * dp.clip_norm + (n * std::sqrt(P) + 3 * std::sqrt(P * v) + 10) / dp.gamma;
   if (std::sqrt(sq) > bound) {
-    return "group sum norm " + std::to_string(std::sqrt(sq)) + " exceeds what " + std::to_string(survivors) +
-           " clipped members and the noise can make (" + std::to_string(bound) + "): a member skipped clipping";
+    return Error("group sum norm " + std::to_string(std::sqrt(sq)) + " exceeds what " + std::to_string(survivors) +
+                 " clipped members and the noise can make (" + std::to_string(bound) + "): a member skipped clipping");
   }
-  return "";
+  return {};
 }
 
-std::string implausible_sum(const GroupSum& sum, std::size_t survivors, const SecureConfig& sc,
-                            bool counts_unclipped) {
+Status check_plausible_sum(const GroupSum& sum, std::size_t survivors, const SecureConfig& sc,
+                          bool counts_unclipped) {
   const std::size_t d = sum.d();
   const double w = sum.weight(), n = static_cast<double>(survivors);
   double sq = 0;
@@ -74,23 +74,23 @@ std::string implausible_sum(const GroupSum& sum, std::size_t survivors, const Se
   const double step = std::ldexp(1.0, -static_cast<int>(sc.fraction_bits)) * n;
   const double bound = w * sc.clip_norm * 1.001 + step * std::sqrt(static_cast<double>(d));
   if (!(w > 0) || w > n * sc.max_weight * 1.001 + step) {
-    return "summed weight " + std::to_string(w) + " is impossible for " + std::to_string(survivors) +
-           " silos of max_weight " + std::to_string(sc.max_weight);
+    return Error("summed weight " + std::to_string(w) + " is impossible for " + std::to_string(survivors) +
+                 " silos of max_weight " + std::to_string(sc.max_weight));
   }
   if (std::sqrt(sq) > bound) {
-    return "group sum norm " + std::to_string(std::sqrt(sq)) + " exceeds summed weight x clip_norm = " +
-           std::to_string(w * sc.clip_norm) + ": a member skipped clipping";
+    return Error("group sum norm " + std::to_string(std::sqrt(sq)) + " exceeds summed weight x clip_norm = " +
+                 std::to_string(w * sc.clip_norm) + ": a member skipped clipping");
   }
   if (counts_unclipped) {
     // Honest bits are 0 or 1 and encode exactly: any other sum means a member (or the edge that
     // carried its region) sent something else.
     const double c = sum.at(d + 1);
     if (c != std::floor(c) || c < 0 || c > n) {
-      return "unclipped count " + std::to_string(c) + " is impossible for " + std::to_string(survivors) +
-             " members: a member sent a bit other than 0 or 1";
+      return Error("unclipped count " + std::to_string(c) + " is impossible for " + std::to_string(survivors) +
+                   " members: a member sent a bit other than 0 or 1");
     }
   }
-  return "";
+  return {};
 }
 
 SecureGroups::SecureGroups(const RoundConfig& cfg, const std::vector<TensorInfo>& layout, std::uint64_t round,
@@ -141,56 +141,56 @@ std::vector<Rejection> SecureGroups::do_prepare() {
   const auto& sc = round_.config();
   std::vector<Rejection> rejected;
   for (auto& r : results_) {
-    if (r.ok) {
-      r.why = dp_ ? implausible_skellam_sum(r.sum, r.survivors.size(), r.min_survivors, *dp_)
-                  : implausible_sum(r.sum, r.survivors.size(), sc, clip_norm_.has_value());
-      r.ok = r.why.empty();
+    if (r.sum) {
+      auto plausible = dp_ ? check_plausible_skellam_sum(*r.sum, r.survivors.size(), r.min_survivors, *dp_)
+                           : check_plausible_sum(*r.sum, r.survivors.size(), sc, clip_norm_.has_value());
+      if (!plausible) r.sum = plausible.error();
     }
-    if (!r.ok) {
-      spdlog::warn("secure group {} rejected: {}", r.group, r.why);
-      rejected.push_back({r.members, "secure group " + std::to_string(r.group) + ": " + r.why});
+    if (!r.sum) {
+      const std::string& why = r.sum.error().message();
+      spdlog::warn("secure group {} rejected: {}", r.group, why);
+      rejected.push_back({r.members, "secure group " + std::to_string(r.group) + ": " + why});
     }
   }
   return rejected;
 }
 
-Combined SecureGroups::do_combine(std::span<float> out, const CombineContext& ctx) {
+CombineResult SecureGroups::do_combine(std::span<float> out, const CombineContext& ctx) {
   if (dp_) return combine_distributed_groups(results_, d_, *dp_, out);
   return combine_groups(aggregation_, results_, d_, clip_norm_ ? std::optional<double>(round_.config().clip_norm)
                                                                : std::nullopt,
                         ceiling_, ctx, out);
 }
 
-Combined combine_distributed_groups(const std::vector<GroupResult>& results, std::size_t d,
-                                   const DistributedDpConfig& dp, std::span<float> out) {
+CombineResult combine_distributed_groups(const std::vector<GroupResult>& results, std::size_t d,
+                                         const DistributedDpConfig& dp, std::span<float> out) {
   // The groups' noisy sums over the fixed denominator W, as central mode (server/distributed_dp.h);
   // FedAvg only (config_privacy.cpp refuses the rest).
   nlohmann::json outcome = nlohmann::json::array();
   std::vector<double> total(d, 0.0);
   double members = 0;
   for (const auto& r : results) {
-    nlohmann::json o = {{"group", r.group}, {"survivors", r.survivors}, {"ok", r.ok},
+    nlohmann::json o = {{"group", r.group}, {"survivors", r.survivors}, {"ok", r.sum.has_value()},
                         {"min_survivors", r.min_survivors}};
-    if (!r.ok) o["reason"] = r.why;
+    if (!r.sum) o["reason"] = r.sum.error().message();
     outcome.push_back(o);
-    if (!r.ok) continue;
-    members += r.sum.weight();
-    r.sum.for_each_block([&](std::size_t from, std::span<const double> block) {
+    if (!r.sum) continue;
+    members += r.sum->weight();
+    r.sum->for_each_block([&](std::size_t from, std::span<const double> block) {
       for (std::size_t k = 0; k < block.size(); ++k) total[from + k] += block[k];
     });
   }
-  Combined c;
-  c.ok = members > 0;
-  if (!c.ok) c.reason = "no secure group's sum was revealed";
   for (std::size_t k = 0; k < d; ++k) out[k] = static_cast<float>(total[k] / dp.denominator);
-  c.record["secure"]["groups_outcome"] = outcome;
-  c.record["distributed_dp"] = {{"updates", members}, {"denominator", dp.denominator}};
-  return c;
+  nlohmann::json record;
+  record["secure"]["groups_outcome"] = outcome;
+  record["distributed_dp"] = {{"updates", members}, {"denominator", dp.denominator}};
+  if (members > 0) return Combined{.record = std::move(record), .next_clip_norm = std::nullopt};
+  return CombineFailure{.reason = "no secure group's sum was revealed", .record = std::move(record)};
 }
 
-Combined combine_groups(const AggregationConfig& aggregation, const std::vector<GroupResult>& results, std::size_t d,
-                        std::optional<double> clip_norm, double ceiling, const CombineContext& ctx,
-                        std::span<float> out) {
+CombineResult combine_groups(const AggregationConfig& aggregation, const std::vector<GroupResult>& results,
+                             std::size_t d, std::optional<double> clip_norm, double ceiling, const CombineContext& ctx,
+                             std::span<float> out) {
   nlohmann::json outcome = nlohmann::json::array();
   std::vector<const GroupSum*> sums;  // the groups counted, in order
   std::vector<float> rows;
@@ -199,24 +199,24 @@ Combined combine_groups(const AggregationConfig& aggregation, const std::vector<
   double unclipped = 0, total_weight = 0;
   std::size_t counted = 0;
   for (const auto& r : results) {
-    nlohmann::json o = {{"group", r.group}, {"survivors", r.survivors}, {"ok", r.ok}};
-    if (!r.ok) o["reason"] = r.why;
-    else o["weight"] = r.sum.weight();
-    if (r.ok && clip_norm) {
+    nlohmann::json o = {{"group", r.group}, {"survivors", r.survivors}, {"ok", r.sum.has_value()}};
+    if (!r.sum) o["reason"] = r.sum.error().message();
+    else o["weight"] = r.sum->weight();
+    if (r.sum && clip_norm) {
       // The group's count of members within the clip norm: a sum, like everything else here
       // (prepare() checked it is a whole number of at most the survivors).
-      o["unclipped"] = r.sum.at(d + 1);
-      unclipped += r.sum.at(d + 1);
+      o["unclipped"] = r.sum->at(d + 1);
+      unclipped += r.sum->at(d + 1);
       counted += r.survivors.size();
     }
     outcome.push_back(o);
-    if (!r.ok) continue;
-    sums.push_back(&r.sum);
-    total_weight += r.sum.weight();
+    if (!r.sum) continue;
+    sums.push_back(&*r.sum);
+    total_weight += r.sum->weight();
     labels.push_back(std::to_string(r.group));
-    weights.push_back(r.sum.weight());
+    weights.push_back(r.sum->weight());
   }
-  Combined c;
+  CombineResult c = Combined{};
   if (aggregation.inspects_inputs()) {
     // Each group's mean: one row for a robust rule across groups.
     rows.resize(sums.size() * d);
@@ -242,14 +242,14 @@ Combined combine_groups(const AggregationConfig& aggregation, const std::vector<
       for (std::size_t k = 0; k < n; ++k) out[from + k] = static_cast<float>(total[k] / total_weight);
     }
   }
-  c.record["secure"]["groups_outcome"] = outcome;
-  if (clip_norm && counted > 0 && c.ok) {
+  record_of(c)["secure"]["groups_outcome"] = outcome;
+  if (clip_norm && counted > 0 && c) {
     // Every member clipped to the round's norm (capped by secure.clip_norm, the codec's bound);
     // the next one follows the unclipped fraction, and stays under that bound.
     auto [next, part] = adapt_clip_norm(aggregation.adaptive_clip, *clip_norm, unclipped, counted, ceiling);
     part["counted_in"] = "the masked group sums";
-    c.record["robust"]["adaptive_clip"] = std::move(part);
-    c.next_clip_norm = next;
+    c->record["robust"]["adaptive_clip"] = std::move(part);
+    c->next_clip_norm = next;
   }
   return c;
 }

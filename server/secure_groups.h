@@ -12,32 +12,32 @@
 
 namespace xsilo::server {
 
-// Why a group's unmasked sum (d coordinates, the summed weight, then the unclipped count when
-// `counts_unclipped`) cannot come from `survivors` honest members under `sc`, or "": a weight
+// Whether a group's unmasked sum (d coordinates, the summed weight, then the unclipped count when
+// `counts_unclipped`) can come from `survivors` honest members under `sc`; the error says why not: a weight
 // outside (0, survivors x max_weight], a norm above weight x clip_norm (a member skipped
 // clipping), a count that is not a whole number in [0, survivors]. Each with rounding slack.
-std::string implausible_sum(const GroupSum& sum, std::size_t survivors, const SecureConfig& sc,
-                            bool counts_unclipped);
+Status check_plausible_sum(const GroupSum& sum, std::size_t survivors, const SecureConfig& sc,
+                          bool counts_unclipped);
 
-// The unmasked group sums (results whose ok is false are left out) through the rule across group
+// The unmasked group sums (results without a sum are left out) through the rule across group
 // means, or their total for FedAvg, with each group's outcome and, under adaptive clipping
 // (`clip_norm`: the round's, every member clipped to it), the next clip norm, at most `ceiling`.
 // SecureGroups::combine, and `xsilo sim --in-process`'s grouped rounds.
-Combined combine_groups(const AggregationConfig& aggregation, const std::vector<GroupResult>& results, std::size_t d,
-                        std::optional<double> clip_norm, double ceiling, const CombineContext& ctx,
-                        std::span<float> out);
+CombineResult combine_groups(const AggregationConfig& aggregation, const std::vector<GroupResult>& results,
+                             std::size_t d, std::optional<double> clip_norm, double ceiling, const CombineContext& ctx,
+                             std::span<float> out);
 
 // Distributed DP (server/distributed_dp.h): the setup part every member encodes with, for a round;
 // nullopt without distributed DP. Throws std::logic_error when the config was not finalized.
 std::optional<wire::SkellamSetup> skellam_setup(const RoundConfig& cfg, std::uint64_t round);
-// Why a decoded distributed-DP group sum cannot come from its survivors (the count word is not
-// their number, or the norm passes what clipped members, rounding and 3 times the noise's norm
-// can make), or "".
-std::string implausible_skellam_sum(const GroupSum& sum, std::size_t survivors, std::size_t min_survivors,
-                                    const DistributedDpConfig& dp);
+// Whether a decoded distributed-DP group sum can come from its survivors; the error says why not
+// (the count word is not their number, or the norm passes what clipped members, rounding and 3
+// times the noise's norm can make).
+Status check_plausible_skellam_sum(const GroupSum& sum, std::size_t survivors, std::size_t min_survivors,
+                                   const DistributedDpConfig& dp);
 // The revealed groups' noisy sums added and divided by the fixed denominator W.
-Combined combine_distributed_groups(const std::vector<GroupResult>& results, std::size_t d,
-                                   const DistributedDpConfig& dp, std::span<float> out);
+CombineResult combine_distributed_groups(const std::vector<GroupResult>& results, std::size_t d,
+                                         const DistributedDpConfig& dp, std::span<float> out);
 
 class SecureGroups final : public Aggregator {
  public:
@@ -52,7 +52,7 @@ class SecureGroups final : public Aggregator {
   protocol::UploadBuffer lane_buffer(std::size_t lane) override;
   FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check, std::size_t lane) override;
   std::vector<Rejection> do_prepare() override;
-  Combined do_combine(std::span<float> out, const CombineContext& ctx) override;
+  CombineResult do_combine(std::span<float> out, const CombineContext& ctx) override;
 
   AggregationConfig aggregation_;
   std::size_t d_;

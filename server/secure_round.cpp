@@ -232,13 +232,12 @@ std::vector<GroupResult> SecureRound::finish(std::map<std::uint32_t, protocol::M
     r.survivors = g.survivors();
     auto& sum = sums.at(id);
     if (!g.failed().empty()) {
-      r.why = g.failed();
+      r.sum = Error(g.failed());
     } else if (g.stage() != secure::Stage::Unmask) {
-      r.why = "collection closed before the survivors confirmed their set";
+      r.sum = Error("collection closed before the survivors confirmed their set");
     } else if (auto unmasked = g.finish(sum); !unmasked) {
-      r.why = unmasked.error().message();
+      r.sum = unmasked.error();
     } else {
-      r.ok = true;
       ++revealed_;
       if (skellam_) {
         crypto::SkellamParams p;

@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/result.h"
 #include "crypto/secagg.h"
 #include "proto/xsilo.pb.h"
 #include "protocol/masked.h"
@@ -35,10 +36,9 @@ struct GroupResult {
   std::vector<std::string> members, survivors;
   std::size_t threshold = 0;
   std::size_t min_survivors = 0;  // the setup's: distributed DP's noise is calibrated for it
-  bool ok = false;
-  std::string why;            // when not ok
-  GroupSum sum;               // unmasked: d weighted coordinates, then the summed weight (and the
-                              // unclipped count); RANDOM_K's left-out coordinates are zero
+  // Unmasked: d weighted coordinates, then the summed weight (and the unclipped count); RANDOM_K's
+  // left-out coordinates are zero. Or why the group has no sum.
+  Result<GroupSum> sum = Error("the group's sum was not unmasked");
   std::vector<crypto::secagg::Blame> excluded;  // members excluded with proof, this round
 };
 

@@ -155,7 +155,7 @@ crypto::SigningKey ServerState::open_key() {
     try {
       auto k = load_signing_key(next);
       const auto v = verify_audit_log(dir / "audit.jsonl", nonempty_file(pub) ? load_public_key(pub) : key.public_key());
-      if (v.ok && v.keys.back().public_key == k.public_key()) {
+      if (v && v->keys.back().public_key == k.public_key()) {
         std::filesystem::rename(next, sk);
         fsync_dir(dir);
         repairs_.push_back("finished a key rotation a stop interrupted (audit.key.next became audit.key)");
@@ -196,10 +196,10 @@ void ServerState::settle_log(const std::string& first_key) {
     std::filesystem::path path;
     bool exists = false;
     std::uint64_t lines = 0;  // what the copy claims, good or not
-    AuditVerifyResult v;
+    AuditVerifyResult v = AuditBreak{};  // until read: nothing verified
   };
   auto look = [&](const std::filesystem::path& p, std::string name) {
-    View view{std::move(name), p, !p.empty() && nonempty_file(p), 0, {}};
+    View view{std::move(name), p, !p.empty() && nonempty_file(p), 0, AuditBreak{}};
     if (!view.exists) return view;
     // A torn last line: what a crash or a full disk leaves of an append. Cut, and kept aside.
     if (const std::string torn = cut_torn_tail(p); !torn.empty()) {
@@ -230,8 +230,8 @@ void ServerState::settle_log(const std::string& first_key) {
     return;  // a new federation
   }
   // Records both copies hold must be the same records.
-  const auto& ll = l.v.line_sha256;
-  const auto& ml = m.v.line_sha256;
+  const auto& ll = verified_part(l.v).line_sha256;
+  const auto& ml = verified_part(m.v).line_sha256;
   for (std::size_t i = 0; i < std::min(ll.size(), ml.size()); ++i) {
     if (ll[i] != ml[i]) {
       throw StateError("state_dir " + opts_.dir.string() + ": audit.jsonl and the mirror's (" + mirror.string() +
@@ -242,18 +242,20 @@ void ServerState::settle_log(const std::string& first_key) {
   }
   const View& best = ll.size() >= ml.size() ? l : m;
   const std::uint64_t claimed = std::max(l.lines, m.lines);
-  if (best.v.records < claimed) {
-    const View& damaged = !l.v.ok && l.exists ? l : m;
-    throw StateError("state_dir " + opts_.dir.string() + ": " + damaged.name + " is damaged (" + damaged.v.reason +
-                     "; " + std::to_string(best.v.records) + " records verify in the best copy, " +
+  const std::uint64_t best_records = verified_part(best.v).records;
+  if (best_records < claimed) {
+    const View& damaged = !l.v && l.exists ? l : m;
+    const std::string why = damaged.v ? std::string() : damaged.v.error().reason;
+    throw StateError("state_dir " + opts_.dir.string() + ": " + damaged.name + " is damaged (" + why +
+                     "; " + std::to_string(best_records) + " records verify in the best copy, " +
                      std::to_string(claimed) + " were written) and " +
                      (mirror.empty() ? std::string("no state_mirror is set")
                                      : std::string("no copy holds the rest intact")) +
                      ": restore audit.jsonl from a backup");
   }
-  if (&best != &l && best.v.records > 0) {
+  if (&best != &l && best_records > 0) {
     const std::string had = !l.exists ? std::string("it was missing")
-                            : !l.v.ok ? "its " + l.v.reason
+                            : !l.v    ? "its " + l.v.error().reason
                                       : "it had " + std::to_string(ll.size()) + " records";
     atomic_write_file(local, read_file(mirror));
     repairs_.push_back("restored audit.jsonl from the mirror (" + std::to_string(ml.size()) + " records; " + had + ")");

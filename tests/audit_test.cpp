@@ -13,6 +13,7 @@
 #include "server/metrics.h"
 #include "server/state.h"
 #include "tests/testlib.h"
+#include "tests/result_util.h"
 
 namespace xsilo::server {
 namespace {
@@ -53,49 +54,49 @@ class AuditTest : public ::testing::Test {
 
 TEST_F(AuditTest, IntactLogVerifies) {
   auto r = verify_with(lines_);
-  EXPECT_TRUE(r.ok) << r.reason;
-  EXPECT_EQ(r.records, 5u);
+  EXPECT_TRUE(succeeded(r));
+  EXPECT_EQ(r->records, 5u);
 }
 
 TEST_F(AuditTest, EditedRecordIsCaught) {
   auto l = lines_;
   l[2].replace(l[2].find("\"round\":3"), 9, "\"round\":9");
   auto r = verify_with(l);
-  EXPECT_FALSE(r.ok);
-  EXPECT_EQ(r.first_bad, 3u);
-  EXPECT_NE(r.reason.find("signature"), std::string::npos);
+  EXPECT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().first_bad, 3u);
+  EXPECT_NE(r.error().message().find("signature"), std::string::npos);
 }
 
 TEST_F(AuditTest, DeletedRecordIsCaught) {
   auto l = lines_;
   l.erase(l.begin() + 1);
   auto r = verify_with(l);
-  EXPECT_FALSE(r.ok);
-  EXPECT_EQ(r.first_bad, 2u);
+  EXPECT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().first_bad, 2u);
 }
 
 TEST_F(AuditTest, InsertedRecordIsCaught) {
   auto l = lines_;
   l.insert(l.begin() + 3, l[1]);  // a replayed, validly signed record
   auto r = verify_with(l);
-  EXPECT_FALSE(r.ok);
-  EXPECT_EQ(r.first_bad, 4u);
+  EXPECT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().first_bad, 4u);
 }
 
 TEST_F(AuditTest, ReorderedRecordsAreCaught) {
   auto l = lines_;
   std::swap(l[3], l[4]);
   auto r = verify_with(l);
-  EXPECT_FALSE(r.ok);
-  EXPECT_EQ(r.first_bad, 4u);
+  EXPECT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().first_bad, 4u);
 }
 
 TEST_F(AuditTest, TruncatedLineAndForeignKeyAreCaught) {
   auto l = lines_;
   l[4] = l[4].substr(0, l[4].size() - 10);
-  EXPECT_EQ(verify_with(l).first_bad, 5u);
+  EXPECT_EQ(verify_with(l).error().first_bad, 5u);
   write_lines(dir_ / "t.jsonl", lines_);
-  EXPECT_FALSE(verify_audit_log(dir_ / "t.jsonl", crypto::SigningKey::generate().public_key()).ok);
+  EXPECT_FALSE(verify_audit_log(dir_ / "t.jsonl", crypto::SigningKey::generate().public_key()).has_value());
 }
 
 TEST_F(AuditTest, SignedBytesAreTheLineWithoutItsSignature) {
@@ -133,20 +134,20 @@ TEST_F(AuditTest, AWitnessCatchesACutTailAndARewrittenLog) {
     return d / "heads.jsonl";
   };
   const auto full = verify_audit_log(d / "audit.jsonl", pub_);
-  ASSERT_TRUE(full.ok);
-  auto w = check_witness(full, witness({heads[1], heads[4]}));
-  EXPECT_TRUE(w.ok) << w.reason;
-  EXPECT_EQ(w.checked, 2u);
+  ASSERT_TRUE(full.has_value());
+  auto w = check_witness(*full, witness({heads[1], heads[4]}));
+  EXPECT_TRUE(succeeded(w));
+  EXPECT_EQ(w->checked, 2u);
 
   // The tail cut: the shorter log verifies by itself, the witness of record 5 does not.
   auto lines = lines_of(d / "audit.jsonl");
   lines.pop_back();
   write_lines(d / "cut.jsonl", lines);
   const auto cut = verify_audit_log(d / "cut.jsonl", pub_);
-  ASSERT_TRUE(cut.ok);
-  w = check_witness(cut, witness({heads[1], heads[4]}));
-  EXPECT_FALSE(w.ok);
-  EXPECT_NE(w.reason.find("tail was cut"), std::string::npos) << w.reason;
+  ASSERT_TRUE(cut.has_value());
+  w = check_witness(*cut, witness({heads[1], heads[4]}));
+  EXPECT_FALSE(w.has_value());
+  EXPECT_NE(w.error().message().find("tail was cut"), std::string::npos) << w.error().message();
 
   // A fork: the same key re-signs a log whose round 3 lists another participant.
   {
@@ -156,25 +157,25 @@ TEST_F(AuditTest, AWitnessCatchesACutTailAndARewrittenLog) {
     }
   }
   const auto forked = verify_audit_log(d / "fork.jsonl", pub_);
-  ASSERT_TRUE(forked.ok);
-  w = check_witness(forked, witness({heads[1]}));
-  EXPECT_TRUE(w.ok) << w.reason;  // records 1-2 are the same in both
-  w = check_witness(forked, witness({heads[1], heads[4]}));
-  EXPECT_FALSE(w.ok);
-  EXPECT_NE(w.reason.find("rewritten or forked"), std::string::npos) << w.reason;
+  ASSERT_TRUE(forked.has_value());
+  w = check_witness(*forked, witness({heads[1]}));
+  EXPECT_TRUE(succeeded(w));  // records 1-2 are the same in both
+  w = check_witness(*forked, witness({heads[1], heads[4]}));
+  EXPECT_FALSE(w.has_value());
+  EXPECT_NE(w.error().message().find("rewritten or forked"), std::string::npos) << w.error().message();
 
   // A witness entry with a made-up head (an edge's forgery on the way to the silo) is no
   // evidence: it is counted and ignored, and neither discredits an honest log nor hides a cut.
   AuditHead forged = heads[4];
   forged.sha256 = std::string(64, 'a');
-  w = check_witness(full, witness({forged, heads[1]}));
-  EXPECT_TRUE(w.ok) << w.reason;
-  EXPECT_EQ(w.ignored, 1u);
-  EXPECT_EQ(w.checked, 1u);
-  EXPECT_NE(w.first_ignored.find("not signed by this log's audit key"), std::string::npos) << w.first_ignored;
-  w = check_witness(cut, witness({forged, heads[4]}));
-  EXPECT_FALSE(w.ok);
-  EXPECT_NE(w.reason.find("tail was cut"), std::string::npos) << w.reason;
+  w = check_witness(*full, witness({forged, heads[1]}));
+  EXPECT_TRUE(succeeded(w));
+  EXPECT_EQ(w->ignored, 1u);
+  EXPECT_EQ(w->checked, 1u);
+  EXPECT_NE(w->first_ignored.find("not signed by this log's audit key"), std::string::npos) << w->first_ignored;
+  w = check_witness(*cut, witness({forged, heads[4]}));
+  EXPECT_FALSE(w.has_value());
+  EXPECT_NE(w.error().message().find("tail was cut"), std::string::npos) << w.error().message();
 }
 
 // Found by the 2026-12-04 review (N2): a silo's witness file checked against another server's
@@ -191,7 +192,7 @@ TEST_F(AuditTest, AWitnessOfAnotherLogFailsWhetherOrNotItNamesTheKey) {
     for (int r = 1; r <= 3; ++r) heads.push_back(other.append({{"event", "round"}, {"round", r}}));
   }
   const auto ours = verify_audit_log(dir_ / "audit.jsonl", pub_);
-  ASSERT_TRUE(ours.ok);
+  ASSERT_TRUE(ours.has_value());
   std::string named, unnamed;
   for (const auto& h : heads) {
     named += nlohmann::json{{"seq", h.seq}, {"head", h.sha256}, {"sig", h.signature}, {"key", key_hex(other_pub)}}.dump() + "\n";
@@ -199,12 +200,12 @@ TEST_F(AuditTest, AWitnessOfAnotherLogFailsWhetherOrNotItNamesTheKey) {
   }
   atomic_write_file(d / "named.jsonl", named);
   atomic_write_file(d / "unnamed.jsonl", unnamed);
-  auto w = check_witness(ours, d / "named.jsonl");
-  EXPECT_FALSE(w.ok);
-  EXPECT_NE(w.reason.find("which this log never names"), std::string::npos) << w.reason;
-  w = check_witness(ours, d / "unnamed.jsonl");
-  EXPECT_FALSE(w.ok);
-  EXPECT_NE(w.reason.find("none of its 3 entries is signed by this log's audit key"), std::string::npos) << w.reason;
+  auto w = check_witness(*ours, d / "named.jsonl");
+  EXPECT_FALSE(w.has_value());
+  EXPECT_NE(w.error().message().find("which this log never names"), std::string::npos) << w.error().message();
+  w = check_witness(*ours, d / "unnamed.jsonl");
+  EXPECT_FALSE(w.has_value());
+  EXPECT_NE(w.error().message().find("none of its 3 entries is signed by this log's audit key"), std::string::npos) << w.error().message();
 }
 
 // Rotating the key: the old key signs a record naming the next one, which signs from then on. A
@@ -224,17 +225,17 @@ TEST_F(AuditTest, ARotatedKeyIsFollowedFromTheFirstKey) {
     EXPECT_EQ(log.public_key(), next_pub);
   }
   const auto v = verify_audit_log(d / "audit.jsonl", pub_);
-  ASSERT_TRUE(v.ok) << v.reason;
-  ASSERT_EQ(v.keys.size(), 2u);
-  EXPECT_EQ(v.keys[1].public_key, next_pub);
-  EXPECT_EQ(v.keys[1].from_seq, 3u);
+  ASSERT_TRUE(succeeded(v));
+  ASSERT_EQ(v->keys.size(), 2u);
+  EXPECT_EQ(v->keys[1].public_key, next_pub);
+  EXPECT_EQ(v->keys[1].from_seq, 3u);
   std::string s;
   s += nlohmann::json{{"seq", heads[0].seq}, {"head", heads[0].sha256}, {"sig", heads[0].signature}, {"key", key_hex(pub_)}}.dump() + "\n";
   s += nlohmann::json{{"seq", heads[1].seq}, {"head", heads[1].sha256}, {"sig", heads[1].signature}, {"key", key_hex(next_pub)}}.dump() + "\n";
   atomic_write_file(d / "heads.jsonl", s);
-  const auto w = check_witness(v, d / "heads.jsonl");
-  EXPECT_TRUE(w.ok) << w.reason;
-  EXPECT_EQ(w.checked, 2u);
+  const auto w = check_witness(*v, d / "heads.jsonl");
+  EXPECT_TRUE(succeeded(w));
+  EXPECT_EQ(w->checked, 2u);
   // The log goes on only with the key it is signed with now.
   EXPECT_THROW(AuditLog(d / "audit.jsonl", load_signing_key(dir_ / "k"), pub_), std::runtime_error);
   // A rotation whose handover signature is another key's: the old key signed the record, but the
@@ -249,9 +250,9 @@ TEST_F(AuditTest, ARotatedKeyIsFollowedFromTheFirstKey) {
                 {"rotation_signature", key_hex(mallory.sign("anything"))}});
   }
   const auto b = verify_audit_log(d / "bad.jsonl", pub_);
-  EXPECT_FALSE(b.ok);
-  EXPECT_EQ(b.first_bad, 2u);
-  EXPECT_NE(b.reason.find("rotation_signature"), std::string::npos) << b.reason;
+  EXPECT_FALSE(b.has_value());
+  EXPECT_EQ(b.error().first_bad, 2u);
+  EXPECT_NE(b.error().message().find("rotation_signature"), std::string::npos) << b.error().message();
 }
 
 // A line is appended only when it verifies under the log's key and chains to its head.
@@ -266,7 +267,7 @@ TEST_F(AuditTest, ASealedLineIsAppendedOnlyWhereItChains) {
   edited.replace(edited.find("\"c\""), 3, "\"d\"");
   EXPECT_THROW(log.append_line(edited), std::runtime_error);
   EXPECT_EQ(log.size(), 1u);
-  EXPECT_TRUE(verify_audit_log(d / "audit.jsonl", pub_).ok);
+  EXPECT_TRUE(verify_audit_log(d / "audit.jsonl", pub_).has_value());
 }
 
 // Recovery trusts a checkpoint only as far as the audit log does: one ahead of the log must
@@ -324,7 +325,7 @@ TEST_F(RecoveryTest, ACheckpointAheadOfTheLogIsAppendedExactlyAsSigned) {
   const auto lines = lines_of(dir_ / "audit.jsonl");
   ASSERT_EQ(lines.size(), 2u);
   EXPECT_EQ(lines[1], line2);  // byte for byte what was signed before the checkpoint
-  EXPECT_TRUE(verify_audit_log(dir_ / "audit.jsonl", st.audit().public_key()).ok);
+  EXPECT_TRUE(verify_audit_log(dir_ / "audit.jsonl", st.audit().public_key()).has_value());
 }
 
 // Found by the kill storm (issue 17): a server killed after appending a round's record and
@@ -677,8 +678,8 @@ TEST_F(RecoveryTest, DistributedDpSpendIsRebuiltFromTheAuditChainAfterADamagedCh
   std::vector<nlohmann::json> records;
   for (const auto& line : lines_of(dir_ / "audit.jsonl")) records.push_back(nlohmann::json::parse(line));
   const auto claims = check_privacy_claims(records);
-  EXPECT_TRUE(claims.ok) << claims.reason;
-  EXPECT_EQ(claims.central_rounds, 4u);
+  ASSERT_TRUE(succeeded(claims));
+  EXPECT_EQ(claims->central_rounds, 4u);
   // A committed record whose parameters do not hash to its signed setup: no start.
   std::filesystem::create_directories(dir_ / "other");
   {
@@ -761,7 +762,7 @@ TEST_F(RecoveryTest, ATornLastLineIsCutAndKeptAsideAndTheRepairSaidSo) {
   // A line appended after a torn one starts a line of its own (a full disk during this run).
   append_durable(dir_ / "audit.jsonl", "{\"torn");
   st.record({{"event", "state_repair"}, {"repairs", r.repairs}}, nullptr);
-  EXPECT_TRUE(verify_audit_log(dir_ / "audit.jsonl", st.audit().public_key()).ok);
+  EXPECT_TRUE(verify_audit_log(dir_ / "audit.jsonl", st.audit().public_key()).has_value());
 }
 
 TEST_F(RecoveryTest, ALostLogOrKeyIsNeverReplacedByANewHistory) {

@@ -13,6 +13,7 @@
 #include "server/audit.h"
 #include "server/central_dp.h"
 #include "tests/privacy_claims.h"
+#include "tests/result_util.h"
 
 namespace xsilo {
 namespace {
@@ -59,7 +60,7 @@ std::vector<float> step_of(const server::RoundConfig& cfg, const std::vector<std
     EXPECT_TRUE(agg->fold(c, *check).ok());
   }
   std::vector<float> out(l.size());
-  EXPECT_TRUE(agg->combine(out, {}).ok);
+  EXPECT_TRUE(agg->combine(out, {}).has_value());
   return out;
 }
 
@@ -186,9 +187,9 @@ TEST(CentralDp, AuditVerifyCatchesARecordThatClaimsLessThanItsRoundsGive) {
   }
   log.push_back({{"event", "round"}, {"round", 5}, {"status", "aborted"}, {"privacy", server::round_privacy_record(dp, spent)}});
   const auto ok = server::check_privacy_claims(log);
-  EXPECT_TRUE(ok.ok) << ok.reason;
-  EXPECT_EQ(ok.central_rounds, 4u);
-  EXPECT_NEAR(ok.central_epsilon, server::epsilon_of(spent, dp.delta), 1e-12);
+  EXPECT_TRUE(succeeded(ok));
+  EXPECT_EQ(ok->central_rounds, 4u);
+  EXPECT_NEAR(ok->central_epsilon, server::epsilon_of(spent, dp.delta), 1e-12);
 
   // Round 3 claims round 1's spend only.
   test::expect_understated_epsilon_caught(log, "central DP");
@@ -196,31 +197,31 @@ TEST(CentralDp, AuditVerifyCatchesARecordThatClaimsLessThanItsRoundsGive) {
   auto aborted_lie = log;
   aborted_lie[5]["privacy"]["epsilon"] = 0.0;
   const auto aborted = server::check_privacy_claims(aborted_lie);
-  EXPECT_FALSE(aborted.ok);
-  EXPECT_NE(aborted.reason.find("record 6 (round 5): central DP claims epsilon 0"), std::string::npos) << aborted.reason;
+  EXPECT_FALSE(aborted.has_value());
+  EXPECT_NE(aborted.error().message().find("record 6 (round 5): central DP claims epsilon 0"), std::string::npos) << aborted.error().message();
   // A record whose noise was smaller than the later ones state (the claim is then too low).
   auto weaker = log;
   weaker[2]["privacy"]["noise_multiplier"] = 0.5;
-  EXPECT_FALSE(server::check_privacy_claims(weaker).ok);
+  EXPECT_FALSE(server::check_privacy_claims(weaker).has_value());
   // Past the recorded budget.
   auto over = log;
   over[4]["privacy"]["max_epsilon"] = 0.1;
   const auto past = server::check_privacy_claims(over);
-  EXPECT_FALSE(past.ok);
-  EXPECT_NE(past.reason.find("past the budget"), std::string::npos) << past.reason;
+  EXPECT_FALSE(past.has_value());
+  EXPECT_NE(past.error().message().find("past the budget"), std::string::npos) << past.error().message();
   // Unreadable parameters.
   auto broken = log;
   broken[1]["privacy"].erase("noise_multiplier");
   const auto unread = server::check_privacy_claims(broken);
-  EXPECT_FALSE(unread.ok);
-  EXPECT_NE(unread.reason.find("cannot be read"), std::string::npos) << unread.reason;
+  EXPECT_FALSE(unread.has_value());
+  EXPECT_NE(unread.error().message().find("cannot be read"), std::string::npos) << unread.error().message();
   // An aborted round's part without its delta or epsilon: a clear failure, not a read past the end.
   for (const char* key : {"delta", "epsilon"}) {
     auto missing = log;
     missing[5]["privacy"].erase(key);
     const auto m = server::check_privacy_claims(missing);
-    EXPECT_FALSE(m.ok) << key;
-    EXPECT_NE(m.reason.find("record 6 (round 5): its central DP spend cannot be read"), std::string::npos) << m.reason;
+    EXPECT_FALSE(m.has_value()) << key;
+    EXPECT_NE(m.error().message().find("record 6 (round 5): its central DP spend cannot be read"), std::string::npos) << m.error().message();
   }
 }
 

@@ -12,6 +12,7 @@
 #include "server/central_dp.h"
 #include "server/distributed_dp.h"
 #include "tests/privacy_claims.h"
+#include "tests/result_util.h"
 
 namespace xsilo {
 namespace {
@@ -287,9 +288,9 @@ TEST(DistributedDp, AuditVerifyFailsOnAnUnderstatedEpsilon) {
                    {"privacy", server::round_privacy_record(c, server::signed_part(c, 7), c.padded, spent)}});
   }
   const auto ok = server::check_privacy_claims(log);
-  EXPECT_TRUE(ok.ok) << ok.reason;
-  EXPECT_EQ(ok.central_rounds, 4u);
-  EXPECT_NEAR(ok.central_epsilon, server::epsilon_of(spent, c.delta), 1e-12);
+  EXPECT_TRUE(succeeded(ok));
+  EXPECT_EQ(ok->central_rounds, 4u);
+  EXPECT_NEAR(ok->central_epsilon, server::epsilon_of(spent, c.delta), 1e-12);
   EXPECT_EQ(log[4]["privacy"]["mechanism"], "skellam");
   for (const char* k : {"gamma", "variance", "bits", "clip_norm", "epsilon"}) {
     EXPECT_TRUE(log[4]["privacy"].contains(k)) << k;
@@ -298,10 +299,10 @@ TEST(DistributedDp, AuditVerifyFailsOnAnUnderstatedEpsilon) {
   test::expect_understated_epsilon_caught(log, "distributed DP");
   auto weaker = log;
   weaker[2]["privacy"]["variance"] = c.variance / 4;  // round 2 had less noise than the later claims count
-  EXPECT_FALSE(server::check_privacy_claims(weaker).ok);
+  EXPECT_FALSE(server::check_privacy_claims(weaker).has_value());
   auto broken = log;
   broken[1]["privacy"].erase("gamma");
-  EXPECT_FALSE(server::check_privacy_claims(broken).ok);
+  EXPECT_FALSE(server::check_privacy_claims(broken).has_value());
   // The recovery reads the same records.
   const auto m = server::silo_level_mechanism_of(log[2]);
   ASSERT_TRUE(m);
@@ -357,7 +358,7 @@ TEST(DistributedDp, AuditVerifyFailsWhenARecordsParametersAreNotTheSignedSetupIt
       {{"event", "round"}, {"round", 1}, {"status", "committed"},
        {"privacy", server::round_privacy_record(c, server::signed_part(c, 7), c.padded, spent)}}};
   const auto honest = server::check_privacy_claims(log);
-  EXPECT_TRUE(honest.ok) << honest.reason;
+  EXPECT_TRUE(succeeded(honest));
   auto lie = log;
   lie[1]["privacy"]["setup_sha256"] = protocol::skellam_sha256(weak);
   test::expect_claims_fail(lie, "not the signed setup it names");
@@ -387,9 +388,9 @@ TEST(DistributedDp, ARoundAbortedAfterItsSumsWereUnmaskedSpendsAndAuditVerifyCou
   round(3, "aborted", 0);  // aborted while collecting: nothing seen
   round(4, "committed", 1);
   const auto ok = server::check_privacy_claims(log);
-  EXPECT_TRUE(ok.ok) << ok.reason;
-  EXPECT_EQ(ok.central_rounds, 3u);
-  EXPECT_NEAR(ok.central_epsilon, server::epsilon_of(spent, c.delta), 1e-12);
+  ASSERT_TRUE(succeeded(ok));
+  EXPECT_EQ(ok->central_rounds, 3u);
+  EXPECT_NEAR(ok->central_epsilon, server::epsilon_of(spent, c.delta), 1e-12);
   EXPECT_TRUE(server::silo_level_mechanism_of(log[2]));
   EXPECT_FALSE(server::silo_level_mechanism_of(log[3]));
   // Round 2's record claiming only the spend before it (as if the abort had spent nothing).
@@ -398,7 +399,7 @@ TEST(DistributedDp, ARoundAbortedAfterItsSumsWereUnmaskedSpendsAndAuditVerifyCou
   test::expect_claims_fail(hidden, "record 3 (round 2): distributed DP claims epsilon");
   auto unreadable = log;
   unreadable[2]["privacy"]["sums_revealed"] = "two";
-  EXPECT_FALSE(server::check_privacy_claims(unreadable).ok);
+  EXPECT_FALSE(server::check_privacy_claims(unreadable).has_value());
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "silo_agent/silo_state.h"
 #include "silo_agent/trainer_protocol.h"
 #include "tests/testlib.h"
+#include "tests/result_util.h"
 
 namespace xsilo {
 namespace {
@@ -340,9 +341,9 @@ TEST(PrivacyAudit, EveryClaimIsRecomputedFromTheRecordedRoundsOfItsSilo) {
     log.push_back(round_record(r, {{"a", a}, {"b", b}}));
   }
   auto ok = server::check_privacy_claims(log);
-  EXPECT_TRUE(ok.ok) << ok.reason;
-  EXPECT_EQ(ok.spends, 6u);
-  EXPECT_NEAR(ok.epsilon["a"], protocol::dp_sgd_epsilon(a_rounds, 1e-5), 1e-12);
+  EXPECT_TRUE(succeeded(ok));
+  EXPECT_EQ(ok->spends, 6u);
+  EXPECT_NEAR(ok->epsilon["a"], protocol::dp_sgd_epsilon(a_rounds, 1e-5), 1e-12);
 
   // Silo a claims only its last round's epsilon in round 3: less than its three rounds give.
   auto lie = log;
@@ -350,19 +351,19 @@ TEST(PrivacyAudit, EveryClaimIsRecomputedFromTheRecordedRoundsOfItsSilo) {
   p.set_epsilon(protocol::dp_sgd_epsilon(std::vector{p}, 1e-5));
   lie[3]["participants"][0]["privacy"] = protocol::privacy_json(p);
   const auto bad = server::check_privacy_claims(lie);
-  EXPECT_FALSE(bad.ok);
-  EXPECT_NE(bad.reason.find("record 4 (round 3), silo a: claims epsilon"), std::string::npos) << bad.reason;
+  EXPECT_FALSE(bad.has_value());
+  EXPECT_NE(bad.error().message().find("record 4 (round 3), silo a: claims epsilon"), std::string::npos) << bad.error().message();
 
   // A silo whose recorded rounds pass its own budget.
   auto over = log;
   over[3]["participants"][1]["privacy"]["max_epsilon"] = 0.1;
-  EXPECT_FALSE(server::check_privacy_claims(over).ok);
+  EXPECT_FALSE(server::check_privacy_claims(over).has_value());
   // A spend that cannot be read.
   auto broken = log;
   broken[2]["participants"][0]["privacy"]["steps"] = -1;
   const auto unread = server::check_privacy_claims(broken);
-  EXPECT_FALSE(unread.ok);
-  EXPECT_NE(unread.reason.find("cannot be read"), std::string::npos) << unread.reason;
+  EXPECT_FALSE(unread.has_value());
+  EXPECT_NE(unread.error().message().find("cannot be read"), std::string::npos) << unread.error().message();
 }
 
 TEST(PrivacyConfig, TheAgentsBudgetIsCheckedWhereItIsWritten) {

@@ -23,6 +23,7 @@
 #include "tools/admin_client.h"
 #include "transport/dialer.h"
 #include "transport/pki.h"
+#include "tests/result_util.h"
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/read.hpp>
@@ -78,7 +79,7 @@ TEST(Federation, ThreeAgentsMatchAnInProcessFedAvgReference) {
   // The audit log verifies and names every participant with its update's hash, which the
   // silo's own send log repeats.
   const auto pk = server::load_public_key(fed.files.state / "audit.pub");
-  EXPECT_TRUE(server::verify_audit_log(fed.files.state / "audit.jsonl", pk).ok);
+  EXPECT_TRUE(server::verify_audit_log(fed.files.state / "audit.jsonl", pk).has_value());
   const auto rounds = fed.rounds();
   ASSERT_EQ(rounds.size(), 3u);
   const auto sent = read_file(fed.dir / "silos/hospital-01/state/sent.jsonl");
@@ -171,10 +172,10 @@ TEST(Federation, ASiloRestartedWithARenewedKitKeepsItsPlaceAndExpiriesAreWarnedO
   ASSERT_TRUE(wait_until(
       [&] {
         const auto st = admin_call({"127.0.0.1", fed.port}, fed.files.pki / "kits" / "operator", wire::AdminRequest::STATUS);
-        if (!st.ok) return false;
+        if (!st) return false;
         bool connected = false;
-        for (const auto& s : st.status["silos"]) connected = connected || (s["silo"] == "hospital-01" && s["certificate_days_left"] < 11);
-        const auto warnings = st.status["certificate_warnings"].dump();
+        for (const auto& s : st->status["silos"]) connected = connected || (s["silo"] == "hospital-01" && s["certificate_days_left"] < 11);
+        const auto warnings = st->status["certificate_warnings"].dump();
         return connected && warnings.find("silo hospital-01") != std::string::npos &&
                warnings.find("hospital-02") == std::string::npos;
       },
@@ -220,7 +221,7 @@ TEST(Federation, ARestartedServerResumesFromItsLastCommittedRound) {
 
   const auto pk = server::load_public_key(fed.files.state / "audit.pub");
   const auto v = server::verify_audit_log(fed.files.state / "audit.jsonl", pk);
-  EXPECT_TRUE(v.ok) << v.reason;
+  EXPECT_TRUE(succeeded(v));
   std::map<std::uint64_t, int> commits;
   for (const auto& r : fed.rounds()) {
     if (r["status"] == "committed") ++commits[r["round"].get<std::uint64_t>()];
@@ -893,9 +894,9 @@ TEST(Federation, OperatorsWatchPauseResumeAndStopAFederation) {
   ASSERT_TRUE(wait_until([&] { return metrics_rows(fed.files.state) >= 2; }, 60s)) << fed.logs();
 
   auto st = admin_call(server(), kit, wire::AdminRequest::STATUS);
-  ASSERT_TRUE(st.ok) << st.message;
-  ASSERT_EQ(st.status["silos"].size(), 3u) << st.status.dump();
-  for (const auto& s : st.status["silos"]) {
+  ASSERT_TRUE(succeeded(st));
+  ASSERT_EQ(st->status["silos"].size(), 3u) << st->status.dump();
+  for (const auto& s : st->status["silos"]) {
     EXPECT_EQ(s["edge"], "edge-01");
     // From the silo's signed join: the server sees no TLS certificate of a silo behind an edge.
     if (s["silo"] == "hospital-03") {
@@ -904,21 +905,21 @@ TEST(Federation, OperatorsWatchPauseResumeAndStopAFederation) {
       EXPECT_GT(s["certificate_days_left"].get<int>(), 300);
     }
   }
-  ASSERT_EQ(st.status["certificate_warnings"].size(), 1u) << st.status.dump();
-  EXPECT_NE(st.status["certificate_warnings"][0].get<std::string>().find("silo hospital-03"), std::string::npos);
+  ASSERT_EQ(st->status["certificate_warnings"].size(), 1u) << st->status.dump();
+  EXPECT_NE(st->status["certificate_warnings"][0].get<std::string>().find("silo hospital-03"), std::string::npos);
   EXPECT_NE(read_file(fed.files.logs / "server.log").find("certificate of silo hospital-03 expires on"), std::string::npos)
       << "the server warns of a relayed silo's certificate in its log";
-  ASSERT_EQ(st.status["edges"].size(), 1u);
-  EXPECT_EQ(st.status["edges"][0]["name"], "edge-01");
-  EXPECT_GE(st.status["recent_rounds"].size(), 1u);
-  EXPECT_NE(format_status(st.status).find("edge-01"), std::string::npos);
+  ASSERT_EQ(st->status["edges"].size(), 1u);
+  EXPECT_EQ(st->status["edges"][0]["name"], "edge-01");
+  EXPECT_GE(st->status["recent_rounds"].size(), 1u);
+  EXPECT_NE(format_status(st->status).find("edge-01"), std::string::npos);
 
   auto r = admin_call(server(), kit, wire::AdminRequest::PAUSE);
-  ASSERT_TRUE(r.ok) << r.message;
+  ASSERT_TRUE(succeeded(r));
   ASSERT_TRUE(wait_until(
       [&] {
         auto s = admin_call(server(), kit, wire::AdminRequest::STATUS);
-        return s.ok && s.status["phase"] == "join" && s.status["paused"] == true;
+        return s && s->status["phase"] == "join" && s->status["paused"] == true;
       },
       30s))
       << fed.logs();
@@ -960,21 +961,21 @@ TEST(Federation, OperatorsWatchPauseResumeAndStopAFederation) {
   ASSERT_TRUE(wait_until(
       [&] {
         auto s = admin_call(server(), kit, wire::AdminRequest::STATUS);
-        return s.ok && s.status["silos"].size() == 3;
+        return s && s->status["silos"].size() == 3;
       },
       30s))
       << fed.logs();
   st = admin_call(server(), kit, wire::AdminRequest::STATUS);
-  EXPECT_EQ(st.status["paused"], true) << st.status.dump();
-  EXPECT_EQ(st.status["paused_by"], "operator");
+  EXPECT_EQ(st->status["paused"], true) << st->status.dump();
+  EXPECT_EQ(st->status["paused_by"], "operator");
   std::this_thread::sleep_for(1000ms);
   EXPECT_EQ(metrics_rows(fed.files.state), rows) << "a round ran after a restart while paused";
 
   r = admin_call(server(), kit, wire::AdminRequest::RESUME);
-  ASSERT_TRUE(r.ok) << r.message;
+  ASSERT_TRUE(succeeded(r));
   ASSERT_TRUE(wait_until([&] { return metrics_rows(fed.files.state) >= rows + 2; }, 60s)) << fed.logs();
   r = admin_call(server(), kit, wire::AdminRequest::STOP);
-  ASSERT_TRUE(r.ok) << r.message;
+  ASSERT_TRUE(succeeded(r));
   auto code = fed.server->wait(60s);
   ASSERT_TRUE(code) << fed.logs();
   EXPECT_EQ(*code, 0) << fed.logs();
@@ -982,7 +983,7 @@ TEST(Federation, OperatorsWatchPauseResumeAndStopAFederation) {
 
   const auto v = server::verify_audit_log(fed.files.state / "audit.jsonl",
                                           server::load_public_key(fed.files.state / "audit.pub"));
-  EXPECT_TRUE(v.ok) << v.reason << "\n" << fed.logs();
+  EXPECT_TRUE(succeeded(v)) << "\n" << fed.logs();
   std::vector<std::string> commands;
   for (auto& r : server::read_audit_log(fed.files.state / "audit.jsonl")) {
     if (r["event"] != "admin") continue;

@@ -19,15 +19,16 @@ inline void expect_understated_epsilon_caught(const std::vector<nlohmann::json>&
   auto lie = log;
   lie[3]["privacy"]["epsilon"] = log[1]["privacy"]["epsilon"];
   const auto bad = server::check_privacy_claims(lie);
-  EXPECT_FALSE(bad.ok);
-  EXPECT_NE(bad.reason.find("record 4 (round 3): " + mode + " claims epsilon"), std::string::npos) << bad.reason;
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_NE(bad.error().message().find("record 4 (round 3): " + mode + " claims epsilon"), std::string::npos)
+      << bad.error().message();
 }
 
 // `xsilo audit verify`'s privacy check fails on `log`, saying `says`.
 inline void expect_claims_fail(const std::vector<nlohmann::json>& log, const std::string& says) {
   const auto r = server::check_privacy_claims(log);
-  EXPECT_FALSE(r.ok);
-  EXPECT_NE(r.reason.find(says), std::string::npos) << r.reason;
+  ASSERT_FALSE(r.has_value());
+  EXPECT_NE(r.error().message().find(says), std::string::npos) << r.error().message();
 }
 
 }  // namespace xsilo::test

@@ -17,6 +17,7 @@
 #include "common/fs.h"
 #include "server/audit.h"
 #include "tests/federation_util.h"
+#include "tests/result_util.h"
 
 namespace xsilo::tools {
 namespace {
@@ -126,11 +127,11 @@ void set_rounds(const Fed& fed, std::uint64_t rounds, const std::filesystem::pat
 // witness checks at least `at_least` heads.
 void expect_every_witness_verifies(const Fed& fed, std::size_t at_least = 0) {
   const auto v = server::verify_audit_log(fed.files.state / "audit.jsonl", server::load_public_key(fed.files.state / "audit.pub"));
-  ASSERT_TRUE(v.ok) << v.reason;
+  ASSERT_TRUE(succeeded(v));
   for (const auto& s : fed.files.silos) {
-    const auto w = server::check_witness(v, fed.files.out / "silos" / s / "state" / "audit_heads.jsonl");
-    EXPECT_TRUE(w.ok) << s << ": " << w.reason;
-    EXPECT_GE(w.checked, at_least) << s;
+    const auto w = server::check_witness(*v, fed.files.out / "silos" / s / "state" / "audit_heads.jsonl");
+    EXPECT_TRUE(succeeded(w)) << s;
+    EXPECT_GE(w->checked, at_least) << s;
   }
 }
 

@@ -17,6 +17,7 @@
 #include "server/round_record.h"
 #include "tests/testlib.h"
 #include "tools/report.h"
+#include "tests/result_util.h"
 
 namespace xsilo::tools {
 namespace {
@@ -81,7 +82,7 @@ json krum_decisions() {
   server::CombineContext ctx;
   const auto c = server::combine_rows(a, rows, 2, labels, "silo", std::vector<double>(5, 1.0),
                                       {0.3, 0.6, 0.7, 0.8, 70.0}, ctx, out);
-  return c.record;
+  return c.value().record;
 }
 
 class Report : public ::testing::Test {
@@ -115,10 +116,10 @@ bool has(const std::string& page, const std::string& what) { return page.find(wh
 TEST_F(Report, SaysTheLogVerifiedAndNamesItsHead) {
   three_rounds();
   const auto v = server::verify_audit_log(dir_ / "audit.jsonl", server::load_public_key(dir_ / "audit.pub"));
-  ASSERT_TRUE(v.ok);
+  ASSERT_TRUE(v.has_value());
   const std::string p = page(audit_only());
   EXPECT_TRUE(has(p, "<strong>VERIFIED:</strong> 4 records")) << p;
-  EXPECT_TRUE(has(p, v.head_sha256));
+  EXPECT_TRUE(has(p, v->head_sha256));
   EXPECT_TRUE(has(p, "xsilo report: oncology"));
   EXPECT_TRUE(has(p, "3 rounds recorded: 3 committed, 0 aborted; 3 silos, 2 edges"));
 }

@@ -288,20 +288,20 @@ TEST(SecureGroups, ASumNoHonestGroupCouldMakeIsRejectedWithTheReason) {
   sc.fraction_bits = 16;
   // Three members of weight 2 within the norm: d = 2, then the weight, then the count.
   const std::vector<double> honest = {1.2, 1.6, 6.0, 2.0};
-  EXPECT_EQ(implausible_sum(sum_of(honest, 2), 3, sc, true), "");
-  EXPECT_EQ(implausible_sum(sum_of({1.2, 1.6, 6.0}, 2), 3, sc, false), "");
+  EXPECT_EQ(error_text(check_plausible_sum(sum_of(honest, 2), 3, sc, true)), "");
+  EXPECT_EQ(error_text(check_plausible_sum(sum_of({1.2, 1.6, 6.0}, 2), 3, sc, false)), "");
   auto with_count = [&](double c) {
     auto s = honest;
     s[3] = c;
-    return implausible_sum(sum_of(s, 2), 3, sc, true);
+    return error_text(check_plausible_sum(sum_of(s, 2), 3, sc, true));
   };
   EXPECT_EQ(with_count(0), "");
   EXPECT_EQ(with_count(3), "");
   for (double bad : {-1.0, 4.0, 1.5, 1000.0}) {
     EXPECT_NE(with_count(bad).find("a member sent a bit other than 0 or 1"), std::string::npos) << bad;
   }
-  EXPECT_NE(implausible_sum(sum_of({6.0, 8.0, 6.0, 2.0}, 2), 3, sc, true).find("a member skipped clipping"), std::string::npos);
-  EXPECT_NE(implausible_sum(sum_of({0.1, 0.1, 31.0, 2.0}, 2), 3, sc, true).find("summed weight"), std::string::npos);
+  EXPECT_NE(error_text(check_plausible_sum(sum_of({6.0, 8.0, 6.0, 2.0}, 2), 3, sc, true)).find("a member skipped clipping"), std::string::npos);
+  EXPECT_NE(error_text(check_plausible_sum(sum_of({0.1, 0.1, 31.0, 2.0}, 2), 3, sc, true)).find("summed weight"), std::string::npos);
 }
 
 // Adaptive clipping's step: toward the quantile, never above the ceiling (secure.clip_norm) nor

@@ -1,5 +1,7 @@
 #include "tools/admin_client.h"
 
+#include <optional>
+
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/use_future.hpp>
@@ -15,11 +17,7 @@ namespace {
 
 namespace asio = boost::asio;
 
-AdminReply failed(std::string why) {
-  AdminReply r;
-  r.message = std::move(why);
-  return r;
-}
+AdminReply failed(std::string why) { return Error(std::move(why)); }
 
 asio::awaitable<AdminReply> call(asio::io_context& io, transport::ssl::context& tls, Endpoint server,
                                  std::string federation, wire::AdminRequest::Command command) {
@@ -51,13 +49,19 @@ asio::awaitable<AdminReply> call(asio::io_context& io, transport::ssl::context& 
     }
     if (!msg->has_admin_reply()) continue;  // e.g. a Finished sent to everyone connected
     const auto& r = msg->admin_reply();
-    AdminReply out;
-    out.ok = r.ok();
-    out.message = r.message();
-    if (!r.status_json().empty()) out.status = nlohmann::json::parse(r.status_json(), nullptr, false);
     ch->close();
+    if (!r.ok()) co_return failed(r.message());
+    AdminAnswer out{.message = r.message(), .status = {}};
+    if (!r.status_json().empty()) out.status = nlohmann::json::parse(r.status_json(), nullptr, false);
     co_return out;
   }
+}
+
+// asio's use_future needs a default-constructible value, which a Result is not: the reply is kept
+// in `out` instead.
+asio::awaitable<void> call_into(std::optional<AdminReply>& out, asio::io_context& io, transport::ssl::context& tls,
+                                Endpoint server, std::string federation, wire::AdminRequest::Command command) {
+  out = co_await call(io, tls, std::move(server), std::move(federation), command);
 }
 
 std::string days_left(const nlohmann::json& e) {
@@ -74,19 +78,22 @@ AdminReply admin_call(const Endpoint& server, const std::filesystem::path& kit, 
     const auto files = transport::TlsFiles::from_kit(kit);
     const auto role = transport::own_identity(files).role;
     if (role != wire::ADMIN) {
-      return {false, "the kit " + kit.string() + " holds a " + transport::role_name(role) +
-                         " certificate; status and admin commands need one issued with --role admin", {}};
+      return failed("the kit " + kit.string() + " holds a " + transport::role_name(role) +
+                    " certificate; status and admin commands need one issued with --role admin");
     }
     auto tls = transport::make_tls_context(files);
     asio::io_context io;
-    auto result = asio::co_spawn(io, call(io, tls, server, transport::federation_of_ca(files.ca), command), asio::use_future);
+    std::optional<AdminReply> reply;
+    auto done = asio::co_spawn(io, call_into(reply, io, tls, server, transport::federation_of_ca(files.ca), command),
+                               asio::use_future);
     io.run_for(timeout);
-    if (result.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
-      return {false, "no answer from " + server.str() + " within " + std::to_string(timeout.count() / 1000) + " s", {}};
+    if (done.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+      return failed("no answer from " + server.str() + " within " + std::to_string(timeout.count() / 1000) + " s");
     }
-    return result.get();
+    done.get();  // rethrows what the call threw
+    return std::move(*reply);
   } catch (const std::exception& e) {
-    return {false, e.what(), {}};
+    return failed(e.what());
   }
 }
 

@@ -9,15 +9,18 @@
 #include <nlohmann/json.hpp>
 
 #include "common/net.h"
+#include "common/result.h"
 #include "proto/xsilo.pb.h"
 
 namespace xsilo::tools {
 
-struct AdminReply {
-  bool ok = false;
-  std::string message;   // the server's answer, or why there is none (refused, unreachable)
+// The server's answer to a command it carried out; the error says why there is none (refused by
+// the server, unreachable, a kit that is not an admin's).
+struct AdminAnswer {
+  std::string message;
   nlohmann::json status;  // STATUS: the federation now
 };
+using AdminReply = Result<AdminAnswer>;
 
 // Dials `server` with the kit's certificate (role admin), federation from the kit's CA.
 // Never throws for a network or protocol failure: the reply says what went wrong.

@@ -40,12 +40,13 @@ void add_admin(CLI::App& app, int& exit_code) {
   status->add_flag("--json", *json, "print the status as one JSON object");
   status->callback([st, json, &exit_code] {
     const auto r = admin_call(endpoint(*st), st->kit, wire::AdminRequest::STATUS, std::chrono::seconds(st->timeout_s));
-    if (!r.ok || !r.status.is_object()) {
-      std::cerr << "xsilo status: " << (r.message.empty() ? "no status in the reply" : r.message) << "\n";
+    if (!r || !r->status.is_object()) {
+      const std::string& why = r ? r->message : r.error().message();
+      std::cerr << "xsilo status: " << (why.empty() ? "no status in the reply" : why) << "\n";
       exit_code = 1;
       return;
     }
-    std::cout << (*json ? r.status.dump(2) + "\n" : format_status(r.status));
+    std::cout << (*json ? r->status.dump(2) + "\n" : format_status(r->status));
     exit_code = 0;
   });
 
@@ -60,8 +61,12 @@ void add_admin(CLI::App& app, int& exit_code) {
     add_target_options(sub, *t);
     sub->callback([t, command = command, &exit_code] {  // (a structured binding is not capturable in clang 14)
       const auto r = admin_call(endpoint(*t), t->kit, command, std::chrono::seconds(t->timeout_s));
-      (r.ok ? std::cout : std::cerr) << (r.ok ? "" : "xsilo admin: ") << r.message << "\n";
-      exit_code = r.ok ? 0 : 1;
+      if (r) {
+        std::cout << r->message << "\n";
+      } else {
+        std::cerr << "xsilo admin: " << r.error().message() << "\n";
+      }
+      exit_code = r ? 0 : 1;
     });
   }
 }

@@ -56,19 +56,19 @@ void show_record(const nlohmann::json& r) {
 
 // `audit verify`, after the chain verified: every witness's signed heads are in the log. False
 // (having said why) when one is not.
-bool witnesses_consistent(const server::AuditVerifyResult& r, const std::vector<std::string>& witnesses) {
+bool witnesses_consistent(const server::AuditChain& r, const std::vector<std::string>& witnesses) {
   for (const auto& w : witnesses) {
     const auto c = server::check_witness(r, w);
-    if (!c.ok) {
-      std::cout << "FAILED: " << c.reason << "\n"
+    if (!c) {
+      std::cout << "FAILED: " << c.error().message() << "\n"
                 << "the log's own " << r.records << " records verify; the witness shows it is not the log "
                 << "the server signed heads of\n";
       return false;
     }
-    std::cout << "witness " << w << ": " << c.checked << " signed heads, all in the log\n";
-    if (c.ignored) {
-      std::cout << "  " << c.ignored << " entries not signed by this key were ignored (no evidence either way); "
-                << "the first: " << c.first_ignored << "\n";
+    std::cout << "witness " << w << ": " << c->checked << " signed heads, all in the log\n";
+    if (c->ignored) {
+      std::cout << "  " << c->ignored << " entries not signed by this key were ignored (no evidence either way); "
+                << "the first: " << c->first_ignored << "\n";
     }
   }
   return true;
@@ -76,21 +76,21 @@ bool witnesses_consistent(const server::AuditVerifyResult& r, const std::vector<
 
 // Record-level privacy: every claimed epsilon recomputed from its recorded parameters. False (having
 // said why) when a claim is less than they give.
-bool privacy_claims_hold(const server::AuditVerifyResult& r, const std::string& log) {
+bool privacy_claims_hold(const server::AuditChain& r, const std::string& log) {
   const auto privacy = server::check_privacy_claims(server::read_audit_log(log));
-  if (!privacy.ok) {
-    std::cout << "FAILED: " << privacy.reason << "\n"
+  if (!privacy) {
+    std::cout << "FAILED: " << privacy.error().message() << "\n"
               << "the log's " << r.records << " records verify; a privacy claim in it does not\n";
     return false;
   }
-  if (privacy.spends) {
-    std::cout << "privacy: " << privacy.spends << " record-level spends of " << privacy.epsilon.size()
+  if (privacy->spends) {
+    std::cout << "privacy: " << privacy->spends << " record-level spends of " << privacy->epsilon.size()
               << " silos recomputed from their parameters, every claim at least what they give\n";
-    for (const auto& [silo, eps] : privacy.epsilon) std::cout << "  " << silo << ": epsilon " << eps << "\n";
+    for (const auto& [silo, eps] : privacy->epsilon) std::cout << "  " << silo << ": epsilon " << eps << "\n";
   }
-  if (privacy.central_rounds) {
-    std::cout << "privacy: silo-level central DP, " << privacy.central_rounds
-              << " committed noised rounds recomposed from their parameters: epsilon " << privacy.central_epsilon
+  if (privacy->central_rounds) {
+    std::cout << "privacy: silo-level central DP, " << privacy->central_rounds
+              << " committed noised rounds recomposed from their parameters: epsilon " << privacy->central_epsilon
               << ", every claim at least what they give\n";
   }
   return true;
@@ -105,12 +105,13 @@ int verify_audit(const std::string& log, const std::string& key, const std::vect
   } catch (const std::exception& e) {
     throw ConfigError(std::string("audit verify: ") + e.what());
   }
-  const auto r = server::verify_audit_log(log, pk);
-  if (!r.ok) {
-    std::cout << "FAILED: " << r.reason << "\n";
-    if (r.records) std::cout << "the first " << r.records << " records verify\n";
+  const auto v = server::verify_audit_log(log, pk);
+  if (!v) {
+    std::cout << "FAILED: " << v.error().reason << "\n";
+    if (const auto n = v.error().verified.records) std::cout << "the first " << n << " records verify\n";
     return 1;
   }
+  const server::AuditChain& r = *v;
   if (!witnesses_consistent(r, witnesses) || !privacy_claims_hold(r, log)) return 1;
   if (r.keys.size() > 1) {
     std::cout << "the audit key was rotated " << r.keys.size() - 1 << " time(s); the log is signed by "

@@ -72,14 +72,14 @@ void add_report(CLI::App& app, int& exit_code) {
       page = out->empty() ? std::filesystem::path(*log).parent_path() / "audit-report.html" : std::filesystem::path(*out);
     }
     const auto run = write_report(sources, page);
-    const auto& a = run.audit;
+    const auto& v = run.audit.verified;
     std::cout << "wrote " << page.string() << ": " << run.rounds.size() << " rounds, " << run.silos.size() << " silos; "
-              << (!a.attempted ? "audit log NOT VERIFIED (" + a.why_not + ")"
-                  : a.ok       ? "audit log verified, " + std::to_string(a.records) + " records, head " + a.head_sha256
-                               : "audit log FAILED verification: " + a.reason)
+              << (!v   ? "audit log NOT VERIFIED (" + run.audit.why_not + ")"
+                  : *v ? "audit log verified, " + std::to_string((*v)->records) + " records, head " + (*v)->head_sha256
+                       : "audit log FAILED verification: " + v->error().reason)
               << "\n";
     // As `xsilo audit verify`: 1 when a log was checked and failed (the page is written all the same).
-    exit_code = a.attempted && !a.ok ? 1 : 0;
+    exit_code = v && !*v ? 1 : 0;
   });
 }
 

@@ -42,20 +42,22 @@ std::string audit_section(const report::Run& run) {
   const auto& a = run.audit;
   std::ostringstream s;
   s << "<section id='audit' aria-labelledby='audit-h'><h2 id='audit-h'>Audit log</h2>\n";
-  if (!a.attempted) {
+  if (!a.verified) {
     s << "<p class='verdict'><strong>NOT VERIFIED:</strong> " << esc(a.why_not) << ".</p>\n";
-  } else if (a.ok) {
-    s << "<p class='verdict ok'><strong>VERIFIED:</strong> " << a.records
+  } else if (const auto& v = *a.verified) {
+    s << "<p class='verdict ok'><strong>VERIFIED:</strong> " << v->records
       << " records, every signature valid, the hash chain intact (checked by the server's own verifier, as "
          "<code>xsilo audit verify</code> does).</p>\n<p>Head (SHA-256 of the last record's line): <span "
          "class='hash'>"
-      << esc(a.head_sha256) << "</span><br>Audit public key: <span class='hash'>" << esc(a.key_hex)
+      << esc(v->head_sha256) << "</span><br>Audit public key: <span class='hash'>" << esc(a.key_hex)
       << "</span></p>\n<p>A log cut short after its last record still verifies: compare this head with one a silo "
          "witnessed (<code>xsilo audit verify --witness</code>, docs/audit.md).</p>\n";
   } else {
-    s << "<p class='verdict failed'><strong>FAILED VERIFICATION:</strong> " << esc(a.reason) << ".</p>\n<p>The first "
-      << a.records << " records verify"
-      << (a.records ? " (head of that part: <span class='hash'>" + esc(a.head_sha256) + "</span>)" : std::string())
+    const server::AuditBreak& b = a.verified->error();
+    s << "<p class='verdict failed'><strong>FAILED VERIFICATION:</strong> " << esc(b.reason) << ".</p>\n<p>The first "
+      << b.verified.records << " records verify"
+      << (b.verified.records ? " (head of that part: <span class='hash'>" + esc(b.verified.head_sha256) + "</span>)"
+                             : std::string())
       << ". The sections below also draw the records after them as read; nothing vouches for those (the round "
          "table marks them).</p>\n";
   }
@@ -149,8 +151,11 @@ report::Run load_run(const ReportSources& s) {
   report::Run run;
   if (!s.audit_log.empty()) {
     run.audit = report::check_audit(s.audit_log, s.audit_key);
-    const std::uint64_t vouched = run.audit.ok ? std::numeric_limits<std::uint64_t>::max() : run.audit.records;
-    report::read_audit(run, s.audit_log, run.audit.attempted ? vouched : 0);
+    const auto& v = run.audit.verified;
+    const std::uint64_t vouched = !v   ? 0
+                                  : *v ? std::numeric_limits<std::uint64_t>::max()
+                                       : server::verified_part(*v).records;
+    report::read_audit(run, s.audit_log, vouched);
   } else {
     run.audit.why_not = "no audit log (audit.jsonl) was found";
   }

@@ -301,12 +301,7 @@ AuditCheck check_audit(const std::filesystem::path& log, const std::filesystem::
     c.why_not = std::string("the public key cannot be read: ") + e.what();
     return c;
   }
-  const auto r = server::verify_audit_log(log, pk);
-  c.attempted = true;
-  c.ok = r.ok;
-  c.records = r.records;
-  c.reason = r.reason;
-  c.head_sha256 = r.head_sha256;
+  c.verified = server::verify_audit_log(log, pk);
   c.key_hex = read_file(key);
   while (!c.key_hex.empty() && std::isspace(static_cast<unsigned char>(c.key_hex.back()))) c.key_hex.pop_back();
   return c;

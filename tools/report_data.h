@@ -15,6 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "server/audit.h"
+
 namespace xsilo::tools::report {
 
 // What happened to a silo in a round, as the round's record says (participants, dropouts,
@@ -57,11 +59,11 @@ struct Round {
 };
 
 struct AuditCheck {
-  bool attempted = false;           // a log and a key were there to check
-  bool ok = false;
-  std::uint64_t records = 0;        // records that verified
-  std::string reason, head_sha256, key_hex;
-  std::string why_not;              // why it was not attempted
+  // The server's own verifier's answer: the whole chain, or where it breaks and what verified
+  // before it. Empty when there was no log or no key to check it with (why_not says which).
+  std::optional<server::AuditVerifyResult> verified;
+  std::string why_not;
+  std::string key_hex;              // the key it was checked with
 };
 
 struct Run {

@@ -125,7 +125,7 @@ class GroupedSums {
     survivors_[g].push_back(silo);
   }
 
-  server::Combined combine(std::span<float> out, const server::CombineContext& ctx) {
+  server::CombineResult combine(std::span<float> out, const server::CombineContext& ctx) {
     std::vector<server::GroupResult> results;
     for (std::size_t g = 0; g < sums_.size(); ++g) {
       server::GroupResult r;
@@ -133,18 +133,22 @@ class GroupedSums {
       r.members = members_[g];
       r.survivors = survivors_[g];
       r.min_survivors = server::group_min_survivors(cfg_.secure, r.members.size());
-      r.ok = r.survivors.size() >= r.min_survivors;
-      if (!r.ok) r.why = "too few members uploaded";
-      if (r.ok && skellam_) {
+      if (r.survivors.size() < r.min_survivors) {
+        r.sum = Error("too few members uploaded");
+      } else if (skellam_) {
         ++revealed_;  // unmasked: a noisy release, charged even if the round then aborts
         const auto p = params(static_cast<std::uint32_t>(r.min_survivors));
         r.sum = server::GroupSum(sums_[g].visit([&](auto w) { return crypto::decode_skellam(p, w, d_); }), d_);
-        r.why = server::implausible_skellam_sum(r.sum, r.survivors.size(), r.min_survivors, *cfg_.distributed_dp);
-        r.ok = r.why.empty();
-      } else if (r.ok) {
+        if (auto st = server::check_plausible_skellam_sum(*r.sum, r.survivors.size(), r.min_survivors,
+                                                          *cfg_.distributed_dp);
+            !st) {
+          r.sum = st.error();
+        }
+      } else {
         r.sum = server::GroupSum(std::move(sums_[g]), codec_, d_);
-        r.why = server::implausible_sum(r.sum, r.survivors.size(), secure_, clip_norm_.has_value());
-        r.ok = r.why.empty();
+        if (auto st = server::check_plausible_sum(*r.sum, r.survivors.size(), secure_, clip_norm_.has_value()); !st) {
+          r.sum = st.error();
+        }
       }
       results.push_back(std::move(r));
     }
@@ -326,6 +330,8 @@ SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& 
     }
     server::CombineContext ctx{round, scfg.seed, 0, optimizer.last_step()};
     const std::size_t folded = fold_round(silos, round, global, scfg, groups, agg.get(), ctx, result);
+    // Only secure groups reject in prepare(), and they are simulated apart (GroupedSums): a plain
+    // aggregator's list is always empty.
     if (agg) (void)agg->prepare();
     bool committed = folded >= need;
     if (committed) {
@@ -334,10 +340,10 @@ SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& 
       const auto c = server::commit_round(
           [&](std::span<float> step) { return groups ? groups->combine(step, ctx) : agg->combine(step, ctx); },
           next.flat(), optimizer, global.flat());
-      committed = c.ok;
+      committed = c.has_value();
       if (committed) {
         global = std::move(next);
-        if (c.next_clip_norm) clip_norm = c.next_clip_norm;
+        if (c->next_clip_norm) clip_norm = c->next_clip_norm;
         ++result.rounds_committed;
       }
     }
