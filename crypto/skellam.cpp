@@ -132,6 +132,7 @@ void unrotate(std::span<double> x, std::uint64_t seed) {
 
 std::uint64_t poisson(NoiseSource& noise, double lambda) {
   if (!(lambda >= 0) || !std::isfinite(lambda)) throw std::invalid_argument("poisson: lambda must be finite and >= 0");
+  if (lambda > kMaxPoissonMean) throw std::invalid_argument("poisson: lambda above 2^52 cannot be drawn exactly");
   if (lambda == 0) return 0;
   if (lambda < 10) {
     const double limit = std::exp(-lambda);

@@ -78,7 +78,11 @@ void walsh_hadamard(std::span<double> x);
 void rotate(std::span<double> x, std::uint64_t seed);
 void unrotate(std::span<double> x, std::uint64_t seed);
 
-// Exact samplers (above).
+// Exact samplers (above). Above kMaxPoissonMean a double no longer holds every integer near
+// lambda (draws would come in steps of 2, 4, ... 256 and leave the sum's low bits without noise,
+// and from 2^64 the conversion is undefined): poisson() throws there, and a silo refuses a
+// setup that would ask for it (silo_agent/secure_client.cpp).
+inline constexpr double kMaxPoissonMean = 4503599627370496.0;  // 2^52
 std::uint64_t poisson(NoiseSource& noise, double lambda);
 std::int64_t skellam(NoiseSource& noise, double variance);
 

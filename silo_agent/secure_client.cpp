@@ -44,8 +44,20 @@ namespace {
 // the silo's own config asks for (its noise multiplier: the sum's noise over its sensitivity,
 // whatever the server's config says), else the refusal.
 std::string below_noise_floor(const wire::SecAggSetup& setup, const crypto::secagg::Floor& floor) {
-  if (floor.min_noise_multiplier <= 0) return "";
   char why[400];
+  // Whatever the floor: a share of noise too large to draw exactly would come out in coarse
+  // steps, or as nothing (crypto::kMaxPoissonMean), so a huge signed variance is no guarantee.
+  if (setup.has_skellam() && setup.min_survivors() > 0) {
+    const double mean = setup.skellam().variance() / (2.0 * setup.min_survivors());
+    if (!(mean <= crypto::kMaxPoissonMean)) {
+      std::snprintf(why, sizeof why,
+                    "the secure setup's distributed-DP noise (variance %.6g over %u survivors) is larger than this silo "
+                    "can draw exactly (a Poisson mean of %.6g, above 2^52)",
+                    setup.skellam().variance(), setup.min_survivors(), mean);
+      return why;
+    }
+  }
+  if (floor.min_noise_multiplier <= 0) return "";
   if (!setup.has_skellam()) {
     std::snprintf(why, sizeof why,
                   "below this silo's floor: the secure setup adds no distributed-DP noise, and this silo joins only "

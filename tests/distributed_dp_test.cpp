@@ -52,6 +52,10 @@ TEST(Skellam, ThePoissonSamplerHasTheMeanAndVarianceOfItsLambda) {
   }
   EXPECT_EQ(crypto::poisson(noise, 0), 0u);
   EXPECT_THROW(crypto::poisson(noise, -1), std::invalid_argument);
+  // Above 2^52 a double cannot hold every integer near lambda: refused, not drawn coarsely.
+  EXPECT_GT(crypto::poisson(noise, crypto::kMaxPoissonMean), 0u);
+  EXPECT_THROW(crypto::poisson(noise, crypto::kMaxPoissonMean * 2), std::invalid_argument);
+  EXPECT_THROW(crypto::poisson(noise, 1e30), std::invalid_argument);
 }
 
 TEST(Skellam, SkellamNoiseIsCentredWithItsVariance) {

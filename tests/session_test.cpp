@@ -1146,6 +1146,16 @@ TEST(SecureClient, RefusesASignedSetupWhoseDistributedDpNoiseIsBelowItsOwnFloor)
   }
   SecureClient unfloored(secure_client_config());
   EXPECT_TRUE(unfloored.start(skellam_setup(m, box, 0.1), 1, "silo-a"));
+  // A noise multiplier far above any floor, from a variance too large to draw exactly: its
+  // draws would come out in coarse steps or as nothing, so floored or not, the silo refuses.
+  for (const auto& cfg : {secure_client_config(), floored}) {
+    SecureClient client(cfg);
+    auto keys = client.start(skellam_setup(m, box, 1e12), 1, "silo-a");
+    ASSERT_FALSE(keys);
+    EXPECT_EQ(keys.error().code, wire::NOT_ALLOWED);
+    EXPECT_NE(keys.error().message.find("larger than this silo can draw exactly"), std::string::npos)
+        << keys.error().message;
+  }
 }
 
 // The same refusal through a session: an Error with the code and reason goes to the server, no
