@@ -128,7 +128,11 @@ std::string skellam_statement(const wire::SkellamSetup& k) {
   return out;
 }
 
-std::string skellam_sha256(const wire::SkellamSetup& k) { return crypto::sha256_hex(skellam_statement(k)); }
+std::string skellam_sha256(const wire::SkellamSetup& k, std::size_t padded) {
+  std::string statement = skellam_statement(k);
+  crypto::append_field(statement, std::to_string(padded));
+  return crypto::sha256_hex(statement);
+}
 
 std::string setup_statement(const wire::SecAggSetup& s, const std::string& federation, std::uint64_t round) {
   std::string members;

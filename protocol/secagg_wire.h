@@ -31,7 +31,10 @@ std::string setup_statement(const wire::SecAggSetup& setup, const std::string& f
 // Distributed DP's part of the statement (every parameter to the bit), and its SHA-256 in hex:
 // what a round's audit record names, so that the recorded parameters are the signed ones.
 std::string skellam_statement(const wire::SkellamSetup& k);
-std::string skellam_sha256(const wire::SkellamSetup& k);
+// What a round record's setup_sha256 and a silo's sent.jsonl name: the signed Skellam part and
+// the rotated length P its sensitivity was computed for (the setup's vector_length - 1), so a
+// record can restate neither.
+std::string skellam_sha256(const wire::SkellamSetup& k, std::size_t padded);
 
 wire::SecAggKeys to_wire(const secagg::Advertisement& keys);
 proto::Result<secagg::Advertisement> from_wire(const wire::SecAggKeys& keys);

@@ -136,7 +136,7 @@ nlohmann::json round_privacy_record(const DistributedDpConfig& budget, const wir
                             {"padded_length", c.padded},
                             {"beta", c.beta},
                             {"rotation_seed", k.rotation_seed()},
-                            {"setup_sha256", protocol::skellam_sha256(k)},
+                            {"setup_sha256", protocol::skellam_sha256(k, c.padded)},
                             {"l1", distributed_l1(c, c.gamma)},
                             {"l2", distributed_l2(c, c.gamma)},
                             {"denominator", c.denominator},
@@ -165,13 +165,13 @@ std::optional<privacy::Mechanism> recorded_skellam_mechanism(const nlohmann::jso
   k.set_clip_norm(p["clip_norm"].get<double>());
   k.set_beta(p["beta"].get<double>());
   k.set_rotation_seed(p["rotation_seed"].get<std::uint64_t>());
-  if (protocol::skellam_sha256(k) != p["setup_sha256"].get<std::string>()) {
-    throw std::invalid_argument("its privacy part's bits, gamma, variance, clip_norm, beta and rotation_seed are not "
-                                "the signed setup it names (setup_sha256 " + p["setup_sha256"].get<std::string>() +
-                                ")");
-  }
   DistributedDpConfig c;
   c.padded = p["padded_length"].get<std::size_t>();
+  if (protocol::skellam_sha256(k, c.padded) != p["setup_sha256"].get<std::string>()) {
+    throw std::invalid_argument("its privacy part's bits, gamma, variance, clip_norm, beta, rotation_seed and "
+                                "padded_length are not the signed setup it names (setup_sha256 " +
+                                p["setup_sha256"].get<std::string>() + ")");
+  }
   if (c.padded == 0 || (c.padded & (c.padded - 1)) != 0 || !(k.beta() > 0 && k.beta() < 1) || !(k.gamma() > 0) ||
       !(k.clip_norm() > 0)) {
     throw std::invalid_argument("its privacy part has a padded_length, beta, gamma or clip_norm out of range");

@@ -143,7 +143,9 @@ Result<std::string> SecureClient::masked(MaskDone r) {
 }
 
 std::string SecureClient::skellam_sha256() const {
-  return setup_ && setup_->has_skellam() ? protocol::skellam_sha256(setup_->skellam()) : std::string();
+  return setup_ && setup_->has_skellam() && setup_->vector_length() > 0
+             ? protocol::skellam_sha256(setup_->skellam(), setup_->vector_length() - 1)
+             : std::string();
 }
 
 std::string SecureClient::session_string() const {

@@ -337,8 +337,8 @@ TEST(DistributedDp, ARoundIsChargedAndRecordedForTheNoiseItsSetupSignedNotTheCon
   const auto rec = server::round_privacy_record(c, weak, c.padded, spent);
   EXPECT_EQ(rec["variance"].get<double>(), c.variance / 16);
   EXPECT_NEAR(rec["noise_multiplier"].get<double>(), c.noise_multiplier / 4, 1e-9 * c.noise_multiplier);
-  EXPECT_EQ(rec["setup_sha256"], protocol::skellam_sha256(weak));
-  EXPECT_NE(rec["setup_sha256"], protocol::skellam_sha256(server::signed_part(c, 7)));
+  EXPECT_EQ(rec["setup_sha256"], protocol::skellam_sha256(weak, c.padded));
+  EXPECT_NE(rec["setup_sha256"], protocol::skellam_sha256(server::signed_part(c, 7), c.padded));
   privacy::Ledger configured;
   configured.add(server::round_mechanism(c), 1);
   EXPECT_GT(rec["epsilon"].get<double>(), 2 * server::epsilon_of(configured, c.delta));
@@ -364,8 +364,13 @@ TEST(DistributedDp, AuditVerifyFailsWhenARecordsParametersAreNotTheSignedSetupIt
   const auto honest = server::check_privacy_claims(log);
   EXPECT_TRUE(succeeded(honest));
   auto lie = log;
-  lie[1]["privacy"]["setup_sha256"] = protocol::skellam_sha256(weak);
+  lie[1]["privacy"]["setup_sha256"] = protocol::skellam_sha256(weak, c.padded);
   test::expect_claims_fail(lie, "not the signed setup it names");
+  // A smaller rotated length than was signed would shrink the sensitivity, and so the epsilon:
+  // the hash covers it.
+  auto shorter = log;
+  shorter[1]["privacy"]["padded_length"] = c.padded / 2;
+  test::expect_claims_fail(shorter, "not the signed setup it names");
   auto unnamed = log;
   unnamed[1]["privacy"].erase("setup_sha256");
   test::expect_claims_fail(unnamed, "names no setup_sha256");

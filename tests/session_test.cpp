@@ -1134,7 +1134,7 @@ TEST(SecureClient, RefusesASignedSetupWhoseDistributedDpNoiseIsBelowItsOwnFloor)
     if (std::string(c.says).empty()) {
       EXPECT_TRUE(keys) << keys.error().message;
       EXPECT_TRUE(client.active());
-      EXPECT_EQ(client.skellam_sha256(), protocol::skellam_sha256(c.setup.skellam()));  // for its sent.jsonl
+      EXPECT_EQ(client.skellam_sha256(), protocol::skellam_sha256(c.setup.skellam(), c.setup.vector_length() - 1));  // for its sent.jsonl
       continue;
     }
     ASSERT_FALSE(keys);
