@@ -66,13 +66,22 @@ void add_bench_attacks(CLI::App& bench, int& exit_code) {
   a->add_option("--oppose", at->oppose, "centered clipping's opposition, in median alignments with the last step (0: off)")
       ->check(CLI::Range(0.0, 100.0))
       ->capture_default_str();
+  // A spread factor below 1 would give up the majority guarantee; the server's config refuses it too.
+  const CLI::Validator off_or_spread(
+      [](std::string& v) {
+        char* end = nullptr;
+        const double x = std::strtod(v.c_str(), &end);
+        const bool ok = end != v.c_str() && *end == '\0' && (x == 0 || (x >= 1 && x <= 100));
+        return ok ? std::string() : "must be 0 (off) or 1..100, got " + v;
+      },
+      "0 or 1..100");
   a->add_option("--one-sided", at->one_sided,
                 "centered clipping's one-sided test, in spreads of the inputs' balances (0: off; else at least 1)")
-      ->check(CLI::Range(0.0, 100.0))
+      ->check(off_or_spread)
       ->capture_default_str();
   a->add_option("--lag", at->lag,
                 "centered clipping's lag test, in spreads of the alignments with the last step (0: off; else at least 1)")
-      ->check(CLI::Range(0.0, 100.0))
+      ->check(off_or_spread)
       ->capture_default_str();
   a->add_option("--f", at->f, "the f the rules assume (0: the number of attackers; set it to try more attackers than f)")
       ->capture_default_str();
