@@ -627,6 +627,23 @@ struct Screens {
 
 Screens screens(MatrixView x, std::span<const float> v0, double oppose, double one_sided, double lag, Result& r) {
   Screens s{opposition(x, v0, oppose, lag), balance(x, one_sided)};
+  // Each screen alone keeps a strict majority, but the lag test may cut some inputs and the
+  // one-sided test others: the union must keep more than half too, or a minority that sits at
+  // both medians decides the round. The later screens stand down until it does.
+  const auto left_out = [&] {
+    std::size_t k = 0;
+    for (std::size_t i = 0; i < x.n; ++i) k += s.opposed(i);
+    return k;
+  };
+  for (auto* screen : {&s.lean.one_sided, &s.against.lagging}) {
+    const std::size_t out = left_out();
+    if (2 * out < x.n || screen->empty()) continue;
+    const char* name = screen == &s.lean.one_sided ? "one-sided" : "lag";
+    if (!r.screens_stood_down.empty()) r.screens_stood_down += "; ";
+    r.screens_stood_down += std::string("the ") + name + " test: the screens together left out " + std::to_string(out) +
+                            " of " + std::to_string(x.n) + " inputs";
+    screen->clear();
+  }
   if (!s.lean.balance.empty() || !s.lean.off.empty()) {
     r.median_balance = s.lean.median;
     r.one_sided_beyond = s.lean.beyond;

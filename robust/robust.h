@@ -104,6 +104,10 @@ struct Result {
   double median_balance = 0;
   double one_sided_beyond = 0;
   std::string one_sided_off;
+  // centered_clip: each screen alone keeps more than half of the inputs, their union may not;
+  // then the one-sided and, if still needed, the lag screen stand down for the round, and this
+  // says which and why ("" when none did).
+  std::string screens_stood_down;
 };
 
 // Whether a rule can run on n inputs, or why not.

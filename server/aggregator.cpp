@@ -273,6 +273,7 @@ void record_centered_clip(nlohmann::json& info, const robust::RuleSpec& spec, co
     info["lag"] = spec.lag;
     if (r.lagging_beyond > 0) info["lagging_beyond"] = r.lagging_beyond;
   }
+  if (!r.screens_stood_down.empty()) info["screens_stood_down"] = r.screens_stood_down;
   if (spec.one_sided > 0) {
     info["one_sided"] = spec.one_sided;
     if (r.one_sided_off.empty()) {

@@ -356,6 +356,40 @@ TEST(Robust, CenteredClippingLeavesOutInputsThatLagFarBehindTheStepTheMajorityLe
   for (std::size_t k = 0; k < d; ++k) EXPECT_NEAR(with.aggregate[k], alone.aggregate[k], 1e-5) << k;
 }
 
+// Each screen alone keeps a majority, but together they could leave out most of the inputs:
+// here B (aligned, below the others on every coordinate) is one-sided and C, D (orthogonal to
+// the last step) lag, which would leave A and E, a minority, to decide the round. The
+// one-sided test stands down instead, the record says so, and three inputs count.
+TEST(Robust, TheScreensTogetherNeverLeaveOutHalfTheInputs) {
+  const std::size_t d = 256, n = 5;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> noise(0.0f, 1.0f);
+  std::vector<float> last(d), x(n * d);
+  for (std::size_t k = 0; k < d; ++k) {
+    const float s = k % 2 == 0 ? 1.0f : -1.0f;               // the last step
+    const float q = k % 4 == 0 || k % 4 == 3 ? 1.0f : -1.0f;  // orthogonal to it
+    last[k] = s;
+    x[0 * d + k] = s + 0.05f * noise(rng);           // A
+    x[1 * d + k] = s - 0.2f;                         // B: aligned, one-sided
+    x[2 * d + k] = 0.3f * q + 0.1f * noise(rng);     // C: lags
+    x[3 * d + k] = -0.3f * q + 0.1f * noise(rng);    // D: lags
+    x[4 * d + k] = s + 0.05f * noise(rng);           // E
+  }
+  // Without the distance rejection, which is not a screen (B sits 3.3 median distances out).
+  const auto one_sided_alone = centered_clip(view(x, n), 0, 10, last, 0, kDefaultOppose, kDefaultOneSided, 0);
+  EXPECT_FALSE(one_sided_alone.decisions[1].kept) << "B is one-sided: " << one_sided_alone.decisions[1].reason;
+  const auto lag_alone = centered_clip(view(x, n), 0, 10, last, 0, kDefaultOppose, 0);
+  EXPECT_FALSE(lag_alone.decisions[2].kept);
+  EXPECT_FALSE(lag_alone.decisions[3].kept);
+  const auto both = centered_clip(view(x, n), 0, 10, last, 0);
+  std::size_t kept = 0;
+  for (const auto& dec : both.decisions) kept += dec.kept;
+  EXPECT_GE(kept, 3u) << "the screens left a minority to decide";
+  for (std::size_t i = 0; i < n; ++i) EXPECT_TRUE(i == 2 || i == 3 || both.decisions[i].kept) << i << ": " << both.decisions[i].reason;
+  EXPECT_NE(both.screens_stood_down.find("the one-sided test"), std::string::npos) << both.screens_stood_down;
+  EXPECT_TRUE(centered_clip(view(x, n), 0, 10, last, 0, kDefaultOppose, 0).screens_stood_down.empty());
+}
+
 TEST(Robust, TheLagTestDecidesAlikeAtEveryScale) {
   std::mt19937 rng(17);
   const std::size_t d = 300, n = kFlipAlignments.size();
