@@ -1333,12 +1333,9 @@ TEST(Coordinator, CenteredClippingRejectsAFarUpdateAndTheAuditSaysBeyondWhatDist
   EXPECT_LT(moved, 0.4f);
 }
 
-// IPM 0.5 from one of five: inside the radius, so in round 1 (no last step yet) it counts; in
-// round 2 it points against round 1's step, is left out, and the record says each alignment.
-TEST(Coordinator, CenteredClippingLeavesOutAnUpdateAgainstTheLastStepAndTheAuditSaysWhy) {
-  Harness h(5, five_with_centered_clipping());
-  h.connect_all(5);
-  std::map<std::size_t, std::pair<std::vector<float>, double>> ups;
+// Silos 0-3's honest uploads (deltas 0.1-0.4 over 10 parameters, weight 10) into `ups`; returns
+// their mean delta.
+std::vector<float> four_honest_uploads(std::map<std::size_t, std::pair<std::vector<float>, double>>& ups) {
   std::vector<float> mean(10, 0.0f);
   for (std::size_t i = 0; i < 4; ++i) {
     std::vector<float> delta(10);
@@ -1347,6 +1344,16 @@ TEST(Coordinator, CenteredClippingLeavesOutAnUpdateAgainstTheLastStepAndTheAudit
     for (auto& v : delta) v *= 10;
     ups[i] = {delta, 10};
   }
+  return mean;
+}
+
+// IPM 0.5 from one of five: inside the radius, so in round 1 (no last step yet) it counts; in
+// round 2 it points against round 1's step, is left out, and the record says each alignment.
+TEST(Coordinator, CenteredClippingLeavesOutAnUpdateAgainstTheLastStepAndTheAuditSaysWhy) {
+  Harness h(5, five_with_centered_clipping());
+  h.connect_all(5);
+  std::map<std::size_t, std::pair<std::vector<float>, double>> ups;
+  const std::vector<float> mean = four_honest_uploads(ups);
   std::vector<float> ipm(10);
   for (std::size_t k = 0; k < 10; ++k) ipm[k] = -0.5f * mean[k] * 10;
   ups[4] = {ipm, 10};
@@ -1385,14 +1392,7 @@ TEST(Coordinator, CenteredClippingLeavesOutAnUpdateThatLagsBehindTheLastStepAndT
   Harness h(5, five_with_centered_clipping());
   h.connect_all(5);
   std::map<std::size_t, std::pair<std::vector<float>, double>> ups;
-  std::vector<float> mean(10, 0.0f);
-  for (std::size_t i = 0; i < 4; ++i) {
-    std::vector<float> delta(10);
-    for (std::size_t k = 0; k < 10; ++k) delta[k] = 0.1f + 0.3f * static_cast<float>((i + k) % 4 == 0);
-    for (std::size_t k = 0; k < 10; ++k) mean[k] += delta[k] / 4;
-    for (auto& v : delta) v *= 10;
-    ups[i] = {delta, 10};
-  }
+  const std::vector<float> mean = four_honest_uploads(ups);
   // Alternating signs, less their projection on the honest mean, at the honest mean's norm.
   std::vector<float> side(10);
   double dot = 0, mm = 0;
