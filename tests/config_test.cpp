@@ -416,35 +416,27 @@ TEST(Config, CenteredClippingsOppositionIsAFactorOfTheMedianAlignmentOrOff) {
   }
 }
 
-// centered_clip's one-sided test: a number of spreads of the inputs' balances (2 by default),
-// at least 1 (below, the bound could cut into the closest half), or 0 for none.
-TEST(Config, CenteredClippingsOneSidedTestIsAtLeastOneSpreadOrOff) {
+// centered_clip's one-sided and lag tests take a number of spreads (2 by default), at least 1
+// (below, the bound could cut into the closest half), or 0 for none.
+void expect_a_spread_factor_or_off(const char* key) {
   const SixSiloServer load;
-  EXPECT_EQ(load(R"(, "aggregation": {"rule": "centered_clip", "one_sided": 0})"), "");
-  EXPECT_EQ(load(R"(, "aggregation": {"rule": "centered_clip", "one_sided": 3})"), "");
-  const auto inside = load(R"(, "aggregation": {"rule": "centered_clip", "one_sided": 0.5})");
-  EXPECT_NE(inside.find(".aggregation.one_sided"), std::string::npos) << inside;
+  const auto with = [&](const char* value) {
+    return load(std::string(R"(, "aggregation": {"rule": "centered_clip", ")") + key + "\": " + value + "}");
+  };
+  const auto where = std::string(".aggregation.") + key;
+  EXPECT_EQ(with("0"), "");
+  EXPECT_EQ(with("3"), "");
+  const auto inside = with("0.5");
+  EXPECT_NE(inside.find(where), std::string::npos) << inside;
   EXPECT_NE(inside.find("at least 1"), std::string::npos) << inside;
-  for (const char* bad : {R"(, "aggregation": {"rule": "centered_clip", "one_sided": -1})",
-                          R"(, "aggregation": {"rule": "centered_clip", "one_sided": 1000})"}) {
-    EXPECT_NE(load(bad).find(".aggregation.one_sided"), std::string::npos) << bad;
-  }
+  for (const char* bad : {"-1", "1000"}) EXPECT_NE(with(bad).find(where), std::string::npos) << key << " " << bad;
 }
 
-// centered_clip's lag test: a number of spreads of the alignments with the last step (2 by
-// default), at least 1 (below, the bound could cut into the closest half), or 0 for none.
-TEST(Config, CenteredClippingsLagTestIsAtLeastOneSpreadOrOff) {
-  const SixSiloServer load;
-  EXPECT_EQ(load(R"(, "aggregation": {"rule": "centered_clip", "lag": 0})"), "");
-  EXPECT_EQ(load(R"(, "aggregation": {"rule": "centered_clip", "lag": 3})"), "");
-  const auto inside = load(R"(, "aggregation": {"rule": "centered_clip", "lag": 0.5})");
-  EXPECT_NE(inside.find(".aggregation.lag"), std::string::npos) << inside;
-  EXPECT_NE(inside.find("at least 1"), std::string::npos) << inside;
-  for (const char* bad : {R"(, "aggregation": {"rule": "centered_clip", "lag": -1})",
-                          R"(, "aggregation": {"rule": "centered_clip", "lag": 1000})"}) {
-    EXPECT_NE(load(bad).find(".aggregation.lag"), std::string::npos) << bad;
-  }
-}
+// The one-sided test's spreads are of the inputs' balances.
+TEST(Config, CenteredClippingsOneSidedTestIsAtLeastOneSpreadOrOff) { expect_a_spread_factor_or_off("one_sided"); }
+
+// The lag test's spreads are of the alignments with the last step.
+TEST(Config, CenteredClippingsLagTestIsAtLeastOneSpreadOrOff) { expect_a_spread_factor_or_off("lag"); }
 
 // centered_clip's radius: "auto" by default (measured on each round's inputs), or a number.
 TEST(Config, CenteredClippingsRadiusIsAutomaticUnlessANumberFixesIt) {

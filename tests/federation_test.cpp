@@ -575,25 +575,33 @@ double relative_gap(const Model& a, const Model& b) {
   return scale > 0 ? gap / scale : gap;
 }
 
+// Runs `xsilo sim` on a small digits MLP federation (iid, 2 rounds) whose silos train with the
+// `local` part given; the outputs go to dir/out-NAME, the log to dir/sim-NAME.log.
+std::filesystem::path run_digits_mlp_sim(const std::filesystem::path& dir, int silos, const nlohmann::json& local,
+                                         const std::string& name, std::chrono::seconds limit) {
+  const auto out = dir / ("out-" + name);
+  const nlohmann::json cfg = {{"silos", silos},
+                              {"rounds", 2},
+                              {"baseline", false},
+                              {"data", {{"dataset", "digits"}, {"split", "iid"}}},
+                              {"model", {{"kind", "mlp"}, {"hidden", {32}}}},
+                              {"training", {{"local_epochs", 2}, {"batch_size", 16}, {"learning_rate", 0.1}}},
+                              {"local", local}};
+  const auto file = dir / ("sim-" + name + ".json");
+  std::ofstream(file) << cfg.dump();
+  const auto log = dir / ("sim-" + name + ".log");
+  Process sim({test::xsilo_bin(), "sim", "--config", file.string(), "--out", out.string()}, log);
+  const auto code = sim.wait(limit);
+  EXPECT_EQ(code.value_or(-1), 0) << log_tail(log, 40);
+  return out;
+}
+
 // A silo that trains with three local worker processes (ring all-reduce, bucketed gradients)
 // sends the same update as one that trains alone: the federations end with the same model.
 TEST(Federation, LocalWorkersTrainTheSameModelAsOneProcess) {
   test::TempDir dir;
-  auto run = [&](int workers) {
-    const auto out = dir / ("out-" + std::to_string(workers));
-    const nlohmann::json cfg = {{"silos", 3},
-                                {"rounds", 2},
-                                {"baseline", false},
-                                {"data", {{"dataset", "digits"}, {"split", "iid"}}},
-                                {"model", {{"kind", "mlp"}, {"hidden", {32}}}},
-                                {"training", {{"local_epochs", 2}, {"batch_size", 16}, {"learning_rate", 0.1}}},
-                                {"local", {{"workers", workers}, {"backend", "ring"}}}};
-    const auto file = dir / ("sim-" + std::to_string(workers) + ".json");
-    std::ofstream(file) << cfg.dump();
-    Process sim({test::xsilo_bin(), "sim", "--config", file.string(), "--out", out.string()}, dir / "sim.log");
-    const auto code = sim.wait(120s);
-    EXPECT_EQ(code.value_or(-1), 0) << log_tail(dir / "sim.log", 40);
-    return out;
+  const auto run = [&](int workers) {
+    return run_digits_mlp_sim(dir.path(), 3, {{"workers", workers}, {"backend", "ring"}}, std::to_string(workers), 120s);
   };
   const auto one = run(1), three = run(3);
   EXPECT_LT(relative_gap(load_safetensors(one / "model.safetensors"), load_safetensors(three / "model.safetensors")), 1e-4);
@@ -649,21 +657,8 @@ TEST(Federation, LocalWorkersOnTwoHostsTrainTheSameModelAsOneProcess) {
   if (hosts.skipped()) GTEST_SKIP() << "skipped: " << hosts.log();
   ASSERT_EQ(hosts.code(), 0) << hosts.log();
   ASSERT_EQ(hosts.addresses().size(), 2u) << hosts.log();
-  auto run = [&](const nlohmann::json& local, const std::string& name) {
-    const auto out = dir / ("out-" + name);
-    const nlohmann::json cfg = {{"silos", 2},
-                                {"rounds", 2},
-                                {"baseline", false},
-                                {"data", {{"dataset", "digits"}, {"split", "iid"}}},
-                                {"model", {{"kind", "mlp"}, {"hidden", {32}}}},
-                                {"training", {{"local_epochs", 2}, {"batch_size", 16}, {"learning_rate", 0.1}}},
-                                {"local", local}};
-    const auto file = dir / ("sim-" + name + ".json");
-    std::ofstream(file) << cfg.dump();
-    Process sim({test::xsilo_bin(), "sim", "--config", file.string(), "--out", out.string()}, dir / ("sim-" + name + ".log"));
-    const auto code = sim.wait(300s);
-    EXPECT_EQ(code.value_or(-1), 0) << log_tail(dir / ("sim-" + name + ".log"), 40);
-    return out;
+  const auto run = [&](const nlohmann::json& local, const std::string& name) {
+    return run_digits_mlp_sim(dir.path(), 2, local, name, 300s);
   };
   const auto one = run({{"workers", 1}}, "one");
   const auto four = run({{"workers", 4},

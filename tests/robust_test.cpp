@@ -333,12 +333,20 @@ TEST(Robust, TwoInputsAreNeverOpposed) {
 // spread of the closest half, and the lag test leaves them out.
 const std::vector<double> kFlipAlignments = {0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, -0.1, -0.08, -0.05};
 
+// Those ten inputs in d = 300 dimensions, and a last step along the first axis.
+struct FlipInputs {
+  std::size_t d = 300, n = kFlipAlignments.size();
+  std::vector<float> x, last;
+  FlipInputs() : last(d, 0.0f) {
+    std::mt19937 rng(17);
+    x = with_alignments(kFlipAlignments, d, rng);
+    last[0] = 1;
+  }
+};
+
 TEST(Robust, CenteredClippingLeavesOutInputsThatLagFarBehindTheStepTheMajorityLeansWith) {
-  std::mt19937 rng(17);
-  const std::size_t d = 300, n = kFlipAlignments.size();
-  const auto x = with_alignments(kFlipAlignments, d, rng);
-  std::vector<float> last(d, 0.0f);
-  last[0] = 1;
+  const FlipInputs in;
+  const auto& [d, n, x, last] = in;
   const auto with = centered_clip(view(x, n), 0, 10, last);
   const auto without = centered_clip(view(x, n), 0, 10, last, kDefaultReject, kDefaultOppose, kDefaultOneSided, 0);
   EXPECT_GE(with.lagging_beyond, kLagFloor);
@@ -391,11 +399,8 @@ TEST(Robust, TheScreensTogetherNeverLeaveOutHalfTheInputs) {
 }
 
 TEST(Robust, TheLagTestDecidesAlikeAtEveryScale) {
-  std::mt19937 rng(17);
-  const std::size_t d = 300, n = kFlipAlignments.size();
-  const auto x = with_alignments(kFlipAlignments, d, rng);
-  std::vector<float> last(d, 0.0f);
-  last[0] = 1;
+  const FlipInputs in;
+  const auto& [d, n, x, last] = in;
   const auto base = centered_clip(view(x, n), 0, 10, last);
   for (int k : {-4, -2, 2, 3}) {
     const float s = std::pow(10.0f, static_cast<float>(k));
