@@ -126,7 +126,7 @@ class DataParallelRun {
     // and always in a re-formed table (epoch > 0), even one that redoes step 0: deciding by its
     // first step left a backup promoted in step 0 out of the survivors' broadcast, and every
     // collective after it out of line.
-    bool sync = group_.epoch() > 0;
+    bool sync = group_.promoted();
     for (std::uint64_t op = group_.first_op(); op < total_;) {
       kept_.keep(op).assign(params_.begin(), params_.end());
       if (int8_) kept_residual_.keep(op) = residual_;

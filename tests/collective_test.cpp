@@ -1130,30 +1130,45 @@ TEST(CollectiveProcesses, KillAHostLeaderMidHierarchicalStepAndTheStepCompletesO
   kill_one_of_four_mid_step("hierarchical", {"--ranks-per-host", "2"});
 }
 
-// The backup pool: four workers and one standby (id 4); worker 2 is SIGKILLed inside step 3. The
-// coordinator swaps the standby in, so step 3 is redone on four ranks, not three: the standby
-// joins at step 3, takes worker 2's shard, and every later sum of the four shards is exact. The
-// width stays 4 to the end. Depends on timing as the ring's test does.
-TEST(CollectiveProcesses, ABackupTakesAKilledWorkersPlaceAndTheStepKeepsItsWidth) {
+// The backup pool: four workers and one standby (id 4); worker 2 is SIGKILLed inside step
+// `step`. The coordinator swaps the standby in, so that step is redone on four ranks, not three:
+// the standby joins there, takes worker 2's shard, and every later sum of the four shards is
+// exact. The width stays 4 to the end. Depends on timing as the ring's test does.
+void a_backup_takes_the_place_of_a_worker_killed_in(int step) {
   test::TempDir dir;
   auto w = start_workers(4, dir.path(), {"--backend", "ring", "--check-steps", "8", "--elements", "6000000", "--shards", "4"},
                          std::chrono::milliseconds(3000), {}, 1);
-  ASSERT_TRUE(wait_for_text(w.logs[2], "STEP 3 begin", std::chrono::seconds(60))) << slurp(w.logs[2]);
+  const auto at = std::to_string(step);
+  ASSERT_TRUE(wait_for_text(w.logs[2], "STEP " + at + " begin", std::chrono::seconds(60))) << slurp(w.logs[2]);
   w.procs[2]->signal(SIGKILL);
   for (int k : {0, 1, 3, 4}) {
     ASSERT_NO_FATAL_FAILURE(expect_clean_exit(w, k, std::chrono::milliseconds(60000)));
     const auto log = slurp(w.logs[static_cast<std::size_t>(k)]);
-    EXPECT_NE(log.find("STEP 3 ok on 4 ranks"), std::string::npos) << log;
+    EXPECT_NE(log.find("STEP " + at + " ok on 4 ranks"), std::string::npos) << log;
     EXPECT_NE(log.find("STEP 7 ok on 4 ranks"), std::string::npos) << log;
     EXPECT_EQ(log.find("WRONG"), std::string::npos) << log;
+    EXPECT_EQ(log.find("on 3 ranks"), std::string::npos) << "a step ran narrower: " << log;
     if (k != 4) {
-      EXPECT_NE(log.find("re-formed on 4 ranks, resuming at step 3"), std::string::npos) << log;
+      EXPECT_NE(log.find("re-formed on 4 ranks, resuming at step " + at), std::string::npos) << log;
     }
   }
   const auto standby = slurp(w.logs[4]);
-  EXPECT_NE(standby.find("BACKUP 4 joins at step 3 on 4 ranks"), std::string::npos) << standby;
-  EXPECT_EQ(standby.find("STEP 2 "), std::string::npos) << "the standby ran a step before it was needed: " << standby;
+  EXPECT_NE(standby.find("BACKUP 4 joins at step " + at + " on 4 ranks"), std::string::npos) << standby;
+  if (step > 0) {
+    EXPECT_EQ(standby.find("STEP " + std::to_string(step - 1) + " "), std::string::npos)
+        << "the standby ran a step before it was needed: " << standby;
+  }
   EXPECT_EQ(w.coord->members(), (std::vector<int>{0, 1, 3, 4}));
+}
+
+TEST(CollectiveProcesses, ABackupTakesAKilledWorkersPlaceAndTheStepKeepsItsWidth) {
+  a_backup_takes_the_place_of_a_worker_killed_in(3);
+}
+
+// The same in the very first step, before any step has completed: the first table already holds
+// the standby back, and the swap must redo step 0 from the start on four ranks.
+TEST(CollectiveProcesses, ABackupTakesThePlaceOfAWorkerKilledInTheFirstStep) {
+  a_backup_takes_the_place_of_a_worker_killed_in(0);
 }
 
 // A standby the group never needs is released when the members finish, and exits cleanly: the

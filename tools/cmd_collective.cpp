@@ -78,7 +78,7 @@ void run_bench(collective::Group& group, const std::vector<std::size_t>& sizes, 
 int run_check(collective::Group& group, const WorkerOptions& o) {
   const int shards = o.shards > 0 ? o.shards : group.size();
   std::vector<float> v(o.elements);
-  if (group.first_op() > 0) {
+  if (group.promoted()) {
     std::printf("BACKUP %d joins at step %llu on %d ranks\n", group.id(), static_cast<unsigned long long>(group.first_op()),
                 group.size());
   }

@@ -255,6 +255,7 @@ Group::Group(const std::string& coordinator_host, std::uint16_t coordinator_port
   control_fd_ = connect_to(coordinator_host, coordinator_port);
   send_line(control_fd_, "HELLO " + std::to_string(id_) + " " + host_ + " " + std::to_string(listen_port_));
   first_op_ = wait_table();
+  promoted_ = epoch_ > 0;  // the group's first table is epoch 0; each re-formation adds one
 }
 
 Group::~Group() {

@@ -104,6 +104,9 @@ class Group {
   // The operation this worker starts at: 0, or the resume op of the re-formation that
   // promoted it from the backup pool.
   std::uint64_t first_op() const { return first_op_; }
+  // Whether this worker came from the backup pool (its first table was a re-formation's, not
+  // the group's first), even where it was promoted in operation 0.
+  bool promoted() const { return promoted_; }
   // The ids of the current members, in rank order.
   const std::vector<int>& members() const { return members_; }
 
@@ -122,6 +125,7 @@ class Group {
   std::string host_;
   int epoch_ = -1;
   std::uint64_t first_op_ = 0;
+  bool promoted_ = false;
   std::string buffer_;
   std::vector<int> members_;
   std::unique_ptr<Communicator> comm_;
