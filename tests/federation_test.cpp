@@ -18,6 +18,7 @@
 #include "silo_agent/builtin_trainer.h"
 #include "silo_agent/privacy_budget.h"
 #include "tests/federation_util.h"
+#include "tests/namespace_hosts.h"
 #include "tests/testlib.h"
 #include "tools/sim.h"
 #include "tools/admin_client.h"
@@ -608,43 +609,6 @@ TEST(Federation, LocalWorkersTrainTheSameModelAsOneProcess) {
   EXPECT_NE(read_file(three / "logs/hospital-01.log").find("3 local workers trained"), std::string::npos);
 }
 
-// Hosts made of network namespaces (scripts/netns-hosts.sh), removed when the value goes. The
-// script exits 3 where it cannot make them (not root, no iproute2): skipped() then says why.
-class NamespaceHosts {
- public:
-  NamespaceHosts(const std::filesystem::path& dir, int hosts, int rate_mbit)
-      : prefix_("xh" + std::to_string(::getpid() % 100000)), log_(dir / "netns-hosts.log") {
-    const std::string cmd = "bash " + script() + " up " + prefix_ + " " + std::to_string(hosts) + " " +
-                            std::to_string(rate_mbit) + " 2>" + log_.string();
-    FILE* out = ::popen(cmd.c_str(), "r");
-    std::string words;
-    char buf[256];
-    while (out && std::fgets(buf, sizeof buf, out)) words += buf;
-    const int status = out ? ::pclose(out) : -1;
-    code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    std::istringstream in(words);
-    for (std::string a; in >> a;) addresses_.push_back(a);
-  }
-  ~NamespaceHosts() { (void)std::system(("bash " + script() + " down " + prefix_ + " 2>/dev/null").c_str()); }
-  NamespaceHosts(const NamespaceHosts&) = delete;
-  NamespaceHosts& operator=(const NamespaceHosts&) = delete;
-
-  bool skipped() const { return code_ == 3; }
-  int code() const { return code_; }
-  std::string log() const { return read_file(log_); }
-  const std::vector<std::string>& addresses() const { return addresses_; }
-  // The launcher `local.launcher` takes: the worker's command run inside its host's namespace.
-  nlohmann::json launcher() const { return {"ip", "netns", "exec", prefix_ + "-{host}"}; }
-  static constexpr const char* reachable_at = "10.79.0.254";  // this machine, seen from the hosts
-
- private:
-  static std::string script() { return (std::filesystem::path(XSILO_SOURCE_DIR) / "scripts" / "netns-hosts.sh").string(); }
-  std::string prefix_;
-  std::filesystem::path log_;
-  int code_ = -1;
-  std::vector<std::string> addresses_;
-};
-
 // Several hosts for real (issue 44): two network namespaces as the hosts of each silo's
 // cluster, linked to each other at 100 Mbit/s through a bridge while each host's own workers
 // talk over its loopback; four workers per silo started through the path `local.hosts` uses,
@@ -653,7 +617,7 @@ class NamespaceHosts {
 // silo training alone gives.
 TEST(Federation, LocalWorkersOnTwoHostsTrainTheSameModelAsOneProcess) {
   test::TempDir dir;
-  NamespaceHosts hosts(dir.path(), 2, 100);
+  test::NamespaceHosts hosts(dir.path(), 2, 100);
   if (hosts.skipped()) GTEST_SKIP() << "skipped: " << hosts.log();
   ASSERT_EQ(hosts.code(), 0) << hosts.log();
   ASSERT_EQ(hosts.addresses().size(), 2u) << hosts.log();
@@ -664,7 +628,7 @@ TEST(Federation, LocalWorkersOnTwoHostsTrainTheSameModelAsOneProcess) {
   const auto four = run({{"workers", 4},
                          {"backend", "hierarchical"},
                          {"hosts", hosts.addresses()},
-                         {"listen_host", NamespaceHosts::reachable_at},
+                         {"listen_host", test::NamespaceHosts::reachable_at},
                          {"launcher", hosts.launcher()}},
                         "hosts");
   EXPECT_LT(relative_gap(load_safetensors(one / "model.safetensors"), load_safetensors(four / "model.safetensors")), 1e-4);
