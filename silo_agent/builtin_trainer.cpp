@@ -88,7 +88,15 @@ TrainResult BuiltinTrainer::train(const Model& global, const TrainTask& task, Mo
   if (cfg_.local.workers > 1) {
     // The silo's own rows, trained by its local workers; the result equals the single
     // process's within float tolerance, whatever workers die on the way.
+    // The round's folder outlives a failed or cut-off run (its checkpoint resumes this round's
+    // training, local.checkpoint_ms); another round's can go.
     const auto dir = cfg_.state_dir / "local" / ("round-" + std::to_string(task.round));
+    if (std::filesystem::exists(dir.parent_path())) {
+      for (const auto& e : std::filesystem::directory_iterator(dir.parent_path())) {
+        const bool a_round = e.is_directory() && e.path().filename().string().rfind("round-", 0) == 0;
+        if (a_round && e.path() != dir) std::filesystem::remove_all(e.path());
+      }
+    }
     const auto r = train_with_workers(cfg_.local, dir, local, data_.workers_train, opts);
     for (const auto& e : r.events) spdlog::warn("round {}: local workers: {}", task.round, e);
     spdlog::info("round {}: {} local workers trained {} steps", task.round, cfg_.local.workers, r.stats.steps);

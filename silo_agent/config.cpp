@@ -171,6 +171,7 @@ LocalWorkersConfig parse_local(const ConfigNode& lo, TrainerKind trainer) {
     c.buckets.compression = lo.one_of("compression", "none", bucket_compressions());
     c.ranks_per_host = static_cast<int>(lo.integer("ranks_per_host", 0, 0, 256));
     c.backups = static_cast<int>(lo.integer("backups", 0, 0, 64));
+    c.checkpoint_interval = std::chrono::milliseconds(lo.integer("checkpoint_ms", 30000, 0, 86400000));
     const bool fraction_given = lo.has("topk_fraction");
     c.buckets.topk_fraction = lo.number("topk_fraction", 0.01, 1e-6, 1.0);
     lo.finish();
@@ -252,6 +253,9 @@ nlohmann::json to_json(const AgentConfig& c) {
   if (c.local.buckets.compression == "topk") j["local"]["topk_fraction"] = c.local.buckets.topk_fraction;
   if (c.local.ranks_per_host > 0) j["local"]["ranks_per_host"] = c.local.ranks_per_host;
   if (c.local.backups > 0) j["local"]["backups"] = c.local.backups;
+  if (c.local.checkpoint_interval != LocalWorkersConfig{}.checkpoint_interval) {
+    j["local"]["checkpoint_ms"] = c.local.checkpoint_interval.count();
+  }
   if (c.local.launcher != default_launcher()) j["local"]["launcher"] = c.local.launcher;
   if (c.privacy.on()) {
     j["privacy"] = {{"max_epsilon", c.privacy.max_epsilon}, {"delta", c.privacy.delta}, {"clip_norm", c.privacy.clip_norm},

@@ -117,8 +117,13 @@ class DataParallelRun {
     if (topk_) sparse_residual_.resize(grad_.size());
   }
 
-  TrainStats run(const std::function<void(const std::string&)>& log,
-                 const std::function<void(std::uint32_t)>& on_epoch) {
+  TrainStats run(const RunHooks& hooks, const StartAt& start) {
+    if (start.op >= total_ || start.step_loss.size() != start.op) {
+      throw std::invalid_argument("a resumed run starts at step " + std::to_string(start.op) + " of " +
+                                  std::to_string(total_) + " with " + std::to_string(start.step_loss.size()) +
+                                  " losses before it");
+    }
+    std::copy(start.step_loss.begin(), start.step_loss.end(), step_loss_.begin());
     // After every re-formation the first step begins with the parameters broadcast from rank 0
     // (a worker that was in the group before): a backup promoted into the group holds only the
     // round's starting model, and every member of a new table has come through the same
@@ -127,7 +132,7 @@ class DataParallelRun {
     // first step left a backup promoted in step 0 out of the survivors' broadcast, and every
     // collective after it out of line.
     bool sync = group_.promoted();
-    for (std::uint64_t op = group_.first_op(); op < total_;) {
+    for (std::uint64_t op = std::max(start.op, group_.first_op()); op < total_;) {
       kept_.keep(op).assign(params_.begin(), params_.end());
       if (int8_) kept_residual_.keep(op) = residual_;
       if (topk_) kept_sparse_.keep(op) = sparse_residual_;
@@ -141,11 +146,12 @@ class DataParallelRun {
       if (!resume) {
         sync = false;
         ++op;
-        if (on_epoch && op % steps_per_epoch_ == 0) on_epoch(static_cast<std::uint32_t>(op / steps_per_epoch_));
+        if (hooks.on_epoch && op % steps_per_epoch_ == 0) hooks.on_epoch(static_cast<std::uint32_t>(op / steps_per_epoch_));
+        if (hooks.on_step && op < total_) hooks.on_step(op, params_, step_loss_);
         continue;
       }
       go_back(*resume);
-      if (log) log(reformed(op, *resume));
+      if (hooks.log) hooks.log(reformed(op, *resume));
       op = *resume;
       sync = true;
     }
@@ -316,10 +322,9 @@ class DataParallelRun {
 
 TrainStats train_data_parallel(collective::Group& group, int shards, const Network& net, std::span<float> params,
                                const Dataset& data, const TrainOptions& opts, const BucketOptions& buckets,
-                               const std::function<void(const std::string&)>& log,
-                               const std::function<void(std::uint32_t)>& on_epoch) {
+                               const RunHooks& hooks, const StartAt& start) {
   if (data.rows == 0) return TrainStats{};
-  return DataParallelRun(group, shards, net, params, data, opts, buckets).run(log, on_epoch);
+  return DataParallelRun(group, shards, net, params, data, opts, buckets).run(hooks, start);
 }
 
 }  // namespace xsilo::agent

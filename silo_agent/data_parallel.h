@@ -46,11 +46,25 @@ inline const std::vector<std::string>& bucket_compressions() {
 // when s is the i-th shard without its worker; else members[s % members.size()].
 int shard_owner(int shard, int shards, const std::vector<int>& members);
 
+// Where a run begins: step 0, or the step a checkpoint of the same job was saved at (`params`
+// then hold that step's parameters) with the losses of the steps before it.
+struct StartAt {
+  std::uint64_t op = 0;
+  std::vector<float> step_loss;
+};
+
+// What a run reports as it goes: one line per re-formation, each finished epoch, and after each
+// completed step (the next op, the parameters and every step's loss so far) for checkpoints.
+struct RunHooks {
+  std::function<void(const std::string&)> log = {};
+  std::function<void(std::uint32_t)> on_epoch = {};
+  std::function<void(std::uint64_t, std::span<const float>, const std::vector<float>&)> on_step = {};
+};
+
 // Trains `params` in place with every member of `group`; `shards` is the number of workers the
-// group started with. `log` receives one line per re-formation, `on_epoch` each finished epoch.
+// group started with. Error feedback (int8, topk) starts at zero, also when resuming.
 TrainStats train_data_parallel(collective::Group& group, int shards, const Network& net, std::span<float> params,
                                const Dataset& data, const TrainOptions& opts, const BucketOptions& buckets,
-                               const std::function<void(const std::string&)>& log = {},
-                               const std::function<void(std::uint32_t)>& on_epoch = {});
+                               const RunHooks& hooks = {}, const StartAt& start = {});
 
 }  // namespace xsilo::agent

@@ -12,12 +12,15 @@
 #include "common/fs.h"
 #include "common/process.h"
 #include "common/safetensors.h"
+#include "crypto/hash.h"
 
 namespace xsilo::agent {
 
 void save_job(const std::filesystem::path& path, const WorkerJob& job) {
-  const nlohmann::json j{{"model", job.model.string()},
+  nlohmann::json j{{"model", job.model.string()},
                          {"data", job.data.string()},
+                         {"data_bytes", std::filesystem::file_size(job.data)},
+                         {"data_written", std::filesystem::last_write_time(job.data).time_since_epoch().count()},
                          {"out", job.out.string()},
                          {"epochs", job.train.epochs},
                          {"batch_size", job.train.batch_size},
@@ -29,6 +32,15 @@ void save_job(const std::filesystem::path& path, const WorkerJob& job) {
                          {"bucket_bytes", job.buckets.bytes},
                          {"bucket_compression", job.buckets.compression},
                          {"topk_fraction", job.buckets.topk_fraction}};
+  if (!job.progress.empty()) {
+    j["progress"] = job.progress.string();
+    j["checkpoint_ms"] = job.checkpoint_interval.count();
+    j["key"] = job.key;
+  }
+  if (job.start.op > 0) {
+    j["start_op"] = job.start.op;
+    j["step_loss"] = job.start.step_loss;
+  }
   atomic_write_file(path, j.dump(2) + "\n");
 }
 
@@ -52,10 +64,77 @@ WorkerJob load_job(const std::filesystem::path& path) {
     job.buckets.bytes = j.at("bucket_bytes").get<std::size_t>();
     job.buckets.compression = j.value("bucket_compression", std::string("none"));
     job.buckets.topk_fraction = j.value("topk_fraction", 0.01);
+    job.progress = j.value("progress", std::string());
+    job.checkpoint_interval = std::chrono::milliseconds(j.value("checkpoint_ms", std::int64_t{0}));
+    job.key = j.value("key", std::string());
+    job.start.op = j.value("start_op", std::uint64_t{0});
+    job.start.step_loss = j.value("step_loss", std::vector<float>{});
     if (job.shards < 1) throw std::runtime_error("shards must be at least 1");
     return job;
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error(path.string() + ": " + e.what());
+  }
+}
+
+std::string job_key(const Model& global, const WorkerJob& job) {
+  nlohmann::json options{{"epochs", job.train.epochs},
+                         {"batch_size", job.train.batch_size},
+                         {"learning_rate", job.train.learning_rate},
+                         {"weight_decay", job.train.weight_decay},
+                         {"seed", job.train.seed},
+                         {"shards", job.shards},
+                         {"data", job.data.string()},
+                         {"data_bytes", std::filesystem::file_size(job.data)},
+                         {"data_written", std::filesystem::last_write_time(job.data).time_since_epoch().count()},
+                         {"bucket_compression", job.buckets.compression},
+                         {"topk_fraction", job.buckets.topk_fraction}};
+  return crypto::sha256_hex(crypto::sha256_hex(global.flat()) + options.dump());
+}
+
+void save_progress(const std::filesystem::path& dir, const std::string& key, std::uint64_t op, const Model& params,
+                   const std::vector<float>& step_loss) {
+  std::filesystem::create_directories(dir);
+  const std::string name = "params-" + std::to_string(op) + ".safetensors";
+  save_safetensors(dir / name, params);
+  const nlohmann::json j{{"key", key},
+                         {"op", op},
+                         {"params", name},
+                         {"params_sha256", crypto::sha256_hex(params.flat())},
+                         {"step_loss", std::vector<float>(step_loss.begin(), step_loss.begin() + static_cast<long>(op))}};
+  atomic_write_file(dir / "progress.json", j.dump() + "\n");
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const auto file = e.path().filename().string();
+    if (file != name && file.rfind("params-", 0) == 0) std::filesystem::remove(e.path());
+  }
+}
+
+std::optional<Progress> load_progress(const std::filesystem::path& dir, const std::string& key, std::string& why) {
+  why.clear();
+  const auto file = dir / "progress.json";
+  if (!std::filesystem::exists(file)) return std::nullopt;
+  try {
+    const auto j = nlohmann::json::parse(read_file(file));
+    if (j.at("key").get<std::string>() != key) {
+      why = "it was saved for another round's model or options";
+      return std::nullopt;
+    }
+    Progress p;
+    p.op = j.at("op").get<std::uint64_t>();
+    p.params = dir / j.at("params").get<std::string>();
+    p.step_loss = j.at("step_loss").get<std::vector<float>>();
+    if (p.op == 0 || p.step_loss.size() != p.op) {
+      why = "it has " + std::to_string(p.step_loss.size()) + " losses for " + std::to_string(p.op) + " steps";
+      return std::nullopt;
+    }
+    const Model params = load_safetensors(p.params);
+    if (crypto::sha256_hex(params.flat()) != j.at("params_sha256").get<std::string>()) {
+      why = "its parameters (" + p.params.filename().string() + ") do not match the hash it names";
+      return std::nullopt;
+    }
+    return p;
+  } catch (const std::exception& e) {
+    why = std::string("it cannot be read: ") + e.what();
+    return std::nullopt;
   }
 }
 
@@ -64,15 +143,25 @@ void run_worker_job(collective::Group& group, const WorkerJob& job) {
   const Dataset data = load_csv(job.data);
   const Network net(model);
   std::vector<std::string> events;
-  const auto stats = train_data_parallel(group, job.shards, net, model.flat(), data, job.train, job.buckets,
-                                         [&](const std::string& line) {
-                                           spdlog::warn("worker {}: {}", group.id(), line);
-                                           events.push_back(line);
-                                         },
-                                         [&](std::uint32_t epoch) {
-                                           spdlog::info("worker {}: epoch {} of {} done", group.id(), epoch,
-                                                        job.train.epochs);
-                                         });
+  if (job.start.op > 0) spdlog::info("worker {}: resuming at step {} from a checkpoint", group.id(), job.start.op);
+  auto last_saved = std::chrono::steady_clock::now();
+  RunHooks hooks{.log = [&](const std::string& line) {
+                   spdlog::warn("worker {}: {}", group.id(), line);
+                   events.push_back(line);
+                 },
+                 .on_epoch = [&](std::uint32_t epoch) {
+                   spdlog::info("worker {}: epoch {} of {} done", group.id(), epoch, job.train.epochs);
+                 }};
+  if (!job.progress.empty() && job.checkpoint_interval.count() > 0) {
+    // The first member saves for everyone: every replica holds the same parameters.
+    hooks.on_step = [&](std::uint64_t op, std::span<const float>, const std::vector<float>& step_loss) {
+      const auto now = std::chrono::steady_clock::now();
+      if (group.members().front() != group.id() || now - last_saved < job.checkpoint_interval) return;
+      save_progress(job.progress, job.key, op, model, step_loss);
+      last_saved = now;
+    };
+  }
+  const auto stats = train_data_parallel(group, job.shards, net, model.flat(), data, job.train, job.buckets, hooks, job.start);
   spdlog::info("worker {}: {} steps, mean loss {:.9g}", group.id(), stats.steps, stats.mean_loss);
   if (group.members().front() != group.id()) return;
   // The first member writes for everyone: every replica holds the same parameters.
@@ -81,6 +170,7 @@ void run_worker_job(collective::Group& group, const WorkerJob& job) {
                          {"steps", stats.steps},
                          {"members", group.members()},
                          {"epoch", group.epoch()},
+                         {"resumed_at", job.start.op},
                          {"events", events}};
   atomic_write_file(job.out.string() + ".json", j.dump(2) + "\n");
 }
@@ -96,29 +186,20 @@ std::vector<std::string> launch_prefix(const std::vector<std::string>& launcher,
   return out;
 }
 
-WorkersResult train_with_workers(const LocalWorkersConfig& cfg, const std::filesystem::path& dir, Model& model,
-                                 const std::filesystem::path& data_csv, const TrainOptions& opts) {
-  std::filesystem::create_directories(dir);
-  WorkerJob job;
-  job.model = dir / "global.safetensors";
-  job.data = data_csv;
-  job.out = dir / "trained.safetensors";
-  job.train = opts;
-  job.shards = cfg.workers;
-  job.buckets = cfg.buckets;
-  std::filesystem::remove(job.out);
-  std::filesystem::remove(job.out.string() + ".json");
-  save_safetensors(job.model, model);
-  save_job(dir / "job.json", job);
+namespace {
 
+// Starts the job's workers (and standbys) with a coordinator of their own and waits until every
+// one has exited; the group's exclusions go into `events`. Launches after the first log to
+// worker-K.launch-N.log, so that the first one's logs stay.
+void run_workers_once(const LocalWorkersConfig& cfg, const std::filesystem::path& dir, int launch,
+                      std::vector<std::string>& events) {
   collective::Coordinator coord(cfg.workers, cfg.step_timeout, cfg.listen_host, cfg.backups);
   std::mutex mu;
   std::map<int, std::unique_ptr<Process>> procs;
-  WorkersResult result;
   coord.on_excluded([&](const std::vector<int>& ids) {
     std::lock_guard<std::mutex> lock(mu);
     for (int id : ids) {
-      result.events.push_back("worker " + std::to_string(id) + " died or stalled and was excluded");
+      events.push_back("worker " + std::to_string(id) + " died or stalled and was excluded");
       spdlog::warn("local workers: worker {} died or stalled; the others go on without it", id);
       if (procs.count(id)) procs[id]->signal(SIGKILL);
     }
@@ -138,7 +219,8 @@ WorkersResult train_with_workers(const LocalWorkersConfig& cfg, const std::files
         const auto prefix = launch_prefix(cfg.launcher, host);
         argv.insert(argv.begin(), prefix.begin(), prefix.end());
       }
-      procs[k] = std::make_unique<Process>(argv, dir / ("worker-" + std::to_string(k) + ".log"));
+      const std::string log = "worker-" + std::to_string(k) + (launch > 1 ? ".launch-" + std::to_string(launch) : "") + ".log";
+      procs[k] = std::make_unique<Process>(argv, dir / log);
     }
   }
   for (int k = 0; k < cfg.workers + cfg.backups; ++k) {
@@ -149,6 +231,61 @@ WorkersResult train_with_workers(const LocalWorkersConfig& cfg, const std::files
     }
     while (!p->wait(std::chrono::milliseconds(200))) {
     }
+  }
+}
+
+// Points `job` at its checkpoint when there is one of this job further on than `after` steps.
+bool resume_from_checkpoint(WorkerJob& job, std::uint64_t after, std::vector<std::string>& events) {
+  std::string why;
+  const auto p = load_progress(job.progress, job.key, why);
+  if (!p) {
+    if (!why.empty()) {
+      spdlog::warn("local workers: not resuming from the checkpoint in {}: {}", job.progress.string(), why);
+    }
+    return false;
+  }
+  if (p->op <= after) return false;
+  job.model = p->params;
+  job.start = StartAt{p->op, p->step_loss};
+  events.push_back("resumed at step " + std::to_string(p->op) + " from the last checkpoint");
+  spdlog::info("local workers: resuming the round's training at step {} from {}", p->op, p->params.string());
+  return true;
+}
+
+}  // namespace
+
+WorkersResult train_with_workers(const LocalWorkersConfig& cfg, const std::filesystem::path& dir, Model& model,
+                                 const std::filesystem::path& data_csv, const TrainOptions& opts) {
+  std::filesystem::create_directories(dir);
+  WorkerJob job;
+  job.model = dir / "global.safetensors";
+  job.data = data_csv;
+  job.out = dir / "trained.safetensors";
+  job.train = opts;
+  job.shards = cfg.workers;
+  job.buckets = cfg.buckets;
+  std::filesystem::remove(job.out);
+  std::filesystem::remove(job.out.string() + ".json");
+  save_safetensors(job.model, model);
+  WorkersResult result;
+  if (cfg.checkpoint_interval.count() > 0) {
+    job.progress = dir / "progress";
+    job.checkpoint_interval = cfg.checkpoint_interval;
+    job.key = job_key(model, job);
+    // A run of this very job that was cut off (the agent restarted) goes on from its last
+    // checkpoint rather than from the first step.
+    resume_from_checkpoint(job, 0, result.events);
+  }
+  // When every worker died and a checkpoint has moved on since this launch, the workers are
+  // started again from it (as long as each launch gets further than the one before).
+  for (int launch = 1;; ++launch) {
+    save_job(dir / "job.json", job);
+    run_workers_once(cfg, dir, launch, result.events);
+    if (std::filesystem::exists(job.out) || job.progress.empty()) break;
+    const auto before = job.start.op;
+    if (!resume_from_checkpoint(job, before, result.events)) break;
+    spdlog::warn("local workers: every worker stopped at or after step {}; starting them again from step {}", before,
+                 job.start.op);
   }
   if (!std::filesystem::exists(job.out)) {
     throw std::runtime_error("the local workers did not finish the round; their logs are in " + dir.string());

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <optional>
 #include <functional>
 #include <string>
 #include <vector>
@@ -34,6 +35,10 @@ struct LocalWorkersConfig {
   int backups = 0;                       // hot standbys swapped in for a failed worker (ids workers..)
   std::chrono::milliseconds step_timeout{10000};
   BucketOptions buckets;
+  // The first worker saves the round's progress (parameters and losses) at most this often, so
+  // that a silo whose workers all die, or whose agent restarts, resumes the round's training
+  // where it was saved instead of from its first step (0: never).
+  std::chrono::milliseconds checkpoint_interval{30000};
 };
 
 // One round's work for the workers, as the JSON file they read.
@@ -42,9 +47,34 @@ struct WorkerJob {
   TrainOptions train;
   int shards = 1;
   BucketOptions buckets;
+  // Checkpoints: the folder the first worker saves progress in (empty: none), how often, and
+  // what names this job (its global model and options: progress resumes only the same job).
+  std::filesystem::path progress;
+  std::chrono::milliseconds checkpoint_interval{0};
+  std::string key;
+  // A resumed job starts at start.op with `model` holding that step's parameters.
+  StartAt start;
 };
 void save_job(const std::filesystem::path& path, const WorkerJob& job);
 WorkerJob load_job(const std::filesystem::path& path);
+
+// What names a job for its checkpoints: the SHA-256 of the global model's values and of every
+// option that changes the steps (a progress saved for another model or options never resumes).
+std::string job_key(const Model& global, const WorkerJob& job);
+
+// The progress folder's checkpoint: `op` steps done, the parameters after them in `params`.
+struct Progress {
+  std::uint64_t op = 0;
+  std::filesystem::path params;
+  std::vector<float> step_loss;
+};
+// Saves progress into `dir` crash-safely: the parameters to a file of their own, then
+// progress.json naming it (and its SHA-256), then the older parameter files are removed.
+void save_progress(const std::filesystem::path& dir, const std::string& key, std::uint64_t op, const Model& params,
+                   const std::vector<float>& step_loss);
+// The progress in `dir` when it is this job's (key) and intact; else nullopt, with the reason in
+// `why` ("" where there is simply none).
+std::optional<Progress> load_progress(const std::filesystem::path& dir, const std::string& key, std::string& why);
 
 // Worker side: trains on the group and, on the first member, writes the result.
 void run_worker_job(collective::Group& group, const WorkerJob& job);

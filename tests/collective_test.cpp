@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/fs.h"
 #include "common/process.h"
 #include "common/safetensors.h"
 #include "silo_agent/collective/failure_policy.h"
@@ -912,7 +913,7 @@ TEST(DataParallel, WorkersWithNoRowsInABatchReduceTheSameBucketsAsTheOthers) {
     std::vector<int> reformed(n, 0);
     with_group(n, opts, [&](Group& g) {
       agent::train_data_parallel(g, n, net, replicas[static_cast<std::size_t>(g.id())].flat(), c.data, c.opts, buckets,
-                                 [&](const std::string&) { ++reformed[static_cast<std::size_t>(g.id())]; });
+                                 {.log = [&](const std::string&) { ++reformed[static_cast<std::size_t>(g.id())]; }});
     });
     EXPECT_EQ(reformed, std::vector<int>(n, 0)) << compression << ": a step failed and the group re-formed";
     if (compression == "none") {
@@ -1269,8 +1270,9 @@ TEST(CollectiveProcesses, BenchAllreduceMeasuresEverySize) {
 
 // Four worker processes train `c` for 20 epochs; worker 0 (the one that would write the
 // result) is killed once training is under way. Returns what the survivors wrote.
-Model train_with_a_kill(const TrainingCase& c, const std::string& compression, const test::TempDir& dir,
-                        int backups = 0) {
+// The job four workers train `c` by, its files written into `dir` (job.json last: call
+// agent::save_job again after changing it).
+agent::WorkerJob four_worker_job(const TrainingCase& c, const std::string& compression, const std::filesystem::path& dir) {
   agent::WorkerJob job;
   job.model = dir / "global.safetensors";
   job.data = dir / "train.csv";
@@ -1281,6 +1283,12 @@ Model train_with_a_kill(const TrainingCase& c, const std::string& compression, c
   save_safetensors(job.model, c.model);
   save_csv(job.data, c.data);
   agent::save_job(dir / "job.json", job);
+  return job;
+}
+
+Model train_with_a_kill(const TrainingCase& c, const std::string& compression, const test::TempDir& dir,
+                        int backups = 0) {
+  const auto job = four_worker_job(c, compression, dir.path());
   auto w = start_workers(4, dir.path(), {"--backend", "ring", "--job", (dir / "job.json").string()},
                          std::chrono::milliseconds(3000), {}, backups);
   EXPECT_TRUE(wait_for_text(w.logs[0], "epoch 2 of 20 done", std::chrono::seconds(60))) << slurp(w.logs[0]);
@@ -1332,6 +1340,84 @@ TEST(CollectiveProcesses, TrainingWithABackupKeepsFourWorkersAfterAKillAndEquals
   };
   EXPECT_EQ(mean_loss_line(4), mean_loss_line(1));
   EXPECT_EQ(mean_loss_line(1).rfind("steps, mean loss", 0), 0u) << mean_loss_line(1);
+}
+
+// Checkpoint integration (issue 44): four workers train with a checkpoint after every step; all
+// four are SIGKILLed once epoch 2 of 20 is done, as when the silo's host or agent restarts. The
+// job started again from the progress folder (what the agent does: load_progress) begins at the
+// saved step, not at step 0, and ends with the model and the mean loss one process gets.
+// Depends on timing as the kills above do (the kill must land before the 20 epochs end).
+TEST(CollectiveProcesses, WorkersAllKilledResumeFromTheLastCheckpointAndEqualOneProcess) {
+  test::TempDir dir;
+  auto c = digits_case();
+  c.opts.epochs = 20;
+  Model single = c.model;
+  const auto one = agent::train_sgd(Network(c.model), single.flat(), c.data, c.opts);
+  auto job = four_worker_job(c, "none", dir.path());
+  job.progress = dir / "progress";
+  job.checkpoint_interval = std::chrono::milliseconds(1);
+  job.key = agent::job_key(c.model, job);
+  agent::save_job(dir / "job.json", job);
+  {
+    auto w = start_workers(4, dir.path(), {"--backend", "ring", "--job", (dir / "job.json").string()},
+                           std::chrono::milliseconds(3000));
+    ASSERT_TRUE(wait_for_text(w.logs[0], "epoch 2 of 20 done", std::chrono::seconds(60))) << slurp(w.logs[0]);
+    for (auto& p : w.procs) p->signal(SIGKILL);
+    for (auto& p : w.procs) p->wait(std::chrono::milliseconds(10000));
+  }
+  ASSERT_FALSE(std::filesystem::exists(job.out)) << "training ended before the kill";
+  std::string why;
+  const auto saved = agent::load_progress(job.progress, job.key, why);
+  ASSERT_TRUE(saved.has_value()) << "no checkpoint to resume from: " << why;
+  const std::uint64_t steps_per_epoch = (c.data.rows + c.opts.batch_size - 1) / c.opts.batch_size;
+  // Saved at most every millisecond: within a few steps of the second epoch's end, which the
+  // workers had logged before the kill.
+  EXPECT_GT(saved->op, steps_per_epoch) << "the last checkpoint is older than the epochs the workers logged";
+  job.model = saved->params;
+  job.start = agent::StartAt{saved->op, saved->step_loss};
+  agent::save_job(dir / "job.json", job);
+  const auto again = dir / "again";
+  std::filesystem::create_directories(again);
+  auto w = start_workers(4, again, {"--backend", "ring", "--job", (dir / "job.json").string()},
+                         std::chrono::milliseconds(3000));
+  for (int k = 0; k < 4; ++k) ASSERT_NO_FATAL_FAILURE(expect_clean_exit(w, k, std::chrono::milliseconds(120000)));
+  EXPECT_NE(slurp(w.logs[0]).find("resuming at step " + std::to_string(saved->op)), std::string::npos) << slurp(w.logs[0]);
+  EXPECT_LT(relative_gap(single.flat(), load_safetensors(job.out).flat()), 1e-4);
+  const auto stats = nlohmann::json::parse(slurp(job.out.string() + ".json"));
+  EXPECT_EQ(stats.at("resumed_at").get<std::uint64_t>(), saved->op);
+  EXPECT_NEAR(stats.at("mean_loss").get<double>(), one.mean_loss, 1e-4 * std::abs(one.mean_loss))
+      << "the losses of the steps before the checkpoint were not carried over";
+}
+
+// A checkpoint resumes only its own job, and only when intact: another key (another round's
+// model or options), a parameter file that does not match the hash progress.json names, or a
+// torn progress.json are each refused with the reason, and the job then starts at step 0.
+TEST(Checkpoint, ProgressResumesOnlyItsOwnIntactJob) {
+  test::TempDir dir;
+  const auto c = digits_case();
+  const std::vector<float> losses{0.9f, 0.8f, 0.7f};
+  agent::save_progress(dir / "p", "key-a", 3, c.model, losses);
+  agent::save_progress(dir / "p", "key-a", 3, c.model, losses);  // again: one parameter file stays
+  std::string why;
+  const auto ok = agent::load_progress(dir / "p", "key-a", why);
+  ASSERT_TRUE(ok.has_value()) << why;
+  EXPECT_EQ(ok->op, 3u);
+  EXPECT_EQ(ok->step_loss, losses);
+  EXPECT_FALSE(agent::load_progress(dir / "p", "key-b", why).has_value());
+  EXPECT_NE(why.find("another round"), std::string::npos) << why;
+  EXPECT_FALSE(agent::load_progress(dir / "none", "key-a", why).has_value());
+  EXPECT_EQ(why, "") << "no checkpoint at all is no failure";
+  Model other = c.model;
+  other.flat()[0] += 1.0f;
+  save_safetensors(ok->params, other);
+  EXPECT_FALSE(agent::load_progress(dir / "p", "key-a", why).has_value());
+  EXPECT_NE(why.find("do not match"), std::string::npos) << why;
+  atomic_write_file(dir / "p" / "progress.json", "{\"key\": \"key-a\", \"op\"");
+  EXPECT_FALSE(agent::load_progress(dir / "p", "key-a", why).has_value());
+  EXPECT_NE(why.find("cannot be read"), std::string::npos) << why;
+  std::size_t files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir / "p")) files += e.path().filename().string().rfind("params-", 0) == 0;
+  EXPECT_EQ(files, 1u);
 }
 
 // 8-bit buckets x a killed worker: the step is redone with each survivor's error feedback rolled

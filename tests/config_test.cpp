@@ -698,6 +698,24 @@ struct LocalConfigFile {
   }
 };
 
+// local.checkpoint_ms: 30 s by default, 0 for none, a negative or absurd interval refused with
+// its key; written back by to_json only when not the default.
+TEST(Config, LocalCheckpointsAreEveryThirtySecondsUnlessSetOrOff) {
+  LocalConfigFile file;
+  const std::string data = R"(, "data": {"train": "t.csv"})";
+  agent::AgentConfig c;
+  EXPECT_EQ(file.load(data + R"(, "local": {"workers": 2})", &c), "");
+  EXPECT_EQ(c.local.checkpoint_interval, std::chrono::milliseconds(30000));
+  EXPECT_FALSE(agent::to_json(c)["local"].contains("checkpoint_ms"));
+  EXPECT_EQ(file.load(data + R"(, "local": {"workers": 2, "checkpoint_ms": 0})", &c), "");
+  EXPECT_EQ(c.local.checkpoint_interval.count(), 0);
+  EXPECT_EQ(agent::to_json(c)["local"]["checkpoint_ms"], 0);
+  for (const char* bad : {"-1", "1e12", "\"often\""}) {
+    const auto err = file.load(data + R"(, "local": {"workers": 2, "checkpoint_ms": )" + bad + "}");
+    EXPECT_NE(err.find("checkpoint_ms"), std::string::npos) << bad << ": " << err;
+  }
+}
+
 TEST(Config, Int8BucketsAreForTheBuiltinTrainerOnTheTcpBackends) {
   LocalConfigFile file;
   auto load = [&](const std::string& body, agent::AgentConfig* out = nullptr) { return file.load(body, out); };

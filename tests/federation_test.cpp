@@ -4,7 +4,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <thread>
 
@@ -578,20 +580,23 @@ double relative_gap(const Model& a, const Model& b) {
 
 // Runs `xsilo sim` on a small digits MLP federation (iid, 2 rounds) whose silos train with the
 // `local` part given; the outputs go to dir/out-NAME, the log to dir/sim-NAME.log.
+// `during` runs while the sim does (given the output folder), e.g. to fault it.
 std::filesystem::path run_digits_mlp_sim(const std::filesystem::path& dir, int silos, const nlohmann::json& local,
-                                         const std::string& name, std::chrono::seconds limit) {
+                                         const std::string& name, std::chrono::seconds limit, int local_epochs = 2,
+                                         const std::function<void(const std::filesystem::path&)>& during = {}) {
   const auto out = dir / ("out-" + name);
   const nlohmann::json cfg = {{"silos", silos},
                               {"rounds", 2},
                               {"baseline", false},
                               {"data", {{"dataset", "digits"}, {"split", "iid"}}},
                               {"model", {{"kind", "mlp"}, {"hidden", {32}}}},
-                              {"training", {{"local_epochs", 2}, {"batch_size", 16}, {"learning_rate", 0.1}}},
+                              {"training", {{"local_epochs", local_epochs}, {"batch_size", 16}, {"learning_rate", 0.1}}},
                               {"local", local}};
   const auto file = dir / ("sim-" + name + ".json");
   std::ofstream(file) << cfg.dump();
   const auto log = dir / ("sim-" + name + ".log");
   Process sim({test::xsilo_bin(), "sim", "--config", file.string(), "--out", out.string()}, log);
+  if (during) during(out);
   const auto code = sim.wait(limit);
   EXPECT_EQ(code.value_or(-1), 0) << log_tail(log, 40);
   return out;
@@ -607,6 +612,45 @@ TEST(Federation, LocalWorkersTrainTheSameModelAsOneProcess) {
   const auto one = run(1), three = run(3);
   EXPECT_LT(relative_gap(load_safetensors(one / "model.safetensors"), load_safetensors(three / "model.safetensors")), 1e-4);
   EXPECT_NE(read_file(three / "logs/hospital-01.log").find("3 local workers trained"), std::string::npos);
+}
+
+// Every process whose command line holds `word`, as /proc lists them.
+std::vector<pid_t> processes_with(const std::string& word) {
+  std::vector<pid_t> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const auto name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "cmdline");
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (cmdline.find(word) != std::string::npos) out.push_back(static_cast<pid_t>(std::stoi(name)));
+  }
+  return out;
+}
+
+// Checkpoint integration through the agent (issue 44): hospital-01's three local workers save
+// their progress every millisecond; once a checkpoint of round 1 exists, all three are SIGKILLed
+// at once (a crashed host), while the agent lives. The agent starts them again from the
+// checkpoint, the round goes on, and the federation ends with the model of silos that trained
+// alone. Depends on timing: 40 local epochs leave the kill time to land before training ends
+// (the log line checked says when it did not).
+TEST(Federation, LocalWorkersThatAllDieStartAgainFromTheirCheckpointAndTheModelIsUnchanged) {
+  test::TempDir dir;
+  const auto one = run_digits_mlp_sim(dir.path(), 2, {{"workers", 1}}, "one", 300s, 40);
+  const auto killed = run_digits_mlp_sim(
+      dir.path(), 2, {{"workers", 3}, {"backend", "ring"}, {"checkpoint_ms", 1}}, "killed", 300s, 40,
+      [](const std::filesystem::path& out) {
+        const auto round_dir = out / "silos" / "hospital-01" / "state" / "local" / "round-1";
+        ASSERT_TRUE(wait_until([&] { return std::filesystem::exists(round_dir / "progress" / "progress.json"); }, 120s))
+            << "no checkpoint appeared in " << round_dir;
+        const auto job = (round_dir / "job.json").string();
+        const auto workers = processes_with(job);
+        EXPECT_EQ(workers.size(), 3u) << "the workers of " << job;
+        for (pid_t pid : workers) ::kill(pid, SIGKILL);
+      });
+  EXPECT_LT(relative_gap(load_safetensors(one / "model.safetensors"), load_safetensors(killed / "model.safetensors")), 1e-4);
+  const auto silo_log = read_file(killed / "logs/hospital-01.log");
+  EXPECT_NE(silo_log.find("starting them again from step"), std::string::npos) << silo_log;
 }
 
 // Several hosts for real (issue 44): two network namespaces as the hosts of each silo's
