@@ -170,6 +170,8 @@ LocalWorkersConfig parse_local(const ConfigNode& lo, TrainerKind trainer) {
     c.buckets.bytes = static_cast<std::size_t>(lo.integer("bucket_bytes", 25 << 20, 4, std::int64_t{1} << 32));
     c.buckets.compression = lo.one_of("compression", "none", bucket_compressions());
     c.ranks_per_host = static_cast<int>(lo.integer("ranks_per_host", 0, 0, 256));
+    const bool across_given = lo.has("across_hosts");
+    c.across_hosts = lo.one_of("across_hosts", "ring", collective::across_host_algorithms());
     c.backups = static_cast<int>(lo.integer("backups", 0, 0, 64));
     c.checkpoint_interval = std::chrono::milliseconds(lo.integer("checkpoint_ms", 30000, 0, 86400000));
     const bool fraction_given = lo.has("topk_fraction");
@@ -189,6 +191,9 @@ LocalWorkersConfig parse_local(const ConfigNode& lo, TrainerKind trainer) {
     }
     if (c.ranks_per_host > 0 && c.backend != "hierarchical") {
       lo.fail("ranks_per_host", "only the hierarchical backend groups workers by host, and backend is " + c.backend);
+    }
+    if (across_given && c.backend != "hierarchical") {
+      lo.fail("across_hosts", "is the hierarchical backend's algorithm among the hosts' leaders, and backend is " + c.backend);
     }
     if (c.ranks_per_host > 0 && !c.hosts.empty()) {
       lo.fail("ranks_per_host", "the hosts list already says which host each worker is on; give one or the other");
@@ -252,6 +257,7 @@ nlohmann::json to_json(const AgentConfig& c) {
   // Only where they apply: the loader refuses them elsewhere.
   if (c.local.buckets.compression == "topk") j["local"]["topk_fraction"] = c.local.buckets.topk_fraction;
   if (c.local.ranks_per_host > 0) j["local"]["ranks_per_host"] = c.local.ranks_per_host;
+  if (c.local.across_hosts != "ring") j["local"]["across_hosts"] = c.local.across_hosts;
   if (c.local.backups > 0) j["local"]["backups"] = c.local.backups;
   if (c.local.checkpoint_interval != LocalWorkersConfig{}.checkpoint_interval) {
     j["local"]["checkpoint_ms"] = c.local.checkpoint_interval.count();

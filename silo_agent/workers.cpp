@@ -211,7 +211,7 @@ void run_workers_once(const LocalWorkersConfig& cfg, const std::filesystem::path
       std::vector<std::string> argv{self_exe(), "collective", "--coordinator",
                                     cfg.listen_host + ":" + std::to_string(coord.port()), "--id", std::to_string(k),
                                     "--host", host, "--backend", cfg.backend, "--ranks-per-host",
-                                    std::to_string(cfg.ranks_per_host), "--step-timeout-ms",
+                                    std::to_string(cfg.ranks_per_host), "--across-hosts", cfg.across_hosts, "--step-timeout-ms",
                                     std::to_string(cfg.step_timeout.count()), "--job", (dir / "job.json").string()};
       // A worker on another host of the silo's cluster starts there through the launcher (ssh
       // by default); the kit, the binary and the data sit at the same paths on every host.

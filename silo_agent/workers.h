@@ -32,6 +32,7 @@ struct LocalWorkersConfig {
   std::vector<std::string> launcher = default_launcher();
   std::string backend = "auto";          // collective::tcp_backends() or nccl
   int ranks_per_host = 0;                // hierarchical on one machine: workers r / n share a "host"
+  std::string across_hosts = "ring";     // hierarchical: the leaders' algorithm across hosts
   int backups = 0;                       // hot standbys swapped in for a failed worker (ids workers..)
   std::chrono::milliseconds step_timeout{10000};
   BucketOptions buckets;

@@ -200,10 +200,9 @@ void with_ranks(int n, const Options& opts, const std::function<void(int, Commun
 
 // Hosts of 1, 2, 3, 1, 2, 3, ... ranks in rank order, and the same sizes interleaved (rank r on
 // host r % 3: a host's ranks need not be neighbours), every rank its own host and all on one:
-// N = 1..9, every reduction, sizes that do not divide by any host's size. Every rank ends with
-// exactly the reference and the same bits as rank 0.
-TEST(Collective, HierarchicalIsExactOnHostsOfOneTwoAndThreeRanksForEveryReduction) {
-  const std::vector<std::size_t> sizes{0, 1, 7, 10007, 100003};
+// N = 1..9, every reduction, sizes that do not divide by any host's size, `across` among the
+// leaders. Every rank ends with exactly the reference and the same bits as rank 0.
+void check_hierarchical_on_uneven_hosts(FlatAllReduce across, const std::vector<std::size_t>& sizes) {
   Options opts;
   opts.chunk_bytes = 16384;
   for (int n = 1; n <= 9; ++n) {
@@ -229,7 +228,7 @@ TEST(Collective, HierarchicalIsExactOnHostsOfOneTwoAndThreeRanksForEveryReductio
           for (std::size_t elements : sizes) {
             std::vector<float> v(elements);
             for (std::size_t i = 0; i < elements; ++i) v[i] = input(op, r, i);
-            hierarchical_all_reduce(*comm.mesh(), v, hosts, opts.chunk_bytes, op);
+            hierarchical_all_reduce(*comm.mesh(), v, hosts, opts.chunk_bytes, op, across);
             const auto want = reference(op, n, elements);
             for (std::size_t i = 0; i < elements; ++i) {
               ASSERT_EQ(v[i], want[i]) << op_name(op) << " n=" << n << " hosts=" << hosts.hosts()
@@ -249,6 +248,20 @@ TEST(Collective, HierarchicalIsExactOnHostsOfOneTwoAndThreeRanksForEveryReductio
       }
     }
   }
+}
+
+TEST(Collective, HierarchicalIsExactOnHostsOfOneTwoAndThreeRanksForEveryReduction) {
+  check_hierarchical_on_uneven_hosts(nullptr, {0, 1, 7, 10007, 100003});
+}
+
+// The same with the halving-doubling, the tree and the butterfly among the leaders instead of the
+// ring (local.across_hosts): the host counts 1..9 leaders give include every non-power of two.
+TEST(Collective, HierarchicalIsExactWithEveryAlgorithmAcrossHosts) {
+  for (const auto& name : across_host_algorithms()) {
+    SCOPED_TRACE("across hosts: " + name);
+    check_hierarchical_on_uneven_hosts(across_host_algorithm(name), {0, 1, 7, 10007});
+  }
+  EXPECT_THROW(across_host_algorithm("hierarchical"), std::invalid_argument);
 }
 
 // Counts the bytes a rank sends to each peer.
@@ -271,29 +284,34 @@ class CountingMesh : public Mesh {
 
 // Hosts of 3, 2 and 3 ranks: only the leaders (ranks 0, 3, 5) send across hosts, each its
 // ring's 2(H - 1)/H of the vector; every other rank talks only inside its host.
+// With any algorithm among the leaders, only they send across hosts.
 TEST(Collective, HierarchicalSendsAcrossHostsOnlyBetweenLeaders) {
   const int labels[] = {0, 0, 0, 1, 1, 2, 2, 2};
   const HostLayout hosts(labels);
   const std::size_t elements = 30000;
-  std::vector<std::vector<std::size_t>> sent(8);
-  Options opts;
-  with_ranks(8, opts, [&](int r, Communicator& comm) {
-    CountingMesh mesh(*comm.mesh());
-    std::vector<float> v(elements, 1.0f);
-    hierarchical_all_reduce(mesh, v, hosts, 4096);
-    EXPECT_EQ(v, std::vector<float>(elements, 8.0f));
-    sent[static_cast<std::size_t>(r)] = mesh.sent();
-  });
-  for (int r = 0; r < 8; ++r) {
-    std::size_t across = 0;
-    for (int d = 0; d < 8; ++d) {
-      if (hosts.host(d) != hosts.host(r)) across += sent[static_cast<std::size_t>(r)][static_cast<std::size_t>(d)];
-    }
-    const bool leader = r == 0 || r == 3 || r == 5;
-    if (leader) {
-      EXPECT_EQ(across, 2 * elements * sizeof(float) * 2 / 3) << "rank " << r;  // 2(H-1)/H of the vector, H = 3
-    } else {
-      EXPECT_EQ(across, 0u) << "rank " << r << " is not a leader";
+  for (const auto& name : across_host_algorithms()) {
+    std::vector<std::vector<std::size_t>> sent(8);
+    Options opts;
+    with_ranks(8, opts, [&](int r, Communicator& comm) {
+      CountingMesh mesh(*comm.mesh());
+      std::vector<float> v(elements, 1.0f);
+      hierarchical_all_reduce(mesh, v, hosts, 4096, Op::sum, across_host_algorithm(name));
+      EXPECT_EQ(v, std::vector<float>(elements, 8.0f)) << name;
+      sent[static_cast<std::size_t>(r)] = mesh.sent();
+    });
+    for (int r = 0; r < 8; ++r) {
+      std::size_t across = 0;
+      for (int d = 0; d < 8; ++d) {
+        if (hosts.host(d) != hosts.host(r)) across += sent[static_cast<std::size_t>(r)][static_cast<std::size_t>(d)];
+      }
+      const bool leader = r == 0 || r == 3 || r == 5;
+      if (!leader) {
+        EXPECT_EQ(across, 0u) << name << ": rank " << r << " is not a leader";
+      } else if (name == "ring") {
+        EXPECT_EQ(across, 2 * elements * sizeof(float) * 2 / 3) << "rank " << r;  // 2(H-1)/H of the vector, H = 3
+      } else {
+        EXPECT_GT(across, 0u) << name << ": leader " << r << " sent nothing across";
+      }
     }
   }
 }

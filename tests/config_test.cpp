@@ -716,6 +716,25 @@ TEST(Config, LocalCheckpointsAreEveryThirtySecondsUnlessSetOrOff) {
   }
 }
 
+// local.across_hosts: the hierarchical backend's algorithm among the leaders (ring by default);
+// refused with another backend, and an unknown algorithm refused with the ones there are.
+TEST(Config, AcrossHostsIsTheHierarchicalBackendsChoiceOfAlgorithm) {
+  LocalConfigFile file;
+  const std::string data = R"(, "data": {"train": "t.csv"})";
+  agent::AgentConfig c;
+  EXPECT_EQ(file.load(data + R"(, "local": {"workers": 4, "backend": "hierarchical", "ranks_per_host": 2})", &c), "");
+  EXPECT_EQ(c.local.across_hosts, "ring");
+  EXPECT_FALSE(agent::to_json(c)["local"].contains("across_hosts"));
+  EXPECT_EQ(file.load(data + R"(, "local": {"workers": 4, "backend": "hierarchical", "across_hosts": "tree"})", &c), "");
+  EXPECT_EQ(c.local.across_hosts, "tree");
+  EXPECT_EQ(agent::to_json(c)["local"]["across_hosts"], "tree");
+  const auto elsewhere = file.load(data + R"(, "local": {"workers": 4, "backend": "ring", "across_hosts": "tree"})");
+  EXPECT_NE(elsewhere.find("across_hosts"), std::string::npos) << elsewhere;
+  EXPECT_NE(elsewhere.find("hierarchical"), std::string::npos) << elsewhere;
+  const auto unknown = file.load(data + R"(, "local": {"workers": 4, "backend": "hierarchical", "across_hosts": "star"})");
+  EXPECT_NE(unknown.find("butterfly"), std::string::npos) << unknown;
+}
+
 TEST(Config, Int8BucketsAreForTheBuiltinTrainerOnTheTcpBackends) {
   LocalConfigFile file;
   auto load = [&](const std::string& body, agent::AgentConfig* out = nullptr) { return file.load(body, out); };

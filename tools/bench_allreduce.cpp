@@ -129,16 +129,20 @@ Results run_ours(const std::string& backend, int ranks, const AllreduceBenchOpti
                  const std::filesystem::path& dir) {
   const auto& sizes = opts.bytes;
   const bool compressed = backend == "int8" || backend == "topk";
+  // hierarchical+ALG: the hierarchical all-reduce with ALG among the hosts' leaders.
+  const auto plus = backend.find('+');
+  const std::string base = plus == std::string::npos ? backend : backend.substr(0, plus);
+  const std::string across = plus == std::string::npos ? "ring" : backend.substr(plus + 1);
   std::cerr << "bench allreduce: " << backend << ", " << ranks << " ranks..." << std::endl;
   collective::Coordinator coord(ranks, std::chrono::milliseconds(5000), opts.listen_host);
   std::vector<std::unique_ptr<Process>> procs;
   for (int k = 0; k < ranks; ++k) {
     // With hosts given, hierarchical groups the ranks by their --host address.
     const std::string host = opts.hosts.empty() ? "127.0.0.1" : opts.hosts[static_cast<std::size_t>(k) % opts.hosts.size()];
-    const bool by_rank = backend == "hierarchical" && opts.hosts.empty();
+    const bool by_rank = base == "hierarchical" && opts.hosts.empty();
     std::vector<std::string> argv{self_exe(), "collective", "--coordinator",
                                   opts.listen_host + ":" + std::to_string(coord.port()), "--id", std::to_string(k),
-                                  "--host", host, "--backend", compressed ? "ring" : backend,
+                                  "--host", host, "--backend", compressed ? "ring" : base, "--across-hosts", across,
                                   "--compression", compressed ? backend : "none", "--step-timeout-ms", "60000",
                                   "--chunk-bytes", std::to_string(opts.chunk_bytes), "--ranks-per-host",
                                   by_rank ? std::to_string(opts.ranks_per_host) : "0",

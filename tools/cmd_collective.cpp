@@ -21,7 +21,7 @@ namespace xsilo::tools {
 namespace {
 
 struct WorkerOptions {
-  std::string coordinator, host = "127.0.0.1", backend = "auto", compression = "none", job;
+  std::string coordinator, host = "127.0.0.1", backend = "auto", across_hosts = "ring", compression = "none", job;
   int id = 0, shards = 0;
   std::size_t chunk_bytes = 1u << 20, ranks_per_host = 0;
   double topk_fraction = 0.01;
@@ -123,6 +123,7 @@ int run_worker(const WorkerOptions& o) {
   opts.backend = o.backend;
   opts.chunk_bytes = o.chunk_bytes;
   opts.ranks_per_host = o.ranks_per_host;
+  opts.across_hosts = o.across_hosts;
   opts.step_timeout = std::chrono::milliseconds(o.step_timeout_ms);
   try {
     collective::Group group(o.coordinator.substr(0, colon),
@@ -156,6 +157,8 @@ void add_collective(CLI::App& app, int& exit_code) {
   c->add_option("--backend", o->backend, "ring, hd, tree, butterfly, hierarchical, auto or nccl")->capture_default_str();
   c->add_option("--ranks-per-host", o->ranks_per_host,
                 "hierarchical: ranks r / N share a host (0: ranks with the same --host address do)")
+      ->capture_default_str();
+  c->add_option("--across-hosts", o->across_hosts, "hierarchical: the leaders' algorithm across hosts (ring, hd, tree, butterfly)")
       ->capture_default_str();
   c->add_option("--compression", o->compression, "--bench: none, int8 (the 8-bit all-reduce) or topk (the sparse one)")
       ->check(CLI::IsMember({"none", "int8", "topk"}))

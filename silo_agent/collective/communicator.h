@@ -132,11 +132,19 @@ class HostLayout {
   std::vector<std::vector<int>> members_;
   std::vector<int> leaders_;
 };
+// Any of the algorithms above, as the hierarchical all-reduce runs it among the leaders.
+using FlatAllReduce = void (*)(Mesh&, std::span<float>, std::size_t, Op);
+// The algorithms the leaders may run across hosts: ring, hd, tree, butterfly.
+const std::vector<std::string>& across_host_algorithms();
+FlatAllReduce across_host_algorithm(const std::string& name);  // std::invalid_argument if unknown
+
 // Hierarchical: reduce inside each host (the ring's scatter-reduce, then each segment to the
-// host's leader), the ring all-reduce among the leaders across hosts, then a pipelined chain
-// broadcast inside each host. Only the leaders use the inter-host links. Any N, any host sizes.
+// host's leader), `across` among the leaders across hosts (the ring by default: bandwidth-
+// optimal; the tree or the butterfly for small vectors over high-latency links), then a
+// pipelined chain broadcast inside each host. Only the leaders use the inter-host links. Any N,
+// any host sizes.
 void hierarchical_all_reduce(Mesh& mesh, std::span<float> data, const HostLayout& hosts, std::size_t chunk_bytes,
-                             Op op = Op::sum);
+                             Op op = Op::sum, FlatAllReduce across = nullptr);
 
 // The backends make_tcp_communicator takes: ring, hd, tree, butterfly, hierarchical, auto.
 const std::vector<std::string>& tcp_backends();
@@ -149,6 +157,8 @@ struct Options {
   // hierarchical: ranks r / ranks_per_host share a host (tests and benchmarks on one machine);
   // 0: ranks whose peers' addresses are equal share a host.
   std::size_t ranks_per_host = 0;
+  // hierarchical: the algorithm among the hosts' leaders (across_host_algorithms()).
+  std::string across_hosts = "ring";
 };
 
 // The host layout a TCP communicator's hierarchical all-reduce uses: ranks r / ranks_per_host

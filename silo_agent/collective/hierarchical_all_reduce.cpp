@@ -1,6 +1,8 @@
 // The hierarchical all-reduce: a ring inside each host, a ring across the hosts' leaders.
 #include <algorithm>
 #include <map>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "silo_agent/collective/communicator.h"
@@ -43,17 +45,39 @@ HostLayout::HostLayout(std::span<const int> host_of) {
 //      which local rank i holds op over the host of segment (i + 1) % m, then each local rank
 //      i > 0 hands that segment to the leader (local rank 0), which now holds the host's
 //      partial result whole. Each rank sends (m - 1)/m of the vector, then 1/m.
-//   2. Across hosts: the leaders, one per host, run the ring all-reduce on the host partials:
-//      each leader sends 2(H - 1)/H of the vector over the slow links, and only the leaders
-//      use them, so H streams cross the inter-host network instead of the flat ring's N.
+//   2. Across hosts: the leaders, one per host, run `across` (the ring by default) on the host
+//      partials: with the ring each leader sends 2(H - 1)/H of the vector over the slow links,
+//      and only the leaders use them, so H streams cross the inter-host network instead of the
+//      flat ring's N.
 //   3. Inside each host: the leader's result goes down the chain 0 -> 1 -> ... -> m-1,
 //      pipelined by chunks.
 //
 // Each element's result is computed once (phase 2's owner of its segment) and copied to every
 // other rank, so every rank ends with the same bits, for every op. A host of one rank skips
 // phases 1 and 3; one host is the ring's reduce-scatter + gather + chain.
+namespace {
+
+void hd_all_reduce(Mesh& mesh, std::span<float> data, std::size_t chunk_bytes, Op op) {
+  halving_doubling_all_reduce(mesh, data, chunk_bytes, op);
+}
+
+}  // namespace
+
+const std::vector<std::string>& across_host_algorithms() {
+  static const std::vector<std::string> names{"ring", "hd", "tree", "butterfly"};
+  return names;
+}
+
+FlatAllReduce across_host_algorithm(const std::string& name) {
+  if (name == "ring") return ring_all_reduce;
+  if (name == "hd") return hd_all_reduce;
+  if (name == "tree") return tree_all_reduce;
+  if (name == "butterfly") return butterfly_all_reduce;
+  throw std::invalid_argument("across hosts the leaders run ring, hd, tree or butterfly, not " + name);
+}
+
 void hierarchical_all_reduce(Mesh& mesh, std::span<float> data, const HostLayout& hosts, std::size_t chunk_bytes,
-                             Op op) {
+                             Op op, FlatAllReduce across) {
   const int n = mesh.size(), r = mesh.rank();
   if (n == 1 || data.empty()) return;
   if (hosts.ranks() != static_cast<std::size_t>(n)) {
@@ -80,7 +104,7 @@ void hierarchical_all_reduce(Mesh& mesh, std::span<float> data, const HostLayout
   }
   if (local_rank == 0 && hosts.hosts() > 1) {
     detail::SubMesh leaders(mesh, hosts.leaders(), static_cast<int>(h));
-    ring_all_reduce(leaders, data, chunk_bytes, op);
+    (across ? across : ring_all_reduce)(leaders, data, chunk_bytes, op);
   }
   if (m > 1) detail::chain_broadcast(local, data, chunk_bytes);
 }

@@ -237,7 +237,8 @@ class TcpCommunicator : public Communicator {
       : opts_(opts),
         algorithm_(parse_algorithm(opts.backend)),
         mesh_(rank, peers, listen_fd, opts.step_timeout),
-        hosts_(host_layout(peers, opts.ranks_per_host)) {}
+        hosts_(host_layout(peers, opts.ranks_per_host)),
+        across_(across_host_algorithm(opts.across_hosts)) {}
   int rank() const override { return mesh_.rank(); }
   int size() const override { return mesh_.size(); }
   std::string backend() const override { return opts_.backend; }
@@ -252,7 +253,7 @@ class TcpCommunicator : public Communicator {
       case Algorithm::hd: return halving_doubling_all_reduce(mesh_, data, opts_.chunk_bytes, op);
       case Algorithm::tree: return tree_all_reduce(mesh_, data, opts_.chunk_bytes, op);
       case Algorithm::butterfly: return butterfly_all_reduce(mesh_, data, opts_.chunk_bytes, op);
-      case Algorithm::hierarchical: return hierarchical_all_reduce(mesh_, data, hosts_, opts_.chunk_bytes, op);
+      case Algorithm::hierarchical: return hierarchical_all_reduce(mesh_, data, hosts_, opts_.chunk_bytes, op, across_);
       case Algorithm::automatic: break;
     }
   }
@@ -268,6 +269,7 @@ class TcpCommunicator : public Communicator {
   Algorithm algorithm_;  // before mesh_: a backend that is not ours is refused before the mesh forms
   TcpMesh mesh_;
   HostLayout hosts_;
+  FlatAllReduce across_;
 };
 
 }  // namespace
