@@ -312,6 +312,17 @@ class RecoveryTest : public ::testing::Test {
     return dir_ / "checkpoints" / name;
   }
   std::string log_text() { return read_file(dir_ / "audit.jsonl"); }
+  // Silo-level distributed DP for the four coordinates of layout(), with room for several rounds.
+  static DistributedDpConfig small_distributed_dp() {
+    DistributedDpConfig dp;
+    dp.epsilon = 40;
+    dp.clip_norm = 0.5;
+    dp.noise_multiplier = 1.2;
+    dp.denominator = 5;
+    dp.max_group = 5;
+    finalize_distributed_dp(dp, 4);
+    return dp;
+  }
   test::TempDir dir_;
 };
 
@@ -621,13 +632,7 @@ TEST_F(RecoveryTest, CentralDpSpendIsRebuiltFromEveryCommittedRecordOfTheLog) {
 // mirror, or lost); a restarted server with that spend refuses a round past the budget; a
 // damaged privacy part stops the start.
 TEST_F(RecoveryTest, DistributedDpSpendIsRebuiltFromTheAuditChainAfterADamagedCheckpoint) {
-  DistributedDpConfig dp;
-  dp.epsilon = 40;
-  dp.clip_norm = 0.5;
-  dp.noise_multiplier = 1.2;
-  dp.denominator = 5;
-  dp.max_group = 5;
-  finalize_distributed_dp(dp, 4);
+  const auto dp = small_distributed_dp();
   const auto k = signed_part(dp, 11);
   const auto mech = round_mechanism(as_signed(dp, k, dp.padded));
   privacy::Ledger spent;
@@ -692,6 +697,64 @@ TEST_F(RecoveryTest, DistributedDpSpendIsRebuiltFromTheAuditChainAfterADamagedCh
   const auto why = state_error([&] { ServerState(dir_ / "other", 0).recover(layout()); });
   EXPECT_NE(why.find("the privacy spent cannot be rebuilt"), std::string::npos) << why;
   EXPECT_NE(why.find("not the signed setup"), std::string::npos) << why;
+}
+
+// Issue 42: the server died between unmasking round 2 and writing its record; its unmask_begun
+// record, written before anything was unmasked, is all the log holds of it. The restarted server
+// charges round 2 (a budget the two rounds fill admits no third, where round 1 alone would admit
+// one) and `xsilo audit verify` counts it; the round then run again under the same number, with
+// its own unmask_begun record and its commit, is charged once more, and once.
+TEST_F(RecoveryTest, ARoundWhoseUnmaskingBeganIsChargedAfterACrashBeforeItsRecordAndOnceWhereItsRecordFollows) {
+  const auto dp = small_distributed_dp();
+  const auto k = signed_part(dp, 11);
+  const auto mech = round_mechanism(as_signed(dp, k, dp.padded));
+  privacy::Ledger spent;
+  auto begun = [&](std::uint64_t round) {
+    auto if_charged = spent;
+    if_charged.add(mech, 1);
+    return nlohmann::json{{"event", kUnmaskBegun}, {"round", round},
+                          {"privacy", round_privacy_record(dp, k, dp.padded, if_charged)}};
+  };
+  auto commit = [&](ServerState& st, int r) {
+    st.record(begun(static_cast<std::uint64_t>(r)), nullptr);
+    spent.add(mech, 1);
+    const Model m = model(static_cast<float>(r));
+    auto rec = record(r, m);
+    rec["privacy"] = round_privacy_record(dp, k, dp.padded, spent);
+    rec["privacy"]["sums_revealed"] = 1;
+    st.commit(static_cast<std::uint64_t>(r), m, Model{}, rec, MetricsRow{});
+  };
+  {
+    ServerState st(dir_.path(), 0);
+    commit(st, 1);
+    st.record(begun(2), nullptr);  // and the server dies: round 2's record is never written
+  }
+  const privacy::Ledger round_one = spent;
+  spent.add(mech, 1);
+  {
+    const auto claims = check_privacy_claims(read_audit_log(dir_ / "audit.jsonl"));
+    ASSERT_TRUE(succeeded(claims));
+    EXPECT_EQ(claims->central_rounds, 2u);
+  }
+  {
+    ServerState st(dir_.path(), 0);
+    const auto r = st.recover(layout());
+    EXPECT_EQ(r.committed_round, 1u);
+    EXPECT_EQ(r.central_dp, spent);
+    auto tight = dp;
+    tight.epsilon = epsilon_of(spent, dp.delta) * 1.0001;
+    EXPECT_FALSE(fits_another_round(tight, r.central_dp));
+    EXPECT_TRUE(fits_another_round(tight, round_one));  // uncharged, a third round would start
+    st.record({{"event", "federation_start"}, {"first_round", r.last_round + 1}}, nullptr);
+    commit(st, 2);
+  }
+  ASSERT_EQ(spent.count(), 3u);
+  ServerState st(dir_.path(), 0);
+  EXPECT_EQ(st.recover(layout()).central_dp, spent);
+  const auto claims = check_privacy_claims(read_audit_log(dir_ / "audit.jsonl"));
+  ASSERT_TRUE(succeeded(claims));
+  EXPECT_EQ(claims->central_rounds, 3u);
+  EXPECT_NEAR(claims->central_epsilon, epsilon_of(spent, dp.delta), 1e-12);
 }
 
 TEST_F(RecoveryTest, AMirrorRestoresTheLogAndTheCheckpointAndIsKeptUpToDate) {
