@@ -54,17 +54,19 @@ void show_record(const nlohmann::json& r) {
   }
 }
 
+// A check after the chain verified did not hold: why, and that the chain itself did. Returns false.
+bool failed(const std::string& why, const server::AuditChain& r, const std::string& but) {
+  std::cout << "FAILED: " << why << "\n"
+            << "the log's " << r.records << " records verify; " << but << "\n";
+  return false;
+}
+
 // `audit verify`, after the chain verified: every witness's signed heads are in the log. False
 // (having said why) when one is not.
 bool witnesses_consistent(const server::AuditChain& r, const std::vector<std::string>& witnesses) {
   for (const auto& w : witnesses) {
     const auto c = server::check_witness(r, w);
-    if (!c) {
-      std::cout << "FAILED: " << c.error().message() << "\n"
-                << "the log's own " << r.records << " records verify; the witness shows it is not the log "
-                << "the server signed heads of\n";
-      return false;
-    }
+    if (!c) return failed(c.error().message(), r, "the witness shows it is not the log the server signed heads of");
     std::cout << "witness " << w << ": " << c->checked << " signed heads, all in the log\n";
     if (c->ignored) {
       std::cout << "  " << c->ignored << " entries not signed by this key were ignored (no evidence either way); "
@@ -78,11 +80,7 @@ bool witnesses_consistent(const server::AuditChain& r, const std::vector<std::st
 // said why) when a claim is less than they give.
 bool privacy_claims_hold(const server::AuditChain& r, const std::string& log) {
   const auto privacy = server::check_privacy_claims(server::read_audit_log(log));
-  if (!privacy) {
-    std::cout << "FAILED: " << privacy.error().message() << "\n"
-              << "the log's " << r.records << " records verify; a privacy claim in it does not\n";
-    return false;
-  }
+  if (!privacy) return failed(privacy.error().message(), r, "a privacy claim in it does not");
   if (privacy->spends) {
     std::cout << "privacy: " << privacy->spends << " record-level spends of " << privacy->epsilon.size()
               << " silos recomputed from their parameters, every claim at least what they give\n";
@@ -103,12 +101,7 @@ bool sent_setups_recorded(const server::AuditChain& r, const std::string& log, c
   const auto records = server::read_audit_log(log);
   for (const auto& file : sent) {
     const auto c = server::check_sent_setups(records, file);
-    if (!c) {
-      std::cout << "FAILED: " << c.error().message() << "\n"
-                << "the log's " << r.records << " records verify; the log does not record the distributed-DP "
-                << "setup the silo was sent\n";
-      return false;
-    }
+    if (!c) return failed(c.error().message(), r, "it does not record the distributed-DP setup the silo was sent");
     std::cout << "sent " << file << ": " << c->compared
               << " distributed-DP uploads, each under the setup the log's records of its round name\n";
     if (c->unrecorded) {
