@@ -103,8 +103,10 @@ struct Floor {
   std::uint32_t min_sum = 3;  // the fewest silos a revealed sum may cover (min_survivors)
   double corrupt = 0.05;      // the fraction of its group it assumes may collude with the server
   // Distributed DP (crypto/skellam.h): the least noise multiplier a signed setup's Skellam part
-  // may give (skellam_noise_multiplier); 0: no floor. Above 0 a setup without one is refused
-  // too. Checked by the agent (silo_agent/secure_client.cpp), not by check_floor.
+  // may give (skellam_noise_multiplier), discounted for the shares the corrupt_count(n, corrupt)
+  // colluders know: z sqrt((min_survivors - c) / min_survivors); 0: no floor. Above 0 a setup
+  // without one is refused too. Checked by the agent (silo_agent/secure_client.cpp), not by
+  // check_floor.
   double min_noise_multiplier = 0;
 };
 // Success, or why a member with floor `f` refuses `p`; with c = corrupt_count(n, f.corrupt) colluders:

@@ -326,18 +326,32 @@ Result<PrivacyAudit> check_privacy_claims(const std::vector<nlohmann::json>& rec
   PrivacyAudit a;
   std::map<std::string, protocol::DpSgdAccount> rounds;
   privacy::Ledger central;
+  UnmaskingWatch unmasking;  // distributed DP: an unmasking whose round record never followed spent
+  double delta = 0;          // the last silo-level record's
+  auto charge = [&](const privacy::Mechanism& m) {
+    central.add(m, 1);
+    ++a.central_rounds;
+    a.central_epsilon = epsilon_of(central, delta);
+  };
   for (std::size_t i = 0; i < records.size(); ++i) {
     const auto& r = records[i];
     const std::string where = "record " + std::to_string(i + 1) + " (round " + std::to_string(r.value("round", 0)) + "): ";
     try {
-      if (const auto m = silo_level_mechanism_of(r)) {
-        central.add(*m, 1);
-        ++a.central_rounds;
-        a.central_epsilon = epsilon_of(central, r["privacy"]["delta"].get<double>());
-      }
-      // Every round's record states the spend so far, an aborted round's too (it spends nothing).
-      if (r.value("event", "") == "round" && r.contains("privacy") && r["privacy"].is_object() &&
-          (r["privacy"].value("mechanism", "") == "central" || r["privacy"].value("mechanism", "") == "skellam")) {
+      const std::string event = r.value("event", "");
+      const bool stated = (event == "round" || event == kUnmaskBegun) && r.contains("privacy") &&
+                          r["privacy"].is_object() &&
+                          (r["privacy"].value("mechanism", "") == "central" ||
+                           r["privacy"].value("mechanism", "") == "skellam");
+      if (stated) delta = r["privacy"].at("delta").get<double>();
+      if (const auto m = unmasking.take(r)) charge(*m);
+      if (const auto m = silo_level_mechanism_of(r)) charge(*m);
+      // Every round's record states the spend so far, an aborted round's too (it spends nothing);
+      // an unmask_begun record states the spend were its round charged.
+      if (stated && event == kUnmaskBegun) {
+        auto if_charged = central;
+        if_charged.add(*unmasking.open(), 1);
+        if (auto why = check_central_claim(r, if_charged); !why.empty()) return Error(where + why);
+      } else if (stated) {
         if (auto why = check_central_claim(r, central); !why.empty()) return Error(where + why);
       }
     } catch (const std::exception& e) {
@@ -371,6 +385,7 @@ Result<PrivacyAudit> check_privacy_claims(const std::vector<nlohmann::json>& rec
       }
     }
   }
+  if (const auto m = unmasking.open()) charge(*m);  // the log ends while a round unmasks: it spent
   return a;
 }
 

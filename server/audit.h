@@ -90,6 +90,23 @@ using WitnessResult = Result<WitnessCheck>;
 //   all is signed by the log's keys fails: it witnessed another log.
 WitnessResult check_witness(const AuditChain& log, const std::filesystem::path& witness);
 
+// Distributed DP, the silos' side (docs/privacy.md): each upload's line of a silo's sent.jsonl names
+// the Skellam setup it was sent ("skellam_setup_sha256", the hash of the part the server signed),
+// and the log must record that upload under that setup:
+// - a round record that counts the upload (its update_sha256 among the participants) must name
+//   the same setup_sha256;
+// - an upload no record counts (an aborted round, a crash) needs some record of its round (the
+//   round's, or its unmask_begun) naming that setup, when the log has any record of that round.
+// The first line that fails is the error, naming the file, the round and both hashes; an upload to
+// a round the log has no record of proves nothing either way (the server may have stopped before
+// unmasking anything) and is counted.
+struct SentCheck {
+  std::uint64_t compared = 0;    // uploads whose setup the log's records of their round name
+  std::uint64_t unrecorded = 0;  // uploads to rounds the log has no record of
+};
+using SentResult = Result<SentCheck>;
+SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const std::filesystem::path& sent);
+
 // Reads the records (signature not checked); throws std::runtime_error on unparsable lines.
 std::vector<nlohmann::json> read_audit_log(const std::filesystem::path& path);
 

@@ -409,7 +409,22 @@ void Coordinator::finish_unmask(std::int64_t now_ms) {
   if (phase_ != Phase::Unmasking || job_ != JobKind::None) return;
   actions_.push_back(action::CancelTimer{Timer::Unmask});
   set_phase(Phase::Closing, now_ms);
-  run_job(JobKind::Prepare, [agg = r_->agg.get()]() -> JobResult { return agg->prepare(); });
+  // Distributed DP: the round's spend goes on record, durably, before prepare() unmasks any group
+  // sum; a crash before the round's own record cannot hide it (UnmaskingWatch). A record that
+  // cannot be written throws here, before anything is unmasked, and stops the server.
+  nlohmann::json begun = cfg_.distributed_dp ? unmask_begun_record(now_ms) : nlohmann::json();
+  run_job(JobKind::Prepare, [agg = r_->agg.get(), &store = store_, begun = std::move(begun)]() -> JobResult {
+    if (!begun.is_null()) store.record(begun, nullptr);
+    return agg->prepare();
+  });
+}
+
+nlohmann::json Coordinator::unmask_begun_record(std::int64_t now_ms) const {
+  auto after = central_spent_;
+  after.add(round_dp_mechanism(), 1);
+  auto privacy = privacy_record(after);
+  privacy.erase("sums_revealed");  // none yet; the round's own record counts them
+  return {{"event", kUnmaskBegun}, {"round", round_}, {"time", iso_time(now_ms)}, {"privacy", std::move(privacy)}};
 }
 
 // An aborted round: its record (spending nothing), and the same model for the next round.

@@ -263,6 +263,9 @@ class Coordinator {
   privacy::Mechanism round_dp_mechanism() const;
   nlohmann::json privacy_record(const privacy::Ledger& spent) const;
   bool charged_on_abort() const;
+  // Distributed DP: the "unmask_begun" record written before any sum is unmasked (the round, its
+  // signed parameters, the spend were it charged).
+  nlohmann::json unmask_begun_record(std::int64_t now_ms) const;
   void audit_admin(const std::string& command, const std::string& admin, std::int64_t now_ms);
   void decide(std::int64_t now_ms);
   void record_abort(std::int64_t now_ms);

@@ -200,4 +200,23 @@ std::optional<privacy::Mechanism> silo_level_mechanism_of(const nlohmann::json& 
   return distributed_mechanism_of(record);
 }
 
+std::optional<privacy::Mechanism> UnmaskingWatch::take(const nlohmann::json& record) {
+  const std::string event = record.value("event", "");
+  const auto round = record.value("round", std::uint64_t{0});
+  const bool closes_it = event == "round" && begun_ && begun_->round == round;
+  if (event != kUnmaskBegun && event != "round" && event != "federation_start") return std::nullopt;
+  auto interrupted = begun_ && !closes_it ? std::optional<privacy::Mechanism>(begun_->mechanism) : std::nullopt;
+  begun_.reset();
+  if (event == kUnmaskBegun) {
+    const auto m = recorded_skellam_mechanism(record);
+    if (!m) throw std::invalid_argument("its unmask_begun record has no distributed-DP (skellam) privacy part");
+    begun_ = Begun{round, *m};
+  }
+  return interrupted;
+}
+
+std::optional<privacy::Mechanism> UnmaskingWatch::open() const {
+  return begun_ ? std::optional<privacy::Mechanism>(begun_->mechanism) : std::nullopt;
+}
+
 }  // namespace xsilo::server

@@ -32,7 +32,8 @@
 //           weaken it.
 // One round is privacy::SkellamSum{Delta_1, Delta_2, mu} at the parameters its setups signed
 // (as_signed), whatever the config says; a committed round spends, and so does an aborted one
-// whose noisy sums were unmasked (the server saw them); the spend is rebuilt from the audit
+// whose noisy sums were unmasked (the server saw them), and one whose unmasking began but whose
+// record a crash kept from being written (UnmaskingWatch); the spend is rebuilt from the audit
 // chain at start, as in central mode.
 #pragma once
 
@@ -110,5 +111,33 @@ std::optional<privacy::Mechanism> distributed_mechanism_of(const nlohmann::json&
 // Either silo-level mode's mechanism (central_mechanism_of or distributed_mechanism_of): what the
 // recovery and the audit check compose.
 std::optional<privacy::Mechanism> silo_level_mechanism_of(const nlohmann::json& record);
+
+// A round whose unmasking began. Before it unmasks any group sum, the server writes an
+// "unmask_begun" record durably (the round, the signed parameters and setup_sha256 in its
+// "privacy" part, with the spend were the round charged), so that a crash between the unmasking
+// and the round's own record cannot hide the spend. Read in the log's order: the round record of
+// the same round that follows decides, as for any round (charged when committed or when it
+// revealed sums); an unmask_begun record that none follows (the log ends, the server started
+// again, or another round's record or unmasking comes first) spent as if committed: nobody can
+// say no sum was seen. What the recovery and the audit check add to silo_level_mechanism_of's.
+inline constexpr const char* kUnmaskBegun = "unmask_begun";
+class UnmaskingWatch {
+ public:
+  // The log's next record: the mechanism of an earlier round whose unmasking this record shows
+  // was interrupted (to charge now), or nullopt. Throws std::invalid_argument for an
+  // unmask_begun record whose parameters are not the setup it names, or that names none.
+  std::optional<privacy::Mechanism> take(const nlohmann::json& record);
+  // At the log's end: the unmasking no round record closed (to charge), or nullopt.
+  std::optional<privacy::Mechanism> open() const;
+  // The round of that open unmasking (0: none).
+  std::uint64_t open_round() const { return begun_ ? begun_->round : 0; }
+
+ private:
+  struct Begun {
+    std::uint64_t round = 0;
+    privacy::Mechanism mechanism;
+  };
+  std::optional<Begun> begun_;
+};
 
 }  // namespace xsilo::server

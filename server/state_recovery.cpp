@@ -102,6 +102,15 @@ Checkpoint read_checkpoint(const std::filesystem::path& path, const Model& layou
   return c;
 }
 
+// Distributed DP: a round whose unmasking began and whose record never followed (the server
+// stopped in between) may have revealed a sum: it spent (server/distributed_dp.h, UnmaskingWatch).
+void charge_interrupted(privacy::Ledger& spent, const privacy::Mechanism& m, std::uint64_t round) {
+  spdlog::warn("round {}'s unmasking began but its record was never written (the server stopped in between): its "
+               "privacy spend is charged",
+               round);
+  spent.add(m, 1);
+}
+
 }  // namespace
 
 // The audit log's view (verified when it was opened): last round, and the model each
@@ -120,30 +129,41 @@ struct ServerState::AuditHistory {
   // resume supersedes commits but not their spend: their models were released.
   privacy::Ledger central_dp;
   std::uint64_t committed_without_central_dp = 0;  // their models were released without its noise
+  // Distributed DP: a round whose unmasking began and whose record has not followed (yet).
+  UnmaskingWatch unmasking;
 
   std::uint64_t last_commit() const { return committed.empty() ? 0 : committed.rbegin()->first; }
 
+  // Silo-level DP: what the record spends (a round's own mechanism, and an earlier round whose
+  // unmasking it shows was interrupted).
+  void charge(const nlohmann::json& rec) {
+    const std::uint64_t begun = unmasking.open_round();
+    if (const auto m = unmasking.take(rec)) charge_interrupted(central_dp, *m, begun);
+    if (rec.value("event", "") != "round") return;
+    if (const auto m = silo_level_mechanism_of(rec)) {
+      central_dp.add(*m, 1);
+    } else if (rec.value("status", "") == "committed") {
+      ++committed_without_central_dp;
+    }
+  }
+
   void take(const nlohmann::json& rec) {
     const std::string event = rec.value("event", "");
+    const auto n = rec.value("round", std::uint64_t{0});
+    try {
+      charge(rec);
+    } catch (const std::exception& e) {  // invalid_argument, or a JSON type error in a damaged part
+      throw StateError("audit log: round " + std::to_string(n) + ": " + e.what() +
+                       "; the privacy spent cannot be rebuilt, so no round may start");
+    }
     if (event == "operator_resume") {
       const auto from = rec.value("from_round", std::uint64_t{0});
       committed.erase(committed.upper_bound(from), committed.end());
       return;
     }
     if (event != "round") return;
-    const auto n = rec.value("round", std::uint64_t{0});
     if (n > metrics_round) missing_rows[n] = metrics_row_of(rec);
     last_round = std::max(last_round, n);
-    try {
-      if (const auto m = silo_level_mechanism_of(rec)) {
-        central_dp.add(*m, 1);
-      } else if (rec.value("status", "") == "committed") {
-        ++committed_without_central_dp;
-      }
-    } catch (const std::exception& e) {  // invalid_argument, or a JSON type error in a damaged part
-      throw StateError("audit log: round " + std::to_string(n) + ": " + e.what() +
-                       "; the privacy spent cannot be rebuilt, so no round may start");
-    }
     if (rec.value("status", "") == "committed") {
       Committed c{rec.value("model_sha256_after", ""), rec.value("optimizer_state_sha256", ""), std::nullopt};
       if (const auto ac = rec.value("robust", nlohmann::json::object()).value("adaptive_clip", nlohmann::json());
@@ -294,6 +314,7 @@ Resume ServerState::recover(const Model& layout) {
   const auto& committed = history.committed;
   if (!committed.empty()) r.clip_norm = committed.rbegin()->second.clip_norm;
   r.central_dp = history.central_dp;
+  if (const auto m = history.unmasking.open()) charge_interrupted(r.central_dp, *m, history.unmasking.open_round());
   r.committed_without_central_dp = history.committed_without_central_dp;
   const std::uint64_t target = history.last_commit();
   const std::uint64_t from = resume_round(history);

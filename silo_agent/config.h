@@ -79,8 +79,8 @@ struct AgentConfig {
   // "secure_floor": the weakest secure setup this silo joins, whatever the server's signed setup
   // states (crypto/secagg.h, Floor): sums of at least min_sum silos, and safety against a server
   // colluding with `corrupt` of each group, and (min_noise_multiplier, when above 0) distributed
-  // DP's noise: a setup whose Skellam part gives a smaller noise multiplier, or has none, is
-  // refused (docs/privacy.md).
+  // DP's noise: a setup whose Skellam part gives a smaller noise multiplier once the shares of
+  // the `corrupt` colluders are discounted, or has none, is refused (docs/privacy.md).
   crypto::secagg::Floor secure_floor;
   LocalWorkersConfig local;  // data-parallel local training ("local" in the file)
   PrivacyConfig privacy;

@@ -1,7 +1,10 @@
 #include "silo_agent/secure_client.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 
+#include "crypto/secagg_graph.h"
 #include "crypto/skellam.h"
 #include "proto/frame.h"
 #include "protocol/secagg_wire.h"
@@ -44,7 +47,7 @@ namespace {
 // the silo's own config asks for (its noise multiplier: the sum's noise over its sensitivity,
 // whatever the server's config says), else the refusal.
 std::string below_noise_floor(const wire::SecAggSetup& setup, const crypto::secagg::Floor& floor) {
-  char why[400];
+  char why[700];
   // Whatever the floor: a share of noise too large to draw exactly would come out in coarse
   // steps, or as nothing (crypto::kMaxPoissonMean), so a huge signed variance is no guarantee.
   if (setup.has_skellam() && setup.min_survivors() > 0) {
@@ -68,12 +71,29 @@ std::string below_noise_floor(const wire::SecAggSetup& setup, const crypto::seca
   const auto& k = setup.skellam();
   const std::size_t padded = setup.vector_length() > 0 ? setup.vector_length() - 1 : 0;
   const double z = crypto::skellam_noise_multiplier(k.variance(), k.gamma(), k.clip_norm(), padded, k.beta());
-  if (z >= floor.min_noise_multiplier) return "";
-  std::snprintf(why, sizeof why,
-                "below this silo's floor: the secure setup's distributed-DP noise (variance %.6g, gamma %.6g, "
-                "clip_norm %.6g, %zu rotated coordinates) has noise multiplier %.6g, below this silo's %.6g "
-                "(secure_floor.min_noise_multiplier)",
-                k.variance(), k.gamma(), k.clip_norm(), padded, z, floor.min_noise_multiplier);
+  // Colluders know their own shares of the noise: c of the group's members (as the floor counts
+  // them for the masks, crypto::secagg::check_floor) among the n_min survivors of the least sum
+  // the setup reveals leave (n_min - c) / n_min of its variance unknown, so the noise multiplier
+  // that holds against them is z sqrt((n_min - c) / n_min).
+  const std::uint32_t n_min = setup.min_survivors();
+  const std::uint32_t c = crypto::secagg::corrupt_count(static_cast<std::size_t>(setup.members_size()), floor.corrupt);
+  const double z_held = c == 0 ? z : n_min > c ? z * std::sqrt(static_cast<double>(n_min - c) / n_min) : 0.0;
+  if (z_held >= floor.min_noise_multiplier) return "";
+  const int head = std::snprintf(why, sizeof why,
+                                 "below this silo's floor: the secure setup's distributed-DP noise (variance %.6g, "
+                                 "gamma %.6g, clip_norm %.6g, %zu rotated coordinates) has noise multiplier %.6g",
+                                 k.variance(), k.gamma(), k.clip_norm(), padded, z);
+  const std::size_t at = std::min(static_cast<std::size_t>(std::max(head, 0)), sizeof why - 1);
+  if (c > 0) {
+    std::snprintf(why + at, sizeof why - at,
+                  ", %.6g against the %u of its %d members this silo assumes may collude with the server "
+                  "(secure_floor.corrupt %.6g: they know their shares, %u of the %u in the least sum it reveals), "
+                  "below this silo's %.6g (secure_floor.min_noise_multiplier)",
+                  z_held, c, setup.members_size(), floor.corrupt, c, n_min, floor.min_noise_multiplier);
+  } else {
+    std::snprintf(why + at, sizeof why - at, ", below this silo's %.6g (secure_floor.min_noise_multiplier)",
+                  floor.min_noise_multiplier);
+  }
   return why;
 }
 

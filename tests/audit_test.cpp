@@ -6,12 +6,14 @@
 #include <functional>
 
 #include "common/fs.h"
+#include "common/process.h"
 #include "crypto/hash.h"
 #include "common/safetensors.h"
 #include "server/audit.h"
 #include "server/distributed_dp.h"
 #include "server/metrics.h"
 #include "server/state.h"
+#include "protocol/secagg_wire.h"
 #include "tests/testlib.h"
 #include "tests/result_util.h"
 
@@ -312,6 +314,17 @@ class RecoveryTest : public ::testing::Test {
     return dir_ / "checkpoints" / name;
   }
   std::string log_text() { return read_file(dir_ / "audit.jsonl"); }
+  // Silo-level distributed DP for the four coordinates of layout(), with room for several rounds.
+  static DistributedDpConfig small_distributed_dp() {
+    DistributedDpConfig dp;
+    dp.epsilon = 40;
+    dp.clip_norm = 0.5;
+    dp.noise_multiplier = 1.2;
+    dp.denominator = 5;
+    dp.max_group = 5;
+    finalize_distributed_dp(dp, 4);
+    return dp;
+  }
   test::TempDir dir_;
 };
 
@@ -621,13 +634,7 @@ TEST_F(RecoveryTest, CentralDpSpendIsRebuiltFromEveryCommittedRecordOfTheLog) {
 // mirror, or lost); a restarted server with that spend refuses a round past the budget; a
 // damaged privacy part stops the start.
 TEST_F(RecoveryTest, DistributedDpSpendIsRebuiltFromTheAuditChainAfterADamagedCheckpoint) {
-  DistributedDpConfig dp;
-  dp.epsilon = 40;
-  dp.clip_norm = 0.5;
-  dp.noise_multiplier = 1.2;
-  dp.denominator = 5;
-  dp.max_group = 5;
-  finalize_distributed_dp(dp, 4);
+  const auto dp = small_distributed_dp();
   const auto k = signed_part(dp, 11);
   const auto mech = round_mechanism(as_signed(dp, k, dp.padded));
   privacy::Ledger spent;
@@ -692,6 +699,132 @@ TEST_F(RecoveryTest, DistributedDpSpendIsRebuiltFromTheAuditChainAfterADamagedCh
   const auto why = state_error([&] { ServerState(dir_ / "other", 0).recover(layout()); });
   EXPECT_NE(why.find("the privacy spent cannot be rebuilt"), std::string::npos) << why;
   EXPECT_NE(why.find("not the signed setup"), std::string::npos) << why;
+}
+
+// Issue 42: the server died between unmasking round 2 and writing its record; its unmask_begun
+// record, written before anything was unmasked, is all the log holds of it. The restarted server
+// charges round 2 (a budget the two rounds fill admits no third, where round 1 alone would admit
+// one) and `xsilo audit verify` counts it; the round then run again under the same number, with
+// its own unmask_begun record and its commit, is charged once more, and once.
+TEST_F(RecoveryTest, ARoundWhoseUnmaskingBeganIsChargedAfterACrashBeforeItsRecordAndOnceWhereItsRecordFollows) {
+  const auto dp = small_distributed_dp();
+  const auto k = signed_part(dp, 11);
+  const auto mech = round_mechanism(as_signed(dp, k, dp.padded));
+  privacy::Ledger spent;
+  auto begun = [&](std::uint64_t round) {
+    auto if_charged = spent;
+    if_charged.add(mech, 1);
+    return nlohmann::json{{"event", kUnmaskBegun}, {"round", round},
+                          {"privacy", round_privacy_record(dp, k, dp.padded, if_charged)}};
+  };
+  auto commit = [&](ServerState& st, int r) {
+    st.record(begun(static_cast<std::uint64_t>(r)), nullptr);
+    spent.add(mech, 1);
+    const Model m = model(static_cast<float>(r));
+    auto rec = record(r, m);
+    rec["privacy"] = round_privacy_record(dp, k, dp.padded, spent);
+    rec["privacy"]["sums_revealed"] = 1;
+    st.commit(static_cast<std::uint64_t>(r), m, Model{}, rec, MetricsRow{});
+  };
+  {
+    ServerState st(dir_.path(), 0);
+    commit(st, 1);
+    st.record(begun(2), nullptr);  // and the server dies: round 2's record is never written
+  }
+  const privacy::Ledger round_one = spent;
+  spent.add(mech, 1);
+  {
+    const auto claims = check_privacy_claims(read_audit_log(dir_ / "audit.jsonl"));
+    ASSERT_TRUE(succeeded(claims));
+    EXPECT_EQ(claims->central_rounds, 2u);
+  }
+  {
+    ServerState st(dir_.path(), 0);
+    const auto r = st.recover(layout());
+    EXPECT_EQ(r.committed_round, 1u);
+    EXPECT_EQ(r.central_dp, spent);
+    auto tight = dp;
+    tight.epsilon = epsilon_of(spent, dp.delta) * 1.0001;
+    EXPECT_FALSE(fits_another_round(tight, r.central_dp));
+    EXPECT_TRUE(fits_another_round(tight, round_one));  // uncharged, a third round would start
+    st.record({{"event", "federation_start"}, {"first_round", r.last_round + 1}}, nullptr);
+    commit(st, 2);
+  }
+  ASSERT_EQ(spent.count(), 3u);
+  ServerState st(dir_.path(), 0);
+  EXPECT_EQ(st.recover(layout()).central_dp, spent);
+  const auto claims = check_privacy_claims(read_audit_log(dir_ / "audit.jsonl"));
+  ASSERT_TRUE(succeeded(claims));
+  EXPECT_EQ(claims->central_rounds, 3u);
+  EXPECT_NEAR(claims->central_epsilon, epsilon_of(spent, dp.delta), 1e-12);
+}
+
+// Issue 42, a server whose code was changed: it signed the silos a setup with a sixteenth of the
+// configured variance, and recorded the configured parameters with their own hash. The log alone
+// is consistent (the privacy claims verify); `xsilo audit verify --sent` with the silo's
+// sent.jsonl, whose lines name the setup it was sent, fails naming the file, the round and both
+// hashes, for an upload the record counts and for one an aborted round's record does not. The
+// honest silo's file passes; an upload to a round the log has no record of proves nothing.
+TEST_F(RecoveryTest, AuditVerifyWithASilosSentLogCatchesARecordOfAnotherSetupThanTheSiloWasSent) {
+  const auto dp = small_distributed_dp();
+  const auto configured = signed_part(dp, 11);
+  auto weak = configured;
+  weak.set_variance(dp.variance / 16);
+  const std::string recorded = protocol::skellam_sha256(configured, dp.padded);
+  const std::string sent_weak = protocol::skellam_sha256(weak, dp.padded);
+  {
+    ServerState st(dir_.path(), 0);
+    privacy::Ledger spent;
+    spent.add(round_mechanism(as_signed(dp, configured, dp.padded)), 1);
+    auto part = round_privacy_record(dp, configured, dp.padded, spent);
+    part["sums_revealed"] = 1;
+    const Model m = model(1.0f);
+    auto rec = record(1, m);
+    rec["participants"][0]["update_sha256"] = "u1";
+    rec["privacy"] = part;
+    st.commit(1, m, Model{}, rec, MetricsRow{});
+    part["sums_revealed"] = 0;
+    st.record({{"event", "round"}, {"round", 2}, {"status", "aborted"}, {"privacy", part}}, nullptr);
+  }
+  ASSERT_TRUE(succeeded(check_privacy_claims(read_audit_log(dir_ / "audit.jsonl"))));
+  auto sent = [&](const char* name, std::vector<std::tuple<int, const char*, std::string>> uploads) {
+    std::vector<std::string> lines;
+    for (const auto& [round, update, setup] : uploads) {
+      lines.push_back(nlohmann::json{{"round", round}, {"update_sha256", update}, {"skellam_setup_sha256", setup}}.dump());
+    }
+    write_lines(dir_ / name, lines);
+    return (dir_ / name).string();
+  };
+  const auto honest = sent("honest.jsonl", {{1, "u1", recorded}, {2, "u2", recorded}, {3, "u3", recorded}});
+  const auto lied_to = sent("lied.jsonl", {{1, "u1", sent_weak}});
+  const auto aborted = sent("aborted.jsonl", {{2, "u2", sent_weak}});
+  const auto records = read_audit_log(dir_ / "audit.jsonl");
+  const auto ok = check_sent_setups(records, honest);
+  ASSERT_TRUE(succeeded(ok));
+  EXPECT_EQ(ok->compared, 2u);
+  EXPECT_EQ(ok->unrecorded, 1u);
+  const std::string why = error_text(check_sent_setups(records, aborted));
+  EXPECT_NE(why.find("aborted.jsonl line 1, round 2: the silo was sent setup " + sent_weak +
+                     ", but the log's records of that round name setup " + recorded),
+            std::string::npos)
+      << why;
+  // The command an auditor runs.
+  auto verify = [&](std::vector<std::string> sent_files, const std::string& out) {
+    std::vector<std::string> argv{test::xsilo_bin(), "audit", "verify", (dir_ / "audit.jsonl").string(), "--key",
+                                  (dir_ / "audit.pub").string()};
+    for (const auto& f : sent_files) argv.insert(argv.end(), {"--sent", f});
+    Process p(argv, dir_ / out);
+    return p.wait(std::chrono::seconds(30)).value_or(-1);
+  };
+  EXPECT_EQ(verify({honest}, "honest.log"), 0) << read_file(dir_ / "honest.log");
+  EXPECT_NE(read_file(dir_ / "honest.log").find("2 distributed-DP uploads, each under the setup"), std::string::npos)
+      << read_file(dir_ / "honest.log");
+  EXPECT_EQ(verify({honest, lied_to}, "lied.log"), 1) << read_file(dir_ / "lied.log");
+  const std::string said = read_file(dir_ / "lied.log");
+  EXPECT_NE(said.find("FAILED: " + lied_to + " line 1, round 1: the silo was sent setup " + sent_weak +
+                      ", but record 1, which counts its upload, names setup " + recorded),
+            std::string::npos)
+      << said;
 }
 
 TEST_F(RecoveryTest, AMirrorRestoresTheLogAndTheCheckpointAndIsKeptUpToDate) {

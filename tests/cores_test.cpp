@@ -13,6 +13,7 @@
 #include "crypto/fixed_point.h"
 #include "crypto/hash.h"
 #include "protocol/tensor_stream.h"
+#include "server/audit.h"
 #include "server/coordinator.h"
 #include "silo_agent/session.h"
 #include "tests/testlib.h"
@@ -432,6 +433,86 @@ TEST(Cores, LightSecAggCommitsTheSurvivorsMeanAsSecAggDoesWithADropoutInEveryGro
       }
     }
   }
+}
+
+
+// Distributed DP for the Cores' model: a fixed noise multiplier, W the `silos`, the masking ring
+// of `cfg` (32 bits).
+void distributed_dp(server::RoundConfig& cfg, std::size_t silos, double denominator = 0) {
+  cfg.secure.bits = 32;
+  server::DistributedDpConfig dp;
+  dp.epsilon = 40;
+  dp.noise_multiplier = 1.0;
+  dp.denominator = denominator > 0 ? denominator : static_cast<double>(silos);
+  dp.max_group = silos;
+  dp.ring = cfg.secure.bits;
+  cfg.distributed_dp = dp;
+}
+
+// The round aborted after a noisy sum was unmasked: the coordinator wrote the round's
+// "unmask_begun" record before unmasking anything, and charges the round once (its record, and
+// its own ledger that `xsilo status` shows), as the audit check counts it.
+void expect_charged_once_after_its_unmask_begun_record(Cores& fed, std::uint64_t revealed) {
+  const auto& records = fed.store.records;
+  const auto begun = std::find_if(records.begin(), records.end(), [](const auto& r) { return r["event"] == "unmask_begun"; });
+  const auto round = std::find_if(records.begin(), records.end(), [](const auto& r) { return r["event"] == "round"; });
+  ASSERT_NE(begun, records.end());
+  ASSERT_NE(round, records.end());
+  EXPECT_LT(begun - records.begin(), round - records.begin()) << "written before any sum was unmasked";
+  ASSERT_EQ((*round)["status"], "aborted") << round->dump(2);
+  const auto& p = (*round)["privacy"];
+  EXPECT_EQ(p["sums_revealed"], revealed) << round->dump(2);
+  EXPECT_EQ(p["rounds_spent"], 1u);
+  EXPECT_EQ((*begun)["round"], 1u);
+  EXPECT_EQ((*begun)["privacy"]["setup_sha256"], p["setup_sha256"]);
+  EXPECT_EQ((*begun)["privacy"]["epsilon"], p["epsilon"]);
+  EXPECT_FALSE((*begun)["privacy"].contains("sums_revealed"));
+  const auto status = fed.coord().status(fed.now());
+  EXPECT_NEAR(status["distributed_dp"]["epsilon"].get<double>(), p["epsilon"].get<double>(), 1e-12);
+  EXPECT_GT(p["epsilon"].get<double>(), 0);
+  const auto claims = server::check_privacy_claims(records);
+  ASSERT_TRUE(claims.has_value()) << claims.error().message();
+  EXPECT_EQ(claims->central_rounds, 1u);
+}
+
+// Issue 42, the abort recorded apart from a commit (Coordinator::record_abort): distributed DP in
+// two secure groups of four; two members of one group upload and then are gone before the
+// unmasking, so that group's sum cannot be unmasked while the other's is, and too few updates are
+// left.
+TEST(Cores, ADistributedDpRoundAbortedAfterUnmaskingIsChargedOnceAndItsUnmaskingWasRecordedFirst) {
+  auto cfg = secure_config(server::SecureMode::Grouped, 8);
+  cfg.selection.min_updates = 8;  // the round closes once all eight uploaded
+  distributed_dp(cfg, 8);
+  Cores fed(cfg, 8);
+  for (std::size_t i = 0; i < 8; ++i) fed.hang(i);
+  fed.start();
+  std::map<std::uint32_t, std::vector<std::size_t>> groups;
+  for (std::size_t i = 0; i < 8; ++i) groups[fed.group_of(i)].push_back(i);
+  ASSERT_EQ(groups.size(), 2u);
+  const auto& lost = groups.begin()->second;  // two of its four: fewer survivors than its threshold of 3
+  for (std::size_t k = 0; k < 2; ++k) fed.hang_on(lost[k], wire::SecureAggregation::kSecaggSurvivors);
+  for (std::size_t i = 0; i < 8; ++i) fed.unhang(i);
+  ASSERT_EQ(fed.coord().phase(), server::Phase::Unmasking);
+  fed.kill(lost[0]);
+  fed.kill(lost[1]);
+  fed.advance(1ms);
+  expect_charged_once_after_its_unmask_begun_record(fed, 1);
+}
+
+// Issue 42, the abort of a commit that fails after the sums were unmasked (the Commit job): one
+// global group of five, every sum unmasked, and a step that overflows float (an absurd
+// denominator W of 1e-300 makes it infinite): the round aborts, charged once.
+TEST(Cores, ADistributedDpRoundWhoseCommitFailsAfterUnmaskingIsChargedOnce) {
+  auto cfg = secure_config(server::SecureMode::Global, 5);
+  cfg.selection.min_updates = 5;
+  distributed_dp(cfg, 5, 1e-300);
+  Cores fed(cfg, 5);
+  fed.start();
+  fed.advance(1s);
+  const auto rounds = fed.store.rounds();
+  ASSERT_EQ(rounds.size(), 1u);
+  EXPECT_NE(rounds[0].value("reason", "").find("NaN or infinite"), std::string::npos) << rounds[0].dump(2);
+  expect_charged_once_after_its_unmask_begun_record(fed, 1);
 }
 
 }  // namespace

@@ -376,30 +376,46 @@ TEST(DistributedDp, AuditVerifyFailsWhenARecordsParametersAreNotTheSignedSetupIt
   test::expect_claims_fail(unnamed, "names no setup_sha256");
 }
 
+// A log of distributed-DP records as the server writes them, and the spend they give: the
+// round records, the unmask_begun records before their unmasking, and a round whose unmasking
+// was interrupted (charged, with no record of its own).
+struct SkellamLog {
+  server::DistributedDpConfig c = finalized();
+  wire::SkellamSetup k = server::signed_part(c, 7);
+  privacy::Mechanism mech = server::round_mechanism(server::as_signed(c, k, c.padded));
+  privacy::Ledger spent;
+  std::vector<nlohmann::json> log = {{{"event", "federation_start"}}};
+
+  void round(std::uint64_t r, const char* status, std::uint64_t revealed) {
+    if (std::string(status) == "committed" || revealed > 0) spent.add(mech, 1);
+    auto p = server::round_privacy_record(c, k, c.padded, spent);
+    p["sums_revealed"] = revealed;
+    log.push_back({{"event", "round"}, {"round", r}, {"status", status}, {"privacy", p}});
+  }
+  void begun(std::uint64_t r) {
+    auto if_charged = spent;
+    if_charged.add(mech, 1);
+    log.push_back({{"event", server::kUnmaskBegun}, {"round", r},
+                   {"privacy", server::round_privacy_record(c, k, c.padded, if_charged)}});
+  }
+  void interrupted() { spent.add(mech, 1); }
+};
+
 // Issue 42: a round that aborts after its noisy sums were unmasked has released them to the
 // server: its record says how many ("sums_revealed") and states the spend with it, and the audit
 // check (as the recovery, which reads the same records) counts it; a round that aborted before
 // any unmasking spends nothing, and an aborted record that hides its spend is caught.
 TEST(DistributedDp, ARoundAbortedAfterItsSumsWereUnmaskedSpendsAndAuditVerifyCountsIt) {
-  const auto c = finalized();
-  const auto k = server::signed_part(c, 7);
-  const auto mech = server::round_mechanism(server::as_signed(c, k, c.padded));
-  privacy::Ledger spent;
-  std::vector<nlohmann::json> log = {{{"event", "federation_start"}}};
-  auto round = [&](std::uint64_t r, const char* status, std::uint64_t revealed) {
-    if (std::string(status) == "committed" || revealed > 0) spent.add(mech, 1);
-    auto p = server::round_privacy_record(c, k, c.padded, spent);
-    p["sums_revealed"] = revealed;
-    log.push_back({{"event", "round"}, {"round", r}, {"status", status}, {"privacy", p}});
-  };
-  round(1, "committed", 2);
-  round(2, "aborted", 2);  // both groups unmasked, then too few updates left: spent
-  round(3, "aborted", 0);  // aborted while collecting: nothing seen
-  round(4, "committed", 1);
+  SkellamLog s;
+  s.round(1, "committed", 2);
+  s.round(2, "aborted", 2);  // both groups unmasked, then too few updates left: spent
+  s.round(3, "aborted", 0);  // aborted while collecting: nothing seen
+  s.round(4, "committed", 1);
+  const auto& log = s.log;
   const auto ok = server::check_privacy_claims(log);
   ASSERT_TRUE(succeeded(ok));
   EXPECT_EQ(ok->central_rounds, 3u);
-  EXPECT_NEAR(ok->central_epsilon, server::epsilon_of(spent, c.delta), 1e-12);
+  EXPECT_NEAR(ok->central_epsilon, server::epsilon_of(s.spent, s.c.delta), 1e-12);
   EXPECT_TRUE(server::silo_level_mechanism_of(log[2]));
   EXPECT_FALSE(server::silo_level_mechanism_of(log[3]));
   // Round 2's record claiming only the spend before it (as if the abort had spent nothing).
@@ -409,6 +425,48 @@ TEST(DistributedDp, ARoundAbortedAfterItsSumsWereUnmaskedSpendsAndAuditVerifyCou
   auto unreadable = log;
   unreadable[2]["privacy"]["sums_revealed"] = "two";
   EXPECT_FALSE(server::check_privacy_claims(unreadable).has_value());
+}
+
+// Issue 42: the server writes an unmask_begun record before it unmasks a round's sums. The round
+// record that follows decides (a commit is charged once, an abort before any sum was revealed
+// not at all); one that no record of its round follows (the server started again, or the log
+// ends) is charged. An unmask_begun record's own claim is checked as if charged, and its
+// parameters must be the setup it names.
+TEST(DistributedDp, AnUnmaskingWhoseRoundRecordNeverFollowedIsChargedAndOneThatIsFollowedIsChargedOnce) {
+  SkellamLog s;
+  s.begun(1);
+  s.round(1, "committed", 1);  // once
+  s.begun(2);
+  s.round(2, "aborted", 0);  // no sum was revealed: nothing
+  s.begun(3);
+  s.interrupted();  // the server died before round 3's record
+  s.log.push_back({{"event", "federation_start"}});
+  s.begun(3);
+  s.round(3, "committed", 1);
+  s.begun(4);
+  s.interrupted();  // the log ends while round 4 unmasks
+  const auto ok = server::check_privacy_claims(s.log);
+  ASSERT_TRUE(succeeded(ok));
+  EXPECT_EQ(ok->central_rounds, 4u);
+  EXPECT_NEAR(ok->central_epsilon, server::epsilon_of(s.spent, s.c.delta), 1e-12);
+  // The same records, read by the watch as the recovery reads them.
+  server::UnmaskingWatch watch;
+  privacy::Ledger rebuilt;
+  for (const auto& r : s.log) {
+    if (const auto m = watch.take(r)) rebuilt.add(*m, 1);
+    if (const auto m = server::silo_level_mechanism_of(r)) rebuilt.add(*m, 1);
+  }
+  EXPECT_EQ(watch.open_round(), 4u);
+  ASSERT_TRUE(watch.open());
+  rebuilt.add(*watch.open(), 1);
+  EXPECT_EQ(rebuilt, s.spent);
+  // An unmask_begun record claiming the spend without its round; one with other parameters than its setup.
+  auto hidden = s.log;
+  hidden[5]["privacy"]["epsilon"] = s.log[2]["privacy"]["epsilon"];
+  test::expect_claims_fail(hidden, "record 6 (round 3): distributed DP claims epsilon");
+  auto weaker = s.log;
+  weaker[5]["privacy"]["variance"] = s.c.variance / 4;
+  test::expect_claims_fail(weaker, "not the signed setup it names");
 }
 
 }  // namespace

@@ -1092,8 +1092,14 @@ TEST(SecureClient, RefusesWithAWireCodeAndTakesNoPartWithoutAKeyOrUnderAServerIt
 
 // A group of silo-a and silo-b under distributed DP whose signed Skellam part gives noise
 // multiplier z (the sum's noise over its sensitivity), signed by the server.
-wire::SecAggSetup skellam_setup(const Model& m, const crypto::X25519KeyPair& box, double z) {
+// `members` above 2: silo-a and others, t = min_survivors = members - 1.
+wire::SecAggSetup skellam_setup(const Model& m, const crypto::X25519KeyPair& box, double z, int members = 2) {
   auto s = signed_setup(m, box, 32);
+  for (int i = 2; i < members; ++i) s.add_members("silo-" + std::string(1, static_cast<char>('a' + i)));
+  if (members > 2) {
+    s.set_threshold(static_cast<std::uint32_t>(members - 1));
+    s.set_min_survivors(static_cast<std::uint32_t>(members - 1));
+  }
   const std::size_t padded = crypto::padded_length(m.size());
   s.set_vector_length(padded + 1);
   auto* k = s.mutable_skellam();
@@ -1156,6 +1162,34 @@ TEST(SecureClient, RefusesASignedSetupWhoseDistributedDpNoiseIsBelowItsOwnFloor)
     EXPECT_NE(keys.error().message.find("larger than this silo can draw exactly"), std::string::npos)
         << keys.error().message;
   }
+}
+
+// Issue 42: colluders know their own shares of the noise. A silo that assumes some of its group
+// collude with the server (secure_floor.corrupt) holds the signed setup's noise multiplier z,
+// discounted to z sqrt((n_min - c) / n_min), to its floor: a group of five whose least revealed
+// sum has four survivors, c = ceil(0.2 x 5) = 1 of them colluding, leaves z sqrt(3/4). A setup
+// with z = 1.1 passes a floor of 1 without colluders and is refused with them, the message
+// showing both numbers; z = 1.2 passes both.
+TEST(SecureClient, DiscountsTheNoiseSharesOfTheColludersItAssumesBeforeItsFloor) {
+  const Model m = model();
+  const auto box = crypto::X25519KeyPair::generate();
+  SecureClientConfig alone = secure_client_config();
+  alone.floor.min_noise_multiplier = 1.0;
+  SecureClientConfig colluders = alone;
+  colluders.floor.corrupt = 0.2;
+  const auto setup = skellam_setup(m, box, 1.1, 5);
+  EXPECT_TRUE(SecureClient(alone).start(setup, 1, "silo-a"));
+  auto keys = SecureClient(colluders).start(setup, 1, "silo-a");
+  ASSERT_FALSE(keys);
+  EXPECT_EQ(keys.error().code, wire::NOT_ALLOWED);
+  char held[32];
+  std::snprintf(held, sizeof held, "%.6g", 1.1 * std::sqrt(3.0 / 4.0));
+  for (const std::string& says : {std::string("has noise multiplier 1.1, ") + held + " against the 1 of its 5 members",
+                                 std::string("secure_floor.corrupt 0.2"), std::string("1 of the 4 in the least sum"),
+                                 std::string("below this silo's 1 (secure_floor.min_noise_multiplier)")}) {
+    EXPECT_NE(keys.error().message.find(says), std::string::npos) << keys.error().message;
+  }
+  EXPECT_TRUE(SecureClient(colluders).start(skellam_setup(m, box, 1.2, 5), 1, "silo-a"));
 }
 
 // The same refusal through a session: an Error with the code and reason goes to the server, no

@@ -54,17 +54,19 @@ void show_record(const nlohmann::json& r) {
   }
 }
 
+// A check after the chain verified did not hold: why, and that the chain itself did. Returns false.
+bool failed(const std::string& why, const server::AuditChain& r, const std::string& but) {
+  std::cout << "FAILED: " << why << "\n"
+            << "the log's " << r.records << " records verify; " << but << "\n";
+  return false;
+}
+
 // `audit verify`, after the chain verified: every witness's signed heads are in the log. False
 // (having said why) when one is not.
 bool witnesses_consistent(const server::AuditChain& r, const std::vector<std::string>& witnesses) {
   for (const auto& w : witnesses) {
     const auto c = server::check_witness(r, w);
-    if (!c) {
-      std::cout << "FAILED: " << c.error().message() << "\n"
-                << "the log's own " << r.records << " records verify; the witness shows it is not the log "
-                << "the server signed heads of\n";
-      return false;
-    }
+    if (!c) return failed(c.error().message(), r, "the witness shows it is not the log the server signed heads of");
     std::cout << "witness " << w << ": " << c->checked << " signed heads, all in the log\n";
     if (c->ignored) {
       std::cout << "  " << c->ignored << " entries not signed by this key were ignored (no evidence either way); "
@@ -78,11 +80,7 @@ bool witnesses_consistent(const server::AuditChain& r, const std::vector<std::st
 // said why) when a claim is less than they give.
 bool privacy_claims_hold(const server::AuditChain& r, const std::string& log) {
   const auto privacy = server::check_privacy_claims(server::read_audit_log(log));
-  if (!privacy) {
-    std::cout << "FAILED: " << privacy.error().message() << "\n"
-              << "the log's " << r.records << " records verify; a privacy claim in it does not\n";
-    return false;
-  }
+  if (!privacy) return failed(privacy.error().message(), r, "a privacy claim in it does not");
   if (privacy->spends) {
     std::cout << "privacy: " << privacy->spends << " record-level spends of " << privacy->epsilon.size()
               << " silos recomputed from their parameters, every claim at least what they give\n";
@@ -96,9 +94,27 @@ bool privacy_claims_hold(const server::AuditChain& r, const std::string& log) {
   return true;
 }
 
-// `audit verify`: the signatures and the hash chain, then the witnesses and the privacy claims.
-// Returns the exit code: 0 when all hold, 1 when one does not.
-int verify_audit(const std::string& log, const std::string& key, const std::vector<std::string>& witnesses) {
+// Distributed DP: each silo's sent.jsonl names the Skellam setup of every upload, which the
+// log's records of that round must name. False (having said why) when one does not.
+bool sent_setups_recorded(const server::AuditChain& r, const std::string& log, const std::vector<std::string>& sent) {
+  if (sent.empty()) return true;
+  const auto records = server::read_audit_log(log);
+  for (const auto& file : sent) {
+    const auto c = server::check_sent_setups(records, file);
+    if (!c) return failed(c.error().message(), r, "it does not record the distributed-DP setup the silo was sent");
+    std::cout << "sent " << file << ": " << c->compared
+              << " distributed-DP uploads, each under the setup the log's records of its round name\n";
+    if (c->unrecorded) {
+      std::cout << "  " << c->unrecorded << " uploads to rounds the log has no record of (no evidence either way)\n";
+    }
+  }
+  return true;
+}
+
+// `audit verify`: the signatures and the hash chain, then the witnesses, the privacy claims and
+// the silos' sent setups. Returns the exit code: 0 when all hold, 1 when one does not.
+int verify_audit(const std::string& log, const std::string& key, const std::vector<std::string>& witnesses,
+                 const std::vector<std::string>& sent) {
   std::string pk;
   try {
     pk = server::load_public_key(key);
@@ -112,13 +128,16 @@ int verify_audit(const std::string& log, const std::string& key, const std::vect
     return 1;
   }
   const server::AuditChain& r = *v;
-  if (!witnesses_consistent(r, witnesses) || !privacy_claims_hold(r, log)) return 1;
+  if (!witnesses_consistent(r, witnesses) || !privacy_claims_hold(r, log) || !sent_setups_recorded(r, log, sent)) {
+    return 1;
+  }
   if (r.keys.size() > 1) {
     std::cout << "the audit key was rotated " << r.keys.size() - 1 << " time(s); the log is signed by "
               << server::key_hex(r.keys.back().public_key) << " since record " << r.keys.back().from_seq << "\n";
   }
   std::cout << "OK: " << r.records << " records, every signature valid, chain intact"
-            << (witnesses.empty() ? "" : ", every witness consistent") << "\n"
+            << (witnesses.empty() ? "" : ", every witness consistent")
+            << (sent.empty() ? "" : ", every silo's distributed-DP setup recorded") << "\n"
             << "head " << r.head_sha256 << "\n";
   return 0;
 }
@@ -132,13 +151,19 @@ void add_audit(CLI::App& app, int& exit_code) {
   auto log = std::make_shared<std::string>();
   auto key = std::make_shared<std::string>();
   auto witnesses = std::make_shared<std::vector<std::string>>();
+  auto sent = std::make_shared<std::vector<std::string>>();
   auto* verify = audit->add_subcommand("verify", "check every signature and the hash chain");
   verify->add_option("log", *log, "audit log (audit.jsonl)")->required();
   verify->add_option("--key", *key, "the server's audit public key (audit.pub)")->required();
   verify->add_option("--witness", *witnesses,
                      "a silo's audit_heads.jsonl: the heads the server signed for it must all be in the log")
       ->check(CLI::ExistingFile);
-  verify->callback([log, key, witnesses, &exit_code] { exit_code = verify_audit(*log, *key, *witnesses); });
+  verify->add_option("--sent", *sent,
+                     "a silo's sent.jsonl: the distributed-DP setup each upload names (skellam_setup_sha256) must be "
+                     "the setup_sha256 the log's records of its round name")
+      ->check(CLI::ExistingFile);
+  verify->callback(
+      [log, key, witnesses, sent, &exit_code] { exit_code = verify_audit(*log, *key, *witnesses, *sent); });
 
   auto state_dir = std::make_shared<std::string>();
   auto rotate_by = std::make_shared<std::string>("operator");

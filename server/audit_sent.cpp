@@ -1,0 +1,87 @@
+// `xsilo audit verify --sent`: the silos' sent.jsonl against the log's distributed-DP setups
+// (server/audit.h, check_sent_setups).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+
+#include "server/audit.h"
+#include "server/distributed_dp.h"
+
+namespace xsilo::server {
+
+namespace {
+
+// A record of a round that states its Skellam setup: the round's own, or its unmask_begun.
+struct SetupRecord {
+  std::uint64_t seq = 0;
+  std::string setup;                // its privacy part's setup_sha256 ("" when it names none)
+  std::vector<std::string> counts;  // the participants' update_sha256 (a round record's)
+};
+
+std::map<std::uint64_t, std::vector<SetupRecord>> setups_by_round(const std::vector<nlohmann::json>& records) {
+  std::map<std::uint64_t, std::vector<SetupRecord>> out;
+  for (const auto& r : records) {
+    const std::string event = r.value("event", "");
+    if (event != "round" && event != kUnmaskBegun) continue;
+    SetupRecord s;
+    s.seq = r.value("seq", std::uint64_t{0});
+    if (const auto p = r.find("privacy"); p != r.end() && p->is_object()) s.setup = p->value("setup_sha256", "");
+    for (const auto& who : r.value("participants", nlohmann::json::array())) {
+      if (who.is_object()) s.counts.push_back(who.value("update_sha256", ""));
+    }
+    out[r.value("round", std::uint64_t{0})].push_back(std::move(s));
+  }
+  return out;
+}
+
+std::string named(const std::string& setup) { return setup.empty() ? "no setup" : "setup " + setup; }
+
+}  // namespace
+
+SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const std::filesystem::path& sent) {
+  const std::string file = sent.string();
+  if (!std::filesystem::exists(sent)) return Error(file + ": no such file");
+  const auto by_round = setups_by_round(records);
+  SentCheck c;
+  std::uint64_t n = 0;
+  std::ifstream in(sent, std::ios::binary);
+  for (std::string line; std::getline(in, line);) {
+    ++n;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const std::exception& e) {
+      return Error(fmt::format("{} line {}: not a line of a silo's sent.jsonl ({})", file, n, e.what()));
+    }
+    if (!j.is_object() || !j.contains("skellam_setup_sha256")) continue;  // no distributed-DP upload
+    const auto round = j.value("round", std::uint64_t{0});
+    const std::string mine = j.value("skellam_setup_sha256", "");
+    const std::string update = j.value("update_sha256", "");
+    const auto it = by_round.find(round);
+    if (it == by_round.end()) {
+      ++c.unrecorded;
+      continue;
+    }
+    const std::string at = fmt::format("{} line {}, round {}: the silo was sent setup {}", file, n, round, mine);
+    bool counted = false, named_mine = false;
+    for (const auto& rec : it->second) {
+      named_mine = named_mine || rec.setup == mine;
+      if (update.empty() || std::find(rec.counts.begin(), rec.counts.end(), update) == rec.counts.end()) continue;
+      counted = true;
+      if (rec.setup != mine) {
+        return Error(fmt::format("{}, but record {}, which counts its upload, names {}", at, rec.seq, named(rec.setup)));
+      }
+    }
+    if (!counted && !named_mine) {
+      const auto& first = it->second.front();
+      return Error(fmt::format("{}, but the log's records of that round name {} (record {})", at, named(first.setup),
+                               first.seq));
+    }
+    ++c.compared;
+  }
+  return c;
+}
+
+}  // namespace xsilo::server
