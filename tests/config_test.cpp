@@ -363,6 +363,32 @@ TEST(Config, SecureAggregationSettingsAreChecked) {
       << few;
 }
 
+// Buffered rounds (server/schedule.h): k within the silos, the staleness function's keys by
+// kind, and the modes a buffer of several versions cannot combine refused with the reason.
+TEST(Config, ABufferedScheduleIsCheckedAgainstTheSilosAndThePlainModeItNeeds) {
+  const SixSiloServer load;
+  EXPECT_EQ(load(R"(, "schedule": {"mode": "synchronous"})"), "");
+  EXPECT_EQ(load(R"(, "schedule": {"mode": "buffered", "k": 3, "max_staleness": 0})"), "");
+  EXPECT_EQ(load(R"(, "schedule": {"mode": "buffered", "k": 6, "staleness": {"kind": "hinge", "a": 5, "b": 2}})"), "");
+  EXPECT_NE(load(R"(, "schedule": {"mode": "async"})").find(".schedule.mode"), std::string::npos);
+  EXPECT_NE(load(R"(, "schedule": {"mode": "buffered"})").find(".schedule.k: is required"), std::string::npos);
+  EXPECT_NE(load(R"(, "schedule": {"mode": "buffered", "k": 0})").find(".schedule.k"), std::string::npos);
+  EXPECT_NE(load(R"(, "schedule": {"mode": "buffered", "k": 7})").find("allow.silo names only 6 silos"),
+            std::string::npos);
+  EXPECT_NE(load(R"(, "schedule": {"mode": "buffered", "k": 2, "max_staleness": -1})").find(".schedule.max_staleness"),
+            std::string::npos);
+  EXPECT_NE(load(R"(, "schedule": {"k": 2})").find("applies to mode \"buffered\" only"), std::string::npos);
+  EXPECT_NE(load(R"(, "schedule": {"mode": "buffered", "k": 2, "staleness": {"kind": "constant", "a": 1}})")
+                .find(".schedule.staleness.a: has no meaning"),
+            std::string::npos);
+  EXPECT_NE(load(R"(, "schedule": {"mode": "buffered", "k": 2, "staleness": {"b": 1}})").find("hinge"),
+            std::string::npos);
+  const auto secure = load(R"(, "schedule": {"mode": "buffered", "k": 2}, "secure": {"mode": "global"})");
+  EXPECT_NE(secure.find("plain mode only: secure aggregation's pairwise masks"), std::string::npos) << secure;
+  const auto robust = load(R"(, "schedule": {"mode": "buffered", "k": 2}, "aggregation": {"rule": "median"})");
+  EXPECT_NE(robust.find("staleness-weighted mean only"), std::string::npos) << robust;
+}
+
 // f counts what the rule sees: silos in plain mode, group means in grouped secure mode (a
 // Byzantine silo spoils its group's mean). A rule that cannot outvote f of them is refused; one
 // over two inputs (their mean) loads with a warning.
