@@ -237,7 +237,8 @@ TEST(Config, ExampleConfigsAreValid) {
   const auto edge = edge::load_edge_config(dir / "configs/edge.json");
   EXPECT_EQ(edge.upstreams.size(), 1u);
   for (const char* sim : {"breast_cancer_logistic.json", "digits_mlp.json", "digits_local_workers.json",
-                          "digits_robust_non_iid.json", "digits_compressed.json", "report_demo.json"}) {
+                          "digits_robust_non_iid.json", "digits_compressed.json", "report_demo.json", "digits_stragglers.json",
+                          "digits_stragglers_over.json", "digits_stragglers_buffered.json"}) {
     EXPECT_NO_THROW(tools::load_sim_config(src / "configs" / sim)) << sim;
   }
 }
