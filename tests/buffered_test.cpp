@@ -8,6 +8,7 @@
 
 #include "common/config.h"
 #include "common/fs.h"
+#include "common/process.h"
 #include "server/schedule.h"
 #include "testlib.h"
 #include "tools/sim.h"
@@ -158,6 +159,24 @@ TEST(Buffered, TheRealProcessesRefuseItUntilTheDaemonRunsIt) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("buffered rounds run with --in-process only"), std::string::npos) << e.what();
   }
+}
+
+// The server daemon's coordinator still runs barriers: it refuses the schedule at start, exit 2,
+// with the reason, rather than run synchronous rounds under a buffered config.
+TEST(Buffered, TheServerDaemonRefusesItAtStartWithTheReason) {
+  using namespace std::chrono_literals;
+  test::TempDir dir;
+  test::make_pki(dir / "pki", "f", {{wire::SERVER, "server"}});
+  atomic_write_file(dir / "s.json", R"({"federation": "f", "tls": {"kit": ")" + (dir / "pki/kits/server").string() +
+                                        R"("}, "listen": "127.0.0.1:0", "state_dir": ")" + (dir / "state").string() +
+                                        R"(", "allow": {"silo": ["a", "b"]}, "model": {"inputs": 4},
+      "schedule": {"mode": "buffered", "k": 2}})");
+  Process server({test::xsilo_bin(), "server", "--config", (dir / "s.json").string()}, dir / "server.log");
+  EXPECT_EQ(server.wait(30s).value_or(-1), 2);
+  std::ifstream in(dir / "server.log");
+  const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(log.find(".schedule.mode: buffered rounds run in `xsilo sim --in-process` only so far"), std::string::npos)
+      << log;
 }
 
 }  // namespace
