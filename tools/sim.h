@@ -225,10 +225,12 @@ using RoundCallback = std::function<void(std::uint64_t round, bool committed, co
 // The same federation in this process (tools/sim_in_process.cpp): the agents' trainers, the
 // simulated attacks and the server's aggregator and optimizer, without processes or network
 // (secure aggregation as its arithmetic, as said above). Refuses, with the reason, what lives in
-// the protocol: edges, faults, hostile processes, external trainers, sampling silos, compressed
-// uploads, and a secure setup whose sums are smaller than the silos' floor (secure_floor.min_sum;
-// the floor's other conditions, on colluders and SecAgg+ graphs, are checked only by real
-// silos). Writes out/model.safetensors.
+// the protocol: edges, faults, hostile processes, external trainers, sampling silos under secure
+// aggregation, compressed uploads, and a secure setup whose sums are smaller than the silos' floor
+// (secure_floor.min_sum; the floor's other conditions, on colluders and SecAgg+ graphs, are
+// checked only by real silos). Time is a simulated clock (train_ms, nothing slept); buffered
+// rounds (schedule.mode buffered) run on it (docs/buffered.md). Writes out/model.safetensors and
+// out/rounds.jsonl (a line a round: its sim_ms, accuracy and updates).
 SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& out,
                              const RoundCallback& on_round = nullptr);
 
