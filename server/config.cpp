@@ -445,6 +445,67 @@ void parse_broadcast(const ConfigNode& root, ServerConfig& c) {
   bn.finish();
 }
 
+// "schedule": synchronous rounds (absent, or mode "synchronous"), or buffered asynchronous
+// rounds (server/schedule.h). Checked against what a buffered round can combine: a plain sum of
+// updates from silos that each trained on their own version, so no secure mode (pairwise masks
+// cancel only within a fixed cohort), no robust rule (its screens compare updates of one model)
+// and no silo-level DP (its accounting assumes one release per fixed cohort).
+void parse_schedule(const ConfigNode& root, ServerConfig& c) {
+  if (!root.has("schedule")) return;
+  const auto sc = root.child("schedule");
+  auto& s = c.schedule;
+  s.mode = sc.one_of("mode", "synchronous", {"synchronous", "buffered"}) == "buffered" ? ScheduleMode::Buffered
+                                                                                         : ScheduleMode::Synchronous;
+  if (!s.buffered()) {
+    for (const char* key : {"k", "max_staleness", "staleness"}) {
+      if (sc.has(key)) sc.fail(key, "applies to mode \"buffered\" only");
+    }
+    sc.finish();
+    return;
+  }
+  if (!sc.has("k")) sc.fail("k", "is required with mode \"buffered\" (the updates each commit waits for)");
+  s.k = static_cast<std::size_t>(sc.integer("k", 1, 1, 1 << 20));
+  s.max_staleness = static_cast<std::uint64_t>(sc.integer("max_staleness", 4, 0, 1 << 20));
+  if (sc.has("staleness")) {
+    const auto st = sc.child("staleness");
+    const auto kind = st.one_of("kind", "polynomial", {"polynomial", "constant", "hinge"});
+    s.staleness = kind == "constant" ? Staleness::Constant : kind == "hinge" ? Staleness::Hinge : Staleness::Polynomial;
+    if (s.staleness == Staleness::Constant) {
+      if (st.has("a") || st.has("b")) st.fail(st.has("a") ? "a" : "b", "has no meaning for kind \"constant\"");
+    } else {
+      s.a = st.number("a", s.staleness == Staleness::Hinge ? 10.0 : 0.5, 0.0, 100.0);
+    }
+    if (s.staleness == Staleness::Hinge) {
+      s.b = static_cast<std::uint64_t>(st.integer("b", 4, 0, 1 << 20));
+    } else if (st.has("b")) {
+      st.fail("b", "applies to kind \"hinge\" only");
+    }
+    st.finish();
+  }
+  sc.finish();
+  if (!c.expected_silos.empty() && s.k > c.expected_silos.size()) {
+    sc.fail("k", "is " + std::to_string(s.k) + " but allow.silo names only " + std::to_string(c.expected_silos.size()) +
+                     " silos: no commit could ever gather k updates");
+  }
+  if (c.secure.on()) {
+    sc.fail("mode", "buffered rounds run in plain mode only: secure aggregation's pairwise masks cancel only within a "
+                    "cohort fixed for the round, and a buffer mixes updates of several versions (set secure.mode "
+                    "\"off\" or drop schedule)");
+  }
+  if (c.aggregation.rule.rule != robust::Rule::FedAvg || c.aggregation.clip_norm > 0 || c.aggregation.adaptive_clip.on()) {
+    sc.fail("mode", "buffered rounds combine by the staleness-weighted mean only: a robust rule or clipping compares "
+                    "updates as if trained on one model (set aggregation.rule \"fedavg\" without clip_norm)");
+  }
+  if (c.central_dp || c.distributed_dp) {
+    sc.fail("mode", "buffered rounds do not account silo-level privacy (its ledger counts one release per round of "
+                    "a fixed cohort): drop the privacy block or the schedule");
+  }
+  if (c.selection.silos_per_round || c.selection.over_selection > 0) {
+    sc.fail("mode", "buffered rounds take any connected silo: selection.silos_per_round and over_selection apply to "
+                    "synchronous rounds");
+  }
+}
+
 }  // namespace
 
 ServerConfig load_server_config(const std::filesystem::path& file) {
@@ -496,6 +557,7 @@ ServerConfig load_server_config(const std::filesystem::path& file) {
   parse_compression(root, c);
   parse_broadcast(root, c);
   parse_privacy(root, c);
+  parse_schedule(root, c);
 
   c.log_level = root.one_of("log_level", "info", {"trace", "debug", "info", "warn", "error"});
   c.log_format = root.one_of("log_format", "text", {"text", "json"});
@@ -587,6 +649,7 @@ void add_optional_blocks(const ServerConfig& c, nlohmann::json& j) {
   if (c.distributed_dp) j["privacy"] = privacy_json(*c.distributed_dp);
   if (c.metrics.listen) j["metrics"] = transport::to_json(c.metrics);
   if (protocol::compressed(c.compression)) j["compression"] = protocol::to_json(c.compression);
+  if (c.schedule.buffered()) j["schedule"] = to_json(c.schedule);
   if (protocol::compressed(c.broadcast)) {
     auto b = protocol::to_json(c.broadcast);
     b.erase("error_feedback");  // never part of a broadcast

@@ -20,6 +20,7 @@
 #include "robust/rule.h"
 #include "server/central_dp.h"
 #include "server/distributed_dp.h"
+#include "server/schedule.h"   // ScheduleConfig
 #include "server/selection.h"  // SelectionConfig
 
 namespace xsilo::server {
@@ -107,6 +108,8 @@ struct RoundConfig {
   // never takes from the world itself (crypto/sources.h).
   crypto::Sources sources = crypto::Sources::system();
   SelectionConfig selection;
+  // When rounds commit: synchronous (the default) or buffered (server/schedule.h).
+  ScheduleConfig schedule;
   Deadlines deadlines;
   wire::TrainingPlan plan;
   std::set<std::string> expected_silos;  // the silo allow-list when it names silos

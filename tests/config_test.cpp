@@ -237,7 +237,8 @@ TEST(Config, ExampleConfigsAreValid) {
   const auto edge = edge::load_edge_config(dir / "configs/edge.json");
   EXPECT_EQ(edge.upstreams.size(), 1u);
   for (const char* sim : {"breast_cancer_logistic.json", "digits_mlp.json", "digits_local_workers.json",
-                          "digits_robust_non_iid.json", "digits_compressed.json", "report_demo.json"}) {
+                          "digits_robust_non_iid.json", "digits_compressed.json", "report_demo.json", "digits_stragglers.json",
+                          "digits_stragglers_over.json", "digits_stragglers_buffered.json"}) {
     EXPECT_NO_THROW(tools::load_sim_config(src / "configs" / sim)) << sim;
   }
 }
@@ -361,6 +362,32 @@ TEST(Config, SecureAggregationSettingsAreChecked) {
   const auto few = load(R"(, "secure": {"mode": "global", "min_group": 7})");
   EXPECT_NE(few.find(".secure.min_group: is 7 but selection.min_updates allows rounds of 6 silos"), std::string::npos)
       << few;
+}
+
+// Buffered rounds (server/schedule.h): k within the silos, the staleness function's keys by
+// kind, and the modes a buffer of several versions cannot combine refused with the reason.
+TEST(Config, ABufferedScheduleIsCheckedAgainstTheSilosAndThePlainModeItNeeds) {
+  const SixSiloServer load;
+  EXPECT_EQ(load(R"(, "schedule": {"mode": "synchronous"})"), "");
+  EXPECT_EQ(load(R"(, "schedule": {"mode": "buffered", "k": 3, "max_staleness": 0})"), "");
+  EXPECT_EQ(load(R"(, "schedule": {"mode": "buffered", "k": 6, "staleness": {"kind": "hinge", "a": 5, "b": 2}})"), "");
+  EXPECT_NE(load(R"(, "schedule": {"mode": "async"})").find(".schedule.mode"), std::string::npos);
+  EXPECT_NE(load(R"(, "schedule": {"mode": "buffered"})").find(".schedule.k: is required"), std::string::npos);
+  EXPECT_NE(load(R"(, "schedule": {"mode": "buffered", "k": 0})").find(".schedule.k"), std::string::npos);
+  EXPECT_NE(load(R"(, "schedule": {"mode": "buffered", "k": 7})").find("allow.silo names only 6 silos"),
+            std::string::npos);
+  EXPECT_NE(load(R"(, "schedule": {"mode": "buffered", "k": 2, "max_staleness": -1})").find(".schedule.max_staleness"),
+            std::string::npos);
+  EXPECT_NE(load(R"(, "schedule": {"k": 2})").find("applies to mode \"buffered\" only"), std::string::npos);
+  EXPECT_NE(load(R"(, "schedule": {"mode": "buffered", "k": 2, "staleness": {"kind": "constant", "a": 1}})")
+                .find(".schedule.staleness.a: has no meaning"),
+            std::string::npos);
+  EXPECT_NE(load(R"(, "schedule": {"mode": "buffered", "k": 2, "staleness": {"b": 1}})").find("hinge"),
+            std::string::npos);
+  const auto secure = load(R"(, "schedule": {"mode": "buffered", "k": 2}, "secure": {"mode": "global"})");
+  EXPECT_NE(secure.find("plain mode only: secure aggregation's pairwise masks"), std::string::npos) << secure;
+  const auto robust = load(R"(, "schedule": {"mode": "buffered", "k": 2}, "aggregation": {"rule": "median"})");
+  EXPECT_NE(robust.find("staleness-weighted mean only"), std::string::npos) << robust;
 }
 
 // f counts what the rule sees: silos in plain mode, group means in grouped secure mode (a

@@ -59,6 +59,7 @@ struct SimConfig {
   std::optional<Trainer> trainer;
   // passed through to the server config (validated there)
   nlohmann::json training, optimizer, selection, deadlines, transport, aggregation, secure, compression, broadcast;
+  nlohmann::json schedule;  // the server's "schedule" (server/schedule.h): buffered rounds run --in-process only
   // Simulated Byzantine silos: the last `attackers` silos run `attack` (its keys as in the
   // agent config's "attack" section, without "honest", which the sim fills in).
   std::size_t attackers = 0;
@@ -102,6 +103,9 @@ struct SimConfig {
   // silo (tools/sim_agent.h). A kill storm's default is [100, 300]: without it a small model's
   // round lasts a few milliseconds and the faults would land rounds after the ones they name.
   std::uint64_t train_min_ms = 0, train_max_ms = 0;
+  // "stragglers": {"silos": N, "factor": F}: the last N silos train F times as long (train_ms x F).
+  std::size_t straggler_silos = 0;
+  std::uint64_t straggler_factor = 1;
   // Hostile processes, by name: an edge ("edge-01": tools/sim_edge.h), a silo in secure mode
   // ("hospital-03": tools/sim_agent.h) or the server in secure mode ("server":
   // tools/sim_server.h), and what it does.
@@ -207,6 +211,9 @@ struct SimResult {
   double final_accuracy = 0, final_loss = 0, baseline_accuracy = -1;  // NaN: the script does not evaluate
   double final_train_loss = 0;  // what the silos reported for the last committed round
   double epsilon_spent = -1;    // record level: the largest epsilon a silo spent; silo level: the federation's (-1: off)
+  // --in-process with train_ms: the simulated clock when the last round committed (each silo's
+  // training takes its drawn train_ms, silos train in parallel, nothing else takes time).
+  std::int64_t sim_ms = 0;
 };
 
 SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool quiet = false);
@@ -218,10 +225,12 @@ using RoundCallback = std::function<void(std::uint64_t round, bool committed, co
 // The same federation in this process (tools/sim_in_process.cpp): the agents' trainers, the
 // simulated attacks and the server's aggregator and optimizer, without processes or network
 // (secure aggregation as its arithmetic, as said above). Refuses, with the reason, what lives in
-// the protocol: edges, faults, hostile processes, external trainers, sampling silos, compressed
-// uploads, and a secure setup whose sums are smaller than the silos' floor (secure_floor.min_sum;
-// the floor's other conditions, on colluders and SecAgg+ graphs, are checked only by real
-// silos). Writes out/model.safetensors.
+// the protocol: edges, faults, hostile processes, external trainers, sampling silos under secure
+// aggregation, compressed uploads, and a secure setup whose sums are smaller than the silos' floor
+// (secure_floor.min_sum; the floor's other conditions, on colluders and SecAgg+ graphs, are
+// checked only by real silos). Time is a simulated clock (train_ms, nothing slept); buffered
+// rounds (schedule.mode buffered) run on it (docs/buffered.md). Writes out/model.safetensors and
+// out/rounds.jsonl (a line a round: its sim_ms, accuracy and updates).
 SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& out,
                              const RoundCallback& on_round = nullptr);
 

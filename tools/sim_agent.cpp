@@ -93,8 +93,7 @@ class PacedTrainer final : public agent::Trainer {
   }
   agent::TrainResult train(const Model& global, const agent::TrainTask& task, Model& local) override {
     const auto until = std::chrono::steady_clock::now() +
-                       std::chrono::milliseconds(min_ms_ + crypto::derive_seed(task.plan.seed(), task.round, "sim-training-time", task.silo) %
-                                                               (max_ms_ - min_ms_ + 1));
+                       std::chrono::milliseconds(sim_training_ms(task.plan.seed(), task.round, task.silo, min_ms_, max_ms_));
     auto r = inner_->train(global, task, local);
     std::this_thread::sleep_until(until);
     return r;
@@ -207,6 +206,11 @@ class SimHook final : public agent::FaultHook {
 };
 
 }  // namespace
+
+std::uint64_t sim_training_ms(std::uint64_t seed, std::uint64_t round, const std::string& silo, std::uint64_t min_ms,
+                              std::uint64_t max_ms) {
+  return min_ms + crypto::derive_seed(seed, round, "sim-training-time", silo) % (max_ms - min_ms + 1);
+}
 
 SimAgentConfig load_sim_agent_config(const std::filesystem::path& file) {
   const auto j = ConfigNode::load_file(file);

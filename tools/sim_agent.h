@@ -37,6 +37,12 @@ struct SimAgentConfig {
   }
 };
 
+// A silo's simulated training time for its `round`-th training, in [min_ms, max_ms]: drawn from
+// the plan's seed, the round and the silo (purpose "sim-training-time"). The paced trainer
+// sleeps it; `xsilo sim --in-process` advances its simulated clock by it.
+std::uint64_t sim_training_ms(std::uint64_t seed, std::uint64_t round, const std::string& silo, std::uint64_t min_ms,
+                              std::uint64_t max_ms);
+
 SimAgentConfig load_sim_agent_config(const std::filesystem::path& file);
 nlohmann::json to_json(const SimAgentConfig& c);
 

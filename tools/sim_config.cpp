@@ -214,6 +214,7 @@ void pass_sim_blocks(const ConfigNode& root, SimConfig& c) {
   pass("secure", c.secure);
   pass("compression", c.compression);
   pass("broadcast", c.broadcast);
+  pass("schedule", c.schedule);
   pass("local", c.local);
 }
 
@@ -331,6 +332,13 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
     const auto [lo, hi] = root.int_range("train_ms", 0, 3600 * 1000, "milliseconds");
     c.train_min_ms = static_cast<std::uint64_t>(lo);
     c.train_max_ms = static_cast<std::uint64_t>(hi);
+  }
+  if (root.has("stragglers")) {
+    const auto st = root.child("stragglers");
+    c.straggler_silos = static_cast<std::size_t>(st.integer("silos", 1, 0, static_cast<std::int64_t>(c.silos)));
+    c.straggler_factor = static_cast<std::uint64_t>(st.integer("factor", 10, 1, 1000));
+    st.finish();
+    if (!root.has("train_ms")) st.fail("silos", "slows the silos' train_ms: set train_ms too");
   }
   if (root.has("kill_storm")) {
     c.kill_storm = parse_kill_storm(root, c);

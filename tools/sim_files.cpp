@@ -248,6 +248,7 @@ void write_server_config(const SimConfig& cfg, FederationFiles& f) {
   if (cfg.secure.is_object()) server["secure"] = cfg.secure;
   if (cfg.compression.is_object()) server["compression"] = cfg.compression;
   if (cfg.broadcast.is_object()) server["broadcast"] = cfg.broadcast;
+  if (cfg.schedule.is_object()) server["schedule"] = cfg.schedule;
   if (cfg.uploads_at_once > 0) server["uploads_at_once"] = cfg.uploads_at_once;
   if (cfg.silo_privacy.is_object()) server["privacy"] = cfg.silo_privacy;
   f.server_config = out / "configs" / "server.json";
@@ -474,8 +475,10 @@ AgentFiles write_agent_config(const SimConfig& cfg, const FederationFiles& f, st
     }
   }
   if (auto h = cfg.hostile.find(f.silos[i]); h != cfg.hostile.end()) sim.hostile = h->second;
-  sim.train_min_ms = cfg.train_min_ms;
-  sim.train_max_ms = cfg.train_max_ms;
+  // The last straggler_silos silos are the slow ones (stragglers.factor times train_ms).
+  const std::uint64_t slow = i + cfg.straggler_silos >= cfg.silos ? cfg.straggler_factor : 1;
+  sim.train_min_ms = cfg.train_min_ms * slow;
+  sim.train_max_ms = cfg.train_max_ms * slow;
   if (i >= cfg.silos - cfg.attackers) {
     sim.attack = parse_attack(ConfigNode(cfg.attack, cfg.file.string(), ".attack"), /*need_honest=*/false);
     if (sim.attack.needs_honest()) {

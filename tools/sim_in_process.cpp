@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -33,7 +34,9 @@
 #include "server/config.h"
 #include "server/optimizer.h"
 #include "server/commit.h"
+#include "server/schedule.h"
 #include "server/secure_groups.h"
+#include "server/selection.h"
 #include "silo_agent/config.h"
 #include "silo_agent/silo_state.h"
 #include "silo_agent/update.h"
@@ -60,10 +63,8 @@ void refuse_protocol_modes(const SimConfig& cfg) {
   };
   if (set(cfg.compression)) refuse("compressed uploads (compression)");
   if (set(cfg.broadcast)) refuse("a compressed broadcast (broadcast)");
-  if (cfg.selection.is_object() && cfg.selection.value("silos_per_round", std::size_t{0}) != 0 &&
-      cfg.selection.value("silos_per_round", std::size_t{0}) < cfg.silos) {
-    refuse("sampling silos per round (selection.silos_per_round)");
-  }
+  // Sampling silos (selection.silos_per_round) runs here as the server's select() draws it, the
+  // round closing at its target with the first silos done on the simulated clock.
 }
 
 // A round of secure aggregation without its protocol: the members' encoded words summed per
@@ -194,6 +195,14 @@ struct Silo {
   std::unique_ptr<agent::FaultHook> hook;  // the simulated attack, if any
   Model momentum;
   std::filesystem::path sent_log;  // record-level privacy: its spends, as an agent logs its uploads
+  std::uint64_t train_min_ms = 0, train_max_ms = 0;  // simulated compute (train_ms, stragglers)
+  std::uint64_t trainings = 0;                        // how many times it trained (its draws' round)
+  // Its next training's simulated time, and the task it trains under (its round: the count).
+  agent::TrainTask next_task(const wire::TrainingPlan& plan) { return {++trainings, name, plan}; }
+  std::int64_t train_ms(const wire::TrainingPlan& plan) const {
+    if (train_max_ms == 0) return 0;
+    return static_cast<std::int64_t>(sim_training_ms(plan.seed(), trainings, name, train_min_ms, train_max_ms));
+  }
 };
 
 // The federation's silos, each with its agent's own config, trainer and simulated attack.
@@ -203,9 +212,12 @@ std::vector<Silo> make_silos(const SimConfig& cfg, const FederationFiles& f) {
     const auto files = write_agent_config(cfg, f, i, {"127.0.0.1:1"});
     auto a = agent::load_agent_config(files.config);
     a.local.workers = 1;  // local workers' all-reduce gives the same sum, up to float rounding
-    const SimAgentConfig sim = files.simulate.empty() ? SimAgentConfig{} : load_sim_agent_config(files.simulate);
-    auto hooks = make_sim_hooks(a, sim);
+    SimAgentConfig sim = files.simulate.empty() ? SimAgentConfig{} : load_sim_agent_config(files.simulate);
     Silo s;
+    // In-process the training time is simulated, not slept: the silos train one after another.
+    s.train_min_ms = std::exchange(sim.train_min_ms, 0);
+    s.train_max_ms = std::exchange(sim.train_max_ms, 0);
+    auto hooks = make_sim_hooks(a, sim);
     s.name = f.silos[i];
     s.trainer = hooks.trainer ? std::move(hooks.trainer) : agent::make_trainer(a);
     s.hook = std::move(hooks.faults);
@@ -261,12 +273,39 @@ bool fold_upload(server::Aggregator& agg, const std::string& silo, const agent::
   return r.ok();
 }
 
-// Every silo's round into the round's sums (the secure groups or the aggregator): how many were folded.
+// Every taking part silo's round into the round's sums (the secure groups or the aggregator):
+// how many were folded. The round lasts as long as its slowest silo counted: with
+// selection.silos_per_round the silos drawn by the server's select() train and the first
+// `target` done on the simulated clock are folded (the others are the round's stragglers, left
+// out as the server closes at its target); otherwise every silo. `round_ms` gets the round's time.
 std::size_t fold_round(std::vector<Silo>& silos, std::uint64_t round, const Model& global,
                        const server::ServerConfig& scfg, std::optional<GroupedSums>& groups,
-                       server::Aggregator* agg, server::CombineContext& ctx, SimResult& result) {
+                       server::Aggregator* agg, server::CombineContext& ctx, SimResult& result,
+                       std::int64_t& round_ms) {
+  std::vector<std::size_t> taking_part(silos.size());
+  for (std::size_t i = 0; i < silos.size(); ++i) taking_part[i] = i;
+  std::size_t target = silos.size();
+  if (scfg.selection.silos_per_round) {
+    std::vector<server::Candidate> candidates;
+    for (std::size_t i = 0; i < silos.size(); ++i) candidates.push_back({.silo = silos[i].name, .route = i});
+    const auto sel = server::select(candidates, round, scfg.selection, scfg.seed);
+    taking_part.clear();
+    for (const auto& c : sel.chosen) taking_part.push_back(static_cast<std::size_t>(c.second));
+    target = sel.target;
+  }
+  // Each silo's training time this round; the first `target` done are counted, in silo order.
+  std::vector<std::pair<std::int64_t, std::size_t>> done;
+  for (auto i : taking_part) {
+    silos[i].trainings = round;  // a synchronous silo trains once a round: its draw is the round's
+    done.emplace_back(silos[i].train_ms(scfg.plan), i);
+  }
+  std::stable_sort(done.begin(), done.end());
+  if (done.size() > target) done.resize(target);
+  round_ms = done.empty() ? 0 : done.back().first;
+  std::sort(done.begin(), done.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
   std::size_t folded = 0;
-  for (auto& s : silos) {
+  for (const auto& [ms, i] : done) {
+    auto& s = silos[i];
     const agent::TrainTask task{round, s.name, scfg.plan};
     const auto o = silo_round(s, task, global, scfg, result);
     if (!o) continue;
@@ -281,6 +320,107 @@ std::size_t fold_round(std::vector<Silo>& silos, std::uint64_t round, const Mode
     if (fold_upload(*agg, s.name, *o, ctx)) ++folded;
   }
   return folded;
+}
+
+// One line of out/rounds.jsonl: what a commit (or an aborted round) took in, on the simulated clock.
+void log_round(std::ofstream& log, const nlohmann::json& line) {
+  log << line.dump() << "\n";
+  log.flush();
+}
+
+// Buffered asynchronous rounds (server/schedule.h) on the simulated clock. Every silo trains
+// on the newest model version there is when it starts and uploads when its drawn train_ms has
+// passed; the upload is admitted if its base is at most max_staleness versions old, folded
+// scaled by s(staleness) into the buffer (the server's aggregator), and the silo starts again
+// at once on the newest version. When K updates are in, the buffer commits through the server's
+// commit_round as a synchronous round does, and the next version begins. Each commit is a line
+// of rounds.jsonl naming every update's silo, base version and staleness, and the refused.
+void run_buffered(const server::ServerConfig& scfg, std::vector<Silo>& silos, const FederationFiles& f, Model& global,
+                  server::ServerOptimizer& optimizer, std::ofstream& log, SimResult& result,
+                  const RoundCallback& on_round) {
+  const auto& sched = scfg.schedule;
+  std::vector<std::string> names;
+  for (const auto& s : silos) names.push_back(s.name);
+  struct Training {
+    std::int64_t done_ms;
+    std::size_t silo;
+    std::uint64_t base;
+    std::optional<agent::RoundOutput> out;
+  };
+  auto later = [](const Training& a, const Training& b) {
+    return a.done_ms != b.done_ms ? a.done_ms > b.done_ms : a.silo > b.silo;
+  };
+  std::vector<Training> queue;  // a heap, earliest first
+  std::uint64_t version = 0;    // the newest committed model version
+  auto start = [&](std::size_t i, std::int64_t now) {
+    auto& s = silos[i];
+    const auto task = s.next_task(scfg.plan);
+    Training t{now + s.train_ms(scfg.plan), i, version, silo_round(s, task, global, scfg, result)};
+    queue.push_back(std::move(t));
+    std::push_heap(queue.begin(), queue.end(), later);
+  };
+  for (std::size_t i = 0; i < silos.size(); ++i) start(i, 0);
+  auto agg = server::make_aggregator(scfg, global, 1, names, std::nullopt);
+  server::CombineContext ctx{1, scfg.seed, 0, optimizer.last_step()};
+  std::size_t in_buffer = 0;
+  nlohmann::json updates = nlohmann::json::array(), refused = nlohmann::json::array();
+  while (version < scfg.rounds) {
+    std::pop_heap(queue.begin(), queue.end(), later);
+    Training t = std::move(queue.back());
+    queue.pop_back();
+    const std::int64_t now = t.done_ms;
+    auto& s = silos[t.silo];
+    if (t.out) {
+      const auto adm = server::admit(sched, t.base, version);
+      if (!adm.admitted) {
+        refused.push_back({{"silo", s.name}, {"base_version", t.base}, {"staleness", adm.staleness},
+                           {"reason", adm.reason}});
+      } else {
+        const double w = server::staleness_weight(sched, adm.staleness);
+        for (auto& v : t.out->update->flat()) v = static_cast<float>(v * w);
+        if (fold_upload(*agg, s.name, *t.out, ctx)) {
+          ++in_buffer;
+          updates.push_back({{"silo", s.name}, {"base_version", t.base}, {"staleness", adm.staleness},
+                             {"staleness_weight", w}, {"weight", t.out->weight}, {"arrived_ms", now}});
+        } else {
+          refused.push_back({{"silo", s.name}, {"base_version", t.base}, {"staleness", adm.staleness},
+                             {"reason", "the server's upload checks refused it (not finite)"}});
+        }
+      }
+    }
+    if (in_buffer == sched.k) {
+      const std::uint64_t round = version + 1;
+      (void)agg->prepare();  // a plain sum rejects nothing here
+      Model next = global.zeros_like();
+      const auto c = server::commit_round([&](std::span<float> step) { return agg->combine(step, ctx); }, next.flat(),
+                                          optimizer, global.flat());
+      const bool committed = c.has_value();
+      if (committed) {
+        global = std::move(next);
+        version = round;
+        ++result.rounds_committed;
+        result.sim_ms = now;
+      }
+      const auto ev = Network(global).evaluate(global.flat(), f.central_test);
+      result.final_accuracy = ev.accuracy;
+      result.final_loss = ev.loss;
+      log_round(log, {{"round", round}, {"status", committed ? "committed" : "aborted"}, {"sim_ms", now},
+                      {"accuracy", ev.accuracy}, {"loss", ev.loss}, {"schedule", server::to_json(sched)},
+                      {"updates", updates}, {"refused", refused}});
+      if (on_round) on_round(round, committed, global, ev.accuracy, ev.loss);
+      if (!committed) {
+        ++result.rounds_aborted;
+        spdlog::warn("round {}: the buffer's step was not finite; the federation stops", round);
+        break;
+      }
+      updates = nlohmann::json::array();
+      refused = nlohmann::json::array();
+      in_buffer = 0;
+      agg = server::make_aggregator(scfg, global, version + 1, names, std::nullopt);
+      ctx = server::CombineContext{version + 1, scfg.seed, 0, optimizer.last_step()};
+    }
+    start(t.silo, now);  // on the newest version, the commit its own upload made included
+  }
 }
 
 }  // namespace
@@ -308,11 +448,23 @@ SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& 
 
   SimResult result;
   result.exit_code = 0;
+  std::ofstream log(f.out / "rounds.jsonl", std::ios::trunc);
+  if (scfg.schedule.buffered()) {
+    run_buffered(scfg, silos, f, global, optimizer, log, result, on_round);
+    save_safetensors(f.out / "model.safetensors", global);
+    result.exit_code = result.rounds_committed == scfg.rounds ? 0 : 1;
+    return result;
+  }
   const bool secure = scfg.secure.on();
+  if (secure && scfg.selection.silos_per_round) {
+    throw ConfigError("sim --in-process: sampling silos (selection.silos_per_round) with secure aggregation needs "
+                      "the real processes (run xsilo sim without --in-process)");
+  }
   // Silo-level central DP: the server's budget, spent by committed rounds as its coordinator does.
   privacy::Ledger central_spent;
   bool budget_ended = false;
   if (scfg.central_dp || scfg.distributed_dp) result.epsilon_spent = 0;
+  std::int64_t clock_ms = 0;  // the simulated clock: each round lasts as its slowest silo counted
   for (std::uint64_t round = 1; round <= scfg.rounds; ++round) {
     if ((scfg.central_dp && !server::fits_another_round(*scfg.central_dp, central_spent)) ||
         (scfg.distributed_dp && !server::fits_another_round(*scfg.distributed_dp, central_spent))) {
@@ -329,7 +481,9 @@ SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& 
       agg = server::make_aggregator(scfg, global, round, names, clip_norm);
     }
     server::CombineContext ctx{round, scfg.seed, 0, optimizer.last_step()};
-    const std::size_t folded = fold_round(silos, round, global, scfg, groups, agg.get(), ctx, result);
+    std::int64_t round_ms = 0;
+    const std::size_t folded = fold_round(silos, round, global, scfg, groups, agg.get(), ctx, result, round_ms);
+    clock_ms += round_ms;
     // Only secure groups reject in prepare(), and they are simulated apart (GroupedSums): a plain
     // aggregator's list is always empty.
     if (agg) (void)agg->prepare();
@@ -362,6 +516,9 @@ SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& 
     const auto ev = Network(global).evaluate(global.flat(), f.central_test);
     result.final_accuracy = ev.accuracy;
     result.final_loss = ev.loss;
+    if (committed) result.sim_ms = clock_ms;
+    log_round(log, {{"round", round}, {"status", committed ? "committed" : "aborted"}, {"sim_ms", clock_ms},
+                    {"accuracy", ev.accuracy}, {"loss", ev.loss}, {"updates", folded}});
     if (on_round) on_round(round, committed, global, ev.accuracy, ev.loss);
   }
   save_safetensors(f.out / "model.safetensors", global);

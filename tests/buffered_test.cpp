@@ -1,0 +1,183 @@
+// Buffered asynchronous rounds (server/schedule.h): the staleness functions and the admission
+// rule, and whole federations on the sim's simulated clock (`xsilo sim --in-process`), where two
+// silos train ten times as long as the others.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "common/config.h"
+#include "common/fs.h"
+#include "common/process.h"
+#include "server/schedule.h"
+#include "testlib.h"
+#include "tools/sim.h"
+
+namespace xsilo {
+namespace {
+
+TEST(Schedule, StalenessFunctionsStartAtOneAndNeverGrow) {
+  server::ScheduleConfig c;
+  c.mode = server::ScheduleMode::Buffered;
+  EXPECT_DOUBLE_EQ(server::staleness_weight(c, 0), 1.0);
+  EXPECT_DOUBLE_EQ(server::staleness_weight(c, 3), 0.5);  // FedBuff's 1/sqrt(1 + tau)
+  c.a = 1.0;
+  EXPECT_DOUBLE_EQ(server::staleness_weight(c, 4), 0.2);
+  c.staleness = server::Staleness::Constant;
+  EXPECT_DOUBLE_EQ(server::staleness_weight(c, 100), 1.0);
+  c.staleness = server::Staleness::Hinge;
+  c.a = 10;
+  c.b = 2;
+  EXPECT_DOUBLE_EQ(server::staleness_weight(c, 2), 1.0);
+  EXPECT_DOUBLE_EQ(server::staleness_weight(c, 3), 1.0 / 11);
+  for (auto kind : {server::Staleness::Polynomial, server::Staleness::Constant, server::Staleness::Hinge}) {
+    c.staleness = kind;
+    for (std::uint64_t t = 0; t < 50; ++t) {
+      EXPECT_LE(server::staleness_weight(c, t + 1), server::staleness_weight(c, t));
+      EXPECT_GT(server::staleness_weight(c, t), 0.0);
+    }
+  }
+}
+
+TEST(Schedule, AnUpdateOlderThanMaxStalenessOrFromTheFutureIsRefusedWithTheReason) {
+  server::ScheduleConfig c;
+  c.mode = server::ScheduleMode::Buffered;
+  c.max_staleness = 2;
+  EXPECT_TRUE(server::admit(c, 5, 5).admitted);
+  const auto two = server::admit(c, 3, 5);
+  EXPECT_TRUE(two.admitted);
+  EXPECT_EQ(two.staleness, 2u);
+  const auto old = server::admit(c, 2, 5);
+  EXPECT_FALSE(old.admitted);
+  EXPECT_EQ(old.staleness, 3u);
+  EXPECT_NE(old.reason.find("too stale: trained on version 2, 3 versions behind"), std::string::npos) << old.reason;
+  EXPECT_NE(old.reason.find("max_staleness is 2"), std::string::npos) << old.reason;
+  EXPECT_FALSE(server::admit(c, 6, 5).admitted);
+}
+
+// Ten silos of digits, the last two ten times as slow (100 ms against 1000 ms a training).
+tools::SimConfig straggling(const nlohmann::json& extra, const test::TempDir& dir) {
+  nlohmann::json j = {{"name", "stragglers"}, {"silos", 10}, {"rounds", 12}, {"seed", 3}, {"baseline", false},
+                      {"data", {{"dataset", "digits"}, {"standardize", true}}},
+                      {"model", {{"kind", "mlp"}, {"hidden", {16}}}},
+                      {"training", {{"local_epochs", 1}, {"batch_size", 32}, {"learning_rate", 0.05}}},
+                      {"selection", {{"min_silos", 10}, {"min_updates", 8}}},
+                      {"train_ms", {100, 100}},
+                      {"stragglers", {{"silos", 2}, {"factor", 10}}}};
+  j.update(extra);
+  atomic_write_file(dir / "sim.json", j.dump());
+  return tools::load_sim_config(dir / "sim.json");
+}
+
+std::vector<nlohmann::json> rounds_of(const std::filesystem::path& out) {
+  std::vector<nlohmann::json> lines;
+  std::ifstream in(out / "rounds.jsonl");
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+TEST(Buffered, CommitsEveryKUpdatesNamingEachBaseVersionAndTheModelLearns) {
+  test::TempDir dir;
+  const auto cfg =
+      straggling({{"schedule", {{"mode", "buffered"}, {"k", 4}, {"max_staleness", 20}}}, {"rounds", 30}}, dir);
+  const auto r = tools::run_sim_in_process(cfg, dir / "out");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.rounds_committed, 30u);
+  const auto lines = rounds_of(dir / "out");
+  ASSERT_EQ(lines.size(), 30u);
+  bool slow_counted = false, stale_seen = false;
+  std::int64_t last_ms = 0;
+  for (std::size_t v = 0; v < lines.size(); ++v) {
+    const auto& l = lines[v];
+    EXPECT_EQ(l["round"], v + 1);
+    EXPECT_EQ(l["status"], "committed");
+    EXPECT_EQ(l["schedule"]["staleness"]["kind"], "polynomial");
+    ASSERT_EQ(l["updates"].size(), 4u) << l.dump();
+    EXPECT_GE(l["sim_ms"].get<std::int64_t>(), last_ms);
+    last_ms = l["sim_ms"];
+    for (const auto& u : l["updates"]) {
+      const auto base = u["base_version"].get<std::uint64_t>(), tau = u["staleness"].get<std::uint64_t>();
+      EXPECT_LE(base, v);            // trained on a committed version before this one
+      EXPECT_EQ(base + tau, v);      // staleness against the newest when it arrived
+      EXPECT_NEAR(u["staleness_weight"].get<double>(), 1 / std::sqrt(1.0 + double(tau)), 1e-12);
+      stale_seen |= tau > 0;
+      slow_counted |= u["silo"] == "hospital-10";
+    }
+  }
+  EXPECT_TRUE(stale_seen);
+  EXPECT_TRUE(slow_counted);  // the slow silos' updates count, weighted down
+  // The fast silos never wait for the slow ones: 30 commits of 4 in 1.5 slow trainings.
+  EXPECT_EQ(r.sim_ms, 1500);
+  EXPECT_GT(r.final_accuracy, lines.front()["accuracy"].get<double>() + 0.2) << lines.front()["accuracy"];
+  EXPECT_GT(r.final_accuracy, 0.7);
+}
+
+TEST(Buffered, AnUpdateBeyondMaxStalenessIsRefusedAndRecordedInTheNextCommit) {
+  test::TempDir dir;
+  const auto cfg =
+      straggling({{"schedule", {{"mode", "buffered"}, {"k", 4}, {"max_staleness", 1}}}, {"rounds", 30}}, dir);
+  const auto r = tools::run_sim_in_process(cfg, dir / "out");
+  EXPECT_EQ(r.rounds_committed, 30u);
+  std::size_t refused = 0;
+  bool slow_refused = false;
+  for (const auto& l : rounds_of(dir / "out")) {
+    for (const auto& u : l["updates"]) EXPECT_LE(u["staleness"].get<std::uint64_t>(), 1u);
+    for (const auto& x : l["refused"]) {
+      ++refused;
+      EXPECT_GT(x["staleness"].get<std::uint64_t>(), 1u);
+      EXPECT_NE(x["reason"].get<std::string>().find("too stale"), std::string::npos) << x.dump();
+      slow_refused |= x["silo"] == "hospital-10" && x["base_version"] == 0;
+    }
+  }
+  EXPECT_GT(refused, 0u);
+  // A slow silo's first update arrives 20 versions late; the fast silos' arrive at most a few late
+  // (eight at once fill two buffers of four, so some trained two versions back).
+  EXPECT_TRUE(slow_refused);
+}
+
+// The three schedules of docs/benchmarks.md on the simulated clock: synchronous rounds wait for
+// the slow silos, over-selection closes at the eight fast ones, buffered never waits.
+TEST(Buffered, SynchronousRoundsWaitForTheSlowestAndOverSelectionDoesNot) {
+  test::TempDir dir;
+  const auto sync = tools::run_sim_in_process(straggling(nlohmann::json::object(), dir), dir / "sync");
+  EXPECT_EQ(sync.sim_ms, 12 * 1000);
+  for (const auto& l : rounds_of(dir / "sync")) EXPECT_EQ(l["updates"], 10);
+  const auto over = tools::run_sim_in_process(
+      straggling({{"selection", {{"min_silos", 10}, {"min_updates", 8}, {"silos_per_round", 8}, {"over_selection", 0.25}}}},
+                 dir),
+      dir / "over");
+  EXPECT_EQ(over.sim_ms, 12 * 100);
+  for (const auto& l : rounds_of(dir / "over")) EXPECT_EQ(l["updates"], 8);
+}
+
+TEST(Buffered, TheRealProcessesRefuseItUntilTheDaemonRunsIt) {
+  test::TempDir dir;
+  const auto cfg = straggling({{"schedule", {{"mode", "buffered"}, {"k", 4}}}}, dir);
+  try {
+    tools::run_sim(cfg, dir / "out", /*quiet=*/true);
+    ADD_FAILURE() << "buffered rounds ran in the real processes";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("buffered rounds run with --in-process only"), std::string::npos) << e.what();
+  }
+}
+
+// The server daemon's coordinator still runs barriers: it refuses the schedule at start, exit 2,
+// with the reason, rather than run synchronous rounds under a buffered config.
+TEST(Buffered, TheServerDaemonRefusesItAtStartWithTheReason) {
+  using namespace std::chrono_literals;
+  test::TempDir dir;
+  test::make_pki(dir / "pki", "f", {{wire::SERVER, "server"}});
+  atomic_write_file(dir / "s.json", R"({"federation": "f", "tls": {"kit": ")" + (dir / "pki/kits/server").string() +
+                                        R"("}, "listen": "127.0.0.1:0", "state_dir": ")" + (dir / "state").string() +
+                                        R"(", "allow": {"silo": ["a", "b"]}, "model": {"inputs": 4},
+      "schedule": {"mode": "buffered", "k": 2}})");
+  Process server({test::xsilo_bin(), "server", "--config", (dir / "s.json").string()}, dir / "server.log");
+  EXPECT_EQ(server.wait(30s).value_or(-1), 2);
+  std::ifstream in(dir / "server.log");
+  const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(log.find(".schedule.mode: buffered rounds run in `xsilo sim --in-process` only so far"), std::string::npos)
+      << log;
+}
+
+}  // namespace
+}  // namespace xsilo
