@@ -297,9 +297,11 @@ void check_secure_sums(const ConfigNode& se, const ServerConfig& c) {
   // Checked as the silos will see them: the setup carries both as float32.
   codec.clip_norm = static_cast<float>(codec.clip_norm);
   codec.max_weight = static_cast<float>(codec.max_weight);
-  if (auto why = crypto::check_overflow(codec, largest); !why.empty()) se.fail("modulus_bits", why);
+  if (const auto st = crypto::check_overflow(codec, largest); !st) se.fail("modulus_bits", st.error().message());
   if (sc.protocol == SecureProtocol::LightSecAgg && sc.bits == 32) {
-    if (auto why = crypto::field::check_overflow_field(codec, largest); !why.empty()) se.fail("fraction_bits", why);
+    if (const auto st = crypto::field::check_overflow_field(codec, largest); !st) {
+      se.fail("fraction_bits", st.error().message());
+    }
   }
 }
 
