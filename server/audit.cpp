@@ -49,31 +49,33 @@ std::vector<std::string> read_lines(const std::filesystem::path& path) {
 
 namespace {
 
-// "" when `line` is record `n` signed by `pk` and chained to `prev`; otherwise why not.
-std::string check_line(const std::string& line, const std::string& pk, std::uint64_t n, const std::string& prev) {
+// Success when `line` is record `n` signed by `pk` and chained to `prev`; otherwise why not.
+Status check_line(const std::string& line, const std::string& pk, std::uint64_t n, const std::string& prev) {
   std::string message, sig_hex;
-  if (!split_signature(line, message, sig_hex)) return "no signature at the end of the line";
+  if (!split_signature(line, message, sig_hex)) return Error("no signature at the end of the line");
   nlohmann::json rec;
   try {
     rec = nlohmann::json::parse(message);
   } catch (const std::exception&) {
-    return "not valid JSON";
+    return Error("not valid JSON");
   }
   std::string sig;
   try {
     sig = crypto::from_hex(sig_hex);
   } catch (const std::exception&) {
-    return "signature is not hex";
+    return Error("signature is not hex");
   }
   if (!crypto::verify_signature(pk, message, sig)) {
-    return "signature does not verify (record edited, or signed by another key)";
+    return Error("signature does not verify (record edited, or signed by another key)");
   }
   if (!rec.contains("seq") || !rec["seq"].is_number_unsigned() || rec["seq"].get<std::uint64_t>() != n) {
-    return "sequence number " + (rec.contains("seq") ? rec["seq"].dump() : "missing") + ", expected " +
-           std::to_string(n) + " (record deleted, inserted or reordered)";
+    return Error("sequence number " + (rec.contains("seq") ? rec["seq"].dump() : "missing") + ", expected " +
+                 std::to_string(n) + " (record deleted, inserted or reordered)");
   }
-  if (rec.value("prev", "") != prev) return "does not chain to the record before it (record deleted, inserted or reordered)";
-  return "";
+  if (rec.value("prev", "") != prev) {
+    return Error("does not chain to the record before it (record deleted, inserted or reordered)");
+  }
+  return {};
 }
 
 }  // namespace
@@ -124,9 +126,10 @@ AuditVerifyResult verify_audit_log(const std::filesystem::path& path, const std:
   for (std::string line; std::getline(in, line);) {
     ++n;
     const std::string& key = r.keys.back().public_key;
-    std::string why = check_line(line, key, n, r.head_sha256), sig;
-    std::string next;
-    if (why.empty()) next = rotation_next_key(line, key, sig, why);
+    const auto checked = check_line(line, key, n, r.head_sha256);
+    std::string why = checked ? std::string() : checked.error().message();
+    std::string next, sig;
+    if (checked) next = rotation_next_key(line, key, sig, why);
     if (!why.empty()) {
       return AuditBreak{.reason = "record " + std::to_string(n) + ": " + why, .first_bad = n, .verified = std::move(r)};
     }
@@ -260,9 +263,9 @@ std::string AuditLog::seal(nlohmann::json record) const {
 
 AuditHead AuditLog::append_line(const std::string& line) {
   if (line.find('\n') != std::string::npos) throw std::runtime_error("an audit record must be one line");
-  if (const std::string why = check_line(line, key_.public_key(), seq_ + 1, head_); !why.empty()) {
+  if (const auto checked = check_line(line, key_.public_key(), seq_ + 1, head_); !checked) {
     throw std::runtime_error("refusing to append record " + std::to_string(seq_ + 1) + " to " + path_.string() +
-                             ": " + why);
+                             ": " + checked.error().message());
   }
   cut_torn_tail(path_);  // a line cut short by a full disk earlier in this run: never append to it
   append_durable(path_, line + "\n");
@@ -301,21 +304,22 @@ namespace xsilo::server {
 namespace {
 
 // A committed round's silo-level central DP claim against the rounds recorded so far (`spent`
-// includes it): "" when it holds.
-std::string check_central_claim(const nlohmann::json& r, const privacy::Ledger& spent) {
+// includes it): success when it holds.
+Status check_central_claim(const nlohmann::json& r, const privacy::Ledger& spent) {
   const auto& p = r["privacy"];
   const double delta = p.at("delta").get<double>();  // at(): a missing key throws, into the caller's catch
   const double claimed = p.at("epsilon").get<double>();
   const double eps = epsilon_of(spent, delta);
   const std::uint64_t rounds = spent.count();
   if (claimed < eps * (1 - 1e-9) - 1e-12) {
-    return fmt::format("{} claims epsilon {:.6g}, but the parameters of the {} committed noised rounds "
-                       "recorded so far give {:.6g}", p.value("mechanism", "") == "skellam" ? "distributed DP" : "central DP",
-                       claimed, rounds, eps);
+    return Error(fmt::format("{} claims epsilon {:.6g}, but the parameters of the {} committed noised rounds "
+                             "recorded so far give {:.6g}",
+                             p.value("mechanism", "") == "skellam" ? "distributed DP" : "central DP", claimed, rounds,
+                             eps));
   }
   if (p.contains("max_epsilon") && p["max_epsilon"].is_number() && eps > p["max_epsilon"].get<double>() * (1 + 1e-9)) {
-    return fmt::format("central DP: the recorded rounds give epsilon {:.6g}, past the budget {:.6g}", eps,
-                       p["max_epsilon"].get<double>());
+    return Error(fmt::format("central DP: the recorded rounds give epsilon {:.6g}, past the budget {:.6g}", eps,
+                             p["max_epsilon"].get<double>()));
   }
   return {};
 }
@@ -338,7 +342,7 @@ Result<PrivacyAudit> check_privacy_claims(const std::vector<nlohmann::json>& rec
       // Every round's record states the spend so far, an aborted round's too (it spends nothing).
       if (r.value("event", "") == "round" && r.contains("privacy") && r["privacy"].is_object() &&
           (r["privacy"].value("mechanism", "") == "central" || r["privacy"].value("mechanism", "") == "skellam")) {
-        if (auto why = check_central_claim(r, central); !why.empty()) return Error(where + why);
+        if (const auto st = check_central_claim(r, central); !st) return Error(where + st.error().message());
       }
     } catch (const std::exception& e) {
       return Error(where + "its central DP spend cannot be read (" + e.what() + ")");
