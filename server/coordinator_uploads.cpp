@@ -218,15 +218,17 @@ void Coordinator::folded(FoldResult r, std::int64_t now_ms) {
   const Uploader u = *r_->slot[lane].holder();
   r_->slot.release(lane);
   const Round::Upload up = std::move(r_->uploads[lane]);
-  if (!r.ok()) {
+  if (!r) {
+    const FoldFailure& refused = r.error();
     if (u.edge) {
-      send_error(u.edge, wire::BAD_UPDATE, r.why);
+      send_error(u.edge, wire::BAD_UPDATE, refused.why);
       drop_region(r_->members[up.members.front()].edge, DropPhase::Validation, DropCause::EdgeRejected,
-                  "its edge's partial sum was rejected: " + r.why);
+                  "its edge's partial sum was rejected: " + refused.why);
     } else {
-      send_error(r_->members[u.member].session, wire::BAD_UPDATE, r.why);
+      send_error(r_->members[u.member].session, wire::BAD_UPDATE, refused.why);
       drop(u.member, DropPhase::Validation,
-           r.error == FoldError::NonFinite ? DropCause::NonFinite : DropCause::HashMismatch, r.why, false);
+           refused.cause == FoldFailure::Cause::NonFinite ? DropCause::NonFinite : DropCause::HashMismatch, refused.why,
+           false);
     }
     pump(now_ms);
     return;
@@ -234,13 +236,13 @@ void Coordinator::folded(FoldResult r, std::int64_t now_ms) {
   for (auto m : up.members) {
     r_->set_state(r_->members[m], MemberState::Done);
     r_->members[m].times.folded = r_->since_start(now_ms);
-    if (!u.edge) r_->members[m].update_sha256 = r.sha256;  // an edge's silos keep their own word
+    if (!u.edge) r_->members[m].update_sha256 = r->sha256;  // an edge's silos keep their own word
     if (r_->secure) r_->secure->masked_from(r_->members[m].silo);
   }
   if (u.edge) {
     const Peer* p = membership_.peer(u.edge);
     // The region's sum, apart from its silos' own updates.
-    nlohmann::json region = {{"edge", r_->members[up.members.front()].edge}, {"sum_sha256", r.sha256}};
+    nlohmann::json region = {{"edge", r_->members[up.members.front()].edge}, {"sum_sha256", r->sha256}};
     if (r_->secure) region["group"] = up.contribution.group;
     for (auto m : up.members) region["silos"].push_back(r_->members[m].silo);
     r_->regions.push_back(std::move(region));
