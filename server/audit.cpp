@@ -91,23 +91,22 @@ bool AuditChain::has_key(const std::string& public_key) const {
 
 namespace {
 
-// The next key a verified rotation record names ("" with `why` set when it is not well formed).
-std::string rotation_next_key(const std::string& line, const std::string& old_key, std::string& sig, std::string& why) {
+// The next key a verified record names ("" when it is no rotation record, `sig` the old key's
+// signature of the rotation), or why its rotation is not well formed.
+Result<std::string> rotation_next_key(const std::string& line, const std::string& old_key, std::string& sig) {
   std::string message, sig_hex;
   split_signature(line, message, sig_hex);
   const auto rec = nlohmann::json::parse(message);
-  if (rec.value("event", "") != "key_rotation") return "";
+  if (rec.value("event", "") != "key_rotation") return std::string();
   try {
     const std::string next = crypto::public_key_from_hex(rec.at("next_public_key").get<std::string>(), "next_public_key");
     sig = crypto::from_hex(rec.at("rotation_signature").get<std::string>());
     if (!crypto::verify_signature(old_key, key_rotation_statement(old_key, next), sig)) {
-      why = "its rotation_signature is not the old key's";
-      return "";
+      return Error("its rotation_signature is not the old key's");
     }
     return next;
   } catch (const std::exception& e) {
-    why = std::string("a key rotation without a usable next key (") + e.what() + ")";
-    return "";
+    return Error(std::string("a key rotation without a usable next key (") + e.what() + ")");
   }
 }
 
@@ -127,13 +126,13 @@ AuditVerifyResult verify_audit_log(const std::filesystem::path& path, const std:
     ++n;
     const std::string& key = r.keys.back().public_key;
     const auto checked = check_line(line, key, n, r.head_sha256);
-    std::string why = checked ? std::string() : checked.error().message();
-    std::string next, sig;
-    if (checked) next = rotation_next_key(line, key, sig, why);
-    if (!why.empty()) {
-      return AuditBreak{.reason = "record " + std::to_string(n) + ": " + why, .first_bad = n, .verified = std::move(r)};
+    std::string sig;
+    const auto next = checked ? rotation_next_key(line, key, sig) : Result<std::string>(checked.error());
+    if (!next) {
+      return AuditBreak{
+          .reason = "record " + std::to_string(n) + ": " + next.error().message(), .first_bad = n, .verified = std::move(r)};
     }
-    if (!next.empty()) r.keys.push_back({next, n + 1, sig});
+    if (!next->empty()) r.keys.push_back({*next, n + 1, sig});
     r.head_sha256 = crypto::sha256_hex(line);
     r.line_sha256.push_back(r.head_sha256);
     r.records = n;
