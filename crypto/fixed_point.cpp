@@ -76,9 +76,9 @@ double largest_code(const FixedPointParams& p) {
   return std::ceil(per_silo(p) * std::ldexp(1.0, static_cast<int>(p.fraction_bits)));
 }
 
-std::string check_overflow(const FixedPointParams& p, std::size_t n) {
-  if (!ring_bits_supported(p.bits)) return std::string("modulus bits must be ") + kRingBits;
-  if (fits(p, n)) return "";
+Status check_overflow(const FixedPointParams& p, std::size_t n) {
+  if (!ring_bits_supported(p.bits)) return Error(std::string("modulus bits must be ") + kRingBits);
+  if (fits(p, n)) return {};
   const double largest = static_cast<double>(n) * largest_code(p);
   const double limit = std::ldexp(1.0, static_cast<int>(p.bits) - 1);
   // What would fit instead: the most fraction bits this ring allows, or a wider ring.
@@ -94,14 +94,14 @@ std::string check_overflow(const FixedPointParams& p, std::size_t n) {
                   "the unclipped count of adaptive clipping, %zu silos x 2^%u fraction bits = %.6g, can reach 2^%u "
                   "(%.6g): %s",
                   n, p.fraction_bits, largest, p.bits - 1, limit, instead.c_str());
-    return buf;
+    return Error(buf);
   }
   std::snprintf(buf, sizeof buf,
                 "%zu silos x max_weight %g x clip_norm %g x 2^%u fraction bits = %.6g can reach 2^%u (%.6g) in a "
                 "%u-bit ring: %s",
                 n, p.max_weight, std::max(p.clip_norm, 1.0), p.fraction_bits, largest, p.bits - 1, limit, p.bits,
                 instead.c_str());
-  return buf;
+  return Error(buf);
 }
 
 double encode(const FixedPointParams& p, std::span<const float> delta, double weight, std::uint64_t seed,

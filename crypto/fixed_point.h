@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "common/result.h"
+
 namespace xsilo::crypto {
 
 struct FixedPointParams {
@@ -37,10 +39,10 @@ inline constexpr const char* kRingBits = "8, 16, 32 or 64";
 // when float rounding puts a clipped coordinate a hair above M.
 double largest_code(const FixedPointParams& p);
 
-// Why n silos could overflow the ring, with the numbers, or "" when they cannot. The largest
+// Success when n silos cannot overflow the ring, or why they could, with the numbers. The largest
 // coordinate of a sum is n * largest_code(p); it must stay at or below 2^(bits-1) - 1 to decode
 // with its sign (the most negative, -n * largest_code, then stays above -2^(bits-1) too).
-std::string check_overflow(const FixedPointParams& p, std::size_t n);
+Status check_overflow(const FixedPointParams& p, std::size_t n);
 
 // Encodes w * clip(delta) and w (and the unclipped bit when asked for); returns the clipped norm
 // factor applied (1 if none). `seed` drives the stochastic rounding. `out` has

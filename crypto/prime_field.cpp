@@ -72,17 +72,18 @@ void from_field(std::span<std::uint32_t> words) {
   for (auto& s : words) s = s > kHalf ? s + 5 : s;
 }
 
-std::string check_overflow_field(const FixedPointParams& p, std::size_t n) {
+Status check_overflow_field(const FixedPointParams& p, std::size_t n) {
   if (p.bits != 32) {
-    return "LightSecAgg's field holds 32-bit codes; the codec has " + std::to_string(p.bits) + "-bit words";
+    return Error("LightSecAgg's field holds 32-bit codes; the codec has " + std::to_string(p.bits) + "-bit words");
   }
   const double largest = static_cast<double>(n) * largest_code(p);
-  if (largest <= static_cast<double>(kHalf)) return "";
+  if (largest <= static_cast<double>(kHalf)) return {};
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.0f", largest);
-  return std::to_string(n) + " silos x largest code " + std::to_string(static_cast<std::uint64_t>(largest_code(p))) +
-         " = " + buf + " exceeds (p - 1) / 2 = 2147483645 of the field p = 2^32 - 5: lower fraction_bits, "
-         "max_weight or clip_norm";
+  return Error(std::to_string(n) + " silos x largest code " +
+               std::to_string(static_cast<std::uint64_t>(largest_code(p))) + " = " + buf +
+               " exceeds (p - 1) / 2 = 2147483645 of the field p = 2^32 - 5: lower fraction_bits, "
+               "max_weight or clip_norm");
 }
 
 void field_add(std::span<std::uint32_t> acc, std::span<const std::uint32_t> x) {

@@ -49,11 +49,11 @@ std::uint32_t inv(std::uint32_t a);
 void to_field(std::span<std::uint32_t> words);
 // In place: field words (a sum within +-(p - 1) / 2) to ring words the codec decodes.
 void from_field(std::span<std::uint32_t> words);
-// What the field costs the codec: "" when n silos' sum stays within +-(p - 1) / 2, or why not,
+// What the field costs the codec: success when n silos' sum stays within +-(p - 1) / 2, or why not,
 // with the numbers. Only 32-bit codecs map to this field. The ring's own limit is 2^31 - 1, so
 // the field gives up two codes of headroom (largest sum 2147483645 instead of 2147483647): in
 // practice check_overflow() and this agree on every configuration but the last two codes.
-std::string check_overflow_field(const FixedPointParams& p, std::size_t n);
+Status check_overflow_field(const FixedPointParams& p, std::size_t n);
 
 // acc[i] = acc[i] + x[i] (mod p). acc's words must be field words; x's may be any 32-bit words
 // (a word >= p counts as itself mod p), so a malformed upload cannot break acc's invariant

@@ -166,7 +166,8 @@ void Relay::start_round(const wire::Envelope& e) {
   const auto& rs = e.round_start();
   // Nothing is allocated from a layout before it is checked: a server that sent an impossible
   // one gets an error, and the edge goes on.
-  if (auto why = protocol::check_layout(rs, cfg_.max_model_elements); !why.empty()) {
+  if (const auto st = protocol::check_layout(rs, cfg_.max_model_elements); !st) {
+    const std::string& why = st.error().message();
     spdlog::error("round {}: refusing the round's model layout: {}", rs.round(), why);
     auto err = env();
     err.set_round(rs.round());

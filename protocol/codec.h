@@ -18,6 +18,7 @@
 
 #include "common/config.h"
 #include "common/model.h"
+#include "common/result.h"
 #include "proto/xsilo.pb.h"
 
 namespace xsilo::protocol {
@@ -34,15 +35,15 @@ class Codec {
 
   // The scheme's name in configs and audit records ("quantize").
   virtual std::string_view name() const = 0;
-  // "" when the scheme's own parameters in `c` are usable, else why not.
-  [[nodiscard]] virtual std::string check(const wire::Compression& c) const = 0;
+  // Success when the scheme's own parameters in `c` are usable, else why not.
+  virtual Status check(const wire::Compression& c) const = 0;
   // Its keys in the config's "compression" block (server/config.cpp refuses another scheme's),
   // and reading them into `c`, with their defaults and ranges.
   virtual std::vector<std::string> keys() const { return {}; }
   virtual void configure(const ConfigNode& /*block*/, wire::Compression& /*c*/) const {}
-  // "" when uploads so compressed can be securely aggregated, else why not (the server sums
+  // Success when uploads so compressed can be securely aggregated, else why not (the server sums
   // masked ring words: every silo must send the same coordinates, linearly encoded).
-  virtual std::string secure(const wire::Compression& c) const = 0;
+  virtual Status secure(const wire::Compression& c) const = 0;
   // "quantize-8/256" and the like, for logs and tables (compression.h's describe adds "+ef").
   virtual std::string describe(const wire::Compression& c) const = 0;
   // The scheme's own parameters, added to an audit record's "compression" object.

@@ -44,17 +44,18 @@ wire::Compression::Scheme scheme_of_name(std::string_view name) {
   return it == n.end() || name.empty() ? Compression::NONE : static_cast<Compression::Scheme>(it - n.begin());
 }
 
-std::string check_compression(const wire::Compression& c) {
+Status check_compression(const wire::Compression& c) {
   if (c.dense_size() > static_cast<int>(kMaxDensePatterns)) {
-    return "at most " + std::to_string(kMaxDensePatterns) + " dense patterns, not " + std::to_string(c.dense_size());
+    return Error("at most " + std::to_string(kMaxDensePatterns) + " dense patterns, not " +
+                 std::to_string(c.dense_size()));
   }
   for (const auto& p : c.dense()) {
     if (p.empty() || p.size() > kMaxDensePattern || p.find('\0') != std::string::npos) {
-      return "a dense pattern must be 1.." + std::to_string(kMaxDensePattern) + " characters without NUL";
+      return Error("a dense pattern must be 1.." + std::to_string(kMaxDensePattern) + " characters without NUL");
     }
   }
   const Codec* codec = find_codec(c.scheme());
-  if (!codec) return "unknown compression scheme " + std::to_string(static_cast<int>(c.scheme()));
+  if (!codec) return Error("unknown compression scheme " + std::to_string(static_cast<int>(c.scheme())));
   return codec->check(c);
 }
 
@@ -260,11 +261,11 @@ EncodedUpdate compress_update(const wire::Compression& c, std::span<float> updat
   return out;
 }
 
-std::string check_broadcast(const wire::Compression& c) {
+Status check_broadcast(const wire::Compression& c) {
   if (c.scheme() != Compression::QUANTIZE) {
-    return "a model broadcast is sent as a quantized delta (scheme quantize), not " + describe(c);
+    return Error("a model broadcast is sent as a quantized delta (scheme quantize), not " + describe(c));
   }
-  if (c.error_feedback()) return "a broadcast has no error feedback: the model the silos receive is the model";
+  if (c.error_feedback()) return Error("a broadcast has no error feedback: the model the silos receive is the model");
   return check_compression(c);
 }
 

@@ -36,6 +36,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/model.h"
+#include "common/result.h"
 #include "proto/xsilo.pb.h"
 
 namespace xsilo::protocol {
@@ -46,9 +47,9 @@ inline constexpr std::uint64_t kMaxChunkCount = std::uint64_t{1} << 22;
 // Limits on Compression.dense that check_compression() enforces.
 inline constexpr std::size_t kMaxDensePatterns = 64, kMaxDensePattern = 256;
 
-// "" when the scheme's parameters are usable (bits 8 or 4, block 8..65536, fraction in (0, 1],
-// rank 1..64), else why not.
-std::string check_compression(const wire::Compression& c);
+// Success when the scheme's parameters are usable (bits 8 or 4, block 8..65536, fraction in
+// (0, 1], rank 1..64), else why not.
+Status check_compression(const wire::Compression& c);
 bool compressed(const wire::Compression& c);
 // The schemes' names in configs and audit records ("none", "quantize", "sign", "top_k",
 // "random_k", "powersgd"), in Scheme order; and back (NONE for a name that is none of them).
@@ -114,9 +115,9 @@ EncodedUpdate compress_update(const wire::Compression& c, std::span<float> updat
                               const std::vector<TensorInfo>& layout, std::size_t chunk_elems, std::uint64_t seed);
 
 // The model broadcast (server -> silos) as a delta against the model the receiver holds
-// (docs/compression.md, "The model broadcast"): "" when `c` can be a broadcast's scheme
+// (docs/compression.md, "The model broadcast"): success when `c` can be a broadcast's scheme
 // (QUANTIZE, 8 or 4 bits, no error feedback), else why not.
-std::string check_broadcast(const wire::Compression& c);
+Status check_broadcast(const wire::Compression& c);
 
 // Encodes `model` (laid out as `layout`) as a delta against `base`: a QUANTIZE chunk of
 // model - base per chunk of the compressible tensors (unbiased rounding from `seed`), and float32

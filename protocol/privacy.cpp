@@ -27,17 +27,19 @@ nlohmann::json privacy_json(const wire::PrivacySpend& p) {
           {"epsilon", p.epsilon()},       {"max_epsilon", p.max_epsilon()}};
 }
 
-std::string check_privacy(const wire::PrivacySpend& p) {
-  if (p.mechanism() != kDpSgd) return "privacy.mechanism must be \"dp_sgd\", not \"" + p.mechanism() + "\"";
-  if (!(p.sample_rate() > 0 && p.sample_rate() <= 1)) return "privacy.sample_rate must be in (0, 1]";
+Status check_privacy(const wire::PrivacySpend& p) {
+  if (p.mechanism() != kDpSgd) return Error("privacy.mechanism must be \"dp_sgd\", not \"" + p.mechanism() + "\"");
+  if (!(p.sample_rate() > 0 && p.sample_rate() <= 1)) return Error("privacy.sample_rate must be in (0, 1]");
   if (!(p.noise_multiplier() > 0) || !std::isfinite(p.noise_multiplier())) {
-    return "privacy.noise_multiplier must be > 0 and finite";
+    return Error("privacy.noise_multiplier must be > 0 and finite");
   }
-  if (p.steps() == 0) return "privacy.steps must be at least 1";
-  if (!(p.delta() > 0 && p.delta() < 1)) return "privacy.delta must be in (0, 1)";
-  if (!(p.epsilon() >= 0) || !std::isfinite(p.epsilon())) return "privacy.epsilon must be >= 0 and finite";
-  if (!(p.clip_norm() >= 0) || !(p.max_epsilon() >= 0)) return "privacy.clip_norm and max_epsilon must be >= 0";
-  return "";
+  if (p.steps() == 0) return Error("privacy.steps must be at least 1");
+  if (!(p.delta() > 0 && p.delta() < 1)) return Error("privacy.delta must be in (0, 1)");
+  if (!(p.epsilon() >= 0) || !std::isfinite(p.epsilon())) return Error("privacy.epsilon must be >= 0 and finite");
+  if (!(p.clip_norm() >= 0) || !(p.max_epsilon() >= 0)) {
+    return Error("privacy.clip_norm and max_epsilon must be >= 0");
+  }
+  return {};
 }
 
 wire::PrivacySpend privacy_from_json(const nlohmann::json& j) {
@@ -64,7 +66,7 @@ wire::PrivacySpend privacy_from_json(const nlohmann::json& j) {
   p.set_delta(num("delta"));
   p.set_epsilon(num("epsilon"));
   p.set_max_epsilon(num("max_epsilon"));
-  if (const auto why = check_privacy(p); !why.empty()) throw std::invalid_argument(why);
+  if (const auto st = check_privacy(p); !st) throw std::invalid_argument(st.error().message());
   return p;
 }
 

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/result.h"
 #include "proto/xsilo.pb.h"
 
 namespace xsilo::protocol {
@@ -23,8 +24,8 @@ nlohmann::json privacy_json(const wire::PrivacySpend& p);
 // sample rate outside (0, 1], a noise multiplier <= 0, a count of steps of 0, delta outside
 // (0, 1), a missing key).
 wire::PrivacySpend privacy_from_json(const nlohmann::json& j);
-// The same checks on a spend that came over the wire; "" when it is well formed.
-std::string check_privacy(const wire::PrivacySpend& p);
+// The same checks on a spend that came over the wire: success when it is well formed.
+Status check_privacy(const wire::PrivacySpend& p);
 
 // The (epsilon, delta)-DP of the rounds `spends` run one after another: each is `steps` steps of
 // the subsampled Gaussian at its sample rate and noise multiplier, composed by RDP.

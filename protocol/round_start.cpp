@@ -52,50 +52,53 @@ Result<std::string> round_start_signer(const wire::RoundStart& rs, const crypto:
   return server->name;
 }
 
-std::string check_layout(const wire::RoundStart& rs, std::uint64_t max_elements) {
+Status check_layout(const wire::RoundStart& rs, std::uint64_t max_elements) {
   std::set<std::string> names;
   std::uint64_t total = 0;
   for (const auto& t : rs.tensors()) {
-    if (t.name().empty() || !names.insert(t.name()).second) return "tensor name \"" + t.name() + "\" is empty or repeated";
+    if (t.name().empty() || !names.insert(t.name()).second) {
+      return Error("tensor name \"" + t.name() + "\" is empty or repeated");
+    }
     std::uint64_t n = 1;
     for (auto d : t.shape()) {
-      if (__builtin_mul_overflow(n, d, &n)) return "tensor " + t.name() + "'s shape overflows";
+      if (__builtin_mul_overflow(n, d, &n)) return Error("tensor " + t.name() + "'s shape overflows");
     }
     if (__builtin_add_overflow(total, n, &total) || total > max_elements) {
-      return "the model is too large (more than " + std::to_string(max_elements) + " elements)";
+      return Error("the model is too large (more than " + std::to_string(max_elements) + " elements)");
     }
   }
   if (rs.has_secagg()) {
     const auto& s = rs.secagg();
     if (!crypto::ring_bits_supported(s.modulus_bits())) {
-      return "the secure setup's ring is " + std::to_string(s.modulus_bits()) + " bits, not " + crypto::kRingBits;
+      return Error("the secure setup's ring is " + std::to_string(s.modulus_bits()) + " bits, not " +
+                   crypto::kRingBits);
     }
     if (!wire::SecureProtocol_IsValid(s.protocol())) {
-      return "the secure setup names protocol " + std::to_string(static_cast<int>(s.protocol())) +
-             ", which this build does not speak";
+      return Error("the secure setup names protocol " + std::to_string(static_cast<int>(s.protocol())) +
+                   ", which this build does not speak");
     }
     if (s.protocol() == wire::LIGHTSECAGG && s.modulus_bits() != 32) {
-      return "the secure setup runs LightSecAgg, whose field words are 32 bits, on a ring of " +
-             std::to_string(s.modulus_bits()) + " bits";
+      return Error("the secure setup runs LightSecAgg, whose field words are 32 bits, on a ring of " +
+                   std::to_string(s.modulus_bits()) + " bits");
     }
     if (s.has_skellam()) {  // distributed DP: the rotated length (a power of two) and the count
       if (s.vector_length() != crypto::padded_length(total) + 1) {
-        return "the secure setup's distributed-DP vector of " + std::to_string(s.vector_length()) +
-               " words is not the rotated length of a model of " + std::to_string(total) + " elements plus one";
+        return Error("the secure setup's distributed-DP vector of " + std::to_string(s.vector_length()) +
+                     " words is not the rotated length of a model of " + std::to_string(total) + " elements plus one");
       }
     } else if (s.vector_length() > total + 2) {
-      return "the secure setup's vector of " + std::to_string(s.vector_length()) + " words does not fit a model of " +
-             std::to_string(total) + " elements";
+      return Error("the secure setup's vector of " + std::to_string(s.vector_length()) +
+                   " words does not fit a model of " + std::to_string(total) + " elements");
     }
   }
-  if (auto why = check_compression(rs.compression()); !why.empty()) return "compression: " + why;
+  if (const auto st = check_compression(rs.compression()); !st) return Error("compression: " + st.error().message());
   if (rs.has_secagg() && compressed(rs.compression()) && rs.compression().scheme() != wire::Compression::RANDOM_K) {
-    return "compression " + describe(rs.compression()) + " cannot be combined with secure aggregation";
+    return Error("compression " + describe(rs.compression()) + " cannot be combined with secure aggregation");
   }
   if (rs.has_secagg() && rs.compression().scheme() == wire::Compression::RANDOM_K && !rs.compression().error_feedback()) {
-    return "secure random-k needs error feedback (the server's config requires it)";
+    return Error("secure random-k needs error feedback (the server's config requires it)");
   }
-  return "";
+  return {};
 }
 
 }  // namespace xsilo::protocol

@@ -18,11 +18,11 @@ namespace xsilo::protocol {
 // The largest model a silo or an edge accepts by default: 2^34 parameters (64 GiB of float32).
 inline constexpr std::uint64_t kMaxModelElements = std::uint64_t{1} << 34;
 
-// "" when the RoundStart's model layout can be allocated: names present and unique, shapes that
+// Success when the RoundStart's model layout can be allocated: names present and unique, shapes that
 // do not overflow, at most `max_elements` in all, and a secure setup (if any) whose ring is 32
 // or 64 bits with a vector of at most the model plus its two extra words; otherwise why not.
 // Checked before anything is allocated from it.
-[[nodiscard]] std::string check_layout(const wire::RoundStart& rs, std::uint64_t max_elements = kMaxModelElements);
+Status check_layout(const wire::RoundStart& rs, std::uint64_t max_elements = kMaxModelElements);
 
 // Appends `layout`'s tensors to the RoundStart's model layout, as float32 specs, in order.
 void add_layout(wire::RoundStart& rs, const std::vector<TensorInfo>& layout);

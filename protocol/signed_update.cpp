@@ -23,13 +23,14 @@ void copy_signed_word(const wire::UpdateEnd& from, wire::Contributor& to) {
   to.set_silo_certificate(from.silo_certificate());
 }
 
-std::string check_signed_word(const wire::Contributor& c, const crypto::CertVerifier& ca, const std::string& federation,
-                              std::uint64_t round) {
-  if (c.silo_signature().empty()) return "carries no signature of " + c.silo() + " over its update";
+Status check_signed_word(const wire::Contributor& c, const crypto::CertVerifier& ca, const std::string& federation,
+                         std::uint64_t round) {
+  if (c.silo_signature().empty()) return Error("carries no signature of " + c.silo() + " over its update");
   const auto verdict = ca.verify(c.silo_certificate(), c.silo(), "silo",
                                  update_statement(federation, round, c.update_sha256(), c.weight(), c.num_samples()),
                                  c.silo_signature());
-  return verdict ? "" : "the word of " + c.silo() + " on its update does not verify (" + verdict.error().message() + ")";
+  if (verdict) return {};
+  return Error("the word of " + c.silo() + " on its update does not verify (" + verdict.error().message() + ")");
 }
 
 }  // namespace xsilo::protocol

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/result.h"
 #include "crypto/certs.h"
 #include "proto/xsilo.pb.h"
 
@@ -25,9 +26,9 @@ void sign_update(wire::UpdateEnd& end, const crypto::CertSigner& silo, const std
 // A contributor's word as a silo's UpdateEnd carried it, for an edge to forward.
 void copy_signed_word(const wire::UpdateEnd& from, wire::Contributor& to);
 
-// "" when `c` is signed by a valid silo certificate naming c.silo(), over its own sha256, weight
-// and sample count in this round; otherwise why not.
-[[nodiscard]] std::string check_signed_word(const wire::Contributor& c, const crypto::CertVerifier& ca, const std::string& federation,
-                                            std::uint64_t round);
+// Success when `c` is signed by a valid silo certificate naming c.silo(), over its own sha256,
+// weight and sample count in this round; otherwise why not.
+Status check_signed_word(const wire::Contributor& c, const crypto::CertVerifier& ca, const std::string& federation,
+                         std::uint64_t round);
 
 }  // namespace xsilo::protocol

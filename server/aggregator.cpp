@@ -26,13 +26,14 @@ std::size_t lanes(const RoundConfig& cfg) { return std::max<std::size_t>(1, cfg.
 
 FoldResult check_upload(protocol::UploadCheck& check, const Contribution& c, const std::string& what) {
   auto v = protocol::verify_upload(check, c.declared_sha256, what);
-  FoldResult r;
-  r.sha256 = std::move(v.sha256);
-  r.error = v.problem == protocol::UploadVerdict::Problem::NonFinite      ? FoldError::NonFinite
-            : v.problem == protocol::UploadVerdict::Problem::HashMismatch ? FoldError::HashMismatch
-                                                                          : FoldError::None;
-  r.why = std::move(v.why);
-  return r;
+  switch (v.problem) {
+    case protocol::UploadVerdict::Problem::None: return Folded{.sha256 = std::move(v.sha256)};
+    case protocol::UploadVerdict::Problem::NonFinite:
+      return FoldFailure{.cause = FoldFailure::Cause::NonFinite, .why = std::move(v.why)};
+    case protocol::UploadVerdict::Problem::HashMismatch:
+      return FoldFailure{.cause = FoldFailure::Cause::HashMismatch, .why = std::move(v.why)};
+  }
+  throw std::logic_error("check_upload: an unknown verdict");
 }
 
 protocol::UploadBuffer Aggregator::into(Model& m) {
@@ -95,7 +96,7 @@ class PlainSum final : public Aggregator {
   FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check, std::size_t lane) override {
     if (!check.sink_error.empty()) return lose(check.sink_error, c);
     auto r = check_upload(check, c, what_of(c));
-    if (!r.ok()) return r;
+    if (!r) return r;
     if (stage_dir_) {
       // The upload passed its checks; only the server's own storage can fail from here.
       if (!lost_.empty()) return r;
@@ -128,9 +129,7 @@ class PlainSum final : public Aggregator {
       lost_ = why;
       spdlog::error("the round's sum is lost: {}", lost_);
     }
-    FoldResult r;
-    r.sha256 = c.declared_sha256;
-    return r;
+    return Folded{.sha256 = c.declared_sha256};
   }
 
   std::vector<TensorInfo> layout_;
@@ -169,7 +168,7 @@ class RowCollector final : public Aggregator {
 
   FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check, std::size_t lane) override {
     auto r = check_upload(check, c, what_of(c));
-    if (!r.ok()) return r;
+    if (!r) return r;
     // The upload is weight * delta: keep the delta, clipped if configured.
     const auto cur = current_.at(lane)->flat();
     const std::size_t d = cur.size(), at = rows_.size();

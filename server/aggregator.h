@@ -40,14 +40,17 @@ struct Contribution {
   bool partial_sum = false;        // an edge's sum of its region (not one silo's update)
 };
 
-enum class FoldError { None, NonFinite, HashMismatch };
-
-struct [[nodiscard]] FoldResult {
-  FoldError error = FoldError::None;
-  std::string why;      // for people, when error != None
-  std::string sha256;   // of the upload's bytes as received
-  bool ok() const { return error == FoldError::None; }
+// An upload in the sum.
+struct Folded {
+  std::string sha256;  // of the upload's bytes as received
 };
+// An upload refused by its checks: the cause its drop records, and the sentence for people.
+struct FoldFailure {
+  enum class Cause { NonFinite, HashMismatch };
+  Cause cause;
+  std::string why;
+};
+using FoldResult = Result<Folded, FoldFailure>;
 
 // Silos that prepare() found unusable (a secure group that could not be unmasked, or whose sum
 // proves a member skipped clipping), with the reason.

@@ -49,31 +49,33 @@ std::vector<std::string> read_lines(const std::filesystem::path& path) {
 
 namespace {
 
-// "" when `line` is record `n` signed by `pk` and chained to `prev`; otherwise why not.
-std::string check_line(const std::string& line, const std::string& pk, std::uint64_t n, const std::string& prev) {
+// Success when `line` is record `n` signed by `pk` and chained to `prev`; otherwise why not.
+Status check_line(const std::string& line, const std::string& pk, std::uint64_t n, const std::string& prev) {
   std::string message, sig_hex;
-  if (!split_signature(line, message, sig_hex)) return "no signature at the end of the line";
+  if (!split_signature(line, message, sig_hex)) return Error("no signature at the end of the line");
   nlohmann::json rec;
   try {
     rec = nlohmann::json::parse(message);
   } catch (const std::exception&) {
-    return "not valid JSON";
+    return Error("not valid JSON");
   }
   std::string sig;
   try {
     sig = crypto::from_hex(sig_hex);
   } catch (const std::exception&) {
-    return "signature is not hex";
+    return Error("signature is not hex");
   }
   if (!crypto::verify_signature(pk, message, sig)) {
-    return "signature does not verify (record edited, or signed by another key)";
+    return Error("signature does not verify (record edited, or signed by another key)");
   }
   if (!rec.contains("seq") || !rec["seq"].is_number_unsigned() || rec["seq"].get<std::uint64_t>() != n) {
-    return "sequence number " + (rec.contains("seq") ? rec["seq"].dump() : "missing") + ", expected " +
-           std::to_string(n) + " (record deleted, inserted or reordered)";
+    return Error("sequence number " + (rec.contains("seq") ? rec["seq"].dump() : "missing") + ", expected " +
+                 std::to_string(n) + " (record deleted, inserted or reordered)");
   }
-  if (rec.value("prev", "") != prev) return "does not chain to the record before it (record deleted, inserted or reordered)";
-  return "";
+  if (rec.value("prev", "") != prev) {
+    return Error("does not chain to the record before it (record deleted, inserted or reordered)");
+  }
+  return {};
 }
 
 }  // namespace
@@ -89,23 +91,22 @@ bool AuditChain::has_key(const std::string& public_key) const {
 
 namespace {
 
-// The next key a verified rotation record names ("" with `why` set when it is not well formed).
-std::string rotation_next_key(const std::string& line, const std::string& old_key, std::string& sig, std::string& why) {
+// The next key a verified record names ("" when it is no rotation record, `sig` the old key's
+// signature of the rotation), or why its rotation is not well formed.
+Result<std::string> rotation_next_key(const std::string& line, const std::string& old_key, std::string& sig) {
   std::string message, sig_hex;
   split_signature(line, message, sig_hex);
   const auto rec = nlohmann::json::parse(message);
-  if (rec.value("event", "") != "key_rotation") return "";
+  if (rec.value("event", "") != "key_rotation") return std::string();
   try {
     const std::string next = crypto::public_key_from_hex(rec.at("next_public_key").get<std::string>(), "next_public_key");
     sig = crypto::from_hex(rec.at("rotation_signature").get<std::string>());
     if (!crypto::verify_signature(old_key, key_rotation_statement(old_key, next), sig)) {
-      why = "its rotation_signature is not the old key's";
-      return "";
+      return Error("its rotation_signature is not the old key's");
     }
     return next;
   } catch (const std::exception& e) {
-    why = std::string("a key rotation without a usable next key (") + e.what() + ")";
-    return "";
+    return Error(std::string("a key rotation without a usable next key (") + e.what() + ")");
   }
 }
 
@@ -124,13 +125,14 @@ AuditVerifyResult verify_audit_log(const std::filesystem::path& path, const std:
   for (std::string line; std::getline(in, line);) {
     ++n;
     const std::string& key = r.keys.back().public_key;
-    std::string why = check_line(line, key, n, r.head_sha256), sig;
-    std::string next;
-    if (why.empty()) next = rotation_next_key(line, key, sig, why);
-    if (!why.empty()) {
-      return AuditBreak{.reason = "record " + std::to_string(n) + ": " + why, .first_bad = n, .verified = std::move(r)};
+    const auto checked = check_line(line, key, n, r.head_sha256);
+    std::string sig;
+    const auto next = checked ? rotation_next_key(line, key, sig) : Result<std::string>(checked.error());
+    if (!next) {
+      return AuditBreak{
+          .reason = "record " + std::to_string(n) + ": " + next.error().message(), .first_bad = n, .verified = std::move(r)};
     }
-    if (!next.empty()) r.keys.push_back({next, n + 1, sig});
+    if (!next->empty()) r.keys.push_back({*next, n + 1, sig});
     r.head_sha256 = crypto::sha256_hex(line);
     r.line_sha256.push_back(r.head_sha256);
     r.records = n;
@@ -260,9 +262,9 @@ std::string AuditLog::seal(nlohmann::json record) const {
 
 AuditHead AuditLog::append_line(const std::string& line) {
   if (line.find('\n') != std::string::npos) throw std::runtime_error("an audit record must be one line");
-  if (const std::string why = check_line(line, key_.public_key(), seq_ + 1, head_); !why.empty()) {
+  if (const auto checked = check_line(line, key_.public_key(), seq_ + 1, head_); !checked) {
     throw std::runtime_error("refusing to append record " + std::to_string(seq_ + 1) + " to " + path_.string() +
-                             ": " + why);
+                             ": " + checked.error().message());
   }
   cut_torn_tail(path_);  // a line cut short by a full disk earlier in this run: never append to it
   append_durable(path_, line + "\n");
@@ -301,21 +303,22 @@ namespace xsilo::server {
 namespace {
 
 // A committed round's silo-level central DP claim against the rounds recorded so far (`spent`
-// includes it): "" when it holds.
-std::string check_central_claim(const nlohmann::json& r, const privacy::Ledger& spent) {
+// includes it): success when it holds.
+Status check_central_claim(const nlohmann::json& r, const privacy::Ledger& spent) {
   const auto& p = r["privacy"];
   const double delta = p.at("delta").get<double>();  // at(): a missing key throws, into the caller's catch
   const double claimed = p.at("epsilon").get<double>();
   const double eps = epsilon_of(spent, delta);
   const std::uint64_t rounds = spent.count();
   if (claimed < eps * (1 - 1e-9) - 1e-12) {
-    return fmt::format("{} claims epsilon {:.6g}, but the parameters of the {} committed noised rounds "
-                       "recorded so far give {:.6g}", p.value("mechanism", "") == "skellam" ? "distributed DP" : "central DP",
-                       claimed, rounds, eps);
+    return Error(fmt::format("{} claims epsilon {:.6g}, but the parameters of the {} committed noised rounds "
+                             "recorded so far give {:.6g}",
+                             p.value("mechanism", "") == "skellam" ? "distributed DP" : "central DP", claimed, rounds,
+                             eps));
   }
   if (p.contains("max_epsilon") && p["max_epsilon"].is_number() && eps > p["max_epsilon"].get<double>() * (1 + 1e-9)) {
-    return fmt::format("central DP: the recorded rounds give epsilon {:.6g}, past the budget {:.6g}", eps,
-                       p["max_epsilon"].get<double>());
+    return Error(fmt::format("central DP: the recorded rounds give epsilon {:.6g}, past the budget {:.6g}", eps,
+                             p["max_epsilon"].get<double>()));
   }
   return {};
 }
@@ -350,9 +353,9 @@ Result<PrivacyAudit> check_privacy_claims(const std::vector<nlohmann::json>& rec
       if (stated && event == kUnmaskBegun) {
         auto if_charged = central;
         if_charged.add(*unmasking.open(), 1);
-        if (auto why = check_central_claim(r, if_charged); !why.empty()) return Error(where + why);
+        if (const auto st = check_central_claim(r, if_charged); !st) return Error(where + st.error().message());
       } else if (stated) {
-        if (auto why = check_central_claim(r, central); !why.empty()) return Error(where + why);
+        if (const auto st = check_central_claim(r, central); !st) return Error(where + st.error().message());
       }
     } catch (const std::exception& e) {
       return Error(where + "its central DP spend cannot be read (" + e.what() + ")");

@@ -28,7 +28,7 @@ class CentralDpSum final : public Aggregator {
 
   FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check, std::size_t lane) override {
     auto r = check_upload(check, c, "update");
-    if (!r.ok()) return r;
+    if (!r) return r;
     // The upload is weight * delta: the delta, clipped, counts once whatever weight it claims.
     // One factor, in double: min(1 / w, C / ||w delta||). Scaling by 1 / w in float first would
     // overflow for a tiny claimed weight, and a non-finite norm would then escape the clipping.

@@ -297,9 +297,11 @@ void check_secure_sums(const ConfigNode& se, const ServerConfig& c) {
   // Checked as the silos will see them: the setup carries both as float32.
   codec.clip_norm = static_cast<float>(codec.clip_norm);
   codec.max_weight = static_cast<float>(codec.max_weight);
-  if (auto why = crypto::check_overflow(codec, largest); !why.empty()) se.fail("modulus_bits", why);
+  if (const auto st = crypto::check_overflow(codec, largest); !st) se.fail("modulus_bits", st.error().message());
   if (sc.protocol == SecureProtocol::LightSecAgg && sc.bits == 32) {
-    if (auto why = crypto::field::check_overflow_field(codec, largest); !why.empty()) se.fail("fraction_bits", why);
+    if (const auto st = crypto::field::check_overflow_field(codec, largest); !st) {
+      se.fail("fraction_bits", st.error().message());
+    }
   }
 }
 
@@ -404,15 +406,16 @@ void parse_compression(const ConfigNode& root, ServerConfig& c) {
   if (z.scheme() != C::NONE) {
     const auto dense = cn.has("dense") ? cn.str_list("dense") : protocol::default_dense_patterns();
     for (const auto& p : dense) z.add_dense(p);
-    if (auto why = protocol::check_compression(z); !why.empty()) cn.fail("dense", why);
+    if (const auto st = protocol::check_compression(z); !st) cn.fail("dense", st.error().message());
   } else if (cn.has("dense")) {
     cn.fail("dense", "applies when a scheme is set");
   }
   cn.finish();
-  if (const auto why = codec.secure(z); c.secure.on() && !why.empty()) {
+  if (const auto st = codec.secure(z); c.secure.on() && !st) {
     cn.fail("scheme", scheme + " cannot be combined with secure aggregation: the server sums masked vectors, so "
                                "every silo must send the same coordinates as ring words; " +
-                               why + ". Use random_k (the coordinate set drawn from the round's seed), or secure.mode off");
+                               st.error().message() +
+                               ". Use random_k (the coordinate set drawn from the round's seed), or secure.mode off");
   }
   if (c.secure.on() && z.scheme() == C::RANDOM_K && !z.error_feedback()) {
     cn.fail("error_feedback", "must be true for random_k with secure aggregation: without it each kept coordinate "
@@ -441,7 +444,7 @@ void parse_broadcast(const ConfigNode& root, ServerConfig& c) {
   // below zero.
   const auto dense = bn.has("dense") ? bn.str_list("dense") : protocol::default_dense_patterns();
   for (const auto& p : dense) b.add_dense(p);
-  if (auto why = protocol::check_broadcast(b); !why.empty()) bn.fail("dense", why);
+  if (const auto st = protocol::check_broadcast(b); !st) bn.fail("dense", st.error().message());
   bn.finish();
 }
 

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "common/model.h"
+#include "common/result.h"
 #include "proto/xsilo.pb.h"
 #include "protocol/compression.h"
 #include "protocol/upload_slot.h"
@@ -279,8 +280,11 @@ class Coordinator {
   void on_chunk(const Uploader& u, SessionId reply_to, const wire::Envelope& env, std::int64_t now_ms);
   void on_update_end(std::size_t member, const wire::Envelope& env, std::int64_t now_ms);
   void on_region_end(SessionId edge, const wire::Envelope& env, std::int64_t now_ms);
-  std::string check_contributors(const std::string& edge, const wire::UpdateEnd& end, std::vector<std::size_t>& who,
-                                 double& weight) const;
+  struct Contributors {
+    std::vector<std::size_t> members;
+    double weight = 0;  // their weights' sum
+  };
+  Result<Contributors> check_contributors(const std::string& edge, const wire::UpdateEnd& end) const;
   void folded(FoldResult r, std::int64_t now_ms);
   void fail_upload(const Uploader& u, DropPhase phase, DropCause cause, const std::string& why);
   // A plain upload's weight above the plan's cap (review N5: one silo claiming 1e300 decided a step).

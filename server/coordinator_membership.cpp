@@ -282,8 +282,8 @@ void Coordinator::on_witness(const std::string& silo, const wire::Witness& w) {
     spdlog::warn("silo {} sent a witnessed head ({}) this server's key did not sign; ignored", silo, head);
     return;
   }
-  if (const std::string why = store_.check_witness(silo, w.head().seq(), w.head().sha256(), w.public_key()); !why.empty()) {
-    actions_.push_back(action::Stop{why});
+  if (const auto st = store_.check_witness(silo, w.head().seq(), w.head().sha256(), w.public_key()); !st) {
+    actions_.push_back(action::Stop{st.error().message()});
   }
 }
 
@@ -392,7 +392,8 @@ void Coordinator::on_update_ready(std::size_t m, const wire::Envelope& e, std::i
     return;
   }
   if (e.update_ready().has_privacy()) {
-    if (const auto why = protocol::check_privacy(e.update_ready().privacy()); !why.empty()) {
+    if (const auto st = protocol::check_privacy(e.update_ready().privacy()); !st) {
+      const std::string& why = st.error().message();
       error(wire::BAD_UPDATE, "a malformed privacy spend: " + why);
       drop(m, DropPhase::Train, DropCause::BadUpload, "announced a malformed privacy spend (" + why + ")", false);
       pump(now_ms);

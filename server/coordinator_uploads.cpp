@@ -119,39 +119,42 @@ void Coordinator::on_update_end(std::size_t m, const wire::Envelope& e, std::int
 
 // The contributors an edge's partial sum lists, checked: this edge's members of the round, each
 // once, in the sum's secure group and settled there (or with a weight the round allows), each
-// with its own signed word. "" with `who` and their `weight` filled, or why the sum is refused.
-std::string Coordinator::check_contributors(const std::string& edge, const wire::UpdateEnd& end,
-                                            std::vector<std::size_t>& who, double& weight) const {
+// with its own signed word. Their members and weight, or why the sum is refused.
+Result<Coordinator::Contributors> Coordinator::check_contributors(const std::string& edge,
+                                                                  const wire::UpdateEnd& end) const {
+  Contributors listed;
+  auto& who = listed.members;
   for (const auto& c : end.contributors()) {
     const auto m = member_named(c.silo());
     if (!m || r_->members[*m].edge != edge || r_->members[*m].state == MemberState::Done ||
         std::find(who.begin(), who.end(), *m) != who.end()) {
-      return "edge " + edge + " lists " + c.silo() + ", which is not one of its silos in this round";
+      return Error("edge " + edge + " lists " + c.silo() + ", which is not one of its silos in this round");
     }
     if (r_->secure) {
       if (r_->secure->group_of(c.silo()) != end.group() || end.group() == 0) {
-        return "edge " + edge + " put " + c.silo() + " into the partial sum of secure group " +
-               std::to_string(end.group()) + ", which is not its group";
+        return Error("edge " + edge + " put " + c.silo() + " into the partial sum of secure group " +
+                     std::to_string(end.group()) + ", which is not its group");
       }
       if (!r_->secure->may_upload(c.silo())) {
-        return "edge " + edge + " put " + c.silo() + " into a partial sum, but it is not a settled member of its group";
+        return Error("edge " + edge + " put " + c.silo() +
+                     " into a partial sum, but it is not a settled member of its group");
       }
     } else if (!std::isfinite(c.weight()) || c.weight() <= 0) {
-      return "edge " + edge + " lists a non-positive weight for " + c.silo();
+      return Error("edge " + edge + " lists a non-positive weight for " + c.silo());
     } else if (heavier_than_allowed(c.weight())) {
-      return "edge " + edge + " lists weight " + std::to_string(c.weight()) + " for " + c.silo() +
-             ", above training.max_weight " + std::to_string(cfg_.plan.max_weight());
+      return Error("edge " + edge + " lists weight " + std::to_string(c.weight()) + " for " + c.silo() +
+                   ", above training.max_weight " + std::to_string(cfg_.plan.max_weight()));
     }
     // The silo's own signed word on what it sent: an edge can neither alter it nor make one up.
     if (cfg_.ca) {
-      if (const auto bad = protocol::check_signed_word(c, *cfg_.ca, cfg_.federation, round_); !bad.empty()) {
-        return "edge " + edge + "'s partial sum: " + bad;
+      if (const auto signed_word = protocol::check_signed_word(c, *cfg_.ca, cfg_.federation, round_); !signed_word) {
+        return Error("edge " + edge + "'s partial sum: " + signed_word.error().message());
       }
     }
     who.push_back(*m);
-    weight += c.weight();
+    listed.weight += c.weight();
   }
-  return "";
+  return listed;
 }
 
 void Coordinator::on_region_end(SessionId id, const wire::Envelope& e, std::int64_t now_ms) {
@@ -164,15 +167,15 @@ void Coordinator::on_region_end(SessionId id, const wire::Envelope& e, std::int6
   const auto& end = e.update_end();
   const std::string edge = membership_.peer(id)->name;
   // Contributors must be this edge's members of the round; their weights must add up.
-  std::vector<std::size_t> who;
-  double weight = 0;
-  std::string why = check_contributors(edge, end, who, weight);
-  if (why.empty() && who.empty()) {
+  auto listed = check_contributors(edge, end);
+  if (listed && listed->members.empty()) {
     drop_region(edge, DropPhase::Upload, DropCause::NotInPartialSum, "its edge had no update from it");
     abandon_upload(*lane);
     pump(now_ms);
     return;
   }
+  std::string why = listed ? std::string() : listed.error().message();
+  double weight = listed ? listed->weight : 0;
   if (r_->secure) weight = end.weight();  // weights travel inside the masked sum
   if (why.empty()) why = r_->slot[*lane].end("partial sum");
   if (why.empty() && std::abs(weight - end.weight()) > 1e-6 * std::max(1.0, weight)) {
@@ -185,6 +188,7 @@ void Coordinator::on_region_end(SessionId id, const wire::Envelope& e, std::int6
     pump(now_ms);
     return;
   }
+  const auto& who = listed->members;
   for (std::size_t k = 0; k < who.size(); ++k) {
     const auto& c = end.contributors(static_cast<int>(k));
     auto& mb = r_->members[who[k]];
@@ -214,15 +218,17 @@ void Coordinator::folded(FoldResult r, std::int64_t now_ms) {
   const Uploader u = *r_->slot[lane].holder();
   r_->slot.release(lane);
   const Round::Upload up = std::move(r_->uploads[lane]);
-  if (!r.ok()) {
+  if (!r) {
+    const FoldFailure& refused = r.error();
     if (u.edge) {
-      send_error(u.edge, wire::BAD_UPDATE, r.why);
+      send_error(u.edge, wire::BAD_UPDATE, refused.why);
       drop_region(r_->members[up.members.front()].edge, DropPhase::Validation, DropCause::EdgeRejected,
-                  "its edge's partial sum was rejected: " + r.why);
+                  "its edge's partial sum was rejected: " + refused.why);
     } else {
-      send_error(r_->members[u.member].session, wire::BAD_UPDATE, r.why);
+      send_error(r_->members[u.member].session, wire::BAD_UPDATE, refused.why);
       drop(u.member, DropPhase::Validation,
-           r.error == FoldError::NonFinite ? DropCause::NonFinite : DropCause::HashMismatch, r.why, false);
+           refused.cause == FoldFailure::Cause::NonFinite ? DropCause::NonFinite : DropCause::HashMismatch, refused.why,
+           false);
     }
     pump(now_ms);
     return;
@@ -230,13 +236,13 @@ void Coordinator::folded(FoldResult r, std::int64_t now_ms) {
   for (auto m : up.members) {
     r_->set_state(r_->members[m], MemberState::Done);
     r_->members[m].times.folded = r_->since_start(now_ms);
-    if (!u.edge) r_->members[m].update_sha256 = r.sha256;  // an edge's silos keep their own word
+    if (!u.edge) r_->members[m].update_sha256 = r->sha256;  // an edge's silos keep their own word
     if (r_->secure) r_->secure->masked_from(r_->members[m].silo);
   }
   if (u.edge) {
     const Peer* p = membership_.peer(u.edge);
     // The region's sum, apart from its silos' own updates.
-    nlohmann::json region = {{"edge", r_->members[up.members.front()].edge}, {"sum_sha256", r.sha256}};
+    nlohmann::json region = {{"edge", r_->members[up.members.front()].edge}, {"sum_sha256", r->sha256}};
     if (r_->secure) region["group"] = up.contribution.group;
     for (auto m : up.members) region["silos"].push_back(r_->members[m].silo);
     r_->regions.push_back(std::move(region));

@@ -129,7 +129,7 @@ protocol::UploadBuffer SecureGroups::lane_buffer(std::size_t lane) {
 
 FoldResult SecureGroups::do_fold(const Contribution& c, protocol::UploadCheck& check, std::size_t lane) {
   auto r = check_upload(check, c, c.partial_sum ? "partial sum" : "update");
-  if (!r.ok()) return r;
+  if (!r) return r;
   sums_.at(c.group).add(*current_.at(lane));  // masked words: nothing to check, add mod 2^bits
   return r;
 }

@@ -305,26 +305,28 @@ AuditHead ServerState::record(const nlohmann::json& audit_record, const MetricsR
   return head;
 }
 
-std::string ServerState::check_witness(const std::string& silo, std::uint64_t seq, const std::string& sha256,
-                                       const std::string& public_key) const {
+Status ServerState::check_witness(const std::string& silo, std::uint64_t seq, const std::string& sha256,
+                                  const std::string& public_key) const {
   const auto& keys = audit_->keys();
   const bool ours = std::any_of(keys.begin(), keys.end(), [&](const AuditKeySpan& k) { return k.public_key == public_key; });
   const std::string what = "silo " + silo + " witnessed audit record " + std::to_string(seq) + " (" + short_sha(sha256) +
                            ", key " + key_hex(public_key).substr(0, 16) + ")";
   if (!ours) {
-    return what + ", but this log is signed by key " + key_hex(keys.front().public_key).substr(0, 16) +
-           " with no rotation from that one: this state folder does not hold the history the federation ran on "
-           "(started again, or another server's). Restore state_dir (and audit.key) from a backup or the mirror";
+    return Error(what + ", but this log is signed by key " + key_hex(keys.front().public_key).substr(0, 16) +
+                 " with no rotation from that one: this state folder does not hold the history the federation ran "
+                 "on (started again, or another server's). Restore state_dir (and audit.key) from a backup or the "
+                 "mirror");
   }
   if (seq > audit_->size()) {
-    return what + ", but audit.jsonl has only " + std::to_string(audit_->size()) +
-           " records: its tail is lost. Restore audit.jsonl from the mirror or a backup";
+    return Error(what + ", but audit.jsonl has only " + std::to_string(audit_->size()) +
+                 " records: its tail is lost. Restore audit.jsonl from the mirror or a backup");
   }
   if (audit_->line_sha256(seq) != sha256) {
-    return what + ", but this log's record " + std::to_string(seq) + " hashes to " + short_sha(audit_->line_sha256(seq)) +
-           ": the log was rewritten or forked. Restore audit.jsonl from the mirror or a backup";
+    return Error(what + ", but this log's record " + std::to_string(seq) + " hashes to " +
+                 short_sha(audit_->line_sha256(seq)) +
+                 ": the log was rewritten or forked. Restore audit.jsonl from the mirror or a backup");
   }
-  return "";
+  return {};
 }
 
 std::vector<AuditKeySpan> ServerState::audit_keys() const { return audit_->keys(); }

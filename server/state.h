@@ -99,8 +99,8 @@ class ServerState : public Store {
   AuditHead commit(std::uint64_t round, const Model& model, const Model& optimizer_state,
                    const nlohmann::json& audit_record, const MetricsRow& row) override;
   AuditHead record(const nlohmann::json& audit_record, const MetricsRow* row) override;
-  std::string check_witness(const std::string& silo, std::uint64_t seq, const std::string& sha256,
-                            const std::string& public_key) const override;
+  Status check_witness(const std::string& silo, std::uint64_t seq, const std::string& sha256,
+                       const std::string& public_key) const override;
   std::vector<AuditKeySpan> audit_keys() const override;
 
   // Rotates the audit key: the next key is written beside the old one, the rotation record

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/model.h"
+#include "common/result.h"
 #include "server/audit.h"
 #include "server/metrics.h"
 
@@ -22,12 +23,12 @@ class Store {
                            const nlohmann::json& audit_record, const MetricsRow& row) = 0;
   // Any other audited event (aborted round, start, end); `row` may be null.
   virtual AuditHead record(const nlohmann::json& audit_record, const MetricsRow* row) = 0;
-  // "" when the log holds record `seq` with line hash `sha256` under one of its keys (raw
+  // Success when the log holds record `seq` with line hash `sha256` under one of its keys (raw
   // `public_key`), as silo `silo` witnessed; otherwise why not (the log is not the history the
   // silo saw: cut, forked, or another one). A store that keeps no log has nothing to check.
-  virtual std::string check_witness(const std::string& /*silo*/, std::uint64_t /*seq*/, const std::string& /*sha256*/,
-                                    const std::string& /*public_key*/) const {
-    return "";
+  virtual Status check_witness(const std::string& /*silo*/, std::uint64_t /*seq*/, const std::string& /*sha256*/,
+                               const std::string& /*public_key*/) const {
+    return {};
   }
   // The log's keys, the first one first (the last signs now): silos get them in each RoundStart
   // and accept heads only under a key they can reach from the one they witnessed first.

@@ -254,7 +254,8 @@ void ExternalTrainer::greet_copies(const std::string& silo, Clock::time_point si
   for (auto& c : copies_) {
     const json hello = receive(*c, hello_wait);
     std::int64_t protocol = 0;
-    if (const auto why = trainer_protocol::check_hello(hello, protocol); !why.empty()) {
+    if (const auto st = trainer_protocol::check_hello(hello, protocol); !st) {
+      const std::string& why = st.error().message();
       if (hello.contains("type") && hello["type"] == "hello") {  // another protocol: tell the trainer too
         send_message(c->fd, {{"type", "error"},
                              {"message", "this agent speaks trainer protocol " + std::to_string(kTrainerProtocol) +
@@ -367,10 +368,11 @@ json ExternalTrainer::run(const std::string& kind, const Model* model, const Tra
   for (auto& c : copies_) {
     json r = receive(*c, wait);
     const std::string who = "rank " + std::to_string(c->rank);
-    if (r.is_object() && r.contains("type") && r["type"] == "error") {
-      if (reported.empty()) reported = who + " " + trainer_protocol::check_result(r, id);
-    } else if (const auto why = trainer_protocol::check_result(r, id); !why.empty()) {
-      if (malformed.empty()) malformed = who + " " + why;
+    // The trainer's own error fails the check too, with its message.
+    if (const auto st = trainer_protocol::check_result(r, id); !st) {
+      const bool own = r.is_object() && r.contains("type") && r["type"] == "error";
+      std::string& first_of_kind = own ? reported : malformed;
+      if (first_of_kind.empty()) first_of_kind = who + " " + st.error().message();
     }
     if (c->rank == 0) first = std::move(r);
   }
@@ -402,8 +404,8 @@ Model ExternalTrainer::initial_model(const TrainTask& task) {
   return guarded([&] {
     const json r = run("init", nullptr, task);
     trainer_protocol::TrainAnswer answer;
-    if (const auto refused = trainer_protocol::parse_train_answer(r, exchange_, answer); !refused.empty()) {
-      fail(wire::TRAINER_PROTOCOL_ERROR, refused, false);
+    if (const auto st = trainer_protocol::parse_train_answer(r, exchange_, answer); !st) {
+      fail(wire::TRAINER_PROTOCOL_ERROR, st.error().message(), false);
     }
     const RemoveOnExit remove_weights{answer.weights};
     Model m;
@@ -477,10 +479,10 @@ void ExternalTrainer::check_process_group(const json& r) {
 // tensors (names, shapes, floating-point dtypes) and finite values.
 TrainResult ExternalTrainer::read_weights(const json& r, const Model& global, Model& local, const TrainTask& task) {
   trainer_protocol::TrainAnswer answer;
-  const auto refused = trainer_protocol::parse_train_answer(r, exchange_, answer);
+  const auto parsed = trainer_protocol::parse_train_answer(r, exchange_, answer);
   const std::filesystem::path& weights = answer.weights;
   const RemoveOnExit remove_weights{weights.parent_path() == exchange_ ? weights : std::filesystem::path()};
-  if (!refused.empty()) fail(wire::TRAINER_PROTOCOL_ERROR, refused, false);
+  if (!parsed) fail(wire::TRAINER_PROTOCOL_ERROR, parsed.error().message(), false);
   const auto samples = answer.num_samples;
   std::string why;
   try {

@@ -85,8 +85,8 @@ wire::PrivacySpend PrivacyBudget::charge(std::vector<wire::PrivacySpend> spent, 
   p.set_clip_norm(report.clip_norm);
   p.set_delta(cfg_.delta);
   p.set_max_epsilon(cfg_.max_epsilon);
-  if (const auto why = protocol::check_privacy(p); !why.empty()) {
-    throw TrainerError(wire::TRAINER_MISCONFIGURED, "the trainer's DP-SGD report is not usable: " + why);
+  if (const auto st = protocol::check_privacy(p); !st) {
+    throw TrainerError(wire::TRAINER_MISCONFIGURED, "the trainer's DP-SGD report is not usable: " + st.error().message());
   }
   spent.push_back(p);
   const double eps = protocol::dp_sgd_epsilon(spent, cfg_.delta);

@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/result.h"
 #include "protocol/compression.h"
 
 namespace xsilo::agent {
@@ -46,8 +47,8 @@ std::string encode_runs(std::span<const float> x, std::uint64_t seed, std::span<
   return out;
 }
 
-// "" when the codes decoded into `out`, else why not.
-std::string decode_runs(std::string_view codes, std::span<float> out) {
+// Success when the codes decoded into `out`, else why not.
+Status decode_runs(std::string_view codes, std::span<float> out) {
   std::size_t pos = 0;
   std::string why;
   for_each_run(out.size(), [&](std::size_t at, std::size_t len) {
@@ -56,7 +57,8 @@ std::string decode_runs(std::string_view codes, std::span<float> out) {
     if (why.empty()) why = protocol::decode_chunk(codec(), codes.substr(pos, bytes), out.subspan(at, len), nonzeros);
     pos += bytes;
   });
-  return why;
+  if (!why.empty()) return Error(why);
+  return {};
 }
 
 bool finite(std::span<const float> v) {
@@ -126,9 +128,9 @@ void quantized_all_reduce(collective::Mesh& mesh, std::span<float> data, std::sp
     const int dst = (r + s) % n, src = (r - s + n) % n;
     exchange(mesh, dst, out[static_cast<std::size_t>(dst)], src, in, chunk_bytes);
     if (!failed.empty()) continue;
-    if (const auto why = decode_runs(in, std::span(decoded.data(), own_len)); !why.empty()) {
-      failed = "8-bit all-reduce: the codes from rank " + std::to_string(src) + " do not decode (" + why +
-               "): its gradient is NaN or infinite";
+    if (const auto decoded_in = decode_runs(in, std::span(decoded.data(), own_len)); !decoded_in) {
+      failed = "8-bit all-reduce: the codes from rank " + std::to_string(src) + " do not decode (" +
+               decoded_in.error().message() + "): its gradient is NaN or infinite";
       continue;
     }
     for (std::size_t i = 0; i < own_len; ++i) sum[i] += decoded[i];
@@ -148,9 +150,9 @@ void quantized_all_reduce(collective::Mesh& mesh, std::span<float> data, std::sp
     in.assign(quantized_bytes(len), '\0');
     exchange(mesh, dst, codes, src, in, chunk_bytes);
     if (!failed.empty()) continue;
-    if (const auto why = decode_runs(in, data.subspan(begin, len)); !why.empty()) {
-      failed = "8-bit all-reduce: rank " + std::to_string(src) + "'s sum does not decode (" + why +
-               "): a gradient of this step is NaN or infinite";
+    if (const auto decoded_sum = decode_runs(in, data.subspan(begin, len)); !decoded_sum) {
+      failed = "8-bit all-reduce: rank " + std::to_string(src) + "'s sum does not decode (" +
+               decoded_sum.error().message() + "): a gradient of this step is NaN or infinite";
     }
   }
   if (!failed.empty()) throw std::runtime_error(failed);

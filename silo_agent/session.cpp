@@ -245,7 +245,8 @@ void Session::witness(const wire::Envelope& e) {
 // audit key it can reach (then taken for the round). False: refused (answered, except a start
 // seen before, which is ignored).
 bool Session::accept_round_start(const wire::RoundStart& rs) {
-  if (auto why = protocol::check_layout(rs, cfg_.max_model_elements); !why.empty()) {
+  if (const auto st = protocol::check_layout(rs, cfg_.max_model_elements); !st) {
+    const std::string& why = st.error().message();
     spdlog::error("round {}: refusing the round's model layout: {}", rs.round(), why);
     reply_error(wire::BAD_UPDATE, "model layout: " + why);
     return false;

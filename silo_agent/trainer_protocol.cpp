@@ -68,31 +68,34 @@ std::optional<json> Reader::next(std::string& error) {
   return j;
 }
 
-std::string check_hello(const json& hello, std::int64_t& protocol) {
+Status check_hello(const json& hello, std::int64_t& protocol) {
   protocol = hello.contains("protocol") && hello["protocol"].is_number_integer() ? hello["protocol"].get<std::int64_t>() : 0;
-  if (string_or(hello, "type", "") != "hello") return "sent " + hello.dump().substr(0, 200) + " before hello";
+  if (string_or(hello, "type", "") != "hello") return Error("sent " + hello.dump().substr(0, 200) + " before hello");
   if (protocol != kVersion) {
-    return "the trainer speaks protocol " + std::to_string(protocol) + " (SDK " + string_or(hello, "sdk", "?") +
-           "), this agent speaks protocol " + std::to_string(kVersion) + "; use the SDK of this xsilo release";
+    return Error("the trainer speaks protocol " + std::to_string(protocol) + " (SDK " + string_or(hello, "sdk", "?") +
+                 "), this agent speaks protocol " + std::to_string(kVersion) + "; use the SDK of this xsilo release");
   }
-  return "";
+  return {};
 }
 
-std::string check_result(const json& answer, std::uint64_t id) {
+Status check_result(const json& answer, std::uint64_t id) {
   const std::string type = string_or(answer, "type", "");
-  if (type == "error") return "reports: " + string_or(answer, "message", "(no message)");
+  if (type == "error") return Error("reports: " + string_or(answer, "message", "(no message)"));
   if (type != "result" || !answer.contains("id") || !answer["id"].is_number_unsigned() ||
       answer["id"].get<std::uint64_t>() != id) {
-    return "answered task " + std::to_string(id) + " with " + answer.dump().substr(0, 200);
+    return Error("answered task " + std::to_string(id) + " with " + answer.dump().substr(0, 200));
   }
-  return "";
+  return {};
 }
 
-std::string parse_train_answer(const json& result, const std::filesystem::path& exchange, TrainAnswer& out) {
-  if (!result.contains("weights") || !result["weights"].is_string()) return "rank 0's train result names no weights file";
+Status parse_train_answer(const json& result, const std::filesystem::path& exchange, TrainAnswer& out) {
+  if (!result.contains("weights") || !result["weights"].is_string()) {
+    return Error("rank 0's train result names no weights file");
+  }
   out.weights = result["weights"].get<std::string>();
   if (out.weights.parent_path() != exchange || out.weights.filename().string().rfind(".", 0) == 0) {
-    return "the weights file " + out.weights.string() + " is not a file of the exchange folder " + exchange.string();
+    return Error("the weights file " + out.weights.string() + " is not a file of the exchange folder " +
+                 exchange.string());
   }
   const bool counted = result.contains("num_samples") && result["num_samples"].is_number_integer() &&
                        (result["num_samples"].is_number_unsigned() || result["num_samples"].get<std::int64_t>() >= 0);
@@ -110,13 +113,13 @@ std::string parse_train_answer(const json& result, const std::filesystem::path& 
                           (p["steps"].is_number_unsigned() || p["steps"].get<std::int64_t>() >= 1);
     if (!p.is_object() || !(dp.sample_rate > 0 && dp.sample_rate <= 1) || !(dp.noise_multiplier > 0) ||
         !std::isfinite(dp.noise_multiplier) || !steps_ok || p["steps"].get<std::uint64_t>() == 0) {
-      return "the train result's privacy must be {\"sample_rate\": in (0, 1], \"noise_multiplier\": > 0, \"steps\": "
-             ">= 1, \"clip_norm\": optional}";
+      return Error("the train result's privacy must be {\"sample_rate\": in (0, 1], \"noise_multiplier\": > 0, "
+                   "\"steps\": >= 1, \"clip_norm\": optional}");
     }
     dp.steps = p["steps"].get<std::uint64_t>();
     out.dp = dp;
   }
-  return "";
+  return {};
 }
 
 wire::TrainMetrics parse_eval_metrics(const json& result) {

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/result.h"
 #include "proto/xsilo.pb.h"
 #include "silo_agent/trainer.h"
 
@@ -40,13 +41,13 @@ class Reader {
   std::string failed_;
 };
 
-// A hello: "" when it is one and speaks our protocol, else why not (naming the trainer's
-// protocol and SDK). `protocol` gets the version it claims (0 if none).
-std::string check_hello(const nlohmann::json& hello, std::int64_t& protocol);
+// A hello: success when it is one and speaks our protocol, else why not (naming the trainer's
+// protocol and SDK). `protocol` gets the version it claims (0 if none), either way.
+Status check_hello(const nlohmann::json& hello, std::int64_t& protocol);
 
-// An answer to task `id`: "" for its result; else the trainer's own error message, or what is
-// wrong with the answer.
-std::string check_result(const nlohmann::json& answer, std::uint64_t id);
+// An answer to task `id`: success for its result; else the trainer's own error message, or what
+// is wrong with the answer.
+Status check_result(const nlohmann::json& answer, std::uint64_t id);
 
 // What a train result names. The weights must be a file directly in `exchange` whose name does
 // not start with a dot. `num_samples` is 0 when absent or not a non-negative integer: the
@@ -60,7 +61,9 @@ struct TrainAnswer {
   // and clip norm, as the SDK reads them off Opacus's PrivacyEngine.
   std::optional<DpSgdReport> dp;
 };
-std::string parse_train_answer(const nlohmann::json& result, const std::filesystem::path& exchange, TrainAnswer& out);
+// Success with `out` filled, or why the result is refused; `out.weights` is set as soon as it is
+// read, so that a caller can remove a file of the exchange folder a refused result named.
+Status parse_train_answer(const nlohmann::json& result, const std::filesystem::path& exchange, TrainAnswer& out);
 
 // An evaluate result's metrics (missing or non-finite values are 0).
 wire::TrainMetrics parse_eval_metrics(const nlohmann::json& result);

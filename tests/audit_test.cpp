@@ -961,10 +961,12 @@ TEST_F(RecoveryTest, ASiloWitnessIsCheckedAgainstTheLog) {
   ServerState st(dir_.path(), 0);
   const auto key = st.audit().public_key();
   const auto lines = lines_of(dir_ / "audit.jsonl");
-  EXPECT_EQ(st.check_witness("h1", 2, crypto::sha256_hex(lines[1]), key), "");
-  EXPECT_NE(st.check_witness("h1", 5, std::string(64, 'a'), key).find("has only 3 records"), std::string::npos);
-  EXPECT_NE(st.check_witness("h1", 2, std::string(64, 'a'), key).find("rewritten or forked"), std::string::npos);
-  EXPECT_NE(st.check_witness("h1", 2, crypto::sha256_hex(lines[1]), crypto::SigningKey::generate().public_key())
+  EXPECT_EQ(error_text(st.check_witness("h1", 2, crypto::sha256_hex(lines[1]), key)), "");
+  EXPECT_NE(error_text(st.check_witness("h1", 5, std::string(64, 'a'), key)).find("has only 3 records"),
+            std::string::npos);
+  EXPECT_NE(error_text(st.check_witness("h1", 2, std::string(64, 'a'), key)).find("rewritten or forked"),
+            std::string::npos);
+  EXPECT_NE(error_text(st.check_witness("h1", 2, crypto::sha256_hex(lines[1]), crypto::SigningKey::generate().public_key()))
                 .find("does not hold the history"),
             std::string::npos);
 }

@@ -14,6 +14,7 @@
 #include "protocol/round_start.h"
 #include "protocol/tensor_stream.h"
 #include "protocol/upload_slot.h"
+#include "tests/result_util.h"
 
 namespace xsilo::protocol {
 namespace {
@@ -231,7 +232,7 @@ TEST(Compression, NormalisationStatisticsTravelDenseOutsideTheErrorFeedback) {
   schemes.push_back(p);
   for (auto c : schemes) {
     for (const auto& pat : default_dense_patterns()) c.add_dense(pat);
-    ASSERT_EQ(check_compression(c), "");
+    ASSERT_EQ(error_text(check_compression(c)), "");
     Model m = batch_norm_model();
     const auto dense = dense_tensors(c, m.tensors());
     ASSERT_EQ(dense, (std::vector<bool>{false, true, true, true, false, false}));
@@ -438,18 +439,19 @@ TEST(Compression, ASecureRandomKRoundWithoutErrorFeedbackIsRefusedBySilosAndEdge
   rs.mutable_secagg()->set_modulus_bits(32);
   rs.mutable_secagg()->set_vector_length(3);
   *rs.mutable_compression() = scheme(C::RANDOM_K, 0, 0, 0.1);
-  EXPECT_EQ(check_layout(rs), "");
+  EXPECT_EQ(error_text(check_layout(rs)), "");
   rs.mutable_compression()->set_error_feedback(false);
-  EXPECT_NE(check_layout(rs).find("secure random-k needs error feedback"), std::string::npos) << check_layout(rs);
+  EXPECT_NE(error_text(check_layout(rs)).find("secure random-k needs error feedback"), std::string::npos)
+      << error_text(check_layout(rs));
 }
 
 TEST(Compression, DensePatternsAreCheckedAndOnlyMatterWhenSomethingIsCompressed) {
   auto c = scheme(C::TOP_K, 0, 0, 0.1);
   c.add_dense("");
-  EXPECT_NE(check_compression(c).find("dense pattern must be 1..256 characters"), std::string::npos);
+  EXPECT_NE(error_text(check_compression(c)).find("dense pattern must be 1..256 characters"), std::string::npos);
   c.clear_dense();
   for (int i = 0; i < 65; ++i) c.add_dense("x");
-  EXPECT_NE(check_compression(c).find("at most 64 dense patterns"), std::string::npos);
+  EXPECT_NE(error_text(check_compression(c)).find("at most 64 dense patterns"), std::string::npos);
   C none;
   none.add_dense("*");
   Model m = batch_norm_model();
@@ -558,12 +560,12 @@ TEST(Compression, TheReceiverRefusesChunksThatDoNotMatchTheRoundsScheme) {
 }
 
 TEST(Compression, SchemesAreCheckedAndDescribed) {
-  EXPECT_EQ(check_compression(scheme(C::QUANTIZE, 8, 256)), "");
-  EXPECT_NE(check_compression(scheme(C::QUANTIZE, 5, 256)), "");
-  EXPECT_NE(check_compression(scheme(C::SIGN, 0, 4)), "");
-  EXPECT_NE(check_compression(scheme(C::TOP_K, 0, 0, 0)), "");
-  EXPECT_NE(check_compression(scheme(C::RANDOM_K, 0, 0, 1.5)), "");
-  EXPECT_NE(check_compression(scheme(C::POWER_SGD)), "");  // rank 0
+  EXPECT_EQ(error_text(check_compression(scheme(C::QUANTIZE, 8, 256))), "");
+  EXPECT_NE(error_text(check_compression(scheme(C::QUANTIZE, 5, 256))), "");
+  EXPECT_NE(error_text(check_compression(scheme(C::SIGN, 0, 4))), "");
+  EXPECT_NE(error_text(check_compression(scheme(C::TOP_K, 0, 0, 0))), "");
+  EXPECT_NE(error_text(check_compression(scheme(C::RANDOM_K, 0, 0, 1.5))), "");
+  EXPECT_NE(error_text(check_compression(scheme(C::POWER_SGD))), "");  // rank 0
   EXPECT_EQ(describe(scheme(C::TOP_K, 0, 0, 0.01)), "top-k 1%+ef");
   EXPECT_EQ(describe(scheme(C::RANDOM_K, 0, 0, 0.125, false)), "random-k 12.5%");
   EXPECT_EQ(describe(scheme(C::QUANTIZE, 4, 128)), "quantize-4/128+ef");
@@ -711,7 +713,7 @@ C broadcast_scheme(std::uint32_t bits) {
 TEST(Compression, ABroadcastDeltaRebuildsTheServersModelBitForBitFromTheBase) {
   for (std::uint32_t bits : {8u, 4u}) {
     const C c = broadcast_scheme(bits);
-    ASSERT_EQ(check_broadcast(c), "");
+    ASSERT_EQ(error_text(check_broadcast(c)), "");
     Model base = broadcast_layout(), next = broadcast_layout();
     const auto b = gaussian(base.size(), 1), step = gaussian(base.size(), 2, 0.01f);
     for (std::size_t i = 0; i < base.size(); ++i) {
@@ -825,9 +827,9 @@ TEST(Compression, ABroadcastReceiverRefusesDeltasOfDenseTensorsOtherSchemesAndBa
   chunks[0].set_count(2000);
   refused(chunks, "count 2000");
   // A broadcast scheme is quantization without error feedback.
-  EXPECT_NE(check_broadcast(scheme(C::TOP_K, 0, 0, 0.1, false)), "");
-  EXPECT_NE(check_broadcast(scheme(C::QUANTIZE, 8, 64, 0, true)), "");
-  EXPECT_NE(check_broadcast(scheme(C::QUANTIZE, 5, 64, 0, false)), "");
+  EXPECT_NE(error_text(check_broadcast(scheme(C::TOP_K, 0, 0, 0.1, false))), "");
+  EXPECT_NE(error_text(check_broadcast(scheme(C::QUANTIZE, 8, 64, 0, true))), "");
+  EXPECT_NE(error_text(check_broadcast(scheme(C::QUANTIZE, 5, 64, 0, false))), "");
 }
 
 // A step past float's range (finite models whose difference overflows) has no codes: that chunk
@@ -866,7 +868,7 @@ TEST(Codecs, EveryCodecInTheTableIsFoundByNameConfiguresItsDefaultsAndRoundTrips
     C c;
     c.set_scheme(scheme);
     codec->configure(ConfigNode(nlohmann::json::object(), "test.json", "compression"), c);
-    EXPECT_EQ(check_compression(c), "") << codec->name() << " defaults: " << describe(c);
+    EXPECT_EQ(error_text(check_compression(c)), "") << codec->name() << " defaults: " << describe(c);
     for (const auto& k : codec->keys()) keys_seen.insert(k);
     if (scheme == C::NONE) continue;
     const TensorInfo t{"w", {257}, 0};
@@ -883,7 +885,7 @@ TEST(Codecs, EveryCodecInTheTableIsFoundByNameConfiguresItsDefaultsAndRoundTrips
   EXPECT_EQ(find_codec(static_cast<C::Scheme>(C::Scheme_ARRAYSIZE)), nullptr);
   C unknown;
   unknown.set_scheme(static_cast<C::Scheme>(99));
-  EXPECT_EQ(check_compression(unknown), "unknown compression scheme 99");
+  EXPECT_EQ(error_text(check_compression(unknown)), "unknown compression scheme 99");
   std::vector<float> out(4);
   std::size_t kept = 0;
   EXPECT_EQ(decode_chunk(unknown, "abcd", out, kept), "unknown compression scheme 99");

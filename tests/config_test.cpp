@@ -14,6 +14,7 @@
 #include "tools/sim.h"
 #include "tools/sim_stall.h"
 #include "transport/config.h"
+#include "tests/result_util.h"
 
 namespace xsilo {
 namespace {
@@ -891,20 +892,20 @@ TEST(SimStall, TheSimGivesUpFiveSecondsAfterTheLastAgentAndTwentyAfterTooFewRema
   using namespace std::chrono_literals;
   const auto t0 = tools::StallWatch::Clock::time_point{} + 1h;
   tools::StallWatch w(2);
-  EXPECT_EQ(w.check(3, 3, t0), "");
-  EXPECT_EQ(w.check(0, 3, t0 + 1s), "");  // every agent gone: the grace starts
-  EXPECT_EQ(w.check(0, 3, t0 + 5999ms), "");
-  EXPECT_EQ(w.check(0, 3, t0 + 6s), "every agent has exited");
+  EXPECT_EQ(error_text(w.check(3, 3, t0)), "");
+  EXPECT_EQ(error_text(w.check(0, 3, t0 + 1s)), "");  // every agent gone: the grace starts
+  EXPECT_EQ(error_text(w.check(0, 3, t0 + 5999ms)), "");
+  EXPECT_EQ(error_text(w.check(0, 3, t0 + 6s)), "every agent has exited");
   tools::StallWatch restart(2);
-  EXPECT_EQ(restart.check(0, 3, t0), "");
-  EXPECT_EQ(restart.check(3, 3, t0 + 900ms), "");  // a restart brought them back: the grace ends
-  EXPECT_EQ(restart.check(0, 3, t0 + 4s), "");     // and starts again from here
-  EXPECT_EQ(restart.check(0, 3, t0 + 8999ms), "");
-  EXPECT_EQ(restart.check(0, 3, t0 + 9s), "every agent has exited");
+  EXPECT_EQ(error_text(restart.check(0, 3, t0)), "");
+  EXPECT_EQ(error_text(restart.check(3, 3, t0 + 900ms)), "");  // a restart brought them back: the grace ends
+  EXPECT_EQ(error_text(restart.check(0, 3, t0 + 4s)), "");     // and starts again from here
+  EXPECT_EQ(error_text(restart.check(0, 3, t0 + 8999ms)), "");
+  EXPECT_EQ(error_text(restart.check(0, 3, t0 + 9s)), "every agent has exited");
   tools::StallWatch few(2);
-  EXPECT_EQ(few.check(1, 3, t0), "");
-  EXPECT_EQ(few.check(1, 3, t0 + 19s), "");
-  EXPECT_EQ(few.check(1, 3, t0 + 20s), "only 1 of the 3 agents run, and a round needs 2 (selection.min_silos)");
+  EXPECT_EQ(error_text(few.check(1, 3, t0)), "");
+  EXPECT_EQ(error_text(few.check(1, 3, t0 + 19s)), "");
+  EXPECT_EQ(error_text(few.check(1, 3, t0 + 20s)), "only 1 of the 3 agents run, and a round needs 2 (selection.min_silos)");
 }
 
 // Silo-level central DP: the server's "privacy" block, and every combination that would void

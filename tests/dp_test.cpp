@@ -295,7 +295,7 @@ TEST(PrivacyBudget, TheTrainerProtocolCarriesAnExternalTrainersReport) {
                              {"num_samples", 10},
                              {"privacy", {{"sample_rate", 0.01}, {"noise_multiplier", 1.2}, {"steps", 300}}}};
   agent::trainer_protocol::TrainAnswer a;
-  ASSERT_EQ(agent::trainer_protocol::parse_train_answer(ok, dir.path(), a), "");
+  ASSERT_EQ(error_text(agent::trainer_protocol::parse_train_answer(ok, dir.path(), a)), "");
   ASSERT_TRUE(a.dp.has_value());
   EXPECT_EQ(a.dp->steps, 300u);
   EXPECT_DOUBLE_EQ(a.dp->noise_multiplier, 1.2);
@@ -306,7 +306,7 @@ TEST(PrivacyBudget, TheTrainerProtocolCarriesAnExternalTrainersReport) {
     auto j = ok;
     j["privacy"] = bad;
     agent::trainer_protocol::TrainAnswer b;
-    EXPECT_NE(agent::trainer_protocol::parse_train_answer(j, dir.path(), b), "") << bad.dump();
+    EXPECT_NE(error_text(agent::trainer_protocol::parse_train_answer(j, dir.path(), b)), "") << bad.dump();
   }
 }
 

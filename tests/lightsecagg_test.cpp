@@ -67,15 +67,15 @@ TEST(PrimeField, RingWordsRoundTripThroughTheFieldForNegativeAndPositiveSums) {
   EXPECT_EQ(in_field, ring);
   EXPECT_EQ(decode(p, std::span<const std::uint32_t>(in_field)), decode(p, std::span<const std::uint32_t>(ring)));
   // What the field costs: two codes of headroom below the ring's 2^31 - 1.
-  EXPECT_EQ(field::check_overflow_field(p, 20), "");
+  EXPECT_EQ(error_text(field::check_overflow_field(p, 20)), "");
   FixedPointParams edge{32, 0, 1.0, 2147483645.0};
-  EXPECT_EQ(field::check_overflow_field(edge, 1), "");
+  EXPECT_EQ(error_text(field::check_overflow_field(edge, 1)), "");
   edge.max_weight = 2147483646.0;
-  EXPECT_EQ(check_overflow(edge, 1), "");  // the ring still takes it
-  EXPECT_NE(field::check_overflow_field(edge, 1).find("exceeds (p - 1) / 2 = 2147483645"), std::string::npos)
-      << field::check_overflow_field(edge, 1);
+  EXPECT_EQ(error_text(check_overflow(edge, 1)), "");  // the ring still takes it
+  EXPECT_NE(error_text(field::check_overflow_field(edge, 1)).find("exceeds (p - 1) / 2 = 2147483645"), std::string::npos)
+      << error_text(field::check_overflow_field(edge, 1));
   FixedPointParams wide{64, 16, 1.0, 1.0};
-  EXPECT_NE(field::check_overflow_field(wide, 2).find("32-bit codes"), std::string::npos);
+  EXPECT_NE(error_text(field::check_overflow_field(wide, 2)).find("32-bit codes"), std::string::npos);
 }
 
 TEST(PrimeField, AddingWordsOutsideTheFieldKeepsTheSumInIt) {

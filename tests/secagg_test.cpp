@@ -204,13 +204,13 @@ TEST(FixedPoint, AppendsTheUnclippedBitWhenAskedSoSumsCountThem) {
 
 TEST(FixedPoint, ConfigsThatCanOverflowAreExplained) {
   FixedPointParams p{32, 16, 1.0, 1000.0};
-  const auto why = check_overflow(p, 100);
+  const auto why = error_text(check_overflow(p, 100));
   EXPECT_NE(why.find("100 silos x max_weight 1000"), std::string::npos) << why;
-  EXPECT_EQ(check_overflow(p, 10), "");
+  EXPECT_EQ(error_text(check_overflow(p, 10)), "");
   p.bits = 64;
-  EXPECT_EQ(check_overflow(p, 100), "");
+  EXPECT_EQ(error_text(check_overflow(p, 100)), "");
   p.bits = 24;
-  EXPECT_EQ(check_overflow(p, 2), "modulus bits must be 8, 16, 32 or 64");
+  EXPECT_EQ(error_text(check_overflow(p, 2)), "modulus bits must be 8, 16, 32 or 64");
 }
 
 // In a 16-bit ring the check is exact: one silo's largest code is ceil(M 2^f) (M = max_weight x
@@ -218,18 +218,18 @@ TEST(FixedPoint, ConfigsThatCanOverflowAreExplained) {
 TEST(FixedPoint, TheSixteenBitOverflowCheckHoldsToTheLastWord) {
   FixedPointParams p{16, 8, 10.0, 1.0};
   EXPECT_EQ(largest_code(p), 2560);
-  EXPECT_EQ(check_overflow(p, 12), "");  // 30720
-  EXPECT_EQ(check_overflow(p, 13),
+  EXPECT_EQ(error_text(check_overflow(p, 12)), "");  // 30720
+  EXPECT_EQ(error_text(check_overflow(p, 13)),
             "13 silos x max_weight 1 x clip_norm 10 x 2^8 fraction bits = 33280 can reach 2^15 (32768) in a 16-bit "
             "ring: lower fraction_bits to 7 or less, or use more modulus bits");
   // 7 x 4681 = 32767, the largest positive word: accepted; a code one higher is not, and a
   // fraction of a step rounds up to it (stochastic rounding can round up).
   FixedPointParams edge{16, 1, 1.0, 2340.5};
-  EXPECT_EQ(check_overflow(edge, 7), "");
+  EXPECT_EQ(error_text(check_overflow(edge, 7)), "");
   edge.max_weight = 2340.3;  // 4680.6 steps: rounds to 4681
-  EXPECT_EQ(check_overflow(edge, 7), "");
+  EXPECT_EQ(error_text(check_overflow(edge, 7)), "");
   edge.max_weight = 2340.6;  // 4681.2 steps: can round to 4682
-  EXPECT_NE(check_overflow(edge, 7).find("can reach 2^15"), std::string::npos);
+  EXPECT_NE(error_text(check_overflow(edge, 7)).find("can reach 2^15"), std::string::npos);
   // At the boundary the sum of seven silos' largest values, either sign, decodes exactly.
   edge.max_weight = 2340.5;
   std::vector<std::uint16_t> sum_pos(2, 0), sum_neg(2, 0), one(2);

@@ -18,6 +18,7 @@
 #include "silo_agent/external_trainer.h"
 #include "silo_agent/trainer_protocol.h"
 #include "tests/federation_util.h"
+#include "tests/result_util.h"
 
 namespace xsilo {
 namespace {
@@ -89,9 +90,9 @@ TEST(TrainerProtocol, FramesAcrossPiecesAndRefusesWhatCannotBeAMessage) {
   ASSERT_EQ(got.size(), 2u);
   EXPECT_EQ(error, "");
   std::int64_t protocol = 0;
-  EXPECT_EQ(tp::check_hello(got[0], protocol), "");
-  EXPECT_EQ(tp::check_result(got[1], 3), "");
-  EXPECT_NE(tp::check_result(got[1], 4).find("answered task 4"), std::string::npos);
+  EXPECT_EQ(error_text(tp::check_hello(got[0], protocol)), "");
+  EXPECT_EQ(error_text(tp::check_result(got[1], 3)), "");
+  EXPECT_NE(error_text(tp::check_result(got[1], 4)).find("answered task 4"), std::string::npos);
 
   auto refused = [](const std::string& bytes) {
     tp::Reader bad;
@@ -115,15 +116,17 @@ TEST(TrainerProtocol, FramesAcrossPiecesAndRefusesWhatCannotBeAMessage) {
   EXPECT_NE(refused(std::string("\x00\x20\x00\x00{}", 6)).find("2097152 bytes; the limit is 1 MiB"), std::string::npos);
 
   // A protocol number that only truncates to 1 is not protocol 1.
-  EXPECT_NE(tp::check_hello({{"type", "hello"}, {"protocol", 4294967297LL}}, protocol).find("protocol 4294967297"),
+  EXPECT_NE(error_text(tp::check_hello({{"type", "hello"}, {"protocol", 4294967297LL}}, protocol))
+                .find("protocol 4294967297"),
             std::string::npos);
   tp::TrainAnswer answer;
-  EXPECT_NE(tp::parse_train_answer({{"weights", "/x/../etc/passwd"}}, "/x", answer).find("not a file of the exchange"),
+  EXPECT_NE(error_text(tp::parse_train_answer({{"weights", "/x/../etc/passwd"}}, "/x", answer))
+                .find("not a file of the exchange"),
             std::string::npos);
-  EXPECT_NE(tp::parse_train_answer({{"weights", "/x/.hidden"}}, "/x", answer).find("not a file of the exchange"),
+  EXPECT_NE(error_text(tp::parse_train_answer({{"weights", "/x/.hidden"}}, "/x", answer)).find("not a file of the exchange"),
             std::string::npos);
-  EXPECT_EQ(tp::parse_train_answer({{"weights", "/x/w.safetensors"}, {"num_samples", 5}, {"metrics", {{"loss", 0.25}}}},
-                                   "/x", answer),
+  EXPECT_EQ(error_text(tp::parse_train_answer(
+                {{"weights", "/x/w.safetensors"}, {"num_samples", 5}, {"metrics", {{"loss", 0.25}}}}, "/x", answer)),
             "");
   EXPECT_EQ(answer.num_samples, 5u);
   EXPECT_EQ(answer.loss, 0.25);

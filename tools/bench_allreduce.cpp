@@ -30,6 +30,7 @@
 
 #include "common/config.h"
 #include "common/process.h"
+#include "common/result.h"
 #include "silo_agent/collective/gpu_info.h"
 #include "silo_agent/collective/group.h"
 #include "silo_agent/collective/sparse_all_reduce.h"
@@ -235,13 +236,13 @@ std::string human(std::size_t bytes) {
   return std::to_string(bytes) + " B";
 }
 
-// Why NCCL cannot run `ranks` ranks here ("" if it can).
-std::string nccl_unavailable(int ranks) {
+// Success when NCCL can run `ranks` ranks here, else why not.
+Status nccl_available(int ranks) {
   const auto gpu = collective::gpu_info();
-  if (!gpu.built) return "this xsilo was built without CUDA and NCCL";
-  if (gpu.devices == 0) return "no GPU: " + gpu.cuda_error;
-  if (gpu.devices < ranks) return "NCCL takes one GPU per rank; " + std::to_string(gpu.devices) + " visible";
-  return "";
+  if (!gpu.built) return Error("this xsilo was built without CUDA and NCCL");
+  if (gpu.devices == 0) return Error("no GPU: " + gpu.cuda_error);
+  if (gpu.devices < ranks) return Error("NCCL takes one GPU per rank; " + std::to_string(gpu.devices) + " visible");
+  return {};
 }
 
 using Measured = std::map<std::string, Results>;
@@ -255,8 +256,8 @@ void measure(int ranks, const AllreduceBenchOptions& opts, const std::filesystem
              std::vector<std::string>& systems) {
   for (const auto& backend : opts.backends) {
     if (backend == "nccl") {
-      if (const auto why = nccl_unavailable(ranks); !why.empty()) {
-        std::cout << "nccl, " << ranks << " ranks: skipped (" << why << ")\n";
+      if (const auto nccl = nccl_available(ranks); !nccl) {
+        std::cout << "nccl, " << ranks << " ranks: skipped (" << nccl.error().message() << ")\n";
         continue;
       }
     }

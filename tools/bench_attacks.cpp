@@ -174,13 +174,13 @@ std::vector<std::uint64_t> usable_seeds(const Setting& s, const std::vector<std:
   std::uint64_t next = asked.empty() ? 1 : *std::max_element(asked.begin(), asked.end()) + 1;
   for (auto seed : asked) {
     for (int tries = 0; tries < 100; ++tries) {
-      const auto problem = split_problem(base(s, seed, rounds));
-      if (problem.empty()) {
+      const auto split = check_split(base(s, seed, rounds));
+      if (split) {
         out.push_back(seed);
         break;
       }
       skipped += (skipped.empty() ? "" : ", ") + std::to_string(seed);
-      why = problem;
+      why = split.error().message();
       seed = next++;
     }
   }

@@ -482,7 +482,8 @@ int follow(const SimConfig& cfg, const FederationFiles& f, Processes& procs, Fau
       procs["server"].stop();
       break;
     }
-    if (stalled = watch.check(agents_running(procs, f), f.silos.size(), StallWatch::Clock::now()); !stalled.empty()) {
+    if (const auto st = watch.check(agents_running(procs, f), f.silos.size(), StallWatch::Clock::now()); !st) {
+      stalled = st.error().message();
       say("the federation cannot go on: " + stalled + "; stopping the server\n" + exited_agents(procs, f));
       procs["server"].stop();
       exit = procs["server"].exit_code();

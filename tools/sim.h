@@ -22,6 +22,7 @@
 #include "common/feature_stats.h"
 #include "common/model.h"
 #include "common/process.h"
+#include "common/result.h"
 #include "server/metrics.h"
 #include "silo_agent/config.h"
 
@@ -178,8 +179,9 @@ FeatureStats federation_feature_stats(const std::vector<std::filesystem::path>& 
 // std::runtime_error with the statistics server's log when it cannot finish.
 FeatureStats secure_feature_stats(const SimConfig& cfg, const FederationFiles& f,
                                   const std::vector<std::filesystem::path>& silo_train_files, const FeatureStats& pooled);
-// Why the config's data split cannot be made (the split prepare_federation makes), or "".
-std::string split_problem(const SimConfig& cfg);
+// Success when the config's data split can be made (the split prepare_federation makes), else
+// why not.
+Status check_split(const SimConfig& cfg);
 // Waits for the server to write its port file; throws with the log's tail if it dies. The
 // port is then pinned: server_argv() binds it again on a restart, and the edges' upstreams
 // name it. The server's config file is not changed (the audit records its hash).

@@ -289,15 +289,15 @@ void write_edge_configs(const SimConfig& cfg, FederationFiles& f) {
 
 }  // namespace
 
-std::string split_problem(const SimConfig& cfg) {
+Status check_split(const SimConfig& cfg) {
   try {
     const Dataset all = load_csv(cfg.data_path);
     const auto rows = train_test_split(all, cfg.test_fraction, cfg.seed).first;
     if (cfg.split == "iid") split_iid(rows, cfg.silos, cfg.seed + 1);
     else split_dirichlet(all, rows, cfg.silos, cfg.alpha, cfg.seed + 1);
-    return "";
+    return {};
   } catch (const std::exception& e) {
-    return e.what();
+    return Error(e.what());
   }
 }
 

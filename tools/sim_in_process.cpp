@@ -269,8 +269,8 @@ bool fold_upload(server::Aggregator& agg, const std::string& silo, const agent::
   const server::Contribution c{.silos = {silo}, .weight = o.weight, .group = 0,
                                 .declared_sha256 = crypto::sha256_hex(o.update->flat()), .partial_sum = false};
   const auto r = agg.fold(c, *check);
-  if (r.error == server::FoldError::NonFinite) ++ctx.nonfinite;
-  return r.ok();
+  if (!r && r.error().cause == server::FoldFailure::Cause::NonFinite) ++ctx.nonfinite;
+  return r.has_value();
 }
 
 // Every taking part silo's round into the round's sums (the secure groups or the aggregator):

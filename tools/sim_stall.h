@@ -9,6 +9,8 @@
 #include <optional>
 #include <string>
 
+#include "common/result.h"
+
 namespace xsilo::tools {
 
 class StallWatch {
@@ -18,17 +20,17 @@ class StallWatch {
   static constexpr std::chrono::seconds kNoneGrace{5}, kFewGrace{20};
 
   explicit StallWatch(std::size_t needed) : needed_(needed) {}
-  // `alive` of `total` agents run at `now`: why the federation cannot go on, or "".
-  std::string check(std::size_t alive, std::size_t total, Clock::time_point now) {
+  // `alive` of `total` agents run at `now`: success while the federation can go on, else why not.
+  Status check(std::size_t alive, std::size_t total, Clock::time_point now) {
     if (alive >= needed_) {
       short_since_.reset();
-      return "";
+      return {};
     }
     if (!short_since_) short_since_ = now;
-    if (now - *short_since_ < (alive == 0 ? kNoneGrace : kFewGrace)) return "";
-    return alive == 0 ? "every agent has exited"
-                      : "only " + std::to_string(alive) + " of the " + std::to_string(total) +
-                            " agents run, and a round needs " + std::to_string(needed_) + " (selection.min_silos)";
+    if (now - *short_since_ < (alive == 0 ? kNoneGrace : kFewGrace)) return {};
+    if (alive == 0) return Error("every agent has exited");
+    return Error("only " + std::to_string(alive) + " of the " + std::to_string(total) + " agents run, and a round needs " +
+                 std::to_string(needed_) + " (selection.min_silos)");
   }
 
  private:

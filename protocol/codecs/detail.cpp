@@ -92,9 +92,11 @@ std::size_t SparseCodec::bytes(const wire::Compression& /*c*/, std::size_t /*cou
   return 4 + 8 * nonzeros;
 }
 
-std::string SparseCodec::check(const wire::Compression& c) const {
-  if (!(c.fraction() > 0 && c.fraction() <= 1)) return "fraction must be in (0, 1], not " + std::to_string(c.fraction());
-  return "";
+Status SparseCodec::check(const wire::Compression& c) const {
+  if (!(c.fraction() > 0 && c.fraction() <= 1)) {
+    return Error("fraction must be in (0, 1], not " + std::to_string(c.fraction()));
+  }
+  return {};
 }
 
 std::string SparseCodec::encode(const wire::Compression& /*c*/, std::span<const float> x, std::uint64_t /*seed*/,

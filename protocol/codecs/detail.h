@@ -98,7 +98,7 @@ class BlockCodec : public Codec {
 class SparseCodec : public Codec {
  public:
   std::size_t bytes(const wire::Compression& c, std::size_t count, std::size_t nonzeros) const final;
-  std::string check(const wire::Compression& c) const final;
+  Status check(const wire::Compression& c) const final;
   void parameters(const wire::Compression& c, nlohmann::json& j) const final { j["fraction"] = c.fraction(); }
   std::vector<std::string> keys() const final { return {"fraction"}; }
   void configure(const ConfigNode& cn, wire::Compression& c) const final {

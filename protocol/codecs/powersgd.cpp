@@ -46,16 +46,16 @@ void low_rank_product(const float* p, const float* q, std::size_t rows, std::siz
 class PowerSgd final : public Codec {
  public:
   std::string_view name() const override { return "powersgd"; }
-  std::string check(const wire::Compression& c) const override {
-    if (c.rank() < 1 || c.rank() > 64) return "rank must be 1..64, not " + std::to_string(c.rank());
-    return "";
+  Status check(const wire::Compression& c) const override {
+    if (c.rank() < 1 || c.rank() > 64) return Error("rank must be 1..64, not " + std::to_string(c.rank()));
+    return {};
   }
   std::vector<std::string> keys() const override { return {"rank"}; }
   void configure(const ConfigNode& cn, wire::Compression& c) const override {
     c.set_rank(static_cast<std::uint32_t>(cn.integer("rank", 4, 1, 64)));
   }
-  std::string secure(const wire::Compression& /*c*/) const override {
-    return "each silo's low-rank factors are its own (PowerSGD over secure sums is not built)";
+  Status secure(const wire::Compression& /*c*/) const override {
+    return Error("each silo's low-rank factors are its own (PowerSGD over secure sums is not built)");
   }
   std::string describe(const wire::Compression& c) const override { return "powersgd-r" + std::to_string(c.rank()); }
   void parameters(const wire::Compression& c, nlohmann::json& j) const override { j["rank"] = c.rank(); }

@@ -54,10 +54,12 @@ int levels(const wire::Compression& c) { return (1 << (c.bits() - 1)) - 1; }
 class Quantize final : public BlockCodec {
  public:
   std::string_view name() const override { return "quantize"; }
-  std::string check(const wire::Compression& c) const override {
-    if (c.bits() != 8 && c.bits() != 4) return "quantize needs bits 8 or 4, not " + std::to_string(c.bits());
-    if (c.block() < 8 || c.block() > 65536) return "block must be 8..65536 elements, not " + std::to_string(c.block());
-    return "";
+  Status check(const wire::Compression& c) const override {
+    if (c.bits() != 8 && c.bits() != 4) return Error("quantize needs bits 8 or 4, not " + std::to_string(c.bits()));
+    if (c.block() < 8 || c.block() > 65536) {
+      return Error("block must be 8..65536 elements, not " + std::to_string(c.block()));
+    }
+    return {};
   }
   std::vector<std::string> keys() const override { return {"bits", "block"}; }
   void configure(const ConfigNode& cn, wire::Compression& c) const override {
@@ -65,8 +67,8 @@ class Quantize final : public BlockCodec {
     if (c.bits() != 8 && c.bits() != 4) cn.fail("bits", "must be 8 or 4");
     c.set_block(static_cast<std::uint32_t>(cn.integer("block", 256, 8, 65536)));
   }
-  std::string secure(const wire::Compression& /*c*/) const override {
-    return "quantized codes with per-silo scales do not add up";
+  Status secure(const wire::Compression& /*c*/) const override {
+    return Error("quantized codes with per-silo scales do not add up");
   }
   std::string describe(const wire::Compression& c) const override {
     return "quantize-" + std::to_string(c.bits()) + "/" + std::to_string(c.block());

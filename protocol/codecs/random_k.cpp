@@ -28,7 +28,7 @@ class RandomK final : public SparseCodec {
  public:
   std::string_view name() const override { return "random_k"; }
   // The set drawn from the round's seed is every silo's (shared_kept_set).
-  std::string secure(const wire::Compression& /*c*/) const override { return ""; }
+  Status secure(const wire::Compression& /*c*/) const override { return {}; }
   std::string describe(const wire::Compression& c) const override { return "random-k " + percent(c.fraction()); }
   std::vector<std::uint64_t> select(const wire::Compression& c, std::span<const float> /*v*/, const Ranges& parts,
                                     std::uint64_t seed) const override {

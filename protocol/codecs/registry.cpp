@@ -11,8 +11,8 @@ namespace {
 class None final : public Codec {
  public:
   std::string_view name() const override { return "none"; }
-  std::string check(const wire::Compression& /*c*/) const override { return ""; }
-  std::string secure(const wire::Compression& /*c*/) const override { return ""; }
+  Status check(const wire::Compression& /*c*/) const override { return {}; }
+  Status secure(const wire::Compression& /*c*/) const override { return {}; }
   std::string describe(const wire::Compression& /*c*/) const override { return "none"; }
   void parameters(const wire::Compression& /*c*/, nlohmann::json& /*j*/) const override {}
   std::size_t bytes(const wire::Compression& /*c*/, std::size_t count, std::size_t /*nonzeros*/) const override {

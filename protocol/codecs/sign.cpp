@@ -26,16 +26,18 @@ constexpr auto kByteSigns = [] {
 class Sign final : public BlockCodec {
  public:
   std::string_view name() const override { return "sign"; }
-  std::string check(const wire::Compression& c) const override {
-    if (c.block() < 8 || c.block() > 65536) return "block must be 8..65536 elements, not " + std::to_string(c.block());
-    return "";
+  Status check(const wire::Compression& c) const override {
+    if (c.block() < 8 || c.block() > 65536) {
+      return Error("block must be 8..65536 elements, not " + std::to_string(c.block()));
+    }
+    return {};
   }
   std::vector<std::string> keys() const override { return {"block"}; }
   void configure(const ConfigNode& cn, wire::Compression& c) const override {
     c.set_block(static_cast<std::uint32_t>(cn.integer("block", 256, 8, 65536)));
   }
-  std::string secure(const wire::Compression& /*c*/) const override {
-    return "signs with per-silo scales do not add up";
+  Status secure(const wire::Compression& /*c*/) const override {
+    return Error("signs with per-silo scales do not add up");
   }
   std::string describe(const wire::Compression& c) const override { return "sign/" + std::to_string(c.block()); }
   void parameters(const wire::Compression& c, nlohmann::json& j) const override { j["block"] = c.block(); }

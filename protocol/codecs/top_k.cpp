@@ -13,8 +13,8 @@ namespace {
 class TopK final : public SparseCodec {
  public:
   std::string_view name() const override { return "top_k"; }
-  std::string secure(const wire::Compression& /*c*/) const override {
-    return "each silo's top-k picks its own coordinates";
+  Status secure(const wire::Compression& /*c*/) const override {
+    return Error("each silo's top-k picks its own coordinates");
   }
   std::string describe(const wire::Compression& c) const override { return "top-k " + percent(c.fraction()); }
 
