@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <fstream>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -76,7 +77,7 @@ WorkerJob load_job(const std::filesystem::path& path) {
   }
 }
 
-std::string job_key(const Model& global, const WorkerJob& job) {
+std::string job_key(const Model& global, const WorkerJob& job, const std::string& topology) {
   nlohmann::json options{{"epochs", job.train.epochs},
                          {"batch_size", job.train.batch_size},
                          {"learning_rate", job.train.learning_rate},
@@ -86,8 +87,11 @@ std::string job_key(const Model& global, const WorkerJob& job) {
                          {"data", job.data.string()},
                          {"data_bytes", std::filesystem::file_size(job.data)},
                          {"data_written", std::filesystem::last_write_time(job.data).time_since_epoch().count()},
+                         {"first_bucket_bytes", job.buckets.first_bytes},
+                         {"bucket_bytes", job.buckets.bytes},
                          {"bucket_compression", job.buckets.compression},
-                         {"topk_fraction", job.buckets.topk_fraction}};
+                         {"topk_fraction", job.buckets.topk_fraction},
+                         {"topology", topology}};
   return crypto::sha256_hex(crypto::sha256_hex(global.flat()) + options.dump());
 }
 
@@ -152,16 +156,33 @@ void run_worker_job(collective::Group& group, const WorkerJob& job) {
                  .on_epoch = [&](std::uint32_t epoch) {
                    spdlog::info("worker {}: epoch {} of {} done", group.id(), epoch, job.train.epochs);
                  }};
+  // The first member saves for everyone (every replica holds the same parameters), from a copy
+  // on a thread of its own: the others wait on it in the next step, and a save of a large model
+  // must not look like a stalled worker. A save still under way when the next is due is skipped.
+  std::future<void> saving;
+  const auto settle = [&](bool wait) {
+    if (!saving.valid() || (!wait && saving.wait_for(std::chrono::seconds(0)) != std::future_status::ready)) return;
+    try {
+      saving.get();
+    } catch (const std::exception& e) {
+      spdlog::warn("worker {}: a checkpoint was not saved: {}", group.id(), e.what());
+    }
+  };
   if (!job.progress.empty() && job.checkpoint_interval.count() > 0) {
-    // The first member saves for everyone: every replica holds the same parameters.
     hooks.on_step = [&](std::uint64_t op, std::span<const float>, const std::vector<float>& step_loss) {
       const auto now = std::chrono::steady_clock::now();
       if (group.members().front() != group.id() || now - last_saved < job.checkpoint_interval) return;
-      save_progress(job.progress, job.key, op, model, step_loss);
+      settle(false);
+      if (saving.valid()) return;
+      saving = std::async(std::launch::async, [dir = job.progress, key = job.key, op, params = model,
+                                               losses = std::vector<float>(step_loss.begin(), step_loss.begin() + static_cast<long>(op))] {
+        save_progress(dir, key, op, params, losses);
+      });
       last_saved = now;
     };
   }
   const auto stats = train_data_parallel(group, job.shards, net, model.flat(), data, job.train, job.buckets, hooks, job.start);
+  settle(true);
   spdlog::info("worker {}: {} steps, mean loss {:.9g}", group.id(), stats.steps, stats.mean_loss);
   if (group.members().front() != group.id()) return;
   // The first member writes for everyone: every replica holds the same parameters.
@@ -193,9 +214,10 @@ namespace {
 // worker-K.launch-N.log, so that the first one's logs stay.
 void run_workers_once(const LocalWorkersConfig& cfg, const std::filesystem::path& dir, int launch,
                       std::vector<std::string>& events) {
-  collective::Coordinator coord(cfg.workers, cfg.step_timeout, cfg.listen_host, cfg.backups);
+  // The coordinator last: destroyed first, so its thread's callback never outlives what it uses.
   std::mutex mu;
   std::map<int, std::unique_ptr<Process>> procs;
+  collective::Coordinator coord(cfg.workers, cfg.step_timeout, cfg.listen_host, cfg.backups);
   coord.on_excluded([&](const std::vector<int>& ids) {
     std::lock_guard<std::mutex> lock(mu);
     for (int id : ids) {
@@ -245,7 +267,11 @@ bool resume_from_checkpoint(WorkerJob& job, std::uint64_t after, std::vector<std
     return false;
   }
   if (p->op <= after) return false;
-  job.model = p->params;
+  // A copy the job owns: the next checkpoint removes the file it came from, and a standby
+  // promoted later still has to load the model the launch started with.
+  const auto start = job.progress.parent_path() / "start.safetensors";
+  save_safetensors(start, load_safetensors(p->params));
+  job.model = start;
   job.start = StartAt{p->op, p->step_loss};
   events.push_back("resumed at step " + std::to_string(p->op) + " from the last checkpoint");
   spdlog::info("local workers: resuming the round's training at step {} from {}", p->op, p->params.string());
@@ -271,9 +297,10 @@ WorkersResult train_with_workers(const LocalWorkersConfig& cfg, const std::files
   if (cfg.checkpoint_interval.count() > 0) {
     job.progress = dir / "progress";
     job.checkpoint_interval = cfg.checkpoint_interval;
-    job.key = job_key(model, job);
-    // A run of this very job that was cut off (the agent restarted) goes on from its last
-    // checkpoint rather than from the first step.
+    job.key = job_key(model, job, cfg.backend + " " + cfg.across_hosts + " " + std::to_string(cfg.ranks_per_host) +
+                                      " " + nlohmann::json(cfg.hosts).dump() + " " + std::to_string(cfg.workers));
+    // A run of this very job that was cut off and the agent called again (a retry of the same
+    // round) goes on from its last checkpoint rather than from the first step.
     resume_from_checkpoint(job, 0, result.events);
   }
   // When every worker died and a checkpoint has moved on since this launch, the workers are

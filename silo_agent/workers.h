@@ -37,8 +37,9 @@ struct LocalWorkersConfig {
   std::chrono::milliseconds step_timeout{10000};
   BucketOptions buckets;
   // The first worker saves the round's progress (parameters and losses) at most this often, so
-  // that a silo whose workers all die, or whose agent restarts, resumes the round's training
-  // where it was saved instead of from its first step (0: never).
+  // that when every worker dies the agent starts them again where it was saved instead of from
+  // the round's first step (0: never). An agent restart mid-round does not resume: the server
+  // has dropped the silo from that round.
   std::chrono::milliseconds checkpoint_interval{30000};
 };
 
@@ -61,7 +62,8 @@ WorkerJob load_job(const std::filesystem::path& path);
 
 // What names a job for its checkpoints: the SHA-256 of the global model's values and of every
 // option that changes the steps (a progress saved for another model or options never resumes).
-std::string job_key(const Model& global, const WorkerJob& job);
+// `topology` names how the workers sum (backend, hosts): another one changes the rounding.
+std::string job_key(const Model& global, const WorkerJob& job, const std::string& topology = "");
 
 // The progress folder's checkpoint: `op` steps done, the parameters after them in `params`.
 struct Progress {

@@ -159,6 +159,7 @@ void add_collective(CLI::App& app, int& exit_code) {
                 "hierarchical: ranks r / N share a host (0: ranks with the same --host address do)")
       ->capture_default_str();
   c->add_option("--across-hosts", o->across_hosts, "hierarchical: the leaders' algorithm across hosts (ring, hd, tree, butterfly)")
+      ->check(CLI::IsMember(collective::across_host_algorithms()))
       ->capture_default_str();
   c->add_option("--compression", o->compression, "--bench: none, int8 (the 8-bit all-reduce) or topk (the sparse one)")
       ->check(CLI::IsMember({"none", "int8", "topk"}))

@@ -363,13 +363,24 @@ void run_buffered(const server::ServerConfig& scfg, std::vector<Silo>& silos, co
   auto agg = server::make_aggregator(scfg, global, 1, names, std::nullopt);
   server::CombineContext ctx{1, scfg.seed, 0, optimizer.last_step()};
   std::size_t in_buffer = 0;
+  // Trainings in a row that brought nothing into the buffer: when every silo has had two tries
+  // (their trainers fail, their budgets are spent, every update is refused), nothing could ever
+  // commit again, and the run stops rather than spin.
+  std::size_t fruitless = 0;
   nlohmann::json updates = nlohmann::json::array(), refused = nlohmann::json::array();
   while (version < scfg.rounds) {
+    if (fruitless >= 2 * silos.size()) {
+      spdlog::warn("round {}: no update reached the buffer in {} trainings in a row; the federation stops", version + 1,
+                   fruitless);
+      ++result.rounds_aborted;
+      break;
+    }
     std::pop_heap(queue.begin(), queue.end(), later);
     Training t = std::move(queue.back());
     queue.pop_back();
     const std::int64_t now = t.done_ms;
     auto& s = silos[t.silo];
+    ++fruitless;  // until its update is folded
     if (t.out) {
       const auto adm = server::admit(sched, t.base, version);
       if (!adm.admitted) {
@@ -380,6 +391,7 @@ void run_buffered(const server::ServerConfig& scfg, std::vector<Silo>& silos, co
         for (auto& v : t.out->update->flat()) v = static_cast<float>(v * w);
         if (fold_upload(*agg, s.name, *t.out, ctx)) {
           ++in_buffer;
+          fruitless = 0;
           updates.push_back({{"silo", s.name}, {"base_version", t.base}, {"staleness", adm.staleness},
                              {"staleness_weight", w}, {"weight", t.out->weight}, {"arrived_ms", now}});
         } else {

@@ -236,9 +236,9 @@ class TcpCommunicator : public Communicator {
   TcpCommunicator(int rank, const std::vector<PeerAddress>& peers, int listen_fd, const Options& opts)
       : opts_(opts),
         algorithm_(parse_algorithm(opts.backend)),
+        across_(across_host_algorithm(opts.across_hosts)),
         mesh_(rank, peers, listen_fd, opts.step_timeout),
-        hosts_(host_layout(peers, opts.ranks_per_host)),
-        across_(across_host_algorithm(opts.across_hosts)) {}
+        hosts_(host_layout(peers, opts.ranks_per_host)) {}
   int rank() const override { return mesh_.rank(); }
   int size() const override { return mesh_.size(); }
   std::string backend() const override { return opts_.backend; }
@@ -267,9 +267,9 @@ class TcpCommunicator : public Communicator {
  private:
   Options opts_;
   Algorithm algorithm_;  // before mesh_: a backend that is not ours is refused before the mesh forms
+  FlatAllReduce across_;  // and so is an algorithm across hosts
   TcpMesh mesh_;
   HostLayout hosts_;
-  FlatAllReduce across_;
 };
 
 }  // namespace
