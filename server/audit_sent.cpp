@@ -18,12 +18,18 @@ struct SetupRecord {
   std::uint64_t seq = 0;
   std::string setup;                // its privacy part's setup_sha256 ("" when it names none)
   std::vector<std::string> counts;  // the participants' update_sha256 (a round record's)
+  // The last record of its round in its run (up to the next federation_start or operator_resume):
+  // the one that decides the charge (the round record that closes an unmask_begun, or an
+  // unmask_begun no round record followed).
+  bool decides = false;
 };
 
 std::map<std::uint64_t, std::vector<SetupRecord>> setups_by_round(const std::vector<nlohmann::json>& records) {
   std::map<std::uint64_t, std::vector<SetupRecord>> out;
+  std::map<std::uint64_t, std::size_t> last;  // this run's last record of each round: its index in out[round]
   for (const auto& r : records) {
     const std::string event = r.value("event", "");
+    if (event == "federation_start" || event == "operator_resume") last.clear();
     if (event != "round" && event != kUnmaskBegun) continue;
     SetupRecord s;
     s.seq = r.value("seq", std::uint64_t{0});
@@ -31,7 +37,12 @@ std::map<std::uint64_t, std::vector<SetupRecord>> setups_by_round(const std::vec
     for (const auto& who : r.value("participants", nlohmann::json::array())) {
       if (who.is_object()) s.counts.push_back(who.value("update_sha256", ""));
     }
-    out[r.value("round", std::uint64_t{0})].push_back(std::move(s));
+    const auto round = r.value("round", std::uint64_t{0});
+    auto& of_round = out[round];
+    if (const auto before = last.find(round); before != last.end()) of_round[before->second].decides = false;
+    s.decides = true;
+    last[round] = of_round.size();
+    of_round.push_back(std::move(s));
   }
   return out;
 }
@@ -65,9 +76,13 @@ SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const s
       continue;
     }
     const std::string at = fmt::format("{} line {}, round {}: the silo was sent setup {}", file, n, round, mine);
+    // Named by a record that decides a run of the round: a setup only an earlier record of the same
+    // run names (an unmask_begun its round record contradicts) is not what the round was charged at.
     bool counted = false, named_mine = false;
+    const SetupRecord* decider = nullptr;
     for (const auto& rec : it->second) {
-      named_mine = named_mine || rec.setup == mine;
+      if (rec.decides && !decider) decider = &rec;
+      named_mine = named_mine || (rec.decides && rec.setup == mine);
       if (update.empty() || std::find(rec.counts.begin(), rec.counts.end(), update) == rec.counts.end()) continue;
       counted = true;
       if (rec.setup != mine) {
@@ -75,9 +90,9 @@ SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const s
       }
     }
     if (!counted && !named_mine) {
-      const auto& first = it->second.front();
-      return Error(fmt::format("{}, but the log's records of that round name {} (record {})", at, named(first.setup),
-                               first.seq));
+      const auto& first = decider ? *decider : it->second.back();
+      return Error(fmt::format("{}, but the log's record that decides that round's charge names {} (record {})", at,
+                               named(first.setup), first.seq));
     }
     ++c.compared;
   }

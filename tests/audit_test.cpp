@@ -805,7 +805,7 @@ TEST_F(RecoveryTest, AuditVerifyWithASilosSentLogCatchesARecordOfAnotherSetupTha
   EXPECT_EQ(ok->unrecorded, 1u);
   const std::string why = error_text(check_sent_setups(records, aborted));
   EXPECT_NE(why.find("aborted.jsonl line 1, round 2: the silo was sent setup " + sent_weak +
-                     ", but the log's records of that round name setup " + recorded),
+                     ", but the log's record that decides that round's charge names setup " + recorded),
             std::string::npos)
       << why;
   // The command an auditor runs.
@@ -825,6 +825,52 @@ TEST_F(RecoveryTest, AuditVerifyWithASilosSentLogCatchesARecordOfAnotherSetupTha
                       ", but record 1, which counts its upload, names setup " + recorded),
             std::string::npos)
       << said;
+}
+
+// Review of issue 42: the server sent the silos a weak setup and wrote round 1's unmask_begun
+// naming it, then round 1's commit naming the strong setup, with made-up participant hashes. The
+// silo's upload is named only by the unmask_begun, which the commit closes: not what the round was
+// charged at, so `--sent` fails on it; the log's claims fail, and the restarted server refuses
+// to start (the spend cannot be rebuilt).
+TEST_F(RecoveryTest, AnUnmaskBegunNamingTheSetupTheSiloWasSentDoesNotCoverARoundRecordOfAnother) {
+  const auto dp = small_distributed_dp();
+  const auto strong = signed_part(dp, 11);
+  auto weak = strong;
+  weak.set_variance(dp.variance / 16);
+  const std::string sent_weak = protocol::skellam_sha256(weak, dp.padded);
+  {
+    ServerState st(dir_.path(), 0);
+    privacy::Ledger w;
+    w.add(round_mechanism(as_signed(dp, weak, dp.padded)), 1);
+    st.record({{"event", kUnmaskBegun}, {"round", 1}, {"privacy", round_privacy_record(dp, weak, dp.padded, w)}},
+              nullptr);
+    privacy::Ledger spent;
+    spent.add(round_mechanism(as_signed(dp, strong, dp.padded)), 1);
+    auto part = round_privacy_record(dp, strong, dp.padded, spent);
+    part["sums_revealed"] = 1;
+    const Model m = model(1.0f);
+    auto rec = record(1, m);
+    rec["participants"][0]["update_sha256"] = "made-up";
+    rec["privacy"] = part;
+    st.commit(1, m, Model{}, rec, MetricsRow{});
+  }
+  const auto records = read_audit_log(dir_ / "audit.jsonl");
+  write_lines(dir_ / "sent.jsonl",
+              {nlohmann::json{{"round", 1}, {"update_sha256", "u1"}, {"skellam_setup_sha256", sent_weak}}.dump()});
+  const std::string why = error_text(check_sent_setups(records, dir_ / "sent.jsonl"));
+  EXPECT_NE(why.find("round 1: the silo was sent setup " + sent_weak +
+                     ", but the log's record that decides that round's charge names setup " +
+                     protocol::skellam_sha256(strong, dp.padded) + " (record 2)"),
+            std::string::npos)
+      << why;
+  const auto claims = check_privacy_claims(records);
+  ASSERT_FALSE(claims.has_value());
+  EXPECT_NE(claims.error().message().find("the unmask_begun record it closes names setup " + sent_weak),
+            std::string::npos)
+      << claims.error().message();
+  const auto refused = state_error([&] { ServerState(dir_.path(), 0).recover(layout()); });
+  EXPECT_NE(refused.find("the privacy spent cannot be rebuilt"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("the unmask_begun record it closes names setup " + sent_weak), std::string::npos) << refused;
 }
 
 TEST_F(RecoveryTest, AMirrorRestoresTheLogAndTheCheckpointAndIsKeptUpToDate) {
