@@ -55,6 +55,13 @@ SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const s
   const std::string file = sent.string();
   if (!std::filesystem::exists(sent)) return Error(file + ": no such file");
   const auto by_round = setups_by_round(records);
+  // The round of the log's last round record: an honest server leaves no round up to it without a
+  // record (after a crash it runs the same round number again), so an upload to such a round
+  // without one shows a record was left out; one to a later round proves nothing either way.
+  std::uint64_t last_round = 0;
+  for (const auto& r : records) {
+    if (r.value("event", "") == "round") last_round = r.value("round", std::uint64_t{0});
+  }
   SentCheck c;
   std::uint64_t n = 0;
   std::ifstream in(sent, std::ios::binary);
@@ -71,11 +78,16 @@ SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const s
     const std::string mine = j.value("skellam_setup_sha256", "");
     const std::string update = j.value("update_sha256", "");
     const auto it = by_round.find(round);
+    const std::string at = fmt::format("{} line {}, round {}: the silo was sent setup {}", file, n, round, mine);
+    if (it == by_round.end() && round <= last_round) {
+      return Error(fmt::format("{}, but the log has no record of that round, though it records round {} after it "
+                               "(an honest server leaves no round without a record)",
+                               at, last_round));
+    }
     if (it == by_round.end()) {
       ++c.unrecorded;
       continue;
     }
-    const std::string at = fmt::format("{} line {}, round {}: the silo was sent setup {}", file, n, round, mine);
     // Named by a record that decides a run of the round: a setup only an earlier record of the same
     // run names (an unmask_begun its round record contradicts) is not what the round was charged at.
     bool counted = false, named_mine = false;

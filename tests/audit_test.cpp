@@ -873,6 +873,33 @@ TEST_F(RecoveryTest, AnUnmaskBegunNamingTheSetupTheSiloWasSentDoesNotCoverARound
   EXPECT_NE(refused.find("the unmask_begun record it closes names setup " + sent_weak), std::string::npos) << refused;
 }
 
+// Review of issue 42, item 2: an honest server leaves no round without a record (after a crash
+// it runs the same round number again), so a silo's upload to a round the log skips, below its
+// last round record, fails `--sent`; one after the last round record proves nothing either way,
+// and one to a round aborted before its unmasking has that abort's record.
+TEST_F(RecoveryTest, AnUploadToARoundTheLogSkipsBelowItsLastRoundRecordFailsSent) {
+  const std::string setup(64, 'a');
+  const nlohmann::json part = {{"mechanism", "skellam"}, {"setup_sha256", setup}};
+  const std::vector<nlohmann::json> records = {
+      {{"event", "federation_start"}},
+      {{"event", "round"}, {"round", 1}, {"seq", 2}, {"status", "committed"}, {"privacy", part}},
+      {{"event", "round"}, {"round", 3}, {"seq", 3}, {"status", "aborted"}, {"privacy", part}}};
+  auto line = [&](int round) {
+    return nlohmann::json{{"round", round}, {"update_sha256", "u"}, {"skellam_setup_sha256", setup}}.dump();
+  };
+  write_lines(dir_ / "ok.jsonl", {line(1), line(3), line(4)});
+  const auto ok = check_sent_setups(records, dir_ / "ok.jsonl");
+  ASSERT_TRUE(succeeded(ok)) << error_text(ok);
+  EXPECT_EQ(ok->compared, 2u);
+  EXPECT_EQ(ok->unrecorded, 1u);
+  write_lines(dir_ / "gap.jsonl", {line(1), line(2)});
+  const std::string why = error_text(check_sent_setups(records, dir_ / "gap.jsonl"));
+  EXPECT_NE(why.find("gap.jsonl line 2, round 2: the silo was sent setup " + setup +
+                     ", but the log has no record of that round, though it records round 3 after it"),
+            std::string::npos)
+      << why;
+}
+
 TEST_F(RecoveryTest, AMirrorRestoresTheLogAndTheCheckpointAndIsKeptUpToDate) {
   test::TempDir mirror;
   {

@@ -105,7 +105,7 @@ bool sent_setups_recorded(const server::AuditChain& r, const std::string& log, c
     std::cout << "sent " << file << ": " << c->compared
               << " distributed-DP uploads, each under the setup the log's records of its round name\n";
     if (c->unrecorded) {
-      std::cout << "  " << c->unrecorded << " uploads to rounds the log has no record of (no evidence either way)\n";
+      std::cout << "  " << c->unrecorded << " uploads to rounds after the log's last round record (no evidence either way)\n";
     }
   }
   return true;
