@@ -900,6 +900,31 @@ TEST_F(RecoveryTest, AnUploadToARoundTheLogSkipsBelowItsLastRoundRecordFailsSent
       << why;
 }
 
+// Review of issue 42, item 3: a silo's sent.jsonl is append-only across federations, so a line
+// of an earlier federation's round 3 under its own setup is skipped, not compared with this
+// log's round 3. Lines that name no federation (written before silos named it) are compared as
+// before.
+TEST_F(RecoveryTest, SentSkipsLinesOfAnotherFederationThanTheLogs) {
+  const std::string now(64, 'a'), before(64, 'b');
+  const std::vector<nlohmann::json> records = {
+      {{"event", "federation_start"}, {"federation", "fed"}},
+      {{"event", "round"}, {"round", 3}, {"seq", 2}, {"status", "aborted"},
+       {"privacy", {{"mechanism", "skellam"}, {"setup_sha256", now}}}}};
+  auto line = [&](const char* federation, const std::string& setup) {
+    nlohmann::json j{{"round", 3}, {"update_sha256", "u"}, {"skellam_setup_sha256", setup}};
+    if (federation) j["federation"] = federation;
+    return j.dump();
+  };
+  write_lines(dir_ / "sent.jsonl", {line("old", before), line("fed", now), line(nullptr, now)});
+  const auto ok = check_sent_setups(records, dir_ / "sent.jsonl");
+  ASSERT_TRUE(succeeded(ok)) << error_text(ok);
+  EXPECT_EQ(ok->compared, 2u);
+  EXPECT_EQ(ok->other_federation, 1u);
+  write_lines(dir_ / "unnamed.jsonl", {line(nullptr, before)});
+  EXPECT_NE(error_text(check_sent_setups(records, dir_ / "unnamed.jsonl")).find("unnamed.jsonl line 1, round 3"),
+            std::string::npos);
+}
+
 TEST_F(RecoveryTest, AMirrorRestoresTheLogAndTheCheckpointAndIsKeptUpToDate) {
   test::TempDir mirror;
   {
