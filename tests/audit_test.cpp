@@ -325,6 +325,34 @@ class RecoveryTest : public ::testing::Test {
     finalize_distributed_dp(dp, 4);
     return dp;
   }
+  // small_distributed_dp()'s signed setup, and one with a sixteenth of its variance (what a server
+  // whose code was changed signs the silos while recording the configured one).
+  struct WeakSetup {
+    DistributedDpConfig dp;
+    wire::SkellamSetup configured, weak;
+  };
+  static WeakSetup weak_setup() {
+    WeakSetup w{small_distributed_dp(), {}, {}};
+    w.configured = signed_part(w.dp, 11);
+    w.weak = w.configured;
+    w.weak.set_variance(w.dp.variance / 16);
+    return w;
+  }
+  // Commits round 1 under the Skellam setup `k`, its record counting one upload `update` and one sum
+  // revealed; returns the record's privacy part.
+  nlohmann::json commit_skellam_round_one(ServerState& st, const DistributedDpConfig& dp, const wire::SkellamSetup& k,
+                                          const std::string& update) {
+    privacy::Ledger spent;
+    spent.add(round_mechanism(as_signed(dp, k, dp.padded)), 1);
+    auto part = round_privacy_record(dp, k, dp.padded, spent);
+    part["sums_revealed"] = 1;
+    const Model m = model(1.0f);
+    auto rec = record(1, m);
+    rec["participants"][0]["update_sha256"] = update;
+    rec["privacy"] = part;
+    st.commit(1, m, Model{}, rec, MetricsRow{});
+    return part;
+  }
   test::TempDir dir_;
 };
 
@@ -766,23 +794,15 @@ TEST_F(RecoveryTest, ARoundWhoseUnmaskingBeganIsChargedAfterACrashBeforeItsRecor
 // hashes, for an upload the record counts and for one an aborted round's record does not. The
 // honest silo's file passes; an upload to a round the log has no record of proves nothing.
 TEST_F(RecoveryTest, AuditVerifyWithASilosSentLogCatchesARecordOfAnotherSetupThanTheSiloWasSent) {
-  const auto dp = small_distributed_dp();
-  const auto configured = signed_part(dp, 11);
-  auto weak = configured;
-  weak.set_variance(dp.variance / 16);
+  const auto setups = weak_setup();
+  const auto& dp = setups.dp;
+  const auto& configured = setups.configured;
+  const auto& weak = setups.weak;
   const std::string recorded = protocol::skellam_sha256(configured, dp.padded);
   const std::string sent_weak = protocol::skellam_sha256(weak, dp.padded);
   {
     ServerState st(dir_.path(), 0);
-    privacy::Ledger spent;
-    spent.add(round_mechanism(as_signed(dp, configured, dp.padded)), 1);
-    auto part = round_privacy_record(dp, configured, dp.padded, spent);
-    part["sums_revealed"] = 1;
-    const Model m = model(1.0f);
-    auto rec = record(1, m);
-    rec["participants"][0]["update_sha256"] = "u1";
-    rec["privacy"] = part;
-    st.commit(1, m, Model{}, rec, MetricsRow{});
+    auto part = commit_skellam_round_one(st, dp, configured, "u1");
     part["sums_revealed"] = 0;
     st.record({{"event", "round"}, {"round", 2}, {"status", "aborted"}, {"privacy", part}}, nullptr);
   }
@@ -833,26 +853,15 @@ TEST_F(RecoveryTest, AuditVerifyWithASilosSentLogCatchesARecordOfAnotherSetupTha
 // charged at, so `--sent` fails on it; the log's claims fail, and the restarted server refuses
 // to start (the spend cannot be rebuilt).
 TEST_F(RecoveryTest, AnUnmaskBegunNamingTheSetupTheSiloWasSentDoesNotCoverARoundRecordOfAnother) {
-  const auto dp = small_distributed_dp();
-  const auto strong = signed_part(dp, 11);
-  auto weak = strong;
-  weak.set_variance(dp.variance / 16);
-  const std::string sent_weak = protocol::skellam_sha256(weak, dp.padded);
+  const auto w = weak_setup();
+  const std::string sent_weak = protocol::skellam_sha256(w.weak, w.dp.padded);
   {
     ServerState st(dir_.path(), 0);
-    privacy::Ledger w;
-    w.add(round_mechanism(as_signed(dp, weak, dp.padded)), 1);
-    st.record({{"event", kUnmaskBegun}, {"round", 1}, {"privacy", round_privacy_record(dp, weak, dp.padded, w)}},
-              nullptr);
     privacy::Ledger spent;
-    spent.add(round_mechanism(as_signed(dp, strong, dp.padded)), 1);
-    auto part = round_privacy_record(dp, strong, dp.padded, spent);
-    part["sums_revealed"] = 1;
-    const Model m = model(1.0f);
-    auto rec = record(1, m);
-    rec["participants"][0]["update_sha256"] = "made-up";
-    rec["privacy"] = part;
-    st.commit(1, m, Model{}, rec, MetricsRow{});
+    spent.add(round_mechanism(as_signed(w.dp, w.weak, w.dp.padded)), 1);
+    st.record({{"event", kUnmaskBegun}, {"round", 1}, {"privacy", round_privacy_record(w.dp, w.weak, w.dp.padded, spent)}},
+              nullptr);
+    commit_skellam_round_one(st, w.dp, w.configured, "made-up");
   }
   const auto records = read_audit_log(dir_ / "audit.jsonl");
   write_lines(dir_ / "sent.jsonl",
@@ -860,7 +869,7 @@ TEST_F(RecoveryTest, AnUnmaskBegunNamingTheSetupTheSiloWasSentDoesNotCoverARound
   const std::string why = error_text(check_sent_setups(records, dir_ / "sent.jsonl"));
   EXPECT_NE(why.find("round 1: the silo was sent setup " + sent_weak +
                      ", but the log's record that decides that round's charge names setup " +
-                     protocol::skellam_sha256(strong, dp.padded) + " (record 2)"),
+                     protocol::skellam_sha256(w.configured, w.dp.padded) + " (record 2)"),
             std::string::npos)
       << why;
   const auto claims = check_privacy_claims(records);
