@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <fstream>
+#include <map>
+#include <set>
 #include <stdexcept>
 
 #include "common/fs.h"
@@ -331,6 +333,9 @@ Result<PrivacyAudit> check_privacy_claims(const std::vector<nlohmann::json>& rec
   privacy::Ledger central;
   UnmaskingWatch unmasking;  // distributed DP: an unmasking whose round record never followed spent
   double delta = 0;          // the last silo-level record's
+  // Rounds with a record since the last federation_start or operator_resume: an honest server
+  // runs a round number again only after a restart, which writes federation_start first.
+  std::set<std::uint64_t> recorded;
   auto charge = [&](const privacy::Mechanism& m) {
     central.add(m, 1);
     ++a.central_rounds;
@@ -339,6 +344,12 @@ Result<PrivacyAudit> check_privacy_claims(const std::vector<nlohmann::json>& rec
   for (std::size_t i = 0; i < records.size(); ++i) {
     const auto& r = records[i];
     const std::string where = "record " + std::to_string(i + 1) + " (round " + std::to_string(r.value("round", 0)) + "): ";
+    if (const std::string event = r.value("event", ""); event == "federation_start" || event == "operator_resume") {
+      recorded.clear();
+    } else if (event == "round" && !recorded.insert(r.value("round", std::uint64_t{0})).second) {
+      return Error(where + "a second record of this round with no federation_start or operator_resume between: "
+                           "which of them decides the round's charge is not determined");
+    }
     try {
       const std::string event = r.value("event", "");
       const bool stated = (event == "round" || event == kUnmaskBegun) && r.contains("privacy") &&

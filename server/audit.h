@@ -102,7 +102,8 @@ WitnessResult check_witness(const AuditChain& log, const std::filesystem::path& 
 // unmasking anything) and is counted.
 struct SentCheck {
   std::uint64_t compared = 0;    // uploads whose setup the log's records of their round name
-  std::uint64_t unrecorded = 0;  // uploads to rounds the log has no record of
+  std::uint64_t unrecorded = 0;  // uploads to rounds after the log's last round record
+  std::uint64_t other_federation = 0;  // lines of another federation than the log's (skipped)
 };
 using SentResult = Result<SentCheck>;
 SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const std::filesystem::path& sent);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "server/audit.h"
 #include "server/distributed_dp.h"
@@ -18,12 +19,18 @@ struct SetupRecord {
   std::uint64_t seq = 0;
   std::string setup;                // its privacy part's setup_sha256 ("" when it names none)
   std::vector<std::string> counts;  // the participants' update_sha256 (a round record's)
+  // The last record of its round in its run (up to the next federation_start or operator_resume):
+  // the one that decides the charge (the round record that closes an unmask_begun, or an
+  // unmask_begun no round record followed).
+  bool decides = false;
 };
 
 std::map<std::uint64_t, std::vector<SetupRecord>> setups_by_round(const std::vector<nlohmann::json>& records) {
   std::map<std::uint64_t, std::vector<SetupRecord>> out;
+  std::map<std::uint64_t, std::size_t> last;  // this run's last record of each round: its index in out[round]
   for (const auto& r : records) {
     const std::string event = r.value("event", "");
+    if (event == "federation_start" || event == "operator_resume") last.clear();
     if (event != "round" && event != kUnmaskBegun) continue;
     SetupRecord s;
     s.seq = r.value("seq", std::uint64_t{0});
@@ -31,7 +38,12 @@ std::map<std::uint64_t, std::vector<SetupRecord>> setups_by_round(const std::vec
     for (const auto& who : r.value("participants", nlohmann::json::array())) {
       if (who.is_object()) s.counts.push_back(who.value("update_sha256", ""));
     }
-    out[r.value("round", std::uint64_t{0})].push_back(std::move(s));
+    const auto round = r.value("round", std::uint64_t{0});
+    auto& of_round = out[round];
+    if (const auto before = last.find(round); before != last.end()) of_round[before->second].decides = false;
+    s.decides = true;
+    last[round] = of_round.size();
+    of_round.push_back(std::move(s));
   }
   return out;
 }
@@ -44,6 +56,18 @@ SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const s
   const std::string file = sent.string();
   if (!std::filesystem::exists(sent)) return Error(file + ": no such file");
   const auto by_round = setups_by_round(records);
+  // The round of the log's last round record: an honest server leaves no round up to it without a
+  // record (after a crash it runs the same round number again), so an upload to such a round
+  // without one shows a record was left out; one to a later round proves nothing either way.
+  std::uint64_t last_round = 0;
+  // The federations the log's federation_start records name: sent.jsonl is append-only across
+  // federations, so a line of another federation (its round numbers, its setups) is skipped.
+  std::set<std::string> federations;
+  for (const auto& r : records) {
+    const std::string event = r.value("event", "");
+    if (event == "round") last_round = r.value("round", std::uint64_t{0});
+    if (event == "federation_start") federations.insert(r.value("federation", ""));
+  }
   SentCheck c;
   std::uint64_t n = 0;
   std::ifstream in(sent, std::ios::binary);
@@ -56,18 +80,33 @@ SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const s
       return Error(fmt::format("{} line {}: not a line of a silo's sent.jsonl ({})", file, n, e.what()));
     }
     if (!j.is_object() || !j.contains("skellam_setup_sha256")) continue;  // no distributed-DP upload
+    // A line without "federation" (written before silos named it) is compared as before.
+    if (const auto f = j.find("federation");
+        f != j.end() && f->is_string() && !federations.empty() && !federations.contains(f->get<std::string>())) {
+      ++c.other_federation;
+      continue;
+    }
     const auto round = j.value("round", std::uint64_t{0});
     const std::string mine = j.value("skellam_setup_sha256", "");
     const std::string update = j.value("update_sha256", "");
     const auto it = by_round.find(round);
+    const std::string at = fmt::format("{} line {}, round {}: the silo was sent setup {}", file, n, round, mine);
+    if (it == by_round.end() && round <= last_round) {
+      return Error(fmt::format("{}, but the log has no record of that round, though it records round {} after it "
+                               "(an honest server leaves no round without a record)",
+                               at, last_round));
+    }
     if (it == by_round.end()) {
       ++c.unrecorded;
       continue;
     }
-    const std::string at = fmt::format("{} line {}, round {}: the silo was sent setup {}", file, n, round, mine);
+    // Named by a record that decides a run of the round: a setup only an earlier record of the same
+    // run names (an unmask_begun its round record contradicts) is not what the round was charged at.
     bool counted = false, named_mine = false;
+    const SetupRecord* decider = nullptr;
     for (const auto& rec : it->second) {
-      named_mine = named_mine || rec.setup == mine;
+      if (rec.decides && !decider) decider = &rec;
+      named_mine = named_mine || (rec.decides && rec.setup == mine);
       if (update.empty() || std::find(rec.counts.begin(), rec.counts.end(), update) == rec.counts.end()) continue;
       counted = true;
       if (rec.setup != mine) {
@@ -75,9 +114,9 @@ SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const s
       }
     }
     if (!counted && !named_mine) {
-      const auto& first = it->second.front();
-      return Error(fmt::format("{}, but the log's records of that round name {} (record {})", at, named(first.setup),
-                               first.seq));
+      const auto& first = decider ? *decider : it->second.back();
+      return Error(fmt::format("{}, but the log's record that decides that round's charge names {} (record {})", at,
+                               named(first.setup), first.seq));
     }
     ++c.compared;
   }

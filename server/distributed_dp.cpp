@@ -200,17 +200,36 @@ std::optional<privacy::Mechanism> silo_level_mechanism_of(const nlohmann::json& 
   return distributed_mechanism_of(record);
 }
 
+namespace {
+
+// The setup_sha256 a record's privacy part names ("" when none).
+std::string setup_named(const nlohmann::json& record) {
+  const auto p = record.find("privacy");
+  if (p == record.end() || !p->is_object()) return "";
+  const auto s = p->find("setup_sha256");
+  return s != p->end() && s->is_string() ? s->get<std::string>() : "";
+}
+
+std::string shown(const std::string& setup) { return setup.empty() ? "no setup" : "setup " + setup; }
+
+}  // namespace
+
 std::optional<privacy::Mechanism> UnmaskingWatch::take(const nlohmann::json& record) {
   const std::string event = record.value("event", "");
   const auto round = record.value("round", std::uint64_t{0});
   const bool closes_it = event == "round" && begun_ && begun_->round == round;
   if (event != kUnmaskBegun && event != "round" && event != "federation_start") return std::nullopt;
+  if (closes_it && setup_named(record) != begun_->setup) {
+    throw std::invalid_argument("its round record names " + shown(setup_named(record)) +
+                                ", but the unmask_begun record it closes names " + shown(begun_->setup) +
+                                ": the round would be charged at another setup than the one it unmasked under");
+  }
   auto interrupted = begun_ && !closes_it ? std::optional<privacy::Mechanism>(begun_->mechanism) : std::nullopt;
   begun_.reset();
   if (event == kUnmaskBegun) {
     const auto m = recorded_skellam_mechanism(record);
     if (!m) throw std::invalid_argument("its unmask_begun record has no distributed-DP (skellam) privacy part");
-    begun_ = Begun{round, *m};
+    begun_ = Begun{round, *m, setup_named(record)};
   }
   return interrupted;
 }

@@ -125,7 +125,9 @@ class UnmaskingWatch {
  public:
   // The log's next record: the mechanism of an earlier round whose unmasking this record shows
   // was interrupted (to charge now), or nullopt. Throws std::invalid_argument for an
-  // unmask_begun record whose parameters are not the setup it names, or that names none.
+  // unmask_begun record whose parameters are not the setup it names, or that names none, and for
+  // a round record that closes an unmask_begun of its round but names another setup (the silos
+  // were sent one setup, the round would be charged at another).
   std::optional<privacy::Mechanism> take(const nlohmann::json& record);
   // At the log's end: the unmasking no round record closed (to charge), or nullopt.
   std::optional<privacy::Mechanism> open() const;
@@ -136,6 +138,7 @@ class UnmaskingWatch {
   struct Begun {
     std::uint64_t round = 0;
     privacy::Mechanism mechanism;
+    std::string setup;  // the setup_sha256 it names
   };
   std::optional<Begun> begun_;
 };

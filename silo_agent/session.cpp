@@ -433,6 +433,7 @@ void Session::upload() {
   // first byte leaves: every update the server counts is in it. With error feedback the residual
   // moves on with this line (silo_state.h), whether or not the upload arrives.
   action::Record sent{.entry = {{"time", iso_time(cfg_.sources.unix_ms())},
+                                {"federation", cfg_.federation},
                                 {"round", round_},
                                 {"upstream", upstream_},
                                 {"upstream_identity", upstream_identity_},

@@ -325,6 +325,34 @@ class RecoveryTest : public ::testing::Test {
     finalize_distributed_dp(dp, 4);
     return dp;
   }
+  // small_distributed_dp()'s signed setup, and one with a sixteenth of its variance (what a server
+  // whose code was changed signs the silos while recording the configured one).
+  struct WeakSetup {
+    DistributedDpConfig dp;
+    wire::SkellamSetup configured, weak;
+  };
+  static WeakSetup weak_setup() {
+    WeakSetup w{small_distributed_dp(), {}, {}};
+    w.configured = signed_part(w.dp, 11);
+    w.weak = w.configured;
+    w.weak.set_variance(w.dp.variance / 16);
+    return w;
+  }
+  // Commits round 1 under the Skellam setup `k`, its record counting one upload `update` and one sum
+  // revealed; returns the record's privacy part.
+  nlohmann::json commit_skellam_round_one(ServerState& st, const DistributedDpConfig& dp, const wire::SkellamSetup& k,
+                                          const std::string& update) {
+    privacy::Ledger spent;
+    spent.add(round_mechanism(as_signed(dp, k, dp.padded)), 1);
+    auto part = round_privacy_record(dp, k, dp.padded, spent);
+    part["sums_revealed"] = 1;
+    const Model m = model(1.0f);
+    auto rec = record(1, m);
+    rec["participants"][0]["update_sha256"] = update;
+    rec["privacy"] = part;
+    st.commit(1, m, Model{}, rec, MetricsRow{});
+    return part;
+  }
   test::TempDir dir_;
 };
 
@@ -766,23 +794,15 @@ TEST_F(RecoveryTest, ARoundWhoseUnmaskingBeganIsChargedAfterACrashBeforeItsRecor
 // hashes, for an upload the record counts and for one an aborted round's record does not. The
 // honest silo's file passes; an upload to a round the log has no record of proves nothing.
 TEST_F(RecoveryTest, AuditVerifyWithASilosSentLogCatchesARecordOfAnotherSetupThanTheSiloWasSent) {
-  const auto dp = small_distributed_dp();
-  const auto configured = signed_part(dp, 11);
-  auto weak = configured;
-  weak.set_variance(dp.variance / 16);
+  const auto setups = weak_setup();
+  const auto& dp = setups.dp;
+  const auto& configured = setups.configured;
+  const auto& weak = setups.weak;
   const std::string recorded = protocol::skellam_sha256(configured, dp.padded);
   const std::string sent_weak = protocol::skellam_sha256(weak, dp.padded);
   {
     ServerState st(dir_.path(), 0);
-    privacy::Ledger spent;
-    spent.add(round_mechanism(as_signed(dp, configured, dp.padded)), 1);
-    auto part = round_privacy_record(dp, configured, dp.padded, spent);
-    part["sums_revealed"] = 1;
-    const Model m = model(1.0f);
-    auto rec = record(1, m);
-    rec["participants"][0]["update_sha256"] = "u1";
-    rec["privacy"] = part;
-    st.commit(1, m, Model{}, rec, MetricsRow{});
+    auto part = commit_skellam_round_one(st, dp, configured, "u1");
     part["sums_revealed"] = 0;
     st.record({{"event", "round"}, {"round", 2}, {"status", "aborted"}, {"privacy", part}}, nullptr);
   }
@@ -805,7 +825,7 @@ TEST_F(RecoveryTest, AuditVerifyWithASilosSentLogCatchesARecordOfAnotherSetupTha
   EXPECT_EQ(ok->unrecorded, 1u);
   const std::string why = error_text(check_sent_setups(records, aborted));
   EXPECT_NE(why.find("aborted.jsonl line 1, round 2: the silo was sent setup " + sent_weak +
-                     ", but the log's records of that round name setup " + recorded),
+                     ", but the log's record that decides that round's charge names setup " + recorded),
             std::string::npos)
       << why;
   // The command an auditor runs.
@@ -825,6 +845,93 @@ TEST_F(RecoveryTest, AuditVerifyWithASilosSentLogCatchesARecordOfAnotherSetupTha
                       ", but record 1, which counts its upload, names setup " + recorded),
             std::string::npos)
       << said;
+}
+
+// Review of issue 42: the server sent the silos a weak setup and wrote round 1's unmask_begun
+// naming it, then round 1's commit naming the strong setup, with made-up participant hashes. The
+// silo's upload is named only by the unmask_begun, which the commit closes: not what the round was
+// charged at, so `--sent` fails on it; the log's claims fail, and the restarted server refuses
+// to start (the spend cannot be rebuilt).
+TEST_F(RecoveryTest, AnUnmaskBegunNamingTheSetupTheSiloWasSentDoesNotCoverARoundRecordOfAnother) {
+  const auto w = weak_setup();
+  const std::string sent_weak = protocol::skellam_sha256(w.weak, w.dp.padded);
+  {
+    ServerState st(dir_.path(), 0);
+    privacy::Ledger spent;
+    spent.add(round_mechanism(as_signed(w.dp, w.weak, w.dp.padded)), 1);
+    st.record({{"event", kUnmaskBegun}, {"round", 1}, {"privacy", round_privacy_record(w.dp, w.weak, w.dp.padded, spent)}},
+              nullptr);
+    commit_skellam_round_one(st, w.dp, w.configured, "made-up");
+  }
+  const auto records = read_audit_log(dir_ / "audit.jsonl");
+  write_lines(dir_ / "sent.jsonl",
+              {nlohmann::json{{"round", 1}, {"update_sha256", "u1"}, {"skellam_setup_sha256", sent_weak}}.dump()});
+  const std::string why = error_text(check_sent_setups(records, dir_ / "sent.jsonl"));
+  EXPECT_NE(why.find("round 1: the silo was sent setup " + sent_weak +
+                     ", but the log's record that decides that round's charge names setup " +
+                     protocol::skellam_sha256(w.configured, w.dp.padded) + " (record 2)"),
+            std::string::npos)
+      << why;
+  const auto claims = check_privacy_claims(records);
+  ASSERT_FALSE(claims.has_value());
+  EXPECT_NE(claims.error().message().find("the unmask_begun record it closes names setup " + sent_weak),
+            std::string::npos)
+      << claims.error().message();
+  const auto refused = state_error([&] { ServerState(dir_.path(), 0).recover(layout()); });
+  EXPECT_NE(refused.find("the privacy spent cannot be rebuilt"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("the unmask_begun record it closes names setup " + sent_weak), std::string::npos) << refused;
+}
+
+// Review of issue 42, item 2: an honest server leaves no round without a record (after a crash
+// it runs the same round number again), so a silo's upload to a round the log skips, below its
+// last round record, fails `--sent`; one after the last round record proves nothing either way,
+// and one to a round aborted before its unmasking has that abort's record.
+TEST_F(RecoveryTest, AnUploadToARoundTheLogSkipsBelowItsLastRoundRecordFailsSent) {
+  const std::string setup(64, 'a');
+  const nlohmann::json part = {{"mechanism", "skellam"}, {"setup_sha256", setup}};
+  const std::vector<nlohmann::json> records = {
+      {{"event", "federation_start"}},
+      {{"event", "round"}, {"round", 1}, {"seq", 2}, {"status", "committed"}, {"privacy", part}},
+      {{"event", "round"}, {"round", 3}, {"seq", 3}, {"status", "aborted"}, {"privacy", part}}};
+  auto line = [&](int round) {
+    return nlohmann::json{{"round", round}, {"update_sha256", "u"}, {"skellam_setup_sha256", setup}}.dump();
+  };
+  write_lines(dir_ / "ok.jsonl", {line(1), line(3), line(4)});
+  const auto ok = check_sent_setups(records, dir_ / "ok.jsonl");
+  ASSERT_TRUE(succeeded(ok)) << error_text(ok);
+  EXPECT_EQ(ok->compared, 2u);
+  EXPECT_EQ(ok->unrecorded, 1u);
+  write_lines(dir_ / "gap.jsonl", {line(1), line(2)});
+  const std::string why = error_text(check_sent_setups(records, dir_ / "gap.jsonl"));
+  EXPECT_NE(why.find("gap.jsonl line 2, round 2: the silo was sent setup " + setup +
+                     ", but the log has no record of that round, though it records round 3 after it"),
+            std::string::npos)
+      << why;
+}
+
+// Review of issue 42, item 3: a silo's sent.jsonl is append-only across federations, so a line
+// of an earlier federation's round 3 under its own setup is skipped, not compared with this
+// log's round 3. Lines that name no federation (written before silos named it) are compared as
+// before.
+TEST_F(RecoveryTest, SentSkipsLinesOfAnotherFederationThanTheLogs) {
+  const std::string now(64, 'a'), before(64, 'b');
+  const std::vector<nlohmann::json> records = {
+      {{"event", "federation_start"}, {"federation", "fed"}},
+      {{"event", "round"}, {"round", 3}, {"seq", 2}, {"status", "aborted"},
+       {"privacy", {{"mechanism", "skellam"}, {"setup_sha256", now}}}}};
+  auto line = [&](const char* federation, const std::string& setup) {
+    nlohmann::json j{{"round", 3}, {"update_sha256", "u"}, {"skellam_setup_sha256", setup}};
+    if (federation) j["federation"] = federation;
+    return j.dump();
+  };
+  write_lines(dir_ / "sent.jsonl", {line("old", before), line("fed", now), line(nullptr, now)});
+  const auto ok = check_sent_setups(records, dir_ / "sent.jsonl");
+  ASSERT_TRUE(succeeded(ok)) << error_text(ok);
+  EXPECT_EQ(ok->compared, 2u);
+  EXPECT_EQ(ok->other_federation, 1u);
+  write_lines(dir_ / "unnamed.jsonl", {line(nullptr, before)});
+  EXPECT_NE(error_text(check_sent_setups(records, dir_ / "unnamed.jsonl")).find("unnamed.jsonl line 1, round 3"),
+            std::string::npos);
 }
 
 TEST_F(RecoveryTest, AMirrorRestoresTheLogAndTheCheckpointAndIsKeptUpToDate) {

@@ -469,5 +469,38 @@ TEST(DistributedDp, AnUnmaskingWhoseRoundRecordNeverFollowedIsChargedAndOneThatI
   test::expect_claims_fail(weaker, "not the signed setup it names");
 }
 
+// Review of issue 42: a deviating server sends the silos a weak setup, writes unmask_begun naming
+// it, then a round record of the same round naming the strong setup (charged at it). The watch,
+// which the audit check and the recovery share, refuses a round record that closes an
+// unmask_begun of its round under another setup. And a second round record of one round with no
+// restart between (an aborted one naming one setup, a committed one another) is refused: an honest
+// server runs a round number again only after a federation_start.
+TEST(DistributedDp, ARoundRecordOfAnotherSetupThanItsUnmaskBegunOrASecondRecordOfItsRoundFailsVerify) {
+  SkellamLog s;
+  auto weak = s.k;
+  weak.set_variance(s.c.variance * 0.9);  // weaker, within the budget: the round record must still match
+  privacy::Ledger weak_spent;
+  weak_spent.add(server::round_mechanism(server::as_signed(s.c, weak, s.c.padded)), 1);
+  s.log.push_back({{"event", server::kUnmaskBegun}, {"round", 1},
+                   {"privacy", server::round_privacy_record(s.c, weak, s.c.padded, weak_spent)}});
+  s.round(1, "committed", 1);
+  test::expect_claims_fail(s.log, "the unmask_begun record it closes names setup " +
+                                      protocol::skellam_sha256(weak, s.c.padded));
+  server::UnmaskingWatch watch;
+  EXPECT_FALSE(watch.take(s.log[0]));
+  EXPECT_FALSE(watch.take(s.log[1]));
+  EXPECT_THROW(watch.take(s.log[2]), std::invalid_argument);
+
+  SkellamLog twice;
+  twice.round(1, "aborted", 0);
+  twice.round(1, "committed", 1);
+  test::expect_claims_fail(twice.log, "record 3 (round 1): a second record of this round with no federation_start");
+  SkellamLog restarted;  // the same round run again after a restart: fine
+  restarted.round(1, "aborted", 0);
+  restarted.log.push_back({{"event", "federation_start"}});
+  restarted.round(1, "committed", 1);
+  EXPECT_TRUE(succeeded(server::check_privacy_claims(restarted.log)));
+}
+
 }  // namespace
 }  // namespace xsilo

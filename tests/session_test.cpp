@@ -235,6 +235,7 @@ TEST(Session, TrainsOnTheModelAndUploadsWeightTimesDeltaWhenGranted) {
   ASSERT_EQ(h.records.size(), 1u);  // the silo's own send log: hashes, never data
   EXPECT_EQ(h.records[0]["update_sha256"], end->update_end().update_sha256());
   EXPECT_EQ(h.records[0]["upstream_identity"], "server server");
+  EXPECT_EQ(h.records[0]["federation"], "fed");  // sent.jsonl outlives federations: --sent skips others' lines
 }
 
 // A trainer whose delta is made as it is sent: element i of the delta is 0.25 * (i + 1).

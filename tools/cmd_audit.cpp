@@ -104,8 +104,11 @@ bool sent_setups_recorded(const server::AuditChain& r, const std::string& log, c
     if (!c) return failed(c.error().message(), r, "it does not record the distributed-DP setup the silo was sent");
     std::cout << "sent " << file << ": " << c->compared
               << " distributed-DP uploads, each under the setup the log's records of its round name\n";
+    if (c->other_federation) {
+      std::cout << "  " << c->other_federation << " lines of another federation than the log's (skipped)\n";
+    }
     if (c->unrecorded) {
-      std::cout << "  " << c->unrecorded << " uploads to rounds the log has no record of (no evidence either way)\n";
+      std::cout << "  " << c->unrecorded << " uploads to rounds after the log's last round record (no evidence either way)\n";
     }
   }
   return true;
