@@ -104,6 +104,7 @@ struct SentCheck {
   std::uint64_t compared = 0;    // uploads whose setup the log's records of their round name
   std::uint64_t unrecorded = 0;  // uploads to rounds after the log's last round record
   std::uint64_t other_federation = 0;  // lines of another federation than the log's (skipped)
+  bool torn_last_line = false;  // a last line cut off mid-append (the silo crashed): skipped
 };
 using SentResult = Result<SentCheck>;
 SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const std::filesystem::path& sent);

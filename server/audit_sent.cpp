@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <fstream>
+#include <iterator>
+#include <sstream>
 #include <map>
 #include <set>
 
@@ -71,54 +73,66 @@ SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const s
   SentCheck c;
   std::uint64_t n = 0;
   std::ifstream in(sent, std::ios::binary);
-  for (std::string line; std::getline(in, line);) {
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
     ++n;
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
     } catch (const std::exception& e) {
+      // A last line without its newline was cut off mid-append (a crash or a full disk): the silo
+      // repairs it at its next start; what it names never left.
+      if (!text.empty() && text.back() != '\n' && lines.peek() == std::char_traits<char>::eof()) {
+        c.torn_last_line = true;
+        break;
+      }
       return Error(fmt::format("{} line {}: not a line of a silo's sent.jsonl ({})", file, n, e.what()));
     }
-    if (!j.is_object() || !j.contains("skellam_setup_sha256")) continue;  // no distributed-DP upload
-    // A line without "federation" (written before silos named it) is compared as before.
-    if (const auto f = j.find("federation");
-        f != j.end() && f->is_string() && !federations.empty() && !federations.contains(f->get<std::string>())) {
-      ++c.other_federation;
-      continue;
-    }
-    const auto round = j.value("round", std::uint64_t{0});
-    const std::string mine = j.value("skellam_setup_sha256", "");
-    const std::string update = j.value("update_sha256", "");
-    const auto it = by_round.find(round);
-    const std::string at = fmt::format("{} line {}, round {}: the silo was sent setup {}", file, n, round, mine);
-    if (it == by_round.end() && round <= last_round) {
-      return Error(fmt::format("{}, but the log has no record of that round, though it records round {} after it "
-                               "(an honest server leaves no round without a record)",
-                               at, last_round));
-    }
-    if (it == by_round.end()) {
-      ++c.unrecorded;
-      continue;
-    }
-    // Named by a record that decides a run of the round: a setup only an earlier record of the same
-    // run names (an unmask_begun its round record contradicts) is not what the round was charged at.
-    bool counted = false, named_mine = false;
-    const SetupRecord* decider = nullptr;
-    for (const auto& rec : it->second) {
-      if (rec.decides && !decider) decider = &rec;
-      named_mine = named_mine || (rec.decides && rec.setup == mine);
-      if (update.empty() || std::find(rec.counts.begin(), rec.counts.end(), update) == rec.counts.end()) continue;
-      counted = true;
-      if (rec.setup != mine) {
-        return Error(fmt::format("{}, but record {}, which counts its upload, names {}", at, rec.seq, named(rec.setup)));
+    try {
+      if (!j.is_object() || !j.contains("skellam_setup_sha256")) continue;  // no distributed-DP upload
+      // A line without "federation" (written before silos named it) is compared as before.
+      if (const auto f = j.find("federation");
+          f != j.end() && f->is_string() && !federations.empty() && !federations.contains(f->get<std::string>())) {
+        ++c.other_federation;
+        continue;
       }
+      const auto round = j.value("round", std::uint64_t{0});
+      const std::string mine = j.value("skellam_setup_sha256", "");
+      const std::string update = j.value("update_sha256", "");
+      const auto it = by_round.find(round);
+      const std::string at = fmt::format("{} line {}, round {}: the silo was sent setup {}", file, n, round, mine);
+      if (it == by_round.end() && round <= last_round) {
+        return Error(fmt::format("{}, but the log has no record of that round, though it records round {} after it "
+                                 "(an honest server leaves no round without a record)",
+                                 at, last_round));
+      }
+      if (it == by_round.end()) {
+        ++c.unrecorded;
+        continue;
+      }
+      // Named by a record that decides a run of the round: a setup only an earlier record of the same
+      // run names (an unmask_begun its round record contradicts) is not what the round was charged at.
+      bool counted = false, named_mine = false;
+      const SetupRecord* decider = nullptr;
+      for (const auto& rec : it->second) {
+        if (rec.decides && !decider) decider = &rec;
+        named_mine = named_mine || (rec.decides && rec.setup == mine);
+        if (update.empty() || std::find(rec.counts.begin(), rec.counts.end(), update) == rec.counts.end()) continue;
+        counted = true;
+        if (rec.setup != mine) {
+          return Error(fmt::format("{}, but record {}, which counts its upload, names {}", at, rec.seq, named(rec.setup)));
+        }
+      }
+      if (!counted && !named_mine) {
+        const auto& first = decider ? *decider : it->second.back();
+        return Error(fmt::format("{}, but the log's record that decides that round's charge names {} (record {})", at,
+                                 named(first.setup), first.seq));
+      }
+      ++c.compared;
+    } catch (const nlohmann::json::exception& e) {
+      return Error(fmt::format("{} line {}: a field of the wrong type ({})", file, n, e.what()));
     }
-    if (!counted && !named_mine) {
-      const auto& first = decider ? *decider : it->second.back();
-      return Error(fmt::format("{}, but the log's record that decides that round's charge names {} (record {})", at,
-                               named(first.setup), first.seq));
-    }
-    ++c.compared;
   }
   return c;
 }

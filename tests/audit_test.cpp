@@ -934,6 +934,29 @@ TEST_F(RecoveryTest, SentSkipsLinesOfAnotherFederationThanTheLogs) {
             std::string::npos);
 }
 
+// A damaged sent.jsonl: a last line cut off mid-append (the silo crashed; its upload never left)
+// is skipped and said; a torn line before the end, or a field of the wrong type, is a clear
+// failure naming the file and line, never an exception out of the check.
+TEST_F(RecoveryTest, SentSkipsATornLastLineAndRefusesOtherDamageByFileAndLine) {
+  const std::string setup(64, 'a');
+  const std::vector<nlohmann::json> records = {
+      {{"event", "federation_start"}, {"federation", "fed"}},
+      {{"event", "round"}, {"round", 3}, {"seq", 2}, {"status", "aborted"},
+       {"privacy", {{"mechanism", "skellam"}, {"setup_sha256", setup}}}}};
+  const std::string good = nlohmann::json{{"round", 3}, {"update_sha256", "u"}, {"skellam_setup_sha256", setup}}.dump();
+  atomic_write_file(dir_ / "torn.jsonl", good + "\n" + good.substr(0, good.size() / 2));
+  const auto torn = check_sent_setups(records, dir_ / "torn.jsonl");
+  ASSERT_TRUE(succeeded(torn)) << error_text(torn);
+  EXPECT_EQ(torn->compared, 1u);
+  EXPECT_TRUE(torn->torn_last_line);
+  atomic_write_file(dir_ / "middle.jsonl", good.substr(0, good.size() / 2) + "\n" + good + "\n");
+  EXPECT_NE(error_text(check_sent_setups(records, dir_ / "middle.jsonl")).find("middle.jsonl line 1"), std::string::npos);
+  const std::string wrong = nlohmann::json{{"round", "three"}, {"update_sha256", 7}, {"skellam_setup_sha256", setup}}.dump();
+  atomic_write_file(dir_ / "wrong.jsonl", wrong + "\n");
+  const auto typed = check_sent_setups(records, dir_ / "wrong.jsonl");
+  EXPECT_NE(error_text(typed).find("wrong.jsonl line 1: a field of the wrong type"), std::string::npos) << error_text(typed);
+}
+
 TEST_F(RecoveryTest, AMirrorRestoresTheLogAndTheCheckpointAndIsKeptUpToDate) {
   test::TempDir mirror;
   {

@@ -104,6 +104,7 @@ bool sent_setups_recorded(const server::AuditChain& r, const std::string& log, c
     if (!c) return failed(c.error().message(), r, "it does not record the distributed-DP setup the silo was sent");
     std::cout << "sent " << file << ": " << c->compared
               << " distributed-DP uploads, each under the setup the log's records of its round name\n";
+    if (c->torn_last_line) std::cout << "  its last line was cut off mid-append (the silo crashed): skipped\n";
     if (c->other_federation) {
       std::cout << "  " << c->other_federation << " lines of another federation than the log's (skipped)\n";
     }
