@@ -19,20 +19,18 @@ namespace xsilo::agent {
 
 void save_job(const std::filesystem::path& path, const WorkerJob& job) {
   nlohmann::json j{{"model", job.model.string()},
-                         {"data", job.data.string()},
-                         {"data_bytes", std::filesystem::file_size(job.data)},
-                         {"data_written", std::filesystem::last_write_time(job.data).time_since_epoch().count()},
-                         {"out", job.out.string()},
-                         {"epochs", job.train.epochs},
-                         {"batch_size", job.train.batch_size},
-                         {"learning_rate", job.train.learning_rate},
-                         {"weight_decay", job.train.weight_decay},
-                         {"seed", job.train.seed},
-                         {"shards", job.shards},
-                         {"first_bucket_bytes", job.buckets.first_bytes},
-                         {"bucket_bytes", job.buckets.bytes},
-                         {"bucket_compression", job.buckets.compression},
-                         {"topk_fraction", job.buckets.topk_fraction}};
+                   {"data", job.data.string()},
+                   {"out", job.out.string()},
+                   {"epochs", job.train.epochs},
+                   {"batch_size", job.train.batch_size},
+                   {"learning_rate", job.train.learning_rate},
+                   {"weight_decay", job.train.weight_decay},
+                   {"seed", job.train.seed},
+                   {"shards", job.shards},
+                   {"first_bucket_bytes", job.buckets.first_bytes},
+                   {"bucket_bytes", job.buckets.bytes},
+                   {"bucket_compression", job.buckets.compression},
+                   {"topk_fraction", job.buckets.topk_fraction}};
   if (!job.progress.empty()) {
     j["progress"] = job.progress.string();
     j["checkpoint_ms"] = job.checkpoint_interval.count();
