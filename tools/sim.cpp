@@ -93,7 +93,7 @@ class CentralEvaluator {
       spec.inputs = f_.all.features;
       spec.classes = static_cast<std::size_t>(f_.all.classes);
       spec.hidden = cfg_.hidden;
-      spec.seed = cfg_.seed;
+      spec.seed = model_init_seed(cfg_);  // the federation's initial model (sim_files.cpp)
       Model m = init_model(spec);
       const auto plan = sim_plan(cfg_, cfg_.rounds);
       agent::TrainOptions opts;

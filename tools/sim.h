@@ -126,10 +126,14 @@ SimConfig default_sim_config();
 // server plans for, the colluding fraction of secure.graph.corrupt (the defaults otherwise).
 crypto::secagg::Floor sim_secure_floor(const SimConfig& cfg);
 std::string silo_name(std::size_t i);
-// The sim's seed for one purpose (the baseline's row order): crypto::derive_seed(cfg.seed, 0,
-// purpose). The data split and the initial model still take cfg.seed, + 1 and + 2 as they were:
-// relabelled, two example tests tuned on their split missed their accuracy (see issue 41).
+// The sim's seed for one purpose (which rows are test rows, how the rest are dealt, the initial
+// model, the baseline's row order): crypto::derive_seed(cfg.seed, 0, purpose), so that no two
+// of them draw the same numbers, nor one run's split another seed's.
 std::uint64_t sim_seed(const SimConfig& cfg, std::string_view purpose);
+// The initial model's, written into the server's config as model.init_seed: its low 53 bits, so
+// that every JSON reader (the config loader takes integers below 2^63, Python's json exactly
+// below 2^53) holds it exactly.
+std::uint64_t model_init_seed(const SimConfig& cfg);
 std::string edge_name(std::size_t e);
 // The storm's faults for a federation of `silos` silos, `edges` edges and `rounds` rounds: the
 // same list for the same seed on every machine (its own arithmetic on a mt19937_64).

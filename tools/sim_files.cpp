@@ -63,6 +63,10 @@ std::uint64_t sim_seed(const SimConfig& cfg, std::string_view purpose) {
   return crypto::derive_seed(cfg.seed, 0, purpose);
 }
 
+std::uint64_t model_init_seed(const SimConfig& cfg) {
+  return sim_seed(cfg, "model-init") & ((std::uint64_t{1} << 53) - 1);
+}
+
 std::string silo_name(std::size_t i) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "hospital-%02zu", i + 1);
@@ -83,12 +87,12 @@ void split_data(const SimConfig& cfg, FederationFiles& f) {
   // Data: a stratified test split, then the training rows dealt to silos.
   f.all = load_csv(cfg.data_path);
   const Dataset& all = f.all;
-  auto [train_rows, test_rows] = train_test_split(all, cfg.test_fraction, cfg.seed);
+  auto [train_rows, test_rows] = train_test_split(all, cfg.test_fraction, sim_seed(cfg, "test-rows"));
   if (cfg.standardize) f.standardizer = Standardizer::fit(subset(all, train_rows));
   const auto parts = cfg.split == "iid"
-                         ? split_iid(train_rows, cfg.silos, cfg.seed + 1)
-                         : split_dirichlet(all, train_rows, cfg.silos, cfg.alpha, cfg.seed + 1);
-  const auto test_parts = split_iid(test_rows, cfg.silos, cfg.seed + 2);
+                         ? split_iid(train_rows, cfg.silos, sim_seed(cfg, "silo-rows"))
+                         : split_dirichlet(all, train_rows, cfg.silos, cfg.alpha, sim_seed(cfg, "silo-rows"));
+  const auto test_parts = split_iid(test_rows, cfg.silos, sim_seed(cfg, "silo-test-rows"));
   f.central_test = subset(all, test_rows);
   f.central_train = subset(all, train_rows);
   if (cfg.standardize) {
@@ -229,7 +233,7 @@ void write_server_config(const SimConfig& cfg, FederationFiles& f) {
                  {"model",
                   cfg.model_kind == "file"
                       ? json{{"kind", "file"}, {"path", f.initial_model.string()}}
-                      : json{{"kind", cfg.model_kind}, {"inputs", all.features}, {"classes", all.classes}, {"init_seed", cfg.seed}}},
+                      : json{{"kind", cfg.model_kind}, {"inputs", all.features}, {"classes", all.classes}, {"init_seed", model_init_seed(cfg)}}},
                  {"training", cfg.training},
                  {"log_format", cfg.log_format},
                  {"optimizer", cfg.optimizer}};
@@ -292,9 +296,9 @@ void write_edge_configs(const SimConfig& cfg, FederationFiles& f) {
 Status check_split(const SimConfig& cfg) {
   try {
     const Dataset all = load_csv(cfg.data_path);
-    const auto rows = train_test_split(all, cfg.test_fraction, cfg.seed).first;
-    if (cfg.split == "iid") split_iid(rows, cfg.silos, cfg.seed + 1);
-    else split_dirichlet(all, rows, cfg.silos, cfg.alpha, cfg.seed + 1);
+    const auto rows = train_test_split(all, cfg.test_fraction, sim_seed(cfg, "test-rows")).first;
+    if (cfg.split == "iid") split_iid(rows, cfg.silos, sim_seed(cfg, "silo-rows"));
+    else split_dirichlet(all, rows, cfg.silos, cfg.alpha, sim_seed(cfg, "silo-rows"));
     return {};
   } catch (const std::exception& e) {
     return Error(e.what());
