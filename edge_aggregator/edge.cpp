@@ -143,9 +143,9 @@ class Edge {
   }
   void run(action::Background& a) { rt_.background(std::move(a.work)); }
   void run(action::Job& a) {
-    rt_.work<std::string>(std::move(a.work), [this, id = a.id](std::string refused) {
-      if (!refused.empty()) metrics_.add("xsilo_edge_refused_updates_total");
-      relay_.on_job_done(id, refused);
+    rt_.work<Status>(std::move(a.work), [this, id = a.id](Status folded) {
+      if (!folded) metrics_.add("xsilo_edge_refused_updates_total");
+      relay_.on_job_done(id, folded);
       apply();
     });
   }
