@@ -133,7 +133,7 @@ class Edge {
     }
     auto frame = proto::encode_frame(a.env, cfg_.channel.max_frame_bytes);
     if (!frame) {
-      spdlog::error("not relaying {}: {}", proto::body_name(a.env), frame.error().message);
+      spdlog::error("not relaying {}: {}", proto::body_name(a.env), frame.error().message());
       return;
     }
     const auto shared = std::make_shared<const std::string>(std::move(*frame));

@@ -243,7 +243,7 @@ void Relay::model_chunk(const wire::Envelope& e) {
   }
   if (auto st = r.model_rx.add(chunk); !st) {
     r.model_failed = true;
-    spdlog::error("round {}: bad model chunk: {}", r.round, st.message);
+    spdlog::error("round {}: bad model chunk: {}", r.round, st.error().message());
     // Every selected silo that needs the edge's copy is out of the round now, and says so at
     // once (the server would otherwise wait for it until the training deadline).
     for (auto& [name, state] : r.silos) {
@@ -252,7 +252,7 @@ void Relay::model_chunk(const wire::Envelope& e) {
       err.set_round(r.round);
       err.set_silo(name);
       err.mutable_error()->set_code(wire::BAD_UPDATE);
-      err.mutable_error()->set_message("edge: the round's model could not be rebuilt here: " + st.message);
+      err.mutable_error()->set_message("edge: the round's model could not be rebuilt here: " + st.error().message());
       to_server(err);
       silo_error(name, wire::BAD_UPDATE, err.error().message());
       state = SiloState::Gone;
@@ -442,7 +442,7 @@ void Relay::upload_chunk(const std::string& silo, const wire::Envelope& e) {
   }
   auto check = r->slot.add(e.tensor_chunk());
   if (!check) {
-    silo_error(silo, check.error().code, check.error().message);
+    silo_error(silo, check.error().code(), check.error().message());
     *state = SiloState::Gone;
     silo_gone(silo);
     return;

@@ -96,7 +96,7 @@ std::optional<proto::SplitFrame> ChunkSource::next_frame(std::size_t max_frame_b
   auto a = advance();
   if (!a) return std::nullopt;
   auto f = proto::encode_chunk_frame(a->first, a->second, max_frame_bytes);
-  if (!f) throw std::runtime_error(f.error().message);
+  if (!f) throw std::runtime_error(f.error().message());
   return std::move(*f);
 }
 
@@ -164,7 +164,7 @@ proto::Status TensorReceiver::add(const wire::TensorChunk& c) {
   std::memcpy(base_ + (t.offset + offset_) * elem_, c.data().data(), c.data().size());
   if (hash_) hash_->update(c.data());
   advance(n, c.data().size());
-  return proto::Status::ok();
+  return proto::Status();
 }
 
 Status TensorReceiver::check_count(std::uint64_t n, const TensorInfo& t) const {
@@ -189,7 +189,7 @@ proto::Status TensorReceiver::add_encoded(const wire::TensorChunk& c, const Tens
   }
   if (hash_) hash_->update(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(out.data()), n * 4));
   advance(n, c.data().size());
-  return proto::Status::ok();
+  return proto::Status();
 }
 
 // A broadcast's delta chunk: checked and decoded aside, then added to the base in place.
@@ -215,7 +215,7 @@ proto::Status TensorReceiver::add_delta(const wire::TensorChunk& c, const Tensor
   for (std::size_t i = 0; i < n; ++i) out[i] = out[i] + delta_[i];  // as encode_model_delta made it
   if (hash_) hash_->update(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(out), n * 4));
   advance(n, c.data().size());
-  return proto::Status::ok();
+  return proto::Status();
 }
 
 void TensorReceiver::advance(std::size_t n, std::size_t bytes) {

@@ -107,7 +107,7 @@ class UploadLane {
   // A chunk from the holder: checked and copied. Returns the check work for what it wrote.
   proto::Result<std::function<void()>> add(const wire::TensorChunk& chunk) {
     if (!busy() || complete_) return proto::error(wire::UNEXPECTED, "TensorChunk without an open UploadGrant");
-    if (auto st = rx_.add(chunk); !st) return st;
+    if (auto st = rx_.add(chunk); !st) return st.error();
     const std::size_t elem = element_bytes(buffer_.dtype);
     const std::uint64_t at = rx_.last_first() * elem;
     if (!buffer_.sink) {

@@ -72,8 +72,8 @@ void Coordinator::on_chunk(const Uploader& u, SessionId reply_to, const wire::En
   }
   auto check = r_->slot[*lane].add(e.tensor_chunk());
   if (!check) {
-    send_error(reply_to, check.error().code, check.error().message);
-    fail_upload(u, DropPhase::Upload, DropCause::BadUpload, check.error().message);
+    send_error(reply_to, check.error().code(), check.error().message());
+    fail_upload(u, DropPhase::Upload, DropCause::BadUpload, check.error().message());
     pump(now_ms);
     return;
   }

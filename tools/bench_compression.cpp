@@ -293,7 +293,7 @@ void broadcast_delta_speed(SpeedRun& s, std::uint32_t bits, const CompressionBen
                                    std::copy(base.begin(), base.end(), s.out.begin());
                                    rx.reset_model(s.out, s.flat_layout, c, /*have_base=*/true, /*hash=*/false);
                                    for (const auto& ch : enc.chunks) {
-                                     if (auto st = rx.add(ch); !st) throw std::runtime_error("bench: " + st.message);
+                                     if (auto st = rx.add(ch); !st) throw std::runtime_error("bench: " + st.error().message());
                                    }
                                  }) - s.copy,
                                  1e-9);

@@ -179,7 +179,7 @@ proto::Status AllowList::check(const PeerIdentity& id) const {
     return proto::error(wire::NOT_ALLOWED, "role " + role_name(id.role) + " may not connect here (" +
                                                id.str() + ")");
   }
-  if (it->second.count("*") || it->second.count(id.name)) return proto::Status::ok();
+  if (it->second.count("*") || it->second.count(id.name)) return proto::Status();
   return proto::error(wire::NOT_ALLOWED, id.str() + " is not on the allow-list");
 }
 
