@@ -231,8 +231,8 @@ std::filesystem::path ConfigNode::path(const std::string& key, const std::string
 void ConfigNode::require_exists(const std::string& key, const std::filesystem::path& p, bool folder,
                                 const std::string& hint) const {
   if (p.empty()) return;
-  if (const auto why = why_absent(p, folder); !why.empty()) {
-    fail(key, (folder ? "folder " : "file ") + p.string() + " " + why + hint);
+  if (const auto found = reachable(p, folder); !found) {
+    fail(key, (folder ? "folder " : "file ") + p.string() + " " + found.error().message() + hint);
   }
 }
 

@@ -118,13 +118,13 @@ std::string cut_torn_tail(const std::filesystem::path& path) {
   return tail;
 }
 
-std::string why_absent(const std::filesystem::path& path, bool folder) {
+Status reachable(const std::filesystem::path& path, bool folder) {
   std::error_code ec;
   const auto st = std::filesystem::status(path, ec);
-  if (st.type() == std::filesystem::file_type::not_found) return "does not exist";
-  if (ec) return "cannot be looked up (" + ec.message() + ")";
-  if (folder && !std::filesystem::is_directory(st)) return "is not a folder";
-  return "";
+  if (st.type() == std::filesystem::file_type::not_found) return Error("does not exist");
+  if (ec) return Error("cannot be looked up (" + ec.message() + ")");
+  if (folder && !std::filesystem::is_directory(st)) return Error("is not a folder");
+  return {};
 }
 
 std::string read_file(const std::filesystem::path& path) {

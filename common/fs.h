@@ -6,6 +6,8 @@
 #include <string>
 #include <string_view>
 
+#include "common/result.h"
+
 namespace xsilo {
 
 // Replaces `path` atomically with `bytes`; `mode` applies to the new file.
@@ -22,11 +24,11 @@ void append_durable(const std::filesystem::path& path, std::string_view bytes);
 // its own instead of merging into the partial one.
 std::string cut_torn_tail(const std::filesystem::path& path);
 std::string read_file(const std::filesystem::path& path);
-// "" when `path` names something that can be reached (with `folder`, a folder), else why not:
-// "does not exist", "is not a folder", or what the system said when it could not look the path
-// up (a name too long, a folder on the way that cannot be read). Never throws, so a config
+// Success when `path` names something that can be reached (with `folder`, a folder), else why
+// not: "does not exist", "is not a folder", or what the system said when it could not look the
+// path up (a name too long, a folder on the way that cannot be read). Never throws, so a config
 // check can say which path is wrong.
-std::string why_absent(const std::filesystem::path& path, bool folder = false);
+Status reachable(const std::filesystem::path& path, bool folder = false);
 void fsync_dir(const std::filesystem::path& dir);
 // The last `lines` lines of a text file (a child's log), each indented by four spaces.
 std::string log_tail(const std::filesystem::path& log, std::size_t lines = 15);

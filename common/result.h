@@ -10,9 +10,9 @@
 //   if (!out) return Error("key list: " + out.error().message());
 //   send(*out);
 //
-// The error type is a parameter (proto::Result carries a wire error code with its sentence);
-// it defaults to Error, a sentence a user can act on. value() and error() on the wrong side
-// throw std::logic_error: a bug in the caller, never a protocol outcome.
+// The error type is a parameter (proto::Status and proto::Result carry a proto::Error: a wire
+// error code with its sentence); it defaults to Error, a sentence a user can act on. value() and
+// error() on the wrong side throw std::logic_error: a bug in the caller, never a protocol outcome.
 #pragma once
 
 #include <optional>

@@ -149,11 +149,11 @@ struct CertVerifier::Impl {
 
 namespace {
 
-// Why a certificate that verified is not the one wanted ("" when it is).
-std::string unwanted(const CertifiedName& who, const std::string& name, const std::string& role) {
-  if (who.role != role) return "the certificate of " + who.name + " is for role '" + who.role + "', not " + role;
-  if (who.name != name) return "the certificate names " + who.name + ", not " + name;
-  return "";
+// Success when a certificate that verified is the one wanted, else why not.
+Status check_wanted(const CertifiedName& who, const std::string& name, const std::string& role) {
+  if (who.role != role) return Error("the certificate of " + who.name + " is for role '" + who.role + "', not " + role);
+  if (who.name != name) return Error("the certificate names " + who.name + ", not " + name);
+  return {};
 }
 
 }  // namespace
@@ -226,7 +226,7 @@ Status CertVerifier::Impl::check(std::string_view certificate, const std::string
   std::string why;
   const Checked* c = checked(certificate, why);
   if (!c) return Error(why);
-  if (why = unwanted(c->who, name, role); !why.empty()) return Error(why);
+  if (auto wanted = check_wanted(c->who, name, role); !wanted) return wanted;
   if (key_out) *key_out = c->key;
   return {};
 }
@@ -242,7 +242,7 @@ Result<CertifiedName> CertVerifier::certified(std::string_view certificate, cons
   std::string why;
   const Impl::Checked* c = impl_->checked(certificate, why);
   if (!c) return Error(why);
-  if (why = unwanted(c->who, c->who.name, role); !why.empty()) return Error(why);
+  if (auto wanted = check_wanted(c->who, c->who.name, role); !wanted) return wanted.error();
   return c->who;
 }
 

@@ -133,7 +133,7 @@ class Edge {
     }
     auto frame = proto::encode_frame(a.env, cfg_.channel.max_frame_bytes);
     if (!frame) {
-      spdlog::error("not relaying {}: {}", proto::body_name(a.env), frame.error().message);
+      spdlog::error("not relaying {}: {}", proto::body_name(a.env), frame.error().message());
       return;
     }
     const auto shared = std::make_shared<const std::string>(std::move(*frame));
@@ -143,9 +143,9 @@ class Edge {
   }
   void run(action::Background& a) { rt_.background(std::move(a.work)); }
   void run(action::Job& a) {
-    rt_.work<std::string>(std::move(a.work), [this, id = a.id](std::string refused) {
-      if (!refused.empty()) metrics_.add("xsilo_edge_refused_updates_total");
-      relay_.on_job_done(id, refused);
+    rt_.work<Status>(std::move(a.work), [this, id = a.id](Status folded) {
+      if (!folded) metrics_.add("xsilo_edge_refused_updates_total");
+      relay_.on_job_done(id, folded);
       apply();
     });
   }

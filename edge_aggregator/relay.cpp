@@ -243,7 +243,7 @@ void Relay::model_chunk(const wire::Envelope& e) {
   }
   if (auto st = r.model_rx.add(chunk); !st) {
     r.model_failed = true;
-    spdlog::error("round {}: bad model chunk: {}", r.round, st.message);
+    spdlog::error("round {}: bad model chunk: {}", r.round, st.error().message());
     // Every selected silo that needs the edge's copy is out of the round now, and says so at
     // once (the server would otherwise wait for it until the training deadline).
     for (auto& [name, state] : r.silos) {
@@ -252,7 +252,7 @@ void Relay::model_chunk(const wire::Envelope& e) {
       err.set_round(r.round);
       err.set_silo(name);
       err.mutable_error()->set_code(wire::BAD_UPDATE);
-      err.mutable_error()->set_message("edge: the round's model could not be rebuilt here: " + st.message);
+      err.mutable_error()->set_message("edge: the round's model could not be rebuilt here: " + st.error().message());
       to_server(err);
       silo_error(name, wire::BAD_UPDATE, err.error().message());
       state = SiloState::Gone;
@@ -442,7 +442,7 @@ void Relay::upload_chunk(const std::string& silo, const wire::Envelope& e) {
   }
   auto check = r->slot.add(e.tensor_chunk());
   if (!check) {
-    silo_error(silo, check.error().code, check.error().message);
+    silo_error(silo, check.error().code(), check.error().message());
     *state = SiloState::Gone;
     silo_gone(silo);
     return;
@@ -459,11 +459,14 @@ void Relay::update_end(const std::string& silo, const wire::Envelope& e) {
     return;
   }
   const double w = e.update_end().weight();
-  std::string why = r->slot.end("update");
-  if (why.empty() && !r->secure && (!std::isfinite(w) || w <= 0)) why = "update weight must be a positive number";
-  if (why.empty() && e.update_end().update_sha256().empty()) why = "UpdateEnd declares no SHA-256 of the update";
-  if (!why.empty()) {
-    silo_error(silo, wire::BAD_UPDATE, why);
+  const Status ended = [&]() -> Status {
+    if (auto whole = r->slot.end("update"); !whole) return whole;
+    if (!r->secure && (!std::isfinite(w) || w <= 0)) return Error("update weight must be a positive number");
+    if (e.update_end().update_sha256().empty()) return Error("UpdateEnd declares no SHA-256 of the update");
+    return {};
+  }();
+  if (!ended) {
+    silo_error(silo, wire::BAD_UPDATE, ended.error().message());
     *state = SiloState::Gone;
     silo_gone(silo);
     return;
@@ -477,25 +480,27 @@ void Relay::update_end(const std::string& silo, const wire::Envelope& e) {
   const std::uint64_t id = r->job = ++job_id_;
   // On the worker, after the chunks' checks: the bytes must be what the silo declared (and,
   // plain, finite) before they touch the sum.
-  auto checked = [check = r->slot.check(), declared = e.update_end().update_sha256()]() -> std::string {
-    return protocol::verify_upload(*check, declared, "update").why;  // the server's own check
+  auto checked = [check = r->slot.check(), declared = e.update_end().update_sha256()]() -> Status {
+    const auto verdict = protocol::verify_upload(*check, declared, "update");  // the server's own check
+    if (verdict.problem != protocol::UploadVerdict::Problem::None) return Error(verdict.why);
+    return {};
   };
   if (r->secure) {
     auto& sum = r->group_sums[r->group_of[silo]];
     if (!sum) sum = std::make_shared<protocol::MaskedVector>(r->current_words->zeros_like());
     // Masked words of one group add up mod 2^bits (or mod p); the edge never sees anything else.
-    to_worker(id, [sum, cur = r->current_words, checked]() -> std::string {
-      if (auto why = checked(); !why.empty()) return why;
+    to_worker(id, [sum, cur = r->current_words, checked]() -> Status {
+      if (auto st = checked(); !st) return st;
       sum->add(*cur);
-      return "";
+      return {};
     });
   } else {
-    to_worker(id, [sum = r->sum, cur = r->current, checked]() -> std::string {
-      if (auto why = checked(); !why.empty()) return why;
+    to_worker(id, [sum = r->sum, cur = r->current, checked]() -> Status {
+      if (auto st = checked(); !st) return st;
       const auto c = cur->flat();
       auto acc = sum->flat();
       for (std::size_t i = 0; i < c.size(); ++i) acc[i] += c[i];
-      return "";
+      return {};
     });
   }
 }
@@ -511,15 +516,15 @@ void Relay::silo_report(const std::string& silo, const wire::Envelope& e) {
   }
 }
 
-void Relay::on_job_done(std::uint64_t id, const std::string& refused) {
+void Relay::on_job_done(std::uint64_t id, const Status& folded) {
   Region* r = region_.get();
   if (!r || !r->folding || id != r->job) return;  // a job of a round that is gone
   r->folding = false;
   if (id & kBarrier) return pump();  // the abandoned upload's checks have drained
   const std::string silo = *r->slot.holder();
   r->slot.release();
-  if (!refused.empty()) {
-    silo_error(silo, wire::BAD_UPDATE, refused);
+  if (!folded) {
+    silo_error(silo, wire::BAD_UPDATE, folded.error().message());
     r->silos[silo] = SiloState::Gone;
   } else {
     r->silos[silo] = SiloState::Done;
@@ -527,7 +532,7 @@ void Relay::on_job_done(std::uint64_t id, const std::string& refused) {
   pump();
 }
 
-void Relay::to_worker(std::uint64_t id, std::function<std::string()> work) {
+void Relay::to_worker(std::uint64_t id, std::function<Status()> work) {
   actions_.push_back(action::Job{id, [worker = worker_, work = std::move(work)] {
                                    worker->check("the edge's worker job");
                                    return work();
@@ -552,7 +557,7 @@ void Relay::silo_gone(const std::string& silo) {
     r->slot.release();
     r->folding = true;
     r->job = kBarrier | ++job_id_;
-    to_worker(r->job, [] { return std::string(); });
+    to_worker(r->job, [] { return Status(); });
   }
   if (st->second != SiloState::Done) st->second = SiloState::Gone;
   pump();

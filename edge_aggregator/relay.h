@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/model.h"
+#include "common/result.h"
 #include "common/thread_check.h"
 #include "proto/xsilo.pb.h"
 #include "protocol/masked.h"
@@ -55,7 +56,7 @@ struct Background {
 };
 struct Job {
   std::uint64_t id;
-  std::function<std::string()> work;  // "": the upload matched its hash, was finite and is in the sum; else why not
+  std::function<Status()> work;  // success: the upload matched its hash, was finite and is in the sum; else why not
 };
 }  // namespace action
 
@@ -79,7 +80,7 @@ class Relay {
   void on_silo_up(const std::string& silo);
   void on_silo_down(const std::string& silo);
   void on_silo_message(const std::string& silo, const wire::Envelope& e);
-  void on_job_done(std::uint64_t id, const std::string& refused);
+  void on_job_done(std::uint64_t id, const Status& folded);
 
   std::vector<Action> take_actions() { return std::exchange(actions_, {}); }
   bool finished() const { return finished_; }
@@ -145,7 +146,7 @@ class Relay {
   protocol::UploadBuffer buffer();
   wire::Envelope env() const;
   // Work for the worker, each piece under worker_'s check.
-  void to_worker(std::uint64_t id, std::function<std::string()> work);
+  void to_worker(std::uint64_t id, std::function<Status()> work);
   void to_worker(std::function<void()> work);
 
   RelayConfig cfg_;

@@ -13,7 +13,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       const auto e = d.pop();
       (void)xsilo::proto::body_name(e);
     }
-    if (!st.is_ok() && !d.failed()) __builtin_trap();  // an error must leave the decoder failed
+    if (!st.has_value() && !d.failed()) __builtin_trap();  // an error must leave the decoder failed
   }
   return 0;
 }

@@ -53,7 +53,7 @@ class FrameDecoder {
   Status feed(std::span<const std::uint8_t> bytes);
   bool has_envelope() const { return !ready_.empty(); }
   wire::Envelope pop();
-  bool failed() const { return !error_.is_ok(); }
+  bool failed() const { return !error_.has_value(); }
 
  private:
   std::size_t max_frame_bytes_;

@@ -10,23 +10,25 @@
 
 namespace xsilo::proto {
 
-struct [[nodiscard]] Status {
-  wire::ErrorCode code = wire::ERROR_UNSPECIFIED;
-  std::string message;
+// Why a step of the protocol failed: the error code the wire carries and a sentence a user can
+// act on (what an Error message answers with).
+class Error {
+ public:
+  Error(wire::ErrorCode code, std::string message) : code_(code), message_(std::move(message)) {}
+  wire::ErrorCode code() const { return code_; }
+  const std::string& message() const { return message_; }
 
-  static Status ok() { return {}; }
-  bool is_ok() const { return code == wire::ERROR_UNSPECIFIED && message.empty(); }
-  explicit operator bool() const { return is_ok(); }
+ private:
+  wire::ErrorCode code_;
+  std::string message_;
 };
 
-inline Status error(wire::ErrorCode code, std::string message) {
-  return Status{code, std::move(message)};
-}
+inline Error error(wire::ErrorCode code, std::string message) { return Error(code, std::move(message)); }
 
-// A value or the Status that explains why there is none: the tree's one result type
-// (common/result.h) with a wire error code beside the sentence. ok()/status() of the old
-// proto::Result are has_value()/error() here, as in std::expected.
+// The tree's one result type (common/result.h) with a wire error code beside the sentence:
+// success or the Error of a step with nothing to return, and a value or its Error.
+using Status = xsilo::Result<void, Error>;
 template <class T>
-using Result = xsilo::Result<T, Status>;
+using Result = xsilo::Result<T, Error>;
 
 }  // namespace xsilo::proto

@@ -55,8 +55,8 @@ class Codec {
   // encode_chunk). `seed` drives any randomness of the encoding.
   virtual std::string encode(const wire::Compression& c, std::span<const float> x, std::uint64_t seed,
                              std::span<float> decoded) const = 0;
-  // Decodes one chunk into `out`, checking it first: "" or why not (compression.h, decode_chunk).
-  virtual std::string decode(const wire::Compression& c, std::string_view data, std::span<float> out,
+  // Decodes one chunk into `out`, checking it first: success or why not (compression.h, decode_chunk).
+  virtual Status decode(const wire::Compression& c, std::string_view data, std::span<float> out,
                              std::size_t& nonzeros, const TensorInfo* tensor, std::uint64_t offset) const = 0;
 
   // Error feedback. A sparsifier chooses its coordinates over the whole update (the values with

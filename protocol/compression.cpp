@@ -114,11 +114,11 @@ std::string encode_chunk(const wire::Compression& c, std::span<const float> x, s
   return codec_of(c).encode(c, x, seed, decoded);
 }
 
-std::string decode_chunk(const wire::Compression& c, std::string_view data, std::span<float> out,
-                         std::size_t& nonzeros, const TensorInfo* tensor, std::uint64_t offset) {
+Status decode_chunk(const wire::Compression& c, std::string_view data, std::span<float> out, std::size_t& nonzeros,
+                    const TensorInfo* tensor, std::uint64_t offset) {
   nonzeros = 0;
   const Codec* codec = find_codec(c.scheme());
-  if (!codec) return "unknown compression scheme " + std::to_string(static_cast<int>(c.scheme()));
+  if (!codec) return Error("unknown compression scheme " + std::to_string(static_cast<int>(c.scheme())));
   return codec->decode(c, data, out, nonzeros, tensor, offset);
 }
 

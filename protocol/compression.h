@@ -93,11 +93,11 @@ std::string encode_chunk(const wire::Compression& c, std::span<const float> x, s
                          std::span<float> decoded);
 
 // Decodes one chunk into `out` (its `count` elements), checking sizes, codes, indices and scales
-// first: "" when it was valid, else why not (and `out` is then unspecified). `nonzeros` gets the
+// first: success when it was valid, else why not (and `out` is then unspecified). `nonzeros` gets the
 // number of kept elements of a sparse chunk. POWER_SGD needs the chunk's tensor and its offset
 // in it.
-std::string decode_chunk(const wire::Compression& c, std::string_view data, std::span<float> out,
-                         std::size_t& nonzeros, const TensorInfo* tensor = nullptr, std::uint64_t offset = 0);
+Status decode_chunk(const wire::Compression& c, std::string_view data, std::span<float> out, std::size_t& nonzeros,
+                    const TensorInfo* tensor = nullptr, std::uint64_t offset = 0);
 
 // A silo's upload, compressed: its chunks with encoded data, in order.
 struct EncodedUpdate {

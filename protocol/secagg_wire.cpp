@@ -23,7 +23,7 @@ std::string as_bytes(const Array& a) {
   return std::string(reinterpret_cast<const char*>(a.data()), a.size());
 }
 
-proto::Status bad(std::string why) { return proto::error(wire::BAD_UPDATE, std::move(why)); }
+proto::Error bad(std::string why) { return proto::error(wire::BAD_UPDATE, std::move(why)); }
 
 // name -> bytes, refusing empty names and a name given twice.
 template <class Entries, class Name, class Value>
@@ -80,7 +80,7 @@ proto::Result<KeyList> key_list_from_wire(const WireList& w) {
   for (const auto& e : w.entries()) {
     if (e.silo().empty()) return bad("key list entry without a silo name");
     auto k = from_wire(e.keys());
-    if (!k) return bad("the key list entry of " + e.silo() + ": " + k.error().message);
+    if (!k) return bad("the key list entry of " + e.silo() + ": " + k.error().message());
     if (!list.emplace(e.silo(), std::move(*k)).second) return bad("the key list names " + e.silo() + " twice");
   }
   return list;
@@ -179,7 +179,7 @@ proto::Result<secagg::Advertisement> from_wire(const wire::SecAggKeys& w) {
   if (!copy_exact(w.mask_pk(), a.mask_pk) || !copy_exact(w.self_mask_commitment(), a.self_mask_commitment)) {
     return bad("malformed keys: public keys and the commitment are 32 bytes each");
   }
-  if (auto why = signed_inbox_keys_from_wire(w, a); !why) return why;
+  if (auto keys = signed_inbox_keys_from_wire(w, a); !keys) return keys.error();
   return a;
 }
 
@@ -208,7 +208,7 @@ wire::LsaKeys to_wire(const lightsecagg::Advertisement& a) {
 
 proto::Result<lightsecagg::Advertisement> from_wire(const wire::LsaKeys& w) {
   lightsecagg::Advertisement a;
-  if (auto why = signed_inbox_keys_from_wire(w, a); !why) return why;
+  if (auto keys = signed_inbox_keys_from_wire(w, a); !keys) return keys.error();
   return a;
 }
 

@@ -96,7 +96,7 @@ std::optional<proto::SplitFrame> ChunkSource::next_frame(std::size_t max_frame_b
   auto a = advance();
   if (!a) return std::nullopt;
   auto f = proto::encode_chunk_frame(a->first, a->second, max_frame_bytes);
-  if (!f) throw std::runtime_error(f.error().message);
+  if (!f) throw std::runtime_error(f.error().message());
   return std::move(*f);
 }
 
@@ -164,22 +164,24 @@ proto::Status TensorReceiver::add(const wire::TensorChunk& c) {
   std::memcpy(base_ + (t.offset + offset_) * elem_, c.data().data(), c.data().size());
   if (hash_) hash_->update(c.data());
   advance(n, c.data().size());
-  return proto::Status::ok();
+  return proto::Status();
 }
 
-std::string TensorReceiver::count_error(std::uint64_t n, const TensorInfo& t) const {
-  if (n != 0 && n <= t.size() - offset_ && n <= kMaxChunkCount) return "";
-  return "count " + std::to_string(n) + " is not within its " + std::to_string(t.size() - offset_) +
-         " remaining elements (and at most " + std::to_string(kMaxChunkCount) + " a chunk)";
+Status TensorReceiver::check_count(std::uint64_t n, const TensorInfo& t) const {
+  if (n != 0 && n <= t.size() - offset_ && n <= kMaxChunkCount) return {};
+  return Error("count " + std::to_string(n) + " is not within its " + std::to_string(t.size() - offset_) +
+               " remaining elements (and at most " + std::to_string(kMaxChunkCount) + " a chunk)");
 }
 
 proto::Status TensorReceiver::add_encoded(const wire::TensorChunk& c, const TensorInfo& t) {
   auto bad = [&](std::string why) { return proto::error(wire::BAD_UPDATE, "chunk of " + t.name + ": " + std::move(why)); };
   const std::uint64_t n = c.count();
-  if (auto why = count_error(n, t); !why.empty()) return bad(why);
+  if (auto fits = check_count(n, t); !fits) return bad(fits.error().message());
   std::span<float> out(reinterpret_cast<float*>(base_) + t.offset + offset_, n);
   std::size_t kept = 0;
-  if (auto why = decode_chunk(scheme_, c.data(), out, kept, &t, offset_); !why.empty()) return bad(why);
+  if (auto decoded = decode_chunk(scheme_, c.data(), out, kept, &t, offset_); !decoded) {
+    return bad(decoded.error().message());
+  }
   kept_ += kept;
   if (kept_ > budget_) {
     return bad("keeps " + std::to_string(kept_) + " elements so far, more than the " + std::to_string(budget_) +
@@ -187,7 +189,7 @@ proto::Status TensorReceiver::add_encoded(const wire::TensorChunk& c, const Tens
   }
   if (hash_) hash_->update(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(out.data()), n * 4));
   advance(n, c.data().size());
-  return proto::Status::ok();
+  return proto::Status();
 }
 
 // A broadcast's delta chunk: checked and decoded aside, then added to the base in place.
@@ -203,15 +205,17 @@ proto::Status TensorReceiver::add_delta(const wire::TensorChunk& c, const Tensor
                "should have sent the whole model)");
   }
   const std::uint64_t n = c.count();
-  if (auto why = count_error(n, t); !why.empty()) return bad(why);
+  if (auto fits = check_count(n, t); !fits) return bad(fits.error().message());
   delta_.resize(n);
   std::size_t kept = 0;
-  if (auto why = decode_chunk(scheme_, c.data(), delta_, kept, &t, offset_); !why.empty()) return bad(why);
+  if (auto decoded = decode_chunk(scheme_, c.data(), delta_, kept, &t, offset_); !decoded) {
+    return bad(decoded.error().message());
+  }
   float* out = reinterpret_cast<float*>(base_) + t.offset + offset_;
   for (std::size_t i = 0; i < n; ++i) out[i] = out[i] + delta_[i];  // as encode_model_delta made it
   if (hash_) hash_->update(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(out), n * 4));
   advance(n, c.data().size());
-  return proto::Status::ok();
+  return proto::Status();
 }
 
 void TensorReceiver::advance(std::size_t n, std::size_t bytes) {

@@ -100,8 +100,8 @@ class TensorReceiver {
   void skip_empty();
   proto::Status add_encoded(const wire::TensorChunk& chunk, const TensorInfo& t);
   proto::Status add_delta(const wire::TensorChunk& chunk, const TensorInfo& t);
-  // "" when an encoded chunk of `n` elements fits what is left of tensor `t`, else why not.
-  std::string count_error(std::uint64_t n, const TensorInfo& t) const;
+  // Success when an encoded chunk of `n` elements fits what is left of tensor `t`, else why not.
+  Status check_count(std::uint64_t n, const TensorInfo& t) const;
   void advance(std::size_t n, std::size_t bytes);  // n elements (bytes on the wire) are in place
   std::uint8_t* base_ = nullptr;
   std::size_t elem_ = sizeof(float);

@@ -45,16 +45,15 @@ std::function<void()> check_work(std::shared_ptr<UploadCheck> check, const std::
 }
 
 std::function<void()> staged_check_work(std::shared_ptr<UploadCheck> check, std::shared_ptr<UploadSink> sink,
-                                        std::uint64_t at, std::size_t count, wire::DType dtype, bool hash,
-                                        std::string put_error) {
-  return [check = std::move(check), sink = std::move(sink), at, count, dtype, hash, put_error = std::move(put_error)] {
-    if (!check->sink_error.empty()) return;  // the upload is refused already
-    check->sink_error = put_error;
-    if (!put_error.empty()) return;
+                                        std::uint64_t at, std::size_t count, wire::DType dtype, bool hash, Status put) {
+  return [check = std::move(check), sink = std::move(sink), at, count, dtype, hash, put = std::move(put)] {
+    if (!check->sink_status) return;  // the upload is refused already
+    check->sink_status = put;
+    if (!put) return;
     thread_local std::vector<std::uint8_t> copy;  // one chunk, reused
     copy.resize(count * element_bytes(dtype));
-    check->sink_error = sink->get(at, copy);
-    if (!check->sink_error.empty()) return;
+    check->sink_status = sink->get(at, copy);
+    if (!check->sink_status) return;
     check_elements(*check, copy.data(), count, dtype, hash);
   };
 }

@@ -34,7 +34,7 @@ namespace xsilo::protocol {
 struct UploadCheck {
   crypto::Sha256 hash;
   bool finite = true;
-  std::string sink_error;  // the first failure of the buffer's sink ("" when none)
+  Status sink_status;  // the buffer's sink: its first failure, if any
 };
 
 // The verdict on an upload whose bytes are all in, the same wherever it lands (the server, of a
@@ -51,12 +51,12 @@ UploadVerdict verify_upload(UploadCheck& check, const std::string& declared, con
 
 // Where the bytes of an upload go once in place: put() on the network thread, right after the
 // chunk was decoded into the buffer (which it may then reuse); get() on the worker, by the
-// chunk's check work. `at` is the byte offset in the buffer. Both return "" or why not.
+// chunk's check work. `at` is the byte offset in the buffer. Both return success or why not.
 class UploadSink {
  public:
   virtual ~UploadSink() = default;
-  virtual std::string put(std::uint64_t at, std::span<const std::uint8_t> bytes) = 0;
-  virtual std::string get(std::uint64_t at, std::span<std::uint8_t> into) = 0;
+  virtual Status put(std::uint64_t at, std::span<const std::uint8_t> bytes) = 0;
+  virtual Status get(std::uint64_t at, std::span<std::uint8_t> into) = 0;
 };
 
 // Where an upload goes and what it must look like.
@@ -75,11 +75,10 @@ std::function<void()> check_work(std::shared_ptr<UploadCheck> check, const std::
                                  std::size_t count, wire::DType dtype, bool hash,
                                  std::shared_ptr<const void> keep = nullptr);
 // The same for elements a `sink` took: they are read back from it, as the bytes at `at`;
-// `put_error` is what the sink's put() said of them (not "": the check fails with it, and
-// sink_error keeps the upload's first failure).
+// `put` is what the sink's put() said of them (a failure fails the check with it, and
+// sink_status keeps the upload's first failure).
 std::function<void()> staged_check_work(std::shared_ptr<UploadCheck> check, std::shared_ptr<UploadSink> sink,
-                                        std::uint64_t at, std::size_t count, wire::DType dtype, bool hash,
-                                        std::string put_error);
+                                        std::uint64_t at, std::size_t count, wire::DType dtype, bool hash, Status put);
 
 // One upload being received: who holds it, its buffer, its chunks checked against the layout
 // and copied into place, and the check work handed out for each.
@@ -108,7 +107,7 @@ class UploadLane {
   // A chunk from the holder: checked and copied. Returns the check work for what it wrote.
   proto::Result<std::function<void()>> add(const wire::TensorChunk& chunk) {
     if (!busy() || complete_) return proto::error(wire::UNEXPECTED, "TensorChunk without an open UploadGrant");
-    if (auto st = rx_.add(chunk); !st) return st;
+    if (auto st = rx_.add(chunk); !st) return st.error();
     const std::size_t elem = element_bytes(buffer_.dtype);
     const std::uint64_t at = rx_.last_first() * elem;
     if (!buffer_.sink) {
@@ -117,14 +116,14 @@ class UploadLane {
     return staged_check_work(check_, buffer_.sink, at, rx_.last_count(), buffer_.dtype, buffer_.hash,
                              buffer_.sink->put(at, {buffer_.bytes.data() + at, rx_.last_count() * elem}));
   }
-  // UpdateEnd from the holder: "" when every element arrived, else why not.
-  [[nodiscard]] std::string end(std::string_view what = "update") {
+  // UpdateEnd from the holder: success when every element arrived, else why not.
+  Status end(std::string_view what = "update") {
     if (!rx_.complete()) {
-      return std::string(what) + " has " + std::to_string(rx_.received()) + " of the " + std::to_string(expected()) +
-             " elements";
+      return Error(std::string(what) + " has " + std::to_string(rx_.received()) + " of the " +
+                   std::to_string(expected()) + " elements");
     }
     complete_ = true;
-    return "";
+    return {};
   }
   std::shared_ptr<UploadCheck> check() const { return check_; }
   std::uint64_t bytes_received() const { return rx_.bytes(); }
@@ -176,7 +175,7 @@ class UploadSlot : public UploadQueue<Key> {
   const std::optional<Key>& holder() const { return lane_.holder(); }
   bool complete() const { return lane_.complete(); }
   proto::Result<std::function<void()>> add(const wire::TensorChunk& chunk) { return lane_.add(chunk); }
-  std::string end(std::string_view what = "update") { return lane_.end(what); }
+  Status end(std::string_view what = "update") { return lane_.end(what); }
   std::shared_ptr<UploadCheck> check() const { return lane_.check(); }
   std::uint64_t bytes_received() const { return lane_.bytes_received(); }
   // Closes the slot (folded, refused or abandoned); the queue stays.

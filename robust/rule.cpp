@@ -129,17 +129,17 @@ Status check_tolerance(const RuleSpec& s, std::size_t n) {
                std::to_string(need) + " (more than " + more + "), not " + std::to_string(k));
 }
 
-std::string void_robustness(const RuleSpec& s, std::size_t n) {
-  if (s.rule == Rule::FedAvg && !s.nnm && s.bucket <= 1) return "";
+Status check_protects(const RuleSpec& s, std::size_t n) {
+  if (s.rule == Rule::FedAvg && !s.nnm && s.bucket <= 1) return {};
   // A fixed radius still bounds each input's pull, however few the inputs.
-  if (s.rule == Rule::CenteredClip && s.tau > 0) return "";
+  if (s.rule == Rule::CenteredClip && s.tau > 0) return {};
   const std::size_t k = rule_inputs(s, n);
-  if (k > 2) return "";
-  if (k == 1) return std::string(name(s.rule)) + " over 1 input is that input: no input can be outvoted";
+  if (k > 2) return {};
+  if (k == 1) return Error(std::string(name(s.rule)) + " over 1 input is that input: no input can be outvoted");
   const std::string what = s.rule == Rule::Krum          ? " inputs picks one of them"
                            : s.rule == Rule::CenteredClip ? " inputs lets the farther one pull without bound (the radius grows with its distance)"
                                                           : " inputs is their mean";
-  return std::string(name(s.rule)) + " over 2" + what + ": no input can be outvoted";
+  return Error(std::string(name(s.rule)) + " over 2" + what + ": no input can be outvoted");
 }
 
 Result apply(const RuleSpec& s, MatrixView x, std::span<const double> weights) {

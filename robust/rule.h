@@ -79,10 +79,11 @@ Status check(const RuleSpec& s, std::size_t n);
 // ones, or why not: the coordinate-wise rules, centered clipping and mixing need n > 2f, Krum and
 // Multi-Krum n > 2f + 2, Bulyan n >= 4f + 3. With f = 0 (not declared) there is nothing to check.
 Status check_tolerance(const RuleSpec& s, std::size_t n);
-// Why the rule protects nothing on n inputs (n <= 2: a median of two inputs is their mean, Krum
-// picks one of them, centered clipping with the automatic radius lets the farther one pull
-// without bound; a fixed radius still bounds each input's pull), or "".
-std::string void_robustness(const RuleSpec& s, std::size_t n);
+// Success when the rule protects something on n inputs (or promised nothing), else why it
+// protects nothing (n <= 2: a median of two inputs is their mean, Krum picks one of them,
+// centered clipping with the automatic radius lets the farther one pull without bound; a fixed
+// radius still bounds each input's pull). A config warns of it; it refuses nothing.
+Status check_protects(const RuleSpec& s, std::size_t n);
 // Runs the pre-aggregation steps and the rule on the n rows of x (weights: fedavg's, one per
 // row; others ignore them). Decisions are per input: an input in a bucket gets its bucket's.
 // The caller has checked it; non-finite rows must have been removed.

@@ -94,13 +94,13 @@ class PlainSum final : public Aggregator {
   }
 
   FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check, std::size_t lane) override {
-    if (!check.sink_error.empty()) return lose(check.sink_error, c);
+    if (!check.sink_status) return lose(check.sink_status.error().message(), c);
     auto r = check_upload(check, c, what_of(c));
     if (!r) return r;
     if (stage_dir_) {
       // The upload passed its checks; only the server's own storage can fail from here.
       if (!lost_.empty()) return r;
-      if (auto why = stage_.at(lane)->add_to(sum_->flat()); !why.empty()) return lose(why, c);
+      if (auto added = stage_.at(lane)->add_to(sum_->flat()); !added) return lose(added.error().message(), c);
     } else {
       const auto cur = current_.at(lane)->flat();
       auto acc = sum_->flat();

@@ -263,8 +263,8 @@ void check_plain_rule(const ConfigNode& ag, ServerConfig& c) {
     ag.fail("f", st.error().message() + ": a round may commit with selection.min_updates = " + std::to_string(n) +
                      " updates; raise min_updates or lower f");
   }
-  if (const auto why = robust::void_robustness(rule, n); !why.empty()) {
-    c.warnings.push_back(ag.key_path("rule") + ": " + why + " when a round commits with selection.min_updates = " +
+  if (const auto st = robust::check_protects(rule, n); !st) {
+    c.warnings.push_back(ag.key_path("rule") + ": " + st.error().message() + " when a round commits with selection.min_updates = " +
                          std::to_string(n) + " updates");
   }
   if (a.needs_all_updates() && c.allow.allows_role(wire::EDGE)) {
@@ -321,8 +321,8 @@ void check_rule_across_groups(const ConfigNode& ag, ServerConfig& c) {
   if (const auto st = robust::check_tolerance(rule, groups); !st) {
     ag.fail("f", "counts secure groups (a Byzantine silo spoils its group's mean): " + st.error().message() + ", and " + made);
   }
-  if (const auto why = robust::void_robustness(rule, groups); !why.empty()) {
-    c.warnings.push_back(ag.key_path("rule") + ": across secure groups " + why + "; " + made +
+  if (const auto st = robust::check_protects(rule, groups); !st) {
+    c.warnings.push_back(ag.key_path("rule") + ": across secure groups " + st.error().message() + "; " + made +
                          ": smaller groups or more silos per round make more groups (docs/robust.md)");
   }
 }

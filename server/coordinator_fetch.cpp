@@ -58,7 +58,7 @@ void Coordinator::on_fetch_message(const std::string& silo, SessionId link, cons
     return;
   }
   if (e.has_tensor_chunk()) {
-    if (auto st = f.rx.add(e.tensor_chunk()); !st) fetch_refused("sent a chunk the model cannot take: " + st.message);
+    if (auto st = f.rx.add(e.tensor_chunk()); !st) fetch_refused("sent a chunk the model cannot take: " + st.error().message());
     return;
   }
   const auto& offer = e.model_offer();

@@ -72,8 +72,8 @@ void Coordinator::on_chunk(const Uploader& u, SessionId reply_to, const wire::En
   }
   auto check = r_->slot[*lane].add(e.tensor_chunk());
   if (!check) {
-    send_error(reply_to, check.error().code, check.error().message);
-    fail_upload(u, DropPhase::Upload, DropCause::BadUpload, check.error().message);
+    send_error(reply_to, check.error().code(), check.error().message());
+    fail_upload(u, DropPhase::Upload, DropCause::BadUpload, check.error().message());
     pump(now_ms);
     return;
   }
@@ -90,14 +90,18 @@ void Coordinator::on_update_end(std::size_t m, const wire::Envelope& e, std::int
     return;
   }
   const auto& end = e.update_end();
-  std::string why = r_->slot[*lane].end("update");
-  if (why.empty() && !r_->secure && (!std::isfinite(end.weight()) || end.weight() <= 0)) {
-    why = "update weight must be a positive number";
-  } else if (why.empty() && !r_->secure && heavier_than_allowed(end.weight())) {
-    why = "update weight " + std::to_string(end.weight()) + " exceeds training.max_weight " +
-          std::to_string(cfg_.plan.max_weight());
-  }
-  if (!why.empty()) {
+  const Status ended = [&]() -> Status {
+    if (auto whole = r_->slot[*lane].end("update"); !whole) return whole;
+    if (r_->secure) return {};  // weights travel inside the masked sum
+    if (!std::isfinite(end.weight()) || end.weight() <= 0) return Error("update weight must be a positive number");
+    if (heavier_than_allowed(end.weight())) {
+      return Error("update weight " + std::to_string(end.weight()) + " exceeds training.max_weight " +
+                   std::to_string(cfg_.plan.max_weight()));
+    }
+    return {};
+  }();
+  if (!ended) {
+    const std::string& why = ended.error().message();
     send_error(mb.session, wire::BAD_UPDATE, why);
     fail_upload(u, DropPhase::Upload, DropCause::BadUpload, why);
     pump(now_ms);
@@ -174,15 +178,19 @@ void Coordinator::on_region_end(SessionId id, const wire::Envelope& e, std::int6
     pump(now_ms);
     return;
   }
-  std::string why = listed ? std::string() : listed.error().message();
   double weight = listed ? listed->weight : 0;
   if (r_->secure) weight = end.weight();  // weights travel inside the masked sum
-  if (why.empty()) why = r_->slot[*lane].end("partial sum");
-  if (why.empty() && std::abs(weight - end.weight()) > 1e-6 * std::max(1.0, weight)) {
-    why = "partial sum weight " + std::to_string(end.weight()) + " is not the sum of its contributors' " +
-          std::to_string(weight);
-  }
-  if (!why.empty()) {
+  const Status ended = [&]() -> Status {
+    if (!listed) return listed.error();
+    if (auto whole = r_->slot[*lane].end("partial sum"); !whole) return whole;
+    if (std::abs(weight - end.weight()) > 1e-6 * std::max(1.0, weight)) {
+      return Error("partial sum weight " + std::to_string(end.weight()) + " is not the sum of its contributors' " +
+                   std::to_string(weight));
+    }
+    return {};
+  }();
+  if (!ended) {
+    const std::string& why = ended.error().message();
     send_error(id, wire::BAD_UPDATE, why);
     fail_upload(u, DropPhase::Upload, DropCause::BadUpload, why);
     pump(now_ms);

@@ -37,13 +37,13 @@ class StagedUpload final : public protocol::UploadSink {
   // Where the slot decodes chunks (every byte of it is put() before it is read back).
   std::span<std::uint8_t> window() { return window_.bytes(); }
   // Network thread: the bytes at `at` go to the file; their window pages are released.
-  std::string put(std::uint64_t at, std::span<const std::uint8_t> bytes) override;
+  Status put(std::uint64_t at, std::span<const std::uint8_t> bytes) override;
   // Worker: the bytes at `at` as the file holds them.
-  std::string get(std::uint64_t at, std::span<std::uint8_t> into) override;
+  Status get(std::uint64_t at, std::span<std::uint8_t> into) override;
   // Worker: sum[i] += staged[i] for every float of the upload, read back in pieces. Returns
-  // "" or why the file could not be read (the sum is then partly updated: the caller must
+  // success or why the file could not be read (the sum is then partly updated: the caller must
   // treat it as lost, which the server does by failing the round).
-  std::string add_to(std::span<float> sum);
+  Status add_to(std::span<float> sum);
 
  private:
   std::filesystem::path dir_;

@@ -50,15 +50,14 @@ std::string encode_runs(std::span<const float> x, std::uint64_t seed, std::span<
 // Success when the codes decoded into `out`, else why not.
 Status decode_runs(std::string_view codes, std::span<float> out) {
   std::size_t pos = 0;
-  std::string why;
+  Status decoded;
   for_each_run(out.size(), [&](std::size_t at, std::size_t len) {
     const std::size_t bytes = protocol::encoded_bytes(codec(), len);
     std::size_t nonzeros = 0;
-    if (why.empty()) why = protocol::decode_chunk(codec(), codes.substr(pos, bytes), out.subspan(at, len), nonzeros);
+    if (decoded) decoded = protocol::decode_chunk(codec(), codes.substr(pos, bytes), out.subspan(at, len), nonzeros);
     pos += bytes;
   });
-  if (!why.empty()) return Error(why);
-  return {};
+  return decoded;
 }
 
 bool finite(std::span<const float> v) {

@@ -43,10 +43,10 @@ Result<std::string> SecureClient::setup_signer(const wire::SecAggSetup& setup, s
 
 namespace {
 
-// Distributed DP's part of this silo's floor: "" when the signed setup carries at least the noise
-// the silo's own config asks for (its noise multiplier: the sum's noise over its sensitivity,
-// whatever the server's config says), else the refusal.
-std::string below_noise_floor(const wire::SecAggSetup& setup, const crypto::secagg::Floor& floor) {
+// Distributed DP's part of this silo's floor: success when the signed setup carries at least the
+// noise the silo's own config asks for (its noise multiplier: the sum's noise over its
+// sensitivity, whatever the server's config says), else the refusal.
+Status check_noise_floor(const wire::SecAggSetup& setup, const crypto::secagg::Floor& floor) {
   char why[700];
   // Whatever the floor: a share of noise too large to draw exactly would come out in coarse
   // steps, or as nothing (crypto::kMaxPoissonMean), so a huge signed variance is no guarantee.
@@ -57,16 +57,16 @@ std::string below_noise_floor(const wire::SecAggSetup& setup, const crypto::seca
                     "the secure setup's distributed-DP noise (variance %.6g over %u survivors) is larger than this silo "
                     "can draw exactly (a Poisson mean of %.6g, above 2^52)",
                     setup.skellam().variance(), setup.min_survivors(), mean);
-      return why;
+      return Error(why);
     }
   }
-  if (floor.min_noise_multiplier <= 0) return "";
+  if (floor.min_noise_multiplier <= 0) return {};
   if (!setup.has_skellam()) {
     std::snprintf(why, sizeof why,
                   "below this silo's floor: the secure setup adds no distributed-DP noise, and this silo joins only "
                   "with a noise multiplier of at least %.6g (secure_floor.min_noise_multiplier)",
                   floor.min_noise_multiplier);
-    return why;
+    return Error(why);
   }
   const auto& k = setup.skellam();
   const std::size_t padded = setup.vector_length() > 0 ? setup.vector_length() - 1 : 0;
@@ -78,7 +78,7 @@ std::string below_noise_floor(const wire::SecAggSetup& setup, const crypto::seca
   const std::uint32_t n_min = setup.min_survivors();
   const std::uint32_t c = crypto::secagg::corrupt_count(static_cast<std::size_t>(setup.members_size()), floor.corrupt);
   const double z_held = c == 0 ? z : n_min > c ? z * std::sqrt(static_cast<double>(n_min - c) / n_min) : 0.0;
-  if (z_held >= floor.min_noise_multiplier) return "";
+  if (z_held >= floor.min_noise_multiplier) return {};
   const int head = std::snprintf(why, sizeof why,
                                  "below this silo's floor: the secure setup's distributed-DP noise (variance %.6g, "
                                  "gamma %.6g, clip_norm %.6g, %zu rotated coordinates) has noise multiplier %.6g",
@@ -94,7 +94,7 @@ std::string below_noise_floor(const wire::SecAggSetup& setup, const crypto::seca
     std::snprintf(why + at, sizeof why - at, ", below this silo's %.6g (secure_floor.min_noise_multiplier)",
                   floor.min_noise_multiplier);
   }
-  return why;
+  return Error(why);
 }
 
 }  // namespace
@@ -105,7 +105,9 @@ proto::Result<wire::SecureAggregation> SecureClient::start(const wire::SecAggSet
   if (!signer || signer->empty()) {  // a certificate that names no one signs nothing
     return proto::error(wire::NOT_ALLOWED, signer ? "" : signer.error().message());
   }
-  if (auto weak = below_noise_floor(setup, cfg_.floor); !weak.empty()) return proto::error(wire::NOT_ALLOWED, weak);
+  if (auto floor = check_noise_floor(setup, cfg_.floor); !floor) {
+    return proto::error(wire::NOT_ALLOWED, floor.error().message());
+  }
   std::shared_ptr<secure::Member> member = secure::make_member(
       setup, secure::MemberContext{.federation = cfg_.federation,
                                    .round = round,

@@ -342,8 +342,8 @@ void Session::on_model_chunk(const wire::Envelope& e) {
     return;
   }
   if (auto st = receipt_.add(e.tensor_chunk()); !st) {
-    spdlog::error("round {}: bad model chunk: {}", round_, st.message);
-    reply_error(wire::BAD_UPDATE, st.message);
+    spdlog::error("round {}: bad model chunk: {}", round_, st.error().message());
+    reply_error(wire::BAD_UPDATE, st.error().message());
     receipt_.drop();
     in_round_ = false;  // the rest of this model is dropped without a word: one error says why
     round_failed_ = round_;
@@ -489,8 +489,8 @@ void Session::start_secure(const wire::SecAggSetup& setup) {
   if (!keys) {
     // Not this silo's server, a setup below its floor, or unusable: said to the server (and so
     // recorded), and in the silo's own log.
-    spdlog::error("round {}: refusing the secure group: {}", round_, keys.error().message);
-    reply_error(keys.error().code, keys.error().message);
+    spdlog::error("round {}: refusing the secure group: {}", round_, keys.error().message());
+    reply_error(keys.error().code(), keys.error().message());
     return;
   }
   auto out = env();

@@ -14,6 +14,7 @@
 #include "protocol/signed_update.h"
 #include "server/coordinator.h"
 #include "server/upload_stage.h"
+#include "tests/result_util.h"
 #include "tests/testlib.h"
 #include "protocol/tensor_stream.h"
 
@@ -816,17 +817,19 @@ TEST(StagedUpload, KeepsPutBytesInItsFileAndGivesTheWindowPagesBack) {
   for (std::size_t i = 0; i < n; ++i) want[i] = static_cast<float>(i) * 0.5f;
   std::memcpy(w.data(), want.data(), w.size());
   const std::size_t cut = 1000 * sizeof(float) + 4;  // two chunks, the first ending inside a page
-  EXPECT_EQ(stage.put(0, w.subspan(0, cut)), "");
-  EXPECT_EQ(stage.put(cut, w.subspan(cut)), "");
-  EXPECT_NE(stage.put(w.size() - 4, w.subspan(0, 8)), "");  // past the end: refused
+  EXPECT_TRUE(succeeded(stage.put(0, w.subspan(0, cut))));
+  EXPECT_TRUE(succeeded(stage.put(cut, w.subspan(cut))));
+  EXPECT_EQ(error_text(stage.put(w.size() - 4, w.subspan(0, 8))),  // past the end: refused
+            "upload staging: bytes past the end of the upload");
   // Released pages read as zeros again; the file holds what was put.
   EXPECT_EQ(reinterpret_cast<const float*>(w.data())[4096], 0.0f);
   float back = 0;
-  EXPECT_EQ(stage.get(4096 * sizeof(float), {reinterpret_cast<std::uint8_t*>(&back), sizeof back}), "");
+  EXPECT_TRUE(succeeded(stage.get(4096 * sizeof(float), {reinterpret_cast<std::uint8_t*>(&back), sizeof back})));
   EXPECT_EQ(back, want[4096]);
-  EXPECT_NE(stage.get(w.size() - 2, {reinterpret_cast<std::uint8_t*>(&back), sizeof back}), "");
+  EXPECT_EQ(error_text(stage.get(w.size() - 2, {reinterpret_cast<std::uint8_t*>(&back), sizeof back})),
+            "upload staging: bytes past the end of the upload");
   std::vector<float> sum(n, 1.0f);
-  EXPECT_EQ(stage.add_to(sum), "");
+  EXPECT_TRUE(succeeded(stage.add_to(sum)));
   for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(sum[i], want[i] + 1.0f) << i;
 }
 
@@ -834,8 +837,8 @@ TEST(StagedUpload, KeepsPutBytesInItsFileAndGivesTheWindowPagesBack) {
 // and checks nothing else; a sink that can is read back by the check.
 class FailingSink final : public protocol::UploadSink {
  public:
-  std::string put(std::uint64_t, std::span<const std::uint8_t>) override { return "disk full"; }
-  std::string get(std::uint64_t, std::span<std::uint8_t>) override { return "not reached"; }
+  Status put(std::uint64_t, std::span<const std::uint8_t>) override { return Error("disk full"); }
+  Status get(std::uint64_t, std::span<std::uint8_t>) override { return Error("not reached"); }
 };
 
 TEST(StagedUpload, AChunkItsSinkCouldNotKeepFailsItsCheckWithTheSinksReason) {
@@ -851,7 +854,7 @@ TEST(StagedUpload, AChunkItsSinkCouldNotKeepFailsItsCheckWithTheSinksReason) {
     ASSERT_TRUE(work);
     (*work)();
   }
-  EXPECT_EQ(slot.check()->sink_error, "disk full");
+  EXPECT_EQ(error_text(slot.check()->sink_status), "disk full");
 }
 
 TEST(Coordinator, StagedUploadsCommitTheSameWeightedMean) {

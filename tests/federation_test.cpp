@@ -853,7 +853,7 @@ wire::Envelope admin_request_as_silo(const FederationFiles& f, std::uint16_t por
     const Endpoint to{"127.0.0.1", port};
     auto ex = io.get_executor();
     auto ch = co_await transport::dial_once(ex, tls, to, servers, me, transport::ChannelOptions{});
-    if (!ch) throw std::runtime_error(ch.error().message);
+    if (!ch) throw std::runtime_error(ch.error().message());
     (*ch)->start();
     wire::Envelope req;
     req.set_federation("sim");
@@ -861,7 +861,7 @@ wire::Envelope admin_request_as_silo(const FederationFiles& f, std::uint16_t por
     (*ch)->send(req);
     for (;;) {
       auto m = co_await (*ch)->read();
-      if (!m) throw std::runtime_error(m.error().message);
+      if (!m) throw std::runtime_error(m.error().message());
       if (m->has_error() || m->has_admin_reply()) {
         (*ch)->close();
         co_return *m;

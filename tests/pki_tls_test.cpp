@@ -31,6 +31,7 @@
 #include <boost/asio/write.hpp>
 
 #include "common/fs.h"
+#include "tests/result_util.h"
 #include "tests/testlib.h"
 #include "transport/deadline_timer.h"
 #include "transport/dialer.h"
@@ -97,9 +98,9 @@ class EchoServer {
     for (;;) {
       auto env = co_await ch->read();
       if (!env) {
-        if (env.error().code == wire::BAD_FRAME) {
+        if (env.error().code() == wire::BAD_FRAME) {
           ++bad_frames_;
-          ch->close_with_error(wire::BAD_FRAME, env.error().message);
+          ch->close_with_error(wire::BAD_FRAME, env.error().message());
         }
         co_return;
       }
@@ -271,7 +272,7 @@ TEST_F(TlsTest, ARevokedCertificateIsRefusedInTheHandshakeAndInSignatures) {
   auto revoked = connect(io_, kit("hospital-b"), server.port());
   EXPECT_FALSE(revoked.ch);
   auto good = connect(io_, kit("hospital-a"), server.port());
-  ASSERT_TRUE(good.ch) << good.status.message;
+  ASSERT_TRUE(good.ch) << error_text(good.status);
   EXPECT_TRUE(echoes(io_, *good.ch, "still here"));
   // Refreshing keeps what it names; a list from another CA is refused outright.
   EXPECT_EQ(pki_revoke(dir_.path(), ""), 1u);
@@ -286,7 +287,7 @@ TEST_F(TlsTest, ARevokedCertificateIsRefusedInTheHandshakeAndInSignatures) {
 TEST_F(TlsTest, AllowedSiloConnectsAndLearnsItsIdentity) {
   EchoServer server(io_, dir_.path());
   auto c = connect(io_, kit("hospital-a"), server.port());
-  ASSERT_TRUE(c.ch) << c.status.message;
+  ASSERT_TRUE(c.ch) << error_text(c.status);
   EXPECT_EQ(c.ch->peer().name, "server");
   EXPECT_EQ(c.ch->peer().role, wire::SERVER);
   EXPECT_EQ(c.ch->welcome().peer_identity(), "hospital-a");
@@ -296,20 +297,20 @@ TEST_F(TlsTest, AllowedSiloConnectsAndLearnsItsIdentity) {
 TEST_F(TlsTest, RefusesEveryBadClientWhileAValidOneKeepsWorking) {
   EchoServer server(io_, dir_.path());
   auto good = connect(io_, kit("hospital-a"), server.port());
-  ASSERT_TRUE(good.ch) << good.status.message;
+  ASSERT_TRUE(good.ch) << error_text(good.status);
 
   // Not on the allow-list, though signed by the right CA.
   auto stranger = connect(io_, kit("hospital-x"), server.port());
   EXPECT_FALSE(stranger.ch);
-  EXPECT_NE(stranger.status.message.find("not on the allow-list"), std::string::npos)
-      << stranger.status.message;
+  EXPECT_NE(error_text(stranger.status).find("not on the allow-list"), std::string::npos)
+      << error_text(stranger.status);
   EXPECT_TRUE(echoes(io_, *good.ch, "1"));
 
   // A role that may not connect here.
   auto edge = connect(io_, kit("edge-west"), server.port(), {}, wire::EDGE);
   EXPECT_FALSE(edge.ch);
-  EXPECT_NE(edge.status.message.find("role edge may not connect"), std::string::npos)
-      << edge.status.message;
+  EXPECT_NE(error_text(edge.status).find("role edge may not connect"), std::string::npos)
+      << error_text(edge.status);
   EXPECT_TRUE(echoes(io_, *good.ch, "2"));
 
   // A certificate from another CA.
@@ -381,7 +382,7 @@ TEST_F(TlsTest, AHandshakeFloodIsCappedAndAGoodClientStillGetsIn) {
 
   const auto t0 = std::chrono::steady_clock::now();
   auto good = connect(io_, kit("hospital-a"), server.port());
-  ASSERT_TRUE(good.ch) << good.status.message;
+  ASSERT_TRUE(good.ch) << error_text(good.status);
   EXPECT_TRUE(echoes(io_, *good.ch, "through the flood"));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
 
@@ -402,7 +403,7 @@ TEST_F(TlsTest, AHandshakeFloodIsCappedAndAGoodClientStillGetsIn) {
   // The flood gone, its slots come back and the next client is admitted.
   ASSERT_TRUE(eventually([&] { return server.counts().handshaking == 0; })) << server.counts().handshaking;
   auto next = connect(io_, kit("hospital-a"), server.port());
-  EXPECT_TRUE(next.ch) << next.status.message;
+  EXPECT_TRUE(next.ch) << error_text(next.status);
 }
 
 // Out of descriptors, the accept loop pauses (10 ms doubling to 1 s) instead of spinning; once
@@ -453,7 +454,7 @@ TEST_F(TlsTest, AcceptFailuresBackOffInsteadOfSpinning) {
   EXPECT_GE(during.accept_failures, 2u);   // it did run out of descriptors
   EXPECT_LE(during.accept_failures, 12u);  // 1.5 s of backoff: about 8 attempts, not a spin
   auto good = connect(io_, kit("hospital-a"), server.port());
-  ASSERT_TRUE(good.ch) << good.status.message;
+  ASSERT_TRUE(good.ch) << error_text(good.status);
   EXPECT_TRUE(echoes(io_, *good.ch, "after the drought"));
 }
 
@@ -471,7 +472,7 @@ TEST_F(TlsTest, ClientRefusesAServerWhoseCertificateIsNotAServers) {
   });
   auto c = connect(io_, kit("hospital-a"), l->port());
   EXPECT_FALSE(c.ch);
-  EXPECT_NE(c.status.message.find("not an upstream role"), std::string::npos) << c.status.message;
+  EXPECT_NE(error_text(c.status).find("not an upstream role"), std::string::npos) << error_text(c.status);
   io_.run_sync([&] { l->stop(); });
 }
 

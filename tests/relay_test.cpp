@@ -178,7 +178,7 @@ class Harness {
           streamed.push_back(std::move(bytes));
         }
         if (auto* b = std::get_if<action::Background>(&a)) b->work();
-        if (auto* j = std::get_if<action::Job>(&a)) relay_.on_job_done(j->id, j->work());  // "" or why refused
+        if (auto* j = std::get_if<action::Job>(&a)) relay_.on_job_done(j->id, j->work());  // folded, or why refused
       }
     }
   }

@@ -28,7 +28,7 @@ std::optional<std::string> chromium() {
   for (std::string dir; std::getline(dirs, dir, ':');) {
     for (const char* name : {"chromium", "chromium-browser", "google-chrome"}) {
       const auto p = std::filesystem::path(dir) / name;
-      if (why_absent(p).empty()) return p.string();
+      if (reachable(p)) return p.string();
     }
   }
   return std::nullopt;

@@ -1055,7 +1055,7 @@ TEST(SecureClient, ReturnsItsKeysForATrustedSetupAndMasksNothingBeforeItsGroupSe
   const Model m = model();
   const auto setup = signed_setup(m, crypto::X25519KeyPair::generate());
   auto keys = client.start(setup, 1, "silo-a");
-  ASSERT_TRUE(keys) << keys.error().message;
+  ASSERT_TRUE(keys) << keys.error().message();
   EXPECT_TRUE(keys->has_secagg_keys());
   EXPECT_TRUE(client.active());
   EXPECT_EQ(client.session_string(), protocol::secagg_session("fed", 1, setup.group()));
@@ -1085,8 +1085,8 @@ TEST(SecureClient, RefusesWithAWireCodeAndTakesNoPartWithoutAKeyOrUnderAServerIt
     SecureClient client(cfg);
     auto keys = client.start(setup, 1, "silo-a");
     ASSERT_FALSE(keys) << says;
-    EXPECT_EQ(keys.error().code, wire::NOT_ALLOWED) << says;
-    EXPECT_NE(keys.error().message.find(says), std::string::npos) << keys.error().message;
+    EXPECT_EQ(keys.error().code(), wire::NOT_ALLOWED) << says;
+    EXPECT_NE(keys.error().message().find(says), std::string::npos) << keys.error().message();
     EXPECT_FALSE(client.active()) << says;
   }
 }
@@ -1139,16 +1139,16 @@ TEST(SecureClient, RefusesASignedSetupWhoseDistributedDpNoiseIsBelowItsOwnFloor)
     SecureClient client(floored);
     auto keys = client.start(c.setup, 1, "silo-a");
     if (std::string(c.says).empty()) {
-      EXPECT_TRUE(keys) << keys.error().message;
+      EXPECT_TRUE(keys) << keys.error().message();
       EXPECT_TRUE(client.active());
       EXPECT_EQ(client.skellam_sha256(), protocol::skellam_sha256(c.setup.skellam(), c.setup.vector_length() - 1));  // for its sent.jsonl
       continue;
     }
     ASSERT_FALSE(keys);
-    EXPECT_EQ(keys.error().code, wire::NOT_ALLOWED);
-    EXPECT_NE(keys.error().message.find("below this silo's floor"), std::string::npos) << keys.error().message;
-    EXPECT_NE(keys.error().message.find(c.says), std::string::npos) << keys.error().message;
-    EXPECT_NE(keys.error().message.find("secure_floor.min_noise_multiplier"), std::string::npos) << keys.error().message;
+    EXPECT_EQ(keys.error().code(), wire::NOT_ALLOWED);
+    EXPECT_NE(keys.error().message().find("below this silo's floor"), std::string::npos) << keys.error().message();
+    EXPECT_NE(keys.error().message().find(c.says), std::string::npos) << keys.error().message();
+    EXPECT_NE(keys.error().message().find("secure_floor.min_noise_multiplier"), std::string::npos) << keys.error().message();
     EXPECT_FALSE(client.active());
   }
   SecureClient unfloored(secure_client_config());
@@ -1159,9 +1159,9 @@ TEST(SecureClient, RefusesASignedSetupWhoseDistributedDpNoiseIsBelowItsOwnFloor)
     SecureClient client(cfg);
     auto keys = client.start(skellam_setup(m, box, 1e12), 1, "silo-a");
     ASSERT_FALSE(keys);
-    EXPECT_EQ(keys.error().code, wire::NOT_ALLOWED);
-    EXPECT_NE(keys.error().message.find("larger than this silo can draw exactly"), std::string::npos)
-        << keys.error().message;
+    EXPECT_EQ(keys.error().code(), wire::NOT_ALLOWED);
+    EXPECT_NE(keys.error().message().find("larger than this silo can draw exactly"), std::string::npos)
+        << keys.error().message();
   }
 }
 
@@ -1182,13 +1182,13 @@ TEST(SecureClient, DiscountsTheNoiseSharesOfTheColludersItAssumesBeforeItsFloor)
   EXPECT_TRUE(SecureClient(alone).start(setup, 1, "silo-a"));
   auto keys = SecureClient(colluders).start(setup, 1, "silo-a");
   ASSERT_FALSE(keys);
-  EXPECT_EQ(keys.error().code, wire::NOT_ALLOWED);
+  EXPECT_EQ(keys.error().code(), wire::NOT_ALLOWED);
   char held[32];
   std::snprintf(held, sizeof held, "%.6g", 1.1 * std::sqrt(3.0 / 4.0));
   for (const std::string& says : {std::string("has noise multiplier 1.1, ") + held + " against the 1 of its 5 members",
                                  std::string("secure_floor.corrupt 0.2"), std::string("1 of the 4 in the least sum"),
                                  std::string("below this silo's 1 (secure_floor.min_noise_multiplier)")}) {
-    EXPECT_NE(keys.error().message.find(says), std::string::npos) << keys.error().message;
+    EXPECT_NE(keys.error().message().find(says), std::string::npos) << keys.error().message();
   }
   EXPECT_TRUE(SecureClient(colluders).start(skellam_setup(m, box, 1.2, 5), 1, "silo-a"));
 }

@@ -30,7 +30,7 @@ asio::awaitable<AdminReply> call(asio::io_context& io, transport::ssl::context& 
   me.role = wire::ADMIN;
   auto ex = io.get_executor();
   auto dialled = co_await transport::dial_once(ex, tls, server, servers, me, opts);
-  if (!dialled) co_return failed(dialled.error().message);
+  if (!dialled) co_return failed(dialled.error().message());
   auto ch = *dialled;
   ch->start();
   wire::Envelope req;
@@ -41,7 +41,7 @@ asio::awaitable<AdminReply> call(asio::io_context& io, transport::ssl::context& 
     auto msg = co_await ch->read();
     if (!msg) {
       ch->close();
-      co_return failed("no answer from the server: " + msg.error().message);
+      co_return failed("no answer from the server: " + msg.error().message());
     }
     if (msg->has_error()) {
       ch->close();

@@ -250,9 +250,9 @@ void upload_codec_speed(SpeedRun& s, const Row& row, const CompressionBenchOptio
   const double decode = std::max(seconds_of([&] {
                                    std::size_t at = 0, kept = 0;
                                    for (const auto& ch : enc.chunks) {
-                                     auto why = protocol::decode_chunk(c, ch.data(), {s.out.data() + at, ch.count()},
-                                                                       kept, &layout[0], at);
-                                     if (!why.empty()) throw std::runtime_error("bench decode: " + why);
+                                     auto decoded = protocol::decode_chunk(c, ch.data(), {s.out.data() + at, ch.count()},
+                                                                           kept, &layout[0], at);
+                                     if (!decoded) throw std::runtime_error("bench decode: " + decoded.error().message());
                                      at += ch.count();
                                    }
                                  }),
@@ -293,7 +293,7 @@ void broadcast_delta_speed(SpeedRun& s, std::uint32_t bits, const CompressionBen
                                    std::copy(base.begin(), base.end(), s.out.begin());
                                    rx.reset_model(s.out, s.flat_layout, c, /*have_base=*/true, /*hash=*/false);
                                    for (const auto& ch : enc.chunks) {
-                                     if (auto st = rx.add(ch); !st) throw std::runtime_error("bench: " + st.message);
+                                     if (auto st = rx.add(ch); !st) throw std::runtime_error("bench: " + st.error().message());
                                    }
                                  }) - s.copy,
                                  1e-9);

@@ -62,16 +62,16 @@ int bench_transport(std::size_t mib, std::size_t chunk_bytes, bool json) {
         const transport::LocalInfo me{"bench", wire::SILO, {}};
         const Endpoint to{"127.0.0.1", listener.port()};
         auto ch = co_await transport::dial_once(client_io.get_executor(), client_ctx, to, roles, me, opts);
-        if (!ch) throw std::runtime_error(ch.error().message);
+        if (!ch) throw std::runtime_error(ch.error().message());
         protocol::TensorReceiver rx;
         rx.reset(received.flat(), received.tensors(), false);
         const auto t0 = std::chrono::steady_clock::now();
         for (;;) {
           auto env = co_await (*ch)->read();
-          if (!env) throw std::runtime_error(env.error().message);
+          if (!env) throw std::runtime_error(env.error().message());
           if (env->has_update_end()) break;
           auto st = rx.add(env->tensor_chunk());
-          if (!st) throw std::runtime_error(st.message);
+          if (!st) throw std::runtime_error(st.error().message());
         }
         seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         (*ch)->close();

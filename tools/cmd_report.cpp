@@ -65,7 +65,7 @@ void add_report(CLI::App& app, int& exit_code) {
     } else {
       if (key->empty()) throw ConfigError("report: --audit needs --key PUB, the key to verify the log with");
       for (const auto& p : {*log, *key}) {
-        if (const auto why = why_absent(p); !why.empty()) throw ConfigError("report: " + p + " " + why);
+        if (const auto found = reachable(p); !found) throw ConfigError("report: " + p + " " + found.error().message());
       }
       sources.audit_log = *log;
       sources.audit_key = *key;

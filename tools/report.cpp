@@ -33,7 +33,7 @@ caption{text-align:left;font-weight:bold;padding:4px 0}code{font-size:.9em}svg{m
 // when neither has it.
 std::filesystem::path find(const std::filesystem::path& dir, const char* name) {
   for (const auto& where : {dir, dir / "server"}) {
-    if (why_absent(where / name).empty()) return where / name;
+    if (reachable(where / name)) return where / name;
   }
   return {};
 }
@@ -129,8 +129,8 @@ std::string gaps(const report::Run& run, const report::Layout& l) {
 }  // namespace
 
 ReportSources run_sources(const std::filesystem::path& run_dir) {
-  if (const auto why = why_absent(run_dir, true); !why.empty()) {
-    throw ConfigError("report: run folder " + run_dir.string() + " " + why);
+  if (const auto found = reachable(run_dir, true); !found) {
+    throw ConfigError("report: run folder " + run_dir.string() + " " + found.error().message());
   }
   ReportSources s;
   s.audit_log = find(run_dir, "audit.jsonl");
@@ -142,8 +142,8 @@ ReportSources run_sources(const std::filesystem::path& run_dir) {
                       " holds no audit.jsonl, metrics.csv or events.jsonl (in it or in server/): it is neither a "
                       "run folder of xsilo sim nor a server's state_dir");
   }
-  if (why_absent(run_dir / "summary.json").empty()) s.summary = run_dir / "summary.json";
-  if (why_absent(run_dir / "model.safetensors").empty()) s.model = run_dir / "model.safetensors";
+  if (reachable(run_dir / "summary.json")) s.summary = run_dir / "summary.json";
+  if (reachable(run_dir / "model.safetensors")) s.model = run_dir / "model.safetensors";
   return s;
 }
 

@@ -286,12 +286,16 @@ void read_audit(Run& run, const std::filesystem::path& log, std::uint64_t verifi
 
 AuditCheck check_audit(const std::filesystem::path& log, const std::filesystem::path& key) {
   AuditCheck c;
-  if (const auto why = why_absent(log); !why.empty()) {
-    c.why_not = "no audit log: " + log.string() + " " + why;
+  if (const auto found = reachable(log); !found) {
+    c.why_not = "no audit log: " + log.string() + " " + found.error().message();
     return c;
   }
-  if (key.empty() || !why_absent(key).empty()) {
-    c.why_not = "no public key to check it with" + (key.empty() ? std::string() : ": " + key.string() + " " + why_absent(key));
+  if (key.empty()) {
+    c.why_not = "no public key to check it with";
+    return c;
+  }
+  if (const auto found = reachable(key); !found) {
+    c.why_not = "no public key to check it with: " + key.string() + " " + found.error().message();
     return c;
   }
   std::string pk;

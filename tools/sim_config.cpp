@@ -17,7 +17,7 @@ using json = nlohmann::json;
 std::filesystem::path resolve_dataset(const std::string& name) {
   for (const char* ext : {".csv", ".csv.gz"}) {
     const auto p = data_dir() / (name + ext);
-    if (why_absent(p).empty()) return p;
+    if (reachable(p)) return p;
   }
   return {};
 }

@@ -48,7 +48,7 @@ proto::Status check_hello(const wire::Envelope& hello, const LocalInfo& me, wire
     return proto::error(wire::NOT_ALLOWED, "peer claims role " + role_name(hello.hello().role()) +
                                                " but its certificate says " + role_name(certified));
   }
-  return proto::Status::ok();
+  return proto::Status();
 }
 
 }  // namespace
@@ -78,7 +78,7 @@ void Channel::disarm_deadline() { deadline_.cancel(); }
 
 awaitable<void> Channel::write_frame_now(const wire::Envelope& env) {
   auto frame = proto::encode_frame(env, opts_.max_frame_bytes);
-  if (!frame) throw std::runtime_error(frame.error().message);
+  if (!frame) throw std::runtime_error(frame.error().message());
   co_await stream_.write({reinterpret_cast<const std::uint8_t*>(frame->data()), frame->size()});
   bytes_sent_ += frame->size();
 }
@@ -107,8 +107,8 @@ awaitable<proto::Status> Channel::accept(const AllowList& allow, const LocalInfo
   }
   auto refuse = [&](const proto::Status& why) -> awaitable<void> {
     auto env = envelope(me.federation, current_round);
-    env.mutable_error()->set_code(why.code);
-    env.mutable_error()->set_message(why.message);
+    env.mutable_error()->set_code(why.error().code());
+    env.mutable_error()->set_message(why.error().message());
     try {
       co_await write_frame_now(env);
     } catch (...) {
@@ -147,7 +147,7 @@ awaitable<proto::Status> Channel::accept(const AllowList& allow, const LocalInfo
     co_return proto::error(wire::INTERNAL, std::string("cannot send Welcome: ") + e.what());
   }
   disarm_deadline();
-  co_return proto::Status::ok();
+  co_return proto::Status();
 }
 
 awaitable<proto::Status> Channel::connect(const AllowList& upstreams, const LocalInfo& me) {
@@ -179,7 +179,7 @@ awaitable<proto::Status> Channel::connect(const AllowList& upstreams, const Loca
   if (auto st = upstreams.check(peer_); !st) {
     disarm_deadline();
     close();
-    co_return proto::error(wire::NOT_ALLOWED, remote_ + ": " + st.message + " (this side's trust list)");
+    co_return proto::error(wire::NOT_ALLOWED, remote_ + ": " + st.error().message() + " (this side's trust list)");
   }
   auto env = envelope(me.federation, 0);
   auto* h = env.mutable_hello();
@@ -210,7 +210,7 @@ awaitable<proto::Status> Channel::connect(const AllowList& upstreams, const Loca
     co_return proto::error(wire::UNEXPECTED, "expected Welcome, got " + proto::body_name(*reply));
   }
   welcome_ = reply->welcome();
-  co_return proto::Status::ok();
+  co_return proto::Status();
 }
 
 void Channel::start() {
@@ -278,7 +278,7 @@ bool Channel::send(wire::Envelope env) {
   auto frame = proto::encode_frame(env, opts_.max_frame_bytes);
   if (!frame) {
     spdlog::error("not sending {} to {}: {}", proto::body_name(env), peer_.str(),
-                  frame.error().message);
+                  frame.error().message());
     return false;
   }
   const std::size_t bytes = frame->size();

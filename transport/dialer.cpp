@@ -36,7 +36,7 @@ awaitable<proto::Result<std::shared_ptr<Channel>>> dial_once(asio::any_io_execut
   }
   auto channel = std::make_shared<Channel>(std::move(socket), ctx, opts);
   auto st = co_await channel->connect(upstreams, me);
-  if (!st) co_return st;
+  if (!st) co_return st.error();
   channel->start();
   co_return channel;
 }

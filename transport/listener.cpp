@@ -117,10 +117,10 @@ awaitable<void> Listener::authenticate(tcp::socket socket, std::string address) 
   slot.reset();
   if (!st) {
     ++refused_;
-    std::string reason = st.message.rfind("TLS handshake", 0) == 0 ? "tls_handshake" : wire::ErrorCode_Name(st.code);
+    std::string reason = st.error().message().rfind("TLS handshake", 0) == 0 ? "tls_handshake" : wire::ErrorCode_Name(st.error().code());
     std::transform(reason.begin(), reason.end(), reason.begin(), [](unsigned char c) { return std::tolower(c); });
     ++refused_by_reason_[reason];
-    spdlog::warn("refused connection from {}: {}", channel->remote(), st.message);
+    spdlog::warn("refused connection from {}: {}", channel->remote(), st.error().message());
     co_return;
   }
   spdlog::debug("{} connected from {}", channel->peer().str(), channel->remote());

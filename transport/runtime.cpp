@@ -57,9 +57,9 @@ awaitable<void> serve_channel(std::shared_ptr<Channel> ch, const std::function<b
   for (;;) {
     auto env = co_await ch->read();
     if (!env) {
-      if (env.error().code != wire::ERROR_UNSPECIFIED) {
-        spdlog::warn("{}: {}", ch->peer().str(), env.error().message);
-        ch->close_with_error(env.error().code, env.error().message);
+      if (env.error().code() != wire::ERROR_UNSPECIFIED) {
+        spdlog::warn("{}: {}", ch->peer().str(), env.error().message());
+        ch->close_with_error(env.error().code(), env.error().message());
       }
       break;
     }
@@ -100,7 +100,7 @@ awaitable<void> Upstream::run(const Session& session, const std::function<bool()
       next = 0;  // start again from the preferred upstream
       continue;
     }
-    spdlog::warn("{}", r.error().message);
+    spdlog::warn("{}", r.error().message());
     if (opts_.reconnect.max_attempts > 0 && backoff_.attempts() >= opts_.reconnect.max_attempts) {
       spdlog::error("giving up after {} attempts", backoff_.attempts());
       exhausted_ = true;

@@ -23,7 +23,7 @@ namespace xsilo::transport {
 
 TlsFiles TlsFiles::from_kit(const std::filesystem::path& kit) {
   const auto crl = kit / "crl.pem";
-  return {kit / "key.pem", kit / "cert.pem", kit / "ca.pem", why_absent(crl).empty() ? crl : ""};
+  return {kit / "key.pem", kit / "cert.pem", kit / "ca.pem", reachable(crl) ? crl : ""};
 }
 
 ssl::context make_tls_context(const TlsFiles& f) {
@@ -179,7 +179,7 @@ proto::Status AllowList::check(const PeerIdentity& id) const {
     return proto::error(wire::NOT_ALLOWED, "role " + role_name(id.role) + " may not connect here (" +
                                                id.str() + ")");
   }
-  if (it->second.count("*") || it->second.count(id.name)) return proto::Status::ok();
+  if (it->second.count("*") || it->second.count(id.name)) return proto::Status();
   return proto::error(wire::NOT_ALLOWED, id.str() + " is not on the allow-list");
 }
 

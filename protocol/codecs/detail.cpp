@@ -63,13 +63,13 @@ std::string BlockCodec::encode(const wire::Compression& c, std::span<const float
   return out;
 }
 
-std::string BlockCodec::decode(const wire::Compression& c, std::string_view data, std::span<float> out,
-                               std::size_t& nonzeros, const TensorInfo* /*tensor*/, std::uint64_t /*offset*/) const {
+Status BlockCodec::decode(const wire::Compression& c, std::string_view data, std::span<float> out,
+                          std::size_t& nonzeros, const TensorInfo* /*tensor*/, std::uint64_t /*offset*/) const {
   const std::size_t n = out.size();
   nonzeros = 0;
   if (data.size() != bytes(c, n, 0)) {
-    return "chunk of " + std::to_string(n) + " elements has " + std::to_string(data.size()) + " bytes, not " +
-           std::to_string(bytes(c, n, 0)) + " (" + protocol::describe(c) + ")";
+    return Error("chunk of " + std::to_string(n) + " elements has " + std::to_string(data.size()) + " bytes, not " +
+                 std::to_string(bytes(c, n, 0)) + " (" + protocol::describe(c) + ")");
   }
   const std::size_t nb = blocks(c, n);
   std::vector<float> scales(nb);
@@ -79,9 +79,10 @@ std::string BlockCodec::decode(const wire::Compression& c, std::string_view data
   for (std::size_t b = 0; b < nb; ++b) {
     const float s = scales[b];
     if (!std::isfinite(s) || s < 0) {
-      return "scale of block " + std::to_string(b) + " is " + (std::isnan(s) ? "NaN" : std::isinf(s) ? "infinite" : "negative");
+      return Error("scale of block " + std::to_string(b) + " is " +
+                   (std::isnan(s) ? "NaN" : std::isinf(s) ? "infinite" : "negative"));
     }
-    if (s > top) return "scale of block " + std::to_string(b) + " overflows the largest code";
+    if (s > top) return Error("scale of block " + std::to_string(b) + " overflows the largest code");
   }
   return decode_codes(c, reinterpret_cast<const std::uint8_t*>(data.data()) + 4 * nb, scales, out);
 }
@@ -111,17 +112,17 @@ std::string SparseCodec::encode(const wire::Compression& /*c*/, std::span<const 
   return sparse_chunk(set, vals, 0, set.size(), 0);
 }
 
-std::string SparseCodec::decode(const wire::Compression& c, std::string_view data, std::span<float> out,
-                                std::size_t& nonzeros, const TensorInfo* /*tensor*/, std::uint64_t /*offset*/) const {
+Status SparseCodec::decode(const wire::Compression& c, std::string_view data, std::span<float> out,
+                           std::size_t& nonzeros, const TensorInfo* /*tensor*/, std::uint64_t /*offset*/) const {
   const std::size_t n = out.size();
   nonzeros = 0;
-  if (data.size() < 4) return "sparse chunk of " + std::to_string(data.size()) + " bytes has no count";
+  if (data.size() < 4) return Error("sparse chunk of " + std::to_string(data.size()) + " bytes has no count");
   std::uint32_t m = 0;
   std::memcpy(&m, data.data(), 4);
-  if (m > n) return "sparse chunk keeps " + std::to_string(m) + " of its " + std::to_string(n) + " elements";
+  if (m > n) return Error("sparse chunk keeps " + std::to_string(m) + " of its " + std::to_string(n) + " elements");
   if (data.size() != bytes(c, n, m)) {
-    return "sparse chunk of " + std::to_string(m) + " elements has " + std::to_string(data.size()) + " bytes, not " +
-           std::to_string(bytes(c, n, m));
+    return Error("sparse chunk of " + std::to_string(m) + " elements has " + std::to_string(data.size()) +
+                 " bytes, not " + std::to_string(bytes(c, n, m)));
   }
   const char* idx = data.data() + 4;
   const char* val = idx + 4 * std::size_t{m};
@@ -130,13 +131,13 @@ std::string SparseCodec::decode(const wire::Compression& c, std::string_view dat
     std::uint32_t i = 0;
     std::memcpy(&i, idx + 4 * j, 4);
     if (static_cast<std::int64_t>(i) <= last || i >= n) {
-      return "sparse chunk index " + std::to_string(i) + " is out of order or past its " + std::to_string(n) +
-             " elements";
+      return Error("sparse chunk index " + std::to_string(i) + " is out of order or past its " +
+                   std::to_string(n) + " elements");
     }
     last = i;
     float v = 0;
     std::memcpy(&v, val + 4 * j, 4);
-    if (!std::isfinite(v)) return "sparse chunk value at " + std::to_string(i) + " is NaN or infinite";
+    if (!std::isfinite(v)) return Error("sparse chunk value at " + std::to_string(i) + " is NaN or infinite");
   }
   std::fill(out.begin(), out.end(), 0.0f);
   for (std::size_t j = 0; j < m; ++j) {
@@ -145,7 +146,7 @@ std::string SparseCodec::decode(const wire::Compression& c, std::string_view dat
     std::memcpy(&out[i], val + 4 * j, 4);
   }
   nonzeros = m;
-  return "";
+  return {};
 }
 
 std::string sparse_chunk(const std::vector<std::uint64_t>& set, const std::vector<float>& vals, std::size_t first,

@@ -76,7 +76,7 @@ class BlockCodec : public Codec {
   std::size_t bytes(const wire::Compression& c, std::size_t count, std::size_t nonzeros) const final;
   std::string encode(const wire::Compression& c, std::span<const float> x, std::uint64_t seed,
                      std::span<float> decoded) const final;
-  std::string decode(const wire::Compression& c, std::string_view data, std::span<float> out, std::size_t& nonzeros,
+  Status decode(const wire::Compression& c, std::string_view data, std::span<float> out, std::size_t& nonzeros,
                      const TensorInfo* tensor, std::uint64_t offset) const final;
 
  protected:
@@ -88,9 +88,9 @@ class BlockCodec : public Codec {
                              std::size_t first, std::uint8_t* codes, float* dec) const = 0;
   // The largest scale whose product with every code stays finite.
   virtual float largest_scale(const wire::Compression& c) const = 0;
-  // Decodes every code (their scales checked already): "" or why not.
-  virtual std::string decode_codes(const wire::Compression& c, const std::uint8_t* codes, const std::vector<float>& scales,
-                                   std::span<float> out) const = 0;
+  // Decodes every code (their scales checked already): success or why not.
+  virtual Status decode_codes(const wire::Compression& c, const std::uint8_t* codes, const std::vector<float>& scales,
+                              std::span<float> out) const = 0;
 };
 
 // TOP_K and RANDOM_K travel alike: uint32 m, m strictly increasing uint32 indices into the
@@ -106,7 +106,7 @@ class SparseCodec : public Codec {
   }
   std::string encode(const wire::Compression& c, std::span<const float> x, std::uint64_t seed,
                      std::span<float> decoded) const final;
-  std::string decode(const wire::Compression& c, std::string_view data, std::span<float> out, std::size_t& nonzeros,
+  Status decode(const wire::Compression& c, std::string_view data, std::span<float> out, std::size_t& nonzeros,
                      const TensorInfo* tensor, std::uint64_t offset) const final;
   bool sparse() const final { return true; }
 };

@@ -71,39 +71,39 @@ class PowerSgd final : public Codec {
     std::copy(x.begin(), x.end(), decoded.begin());
     return std::string(reinterpret_cast<const char*>(x.data()), 4 * x.size());
   }
-  std::string decode(const wire::Compression& c, std::string_view data, std::span<float> out, std::size_t& nonzeros,
-                     const TensorInfo* tensor, std::uint64_t offset) const override;
+  Status decode(const wire::Compression& c, std::string_view data, std::span<float> out, std::size_t& nonzeros,
+                const TensorInfo* tensor, std::uint64_t offset) const override;
   bool encode_tensor(const wire::Compression& c, const TensorInfo& t, std::span<const float> v, std::span<float> dec,
                      std::size_t chunk_elems, std::uint64_t& seeds, EncodedUpdate& out) const override;
 };
 
-std::string PowerSgd::decode(const wire::Compression& c, std::string_view data, std::span<float> out,
-                             std::size_t& nonzeros, const TensorInfo* tensor, std::uint64_t offset) const {
+Status PowerSgd::decode(const wire::Compression& c, std::string_view data, std::span<float> out,
+                        std::size_t& nonzeros, const TensorInfo* tensor, std::uint64_t offset) const {
   const std::size_t n = out.size();
   nonzeros = 0;
-  if (!tensor) return "a PowerSGD chunk needs its tensor";
+  if (!tensor) return Error("a PowerSGD chunk needs its tensor");
   if (!low_rank(*tensor, c.rank())) {  // sent as it is
     if (data.size() != 4 * n) {
-      return "dense chunk of " + std::to_string(n) + " elements has " + std::to_string(data.size()) + " bytes";
+      return Error("dense chunk of " + std::to_string(n) + " elements has " + std::to_string(data.size()) + " bytes");
     }
     std::memcpy(out.data(), data.data(), data.size());
-    return "";
+    return {};
   }
   const std::uint64_t cols = tensor->shape[1], r = c.rank();
-  if (offset % cols || n % cols) return "a PowerSGD chunk must cover whole rows of " + xsilo::describe(*tensor);
+  if (offset % cols || n % cols) return Error("a PowerSGD chunk must cover whole rows of " + xsilo::describe(*tensor));
   const std::uint64_t rows = n / cols;
   const std::uint64_t need = 4 * (rows * r + cols * r);
   if (data.size() != need) {
-    return "PowerSGD chunk of " + std::to_string(rows) + " rows has " + std::to_string(data.size()) + " bytes, not " +
-           std::to_string(need) + " (rank " + std::to_string(r) + ")";
+    return Error("PowerSGD chunk of " + std::to_string(rows) + " rows has " + std::to_string(data.size()) +
+                 " bytes, not " + std::to_string(need) + " (rank " + std::to_string(r) + ")");
   }
   std::vector<float> f(data.size() / 4);
   std::memcpy(f.data(), data.data(), data.size());
   for (float v : f) {
-    if (!std::isfinite(v)) return "a PowerSGD factor is NaN or infinite";
+    if (!std::isfinite(v)) return Error("a PowerSGD factor is NaN or infinite");
   }
   low_rank_product(f.data(), f.data() + rows * r, rows, cols, r, out.data());
-  return "";
+  return {};
 }
 
 // One power iteration from a random start: P = M Q0, P orthonormalized, Q = M^T P; M ~ P Q^T.

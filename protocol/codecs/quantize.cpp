@@ -87,7 +87,7 @@ class Quantize final : public BlockCodec {
   }
   float encode_block(const wire::Compression& c, const float* x, std::size_t n, std::uint32_t key, std::size_t first,
                      std::uint8_t* codes, float* dec) const override;
-  std::string decode_codes(const wire::Compression& c, const std::uint8_t* codes, const std::vector<float>& scales,
+  Status decode_codes(const wire::Compression& c, const std::uint8_t* codes, const std::vector<float>& scales,
                            std::span<float> out) const override;
 };
 
@@ -131,8 +131,8 @@ float Quantize::encode_block(const wire::Compression& c, const float* __restrict
   return scale;
 }
 
-std::string Quantize::decode_codes(const wire::Compression& c, const std::uint8_t* codes,
-                                   const std::vector<float>& scales, std::span<float> out) const {
+Status Quantize::decode_codes(const wire::Compression& c, const std::uint8_t* codes, const std::vector<float>& scales,
+                              std::span<float> out) const {
   const std::size_t n = out.size(), nb = scales.size(), bs = c.block();
   bool bad = false;
   if (c.bits() == 8) {
@@ -145,9 +145,10 @@ std::string Quantize::decode_codes(const wire::Compression& c, const std::uint8_
         out[i] = static_cast<float>(q[i]) * s;
       }
     }
-    return bad ? "8-bit code -128 is outside [-127, 127]" : "";
+    if (bad) return Error("8-bit code -128 is outside [-127, 127]");
+    return {};
   }
-  if (n % 2 && (codes[n / 2] >> 4) != 0) return "4-bit chunk has a code past its last element";
+  if (n % 2 && (codes[n / 2] >> 4) != 0) return Error("4-bit chunk has a code past its last element");
   for (std::size_t b = 0; b < nb; ++b) {
     const float s = scales[b];
     std::size_t i = b * bs;
@@ -166,7 +167,8 @@ std::string Quantize::decode_codes(const wire::Compression& c, const std::uint8_
     }
     if (i < e) one(i);
   }
-  return bad ? "4-bit code 15 is outside [0, 14]" : "";
+  if (bad) return Error("4-bit code 15 is outside [0, 14]");
+  return {};
 }
 
 }  // namespace

@@ -23,10 +23,10 @@ class None final : public Codec {
     std::copy(x.begin(), x.end(), decoded.begin());
     return std::string(reinterpret_cast<const char*>(x.data()), 4 * x.size());
   }
-  std::string decode(const wire::Compression& /*c*/, std::string_view /*data*/, std::span<float> /*out*/,
-                     std::size_t& nonzeros, const TensorInfo* /*tensor*/, std::uint64_t /*offset*/) const override {
+  Status decode(const wire::Compression& /*c*/, std::string_view /*data*/, std::span<float> /*out*/,
+                std::size_t& nonzeros, const TensorInfo* /*tensor*/, std::uint64_t /*offset*/) const override {
     nonzeros = 0;
-    return "not a compressed scheme";
+    return Error("not a compressed scheme");
   }
 };
 

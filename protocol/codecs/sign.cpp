@@ -47,7 +47,7 @@ class Sign final : public BlockCodec {
   float largest_scale(const wire::Compression& /*c*/) const override { return std::numeric_limits<float>::max(); }
   float encode_block(const wire::Compression& c, const float* x, std::size_t n, std::uint32_t key, std::size_t first,
                      std::uint8_t* codes, float* dec) const override;
-  std::string decode_codes(const wire::Compression& c, const std::uint8_t* codes, const std::vector<float>& scales,
+  Status decode_codes(const wire::Compression& c, const std::uint8_t* codes, const std::vector<float>& scales,
                            std::span<float> out) const override;
 };
 
@@ -90,10 +90,10 @@ float Sign::encode_block(const wire::Compression& /*c*/, const float* __restrict
   return scale;
 }
 
-std::string Sign::decode_codes(const wire::Compression& c, const std::uint8_t* codes, const std::vector<float>& scales,
-                               std::span<float> out) const {
+Status Sign::decode_codes(const wire::Compression& c, const std::uint8_t* codes, const std::vector<float>& scales,
+                          std::span<float> out) const {
   const std::size_t n = out.size(), bs = c.block();
-  if (n % 8 && (codes[n / 8] >> (n % 8)) != 0) return "sign chunk has bits set past its last element";
+  if (n % 8 && (codes[n / 8] >> (n % 8)) != 0) return Error("sign chunk has bits set past its last element");
   for (std::size_t b = 0; b < scales.size(); ++b) {
     const float s = scales[b];
     std::size_t i = b * bs;
@@ -105,7 +105,7 @@ std::string Sign::decode_codes(const wire::Compression& c, const std::uint8_t* c
     }
     for (; i < e; ++i) out[i] = (codes[i / 8] >> (i % 8)) & 1 ? s : -s;
   }
-  return "";
+  return {};
 }
 
 }  // namespace

@@ -70,15 +70,15 @@ class LightSecAggGroup final : public SettledGroup {
     switch (m.step_case()) {
       case Step::kLsaKeys: {
         auto keys = protocol::from_wire(m.lsa_keys());
-        return keys ? server_.on_keys(silo, *keys) : Error(keys.error().message);
+        return keys ? server_.on_keys(silo, *keys) : Error(keys.error().message());
       }
       case Step::kLsaShares: {
         auto to = protocol::from_wire(m.lsa_shares());
-        return to ? server_.on_shares(silo, *to) : Error(to.error().message);
+        return to ? server_.on_shares(silo, *to) : Error(to.error().message());
       }
       case Step::kLsaReceipt: {
         auto receipt = protocol::from_wire(m.lsa_receipt());
-        return receipt ? server_.on_receipt(silo, *receipt) : Error(receipt.error().message);
+        return receipt ? server_.on_receipt(silo, *receipt) : Error(receipt.error().message());
       }
       case Step::kLsaConfirmation: return server_.on_confirmation(silo, m.lsa_confirmation().signature());
       case Step::kLsaAnswer: return server_.on_unmask(silo, m.lsa_answer().sealed());

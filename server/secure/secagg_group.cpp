@@ -77,15 +77,15 @@ class SecAggGroup final : public SettledGroup {
     switch (m.step_case()) {
       case Step::kSecaggKeys: {
         auto keys = protocol::from_wire(m.secagg_keys());
-        return keys ? server.on_keys(silo, *keys) : Error(keys.error().message);
+        return keys ? server.on_keys(silo, *keys) : Error(keys.error().message());
       }
       case Step::kSecaggShares: {
         auto to = protocol::from_wire(m.secagg_shares());
-        return to ? server.on_shares(silo, *to) : Error(to.error().message);
+        return to ? server.on_shares(silo, *to) : Error(to.error().message());
       }
       case Step::kSecaggReceipt: {
         auto receipt = protocol::from_wire(m.secagg_receipt());
-        return receipt ? server.on_receipt(silo, *receipt) : Error(receipt.error().message);
+        return receipt ? server.on_receipt(silo, *receipt) : Error(receipt.error().message());
       }
       case Step::kSecaggConfirmation: return server.on_confirmation(silo, m.secagg_confirmation().signature());
       case Step::kSecaggUnmaskShares: return server.on_unmask(silo, m.secagg_unmask_shares().sealed());

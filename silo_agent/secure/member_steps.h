@@ -21,7 +21,7 @@ namespace xsilo::agent::secure::steps {
 template <class Client, class KeyList, class Put>
 std::variant<Answer, Refusal> deal(Client& client, const KeyList& l, Put put) {
   auto list = protocol::from_wire(l);
-  if (!list) return Refusal{"key list", list.error().message};
+  if (!list) return Refusal{"key list", list.error().message()};
   auto shares = client.share(*list);
   if (!shares) return Refusal{"key list", shares.error().message()};
   wire::SecureAggregation m;
@@ -35,7 +35,7 @@ template <class Client, class Put>
 std::variant<Answer, Refusal> take_delivery(Client& client, const wire::SecAggShareDelivery& d, std::uint64_t round,
                                             const char* box, const char* is, Put put) {
   auto from = protocol::from_wire(d);
-  if (!from) return Refusal{"share delivery", from.error().message};
+  if (!from) return Refusal{"share delivery", from.error().message()};
   auto receipt = client.receive(*from);
   if (!receipt) return Refusal{"share delivery", receipt.error().message()};
   for (const auto& a : receipt->accusations) {
@@ -73,7 +73,7 @@ template <class Client, class Put>
 std::variant<Answer, Refusal> unmask(Client& client, const wire::SecAggUnmaskRequest& r, std::uint64_t round,
                                      const char* what, Put put) {
   auto request = protocol::from_wire(r);
-  if (!request) return Refusal{"unmask request", request.error().message};
+  if (!request) return Refusal{"unmask request", request.error().message()};
   auto reply = client.unmask(*request);
   if (!reply) return Refusal{"unmask request", reply.error().message()};
   wire::SecureAggregation m;
