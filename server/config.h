@@ -31,6 +31,12 @@ inline constexpr std::int64_t kMaxUploadsAtOnce = 64;
 // so "every receiver" is capped: 200 silos at once held 200 frames (tests/scale_test.cpp).
 inline constexpr std::int64_t kDefaultBroadcastsAtOnce = 16;
 
+// `network_threads`: threads that carry the connections' TLS and framing (transport/runtime.h).
+// The default, the machine's hardware threads up to 4, is chosen in docs/benchmarks.md
+// ("Network threads"); the ceiling keeps a typo from starting thousands of threads.
+inline constexpr std::int64_t kMaxNetworkThreads = 64;
+std::size_t default_network_threads();
+
 struct ServerConfig : RoundConfig {
   std::filesystem::path file;
   Endpoint listen;
@@ -40,6 +46,9 @@ struct ServerConfig : RoundConfig {
   // How many model streams go out at once, each paced by its own connection: at most N in the
   // order the rounds send them, or 0: every receiver (server/broadcast_planner.h).
   std::size_t broadcasts_at_once = kDefaultBroadcastsAtOnce;
+  // Threads that run connections (TLS, framing); the coordinator stays on the first. 1: one
+  // thread for everything.
+  std::size_t network_threads = 1;
   transport::ChannelOptions channel;
   std::filesystem::path state_dir;
   // A second copy of the checkpoints, the audit log and its public key, on another disk: the
