@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
-#include <thread>
 
 #include "common/config.h"
 #include "common/fs.h"
@@ -548,8 +547,7 @@ ServerConfig load_server_config(const std::filesystem::path& file) {
   c.staging.dir = c.state_dir;
   c.broadcasts_at_once = static_cast<std::size_t>(root.integer("broadcasts_at_once", kDefaultBroadcastsAtOnce, 0, 1 << 20));
   c.uploads_at_once = static_cast<std::size_t>(root.integer("uploads_at_once", kDefaultUploadsAtOnce, 1, kMaxUploadsAtOnce));
-  c.network_threads = static_cast<std::size_t>(root.integer(
-      "network_threads", static_cast<std::int64_t>(default_network_threads()), 1, kMaxNetworkThreads));
+  c.network_threads = transport::parse_network_threads(root);
   c.model = parse_model(root.child("model"));
   c.rounds = static_cast<std::uint64_t>(root.integer("rounds", 10, 1, 1 << 30));
   c.seed = static_cast<std::uint64_t>(root.integer("seed", 1, 0));
@@ -664,10 +662,6 @@ void add_optional_blocks(const ServerConfig& c, nlohmann::json& j) {
 }
 
 }  // namespace
-
-std::size_t default_network_threads() {
-  return std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, 4);
-}
 
 nlohmann::json to_json(const ServerConfig& c) {
   nlohmann::json j = {{"federation", c.federation},

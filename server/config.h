@@ -31,12 +31,6 @@ inline constexpr std::int64_t kMaxUploadsAtOnce = 64;
 // so "every receiver" is capped: 200 silos at once held 200 frames (tests/scale_test.cpp).
 inline constexpr std::int64_t kDefaultBroadcastsAtOnce = 16;
 
-// `network_threads`: threads that carry the connections' TLS and framing (transport/runtime.h).
-// The default, the machine's hardware threads up to 4, is chosen in docs/benchmarks.md
-// ("Network threads"); the ceiling keeps a typo from starting thousands of threads.
-inline constexpr std::int64_t kMaxNetworkThreads = 64;
-std::size_t default_network_threads();
-
 struct ServerConfig : RoundConfig {
   std::filesystem::path file;
   Endpoint listen;

@@ -666,9 +666,9 @@ TEST_F(ServerKeys, UploadsAtOnceAndBroadcastsAtOnceHaveDefaultsAndRefuseWhatCann
 }
 
 TEST_F(ServerKeys, NetworkThreadsDefaultToTheHardwareUpToFourAndRefuseZeroOrTooMany) {
-  EXPECT_EQ(load("").network_threads, server::default_network_threads());
-  EXPECT_GE(server::default_network_threads(), 1u);
-  EXPECT_LE(server::default_network_threads(), 4u);
+  EXPECT_EQ(load("").network_threads, transport::default_network_threads());
+  EXPECT_GE(transport::default_network_threads(), 1u);
+  EXPECT_LE(transport::default_network_threads(), 4u);
   EXPECT_EQ(load(R"(, "network_threads": 1)").network_threads, 1u);
   EXPECT_EQ(load(R"(, "network_threads": 8)").network_threads, 8u);
   for (const auto* bad : {R"(, "network_threads": 0)", R"(, "network_threads": 65)", R"(, "network_threads": 2.5)"}) {

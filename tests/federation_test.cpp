@@ -620,9 +620,7 @@ TEST(Federation, LocalWorkersTrainTheSameModelAsOneProcess) {
 TEST(Federation, FourNetworkThreadsCommitTheModelOneThreadCommits) {
   const auto run = [](std::size_t threads) {
     Fed fed(small_config(6, 3));
-    auto server = nlohmann::json::parse(read_file(fed.files.server_config));
-    server["network_threads"] = threads;
-    atomic_write_file(fed.files.server_config, server.dump(2));
+    set_config_key(fed.files.server_config, "network_threads", threads);
     fed.start_server();
     fed.start_agents();
     const auto code = fed.server->wait(90s);
