@@ -37,8 +37,8 @@ class Runtime {
   asio::any_io_executor connection_executor();
   std::size_t network_threads() const { return 1 + connection_io_.size(); }
 
-  // Runs `work` on the worker thread (in order with all other work), then `done(result)` on
-  // the network thread. An exception from `work` stops the daemon with exit code 1.
+  // Runs `work` on the worker thread (in order with all other work), then `done(result)` on the
+  // core's network thread (io()). An exception from `work` stops the daemon with exit code 1.
   template <class R>
   void work(std::function<R()> work, std::function<void(R)> done) {
     asio::post(pool_, [this, work = std::move(work), done = std::move(done)]() mutable {
@@ -55,8 +55,8 @@ class Runtime {
   // Fire and forget on the worker thread, in order with the other work.
   void background(std::function<void()> work);
 
-  // Calls `start` on the network thread, then runs until stop(); returns the exit code. The
-  // first SIGINT or SIGTERM calls `on_signal` (default: stop with 130).
+  // Calls `start` on the core's network thread (io()), then runs until stop(); returns the exit
+  // code. The first SIGINT or SIGTERM calls `on_signal` (default: stop with 130).
   int run(std::function<void()> start, std::function<void(int)> on_signal = {});
   // Ends the loop after `linger` (queued messages get that long to leave); `last` runs just
   // before (closing the connections).
@@ -82,8 +82,8 @@ class Runtime {
 
 // (`handle` is held by reference: pass a named function.)
 // Reads messages from `ch` on the channel's thread and hands each to `handle` on the caller's
-// (the core's) until the channel closes, `handle`
-// returns false, or a frame is bad (the peer then gets an Error naming it and is closed).
+// (the core's) until the channel closes, `handle` returns false, or a frame is bad (the peer then
+// gets an Error naming it and is closed).
 awaitable<void> serve_channel(std::shared_ptr<Channel> ch, const std::function<bool(const wire::Envelope&)>& handle);
 
 // Dials a silo's or an edge's upstreams in failover order, with backoff and jitter, and runs a
