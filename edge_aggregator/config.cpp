@@ -26,6 +26,7 @@ EdgeConfig load_edge_config(const std::filesystem::path& file) {
   if (c.chunk_bytes + 4096 > c.channel.max_frame_bytes) {
     root.fail("chunk_bytes", "leaves no room for the envelope in transport.max_frame_bytes");
   }
+  c.network_threads = transport::parse_network_threads(root);
   c.log_level = root.one_of("log_level", "info", {"trace", "debug", "info", "warn", "error"});
   c.log_format = root.one_of("log_format", "text", {"text", "json"});
   c.metrics = transport::parse_metrics(root);
@@ -44,6 +45,7 @@ nlohmann::json to_json(const EdgeConfig& c) {
                       {"transport", transport::to_json(c.channel)},
                       {"reconnect", transport::to_json(c.reconnect)},
                       {"chunk_bytes", c.chunk_bytes},
+                      {"network_threads", c.network_threads},
                       {"log_level", c.log_level}, {"log_format", c.log_format}};
   if (!c.port_file.empty()) j["port_file"] = std::filesystem::absolute(c.port_file).string();
   if (c.metrics.listen) j["metrics"] = transport::to_json(c.metrics);

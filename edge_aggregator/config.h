@@ -26,6 +26,9 @@ struct EdgeConfig {
   transport::ChannelOptions channel;
   transport::DialOptions reconnect;
   std::size_t chunk_bytes = 1u << 20;
+  // Threads that carry the connections (TLS, framing); the relay stays on the first. 1: one
+  // thread for everything.
+  std::size_t network_threads = 1;
   std::string log_level = "info";
   transport::MetricsOptions metrics;  // "metrics": the Prometheus endpoint, off unless listen is set
   std::string log_format = "text";  // or "json": one object per line (common/log.h)

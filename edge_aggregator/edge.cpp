@@ -10,6 +10,7 @@
 #include <map>
 
 #include "common/fs.h"
+#include "common/thread_check.h"
 #include "edge_aggregator/relay.h"
 #include "common/prometheus.h"
 #include "transport/listener.h"
@@ -27,7 +28,7 @@ namespace {
 class Edge {
  public:
   Edge(const EdgeConfig& cfg, std::unique_ptr<EdgeHook> hook)
-      : cfg_(cfg), hook_(std::move(hook)), tls_(transport::make_tls_context(cfg.tls)), relay_({cfg.federation, cfg.chunk_bytes}),
+      : cfg_(cfg), hook_(std::move(hook)), rt_(cfg.network_threads), tls_(transport::make_tls_context(cfg.tls)), relay_({cfg.federation, cfg.chunk_bytes}),
         upstream_(rt_.io(), tls_,
                   {cfg.upstreams, {wire::SERVER}, {cfg.federation, wire::EDGE, {"plain"}}, cfg.channel, cfg.reconnect,
                    std::chrono::milliseconds(0)}) {
@@ -47,8 +48,12 @@ class Edge {
           rt_.io().get_executor(), tls_, cfg_.listen, cfg_.channel, cfg_.allow,
           transport::LocalInfo{cfg_.federation, wire::EDGE, {"plain"}},
           [this](std::shared_ptr<Channel> ch) { on_silo(std::move(ch)); }, [this] { return relay_.round(); });
+      // The silos' connections spread over the network threads; the relay and the upstream
+      // connection stay on the first.
+      listener_->place_connections([this] { return rt_.connection_executor(); });
       listener_->start();
       spdlog::info("edge for federation {} listening on {}:{}", cfg_.federation, cfg_.listen.host, listener_->port());
+      if (rt_.network_threads() > 1) spdlog::info("{} network threads", rt_.network_threads());
       if (!cfg_.port_file.empty()) atomic_write_file(cfg_.port_file, std::to_string(listener_->port()) + "\n");
       metrics_endpoint_ = transport::start_metrics(rt_.io().get_executor(), cfg_.metrics, metrics_, [this] { refresh_metrics(); });
       asio::co_spawn(rt_.io(), upstream(), asio::detached);
@@ -108,7 +113,9 @@ class Edge {
     }
   }
 
+  // Every call into the relay is followed by an apply: the first network thread's only.
   void apply() {
+    core_.check("the edge's relay (on the core's network thread only)");
     for (auto& a : relay_.take_actions()) std::visit([this](auto& x) { run(x); }, a);
   }
   void run(action::ToServer& a) {
@@ -191,6 +198,7 @@ class Edge {
   MetricRegistry metrics_;
   std::unique_ptr<transport::MetricsEndpoint> metrics_endpoint_;
   std::uint64_t bytes_in_ = 0, bytes_out_ = 0;  // of connections already closed
+  ThreadCheck core_;  // the relay's calls: one thread (the first network thread)
 };
 
 }  // namespace

@@ -547,6 +547,7 @@ ServerConfig load_server_config(const std::filesystem::path& file) {
   c.staging.dir = c.state_dir;
   c.broadcasts_at_once = static_cast<std::size_t>(root.integer("broadcasts_at_once", kDefaultBroadcastsAtOnce, 0, 1 << 20));
   c.uploads_at_once = static_cast<std::size_t>(root.integer("uploads_at_once", kDefaultUploadsAtOnce, 1, kMaxUploadsAtOnce));
+  c.network_threads = transport::parse_network_threads(root);
   c.model = parse_model(root.child("model"));
   c.rounds = static_cast<std::uint64_t>(root.integer("rounds", 10, 1, 1 << 30));
   c.seed = static_cast<std::uint64_t>(root.integer("seed", 1, 0));
@@ -675,6 +676,7 @@ nlohmann::json to_json(const ServerConfig& c) {
                       {"stage_uploads_over_mib", c.staging.over_bytes >> 20},
                       {"uploads_at_once", c.uploads_at_once},
                       {"broadcasts_at_once", c.broadcasts_at_once},
+                      {"network_threads", c.network_threads},
                       {"model", model_json(c.model)},
                       {"rounds", c.rounds},
                       {"seed", c.seed},

@@ -40,6 +40,9 @@ struct ServerConfig : RoundConfig {
   // How many model streams go out at once, each paced by its own connection: at most N in the
   // order the rounds send them, or 0: every receiver (server/broadcast_planner.h).
   std::size_t broadcasts_at_once = kDefaultBroadcastsAtOnce;
+  // Threads that run connections (TLS, framing); the coordinator stays on the first. 1: one
+  // thread for everything.
+  std::size_t network_threads = 1;
   transport::ChannelOptions channel;
   std::filesystem::path state_dir;
   // A second copy of the checkpoints, the audit log and its public key, on another disk: the

@@ -21,6 +21,7 @@
 #include "common/prometheus.h"
 #include "common/build_info.h"
 #include "common/process.h"
+#include "common/thread_check.h"
 #include "server/broadcast_planner.h"
 #include "server/config_privacy.h"
 #include "server/coordinator.h"
@@ -46,7 +47,8 @@ std::int64_t now_ms() {
 class Server {
  public:
   Server(const ServerConfig& cfg, ServerState& state, Coordinator& coord, std::unique_ptr<ServerHook> hook)
-      : cfg_(cfg), state_(state), coord_(coord), hook_(std::move(hook)), broadcasts_(cfg.broadcasts_at_once),
+      : cfg_(cfg), state_(state), coord_(coord), rt_(cfg.network_threads), hook_(std::move(hook)),
+        broadcasts_(cfg.broadcasts_at_once),
         tls_(transport::make_tls_context(cfg.tls)),
         events_(cfg.state_dir / "events.jsonl", std::ios::app) {
     for (auto t : {Timer::Join, Timer::Train, Timer::Upload, Timer::SecAgg, Timer::Unmask}) {
@@ -63,6 +65,8 @@ class Server {
           rt_.io().get_executor(), tls_, cfg_.listen, cfg_.channel, cfg_.allow,
           transport::LocalInfo{cfg_.federation, wire::SERVER, {"plain", "edges"}},
           [this](std::shared_ptr<transport::Channel> ch) { on_channel(std::move(ch)); }, [this] { return coord_.round(); });
+      // Each connection's TLS on one of the network threads; the coordinator on the core's.
+      listener_->place_connections([this] { return rt_.connection_executor(); });
     } catch (const boost::system::system_error& e) {
       throw ConfigError("config " + cfg_.file.string() + ": .listen: cannot listen on " + cfg_.listen.host + ":" +
                         std::to_string(cfg_.listen.port) + ": " + e.code().message());
@@ -79,6 +83,7 @@ class Server {
           metrics_endpoint_ = transport::start_metrics(rt_.io().get_executor(), cfg_.metrics, metrics_,
                                                        [this] { refresh_metrics(); });
           if (auto paused = read_pause_file()) coord_.start_paused(*paused);
+          if (rt_.network_threads() > 1) spdlog::info("{} network threads", rt_.network_threads());
           coord_.start(now_ms());
           drain();
         },
@@ -320,7 +325,10 @@ class Server {
     m.set("xsilo_admin_commands_total", static_cast<double>(t.admin_commands));
   }
 
+  // Every call into the coordinator is followed by a drain: the core's thread is the only one
+  // that may make them (transport/runtime.h).
   void drain() {
+    core_.check("the server's coordinator (on the core's network thread only)");
     for (auto& a : coord_.take_actions()) std::visit([this](auto& x) { apply(x); }, a);
   }
 
@@ -533,6 +541,7 @@ class Server {
   std::uint64_t bytes_in_ = 0, bytes_out_ = 0;
   std::size_t peak_descriptors_ = 0;  // open descriptors, the most seen as a round closed
   std::ofstream events_;
+  ThreadCheck core_;  // the coordinator's calls: one thread (the first network thread)
 };
 
 // The records of a start, once the state checks out, the listener is bound and the model is in:

@@ -665,6 +665,18 @@ TEST_F(ServerKeys, UploadsAtOnceAndBroadcastsAtOnceHaveDefaultsAndRefuseWhatCann
   EXPECT_NE(error_of([&] { load(R"(, "broadcasts_at_once": -1)"); }).find(".broadcasts_at_once"), std::string::npos);
 }
 
+TEST_F(ServerKeys, NetworkThreadsDefaultToTheHardwareUpToFourAndRefuseZeroOrTooMany) {
+  EXPECT_EQ(load("").network_threads, transport::default_network_threads());
+  EXPECT_GE(transport::default_network_threads(), 1u);
+  EXPECT_LE(transport::default_network_threads(), 4u);
+  EXPECT_EQ(load(R"(, "network_threads": 1)").network_threads, 1u);
+  EXPECT_EQ(load(R"(, "network_threads": 8)").network_threads, 8u);
+  for (const auto* bad : {R"(, "network_threads": 0)", R"(, "network_threads": 65)", R"(, "network_threads": 2.5)"}) {
+    const auto error = error_of([&] { load(bad); });
+    EXPECT_NE(error.find(".network_threads"), std::string::npos) << bad << ": " << error;
+  }
+}
+
 // Each loader has a to_json beside it: what it writes, it reads back to the same config.
 TEST(Config, EveryRoleConfigRoundTripsThroughItsToJson) {
   test::TempDir dir;

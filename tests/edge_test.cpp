@@ -51,6 +51,32 @@ TEST(Edges, TwoEdgesOfThreeSilosGiveTheFlatTopologysModel) {
   for (auto& e : tiered.edges) EXPECT_EQ(e->wait(10s).value_or(-1), 0) << tiered.logs();
 }
 
+// The server and both edges with their connections on four network threads (each connection's TLS
+// on one of them; the coordinator and the relays on the first) give the model of one thread each.
+TEST(Edges, FourNetworkThreadsAtTheServerAndTheEdgesGiveTheOneThreadModel) {
+  SimConfig cfg = small_config(6, 3);
+  cfg.selection = {{"min_silos", 6}, {"min_updates", 6}};
+  cfg.edges = 2;
+  const auto run = [&](std::size_t threads) {
+    Fed fed(cfg);
+    set_config_key(fed.files.server_config, "network_threads", threads);
+    for (std::size_t e = 0; e < fed.files.edges.size(); ++e) {
+      set_config_key(edge_config_path(fed.files, e), "network_threads", threads);
+    }
+    run_to_end(fed);
+    EXPECT_EQ(fed.rounds().size(), 3u) << fed.logs();
+    for (const auto& edge : fed.files.edges) {
+      const auto log = read_file(fed.files.logs / (edge + ".log"));
+      EXPECT_EQ(log.find(std::to_string(threads) + " network threads") != std::string::npos, threads > 1) << log;
+    }
+    for (auto& e : fed.edges) EXPECT_EQ(e->wait(10s).value_or(-1), 0) << fed.logs();
+    return final_model(fed, 3);
+  };
+  const Model one = run(1), four = run(4);
+  ASSERT_TRUE(one.same_layout(four));
+  for (std::size_t k = 0; k < one.size(); ++k) EXPECT_NEAR(one.flat()[k], four.flat()[k], 1e-5) << k;
+}
+
 // Depends on timing: edge-01 is killed once round 2 has started with all six and must die before
 // it sends its region's sum, which slow_config's seconds of training allow; its silos must fail
 // over by their reconnect backoff before round 4, within round 3's seconds of training (join_s 5

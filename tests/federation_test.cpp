@@ -614,6 +614,29 @@ TEST(Federation, LocalWorkersTrainTheSameModelAsOneProcess) {
   EXPECT_NE(read_file(three / "logs/hospital-01.log").find("3 local workers trained"), std::string::npos);
 }
 
+// The server's connections spread over four network threads (each connection's TLS and framing
+// on its own thread, the coordinator on one): six silos over mutual TLS commit every round with
+// every silo, and the model one network thread commits (up to the order of FedAvg's running sum).
+TEST(Federation, FourNetworkThreadsCommitTheModelOneThreadCommits) {
+  const auto run = [](std::size_t threads) {
+    Fed fed(small_config(6, 3));
+    set_config_key(fed.files.server_config, "network_threads", threads);
+    fed.start_server();
+    fed.start_agents();
+    const auto code = fed.server->wait(90s);
+    EXPECT_EQ(code.value_or(-1), 0) << fed.logs();
+    for (auto& a : fed.agents) EXPECT_EQ(a->wait(10s).value_or(-1), 0) << fed.logs();
+    const auto rounds = fed.rounds();
+    EXPECT_EQ(rounds.size(), 3u) << fed.logs();
+    for (const auto& r : rounds) EXPECT_EQ(r["participants"].size(), 6u) << r.dump();
+    const auto log = read_file(fed.files.logs / "server.log");
+    EXPECT_EQ(log.find(std::to_string(threads) + " network threads") != std::string::npos, threads > 1) << log;
+    return load_safetensors(fed.files.state / "checkpoints" / "round_000003.safetensors");
+  };
+  const Model one = run(1), four = run(4);
+  EXPECT_LT(relative_gap(one, four), 1e-5);
+}
+
 // Every process whose command line holds `word`, as /proc lists them.
 std::vector<pid_t> processes_with(const std::string& word) {
   std::vector<pid_t> out;

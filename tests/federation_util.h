@@ -109,6 +109,13 @@ struct Fed {
 };
 
 
+// Sets one top-level key of a daemon's JSON config file that a test has prepared.
+inline void set_config_key(const std::filesystem::path& config, const std::string& key, const nlohmann::json& value) {
+  auto j = nlohmann::json::parse(read_file(config));
+  j[key] = value;
+  atomic_write_file(config, j.dump(2));
+}
+
 inline SimConfig small_config(std::size_t silos, std::uint64_t rounds) {
   SimConfig c = default_sim_config();
   c.silos = silos;

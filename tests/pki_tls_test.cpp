@@ -20,6 +20,7 @@
 #include <openssl/x509.h>
 
 #include <atomic>
+#include <list>
 #include <chrono>
 #include <thread>
 #include <boost/asio/detached.hpp>
@@ -36,6 +37,7 @@
 #include "transport/deadline_timer.h"
 #include "transport/dialer.h"
 #include "transport/listener.h"
+#include "transport/runtime.h"
 
 namespace xsilo::transport {
 namespace {
@@ -603,6 +605,59 @@ TEST_F(TlsTest, MalformedFramesGetAnErrorAndTheServerKeepsServing) {
 // IdleWatch.ASilentPeerIsClosedAtTheFirstTickPastItsTimeoutAndHeartbeatsKeepAPeerOpen
 // (transport_policy_test.cpp), the channel's watchdog with the same settings and time moved by
 // hand (Config.IdleTimeoutMustExceedHeartbeat checks the configuration rule).
+// A server's network threads (transport/runtime.h): the listener places each connection on one of
+// two connection threads, where its TLS runs, while every message is handled on the core's thread
+// (serve_channel) and answered from there (send posts to the connection's thread).
+TEST_F(TlsTest, ConnectionsOnOtherThreadsAreHandledOnTheCoresThreadAndAnsweredFromThere) {
+  IoThread conns[2];
+  std::size_t next = 0;
+  std::atomic<int> handled{0}, off_core{0};
+  std::vector<std::shared_ptr<Channel>> channels;
+  std::list<std::function<bool(const wire::Envelope&)>> handles;
+  ssl::context ctx = make_tls_context(kit("server"));
+  AllowList allow;
+  allow.allow(wire::SILO, {"hospital-a"});
+  std::unique_ptr<Listener> listener;
+  io_.run_sync([&] {
+    listener = std::make_unique<Listener>(io_.executor(), ctx, Endpoint{"127.0.0.1", 0}, ChannelOptions{}, allow,
+                                          LocalInfo{kFed, wire::SERVER, {}}, [&](std::shared_ptr<Channel> ch) {
+                                            channels.push_back(ch);
+                                            // Held by reference while the coroutine runs: kept by the test.
+                                            const auto& handle = handles.emplace_back([&, ch](const wire::Envelope& e) {
+                                              if (!io_.io().get_executor().running_in_this_thread()) ++off_core;
+                                              ++handled;
+                                              ch->send(e);
+                                              return true;
+                                            });
+                                            asio::co_spawn(io_.executor(), serve_channel(ch, handle), asio::detached);
+                                          });
+    listener->place_connections([&] { return conns[next++ % 2].executor(); });
+    listener->start();
+  });
+  IoThread clients;
+  std::vector<Client> cs;
+  for (int i = 0; i < 4; ++i) {
+    cs.push_back(connect(clients, kit("hospital-a"), listener->port()));
+    ASSERT_TRUE(cs.back().ch) << cs.back().status.message;
+  }
+  for (int round = 0; round < 20; ++round) {
+    for (auto& c : cs) EXPECT_TRUE(echoes(clients, *c.ch, std::to_string(round)));
+  }
+  EXPECT_EQ(handled.load(), 80);
+  EXPECT_EQ(off_core.load(), 0);
+  std::size_t on_first = 0, on_second = 0;
+  io_.run_sync([&] {
+    for (auto& ch : channels) {
+      on_first += ch->executor() == conns[0].executor();
+      on_second += ch->executor() == conns[1].executor();
+    }
+    listener->stop();
+    for (auto& ch : channels) ch->close();
+  });
+  EXPECT_EQ(on_first, 2u);
+  EXPECT_EQ(on_second, 2u);
+}
+
 TEST_F(TlsTest, IdlePeersAreClosedAndHeartbeatsKeepThemOpen) {
   ChannelOptions server_opts;
   server_opts.idle_timeout = std::chrono::milliseconds(400);

@@ -33,6 +33,7 @@ struct RoundBenchOptions {
   // The server's uploads_at_once and broadcasts_at_once (negative: the server's default).
   std::int64_t uploads_at_once = -1;
   std::int64_t broadcasts_at_once = -1;
+  std::int64_t network_threads = -1;  // the server's network_threads (negative: its default)
 };
 
 // Server and K agents (real processes, mutual TLS on loopback) with a synthetic model: no

@@ -161,6 +161,7 @@ server::ServerConfig write_server_config(const RoundBenchOptions& opts, const Fe
   if (!opts.broadcast.is_null()) server["broadcast"] = opts.broadcast;
   if (opts.uploads_at_once >= 0) server["uploads_at_once"] = opts.uploads_at_once;
   if (opts.broadcasts_at_once >= 0) server["broadcasts_at_once"] = opts.broadcasts_at_once;
+  if (opts.network_threads >= 0) server["network_threads"] = opts.network_threads;
   atomic_write_file(dir / "server.json", server.dump(2));
   // A compression block the server would refuse is a usage error here, not a failed run.
   try {

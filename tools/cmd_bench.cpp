@@ -43,6 +43,8 @@ void add_bench_round(CLI::App& bench, int& exit_code) {
                 "the server's uploads_at_once (default: the server's default)");
   r->add_option("--broadcasts-at-once", round->broadcasts_at_once,
                 "the server's broadcasts_at_once, 0: every silo at once (default: the server's default)");
+  r->add_option("--network-threads", round->network_threads,
+                "the server's network_threads (default: the server's default)");
   r->add_option("--server-address", round->server_address, "the address the server listens on, silos dial")
       ->group("");
   r->add_flag("--json", round->json, "one JSON object per measurement");

@@ -1,4 +1,6 @@
 // xsilo server | agent: the daemons, each from one JSON config.
+#include <malloc.h>
+
 #include <cstdio>
 
 #include "common/config.h"
@@ -26,6 +28,14 @@ void warn_if_own_certificate_expires(const transport::TlsFiles& tls, int warn_da
   } catch (const std::exception&) {
     // An unreadable certificate is reported, with the file, when the daemon loads its TLS files.
   }
+}
+
+// A daemon with several network threads: one heap for all of them. With an arena per thread, a
+// frame freed by one thread could not serve the next frame of another, and each arena kept its
+// own (xsilo main keeps freed frames in the process): 16 silos on 2 and 4 threads peaked 3-8 MiB
+// above the one-thread server (docs/benchmarks.md, "Network threads").
+void one_heap_for(std::size_t network_threads) {
+  if (network_threads > 1) mallopt(M_ARENA_MAX, 1);
 }
 
 }  // namespace
@@ -62,6 +72,7 @@ void add_server(CLI::App& app, int& exit_code) {
     warn_if_own_certificate_expires(cfg.tls, cfg.channel.certificate_warn_days);
     std::unique_ptr<server::ServerHook> hook;
     if (!simulate->empty()) hook = make_sim_server_hook(cfg, load_sim_server_config(*simulate));
+    one_heap_for(cfg.network_threads);
     exit_code = server::run_server(cfg, *start, std::move(hook));
   });
 }
@@ -81,6 +92,7 @@ void add_edge(CLI::App& app, int& exit_code) {
     warn_if_own_certificate_expires(cfg.tls, cfg.channel.certificate_warn_days);
     std::unique_ptr<edge::EdgeHook> hook;
     if (!simulate->empty()) hook = make_sim_edge_hook(cfg, load_sim_edge_config(*simulate));
+    one_heap_for(cfg.network_threads);
     exit_code = edge::run_edge(cfg, std::move(hook));
   });
 }

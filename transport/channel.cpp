@@ -4,6 +4,8 @@
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -213,7 +215,17 @@ awaitable<proto::Status> Channel::connect(const AllowList& upstreams, const Loca
   co_return proto::Status();
 }
 
+bool Channel::elsewhere() {
+  const auto* io = executor().target<asio::io_context::executor_type>();
+  return io && !io->running_in_this_thread();
+}
+
+void Channel::post(std::function<void(Channel&)> call) {
+  asio::post(executor(), [self = shared_from_this(), call = std::move(call)] { call(*self); });
+}
+
 void Channel::start() {
+  if (elsewhere()) return post([](Channel& c) { c.start(); });
   if (started_) return;
   started_ = true;
   idle_.heard(Clock::now());
@@ -274,7 +286,13 @@ awaitable<proto::Result<wire::Envelope>> Channel::read() {
 }
 
 bool Channel::send(wire::Envelope env) {
-  if (!open_ || closing_) return false;
+  if (!open_) return false;
+  if (elsewhere()) {
+    // Encoded on the channel's thread. (Held in a shared_ptr: a std::function must be copyable.)
+    post([e = std::make_shared<wire::Envelope>(std::move(env))](Channel& c) { c.send(std::move(*e)); });
+    return open_;
+  }
+  if (closing_) return false;
   auto frame = proto::encode_frame(env, opts_.max_frame_bytes);
   if (!frame) {
     spdlog::error("not sending {} to {}: {}", proto::body_name(env), peer_.str(),
@@ -286,7 +304,12 @@ bool Channel::send(wire::Envelope env) {
 }
 
 bool Channel::send_frame(std::shared_ptr<const std::string> frame) {
-  if (!open_ || closing_ || !frame) return false;
+  if (!open_ || !frame) return false;
+  if (elsewhere()) {
+    post([frame](Channel& c) { c.send_frame(frame); });
+    return open_;
+  }
+  if (closing_) return false;
   const std::size_t bytes = frame->size();
   return enqueue(Item(std::move(frame)), bytes);
 }
@@ -295,7 +318,7 @@ bool Channel::enqueue(Item item, std::size_t bytes) {
   queued_bytes_ += bytes;
   if (queued_bytes_ > opts_.max_queued_bytes) {
     spdlog::warn("{} is not reading: {} bytes queued; closing the connection", peer_.str(),
-                 queued_bytes_);
+                 queued_bytes_.load());
     close();
     return false;
   }
@@ -319,19 +342,26 @@ std::optional<proto::SplitFrame> Channel::take_front(std::shared_ptr<const std::
     frame.head = std::move(std::get<std::string>(front));
   }
   queue_.pop_front();
-  queued_bytes_ -= std::min(queued_bytes_, frame.size());
+  queued_bytes_ -= std::min(queued_bytes_.load(), frame.size());
   return frame;
 }
 
 bool Channel::send_stream(Source next) {
-  if (!open_ || closing_) return false;
+  if (!open_) return false;
+  if (elsewhere()) {
+    post([next](Channel& c) { c.send_stream(next); });
+    return open_;
+  }
+  if (closing_) return false;
   queue_.push_back(Item(std::move(next)));
   wake_.cancel();
   return true;
 }
 
 void Channel::close_with_error(wire::ErrorCode code, const std::string& message) {
-  if (!open_ || closing_) return;
+  if (!open_) return;
+  if (elsewhere()) return post([code, message](Channel& c) { c.close_with_error(code, message); });
+  if (closing_) return;
   auto env = envelope(federation_, 0);
   env.mutable_error()->set_code(code);
   env.mutable_error()->set_message(message);
@@ -343,6 +373,7 @@ void Channel::close_with_error(wire::ErrorCode code, const std::string& message)
 }
 
 void Channel::close() {
+  if (elsewhere()) return post([](Channel& c) { c.close(); });
   if (!open_ && !stream_.socket().is_open()) return;
   open_ = false;
   queue_.clear();

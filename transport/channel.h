@@ -3,8 +3,15 @@
 // closes a peer that went silent, or that stopped taking what we write (a write stalled past
 // the idle timeout). send() never blocks: a slow peer only fills its own queue,
 // and a queue over its limit closes that peer rather than growing without bound.
+//
+// A channel lives on its executor's thread (one network thread of several, transport/runtime.h).
+// send(), send_stream(), send_frame(), close_with_error(), close() and start() may be called from
+// another thread (the core's): they are then posted to the channel's, in the order called;
+// is_open() and the byte counters may be read from any thread. read(), accept() and connect()
+// run on the channel's thread (run_on() takes them there).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -17,6 +24,9 @@
 #include <variant>
 
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 
@@ -77,7 +87,8 @@ class Channel : public std::enable_shared_from_this<Channel> {
   awaitable<proto::Result<wire::Envelope>> read();
 
   // Queue a message, or a lazily produced run of messages (model chunks: memory stays at one
-  // chunk per connection). False when closed or when the queue limit was exceeded.
+  // chunk per connection). False when closed or when the queue limit was exceeded (called from
+  // another thread: false when closed; the limit is then checked on the channel's thread).
   bool send(wire::Envelope env);
   bool send_stream(Source next);
   // A frame already encoded (proto::encode_frame), shared with other connections: an edge
@@ -103,6 +114,10 @@ class Channel : public std::enable_shared_from_this<Channel> {
   // of frames made as they are sent.
   using Item = std::variant<std::string, std::shared_ptr<const std::string>, Source>;
   bool enqueue(Item item, std::size_t bytes);
+  // Whether the caller runs on another thread than this channel's (the core's, say).
+  bool elsewhere();
+  // Runs `call` on this channel's thread, holding the channel.
+  void post(std::function<void(Channel&)> call);
   // The next frame to write, taken from the front of the queue (nullopt: a stream ended);
   // `keep` holds a shared frame until it is written.
   std::optional<proto::SplitFrame> take_front(std::shared_ptr<const std::string>& keep);
@@ -119,8 +134,8 @@ class Channel : public std::enable_shared_from_this<Channel> {
   asio::steady_timer wake_, heartbeat_timer_, watchdog_timer_, deadline_;
   std::deque<Item> queue_;
   std::vector<std::uint8_t> read_buffer_;
-  std::size_t queued_bytes_ = 0;
-  bool open_ = true;
+  std::atomic<std::size_t> queued_bytes_ = 0;
+  std::atomic<bool> open_ = true;
   bool closing_ = false;   // flush then close
   bool started_ = false;
   PeerIdentity peer_;
@@ -129,9 +144,24 @@ class Channel : public std::enable_shared_from_this<Channel> {
   wire::Welcome welcome_;
   std::string remote_;
   std::string federation_;
-  std::uint64_t bytes_sent_ = 0, bytes_received_ = 0;
+  std::atomic<std::uint64_t> bytes_sent_ = 0, bytes_received_ = 0;
   IdleWatch idle_;  // when the last frame was read: the watchdog's decision
 };
+
+template <class T>
+awaitable<std::optional<T>> as_optional(awaitable<T> op) {
+  co_return co_await std::move(op);
+}
+
+// Runs `op` on `where` (a channel's executor) and resumes the caller on its own executor with
+// the result: the core waits for a connection's read while another thread decrypts it.
+template <class T>
+awaitable<T> run_on(asio::any_io_executor where, awaitable<T> op) {
+  if (where == co_await asio::this_coro::executor) co_return co_await std::move(op);
+  // co_spawn's result type must be default-constructible; a Result is not.
+  auto r = co_await asio::co_spawn(where, as_optional(std::move(op)), asio::use_awaitable);
+  co_return std::move(*r);
+}
 
 // Fills federation and round of an envelope.
 wire::Envelope envelope(const std::string& federation, std::uint64_t round);

@@ -1,5 +1,8 @@
 #include "transport/config.h"
 
+#include <algorithm>
+#include <thread>
+
 #include "transport/pki.h"
 
 namespace xsilo::transport {
@@ -134,6 +137,15 @@ nlohmann::json to_json(const AllowList& a) {
   nlohmann::json j = nlohmann::json::object();
   for (const auto& [role, names] : a.names()) j[role_name(role)] = names;
   return j;
+}
+
+std::size_t default_network_threads() {
+  return std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, 4);
+}
+
+std::size_t parse_network_threads(const ConfigNode& root) {
+  return static_cast<std::size_t>(
+      root.integer("network_threads", static_cast<std::int64_t>(default_network_threads()), 1, kMaxNetworkThreads));
 }
 
 }  // namespace xsilo::transport

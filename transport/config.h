@@ -24,6 +24,13 @@ Endpoint parse_endpoint_key(const ConfigNode& node, const std::string& key,
                             const std::string& def = "");
 std::vector<Endpoint> parse_endpoint_list(const ConfigNode& node, const std::string& key);
 
+// "network_threads": threads that carry a daemon's connections (transport/runtime.h), 1..64. By
+// default the machine's hardware threads up to 4 (docs/benchmarks.md, "Network threads"); the
+// ceiling keeps a typo from starting thousands of threads.
+inline constexpr std::int64_t kMaxNetworkThreads = 64;
+std::size_t default_network_threads();
+std::size_t parse_network_threads(const ConfigNode& root);
+
 // The same sections back as JSON (paths absolute), for tools that write configs from structs.
 nlohmann::json to_json(const TlsFiles& f);
 nlohmann::json to_json(const ChannelOptions& o);

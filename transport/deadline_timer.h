@@ -1,9 +1,10 @@
 // A steady timer for a deadline that is re-armed and cancelled as a round goes on.
 //
 // asio cancels only the waits still in the timer queue. A wait that has already expired, and
-// whose handler is queued behind other work on the network thread, still runs with success
-// after the timer was re-armed or cancelled, and would fire for a deadline that no longer
-// holds (a later upload lane dropped early). Each start() and cancel() retires every earlier
+// whose handler is queued behind other work on the core's network thread (a daemon's timers run
+// there only: transport/runtime.h), still runs with success after the timer was re-armed or
+// cancelled, and would fire for a deadline that no longer holds (a later upload lane dropped
+// early). Each start() and cancel() retires every earlier
 // wait, expired or not: a handler runs only for the wait the timer was last armed with.
 #pragma once
 

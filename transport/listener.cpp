@@ -47,8 +47,8 @@ awaitable<void> Listener::accept_loop() {
   asio::steady_timer pause(ex_);
   while (*alive && acceptor_.is_open()) {
     boost::system::error_code ec;
-    tcp::socket socket = co_await acceptor_.async_accept(
-        asio::redirect_error(asio::use_awaitable, ec));
+    const asio::any_io_executor where = place_ ? place_() : ex_;
+    tcp::socket socket = co_await acceptor_.async_accept(where, asio::redirect_error(asio::use_awaitable, ec));
     if (!*alive) break;
     if (ec) {
       if (ec == asio::error::operation_aborted) break;
@@ -105,7 +105,8 @@ awaitable<void> Listener::authenticate(tcp::socket socket, std::string address) 
   try {
     channel = std::make_shared<Channel>(std::move(socket), ctx_, opts_);
     const std::uint64_t round = current_round_ ? current_round_() : 0;
-    st = co_await channel->accept(admission->allow, admission->me, round);
+    // The handshake on the connection's own thread; this coroutine waits on the listener's.
+    st = co_await run_on(channel->executor(), channel->accept(admission->allow, admission->me, round));
   } catch (const std::exception& e) {
     if (*alive) {
       spdlog::warn("connection from {} failed before it was authenticated: {}", address, e.what());

@@ -24,6 +24,10 @@ class Listener {
            AllowList allow, LocalInfo me, Handler on_channel, RoundFn current_round = {});
   ~Listener();  // stops: coroutines still running (a paused accept loop) see it gone
   std::uint16_t port() const { return port_; }
+  // Where each accepted connection lives (its TLS handshake included): a network thread of
+  // several (Runtime::connection_executor). By default the listener's own executor. The
+  // listener's bookkeeping and `on_channel` stay on the listener's executor.
+  void place_connections(std::function<asio::any_io_executor()> where) { place_ = std::move(where); }
   void start();
   void stop();
   std::uint64_t refused() const { return refused_; }
@@ -54,6 +58,7 @@ class Listener {
   std::shared_ptr<const Admission> admission_;
   Handler on_channel_;
   RoundFn current_round_;
+  std::function<asio::any_io_executor()> place_;
   std::uint16_t port_ = 0;
   std::uint64_t refused_ = 0;
   // Handshakes in progress, in all and per source address (ChannelOptions caps them).

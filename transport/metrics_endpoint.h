@@ -1,5 +1,5 @@
 // The Prometheus scrape endpoint of a daemon: plain HTTP/1.1 on its own port (`metrics.listen`,
-// off by default), GET /metrics only, one response per connection. It runs on the daemon's
+// off by default), GET /metrics only, one response per connection. It runs on the daemon's core
 // network thread (the gauges are read there, where the daemon's state lives; rendering the text
 // is microseconds), shares nothing with the TLS port, never reads more than a request head,
 // cuts off a client silent for 2 s, and, with every slot taken, drops the oldest connection

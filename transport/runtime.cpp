@@ -1,6 +1,7 @@
 #include "transport/runtime.h"
 
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/redirect_error.hpp>
@@ -10,9 +11,19 @@
 
 namespace xsilo::transport {
 
-Runtime::Runtime() : signals_(io_, SIGINT, SIGTERM) {}
+Runtime::Runtime(std::size_t network_threads) : signals_(io_, SIGINT, SIGTERM) {
+  for (std::size_t i = 1; i < network_threads; ++i) connection_io_.push_back(std::make_unique<asio::io_context>(1));
+}
 
-Runtime::~Runtime() { pool_.join(); }
+Runtime::~Runtime() {
+  join_connection_threads();
+  pool_.join();
+}
+
+asio::any_io_executor Runtime::connection_executor() {
+  const std::size_t i = next_connection_++ % network_threads();
+  return i == 0 ? io_.get_executor() : connection_io_[i - 1]->get_executor();
+}
 
 void Runtime::background(std::function<void()> work) { asio::post(pool_, std::move(work)); }
 
@@ -34,9 +45,33 @@ int Runtime::run(std::function<void()> start, std::function<void(int)> on_signal
     }
   });
   asio::post(io_, std::move(start));
+  // The other network threads run until the core's has stopped and their connections are gone.
+  std::vector<asio::executor_work_guard<asio::io_context::executor_type>> busy;
+  for (auto& io : connection_io_) {
+    busy.push_back(asio::make_work_guard(*io));
+    connection_threads_.emplace_back([&io = *io] { io.run(); });
+  }
   io_.run();
+  busy.clear();
+  join_connection_threads();
   pool_.join();
   return exit_code_;
+}
+
+// The core closed its connections before it stopped (stop()'s `last`): their threads end as
+// soon as the closes have run. A connection still in its handshake could hold one until its
+// timeout, so after a grace period the rest are stopped where they are.
+void Runtime::join_connection_threads() {
+  if (connection_threads_.empty()) return;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  for (auto& io : connection_io_) {
+    while (!io->stopped() && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    io->stop();
+  }
+  for (auto& t : connection_threads_) t.join();
+  connection_threads_.clear();
 }
 
 void Runtime::stop(int exit_code, std::chrono::milliseconds linger, std::function<void()> last) {
@@ -55,7 +90,8 @@ void Runtime::stop(int exit_code, std::chrono::milliseconds linger, std::functio
 
 awaitable<void> serve_channel(std::shared_ptr<Channel> ch, const std::function<bool(const wire::Envelope&)>& handle) {
   for (;;) {
-    auto env = co_await ch->read();
+    // Read (decrypted and decoded) on the channel's thread, handled on the caller's.
+    auto env = co_await run_on(ch->executor(), ch->read());
     if (!env) {
       if (env.error().code() != wire::ERROR_UNSPECIFIED) {
         spdlog::warn("{}: {}", ch->peer().str(), env.error().message());

@@ -1,6 +1,12 @@
-// The skeleton every daemon shares: one network thread (an io_context: every connection and
-// every call into the role's sans-I/O core), one worker thread for CPU and disk work, SIGINT
-// and SIGTERM, and for silos and edges the dialler towards their upstream with failover.
+// The skeleton every daemon shares: network threads, one worker thread for CPU and disk work,
+// SIGINT and SIGTERM, and for silos and edges the dialler towards their upstream with failover.
+//
+// The network threads each run an io_context. The first, io(), is the core's: the role's
+// sans-I/O core, its timers, the listener and every job's `done` run there and nowhere else,
+// so the core is single-threaded whatever the count. A connection lives on one network thread
+// (connection_executor() deals them out in turn): its TLS, framing and encoding run there, and
+// the core's calls on it (send, close) are posted to it (Channel). With one network thread,
+// everything shares io(), as it always did.
 #pragma once
 
 #include <chrono>
@@ -8,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include <boost/asio/io_context.hpp>
@@ -22,12 +29,16 @@ namespace xsilo::transport {
 
 class Runtime {
  public:
-  Runtime();
+  explicit Runtime(std::size_t network_threads = 1);
   ~Runtime();
+  // The core's context: its thread is the only one that calls into the role's core.
   asio::io_context& io() { return io_; }
+  // Where the next connection lives: the network threads in turn, io()'s included.
+  asio::any_io_executor connection_executor();
+  std::size_t network_threads() const { return 1 + connection_io_.size(); }
 
-  // Runs `work` on the worker thread (in order with all other work), then `done(result)` on
-  // the network thread. An exception from `work` stops the daemon with exit code 1.
+  // Runs `work` on the worker thread (in order with all other work), then `done(result)` on the
+  // core's network thread (io()). An exception from `work` stops the daemon with exit code 1.
   template <class R>
   void work(std::function<R()> work, std::function<void(R)> done) {
     asio::post(pool_, [this, work = std::move(work), done = std::move(done)]() mutable {
@@ -44,8 +55,8 @@ class Runtime {
   // Fire and forget on the worker thread, in order with the other work.
   void background(std::function<void()> work);
 
-  // Calls `start` on the network thread, then runs until stop(); returns the exit code. The
-  // first SIGINT or SIGTERM calls `on_signal` (default: stop with 130).
+  // Calls `start` on the core's network thread (io()), then runs until stop(); returns the exit
+  // code. The first SIGINT or SIGTERM calls `on_signal` (default: stop with 130).
   int run(std::function<void()> start, std::function<void(int)> on_signal = {});
   // Ends the loop after `linger` (queued messages get that long to leave); `last` runs just
   // before (closing the connections).
@@ -56,6 +67,12 @@ class Runtime {
 
  private:
   void fail(const std::string& what);
+  void join_connection_threads();
+  // The other network threads' contexts: declared before io_, so destroyed after it (the
+  // core's pending handlers may hold connections whose sockets live on them).
+  std::vector<std::unique_ptr<asio::io_context>> connection_io_;
+  std::vector<std::thread> connection_threads_;
+  std::size_t next_connection_ = 0;
   asio::io_context io_;
   asio::thread_pool pool_{1};
   asio::signal_set signals_;
@@ -64,8 +81,9 @@ class Runtime {
 };
 
 // (`handle` is held by reference: pass a named function.)
-// Reads messages from `ch` and hands each to `handle` until the channel closes, `handle`
-// returns false, or a frame is bad (the peer then gets an Error naming it and is closed).
+// Reads messages from `ch` on the channel's thread and hands each to `handle` on the caller's
+// (the core's) until the channel closes, `handle` returns false, or a frame is bad (the peer then
+// gets an Error naming it and is closed).
 awaitable<void> serve_channel(std::shared_ptr<Channel> ch, const std::function<bool(const wire::Envelope&)>& handle);
 
 // Dials a silo's or an edge's upstreams in failover order, with backoff and jitter, and runs a
