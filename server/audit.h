@@ -120,13 +120,20 @@ std::vector<nlohmann::json> read_audit_log(const std::filesystem::path& path);
 struct PrivacyAudit {
   std::uint64_t spends = 0;         // participant spends checked
   std::map<std::string, double> epsilon;  // each silo's recomputed epsilon at its last record's delta
-  std::uint64_t central_rounds = 0;       // silo-level central DP: committed rounds that spent
-  double central_epsilon = 0;             // their recomputed epsilon at the last record's delta
+  // Silo-level DP: "central", "distributed" (or "central and distributed" for a log with both;
+  // "" where no record states a silo-level mechanism), and the rounds that spent, by kind:
+  std::string silo_mode;
+  std::uint64_t silo_committed = 0;   // committed rounds
+  std::uint64_t silo_aborted = 0;     // aborted rounds whose sums were unmasked (sums_revealed > 0)
+  std::uint64_t silo_interrupted = 0; // unmask_begun records no record of their round closed
+  double silo_epsilon = 0;            // their recomputed epsilon at the last record's delta
+  std::uint64_t silo_rounds() const { return silo_committed + silo_aborted + silo_interrupted; }
 };
-// Record level: each silo's claims recomposed from its recorded DP-SGD parameters. Silo-level
-// central DP: every committed round's "privacy" recomposed from its (sample rate, noise
-// multiplier), in the log's order; a record claiming less epsilon than they give, or more than
-// its own max_epsilon allows, fails (the error names the first such record).
+// Record level: each silo's claims recomposed from its recorded DP-SGD parameters. Silo level
+// (either mode): every round that spent (silo_level_mechanism_of, UnmaskingWatch) recomposed from
+// its recorded parameters, in the log's order; a record claiming less epsilon than they give, or
+// more than its own max_epsilon allows, fails (the error names the first such record), and so does
+// a distributed-DP record whose parameters are not the setup it names (SetupMismatch).
 Result<PrivacyAudit> check_privacy_claims(const std::vector<nlohmann::json>& records);
 
 class AuditLog {

@@ -155,7 +155,7 @@ std::optional<privacy::Mechanism> recorded_skellam_mechanism(const nlohmann::jso
     }
   }
   if (!p.contains("setup_sha256") || !p["setup_sha256"].is_string()) {
-    throw std::invalid_argument("its privacy part names no setup_sha256: nothing ties its parameters to the setup "
+    throw SetupMismatch("its privacy part names no setup_sha256: nothing ties its parameters to the setup "
                                 "the silos were sent");
   }
   wire::SkellamSetup k;
@@ -168,7 +168,7 @@ std::optional<privacy::Mechanism> recorded_skellam_mechanism(const nlohmann::jso
   DistributedDpConfig c;
   c.padded = p["padded_length"].get<std::size_t>();
   if (protocol::skellam_sha256(k, c.padded) != p["setup_sha256"].get<std::string>()) {
-    throw std::invalid_argument("its privacy part's bits, gamma, variance, clip_norm, beta, rotation_seed and "
+    throw SetupMismatch("its privacy part's bits, gamma, variance, clip_norm, beta, rotation_seed and "
                                 "padded_length are not the signed setup it names (setup_sha256 " +
                                 p["setup_sha256"].get<std::string>() + ")");
   }
@@ -220,7 +220,7 @@ std::optional<privacy::Mechanism> UnmaskingWatch::take(const nlohmann::json& rec
   const bool closes_it = event == "round" && begun_ && begun_->round == round;
   if (event != kUnmaskBegun && event != "round" && event != "federation_start") return std::nullopt;
   if (closes_it && setup_named(record) != begun_->setup) {
-    throw std::invalid_argument("its round record names " + shown(setup_named(record)) +
+    throw SetupMismatch("its round record names " + shown(setup_named(record)) +
                                 ", but the unmask_begun record it closes names " + shown(begun_->setup) +
                                 ": the round would be charged at another setup than the one it unmasked under");
   }

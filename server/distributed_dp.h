@@ -39,6 +39,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -100,10 +101,20 @@ DistributedDpConfig as_signed(const DistributedDpConfig& budget, const wire::Ske
 // "setup_sha256" (protocol::skellam_sha256 of the signed part), and the spend so far.
 nlohmann::json round_privacy_record(const DistributedDpConfig& budget, const wire::SkellamSetup& k, std::size_t padded,
                                     const privacy::Ledger& spent);
+// A record whose distributed-DP parameters are not the signed setup it names, that names none, or
+// that closes an unmask_begun record of another setup: the round would be charged at another
+// setup than the one the silos were sent. Distinct from a spend that cannot be read, so that
+// `xsilo audit verify` says which it is.
+class SetupMismatch : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
 // The mechanism a distributed-DP record states (nullopt for a record with no skellam part); it is
 // recomputed from gamma, C, P, beta and mu, never read from the record's own sensitivities, and
 // only once bits, gamma, mu, C, beta and the rotation seed hash to the record's setup_sha256
-// (else std::invalid_argument: the record's parameters are not those the silos were sent).
+// (else SetupMismatch: the record's parameters are not those the silos were sent; a missing or
+// malformed field is std::invalid_argument).
 std::optional<privacy::Mechanism> recorded_skellam_mechanism(const nlohmann::json& record);
 // The same, for a round that spent: committed, or aborted after unmasking a noisy sum (its
 // privacy part's "sums_revealed" > 0); nullopt for any other record.
@@ -124,10 +135,10 @@ inline constexpr const char* kUnmaskBegun = "unmask_begun";
 class UnmaskingWatch {
  public:
   // The log's next record: the mechanism of an earlier round whose unmasking this record shows
-  // was interrupted (to charge now), or nullopt. Throws std::invalid_argument for an
-  // unmask_begun record whose parameters are not the setup it names, or that names none, and for
-  // a round record that closes an unmask_begun of its round but names another setup (the silos
-  // were sent one setup, the round would be charged at another).
+  // was interrupted (to charge now), or nullopt. Throws SetupMismatch for an unmask_begun record
+  // whose parameters are not the setup it names, or that names none, and for a round record that
+  // closes an unmask_begun of its round but names another setup (the silos were sent one setup,
+  // the round would be charged at another).
   std::optional<privacy::Mechanism> take(const nlohmann::json& record);
   // At the log's end: the unmasking no round record closed (to charge), or nullopt.
   std::optional<privacy::Mechanism> open() const;

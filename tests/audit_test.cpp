@@ -714,7 +714,7 @@ TEST_F(RecoveryTest, DistributedDpSpendIsRebuiltFromTheAuditChainAfterADamagedCh
   for (const auto& line : lines_of(dir_ / "audit.jsonl")) records.push_back(nlohmann::json::parse(line));
   const auto claims = check_privacy_claims(records);
   ASSERT_TRUE(succeeded(claims));
-  EXPECT_EQ(claims->central_rounds, 4u);
+  EXPECT_EQ(claims->silo_rounds(), 4u);
   // A committed record whose parameters do not hash to its signed setup: no start.
   std::filesystem::create_directories(dir_ / "other");
   {
@@ -764,7 +764,7 @@ TEST_F(RecoveryTest, ARoundWhoseUnmaskingBeganIsChargedAfterACrashBeforeItsRecor
   {
     const auto claims = check_privacy_claims(read_audit_log(dir_ / "audit.jsonl"));
     ASSERT_TRUE(succeeded(claims));
-    EXPECT_EQ(claims->central_rounds, 2u);
+    EXPECT_EQ(claims->silo_rounds(), 2u);
   }
   {
     ServerState st(dir_.path(), 0);
@@ -783,8 +783,33 @@ TEST_F(RecoveryTest, ARoundWhoseUnmaskingBeganIsChargedAfterACrashBeforeItsRecor
   EXPECT_EQ(st.recover(layout()).central_dp, spent);
   const auto claims = check_privacy_claims(read_audit_log(dir_ / "audit.jsonl"));
   ASSERT_TRUE(succeeded(claims));
-  EXPECT_EQ(claims->central_rounds, 3u);
-  EXPECT_NEAR(claims->central_epsilon, epsilon_of(spent, dp.delta), 1e-12);
+  EXPECT_EQ(claims->silo_rounds(), 3u);
+  EXPECT_NEAR(claims->silo_epsilon, epsilon_of(spent, dp.delta), 1e-12);
+}
+
+// `xsilo audit verify` on a distributed-DP log says its mode and counts the rounds that spent by
+// kind: a committed round, and a round aborted after its sums were unmasked (not "committed").
+TEST_F(RecoveryTest, AuditVerifySaysDistributedDpAndCountsAbortedRoundsThatSpentApart) {
+  const auto dp = small_distributed_dp();
+  const auto setup = signed_part(dp, 11);
+  {
+    ServerState st(dir_.path(), 0);
+    commit_skellam_round_one(st, dp, setup, "u1");
+    privacy::Ledger spent;
+    spent.add(round_mechanism(as_signed(dp, setup, dp.padded)), 2);
+    auto part = round_privacy_record(dp, setup, dp.padded, spent);
+    part["sums_revealed"] = 1;  // a group sum was unmasked, then too few updates were left
+    st.record({{"event", "round"}, {"round", 2}, {"status", "aborted"}, {"privacy", part}}, nullptr);
+  }
+  Process p({test::xsilo_bin(), "audit", "verify", (dir_ / "audit.jsonl").string(), "--key", (dir_ / "audit.pub").string()},
+            dir_ / "verify.log");
+  EXPECT_EQ(p.wait(std::chrono::seconds(30)).value_or(-1), 0) << read_file(dir_ / "verify.log");
+  const std::string said = read_file(dir_ / "verify.log");
+  EXPECT_NE(said.find("privacy: silo-level distributed DP, 1 committed noised round and 1 aborted round whose sums "
+                      "were unmasked recomposed from their parameters"),
+            std::string::npos)
+      << said;
+  EXPECT_EQ(said.find("central DP"), std::string::npos) << said;
 }
 
 // Issue 42, a server whose code was changed: it signed the silos a setup with a sixteenth of the

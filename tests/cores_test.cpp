@@ -472,7 +472,7 @@ void expect_charged_once_after_its_unmask_begun_record(Cores& fed, std::uint64_t
   EXPECT_GT(p["epsilon"].get<double>(), 0);
   const auto claims = server::check_privacy_claims(records);
   ASSERT_TRUE(claims.has_value()) << claims.error().message();
-  EXPECT_EQ(claims->central_rounds, 1u);
+  EXPECT_EQ(claims->silo_rounds(), 1u);
 }
 
 // Issue 42, the abort recorded apart from a commit (Coordinator::record_abort): distributed DP in

@@ -293,8 +293,8 @@ TEST(DistributedDp, AuditVerifyFailsOnAnUnderstatedEpsilon) {
   }
   const auto ok = server::check_privacy_claims(log);
   EXPECT_TRUE(succeeded(ok));
-  EXPECT_EQ(ok->central_rounds, 4u);
-  EXPECT_NEAR(ok->central_epsilon, server::epsilon_of(spent, c.delta), 1e-12);
+  EXPECT_EQ(ok->silo_rounds(), 4u);
+  EXPECT_NEAR(ok->silo_epsilon, server::epsilon_of(spent, c.delta), 1e-12);
   EXPECT_EQ(log[4]["privacy"]["mechanism"], "skellam");
   for (const char* k : {"gamma", "variance", "bits", "clip_norm", "epsilon"}) {
     EXPECT_TRUE(log[4]["privacy"].contains(k)) << k;
@@ -365,7 +365,9 @@ TEST(DistributedDp, AuditVerifyFailsWhenARecordsParametersAreNotTheSignedSetupIt
   EXPECT_TRUE(succeeded(honest));
   auto lie = log;
   lie[1]["privacy"]["setup_sha256"] = protocol::skellam_sha256(weak, c.padded);
-  test::expect_claims_fail(lie, "not the signed setup it names");
+  test::expect_claims_fail(lie, "record 2 (round 1): its distributed DP parameters do not match the signed setup the "
+                                "silos were sent: its privacy part's bits, gamma, variance");
+  EXPECT_EQ(error_text(server::check_privacy_claims(lie)).find("cannot be read"), std::string::npos);
   // A smaller rotated length than was signed would shrink the sensitivity, and so the epsilon:
   // the hash covers it.
   auto shorter = log;
@@ -373,7 +375,13 @@ TEST(DistributedDp, AuditVerifyFailsWhenARecordsParametersAreNotTheSignedSetupIt
   test::expect_claims_fail(shorter, "not the signed setup it names");
   auto unnamed = log;
   unnamed[1]["privacy"].erase("setup_sha256");
-  test::expect_claims_fail(unnamed, "names no setup_sha256");
+  test::expect_claims_fail(unnamed, "do not match the signed setup the silos were sent: its privacy part names no "
+                                    "setup_sha256");
+  // A spend that cannot be read is said as such, in the record's own mode.
+  auto unreadable = log;
+  unreadable[1]["privacy"].erase("gamma");
+  test::expect_claims_fail(unreadable, "record 2 (round 1): its distributed DP spend cannot be read (its privacy part "
+                                       "has no number \"gamma\")");
 }
 
 // A log of distributed-DP records as the server writes them, and the spend they give: the
@@ -414,8 +422,12 @@ TEST(DistributedDp, ARoundAbortedAfterItsSumsWereUnmaskedSpendsAndAuditVerifyCou
   const auto& log = s.log;
   const auto ok = server::check_privacy_claims(log);
   ASSERT_TRUE(succeeded(ok));
-  EXPECT_EQ(ok->central_rounds, 3u);
-  EXPECT_NEAR(ok->central_epsilon, server::epsilon_of(s.spent, s.c.delta), 1e-12);
+  EXPECT_EQ(ok->silo_mode, "distributed");
+  EXPECT_EQ(ok->silo_committed, 2u);
+  EXPECT_EQ(ok->silo_aborted, 1u);  // round 2; round 3 spent nothing
+  EXPECT_EQ(ok->silo_interrupted, 0u);
+  EXPECT_EQ(ok->silo_rounds(), 3u);
+  EXPECT_NEAR(ok->silo_epsilon, server::epsilon_of(s.spent, s.c.delta), 1e-12);
   EXPECT_TRUE(server::silo_level_mechanism_of(log[2]));
   EXPECT_FALSE(server::silo_level_mechanism_of(log[3]));
   // Round 2's record claiming only the spend before it (as if the abort had spent nothing).
@@ -447,8 +459,11 @@ TEST(DistributedDp, AnUnmaskingWhoseRoundRecordNeverFollowedIsChargedAndOneThatI
   s.interrupted();  // the log ends while round 4 unmasks
   const auto ok = server::check_privacy_claims(s.log);
   ASSERT_TRUE(succeeded(ok));
-  EXPECT_EQ(ok->central_rounds, 4u);
-  EXPECT_NEAR(ok->central_epsilon, server::epsilon_of(s.spent, s.c.delta), 1e-12);
+  EXPECT_EQ(ok->silo_committed, 2u);    // rounds 1 and 3
+  EXPECT_EQ(ok->silo_aborted, 0u);      // round 2 aborted before revealing a sum
+  EXPECT_EQ(ok->silo_interrupted, 2u);  // round 3's first unmasking, and round 4's
+  EXPECT_EQ(ok->silo_rounds(), 4u);
+  EXPECT_NEAR(ok->silo_epsilon, server::epsilon_of(s.spent, s.c.delta), 1e-12);
   // The same records, read by the watch as the recovery reads them.
   server::UnmaskingWatch watch;
   privacy::Ledger rebuilt;

@@ -1,5 +1,7 @@
 // xsilo audit verify | show: what an auditor runs, offline, on a copy of the log.
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "common/config.h"
 #include "crypto/sign.h"
@@ -76,6 +78,31 @@ bool witnesses_consistent(const server::AuditChain& r, const std::vector<std::st
   return true;
 }
 
+// "2 committed noised rounds and 1 aborted round whose sums were unmasked": the silo-level rounds
+// that spent, by kind.
+std::string rounds_that_spent(const server::PrivacyAudit& a) {
+  const auto count = [](std::uint64_t n, const char* one, const char* many) {
+    return std::to_string(n) + " " + (n == 1 ? one : many);
+  };
+  std::vector<std::string> parts;
+  if (a.silo_committed || (!a.silo_aborted && !a.silo_interrupted)) {
+    parts.push_back(count(a.silo_committed, "committed noised round", "committed noised rounds"));
+  }
+  if (a.silo_aborted) {
+    parts.push_back(count(a.silo_aborted, "aborted round whose sums were unmasked",
+                          "aborted rounds whose sums were unmasked"));
+  }
+  if (a.silo_interrupted) {
+    parts.push_back(count(a.silo_interrupted, "round whose unmasking began and no record of it followed",
+                          "rounds whose unmasking began and no record of them followed"));
+  }
+  std::string s;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    s += (i == 0 ? "" : i + 1 == parts.size() ? " and " : ", ") + parts[i];
+  }
+  return s;
+}
+
 // Record-level privacy: every claimed epsilon recomputed from its recorded parameters. False (having
 // said why) when a claim is less than they give.
 bool privacy_claims_hold(const server::AuditChain& r, const std::string& log) {
@@ -86,9 +113,9 @@ bool privacy_claims_hold(const server::AuditChain& r, const std::string& log) {
               << " silos recomputed from their parameters, every claim at least what they give\n";
     for (const auto& [silo, eps] : privacy->epsilon) std::cout << "  " << silo << ": epsilon " << eps << "\n";
   }
-  if (privacy->central_rounds) {
-    std::cout << "privacy: silo-level central DP, " << privacy->central_rounds
-              << " committed noised rounds recomposed from their parameters: epsilon " << privacy->central_epsilon
+  if (privacy->silo_rounds()) {
+    std::cout << "privacy: silo-level " << privacy->silo_mode << " DP, " << rounds_that_spent(*privacy)
+              << " recomposed from their parameters: epsilon " << privacy->silo_epsilon
               << ", every claim at least what they give\n";
   }
   return true;
