@@ -100,9 +100,17 @@ WitnessResult check_witness(const AuditChain& log, const std::filesystem::path& 
 // The first line that fails is the error, naming the file, the round and both hashes; an upload to
 // a round the log has no record of proves nothing either way (the server may have stopped before
 // unmasking anything) and is counted.
+// A line that says the silo released its unmask shares in a round (kind
+// protocol::kUnmaskSharesReleased, written before the shares left) needs that round charged under
+// its setup: the record that decides a run of the round (as above) must name the setup and spend
+// (a committed round record, an aborted one with sums_revealed > 0, or an unmask_begun no round
+// record followed); "sums_revealed" is the server's own count, and this is the silo's. A release
+// in a round the log has no record of fails when a later round has one, and proves nothing after
+// the log's last.
 struct SentCheck {
   std::uint64_t compared = 0;    // uploads whose setup the log's records of their round name
-  std::uint64_t unrecorded = 0;  // uploads to rounds after the log's last round record
+  std::uint64_t releases = 0;    // releases of unmask shares whose round the log charges
+  std::uint64_t unrecorded = 0;  // uploads (releases) to rounds after the log's last round record (any record)
   std::uint64_t other_federation = 0;  // lines of another federation than the log's (skipped)
   bool torn_last_line = false;  // a last line cut off mid-append (the silo crashed): skipped
 };

@@ -982,6 +982,80 @@ TEST_F(RecoveryTest, SentSkipsATornLastLineAndRefusesOtherDamageByFileAndLine) {
   EXPECT_NE(error_text(typed).find("wrong.jsonl line 1: a field of the wrong type"), std::string::npos) << error_text(typed);
 }
 
+// Issue 42: "sums_revealed" is the server's own count; a silo's sent.jsonl says, in a line written
+// before its unmask shares left, each round in which it released them. `--sent` holds the log to
+// it: the round must be charged under the setup the silo released under (a committed round, an
+// aborted one that revealed sums, or an unmask_begun no round record followed). A server whose
+// record says it revealed no sum after the silos had released their shares fails, naming the
+// silo's file, line and round, as does a log that leaves out the round's records.
+TEST_F(RecoveryTest, SentFailsARoundWhoseUnmaskSharesASiloReleasedButTheLogDoesNotCharge) {
+  const auto dp = small_distributed_dp();
+  const auto k = signed_part(dp, 11);
+  const std::string setup = protocol::skellam_sha256(k, dp.padded);
+  const auto mechanism = round_mechanism(as_signed(dp, k, dp.padded));
+  privacy::Ledger spent;
+  std::uint64_t seq = 1;
+  std::vector<nlohmann::json> records = {{{"event", "federation_start"}, {"federation", "fed"}, {"seq", seq}}};
+  auto begun = [&](std::uint64_t round) {
+    auto if_charged = spent;
+    if_charged.add(mechanism, 1);
+    records.push_back({{"event", kUnmaskBegun}, {"round", round}, {"seq", ++seq},
+                       {"privacy", round_privacy_record(dp, k, dp.padded, if_charged)}});
+  };
+  auto round = [&](std::uint64_t r, const char* status, std::uint64_t revealed) {
+    if (std::string(status) == "committed" || revealed > 0) spent.add(mechanism, 1);
+    auto part = round_privacy_record(dp, k, dp.padded, spent);
+    part["sums_revealed"] = revealed;
+    records.push_back({{"event", "round"}, {"round", r}, {"seq", ++seq}, {"status", status}, {"privacy", part},
+                       {"participants", nlohmann::json::array({{{"silo", "hospital-a"}, {"update_sha256", "u" + std::to_string(r)}}})}});
+  };
+  begun(1);
+  round(1, "committed", 1);
+  begun(2);
+  round(2, "aborted", 1);  // a group sum unmasked, then too few updates left: charged
+  begun(3);                // the log ends while round 3 unmasks: charged
+  auto upload = [&](std::uint64_t r) {
+    return nlohmann::json{{"federation", "fed"}, {"round", r}, {"update_sha256", "u" + std::to_string(r)},
+                          {"skellam_setup_sha256", setup}}.dump();
+  };
+  auto released = [&](std::uint64_t r) {
+    return nlohmann::json{{"kind", protocol::kUnmaskSharesReleased}, {"federation", "fed"}, {"round", r},
+                          {"skellam_setup_sha256", setup}}.dump();
+  };
+  write_lines(dir_ / "sent.jsonl", {upload(1), released(1), upload(2), released(2), upload(3), released(3), upload(4),
+                                    released(4)});
+  const auto honest = check_sent_setups(records, dir_ / "sent.jsonl");
+  ASSERT_TRUE(succeeded(honest)) << error_text(honest);
+  EXPECT_EQ(honest->releases, 3u);
+  EXPECT_EQ(honest->unrecorded, 2u);  // round 4's upload and release: after the log's last record
+
+  // The same log, but round 2's record says no sum was revealed (and so charges nothing), though
+  // the silo had released its shares.
+  auto hidden = records;
+  hidden[4]["privacy"]["sums_revealed"] = 0u;
+  const std::string why = error_text(check_sent_setups(hidden, dir_ / "sent.jsonl"));
+  EXPECT_NE(why.find((dir_ / "sent.jsonl").string() + " line 4, round 2: the silo released its unmask shares under "
+                     "setup " + setup + ", so the server could unmask that round's noisy sum, but the log does not "
+                     "charge it: its record that decides the round's charge (record 5) is an aborted round record "
+                     "with sums_revealed 0, which charges nothing"),
+            std::string::npos)
+      << why;
+  // Round 2's records left out altogether, while round 3's unmasking is recorded: the upload to
+  // round 2 proves nothing (the log's last round record is round 1's), the release does.
+  auto dropped = records;
+  dropped.erase(dropped.begin() + 3, dropped.begin() + 5);
+  const std::string gap = error_text(check_sent_setups(dropped, dir_ / "sent.jsonl"));
+  EXPECT_NE(gap.find("sent.jsonl line 4, round 2: the silo released its unmask shares under setup " + setup +
+                     ", but the log has no record of that round, though it records round 3 after it"),
+            std::string::npos)
+      << gap;
+  // A release under another setup than the one that decides the charge.
+  write_lines(dir_ / "other.jsonl", {nlohmann::json{{"kind", protocol::kUnmaskSharesReleased}, {"federation", "fed"},
+                                                    {"round", 1}, {"skellam_setup_sha256", std::string(64, 'b')}}.dump()});
+  EXPECT_NE(error_text(check_sent_setups(records, dir_ / "other.jsonl")).find("(record 3) names setup " + setup),
+            std::string::npos);
+}
+
 TEST_F(RecoveryTest, AMirrorRestoresTheLogAndTheCheckpointAndIsKeptUpToDate) {
   test::TempDir mirror;
   {

@@ -131,12 +131,17 @@ bool sent_setups_recorded(const server::AuditChain& r, const std::string& log, c
     if (!c) return failed(c.error().message(), r, "it does not record the distributed-DP setup the silo was sent");
     std::cout << "sent " << file << ": " << c->compared
               << " distributed-DP uploads, each under the setup the log's records of its round name\n";
+    if (c->releases) {
+      std::cout << "  " << c->releases << " releases of its unmask shares, each in a round the log charges under the "
+                << "setup released under\n";
+    }
     if (c->torn_last_line) std::cout << "  its last line was cut off mid-append (the silo crashed): skipped\n";
     if (c->other_federation) {
       std::cout << "  " << c->other_federation << " lines of another federation than the log's (skipped)\n";
     }
     if (c->unrecorded) {
-      std::cout << "  " << c->unrecorded << " uploads to rounds after the log's last round record (no evidence either way)\n";
+      std::cout << "  " << c->unrecorded
+                << " uploads or releases to rounds after the log's last record of a round (no evidence either way)\n";
     }
   }
   return true;
@@ -191,7 +196,8 @@ void add_audit(CLI::App& app, int& exit_code) {
       ->check(CLI::ExistingFile);
   verify->add_option("--sent", *sent,
                      "a silo's sent.jsonl: the distributed-DP setup each upload names (skellam_setup_sha256) must be "
-                     "the setup_sha256 the log's records of its round name")
+                     "the setup_sha256 the log's records of its round name, and every round in which the silo "
+                     "released its unmask shares must be charged by the log")
       ->check(CLI::ExistingFile);
   verify->callback(
       [log, key, witnesses, sent, &exit_code] { exit_code = verify_audit(*log, *key, *witnesses, *sent); });
