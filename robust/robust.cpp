@@ -480,9 +480,10 @@ constexpr double kAutoRadius = 0.5;
 // kOpposeMinCosine): clearly backwards, never merely orthogonal. Fewer than 3 inputs have no
 // majority to speak of. Alignments are reported whenever a step was there to compare with.
 // On the same clear side, an input lags when its alignment is behind the median's by more than
-// max(lag x spread, kLagFloor), the spread measured like the balances' (the closest half and one
-// more): label flippers are near orthogonal to a step the honest majority leans with, not
-// backwards, so only their distance behind the majority gives them away.
+// max(lag x spread, kLagFloor, kLagNoise / sqrt(d)), the spread measured like the balances'
+// (the closest half and one more): label flippers are near orthogonal to a step the honest
+// majority leans with, not backwards, so only their distance behind the majority gives them
+// away.
 struct Opposition {
   std::vector<double> alignment;
   std::vector<bool> opposed;  // empty: the test did not run (see `off`)
@@ -526,7 +527,8 @@ Opposition opposition(MatrixView x, std::span<const float> step, double oppose, 
     for (std::size_t i = 0; i < x.n; ++i) gap[i] = std::abs(o.alignment[i] - o.median);
     const std::size_t half = x.n / 2;  // the (n/2 + 1)-th closest
     std::nth_element(gap.begin(), gap.begin() + static_cast<std::ptrdiff_t>(half), gap.end());
-    o.lag_beyond = std::max(lag * gap[half], kLagFloor);
+    const double noise = kLagNoise / std::sqrt(static_cast<double>(x.d));
+    o.lag_beyond = std::max({lag * gap[half], kLagFloor, noise});
     o.lagging.resize(x.n);
     for (std::size_t i = 0; i < x.n; ++i) o.lagging[i] = side * (o.alignment[i] - o.median) < -o.lag_beyond;
   }

@@ -160,10 +160,13 @@ inline constexpr double kDefaultOneSided = 2.0;
 inline constexpr double kOneSidedFloor = 0.25;
 inline constexpr std::size_t kOneSidedMinCoordinates = 256;
 // centered_clip's default lag test, in spreads of the alignments with the last step (rule.h
-// says why), and its fixed part: the least distance behind the median alignment that counts
-// whatever the spread (a cosine, so scale-free).
+// says why), and its fixed parts: the least distance behind the median alignment that counts
+// whatever the spread (a cosine, so scale-free), and the same in the cosine's own noise: two
+// unrelated directions in d coordinates have a cosine of standard deviation 1/sqrt(d), so a gap
+// within kLagNoise of those says nothing on a model with few coordinates.
 inline constexpr double kDefaultLag = 2.0;
 inline constexpr double kLagFloor = 0.4;
+inline constexpr double kLagNoise = 3.0;
 Result centered_clip(MatrixView x, double tau, std::size_t iterations, std::span<const float> v0 = {},
                      double reject = kDefaultReject, double oppose = kDefaultOppose,
                      double one_sided = kDefaultOneSided, double lag = kDefaultLag);

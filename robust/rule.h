@@ -50,7 +50,7 @@ struct RuleSpec {
   // below the median on almost every coordinate.
   double one_sided = kDefaultOneSided;
   // centered_clip: inputs whose alignment with the last committed step lies behind the median
-  // alignment by more than this many spreads (and 0.4) are out (0: none). Measured
+  // alignment by more than this many spreads (and 0.4, and 3 / sqrt(d)) are out (0: none). Measured
   // (docs/robust.md): label flippers train honestly on flipped labels; they stay inside the
   // rejection and lean neither way, but sit near orthogonal to the step the majority leans with.
   double lag = kDefaultLag;

@@ -398,6 +398,25 @@ TEST(Robust, TheScreensTogetherNeverLeaveOutHalfTheInputs) {
   EXPECT_TRUE(centered_clip(view(x, n), 0, 10, last, 0, kDefaultOppose, 0).screens_stood_down.empty());
 }
 
+// The same alignments on a model of 31 coordinates (breast cancer's logistic regression): two
+// unrelated directions there have cosines of standard deviation 1/sqrt(31) = 0.18, so the
+// flippers' 0.45 behind the median is within three of those, and the bound says so instead of
+// cutting honest silos whose cosine is merely noisy (the table's one missed cell, 2026-12-06).
+// With 300 coordinates the noise is 0.17 x 3 < kLagFloor and the bound is the one above.
+TEST(Robust, OnAModelWithFewCoordinatesTheLagBoundIsAtLeastTheCosinesNoise) {
+  std::mt19937 rng(17);
+  const std::size_t d = 31;
+  std::vector<float> last(d, 0.0f);
+  last[0] = 1;
+  const auto x = with_alignments(kFlipAlignments, d, rng);
+  const auto r = centered_clip(view(x, kFlipAlignments.size()), 0, 10, last);
+  EXPECT_NEAR(r.lagging_beyond, kLagNoise / std::sqrt(31.0), 1e-9);
+  for (const auto& dec : r.decisions) EXPECT_EQ(dec.reason.find("lagging"), std::string::npos) << dec.reason;
+  const FlipInputs wide;
+  EXPECT_LT(kLagNoise / std::sqrt(double(wide.d)), kLagFloor);
+  EXPECT_EQ(centered_clip(view(wide.x, wide.n), 0, 10, wide.last).decisions[9].reason.rfind("lagging", 0), 0u);
+}
+
 TEST(Robust, TheLagTestDecidesAlikeAtEveryScale) {
   const FlipInputs in;
   const auto& [d, n, x, last] = in;
