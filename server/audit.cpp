@@ -321,7 +321,7 @@ Status check_silo_level_claim(const nlohmann::json& r, const privacy::Ledger& sp
   const std::uint64_t rounds = spent.count();
   if (claimed < eps * (1 - 1e-9) - 1e-12) {
     return Error(fmt::format("{} claims epsilon {:.6g}, but the parameters of the {} noised rounds charged so far "
-                             "(committed, or aborted after their sums were unmasked) give {:.6g}",
+                             "(committed, or aborted after their unmasking began) give {:.6g}",
                              silo_level_words(r), claimed, rounds, eps));
   }
   if (p.contains("max_epsilon") && p["max_epsilon"].is_number() && eps > p["max_epsilon"].get<double>() * (1 + 1e-9)) {
@@ -337,7 +337,7 @@ Result<PrivacyAudit> check_privacy_claims(const std::vector<nlohmann::json>& rec
   PrivacyAudit a;
   std::map<std::string, protocol::DpSgdAccount> rounds;
   privacy::Ledger central;
-  UnmaskingWatch unmasking;  // distributed DP: an unmasking whose round record never followed spent
+  UnmaskingWatch unmasking;  // distributed DP: a round whose unmasking began spent
   double delta = 0;          // the last silo-level record's
   // Rounds with a record since the last federation_start or operator_resume: an honest server
   // runs a round number again only after a restart, which writes federation_start first.
@@ -373,7 +373,8 @@ Result<PrivacyAudit> check_privacy_claims(const std::vector<nlohmann::json>& rec
         delta = r["privacy"].at("delta").get<double>();
         mode_seen(r["privacy"].value("mechanism", "") == "skellam" ? "distributed" : "central");
       }
-      if (const auto m = unmasking.take(r)) charge(*m, a.silo_interrupted);
+      // An interrupted unmasking, or this aborted round's own (its unmasking began: it spent).
+      if (const auto c = unmasking.take(r)) charge(c->mechanism, c->interrupted ? a.silo_interrupted : a.silo_aborted);
       if (const auto m = silo_level_mechanism_of(r)) {
         charge(*m, r.value("status", "") == "committed" ? a.silo_committed : a.silo_aborted);
       }

@@ -103,8 +103,10 @@ WitnessResult check_witness(const AuditChain& log, const std::filesystem::path& 
 // A line that says the silo released its unmask shares in a round (kind
 // protocol::kUnmaskSharesReleased, written before the shares left) needs that round charged under
 // its setup: the record that decides a run of the round (as above) must name the setup and spend
-// (a committed round record, an aborted one with sums_revealed > 0, or an unmask_begun no round
-// record followed); "sums_revealed" is the server's own count, and this is the silo's. A release
+// (a committed round record, an aborted one with sums_revealed > 0 or right after its round's
+// unmask_begun, or an unmask_begun no round record followed); "sums_revealed" is the server's own
+// count, and this is the silo's. An honest server writes unmask_begun before it asks for shares,
+// so every round a silo released shares in is charged, aborted or not. A release
 // in a round the log has no record of fails when a later round has one, and proves nothing after
 // the log's last.
 struct SentCheck {
@@ -132,7 +134,7 @@ struct PrivacyAudit {
   // "" where no record states a silo-level mechanism), and the rounds that spent, by kind:
   std::string silo_mode;
   std::uint64_t silo_committed = 0;   // committed rounds
-  std::uint64_t silo_aborted = 0;     // aborted rounds whose sums were unmasked (sums_revealed > 0)
+  std::uint64_t silo_aborted = 0;     // aborted rounds whose unmasking began or sums were unmasked
   std::uint64_t silo_interrupted = 0; // unmask_begun records no record of their round closed
   double silo_epsilon = 0;            // their recomputed epsilon at the last record's delta
   std::uint64_t silo_rounds() const { return silo_committed + silo_aborted + silo_interrupted; }

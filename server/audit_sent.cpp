@@ -28,14 +28,15 @@ struct SetupRecord {
   // unmask_begun no round record followed).
   bool decides = false;
   // Charged if it decides: a committed round record, an aborted one that revealed sums
-  // (sums_revealed > 0), or an unmask_begun (one that decides had no round record after it).
+  // (sums_revealed > 0) or that closes an unmask_begun of its round (the server asked for unmask
+  // shares: UnmaskingWatch), or an unmask_begun (one that decides had no round record after it).
   bool spends = false;
   std::string outcome;  // what it is, for an error: "a committed round record", ...
 };
 
 // A record's spend, as the audit check and the recovery read it (distributed_mechanism_of,
 // UnmaskingWatch), in words for an error.
-void read_spend(const nlohmann::json& r, SetupRecord& s) {
+void read_spend(const nlohmann::json& r, bool closes_unmask_begun, SetupRecord& s) {
   if (r.value("event", "") == kUnmaskBegun) {
     s.spends = true;
     s.outcome = "an unmask_begun record";
@@ -46,17 +47,26 @@ void read_spend(const nlohmann::json& r, SetupRecord& s) {
     if (const auto v = p->find("sums_revealed"); v != p->end() && v->is_number_unsigned()) sums = v->get<std::uint64_t>();
   }
   const bool committed = r.value("status", "") == "committed";
-  s.spends = committed || sums.value_or(0) > 0;
-  s.outcome = committed ? "a committed round record"
-                        : "an aborted round record with sums_revealed " + (sums ? std::to_string(*sums) : "absent");
+  s.spends = committed || sums.value_or(0) > 0 || closes_unmask_begun;
+  s.outcome = committed             ? "a committed round record"
+              : closes_unmask_begun ? "an aborted round record after its unmask_begun"
+                                    : "an aborted round record with sums_revealed " +
+                                          (sums ? std::to_string(*sums) : "absent") + " and no unmask_begun before it";
 }
 
 std::map<std::uint64_t, std::vector<SetupRecord>> setups_by_round(const std::vector<nlohmann::json>& records) {
   std::map<std::uint64_t, std::vector<SetupRecord>> out;
   std::map<std::uint64_t, std::size_t> last;  // this run's last record of each round: its index in out[round]
+  // The round of the unmask_begun the next record may close, as UnmaskingWatch reads it: a round
+  // record right after it (no other round, unmask_begun or federation_start between).
+  std::optional<std::uint64_t> begun;
   for (const auto& r : records) {
     const std::string event = r.value("event", "");
     if (event == "federation_start" || event == "operator_resume") last.clear();
+    const bool closes = event == "round" && begun == r.value("round", std::uint64_t{0});
+    if (event == "round" || event == kUnmaskBegun || event == "federation_start") {
+      begun = event == kUnmaskBegun ? std::optional(r.value("round", std::uint64_t{0})) : std::nullopt;
+    }
     if (event != "round" && event != kUnmaskBegun) continue;
     SetupRecord s;
     s.seq = r.value("seq", std::uint64_t{0});
@@ -64,7 +74,7 @@ std::map<std::uint64_t, std::vector<SetupRecord>> setups_by_round(const std::vec
     for (const auto& who : r.value("participants", nlohmann::json::array())) {
       if (who.is_object()) s.counts.push_back(who.value("update_sha256", ""));
     }
-    read_spend(r, s);
+    read_spend(r, closes, s);
     const auto round = r.value("round", std::uint64_t{0});
     auto& of_round = out[round];
     if (const auto before = last.find(round); before != last.end()) of_round[before->second].decides = false;
@@ -120,8 +130,9 @@ SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const s
   // The federations the log's federation_start records name: sent.jsonl is append-only across
   // federations, so a line of another federation (its round numbers, its setups) is skipped.
   std::set<std::string> federations;
-  // The largest round any record of a round names (its round record or its unmask_begun): a silo
-  // releases its shares before the server's unmask_begun of that run of the round.
+  // The largest round any record of a round names (its round record or its unmask_begun): the
+  // server writes a round's unmask_begun before it asks for any share, so a release in a later
+  // round is one the log (this copy of it) was read before.
   std::uint64_t last_recorded = 0;
   for (const auto& r : records) {
     const std::string event = r.value("event", "");

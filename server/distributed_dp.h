@@ -32,8 +32,8 @@
 //           weaken it.
 // One round is privacy::SkellamSum{Delta_1, Delta_2, mu} at the parameters its setups signed
 // (as_signed), whatever the config says; a committed round spends, and so does an aborted one
-// whose noisy sums were unmasked (the server saw them), and one whose unmasking began but whose
-// record a crash kept from being written (UnmaskingWatch); the spend is rebuilt from the audit
+// whose noisy sums were unmasked (the server saw them), and any round whose unmasking began (the
+// server asked for unmask shares: UnmaskingWatch), its record written or not; the spend is rebuilt from the audit
 // chain at start, as in central mode.
 #pragma once
 
@@ -123,27 +123,40 @@ std::optional<privacy::Mechanism> distributed_mechanism_of(const nlohmann::json&
 // recovery and the audit check compose.
 std::optional<privacy::Mechanism> silo_level_mechanism_of(const nlohmann::json& record);
 
-// A round whose unmasking began. Before it unmasks any group sum, the server writes an
-// "unmask_begun" record durably (the round, the signed parameters and setup_sha256 in its
-// "privacy" part, with the spend were the round charged), so that a crash between the unmasking
-// and the round's own record cannot hide the spend. Read in the log's order: the round record of
-// the same round that follows decides, as for any round (charged when committed or when it
-// revealed sums); an unmask_begun record that none follows (the log ends, the server started
-// again, or another round's record or unmasking comes first) spent as if committed: nobody can
-// say no sum was seen. What the recovery and the audit check add to silo_level_mechanism_of's.
+// A round whose unmasking began. Before it asks any silo for unmask shares (the survivor set
+// that starts the unmasking, then the unmask requests), the server writes an "unmask_begun"
+// record durably (the round, the signed parameters and setup_sha256 in its "privacy" part, with
+// the spend were the round charged): from then on the server may hold shares that unmask a noisy
+// sum, so the round spent, whatever becomes of it. Read in the log's order: the round record of
+// the same round that follows closes it and is charged once (committed, or aborted: an abort after
+// the unmasking began is charged whether or not it revealed a sum, as its record states); an
+// unmask_begun record that none follows (the log ends, the server started again, or another
+// round's record or unmasking comes first) spent as if committed: nobody can say no sum was seen.
+// What the recovery and the audit check add to silo_level_mechanism_of's.
 inline constexpr const char* kUnmaskBegun = "unmask_begun";
+// A charge the watch adds: the round of an unmask_begun and its mechanism.
+struct UnmaskCharge {
+  std::uint64_t round = 0;
+  privacy::Mechanism mechanism;
+  // True: no round record closed it (interrupted). False: its round record closed it, aborted,
+  // and does not charge itself (no sum revealed): the unmask_begun charges the round.
+  bool interrupted = true;
+};
 class UnmaskingWatch {
  public:
-  // The log's next record: the mechanism of an earlier round whose unmasking this record shows
-  // was interrupted (to charge now), or nullopt. Throws SetupMismatch for an unmask_begun record
-  // whose parameters are not the setup it names, or that names none, and for a round record that
+  // The log's next record: the charge of an earlier round whose unmasking this record shows was
+  // interrupted, or of this record's own round when it closes an unmask_begun and charges nothing
+  // itself (to charge now), or nullopt. Throws SetupMismatch for an unmask_begun record whose
+  // parameters are not the setup it names, or that names none, and for a round record that
   // closes an unmask_begun of its round but names another setup (the silos were sent one setup,
   // the round would be charged at another).
-  std::optional<privacy::Mechanism> take(const nlohmann::json& record);
+  std::optional<UnmaskCharge> take(const nlohmann::json& record);
   // At the log's end: the unmasking no round record closed (to charge), or nullopt.
   std::optional<privacy::Mechanism> open() const;
   // The round of that open unmasking (0: none).
   std::uint64_t open_round() const { return begun_ ? begun_->round : 0; }
+  // Whether `record` closes the open unmask_begun (a round record of its round).
+  bool closes(const nlohmann::json& record) const;
 
  private:
   struct Begun {

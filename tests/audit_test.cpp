@@ -805,8 +805,8 @@ TEST_F(RecoveryTest, AuditVerifySaysDistributedDpAndCountsAbortedRoundsThatSpent
             dir_ / "verify.log");
   EXPECT_EQ(p.wait(std::chrono::seconds(30)).value_or(-1), 0) << read_file(dir_ / "verify.log");
   const std::string said = read_file(dir_ / "verify.log");
-  EXPECT_NE(said.find("privacy: silo-level distributed DP, 1 committed noised round and 1 aborted round whose sums "
-                      "were unmasked recomposed from their parameters"),
+  EXPECT_NE(said.find("privacy: silo-level distributed DP, 1 committed noised round and 1 aborted round whose unmasking "
+                      "began recomposed from their parameters"),
             std::string::npos)
       << said;
   EXPECT_EQ(said.find("central DP"), std::string::npos) << said;
@@ -985,9 +985,10 @@ TEST_F(RecoveryTest, SentSkipsATornLastLineAndRefusesOtherDamageByFileAndLine) {
 // Issue 42: "sums_revealed" is the server's own count; a silo's sent.jsonl says, in a line written
 // before its unmask shares left, each round in which it released them. `--sent` holds the log to
 // it: the round must be charged under the setup the silo released under (a committed round, an
-// aborted one that revealed sums, or an unmask_begun no round record followed). A server whose
-// record says it revealed no sum after the silos had released their shares fails, naming the
-// silo's file, line and round, as does a log that leaves out the round's records.
+// aborted one that revealed sums or that follows its unmask_begun, or an unmask_begun no round
+// record followed). A server that left out the unmask_begun and whose record says it revealed no
+// sum after the silos had released their shares fails, naming the silo's file, line and round, as
+// does a log that leaves out the round's records.
 TEST_F(RecoveryTest, SentFailsARoundWhoseUnmaskSharesASiloReleasedButTheLogDoesNotCharge) {
   const auto dp = small_distributed_dp();
   const auto k = signed_part(dp, 11);
@@ -1029,15 +1030,23 @@ TEST_F(RecoveryTest, SentFailsARoundWhoseUnmaskSharesASiloReleasedButTheLogDoesN
   EXPECT_EQ(honest->releases, 3u);
   EXPECT_EQ(honest->unrecorded, 2u);  // round 4's upload and release: after the log's last record
 
-  // The same log, but round 2's record says no sum was revealed (and so charges nothing), though
-  // the silo had released its shares.
-  auto hidden = records;
-  hidden[4]["privacy"]["sums_revealed"] = 0u;
+  // Round 2 aborted with no sum revealed (fewer than the threshold answered the unmask request)
+  // right after its unmask_begun, written before any share was asked for: charged, and the
+  // release passes (the false alarm before the server wrote unmask_begun first).
+  auto asked = records;
+  asked[4]["privacy"]["sums_revealed"] = 0u;
+  const auto too_few = check_sent_setups(asked, dir_ / "sent.jsonl");
+  ASSERT_TRUE(succeeded(too_few)) << error_text(too_few);
+  EXPECT_EQ(too_few->releases, 3u);
+  // The same, but the server left out round 2's unmask_begun: its record says no sum was revealed
+  // (and so charges nothing), though the silo had released its shares.
+  auto hidden = asked;
+  hidden.erase(hidden.begin() + 3);
   const std::string why = error_text(check_sent_setups(hidden, dir_ / "sent.jsonl"));
   EXPECT_NE(why.find((dir_ / "sent.jsonl").string() + " line 4, round 2: the silo released its unmask shares under "
                      "setup " + setup + ", so the server could unmask that round's noisy sum, but the log does not "
                      "charge it: its record that decides the round's charge (record 5) is an aborted round record "
-                     "with sums_revealed 0, which charges nothing"),
+                     "with sums_revealed 0 and no unmask_begun before it, which charges nothing"),
             std::string::npos)
       << why;
   // Round 2's records left out altogether, while round 3's unmasking is recorded: the upload to

@@ -78,7 +78,7 @@ bool witnesses_consistent(const server::AuditChain& r, const std::vector<std::st
   return true;
 }
 
-// "2 committed noised rounds and 1 aborted round whose sums were unmasked": the silo-level rounds
+// "2 committed noised rounds and 1 aborted round whose unmasking began": the silo-level rounds
 // that spent, by kind.
 std::string rounds_that_spent(const server::PrivacyAudit& a) {
   const auto count = [](std::uint64_t n, const char* one, const char* many) {
@@ -89,8 +89,8 @@ std::string rounds_that_spent(const server::PrivacyAudit& a) {
     parts.push_back(count(a.silo_committed, "committed noised round", "committed noised rounds"));
   }
   if (a.silo_aborted) {
-    parts.push_back(count(a.silo_aborted, "aborted round whose sums were unmasked",
-                          "aborted rounds whose sums were unmasked"));
+    parts.push_back(count(a.silo_aborted, "aborted round whose unmasking began",
+                          "aborted rounds whose unmasking began"));
   }
   if (a.silo_interrupted) {
     parts.push_back(count(a.silo_interrupted, "round whose unmasking began and no record of it followed",
