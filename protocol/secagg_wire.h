@@ -35,6 +35,10 @@ std::string skellam_statement(const wire::SkellamSetup& k);
 // the rotated length P its sensitivity was computed for (the setup's vector_length - 1), so a
 // record can restate neither.
 std::string skellam_sha256(const wire::SkellamSetup& k, std::size_t padded);
+// The "kind" of a line of a silo's sent.jsonl that says it released its unmask shares in a
+// distributed-DP round (with "round", "federation" and "skellam_setup_sha256"): written durably
+// before the shares leave, and checked by `xsilo audit verify --sent` against the log's charges.
+inline constexpr const char* kUnmaskSharesReleased = "unmask_shares_released";
 
 wire::SecAggKeys to_wire(const secagg::Advertisement& keys);
 proto::Result<secagg::Advertisement> from_wire(const wire::SecAggKeys& keys);

@@ -304,23 +304,29 @@ namespace xsilo::server {
 
 namespace {
 
-// A committed round's silo-level central DP claim against the rounds recorded so far (`spent`
-// includes it): success when it holds.
-Status check_central_claim(const nlohmann::json& r, const privacy::Ledger& spent) {
+// "central DP" or "distributed DP": the silo-level mode a record's privacy part states.
+std::string silo_level_words(const nlohmann::json& r) {
+  const auto p = r.find("privacy");
+  const bool distributed = p != r.end() && p->is_object() && p->value("mechanism", "") == "skellam";
+  return distributed ? "distributed DP" : "central DP";
+}
+
+// A silo-level DP record's claim against the rounds charged so far (`spent`, which includes its
+// own round where that spent): success when it holds.
+Status check_silo_level_claim(const nlohmann::json& r, const privacy::Ledger& spent) {
   const auto& p = r["privacy"];
   const double delta = p.at("delta").get<double>();  // at(): a missing key throws, into the caller's catch
   const double claimed = p.at("epsilon").get<double>();
   const double eps = epsilon_of(spent, delta);
   const std::uint64_t rounds = spent.count();
   if (claimed < eps * (1 - 1e-9) - 1e-12) {
-    return Error(fmt::format("{} claims epsilon {:.6g}, but the parameters of the {} committed noised rounds "
-                             "recorded so far give {:.6g}",
-                             p.value("mechanism", "") == "skellam" ? "distributed DP" : "central DP", claimed, rounds,
-                             eps));
+    return Error(fmt::format("{} claims epsilon {:.6g}, but the parameters of the {} noised rounds charged so far "
+                             "(committed, or aborted after their unmasking began) give {:.6g}",
+                             silo_level_words(r), claimed, rounds, eps));
   }
   if (p.contains("max_epsilon") && p["max_epsilon"].is_number() && eps > p["max_epsilon"].get<double>() * (1 + 1e-9)) {
-    return Error(fmt::format("central DP: the recorded rounds give epsilon {:.6g}, past the budget {:.6g}", eps,
-                             p["max_epsilon"].get<double>()));
+    return Error(fmt::format("{}: the recorded rounds give epsilon {:.6g}, past the budget {:.6g}", silo_level_words(r),
+                             eps, p["max_epsilon"].get<double>()));
   }
   return {};
 }
@@ -331,15 +337,22 @@ Result<PrivacyAudit> check_privacy_claims(const std::vector<nlohmann::json>& rec
   PrivacyAudit a;
   std::map<std::string, protocol::DpSgdAccount> rounds;
   privacy::Ledger central;
-  UnmaskingWatch unmasking;  // distributed DP: an unmasking whose round record never followed spent
+  UnmaskingWatch unmasking;  // distributed DP: a round whose unmasking began spent
   double delta = 0;          // the last silo-level record's
   // Rounds with a record since the last federation_start or operator_resume: an honest server
   // runs a round number again only after a restart, which writes federation_start first.
   std::set<std::uint64_t> recorded;
-  auto charge = [&](const privacy::Mechanism& m) {
+  auto charge = [&](const privacy::Mechanism& m, std::uint64_t& kind) {
     central.add(m, 1);
-    ++a.central_rounds;
-    a.central_epsilon = epsilon_of(central, delta);
+    ++kind;
+    a.silo_epsilon = epsilon_of(central, delta);
+  };
+  auto mode_seen = [&](const std::string& mode) {
+    if (a.silo_mode.empty() || a.silo_mode == mode) {
+      a.silo_mode = mode;
+    } else {
+      a.silo_mode = "central and distributed";
+    }
   };
   for (std::size_t i = 0; i < records.size(); ++i) {
     const auto& r = records[i];
@@ -356,20 +369,29 @@ Result<PrivacyAudit> check_privacy_claims(const std::vector<nlohmann::json>& rec
                           r["privacy"].is_object() &&
                           (r["privacy"].value("mechanism", "") == "central" ||
                            r["privacy"].value("mechanism", "") == "skellam");
-      if (stated) delta = r["privacy"].at("delta").get<double>();
-      if (const auto m = unmasking.take(r)) charge(*m);
-      if (const auto m = silo_level_mechanism_of(r)) charge(*m);
+      if (stated) {
+        delta = r["privacy"].at("delta").get<double>();
+        mode_seen(r["privacy"].value("mechanism", "") == "skellam" ? "distributed" : "central");
+      }
+      // An interrupted unmasking, or this aborted round's own (its unmasking began: it spent).
+      if (const auto c = unmasking.take(r)) charge(c->mechanism, c->interrupted ? a.silo_interrupted : a.silo_aborted);
+      if (const auto m = silo_level_mechanism_of(r)) {
+        charge(*m, r.value("status", "") == "committed" ? a.silo_committed : a.silo_aborted);
+      }
       // Every round's record states the spend so far, an aborted round's too (it spends nothing);
       // an unmask_begun record states the spend were its round charged.
       if (stated && event == kUnmaskBegun) {
         auto if_charged = central;
         if_charged.add(*unmasking.open(), 1);
-        if (const auto st = check_central_claim(r, if_charged); !st) return Error(where + st.error().message());
+        if (const auto st = check_silo_level_claim(r, if_charged); !st) return Error(where + st.error().message());
       } else if (stated) {
-        if (const auto st = check_central_claim(r, central); !st) return Error(where + st.error().message());
+        if (const auto st = check_silo_level_claim(r, central); !st) return Error(where + st.error().message());
       }
+    } catch (const SetupMismatch& e) {
+      return Error(where + "its distributed DP parameters do not match the signed setup the silos were sent: " +
+                   e.what());
     } catch (const std::exception& e) {
-      return Error(where + "its central DP spend cannot be read (" + e.what() + ")");
+      return Error(where + "its " + silo_level_words(r) + " spend cannot be read (" + e.what() + ")");
     }
     if (r.value("event", "") != "round" || !r.contains("participants")) continue;
     for (const auto& p : r["participants"]) {
@@ -399,7 +421,7 @@ Result<PrivacyAudit> check_privacy_claims(const std::vector<nlohmann::json>& rec
       }
     }
   }
-  if (const auto m = unmasking.open()) charge(*m);  // the log ends while a round unmasks: it spent
+  if (const auto m = unmasking.open()) charge(*m, a.silo_interrupted);  // the log ends while a round unmasks: it spent
   return a;
 }
 

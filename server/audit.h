@@ -100,9 +100,19 @@ WitnessResult check_witness(const AuditChain& log, const std::filesystem::path& 
 // The first line that fails is the error, naming the file, the round and both hashes; an upload to
 // a round the log has no record of proves nothing either way (the server may have stopped before
 // unmasking anything) and is counted.
+// A line that says the silo released its unmask shares in a round (kind
+// protocol::kUnmaskSharesReleased, written before the shares left) needs that round charged under
+// its setup: the record that decides a run of the round (as above) must name the setup and spend
+// (a committed round record, an aborted one with sums_revealed > 0 or right after its round's
+// unmask_begun, or an unmask_begun no round record followed); "sums_revealed" is the server's own
+// count, and this is the silo's. An honest server writes unmask_begun before it asks for shares,
+// so every round a silo released shares in is charged, aborted or not. A release
+// in a round the log has no record of fails when a later round has one, and proves nothing after
+// the log's last.
 struct SentCheck {
   std::uint64_t compared = 0;    // uploads whose setup the log's records of their round name
-  std::uint64_t unrecorded = 0;  // uploads to rounds after the log's last round record
+  std::uint64_t releases = 0;    // releases of unmask shares whose round the log charges
+  std::uint64_t unrecorded = 0;  // uploads (releases) to rounds after the log's last round record (any record)
   std::uint64_t other_federation = 0;  // lines of another federation than the log's (skipped)
   bool torn_last_line = false;  // a last line cut off mid-append (the silo crashed): skipped
 };
@@ -120,13 +130,20 @@ std::vector<nlohmann::json> read_audit_log(const std::filesystem::path& path);
 struct PrivacyAudit {
   std::uint64_t spends = 0;         // participant spends checked
   std::map<std::string, double> epsilon;  // each silo's recomputed epsilon at its last record's delta
-  std::uint64_t central_rounds = 0;       // silo-level central DP: committed rounds that spent
-  double central_epsilon = 0;             // their recomputed epsilon at the last record's delta
+  // Silo-level DP: "central", "distributed" (or "central and distributed" for a log with both;
+  // "" where no record states a silo-level mechanism), and the rounds that spent, by kind:
+  std::string silo_mode;
+  std::uint64_t silo_committed = 0;   // committed rounds
+  std::uint64_t silo_aborted = 0;     // aborted rounds whose unmasking began or sums were unmasked
+  std::uint64_t silo_interrupted = 0; // unmask_begun records no record of their round closed
+  double silo_epsilon = 0;            // their recomputed epsilon at the last record's delta
+  std::uint64_t silo_rounds() const { return silo_committed + silo_aborted + silo_interrupted; }
 };
-// Record level: each silo's claims recomposed from its recorded DP-SGD parameters. Silo-level
-// central DP: every committed round's "privacy" recomposed from its (sample rate, noise
-// multiplier), in the log's order; a record claiming less epsilon than they give, or more than
-// its own max_epsilon allows, fails (the error names the first such record).
+// Record level: each silo's claims recomposed from its recorded DP-SGD parameters. Silo level
+// (either mode): every round that spent (silo_level_mechanism_of, UnmaskingWatch) recomposed from
+// its recorded parameters, in the log's order; a record claiming less epsilon than they give, or
+// more than its own max_epsilon allows, fails (the error names the first such record), and so does
+// a distributed-DP record whose parameters are not the setup it names (SetupMismatch).
 Result<PrivacyAudit> check_privacy_claims(const std::vector<nlohmann::json>& records);
 
 class AuditLog {

@@ -7,9 +7,11 @@
 #include <iterator>
 #include <sstream>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "server/audit.h"
+#include "protocol/secagg_wire.h"
 #include "server/distributed_dp.h"
 
 namespace xsilo::server {
@@ -25,14 +27,46 @@ struct SetupRecord {
   // the one that decides the charge (the round record that closes an unmask_begun, or an
   // unmask_begun no round record followed).
   bool decides = false;
+  // Charged if it decides: a committed round record, an aborted one that revealed sums
+  // (sums_revealed > 0) or that closes an unmask_begun of its round (the server asked for unmask
+  // shares: UnmaskingWatch), or an unmask_begun (one that decides had no round record after it).
+  bool spends = false;
+  std::string outcome;  // what it is, for an error: "a committed round record", ...
 };
+
+// A record's spend, as the audit check and the recovery read it (distributed_mechanism_of,
+// UnmaskingWatch), in words for an error.
+void read_spend(const nlohmann::json& r, bool closes_unmask_begun, SetupRecord& s) {
+  if (r.value("event", "") == kUnmaskBegun) {
+    s.spends = true;
+    s.outcome = "an unmask_begun record";
+    return;
+  }
+  std::optional<std::uint64_t> sums;
+  if (const auto p = r.find("privacy"); p != r.end() && p->is_object()) {
+    if (const auto v = p->find("sums_revealed"); v != p->end() && v->is_number_unsigned()) sums = v->get<std::uint64_t>();
+  }
+  const bool committed = r.value("status", "") == "committed";
+  s.spends = committed || sums.value_or(0) > 0 || closes_unmask_begun;
+  s.outcome = committed             ? "a committed round record"
+              : closes_unmask_begun ? "an aborted round record after its unmask_begun"
+                                    : "an aborted round record with sums_revealed " +
+                                          (sums ? std::to_string(*sums) : "absent") + " and no unmask_begun before it";
+}
 
 std::map<std::uint64_t, std::vector<SetupRecord>> setups_by_round(const std::vector<nlohmann::json>& records) {
   std::map<std::uint64_t, std::vector<SetupRecord>> out;
   std::map<std::uint64_t, std::size_t> last;  // this run's last record of each round: its index in out[round]
+  // The round of the unmask_begun the next record may close, as UnmaskingWatch reads it: a round
+  // record right after it (no other round, unmask_begun or federation_start between).
+  std::optional<std::uint64_t> begun;
   for (const auto& r : records) {
     const std::string event = r.value("event", "");
     if (event == "federation_start" || event == "operator_resume") last.clear();
+    const bool closes = event == "round" && begun == r.value("round", std::uint64_t{0});
+    if (event == "round" || event == kUnmaskBegun || event == "federation_start") {
+      begun = event == kUnmaskBegun ? std::optional(r.value("round", std::uint64_t{0})) : std::nullopt;
+    }
     if (event != "round" && event != kUnmaskBegun) continue;
     SetupRecord s;
     s.seq = r.value("seq", std::uint64_t{0});
@@ -40,6 +74,7 @@ std::map<std::uint64_t, std::vector<SetupRecord>> setups_by_round(const std::vec
     for (const auto& who : r.value("participants", nlohmann::json::array())) {
       if (who.is_object()) s.counts.push_back(who.value("update_sha256", ""));
     }
+    read_spend(r, closes, s);
     const auto round = r.value("round", std::uint64_t{0});
     auto& of_round = out[round];
     if (const auto before = last.find(round); before != last.end()) of_round[before->second].decides = false;
@@ -51,6 +86,36 @@ std::map<std::uint64_t, std::vector<SetupRecord>> setups_by_round(const std::vec
 }
 
 std::string named(const std::string& setup) { return setup.empty() ? "no setup" : "setup " + setup; }
+
+// A line that says the silo released its unmask shares in `round` under `setup`: with them the
+// server could unmask the round's noisy sum, so the log must charge the round under that setup
+// (a record that decides a run of the round, spends, and names it). Success, or why not.
+Status check_release(const std::map<std::uint64_t, std::vector<SetupRecord>>& by_round, std::uint64_t last_recorded,
+                     std::uint64_t round, const std::string& setup, const std::string& at, SentCheck& c) {
+  const auto it = by_round.find(round);
+  if (it == by_round.end() && round <= last_recorded) {
+    return Error(fmt::format("{}, but the log has no record of that round, though it records round {} after it",
+                             at, last_recorded));
+  }
+  if (it == by_round.end()) {
+    ++c.unrecorded;
+    return {};
+  }
+  const SetupRecord* decider = nullptr;
+  for (const auto& rec : it->second) {
+    if (rec.decides && rec.spends && rec.setup == setup) {
+      ++c.releases;
+      return {};
+    }
+    if (rec.decides && !decider) decider = &rec;
+  }
+  const auto& first = decider ? *decider : it->second.back();
+  const std::string what = first.setup != setup ? fmt::format("names {}", named(first.setup))
+                                                : "is " + first.outcome + ", which charges nothing";
+  return Error(fmt::format("{}, so the server could unmask that round's noisy sum, but the log does not charge it: "
+                           "its record that decides the round's charge (record {}) {}",
+                           at, first.seq, what));
+}
 
 }  // namespace
 
@@ -65,9 +130,16 @@ SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const s
   // The federations the log's federation_start records name: sent.jsonl is append-only across
   // federations, so a line of another federation (its round numbers, its setups) is skipped.
   std::set<std::string> federations;
+  // The largest round any record of a round names (its round record or its unmask_begun): the
+  // server writes a round's unmask_begun before it asks for any share, so a release in a later
+  // round is one the log (this copy of it) was read before.
+  std::uint64_t last_recorded = 0;
   for (const auto& r : records) {
     const std::string event = r.value("event", "");
     if (event == "round") last_round = r.value("round", std::uint64_t{0});
+    if (event == "round" || event == kUnmaskBegun) {
+      last_recorded = std::max(last_recorded, r.value("round", std::uint64_t{0}));
+    }
     if (event == "federation_start") federations.insert(r.value("federation", ""));
   }
   SentCheck c;
@@ -99,6 +171,12 @@ SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const s
       }
       const auto round = j.value("round", std::uint64_t{0});
       const std::string mine = j.value("skellam_setup_sha256", "");
+      if (j.value("kind", "") == protocol::kUnmaskSharesReleased) {
+        const std::string at =
+            fmt::format("{} line {}, round {}: the silo released its unmask shares under setup {}", file, n, round, mine);
+        if (auto st = check_release(by_round, last_recorded, round, mine, at, c); !st) return Error(st.error().message());
+        continue;
+      }
       const std::string update = j.value("update_sha256", "");
       const auto it = by_round.find(round);
       const std::string at = fmt::format("{} line {}, round {}: the silo was sent setup {}", file, n, round, mine);

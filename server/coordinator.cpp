@@ -392,15 +392,30 @@ void Coordinator::close_round(std::int64_t now_ms) {
   }
   event("round_closed", std::to_string(r_->done()) + " updates");
   if (r_->secure) {
-    // Ask each group's survivors for the shares that remove the masks.
     set_phase(Phase::Unmasking, now_ms);
-    r_->secure->begin_unmask();
-    drain_secure();
-    actions_.push_back(action::StartTimer{Timer::Unmask, cfg_.secure.unmask_deadline});
-    if (r_->secure->unmask_complete()) finish_unmask(now_ms);
+    if (!cfg_.distributed_dp) return begin_unmask(now_ms);
+    // Distributed DP: the round's spend goes on record, durably, before any silo is asked for
+    // unmask shares: a silo that released its shares could let the server unmask the round's noisy
+    // sum, so every such round is charged, aborted (too few answered) or interrupted by a crash
+    // (UnmaskingWatch), and `audit verify --sent` finds each release charged. A record that cannot
+    // be written throws on the worker, before anything is asked, and stops the server. Until it is
+    // written no secure message is fed to the groups (on_secure_message).
+    r_->unmask_begun = true;
+    run_job(JobKind::BeginUnmask, [&store = store_, begun = unmask_begun_record(now_ms)]() -> JobResult {
+      store.record(begun, nullptr);
+      return {};
+    });
     return;
   }
   decide(now_ms);
+}
+
+void Coordinator::begin_unmask(std::int64_t now_ms) {
+  // Ask each group's survivors to confirm the survivor set, then for the shares that remove the masks.
+  r_->secure->begin_unmask();
+  drain_secure();
+  actions_.push_back(action::StartTimer{Timer::Unmask, cfg_.secure.unmask_deadline});
+  if (r_->secure->unmask_complete()) finish_unmask(now_ms);
 }
 
 // Unmasking is over (every survivor answered, or the deadline): rebuild and decode the group
@@ -409,21 +424,15 @@ void Coordinator::finish_unmask(std::int64_t now_ms) {
   if (phase_ != Phase::Unmasking || job_ != JobKind::None) return;
   actions_.push_back(action::CancelTimer{Timer::Unmask});
   set_phase(Phase::Closing, now_ms);
-  // Distributed DP: the round's spend goes on record, durably, before prepare() unmasks any group
-  // sum; a crash before the round's own record cannot hide it (UnmaskingWatch). A record that
-  // cannot be written throws here, before anything is unmasked, and stops the server.
-  nlohmann::json begun = cfg_.distributed_dp ? unmask_begun_record(now_ms) : nlohmann::json();
-  run_job(JobKind::Prepare, [agg = r_->agg.get(), &store = store_, begun = std::move(begun)]() -> JobResult {
-    if (!begun.is_null()) store.record(begun, nullptr);
-    return agg->prepare();
-  });
+  // Distributed DP: the round's unmask_begun record was written before unmasking began (close_round).
+  run_job(JobKind::Prepare, [agg = r_->agg.get()]() -> JobResult { return agg->prepare(); });
 }
 
 nlohmann::json Coordinator::unmask_begun_record(std::int64_t now_ms) const {
   auto after = central_spent_;
   after.add(round_dp_mechanism(), 1);
   auto privacy = privacy_record(after);
-  privacy.erase("sums_revealed");  // none yet; the round's own record counts them
+  privacy.erase("sums_revealed");  // none yet (no share was asked for); the round's own record counts them
   return {{"event", kUnmaskBegun}, {"round", round_}, {"time", iso_time(now_ms)}, {"privacy", std::move(privacy)}};
 }
 
@@ -592,7 +601,7 @@ nlohmann::json Coordinator::privacy_record(const privacy::Ledger& spent) const {
 }
 
 bool Coordinator::charged_on_abort() const {
-  return cfg_.distributed_dp && r_ && r_->secure && r_->secure->revealed() > 0;
+  return cfg_.distributed_dp && r_ && r_->secure && (r_->unmask_begun || r_->secure->revealed() > 0);
 }
 
 bool Coordinator::central_budget_spent(std::int64_t now_ms) {
@@ -641,9 +650,12 @@ void Coordinator::on_secure_message(std::size_t m, const wire::Envelope& e, std:
     send_to_member(m, std::move(err));
     return;
   }
-  // Fed only while no job holds the groups (the finish runs on the worker); each group takes
-  // the steps its own stage expects and ignores the rest.
-  if (phase_ == Phase::Collecting || phase_ == Phase::Unmasking) r_->secure->on_message(r_->members[m].silo, e.secure());
+  // Fed only while no job holds the groups (the finish runs on the worker), and not while the
+  // unmask_begun record is written (the unmasking has not begun); each group takes the steps its
+  // own stage expects and ignores the rest.
+  if (phase_ == Phase::Collecting || (phase_ == Phase::Unmasking && job_ != JobKind::BeginUnmask)) {
+    r_->secure->on_message(r_->members[m].silo, e.secure());
+  }
   drain_secure();
   if (phase_ == Phase::Unmasking && job_ == JobKind::None && r_->secure->unmask_complete()) finish_unmask(now_ms);
   pump(now_ms);
@@ -677,6 +689,7 @@ void Coordinator::on_job_done(std::uint64_t job, JobResult result, std::int64_t 
   if (r_) r_->slot.drained(job);
   switch (kind) {
     case JobKind::Fold: folded(std::get<FoldResult>(std::move(result)), now_ms); break;
+    case JobKind::BeginUnmask: begin_unmask(now_ms); break;  // its unmask_begun record is durable
     case JobKind::Prepare:
       for (const auto& rej : std::get<std::vector<Rejection>>(result)) {
         spdlog::warn("round {}: {}", round_, rej.why);

@@ -213,7 +213,7 @@ class Coordinator {
     bool operator==(const Uploader&) const = default;
   };
   struct Round;  // everything that lives for one round (coordinator.cpp)
-  enum class JobKind { None, Fold, Prepare, Commit, Record, Barrier, Restore };
+  enum class JobKind { None, Fold, BeginUnmask, Prepare, Commit, Record, Barrier, Restore };
 
   // Membership
   void silo_joined(const std::string& silo, SessionId link, std::int64_t now_ms);
@@ -259,14 +259,18 @@ class Coordinator {
   bool central_budget_spent(std::int64_t now_ms);
   // Silo-level DP, either mode: this round's mechanism (distributed: as its signed setup states
   // it, whatever the config says) and its record part for the spend `spent`; whether an aborted
-  // round is charged (distributed DP once any noisy group sum was unmasked: the server saw it).
+  // round is charged (distributed DP once its unmask_begun was written: the server asked for the
+  // shares that may unmask its noisy sums).
   std::pair<wire::SkellamSetup, std::size_t> signed_skellam() const;
   privacy::Mechanism round_dp_mechanism() const;
   nlohmann::json privacy_record(const privacy::Ledger& spent) const;
   bool charged_on_abort() const;
-  // Distributed DP: the "unmask_begun" record written before any sum is unmasked (the round, its
-  // signed parameters, the spend were it charged).
+  // Distributed DP: the "unmask_begun" record written before any silo is asked for unmask shares
+  // (the round, its signed parameters, the spend were it charged; all known when collection
+  // closes). From then on the round is charged, aborted or not.
   nlohmann::json unmask_begun_record(std::int64_t now_ms) const;
+  // A secure round: asks each group's survivors for the shares that remove the masks.
+  void begin_unmask(std::int64_t now_ms);
   void audit_admin(const std::string& command, const std::string& admin, std::int64_t now_ms);
   void decide(std::int64_t now_ms);
   void record_abort(std::int64_t now_ms);

@@ -83,7 +83,10 @@ void Coordinator::silo_joined(const std::string& silo, SessionId link, std::int6
     mb.relayed = via_edge;  // the record keeps the edge that carried its input
     if (phase_ == Phase::Unmasking) {
       r_->secure->silo_back(silo);
-      if (auto req = r_->secure->unmask_request(silo)) send_to_member(*m, std::move(*req));
+      // While its unmask_begun record is written nothing is asked yet: begin_unmask() asks it then.
+      if (job_ != JobKind::BeginUnmask) {
+        if (auto req = r_->secure->unmask_request(silo)) send_to_member(*m, std::move(*req));
+      }
     }
   }
   spdlog::info("silo {} joined{} ({} connected)", silo, via_edge ? " via edge " + via->name : "",

@@ -45,6 +45,7 @@ struct Coordinator::Round {
   std::size_t broadcast_deltas = 0, broadcast_wholes = 0;
   std::string broadcast_base;  // the delta's base model, when one went out
   std::string abort_reason;
+  bool unmask_begun = false;  // distributed DP: its unmask_begun record is written (or being written)
   // When each phase after collection began, in ms since started_ms (the record's "phases").
   std::vector<std::pair<std::string, std::int64_t>> phases;
   std::int64_t since_start(std::int64_t now_ms) const { return now_ms - started_ms; }

@@ -155,7 +155,7 @@ std::optional<privacy::Mechanism> recorded_skellam_mechanism(const nlohmann::jso
     }
   }
   if (!p.contains("setup_sha256") || !p["setup_sha256"].is_string()) {
-    throw std::invalid_argument("its privacy part names no setup_sha256: nothing ties its parameters to the setup "
+    throw SetupMismatch("its privacy part names no setup_sha256: nothing ties its parameters to the setup "
                                 "the silos were sent");
   }
   wire::SkellamSetup k;
@@ -168,7 +168,7 @@ std::optional<privacy::Mechanism> recorded_skellam_mechanism(const nlohmann::jso
   DistributedDpConfig c;
   c.padded = p["padded_length"].get<std::size_t>();
   if (protocol::skellam_sha256(k, c.padded) != p["setup_sha256"].get<std::string>()) {
-    throw std::invalid_argument("its privacy part's bits, gamma, variance, clip_norm, beta, rotation_seed and "
+    throw SetupMismatch("its privacy part's bits, gamma, variance, clip_norm, beta, rotation_seed and "
                                 "padded_length are not the signed setup it names (setup_sha256 " +
                                 p["setup_sha256"].get<std::string>() + ")");
   }
@@ -214,24 +214,35 @@ std::string shown(const std::string& setup) { return setup.empty() ? "no setup" 
 
 }  // namespace
 
-std::optional<privacy::Mechanism> UnmaskingWatch::take(const nlohmann::json& record) {
+bool UnmaskingWatch::closes(const nlohmann::json& record) const {
+  return begun_ && record.value("event", "") == "round" && begun_->round == record.value("round", std::uint64_t{0});
+}
+
+std::optional<UnmaskCharge> UnmaskingWatch::take(const nlohmann::json& record) {
   const std::string event = record.value("event", "");
   const auto round = record.value("round", std::uint64_t{0});
-  const bool closes_it = event == "round" && begun_ && begun_->round == round;
+  const bool closes_it = closes(record);
   if (event != kUnmaskBegun && event != "round" && event != "federation_start") return std::nullopt;
   if (closes_it && setup_named(record) != begun_->setup) {
-    throw std::invalid_argument("its round record names " + shown(setup_named(record)) +
+    throw SetupMismatch("its round record names " + shown(setup_named(record)) +
                                 ", but the unmask_begun record it closes names " + shown(begun_->setup) +
                                 ": the round would be charged at another setup than the one it unmasked under");
   }
-  auto interrupted = begun_ && !closes_it ? std::optional<privacy::Mechanism>(begun_->mechanism) : std::nullopt;
+  std::optional<UnmaskCharge> charge;
+  if (begun_ && !closes_it) {
+    charge = UnmaskCharge{begun_->round, begun_->mechanism, true};
+  } else if (closes_it && !distributed_mechanism_of(record)) {
+    // Aborted after the server asked for unmask shares, before any sum was revealed (too few
+    // answered, a group failed): the shares it holds may unmask a sum; the round spent.
+    charge = UnmaskCharge{begun_->round, begun_->mechanism, false};
+  }
   begun_.reset();
   if (event == kUnmaskBegun) {
     const auto m = recorded_skellam_mechanism(record);
     if (!m) throw std::invalid_argument("its unmask_begun record has no distributed-DP (skellam) privacy part");
     begun_ = Begun{round, *m, setup_named(record)};
   }
-  return interrupted;
+  return charge;
 }
 
 std::optional<privacy::Mechanism> UnmaskingWatch::open() const {

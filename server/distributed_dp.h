@@ -32,13 +32,14 @@
 //           weaken it.
 // One round is privacy::SkellamSum{Delta_1, Delta_2, mu} at the parameters its setups signed
 // (as_signed), whatever the config says; a committed round spends, and so does an aborted one
-// whose noisy sums were unmasked (the server saw them), and one whose unmasking began but whose
-// record a crash kept from being written (UnmaskingWatch); the spend is rebuilt from the audit
+// whose noisy sums were unmasked (the server saw them), and any round whose unmasking began (the
+// server asked for unmask shares: UnmaskingWatch), its record written or not; the spend is rebuilt from the audit
 // chain at start, as in central mode.
 #pragma once
 
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -100,10 +101,20 @@ DistributedDpConfig as_signed(const DistributedDpConfig& budget, const wire::Ske
 // "setup_sha256" (protocol::skellam_sha256 of the signed part), and the spend so far.
 nlohmann::json round_privacy_record(const DistributedDpConfig& budget, const wire::SkellamSetup& k, std::size_t padded,
                                     const privacy::Ledger& spent);
+// A record whose distributed-DP parameters are not the signed setup it names, that names none, or
+// that closes an unmask_begun record of another setup: the round would be charged at another
+// setup than the one the silos were sent. Distinct from a spend that cannot be read, so that
+// `xsilo audit verify` says which it is.
+class SetupMismatch : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
 // The mechanism a distributed-DP record states (nullopt for a record with no skellam part); it is
 // recomputed from gamma, C, P, beta and mu, never read from the record's own sensitivities, and
 // only once bits, gamma, mu, C, beta and the rotation seed hash to the record's setup_sha256
-// (else std::invalid_argument: the record's parameters are not those the silos were sent).
+// (else SetupMismatch: the record's parameters are not those the silos were sent; a missing or
+// malformed field is std::invalid_argument).
 std::optional<privacy::Mechanism> recorded_skellam_mechanism(const nlohmann::json& record);
 // The same, for a round that spent: committed, or aborted after unmasking a noisy sum (its
 // privacy part's "sums_revealed" > 0); nullopt for any other record.
@@ -112,27 +123,40 @@ std::optional<privacy::Mechanism> distributed_mechanism_of(const nlohmann::json&
 // recovery and the audit check compose.
 std::optional<privacy::Mechanism> silo_level_mechanism_of(const nlohmann::json& record);
 
-// A round whose unmasking began. Before it unmasks any group sum, the server writes an
-// "unmask_begun" record durably (the round, the signed parameters and setup_sha256 in its
-// "privacy" part, with the spend were the round charged), so that a crash between the unmasking
-// and the round's own record cannot hide the spend. Read in the log's order: the round record of
-// the same round that follows decides, as for any round (charged when committed or when it
-// revealed sums); an unmask_begun record that none follows (the log ends, the server started
-// again, or another round's record or unmasking comes first) spent as if committed: nobody can
-// say no sum was seen. What the recovery and the audit check add to silo_level_mechanism_of's.
+// A round whose unmasking began. Before it asks any silo for unmask shares (the survivor set
+// that starts the unmasking, then the unmask requests), the server writes an "unmask_begun"
+// record durably (the round, the signed parameters and setup_sha256 in its "privacy" part, with
+// the spend were the round charged): from then on the server may hold shares that unmask a noisy
+// sum, so the round spent, whatever becomes of it. Read in the log's order: the round record of
+// the same round that follows closes it and is charged once (committed, or aborted: an abort after
+// the unmasking began is charged whether or not it revealed a sum, as its record states); an
+// unmask_begun record that none follows (the log ends, the server started again, or another
+// round's record or unmasking comes first) spent as if committed: nobody can say no sum was seen.
+// What the recovery and the audit check add to silo_level_mechanism_of's.
 inline constexpr const char* kUnmaskBegun = "unmask_begun";
+// A charge the watch adds: the round of an unmask_begun and its mechanism.
+struct UnmaskCharge {
+  std::uint64_t round = 0;
+  privacy::Mechanism mechanism;
+  // True: no round record closed it (interrupted). False: its round record closed it, aborted,
+  // and does not charge itself (no sum revealed): the unmask_begun charges the round.
+  bool interrupted = true;
+};
 class UnmaskingWatch {
  public:
-  // The log's next record: the mechanism of an earlier round whose unmasking this record shows
-  // was interrupted (to charge now), or nullopt. Throws std::invalid_argument for an
-  // unmask_begun record whose parameters are not the setup it names, or that names none, and for
-  // a round record that closes an unmask_begun of its round but names another setup (the silos
-  // were sent one setup, the round would be charged at another).
-  std::optional<privacy::Mechanism> take(const nlohmann::json& record);
+  // The log's next record: the charge of an earlier round whose unmasking this record shows was
+  // interrupted, or of this record's own round when it closes an unmask_begun and charges nothing
+  // itself (to charge now), or nullopt. Throws SetupMismatch for an unmask_begun record whose
+  // parameters are not the setup it names, or that names none, and for a round record that
+  // closes an unmask_begun of its round but names another setup (the silos were sent one setup,
+  // the round would be charged at another).
+  std::optional<UnmaskCharge> take(const nlohmann::json& record);
   // At the log's end: the unmasking no round record closed (to charge), or nullopt.
   std::optional<privacy::Mechanism> open() const;
   // The round of that open unmasking (0: none).
   std::uint64_t open_round() const { return begun_ ? begun_->round : 0; }
+  // Whether `record` closes the open unmask_begun (a round record of its round).
+  bool closes(const nlohmann::json& record) const;
 
  private:
   struct Begun {

@@ -134,11 +134,17 @@ struct ServerState::AuditHistory {
 
   std::uint64_t last_commit() const { return committed.empty() ? 0 : committed.rbegin()->first; }
 
-  // Silo-level DP: what the record spends (a round's own mechanism, and an earlier round whose
-  // unmasking it shows was interrupted).
+  // Silo-level DP: what the record spends (a round's own mechanism, or its unmasking's when it
+  // aborted after the unmasking began, and an earlier round whose unmasking it shows was
+  // interrupted).
   void charge(const nlohmann::json& rec) {
-    const std::uint64_t begun = unmasking.open_round();
-    if (const auto m = unmasking.take(rec)) charge_interrupted(central_dp, *m, begun);
+    if (const auto c = unmasking.take(rec)) {
+      if (c->interrupted) {
+        charge_interrupted(central_dp, c->mechanism, c->round);
+      } else {
+        central_dp.add(c->mechanism, 1);  // aborted after its unmasking began, as its record states
+      }
+    }
     if (rec.value("event", "") != "round") return;
     if (const auto m = silo_level_mechanism_of(rec)) {
       central_dp.add(*m, 1);

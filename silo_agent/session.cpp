@@ -510,6 +510,7 @@ void Session::on_secure(const wire::Envelope& e) {
     reply_error(wire::UNEXPECTED, r.error().why);
     return;
   }
+  if (r->answer.step && r->answer.sent == secure::Sent::UnmaskShares) record_unmask_release();
   if (r->answer.step) {
     auto out = env();
     *out.mutable_secure() = std::move(*r->answer.step);
@@ -517,6 +518,23 @@ void Session::on_secure(const wire::Envelope& e) {
   }
   if (r->answer.sent == secure::Sent::Shares) silent_ = hook_.after_sent(SecureStep::SharesSent, round_);
   if (r->settled) mask_when_ready();
+}
+
+// Distributed DP: the shares about to leave let the server unmask this round's noisy group sum,
+// so the round must be charged whatever the server says it unmasked ("sums_revealed" is its own
+// count). The silo's word for it: a line of sent.jsonl, durable before the shares leave (a line
+// that cannot be written stops the agent first), that `xsilo audit verify --sent` holds the log's
+// charges to (docs/privacy.md). Not an upload: no update_sha256, no spend of the silo's records.
+void Session::record_unmask_release() {
+  std::string setup = secure_.skellam_sha256();
+  if (setup.empty()) return;  // no noise in the sum: nothing to charge
+  actions_.push_back(action::Record{.entry = {{"time", iso_time(cfg_.sources.unix_ms())},
+                                              {"kind", protocol::kUnmaskSharesReleased},
+                                              {"federation", cfg_.federation},
+                                              {"round", round_},
+                                              {"upstream", upstream_},
+                                              {"skellam_setup_sha256", std::move(setup)}},
+                                    .required = true});
 }
 
 // Masks the encoded update once both it and the share deliveries are here (on the worker: one

@@ -141,6 +141,8 @@ class Session {
   // Secure aggregation: the secure client's answers sent, its refusals answered and logged.
   void start_secure(const wire::SecAggSetup& setup);
   void on_secure(const wire::Envelope& e);
+  // Distributed DP: the line of sent.jsonl that says this silo released its unmask shares.
+  void record_unmask_release();
   void on_model_chunk(const wire::Envelope& e);
   // A restarted server lost its last committed model and asks for it (ModelRequest): the
   // model this silo holds goes up if it is the one asked for, and a ModelOffer says which.

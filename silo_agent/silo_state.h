@@ -1,7 +1,10 @@
 // The silo's state folder (the agent's `state_dir`): its own logs, and the state it carries from
 // one round to the next.
 //
-//   sent.jsonl                     one line per upload: round, hashes, weight (never data)
+//   sent.jsonl                     one line per upload: round, hashes, weight (never data); under
+//                                  distributed DP also one per release of unmask shares (kind
+//                                  "unmask_shares_released": round and setup hash), written
+//                                  durably before the shares leave
 //   audit_heads.jsonl              the server's signed audit heads this silo witnessed
 //   momentum.safetensors           silo momentum (TrainingPlan.silo_momentum)
 //   error_feedback.safetensors     what compression left out of the uploads so far

@@ -714,7 +714,7 @@ TEST_F(RecoveryTest, DistributedDpSpendIsRebuiltFromTheAuditChainAfterADamagedCh
   for (const auto& line : lines_of(dir_ / "audit.jsonl")) records.push_back(nlohmann::json::parse(line));
   const auto claims = check_privacy_claims(records);
   ASSERT_TRUE(succeeded(claims));
-  EXPECT_EQ(claims->central_rounds, 4u);
+  EXPECT_EQ(claims->silo_rounds(), 4u);
   // A committed record whose parameters do not hash to its signed setup: no start.
   std::filesystem::create_directories(dir_ / "other");
   {
@@ -764,7 +764,7 @@ TEST_F(RecoveryTest, ARoundWhoseUnmaskingBeganIsChargedAfterACrashBeforeItsRecor
   {
     const auto claims = check_privacy_claims(read_audit_log(dir_ / "audit.jsonl"));
     ASSERT_TRUE(succeeded(claims));
-    EXPECT_EQ(claims->central_rounds, 2u);
+    EXPECT_EQ(claims->silo_rounds(), 2u);
   }
   {
     ServerState st(dir_.path(), 0);
@@ -783,8 +783,33 @@ TEST_F(RecoveryTest, ARoundWhoseUnmaskingBeganIsChargedAfterACrashBeforeItsRecor
   EXPECT_EQ(st.recover(layout()).central_dp, spent);
   const auto claims = check_privacy_claims(read_audit_log(dir_ / "audit.jsonl"));
   ASSERT_TRUE(succeeded(claims));
-  EXPECT_EQ(claims->central_rounds, 3u);
-  EXPECT_NEAR(claims->central_epsilon, epsilon_of(spent, dp.delta), 1e-12);
+  EXPECT_EQ(claims->silo_rounds(), 3u);
+  EXPECT_NEAR(claims->silo_epsilon, epsilon_of(spent, dp.delta), 1e-12);
+}
+
+// `xsilo audit verify` on a distributed-DP log says its mode and counts the rounds that spent by
+// kind: a committed round, and a round aborted after its sums were unmasked (not "committed").
+TEST_F(RecoveryTest, AuditVerifySaysDistributedDpAndCountsAbortedRoundsThatSpentApart) {
+  const auto dp = small_distributed_dp();
+  const auto setup = signed_part(dp, 11);
+  {
+    ServerState st(dir_.path(), 0);
+    commit_skellam_round_one(st, dp, setup, "u1");
+    privacy::Ledger spent;
+    spent.add(round_mechanism(as_signed(dp, setup, dp.padded)), 2);
+    auto part = round_privacy_record(dp, setup, dp.padded, spent);
+    part["sums_revealed"] = 1;  // a group sum was unmasked, then too few updates were left
+    st.record({{"event", "round"}, {"round", 2}, {"status", "aborted"}, {"privacy", part}}, nullptr);
+  }
+  Process p({test::xsilo_bin(), "audit", "verify", (dir_ / "audit.jsonl").string(), "--key", (dir_ / "audit.pub").string()},
+            dir_ / "verify.log");
+  EXPECT_EQ(p.wait(std::chrono::seconds(30)).value_or(-1), 0) << read_file(dir_ / "verify.log");
+  const std::string said = read_file(dir_ / "verify.log");
+  EXPECT_NE(said.find("privacy: silo-level distributed DP, 1 committed noised round and 1 aborted round whose unmasking "
+                      "began recomposed from their parameters"),
+            std::string::npos)
+      << said;
+  EXPECT_EQ(said.find("central DP"), std::string::npos) << said;
 }
 
 // Issue 42, a server whose code was changed: it signed the silos a setup with a sixteenth of the
@@ -955,6 +980,89 @@ TEST_F(RecoveryTest, SentSkipsATornLastLineAndRefusesOtherDamageByFileAndLine) {
   atomic_write_file(dir_ / "wrong.jsonl", wrong + "\n");
   const auto typed = check_sent_setups(records, dir_ / "wrong.jsonl");
   EXPECT_NE(error_text(typed).find("wrong.jsonl line 1: a field of the wrong type"), std::string::npos) << error_text(typed);
+}
+
+// Issue 42: "sums_revealed" is the server's own count; a silo's sent.jsonl says, in a line written
+// before its unmask shares left, each round in which it released them. `--sent` holds the log to
+// it: the round must be charged under the setup the silo released under (a committed round, an
+// aborted one that revealed sums or that follows its unmask_begun, or an unmask_begun no round
+// record followed). A server that left out the unmask_begun and whose record says it revealed no
+// sum after the silos had released their shares fails, naming the silo's file, line and round, as
+// does a log that leaves out the round's records.
+TEST_F(RecoveryTest, SentFailsARoundWhoseUnmaskSharesASiloReleasedButTheLogDoesNotCharge) {
+  const auto dp = small_distributed_dp();
+  const auto k = signed_part(dp, 11);
+  const std::string setup = protocol::skellam_sha256(k, dp.padded);
+  const auto mechanism = round_mechanism(as_signed(dp, k, dp.padded));
+  privacy::Ledger spent;
+  std::uint64_t seq = 1;
+  std::vector<nlohmann::json> records = {{{"event", "federation_start"}, {"federation", "fed"}, {"seq", seq}}};
+  auto begun = [&](std::uint64_t round) {
+    auto if_charged = spent;
+    if_charged.add(mechanism, 1);
+    records.push_back({{"event", kUnmaskBegun}, {"round", round}, {"seq", ++seq},
+                       {"privacy", round_privacy_record(dp, k, dp.padded, if_charged)}});
+  };
+  auto round = [&](std::uint64_t r, const char* status, std::uint64_t revealed) {
+    if (std::string(status) == "committed" || revealed > 0) spent.add(mechanism, 1);
+    auto part = round_privacy_record(dp, k, dp.padded, spent);
+    part["sums_revealed"] = revealed;
+    records.push_back({{"event", "round"}, {"round", r}, {"seq", ++seq}, {"status", status}, {"privacy", part},
+                       {"participants", nlohmann::json::array({{{"silo", "hospital-a"}, {"update_sha256", "u" + std::to_string(r)}}})}});
+  };
+  begun(1);
+  round(1, "committed", 1);
+  begun(2);
+  round(2, "aborted", 1);  // a group sum unmasked, then too few updates left: charged
+  begun(3);                // the log ends while round 3 unmasks: charged
+  auto upload = [&](std::uint64_t r) {
+    return nlohmann::json{{"federation", "fed"}, {"round", r}, {"update_sha256", "u" + std::to_string(r)},
+                          {"skellam_setup_sha256", setup}}.dump();
+  };
+  auto released = [&](std::uint64_t r) {
+    return nlohmann::json{{"kind", protocol::kUnmaskSharesReleased}, {"federation", "fed"}, {"round", r},
+                          {"skellam_setup_sha256", setup}}.dump();
+  };
+  write_lines(dir_ / "sent.jsonl", {upload(1), released(1), upload(2), released(2), upload(3), released(3), upload(4),
+                                    released(4)});
+  const auto honest = check_sent_setups(records, dir_ / "sent.jsonl");
+  ASSERT_TRUE(succeeded(honest)) << error_text(honest);
+  EXPECT_EQ(honest->releases, 3u);
+  EXPECT_EQ(honest->unrecorded, 2u);  // round 4's upload and release: after the log's last record
+
+  // Round 2 aborted with no sum revealed (fewer than the threshold answered the unmask request)
+  // right after its unmask_begun, written before any share was asked for: charged, and the
+  // release passes (the false alarm before the server wrote unmask_begun first).
+  auto asked = records;
+  asked[4]["privacy"]["sums_revealed"] = 0u;
+  const auto too_few = check_sent_setups(asked, dir_ / "sent.jsonl");
+  ASSERT_TRUE(succeeded(too_few)) << error_text(too_few);
+  EXPECT_EQ(too_few->releases, 3u);
+  // The same, but the server left out round 2's unmask_begun: its record says no sum was revealed
+  // (and so charges nothing), though the silo had released its shares.
+  auto hidden = asked;
+  hidden.erase(hidden.begin() + 3);
+  const std::string why = error_text(check_sent_setups(hidden, dir_ / "sent.jsonl"));
+  EXPECT_NE(why.find((dir_ / "sent.jsonl").string() + " line 4, round 2: the silo released its unmask shares under "
+                     "setup " + setup + ", so the server could unmask that round's noisy sum, but the log does not "
+                     "charge it: its record that decides the round's charge (record 5) is an aborted round record "
+                     "with sums_revealed 0 and no unmask_begun before it, which charges nothing"),
+            std::string::npos)
+      << why;
+  // Round 2's records left out altogether, while round 3's unmasking is recorded: the upload to
+  // round 2 proves nothing (the log's last round record is round 1's), the release does.
+  auto dropped = records;
+  dropped.erase(dropped.begin() + 3, dropped.begin() + 5);
+  const std::string gap = error_text(check_sent_setups(dropped, dir_ / "sent.jsonl"));
+  EXPECT_NE(gap.find("sent.jsonl line 4, round 2: the silo released its unmask shares under setup " + setup +
+                     ", but the log has no record of that round, though it records round 3 after it"),
+            std::string::npos)
+      << gap;
+  // A release under another setup than the one that decides the charge.
+  write_lines(dir_ / "other.jsonl", {nlohmann::json{{"kind", protocol::kUnmaskSharesReleased}, {"federation", "fed"},
+                                                    {"round", 1}, {"skellam_setup_sha256", std::string(64, 'b')}}.dump()});
+  EXPECT_NE(error_text(check_sent_setups(records, dir_ / "other.jsonl")).find("(record 3) names setup " + setup),
+            std::string::npos);
 }
 
 TEST_F(RecoveryTest, AMirrorRestoresTheLogAndTheCheckpointAndIsKeptUpToDate) {

@@ -188,8 +188,8 @@ TEST(CentralDp, AuditVerifyCatchesARecordThatClaimsLessThanItsRoundsGive) {
   log.push_back({{"event", "round"}, {"round", 5}, {"status", "aborted"}, {"privacy", server::round_privacy_record(dp, spent)}});
   const auto ok = server::check_privacy_claims(log);
   EXPECT_TRUE(succeeded(ok));
-  EXPECT_EQ(ok->central_rounds, 4u);
-  EXPECT_NEAR(ok->central_epsilon, server::epsilon_of(spent, dp.delta), 1e-12);
+  EXPECT_EQ(ok->silo_rounds(), 4u);
+  EXPECT_NEAR(ok->silo_epsilon, server::epsilon_of(spent, dp.delta), 1e-12);
 
   // Round 3 claims round 1's spend only.
   test::expect_understated_epsilon_caught(log, "central DP");

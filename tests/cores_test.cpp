@@ -5,13 +5,16 @@
 // unmasks; dropouts in every secure group), here happens at a chosen instant, every run.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <deque>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <set>
 
 #include "crypto/fixed_point.h"
 #include "crypto/hash.h"
+#include "protocol/secagg_wire.h"
 #include "protocol/tensor_stream.h"
 #include "server/audit.h"
 #include "server/coordinator.h"
@@ -225,7 +228,30 @@ class Cores {
       while (auto e = s->source->next()) coord_->on_message(id(i), *e, now_);
     }
     if (auto* j = std::get_if<agent::action::Job>(&a)) sessions_[i]->on_job_done(j->id, j->work());
+    if (auto* r = std::get_if<agent::action::Record>(&a); r && r->log == "sent.jsonl") sent_[i].push_back(r->entry);
   }
+
+ public:
+  // Silo i's sent.jsonl, as its agent would have written it, in a file of `dir`.
+  std::filesystem::path sent_log(std::size_t i, const std::filesystem::path& dir) const {
+    std::string text;
+    if (const auto it = sent_.find(i); it != sent_.end()) {
+      for (const auto& line : it->second) text += line.dump() + "\n";
+    }
+    const auto path = dir / (name(i) + ".sent.jsonl");
+    std::ofstream(path, std::ios::binary) << text;
+    return path;
+  }
+  // How many unmask releases silo i logged.
+  std::size_t releases(std::size_t i) const {
+    const auto it = sent_.find(i);
+    if (it == sent_.end()) return 0;
+    return static_cast<std::size_t>(std::count_if(it->second.begin(), it->second.end(), [](const auto& l) {
+      return l.value("kind", "") == protocol::kUnmaskSharesReleased;
+    }));
+  }
+
+ private:
 
   Model initial_;
   std::unique_ptr<server::Coordinator> coord_;
@@ -235,6 +261,7 @@ class Cores {
   std::vector<std::unique_ptr<SiloTrainer>> trainers_;
   std::vector<std::unique_ptr<agent::Session>> sessions_;
   std::map<std::size_t, std::deque<wire::Envelope>> inbox_;
+  std::map<std::size_t, std::vector<nlohmann::json>> sent_;  // each silo's sent.jsonl lines
   std::map<server::Timer, std::int64_t> timers_;
   std::set<std::size_t> dead_, hung_;
   std::int64_t now_ = 1'700'000'000'000;
@@ -449,8 +476,8 @@ void distributed_dp(server::RoundConfig& cfg, std::size_t silos, double denomina
   cfg.distributed_dp = dp;
 }
 
-// The round aborted after a noisy sum was unmasked: the coordinator wrote the round's
-// "unmask_begun" record before unmasking anything, and charges the round once (its record, and
+// The round aborted after its unmasking began: the coordinator wrote the round's "unmask_begun"
+// record before asking any silo for unmask shares, and charges the round once (its record, and
 // its own ledger that `xsilo status` shows), as the audit check counts it.
 void expect_charged_once_after_its_unmask_begun_record(Cores& fed, std::uint64_t revealed) {
   const auto& records = fed.store.records;
@@ -472,7 +499,7 @@ void expect_charged_once_after_its_unmask_begun_record(Cores& fed, std::uint64_t
   EXPECT_GT(p["epsilon"].get<double>(), 0);
   const auto claims = server::check_privacy_claims(records);
   ASSERT_TRUE(claims.has_value()) << claims.error().message();
-  EXPECT_EQ(claims->central_rounds, 1u);
+  EXPECT_EQ(claims->silo_rounds(), 1u);
 }
 
 // Issue 42, the abort recorded apart from a commit (Coordinator::record_abort): distributed DP in
@@ -513,6 +540,47 @@ TEST(Cores, ADistributedDpRoundWhoseCommitFailsAfterUnmaskingIsChargedOnce) {
   ASSERT_EQ(rounds.size(), 1u);
   EXPECT_NE(rounds[0].value("reason", "").find("NaN or infinite"), std::string::npos) << rounds[0].dump(2);
   expect_charged_once_after_its_unmask_begun_record(fed, 1);
+}
+
+// Issue 42, the false alarm mended: the coordinator writes unmask_begun before it asks for unmask
+// shares, so a round that aborts after some silos released theirs but before any sum could be
+// unmasked (fewer than the threshold answered) is charged, and the silos' sent.jsonl, which
+// logged the releases, passes `audit verify --sent`. One global group of five (threshold 3):
+// all confirm the survivor set, two answer the unmask request, three freeze as it reaches them.
+TEST(Cores, ADistributedDpRoundAbortedWithTooFewUnmaskAnswersIsChargedAndTheReleasesPassSent) {
+  auto cfg = secure_config(server::SecureMode::Global, 5);
+  cfg.selection.min_updates = 5;
+  distributed_dp(cfg, 5);
+  Cores fed(cfg, 5);
+  for (std::size_t i = 2; i < 5; ++i) fed.hang_on(i, wire::SecureAggregation::kSecaggUnmaskRequest);
+  fed.start();
+  ASSERT_EQ(fed.coord().phase(), server::Phase::Unmasking);
+  EXPECT_TRUE(fed.store.rounds().empty());
+  // The unmask_begun record is on the log before any share left a silo.
+  ASSERT_FALSE(fed.store.records.empty());
+  EXPECT_EQ(fed.store.records.back()["event"], "unmask_begun");
+  EXPECT_EQ(fed.releases(0), 1u);
+  EXPECT_EQ(fed.releases(1), 1u);
+  EXPECT_EQ(fed.releases(2), 0u);
+  fed.advance(31s);  // the unmask deadline: two shares of a threshold of three, no sum
+  const auto rounds = fed.store.rounds();
+  ASSERT_EQ(rounds.size(), 1u);
+  expect_charged_once_after_its_unmask_begun_record(fed, 0);
+  test::TempDir dir;
+  for (std::size_t i = 0; i < 5; ++i) {
+    const auto sent = server::check_sent_setups(fed.store.records, fed.sent_log(i, dir.path()));
+    ASSERT_TRUE(sent.has_value()) << Cores::name(i) << ": " << sent.error().message();
+    EXPECT_EQ(sent->releases, fed.releases(i)) << Cores::name(i);
+    EXPECT_EQ(sent->compared, 1u) << Cores::name(i);  // its upload, under the round's setup
+  }
+  // The same log as the server wrote it before this mend (unmask_begun after the shares were
+  // collected, so never written for this round): the releases are not charged.
+  auto before = fed.store.records;
+  before.erase(std::remove_if(before.begin(), before.end(), [](const auto& r) { return r["event"] == "unmask_begun"; }),
+               before.end());
+  const auto unmended = server::check_sent_setups(before, fed.sent_log(0, dir.path()));
+  ASSERT_FALSE(unmended.has_value());
+  EXPECT_NE(unmended.error().message().find("which charges nothing"), std::string::npos) << unmended.error().message();
 }
 
 }  // namespace

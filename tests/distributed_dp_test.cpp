@@ -293,8 +293,8 @@ TEST(DistributedDp, AuditVerifyFailsOnAnUnderstatedEpsilon) {
   }
   const auto ok = server::check_privacy_claims(log);
   EXPECT_TRUE(succeeded(ok));
-  EXPECT_EQ(ok->central_rounds, 4u);
-  EXPECT_NEAR(ok->central_epsilon, server::epsilon_of(spent, c.delta), 1e-12);
+  EXPECT_EQ(ok->silo_rounds(), 4u);
+  EXPECT_NEAR(ok->silo_epsilon, server::epsilon_of(spent, c.delta), 1e-12);
   EXPECT_EQ(log[4]["privacy"]["mechanism"], "skellam");
   for (const char* k : {"gamma", "variance", "bits", "clip_norm", "epsilon"}) {
     EXPECT_TRUE(log[4]["privacy"].contains(k)) << k;
@@ -365,7 +365,9 @@ TEST(DistributedDp, AuditVerifyFailsWhenARecordsParametersAreNotTheSignedSetupIt
   EXPECT_TRUE(succeeded(honest));
   auto lie = log;
   lie[1]["privacy"]["setup_sha256"] = protocol::skellam_sha256(weak, c.padded);
-  test::expect_claims_fail(lie, "not the signed setup it names");
+  test::expect_claims_fail(lie, "record 2 (round 1): its distributed DP parameters do not match the signed setup the "
+                                "silos were sent: its privacy part's bits, gamma, variance");
+  EXPECT_EQ(error_text(server::check_privacy_claims(lie)).find("cannot be read"), std::string::npos);
   // A smaller rotated length than was signed would shrink the sensitivity, and so the epsilon:
   // the hash covers it.
   auto shorter = log;
@@ -373,21 +375,30 @@ TEST(DistributedDp, AuditVerifyFailsWhenARecordsParametersAreNotTheSignedSetupIt
   test::expect_claims_fail(shorter, "not the signed setup it names");
   auto unnamed = log;
   unnamed[1]["privacy"].erase("setup_sha256");
-  test::expect_claims_fail(unnamed, "names no setup_sha256");
+  test::expect_claims_fail(unnamed, "do not match the signed setup the silos were sent: its privacy part names no "
+                                    "setup_sha256");
+  // A spend that cannot be read is said as such, in the record's own mode.
+  auto unreadable = log;
+  unreadable[1]["privacy"].erase("gamma");
+  test::expect_claims_fail(unreadable, "record 2 (round 1): its distributed DP spend cannot be read (its privacy part "
+                                       "has no number \"gamma\")");
 }
 
 // A log of distributed-DP records as the server writes them, and the spend they give: the
-// round records, the unmask_begun records before their unmasking, and a round whose unmasking
-// was interrupted (charged, with no record of its own).
+// round records, the unmask_begun records before their unmasking (a round record right after
+// one is charged, aborted or not), and a round whose unmasking was interrupted (charged, with no
+// record of its own).
 struct SkellamLog {
   server::DistributedDpConfig c = finalized();
   wire::SkellamSetup k = server::signed_part(c, 7);
   privacy::Mechanism mech = server::round_mechanism(server::as_signed(c, k, c.padded));
   privacy::Ledger spent;
   std::vector<nlohmann::json> log = {{{"event", "federation_start"}}};
+  bool unmasking = false;  // the last record is an unmask_begun
 
   void round(std::uint64_t r, const char* status, std::uint64_t revealed) {
-    if (std::string(status) == "committed" || revealed > 0) spent.add(mech, 1);
+    if (std::string(status) == "committed" || revealed > 0 || unmasking) spent.add(mech, 1);
+    unmasking = false;
     auto p = server::round_privacy_record(c, k, c.padded, spent);
     p["sums_revealed"] = revealed;
     log.push_back({{"event", "round"}, {"round", r}, {"status", status}, {"privacy", p}});
@@ -397,8 +408,12 @@ struct SkellamLog {
     if_charged.add(mech, 1);
     log.push_back({{"event", server::kUnmaskBegun}, {"round", r},
                    {"privacy", server::round_privacy_record(c, k, c.padded, if_charged)}});
+    unmasking = true;
   }
-  void interrupted() { spent.add(mech, 1); }
+  void interrupted() {
+    spent.add(mech, 1);
+    unmasking = false;
+  }
 };
 
 // Issue 42: a round that aborts after its noisy sums were unmasked has released them to the
@@ -414,8 +429,12 @@ TEST(DistributedDp, ARoundAbortedAfterItsSumsWereUnmaskedSpendsAndAuditVerifyCou
   const auto& log = s.log;
   const auto ok = server::check_privacy_claims(log);
   ASSERT_TRUE(succeeded(ok));
-  EXPECT_EQ(ok->central_rounds, 3u);
-  EXPECT_NEAR(ok->central_epsilon, server::epsilon_of(s.spent, s.c.delta), 1e-12);
+  EXPECT_EQ(ok->silo_mode, "distributed");
+  EXPECT_EQ(ok->silo_committed, 2u);
+  EXPECT_EQ(ok->silo_aborted, 1u);  // round 2; round 3 spent nothing
+  EXPECT_EQ(ok->silo_interrupted, 0u);
+  EXPECT_EQ(ok->silo_rounds(), 3u);
+  EXPECT_NEAR(ok->silo_epsilon, server::epsilon_of(s.spent, s.c.delta), 1e-12);
   EXPECT_TRUE(server::silo_level_mechanism_of(log[2]));
   EXPECT_FALSE(server::silo_level_mechanism_of(log[3]));
   // Round 2's record claiming only the spend before it (as if the abort had spent nothing).
@@ -427,9 +446,10 @@ TEST(DistributedDp, ARoundAbortedAfterItsSumsWereUnmaskedSpendsAndAuditVerifyCou
   EXPECT_FALSE(server::check_privacy_claims(unreadable).has_value());
 }
 
-// Issue 42: the server writes an unmask_begun record before it unmasks a round's sums. The round
-// record that follows decides (a commit is charged once, an abort before any sum was revealed
-// not at all); one that no record of its round follows (the server started again, or the log
+// Issue 42: the server writes an unmask_begun record before it asks any silo for unmask shares.
+// The round record that follows closes it and is charged once, aborted or not (an abort after the
+// shares were asked for, with no sum revealed, is charged too: the shares the server holds could
+// unmask the sum); one that no record of its round follows (the server started again, or the log
 // ends) is charged. An unmask_begun record's own claim is checked as if charged, and its
 // parameters must be the setup it names.
 TEST(DistributedDp, AnUnmaskingWhoseRoundRecordNeverFollowedIsChargedAndOneThatIsFollowedIsChargedOnce) {
@@ -437,35 +457,50 @@ TEST(DistributedDp, AnUnmaskingWhoseRoundRecordNeverFollowedIsChargedAndOneThatI
   s.begun(1);
   s.round(1, "committed", 1);  // once
   s.begun(2);
-  s.round(2, "aborted", 0);  // no sum was revealed: nothing
-  s.begun(3);
-  s.interrupted();  // the server died before round 3's record
-  s.log.push_back({{"event", "federation_start"}});
-  s.begun(3);
-  s.round(3, "committed", 1);
+  s.round(2, "aborted", 0);  // too few unmask answers, no sum revealed: charged all the same, once
+  s.round(3, "aborted", 0);  // aborted while collecting (no unmask_begun): nothing
   s.begun(4);
-  s.interrupted();  // the log ends while round 4 unmasks
+  s.interrupted();  // the server died before round 4's record
+  s.log.push_back({{"event", "federation_start"}});
+  s.begun(4);
+  s.round(4, "committed", 1);
+  s.begun(5);
+  s.interrupted();  // the log ends while round 5 unmasks
   const auto ok = server::check_privacy_claims(s.log);
-  ASSERT_TRUE(succeeded(ok));
-  EXPECT_EQ(ok->central_rounds, 4u);
-  EXPECT_NEAR(ok->central_epsilon, server::epsilon_of(s.spent, s.c.delta), 1e-12);
+  ASSERT_TRUE(succeeded(ok)) << ok.error().message();
+  EXPECT_EQ(ok->silo_committed, 2u);    // rounds 1 and 4
+  EXPECT_EQ(ok->silo_aborted, 1u);      // round 2, aborted after its unmasking began
+  EXPECT_EQ(ok->silo_interrupted, 2u);  // round 4's first unmasking, and round 5's
+  EXPECT_EQ(ok->silo_rounds(), 5u);
+  EXPECT_NEAR(ok->silo_epsilon, server::epsilon_of(s.spent, s.c.delta), 1e-12);
+  // Round 2's record on its own does not charge (no sum revealed): the unmask_begun before it does.
+  EXPECT_FALSE(server::silo_level_mechanism_of(s.log[4]));
+  // Round 2's record claiming only the spend before it (as if the abort had spent nothing).
+  auto unspent = s.log;
+  unspent[4]["privacy"]["epsilon"] = s.log[2]["privacy"]["epsilon"];
+  test::expect_claims_fail(unspent, "record 5 (round 2): distributed DP claims epsilon");
   // The same records, read by the watch as the recovery reads them.
   server::UnmaskingWatch watch;
   privacy::Ledger rebuilt;
+  std::vector<std::pair<std::uint64_t, bool>> charged;  // the watch's charges: round, interrupted
   for (const auto& r : s.log) {
-    if (const auto m = watch.take(r)) rebuilt.add(*m, 1);
+    if (const auto c = watch.take(r)) {
+      rebuilt.add(c->mechanism, 1);
+      charged.emplace_back(c->round, c->interrupted);
+    }
     if (const auto m = server::silo_level_mechanism_of(r)) rebuilt.add(*m, 1);
   }
-  EXPECT_EQ(watch.open_round(), 4u);
+  EXPECT_EQ(charged, (std::vector<std::pair<std::uint64_t, bool>>{{2, false}, {4, true}}));
+  EXPECT_EQ(watch.open_round(), 5u);
   ASSERT_TRUE(watch.open());
   rebuilt.add(*watch.open(), 1);
   EXPECT_EQ(rebuilt, s.spent);
   // An unmask_begun record claiming the spend without its round; one with other parameters than its setup.
   auto hidden = s.log;
-  hidden[5]["privacy"]["epsilon"] = s.log[2]["privacy"]["epsilon"];
-  test::expect_claims_fail(hidden, "record 6 (round 3): distributed DP claims epsilon");
+  hidden[6]["privacy"]["epsilon"] = s.log[4]["privacy"]["epsilon"];
+  test::expect_claims_fail(hidden, "record 7 (round 4): distributed DP claims epsilon");
   auto weaker = s.log;
-  weaker[5]["privacy"]["variance"] = s.c.variance / 4;
+  weaker[6]["privacy"]["variance"] = s.c.variance / 4;
   test::expect_claims_fail(weaker, "not the signed setup it names");
 }
 

@@ -438,9 +438,15 @@ TEST(Federation, DistributedDpSpendsTheBudgetAcrossARestartAndEndsTheFederationW
   }
   EXPECT_GE(compared, 2u);
   EXPECT_EQ(starts, 2u) << "the server was not restarted";
-  Process verify({test::xsilo_bin(), "audit", "verify", "out/audit.jsonl", "--key", "out/audit.pub"}, dir / "verify.log",
-                 in_dir);
+  // The auditor's command with the silo's file: its uploads under the recorded setups, and each
+  // round it released its unmask shares in (lines the agent wrote before they left) charged.
+  Process verify({test::xsilo_bin(), "audit", "verify", "out/audit.jsonl", "--key", "out/audit.pub", "--sent",
+                  "out/silos/hospital-01/state/sent.jsonl"},
+                 dir / "verify.log", in_dir);
   EXPECT_EQ(verify.wait(30s).value_or(-1), 0) << log_tail(dir / "verify.log");
+  EXPECT_NE(read_file(dir / "verify.log").find("2 releases of its unmask shares, each in a round the log charges"),
+            std::string::npos)
+      << log_tail(dir / "verify.log");
 }
 
 // A silo lost after sharing its keys in round 2: its group's sum is still revealed from the 4

@@ -14,6 +14,8 @@
 #include "common/safetensors.h"
 #include "server/aggregator.h"
 #include "server/audit.h"
+#include "server/central_dp.h"
+#include "server/distributed_dp.h"
 #include "server/round_record.h"
 #include "tests/testlib.h"
 #include "tools/report.h"
@@ -301,6 +303,81 @@ TEST_F(Report, DrawsPrivacyOnlyWhenRecordsCarryEpsilon) {
   p = page(audit_only());
   EXPECT_TRUE(has(p, "id='privacy'")) << p;
   EXPECT_TRUE(has(p, "Total after round 5: epsilon 0.5"));
+}
+
+// Silo-level DP in either mode: each record states the federation's epsilon so far; the page
+// draws each round's growth and the total, and an aborted round counts as its record says (one
+// whose sums were unmasked spent; one aborted before spent nothing). A silo's own record-level
+// epsilon, in its participant entry, is kept beside the federation's.
+TEST_F(Report, DrawsTheSpendOfDistributedDpRoundsAbortedOnesThatUnmaskedIncluded) {
+  server::DistributedDpConfig dp;
+  dp.epsilon = 8;
+  dp.clip_norm = 0.5;
+  dp.noise_multiplier = 1.2;
+  dp.denominator = 5;
+  dp.max_group = 5;
+  server::finalize_distributed_dp(dp, 4);
+  const auto setup = server::signed_part(dp, 7);
+  privacy::Ledger spent;
+  std::vector<double> totals;
+  append({{"event", "federation_start"}, {"federation", "oncology"}, {"rounds", 4}});
+  for (std::uint64_t round = 1; round <= 4; ++round) {
+    const bool committed = round != 3 && round != 4;
+    const bool revealed = round != 4;  // round 3 aborted after its sums were unmasked, round 4 before
+    if (revealed) spent.add(server::round_mechanism(server::as_signed(dp, setup, dp.padded)), 1);
+    json r = record(round, {member("hospital-01", ""), member("hospital-02", "")}, committed);
+    r["privacy"] = server::round_privacy_record(dp, setup, dp.padded, spent);
+    r["privacy"]["sums_revealed"] = revealed ? 1 : 0;
+    if (round == 2) r["participants"][0]["privacy"] = {{"mechanism", "dp_sgd"}, {"epsilon", 1.5}, {"delta", 1e-5}};
+    append(r);
+    totals.push_back(server::epsilon_of(spent, dp.delta));
+  }
+  const report::Run run = load_run(audit_only());
+  ASSERT_EQ(run.rounds.size(), 4u);
+  for (std::uint64_t round = 1; round <= 4; ++round) {
+    const report::Round& x = run.rounds.at(round);
+    SCOPED_TRACE(round);
+    EXPECT_EQ(x.privacy_mode, "silo-level distributed DP");
+    ASSERT_TRUE(x.epsilon_total && x.epsilon_spent);
+    EXPECT_NEAR(*x.epsilon_total, totals[round - 1], 1e-12);
+    EXPECT_NEAR(*x.epsilon_spent, totals[round - 1] - (round == 1 ? 0 : totals[round - 2]), 1e-12);
+  }
+  EXPECT_GT(*run.rounds.at(3).epsilon_spent, 0);  // aborted after unmasking: spent
+  EXPECT_EQ(*run.rounds.at(4).epsilon_spent, 0);  // aborted before: nothing
+  EXPECT_EQ(run.rounds.at(2).record_level_total, 1.5);
+  EXPECT_FALSE(run.rounds.at(1).record_level_total);
+
+  const std::string p = render_report(run);
+  EXPECT_TRUE(has(p, "id='privacy'")) << p;
+  EXPECT_TRUE(has(p, "silo-level distributed DP. From the records' <code>privacy.epsilon</code>"));
+  char total[64];
+  std::snprintf(total, sizeof total, "Total after round 4: epsilon %.4g.", totals[3]);
+  EXPECT_TRUE(has(p, total)) << total;
+  EXPECT_TRUE(has(p, "the largest spent 1.5 after round 2"));
+  EXPECT_FALSE(has(p, "no record carries privacy.epsilon_spent"));
+}
+
+TEST_F(Report, DrawsTheSpendOfCentralDpRounds) {
+  server::CentralDpConfig dp;
+  dp.epsilon = 8;
+  dp.noise_multiplier = 1.1;
+  dp.denominator = 5;
+  privacy::Ledger spent;
+  for (std::uint64_t round = 1; round <= 3; ++round) {
+    if (round != 2) spent.add(server::round_mechanism(dp), 1);  // round 2 aborted: no model left it
+    json r = record(round, {member("hospital-01", "")}, round != 2);
+    r["privacy"] = server::round_privacy_record(dp, spent);
+    append(r);
+  }
+  const report::Run run = load_run(audit_only());
+  privacy::Ledger one;
+  one.add(server::round_mechanism(dp), 1);
+  ASSERT_TRUE(run.rounds.at(1).epsilon_spent && run.rounds.at(2).epsilon_spent && run.rounds.at(3).epsilon_total);
+  EXPECT_EQ(run.rounds.at(1).privacy_mode, "silo-level central DP");
+  EXPECT_NEAR(*run.rounds.at(1).epsilon_spent, server::epsilon_of(one, dp.delta), 1e-12);
+  EXPECT_EQ(*run.rounds.at(2).epsilon_spent, 0);
+  EXPECT_NEAR(*run.rounds.at(3).epsilon_total, server::epsilon_of(spent, dp.delta), 1e-12);
+  EXPECT_TRUE(has(render_report(run), "silo-level central DP. From the records' <code>privacy.epsilon</code>"));
 }
 
 TEST_F(Report, EscapesWhatTheLogSays) {

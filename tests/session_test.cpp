@@ -184,6 +184,7 @@ class Harness {
   std::vector<std::shared_ptr<protocol::ChunkSource>> streams;
   std::vector<nlohmann::json> records;
   std::vector<action::Record> record_actions;  // as the daemon gets them (with what to rename after)
+  std::vector<std::size_t> sent_before_record;  // for each record: how many envelopes went out before it
   bool fatal = false;
   Session& session() { return session_; }
 
@@ -196,6 +197,7 @@ class Harness {
       if (auto* j = std::get_if<action::Job>(&a)) jobs_.push_back(std::move(*j));
       if (auto* r = std::get_if<action::Record>(&a)) {
         records.push_back(r->entry);
+        sent_before_record.push_back(sent.size());
         record_actions.push_back(*r);
         // The record is queued before the upload's stream: durable before a byte leaves.
         EXPECT_TRUE(r->log != "sent.jsonl" || !std::any_of(actions_before_.begin(), actions_before_.end(), [](bool s) { return s; }));
@@ -750,6 +752,7 @@ TEST(Session, TakesPartInSecureAggregationSoThatOnlyTheSumIsRevealed) {
   ASSERT_TRUE(succeeded(server.on_unmask("silo-a", a_unmask->secure().secagg_unmask_shares().sealed())));
   ASSERT_TRUE(succeeded(server.on_unmask("silo-b", b.unmask(request)->box)));
   ASSERT_TRUE(succeeded(server.finish(std::span<std::uint64_t>(sum))));
+  EXPECT_EQ(h.records.size(), 1u);  // the upload's line only: no noise in the sum, no release to charge
   const auto decoded = crypto::decode(codec, std::span<const std::uint64_t>(sum));
   for (std::size_t i = 0; i < m.size(); ++i) EXPECT_NEAR(decoded[i], 5.0 * 1.0 + 3.0 * 2.0, 1e-4) << i;
   EXPECT_NEAR(decoded[m.size()], 5.0 + 3.0, 1e-4);  // the summed weights
@@ -1205,6 +1208,84 @@ TEST(Session, ASignedSetupWithLessDistributedDpNoiseThanTheSilosFloorIsRefusedBe
   sign(start);
   h.deliver(start);
   expect_refused_before_any_key(h, "secure_floor.min_noise_multiplier");
+}
+
+// Issue 42: under distributed DP the unmask shares a silo sends let the server unmask its group's
+// noisy sum, whatever the server's record says it unmasked. The silo's own word for it: a line of
+// sent.jsonl naming the round and the Skellam setup, required durable, queued before the shares
+// leave; `xsilo audit verify --sent` holds the log's charges to it.
+TEST(Session, UnderDistributedDpTheReleaseOfUnmaskSharesIsLoggedDurablyBeforeTheyLeave) {
+  Harness h;
+  const Model m = model();
+  auto box = crypto::X25519KeyPair::generate();
+  auto start = h.round_start(1, m);
+  *start.mutable_round_start()->mutable_secagg() = skellam_setup(m, box, 1.0);
+  sign(start);
+  const auto& s = start.round_start().secagg();
+  const auto params = protocol::secagg_params(s, "fed", 1);
+  const auto server_signer = test::signer(wire::SERVER, "server");
+  crypto::secagg::Client b(params, "silo-b", test::signer(wire::SILO, "silo-b"), test::verifier(),
+                           server_signer.certificate(), "server", crypto::secagg::Floor{2, 0.0});
+  crypto::secagg::Server server(params, test::verifier(), server_signer, box);
+  h.deliver(start);
+  const auto* keys = h.last(wire::SecureAggregation::kSecaggKeys);
+  ASSERT_TRUE(keys);
+  ASSERT_TRUE(succeeded(server.on_keys("silo-a", *protocol::from_wire(keys->secure().secagg_keys()))));
+  ASSERT_TRUE(succeeded(server.on_keys("silo-b", *b.advertise())));
+  auto list = *server.close_keys();
+  h.deliver_in(1, [&](wire::Envelope& e) { *e.mutable_secure()->mutable_secagg_key_list() = protocol::to_wire(list); });
+  const auto* shares = h.last(wire::SecureAggregation::kSecaggShares);
+  ASSERT_TRUE(shares);
+  ASSERT_TRUE(succeeded(server.on_shares("silo-a", *protocol::from_wire(shares->secure().secagg_shares()))));
+  ASSERT_TRUE(succeeded(server.on_shares("silo-b", *b.share(list))));
+  auto boxes = *server.close_shares();
+  ASSERT_TRUE(succeeded(server.on_receipt("silo-b", *b.receive(boxes["silo-b"]))));
+  h.deliver_in(1, [&](wire::Envelope& e) {
+    *e.mutable_secure()->mutable_secagg_share_delivery() = protocol::delivery_to_wire(boxes["silo-a"]);
+  });
+  const auto* receipt = h.last(wire::SecureAggregation::kSecaggReceipt);
+  ASSERT_TRUE(receipt);
+  ASSERT_TRUE(succeeded(server.on_receipt("silo-a", *protocol::from_wire(receipt->secure().secagg_receipt()))));
+  auto settled = *server.settle();
+  ASSERT_TRUE(succeeded(b.settle(settled)));
+  h.send_model(1, m);
+  h.run_jobs();  // train
+  h.deliver_in(1, [&](wire::Envelope& e) { *e.mutable_secure()->mutable_secagg_settled() = protocol::to_wire(settled); });
+  h.run_jobs();  // mask
+  ASSERT_TRUE(h.last(wire::Envelope::kUpdateReady));
+  h.grant(1);
+  ASSERT_TRUE(h.last(wire::Envelope::kUpdateEnd));
+  ASSERT_EQ(h.records.size(), 1u);  // the upload's line
+  const std::string setup_sha = protocol::skellam_sha256(s.skellam(), s.vector_length() - 1);
+  EXPECT_EQ(h.records[0]["skellam_setup_sha256"], setup_sha);
+  EXPECT_FALSE(h.records[0].contains("kind"));
+  std::vector<std::uint32_t> b_words(s.vector_length());  // silo-b's input in the 32-bit ring: its words do not matter here
+  ASSERT_TRUE(succeeded(b.mask(std::span<std::uint32_t>(b_words))));
+  ASSERT_TRUE(succeeded(server.on_masked_input("silo-a")));
+  ASSERT_TRUE(succeeded(server.on_masked_input("silo-b")));
+  auto u3 = *server.close_masked();
+  h.deliver_in(1, [&](wire::Envelope& e) {
+    for (const auto& v : u3) e.mutable_secure()->mutable_secagg_survivors()->add_survivors(v);
+  });
+  const auto* confirmation = h.last(wire::SecureAggregation::kSecaggConfirmation);
+  ASSERT_TRUE(confirmation);
+  EXPECT_EQ(h.records.size(), 1u);  // confirming releases nothing yet
+  ASSERT_TRUE(succeeded(server.on_confirmation("silo-a", confirmation->secure().secagg_confirmation().signature())));
+  ASSERT_TRUE(succeeded(server.on_confirmation("silo-b", b.confirm(u3)->signature)));
+  auto request = *server.close_confirmations();
+  const std::size_t before = h.sent.size();
+  h.deliver_in(1, [&](wire::Envelope& e) { *e.mutable_secure()->mutable_secagg_unmask_request() = protocol::to_wire(request); });
+  ASSERT_TRUE(h.last(wire::SecureAggregation::kSecaggUnmaskShares));
+  ASSERT_EQ(h.records.size(), 2u);
+  const auto& line = h.records[1];
+  EXPECT_EQ(line["kind"], protocol::kUnmaskSharesReleased);
+  EXPECT_EQ(line["round"], 1u);
+  EXPECT_EQ(line["federation"], "fed");
+  EXPECT_EQ(line["skellam_setup_sha256"], setup_sha);
+  EXPECT_FALSE(line.contains("update_sha256"));  // not an upload, and no spend of the silo's records
+  EXPECT_EQ(h.record_actions[1].log, "sent.jsonl");
+  EXPECT_TRUE(h.record_actions[1].required);  // the shares do not leave unless the line is durable
+  EXPECT_EQ(h.sent_before_record[1], before);  // queued before the shares
 }
 
 TEST(SecureClient, KeepsTheMaskedWordsOnlyFromAMaskingThatSucceeded) {

@@ -1,5 +1,7 @@
 // xsilo audit verify | show: what an auditor runs, offline, on a copy of the log.
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "common/config.h"
 #include "crypto/sign.h"
@@ -76,6 +78,31 @@ bool witnesses_consistent(const server::AuditChain& r, const std::vector<std::st
   return true;
 }
 
+// "2 committed noised rounds and 1 aborted round whose unmasking began": the silo-level rounds
+// that spent, by kind.
+std::string rounds_that_spent(const server::PrivacyAudit& a) {
+  const auto count = [](std::uint64_t n, const char* one, const char* many) {
+    return std::to_string(n) + " " + (n == 1 ? one : many);
+  };
+  std::vector<std::string> parts;
+  if (a.silo_committed || (!a.silo_aborted && !a.silo_interrupted)) {
+    parts.push_back(count(a.silo_committed, "committed noised round", "committed noised rounds"));
+  }
+  if (a.silo_aborted) {
+    parts.push_back(count(a.silo_aborted, "aborted round whose unmasking began",
+                          "aborted rounds whose unmasking began"));
+  }
+  if (a.silo_interrupted) {
+    parts.push_back(count(a.silo_interrupted, "round whose unmasking began and no record of it followed",
+                          "rounds whose unmasking began and no record of them followed"));
+  }
+  std::string s;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    s += (i == 0 ? "" : i + 1 == parts.size() ? " and " : ", ") + parts[i];
+  }
+  return s;
+}
+
 // Record-level privacy: every claimed epsilon recomputed from its recorded parameters. False (having
 // said why) when a claim is less than they give.
 bool privacy_claims_hold(const server::AuditChain& r, const std::string& log) {
@@ -86,9 +113,9 @@ bool privacy_claims_hold(const server::AuditChain& r, const std::string& log) {
               << " silos recomputed from their parameters, every claim at least what they give\n";
     for (const auto& [silo, eps] : privacy->epsilon) std::cout << "  " << silo << ": epsilon " << eps << "\n";
   }
-  if (privacy->central_rounds) {
-    std::cout << "privacy: silo-level central DP, " << privacy->central_rounds
-              << " committed noised rounds recomposed from their parameters: epsilon " << privacy->central_epsilon
+  if (privacy->silo_rounds()) {
+    std::cout << "privacy: silo-level " << privacy->silo_mode << " DP, " << rounds_that_spent(*privacy)
+              << " recomposed from their parameters: epsilon " << privacy->silo_epsilon
               << ", every claim at least what they give\n";
   }
   return true;
@@ -104,12 +131,17 @@ bool sent_setups_recorded(const server::AuditChain& r, const std::string& log, c
     if (!c) return failed(c.error().message(), r, "it does not record the distributed-DP setup the silo was sent");
     std::cout << "sent " << file << ": " << c->compared
               << " distributed-DP uploads, each under the setup the log's records of its round name\n";
+    if (c->releases) {
+      std::cout << "  " << c->releases << " releases of its unmask shares, each in a round the log charges under the "
+                << "setup released under\n";
+    }
     if (c->torn_last_line) std::cout << "  its last line was cut off mid-append (the silo crashed): skipped\n";
     if (c->other_federation) {
       std::cout << "  " << c->other_federation << " lines of another federation than the log's (skipped)\n";
     }
     if (c->unrecorded) {
-      std::cout << "  " << c->unrecorded << " uploads to rounds after the log's last round record (no evidence either way)\n";
+      std::cout << "  " << c->unrecorded
+                << " uploads or releases to rounds after the log's last record of a round (no evidence either way)\n";
     }
   }
   return true;
@@ -164,7 +196,8 @@ void add_audit(CLI::App& app, int& exit_code) {
       ->check(CLI::ExistingFile);
   verify->add_option("--sent", *sent,
                      "a silo's sent.jsonl: the distributed-DP setup each upload names (skellam_setup_sha256) must be "
-                     "the setup_sha256 the log's records of its round name")
+                     "the setup_sha256 the log's records of its round name, and every round in which the silo "
+                     "released its unmask shares must be charged by the log")
       ->check(CLI::ExistingFile);
   verify->callback(
       [log, key, witnesses, sent, &exit_code] { exit_code = verify_audit(*log, *key, *witnesses, *sent); });

@@ -103,8 +103,9 @@ std::string gaps(const report::Run& run, const report::Layout& l) {
   });
   if (!eval) g.push_back("Each silo's own evaluation: only its weighted mean is kept (metrics.csv).");
   if (std::none_of(l.rounds.begin(), l.rounds.end(), [](auto* r) { return r->epsilon_spent.has_value(); })) {
-    g.push_back("Privacy spent: no record carries privacy.epsilon_spent (no differential privacy is recorded in "
-                "this log), so there is no privacy section.");
+    g.push_back("Privacy spent: no record carries privacy.epsilon_spent, a silo-level privacy.epsilon or a "
+                "silo's participants[].privacy.epsilon (no differential privacy is recorded in this log), so there "
+                "is no privacy section.");
   }
   if (run.records == 0) {
     g.push_back("Participation, decisions, bytes and the rounds' times: they come from the audit log's records, and "

@@ -352,10 +352,14 @@ std::string bytes_section(const Run& run, const Layout& l) {
   return s.str();
 }
 
+// The rounds' privacy spend: per round and in total, the federation's under silo-level DP
+// (either mode: the records' epsilon so far), with the largest silo's own record-level total beside
+// it where silos carry one; under record-level DP alone, the largest silo's.
 std::string privacy_section(const Layout& l) {
-  std::vector<double> xs, spent, total;
+  std::vector<double> xs, spent, total, record_level;
   bool totals = false;
-  double sum = 0, delta = NAN;
+  double sum = 0, delta = NAN, last_record_level = NAN, last_record_level_round = 0;
+  std::string mode;
   for (const Round* r : l.rounds) {
     if (!r->epsilon_spent) continue;
     sum += *r->epsilon_spent;
@@ -363,22 +367,45 @@ std::string privacy_section(const Layout& l) {
     spent.push_back(*r->epsilon_spent);
     totals = totals || r->epsilon_total.has_value();
     total.push_back(r->epsilon_total.value_or(sum));
+    record_level.push_back(r->record_level_total.value_or(NAN));
+    if (r->record_level_total) last_record_level = *r->record_level_total, last_record_level_round = xs.back();
     if (r->delta) delta = *r->delta;
+    if (!r->privacy_mode.empty()) mode = r->privacy_mode;
   }
   if (xs.empty()) return "";
+  const bool silo_records = std::isfinite(last_record_level);
+  const bool silo_level = mode.rfind("silo-level", 0) == 0;
+  const std::string source = silo_level ? "privacy.epsilon" : mode.empty() ? "privacy.epsilon_spent" : "participants[].privacy.epsilon";
   LineChart c;
   c.frame = {"privacy-chart", "Privacy spent per round",
              "Epsilon spent in each round and in total, from the records' privacy fields.", "round", "epsilon"};
   c.xs = xs;
-  c.series = {{"epsilon this round (privacy.epsilon_spent)", spent, 0},
-              {totals ? "epsilon in total (privacy.epsilon_total)" : "sum of the rounds' epsilons (an upper bound)",
-               total, 1}};
+  if (silo_level) {
+    c.series = {{"the federation's epsilon this round (its growth)", spent, 0},
+                {"the federation's epsilon in total (privacy.epsilon)", total, 1}};
+    if (silo_records) c.series.push_back({"the largest silo's own record-level epsilon in total", record_level, 2});
+  } else if (!mode.empty()) {
+    c.series = {{"the largest silo's epsilon this round (its growth)", spent, 0},
+                {"the largest silo's epsilon in total", total, 1}};
+  } else {
+    c.series = {{"epsilon this round (privacy.epsilon_spent)", spent, 0},
+                {totals ? "epsilon in total (privacy.epsilon_total)" : "sum of the rounds' epsilons (an upper bound)",
+                 total, 1}};
+  }
   std::ostringstream s;
-  s << "<section id='privacy' aria-labelledby='privacy-h'><h2 id='privacy-h'>Privacy spent</h2>\n<p>From the "
-       "records' <code>privacy.epsilon_spent</code>"
-    << (totals ? " and <code>privacy.epsilon_total</code>" : "") << (std::isfinite(delta) ? "; delta " + fmt(delta, "%.3g") : "")
-    << ". Total after round " << fmt(xs.back(), "%.0f") << ": epsilon " << fmt(total.back(), "%.4g") << ".</p>\n"
-    << line_chart(c) << "</section>\n";
+  s << "<section id='privacy' aria-labelledby='privacy-h'><h2 id='privacy-h'>Privacy spent</h2>\n<p>"
+    << (mode.empty() ? "" : esc(mode) + ". ") << "From the records' <code>" << source << "</code>"
+    << (!silo_level && mode.empty() && totals ? " and <code>privacy.epsilon_total</code>" : "")
+    << (silo_level ? " (the federation's epsilon so far, in committed rounds and in aborted rounds whose sums were "
+                     "unmasked; a round spent its growth)"
+                   : "")
+    << (std::isfinite(delta) ? "; delta " + fmt(delta, "%.3g") : "") << ". Total after round "
+    << fmt(xs.back(), "%.0f") << ": epsilon " << fmt(total.back(), "%.4g") << ".";
+  if (silo_records) {
+    s << " The silos' own record-level budgets: the largest spent " << fmt(last_record_level, "%.4g")
+      << " after round " << fmt(last_record_level_round, "%.0f") << " (<code>participants[].privacy.epsilon</code>).";
+  }
+  s << "</p>\n" << line_chart(c) << "</section>\n";
   return s.str();
 }
 

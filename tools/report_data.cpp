@@ -125,6 +125,65 @@ void fold_decisions(Run& run, Round& x, const json& r, const std::unordered_map<
   }
 }
 
+// "silo-level central DP" or "silo-level distributed DP" for a round record's privacy part that
+// states a silo-level mechanism (server/central_dp.h, server/distributed_dp.h); "" otherwise.
+std::string silo_level_mode(const json& p) {
+  const std::string mechanism = text(p, "mechanism");
+  if (mechanism == "central") return "silo-level central DP";
+  if (mechanism == "skellam") return "silo-level distributed DP";
+  return text(p, "level") == "silo" ? "silo-level DP (" + mechanism + ")" : "";
+}
+
+// The largest epsilon the round's participants state for their own records (record-level DP).
+std::optional<double> largest_silo_epsilon(const json& r, std::optional<double>& delta) {
+  std::optional<double> most;
+  const auto parts = r.find("participants");
+  if (parts == r.end() || !parts->is_array()) return most;
+  for (const auto& who : *parts) {
+    const auto p = who.is_object() ? who.find("privacy") : who.end();
+    if (p == who.end() || !p->is_object()) continue;
+    if (const auto e = number(*p, "epsilon")) most = std::max(most.value_or(0.0), *e);
+    if (const auto d = number(*p, "delta")) delta = d;
+  }
+  return most;
+}
+
+// A round's privacy spend. Both silo-level modes state the federation's epsilon so far, this
+// round included ("epsilon"), in committed rounds and in aborted ones (unchanged where nothing
+// was spent, grown where sums were unmasked): the round spent its growth. Record-level silos
+// state their own in their participant entries: the largest is the round's total where no
+// silo-level mode runs, and is kept beside the federation's where one does.
+void fold_privacy(Run& run, Round& x, const json& r) {
+  std::optional<double> silo_delta;
+  const auto most = largest_silo_epsilon(r, silo_delta);
+  std::optional<double> most_spent;
+  if (most) {
+    most_spent = std::max(0.0, *most - run.record_epsilon);
+    run.record_epsilon = std::max(run.record_epsilon, *most);
+  }
+  const auto p = r.find("privacy");
+  const bool has_part = p != r.end() && p->is_object();
+  if (const std::string mode = has_part ? silo_level_mode(*p) : ""; !mode.empty()) {
+    x.privacy_mode = mode;
+    if (const auto e = number(*p, "epsilon")) {
+      x.epsilon_total = *e;
+      x.epsilon_spent = std::max(0.0, *e - run.silo_epsilon);
+      run.silo_epsilon = std::max(run.silo_epsilon, *e);
+    }
+    x.delta = number(*p, "delta");
+    x.record_level_total = most;
+  } else if (has_part) {
+    x.epsilon_spent = number(*p, "epsilon_spent");
+    x.epsilon_total = number(*p, "epsilon_total");
+    x.delta = number(*p, "delta");
+  } else if (most) {
+    x.privacy_mode = "record-level DP";
+    x.epsilon_total = most;
+    x.epsilon_spent = most_spent;
+    x.delta = silo_delta;
+  }
+}
+
 void fold_round(Run& run, const json& r, bool verified) {
   const auto round = r.find("round");
   if (round == r.end() || !round->is_number_unsigned()) {
@@ -145,33 +204,7 @@ void fold_round(Run& run, const json& r, bool verified) {
   x.compression = describe_scheme(r.value("compression", json()));
   x.broadcast = describe_scheme(r.value("broadcast", json()));
   x.rule = describe_rule(r);
-  if (const auto p = r.find("privacy"); p != r.end() && p->is_object() && p->value("mechanism", "") == "central") {
-    // Silo-level central DP: the federation's epsilon so far; the round spent the difference.
-    if (const auto e = number(*p, "epsilon")) {
-      x.epsilon_total = *e;
-      x.epsilon_spent = std::max(0.0, *e - run.record_epsilon);
-      run.record_epsilon = std::max(run.record_epsilon, *e);
-    }
-    x.delta = number(*p, "delta");
-  } else if (const auto p = r.find("privacy"); p != r.end() && p->is_object()) {
-    x.epsilon_spent = number(*p, "epsilon_spent");
-    x.epsilon_total = number(*p, "epsilon_total");
-    x.delta = number(*p, "delta");
-  } else if (const auto parts = r.find("participants"); parts != r.end() && parts->is_array()) {
-    // Record-level privacy: each silo's own account; the round's total is the largest silo's.
-    std::optional<double> most;
-    for (const auto& who : *parts) {
-      const auto p = who.is_object() ? who.find("privacy") : who.end();
-      if (p == who.end() || !p->is_object()) continue;
-      if (const auto e = number(*p, "epsilon")) most = std::max(most.value_or(0.0), *e);
-      if (const auto d = number(*p, "delta")) x.delta = d;
-    }
-    if (most) {
-      x.epsilon_total = *most;
-      x.epsilon_spent = std::max(0.0, *most - run.record_epsilon);
-      run.record_epsilon = std::max(run.record_epsilon, *most);
-    }
-  }
+  fold_privacy(run, x, r);
   x.silos.clear();
   std::unordered_map<std::string, std::size_t> where;
   auto add = [&](const json& who, Outcome o, const std::string& why) -> SiloRound* {

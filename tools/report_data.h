@@ -52,7 +52,13 @@ struct Round {
   std::optional<std::uint64_t> upload_bytes, broadcast_bytes, broadcast_delta_bytes;
   std::string compression, broadcast;  // the schemes in words ("" when none)
   std::string rule;                 // the rule applied, with a fallback's reason
-  std::optional<double> epsilon_spent, epsilon_total, delta;  // privacy.* (docs/audit.md)
+  // The round's privacy spend (docs/audit.md): under silo-level DP the federation's (its record's
+  // privacy.epsilon so far, and its growth since the round before); under record-level DP alone,
+  // the largest silo's; else the record's privacy.epsilon_spent and epsilon_total.
+  std::optional<double> epsilon_spent, epsilon_total, delta;
+  std::string privacy_mode;         // "silo-level central DP", "silo-level distributed DP", "record-level DP" or ""
+  // Under silo-level DP, the largest silo's own record-level epsilon so far, where silos carry one.
+  std::optional<double> record_level_total;
   // metrics.csv: held-out accuracy and loss (xsilo sim's file), the federated evaluation
   double accuracy = NAN, loss = NAN, fed_eval_accuracy = NAN, fed_eval_loss = NAN;
   std::vector<SiloRound> silos;
@@ -77,7 +83,9 @@ struct Run {
   std::uint64_t records = 0;        // audit records read
   double baseline_accuracy = -1;    // summary.json: centralized training on the pooled data
   std::uint64_t model_parameters = 0;  // model.safetensors: for the float32 size of an upload
-  double record_epsilon = 0;  // the epsilon spent in the rounds read so far: the largest silo's (record level) or the federation's (central DP)
+  // The epsilon spent in the rounds read so far: the federation's (silo level, either mode) and
+  // the largest silo's (record level).
+  double silo_epsilon = 0, record_epsilon = 0;
 
   std::uint32_t silo_id(const std::string& name);
   std::uint32_t edge_id(const std::string& name);

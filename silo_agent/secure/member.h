@@ -23,8 +23,10 @@
 
 namespace xsilo::agent::secure {
 
-// Steps after which a fault hook may kill the process (tests, `xsilo sim` faults).
-enum class Sent { Nothing, Keys, Shares, Other };
+// What an answer releases: steps after which a fault hook may kill the process (tests, `xsilo sim`
+// faults), and UnmaskShares, the shares that let the server remove this silo's masks from its
+// group's sum (under distributed DP the session logs their release durably before they leave).
+enum class Sent { Nothing, Keys, Shares, UnmaskShares, Other };
 
 struct Answer {
   std::optional<wire::SecureAggregation> step;  // what goes back upstream, if anything

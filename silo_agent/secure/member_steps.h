@@ -79,7 +79,7 @@ std::variant<Answer, Refusal> unmask(Client& client, const wire::SecAggUnmaskReq
   wire::SecureAggregation m;
   put(m)->set_sealed(reply->box);
   spdlog::info("round {}: {} sent, sealed to the server", round, what);
-  return Answer{std::move(m), Sent::Other};
+  return Answer{std::move(m), Sent::UnmaskShares};
 }
 
 }  // namespace xsilo::agent::secure::steps
