@@ -638,7 +638,7 @@ TEST_F(TlsTest, ConnectionsOnOtherThreadsAreHandledOnTheCoresThreadAndAnsweredFr
   std::vector<Client> cs;
   for (int i = 0; i < 4; ++i) {
     cs.push_back(connect(clients, kit("hospital-a"), listener->port()));
-    ASSERT_TRUE(cs.back().ch) << cs.back().status.message;
+    ASSERT_TRUE(cs.back().ch) << cs.back().status.error().message();
   }
   for (int round = 0; round < 20; ++round) {
     for (auto& c : cs) EXPECT_TRUE(echoes(clients, *c.ch, std::to_string(round)));
