@@ -643,6 +643,28 @@ TEST(Federation, FourNetworkThreadsCommitTheModelOneThreadCommits) {
   EXPECT_LT(relative_gap(one, four), 1e-5);
 }
 
+// Shutdown with connections stuck in their TLS handshake on other network threads (a probe,
+// a silo that connected as the federation ended): after the 2 s grace the runtime destroys
+// their pending operations, which hold work on the core's context, while every context still
+// exists. Before the review's mend (2026-12-06) the core's context went first: a use after free
+// at exit, the exit code lost. SIGTERM gives 130, and nothing crashes.
+TEST(Federation, ASignalWithHandshakesStuckOnOtherNetworkThreadsExitsCleanly) {
+  namespace asio = boost::asio;
+  Fed fed(small_config(2, 3));
+  set_config_key(fed.files.server_config, "network_threads", 4);
+  fed.start_server();
+  asio::io_context io;
+  std::vector<asio::ip::tcp::socket> stuck;
+  for (int i = 0; i < 8; ++i) {  // dealt to the threads in turn: some on every one
+    stuck.emplace_back(io);
+    stuck.back().connect({asio::ip::make_address("127.0.0.1"), fed.port});  // and never a ClientHello
+  }
+  std::this_thread::sleep_for(300ms);
+  fed.server->signal(SIGTERM);
+  const auto code = fed.server->wait(30s);
+  EXPECT_EQ(code.value_or(-1), 130) << fed.logs();
+}
+
 // Every process whose command line holds `word`, as /proc lists them.
 std::vector<pid_t> processes_with(const std::string& word) {
   std::vector<pid_t> out;

@@ -12,12 +12,17 @@
 namespace xsilo::transport {
 
 Runtime::Runtime(std::size_t network_threads) : signals_(io_, SIGINT, SIGTERM) {
-  for (std::size_t i = 1; i < network_threads; ++i) connection_io_.push_back(std::make_unique<asio::io_context>(1));
+  for (std::size_t i = 1; i < network_threads; ++i) connection_io_.push_back(std::make_unique<Context>(1));
 }
 
 Runtime::~Runtime() {
   join_connection_threads();
   pool_.join();
+  // A connection left in its handshake after the grace period still has operations pending on
+  // its context, each holding work on io_: destroy every pending handler while all the contexts
+  // exist (the review's use after free at exit, 2026-12-06).
+  for (auto& io : connection_io_) io->abandon();
+  io_.abandon();
 }
 
 asio::any_io_executor Runtime::connection_executor() {
@@ -27,9 +32,9 @@ asio::any_io_executor Runtime::connection_executor() {
 
 void Runtime::background(std::function<void()> work) { asio::post(pool_, std::move(work)); }
 
-void Runtime::fail(const std::string& what) {
-  asio::post(io_, [this, what] {
-    spdlog::critical("worker job failed: {}; stopping", what);
+void Runtime::fail(const std::string& who, const std::string& what) {
+  asio::post(io_, [this, who, what] {
+    spdlog::critical("{} failed: {}; stopping", who, what);
     stop(1);
   });
 }
@@ -49,7 +54,15 @@ int Runtime::run(std::function<void()> start, std::function<void(int)> on_signal
   std::vector<asio::executor_work_guard<asio::io_context::executor_type>> busy;
   for (auto& io : connection_io_) {
     busy.push_back(asio::make_work_guard(*io));
-    connection_threads_.emplace_back([&io = *io] { io.run(); });
+    // An exception on a connection's thread (bad_alloc encoding a frame) stops the daemon as one
+    // on the core's would, instead of terminating the process.
+    connection_threads_.emplace_back([this, &io = *io] {
+      try {
+        io.run();
+      } catch (const std::exception& e) {
+        fail("network thread", e.what());
+      }
+    });
   }
   io_.run();
   busy.clear();

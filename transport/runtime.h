@@ -46,7 +46,7 @@ class Runtime {
       try {
         r.emplace(work());
       } catch (const std::exception& e) {
-        fail(e.what());
+        fail("worker job", e.what());
         return;
       }
       asio::post(io_, [done = std::move(done), r = std::move(r)]() mutable { done(std::move(*r)); });
@@ -66,14 +66,22 @@ class Runtime {
   void set_exit_code(int code) { exit_code_ = code; }
 
  private:
-  void fail(const std::string& what);
+  // An io_context whose pending handlers can be destroyed while every context still exists:
+  // the core's pending handlers may hold connections whose sockets live on another context, and
+  // a connection's pending coroutine holds work on the core's, so neither order of destruction
+  // alone is safe. ~Runtime abandons all of them first, then the contexts go.
+  class Context : public asio::io_context {
+   public:
+    using asio::io_context::io_context;
+    void abandon() { shutdown(); }
+  };
+  // What failed ("worker job", "network thread") and why: logged, and the daemon stops with 1.
+  void fail(const std::string& who, const std::string& what);
   void join_connection_threads();
-  // The other network threads' contexts: declared before io_, so destroyed after it (the
-  // core's pending handlers may hold connections whose sockets live on them).
-  std::vector<std::unique_ptr<asio::io_context>> connection_io_;
+  std::vector<std::unique_ptr<Context>> connection_io_;
   std::vector<std::thread> connection_threads_;
   std::size_t next_connection_ = 0;
-  asio::io_context io_;
+  Context io_;
   asio::thread_pool pool_{1};
   asio::signal_set signals_;
   bool stopping_ = false;
