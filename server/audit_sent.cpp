@@ -34,11 +34,20 @@ struct SetupRecord {
   std::string outcome;  // what it is, for an error: "a committed round record", ...
 };
 
-// A record's spend, as the audit check and the recovery read it (distributed_mechanism_of,
-// UnmaskingWatch), in words for an error.
-void read_spend(const nlohmann::json& r, bool closes_unmask_begun, SetupRecord& s) {
+// A record's spend, read by the functions the audit check and the recovery charge with
+// (distributed_mechanism_of, recorded_skellam_mechanism through UnmaskingWatch): a record that
+// names a setup but no Skellam mechanism, or "central" parameters, spends nothing here as there.
+// `closes_unmask_begun`: the record closes an unmask_begun of its round (UnmaskingWatch::closes),
+// so the watch charges its round though the record itself charges nothing. `unreadable`: why the
+// watch or the accounting could not read the record ("" when they could).
+void read_spend(const nlohmann::json& r, bool closes_unmask_begun, const std::string& unreadable, SetupRecord& s) {
+  if (!unreadable.empty()) {
+    s.spends = false;
+    s.outcome = "a record whose distributed-DP spend cannot be read (" + unreadable + ")";
+    return;
+  }
   if (r.value("event", "") == kUnmaskBegun) {
-    s.spends = true;
+    s.spends = true;  // the watch read its Skellam mechanism: charged if no round record closes it
     s.outcome = "an unmask_begun record";
     return;
   }
@@ -47,25 +56,46 @@ void read_spend(const nlohmann::json& r, bool closes_unmask_begun, SetupRecord& 
     if (const auto v = p->find("sums_revealed"); v != p->end() && v->is_number_unsigned()) sums = v->get<std::uint64_t>();
   }
   const bool committed = r.value("status", "") == "committed";
-  s.spends = committed || sums.value_or(0) > 0 || closes_unmask_begun;
-  s.outcome = committed             ? "a committed round record"
-              : closes_unmask_begun ? "an aborted round record after its unmask_begun"
-                                    : "an aborted round record with sums_revealed " +
-                                          (sums ? std::to_string(*sums) : "absent") + " and no unmask_begun before it";
+  bool charged = false;
+  try {
+    charged = distributed_mechanism_of(r).has_value();
+  } catch (const std::exception& e) {
+    s.spends = false;
+    s.outcome = std::string("a record whose distributed-DP spend cannot be read (") + e.what() + ")";
+    return;
+  }
+  s.spends = charged || closes_unmask_begun;
+  if (s.spends) {
+    s.outcome = committed ? "a committed round record" : "an aborted round record that charges its round";
+  } else if (committed) {
+    const auto p = r.find("privacy");
+    const std::string mech = p != r.end() && p->is_object() ? p->value("mechanism", "") : "";
+    s.outcome = "a committed round record with " +
+                (mech.empty() ? std::string("no distributed-DP (skellam) mechanism") : "mechanism \"" + mech + "\"");
+  } else {
+    s.outcome = "an aborted round record with sums_revealed " + (sums ? std::to_string(*sums) : "absent") +
+                " and no unmask_begun before it";
+  }
 }
 
 std::map<std::uint64_t, std::vector<SetupRecord>> setups_by_round(const std::vector<nlohmann::json>& records) {
   std::map<std::uint64_t, std::vector<SetupRecord>> out;
   std::map<std::uint64_t, std::size_t> last;  // this run's last record of each round: its index in out[round]
-  // The round of the unmask_begun the next record may close, as UnmaskingWatch reads it: a round
-  // record right after it (no other round, unmask_begun or federation_start between).
-  std::optional<std::uint64_t> begun;
+  // The unmask_begun the next record may close, as the accounting reads it (a round record of its
+  // round right after it: no other round, unmask_begun or federation_start between).
+  UnmaskingWatch watch;
   for (const auto& r : records) {
     const std::string event = r.value("event", "");
     if (event == "federation_start" || event == "operator_resume") last.clear();
-    const bool closes = event == "round" && begun == r.value("round", std::uint64_t{0});
-    if (event == "round" || event == kUnmaskBegun || event == "federation_start") {
-      begun = event == kUnmaskBegun ? std::optional(r.value("round", std::uint64_t{0})) : std::nullopt;
+    const bool closes = watch.closes(r);
+    std::string unreadable;
+    try {
+      watch.take(r);
+    } catch (const std::exception& e) {
+      // check_privacy_claims fails on such a record; here it charges nothing, and the watch starts
+      // over (an unmask_begun it could not read is open no longer).
+      unreadable = e.what();
+      watch = UnmaskingWatch{};
     }
     if (event != "round" && event != kUnmaskBegun) continue;
     SetupRecord s;
@@ -74,7 +104,7 @@ std::map<std::uint64_t, std::vector<SetupRecord>> setups_by_round(const std::vec
     for (const auto& who : r.value("participants", nlohmann::json::array())) {
       if (who.is_object()) s.counts.push_back(who.value("update_sha256", ""));
     }
-    read_spend(r, closes, s);
+    read_spend(r, closes, unreadable, s);
     const auto round = r.value("round", std::uint64_t{0});
     auto& of_round = out[round];
     if (const auto before = last.find(round); before != last.end()) of_round[before->second].decides = false;

@@ -1065,6 +1065,63 @@ TEST_F(RecoveryTest, SentFailsARoundWhoseUnmaskSharesASiloReleasedButTheLogDoesN
             std::string::npos);
 }
 
+// Review of issue 42 (h42v), item 1: a server asked the silos for unmask shares without writing
+// unmask_begun, then wrote a committed round record whose privacy part names the setup the silos
+// were sent but no mechanism (the accounting charges it nothing, and it claims nothing), or
+// "central" parameters far cheaper than that setup beside it. `--sent` reads the record's spend
+// as the accounting does and finds the release uncharged; the log's claims fail on a record that
+// names a setup as anything but its Skellam mechanism. The honest record passes both.
+TEST_F(RecoveryTest, SentAndTheClaimsFailARecordNamingTheSetupWithoutItsSkellamMechanism) {
+  const auto dp = small_distributed_dp();
+  const auto k = signed_part(dp, 11);
+  const std::string setup = protocol::skellam_sha256(k, dp.padded);
+  privacy::Ledger spent;
+  spent.add(round_mechanism(as_signed(dp, k, dp.padded)), 1);
+  auto log = [&](const nlohmann::json& part) {
+    return std::vector<nlohmann::json>{
+        {{"event", "federation_start"}, {"federation", "fed"}, {"seq", 1}},
+        {{"event", "round"}, {"round", 1}, {"seq", 2}, {"status", "committed"}, {"privacy", part},
+         {"participants", nlohmann::json::array({{{"silo", "hospital-a"}, {"update_sha256", "u1"}}})}}};
+  };
+  write_lines(dir_ / "sent.jsonl",
+              {nlohmann::json{{"federation", "fed"}, {"round", 1}, {"update_sha256", "u1"}, {"skellam_setup_sha256", setup}}.dump(),
+               nlohmann::json{{"kind", protocol::kUnmaskSharesReleased}, {"federation", "fed"}, {"round", 1},
+                              {"skellam_setup_sha256", setup}}.dump()});
+  const auto honest = log(round_privacy_record(dp, k, dp.padded, spent));
+  const auto claims = check_privacy_claims(honest);
+  ASSERT_TRUE(succeeded(claims)) << error_text(claims);
+  const auto ok = check_sent_setups(honest, dir_ / "sent.jsonl");
+  ASSERT_TRUE(succeeded(ok)) << error_text(ok);
+  EXPECT_EQ(ok->releases, 1u);
+
+  const std::string released = (dir_ / "sent.jsonl").string() + " line 2, round 1: the silo released its unmask "
+                               "shares under setup " + setup + ", so the server could unmask that round's noisy sum, "
+                               "but the log does not charge it: its record that decides the round's charge (record 2) ";
+  const auto bare = log({{"setup_sha256", setup}});
+  std::string why = error_text(check_sent_setups(bare, dir_ / "sent.jsonl"));
+  EXPECT_NE(why.find(released + "is a committed round record with no distributed-DP (skellam) mechanism, which "
+                                "charges nothing"),
+            std::string::npos)
+      << why;
+  why = error_text(check_privacy_claims(bare));
+  EXPECT_NE(why.find("record 2 (round 1): its privacy part names setup_sha256 \"" + setup + "\" but no mechanism"),
+            std::string::npos)
+      << why;
+
+  const auto central = log({{"mechanism", "central"}, {"sample_rate", 0.001}, {"noise_multiplier", 50.0},
+                            {"clip_norm", 1.0}, {"delta", 1e-5}, {"epsilon", 0.001}, {"max_epsilon", 10.0},
+                            {"rounds_spent", 1}, {"setup_sha256", setup}});
+  why = error_text(check_sent_setups(central, dir_ / "sent.jsonl"));
+  EXPECT_NE(why.find(released + "is a committed round record with mechanism \"central\", which charges nothing"),
+            std::string::npos)
+      << why;
+  why = error_text(check_privacy_claims(central));
+  EXPECT_NE(why.find("record 2 (round 1): its privacy part names setup_sha256 \"" + setup + "\" but mechanism "
+                     "\"central\""),
+            std::string::npos)
+      << why;
+}
+
 TEST_F(RecoveryTest, AMirrorRestoresTheLogAndTheCheckpointAndIsKeptUpToDate) {
   test::TempDir mirror;
   {
