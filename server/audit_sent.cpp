@@ -117,15 +117,34 @@ std::map<std::uint64_t, std::vector<SetupRecord>> setups_by_round(const std::vec
 
 std::string named(const std::string& setup) { return setup.empty() ? "no setup" : "setup " + setup; }
 
+// How the log ends, for a release to a round it has no record of.
+struct LogEnd {
+  std::uint64_t last_recorded = 0;        // the largest round any round record or unmask_begun names
+  std::optional<std::uint64_t> ended_at;  // the seq of a federation_end no federation_start or operator_resume follows
+};
+
 // A line that says the silo released its unmask shares in `round` under `setup`: with them the
 // server could unmask the round's noisy sum, so the log must charge the round under that setup
 // (a record that decides a run of the round, spends, and names it). Success, or why not.
-Status check_release(const std::map<std::uint64_t, std::vector<SetupRecord>>& by_round, std::uint64_t last_recorded,
-                     std::uint64_t round, const std::string& setup, const std::string& at, SentCheck& c) {
+Status check_release(const std::map<std::uint64_t, std::vector<SetupRecord>>& by_round, const LogEnd& end,
+                     const SentOptions& options, std::uint64_t round, const std::string& setup, const std::string& at,
+                     SentCheck& c) {
   const auto it = by_round.find(round);
-  if (it == by_round.end() && round <= last_recorded) {
+  if (it == by_round.end() && round <= end.last_recorded) {
     return Error(fmt::format("{}, but the log has no record of that round, though it records round {} after it",
-                             at, last_recorded));
+                             at, end.last_recorded));
+  }
+  if (it == by_round.end() && end.ended_at) {
+    return Error(fmt::format("{}, but the log has no record of that round: its federation_end (record {}) ends the "
+                             "federation after its last recorded round {}, so no copy of the log will ever charge it",
+                             at, *end.ended_at, end.last_recorded));
+  }
+  if (it == by_round.end() && !options.log_may_be_stale) {
+    return Error(fmt::format("{}, but the log has no record of that round (its last record of a round is of round {}): "
+                             "the server writes a round's unmask_begun before it asks for any share, so it deviated, "
+                             "or this copy of the log was taken before the release (a live snapshot: pass "
+                             "--log-may-be-stale)",
+                             at, end.last_recorded));
   }
   if (it == by_round.end()) {
     ++c.unrecorded;
@@ -149,7 +168,8 @@ Status check_release(const std::map<std::uint64_t, std::vector<SetupRecord>>& by
 
 }  // namespace
 
-SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const std::filesystem::path& sent) {
+SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const std::filesystem::path& sent,
+                             const SentOptions& options) {
   const std::string file = sent.string();
   if (!std::filesystem::exists(sent)) return Error(file + ": no such file");
   const auto by_round = setups_by_round(records);
@@ -160,16 +180,19 @@ SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const s
   // The federations the log's federation_start records name: sent.jsonl is append-only across
   // federations, so a line of another federation (its round numbers, its setups) is skipped.
   std::set<std::string> federations;
-  // The largest round any record of a round names (its round record or its unmask_begun): the
-  // server writes a round's unmask_begun before it asks for any share, so a release in a later
-  // round is one the log (this copy of it) was read before.
-  std::uint64_t last_recorded = 0;
+  // The largest round any record of a round names (its round record or its unmask_begun), and a
+  // federation_end that ends the log: the server writes a round's unmask_begun before it asks for
+  // any share, so a release in a later round is a deviation, or (log_may_be_stale, and no
+  // federation_end) one this copy of the log was taken before.
+  LogEnd end;
   for (const auto& r : records) {
     const std::string event = r.value("event", "");
     if (event == "round") last_round = r.value("round", std::uint64_t{0});
     if (event == "round" || event == kUnmaskBegun) {
-      last_recorded = std::max(last_recorded, r.value("round", std::uint64_t{0}));
+      end.last_recorded = std::max(end.last_recorded, r.value("round", std::uint64_t{0}));
     }
+    if (event == "federation_end") end.ended_at = r.value("seq", std::uint64_t{0});
+    if (event == "federation_start" || event == "operator_resume") end.ended_at.reset();
     if (event == "federation_start") federations.insert(r.value("federation", ""));
   }
   SentCheck c;
@@ -204,7 +227,7 @@ SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const s
       if (j.value("kind", "") == protocol::kUnmaskSharesReleased) {
         const std::string at =
             fmt::format("{} line {}, round {}: the silo released its unmask shares under setup {}", file, n, round, mine);
-        if (auto st = check_release(by_round, last_recorded, round, mine, at, c); !st) return Error(st.error().message());
+        if (auto st = check_release(by_round, end, options, round, mine, at, c); !st) return Error(st.error().message());
         continue;
       }
       const std::string update = j.value("update_sha256", "");
