@@ -196,6 +196,7 @@ SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const s
     if (event == "federation_start") federations.insert(r.value("federation", ""));
   }
   SentCheck c;
+  std::set<std::string> skipped;  // the federations the skipped lines name
   std::uint64_t n = 0;
   std::ifstream in(sent, std::ios::binary);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -220,6 +221,7 @@ SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const s
       if (const auto f = j.find("federation");
           f != j.end() && f->is_string() && !federations.empty() && !federations.contains(f->get<std::string>())) {
         ++c.other_federation;
+        skipped.insert(f->get<std::string>());
         continue;
       }
       const auto round = j.value("round", std::uint64_t{0});
@@ -264,6 +266,18 @@ SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const s
     } catch (const nlohmann::json::exception& e) {
       return Error(fmt::format("{} line {}: a field of the wrong type ({})", file, n, e.what()));
     }
+  }
+  // Every distributed-DP line skipped as another federation's, none compared: the file is another
+  // federation's (or the log is), and passing would vouch for nothing.
+  if (c.other_federation > 0 && c.compared + c.releases + c.unrecorded == 0) {
+    auto listed = [](const std::set<std::string>& names) {
+      std::string out;
+      for (const auto& name : names) out += (out.empty() ? "\"" : ", \"") + name + "\"";
+      return out;
+    };
+    return Error(fmt::format("{}: all {} of its distributed-DP lines name federation {}, but the log's federation_start "
+                             "records name {}: no line was compared (a silo file or a log of another federation)",
+                             file, c.other_federation, listed(skipped), listed(federations)));
   }
   return c;
 }

@@ -954,6 +954,14 @@ TEST_F(RecoveryTest, SentSkipsLinesOfAnotherFederationThanTheLogs) {
   ASSERT_TRUE(succeeded(ok)) << error_text(ok);
   EXPECT_EQ(ok->compared, 2u);
   EXPECT_EQ(ok->other_federation, 1u);
+  // Review of issue 42 (h42v), item 3: a log (or a file) of another federation, so that every line
+  // is skipped and none compared, fails naming both federations.
+  write_lines(dir_ / "old.jsonl", {line("old", before), line("old", now)});
+  const std::string none = error_text(check_sent_setups(records, dir_ / "old.jsonl"));
+  EXPECT_NE(none.find("old.jsonl: all 2 of its distributed-DP lines name federation \"old\", but the log's "
+                      "federation_start records name \"fed\": no line was compared"),
+            std::string::npos)
+      << none;
   write_lines(dir_ / "unnamed.jsonl", {line(nullptr, before)});
   EXPECT_NE(error_text(check_sent_setups(records, dir_ / "unnamed.jsonl")).find("unnamed.jsonl line 1, round 3"),
             std::string::npos);
