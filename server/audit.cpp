@@ -373,6 +373,21 @@ Result<PrivacyAudit> check_privacy_claims(const std::vector<nlohmann::json>& rec
         delta = r["privacy"].at("delta").get<double>();
         mode_seen(r["privacy"].value("mechanism", "") == "skellam" ? "distributed" : "central");
       }
+      // A record that names a setup the silos were sent is charged at it only as a Skellam mechanism
+      // whose parameters are that setup: a bare {"setup_sha256"} (charged nothing, claiming
+      // nothing) or "central" parameters beside it would pass `--sent` while the accounting charged
+      // other, cheaper parameters than the setup the silos' noise was drawn under.
+      if (const auto p = r.find("privacy");
+          (event == "round" || event == kUnmaskBegun) && p != r.end() && p->is_object() && p->contains("setup_sha256")) {
+        const std::string mechanism = p->value("mechanism", "");
+        if (mechanism != "skellam") {
+          return Error(where + "its privacy part names setup_sha256 " + p->at("setup_sha256").dump() + " but " +
+                       (mechanism.empty() ? std::string("no mechanism") : "mechanism \"" + mechanism + "\"") +
+                       ": a record naming a distributed-DP setup must state it as a skellam mechanism whose "
+                       "parameters are that setup");
+        }
+        recorded_skellam_mechanism(r);  // throws SetupMismatch when its parameters are not that setup
+      }
       // An interrupted unmasking, or this aborted round's own (its unmasking began: it spent).
       if (const auto c = unmasking.take(r)) charge(c->mechanism, c->interrupted ? a.silo_interrupted : a.silo_aborted);
       if (const auto m = silo_level_mechanism_of(r)) {

@@ -107,17 +107,27 @@ WitnessResult check_witness(const AuditChain& log, const std::filesystem::path& 
 // unmask_begun, or an unmask_begun no round record followed); "sums_revealed" is the server's own
 // count, and this is the silo's. An honest server writes unmask_begun before it asks for shares,
 // so every round a silo released shares in is charged, aborted or not. A release
-// in a round the log has no record of fails when a later round has one, and proves nothing after
-// the log's last.
+// in a round the log has no record of fails: the server writes the round's unmask_begun before it
+// asks for any share, so it deviated or this copy of the log predates the release. With
+// log_may_be_stale (a live snapshot of the log) a release after the log's last record of a round
+// is counted in `unrecorded` instead, unless a federation_end (no federation_start or
+// operator_resume after it) ends the log: then no later round can have been recorded. An upload
+// (sent before its round's unmask_begun) after the log's last round record proves nothing.
 struct SentCheck {
   std::uint64_t compared = 0;    // uploads whose setup the log's records of their round name
   std::uint64_t releases = 0;    // releases of unmask shares whose round the log charges
-  std::uint64_t unrecorded = 0;  // uploads (releases) to rounds after the log's last round record (any record)
+  // Uploads to rounds after the log's last round record, and (log_may_be_stale) releases after its
+  // last record of a round.
+  std::uint64_t unrecorded = 0;
   std::uint64_t other_federation = 0;  // lines of another federation than the log's (skipped)
   bool torn_last_line = false;  // a last line cut off mid-append (the silo crashed): skipped
 };
 using SentResult = Result<SentCheck>;
-SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const std::filesystem::path& sent);
+struct SentOptions {
+  bool log_may_be_stale = false;  // the log is a live snapshot: a release after its last record is not a failure
+};
+SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const std::filesystem::path& sent,
+                             const SentOptions& options = {});
 
 // Reads the records (signature not checked); throws std::runtime_error on unparsable lines.
 std::vector<nlohmann::json> read_audit_log(const std::filesystem::path& path);

@@ -34,11 +34,20 @@ struct SetupRecord {
   std::string outcome;  // what it is, for an error: "a committed round record", ...
 };
 
-// A record's spend, as the audit check and the recovery read it (distributed_mechanism_of,
-// UnmaskingWatch), in words for an error.
-void read_spend(const nlohmann::json& r, bool closes_unmask_begun, SetupRecord& s) {
+// A record's spend, read by the functions the audit check and the recovery charge with
+// (distributed_mechanism_of, recorded_skellam_mechanism through UnmaskingWatch): a record that
+// names a setup but no Skellam mechanism, or "central" parameters, spends nothing here as there.
+// `closes_unmask_begun`: the record closes an unmask_begun of its round (UnmaskingWatch::closes),
+// so the watch charges its round though the record itself charges nothing. `unreadable`: why the
+// watch or the accounting could not read the record ("" when they could).
+void read_spend(const nlohmann::json& r, bool closes_unmask_begun, const std::string& unreadable, SetupRecord& s) {
+  if (!unreadable.empty()) {
+    s.spends = false;
+    s.outcome = "a record whose distributed-DP spend cannot be read (" + unreadable + ")";
+    return;
+  }
   if (r.value("event", "") == kUnmaskBegun) {
-    s.spends = true;
+    s.spends = true;  // the watch read its Skellam mechanism: charged if no round record closes it
     s.outcome = "an unmask_begun record";
     return;
   }
@@ -47,25 +56,46 @@ void read_spend(const nlohmann::json& r, bool closes_unmask_begun, SetupRecord& 
     if (const auto v = p->find("sums_revealed"); v != p->end() && v->is_number_unsigned()) sums = v->get<std::uint64_t>();
   }
   const bool committed = r.value("status", "") == "committed";
-  s.spends = committed || sums.value_or(0) > 0 || closes_unmask_begun;
-  s.outcome = committed             ? "a committed round record"
-              : closes_unmask_begun ? "an aborted round record after its unmask_begun"
-                                    : "an aborted round record with sums_revealed " +
-                                          (sums ? std::to_string(*sums) : "absent") + " and no unmask_begun before it";
+  bool charged = false;
+  try {
+    charged = distributed_mechanism_of(r).has_value();
+  } catch (const std::exception& e) {
+    s.spends = false;
+    s.outcome = std::string("a record whose distributed-DP spend cannot be read (") + e.what() + ")";
+    return;
+  }
+  s.spends = charged || closes_unmask_begun;
+  if (s.spends) {
+    s.outcome = committed ? "a committed round record" : "an aborted round record that charges its round";
+  } else if (committed) {
+    const auto p = r.find("privacy");
+    const std::string mech = p != r.end() && p->is_object() ? p->value("mechanism", "") : "";
+    s.outcome = "a committed round record with " +
+                (mech.empty() ? std::string("no distributed-DP (skellam) mechanism") : "mechanism \"" + mech + "\"");
+  } else {
+    s.outcome = "an aborted round record with sums_revealed " + (sums ? std::to_string(*sums) : "absent") +
+                " and no unmask_begun before it";
+  }
 }
 
 std::map<std::uint64_t, std::vector<SetupRecord>> setups_by_round(const std::vector<nlohmann::json>& records) {
   std::map<std::uint64_t, std::vector<SetupRecord>> out;
   std::map<std::uint64_t, std::size_t> last;  // this run's last record of each round: its index in out[round]
-  // The round of the unmask_begun the next record may close, as UnmaskingWatch reads it: a round
-  // record right after it (no other round, unmask_begun or federation_start between).
-  std::optional<std::uint64_t> begun;
+  // The unmask_begun the next record may close, as the accounting reads it (a round record of its
+  // round right after it: no other round, unmask_begun or federation_start between).
+  UnmaskingWatch watch;
   for (const auto& r : records) {
     const std::string event = r.value("event", "");
     if (event == "federation_start" || event == "operator_resume") last.clear();
-    const bool closes = event == "round" && begun == r.value("round", std::uint64_t{0});
-    if (event == "round" || event == kUnmaskBegun || event == "federation_start") {
-      begun = event == kUnmaskBegun ? std::optional(r.value("round", std::uint64_t{0})) : std::nullopt;
+    const bool closes = watch.closes(r);
+    std::string unreadable;
+    try {
+      watch.take(r);
+    } catch (const std::exception& e) {
+      // check_privacy_claims fails on such a record; here it charges nothing, and the watch starts
+      // over (an unmask_begun it could not read is open no longer).
+      unreadable = e.what();
+      watch = UnmaskingWatch{};
     }
     if (event != "round" && event != kUnmaskBegun) continue;
     SetupRecord s;
@@ -74,7 +104,7 @@ std::map<std::uint64_t, std::vector<SetupRecord>> setups_by_round(const std::vec
     for (const auto& who : r.value("participants", nlohmann::json::array())) {
       if (who.is_object()) s.counts.push_back(who.value("update_sha256", ""));
     }
-    read_spend(r, closes, s);
+    read_spend(r, closes, unreadable, s);
     const auto round = r.value("round", std::uint64_t{0});
     auto& of_round = out[round];
     if (const auto before = last.find(round); before != last.end()) of_round[before->second].decides = false;
@@ -87,15 +117,34 @@ std::map<std::uint64_t, std::vector<SetupRecord>> setups_by_round(const std::vec
 
 std::string named(const std::string& setup) { return setup.empty() ? "no setup" : "setup " + setup; }
 
+// How the log ends, for a release to a round it has no record of.
+struct LogEnd {
+  std::uint64_t last_recorded = 0;        // the largest round any round record or unmask_begun names
+  std::optional<std::uint64_t> ended_at;  // the seq of a federation_end no federation_start or operator_resume follows
+};
+
 // A line that says the silo released its unmask shares in `round` under `setup`: with them the
 // server could unmask the round's noisy sum, so the log must charge the round under that setup
 // (a record that decides a run of the round, spends, and names it). Success, or why not.
-Status check_release(const std::map<std::uint64_t, std::vector<SetupRecord>>& by_round, std::uint64_t last_recorded,
-                     std::uint64_t round, const std::string& setup, const std::string& at, SentCheck& c) {
+Status check_release(const std::map<std::uint64_t, std::vector<SetupRecord>>& by_round, const LogEnd& end,
+                     const SentOptions& options, std::uint64_t round, const std::string& setup, const std::string& at,
+                     SentCheck& c) {
   const auto it = by_round.find(round);
-  if (it == by_round.end() && round <= last_recorded) {
+  if (it == by_round.end() && round <= end.last_recorded) {
     return Error(fmt::format("{}, but the log has no record of that round, though it records round {} after it",
-                             at, last_recorded));
+                             at, end.last_recorded));
+  }
+  if (it == by_round.end() && end.ended_at) {
+    return Error(fmt::format("{}, but the log has no record of that round: its federation_end (record {}) ends the "
+                             "federation after its last recorded round {}, so no copy of the log will ever charge it",
+                             at, *end.ended_at, end.last_recorded));
+  }
+  if (it == by_round.end() && !options.log_may_be_stale) {
+    return Error(fmt::format("{}, but the log has no record of that round (its last record of a round is of round {}): "
+                             "the server writes a round's unmask_begun before it asks for any share, so it deviated, "
+                             "or this copy of the log was taken before the release (a live snapshot: pass "
+                             "--log-may-be-stale)",
+                             at, end.last_recorded));
   }
   if (it == by_round.end()) {
     ++c.unrecorded;
@@ -119,7 +168,8 @@ Status check_release(const std::map<std::uint64_t, std::vector<SetupRecord>>& by
 
 }  // namespace
 
-SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const std::filesystem::path& sent) {
+SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const std::filesystem::path& sent,
+                             const SentOptions& options) {
   const std::string file = sent.string();
   if (!std::filesystem::exists(sent)) return Error(file + ": no such file");
   const auto by_round = setups_by_round(records);
@@ -130,19 +180,23 @@ SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const s
   // The federations the log's federation_start records name: sent.jsonl is append-only across
   // federations, so a line of another federation (its round numbers, its setups) is skipped.
   std::set<std::string> federations;
-  // The largest round any record of a round names (its round record or its unmask_begun): the
-  // server writes a round's unmask_begun before it asks for any share, so a release in a later
-  // round is one the log (this copy of it) was read before.
-  std::uint64_t last_recorded = 0;
+  // The largest round any record of a round names (its round record or its unmask_begun), and a
+  // federation_end that ends the log: the server writes a round's unmask_begun before it asks for
+  // any share, so a release in a later round is a deviation, or (log_may_be_stale, and no
+  // federation_end) one this copy of the log was taken before.
+  LogEnd end;
   for (const auto& r : records) {
     const std::string event = r.value("event", "");
     if (event == "round") last_round = r.value("round", std::uint64_t{0});
     if (event == "round" || event == kUnmaskBegun) {
-      last_recorded = std::max(last_recorded, r.value("round", std::uint64_t{0}));
+      end.last_recorded = std::max(end.last_recorded, r.value("round", std::uint64_t{0}));
     }
+    if (event == "federation_end") end.ended_at = r.value("seq", std::uint64_t{0});
+    if (event == "federation_start" || event == "operator_resume") end.ended_at.reset();
     if (event == "federation_start") federations.insert(r.value("federation", ""));
   }
   SentCheck c;
+  std::set<std::string> skipped;  // the federations the skipped lines name
   std::uint64_t n = 0;
   std::ifstream in(sent, std::ios::binary);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -167,6 +221,7 @@ SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const s
       if (const auto f = j.find("federation");
           f != j.end() && f->is_string() && !federations.empty() && !federations.contains(f->get<std::string>())) {
         ++c.other_federation;
+        skipped.insert(f->get<std::string>());
         continue;
       }
       const auto round = j.value("round", std::uint64_t{0});
@@ -174,7 +229,7 @@ SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const s
       if (j.value("kind", "") == protocol::kUnmaskSharesReleased) {
         const std::string at =
             fmt::format("{} line {}, round {}: the silo released its unmask shares under setup {}", file, n, round, mine);
-        if (auto st = check_release(by_round, last_recorded, round, mine, at, c); !st) return Error(st.error().message());
+        if (auto st = check_release(by_round, end, options, round, mine, at, c); !st) return Error(st.error().message());
         continue;
       }
       const std::string update = j.value("update_sha256", "");
@@ -211,6 +266,18 @@ SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const s
     } catch (const nlohmann::json::exception& e) {
       return Error(fmt::format("{} line {}: a field of the wrong type ({})", file, n, e.what()));
     }
+  }
+  // Every distributed-DP line skipped as another federation's, none compared: the file is another
+  // federation's (or the log is), and passing would vouch for nothing.
+  if (c.other_federation > 0 && c.compared + c.releases + c.unrecorded == 0) {
+    auto listed = [](const std::set<std::string>& names) {
+      std::string out;
+      for (const auto& name : names) out += (out.empty() ? "\"" : ", \"") + name + "\"";
+      return out;
+    };
+    return Error(fmt::format("{}: all {} of its distributed-DP lines name federation {}, but the log's federation_start "
+                             "records name {}: no line was compared (a silo file or a log of another federation)",
+                             file, c.other_federation, listed(skipped), listed(federations)));
   }
   return c;
 }

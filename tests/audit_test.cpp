@@ -954,6 +954,14 @@ TEST_F(RecoveryTest, SentSkipsLinesOfAnotherFederationThanTheLogs) {
   ASSERT_TRUE(succeeded(ok)) << error_text(ok);
   EXPECT_EQ(ok->compared, 2u);
   EXPECT_EQ(ok->other_federation, 1u);
+  // Review of issue 42 (h42v), item 3: a log (or a file) of another federation, so that every line
+  // is skipped and none compared, fails naming both federations.
+  write_lines(dir_ / "old.jsonl", {line("old", before), line("old", now)});
+  const std::string none = error_text(check_sent_setups(records, dir_ / "old.jsonl"));
+  EXPECT_NE(none.find("old.jsonl: all 2 of its distributed-DP lines name federation \"old\", but the log's "
+                      "federation_start records name \"fed\": no line was compared"),
+            std::string::npos)
+      << none;
   write_lines(dir_ / "unnamed.jsonl", {line(nullptr, before)});
   EXPECT_NE(error_text(check_sent_setups(records, dir_ / "unnamed.jsonl")).find("unnamed.jsonl line 1, round 3"),
             std::string::npos);
@@ -1025,17 +1033,40 @@ TEST_F(RecoveryTest, SentFailsARoundWhoseUnmaskSharesASiloReleasedButTheLogDoesN
   };
   write_lines(dir_ / "sent.jsonl", {upload(1), released(1), upload(2), released(2), upload(3), released(3), upload(4),
                                     released(4)});
-  const auto honest = check_sent_setups(records, dir_ / "sent.jsonl");
+  // Round 4's release, after the log's last record: the server writes unmask_begun before it asks
+  // for any share, so it fails, naming the file, line and round, unless the log is a live
+  // snapshot (--log-may-be-stale), and even then when a federation_end ends the log.
+  const std::string stale = error_text(check_sent_setups(records, dir_ / "sent.jsonl"));
+  EXPECT_NE(stale.find((dir_ / "sent.jsonl").string() + " line 8, round 4: the silo released its unmask shares under "
+                       "setup " + setup + ", but the log has no record of that round (its last record of a round is "
+                       "of round 3)"),
+            std::string::npos)
+      << stale;
+  EXPECT_NE(stale.find("--log-may-be-stale"), std::string::npos) << stale;
+  const auto honest = check_sent_setups(records, dir_ / "sent.jsonl", {.log_may_be_stale = true});
   ASSERT_TRUE(succeeded(honest)) << error_text(honest);
   EXPECT_EQ(honest->releases, 3u);
   EXPECT_EQ(honest->unrecorded, 2u);  // round 4's upload and release: after the log's last record
+  auto ended = records;
+  ended.push_back({{"event", "federation_end"}, {"federation", "fed"}, {"seq", ++seq}});
+  const std::string after_end = error_text(check_sent_setups(ended, dir_ / "sent.jsonl", {.log_may_be_stale = true}));
+  EXPECT_NE(after_end.find("sent.jsonl line 8, round 4: the silo released its unmask shares under setup " + setup +
+                           ", but the log has no record of that round: its federation_end (record " +
+                           std::to_string(seq) + ") ends the federation after its last recorded round 3"),
+            std::string::npos)
+      << after_end;
+  // Without round 4's release, the upload after the last record still proves nothing either way.
+  write_lines(dir_ / "uploaded.jsonl", {upload(3), released(3), upload(4)});
+  const auto uploaded = check_sent_setups(ended, dir_ / "uploaded.jsonl");
+  ASSERT_TRUE(succeeded(uploaded)) << error_text(uploaded);
+  EXPECT_EQ(uploaded->unrecorded, 1u);
 
   // Round 2 aborted with no sum revealed (fewer than the threshold answered the unmask request)
   // right after its unmask_begun, written before any share was asked for: charged, and the
   // release passes (the false alarm before the server wrote unmask_begun first).
   auto asked = records;
   asked[4]["privacy"]["sums_revealed"] = 0u;
-  const auto too_few = check_sent_setups(asked, dir_ / "sent.jsonl");
+  const auto too_few = check_sent_setups(asked, dir_ / "sent.jsonl", {.log_may_be_stale = true});
   ASSERT_TRUE(succeeded(too_few)) << error_text(too_few);
   EXPECT_EQ(too_few->releases, 3u);
   // The same, but the server left out round 2's unmask_begun: its record says no sum was revealed
@@ -1063,6 +1094,63 @@ TEST_F(RecoveryTest, SentFailsARoundWhoseUnmaskSharesASiloReleasedButTheLogDoesN
                                                     {"round", 1}, {"skellam_setup_sha256", std::string(64, 'b')}}.dump()});
   EXPECT_NE(error_text(check_sent_setups(records, dir_ / "other.jsonl")).find("(record 3) names setup " + setup),
             std::string::npos);
+}
+
+// Review of issue 42 (h42v), item 1: a server asked the silos for unmask shares without writing
+// unmask_begun, then wrote a committed round record whose privacy part names the setup the silos
+// were sent but no mechanism (the accounting charges it nothing, and it claims nothing), or
+// "central" parameters far cheaper than that setup beside it. `--sent` reads the record's spend
+// as the accounting does and finds the release uncharged; the log's claims fail on a record that
+// names a setup as anything but its Skellam mechanism. The honest record passes both.
+TEST_F(RecoveryTest, SentAndTheClaimsFailARecordNamingTheSetupWithoutItsSkellamMechanism) {
+  const auto dp = small_distributed_dp();
+  const auto k = signed_part(dp, 11);
+  const std::string setup = protocol::skellam_sha256(k, dp.padded);
+  privacy::Ledger spent;
+  spent.add(round_mechanism(as_signed(dp, k, dp.padded)), 1);
+  auto log = [&](const nlohmann::json& part) {
+    return std::vector<nlohmann::json>{
+        {{"event", "federation_start"}, {"federation", "fed"}, {"seq", 1}},
+        {{"event", "round"}, {"round", 1}, {"seq", 2}, {"status", "committed"}, {"privacy", part},
+         {"participants", nlohmann::json::array({{{"silo", "hospital-a"}, {"update_sha256", "u1"}}})}}};
+  };
+  write_lines(dir_ / "sent.jsonl",
+              {nlohmann::json{{"federation", "fed"}, {"round", 1}, {"update_sha256", "u1"}, {"skellam_setup_sha256", setup}}.dump(),
+               nlohmann::json{{"kind", protocol::kUnmaskSharesReleased}, {"federation", "fed"}, {"round", 1},
+                              {"skellam_setup_sha256", setup}}.dump()});
+  const auto honest = log(round_privacy_record(dp, k, dp.padded, spent));
+  const auto claims = check_privacy_claims(honest);
+  ASSERT_TRUE(succeeded(claims)) << error_text(claims);
+  const auto ok = check_sent_setups(honest, dir_ / "sent.jsonl");
+  ASSERT_TRUE(succeeded(ok)) << error_text(ok);
+  EXPECT_EQ(ok->releases, 1u);
+
+  const std::string released = (dir_ / "sent.jsonl").string() + " line 2, round 1: the silo released its unmask "
+                               "shares under setup " + setup + ", so the server could unmask that round's noisy sum, "
+                               "but the log does not charge it: its record that decides the round's charge (record 2) ";
+  const auto bare = log({{"setup_sha256", setup}});
+  std::string why = error_text(check_sent_setups(bare, dir_ / "sent.jsonl"));
+  EXPECT_NE(why.find(released + "is a committed round record with no distributed-DP (skellam) mechanism, which "
+                                "charges nothing"),
+            std::string::npos)
+      << why;
+  why = error_text(check_privacy_claims(bare));
+  EXPECT_NE(why.find("record 2 (round 1): its privacy part names setup_sha256 \"" + setup + "\" but no mechanism"),
+            std::string::npos)
+      << why;
+
+  const auto central = log({{"mechanism", "central"}, {"sample_rate", 0.001}, {"noise_multiplier", 50.0},
+                            {"clip_norm", 1.0}, {"delta", 1e-5}, {"epsilon", 0.001}, {"max_epsilon", 10.0},
+                            {"rounds_spent", 1}, {"setup_sha256", setup}});
+  why = error_text(check_sent_setups(central, dir_ / "sent.jsonl"));
+  EXPECT_NE(why.find(released + "is a committed round record with mechanism \"central\", which charges nothing"),
+            std::string::npos)
+      << why;
+  why = error_text(check_privacy_claims(central));
+  EXPECT_NE(why.find("record 2 (round 1): its privacy part names setup_sha256 \"" + setup + "\" but mechanism "
+                     "\"central\""),
+            std::string::npos)
+      << why;
 }
 
 TEST_F(RecoveryTest, AMirrorRestoresTheLogAndTheCheckpointAndIsKeptUpToDate) {

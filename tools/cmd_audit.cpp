@@ -123,11 +123,12 @@ bool privacy_claims_hold(const server::AuditChain& r, const std::string& log) {
 
 // Distributed DP: each silo's sent.jsonl names the Skellam setup of every upload, which the
 // log's records of that round must name. False (having said why) when one does not.
-bool sent_setups_recorded(const server::AuditChain& r, const std::string& log, const std::vector<std::string>& sent) {
+bool sent_setups_recorded(const server::AuditChain& r, const std::string& log, const std::vector<std::string>& sent,
+                          const server::SentOptions& options) {
   if (sent.empty()) return true;
   const auto records = server::read_audit_log(log);
   for (const auto& file : sent) {
-    const auto c = server::check_sent_setups(records, file);
+    const auto c = server::check_sent_setups(records, file, options);
     if (!c) return failed(c.error().message(), r, "it does not record the distributed-DP setup the silo was sent");
     std::cout << "sent " << file << ": " << c->compared
               << " distributed-DP uploads, each under the setup the log's records of its round name\n";
@@ -141,7 +142,11 @@ bool sent_setups_recorded(const server::AuditChain& r, const std::string& log, c
     }
     if (c->unrecorded) {
       std::cout << "  " << c->unrecorded
-                << " uploads or releases to rounds after the log's last record of a round (no evidence either way)\n";
+                << (options.log_may_be_stale
+                        ? " uploads or releases to rounds after the log's last record of a round (--log-may-be-stale: "
+                          "this copy of the log may predate them; no evidence either way)\n"
+                        : " uploads to rounds after the log's last round record (no evidence either way: an upload "
+                          "leaves before its round's unmask_begun)\n");
     }
   }
   return true;
@@ -150,7 +155,7 @@ bool sent_setups_recorded(const server::AuditChain& r, const std::string& log, c
 // `audit verify`: the signatures and the hash chain, then the witnesses, the privacy claims and
 // the silos' sent setups. Returns the exit code: 0 when all hold, 1 when one does not.
 int verify_audit(const std::string& log, const std::string& key, const std::vector<std::string>& witnesses,
-                 const std::vector<std::string>& sent) {
+                 const std::vector<std::string>& sent, const server::SentOptions& options) {
   std::string pk;
   try {
     pk = server::load_public_key(key);
@@ -164,7 +169,7 @@ int verify_audit(const std::string& log, const std::string& key, const std::vect
     return 1;
   }
   const server::AuditChain& r = *v;
-  if (!witnesses_consistent(r, witnesses) || !privacy_claims_hold(r, log) || !sent_setups_recorded(r, log, sent)) {
+  if (!witnesses_consistent(r, witnesses) || !privacy_claims_hold(r, log) || !sent_setups_recorded(r, log, sent, options)) {
     return 1;
   }
   if (r.keys.size() > 1) {
@@ -197,10 +202,16 @@ void add_audit(CLI::App& app, int& exit_code) {
   verify->add_option("--sent", *sent,
                      "a silo's sent.jsonl: the distributed-DP setup each upload names (skellam_setup_sha256) must be "
                      "the setup_sha256 the log's records of its round name, and every round in which the silo "
-                     "released its unmask shares must be charged by the log")
+                     "released its unmask shares must be charged by the log (a release to a round the log has no "
+                     "record of fails)")
       ->check(CLI::ExistingFile);
-  verify->callback(
-      [log, key, witnesses, sent, &exit_code] { exit_code = verify_audit(*log, *key, *witnesses, *sent); });
+  auto sent_options = std::make_shared<server::SentOptions>();
+  verify->add_flag("--log-may-be-stale", sent_options->log_may_be_stale,
+                   "with --sent: the log is a live snapshot that may predate a silo's last release, so a release to "
+                   "a round after the log's last record is reported, not failed (unless a federation_end ends the log)");
+  verify->callback([log, key, witnesses, sent, sent_options, &exit_code] {
+    exit_code = verify_audit(*log, *key, *witnesses, *sent, *sent_options);
+  });
 
   auto state_dir = std::make_shared<std::string>();
   auto rotate_by = std::make_shared<std::string>("operator");
