@@ -140,8 +140,8 @@ struct CertVerifier::Impl {
   std::map<std::string, Checked, std::less<>> cache;  // by DER; certificates that verified
 
   // The verdict on `certificate`: from the cache, or verified (and kept) when it is not there
-  // or a minute old. nullptr, with `why`, when it does not verify. Called with `mu` held.
-  const Checked* checked(std::string_view certificate, std::string& why);
+  // or a minute old; why not, when it does not verify. Called with `mu` held.
+  Result<const Checked*> checked(std::string_view certificate);
   // Success when `certificate` verifies and names `name` in `role`; the key it certifies in `key_out`.
   Status check(std::string_view certificate, const std::string& name, const std::string& role,
                std::shared_ptr<EVP_PKEY>* key_out);
@@ -184,7 +184,7 @@ CertVerifier CertVerifier::from_pem(std::string_view ca_pem, std::string_view cr
   return v;
 }
 
-const CertVerifier::Impl::Checked* CertVerifier::Impl::checked(std::string_view certificate, std::string& why) {
+Result<const CertVerifier::Impl::Checked*> CertVerifier::Impl::checked(std::string_view certificate) {
   using Clock = std::chrono::steady_clock;
   // A verdict is kept for a minute: long enough for a round's many signatures, short enough
   // that an expiry is noticed.
@@ -193,26 +193,19 @@ const CertVerifier::Impl::Checked* CertVerifier::Impl::checked(std::string_view 
   if (it != cache.end() && Clock::now() - it->second.at <= kFresh) return &it->second;
   if (it != cache.end()) cache.erase(it);
   X509Ptr cert = cert_from_der(certificate);
-  if (!cert) {
-    why = "the certificate is not DER";
-    return nullptr;
-  }
+  if (!cert) return Error("the certificate is not DER");
   StoreCtxPtr ctx(X509_STORE_CTX_new());
   if (!ctx || X509_STORE_CTX_init(ctx.get(), store.get(), cert.get(), nullptr) != 1) {
-    why = "cannot check the certificate: " + ossl_error();
-    return nullptr;
+    return Error("cannot check the certificate: " + ossl_error());
   }
   if (X509_verify_cert(ctx.get()) != 1) {
     const int err = X509_STORE_CTX_get_error(ctx.get());
     ERR_clear_error();
-    why = std::string("the certificate did not verify against the federation CA: ") + X509_verify_cert_error_string(err);
-    return nullptr;
+    return Error(std::string("the certificate did not verify against the federation CA: ") +
+                 X509_verify_cert_error_string(err));
   }
   EVP_PKEY* key = X509_get_pubkey(cert.get());
-  if (!key) {
-    why = "the certificate holds no usable key";
-    return nullptr;
-  }
+  if (!key) return Error("the certificate holds no usable key");
   if (cache.size() >= 4096) cache.clear();  // bounded; a round needs far fewer
   return &cache
               .emplace(std::string(certificate),
@@ -223,11 +216,10 @@ const CertVerifier::Impl::Checked* CertVerifier::Impl::checked(std::string_view 
 Status CertVerifier::Impl::check(std::string_view certificate, const std::string& name, const std::string& role,
                                 std::shared_ptr<EVP_PKEY>* key_out) {
   std::lock_guard lock(mu);
-  std::string why;
-  const Checked* c = checked(certificate, why);
-  if (!c) return Error(why);
-  if (auto wanted = check_wanted(c->who, name, role); !wanted) return wanted;
-  if (key_out) *key_out = c->key;
+  const auto c = checked(certificate);
+  if (!c) return c.error();
+  if (auto wanted = check_wanted((*c)->who, name, role); !wanted) return wanted;
+  if (key_out) *key_out = (*c)->key;
   return {};
 }
 
@@ -239,11 +231,10 @@ Status CertVerifier::check(std::string_view certificate, const std::string& name
 // signature check: half of what a silo spent on a RoundStart).
 Result<CertifiedName> CertVerifier::certified(std::string_view certificate, const std::string& role) const {
   std::lock_guard lock(impl_->mu);
-  std::string why;
-  const Impl::Checked* c = impl_->checked(certificate, why);
-  if (!c) return Error(why);
-  if (auto wanted = check_wanted(c->who, c->who.name, role); !wanted) return wanted.error();
-  return c->who;
+  const auto c = impl_->checked(certificate);
+  if (!c) return c.error();
+  if (auto wanted = check_wanted((*c)->who, (*c)->who.name, role); !wanted) return wanted.error();
+  return (*c)->who;
 }
 
 Status CertVerifier::verify(std::string_view certificate, const std::string& name, const std::string& role,

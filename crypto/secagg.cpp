@@ -530,7 +530,7 @@ Status Server::on_unmask(const std::string& from, const std::string& sealed) {
   return {};
 }
 
-std::optional<Secret> Server::rebuild(const std::string& owner, bool mask_key, std::string& why) {
+Result<Secret> Server::rebuild(const std::string& owner, bool mask_key) {
   std::vector<Share> shares;
   const auto& dealer = keys_.at(owner);
   for (const auto& [holder, reply] : replies_) {
@@ -544,18 +544,18 @@ std::optional<Secret> Server::rebuild(const std::string& owner, bool mask_key, s
     auto share = Share::decode(s.share);
     if (!share || share->x != index_.at(holder)) {
       blame(owner, "signed a malformed share for " + holder);
-      why = owner + " dealt a malformed share";
-      return std::nullopt;
+      return Error(owner + " dealt a malformed share");
     }
     shares.push_back(*share);
     if (shares.size() == p_.threshold) break;
   }
   if (shares.size() < p_.threshold) {
-    why = "only " + std::to_string(shares.size()) + " valid shares of " + owner + "'s " +
-          (mask_key ? "mask key" : "self mask") + "; the threshold is " + std::to_string(p_.threshold);
-    return std::nullopt;
+    return Error("only " + std::to_string(shares.size()) + " valid shares of " + owner + "'s " +
+                 (mask_key ? "mask key" : "self mask") + "; the threshold is " + std::to_string(p_.threshold));
   }
-  return shamir_combine(shares);
+  auto secret = shamir_combine(shares);
+  if (!secret) return Error("the shares of " + owner + "'s " + (mask_key ? "mask key" : "self mask") + " do not combine");
+  return *secret;
 }
 
 template <class T>
@@ -568,14 +568,13 @@ Status Server::finish_impl(std::span<T> sum) {
   if (sum.size() != p_.length) return Error("sum has the wrong length");
   if (sizeof(T) * 8 != p_.bits) return Error("sum words do not match the ring");
   expansions_ = 0;
-  std::string why;
   // Every secret is rebuilt and checked before the sum is touched; then one pass removes all
   // the masks.
   std::vector<MaskTerm> masks;
   // Dropped after settling: rebuild the mask key; remove its pairwise masks from each survivor.
   for (const auto& v : request_->dropped) {
-    auto sk = rebuild(v, true, why);
-    if (!sk) return Error(why);
+    auto sk = rebuild(v, true);
+    if (!sk) return sk.error();
     if (X25519KeyPair::public_of(*sk) != keys_.at(v).mask_pk) {
       blame(v, "dealt shares (signed by it) that rebuild to a mask key other than the one it advertised");
       return Error("the mask key of " + v + " rebuilt from its signed shares does not match its public key");
@@ -590,8 +589,8 @@ Status Server::finish_impl(std::span<T> sum) {
   }
   // Every survivor's self mask.
   for (const auto& u : request_->survivors) {
-    auto b = rebuild(u, false, why);
-    if (!b) return Error(why);
+    auto b = rebuild(u, false);
+    if (!b) return b.error();
     if (sha256(std::span<const std::uint8_t>(b->bytes())) != keys_.at(u).self_mask_commitment) {
       blame(u, "dealt shares (signed by it) that rebuild to a self-mask seed its commitment refutes");
       return Error("the self-mask seed of " + u + " rebuilt from its signed shares does not match its commitment");

@@ -440,7 +440,7 @@ class Server : public Dealing<KeyList> {
   bool near(const std::string& a, const std::string& b) const override;    // on the graph
   std::vector<std::string> neighbours(const std::string& silo) const override;
   bool usable_keys(const Advertisement& a) const override;  // the mask key too
-  std::optional<Secret> rebuild(const std::string& owner, bool mask_key, std::string& why);
+  Result<Secret> rebuild(const std::string& owner, bool mask_key);
 
   Params p_;
   Graph graph_;

@@ -120,8 +120,7 @@ class ServerState : public Store {
   AuditHistory read_audit_history() const;
   void append_checkpointed_records(AuditHistory& history, const Model& layout);
   std::uint64_t resume_round(const AuditHistory& history) const;
-  bool load_committed_model(std::uint64_t round, const AuditHistory& history, const Model& layout, Resume& r,
-                            std::string& why);
+  Status load_committed_model(std::uint64_t round, const AuditHistory& history, const Model& layout, Resume& r);
   void append_missing_metrics(const AuditHistory& history);
   void append_metrics(const MetricsRow& row);
   void prune(const std::filesystem::path& dir);

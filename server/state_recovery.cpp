@@ -262,10 +262,11 @@ std::uint64_t ServerState::resume_round(const AuditHistory& history) const {
 }
 
 // The model of committed round `round`, from this folder or the mirror, as its record names it,
-// into `r`; false, with what happened to each copy in `why`, when no copy holds it.
-bool ServerState::load_committed_model(std::uint64_t round, const AuditHistory& history, const Model& layout,
-                                       Resume& r, std::string& why) {
+// into `r`; what happened to each copy, when no copy holds it.
+Status ServerState::load_committed_model(std::uint64_t round, const AuditHistory& history, const Model& layout,
+                                         Resume& r) {
   const auto& want = history.committed.at(round);
+  std::string why;  // what was wrong with the copies tried so far
   for (const auto& folder : {opts_.dir, opts_.mirror}) {
     if (folder.empty()) continue;
     const auto path = folder / "checkpoints" / round_file(round);
@@ -297,10 +298,10 @@ bool ServerState::load_committed_model(std::uint64_t round, const AuditHistory& 
       r.committed_round = round;
       r.model = std::move(c.model);
       r.optimizer_state = std::move(c.optimizer);
-      return true;
+      return {};
     }
   }
-  return false;
+  return Error(why);
 }
 
 void ServerState::append_missing_metrics(const AuditHistory& history) {
@@ -325,8 +326,8 @@ Resume ServerState::recover(const Model& layout) {
   const std::uint64_t target = history.last_commit();
   const std::uint64_t from = resume_round(history);
   if (from > 0) {
-    std::string why;
-    if (!load_committed_model(from, history, layout, r, why)) {
+    if (const auto loaded = load_committed_model(from, history, layout, r); !loaded) {
+      const std::string& why = loaded.error().message();
       if (opts_.resume_from_round) {
         throw StateError("--resume-from-round " + std::to_string(from) + ": its checkpoint is not usable either (" +
                          why + ")");

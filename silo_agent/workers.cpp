@@ -110,33 +110,26 @@ void save_progress(const std::filesystem::path& dir, const std::string& key, std
   }
 }
 
-std::optional<Progress> load_progress(const std::filesystem::path& dir, const std::string& key, std::string& why) {
-  why.clear();
+Result<std::optional<Progress>> load_progress(const std::filesystem::path& dir, const std::string& key) {
   const auto file = dir / "progress.json";
-  if (!std::filesystem::exists(file)) return std::nullopt;
+  if (!std::filesystem::exists(file)) return std::optional<Progress>{};
   try {
     const auto j = nlohmann::json::parse(read_file(file));
-    if (j.at("key").get<std::string>() != key) {
-      why = "it was saved for another round's model or options";
-      return std::nullopt;
-    }
+    if (j.at("key").get<std::string>() != key) return Error("it was saved for another round's model or options");
     Progress p;
     p.op = j.at("op").get<std::uint64_t>();
     p.params = dir / j.at("params").get<std::string>();
     p.step_loss = j.at("step_loss").get<std::vector<float>>();
     if (p.op == 0 || p.step_loss.size() != p.op) {
-      why = "it has " + std::to_string(p.step_loss.size()) + " losses for " + std::to_string(p.op) + " steps";
-      return std::nullopt;
+      return Error("it has " + std::to_string(p.step_loss.size()) + " losses for " + std::to_string(p.op) + " steps");
     }
     const Model params = load_safetensors(p.params);
     if (crypto::sha256_hex(params.flat()) != j.at("params_sha256").get<std::string>()) {
-      why = "its parameters (" + p.params.filename().string() + ") do not match the hash it names";
-      return std::nullopt;
+      return Error("its parameters (" + p.params.filename().string() + ") do not match the hash it names");
     }
-    return p;
+    return std::optional<Progress>(std::move(p));
   } catch (const std::exception& e) {
-    why = std::string("it cannot be read: ") + e.what();
-    return std::nullopt;
+    return Error(std::string("it cannot be read: ") + e.what());
   }
 }
 
@@ -256,15 +249,14 @@ void run_workers_once(const LocalWorkersConfig& cfg, const std::filesystem::path
 
 // Points `job` at its checkpoint when there is one of this job further on than `after` steps.
 bool resume_from_checkpoint(WorkerJob& job, std::uint64_t after, std::vector<std::string>& events) {
-  std::string why;
-  const auto p = load_progress(job.progress, job.key, why);
-  if (!p) {
-    if (!why.empty()) {
-      spdlog::warn("local workers: not resuming from the checkpoint in {}: {}", job.progress.string(), why);
-    }
+  const auto found = load_progress(job.progress, job.key);
+  if (!found) {
+    spdlog::warn("local workers: not resuming from the checkpoint in {}: {}", job.progress.string(),
+                 found.error().message());
     return false;
   }
-  if (p->op <= after) return false;
+  const auto& p = *found;
+  if (!p || p->op <= after) return false;
   // A copy the job owns: the next checkpoint removes the file it came from, and a standby
   // promoted later still has to load the model the launch started with.
   const auto start = job.progress.parent_path() / "start.safetensors";

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/model.h"
+#include "common/result.h"
 #include "silo_agent/collective/group.h"
 #include "silo_agent/data_parallel.h"
 #include "silo_agent/sgd.h"
@@ -75,9 +76,9 @@ struct Progress {
 // progress.json naming it (and its SHA-256), then the older parameter files are removed.
 void save_progress(const std::filesystem::path& dir, const std::string& key, std::uint64_t op, const Model& params,
                    const std::vector<float>& step_loss);
-// The progress in `dir` when it is this job's (key) and intact; else nullopt, with the reason in
-// `why` ("" where there is simply none).
-std::optional<Progress> load_progress(const std::filesystem::path& dir, const std::string& key, std::string& why);
+// The progress in `dir` when it is this job's (key) and intact; nullopt where there is none; why
+// not, where there is one that is not this job's or not intact.
+Result<std::optional<Progress>> load_progress(const std::filesystem::path& dir, const std::string& key);
 
 // Worker side: trains on the group and, on the first member, writes the result.
 void run_worker_job(collective::Group& group, const WorkerJob& job);

@@ -1383,18 +1383,19 @@ TEST(CollectiveProcesses, WorkersAllKilledResumeFromTheLastCheckpointAndEqualOne
     // Checkpoints are written on a thread of their own and lag the steps by the disk's time (a
     // save under way skips the next), so the kill waits for one past the first epoch to exist.
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    for (std::string why; std::chrono::steady_clock::now() < until;) {
-      const auto p = agent::load_progress(job.progress, job.key, why);
-      if (p && p->op > steps_per_epoch) break;
+    while (std::chrono::steady_clock::now() < until) {
+      const auto p = agent::load_progress(job.progress, job.key);
+      if (p && *p && (*p)->op > steps_per_epoch) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     for (auto& p : w.procs) p->signal(SIGKILL);
     for (auto& p : w.procs) p->wait(std::chrono::milliseconds(10000));
   }
   ASSERT_FALSE(std::filesystem::exists(job.out)) << "training ended before the kill";
-  std::string why;
-  const auto saved = agent::load_progress(job.progress, job.key, why);
-  ASSERT_TRUE(saved.has_value()) << "no checkpoint to resume from: " << why;
+  const auto found = agent::load_progress(job.progress, job.key);
+  ASSERT_TRUE(found.has_value()) << "the checkpoint is refused: " << found.error().message();
+  const auto& saved = *found;
+  ASSERT_TRUE(saved.has_value()) << "no checkpoint to resume from";
   EXPECT_GT(saved->op, steps_per_epoch) << "no checkpoint past the first epoch before the kill";
   job.model = saved->params;
   job.start = agent::StartAt{saved->op, saved->step_loss};
@@ -1421,23 +1422,29 @@ TEST(Checkpoint, ProgressResumesOnlyItsOwnIntactJob) {
   const std::vector<float> losses{0.9f, 0.8f, 0.7f};
   agent::save_progress(dir / "p", "key-a", 3, c.model, losses);
   agent::save_progress(dir / "p", "key-a", 3, c.model, losses);  // again: one parameter file stays
-  std::string why;
-  const auto ok = agent::load_progress(dir / "p", "key-a", why);
-  ASSERT_TRUE(ok.has_value()) << why;
+  const auto found = agent::load_progress(dir / "p", "key-a");
+  ASSERT_TRUE(found.has_value()) << found.error().message();
+  const auto& ok = *found;
+  ASSERT_TRUE(ok.has_value());
   EXPECT_EQ(ok->op, 3u);
   EXPECT_EQ(ok->step_loss, losses);
-  EXPECT_FALSE(agent::load_progress(dir / "p", "key-b", why).has_value());
-  EXPECT_NE(why.find("another round"), std::string::npos) << why;
-  EXPECT_FALSE(agent::load_progress(dir / "none", "key-a", why).has_value());
-  EXPECT_EQ(why, "") << "no checkpoint at all is no failure";
+  // Why a checkpoint is refused; and no checkpoint at all is no failure.
+  const auto why = [&](const std::string& folder) {
+    const auto p = agent::load_progress(dir / folder, "key-a");
+    return p ? std::string() : p.error().message();
+  };
+  const auto other_key = agent::load_progress(dir / "p", "key-b");
+  ASSERT_FALSE(other_key.has_value());
+  EXPECT_NE(other_key.error().message().find("another round"), std::string::npos) << other_key.error().message();
+  const auto none = agent::load_progress(dir / "none", "key-a");
+  ASSERT_TRUE(none.has_value()) << none.error().message();
+  EXPECT_FALSE(none->has_value());
   Model other = c.model;
   other.flat()[0] += 1.0f;
   save_safetensors(ok->params, other);
-  EXPECT_FALSE(agent::load_progress(dir / "p", "key-a", why).has_value());
-  EXPECT_NE(why.find("do not match"), std::string::npos) << why;
+  EXPECT_NE(why("p").find("do not match"), std::string::npos) << why("p");
   atomic_write_file(dir / "p" / "progress.json", "{\"key\": \"key-a\", \"op\"");
-  EXPECT_FALSE(agent::load_progress(dir / "p", "key-a", why).has_value());
-  EXPECT_NE(why.find("cannot be read"), std::string::npos) << why;
+  EXPECT_NE(why("p").find("cannot be read"), std::string::npos) << why("p");
   std::size_t files = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir / "p")) files += e.path().filename().string().rfind("params-", 0) == 0;
   EXPECT_EQ(files, 1u);

@@ -488,7 +488,7 @@ TEST(ExternalTrainers, ATrainerThatDiesMakesItsSiloADropoutForOneRound) {  // an
                     {"training", {{"learning_rate", 0.1}}}};
   std::string log;
   const auto summary = run_sim_config(dir, cfg, 240s, &log);
-  EXPECT_EQ(summary["rounds_committed"], 8) << log;
+  EXPECT_EQ(summary["rounds_committed"], 4) << log;
   std::vector<json> rounds;
   for (auto& r : server::read_audit_log(dir / "out" / "audit.jsonl")) {
     if (r["event"] == "round") rounds.push_back(r);
