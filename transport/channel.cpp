@@ -216,7 +216,9 @@ awaitable<proto::Status> Channel::connect(const AllowList& upstreams, const Loca
 }
 
 bool Channel::elsewhere() {
-  const auto* io = executor().target<asio::io_context::executor_type>();
+  // target() points into the executor it is called on: hold that one while the pointer is used.
+  const auto ex = executor();
+  const auto* io = ex.target<asio::io_context::executor_type>();
   return io && !io->running_in_this_thread();
 }
 
