@@ -113,9 +113,14 @@ WitnessResult check_witness(const AuditChain& log, const std::filesystem::path& 
 // is counted in `unrecorded` instead, unless a federation_end (no federation_start or
 // operator_resume after it) ends the log: then no later round can have been recorded. An upload
 // (sent before its round's unmask_begun) after the log's last round record proves nothing.
+// A release that names its record ("unmask_begun_seq" and "unmask_begun_sha256": the signed head
+// the server sent with the unmask request, since 2026-12-06) is held to that record: in the log
+// with that hash, the unmask_begun of its round under its setup, readable (so charged once), and
+// named by no other release line of the file (a second run of a round under one charge fails).
 struct SentCheck {
   std::uint64_t compared = 0;    // uploads whose setup the log's records of their round name
   std::uint64_t releases = 0;    // releases of unmask shares whose round the log charges
+  std::uint64_t bound = 0;       // of them, releases held to the unmask_begun record they name, each its own
   // Uploads to rounds after the log's last round record, and (log_may_be_stale) releases after its
   // last record of a round.
   std::uint64_t unrecorded = 0;
@@ -125,6 +130,9 @@ struct SentCheck {
 using SentResult = Result<SentCheck>;
 struct SentOptions {
   bool log_may_be_stale = false;  // the log is a live snapshot: a release after its last record is not a failure
+  // The verified chain's line hashes (AuditChain::line_sha256, record 1 first): a release names the
+  // signed head of its unmask_begun, whose hash must be the log's. Empty: hashes not compared.
+  std::vector<std::string> line_sha256;
 };
 SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const std::filesystem::path& sent,
                              const SentOptions& options = {});

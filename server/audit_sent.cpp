@@ -166,6 +166,79 @@ Status check_release(const std::map<std::uint64_t, std::vector<SetupRecord>>& by
                            at, first.seq, what));
 }
 
+// What the log holds at each seq: its event and round (records of a round and the others).
+struct LogIndex {
+  std::map<std::uint64_t, std::pair<std::string, std::uint64_t>> at;  // seq -> (event, round)
+  std::uint64_t last_seq = 0;
+};
+
+LogIndex index_log(const std::vector<nlohmann::json>& records) {
+  LogIndex ix;
+  for (const auto& r : records) {
+    const auto seq = r.value("seq", std::uint64_t{0});
+    ix.at[seq] = {r.value("event", ""), r.value("round", std::uint64_t{0})};
+    ix.last_seq = std::max(ix.last_seq, seq);
+  }
+  return ix;
+}
+
+// A release that names the record charging it (the signed head of its round's unmask_begun,
+// SecureAggregation.unmask_begun): that record must be in the log with the hash the silo was
+// shown, be an unmask_begun of the release's round under its setup, and charge (every readable
+// unmask_begun is charged once: by itself, or by the round record that closes it); and the silo
+// must not have released against it before in this file (`seen`: one run of a round per charge).
+Status check_bound_release(const std::map<std::uint64_t, std::vector<SetupRecord>>& by_round, const LogIndex& ix,
+                           const LogEnd& end, const SentOptions& options, const nlohmann::json& line,
+                           const std::string& at, std::map<std::uint64_t, std::uint64_t>& seen, std::uint64_t n,
+                           SentCheck& c) {
+  const auto seq = line.at("unmask_begun_seq").get<std::uint64_t>();
+  const auto sha = line.at("unmask_begun_sha256").get<std::string>();
+  const auto round = line.value("round", std::uint64_t{0});
+  const std::string setup = line.value("skellam_setup_sha256", "");
+  if (const auto [before, fresh] = seen.emplace(seq, n); !fresh) {
+    return Error(fmt::format("{} against audit record {}, as it did on line {}: two runs of the round under one "
+                             "charge (each run writes an unmask_begun of its own)",
+                             at, seq, before->second));
+  }
+  const auto rec = ix.at.find(seq);
+  if (rec == ix.at.end() && seq > ix.last_seq && options.log_may_be_stale && !end.ended_at) {
+    ++c.unrecorded;
+    return {};
+  }
+  if (rec == ix.at.end()) {
+    const std::string where = seq > ix.last_seq ? fmt::format(" (it ends at record {}{})", ix.last_seq,
+                                                              end.ended_at ? ", its federation_end" : "")
+                                                : " (a record left out of its chain)";
+    return Error(fmt::format("{} against audit record {}, which the log does not hold{}: the server signed a head of "
+                             "a record it did not keep, or this copy of the log predates it",
+                             at, seq, where));
+  }
+  if (!options.line_sha256.empty() && (seq > options.line_sha256.size() || options.line_sha256[seq - 1] != sha)) {
+    return Error(fmt::format("{} against audit record {} with hash {}, but the log's record {} hashes to {}: the "
+                             "server showed the silo another record than the one it kept",
+                             at, seq, sha, seq, seq <= options.line_sha256.size() ? options.line_sha256[seq - 1] : "?"));
+  }
+  const auto& [event, its_round] = rec->second;
+  if (event != kUnmaskBegun || its_round != round) {
+    return Error(fmt::format("{} against audit record {}, which is {} of round {}, not the unmask_begun of round {}",
+                             at, seq, event.empty() ? "a record" : "the " + event + " record", its_round, round));
+  }
+  const SetupRecord* begun = nullptr;
+  if (const auto of_round = by_round.find(round); of_round != by_round.end()) {
+    for (const auto& s : of_round->second) {
+      if (s.seq == seq) begun = &s;
+    }
+  }
+  if (!begun || !begun->spends || begun->setup != setup) {
+    return Error(fmt::format("{} against audit record {}, which {}", at, seq,
+                             !begun || begun->spends ? "names " + named(begun ? begun->setup : "")
+                                                     : "is " + begun->outcome + ", which charges nothing"));
+  }
+  ++c.releases;
+  ++c.bound;
+  return {};
+}
+
 }  // namespace
 
 SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const std::filesystem::path& sent,
@@ -195,6 +268,8 @@ SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const s
     if (event == "federation_start" || event == "operator_resume") end.ended_at.reset();
     if (event == "federation_start") federations.insert(r.value("federation", ""));
   }
+  const LogIndex index = index_log(records);
+  std::map<std::uint64_t, std::uint64_t> released_against;  // an unmask_begun's seq -> the line that released against it
   SentCheck c;
   std::set<std::string> skipped;  // the federations the skipped lines name
   std::uint64_t n = 0;
@@ -229,7 +304,10 @@ SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const s
       if (j.value("kind", "") == protocol::kUnmaskSharesReleased) {
         const std::string at =
             fmt::format("{} line {}, round {}: the silo released its unmask shares under setup {}", file, n, round, mine);
-        if (auto st = check_release(by_round, end, options, round, mine, at, c); !st) return Error(st.error().message());
+        const auto st = j.contains("unmask_begun_seq")
+                            ? check_bound_release(by_round, index, end, options, j, at, released_against, n, c)
+                            : check_release(by_round, end, options, round, mine, at, c);  // before releases named it
+        if (!st) return Error(st.error().message());
         continue;
       }
       const std::string update = j.value("update_sha256", "");

@@ -402,8 +402,9 @@ void Coordinator::close_round(std::int64_t now_ms) {
     // written no secure message is fed to the groups (on_secure_message).
     r_->unmask_begun = true;
     run_job(JobKind::BeginUnmask, [&store = store_, begun = unmask_begun_record(now_ms)]() -> JobResult {
-      store.record(begun, nullptr);
-      return {};
+      CommitOutcome o;
+      o.audit = store.record(begun, nullptr);
+      return o;
     });
     return;
   }
@@ -663,6 +664,8 @@ void Coordinator::on_secure_message(std::size_t m, const wire::Envelope& e, std:
 
 void Coordinator::drain_secure() {
   for (auto& [silo, e] : r_->secure->take_out()) {
+    // Distributed DP: each step of the unmasking names the record that charges it.
+    if (r_->unmask_begun_head && e.has_secure()) *e.mutable_secure()->mutable_unmask_begun() = *r_->unmask_begun_head;
     if (auto m = member_named(silo)) send_to_member(*m, std::move(e));
   }
   for (const auto& d : r_->secure->take_dropped()) {
@@ -689,7 +692,15 @@ void Coordinator::on_job_done(std::uint64_t job, JobResult result, std::int64_t 
   if (r_) r_->slot.drained(job);
   switch (kind) {
     case JobKind::Fold: folded(std::get<FoldResult>(std::move(result)), now_ms); break;
-    case JobKind::BeginUnmask: begin_unmask(now_ms); break;  // its unmask_begun record is durable
+    case JobKind::BeginUnmask: {  // its unmask_begun record is durable: its head goes with each step
+      const AuditHead head = std::get<CommitOutcome>(std::move(result)).audit;
+      auto& h = r_->unmask_begun_head.emplace();
+      h.set_seq(head.seq);
+      h.set_sha256(head.sha256);
+      h.set_signature(head.signature);
+      begin_unmask(now_ms);
+      break;
+    }
     case JobKind::Prepare:
       for (const auto& rej : std::get<std::vector<Rejection>>(result)) {
         spdlog::warn("round {}: {}", round_, rej.why);

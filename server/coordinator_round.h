@@ -46,6 +46,9 @@ struct Coordinator::Round {
   std::string broadcast_base;  // the delta's base model, when one went out
   std::string abort_reason;
   bool unmask_begun = false;  // distributed DP: its unmask_begun record is written (or being written)
+  // Distributed DP: the audit log's signed head after that record, sent with each step of the
+  // unmasking (SecureAggregation.unmask_begun) so each silo binds its release to it.
+  std::optional<wire::AuditHead> unmask_begun_head;
   // When each phase after collection began, in ms since started_ms (the record's "phases").
   std::vector<std::pair<std::string, std::int64_t>> phases;
   std::int64_t since_start(std::int64_t now_ms) const { return now_ms - started_ms; }

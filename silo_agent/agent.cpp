@@ -59,6 +59,7 @@ SessionConfig session_config(const AgentConfig& cfg) {
   if (!cfg.state_dir.empty()) s.momentum_file = cfg.state_dir / "momentum.safetensors";
   if (!cfg.state_dir.empty()) s.residual_file = cfg.state_dir / "error_feedback.safetensors";
   if (!cfg.state_dir.empty()) s.witnessed = last_witnessed(cfg.state_dir);
+  if (!cfg.state_dir.empty()) s.unmask_released = unmask_releases(cfg.state_dir, cfg.federation);
   s.floor = cfg.secure_floor;
   s.max_message_bytes = cfg.channel.max_frame_bytes;
   return s;

@@ -1,5 +1,6 @@
 #include "silo_agent/session.h"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <cmath>
@@ -510,7 +511,13 @@ void Session::on_secure(const wire::Envelope& e) {
     reply_error(wire::UNEXPECTED, r.error().why);
     return;
   }
-  if (r->answer.step && r->answer.sent == secure::Sent::UnmaskShares) record_unmask_release();
+  if (r->answer.step && r->answer.sent == secure::Sent::UnmaskShares) {
+    if (const auto st = record_unmask_release(e.secure()); !st) {
+      spdlog::error("round {}: not releasing the unmask shares: {}", round_, st.error().message());
+      reply_error(wire::NOT_ALLOWED, st.error().message());
+      return;
+    }
+  }
   if (r->answer.step) {
     auto out = env();
     *out.mutable_secure() = std::move(*r->answer.step);
@@ -522,19 +529,43 @@ void Session::on_secure(const wire::Envelope& e) {
 
 // Distributed DP: the shares about to leave let the server unmask this round's noisy group sum,
 // so the round must be charged whatever the server says it unmasked ("sums_revealed" is its own
-// count). The silo's word for it: a line of sent.jsonl, durable before the shares leave (a line
-// that cannot be written stops the agent first), that `xsilo audit verify --sent` holds the log's
-// charges to (docs/privacy.md). Not an upload: no update_sha256, no spend of the silo's records.
-void Session::record_unmask_release() {
+// count). The server shows the record that charges it: the signed audit head after the round's
+// unmask_begun record, which must be signed by the round's audit key and must not be one this
+// silo released against before (a second run of the round under the same record would be a second
+// noisy sum under one charge). The silo's word for it: a line of sent.jsonl naming that head,
+// durable before the shares leave (a line that cannot be written stops the agent first), that
+// `xsilo audit verify --sent` holds the log to (docs/privacy.md). Not an upload: no update_sha256,
+// no spend of the silo's records. An error: the shares do not leave.
+Status Session::record_unmask_release(const wire::SecureAggregation& step) {
   std::string setup = secure_.skellam_sha256();
-  if (setup.empty()) return;  // no noise in the sum: nothing to charge
+  if (setup.empty()) return {};  // no noise in the sum: nothing to charge
+  const auto& head = step.unmask_begun();
+  if (!step.has_unmask_begun() || head.seq() == 0) {
+    return Error("the server asks for the unmask shares of a distributed-DP round without the signed audit head of "
+                 "the record that charges it (unmask_begun)");
+  }
+  if (round_audit_key_.empty() || !protocol::head_signed_by(head, round_audit_key_)) {
+    return Error(fmt::format("the audit head {} the server names as this round's unmask_begun record is not signed by "
+                             "the round's audit key",
+                             head.seq()));
+  }
+  std::string key = std::to_string(head.seq()) + ":" + head.sha256();
+  if (cfg_.unmask_released.count(key)) {
+    return Error(fmt::format("this silo released its unmask shares against audit record {} already: another run of "
+                             "round {} needs a record (a charge) of its own",
+                             head.seq(), round_));
+  }
+  cfg_.unmask_released.insert(std::move(key));
   actions_.push_back(action::Record{.entry = {{"time", iso_time(cfg_.sources.unix_ms())},
                                               {"kind", protocol::kUnmaskSharesReleased},
                                               {"federation", cfg_.federation},
                                               {"round", round_},
                                               {"upstream", upstream_},
-                                              {"skellam_setup_sha256", std::move(setup)}},
+                                              {"skellam_setup_sha256", std::move(setup)},
+                                              {"unmask_begun_seq", head.seq()},
+                                              {"unmask_begun_sha256", head.sha256()}},
                                     .required = true});
+  return {};
 }
 
 // Masks the encoded update once both it and the share deliveries are here (on the worker: one

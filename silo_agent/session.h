@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/result.h"
 #include "common/thread_check.h"
 #include "crypto/secagg.h"
 #include "crypto/sources.h"
@@ -99,6 +100,9 @@ struct SessionConfig {
   // it under: sent to the upstream after each connection, and the key this silo takes part
   // under (or a key rotations signed by it lead to). Unset: nothing witnessed yet.
   std::optional<wire::Witness> witnessed;
+  // The audit records ("SEQ:SHA256") this silo released unmask shares against under distributed
+  // DP (state_dir/sent.jsonl: unmask_releases): it releases against each once.
+  std::set<std::string> unmask_released;
   // The weakest secure setup this silo joins (the agent's secure_floor), whatever the server signs.
   crypto::secagg::Floor floor;
   // The largest message this silo's transport carries (transport.max_frame_bytes): a secure
@@ -142,7 +146,7 @@ class Session {
   void start_secure(const wire::SecAggSetup& setup);
   void on_secure(const wire::Envelope& e);
   // Distributed DP: the line of sent.jsonl that says this silo released its unmask shares.
-  void record_unmask_release();
+  Status record_unmask_release(const wire::SecureAggregation& step);
   void on_model_chunk(const wire::Envelope& e);
   // A restarted server lost its last committed model and asks for it (ModelRequest): the
   // model this silo holds goes up if it is the one asked for, and a ModelOffer says which.

@@ -7,6 +7,7 @@
 #include "common/fs.h"
 #include "common/safetensors.h"
 #include "crypto/hash.h"
+#include "protocol/secagg_wire.h"
 
 namespace xsilo::agent {
 
@@ -64,6 +65,23 @@ std::optional<wire::Witness> last_witnessed(const std::filesystem::path& dir) {
     }
   }
   return last;
+}
+
+std::set<std::string> unmask_releases(const std::filesystem::path& dir, const std::string& federation) {
+  std::ifstream in(dir / "sent.jsonl");
+  std::set<std::string> out;
+  for (std::string line; std::getline(in, line);) {
+    try {
+      const auto j = nlohmann::json::parse(line);
+      if (j.value("kind", "") != protocol::kUnmaskSharesReleased || j.value("federation", "") != federation) continue;
+      if (!j.contains("unmask_begun_seq")) continue;  // written before releases named their record
+      out.insert(std::to_string(j.at("unmask_begun_seq").get<std::uint64_t>()) + ":" +
+                 j.at("unmask_begun_sha256").get<std::string>());
+    } catch (const std::exception&) {
+      // a damaged line names no record (a torn last line is cut at start: repair_state)
+    }
+  }
+  return out;
 }
 
 std::string residual_sha256(const std::filesystem::path& file) {

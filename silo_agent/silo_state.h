@@ -22,6 +22,7 @@
 
 #include <filesystem>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,11 @@ std::vector<std::string> repair_state(const std::filesystem::path& dir);
 
 // The last head of audit_heads.jsonl that names the key it was checked under, if any.
 std::optional<wire::Witness> last_witnessed(const std::filesystem::path& dir);
+
+// The audit records (as "SEQ:SHA256" of their signed heads) sent.jsonl says this silo released
+// its unmask shares against in `federation`: a silo releases against each record once (one run of
+// a round per charge, docs/privacy.md). Lines of other federations, and damaged lines, name none.
+std::set<std::string> unmask_releases(const std::filesystem::path& dir, const std::string& federation);
 
 // The hash sent.jsonl records for a residual (SHA-256 of its float32 values).
 std::string residual_sha256(const std::filesystem::path& file);

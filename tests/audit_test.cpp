@@ -997,40 +997,68 @@ TEST_F(RecoveryTest, SentSkipsATornLastLineAndRefusesOtherDamageByFileAndLine) {
 // record followed). A server that left out the unmask_begun and whose record says it revealed no
 // sum after the silos had released their shares fails, naming the silo's file, line and round, as
 // does a log that leaves out the round's records.
-TEST_F(RecoveryTest, SentFailsARoundWhoseUnmaskSharesASiloReleasedButTheLogDoesNotCharge) {
-  const auto dp = small_distributed_dp();
-  const auto k = signed_part(dp, 11);
-  const std::string setup = protocol::skellam_sha256(k, dp.padded);
-  const auto mechanism = round_mechanism(as_signed(dp, k, dp.padded));
-  privacy::Ledger spent;
-  std::uint64_t seq = 1;
-  std::vector<nlohmann::json> records = {{{"event", "federation_start"}, {"federation", "fed"}, {"seq", seq}}};
-  auto begun = [&](std::uint64_t round) {
-    auto if_charged = spent;
-    if_charged.add(mechanism, 1);
+// A distributed-DP log built record by record as an honest server writes it (federation_start,
+// then each round's unmask_begun and round records, charged as the accounting charges them), and
+// the lines a silo's sent.jsonl holds for it.
+class SkellamLog {
+ public:
+  explicit SkellamLog(DistributedDpConfig dp)
+      : dp_(std::move(dp)), k_(signed_part(dp_, 11)), setup(protocol::skellam_sha256(k_, dp_.padded)),
+        mechanism_(round_mechanism(as_signed(dp_, k_, dp_.padded))) {}
+  // The round's unmask_begun record; its seq.
+  std::uint64_t begun(std::uint64_t round) {
+    auto if_charged = spent_;
+    if_charged.add(mechanism_, 1);
     records.push_back({{"event", kUnmaskBegun}, {"round", round}, {"seq", ++seq},
-                       {"privacy", round_privacy_record(dp, k, dp.padded, if_charged)}});
-  };
-  auto round = [&](std::uint64_t r, const char* status, std::uint64_t revealed) {
-    if (std::string(status) == "committed" || revealed > 0) spent.add(mechanism, 1);
-    auto part = round_privacy_record(dp, k, dp.padded, spent);
+                       {"privacy", round_privacy_record(dp_, k_, dp_.padded, if_charged)}});
+    return seq;
+  }
+  void round(std::uint64_t r, const char* status, std::uint64_t revealed) {
+    if (std::string(status) == "committed" || revealed > 0) spent_.add(mechanism_, 1);
+    auto part = round_privacy_record(dp_, k_, dp_.padded, spent_);
     part["sums_revealed"] = revealed;
     records.push_back({{"event", "round"}, {"round", r}, {"seq", ++seq}, {"status", status}, {"privacy", part},
                        {"participants", nlohmann::json::array({{{"silo", "hospital-a"}, {"update_sha256", "u" + std::to_string(r)}}})}});
-  };
-  begun(1);
-  round(1, "committed", 1);
-  begun(2);
-  round(2, "aborted", 1);  // a group sum unmasked, then too few updates left: charged
-  begun(3);                // the log ends while round 3 unmasks: charged
-  auto upload = [&](std::uint64_t r) {
+  }
+  std::string upload(std::uint64_t r) const {
     return nlohmann::json{{"federation", "fed"}, {"round", r}, {"update_sha256", "u" + std::to_string(r)},
                           {"skellam_setup_sha256", setup}}.dump();
-  };
-  auto released = [&](std::uint64_t r) {
-    return nlohmann::json{{"kind", protocol::kUnmaskSharesReleased}, {"federation", "fed"}, {"round", r},
-                          {"skellam_setup_sha256", setup}}.dump();
-  };
+  }
+  // A release of unmask shares in round `r`; against the unmask_begun record `against` (its seq
+  // and the hash `sha`) when `against` is not 0, as silos write since releases name it.
+  std::string released(std::uint64_t r, std::uint64_t against = 0, const std::string& sha = "") const {
+    nlohmann::json j{{"kind", protocol::kUnmaskSharesReleased}, {"federation", "fed"}, {"round", r},
+                     {"skellam_setup_sha256", setup}};
+    if (against) j["unmask_begun_seq"] = against, j["unmask_begun_sha256"] = sha;
+    return j.dump();
+  }
+
+ private:
+  DistributedDpConfig dp_;
+  wire::SkellamSetup k_;
+
+ public:
+  const std::string setup;
+  std::vector<nlohmann::json> records = {{{"event", "federation_start"}, {"federation", "fed"}, {"seq", 1}}};
+  std::uint64_t seq = 1;
+
+ private:
+  privacy::Mechanism mechanism_;
+  privacy::Ledger spent_;
+};
+
+TEST_F(RecoveryTest, SentFailsARoundWhoseUnmaskSharesASiloReleasedButTheLogDoesNotCharge) {
+  SkellamLog log(small_distributed_dp());
+  auto& records = log.records;
+  auto& seq = log.seq;
+  const std::string& setup = log.setup;
+  log.begun(1);
+  log.round(1, "committed", 1);
+  log.begun(2);
+  log.round(2, "aborted", 1);  // a group sum unmasked, then too few updates left: charged
+  log.begun(3);                // the log ends while round 3 unmasks: charged
+  auto upload = [&](std::uint64_t r) { return log.upload(r); };
+  auto released = [&](std::uint64_t r) { return log.released(r); };
   write_lines(dir_ / "sent.jsonl", {upload(1), released(1), upload(2), released(2), upload(3), released(3), upload(4),
                                     released(4)});
   // Round 4's release, after the log's last record: the server writes unmask_begun before it asks
@@ -1043,13 +1071,13 @@ TEST_F(RecoveryTest, SentFailsARoundWhoseUnmaskSharesASiloReleasedButTheLogDoesN
             std::string::npos)
       << stale;
   EXPECT_NE(stale.find("--log-may-be-stale"), std::string::npos) << stale;
-  const auto honest = check_sent_setups(records, dir_ / "sent.jsonl", {.log_may_be_stale = true});
+  const auto honest = check_sent_setups(records, dir_ / "sent.jsonl", {.log_may_be_stale = true, .line_sha256 = {}});
   ASSERT_TRUE(succeeded(honest)) << error_text(honest);
   EXPECT_EQ(honest->releases, 3u);
   EXPECT_EQ(honest->unrecorded, 2u);  // round 4's upload and release: after the log's last record
   auto ended = records;
   ended.push_back({{"event", "federation_end"}, {"federation", "fed"}, {"seq", ++seq}});
-  const std::string after_end = error_text(check_sent_setups(ended, dir_ / "sent.jsonl", {.log_may_be_stale = true}));
+  const std::string after_end = error_text(check_sent_setups(ended, dir_ / "sent.jsonl", {.log_may_be_stale = true, .line_sha256 = {}}));
   EXPECT_NE(after_end.find("sent.jsonl line 8, round 4: the silo released its unmask shares under setup " + setup +
                            ", but the log has no record of that round: its federation_end (record " +
                            std::to_string(seq) + ") ends the federation after its last recorded round 3"),
@@ -1066,7 +1094,7 @@ TEST_F(RecoveryTest, SentFailsARoundWhoseUnmaskSharesASiloReleasedButTheLogDoesN
   // release passes (the false alarm before the server wrote unmask_begun first).
   auto asked = records;
   asked[4]["privacy"]["sums_revealed"] = 0u;
-  const auto too_few = check_sent_setups(asked, dir_ / "sent.jsonl", {.log_may_be_stale = true});
+  const auto too_few = check_sent_setups(asked, dir_ / "sent.jsonl", {.log_may_be_stale = true, .line_sha256 = {}});
   ASSERT_TRUE(succeeded(too_few)) << error_text(too_few);
   EXPECT_EQ(too_few->releases, 3u);
   // The same, but the server left out round 2's unmask_begun: its record says no sum was revealed
@@ -1094,6 +1122,64 @@ TEST_F(RecoveryTest, SentFailsARoundWhoseUnmaskSharesASiloReleasedButTheLogDoesN
                                                     {"round", 1}, {"skellam_setup_sha256", std::string(64, 'b')}}.dump()});
   EXPECT_NE(error_text(check_sent_setups(records, dir_ / "other.jsonl")).find("(record 3) names setup " + setup),
             std::string::npos);
+}
+
+// Issue 42, the review's remaining finding: one charge covered every run of a round. Since
+// 2026-12-06 a release names the unmask_begun record the server showed with its unmask request
+// (seq and hash, signed), and `--sent` holds it there: that record, with that hash, the
+// unmask_begun of the release's round under its setup, and no other release of the file against
+// it. A server that unmasked a round, dropped every connection and ran it again under the same
+// record (two noisy sums of nearly the same inputs, one charge) fails; an honest rerun, with an
+// unmask_begun of its own, passes.
+TEST_F(RecoveryTest, SentHoldsEachReleaseToTheUnmaskBegunRecordItNamesSoEachRunOfARoundIsChargedOnce) {
+  SkellamLog log(small_distributed_dp());
+  const auto crashed = log.begun(1);  // the server crashed while round 1 unmasked: charged by itself
+  const auto rerun = log.begun(1);    // the same round again, after the restart
+  log.round(1, "committed", 1);
+  std::vector<std::string> hashes(log.seq);
+  for (std::size_t i = 0; i < hashes.size(); ++i) hashes[i] = std::string(64, static_cast<char>('a' + i));
+  const SentOptions with_hashes{.log_may_be_stale = false, .line_sha256 = hashes};
+  const auto file = dir_ / "sent.jsonl";
+  write_lines(file, {log.upload(1), log.released(1, crashed, hashes[crashed - 1]), log.released(1, rerun, hashes[rerun - 1])});
+  const auto honest = check_sent_setups(log.records, file, with_hashes);
+  ASSERT_TRUE(succeeded(honest)) << error_text(honest);
+  EXPECT_EQ(honest->releases, 2u);
+  EXPECT_EQ(honest->bound, 2u);
+
+  // Both runs against one record: two noisy sums under one charge.
+  write_lines(file, {log.released(1, rerun, hashes[rerun - 1]), log.released(1, rerun, hashes[rerun - 1])});
+  EXPECT_NE(error_text(check_sent_setups(log.records, file, with_hashes))
+                .find(file.string() + " line 2, round 1: the silo released its unmask shares under setup " + log.setup +
+                      " against audit record 3, as it did on line 1: two runs of the round under one charge"),
+            std::string::npos)
+      << error_text(check_sent_setups(log.records, file, with_hashes));
+  // A record the log holds with another hash than the one the silo was shown.
+  write_lines(file, {log.released(1, rerun, std::string(64, 'f'))});
+  EXPECT_NE(error_text(check_sent_setups(log.records, file, with_hashes))
+                .find("against audit record 3 with hash " + std::string(64, 'f') + ", but the log's record 3 hashes to " +
+                      hashes[2] + ": the server showed the silo another record than the one it kept"),
+            std::string::npos);
+  // A head of the round record, not of an unmask_begun.
+  write_lines(file, {log.released(1, log.seq, hashes[log.seq - 1])});
+  EXPECT_NE(error_text(check_sent_setups(log.records, file, with_hashes))
+                .find("against audit record 4, which is the round record of round 1, not the unmask_begun of round 1"),
+            std::string::npos);
+  // Round 2's unmask_begun shown for a release in round 1.
+  auto two = log;
+  const auto of_two = two.begun(2);
+  hashes.push_back(std::string(64, 'z'));
+  write_lines(file, {log.released(1, of_two, hashes[of_two - 1])});
+  EXPECT_NE(error_text(check_sent_setups(two.records, file, {.log_may_be_stale = false, .line_sha256 = hashes}))
+                .find("which is the unmask_begun record of round 2, not the unmask_begun of round 1"),
+            std::string::npos);
+  // A record past the log's end: a head of a record the server did not keep, or a stale copy.
+  write_lines(file, {log.released(2, 9, std::string(64, 'e'))});
+  EXPECT_NE(error_text(check_sent_setups(log.records, file, with_hashes))
+                .find("against audit record 9, which the log does not hold (it ends at record 4)"),
+            std::string::npos);
+  const auto stale = check_sent_setups(log.records, file, {.log_may_be_stale = true, .line_sha256 = hashes});
+  ASSERT_TRUE(succeeded(stale)) << error_text(stale);
+  EXPECT_EQ(stale->unrecorded, 1u);
 }
 
 // Review of issue 42 (h42v), item 1: a server asked the silos for unmask shares without writing

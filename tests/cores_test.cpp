@@ -14,6 +14,8 @@
 
 #include "crypto/fixed_point.h"
 #include "crypto/hash.h"
+#include "crypto/sign.h"
+#include "protocol/audit_key.h"
 #include "protocol/secagg_wire.h"
 #include "protocol/tensor_stream.h"
 #include "server/audit.h"
@@ -26,16 +28,25 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// The records in memory, each under a head signed with a real audit key (the silos check the
+// head of a distributed-DP round's unmask_begun before they release their unmask shares).
 class MemoryStore : public server::Store {
  public:
   server::AuditHead commit(std::uint64_t, const Model&, const Model&, const nlohmann::json& rec,
                            const server::MetricsRow&) override {
-    records.push_back(rec);
-    return {records.size(), "h", "s"};
+    return record(rec, nullptr);
   }
   server::AuditHead record(const nlohmann::json& rec, const server::MetricsRow*) override {
     records.push_back(rec);
-    return {records.size(), "h", "s"};
+    records.back()["seq"] = records.size();  // as the audit log seals it
+    const std::string sha = crypto::sha256_hex(records.back().dump());
+    heads.push_back(sha);
+    const std::string sig = key_.sign(protocol::audit_head_statement(records.size(), sha));
+    return {records.size(), sha,
+            crypto::to_hex(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(sig.data()), sig.size()))};
+  }
+  std::vector<server::AuditKeySpan> audit_keys() const override {
+    return {server::AuditKeySpan{.public_key = key_.public_key(), .from_seq = 1, .rotation_signature = ""}};
   }
   std::vector<nlohmann::json> rounds() const {
     std::vector<nlohmann::json> out;
@@ -45,6 +56,10 @@ class MemoryStore : public server::Store {
     return out;
   }
   std::vector<nlohmann::json> records;
+  std::vector<std::string> heads;  // each record's hash, record 1 first
+
+ private:
+  crypto::SigningKey key_ = crypto::SigningKey::generate();
 };
 
 // local = global + 0.01 (i + 1): each silo's delta is its own.
@@ -568,19 +583,22 @@ TEST(Cores, ADistributedDpRoundAbortedWithTooFewUnmaskAnswersIsChargedAndTheRele
   expect_charged_once_after_its_unmask_begun_record(fed, 0);
   test::TempDir dir;
   for (std::size_t i = 0; i < 5; ++i) {
-    const auto sent = server::check_sent_setups(fed.store.records, fed.sent_log(i, dir.path()));
+    const auto sent = server::check_sent_setups(fed.store.records, fed.sent_log(i, dir.path()),
+                                                {.log_may_be_stale = false, .line_sha256 = fed.store.heads});
     ASSERT_TRUE(sent.has_value()) << Cores::name(i) << ": " << sent.error().message();
     EXPECT_EQ(sent->releases, fed.releases(i)) << Cores::name(i);
     EXPECT_EQ(sent->compared, 1u) << Cores::name(i);  // its upload, under the round's setup
   }
-  // The same log as the server wrote it before this mend (unmask_begun after the shares were
-  // collected, so never written for this round): the releases are not charged.
+  // The log without the unmask_begun record (as the server wrote it before the mend of
+  // 2026-12-06: unmask_begun after the shares were collected, so never for this round): the
+  // releases name the record they were shown, which the log does not hold.
   auto before = fed.store.records;
   before.erase(std::remove_if(before.begin(), before.end(), [](const auto& r) { return r["event"] == "unmask_begun"; }),
                before.end());
   const auto unmended = server::check_sent_setups(before, fed.sent_log(0, dir.path()));
   ASSERT_FALSE(unmended.has_value());
-  EXPECT_NE(unmended.error().message().find("which charges nothing"), std::string::npos) << unmended.error().message();
+  EXPECT_NE(unmended.error().message().find("which the log does not hold"), std::string::npos)
+      << unmended.error().message();
 }
 
 }  // namespace

@@ -8,12 +8,14 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "common/fs.h"
 #include "common/mlp.h"
 #include "common/safetensors.h"
 #include "crypto/hash.h"
+#include "protocol/secagg_wire.h"
 #include "server/audit.h"
 #include "server/config.h"
 #include "silo_agent/agent.h"
@@ -444,9 +446,20 @@ TEST(Federation, DistributedDpSpendsTheBudgetAcrossARestartAndEndsTheFederationW
                   "out/silos/hospital-01/state/sent.jsonl"},
                  dir / "verify.log", in_dir);
   EXPECT_EQ(verify.wait(30s).value_or(-1), 0) << log_tail(dir / "verify.log");
-  EXPECT_NE(read_file(dir / "verify.log").find("2 releases of its unmask shares, each in a round the log charges"),
+  EXPECT_NE(read_file(dir / "verify.log")
+                .find("2 releases of its unmask shares, each in a round the log charges under the setup released "
+                      "under; 2 of them against the unmask_begun record the server showed, each a record (a charge) of "
+                      "its own"),
             std::string::npos)
       << log_tail(dir / "verify.log");
+  // Each release names its own unmask_begun record (one charge per run of a round).
+  std::set<std::uint64_t> against;
+  std::ifstream lines(out / "silos" / "hospital-01" / "state" / "sent.jsonl");
+  for (std::string line; std::getline(lines, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.value("kind", "") == protocol::kUnmaskSharesReleased) against.insert(j.at("unmask_begun_seq").get<std::uint64_t>());
+  }
+  EXPECT_EQ(against.size(), 2u);
 }
 
 // A silo lost after sharing its keys in round 2: its group's sum is still revealed from the 4

@@ -666,23 +666,11 @@ TEST(Session, WorkOfAConnectionThatIsGoneIsDropped) {
   EXPECT_TRUE(h.last(wire::Envelope::kError));
 }
 
-// A whole secure round with a second member played here with the crypto library's client and
-// server: the session's keys, shares, masked input and unmask shares let the server recover
-// exactly sum(w x) of both.
-TEST(Session, TakesPartInSecureAggregationSoThatOnlyTheSumIsRevealed) {
-  Harness h;
-  const Model m = model();
-  auto box = crypto::X25519KeyPair::generate();
-  auto start = h.round_start(1, m);
-  *start.mutable_round_start()->mutable_secagg() = signed_setup(m, box);
-  sign(start);
-  const auto& s = start.round_start().secagg();
-  const auto params = protocol::secagg_params(s, "fed", 1);
-  const auto server_signer = test::signer(wire::SERVER, "server");
-  crypto::secagg::Client b(params, "silo-b", test::signer(wire::SILO, "silo-b"), test::verifier(),
-                           server_signer.certificate(), "server", crypto::secagg::Floor{2, 0.0});
-  crypto::secagg::Server server(params, test::verifier(), server_signer, box);
-  h.deliver(start);
+// A round start with a secure setup delivered: the keys, shares and receipts of its two-member
+// group, silo-a being the session under test and silo-b played with the crypto library's client,
+// up to the settled list (`settled`) that both members hold, silo-a's still to be delivered.
+void settle_two_members(Harness& h, crypto::secagg::Client& b, crypto::secagg::Server& server,
+                        crypto::secagg::Settled& settled) {
   const auto* keys = h.last(wire::SecureAggregation::kSecaggKeys);
   ASSERT_TRUE(keys);  // at once, before training
   ASSERT_TRUE(succeeded(server.on_keys("silo-a", *protocol::from_wire(keys->secure().secagg_keys()))));
@@ -701,8 +689,29 @@ TEST(Session, TakesPartInSecureAggregationSoThatOnlyTheSumIsRevealed) {
   const auto* receipt = h.last(wire::SecureAggregation::kSecaggReceipt);
   ASSERT_TRUE(receipt);
   ASSERT_TRUE(succeeded(server.on_receipt("silo-a", *protocol::from_wire(receipt->secure().secagg_receipt()))));
-  auto settled = *server.settle();
+  settled = *server.settle();
   ASSERT_TRUE(succeeded(b.settle(settled)));
+}
+
+// A whole secure round with a second member played here with the crypto library's client and
+// server: the session's keys, shares, masked input and unmask shares let the server recover
+// exactly sum(w x) of both.
+TEST(Session, TakesPartInSecureAggregationSoThatOnlyTheSumIsRevealed) {
+  Harness h;
+  const Model m = model();
+  auto box = crypto::X25519KeyPair::generate();
+  auto start = h.round_start(1, m);
+  *start.mutable_round_start()->mutable_secagg() = signed_setup(m, box);
+  sign(start);
+  const auto& s = start.round_start().secagg();
+  const auto params = protocol::secagg_params(s, "fed", 1);
+  const auto server_signer = test::signer(wire::SERVER, "server");
+  crypto::secagg::Client b(params, "silo-b", test::signer(wire::SILO, "silo-b"), test::verifier(),
+                           server_signer.certificate(), "server", crypto::secagg::Floor{2, 0.0});
+  crypto::secagg::Server server(params, test::verifier(), server_signer, box);
+  h.deliver(start);
+  crypto::secagg::Settled settled;
+  ASSERT_NO_FATAL_FAILURE(settle_two_members(h, b, server, settled));
   h.send_model(1, m);
   h.run_jobs();  // train; masking waits for the settled members
   EXPECT_FALSE(h.last(wire::Envelope::kUpdateReady));
@@ -1214,12 +1223,18 @@ TEST(Session, ASignedSetupWithLessDistributedDpNoiseThanTheSilosFloorIsRefusedBe
 // noisy sum, whatever the server's record says it unmasked. The silo's own word for it: a line of
 // sent.jsonl naming the round and the Skellam setup, required durable, queued before the shares
 // leave; `xsilo audit verify --sent` holds the log's charges to it.
-TEST(Session, UnderDistributedDpTheReleaseOfUnmaskSharesIsLoggedDurablyBeforeTheyLeave) {
-  Harness h;
+// A distributed-DP round of a two-member group (silo-b played with the crypto library) up to the
+// server's unmask request, which `attach` may give the signed head of the round's unmask_begun
+// record, under the audit key `audit` the round start names. `setup_sha`: the Skellam setup's
+// hash; `before`: the messages the session had sent when the request arrived.
+void distributed_dp_round_to_unmask(Harness& h, const crypto::SigningKey& audit,
+                                    const std::function<void(wire::SecureAggregation&)>& attach, std::string& setup_sha,
+                                    std::size_t& before) {
   const Model m = model();
   auto box = crypto::X25519KeyPair::generate();
   auto start = h.round_start(1, m);
   *start.mutable_round_start()->mutable_secagg() = skellam_setup(m, box, 1.0);
+  start.mutable_round_start()->mutable_audit_key()->set_public_key(audit.public_key());
   sign(start);
   const auto& s = start.round_start().secagg();
   const auto params = protocol::secagg_params(s, "fed", 1);
@@ -1228,26 +1243,8 @@ TEST(Session, UnderDistributedDpTheReleaseOfUnmaskSharesIsLoggedDurablyBeforeThe
                            server_signer.certificate(), "server", crypto::secagg::Floor{2, 0.0});
   crypto::secagg::Server server(params, test::verifier(), server_signer, box);
   h.deliver(start);
-  const auto* keys = h.last(wire::SecureAggregation::kSecaggKeys);
-  ASSERT_TRUE(keys);
-  ASSERT_TRUE(succeeded(server.on_keys("silo-a", *protocol::from_wire(keys->secure().secagg_keys()))));
-  ASSERT_TRUE(succeeded(server.on_keys("silo-b", *b.advertise())));
-  auto list = *server.close_keys();
-  h.deliver_in(1, [&](wire::Envelope& e) { *e.mutable_secure()->mutable_secagg_key_list() = protocol::to_wire(list); });
-  const auto* shares = h.last(wire::SecureAggregation::kSecaggShares);
-  ASSERT_TRUE(shares);
-  ASSERT_TRUE(succeeded(server.on_shares("silo-a", *protocol::from_wire(shares->secure().secagg_shares()))));
-  ASSERT_TRUE(succeeded(server.on_shares("silo-b", *b.share(list))));
-  auto boxes = *server.close_shares();
-  ASSERT_TRUE(succeeded(server.on_receipt("silo-b", *b.receive(boxes["silo-b"]))));
-  h.deliver_in(1, [&](wire::Envelope& e) {
-    *e.mutable_secure()->mutable_secagg_share_delivery() = protocol::delivery_to_wire(boxes["silo-a"]);
-  });
-  const auto* receipt = h.last(wire::SecureAggregation::kSecaggReceipt);
-  ASSERT_TRUE(receipt);
-  ASSERT_TRUE(succeeded(server.on_receipt("silo-a", *protocol::from_wire(receipt->secure().secagg_receipt()))));
-  auto settled = *server.settle();
-  ASSERT_TRUE(succeeded(b.settle(settled)));
+  crypto::secagg::Settled settled;
+  ASSERT_NO_FATAL_FAILURE(settle_two_members(h, b, server, settled));
   h.send_model(1, m);
   h.run_jobs();  // train
   h.deliver_in(1, [&](wire::Envelope& e) { *e.mutable_secure()->mutable_secagg_settled() = protocol::to_wire(settled); });
@@ -1256,7 +1253,7 @@ TEST(Session, UnderDistributedDpTheReleaseOfUnmaskSharesIsLoggedDurablyBeforeThe
   h.grant(1);
   ASSERT_TRUE(h.last(wire::Envelope::kUpdateEnd));
   ASSERT_EQ(h.records.size(), 1u);  // the upload's line
-  const std::string setup_sha = protocol::skellam_sha256(s.skellam(), s.vector_length() - 1);
+  setup_sha = protocol::skellam_sha256(s.skellam(), s.vector_length() - 1);
   EXPECT_EQ(h.records[0]["skellam_setup_sha256"], setup_sha);
   EXPECT_FALSE(h.records[0].contains("kind"));
   std::vector<std::uint32_t> b_words(s.vector_length());  // silo-b's input in the 32-bit ring: its words do not matter here
@@ -1273,8 +1270,21 @@ TEST(Session, UnderDistributedDpTheReleaseOfUnmaskSharesIsLoggedDurablyBeforeThe
   ASSERT_TRUE(succeeded(server.on_confirmation("silo-a", confirmation->secure().secagg_confirmation().signature())));
   ASSERT_TRUE(succeeded(server.on_confirmation("silo-b", b.confirm(u3)->signature)));
   auto request = *server.close_confirmations();
-  const std::size_t before = h.sent.size();
-  h.deliver_in(1, [&](wire::Envelope& e) { *e.mutable_secure()->mutable_secagg_unmask_request() = protocol::to_wire(request); });
+  before = h.sent.size();
+  h.deliver_in(1, [&](wire::Envelope& e) {
+    *e.mutable_secure()->mutable_secagg_unmask_request() = protocol::to_wire(request);
+    attach(*e.mutable_secure());
+  });
+}
+
+TEST(Session, UnderDistributedDpTheReleaseOfUnmaskSharesIsLoggedDurablyBeforeTheyLeave) {
+  Harness h;
+  const auto audit = crypto::SigningKey::generate();
+  const auto head = head_signed(audit, 5, std::string(64, 'b'));
+  std::string setup_sha;
+  std::size_t before = 0;
+  ASSERT_NO_FATAL_FAILURE(distributed_dp_round_to_unmask(
+      h, audit, [&](wire::SecureAggregation& s) { *s.mutable_unmask_begun() = head; }, setup_sha, before));
   ASSERT_TRUE(h.last(wire::SecureAggregation::kSecaggUnmaskShares));
   ASSERT_EQ(h.records.size(), 2u);
   const auto& line = h.records[1];
@@ -1282,10 +1292,68 @@ TEST(Session, UnderDistributedDpTheReleaseOfUnmaskSharesIsLoggedDurablyBeforeThe
   EXPECT_EQ(line["round"], 1u);
   EXPECT_EQ(line["federation"], "fed");
   EXPECT_EQ(line["skellam_setup_sha256"], setup_sha);
+  EXPECT_EQ(line["unmask_begun_seq"], 5u);  // the record that charges this release
+  EXPECT_EQ(line["unmask_begun_sha256"], std::string(64, 'b'));
   EXPECT_FALSE(line.contains("update_sha256"));  // not an upload, and no spend of the silo's records
   EXPECT_EQ(h.record_actions[1].log, "sent.jsonl");
   EXPECT_TRUE(h.record_actions[1].required);  // the shares do not leave unless the line is durable
   EXPECT_EQ(h.sent_before_record[1], before);  // queued before the shares
+}
+
+// At start the agent reads which records it released against (unmask_releases): this
+// federation's release lines that name one; other federations, older lines and damage name none.
+TEST(SiloState, TheRecordsReleasedAgainstAreReadFromSentJsonlForItsFederationOnly) {
+  test::TempDir dir;
+  const std::string a(64, 'a'), b(64, 'b');
+  std::ofstream(dir.path() / "sent.jsonl")
+      << R"({"kind":"unmask_shares_released","federation":"fed","round":1,"unmask_begun_seq":4,"unmask_begun_sha256":")"
+      << a << "\"}\n"
+      << R"({"kind":"unmask_shares_released","federation":"other","round":1,"unmask_begun_seq":9,"unmask_begun_sha256":")"
+      << b << "\"}\n"
+      << R"({"kind":"unmask_shares_released","federation":"fed","round":2,"skellam_setup_sha256":"x"})" << "\n"
+      << R"({"round":3,"update_sha256":"u","federation":"fed"})" << "\n"
+      << "{not json\n"
+      << R"({"kind":"unmask_shares_released","federation":"fed","round":3,"unmask_begun_seq":11,"unmask_begun_sha256":")"
+      << b << "\"}\n";
+  EXPECT_EQ(unmask_releases(dir.path(), "fed"), (std::set<std::string>{"4:" + a, "11:" + b}));
+  EXPECT_EQ(unmask_releases(dir.path(), "other"), (std::set<std::string>{"9:" + b}));
+  EXPECT_TRUE(unmask_releases(dir.path() / "none", "fed").empty());
+}
+
+// The server must show the record that charges the round (its unmask_begun's head, signed by the
+// round's audit key), once: without one, under another key, or one this silo released against
+// already (a second run of the round under one charge), the shares stay and the server is told why.
+TEST(Session, UnderDistributedDpReleasesUnmaskSharesOnlyAgainstASignedUnmaskBegunRecordItHasNotReleasedAgainst) {
+  const auto audit = crypto::SigningKey::generate();
+  const auto head = head_signed(audit, 5, std::string(64, 'b'));
+  struct Case {
+    const char* what;
+    std::function<void(wire::SecureAggregation&)> attach;
+    std::set<std::string> released;
+    const char* why;
+  };
+  const std::vector<Case> cases = {
+      {"no head", [](wire::SecureAggregation&) {}, {}, "without the signed audit head"},
+      {"another key", [](wire::SecureAggregation& s) {
+         *s.mutable_unmask_begun() = head_signed(crypto::SigningKey::generate(), 5, std::string(64, 'b'));
+       }, {}, "is not signed by the round's audit key"},
+      {"released before", [&](wire::SecureAggregation& s) { *s.mutable_unmask_begun() = head; },
+       {"5:" + std::string(64, 'b')}, "released its unmask shares against audit record 5 already"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    SessionConfig cfg = session_config();
+    cfg.unmask_released = c.released;
+    Harness h(nullptr, cfg);
+    std::string setup_sha;
+    std::size_t before = 0;
+    ASSERT_NO_FATAL_FAILURE(distributed_dp_round_to_unmask(h, audit, c.attach, setup_sha, before));
+    EXPECT_FALSE(h.last(wire::SecureAggregation::kSecaggUnmaskShares));
+    EXPECT_EQ(h.records.size(), 1u);  // the upload's line only: nothing released
+    ASSERT_TRUE(h.last(wire::Envelope::kError));
+    EXPECT_NE(h.last(wire::Envelope::kError)->error().message().find(c.why), std::string::npos)
+        << h.last(wire::Envelope::kError)->error().message();
+  }
 }
 
 TEST(SecureClient, KeepsTheMaskedWordsOnlyFromAMaskingThatSucceeded) {

@@ -127,14 +127,17 @@ bool sent_setups_recorded(const server::AuditChain& r, const std::string& log, c
                           const server::SentOptions& options) {
   if (sent.empty()) return true;
   const auto records = server::read_audit_log(log);
+  auto with_hashes = options;
+  with_hashes.line_sha256 = r.line_sha256;
   for (const auto& file : sent) {
-    const auto c = server::check_sent_setups(records, file, options);
+    const auto c = server::check_sent_setups(records, file, with_hashes);
     if (!c) return failed(c.error().message(), r, "it does not record the distributed-DP setup the silo was sent");
     std::cout << "sent " << file << ": " << c->compared
               << " distributed-DP uploads, each under the setup the log's records of its round name\n";
     if (c->releases) {
       std::cout << "  " << c->releases << " releases of its unmask shares, each in a round the log charges under the "
-                << "setup released under\n";
+                << "setup released under; " << c->bound << " of them against the unmask_begun record the server showed, "
+                << "each a record (a charge) of its own\n";
     }
     if (c->torn_last_line) std::cout << "  its last line was cut off mid-append (the silo crashed): skipped\n";
     if (c->other_federation) {
