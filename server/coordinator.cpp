@@ -437,12 +437,23 @@ void Coordinator::finish_round(bool committed, const AuditHead& audit, std::int6
     spdlog::info("round {} {}: {} updates, model {}", round_, committed ? "committed" : "aborted", r_->done(),
                  global_sha_.substr(0, 12));
     event(committed ? "round_committed" : "round_aborted", committed ? global_sha_ : r_->abort_reason);
-    RoundOutcome o{round_, committed, committed ? "" : r_->abort_reason, r_->started_ms, now_ms,
-                   r_->members.size(), r_->done(), r_->upload_bytes, r_->robust_rejected, {}};
+    RoundOutcome o{.round = round_,
+                   .committed = committed,
+                   .reason = committed ? "" : r_->abort_reason,
+                   .started_ms = r_->started_ms,
+                   .ended_ms = now_ms,
+                   .selected = r_->members.size(),
+                   .updates = r_->done(),
+                   .upload_bytes = r_->upload_bytes,
+                   .robust_rejected = r_->robust_rejected,
+                   .dropouts = {}};
     for (const auto& m : r_->members) {
       if (m.state == MemberState::Done && !m.privacy.mechanism().empty()) privacy_[m.silo] = m.privacy;
       if (m.state != MemberState::Dropped) continue;
-      o.dropouts.push_back({m.silo, std::string(name(m.drop_phase)), std::string(name(m.drop_cause)), m.drop_reason});
+      o.dropouts.push_back({.silo = m.silo,
+                            .phase = std::string(name(m.drop_phase)),
+                            .cause = std::string(name(m.drop_cause)),
+                            .reason = m.drop_reason});
       ++totals_.dropouts[std::string(name(m.drop_cause))];
     }
     totals_.upload_bytes += r_->upload_bytes;
