@@ -30,8 +30,12 @@ class Edge {
   Edge(const EdgeConfig& cfg, std::unique_ptr<EdgeHook> hook)
       : cfg_(cfg), hook_(std::move(hook)), rt_(cfg.network_threads), tls_(transport::make_tls_context(cfg.tls)), relay_({cfg.federation, cfg.chunk_bytes}),
         upstream_(rt_.io(), tls_,
-                  {cfg.upstreams, {wire::SERVER}, {cfg.federation, wire::EDGE, {"plain"}}, cfg.channel, cfg.reconnect,
-                   std::chrono::milliseconds(0)}) {
+                  {.endpoints = cfg.upstreams,
+                   .upstreams = {wire::SERVER},
+                   .me = {cfg.federation, wire::EDGE, {"plain"}},
+                   .channel = cfg.channel,
+                   .reconnect = cfg.reconnect,
+                   .probe = std::chrono::milliseconds(0)}) {
     using T = MetricRegistry::Type;
     transport::declare_daemon_metrics(metrics_, "edge", cfg.tls);
     metrics_.declare("xsilo_round", T::Gauge, "The round the edge relays now, or the last one");

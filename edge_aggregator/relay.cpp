@@ -566,11 +566,21 @@ void Relay::silo_gone(const std::string& silo) {
 protocol::UploadBuffer Relay::buffer() {
   Region& r = *region_;
   if (r.secure) {
-    return {r.current_words->bytes(), r.current_words->dtype(), {{"masked", {r.current_words->words()}, 0}}, true,
-            r.current_words, {}, nullptr};
+    return {.bytes = r.current_words->bytes(),
+            .dtype = r.current_words->dtype(),
+            .layout = {{"masked", {r.current_words->words()}, 0}},
+            .hash = true,
+            .keep = r.current_words,
+            .scheme = {},
+            .sink = nullptr};
   }
-  return {{reinterpret_cast<std::uint8_t*>(r.current->flat().data()), r.current->bytes()}, wire::F32, r.layout, true,
-          r.current, r.scheme, nullptr};
+  return {.bytes = {reinterpret_cast<std::uint8_t*>(r.current->flat().data()), r.current->bytes()},
+          .dtype = wire::F32,
+          .layout = r.layout,
+          .hash = true,
+          .keep = r.current,
+          .scheme = r.scheme,
+          .sink = nullptr};
 }
 
 // Grants the next silo's upload, or finishes the region when nothing is left to wait for.

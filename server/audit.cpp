@@ -331,6 +331,59 @@ Status check_silo_level_claim(const nlohmann::json& r, const privacy::Ledger& sp
   return {};
 }
 
+// A record that names a setup the silos were sent is charged at it only as a Skellam mechanism
+// whose parameters are that setup: a bare {"setup_sha256"} (charged nothing, claiming nothing) or
+// "central" parameters beside it would pass `--sent` while the accounting charged other, cheaper
+// parameters than the setup the silos' noise was drawn under. Throws SetupMismatch when its
+// parameters are not that setup (and what recorded_skellam_mechanism throws).
+Status check_named_setup(const nlohmann::json& r, const std::string& event, const std::string& where) {
+  if (const auto p = r.find("privacy");
+      (event == "round" || event == kUnmaskBegun) && p != r.end() && p->is_object() && p->contains("setup_sha256")) {
+    const std::string mechanism = p->value("mechanism", "");
+    if (mechanism != "skellam") {
+      return Error(where + "its privacy part names setup_sha256 " + p->at("setup_sha256").dump() + " but " +
+                   (mechanism.empty() ? std::string("no mechanism") : "mechanism \"" + mechanism + "\"") +
+                   ": a record naming a distributed-DP setup must state it as a skellam mechanism whose "
+                   "parameters are that setup");
+    }
+    recorded_skellam_mechanism(r);  // throws SetupMismatch when its parameters are not that setup
+  }
+  return {};
+}
+
+// The example-level spends of round record r (record i, from 0): each participant's spend is added
+// to its silo's account in `rounds` and to a, and its claimed epsilon checked against the account.
+Status check_participant_spends(const nlohmann::json& r, std::size_t i,
+                                std::map<std::string, protocol::DpSgdAccount>& rounds, PrivacyAudit& a) {
+  for (const auto& p : r["participants"]) {
+    if (!p.contains("privacy")) continue;
+    const std::string silo = p.value("silo", "?");
+    const std::string at = "record " + std::to_string(i + 1) + " (round " + std::to_string(r.value("round", 0)) +
+                           "), silo " + silo + ": ";
+    wire::PrivacySpend s;
+    try {
+      s = protocol::privacy_from_json(p["privacy"]);
+    } catch (const std::exception& e) {
+      return Error(at + "its privacy spend cannot be read (" + e.what() + ")");
+    }
+    auto& mine = rounds[silo];
+    mine.add(s);
+    ++a.spends;
+    const double eps = mine.epsilon(s.delta());
+    a.epsilon[silo] = eps;
+    // The same accountant on the same parameters: only rounding separates an honest claim.
+    if (s.epsilon() < eps * (1 - 1e-9) - 1e-12) {
+      return Error(at + fmt::format("claims epsilon {:.6g}, but the parameters of its {} recorded rounds give {:.6g}",
+                                    s.epsilon(), mine.rounds(), eps));
+    }
+    if (s.max_epsilon() > 0 && eps > s.max_epsilon() * (1 + 1e-9)) {
+      return Error(at + fmt::format("its recorded rounds give epsilon {:.6g}, past its own budget {:.6g}", eps,
+                                    s.max_epsilon()));
+    }
+  }
+  return {};
+}
+
 }  // namespace
 
 Result<PrivacyAudit> check_privacy_claims(const std::vector<nlohmann::json>& records) {
@@ -373,21 +426,8 @@ Result<PrivacyAudit> check_privacy_claims(const std::vector<nlohmann::json>& rec
         delta = r["privacy"].at("delta").get<double>();
         mode_seen(r["privacy"].value("mechanism", "") == "skellam" ? "distributed" : "central");
       }
-      // A record that names a setup the silos were sent is charged at it only as a Skellam mechanism
-      // whose parameters are that setup: a bare {"setup_sha256"} (charged nothing, claiming
-      // nothing) or "central" parameters beside it would pass `--sent` while the accounting charged
-      // other, cheaper parameters than the setup the silos' noise was drawn under.
-      if (const auto p = r.find("privacy");
-          (event == "round" || event == kUnmaskBegun) && p != r.end() && p->is_object() && p->contains("setup_sha256")) {
-        const std::string mechanism = p->value("mechanism", "");
-        if (mechanism != "skellam") {
-          return Error(where + "its privacy part names setup_sha256 " + p->at("setup_sha256").dump() + " but " +
-                       (mechanism.empty() ? std::string("no mechanism") : "mechanism \"" + mechanism + "\"") +
-                       ": a record naming a distributed-DP setup must state it as a skellam mechanism whose "
-                       "parameters are that setup");
-        }
-        recorded_skellam_mechanism(r);  // throws SetupMismatch when its parameters are not that setup
-      }
+      // A record that names a setup the silos were sent: charged at it only as that Skellam mechanism.
+      if (const auto st = check_named_setup(r, event, where); !st) return Error(st.error().message());
       // An interrupted unmasking, or this aborted round's own (its unmasking began: it spent).
       if (const auto c = unmasking.take(r)) charge(c->mechanism, c->interrupted ? a.silo_interrupted : a.silo_aborted);
       if (const auto m = silo_level_mechanism_of(r)) {
@@ -409,32 +449,7 @@ Result<PrivacyAudit> check_privacy_claims(const std::vector<nlohmann::json>& rec
       return Error(where + "its " + silo_level_words(r) + " spend cannot be read (" + e.what() + ")");
     }
     if (r.value("event", "") != "round" || !r.contains("participants")) continue;
-    for (const auto& p : r["participants"]) {
-      if (!p.contains("privacy")) continue;
-      const std::string silo = p.value("silo", "?");
-      const std::string at = "record " + std::to_string(i + 1) + " (round " + std::to_string(r.value("round", 0)) +
-                             "), silo " + silo + ": ";
-      wire::PrivacySpend s;
-      try {
-        s = protocol::privacy_from_json(p["privacy"]);
-      } catch (const std::exception& e) {
-        return Error(at + "its privacy spend cannot be read (" + e.what() + ")");
-      }
-      auto& mine = rounds[silo];
-      mine.add(s);
-      ++a.spends;
-      const double eps = mine.epsilon(s.delta());
-      a.epsilon[silo] = eps;
-      // The same accountant on the same parameters: only rounding separates an honest claim.
-      if (s.epsilon() < eps * (1 - 1e-9) - 1e-12) {
-        return Error(at + fmt::format("claims epsilon {:.6g}, but the parameters of its {} recorded rounds give {:.6g}",
-                                      s.epsilon(), mine.rounds(), eps));
-      }
-      if (s.max_epsilon() > 0 && eps > s.max_epsilon() * (1 + 1e-9)) {
-        return Error(at + fmt::format("its recorded rounds give epsilon {:.6g}, past its own budget {:.6g}", eps,
-                                      s.max_epsilon()));
-      }
-    }
+    if (const auto st = check_participant_spends(r, i, rounds, a); !st) return Error(st.error().message());
   }
   if (const auto m = unmasking.open()) charge(*m, a.silo_interrupted);  // the log ends while a round unmasks: it spent
   return a;

@@ -166,6 +166,75 @@ Status check_release(const std::map<std::uint64_t, std::vector<SetupRecord>>& by
                            at, first.seq, what));
 }
 
+// What the log says of itself that the silo file's lines are checked against.
+struct LogFacts {
+  // The round of the log's last round record: an honest server leaves no round up to it without a
+  // record (after a crash it runs the same round number again), so an upload to such a round
+  // without one shows a record was left out; one to a later round proves nothing either way.
+  std::uint64_t last_round = 0;
+  // The federations the log's federation_start records name: sent.jsonl is append-only across
+  // federations, so a line of another federation (its round numbers, its setups) is skipped.
+  std::set<std::string> federations;
+  // The largest round any record of a round names (its round record or its unmask_begun), and a
+  // federation_end that ends the log: the server writes a round's unmask_begun before it asks for
+  // any share, so a release in a later round is a deviation, or (log_may_be_stale, and no
+  // federation_end) one this copy of the log was taken before.
+  LogEnd end;
+};
+
+LogFacts read_log_facts(const std::vector<nlohmann::json>& records) {
+  LogFacts f;
+  for (const auto& r : records) {
+    const std::string event = r.value("event", "");
+    if (event == "round") f.last_round = r.value("round", std::uint64_t{0});
+    if (event == "round" || event == kUnmaskBegun) {
+      f.end.last_recorded = std::max(f.end.last_recorded, r.value("round", std::uint64_t{0}));
+    }
+    if (event == "federation_end") f.end.ended_at = r.value("seq", std::uint64_t{0});
+    if (event == "federation_start" || event == "operator_resume") f.end.ended_at.reset();
+    if (event == "federation_start") f.federations.insert(r.value("federation", ""));
+  }
+  return f;
+}
+
+// A line that says the silo was sent setup `mine` for its upload `update` ("" when the line names
+// none) to `round`: the log's records of the round must name that setup. Counts the line in c
+// (compared, or unrecorded: a round after the log's last round record). Success, or why not.
+Status check_upload(const std::map<std::uint64_t, std::vector<SetupRecord>>& by_round, std::uint64_t last_round,
+                    std::uint64_t round, const std::string& mine, const std::string& update, const std::string& at,
+                    SentCheck& c) {
+  const auto it = by_round.find(round);
+  if (it == by_round.end() && round <= last_round) {
+    return Error(fmt::format("{}, but the log has no record of that round, though it records round {} after it "
+                             "(an honest server leaves no round without a record)",
+                             at, last_round));
+  }
+  if (it == by_round.end()) {
+    ++c.unrecorded;
+    return {};
+  }
+  // Named by a record that decides a run of the round: a setup only an earlier record of the same
+  // run names (an unmask_begun its round record contradicts) is not what the round was charged at.
+  bool counted = false, named_mine = false;
+  const SetupRecord* decider = nullptr;
+  for (const auto& rec : it->second) {
+    if (rec.decides && !decider) decider = &rec;
+    named_mine = named_mine || (rec.decides && rec.setup == mine);
+    if (update.empty() || std::find(rec.counts.begin(), rec.counts.end(), update) == rec.counts.end()) continue;
+    counted = true;
+    if (rec.setup != mine) {
+      return Error(fmt::format("{}, but record {}, which counts its upload, names {}", at, rec.seq, named(rec.setup)));
+    }
+  }
+  if (!counted && !named_mine) {
+    const auto& first = decider ? *decider : it->second.back();
+    return Error(fmt::format("{}, but the log's record that decides that round's charge names {} (record {})", at,
+                             named(first.setup), first.seq));
+  }
+  ++c.compared;
+  return {};
+}
+
 // What the log holds at each seq: its event and round (records of a round and the others).
 struct LogIndex {
   std::map<std::uint64_t, std::pair<std::string, std::uint64_t>> at;  // seq -> (event, round)
@@ -246,28 +315,7 @@ SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const s
   const std::string file = sent.string();
   if (!std::filesystem::exists(sent)) return Error(file + ": no such file");
   const auto by_round = setups_by_round(records);
-  // The round of the log's last round record: an honest server leaves no round up to it without a
-  // record (after a crash it runs the same round number again), so an upload to such a round
-  // without one shows a record was left out; one to a later round proves nothing either way.
-  std::uint64_t last_round = 0;
-  // The federations the log's federation_start records name: sent.jsonl is append-only across
-  // federations, so a line of another federation (its round numbers, its setups) is skipped.
-  std::set<std::string> federations;
-  // The largest round any record of a round names (its round record or its unmask_begun), and a
-  // federation_end that ends the log: the server writes a round's unmask_begun before it asks for
-  // any share, so a release in a later round is a deviation, or (log_may_be_stale, and no
-  // federation_end) one this copy of the log was taken before.
-  LogEnd end;
-  for (const auto& r : records) {
-    const std::string event = r.value("event", "");
-    if (event == "round") last_round = r.value("round", std::uint64_t{0});
-    if (event == "round" || event == kUnmaskBegun) {
-      end.last_recorded = std::max(end.last_recorded, r.value("round", std::uint64_t{0}));
-    }
-    if (event == "federation_end") end.ended_at = r.value("seq", std::uint64_t{0});
-    if (event == "federation_start" || event == "operator_resume") end.ended_at.reset();
-    if (event == "federation_start") federations.insert(r.value("federation", ""));
-  }
+  const auto [last_round, federations, end] = read_log_facts(records);
   const LogIndex index = index_log(records);
   std::map<std::uint64_t, std::uint64_t> released_against;  // an unmask_begun's seq -> the line that released against it
   SentCheck c;
@@ -311,36 +359,8 @@ SentResult check_sent_setups(const std::vector<nlohmann::json>& records, const s
         continue;
       }
       const std::string update = j.value("update_sha256", "");
-      const auto it = by_round.find(round);
       const std::string at = fmt::format("{} line {}, round {}: the silo was sent setup {}", file, n, round, mine);
-      if (it == by_round.end() && round <= last_round) {
-        return Error(fmt::format("{}, but the log has no record of that round, though it records round {} after it "
-                                 "(an honest server leaves no round without a record)",
-                                 at, last_round));
-      }
-      if (it == by_round.end()) {
-        ++c.unrecorded;
-        continue;
-      }
-      // Named by a record that decides a run of the round: a setup only an earlier record of the same
-      // run names (an unmask_begun its round record contradicts) is not what the round was charged at.
-      bool counted = false, named_mine = false;
-      const SetupRecord* decider = nullptr;
-      for (const auto& rec : it->second) {
-        if (rec.decides && !decider) decider = &rec;
-        named_mine = named_mine || (rec.decides && rec.setup == mine);
-        if (update.empty() || std::find(rec.counts.begin(), rec.counts.end(), update) == rec.counts.end()) continue;
-        counted = true;
-        if (rec.setup != mine) {
-          return Error(fmt::format("{}, but record {}, which counts its upload, names {}", at, rec.seq, named(rec.setup)));
-        }
-      }
-      if (!counted && !named_mine) {
-        const auto& first = decider ? *decider : it->second.back();
-        return Error(fmt::format("{}, but the log's record that decides that round's charge names {} (record {})", at,
-                                 named(first.setup), first.seq));
-      }
-      ++c.compared;
+      if (auto st = check_upload(by_round, last_round, round, mine, update, at, c); !st) return Error(st.error().message());
     } catch (const nlohmann::json::exception& e) {
       return Error(fmt::format("{} line {}: a field of the wrong type ({})", file, n, e.what()));
     }

@@ -572,39 +572,13 @@ void announce_start(ServerState& state, const ServerConfig& cfg, const Resume& r
                nullptr);
 }
 
-}  // namespace
-
-int run_server(const ServerConfig& cfg, const StartOptions& start, std::unique_ptr<ServerHook> hook) {
-  if (cfg.schedule.buffered()) {
-    // The coordinator's rounds are barriers still (docs/buffered.md, "What is missing"): refused
-    // here rather than run as something else than the config says.
-    throw ConfigError("config " + cfg.file.string() +
-                      ": .schedule.mode: buffered rounds run in `xsilo sim --in-process` only so far; the server "
-                      "daemon runs synchronous rounds (drop schedule, or use selection.over_selection)");
-  }
-  // 1. The state as a whole (state.h): nothing is written to the audit log before it checks out
-  //    and the listener is bound.
-  ServerState state(StateOptions{.dir = cfg.state_dir,
-                                        .mirror = cfg.state_mirror,
-                                        .keep_checkpoints = cfg.keep_checkpoints,
-                                        .resume_from_round = start.resume_from_round});
-  Model initial = init_model(cfg.model);
-  Resume resume = state.recover(initial);
-  Model model = resume.model ? std::move(*resume.model) : std::move(initial);
-  ServerOptimizer optimizer(cfg.optimizer, model);
-  if (resume.optimizer_state) optimizer.load_state(*resume.optimizer_state);
-  const std::uint64_t first_round = resume.last_round + 1;
-  if (resume.committed_round > 0) {
-    spdlog::info("resuming after committed round {} (next round {})", resume.committed_round, first_round);
-  }
-  const std::string sha = crypto::sha256_hex(model.flat());
-  RoundConfig rounds(cfg);
-  if (resume.clip_norm && rounds.aggregation.adaptive_clip.on()) {
-    rounds.aggregation.adaptive_clip.initial = *resume.clip_norm;  // adaptive clipping goes on where it was
-  }
+// Silo-level DP after a restart: the budget goes on from what the audit chain says was spent,
+// and distributed mode's gamma and mu are chosen for the model's size. Throws ConfigError when
+// the config cannot hold the sum, or when the log has committed rounds released without noise.
+void resume_privacy(const ServerConfig& cfg, const Resume& resume, std::size_t model_size, RoundConfig& rounds) {
   if (rounds.distributed_dp) {
     // Gamma and mu for this model's size: a config whose bits cannot hold the sum stops here.
-    check_distributed_dp(*rounds.distributed_dp, model.size(), "config " + cfg.file.string());
+    check_distributed_dp(*rounds.distributed_dp, model_size, "config " + cfg.file.string());
     if (resume.committed_without_central_dp > 0) {
       throw ConfigError("config " + cfg.file.string() + ": .privacy: the audit log has " +
                         std::to_string(resume.committed_without_central_dp) +
@@ -635,6 +609,39 @@ int run_server(const ServerConfig& cfg, const StartOptions& start, std::unique_p
                    epsilon_of(resume.central_dp, rounds.central_dp->delta), rounds.central_dp->epsilon);
     }
   }
+}
+
+}  // namespace
+
+int run_server(const ServerConfig& cfg, const StartOptions& start, std::unique_ptr<ServerHook> hook) {
+  if (cfg.schedule.buffered()) {
+    // The coordinator's rounds are barriers still (docs/buffered.md, "What is missing"): refused
+    // here rather than run as something else than the config says.
+    throw ConfigError("config " + cfg.file.string() +
+                      ": .schedule.mode: buffered rounds run in `xsilo sim --in-process` only so far; the server "
+                      "daemon runs synchronous rounds (drop schedule, or use selection.over_selection)");
+  }
+  // 1. The state as a whole (state.h): nothing is written to the audit log before it checks out
+  //    and the listener is bound.
+  ServerState state(StateOptions{.dir = cfg.state_dir,
+                                        .mirror = cfg.state_mirror,
+                                        .keep_checkpoints = cfg.keep_checkpoints,
+                                        .resume_from_round = start.resume_from_round});
+  Model initial = init_model(cfg.model);
+  Resume resume = state.recover(initial);
+  Model model = resume.model ? std::move(*resume.model) : std::move(initial);
+  ServerOptimizer optimizer(cfg.optimizer, model);
+  if (resume.optimizer_state) optimizer.load_state(*resume.optimizer_state);
+  const std::uint64_t first_round = resume.last_round + 1;
+  if (resume.committed_round > 0) {
+    spdlog::info("resuming after committed round {} (next round {})", resume.committed_round, first_round);
+  }
+  const std::string sha = crypto::sha256_hex(model.flat());
+  RoundConfig rounds(cfg);
+  if (resume.clip_norm && rounds.aggregation.adaptive_clip.on()) {
+    rounds.aggregation.adaptive_clip.initial = *resume.clip_norm;  // adaptive clipping goes on where it was
+  }
+  resume_privacy(cfg, resume, model.size(), rounds);
   // 2. TLS: the server checks silos' signatures (joins through edges, secure aggregation) against
   //    the federation CA and its revocation list, and signs round starts and secure setups with
   //    its key. A file that is missing or does not fit its certificate is a config error.

@@ -88,7 +88,9 @@ struct SecureConfig {
   // whose members' encoded shares would not fit in one fails with the reason.
   std::size_t max_message_bytes = std::size_t{4} << 20;
   bool on() const { return mode != SecureMode::Off; }
-  crypto::FixedPointParams codec() const { return {bits, fraction_bits, clip_norm, max_weight}; }
+  crypto::FixedPointParams codec() const {
+    return {.bits = bits, .fraction_bits = fraction_bits, .clip_norm = clip_norm, .max_weight = max_weight};
+  }
 };
 
 // Uploads of a model over `over_bytes` are staged in a temporary file in `dir` rather than in a

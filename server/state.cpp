@@ -199,7 +199,7 @@ void ServerState::settle_log(const std::string& first_key) {
     AuditVerifyResult v = AuditBreak{};  // until read: nothing verified
   };
   auto look = [&](const std::filesystem::path& p, std::string name) {
-    View view{std::move(name), p, !p.empty() && nonempty_file(p), 0, AuditBreak{}};
+    View view{.name = std::move(name), .path = p, .exists = !p.empty() && nonempty_file(p), .lines = 0, .v = AuditBreak{}};
     if (!view.exists) return view;
     // A torn last line: what a crash or a full disk leaves of an append. Cut, and kept aside.
     if (const std::string torn = cut_torn_tail(p); !torn.empty()) {

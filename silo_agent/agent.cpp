@@ -73,8 +73,12 @@ class Agent {
       : cfg_(cfg), trainer_(std::move(trainer)), hook_(hook ? std::move(hook) : std::make_unique<FaultHook>()),
         tls_(transport::make_tls_context(cfg.tls)), me_(transport::own_identity(cfg.tls)), session_(session_config(cfg), *trainer_, *hook_),
         upstream_(rt_.io(), tls_,
-                  {cfg.upstreams, cfg.trust, {cfg.federation, wire::SILO, {"plain"}}, cfg.channel,
-                   cfg.reconnect, cfg.failover_probe}) {
+                  {.endpoints = cfg.upstreams,
+                   .upstreams = cfg.trust,
+                   .me = {cfg.federation, wire::SILO, {"plain"}},
+                   .channel = cfg.channel,
+                   .reconnect = cfg.reconnect,
+                   .probe = cfg.failover_probe}) {
     using T = MetricRegistry::Type;
     transport::declare_daemon_metrics(metrics_, "agent", cfg.tls);
     metrics_.declare("xsilo_round", T::Gauge, "The last round this silo was asked to train");

@@ -64,8 +64,11 @@ MaskDone encode_skellam_update(const MaskingJob& j) {
 MaskDone MaskingJob::operator()() const {
   if (setup.has_skellam()) return encode_skellam_update(*this);
   MaskDone r;
-  const crypto::FixedPointParams codec{setup.modulus_bits(), setup.fraction_bits(), setup.clip_norm(),
-                                       setup.max_weight(), setup.count_unclipped()};
+  const crypto::FixedPointParams codec{.bits = setup.modulus_bits(),
+                                       .fraction_bits = setup.fraction_bits(),
+                                       .clip_norm = setup.clip_norm(),
+                                       .max_weight = setup.max_weight(),
+                                       .unclipped_bit = setup.count_unclipped()};
   crypto::FixedPointParams applied = codec;
   hook->encoding(applied);  // the production hook changes nothing
   // RANDOM_K: only the round's shared coordinates are masked and sent.

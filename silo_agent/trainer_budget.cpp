@@ -34,8 +34,11 @@ std::chrono::milliseconds TrainerWait::poll_for(SteadyTime now) const {
 }
 
 TrainerWait startup_wait(std::chrono::milliseconds startup, SteadyTime started) {
-  return {"its hello", "trainer.startup_s = " + seconds_setting(startup), wire::TRAINER_DID_NOT_START, started,
-          started + startup};
+  return {.what = "its hello",
+          .budget = "trainer.startup_s = " + seconds_setting(startup),
+          .on_timeout = wire::TRAINER_DID_NOT_START,
+          .since = started,
+          .deadline = started + startup};
 }
 
 TaskBudget task_budget(std::chrono::milliseconds task_timeout, std::uint64_t train_timeout_ms) {
@@ -47,8 +50,11 @@ TaskBudget task_budget(std::chrono::milliseconds task_timeout, std::uint64_t tra
 }
 
 TrainerWait task_wait(const std::string& kind, std::uint64_t round, const TaskBudget& budget, SteadyTime sent) {
-  return {"its " + kind + " result for round " + std::to_string(round), budget.key + " = " + seconds_setting(budget.length),
-          wire::TRAINER_HUNG, sent, sent + budget.length};
+  return {.what = "its " + kind + " result for round " + std::to_string(round),
+          .budget = budget.key + " = " + seconds_setting(budget.length),
+          .on_timeout = wire::TRAINER_HUNG,
+          .since = sent,
+          .deadline = sent + budget.length};
 }
 
 std::chrono::seconds restart_backoff(int failures) {

@@ -107,7 +107,10 @@ Status parse_train_answer(const json& result, const std::filesystem::path& excha
     auto number = [&](const char* key) {
       return p.is_object() && p.contains(key) && p[key].is_number() ? p[key].get<double>() : std::nan("");
     };
-    DpSgdReport dp{number("sample_rate"), number("noise_multiplier"), 0, p.is_object() ? number("clip_norm") : 0};
+    DpSgdReport dp{.sample_rate = number("sample_rate"),
+                   .noise_multiplier = number("noise_multiplier"),
+                   .steps = 0,
+                   .clip_norm = p.is_object() ? number("clip_norm") : 0};
     if (std::isnan(dp.clip_norm)) dp.clip_norm = 0;  // optional: the accountant does not need it
     const bool steps_ok = p.is_object() && p.contains("steps") && p["steps"].is_number_integer() &&
                           (p["steps"].is_number_unsigned() || p["steps"].get<std::int64_t>() >= 1);

@@ -209,7 +209,8 @@ std::vector<IssuedCertificate> pki_index(const std::filesystem::path& dir) {
   for (std::string line; std::getline(in, line);) {
     try {
       const auto j = nlohmann::json::parse(line);
-      out.push_back({j.at("serial"), j.at("name"), j.at("role"), j.value("not_after", "")});
+      out.push_back(
+          {.serial = j.at("serial"), .name = j.at("name"), .role = j.at("role"), .not_after = j.value("not_after", "")});
     } catch (const std::exception&) {
       // a damaged line: the others still count
     }

@@ -23,7 +23,7 @@ namespace xsilo::transport {
 
 TlsFiles TlsFiles::from_kit(const std::filesystem::path& kit) {
   const auto crl = kit / "crl.pem";
-  return {kit / "key.pem", kit / "cert.pem", kit / "ca.pem", reachable(crl) ? crl : ""};
+  return {.key = kit / "key.pem", .cert = kit / "cert.pem", .ca = kit / "ca.pem", .crl = reachable(crl) ? crl : ""};
 }
 
 ssl::context make_tls_context(const TlsFiles& f) {

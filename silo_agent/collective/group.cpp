@@ -132,7 +132,9 @@ void Coordinator::maybe_start() {
 // (decide_reformation).
 void Coordinator::maybe_reform() {
   std::vector<WorkerStatus> status;
-  for (const auto& [id, w] : workers_) status.push_back({id, w.member, w.done, w.fd >= 0, w.failed_op});
+  for (const auto& [id, w] : workers_) {
+    status.push_back({.id = id, .member = w.member, .done = w.done, .connected = w.fd >= 0, .failed_op = w.failed_op});
+  }
   const auto r = decide_reformation(status, failure_since_, grace_, std::chrono::steady_clock::now());
   if (!r) return;
   for (int id : r->left) workers_[id].member = false;  // finished before the failure: nobody kills it
