@@ -19,11 +19,11 @@ class NullStore : public Store {
  public:
   AuditHead commit(std::uint64_t, const Model&, const Model&, const nlohmann::json& rec, const MetricsRow&) override {
     (void)dump(rec);
-    return {++seq, "h", "s"};
+    return {.seq = ++seq, .sha256 = "h", .signature = "s", .line = {}};
   }
   AuditHead record(const nlohmann::json& rec, const MetricsRow*) override {
     (void)dump(rec);
-    return {++seq, "h", "s"};
+    return {.seq = ++seq, .sha256 = "h", .signature = "s", .line = {}};
   }
   std::uint64_t seq = 0;
 };

@@ -317,4 +317,15 @@ proto::Result<secagg::UnmaskRequest> from_wire(const wire::SecAggUnmaskRequest& 
   return r;
 }
 
+std::vector<std::pair<std::string, std::string>> advertised_keys(const wire::SecureAggregation& step) {
+  std::vector<std::pair<std::string, std::string>> out;
+  const auto hashed = [](const std::string& signature) { return crypto::sha256_hex(signature); };
+  if (step.has_secagg_key_list()) {
+    for (const auto& e : step.secagg_key_list().entries()) out.emplace_back(e.silo(), hashed(e.keys().signature()));
+  } else if (step.has_lsa_key_list()) {
+    for (const auto& e : step.lsa_key_list().entries()) out.emplace_back(e.silo(), hashed(e.keys().signature()));
+  }
+  return out;
+}
+
 }  // namespace xsilo::protocol

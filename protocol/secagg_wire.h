@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "crypto/lightsecagg.h"
 #include "crypto/secagg.h"
@@ -39,6 +41,14 @@ std::string skellam_sha256(const wire::SkellamSetup& k, std::size_t padded);
 // distributed-DP round (with "round", "federation" and "skellam_setup_sha256"): written durably
 // before the shares leave, and checked by `xsilo audit verify --sent` against the log's charges.
 inline constexpr const char* kUnmaskSharesReleased = "unmask_shares_released";
+// The audit record the server writes before it asks for any unmask share under distributed DP
+// (server/distributed_dp.h), whose signed head and line the unmask steps carry.
+inline constexpr const char* kUnmaskBegun = "unmask_begun";
+
+// The members a key-list step (SecAgg's or LightSecAgg's, server -> silo) names, each with the
+// SHA-256 (hex) of its signature over the keys it advertised: keys are fresh each run of a round,
+// so the hash names the member's run. Empty for any other step.
+std::vector<std::pair<std::string, std::string>> advertised_keys(const wire::SecureAggregation& step);
 
 wire::SecAggKeys to_wire(const secagg::Advertisement& keys);
 proto::Result<secagg::Advertisement> from_wire(const wire::SecAggKeys& keys);

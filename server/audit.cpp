@@ -278,8 +278,11 @@ AuditHead AuditLog::append_line(const std::string& line) {
 
 AuditHead AuditLog::signed_head() const {
   const std::string raw = key_.sign(audit_head_statement(seq_, head_));
-  return {seq_, head_,
-          crypto::to_hex(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(raw.data()), raw.size()))};
+  return {.seq = seq_,
+          .sha256 = head_,
+          .signature = crypto::to_hex(
+              std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(raw.data()), raw.size())),
+          .line = {}};
 }
 
 crypto::SigningKey load_signing_key(const std::filesystem::path& path) {

@@ -70,6 +70,7 @@ struct AuditHead {
   std::uint64_t seq = 0;
   std::string sha256;
   std::string signature;
+  std::string line;  // the record's line itself, where the store returns it (ServerState::record)
 };
 
 // A witness file consistent with the log: how many of its entries matched, and how many proved

@@ -237,7 +237,7 @@ Status check_upload(const std::map<std::uint64_t, std::vector<SetupRecord>>& by_
 
 // What the log holds at each seq: its event and round (records of a round and the others).
 struct LogIndex {
-  std::map<std::uint64_t, std::pair<std::string, std::uint64_t>> at;  // seq -> (event, round)
+  std::map<std::uint64_t, const nlohmann::json*> at;  // seq -> its record
   std::uint64_t last_seq = 0;
 };
 
@@ -245,10 +245,24 @@ LogIndex index_log(const std::vector<nlohmann::json>& records) {
   LogIndex ix;
   for (const auto& r : records) {
     const auto seq = r.value("seq", std::uint64_t{0});
-    ix.at[seq] = {r.value("event", ""), r.value("round", std::uint64_t{0})};
+    ix.at[seq] = &r;
     ix.last_seq = std::max(ix.last_seq, seq);
   }
   return ix;
+}
+
+// Whether an unmask_begun record names the run a release was made in: its "keys" name the
+// releasing silo's keys of that run ("keys_sha256" of the line), and every member once.
+bool names_run(const nlohmann::json& begun, const std::string& keys_sha256) {
+  std::set<std::string> members;
+  bool named = false;
+  const auto keys = begun.find("keys");
+  if (keys == begun.end() || !keys->is_array()) return false;
+  for (const auto& k : *keys) {
+    if (!k.is_object() || !members.insert(k.value("silo", "")).second) return false;
+    named = named || k.value("keys_sha256", "") == keys_sha256;
+  }
+  return named;
 }
 
 // A release that names the record charging it (the signed head of its round's unmask_begun,
@@ -287,7 +301,8 @@ Status check_bound_release(const std::map<std::uint64_t, std::vector<SetupRecord
                              "server showed the silo another record than the one it kept",
                              at, seq, sha, seq, seq <= options.line_sha256.size() ? options.line_sha256[seq - 1] : "?"));
   }
-  const auto& [event, its_round] = rec->second;
+  const std::string event = rec->second->value("event", "");
+  const auto its_round = rec->second->value("round", std::uint64_t{0});
   if (event != kUnmaskBegun || its_round != round) {
     return Error(fmt::format("{} against audit record {}, which is {} of round {}, not the unmask_begun of round {}",
                              at, seq, event.empty() ? "a record" : "the " + event + " record", its_round, round));
@@ -302,6 +317,11 @@ Status check_bound_release(const std::map<std::uint64_t, std::vector<SetupRecord
     return Error(fmt::format("{} against audit record {}, which {}", at, seq,
                              !begun || begun->spends ? "names " + named(begun ? begun->setup : "")
                                                      : "is " + begun->outcome + ", which charges nothing"));
+  }
+  if (line.contains("keys_sha256") && !names_run(*rec->second, line.value("keys_sha256", ""))) {
+    return Error(fmt::format("{} against audit record {}, which does not name the silo's keys of that run ({}) with "
+                             "every member once: it charges another run of the round",
+                             at, seq, line.value("keys_sha256", "")));
   }
   ++c.releases;
   ++c.bound;

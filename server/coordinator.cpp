@@ -19,6 +19,7 @@
 #include "proto/frame.h"
 #include "protocol/round_start.h"
 #include "protocol/compression.h"
+#include "protocol/secagg_wire.h"
 #include "server/coordinator_round.h"
 #include "server/secure_round.h"
 #include "server/selection.h"
@@ -332,7 +333,18 @@ nlohmann::json Coordinator::unmask_begun_record(std::int64_t now_ms) const {
   after.add(round_dp_mechanism(), 1);
   auto privacy = privacy_record(after);
   privacy.erase("sums_revealed");  // none yet (no share was asked for); the round's own record counts them
-  return {{"event", kUnmaskBegun}, {"round", round_}, {"time", iso_time(now_ms)}, {"privacy", std::move(privacy)}};
+  auto keys = nlohmann::json::array();
+  for (const auto& [silo, sha] : r_->run_keys) keys.push_back({{"silo", silo}, {"keys_sha256", sha}});
+  return {{"event", kUnmaskBegun}, {"round", round_}, {"time", iso_time(now_ms)}, {"privacy", std::move(privacy)},
+          {"keys", std::move(keys)}};
+}
+
+// Distributed DP: a step of the unmasking carries the record that charges it (its signed head and
+// its line), which each silo checks before it releases its shares.
+void Coordinator::with_unmask_begun(wire::Envelope& e) const {
+  if (!r_->unmask_begun_head || !e.has_secure()) return;
+  *e.mutable_secure()->mutable_unmask_begun() = *r_->unmask_begun_head;
+  e.mutable_secure()->set_unmask_begun_record(r_->unmask_begun_line);
 }
 
 // An aborted round: its record (spending nothing), and the same model for the next round.
@@ -573,8 +585,8 @@ void Coordinator::on_secure_message(std::size_t m, const wire::Envelope& e, std:
 
 void Coordinator::drain_secure() {
   for (auto& [silo, e] : r_->secure->take_out()) {
-    // Distributed DP: each step of the unmasking names the record that charges it.
-    if (r_->unmask_begun_head && e.has_secure()) *e.mutable_secure()->mutable_unmask_begun() = *r_->unmask_begun_head;
+    for (auto& [member, keys] : protocol::advertised_keys(e.secure())) r_->run_keys[member] = std::move(keys);
+    with_unmask_begun(e);
     if (auto m = member_named(silo)) send_to_member(*m, std::move(e));
   }
   for (const auto& d : r_->secure->take_dropped()) {
@@ -607,6 +619,7 @@ void Coordinator::on_job_done(std::uint64_t job, JobResult result, std::int64_t 
       h.set_seq(head.seq);
       h.set_sha256(head.sha256);
       h.set_signature(head.signature);
+      r_->unmask_begun_line = head.line;
       begin_unmask(now_ms);
       break;
     }

@@ -269,6 +269,7 @@ class Coordinator {
   // (the round, its signed parameters, the spend were it charged; all known when collection
   // closes). From then on the round is charged, aborted or not.
   nlohmann::json unmask_begun_record(std::int64_t now_ms) const;
+  void with_unmask_begun(wire::Envelope& e) const;
   // A secure round: asks each group's survivors for the shares that remove the masks.
   void begin_unmask(std::int64_t now_ms);
   void audit_admin(const std::string& command, const std::string& admin, std::int64_t now_ms);

@@ -85,7 +85,10 @@ void Coordinator::silo_joined(const std::string& silo, SessionId link, std::int6
       r_->secure->silo_back(silo);
       // While its unmask_begun record is written nothing is asked yet: begin_unmask() asks it then.
       if (job_ != JobKind::BeginUnmask) {
-        if (auto req = r_->secure->unmask_request(silo)) send_to_member(*m, std::move(*req));
+        if (auto req = r_->secure->unmask_request(silo)) {
+          with_unmask_begun(*req);
+          send_to_member(*m, std::move(*req));
+        }
       }
     }
   }

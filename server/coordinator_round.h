@@ -49,6 +49,10 @@ struct Coordinator::Round {
   // Distributed DP: the audit log's signed head after that record, sent with each step of the
   // unmasking (SecureAggregation.unmask_begun) so each silo binds its release to it.
   std::optional<wire::AuditHead> unmask_begun_head;
+  std::string unmask_begun_line;  // that record's line, sent with the head
+  // Each member's keys of this run as its group's key lists named them (protocol::advertised_keys):
+  // the unmask_begun record names them, so it charges this run only.
+  std::map<std::string, std::string> run_keys;
   // When each phase after collection began, in ms since started_ms (the record's "phases").
   std::vector<std::pair<std::string, std::int64_t>> phases;
   std::int64_t since_start(std::int64_t now_ms) const { return now_ms - started_ms; }

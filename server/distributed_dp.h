@@ -47,6 +47,7 @@
 #include "crypto/skellam.h"
 #include "privacy/accountant.h"
 #include "proto/xsilo.pb.h"
+#include "protocol/secagg_wire.h"
 
 namespace xsilo::server {
 
@@ -133,7 +134,7 @@ std::optional<privacy::Mechanism> silo_level_mechanism_of(const nlohmann::json& 
 // unmask_begun record that none follows (the log ends, the server started again, or another
 // round's record or unmasking comes first) spent as if committed: nobody can say no sum was seen.
 // What the recovery and the audit check add to silo_level_mechanism_of's.
-inline constexpr const char* kUnmaskBegun = "unmask_begun";
+inline constexpr const char* kUnmaskBegun = protocol::kUnmaskBegun;
 // A charge the watch adds: the round of an unmask_begun and its mechanism.
 struct UnmaskCharge {
   std::uint64_t round = 0;

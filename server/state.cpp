@@ -299,7 +299,8 @@ AuditHead ServerState::commit(std::uint64_t round, const Model& model, const Mod
 
 AuditHead ServerState::record(const nlohmann::json& audit_record, const MetricsRow* row) {
   const std::string line = audit_->seal(audit_record);
-  const AuditHead head = audit_->append_line(line);
+  AuditHead head = audit_->append_line(line);
+  head.line = line;
   mirror_line(line);
   if (row) append_metrics(*row);
   return head;

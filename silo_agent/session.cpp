@@ -295,6 +295,7 @@ void Session::on_round_start(const wire::Envelope& e) {
   const auto& rs = e.round_start();
   if (!accept_round_start(rs)) return;
   start_nonce_ = rs.nonce();
+  run_keys_.clear();
   ++generation_;
   *live_generation_ = generation_;
   pending_.reset();
@@ -505,6 +506,9 @@ void Session::start_secure(const wire::SecAggSetup& setup) {
 // silo takes no further part.
 void Session::on_secure(const wire::Envelope& e) {
   if (!secure_.active() || e.round() != round_) return;
+  // The members' keys of this run, as the key lists name them: the record that charges a
+  // distributed-DP unmasking must name them (record_unmask_release).
+  for (auto& [member, keys] : protocol::advertised_keys(e.secure())) run_keys_[member] = std::move(keys);
   auto r = secure_.receive(e);
   if (!r) {
     spdlog::error("round {}: secure aggregation ({}): {}", round_, r.error().step, r.error().why);
@@ -536,6 +540,45 @@ void Session::on_secure(const wire::Envelope& e) {
 // durable before the shares leave (a line that cannot be written stops the agent first), that
 // `xsilo audit verify --sent` holds the log to (docs/privacy.md). Not an upload: no update_sha256,
 // no spend of the silo's records. An error: the shares do not leave.
+namespace {
+
+// The unmask_begun record `line` must be the one of `round` under `setup` and name this run:
+// each member of `known` (the members' keys this silo saw in its key lists, its own included)
+// with those keys, and every member once (a record naming two runs' keys of one silo would charge
+// them once). Success, or why not.
+Status names_this_run(const std::string& line, std::uint64_t round, const std::string& setup,
+                      const std::map<std::string, std::string>& known) {
+  nlohmann::json r;
+  try {
+    r = nlohmann::json::parse(line);
+    if (r.value("event", "") != protocol::kUnmaskBegun || r.value("round", std::uint64_t{0}) != round) {
+      return Error(fmt::format("the record the server shows is not the unmask_begun of round {}", round));
+    }
+    if (r.at("privacy").value("setup_sha256", "") != setup) {
+      return Error("the unmask_begun record the server shows names another distributed-DP setup than this silo's");
+    }
+    std::map<std::string, std::string> named;
+    for (const auto& k : r.at("keys")) {
+      if (!named.emplace(k.at("silo").get<std::string>(), k.at("keys_sha256").get<std::string>()).second) {
+        return Error("the unmask_begun record the server shows names member " + k.at("silo").get<std::string>() +
+                     " twice (the keys of two runs under one charge)");
+      }
+    }
+    for (const auto& [member, keys] : known) {
+      const auto it = named.find(member);
+      if (it == named.end() || it->second != keys) {
+        return Error("the unmask_begun record the server shows does not name member " + member +
+                     " with the keys of this run: it charges another run of the round");
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return Error(std::string("the unmask_begun record the server shows cannot be read: ") + e.what());
+  }
+  return {};
+}
+
+}  // namespace
+
 Status Session::record_unmask_release(const wire::SecureAggregation& step) {
   std::string setup = secure_.skellam_sha256();
   if (setup.empty()) return {};  // no noise in the sum: nothing to charge
@@ -549,13 +592,20 @@ Status Session::record_unmask_release(const wire::SecureAggregation& step) {
                              "the round's audit key",
                              head.seq()));
   }
-  std::string key = std::to_string(head.seq()) + ":" + head.sha256();
-  if (cfg_.unmask_released.count(key)) {
+  if (crypto::sha256_hex(step.unmask_begun_record()) != head.sha256()) {
+    return Error(fmt::format("the record the server shows with audit head {} does not hash to it", head.seq()));
+  }
+  if (auto st = names_this_run(step.unmask_begun_record(), round_, setup, run_keys_); !st) return st;
+  // One release per record: a seq released against before (under any hash: a forked log) is refused.
+  const std::string seq_prefix = std::to_string(head.seq()) + ":";
+  if (const auto it = cfg_.unmask_released.lower_bound(seq_prefix);
+      it != cfg_.unmask_released.end() && it->rfind(seq_prefix, 0) == 0) {
     return Error(fmt::format("this silo released its unmask shares against audit record {} already: another run of "
                              "round {} needs a record (a charge) of its own",
                              head.seq(), round_));
   }
-  cfg_.unmask_released.insert(std::move(key));
+  cfg_.unmask_released.insert(seq_prefix + head.sha256());
+  const auto own = run_keys_.find(name_);
   actions_.push_back(action::Record{.entry = {{"time", iso_time(cfg_.sources.unix_ms())},
                                               {"kind", protocol::kUnmaskSharesReleased},
                                               {"federation", cfg_.federation},
@@ -563,7 +613,8 @@ Status Session::record_unmask_release(const wire::SecureAggregation& step) {
                                               {"upstream", upstream_},
                                               {"skellam_setup_sha256", std::move(setup)},
                                               {"unmask_begun_seq", head.seq()},
-                                              {"unmask_begun_sha256", head.sha256()}},
+                                              {"unmask_begun_sha256", head.sha256()},
+                                              {"keys_sha256", own != run_keys_.end() ? own->second : ""}},
                                     .required = true});
   return {};
 }

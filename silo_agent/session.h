@@ -191,6 +191,8 @@ class Session {
   // The audit key: the one this silo witnessed last (from cfg_.witnessed, then each head kept),
   // and the one the round's RoundStart named, reached from it.
   std::string witnessed_key_, round_audit_key_;
+  // The members' keys of this round's run, as its key lists named them (member -> keys_sha256).
+  std::map<std::string, std::string> run_keys_;
   wire::TrainingPlan plan_;
   wire::Compression compression_;   // the round's (none when unset)
   std::string model_sha_;           // the round's model, as its RoundStart announced it

@@ -1010,7 +1010,8 @@ class SkellamLog {
     auto if_charged = spent_;
     if_charged.add(mechanism_, 1);
     records.push_back({{"event", kUnmaskBegun}, {"round", round}, {"seq", ++seq},
-                       {"privacy", round_privacy_record(dp_, k_, dp_.padded, if_charged)}});
+                       {"privacy", round_privacy_record(dp_, k_, dp_.padded, if_charged)},
+                       {"keys", {{{"silo", "hospital-a"}, {"keys_sha256", keys_of(seq)}}}}});
     return seq;
   }
   void round(std::uint64_t r, const char* status, std::uint64_t revealed) {
@@ -1029,9 +1030,11 @@ class SkellamLog {
   std::string released(std::uint64_t r, std::uint64_t against = 0, const std::string& sha = "") const {
     nlohmann::json j{{"kind", protocol::kUnmaskSharesReleased}, {"federation", "fed"}, {"round", r},
                      {"skellam_setup_sha256", setup}};
-    if (against) j["unmask_begun_seq"] = against, j["unmask_begun_sha256"] = sha;
+    if (against) j["unmask_begun_seq"] = against, j["unmask_begun_sha256"] = sha, j["keys_sha256"] = keys_of(against);
     return j.dump();
   }
+  // hospital-a's keys in the run whose unmask_begun is record `seq` (fresh keys each run).
+  static std::string keys_of(std::uint64_t seq) { return std::string(64, static_cast<char>('0' + seq % 10)); }
 
  private:
   DistributedDpConfig dp_;
@@ -1180,6 +1183,20 @@ TEST_F(RecoveryTest, SentHoldsEachReleaseToTheUnmaskBegunRecordItNamesSoEachRunO
   const auto stale = check_sent_setups(log.records, file, {.log_may_be_stale = true, .line_sha256 = hashes});
   ASSERT_TRUE(succeeded(stale)) << error_text(stale);
   EXPECT_EQ(stale->unrecorded, 1u);
+  // A record of another run (it names other keys of the silo than those it released under), and
+  // one that names a member twice (two runs' keys under one charge).
+  auto line = nlohmann::json::parse(log.released(1, rerun, hashes[rerun - 1]));
+  line["keys_sha256"] = std::string(64, 'k');
+  write_lines(file, {line.dump()});
+  EXPECT_NE(error_text(check_sent_setups(log.records, file, with_hashes))
+                .find("against audit record 3, which does not name the silo's keys of that run (" +
+                      std::string(64, 'k') + ") with every member once"),
+            std::string::npos);
+  auto twice = log;
+  twice.records[rerun - 1]["keys"].push_back({{"silo", "hospital-a"}, {"keys_sha256", std::string(64, 'k')}});
+  write_lines(file, {log.released(1, rerun, hashes[rerun - 1])});
+  EXPECT_NE(error_text(check_sent_setups(twice.records, file, with_hashes)).find("with every member once"),
+            std::string::npos);
 }
 
 // Review of issue 42 (h42v), item 1: a server asked the silos for unmask shares without writing

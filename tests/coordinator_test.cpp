@@ -41,7 +41,9 @@ class MemoryStore : public Store {
     return head();
   }
   // Stands in for the log's head: seq = records so far.
-  AuditHead head() const { return {records.size(), "head-" + std::to_string(records.size()), "sig"}; }
+  AuditHead head() const {
+    return {.seq = records.size(), .sha256 = "head-" + std::to_string(records.size()), .signature = "sig", .line = {}};
+  }
   std::vector<Commit> commits;
   std::vector<nlohmann::json> records;
   std::vector<MetricsRow> rows;

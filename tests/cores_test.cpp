@@ -39,11 +39,14 @@ class MemoryStore : public server::Store {
   server::AuditHead record(const nlohmann::json& rec, const server::MetricsRow*) override {
     records.push_back(rec);
     records.back()["seq"] = records.size();  // as the audit log seals it
-    const std::string sha = crypto::sha256_hex(records.back().dump());
+    std::string line = records.back().dump();
+    const std::string sha = crypto::sha256_hex(line);
     heads.push_back(sha);
     const std::string sig = key_.sign(protocol::audit_head_statement(records.size(), sha));
-    return {records.size(), sha,
-            crypto::to_hex(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(sig.data()), sig.size()))};
+    return {.seq = records.size(),
+            .sha256 = sha,
+            .signature = crypto::to_hex(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(sig.data()), sig.size())),
+            .line = std::move(line)};
   }
   std::vector<server::AuditKeySpan> audit_keys() const override {
     return {server::AuditKeySpan{.public_key = key_.public_key(), .from_seq = 1, .rotation_signature = ""}};

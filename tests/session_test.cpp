@@ -666,17 +666,38 @@ TEST(Session, WorkOfAConnectionThatIsGoneIsDropped) {
   EXPECT_TRUE(h.last(wire::Envelope::kError));
 }
 
+// What a distributed-DP round's unmask request may carry: the round's Skellam setup hash and the
+// members' keys of the run (what its key list named), and the record that charges the round.
+struct UnmaskRun {
+  std::string setup_sha;
+  std::vector<std::pair<std::string, std::string>> keys;  // member -> keys_sha256 of this run
+  std::size_t before = 0;                                  // messages the session had sent before the request
+  // The unmask_begun record of round 1 naming `named` (the run's keys by default) under `setup`.
+  std::string record(std::optional<std::vector<std::pair<std::string, std::string>>> named = std::nullopt,
+                     std::optional<std::string> setup = std::nullopt) const {
+    auto list = nlohmann::json::array();
+    for (const auto& [silo, sha] : named.value_or(keys)) list.push_back({{"silo", silo}, {"keys_sha256", sha}});
+    return nlohmann::json{{"event", "unmask_begun"}, {"round", 1}, {"seq", 5},
+                          {"privacy", {{"setup_sha256", setup.value_or(setup_sha)}}}, {"keys", list}}.dump();
+  }
+};
+
 // A round start with a secure setup delivered: the keys, shares and receipts of its two-member
 // group, silo-a being the session under test and silo-b played with the crypto library's client,
 // up to the settled list (`settled`) that both members hold, silo-a's still to be delivered.
 void settle_two_members(Harness& h, crypto::secagg::Client& b, crypto::secagg::Server& server,
-                        crypto::secagg::Settled& settled) {
+                        crypto::secagg::Settled& settled, UnmaskRun* run = nullptr) {
   const auto* keys = h.last(wire::SecureAggregation::kSecaggKeys);
   ASSERT_TRUE(keys);  // at once, before training
   ASSERT_TRUE(succeeded(server.on_keys("silo-a", *protocol::from_wire(keys->secure().secagg_keys()))));
   ASSERT_TRUE(succeeded(server.on_keys("silo-b", *b.advertise())));
   auto list = *server.close_keys();
   h.deliver_in(1, [&](wire::Envelope& e) { *e.mutable_secure()->mutable_secagg_key_list() = protocol::to_wire(list); });
+  if (run) {
+    wire::SecureAggregation step;
+    *step.mutable_secagg_key_list() = protocol::to_wire(list);
+    run->keys = protocol::advertised_keys(step);
+  }
   const auto* shares = h.last(wire::SecureAggregation::kSecaggShares);
   ASSERT_TRUE(shares);
   ASSERT_TRUE(succeeded(server.on_shares("silo-a", *protocol::from_wire(shares->secure().secagg_shares()))));
@@ -1223,13 +1244,13 @@ TEST(Session, ASignedSetupWithLessDistributedDpNoiseThanTheSilosFloorIsRefusedBe
 // noisy sum, whatever the server's record says it unmasked. The silo's own word for it: a line of
 // sent.jsonl naming the round and the Skellam setup, required durable, queued before the shares
 // leave; `xsilo audit verify --sent` holds the log's charges to it.
+
 // A distributed-DP round of a two-member group (silo-b played with the crypto library) up to the
-// server's unmask request, which `attach` may give the signed head of the round's unmask_begun
-// record, under the audit key `audit` the round start names. `setup_sha`: the Skellam setup's
-// hash; `before`: the messages the session had sent when the request arrived.
+// server's unmask request, to which `attach` may add the round's unmask_begun record and its head
+// signed under the audit key `audit` the round start names.
 void distributed_dp_round_to_unmask(Harness& h, const crypto::SigningKey& audit,
-                                    const std::function<void(wire::SecureAggregation&)>& attach, std::string& setup_sha,
-                                    std::size_t& before) {
+                                    const std::function<void(wire::SecureAggregation&, const UnmaskRun&)>& attach,
+                                    UnmaskRun& run) {
   const Model m = model();
   auto box = crypto::X25519KeyPair::generate();
   auto start = h.round_start(1, m);
@@ -1244,7 +1265,7 @@ void distributed_dp_round_to_unmask(Harness& h, const crypto::SigningKey& audit,
   crypto::secagg::Server server(params, test::verifier(), server_signer, box);
   h.deliver(start);
   crypto::secagg::Settled settled;
-  ASSERT_NO_FATAL_FAILURE(settle_two_members(h, b, server, settled));
+  ASSERT_NO_FATAL_FAILURE(settle_two_members(h, b, server, settled, &run));
   h.send_model(1, m);
   h.run_jobs();  // train
   h.deliver_in(1, [&](wire::Envelope& e) { *e.mutable_secure()->mutable_secagg_settled() = protocol::to_wire(settled); });
@@ -1253,8 +1274,8 @@ void distributed_dp_round_to_unmask(Harness& h, const crypto::SigningKey& audit,
   h.grant(1);
   ASSERT_TRUE(h.last(wire::Envelope::kUpdateEnd));
   ASSERT_EQ(h.records.size(), 1u);  // the upload's line
-  setup_sha = protocol::skellam_sha256(s.skellam(), s.vector_length() - 1);
-  EXPECT_EQ(h.records[0]["skellam_setup_sha256"], setup_sha);
+  run.setup_sha = protocol::skellam_sha256(s.skellam(), s.vector_length() - 1);
+  EXPECT_EQ(h.records[0]["skellam_setup_sha256"], run.setup_sha);
   EXPECT_FALSE(h.records[0].contains("kind"));
   std::vector<std::uint32_t> b_words(s.vector_length());  // silo-b's input in the 32-bit ring: its words do not matter here
   ASSERT_TRUE(succeeded(b.mask(std::span<std::uint32_t>(b_words))));
@@ -1270,34 +1291,43 @@ void distributed_dp_round_to_unmask(Harness& h, const crypto::SigningKey& audit,
   ASSERT_TRUE(succeeded(server.on_confirmation("silo-a", confirmation->secure().secagg_confirmation().signature())));
   ASSERT_TRUE(succeeded(server.on_confirmation("silo-b", b.confirm(u3)->signature)));
   auto request = *server.close_confirmations();
-  before = h.sent.size();
+  run.before = h.sent.size();
   h.deliver_in(1, [&](wire::Envelope& e) {
     *e.mutable_secure()->mutable_secagg_unmask_request() = protocol::to_wire(request);
-    attach(*e.mutable_secure());
+    attach(*e.mutable_secure(), run);
   });
+}
+
+// Attaches `record` (a line) and its head at seq 5 signed with `key`.
+std::function<void(wire::SecureAggregation&, const UnmaskRun&)> shown(const crypto::SigningKey& key,
+                                                                      std::function<std::string(const UnmaskRun&)> record) {
+  return [&key, record](wire::SecureAggregation& s, const UnmaskRun& run) {
+    const std::string line = record(run);
+    *s.mutable_unmask_begun() = head_signed(key, 5, crypto::sha256_hex(line));
+    s.set_unmask_begun_record(line);
+  };
 }
 
 TEST(Session, UnderDistributedDpTheReleaseOfUnmaskSharesIsLoggedDurablyBeforeTheyLeave) {
   Harness h;
   const auto audit = crypto::SigningKey::generate();
-  const auto head = head_signed(audit, 5, std::string(64, 'b'));
-  std::string setup_sha;
-  std::size_t before = 0;
-  ASSERT_NO_FATAL_FAILURE(distributed_dp_round_to_unmask(
-      h, audit, [&](wire::SecureAggregation& s) { *s.mutable_unmask_begun() = head; }, setup_sha, before));
+  UnmaskRun run;
+  ASSERT_NO_FATAL_FAILURE(distributed_dp_round_to_unmask(h, audit, shown(audit, [](const UnmaskRun& r) { return r.record(); }), run));
   ASSERT_TRUE(h.last(wire::SecureAggregation::kSecaggUnmaskShares));
   ASSERT_EQ(h.records.size(), 2u);
   const auto& line = h.records[1];
   EXPECT_EQ(line["kind"], protocol::kUnmaskSharesReleased);
   EXPECT_EQ(line["round"], 1u);
   EXPECT_EQ(line["federation"], "fed");
-  EXPECT_EQ(line["skellam_setup_sha256"], setup_sha);
+  EXPECT_EQ(line["skellam_setup_sha256"], run.setup_sha);
   EXPECT_EQ(line["unmask_begun_seq"], 5u);  // the record that charges this release
-  EXPECT_EQ(line["unmask_begun_sha256"], std::string(64, 'b'));
+  EXPECT_EQ(line["unmask_begun_sha256"], crypto::sha256_hex(run.record()));
+  ASSERT_EQ(run.keys.size(), 2u);
+  EXPECT_EQ(line["keys_sha256"], run.keys[0].first == "silo-a" ? run.keys[0].second : run.keys[1].second);
   EXPECT_FALSE(line.contains("update_sha256"));  // not an upload, and no spend of the silo's records
   EXPECT_EQ(h.record_actions[1].log, "sent.jsonl");
   EXPECT_TRUE(h.record_actions[1].required);  // the shares do not leave unless the line is durable
-  EXPECT_EQ(h.sent_before_record[1], before);  // queued before the shares
+  EXPECT_EQ(h.sent_before_record[1], run.before);  // queued before the shares
 }
 
 // At start the agent reads which records it released against (unmask_releases): this
@@ -1325,29 +1355,48 @@ TEST(SiloState, TheRecordsReleasedAgainstAreReadFromSentJsonlForItsFederationOnl
 // already (a second run of the round under one charge), the shares stay and the server is told why.
 TEST(Session, UnderDistributedDpReleasesUnmaskSharesOnlyAgainstASignedUnmaskBegunRecordItHasNotReleasedAgainst) {
   const auto audit = crypto::SigningKey::generate();
-  const auto head = head_signed(audit, 5, std::string(64, 'b'));
+  const auto other_key = crypto::SigningKey::generate();
+  using Keys = std::vector<std::pair<std::string, std::string>>;
   struct Case {
     const char* what;
-    std::function<void(wire::SecureAggregation&)> attach;
+    std::function<void(wire::SecureAggregation&, const UnmaskRun&)> attach;
     std::set<std::string> released;
     const char* why;
   };
   const std::vector<Case> cases = {
-      {"no head", [](wire::SecureAggregation&) {}, {}, "without the signed audit head"},
-      {"another key", [](wire::SecureAggregation& s) {
-         *s.mutable_unmask_begun() = head_signed(crypto::SigningKey::generate(), 5, std::string(64, 'b'));
-       }, {}, "is not signed by the round's audit key"},
-      {"released before", [&](wire::SecureAggregation& s) { *s.mutable_unmask_begun() = head; },
-       {"5:" + std::string(64, 'b')}, "released its unmask shares against audit record 5 already"},
+      {"no head", [](wire::SecureAggregation&, const UnmaskRun&) {}, {}, "without the signed audit head"},
+      {"another key", shown(other_key, [](const UnmaskRun& r) { return r.record(); }), {},
+       "is not signed by the round's audit key"},
+      {"released before", shown(audit, [](const UnmaskRun& r) { return r.record(); }), {"5:" + std::string(64, 'b')},
+       "released its unmask shares against audit record 5 already"},
+      {"a line that is not the head's",
+       [&](wire::SecureAggregation& s, const UnmaskRun& r) {
+         shown(audit, [](const UnmaskRun& run) { return run.record(); })(s, r);
+         s.set_unmask_begun_record(r.record() + " ");
+       },
+       {}, "does not hash to it"},
+      {"another setup", shown(audit, [](const UnmaskRun& r) { return r.record(std::nullopt, std::string(64, 'c')); }),
+       {}, "names another distributed-DP setup"},
+      // The record of another run of the round: silo-a's keys then were others.
+      {"another run", shown(audit, [](const UnmaskRun& r) {
+         Keys k = r.keys;
+         for (auto& [silo, sha] : k) if (silo == "silo-a") sha = std::string(64, 'd');
+         return r.record(k);
+       }), {}, "does not name member silo-a with the keys of this run"},
+      // One record naming both runs' keys of silo-b (the other run's first): one charge for two.
+      {"two runs in one record", shown(audit, [](const UnmaskRun& r) {
+         Keys k = r.keys;
+         k.insert(k.begin(), {"silo-b", std::string(64, 'e')});
+         return r.record(k);
+       }), {}, "names member silo-b twice"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.what);
     SessionConfig cfg = session_config();
     cfg.unmask_released = c.released;
     Harness h(nullptr, cfg);
-    std::string setup_sha;
-    std::size_t before = 0;
-    ASSERT_NO_FATAL_FAILURE(distributed_dp_round_to_unmask(h, audit, c.attach, setup_sha, before));
+    UnmaskRun run;
+    ASSERT_NO_FATAL_FAILURE(distributed_dp_round_to_unmask(h, audit, c.attach, run));
     EXPECT_FALSE(h.last(wire::SecureAggregation::kSecaggUnmaskShares));
     EXPECT_EQ(h.records.size(), 1u);  // the upload's line only: nothing released
     ASSERT_TRUE(h.last(wire::Envelope::kError));
