@@ -67,14 +67,15 @@ class EchoServer {
       listener_->start();
     });
   }
-  ~EchoServer() { stop(); }
-  void stop() {
+  // The listener goes on its own thread: its accept loop, resumed there by the stop, reads what
+  // it holds (ThreadSanitizer saw the destructor's stop on the test's thread race with it).
+  ~EchoServer() {
     io_.run_sync([&] {
-      if (listener_) listener_->stop();
-      for (auto& c : channels_) c->close();
-      channels_.clear();
+      stop_here();
+      listener_.reset();
     });
   }
+  void stop() { io_.run_sync([&] { stop_here(); }); }
   std::uint16_t port() const { return listener_->port(); }
   int bad_frames() const { return bad_frames_; }
   std::uint64_t refused() const { return listener_->refused(); }
@@ -96,6 +97,11 @@ class EchoServer {
   }
 
  private:
+  void stop_here() {
+    if (listener_) listener_->stop();
+    for (auto& c : channels_) c->close();
+    channels_.clear();
+  }
   awaitable<void> serve(std::shared_ptr<Channel> ch) {
     for (;;) {
       auto env = co_await ch->read();
@@ -653,6 +659,7 @@ TEST_F(TlsTest, ConnectionsOnOtherThreadsAreHandledOnTheCoresThreadAndAnsweredFr
     }
     listener->stop();
     for (auto& ch : channels) ch->close();
+    listener.reset();  // on its own thread, as EchoServer's
   });
   EXPECT_EQ(on_first, 2u);
   EXPECT_EQ(on_second, 2u);
