@@ -28,6 +28,7 @@
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 
@@ -803,6 +804,38 @@ TEST_F(TlsTest, DiallerReconnectsWhenTheListenerComesBack) {
   EXPECT_GE(backoff.attempts(), 2);
   EXPECT_TRUE(echoes(io_, *ch, "back"));
   server.reset();
+}
+
+// The core sends to a channel on another network thread: the message waits in a post until the
+// channel's thread takes it. It counts in the channel's queue from the call on (the send buffer's
+// accounting and its limit see it), then as its encoded frame, the same number of bytes.
+TEST(ChannelQueue, AMessageSentFromAnotherThreadCountsWhileItsPostWaits) {
+  asio::io_context net;  // the channel's thread: not running until the test says
+  ssl::context ctx(ssl::context::tls);
+  auto ch = std::make_shared<Channel>(tcp::socket(net), ctx, ChannelOptions{});
+  auto env = envelope(kFed, 0);
+  env.mutable_region_status()->add_silos(std::string(1000, 'x'));
+  ASSERT_TRUE(ch->send(env));
+  const std::size_t message = ch->queued_bytes();
+  EXPECT_EQ(message, env.ByteSizeLong() + proto::kFrameHeaderBytes);
+  ASSERT_TRUE(ch->send_frame(std::make_shared<const std::string>(500, 'y')));
+  EXPECT_EQ(ch->queued_bytes(), message + 500);
+  net.run();  // the posts run: both queued (the channel is not started, so nothing is written)
+  EXPECT_EQ(ch->queued_bytes(), message + 500);
+  ch->close();  // posted too
+  net.restart();
+  net.run();
+  EXPECT_EQ(ch->queued_bytes(), 0u);
+}
+
+// Whether a caller is on the channel's thread is asked of an io_context's executor; a socket on
+// an executor of another kind (a strand here) could not say, and a call from another thread would
+// run unposted: such a channel is refused when made.
+TEST(ChannelQueue, AChannelOnAnExecutorThatCannotTellItsThreadIsRefused) {
+  asio::io_context net;
+  ssl::context ctx(ssl::context::tls);
+  EXPECT_THROW(Channel(tcp::socket(asio::make_strand(net)), ctx, ChannelOptions{}), std::invalid_argument);
+  EXPECT_NO_THROW(Channel(tcp::socket(net), ctx, ChannelOptions{}));
 }
 
 TEST(Backoff, GrowsExponentiallyWithJitterUpToTheCap) {
