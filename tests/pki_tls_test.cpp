@@ -482,7 +482,10 @@ TEST_F(TlsTest, ClientRefusesAServerWhoseCertificateIsNotAServers) {
   auto c = connect(io_, kit("hospital-a"), l->port());
   EXPECT_FALSE(c.ch);
   EXPECT_NE(error_text(c.status).find("not an upstream role"), std::string::npos) << error_text(c.status);
-  io_.run_sync([&] { l->stop(); });
+  io_.run_sync([&] {
+    l->stop();
+    l.reset();  // on its own thread, as EchoServer's
+  });
 }
 
 TEST_F(TlsTest, AHandshakeThatEndsAfterTheListenerIsGoneReadsNothingOfIt) {
