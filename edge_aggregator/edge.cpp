@@ -12,6 +12,7 @@
 #include "common/fs.h"
 #include "common/thread_check.h"
 #include "edge_aggregator/relay.h"
+#include "edge_aggregator/silo_links.h"
 #include "common/prometheus.h"
 #include "transport/listener.h"
 #include "transport/metrics_endpoint.h"
@@ -92,26 +93,27 @@ class Edge {
 
   void on_silo(std::shared_ptr<Channel> ch) {
     const std::string name = ch->peer().name;
-    if (auto old = silos_.find(name); old != silos_.end()) {
-      old->second->close_with_error(wire::UNEXPECTED, "replaced by a newer connection");
+    if (auto old = silos_.replace(name, ch)) {
+      old->close_with_error(wire::UNEXPECTED, "replaced by a newer connection");
       relay_.on_silo_down(name);
     }
-    silos_[name] = ch;
     relay_.on_silo_up(name);
     apply();
     asio::co_spawn(rt_.io(), serve(name, ch), asio::detached);
   }
 
   awaitable<void> serve(std::string name, std::shared_ptr<Channel> ch) {
-    std::function<bool(const wire::Envelope&)> handle = [this, name](const wire::Envelope& e) {
+    // A message the connection read after a newer one replaced it is not the silo's any more:
+    // dropped, and this connection (closing already) is served no further.
+    std::function<bool(const wire::Envelope&)> handle = [this, name, conn = ch.get()](const wire::Envelope& e) {
+      if (!silos_.current(name, conn)) return false;
       relay_.on_silo_message(name, e);
       apply();
       return true;
     };
     co_await transport::serve_channel(ch, handle);
     count_bytes(*ch);
-    if (auto it = silos_.find(name); it != silos_.end() && it->second == ch) {
-      silos_.erase(it);
+    if (silos_.drop(name, ch.get())) {
       relay_.on_silo_down(name);
       apply();
     }
@@ -132,7 +134,7 @@ class Edge {
   }
   void run(action::ToSilo& a) {
     if (hook_ && !hook_->to_silo(a.silo, a.env)) return;
-    if (auto it = silos_.find(a.silo); it != silos_.end()) it->second->send(std::move(a.env));
+    if (auto* ch = silos_.find(a.silo)) ch->send(std::move(a.env));
   }
   void run(action::ToSilos& a) {
     if (hook_) {  // a hostile edge (docs/security.md) may alter what each silo gets
@@ -149,7 +151,7 @@ class Edge {
     }
     const auto shared = std::make_shared<const std::string>(std::move(*frame));
     for (const auto& silo : a.silos) {
-      if (auto it = silos_.find(silo); it != silos_.end()) it->second->send_frame(shared);
+      if (auto* ch = silos_.find(silo)) ch->send_frame(shared);
     }
   }
   void run(action::Background& a) { rt_.background(std::move(a.work)); }
@@ -168,7 +170,7 @@ class Edge {
     if (metrics_endpoint_) metrics_endpoint_->stop();
     rt_.stop(code, std::chrono::milliseconds(300), [this] {
       if (up_) up_->close();
-      for (auto& [name, ch] : silos_) ch->close();
+      for (auto& [name, ch] : silos_.all()) ch->close();
     });
   }
 
@@ -183,7 +185,7 @@ class Edge {
       out += ch.bytes_sent();
     };
     if (up_) live(*up_);
-    for (const auto& [name, ch] : silos_) live(*ch);
+    for (const auto& [name, ch] : silos_.all()) live(*ch);
     transport::set_connection_metrics(metrics_, in, out, listener_ ? listener_->refused_by_reason() : std::map<std::string, std::uint64_t>{});
     metrics_.set("xsilo_round", static_cast<double>(relay_.round()));
     metrics_.set("xsilo_silos_connected", static_cast<double>(silos_.size()));
@@ -198,7 +200,7 @@ class Edge {
   transport::Upstream upstream_;
   std::unique_ptr<transport::Listener> listener_;
   std::shared_ptr<Channel> up_;
-  std::map<std::string, std::shared_ptr<Channel>> silos_;
+  SiloLinks<Channel> silos_;
   MetricRegistry metrics_;
   std::unique_ptr<transport::MetricsEndpoint> metrics_endpoint_;
   std::uint64_t bytes_in_ = 0, bytes_out_ = 0;  // of connections already closed

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
@@ -236,13 +237,16 @@ void run_workers_once(const LocalWorkersConfig& cfg, const std::filesystem::path
       procs[k] = std::make_unique<Process>(argv, dir / log);
     }
   }
+  // Reaped under the lock the coordinator's thread signals under: a Process is not thread-safe,
+  // and signal() reads the exit code that reaping writes (ThreadSanitizer caught the two at once;
+  // a signal after the reap must not reach a pid the system may have handed on).
   for (int k = 0; k < cfg.workers + cfg.backups; ++k) {
-    Process* p;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      p = procs[k].get();
-    }
-    while (!p->wait(std::chrono::milliseconds(200))) {
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!procs[k]->running()) break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
 }

@@ -28,6 +28,7 @@
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 
@@ -67,14 +68,15 @@ class EchoServer {
       listener_->start();
     });
   }
-  ~EchoServer() { stop(); }
-  void stop() {
+  // The listener goes on its own thread: its accept loop, resumed there by the stop, reads what
+  // it holds (ThreadSanitizer saw the destructor's stop on the test's thread race with it).
+  ~EchoServer() {
     io_.run_sync([&] {
-      if (listener_) listener_->stop();
-      for (auto& c : channels_) c->close();
-      channels_.clear();
+      stop_here();
+      listener_.reset();
     });
   }
+  void stop() { io_.run_sync([&] { stop_here(); }); }
   std::uint16_t port() const { return listener_->port(); }
   int bad_frames() const { return bad_frames_; }
   std::uint64_t refused() const { return listener_->refused(); }
@@ -96,6 +98,11 @@ class EchoServer {
   }
 
  private:
+  void stop_here() {
+    if (listener_) listener_->stop();
+    for (auto& c : channels_) c->close();
+    channels_.clear();
+  }
   awaitable<void> serve(std::shared_ptr<Channel> ch) {
     for (;;) {
       auto env = co_await ch->read();
@@ -475,7 +482,10 @@ TEST_F(TlsTest, ClientRefusesAServerWhoseCertificateIsNotAServers) {
   auto c = connect(io_, kit("hospital-a"), l->port());
   EXPECT_FALSE(c.ch);
   EXPECT_NE(error_text(c.status).find("not an upstream role"), std::string::npos) << error_text(c.status);
-  io_.run_sync([&] { l->stop(); });
+  io_.run_sync([&] {
+    l->stop();
+    l.reset();  // on its own thread, as EchoServer's
+  });
 }
 
 TEST_F(TlsTest, AHandshakeThatEndsAfterTheListenerIsGoneReadsNothingOfIt) {
@@ -653,6 +663,7 @@ TEST_F(TlsTest, ConnectionsOnOtherThreadsAreHandledOnTheCoresThreadAndAnsweredFr
     }
     listener->stop();
     for (auto& ch : channels) ch->close();
+    listener.reset();  // on its own thread, as EchoServer's
   });
   EXPECT_EQ(on_first, 2u);
   EXPECT_EQ(on_second, 2u);
@@ -796,6 +807,38 @@ TEST_F(TlsTest, DiallerReconnectsWhenTheListenerComesBack) {
   EXPECT_GE(backoff.attempts(), 2);
   EXPECT_TRUE(echoes(io_, *ch, "back"));
   server.reset();
+}
+
+// The core sends to a channel on another network thread: the message waits in a post until the
+// channel's thread takes it. It counts in the channel's queue from the call on (the send buffer's
+// accounting and its limit see it), then as its encoded frame, the same number of bytes.
+TEST(ChannelQueue, AMessageSentFromAnotherThreadCountsWhileItsPostWaits) {
+  asio::io_context net;  // the channel's thread: not running until the test says
+  ssl::context ctx(ssl::context::tls);
+  auto ch = std::make_shared<Channel>(tcp::socket(net), ctx, ChannelOptions{});
+  auto env = envelope(kFed, 0);
+  env.mutable_region_status()->add_silos(std::string(1000, 'x'));
+  ASSERT_TRUE(ch->send(env));
+  const std::size_t message = ch->queued_bytes();
+  EXPECT_EQ(message, env.ByteSizeLong() + proto::kFrameHeaderBytes);
+  ASSERT_TRUE(ch->send_frame(std::make_shared<const std::string>(500, 'y')));
+  EXPECT_EQ(ch->queued_bytes(), message + 500);
+  net.run();  // the posts run: both queued (the channel is not started, so nothing is written)
+  EXPECT_EQ(ch->queued_bytes(), message + 500);
+  ch->close();  // posted too
+  net.restart();
+  net.run();
+  EXPECT_EQ(ch->queued_bytes(), 0u);
+}
+
+// Whether a caller is on the channel's thread is asked of an io_context's executor; a socket on
+// an executor of another kind (a strand here) could not say, and a call from another thread would
+// run unposted: such a channel is refused when made.
+TEST(ChannelQueue, AChannelOnAnExecutorThatCannotTellItsThreadIsRefused) {
+  asio::io_context net;
+  ssl::context ctx(ssl::context::tls);
+  EXPECT_THROW(Channel(tcp::socket(asio::make_strand(net)), ctx, ChannelOptions{}), std::invalid_argument);
+  EXPECT_NO_THROW(Channel(tcp::socket(net), ctx, ChannelOptions{}));
 }
 
 TEST(Backoff, GrowsExponentiallyWithJitterUpToTheCap) {

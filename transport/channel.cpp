@@ -1,6 +1,8 @@
 #include "transport/channel.h"
 
 #include <array>
+#include <stdexcept>
+#include <typeinfo>
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -60,6 +62,13 @@ Channel::Channel(tcp::socket socket, ssl::context& ctx, ChannelOptions opts)
       heartbeat_timer_(stream_.socket().get_executor()),
       watchdog_timer_(stream_.socket().get_executor()),
       deadline_(stream_.socket().get_executor()), idle_(opts.idle_timeout, Clock::now()) {
+  // elsewhere() asks an io_context's executor whether it runs in this thread; of an executor of
+  // another kind it could not tell, and calls from another thread would run here unposted.
+  // (Asked by type: Boost 1.74's any_executor::target<T>() casts without checking that the
+  // target is a T, so it is no test.)
+  if (stream_.socket().get_executor().target_type() != typeid(asio::io_context::executor_type)) {
+    throw std::invalid_argument("a channel's socket must live on an io_context (a network thread)");
+  }
   boost::system::error_code ec;
   auto ep = stream_.socket().remote_endpoint(ec);
   remote_ = ec ? "?" : ep.address().to_string() + ":" + std::to_string(ep.port());
@@ -217,13 +226,18 @@ awaitable<proto::Status> Channel::connect(const AllowList& upstreams, const Loca
 
 bool Channel::elsewhere() {
   // target() points into the executor it is called on: hold that one while the pointer is used.
+  // The constructor made sure it is an io_context's.
   const auto ex = executor();
   const auto* io = ex.target<asio::io_context::executor_type>();
-  return io && !io->running_in_this_thread();
+  return !io->running_in_this_thread();
 }
 
-void Channel::post(std::function<void(Channel&)> call) {
-  asio::post(executor(), [self = shared_from_this(), call = std::move(call)] { call(*self); });
+void Channel::post(std::function<void(Channel&)> call, std::size_t bytes) {
+  posted_bytes_ += bytes;
+  asio::post(executor(), [self = shared_from_this(), call = std::move(call), bytes] {
+    self->posted_bytes_ -= bytes;
+    call(*self);
+  });
 }
 
 void Channel::start() {
@@ -291,7 +305,8 @@ bool Channel::send(wire::Envelope env) {
   if (!open_) return false;
   if (elsewhere()) {
     // Encoded on the channel's thread. (Held in a shared_ptr: a std::function must be copyable.)
-    post([e = std::make_shared<wire::Envelope>(std::move(env))](Channel& c) { c.send(std::move(*e)); });
+    const std::size_t bytes = env.ByteSizeLong() + proto::kFrameHeaderBytes;
+    post([e = std::make_shared<wire::Envelope>(std::move(env))](Channel& c) { c.send(std::move(*e)); }, bytes);
     return open_;
   }
   if (closing_) return false;
@@ -308,7 +323,7 @@ bool Channel::send(wire::Envelope env) {
 bool Channel::send_frame(std::shared_ptr<const std::string> frame) {
   if (!open_ || !frame) return false;
   if (elsewhere()) {
-    post([frame](Channel& c) { c.send_frame(frame); });
+    post([frame](Channel& c) { c.send_frame(frame); }, frame->size());
     return open_;
   }
   if (closing_) return false;
@@ -318,9 +333,10 @@ bool Channel::send_frame(std::shared_ptr<const std::string> frame) {
 
 bool Channel::enqueue(Item item, std::size_t bytes) {
   queued_bytes_ += bytes;
-  if (queued_bytes_ > opts_.max_queued_bytes) {
+  // What other threads sent and is still on its way here counts too.
+  if (queued_bytes() > opts_.max_queued_bytes) {
     spdlog::warn("{} is not reading: {} bytes queued; closing the connection", peer_.str(),
-                 queued_bytes_.load());
+                 queued_bytes());
     close();
     return false;
   }

@@ -68,6 +68,9 @@ class Channel : public std::enable_shared_from_this<Channel> {
   // Yields frames until nullopt; a frame's tail must stay valid while the source lives.
   using Source = std::function<std::optional<proto::SplitFrame>()>;
 
+  // The socket's executor must be an io_context's (every network thread runs one: Runtime):
+  // whether a caller is on the channel's thread is asked of it. Another kind throws
+  // std::invalid_argument.
   Channel(tcp::socket socket, ssl::context& ctx, ChannelOptions opts);
   ~Channel();
 
@@ -88,7 +91,8 @@ class Channel : public std::enable_shared_from_this<Channel> {
 
   // Queue a message, or a lazily produced run of messages (model chunks: memory stays at one
   // chunk per connection). False when closed or when the queue limit was exceeded (called from
-  // another thread: false when closed; the limit is then checked on the channel's thread).
+  // another thread: false when closed; the limit is then checked on the channel's thread, and
+  // the message counts in queued_bytes() from the call on, while its post waits).
   bool send(wire::Envelope env);
   bool send_stream(Source next);
   // A frame already encoded (proto::encode_frame), shared with other connections: an edge
@@ -105,7 +109,10 @@ class Channel : public std::enable_shared_from_this<Channel> {
   std::string remote() const { return remote_; }
   std::uint64_t bytes_sent() const { return bytes_sent_; }
   std::uint64_t bytes_received() const { return bytes_received_; }
-  std::size_t queued_bytes() const { return queued_bytes_; }
+  // Bytes waiting to be written: queued on the channel's thread, and sent from another thread
+  // whose post has not run yet (a message's encoded size is then counted as its protobuf size
+  // plus the frame header, and replaced by the encoded frame's when it is queued).
+  std::size_t queued_bytes() const { return queued_bytes_ + posted_bytes_; }
   asio::any_io_executor executor() { return stream_.socket().get_executor(); }
   const std::string& federation() const { return federation_; }
 
@@ -116,8 +123,9 @@ class Channel : public std::enable_shared_from_this<Channel> {
   bool enqueue(Item item, std::size_t bytes);
   // Whether the caller runs on another thread than this channel's (the core's, say).
   bool elsewhere();
-  // Runs `call` on this channel's thread, holding the channel.
-  void post(std::function<void(Channel&)> call);
+  // Runs `call` on this channel's thread, holding the channel. `bytes` (a message's size) count
+  // in queued_bytes() until the call runs.
+  void post(std::function<void(Channel&)> call, std::size_t bytes = 0);
   // The next frame to write, taken from the front of the queue (nullopt: a stream ended);
   // `keep` holds a shared frame until it is written.
   std::optional<proto::SplitFrame> take_front(std::shared_ptr<const std::string>& keep);
@@ -135,6 +143,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
   std::deque<Item> queue_;
   std::vector<std::uint8_t> read_buffer_;
   std::atomic<std::size_t> queued_bytes_ = 0;
+  std::atomic<std::size_t> posted_bytes_ = 0;  // sent from another thread, post not run yet
   std::atomic<bool> open_ = true;
   bool closing_ = false;   // flush then close
   bool started_ = false;
