@@ -595,6 +595,10 @@ Status Session::record_unmask_release(const wire::SecureAggregation& step) {
   if (crypto::sha256_hex(step.unmask_begun_record()) != head.sha256()) {
     return Error(fmt::format("the record the server shows with audit head {} does not hash to it", head.seq()));
   }
+  const auto own = run_keys_.find(name_);
+  if (own == run_keys_.end()) {
+    return Error("no key list of this run named this silo's keys, so no record can name its run");
+  }
   if (auto st = names_this_run(step.unmask_begun_record(), round_, setup, run_keys_); !st) return st;
   // One release per record: a seq released against before (under any hash: a forked log) is refused.
   const std::string seq_prefix = std::to_string(head.seq()) + ":";
@@ -605,7 +609,6 @@ Status Session::record_unmask_release(const wire::SecureAggregation& step) {
                              head.seq(), round_));
   }
   cfg_.unmask_released.insert(seq_prefix + head.sha256());
-  const auto own = run_keys_.find(name_);
   actions_.push_back(action::Record{.entry = {{"time", iso_time(cfg_.sources.unix_ms())},
                                               {"kind", protocol::kUnmaskSharesReleased},
                                               {"federation", cfg_.federation},
@@ -614,7 +617,7 @@ Status Session::record_unmask_release(const wire::SecureAggregation& step) {
                                               {"skellam_setup_sha256", std::move(setup)},
                                               {"unmask_begun_seq", head.seq()},
                                               {"unmask_begun_sha256", head.sha256()},
-                                              {"keys_sha256", own != run_keys_.end() ? own->second : ""}},
+                                              {"keys_sha256", own->second}},
                                     .required = true});
   return {};
 }
