@@ -666,6 +666,21 @@ TEST(Session, WorkOfAConnectionThatIsGoneIsDropped) {
   EXPECT_TRUE(h.last(wire::Envelope::kError));
 }
 
+// The other member of a two-member group (silo-b, played with the crypto library's client) and
+// the group's server, under the secure setup of round 1's start.
+struct TwoMemberGroup {
+  TwoMemberGroup(const wire::SecAggSetup& setup, const crypto::X25519KeyPair& box)
+      : params(protocol::secagg_params(setup, "fed", 1)),
+        server_signer(test::signer(wire::SERVER, "server")),
+        b(params, "silo-b", test::signer(wire::SILO, "silo-b"), test::verifier(), server_signer.certificate(), "server",
+          crypto::secagg::Floor{2, 0.0}),
+        server(params, test::verifier(), server_signer, box) {}
+  crypto::secagg::Params params;
+  crypto::CertSigner server_signer;
+  crypto::secagg::Client b;
+  crypto::secagg::Server server;
+};
+
 // What a distributed-DP round's unmask request may carry: the round's Skellam setup hash and the
 // members' keys of the run (what its key list named), and the record that charges the round.
 struct UnmaskRun {
@@ -725,11 +740,9 @@ TEST(Session, TakesPartInSecureAggregationSoThatOnlyTheSumIsRevealed) {
   *start.mutable_round_start()->mutable_secagg() = signed_setup(m, box);
   sign(start);
   const auto& s = start.round_start().secagg();
-  const auto params = protocol::secagg_params(s, "fed", 1);
-  const auto server_signer = test::signer(wire::SERVER, "server");
-  crypto::secagg::Client b(params, "silo-b", test::signer(wire::SILO, "silo-b"), test::verifier(),
-                           server_signer.certificate(), "server", crypto::secagg::Floor{2, 0.0});
-  crypto::secagg::Server server(params, test::verifier(), server_signer, box);
+  TwoMemberGroup group(s, box);
+  auto& b = group.b;
+  auto& server = group.server;
   h.deliver(start);
   crypto::secagg::Settled settled;
   ASSERT_NO_FATAL_FAILURE(settle_two_members(h, b, server, settled));
@@ -1258,11 +1271,9 @@ void distributed_dp_round_to_unmask(Harness& h, const crypto::SigningKey& audit,
   start.mutable_round_start()->mutable_audit_key()->set_public_key(audit.public_key());
   sign(start);
   const auto& s = start.round_start().secagg();
-  const auto params = protocol::secagg_params(s, "fed", 1);
-  const auto server_signer = test::signer(wire::SERVER, "server");
-  crypto::secagg::Client b(params, "silo-b", test::signer(wire::SILO, "silo-b"), test::verifier(),
-                           server_signer.certificate(), "server", crypto::secagg::Floor{2, 0.0});
-  crypto::secagg::Server server(params, test::verifier(), server_signer, box);
+  TwoMemberGroup group(s, box);
+  auto& b = group.b;
+  auto& server = group.server;
   h.deliver(start);
   crypto::secagg::Settled settled;
   ASSERT_NO_FATAL_FAILURE(settle_two_members(h, b, server, settled, &run));
