@@ -697,11 +697,14 @@ struct UnmaskRun {
   }
 };
 
-// A round start with a secure setup delivered: the keys, shares and receipts of its two-member
+// A round start with a secure setup, delivered: the keys, shares and receipts of its two-member
 // group, silo-a being the session under test and silo-b played with the crypto library's client,
 // up to the settled list (`settled`) that both members hold, silo-a's still to be delivered.
-void settle_two_members(Harness& h, crypto::secagg::Client& b, crypto::secagg::Server& server,
+void settle_two_members(Harness& h, const wire::Envelope& start, TwoMemberGroup& group,
                         crypto::secagg::Settled& settled, UnmaskRun* run = nullptr) {
+  auto& b = group.b;
+  auto& server = group.server;
+  h.deliver(start);
   const auto* keys = h.last(wire::SecureAggregation::kSecaggKeys);
   ASSERT_TRUE(keys);  // at once, before training
   ASSERT_TRUE(succeeded(server.on_keys("silo-a", *protocol::from_wire(keys->secure().secagg_keys()))));
@@ -741,11 +744,9 @@ TEST(Session, TakesPartInSecureAggregationSoThatOnlyTheSumIsRevealed) {
   sign(start);
   const auto& s = start.round_start().secagg();
   TwoMemberGroup group(s, box);
-  auto& b = group.b;
-  auto& server = group.server;
-  h.deliver(start);
   crypto::secagg::Settled settled;
-  ASSERT_NO_FATAL_FAILURE(settle_two_members(h, b, server, settled));
+  ASSERT_NO_FATAL_FAILURE(settle_two_members(h, start, group, settled));
+  auto& [params, server_signer, b, server] = group;
   h.send_model(1, m);
   h.run_jobs();  // train; masking waits for the settled members
   EXPECT_FALSE(h.last(wire::Envelope::kUpdateReady));
@@ -1272,11 +1273,9 @@ void distributed_dp_round_to_unmask(Harness& h, const crypto::SigningKey& audit,
   sign(start);
   const auto& s = start.round_start().secagg();
   TwoMemberGroup group(s, box);
-  auto& b = group.b;
-  auto& server = group.server;
-  h.deliver(start);
   crypto::secagg::Settled settled;
-  ASSERT_NO_FATAL_FAILURE(settle_two_members(h, b, server, settled, &run));
+  ASSERT_NO_FATAL_FAILURE(settle_two_members(h, start, group, settled, &run));
+  auto& [params, server_signer, b, server] = group;
   h.send_model(1, m);
   h.run_jobs();  // train
   h.deliver_in(1, [&](wire::Envelope& e) { *e.mutable_secure()->mutable_secagg_settled() = protocol::to_wire(settled); });
