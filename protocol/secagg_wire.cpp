@@ -328,4 +328,14 @@ std::vector<std::pair<std::string, std::string>> advertised_keys(const wire::Sec
   return out;
 }
 
+std::string advertised_own_keys(const wire::SecureAggregation& step) {
+  if (step.has_secagg_keys()) return crypto::sha256_hex(step.secagg_keys().signature());
+  if (step.has_lsa_keys()) return crypto::sha256_hex(step.lsa_keys().signature());
+  return "";
+}
+
+bool asks_unmask_shares(const wire::SecureAggregation& step) {
+  return step.has_secagg_unmask_request() || step.has_lsa_unmask_request();
+}
+
 }  // namespace xsilo::protocol

@@ -49,6 +49,11 @@ inline constexpr const char* kUnmaskBegun = "unmask_begun";
 // SHA-256 (hex) of its signature over the keys it advertised: keys are fresh each run of a round,
 // so the hash names the member's run. Empty for any other step.
 std::vector<std::pair<std::string, std::string>> advertised_keys(const wire::SecureAggregation& step);
+// The same hash of a silo's own keys step (SecAgg's or LightSecAgg's, silo -> server); "" for any
+// other step.
+std::string advertised_own_keys(const wire::SecureAggregation& step);
+// Whether a step (server -> silo) asks for the shares that remove masks from a group's sum.
+bool asks_unmask_shares(const wire::SecureAggregation& step);
 
 wire::SecAggKeys to_wire(const secagg::Advertisement& keys);
 proto::Result<secagg::Advertisement> from_wire(const wire::SecAggKeys& keys);

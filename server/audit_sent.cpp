@@ -252,15 +252,16 @@ LogIndex index_log(const std::vector<nlohmann::json>& records) {
 }
 
 // Whether an unmask_begun record names the run a release was made in: its "keys" name the
-// releasing silo's keys of that run ("keys_sha256" of the line), and every member once.
-bool names_run(const nlohmann::json& begun, const std::string& keys_sha256) {
+// releasing silo (`silo`, the line's; any member where the line names none) with its keys of that
+// run (`keys_sha256`, the line's), and every member once.
+bool names_run(const nlohmann::json& begun, const std::string& silo, const std::string& keys_sha256) {
   std::set<std::string> members;
   bool named = false;
   const auto keys = begun.find("keys");
-  if (keys == begun.end() || !keys->is_array()) return false;
+  if (keys == begun.end() || !keys->is_array() || keys_sha256.empty()) return false;
   for (const auto& k : *keys) {
     if (!k.is_object() || !members.insert(k.value("silo", "")).second) return false;
-    named = named || k.value("keys_sha256", "") == keys_sha256;
+    named = named || ((silo.empty() || k.value("silo", "") == silo) && k.value("keys_sha256", "") == keys_sha256);
   }
   return named;
 }
@@ -318,7 +319,7 @@ Status check_bound_release(const std::map<std::uint64_t, std::vector<SetupRecord
                              !begun || begun->spends ? "names " + named(begun ? begun->setup : "")
                                                      : "is " + begun->outcome + ", which charges nothing"));
   }
-  if (line.contains("keys_sha256") && !names_run(*rec->second, line.value("keys_sha256", ""))) {
+  if (!names_run(*rec->second, line.value("silo", ""), line.value("keys_sha256", ""))) {
     return Error(fmt::format("{} against audit record {}, which does not name the silo's keys of that run ({}) with "
                              "every member once: it charges another run of the round",
                              at, seq, line.value("keys_sha256", "")));

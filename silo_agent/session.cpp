@@ -296,6 +296,7 @@ void Session::on_round_start(const wire::Envelope& e) {
   if (!accept_round_start(rs)) return;
   start_nonce_ = rs.nonce();
   run_keys_.clear();
+  own_keys_.clear();
   ++generation_;
   *live_generation_ = generation_;
   pending_.reset();
@@ -495,6 +496,7 @@ void Session::start_secure(const wire::SecAggSetup& setup) {
     reply_error(keys.error().code(), keys.error().message());
     return;
   }
+  own_keys_ = protocol::advertised_own_keys(*keys);
   auto out = env();
   *out.mutable_secure() = std::move(*keys);
   send(std::move(out));
@@ -506,22 +508,29 @@ void Session::start_secure(const wire::SecAggSetup& setup) {
 // silo takes no further part.
 void Session::on_secure(const wire::Envelope& e) {
   if (!secure_.active() || e.round() != round_) return;
-  // The members' keys of this run, as the key lists name them: the record that charges a
-  // distributed-DP unmasking must name them (record_unmask_release).
-  for (auto& [member, keys] : protocol::advertised_keys(e.secure())) run_keys_[member] = std::move(keys);
+  // Distributed DP: the shares go only against the record that charges this run, checked before
+  // the member sees the request (a request it answered is spent).
+  const bool asks_shares = !secure_.skellam_sha256().empty() && protocol::asks_unmask_shares(e.secure());
+  if (asks_shares) {
+    if (const auto st = check_unmask_begun(e.secure()); !st) {
+      spdlog::error("round {}: not releasing the unmask shares: {}", round_, st.error().message());
+      reply_error(wire::NOT_ALLOWED, st.error().message());
+      return;
+    }
+  }
   auto r = secure_.receive(e);
   if (!r) {
     spdlog::error("round {}: secure aggregation ({}): {}", round_, r.error().step, r.error().why);
     reply_error(wire::UNEXPECTED, r.error().why);
     return;
   }
-  if (r->answer.step && r->answer.sent == secure::Sent::UnmaskShares) {
-    if (const auto st = record_unmask_release(e.secure()); !st) {
-      spdlog::error("round {}: not releasing the unmask shares: {}", round_, st.error().message());
-      reply_error(wire::NOT_ALLOWED, st.error().message());
-      return;
-    }
+  if (const auto st = take_run_keys(e.secure()); !st) {
+    spdlog::error("round {}: secure aggregation: {}", round_, st.error().message());
+    reply_error(wire::UNEXPECTED, st.error().message());
+    secure_.reset();  // no further part in this run
+    return;
   }
+  if (asks_shares && r->answer.step && r->answer.sent == secure::Sent::UnmaskShares) record_unmask_release(e.secure());
   if (r->answer.step) {
     auto out = env();
     *out.mutable_secure() = std::move(*r->answer.step);
@@ -532,14 +541,14 @@ void Session::on_secure(const wire::Envelope& e) {
 }
 
 // Distributed DP: the shares about to leave let the server unmask this round's noisy group sum,
-// so the round must be charged whatever the server says it unmasked ("sums_revealed" is its own
-// count). The server shows the record that charges it: the signed audit head after the round's
-// unmask_begun record, which must be signed by the round's audit key and must not be one this
-// silo released against before (a second run of the round under the same record would be a second
-// noisy sum under one charge). The silo's word for it: a line of sent.jsonl naming that head,
+// so the run must be charged whatever the server says it unmasked ("sums_revealed" is its own
+// count). The server shows the record that charges it: the signed audit head of the round's
+// unmask_begun record and its line, which must name this run (check_unmask_begun), at a seq this
+// silo never released at before (a second run of the round under one record would be a second
+// noisy sum under one charge). The silo's word for it: a line of sent.jsonl naming that record,
 // durable before the shares leave (a line that cannot be written stops the agent first), that
 // `xsilo audit verify --sent` holds the log to (docs/privacy.md). Not an upload: no update_sha256,
-// no spend of the silo's records. An error: the shares do not leave.
+// no spend of the silo's records.
 namespace {
 
 // The unmask_begun record `line` must be the one of `round` under `setup` and name this run:
@@ -579,9 +588,7 @@ Status names_this_run(const std::string& line, std::uint64_t round, const std::s
 
 }  // namespace
 
-Status Session::record_unmask_release(const wire::SecureAggregation& step) {
-  std::string setup = secure_.skellam_sha256();
-  if (setup.empty()) return {};  // no noise in the sum: nothing to charge
+Status Session::check_unmask_begun(const wire::SecureAggregation& step) const {
   const auto& head = step.unmask_begun();
   if (!step.has_unmask_begun() || head.seq() == 0) {
     return Error("the server asks for the unmask shares of a distributed-DP round without the signed audit head of "
@@ -595,11 +602,8 @@ Status Session::record_unmask_release(const wire::SecureAggregation& step) {
   if (crypto::sha256_hex(step.unmask_begun_record()) != head.sha256()) {
     return Error(fmt::format("the record the server shows with audit head {} does not hash to it", head.seq()));
   }
-  const auto own = run_keys_.find(name_);
-  if (own == run_keys_.end()) {
-    return Error("no key list of this run named this silo's keys, so no record can name its run");
-  }
-  if (auto st = names_this_run(step.unmask_begun_record(), round_, setup, run_keys_); !st) return st;
+  if (!run_keys_.count(name_)) return Error("no key list of this run named this silo's keys, so no record can name its run");
+  if (auto st = names_this_run(step.unmask_begun_record(), round_, secure_.skellam_sha256(), run_keys_); !st) return st;
   // One release per record: a seq released against before (under any hash: a forked log) is refused.
   const std::string seq_prefix = std::to_string(head.seq()) + ":";
   if (const auto it = cfg_.unmask_released.lower_bound(seq_prefix);
@@ -608,18 +612,37 @@ Status Session::record_unmask_release(const wire::SecureAggregation& step) {
                              "round {} needs a record (a charge) of its own",
                              head.seq(), round_));
   }
-  cfg_.unmask_released.insert(seq_prefix + head.sha256());
+  return {};
+}
+
+// The members' keys of this run: from the first key list this silo's member accepted (it accepts
+// one a run; a list it refused changes nothing), whose entry for this silo must be the keys it
+// advertised. Success, or why the run is over for this silo.
+Status Session::take_run_keys(const wire::SecureAggregation& accepted) {
+  if (!run_keys_.empty()) return {};
+  auto keys = protocol::advertised_keys(accepted);
+  if (keys.empty()) return {};
+  for (auto& [member, sha] : keys) run_keys_[member] = std::move(sha);
+  if (const auto own = run_keys_.find(name_); own == run_keys_.end() || own->second != own_keys_) {
+    return Error("the key list names this silo with other keys than those it advertised in this run");
+  }
+  return {};
+}
+
+void Session::record_unmask_release(const wire::SecureAggregation& step) {
+  const auto& head = step.unmask_begun();
+  cfg_.unmask_released.insert(std::to_string(head.seq()) + ":" + head.sha256());
   actions_.push_back(action::Record{.entry = {{"time", iso_time(cfg_.sources.unix_ms())},
                                               {"kind", protocol::kUnmaskSharesReleased},
                                               {"federation", cfg_.federation},
                                               {"round", round_},
                                               {"upstream", upstream_},
-                                              {"skellam_setup_sha256", std::move(setup)},
+                                              {"skellam_setup_sha256", secure_.skellam_sha256()},
                                               {"unmask_begun_seq", head.seq()},
                                               {"unmask_begun_sha256", head.sha256()},
-                                              {"keys_sha256", own->second}},
+                                              {"silo", name_},
+                                              {"keys_sha256", run_keys_.at(name_)}},
                                     .required = true});
-  return {};
 }
 
 // Masks the encoded update once both it and the share deliveries are here (on the worker: one

@@ -145,8 +145,12 @@ class Session {
   // Secure aggregation: the secure client's answers sent, its refusals answered and logged.
   void start_secure(const wire::SecAggSetup& setup);
   void on_secure(const wire::Envelope& e);
-  // Distributed DP: the line of sent.jsonl that says this silo released its unmask shares.
-  Status record_unmask_release(const wire::SecureAggregation& step);
+  // Distributed DP: whether the unmask request `step` shows the record that charges this run
+  // (checked before the member sees it), the members' keys of the run from the key list the member
+  // accepted, and the line of sent.jsonl that says this silo released its unmask shares.
+  Status check_unmask_begun(const wire::SecureAggregation& step) const;
+  Status take_run_keys(const wire::SecureAggregation& accepted);
+  void record_unmask_release(const wire::SecureAggregation& step);
   void on_model_chunk(const wire::Envelope& e);
   // A restarted server lost its last committed model and asks for it (ModelRequest): the
   // model this silo holds goes up if it is the one asked for, and a ModelOffer says which.
@@ -193,6 +197,7 @@ class Session {
   std::string witnessed_key_, round_audit_key_;
   // The members' keys of this round's run, as its key lists named them (member -> keys_sha256).
   std::map<std::string, std::string> run_keys_;
+  std::string own_keys_;  // the hash of the keys this silo advertised in this run (advertised_own_keys)
   wire::TrainingPlan plan_;
   wire::Compression compression_;   // the round's (none when unset)
   std::string model_sha_;           // the round's model, as its RoundStart announced it

@@ -1192,6 +1192,12 @@ TEST_F(RecoveryTest, SentHoldsEachReleaseToTheUnmaskBegunRecordItNamesSoEachRunO
                 .find("against audit record 3, which does not name the silo's keys of that run (" +
                       std::string(64, 'k') + ") with every member once"),
             std::string::npos);
+  // The silo's keys under another member's name.
+  line = nlohmann::json::parse(log.released(1, rerun, hashes[rerun - 1]));
+  line["silo"] = "hospital-b";
+  write_lines(file, {line.dump()});
+  EXPECT_NE(error_text(check_sent_setups(log.records, file, with_hashes)).find("does not name the silo's keys"),
+            std::string::npos);
   auto twice = log;
   twice.records[rerun - 1]["keys"].push_back({{"silo", "hospital-a"}, {"keys_sha256", std::string(64, 'k')}});
   write_lines(file, {log.released(1, rerun, hashes[rerun - 1])});

@@ -686,6 +686,9 @@ struct TwoMemberGroup {
 struct UnmaskRun {
   std::string setup_sha;
   std::vector<std::pair<std::string, std::string>> keys;  // member -> keys_sha256 of this run
+  wire::SecureAggregation key_list;                        // the key list step silo-a accepted
+  // Called before the unmask request is delivered (an extra step a deviating server sends).
+  std::function<void(Harness&, UnmaskRun&)> before_request;
   std::size_t before = 0;                                  // messages the session had sent before the request
   // The unmask_begun record of round 1 naming `named` (the run's keys by default) under `setup`.
   std::string record(std::optional<std::vector<std::pair<std::string, std::string>>> named = std::nullopt,
@@ -715,6 +718,7 @@ void settle_two_members(Harness& h, const wire::Envelope& start, TwoMemberGroup&
     wire::SecureAggregation step;
     *step.mutable_secagg_key_list() = protocol::to_wire(list);
     run->keys = protocol::advertised_keys(step);
+    run->key_list = step;
   }
   const auto* shares = h.last(wire::SecureAggregation::kSecaggShares);
   ASSERT_TRUE(shares);
@@ -1301,6 +1305,7 @@ void distributed_dp_round_to_unmask(Harness& h, const crypto::SigningKey& audit,
   ASSERT_TRUE(succeeded(server.on_confirmation("silo-a", confirmation->secure().secagg_confirmation().signature())));
   ASSERT_TRUE(succeeded(server.on_confirmation("silo-b", b.confirm(u3)->signature)));
   auto request = *server.close_confirmations();
+  if (run.before_request) run.before_request(h, run);
   run.before = h.sent.size();
   h.deliver_in(1, [&](wire::Envelope& e) {
     *e.mutable_secure()->mutable_secagg_unmask_request() = protocol::to_wire(request);
@@ -1340,6 +1345,40 @@ TEST(Session, UnderDistributedDpTheReleaseOfUnmaskSharesIsLoggedDurablyBeforeThe
   EXPECT_EQ(h.sent_before_record[1], run.before);  // queued before the shares
 }
 
+// The key list must name this silo with the keys it advertised in this run: one with other keys
+// (another run's, which the server relayed) is refused, no shares leave, and the silo takes no
+// further part in the run.
+TEST(Session, UnderSecureAggregationAKeyListNamingThisSiloWithOtherKeysIsRefused) {
+  Harness h;
+  const Model m = model();
+  auto box = crypto::X25519KeyPair::generate();
+  auto start = h.round_start(1, m);
+  *start.mutable_round_start()->mutable_secagg() = skellam_setup(m, box, 1.0);
+  sign(start);
+  TwoMemberGroup group(start.round_start().secagg(), box);
+  h.deliver(start);
+  ASSERT_TRUE(h.last(wire::SecureAggregation::kSecaggKeys));
+  const wire::SecAggKeys own = h.last(wire::SecureAggregation::kSecaggKeys)->secure().secagg_keys();
+  ASSERT_TRUE(succeeded(group.server.on_keys("silo-a", *protocol::from_wire(own))));
+  ASSERT_TRUE(succeeded(group.server.on_keys("silo-b", *group.b.advertise())));
+  auto list = protocol::to_wire(*group.server.close_keys());
+  for (auto& entry : *list.mutable_entries()) {
+    if (entry.silo() == "silo-a") entry.mutable_keys()->set_signature(entry.keys().signature() + "-another-run");
+  }
+  h.deliver_in(1, [&](wire::Envelope& e) { *e.mutable_secure()->mutable_secagg_key_list() = list; });
+  EXPECT_FALSE(h.last(wire::SecureAggregation::kSecaggShares));
+  ASSERT_TRUE(h.last(wire::Envelope::kError));
+  EXPECT_EQ(h.last(wire::Envelope::kError)->error().message(),
+            "the key list names this silo with other keys than those it advertised in this run");
+  // No further part in the run: not even the genuine list gets an answer.
+  auto genuine = list;
+  for (auto& entry : *genuine.mutable_entries()) {
+    if (entry.silo() == "silo-a") *entry.mutable_keys() = own;
+  }
+  h.deliver_in(1, [&](wire::Envelope& e) { *e.mutable_secure()->mutable_secagg_key_list() = genuine; });
+  EXPECT_FALSE(h.last(wire::SecureAggregation::kSecaggShares));
+}
+
 // At start the agent reads which records it released against (unmask_releases): this
 // federation's release lines that name one; other federations, older lines and damage name none.
 TEST(SiloState, TheRecordsReleasedAgainstAreReadFromSentJsonlForItsFederationOnly) {
@@ -1372,6 +1411,17 @@ TEST(Session, UnderDistributedDpReleasesUnmaskSharesOnlyAgainstASignedUnmaskBegu
     std::function<void(wire::SecureAggregation&, const UnmaskRun&)> attach;
     std::set<std::string> released;
     const char* why;
+    std::function<void(Harness&, UnmaskRun&)> before_request = {};
+  };
+  // A deviating server's second key list, with the signatures of another run (the keys it relayed
+  // then): the member refuses it, and the keys the silo checks records against stay this run's.
+  const auto replayed = [](Harness& h, UnmaskRun& run) {
+    auto step = run.key_list;
+    for (auto& entry : *step.mutable_secagg_key_list()->mutable_entries()) {
+      entry.mutable_keys()->set_signature(entry.keys().signature() + "-run-1");
+    }
+    h.deliver_in(1, [&](wire::Envelope& e) { *e.mutable_secure() = step; });
+    run.keys = protocol::advertised_keys(step);  // what the record below names: the other run's keys
   };
   const std::vector<Case> cases = {
       {"no head", [](wire::SecureAggregation&, const UnmaskRun&) {}, {}, "without the signed audit head"},
@@ -1399,6 +1449,9 @@ TEST(Session, UnderDistributedDpReleasesUnmaskSharesOnlyAgainstASignedUnmaskBegu
          k.insert(k.begin(), {"silo-b", std::string(64, 'e')});
          return r.record(k);
        }), {}, "names member silo-b twice"},
+      {"a record of another run after a refused key list of that run",
+       shown(audit, [](const UnmaskRun& r) { return r.record(); }), {},
+       "does not name member silo-a with the keys of this run", replayed},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.what);
@@ -1406,6 +1459,7 @@ TEST(Session, UnderDistributedDpReleasesUnmaskSharesOnlyAgainstASignedUnmaskBegu
     cfg.unmask_released = c.released;
     Harness h(nullptr, cfg);
     UnmaskRun run;
+    run.before_request = c.before_request;
     ASSERT_NO_FATAL_FAILURE(distributed_dp_round_to_unmask(h, audit, c.attach, run));
     EXPECT_FALSE(h.last(wire::SecureAggregation::kSecaggUnmaskShares));
     EXPECT_EQ(h.records.size(), 1u);  // the upload's line only: nothing released
