@@ -27,7 +27,7 @@ from pathlib import Path
 CORE = ["server/round_config.cpp", "server/selection.cpp", "server/membership.cpp", "server/metrics.cpp", "server/round_record.cpp",
         "server/aggregator.cpp", "server/commit.cpp", "server/upload_stage.cpp", "server/secure_groups.cpp", "server/secure_round.cpp", "server/coordinator.cpp",
         "server/optimizer.cpp", "server/coordinator_membership.cpp", "server/coordinator_uploads.cpp", "server/coordinator_broadcast.cpp", "server/coordinator_fetch.cpp", "server/coordinator_admin.cpp",
-        "server/coordinator_timers.cpp",
+        "server/coordinator_timers.cpp", "server/coordinator_privacy.cpp",
         "edge_aggregator/relay.cpp", "silo_agent/session.cpp", "silo_agent/secure_client.cpp", "silo_agent/model_receipt.cpp", "silo_agent/masking_job.cpp", "silo_agent/training_job.cpp",
         "silo_agent/upload_source.cpp", "silo_agent/update.cpp"]
 CORE_FORBIDDEN = ["boost/asio", "/openssl/", "/transport/"]
