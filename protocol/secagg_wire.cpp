@@ -334,6 +334,22 @@ std::string advertised_own_keys(const wire::SecureAggregation& step) {
   return "";
 }
 
+Result<std::map<std::string, std::string>> record_keys(const nlohmann::json& unmask_begun) {
+  const auto keys = unmask_begun.find("keys");
+  if (keys == unmask_begun.end() || !keys->is_array()) return Error("it lists no members' keys");
+  std::map<std::string, std::string> named;
+  for (const auto& k : *keys) {
+    const auto silo = k.find("silo"), sha = k.find("keys_sha256");
+    if (!k.is_object() || silo == k.end() || !silo->is_string() || sha == k.end() || !sha->is_string()) {
+      return Error("an entry of its keys is not a silo and its keys_sha256");
+    }
+    if (!named.emplace(silo->get<std::string>(), sha->get<std::string>()).second) {
+      return Error("it names member " + silo->get<std::string>() + " twice (the keys of two runs under one charge)");
+    }
+  }
+  return named;
+}
+
 bool asks_unmask_shares(const wire::SecureAggregation& step) {
   return step.has_secagg_unmask_request() || step.has_lsa_unmask_request();
 }

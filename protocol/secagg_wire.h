@@ -5,12 +5,16 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "crypto/lightsecagg.h"
 #include "crypto/secagg.h"
+#include <nlohmann/json.hpp>
+
+#include "common/result.h"
 #include "proto/status.h"
 #include "proto/xsilo.pb.h"
 
@@ -52,6 +56,10 @@ std::vector<std::pair<std::string, std::string>> advertised_keys(const wire::Sec
 // The same hash of a silo's own keys step (SecAgg's or LightSecAgg's, silo -> server); "" for any
 // other step.
 std::string advertised_own_keys(const wire::SecureAggregation& step);
+// The members an unmask_begun record names with their keys of its run ("keys": each {"silo",
+// "keys_sha256"}), or why they cannot be read: no list, an entry of another form, or a member
+// named twice (the keys of two runs under one charge).
+Result<std::map<std::string, std::string>> record_keys(const nlohmann::json& unmask_begun);
 // Whether a step (server -> silo) asks for the shares that remove masks from a group's sum.
 bool asks_unmask_shares(const wire::SecureAggregation& step);
 

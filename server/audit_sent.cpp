@@ -255,15 +255,11 @@ LogIndex index_log(const std::vector<nlohmann::json>& records) {
 // releasing silo (`silo`, the line's; any member where the line names none) with its keys of that
 // run (`keys_sha256`, the line's), and every member once.
 bool names_run(const nlohmann::json& begun, const std::string& silo, const std::string& keys_sha256) {
-  std::set<std::string> members;
-  bool named = false;
-  const auto keys = begun.find("keys");
-  if (keys == begun.end() || !keys->is_array() || keys_sha256.empty()) return false;
-  for (const auto& k : *keys) {
-    if (!k.is_object() || !members.insert(k.value("silo", "")).second) return false;
-    named = named || ((silo.empty() || k.value("silo", "") == silo) && k.value("keys_sha256", "") == keys_sha256);
-  }
-  return named;
+  const auto named = protocol::record_keys(begun);
+  if (!named || keys_sha256.empty()) return false;
+  return std::any_of(named->begin(), named->end(), [&](const auto& member) {
+    return (silo.empty() || member.first == silo) && member.second == keys_sha256;
+  });
 }
 
 // A release that names the record charging it (the signed head of its round's unmask_begun,

@@ -566,16 +566,11 @@ Status names_this_run(const std::string& line, std::uint64_t round, const std::s
     if (r.at("privacy").value("setup_sha256", "") != setup) {
       return Error("the unmask_begun record the server shows names another distributed-DP setup than this silo's");
     }
-    std::map<std::string, std::string> named;
-    for (const auto& k : r.at("keys")) {
-      if (!named.emplace(k.at("silo").get<std::string>(), k.at("keys_sha256").get<std::string>()).second) {
-        return Error("the unmask_begun record the server shows names member " + k.at("silo").get<std::string>() +
-                     " twice (the keys of two runs under one charge)");
-      }
-    }
+    const auto named = protocol::record_keys(r);
+    if (!named) return Error("the unmask_begun record the server shows: " + named.error().message());
     for (const auto& [member, keys] : known) {
-      const auto it = named.find(member);
-      if (it == named.end() || it->second != keys) {
+      const auto it = named->find(member);
+      if (it == named->end() || it->second != keys) {
         return Error("the unmask_begun record the server shows does not name member " + member +
                      " with the keys of this run: it charges another run of the round");
       }

@@ -666,6 +666,16 @@ TEST(Session, WorkOfAConnectionThatIsGoneIsDropped) {
   EXPECT_TRUE(h.last(wire::Envelope::kError));
 }
 
+// Round 1's start of model `m` under the secure `setup` (and the audit key `audit_key`, when
+// given), signed by the server.
+wire::Envelope secure_start(Harness& h, const Model& m, wire::SecAggSetup setup, const std::string& audit_key = "") {
+  auto start = h.round_start(1, m);
+  *start.mutable_round_start()->mutable_secagg() = std::move(setup);
+  if (!audit_key.empty()) start.mutable_round_start()->mutable_audit_key()->set_public_key(audit_key);
+  sign(start);
+  return start;
+}
+
 // The other member of a two-member group (silo-b, played with the crypto library's client) and
 // the group's server, under the secure setup of round 1's start.
 struct TwoMemberGroup {
@@ -743,9 +753,7 @@ TEST(Session, TakesPartInSecureAggregationSoThatOnlyTheSumIsRevealed) {
   Harness h;
   const Model m = model();
   auto box = crypto::X25519KeyPair::generate();
-  auto start = h.round_start(1, m);
-  *start.mutable_round_start()->mutable_secagg() = signed_setup(m, box);
-  sign(start);
+  const auto start = secure_start(h, m, signed_setup(m, box));
   const auto& s = start.round_start().secagg();
   TwoMemberGroup group(s, box);
   crypto::secagg::Settled settled;
@@ -1271,10 +1279,7 @@ void distributed_dp_round_to_unmask(Harness& h, const crypto::SigningKey& audit,
                                     UnmaskRun& run) {
   const Model m = model();
   auto box = crypto::X25519KeyPair::generate();
-  auto start = h.round_start(1, m);
-  *start.mutable_round_start()->mutable_secagg() = skellam_setup(m, box, 1.0);
-  start.mutable_round_start()->mutable_audit_key()->set_public_key(audit.public_key());
-  sign(start);
+  const auto start = secure_start(h, m, skellam_setup(m, box, 1.0), audit.public_key());
   const auto& s = start.round_start().secagg();
   TwoMemberGroup group(s, box);
   crypto::secagg::Settled settled;
@@ -1352,9 +1357,7 @@ TEST(Session, UnderSecureAggregationAKeyListNamingThisSiloWithOtherKeysIsRefused
   Harness h;
   const Model m = model();
   auto box = crypto::X25519KeyPair::generate();
-  auto start = h.round_start(1, m);
-  *start.mutable_round_start()->mutable_secagg() = skellam_setup(m, box, 1.0);
-  sign(start);
+  const auto start = secure_start(h, m, skellam_setup(m, box, 1.0));
   TwoMemberGroup group(start.round_start().secagg(), box);
   h.deliver(start);
   ASSERT_TRUE(h.last(wire::SecureAggregation::kSecaggKeys));
