@@ -667,6 +667,22 @@ TEST_F(TlsTest, ConnectionsOnOtherThreadsAreHandledOnTheCoresThreadAndAnsweredFr
   });
   EXPECT_EQ(on_first, 2u);
   EXPECT_EQ(on_second, 2u);
+  // The serve_channel coroutines on the core's thread hold the channels until their reads end;
+  // a channel's timers belong to its connection thread's io_context, so the last reference goes
+  // on that thread while it still exists (ASan: a channel freed after conns were destroyed).
+  // Held here and by its handle: 2 once its coroutine ended.
+  for (auto& ch : channels) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (ch.use_count() > 2 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(ch.use_count(), 2) << "a channel still served after it closed";
+  }
+  handles.clear();
+  for (auto& ch : channels) {
+    auto& thread = ch->executor() == conns[0].executor() ? conns[0] : conns[1];
+    thread.run_sync([c = std::exchange(ch, nullptr)]() mutable { c.reset(); });
+  }
 }
 
 TEST_F(TlsTest, IdlePeersAreClosedAndHeartbeatsKeepThemOpen) {
