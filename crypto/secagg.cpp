@@ -110,6 +110,12 @@ Status check_floor(const Params& p, const Floor& f) {
                  "alone could make" +
                  assumed);
   }
+  if (p.threshold <= c) {
+    // The colluders each hold a share of every member's mask key and self-mask seed: t of them
+    // rebuild both without asking anyone, and unmask the member's input alone.
+    return Error("threshold " + std::to_string(p.threshold) + ": the colluders alone hold that many shares of each " +
+                 "member's secrets" + assumed);
+  }
   if (p.graph()) {
     if (p.degree <= c) {
       return Error("each member has " + std::to_string(p.degree) + " neighbours, which the colluders could all be" +

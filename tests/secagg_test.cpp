@@ -1245,6 +1245,16 @@ TEST(SecAgg, AMemberRefusesASignedSetupBelowItsOwnFloor) {
   EXPECT_NE(refused(2, 2, 2, 0).find("sums of 2 silos; this silo's floor is 3"), std::string::npos);
   EXPECT_NE(refused(8, 2, 3, 2).find("a split view of the survivors"), std::string::npos) << refused(8, 2, 3, 2);
   EXPECT_NE(refused(5, 3, 3, 0).find("a split view of the survivors"), std::string::npos) << refused(5, 3, 3, 0);
+  // Nine members, 45 % assumed colluding: c = 5. t = 5 is above half and 2 x 8 > 9 + 5, but the
+  // five colluders' own shares rebuild any member's secrets.
+  const secagg::Floor wary{3, 0.45};
+  auto p9 = make_params(9, 5, 8, 32, 4);
+  p9.server_key = X25519KeyPair::generate().public_key;
+  EXPECT_NE(error_text(secagg::check_floor(p9, wary)).find("the colluders alone hold that many shares"),
+            std::string::npos)
+      << error_text(secagg::check_floor(p9, wary));
+  p9.threshold = 6;
+  EXPECT_EQ(error_text(secagg::check_floor(p9, wary)), "");
   EXPECT_EQ(refused(6, 4, 4, 0), "");   // the server's default threshold, 2/3
   EXPECT_EQ(refused(12, 9, 9, 0), "");
   const auto plan = secagg::plan_graph(100, 0.1, 0.05);
