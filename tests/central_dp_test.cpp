@@ -361,6 +361,33 @@ TEST(CentralDp, AdaptiveClippingFollowsTheQuantileOfTheNormsFromTheNoisedCount) 
     EXPECT_GT(v, 0.75) << "late C";
     EXPECT_LT(v, 1.45) << "late C";
   }
+  // The count is noised at count_stddev: one round at C = 1.05 leaves 10 of the 20 norms unclipped,
+  // which a vanishing sigma_b reports as 0.5 and sigma_b 3 (0.15 on the fraction) does not.
+  auto fraction_at = [&](double sigma_b, std::uint8_t k) {
+    auto at = cfg;
+    at.central_dp->count_stddev = sigma_b;
+    const Model l = layout(d);
+    auto agg = server::make_central_dp_sum(at, l, key(k), 1.05);
+    for (std::size_t i = 0; i < silos; ++i) {
+      auto buf = agg->buffer();
+      std::memcpy(buf.bytes.data(), uploads[i].data(), d * sizeof(float));
+      auto check = std::make_shared<protocol::UploadCheck>();
+      protocol::check_work(check, buf.bytes.data(), d, wire::F32, true)();
+      const server::Contribution u{.silos = {"silo-" + std::to_string(i)}, .weight = 1, .group = 0,
+                                   .declared_sha256 = crypto::sha256_hex(std::span<const float>(uploads[i])),
+                                   .partial_sum = false};
+      EXPECT_TRUE(agg->fold(u, *check).has_value());
+    }
+    std::vector<float> out(d);
+    auto res = agg->combine(out, {});
+    EXPECT_TRUE(res.has_value());
+    return res->record["robust"]["adaptive_clip"]["unclipped_fraction"].get<double>();
+  };
+  EXPECT_NEAR(fraction_at(1e-9, 9), 0.5, 1e-9);
+  double spread = 0;
+  for (std::uint8_t k = 0; k < 20; ++k) spread += (fraction_at(3.0, k) - 0.5) * (fraction_at(3.0, k) - 0.5);
+  EXPECT_GT(std::sqrt(spread / 20), 0.05);  // about 0.15, the noise over W
+  EXPECT_LT(std::sqrt(spread / 20), 0.3);
   // Without adaptive clipping the aggregator releases no count.
   auto fixed = central(1e-9, 0.1, static_cast<double>(silos));
   const Model l = layout(d);
