@@ -695,6 +695,10 @@ TEST(Coordinator, CentralDpWithAdaptiveClippingCarriesItsClipNormAndSpendsExactl
   EXPECT_GT(spent_epsilon, 0.999 * dp.epsilon);
   EXPECT_TRUE(again.finished);
   EXPECT_EQ(again.finished_reason.rfind("privacy budget spent: epsilon", 0), 0u) << again.finished_reason;
+  // xsilo status shows the count's noise and the C the next round would clip with.
+  const auto status = again.coord().status(again.now)["central_dp"];
+  EXPECT_EQ(status["count_stddev"].get<double>(), dp.count_stddev);
+  EXPECT_EQ(status["clip_norm"].get<double>(), c);
   const auto verified = check_privacy_claims(log);
   ASSERT_TRUE(succeeded(verified));
   EXPECT_EQ(verified->silo_rounds(), 4u);
