@@ -364,8 +364,12 @@ CombineResult combine_rows(const AggregationConfig& a, std::vector<float>& rows,
 
 std::pair<double, nlohmann::json> adapt_clip_norm(const AggregationConfig::AdaptiveClip& ac, double clip_norm,
                                                   double unclipped, std::size_t inputs, double ceiling) {
+  return adapt_clip_norm_to(ac, clip_norm, unclipped / static_cast<double>(inputs), ceiling);
+}
+
+std::pair<double, nlohmann::json> adapt_clip_norm_to(const AggregationConfig::AdaptiveClip& ac, double clip_norm,
+                                                     double b, double ceiling) {
   // The fraction left unclipped moves the norm toward the configured quantile of the norms.
-  const double b = unclipped / static_cast<double>(inputs);
   double next = clip_norm * std::exp(-ac.lr * (b - ac.quantile));
   nlohmann::json part = {{"clip_norm", clip_norm}, {"unclipped_fraction", b}, {"quantile", ac.quantile}};
   if (ceiling > 0 && next > ceiling) {
@@ -382,7 +386,7 @@ std::pair<double, nlohmann::json> adapt_clip_norm(const AggregationConfig::Adapt
 
 std::unique_ptr<Aggregator> make_aggregator(const RoundConfig& cfg, const Model& layout, std::uint64_t round,
                                             const std::vector<std::string>& selected, std::optional<double> clip_norm) {
-  if (cfg.central_dp) return make_central_dp_sum(cfg, layout);
+  if (cfg.central_dp) return make_central_dp_sum(cfg, layout, std::nullopt, clip_norm);
   if (cfg.secure.on()) return std::make_unique<SecureGroups>(cfg, layout.tensors(), round, selected, clip_norm);
   if (cfg.aggregation.needs_all_updates()) {
     AggregationConfig a = cfg.aggregation;

@@ -139,6 +139,9 @@ FoldResult check_upload(protocol::UploadCheck& check, const Contribution& c, con
 // > 0 and at least ac.min; and the audit record's "adaptive_clip" part.
 std::pair<double, nlohmann::json> adapt_clip_norm(const AggregationConfig::AdaptiveClip& ac, double clip_norm,
                                                   double unclipped, std::size_t inputs, double ceiling = 0);
+// The same step from the unclipped fraction b itself (central DP's noisy estimate).
+std::pair<double, nlohmann::json> adapt_clip_norm_to(const AggregationConfig::AdaptiveClip& ac, double clip_norm,
+                                                     double fraction, double ceiling = 0);
 
 // Whether make_aggregator() stages uploads of a model this size in a file (plain FedAvg over
 // the staging threshold): the server then holds two models, not three.
@@ -153,9 +156,10 @@ std::unique_ptr<Aggregator> make_aggregator(const RoundConfig& cfg, const Model&
 // Silo-level central DP (server/central_dp.h; cfg.central_dp set): each silo's delta clipped to
 // C with weight 1, the step their sum over W plus Gaussian noise of z C / W. `key`: the noise's
 // ChaCha20 key, for tests; none: a fresh one each round from cfg.sources (the daemon's: the system's
-// random source).
+// random source). `clip_norm`: this round's C under adaptive clipping (else the config's).
 std::unique_ptr<Aggregator> make_central_dp_sum(const RoundConfig& cfg, const Model& layout,
-                                                std::optional<crypto::NoiseSource::Key> key = std::nullopt);
+                                                std::optional<crypto::NoiseSource::Key> key = std::nullopt,
+                                                std::optional<double> clip_norm = std::nullopt);
 
 // Rows (deltas or group means) through the configured rule, with its fallback when too few
 // inputs remain; the decisions go into the record. Shared by RowCollector and SecureGroups.

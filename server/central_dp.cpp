@@ -1,12 +1,37 @@
 #include "server/central_dp.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <stdexcept>
 
 namespace xsilo::server {
 
 privacy::Mechanism round_mechanism(const CentralDpConfig& c) {
-  return privacy::SubsampledGaussian{c.sample_rate, c.noise_multiplier};
+  return privacy::SubsampledGaussian{c.sample_rate, round_noise_multiplier(c.noise_multiplier, c.count_stddev)};
+}
+
+double round_noise_multiplier(double z, double count_stddev) {
+  if (count_stddev <= 0) return z;
+  const double b = 2 * count_stddev;  // the count's multiplier: its sensitivity is 1/2
+  return 1 / std::sqrt(1 / (z * z) + 1 / (b * b));
+}
+
+double update_noise_multiplier(double z_round, double count_stddev) {
+  const double b = 2 * count_stddev;
+  if (!(b > z_round)) {
+    char why[200];
+    std::snprintf(why, sizeof why,
+                  "count_stddev %g leaves no room for the update's noise: the round's noise multiplier %g needs "
+                  "2 count_stddev above it",
+                  count_stddev, z_round);
+    throw std::invalid_argument(why);
+  }
+  return 1 / std::sqrt(1 / (z_round * z_round) - 1 / (b * b));
+}
+
+double default_count_stddev(double denominator, double z_round) {
+  return std::max(denominator / 20, std::sqrt(10.0) / 2 * z_round);
 }
 
 double noise_stddev(const CentralDpConfig& c) { return c.noise_multiplier * c.clip_norm / c.denominator; }
@@ -36,13 +61,13 @@ nlohmann::json silo_level_record(const char* mechanism, nlohmann::json fields, d
 }
 
 nlohmann::json round_privacy_record(const CentralDpConfig& c, const privacy::Ledger& spent) {
-  return silo_level_record("central",
-                           {{"noise_multiplier", c.noise_multiplier},
-                            {"clip_norm", c.clip_norm},
-                            {"denominator", c.denominator},
-                            {"noise_stddev", noise_stddev(c)},
-                            {"sample_rate", c.sample_rate}},
-                           c.delta, c.epsilon, spent);
+  nlohmann::json fields = {{"noise_multiplier", c.noise_multiplier},
+                           {"clip_norm", c.clip_norm},
+                           {"denominator", c.denominator},
+                           {"noise_stddev", noise_stddev(c)},
+                           {"sample_rate", c.sample_rate}};
+  if (c.count_stddev > 0) fields["count_stddev"] = c.count_stddev;  // and clip_norm is the round's adaptive C
+  return silo_level_record("central", std::move(fields), c.delta, c.epsilon, spent);
 }
 
 std::optional<privacy::Mechanism> central_mechanism_of(const nlohmann::json& record) {
@@ -55,8 +80,21 @@ std::optional<privacy::Mechanism> central_mechanism_of(const nlohmann::json& rec
       throw std::invalid_argument(std::string("its privacy part has no number \"") + key + "\"");
     }
   }
-  const privacy::Mechanism m =
-      privacy::SubsampledGaussian{p["sample_rate"].get<double>(), p["noise_multiplier"].get<double>()};
+  // Adaptive clipping released a noisy count of unclipped updates with the step: its noise is part
+  // of the round's mechanism, and a round that adapted C without stating it spent more than it says.
+  double count_stddev = 0;
+  if (p.contains("count_stddev")) {
+    if (!p["count_stddev"].is_number() || !(p["count_stddev"].get<double>() > 0)) {
+      throw std::invalid_argument("its privacy part's count_stddev is not a number above 0");
+    }
+    count_stddev = p["count_stddev"].get<double>();
+  } else if (const auto r = record.find("robust"); r != record.end() && r->is_object() && r->contains("adaptive_clip")) {
+    throw std::invalid_argument("its clip norm adapted to a count of unclipped updates (robust.adaptive_clip) but its "
+                                "privacy part states no count_stddev: the count's release is not accounted");
+  }
+  const double z = p["noise_multiplier"].get<double>();
+  if (!(z > 0)) throw std::invalid_argument("its privacy part's noise_multiplier is not above 0");
+  const privacy::Mechanism m = privacy::SubsampledGaussian{p["sample_rate"].get<double>(), round_noise_multiplier(z, count_stddev)};
   privacy::validate(m);
   return m;
 }

@@ -20,6 +20,22 @@
 //     amplification by subsampling is claimed; q is recorded so that a later mode that samples
 //     in secret can claim it, and the audit check composes whatever q a record states.
 //
+// Adaptive clipping under central DP (aggregation.adaptive_clip; Andrew, Thakkar, McMahan,
+// Ramaswamy, NeurIPS 2021, "Differentially Private Learning with Adaptive Clipping"): C is the
+// round's, and the server also releases the count of unclipped updates with its own noise,
+//
+//   b~ = (sum_i (b_i - 1/2) + N(0, sigma_b^2)) / W + 1/2,   b_i = [||delta_i|| <= C],
+//   C <- C exp(-lr (b~ - quantile))
+//
+// The centred bits move the released sum by 1/2 when a silo is added or removed, so the pair
+// (step, count) is one Gaussian mechanism on the concatenated vector, of noise multiplier
+//
+//   z_round = (z^-2 + (2 sigma_b)^-2)^-1/2     (the paper's Theorem 1; in RDP: the sum of
+//                                               alpha / (2 z^2) and alpha / (2 (2 sigma_b)^2))
+//
+// z, the update's own multiplier (`noise_multiplier`), is derived from the z_round the budget
+// allows (`rounds`) and sigma_b (`count_stddev`), so the federation spends exactly its budget.
+//
 // The noise comes from crypto::NoiseSource under a fresh key each round from the round's random
 // source (RoundConfig::sources: the daemon gives the system's), never from the federation seed
 // (which anyone with the config knows).
@@ -50,12 +66,26 @@ struct CentralDpConfig {
   std::uint64_t rounds = 0;     // the rounds z was chosen for (0: z fixed by the config)
   double denominator = 0;       // W (>= 1)
   double sample_rate = 1.0;     // q: see above
+  // sigma_b, the standard deviation of adaptive clipping's unclipped count (0: C is fixed, no
+  // count is released). clip_norm is then the first round's C.
+  double count_stddev = 0;
   // What committed rounds have spent before this server started (rebuilt from the audit chain).
   privacy::Ledger spent;
 };
 
-// One committed round's mechanism: the subsampled Gaussian at (q, z).
+// One committed round's mechanism: the subsampled Gaussian at (q, z), or at (q, z_round) when
+// the round also releases the unclipped count.
 privacy::Mechanism round_mechanism(const CentralDpConfig& c);
+// z_round = (z^-2 + (2 sigma_b)^-2)^-1/2 (z itself when sigma_b is 0): the step and the count
+// together.
+double round_noise_multiplier(double z, double count_stddev);
+// The update's z that, with the count's sigma_b, makes z_round. Throws std::invalid_argument
+// when 2 sigma_b <= z_round (the count alone would spend the round's budget).
+double update_noise_multiplier(double z_round, double count_stddev);
+// sigma_b when the config gives none: the paper's W / 20, but never so little that the count
+// takes more than a tenth of a round's RDP ((z_round / (2 sigma_b))^2 <= 1/10; at 10 silos the
+// paper's 0.5 would cost more than the update itself at any useful epsilon).
+double default_count_stddev(double denominator, double z_round);
 // z C / W: the standard deviation of each coordinate's noise.
 double noise_stddev(const CentralDpConfig& c);
 // The epsilon of a ledger at `delta`.

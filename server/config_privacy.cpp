@@ -69,10 +69,6 @@ void refuse_voiding_combinations(const ConfigNode& root, const ConfigNode& p, co
   if (a.clip_norm > 0) {
     ag.fail("clip_norm", "central DP clips every update to privacy.clip_norm; remove aggregation.clip_norm");
   }
-  if (a.adaptive_clip.on()) {
-    ag.fail("adaptive_clip", "adapts the clip norm to the quantile of the updates' norms, a release of the updates "
-                             "that central DP's accountant does not count; set privacy.clip_norm");
-  }
   if (c.allow.allows_role(wire::EDGE)) {
     root.child("allow").fail("edge", "edges send one partial sum per region, so the server cannot clip each silo's "
                                      "update as central DP needs; remove allow.edge");
@@ -149,7 +145,8 @@ void refuse_voiding_distributed(const ConfigNode& root, const ConfigNode& p, con
   }
   if (a.adaptive_clip.on()) {
     ag.fail("adaptive_clip", "adapts the clip norm to the members' unclipped count, a release that distributed DP's "
-                             "accountant does not count; set privacy.clip_norm");
+                             "accountant does not count (its own Skellam share in the masked count word is not built; "
+                             "central mode noises and accounts it); set privacy.clip_norm");
   }
   if (protocol::compressed(c.compression)) {
     root.child("compression").fail("scheme", "distributed DP encodes the whole rotated update in the ring; random-k "
@@ -219,13 +216,36 @@ void parse_privacy(const ConfigNode& root, ServerConfig& c) {
   }
   CentralDpConfig dp;
   read_budget(root, p, c, dp);
+  const auto& adaptive = c.aggregation.adaptive_clip;
+  const double count_stddev = p.number("count_stddev", 0, 1e-6, 1e12);
   p.finish();
   refuse_voiding_combinations(root, p, c);
+  if (p.has("count_stddev") && !adaptive.on()) {
+    p.fail("count_stddev", "is the noise of adaptive clipping's unclipped count, and aggregation.adaptive_clip is off");
+  }
+  if (adaptive.on() && p.has("clip_norm")) {
+    p.fail("clip_norm", "and aggregation.adaptive_clip.initial both set the first round's clip norm: keep initial");
+  }
+  if (adaptive.on()) dp.clip_norm = adaptive.initial;
   if (dp.rounds > 0) {
     try {
       dp.noise_multiplier = noise_multiplier_for_rounds(dp.epsilon, dp.delta, dp.sample_rate, dp.rounds);
     } catch (const std::exception& e) {
       p.fail("rounds", std::string("no noise multiplier lasts them within epsilon and delta: ") + e.what());
+    }
+  }
+  // Adaptive clipping's count is released with the step (server/central_dp.h): with `rounds`, the
+  // noise multiplier above is the round's, shared between the count and the update.
+  if (adaptive.on()) {
+    const double z_round = dp.rounds > 0 ? dp.noise_multiplier : dp.noise_multiplier * std::sqrt(0.9);
+    dp.count_stddev = count_stddev > 0 ? count_stddev : default_count_stddev(dp.denominator, z_round);
+    if (dp.rounds > 0) {
+      try {
+        dp.noise_multiplier = update_noise_multiplier(dp.noise_multiplier, dp.count_stddev);
+      } catch (const std::invalid_argument& e) {
+        p.fail("count_stddev", std::string(e.what()) + " (the noise that lasts " + std::to_string(dp.rounds) +
+                                   " rounds); raise count_stddev or leave it out");
+      }
     }
   }
   if (!fits_another_round(dp, {})) {
@@ -260,9 +280,12 @@ nlohmann::json privacy_json(const DistributedDpConfig& dp) {
 nlohmann::json privacy_json(const CentralDpConfig& dp) {
   // The chosen noise multiplier, not the rounds it was chosen for: a config read back keeps the
   // noise the federation started with.
-  return {{"level", "silo"},           {"mode", "central"},        {"epsilon", dp.epsilon},
-          {"delta", dp.delta},         {"clip_norm", dp.clip_norm}, {"noise_multiplier", dp.noise_multiplier},
-          {"denominator", dp.denominator}};
+  nlohmann::json j = {{"level", "silo"},   {"mode", "central"},   {"epsilon", dp.epsilon},
+                      {"delta", dp.delta}, {"noise_multiplier", dp.noise_multiplier}, {"denominator", dp.denominator}};
+  // Adaptive clipping: the first C is aggregation.adaptive_clip.initial, and the count's noise is kept.
+  if (dp.count_stddev > 0) j["count_stddev"] = dp.count_stddev;
+  else j["clip_norm"] = dp.clip_norm;
+  return j;
 }
 
 }  // namespace xsilo::server

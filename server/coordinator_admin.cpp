@@ -125,6 +125,10 @@ nlohmann::json Coordinator::status(std::int64_t now_ms) const {
                        {"delta", cfg_.central_dp->delta},
                        {"noise_multiplier", cfg_.central_dp->noise_multiplier},
                        {"rounds_spent", rounds}};
+    if (cfg_.central_dp->count_stddev > 0) {  // adaptive clipping: the count's noise and the next round's C
+      j["central_dp"]["count_stddev"] = cfg_.central_dp->count_stddev;
+      if (clip_norm_) j["central_dp"]["clip_norm"] = *clip_norm_;
+    }
   }
   if (cfg_.distributed_dp) {
     const auto& dp = *cfg_.distributed_dp;

@@ -30,7 +30,11 @@ privacy::Mechanism Coordinator::round_dp_mechanism() const {
 }
 
 nlohmann::json Coordinator::privacy_record(const privacy::Ledger& spent) const {
-  if (cfg_.central_dp) return round_privacy_record(*cfg_.central_dp, spent);
+  if (cfg_.central_dp) {
+    auto c = *cfg_.central_dp;
+    if (clip_norm_) c.clip_norm = *clip_norm_;  // adaptive clipping: the round's C, as its aggregator clips
+    return round_privacy_record(c, spent);
+  }
   const auto [k, padded] = signed_skellam();
   auto j = round_privacy_record(*cfg_.distributed_dp, k, padded, spent);
   j["sums_revealed"] = r_ && r_->secure ? r_->secure->revealed() : std::size_t{0};

@@ -656,6 +656,50 @@ TEST_F(RecoveryTest, CentralDpSpendIsRebuiltFromEveryCommittedRecordOfTheLog) {
   EXPECT_EQ(r.committed_without_central_dp, 0u);  // every committed round of the first log was noised
 }
 
+// Central DP with adaptive clipping: a restart rebuilds the spend, the count's noise included, and
+// the clip norm where the last committed record left it; a committed record that adapted C
+// without its count's noise stops the start.
+TEST_F(RecoveryTest, CentralDpWithAdaptiveClippingRebuildsTheClipNormAndTheSpendWithTheCount) {
+  CentralDpConfig dp;
+  dp.epsilon = 8;
+  dp.noise_multiplier = 1.1;
+  dp.denominator = 5;
+  dp.count_stddev = 2;
+  privacy::Ledger spent;
+  auto commit = [&](ServerState& st, int r, double c, bool with_count) {
+    const Model m = model(static_cast<float>(r));
+    spent.add(round_mechanism(dp), 1);
+    dp.clip_norm = c;
+    auto rec = record(r, m);
+    rec["privacy"] = round_privacy_record(dp, spent);
+    if (!with_count) rec["privacy"].erase("count_stddev");
+    rec["robust"]["adaptive_clip"] = {{"clip_norm", c}, {"unclipped_fraction", 0.2}, {"quantile", 0.5},
+                                      {"count_stddev", 2}, {"next", c * 1.5}};
+    st.commit(static_cast<std::uint64_t>(r), m, Model{}, rec, MetricsRow{});
+  };
+  {
+    ServerState st(dir_.path(), 0);
+    commit(st, 1, 0.3, true);
+    commit(st, 2, 0.45, true);
+  }
+  const auto r = ServerState(dir_.path(), 0).recover(layout());
+  EXPECT_EQ(r.central_dp, spent);
+  ASSERT_TRUE(r.clip_norm);
+  EXPECT_DOUBLE_EQ(*r.clip_norm, 0.45 * 1.5);
+  auto without_count = dp;
+  without_count.count_stddev = 0;
+  privacy::Ledger less;
+  less.add(round_mechanism(without_count), 2);
+  EXPECT_GT(epsilon_of(r.central_dp, dp.delta), epsilon_of(less, dp.delta));
+  std::filesystem::create_directories(dir_ / "uncounted");
+  {
+    ServerState st(dir_ / "uncounted", 0);
+    commit(st, 1, 0.3, false);
+  }
+  EXPECT_NE(state_error([&] { ServerState(dir_ / "uncounted", 0).recover(layout()); }).find("states no count_stddev"),
+            std::string::npos);
+}
+
 // Silo-level distributed DP, as central DP's above (issue 42): the spend is rebuilt from the
 // audit chain's records, committed rounds and a round aborted after its noisy sums were
 // unmasked, whatever happened to the checkpoints (the newest one damaged and restored from the

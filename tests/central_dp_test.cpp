@@ -247,5 +247,212 @@ TEST(CentralDp, ATinyClaimedWeightCannotOverflowTheClippingOrAbortTheRound) {
   }
 }
 
+// Adaptive clipping's count (server/central_dp.h): each round adds, at every order alpha, the
+// RDP of a Gaussian of sensitivity 1/2 and standard deviation sigma_b, alpha / (2 (2 sigma_b)^2),
+// to the update's alpha / (2 z^2): the closed form, computed here on its own, against the
+// accountant's composition of the recorded mechanism.
+TEST(CentralDp, TheUnclippedCountAddsTheRdpOfItsGaussianToEachRound) {
+  server::CentralDpConfig dp;
+  dp.noise_multiplier = 1.3;
+  const std::uint64_t rounds = 7;
+  privacy::Ledger without;
+  without.add(server::round_mechanism(dp), rounds);
+  dp.count_stddev = 2.0;
+  privacy::Ledger with;
+  with.add(server::round_mechanism(dp), rounds);
+  const auto a = privacy::Accountant::replay(with), b = privacy::Accountant::replay(without);
+  std::vector<double> closed;
+  for (std::size_t i = 0; i < a.orders().size(); ++i) {
+    const double alpha = a.orders()[i];
+    const double update = alpha / (2 * 1.3 * 1.3), count = alpha / (2 * (2 * 2.0) * (2 * 2.0));
+    closed.push_back(rounds * (update + count));
+    EXPECT_NEAR(a.rdp()[i], closed.back(), 1e-9 * closed.back()) << "order " << alpha;
+    EXPECT_NEAR(a.rdp()[i] - b.rdp()[i], rounds * count, 1e-9 * closed.back()) << "order " << alpha;
+  }
+  const double eps_closed = privacy::epsilon_from_rdp(a.orders(), closed, 1e-5).epsilon;
+  EXPECT_NEAR(server::epsilon_of(with, 1e-5), eps_closed, 1e-9 * eps_closed);
+  EXPECT_GT(server::epsilon_of(with, 1e-5), server::epsilon_of(without, 1e-5) * 1.05);
+  // The update's z that, with sigma_b, makes a round's z; none when 2 sigma_b does not exceed it.
+  EXPECT_NEAR(server::update_noise_multiplier(server::round_noise_multiplier(1.3, 2.0), 2.0), 1.3, 1e-12);
+  EXPECT_THROW(server::update_noise_multiplier(1.0, 0.5), std::invalid_argument);
+  // The default sigma_b: the paper's W / 20 where that costs little, else a tenth of the round's RDP.
+  EXPECT_DOUBLE_EQ(server::default_count_stddev(1000, 1.0), 50);
+  const double z_round = 2.0, s = server::default_count_stddev(10, z_round);
+  EXPECT_NEAR((z_round / (2 * s)) * (z_round / (2 * s)), 0.1, 1e-12);
+}
+
+// With adaptive clipping and `rounds`, the round's noise (update and count together) is the one
+// that lasts them: the federation spends its budget exactly, and one more round does not fit.
+TEST(CentralDp, WithTheCountTheNoiseStillLastsThePlannedRoundsAndNotOneMore) {
+  server::CentralDpConfig dp;
+  dp.epsilon = 8;
+  dp.delta = 1e-5;
+  dp.rounds = 10;
+  dp.denominator = 10;
+  const double z_round = server::noise_multiplier_for_rounds(dp.epsilon, dp.delta, 1.0, dp.rounds);
+  dp.count_stddev = server::default_count_stddev(dp.denominator, z_round);
+  dp.noise_multiplier = server::update_noise_multiplier(z_round, dp.count_stddev);
+  EXPECT_GT(dp.noise_multiplier, z_round);  // the update gets less of the budget than without a count
+  privacy::Ledger spent;
+  for (std::uint64_t r = 0; r < dp.rounds; ++r) {
+    ASSERT_TRUE(server::fits_another_round(dp, spent)) << "round " << r + 1;
+    spent.add(server::round_mechanism(dp), 1);
+  }
+  EXPECT_LE(server::epsilon_of(spent, dp.delta), dp.epsilon);
+  EXPECT_GT(server::epsilon_of(spent, dp.delta), 0.999 * dp.epsilon);
+  EXPECT_FALSE(server::fits_another_round(dp, spent));
+  // Leaving the count out would claim less: the update's noise alone spends below the budget.
+  auto update_only = dp;
+  update_only.count_stddev = 0;
+  privacy::Ledger partial;
+  partial.add(server::round_mechanism(update_only), dp.rounds);
+  EXPECT_LT(server::epsilon_of(partial, dp.delta), 0.97 * dp.epsilon);
+}
+
+// The norms of twenty silos' deltas spread evenly over (0, 2]; C starts at 0.1 and follows the
+// median of the norms from the noised count alone (sigma_b 1 over W 20), to within the noise's
+// reach; every round clips with its own C and states it, with the count's noise and never the
+// count itself.
+TEST(CentralDp, AdaptiveClippingFollowsTheQuantileOfTheNormsFromTheNoisedCount) {
+  const std::size_t d = 40, silos = 20;
+  auto cfg = central(1e-9, 0.1, static_cast<double>(silos));
+  cfg.central_dp->count_stddev = 1.0;
+  cfg.aggregation.adaptive_clip = {.quantile = 0.5, .lr = 0.2, .initial = 0.1, .min = 1e-4};
+  std::vector<std::vector<float>> uploads(silos, std::vector<float>(d));
+  for (std::size_t i = 0; i < silos; ++i) {
+    const double norm = 0.1 * static_cast<double>(i + 1);  // 0.1 .. 2.0: the median is 1.05
+    for (std::size_t j = 0; j < d; ++j) uploads[i][j] = static_cast<float>(norm / std::sqrt(static_cast<double>(d)));
+  }
+  const std::vector<double> ones(silos, 1.0);
+  double c = 0.1;
+  std::vector<double> late;
+  for (std::uint8_t r = 0; r < 60; ++r) {
+    const Model l = layout(d);
+    auto agg = server::make_central_dp_sum(cfg, l, key(r), c);
+    for (std::size_t i = 0; i < silos; ++i) {
+      auto buf = agg->buffer();
+      std::memcpy(buf.bytes.data(), uploads[i].data(), d * sizeof(float));
+      auto check = std::make_shared<protocol::UploadCheck>();
+      protocol::check_work(check, buf.bytes.data(), d, wire::F32, true)();
+      const server::Contribution k{.silos = {"silo-" + std::to_string(i)}, .weight = 1, .group = 0,
+                                   .declared_sha256 = crypto::sha256_hex(std::span<const float>(uploads[i])),
+                                   .partial_sum = false};
+      ASSERT_TRUE(agg->fold(k, *check).has_value());
+    }
+    std::vector<float> out(d);
+    auto res = agg->combine(out, {});
+    ASSERT_TRUE(res.has_value());
+    // Every update's norm above C is clipped to C: the step's norm is at most n C / W.
+    double sq = 0;
+    for (float v : out) sq += static_cast<double>(v) * v;
+    EXPECT_LE(std::sqrt(sq), c * (1 + 1e-5));
+    const auto& part = res->record["robust"]["adaptive_clip"];
+    ASSERT_TRUE(part.is_object()) << res->record.dump();
+    EXPECT_EQ(part["clip_norm"].get<double>(), c);
+    EXPECT_EQ(part["count_stddev"].get<double>(), 1.0);
+    EXPECT_FALSE(part.contains("unclipped"));
+    ASSERT_TRUE(res->next_clip_norm);
+    EXPECT_EQ(*res->next_clip_norm, part["next"].get<double>());
+    c = *res->next_clip_norm;
+    if (r >= 40) late.push_back(c);
+  }
+  // The median of the norms is 1.05; the noise on the fraction (1 / 20) moves C by a few percent.
+  for (const double v : late) {
+    EXPECT_GT(v, 0.75) << "late C";
+    EXPECT_LT(v, 1.45) << "late C";
+  }
+  // The count is noised at count_stddev: one round at C = 1.05 leaves 10 of the 20 norms unclipped,
+  // which a vanishing sigma_b reports as 0.5 and sigma_b 3 (0.15 on the fraction) does not.
+  auto fraction_at = [&](double sigma_b, std::uint8_t k) {
+    auto at = cfg;
+    at.central_dp->count_stddev = sigma_b;
+    const Model l = layout(d);
+    auto agg = server::make_central_dp_sum(at, l, key(k), 1.05);
+    for (std::size_t i = 0; i < silos; ++i) {
+      auto buf = agg->buffer();
+      std::memcpy(buf.bytes.data(), uploads[i].data(), d * sizeof(float));
+      auto check = std::make_shared<protocol::UploadCheck>();
+      protocol::check_work(check, buf.bytes.data(), d, wire::F32, true)();
+      const server::Contribution u{.silos = {"silo-" + std::to_string(i)}, .weight = 1, .group = 0,
+                                   .declared_sha256 = crypto::sha256_hex(std::span<const float>(uploads[i])),
+                                   .partial_sum = false};
+      EXPECT_TRUE(agg->fold(u, *check).has_value());
+    }
+    std::vector<float> out(d);
+    auto res = agg->combine(out, {});
+    EXPECT_TRUE(res.has_value());
+    return res->record["robust"]["adaptive_clip"]["unclipped_fraction"].get<double>();
+  };
+  EXPECT_NEAR(fraction_at(1e-9, 9), 0.5, 1e-9);
+  double spread = 0;
+  for (std::uint8_t k = 0; k < 20; ++k) spread += (fraction_at(3.0, k) - 0.5) * (fraction_at(3.0, k) - 0.5);
+  EXPECT_GT(std::sqrt(spread / 20), 0.05);  // about 0.15, the noise over W
+  EXPECT_LT(std::sqrt(spread / 20), 0.3);
+  // Without adaptive clipping the aggregator releases no count.
+  auto fixed = central(1e-9, 0.1, static_cast<double>(silos));
+  const Model l = layout(d);
+  auto agg = server::make_central_dp_sum(fixed, l, key(1));
+  std::vector<float> out(d);
+  auto res = agg->combine(out, {});
+  ASSERT_TRUE(res.has_value());
+  EXPECT_FALSE(res->next_clip_norm);
+  EXPECT_FALSE(res->record.contains("robust"));
+}
+
+// `xsilo audit verify` recomposes a round that adapted C with its count's noise: a record that
+// omits count_stddev (a count released and not accounted) or states less count noise than its
+// claim was computed with fails.
+TEST(CentralDp, AuditVerifyCatchesARecordThatOmitsOrUnderstatesTheCountsNoise) {
+  server::CentralDpConfig dp;
+  dp.epsilon = 10;
+  dp.noise_multiplier = 1.5;
+  dp.denominator = 10;
+  dp.count_stddev = 2.5;
+  std::vector<nlohmann::json> log = {{{"event", "federation_start"}}};
+  privacy::Ledger spent;
+  double c = 0.3;
+  for (std::uint64_t r = 1; r <= 4; ++r) {
+    dp.clip_norm = c;
+    spent.add(server::round_mechanism(dp), 1);
+    auto rec = committed_round(r, dp, spent);
+    rec["robust"]["adaptive_clip"] = {{"clip_norm", c}, {"unclipped_fraction", 0.4}, {"quantile", 0.5},
+                                      {"count_stddev", dp.count_stddev}, {"next", c * 1.02}};
+    c *= 1.02;
+    log.push_back(rec);
+  }
+  const auto ok = server::check_privacy_claims(log);
+  ASSERT_TRUE(succeeded(ok));
+  EXPECT_EQ(ok->silo_rounds(), 4u);
+  EXPECT_NEAR(ok->silo_epsilon, server::epsilon_of(spent, dp.delta), 1e-12);
+  EXPECT_EQ(log[2]["privacy"]["count_stddev"], 2.5);
+  EXPECT_EQ(log[2]["privacy"]["clip_norm"], 0.3 * 1.02);
+  test::expect_understated_epsilon_caught(log, "central DP");
+
+  // A round that adapted C and states no count noise.
+  auto omitted = log;
+  omitted[2]["privacy"].erase("count_stddev");
+  test::expect_claims_fail(omitted, "record 3 (round 2): its central DP spend cannot be read");
+  test::expect_claims_fail(omitted, "states no count_stddev");
+  // A server that left the count out of its accounting: every claim made without it.
+  std::vector<nlohmann::json> unaccounted = {log[0]};
+  auto update_only = dp;
+  update_only.count_stddev = 0;
+  privacy::Ledger less;
+  for (std::uint64_t r = 1; r <= 4; ++r) {
+    less.add(server::round_mechanism(update_only), 1);
+    auto rec = committed_round(r, update_only, less);
+    rec["robust"] = log[r]["robust"];
+    unaccounted.push_back(rec);
+  }
+  test::expect_claims_fail(unaccounted, "states no count_stddev");
+  // The count's noise understated in one record: its rounds give more than the claims say.
+  auto understated = log;
+  understated[2]["privacy"]["count_stddev"] = 0.5;
+  test::expect_claims_fail(understated, "central DP claims epsilon");
+  auto nonsense = log;
+  nonsense[2]["privacy"]["count_stddev"] = -1;
+  test::expect_claims_fail(nonsense, "count_stddev is not a number above 0");
+}
+
 }  // namespace
 }  // namespace xsilo

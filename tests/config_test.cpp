@@ -954,9 +954,8 @@ TEST(Config, CentralDpIsConfiguredWithItsBudgetAndRefusedWhereItsGuaranteeWouldN
   EXPECT_NE(six(R"(, "privacy": {"epsilon": 3}, "aggregation": {"bucket": 2})").find(".aggregation.bucket"), std::string::npos);
   EXPECT_NE(six(R"(, "privacy": {"epsilon": 3}, "aggregation": {"clip_norm": 1})").find(".aggregation.clip_norm: central DP clips"),
             std::string::npos);
-  EXPECT_NE(six(R"(, "privacy": {"epsilon": 3}, "aggregation": {"adaptive_clip": {"quantile": 0.5}})")
-                .find(".aggregation.adaptive_clip: adapts the clip norm"),
-            std::string::npos);
+  // Adaptive clipping is accepted, its count accounted (the next test).
+  EXPECT_EQ(six(R"(, "privacy": {"epsilon": 3}, "aggregation": {"adaptive_clip": {"quantile": 0.5}})"), "");
 
   // The block as loaded: W is the silos the allow-list names (or a round's silos_per_round), the
   // noise is chosen for the rounds, and the config reads back with the same noise.
@@ -990,6 +989,50 @@ TEST(Config, CentralDpIsConfiguredWithItsBudgetAndRefusedWhereItsGuaranteeWouldN
   atomic_write_file(dir / "sim.json", R"({"silos": 3, "privacy": {"level": "silo", "mode": "distributed", "epsilon": 3}})");
   const auto distributed_sim = tools::load_sim_config(dir / "sim.json");
   EXPECT_EQ(distributed_sim.silo_privacy.value("mode", ""), "distributed");
+}
+
+// Central DP with adaptive clipping: the round's noise multiplier (the one that lasts the rounds)
+// is shared between the update and the unclipped count (server/central_dp.h), count_stddev by
+// default the paper's W / 20 or a tenth of the round's RDP; the first C is adaptive_clip.initial.
+TEST(Config, CentralDpWithAdaptiveClippingSharesTheRoundsNoiseWithTheUnclippedCount) {
+  const SixSiloServer six;
+  const std::string adaptive = R"(, "aggregation": {"adaptive_clip": {"quantile": 0.5, "initial": 0.3}})";
+  EXPECT_EQ(six(R"(, "privacy": {"epsilon": 8, "rounds": 10, "count_stddev": 4})" + adaptive), "");
+  EXPECT_EQ(six(R"(, "privacy": {"epsilon": 8, "noise_multiplier": 2, "count_stddev": 4})" + adaptive), "");
+  // The count's noise only with a count; the first C from one key only.
+  EXPECT_NE(six(R"(, "privacy": {"epsilon": 8, "count_stddev": 4})").find(".privacy.count_stddev: is the noise of adaptive clipping"),
+            std::string::npos);
+  EXPECT_NE(six(R"(, "privacy": {"epsilon": 8, "clip_norm": 0.5})" + adaptive).find(".privacy.clip_norm: and aggregation.adaptive_clip.initial"),
+            std::string::npos);
+  // A count's noise so small that it alone would spend the round's budget.
+  const auto tiny = six(R"(, "privacy": {"epsilon": 1, "rounds": 10, "count_stddev": 0.1})" + adaptive);
+  EXPECT_NE(tiny.find(".privacy.count_stddev: count_stddev 0.1 leaves no room for the update's noise"), std::string::npos) << tiny;
+  // A fixed update noise whose count makes one round too expensive.
+  EXPECT_NE(six(R"(, "privacy": {"epsilon": 1, "noise_multiplier": 5, "count_stddev": 0.05})" + adaptive)
+                .find(".privacy.noise_multiplier:"),
+            std::string::npos);
+
+  test::TempDir dir;
+  test::make_pki(dir / "pki", "f", {{wire::SERVER, "server"}});
+  atomic_write_file(dir / "s.json", R"({"federation": "f", "tls": {"kit": "pki/kits/server"},
+      "allow": {"silo": ["a", "b", "c", "d"]}, "model": {"inputs": 4}, "rounds": 12, "selection": {"min_silos": 3},
+      "aggregation": {"adaptive_clip": {"quantile": 0.5, "initial": 0.3}},
+      "privacy": {"level": "silo", "mode": "central", "epsilon": 2, "delta": 1e-6}})");
+  const auto c = server::load_server_config(dir / "s.json");
+  ASSERT_TRUE(c.central_dp);
+  const double z_round = privacy::noise_multiplier_for(2, 1e-6, 1.0, 12);
+  EXPECT_EQ(c.central_dp->clip_norm, 0.3);
+  EXPECT_NEAR(c.central_dp->count_stddev, server::default_count_stddev(4, z_round), 1e-12);
+  EXPECT_GT(c.central_dp->count_stddev, 4.0 / 20);  // at 4 silos the paper's W / 20 would cost too much
+  EXPECT_NEAR(server::round_noise_multiplier(c.central_dp->noise_multiplier, c.central_dp->count_stddev), z_round,
+              1e-9 * z_round);
+  EXPECT_GT(c.central_dp->noise_multiplier, z_round);
+  atomic_write_file(dir / "back.json", server::to_json(c).dump());
+  const auto back = server::load_server_config(dir / "back.json");
+  ASSERT_TRUE(back.central_dp);
+  EXPECT_EQ(back.central_dp->noise_multiplier, c.central_dp->noise_multiplier);
+  EXPECT_EQ(back.central_dp->count_stddev, c.central_dp->count_stddev);
+  EXPECT_EQ(back.central_dp->clip_norm, 0.3);
 }
 
 // Silo-level distributed DP: needs secure aggregation (SecAgg, a ring of 16 bits or more), and

@@ -12,6 +12,7 @@
 #include "proto/frame.h"
 #include "protocol/join.h"
 #include "protocol/signed_update.h"
+#include "server/audit.h"
 #include "server/coordinator.h"
 #include "server/upload_stage.h"
 #include "tests/result_util.h"
@@ -634,6 +635,74 @@ TEST(Coordinator, AdaptiveClippingFollowsTheQuantileOfTheNorms) {
   for (float d : deltas) mean += d * std::min(1.0, c / (d * s));
   mean /= 4;
   EXPECT_NEAR(h.store.commits[1].model.flat()[0] - h.store.commits[0].model.flat()[0], mean, 1e-5);
+}
+
+// Adaptive clipping under central DP: each round clips with its C, which its privacy part states
+// with the count's noise; the next round starts from the noised count's step; a restart given the
+// chain's spend and last C goes on from both, and the budget ends on the planned round, the
+// count included: the records pass the audit check.
+TEST(Coordinator, CentralDpWithAdaptiveClippingCarriesItsClipNormAndSpendsExactlyItsBudget) {
+  RoundConfig cfg = three_rounds();
+  cfg.rounds = 2;
+  cfg.selection.min_silos = 4;
+  cfg.selection.min_updates = 4;
+  cfg.aggregation.adaptive_clip = {.quantile = 0.5, .lr = 0.2, .initial = 1.0, .min = 1e-3};
+  CentralDpConfig dp;
+  dp.epsilon = 8;
+  dp.clip_norm = 1.0;
+  dp.denominator = 4;
+  dp.rounds = 4;
+  const double z_round = noise_multiplier_for_rounds(dp.epsilon, dp.delta, 1.0, dp.rounds);
+  dp.count_stddev = default_count_stddev(dp.denominator, z_round);
+  dp.noise_multiplier = update_noise_multiplier(z_round, dp.count_stddev);
+  cfg.central_dp = dp;
+  const std::vector<float> deltas = {0.1f, 2.0f, 3.0f, 4.0f};
+  std::vector<nlohmann::json> log = {{{"event", "federation_start"}}};
+  auto run = [&](Harness& h) {
+    h.connect_all(4);
+    for (int round = 0; round < 2; ++round) {
+      for (std::size_t i = 0; i < 4; ++i) h.ready(i, 10);
+      for (std::size_t i = 0; i < 4; ++i) h.upload(i, constant(deltas[i] * 10.0f), 10);
+    }
+    ASSERT_EQ(h.store.commits.size(), 2u);
+    for (const auto& c : h.store.commits) log.push_back(c.record);
+  };
+  Harness h(4, cfg);
+  run(h);
+  // Restarted as the daemon does from the chain: its spend, and C where the last record left it.
+  privacy::Ledger spent;
+  spent.add(round_mechanism(dp), 2);
+  cfg.central_dp->spent = spent;
+  cfg.aggregation.adaptive_clip.initial = log.back()["robust"]["adaptive_clip"]["next"].get<double>();
+  cfg.rounds = 5;
+  Harness again(4, cfg, 3);
+  run(again);
+  double c = 1.0;
+  for (std::size_t r = 1; r < log.size(); ++r) {
+    const auto& p = log[r]["privacy"];
+    const auto& ac = log[r]["robust"]["adaptive_clip"];
+    ASSERT_TRUE(ac.is_object()) << log[r].dump(2);
+    EXPECT_EQ(p["clip_norm"].get<double>(), c) << "round " << r;
+    EXPECT_EQ(ac["clip_norm"].get<double>(), c) << "round " << r;
+    EXPECT_EQ(p["count_stddev"].get<double>(), dp.count_stddev);
+    EXPECT_EQ(p["noise_stddev"].get<double>(), dp.noise_multiplier * c / dp.denominator);
+    EXPECT_NEAR(ac["next"].get<double>(), std::max(1e-3, c * std::exp(-0.2 * (ac["unclipped_fraction"].get<double>() - 0.5))),
+                1e-12);
+    c = ac["next"].get<double>();
+  }
+  const double spent_epsilon = log.back()["privacy"]["epsilon"].get<double>();
+  EXPECT_LE(spent_epsilon, dp.epsilon);
+  EXPECT_GT(spent_epsilon, 0.999 * dp.epsilon);
+  EXPECT_TRUE(again.finished);
+  EXPECT_EQ(again.finished_reason.rfind("privacy budget spent: epsilon", 0), 0u) << again.finished_reason;
+  // xsilo status shows the count's noise and the C the next round would clip with.
+  const auto status = again.coord().status(again.now)["central_dp"];
+  EXPECT_EQ(status["count_stddev"].get<double>(), dp.count_stddev);
+  EXPECT_EQ(status["clip_norm"].get<double>(), c);
+  const auto verified = check_privacy_claims(log);
+  ASSERT_TRUE(succeeded(verified));
+  EXPECT_EQ(verified->silo_rounds(), 4u);
+  EXPECT_NEAR(verified->silo_epsilon, spent_epsilon, 1e-12);
 }
 
 // Silo-level central DP: each committed round's record states its spend so far; when another

@@ -279,4 +279,29 @@ TEST(PrivacyAccountant, RefusesParametersOutOfRangeWithASentence) {
   EXPECT_TRUE(a.ledger().steps.empty());
 }
 
+// Two Gaussian releases of one round (central DP's step at multiplier z, and adaptive clipping's
+// count of sensitivity 1/2 and noise sigma_b, multiplier 2 sigma_b) compose to the one Gaussian at
+// z_round = (z^-2 + (2 sigma_b)^-2)^-1/2 that server/central_dp.h records (Andrew et al. 2021,
+// Theorem 1): the RDP is the same at every order, and exceeds the step's alone by
+// alpha / (2 (2 sigma_b)^2) a round, which epsilon then shows.
+TEST(PrivacyAccountant, AStepAndItsCountComposeToOneGaussianOfTheCombinedMultiplier) {
+  const double z = 1.2, sigma_b = 1.5, rounds = 10;
+  const double z_round = 1 / std::sqrt(1 / (z * z) + 1 / (4 * sigma_b * sigma_b));
+  Accountant pair, one, step_only;
+  for (int r = 0; r < rounds; ++r) {
+    pair.compose(SubsampledGaussian{1.0, z});
+    pair.compose(SubsampledGaussian{1.0, 2 * sigma_b});
+    step_only.compose(SubsampledGaussian{1.0, z});
+  }
+  one.compose(SubsampledGaussian{1.0, z_round}, static_cast<std::uint64_t>(rounds));
+  for (std::size_t i = 0; i < one.orders().size(); ++i) {
+    const double alpha = one.orders()[i];
+    EXPECT_NEAR(pair.rdp()[i], one.rdp()[i], 1e-12 * one.rdp()[i]) << alpha;
+    EXPECT_NEAR(one.rdp()[i] - step_only.rdp()[i], rounds * alpha / (2 * 4 * sigma_b * sigma_b), 1e-9 * one.rdp()[i])
+        << alpha;
+  }
+  EXPECT_NEAR(pair.epsilon(1e-5).epsilon, one.epsilon(1e-5).epsilon, 1e-9);
+  EXPECT_GT(one.epsilon(1e-5).epsilon, step_only.epsilon(1e-5).epsilon);
+}
+
 }  // namespace

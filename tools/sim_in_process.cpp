@@ -500,6 +500,7 @@ SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& 
     // aggregator's list is always empty.
     if (agg) (void)agg->prepare();
     bool committed = folded >= need;
+    const std::optional<double> round_clip = clip_norm;  // adaptive clipping: this round's C, logged
     if (committed) {
       Model next = global.zeros_like();
       // The server's own commit: a step whose sum overflowed float never reaches the optimizer.
@@ -529,8 +530,10 @@ SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& 
     result.final_accuracy = ev.accuracy;
     result.final_loss = ev.loss;
     if (committed) result.sim_ms = clock_ms;
-    log_round(log, {{"round", round}, {"status", committed ? "committed" : "aborted"}, {"sim_ms", clock_ms},
-                    {"accuracy", ev.accuracy}, {"loss", ev.loss}, {"updates", folded}});
+    nlohmann::json line = {{"round", round}, {"status", committed ? "committed" : "aborted"}, {"sim_ms", clock_ms},
+                           {"accuracy", ev.accuracy}, {"loss", ev.loss}, {"updates", folded}};
+    if (round_clip) line["clip_norm"] = *round_clip;
+    log_round(log, line);
     if (on_round) on_round(round, committed, global, ev.accuracy, ev.loss);
   }
   save_safetensors(f.out / "model.safetensors", global);
