@@ -131,14 +131,14 @@ void refuse_voiding_distributed(const ConfigNode& root, const ConfigNode& p, con
   }
   const auto ag = root.child("aggregation");
   const auto& a = c.aggregation;
-  if (a.rule.rule != robust::Rule::FedAvg) {
-    ag.fail("rule", std::string(robust::name(a.rule.rule)) +
-                        " cannot be combined with distributed DP: the noise is calibrated for one silo moving a group "
-                        "sum by its clipped update, and a rule across group sums moves the step otherwise (Krum and "
-                        "median jump from one group to another); use fedavg");
-  }
-  if (a.rule.nnm || a.rule.bucket > 1) {
-    ag.fail(a.rule.nnm ? "nnm" : "bucket", "mixes the group sums before the mean; distributed DP needs plain fedavg");
+  // A robust rule, nnm or bucketing across secure groups is allowed: the released objects are
+  // the group sums, each already carrying the round's noise, and a silo is in one group only, so
+  // whatever the server computes from them is post-processing (docs/privacy.md). Secure global
+  // mode has one sum and nothing to compare; config_secure.cpp refuses a rule there already.
+  if (a.inspects_inputs() && c.secure.mode != SecureMode::Grouped) {
+    ag.fail(a.rule.rule != robust::Rule::FedAvg ? "rule" : a.rule.nnm ? "nnm" : "bucket",
+            "needs secure.mode \"grouped\" under distributed DP: secure." + std::string(name(c.secure.mode)) +
+                " reveals one group sum, nothing to compare");
   }
   if (a.clip_norm > 0) {
     ag.fail("clip_norm", "distributed DP clips every update to privacy.clip_norm; remove aggregation.clip_norm");

@@ -156,18 +156,45 @@ std::vector<Rejection> SecureGroups::do_prepare() {
 }
 
 CombineResult SecureGroups::do_combine(std::span<float> out, const CombineContext& ctx) {
-  if (dp_) return combine_distributed_groups(results_, d_, *dp_, out);
+  if (dp_) return combine_distributed_groups(aggregation_, results_, d_, *dp_, ctx, out);
   return combine_groups(aggregation_, results_, d_, clip_norm_ ? std::optional<double>(round_.config().clip_norm)
                                                                : std::nullopt,
                         ceiling_, ctx, out);
 }
 
-CombineResult combine_distributed_groups(const std::vector<GroupResult>& results, std::size_t d,
-                                         const DistributedDpConfig& dp, std::span<float> out) {
-  // The groups' noisy sums over the fixed denominator W, as central mode (server/distributed_dp.h);
-  // FedAvg only (config_privacy.cpp refuses the rest).
+namespace {
+
+// Each group's mean (its sum over its weight: the codec's summed weight, or under distributed DP
+// its member count, every silo weighing 1), one row per group, through the rule across groups.
+CombineResult rule_across_group_means(const AggregationConfig& aggregation, const std::vector<const GroupSum*>& sums,
+                                      const std::vector<std::string>& labels, std::size_t d,
+                                      const CombineContext& ctx, std::span<float> out) {
+  std::vector<float> rows(sums.size() * d);
+  std::vector<double> weights, norms;
+  for (std::size_t g = 0; g < sums.size(); ++g) {
+    const double inv = 1.0 / sums[g]->weight();
+    float* row = rows.data() + g * d;
+    sums[g]->for_each_block([&](std::size_t from, std::span<const double> block) {
+      for (std::size_t k = 0; k < block.size(); ++k) row[from + k] = static_cast<float>(block[k] * inv);
+    });
+    weights.push_back(sums[g]->weight());
+    norms.push_back(robust::l2_norm(std::span<const float>(row, d)));
+  }
+  return combine_rows(aggregation, rows, d, labels, "group", weights, norms, ctx, out);
+}
+
+}  // namespace
+
+CombineResult combine_distributed_groups(const AggregationConfig& aggregation, const std::vector<GroupResult>& results,
+                                         std::size_t d, const DistributedDpConfig& dp, const CombineContext& ctx,
+                                         std::span<float> out) {
+  // FedAvg: the groups' noisy sums over the fixed denominator W, as central mode
+  // (server/distributed_dp.h). A robust rule (or nnm, bucketing): across the groups' noisy means.
+  // Either is post-processing of the released sums, each of which already carries the round's
+  // noise: the spend is the round's SkellamSum whatever is computed from them (docs/privacy.md).
   nlohmann::json outcome = nlohmann::json::array();
-  std::vector<double> total(d, 0.0);
+  std::vector<const GroupSum*> sums;
+  std::vector<std::string> labels;
   double members = 0;
   for (const auto& r : results) {
     nlohmann::json o = {{"group", r.group}, {"survivors", r.survivors}, {"ok", r.sum.has_value()},
@@ -176,16 +203,29 @@ CombineResult combine_distributed_groups(const std::vector<GroupResult>& results
     outcome.push_back(o);
     if (!r.sum) continue;
     members += r.sum->weight();
-    r.sum->for_each_block([&](std::size_t from, std::span<const double> block) {
-      for (std::size_t k = 0; k < block.size(); ++k) total[from + k] += block[k];
-    });
+    sums.push_back(&*r.sum);
+    labels.push_back(std::to_string(r.group));
   }
-  for (std::size_t k = 0; k < d; ++k) out[k] = static_cast<float>(total[k] / dp.denominator);
-  nlohmann::json record;
-  record["secure"]["groups_outcome"] = outcome;
-  record["distributed_dp"] = {{"updates", members}, {"denominator", dp.denominator}};
-  if (members > 0) return Combined{.record = std::move(record), .next_clip_norm = std::nullopt};
-  return CombineFailure{.reason = "no secure group's sum was revealed", .record = std::move(record)};
+  CombineResult c = Combined{};
+  nlohmann::json part = {{"updates", members}};
+  if (members == 0) {
+    c = CombineFailure{.reason = "no secure group's sum was revealed", .record = {}};
+  } else if (aggregation.inspects_inputs()) {
+    c = rule_across_group_means(aggregation, sums, labels, d, ctx, out);
+    part["step"] = "the rule across the groups' noisy means (each sum over its members)";
+  } else {
+    std::vector<double> total(d, 0.0);
+    for (const auto* s : sums) {
+      s->for_each_block([&](std::size_t from, std::span<const double> block) {
+        for (std::size_t k = 0; k < block.size(); ++k) total[from + k] += block[k];
+      });
+    }
+    for (std::size_t k = 0; k < d; ++k) out[k] = static_cast<float>(total[k] / dp.denominator);
+    part["denominator"] = dp.denominator;
+  }
+  record_of(c)["secure"]["groups_outcome"] = outcome;
+  record_of(c)["distributed_dp"] = part;
+  return c;
 }
 
 CombineResult combine_groups(const AggregationConfig& aggregation, const std::vector<GroupResult>& results,
@@ -193,9 +233,7 @@ CombineResult combine_groups(const AggregationConfig& aggregation, const std::ve
                              std::span<float> out) {
   nlohmann::json outcome = nlohmann::json::array();
   std::vector<const GroupSum*> sums;  // the groups counted, in order
-  std::vector<float> rows;
   std::vector<std::string> labels;
-  std::vector<double> weights, norms;
   double unclipped = 0, total_weight = 0;
   std::size_t counted = 0;
   for (const auto& r : results) {
@@ -214,21 +252,10 @@ CombineResult combine_groups(const AggregationConfig& aggregation, const std::ve
     sums.push_back(&*r.sum);
     total_weight += r.sum->weight();
     labels.push_back(std::to_string(r.group));
-    weights.push_back(r.sum->weight());
   }
   CombineResult c = Combined{};
   if (aggregation.inspects_inputs()) {
-    // Each group's mean: one row for a robust rule across groups.
-    rows.resize(sums.size() * d);
-    for (std::size_t g = 0; g < sums.size(); ++g) {
-      const double inv = 1.0 / sums[g]->weight();
-      float* row = rows.data() + g * d;
-      sums[g]->for_each_block([&](std::size_t from, std::span<const double> block) {
-        for (std::size_t k = 0; k < block.size(); ++k) row[from + k] = static_cast<float>(block[k] * inv);
-      });
-      norms.push_back(robust::l2_norm(std::span<const float>(row, d)));
-    }
-    c = combine_rows(aggregation, rows, d, labels, "group", weights, norms, ctx, out);
+    c = rule_across_group_means(aggregation, sums, labels, d, ctx, out);
   } else {
     // The weighted mean: the groups' sums added in order, a block at a time.
     std::vector<double> total(std::min(GroupSum::kBlock, d)), part(total.size());

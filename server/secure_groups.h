@@ -35,9 +35,12 @@ std::optional<wire::SkellamSetup> skellam_setup(const RoundConfig& cfg, std::uin
 // times the noise's norm can make).
 Status check_plausible_skellam_sum(const GroupSum& sum, std::size_t survivors, std::size_t min_survivors,
                                    const DistributedDpConfig& dp);
-// The revealed groups' noisy sums added and divided by the fixed denominator W.
-CombineResult combine_distributed_groups(const std::vector<GroupResult>& results, std::size_t d,
-                                         const DistributedDpConfig& dp, std::span<float> out);
+// Distributed DP: the revealed groups' noisy sums added and divided by the fixed denominator W
+// (FedAvg), or the configured rule across the groups' noisy means, each sum over its member count
+// (grouped mode): post-processing of the released sums, which spends nothing more.
+CombineResult combine_distributed_groups(const AggregationConfig& aggregation, const std::vector<GroupResult>& results,
+                                         std::size_t d, const DistributedDpConfig& dp, const CombineContext& ctx,
+                                         std::span<float> out);
 
 class SecureGroups final : public Aggregator {
  public:

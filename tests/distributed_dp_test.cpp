@@ -6,6 +6,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "common/fs.h"
 #include "crypto/skellam.h"
 #include "protocol/secagg_wire.h"
 #include "server/audit.h"
@@ -13,6 +14,8 @@
 #include "server/distributed_dp.h"
 #include "tests/privacy_claims.h"
 #include "tests/result_util.h"
+#include "tests/testlib.h"
+#include "tools/sim.h"
 
 namespace xsilo {
 namespace {
@@ -535,6 +538,54 @@ TEST(DistributedDp, ARoundRecordOfAnotherSetupThanItsUnmaskBegunOrASecondRecordO
   restarted.log.push_back({{"event", "federation_start"}});
   restarted.round(1, "committed", 1);
   EXPECT_TRUE(succeeded(server::check_privacy_claims(restarted.log)));
+}
+
+// Issue 42 item 5: a robust rule across secure groups under distributed DP, in-process (digits,
+// logistic, 20 silos in four groups of five, three of them sign-flipping): the rule runs on the
+// groups' noisy means, the model learns, and the spend is the accountant's for the six rounds the
+// noise was chosen for, the very epsilon the same federation spends with fedavg (the rule is
+// post-processing of the released sums).
+TEST(DistributedDp, ARobustRuleAcrossNoisyGroupSumsLearnsAndSpendsWhatFedAvgSpends) {
+  test::TempDir dir;
+  auto run = [&](const char* rule) {
+    nlohmann::json j = {
+        {"name", rule}, {"silos", 20}, {"rounds", 6}, {"seed", 4}, {"baseline", false},
+        {"data", {{"dataset", "digits"}, {"standardize", true}}},
+        {"model", {{"kind", "logistic"}}},
+        {"training", {{"local_epochs", 2}, {"batch_size", 32}, {"learning_rate", 0.05}}},
+        {"selection", {{"min_silos", 20}, {"min_updates", 20}}},
+        {"secure", {{"mode", "grouped"}, {"min_group", 5}, {"group_dropouts", 0}, {"max_weight", 1}}},
+        {"aggregation", {{"rule", rule}, {"f", std::string(rule) == "fedavg" ? 0 : 1}}},
+        {"attack", {{"silos", 3}, {"kind", "sign_flip"}, {"scale", 4.0}}},
+        {"privacy", {{"level", "silo"}, {"mode", "distributed"}, {"epsilon", 30.0}, {"delta", 1e-5},
+                     {"rounds", 6}, {"clip_norm", 0.3}, {"bits", 20}}}};
+    atomic_write_file(dir / (std::string(rule) + ".json"), j.dump());
+    std::vector<double> accuracy;  // after each committed round
+    const auto r = tools::run_sim_in_process(tools::load_sim_config(dir / (std::string(rule) + ".json")), dir / rule,
+                                             [&](std::uint64_t, bool committed, const Model&, double a, double) {
+                                               if (committed) accuracy.push_back(a);
+                                             });
+    return std::pair(r, accuracy);
+  };
+  const auto [fedavg, fedavg_accuracy] = run("fedavg");
+  EXPECT_EQ(fedavg.rounds_committed, 6u);
+  for (const char* rule : {"median", "trimmed_mean"}) {
+    SCOPED_TRACE(rule);
+    const auto [r, accuracy] = run(rule);
+    EXPECT_EQ(r.exit_code, 0);
+    EXPECT_EQ(r.rounds_committed, 6u);
+    // Six rounds at the noise chosen for six: just within the budget, and exactly fedavg's.
+    EXPECT_LE(r.epsilon_spent, 30.0);
+    EXPECT_GT(r.epsilon_spent, 29.97);
+    EXPECT_EQ(r.epsilon_spent, fedavg.epsilon_spent);
+    // The model learns on the noisy group means (at epsilon 30 with 20 silos, about 0.27 after one
+    // round and 0.6 after six, fedavg's too; chance is 0.1).
+    ASSERT_EQ(accuracy.size(), 6u);
+    std::string curve;
+    for (const double a : accuracy) curve += std::to_string(a) + " ";
+    EXPECT_GT(r.final_accuracy, 0.45) << curve << "; fedavg " << fedavg.final_accuracy;
+    EXPECT_GT(r.final_accuracy, accuracy.front() + 0.15) << curve;
+  }
 }
 
 }  // namespace

@@ -528,6 +528,48 @@ TEST(Federation, DistributedDpRunsThroughEdges) {
   EXPECT_EQ(noised, 2u);
 }
 
+// Issue 42 item 5: a robust rule across secure groups under distributed DP, real processes: nine
+// silos in three groups of three, the median across their noisy means. Every round commits with
+// the rule applied, charged as fedavg's would be, and `xsilo audit verify` with a silo's
+// sent.jsonl recomputes the spend.
+TEST(Federation, DistributedDpWithTheMedianAcrossSecureGroupsCommitsAndPassesAuditVerify) {
+  test::TempDir dir;
+  auto sim = distributed_sim({{"level", "silo"}, {"mode", "distributed"}, {"epsilon", 20.0}, {"delta", 1e-5},
+                              {"bits", 20}},
+                             nlohmann::json::array());
+  sim["silos"] = 9;
+  sim["rounds"] = 2;
+  sim["selection"] = {{"min_silos", 9}, {"min_updates", 9}};
+  sim["secure"]["mode"] = "grouped";
+  sim["secure"]["group_dropouts"] = 0;
+  sim["aggregation"] = {{"rule", "median"}, {"f", 1}};
+  sim.erase("faults");
+  atomic_write_file(dir / "sim.json", sim.dump());
+  ProcessOptions in_dir;
+  in_dir.cwd = dir.path();
+  Process run({test::xsilo_bin(), "sim", "--config", "sim.json", "--out", "out"}, dir / "sim.log", in_dir);
+  ASSERT_EQ(run.wait(240s).value_or(-1), 0) << log_tail(dir / "sim.log", 40);
+  const auto summary = nlohmann::json::parse(read_file(dir / "out" / "summary.json"));
+  EXPECT_EQ(summary["rounds_committed"], 2);
+  std::size_t noised = 0;
+  for (const auto& r : server::read_audit_log(dir / "out" / "audit.jsonl")) {
+    if (r.value("event", "") != "round" || r.value("status", "") != "committed") continue;
+    EXPECT_EQ(r["privacy"]["mechanism"], "skellam");
+    EXPECT_EQ(r["privacy"]["rounds_spent"], ++noised);
+    EXPECT_EQ(r["robust"]["applied"], "median") << r.dump();
+    EXPECT_EQ(r["robust"]["inputs"], 3) << r.dump();
+    EXPECT_EQ(r["secure"]["groups"].size(), 3u) << r.dump();
+    EXPECT_EQ(r["distributed_dp"]["updates"], 9.0) << r.dump();
+  }
+  EXPECT_EQ(noised, 2u);
+  Process verify({test::xsilo_bin(), "audit", "verify", "out/audit.jsonl", "--key", "out/audit.pub", "--sent",
+                  "out/silos/hospital-01/state/sent.jsonl"},
+                 dir / "verify.log", in_dir);
+  EXPECT_EQ(verify.wait(30s).value_or(-1), 0) << log_tail(dir / "verify.log");
+  EXPECT_NE(read_file(dir / "verify.log").find("2 releases of its unmask shares"), std::string::npos)
+      << log_tail(dir / "verify.log");
+}
+
 // Record-level privacy in a federation of real processes, secure groups through two edges: each
 // silo chooses its own noise for the rounds its budget was planned for, spends its budget across
 // them, refuses the round after, and the server ends the federation (audited) once too few silos

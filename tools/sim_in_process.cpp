@@ -153,7 +153,9 @@ class GroupedSums {
       }
       results.push_back(std::move(r));
     }
-    if (skellam_) return server::combine_distributed_groups(results, d_, *cfg_.distributed_dp, out);
+    if (skellam_) {
+      return server::combine_distributed_groups(cfg_.aggregation, results, d_, *cfg_.distributed_dp, ctx, out);
+    }
     return server::combine_groups(cfg_.aggregation, results, d_,
                                   clip_norm_ ? std::optional<double>(secure_.clip_norm) : std::nullopt,
                                   cfg_.secure.clip_norm, ctx, out);
