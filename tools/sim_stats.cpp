@@ -78,6 +78,12 @@ double norm(const std::vector<double>& v) {
 // have, and the largest silo's rows); a real federation's operators state them.
 json stats_secure(const SimConfig& cfg, const std::vector<std::filesystem::path>& files, const FeatureStats& pooled) {
   json s = cfg.secure;
+  // Every silo must take part in both rounds, so a key or unmask deadline too short for a large
+  // group's exchange on a loaded machine loses the statistics (100 silos on two busy cores missed
+  // the default 30 s): the bounds grow by a second a silo. Only a failing round waits that long.
+  const double wait_s = 30.0 + static_cast<double>(files.size());
+  s["keys_s"] = std::max(s.value("keys_s", 30.0), wait_s);
+  s["unmask_s"] = std::max(s.value("unmask_s", 30.0), wait_s);
   double bound = 1, rows = 1;
   for (const auto& file : files) {
     const Dataset d = load_csv(file);
