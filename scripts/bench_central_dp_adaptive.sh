@@ -4,15 +4,16 @@
 # central DP"). Usage:
 #   scripts/bench_central_dp_adaptive.sh XSILO_BIN OUT_DIR "EPSILONS" "SEEDS" MODEL ROUNDS CLIP "INITIALS"
 # e.g. scripts/bench_central_dp_adaptive.sh build/tools/xsilo runs/cdp-adaptive "8" "1 2 3" logistic 10 0.3 "0.3 1"
-# Prints one line per run: name final_accuracy epsilon_spent.
+# Prints one line per run: name final_accuracy epsilon_spent seconds.
 set -euo pipefail
 bin=$1 out=$2 epsilons=$3 seeds=$4 model=${5:-logistic} rounds=${6:-10} clip=${7:-0.3} initials=${8:-"0.3 1"}
 mkdir -p "$out"
+. "$(dirname "$0")/dp_bench_lib.sh"
 model_json='{"kind": "logistic"}'
 [ "$model" = mlp ] && model_json='{"kind": "mlp", "hidden": [64]}'
 run() {  # name privacy_json aggregation_json seed
   local name=$1 privacy=$2 aggregation=$3 seed=$4
-  cat > "$out/$name.json" <<JSON
+  dp_sim "$name" "$(cat <<JSON
 {"name": "$name", "federation": "sim", "silos": 10, "rounds": $rounds, "seed": $seed, "baseline": false,
  "data": {"dataset": "digits", "test_fraction": 0.2, "standardize": true, "split": "dirichlet", "alpha": 0.5},
  "model": $model_json,
@@ -20,14 +21,7 @@ run() {  # name privacy_json aggregation_json seed
  "optimizer": {"kind": "fedavgm", "lr": 1.0, "momentum": 0.5}
  $aggregation, "privacy": $privacy}
 JSON
-  "$bin" sim --in-process --config "$out/$name.json" --out "$out/$name" > "$out/$name.log" 2>&1 || true
-  python3 - "$out/$name.log" "$name" <<'PY'
-import re, sys
-text = open(sys.argv[1]).read()
-acc = re.findall(r"accuracy ([0-9.]+)", text)
-eps = re.findall(r"epsilon ([0-9.]+) of", text)
-print(sys.argv[2], acc[-1] if acc else "none", eps[-1] if eps else "none")
-PY
+)"
 }
 for eps in $epsilons; do
   for seed in $seeds; do

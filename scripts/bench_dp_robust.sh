@@ -10,6 +10,7 @@
 set -euo pipefail
 bin=$1 out=$2 epsilons=$3 rules=$4 attackers_list=$5 seeds=$6 rounds=${7:-10}
 mkdir -p "$out"
+. "$(dirname "$0")/dp_bench_lib.sh"
 # f counts groups: 2 of the 10 group means (5 attackers spoil about 4 groups, each diluted by its
 # 9 honest members; f = 4 would leave Multi-Krum no room: n > 2f + 2).
 aggregation() {
@@ -30,7 +31,7 @@ for eps in $epsilons; do
     for rule in $rules; do
       for seed in $seeds; do
         name="e${eps}_a${attackers}_${rule}_s${seed}"
-        cat > "$out/$name.json" <<JSON
+        dp_sim "$name" "$(cat <<JSON
 {"name": "$name", "federation": "sim", "silos": 100, "rounds": $rounds, "seed": $seed, "baseline": false,
  "data": {"dataset": "digits", "test_fraction": 0.2, "standardize": true, "split": "iid"},
  "model": {"kind": "logistic"},
@@ -40,16 +41,7 @@ for eps in $epsilons; do
  "secure": {"mode": "grouped", "min_group": 10, "group_dropouts": 0, "modulus_bits": 32, "max_weight": 1},
  "aggregation": $(aggregation "$rule") $attack $privacy}
 JSON
-        start=$(date +%s.%N)
-        "$bin" sim --in-process --config "$out/$name.json" --out "$out/$name" > "$out/$name.log" 2>&1 || true
-        end=$(date +%s.%N)
-        python3 - "$out/$name.log" "$name" "$start" "$end" <<'PY'
-import re, sys
-text = open(sys.argv[1]).read()
-acc = re.findall(r"accuracy ([0-9.]+)", text)
-eps = re.findall(r"epsilon ([0-9.]+) of", text)
-print(sys.argv[2], acc[-1] if acc else "none", eps[-1] if eps else "none", "%.1f" % (float(sys.argv[4]) - float(sys.argv[3])))
-PY
+)"
       done
     done
   done

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <set>
@@ -503,29 +504,38 @@ TEST(Federation, DistributedDpSurvivesASiloDroppingOutAndRunsInProcess) {
 
 // Distributed DP through two edges: an edge only adds masked words mod 2^modulus_bits, so the
 // server still unmasks one sum over the same ring, with every silo's noise share in it.
-TEST(Federation, DistributedDpRunsThroughEdges) {
-  test::TempDir dir;
+// A two-round distributed-DP federation at epsilon 20 with `change` applied, run by `xsilo sim`
+// in `dir` (sim.json, out/, sim.log): every round commits under the Skellam mechanism; its
+// committed round records in `committed`.
+void run_two_distributed_rounds(const test::TempDir& dir, const std::function<void(nlohmann::json&)>& change,
+                                std::vector<nlohmann::json>& committed) {
   auto sim = distributed_sim({{"level", "silo"}, {"mode", "distributed"}, {"epsilon", 20.0}, {"delta", 1e-5},
                               {"bits", 20}},
                              nlohmann::json::array());
-  sim["edges"] = 2;
   sim["rounds"] = 2;
+  change(sim);
   atomic_write_file(dir / "sim.json", sim.dump());
   ProcessOptions in_dir;
   in_dir.cwd = dir.path();
   Process run({test::xsilo_bin(), "sim", "--config", "sim.json", "--out", "out"}, dir / "sim.log", in_dir);
   ASSERT_EQ(run.wait(240s).value_or(-1), 0) << log_tail(dir / "sim.log", 40);
-  EXPECT_NE(read_file(dir / "sim.log").find("edges 2/2"), std::string::npos) << log_tail(dir / "sim.log", 20);
   const auto summary = nlohmann::json::parse(read_file(dir / "out" / "summary.json"));
   EXPECT_EQ(summary["rounds_committed"], 2);
-  std::size_t noised = 0;
   for (const auto& r : server::read_audit_log(dir / "out" / "audit.jsonl")) {
     if (r.value("event", "") != "round" || r.value("status", "") != "committed") continue;
     EXPECT_EQ(r["privacy"]["mechanism"], "skellam");
-    EXPECT_EQ(r["distributed_dp"]["updates"], 5.0) << r.dump();
-    ++noised;
+    EXPECT_EQ(r["privacy"]["rounds_spent"], committed.size() + 1) << r.dump();
+    committed.push_back(r);
   }
-  EXPECT_EQ(noised, 2u);
+  EXPECT_EQ(committed.size(), 2u);
+}
+
+TEST(Federation, DistributedDpRunsThroughEdges) {
+  test::TempDir dir;
+  std::vector<nlohmann::json> committed;
+  ASSERT_NO_FATAL_FAILURE(run_two_distributed_rounds(dir, [](nlohmann::json& sim) { sim["edges"] = 2; }, committed));
+  EXPECT_NE(read_file(dir / "sim.log").find("edges 2/2"), std::string::npos) << log_tail(dir / "sim.log", 20);
+  for (const auto& r : committed) EXPECT_EQ(r["distributed_dp"]["updates"], 5.0) << r.dump();
 }
 
 // Issue 42 item 5: a robust rule across secure groups under distributed DP, real processes: nine
@@ -534,34 +544,26 @@ TEST(Federation, DistributedDpRunsThroughEdges) {
 // sent.jsonl recomputes the spend.
 TEST(Federation, DistributedDpWithTheMedianAcrossSecureGroupsCommitsAndPassesAuditVerify) {
   test::TempDir dir;
-  auto sim = distributed_sim({{"level", "silo"}, {"mode", "distributed"}, {"epsilon", 20.0}, {"delta", 1e-5},
-                              {"bits", 20}},
-                             nlohmann::json::array());
-  sim["silos"] = 9;
-  sim["rounds"] = 2;
-  sim["selection"] = {{"min_silos", 9}, {"min_updates", 9}};
-  sim["secure"]["mode"] = "grouped";
-  sim["secure"]["group_dropouts"] = 0;
-  sim["aggregation"] = {{"rule", "median"}, {"f", 1}};
-  sim.erase("faults");
-  atomic_write_file(dir / "sim.json", sim.dump());
-  ProcessOptions in_dir;
-  in_dir.cwd = dir.path();
-  Process run({test::xsilo_bin(), "sim", "--config", "sim.json", "--out", "out"}, dir / "sim.log", in_dir);
-  ASSERT_EQ(run.wait(240s).value_or(-1), 0) << log_tail(dir / "sim.log", 40);
-  const auto summary = nlohmann::json::parse(read_file(dir / "out" / "summary.json"));
-  EXPECT_EQ(summary["rounds_committed"], 2);
-  std::size_t noised = 0;
-  for (const auto& r : server::read_audit_log(dir / "out" / "audit.jsonl")) {
-    if (r.value("event", "") != "round" || r.value("status", "") != "committed") continue;
-    EXPECT_EQ(r["privacy"]["mechanism"], "skellam");
-    EXPECT_EQ(r["privacy"]["rounds_spent"], ++noised);
+  std::vector<nlohmann::json> committed;
+  ASSERT_NO_FATAL_FAILURE(run_two_distributed_rounds(
+      dir,
+      [](nlohmann::json& sim) {
+        sim["silos"] = 9;
+        sim["selection"] = {{"min_silos", 9}, {"min_updates", 9}};
+        sim["secure"]["mode"] = "grouped";
+        sim["secure"]["group_dropouts"] = 0;
+        sim["aggregation"] = {{"rule", "median"}, {"f", 1}};
+        sim.erase("faults");
+      },
+      committed));
+  for (const auto& r : committed) {
     EXPECT_EQ(r["robust"]["applied"], "median") << r.dump();
     EXPECT_EQ(r["robust"]["inputs"], 3) << r.dump();
     EXPECT_EQ(r["secure"]["groups"].size(), 3u) << r.dump();
     EXPECT_EQ(r["distributed_dp"]["updates"], 9.0) << r.dump();
   }
-  EXPECT_EQ(noised, 2u);
+  ProcessOptions in_dir;
+  in_dir.cwd = dir.path();
   Process verify({test::xsilo_bin(), "audit", "verify", "out/audit.jsonl", "--key", "out/audit.pub", "--sent",
                   "out/silos/hospital-01/state/sent.jsonl"},
                  dir / "verify.log", in_dir);
