@@ -61,12 +61,18 @@ nlohmann::json silo_level_record(const char* mechanism, nlohmann::json fields, d
 }
 
 nlohmann::json round_privacy_record(const CentralDpConfig& c, const privacy::Ledger& spent) {
-  nlohmann::json fields = {{"noise_multiplier", c.noise_multiplier},
+  // `noise_multiplier` is always the round's, the one its spend is computed from, so that a reader
+  // that knows nothing of adaptive clipping computes the right epsilon from it; with adaptive
+  // clipping the update's own (smaller) multiplier is `update_noise_multiplier`.
+  nlohmann::json fields = {{"noise_multiplier", round_noise_multiplier(c.noise_multiplier, c.count_stddev)},
                            {"clip_norm", c.clip_norm},
                            {"denominator", c.denominator},
                            {"noise_stddev", noise_stddev(c)},
                            {"sample_rate", c.sample_rate}};
-  if (c.count_stddev > 0) fields["count_stddev"] = c.count_stddev;  // and clip_norm is the round's adaptive C
+  if (c.count_stddev > 0) {  // and clip_norm is the round's adaptive C
+    fields["count_stddev"] = c.count_stddev;
+    fields["update_noise_multiplier"] = c.noise_multiplier;
+  }
   return silo_level_record("central", std::move(fields), c.delta, c.epsilon, spent);
 }
 
@@ -94,7 +100,25 @@ std::optional<privacy::Mechanism> central_mechanism_of(const nlohmann::json& rec
   }
   const double z = p["noise_multiplier"].get<double>();
   if (!(z > 0)) throw std::invalid_argument("its privacy part's noise_multiplier is not above 0");
-  const privacy::Mechanism m = privacy::SubsampledGaussian{p["sample_rate"].get<double>(), round_noise_multiplier(z, count_stddev)};
+  double z_round = z;
+  if (count_stddev > 0) {
+    // The round's multiplier is recomputed from the update's and the count's noise, and the stated
+    // one must be it: a larger one would let a reader of noise_multiplier alone under-count.
+    if (!p.contains("update_noise_multiplier") || !p["update_noise_multiplier"].is_number() ||
+        !(p["update_noise_multiplier"].get<double>() > 0)) {
+      throw std::invalid_argument("its privacy part states count_stddev without a number update_noise_multiplier above 0");
+    }
+    z_round = round_noise_multiplier(p["update_noise_multiplier"].get<double>(), count_stddev);
+    if (std::abs(z - z_round) > 1e-9 * z_round) {
+      char why[240];
+      std::snprintf(why, sizeof why,
+                    "its privacy part's noise_multiplier %.12g is not the round's %.12g (from update_noise_multiplier "
+                    "and count_stddev)",
+                    z, z_round);
+      throw std::invalid_argument(why);
+    }
+  }
+  const privacy::Mechanism m = privacy::SubsampledGaussian{p["sample_rate"].get<double>(), z_round};
   privacy::validate(m);
   return m;
 }

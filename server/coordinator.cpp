@@ -386,7 +386,11 @@ void Coordinator::decide(std::int64_t now_ms) {
     if (!c) {
       rec["status"] = "aborted";
       rec["reason"] = c.error().reason;
-      if (!privacy_unspent.is_null()) rec["privacy"] = std::move(privacy_unspent);
+      if (!privacy_unspent.is_null()) {
+        rec["privacy"] = std::move(privacy_unspent);
+        // An uncharged round releases nothing noised: not the count adaptive clipping drew either.
+        if (auto r = rec.find("robust"); r != rec.end() && r->is_object()) r->erase("adaptive_clip");
+      }
       row.committed = false;
       return CommitOutcome{.committed = false,
                            .reason = c.error().reason,

@@ -363,12 +363,12 @@ TEST(CentralDp, AdaptiveClippingFollowsTheQuantileOfTheNormsFromTheNoisedCount) 
   }
   // The count is noised at count_stddev: one round at C = 1.05 leaves 10 of the 20 norms unclipped,
   // which a vanishing sigma_b reports as 0.5 and sigma_b 3 (0.15 on the fraction) does not.
-  auto fraction_at = [&](double sigma_b, std::uint8_t k) {
+  auto fraction_at = [&](double sigma_b, std::uint8_t k, std::size_t n) {
     auto at = cfg;
     at.central_dp->count_stddev = sigma_b;
     const Model l = layout(d);
     auto agg = server::make_central_dp_sum(at, l, key(k), 1.05);
-    for (std::size_t i = 0; i < silos; ++i) {
+    for (std::size_t i = 0; i < n; ++i) {
       auto buf = agg->buffer();
       std::memcpy(buf.bytes.data(), uploads[i].data(), d * sizeof(float));
       auto check = std::make_shared<protocol::UploadCheck>();
@@ -383,9 +383,20 @@ TEST(CentralDp, AdaptiveClippingFollowsTheQuantileOfTheNormsFromTheNoisedCount) 
     EXPECT_TRUE(res.has_value());
     return res->record["robust"]["adaptive_clip"]["unclipped_fraction"].get<double>();
   };
-  EXPECT_NEAR(fraction_at(1e-9, 9), 0.5, 1e-9);
+  EXPECT_NEAR(fraction_at(1e-9, 9, silos), 0.5, 1e-9);
+  // With fewer uploads than W the released fraction is the centred count over W:
+  // (u - n / 2) / W + 1 / 2, u the unclipped among the n (the paper's estimator at a fixed W).
+  const std::size_t fewer = 13;
+  double u = 0;
+  for (std::size_t i = 0; i < fewer; ++i) {
+    double sq = 0;
+    for (float v : uploads[i]) sq += static_cast<double>(v) * v;
+    u += std::sqrt(sq) <= 1.05 ? 1 : 0;
+  }
+  EXPECT_NEAR(fraction_at(1e-9, 9, fewer), (u - fewer / 2.0) / static_cast<double>(silos) + 0.5, 1e-9) << u;
+  EXPECT_NE((u - fewer / 2.0) / static_cast<double>(silos) + 0.5, u / static_cast<double>(silos)) << u;
   double spread = 0;
-  for (std::uint8_t k = 0; k < 20; ++k) spread += (fraction_at(3.0, k) - 0.5) * (fraction_at(3.0, k) - 0.5);
+  for (std::uint8_t k = 0; k < 20; ++k) spread += (fraction_at(3.0, k, silos) - 0.5) * (fraction_at(3.0, k, silos) - 0.5);
   EXPECT_GT(std::sqrt(spread / 20), 0.05);  // about 0.15, the noise over W
   EXPECT_LT(std::sqrt(spread / 20), 0.3);
   // Without adaptive clipping the aggregator releases no count.
@@ -445,10 +456,23 @@ TEST(CentralDp, AuditVerifyCatchesARecordThatOmitsOrUnderstatesTheCountsNoise) {
     unaccounted.push_back(rec);
   }
   test::expect_claims_fail(unaccounted, "states no count_stddev");
-  // The count's noise understated in one record: its rounds give more than the claims say.
+  // The count's noise understated in one record, its noise_multiplier restated to match: its
+  // rounds give more than the claims say.
   auto understated = log;
   understated[2]["privacy"]["count_stddev"] = 0.5;
+  understated[2]["privacy"]["noise_multiplier"] = server::round_noise_multiplier(dp.noise_multiplier, 0.5);
   test::expect_claims_fail(understated, "central DP claims epsilon");
+  // noise_multiplier is the round's (what a reader that knows nothing of the count computes from):
+  // stating the update's alone there, or dropping the update's, is refused.
+  EXPECT_NEAR(log[2]["privacy"]["noise_multiplier"].get<double>(),
+              server::round_noise_multiplier(dp.noise_multiplier, dp.count_stddev), 1e-12);
+  EXPECT_EQ(log[2]["privacy"]["update_noise_multiplier"], dp.noise_multiplier);
+  auto update_z = log;
+  update_z[2]["privacy"]["noise_multiplier"] = dp.noise_multiplier;
+  test::expect_claims_fail(update_z, "is not the round's");
+  auto no_update_z = log;
+  no_update_z[2]["privacy"].erase("update_noise_multiplier");
+  test::expect_claims_fail(no_update_z, "without a number update_noise_multiplier");
   auto nonsense = log;
   nonsense[2]["privacy"]["count_stddev"] = -1;
   test::expect_claims_fail(nonsense, "count_stddev is not a number above 0");
