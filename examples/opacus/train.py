@@ -88,19 +88,35 @@ def main():
     p.add_argument("--train"), p.add_argument("--test")
     p.add_argument("--epochs", type=int, default=1, help="epochs when run by hand")
     p.add_argument("--noise", type=float, default=1.0, help="noise multiplier sigma")
+    p.add_argument("--epsilon", type=float, help="instead of --noise: the smallest noise that keeps "
+                   "--total-epochs epochs of this data within epsilon at delta 1e-5 (Opacus chooses it)")
+    p.add_argument("--total-epochs", type=int, help="with --epsilon: the epochs the budget must last "
+                   "(federated: rounds x local epochs)")
     p.add_argument("--clip", type=float, default=1.0, help="per-example clip norm")
     p.add_argument("--batch", type=int, default=32, help="expected batch size (Poisson sampling)")
+    p.add_argument("--seed", type=int, default=0, help="torch's seed (initial weights, batches, noise)")
+    p.add_argument("--no-dp", action="store_true", help="plain SGD, for the non-private comparison")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", force=True)
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     train, test = load(args)
     model = Digits()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     engine = PrivacyEngine(accountant="rdp")  # DP
-    model, optimizer, loader = engine.make_private(  # DP: Poisson batches, clipping, noise
-        module=model, optimizer=optimizer, data_loader=DataLoader(train, batch_size=args.batch),
-        noise_multiplier=args.noise, max_grad_norm=args.clip, poisson_sampling=True)
-    plain = model._module  # the model's own names, for the federation's weights
+    private = dict(module=model, optimizer=optimizer, data_loader=DataLoader(train, batch_size=args.batch),
+                   max_grad_norm=args.clip, poisson_sampling=True)
+    if args.no_dp:
+        engine, loader = None, DataLoader(train, batch_size=args.batch, shuffle=True)
+    elif args.epsilon is None:  # DP: Poisson batches, clipping, noise
+        model, optimizer, loader = engine.make_private(noise_multiplier=args.noise, **private)
+    else:  # DP: the noise this silo's own data needs to stay within its budget
+        if not args.total_epochs:
+            p.error("--epsilon needs --total-epochs")
+        model, optimizer, loader = engine.make_private_with_epsilon(
+            target_epsilon=args.epsilon, target_delta=1e-5, epochs=args.total_epochs, **private)
+        log.info("noise multiplier %.3f for epsilon %g over %d epochs", optimizer.noise_multiplier,
+                 args.epsilon, args.total_epochs)
+    plain = model if engine is None else model._module  # the model's own names, for the federation's weights
 
     for task in xc.tasks(plain, evaluate=True, epochs=args.epochs):
         if task.kind == "evaluate":
@@ -119,7 +135,8 @@ def main():
                 loss = batch_loss.item()
         xc.send(plain, num_samples=len(train), metrics={"loss": loss}, privacy=engine)  # DP: what it ran
         if not xc.is_federated():
-            log.info("central: %s, epsilon %.2f at delta 1e-5", evaluate(model, test), engine.get_epsilon(1e-5))
+            spent = "no DP" if engine is None else f"epsilon {engine.get_epsilon(1e-5):.2f} at delta 1e-5"
+            log.info("central: %s, %s", evaluate(model, test), spent)
 
 
 if __name__ == "__main__":
