@@ -16,6 +16,10 @@ namespace xsilo::tools {
 inline constexpr double kTlsLoopbackGBps = 1.2;
 inline constexpr double kMemcpyGBps = 25.0;
 
+// `openssl speed -evp EVP -bytes 16384` on one core, in bytes per second: the rate of the line
+// whose algorithm name contains LABEL (0 if openssl is missing or prints no such line).
+double openssl_speed(const std::string& evp, const std::string& label);
+
 struct RoundBenchOptions {
   std::vector<std::size_t> silos{8};
   std::size_t params = 10'000'000;

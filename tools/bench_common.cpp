@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <string>
 
 #include "tools/bench.h"
 
@@ -33,6 +34,23 @@ void print_table(const std::vector<std::string>& header,
   std::cout << "\n";
   for (const auto& r : rows) line(r);
   std::cout.flush();
+}
+
+double openssl_speed(const std::string& evp, const std::string& label) {
+  const std::string cmd = "openssl speed -evp " + evp + " -bytes 16384 -seconds 2 2>/dev/null";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return 0;
+  char line[512];
+  double rate = 0;
+  while (std::fgets(line, sizeof line, p)) {
+    double k = 0;
+    char name[64];
+    if (std::sscanf(line, "%63s %lfk", name, &k) == 2 && std::string(name).find(label) != std::string::npos) {
+      rate = k * 1000.0;
+    }
+  }
+  ::pclose(p);
+  return rate;
 }
 
 }  // namespace xsilo::tools

@@ -53,7 +53,20 @@ struct RoundResult {
   // Each silo's idle seconds a timed round (the record timelines: waiting for its upload slot,
   // then for the round to close), the mean over the timed rounds it uploaded in.
   std::map<std::string, double> idle_seconds;
+  // The server process's CPU seconds (user and system, every thread, its whole run) and the bytes
+  // it received and sent over the run: its CPU cost per GB moved.
+  double cpu_seconds = 0;
+  std::uint64_t bytes_in = 0, bytes_out = 0;
 };
+
+// What the server's bytes cost in crypto alone, in CPU seconds per GB moved, at one core's
+// `openssl speed` rates measured in the same run: TLS 1.3's AES-256-GCM over every byte in and
+// out, and SHA-256 over every byte in (each upload's hash is checked). 0 when a rate is missing.
+double crypto_alone_seconds_per_gb(const RoundResult& r, double gcm_rate, double sha_rate) {
+  const double moved = static_cast<double>(r.bytes_in + r.bytes_out);
+  if (gcm_rate <= 0 || sha_rate <= 0 || moved <= 0) return 0;
+  return (moved / gcm_rate + static_cast<double>(r.bytes_in) / sha_rate) / (moved / 1e9);
+}
 
 // The bound's terms, for the table: "6x+64+conns/2" (in models), "1+7x2+64+conns/2" (the
 // model, then sums and lanes of 64-bit words), "2.2x" (staged).
@@ -328,6 +341,9 @@ RoundResult measure(const RoundBenchOptions& opts, const server::ServerConfig& s
   r.download_bytes_per_receiver = timed ? sent / timed / (edges ? edges : silos) : 0;
   const std::uint64_t total = stats["bytes_in"].get<std::uint64_t>() + stats["bytes_out"].get<std::uint64_t>();
   r.server_bytes_per_round = total / rounds;
+  r.cpu_seconds = stats.value("cpu_seconds", 0.0);
+  r.bytes_in = stats["bytes_in"].get<std::uint64_t>();
+  r.bytes_out = stats["bytes_out"].get<std::uint64_t>();
   r.server_ingress_per_round = stats["bytes_in"].get<std::uint64_t>() / rounds;
   r.throughput_gbps = static_cast<double>(r.server_bytes_per_round) / r.seconds_per_round / 1e9;
   return r;
@@ -358,6 +374,9 @@ int bench_round(const RoundBenchOptions& opts) {
   }
   std::vector<std::vector<std::string>> rows;
   bool ok = true;
+  // The crypto-alone bound's rates, one core, measured now beside the runs (DESIGN §11).
+  const double gcm_rate = openssl_speed("aes-256-gcm", "AES-256-GCM");
+  const double sha_rate = openssl_speed("sha256", "sha256");
   for (auto k : opts.silos) {
    for (auto e : opts.edges) {
     if (!opts.json) std::cerr << "running: " << k << " silos, " << e << " edges, " << opts.params << " parameters, "
@@ -375,6 +394,9 @@ int bench_round(const RoundBenchOptions& opts) {
                                             0.5 * mib * connections;
     const bool rss_ok = static_cast<double>(r.peak_rss) < rss_bound;
     const bool tput_ok = !r.loopback_bound || r.throughput_gbps >= kTlsLoopbackGBps / 2;
+    const double moved_gb = static_cast<double>(r.bytes_in + r.bytes_out) / 1e9;
+    const double cpu_per_gb = moved_gb > 0 ? r.cpu_seconds / moved_gb : 0;
+    const double alone_per_gb = crypto_alone_seconds_per_gb(r, gcm_rate, sha_rate);
     ok = ok && rss_ok && tput_ok;
     if (opts.json) {
       std::cout << json{{"bench", "round"},
@@ -391,6 +413,9 @@ int bench_round(const RoundBenchOptions& opts) {
                         {"server_ingress_bytes_per_round", r.server_ingress_per_round},
                         {"throughput_GBps", r.throughput_gbps},
                         {"tls_loopback_limit_GBps", r.loopback_bound ? json(kTlsLoopbackGBps) : json()},
+                        {"server_cpu_seconds", r.cpu_seconds},
+                        {"server_cpu_seconds_per_GB", cpu_per_gb},
+                        {"crypto_alone_seconds_per_GB", alone_per_gb},
                         {"peak_rss_bytes", r.peak_rss},
                         {"server_open_descriptors", r.peak_descriptors},
                         {"peak_rss_bound_bytes", rss_bound},
@@ -407,6 +432,7 @@ int bench_round(const RoundBenchOptions& opts) {
                     fmt(static_cast<double>(r.server_ingress_per_round) / mib, 1),
                     fmt(r.throughput_gbps, 3) + (tput_ok ? "" : " (<0.6)"),
                     r.loopback_bound ? fmt(100 * r.throughput_gbps / kTlsLoopbackGBps, 0) + "%" : "-",
+                    fmt(cpu_per_gb, 2) + (alone_per_gb > 0 ? " (" + fmt(cpu_per_gb / alone_per_gb, 2) + "x)" : ""),
                     fmt(static_cast<double>(r.peak_rss) / mib, 1) + (rss_ok ? "" : " (over)"),
                     fmt(rss_bound / mib, 1) + " (" + bound_terms(r) + ")", std::to_string(r.peak_descriptors),
                     idle_text(r)});
@@ -414,9 +440,18 @@ int bench_round(const RoundBenchOptions& opts) {
   }
   if (!opts.json) {
     print_table({"upload", "silos", "edges", "params", "s/round", "upload MiB/sender", "model MiB/receiver",
-                 "server MiB/round", "ingress MiB/round", "GB/s", "of TLS limit", "server peak RSS MiB",
+                 "server MiB/round", "ingress MiB/round", "GB/s", "of TLS limit", "server CPU s/GB (x crypto alone)",
+                 "server peak RSS MiB",
                  "RSS bound MiB", "server fds", "silo idle s/round: mean, most"},
                 rows);
+    if (gcm_rate > 0 && sha_rate > 0) {
+      std::cout << "Crypto alone, one core (openssl speed, this run): AES-256-GCM " << fmt(gcm_rate / 1e9, 2)
+                << " GB/s, SHA-256 " << fmt(sha_rate / 1e9, 2)
+                << " GB/s; the server's bytes need GCM on every byte in and out and SHA-256 on every byte in; "
+                   "target: server CPU within 1.5x of that (its whole run, start-up and every thread included)\n";
+    } else {
+      std::cout << "Crypto alone: `openssl speed` gave no rate here, so the CPU column has no bound\n";
+    }
     std::cout << "TLS 1.3 loopback limit between two processes: " << kTlsLoopbackGBps
               << " GB/s (DESIGN §11); target for dense plain rounds on loopback: at least half of it; for every "
                  "run: peak RSS under the bound ((2 + uploads at once) x the model + 64 MiB + 0.5 MiB a connection, the uploads at once "

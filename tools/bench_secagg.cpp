@@ -42,21 +42,7 @@ std::string sci(double v) {
 constexpr double kMaskTarget = 1.25;
 
 // `openssl speed -evp aes-128-ctr` at 16 KiB blocks, in bytes per second (0 if unavailable).
-double openssl_ctr_rate() {
-  FILE* p = ::popen("openssl speed -evp aes-128-ctr -bytes 16384 -seconds 2 2>/dev/null", "r");
-  if (!p) return 0;
-  char line[512];
-  double rate = 0;
-  while (std::fgets(line, sizeof line, p)) {
-    double k = 0;
-    char name[64];
-    if (std::sscanf(line, "%63s %lfk", name, &k) == 2 && std::string(name).find("AES-128-CTR") != std::string::npos) {
-      rate = k * 1000.0;
-    }
-  }
-  ::pclose(p);
-  return rate;
-}
+double openssl_ctr_rate() { return openssl_speed("aes-128-ctr", "AES-128-CTR"); }
 
 double our_ctr_rate() {
   std::vector<std::uint8_t> buf(std::size_t{256} << 20);
