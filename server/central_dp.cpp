@@ -1,8 +1,9 @@
 #include "server/central_dp.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <stdexcept>
 
 namespace xsilo::server {
@@ -20,12 +21,9 @@ double round_noise_multiplier(double z, double count_stddev) {
 double update_noise_multiplier(double z_round, double count_stddev) {
   const double b = 2 * count_stddev;
   if (!(b > z_round)) {
-    char why[200];
-    std::snprintf(why, sizeof why,
-                  "count_stddev %g leaves no room for the update's noise: the round's noise multiplier %g needs "
-                  "2 count_stddev above it",
-                  count_stddev, z_round);
-    throw std::invalid_argument(why);
+    throw std::invalid_argument(fmt::format("count_stddev {:g} leaves no room for the update's noise: the round's "
+                                            "noise multiplier {:g} needs 2 count_stddev above it",
+                                            count_stddev, z_round));
   }
   return 1 / std::sqrt(1 / (z_round * z_round) - 1 / (b * b));
 }
@@ -110,12 +108,9 @@ std::optional<privacy::Mechanism> central_mechanism_of(const nlohmann::json& rec
     }
     z_round = round_noise_multiplier(p["update_noise_multiplier"].get<double>(), count_stddev);
     if (std::abs(z - z_round) > 1e-9 * z_round) {
-      char why[240];
-      std::snprintf(why, sizeof why,
-                    "its privacy part's noise_multiplier %.12g is not the round's %.12g (from update_noise_multiplier "
-                    "and count_stddev)",
-                    z, z_round);
-      throw std::invalid_argument(why);
+      throw std::invalid_argument(fmt::format("its privacy part's noise_multiplier {:.12g} is not the round's {:.12g} "
+                                              "(from update_noise_multiplier and count_stddev)",
+                                              z, z_round));
     }
   }
   const privacy::Mechanism m = privacy::SubsampledGaussian{p["sample_rate"].get<double>(), z_round};
