@@ -366,6 +366,29 @@ RoundResult run_one(const RoundBenchOptions& opts, std::size_t silos, std::size_
   return r;
 }
 
+// The runs' table and what its bounds are.
+void print_round_table(const std::vector<std::vector<std::string>>& rows, double gcm_rate, double sha_rate) {
+  print_table({"upload", "silos", "edges", "params", "s/round", "upload MiB/sender", "model MiB/receiver",
+               "server MiB/round", "ingress MiB/round", "GB/s", "of TLS limit", "server CPU s/GB (x crypto alone)",
+               "server peak RSS MiB", "RSS bound MiB", "server fds", "silo idle s/round: mean, most"},
+              rows);
+  if (gcm_rate > 0 && sha_rate > 0) {
+    std::cout << "Crypto alone, one core (openssl speed, this run): AES-256-GCM " << fmt(gcm_rate / 1e9, 2)
+              << " GB/s, SHA-256 " << fmt(sha_rate / 1e9, 2)
+              << " GB/s; the server's bytes need GCM on every byte in and out and SHA-256 on every byte in; "
+                 "target: server CPU within 1.5x of that (its whole run, start-up and every thread included)\n";
+  } else {
+    std::cout << "Crypto alone: `openssl speed` gave no rate here, so the CPU column has no bound\n";
+  }
+  std::cout << "TLS 1.3 loopback limit between two processes: " << kTlsLoopbackGBps
+            << " GB/s (DESIGN §11); target for dense plain rounds on loopback: at least half of it; for every "
+               "run: peak RSS under the bound ((2 + uploads at once) x the model + 64 MiB + 0.5 MiB a connection, the uploads at once "
+               "being the server's uploads_at_once or the senders, if fewer; under secure aggregation the sum and "
+               "the upload buffers are the ring's words, and each secure group has a sum of its own: the model + "
+               "(groups + uploads at once) x the words; 2.2x when uploads are staged in a file, models over the "
+               "server's stage_uploads_over_mib)\n";
+}
+
 }  // namespace
 
 int bench_round(const RoundBenchOptions& opts) {
@@ -438,28 +461,7 @@ int bench_round(const RoundBenchOptions& opts) {
                     idle_text(r)});
    }
   }
-  if (!opts.json) {
-    print_table({"upload", "silos", "edges", "params", "s/round", "upload MiB/sender", "model MiB/receiver",
-                 "server MiB/round", "ingress MiB/round", "GB/s", "of TLS limit", "server CPU s/GB (x crypto alone)",
-                 "server peak RSS MiB",
-                 "RSS bound MiB", "server fds", "silo idle s/round: mean, most"},
-                rows);
-    if (gcm_rate > 0 && sha_rate > 0) {
-      std::cout << "Crypto alone, one core (openssl speed, this run): AES-256-GCM " << fmt(gcm_rate / 1e9, 2)
-                << " GB/s, SHA-256 " << fmt(sha_rate / 1e9, 2)
-                << " GB/s; the server's bytes need GCM on every byte in and out and SHA-256 on every byte in; "
-                   "target: server CPU within 1.5x of that (its whole run, start-up and every thread included)\n";
-    } else {
-      std::cout << "Crypto alone: `openssl speed` gave no rate here, so the CPU column has no bound\n";
-    }
-    std::cout << "TLS 1.3 loopback limit between two processes: " << kTlsLoopbackGBps
-              << " GB/s (DESIGN §11); target for dense plain rounds on loopback: at least half of it; for every "
-                 "run: peak RSS under the bound ((2 + uploads at once) x the model + 64 MiB + 0.5 MiB a connection, the uploads at once "
-                 "being the server's uploads_at_once or the senders, if fewer; under secure aggregation the sum and "
-                 "the upload buffers are the ring's words, and each secure group has a sum of its own: the model + "
-                 "(groups + uploads at once) x the words; 2.2x when uploads are staged in a file, models over the "
-                 "server's stage_uploads_over_mib)\n";
-  }
+  if (!opts.json) print_round_table(rows, gcm_rate, sha_rate);
   return ok ? 0 : 1;
 }
 
