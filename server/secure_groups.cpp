@@ -183,6 +183,22 @@ CombineResult rule_across_group_means(const AggregationConfig& aggregation, cons
   return combine_rows(aggregation, rows, d, labels, "group", weights, norms, ctx, out);
 }
 
+// The groups' sums added in order, a block of GroupSum::kBlock at a time, over `denominator`,
+// into `out`: no copy of the whole sum in doubles beside the ring words (issue 43 item 4).
+void mean_of_group_sums(const std::vector<const GroupSum*>& sums, std::size_t d, double denominator,
+                        std::span<float> out) {
+  std::vector<double> total(std::min(GroupSum::kBlock, d)), part(total.size());
+  for (std::size_t from = 0; from < d; from += GroupSum::kBlock) {
+    const std::size_t n = std::min(GroupSum::kBlock, d - from);
+    std::fill_n(total.begin(), n, 0.0);
+    for (const auto* s : sums) {
+      s->decode(from, {part.data(), n});
+      for (std::size_t k = 0; k < n; ++k) total[k] += part[k];
+    }
+    for (std::size_t k = 0; k < n; ++k) out[from + k] = static_cast<float>(total[k] / denominator);
+  }
+}
+
 }  // namespace
 
 CombineResult combine_distributed_groups(const AggregationConfig& aggregation, const std::vector<GroupResult>& results,
@@ -214,13 +230,7 @@ CombineResult combine_distributed_groups(const AggregationConfig& aggregation, c
     c = rule_across_group_means(aggregation, sums, labels, d, ctx, out);
     part["step"] = "the rule across the groups' noisy means (each sum over its members)";
   } else {
-    std::vector<double> total(d, 0.0);
-    for (const auto* s : sums) {
-      s->for_each_block([&](std::size_t from, std::span<const double> block) {
-        for (std::size_t k = 0; k < block.size(); ++k) total[from + k] += block[k];
-      });
-    }
-    for (std::size_t k = 0; k < d; ++k) out[k] = static_cast<float>(total[k] / dp.denominator);
+    mean_of_group_sums(sums, d, dp.denominator, out);
     part["denominator"] = dp.denominator;
   }
   record_of(c)["secure"]["groups_outcome"] = outcome;
@@ -257,17 +267,7 @@ CombineResult combine_groups(const AggregationConfig& aggregation, const std::ve
   if (aggregation.inspects_inputs()) {
     c = rule_across_group_means(aggregation, sums, labels, d, ctx, out);
   } else {
-    // The weighted mean: the groups' sums added in order, a block at a time.
-    std::vector<double> total(std::min(GroupSum::kBlock, d)), part(total.size());
-    for (std::size_t from = 0; from < d; from += GroupSum::kBlock) {
-      const std::size_t n = std::min(GroupSum::kBlock, d - from);
-      std::fill_n(total.begin(), n, 0.0);
-      for (const auto* s : sums) {
-        s->decode(from, {part.data(), n});
-        for (std::size_t k = 0; k < n; ++k) total[k] += part[k];
-      }
-      for (std::size_t k = 0; k < n; ++k) out[from + k] = static_cast<float>(total[k] / total_weight);
-    }
+    mean_of_group_sums(sums, d, total_weight, out);  // the weighted mean
   }
   record_of(c)["secure"]["groups_outcome"] = outcome;
   if (clip_norm && counted > 0 && c) {
