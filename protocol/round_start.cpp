@@ -52,9 +52,17 @@ Result<std::string> round_start_signer(const wire::RoundStart& rs, const crypto:
   return server->name;
 }
 
+std::size_t skellam_dim(const wire::Compression& c, const std::vector<TensorInfo>& layout) {
+  const std::size_t d = elements(layout);
+  if (c.scheme() != wire::Compression::RANDOM_K) return d;
+  const std::size_t drawn_from = compressible(layout, dense_tensors(c, layout));
+  return kept_count(c, drawn_from) + (d - drawn_from);
+}
+
 Status check_layout(const wire::RoundStart& rs, std::uint64_t max_elements) {
   std::set<std::string> names;
   std::uint64_t total = 0;
+  std::vector<TensorInfo> layout;
   for (const auto& t : rs.tensors()) {
     if (t.name().empty() || !names.insert(t.name()).second) {
       return Error("tensor name \"" + t.name() + "\" is empty or repeated");
@@ -63,6 +71,7 @@ Status check_layout(const wire::RoundStart& rs, std::uint64_t max_elements) {
     for (auto d : t.shape()) {
       if (__builtin_mul_overflow(n, d, &n)) return Error("tensor " + t.name() + "'s shape overflows");
     }
+    layout.push_back({.name = t.name(), .shape = {t.shape().begin(), t.shape().end()}, .offset = total});
     if (__builtin_add_overflow(total, n, &total) || total > max_elements) {
       return Error("the model is too large (more than " + std::to_string(max_elements) + " elements)");
     }
@@ -81,10 +90,13 @@ Status check_layout(const wire::RoundStart& rs, std::uint64_t max_elements) {
       return Error("the secure setup runs LightSecAgg, whose field words are 32 bits, on a ring of " +
                    std::to_string(s.modulus_bits()) + " bits");
     }
-    if (s.has_skellam()) {  // distributed DP: the rotated length (a power of two) and the count
-      if (s.vector_length() != crypto::padded_length(total) + 1) {
+    // Distributed DP: the rotated length (a power of two) of what the silos encode, and the count.
+    if (s.has_skellam()) {
+      const auto dim = skellam_dim(rs.compression(), layout);
+      if (s.vector_length() != crypto::padded_length(dim) + 1) {
         return Error("the secure setup's distributed-DP vector of " + std::to_string(s.vector_length()) +
-                     " words is not the rotated length of a model of " + std::to_string(total) + " elements plus one");
+                     " words is not the rotated length of the " + std::to_string(dim) + " coordinates encoded (of " +
+                     std::to_string(total) + ") plus one");
       }
     } else if (s.vector_length() > total + 2) {
       return Error("the secure setup's vector of " + std::to_string(s.vector_length()) +

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/model.h"
 #include "common/result.h"
@@ -23,6 +24,12 @@ inline constexpr std::uint64_t kMaxModelElements = std::uint64_t{1} << 34;
 // or 64 bits with a vector of at most the model plus its two extra words; otherwise why not.
 // Checked before anything is allocated from it.
 Status check_layout(const wire::RoundStart& rs, std::uint64_t max_elements = kMaxModelElements);
+
+// The coordinates a distributed-DP setup encodes (crypto/skellam.h) for `layout`: all of them, or
+// under RANDOM_K the shared kept set's (shared_kept_set: k of the compressible coordinates and
+// every dense tensor's; its size does not depend on the round's seed). The setup's vector is
+// the next power of two above it, plus the count word.
+std::size_t skellam_dim(const wire::Compression& c, const std::vector<TensorInfo>& layout);
 
 // Appends `layout`'s tensors to the RoundStart's model layout, as float32 specs, in order.
 void add_layout(wire::RoundStart& rs, const std::vector<TensorInfo>& layout);

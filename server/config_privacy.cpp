@@ -148,9 +148,13 @@ void refuse_voiding_distributed(const ConfigNode& root, const ConfigNode& p, con
                              "accountant does not count (its own Skellam share in the masked count word is not built; "
                              "central mode noises and accounts it); set privacy.clip_norm");
   }
-  if (protocol::compressed(c.compression)) {
-    root.child("compression").fail("scheme", "distributed DP encodes the whole rotated update in the ring; random-k "
-                                             "or quantization of the upload is not accounted for; remove compression");
+  // Secure aggregation takes random_k only (server/config.cpp); its kept set is drawn from the
+  // round's seed, public and the same at every silo, so the silos encode those coordinates (a
+  // clipped vector's restriction is clipped too) and the mechanism's P is the set's, not the
+  // model's. Anything else could not be masked, let alone noised.
+  if (protocol::compressed(c.compression) && c.compression.scheme() != wire::Compression::RANDOM_K) {
+    root.child("compression").fail("scheme", "distributed DP encodes the rotated update in the ring; only random_k, "
+                                             "whose coordinate set is public, combines with it");
   }
 }
 

@@ -75,7 +75,9 @@ Coordinator::Coordinator(RoundConfig cfg, Model initial, ServerOptimizer optimiz
   if (cfg_.distributed_dp) {
     // Gamma and mu depend on the model's size (the daemon and the sim have done it already,
     // refusing a config whose bits cannot hold the sum; a test's config may come unfinished).
-    if (!cfg_.distributed_dp->ready()) finalize_distributed_dp(*cfg_.distributed_dp, global_->size());
+    if (!cfg_.distributed_dp->ready()) {
+      finalize_distributed_dp(*cfg_.distributed_dp, protocol::skellam_dim(cfg_.compression, global_->tensors()));
+    }
     central_spent_ = cfg_.distributed_dp->spent;
   }
 }

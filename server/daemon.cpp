@@ -19,6 +19,7 @@
 #include "common/config.h"
 #include "common/fs.h"
 #include "common/mlp.h"
+#include "protocol/round_start.h"
 #include "common/prometheus.h"
 #include "common/build_info.h"
 #include "common/process.h"
@@ -586,10 +587,12 @@ void announce_start(ServerState& state, const ServerConfig& cfg, const Resume& r
 // Silo-level DP after a restart: the budget goes on from what the audit chain says was spent,
 // and distributed mode's gamma and mu are chosen for the model's size. Throws ConfigError when
 // the config cannot hold the sum, or when the log has committed rounds released without noise.
-void resume_privacy(const ServerConfig& cfg, const Resume& resume, std::size_t model_size, RoundConfig& rounds) {
+void resume_privacy(const ServerConfig& cfg, const Resume& resume, const Model& model, RoundConfig& rounds) {
   if (rounds.distributed_dp) {
-    // Gamma and mu for this model's size: a config whose bits cannot hold the sum stops here.
-    check_distributed_dp(*rounds.distributed_dp, model_size, "config " + cfg.file.string());
+    // Gamma and mu for what the silos encode (the model, or RANDOM_K's kept coordinates): a
+    // config whose bits cannot hold the sum stops here.
+    check_distributed_dp(*rounds.distributed_dp, protocol::skellam_dim(cfg.compression, model.tensors()),
+                         "config " + cfg.file.string());
     if (resume.committed_without_central_dp > 0) {
       throw ConfigError("config " + cfg.file.string() + ": .privacy: the audit log has " +
                         std::to_string(resume.committed_without_central_dp) +
@@ -652,7 +655,7 @@ int run_server(const ServerConfig& cfg, const StartOptions& start, std::unique_p
   if (resume.clip_norm && rounds.aggregation.adaptive_clip.on()) {
     rounds.aggregation.adaptive_clip.initial = *resume.clip_norm;  // adaptive clipping goes on where it was
   }
-  resume_privacy(cfg, resume, model.size(), rounds);
+  resume_privacy(cfg, resume, model, rounds);
   // 2. TLS: the server checks silos' signatures (joins through edges, secure aggregation) against
   //    the federation CA and its revocation list, and signs round starts and secure setups with
   //    its key. A file that is missing or does not fit its certificate is a config error.

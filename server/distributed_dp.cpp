@@ -1,5 +1,6 @@
 #include "server/distributed_dp.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
@@ -49,6 +50,15 @@ double ring_reach(const DistributedDpConfig& c, double gamma, double variance) {
   const double V = 2 * variance;
   const double t = L / 3 + std::sqrt(L * L / 9 + 2 * L * V);
   return n * (gamma * c.clip_norm * k / std::sqrt(P) + 1) + t;
+}
+
+std::vector<double> spread_kept(std::vector<double> decoded, const std::vector<std::uint64_t>& kept, std::size_t d) {
+  if (decoded.size() < kept.size()) throw std::invalid_argument("a kept sum with fewer values than kept coordinates");
+  std::vector<double> out(d + decoded.size() - kept.size(), 0.0);
+  for (std::size_t i = 0; i < kept.size(); ++i) out.at(kept[i]) = decoded[i];
+  std::copy(decoded.begin() + static_cast<std::ptrdiff_t>(kept.size()), decoded.end(),
+            out.begin() + static_cast<std::ptrdiff_t>(d));
+  return out;
 }
 
 void finalize_distributed_dp(DistributedDpConfig& c, std::size_t d) {

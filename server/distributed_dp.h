@@ -41,6 +41,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -81,7 +82,10 @@ privacy::Mechanism round_mechanism(const DistributedDpConfig& c);
 bool fits_another_round(const DistributedDpConfig& c, const privacy::Ledger& spent);
 // The smallest z for which `rounds` rounds at (l1, l2) stay within (epsilon, delta).
 double skellam_noise_multiplier_for(double epsilon, double delta, double l1, double l2, std::uint64_t rounds);
-// Sets dim, padded, gamma, z (when chosen from the rounds) and mu for a model of d coordinates.
+// Under RANDOM_K: a decoded sum over the kept coordinates (kept.size() values, then the count)
+// spread over the model's d coordinates, zero elsewhere (d values, then the count).
+std::vector<double> spread_kept(std::vector<double> decoded, const std::vector<std::uint64_t>& kept, std::size_t d);
+// Sets dim, padded, gamma, z (when chosen from the rounds) and mu for d encoded coordinates.
 // Throws std::invalid_argument with the numbers when the ring cannot hold it.
 void finalize_distributed_dp(DistributedDpConfig& c, std::size_t d);
 // The largest value one coordinate of a sum may reach with probability >= 1 - kWrapFailure.

@@ -100,7 +100,7 @@ SecureGroups::SecureGroups(const RoundConfig& cfg, const std::vector<TensorInfo>
       clip_norm_(clip_norm),
       ceiling_(cfg.secure.clip_norm),
       kept_(shared_set(cfg, layout, round)),
-      words_(cfg.distributed_dp ? crypto::padded_length(d_) + 1
+      words_(cfg.distributed_dp ? crypto::padded_length(kept_.empty() ? d_ : kept_.size()) + 1
                                 : (kept_.empty() ? d_ : kept_.size()) + 1 + (clip_norm ? 1 : 0)),
       dp_(cfg.distributed_dp),
       round_(with_clip_norm(cfg.secure, clip_norm), cfg.signer, cfg.ca, cfg.federation, round, cfg.seed, selected, d_,

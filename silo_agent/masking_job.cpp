@@ -17,11 +17,9 @@ namespace {
 MaskDone encode_skellam_update(const MaskingJob& j) {
   MaskDone r;
   const auto& k = j.setup.skellam();
-  const std::size_t d = j.update->size();
-  if (j.kept) {
-    r.error = "distributed DP does not combine with RANDOM_K compression";
-    return r;
-  }
+  // Under RANDOM_K the silo encodes the round's shared kept coordinates only (the rest stays in
+  // its error feedback): the server spreads the decoded sum back over the model.
+  const std::size_t d = j.kept ? j.kept->size() : j.update->size();
   if (j.setup.vector_length() != crypto::padded_length(d) + 1 || k.bits() > j.setup.modulus_bits() ||
       j.setup.min_survivors() < 1 || !(k.variance() > 0) || !(k.gamma() > 0)) {
     r.error = "the secure setup's distributed-DP parameters do not fit the model (" + std::to_string(d) +
@@ -31,7 +29,7 @@ MaskDone encode_skellam_update(const MaskingJob& j) {
   std::vector<float> delta(d);
   const auto u = j.update->flat();
   for (std::size_t i = 0; i < d; ++i) {
-    delta[i] = static_cast<float>(u[i] / j.weight);
+    delta[i] = static_cast<float>(u[j.kept ? (*j.kept)[i] : i] / j.weight);
     if (!std::isfinite(delta[i])) {
       r.error = "the update has NaN or infinite values; it cannot be encoded";
       return r;

@@ -8,6 +8,8 @@
 
 #include "common/fs.h"
 #include "crypto/skellam.h"
+#include "protocol/compression.h"
+#include "protocol/round_start.h"
 #include "protocol/secagg_wire.h"
 #include "server/audit.h"
 #include "server/central_dp.h"
@@ -235,6 +237,36 @@ server::DistributedDpConfig digits_like(std::uint32_t bits, double epsilon, std:
 // Gamma is the largest that keeps a coordinate of 10 silos' sum inside 2^(bits-1) by the stated
 // tail bound; more bits give a larger gamma and the same noise multiplier's privacy; too few
 // bits are refused with the numbers.
+// Random-k under distributed DP: the silos encode the round's shared kept set, whose size the
+// setup's length is computed from before any set is drawn (skellam_dim: k of the compressible
+// coordinates and every dense tensor's, whatever the round's seed), and the server spreads the
+// decoded sum back, each kept value at its coordinate, zero elsewhere, the count last.
+TEST(DistributedDp, RandomKEncodesTheSharedKeptSetAndItsSumSpreadsBackOverTheModel) {
+  const std::vector<TensorInfo> layout{{.name = "w", .shape = {10, 9}, .offset = 0},
+                                       {.name = "bn.running_mean", .shape = {7}, .offset = 90},
+                                       {.name = "b", .shape = {3}, .offset = 97}};
+  wire::Compression c;
+  c.set_scheme(wire::Compression::RANDOM_K);
+  c.set_fraction(0.1);
+  c.add_dense("*running_mean");
+  EXPECT_EQ(protocol::skellam_dim(c, layout), 10u + 7u);  // ceil(0.1 x 93) = 10, and the dense 7
+  for (std::uint64_t seed : {1u, 2u, 77u}) {
+    c.set_seed(seed);
+    const auto kept = protocol::shared_kept_set(c, layout);
+    ASSERT_EQ(kept.size(), protocol::skellam_dim(c, layout)) << seed;
+    std::vector<double> decoded(kept.size() + 1);
+    std::iota(decoded.begin(), decoded.end(), 1.0);  // kept value i is i + 1; the count last
+    const auto spread = server::spread_kept(decoded, kept, 100);
+    ASSERT_EQ(spread.size(), 101u);
+    for (std::size_t i = 0; i < kept.size(); ++i) EXPECT_EQ(spread[kept[i]], static_cast<double>(i + 1));
+    EXPECT_EQ(std::count(spread.begin(), spread.begin() + 100, 0.0), 100 - static_cast<long>(kept.size()));
+    EXPECT_EQ(spread[100], static_cast<double>(kept.size() + 1));
+    for (std::uint64_t k = 90; k < 97; ++k) EXPECT_NE(spread[k], 0.0) << "the dense tensor is always kept";
+  }
+  c.set_scheme(wire::Compression::NONE);
+  EXPECT_EQ(protocol::skellam_dim(c, layout), 100u);
+}
+
 TEST(DistributedDp, GammaFitsTheSumInTheRingAndTooFewBitsAreRefused) {
   double last_gamma = 0;
   for (const std::uint32_t bits : {16u, 18u, 20u}) {
