@@ -2364,5 +2364,38 @@ TEST(Coordinator, BufferedTrainingDeadlineCommitsWhatTheBufferHoldsAndKeepsTheTr
   EXPECT_EQ(h.coord().phase(), Phase::Collecting);
 }
 
+// Between two rounds (here: paused after a commit) a silo still training announces its update:
+// it is kept, not refused, and the next round grants its upload with its staleness then.
+TEST(Coordinator, BufferedKeepsAnUpdateAnnouncedBetweenRoundsAndGrantsItInTheNext) {
+  Harness h(3, buffered_rounds(2, 5));
+  h.connect_all(3);
+  ASSERT_TRUE(h.coord().admin(wire::AdminRequest::PAUSE, "alice", h.now).first);
+  h.pump();
+  h.ready(0, 10);
+  h.ready(1, 10);
+  h.serve({{0, {constant(10.0f), 10}}, {1, {constant(20.0f), 10}}});
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  ASSERT_EQ(h.coord().phase(), Phase::Joining);  // paused: no round starts
+  const std::size_t errors_before = h.inbox[h.session(2)].size();
+  h.ready(2, 10, /*round=*/1);
+  EXPECT_EQ(h.inbox[h.session(2)].size(), errors_before);  // no error: kept for the next round
+  EXPECT_FALSE(h.granted(2));
+  ASSERT_TRUE(h.coord().admin(wire::AdminRequest::RESUME, "alice", h.now).first);
+  h.pump();
+  ASSERT_EQ(h.coord().phase(), Phase::Collecting);
+  EXPECT_EQ(last_start(h, 2), 1u);  // not restarted
+  ASSERT_TRUE(h.granted(2));
+  EXPECT_EQ(h.last(2, wire::Envelope::kUploadGrant)->round(), 1u);
+  h.upload(2, constant(10.0f), 10, -1, std::nullopt, /*round=*/1);
+  h.ready(0, 10);
+  h.serve({{0, {constant(10.0f), 10}}});
+  ASSERT_EQ(h.store.commits.size(), 2u);
+  bool late = false;
+  for (const auto& p : h.store.commits[1].record["participants"]) {
+    if (p["silo"] == name(2)) late = p["staleness"] == 1 && p["base_version"] == 0;
+  }
+  EXPECT_TRUE(late) << h.store.commits[1].record.dump();
+}
+
 }  // namespace
 }  // namespace xsilo::server
