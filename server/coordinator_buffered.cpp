@@ -114,7 +114,14 @@ bool Coordinator::on_carried_message(const std::string& silo, SessionId id, cons
   if (it == carried_.end() || e.round() != it->base_round) return false;
   using B = wire::Envelope::BodyCase;
   if (e.body_case() == B::kError) {
-    carried_.erase(it);  // its training failed: the next round starts it afresh
+    if (e.error().code() != wire::TRAINING_FAILED || it->state != MemberState::Training) return true;  // logged
+    // Its training failed: the next round starts it afresh (unless its own budget is spent,
+    // as member_failed() marks it in a round).
+    if (e.error().failure() == wire::PRIVACY_BUDGET_SPENT) {
+      membership_.set_budget_spent(silo);
+      event("privacy_budget_spent", silo);
+    }
+    carried_.erase(it);
     return true;
   }
   if (e.body_case() != B::kUpdateReady || it->state != MemberState::Training) return false;
