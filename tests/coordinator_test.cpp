@@ -2397,5 +2397,36 @@ TEST(Coordinator, BufferedKeepsAnUpdateAnnouncedBetweenRoundsAndGrantsItInTheNex
   EXPECT_TRUE(late) << h.store.commits[1].record.dump();
 }
 
+// Admitted when announced, an update that waits for its grant across a commit is checked again:
+// by the grant it may be too stale (here, k = 1 and max_staleness 1: announced one version
+// behind, granted two behind).
+TEST(Coordinator, BufferedChecksStalenessAgainAtTheGrantOfAnUpdateThatWaitedAcrossACommit) {
+  Harness h(3, buffered_rounds(1, 1));
+  h.connect_all(3);
+  h.ready(0, 10);
+  h.serve({{0, {constant(10.0f), 10}}});
+  ASSERT_EQ(h.coord().round(), 2u);
+  h.ready(1, 10, /*round=*/1);  // granted: the buffer of one is now full with it
+  ASSERT_TRUE(h.granted(1));
+  h.ready(2, 10, /*round=*/1);  // staleness 1: admitted, waits for a grant
+  EXPECT_FALSE(h.granted(2));
+  EXPECT_FALSE(h.last(2, wire::Envelope::kRoundEnd));
+  h.upload(1, constant(10.0f), 10, -1, std::nullopt, /*round=*/1);
+  ASSERT_EQ(h.store.commits.size(), 2u);
+  // Round 3 takes silo 2 over, ready; at its grant it would be two versions behind.
+  EXPECT_EQ(h.coord().round(), 3u);
+  EXPECT_FALSE(h.granted(2));
+  ASSERT_TRUE(h.last(2, wire::Envelope::kRoundEnd));
+  EXPECT_EQ(h.last(2, wire::Envelope::kRoundEnd)->round(), 1u);
+  EXPECT_EQ(last_start(h, 2), 3u);  // restarted on the newest version
+  h.ready(2, 10);
+  h.serve({{2, {constant(10.0f), 10}}});
+  ASSERT_EQ(h.store.commits.size(), 3u);
+  const auto& rec = h.store.commits[2].record;
+  ASSERT_EQ(rec["refused"].size(), 1u) << rec.dump();
+  EXPECT_EQ(rec["refused"][0]["silo"], name(2));
+  EXPECT_EQ(rec["refused"][0]["staleness"], 2);
+}
+
 }  // namespace
 }  // namespace xsilo::server
