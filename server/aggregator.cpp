@@ -100,11 +100,15 @@ class PlainSum final : public Aggregator {
     if (stage_dir_) {
       // The upload passed its checks; only the server's own storage can fail from here.
       if (!lost_.empty()) return r;
-      if (auto added = stage_.at(lane)->add_to(sum_->flat()); !added) return lose(added.error().message(), c);
+      if (auto added = stage_.at(lane)->add_to(sum_->flat(), c.scale); !added) return lose(added.error().message(), c);
     } else {
       const auto cur = current_.at(lane)->flat();
       auto acc = sum_->flat();
-      for (std::size_t i = 0; i < cur.size(); ++i) acc[i] += cur[i];
+      if (c.scale == 1) {
+        for (std::size_t i = 0; i < cur.size(); ++i) acc[i] += cur[i];
+      } else {
+        for (std::size_t i = 0; i < cur.size(); ++i) acc[i] += static_cast<float>(cur[i] * c.scale);
+      }
     }
     weight_ += c.weight;
     return r;
@@ -120,6 +124,7 @@ class PlainSum final : public Aggregator {
   }
 
   std::shared_ptr<Model> do_output(const Model&) override { return sum_; }
+  bool folds_scaled() const override { return true; }
 
   // The server's own storage failed while staging or adding an upload: the sum may be partly
   // updated, so the round cannot commit (combine() says why). The upload is not the uploader's

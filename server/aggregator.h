@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,9 @@ struct Contribution {
   std::uint32_t group = 0;         // secure uploads: the secure group of the (partial) sum
   std::string declared_sha256;     // as the uploader declared it ("" when it declared none)
   bool partial_sum = false;        // an edge's sum of its region (not one silo's update)
+  // Buffered rounds: s(staleness) (server/schedule.h), the factor the upload is added scaled by
+  // (its weight is not). A plain sum only: every other aggregator refuses a scale other than 1.
+  double scale = 1;
 };
 
 // An upload in the sum.
@@ -92,6 +96,7 @@ class Aggregator {
   // Worker: validates the upload now in buffer(lane) (the slot's checks have run) and folds it in.
   FoldResult fold(const Contribution& c, protocol::UploadCheck& check, std::size_t lane = 0) {
     worker_.check("Aggregator::fold");
+    if (c.scale != 1 && !folds_scaled()) throw std::logic_error("a scaled upload for an aggregator that sums plainly only");
     return do_fold(c, check, lane);
   }
   // Worker, after collection closed: readies the inputs; returns those that failed.
@@ -125,6 +130,8 @@ class Aggregator {
   virtual protocol::UploadBuffer lane_buffer(std::size_t lane) = 0;
   virtual FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check, std::size_t lane) = 0;
   virtual std::vector<Rejection> do_prepare() { return {}; }
+  // Whether do_fold honours Contribution::scale (the plain sum, which buffered rounds use).
+  virtual bool folds_scaled() const { return false; }
   virtual CombineResult do_combine(std::span<float> out, const CombineContext& ctx) = 0;
   virtual std::shared_ptr<Model> do_output(const Model& layout) { return std::make_shared<Model>(layout.zeros_like()); }
   ThreadCheck worker_;

@@ -120,6 +120,8 @@ void Coordinator::send_to_member(std::size_t m, wire::Envelope e) {
   const auto& mb = r_->members[m];
   if (!mb.session || !membership_.peer(mb.session)) return;
   if (mb.relayed) e.set_silo(mb.silo);
+  // Buffered rounds: a member may train on the start of an earlier round; what it is sent is of that one.
+  if (mb.base_round) e.set_round(mb.base_round);
   send(mb.session, std::move(e));
 }
 
@@ -186,6 +188,7 @@ void Coordinator::send_round_start(const wire::Envelope& start,
     Member mb;
     mb.silo = silo;
     mb.session = session;
+    mb.base_round = round_;
     const Peer* peer = membership_.peer(session);
     if (peer->edge) {
       mb.relayed = true;
@@ -214,7 +217,7 @@ void Coordinator::start_round(std::int64_t now_ms) {
   set_phase(Phase::Collecting, now_ms);
   r_ = std::make_unique<Round>(cfg_.uploads_at_once);
   r_->started_ms = now_ms;
-  r_->target = target;
+  r_->target = buffered() ? cfg_.schedule.k : target;
   std::vector<std::string> names;
   for (const auto& c : candidates) names.push_back(c.first);
   r_->agg = make_aggregator(cfg_, *global_, round_, names, clip_norm_);
@@ -234,12 +237,21 @@ void Coordinator::start_round(std::int64_t now_ms) {
   rs->set_model_sha256(global_sha_);
   if (protocol::compressed(cfg_.broadcast)) {
     *rs->mutable_broadcast() = cfg_.broadcast;
-    offer = choose_offer(candidates);
+    // Buffered rounds send whole models: their silos hold models of many versions.
+    if (!buffered()) offer = choose_offer(candidates);
     if (offer) rs->set_base_sha256(offer->base);
   }
   r_->compression = round_compression(cfg_, round_);
   if (protocol::compressed(r_->compression)) *rs->mutable_compression() = r_->compression;
   add_audit_key(*rs);
+  if (buffered()) {
+    start_buffered(candidates, start, now_ms);
+    actions_.push_back(action::StartTimer{Timer::Train, cfg_.deadlines.train});
+    spdlog::info("round {}/{}: buffered, {} silos training, commits at {} updates", round_, cfg_.rounds,
+                 r_->members.size(), r_->target);
+    event("round_started", std::to_string(r_->members.size()) + " training");
+    return;
+  }
   send_round_start(start, candidates, offer);
   if (r_->secure) {
     actions_.push_back(action::StartTimer{Timer::SecAgg, cfg_.secure.keys_deadline});
@@ -263,6 +275,8 @@ void Coordinator::pump(std::int64_t now_ms) {
     if (!lane) break;
     auto u = r_->slot.next(eligible);
     if (!u) break;
+    // Buffered: its staleness now (a member carried over from the last commit may be too stale).
+    if (buffered() && !u->edge && !admit_member(u->member)) continue;
     grant(*u, *lane, now_ms);
   }
   if (!fold_next() && job_ == JobKind::None && r_->slot.draining()) {
@@ -280,7 +294,12 @@ void Coordinator::close_round(std::int64_t now_ms) {
   set_phase(r_->secure ? Phase::Unmasking : Phase::Closing, now_ms);
   for (auto t : {Timer::Train, Timer::Upload, Timer::SecAgg}) actions_.push_back(action::CancelTimer{t});
   const bool enough = r_->done() >= r_->target;
-  for (std::size_t i = 0; i < r_->members.size(); ++i) {
+  for (std::size_t i = 0; i < r_->members.size() && buffered(); ++i) {
+    // Buffered: who is still training (or ready) goes on into the next round, its base kept.
+    const auto& mb = r_->members[i];
+    if (mb.state == MemberState::Training || mb.state == MemberState::Ready) carried_.push_back(mb);
+  }
+  for (std::size_t i = 0; i < r_->members.size() && !buffered(); ++i) {
     auto& mb = r_->members[i];
     if (mb.state != MemberState::Training && mb.state != MemberState::Ready) continue;
     if (enough) {
@@ -351,7 +370,7 @@ void Coordinator::record_abort(std::int64_t now_ms) {
 void Coordinator::decide(std::int64_t now_ms) {
   set_phase(Phase::Closing, now_ms);
   const std::size_t done = r_->done();
-  const std::size_t need = std::max<std::size_t>(1, cfg_.selection.min_updates);
+  const std::size_t need = commit_needs();
   if (done < need) {
     r_->abort_reason = "only " + std::to_string(done) + " updates arrived, " + std::to_string(need) + " needed";
     spdlog::warn("round {} aborted: {}", round_, r_->abort_reason);
@@ -637,6 +656,10 @@ RoundSummary Coordinator::summary(bool committed, const std::string& reason, std
   s.model_sha256_before = s.model_sha256_after = global_sha_;
   s.config_sha256 = cfg_.config_sha256;
   s.phases = r_->phases;
+  if (buffered()) {
+    s.schedule = to_json(cfg_.schedule);
+    s.refused = r_->refused;
+  }
   return s;
 }
 

@@ -13,6 +13,7 @@
 // worker), SecureRound (the secure groups' messages), round_record() and metrics_row().
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -310,6 +311,28 @@ class Coordinator {
   void send_to_member(std::size_t m, wire::Envelope env);
   // `audit`: the log's signed head after the round's record, for the silo to keep as a witness.
   void send_round_end(std::size_t member, bool committed, const std::string& reason, const AuditHead* audit = nullptr);
+  // Buffered rounds (coordinator_buffered.cpp)
+  bool buffered() const { return cfg_.schedule.buffered(); }
+  // The updates a round needs to commit: selection.min_updates (at least 1), at most k when buffered.
+  std::size_t commit_needs() const {
+    const std::size_t need = std::max<std::size_t>(1, cfg_.selection.min_updates);
+    return buffered() ? std::min(need, cfg_.schedule.k) : need;
+  }
+  // The round's members carried over from the last commit (still training, or ready), then a
+  // start for every other connected silo.
+  void start_buffered(const std::vector<std::pair<std::string, SessionId>>& candidates, const wire::Envelope& start,
+                      std::int64_t now_ms);
+  // A silo that connects while a buffered round collects takes part at once.
+  void join_buffered(const std::string& silo, SessionId link, std::int64_t now_ms);
+  // Whether member `m`'s update may join the buffer now (server::admit); when not, the refusal
+  // goes into the record and the member starts again on the newest version.
+  bool admit_member(std::size_t m);
+  void restart_member(std::size_t m, const std::string& why);
+  // Between commits (the commit job, a pause) carried members' messages are kept for the next
+  // round: true when `e` from `silo` was one of theirs.
+  bool on_carried_message(const std::string& silo, SessionId id, const wire::Envelope& e);
+  // The buffered train deadline: commits what the buffer holds, if enough; else waits again.
+  void buffered_deadline(std::int64_t now_ms);
   // Output
   RoundSummary summary(bool committed, const std::string& reason, std::int64_t now_ms) const;
   void run_job(JobKind kind, std::function<JobResult()> work);
@@ -353,6 +376,9 @@ class Coordinator {
   std::uint64_t committed_ = 0, aborted_ = 0;
   bool join_elapsed_ = false;
   std::unique_ptr<Round> r_;  // the round in progress (Collecting, Unmasking, Closing)
+  // Buffered rounds: the members still training (or ready) when the last round closed; the next
+  // round takes them over with their base rounds.
+  std::vector<Member> carried_;
   std::unique_ptr<Fetch> fetch_;  // set while the last committed model is awaited
   JobKind job_ = JobKind::None;
   std::uint64_t job_id_ = 0;

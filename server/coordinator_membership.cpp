@@ -36,6 +36,11 @@ void Coordinator::on_edge_connect(SessionId id, const std::string& edge, std::in
     actions_.push_back(action::Close{*older, wire::UNEXPECTED, "replaced by a newer connection"});
     on_disconnect(*older, now_ms);
   }
+  if (buffered()) {
+    // Buffered rounds take silos connected directly only (docs/buffered.md).
+    actions_.push_back(action::Close{id, wire::NOT_ALLOWED, "this server runs buffered rounds, which take no edges"});
+    return;
+  }
   membership_.add_session(id, edge, true);
   spdlog::info("edge {} connected", edge);
   challenge_edge(id);  // the silos behind this session join by signing its nonce (protocol/join.h)
@@ -104,6 +109,7 @@ void Coordinator::silo_joined(const std::string& silo, SessionId link, std::int6
     return;
   }
   if (fetch_) return fetch_from(silo, link);
+  if (buffered() && phase_ == Phase::Collecting && !via_edge) return join_buffered(silo, link, now_ms);
   try_start_round(now_ms);
 }
 
@@ -176,6 +182,7 @@ void Coordinator::on_message(SessionId id, const wire::Envelope& e, std::int64_t
   const auto body = e.body_case();
   if (body == B::kError) {
     spdlog::warn("silo {} reports an error: {}", peer->name, proto::printable(e.error().message()));
+    if (on_carried_message(peer->name, id, e)) return;
     if (auto m = member_of(id)) member_failed(*m, e, now_ms);
     return;
   }
@@ -189,9 +196,11 @@ void Coordinator::on_message(SessionId id, const wire::Envelope& e, std::int64_t
     send_error(id, wire::UNEXPECTED, "a silo may not send " + proto::body_name(e));
     return;
   }
+  if (on_carried_message(peer->name, id, e)) return;
   const auto m = member_of(id);
   if (secure_body && m && e.round() == round_) return on_secure_message(*m, e, now_ms);
-  if (e.round() != round_ || phase_ != Phase::Collecting || !m) {
+  // The round a member's messages are of: this one, or in buffered rounds the one it trains on.
+  if (!m || e.round() != r_->members[*m].base_round || phase_ != Phase::Collecting) {
     send_error(id, wire::WRONG_ROUND,
                proto::body_name(e) + " for round " + std::to_string(e.round()) + ", but round " +
                    std::to_string(round_) +
@@ -359,7 +368,7 @@ void Coordinator::on_region_status(SessionId id, const wire::RegionStatus& statu
 // code's fixed text: words a silo sends with it are not logged or audited (a trainer's output
 // stays in the silo, protocol/failure.h).
 void Coordinator::member_failed(std::size_t m, const wire::Envelope& e, std::int64_t now_ms) {
-  if (e.error().code() != wire::TRAINING_FAILED || phase_ != Phase::Collecting || e.round() != round_ ||
+  if (e.error().code() != wire::TRAINING_FAILED || phase_ != Phase::Collecting || e.round() != r_->members[m].base_round ||
       r_->members[m].state != MemberState::Training) {
     return;
   }
@@ -406,6 +415,10 @@ void Coordinator::on_update_ready(std::size_t m, const wire::Envelope& e, std::i
       return;
     }
     mb.privacy = e.update_ready().privacy();
+  }
+  if (buffered() && !admit_member(m)) {  // too stale: it starts again on the newest version
+    pump(now_ms);
+    return;
   }
   r_->set_state(mb, MemberState::Ready);
   mb.times.ready = r_->since_start(now_ms);

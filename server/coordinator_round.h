@@ -45,6 +45,11 @@ struct Coordinator::Round {
   std::size_t broadcast_deltas = 0, broadcast_wholes = 0;
   std::string broadcast_base;  // the delta's base model, when one went out
   std::string abort_reason;
+  // Buffered rounds: the round's start as every member got it (a silo that joins mid-round, or
+  // whose stale update was refused, is sent it then), and the updates refused (the record's
+  // "refused").
+  wire::Envelope start;
+  nlohmann::json refused = nlohmann::json::array();
   bool unmask_begun = false;  // distributed DP: its unmask_begun record is written (or being written)
   // Distributed DP: the audit log's signed head after that record, sent with each step of the
   // unmasking (SecureAggregation.unmask_begun) so each silo binds its release to it.

@@ -47,6 +47,7 @@ void Coordinator::train_deadline(std::int64_t now_ms) {
     r_->train_deferred = true;
     return;
   }
+  if (buffered()) return buffered_deadline(now_ms);
   r_->train_elapsed = true;
   for (std::size_t i = 0; i < r_->members.size(); ++i) {
     if (r_->members[i].state == MemberState::Training) {

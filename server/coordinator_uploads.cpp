@@ -33,7 +33,7 @@ void Coordinator::grant(const Uploader& u, std::size_t lane, std::int64_t now_ms
   } else {
     r_->set_state(r_->members[u.member], MemberState::Uploading);
     r_->members[u.member].times.granted = r_->since_start(now_ms);
-    send(r_->members[u.member].session, std::move(e));
+    send_to_member(u.member, std::move(e));
   }
   arm_upload_timer(now_ms);
 }
@@ -115,7 +115,8 @@ void Coordinator::on_update_end(std::size_t m, const wire::Envelope& e, std::int
                                  .weight = mb.weight,
                                  .group = r_->secure ? r_->secure->group_of(mb.silo) : 0,
                                  .declared_sha256 = end.update_sha256(),
-                                 .partial_sum = false};
+                                 .partial_sum = false,
+                                 .scale = mb.staleness_weight};
   up.members = {m};
   up.more = false;
   pump(now_ms);  // folds it now if the uploads granted before it are folded
@@ -209,7 +210,8 @@ void Coordinator::on_region_end(SessionId id, const wire::Envelope& e, std::int6
   r_->upload_bytes += r_->slot[*lane].bytes_received();
   auto& up = r_->uploads[*lane];
   up.contribution = Contribution{
-      .silos = {}, .weight = weight, .group = end.group(), .declared_sha256 = end.update_sha256(), .partial_sum = true};
+      .silos = {}, .weight = weight, .group = end.group(), .declared_sha256 = end.update_sha256(), .partial_sum = true,
+      .scale = 1};
   for (auto m : who) {
     up.contribution.silos.push_back(r_->members[m].silo);
     r_->members[m].times.granted = r_->since_start(up.granted_ms);

@@ -628,13 +628,6 @@ void resume_privacy(const ServerConfig& cfg, const Resume& resume, const Model& 
 }  // namespace
 
 int run_server(const ServerConfig& cfg, const StartOptions& start, std::unique_ptr<ServerHook> hook) {
-  if (cfg.schedule.buffered()) {
-    // The coordinator's rounds are barriers still (docs/buffered.md, "What is missing"): refused
-    // here rather than run as something else than the config says.
-    throw ConfigError("config " + cfg.file.string() +
-                      ": .schedule.mode: buffered rounds run in `xsilo sim --in-process` only so far; the server "
-                      "daemon runs synchronous rounds (drop schedule, or use selection.over_selection)");
-  }
   // 1. The state as a whole (state.h): nothing is written to the audit log before it checks out
   //    and the listener is bound.
   ServerState state(StateOptions{.dir = cfg.state_dir,

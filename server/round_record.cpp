@@ -84,7 +84,8 @@ nlohmann::json member_timeline(const Member& m) {
 
 nlohmann::json round_record(const RoundSummary& s) {
   using json = nlohmann::json;
-  json participants = json::array(), dropouts = json::array(), surplus = json::array(), selected = json::array();
+  json participants = json::array(), dropouts = json::array(), surplus = json::array(), selected = json::array(),
+       training = json::array();
   for (const auto& mb : *s.members) {
     selected.push_back(mb.silo);
     if (mb.state == MemberState::Done) {
@@ -95,6 +96,12 @@ nlohmann::json round_record(const RoundSummary& s) {
                                              {"weight", mb.weight},
                                              {"update_sha256", mb.update_sha256}});
       if (mb.via_edge()) participants.back()["edge"] = mb.edge;
+      if (!s.schedule.is_null()) {
+        // Model version v is the model round v committed: the base is the start's round - 1.
+        participants.back()["base_version"] = mb.base_round - 1;
+        participants.back()["staleness"] = mb.staleness;
+        participants.back()["staleness_weight"] = mb.staleness_weight;
+      }
       if (mb.update_signed) participants.back()["update_signed"] = true;
       // Its record-level privacy as it accounts it: the parameters let an auditor recompute the
       // epsilon (xsilo audit verify).
@@ -116,6 +123,8 @@ nlohmann::json round_record(const RoundSummary& s) {
       if (auto t = member_timeline(mb); !t.empty()) dropouts.back()["timeline"] = std::move(t);
     } else if (mb.state == MemberState::Surplus) {
       surplus.push_back(mb.silo);
+    } else if (!s.schedule.is_null()) {
+      training.push_back(mb.silo);  // buffered: still training, its update goes into a later commit
     }
   }
   json r = {{"event", "round"},
@@ -135,6 +144,11 @@ nlohmann::json round_record(const RoundSummary& s) {
             {"config_sha256", s.config_sha256}};
   if (!s.committed) r["reason"] = s.reason;
   if (s.secure) r["secure"] = s.secure_groups;
+  if (!s.schedule.is_null()) {
+    r["schedule"] = s.schedule;
+    r["refused"] = s.refused.is_null() ? json::array() : s.refused;
+    r["training"] = std::move(training);
+  }
   if (s.regions.is_array() && !s.regions.empty()) r["regions"] = s.regions;
   if (s.silo_momentum > 0) r["aggregation"]["silo_momentum"] = s.silo_momentum;
   if (!s.compression.is_null()) r["compression"] = s.compression;

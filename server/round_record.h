@@ -58,6 +58,12 @@ struct Member {
   wire::PrivacySpend privacy;  // record-level privacy: the silo's own account (mechanism empty: none)
   std::string update_sha256;   // of the bytes the silo sent (behind an edge: its own signed word)
   bool update_signed = false;  // behind an edge: the silo's signature on it was checked
+  // The round of the RoundStart this member trains on: the round itself, except in buffered
+  // rounds, where a silo still training when a round commits goes on into the next (its base
+  // model version is base_round - 1). Its staleness and s(staleness) once its upload is granted.
+  std::uint64_t base_round = 0;
+  std::uint64_t staleness = 0;
+  double staleness_weight = 1;
   // When the server saw each step of this member's round, in ms since the round started (-1:
   // not seen): the model's last byte written to it (behind an edge: to its edge), its
   // UpdateReady, the grant of the upload that carried it, that upload whole, and folded.
@@ -87,6 +93,9 @@ struct RoundSummary {
   nlohmann::json regions;             // edges: each partial sum folded (edge, its SHA-256, its silos)
   std::string model_sha256_before, model_sha256_after;
   std::string config_sha256;
+  // Buffered rounds: the schedule (to_json(ScheduleConfig)) and the updates refused since the
+  // last commit (silo, base_version, staleness, reason); null in synchronous rounds.
+  nlohmann::json schedule, refused;
   // When each phase after collection began, in ms since the round started ("unmask", "commit").
   std::vector<std::pair<std::string, std::int64_t>> phases;
 };

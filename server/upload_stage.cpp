@@ -60,14 +60,18 @@ Status StagedUpload::get(std::uint64_t at, std::span<std::uint8_t> into) {
   return {};
 }
 
-Status StagedUpload::add_to(std::span<float> sum) {
+Status StagedUpload::add_to(std::span<float> sum, double scale) {
   if (sum.size() * sizeof(float) != bytes_) return Error("upload staging: the sum is not the size of the upload");
   piece_.resize(std::min<std::size_t>(kPieceFloats, sum.size()));
   for (std::size_t i = 0; i < sum.size();) {
     const std::size_t n = std::min(piece_.size(), sum.size() - i);
     auto read = get(i * sizeof(float), {reinterpret_cast<std::uint8_t*>(piece_.data()), n * sizeof(float)});
     if (!read) return read;
-    for (std::size_t k = 0; k < n; ++k) sum[i + k] += piece_[k];
+    if (scale == 1) {
+      for (std::size_t k = 0; k < n; ++k) sum[i + k] += piece_[k];
+    } else {
+      for (std::size_t k = 0; k < n; ++k) sum[i + k] += static_cast<float>(piece_[k] * scale);
+    }
     i += n;
   }
   // The file's pages are read: the page cache may drop them (the next upload rewrites them).

@@ -40,10 +40,10 @@ class StagedUpload final : public protocol::UploadSink {
   Status put(std::uint64_t at, std::span<const std::uint8_t> bytes) override;
   // Worker: the bytes at `at` as the file holds them.
   Status get(std::uint64_t at, std::span<std::uint8_t> into) override;
-  // Worker: sum[i] += staged[i] for every float of the upload, read back in pieces. Returns
+  // Worker: sum[i] += scale * staged[i] for every float of the upload, read back in pieces. Returns
   // success or why the file could not be read (the sum is then partly updated: the caller must
   // treat it as lost, which the server does by failing the round).
-  Status add_to(std::span<float> sum);
+  Status add_to(std::span<float> sum, double scale = 1);
 
  private:
   std::filesystem::path dir_;

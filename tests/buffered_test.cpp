@@ -1,10 +1,12 @@
 // Buffered asynchronous rounds (server/schedule.h): the staleness functions and the admission
-// rule, and whole federations on the sim's simulated clock (`xsilo sim --in-process`), where two
-// silos train ten times as long as the others.
+// rule, whole federations on the sim's simulated clock (`xsilo sim --in-process`), where two
+// silos train ten times as long as the others, and the same in the real processes (the server
+// daemon, its agents, mutual TLS on loopback), a server restart included.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <fstream>
+#include <set>
 
 #include "common/config.h"
 #include "common/fs.h"
@@ -150,33 +152,111 @@ TEST(Buffered, SynchronousRoundsWaitForTheSlowestAndOverSelectionDoesNot) {
   for (const auto& l : rounds_of(dir / "over")) EXPECT_EQ(l["updates"], 8);
 }
 
-TEST(Buffered, TheRealProcessesRefuseItUntilTheDaemonRunsIt) {
-  test::TempDir dir;
-  const auto cfg = straggling({{"schedule", {{"mode", "buffered"}, {"k", 4}}}}, dir);
-  try {
-    tools::run_sim(cfg, dir / "out", /*quiet=*/true);
-    ADD_FAILURE() << "buffered rounds ran in the real processes";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("buffered rounds run with --in-process only"), std::string::npos) << e.what();
+// The real processes (`xsilo sim` without --in-process): a server daemon and six agents on
+// loopback over mutual TLS, two of them eight times as slow (1200 ms a training against 150).
+// `faults` kill and restart processes (tools/sim.h).
+struct RealRun {
+  int exit_code = -1;
+  std::vector<nlohmann::json> records;  // the audit log's round records, in order
+  std::string verify_log;
+  int verify_code = -1;
+};
+
+RealRun run_real(const nlohmann::json& extra, const test::TempDir& dir) {
+  using namespace std::chrono_literals;
+  nlohmann::json j = {{"name", "buffered"}, {"silos", 6}, {"rounds", 12}, {"seed", 5}, {"baseline", false},
+                      {"data", {{"dataset", "digits"}, {"standardize", true}}},
+                      {"model", {{"kind", "mlp"}, {"hidden", {16}}}},
+                      {"training", {{"local_epochs", 1}, {"batch_size", 32}, {"learning_rate", 0.05}}},
+                      {"selection", {{"min_silos", 6}}},
+                      {"train_ms", {150, 150}},
+                      {"stragglers", {{"silos", 2}, {"factor", 8}}},
+                      {"schedule", {{"mode", "buffered"}, {"k", 3}, {"max_staleness", 20}}}};
+  j.update(extra);
+  atomic_write_file(dir / "sim.json", j.dump());
+  const auto out = dir / "out";
+  RealRun r;
+  Process sim({test::xsilo_bin(), "sim", "--config", (dir / "sim.json").string(), "--out", out.string()},
+              dir / "sim.log");
+  r.exit_code = sim.wait(240s).value_or(-1);
+  std::ifstream in(out / "audit.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto rec = nlohmann::json::parse(line, nullptr, false);
+    if (rec.is_object() && rec.value("event", "") == "round") r.records.push_back(std::move(rec));
   }
+  Process verify({test::xsilo_bin(), "audit", "verify", (out / "audit.jsonl").string(), "--key",
+                  (out / "audit.pub").string()},
+                 dir / "verify.log");
+  r.verify_code = verify.wait(30s).value_or(-1);
+  r.verify_log = log_tail(dir / "verify.log") + "\nsim:\n" + log_tail(dir / "sim.log", 30) + "\nserver:\n" +
+                 log_tail(out / "logs" / "server.log", 40);
+  return r;
 }
 
-// The server daemon's coordinator still runs barriers: it refuses the schedule at start, exit 2,
-// with the reason, rather than run synchronous rounds under a buffered config.
-TEST(Buffered, TheServerDaemonRefusesItAtStartWithTheReason) {
-  using namespace std::chrono_literals;
+// Each committed record of a buffered run: at most k updates, each naming its base version and
+// its staleness against the version before the commit, scaled by s(staleness); the schedule.
+// Returns the largest staleness seen and whether a slow silo's update counted.
+std::pair<std::uint64_t, bool> check_buffered_records(const std::vector<nlohmann::json>& records) {
+  std::uint64_t most_stale = 0;
+  bool slow_counted = false;
+  for (const auto& rec : records) {
+    SCOPED_TRACE(rec.dump());
+    EXPECT_EQ(rec["schedule"]["mode"], "buffered");
+    EXPECT_EQ(rec["schedule"]["k"], 3);
+    EXPECT_TRUE(rec.contains("refused"));
+    if (rec["status"] != "committed") continue;
+    const auto round = rec["round"].get<std::uint64_t>();
+    EXPECT_GE(rec["participants"].size(), 1u);
+    EXPECT_LE(rec["participants"].size(), 3u);
+    std::set<std::string> silos;
+    for (const auto& p : rec["participants"]) {
+      const auto base = p["base_version"].get<std::uint64_t>(), tau = p["staleness"].get<std::uint64_t>();
+      EXPECT_EQ(base + tau, round - 1);  // against the newest version when its upload was granted
+      EXPECT_LE(tau, 20u);
+      EXPECT_NEAR(p["staleness_weight"].get<double>(), 1 / std::sqrt(1.0 + double(tau)), 1e-12);
+      EXPECT_TRUE(silos.insert(p["silo"].get<std::string>()).second);  // one update per silo a commit
+      most_stale = std::max(most_stale, tau);
+      slow_counted |= p["silo"] == "hospital-05" || p["silo"] == "hospital-06";
+    }
+  }
+  return {most_stale, slow_counted};
+}
+
+TEST(Buffered, TheServerDaemonRunsItOverMutualTlsAndAuditsEveryCommitWithItsBaseVersions) {
   test::TempDir dir;
-  test::make_pki(dir / "pki", "f", {{wire::SERVER, "server"}});
-  atomic_write_file(dir / "s.json", R"({"federation": "f", "tls": {"kit": ")" + (dir / "pki/kits/server").string() +
-                                        R"("}, "listen": "127.0.0.1:0", "state_dir": ")" + (dir / "state").string() +
-                                        R"(", "allow": {"silo": ["a", "b"]}, "model": {"inputs": 4},
-      "schedule": {"mode": "buffered", "k": 2}})");
-  Process server({test::xsilo_bin(), "server", "--config", (dir / "s.json").string()}, dir / "server.log");
-  EXPECT_EQ(server.wait(30s).value_or(-1), 2);
-  std::ifstream in(dir / "server.log");
+  const auto r = run_real(nlohmann::json::object(), dir);
+  EXPECT_EQ(r.exit_code, 0) << r.verify_log;
+  ASSERT_EQ(r.records.size(), 12u) << r.verify_log;
+  for (std::size_t i = 0; i < r.records.size(); ++i) {
+    EXPECT_EQ(r.records[i]["round"], i + 1);
+    EXPECT_EQ(r.records[i]["status"], "committed") << r.records[i].dump();
+  }
+  const auto [most_stale, slow_counted] = check_buffered_records(r.records);
+  // The fast silos commit without waiting for the slow ones, whose updates land versions late.
+  EXPECT_GT(most_stale, 0u) << r.verify_log;
+  EXPECT_TRUE(slow_counted) << r.verify_log;
+  EXPECT_EQ(r.verify_code, 0) << r.verify_log;
+}
+
+// SIGKILLed while round 4's uploads come in, the server comes back from its last committed
+// version: the updates in its buffer at the kill are lost (the silos retrain on the newest
+// version), and the federation finishes with every round committed once.
+TEST(Buffered, AServerKilledMidBufferResumesFromTheLastCommitAndFinishes) {
+  test::TempDir dir;
+  const auto r = run_real({{"rounds", 8},
+                           {"faults", {{{"process", "server"}, {"action", "restart"}, {"round", 4}, {"phase", "upload"}}}}},
+                          dir);
+  EXPECT_EQ(r.exit_code, 0) << r.verify_log;
+  std::vector<std::uint64_t> committed;
+  for (const auto& rec : r.records) {
+    if (rec["status"] == "committed") committed.push_back(rec["round"]);
+  }
+  EXPECT_EQ(committed, (std::vector<std::uint64_t>{1, 2, 3, 4, 5, 6, 7, 8})) << r.verify_log;
+  check_buffered_records(r.records);
+  std::ifstream in(dir / "out" / "logs" / "server.log");
   const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_NE(log.find(".schedule.mode: buffered rounds run in `xsilo sim --in-process` only so far"), std::string::npos)
-      << log;
+  EXPECT_NE(log.find("resuming after committed round "), std::string::npos) << r.verify_log;  // it did restart
+  EXPECT_EQ(r.verify_code, 0) << r.verify_log;
 }
 
 }  // namespace

@@ -56,7 +56,7 @@ std::vector<float> step_of(const server::RoundConfig& cfg, const std::vector<std
     protocol::check_work(check, buf.bytes.data(), uploads[i].size(), wire::F32, true)();
     const server::Contribution c{.silos = {"silo-" + std::to_string(i)}, .weight = weights[i], .group = 0,
                                  .declared_sha256 = crypto::sha256_hex(std::span<const float>(uploads[i])),
-                                 .partial_sum = false};
+                                 .partial_sum = false, .scale = 1};
     EXPECT_TRUE(agg->fold(c, *check).has_value());
   }
   std::vector<float> out(l.size());
@@ -336,7 +336,7 @@ TEST(CentralDp, AdaptiveClippingFollowsTheQuantileOfTheNormsFromTheNoisedCount) 
       protocol::check_work(check, buf.bytes.data(), d, wire::F32, true)();
       const server::Contribution k{.silos = {"silo-" + std::to_string(i)}, .weight = 1, .group = 0,
                                    .declared_sha256 = crypto::sha256_hex(std::span<const float>(uploads[i])),
-                                   .partial_sum = false};
+                                   .partial_sum = false, .scale = 1};
       ASSERT_TRUE(agg->fold(k, *check).has_value());
     }
     std::vector<float> out(d);
@@ -375,7 +375,7 @@ TEST(CentralDp, AdaptiveClippingFollowsTheQuantileOfTheNormsFromTheNoisedCount) 
       protocol::check_work(check, buf.bytes.data(), d, wire::F32, true)();
       const server::Contribution u{.silos = {"silo-" + std::to_string(i)}, .weight = 1, .group = 0,
                                    .declared_sha256 = crypto::sha256_hex(std::span<const float>(uploads[i])),
-                                   .partial_sum = false};
+                                   .partial_sum = false, .scale = 1};
       EXPECT_TRUE(agg->fold(u, *check).has_value());
     }
     std::vector<float> out(d);

@@ -208,12 +208,14 @@ class Harness {
     deliver(i, e);
   }
   // Streams weight * delta in chunks of 3 elements, then UpdateEnd (unless stop_after chunks).
+  // `round`: the round of the start the silo trained on (buffered rounds), else this one.
   void upload(std::size_t i, const std::vector<float>& weighted, double weight, int stop_after = -1,
-              std::optional<std::string> declared = std::nullopt) {
+              std::optional<std::string> declared = std::nullopt, std::uint64_t round = 0) {
     ++uploads_[session(i)];
+    if (!round) round = coord_->round();
     auto m = std::make_shared<Model>(initial_.zeros_like());
     std::copy(weighted.begin(), weighted.end(), m->flat().begin());
-    protocol::ChunkSource src(m, m->flat(), m->tensors(), "fed", coord_->round(), 12);
+    protocol::ChunkSource src(m, m->flat(), m->tensors(), "fed", round, 12);
     int sent = 0;
     while (auto e = src.next()) {
       if (stop_after >= 0 && sent == stop_after) return;
@@ -221,7 +223,7 @@ class Harness {
       ++sent;
     }
     wire::Envelope end;
-    end.set_round(coord_->round());
+    end.set_round(round);
     end.mutable_update_end()->set_weight(weight);
     end.mutable_update_end()->set_update_sha256(declared.value_or(crypto::sha256_hex(m->flat())));
     deliver(i, end);
@@ -2209,6 +2211,221 @@ TEST(Coordinator, AServerStartedPausedStartsNoRoundUntilResumed) {
   EXPECT_EQ(h.coord().phase(), Phase::Collecting);
   ASSERT_FALSE(h.store.records.empty());
   EXPECT_EQ(h.store.records.back()["event"], "admin");
+}
+
+// ---- buffered rounds (coordinator_buffered.cpp) ---------------------------------------------
+
+RoundConfig buffered_rounds(std::size_t k, std::uint64_t max_staleness) {
+  RoundConfig c = three_rounds();
+  c.selection.min_silos = 3;
+  c.schedule.mode = ScheduleMode::Buffered;
+  c.schedule.k = k;
+  c.schedule.max_staleness = max_staleness;
+  return c;
+}
+
+// The round of the last RoundStart silo i was sent.
+std::uint64_t last_start(const Harness& h, std::size_t i) {
+  const auto* e = h.last(i, wire::Envelope::kRoundStart);
+  return e ? e->round_start().round() : 0;
+}
+
+TEST(Coordinator, BufferedCommitsAtKWithoutTheSlowSiloAndFoldsItsLateUpdateScaledByItsStaleness) {
+  Harness h(3, buffered_rounds(2, 5));
+  h.connect_all(3);
+  ASSERT_EQ(h.coord().phase(), Phase::Collecting);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(last_start(h, i), 1u);
+  // Silos 0 and 1 fill the buffer of two; silo 2 (slow) is still training on version 0.
+  h.ready(0, 10);
+  h.ready(1, 10);
+  h.serve({{0, {constant(10.0f), 10}}, {1, {constant(20.0f), 10}}});
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  const auto after1 = fedavg(h.initial_, {{constant(10.0f), 10}, {constant(20.0f), 10}});
+  expect_model(h.store.commits[0].model, after1);
+  const auto& rec1 = h.store.commits[0].record;
+  EXPECT_EQ(rec1["schedule"]["mode"], "buffered");
+  ASSERT_EQ(rec1["participants"].size(), 2u);
+  for (const auto& p : rec1["participants"]) {
+    EXPECT_EQ(p["base_version"], 0);
+    EXPECT_EQ(p["staleness"], 0);
+    EXPECT_EQ(p["staleness_weight"], 1.0);
+  }
+  EXPECT_EQ(rec1["training"], nlohmann::json::array({name(2)}));  // not a dropout: it goes on
+  EXPECT_TRUE(rec1["dropouts"].empty());
+  // The next round: the two whose updates committed get its start and the newest model (with
+  // the round end carrying the audit head); the slow silo is left to finish, unbothered.
+  ASSERT_EQ(h.coord().phase(), Phase::Collecting);
+  EXPECT_EQ(h.coord().round(), 2u);
+  EXPECT_EQ(last_start(h, 0), 2u);
+  EXPECT_EQ(last_start(h, 1), 2u);
+  EXPECT_EQ(last_start(h, 2), 1u);
+  EXPECT_EQ(h.models_sent[h.session(2)], 1);
+  ASSERT_TRUE(h.last(0, wire::Envelope::kRoundEnd));
+  EXPECT_TRUE(h.last(0, wire::Envelope::kRoundEnd)->round_end().has_audit_head());
+  EXPECT_FALSE(h.last(2, wire::Envelope::kRoundEnd));
+  // Its base is the start the server sent it: a silo cannot claim a fresher one.
+  h.ready(2, 10, /*round=*/2);
+  EXPECT_FALSE(h.granted(2));
+  ASSERT_TRUE(h.last(2, wire::Envelope::kError));
+  EXPECT_EQ(h.last(2, wire::Envelope::kError)->error().code(), wire::WRONG_ROUND);
+  // Silo 2's update of round 1 (version 0) arrives while version 1 is the newest: staleness 1.
+  h.ready(2, 10, /*round=*/1);
+  ASSERT_TRUE(h.granted(2));
+  EXPECT_EQ(h.last(2, wire::Envelope::kUploadGrant)->round(), 1u);  // of the round it trains on
+  h.upload(2, constant(10.0f), 10, -1, std::nullopt, /*round=*/1);
+  h.ready(0, 10);
+  h.serve({{0, {constant(-10.0f), 10}}});
+  ASSERT_EQ(h.store.commits.size(), 2u);
+  const double s1 = 1 / std::sqrt(2.0);
+  std::vector<float> after2 = after1;
+  for (auto& v : after2) v += static_cast<float>((s1 * 10.0 - 10.0) / 20.0);
+  expect_model(h.store.commits[1].model, after2);
+  const auto& rec2 = h.store.commits[1].record;
+  ASSERT_EQ(rec2["participants"].size(), 2u);
+  const auto& late = rec2["participants"][0]["silo"] == name(2) ? rec2["participants"][0] : rec2["participants"][1];
+  EXPECT_EQ(late["silo"], name(2));
+  EXPECT_EQ(late["base_version"], 0);
+  EXPECT_EQ(late["staleness"], 1);
+  EXPECT_NEAR(late["staleness_weight"].get<double>(), s1, 1e-12);
+  EXPECT_EQ(late["weight"], 10.0);  // its weight is not scaled: the step is
+  EXPECT_EQ(rec2["aggregation"]["total_weight"], 20.0);
+  // Silo 2's round (1) ends with the commit that holds its update.
+  ASSERT_TRUE(h.last(2, wire::Envelope::kRoundEnd));
+  EXPECT_EQ(h.last(2, wire::Envelope::kRoundEnd)->round(), 1u);
+  EXPECT_TRUE(h.last(2, wire::Envelope::kRoundEnd)->round_end().committed());
+  EXPECT_EQ(last_start(h, 2), 3u);
+}
+
+TEST(Coordinator, BufferedRefusesAnUpdateBeyondMaxStalenessRecordsItAndRestartsTheSiloOnTheNewest) {
+  Harness h(3, buffered_rounds(2, 0));
+  h.connect_all(3);
+  h.ready(0, 10);
+  h.ready(1, 10);
+  h.serve({{0, {constant(10.0f), 10}}, {1, {constant(20.0f), 10}}});
+  ASSERT_EQ(h.coord().round(), 2u);
+  // Silo 2 trained on version 0; version 1 is the newest and max_staleness is 0.
+  h.ready(2, 10, /*round=*/1);
+  EXPECT_FALSE(h.granted(2));
+  const auto* end = h.last(2, wire::Envelope::kRoundEnd);
+  ASSERT_TRUE(end);
+  EXPECT_EQ(end->round(), 1u);
+  EXPECT_FALSE(end->round_end().committed());
+  EXPECT_NE(end->round_end().reason().find("too stale"), std::string::npos) << end->round_end().reason();
+  EXPECT_EQ(last_start(h, 2), 2u);  // it starts again on the newest version
+  EXPECT_EQ(h.models_sent[h.session(2)], 2);
+  // It retrains on round 2's start; with silo 0 that fills the buffer.
+  h.ready(2, 10);
+  h.ready(0, 10);
+  h.serve({{0, {constant(10.0f), 10}}, {2, {constant(10.0f), 10}}});
+  ASSERT_EQ(h.store.commits.size(), 2u);
+  const auto& rec = h.store.commits[1].record;
+  ASSERT_EQ(rec["refused"].size(), 1u);
+  EXPECT_EQ(rec["refused"][0]["silo"], name(2));
+  EXPECT_EQ(rec["refused"][0]["base_version"], 0);
+  EXPECT_EQ(rec["refused"][0]["staleness"], 1);
+  for (const auto& p : rec["participants"]) EXPECT_EQ(p["staleness"], 0);
+}
+
+TEST(Coordinator, BufferedRoundsRefuseEdgesAndTakeASiloThatJoinsMidRound) {
+  RoundConfig cfg = buffered_rounds(2, 5);
+  cfg.selection.min_silos = 2;
+  Harness h(3, cfg);
+  h.edge_connect(900, "edge-1");
+  ASSERT_EQ(h.closed, std::vector<SessionId>{900});
+  h.connect(0);
+  h.connect(1);
+  h.fire(Timer::Join);  // silo 2 is late
+  ASSERT_EQ(h.coord().phase(), Phase::Collecting);
+  h.connect(2);
+  EXPECT_EQ(last_start(h, 2), 1u);  // it takes part at once
+  h.ready(2, 10);
+  h.ready(0, 10);
+  h.serve({{0, {constant(10.0f), 10}}, {2, {constant(20.0f), 10}}});
+  ASSERT_EQ(h.store.commits.size(), 1u);
+}
+
+TEST(Coordinator, BufferedTrainingDeadlineCommitsWhatTheBufferHoldsAndKeepsTheTrainersGoing) {
+  RoundConfig cfg = buffered_rounds(3, 5);
+  cfg.selection.min_updates = 1;  // a commit may hold fewer than k updates
+  Harness h(3, cfg);
+  h.connect_all(3);
+  h.ready(0, 10);
+  h.serve({{0, {constant(10.0f), 10}}});
+  EXPECT_TRUE(h.store.commits.empty());  // one of three
+  h.fire(Timer::Train);
+  ASSERT_EQ(h.store.commits.size(), 1u);  // at the deadline, with what it holds
+  EXPECT_EQ(h.store.commits[0].record["participants"].size(), 1u);
+  EXPECT_EQ(h.store.commits[0].record["training"].size(), 2u);
+  EXPECT_TRUE(h.store.commits[0].record["dropouts"].empty());
+  EXPECT_EQ(last_start(h, 1), 1u);  // still training on round 1's start
+  // An empty buffer at the deadline waits again instead of aborting.
+  h.fire(Timer::Train);
+  EXPECT_EQ(h.store.records.size(), 1u);
+  EXPECT_EQ(h.coord().phase(), Phase::Collecting);
+}
+
+// Between two rounds (here: paused after a commit) a silo still training announces its update:
+// it is kept, not refused, and the next round grants its upload with its staleness then.
+TEST(Coordinator, BufferedKeepsAnUpdateAnnouncedBetweenRoundsAndGrantsItInTheNext) {
+  Harness h(3, buffered_rounds(2, 5));
+  h.connect_all(3);
+  ASSERT_TRUE(h.coord().admin(wire::AdminRequest::PAUSE, "alice", h.now).first);
+  h.pump();
+  h.ready(0, 10);
+  h.ready(1, 10);
+  h.serve({{0, {constant(10.0f), 10}}, {1, {constant(20.0f), 10}}});
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  ASSERT_EQ(h.coord().phase(), Phase::Joining);  // paused: no round starts
+  const std::size_t errors_before = h.inbox[h.session(2)].size();
+  h.ready(2, 10, /*round=*/1);
+  EXPECT_EQ(h.inbox[h.session(2)].size(), errors_before);  // no error: kept for the next round
+  EXPECT_FALSE(h.granted(2));
+  ASSERT_TRUE(h.coord().admin(wire::AdminRequest::RESUME, "alice", h.now).first);
+  h.pump();
+  ASSERT_EQ(h.coord().phase(), Phase::Collecting);
+  EXPECT_EQ(last_start(h, 2), 1u);  // not restarted
+  ASSERT_TRUE(h.granted(2));
+  EXPECT_EQ(h.last(2, wire::Envelope::kUploadGrant)->round(), 1u);
+  h.upload(2, constant(10.0f), 10, -1, std::nullopt, /*round=*/1);
+  h.ready(0, 10);
+  h.serve({{0, {constant(10.0f), 10}}});
+  ASSERT_EQ(h.store.commits.size(), 2u);
+  bool late = false;
+  for (const auto& p : h.store.commits[1].record["participants"]) {
+    if (p["silo"] == name(2)) late = p["staleness"] == 1 && p["base_version"] == 0;
+  }
+  EXPECT_TRUE(late) << h.store.commits[1].record.dump();
+}
+
+// Admitted when announced, an update that waits for its grant across a commit is checked again:
+// by the grant it may be too stale (here, k = 1 and max_staleness 1: announced one version
+// behind, granted two behind).
+TEST(Coordinator, BufferedChecksStalenessAgainAtTheGrantOfAnUpdateThatWaitedAcrossACommit) {
+  Harness h(3, buffered_rounds(1, 1));
+  h.connect_all(3);
+  h.ready(0, 10);
+  h.serve({{0, {constant(10.0f), 10}}});
+  ASSERT_EQ(h.coord().round(), 2u);
+  h.ready(1, 10, /*round=*/1);  // granted: the buffer of one is now full with it
+  ASSERT_TRUE(h.granted(1));
+  h.ready(2, 10, /*round=*/1);  // staleness 1: admitted, waits for a grant
+  EXPECT_FALSE(h.granted(2));
+  EXPECT_FALSE(h.last(2, wire::Envelope::kRoundEnd));
+  h.upload(1, constant(10.0f), 10, -1, std::nullopt, /*round=*/1);
+  ASSERT_EQ(h.store.commits.size(), 2u);
+  // Round 3 takes silo 2 over, ready; at its grant it would be two versions behind.
+  EXPECT_EQ(h.coord().round(), 3u);
+  EXPECT_FALSE(h.granted(2));
+  ASSERT_TRUE(h.last(2, wire::Envelope::kRoundEnd));
+  EXPECT_EQ(h.last(2, wire::Envelope::kRoundEnd)->round(), 1u);
+  EXPECT_EQ(last_start(h, 2), 3u);  // restarted on the newest version
+  h.ready(2, 10);
+  h.serve({{2, {constant(10.0f), 10}}});
+  ASSERT_EQ(h.store.commits.size(), 3u);
+  const auto& rec = h.store.commits[2].record;
+  ASSERT_EQ(rec["refused"].size(), 1u) << rec.dump();
+  EXPECT_EQ(rec["refused"][0]["silo"], name(2));
+  EXPECT_EQ(rec["refused"][0]["staleness"], 2);
 }
 
 }  // namespace

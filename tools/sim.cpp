@@ -640,11 +640,6 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
   auto say = [&](const std::string& s) {
     if (!quiet) std::cout << s << std::endl;
   };
-  if (cfg.schedule.is_object() && cfg.schedule.value("mode", std::string()) == "buffered") {
-    throw ConfigError("sim config " + cfg.file.string() +
-                      ": .schedule.mode: buffered rounds run with --in-process only so far (the server daemon runs "
-                      "synchronous rounds; docs/buffered.md)");
-  }
   const auto t_start = Clock::now();
   FederationFiles f = prepare_federation(cfg, out);
   say(describe(cfg, f));

@@ -261,15 +261,17 @@ std::optional<agent::RoundOutput> silo_round(Silo& s, const agent::TrainTask& ta
 }
 
 // The upload, as the server's slot receives it: into the aggregator's buffer, checked, folded.
+// `scale`: a buffered update's s(staleness), applied by the fold as the daemon's is.
 bool fold_upload(server::Aggregator& agg, const std::string& silo, const agent::RoundOutput& o,
-                 server::CombineContext& ctx) {
+                 server::CombineContext& ctx, double scale = 1) {
   auto buf = agg.buffer();
   const auto bytes = std::as_bytes(o.update->flat());
   std::memcpy(buf.bytes.data(), bytes.data(), bytes.size());
   auto check = std::make_shared<protocol::UploadCheck>();
   protocol::check_work(check, buf.bytes.data(), o.update->size(), wire::F32, /*hash=*/true)();
   const server::Contribution c{.silos = {silo}, .weight = o.weight, .group = 0,
-                                .declared_sha256 = crypto::sha256_hex(o.update->flat()), .partial_sum = false};
+                                .declared_sha256 = crypto::sha256_hex(o.update->flat()), .partial_sum = false,
+                                .scale = scale};
   const auto r = agg.fold(c, *check);
   if (!r && r.error().cause == server::FoldFailure::Cause::NonFinite) ++ctx.nonfinite;
   return r.has_value();
@@ -390,8 +392,7 @@ void run_buffered(const server::ServerConfig& scfg, std::vector<Silo>& silos, co
                            {"reason", adm.reason}});
       } else {
         const double w = server::staleness_weight(sched, adm.staleness);
-        for (auto& v : t.out->update->flat()) v = static_cast<float>(v * w);
-        if (fold_upload(*agg, s.name, *t.out, ctx)) {
+        if (fold_upload(*agg, s.name, *t.out, ctx, w)) {
           ++in_buffer;
           fruitless = 0;
           updates.push_back({{"silo", s.name}, {"base_version", t.base}, {"staleness", adm.staleness},
