@@ -8,7 +8,9 @@
 # "dirichlet"; 100 silos of digits need "iid": a Dirichlet split leaves silos under 8 rows), e.g.
 # the 100-silo rows:
 #   SILOS=100 THRESHOLD=0.9 SPLIT=iid scripts/bench_distributed_dp.sh build/tools/xsilo runs/ddp100 "1 3 8" "12 16 20" "1 2 3"
-# An epsilon of "none" runs the same federation without DP.
+# An epsilon of "none" runs the same federation without DP. RANDOM_K=F adds random-k compression
+# of fraction F to the distributed runs (secure random-k; real processes, which it needs), e.g.
+#   RANDOM_K=0.1 scripts/bench_distributed_dp.sh build/tools/xsilo runs/ddp_rk "8" "20" "1 2 3"
 # Prints one line per run: name final_accuracy epsilon_spent seconds.
 set -euo pipefail
 bin=$1 out=$2 epsilons=$3 bits_list=$4 seeds=$5 model=${6:-logistic} rounds=${7:-10} clip=${8:-0.3}
@@ -42,9 +44,13 @@ for eps in $epsilons; do
       # A 16-bit wire ring for bits <= 16; fraction_bits is the fixed-point codec's, unused by the
       # Skellam encoding, lowered only so that the codec's own overflow check passes.
       ring=32 frac=16; [ "$bits" -le 16 ] && ring=16 frac=8
-      run "distributed_e${eps}_b${bits}_s${seed}" \
+      compression="" kind=distributed
+      if [ -n "${RANDOM_K:-}" ]; then
+        compression=", \"compression\": {\"scheme\": \"random_k\", \"fraction\": $RANDOM_K}" kind=randomk${RANDOM_K}
+      fi
+      DP_SIM_PROCESSES=${RANDOM_K:+1} run "${kind}_e${eps}_b${bits}_s${seed}" \
         "{\"level\": \"silo\", \"mode\": \"distributed\", \"epsilon\": $eps, \"delta\": 1e-5, \"clip_norm\": $clip, \"bits\": $bits}" \
-        ", \"secure\": {\"mode\": \"global\", \"min_group\": 3, \"threshold\": $threshold, \"modulus_bits\": $ring, \"fraction_bits\": $frac, \"max_weight\": 1}" "$seed"
+        ", \"secure\": {\"mode\": \"global\", \"min_group\": 3, \"threshold\": $threshold, \"modulus_bits\": $ring, \"fraction_bits\": $frac, \"max_weight\": 1}$compression" "$seed"
     done
   done
 done
