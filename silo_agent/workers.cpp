@@ -31,7 +31,8 @@ void save_job(const std::filesystem::path& path, const WorkerJob& job) {
                    {"first_bucket_bytes", job.buckets.first_bytes},
                    {"bucket_bytes", job.buckets.bytes},
                    {"bucket_compression", job.buckets.compression},
-                   {"topk_fraction", job.buckets.topk_fraction}};
+                   {"topk_fraction", job.buckets.topk_fraction},
+                   {"stragglers", job.buckets.stragglers}};
   if (!job.progress.empty()) {
     j["progress"] = job.progress.string();
     j["checkpoint_ms"] = job.checkpoint_interval.count();
@@ -64,6 +65,7 @@ WorkerJob load_job(const std::filesystem::path& path) {
     job.buckets.bytes = j.at("bucket_bytes").get<std::size_t>();
     job.buckets.compression = j.value("bucket_compression", std::string("none"));
     job.buckets.topk_fraction = j.value("topk_fraction", 0.01);
+    job.buckets.stragglers = j.value("stragglers", 0);
     job.progress = j.value("progress", std::string());
     job.checkpoint_interval = std::chrono::milliseconds(j.value("checkpoint_ms", std::int64_t{0}));
     job.key = j.value("key", std::string());
@@ -90,6 +92,7 @@ std::string job_key(const Model& global, const WorkerJob& job, const std::string
                          {"bucket_bytes", job.buckets.bytes},
                          {"bucket_compression", job.buckets.compression},
                          {"topk_fraction", job.buckets.topk_fraction},
+                         {"stragglers", job.buckets.stragglers},
                          {"topology", topology}};
   return crypto::sha256_hex(crypto::sha256_hex(global.flat()) + options.dump());
 }

@@ -74,6 +74,13 @@ class Mesh {
                [n = dst < 0 ? 0 : out.size()] { return n; }};
     stream(dst, o, src, in_bytes, chunk, land, on_chunk);
   }
+  // Waits until `local_done()` is true (returns -1; checked first) or one of `peers` has bytes
+  // to read or has closed its link (returns that peer; the read that follows says which).
+  // There is no timeout: the caller's local work ends, or is cut short, on its own, and a dead
+  // peer is seen as readable. For the replicated all-reduce (replicated_all_reduce.h), whose
+  // groups take whichever copy of a gradient is ready first; a mesh that cannot wait on several
+  // peers at once throws std::logic_error.
+  virtual int first_ready(std::span<const int> peers, const std::function<bool()>& local_done);
 };
 
 class Communicator {

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -168,6 +169,22 @@ class TcpMesh : public Mesh {
       if (left <= 0 || (::poll(fds, count, static_cast<int>(left)) == 0 && deadline.expired(Clock::now()))) {
         const int peer = got < in_bytes ? src : dst;
         fail(peer, "did not answer within " + std::to_string(timeout_.count()) + " ms");
+      }
+    }
+  }
+
+  int first_ready(std::span<const int> peers, const std::function<bool()>& local_done) override {
+    std::vector<pollfd> fds;
+    for (int p : peers) fds.push_back({socks_.at(static_cast<std::size_t>(p))->native_handle(), POLLIN, 0});
+    // The local side has no descriptor: look at it between polls of 100 us (a step's compute is
+    // milliseconds; a peer's bytes wake the poll at once).
+    const timespec slice{0, 100000};
+    for (;;) {
+      if (local_done()) return -1;
+      const int n = ::ppoll(fds.data(), fds.size(), &slice, nullptr);
+      if (n < 0 && errno != EINTR) fail(-1, "poll failed");
+      for (std::size_t i = 0; n > 0 && i < fds.size(); ++i) {
+        if (fds[i].revents != 0) return peers[i];
       }
     }
   }
