@@ -128,6 +128,16 @@ struct TrainerBenchOptions {
 // The hand-off to an external trainer and back, against /dev/shm once; per-round overhead.
 int bench_trainer(const TrainerBenchOptions& opts);
 
+struct StragglerBenchOptions {
+  int workers = 6, stragglers = 1, slow_worker = 1, repeats = 3;
+  std::vector<double> slow{1, 5, 10};  // how many times slower the slow worker computes
+  std::uint32_t epochs = 2, batch = 240;
+  std::vector<std::size_t> hidden{256, 256};
+  bool json = false;
+};
+// A data-parallel step with one slow local worker, without and with fractional repetition.
+int bench_stragglers(const StragglerBenchOptions& opts);
+
 struct CompressionBenchOptions {
   std::vector<std::size_t> d{1'000'000, 10'000'000};  // codec speed
   std::uint64_t rounds = 30;                          // learning quality (0: skip)

@@ -180,6 +180,22 @@ void add_bench_trainer(CLI::App& bench, int& exit_code) {
   tb->callback([trn, &exit_code] { exit_code = bench_trainer(*trn); });
 }
 
+// `bench stragglers`: one slow local worker, without and with fractional repetition.
+void add_bench_stragglers(CLI::App& bench, int& exit_code) {
+  auto st = std::make_shared<StragglerBenchOptions>();
+  auto* s = bench.add_subcommand("stragglers", "a training step with one slow local worker, without and with local.stragglers");
+  s->add_option("--workers", st->workers, "local workers (threads)")->capture_default_str();
+  s->add_option("--stragglers", st->stragglers, "local.stragglers for the mitigated rows")->capture_default_str();
+  s->add_option("--slow-worker", st->slow_worker, "which worker is slow")->capture_default_str();
+  s->add_option("--slow", st->slow, "how many times slower it computes (several values; 1: nobody slow)")->capture_default_str();
+  s->add_option("--epochs", st->epochs, "epochs over the digits rows")->capture_default_str();
+  s->add_option("--repeats", st->repeats, "runs of each row (the median counts)")->capture_default_str();
+  s->add_option("--batch", st->batch, "global batch")->capture_default_str();
+  s->add_option("--hidden", st->hidden, "the MLP's hidden layers")->capture_default_str();
+  s->add_flag("--json", st->json, "one JSON object per measurement");
+  s->callback([st, &exit_code] { exit_code = bench_stragglers(*st); });
+}
+
 // `bench transport`: one TLS channel.
 void add_bench_transport(CLI::App& bench, int& exit_code) {
   struct TransportOpts {
@@ -209,6 +225,7 @@ void add_bench(CLI::App& app, int& exit_code) {
   add_bench_secagg(*bench, exit_code);
   add_bench_allreduce(*bench, exit_code);
   add_bench_trainer(*bench, exit_code);
+  add_bench_stragglers(*bench, exit_code);
   add_bench_transport(*bench, exit_code);
 }
 
