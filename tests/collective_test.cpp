@@ -663,6 +663,73 @@ TEST(Collective, NcclAllReduceIsExactOnTheGpus) {
   for (int n = 1; n <= std::min(gpu.devices, 4); ++n) check_exact(n, 10007, "nccl");
 }
 
+// The hierarchical all-reduce with NCCL inside each host (Options::intra_host "nccl"): hosts of
+// as many workers as there are GPUs (each worker of a host on its own GPU; the hosts share
+// them), 2 and 3 hosts, every reduction, uneven sizes: exact and bit-identical, as on the mesh.
+TEST(Collective, HierarchicalWithNcclInsideTheHostsIsExactOnTheGpus) {
+  const auto gpu = gpu_info();
+  if (!gpu.built) GTEST_SKIP() << "skipped: this build has no CUDA/NCCL";
+  if (gpu.devices < 2) {
+    GTEST_SKIP() << "skipped: NCCL inside a host needs 2 or more GPUs (one per worker of the host), and "
+                 << gpu.devices << " are visible" << (gpu.devices == 0 ? " (" + gpu.cuda_error + ")" : "");
+  }
+  const int m = std::min(gpu.devices, 4);
+  const std::vector<std::size_t> sizes{1, 7, 10007, 1000003};
+  for (int hosts : {2, 3}) {
+    const int n = hosts * m;
+    Options opts;
+    opts.backend = "hierarchical";
+    opts.ranks_per_host = static_cast<std::size_t>(m);
+    opts.intra_host = "nccl";
+    opts.chunk_bytes = 16384;
+    with_group(n, opts, [&](Group& g) {
+      for (Op op : kOps) {
+        for (std::size_t elements : sizes) {
+          std::vector<float> v(elements);
+          for (std::size_t i = 0; i < elements; ++i) v[i] = input(op, g.rank(), i);
+          g.comm().all_reduce(v, op);
+          const auto want = reference(op, n, elements);
+          for (std::size_t i = 0; i < elements; ++i) {
+            ASSERT_EQ(v[i], want[i]) << "hosts=" << hosts << " m=" << m << " elements=" << elements << " i=" << i;
+          }
+        }
+      }
+    });
+  }
+}
+
+// Without GPUs, "auto" keeps the intra-host phases on the mesh (the hosts agree on it), and
+// "nccl" is refused with the reason, not a hang.
+TEST(Collective, HierarchicalInsideTheHostsFallsBackToTheMeshWithoutGpusAndNcclSaysWhy) {
+  const auto gpu = gpu_info();
+  if (gpu.devices >= 2) GTEST_SKIP() << "skipped: this machine has " << gpu.devices << " GPUs (the test above runs)";
+  Options opts;
+  opts.backend = "hierarchical";
+  opts.ranks_per_host = 2;
+  opts.intra_host = "auto";
+  with_group(5, opts, [&](Group& g) {
+    std::vector<float> v(10007);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = input(Op::sum, g.rank(), i);
+    g.comm().all_reduce(v);
+    EXPECT_EQ(v, reference(Op::sum, 5, v.size()));
+  });
+  opts.intra_host = "nccl";
+  Coordinator coord(2, std::chrono::milliseconds(3000));
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int id = 0; id < 2; ++id) {
+    threads.emplace_back([&, id] {
+      try {
+        Group g("127.0.0.1", coord.port(), id, "127.0.0.1", opts);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(id)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors) EXPECT_NE(e.find("NCCL inside a host takes one GPU per worker"), std::string::npos) << e;
+}
+
 // ---- stragglers: fractional repetition --------------------------------------------------------
 
 TEST(ReplicatedAllReduce, GroupsHaveAtLeastSPlusOneMembersEach) {
