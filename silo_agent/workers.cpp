@@ -228,7 +228,7 @@ void run_workers_once(const LocalWorkersConfig& cfg, const std::filesystem::path
       std::vector<std::string> argv{self_exe(), "collective", "--coordinator",
                                     cfg.listen_host + ":" + std::to_string(coord.port()), "--id", std::to_string(k),
                                     "--host", host, "--backend", cfg.backend, "--ranks-per-host",
-                                    std::to_string(cfg.ranks_per_host), "--across-hosts", cfg.across_hosts, "--step-timeout-ms",
+                                    std::to_string(cfg.ranks_per_host), "--across-hosts", cfg.across_hosts, "--intra-host", cfg.intra_host, "--step-timeout-ms",
                                     std::to_string(cfg.step_timeout.count()), "--job", (dir / "job.json").string()};
       // A worker on another host of the silo's cluster starts there through the launcher (ssh
       // by default); the kit, the binary and the data sit at the same paths on every host.
@@ -294,7 +294,7 @@ WorkersResult train_with_workers(const LocalWorkersConfig& cfg, const std::files
   if (cfg.checkpoint_interval.count() > 0) {
     job.progress = dir / "progress";
     job.checkpoint_interval = cfg.checkpoint_interval;
-    job.key = job_key(model, job, cfg.backend + " " + cfg.across_hosts + " " + std::to_string(cfg.ranks_per_host) +
+    job.key = job_key(model, job, cfg.backend + " " + cfg.across_hosts + " " + cfg.intra_host + " " + std::to_string(cfg.ranks_per_host) +
                                       " " + nlohmann::json(cfg.hosts).dump() + " " + std::to_string(cfg.workers));
     // A run of this very job that was cut off and the agent called again (a retry of the same
     // round) goes on from its last checkpoint rather than from the first step.

@@ -842,6 +842,13 @@ TEST(Config, HierarchicalTopkAndBackupsTakeTheirOwnKeysAndRefuseThemElsewhere) {
   EXPECT_NE(lone.find(".local.backups: stand by for local workers"), std::string::npos) << lone;
   const auto many = load(data + R"(, "local": {"workers": 2, "backups": 65})");
   EXPECT_NE(many.find(".local.backups"), std::string::npos) << many;
+  EXPECT_EQ(load(data + R"(, "local": {"workers": 4, "backend": "hierarchical", "ranks_per_host": 2, "intra_host": "nccl"})", &c), "");
+  EXPECT_EQ(c.local.intra_host, "nccl");
+  EXPECT_EQ(agent::to_json(c)["local"]["intra_host"], "nccl");
+  const auto flat = load(data + R"(, "local": {"workers": 4, "backend": "ring", "intra_host": "nccl"})");
+  EXPECT_NE(flat.find(".local.intra_host: is how the hierarchical backend reduces inside each host"), std::string::npos) << flat;
+  const auto odd = load(data + R"(, "local": {"workers": 4, "backend": "hierarchical", "ranks_per_host": 2, "intra_host": "shm"})");
+  EXPECT_NE(odd.find(".local.intra_host"), std::string::npos) << odd;
   EXPECT_EQ(load(data + R"(, "local": {"workers": 5, "stragglers": 1})", &c), "");
   EXPECT_EQ(c.local.buckets.stragglers, 1);
   EXPECT_EQ(agent::to_json(c)["local"]["stragglers"], 1);

@@ -3,6 +3,7 @@
 
 #include "common/build_info.h"
 #include "common/config.h"
+#include "silo_agent/collective/communicator.h"
 #include "tools/bench.h"
 #include "tools/commands.h"
 
@@ -153,6 +154,9 @@ void add_bench_allreduce(CLI::App& bench, int& exit_code) {
   auto* arc = bench.add_subcommand("allreduce", "all-reduce across local worker processes, beside OpenMPI and Gloo");
   arc->add_option("--backend", ar->backends, "ring, hd, tree, butterfly, hierarchical (hierarchical+hd, +tree, +butterfly: that algorithm among the hosts' leaders instead of the ring), auto, nccl, int8 (the 8-bit all-reduce over the TCP mesh), topk (the sparse all-reduce; several values)")->capture_default_str();
   arc->add_option("--ranks-per-host", ar->ranks_per_host, "hierarchical: ranks r / N share a host")->capture_default_str();
+  arc->add_option("--intra-host", ar->intra_host, "hierarchical: inside each host tcp, nccl (a GPU per rank of a host) or auto")
+      ->check(CLI::IsMember(collective::intra_host_transports()))
+      ->capture_default_str();
   arc->add_option("--topk-fraction", ar->topk_fraction, "topk: the share of coordinates each rank sends")
       ->check(CLI::Range(1e-6, 1.0))
       ->capture_default_str();
