@@ -172,7 +172,10 @@ LocalWorkersConfig parse_local(const ConfigNode& lo, TrainerKind trainer) {
     c.ranks_per_host = static_cast<int>(lo.integer("ranks_per_host", 0, 0, 256));
     const bool across_given = lo.has("across_hosts");
     c.across_hosts = lo.one_of("across_hosts", "ring", collective::across_host_algorithms());
+    const bool intra_given = lo.has("intra_host");
+    c.intra_host = lo.one_of("intra_host", "auto", collective::intra_host_transports());
     c.backups = static_cast<int>(lo.integer("backups", 0, 0, 64));
+    c.buckets.stragglers = static_cast<int>(lo.integer("stragglers", 0, 0, 255));
     c.checkpoint_interval = std::chrono::milliseconds(lo.integer("checkpoint_ms", 30000, 0, 86400000));
     const bool fraction_given = lo.has("topk_fraction");
     c.buckets.topk_fraction = lo.number("topk_fraction", 0.01, 1e-6, 1.0);
@@ -189,11 +192,35 @@ LocalWorkersConfig parse_local(const ConfigNode& lo, TrainerKind trainer) {
     if (c.backups > 0 && c.backend == "nccl") {
       lo.fail("backups", "NCCL's communicator can only shrink (ncclCommShrink), not take a standby in; use a TCP backend");
     }
+    if (c.buckets.stragglers > 0) {
+      const int s = c.buckets.stragglers;
+      if (c.workers < s + 1) {
+        lo.fail("stragglers", "each group of workers computing the same rows needs " + std::to_string(s + 1) +
+                                  " members to have one finisher with " + std::to_string(s) +
+                                  " slow; set local.workers to at least " + std::to_string(s + 1));
+      }
+      if (trainer == TrainerKind::External) {
+        lo.fail("stragglers", "an external trainer's steps are its script's own; the agent cannot repeat its shards");
+      }
+      if (c.backend == "nccl" || c.backend == "hierarchical") {
+        lo.fail("stragglers", "the replicated all-reduce runs on the flat TCP backends (ring, hd, tree, butterfly, auto), and backend is " + c.backend);
+      }
+      if (c.buckets.compression != "none") {
+        lo.fail("stragglers", "the groups' first finishers send float32 gradients; compression " + c.buckets.compression +
+                                  " is for the plain all-reduce");
+      }
+      if (c.backups > 0) {
+        lo.fail("stragglers", "and backups are not combined yet (a promoted standby's group is untested); give one or the other");
+      }
+    }
     if (c.ranks_per_host > 0 && c.backend != "hierarchical") {
       lo.fail("ranks_per_host", "only the hierarchical backend groups workers by host, and backend is " + c.backend);
     }
     if (across_given && c.backend != "hierarchical") {
       lo.fail("across_hosts", "is the hierarchical backend's algorithm among the hosts' leaders, and backend is " + c.backend);
+    }
+    if (intra_given && c.backend != "hierarchical") {
+      lo.fail("intra_host", "is how the hierarchical backend reduces inside each host, and backend is " + c.backend);
     }
     if (c.ranks_per_host > 0 && !c.hosts.empty()) {
       lo.fail("ranks_per_host", "the hosts list already says which host each worker is on; give one or the other");
@@ -258,7 +285,9 @@ nlohmann::json to_json(const AgentConfig& c) {
   if (c.local.buckets.compression == "topk") j["local"]["topk_fraction"] = c.local.buckets.topk_fraction;
   if (c.local.ranks_per_host > 0) j["local"]["ranks_per_host"] = c.local.ranks_per_host;
   if (c.local.across_hosts != "ring") j["local"]["across_hosts"] = c.local.across_hosts;
+  if (c.local.intra_host != "auto") j["local"]["intra_host"] = c.local.intra_host;
   if (c.local.backups > 0) j["local"]["backups"] = c.local.backups;
+  if (c.local.buckets.stragglers > 0) j["local"]["stragglers"] = c.local.buckets.stragglers;
   if (c.local.checkpoint_interval != LocalWorkersConfig{}.checkpoint_interval) {
     j["local"]["checkpoint_ms"] = c.local.checkpoint_interval.count();
   }

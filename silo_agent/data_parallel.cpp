@@ -2,10 +2,12 @@
 
 #include "crypto/sources.h"
 #include "silo_agent/collective/failure_policy.h"
+#include "silo_agent/collective/replicated_all_reduce.h"
 #include "silo_agent/collective/sparse_all_reduce.h"
 #include "silo_agent/quantized_all_reduce.h"
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -111,10 +113,14 @@ class DataParallelRun {
       : group_(group), shards_(shards), net_(net), params_(params), data_(data), opts_(opts), buckets_(buckets),
         bs_(std::max<std::uint32_t>(1, opts.batch_size)), steps_per_epoch_((data.rows + bs_ - 1) / bs_),
         total_(steps_per_epoch_ * opts.epochs), orders_(row_orders(data, opts)), int8_(compression(buckets) == "int8"),
-        topk_(buckets.compression == "topk"), grad_(params.size() + 1), g_(grad_.data() + 1, params.size()),
-        step_loss_(total_) {
+        topk_(buckets.compression == "topk"), replicas_(buckets.stragglers > 0), grad_(params.size() + 1),
+        g_(grad_.data() + 1, params.size()), step_loss_(total_) {
     if (int8_) residual_.resize(grad_.size());
     if (topk_) sparse_residual_.resize(grad_.size());
+    if (replicas_ && (int8_ || topk_)) {
+      throw std::invalid_argument("stragglers take the float32 gradient, not " + buckets.compression + " buckets");
+    }
+    if (replicas_) sum_.resize(grad_.size());
   }
 
   TrainStats run(const RunHooks& hooks, const StartAt& start) {
@@ -124,6 +130,7 @@ class DataParallelRun {
                                   " losses before it");
     }
     std::copy(start.step_loss.begin(), start.step_loss.end(), step_loss_.begin());
+    hooks_ = &hooks;
     // After every re-formation the first step begins with the parameters broadcast from rank 0
     // (a worker that was in the group before): a backup promoted into the group holds only the
     // round's starting model, and every member of a new table has come through the same
@@ -141,7 +148,8 @@ class DataParallelRun {
           comm.broadcast(params_, 0);
           comm.broadcast(step_loss_, 0);  // a backup's mean loss counts the steps run before it came
         }
-        step(op);
+        if (replicas_) step_replicated(op);
+        else step(op);
       });
       if (!resume) {
         sync = false;
@@ -190,6 +198,7 @@ class DataParallelRun {
   // One bucket of the step's gradient summed over the group (on the reducer's thread).
   void reduce(std::span<float> bucket) {
     auto& comm = group_.comm();
+    if (replicas_) return reduce_replicated(comm);
     if (!int8_ && !topk_) return comm.all_reduce(bucket);
     auto* mesh = comm.mesh();
     if (!mesh) {
@@ -213,13 +222,49 @@ class DataParallelRun {
                          std::span(residual_.summed).subspan(at, bucket.size()), seed);
   }
 
-  // This worker's rows of the batch [start, start + batch) of `order` into xb_ and yb_.
-  void gather(const std::vector<std::size_t>& order, std::size_t start, std::size_t batch) {
+  // Stragglers: the whole step's gradient summed by fractional repetition, the first finisher
+  // of each group standing for it; when this worker's copy is no longer needed, stop_ tells the
+  // computing thread to stop.
+  void reduce_replicated(collective::Communicator& comm) {
+    auto* mesh = comm.mesh();
+    if (!mesh) throw std::runtime_error("stragglers run on the TCP backends, not " + comm.backend());
+    const auto ready = [this] { return own_ready_.load(std::memory_order_acquire); };
+    const auto stop = [this] { stop_.store(true, std::memory_order_release); };
+    try {
+      const auto got = collective::replicated_all_reduce(*mesh, buckets_.stragglers, grad_, ready, sum_,
+                                                         collective::Options{}.chunk_bytes, leaders_algorithm(comm),
+                                                         stop);
+      supplier_ = got.supplier;
+    } catch (...) {
+      stop();
+      throw;
+    }
+  }
+
+  // The leaders' all-reduce: the backend's own algorithm ("auto": hd for a small vector, the ring).
+  collective::FlatAllReduce leaders_algorithm(collective::Communicator& comm) const {
+    const auto& names = collective::across_host_algorithms();
+    const auto b = comm.backend();
+    if (std::find(names.begin(), names.end(), b) != names.end()) return collective::across_host_algorithm(b);
+    if (b == "auto" && grad_.size() * sizeof(float) < collective::Options{}.hd_threshold_bytes) {
+      return collective::across_host_algorithm("hd");
+    }
+    return collective::ring_all_reduce;
+  }
+
+  // This worker's rows of the batch [start, start + batch) of `order` into xb_ and yb_: those of
+  // the shards it owns, or with stragglers those of its group (of `groups`, rows split evenly).
+  void gather(const std::vector<std::size_t>& order, std::size_t start, std::size_t batch, int groups = 0) {
     xb_.clear();
     yb_.clear();
     for (std::size_t i = 0; i < batch; ++i) {
       const std::size_t r = order[start + i];
-      if (shard_owner(shard_of(r), shards_, group_.members()) != group_.id()) continue;
+      if (groups > 0) {
+        const auto g = static_cast<int>(r * static_cast<std::size_t>(groups) / data_.rows);
+        if (g != group_.rank() % groups) continue;
+      } else if (shard_owner(shard_of(r), shards_, group_.members()) != group_.id()) {
+        continue;
+      }
       xb_.insert(xb_.end(), data_.row(r), data_.row(r) + data_.features);
       yb_.push_back(data_.y[r]);
     }
@@ -253,6 +298,7 @@ class DataParallelRun {
     // for the bucket boundaries and sends zeros.
     const float* rows = mine ? xb_.data() : data_.row(order[start]);
     const int* labels = mine ? yb_.data() : &data_.y[order[start]];
+    const auto began = std::chrono::steady_clock::now();
     const double loss = net_.loss_and_grad(params_, rows, labels, std::max<std::size_t>(mine, 1), g_,
                                            [&](std::size_t offset, std::size_t) {
                                              ready_lo = offset + 1;
@@ -260,11 +306,66 @@ class DataParallelRun {
                                              if ((lo - ready_lo) * sizeof(float) >= limit) flush(ready_lo);
                                            });
     grad_[0] = static_cast<float>(loss);
+    slow_down(op, began, false);
     flush(0);
     reducer_.finish();
     step_loss_[op] = grad_[0];
     for (std::size_t k = 0; k < params_.size(); ++k) {
       params_[k] -= opts_.learning_rate * (g_[k] + opts_.weight_decay * params_[k]);
+    }
+  }
+
+  // What the slow_down hook asks for after computing step op since `began` (tests and
+  // benchmarks); `stoppable`: cut short once stop_ is set.
+  void slow_down(std::uint64_t op, std::chrono::steady_clock::time_point began, bool stoppable) {
+    if (!hooks_ || !hooks_->slow_down) return;
+    const auto now = std::chrono::steady_clock::now();
+    const auto until = now + hooks_->slow_down(op, now - began);
+    while (std::chrono::steady_clock::now() < until) {
+      if (stoppable && stop_.load(std::memory_order_acquire)) return;
+      std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(std::chrono::microseconds(100),
+                                                                     until - std::chrono::steady_clock::now()));
+    }
+  }
+
+  struct Stopped {};  // this worker's gradient is no longer needed in this step
+
+  // Step `op` with stragglers: the reducer thread runs the replicated all-reduce from the start
+  // while this thread computes the group's gradient; whichever copy of it is ready first in each
+  // group is summed, and a worker whose copy was not needed stops computing (between layers, or
+  // in the slow_down wait). Every worker applies the same sum.
+  void step_replicated(std::uint64_t op) {
+    op_now_ = op;
+    const auto& order = orders_[op / steps_per_epoch_];
+    const std::size_t start = (op % steps_per_epoch_) * bs_;
+    const std::size_t batch = std::min(bs_, data_.rows - start);
+    const int groups = collective::replica_groups(group_.size(), buckets_.stragglers);
+    gather(order, start, batch, groups);
+    const std::size_t mine = yb_.size();
+    own_ready_.store(false, std::memory_order_relaxed);
+    stop_.store(false, std::memory_order_relaxed);
+    reducer_.submit(grad_);
+    try {
+      const float* rows = mine ? xb_.data() : data_.row(order[start]);
+      const int* labels = mine ? yb_.data() : &data_.y[order[start]];
+      const auto began = std::chrono::steady_clock::now();
+      const double loss = net_.loss_and_grad(params_, rows, labels, std::max<std::size_t>(mine, 1), g_,
+                                             [&](std::size_t, std::size_t) {
+                                               if (stop_.load(std::memory_order_acquire)) throw Stopped{};
+                                             });
+      grad_[0] = static_cast<float>(loss);
+      const float scale = static_cast<float>(mine) / static_cast<float>(batch);
+      if (mine == 0) std::fill(grad_.begin(), grad_.end(), 0.0f);
+      else for (auto& v : grad_) v *= scale;
+      slow_down(op, began, true);
+      own_ready_.store(true, std::memory_order_release);
+    } catch (const Stopped&) {
+    }
+    reducer_.finish();
+    if (hooks_ && hooks_->on_supplier) hooks_->on_supplier(op, supplier_);
+    step_loss_[op] = sum_[0];
+    for (std::size_t k = 0; k < params_.size(); ++k) {
+      params_[k] -= opts_.learning_rate * (sum_[k + 1] + opts_.weight_decay * params_[k]);
     }
   }
 
@@ -300,7 +401,7 @@ class DataParallelRun {
   const std::size_t bs_, steps_per_epoch_;
   const std::uint64_t total_;
   const std::vector<std::vector<std::size_t>> orders_;
-  const bool int8_, topk_;
+  const bool int8_, topk_, replicas_;
   // grad_[0] carries this worker's share of the batch loss; grad_[1..] (g_) the gradient.
   std::vector<float> grad_;
   std::span<float> g_;
@@ -314,6 +415,12 @@ class DataParallelRun {
   std::vector<float> sparse_residual_;
   collective::StepSnapshots<std::vector<float>> kept_sparse_;
   std::uint64_t op_now_ = 0;  // the step whose buckets the reducer is summing
+  // Stragglers: the step's sum (grad_ is this worker's copy of its group's gradient, which the
+  // reducer reads once own_ready_ says so), and the flag that stops a copy no longer needed.
+  std::vector<float> sum_;
+  std::atomic<bool> own_ready_{false}, stop_{false};
+  int supplier_ = -1;
+  const RunHooks* hooks_ = nullptr;
   std::vector<float> step_loss_;  // each step's loss over the global batch
   BucketReducer reducer_{[this](std::span<float> bucket) { reduce(bucket); }};  // last: its thread uses the above
 };

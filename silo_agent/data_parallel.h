@@ -13,6 +13,7 @@
 // each worker's error feedback is rolled back with the parameters when a step is redone.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <span>
@@ -35,6 +36,12 @@ struct BucketOptions {
   // as a float beside them.
   std::string compression = "none";
   double topk_fraction = 0.01;
+  // Stragglers: with s > 0 the workers form groups of at least s + 1 that compute the same rows
+  // (fractional repetition, collective/replicated_all_reduce.h), and each step takes the first
+  // finisher of each group: any s slow workers are not waited for, at s + 1 (N / floor(N / (s +
+  // 1))) times the compute. The step's gradient then travels as one message, not in buckets;
+  // float32 only (no compression).
+  int stragglers = 0;
 };
 inline const std::vector<std::string>& bucket_compressions() {
   static const std::vector<std::string> names{"none", "int8", "topk"};
@@ -59,6 +66,12 @@ struct RunHooks {
   std::function<void(const std::string&)> log = {};
   std::function<void(std::uint32_t)> on_epoch = {};
   std::function<void(std::uint64_t, std::span<const float>, const std::vector<float>&)> on_step = {};
+  // Stragglers: which worker's (group rank's) gradient stood for this worker's group in step op.
+  std::function<void(std::uint64_t op, int rank)> on_supplier = {};
+  // Tests and benchmarks model a slow worker with this: how long it waits after computing step op
+  // in `took` (e.g. 4 x took: a worker 5x slower). With stragglers the wait ends as soon as the
+  // step no longer needs this worker's gradient.
+  std::function<std::chrono::nanoseconds(std::uint64_t op, std::chrono::nanoseconds took)> slow_down = {};
 };
 
 // Trains `params` in place with every member of `group`; `shards` is the number of workers the

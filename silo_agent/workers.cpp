@@ -31,7 +31,8 @@ void save_job(const std::filesystem::path& path, const WorkerJob& job) {
                    {"first_bucket_bytes", job.buckets.first_bytes},
                    {"bucket_bytes", job.buckets.bytes},
                    {"bucket_compression", job.buckets.compression},
-                   {"topk_fraction", job.buckets.topk_fraction}};
+                   {"topk_fraction", job.buckets.topk_fraction},
+                   {"stragglers", job.buckets.stragglers}};
   if (!job.progress.empty()) {
     j["progress"] = job.progress.string();
     j["checkpoint_ms"] = job.checkpoint_interval.count();
@@ -64,6 +65,7 @@ WorkerJob load_job(const std::filesystem::path& path) {
     job.buckets.bytes = j.at("bucket_bytes").get<std::size_t>();
     job.buckets.compression = j.value("bucket_compression", std::string("none"));
     job.buckets.topk_fraction = j.value("topk_fraction", 0.01);
+    job.buckets.stragglers = j.value("stragglers", 0);
     job.progress = j.value("progress", std::string());
     job.checkpoint_interval = std::chrono::milliseconds(j.value("checkpoint_ms", std::int64_t{0}));
     job.key = j.value("key", std::string());
@@ -90,6 +92,7 @@ std::string job_key(const Model& global, const WorkerJob& job, const std::string
                          {"bucket_bytes", job.buckets.bytes},
                          {"bucket_compression", job.buckets.compression},
                          {"topk_fraction", job.buckets.topk_fraction},
+                         {"stragglers", job.buckets.stragglers},
                          {"topology", topology}};
   return crypto::sha256_hex(crypto::sha256_hex(global.flat()) + options.dump());
 }
@@ -225,7 +228,7 @@ void run_workers_once(const LocalWorkersConfig& cfg, const std::filesystem::path
       std::vector<std::string> argv{self_exe(), "collective", "--coordinator",
                                     cfg.listen_host + ":" + std::to_string(coord.port()), "--id", std::to_string(k),
                                     "--host", host, "--backend", cfg.backend, "--ranks-per-host",
-                                    std::to_string(cfg.ranks_per_host), "--across-hosts", cfg.across_hosts, "--step-timeout-ms",
+                                    std::to_string(cfg.ranks_per_host), "--across-hosts", cfg.across_hosts, "--intra-host", cfg.intra_host, "--step-timeout-ms",
                                     std::to_string(cfg.step_timeout.count()), "--job", (dir / "job.json").string()};
       // A worker on another host of the silo's cluster starts there through the launcher (ssh
       // by default); the kit, the binary and the data sit at the same paths on every host.
@@ -291,7 +294,7 @@ WorkersResult train_with_workers(const LocalWorkersConfig& cfg, const std::files
   if (cfg.checkpoint_interval.count() > 0) {
     job.progress = dir / "progress";
     job.checkpoint_interval = cfg.checkpoint_interval;
-    job.key = job_key(model, job, cfg.backend + " " + cfg.across_hosts + " " + std::to_string(cfg.ranks_per_host) +
+    job.key = job_key(model, job, cfg.backend + " " + cfg.across_hosts + " " + cfg.intra_host + " " + std::to_string(cfg.ranks_per_host) +
                                       " " + nlohmann::json(cfg.hosts).dump() + " " + std::to_string(cfg.workers));
     // A run of this very job that was cut off and the agent called again (a retry of the same
     // round) goes on from its last checkpoint rather than from the first step.

@@ -842,11 +842,29 @@ TEST(Config, HierarchicalTopkAndBackupsTakeTheirOwnKeysAndRefuseThemElsewhere) {
   EXPECT_NE(lone.find(".local.backups: stand by for local workers"), std::string::npos) << lone;
   const auto many = load(data + R"(, "local": {"workers": 2, "backups": 65})");
   EXPECT_NE(many.find(".local.backups"), std::string::npos) << many;
+  EXPECT_EQ(load(data + R"(, "local": {"workers": 4, "backend": "hierarchical", "ranks_per_host": 2, "intra_host": "nccl"})", &c), "");
+  EXPECT_EQ(c.local.intra_host, "nccl");
+  EXPECT_EQ(agent::to_json(c)["local"]["intra_host"], "nccl");
+  const auto flat = load(data + R"(, "local": {"workers": 4, "backend": "ring", "intra_host": "nccl"})");
+  EXPECT_NE(flat.find(".local.intra_host: is how the hierarchical backend reduces inside each host"), std::string::npos) << flat;
+  const auto odd = load(data + R"(, "local": {"workers": 4, "backend": "hierarchical", "ranks_per_host": 2, "intra_host": "shm"})");
+  EXPECT_NE(odd.find(".local.intra_host"), std::string::npos) << odd;
+  EXPECT_EQ(load(data + R"(, "local": {"workers": 5, "stragglers": 1})", &c), "");
+  EXPECT_EQ(c.local.buckets.stragglers, 1);
+  EXPECT_EQ(agent::to_json(c)["local"]["stragglers"], 1);
+  const auto few = load(data + R"(, "local": {"workers": 2, "stragglers": 2})");
+  EXPECT_NE(few.find(".local.stragglers: each group of workers computing the same rows needs 3"), std::string::npos) << few;
+  for (const std::string other : {R"("backend": "nccl")", R"("backend": "hierarchical")", R"("compression": "int8")",
+                                  R"("backups": 1)"}) {
+    const auto refused = load(data + R"(, "local": {"workers": 4, "stragglers": 1, )" + other + "}");
+    EXPECT_NE(refused.find(".local.stragglers"), std::string::npos) << other << ": " << refused;
+  }
   // Written back and read again: the keys that apply, and only those.
   EXPECT_EQ(load(data + R"(, "local": {"workers": 4, "compression": "topk", "topk_fraction": 0.05})", &c), "");
   const auto j = agent::to_json(c);
   EXPECT_EQ(j["local"]["topk_fraction"], 0.05);
   EXPECT_FALSE(j["local"].contains("ranks_per_host"));
+  EXPECT_FALSE(j["local"].contains("stragglers"));
 }
 
 // The training block passes keys of its own to external trainers, but a near-miss of a known

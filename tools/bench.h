@@ -106,6 +106,7 @@ struct AllreduceBenchOptions {
   std::vector<std::size_t> bytes{4096, 16384, 65536, 262144, 1u << 20, 4u << 20, 16u << 20, 64u << 20, 256u << 20};
   std::size_t chunk_bytes = 1u << 20;  // pipelining unit of our ring
   std::size_t ranks_per_host = 2;      // hierarchical: ranks r / this share a host
+  std::string intra_host = "auto";     // hierarchical: inside each host tcp, nccl or auto
   double topk_fraction = 0.01;         // topk: the share of coordinates each rank sends
   // Ranks on several hosts, as an agent's local.hosts: rank k on hosts[k % size], started
   // through `launcher` (local.launcher's words, "{host}" replaced); the coordinator listens on
@@ -127,6 +128,16 @@ struct TrainerBenchOptions {
 };
 // The hand-off to an external trainer and back, against /dev/shm once; per-round overhead.
 int bench_trainer(const TrainerBenchOptions& opts);
+
+struct StragglerBenchOptions {
+  int workers = 6, stragglers = 1, slow_worker = 1, repeats = 3;
+  std::vector<double> slow{1, 5, 10};  // how many times slower the slow worker computes
+  std::uint32_t epochs = 2, batch = 240;
+  std::vector<std::size_t> hidden{256, 256};
+  bool json = false;
+};
+// A data-parallel step with one slow local worker, without and with fractional repetition.
+int bench_stragglers(const StragglerBenchOptions& opts);
 
 struct CompressionBenchOptions {
   std::vector<std::size_t> d{1'000'000, 10'000'000};  // codec speed

@@ -143,7 +143,7 @@ Results run_ours(const std::string& backend, int ranks, const AllreduceBenchOpti
     const bool by_rank = base == "hierarchical" && opts.hosts.empty();
     std::vector<std::string> argv{self_exe(), "collective", "--coordinator",
                                   opts.listen_host + ":" + std::to_string(coord.port()), "--id", std::to_string(k),
-                                  "--host", host, "--backend", compressed ? "ring" : base, "--across-hosts", across,
+                                  "--host", host, "--backend", compressed ? "ring" : base, "--across-hosts", across, "--intra-host", opts.intra_host,
                                   "--compression", compressed ? backend : "none", "--step-timeout-ms", "60000",
                                   "--chunk-bytes", std::to_string(opts.chunk_bytes), "--ranks-per-host",
                                   by_rank ? std::to_string(opts.ranks_per_host) : "0",

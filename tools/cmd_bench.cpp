@@ -3,6 +3,7 @@
 
 #include "common/build_info.h"
 #include "common/config.h"
+#include "silo_agent/collective/communicator.h"
 #include "tools/bench.h"
 #include "tools/commands.h"
 
@@ -153,6 +154,9 @@ void add_bench_allreduce(CLI::App& bench, int& exit_code) {
   auto* arc = bench.add_subcommand("allreduce", "all-reduce across local worker processes, beside OpenMPI and Gloo");
   arc->add_option("--backend", ar->backends, "ring, hd, tree, butterfly, hierarchical (hierarchical+hd, +tree, +butterfly: that algorithm among the hosts' leaders instead of the ring), auto, nccl, int8 (the 8-bit all-reduce over the TCP mesh), topk (the sparse all-reduce; several values)")->capture_default_str();
   arc->add_option("--ranks-per-host", ar->ranks_per_host, "hierarchical: ranks r / N share a host")->capture_default_str();
+  arc->add_option("--intra-host", ar->intra_host, "hierarchical: inside each host tcp, nccl (a GPU per rank of a host) or auto")
+      ->check(CLI::IsMember(collective::intra_host_transports()))
+      ->capture_default_str();
   arc->add_option("--topk-fraction", ar->topk_fraction, "topk: the share of coordinates each rank sends")
       ->check(CLI::Range(1e-6, 1.0))
       ->capture_default_str();
@@ -178,6 +182,22 @@ void add_bench_trainer(CLI::App& bench, int& exit_code) {
   tb->add_option("--python", trn->python, "the interpreter with numpy")->capture_default_str();
   tb->add_flag("--json", trn->json, "one JSON object per measurement");
   tb->callback([trn, &exit_code] { exit_code = bench_trainer(*trn); });
+}
+
+// `bench stragglers`: one slow local worker, without and with fractional repetition.
+void add_bench_stragglers(CLI::App& bench, int& exit_code) {
+  auto st = std::make_shared<StragglerBenchOptions>();
+  auto* s = bench.add_subcommand("stragglers", "a training step with one slow local worker, without and with local.stragglers");
+  s->add_option("--workers", st->workers, "local workers (threads)")->capture_default_str();
+  s->add_option("--stragglers", st->stragglers, "local.stragglers for the mitigated rows")->capture_default_str();
+  s->add_option("--slow-worker", st->slow_worker, "which worker is slow")->capture_default_str();
+  s->add_option("--slow", st->slow, "how many times slower it computes (several values; 1: nobody slow)")->capture_default_str();
+  s->add_option("--epochs", st->epochs, "epochs over the digits rows")->capture_default_str();
+  s->add_option("--repeats", st->repeats, "runs of each row (the median counts)")->capture_default_str();
+  s->add_option("--batch", st->batch, "global batch")->capture_default_str();
+  s->add_option("--hidden", st->hidden, "the MLP's hidden layers")->capture_default_str();
+  s->add_flag("--json", st->json, "one JSON object per measurement");
+  s->callback([st, &exit_code] { exit_code = bench_stragglers(*st); });
 }
 
 // `bench transport`: one TLS channel.
@@ -209,6 +229,7 @@ void add_bench(CLI::App& app, int& exit_code) {
   add_bench_secagg(*bench, exit_code);
   add_bench_allreduce(*bench, exit_code);
   add_bench_trainer(*bench, exit_code);
+  add_bench_stragglers(*bench, exit_code);
   add_bench_transport(*bench, exit_code);
 }
 

@@ -21,7 +21,8 @@ namespace xsilo::tools {
 namespace {
 
 struct WorkerOptions {
-  std::string coordinator, host = "127.0.0.1", backend = "auto", across_hosts = "ring", compression = "none", job;
+  std::string coordinator, host = "127.0.0.1", backend = "auto", across_hosts = "ring", intra_host = "auto",
+      compression = "none", job;
   int id = 0, shards = 0;
   std::size_t chunk_bytes = 1u << 20, ranks_per_host = 0;
   double topk_fraction = 0.01;
@@ -124,6 +125,7 @@ int run_worker(const WorkerOptions& o) {
   opts.chunk_bytes = o.chunk_bytes;
   opts.ranks_per_host = o.ranks_per_host;
   opts.across_hosts = o.across_hosts;
+  opts.intra_host = o.intra_host;
   opts.step_timeout = std::chrono::milliseconds(o.step_timeout_ms);
   try {
     collective::Group group(o.coordinator.substr(0, colon),
@@ -160,6 +162,10 @@ void add_collective(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   c->add_option("--across-hosts", o->across_hosts, "hierarchical: the leaders' algorithm across hosts (ring, hd, tree, butterfly)")
       ->check(CLI::IsMember(collective::across_host_algorithms()))
+      ->capture_default_str();
+  c->add_option("--intra-host", o->intra_host,
+                "hierarchical: inside each host tcp, nccl (one GPU per worker) or auto (nccl where each worker has a GPU)")
+      ->check(CLI::IsMember(collective::intra_host_transports()))
       ->capture_default_str();
   c->add_option("--compression", o->compression, "--bench: none, int8 (the 8-bit all-reduce) or topk (the sparse one)")
       ->check(CLI::IsMember({"none", "int8", "topk"}))

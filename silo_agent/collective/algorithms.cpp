@@ -1,6 +1,7 @@
 // The all-reduce algorithms, written against Mesh only.
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
 #include <vector>
 
 #include "silo_agent/collective/communicator.h"
@@ -169,6 +170,10 @@ void tree_broadcast(Mesh& mesh, std::span<float> data, int root, std::size_t chu
 const std::vector<std::string>& tcp_backends() {
   static const std::vector<std::string> names{"ring", "hd", "tree", "butterfly", "hierarchical", "auto"};
   return names;
+}
+
+int Mesh::first_ready(std::span<const int>, const std::function<bool()>&) {
+  throw std::logic_error("this mesh cannot wait on several peers at once");
 }
 
 void Communicator::all_reduce_mean(std::span<float> data) {

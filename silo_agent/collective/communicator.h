@@ -74,6 +74,13 @@ class Mesh {
                [n = dst < 0 ? 0 : out.size()] { return n; }};
     stream(dst, o, src, in_bytes, chunk, land, on_chunk);
   }
+  // Waits until `local_done()` is true (returns -1; checked first) or one of `peers` has bytes
+  // to read or has closed its link (returns that peer; the read that follows says which).
+  // There is no timeout: the caller's local work ends, or is cut short, on its own, and a dead
+  // peer is seen as readable. For the replicated all-reduce (replicated_all_reduce.h), whose
+  // groups take whichever copy of a gradient is ready first; a mesh that cannot wait on several
+  // peers at once throws std::logic_error.
+  virtual int first_ready(std::span<const int> peers, const std::function<bool()>& local_done);
 };
 
 class Communicator {
@@ -142,9 +149,11 @@ FlatAllReduce across_host_algorithm(const std::string& name);  // std::invalid_a
 // host's leader), `across` among the leaders across hosts (the ring by default: bandwidth-
 // optimal; the tree or the butterfly for small vectors over high-latency links), then a
 // pipelined chain broadcast inside each host. Only the leaders use the inter-host links. Any N,
-// any host sizes.
+// any host sizes. `inside`: the host's ranks' own communicator (NCCL between the host's GPUs),
+// which then does phases 1 and 3 instead of the mesh: its all-reduce leaves the host's partial
+// on every rank of the host, and after phase 2 it broadcasts the leader's result.
 void hierarchical_all_reduce(Mesh& mesh, std::span<float> data, const HostLayout& hosts, std::size_t chunk_bytes,
-                             Op op = Op::sum, FlatAllReduce across = nullptr);
+                             Op op = Op::sum, FlatAllReduce across = nullptr, Communicator* inside = nullptr);
 
 // The backends make_tcp_communicator takes: ring, hd, tree, butterfly, hierarchical, auto.
 const std::vector<std::string>& tcp_backends();
@@ -159,7 +168,13 @@ struct Options {
   std::size_t ranks_per_host = 0;
   // hierarchical: the algorithm among the hosts' leaders (across_host_algorithms()).
   std::string across_hosts = "ring";
+  // hierarchical: inside each host, "tcp" (the mesh), "nccl" (NCCL between the host's GPUs, one
+  // per worker; CollectiveError where the host has fewer GPUs than workers or the build has no
+  // CUDA) or "auto" (NCCL where the build has CUDA and every worker of the host sees at least as
+  // many GPUs as the host has workers, agreed among them when the communicator forms; else tcp).
+  std::string intra_host = "auto";
 };
+const std::vector<std::string>& intra_host_transports();  // tcp, nccl, auto
 
 // The host layout a TCP communicator's hierarchical all-reduce uses: ranks r / ranks_per_host
 // share a host, or, with ranks_per_host 0, ranks whose addresses are equal.

@@ -3,6 +3,7 @@
 // a power of two into partners. Internal to xsilo_collective.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -44,6 +45,13 @@ class SubMesh : public Mesh {
               const OnChunk& on_chunk) override {
     parent_.stream(dst < 0 ? -1 : ranks_.at(static_cast<std::size_t>(dst)), out,
                    src < 0 ? -1 : ranks_.at(static_cast<std::size_t>(src)), in_bytes, chunk, land, on_chunk);
+  }
+  int first_ready(std::span<const int> peers, const std::function<bool()>& local_done) override {
+    std::vector<int> theirs;
+    for (int p : peers) theirs.push_back(ranks_.at(static_cast<std::size_t>(p)));
+    const int got = parent_.first_ready(theirs, local_done);
+    if (got < 0) return got;
+    return static_cast<int>(std::find(ranks_.begin(), ranks_.end(), got) - ranks_.begin());
   }
 
  private:

@@ -76,8 +76,13 @@ FlatAllReduce across_host_algorithm(const std::string& name) {
   throw std::invalid_argument("across hosts the leaders run ring, hd, tree or butterfly, not " + name);
 }
 
+const std::vector<std::string>& intra_host_transports() {
+  static const std::vector<std::string> names{"tcp", "nccl", "auto"};
+  return names;
+}
+
 void hierarchical_all_reduce(Mesh& mesh, std::span<float> data, const HostLayout& hosts, std::size_t chunk_bytes,
-                             Op op, FlatAllReduce across) {
+                             Op op, FlatAllReduce across, Communicator* inside) {
   const int n = mesh.size(), r = mesh.rank();
   if (n == 1 || data.empty()) return;
   if (hosts.ranks() != static_cast<std::size_t>(n)) {
@@ -89,6 +94,22 @@ void hierarchical_all_reduce(Mesh& mesh, std::span<float> data, const HostLayout
   const int m = static_cast<int>(mine.size());
   const int local_rank = static_cast<int>(std::find(mine.begin(), mine.end(), r) - mine.begin());
   detail::SubMesh local(mesh, mine, local_rank);
+  if (inside && m > 1) {
+    if (inside->size() != m || inside->rank() != local_rank) {
+      throw std::logic_error("hierarchical all-reduce: the host's communicator has rank " + std::to_string(inside->rank()) +
+                             " of " + std::to_string(inside->size()) + ", the layout says " +
+                             std::to_string(local_rank) + " of " + std::to_string(m));
+    }
+    inside->all_reduce(data, op);  // every rank of the host holds the host's partial
+    if (hosts.hosts() > 1) {
+      if (local_rank == 0) {
+        detail::SubMesh leaders(mesh, hosts.leaders(), static_cast<int>(h));
+        (across ? across : ring_all_reduce)(leaders, data, chunk_bytes, op);
+      }
+      inside->broadcast(data, 0);
+    }
+    return;
+  }
   if (m > 1) {
     detail::ring_reduce_scatter(local, data, chunk_bytes, op);
     const auto seg = [&](int i) {

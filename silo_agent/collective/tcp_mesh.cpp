@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -17,7 +18,10 @@
 #include <thread>
 
 #include "silo_agent/collective/communicator.h"
+#include "silo_agent/collective/exchange.h"
 #include "silo_agent/collective/failure_policy.h"
+#include "silo_agent/collective/gpu_info.h"
+#include "silo_agent/collective/nccl.h"
 
 namespace xsilo::collective {
 
@@ -172,6 +176,22 @@ class TcpMesh : public Mesh {
     }
   }
 
+  int first_ready(std::span<const int> peers, const std::function<bool()>& local_done) override {
+    std::vector<pollfd> fds;
+    for (int p : peers) fds.push_back({socks_.at(static_cast<std::size_t>(p))->native_handle(), POLLIN, 0});
+    // The local side has no descriptor: look at it between polls of 100 us (a step's compute is
+    // milliseconds; a peer's bytes wake the poll at once).
+    const timespec slice{0, 100000};
+    for (;;) {
+      if (local_done()) return -1;
+      const int n = ::ppoll(fds.data(), fds.size(), &slice, nullptr);
+      if (n < 0 && errno != EINTR) fail(-1, "poll failed");
+      for (std::size_t i = 0; n > 0 && i < fds.size(); ++i) {
+        if (fds[i].revents != 0) return peers[i];
+      }
+    }
+  }
+
  private:
   // A failed exchange closes every link, so that the peers fail fast too instead of waiting
   // for their own timeouts, and the group re-forms.
@@ -231,6 +251,57 @@ HostLayout host_layout(const std::vector<PeerAddress>& peers, std::size_t ranks_
 
 namespace {
 
+// Some ranks of a mesh as a communicator of their own (the ring, the binomial broadcast): the
+// bootstrap of an NCCL communicator among a host's workers, whose unique id it carries.
+class SubMeshCommunicator : public Communicator {
+ public:
+  SubMeshCommunicator(Mesh& parent, std::vector<int> ranks, int me, std::size_t chunk_bytes)
+      : mesh_(parent, std::move(ranks), me), chunk_bytes_(chunk_bytes) {}
+  int rank() const override { return mesh_.rank(); }
+  int size() const override { return mesh_.size(); }
+  std::string backend() const override { return "ring"; }
+  using Communicator::all_reduce;
+  void all_reduce(std::span<float> data, Op op) override { ring_all_reduce(mesh_, data, chunk_bytes_, op); }
+  void broadcast(std::span<float> data, int root) override { tree_broadcast(mesh_, data, root, chunk_bytes_); }
+  void barrier() override {
+    float one = 1;
+    butterfly_all_reduce(mesh_, std::span<float>(&one, 1), chunk_bytes_);
+  }
+  Mesh* mesh() override { return &mesh_; }
+
+ private:
+  detail::SubMesh mesh_;
+  std::size_t chunk_bytes_;
+};
+
+// The NCCL communicator among this rank's host's workers that the hierarchical all-reduce runs
+// its intra-host phases on, or null where they stay on the mesh (Options::intra_host). A host
+// of one worker has nothing to do inside; under "auto" the host's workers agree (a min over
+// their GPU counts on the mesh) so that all of them take the same path.
+std::unique_ptr<Communicator> intra_host_communicator(Mesh& mesh, const HostLayout& hosts, const Options& opts) {
+  const auto& names = intra_host_transports();
+  if (std::find(names.begin(), names.end(), opts.intra_host) == names.end()) {
+    throw std::invalid_argument("inside a host the hierarchical all-reduce runs on tcp, nccl or auto, not " + opts.intra_host);
+  }
+  const auto& mine = hosts.members(hosts.host(mesh.rank()));
+  const auto m = mine.size();
+  if (opts.intra_host == "tcp" || m == 1) return nullptr;
+  const auto gpu = gpu_info();
+  if (opts.intra_host == "auto" && !gpu.built) return nullptr;  // the same binary everywhere: no word needed
+  const int local = static_cast<int>(std::find(mine.begin(), mine.end(), mesh.rank()) - mine.begin());
+  auto boot = std::make_unique<SubMeshCommunicator>(mesh, mine, local, opts.chunk_bytes);
+  float devices = static_cast<float>(gpu.devices);
+  if (gpu.built) boot->all_reduce(std::span<float>(&devices, 1), Op::min);
+  if (devices < static_cast<float>(m)) {
+    if (opts.intra_host == "auto") return nullptr;
+    throw CollectiveError("NCCL inside a host takes one GPU per worker: this host has " + std::to_string(m) +
+                              " workers and " + (gpu.built ? std::to_string(static_cast<int>(devices)) + " GPU(s) visible to each of them"
+                                                           : std::string("this build has no CUDA/NCCL")),
+                          -1);
+  }
+  return make_nccl_communicator(std::move(boot), opts);
+}
+
 class TcpCommunicator : public Communicator {
  public:
   TcpCommunicator(int rank, const std::vector<PeerAddress>& peers, int listen_fd, const Options& opts)
@@ -238,7 +309,8 @@ class TcpCommunicator : public Communicator {
         algorithm_(parse_algorithm(opts.backend)),
         across_(across_host_algorithm(opts.across_hosts)),
         mesh_(rank, peers, listen_fd, opts.step_timeout),
-        hosts_(host_layout(peers, opts.ranks_per_host)) {}
+        hosts_(host_layout(peers, opts.ranks_per_host)),
+        inside_(algorithm_ == Algorithm::hierarchical ? intra_host_communicator(mesh_, hosts_, opts_) : nullptr) {}
   int rank() const override { return mesh_.rank(); }
   int size() const override { return mesh_.size(); }
   std::string backend() const override { return opts_.backend; }
@@ -253,7 +325,8 @@ class TcpCommunicator : public Communicator {
       case Algorithm::hd: return halving_doubling_all_reduce(mesh_, data, opts_.chunk_bytes, op);
       case Algorithm::tree: return tree_all_reduce(mesh_, data, opts_.chunk_bytes, op);
       case Algorithm::butterfly: return butterfly_all_reduce(mesh_, data, opts_.chunk_bytes, op);
-      case Algorithm::hierarchical: return hierarchical_all_reduce(mesh_, data, hosts_, opts_.chunk_bytes, op, across_);
+      case Algorithm::hierarchical:
+        return hierarchical_all_reduce(mesh_, data, hosts_, opts_.chunk_bytes, op, across_, inside_.get());
       case Algorithm::automatic: break;
     }
   }
@@ -270,6 +343,7 @@ class TcpCommunicator : public Communicator {
   FlatAllReduce across_;  // and so is an algorithm across hosts
   TcpMesh mesh_;
   HostLayout hosts_;
+  std::unique_ptr<Communicator> inside_;  // hierarchical: NCCL among this host's workers, or null
 };
 
 }  // namespace
