@@ -173,7 +173,7 @@ LocalWorkersConfig parse_local(const ConfigNode& lo, TrainerKind trainer) {
     const bool across_given = lo.has("across_hosts");
     c.across_hosts = lo.one_of("across_hosts", "ring", collective::across_host_algorithms());
     const bool intra_given = lo.has("intra_host");
-    c.intra_host = lo.one_of("intra_host", "auto", collective::intra_host_transports());
+    c.intra_host = lo.one_of("intra_host", "tcp", collective::intra_host_transports());
     c.backups = static_cast<int>(lo.integer("backups", 0, 0, 64));
     c.buckets.stragglers = static_cast<int>(lo.integer("stragglers", 0, 0, 255));
     c.checkpoint_interval = std::chrono::milliseconds(lo.integer("checkpoint_ms", 30000, 0, 86400000));
@@ -285,7 +285,7 @@ nlohmann::json to_json(const AgentConfig& c) {
   if (c.local.buckets.compression == "topk") j["local"]["topk_fraction"] = c.local.buckets.topk_fraction;
   if (c.local.ranks_per_host > 0) j["local"]["ranks_per_host"] = c.local.ranks_per_host;
   if (c.local.across_hosts != "ring") j["local"]["across_hosts"] = c.local.across_hosts;
-  if (c.local.intra_host != "auto") j["local"]["intra_host"] = c.local.intra_host;
+  if (c.local.intra_host != "tcp") j["local"]["intra_host"] = c.local.intra_host;
   if (c.local.backups > 0) j["local"]["backups"] = c.local.backups;
   if (c.local.buckets.stragglers > 0) j["local"]["stragglers"] = c.local.buckets.stragglers;
   if (c.local.checkpoint_interval != LocalWorkersConfig{}.checkpoint_interval) {

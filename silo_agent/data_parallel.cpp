@@ -253,14 +253,15 @@ class DataParallelRun {
   }
 
   // This worker's rows of the batch [start, start + batch) of `order` into xb_ and yb_: those of
-  // the shards it owns, or with stragglers those of its group (of `groups`, rows split evenly).
+  // the shards it owns, or with stragglers those of its group (of `groups`): the batch's
+  // positions cut in `groups` equal runs, so every group has the same share of every step.
   void gather(const std::vector<std::size_t>& order, std::size_t start, std::size_t batch, int groups = 0) {
     xb_.clear();
     yb_.clear();
     for (std::size_t i = 0; i < batch; ++i) {
       const std::size_t r = order[start + i];
       if (groups > 0) {
-        const auto g = static_cast<int>(r * static_cast<std::size_t>(groups) / data_.rows);
+        const auto g = static_cast<int>(i * static_cast<std::size_t>(groups) / batch);
         if (g != group_.rank() % groups) continue;
       } else if (shard_owner(shard_of(r), shards_, group_.members()) != group_.id()) {
         continue;

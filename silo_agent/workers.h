@@ -34,7 +34,7 @@ struct LocalWorkersConfig {
   std::string backend = "auto";          // collective::tcp_backends() or nccl
   int ranks_per_host = 0;                // hierarchical on one machine: workers r / n share a "host"
   std::string across_hosts = "ring";     // hierarchical: the leaders' algorithm across hosts
-  std::string intra_host = "auto";       // hierarchical: inside each host tcp, nccl or auto (collective::Options)
+  std::string intra_host = "tcp";        // hierarchical: inside each host tcp, nccl or auto (collective::Options)
   int backups = 0;                       // hot standbys swapped in for a failed worker (ids workers..)
   std::chrono::milliseconds step_timeout{10000};
   BucketOptions buckets;

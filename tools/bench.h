@@ -106,7 +106,7 @@ struct AllreduceBenchOptions {
   std::vector<std::size_t> bytes{4096, 16384, 65536, 262144, 1u << 20, 4u << 20, 16u << 20, 64u << 20, 256u << 20};
   std::size_t chunk_bytes = 1u << 20;  // pipelining unit of our ring
   std::size_t ranks_per_host = 2;      // hierarchical: ranks r / this share a host
-  std::string intra_host = "auto";     // hierarchical: inside each host tcp, nccl or auto
+  std::string intra_host = "tcp";      // hierarchical: inside each host tcp, nccl or auto
   double topk_fraction = 0.01;         // topk: the share of coordinates each rank sends
   // Ranks on several hosts, as an agent's local.hosts: rank k on hosts[k % size], started
   // through `launcher` (local.launcher's words, "{host}" replaced); the coordinator listens on

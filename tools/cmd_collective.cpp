@@ -21,7 +21,7 @@ namespace xsilo::tools {
 namespace {
 
 struct WorkerOptions {
-  std::string coordinator, host = "127.0.0.1", backend = "auto", across_hosts = "ring", intra_host = "auto",
+  std::string coordinator, host = "127.0.0.1", backend = "auto", across_hosts = "ring", intra_host = "tcp",
       compression = "none", job;
   int id = 0, shards = 0;
   std::size_t chunk_bytes = 1u << 20, ranks_per_host = 0;
@@ -164,7 +164,7 @@ void add_collective(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember(collective::across_host_algorithms()))
       ->capture_default_str();
   c->add_option("--intra-host", o->intra_host,
-                "hierarchical: inside each host tcp, nccl (one GPU per worker) or auto (nccl where each worker has a GPU)")
+                "hierarchical: inside each host tcp, nccl (one GPU per worker: each worker must see as many GPUs as its host has workers) or auto (nccl where they do, else tcp)")
       ->check(CLI::IsMember(collective::intra_host_transports()))
       ->capture_default_str();
   c->add_option("--compression", o->compression, "--bench: none, int8 (the 8-bit all-reduce) or topk (the sparse one)")

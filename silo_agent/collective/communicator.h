@@ -172,7 +172,7 @@ struct Options {
   // per worker; CollectiveError where the host has fewer GPUs than workers or the build has no
   // CUDA) or "auto" (NCCL where the build has CUDA and every worker of the host sees at least as
   // many GPUs as the host has workers, agreed among them when the communicator forms; else tcp).
-  std::string intra_host = "auto";
+  std::string intra_host = "tcp";
 };
 const std::vector<std::string>& intra_host_transports();  // tcp, nccl, auto
 

@@ -72,6 +72,7 @@ class NcclCommunicator : public Communicator {
   }
 
   ~NcclCommunicator() override {
+    cudaSetDevice(device_);
     if (comm_) ncclCommAbort(comm_);  // abort never blocks on peers, destroy could
     if (buffer_) cudaFree(buffer_);
     if (stream_) cudaStreamDestroy(stream_);
@@ -84,12 +85,14 @@ class NcclCommunicator : public Communicator {
   using Communicator::all_reduce;
   void all_reduce(std::span<float> data, Op op) override {
     if (data.empty()) return;
+    on_device();
     stage_in(data);
     launch(ncclAllReduce(buffer_, buffer_, data.size(), ncclFloat, nccl_op(op), comm_, stream_), "ncclAllReduce");
     stage_out(data);
   }
   void broadcast(std::span<float> data, int root) override {
     if (data.empty()) return;
+    on_device();
     stage_in(data);
     launch(ncclBroadcast(buffer_, buffer_, data.size(), ncclFloat, root, comm_, stream_), "ncclBroadcast");
     stage_out(data);
@@ -100,6 +103,10 @@ class NcclCommunicator : public Communicator {
   }
 
  private:
+  // The current device is per thread, and the collectives may run on another thread than the one
+  // that built the communicator (the agent's bucket reducer does): without this, a worker whose
+  // GPU is not device 0 would stage its buffer on device 0, beside a communicator on another.
+  void on_device() { check_cuda(cudaSetDevice(device_), "cudaSetDevice"); }
   void stage_in(std::span<const float> data) {
     if (data.size() > capacity_) {
       if (buffer_) cudaFree(buffer_);

@@ -28,8 +28,8 @@
 // A mate whose result arrives before its own gradient is ready never offers; the caller is
 // told (`have_result`) so that it stops computing what is no longer needed. Each link carries
 // the same messages in the same order whoever is slow, so the next call starts clean. A mate's
-// gradient crosses its link only when it is the first of its group; the leader sends s copies
-// of the sum to its mates.
+// gradient crosses its link only when it is the first of its group; the leader sends one copy
+// of the sum to each of its m - 1 mates (m the group's size).
 #pragma once
 
 #include <cstddef>
