@@ -34,9 +34,13 @@ void Coordinator::start_buffered(const std::vector<std::pair<std::string, Sessio
   // One signature for every member: a plain round's start is the same for all.
   if (cfg_.signer) protocol::sign_round_start(*r_->start.mutable_round_start(), *cfg_.signer, cfg_.federation);
   std::set<std::string> carried;
+  std::set<std::string> chosen;
+  for (const auto& c : candidates) chosen.insert(c.first);
   for (auto& mb : std::exchange(carried_, {})) {
     const auto route = membership_.route_of(mb.silo);
     if (!route || *route != mb.session) continue;  // gone since, or back on another connection: a fresh start below
+    // The selection's rules hold for carried members too (leaving, disowned, budget spent).
+    if (!chosen.count(mb.silo)) continue;
     const bool ready = mb.state == MemberState::Ready;
     mb.times = {};
     if (ready) mb.times.ready = 0;

@@ -2545,5 +2545,27 @@ TEST(Coordinator, BufferedVersionsCountCommitsSoAnAbortedRoundNeitherShiftsBaseV
   EXPECT_TRUE(seen) << rec.dump();
 }
 
+// Review B5: the selection's rules hold for members carried over a commit too: a silo that asked
+// to leave while training is not taken into the next round (as it would not be started).
+TEST(Coordinator, BufferedCarriesNoSiloTheSelectionWouldNotTake) {
+  RoundConfig cfg = buffered_rounds(2, 5);
+  cfg.selection.min_silos = 2;
+  Harness h(3, cfg);
+  h.connect_all(3);
+  ASSERT_EQ(h.coord().members().size(), 3u);
+  wire::Envelope leave;
+  leave.set_round(1);
+  leave.mutable_leaving();
+  h.deliver(2, leave);  // still training on round 1's start
+  h.ready(0, 10);
+  h.ready(1, 10);
+  h.serve({{0, {constant(10.0f), 10}}, {1, {constant(20.0f), 10}}});
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  ASSERT_EQ(h.coord().round(), 2u);
+  ASSERT_EQ(h.coord().phase(), Phase::Collecting);
+  EXPECT_EQ(h.coord().members().size(), 2u);
+  for (const auto& m : h.coord().members()) EXPECT_NE(m.silo, name(2));
+}
+
 }  // namespace
 }  // namespace xsilo::server
