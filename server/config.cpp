@@ -340,7 +340,13 @@ void parse_schedule(const ConfigNode& root, ServerConfig& c) {
     return;
   }
   if (!sc.has("k")) sc.fail("k", "is required with mode \"buffered\" (the updates each commit waits for)");
-  s.k = static_cast<std::size_t>(sc.integer("k", 1, 1, 1 << 20));
+  s.k = static_cast<std::size_t>(sc.integer("k", 2, 1, 1 << 20));
+  // Buffered rounds have no robust rule (below): with k = 1 one silo, the fastest, would decide
+  // every commit alone, and every silo could read its update from two consecutive versions.
+  if (s.k < 2) {
+    sc.fail("k", "must be >= 2, got " + std::to_string(s.k) + ": with k = 1 each commit is one silo's update alone "
+                 "(it decides the step, and every silo reads it from two consecutive versions; docs/buffered.md)");
+  }
   s.max_staleness = static_cast<std::uint64_t>(sc.integer("max_staleness", 4, 0, 1 << 20));
   if (sc.has("staleness")) {
     const auto st = sc.child("staleness");
@@ -375,6 +381,16 @@ void parse_schedule(const ConfigNode& root, ServerConfig& c) {
   if (c.central_dp || c.distributed_dp) {
     sc.fail("mode", "buffered rounds do not account silo-level privacy (its ledger counts one release per round of "
                     "a fixed cohort): drop the privacy block or the schedule");
+  }
+  if (c.selection.min_updates < 2) {
+    sc.fail("mode", "buffered rounds need selection.min_updates >= 2, got " + std::to_string(c.selection.min_updates) +
+                        ": a commit at the training deadline would otherwise hold one silo's update alone (it decides "
+                        "the step, and every silo reads it from two consecutive versions; docs/buffered.md)");
+  }
+  if (c.compression.scheme() == wire::Compression::POWER_SGD) {
+    sc.fail("mode", "buffered rounds do not take compression \"powersgd\": its shared projection is seeded per round, "
+                    "and a silo carried across commits encodes with its start's round, not the commit's (use "
+                    "another scheme or synchronous rounds)");
   }
   if (c.selection.silos_per_round || c.selection.over_selection > 0) {
     sc.fail("mode", "buffered rounds take any connected silo: selection.silos_per_round and over_selection apply to "

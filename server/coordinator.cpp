@@ -188,7 +188,7 @@ void Coordinator::send_round_start(const wire::Envelope& start,
     Member mb;
     mb.silo = silo;
     mb.session = session;
-    mb.base_round = round_;
+    based_on_newest(mb);
     const Peer* peer = membership_.peer(session);
     if (peer->edge) {
       mb.relayed = true;
@@ -382,7 +382,7 @@ void Coordinator::decide(std::int64_t now_ms) {
   ctx.seed = cfg_.seed;
   ctx.nonfinite = static_cast<std::size_t>(std::count_if(r_->members.begin(), r_->members.end(), [](const Member& m) {
     return m.state == MemberState::Dropped && m.drop_cause == DropCause::NonFinite;
-  }));
+  })) + r_->rejoined_nonfinite;
   // Silo-level DP: what the round spends once committed, recorded with it; an aborted round's
   // record states the spend so far, unchanged, unless its noisy sums were already unmasked
   // (distributed DP): then it spends as if committed.
@@ -474,6 +474,13 @@ void Coordinator::finish_round(bool committed, const AuditHead& audit, std::int6
                             .cause = std::string(name(m.drop_cause)),
                             .reason = m.drop_reason});
       ++totals_.dropouts[std::string(name(m.drop_cause))];
+    }
+    for (const auto& d : r_->rejoined) {  // buffered: drops of members that rejoined since
+      o.dropouts.push_back({.silo = d.value("silo", ""),
+                            .phase = d.value("phase", ""),
+                            .cause = d.value("cause", ""),
+                            .reason = d.value("reason", "")});
+      ++totals_.dropouts[d.value("cause", "")];
     }
     totals_.upload_bytes += r_->upload_bytes;
     totals_.robust_rejected += r_->robust_rejected;
@@ -610,6 +617,7 @@ void Coordinator::on_job_done(std::uint64_t job, JobResult result, std::int64_t 
       if (outcome.next_clip_norm) clip_norm_ = outcome.next_clip_norm;
       if (cfg_.central_dp || cfg_.distributed_dp) central_spent_.add(round_dp_mechanism(), 1);
       ++committed_;
+      ++version_;
       finish_round(true, outcome.audit, now_ms);
       break;
     }
@@ -659,6 +667,7 @@ RoundSummary Coordinator::summary(bool committed, const std::string& reason, std
   if (buffered()) {
     s.schedule = to_json(cfg_.schedule);
     s.refused = r_->refused;
+    s.rejoined = r_->rejoined;
   }
   return s;
 }

@@ -199,6 +199,11 @@ class Coordinator {
   Phase phase() const { return phase_; }
   std::uint64_t round() const { return round_; }
   std::uint64_t committed() const { return committed_; }
+  // Buffered rounds: the newest model version, the number of commits in the federation so far
+  // (aborted rounds commit nothing). A restarted server passes the committed rounds its audit
+  // log holds (Resume::commits) before start().
+  void resume_version(std::uint64_t commits) { version_ = commits; }
+  std::uint64_t version() const { return version_; }
   std::uint64_t aborted() const { return aborted_; }
   std::shared_ptr<const Model> model() const { return global_; }
   const std::string& model_sha256() const { return global_sha_; }
@@ -331,7 +336,15 @@ class Coordinator {
   // Between commits (the commit job, a pause) carried members' messages are kept for the next
   // round: true when `e` from `silo` was one of theirs.
   bool on_carried_message(const std::string& silo, SessionId id, const wire::Envelope& e);
-  // The buffered train deadline: commits what the buffer holds, if enough; else waits again.
+  // A member's start: its base round, version and model are the round's and the newest.
+  void based_on_newest(Member& mb) const {
+    mb.base_round = round_;
+    mb.base_version = version_;
+    mb.base_sha256 = global_sha_;
+  }
+  // The buffered train deadline: drops members training through max_staleness + 1 deadlines;
+  // commits what the buffer holds, if enough; else waits again, up to max_staleness + 1
+  // deadlines, then aborts (docs/buffered.md, "Deadlines").
   void buffered_deadline(std::int64_t now_ms);
   // Output
   RoundSummary summary(bool committed, const std::string& reason, std::int64_t now_ms) const;
@@ -374,6 +387,7 @@ class Coordinator {
   Phase phase_ = Phase::Joining;
   std::uint64_t round_;
   std::uint64_t committed_ = 0, aborted_ = 0;
+  std::uint64_t version_ = 0;  // commits in the federation so far (this start's and before)
   bool join_elapsed_ = false;
   std::unique_ptr<Round> r_;  // the round in progress (Collecting, Unmasking, Closing)
   // Buffered rounds: the members still training (or ready) when the last round closed; the next

@@ -2,8 +2,10 @@
 // every connected silo, commits once `k` updates are folded (or at the training deadline, with
 // what the buffer holds), and a silo still training when it commits goes on into the next round
 // with the start it trains on. Each silo's messages carry the round of that start (its base
-// round); model version v is the model committed by round v, so the update's base version is
-// base_round - 1 and its staleness round_ - base_round. An update is admitted by server::admit
+// round); model version v is the model of the federation's v-th commit (aborted rounds commit
+// nothing, so versions and rounds part after an abort). The version and model a member's start
+// was sent with are stored with it (its base version); its staleness is version_ - base version.
+// An update is admitted by server::admit
 // when it is announced and again when its upload is granted (it may have waited across a
 // commit), and folded scaled by server::staleness_weight.
 //
@@ -32,9 +34,13 @@ void Coordinator::start_buffered(const std::vector<std::pair<std::string, Sessio
   // One signature for every member: a plain round's start is the same for all.
   if (cfg_.signer) protocol::sign_round_start(*r_->start.mutable_round_start(), *cfg_.signer, cfg_.federation);
   std::set<std::string> carried;
+  std::set<std::string> chosen;
+  for (const auto& c : candidates) chosen.insert(c.first);
   for (auto& mb : std::exchange(carried_, {})) {
     const auto route = membership_.route_of(mb.silo);
     if (!route || *route != mb.session) continue;  // gone since, or back on another connection: a fresh start below
+    // The selection's rules hold for carried members too (leaving, disowned, budget spent).
+    if (!chosen.count(mb.silo)) continue;
     const bool ready = mb.state == MemberState::Ready;
     mb.times = {};
     if (ready) mb.times.ready = 0;
@@ -48,7 +54,7 @@ void Coordinator::start_buffered(const std::vector<std::pair<std::string, Sessio
     Member mb;
     mb.silo = silo;
     mb.session = session;
-    mb.base_round = round_;
+    based_on_newest(mb);
     r_->add(std::move(mb));
     send_to_member(r_->members.size() - 1, r_->start);
     send_model(session, nullptr);
@@ -57,7 +63,11 @@ void Coordinator::start_buffered(const std::vector<std::pair<std::string, Sessio
 }
 
 void Coordinator::join_buffered(const std::string& silo, SessionId link, std::int64_t now_ms) {
-  if (member_named(silo)) return;  // a member of this round already (dropped: it takes part in the next)
+  const auto known = member_named(silo);
+  // A member of this round already, unless dropped: a dropped member (gone, failed, timed out)
+  // takes part again on the newest version, so that no silo waits out a round that may not
+  // commit for long (review B1). Not while its old upload is being folded.
+  if (known && (r_->members[*known].state != MemberState::Dropped || r_->slot.lane_of(Uploader{*known, 0}))) return;
   // The same rules as at the round's start (a silo leaving, disowned or out of budget is not taken).
   const Selection selection = select(membership_.candidates(), round_, cfg_.selection, cfg_.seed);
   const bool eligible = std::any_of(selection.chosen.begin(), selection.chosen.end(),
@@ -66,7 +76,24 @@ void Coordinator::join_buffered(const std::string& silo, SessionId link, std::in
   Member mb;
   mb.silo = silo;
   mb.session = link;
-  mb.base_round = round_;
+  based_on_newest(mb);
+  if (known) {
+    // Its drop stays in the record; its entry is the rejoined member from here on.
+    auto& old = r_->members[*known];
+    r_->rejoined.push_back({{"silo", silo},
+                            {"phase", std::string(name(old.drop_phase))},
+                            {"cause", std::string(name(old.drop_cause))},
+                            {"reason", old.drop_reason},
+                            {"rejoined", true}});
+    if (old.drop_cause == DropCause::NonFinite) ++r_->rejoined_nonfinite;
+    r_->set_state(old, mb.state);
+    old = std::move(mb);
+    spdlog::info("round {}: silo {}, dropped, rejoins the buffered round", round_, silo);
+    send_to_member(*known, r_->start);
+    send_model(link, nullptr);
+    pump(now_ms);
+    return;
+  }
   r_->add(std::move(mb));
   spdlog::info("round {}: silo {} joins the buffered round", round_, silo);
   send_to_member(r_->members.size() - 1, r_->start);
@@ -76,14 +103,14 @@ void Coordinator::join_buffered(const std::string& silo, SessionId link, std::in
 
 bool Coordinator::admit_member(std::size_t m) {
   auto& mb = r_->members[m];
-  const Admission adm = admit(cfg_.schedule, mb.base_round - 1, round_ - 1);
+  const Admission adm = admit(cfg_.schedule, mb.base_version, version_);
   if (adm.admitted) {
     mb.staleness = adm.staleness;
     mb.staleness_weight = staleness_weight(cfg_.schedule, adm.staleness);
     return true;
   }
   r_->refused.push_back({{"silo", mb.silo},
-                         {"base_version", mb.base_round - 1},
+                         {"base_version", mb.base_version},
                          {"staleness", adm.staleness},
                          {"reason", adm.reason}});
   restart_member(m, adm.reason);
@@ -96,7 +123,8 @@ void Coordinator::restart_member(std::size_t m, const std::string& why) {
   event("update_refused", mb.silo + ": " + why);
   send_round_end(m, false, "your update was refused: " + why);  // ends its round (of its base)
   r_->set_state(mb, MemberState::Training);
-  mb.base_round = round_;
+  based_on_newest(mb);
+  mb.deadlines = 0;
   mb.staleness = 0;
   mb.staleness_weight = 1;
   mb.num_samples = 0;
@@ -143,12 +171,23 @@ bool Coordinator::on_carried_message(const std::string& silo, SessionId id, cons
 void Coordinator::buffered_deadline(std::int64_t now_ms) {
   // The longest a commit waits for its buffer: then it commits what it holds, if that is enough;
   // the silos still training go on into the next round. With too little folded it waits again
-  // (an abort would only make every update in flight staler).
-  if (r_->done() < commit_needs()) {
+  // (an abort would only make every update in flight staler), but not forever (review B1): a
+  // member training through max_staleness + 1 deadlines is dropped (a silo that hangs, or lost
+  // its start), and a round still short of updates at its (max_staleness + 1)-th deadline
+  // aborts, so that the next round's start reaches every connected silo.
+  const std::uint64_t limit = cfg_.schedule.max_staleness + 1;
+  ++r_->deadlines;
+  for (std::size_t i = 0; i < r_->members.size(); ++i) {
+    auto& mb = r_->members[i];
+    if (mb.state != MemberState::Training || ++mb.deadlines < limit) continue;
+    drop(i, DropPhase::Train, DropCause::Deadline,
+         "still training after " + std::to_string(mb.deadlines) + " training deadlines");
+  }
+  if (r_->done() < commit_needs() && r_->deadlines < limit) {
     actions_.push_back(action::StartTimer{Timer::Train, cfg_.deadlines.train});
     return;
   }
-  r_->train_elapsed = true;
+  r_->train_elapsed = true;  // commits, or (too few updates) aborts once the uploads in flight end
   pump(now_ms);
 }
 

@@ -50,6 +50,11 @@ struct Coordinator::Round {
   // "refused").
   wire::Envelope start;
   nlohmann::json refused = nlohmann::json::array();
+  // Buffered rounds: the training deadlines this round has passed, and the drops of members that
+  // rejoined since (the record's dropouts keep them; NonFinite ones still count as such).
+  std::uint64_t deadlines = 0;
+  nlohmann::json rejoined = nlohmann::json::array();
+  std::size_t rejoined_nonfinite = 0;
   bool unmask_begun = false;  // distributed DP: its unmask_begun record is written (or being written)
   // Distributed DP: the audit log's signed head after that record, sent with each step of the
   // unmasking (SecureAggregation.unmask_begun) so each silo binds its release to it.

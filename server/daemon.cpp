@@ -658,6 +658,7 @@ int run_server(const ServerConfig& cfg, const StartOptions& start, std::unique_p
     rounds.ca = transport::load_verifier(cfg.tls);
     rounds.signer = transport::load_signer(cfg.tls);
     coord = std::make_unique<Coordinator>(std::move(rounds), std::move(model), std::move(optimizer), state, first_round);
+    coord->resume_version(resume.commits);  // buffered rounds' versions count commits, not rounds
     if (hook) {
       spdlog::warn("SIMULATION: this server runs a hostile hook (--simulate): it deviates from the protocol on "
                    "purpose; never use it for a real federation");

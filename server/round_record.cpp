@@ -97,8 +97,9 @@ nlohmann::json round_record(const RoundSummary& s) {
                                              {"update_sha256", mb.update_sha256}});
       if (mb.via_edge()) participants.back()["edge"] = mb.edge;
       if (!s.schedule.is_null()) {
-        // Model version v is the model round v committed: the base is the start's round - 1.
-        participants.back()["base_version"] = mb.base_round - 1;
+        // Model version v is the model of the v-th commit, as sent with the member's start.
+        participants.back()["base_version"] = mb.base_version;
+        if (!mb.base_sha256.empty()) participants.back()["base_model_sha256"] = mb.base_sha256;
         participants.back()["staleness"] = mb.staleness;
         participants.back()["staleness_weight"] = mb.staleness_weight;
       }
@@ -126,6 +127,9 @@ nlohmann::json round_record(const RoundSummary& s) {
     } else if (!s.schedule.is_null()) {
       training.push_back(mb.silo);  // buffered: still training, its update goes into a later commit
     }
+  }
+  if (s.rejoined.is_array()) {
+    for (const auto& d : s.rejoined) dropouts.push_back(d);
   }
   json r = {{"event", "round"},
             {"federation", s.federation},

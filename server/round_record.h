@@ -60,8 +60,15 @@ struct Member {
   bool update_signed = false;  // behind an edge: the silo's signature on it was checked
   // The round of the RoundStart this member trains on: the round itself, except in buffered
   // rounds, where a silo still training when a round commits goes on into the next (its base
-  // model version is base_round - 1). Its staleness and s(staleness) once its upload is granted.
+  // model version is base_version). Its staleness and s(staleness) once its upload is granted.
   std::uint64_t base_round = 0;
+  // Buffered rounds: the model version its start was sent with (the number of commits before
+  // it; aborted rounds commit nothing) and that model's SHA-256, stored when the start is sent.
+  std::uint64_t base_version = 0;
+  std::string base_sha256;
+  // Buffered rounds: the training deadlines it has been training through since its start
+  // (carried across commits); at max_staleness + 1 it is dropped (docs/buffered.md).
+  std::uint64_t deadlines = 0;
   std::uint64_t staleness = 0;
   double staleness_weight = 1;
   // When the server saw each step of this member's round, in ms since the round started (-1:
@@ -96,6 +103,9 @@ struct RoundSummary {
   // Buffered rounds: the schedule (to_json(ScheduleConfig)) and the updates refused since the
   // last commit (silo, base_version, staleness, reason); null in synchronous rounds.
   nlohmann::json schedule, refused;
+  // Buffered rounds: drops of members that rejoined the round since (their entries in
+  // `members` are the rejoined ones); each goes into the record's dropouts.
+  nlohmann::json rejoined;
   // When each phase after collection began, in ms since the round started ("unmask", "commit").
   std::vector<std::pair<std::string, std::int64_t>> phases;
 };

@@ -56,6 +56,9 @@ struct StateOptions {
 struct Resume {
   std::uint64_t committed_round = 0;  // 0: start from the initial model
   std::uint64_t last_round = 0;       // highest round number in the audit log
+  // Committed rounds of the log up to committed_round (an operator's resume supersedes later
+  // ones): buffered rounds' newest model version (Coordinator::resume_version).
+  std::uint64_t commits = 0;
   std::optional<Model> model;
   std::optional<Model> optimizer_state;
   std::optional<double> clip_norm;    // adaptive clipping: where the last committed round left it

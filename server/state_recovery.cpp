@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 
@@ -349,6 +350,7 @@ Resume ServerState::recover(const Model& layout) {
     r.clip_norm = from == 0 ? std::nullopt : committed.at(from).clip_norm;
   }
   r.last_round = std::max(history.last_round, r.committed_round);
+  r.commits = static_cast<std::uint64_t>(std::distance(committed.begin(), committed.upper_bound(r.committed_round)));
   append_missing_metrics(history);
   r.repairs = repairs_;
   return r;

@@ -373,6 +373,25 @@ TEST_F(RecoveryTest, ACheckpointAheadOfTheLogIsAppendedExactlyAsSigned) {
 // before its metrics row left metrics.csv without that committed round for good; the sim,
 // which follows metrics.csv, never counted it. Recovery now appends the rows the log has and
 // metrics.csv lacks, from the records, once.
+// Review B2: buffered rounds' model versions count commits; a restart rebuilds the count from
+// the log's committed rounds (Resume::commits), aborted rounds' numbers not among them.
+TEST_F(RecoveryTest, ResumeCountsTheLogsCommittedRoundsNotItsRoundNumbers) {
+  {
+    ServerState st(dir_.path(), 0);
+    const Model m1 = model(1.0f);
+    st.commit(1, m1, Model{}, record(1, m1), MetricsRow{});
+    st.record({{"event", "round"}, {"round", 2}, {"status", "aborted"}}, nullptr);
+    const Model m3 = model(3.0f);
+    st.commit(3, m3, Model{}, record(3, m3), MetricsRow{});
+    st.record({{"event", "round"}, {"round", 4}, {"status", "aborted"}}, nullptr);
+  }
+  ServerState st(dir_.path(), 0);
+  const auto r = st.recover(layout());
+  EXPECT_EQ(r.committed_round, 3u);
+  EXPECT_EQ(r.last_round, 4u);
+  EXPECT_EQ(r.commits, 2u);
+}
+
 TEST_F(RecoveryTest, RoundsTheLogRecordsButTheMetricsLackGetTheirRowsBack) {
   {
     ServerState st(dir_.path(), 0);

@@ -199,25 +199,32 @@ RealRun run_real(const nlohmann::json& extra, const test::TempDir& dir) {
 std::pair<std::uint64_t, bool> check_buffered_records(const std::vector<nlohmann::json>& records) {
   std::uint64_t most_stale = 0;
   bool slow_counted = false;
+  // Version v is the model of the v-th commit (aborted rounds commit nothing): each version's
+  // SHA-256, version 0 the first record's model before.
+  std::vector<std::string> versions;
+  if (!records.empty()) versions.push_back(records.front().value("model_sha256_before", ""));
   for (const auto& rec : records) {
     SCOPED_TRACE(rec.dump());
     EXPECT_EQ(rec["schedule"]["mode"], "buffered");
     EXPECT_EQ(rec["schedule"]["k"], 3);
     EXPECT_TRUE(rec.contains("refused"));
     if (rec["status"] != "committed") continue;
-    const auto round = rec["round"].get<std::uint64_t>();
     EXPECT_GE(rec["participants"].size(), 1u);
     EXPECT_LE(rec["participants"].size(), 3u);
     std::set<std::string> silos;
     for (const auto& p : rec["participants"]) {
       const auto base = p["base_version"].get<std::uint64_t>(), tau = p["staleness"].get<std::uint64_t>();
-      EXPECT_EQ(base + tau, round - 1);  // against the newest version when its upload was granted
+      EXPECT_EQ(base + tau, versions.size() - 1);  // against the newest version when its upload was granted
+      if (base < versions.size()) {
+        EXPECT_EQ(p.value("base_model_sha256", ""), versions[base]);
+      }
       EXPECT_LE(tau, 20u);
       EXPECT_NEAR(p["staleness_weight"].get<double>(), 1 / std::sqrt(1.0 + double(tau)), 1e-12);
       EXPECT_TRUE(silos.insert(p["silo"].get<std::string>()).second);  // one update per silo a commit
       most_stale = std::max(most_stale, tau);
       slow_counted |= p["silo"] == "hospital-05" || p["silo"] == "hospital-06";
     }
+    versions.push_back(rec.value("model_sha256_after", ""));
   }
   return {most_stale, slow_counted};
 }

@@ -389,6 +389,21 @@ TEST(Config, ABufferedScheduleIsCheckedAgainstTheSilosAndThePlainModeItNeeds) {
   EXPECT_NE(secure.find("plain mode only: secure aggregation's pairwise masks"), std::string::npos) << secure;
   const auto robust = load(R"(, "schedule": {"mode": "buffered", "k": 2}, "aggregation": {"rule": "median"})");
   EXPECT_NE(robust.find("staleness-weighted mean only"), std::string::npos) << robust;
+  // Review B3: no commit of one silo's update alone, at k or at the deadline.
+  const auto one = load(R"(, "schedule": {"mode": "buffered", "k": 1})");
+  EXPECT_NE(one.find(".schedule.k: must be >= 2, got 1"), std::string::npos) << one;
+  {
+    test::TempDir dir;
+    test::make_pki(dir / "pki", "f", {{wire::SERVER, "server"}});
+    atomic_write_file(dir / "s.json", R"({"federation": "f", "tls": {"kit": "pki/kits/server"},
+      "allow": {"silo": ["a", "b", "c"]}, "model": {"inputs": 4}, "selection": {"min_silos": 1},
+      "schedule": {"mode": "buffered", "k": 2}})");
+    const auto alone = error_of([&] { server::load_server_config(dir / "s.json"); });
+    EXPECT_NE(alone.find("buffered rounds need selection.min_updates >= 2, got 1"), std::string::npos) << alone;
+  }
+  // Review B4: PowerSGD's per-round seed cannot follow a silo carried across commits.
+  const auto psgd = load(R"(, "compression": {"scheme": "powersgd"}, "schedule": {"mode": "buffered", "k": 2})");
+  EXPECT_NE(psgd.find("do not take compression \"powersgd\""), std::string::npos) << psgd;
 }
 
 // f counts what the rule sees: silos in plain mode, group means in grouped secure mode (a

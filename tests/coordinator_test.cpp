@@ -2428,5 +2428,144 @@ TEST(Coordinator, BufferedChecksStalenessAgainAtTheGrantOfAnUpdateThatWaitedAcro
   EXPECT_EQ(rec["refused"][0]["staleness"], 2);
 }
 
+// Review B1: a silo dropped from the open round (here: disconnected while training) rejoins it
+// when it comes back, on the newest version; one silo that hangs "training" holds nobody back.
+TEST(Coordinator, BufferedLetsDroppedSilosRejoinTheOpenRoundSoAHungSiloCannotStallTheFederation) {
+  RoundConfig cfg = buffered_rounds(2, 2);
+  cfg.rounds = 5;
+  Harness h(3, cfg);
+  h.connect_all(3);
+  ASSERT_EQ(h.coord().phase(), Phase::Collecting);
+  // Silo 2 hangs; silos 0 and 1 lose their connections while training, and come back.
+  for (std::size_t i : {0u, 1u}) {
+    h.disconnect(i);
+    h.connect(i);
+    EXPECT_EQ(last_start(h, i), 1u) << i;
+    EXPECT_EQ(h.models_sent[h.session(i)], 2) << i;  // the newest model again
+  }
+  h.ready(0, 10);
+  h.ready(1, 10);
+  h.serve({{0, {constant(10.0f), 10}}, {1, {constant(20.0f), 10}}});
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  const auto& rec = h.store.commits[0].record;
+  ASSERT_EQ(rec["participants"].size(), 2u) << rec.dump();
+  // Their drops stay on record, marked as rejoined.
+  ASSERT_EQ(rec["dropouts"].size(), 2u) << rec.dump();
+  for (const auto& d : rec["dropouts"]) {
+    EXPECT_EQ(d["cause"], "disconnected");
+    EXPECT_EQ(d["rejoined"], true);
+  }
+  EXPECT_EQ(rec["training"], nlohmann::json::array({name(2)}));
+  // The federation goes on committing around the hung silo.
+  for (std::uint64_t r = 2; r <= 3; ++r) {
+    ASSERT_EQ(h.coord().round(), r);
+    h.ready(0, 10);
+    h.ready(1, 10);
+    h.serve({{0, {constant(10.0f), 10}}, {1, {constant(20.0f), 10}}});
+    ASSERT_EQ(h.store.commits.size(), r);
+  }
+}
+
+// Review B1: with min_updates = k = 3, two updates folded and the third silo hung, the round
+// cannot commit; after max_staleness + 1 training deadlines the hung silo is dropped (Deadline)
+// and the round aborts, so that the next round's start reaches every silo.
+TEST(Coordinator, BufferedDropsASiloHungThroughMaxStalenessPlusOneDeadlinesAndAbortsTheShortRound) {
+  RoundConfig cfg = buffered_rounds(3, 2);
+  cfg.rounds = 5;
+  Harness h(3, cfg);
+  h.connect_all(3);
+  h.ready(0, 10);
+  h.ready(1, 10);
+  h.serve({{0, {constant(10.0f), 10}}, {1, {constant(20.0f), 10}}});
+  EXPECT_TRUE(h.store.records.empty());
+  h.fire(Timer::Train);
+  h.fire(Timer::Train);
+  EXPECT_TRUE(h.store.records.empty());  // it waits, up to max_staleness + 1 deadlines
+  ASSERT_EQ(h.coord().phase(), Phase::Collecting);
+  h.fire(Timer::Train);
+  ASSERT_EQ(h.store.records.size(), 1u);
+  const auto& rec = h.store.records[0];
+  EXPECT_EQ(rec["status"], "aborted");
+  ASSERT_EQ(rec["dropouts"].size(), 1u) << rec.dump();
+  EXPECT_EQ(rec["dropouts"][0]["silo"], name(2));
+  EXPECT_EQ(rec["dropouts"][0]["cause"], "deadline");
+  ASSERT_EQ(h.coord().round(), 2u);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(last_start(h, i), 2u) << i;
+  for (std::size_t i = 0; i < 3; ++i) h.ready(i, 10);
+  h.serve({{0, {constant(10.0f), 10}}, {1, {constant(20.0f), 10}}, {2, {constant(30.0f), 10}}});
+  ASSERT_EQ(h.store.commits.size(), 1u);
+}
+
+// Review B2: model versions count commits, not rounds. Round 1 aborts (too few updates by its
+// last deadline) while silo 2, which rejoined it, goes on training on version 0; round 2
+// commits version 1 on version 0; silo 2's update arrives in round 3 one version behind, not two
+// (with max_staleness 1 it is admitted).
+TEST(Coordinator, BufferedVersionsCountCommitsSoAnAbortedRoundNeitherShiftsBaseVersionsNorAddsStaleness) {
+  RoundConfig cfg = buffered_rounds(2, 1);
+  cfg.rounds = 5;
+  Harness h(3, cfg);
+  h.connect_all(3);
+  h.ready(0, 10);
+  h.serve({{0, {constant(10.0f), 10}}});
+  h.fire(Timer::Train);  // one of two: waits
+  h.disconnect(2);
+  h.connect(2);  // rejoins round 1 afresh
+  h.fire(Timer::Train);  // silo 1 hung through two deadlines: dropped, and the round aborts
+  ASSERT_EQ(h.store.records.size(), 1u);
+  EXPECT_EQ(h.store.records[0]["status"], "aborted");
+  ASSERT_EQ(h.coord().round(), 2u);
+  EXPECT_EQ(h.coord().version(), 0u);
+  EXPECT_EQ(last_start(h, 2), 1u);  // carried: still training on round 1's start
+  h.ready(0, 10);
+  h.ready(1, 10);
+  h.serve({{0, {constant(10.0f), 10}}, {1, {constant(20.0f), 10}}});
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  EXPECT_EQ(h.coord().version(), 1u);
+  for (const auto& p : h.store.commits[0].record["participants"]) {
+    EXPECT_EQ(p["base_version"], 0) << p.dump();
+    EXPECT_EQ(p["staleness"], 0) << p.dump();
+    EXPECT_EQ(p["base_model_sha256"], crypto::sha256_hex(h.initial_.flat())) << p.dump();
+  }
+  ASSERT_EQ(h.coord().round(), 3u);
+  h.ready(2, 10, /*round=*/1);
+  ASSERT_TRUE(h.granted(2));
+  h.upload(2, constant(10.0f), 10, -1, std::nullopt, /*round=*/1);
+  h.ready(0, 10);
+  h.serve({{0, {constant(10.0f), 10}}});
+  ASSERT_EQ(h.store.commits.size(), 2u);
+  const auto& rec = h.store.commits[1].record;
+  EXPECT_TRUE(rec["refused"].empty()) << rec.dump();
+  bool seen = false;
+  for (const auto& p : rec["participants"]) {
+    if (p["silo"] != name(2)) continue;
+    seen = true;
+    EXPECT_EQ(p["base_version"], 0);
+    EXPECT_EQ(p["staleness"], 1);
+  }
+  EXPECT_TRUE(seen) << rec.dump();
+}
+
+// Review B5: the selection's rules hold for members carried over a commit too: a silo that asked
+// to leave while training is not taken into the next round (as it would not be started).
+TEST(Coordinator, BufferedCarriesNoSiloTheSelectionWouldNotTake) {
+  RoundConfig cfg = buffered_rounds(2, 5);
+  cfg.selection.min_silos = 2;
+  Harness h(3, cfg);
+  h.connect_all(3);
+  ASSERT_EQ(h.coord().members().size(), 3u);
+  wire::Envelope leave;
+  leave.set_round(1);
+  leave.mutable_leaving();
+  h.deliver(2, leave);  // still training on round 1's start
+  h.ready(0, 10);
+  h.ready(1, 10);
+  h.serve({{0, {constant(10.0f), 10}}, {1, {constant(20.0f), 10}}});
+  ASSERT_EQ(h.store.commits.size(), 1u);
+  ASSERT_EQ(h.coord().round(), 2u);
+  ASSERT_EQ(h.coord().phase(), Phase::Collecting);
+  EXPECT_EQ(h.coord().members().size(), 2u);
+  for (const auto& m : h.coord().members()) EXPECT_NE(m.silo, name(2));
+}
+
 }  // namespace
 }  // namespace xsilo::server
