@@ -119,48 +119,51 @@ std::vector<float> reference(Op op, int n, std::size_t elements) {
   return want;
 }
 
-// N = 1..9 ranks (powers of two and not), every reduction, sizes that do not divide evenly
-// (none, fewer elements than ranks, several chunks per piece): every rank ends with exactly the
+// n ranks of `opts`, every reduction over each of `sizes`: every rank ends with exactly the
 // reference, and all ranks with the same bits.
+void check_reductions(const Options& opts, int n, const std::vector<std::size_t>& sizes) {
+  const std::string& backend = opts.backend;
+  std::map<std::pair<Op, std::size_t>, std::vector<float>> want;
+  for (Op op : kOps) {
+    for (std::size_t elements : sizes) want[{op, elements}] = reference(op, n, elements);
+  }
+  std::vector<std::vector<std::vector<float>>> got(static_cast<std::size_t>(n));  // [rank][case]
+  with_group(n, opts, [&](Group& g) {
+    for (Op op : kOps) {
+      for (std::size_t elements : sizes) {
+        std::vector<float> v(elements);
+        for (std::size_t i = 0; i < elements; ++i) v[i] = input(op, g.rank(), i);
+        g.comm().all_reduce(v, op);
+        const auto& w = want.at({op, elements});
+        for (std::size_t i = 0; i < elements; ++i) {
+          ASSERT_EQ(v[i], w[i]) << backend << " " << op_name(op) << " n=" << n << " elements=" << elements
+                                << " rank " << g.rank() << " i=" << i;
+        }
+        got[static_cast<std::size_t>(g.rank())].push_back(std::move(v));
+      }
+    }
+  });
+  const auto& first = got[0];
+  ASSERT_EQ(first.size(), std::size(kOps) * sizes.size()) << backend << " n=" << n;
+  for (int r = 1; r < n; ++r) {
+    const auto& mine = got[static_cast<std::size_t>(r)];
+    ASSERT_EQ(mine.size(), first.size()) << backend << " n=" << n << " rank " << r;
+    for (std::size_t c = 0; c < first.size(); ++c) {
+      // (memcmp on an empty vector's null data is undefined: compare only what is there)
+      EXPECT_EQ(first[c].empty() ? 0 : std::memcmp(mine[c].data(), first[c].data(), first[c].size() * sizeof(float)), 0)
+          << backend << " n=" << n << ": rank " << r << " differs from rank 0 in case " << c;
+    }
+  }
+}
+
+// N = 1..9 ranks (powers of two and not), every reduction, sizes that do not divide evenly
+// (none, fewer elements than ranks, several chunks per piece).
 void check_every_reduction(const std::string& backend, std::size_t ranks_per_host = 0) {
-  const std::vector<std::size_t> sizes{0, 1, 7, 10007, 1000003};
   Options opts;
   opts.backend = backend;
   opts.ranks_per_host = ranks_per_host;
   opts.chunk_bytes = 16384;  // 10007 elements are 3 pieces; 1000003 are 245
-  for (int n = 1; n <= 9; ++n) {
-    std::map<std::pair<Op, std::size_t>, std::vector<float>> want;
-    for (Op op : kOps) {
-      for (std::size_t elements : sizes) want[{op, elements}] = reference(op, n, elements);
-    }
-    std::vector<std::vector<std::vector<float>>> got(static_cast<std::size_t>(n));  // [rank][case]
-    with_group(n, opts, [&](Group& g) {
-      for (Op op : kOps) {
-        for (std::size_t elements : sizes) {
-          std::vector<float> v(elements);
-          for (std::size_t i = 0; i < elements; ++i) v[i] = input(op, g.rank(), i);
-          g.comm().all_reduce(v, op);
-          const auto& w = want.at({op, elements});
-          for (std::size_t i = 0; i < elements; ++i) {
-            ASSERT_EQ(v[i], w[i]) << backend << " " << op_name(op) << " n=" << n << " elements=" << elements
-                                  << " rank " << g.rank() << " i=" << i;
-          }
-          got[static_cast<std::size_t>(g.rank())].push_back(std::move(v));
-        }
-      }
-    });
-    const auto& first = got[0];
-    ASSERT_EQ(first.size(), std::size(kOps) * sizes.size()) << backend << " n=" << n;
-    for (int r = 1; r < n; ++r) {
-      const auto& mine = got[static_cast<std::size_t>(r)];
-      ASSERT_EQ(mine.size(), first.size()) << backend << " n=" << n << " rank " << r;
-      for (std::size_t c = 0; c < first.size(); ++c) {
-        // (memcmp on an empty vector's null data is undefined: compare only what is there)
-        EXPECT_EQ(first[c].empty() ? 0 : std::memcmp(mine[c].data(), first[c].data(), first[c].size() * sizeof(float)), 0)
-            << backend << " n=" << n << ": rank " << r << " differs from rank 0 in case " << c;
-      }
-    }
-  }
+  for (int n = 1; n <= 9; ++n) check_reductions(opts, n, {0, 1, 7, 10007, 1000003});
 }
 
 TEST(Collective, RingIsExactForEveryReductionOneToNineRanksAndUnevenSizes) { check_every_reduction("ring"); }
@@ -674,28 +677,12 @@ TEST(Collective, HierarchicalWithNcclInsideTheHostsIsExactOnTheGpus) {
                  << gpu.devices << " are visible" << (gpu.devices == 0 ? " (" + gpu.cuda_error + ")" : "");
   }
   const int m = std::min(gpu.devices, 4);
-  const std::vector<std::size_t> sizes{1, 7, 10007, 1000003};
-  for (int hosts : {2, 3}) {
-    const int n = hosts * m;
-    Options opts;
-    opts.backend = "hierarchical";
-    opts.ranks_per_host = static_cast<std::size_t>(m);
-    opts.intra_host = "nccl";
-    opts.chunk_bytes = 16384;
-    with_group(n, opts, [&](Group& g) {
-      for (Op op : kOps) {
-        for (std::size_t elements : sizes) {
-          std::vector<float> v(elements);
-          for (std::size_t i = 0; i < elements; ++i) v[i] = input(op, g.rank(), i);
-          g.comm().all_reduce(v, op);
-          const auto want = reference(op, n, elements);
-          for (std::size_t i = 0; i < elements; ++i) {
-            ASSERT_EQ(v[i], want[i]) << "hosts=" << hosts << " m=" << m << " elements=" << elements << " i=" << i;
-          }
-        }
-      }
-    });
-  }
+  Options opts;
+  opts.backend = "hierarchical";
+  opts.ranks_per_host = static_cast<std::size_t>(m);
+  opts.intra_host = "nccl";
+  opts.chunk_bytes = 16384;
+  for (int hosts : {2, 3}) check_reductions(opts, hosts * m, {1, 7, 10007, 1000003});
 }
 
 // Without GPUs, "auto" keeps the intra-host phases on the mesh (the hosts agree on it), and
