@@ -149,9 +149,10 @@ void refuse_voiding_distributed(const ConfigNode& root, const ConfigNode& p, con
                              "central mode noises and accounts it); set privacy.clip_norm");
   }
   // Secure aggregation takes random_k only (server/config.cpp); its kept set is drawn from the
-  // round's seed, public and the same at every silo, so the silos encode those coordinates (a
-  // clipped vector's restriction is clipped too) and the mechanism's P is the set's, not the
-  // model's. Anything else could not be masked, let alone noised.
+  // round's seed, public and the same at every silo, so the silos encode those coordinates
+  // (clipped to C after the selection, so one silo still moves the sum by at most C) and the
+  // mechanism's P is the set's, not the model's. Anything else could not be masked, let alone
+  // noised.
   if (protocol::compressed(c.compression) && c.compression.scheme() != wire::Compression::RANDOM_K) {
     root.child("compression").fail("scheme", "distributed DP encodes the rotated update in the ring; only random_k, "
                                              "whose coordinate set is public, combines with it");
