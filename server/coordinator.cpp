@@ -185,10 +185,7 @@ void Coordinator::send_round_start(const wire::Envelope& start,
                                    const BroadcastDelta* offer) {
   std::set<SessionId> edges;
   for (const auto& [silo, session] : candidates) {
-    Member mb;
-    mb.silo = silo;
-    mb.session = session;
-    based_on_newest(mb);
+    Member mb = newest_member(silo, session);
     const Peer* peer = membership_.peer(session);
     if (peer->edge) {
       mb.relayed = true;

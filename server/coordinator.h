@@ -333,6 +333,16 @@ class Coordinator {
   // goes into the record and the member starts again on the newest version.
   bool admit_member(std::size_t m);
   void restart_member(std::size_t m, const std::string& why);
+  // A member starting (again) on the newest version; send_start sends a buffered member that
+  // start: the round's start and the newest model.
+  Member newest_member(const std::string& silo, SessionId session) const {
+    Member mb;
+    mb.silo = silo;
+    mb.session = session;
+    based_on_newest(mb);
+    return mb;
+  }
+  void send_start(std::size_t m);
   // Between commits (the commit job, a pause) carried members' messages are kept for the next
   // round: true when `e` from `silo` was one of theirs.
   bool on_carried_message(const std::string& silo, SessionId id, const wire::Envelope& e);

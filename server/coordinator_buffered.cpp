@@ -51,13 +51,8 @@ void Coordinator::start_buffered(const std::vector<std::pair<std::string, Sessio
   for (const auto& [silo, session] : candidates) {
     const Peer* peer = membership_.peer(session);
     if (carried.count(silo) || !peer || peer->edge) continue;
-    Member mb;
-    mb.silo = silo;
-    mb.session = session;
-    based_on_newest(mb);
-    r_->add(std::move(mb));
-    send_to_member(r_->members.size() - 1, r_->start);
-    send_model(session, nullptr);
+    r_->add(newest_member(silo, session));
+    send_start(r_->members.size() - 1);
   }
   pump(now_ms);  // a carried member's update may be ready already
 }
@@ -73,13 +68,12 @@ void Coordinator::join_buffered(const std::string& silo, SessionId link, std::in
   const bool eligible = std::any_of(selection.chosen.begin(), selection.chosen.end(),
                                     [&](const auto& c) { return c.first == silo; });
   if (!eligible) return;
-  Member mb;
-  mb.silo = silo;
-  mb.session = link;
-  based_on_newest(mb);
+  Member mb = newest_member(silo, link);
+  std::size_t m = r_->members.size();
   if (known) {
     // Its drop stays in the record; its entry is the rejoined member from here on.
-    auto& old = r_->members[*known];
+    m = *known;
+    auto& old = r_->members[m];
     r_->rejoined.push_back({{"silo", silo},
                             {"phase", std::string(name(old.drop_phase))},
                             {"cause", std::string(name(old.drop_cause))},
@@ -89,15 +83,11 @@ void Coordinator::join_buffered(const std::string& silo, SessionId link, std::in
     r_->set_state(old, mb.state);
     old = std::move(mb);
     spdlog::info("round {}: silo {}, dropped, rejoins the buffered round", round_, silo);
-    send_to_member(*known, r_->start);
-    send_model(link, nullptr);
-    pump(now_ms);
-    return;
+  } else {
+    r_->add(std::move(mb));
+    spdlog::info("round {}: silo {} joins the buffered round", round_, silo);
   }
-  r_->add(std::move(mb));
-  spdlog::info("round {}: silo {} joins the buffered round", round_, silo);
-  send_to_member(r_->members.size() - 1, r_->start);
-  send_model(link, nullptr);
+  send_start(m);
   pump(now_ms);
 }
 
@@ -123,16 +113,13 @@ void Coordinator::restart_member(std::size_t m, const std::string& why) {
   event("update_refused", mb.silo + ": " + why);
   send_round_end(m, false, "your update was refused: " + why);  // ends its round (of its base)
   r_->set_state(mb, MemberState::Training);
-  based_on_newest(mb);
-  mb.deadlines = 0;
-  mb.staleness = 0;
-  mb.staleness_weight = 1;
-  mb.num_samples = 0;
-  mb.metrics.Clear();
-  mb.privacy.Clear();
-  mb.times = {};
+  mb = newest_member(mb.silo, mb.session);  // nothing of its refused update stays
+  send_start(m);
+}
+
+void Coordinator::send_start(std::size_t m) {
   send_to_member(m, r_->start);
-  send_model(mb.session, nullptr);
+  send_model(r_->members[m].session, nullptr);
 }
 
 bool Coordinator::on_carried_message(const std::string& silo, SessionId id, const wire::Envelope& e) {
