@@ -228,7 +228,12 @@ class DataParallelRun {
   void reduce_replicated(collective::Communicator& comm) {
     auto* mesh = comm.mesh();
     if (!mesh) throw std::runtime_error("stragglers run on the TCP backends, not " + comm.backend());
-    const auto ready = [this] { return own_ready_.load(std::memory_order_acquire); };
+    const auto ready = [this] {
+      // This worker's own computation failed: no copy of its group's gradient may be coming, so
+      // the wait for one gives up rather than poll for ever (step_replicated rethrows the cause).
+      if (compute_failed_.load(std::memory_order_acquire)) throw std::runtime_error("this worker's computation failed");
+      return own_ready_.load(std::memory_order_acquire);
+    };
     const auto stop = [this] { stop_.store(true, std::memory_order_release); };
     try {
       const auto got = collective::replicated_all_reduce(*mesh, buckets_.stragglers, grad_, ready, sum_,
@@ -345,6 +350,7 @@ class DataParallelRun {
     const std::size_t mine = yb_.size();
     own_ready_.store(false, std::memory_order_relaxed);
     stop_.store(false, std::memory_order_relaxed);
+    compute_failed_.store(false, std::memory_order_relaxed);
     reducer_.submit(grad_);
     try {
       const float* rows = mine ? xb_.data() : data_.row(order[start]);
@@ -361,6 +367,17 @@ class DataParallelRun {
       slow_down(op, began, true);
       own_ready_.store(true, std::memory_order_release);
     } catch (const Stopped&) {
+    } catch (...) {
+      // Not a stop: the computation itself failed. The reducer may be waiting for this
+      // worker's copy (or for every copy of its group, all failing alike): it is told to give
+      // up, then the failure ends the step, and this worker, as any other failure of its own.
+      const auto cause = std::current_exception();
+      compute_failed_.store(true, std::memory_order_release);
+      try {
+        reducer_.finish();
+      } catch (...) {  // its giving up, or a mate's copy arrived first: the cause is what is reported
+      }
+      std::rethrow_exception(cause);
     }
     reducer_.finish();
     if (hooks_ && hooks_->on_supplier) hooks_->on_supplier(op, supplier_);
@@ -419,7 +436,7 @@ class DataParallelRun {
   // Stragglers: the step's sum (grad_ is this worker's copy of its group's gradient, which the
   // reducer reads once own_ready_ says so), and the flag that stops a copy no longer needed.
   std::vector<float> sum_;
-  std::atomic<bool> own_ready_{false}, stop_{false};
+  std::atomic<bool> own_ready_{false}, stop_{false}, compute_failed_{false};
   int supplier_ = -1;
   const RunHooks* hooks_ = nullptr;
   std::vector<float> step_loss_;  // each step's loss over the global batch

@@ -1110,6 +1110,37 @@ TEST(DataParallel, AStragglerIsNotAwaitedAndTheStepsEqualThoseWithoutIt) {
   }
 }
 
+// Stragglers: a computation that fails (not one stopped because a mate's copy came first) ends
+// its worker with the failure's own error. Both workers of one group failing alike in the same
+// step left each one's reducer waiting for a copy of the group's gradient that no one would
+// send: the step hung for ever.
+TEST(DataParallel, AFailedComputationWithStragglersEndsTheWorkerWithItsErrorInsteadOfHanging) {
+  auto c = digits_case();
+  c.opts.epochs = 1;
+  const Network net(c.model);
+  const int n = 2;  // one group {0, 1}: both compute the same rows
+  agent::BucketOptions buckets;
+  buckets.stragglers = 1;
+  std::vector<Model> replicas(n, c.model);
+  std::vector<std::string> failures(n);
+  Options opts;
+  opts.backend = "ring";
+  with_group(n, opts, [&](Group& g) {
+    const auto id = static_cast<std::size_t>(g.id());
+    agent::RunHooks hooks;
+    hooks.slow_down = [](std::uint64_t op, std::chrono::nanoseconds) -> std::chrono::nanoseconds {
+      if (op == 3) throw std::runtime_error("the device fell off the bus");
+      return std::chrono::nanoseconds(0);
+    };
+    try {
+      agent::train_data_parallel(g, n, net, replicas[id].flat(), c.data, c.opts, buckets, hooks);
+    } catch (const std::runtime_error& e) {
+      failures[id] = e.what();
+    }
+  });
+  EXPECT_EQ(failures, std::vector<std::string>(n, "the device fell off the bus"));
+}
+
 // ---- the failure policy with time moved by hand ------------------------------------------------
 // Deterministic counterparts of CollectiveProcesses.AStalledWorkerIsDetectedByTheStepTimeoutAndExcluded
 // and CollectiveProcesses.KillOneOfFourMidStepAndTheStepCompletesOnThreeWithTheRightSum: the same
