@@ -280,9 +280,11 @@ awaitable<proto::Result<wire::Envelope>> Channel::read_frame() {
   idle_.heard(Clock::now());
   if (stream_.has_pending_output()) wake_.cancel();  // TLS wants to answer (key update)
   auto env = proto::decode_envelope({read_buffer_.data(), size});
-  // Keep a small buffer between frames; a large one is given back (an idle connection
-  // should not hold a megabyte).
-  if (read_buffer_.size() > (256u << 10)) std::vector<std::uint8_t>().swap(read_buffer_);
+  // A large buffer is kept while large frames keep coming (an upload's chunks: giving it back
+  // after each made every chunk allocate, zero-fill and fault in its pages again) and given
+  // back at the first small frame after them (a heartbeat comes to an idle connection within
+  // its interval), so an idle connection does not hold megabytes.
+  if (read_buffer_.size() > (256u << 10) && size < read_buffer_.size() / 4) std::vector<std::uint8_t>().swap(read_buffer_);
   co_return env;
 }
 
