@@ -1,8 +1,8 @@
 #include "protocol/upload_slot.h"
 
-#include <cmath>
 #include <vector>
 
+#include "common/finite.h"
 #include "protocol/tensor_stream.h"
 
 namespace xsilo::protocol {
@@ -30,9 +30,7 @@ void check_elements(UploadCheck& check, const std::uint8_t* data, std::size_t co
   if (hash) check.hash.update(std::span<const std::uint8_t>(data, count * element_bytes(dtype)));
   if (dtype != wire::F32) return;  // masked words: any value is valid
   const float* v = reinterpret_cast<const float*>(data);  // the buffer's, or a copy's (aligned)
-  bool finite = true;
-  for (std::size_t i = 0; i < count; ++i) finite = finite && std::isfinite(v[i]);
-  check.finite = check.finite && finite;
+  check.finite = check.finite && all_finite({v, count});
 }
 
 }  // namespace

@@ -1,7 +1,6 @@
 #include "server/commit.h"
 
-#include <algorithm>
-#include <cmath>
+#include "common/finite.h"
 
 namespace xsilo::server {
 
@@ -9,7 +8,7 @@ CombineResult commit_round(const std::function<CombineResult(std::span<float>)>&
                            ServerOptimizer& optimizer, std::span<const float> global) {
   CombineResult c = combine(next);
   if (!c) return c;
-  if (!std::all_of(next.begin(), next.end(), [](float v) { return std::isfinite(v); })) {
+  if (!all_finite(next)) {
     return CombineFailure{.reason = "the aggregate step has NaN or infinite values (the inputs' sum overflows float)",
                           .record = std::move(c->record)};
   }

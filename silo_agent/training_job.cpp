@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/finite.h"
 #include "common/safetensors.h"
 #include "crypto/hash.h"
 #include "protocol/compression.h"
@@ -30,7 +31,7 @@ Model& silo_state(std::optional<Model>& state, const std::filesystem::path& file
       spdlog::warn("{} {} unreadable ({}); starting from zeros", what, file.string(), e.what());
     }
   }
-  if (state && std::any_of(state->flat().begin(), state->flat().end(), [](float v) { return !std::isfinite(v); })) {
+  if (state && !all_finite(state->flat())) {
     spdlog::warn("{} {} has NaN or infinite values; starting from zeros", what, file.string());
     state.reset();
   }
@@ -57,7 +58,7 @@ void with_compression(RoundOutput& out, const wire::Compression& c, bool secure,
   // A non-finite update (only a silo that skips its own checks sends one) never enters the
   // error feedback: it goes out as it is, and the receiver refuses it.
   const auto u = out.update->flat();
-  const bool finite = std::all_of(u.begin(), u.end(), [](float v) { return std::isfinite(v); });
+  const bool finite = all_finite(u);
   if (c.error_feedback() && finite) {
     out.residual_next = std::make_shared<Model>(silo_state(state, file, *out.update, "error feedback"));
     rs = out.residual_next->flat();

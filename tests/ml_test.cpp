@@ -4,11 +4,13 @@
 #include "silo_agent/update.h"
 
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <set>
 
 #include "common/dataset.h"
+#include "common/finite.h"
 #include "common/fs.h"
 #include "common/mlp.h"
 #include "server/optimizer.h"
@@ -48,6 +50,27 @@ void check_gradient(const ModelSpec& spec) {
     const double lq = net.loss_and_grad(q.flat(), d.x.data(), d.y.data(), d.rows, g);
     const double numeric = (lp - lq) / (2 * eps);
     EXPECT_NEAR(grad[k], numeric, 2e-3 + 2e-2 * std::abs(numeric)) << "parameter " << k;
+  }
+}
+
+// The upload check's scan: every kind of non-finite float, at every position of a vector longer
+// than any vector register (the loop's tail included), of either sign; the largest finite float
+// and subnormals are finite.
+TEST(Finite, EveryNanAndInfinityIsFoundWhereverItIsAndNothingElse) {
+  std::vector<float> v(37, 0.5f);
+  v[3] = std::numeric_limits<float>::max();
+  v[4] = -std::numeric_limits<float>::max();
+  v[5] = std::numeric_limits<float>::denorm_min();
+  EXPECT_TRUE(xsilo::all_finite(v));
+  EXPECT_TRUE(xsilo::all_finite({}));
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+                          std::numeric_limits<float>::signaling_NaN(), std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity()}) {
+    for (std::size_t at = 0; at < v.size(); ++at) {
+      auto w = v;
+      w[at] = bad;
+      EXPECT_FALSE(xsilo::all_finite(w)) << bad << " at " << at;
+    }
   }
 }
 
