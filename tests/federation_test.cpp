@@ -624,6 +624,8 @@ TEST(Federation, EachSiloSpendsItsOwnPrivacyBudgetAndTheFederationEndsWhenTheBud
                         {"privacy", {{"level", "record"}, {"max_epsilon", 2.0}, {"delta", 1e-5}, {"rounds", 2}}}};
   ASSERT_NO_FATAL_FAILURE(expect_budget_spent_after_two_rounds(dir, sim, "privacy budgets spent"));
   const auto out = dir / "out";
+  // No silo reports a loss under a budget: the summary says none was measured, not a loss of 0.
+  EXPECT_TRUE(nlohmann::json::parse(read_file(out / "summary.json"))["final_train_loss"].is_null());
   ProcessOptions in_dir;
   in_dir.cwd = dir.path();
 

@@ -330,7 +330,8 @@ class Progress {
       rounds.push_back(static_cast<double>(r.round));
       result_.final_accuracy = acc;
       result_.final_loss = l;
-      result_.final_train_loss = r.train_loss;
+      // Under a record-level budget no silo reports a loss (docs/privacy.md): not measured, not 0.
+      result_.final_train_loss = cfg_.privacy ? NAN : r.train_loss;
     }
     out_ << r.round << "," << (r.committed ? 1 : 0) << "," << acc << "," << l << "," << r.fed_eval_accuracy << ","
          << r.fed_eval_loss << "," << r.train_loss << "," << r.reported << "," << r.dropped << "," << r.seconds << "\n";

@@ -215,7 +215,7 @@ struct SimResult {
   int exit_code = 1;
   std::uint64_t rounds_committed = 0, rounds_aborted = 0;
   double final_accuracy = 0, final_loss = 0, baseline_accuracy = -1;  // NaN: the script does not evaluate
-  double final_train_loss = 0;  // what the silos reported for the last committed round
+  double final_train_loss = 0;  // what the silos reported for the last committed round; NaN: none report
   double epsilon_spent = -1;    // record level: the largest epsilon a silo spent; silo level: the federation's (-1: off)
   // --in-process with train_ms: the simulated clock when the last round committed (each silo's
   // training takes its drawn train_ms, silos train in parallel, nothing else takes time).
