@@ -69,8 +69,10 @@ Status check_noise_floor(const wire::SecAggSetup& setup, const crypto::secagg::F
     return Error(why);
   }
   const auto& k = setup.skellam();
-  const std::size_t padded = setup.vector_length() > 0 ? setup.vector_length() - 1 : 0;
-  const double z = crypto::skellam_noise_multiplier(k.variance(), k.gamma(), k.clip_norm(), padded, k.beta());
+  const std::size_t padded = protocol::skellam_padded(setup);
+  // The round's multiplier: the count word's sensitivity h counts against the same noise.
+  const double z =
+      crypto::skellam_noise_multiplier(k.variance(), k.gamma(), k.clip_norm(), padded, k.beta(), k.count_scale());
   // Colluders know their own shares of the noise: c of the group's members (as the floor counts
   // them for the masks, crypto::secagg::check_floor) among the n_min survivors of the least sum
   // the setup reveals leave (n_min - c) / n_min of its variance unknown, so the noise multiplier
@@ -166,7 +168,7 @@ Result<std::string> SecureClient::masked(MaskDone r) {
 
 std::string SecureClient::skellam_sha256() const {
   return setup_ && setup_->has_skellam() && setup_->vector_length() > 0
-             ? protocol::skellam_sha256(setup_->skellam(), setup_->vector_length() - 1)
+             ? protocol::skellam_sha256(setup_->skellam(), protocol::skellam_padded(*setup_))
              : std::string();
 }
 
