@@ -18,7 +18,7 @@ namespace xsilo::server {
 std::pair<wire::SkellamSetup, std::size_t> Coordinator::signed_skellam() const {
   const auto& budget = *cfg_.distributed_dp;
   if (r_ && r_->secure && r_->secure->skellam()) {
-    return {*r_->secure->skellam(), r_->secure->setup(r_->secure->groups().front()).vector_length() - 1};
+    return {*r_->secure->skellam(), protocol::skellam_padded(r_->secure->setup(r_->secure->groups().front()))};
   }
   return {signed_part(budget, 0), budget.padded};
 }
