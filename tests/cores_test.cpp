@@ -764,6 +764,13 @@ TEST(Cores, DistributedDpWithAdaptiveClippingMovesTheClipNormTowardTheQuantileAn
     EXPECT_NEAR(p["clip_norm"].get<double>(), c, 1e-12 * c);
     EXPECT_NEAR(ac["clip_norm"].get<double>(), c, 1e-12 * c);
     EXPECT_GT(p["count_scale"].get<std::uint64_t>(), 0u);
+    // The count's noise is the configured sigma_b (up to h's rounding), and the round's multiplier
+    // is the update's and the count's together, central mode's formula.
+    const double h = static_cast<double>(p["count_scale"].get<std::uint64_t>());
+    EXPECT_NEAR(p["count_stddev"].get<double>(), 0.2, 0.2 / h);
+    const double z = p["update_noise_multiplier"].get<double>();
+    const double z_round = 1 / std::sqrt(1 / (z * z) + 1 / (4 * 0.2 * 0.2));
+    EXPECT_NEAR(p["noise_multiplier"].get<double>(), z_round, 2 * z_round / h);
     // The noised fraction is the true one within six deviations of the count's noise over W.
     const double truth =
         static_cast<double>(std::count_if(norms.begin(), norms.end(), [&](double v) { return v <= c; })) / n;
