@@ -542,6 +542,15 @@ std::string audit_verify_with_sent(const test::TempDir& dir) {
   return read_file(dir / "verify.log");
 }
 
+// A run_two_distributed_rounds federation of nine silos, all in every round, in secure groups
+// of three.
+void nine_silos_in_three_groups(nlohmann::json& sim) {
+  sim["silos"] = 9;
+  sim["selection"] = {{"min_silos", 9}, {"min_updates", 9}};
+  sim["secure"]["mode"] = "grouped";
+  sim["secure"]["group_dropouts"] = 0;
+}
+
 TEST(Federation, DistributedDpRunsThroughEdges) {
   test::TempDir dir;
   std::vector<nlohmann::json> committed;
@@ -560,10 +569,7 @@ TEST(Federation, DistributedDpWithTheMedianAcrossSecureGroupsCommitsAndPassesAud
   ASSERT_NO_FATAL_FAILURE(run_two_distributed_rounds(
       dir,
       [](nlohmann::json& sim) {
-        sim["silos"] = 9;
-        sim["selection"] = {{"min_silos", 9}, {"min_updates", 9}};
-        sim["secure"]["mode"] = "grouped";
-        sim["secure"]["group_dropouts"] = 0;
+        nine_silos_in_three_groups(sim);
         sim["aggregation"] = {{"rule", "median"}, {"f", 1}};
         sim.erase("faults");
       },
@@ -590,10 +596,7 @@ TEST(Federation, DistributedDpWithAdaptiveClippingInSecureGroupsCarriesItsClipNo
   ASSERT_NO_FATAL_FAILURE(run_two_distributed_rounds(
       dir,
       [](nlohmann::json& sim) {
-        sim["silos"] = 9;
-        sim["selection"] = {{"min_silos", 9}, {"min_updates", 9}};
-        sim["secure"]["mode"] = "grouped";
-        sim["secure"]["group_dropouts"] = 0;
+        nine_silos_in_three_groups(sim);
         sim["aggregation"] = {{"adaptive_clip", {{"quantile", 0.5}, {"lr", 0.5}, {"initial", 0.05}}}};
         sim["faults"] = {{{"process", "server"}, {"action", "restart"}, {"round", 2}, {"phase", "train"}}};
       },
