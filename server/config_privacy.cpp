@@ -152,8 +152,9 @@ void refuse_voiding_distributed(const ConfigNode& root, const ConfigNode& p, con
                              "W only; use fedavg or set privacy.clip_norm");
   }
   if (a.adaptive_clip.on() && protocol::compressed(c.compression)) {
-    ag.fail("adaptive_clip", "with compression is not built under distributed DP: a member's count word would count its "
-                             "kept coordinates' norm, which no test covers; remove compression or set privacy.clip_norm");
+    ag.fail("adaptive_clip", "with compression is not built under distributed DP: a member's count word would count "
+                             "its kept coordinates' norm, which no test covers; remove compression or set "
+                             "privacy.clip_norm");
   }
   // Secure aggregation takes random_k only (server/config.cpp); its kept set is drawn from the
   // round's seed, public and the same at every silo, so the silos encode those coordinates

@@ -36,7 +36,9 @@ std::uint64_t count_scale_for(double variance, double count_stddev) {
 // to h's rounding): bisection on log z, the answer always one whose epsilon was computed and fit.
 template <class Eps>
 double smallest_multiplier(const Eps& eps, double epsilon, double lo, double hi) {
-  if (eps(hi) > epsilon) throw std::invalid_argument("no noise multiplier up to " + std::to_string(hi) + " reaches the budget");
+  if (eps(hi) > epsilon) {
+    throw std::invalid_argument("no noise multiplier up to " + std::to_string(hi) + " reaches the budget");
+  }
   if (eps(lo) <= epsilon) return lo;
   double a = std::log(lo), b = std::log(hi);
   for (int i = 0; i < 100 && b - a > 1e-10; ++i) {
@@ -130,8 +132,9 @@ void finalize_distributed_dp(DistributedDpConfig& c, std::size_t d) {
       z_round = smallest_multiplier(eps, c.epsilon, std::min(1e-3, ceiling / 2), ceiling);
     } catch (const std::invalid_argument&) {
       char why[240];
-      std::snprintf(why, sizeof why, "count_stddev %.6g leaves no room for the update's noise: %llu rounds need a "
-                                     "round's noise multiplier above 2 count_stddev; raise count_stddev or leave it out",
+      std::snprintf(why, sizeof why,
+                    "count_stddev %.6g leaves no room for the update's noise: %llu rounds need a round's noise "
+                    "multiplier above 2 count_stddev; raise count_stddev or leave it out",
                     sigma_b, static_cast<unsigned long long>(c.rounds));
       throw std::invalid_argument(why);
     }
@@ -170,8 +173,9 @@ void finalize_distributed_dp(DistributedDpConfig& c, std::size_t d) {
                          (ring_reach(c, 0, c.variance) - static_cast<double>(c.max_group));
     if (!(reach <= std::ldexp(1.0, static_cast<int>(c.ring) - 1) - 1)) {
       char why[240];
-      std::snprintf(why, sizeof why, "the unclipped count word (scale %llu, %zu silos, noise variance %.4g) reaches "
-                                     "%.4g, beyond the masking ring of 2^%u; use more secure.bits or a larger count_stddev",
+      std::snprintf(why, sizeof why,
+                    "the unclipped count word (scale %llu, %zu silos, noise variance %.4g) reaches %.4g, beyond the "
+                    "masking ring of 2^%u; use more secure.bits or a larger count_stddev",
                     static_cast<unsigned long long>(c.count_scale), c.max_group, c.variance, reach, c.ring);
       throw std::invalid_argument(why);
     }
@@ -275,7 +279,8 @@ std::optional<privacy::Mechanism> recorded_skellam_mechanism(const nlohmann::jso
       throw std::invalid_argument("its privacy part's count_scale is not a whole number above 0");
     }
     k.set_count_scale(p["count_scale"].get<std::uint64_t>());
-  } else if (const auto r = record.find("robust"); r != record.end() && r->is_object() && r->contains("adaptive_clip")) {
+  } else if (const auto r = record.find("robust");
+             r != record.end() && r->is_object() && r->contains("adaptive_clip")) {
     throw std::invalid_argument("its clip norm adapted to a count of unclipped updates (robust.adaptive_clip) but its "
                                 "privacy part states no count_scale: the count's release is not accounted");
   }

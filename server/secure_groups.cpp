@@ -78,8 +78,9 @@ Status check_plausible_skellam_sum(const GroupSum& sum, std::size_t survivors, s
     const double centred = sum.at(sum.d() + 1);
     const double slack = 6 * std::sqrt(v) / (2 * static_cast<double>(dp.count_scale)) + 1;
     if (std::abs(centred) > n / 2 + slack) {
-      return Error("unclipped count word " + std::to_string(centred) + " is beyond what " + std::to_string(survivors) +
-                   " members' +-" + std::to_string(dp.count_scale) + " and the noise can make: a member sent another word");
+      return Error("unclipped count word " + std::to_string(centred) + " is beyond what " +
+                   std::to_string(survivors) + " members' +-" + std::to_string(dp.count_scale) +
+                   " and the noise can make: a member sent another word");
     }
   }
   return {};
