@@ -623,6 +623,23 @@ TEST(Federation, DistributedDpWithAdaptiveClippingInSecureGroupsCarriesItsClipNo
       << log_tail(dir / "verify.log");
 }
 
+// Adaptive clipping under distributed DP through two edges: they add the masked words, the
+// count word with the rest, and the clip norm still moves from the noised count.
+TEST(Federation, DistributedDpWithAdaptiveClippingRunsThroughEdges) {
+  test::TempDir dir;
+  std::vector<nlohmann::json> committed;
+  ASSERT_NO_FATAL_FAILURE(run_two_distributed_rounds(
+      dir,
+      [](nlohmann::json& sim) {
+        sim["edges"] = 2;
+        sim["aggregation"] = {{"adaptive_clip", {{"quantile", 0.5}, {"lr", 0.5}, {"initial", 0.05}}}};
+      },
+      committed));
+  EXPECT_NE(read_file(dir / "sim.log").find("edges 2/2"), std::string::npos) << log_tail(dir / "sim.log", 20);
+  EXPECT_EQ(committed[1]["privacy"]["clip_norm"], committed[0]["robust"]["adaptive_clip"]["next"]) << committed[0].dump();
+  EXPECT_GT(committed[1]["privacy"]["count_scale"].get<std::uint64_t>(), 0u);
+}
+
 // Issue 42 item 5: random-k under distributed DP, real processes. Every silo encodes the round's
 // shared kept set (10 % of digits-logistic's 650 coordinates: 65, rotated in P = 128, not the
 // model's 1024) with its noise share; the server decodes the noisy sum over those coordinates and
