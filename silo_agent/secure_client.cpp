@@ -83,8 +83,10 @@ Status check_noise_floor(const wire::SecAggSetup& setup, const crypto::secagg::F
   if (z_held >= floor.min_noise_multiplier) return {};
   const int head = std::snprintf(why, sizeof why,
                                  "below this silo's floor: the secure setup's distributed-DP noise (variance %.6g, "
-                                 "gamma %.6g, clip_norm %.6g, %zu rotated coordinates) has noise multiplier %.6g",
-                                 k.variance(), k.gamma(), k.clip_norm(), padded, z);
+                                 "gamma %.6g, clip_norm %.6g, %zu rotated coordinates, count word scale %llu) has "
+                                 "noise multiplier %.6g",
+                                 k.variance(), k.gamma(), k.clip_norm(), padded,
+                                 static_cast<unsigned long long>(k.count_scale()), z);
   const std::size_t at = std::min(static_cast<std::size_t>(std::max(head, 0)), sizeof why - 1);
   if (c > 0) {
     std::snprintf(why + at, sizeof why - at,
