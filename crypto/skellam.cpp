@@ -31,7 +31,7 @@ std::vector<signed char> rotation_signs(std::size_t n, std::uint64_t seed) {
 template <class Word>
 double encode_words(const SkellamParams& p, std::span<const float> delta, NoiseSource& noise, std::span<Word> out) {
   const std::size_t d = delta.size(), n = padded_length(d);
-  if (out.size() != n + 1) throw std::invalid_argument("skellam: the output needs padded_length(d) + 1 words");
+  if (out.size() != skellam_words(p, d)) throw std::invalid_argument("skellam: the output needs skellam_words() words");
   if (p.bits > 8 * sizeof(Word) || p.bits < 2) throw std::invalid_argument("skellam: bits must be in [2, ring]");
   double sq = 0;
   for (const float v : delta) sq += static_cast<double>(v) * static_cast<double>(v);
@@ -64,23 +64,38 @@ double encode_words(const SkellamParams& p, std::span<const float> delta, NoiseS
     out[i] = static_cast<Word>(static_cast<std::uint64_t>(v));  // two's complement, mod 2^ring
   }
   out[n] = Word{1};
+  if (p.count_scale > 0) {
+    if (p.count_scale >= (std::uint64_t{1} << 62)) throw std::invalid_argument("skellam: the count scale is too large");
+    const auto h = static_cast<std::int64_t>(p.count_scale);
+    const std::int64_t v = (norm <= p.clip_norm ? h : -h) + skellam(noise, p.silo_variance);
+    out[n + 1] = static_cast<Word>(static_cast<std::uint64_t>(v));
+  }
   return factor;
 }
 
 template <class Word>
 std::vector<double> decode_words(const SkellamParams& p, std::span<const Word> sum, std::size_t d) {
   const std::size_t n = padded_length(d);
-  if (sum.size() != n + 1) throw std::invalid_argument("skellam: the sum needs padded_length(d) + 1 words");
+  if (sum.size() != skellam_words(p, d)) throw std::invalid_argument("skellam: the sum needs skellam_words() words");
   std::vector<double> y(n);
   for (std::size_t i = 0; i < n; ++i) y[i] = static_cast<double>(centred(sum[i], p.bits));
   unrotate(y, p.rotation_seed);
   std::vector<double> out(d + 1);
   for (std::size_t i = 0; i < d; ++i) out[i] = y[i] / p.gamma;
   out[d] = static_cast<double>(centred(sum[n], p.bits));
+  // The count word's sum reaches n h plus the noise: read in the whole masking ring (a wider
+  // ring than 2^bits costs nothing here, one word), reduction being post-processing either way.
+  if (p.count_scale > 0) {
+    out.push_back(static_cast<double>(centred(sum[n + 1], p.ring)) / (2.0 * static_cast<double>(p.count_scale)));
+  }
   return out;
 }
 
 }  // namespace
+
+std::size_t skellam_words(const SkellamParams& p, std::size_t d) {
+  return padded_length(d) + 1 + (p.count_scale > 0 ? 1 : 0);
+}
 
 std::size_t padded_length(std::size_t d) {
   std::size_t n = 1;
@@ -95,9 +110,11 @@ double rounded_l2_bound(double c, std::size_t padded, double beta) {
   return std::sqrt(std::min(cond, worst));
 }
 
-double skellam_noise_multiplier(double variance, double gamma, double clip_norm, std::size_t padded, double beta) {
+double skellam_noise_multiplier(double variance, double gamma, double clip_norm, std::size_t padded, double beta,
+                                std::uint64_t count_scale) {
   if (!(variance >= 0) || !(gamma > 0) || !(clip_norm > 0) || padded == 0 || !(beta > 0 && beta < 1)) return 0;
-  return std::sqrt(variance) / rounded_l2_bound(gamma * clip_norm, padded, beta);
+  const double l2 = rounded_l2_bound(gamma * clip_norm, padded, beta), h = static_cast<double>(count_scale);
+  return std::sqrt(variance) / std::sqrt(l2 * l2 + h * h);
 }
 
 void walsh_hadamard(std::span<double> x) {

@@ -23,8 +23,15 @@
 //               send a vector outside the bound (probability < 0.61^10000).
 //   5. noise:   + Skellam(silo_variance) per coordinate: Poisson(v/2) - Poisson(v/2), drawn from
 //               the silo's own NoiseSource (never the rotation's).
-//   6. ring:    each integer as a word of Z_{2^ring} (two's complement), then a last word 1 (the
+//   6. ring:    each integer as a word of Z_{2^ring} (two's complement), then a word 1 (the
 //               count of contributors: who took part is no secret). Masking follows unchanged.
+//   7. count:   with adaptive clipping (count_scale h > 0), a last word: +h when ||x|| <= C
+//               (the delta was not clipped), -h when it was, plus the same share of Skellam noise
+//               as every coordinate. The sum's word is h (2 u - n) + noise, u the unclipped
+//               members of n: one more coordinate of the same Skellam vector, whose sensitivity
+//               to one silo is h (L1 and L2). h scales the bit so that the noise's integer
+//               steps and the Skellam bound's discreteness term are small against it, exactly as
+//               gamma does for the update (server/distributed_dp.h chooses h from sigma_b).
 //
 // The server reduces the unmasked sum's words modulo 2^bits (bits <= ring: the mechanism's
 // ring; a wider wire ring only carries it), reads them centred in [-2^(bits-1), 2^(bits-1)),
@@ -33,7 +40,9 @@
 // Sensitivity of the sum to one silo's vector, in integer units (rdp.h's SkellamSum):
 //   L2 <= Delta_2 = rounded_l2_bound(gamma C, P, beta) by the conditional rounding, and
 //   L1 <= Delta_1 = min(sqrt(P) Delta_2, Delta_2^2) (Cauchy-Schwarz; and an integer vector has
-//   |v_i| <= v_i^2 in every coordinate).
+//   |v_i| <= v_i^2 in every coordinate). With the count word: L2 <= sqrt(Delta_2^2 + h^2) and
+//   L1 <= Delta_1 + h over the P + 1 noised words (the contributor word carries no noise and
+//   is no secret).
 //
 // Poisson sampler (poisson()): exact rejection algorithms fed by NoiseSource's uniforms:
 //   lambda < 10: multiplication of uniforms (Knuth): the smallest k with U_1...U_{k+1} < e^-lambda.
@@ -59,7 +68,12 @@ struct SkellamParams {
   double silo_variance = 1.0;     // this silo's share of the Skellam variance (integer units)
   double beta = 0.6065306597126334;  // conditional rounding: e^-0.5
   std::uint64_t rotation_seed = 0;
+  std::uint64_t count_scale = 0;  // h: adaptive clipping's count word (0: none)
 };
+
+// The words an encoding of d coordinates takes: the rotated length, the contributor word, and
+// the count word when p.count_scale > 0.
+std::size_t skellam_words(const SkellamParams& p, std::size_t d);
 
 // The next power of two >= d (1 for d = 0).
 std::size_t padded_length(std::size_t d);
@@ -69,8 +83,11 @@ std::size_t padded_length(std::size_t d);
 double rounded_l2_bound(double c, std::size_t padded, double beta);
 // The noise multiplier a setup's parameters give: the standard deviation of the sum's noise over
 // its L2 sensitivity, sqrt(variance) / rounded_l2_bound(gamma clip_norm, padded, beta). It does
-// not depend on how the variance is shared: what a silo checks against its own floor.
-double skellam_noise_multiplier(double variance, double gamma, double clip_norm, std::size_t padded, double beta);
+// not depend on how the variance is shared: what a silo checks against its own floor. With a
+// count word of scale h (count_scale > 0) the sensitivity is the whole vector's, the count's
+// h included: sqrt(variance) / sqrt(Delta_2^2 + h^2), the round's multiplier.
+double skellam_noise_multiplier(double variance, double gamma, double clip_norm, std::size_t padded, double beta,
+                                std::uint64_t count_scale = 0);
 
 // y = H x (unnormalized fast Walsh-Hadamard transform), x.size() a power of two.
 void walsh_hadamard(std::span<double> x);
@@ -86,7 +103,7 @@ inline constexpr double kMaxPoissonMean = 4503599627370496.0;  // 2^52
 std::uint64_t poisson(NoiseSource& noise, double lambda);
 std::int64_t skellam(NoiseSource& noise, double variance);
 
-// Encodes delta (steps 1-6) into out (padded_length(delta.size()) + 1 words). Returns the clip
+// Encodes delta (steps 1-7) into out (skellam_words(p, delta.size()) words). Returns the clip
 // factor applied (1 if none). Throws std::runtime_error when the conditional rounding keeps
 // failing or a value does not fit in 62 bits.
 double encode_skellam(const SkellamParams& p, std::span<const float> delta, NoiseSource& noise,
@@ -101,8 +118,10 @@ double encode_skellam(const SkellamParams& p, std::span<const float> delta, Nois
 // Word k of a sum as the mechanism's signed integer: reduced mod 2^bits, centred.
 std::int64_t centred(std::uint64_t word, std::uint32_t bits);
 
-// Decodes a sum of encodings (padded_length(d) + 1 words): the d coordinates of sum(clip(x))
-// plus noise / gamma, then the count of contributors last (d + 1 values).
+// Decodes a sum of encodings (skellam_words(p, d) words): the d coordinates of sum(clip(x))
+// plus noise / gamma, then the count of contributors (d + 1 values); with a count word, then
+// the centred noisy count u - n / 2 + noise / (2 h), its word read centred in the masking ring
+// 2^p.ring (d + 2 values).
 std::vector<double> decode_skellam(const SkellamParams& p, std::span<const std::uint8_t> sum, std::size_t d);
 std::vector<double> decode_skellam(const SkellamParams& p, std::span<const std::uint16_t> sum, std::size_t d);
 std::vector<double> decode_skellam(const SkellamParams& p, std::span<const std::uint32_t> sum, std::size_t d);

@@ -93,10 +93,11 @@ Status check_layout(const wire::RoundStart& rs, std::uint64_t max_elements) {
     // Distributed DP: the rotated length (a power of two) of what the silos encode, and the count.
     if (s.has_skellam()) {
       const auto dim = skellam_dim(rs.compression(), layout);
-      if (s.vector_length() != crypto::padded_length(dim) + 1) {
+      const std::size_t words = s.skellam().count_scale() > 0 ? 2 : 1;  // adaptive clipping's count word
+      if (s.vector_length() != crypto::padded_length(dim) + words) {
         return Error("the secure setup's distributed-DP vector of " + std::to_string(s.vector_length()) +
                      " words is not the rotated length of the " + std::to_string(dim) + " coordinates encoded (of " +
-                     std::to_string(total) + ") plus one");
+                     std::to_string(total) + ") plus " + std::to_string(words));
       }
     } else if (s.vector_length() > total + 2) {
       return Error("the secure setup's vector of " + std::to_string(s.vector_length()) +

@@ -125,6 +125,10 @@ std::string skellam_statement(const wire::SkellamSetup& k) {
   crypto::append_field(out, exact(k.clip_norm()));
   crypto::append_field(out, exact(k.beta()));
   crypto::append_field(out, std::to_string(k.rotation_seed()));
+  if (k.count_scale() > 0) {  // adaptive clipping's count word (without it, the statement is as before)
+    crypto::append_field(out, "count_scale");
+    crypto::append_field(out, std::to_string(k.count_scale()));
+  }
   return out;
 }
 
@@ -132,6 +136,11 @@ std::string skellam_sha256(const wire::SkellamSetup& k, std::size_t padded) {
   std::string statement = skellam_statement(k);
   crypto::append_field(statement, std::to_string(padded));
   return crypto::sha256_hex(statement);
+}
+
+std::size_t skellam_padded(const wire::SecAggSetup& s) {
+  const std::size_t words = s.skellam().count_scale() > 0 ? 2 : 1;
+  return s.vector_length() > words ? s.vector_length() - words : 0;
 }
 
 std::string setup_statement(const wire::SecAggSetup& s, const std::string& federation, std::uint64_t round) {

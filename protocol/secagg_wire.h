@@ -38,9 +38,12 @@ std::string setup_statement(const wire::SecAggSetup& setup, const std::string& f
 // what a round's audit record names, so that the recorded parameters are the signed ones.
 std::string skellam_statement(const wire::SkellamSetup& k);
 // What a round record's setup_sha256 and a silo's sent.jsonl name: the signed Skellam part and
-// the rotated length P its sensitivity was computed for (the setup's vector_length - 1), so a
+// the rotated length P its sensitivity was computed for (skellam_padded of the setup), so a
 // record can restate neither.
 std::string skellam_sha256(const wire::SkellamSetup& k, std::size_t padded);
+// P, the rotated length a distributed-DP setup's vector holds: its vector_length less the
+// contributor word and, with a count_scale (adaptive clipping), the count word.
+std::size_t skellam_padded(const wire::SecAggSetup& s);
 // The "kind" of a line of a silo's sent.jsonl that says it released its unmask shares in a
 // distributed-DP round (with "round", "federation" and "skellam_setup_sha256"): written durably
 // before the shares leave, and checked by `xsilo audit verify --sent` against the log's charges.

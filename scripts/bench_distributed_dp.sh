@@ -11,6 +11,10 @@
 # An epsilon of "none" runs the same federation without DP. RANDOM_K=F adds random-k compression
 # of fraction F to the distributed runs (secure random-k; real processes, which it needs), e.g.
 #   RANDOM_K=0.1 scripts/bench_distributed_dp.sh build/tools/xsilo runs/ddp_rk "8" "20" "1 2 3"
+# ADAPTIVE="INITIALS" also runs each distributed configuration with adaptive clipping (quantile
+# 0.5, lr 0.2) from each initial C, its count word noised by the silos and accounted (issue 42),
+# at the same epsilon, e.g.
+#   ADAPTIVE="0.3 1" scripts/bench_distributed_dp.sh build/tools/xsilo runs/ddp_adaptive "8" "20" "1 2 3"
 # Prints one line per run: name final_accuracy epsilon_spent seconds.
 set -euo pipefail
 bin=$1 out=$2 epsilons=$3 bits_list=$4 seeds=$5 model=${6:-logistic} rounds=${7:-10} clip=${8:-0.3}
@@ -48,9 +52,15 @@ for eps in $epsilons; do
       if [ -n "${RANDOM_K:-}" ]; then
         compression=", \"compression\": {\"scheme\": \"random_k\", \"fraction\": $RANDOM_K}" kind=randomk${RANDOM_K}
       fi
+      secure=", \"secure\": {\"mode\": \"global\", \"min_group\": 3, \"threshold\": $threshold, \"modulus_bits\": $ring, \"fraction_bits\": $frac, \"max_weight\": 1"
       DP_SIM_PROCESSES=${RANDOM_K:+1} run "${kind}_e${eps}_b${bits}_s${seed}" \
         "{\"level\": \"silo\", \"mode\": \"distributed\", \"epsilon\": $eps, \"delta\": 1e-5, \"clip_norm\": $clip, \"bits\": $bits}" \
-        ", \"secure\": {\"mode\": \"global\", \"min_group\": 3, \"threshold\": $threshold, \"modulus_bits\": $ring, \"fraction_bits\": $frac, \"max_weight\": 1}$compression" "$seed"
+        "$secure}$compression" "$seed"
+      for init in ${ADAPTIVE:-}; do  # secure.clip_norm caps the adaptive C: set well above it
+        DP_SIM_PROCESSES=${RANDOM_K:+1} run "adaptive_i${init}_e${eps}_b${bits}_s${seed}" \
+          "{\"level\": \"silo\", \"mode\": \"distributed\", \"epsilon\": $eps, \"delta\": 1e-5, \"bits\": $bits}" \
+          "$secure, \"clip_norm\": 10}$compression, \"aggregation\": {\"adaptive_clip\": {\"quantile\": 0.5, \"lr\": 0.2, \"initial\": $init}}" "$seed"
+      done
     done
   done
 done

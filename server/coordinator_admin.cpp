@@ -135,6 +135,11 @@ nlohmann::json Coordinator::status(std::int64_t now_ms) const {
     j["distributed_dp"] = {{"epsilon", epsilon_of(central_spent_, dp.delta)}, {"max_epsilon", dp.epsilon},
                            {"delta", dp.delta}, {"noise_multiplier", dp.noise_multiplier}, {"gamma", dp.gamma},
                            {"bits", dp.bits}};
+    if (dp.count_scale > 0) {  // adaptive clipping: the count word's scale and noise, and the next round's C
+      j["distributed_dp"]["count_scale"] = dp.count_scale;
+      j["distributed_dp"]["count_stddev"] = count_noise_stddev(dp);
+      if (clip_norm_) j["distributed_dp"]["clip_norm"] = *clip_norm_;
+    }
   }
   j["silos"] = std::move(silos);
   nlohmann::json recent = nlohmann::json::array();

@@ -5,6 +5,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <utility>
 
@@ -18,7 +19,7 @@ namespace xsilo::server {
 std::pair<wire::SkellamSetup, std::size_t> Coordinator::signed_skellam() const {
   const auto& budget = *cfg_.distributed_dp;
   if (r_ && r_->secure && r_->secure->skellam()) {
-    return {*r_->secure->skellam(), r_->secure->setup(r_->secure->groups().front()).vector_length() - 1};
+    return {*r_->secure->skellam(), protocol::skellam_padded(r_->secure->setup(r_->secure->groups().front()))};
   }
   return {signed_part(budget, 0), budget.padded};
 }
@@ -50,7 +51,11 @@ bool Coordinator::central_budget_spent(std::int64_t now_ms) {
   double epsilon = 0, delta = 0;
   const char* noise = nullptr;
   if (cfg_.distributed_dp) {
-    if (fits_another_round(*cfg_.distributed_dp, central_spent_)) return false;
+    // The next round's mechanism as its setups will sign it: at adaptive clipping's C (capped as
+    // SecureGroups caps it), gamma' C is gamma C up to a rounding, which the check must not miss.
+    const auto& dp = *cfg_.distributed_dp;
+    const auto next = clip_norm_ ? at_clip_norm(dp, std::min(*clip_norm_, cfg_.secure.clip_norm)) : dp;
+    if (fits_another_round(next, central_spent_)) return false;
     epsilon = cfg_.distributed_dp->epsilon, delta = cfg_.distributed_dp->delta, noise = "distributed Skellam";
   } else if (cfg_.central_dp) {
     if (fits_another_round(*cfg_.central_dp, central_spent_)) return false;

@@ -19,8 +19,49 @@ double distributed_l1(const DistributedDpConfig& c, double gamma) {
   return std::min(std::sqrt(static_cast<double>(c.padded)) * l2, l2 * l2);
 }
 
+namespace {
+
+// The round's mechanism at gamma, mu and h (0: no count word).
+privacy::SkellamSum mechanism_at(const DistributedDpConfig& c, double gamma, double variance, std::uint64_t h) {
+  const double l2 = distributed_l2(c, gamma), count = static_cast<double>(h);
+  return privacy::SkellamSum{distributed_l1(c, gamma) + count, std::sqrt(l2 * l2 + count * count), variance};
+}
+
+// h for the count's sigma_b at mu: sqrt(mu) / (2 h) is sigma_b, h a whole number (at least 1).
+std::uint64_t count_scale_for(double variance, double count_stddev) {
+  return static_cast<std::uint64_t>(std::max(1.0, std::round(std::sqrt(variance) / (2 * count_stddev))));
+}
+
+// The smallest z in [lo, hi] at which `eps(z)` stays within epsilon (eps falling as z grows, up
+// to h's rounding): bisection on log z, the answer always one whose epsilon was computed and fit.
+template <class Eps>
+double smallest_multiplier(const Eps& eps, double epsilon, double lo, double hi) {
+  if (eps(hi) > epsilon) {
+    throw std::invalid_argument("no noise multiplier up to " + std::to_string(hi) + " reaches the budget");
+  }
+  if (eps(lo) <= epsilon) return lo;
+  double a = std::log(lo), b = std::log(hi);
+  for (int i = 0; i < 100 && b - a > 1e-10; ++i) {
+    const double mid = (a + b) / 2;
+    (eps(std::exp(mid)) <= epsilon ? b : a) = mid;
+  }
+  return std::exp(b);
+}
+
+}  // namespace
+
 privacy::Mechanism round_mechanism(const DistributedDpConfig& c) {
-  return privacy::SkellamSum{distributed_l1(c, c.gamma), distributed_l2(c, c.gamma), c.variance};
+  return mechanism_at(c, c.gamma, c.variance, c.count_scale);
+}
+
+double count_noise_stddev(const DistributedDpConfig& c) {
+  return c.count_scale > 0 ? std::sqrt(c.variance) / (2 * static_cast<double>(c.count_scale)) : 0.0;
+}
+
+DistributedDpConfig at_clip_norm(DistributedDpConfig c, double clip_norm) {
+  c.gamma = c.gamma * c.clip_norm / clip_norm;
+  c.clip_norm = clip_norm;
+  return c;
 }
 
 bool fits_another_round(const DistributedDpConfig& c, const privacy::Ledger& spent) {
@@ -33,14 +74,7 @@ double skellam_noise_multiplier_for(double epsilon, double delta, double l1, dou
     a.compose(privacy::SkellamSum{l1, l2, z * z * l2 * l2}, rounds);
     return a.epsilon(delta).epsilon;
   };
-  double lo = std::log(1e-3), hi = std::log(1e6);
-  if (eps(std::exp(hi)) > epsilon) throw std::invalid_argument("no noise multiplier up to 1e6 reaches the budget");
-  if (eps(std::exp(lo)) <= epsilon) return std::exp(lo);
-  for (int i = 0; i < 100 && hi - lo > 1e-10; ++i) {
-    const double mid = (lo + hi) / 2;
-    (eps(std::exp(mid)) <= epsilon ? hi : lo) = mid;
-  }
-  return std::exp(hi);
+  return smallest_multiplier(eps, epsilon, 1e-3, 1e6);
 }
 
 double ring_reach(const DistributedDpConfig& c, double gamma, double variance) {
@@ -66,10 +100,45 @@ void finalize_distributed_dp(DistributedDpConfig& c, std::size_t d) {
   c.dim = d;
   c.padded = crypto::padded_length(d);
   const bool chosen = c.rounds > 0;
+  const double fixed_z = c.noise_multiplier;
+  // sigma_b at gamma: the config's, or central mode's default from the round's multiplier (with
+  // `rounds`, the one the update alone would need; else z sqrt(0.9), as central mode).
+  auto sigma_b_at = [&](double gamma) {
+    if (c.count_stddev > 0) return c.count_stddev;
+    const double z_round = chosen ? skellam_noise_multiplier_for(c.epsilon, c.delta, distributed_l1(c, gamma),
+                                                                 distributed_l2(c, gamma), c.rounds)
+                                  : fixed_z * std::sqrt(0.9);
+    return default_count_stddev(c.denominator, z_round);
+  };
+  // The update's z at gamma: fixed, or chosen so that `rounds` rounds of the whole vector (with
+  // the count word when adaptive) stay within the budget.
   auto z_at = [&](double gamma) {
-    return chosen ? skellam_noise_multiplier_for(c.epsilon, c.delta, distributed_l1(c, gamma), distributed_l2(c, gamma),
-                                                 c.rounds)
-                  : c.noise_multiplier;
+    if (!chosen) return fixed_z;
+    if (!c.counts_unclipped) {
+      return skellam_noise_multiplier_for(c.epsilon, c.delta, distributed_l1(c, gamma), distributed_l2(c, gamma),
+                                          c.rounds);
+    }
+    const double sigma_b = sigma_b_at(gamma), l2 = distributed_l2(c, gamma);
+    auto eps = [&](double z_round) {
+      const double z = update_noise_multiplier(z_round, sigma_b), mu = z * z * l2 * l2;
+      privacy::Accountant a;
+      a.compose(mechanism_at(c, gamma, mu, count_scale_for(mu, sigma_b)), c.rounds);
+      return a.epsilon(c.delta).epsilon;
+    };
+    // The round's multiplier stays below 2 sigma_b (else the count alone spends the round).
+    const double ceiling = 2 * sigma_b * (1 - 1e-9);
+    double z_round = 0;
+    try {
+      z_round = smallest_multiplier(eps, c.epsilon, std::min(1e-3, ceiling / 2), ceiling);
+    } catch (const std::invalid_argument&) {
+      char why[240];
+      std::snprintf(why, sizeof why,
+                    "count_stddev %.6g leaves no room for the update's noise: %llu rounds need a round's noise "
+                    "multiplier above 2 count_stddev; raise count_stddev or leave it out",
+                    sigma_b, static_cast<unsigned long long>(c.rounds));
+      throw std::invalid_argument(why);
+    }
+    return update_noise_multiplier(z_round, sigma_b);
   };
   auto mu_at = [&](double gamma, double z) { return z * z * distributed_l2(c, gamma) * distributed_l2(c, gamma); };
   const double limit = std::ldexp(1.0, static_cast<int>(c.bits) - 1) - 1;
@@ -96,6 +165,21 @@ void finalize_distributed_dp(DistributedDpConfig& c, std::size_t d) {
   c.gamma = std::exp(lo);
   c.noise_multiplier = z_at(c.gamma);
   c.variance = mu_at(c.gamma, c.noise_multiplier);
+  c.count_scale = 0;
+  if (c.counts_unclipped) {
+    c.count_scale = count_scale_for(c.variance, sigma_b_at(c.gamma));
+    // The count word's sum, n h plus the noise, is read in the whole masking ring (crypto/skellam.h).
+    const double reach = static_cast<double>(c.max_group) * static_cast<double>(c.count_scale) +
+                         (ring_reach(c, 0, c.variance) - static_cast<double>(c.max_group));
+    if (!(reach <= std::ldexp(1.0, static_cast<int>(c.ring) - 1) - 1)) {
+      char why[240];
+      std::snprintf(why, sizeof why,
+                    "the unclipped count word (scale %llu, %zu silos, noise variance %.4g) reaches %.4g, beyond the "
+                    "masking ring of 2^%u; use more secure.bits or a larger count_stddev",
+                    static_cast<unsigned long long>(c.count_scale), c.max_group, c.variance, reach, c.ring);
+      throw std::invalid_argument(why);
+    }
+  }
 }
 
 crypto::SkellamParams skellam_params(const DistributedDpConfig& c, std::uint32_t min_survivors,
@@ -108,6 +192,7 @@ crypto::SkellamParams skellam_params(const DistributedDpConfig& c, std::uint32_t
   p.silo_variance = c.variance / static_cast<double>(std::max<std::uint32_t>(1, min_survivors));
   p.beta = c.beta;
   p.rotation_seed = rotation_seed;
+  p.count_scale = c.count_scale;
   return p;
 }
 
@@ -119,6 +204,7 @@ wire::SkellamSetup signed_part(const DistributedDpConfig& c, std::uint64_t rotat
   s.set_clip_norm(c.clip_norm);
   s.set_beta(c.beta);
   s.set_rotation_seed(rotation_seed);
+  s.set_count_scale(c.count_scale);
   return s;
 }
 
@@ -130,6 +216,9 @@ DistributedDpConfig as_signed(const DistributedDpConfig& budget, const wire::Ske
   c.clip_norm = k.clip_norm();
   c.beta = k.beta();
   c.padded = padded;
+  c.count_scale = k.count_scale();
+  c.counts_unclipped = c.count_scale > 0;
+  // The update's multiplier (the round's, with the count word, is in the record: privacy_fields).
   c.noise_multiplier = crypto::skellam_noise_multiplier(c.variance, c.gamma, c.clip_norm, c.padded, c.beta);
   return c;
 }
@@ -137,21 +226,29 @@ DistributedDpConfig as_signed(const DistributedDpConfig& budget, const wire::Ske
 nlohmann::json round_privacy_record(const DistributedDpConfig& budget, const wire::SkellamSetup& k, std::size_t padded,
                                     const privacy::Ledger& spent) {
   const DistributedDpConfig c = as_signed(budget, k, padded);
-  return silo_level_record("skellam",
-                           {{"noise_multiplier", c.noise_multiplier},
-                            {"variance", c.variance},
-                            {"gamma", c.gamma},
-                            {"bits", c.bits},
-                            {"clip_norm", c.clip_norm},
-                            {"padded_length", c.padded},
-                            {"beta", c.beta},
-                            {"rotation_seed", k.rotation_seed()},
-                            {"setup_sha256", protocol::skellam_sha256(k, c.padded)},
-                            {"l1", distributed_l1(c, c.gamma)},
-                            {"l2", distributed_l2(c, c.gamma)},
+  const auto m = std::get<privacy::SkellamSum>(round_mechanism(c));
+  // `noise_multiplier`, l1 and l2 are always the round's (the whole vector's, the count word
+  // included), as in central mode; with adaptive clipping the update's own multiplier is
+  // `update_noise_multiplier`, and the count's part is count_scale h and count_stddev.
+  nlohmann::json fields = {{"noise_multiplier", std::sqrt(m.variance) / m.l2},
+                           {"variance", c.variance},
+                           {"gamma", c.gamma},
+                           {"bits", c.bits},
+                           {"clip_norm", c.clip_norm},
+                           {"padded_length", c.padded},
+                           {"beta", c.beta},
+                           {"rotation_seed", k.rotation_seed()},
+                           {"setup_sha256", protocol::skellam_sha256(k, c.padded)},
+                            {"l1", m.l1},
+                            {"l2", m.l2},
                             {"denominator", c.denominator},
-                            {"n_min", "each group's min_survivors (its secure setup): every member adds variance / n_min"}},
-                           c.delta, c.epsilon, spent);
+                            {"n_min", "each group's min_survivors (its secure setup): every member adds variance / n_min"}};
+  if (c.count_scale > 0) {
+    fields["count_scale"] = c.count_scale;
+    fields["count_stddev"] = count_noise_stddev(c);
+    fields["update_noise_multiplier"] = c.noise_multiplier;
+  }
+  return silo_level_record("skellam", std::move(fields), c.delta, c.epsilon, spent);
 }
 
 std::optional<privacy::Mechanism> recorded_skellam_mechanism(const nlohmann::json& record) {
@@ -175,6 +272,18 @@ std::optional<privacy::Mechanism> recorded_skellam_mechanism(const nlohmann::jso
   k.set_clip_norm(p["clip_norm"].get<double>());
   k.set_beta(p["beta"].get<double>());
   k.set_rotation_seed(p["rotation_seed"].get<std::uint64_t>());
+  // Adaptive clipping's count word: its scale is part of the signed setup (and of its hash), so a
+  // record cannot drop it and keep its setup_sha256; a record whose C adapted states it.
+  if (p.contains("count_scale")) {
+    if (!p["count_scale"].is_number_unsigned() || p["count_scale"].get<std::uint64_t>() == 0) {
+      throw std::invalid_argument("its privacy part's count_scale is not a whole number above 0");
+    }
+    k.set_count_scale(p["count_scale"].get<std::uint64_t>());
+  } else if (const auto r = record.find("robust");
+             r != record.end() && r->is_object() && r->contains("adaptive_clip")) {
+    throw std::invalid_argument("its clip norm adapted to a count of unclipped updates (robust.adaptive_clip) but its "
+                                "privacy part states no count_scale: the count's release is not accounted");
+  }
   DistributedDpConfig c;
   c.padded = p["padded_length"].get<std::size_t>();
   if (protocol::skellam_sha256(k, c.padded) != p["setup_sha256"].get<std::string>()) {

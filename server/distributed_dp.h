@@ -65,11 +65,18 @@ struct DistributedDpConfig {
   std::uint32_t ring = 32;        // the masking ring (secure.bits)
   double beta = 0.6065306597126334;  // conditional rounding, e^-0.5
   std::size_t max_group = 0;      // the most silos one group's sum may hold (n)
+  // Adaptive clipping (aggregation.adaptive_clip): each member also encodes a count word, +-h
+  // whether its delta was within C, noised like every coordinate (crypto/skellam.h step 7).
+  // `count_stddev` is sigma_b, the count's noise asked for in count units (0: the default,
+  // default_count_stddev as in central mode); clip_norm is then the first round's C.
+  bool counts_unclipped = false;
+  double count_stddev = 0;
   // Set by finalize_distributed_dp once the model's size is known:
   std::size_t dim = 0;            // d
   std::size_t padded = 0;         // P
   double gamma = 0;
   double variance = 0;            // mu
+  std::uint64_t count_scale = 0;  // h (adaptive clipping; 0: no count word)
   privacy::Ledger spent;
   bool ready() const { return padded > 0 && gamma > 0 && variance > 0; }
 };
@@ -77,16 +84,26 @@ struct DistributedDpConfig {
 // Delta_2 and Delta_1 at a gamma.
 double distributed_l2(const DistributedDpConfig& c, double gamma);
 double distributed_l1(const DistributedDpConfig& c, double gamma);
-// One committed round: SkellamSum{Delta_1, Delta_2, mu}.
+// One committed round: SkellamSum{Delta_1, Delta_2, mu}; with the count word of scale h, the
+// same Skellam vector one word longer: SkellamSum{Delta_1 + h, sqrt(Delta_2^2 + h^2), mu}.
 privacy::Mechanism round_mechanism(const DistributedDpConfig& c);
+// The count's standard deviation in count units, sqrt(mu) / (2 h) (0 without a count word).
+double count_noise_stddev(const DistributedDpConfig& c);
+// The round's parameters at adaptive clipping's clip norm C: gamma C stays what it was chosen
+// for (gamma' = gamma clip_norm / C), so the integer sum, its ring and its mechanism are the
+// same whatever C is; only what one integer means moves with C.
+DistributedDpConfig at_clip_norm(DistributedDpConfig c, double clip_norm);
 bool fits_another_round(const DistributedDpConfig& c, const privacy::Ledger& spent);
 // The smallest z for which `rounds` rounds at (l1, l2) stay within (epsilon, delta).
 double skellam_noise_multiplier_for(double epsilon, double delta, double l1, double l2, std::uint64_t rounds);
 // Under RANDOM_K: a decoded sum over the kept coordinates (kept.size() values, then the count)
 // spread over the model's d coordinates, zero elsewhere (d values, then the count).
 std::vector<double> spread_kept(std::vector<double> decoded, const std::vector<std::uint64_t>& kept, std::size_t d);
-// Sets dim, padded, gamma, z (when chosen from the rounds) and mu for d encoded coordinates.
-// Throws std::invalid_argument with the numbers when the ring cannot hold it.
+// Sets dim, padded, gamma, z (when chosen from the rounds) and mu for d encoded coordinates,
+// and with counts_unclipped h: z is then the update's multiplier, and the round's, of the vector
+// and the count together, is (z^-2 + (2 sigma_b)^-2)^-1/2 (the central formula): with `rounds`,
+// the round's is what lasts them, as in central mode. Throws std::invalid_argument with the
+// numbers when the ring cannot hold it, or when sigma_b leaves no room for the update's noise.
 void finalize_distributed_dp(DistributedDpConfig& c, std::size_t d);
 // The largest value one coordinate of a sum may reach with probability >= 1 - kWrapFailure.
 double ring_reach(const DistributedDpConfig& c, double gamma, double variance);

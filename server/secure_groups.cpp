@@ -17,6 +17,19 @@ SecureConfig with_clip_norm(SecureConfig s, std::optional<double> clip_norm) {
   return s;
 }
 
+// The round's C under adaptive clipping (capped by secure.clip_norm, as the setup states it).
+std::optional<double> round_clip_norm(const RoundConfig& cfg, std::optional<double> clip_norm) {
+  if (!clip_norm) return std::nullopt;
+  return with_clip_norm(cfg.secure, clip_norm).clip_norm;
+}
+
+// Distributed DP at the round's C (server/distributed_dp.h at_clip_norm).
+std::optional<DistributedDpConfig> round_dp(const RoundConfig& cfg, std::optional<double> clip_norm) {
+  if (!cfg.distributed_dp) return std::nullopt;
+  const auto c = round_clip_norm(cfg, clip_norm);
+  return c ? at_clip_norm(*cfg.distributed_dp, *c) : *cfg.distributed_dp;
+}
+
 // RANDOM_K: the round's shared coordinate set (protocol/compression.h); empty otherwise.
 std::vector<std::uint64_t> shared_set(const RoundConfig& cfg, const std::vector<TensorInfo>& layout,
                                       std::uint64_t round) {
@@ -28,10 +41,11 @@ std::vector<std::uint64_t> shared_set(const RoundConfig& cfg, const std::vector<
 }  // namespace
 
 // Distributed DP's setup part: the parameters every member encodes with (server/distributed_dp.h).
-std::optional<wire::SkellamSetup> skellam_setup(const RoundConfig& cfg, std::uint64_t round) {
+std::optional<wire::SkellamSetup> skellam_setup(const RoundConfig& cfg, std::uint64_t round,
+                                                std::optional<double> clip_norm) {
   if (!cfg.distributed_dp) return std::nullopt;
-  const auto& dp = *cfg.distributed_dp;
-  if (!dp.ready()) throw std::logic_error("distributed DP was not finalized for the model's size");
+  if (!cfg.distributed_dp->ready()) throw std::logic_error("distributed DP was not finalized for the model's size");
+  const auto dp = clip_norm ? at_clip_norm(*cfg.distributed_dp, *clip_norm) : *cfg.distributed_dp;
   // The rotation seed is public, labelled with its purpose: every silo and the server rotate alike.
   return signed_part(dp, crypto::derive_seed(cfg.seed, round, "skellam-rotation"));
 }
@@ -57,6 +71,17 @@ Status check_plausible_skellam_sum(const GroupSum& sum, std::size_t survivors, s
   if (std::sqrt(sq) > bound) {
     return Error("group sum norm " + std::to_string(std::sqrt(sq)) + " exceeds what " + std::to_string(survivors) +
                  " clipped members and the noise can make (" + std::to_string(bound) + "): a member skipped clipping");
+  }
+  if (dp.count_scale > 0 && sum.size() > sum.d() + 1) {
+    // Adaptive clipping: n members' +-h and the noise, read as u - n / 2 + noise / (2 h); six
+    // times the noise's deviation is never passed by honest members in practice.
+    const double centred = sum.at(sum.d() + 1);
+    const double slack = 6 * std::sqrt(v) / (2 * static_cast<double>(dp.count_scale)) + 1;
+    if (std::abs(centred) > n / 2 + slack) {
+      return Error("unclipped count word " + std::to_string(centred) + " is beyond what " +
+                   std::to_string(survivors) + " members' +-" + std::to_string(dp.count_scale) +
+                   " and the noise can make: a member sent another word");
+    }
   }
   return {};
 }
@@ -100,11 +125,12 @@ SecureGroups::SecureGroups(const RoundConfig& cfg, const std::vector<TensorInfo>
       clip_norm_(clip_norm),
       ceiling_(cfg.secure.clip_norm),
       kept_(shared_set(cfg, layout, round)),
-      words_(cfg.distributed_dp ? crypto::padded_length(kept_.empty() ? d_ : kept_.size()) + 1
+      words_(cfg.distributed_dp ? crypto::padded_length(kept_.empty() ? d_ : kept_.size()) + 1 +
+                                      (cfg.distributed_dp->count_scale > 0 ? 1 : 0)
                                 : (kept_.empty() ? d_ : kept_.size()) + 1 + (clip_norm ? 1 : 0)),
-      dp_(cfg.distributed_dp),
+      dp_(round_dp(cfg, clip_norm)),
       round_(with_clip_norm(cfg.secure, clip_norm), cfg.signer, cfg.ca, cfg.federation, round, cfg.seed, selected, d_,
-             clip_norm.has_value(), kept_, skellam_setup(cfg, round)),
+             clip_norm.has_value(), kept_, skellam_setup(cfg, round, round_clip_norm(cfg, clip_norm))),
       current_(std::max<std::size_t>(1, cfg.uploads_at_once)) {
   // Every lane's slot exists from the start and never moves (the worker may be folding one lane
   // while the network thread fills another's on its first grant); a lane's words are made then.
@@ -156,7 +182,7 @@ std::vector<Rejection> SecureGroups::do_prepare() {
 }
 
 CombineResult SecureGroups::do_combine(std::span<float> out, const CombineContext& ctx) {
-  if (dp_) return combine_distributed_groups(aggregation_, results_, d_, *dp_, ctx, out);
+  if (dp_) return combine_distributed_groups(aggregation_, results_, d_, *dp_, ctx, out, ceiling_);
   return combine_groups(aggregation_, results_, d_, clip_norm_ ? std::optional<double>(round_.config().clip_norm)
                                                                : std::nullopt,
                         ceiling_, ctx, out);
@@ -203,7 +229,7 @@ void mean_of_group_sums(const std::vector<const GroupSum*>& sums, std::size_t d,
 
 CombineResult combine_distributed_groups(const AggregationConfig& aggregation, const std::vector<GroupResult>& results,
                                          std::size_t d, const DistributedDpConfig& dp, const CombineContext& ctx,
-                                         std::span<float> out) {
+                                         std::span<float> out, double ceiling) {
   // FedAvg: the groups' noisy sums over the fixed denominator W, as central mode
   // (server/distributed_dp.h). A robust rule (or nnm, bucketing): across the groups' noisy means.
   // Either is post-processing of the released sums, each of which already carries the round's
@@ -211,7 +237,8 @@ CombineResult combine_distributed_groups(const AggregationConfig& aggregation, c
   nlohmann::json outcome = nlohmann::json::array();
   std::vector<const GroupSum*> sums;
   std::vector<std::string> labels;
-  double members = 0;
+  double members = 0, centred_count = 0;
+  const bool counts = dp.count_scale > 0 && aggregation.adaptive_clip.on();
   for (const auto& r : results) {
     nlohmann::json o = {{"group", r.group}, {"survivors", r.survivors}, {"ok", r.sum.has_value()},
                         {"min_survivors", r.min_survivors}};
@@ -219,6 +246,8 @@ CombineResult combine_distributed_groups(const AggregationConfig& aggregation, c
     outcome.push_back(o);
     if (!r.sum) continue;
     members += r.sum->weight();
+    // The group's noisy centred count (never recorded: only the fraction below leaves, as central).
+    if (counts) centred_count += r.sum->at(d + 1);
     sums.push_back(&*r.sum);
     labels.push_back(std::to_string(r.group));
   }
@@ -235,6 +264,18 @@ CombineResult combine_distributed_groups(const AggregationConfig& aggregation, c
   }
   record_of(c)["secure"]["groups_outcome"] = outcome;
   record_of(c)["distributed_dp"] = part;
+  if (counts && c) {
+    // Central mode's estimate from the noised count (server/central_dp_sum.cpp), here the sum of
+    // the revealed groups' centred counts, each noised inside the ring: held to [0, 1]
+    // (post-processing), so C moves by at most exp(lr max(q, 1 - q)) a round.
+    const double fraction = std::clamp(centred_count / dp.denominator + 0.5, 0.0, 1.0);
+    auto [next, adapt] = adapt_clip_norm_to(aggregation.adaptive_clip, dp.clip_norm, fraction, ceiling);
+    adapt["count_scale"] = dp.count_scale;
+    adapt["count_stddev"] = count_noise_stddev(dp);
+    adapt["counted_in"] = "the masked group sums' noised count words";
+    c->record["robust"]["adaptive_clip"] = std::move(adapt);
+    c->next_clip_norm = next;
+  }
   return c;
 }
 

@@ -27,9 +27,11 @@ CombineResult combine_groups(const AggregationConfig& aggregation, const std::ve
                              std::size_t d, std::optional<double> clip_norm, double ceiling, const CombineContext& ctx,
                              std::span<float> out);
 
-// Distributed DP (server/distributed_dp.h): the setup part every member encodes with, for a round;
-// nullopt without distributed DP. Throws std::logic_error when the config was not finalized.
-std::optional<wire::SkellamSetup> skellam_setup(const RoundConfig& cfg, std::uint64_t round);
+// Distributed DP (server/distributed_dp.h): the setup part every member encodes with, for a round
+// (at adaptive clipping's `clip_norm` for it: at_clip_norm); nullopt without distributed DP.
+// Throws std::logic_error when the config was not finalized.
+std::optional<wire::SkellamSetup> skellam_setup(const RoundConfig& cfg, std::uint64_t round,
+                                                std::optional<double> clip_norm = std::nullopt);
 // Whether a decoded distributed-DP group sum can come from its survivors; the error says why not
 // (the count word is not their number, or the norm passes what clipped members, rounding and 3
 // times the noise's norm can make).
@@ -37,10 +39,13 @@ Status check_plausible_skellam_sum(const GroupSum& sum, std::size_t survivors, s
                                    const DistributedDpConfig& dp);
 // Distributed DP: the revealed groups' noisy sums added and divided by the fixed denominator W
 // (FedAvg), or the configured rule across the groups' noisy means, each sum over its member count
-// (grouped mode): post-processing of the released sums, which spends nothing more.
+// (grouped mode): post-processing of the released sums, which spends nothing more. With a count
+// word (dp.count_scale > 0, adaptive clipping at the round's dp.clip_norm) the next clip norm
+// from the groups' noisy counts, as central mode: b = clamp(sum of the centred counts / W + 1/2),
+// at most `ceiling` (0: none).
 CombineResult combine_distributed_groups(const AggregationConfig& aggregation, const std::vector<GroupResult>& results,
                                          std::size_t d, const DistributedDpConfig& dp, const CombineContext& ctx,
-                                         std::span<float> out);
+                                         std::span<float> out, double ceiling = 0);
 
 class SecureGroups final : public Aggregator {
  public:
@@ -63,7 +68,7 @@ class SecureGroups final : public Aggregator {
   double ceiling_ = 0;               // secure.clip_norm: the codec's overflow check is made for it
   std::vector<std::uint64_t> kept_;  // RANDOM_K: the coordinates every member masks (else all)
   std::size_t words_;                // d (or the kept ones), the weight, and the unclipped count when adaptive
-  std::optional<DistributedDpConfig> dp_;  // distributed DP: words_ = the rotated length + 1
+  std::optional<DistributedDpConfig> dp_;  // distributed DP at the round's C: words_ = the rotated length + 1 (+ 1)
   SecureRound round_;
   std::vector<std::unique_ptr<protocol::MaskedVector>> current_;            // each upload lane's upload being received
   std::map<std::uint32_t, protocol::MaskedVector> sums_;  // per group

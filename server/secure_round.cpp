@@ -76,7 +76,8 @@ SecureRound::SecureRound(const SecureConfig& cfg, const std::optional<crypto::Ce
     s.set_fraction_bits(cfg_.fraction_bits);
     s.set_vector_length((kept_ ? kept_->size() : d_) + 1 + (count_unclipped ? 1 : 0));
     if (skellam_) {  // distributed DP: the rotated length, then the count (crypto/skellam.h)
-      s.set_vector_length(crypto::padded_length(kept_ ? kept_->size() : d_) + 1);
+      s.set_vector_length(crypto::padded_length(kept_ ? kept_->size() : d_) + 1 +
+                          (skellam_->count_scale() > 0 ? 1 : 0));  // adaptive clipping's count word
       *s.mutable_skellam() = *skellam_;
     }
     s.set_count_unclipped(count_unclipped);
@@ -245,6 +246,8 @@ std::vector<GroupResult> SecureRound::finish(std::map<std::uint32_t, protocol::M
         p.bits = skellam_->bits();
         p.gamma = skellam_->gamma();
         p.rotation_seed = skellam_->rotation_seed();
+        p.ring = cfg_.bits;
+        p.count_scale = skellam_->count_scale();
         // Under RANDOM_K the words hold the kept coordinates, spread back over the model's.
         auto decoded = sum.visit([&](auto w) { return crypto::decode_skellam(p, w, kept_ ? kept_->size() : d_); });
         r.sum = GroupSum(kept_ ? spread_kept(std::move(decoded), *kept_, d_) : std::move(decoded), d_);

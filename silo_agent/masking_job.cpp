@@ -13,14 +13,16 @@ namespace xsilo::agent {
 namespace {
 
 // Distributed DP (crypto/skellam.h): the weight-1 clipped delta, rotated, scaled, rounded, with
-// this silo's share of the noise (variance / min_survivors), then the count word 1.
+// this silo's share of the noise (variance / min_survivors), then the count word 1 (and, under
+// adaptive clipping, the noised +-h of whether the delta was within C).
 MaskDone encode_skellam_update(const MaskingJob& j) {
   MaskDone r;
   const auto& k = j.setup.skellam();
   // Under RANDOM_K the silo encodes the round's shared kept coordinates only (the rest stays in
   // its error feedback): the server spreads the decoded sum back over the model.
   const std::size_t d = j.kept ? j.kept->size() : j.update->size();
-  if (j.setup.vector_length() != crypto::padded_length(d) + 1 || k.bits() > j.setup.modulus_bits() ||
+  if (j.setup.vector_length() != crypto::padded_length(d) + 1 + (k.count_scale() > 0 ? 1 : 0) ||
+      k.bits() > j.setup.modulus_bits() ||
       j.setup.min_survivors() < 1 || !(k.variance() > 0) || !(k.gamma() > 0)) {
     r.error = "the secure setup's distributed-DP parameters do not fit the model (" + std::to_string(d) +
               " coordinates) or its ring";
@@ -43,7 +45,8 @@ MaskDone encode_skellam_update(const MaskingJob& j) {
   p.silo_variance = k.variance() / static_cast<double>(j.setup.min_survivors());
   p.beta = k.beta();
   p.rotation_seed = k.rotation_seed();
-  r.words = std::make_shared<protocol::MaskedVector>(j.setup.modulus_bits(), crypto::padded_length(d) + 1);
+  p.count_scale = k.count_scale();  // adaptive clipping: the unclipped word, noised like the rest
+  r.words = std::make_shared<protocol::MaskedVector>(j.setup.modulus_bits(), crypto::skellam_words(p, d));
   try {
     crypto::NoiseSource noise(j.noise_key);
     r.words->visit([&](auto words) { crypto::encode_skellam(p, delta, noise, words); });

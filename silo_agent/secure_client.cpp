@@ -69,8 +69,10 @@ Status check_noise_floor(const wire::SecAggSetup& setup, const crypto::secagg::F
     return Error(why);
   }
   const auto& k = setup.skellam();
-  const std::size_t padded = setup.vector_length() > 0 ? setup.vector_length() - 1 : 0;
-  const double z = crypto::skellam_noise_multiplier(k.variance(), k.gamma(), k.clip_norm(), padded, k.beta());
+  const std::size_t padded = protocol::skellam_padded(setup);
+  // The round's multiplier: the count word's sensitivity h counts against the same noise.
+  const double z =
+      crypto::skellam_noise_multiplier(k.variance(), k.gamma(), k.clip_norm(), padded, k.beta(), k.count_scale());
   // Colluders know their own shares of the noise: c of the group's members (as the floor counts
   // them for the masks, crypto::secagg::check_floor) among the n_min survivors of the least sum
   // the setup reveals leave (n_min - c) / n_min of its variance unknown, so the noise multiplier
@@ -81,8 +83,10 @@ Status check_noise_floor(const wire::SecAggSetup& setup, const crypto::secagg::F
   if (z_held >= floor.min_noise_multiplier) return {};
   const int head = std::snprintf(why, sizeof why,
                                  "below this silo's floor: the secure setup's distributed-DP noise (variance %.6g, "
-                                 "gamma %.6g, clip_norm %.6g, %zu rotated coordinates) has noise multiplier %.6g",
-                                 k.variance(), k.gamma(), k.clip_norm(), padded, z);
+                                 "gamma %.6g, clip_norm %.6g, %zu rotated coordinates, count word scale %llu) has "
+                                 "noise multiplier %.6g",
+                                 k.variance(), k.gamma(), k.clip_norm(), padded,
+                                 static_cast<unsigned long long>(k.count_scale()), z);
   const std::size_t at = std::min(static_cast<std::size_t>(std::max(head, 0)), sizeof why - 1);
   if (c > 0) {
     std::snprintf(why + at, sizeof why - at,
@@ -166,7 +170,7 @@ Result<std::string> SecureClient::masked(MaskDone r) {
 
 std::string SecureClient::skellam_sha256() const {
   return setup_ && setup_->has_skellam() && setup_->vector_length() > 0
-             ? protocol::skellam_sha256(setup_->skellam(), setup_->vector_length() - 1)
+             ? protocol::skellam_sha256(setup_->skellam(), protocol::skellam_padded(*setup_))
              : std::string();
 }
 

@@ -719,6 +719,59 @@ TEST_F(RecoveryTest, CentralDpWithAdaptiveClippingRebuildsTheClipNormAndTheSpend
             std::string::npos);
 }
 
+// Distributed DP with adaptive clipping (issue 42): a restart rebuilds the spend, each round's
+// count word included (its count_scale in the signed setup each record names), and the clip norm
+// where the last committed record left it; a committed record that adapted C without stating its
+// count word stops the start.
+TEST_F(RecoveryTest, DistributedDpWithAdaptiveClippingRebuildsTheClipNormAndTheSpendWithTheCount) {
+  auto dp = small_distributed_dp();
+  dp.counts_unclipped = true;
+  dp.count_stddev = 0.5;
+  finalize_distributed_dp(dp, 4);
+  ASSERT_GT(dp.count_scale, 0u);
+  privacy::Ledger spent;
+  auto commit = [&](ServerState& st, int r, double c, bool with_count) {
+    const Model m = model(static_cast<float>(r));
+    const auto round = at_clip_norm(dp, c);
+    const auto k = signed_part(round, 11);
+    spent.add(round_mechanism(as_signed(round, k, round.padded)), 1);
+    auto rec = record(r, m);
+    rec["privacy"] = round_privacy_record(round, k, round.padded, spent);
+    rec["privacy"]["sums_revealed"] = 1;
+    if (!with_count) rec["privacy"].erase("count_scale");
+    rec["robust"]["adaptive_clip"] = {{"clip_norm", c}, {"unclipped_fraction", 0.2}, {"quantile", 0.5},
+                                      {"count_scale", dp.count_scale}, {"next", c * 1.5}};
+    st.commit(static_cast<std::uint64_t>(r), m, Model{}, rec, MetricsRow{});
+  };
+  {
+    ServerState st(dir_.path(), 0);
+    commit(st, 1, 0.5, true);
+    commit(st, 2, 0.75, true);
+  }
+  const auto r = ServerState(dir_.path(), 0).recover(layout());
+  EXPECT_EQ(r.central_dp, spent);
+  ASSERT_TRUE(r.clip_norm);
+  EXPECT_DOUBLE_EQ(*r.clip_norm, 0.75 * 1.5);
+  // C moves, the mechanism does not (gamma C is what the ring was sized for); the count costs.
+  const auto moved = std::get<privacy::SkellamSum>(round_mechanism(at_clip_norm(dp, 0.75)));
+  const auto first = std::get<privacy::SkellamSum>(round_mechanism(dp));
+  EXPECT_NEAR(moved.l2, first.l2, 1e-12 * first.l2);
+  EXPECT_NEAR(moved.l1, first.l1, 1e-12 * first.l1);
+  EXPECT_EQ(moved.variance, first.variance);
+  auto without_count = dp;
+  without_count.count_scale = 0;
+  privacy::Ledger less;
+  less.add(round_mechanism(without_count), 2);
+  EXPECT_GT(epsilon_of(r.central_dp, dp.delta), epsilon_of(less, dp.delta));
+  std::filesystem::create_directories(dir_ / "uncounted");
+  {
+    ServerState st(dir_ / "uncounted", 0);
+    commit(st, 1, 0.5, false);
+  }
+  EXPECT_NE(state_error([&] { ServerState(dir_ / "uncounted", 0).recover(layout()); }).find("states no count_scale"),
+            std::string::npos);
+}
+
 // Silo-level distributed DP, as central DP's above (issue 42): the spend is rebuilt from the
 // audit chain's records, committed rounds and a round aborted after its noisy sums were
 // unmasked, whatever happened to the checkpoints (the newest one damaged and restored from the

@@ -1130,8 +1130,21 @@ TEST(Config, DistributedDpNeedsSecureAggregationAndIsRefusedWhereItsGuaranteeWou
     }
     EXPECT_EQ(twelve(R"("rule": "multi_krum", "f": 1, "m": 3)").aggregation.rule.rule, robust::Rule::MultiKrum);
   }
-  EXPECT_NE(with(R"("epsilon": 3)", R"(, "aggregation": {"adaptive_clip": {"quantile": 0.5}})").find(".aggregation.adaptive_clip"),
+  // Adaptive clipping (issue 42): its count word is noised by the silos and accounted, with fedavg
+  // and no compression; with a rule across the groups or random-k it is not built, and refused.
+  const std::string adaptive = R"(, "aggregation": {"adaptive_clip": {"quantile": 0.5, "initial": 0.5}})";
+  EXPECT_EQ(with(R"("epsilon": 3, "rounds": 20, "count_stddev": 20, "dim": 4810)", adaptive), "");
+  EXPECT_EQ(with(R"("epsilon": 3, "rounds": 20, "dim": 4810)", adaptive), "");  // sigma_b: central mode's default
+  EXPECT_NE(with(R"("epsilon": 3, "count_stddev": 2)").find(".privacy.count_stddev: is the noise of adaptive clipping"),
             std::string::npos);
+  EXPECT_NE(with(R"("epsilon": 3, "clip_norm": 0.5)", adaptive).find(".privacy.clip_norm: and aggregation.adaptive_clip"),
+            std::string::npos);
+  const auto tiny = with(R"("epsilon": 1, "rounds": 20, "count_stddev": 0.05, "dim": 4810)", adaptive);
+  EXPECT_NE(tiny.find("leaves no room for the update's noise"), std::string::npos) << tiny;
+  const auto random_k = with(R"("epsilon": 3)", R"(, "aggregation": {"adaptive_clip": {"initial": 0.5}}, "compression": {"scheme": "random_k", "fraction": 0.1})");
+  EXPECT_NE(random_k.find(".aggregation.adaptive_clip: with compression is not built"), std::string::npos) << random_k;
+  const auto ruled = six(grouped + R"("rule": "median", "f": 1, "adaptive_clip": {"initial": 0.5}})");
+  EXPECT_NE(ruled.find(".aggregation.adaptive_clip: with a robust rule"), std::string::npos) << ruled;
   EXPECT_NE(with(R"("epsilon": 3)", R"(, "aggregation": {"clip_norm": 1})").find(".aggregation.clip_norm"), std::string::npos);
   // Random-k (the only compression secure aggregation takes) combines: its kept set is public.
   EXPECT_EQ(with(R"("epsilon": 3)", R"(, "compression": {"scheme": "random_k", "fraction": 0.1})"), "");

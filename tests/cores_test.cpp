@@ -240,6 +240,9 @@ class Cores {
   void apply(server::action::Job& a) { coord_->on_job_done(a.id, a.work(), now_); }
   void apply(server::action::Background& a) { a.work(); }
   void apply(server::action::Finished&) { finished_ = true; }
+ public:
+  bool finished() const { return finished_; }
+ private:
   void apply(server::action::Event&) {}
   void apply(server::action::Stop& a) { ADD_FAILURE() << "the server stopped: " << a.reason; }
   void apply_silo(std::size_t i, agent::Action& a) {
@@ -713,6 +716,88 @@ TEST(Cores, ARobustRuleAcrossDistributedDpGroupsCommitsItsStepAndSpendsWhatFedAv
       EXPECT_EQ(sent->releases, 2u) << Cores::name(i);
     }
   }
+}
+
+// Issue 42, adaptive clipping under distributed DP: each member adds its share of the Skellam
+// noise to its +-h count word in the ring; the server moves C from the groups' noised counts
+// (b: the fraction left unclipped, as central mode's estimate), and the next round's signed
+// setup carries the new C (gamma C unchanged, so the mechanism is too). The noise is chosen so
+// that the planned rounds, the count included, spend the budget: the federation ends there, the
+// records' spend is just within it and the audit check recomputes it.
+TEST(Cores, DistributedDpWithAdaptiveClippingMovesTheClipNormTowardTheQuantileAndSpendsExactlyItsBudget) {
+  constexpr std::size_t n = 20;
+  constexpr std::uint64_t planned = 6;
+  auto cfg = secure_config(server::SecureMode::Grouped, n);
+  cfg.rounds = planned + 3;  // the budget ends it first
+  cfg.selection.min_updates = n;
+  cfg.aggregation.adaptive_clip = {.quantile = 0.5, .lr = 1.0, .initial = 0.03, .min = 1e-4};
+  distributed_dp(cfg, n);
+  // A count noise small enough to see C move in six rounds (each of the 5 groups' counts carries
+  // it whole), and a budget that leaves the round's multiplier below 2 sigma_b.
+  cfg.distributed_dp->epsilon = 100;
+  cfg.distributed_dp->count_stddev = 0.2;
+  cfg.distributed_dp->rounds = planned;
+  cfg.distributed_dp->noise_multiplier = 0;
+  cfg.distributed_dp->counts_unclipped = true;
+  cfg.distributed_dp->clip_norm = 0.03;
+  Cores fed(cfg, n);
+  fed.start();
+  for (int i = 0; i < 40 && !fed.finished(); ++i) fed.advance(1s);
+  const auto rounds = fed.store.rounds();
+  ASSERT_EQ(rounds.size(), planned);
+  EXPECT_TRUE(fed.finished());
+  // Silo i's delta is 0.01 (i + 1) in each of 6 coordinates: its norm 0.01 (i + 1) sqrt(6).
+  std::vector<double> norms;
+  for (std::size_t i = 0; i < n; ++i) norms.push_back(0.01 * static_cast<double>(i + 1) * std::sqrt(6.0));
+  const double median = (norms[9] + norms[10]) / 2;
+  const Model initial = small_model();
+  std::vector<float> before(initial.flat().begin(), initial.flat().end());
+  double c = 0.03;
+  for (std::size_t r = 0; r < rounds.size(); ++r) {
+    SCOPED_TRACE("round " + std::to_string(r + 1));
+    const auto& rec = rounds[r];
+    ASSERT_EQ(rec["status"], "committed") << rec.dump(2);
+    const auto& p = rec["privacy"];
+    const auto& ac = rec["robust"]["adaptive_clip"];
+    ASSERT_TRUE(ac.is_object()) << rec.dump(2);
+    // The round's C: the one its signed setup (and its record) states, the last round's next.
+    EXPECT_NEAR(p["clip_norm"].get<double>(), c, 1e-12 * c);
+    EXPECT_NEAR(ac["clip_norm"].get<double>(), c, 1e-12 * c);
+    EXPECT_GT(p["count_scale"].get<std::uint64_t>(), 0u);
+    // The count's noise is the configured sigma_b (up to h's rounding), and the round's multiplier
+    // is the update's and the count's together, central mode's formula.
+    const double h = static_cast<double>(p["count_scale"].get<std::uint64_t>());
+    EXPECT_NEAR(p["count_stddev"].get<double>(), 0.2, 0.2 / h);
+    const double z = p["update_noise_multiplier"].get<double>();
+    const double z_round = 1 / std::sqrt(1 / (z * z) + 1 / (4 * 0.2 * 0.2));
+    EXPECT_NEAR(p["noise_multiplier"].get<double>(), z_round, 2 * z_round / h);
+    // The noised fraction is the true one within six deviations of the count's noise over W.
+    const double truth =
+        static_cast<double>(std::count_if(norms.begin(), norms.end(), [&](double v) { return v <= c; })) / n;
+    const double b = ac["unclipped_fraction"].get<double>();
+    const double spread = 6 * std::sqrt(5 * 2.0) * p["count_stddev"].get<double>() / n;  // 5 groups, n / n_min < 2
+    EXPECT_NEAR(b, truth, spread + 1e-9);
+    EXPECT_NEAR(ac["next"].get<double>(), c * std::exp(-1.0 * (b - 0.5)), 1e-12 * c);
+    c = ac["next"].get<double>();
+  }
+  // C rose from below every norm but one toward their median.
+  EXPECT_GT(c, 0.03 * 2);
+  EXPECT_LT(std::abs(std::log(c / median)), std::abs(std::log(0.03 / median)) / 2) << c << " vs " << median;
+  // The budget: six rounds of the whole vector (count word included) just fit, a seventh would not.
+  const double spent = rounds.back()["privacy"]["epsilon"].get<double>();
+  EXPECT_LE(spent, 100.0);
+  EXPECT_GT(spent, 0.99 * 100.0);
+  privacy::Accountant a;
+  for (const auto& r : rounds) a.compose(*server::recorded_skellam_mechanism(r));
+  EXPECT_NEAR(a.epsilon(cfg.distributed_dp->delta).epsilon, spent, 1e-9 * spent);
+  // Without the count word, the same records would claim less: the count is accounted.
+  auto uncounted = rounds.front();
+  uncounted["privacy"].erase("count_scale");
+  EXPECT_THROW(server::recorded_skellam_mechanism(uncounted), std::invalid_argument);
+  const auto claims = server::check_privacy_claims(fed.store.records);
+  ASSERT_TRUE(claims.has_value()) << claims.error().message();
+  EXPECT_EQ(claims->silo_rounds(), planned);
+  EXPECT_NEAR(claims->silo_epsilon, spent, 1e-12);
 }
 
 }  // namespace

@@ -176,6 +176,50 @@ TEST(Skellam, TheRingSumOfNEncodingsDecodesToTheSumOfClippedUpdatesWithinTheNois
   }
 }
 
+// Adaptive clipping's count word (crypto/skellam.h step 7): n silos' +-h words, each with its
+// noise share, add up in the ring to h (2 u - n) plus Skellam noise, which decodes to the centred
+// count u - n / 2 within the noise over 2 h; the vector decodes as without it. Repeated over
+// many rounds, the decoded counts' deviation is the calibrated sqrt(n v) / (2 h) within 10%.
+TEST(Skellam, TheCountWordDecodesToTheCentredUnclippedCountWithItsCalibratedNoise) {
+  const std::size_t n = 8, d = 40;
+  auto updates = random_updates(n, d, 0.3, 3);  // norm about 1.9
+  for (std::size_t i = 0; i < 3; ++i) {
+    for (auto& v : updates[i]) v *= 0.1f;  // three within C = 1, five clipped
+  }
+  crypto::SkellamParams p;
+  p.ring = 32;
+  p.bits = 20;
+  p.gamma = 500;
+  p.clip_norm = 1.0;
+  p.silo_variance = 900;
+  p.rotation_seed = 9;
+  p.count_scale = 40;
+  EXPECT_EQ(crypto::skellam_words(p, d), crypto::padded_length(d) + 2);
+  std::vector<double> centred;
+  for (std::size_t round = 0; round < 120; ++round) {
+    std::vector<std::uint32_t> sum(crypto::skellam_words(p, d), 0);
+    for (std::size_t i = 0; i < n; ++i) {
+      auto k = key(1);
+      k[0] = static_cast<std::uint8_t>(round);
+      k[1] = static_cast<std::uint8_t>(i);
+      crypto::NoiseSource noise(k);
+      std::vector<std::uint32_t> words(sum.size());
+      crypto::encode_skellam(p, updates[i], noise, std::span<std::uint32_t>(words));
+      for (std::size_t w = 0; w < sum.size(); ++w) sum[w] += words[w];  // mod 2^32
+    }
+    const auto got = crypto::decode_skellam(p, std::span<const std::uint32_t>(sum), d);
+    ASSERT_EQ(got.size(), d + 2);
+    EXPECT_EQ(got[d], static_cast<double>(n));
+    centred.push_back(got[d + 1]);
+  }
+  double mean = 0, var = 0;
+  for (const double c : centred) mean += c / static_cast<double>(centred.size());
+  for (const double c : centred) var += (c - mean) * (c - mean) / static_cast<double>(centred.size() - 1);
+  const double sd = std::sqrt(n * p.silo_variance) / (2.0 * 40);  // 1.06 counts
+  EXPECT_NEAR(mean, 3.0 - 4.0, 4 * sd / std::sqrt(120.0));
+  EXPECT_NEAR(std::sqrt(var), sd, 0.15 * sd);
+}
+
 // The sum the server decodes carries Skellam noise of variance n x (mu / n_min) in integer
 // units: zero updates (no rounding), n = n_min = 8 silos, 65536 coordinates; the empirical
 // variance is within 3% (its standard error is about sqrt(2 / 65536) = 0.55%).
@@ -346,6 +390,71 @@ TEST(DistributedDp, AuditVerifyFailsOnAnUnderstatedEpsilon) {
   const auto m = server::silo_level_mechanism_of(log[2]);
   ASSERT_TRUE(m);
   EXPECT_EQ(*m, server::round_mechanism(c));
+}
+
+// Adaptive clipping (issue 42): the count word is one more coordinate of the same Skellam
+// vector, of sensitivity h; the round's multiplier over the whole vector is the central formula's
+// (z^-2 + (2 sigma_b)^-2)^-1/2 up to h's rounding; with `rounds` the round's noise is what lasts
+// them, count included. `xsilo audit verify` recomputes it: a record that claims less epsilon,
+// or that adapted C but drops its count word, fails.
+TEST(DistributedDp, AdaptiveClippingsCountWordIsAccountedAndAuditVerifyFailsARecordClaimingLess) {
+  auto c = digits_like(20, 8, 10);
+  c.counts_unclipped = true;
+  c.count_stddev = 1.5;
+  server::finalize_distributed_dp(c, 4810);
+  ASSERT_GT(c.count_scale, 0u);
+  const double l2 = server::distributed_l2(c, c.gamma);
+  EXPECT_NEAR(server::count_noise_stddev(c), 1.5, 1.5 / static_cast<double>(c.count_scale));
+  const auto m = std::get<privacy::SkellamSum>(server::round_mechanism(c));
+  const double h = static_cast<double>(c.count_scale);
+  EXPECT_DOUBLE_EQ(m.l2, std::sqrt(l2 * l2 + h * h));
+  EXPECT_DOUBLE_EQ(m.l1, server::distributed_l1(c, c.gamma) + h);
+  const double z_round = std::sqrt(c.variance) / m.l2;
+  const double central = 1 / std::sqrt(1 / (c.noise_multiplier * c.noise_multiplier) + 1 / (4 * 1.5 * 1.5));
+  EXPECT_NEAR(z_round, central, 0.01 * central);
+  // Ten rounds fit the budget, and a round's noise 1% smaller would not.
+  privacy::Accountant a;
+  a.compose(m, 10);
+  EXPECT_LE(a.epsilon(c.delta).epsilon, 8 * (1 + 1e-9));
+  privacy::Accountant weaker;
+  weaker.compose(privacy::SkellamSum{m.l1, m.l2, m.variance * 0.98}, 10);
+  EXPECT_GT(weaker.epsilon(c.delta).epsilon, 8.0);
+  // Records of four rounds at moving C: the mechanism is the same, the records pass verify.
+  std::vector<nlohmann::json> log = {{{"event", "federation_start"}}};
+  privacy::Ledger spent;
+  double clip = 0.5;
+  for (std::uint64_t r = 1; r <= 4; ++r, clip *= 1.3) {
+    const auto round = server::at_clip_norm(c, clip);
+    const auto moved = std::get<privacy::SkellamSum>(server::round_mechanism(round));
+    EXPECT_NEAR(moved.l2, m.l2, 1e-12 * m.l2);
+    EXPECT_EQ(moved.variance, m.variance);
+    spent.add(server::round_mechanism(round), 1);
+    nlohmann::json rec = {{"event", "round"}, {"round", r}, {"status", "committed"},
+                          {"privacy", server::round_privacy_record(round, server::signed_part(round, 7), c.padded, spent)}};
+    rec["robust"]["adaptive_clip"] = {{"clip_norm", clip}, {"next", clip * 1.3}};
+    EXPECT_EQ(rec["privacy"]["count_scale"], c.count_scale);
+    EXPECT_EQ(rec["privacy"]["clip_norm"].get<double>(), clip);
+    EXPECT_NEAR(rec["privacy"]["noise_multiplier"].get<double>(), z_round, 1e-12 * z_round);
+    log.push_back(rec);
+  }
+  const auto ok = server::check_privacy_claims(log);
+  ASSERT_TRUE(succeeded(ok));
+  EXPECT_NEAR(ok->silo_epsilon, server::epsilon_of(spent, c.delta), 1e-12);
+  test::expect_understated_epsilon_caught(log, "distributed DP");
+  // The count word's release without it: verify refuses the record, and a record that drops the
+  // scale but keeps its setup_sha256 no longer hashes to the signed setup.
+  auto uncounted = log;
+  uncounted[2]["privacy"].erase("count_scale");
+  EXPECT_FALSE(server::check_privacy_claims(uncounted).has_value());
+  uncounted[2].erase("robust");
+  EXPECT_FALSE(server::check_privacy_claims(uncounted).has_value());
+  // The count's part of the round, taken away, would claim less: the epsilon the records state is
+  // more than the vector alone would cost.
+  auto vector_only = c;
+  vector_only.count_scale = 0;
+  privacy::Ledger less;
+  less.add(server::round_mechanism(vector_only), 4);
+  EXPECT_GT(ok->silo_epsilon, server::epsilon_of(less, c.delta));
 }
 
 // A digits-sized federation's parameters, and the setup part a deviating server signs for it:

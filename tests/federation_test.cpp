@@ -542,6 +542,21 @@ std::string audit_verify_with_sent(const test::TempDir& dir) {
   return read_file(dir / "verify.log");
 }
 
+// A run_two_distributed_rounds federation of nine silos, all in every round, in secure groups
+// of three.
+void nine_silos_in_three_groups(nlohmann::json& sim) {
+  sim["silos"] = 9;
+  sim["selection"] = {{"min_silos", 9}, {"min_updates", 9}};
+  sim["secure"]["mode"] = "grouped";
+  sim["secure"]["group_dropouts"] = 0;
+}
+
+// Adaptive clipping toward the median norm from C = 0.05, fast (lr 0.5): below digits' update
+// norms, so C moves every round.
+void adapt_clip_from_a_twentieth(nlohmann::json& sim) {
+  sim["aggregation"] = {{"adaptive_clip", {{"quantile", 0.5}, {"lr", 0.5}, {"initial", 0.05}}}};
+}
+
 TEST(Federation, DistributedDpRunsThroughEdges) {
   test::TempDir dir;
   std::vector<nlohmann::json> committed;
@@ -560,10 +575,7 @@ TEST(Federation, DistributedDpWithTheMedianAcrossSecureGroupsCommitsAndPassesAud
   ASSERT_NO_FATAL_FAILURE(run_two_distributed_rounds(
       dir,
       [](nlohmann::json& sim) {
-        sim["silos"] = 9;
-        sim["selection"] = {{"min_silos", 9}, {"min_updates", 9}};
-        sim["secure"]["mode"] = "grouped";
-        sim["secure"]["group_dropouts"] = 0;
+        nine_silos_in_three_groups(sim);
         sim["aggregation"] = {{"rule", "median"}, {"f", 1}};
         sim.erase("faults");
       },
@@ -576,6 +588,62 @@ TEST(Federation, DistributedDpWithTheMedianAcrossSecureGroupsCommitsAndPassesAud
   }
   EXPECT_NE(audit_verify_with_sent(dir).find("2 releases of its unmask shares"), std::string::npos)
       << log_tail(dir / "verify.log");
+}
+
+// Issue 42, adaptive clipping under distributed DP, real processes over mTLS: nine silos in three
+// secure groups, each adding its share of Skellam noise to its +-h count word in the ring. The
+// server moves C from the groups' noised counts, and round 2's signed setup carries the new C
+// although the server is restarted in round 2 (C rebuilt from the audit chain); every committed
+// record states the count word (count_scale, count_stddev) and the round's multiplier over the
+// whole vector, and `xsilo audit verify` with a silo's sent.jsonl recomputes the spend.
+TEST(Federation, DistributedDpWithAdaptiveClippingInSecureGroupsCarriesItsClipNormAcrossARestart) {
+  test::TempDir dir;
+  std::vector<nlohmann::json> committed;
+  ASSERT_NO_FATAL_FAILURE(run_two_distributed_rounds(
+      dir,
+      [](nlohmann::json& sim) {
+        nine_silos_in_three_groups(sim);
+        adapt_clip_from_a_twentieth(sim);
+        sim["faults"] = {{{"process", "server"}, {"action", "restart"}, {"round", 2}, {"phase", "train"}}};
+      },
+      committed));
+  double c = 0.05;
+  for (const auto& r : committed) {
+    const auto& p = r["privacy"];
+    const auto& ac = r["robust"]["adaptive_clip"];
+    ASSERT_TRUE(ac.is_object()) << r.dump();
+    EXPECT_EQ(r["secure"]["groups"].size(), 3u) << r.dump();
+    EXPECT_NEAR(p["clip_norm"].get<double>(), c, 1e-12 * c) << r.dump();
+    EXPECT_NEAR(ac["clip_norm"].get<double>(), c, 1e-12 * c) << r.dump();
+    EXPECT_GT(p["count_scale"].get<std::uint64_t>(), 0u) << r.dump();
+    EXPECT_GT(p["count_stddev"].get<double>(), 0) << r.dump();
+    EXPECT_LT(p["noise_multiplier"].get<double>(), p["update_noise_multiplier"].get<double>()) << r.dump();
+    c = ac["next"].get<double>();
+  }
+  EXPECT_NE(committed[1]["privacy"]["clip_norm"], committed[0]["privacy"]["clip_norm"]);
+  std::size_t starts = 0;
+  for (const auto& r : server::read_audit_log(dir / "out" / "audit.jsonl")) starts += r.value("event", "") == "federation_start";
+  EXPECT_EQ(starts, 2u) << "the server was not restarted";
+  EXPECT_LE(committed[1]["privacy"]["epsilon"].get<double>(), 20.0);
+  EXPECT_NE(audit_verify_with_sent(dir).find("2 releases of its unmask shares"), std::string::npos)
+      << log_tail(dir / "verify.log");
+}
+
+// Adaptive clipping under distributed DP through two edges: they add the masked words, the
+// count word with the rest, and the clip norm still moves from the noised count.
+TEST(Federation, DistributedDpWithAdaptiveClippingRunsThroughEdges) {
+  test::TempDir dir;
+  std::vector<nlohmann::json> committed;
+  ASSERT_NO_FATAL_FAILURE(run_two_distributed_rounds(
+      dir,
+      [](nlohmann::json& sim) {
+        sim["edges"] = 2;
+        adapt_clip_from_a_twentieth(sim);
+      },
+      committed));
+  EXPECT_NE(read_file(dir / "sim.log").find("edges 2/2"), std::string::npos) << log_tail(dir / "sim.log", 20);
+  EXPECT_EQ(committed[1]["privacy"]["clip_norm"], committed[0]["robust"]["adaptive_clip"]["next"]) << committed[0].dump();
+  EXPECT_GT(committed[1]["privacy"]["count_scale"].get<std::uint64_t>(), 0u);
 }
 
 // Issue 42 item 5: random-k under distributed DP, real processes. Every silo encodes the round's

@@ -1224,6 +1224,39 @@ TEST(SecureClient, RefusesASignedSetupWhoseDistributedDpNoiseIsBelowItsOwnFloor)
   }
 }
 
+// Adaptive clipping under distributed DP: the count word's scale h counts against the same
+// noise, so a silo's floor holds the round's multiplier over the whole vector. A server that
+// signs the update's noise at 1.2 but a count word of h = sqrt(3) Delta_2 leaves the round at
+// 0.6, and a floored silo refuses it; a small h passes.
+TEST(SecureClient, ItsFloorCountsTheAdaptiveClippingCountWordAgainstTheNoise) {
+  const Model m = model();
+  const auto box = crypto::X25519KeyPair::generate();
+  SecureClientConfig floored = secure_client_config();
+  floored.floor.min_noise_multiplier = 1.0;
+  auto with_count = [&](double h_over_l2) {
+    auto s = skellam_setup(m, box, 1.2);
+    const std::size_t padded = crypto::padded_length(m.size());
+    const double l2 = crypto::rounded_l2_bound(64, padded, 0.6065306597126334);
+    s.mutable_skellam()->set_count_scale(static_cast<std::uint64_t>(std::llround(h_over_l2 * l2)));
+    s.set_vector_length(padded + 2);
+    s.set_server_signature(test::signer(wire::SERVER, "server").sign(protocol::setup_statement(s, "fed", 1)));
+    return s;
+  };
+  {
+    SecureClient client(floored);
+    auto keys = client.start(with_count(std::sqrt(3.0)), 1, "silo-a");
+    ASSERT_FALSE(keys);
+    EXPECT_EQ(keys.error().code(), wire::NOT_ALLOWED);
+    EXPECT_NE(keys.error().message().find("has noise multiplier 0.59"), std::string::npos) << keys.error().message();
+    EXPECT_NE(keys.error().message().find("count word scale"), std::string::npos) << keys.error().message();
+  }
+  SecureClient client(floored);
+  const auto small = with_count(0.3);  // the round's multiplier 1.2 / sqrt(1.09) = 1.149
+  ASSERT_TRUE(client.start(small, 1, "silo-a"));
+  EXPECT_EQ(client.skellam_sha256(),
+            protocol::skellam_sha256(small.skellam(), crypto::padded_length(m.size())));  // P, not the count word
+}
+
 // Issue 42: colluders know their own shares of the noise. A silo that assumes some of its group
 // collude with the server (secure_floor.corrupt) holds the signed setup's noise multiplier z,
 // discounted to z sqrt((n_min - c) / n_min), to its floor: a group of five whose least revealed

@@ -91,10 +91,14 @@ class GroupedSums {
                           " (secure_floor.min_sum); raise secure.min_group");
       }
     }
-    skellam_ = server::skellam_setup(cfg, round);  // distributed DP: as the server's setups say
+    // Distributed DP: as the server's setups say, at the round's adaptive C.
+    if (cfg.distributed_dp) {
+      dp_ = clip_norm ? server::at_clip_norm(*cfg.distributed_dp, secure_.clip_norm) : *cfg.distributed_dp;
+    }
+    skellam_ = server::skellam_setup(cfg, round, clip_norm ? std::optional<double>(secure_.clip_norm) : std::nullopt);
     for (std::size_t g = 0; g < groups.size(); ++g) {
       for (const auto& m : groups[g]) group_of_[m] = g;
-      sums_.emplace_back(codec_.bits, skellam_ ? crypto::padded_length(d) + 1 : codec_.words(d));
+      sums_.emplace_back(codec_.bits, skellam_ ? crypto::skellam_words(params(1), d) : codec_.words(d));
       members_.push_back(groups[g]);
     }
   }
@@ -106,7 +110,7 @@ class GroupedSums {
     if (skellam_) {  // distributed DP: the silo's encoding (silo_agent/masking_job.cpp), fresh noise
       const auto g = group_of_.at(silo);
       const auto p = params(server::group_min_survivors(cfg_.secure, members_[g].size()));
-      protocol::MaskedVector words(codec_.bits, crypto::padded_length(d_) + 1);
+      protocol::MaskedVector words(codec_.bits, crypto::skellam_words(p, d_));
       crypto::NoiseSource noise;
       words.visit([&](auto w) { crypto::encode_skellam(p, delta, noise, w); });
       sums_[g].add(words);
@@ -140,8 +144,7 @@ class GroupedSums {
         ++revealed_;  // unmasked: a noisy release, charged even if the round then aborts
         const auto p = params(static_cast<std::uint32_t>(r.min_survivors));
         r.sum = server::GroupSum(sums_[g].visit([&](auto w) { return crypto::decode_skellam(p, w, d_); }), d_);
-        if (auto st = server::check_plausible_skellam_sum(*r.sum, r.survivors.size(), r.min_survivors,
-                                                          *cfg_.distributed_dp);
+        if (auto st = server::check_plausible_skellam_sum(*r.sum, r.survivors.size(), r.min_survivors, *dp_);
             !st) {
           r.sum = st.error();
         }
@@ -154,7 +157,7 @@ class GroupedSums {
       results.push_back(std::move(r));
     }
     if (skellam_) {
-      return server::combine_distributed_groups(cfg_.aggregation, results, d_, *cfg_.distributed_dp, ctx, out);
+      return server::combine_distributed_groups(cfg_.aggregation, results, d_, *dp_, ctx, out, cfg_.secure.clip_norm);
     }
     return server::combine_groups(cfg_.aggregation, results, d_,
                                   clip_norm_ ? std::optional<double>(secure_.clip_norm) : std::nullopt,
@@ -174,11 +177,13 @@ class GroupedSums {
     p.silo_variance = skellam_->variance() / static_cast<double>(std::max<std::uint32_t>(1, min_survivors));
     p.beta = skellam_->beta();
     p.rotation_seed = skellam_->rotation_seed();
+    p.count_scale = skellam_->count_scale();
     return p;
   }
 
   const server::ServerConfig& cfg_;
   std::optional<wire::SkellamSetup> skellam_;
+  std::optional<server::DistributedDpConfig> dp_;  // distributed DP at the round's C
   std::size_t revealed_ = 0;
   server::SecureConfig secure_;  // the round's: clip_norm lowered to the adaptive one
   std::uint64_t round_;
