@@ -34,6 +34,18 @@ int shard_owner(int shard, int shards, const std::vector<int>& members) {
   return members[static_cast<std::size_t>(shard) % members.size()];
 }
 
+std::vector<std::vector<std::size_t>> row_orders(const Dataset& data, const TrainOptions& opts) {
+  std::vector<std::vector<std::size_t>> orders(opts.epochs, std::vector<std::size_t>(data.rows));
+  std::mt19937_64 rng(opts.seed);
+  std::vector<std::size_t> order(data.rows);
+  std::iota(order.begin(), order.end(), 0);
+  for (auto& epoch_order : orders) {
+    std::shuffle(order.begin(), order.end(), rng);
+    epoch_order = order;
+  }
+  return orders;
+}
+
 namespace {
 
 // Runs the all-reduce of each bucket on its own thread, in order, while the caller goes on
@@ -170,20 +182,6 @@ class DataParallelRun {
   }
 
  private:
-  // The single-process trainer's row orders, epoch by epoch: each epoch reshuffles the previous
-  // order, as train_sgd does.
-  static std::vector<std::vector<std::size_t>> row_orders(const Dataset& data, const TrainOptions& opts) {
-    std::vector<std::vector<std::size_t>> orders(opts.epochs, std::vector<std::size_t>(data.rows));
-    std::mt19937_64 rng(opts.seed);
-    std::vector<std::size_t> order(data.rows);
-    std::iota(order.begin(), order.end(), 0);
-    for (auto& epoch_order : orders) {
-      std::shuffle(order.begin(), order.end(), rng);
-      epoch_order = order;
-    }
-    return orders;
-  }
-
   // The buckets' compression, once checked.
   static const std::string& compression(const BucketOptions& buckets) {
     const auto& names = bucket_compressions();

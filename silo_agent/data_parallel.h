@@ -53,6 +53,10 @@ inline const std::vector<std::string>& bucket_compressions() {
 // when s is the i-th shard without its worker; else members[s % members.size()].
 int shard_owner(int shard, int shards, const std::vector<int>& members);
 
+// The single-process trainer's row orders, epoch by epoch: each epoch reshuffles the previous
+// order, as train_sgd does. Every local algorithm walks the rows in this order.
+std::vector<std::vector<std::size_t>> row_orders(const Dataset& data, const TrainOptions& opts);
+
 // Where a run begins: step 0, or the step a checkpoint of the same job was saved at (`params`
 // then hold that step's parameters) with the losses of the steps before it.
 struct StartAt {
