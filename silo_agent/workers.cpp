@@ -379,8 +379,8 @@ WorkersResult train_with_workers(const LocalWorkersConfig& cfg, const std::files
   result.stats.mean_loss = j.at("mean_loss").get<double>();
   result.stats.steps = j.at("steps").get<std::uint64_t>();
   if (j.contains("combined")) {
-    result.events.push_back("gossip: the model combines " + std::to_string(j.at("combined").get<int>()) + " of " +
-                            std::to_string(cfg.workers) + " workers, weight " + std::to_string(j.at("weight").get<double>()));
+    spdlog::info("local workers: gossip combined {} of {} workers' models (push-sum weight {:.6g} of {})",
+                 j.at("combined").get<int>(), cfg.workers, j.at("weight").get<double>(), cfg.workers);
   }
   for (const auto& e : j.at("events")) result.events.push_back(e.get<std::string>());
   return result;

@@ -707,6 +707,24 @@ TEST(Federation, LocalWorkersTrainTheSameModelAsOneProcess) {
   EXPECT_NE(read_file(three / "logs/hospital-01.log").find("3 local workers trained"), std::string::npos);
 }
 
+// A silo whose three local workers gossip (local.algorithm "gossip": push-sum, no all-reduce)
+// finishes its rounds through the agent's worker launch: every round's model combines all three
+// workers with no mass lost, and the federation ends with a finite model.
+TEST(Federation, LocalWorkersThatGossipFinishTheirRounds) {
+  test::TempDir dir;
+  const auto out = run_digits_mlp_sim(dir.path(), 2, {{"workers", 3}, {"algorithm", "gossip"}}, "gossip", 120s);
+  const auto log = read_file(out / "logs/hospital-01.log");
+  std::size_t rounds = 0;
+  for (auto at = log.find("gossip combined 3 of 3 workers' models (push-sum weight 3 of 3)"); at != std::string::npos;
+       at = log.find("gossip combined 3 of 3", at + 1)) {
+    ++rounds;
+  }
+  EXPECT_EQ(rounds, 2u) << log;
+  EXPECT_NE(log.find("3 local workers trained"), std::string::npos) << log;
+  const Model model = load_safetensors(out / "model.safetensors");
+  for (float v : model.flat()) ASSERT_TRUE(std::isfinite(v));
+}
+
 // The server's connections spread over four network threads (each connection's TLS and framing
 // on its own thread, the coordinator on one): six silos over mutual TLS commit every round with
 // every silo, and the model one network thread commits (up to the order of FedAvg's running sum).
