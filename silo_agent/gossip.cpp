@@ -26,9 +26,8 @@ class GossipRun {
   GossipRun(collective::GossipLinks& links, int shards, const Network& net, std::span<float> params,
             const Dataset& data, const TrainOptions& opts, const RunHooks& hooks)
       : links_(links), shards_(shards), net_(net), params_(params), data_(data), opts_(opts), hooks_(hooks),
-        bs_(std::max<std::uint32_t>(1, opts.batch_size)), steps_per_epoch_((data.rows + bs_ - 1) / bs_),
-        total_(steps_per_epoch_ * opts.epochs), budget_(static_cast<std::uint64_t>(data.rows) * opts.epochs),
-        max_steps_(total_ * static_cast<std::uint64_t>(std::max(1, shards)) * 2), orders_(row_orders(data, opts)),
+        schedule_(data, opts), budget_(static_cast<std::uint64_t>(data.rows) * opts.epochs),
+        max_steps_(schedule_.steps() * static_cast<std::uint64_t>(std::max(1, shards)) * 2),
         rng_(crypto::derive_seed(opts.seed, static_cast<std::uint64_t>(links.rank()), "gossip-peer")),
         x_(params.begin(), params.end()), z_(params.size()), g_(params.size()) {}
 
@@ -38,8 +37,8 @@ class GossipRun {
       absorb(links_.pump());
       if (stopping_ || known_rows() >= budget_) break;
       step(op);
-      if (hooks_.on_epoch && (op + 1) % steps_per_epoch_ == 0) {
-        hooks_.on_epoch(static_cast<std::uint32_t>((op + 1) / steps_per_epoch_));
+      if (hooks_.on_epoch && (op + 1) % schedule_.steps_per_epoch() == 0) {
+        hooks_.on_epoch(static_cast<std::uint32_t>((op + 1) / schedule_.steps_per_epoch()));
       }
     }
     result_.own_steps = op;
@@ -104,16 +103,11 @@ class GossipRun {
 
   void step(std::uint64_t op) {
     // Past the round's steps (a fast worker covering for a slow one), the epochs start over.
-    const auto& order = orders_[(op / steps_per_epoch_) % orders_.size()];
-    const std::size_t start = (op % steps_per_epoch_) * bs_;
-    const std::size_t batch = std::min(bs_, data_.rows - start);
     const auto live = members();
     xb_.clear();
     yb_.clear();
-    for (std::size_t i = 0; i < batch; ++i) {
-      const std::size_t r = order[start + i];
-      const auto shard = static_cast<int>(r * static_cast<std::size_t>(shards_) / data_.rows);
-      if (shard_owner(shard, shards_, live) != links_.rank()) continue;
+    for (const std::size_t r : schedule_.rows(op)) {
+      if (shard_owner(schedule_.shard_of(r, shards_), shards_, live) != links_.rank()) continue;
       xb_.insert(xb_.end(), data_.row(r), data_.row(r) + data_.features);
       yb_.push_back(data_.y[r]);
     }
@@ -253,7 +247,7 @@ class GossipRun {
     result_.collected = true;
     result_.weight = w;
     result_.combined = combined;
-    result_.stats.steps = total_;
+    result_.stats.steps = schedule_.steps();
     result_.stats.mean_loss = steps ? loss / static_cast<double>(steps) : 0.0;
     for (const auto& e : links_.events()) result_.events.push_back(e);
     if (write) write(params_, result_);
@@ -279,11 +273,9 @@ class GossipRun {
   const Dataset& data_;
   const TrainOptions& opts_;
   const RunHooks& hooks_;
-  const std::size_t bs_, steps_per_epoch_;
-  const std::uint64_t total_;
+  const BatchSchedule schedule_;
   // The round's work: epochs x rows, summed over the workers; a bound on one worker's steps.
   const std::uint64_t budget_, max_steps_;
-  const std::vector<std::vector<std::size_t>> orders_;
   std::mt19937_64 rng_;
   std::vector<float> x_, z_, g_;
   double w_ = 1.0;
