@@ -28,7 +28,7 @@ class GossipRun {
       : links_(links), shards_(shards), net_(net), params_(params), data_(data), opts_(opts), hooks_(hooks),
         schedule_(data, opts), budget_(static_cast<std::uint64_t>(data.rows) * opts.epochs),
         max_steps_(schedule_.steps() * static_cast<std::uint64_t>(std::max(1, shards)) * 2),
-        rng_(crypto::derive_seed(opts.seed, static_cast<std::uint64_t>(links.rank()), "gossip-peer")),
+        rng_(crypto::derive_seed(opts.seed, 0, "gossip-peer", std::to_string(links.rank()))),
         x_(params.begin(), params.end()), z_(params.size()), g_(params.size()) {}
 
   GossipResult run(const GossipWrite& write) {
