@@ -82,6 +82,7 @@ class GossipRun {
 
   void add(const GossipMessage& m) {
     if (m.x.size() != x_.size()) return;  // not this job's model: nothing to add
+    received_ = true;
     for (std::size_t k = 0; k < x_.size(); ++k) x_[k] += m.x[k];
     w_ += m.weight;
   }
@@ -133,10 +134,13 @@ class GossipRun {
 
   // Half of (x, w) to one live peer that has not stopped, drawn at random. A worker that runs
   // many steps while its peers run none (a burst on a shared core, a peer slow to start) would
-  // halve its mass at each one and its steps would count for nothing; below kMinPushWeight it
-  // keeps its mass (and its steps stay full SGP steps) until pushes come in. It waits for nobody.
+  // halve its mass at each one and its steps would count for nothing: below kMinPushWeight it
+  // pushes only when a push has come in since its last (not an absolute floor: after mass was
+  // lost to a dead or stalled worker, the survivors' w may all be small, and they must still mix).
+  // It waits for nobody either way.
   void push() {
-    if (w_ < kMinPushWeight) return;
+    if (w_ < kMinPushWeight && !received_) return;
+    received_ = false;
     std::vector<int> peers;
     for (int p : links_.live_peers()) {
       if (!stopped_.count(p)) peers.push_back(p);
@@ -285,6 +289,7 @@ class GossipRun {
   std::uint64_t loss_steps_ = 0, rows_ = 0;
   std::map<int, std::uint64_t> rows_of_;
   bool stopping_ = false;
+  bool received_ = false;  // mass came in since the last push
   std::set<int> stopped_, written_;
   std::map<int, GossipMessage> finals_;
   GossipResult result_;

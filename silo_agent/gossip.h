@@ -19,9 +19,9 @@
 //      parallelism's (docs/collectives.md, "Gossip", measures it);
 //   3. halves (x, w) (exact in floating point), keeps one half and pushes the other to one live
 //      peer drawn at random (a generator seeded from the round's seed and the rank); a worker
-//      holding less than half its starting mass keeps it until pushes come in (in a burst its
-//      mass would otherwise halve at every step and its steps count for nothing). It waits
-//      for nobody either way.
+//      holding less than half its starting mass pushes only if a push came in since its last
+//      (in a burst its mass would otherwise halve at every step and its steps count for
+//      nothing). It waits for nobody either way.
 // Sum x over the workers and the messages in flight is, at every instant, the sum of the
 // starting models minus the steps taken: the mass is conserved. The push-sum ratio of the
 // network, sum x / sum w, is therefore a weighted average of the models, and each worker's z
@@ -29,7 +29,8 @@
 //
 // Failures, with no re-formation and no agreement: a push that cannot be written to the end
 // (the peer's link closed, or it took nothing for the step timeout) comes back to its sender,
-// who also stops choosing that peer. A push fully written to a worker that then dies is lost,
+// who also stops choosing that peer. A push fully written to a worker that then dies (or that
+// stalls: the socket's buffers take it until they fill) is lost,
 // and so is that worker's own mass: the survivors' average is reweighted, not wrong (sum w of
 // the result says how much mass it holds: the number of workers when nothing was lost).
 //

@@ -258,9 +258,11 @@ namespace {
 
 // Starts the job's workers (and standbys) with a coordinator of their own and waits until every
 // one has exited; the group's exclusions go into `events`. Launches after the first log to
-// worker-K.launch-N.log, so that the first one's logs stay.
+// worker-K.launch-N.log, so that the first one's logs stay. Gossip excludes nobody: once its
+// collector has written `result` (and its stats), a worker still running after three step
+// timeouts more is stalled (the others have given it up) and is killed.
 void run_workers_once(const LocalWorkersConfig& cfg, const std::filesystem::path& dir, int launch,
-                      std::vector<std::string>& events) {
+                      const std::filesystem::path& result, std::vector<std::string>& events) {
   // The coordinator last: destroyed first, so its thread's callback never outlives what it uses.
   std::mutex mu;
   std::map<int, std::unique_ptr<Process>> procs;
@@ -298,11 +300,22 @@ void run_workers_once(const LocalWorkersConfig& cfg, const std::filesystem::path
   // Reaped under the lock the coordinator's thread signals under: a Process is not thread-safe,
   // and signal() reads the exit code that reaping writes (ThreadSanitizer caught the two at once;
   // a signal after the reap must not reach a pid the system may have handed on).
+  std::optional<std::chrono::steady_clock::time_point> written;
   for (int k = 0; k < cfg.workers + cfg.backups; ++k) {
-    for (;;) {
+    for (bool killed = false;;) {
       {
         std::lock_guard<std::mutex> lock(mu);
         if (!procs[k]->running()) break;
+        if (cfg.algorithm == LocalAlgorithm::gossip && !written &&
+            std::filesystem::exists(result.string() + ".json")) {
+          written = std::chrono::steady_clock::now();
+        }
+        if (written && !killed && std::chrono::steady_clock::now() - *written > 3 * cfg.step_timeout) {
+          killed = true;
+          events.push_back("worker " + std::to_string(k) + " was still running after the model was written and was killed");
+          spdlog::warn("local workers: worker {} stalled past the end of gossip; killing it", k);
+          procs[k]->signal(SIGKILL);
+        }
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
@@ -361,7 +374,7 @@ WorkersResult train_with_workers(const LocalWorkersConfig& cfg, const std::files
   // started again from it (as long as each launch gets further than the one before).
   for (int launch = 1;; ++launch) {
     save_job(dir / "job.json", job);
-    run_workers_once(cfg, dir, launch, result.events);
+    run_workers_once(cfg, dir, launch, job.out, result.events);
     if (std::filesystem::exists(job.out) || job.progress.empty()) break;
     const auto before = job.start.op;
     if (!resume_from_checkpoint(job, before, result.events)) break;
