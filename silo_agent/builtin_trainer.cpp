@@ -86,8 +86,9 @@ TrainResult BuiltinTrainer::train(const Model& global, const TrainTask& task, Mo
   std::copy(global.flat().begin(), global.flat().end(), local.flat().begin());
   TrainStats stats;
   if (cfg_.local.workers > 1) {
-    // The silo's own rows, trained by its local workers; the result equals the single
-    // process's within float tolerance, whatever workers die on the way.
+    // The silo's own rows, trained by its local workers; with data_parallel the result equals
+    // the single process's within float tolerance, whatever workers die on the way; with gossip
+    // it is the survivors' combined push-sum model (gossip.h).
     // The round's folder outlives a failed or cut-off run (its checkpoint resumes this round's
     // training, local.checkpoint_ms); another round's can go.
     const auto dir = cfg_.state_dir / "local" / ("round-" + std::to_string(task.round));

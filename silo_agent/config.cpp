@@ -5,6 +5,8 @@
 #include "silo_agent/collective/gpu_info.h"
 #include "transport/config.h"
 
+#include <map>
+
 namespace xsilo::agent {
 
 namespace {
@@ -162,6 +164,7 @@ LocalWorkersConfig parse_local(const ConfigNode& lo, TrainerKind trainer) {
       }
     }
     c.listen_host = lo.str("listen_host", "127.0.0.1");
+    c.algorithm = parse_local_algorithm(lo.one_of("algorithm", "data_parallel", local_algorithms()));
     auto backends = collective::tcp_backends();
     backends.push_back("nccl");
     c.backend = lo.one_of("backend", "auto", backends);
@@ -178,8 +181,33 @@ LocalWorkersConfig parse_local(const ConfigNode& lo, TrainerKind trainer) {
     c.buckets.stragglers = static_cast<int>(lo.integer("stragglers", 0, 0, 255));
     c.checkpoint_interval = std::chrono::milliseconds(lo.integer("checkpoint_ms", 30000, 0, 86400000));
     const bool fraction_given = lo.has("topk_fraction");
+    // What gossip does not use, or does not combine with yet, asked for anyway.
+    std::vector<std::string> not_with_gossip;
+    for (const char* key : {"backend", "first_bucket_bytes", "bucket_bytes", "compression", "topk_fraction",
+                            "ranks_per_host", "across_hosts", "intra_host", "backups", "stragglers", "checkpoint_ms"}) {
+      if (lo.has(key)) not_with_gossip.push_back(key);
+    }
     c.buckets.topk_fraction = lo.number("topk_fraction", 0.01, 1e-6, 1.0);
     lo.finish();
+    if (c.algorithm == LocalAlgorithm::gossip) {
+      if (c.workers < 2) lo.fail("algorithm", "gossip is between local workers: set local.workers to 2 or more");
+      if (trainer == TrainerKind::External) {
+        lo.fail("algorithm", "an external trainer's steps and their communication are its script's own; gossip runs the built-in trainer's workers");
+      }
+      static const std::map<std::string, std::string> why{
+          {"backend", "gossip sends models point to point over its own TCP links; there is no all-reduce to choose"},
+          {"first_bucket_bytes", "gossip sends whole models, not gradient buckets"},
+          {"bucket_bytes", "gossip sends whole models, not gradient buckets"},
+          {"compression", "gossip's pushes are float32 models (a compressed push would lose mass); not combined"},
+          {"topk_fraction", "gossip's pushes are float32 models (a compressed push would lose mass); not combined"},
+          {"ranks_per_host", "is the hierarchical all-reduce's; gossip has no all-reduce"},
+          {"across_hosts", "is the hierarchical all-reduce's; gossip has no all-reduce"},
+          {"intra_host", "is the hierarchical all-reduce's; gossip has no all-reduce"},
+          {"backups", "a standby replaces a worker after a re-formation; gossip never re-forms (a dead worker's mass is simply gone)"},
+          {"stragglers", "gossip waits for no worker already: a slow one does fewer steps"},
+          {"checkpoint_ms", "gossip keeps no checkpoints: a worker's death costs its mass, not the round"}};
+      if (!not_with_gossip.empty()) lo.fail(not_with_gossip.front(), why.at(not_with_gossip.front()) + " (local.algorithm is gossip)");
+    }
     if (fraction_given && c.buckets.compression != "topk") {
       lo.fail("topk_fraction", "applies to \"compression\": \"topk\" only, and compression is " + c.buckets.compression);
     }
@@ -292,6 +320,12 @@ nlohmann::json to_json(const AgentConfig& c) {
     j["local"]["checkpoint_ms"] = c.local.checkpoint_interval.count();
   }
   if (c.local.launcher != default_launcher()) j["local"]["launcher"] = c.local.launcher;
+  if (c.local.algorithm == LocalAlgorithm::gossip) {
+    // The loader refuses the all-reduce's keys with gossip.
+    auto& lo = j["local"];
+    for (const char* key : {"backend", "first_bucket_bytes", "bucket_bytes", "compression", "checkpoint_ms"}) lo.erase(key);
+    lo["algorithm"] = "gossip";
+  }
   if (c.privacy.on()) {
     j["privacy"] = {{"max_epsilon", c.privacy.max_epsilon}, {"delta", c.privacy.delta}, {"clip_norm", c.privacy.clip_norm},
                     {"noise_multiplier", c.privacy.noise_multiplier}, {"rounds", c.privacy.rounds}};

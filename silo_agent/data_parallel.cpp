@@ -34,6 +34,24 @@ int shard_owner(int shard, int shards, const std::vector<int>& members) {
   return members[static_cast<std::size_t>(shard) % members.size()];
 }
 
+BatchSchedule::BatchSchedule(const Dataset& data, const TrainOptions& opts)
+    : rows_(data.rows), bs_(std::max<std::uint32_t>(1, opts.batch_size)), steps_per_epoch_((data.rows + bs_ - 1) / bs_),
+      orders_(opts.epochs, std::vector<std::size_t>(data.rows)) {
+  std::mt19937_64 rng(opts.seed);
+  std::vector<std::size_t> order(data.rows);
+  std::iota(order.begin(), order.end(), 0);
+  for (auto& epoch_order : orders_) {
+    std::shuffle(order.begin(), order.end(), rng);
+    epoch_order = order;
+  }
+}
+
+std::span<const std::size_t> BatchSchedule::rows(std::uint64_t op) const {
+  const auto& order = orders_[(op / steps_per_epoch_) % orders_.size()];
+  const std::size_t start = (op % steps_per_epoch_) * bs_;
+  return std::span<const std::size_t>(order).subspan(start, std::min(bs_, rows_ - start));
+}
+
 namespace {
 
 // Runs the all-reduce of each bucket on its own thread, in order, while the caller goes on
@@ -111,8 +129,8 @@ class DataParallelRun {
   DataParallelRun(collective::Group& group, int shards, const Network& net, std::span<float> params,
                   const Dataset& data, const TrainOptions& opts, const BucketOptions& buckets)
       : group_(group), shards_(shards), net_(net), params_(params), data_(data), opts_(opts), buckets_(buckets),
-        bs_(std::max<std::uint32_t>(1, opts.batch_size)), steps_per_epoch_((data.rows + bs_ - 1) / bs_),
-        total_(steps_per_epoch_ * opts.epochs), orders_(row_orders(data, opts)), int8_(compression(buckets) == "int8"),
+        schedule_(data, opts), steps_per_epoch_(schedule_.steps_per_epoch()), total_(schedule_.steps()),
+        int8_(compression(buckets) == "int8"),
         topk_(buckets.compression == "topk"), replicas_(buckets.stragglers > 0), grad_(params.size() + 1),
         g_(grad_.data() + 1, params.size()), step_loss_(total_) {
     if (int8_) residual_.resize(grad_.size());
@@ -170,20 +188,6 @@ class DataParallelRun {
   }
 
  private:
-  // The single-process trainer's row orders, epoch by epoch: each epoch reshuffles the previous
-  // order, as train_sgd does.
-  static std::vector<std::vector<std::size_t>> row_orders(const Dataset& data, const TrainOptions& opts) {
-    std::vector<std::vector<std::size_t>> orders(opts.epochs, std::vector<std::size_t>(data.rows));
-    std::mt19937_64 rng(opts.seed);
-    std::vector<std::size_t> order(data.rows);
-    std::iota(order.begin(), order.end(), 0);
-    for (auto& epoch_order : orders) {
-      std::shuffle(order.begin(), order.end(), rng);
-      epoch_order = order;
-    }
-    return orders;
-  }
-
   // The buckets' compression, once checked.
   static const std::string& compression(const BucketOptions& buckets) {
     const auto& names = bucket_compressions();
@@ -192,8 +196,6 @@ class DataParallelRun {
     }
     return buckets.compression;
   }
-
-  int shard_of(std::size_t row) const { return static_cast<int>(row * static_cast<std::size_t>(shards_) / data_.rows); }
 
   // One bucket of the step's gradient summed over the group (on the reducer's thread).
   void reduce(std::span<float> bucket) {
@@ -257,18 +259,19 @@ class DataParallelRun {
     return collective::ring_all_reduce;
   }
 
-  // This worker's rows of the batch [start, start + batch) of `order` into xb_ and yb_: those of
-  // the shards it owns, or with stragglers those of its group (of `groups`): the batch's
-  // positions cut in `groups` equal runs, so every group has the same share of every step.
-  void gather(const std::vector<std::size_t>& order, std::size_t start, std::size_t batch, int groups = 0) {
+  // This worker's rows of the batch into xb_ and yb_: those of the shards it owns, or with
+  // stragglers those of its group (of `groups`): the batch's positions cut in `groups` equal
+  // runs, so every group has the same share of every step.
+  void gather(std::span<const std::size_t> batch_rows, int groups = 0) {
     xb_.clear();
     yb_.clear();
+    const std::size_t batch = batch_rows.size();
     for (std::size_t i = 0; i < batch; ++i) {
-      const std::size_t r = order[start + i];
+      const std::size_t r = batch_rows[i];
       if (groups > 0) {
         const auto g = static_cast<int>(i * static_cast<std::size_t>(groups) / batch);
         if (g != group_.rank() % groups) continue;
-      } else if (shard_owner(shard_of(r), shards_, group_.members()) != group_.id()) {
+      } else if (shard_owner(schedule_.shard_of(r, shards_), shards_, group_.members()) != group_.id()) {
         continue;
       }
       xb_.insert(xb_.end(), data_.row(r), data_.row(r) + data_.features);
@@ -280,10 +283,9 @@ class DataParallelRun {
   // end, the summed gradient applied once every bucket is back.
   void step(std::uint64_t op) {
     op_now_ = op;
-    const auto& order = orders_[op / steps_per_epoch_];
-    const std::size_t start = (op % steps_per_epoch_) * bs_;
-    const std::size_t batch = std::min(bs_, data_.rows - start);
-    gather(order, start, batch);
+    const auto batch_rows = schedule_.rows(op);
+    const std::size_t batch = batch_rows.size();
+    gather(batch_rows);
     const std::size_t mine = yb_.size();
     // loss_and_grad averages over this worker's rows; scaling by mine/batch makes the sum over
     // workers the mean over the global batch.
@@ -302,8 +304,8 @@ class DataParallelRun {
     // A worker with none of the batch's rows contributes zeros, but in the same buckets as the
     // others (every collective must match its peers'): it runs backward on one row of the batch
     // for the bucket boundaries and sends zeros.
-    const float* rows = mine ? xb_.data() : data_.row(order[start]);
-    const int* labels = mine ? yb_.data() : &data_.y[order[start]];
+    const float* rows = mine ? xb_.data() : data_.row(batch_rows[0]);
+    const int* labels = mine ? yb_.data() : &data_.y[batch_rows[0]];
     const auto began = std::chrono::steady_clock::now();
     const double loss = net_.loss_and_grad(params_, rows, labels, std::max<std::size_t>(mine, 1), g_,
                                            [&](std::size_t offset, std::size_t) {
@@ -342,19 +344,18 @@ class DataParallelRun {
   // in the slow_down wait). Every worker applies the same sum.
   void step_replicated(std::uint64_t op) {
     op_now_ = op;
-    const auto& order = orders_[op / steps_per_epoch_];
-    const std::size_t start = (op % steps_per_epoch_) * bs_;
-    const std::size_t batch = std::min(bs_, data_.rows - start);
+    const auto batch_rows = schedule_.rows(op);
+    const std::size_t batch = batch_rows.size();
     const int groups = collective::replica_groups(group_.size(), buckets_.stragglers);
-    gather(order, start, batch, groups);
+    gather(batch_rows, groups);
     const std::size_t mine = yb_.size();
     own_ready_.store(false, std::memory_order_relaxed);
     stop_.store(false, std::memory_order_relaxed);
     compute_failed_.store(false, std::memory_order_relaxed);
     reducer_.submit(grad_);
     try {
-      const float* rows = mine ? xb_.data() : data_.row(order[start]);
-      const int* labels = mine ? yb_.data() : &data_.y[order[start]];
+      const float* rows = mine ? xb_.data() : data_.row(batch_rows[0]);
+      const int* labels = mine ? yb_.data() : &data_.y[batch_rows[0]];
       const auto began = std::chrono::steady_clock::now();
       const double loss = net_.loss_and_grad(params_, rows, labels, std::max<std::size_t>(mine, 1), g_,
                                              [&](std::size_t, std::size_t) {
@@ -416,9 +417,8 @@ class DataParallelRun {
   const Dataset& data_;
   const TrainOptions& opts_;
   const BucketOptions& buckets_;
-  const std::size_t bs_, steps_per_epoch_;
-  const std::uint64_t total_;
-  const std::vector<std::vector<std::size_t>> orders_;
+  const BatchSchedule schedule_;
+  const std::uint64_t steps_per_epoch_, total_;
   const bool int8_, topk_, replicas_;
   // grad_[0] carries this worker's share of the batch loss; grad_[1..] (g_) the gradient.
   std::vector<float> grad_;

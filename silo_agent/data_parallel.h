@@ -53,6 +53,27 @@ inline const std::vector<std::string>& bucket_compressions() {
 // when s is the i-th shard without its worker; else members[s % members.size()].
 int shard_owner(int shard, int shards, const std::vector<int>& members);
 
+// The single-process trainer's batches, which every local algorithm walks: each epoch reshuffles
+// the previous epoch's row order (as train_sgd does), and step op takes the next batch_size rows
+// of its epoch's order (an epoch's last batch may be shorter).
+class BatchSchedule {
+ public:
+  BatchSchedule(const Dataset& data, const TrainOptions& opts);
+  std::uint64_t steps() const { return steps_per_epoch_ * orders_.size(); }  // the round's
+  std::uint64_t steps_per_epoch() const { return steps_per_epoch_; }
+  // The rows of step op, in order; past steps() the epochs start over (never empty when
+  // steps() > 0).
+  std::span<const std::size_t> rows(std::uint64_t op) const;
+  // Which of `shards` equal runs of the data's rows `row` lies in (shard_owner's shards).
+  int shard_of(std::size_t row, int shards) const {
+    return static_cast<int>(row * static_cast<std::size_t>(shards) / rows_);
+  }
+
+ private:
+  std::size_t rows_, bs_, steps_per_epoch_;
+  std::vector<std::vector<std::size_t>> orders_;
+};
+
 // Where a run begins: step 0, or the step a checkpoint of the same job was saved at (`params`
 // then hold that step's parameters) with the losses of the steps before it.
 struct StartAt {

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <fstream>
 #include <future>
 #include <map>
@@ -15,8 +16,24 @@
 #include "common/process.h"
 #include "common/safetensors.h"
 #include "crypto/hash.h"
+#include "silo_agent/collective/gossip_links.h"
+#include "silo_agent/gossip.h"
 
 namespace xsilo::agent {
+
+const std::vector<std::string>& local_algorithms() {
+  static const std::vector<std::string> names{"data_parallel", "gossip"};
+  return names;
+}
+
+LocalAlgorithm parse_local_algorithm(const std::string& name) {
+  const auto& names = local_algorithms();
+  const auto at = std::find(names.begin(), names.end(), name);
+  if (at == names.end()) throw std::invalid_argument("local algorithms are data_parallel and gossip, not " + name);
+  return static_cast<LocalAlgorithm>(at - names.begin());
+}
+
+const std::string& name(LocalAlgorithm a) { return local_algorithms().at(static_cast<std::size_t>(a)); }
 
 void save_job(const std::filesystem::path& path, const WorkerJob& job) {
   nlohmann::json j{{"model", job.model.string()},
@@ -28,6 +45,7 @@ void save_job(const std::filesystem::path& path, const WorkerJob& job) {
                    {"weight_decay", job.train.weight_decay},
                    {"seed", job.train.seed},
                    {"shards", job.shards},
+                   {"algorithm", name(job.algorithm)},
                    {"first_bucket_bytes", job.buckets.first_bytes},
                    {"bucket_bytes", job.buckets.bytes},
                    {"bucket_compression", job.buckets.compression},
@@ -61,6 +79,7 @@ WorkerJob load_job(const std::filesystem::path& path) {
     job.train.weight_decay = j.at("weight_decay").get<float>();
     job.train.seed = j.at("seed").get<std::uint64_t>();
     job.shards = j.at("shards").get<int>();
+    job.algorithm = parse_local_algorithm(j.value("algorithm", std::string("data_parallel")));
     job.buckets.first_bytes = j.at("first_bucket_bytes").get<std::size_t>();
     job.buckets.bytes = j.at("bucket_bytes").get<std::size_t>();
     job.buckets.compression = j.value("bucket_compression", std::string("none"));
@@ -75,6 +94,8 @@ WorkerJob load_job(const std::filesystem::path& path) {
     return job;
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error(path.string() + ": " + e.what());
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(path.string() + ": " + e.what());
   }
 }
 
@@ -85,6 +106,7 @@ std::string job_key(const Model& global, const WorkerJob& job, const std::string
                          {"weight_decay", job.train.weight_decay},
                          {"seed", job.train.seed},
                          {"shards", job.shards},
+                         {"algorithm", name(job.algorithm)},
                          {"data", job.data.string()},
                          {"data_bytes", std::filesystem::file_size(job.data)},
                          {"data_written", std::filesystem::last_write_time(job.data).time_since_epoch().count()},
@@ -137,10 +159,40 @@ Result<std::optional<Progress>> load_progress(const std::filesystem::path& dir, 
   }
 }
 
+namespace {
+
+// A gossip job: push-sum over links of its own (the group gave the table only); whichever
+// worker collects writes the combined model and its stats.
+void run_gossip_job(collective::Group& group, const WorkerJob& job, Model& model, const Dataset& data,
+                    const Network& net) {
+  collective::GossipLinks links(group.rank(), group.peers(), group.listen_fd(), group.options().step_timeout);
+  RunHooks hooks{.log = {}, .on_epoch = [&](std::uint32_t epoch) {
+    spdlog::info("worker {}: epoch {} of {} done", group.id(), epoch, job.train.epochs);
+  }};
+  const auto write = [&](std::span<const float> combined, const GossipResult& r) {
+    Model out = model;
+    std::copy(combined.begin(), combined.end(), out.flat().begin());
+    save_safetensors(job.out, out);
+    const nlohmann::json j{{"mean_loss", r.stats.mean_loss}, {"steps", r.stats.steps},   {"algorithm", "gossip"},
+                           {"combined", r.combined},         {"weight", r.weight},       {"members", group.members()},
+                           {"epoch", group.epoch()},         {"resumed_at", 0},          {"events", r.events}};
+    atomic_write_file(job.out.string() + ".json", j.dump(2) + "\n");
+  };
+  const auto r = train_gossip(links, job.shards, net, model.flat(), data, job.train, write, hooks);
+  for (const auto& e : r.events) spdlog::warn("worker {}: {}", group.id(), e);
+  spdlog::info("worker {}: {} gossip steps, weight {:.6g}, mean loss {:.9g}{}", group.id(), r.own_steps, r.own_weight,
+               r.stats.mean_loss,
+               r.collected ? ", collected " + std::to_string(r.combined) + " workers (weight " + std::to_string(r.weight) + ")"
+                           : "");
+}
+
+}  // namespace
+
 void run_worker_job(collective::Group& group, const WorkerJob& job) {
   Model model = load_safetensors(job.model);
   const Dataset data = load_csv(job.data);
   const Network net(model);
+  if (job.algorithm == LocalAlgorithm::gossip) return run_gossip_job(group, job, model, data, net);
   std::vector<std::string> events;
   if (job.start.op > 0) spdlog::info("worker {}: resuming at step {} from a checkpoint", group.id(), job.start.op);
   auto last_saved = std::chrono::steady_clock::now();
@@ -206,13 +258,18 @@ namespace {
 
 // Starts the job's workers (and standbys) with a coordinator of their own and waits until every
 // one has exited; the group's exclusions go into `events`. Launches after the first log to
-// worker-K.launch-N.log, so that the first one's logs stay.
+// worker-K.launch-N.log, so that the first one's logs stay. Gossip excludes nobody: once its
+// collector has written `result` (and its stats), a worker still running after three step
+// timeouts more is stalled (the others have given it up) and is killed.
 void run_workers_once(const LocalWorkersConfig& cfg, const std::filesystem::path& dir, int launch,
-                      std::vector<std::string>& events) {
+                      const std::filesystem::path& result, std::vector<std::string>& events) {
   // The coordinator last: destroyed first, so its thread's callback never outlives what it uses.
   std::mutex mu;
   std::map<int, std::unique_ptr<Process>> procs;
-  collective::Coordinator coord(cfg.workers, cfg.step_timeout, cfg.listen_host, cfg.backups);
+  // Gossip tolerates failures itself: its table never changes.
+  collective::Coordinator coord(cfg.workers, cfg.step_timeout, cfg.listen_host, cfg.backups,
+                                cfg.algorithm == LocalAlgorithm::gossip ? collective::Coordinator::Membership::fixed
+                                                                        : collective::Coordinator::Membership::reform);
   coord.on_excluded([&](const std::vector<int>& ids) {
     std::lock_guard<std::mutex> lock(mu);
     for (int id : ids) {
@@ -243,11 +300,22 @@ void run_workers_once(const LocalWorkersConfig& cfg, const std::filesystem::path
   // Reaped under the lock the coordinator's thread signals under: a Process is not thread-safe,
   // and signal() reads the exit code that reaping writes (ThreadSanitizer caught the two at once;
   // a signal after the reap must not reach a pid the system may have handed on).
+  std::optional<std::chrono::steady_clock::time_point> written;
   for (int k = 0; k < cfg.workers + cfg.backups; ++k) {
-    for (;;) {
+    for (bool killed = false;;) {
       {
         std::lock_guard<std::mutex> lock(mu);
         if (!procs[k]->running()) break;
+        if (cfg.algorithm == LocalAlgorithm::gossip && !written &&
+            std::filesystem::exists(result.string() + ".json")) {
+          written = std::chrono::steady_clock::now();
+        }
+        if (written && !killed && std::chrono::steady_clock::now() - *written > 3 * cfg.step_timeout) {
+          killed = true;
+          events.push_back("worker " + std::to_string(k) + " was still running after the model was written and was killed");
+          spdlog::warn("local workers: worker {} stalled past the end of gossip; killing it", k);
+          procs[k]->signal(SIGKILL);
+        }
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
@@ -286,12 +354,14 @@ WorkersResult train_with_workers(const LocalWorkersConfig& cfg, const std::files
   job.out = dir / "trained.safetensors";
   job.train = opts;
   job.shards = cfg.workers;
+  job.algorithm = cfg.algorithm;
   job.buckets = cfg.buckets;
   std::filesystem::remove(job.out);
   std::filesystem::remove(job.out.string() + ".json");
   save_safetensors(job.model, model);
   WorkersResult result;
-  if (cfg.checkpoint_interval.count() > 0) {
+  // Gossip keeps no checkpoints: a worker's death costs its mass, not the round.
+  if (cfg.checkpoint_interval.count() > 0 && cfg.algorithm == LocalAlgorithm::data_parallel) {
     job.progress = dir / "progress";
     job.checkpoint_interval = cfg.checkpoint_interval;
     job.key = job_key(model, job, cfg.backend + " " + cfg.across_hosts + " " + cfg.intra_host + " " + std::to_string(cfg.ranks_per_host) +
@@ -304,7 +374,7 @@ WorkersResult train_with_workers(const LocalWorkersConfig& cfg, const std::files
   // started again from it (as long as each launch gets further than the one before).
   for (int launch = 1;; ++launch) {
     save_job(dir / "job.json", job);
-    run_workers_once(cfg, dir, launch, result.events);
+    run_workers_once(cfg, dir, launch, job.out, result.events);
     if (std::filesystem::exists(job.out) || job.progress.empty()) break;
     const auto before = job.start.op;
     if (!resume_from_checkpoint(job, before, result.events)) break;
@@ -321,6 +391,10 @@ WorkersResult train_with_workers(const LocalWorkersConfig& cfg, const std::files
   const auto j = nlohmann::json::parse(in);
   result.stats.mean_loss = j.at("mean_loss").get<double>();
   result.stats.steps = j.at("steps").get<std::uint64_t>();
+  if (j.contains("combined")) {
+    spdlog::info("local workers: gossip combined {} of {} workers' models (push-sum weight {:.6g} of {})",
+                 j.at("combined").get<int>(), cfg.workers, j.at("weight").get<double>(), cfg.workers);
+  }
   for (const auto& e : j.at("events")) result.events.push_back(e.get<std::string>());
   return result;
 }

@@ -24,8 +24,17 @@ std::vector<std::string> default_launcher();
 // The launcher's words with every "{host}" replaced by `host`.
 std::vector<std::string> launch_prefix(const std::vector<std::string>& launcher, const std::string& host);
 
+// How the local workers train together: "data_parallel" (one SGD step of the global batch,
+// gradients summed by the backend's all-reduce: data_parallel.h) or "gossip" (push-sum
+// decentralized SGD, no step waits for another worker: gossip.h).
+enum class LocalAlgorithm { data_parallel, gossip };
+const std::vector<std::string>& local_algorithms();  // their names, in the enum's order
+LocalAlgorithm parse_local_algorithm(const std::string& name);  // std::invalid_argument if unknown
+const std::string& name(LocalAlgorithm a);
+
 struct LocalWorkersConfig {
   int workers = 1;                       // 1: train in the agent's process
+  LocalAlgorithm algorithm = LocalAlgorithm::data_parallel;
   std::vector<std::string> hosts;        // empty: all on this host; else worker k on hosts[k % size]
   std::string listen_host = "127.0.0.1"; // where the coordinator listens (an address the hosts reach)
   // How a worker on another host is started: the command put before the worker's own, each
@@ -50,6 +59,7 @@ struct WorkerJob {
   std::filesystem::path model, data, out;  // out: the trained model; out + ".json": the stats
   TrainOptions train;
   int shards = 1;
+  LocalAlgorithm algorithm = LocalAlgorithm::data_parallel;
   BucketOptions buckets;
   // Checkpoints: the folder the first worker saves progress in (empty: none), how often, and
   // what names this job (its global model and options: progress resumes only the same job).

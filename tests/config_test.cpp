@@ -882,6 +882,46 @@ TEST(Config, HierarchicalTopkAndBackupsTakeTheirOwnKeysAndRefuseThemElsewhere) {
   EXPECT_FALSE(j["local"].contains("stragglers"));
 }
 
+// local.algorithm: data_parallel by default, gossip on request; gossip refuses, each with its
+// key and reason, what belongs to the all-reduce or is not combined with it, and one worker.
+TEST(Config, GossipIsALocalAlgorithmAndRefusesTheAllReducesKeys) {
+  LocalConfigFile file;
+  const std::string data = R"(, "data": {"train": "t.csv"})";
+  agent::AgentConfig c;
+  EXPECT_EQ(file.load(data + R"(, "local": {"workers": 4})", &c), "");
+  EXPECT_EQ(c.local.algorithm, agent::LocalAlgorithm::data_parallel);
+  EXPECT_FALSE(agent::to_json(c)["local"].contains("algorithm"));
+  EXPECT_EQ(file.load(data + R"(, "local": {"workers": 4, "algorithm": "gossip", "step_timeout_ms": 5000})", &c), "");
+  EXPECT_EQ(c.local.algorithm, agent::LocalAlgorithm::gossip);
+  // Written back, it loads again: to_json leaves out the keys gossip refuses.
+  const auto j = agent::to_json(c);
+  EXPECT_EQ(j["local"]["algorithm"], "gossip");
+  EXPECT_FALSE(j["local"].contains("backend"));
+  EXPECT_EQ(file.load(data + R"(, "local": )" + j["local"].dump(), &c), "") << j["local"].dump();
+  EXPECT_EQ(c.local.algorithm, agent::LocalAlgorithm::gossip);
+  EXPECT_EQ(c.local.step_timeout.count(), 5000);
+
+  const auto unknown = file.load(data + R"(, "local": {"workers": 4, "algorithm": "allreduce"})");
+  EXPECT_NE(unknown.find(".local.algorithm"), std::string::npos) << unknown;
+  const auto lone = file.load(data + R"(, "local": {"algorithm": "gossip"})");
+  EXPECT_NE(lone.find(".local.algorithm: gossip is between local workers"), std::string::npos) << lone;
+  const std::vector<std::pair<std::string, std::string>> refused{
+      {R"("backend": "ring")", ".local.backend: gossip sends models point to point"},
+      {R"("compression": "int8")", ".local.compression: gossip's pushes are float32"},
+      {R"("stragglers": 1)", ".local.stragglers: gossip waits for no worker already"},
+      {R"("backups": 1)", ".local.backups: a standby replaces a worker after a re-formation"},
+      {R"("checkpoint_ms": 1000)", ".local.checkpoint_ms: gossip keeps no checkpoints"},
+      {R"("backend": "hierarchical", "ranks_per_host": 2)", ".local.backend"}};
+  for (const auto& [key, why] : refused) {
+    const auto e = file.load(data + R"(, "local": {"workers": 4, "algorithm": "gossip", )" + key + "}");
+    EXPECT_NE(e.find(why), std::string::npos) << key << ": " << e;
+    EXPECT_NE(e.find("(local.algorithm is gossip)"), std::string::npos) << e;
+  }
+  const auto external = file.load(data + R"(, "trainer": {"kind": "external", "command": ["python3", "t.py"]},
+                                           "local": {"workers": 2, "algorithm": "gossip"})");
+  EXPECT_NE(external.find(".local.algorithm: an external trainer's steps"), std::string::npos) << external;
+}
+
 // The training block passes keys of its own to external trainers, but a near-miss of a known
 // key is a typo, not a user key.
 TEST(Config, TrainingKeysOfTheUsersOwnPassThroughAndTyposAreCaught) {

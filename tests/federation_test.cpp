@@ -777,6 +777,24 @@ TEST(Federation, LocalWorkersTrainTheSameModelAsOneProcess) {
   EXPECT_NE(read_file(three / "logs/hospital-01.log").find("3 local workers trained"), std::string::npos);
 }
 
+// A silo whose three local workers gossip (local.algorithm "gossip": push-sum, no all-reduce)
+// finishes its rounds through the agent's worker launch: every round's model combines all three
+// workers with no mass lost, and the federation ends with a finite model.
+TEST(Federation, LocalWorkersThatGossipFinishTheirRounds) {
+  test::TempDir dir;
+  const auto out = run_digits_mlp_sim(dir.path(), 2, {{"workers", 3}, {"algorithm", "gossip"}}, "gossip", 120s);
+  const auto log = read_file(out / "logs/hospital-01.log");
+  std::size_t rounds = 0;
+  for (auto at = log.find("gossip combined 3 of 3 workers' models (push-sum weight 3 of 3)"); at != std::string::npos;
+       at = log.find("gossip combined 3 of 3", at + 1)) {
+    ++rounds;
+  }
+  EXPECT_EQ(rounds, 2u) << log;
+  EXPECT_NE(log.find("3 local workers trained"), std::string::npos) << log;
+  const Model model = load_safetensors(out / "model.safetensors");
+  for (float v : model.flat()) ASSERT_TRUE(std::isfinite(v));
+}
+
 // The server's connections spread over four network threads (each connection's TLS and framing
 // on its own thread, the coordinator on one): six silos over mutual TLS commit every round with
 // every silo, and the model one network thread commits (up to the order of FedAvg's running sum).
@@ -834,6 +852,43 @@ std::vector<pid_t> processes_with(const std::string& word) {
     if (cmdline.find(word) != std::string::npos) out.push_back(static_cast<pid_t>(std::stoi(name)));
   }
   return out;
+}
+
+// A gossip worker that stalls (SIGSTOP: alive, its links open, silent) mid-round, through the
+// agent: hospital-01's other two workers give it up by the step timeout (a push it does not take,
+// or its `done` that does not come), finish and combine without it, and the agent kills it three
+// step timeouts after the model is written; the federation ends. Depends on timing: 40 local
+// epochs leave the stall time to land before round 1's training ends (the log lines checked say
+// when it did not).
+TEST(Federation, AGossipWorkerThatStallsIsGivenUpAndTheAgentEndsIt) {
+  test::TempDir dir;
+  const auto out = run_digits_mlp_sim(
+      dir.path(), 2, {{"workers", 3}, {"algorithm", "gossip"}, {"step_timeout_ms", 1500}}, "stalled", 300s, 40,
+      [](const std::filesystem::path& out) {
+        const auto round_dir = out / "silos" / "hospital-01" / "state" / "local" / "round-1";
+        ASSERT_TRUE(wait_until(
+            [&] {
+              return std::filesystem::exists(round_dir / "worker-1.log") &&
+                     read_file(round_dir / "worker-1.log").find("epoch 2 of 40 done") != std::string::npos;
+            },
+            120s))
+            << "worker 1 of " << round_dir << " did not get going";
+        const auto of_the_job = processes_with((round_dir / "job.json").string());
+        const auto worker_1 = processes_with("--id 1 --host");
+        int stopped = 0;
+        for (pid_t pid : of_the_job) {
+          if (std::find(worker_1.begin(), worker_1.end(), pid) == worker_1.end()) continue;
+          ::kill(pid, SIGSTOP);
+          ++stopped;
+        }
+        EXPECT_EQ(stopped, 1);
+      });
+  const auto silo_log = read_file(out / "logs/hospital-01.log");
+  EXPECT_NE(silo_log.find("rank 1 did not"), std::string::npos) << silo_log;
+  EXPECT_NE(silo_log.find("worker 1 was still running after the model was written and was killed"), std::string::npos)
+      << silo_log;
+  EXPECT_NE(silo_log.find("gossip combined 2 of 3 workers' models"), std::string::npos) << silo_log;
+  for (float v : load_safetensors(out / "model.safetensors").flat()) ASSERT_TRUE(std::isfinite(v));
 }
 
 // Checkpoint integration through the agent (issue 44): hospital-01's three local workers save

@@ -134,9 +134,11 @@ struct StragglerBenchOptions {
   std::vector<double> slow{1, 5, 10};  // how many times slower the slow worker computes
   std::uint32_t epochs = 2, batch = 240;
   std::vector<std::size_t> hidden{256, 256};
+  bool gossip = false;  // also push-sum gossip (local.algorithm "gossip")
   bool json = false;
 };
-// A data-parallel step with one slow local worker, without and with fractional repetition.
+// A data-parallel step with one slow local worker, without and with fractional repetition, and
+// with --gossip by push-sum gossip.
 int bench_stragglers(const StragglerBenchOptions& opts);
 
 struct CompressionBenchOptions {

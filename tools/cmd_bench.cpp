@@ -189,7 +189,8 @@ void add_bench_stragglers(CLI::App& bench, int& exit_code) {
   auto st = std::make_shared<StragglerBenchOptions>();
   auto* s = bench.add_subcommand("stragglers", "a training step with one slow local worker, without and with local.stragglers");
   s->add_option("--workers", st->workers, "local workers (threads)")->capture_default_str();
-  s->add_option("--stragglers", st->stragglers, "local.stragglers for the mitigated rows")->capture_default_str();
+  s->add_option("--stragglers", st->stragglers, "local.stragglers for the mitigated rows (0: none, with --gossip)")->capture_default_str();
+  s->add_flag("--gossip", st->gossip, "also rows of push-sum gossip (local.algorithm gossip), which waits for nobody");
   s->add_option("--slow-worker", st->slow_worker, "which worker is slow")->capture_default_str();
   s->add_option("--slow", st->slow, "how many times slower it computes (several values; 1: nobody slow)")->capture_default_str();
   s->add_option("--epochs", st->epochs, "epochs over the digits rows")->capture_default_str();

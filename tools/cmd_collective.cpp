@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <thread>
 
 #include "bench/peer_common.h"
@@ -127,6 +128,10 @@ int run_worker(const WorkerOptions& o) {
   opts.across_hosts = o.across_hosts;
   opts.intra_host = o.intra_host;
   opts.step_timeout = std::chrono::milliseconds(o.step_timeout_ms);
+  std::optional<agent::WorkerJob> job;
+  if (!o.job.empty()) job = agent::load_job(o.job);
+  // Gossip forms links of its own (gossip_links.h): the group gives it the table only.
+  opts.communicator = !(job && job->algorithm == agent::LocalAlgorithm::gossip);
   try {
     collective::Group group(o.coordinator.substr(0, colon),
                             static_cast<std::uint16_t>(std::stoi(o.coordinator.substr(colon + 1))), o.id, o.host, opts);
@@ -136,8 +141,8 @@ int run_worker(const WorkerOptions& o) {
       return 0;
     }
     if (o.check_steps) return run_check(group, o);
-    if (o.job.empty()) throw ConfigError("give --job FILE, --bench SIZES or --check-steps N");
-    agent::run_worker_job(group, agent::load_job(o.job));
+    if (!job) throw ConfigError("give --job FILE, --bench SIZES or --check-steps N");
+    agent::run_worker_job(group, *job);
     return 0;
   } catch (const collective::StandbyReleased& e) {
     spdlog::info("worker {}: {}", o.id, e.what());

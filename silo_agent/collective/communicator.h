@@ -173,6 +173,9 @@ struct Options {
   // CUDA) or "auto" (NCCL where the build has CUDA and every worker of the host sees at least as
   // many GPUs as the host has workers, agreed among them when the communicator forms; else tcp).
   std::string intra_host = "tcp";
+  // false: a Group hands out the address table only (peers(), listen_fd()) and forms no
+  // communicator; the gossip links (gossip_links.h) form their own.
+  bool communicator = true;
 };
 const std::vector<std::string>& intra_host_transports();  // tcp, nccl, auto
 

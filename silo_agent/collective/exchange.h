@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -59,6 +60,13 @@ class SubMesh : public Mesh {
   std::vector<int> ranks_;
   int me_;
 };
+
+// One connected TCP socket per other rank (descriptor -1 at `rank`): rank r connects to the lower
+// ranks' listening sockets, sending its rank, and accepts the higher ones on `listen_fd`, all
+// within `timeout`. The TCP mesh and the gossip links (gossip_links.h) form their links so.
+// Throws CollectiveError (closing what it had opened) when a peer is unreachable.
+std::vector<int> connect_peers(int rank, const std::vector<PeerAddress>& peers, int listen_fd,
+                               std::chrono::milliseconds timeout);
 
 // The largest power of two not above n.
 int power_of_two_floor(int n);

@@ -63,8 +63,9 @@ int connect_to(const std::string& host, std::uint16_t port) {
 
 // ---- coordinator ----------------------------------------------------------------------------
 
-Coordinator::Coordinator(int expected, std::chrono::milliseconds grace, const std::string& host, int backups)
-    : expected_(expected), backups_(backups), grace_(grace) {
+Coordinator::Coordinator(int expected, std::chrono::milliseconds grace, const std::string& host, int backups,
+                         Membership membership)
+    : expected_(expected), backups_(backups), grace_(grace), membership_(membership) {
   auto [fd, port] = listen_any(host);
   listen_fd_ = fd;
   port_ = port;
@@ -221,7 +222,9 @@ void Coordinator::loop() {
         ::close(w.fd);
         w.fd = -1;
         gone_.push_back(ids[k - 1]);
-        if (w.member && !w.done && epoch_ >= 0 && !failure_since_) failure_since_ = std::chrono::steady_clock::now();
+        if (w.member && !w.done && epoch_ >= 0 && !failure_since_ && membership_ == Membership::reform) {
+          failure_since_ = std::chrono::steady_clock::now();
+        }
         continue;
       }
       w.buffer.append(tmp, static_cast<std::size_t>(n));
@@ -234,7 +237,7 @@ void Coordinator::loop() {
         std::uint64_t op = 0;
         in >> word >> epoch >> op;
         if (word == "DONE") w.done = true;
-        if (word == "FAILED" && epoch == epoch_) {
+        if (word == "FAILED" && epoch == epoch_ && membership_ == Membership::reform) {
           w.failed_op = op;
           if (!failure_since_) failure_since_ = std::chrono::steady_clock::now();
         }
@@ -294,7 +297,11 @@ std::uint64_t Group::wait_table() {
     }
     if (rank < 0) throw GroupEnded("this worker is not in the group's table");
     epoch_ = epoch;
-    if (opts_.backend == "nccl") {
+    rank_ = rank;
+    peers_ = peers;
+    if (!opts_.communicator) {
+      comm_.reset();
+    } else if (opts_.backend == "nccl") {
       // TCP carries the NCCL rendezvous; the old NCCL communicator, if any, is shrunk.
       Options tcp = opts_;
       tcp.backend = "auto";

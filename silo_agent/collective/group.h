@@ -39,7 +39,11 @@ class Coordinator {
   // Waits for `expected` workers and `backups` standbys (those missing `grace` after the last
   // worker joined are not waited for); `grace` also bounds how long a failure waits for slow
   // reports.
-  Coordinator(int expected, std::chrono::milliseconds grace, const std::string& host = "127.0.0.1", int backups = 0);
+  // `fixed`: the first table is the only one: a member that leaves or dies is recorded (gone())
+  // but never re-forms the group, for workers that tolerate failures themselves (gossip).
+  enum class Membership { reform, fixed };
+  Coordinator(int expected, std::chrono::milliseconds grace, const std::string& host = "127.0.0.1", int backups = 0,
+              Membership membership = Membership::reform);
   ~Coordinator();
   std::uint16_t port() const { return port_; }
   // Called (from the coordinator's thread) with the ids it dropped: the owner kills them.
@@ -58,6 +62,7 @@ class Coordinator {
 
   int expected_, backups_;
   std::chrono::milliseconds grace_;
+  Membership membership_;
   int listen_fd_ = -1;
   std::uint16_t port_ = 0;
   std::atomic<bool> stop_{false};
@@ -97,8 +102,13 @@ class Group {
   // exception (or dying) does not.
   ~Group();
   Communicator& comm() { return *comm_; }
-  int rank() const { return comm_->rank(); }
-  int size() const { return comm_->size(); }
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(peers_.size()); }
+  // The current table's addresses, in rank order, and the socket this worker listens on: for
+  // links other than the communicator's (Options::communicator false).
+  const std::vector<PeerAddress>& peers() const { return peers_; }
+  int listen_fd() const { return listen_fd_; }
+  const Options& options() const { return opts_; }
   int epoch() const { return epoch_; }
   int id() const { return id_; }
   // The operation this worker starts at: 0, or the resume op of the re-formation that
@@ -128,6 +138,8 @@ class Group {
   bool promoted_ = false;
   std::string buffer_;
   std::vector<int> members_;
+  std::vector<PeerAddress> peers_;
+  int rank_ = -1;
   std::unique_ptr<Communicator> comm_;
 };
 

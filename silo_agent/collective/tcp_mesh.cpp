@@ -50,6 +50,76 @@ std::pair<int, std::uint16_t> listen_any(const std::string& host) {
   return {fd, ntohs(a.sin_port)};
 }
 
+namespace detail {
+
+namespace {
+
+// Closes the descriptors gathered so far when forming the links fails half-way.
+struct FdGuard {
+  std::vector<int>& fds;
+  bool keep = false;
+  ~FdGuard() {
+    if (keep) return;
+    for (int fd : fds) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+};
+
+}  // namespace
+
+std::vector<int> connect_peers(int rank, const std::vector<PeerAddress>& peers, int listen_fd,
+                               std::chrono::milliseconds timeout) {
+  const int size = static_cast<int>(peers.size());
+  std::vector<int> fds(peers.size(), -1);
+  FdGuard guard{fds};
+  asio::io_context io;
+  const auto deadline = Clock::now() + timeout;
+  // Connect to every lower rank (retrying while it starts), then accept every higher one.
+  for (int peer = 0; peer < rank; ++peer) {
+    for (;;) {
+      tcp::socket s(io);
+      boost::system::error_code ec;
+      s.connect({asio::ip::make_address(peers[static_cast<std::size_t>(peer)].host), peers[static_cast<std::size_t>(peer)].port}, ec);
+      if (!ec) {
+        const std::uint32_t me = static_cast<std::uint32_t>(rank);
+        asio::write(s, asio::buffer(&me, 4), ec);
+        if (!ec) {
+          fds[static_cast<std::size_t>(peer)] = s.release();
+          break;
+        }
+      }
+      if (Clock::now() > deadline) throw CollectiveError("rank " + std::to_string(peer) + " is unreachable", peer);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  // Accept the higher ranks with plain poll + accept: a one-time step, bounded by the deadline.
+  for (int k = rank + 1; k < size; ++k) {
+    int fd = -1;
+    while (fd < 0) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      if (left <= 0) throw CollectiveError("a higher rank did not connect in time", -1);
+      pollfd p{listen_fd, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1000))) > 0) {
+        fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+      }
+    }
+    tcp::socket s(io);
+    s.assign(tcp::v4(), fd);
+    std::uint32_t who = 0;
+    boost::system::error_code ec;
+    asio::read(s, asio::buffer(&who, 4), ec);
+    if (ec || who <= static_cast<std::uint32_t>(rank) || who >= static_cast<std::uint32_t>(size) || fds[who] >= 0) {
+      throw CollectiveError("unexpected connection while forming the mesh", -1);
+    }
+    fds[who] = s.release();
+  }
+  guard.keep = true;
+  return fds;
+}
+
+}  // namespace detail
+
 namespace {
 
 class TcpMesh : public Mesh {
@@ -57,47 +127,13 @@ class TcpMesh : public Mesh {
   TcpMesh(int rank, const std::vector<PeerAddress>& peers, int listen_fd, std::chrono::milliseconds timeout)
       : rank_(rank), size_(static_cast<int>(peers.size())), timeout_(timeout) {
     socks_.resize(peers.size());
-    const auto deadline = Clock::now() + timeout_;
-    // Connect to every lower rank (retrying while it starts), then accept every higher one.
-    for (int peer = 0; peer < rank_; ++peer) {
-      for (;;) {
-        auto s = std::make_unique<tcp::socket>(io_);
-        boost::system::error_code ec;
-        s->connect({asio::ip::make_address(peers[peer].host), peers[peer].port}, ec);
-        if (!ec) {
-          const std::uint32_t me = static_cast<std::uint32_t>(rank_);
-          asio::write(*s, asio::buffer(&me, 4), ec);
-          if (!ec) {
-            setup(*s);
-            socks_[peer] = std::move(s);
-            break;
-          }
-        }
-        if (Clock::now() > deadline) throw CollectiveError("rank " + std::to_string(peer) + " is unreachable", peer);
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-    }
-    // Accept the higher ranks with plain poll + accept: a one-time step, bounded by the deadline.
-    for (int k = rank_ + 1; k < size_; ++k) {
-      int fd = -1;
-      while (fd < 0) {
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-        if (left <= 0) throw CollectiveError("a higher rank did not connect in time", -1);
-        pollfd p{listen_fd, POLLIN, 0};
-        if (::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1000))) > 0) {
-          fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-        }
-      }
+    const auto fds = detail::connect_peers(rank, peers, listen_fd, timeout);
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
       auto s = std::make_unique<tcp::socket>(io_);
-      s->assign(tcp::v4(), fd);
-      std::uint32_t who = 0;
-      boost::system::error_code ec;
-      asio::read(*s, asio::buffer(&who, 4), ec);
-      if (ec || who <= static_cast<std::uint32_t>(rank_) || who >= static_cast<std::uint32_t>(size_) || socks_[who]) {
-        throw CollectiveError("unexpected connection while forming the mesh", -1);
-      }
+      s->assign(tcp::v4(), fds[static_cast<std::size_t>(peer)]);
       setup(*s);
-      socks_[who] = std::move(s);
+      socks_[static_cast<std::size_t>(peer)] = std::move(s);
     }
   }
 
