@@ -1,7 +1,6 @@
 #include "robust/robust.h"
 
 #include "common/eigen.h"
-#include "common/finite.h"
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -189,7 +188,7 @@ std::vector<std::size_t> finite_rows(MatrixView x) {
   std::vector<std::size_t> out;
   for (std::size_t i = 0; i < x.n; ++i) {
     const auto r = x.row(i);
-    if (all_finite(r)) out.push_back(i);
+    if (std::all_of(r.begin(), r.end(), [](float v) { return std::isfinite(v); })) out.push_back(i);
   }
   return out;
 }
