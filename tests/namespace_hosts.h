@@ -1,8 +1,13 @@
 // Hosts made of network namespaces for tests that need several machines (scripts/netns-hosts.sh).
 #pragma once
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 
 #include <cstdio>
 #include <cstdlib>
@@ -19,10 +24,19 @@ namespace xsilo::test {
 
 // Hosts made of network namespaces (scripts/netns-hosts.sh), removed when the value goes. The
 // script exits 3 where it cannot make them (not root, no iproute2): skipped() then says why.
+// One set at a time on a machine: every set puts 10.79.0.254/24 on a veth of the root namespace,
+// so two at once (ctest -j2 runs the test programs that make them side by side) would route to
+// either. A set left by a test process that was killed would do the same: it is removed first.
 class NamespaceHosts {
  public:
   NamespaceHosts(const std::filesystem::path& dir, int hosts, int rate_mbit)
       : prefix_("xh" + std::to_string(::getpid() % 100000)), log_(dir / "netns-hosts.log") {
+    lock_ = ::open("/tmp/xsilo-netns-hosts.lock", O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+    if (lock_ >= 0) {
+      while (::flock(lock_, LOCK_EX) != 0 && errno == EINTR) {
+      }
+    }
+    remove_stale();
     const std::string cmd = "bash " + script() + " up " + prefix_ + " " + std::to_string(hosts) + " " +
                             std::to_string(rate_mbit) + " 2>" + log_.string();
     FILE* out = ::popen(cmd.c_str(), "r");
@@ -34,7 +48,10 @@ class NamespaceHosts {
     std::istringstream in(words);
     for (std::string a; in >> a;) addresses_.push_back(a);
   }
-  ~NamespaceHosts() { (void)std::system(("bash " + script() + " down " + prefix_ + " 2>/dev/null").c_str()); }
+  ~NamespaceHosts() {
+    down(prefix_);
+    if (lock_ >= 0) ::close(lock_);  // releases the lock
+  }
   NamespaceHosts(const NamespaceHosts&) = delete;
   NamespaceHosts& operator=(const NamespaceHosts&) = delete;
 
@@ -50,6 +67,28 @@ class NamespaceHosts {
 
  private:
   static std::string script() { return (std::filesystem::path(XSILO_SOURCE_DIR) / "scripts" / "netns-hosts.sh").string(); }
+  static void down(const std::string& prefix) {
+    (void)std::system(("bash " + script() + " down " + prefix + " 2>/dev/null").c_str());
+  }
+  // Under the lock no other test's set is in use: any left (namespaces named xhDIGITS-...) is a
+  // killed test's.
+  void remove_stale() const {
+    FILE* in = ::popen("ip netns list 2>/dev/null", "r");
+    if (!in) return;
+    std::vector<std::string> stale;
+    char buf[256];
+    while (std::fgets(buf, sizeof buf, in)) {
+      const std::string name(buf);
+      const auto dash = name.find('-');
+      if (name.rfind("xh", 0) != 0 || dash == std::string::npos || dash == 2) continue;
+      const std::string prefix = name.substr(0, dash);
+      if (prefix.find_first_not_of("0123456789", 2) != std::string::npos) continue;
+      if (std::find(stale.begin(), stale.end(), prefix) == stale.end()) stale.push_back(prefix);
+    }
+    ::pclose(in);
+    for (const auto& prefix : stale) down(prefix);
+  }
+  int lock_ = -1;
   std::string prefix_;
   std::filesystem::path log_;
   int code_ = -1;
