@@ -59,7 +59,16 @@ double count_noise_stddev(const DistributedDpConfig& c) {
 }
 
 DistributedDpConfig at_clip_norm(DistributedDpConfig c, double clip_norm) {
-  c.gamma = c.gamma * c.clip_norm / clip_norm;
+  if (clip_norm == c.clip_norm) return c;
+  // gamma' = gamma C0 / C, moved by ulps to the largest whose product with C (as the mechanism
+  // computes it: distributed_l2) is not above gamma C0: the planned product itself for most C, one
+  // ulp below it where no gamma' reaches it. A product an ulp above would cost the round more than
+  // z was chosen for, and could refuse the last planned round at a random C.
+  const double planned = c.gamma * c.clip_norm;
+  double gamma = planned / clip_norm;
+  while (gamma * clip_norm > planned) gamma = std::nextafter(gamma, 0.0);
+  while (std::nextafter(gamma, HUGE_VAL) * clip_norm <= planned) gamma = std::nextafter(gamma, HUGE_VAL);
+  c.gamma = gamma;
   c.clip_norm = clip_norm;
   return c;
 }
@@ -129,7 +138,9 @@ void finalize_distributed_dp(DistributedDpConfig& c, std::size_t d) {
     const double ceiling = 2 * sigma_b * (1 - 1e-9);
     double z_round = 0;
     try {
-      z_round = smallest_multiplier(eps, c.epsilon, std::min(1e-3, ceiling / 2), ceiling);
+      // The planned rounds within epsilon less a relative kPlanMargin: C moves, so the rounds are
+      // composed as distinct steps whose sum's rounding may differ from `rounds` times one.
+      z_round = smallest_multiplier(eps, c.epsilon * (1 - kPlanMargin), std::min(1e-3, ceiling / 2), ceiling);
     } catch (const std::invalid_argument&) {
       char why[240];
       std::snprintf(why, sizeof why,

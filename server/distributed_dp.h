@@ -53,6 +53,10 @@
 namespace xsilo::server {
 
 inline constexpr double kWrapFailure = 1e-6;
+// Adaptive clipping with `rounds`: z is chosen so that the planned rounds spend at most epsilon
+// (1 - kPlanMargin), so that C's moving (rounds composed one by one, gamma' C an ulp below gamma C)
+// never refuses a planned round by a rounding.
+inline constexpr double kPlanMargin = 1e-9;
 
 struct DistributedDpConfig {
   double epsilon = 0;
@@ -90,8 +94,10 @@ privacy::Mechanism round_mechanism(const DistributedDpConfig& c);
 // The count's standard deviation in count units, sqrt(mu) / (2 h) (0 without a count word).
 double count_noise_stddev(const DistributedDpConfig& c);
 // The round's parameters at adaptive clipping's clip norm C: gamma C stays what it was chosen
-// for (gamma' = gamma clip_norm / C), so the integer sum, its ring and its mechanism are the
-// same whatever C is; only what one integer means moves with C.
+// for (gamma' = gamma clip_norm / C, the largest whose product with C is not above gamma
+// clip_norm: the same product for most C, an ulp below it for the rest), so the integer sum, its
+// ring and its mechanism are the same whatever C is, never costlier; only what one integer means
+// moves with C.
 DistributedDpConfig at_clip_norm(DistributedDpConfig c, double clip_norm);
 bool fits_another_round(const DistributedDpConfig& c, const privacy::Ledger& spent);
 // The smallest z for which `rounds` rounds at (l1, l2) stay within (epsilon, delta).

@@ -764,6 +764,10 @@ TEST(Cores, DistributedDpWithAdaptiveClippingMovesTheClipNormTowardTheQuantileAn
     EXPECT_NEAR(p["clip_norm"].get<double>(), c, 1e-12 * c);
     EXPECT_NEAR(ac["clip_norm"].get<double>(), c, 1e-12 * c);
     EXPECT_GT(p["count_scale"].get<std::uint64_t>(), 0u);
+    // Whatever C the noised counts led to, the round costs no more than the first, at the planned
+    // gamma C (at_clip_norm never rounds gamma' C above it): the planned rounds all fit.
+    EXPECT_LE(p["l2"].get<double>(), rounds.front()["privacy"]["l2"].get<double>());
+    EXPECT_EQ(p["variance"], rounds.front()["privacy"]["variance"]);
     // The count's noise is the configured sigma_b (up to h's rounding), and the round's multiplier
     // is the update's and the count's together, central mode's formula.
     const double h = static_cast<double>(p["count_scale"].get<std::uint64_t>());

@@ -457,6 +457,48 @@ TEST(DistributedDp, AdaptiveClippingsCountWordIsAccountedAndAuditVerifyFailsARec
   EXPECT_GT(ok->silo_epsilon, server::epsilon_of(less, c.delta));
 }
 
+// Adaptive clipping's C comes from noised counts, so a round's C is random, and gamma' C is gamma
+// C only up to a rounding: a product an ulp above the planned one would make the round cost more
+// than z was chosen for, and randomly refuse the last planned round. At any C the product is never
+// above the planned one (the planned one itself for most C), and finalize leaves epsilon a relative
+// 1e-9 margin over the planned rounds, so that they fit at any Cs, composed in any order, and one
+// more does not.
+TEST(DistributedDp, AdaptiveClippingsPlannedRoundsFitAtAnyClipNormsAndOneMoreDoesNot) {
+  auto c = digits_like(20, 8, 10);
+  c.counts_unclipped = true;
+  c.count_stddev = 1.5;
+  server::finalize_distributed_dp(c, 4810);
+  const double planned = c.gamma * c.clip_norm;
+  const auto at_plan = std::get<privacy::SkellamSum>(server::round_mechanism(c));
+  privacy::Accountant a;
+  a.compose(at_plan, c.rounds);
+  EXPECT_LE(a.epsilon(c.delta).epsilon, 8 * (1 - 1e-9));
+  std::size_t exact = 0;
+  std::vector<double> clips;
+  for (int k = 0; k < 2000; ++k) clips.push_back(c.clip_norm * std::exp(-3 + 6 * k / 1999.0));
+  for (const double clip : clips) {
+    const auto round = server::at_clip_norm(c, clip);
+    ASSERT_EQ(round.clip_norm, clip);
+    ASSERT_LE(round.gamma * round.clip_norm, planned) << "at C = " << clip;
+    ASSERT_GT(std::nextafter(round.gamma, 1e300) * round.clip_norm, planned) << "at C = " << clip << ": not the largest";
+    const auto m = std::get<privacy::SkellamSum>(server::round_mechanism(round));
+    ASSERT_LE(m.l2, at_plan.l2);
+    ASSERT_LE(m.l1, at_plan.l1);
+    exact += round.gamma * round.clip_norm == planned ? 1 : 0;
+  }
+  EXPECT_GT(exact, clips.size() * 3 / 4);
+  // The planned rounds at Cs taken along the grid, 200 runs of them: each fits.
+  for (std::size_t run = 0; run < 200; ++run) {
+    privacy::Ledger spent;
+    for (std::uint64_t r = 0; r < c.rounds; ++r) {
+      const auto round = server::at_clip_norm(c, clips[(run * 37 + r * 211) % clips.size()]);
+      ASSERT_TRUE(server::fits_another_round(round, spent)) << "run " << run << ", round " << r + 1;
+      spent.add(server::round_mechanism(round), 1);
+    }
+    EXPECT_FALSE(server::fits_another_round(server::at_clip_norm(c, clips[run]), spent)) << "run " << run;
+  }
+}
+
 // A digits-sized federation's parameters, and the setup part a deviating server signs for it:
 // the configured one with a sixteenth of the variance (a quarter of the noise multiplier).
 server::DistributedDpConfig finalized() {
