@@ -309,6 +309,28 @@ std::optional<privacy::Mechanism> recorded_skellam_mechanism(const nlohmann::jso
   c = as_signed(c, k, c.padded);
   const privacy::Mechanism m = round_mechanism(c);
   privacy::validate(m);
+  // What a reader may take the spend from (docs/privacy.md) must be what the signed setup gives:
+  // a record stating a larger multiplier or smaller sensitivities would let it under-count.
+  const auto& s = std::get<privacy::SkellamSum>(m);
+  auto stated = [&](const char* key, double want) {
+    if (!p.contains(key) || !p[key].is_number()) {
+      throw std::invalid_argument(std::string("its privacy part has no number \"") + key + "\"");
+    }
+    const double got = p[key].get<double>();
+    if (!(std::abs(got - want) <= 1e-9 * std::abs(want))) {
+      char why[240];
+      std::snprintf(why, sizeof why, "its privacy part's %s %.12g is not the %.12g its signed setup gives", key, got,
+                    want);
+      throw std::invalid_argument(why);
+    }
+  };
+  stated("noise_multiplier", std::sqrt(s.variance) / s.l2);
+  stated("l1", s.l1);
+  stated("l2", s.l2);
+  if (c.count_scale > 0) {
+    stated("count_stddev", count_noise_stddev(c));
+    stated("update_noise_multiplier", c.noise_multiplier);
+  }
   return m;
 }
 

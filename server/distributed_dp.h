@@ -142,7 +142,9 @@ class SetupMismatch : public std::invalid_argument {
 // recomputed from gamma, C, P, beta and mu, never read from the record's own sensitivities, and
 // only once bits, gamma, mu, C, beta and the rotation seed hash to the record's setup_sha256
 // (else SetupMismatch: the record's parameters are not those the silos were sent; a missing or
-// malformed field is std::invalid_argument).
+// malformed field is std::invalid_argument, and so is a stated noise_multiplier, l1 or l2, or with
+// a count word count_stddev or update_noise_multiplier, that is not the recomputed one within a
+// relative 1e-9, naming the field).
 std::optional<privacy::Mechanism> recorded_skellam_mechanism(const nlohmann::json& record);
 // The same, for a round that spent: committed, or aborted after unmasking a noisy sum (its
 // privacy part's "sums_revealed" > 0); nullopt for any other record.

@@ -358,18 +358,36 @@ TEST(DistributedDp, TheNoiseMultiplierIsTheSmallestThatLastsTheRounds) {
   EXPECT_GT(eps_at(c.noise_multiplier * 0.99), 1.0);
 }
 
+// A federation_start and committed round records 1..4 of c, its setups signed with rotation seed
+// 7, and their spend; with adaptive clipping (c.count_scale > 0) round r runs at C = 0.5 x 1.3^(r-1)
+// (at_clip_norm) and its record has the robust.adaptive_clip part.
+struct RoundLog {
+  std::vector<nlohmann::json> records;
+  privacy::Ledger spent;
+};
+RoundLog four_committed_rounds(const server::DistributedDpConfig& c) {
+  RoundLog log{{{{"event", "federation_start"}}}, {}};
+  double clip = 0.5;
+  for (std::uint64_t r = 1; r <= 4; ++r, clip *= 1.3) {
+    const auto round = c.count_scale > 0 ? server::at_clip_norm(c, clip) : c;
+    log.spent.add(server::round_mechanism(round), 1);
+    nlohmann::json rec = {
+        {"event", "round"},
+        {"round", r},
+        {"status", "committed"},
+        {"privacy", server::round_privacy_record(round, server::signed_part(round, 7), c.padded, log.spent)}};
+    if (c.count_scale > 0) rec["robust"]["adaptive_clip"] = {{"clip_norm", clip}, {"next", clip * 1.3}};
+    log.records.push_back(rec);
+  }
+  return log;
+}
+
 // `xsilo audit verify` recomposes the Skellam rounds from gamma, C, P, beta and mu: an
 // understated epsilon, or a record whose variance was smaller than it claims, fails.
 TEST(DistributedDp, AuditVerifyFailsOnAnUnderstatedEpsilon) {
   auto c = digits_like(20, 8, 10);
   server::finalize_distributed_dp(c, 4810);
-  std::vector<nlohmann::json> log = {{{"event", "federation_start"}}};
-  privacy::Ledger spent;
-  for (std::uint64_t r = 1; r <= 4; ++r) {
-    spent.add(server::round_mechanism(c), 1);
-    log.push_back({{"event", "round"}, {"round", r}, {"status", "committed"},
-                   {"privacy", server::round_privacy_record(c, server::signed_part(c, 7), c.padded, spent)}});
-  }
+  const auto [log, spent] = four_committed_rounds(c);
   const auto ok = server::check_privacy_claims(log);
   EXPECT_TRUE(succeeded(ok));
   EXPECT_EQ(ok->silo_rounds(), 4u);
@@ -420,22 +438,15 @@ TEST(DistributedDp, AdaptiveClippingsCountWordIsAccountedAndAuditVerifyFailsARec
   weaker.compose(privacy::SkellamSum{m.l1, m.l2, m.variance * 0.98}, 10);
   EXPECT_GT(weaker.epsilon(c.delta).epsilon, 8.0);
   // Records of four rounds at moving C: the mechanism is the same, the records pass verify.
-  std::vector<nlohmann::json> log = {{{"event", "federation_start"}}};
-  privacy::Ledger spent;
+  const auto [log, spent] = four_committed_rounds(c);
   double clip = 0.5;
   for (std::uint64_t r = 1; r <= 4; ++r, clip *= 1.3) {
-    const auto round = server::at_clip_norm(c, clip);
-    const auto moved = std::get<privacy::SkellamSum>(server::round_mechanism(round));
+    const auto moved = std::get<privacy::SkellamSum>(*server::recorded_skellam_mechanism(log[r]));
     EXPECT_NEAR(moved.l2, m.l2, 1e-12 * m.l2);
     EXPECT_EQ(moved.variance, m.variance);
-    spent.add(server::round_mechanism(round), 1);
-    nlohmann::json rec = {{"event", "round"}, {"round", r}, {"status", "committed"},
-                          {"privacy", server::round_privacy_record(round, server::signed_part(round, 7), c.padded, spent)}};
-    rec["robust"]["adaptive_clip"] = {{"clip_norm", clip}, {"next", clip * 1.3}};
-    EXPECT_EQ(rec["privacy"]["count_scale"], c.count_scale);
-    EXPECT_EQ(rec["privacy"]["clip_norm"].get<double>(), clip);
-    EXPECT_NEAR(rec["privacy"]["noise_multiplier"].get<double>(), z_round, 1e-12 * z_round);
-    log.push_back(rec);
+    EXPECT_EQ(log[r]["privacy"]["count_scale"], c.count_scale);
+    EXPECT_EQ(log[r]["privacy"]["clip_norm"].get<double>(), clip);
+    EXPECT_NEAR(log[r]["privacy"]["noise_multiplier"].get<double>(), z_round, 1e-12 * z_round);
   }
   const auto ok = server::check_privacy_claims(log);
   ASSERT_TRUE(succeeded(ok));
@@ -455,6 +466,43 @@ TEST(DistributedDp, AdaptiveClippingsCountWordIsAccountedAndAuditVerifyFailsARec
   privacy::Ledger less;
   less.add(server::round_mechanism(vector_only), 4);
   EXPECT_GT(ok->silo_epsilon, server::epsilon_of(less, c.delta));
+}
+
+// `xsilo audit verify` compares what a distributed-DP record states its spend by (docs/privacy.md
+// lets a reader take it from noise_multiplier, l1 and l2) with what its signed setup gives, as in
+// central mode: a record stating a larger or smaller multiplier or sensitivity, or with adaptive
+// clipping another count_stddev or update_noise_multiplier, or leaving one out, fails, naming it.
+TEST(DistributedDp, AuditVerifyFailsARecordWhoseStatedMultipliersAreNotItsSignedSetups) {
+  auto fixed = digits_like(20, 8, 10);
+  server::finalize_distributed_dp(fixed, 4810);
+  auto adaptive = digits_like(20, 8, 10);
+  adaptive.counts_unclipped = true;
+  adaptive.count_stddev = 1.5;
+  server::finalize_distributed_dp(adaptive, 4810);
+  ASSERT_GT(adaptive.count_scale, 0u);
+  for (const auto* c : {&fixed, &adaptive}) {
+    SCOPED_TRACE(c->count_scale > 0 ? "adaptive" : "fixed C");
+    const auto log = four_committed_rounds(*c).records;
+    ASSERT_TRUE(succeeded(server::check_privacy_claims(log)));
+    std::vector<std::string> fields = {"noise_multiplier", "l1", "l2"};
+    if (c->count_scale > 0) fields.insert(fields.end(), {"count_stddev", "update_noise_multiplier"});
+    for (const auto& f : fields) {
+      SCOPED_TRACE(f);
+      for (const double by : {1.01, 0.99, 1 + 1e-8}) {
+        auto lie = log;
+        lie[2]["privacy"][f] = log[2]["privacy"][f].get<double>() * by;
+        test::expect_claims_fail(lie, "record 3 (round 2): its distributed DP spend cannot be read (its privacy part's " +
+                                          f + " ");
+      }
+      auto dropped = log;
+      dropped[2]["privacy"].erase(f);
+      test::expect_claims_fail(dropped, "(its privacy part has no number \"" + f + "\")");
+      // A reader's rounding, well within a relative 1e-9, passes.
+      auto rounded = log;
+      rounded[2]["privacy"][f] = log[2]["privacy"][f].get<double>() * (1 + 1e-12);
+      EXPECT_TRUE(succeeded(server::check_privacy_claims(rounded)));
+    }
+  }
 }
 
 // Adaptive clipping's C comes from noised counts, so a round's C is random, and gamma' C is gamma
