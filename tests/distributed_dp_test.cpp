@@ -14,6 +14,8 @@
 #include "server/audit.h"
 #include "server/central_dp.h"
 #include "server/distributed_dp.h"
+#include "server/group_sum.h"
+#include "server/secure_groups.h"
 #include "tests/privacy_claims.h"
 #include "tests/result_util.h"
 #include "tests/testlib.h"
@@ -218,6 +220,37 @@ TEST(Skellam, TheCountWordDecodesToTheCentredUnclippedCountWithItsCalibratedNois
   const double sd = std::sqrt(n * p.silo_variance) / (2.0 * 40);  // 1.06 counts
   EXPECT_NEAR(mean, 3.0 - 4.0, 4 * sd / std::sqrt(120.0));
   EXPECT_NEAR(std::sqrt(var), sd, 0.15 * sd);
+}
+
+// The count word's sum, n h plus the noise, is read centred in the whole masking ring 2^ring, not
+// the mechanism's 2^bits (crypto/skellam.h): with bits = 8 and ring = 32, eight unclipped
+// members' 8 x 40 = 320 is beyond 2^7 and still decodes to u - n / 2 = 4 (read in 2^8 it would
+// wrap to 64 / 80 = 0.8).
+TEST(Skellam, TheCountWordIsReadInTheMaskingRingBeyondTheMechanismsBits) {
+  const std::size_t n = 8, d = 4;
+  auto updates = random_updates(n, d, 0.1, 4);  // norm about 0.2: every member within C = 1
+  crypto::SkellamParams p;
+  p.ring = 32;
+  p.bits = 8;
+  p.gamma = 4;
+  p.clip_norm = 1.0;
+  p.silo_variance = 1;
+  p.rotation_seed = 3;
+  p.count_scale = 40;
+  std::vector<std::uint32_t> sum(crypto::skellam_words(p, d), 0);
+  for (std::size_t i = 0; i < n; ++i) {
+    crypto::NoiseSource noise(key(static_cast<std::uint8_t>(40 + i)));
+    std::vector<std::uint32_t> words(sum.size());
+    EXPECT_EQ(crypto::encode_skellam(p, updates[i], noise, std::span<std::uint32_t>(words)), 1.0);
+    for (std::size_t w = 0; w < sum.size(); ++w) sum[w] += words[w];  // mod 2^32
+  }
+  const auto count_word = crypto::centred(sum.back(), 32);
+  ASSERT_GT(count_word, 127) << "the test needs a count word beyond 2^(bits - 1)";
+  const auto got = crypto::decode_skellam(p, std::span<const std::uint32_t>(sum), d);
+  ASSERT_EQ(got.size(), d + 2);
+  EXPECT_EQ(got[d], static_cast<double>(n));
+  // The noise: Skellam of variance 8, about 2.8 / 80 = 0.035 counts; 0.5 is 14 deviations.
+  EXPECT_NEAR(got[d + 1], 4.0, 0.5);
 }
 
 // The sum the server decodes carries Skellam noise of variance n x (mu / n_min) in integer
@@ -503,6 +536,56 @@ TEST(DistributedDp, AuditVerifyFailsARecordWhoseStatedMultipliersAreNotItsSigned
       EXPECT_TRUE(succeeded(server::check_privacy_claims(rounded)));
     }
   }
+}
+
+// The count word's sum reaches n h plus the noise's tail in the masking ring: a config whose h
+// (sqrt(mu) / (2 count_stddev)) makes it pass 2^(ring - 1) is refused at load with the numbers,
+// and the same config in a wider masking ring is not.
+TEST(DistributedDp, ACountWordBeyondTheMaskingRingIsRefusedAtLoad) {
+  auto c = digits_like(20, 8, 0);
+  c.noise_multiplier = 1;
+  c.counts_unclipped = true;
+  c.count_stddev = 1e-6;  // h of about sqrt(mu) / 2e-6: 10 silos' 10 h far beyond 2^31
+  c.ring = 32;
+  try {
+    auto refused = c;
+    server::finalize_distributed_dp(refused, 4810);
+    ADD_FAILURE() << "a count word of scale " << refused.count_scale << " fit 2^32";
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("the unclipped count word (scale "), std::string::npos) << what;
+    EXPECT_NE(what.find(", 10 silos, noise variance "), std::string::npos) << what;
+    EXPECT_NE(what.find("beyond the masking ring of 2^32; use more secure.bits or a larger count_stddev"),
+              std::string::npos)
+        << what;
+  }
+  c.ring = 64;
+  server::finalize_distributed_dp(c, 4810);
+  EXPECT_GT(10.0 * static_cast<double>(c.count_scale), std::ldexp(1.0, 31));
+}
+
+// The server's plausibility check of a group's decoded sum under adaptive clipping: the centred
+// count u - n / 2 + noise / (2 h) may pass n / 2 by at most six of the noise's deviations (and 1);
+// a count word beyond that (a member sent another word than +-h) fails the group, with its value.
+TEST(DistributedDp, AnImplausibleCountWordFailsTheGroupsSum) {
+  server::DistributedDpConfig dp;
+  dp.padded = 4;
+  dp.gamma = 100;
+  dp.clip_norm = 1;
+  dp.variance = 400;  // n = n_min = 4: the sum's noise deviation 20, 1 count at h = 10
+  dp.count_scale = 10;
+  // 4 coordinates (zero), the member count 4, then the centred count.
+  auto sum = [](double count) { return server::GroupSum({0, 0, 0, 0, 4, count}, 4); };
+  EXPECT_EQ(error_text(server::check_plausible_skellam_sum(sum(1.5), 4, 4, dp)), "");
+  EXPECT_EQ(error_text(server::check_plausible_skellam_sum(sum(-8.9), 4, 4, dp)), "");  // 2 + 6 + 1
+  EXPECT_EQ(error_text(server::check_plausible_skellam_sum(sum(12), 4, 4, dp)),
+            "unclipped count word 12.000000 is beyond what 4 members' +-10 and the noise can make: a member sent "
+            "another word");
+  EXPECT_NE(error_text(server::check_plausible_skellam_sum(sum(-9.1), 4, 4, dp)).find("unclipped count word -9.1"),
+            std::string::npos);
+  // Without a count word the same values are the vector's and the member count only.
+  dp.count_scale = 0;
+  EXPECT_EQ(error_text(server::check_plausible_skellam_sum(server::GroupSum({0, 0, 0, 0, 4}, 4), 4, 4, dp)), "");
 }
 
 // Adaptive clipping's C comes from noised counts, so a round's C is random, and gamma' C is gamma
