@@ -797,7 +797,16 @@ TEST(Cores, DistributedDpWithAdaptiveClippingMovesTheClipNormTowardTheQuantileAn
   // Without the count word, the same records would claim less: the count is accounted.
   auto uncounted = rounds.front();
   uncounted["privacy"].erase("count_scale");
-  EXPECT_THROW(server::recorded_skellam_mechanism(uncounted), std::invalid_argument);
+  try {
+    server::recorded_skellam_mechanism(uncounted);
+    ADD_FAILURE() << "a record that adapted C without its count scale was read";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "its clip norm adapted to a count of unclipped updates (robust.adaptive_clip) but its "
+                           "privacy part states no count_scale: the count's release is not accounted");
+  }
+  // Without robust.adaptive_clip too, its parameters no longer hash to the setup it names.
+  uncounted.erase("robust");
+  EXPECT_THROW(server::recorded_skellam_mechanism(uncounted), server::SetupMismatch);
   const auto claims = server::check_privacy_claims(fed.store.records);
   ASSERT_TRUE(claims.has_value()) << claims.error().message();
   EXPECT_EQ(claims->silo_rounds(), planned);

@@ -485,19 +485,32 @@ TEST(DistributedDp, AdaptiveClippingsCountWordIsAccountedAndAuditVerifyFailsARec
   ASSERT_TRUE(succeeded(ok));
   EXPECT_NEAR(ok->silo_epsilon, server::epsilon_of(spent, c.delta), 1e-12);
   test::expect_understated_epsilon_caught(log, "distributed DP");
-  // The count word's release without it: verify refuses the record, and a record that drops the
-  // scale but keeps its setup_sha256 no longer hashes to the signed setup.
+  // The count word's release without it: verify refuses a record that adapted C but states no
+  // count scale, and a record that drops the scale but keeps its setup_sha256 no longer hashes to
+  // the signed setup.
   auto uncounted = log;
   uncounted[2]["privacy"].erase("count_scale");
-  EXPECT_FALSE(server::check_privacy_claims(uncounted).has_value());
+  test::expect_claims_fail(uncounted, "record 3 (round 2): its distributed DP spend cannot be read (its clip norm "
+                                      "adapted to a count of unclipped updates (robust.adaptive_clip) but its privacy "
+                                      "part states no count_scale: the count's release is not accounted)");
   uncounted[2].erase("robust");
-  EXPECT_FALSE(server::check_privacy_claims(uncounted).has_value());
+  test::expect_claims_fail(uncounted, "record 3 (round 2): its distributed DP parameters do not match the signed setup "
+                                      "the silos were sent: its privacy part's bits, gamma, variance, clip_norm, beta, "
+                                      "rotation_seed and padded_length are not the signed setup it names");
+  // A setup signed, and hashed, honestly without a count word, in a round whose C adapted: only
+  // the explicit check catches it (the hash and the stated multipliers are all the vector's).
+  auto vector_setup = c;
+  vector_setup.count_scale = 0;
+  auto adapted = four_committed_rounds(vector_setup).records;
+  ASSERT_TRUE(succeeded(server::check_privacy_claims(adapted)));
+  adapted[2]["robust"]["adaptive_clip"] = {{"clip_norm", 0.5}, {"next", 0.6}};
+  test::expect_claims_fail(adapted, "record 3 (round 2): its distributed DP spend cannot be read (its clip norm "
+                                    "adapted to a count of unclipped updates (robust.adaptive_clip) but its privacy "
+                                    "part states no count_scale");
   // The count's part of the round, taken away, would claim less: the epsilon the records state is
   // more than the vector alone would cost.
-  auto vector_only = c;
-  vector_only.count_scale = 0;
   privacy::Ledger less;
-  less.add(server::round_mechanism(vector_only), 4);
+  less.add(server::round_mechanism(vector_setup), 4);
   EXPECT_GT(ok->silo_epsilon, server::epsilon_of(less, c.delta));
 }
 
