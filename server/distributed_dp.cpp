@@ -27,9 +27,11 @@ privacy::SkellamSum mechanism_at(const DistributedDpConfig& c, double gamma, dou
   return privacy::SkellamSum{distributed_l1(c, gamma) + count, std::sqrt(l2 * l2 + count * count), variance};
 }
 
-// h for the count's sigma_b at mu: sqrt(mu) / (2 h) is sigma_b, h a whole number (at least 1).
+// h for the count's sigma_b at mu: the largest whole h (at least 1) with sqrt(mu) / (2 h) >= sigma_b,
+// so that the count's noise in count units is never below the one asked for (rounding h to the
+// nearest would lower it by up to h / (h + 1/2) half the time); with sqrt(mu) < 2 sigma_b, h = 1.
 std::uint64_t count_scale_for(double variance, double count_stddev) {
-  return static_cast<std::uint64_t>(std::max(1.0, std::round(std::sqrt(variance) / (2 * count_stddev))));
+  return static_cast<std::uint64_t>(std::max(1.0, std::floor(std::sqrt(variance) / (2 * count_stddev))));
 }
 
 // The smallest z in [lo, hi] at which `eps(z)` stays within epsilon (eps falling as z grows, up

@@ -91,7 +91,9 @@ double distributed_l1(const DistributedDpConfig& c, double gamma);
 // One committed round: SkellamSum{Delta_1, Delta_2, mu}; with the count word of scale h, the
 // same Skellam vector one word longer: SkellamSum{Delta_1 + h, sqrt(Delta_2^2 + h^2), mu}.
 privacy::Mechanism round_mechanism(const DistributedDpConfig& c);
-// The count's standard deviation in count units, sqrt(mu) / (2 h) (0 without a count word).
+// The count's standard deviation in count units, sqrt(mu) / (2 h) (0 without a count word): at
+// least the configured sigma_b (h = floor(sqrt(mu) / (2 sigma_b)), at least 1), below (h + 1) / h
+// times it.
 double count_noise_stddev(const DistributedDpConfig& c);
 // The round's parameters at adaptive clipping's clip norm C: gamma C stays what it was chosen
 // for (gamma' = gamma clip_norm / C, the largest whose product with C is not above gamma

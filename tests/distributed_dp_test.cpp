@@ -455,7 +455,8 @@ TEST(DistributedDp, AdaptiveClippingsCountWordIsAccountedAndAuditVerifyFailsARec
   server::finalize_distributed_dp(c, 4810);
   ASSERT_GT(c.count_scale, 0u);
   const double l2 = server::distributed_l2(c, c.gamma);
-  EXPECT_NEAR(server::count_noise_stddev(c), 1.5, 1.5 / static_cast<double>(c.count_scale));
+  EXPECT_GE(server::count_noise_stddev(c), 1.5);
+  EXPECT_LT(server::count_noise_stddev(c), 1.5 * static_cast<double>(c.count_scale + 1) / static_cast<double>(c.count_scale));
   const auto m = std::get<privacy::SkellamSum>(server::round_mechanism(c));
   const double h = static_cast<double>(c.count_scale);
   EXPECT_DOUBLE_EQ(m.l2, std::sqrt(l2 * l2 + h * h));
@@ -599,6 +600,25 @@ TEST(DistributedDp, AnImplausibleCountWordFailsTheGroupsSum) {
   // Without a count word the same values are the vector's and the member count only.
   dp.count_scale = 0;
   EXPECT_EQ(error_text(server::check_plausible_skellam_sum(server::GroupSum({0, 0, 0, 0, 4}, 4), 4, 4, dp)), "");
+}
+
+// The count word's scale h is rounded down (at least 1): the count's noise in count units,
+// sqrt(mu) / (2 h), is never below the configured sigma_b, and h is the largest that keeps it
+// there (rounded to the nearest, h would lower it half the time).
+TEST(DistributedDp, TheCountsNoiseIsNeverBelowTheConfiguredCountStddev) {
+  for (const double sigma_b : {0.3, 0.45, 0.7, 1.1, 1.5, 2.2, 3.3, 5.0}) {
+    SCOPED_TRACE(sigma_b);
+    auto c = digits_like(20, 8, 0);
+    c.noise_multiplier = 1;
+    c.counts_unclipped = true;
+    c.count_stddev = sigma_b;
+    server::finalize_distributed_dp(c, 4810);
+    ASSERT_GT(c.count_scale, 1u);
+    EXPECT_GE(server::count_noise_stddev(c), sigma_b);
+    auto one_more = c;
+    ++one_more.count_scale;
+    EXPECT_LT(server::count_noise_stddev(one_more), sigma_b);
+  }
 }
 
 // Adaptive clipping's C comes from noised counts, so a round's C is random, and gamma' C is gamma
