@@ -56,6 +56,11 @@ privacy::Mechanism round_mechanism(const DistributedDpConfig& c) {
   return mechanism_at(c, c.gamma, c.variance, c.count_scale);
 }
 
+double round_noise_multiplier(const DistributedDpConfig& c) {
+  const auto m = std::get<privacy::SkellamSum>(round_mechanism(c));
+  return std::sqrt(m.variance) / m.l2;
+}
+
 double count_noise_stddev(const DistributedDpConfig& c) {
   return c.count_scale > 0 ? std::sqrt(c.variance) / (2 * static_cast<double>(c.count_scale)) : 0.0;
 }
@@ -243,7 +248,7 @@ nlohmann::json round_privacy_record(const DistributedDpConfig& budget, const wir
   // `noise_multiplier`, l1 and l2 are always the round's (the whole vector's, the count word
   // included), as in central mode; with adaptive clipping the update's own multiplier is
   // `update_noise_multiplier`, and the count's part is count_scale h and count_stddev.
-  nlohmann::json fields = {{"noise_multiplier", std::sqrt(m.variance) / m.l2},
+  nlohmann::json fields = {{"noise_multiplier", round_noise_multiplier(c)},
                            {"variance", c.variance},
                            {"gamma", c.gamma},
                            {"bits", c.bits},
@@ -326,7 +331,7 @@ std::optional<privacy::Mechanism> recorded_skellam_mechanism(const nlohmann::jso
       throw std::invalid_argument(why);
     }
   };
-  stated("noise_multiplier", std::sqrt(s.variance) / s.l2);
+  stated("noise_multiplier", round_noise_multiplier(c));
   stated("l1", s.l1);
   stated("l2", s.l2);
   if (c.count_scale > 0) {

@@ -91,6 +91,10 @@ double distributed_l1(const DistributedDpConfig& c, double gamma);
 // One committed round: SkellamSum{Delta_1, Delta_2, mu}; with the count word of scale h, the
 // same Skellam vector one word longer: SkellamSum{Delta_1 + h, sqrt(Delta_2^2 + h^2), mu}.
 privacy::Mechanism round_mechanism(const DistributedDpConfig& c);
+// The round's noise multiplier, sqrt(mu) over the round's L2 sensitivity (the whole vector's, the
+// count word included): what records, `xsilo status` and the start's log call noise_multiplier;
+// c.noise_multiplier is the update's (update_noise_multiplier there when there is a count word).
+double round_noise_multiplier(const DistributedDpConfig& c);
 // The count's standard deviation in count units, sqrt(mu) / (2 h) (0 without a count word): at
 // least the configured sigma_b (h = floor(sqrt(mu) / (2 sigma_b)), at least 1), below (h + 1) / h
 // times it.

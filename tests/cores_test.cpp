@@ -812,6 +812,15 @@ TEST(Cores, DistributedDpWithAdaptiveClippingMovesTheClipNormTowardTheQuantileAn
   ASSERT_TRUE(claims.has_value()) << claims.error().message();
   EXPECT_EQ(claims->silo_rounds(), planned);
   EXPECT_NEAR(claims->silo_epsilon, spent, 1e-12);
+  // xsilo status names the multipliers as the records do: noise_multiplier the round's, and the
+  // update's as update_noise_multiplier.
+  const auto status = fed.coord().status(fed.now())["distributed_dp"];
+  const auto& last = rounds.back()["privacy"];
+  EXPECT_NEAR(status["noise_multiplier"].get<double>(), last["noise_multiplier"].get<double>(),
+              1e-12 * last["noise_multiplier"].get<double>());
+  EXPECT_NEAR(status["update_noise_multiplier"].get<double>(), last["update_noise_multiplier"].get<double>(),
+              1e-12 * last["update_noise_multiplier"].get<double>());
+  EXPECT_EQ(status["count_scale"], last["count_scale"]);
 }
 
 }  // namespace
