@@ -229,14 +229,8 @@ TEST(Skellam, TheCountWordDecodesToTheCentredUnclippedCountWithItsCalibratedNois
 TEST(Skellam, TheCountWordIsReadInTheMaskingRingBeyondTheMechanismsBits) {
   const std::size_t n = 8, d = 4;
   auto updates = random_updates(n, d, 0.1, 4);  // norm about 0.2: every member within C = 1
-  crypto::SkellamParams p;
-  p.ring = 32;
-  p.bits = 8;
-  p.gamma = 4;
-  p.clip_norm = 1.0;
-  p.silo_variance = 1;
-  p.rotation_seed = 3;
-  p.count_scale = 40;
+  const crypto::SkellamParams p{
+      .ring = 32, .bits = 8, .clip_norm = 1.0, .gamma = 4, .silo_variance = 1, .rotation_seed = 3, .count_scale = 40};
   std::vector<std::uint32_t> sum(crypto::skellam_words(p, d), 0);
   for (std::size_t i = 0; i < n; ++i) {
     crypto::NoiseSource noise(key(static_cast<std::uint8_t>(40 + i)));
