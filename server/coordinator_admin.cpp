@@ -123,9 +123,12 @@ nlohmann::json Coordinator::status(std::int64_t now_ms) const {
     j["central_dp"] = {{"epsilon", epsilon_of(central_spent_, cfg_.central_dp->delta)},
                        {"max_epsilon", cfg_.central_dp->epsilon},
                        {"delta", cfg_.central_dp->delta},
-                       {"noise_multiplier", cfg_.central_dp->noise_multiplier},
+                       {"noise_multiplier",
+                        round_noise_multiplier(cfg_.central_dp->noise_multiplier, cfg_.central_dp->count_stddev)},
                        {"rounds_spent", rounds}};
     if (cfg_.central_dp->count_stddev > 0) {  // adaptive clipping: the count's noise and the next round's C
+      // noise_multiplier is the round's, as in the records; the update's is beside it, named alike.
+      j["central_dp"]["update_noise_multiplier"] = cfg_.central_dp->noise_multiplier;
       j["central_dp"]["count_stddev"] = cfg_.central_dp->count_stddev;
       if (clip_norm_) j["central_dp"]["clip_norm"] = *clip_norm_;
     }
@@ -133,9 +136,11 @@ nlohmann::json Coordinator::status(std::int64_t now_ms) const {
   if (cfg_.distributed_dp) {
     const auto& dp = *cfg_.distributed_dp;
     j["distributed_dp"] = {{"epsilon", epsilon_of(central_spent_, dp.delta)}, {"max_epsilon", dp.epsilon},
-                           {"delta", dp.delta}, {"noise_multiplier", dp.noise_multiplier}, {"gamma", dp.gamma},
+                           {"delta", dp.delta}, {"noise_multiplier", round_noise_multiplier(dp)}, {"gamma", dp.gamma},
                            {"bits", dp.bits}};
     if (dp.count_scale > 0) {  // adaptive clipping: the count word's scale and noise, and the next round's C
+      // noise_multiplier is the round's, as in the records; the update's is beside it, named alike.
+      j["distributed_dp"]["update_noise_multiplier"] = dp.noise_multiplier;
       j["distributed_dp"]["count_scale"] = dp.count_scale;
       j["distributed_dp"]["count_stddev"] = count_noise_stddev(dp);
       if (clip_norm_) j["distributed_dp"]["clip_norm"] = *clip_norm_;

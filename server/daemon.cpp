@@ -7,6 +7,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/thread_pool.hpp>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 
@@ -601,10 +602,15 @@ void resume_privacy(const ServerConfig& cfg, const Resume& resume, const Model& 
                         "privacy block from its first round");
     }
     rounds.distributed_dp->spent = resume.central_dp;  // from the audit chain, never a counter
-    spdlog::info("distributed DP: gamma {:.6g}, Skellam variance {:.6g} (noise multiplier {:.4g}), {} bits, "
+    // The round's multiplier, as the records state it, and with a count word the update's beside it.
+    const auto& dp = *rounds.distributed_dp;
+    spdlog::info("distributed DP: gamma {:.6g}, Skellam variance {:.6g} (noise_multiplier {:.4g}{}), {} bits, "
                  "rotated length {}; epsilon {:.4g} of {:.4g} spent before this start",
-                 rounds.distributed_dp->gamma, rounds.distributed_dp->variance,
-                 rounds.distributed_dp->noise_multiplier, rounds.distributed_dp->bits, rounds.distributed_dp->padded,
+                 dp.gamma, dp.variance, round_noise_multiplier(dp),
+                 dp.count_scale > 0 ? fmt::format(", update_noise_multiplier {:.4g}, count_scale {}", dp.noise_multiplier,
+                                                  dp.count_scale)
+                                    : std::string(),
+                 dp.bits, dp.padded,
                  epsilon_of(resume.central_dp, rounds.distributed_dp->delta), rounds.distributed_dp->epsilon);
   }
   if (rounds.central_dp) {

@@ -27,9 +27,11 @@ privacy::SkellamSum mechanism_at(const DistributedDpConfig& c, double gamma, dou
   return privacy::SkellamSum{distributed_l1(c, gamma) + count, std::sqrt(l2 * l2 + count * count), variance};
 }
 
-// h for the count's sigma_b at mu: sqrt(mu) / (2 h) is sigma_b, h a whole number (at least 1).
+// h for the count's sigma_b at mu: the largest whole h (at least 1) with sqrt(mu) / (2 h) >= sigma_b,
+// so that the count's noise in count units is never below the one asked for (rounding h to the
+// nearest would lower it by up to h / (h + 1/2) half the time); with sqrt(mu) < 2 sigma_b, h = 1.
 std::uint64_t count_scale_for(double variance, double count_stddev) {
-  return static_cast<std::uint64_t>(std::max(1.0, std::round(std::sqrt(variance) / (2 * count_stddev))));
+  return static_cast<std::uint64_t>(std::max(1.0, std::floor(std::sqrt(variance) / (2 * count_stddev))));
 }
 
 // The smallest z in [lo, hi] at which `eps(z)` stays within epsilon (eps falling as z grows, up
@@ -54,12 +56,26 @@ privacy::Mechanism round_mechanism(const DistributedDpConfig& c) {
   return mechanism_at(c, c.gamma, c.variance, c.count_scale);
 }
 
+double round_noise_multiplier(const DistributedDpConfig& c) {
+  const auto m = std::get<privacy::SkellamSum>(round_mechanism(c));
+  return std::sqrt(m.variance) / m.l2;
+}
+
 double count_noise_stddev(const DistributedDpConfig& c) {
   return c.count_scale > 0 ? std::sqrt(c.variance) / (2 * static_cast<double>(c.count_scale)) : 0.0;
 }
 
 DistributedDpConfig at_clip_norm(DistributedDpConfig c, double clip_norm) {
-  c.gamma = c.gamma * c.clip_norm / clip_norm;
+  if (clip_norm == c.clip_norm) return c;
+  // gamma' = gamma C0 / C, moved by ulps to the largest whose product with C (as the mechanism
+  // computes it: distributed_l2) is not above gamma C0: the planned product itself for most C, one
+  // ulp below it where no gamma' reaches it. A product an ulp above would cost the round more than
+  // z was chosen for, and could refuse the last planned round at a random C.
+  const double planned = c.gamma * c.clip_norm;
+  double gamma = planned / clip_norm;
+  while (gamma * clip_norm > planned) gamma = std::nextafter(gamma, 0.0);
+  while (std::nextafter(gamma, HUGE_VAL) * clip_norm <= planned) gamma = std::nextafter(gamma, HUGE_VAL);
+  c.gamma = gamma;
   c.clip_norm = clip_norm;
   return c;
 }
@@ -129,7 +145,9 @@ void finalize_distributed_dp(DistributedDpConfig& c, std::size_t d) {
     const double ceiling = 2 * sigma_b * (1 - 1e-9);
     double z_round = 0;
     try {
-      z_round = smallest_multiplier(eps, c.epsilon, std::min(1e-3, ceiling / 2), ceiling);
+      // The planned rounds within epsilon less a relative kPlanMargin: C moves, so the rounds are
+      // composed as distinct steps whose sum's rounding may differ from `rounds` times one.
+      z_round = smallest_multiplier(eps, c.epsilon * (1 - kPlanMargin), std::min(1e-3, ceiling / 2), ceiling);
     } catch (const std::invalid_argument&) {
       char why[240];
       std::snprintf(why, sizeof why,
@@ -230,7 +248,7 @@ nlohmann::json round_privacy_record(const DistributedDpConfig& budget, const wir
   // `noise_multiplier`, l1 and l2 are always the round's (the whole vector's, the count word
   // included), as in central mode; with adaptive clipping the update's own multiplier is
   // `update_noise_multiplier`, and the count's part is count_scale h and count_stddev.
-  nlohmann::json fields = {{"noise_multiplier", std::sqrt(m.variance) / m.l2},
+  nlohmann::json fields = {{"noise_multiplier", round_noise_multiplier(c)},
                            {"variance", c.variance},
                            {"gamma", c.gamma},
                            {"bits", c.bits},
@@ -298,6 +316,28 @@ std::optional<privacy::Mechanism> recorded_skellam_mechanism(const nlohmann::jso
   c = as_signed(c, k, c.padded);
   const privacy::Mechanism m = round_mechanism(c);
   privacy::validate(m);
+  // What a reader may take the spend from (docs/privacy.md) must be what the signed setup gives:
+  // a record stating a larger multiplier or smaller sensitivities would let it under-count.
+  const auto& s = std::get<privacy::SkellamSum>(m);
+  auto stated = [&](const char* key, double want) {
+    if (!p.contains(key) || !p[key].is_number()) {
+      throw std::invalid_argument(std::string("its privacy part has no number \"") + key + "\"");
+    }
+    const double got = p[key].get<double>();
+    if (!(std::abs(got - want) <= 1e-9 * std::abs(want))) {
+      char why[240];
+      std::snprintf(why, sizeof why, "its privacy part's %s %.12g is not the %.12g its signed setup gives", key, got,
+                    want);
+      throw std::invalid_argument(why);
+    }
+  };
+  stated("noise_multiplier", round_noise_multiplier(c));
+  stated("l1", s.l1);
+  stated("l2", s.l2);
+  if (c.count_scale > 0) {
+    stated("count_stddev", count_noise_stddev(c));
+    stated("update_noise_multiplier", c.noise_multiplier);
+  }
   return m;
 }
 

@@ -53,6 +53,10 @@
 namespace xsilo::server {
 
 inline constexpr double kWrapFailure = 1e-6;
+// Adaptive clipping with `rounds`: z is chosen so that the planned rounds spend at most epsilon
+// (1 - kPlanMargin), so that C's moving (rounds composed one by one, gamma' C an ulp below gamma C)
+// never refuses a planned round by a rounding.
+inline constexpr double kPlanMargin = 1e-9;
 
 struct DistributedDpConfig {
   double epsilon = 0;
@@ -87,11 +91,19 @@ double distributed_l1(const DistributedDpConfig& c, double gamma);
 // One committed round: SkellamSum{Delta_1, Delta_2, mu}; with the count word of scale h, the
 // same Skellam vector one word longer: SkellamSum{Delta_1 + h, sqrt(Delta_2^2 + h^2), mu}.
 privacy::Mechanism round_mechanism(const DistributedDpConfig& c);
-// The count's standard deviation in count units, sqrt(mu) / (2 h) (0 without a count word).
+// The round's noise multiplier, sqrt(mu) over the round's L2 sensitivity (the whole vector's, the
+// count word included): what records, `xsilo status` and the start's log call noise_multiplier;
+// c.noise_multiplier is the update's (update_noise_multiplier there when there is a count word).
+double round_noise_multiplier(const DistributedDpConfig& c);
+// The count's standard deviation in count units, sqrt(mu) / (2 h) (0 without a count word): at
+// least the configured sigma_b (h = floor(sqrt(mu) / (2 sigma_b)), at least 1), below (h + 1) / h
+// times it.
 double count_noise_stddev(const DistributedDpConfig& c);
 // The round's parameters at adaptive clipping's clip norm C: gamma C stays what it was chosen
-// for (gamma' = gamma clip_norm / C), so the integer sum, its ring and its mechanism are the
-// same whatever C is; only what one integer means moves with C.
+// for (gamma' = gamma clip_norm / C, the largest whose product with C is not above gamma
+// clip_norm: the same product for most C, an ulp below it for the rest), so the integer sum, its
+// ring and its mechanism are the same whatever C is, never costlier; only what one integer means
+// moves with C.
 DistributedDpConfig at_clip_norm(DistributedDpConfig c, double clip_norm);
 bool fits_another_round(const DistributedDpConfig& c, const privacy::Ledger& spent);
 // The smallest z for which `rounds` rounds at (l1, l2) stay within (epsilon, delta).
@@ -136,7 +148,9 @@ class SetupMismatch : public std::invalid_argument {
 // recomputed from gamma, C, P, beta and mu, never read from the record's own sensitivities, and
 // only once bits, gamma, mu, C, beta and the rotation seed hash to the record's setup_sha256
 // (else SetupMismatch: the record's parameters are not those the silos were sent; a missing or
-// malformed field is std::invalid_argument).
+// malformed field is std::invalid_argument, and so is a stated noise_multiplier, l1 or l2, or with
+// a count word count_stddev or update_noise_multiplier, that is not the recomputed one within a
+// relative 1e-9, naming the field).
 std::optional<privacy::Mechanism> recorded_skellam_mechanism(const nlohmann::json& record);
 // The same, for a round that spent: committed, or aborted after unmasking a noisy sum (its
 // privacy part's "sums_revealed" > 0); nullopt for any other record.

@@ -701,6 +701,9 @@ TEST(Coordinator, CentralDpWithAdaptiveClippingCarriesItsClipNormAndSpendsExactl
   const auto status = again.coord().status(again.now)["central_dp"];
   EXPECT_EQ(status["count_stddev"].get<double>(), dp.count_stddev);
   EXPECT_EQ(status["clip_norm"].get<double>(), c);
+  // Its multipliers named as the records name them: noise_multiplier the round's.
+  EXPECT_EQ(status["noise_multiplier"], log.back()["privacy"]["noise_multiplier"]);
+  EXPECT_EQ(status["update_noise_multiplier"], log.back()["privacy"]["update_noise_multiplier"]);
   const auto verified = check_privacy_claims(log);
   ASSERT_TRUE(succeeded(verified));
   EXPECT_EQ(verified->silo_rounds(), 4u);

@@ -764,10 +764,15 @@ TEST(Cores, DistributedDpWithAdaptiveClippingMovesTheClipNormTowardTheQuantileAn
     EXPECT_NEAR(p["clip_norm"].get<double>(), c, 1e-12 * c);
     EXPECT_NEAR(ac["clip_norm"].get<double>(), c, 1e-12 * c);
     EXPECT_GT(p["count_scale"].get<std::uint64_t>(), 0u);
-    // The count's noise is the configured sigma_b (up to h's rounding), and the round's multiplier
+    // Whatever C the noised counts led to, the round costs no more than the first, at the planned
+    // gamma C (at_clip_norm never rounds gamma' C above it): the planned rounds all fit.
+    EXPECT_LE(p["l2"].get<double>(), rounds.front()["privacy"]["l2"].get<double>());
+    EXPECT_EQ(p["variance"], rounds.front()["privacy"]["variance"]);
+    // The count's noise is the configured sigma_b (h rounded down: never less), and the round's multiplier
     // is the update's and the count's together, central mode's formula.
     const double h = static_cast<double>(p["count_scale"].get<std::uint64_t>());
-    EXPECT_NEAR(p["count_stddev"].get<double>(), 0.2, 0.2 / h);
+    EXPECT_GE(p["count_stddev"].get<double>(), 0.2);
+    EXPECT_LT(p["count_stddev"].get<double>(), 0.2 * (h + 1) / h);
     const double z = p["update_noise_multiplier"].get<double>();
     const double z_round = 1 / std::sqrt(1 / (z * z) + 1 / (4 * 0.2 * 0.2));
     EXPECT_NEAR(p["noise_multiplier"].get<double>(), z_round, 2 * z_round / h);
@@ -793,11 +798,29 @@ TEST(Cores, DistributedDpWithAdaptiveClippingMovesTheClipNormTowardTheQuantileAn
   // Without the count word, the same records would claim less: the count is accounted.
   auto uncounted = rounds.front();
   uncounted["privacy"].erase("count_scale");
-  EXPECT_THROW(server::recorded_skellam_mechanism(uncounted), std::invalid_argument);
+  try {
+    server::recorded_skellam_mechanism(uncounted);
+    ADD_FAILURE() << "a record that adapted C without its count scale was read";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "its clip norm adapted to a count of unclipped updates (robust.adaptive_clip) but its "
+                           "privacy part states no count_scale: the count's release is not accounted");
+  }
+  // Without robust.adaptive_clip too, its parameters no longer hash to the setup it names.
+  uncounted.erase("robust");
+  EXPECT_THROW(server::recorded_skellam_mechanism(uncounted), server::SetupMismatch);
   const auto claims = server::check_privacy_claims(fed.store.records);
   ASSERT_TRUE(claims.has_value()) << claims.error().message();
   EXPECT_EQ(claims->silo_rounds(), planned);
   EXPECT_NEAR(claims->silo_epsilon, spent, 1e-12);
+  // xsilo status names the multipliers as the records do: noise_multiplier the round's, and the
+  // update's as update_noise_multiplier.
+  const auto status = fed.coord().status(fed.now())["distributed_dp"];
+  const auto& last = rounds.back()["privacy"];
+  EXPECT_NEAR(status["noise_multiplier"].get<double>(), last["noise_multiplier"].get<double>(),
+              1e-12 * last["noise_multiplier"].get<double>());
+  EXPECT_NEAR(status["update_noise_multiplier"].get<double>(), last["update_noise_multiplier"].get<double>(),
+              1e-12 * last["update_noise_multiplier"].get<double>());
+  EXPECT_EQ(status["count_scale"], last["count_scale"]);
 }
 
 }  // namespace

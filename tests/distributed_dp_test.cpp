@@ -14,6 +14,8 @@
 #include "server/audit.h"
 #include "server/central_dp.h"
 #include "server/distributed_dp.h"
+#include "server/group_sum.h"
+#include "server/secure_groups.h"
 #include "tests/privacy_claims.h"
 #include "tests/result_util.h"
 #include "tests/testlib.h"
@@ -220,6 +222,31 @@ TEST(Skellam, TheCountWordDecodesToTheCentredUnclippedCountWithItsCalibratedNois
   EXPECT_NEAR(std::sqrt(var), sd, 0.15 * sd);
 }
 
+// The count word's sum, n h plus the noise, is read centred in the whole masking ring 2^ring, not
+// the mechanism's 2^bits (crypto/skellam.h): with bits = 8 and ring = 32, eight unclipped
+// members' 8 x 40 = 320 is beyond 2^7 and still decodes to u - n / 2 = 4 (read in 2^8 it would
+// wrap to 64 / 80 = 0.8).
+TEST(Skellam, TheCountWordIsReadInTheMaskingRingBeyondTheMechanismsBits) {
+  const std::size_t n = 8, d = 4;
+  auto updates = random_updates(n, d, 0.1, 4);  // norm about 0.2: every member within C = 1
+  const crypto::SkellamParams p{
+      .ring = 32, .bits = 8, .clip_norm = 1.0, .gamma = 4, .silo_variance = 1, .rotation_seed = 3, .count_scale = 40};
+  std::vector<std::uint32_t> sum(crypto::skellam_words(p, d), 0);
+  for (std::size_t i = 0; i < n; ++i) {
+    crypto::NoiseSource noise(key(static_cast<std::uint8_t>(40 + i)));
+    std::vector<std::uint32_t> words(sum.size());
+    EXPECT_EQ(crypto::encode_skellam(p, updates[i], noise, std::span<std::uint32_t>(words)), 1.0);
+    for (std::size_t w = 0; w < sum.size(); ++w) sum[w] += words[w];  // mod 2^32
+  }
+  const auto count_word = crypto::centred(sum.back(), 32);
+  ASSERT_GT(count_word, 127) << "the test needs a count word beyond 2^(bits - 1)";
+  const auto got = crypto::decode_skellam(p, std::span<const std::uint32_t>(sum), d);
+  ASSERT_EQ(got.size(), d + 2);
+  EXPECT_EQ(got[d], static_cast<double>(n));
+  // The noise: Skellam of variance 8, about 2.8 / 80 = 0.035 counts; 0.5 is 14 deviations.
+  EXPECT_NEAR(got[d + 1], 4.0, 0.5);
+}
+
 // The sum the server decodes carries Skellam noise of variance n x (mu / n_min) in integer
 // units: zero updates (no rounding), n = n_min = 8 silos, 65536 coordinates; the empirical
 // variance is within 3% (its standard error is about sqrt(2 / 65536) = 0.55%).
@@ -358,18 +385,36 @@ TEST(DistributedDp, TheNoiseMultiplierIsTheSmallestThatLastsTheRounds) {
   EXPECT_GT(eps_at(c.noise_multiplier * 0.99), 1.0);
 }
 
+// A federation_start and committed round records 1..4 of c, its setups signed with rotation seed
+// 7, and their spend; with adaptive clipping (c.count_scale > 0) round r runs at C = 0.5 x 1.3^(r-1)
+// (at_clip_norm) and its record has the robust.adaptive_clip part.
+struct RoundLog {
+  std::vector<nlohmann::json> records;
+  privacy::Ledger spent;
+};
+RoundLog four_committed_rounds(const server::DistributedDpConfig& c) {
+  RoundLog log{{{{"event", "federation_start"}}}, {}};
+  double clip = 0.5;
+  for (std::uint64_t r = 1; r <= 4; ++r, clip *= 1.3) {
+    const auto round = c.count_scale > 0 ? server::at_clip_norm(c, clip) : c;
+    log.spent.add(server::round_mechanism(round), 1);
+    nlohmann::json rec = {
+        {"event", "round"},
+        {"round", r},
+        {"status", "committed"},
+        {"privacy", server::round_privacy_record(round, server::signed_part(round, 7), c.padded, log.spent)}};
+    if (c.count_scale > 0) rec["robust"]["adaptive_clip"] = {{"clip_norm", clip}, {"next", clip * 1.3}};
+    log.records.push_back(rec);
+  }
+  return log;
+}
+
 // `xsilo audit verify` recomposes the Skellam rounds from gamma, C, P, beta and mu: an
 // understated epsilon, or a record whose variance was smaller than it claims, fails.
 TEST(DistributedDp, AuditVerifyFailsOnAnUnderstatedEpsilon) {
   auto c = digits_like(20, 8, 10);
   server::finalize_distributed_dp(c, 4810);
-  std::vector<nlohmann::json> log = {{{"event", "federation_start"}}};
-  privacy::Ledger spent;
-  for (std::uint64_t r = 1; r <= 4; ++r) {
-    spent.add(server::round_mechanism(c), 1);
-    log.push_back({{"event", "round"}, {"round", r}, {"status", "committed"},
-                   {"privacy", server::round_privacy_record(c, server::signed_part(c, 7), c.padded, spent)}});
-  }
+  const auto [log, spent] = four_committed_rounds(c);
   const auto ok = server::check_privacy_claims(log);
   EXPECT_TRUE(succeeded(ok));
   EXPECT_EQ(ok->silo_rounds(), 4u);
@@ -404,7 +449,8 @@ TEST(DistributedDp, AdaptiveClippingsCountWordIsAccountedAndAuditVerifyFailsARec
   server::finalize_distributed_dp(c, 4810);
   ASSERT_GT(c.count_scale, 0u);
   const double l2 = server::distributed_l2(c, c.gamma);
-  EXPECT_NEAR(server::count_noise_stddev(c), 1.5, 1.5 / static_cast<double>(c.count_scale));
+  EXPECT_GE(server::count_noise_stddev(c), 1.5);
+  EXPECT_LT(server::count_noise_stddev(c), 1.5 * static_cast<double>(c.count_scale + 1) / static_cast<double>(c.count_scale));
   const auto m = std::get<privacy::SkellamSum>(server::round_mechanism(c));
   const double h = static_cast<double>(c.count_scale);
   EXPECT_DOUBLE_EQ(m.l2, std::sqrt(l2 * l2 + h * h));
@@ -420,41 +466,195 @@ TEST(DistributedDp, AdaptiveClippingsCountWordIsAccountedAndAuditVerifyFailsARec
   weaker.compose(privacy::SkellamSum{m.l1, m.l2, m.variance * 0.98}, 10);
   EXPECT_GT(weaker.epsilon(c.delta).epsilon, 8.0);
   // Records of four rounds at moving C: the mechanism is the same, the records pass verify.
-  std::vector<nlohmann::json> log = {{{"event", "federation_start"}}};
-  privacy::Ledger spent;
+  const auto [log, spent] = four_committed_rounds(c);
   double clip = 0.5;
   for (std::uint64_t r = 1; r <= 4; ++r, clip *= 1.3) {
-    const auto round = server::at_clip_norm(c, clip);
-    const auto moved = std::get<privacy::SkellamSum>(server::round_mechanism(round));
+    const auto moved = std::get<privacy::SkellamSum>(*server::recorded_skellam_mechanism(log[r]));
     EXPECT_NEAR(moved.l2, m.l2, 1e-12 * m.l2);
     EXPECT_EQ(moved.variance, m.variance);
-    spent.add(server::round_mechanism(round), 1);
-    nlohmann::json rec = {{"event", "round"}, {"round", r}, {"status", "committed"},
-                          {"privacy", server::round_privacy_record(round, server::signed_part(round, 7), c.padded, spent)}};
-    rec["robust"]["adaptive_clip"] = {{"clip_norm", clip}, {"next", clip * 1.3}};
-    EXPECT_EQ(rec["privacy"]["count_scale"], c.count_scale);
-    EXPECT_EQ(rec["privacy"]["clip_norm"].get<double>(), clip);
-    EXPECT_NEAR(rec["privacy"]["noise_multiplier"].get<double>(), z_round, 1e-12 * z_round);
-    log.push_back(rec);
+    EXPECT_EQ(log[r]["privacy"]["count_scale"], c.count_scale);
+    EXPECT_EQ(log[r]["privacy"]["clip_norm"].get<double>(), clip);
+    EXPECT_NEAR(log[r]["privacy"]["noise_multiplier"].get<double>(), z_round, 1e-12 * z_round);
   }
   const auto ok = server::check_privacy_claims(log);
   ASSERT_TRUE(succeeded(ok));
   EXPECT_NEAR(ok->silo_epsilon, server::epsilon_of(spent, c.delta), 1e-12);
   test::expect_understated_epsilon_caught(log, "distributed DP");
-  // The count word's release without it: verify refuses the record, and a record that drops the
-  // scale but keeps its setup_sha256 no longer hashes to the signed setup.
+  // The count word's release without it: verify refuses a record that adapted C but states no
+  // count scale, and a record that drops the scale but keeps its setup_sha256 no longer hashes to
+  // the signed setup.
   auto uncounted = log;
   uncounted[2]["privacy"].erase("count_scale");
-  EXPECT_FALSE(server::check_privacy_claims(uncounted).has_value());
+  test::expect_claims_fail(uncounted, "record 3 (round 2): its distributed DP spend cannot be read (its clip norm "
+                                      "adapted to a count of unclipped updates (robust.adaptive_clip) but its privacy "
+                                      "part states no count_scale: the count's release is not accounted)");
   uncounted[2].erase("robust");
-  EXPECT_FALSE(server::check_privacy_claims(uncounted).has_value());
+  test::expect_claims_fail(uncounted, "record 3 (round 2): its distributed DP parameters do not match the signed setup "
+                                      "the silos were sent: its privacy part's bits, gamma, variance, clip_norm, beta, "
+                                      "rotation_seed and padded_length are not the signed setup it names");
+  // A setup signed, and hashed, honestly without a count word, in a round whose C adapted: only
+  // the explicit check catches it (the hash and the stated multipliers are all the vector's).
+  auto vector_setup = c;
+  vector_setup.count_scale = 0;
+  auto adapted = four_committed_rounds(vector_setup).records;
+  ASSERT_TRUE(succeeded(server::check_privacy_claims(adapted)));
+  adapted[2]["robust"]["adaptive_clip"] = {{"clip_norm", 0.5}, {"next", 0.6}};
+  test::expect_claims_fail(adapted, "record 3 (round 2): its distributed DP spend cannot be read (its clip norm "
+                                    "adapted to a count of unclipped updates (robust.adaptive_clip) but its privacy "
+                                    "part states no count_scale");
   // The count's part of the round, taken away, would claim less: the epsilon the records state is
   // more than the vector alone would cost.
-  auto vector_only = c;
-  vector_only.count_scale = 0;
   privacy::Ledger less;
-  less.add(server::round_mechanism(vector_only), 4);
+  less.add(server::round_mechanism(vector_setup), 4);
   EXPECT_GT(ok->silo_epsilon, server::epsilon_of(less, c.delta));
+}
+
+// `xsilo audit verify` compares what a distributed-DP record states its spend by (docs/privacy.md
+// lets a reader take it from noise_multiplier, l1 and l2) with what its signed setup gives, as in
+// central mode: a record stating a larger or smaller multiplier or sensitivity, or with adaptive
+// clipping another count_stddev or update_noise_multiplier, or leaving one out, fails, naming it.
+TEST(DistributedDp, AuditVerifyFailsARecordWhoseStatedMultipliersAreNotItsSignedSetups) {
+  auto fixed = digits_like(20, 8, 10);
+  server::finalize_distributed_dp(fixed, 4810);
+  auto adaptive = digits_like(20, 8, 10);
+  adaptive.counts_unclipped = true;
+  adaptive.count_stddev = 1.5;
+  server::finalize_distributed_dp(adaptive, 4810);
+  ASSERT_GT(adaptive.count_scale, 0u);
+  for (const auto* c : {&fixed, &adaptive}) {
+    SCOPED_TRACE(c->count_scale > 0 ? "adaptive" : "fixed C");
+    const auto log = four_committed_rounds(*c).records;
+    ASSERT_TRUE(succeeded(server::check_privacy_claims(log)));
+    std::vector<std::string> fields = {"noise_multiplier", "l1", "l2"};
+    if (c->count_scale > 0) fields.insert(fields.end(), {"count_stddev", "update_noise_multiplier"});
+    for (const auto& f : fields) {
+      SCOPED_TRACE(f);
+      for (const double by : {1.01, 0.99, 1 + 1e-8}) {
+        auto lie = log;
+        lie[2]["privacy"][f] = log[2]["privacy"][f].get<double>() * by;
+        test::expect_claims_fail(lie, "record 3 (round 2): its distributed DP spend cannot be read (its privacy part's " +
+                                          f + " ");
+      }
+      auto dropped = log;
+      dropped[2]["privacy"].erase(f);
+      test::expect_claims_fail(dropped, "(its privacy part has no number \"" + f + "\")");
+      // A reader's rounding, well within a relative 1e-9, passes.
+      auto rounded = log;
+      rounded[2]["privacy"][f] = log[2]["privacy"][f].get<double>() * (1 + 1e-12);
+      EXPECT_TRUE(succeeded(server::check_privacy_claims(rounded)));
+    }
+  }
+}
+
+// The count word's sum reaches n h plus the noise's tail in the masking ring: a config whose h
+// (sqrt(mu) / (2 count_stddev)) makes it pass 2^(ring - 1) is refused at load with the numbers,
+// and the same config in a wider masking ring is not.
+TEST(DistributedDp, ACountWordBeyondTheMaskingRingIsRefusedAtLoad) {
+  auto c = digits_like(20, 8, 0);
+  c.noise_multiplier = 1;
+  c.counts_unclipped = true;
+  c.count_stddev = 1e-6;  // h of about sqrt(mu) / 2e-6: 10 silos' 10 h far beyond 2^31
+  c.ring = 32;
+  try {
+    auto refused = c;
+    server::finalize_distributed_dp(refused, 4810);
+    ADD_FAILURE() << "a count word of scale " << refused.count_scale << " fit 2^32";
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("the unclipped count word (scale "), std::string::npos) << what;
+    EXPECT_NE(what.find(", 10 silos, noise variance "), std::string::npos) << what;
+    EXPECT_NE(what.find("beyond the masking ring of 2^32; use more secure.bits or a larger count_stddev"),
+              std::string::npos)
+        << what;
+  }
+  c.ring = 64;
+  server::finalize_distributed_dp(c, 4810);
+  EXPECT_GT(10.0 * static_cast<double>(c.count_scale), std::ldexp(1.0, 31));
+}
+
+// The server's plausibility check of a group's decoded sum under adaptive clipping: the centred
+// count u - n / 2 + noise / (2 h) may pass n / 2 by at most six of the noise's deviations (and 1);
+// a count word beyond that (a member sent another word than +-h) fails the group, with its value.
+TEST(DistributedDp, AnImplausibleCountWordFailsTheGroupsSum) {
+  server::DistributedDpConfig dp;
+  dp.padded = 4;
+  dp.gamma = 100;
+  dp.clip_norm = 1;
+  dp.variance = 400;  // n = n_min = 4: the sum's noise deviation 20, 1 count at h = 10
+  dp.count_scale = 10;
+  // 4 coordinates (zero), the member count 4, then the centred count.
+  auto sum = [](double count) { return server::GroupSum({0, 0, 0, 0, 4, count}, 4); };
+  EXPECT_EQ(error_text(server::check_plausible_skellam_sum(sum(1.5), 4, 4, dp)), "");
+  EXPECT_EQ(error_text(server::check_plausible_skellam_sum(sum(-8.9), 4, 4, dp)), "");  // 2 + 6 + 1
+  EXPECT_EQ(error_text(server::check_plausible_skellam_sum(sum(12), 4, 4, dp)),
+            "unclipped count word 12.000000 is beyond what 4 members' +-10 and the noise can make: a member sent "
+            "another word");
+  EXPECT_NE(error_text(server::check_plausible_skellam_sum(sum(-9.1), 4, 4, dp)).find("unclipped count word -9.1"),
+            std::string::npos);
+  // Without a count word the same values are the vector's and the member count only.
+  dp.count_scale = 0;
+  EXPECT_EQ(error_text(server::check_plausible_skellam_sum(server::GroupSum({0, 0, 0, 0, 4}, 4), 4, 4, dp)), "");
+}
+
+// The count word's scale h is rounded down (at least 1): the count's noise in count units,
+// sqrt(mu) / (2 h), is never below the configured sigma_b, and h is the largest that keeps it
+// there (rounded to the nearest, h would lower it half the time).
+TEST(DistributedDp, TheCountsNoiseIsNeverBelowTheConfiguredCountStddev) {
+  for (const double sigma_b : {0.3, 0.45, 0.7, 1.1, 1.5, 2.2, 3.3, 5.0}) {
+    SCOPED_TRACE(sigma_b);
+    auto c = digits_like(20, 8, 0);
+    c.noise_multiplier = 1;
+    c.counts_unclipped = true;
+    c.count_stddev = sigma_b;
+    server::finalize_distributed_dp(c, 4810);
+    ASSERT_GT(c.count_scale, 1u);
+    EXPECT_GE(server::count_noise_stddev(c), sigma_b);
+    auto one_more = c;
+    ++one_more.count_scale;
+    EXPECT_LT(server::count_noise_stddev(one_more), sigma_b);
+  }
+}
+
+// Adaptive clipping's C comes from noised counts, so a round's C is random, and gamma' C is gamma
+// C only up to a rounding: a product an ulp above the planned one would make the round cost more
+// than z was chosen for, and randomly refuse the last planned round. At any C the product is never
+// above the planned one (the planned one itself for most C), and finalize leaves epsilon a relative
+// 1e-9 margin over the planned rounds, so that they fit at any Cs, composed in any order, and one
+// more does not.
+TEST(DistributedDp, AdaptiveClippingsPlannedRoundsFitAtAnyClipNormsAndOneMoreDoesNot) {
+  auto c = digits_like(20, 8, 10);
+  c.counts_unclipped = true;
+  c.count_stddev = 1.5;
+  server::finalize_distributed_dp(c, 4810);
+  const double planned = c.gamma * c.clip_norm;
+  const auto at_plan = std::get<privacy::SkellamSum>(server::round_mechanism(c));
+  privacy::Accountant a;
+  a.compose(at_plan, c.rounds);
+  EXPECT_LE(a.epsilon(c.delta).epsilon, 8 * (1 - 1e-9));
+  std::size_t exact = 0;
+  std::vector<double> clips;
+  for (int k = 0; k < 2000; ++k) clips.push_back(c.clip_norm * std::exp(-3 + 6 * k / 1999.0));
+  for (const double clip : clips) {
+    const auto round = server::at_clip_norm(c, clip);
+    ASSERT_EQ(round.clip_norm, clip);
+    ASSERT_LE(round.gamma * round.clip_norm, planned) << "at C = " << clip;
+    ASSERT_GT(std::nextafter(round.gamma, 1e300) * round.clip_norm, planned) << "at C = " << clip << ": not the largest";
+    const auto m = std::get<privacy::SkellamSum>(server::round_mechanism(round));
+    ASSERT_LE(m.l2, at_plan.l2);
+    ASSERT_LE(m.l1, at_plan.l1);
+    exact += round.gamma * round.clip_norm == planned ? 1 : 0;
+  }
+  EXPECT_GT(exact, clips.size() * 3 / 4);
+  // The planned rounds at Cs taken along the grid, 200 runs of them: each fits.
+  for (std::size_t run = 0; run < 200; ++run) {
+    privacy::Ledger spent;
+    for (std::uint64_t r = 0; r < c.rounds; ++r) {
+      const auto round = server::at_clip_norm(c, clips[(run * 37 + r * 211) % clips.size()]);
+      ASSERT_TRUE(server::fits_another_round(round, spent)) << "run " << run << ", round " << r + 1;
+      spent.add(server::round_mechanism(round), 1);
+    }
+    EXPECT_FALSE(server::fits_another_round(server::at_clip_norm(c, clips[run]), spent)) << "run " << run;
+  }
 }
 
 // A digits-sized federation's parameters, and the setup part a deviating server signs for it:
