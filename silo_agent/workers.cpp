@@ -165,7 +165,7 @@ namespace {
 // worker collects writes the combined model and its stats.
 void run_gossip_job(collective::Group& group, const WorkerJob& job, Model& model, const Dataset& data,
                     const Network& net) {
-  collective::GossipLinks links(group.rank(), group.peers(), group.listen_fd(), group.options().step_timeout);
+  collective::GossipLinks links(group.rank(), group.peers(), group.listen_fd(), model.size(), group.options().step_timeout);
   RunHooks hooks{.log = {}, .on_epoch = [&](std::uint32_t epoch) {
     spdlog::info("worker {}: epoch {} of {} done", group.id(), epoch, job.train.epochs);
   }};

@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <sys/socket.h>
 #include <fstream>
 #include <atomic>
 #include <map>
@@ -14,9 +16,11 @@
 #include <sstream>
 #include <thread>
 
+#include "common/finite.h"
 #include "common/fs.h"
 #include "common/process.h"
 #include "common/safetensors.h"
+#include "silo_agent/collective/exchange.h"
 #include "silo_agent/collective/failure_policy.h"
 #include "silo_agent/collective/gpu_info.h"
 #include "silo_agent/collective/group.h"
@@ -1169,7 +1173,7 @@ std::vector<agent::GossipResult> run_gossip(const TrainingCase& c, const std::ve
   std::mutex mu;
   int writes = 0;
   with_group(n, opts, [&](Group& g) {
-    GossipLinks links(g.rank(), g.peers(), g.listen_fd(), opts.step_timeout);
+    GossipLinks links(g.rank(), g.peers(), g.listen_fd(), c.model.size(), opts.step_timeout);
     agent::RunHooks hooks;
     hooks.slow_down = [pause](std::uint64_t, std::chrono::nanoseconds) { return std::chrono::nanoseconds(pause); };
     const auto write = [&](std::span<const float> model, const agent::GossipResult&) {
@@ -1182,6 +1186,128 @@ std::vector<agent::GossipResult> run_gossip(const TrainingCase& c, const std::ve
   });
   EXPECT_EQ(writes, 1) << "exactly one collector writes";
   return results;
+}
+
+// A forged 48-byte gossip header (gossip_links.cpp's layout) and `floats` floats of `value`.
+std::vector<std::uint8_t> forged(std::uint32_t kind, std::uint64_t count, double weight, std::uint64_t rows,
+                                 std::size_t floats, float value) {
+  std::vector<std::uint8_t> b(48 + floats * sizeof(float));
+  std::memcpy(b.data(), &kind, 4);
+  std::memcpy(b.data() + 8, &count, 8);
+  std::memcpy(b.data() + 16, &weight, 8);
+  std::memcpy(b.data() + 40, &rows, 8);
+  for (std::size_t k = 0; k < floats; ++k) std::memcpy(b.data() + 48 + k * sizeof(float), &value, sizeof value);
+  return b;
+}
+
+// Three ranks: 0 and 1 gossip (learning rate 0, starting models m and 2m + 1); rank 2 is a raw
+// TCP peer that sends `to_0` and `to_1` over its links and then reads until they close. Returns
+// the results of ranks 0 and 1 and the collector's model.
+std::vector<agent::GossipResult> gossip_with_a_forger(const TrainingCase& c, const std::vector<std::uint8_t>& to_0,
+                                                      const std::vector<std::uint8_t>& to_1, Model& combined) {
+  Options opts;
+  opts.communicator = false;
+  opts.step_timeout = std::chrono::milliseconds(5000);
+  std::vector<Model> models(2, c.model);
+  for (auto& v : models[1].flat()) v = 2 * v + 1;
+  std::vector<agent::GossipResult> results(2);
+  const Network net(c.model);
+  std::mutex mu;
+  with_group(3, opts, [&](Group& g) {
+    if (g.rank() == 2) {
+      const auto fds = collective::detail::connect_peers(g.rank(), g.peers(), g.listen_fd(), opts.step_timeout);
+      for (int p = 0; p < 2; ++p) {
+        const auto& bytes = p == 0 ? to_0 : to_1;
+        ASSERT_EQ(::send(fds[static_cast<std::size_t>(p)], bytes.data(), bytes.size(), MSG_NOSIGNAL),
+                  static_cast<ssize_t>(bytes.size()));
+      }
+      std::vector<char> sink(1 << 16);
+      for (int p = 0; p < 2; ++p) {
+        while (::recv(fds[static_cast<std::size_t>(p)], sink.data(), sink.size(), 0) > 0) {
+        }
+        ::close(fds[static_cast<std::size_t>(p)]);
+      }
+      return;
+    }
+    GossipLinks links(g.rank(), g.peers(), g.listen_fd(), c.model.size(), opts.step_timeout);
+    agent::RunHooks hooks;
+    hooks.slow_down = [](std::uint64_t, std::chrono::nanoseconds) { return std::chrono::nanoseconds(1000000); };
+    const auto write = [&](std::span<const float> model, const agent::GossipResult&) {
+      std::lock_guard<std::mutex> lock(mu);
+      std::copy(model.begin(), model.end(), combined.flat().begin());
+    };
+    const auto id = static_cast<std::size_t>(g.rank());
+    results[id] = agent::train_gossip(links, 3, net, models[id].flat(), c.data, c.opts, write, hooks);
+  });
+  return results;
+}
+
+bool said(const agent::GossipResult& r, const std::string& what) {
+  for (const auto& e : r.events) {
+    if (e.find(what) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// Whether every float of `got` lies between those of the starting models m and 2m + 1 (a
+// weighted average of them, whatever mass was lost).
+bool between_the_starts(const Model& start, std::span<const float> got) {
+  for (std::size_t k = 0; k < got.size(); ++k) {
+    const float a = start.flat()[k], b = 2 * a + 1;
+    if (!(got[k] >= std::min(a, b) - 1e-4f && got[k] <= std::max(a, b) + 1e-4f)) return false;
+  }
+  return true;
+}
+
+// A header is checked against the model before anything is allocated for it: a push that says
+// it carries 2^31 floats (8 GiB), a `done` that says it carries any, are each dropped with the
+// reason, and the two honest workers finish and combine their own models.
+TEST(Gossip, AHeaderOfTheWrongSizeDropsItsPeerBeforeAnythingIsAllocated) {
+  auto c = digits_case(300);
+  c.opts.learning_rate = 0;
+  c.opts.epochs = 5;
+  Model combined = c.model;
+  const auto results = gossip_with_a_forger(c, forged(1, std::uint64_t{1} << 31, 1.0, 0, 0, 0),
+                                            forged(2, 5, 0, 0, 5, 1.0f), combined);
+  EXPECT_TRUE(said(results[0], "rank 2 sent a malformed message (kind 1 with 2147483648 floats, not " +
+                                   std::to_string(c.model.size()) + ")"));
+  EXPECT_TRUE(said(results[1], "rank 2 sent a malformed message (kind 2 with 5 floats, not 0)"));
+  EXPECT_EQ(results[0].collected + results[1].collected, 1);
+  EXPECT_TRUE(between_the_starts(c.model, combined.flat()));
+}
+
+// Values no worker sends are refused, not added: a push of weight NaN, one of weight 0 with
+// infinite floats, and one that claims more rows than the round's work each drop the peer (its
+// mass would spread to every worker, and the silo's model would not be finite).
+TEST(Gossip, APushWithAWeightOrValuesThatAreNotFiniteDropsItsPeerAndIsNotAdded) {
+  auto c = digits_case(300);
+  c.opts.learning_rate = 0;
+  c.opts.epochs = 5;
+  const auto n = c.model.size();
+  const auto budget = static_cast<std::uint64_t>(c.data.rows) * c.opts.epochs;
+  struct Case {
+    std::vector<std::uint8_t> to_0, to_1;
+    std::string said_0, said_1;
+  };
+  const std::vector<Case> cases{
+      {forged(1, n, std::nan(""), 0, n, 1.0f), forged(1, n, 0.0, 0, n, std::numeric_limits<float>::infinity()),
+       "malformed message: weight nan", "malformed message: weight 0"},
+      {forged(1, n, 0.5, 0, n, std::numeric_limits<float>::quiet_NaN()), forged(1, n, 0.5, budget + 1, n, 1.0f),
+       "malformed message: a model with values that are not finite", "rows trained, past the round's"},
+  };
+  for (const auto& k : cases) {
+    Model combined = c.model;
+    const auto results = gossip_with_a_forger(c, k.to_0, k.to_1, combined);
+    EXPECT_TRUE(said(results[0], k.said_0)) << k.said_0;
+    EXPECT_TRUE(said(results[1], k.said_1)) << k.said_1;
+    EXPECT_TRUE(xsilo::all_finite(combined.flat()));
+    EXPECT_TRUE(between_the_starts(c.model, combined.flat()));
+    for (const auto& r : results) {
+      if (r.collected) {
+        EXPECT_TRUE(r.weight > 0 && r.weight <= 2 + 1e-9) << r.weight;
+      }
+    }
+  }
 }
 
 // With no training (learning rate 0: every step's update is zero), push-sum is pure averaging:
