@@ -20,6 +20,7 @@
 #include "common/fs.h"
 #include "common/process.h"
 #include "common/safetensors.h"
+#include "crypto/hash.h"
 #include "silo_agent/collective/exchange.h"
 #include "silo_agent/collective/failure_policy.h"
 #include "silo_agent/collective/gpu_info.h"
@@ -1822,7 +1823,8 @@ void expect_gossip_to_survive_a_kill(int victim) {
     if (k == victim) continue;
     ASSERT_NO_FATAL_FAILURE(expect_clean_exit(w, k, std::chrono::milliseconds(120000)));
   }
-  ASSERT_TRUE(std::filesystem::exists(job.out)) << slurp(w.logs[victim == 0 ? 1 : 0]);
+  std::vector<std::string> chosen;
+  ASSERT_TRUE(agent::choose_gossip_output(job.out, 4, chosen)) << slurp(w.logs[victim == 0 ? 1 : 0]);
   const auto stats = nlohmann::json::parse(slurp(job.out.string() + ".json"));
   EXPECT_EQ(stats.at("algorithm"), "gossip");
   EXPECT_EQ(stats.at("combined"), 3) << stats.dump();
@@ -1840,6 +1842,39 @@ void expect_gossip_to_survive_a_kill(int victim) {
   // Untrained 2.31.
   EXPECT_LT(net.evaluate(trained.flat(), c.data).loss, 0.75 * net.evaluate(c.model.flat(), c.data).loss)
       << stats.dump() << slurp(w.logs[victim == 0 ? 1 : 0]);
+}
+
+// Two gossip collectors (one gave up on the other as too slow) each write their own model and
+// stats; the agent takes the output holding the most mass (a tie: the lower rank), never one
+// whose model is not the one its stats name, and removes the others: the round's model and its
+// stats always come from the same writer.
+TEST(GossipOutput, TheCollectorHoldingTheMostMassIsTakenWithItsOwnStats) {
+  test::TempDir dir;
+  const auto out = dir.path() / "trained.safetensors";
+  const auto c = digits_case(300);
+  const auto write = [&](int rank, double weight, float shift, bool matching) {
+    Model m = c.model;
+    for (auto& v : m.flat()) v += shift;
+    save_safetensors(agent::gossip_output(out, rank), m);
+    if (!matching) m.flat()[0] += 1;
+    const nlohmann::json j{{"weight", weight}, {"rank", rank}, {"model_sha256", crypto::sha256_hex(m.flat())}};
+    atomic_write_file(agent::gossip_output(out, rank).string() + ".json", j.dump());
+  };
+  write(0, 2.0, 0.0f, true);
+  write(1, 3.0, 1.0f, true);
+  write(2, 3.0, 2.0f, true);   // as much mass as rank 1: the lower rank is taken
+  write(3, 4.0, 3.0f, false);  // the most mass, but its stats name another model
+  std::vector<std::string> events;
+  ASSERT_TRUE(agent::choose_gossip_output(out, 4, events));
+  const Model got = load_safetensors(out);
+  EXPECT_EQ(got.flat()[5], c.model.flat()[5] + 1.0f);
+  EXPECT_EQ(nlohmann::json::parse(slurp(out.string() + ".json")).at("rank"), 1);
+  for (int k = 0; k < 4; ++k) EXPECT_FALSE(std::filesystem::exists(agent::gossip_output(out, k))) << k;
+  EXPECT_NE(nlohmann::json(events).dump().find("worker 3 collected does not match its stats"), std::string::npos)
+      << nlohmann::json(events).dump();
+  std::vector<std::string> none;
+  std::filesystem::remove(out);
+  EXPECT_FALSE(agent::choose_gossip_output(out, 4, none));
 }
 
 TEST(CollectiveProcesses, GossipSurvivesAKilledWorkerWithoutWaitingAndWritesALearntModel) {
