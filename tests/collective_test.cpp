@@ -1877,6 +1877,27 @@ TEST(GossipOutput, TheCollectorHoldingTheMostMassIsTakenWithItsOwnStats) {
   EXPECT_FALSE(agent::choose_gossip_output(out, 4, none));
 }
 
+// --check-steps and --bench run the all-reduce, which a gossip job's group does not form: the
+// worker refuses them with a clear error before it reaches the coordinator (it dereferenced no
+// communicator otherwise).
+TEST(CollectiveProcesses, AGossipJobRefusesCheckStepsAndBench) {
+  test::TempDir dir;
+  auto job = four_worker_job(digits_case(300), "none", dir.path());
+  job.algorithm = agent::LocalAlgorithm::gossip;
+  agent::save_job(dir.path() / "job.json", job);
+  for (const auto& mode : std::vector<std::vector<std::string>>{{"--check-steps", "3"}, {"--bench", "4096"}}) {
+    std::vector<std::string> argv{test::xsilo_bin(), "collective", "--coordinator", "127.0.0.1:1", "--id", "0",
+                                  "--host", "127.0.0.1", "--job", (dir.path() / "job.json").string()};
+    argv.insert(argv.end(), mode.begin(), mode.end());
+    const auto log = dir.path() / ("refused" + mode[0] + ".log");
+    Process p(argv, log);
+    const auto code = p.wait(std::chrono::milliseconds(30000));
+    ASSERT_TRUE(code.has_value());
+    EXPECT_NE(*code, 0);
+    EXPECT_NE(slurp(log).find("which a gossip job"), std::string::npos) << slurp(log);
+  }
+}
+
 TEST(CollectiveProcesses, GossipSurvivesAKilledWorkerWithoutWaitingAndWritesALearntModel) {
   expect_gossip_to_survive_a_kill(2);
 }
