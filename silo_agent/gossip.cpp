@@ -39,8 +39,11 @@ class GossipRun {
       absorb(links_.pump());
       if (stopping_ || known_rows() >= budget_) break;
       step(op);
-      if (hooks_.on_epoch && (op + 1) % schedule_.steps_per_epoch() == 0) {
-        hooks_.on_epoch(static_cast<std::uint32_t>((op + 1) / schedule_.steps_per_epoch()));
+      // Steps past the round's (a fast worker covering for a slow one) walk the epochs again:
+      // they are no epoch of the round's to report ("epoch 12 of 10").
+      const auto epoch = (op + 1) / schedule_.steps_per_epoch();
+      if (hooks_.on_epoch && (op + 1) % schedule_.steps_per_epoch() == 0 && epoch <= opts_.epochs) {
+        hooks_.on_epoch(static_cast<std::uint32_t>(epoch));
       }
     }
     result_.own_steps = op;
@@ -166,9 +169,11 @@ class GossipRun {
   void push() {
     if (w_ < kMinPushWeight && !received_) return;
     received_ = false;
+    // At most one push waits for any peer: a slow peer's queue would otherwise grow by a model
+    // a step (pushes its socket has not taken stay here as this worker's mass instead).
     std::vector<int> peers;
     for (int p : links_.live_peers()) {
-      if (!stopped_.count(p)) peers.push_back(p);
+      if (!stopped_.count(p) && links_.pending(p) == 0) peers.push_back(p);
     }
     if (peers.empty()) return;
     const int to = peers[std::uniform_int_distribution<std::size_t>(0, peers.size() - 1)(rng_)];

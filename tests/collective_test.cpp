@@ -1173,10 +1173,15 @@ std::vector<agent::GossipResult> run_gossip(const TrainingCase& c, const std::ve
   const Network net(c.model);
   std::mutex mu;
   int writes = 0;
+  std::uint32_t last_epoch = 0;
   with_group(n, opts, [&](Group& g) {
     GossipLinks links(g.rank(), g.peers(), g.listen_fd(), c.model.size(), opts.step_timeout);
     agent::RunHooks hooks;
     hooks.slow_down = [pause](std::uint64_t, std::chrono::nanoseconds) { return std::chrono::nanoseconds(pause); };
+    hooks.on_epoch = [&](std::uint32_t epoch) {
+      std::lock_guard<std::mutex> lock(mu);
+      last_epoch = std::max(last_epoch, epoch);
+    };
     const auto write = [&](std::span<const float> model, const agent::GossipResult&) {
       std::lock_guard<std::mutex> lock(mu);
       ++writes;
@@ -1186,6 +1191,7 @@ std::vector<agent::GossipResult> run_gossip(const TrainingCase& c, const std::ve
     results[id] = agent::train_gossip(links, n, net, models[id].flat(), c.data, c.opts, write, hooks);
   });
   EXPECT_EQ(writes, 1) << "exactly one collector writes";
+  EXPECT_LE(last_epoch, c.opts.epochs) << "a worker past the round's steps reported an epoch the round does not have";
   return results;
 }
 
