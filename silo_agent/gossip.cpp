@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <random>
 #include <set>
 #include <thread>
 
+#include "common/finite.h"
 #include "crypto/sources.h"
 
 namespace xsilo::agent {
@@ -37,8 +39,11 @@ class GossipRun {
       absorb(links_.pump());
       if (stopping_ || known_rows() >= budget_) break;
       step(op);
-      if (hooks_.on_epoch && (op + 1) % schedule_.steps_per_epoch() == 0) {
-        hooks_.on_epoch(static_cast<std::uint32_t>((op + 1) / schedule_.steps_per_epoch()));
+      // Steps past the round's (a fast worker covering for a slow one) walk the epochs again:
+      // they are no epoch of the round's to report ("epoch 12 of 10").
+      const auto epoch = (op + 1) / schedule_.steps_per_epoch();
+      if (hooks_.on_epoch && (op + 1) % schedule_.steps_per_epoch() == 0 && epoch <= opts_.epochs) {
+        hooks_.on_epoch(static_cast<std::uint32_t>(epoch));
       }
     }
     result_.own_steps = op;
@@ -52,11 +57,19 @@ class GossipRun {
 
  private:
   // Adds the mass that arrived or came back; notes who stopped and keeps finals for collecting.
+  // A message whose values no worker of this binary sends (malformed()) drops its peer, and
+  // nothing more of that peer's is taken: one bad value added would spread to every worker.
   void absorb(std::vector<GossipMessage> arrived) {
     for (auto& m : links_.take_returned()) {
       if (m.kind == GossipKind::push) add(m);  // a final that came back is still ours: we kept x
     }
     for (auto& m : arrived) {
+      if (refused_.count(m.from)) continue;
+      if (const auto why = malformed(m); !why.empty()) {
+        refused_.insert(m.from);
+        links_.drop(m.from, "sent a malformed message: " + why);
+        continue;
+      }
       switch (m.kind) {
         case GossipKind::push:
           add(m);
@@ -72,6 +85,22 @@ class GossipRun {
     }
   }
 
+  // Why a message from a peer cannot be taken, or "" (its size the links checked already): a
+  // push or final must carry a finite positive weight and finite floats, a push no more rows
+  // than the round's work, a final a finite loss and no more steps than a worker may run.
+  std::string malformed(const GossipMessage& m) const {
+    if (m.kind != GossipKind::push && m.kind != GossipKind::final) return {};
+    if (!std::isfinite(m.weight) || m.weight <= 0) return "weight " + std::to_string(m.weight);
+    if (!all_finite(m.x)) return "a model with values that are not finite";
+    if (m.kind == GossipKind::push && m.rows > budget_) {
+      return std::to_string(m.rows) + " rows trained, past the round's " + std::to_string(budget_);
+    }
+    if (m.kind == GossipKind::final && (!std::isfinite(m.loss_sum) || m.steps > max_steps_)) {
+      return "loss sum " + std::to_string(m.loss_sum) + " over " + std::to_string(m.steps) + " steps";
+    }
+    return {};
+  }
+
   // The rows trained on by this worker and, as far as their pushes have told, by the others
   // (a dead worker's last count included: its work was done).
   std::uint64_t known_rows() const {
@@ -80,8 +109,7 @@ class GossipRun {
     return n;
   }
 
-  void add(const GossipMessage& m) {
-    if (m.x.size() != x_.size()) return;  // not this job's model: nothing to add
+  void add(const GossipMessage& m) {  // m.x has the model's size: the links let no other through
     received_ = true;
     for (std::size_t k = 0; k < x_.size(); ++k) x_[k] += m.x[k];
     w_ += m.weight;
@@ -141,9 +169,11 @@ class GossipRun {
   void push() {
     if (w_ < kMinPushWeight && !received_) return;
     received_ = false;
+    // At most one push waits for any peer: a slow peer's queue would otherwise grow by a model
+    // a step (pushes its socket has not taken stay here as this worker's mass instead).
     std::vector<int> peers;
     for (int p : links_.live_peers()) {
-      if (!stopped_.count(p)) peers.push_back(p);
+      if (!stopped_.count(p) && links_.pending(p) == 0) peers.push_back(p);
     }
     if (peers.empty()) return;
     const int to = peers[std::uniform_int_distribution<std::size_t>(0, peers.size() - 1)(rng_)];
@@ -240,7 +270,6 @@ class GossipRun {
     std::uint64_t steps = loss_steps_;
     int combined = 1;
     for (const auto& [from, m] : finals_) {
-      if (m.x.size() != sum.size()) continue;
       for (std::size_t k = 0; k < sum.size(); ++k) sum[k] += m.x[k];
       w += m.weight;
       loss += m.loss_sum;
@@ -291,6 +320,7 @@ class GossipRun {
   bool stopping_ = false;
   bool received_ = false;  // mass came in since the last push
   std::set<int> stopped_, written_;
+  std::set<int> refused_;  // peers dropped for a malformed message
   std::map<int, GossipMessage> finals_;
   GossipResult result_;
 };

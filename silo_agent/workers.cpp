@@ -165,18 +165,21 @@ namespace {
 // worker collects writes the combined model and its stats.
 void run_gossip_job(collective::Group& group, const WorkerJob& job, Model& model, const Dataset& data,
                     const Network& net) {
-  collective::GossipLinks links(group.rank(), group.peers(), group.listen_fd(), group.options().step_timeout);
+  collective::GossipLinks links(group.rank(), group.peers(), group.listen_fd(), model.size(), group.options().step_timeout);
   RunHooks hooks{.log = {}, .on_epoch = [&](std::uint32_t epoch) {
     spdlog::info("worker {}: epoch {} of {} done", group.id(), epoch, job.train.epochs);
   }};
+  // This worker's own files (gossip_output): the agent chooses among the collectors' outputs.
   const auto write = [&](std::span<const float> combined, const GossipResult& r) {
     Model out = model;
     std::copy(combined.begin(), combined.end(), out.flat().begin());
-    save_safetensors(job.out, out);
+    const auto path = gossip_output(job.out, group.id());
+    save_safetensors(path, out);
     const nlohmann::json j{{"mean_loss", r.stats.mean_loss}, {"steps", r.stats.steps},   {"algorithm", "gossip"},
                            {"combined", r.combined},         {"weight", r.weight},       {"members", group.members()},
-                           {"epoch", group.epoch()},         {"resumed_at", 0},          {"events", r.events}};
-    atomic_write_file(job.out.string() + ".json", j.dump(2) + "\n");
+                           {"epoch", group.epoch()},         {"resumed_at", 0},          {"events", r.events},
+                           {"rank", group.id()},             {"model_sha256", crypto::sha256_hex(out.flat())}};
+    atomic_write_file(path.string() + ".json", j.dump(2) + "\n");
   };
   const auto r = train_gossip(links, job.shards, net, model.flat(), data, job.train, write, hooks);
   for (const auto& e : r.events) spdlog::warn("worker {}: {}", group.id(), e);
@@ -187,6 +190,47 @@ void run_gossip_job(collective::Group& group, const WorkerJob& job, Model& model
 }
 
 }  // namespace
+
+std::filesystem::path gossip_output(const std::filesystem::path& out, int rank) {
+  return out.string() + ".rank-" + std::to_string(rank);
+}
+
+bool choose_gossip_output(const std::filesystem::path& out, int workers, std::vector<std::string>& events) {
+  int best = -1;
+  double best_weight = 0;
+  for (int k = 0; k < workers; ++k) {
+    const auto path = gossip_output(out, k);
+    if (!std::filesystem::exists(path.string() + ".json")) continue;
+    try {
+      const auto j = nlohmann::json::parse(read_file(path.string() + ".json"));
+      const Model m = load_safetensors(path);
+      if (crypto::sha256_hex(m.flat()) != j.at("model_sha256").get<std::string>()) {
+        events.push_back("the model worker " + std::to_string(k) + " collected does not match its stats; not used");
+        continue;
+      }
+      const double w = j.at("weight").get<double>();
+      if (best >= 0) {
+        events.push_back("workers " + std::to_string(best) + " and " + std::to_string(k) +
+                         " both collected; the one holding more mass is used");
+      }
+      if (best < 0 || w > best_weight) {  // ascending ranks: a tie keeps the lower
+        best = k;
+        best_weight = w;
+      }
+    } catch (const std::exception& e) {
+      events.push_back("the output of worker " + std::to_string(k) + " cannot be read: " + e.what());
+    }
+  }
+  if (best >= 0) {
+    std::filesystem::rename(gossip_output(out, best), out);
+    std::filesystem::rename(gossip_output(out, best).string() + ".json", out.string() + ".json");
+  }
+  for (int k = 0; k < workers; ++k) {
+    std::filesystem::remove(gossip_output(out, k));
+    std::filesystem::remove(gossip_output(out, k).string() + ".json");
+  }
+  return best >= 0;
+}
 
 void run_worker_job(collective::Group& group, const WorkerJob& job) {
   Model model = load_safetensors(job.model);
@@ -258,9 +302,9 @@ namespace {
 
 // Starts the job's workers (and standbys) with a coordinator of their own and waits until every
 // one has exited; the group's exclusions go into `events`. Launches after the first log to
-// worker-K.launch-N.log, so that the first one's logs stay. Gossip excludes nobody: once its
-// collector has written `result` (and its stats), a worker still running after three step
-// timeouts more is stalled (the others have given it up) and is killed.
+// worker-K.launch-N.log, so that the first one's logs stay. Gossip excludes nobody: once a
+// collector has written its output (gossip_output of `result`, and its stats), a worker still
+// running after three step timeouts more is stalled (the others have given it up) and is killed.
 void run_workers_once(const LocalWorkersConfig& cfg, const std::filesystem::path& dir, int launch,
                       const std::filesystem::path& result, std::vector<std::string>& events) {
   // The coordinator last: destroyed first, so its thread's callback never outlives what it uses.
@@ -306,9 +350,8 @@ void run_workers_once(const LocalWorkersConfig& cfg, const std::filesystem::path
       {
         std::lock_guard<std::mutex> lock(mu);
         if (!procs[k]->running()) break;
-        if (cfg.algorithm == LocalAlgorithm::gossip && !written &&
-            std::filesystem::exists(result.string() + ".json")) {
-          written = std::chrono::steady_clock::now();
+        for (int c = 0; cfg.algorithm == LocalAlgorithm::gossip && !written && c < cfg.workers; ++c) {
+          if (std::filesystem::exists(gossip_output(result, c).string() + ".json")) written = std::chrono::steady_clock::now();
         }
         if (written && !killed && std::chrono::steady_clock::now() - *written > 3 * cfg.step_timeout) {
           killed = true;
@@ -358,6 +401,10 @@ WorkersResult train_with_workers(const LocalWorkersConfig& cfg, const std::files
   job.buckets = cfg.buckets;
   std::filesystem::remove(job.out);
   std::filesystem::remove(job.out.string() + ".json");
+  for (int k = 0; k < cfg.workers; ++k) {
+    std::filesystem::remove(gossip_output(job.out, k));
+    std::filesystem::remove(gossip_output(job.out, k).string() + ".json");
+  }
   save_safetensors(job.model, model);
   WorkersResult result;
   // Gossip keeps no checkpoints: a worker's death costs its mass, not the round.
@@ -375,6 +422,7 @@ WorkersResult train_with_workers(const LocalWorkersConfig& cfg, const std::files
   for (int launch = 1;; ++launch) {
     save_job(dir / "job.json", job);
     run_workers_once(cfg, dir, launch, job.out, result.events);
+    if (cfg.algorithm == LocalAlgorithm::gossip) choose_gossip_output(job.out, cfg.workers, result.events);
     if (std::filesystem::exists(job.out) || job.progress.empty()) break;
     const auto before = job.start.op;
     if (!resume_from_checkpoint(job, before, result.events)) break;

@@ -94,6 +94,16 @@ Result<std::optional<Progress>> load_progress(const std::filesystem::path& dir, 
 // Worker side: trains on the group and, on the first member, writes the result.
 void run_worker_job(collective::Group& group, const WorkerJob& job);
 
+// Where gossip's worker `rank` writes the model it collected (and `.json`, its stats with the
+// model's sha256): each collector its own files, so two collectors (one gave up on the other
+// as too slow) never mix one's model with the other's stats.
+std::filesystem::path gossip_output(const std::filesystem::path& out, int rank);
+// After every worker of a gossip job has exited: of the collectors' outputs whose model matches
+// the sha256 its stats name, the one holding the most mass (the largest sum w; ties: the lowest
+// rank) becomes `out` and `out`.json; the others are removed. False when there is none. Each
+// output passed over goes into `events`.
+bool choose_gossip_output(const std::filesystem::path& out, int workers, std::vector<std::string>& events);
+
 struct WorkersResult {
   TrainStats stats;
   std::vector<std::string> events;  // re-formations, excluded workers, as the workers logged them

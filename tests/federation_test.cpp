@@ -863,7 +863,7 @@ std::vector<pid_t> processes_with(const std::string& word) {
 TEST(Federation, AGossipWorkerThatStallsIsGivenUpAndTheAgentEndsIt) {
   test::TempDir dir;
   const auto out = run_digits_mlp_sim(
-      dir.path(), 2, {{"workers", 3}, {"algorithm", "gossip"}, {"step_timeout_ms", 1500}}, "stalled", 300s, 40,
+      dir.path(), 2, {{"workers", 3}, {"algorithm", "gossip"}, {"step_timeout_ms", 5000}}, "stalled", 300s, 40,
       [](const std::filesystem::path& out) {
         const auto round_dir = out / "silos" / "hospital-01" / "state" / "local" / "round-1";
         ASSERT_TRUE(wait_until(

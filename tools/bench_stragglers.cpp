@@ -69,7 +69,7 @@ Measured run(const StragglerBenchOptions& o, const Dataset& data, const Model& m
                                    : std::chrono::nanoseconds{0};
       };
       if (gossip) {
-        collective::GossipLinks links(g.rank(), g.peers(), g.listen_fd(), opts.step_timeout);
+        collective::GossipLinks links(g.rank(), g.peers(), g.listen_fd(), replica.size(), opts.step_timeout);
         const auto write = [&](std::span<const float> combined, const agent::GossipResult&) {
           std::lock_guard<std::mutex> lock(mu);
           std::copy(combined.begin(), combined.end(), result.flat().begin());

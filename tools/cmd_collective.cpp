@@ -132,6 +132,9 @@ int run_worker(const WorkerOptions& o) {
   if (!o.job.empty()) job = agent::load_job(o.job);
   // Gossip forms links of its own (gossip_links.h): the group gives it the table only.
   opts.communicator = !(job && job->algorithm == agent::LocalAlgorithm::gossip);
+  if (!opts.communicator && (!o.bench.empty() || o.check_steps)) {
+    throw ConfigError("--bench and --check-steps run the all-reduce, which a gossip job (" + o.job + ") does not form");
+  }
   try {
     collective::Group group(o.coordinator.substr(0, colon),
                             static_cast<std::uint16_t>(std::stoi(o.coordinator.substr(colon + 1))), o.id, o.host, opts);

@@ -20,7 +20,6 @@ using Clock = std::chrono::steady_clock;
 // kind u32, reserved u32, float count u64, weight f64, loss sum f64, steps u64, rows u64; little-endian
 // hosts only, like the rest of the mesh (the workers of a silo run the same binary).
 constexpr std::size_t kHeader = 48;
-constexpr std::uint64_t kMaxFloats = std::uint64_t{1} << 31;  // 8 GiB: far past any model here
 
 std::vector<std::uint8_t> encode(const GossipMessage& m) {
   std::vector<std::uint8_t> b(kHeader + m.x.size() * sizeof(float));
@@ -42,9 +41,9 @@ bool carries_mass(GossipKind k) { return k == GossipKind::push || k == GossipKin
 
 }  // namespace
 
-GossipLinks::GossipLinks(int rank, const std::vector<PeerAddress>& peers, int listen_fd,
+GossipLinks::GossipLinks(int rank, const std::vector<PeerAddress>& peers, int listen_fd, std::size_t floats,
                          std::chrono::milliseconds timeout)
-    : rank_(rank), timeout_(timeout), links_(peers.size()) {
+    : rank_(rank), floats_(floats), timeout_(timeout), links_(peers.size()) {
   const auto fds = detail::connect_peers(rank, peers, listen_fd, timeout);
   for (std::size_t p = 0; p < fds.size(); ++p) {
     links_[p].fd = fds[p];
@@ -138,8 +137,16 @@ void GossipLinks::read_some(int peer, std::vector<GossipMessage>& arrived) {
     std::uint64_t count = 0;
     std::memcpy(&kind, l.in.data(), 4);
     std::memcpy(&count, l.in.data() + 8, 8);
-    if (kind < 1 || kind > 4 || count > kMaxFloats) {
-      drop(peer, "sent a message that is not gossip");
+    if (kind < 1 || kind > 4) {
+      drop(peer, "sent a message that is not gossip (kind " + std::to_string(kind) + ")");
+      return;
+    }
+    // The size is checked against the model before any of it is allocated: a header may not
+    // make this worker reserve what it says.
+    const std::uint64_t want = carries_mass(static_cast<GossipKind>(kind)) ? floats_ : 0;
+    if (count != want) {
+      drop(peer, "sent a malformed message (kind " + std::to_string(kind) + " with " + std::to_string(count) +
+                     " floats, not " + std::to_string(want) + ")");
       return;
     }
     if (l.in.size() == kHeader && count > 0) {

@@ -7,8 +7,13 @@
 // stalled one is seen by whoever waits on it for the timeout).
 //
 // Wire: each message is a 48-byte header (kind, float count, weight, loss sum, steps, rows) and the
-// floats. A message cut off by a closing link is dropped by the receiver, and the sender, which
-// did not write it to the end, gets it back: a message is counted by exactly one side.
+// floats. A push or final carries exactly the model's float count, done and written none: a header
+// that says otherwise drops its peer before anything is allocated for it. A message cut off by a
+// closing link is dropped by the receiver, and the sender, which did not write it to the end,
+// gets it back: no message is counted by both sides (no path duplicates mass). Mass can be lost,
+// which reweights the result: a link this side drops itself (drop(): a timeout, a malformed
+// message) discards the complete messages still unread in its socket, and what comes back to a
+// worker after it sent its final is not in the combination.
 #pragma once
 
 #include <chrono>
@@ -41,15 +46,18 @@ struct GossipMessage {
 
 class GossipLinks {
  public:
-  // Forms one link to every other rank of `peers` (detail::connect_peers). `timeout`: a message
-  // that makes no progress for this long marks its peer dead.
-  GossipLinks(int rank, const std::vector<PeerAddress>& peers, int listen_fd, std::chrono::milliseconds timeout);
+  // Forms one link to every other rank of `peers` (detail::connect_peers). `floats`: the model's
+  // float count, the only size a push or final may have. `timeout`: a message that makes no
+  // progress for this long marks its peer dead.
+  GossipLinks(int rank, const std::vector<PeerAddress>& peers, int listen_fd, std::size_t floats,
+              std::chrono::milliseconds timeout);
   ~GossipLinks();
   GossipLinks(const GossipLinks&) = delete;
   GossipLinks& operator=(const GossipLinks&) = delete;
 
   int rank() const { return rank_; }
   int size() const { return static_cast<int>(links_.size()); }
+  std::size_t floats() const { return floats_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   // Queues `m` for `peer` and writes what the socket takes now; false (and nothing queued) when
   // the peer is dead.
@@ -87,6 +95,7 @@ class GossipLinks {
   void read_some(int peer, std::vector<GossipMessage>& arrived);
 
   int rank_;
+  std::size_t floats_;
   std::chrono::milliseconds timeout_;
   std::vector<Link> links_;
   std::vector<GossipMessage> returned_;
