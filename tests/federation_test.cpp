@@ -888,7 +888,8 @@ TEST(Federation, AGossipWorkerThatStallsIsGivenUpAndTheAgentEndsIt) {
   EXPECT_NE(silo_log.find("worker 1 was still running after the model was written and was killed"), std::string::npos)
       << silo_log;
   EXPECT_NE(silo_log.find("gossip combined 2 of 3 workers' models"), std::string::npos) << silo_log;
-  for (float v : load_safetensors(out / "model.safetensors").flat()) ASSERT_TRUE(std::isfinite(v));
+  const Model model = load_safetensors(out / "model.safetensors");  // held: flat() views it
+  for (float v : model.flat()) ASSERT_TRUE(std::isfinite(v));
 }
 
 // Checkpoint integration through the agent (issue 44): hospital-01's three local workers save
