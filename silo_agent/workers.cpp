@@ -3,11 +3,15 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cmath>
+#include <condition_variable>
 #include <fstream>
 #include <future>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <thread>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -161,6 +165,35 @@ Result<std::optional<Progress>> load_progress(const std::filesystem::path& dir, 
 
 namespace {
 
+// A gossip worker's heartbeat (Group::alive every quarter step timeout) while it lives: no
+// collective tells the agent that a gossip worker is stuck (nobody waits for it), so the agent
+// kills one that is silent for three step timeouts (run_workers_once).
+class Heartbeat {
+ public:
+  explicit Heartbeat(collective::Group& group)
+      : thread_([this, &group] {
+          const auto every = std::max(std::chrono::milliseconds(10), group.options().step_timeout / 4);
+          std::unique_lock<std::mutex> lock(mu_);
+          while (!cv_.wait_for(lock, every, [this] { return stopped_; })) group.alive();
+        }) {}
+  ~Heartbeat() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopped_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopped_ = false;
+  std::thread thread_;  // last: started once the members above exist
+};
+
 // A gossip job: push-sum over links of its own (the group gave the table only); whichever
 // worker collects writes the combined model and its stats.
 void run_gossip_job(collective::Group& group, const WorkerJob& job, Model& model, const Dataset& data,
@@ -209,6 +242,11 @@ bool choose_gossip_output(const std::filesystem::path& out, int workers, std::ve
         continue;
       }
       const double w = j.at("weight").get<double>();
+      if (!(w > 0) || !std::isfinite(w)) {
+        events.push_back("worker " + std::to_string(k) + " collected a push-sum weight of " + std::to_string(w) +
+                         ", which no combination of workers' mass gives; not used");
+        continue;
+      }
       if (best >= 0) {
         events.push_back("workers " + std::to_string(best) + " and " + std::to_string(k) +
                          " both collected; the one holding more mass is used");
@@ -233,6 +271,10 @@ bool choose_gossip_output(const std::filesystem::path& out, int workers, std::ve
 }
 
 void run_worker_job(collective::Group& group, const WorkerJob& job) {
+  // Beating from before the model and the data load (a large data set takes a while), until
+  // the gossip ends (the destructor, before the Group's says DONE on the same connection).
+  std::optional<Heartbeat> beat;
+  if (job.algorithm == LocalAlgorithm::gossip) beat.emplace(group);
   Model model = load_safetensors(job.model);
   const Dataset data = load_csv(job.data);
   const Network net(model);
@@ -345,6 +387,7 @@ void run_workers_once(const LocalWorkersConfig& cfg, const std::filesystem::path
   // and signal() reads the exit code that reaping writes (ThreadSanitizer caught the two at once;
   // a signal after the reap must not reach a pid the system may have handed on).
   std::optional<std::chrono::steady_clock::time_point> written;
+  std::set<int> unheard;  // killed for their silence
   for (int k = 0; k < cfg.workers + cfg.backups; ++k) {
     for (bool killed = false;;) {
       {
@@ -358,6 +401,16 @@ void run_workers_once(const LocalWorkersConfig& cfg, const std::filesystem::path
           events.push_back("worker " + std::to_string(k) + " was still running after the model was written and was killed");
           spdlog::warn("local workers: worker {} stalled past the end of gossip; killing it", k);
           procs[k]->signal(SIGKILL);
+        }
+        // A gossip worker sends a heartbeat every quarter step timeout (run_gossip_job); one
+        // silent for three is stalled, whether or not any model was written.
+        for (int id : cfg.algorithm == LocalAlgorithm::gossip ? coord.silent(3 * cfg.step_timeout) : std::vector<int>{}) {
+          if (!procs.count(id) || !procs[id]->running() || !unheard.insert(id).second) continue;
+          events.push_back("worker " + std::to_string(id) + " sent no heartbeat for " +
+                           std::to_string(3 * cfg.step_timeout.count()) + " ms and was killed");
+          spdlog::warn("local workers: worker {} is stalled (no heartbeat for {} ms); killing it", id,
+                       3 * cfg.step_timeout.count());
+          procs[id]->signal(SIGKILL);
         }
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));

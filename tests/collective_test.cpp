@@ -1886,11 +1886,43 @@ void expect_gossip_to_survive_a_kill(int victim) {
       << stats.dump() << slurp(w.logs[victim == 0 ? 1 : 0]);
 }
 
+// Gossip workers beat (ALIVE on the control connection every quarter step timeout) from the
+// table on, so the agent can tell a stalled one (SIGSTOP: alive, links open, silent) from a busy
+// one: the coordinator finds only the stopped worker silent, and only once it stopped. The margin
+// is the agent's: 12 beats missed (three step timeouts) before a worker counts as silent.
+TEST(CollectiveProcesses, AStoppedGossipWorkerFallsSilentAndTheOthersKeepBeating) {
+  test::TempDir dir;
+  auto c = digits_case();
+  c.opts.epochs = 20000;  // far more than the test's run: it ends them itself
+  auto job = four_worker_job(c, "none", dir.path());
+  job.algorithm = agent::LocalAlgorithm::gossip;
+  agent::save_job(dir.path() / "job.json", job);
+  const auto step_timeout = std::chrono::milliseconds(2000);
+  auto w = start_workers(4, dir.path(), {"--step-timeout-ms", "2000", "--job", (dir / "job.json").string()},
+                         std::chrono::milliseconds(3000), {}, 0, -1, {}, Coordinator::Membership::fixed);
+  ASSERT_TRUE(wait_for_text(w.logs[1], "epoch 2 of 20000 done", std::chrono::seconds(60))) << slurp(w.logs[1]);
+  std::this_thread::sleep_for(3 * step_timeout + std::chrono::milliseconds(500));
+  EXPECT_EQ(w.coord->silent(3 * step_timeout), std::vector<int>{}) << "beating workers counted as silent";
+  w.procs[1]->signal(SIGSTOP);
+  const auto stopped = std::chrono::steady_clock::now();
+  std::vector<int> silent;
+  while (std::chrono::steady_clock::now() - stopped < std::chrono::seconds(60)) {
+    silent = w.coord->silent(3 * step_timeout);
+    if (!silent.empty()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_GE(std::chrono::steady_clock::now() - stopped, 3 * step_timeout - std::chrono::milliseconds(600));
+  EXPECT_EQ(silent, std::vector<int>{1}) << slurp(w.logs[0]);
+  for (auto& p : w.procs) p->signal(SIGKILL);
+  for (auto& p : w.procs) p->wait(std::chrono::milliseconds(10000));
+}
+
 // Two gossip collectors (one gave up on the other as too slow) each write their own model and
 // stats; the agent takes the output holding the most mass (a tie: the lower rank), never one
-// whose model is not the one its stats name, and removes the others: the round's model and its
+// whose model is not the one its stats name, nor a damaged one (truncated, unreadable stats, a
+// model missing, a weight no mass gives), and removes all the others: the round's model and its
 // stats always come from the same writer.
-TEST(GossipOutput, TheCollectorHoldingTheMostMassIsTakenWithItsOwnStats) {
+TEST(GossipOutput, TheCollectorHoldingTheMostMassIsTakenWithItsOwnStatsAndNoDamagedOutput) {
   test::TempDir dir;
   const auto out = dir.path() / "trained.safetensors";
   const auto c = digits_case(300);
@@ -1906,14 +1938,33 @@ TEST(GossipOutput, TheCollectorHoldingTheMostMassIsTakenWithItsOwnStats) {
   write(1, 3.0, 1.0f, true);
   write(2, 3.0, 2.0f, true);   // as much mass as rank 1: the lower rank is taken
   write(3, 4.0, 3.0f, false);  // the most mass, but its stats name another model
+  // Damaged outputs, each with more mass claimed than rank 1's: none of them is taken.
+  write(4, 5.0, 4.0f, true);
+  std::filesystem::resize_file(agent::gossip_output(out, 4), std::filesystem::file_size(agent::gossip_output(out, 4)) / 2);
+  write(5, 5.0, 5.0f, true);
+  atomic_write_file(agent::gossip_output(out, 5).string() + ".json", "{\"weight\": 5, \"model_sha");
+  write(6, 5.0, 6.0f, true);
+  std::filesystem::remove(agent::gossip_output(out, 6));  // stats without their model
+  write(7, -1e300 * 1e300, 7.0f, true);                   // a weight no mass gives (written as null)
+  write(8, 1e9, 8.0f, true);
+  {
+    auto j = nlohmann::json::parse(slurp(agent::gossip_output(out, 8).string() + ".json"));
+    j["weight"] = -2.0;
+    atomic_write_file(agent::gossip_output(out, 8).string() + ".json", j.dump());
+  }
   std::vector<std::string> events;
-  ASSERT_TRUE(agent::choose_gossip_output(out, 4, events));
+  ASSERT_TRUE(agent::choose_gossip_output(out, 9, events));
   const Model got = load_safetensors(out);
   EXPECT_EQ(got.flat()[5], c.model.flat()[5] + 1.0f);
   EXPECT_EQ(nlohmann::json::parse(slurp(out.string() + ".json")).at("rank"), 1);
-  for (int k = 0; k < 4; ++k) EXPECT_FALSE(std::filesystem::exists(agent::gossip_output(out, k))) << k;
-  EXPECT_NE(nlohmann::json(events).dump().find("worker 3 collected does not match its stats"), std::string::npos)
-      << nlohmann::json(events).dump();
+  for (int k = 0; k < 9; ++k) {
+    EXPECT_FALSE(std::filesystem::exists(agent::gossip_output(out, k))) << k;
+    EXPECT_FALSE(std::filesystem::exists(agent::gossip_output(out, k).string() + ".json")) << k;
+  }
+  const auto said = nlohmann::json(events).dump();
+  EXPECT_NE(said.find("worker 3 collected does not match its stats"), std::string::npos) << said;
+  for (int k : {4, 5, 6, 7}) EXPECT_NE(said.find("output of worker " + std::to_string(k) + " cannot be read"), std::string::npos) << k << said;
+  EXPECT_NE(said.find("worker 8 collected a push-sum weight of -2"), std::string::npos) << said;
   std::vector<std::string> none;
   std::filesystem::remove(out);
   EXPECT_FALSE(agent::choose_gossip_output(out, 4, none));

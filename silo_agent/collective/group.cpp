@@ -101,6 +101,19 @@ std::vector<int> Coordinator::gone() const {
   return gone_;
 }
 
+std::vector<int> Coordinator::silent(std::chrono::milliseconds quiet) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<int> ids;
+  for (const auto& [id, w] : workers_) {
+    // Waiting for the table is not a stall: quiet counts from the table at the earliest.
+    if (w.member && w.fd >= 0 && !w.done && epoch_ >= 0 && now - std::max(w.heard, table_at_) >= quiet) {
+      ids.push_back(id);
+    }
+  }
+  return ids;
+}
+
 void Coordinator::broadcast_table(std::uint64_t resume) {
   const int epoch = epoch_ + 1;
   std::ostringstream line;
@@ -113,6 +126,7 @@ void Coordinator::broadcast_table(std::uint64_t resume) {
   for (int id : ids) send_line(workers_[id].fd, line.str());
   for (auto& [id, w] : workers_) w.failed_op.reset();
   epoch_ = epoch;
+  table_at_ = std::chrono::steady_clock::now();
   failure_since_.reset();
 }
 
@@ -207,6 +221,7 @@ void Coordinator::loop() {
                                .member = id < expected_,
                                .standby = id >= expected_,
                                .done = false,
+                               .heard = std::chrono::steady_clock::now(),
                                .failed_op = std::nullopt};
         } else {
           ::close(fd);
@@ -228,6 +243,7 @@ void Coordinator::loop() {
         continue;
       }
       w.buffer.append(tmp, static_cast<std::size_t>(n));
+      w.heard = std::chrono::steady_clock::now();
       std::size_t nl;
       while ((nl = w.buffer.find('\n')) != std::string::npos) {
         std::istringstream in(w.buffer.substr(0, nl));
@@ -268,6 +284,10 @@ Group::~Group() {
   if (control_fd_ >= 0 && std::uncaught_exceptions() == 0) send_line(control_fd_, "DONE");
   if (control_fd_ >= 0) ::close(control_fd_);
   if (listen_fd_ >= 0) ::close(listen_fd_);
+}
+
+void Group::alive() {
+  if (control_fd_ >= 0) send_line(control_fd_, "ALIVE");
 }
 
 std::uint64_t Group::wait_table() {

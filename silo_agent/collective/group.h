@@ -14,6 +14,7 @@
 //
 // Control protocol (text lines over TCP, inside the silo's network):
 //   worker -> coordinator   HELLO <id> <host> <port>      FAILED <epoch> <op>      DONE
+//                           ALIVE (a heartbeat: any line counts as one; gossip workers send it)
 //   coordinator -> worker   TABLE <epoch> <resume_op> <n> (<id> <host> <port>){n}      EXCLUDED
 //                           RELEASED (a standby the group finished without)
 #pragma once
@@ -52,6 +53,9 @@ class Coordinator {
   std::vector<int> members() const;
   // Every worker whose control connection closed (it exited or died).
   std::vector<int> gone() const;
+  // The members still connected and not done that have sent nothing for at least `quiet`:
+  // for workers that send heartbeats (Group::alive), those stalled (stopped, swapped out, hung).
+  std::vector<int> silent(std::chrono::milliseconds quiet) const;
 
  private:
   void loop();
@@ -76,11 +80,13 @@ class Coordinator {
     bool member = false;
     bool standby = false;  // a backup not yet in any table
     bool done = false;  // finished its work: its connection closing is not a failure
+    std::chrono::steady_clock::time_point heard{};  // when its last line arrived
     std::optional<std::uint64_t> failed_op;
   };
   std::map<int, Worker> workers_;  // by id
   std::vector<int> gone_;
   std::atomic<int> epoch_{-1};
+  std::chrono::steady_clock::time_point table_at_{};  // when the last table went out
   std::optional<std::chrono::steady_clock::time_point> failure_since_;
   std::optional<std::chrono::steady_clock::time_point> members_since_;  // every member had joined
   std::function<void(const std::vector<int>&)> on_excluded_;
@@ -119,6 +125,10 @@ class Group {
   bool promoted() const { return promoted_; }
   // The ids of the current members, in rank order.
   const std::vector<int>& members() const { return members_; }
+
+  // Tells the coordinator this worker is alive (Coordinator::silent). Not to be called while
+  // another thread may use the control connection (attempt(), or the destructor).
+  void alive();
 
   // Runs fn for operation `op`. Returns nullopt when it succeeded; otherwise the group has
   // re-formed and the caller must roll back to the returned operation and go on from there.
