@@ -726,6 +726,50 @@ TEST(Collective, HierarchicalInsideTheHostsFallsBackToTheMeshWithoutGpusAndNcclS
   for (const auto& e : errors) EXPECT_NE(e.find("NCCL inside a host takes one GPU per worker"), std::string::npos) << e;
 }
 
+// "auto" when the GPUs are there but NCCL does not start (a driver missing, exclusive-process
+// GPUs, a container's network): every worker of the host votes after each step of the start, so
+// all of them fall back to the mesh together, and the all-reduce is exact. On a machine without
+// GPUs the test makes the workers count two GPUs each (Options::assume_gpus), so the hosts agree
+// to try NCCL and its start fails for real in CUDA's first call; "nccl" then fails with CUDA's
+// reason instead of falling back. Where GPUs exist NCCL starts, and the tests above run instead.
+TEST(Collective, HierarchicalAutoFallsBackToTheMeshTogetherWhenNcclCannotStart) {
+  const auto gpu = gpu_info();
+  if (!gpu.built) GTEST_SKIP() << "skipped: this build has no CUDA/NCCL, so \"auto\" never tries NCCL";
+  if (gpu.devices > 0) GTEST_SKIP() << "skipped: this machine has " << gpu.devices << " GPU(s): NCCL starts here";
+  Options opts;
+  opts.backend = "hierarchical";
+  opts.ranks_per_host = 2;
+  opts.intra_host = "auto";
+  opts.assume_gpus = 2;
+  opts.step_timeout = std::chrono::milliseconds(4000);
+  const auto began = std::chrono::steady_clock::now();
+  with_group(5, opts, [&](Group& g) {
+    for (Op op : {Op::sum, Op::max}) {
+      std::vector<float> v(10007);
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = input(op, g.rank(), i);
+      g.comm().all_reduce(v, op);
+      EXPECT_EQ(v, reference(op, 5, v.size())) << g.rank();
+    }
+  });
+  // CUDA's first call fails at once on every worker: no step of the start waits out a timeout.
+  EXPECT_LT(std::chrono::steady_clock::now() - began, opts.step_timeout);
+  opts.intra_host = "nccl";
+  Coordinator coord(2, std::chrono::milliseconds(3000));
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int id = 0; id < 2; ++id) {
+    threads.emplace_back([&, id] {
+      try {
+        Group g("127.0.0.1", coord.port(), id, "127.0.0.1", opts);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(id)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors) EXPECT_NE(e.find("no CUDA device"), std::string::npos) << e;
+}
+
 // ---- stragglers: fractional repetition --------------------------------------------------------
 
 TEST(ReplicatedAllReduce, GroupsHaveAtLeastSPlusOneMembersEach) {

@@ -171,8 +171,13 @@ struct Options {
   // hierarchical: inside each host, "tcp" (the mesh), "nccl" (NCCL between the host's GPUs, one
   // per worker; CollectiveError where the host has fewer GPUs than workers or the build has no
   // CUDA) or "auto" (NCCL where the build has CUDA and every worker of the host sees at least as
-  // many GPUs as the host has workers, agreed among them when the communicator forms; else tcp).
+  // many GPUs as the host has workers, agreed among them when the communicator forms; else tcp;
+  // and tcp too when NCCL then fails to start on any worker of the host: make_nccl_communicator's
+  // `agree`).
   std::string intra_host = "tcp";
+  // Tests: the GPUs each worker counts as visible in intra_host's agreement, instead of asking
+  // CUDA (-1). On a machine without GPUs, "auto" then goes on to start NCCL and must fall back.
+  int assume_gpus = -1;
   // false: a Group hands out the address table only (peers(), listen_fd()) and forms no
   // communicator; the gossip links (gossip_links.h) form their own.
   bool communicator = true;

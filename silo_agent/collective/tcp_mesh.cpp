@@ -17,6 +17,8 @@
 #include <cerrno>
 #include <thread>
 
+#include <spdlog/spdlog.h>
+
 #include "silo_agent/collective/communicator.h"
 #include "silo_agent/collective/exchange.h"
 #include "silo_agent/collective/failure_policy.h"
@@ -326,7 +328,7 @@ std::unique_ptr<Communicator> intra_host_communicator(Mesh& mesh, const HostLayo
   if (opts.intra_host == "auto" && !gpu.built) return nullptr;  // the same binary everywhere: no word needed
   const int local = static_cast<int>(std::find(mine.begin(), mine.end(), mesh.rank()) - mine.begin());
   auto boot = std::make_unique<SubMeshCommunicator>(mesh, mine, local, opts.chunk_bytes);
-  float devices = static_cast<float>(gpu.devices);
+  float devices = static_cast<float>(opts.assume_gpus >= 0 ? opts.assume_gpus : gpu.devices);
   if (gpu.built) boot->all_reduce(std::span<float>(&devices, 1), Op::min);
   if (devices < static_cast<float>(m)) {
     if (opts.intra_host == "auto") return nullptr;
@@ -335,7 +337,22 @@ std::unique_ptr<Communicator> intra_host_communicator(Mesh& mesh, const HostLayo
                                                            : std::string("this build has no CUDA/NCCL")),
                           -1);
   }
-  return make_nccl_communicator(std::move(boot), opts);
+  if (opts.intra_host == "nccl") return make_nccl_communicator(std::move(boot), opts);
+  // "auto": NCCL where it starts on every worker of the host, the mesh where it does not. The
+  // votes run on a second view of the same host's links (the same ranks make the same calls in
+  // the same order, so the two never interleave).
+  auto votes = std::make_shared<SubMeshCommunicator>(mesh, mine, local, opts.chunk_bytes);
+  const Agree agree = [votes](bool mine_ok) {
+    float ok = mine_ok ? 1.0f : 0.0f;
+    votes->all_reduce(std::span<float>(&ok, 1), Op::min);
+    return ok == 1.0f;
+  };
+  try {
+    return make_nccl_communicator(std::move(boot), opts, nullptr, {}, agree);
+  } catch (const NcclUnavailable& e) {
+    spdlog::warn("local all-reduce: {}; this host's workers reduce over TCP instead (intra_host auto)", e.what());
+    return nullptr;
+  }
 }
 
 class TcpCommunicator : public Communicator {
