@@ -13,6 +13,7 @@
 #include "protocol/compression.h"
 #include "protocol/join.h"
 #include "protocol/masked.h"
+#include "protocol/packed.h"
 #include "protocol/round_start.h"
 #include "tests/testlib.h"
 
@@ -66,7 +67,9 @@ class Harness {
     for (auto s : {"s1", "s2"}) silo_up(s);
     for (auto s : {"s1", "s2"}) round_start(1, s);
   }
-  void round_start(std::uint64_t round, const std::string& silo, std::uint32_t group = 0, std::uint32_t bits = 64) {
+  // `wire_bits`: distributed DP at that many bits, its words packed (vector: 8 rotated + 1 words).
+  void round_start(std::uint64_t round, const std::string& silo, std::uint32_t group = 0, std::uint32_t bits = 64,
+                   std::uint32_t wire_bits = 0) {
     wire::Envelope e;
     e.set_round(round);
     e.set_silo(silo);
@@ -82,6 +85,11 @@ class Harness {
       rs->mutable_secagg()->set_group(group);
       rs->mutable_secagg()->set_modulus_bits(bits);
       rs->mutable_secagg()->set_vector_length(7);
+    }
+    if (wire_bits) {
+      rs->mutable_secagg()->mutable_skellam()->set_bits(wire_bits);
+      rs->mutable_secagg()->set_wire_bits(wire_bits);
+      rs->mutable_secagg()->set_vector_length(9);
     }
     from_server(e);
   }
@@ -125,6 +133,19 @@ class Harness {
     std::memcpy(bytes->data(), w.data(), bytes->size());
     protocol::ChunkSource src(bytes, *bytes, protocol::ring_dtype(8 * sizeof(W)), {{"masked", {w.size()}, 0}}, "fed",
                               round, 16);
+    while (auto e = src.next()) from_silo(silo, *e);
+    wire::Envelope end;
+    end.set_round(round);
+    end.mutable_update_end()->set_update_sha256(
+        crypto::sha256_hex(std::string_view(reinterpret_cast<const char*>(bytes->data()), bytes->size())));
+    from_silo(silo, end);
+  }
+  // Words reduced mod 2^bits, sent packed as a silo does (protocol/packed.h), hashed reduced.
+  void upload_packed(const std::string& silo, std::uint64_t round, std::vector<std::uint32_t> w, std::uint32_t bits) {
+    for (auto& x : w) x &= (std::uint32_t{1} << bits) - 1;
+    auto bytes = std::make_shared<std::vector<std::uint8_t>>(w.size() * 4);
+    std::memcpy(bytes->data(), w.data(), bytes->size());
+    protocol::ChunkSource src(bytes, *bytes, wire::U32, {{"masked", {w.size()}, 0}}, "fed", round, 16, bits);
     while (auto e = src.next()) from_silo(silo, *e);
     wire::Envelope end;
     end.set_round(round);
@@ -594,6 +615,81 @@ TEST(Relay, SendsOneMaskedPartialSumPerSecureGroupOnePerGrant) {
   EXPECT_EQ(up[0].update_end().group(), 2u);
   EXPECT_FALSE(up[0].update_end().more());
   EXPECT_EQ(up[0].update_end().contributors(0).silo(), "b1");
+}
+
+// The packed wire (issue 42): distributed DP at 20 bits in the 32-bit ring. The edge unpacks its
+// silos' 20-bit words, adds them, and sends the sum reduced mod 2^20 and packed the same way
+// (9 words: 23 bytes, not 36). A packed chunk of the wrong length is refused with the reason
+// before anything is added, and the silo is out; a setup whose wire is not its DP's bits is
+// refused at the round start.
+TEST(Relay, SumsPackedWordsModTheirBitsAndRefusesAPackedChunkOfTheWrongLength) {
+  Harness h;
+  h.server_up();
+  for (auto s : {"a1", "a2", "a3", "a4"}) h.silo_up(s);
+  for (auto s : {"a1", "a2", "a3", "a4"}) h.round_start(1, s, 1, 32, 20);
+  for (auto s : {"a1", "a2", "a3", "a4"}) h.settled(1, s, {"a1", "a2", "a3", "a4"});
+  for (auto s : {"a1", "a2", "a3", "a4"}) h.ready(s, 1, 1);
+  const std::uint32_t top = (1u << 20) - 1;
+  h.upload_packed("a1", 1, {1, 2, 3, 4, 5, 6, 7, 8, top}, 20);
+  wire::Envelope bad;
+  bad.set_round(1);
+  auto* c = bad.mutable_tensor_chunk();
+  c->set_name("masked");
+  c->set_dtype(wire::PACKED);
+  c->add_shape(9);
+  c->set_count(9);
+  c->set_data(std::string(22, '\x11'));  // 9 words of 20 bits take 23 bytes
+  h.from_silo("a2", bad);  // the next grant is a2's (ready in that order)
+  const auto to2 = h.to("a2");
+  ASSERT_TRUE(Harness::has(to2, wire::Envelope::kError));
+  EXPECT_NE(to2.back().error().message().find("22 bytes for 9 words packed 20 bits each, not 23"), std::string::npos)
+      << to2.back().error().message();
+  h.upload_packed("a3", 1, {0xFFFFFFFFu, 1, 1, 1, 1, 1, 1, 1, 2}, 20);  // sent mod 2^20: 0xFFFFF
+  h.upload_packed("a4", 1, std::vector<std::uint32_t>(9, std::uint32_t{1} << 20), 20);  // 2^20: sent as 0
+  h.up();
+  h.grant_region(1);
+  const auto up = h.up();
+  ASSERT_EQ(h.streamed.size(), 1u);
+  ASSERT_EQ(h.streamed[0].size(), 23u);
+  std::vector<std::uint32_t> sum(9);
+  ASSERT_TRUE(protocol::unpack_words(h.streamed[0], 20, std::span<std::uint32_t>(sum)));
+  EXPECT_EQ(sum, (std::vector<std::uint32_t>{0, 3, 4, 5, 6, 7, 8, 9, 1}));  // mod 2^20: top + 1 = 0, top + 2 = 1
+  ASSERT_FALSE(up.empty());
+  EXPECT_EQ(up.back().update_end().contributors_size(), 3);
+  // The reduced sum is what the edge declares.
+  std::vector<std::uint32_t> reduced = sum;
+  EXPECT_EQ(up.back().update_end().update_sha256(),
+            crypto::sha256_hex(std::string_view(reinterpret_cast<const char*>(reduced.data()), reduced.size() * 4)));
+}
+
+// A server that signs a packed wire of another width than its DP's bits is refused with the
+// reason (protocol::check_wire_bits): the words would be decoded in bits they never had.
+TEST(Relay, RefusesARoundWhoseWireIsNotItsDistributedDpsBits) {
+  Harness h;
+  h.server_up();
+  h.silo_up("a1");
+  wire::Envelope e;
+  e.set_round(1);
+  e.set_silo("a1");
+  auto* rs = e.mutable_round_start();
+  rs->set_round(1);
+  auto* t = rs->add_tensors();
+  t->set_name("a");
+  t->set_dtype(wire::F32);
+  t->add_shape(6);
+  auto* s = rs->mutable_secagg();
+  s->set_group(1);
+  s->set_modulus_bits(32);
+  s->set_vector_length(9);
+  s->mutable_skellam()->set_bits(20);
+  s->set_wire_bits(16);
+  h.from_server(e);
+  const auto up = h.up();
+  ASSERT_TRUE(Harness::has(up, wire::Envelope::kError));
+  EXPECT_NE(up.back().error().message().find("packs its words in 16 bits, not the 20 bits its distributed DP is decoded in"),
+            std::string::npos)
+      << up.back().error().message();
+  EXPECT_FALSE(Harness::has(h.to("a1"), wire::Envelope::kRoundStart));  // not passed on
 }
 
 // A 16-bit ring: words of 2 bytes, summed mod 2^16. An upload of other words (another ring, or
