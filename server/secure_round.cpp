@@ -280,6 +280,10 @@ nlohmann::json SecureRound::describe() const {
                         {"groups", groups}};
   if (cfg_.graph) out["graph"] = {{"dropout", cfg_.graph_dropout}, {"corrupt", cfg_.graph_corrupt}};
   if (cfg_.protocol != SecureProtocol::SecAgg) out["protocol"] = name(cfg_.protocol);
+  // The packed wire the setups signed (one width for the round): the bits a masked word travelled in.
+  if (!groups_.empty()) {
+    if (const auto w = setup(groups_.begin()->first).wire_bits()) out["wire_bits"] = w;
+  }
   return out;
 }
 

@@ -671,6 +671,8 @@ TEST(Federation, DistributedDpAtTwentyBitsTravelsPackedThroughEdgesAndSurvivesAD
   ASSERT_EQ(whole.size(), 2u);
   for (std::size_t k = 0; k < 2; ++k) {
     EXPECT_EQ(packed[k]["privacy"]["bits"], 20);
+    EXPECT_EQ(packed[k]["secure"]["wire_bits"], 20) << packed[k].dump();
+    EXPECT_FALSE(whole[k]["secure"].contains("wire_bits")) << whole[k].dump();
     EXPECT_EQ(packed[k]["privacy"]["padded_length"], whole[k]["privacy"]["padded_length"]);
     EXPECT_EQ(packed[k]["distributed_dp"]["updates"], k == 0 ? 5.0 : 4.0) << packed[k].dump();
     EXPECT_EQ(whole[k]["distributed_dp"]["updates"], k == 0 ? 5.0 : 4.0) << whole[k].dump();
