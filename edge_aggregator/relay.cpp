@@ -572,7 +572,8 @@ protocol::UploadBuffer Relay::buffer() {
             .hash = true,
             .keep = r.current_words,
             .scheme = {},
-            .sink = nullptr};
+            .sink = nullptr,
+            .packed_bits = r.current_words->wire_bits()};
   }
   return {.bytes = {reinterpret_cast<std::uint8_t*>(r.current->flat().data()), r.current->bytes()},
           .dtype = wire::F32,
@@ -656,9 +657,12 @@ void Relay::send_next_sum() {
   const std::uint32_t g = r->unsent_groups.front();
   r->unsent_groups.pop_front();
   const auto& sum = r->group_sums[g];
+  // The packed wire: the region's sum mod 2^wire_bits is what travels and what is hashed, as the
+  // silos' words were (nothing changes without one).
+  sum->reduce_to_wire();
   actions_.push_back(action::StreamToServer{std::make_shared<protocol::ChunkSource>(
       sum, sum->bytes(), sum->dtype(), std::vector<TensorInfo>{{"masked", {sum->words()}, 0}}, cfg_.federation,
-      r->round, cfg_.chunk_bytes)});
+      r->round, cfg_.chunk_bytes, sum->wire_bits())});
   auto end = env();
   auto* u = end.mutable_update_end();
   u->set_group(g);

@@ -45,9 +45,30 @@ MaskedVector MaskedVector::field(std::size_t words) {
 MaskedVector MaskedVector::for_setup(const wire::SecAggSetup& setup) {
   if (setup.protocol() == wire::LIGHTSECAGG) {
     if (setup.modulus_bits() != 32) throw std::invalid_argument("LightSecAgg masks in 32-bit field words");
+    if (setup.wire_bits() != 0) throw std::invalid_argument("LightSecAgg's field words cannot travel packed");
     return field(setup.vector_length());
   }
-  return MaskedVector(setup.modulus_bits(), setup.vector_length());
+  MaskedVector v(setup.modulus_bits(), setup.vector_length());
+  v.set_wire_bits(setup.wire_bits());
+  return v;
+}
+
+void MaskedVector::set_wire_bits(std::uint32_t bits) {
+  // The field of p = 2^32 - 5 has no subring mod 2^b: its masks do not cancel there.
+  if (bits != 0 && (prime_ || bits >= bits_)) {
+    throw std::invalid_argument("a packed wire of " + std::to_string(bits) + " bits for " +
+                                (prime_ ? std::string("field words") : std::to_string(bits_) + "-bit ring words"));
+  }
+  wire_bits_ = bits;
+}
+
+void MaskedVector::reduce_to_wire() {
+  if (wire_bits_ == 0) return;
+  visit([&](auto words) {
+    using W = typename decltype(words)::value_type;
+    const W mask = static_cast<W>((W{1} << wire_bits_) - 1);
+    for (auto& w : words) w = static_cast<W>(w & mask);
+  });
 }
 
 std::span<std::uint8_t> MaskedVector::u8() {

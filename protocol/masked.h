@@ -28,8 +28,20 @@ class MaskedVector {
   // or the field where its protocol masks in one.
   static MaskedVector for_setup(const wire::SecAggSetup& setup);
   bool prime() const { return prime_; }
-  // A zero vector of the same ring (or field) and length.
-  MaskedVector zeros_like() const { return prime_ ? field(words_) : MaskedVector(bits_, words_); }
+  // A zero vector of the same ring (or field), length and wire.
+  MaskedVector zeros_like() const {
+    MaskedVector z = prime_ ? field(words_) : MaskedVector(bits_, words_);
+    z.wire_bits_ = wire_bits_;
+    return z;
+  }
+
+  // The packed wire (protocol/packed.h): its words travel reduced mod 2^wire_bits, packed
+  // wire_bits bits each; 0: whole words. for_setup() takes it from the signed setup.
+  std::uint32_t wire_bits() const { return wire_bits_; }
+  void set_wire_bits(std::uint32_t bits);
+  // Every word mod 2^wire_bits, in place (nothing without a packed wire): what is hashed and
+  // sent, by silos and edges alike, so that every party hashes the same words.
+  void reduce_to_wire();
 
   std::uint32_t bits() const { return bits_; }
   std::size_t words() const { return words_; }
@@ -77,6 +89,7 @@ class MaskedVector {
 
   std::uint32_t bits_ = 32;
   bool prime_ = false;
+  std::uint32_t wire_bits_ = 0;
   std::size_t words_ = 0;
   std::vector<std::uint8_t> bytes_;  // malloc alignment: fine for 8-byte words
 };

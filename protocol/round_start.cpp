@@ -59,6 +59,23 @@ std::size_t skellam_dim(const wire::Compression& c, const std::vector<TensorInfo
   return kept_count(c, drawn_from) + (d - drawn_from);
 }
 
+Status check_wire_bits(const wire::SecAggSetup& s) {
+  const std::uint32_t b = s.wire_bits();
+  if (b == 0) return {};
+  const std::string head = "the secure setup packs its words in " + std::to_string(b) + " bits, ";
+  if (s.protocol() != wire::SECAGG) return Error(head + "but its protocol masks in a prime field, where masks do not cancel mod 2^b");
+  if (!s.has_skellam()) return Error(head + "but only distributed DP's words are decoded mod 2^bits");
+  if (b != s.skellam().bits()) {
+    return Error(head + "not the " + std::to_string(s.skellam().bits()) + " bits its distributed DP is decoded in");
+  }
+  if (b >= s.modulus_bits()) return Error(head + "not fewer than its ring's " + std::to_string(s.modulus_bits()));
+  if (s.skellam().count_scale() > 0) {
+    return Error(head + "but its adaptive-clipping count word is read in the whole ring of " +
+                 std::to_string(s.modulus_bits()) + " bits");
+  }
+  return {};
+}
+
 Status check_layout(const wire::RoundStart& rs, std::uint64_t max_elements) {
   std::set<std::string> names;
   std::uint64_t total = 0;
@@ -90,6 +107,7 @@ Status check_layout(const wire::RoundStart& rs, std::uint64_t max_elements) {
       return Error("the secure setup runs LightSecAgg, whose field words are 32 bits, on a ring of " +
                    std::to_string(s.modulus_bits()) + " bits");
     }
+    if (auto packed = check_wire_bits(s); !packed) return packed.error();
     // Distributed DP: the rotated length (a power of two) of what the silos encode, and the count.
     if (s.has_skellam()) {
       const auto dim = skellam_dim(rs.compression(), layout);

@@ -25,6 +25,12 @@ inline constexpr std::uint64_t kMaxModelElements = std::uint64_t{1} << 34;
 // Checked before anything is allocated from it.
 Status check_layout(const wire::RoundStart& rs, std::uint64_t max_elements = kMaxModelElements);
 
+// Success when the setup's packed wire (wire_bits: protocol/packed.h) is none, or is exactly the
+// width every word is decoded in: distributed DP's bits, below a power-of-two masking ring
+// (SecAgg or SecAgg+), without an adaptive count word (read in the whole ring, beyond bits).
+// Otherwise why not: a width other than bits would make the server decode words it never got.
+Status check_wire_bits(const wire::SecAggSetup& s);
+
 // The coordinates a distributed-DP setup encodes (crypto/skellam.h) for `layout`: all of them, or
 // under RANDOM_K the shared kept set's (shared_kept_set: k of the compressible coordinates and
 // every dense tensor's; its size does not depend on the round's seed). The setup's vector is

@@ -166,6 +166,10 @@ std::string setup_statement(const wire::SecAggSetup& s, const std::string& feder
     crypto::append_field(out, s.graph_seed());
   }
   if (s.has_skellam()) out += skellam_statement(s.skellam());  // distributed DP (without it, as before)
+  if (s.wire_bits() != 0) {  // the packed wire (without it, as before)
+    crypto::append_field(out, "wire_bits");
+    crypto::append_field(out, num(s.wire_bits()));
+  }
   if (s.protocol() != wire::SECAGG) {  // another protocol and its parameters (SecAgg's is as before)
     crypto::append_field(out, "protocol");
     crypto::append_field(out, num(static_cast<int>(s.protocol())));

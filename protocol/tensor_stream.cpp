@@ -4,9 +4,11 @@
 #include <cstring>
 
 #include <stdexcept>
+#include <type_traits>
 
 #include "protocol/compression.h"
 #include "protocol/masked.h"
+#include "protocol/packed.h"
 
 namespace xsilo::protocol {
 
@@ -17,6 +19,23 @@ std::size_t elem_size(wire::DType t) {
   const std::size_t n = element_bytes(t);
   if (n == 0) throw std::invalid_argument("tensor elements of dtype " + wire::DType_Name(t) + " are not sent");
   return n;
+}
+// f(the bytes as a span of ring words of `dtype`), const or not as the bytes are. The bytes are
+// a MaskedVector's or a receive buffer's words at whole-word offsets: aligned for the type.
+template <class Byte, class F>
+void visit_ring_words(wire::DType dtype, std::span<Byte> bytes, F&& f) {
+  auto as = [&](auto* type) {
+    using W = std::remove_pointer_t<decltype(type)>;
+    using Out = std::conditional_t<std::is_const_v<Byte>, const W, W>;
+    f(std::span<Out>(reinterpret_cast<Out*>(bytes.data()), bytes.size() / sizeof(W)));
+  };
+  switch (dtype) {
+    case wire::U8: return as(static_cast<std::uint8_t*>(nullptr));
+    case wire::U16: return as(static_cast<std::uint16_t*>(nullptr));
+    case wire::U32: return as(static_cast<std::uint32_t*>(nullptr));
+    case wire::U64: return as(static_cast<std::uint64_t*>(nullptr));
+    default: throw std::invalid_argument("no ring words of dtype " + wire::DType_Name(dtype));
+  }
 }
 }  // namespace
 
@@ -29,10 +48,13 @@ ChunkSource::ChunkSource(std::shared_ptr<const void> keep_alive, std::span<const
 
 ChunkSource::ChunkSource(std::shared_ptr<const void> keep_alive, std::span<const std::uint8_t> bytes,
                          wire::DType dtype, std::vector<TensorInfo> layout, std::string federation,
-                         std::uint64_t round, std::size_t chunk_bytes)
+                         std::uint64_t round, std::size_t chunk_bytes, std::uint32_t packed_bits)
     : keep_alive_(std::move(keep_alive)), base_(bytes.data()), elem_(elem_size(dtype)), dtype_(dtype),
       layout_(std::move(layout)), federation_(std::move(federation)), round_(round),
-      chunk_elems_(std::max<std::size_t>(1, chunk_bytes / elem_size(dtype))) {}
+      chunk_elems_(std::max<std::size_t>(1, packed_bits ? chunk_bytes * 8 / packed_bits : chunk_bytes / elem_size(dtype))),
+      packed_bits_(packed_bits) {
+  if (packed_bits_ != 0 && dtype_ == wire::F32) throw std::invalid_argument("float32 elements are not packed");
+}
 
 ChunkSource::ChunkSource(std::shared_ptr<const std::vector<wire::TensorChunk>> encoded, std::string federation,
                          std::uint64_t round)
@@ -76,6 +98,13 @@ std::optional<std::pair<wire::Envelope, std::span<const std::uint8_t>>> ChunkSou
   } else {
     data = {base_ + (t.offset + offset_) * elem_, n * elem_};
   }
+  if (packed_bits_ != 0) {
+    packed_.resize(packed_bytes(n, packed_bits_));
+    visit_ring_words(dtype_, data, [&](auto words) { pack_words(words, packed_bits_, packed_); });
+    data = packed_;
+    c->set_dtype(wire::PACKED);
+    c->set_count(n);
+  }
   offset_ += n;
   if (offset_ == t.size()) {
     ++tensor_;
@@ -117,10 +146,15 @@ void TensorReceiver::reset_model(std::span<float> into, std::vector<TensorInfo> 
 }
 
 void TensorReceiver::reset_words(std::span<std::uint8_t> into, std::vector<TensorInfo> layout,
-                                 wire::DType dtype, bool hash) {
+                                 wire::DType dtype, bool hash, std::uint32_t packed_bits) {
   base_ = into.data();
   dtype_ = dtype;
   elem_ = elem_size(dtype);
+  if (packed_bits != 0 && (dtype == wire::F32 || packed_bits >= elem_ * 8)) {
+    throw std::invalid_argument("a packed wire of " + std::to_string(packed_bits) + " bits for " +
+                                wire::DType_Name(dtype) + " elements");
+  }
+  packed_bits_ = packed_bits;
   layout_ = std::move(layout);
   scheme_.Clear();
   dense_.assign(layout_.size(), false);
@@ -140,6 +174,17 @@ proto::Status TensorReceiver::add(const wire::TensorChunk& c) {
   if (complete()) return bad("more chunks than the model has elements");
   const auto& t = layout_[tensor_];
   if (c.name() != t.name) return bad("expected a chunk of " + t.name + ", got " + c.name());
+  if (packed_bits_ != 0) {
+    if (c.dtype() != wire::PACKED || c.encoding() != wire::Compression::NONE) {
+      return bad("tensor " + t.name + " must be PACKED words of " + std::to_string(packed_bits_) +
+                 " bits (the secure setup's wire_bits), got " + wire::DType_Name(c.dtype()));
+    }
+    if (c.offset() != offset_) {
+      return bad("chunk of " + t.name + " at offset " + std::to_string(c.offset()) + ", expected " +
+                 std::to_string(offset_));
+    }
+    return add_packed(c, t);
+  }
   if (c.dtype() != dtype_) return bad("tensor " + t.name + " must be " + wire::DType_Name(dtype_));
   if (c.offset() != offset_) {
     return bad("chunk of " + t.name + " at offset " + std::to_string(c.offset()) + ", expected " +
@@ -215,6 +260,26 @@ proto::Status TensorReceiver::add_delta(const wire::TensorChunk& c, const Tensor
   for (std::size_t i = 0; i < n; ++i) out[i] = out[i] + delta_[i];  // as encode_model_delta made it
   if (hash_) hash_->update(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(out), n * 4));
   advance(n, c.data().size());
+  return proto::Status();
+}
+
+// Packed masked words: the count within the tensor, then exactly its packed bytes, unpacked into
+// place (a wrong length or non-zero padding is refused before anything is written).
+proto::Status TensorReceiver::add_packed(const wire::TensorChunk& c, const TensorInfo& t) {
+  auto bad = [&](std::string why) { return proto::error(wire::BAD_UPDATE, "chunk of " + t.name + ": " + std::move(why)); };
+  const std::uint64_t n = c.count();
+  if (auto fits = check_count(n, t); !fits) return bad(fits.error().message());
+  const auto in = std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(c.data().data()), c.data().size());
+  if (in.size() != packed_bytes(n, packed_bits_)) {
+    return bad(std::to_string(in.size()) + " bytes for " + std::to_string(n) + " words packed " +
+               std::to_string(packed_bits_) + " bits each, not " + std::to_string(packed_bytes(n, packed_bits_)));
+  }
+  std::span<std::uint8_t> out(base_ + (t.offset + offset_) * elem_, n * elem_);
+  Status st;
+  visit_ring_words(dtype_, out, [&](auto words) { st = unpack_words(in, packed_bits_, words); });
+  if (!st) return bad(st.error().message());
+  if (hash_) hash_->update(out);
+  advance(n, in.size());
   return proto::Status();
 }
 

@@ -33,9 +33,11 @@ class ChunkSource {
   ChunkSource(std::shared_ptr<const std::vector<wire::TensorChunk>> encoded, std::string federation,
               std::uint64_t round);
   // Ring words (masked inputs): `bytes` holds layout-many elements of element_bytes(dtype) each.
+  // With `packed_bits` (the setup's wire_bits) each chunk carries its words' low packed_bits
+  // bits, packed (dtype PACKED, count = its words: protocol/packed.h).
   ChunkSource(std::shared_ptr<const void> keep_alive, std::span<const std::uint8_t> bytes,
               wire::DType dtype, std::vector<TensorInfo> layout, std::string federation,
-              std::uint64_t round, std::size_t chunk_bytes);
+              std::uint64_t round, std::size_t chunk_bytes, std::uint32_t packed_bits = 0);
   // Float elements made as they are sent: `fill(first, out)` writes elements [first, first +
   // out.size()) of the flat model. One chunk is in memory at a time (the next call of next()
   // or next_frame() overwrites the last one's data).
@@ -61,6 +63,8 @@ class ChunkSource {
   std::size_t next_encoded_ = 0;
   Fill fill_;
   std::vector<float> made_;  // the chunk `fill_` made last
+  std::uint32_t packed_bits_ = 0;
+  std::vector<std::uint8_t> packed_;  // the chunk packed last
   // The envelope of the next chunk with an empty data field, and where its data lies.
   std::optional<std::pair<wire::Envelope, std::span<const std::uint8_t>>> advance();
 };
@@ -83,8 +87,11 @@ class TensorReceiver {
                    bool have_base, bool hash = true);
   // The same for vectors of ring words (masked inputs: U8, U16, U32 or U64); `layout` counts
   // words, and a chunk whose bytes are not whole words of the ring is refused before any copy.
+  // With `packed_bits` (the signed setup's wire_bits) chunks must be PACKED words of that many
+  // bits, exactly packed_bytes(count, packed_bits) bytes, unpacked into place (each word below
+  // 2^packed_bits); the hash is of the words in place, as the sender hashed them.
   void reset_words(std::span<std::uint8_t> into, std::vector<TensorInfo> layout, wire::DType dtype,
-                   bool hash = true);
+                   bool hash = true, std::uint32_t packed_bits = 0);
   // Checks name, dtype, offset (chunks arrive in order), size and bounds, then copies.
   proto::Status add(const wire::TensorChunk& chunk);
   // The elements the last successful add() wrote: [first, first + count) of `into` (in elements).
@@ -100,12 +107,14 @@ class TensorReceiver {
   void skip_empty();
   proto::Status add_encoded(const wire::TensorChunk& chunk, const TensorInfo& t);
   proto::Status add_delta(const wire::TensorChunk& chunk, const TensorInfo& t);
+  proto::Status add_packed(const wire::TensorChunk& chunk, const TensorInfo& t);
   // Success when an encoded chunk of `n` elements fits what is left of tensor `t`, else why not.
   Status check_count(std::uint64_t n, const TensorInfo& t) const;
   void advance(std::size_t n, std::size_t bytes);  // n elements (bytes on the wire) are in place
   std::uint8_t* base_ = nullptr;
   std::size_t elem_ = sizeof(float);
   wire::DType dtype_ = wire::F32;
+  std::uint32_t packed_bits_ = 0;  // reset_words(): the packed wire's bits a word, 0 for none
   std::vector<TensorInfo> layout_;
   std::size_t tensor_ = 0, offset_ = 0, received_ = 0, last_first_ = 0, last_count_ = 0;
   std::uint64_t bytes_ = 0;

@@ -68,6 +68,7 @@ struct UploadBuffer {
   std::shared_ptr<const void> keep;  // keeps `bytes` alive while check work is queued (optional)
   wire::Compression scheme;          // F32: how the uploader must compress (protocol/compression.h)
   std::shared_ptr<UploadSink> sink;  // takes each chunk's bytes once in place (optional)
+  std::uint32_t packed_bits = 0;     // masked words: the packed wire's bits a word (MaskedVector::wire_bits)
 };
 
 // The work that checks `count` elements at `first` (hash, and finiteness for F32).
@@ -95,7 +96,7 @@ class UploadLane {
       rx_.reset({reinterpret_cast<float*>(buffer_.bytes.data()), buffer_.bytes.size() / sizeof(float)},
                 buffer_.layout, /*hash=*/false, buffer_.scheme);
     } else {
-      rx_.reset_words(buffer_.bytes, buffer_.layout, buffer_.dtype, /*hash=*/false);
+      rx_.reset_words(buffer_.bytes, buffer_.layout, buffer_.dtype, /*hash=*/false, buffer_.packed_bits);
     }
   }
 

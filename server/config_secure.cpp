@@ -102,6 +102,7 @@ void parse_secure(const ConfigNode& se, SecureConfig& sc) {
     sc.graph_corrupt = gr.number("corrupt", 0.05, 0.0, 0.5);
     gr.finish();
   }
+  sc.packed_wire = se.boolean("packed_wire", true);
   const auto protocol = se.one_of("protocol", "secagg", {"secagg", "lightsecagg"});
   sc.protocol = protocol == "lightsecagg" ? SecureProtocol::LightSecAgg : SecureProtocol::SecAgg;
   if (se.has("lightsecagg")) {
@@ -157,6 +158,7 @@ nlohmann::json secure_json(const SecureConfig& sc) {
                       {"keys_s", secs_of(sc.keys_deadline)},
                       {"unmask_s", secs_of(sc.unmask_deadline)}};
   if (sc.graph) j["graph"] = {{"dropout", sc.graph_dropout}, {"corrupt", sc.graph_corrupt}};
+  if (!sc.packed_wire) j["packed_wire"] = false;
   if (sc.protocol != SecureProtocol::SecAgg) {
     j["protocol"] = name(sc.protocol);
     j["lightsecagg"] = {{"corrupt", sc.privacy_corrupt}};

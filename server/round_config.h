@@ -87,6 +87,9 @@ struct SecureConfig {
   // The largest message the transport carries (transport.max_frame_bytes): a LightSecAgg group
   // whose members' encoded shares would not fit in one fails with the reason.
   std::size_t max_message_bytes = std::size_t{4} << 20;
+  // Distributed DP's masked words travel packed in the mechanism's bits (protocol/packed.h)
+  // wherever that is valid (SecAgg/SecAgg+, no adaptive count word); off: whole ring words.
+  bool packed_wire = true;
   bool on() const { return mode != SecureMode::Off; }
   crypto::FixedPointParams codec() const {
     return {.bits = bits, .fraction_bits = fraction_bits, .clip_norm = clip_norm, .max_weight = max_weight};

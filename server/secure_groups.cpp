@@ -150,7 +150,8 @@ protocol::UploadBuffer SecureGroups::lane_buffer(std::size_t lane) {
           .hash = true,
           .keep = nullptr,
           .scheme = {},
-          .sink = nullptr};
+          .sink = nullptr,
+          .packed_bits = cur.wire_bits()};
 }
 
 FoldResult SecureGroups::do_fold(const Contribution& c, protocol::UploadCheck& check, std::size_t lane) {

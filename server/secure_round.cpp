@@ -79,6 +79,12 @@ SecureRound::SecureRound(const SecureConfig& cfg, const std::optional<crypto::Ce
       s.set_vector_length(crypto::padded_length(kept_ ? kept_->size() : d_) + 1 +
                           (skellam_->count_scale() > 0 ? 1 : 0));  // adaptive clipping's count word
       *s.mutable_skellam() = *skellam_;
+      // The packed wire where the words are decoded mod 2^bits alone (protocol::check_wire_bits):
+      // not LightSecAgg's field, nor an adaptive count word read in the whole ring.
+      if (cfg_.packed_wire && cfg_.protocol == SecureProtocol::SecAgg && skellam_->bits() < cfg_.bits &&
+          skellam_->count_scale() == 0) {
+        s.set_wire_bits(skellam_->bits());
+      }
     }
     s.set_count_unclipped(count_unclipped);
     s.set_clip_norm(static_cast<float>(cfg_.clip_norm));
@@ -274,6 +280,10 @@ nlohmann::json SecureRound::describe() const {
                         {"groups", groups}};
   if (cfg_.graph) out["graph"] = {{"dropout", cfg_.graph_dropout}, {"corrupt", cfg_.graph_corrupt}};
   if (cfg_.protocol != SecureProtocol::SecAgg) out["protocol"] = name(cfg_.protocol);
+  // The packed wire the setups signed (one width for the round): the bits a masked word travelled in.
+  if (!groups_.empty()) {
+    if (const auto w = setup(groups_.begin()->first).wire_bits()) out["wire_bits"] = w;
+  }
   return out;
 }
 

@@ -22,7 +22,7 @@ MaskDone encode_skellam_update(const MaskingJob& j) {
   // its error feedback): the server spreads the decoded sum back over the model.
   const std::size_t d = j.kept ? j.kept->size() : j.update->size();
   if (j.setup.vector_length() != crypto::padded_length(d) + 1 + (k.count_scale() > 0 ? 1 : 0) ||
-      k.bits() > j.setup.modulus_bits() ||
+      k.bits() > j.setup.modulus_bits() || (j.setup.wire_bits() != 0 && j.setup.wire_bits() != k.bits()) ||
       j.setup.min_survivors() < 1 || !(k.variance() > 0) || !(k.gamma() > 0)) {
     r.error = "the secure setup's distributed-DP parameters do not fit the model (" + std::to_string(d) +
               " coordinates) or its ring";
@@ -55,6 +55,9 @@ MaskDone encode_skellam_update(const MaskingJob& j) {
     return r;
   }
   if (auto masked = j.member->mask(*r.words); !masked) r.error = masked.error().message();
+  // The packed wire (protocol/packed.h): the words mod 2^wire_bits are what is sent and hashed.
+  r.words->set_wire_bits(j.setup.wire_bits());
+  r.words->reduce_to_wire();
   const auto b = r.words->bytes();
   r.sha256 = crypto::sha256_hex(std::string_view(reinterpret_cast<const char*>(b.data()), b.size()));
   return r;

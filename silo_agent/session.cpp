@@ -15,6 +15,7 @@
 #include "protocol/compression.h"
 #include "protocol/failure.h"
 #include "protocol/join.h"
+#include "protocol/packed.h"
 #include "protocol/privacy.h"
 #include "protocol/round_start.h"
 #include "protocol/secagg_wire.h"
@@ -479,6 +480,10 @@ void Session::upload() {
   if (pending_->encoded) {
     spdlog::info("round {}: uploading {} bytes ({} of {} uncompressed)", round_, pending_->encoded_bytes,
                  protocol::describe(compression_), pending_->bytes());
+  } else if (secure && secure_.words() && secure_.words()->wire_bits()) {
+    const auto& w = *secure_.words();
+    spdlog::info("round {}: uploading {} bytes ({} words packed {} bits each, {} bytes whole)", round_,
+                 protocol::packed_bytes(w.words(), w.wire_bits()), w.words(), w.wire_bits(), w.bytes().size());
   } else {
     spdlog::info("round {}: uploading {} bytes{}", round_,
                  secure && secure_.words() ? secure_.words()->bytes().size() : pending_->bytes(),

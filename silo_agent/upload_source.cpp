@@ -12,7 +12,7 @@ std::shared_ptr<protocol::ChunkSource> upload_source(const RoundOutput& pending,
   if (masked) {
     return std::make_shared<protocol::ChunkSource>(masked, masked->bytes(), masked->dtype(),
                                                    std::vector<TensorInfo>{{"masked", {masked->words()}, 0}},
-                                                   federation, round, chunk_bytes);
+                                                   federation, round, chunk_bytes, masked->wire_bits());
   }
   if (pending.encoded) return std::make_shared<protocol::ChunkSource>(pending.encoded, federation, round);
   if (pending.stream) {

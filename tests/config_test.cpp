@@ -239,7 +239,7 @@ TEST(Config, ExampleConfigsAreValid) {
   EXPECT_EQ(edge.upstreams.size(), 1u);
   for (const char* sim : {"breast_cancer_logistic.json", "digits_mlp.json", "digits_local_workers.json",
                           "digits_robust_non_iid.json", "digits_compressed.json", "report_demo.json", "digits_stragglers.json",
-                          "digits_stragglers_over.json", "digits_stragglers_buffered.json"}) {
+                          "digits_stragglers_over.json", "digits_stragglers_buffered.json", "digits_distributed_dp.json"}) {
     EXPECT_NO_THROW(tools::load_sim_config(src / "configs" / sim)) << sim;
   }
 }

@@ -221,12 +221,17 @@ class Cores {
   }
   std::int64_t now() const { return now_; }
   server::Coordinator& coord() { return *coord_; }
+  // The packed wire's width the last secure setup signed (0: whole words).
+  std::uint32_t wire_bits() const { return wire_bits_; }
   MemoryStore store;
 
  private:
   server::SessionId id(std::size_t i) const { return i + 1; }
   void apply(server::action::Send& a) {
-    if (a.env.has_round_start() && a.env.round_start().has_secagg()) groups_[a.to - 1] = a.env.round_start().secagg().group();
+    if (a.env.has_round_start() && a.env.round_start().has_secagg()) {
+      groups_[a.to - 1] = a.env.round_start().secagg().group();
+      wire_bits_ = a.env.round_start().secagg().wire_bits();
+    }
     inbox_[a.to - 1].push_back(std::move(a.env));
   }
   void apply(server::action::SendModel& a) {
@@ -280,6 +285,7 @@ class Cores {
   std::unique_ptr<server::Coordinator> coord_;
   std::vector<std::unique_ptr<DieAfter>> hooks_;
   std::map<std::size_t, std::uint32_t> groups_;
+  std::uint32_t wire_bits_ = 0;
   std::map<std::size_t, wire::SecureAggregation::StepCase> hang_on_;
   std::vector<std::unique_ptr<SiloTrainer>> trainers_;
   std::vector<std::unique_ptr<agent::Session>> sessions_;
@@ -563,6 +569,47 @@ TEST(Cores, ADistributedDpRoundWhoseCommitFailsAfterUnmaskingIsChargedOnce) {
   ASSERT_EQ(rounds.size(), 1u);
   EXPECT_NE(rounds[0].value("reason", "").find("NaN or infinite"), std::string::npos) << rounds[0].dump(2);
   expect_charged_once_after_its_unmask_begun_record(fed, 1);
+}
+
+// Issue 42, the packed wire: distributed DP at bits 20 in the ring of 2^32, one global group of
+// five, silo-2 gone right after it sent its shares (the others mask with its pairwise masks,
+// which the server removes mod 2^32 from words that travelled mod 2^20). Every setup signs
+// wire_bits 20 and the uploads travel in chunks of 64 bytes, 20 bits a word; the same round
+// with secure.packed_wire off signs none and sends whole words. Both commit the mean of the four
+// survivors' deltas within the (small) noise, and the packed uploads are 32/20 smaller.
+TEST(Cores, ADistributedDpRoundTravelsPackedInItsBitsAndDecodesAsWholeWordsDoWithADropout) {
+  std::map<bool, std::vector<float>> step;
+  std::map<bool, std::uint64_t> bytes;
+  for (const bool packed : {true, false}) {
+    auto cfg = secure_config(server::SecureMode::Global, 5);
+    cfg.selection.min_updates = 4;
+    distributed_dp(cfg, 5);
+    cfg.distributed_dp->epsilon = 1e9;
+    cfg.distributed_dp->noise_multiplier = 0.01;  // noise of about 0.002 a coordinate of the mean
+    cfg.secure.packed_wire = packed;
+    Cores fed(cfg, 5);
+    fed.die_after(2, agent::SecureStep::SharesSent);
+    fed.start();
+    fed.advance(60s);
+    fed.advance(60s);
+    const auto rounds = fed.store.rounds();
+    ASSERT_EQ(rounds.size(), 1u);
+    ASSERT_EQ(rounds[0]["status"], "committed") << rounds[0].dump(2);
+    EXPECT_EQ(rounds[0]["distributed_dp"]["updates"], 4.0) << rounds[0].dump(2);
+    EXPECT_EQ(rounds[0]["privacy"]["bits"], 20);
+    EXPECT_EQ(fed.wire_bits(), packed ? 20u : 0u);
+    bytes[packed] = rounds[0]["upload_bytes"].get<std::uint64_t>();
+    const auto before = small_model(), after = *fed.coord().model();
+    for (std::size_t i = 0; i < after.size(); ++i) step[packed].push_back(after.flat()[i] - before.flat()[i]);
+  }
+  // Four uploads of 9 words (8 rotated coordinates and the contributor word): 23 bytes packed, 36 whole.
+  EXPECT_EQ(bytes[true], 4u * 23);
+  EXPECT_EQ(bytes[false], 4u * 36);
+  const float mean = (0.01f + 0.02f + 0.04f + 0.05f) / 5;  // silos 0, 1, 3, 4 over W = 5
+  for (std::size_t i = 0; i < step[true].size(); ++i) {
+    EXPECT_NEAR(step[true][i], mean, 0.012) << i;
+    EXPECT_NEAR(step[false][i], mean, 0.012) << i;
+  }
 }
 
 // Issue 42, the false alarm mended: the coordinator writes unmask_begun before it asks for unmask

@@ -13,6 +13,7 @@
 #include "protocol/compression.h"
 #include "protocol/join.h"
 #include "protocol/masked.h"
+#include "protocol/packed.h"
 #include "protocol/round_start.h"
 #include "tests/testlib.h"
 
@@ -66,7 +67,10 @@ class Harness {
     for (auto s : {"s1", "s2"}) silo_up(s);
     for (auto s : {"s1", "s2"}) round_start(1, s);
   }
-  void round_start(std::uint64_t round, const std::string& silo, std::uint32_t group = 0, std::uint32_t bits = 64) {
+  // `wire_bits`: distributed DP at that many bits (or at `dp_bits`), its words packed (vector: 8
+  // rotated + 1 words).
+  void round_start(std::uint64_t round, const std::string& silo, std::uint32_t group = 0, std::uint32_t bits = 64,
+                   std::uint32_t wire_bits = 0, std::uint32_t dp_bits = 0) {
     wire::Envelope e;
     e.set_round(round);
     e.set_silo(silo);
@@ -82,6 +86,11 @@ class Harness {
       rs->mutable_secagg()->set_group(group);
       rs->mutable_secagg()->set_modulus_bits(bits);
       rs->mutable_secagg()->set_vector_length(7);
+    }
+    if (wire_bits) {
+      rs->mutable_secagg()->mutable_skellam()->set_bits(dp_bits ? dp_bits : wire_bits);
+      rs->mutable_secagg()->set_wire_bits(wire_bits);
+      rs->mutable_secagg()->set_vector_length(9);
     }
     from_server(e);
   }
@@ -119,18 +128,30 @@ class Harness {
     end.mutable_update_end()->set_update_sha256(declared.value_or(crypto::sha256_hex(m->flat())));
     from_silo(silo, end);
   }
+  // With `packed_bits`, the words go reduced mod 2^packed_bits and packed, as a silo sends them
+  // under the packed wire (protocol/packed.h), and hashed reduced.
   template <class W = std::uint64_t>
-  void upload_words(const std::string& silo, std::uint64_t round, const std::vector<W>& w) {
+  void upload_words(const std::string& silo, std::uint64_t round, std::vector<W> w, std::uint32_t packed_bits = 0) {
+    if (packed_bits) {
+      for (auto& x : w) x &= static_cast<W>((W{1} << packed_bits) - 1);
+    }
     auto bytes = std::make_shared<std::vector<std::uint8_t>>(w.size() * sizeof(W));
     std::memcpy(bytes->data(), w.data(), bytes->size());
     protocol::ChunkSource src(bytes, *bytes, protocol::ring_dtype(8 * sizeof(W)), {{"masked", {w.size()}, 0}}, "fed",
-                              round, 16);
+                              round, 16, packed_bits);
     while (auto e = src.next()) from_silo(silo, *e);
     wire::Envelope end;
     end.set_round(round);
     end.mutable_update_end()->set_update_sha256(
         crypto::sha256_hex(std::string_view(reinterpret_cast<const char*>(bytes->data()), bytes->size())));
     from_silo(silo, end);
+  }
+  // The server grants the region its upload (what was queued for it before is dropped): the
+  // messages that follow it.
+  std::vector<wire::Envelope> granted(std::uint64_t round) {
+    up();
+    grant_region(round);
+    return up();
   }
   void grant_region(std::uint64_t round) {
     wire::Envelope g;
@@ -139,6 +160,14 @@ class Harness {
     from_server(g);
   }
 
+  // The message of the last error among the messages for `silo` (taken from the queue); "" if none.
+  std::string refusal(const std::string& silo) {
+    std::string why;
+    for (const auto& e : to(silo)) {
+      if (e.has_error()) why = e.error().message();
+    }
+    return why;
+  }
   // Messages for a silo / for the server, taken from the queue.
   std::vector<wire::Envelope> to(const std::string& silo) { return std::exchange(silo_inbox[silo], {}); }
   std::vector<wire::Envelope> up() { return std::exchange(server_inbox, {}); }
@@ -596,6 +625,62 @@ TEST(Relay, SendsOneMaskedPartialSumPerSecureGroupOnePerGrant) {
   EXPECT_EQ(up[0].update_end().contributors(0).silo(), "b1");
 }
 
+// The packed wire (issue 42): distributed DP at 20 bits in the 32-bit ring. The edge unpacks its
+// silos' 20-bit words, adds them, and sends the sum reduced mod 2^20 and packed the same way
+// (9 words: 23 bytes, not 36). A packed chunk of the wrong length is refused with the reason
+// before anything is added, and the silo is out; a setup whose wire is not its DP's bits is
+// refused at the round start.
+TEST(Relay, SumsPackedWordsModTheirBitsAndRefusesAPackedChunkOfTheWrongLength) {
+  Harness h;
+  h.server_up();
+  for (auto s : {"a1", "a2", "a3", "a4"}) h.silo_up(s);
+  for (auto s : {"a1", "a2", "a3", "a4"}) h.round_start(1, s, 1, 32, 20);
+  for (auto s : {"a1", "a2", "a3", "a4"}) h.settled(1, s, {"a1", "a2", "a3", "a4"});
+  for (auto s : {"a1", "a2", "a3", "a4"}) h.ready(s, 1, 1);
+  const std::uint32_t top = (1u << 20) - 1;
+  h.upload_words<std::uint32_t>("a1", 1, {1, 2, 3, 4, 5, 6, 7, 8, top}, 20);
+  wire::Envelope bad;
+  bad.set_round(1);
+  auto* c = bad.mutable_tensor_chunk();
+  c->set_name("masked");
+  c->set_dtype(wire::PACKED);
+  c->add_shape(9);
+  c->set_count(9);
+  c->set_data(std::string(22, '\x11'));  // 9 words of 20 bits take 23 bytes
+  h.from_silo("a2", bad);  // the next grant is a2's (ready in that order)
+  const auto why = h.refusal("a2");
+  EXPECT_NE(why.find("22 bytes for 9 words packed 20 bits each, not 23"), std::string::npos) << why;
+  h.upload_words<std::uint32_t>("a3", 1, {0xFFFFFFFFu, 1, 1, 1, 1, 1, 1, 1, 2}, 20);  // sent mod 2^20: 0xFFFFF
+  h.upload_words<std::uint32_t>("a4", 1, std::vector<std::uint32_t>(9, std::uint32_t{1} << 20), 20);  // 2^20: sent as 0
+  const auto up = h.granted(1);
+  ASSERT_EQ(h.streamed.size(), 1u);
+  ASSERT_EQ(h.streamed[0].size(), 23u);
+  std::vector<std::uint32_t> sum(9);
+  ASSERT_TRUE(protocol::unpack_words(h.streamed[0], 20, std::span<std::uint32_t>(sum)));
+  EXPECT_EQ(sum, (std::vector<std::uint32_t>{0, 3, 4, 5, 6, 7, 8, 9, 1}));  // mod 2^20: top + 1 = 0, top + 2 = 1
+  ASSERT_FALSE(up.empty());
+  EXPECT_EQ(up.back().update_end().contributors_size(), 3);
+  // The reduced sum is what the edge declares.
+  EXPECT_EQ(up.back().update_end().update_sha256(),
+            crypto::sha256_hex(std::string_view(reinterpret_cast<const char*>(sum.data()), sum.size() * 4)));
+}
+
+// A server that signs a packed wire of another width than its DP's bits is refused with the
+// reason (protocol::check_wire_bits): the words would be decoded in bits they never had.
+TEST(Relay, RefusesARoundWhoseWireIsNotItsDistributedDpsBits) {
+  Harness h;
+  h.server_up();
+  h.silo_up("a1");
+  (void)h.up();
+  h.round_start(1, "a1", 1, 32, /*wire_bits=*/16, /*dp_bits=*/20);
+  const auto up = h.up();
+  ASSERT_TRUE(Harness::has(up, wire::Envelope::kError));
+  EXPECT_NE(up.back().error().message().find("packs its words in 16 bits, not the 20 bits its distributed DP is decoded in"),
+            std::string::npos)
+      << up.back().error().message();
+  EXPECT_FALSE(Harness::has(h.to("a1"), wire::Envelope::kRoundStart));  // not passed on
+}
+
 // A 16-bit ring: words of 2 bytes, summed mod 2^16. An upload of other words (another ring, or
 // bytes that are not whole words) is refused before anything is added, and the silo is out.
 TEST(Relay, SumsSixteenBitWordsAndRefusesChunksOfAnotherWordSize) {
@@ -621,14 +706,10 @@ TEST(Relay, SumsSixteenBitWordsAndRefusesChunksOfAnotherWordSize) {
   c->add_shape(7);
   c->set_data(std::string(13, '\x11'));
   h.from_silo("a3", odd);
-  auto to3 = h.to("a3");
-  ASSERT_TRUE(Harness::has(to3, wire::Envelope::kError));
-  EXPECT_NE(to3.back().error().message().find("not a positive multiple of 2"), std::string::npos)
-      << to3.back().error().message();
+  const auto why = h.refusal("a3");
+  EXPECT_NE(why.find("not a positive multiple of 2"), std::string::npos) << why;
   h.upload_words<std::uint16_t>("a4", 1, {1, 1, 1, 1, 1, 1, 2});
-  h.up();
-  h.grant_region(1);
-  const auto up = h.up();
+  const auto up = h.granted(1);
   ASSERT_EQ(h.streamed.size(), 1u);
   ASSERT_EQ(h.streamed[0].size(), 14u);
   std::vector<std::uint16_t> sum(7);
