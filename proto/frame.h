@@ -13,8 +13,9 @@
 
 namespace xsilo::proto {
 
-// 2: secure aggregation against active adversaries; 3: its steps inside one SecureAggregation.
-inline constexpr std::uint32_t kProtocolVersion = 3;
+// 2: secure aggregation against active adversaries; 3: its steps inside one SecureAggregation;
+// 4: distributed DP's masked words packed in their bits (SecAggSetup.wire_bits, PACKED chunks).
+inline constexpr std::uint32_t kProtocolVersion = 4;
 inline constexpr std::size_t kFrameHeaderBytes = 4;
 inline constexpr std::size_t kDefaultMaxFrameBytes = 4u << 20;
 

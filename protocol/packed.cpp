@@ -7,7 +7,9 @@
 namespace xsilo::protocol {
 
 std::size_t packed_bytes(std::size_t words, std::uint32_t bits) {
-  const std::size_t whole = words / 8;  // 8 words make `bits` whole bytes: no overflow for big `words`
+  // 8 words make `bits` whole bytes: no overflow while words / 8 * bits fits (every caller
+  // bounds the count first, to a tensor's size or kMaxChunkCount).
+  const std::size_t whole = words / 8;
   return whole * bits + (static_cast<std::size_t>(words % 8) * bits + 7) / 8;
 }
 

@@ -51,9 +51,16 @@ ChunkSource::ChunkSource(std::shared_ptr<const void> keep_alive, std::span<const
                          std::uint64_t round, std::size_t chunk_bytes, std::uint32_t packed_bits)
     : keep_alive_(std::move(keep_alive)), base_(bytes.data()), elem_(elem_size(dtype)), dtype_(dtype),
       layout_(std::move(layout)), federation_(std::move(federation)), round_(round),
-      chunk_elems_(std::max<std::size_t>(1, packed_bits ? chunk_bytes * 8 / packed_bits : chunk_bytes / elem_size(dtype))),
+      // A packed chunk holds 8 / bits words a byte: no more than a receiver takes (kMaxChunkCount),
+      // whatever chunk_bytes is (the compressed chunks are bounded so too).
+      chunk_elems_(packed_bits ? std::clamp<std::size_t>(chunk_bytes * 8 / packed_bits, 1, kMaxChunkCount)
+                               : std::max<std::size_t>(1, chunk_bytes / elem_size(dtype))),
       packed_bits_(packed_bits) {
   if (packed_bits_ != 0 && dtype_ == wire::F32) throw std::invalid_argument("float32 elements are not packed");
+  if (packed_bits_ >= 8 * elem_) {
+    throw std::invalid_argument(std::to_string(packed_bits_) + " bits do not pack " + std::to_string(8 * elem_) +
+                                "-bit words");
+  }
 }
 
 ChunkSource::ChunkSource(std::shared_ptr<const std::vector<wire::TensorChunk>> encoded, std::string federation,
@@ -264,7 +271,9 @@ proto::Status TensorReceiver::add_delta(const wire::TensorChunk& c, const Tensor
 }
 
 // Packed masked words: the count within the tensor, then exactly its packed bytes, unpacked into
-// place (a wrong length or non-zero padding is refused before anything is written).
+// place. A wrong count or length is refused before anything is written; non-zero padding is
+// found while unpacking, after the chunk's words are written (harmless: a refused upload is
+// never folded, and its buffer is written whole again before the next one is).
 proto::Status TensorReceiver::add_packed(const wire::TensorChunk& c, const TensorInfo& t) {
   auto bad = [&](std::string why) { return proto::error(wire::BAD_UPDATE, "chunk of " + t.name + ": " + std::move(why)); };
   const std::uint64_t n = c.count();

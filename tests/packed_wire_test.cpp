@@ -1,6 +1,6 @@
 // The packed wire of masked words (protocol/packed.h, issue 42): pack and unpack, the chunk
 // stream that carries them, and the setup rule every party checks. Links the protocol library
-// alone; the rounds over real processes are in distributed_dp_test.cpp.
+// alone; the rounds are in cores_test.cpp (sans-I/O) and federation_test.cpp (real processes).
 #include <gtest/gtest.h>
 
 #include <random>
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "crypto/hash.h"
+#include "protocol/compression.h"
 #include "protocol/masked.h"
 #include "protocol/packed.h"
 #include "protocol/round_start.h"
@@ -140,9 +141,41 @@ TEST(PackedWire, TheReceiverRefusesWholeWordsAWrongLengthAndAWrongCountAndStaysU
   TensorReceiver plain;
   plain.reset_words(got.bytes(), {{"masked", {1001}, 0}}, wire::U32, true);
   EXPECT_NE(error_text(plain.add(c)).find("must be U32"), std::string::npos);
-  // Nothing was written: the good chunks still go in.
+  // The refusals leave the receiver usable: the good chunks still go in, whole.
   for (const auto& e : s.chunks) ASSERT_EQ(error_text(rx.add(e.tensor_chunk())), "");
   EXPECT_TRUE(rx.complete());
+  // Padding bits that are not zero: refused too (found while unpacking).
+  TensorReceiver again;
+  again.reset_words(got.bytes(), {{"masked", {1001}, 0}}, wire::U32, true, 20);
+  auto last = s.chunks.back().tensor_chunk();
+  ASSERT_NE(last.count() % 2, 0u) << "the last chunk must end in half a byte";
+  (*last.mutable_data())[last.data().size() - 1] = static_cast<char>(0xF0);
+  for (std::size_t k = 0; k + 1 < s.chunks.size(); ++k) ASSERT_EQ(error_text(again.add(s.chunks[k].tensor_chunk())), "");
+  const auto said = error_text(again.add(last));
+  EXPECT_NE(said.find("padding"), std::string::npos) << said;
+  EXPECT_FALSE(again.complete());
+}
+
+// However large the chunk size (1 GiB: at 20 bits that would be 429 million words a chunk), a
+// packed chunk holds no more words than a receiver takes (kMaxChunkCount), and a width that does
+// not fit in the words is refused where the stream is made.
+TEST(PackedWire, ChunksNeverHoldMoreWordsThanAReceiverTakesWhateverTheChunkSize) {
+  const std::size_t n = kMaxChunkCount + 1000;
+  auto sent = std::make_shared<MaskedVector>(32, n);
+  sent->set_wire_bits(20);
+  const std::vector<TensorInfo> layout{{"masked", {n}, 0}};
+  ChunkSource src(sent, sent->bytes(), sent->dtype(), layout, "fed", 3, std::size_t{1} << 30, 20);
+  MaskedVector got(32, n);
+  TensorReceiver rx;
+  rx.reset_words(got.bytes(), layout, wire::U32, false, 20);
+  int chunks = 0;
+  while (auto e = src.next()) {
+    ASSERT_EQ(error_text(rx.add(e->tensor_chunk())), "");
+    ++chunks;
+  }
+  EXPECT_EQ(chunks, 2);
+  EXPECT_TRUE(rx.complete());
+  EXPECT_THROW(ChunkSource(sent, sent->bytes(), sent->dtype(), layout, "fed", 3, 256, 32), std::invalid_argument);
 }
 
 TEST(PackedWire, ASetupPacksOnlyInDistributedDpsBitsBelowAPowerOfTwoRing) {
