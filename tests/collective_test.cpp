@@ -60,6 +60,24 @@ void with_group(int n, const Options& opts, const std::function<void(Group&)>& f
   for (int id = 0; id < n; ++id) EXPECT_EQ(errors[static_cast<std::size_t>(id)], "") << "worker " << id;
 }
 
+// What each of n workers forming a group with `opts` threw ("" where it formed).
+std::vector<std::string> errors_forming(int n, const Options& opts) {
+  Coordinator coord(n, std::chrono::milliseconds(3000));
+  std::vector<std::string> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int id = 0; id < n; ++id) {
+    threads.emplace_back([&, id] {
+      try {
+        Group g("127.0.0.1", coord.port(), id, "127.0.0.1", opts);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(id)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
 // Integers in floats add exactly: every rank must end with exactly the expected sum.
 void check_exact(int n, std::size_t elements, const std::string& backend) {
   Options opts;
@@ -710,19 +728,7 @@ TEST(Collective, HierarchicalInsideTheHostsFallsBackToTheMeshWithoutGpusAndNcclS
     EXPECT_EQ(v, reference(Op::sum, 5, v.size()));
   });
   opts.intra_host = "nccl";
-  Coordinator coord(2, std::chrono::milliseconds(3000));
-  std::vector<std::string> errors(2);
-  std::vector<std::thread> threads;
-  for (int id = 0; id < 2; ++id) {
-    threads.emplace_back([&, id] {
-      try {
-        Group g("127.0.0.1", coord.port(), id, "127.0.0.1", opts);
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(id)] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  const auto errors = errors_forming(2, opts);
   for (const auto& e : errors) EXPECT_NE(e.find("NCCL inside a host takes one GPU per worker"), std::string::npos) << e;
 }
 
@@ -754,19 +760,7 @@ TEST(Collective, HierarchicalAutoFallsBackToTheMeshTogetherWhenNcclCannotStart) 
   // CUDA's first call fails at once on every worker: no step of the start waits out a timeout.
   EXPECT_LT(std::chrono::steady_clock::now() - began, opts.step_timeout);
   opts.intra_host = "nccl";
-  Coordinator coord(2, std::chrono::milliseconds(3000));
-  std::vector<std::string> errors(2);
-  std::vector<std::thread> threads;
-  for (int id = 0; id < 2; ++id) {
-    threads.emplace_back([&, id] {
-      try {
-        Group g("127.0.0.1", coord.port(), id, "127.0.0.1", opts);
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(id)] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  const auto errors = errors_forming(2, opts);
   for (const auto& e : errors) EXPECT_NE(e.find("no CUDA device"), std::string::npos) << e;
 }
 
