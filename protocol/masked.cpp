@@ -2,6 +2,7 @@
 
 #include "crypto/fixed_point.h"
 #include "crypto/prime_field.h"
+#include "protocol/packed.h"
 
 #include <cstring>
 #include <stdexcept>
@@ -54,10 +55,10 @@ MaskedVector MaskedVector::for_setup(const wire::SecAggSetup& setup) {
 }
 
 void MaskedVector::set_wire_bits(std::uint32_t bits) {
-  // The field of p = 2^32 - 5 has no subring mod 2^b: its masks do not cancel there.
-  if (bits != 0 && (prime_ || bits >= bits_)) {
-    throw std::invalid_argument("a packed wire of " + std::to_string(bits) + " bits for " +
-                                (prime_ ? std::string("field words") : std::to_string(bits_) + "-bit ring words"));
+  if (bits != 0) {
+    // The field of p = 2^32 - 5 has no subring mod 2^b: its masks do not cancel there.
+    if (prime_) throw std::invalid_argument("a packed wire of " + std::to_string(bits) + " bits for field words");
+    check_packed_width(bits, word_bytes());
   }
   wire_bits_ = bits;
 }

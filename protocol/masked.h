@@ -7,6 +7,8 @@
 
 #include <cstdint>
 #include <span>
+#include <stdexcept>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -17,6 +19,23 @@ namespace xsilo::protocol {
 // The wire dtype of a ring's words, and the bytes of one word of a dtype (0: not a ring's).
 wire::DType ring_dtype(std::uint32_t bits);
 std::size_t ring_word_bytes(wire::DType dtype);
+
+// f(the bytes as a span of the ring words of `dtype`, const as the bytes are): one call for every
+// ring size. The bytes start at a whole word of a malloc'd buffer, so they are aligned for it.
+template <class Byte, class F>
+decltype(auto) visit_ring_words(wire::DType dtype, std::span<Byte> bytes, F&& f) {
+  auto as = [&]<class W>(W*) -> decltype(auto) {
+    using Out = std::conditional_t<std::is_const_v<Byte>, const W, W>;
+    return f(std::span<Out>(reinterpret_cast<Out*>(bytes.data()), bytes.size() / sizeof(W)));
+  };
+  switch (dtype) {
+    case wire::U8: return as(static_cast<std::uint8_t*>(nullptr));
+    case wire::U16: return as(static_cast<std::uint16_t*>(nullptr));
+    case wire::U32: return as(static_cast<std::uint32_t*>(nullptr));
+    case wire::U64: return as(static_cast<std::uint64_t*>(nullptr));
+    default: throw std::invalid_argument("no ring words of dtype " + wire::DType_Name(dtype));
+  }
+}
 
 class MaskedVector {
  public:
@@ -79,12 +98,7 @@ class MaskedVector {
  private:
   template <class Self, class F>
   static decltype(auto) visit_words(Self& self, F&& f) {
-    switch (self.bits_) {
-      case 8: return f(self.u8());
-      case 16: return f(self.u16());
-      case 32: return f(self.u32());
-      default: return f(self.u64());
-    }
+    return visit_ring_words(self.dtype(), std::span(self.bytes_), std::forward<F>(f));
   }
 
   std::uint32_t bits_ = 32;

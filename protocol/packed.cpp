@@ -13,20 +13,20 @@ std::size_t packed_bytes(std::size_t words, std::uint32_t bits) {
   return whole * bits + (static_cast<std::size_t>(words % 8) * bits + 7) / 8;
 }
 
-namespace {
-
-void check_bits(std::uint32_t bits, std::size_t width) {
-  if (bits < 1 || bits >= width * 8) {
+void check_packed_width(std::uint32_t bits, std::size_t word_bytes) {
+  if (bits < 1 || bits >= word_bytes * 8) {
     throw std::invalid_argument("packed words of " + std::to_string(bits) + " bits in words of " +
-                                std::to_string(width * 8) + " bits");
+                                std::to_string(word_bytes * 8) + " bits");
   }
 }
+
+namespace {
 
 // The bit string is filled through a 64-bit accumulator, at most 32 bits at a time: fewer than
 // 8 bits wait in it between pieces, so a piece never overflows it.
 template <class W>
 void pack(std::span<const W> in, std::uint32_t bits, std::span<std::uint8_t> out) {
-  check_bits(bits, sizeof(W));
+  check_packed_width(bits, sizeof(W));
   if (out.size() != packed_bytes(in.size(), bits)) throw std::invalid_argument("packed buffer of the wrong size");
   std::uint64_t acc = 0;
   unsigned have = 0;
@@ -47,7 +47,7 @@ void pack(std::span<const W> in, std::uint32_t bits, std::span<std::uint8_t> out
 
 template <class W>
 Status unpack(std::span<const std::uint8_t> in, std::uint32_t bits, std::span<W> out) {
-  check_bits(bits, sizeof(W));
+  check_packed_width(bits, sizeof(W));
   const std::size_t want = packed_bytes(out.size(), bits);
   if (in.size() != want) {
     return Error(std::to_string(in.size()) + " bytes of packed words, not the " + std::to_string(want) + " that " +

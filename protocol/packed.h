@@ -22,6 +22,10 @@ namespace xsilo::protocol {
 // ceil(words * bits / 8).
 std::size_t packed_bytes(std::size_t words, std::uint32_t bits);
 
+// The one width rule: `bits` packs words of `word_bytes` bytes when 1 <= bits < 8 word_bytes
+// (a word as wide as its ring travels whole). Throws std::invalid_argument naming both.
+void check_packed_width(std::uint32_t bits, std::size_t word_bytes);
+
 // out (packed_bytes(in.size(), bits) bytes) = the low `bits` bits of each word of `in`, packed;
 // 1 <= bits < the word's width.
 void pack_words(std::span<const std::uint8_t> in, std::uint32_t bits, std::span<std::uint8_t> out);

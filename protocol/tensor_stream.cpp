@@ -2,9 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
-
 #include <stdexcept>
-#include <type_traits>
 
 #include "protocol/compression.h"
 #include "protocol/masked.h"
@@ -20,22 +18,11 @@ std::size_t elem_size(wire::DType t) {
   if (n == 0) throw std::invalid_argument("tensor elements of dtype " + wire::DType_Name(t) + " are not sent");
   return n;
 }
-// f(the bytes as a span of ring words of `dtype`), const or not as the bytes are. The bytes are
-// a MaskedVector's or a receive buffer's words at whole-word offsets: aligned for the type.
-template <class Byte, class F>
-void visit_ring_words(wire::DType dtype, std::span<Byte> bytes, F&& f) {
-  auto as = [&](auto* type) {
-    using W = std::remove_pointer_t<decltype(type)>;
-    using Out = std::conditional_t<std::is_const_v<Byte>, const W, W>;
-    f(std::span<Out>(reinterpret_cast<Out*>(bytes.data()), bytes.size() / sizeof(W)));
-  };
-  switch (dtype) {
-    case wire::U8: return as(static_cast<std::uint8_t*>(nullptr));
-    case wire::U16: return as(static_cast<std::uint16_t*>(nullptr));
-    case wire::U32: return as(static_cast<std::uint32_t*>(nullptr));
-    case wire::U64: return as(static_cast<std::uint64_t*>(nullptr));
-    default: throw std::invalid_argument("no ring words of dtype " + wire::DType_Name(dtype));
-  }
+// A packed wire (0: none) of `dtype`'s elements: ring words only, by packed.h's width rule.
+void check_packed(std::uint32_t packed_bits, wire::DType dtype) {
+  if (packed_bits == 0) return;
+  if (dtype == wire::F32) throw std::invalid_argument("float32 elements are not packed");
+  check_packed_width(packed_bits, elem_size(dtype));
 }
 }  // namespace
 
@@ -56,11 +43,7 @@ ChunkSource::ChunkSource(std::shared_ptr<const void> keep_alive, std::span<const
       chunk_elems_(packed_bits ? std::clamp<std::size_t>(chunk_bytes * 8 / packed_bits, 1, kMaxChunkCount)
                                : std::max<std::size_t>(1, chunk_bytes / elem_size(dtype))),
       packed_bits_(packed_bits) {
-  if (packed_bits_ != 0 && dtype_ == wire::F32) throw std::invalid_argument("float32 elements are not packed");
-  if (packed_bits_ >= 8 * elem_) {
-    throw std::invalid_argument(std::to_string(packed_bits_) + " bits do not pack " + std::to_string(8 * elem_) +
-                                "-bit words");
-  }
+  check_packed(packed_bits_, dtype_);
 }
 
 ChunkSource::ChunkSource(std::shared_ptr<const std::vector<wire::TensorChunk>> encoded, std::string federation,
@@ -157,10 +140,7 @@ void TensorReceiver::reset_words(std::span<std::uint8_t> into, std::vector<Tenso
   base_ = into.data();
   dtype_ = dtype;
   elem_ = elem_size(dtype);
-  if (packed_bits != 0 && (dtype == wire::F32 || packed_bits >= elem_ * 8)) {
-    throw std::invalid_argument("a packed wire of " + std::to_string(packed_bits) + " bits for " +
-                                wire::DType_Name(dtype) + " elements");
-  }
+  check_packed(packed_bits, dtype);
   packed_bits_ = packed_bits;
   layout_ = std::move(layout);
   scheme_.Clear();

@@ -12,6 +12,7 @@
 #include "crypto/keys.h"
 #include "crypto/skellam.h"
 #include "crypto/sources.h"
+#include "protocol/round_start.h"
 #include "protocol/secagg_wire.h"
 #include "server/distributed_dp.h"
 
@@ -79,11 +80,13 @@ SecureRound::SecureRound(const SecureConfig& cfg, const std::optional<crypto::Ce
       s.set_vector_length(crypto::padded_length(kept_ ? kept_->size() : d_) + 1 +
                           (skellam_->count_scale() > 0 ? 1 : 0));  // adaptive clipping's count word
       *s.mutable_skellam() = *skellam_;
-      // The packed wire where the words are decoded mod 2^bits alone (protocol::check_wire_bits):
-      // not LightSecAgg's field, nor an adaptive count word read in the whole ring.
-      if (cfg_.packed_wire && cfg_.protocol == SecureProtocol::SecAgg && skellam_->bits() < cfg_.bits &&
-          skellam_->count_scale() == 0) {
+      // The packed wire wherever the silos' rule (protocol::check_wire_bits) takes it: not
+      // LightSecAgg's field, nor an adaptive count word read in the whole ring, nor bits equal
+      // to the ring's (whole words then).
+      if (cfg_.packed_wire) {
+        s.set_protocol(cfg_.protocol == SecureProtocol::LightSecAgg ? wire::LIGHTSECAGG : wire::SECAGG);
         s.set_wire_bits(skellam_->bits());
+        if (!protocol::check_wire_bits(s)) s.set_wire_bits(0);
       }
     }
     s.set_count_unclipped(count_unclipped);
