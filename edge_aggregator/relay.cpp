@@ -16,6 +16,13 @@ namespace xsilo::edge {
 
 namespace {
 constexpr std::uint64_t kBarrier = 1ull << 63;  // job ids with this bit only drain the worker queue
+
+// Whether a start's secure setup masks in the words `region` sums: ring or field, length, width.
+bool same_words(const protocol::MaskedVector& region, const wire::SecAggSetup& setup) {
+  // As MaskedVector::for_setup reads a setup, without allocating the words.
+  return (setup.protocol() == wire::LIGHTSECAGG) == region.prime() && setup.modulus_bits() == region.bits() &&
+         setup.vector_length() == region.words() && setup.wire_bits() == region.wire_bits();
+}
 }  // namespace
 
 Relay::Relay(RelayConfig cfg) : cfg_(std::move(cfg)) {}
@@ -166,14 +173,16 @@ void Relay::start_round(const wire::Envelope& e) {
   const auto& rs = e.round_start();
   // Nothing is allocated from a layout before it is checked: a server that sent an impossible
   // one gets an error, and the edge goes on.
-  if (const auto st = protocol::check_layout(rs, cfg_.max_model_elements); !st) {
-    const std::string& why = st.error().message();
-    spdlog::error("round {}: refusing the round's model layout: {}", rs.round(), why);
+  auto refuse = [&](const std::string& why) {
+    spdlog::error("round {}: refusing a start: {}", rs.round(), why);
     auto err = env();
     err.set_round(rs.round());
     err.mutable_error()->set_code(wire::BAD_UPDATE);
-    err.mutable_error()->set_message("edge: model layout: " + why);
+    err.mutable_error()->set_message("edge: " + why);
     to_server(std::move(err));
+  };
+  if (const auto st = protocol::check_layout(rs, cfg_.max_model_elements); !st) {
+    refuse("model layout: " + st.error().message());
     return;
   }
   if (!region_ || rs.round() != region_->round) {
@@ -203,6 +212,12 @@ void Relay::start_round(const wire::Envelope& e) {
       region_->sum = std::make_shared<Model>(std::move(layout));
     }
     spdlog::info("round {} starts", region_->round);
+  } else if (region_->secure != rs.has_secagg() ||
+             (region_->secure && !same_words(*region_->current_words, rs.secagg()))) {
+    // The region's sum is kept in the first start's words; a later start of the round in other
+    // words (another ring, length or packed width) would have its silo's upload read wrongly.
+    refuse("the start for " + e.silo() + " states other secure words than the round's first start");
+    return;
   }
   const std::string silo = e.silo();
   if (region_->broadcast) {

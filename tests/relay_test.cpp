@@ -67,8 +67,8 @@ class Harness {
     for (auto s : {"s1", "s2"}) silo_up(s);
     for (auto s : {"s1", "s2"}) round_start(1, s);
   }
-  // `wire_bits`: distributed DP at that many bits (or at `dp_bits`), its words packed (vector: 8
-  // rotated + 1 words).
+  // `wire_bits` or `dp_bits`: distributed DP at `dp_bits` (or `wire_bits`) bits, its words packed
+  // in `wire_bits` (0: whole words); vector: 8 rotated + 1 words.
   void round_start(std::uint64_t round, const std::string& silo, std::uint32_t group = 0, std::uint32_t bits = 64,
                    std::uint32_t wire_bits = 0, std::uint32_t dp_bits = 0) {
     wire::Envelope e;
@@ -87,7 +87,7 @@ class Harness {
       rs->mutable_secagg()->set_modulus_bits(bits);
       rs->mutable_secagg()->set_vector_length(7);
     }
-    if (wire_bits) {
+    if (wire_bits || dp_bits) {
       rs->mutable_secagg()->mutable_skellam()->set_bits(dp_bits ? dp_bits : wire_bits);
       rs->mutable_secagg()->set_wire_bits(wire_bits);
       rs->mutable_secagg()->set_vector_length(9);
@@ -679,6 +679,30 @@ TEST(Relay, RefusesARoundWhoseWireIsNotItsDistributedDpsBits) {
             std::string::npos)
       << up.back().error().message();
   EXPECT_FALSE(Harness::has(h.to("a1"), wire::Envelope::kRoundStart));  // not passed on
+}
+
+// The region's sum is kept in the words of the round's first start: a later start of the same
+// round in other words (here whole 32-bit words where the first packs 20 bits, or a 16-bit
+// ring) is refused with the reason and not passed on; the first silo's start stands.
+TEST(Relay, RefusesALaterStartOfTheRoundInOtherSecureWords) {
+  Harness h;
+  h.server_up();
+  for (auto s : {"a1", "a2", "a3"}) h.silo_up(s);
+  (void)h.up();
+  h.round_start(1, "a1", 1, 32, /*wire_bits=*/20);
+  EXPECT_TRUE(Harness::has(h.to("a1"), wire::Envelope::kRoundStart));
+  h.round_start(1, "a2", 1, 32, /*wire_bits=*/0, /*dp_bits=*/20);  // no width: whole words
+  h.round_start(1, "a3", 1, 16);
+  const auto up = h.up();
+  EXPECT_EQ(std::count_if(up.begin(), up.end(), [](const auto& e) {
+              return e.has_error() && e.error().message().find("states other secure words than the round's first start") !=
+                                          std::string::npos;
+            }),
+            2);
+  EXPECT_FALSE(Harness::has(h.to("a2"), wire::Envelope::kRoundStart));
+  EXPECT_FALSE(Harness::has(h.to("a3"), wire::Envelope::kRoundStart));
+  h.round_start(1, "a2", 1, 32, /*wire_bits=*/20);  // the same words as the first: passed on
+  EXPECT_TRUE(Harness::has(h.to("a2"), wire::Envelope::kRoundStart));
 }
 
 // A 16-bit ring: words of 2 bytes, summed mod 2^16. An upload of other words (another ring, or
