@@ -14,6 +14,7 @@
 #include "crypto/hash.h"
 #include "protocol/audit_key.h"
 #include "protocol/privacy.h"
+#include "protocol/round_start.h"
 #include "server/central_dp.h"
 #include "server/distributed_dp.h"
 
@@ -354,6 +355,30 @@ Status check_named_setup(const nlohmann::json& r, const std::string& event, cons
   return {};
 }
 
+// The packed width a record states (secure.wire_bits), by the rule silos and edges take a signed
+// setup's by (protocol::check_wire_bits): a record cannot say its words travelled in other bits
+// than its distributed DP is decoded in. Nothing stated: whole words.
+Status check_recorded_wire(const nlohmann::json& r, const std::string& where) {
+  const auto s = r.find("secure");
+  if (s == r.end() || !s->is_object() || !s->contains("wire_bits")) return {};
+  const auto& bits = s->at("wire_bits");
+  if (!bits.is_number_integer() || bits.get<std::int64_t>() < 0 || bits.get<std::int64_t>() > 64) {
+    return Error(where + "its secure.wire_bits " + bits.dump() + " is not a width of bits");
+  }
+  wire::SecAggSetup setup;
+  setup.set_wire_bits(bits.get<std::uint32_t>());
+  setup.set_modulus_bits(s->value("modulus_bits", 0u));
+  setup.set_protocol(s->value("protocol", "") == "lightsecagg" ? wire::LIGHTSECAGG : wire::SECAGG);
+  if (const auto p = r.find("privacy"); p != r.end() && p->is_object() && p->value("mechanism", "") == "skellam") {
+    setup.mutable_skellam()->set_bits(p->value("bits", 0u));
+    setup.mutable_skellam()->set_count_scale(p->value("count_scale", std::uint64_t{0}));
+  }
+  if (const auto st = protocol::check_wire_bits(setup); !st) {
+    return Error(where + "its secure.wire_bits: " + st.error().message());
+  }
+  return {};
+}
+
 // The example-level spends of round record r (record i, from 0): each participant's spend is added
 // to its silo's account in `rounds` and to a, and its claimed epsilon checked against the account.
 Status check_participant_spends(const nlohmann::json& r, std::size_t i,
@@ -431,6 +456,7 @@ Result<PrivacyAudit> check_privacy_claims(const std::vector<nlohmann::json>& rec
       }
       // A record that names a setup the silos were sent: charged at it only as that Skellam mechanism.
       if (const auto st = check_named_setup(r, event, where); !st) return Error(st.error().message());
+      if (const auto st = check_recorded_wire(r, where); !st) return Error(st.error().message());
       // An interrupted unmasking, or this aborted round's own (its unmasking began: it spent).
       if (const auto c = unmasking.take(r)) charge(c->mechanism, c->interrupted ? a.silo_interrupted : a.silo_aborted);
       if (const auto m = silo_level_mechanism_of(r)) {

@@ -546,6 +546,39 @@ TEST(DistributedDp, AuditVerifyFailsARecordWhoseStatedMultipliersAreNotItsSigned
   }
 }
 
+// A record's packed width (secure.wire_bits) is checked by the rule silos and edges take a
+// signed setup's by: the DP's bits below the ring, SecAgg, no count word. Another width, or one
+// beside an adaptive count word, fails `audit verify` with the reason; the true width passes.
+TEST(DistributedDp, AuditVerifyFailsARecordWhosePackedWidthIsNotItsDecodesBits) {
+  auto fixed = digits_like(20, 8, 10);
+  server::finalize_distributed_dp(fixed, 4810);
+  auto log = four_committed_rounds(fixed).records;
+  for (std::size_t i = 1; i < log.size(); ++i) log[i]["secure"] = {{"modulus_bits", 32}, {"wire_bits", fixed.bits}};
+  EXPECT_TRUE(succeeded(server::check_privacy_claims(log)));
+  auto other = log;
+  other[2]["secure"]["wire_bits"] = fixed.bits - 4;
+  test::expect_claims_fail(other, "record 3 (round 2): its secure.wire_bits: the secure setup packs its words in " +
+                                      std::to_string(fixed.bits - 4) + " bits, not the " +
+                                      std::to_string(fixed.bits) + " bits its distributed DP is decoded in");
+  auto narrow = log;
+  narrow[2]["secure"]["modulus_bits"] = 16;  // a ring no wider than the width
+  test::expect_claims_fail(narrow, "not fewer than its ring's 16");
+  auto field = log;
+  field[2]["secure"]["protocol"] = "lightsecagg";
+  test::expect_claims_fail(field, "masks in a prime field");
+  auto junk = log;
+  junk[2]["secure"]["wire_bits"] = -3;
+  test::expect_claims_fail(junk, "its secure.wire_bits -3 is not a width of bits");
+
+  auto adaptive = digits_like(20, 8, 10);
+  adaptive.counts_unclipped = true;
+  adaptive.count_stddev = 1.5;
+  server::finalize_distributed_dp(adaptive, 4810);
+  auto counted = four_committed_rounds(adaptive).records;
+  counted[2]["secure"] = {{"modulus_bits", 32}, {"wire_bits", adaptive.bits}};
+  test::expect_claims_fail(counted, "count word is read in the whole ring");
+}
+
 // The count word's sum reaches n h plus the noise's tail in the masking ring: a config whose h
 // (sqrt(mu) / (2 count_stddev)) makes it pass 2^(ring - 1) is refused at load with the numbers,
 // and the same config in a wider masking ring is not.
