@@ -9,7 +9,7 @@ std::string build_version() { return XSILO_VERSION; }
 std::string build_info() {
   // The number is proto::kProtocolVersion (common/ sits below proto/; Frame.TheVersionLine...
   // holds the two together).
-  return "xsilo " + build_version() + ", wire protocol 4, -march=" + XSILO_BUILD_ARCH;
+  return "xsilo " + build_version() + ", wire protocol 5, -march=" + XSILO_BUILD_ARCH;
 }
 
 std::string cpu_info() {

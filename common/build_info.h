@@ -8,7 +8,7 @@ namespace xsilo {
 
 // "0.1.0": the project's version (CMakeLists.txt), as packages and metrics name it.
 std::string build_version();
-// "xsilo 0.1.0, wire protocol 4, -march=x86-64-v2" (the version proto/frame.h speaks; Frame.TheVersionLineNamesTheWireProtocolSpoken holds them together)
+// "xsilo 0.1.0, wire protocol 5, -march=x86-64-v2" (the version proto/frame.h speaks; Frame.TheVersionLineNamesTheWireProtocolSpoken holds them together)
 std::string build_info();
 // The CPU's model name and its widest vector extension ("AMD EPYC 9B14 (avx512f)").
 std::string cpu_info();

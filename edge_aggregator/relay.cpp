@@ -173,10 +173,13 @@ void Relay::start_round(const wire::Envelope& e) {
   const auto& rs = e.round_start();
   // Nothing is allocated from a layout before it is checked: a server that sent an impossible
   // one gets an error, and the edge goes on.
+  // The error names the silo whose start it was, so that the server drops it from the round at
+  // once rather than at a deadline.
   auto refuse = [&](const std::string& why) {
-    spdlog::error("round {}: refusing a start: {}", rs.round(), why);
+    spdlog::error("round {}: refusing the start for {}: {}", rs.round(), proto::printable(e.silo(), 64), why);
     auto err = env();
     err.set_round(rs.round());
+    err.set_silo(e.silo());
     err.mutable_error()->set_code(wire::BAD_UPDATE);
     err.mutable_error()->set_message("edge: " + why);
     to_server(std::move(err));
@@ -216,7 +219,7 @@ void Relay::start_round(const wire::Envelope& e) {
              (region_->secure && !same_words(*region_->current_words, rs.secagg()))) {
     // The region's sum is kept in the first start's words; a later start of the round in other
     // words (another ring, length or packed width) would have its silo's upload read wrongly.
-    refuse("the start for " + e.silo() + " states other secure words than the round's first start");
+    refuse("its secure words (ring, length, packed width) are not those of the round's first start");
     return;
   }
   const std::string silo = e.silo();

@@ -14,8 +14,9 @@
 namespace xsilo::proto {
 
 // 2: secure aggregation against active adversaries; 3: its steps inside one SecureAggregation;
-// 4: distributed DP's masked words packed in their bits (SecAggSetup.wire_bits, PACKED chunks).
-inline constexpr std::uint32_t kProtocolVersion = 4;
+// 4: distributed DP's masked words packed in their bits (SecAggSetup.wire_bits, PACKED chunks);
+// 5: SecAgg's session bound to its setup's digest, as LightSecAgg's is (protocol/secagg_wire.cpp).
+inline constexpr std::uint32_t kProtocolVersion = 5;
 inline constexpr std::size_t kFrameHeaderBytes = 4;
 inline constexpr std::size_t kDefaultMaxFrameBytes = 4u << 20;
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <span>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -21,10 +22,15 @@ wire::DType ring_dtype(std::uint32_t bits);
 std::size_t ring_word_bytes(wire::DType dtype);
 
 // f(the bytes as a span of the ring words of `dtype`, const as the bytes are): one call for every
-// ring size. The bytes start at a whole word of a malloc'd buffer, so they are aligned for it.
+// ring size. The bytes must be whole words aligned for the type (a MaskedVector's, or a receive
+// buffer's at a whole-word offset); others throw std::invalid_argument.
 template <class Byte, class F>
 decltype(auto) visit_ring_words(wire::DType dtype, std::span<Byte> bytes, F&& f) {
   auto as = [&]<class W>(W*) -> decltype(auto) {
+    if (bytes.size() % sizeof(W) != 0 || reinterpret_cast<std::uintptr_t>(bytes.data()) % alignof(W) != 0) {
+      throw std::invalid_argument("ring words of " + std::to_string(sizeof(W)) +
+                                  " bytes over bytes that are not whole, aligned words");
+    }
     using Out = std::conditional_t<std::is_const_v<Byte>, const W, W>;
     return f(std::span<Out>(reinterpret_cast<Out*>(bytes.data()), bytes.size() / sizeof(W)));
   };

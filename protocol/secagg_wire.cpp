@@ -88,13 +88,14 @@ proto::Result<KeyList> key_list_from_wire(const WireList& w) {
 
 }  // namespace
 
-std::string secagg_session(const std::string& federation, std::uint64_t round, std::uint32_t group) {
-  return federation + "/" + std::to_string(round) + "/" + std::to_string(group);
+std::string secure_session(const wire::SecAggSetup& s, const std::string& federation, std::uint64_t round) {
+  return federation + "/" + std::to_string(round) + "/" + std::to_string(s.group()) + "/" +
+         crypto::sha256_hex(setup_statement(s, federation, round));
 }
 
 secagg::Params secagg_params(const wire::SecAggSetup& s, const std::string& federation, std::uint64_t round) {
   secagg::Params p;
-  p.session = secagg_session(federation, round, s.group());
+  p.session = secure_session(s, federation, round);
   p.members.assign(s.members().begin(), s.members().end());
   p.threshold = s.threshold();
   p.min_survivors = s.min_survivors();
@@ -198,11 +199,7 @@ proto::Result<secagg::Advertisement> from_wire(const wire::SecAggKeys& w) {
 
 lightsecagg::Params lightsecagg_params(const wire::SecAggSetup& s, const std::string& federation, std::uint64_t round) {
   lightsecagg::Params p;
-  // Bound to the exact setup signed: every member places the others by its own member list and
-  // T and U, so a server showing members different setups could solve for single masks from
-  // their answers (review of 421039f). With the setup's digest in the session, every key,
-  // share, box, confirmation and answer signed under one setup fails to verify under another.
-  p.session = secagg_session(federation, round, s.group()) + "/" + crypto::sha256_hex(setup_statement(s, federation, round));
+  p.session = secure_session(s, federation, round);
   p.members.assign(s.members().begin(), s.members().end());
   p.privacy = s.privacy();
   p.target = s.target();

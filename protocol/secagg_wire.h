@@ -23,8 +23,13 @@ namespace xsilo::protocol {
 namespace secagg = crypto::secagg;
 namespace lightsecagg = crypto::lightsecagg;
 
-// The session string that binds federation, round and group into every key and signature.
-std::string secagg_session(const std::string& federation, std::uint64_t round, std::uint32_t group);
+// The session every key, share, box, confirmation and answer of a group is signed under:
+// "federation/round/group/" and the SHA-256 of the exact setup signed. Every member places the others by its own
+// member list, threshold and parameters, so a server showing members different setups could
+// solve for single masks from their answers (LightSecAgg, review of 421039f) or make a group's
+// sum fail to add up (SecAgg: another width, length or ring); bound so, a split view stops at
+// the first signed message, which fails to verify under the other setup.
+std::string secure_session(const wire::SecAggSetup& setup, const std::string& federation, std::uint64_t round);
 // The group's parameters as a member reads them from RoundStart.secagg.
 secagg::Params secagg_params(const wire::SecAggSetup& setup, const std::string& federation, std::uint64_t round);
 // The neighbour graph's degree k: the setup's, or members - 1 for the complete graph (degree 0).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzes one target (or `all`, one after the other) for SECONDS each with libFuzzer:
 #   bash scripts/fuzz.sh TARGET SECONDS [libFuzzer options...]
-# Targets: frame safetensors config coordinator relay session compression trainer secagg (fuzz/*.cpp). Builds with clang
+# Targets: frame safetensors config coordinator relay session compression packed trainer secagg (fuzz/*.cpp). Builds with clang
 # and ASan into build-fuzz/ (CUDA off; UBSan runs over the corpora in the test suite, see
 # fuzz/CMakeLists.txt). Starts from the checked-in seeds in fuzz/corpus/TARGET; the corpus it
 # grows stays in build-fuzz/corpus/TARGET; a crash is saved to build-fuzz/crashes/TARGET/ and
@@ -12,7 +12,7 @@
 # second, for runs of 10 million) and then replays the corpus it grew under ASan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-targets=(frame safetensors config coordinator relay session compression trainer secagg)
+targets=(frame safetensors config coordinator relay session compression packed trainer secagg)
 if [ $# -lt 2 ]; then
   echo "usage: bash scripts/fuzz.sh TARGET|all SECONDS [libFuzzer options]; targets: ${targets[*]}" >&2
   exit 2

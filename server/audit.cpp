@@ -356,8 +356,9 @@ Status check_named_setup(const nlohmann::json& r, const std::string& event, cons
 }
 
 // The packed width a record states (secure.wire_bits), by the rule silos and edges take a signed
-// setup's by (protocol::check_wire_bits): a record cannot say its words travelled in other bits
-// than its distributed DP is decoded in. Nothing stated: whole words.
+// setup's by (protocol::check_wire_bits): a width the record's ring, protocol and distributed DP
+// allow, and no other. The width is not in the signed Skellam part the record names, so this
+// checks that the claim is consistent, not that the round's words were packed.
 Status check_recorded_wire(const nlohmann::json& r, const std::string& where) {
   const auto s = r.find("secure");
   if (s == r.end() || !s->is_object() || !s->contains("wire_bits")) return {};
@@ -365,11 +366,16 @@ Status check_recorded_wire(const nlohmann::json& r, const std::string& where) {
   if (!bits.is_number_integer() || bits.get<std::int64_t>() < 0 || bits.get<std::int64_t>() > 64) {
     return Error(where + "its secure.wire_bits " + bits.dump() + " is not a width of bits");
   }
+  const auto ring = s->find("modulus_bits");
+  if (ring == s->end() || !ring->is_number_integer() || ring->get<std::int64_t>() < 0 || ring->get<std::int64_t>() > 64) {
+    return Error(where + "its secure.wire_bits comes without a secure.modulus_bits of at most 64");
+  }
   wire::SecAggSetup setup;
   setup.set_wire_bits(bits.get<std::uint32_t>());
-  setup.set_modulus_bits(s->value("modulus_bits", 0u));
+  setup.set_modulus_bits(ring->get<std::uint32_t>());
   setup.set_protocol(s->value("protocol", "") == "lightsecagg" ? wire::LIGHTSECAGG : wire::SECAGG);
   if (const auto p = r.find("privacy"); p != r.end() && p->is_object() && p->value("mechanism", "") == "skellam") {
+    // Their types are checked with the mechanism (recorded_skellam_mechanism), before this.
     setup.mutable_skellam()->set_bits(p->value("bits", 0u));
     setup.mutable_skellam()->set_count_scale(p->value("count_scale", std::uint64_t{0}));
   }

@@ -131,6 +131,7 @@ proto::Result<wire::SecureAggregation> SecureClient::start(const wire::SecAggSet
   if (!keys) return keys;
   round_ = round;
   setup_ = setup;
+  session_ = protocol::secure_session(setup, cfg_.federation, round);
   member_ = std::move(member);
   return keys;
 }
@@ -175,7 +176,7 @@ std::string SecureClient::skellam_sha256() const {
 }
 
 std::string SecureClient::session_string() const {
-  return member_ && setup_ ? protocol::secagg_session(cfg_.federation, round_, setup_->group()) : std::string();
+  return member_ && setup_ ? session_ : std::string();
 }
 
 }  // namespace xsilo::agent

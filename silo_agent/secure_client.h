@@ -97,6 +97,7 @@ class SecureClient {
   std::uint64_t round_ = 0;
   std::shared_ptr<secure::Member> member_;
   std::optional<wire::SecAggSetup> setup_;
+  std::string session_;  // the setup's (protocol::secure_session), made once when it is taken
   std::shared_ptr<protocol::MaskedVector> words_;
   bool settled_ = false, masking_ = false;
 };

@@ -226,5 +226,24 @@ TEST(PackedWire, MaskedWordsSummedAfterReductionAgreeWithTheSumOfWholeWordsModTw
   }
 }
 
+// One visit of a ring's words for every size: the words of the dtype in place, and bytes that
+// are not whole aligned words refused rather than read as a shorter or misaligned span.
+TEST(PackedWire, RingWordsAreVisitedInPlaceOnlyOverWholeAlignedWords) {
+  std::vector<std::uint64_t> storage = {0x0102030405060708ull, 0x1112131415161718ull};
+  const std::span<std::uint8_t> bytes(reinterpret_cast<std::uint8_t*>(storage.data()), 16);
+  std::size_t words = 0;
+  visit_ring_words(wire::U16, bytes, [&](auto w) {
+    words = w.size();
+    w[0] = static_cast<typename decltype(w)::value_type>(0xbeef);  // U16 here; every size compiles
+  });
+  EXPECT_EQ(words, 8u);
+  EXPECT_EQ(storage[0] & 0xffff, 0xbeefu);
+  visit_ring_words(wire::U64, std::span<const std::uint8_t>(bytes), [&](auto w) { words = w.size(); });
+  EXPECT_EQ(words, 2u);
+  EXPECT_THROW(visit_ring_words(wire::U32, bytes.first(10), [](auto) {}), std::invalid_argument);
+  EXPECT_THROW(visit_ring_words(wire::U64, bytes.subspan(4, 8), [](auto) {}), std::invalid_argument);
+  EXPECT_THROW(visit_ring_words(wire::F32, bytes, [](auto) {}), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace xsilo::protocol

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "crypto/fixed_point.h"
+#include "crypto/secagg.h"
 #include "protocol/masked.h"
 #include "protocol/secagg_wire.h"
 #include "server/aggregator.h"
@@ -168,6 +169,54 @@ TEST(SecureGroups, ALightSecAggGroupIsPlannedSignedAndRefusedWhereItsSharesWould
   for (const auto& d : dropped) {
     EXPECT_NE(d.why.find("above transport.max_frame_bytes"), std::string::npos) << d.why;
     EXPECT_EQ(d.reason, secure::DropReason::GroupFailed);
+  }
+}
+
+// SecAgg's session binds the setup signed, as LightSecAgg's does: members shown setups that
+// differ (here only in the packed width, or the clip norm) do not share a session, so the
+// other member's signed keys fail the first's check and the split view stops before any mask.
+TEST(SecureGroups, SecAggMembersShownDifferentSetupsRefuseEachOthersKeys) {
+  SecureConfig cfg;
+  cfg.mode = SecureMode::Global;
+  cfg.min_group = 3;
+  const std::optional<crypto::CertSigner> signer = test::signer(wire::SERVER, "server");
+  const std::optional<crypto::CertVerifier> ca = test::verifier();
+  SecureRound round(cfg, signer, ca, "fed", 2, 7, silos(3), 100);
+  const auto& s1 = round.setup(1);
+  ASSERT_EQ(s1.protocol(), wire::SECAGG);
+  auto packed = s1;
+  packed.set_wire_bits(20);
+  auto looser = s1;
+  looser.set_clip_norm(s1.clip_norm() * 2);
+  const auto session = protocol::secagg_params(s1, "fed", 2).session;
+  EXPECT_NE(protocol::secagg_params(packed, "fed", 2).session, session);
+  EXPECT_NE(protocol::secagg_params(looser, "fed", 2).session, session);
+  EXPECT_EQ(protocol::secagg_params(s1, "fed", 2).session, session);  // one setup, one session
+
+  const std::vector<std::string> members(s1.members().begin(), s1.members().end());
+  auto client = [&](const wire::SecAggSetup& s, const std::string& me) {
+    return crypto::secagg::Client(protocol::secagg_params(s, "fed", 2), me, test::signer(wire::SILO, me),
+                                  test::verifier(), signer->certificate(), "server", crypto::secagg::Floor{2, 0.0});
+  };
+  for (const auto* other : {&packed, &looser}) {
+    std::vector<crypto::secagg::Client> clients;
+    crypto::secagg::KeyList agreed;
+    for (const auto& m : members) {
+      clients.push_back(client(s1, m));
+      auto a = clients.back().advertise();
+      ASSERT_TRUE(a.has_value()) << a.error().message();
+      agreed[m] = *a;
+    }
+    EXPECT_TRUE(clients[0].share(agreed).has_value());
+    // The last member was shown the other setup: its keys are signed under another session.
+    auto shown_client = client(*other, members.back());
+    auto shown = shown_client.advertise();
+    ASSERT_TRUE(shown.has_value()) << shown.error().message();
+    auto split = agreed;
+    split[members.back()] = *shown;
+    const auto refused = clients[1].share(split);
+    ASSERT_FALSE(refused.has_value());
+    EXPECT_NE(refused.error().message().find(members.back()), std::string::npos) << refused.error().message();
   }
 }
 

@@ -1117,7 +1117,7 @@ TEST(SecureClient, ReturnsItsKeysForATrustedSetupAndMasksNothingBeforeItsGroupSe
   ASSERT_TRUE(keys) << keys.error().message();
   EXPECT_TRUE(keys->has_secagg_keys());
   EXPECT_TRUE(client.active());
-  EXPECT_EQ(client.session_string(), protocol::secagg_session("fed", 1, setup.group()));
+  EXPECT_EQ(client.session_string(), protocol::secure_session(setup, "fed", 1));
   // The update is here, but the share deliveries are not: no masking job yet, and no words.
   RoundOutput pending;
   pending.update = std::make_shared<Model>(m);
