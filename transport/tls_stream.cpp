@@ -24,8 +24,8 @@ constexpr std::size_t kWritePiece = 256 * 1024;
 
 // The read side's BIO: OpenSSL's reads of ciphertext go straight to the socket (recv, never
 // waiting) into OpenSSL's own record buffer. A memory BIO fed from a buffer of ours cost two
-// copies of every byte received (into the BIO, then out of it) before it was decrypted: a third
-// of the server's memory copies in issue 43's profile. No data yet is a retry: the stream waits
+// copies of every byte received (into the BIO, then out of it) before it was decrypted, and a
+// zero-fill as the BIO grew (issue 43's profile). No data yet is a retry: the stream waits
 // for the socket to be readable. The end of the stream or an error is kept for the stream to
 // throw, as the socket's own read would have (also a retry to OpenSSL, which must not take it
 // for a TLS error).
