@@ -61,6 +61,7 @@ bool Model::same_layout(const Model& other) const {
 
 Model Model::zeros_like() const {
   Model m;
+  m.data_.reserve(data_.size());  // one allocation: growing tensor by tensor copied what was made
   for (const auto& t : tensors_) m.add(t.name, t.shape);
   return m;
 }

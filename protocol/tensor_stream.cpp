@@ -4,6 +4,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "common/finite.h"
 #include "protocol/compression.h"
 #include "protocol/masked.h"
 #include "protocol/packed.h"
@@ -148,6 +149,7 @@ void TensorReceiver::reset_words(std::span<std::uint8_t> into, std::vector<Tenso
   model_ = have_base_ = false;
   tensor_ = offset_ = received_ = last_first_ = last_count_ = kept_ = budget_ = 0;
   bytes_ = 0;
+  last_finite_.reset();
   hash_ = hash ? std::make_unique<crypto::Sha256>() : nullptr;
   skip_empty();
 }
@@ -193,9 +195,17 @@ proto::Status TensorReceiver::add(const wire::TensorChunk& c) {
   if (offset_ + n > t.size()) {
     return bad("chunk of " + t.name + " runs past its " + std::to_string(t.size()) + " elements");
   }
-  std::memcpy(base_ + (t.offset + offset_) * elem_, c.data().data(), c.data().size());
+  std::uint8_t* out = base_ + (t.offset + offset_) * elem_;
+  std::optional<bool> finite;
+  if (dtype_ == wire::F32) {
+    // Floats are copied and scanned in one pass: an upload's check need not read them again.
+    finite = copy_all_finite(reinterpret_cast<float*>(out), c.data().data(), n);
+  } else {
+    std::memcpy(out, c.data().data(), c.data().size());
+  }
   if (hash_) hash_->update(c.data());
   advance(n, c.data().size());
+  last_finite_ = finite;
   return proto::Status();
 }
 
@@ -274,6 +284,7 @@ proto::Status TensorReceiver::add_packed(const wire::TensorChunk& c, const Tenso
 
 void TensorReceiver::advance(std::size_t n, std::size_t bytes) {
   last_first_ = layout_[tensor_].offset + offset_;
+  last_finite_.reset();
   last_count_ = n;
   offset_ += n;
   received_ += n;

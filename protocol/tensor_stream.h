@@ -97,6 +97,10 @@ class TensorReceiver {
   // The elements the last successful add() wrote: [first, first + count) of `into` (in elements).
   std::size_t last_first() const { return last_first_; }
   std::size_t last_count() const { return last_count_; }
+  // Whether the elements the last successful add() wrote are all finite, when it found out
+  // while copying them (float32 values sent as they are); nullopt when it did not look (encoded
+  // or delta chunks, ring words).
+  std::optional<bool> last_finite() const { return last_finite_; }
   bool complete() const { return tensor_ >= layout_.size(); }
   std::size_t received() const { return received_; }
   std::uint64_t bytes() const { return bytes_; }
@@ -118,6 +122,7 @@ class TensorReceiver {
   std::vector<TensorInfo> layout_;
   std::size_t tensor_ = 0, offset_ = 0, received_ = 0, last_first_ = 0, last_count_ = 0;
   std::uint64_t bytes_ = 0;
+  std::optional<bool> last_finite_;
   std::unique_ptr<crypto::Sha256> hash_;
   wire::Compression scheme_;
   std::size_t kept_ = 0, budget_ = 0;  // sparse schemes: elements kept so far, and at most

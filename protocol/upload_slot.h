@@ -1,7 +1,8 @@
 // Uploads into buffers of their own: who is ready (in order), who holds a grant, every chunk
 // checked against the expected layout and copied into place, and the checks of the bytes
 // (SHA-256, finiteness of float32 elements) handed out as work to run off the network thread,
-// chunk by chunk, while the next chunk arrives. An upload is used only once it is whole and
+// chunk by chunk, while the next chunk arrives (the finiteness of float32 values sent as they
+// are is found while they are copied into place, and the work only records it). An upload is used only once it is whole and
 // checked, so a peer that vanishes mid-upload never leaves half an update anywhere; buffers are
 // reused. UploadSlot takes one upload at a time (the edge); UploadLanes up to N at a time,
 // folded in grant order (the server).
@@ -71,15 +72,19 @@ struct UploadBuffer {
   std::uint32_t packed_bits = 0;     // masked words: the packed wire's bits a word (MaskedVector::wire_bits)
 };
 
-// The work that checks `count` elements at `first` (hash, and finiteness for F32).
+// The work that checks `count` elements at `first` (hash, and finiteness for F32). `finite`:
+// whether they are all finite when that is known already (the receiver scanned them as it
+// copied them: TensorReceiver::last_finite()), so that the work does not read them for it again.
 std::function<void()> check_work(std::shared_ptr<UploadCheck> check, const std::uint8_t* first,
                                  std::size_t count, wire::DType dtype, bool hash,
-                                 std::shared_ptr<const void> keep = nullptr);
+                                 std::shared_ptr<const void> keep = nullptr,
+                                 std::optional<bool> finite = std::nullopt);
 // The same for elements a `sink` took: they are read back from it, as the bytes at `at`;
 // `put` is what the sink's put() said of them (a failure fails the check with it, and
 // sink_status keeps the upload's first failure).
 std::function<void()> staged_check_work(std::shared_ptr<UploadCheck> check, std::shared_ptr<UploadSink> sink,
-                                        std::uint64_t at, std::size_t count, wire::DType dtype, bool hash, Status put);
+                                        std::uint64_t at, std::size_t count, wire::DType dtype, bool hash, Status put,
+                                        std::optional<bool> finite = std::nullopt);
 
 // One upload being received: who holds it, its buffer, its chunks checked against the layout
 // and copied into place, and the check work handed out for each.
@@ -112,10 +117,12 @@ class UploadLane {
     const std::size_t elem = element_bytes(buffer_.dtype);
     const std::uint64_t at = rx_.last_first() * elem;
     if (!buffer_.sink) {
-      return check_work(check_, buffer_.bytes.data() + at, rx_.last_count(), buffer_.dtype, buffer_.hash, buffer_.keep);
+      return check_work(check_, buffer_.bytes.data() + at, rx_.last_count(), buffer_.dtype, buffer_.hash, buffer_.keep,
+                        rx_.last_finite());
     }
     return staged_check_work(check_, buffer_.sink, at, rx_.last_count(), buffer_.dtype, buffer_.hash,
-                             buffer_.sink->put(at, {buffer_.bytes.data() + at, rx_.last_count() * elem}));
+                             buffer_.sink->put(at, {buffer_.bytes.data() + at, rx_.last_count() * elem}),
+                             rx_.last_finite());
   }
   // UpdateEnd from the holder: success when every element arrived, else why not.
   Status end(std::string_view what = "update") {

@@ -46,6 +46,17 @@ protocol::UploadBuffer Aggregator::into(Model& m) {
           .sink = nullptr};
 }
 
+protocol::UploadBuffer Aggregator::into(LaneBuffer& b) {
+  const auto f = b.flat();
+  return {.bytes = {reinterpret_cast<std::uint8_t*>(f.data()), f.size_bytes()},
+          .dtype = wire::F32,
+          .layout = b.tensors(),
+          .hash = true,
+          .keep = nullptr,
+          .scheme = {},
+          .sink = nullptr};
+}
+
 void Aggregator::check_lane(std::size_t lane, std::size_t lanes) {
   if (lane >= lanes) {
     throw std::logic_error("upload lane " + std::to_string(lane) + " of " + std::to_string(lanes));
@@ -74,7 +85,7 @@ class PlainSum final : public Aggregator {
         sum_(std::make_shared<Model>(layout.zeros_like())) {
     current_.resize(lanes);
     stage_.resize(lanes);
-    if (!stage_dir_) current_.front() = std::make_unique<Model>(layout.zeros_like());
+    if (!stage_dir_) current_.front() = std::make_unique<LaneBuffer>(layout.tensors());
   }
 
  private:
@@ -88,9 +99,8 @@ class PlainSum final : public Aggregator {
       return {.bytes = s->window(), .dtype = wire::F32, .layout = layout_, .hash = true, .keep = s, .scheme = {}, .sink = s};
     }
     check_lane(lane, current_.size());
-    if (!current_[lane]) current_[lane] = std::make_unique<Model>(current_.front()->zeros_like());
-    Model& m = *current_[lane];
-    return into(m);
+    if (!current_[lane]) current_[lane] = std::make_unique<LaneBuffer>(current_.front()->tensors());
+    return into(*current_[lane]);
   }
 
   FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check, std::size_t lane) override {
@@ -140,7 +150,7 @@ class PlainSum final : public Aggregator {
   std::vector<TensorInfo> layout_;
   std::uint64_t bytes_ = 0;
   std::optional<std::filesystem::path> stage_dir_;
-  std::vector<std::unique_ptr<Model>> current_;         // each lane's upload buffer, when uploads are not staged
+  std::vector<std::unique_ptr<LaneBuffer>> current_;    // each lane's upload buffer, when uploads are not staged
   std::vector<std::shared_ptr<StagedUpload>> stage_;    // else each lane's staged upload
   std::shared_ptr<Model> sum_;
   double weight_ = 0;
@@ -156,7 +166,7 @@ class RowCollector final : public Aggregator {
   RowCollector(const Model& layout, AggregationConfig a, std::size_t selected, std::size_t lanes)
       : d_(layout.size()), a_(std::move(a)) {
     current_.resize(lanes);  // never grows: see PlainSum
-    current_.front() = std::make_unique<Model>(layout.zeros_like());
+    current_.front() = std::make_unique<LaneBuffer>(layout.tensors());
     try {
       rows_.reserve(selected * d_);
     } catch (const std::bad_alloc&) {
@@ -166,9 +176,8 @@ class RowCollector final : public Aggregator {
  private:
   protocol::UploadBuffer lane_buffer(std::size_t lane) override {
     check_lane(lane, current_.size());
-    if (!current_[lane]) current_[lane] = std::make_unique<Model>(current_.front()->zeros_like());
-    Model& m = *current_[lane];
-    return into(m);
+    if (!current_[lane]) current_[lane] = std::make_unique<LaneBuffer>(current_.front()->tensors());
+    return into(*current_[lane]);
   }
 
   FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check, std::size_t lane) override {
@@ -226,7 +235,7 @@ class RowCollector final : public Aggregator {
   }
 
   std::size_t d_;
-  std::vector<std::unique_ptr<Model>> current_;  // each lane's upload buffer
+  std::vector<std::unique_ptr<LaneBuffer>> current_;  // each lane's upload buffer
   AggregationConfig a_;
   std::vector<float> rows_;
   std::vector<std::string> labels_;

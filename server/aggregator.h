@@ -86,6 +86,25 @@ using CombineResult = Result<Combined, CombineFailure>;
 // The audit record's parts from either side of a CombineResult.
 inline nlohmann::json& record_of(CombineResult& c) { return c ? c->record : c.error().record; }
 
+// An upload lane's buffer: a model's floats, not zeroed when made. Every element is written by
+// the upload's chunks before anything reads it: a lane is checked and folded only once its
+// upload is whole (protocol::UploadLane::end), and the same buffer already took one upload after
+// another within a round without being cleared. Zeroing it cost a pass over a model per lane a
+// round, and its pages are faulted in by the chunks as they land instead.
+class LaneBuffer {
+ public:
+  explicit LaneBuffer(std::vector<TensorInfo> layout)
+      : tensors_(std::move(layout)), size_(elements(tensors_)), data_(std::make_unique_for_overwrite<float[]>(size_)) {}
+  std::span<float> flat() { return {data_.get(), size_}; }
+  std::span<const float> flat() const { return {data_.get(), size_}; }
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+
+ private:
+  std::vector<TensorInfo> tensors_;
+  std::size_t size_ = 0;
+  std::unique_ptr<float[]> data_;
+};
+
 class Aggregator {
  public:
   virtual ~Aggregator() = default;
@@ -125,6 +144,7 @@ class Aggregator {
   static void check_lane(std::size_t lane, std::size_t lanes);
   // An upload received straight into `m` (f32, its layout), hashed as it arrives.
   static protocol::UploadBuffer into(Model& m);
+  static protocol::UploadBuffer into(LaneBuffer& b);
 
  private:
   virtual protocol::UploadBuffer lane_buffer(std::size_t lane) = 0;

@@ -19,13 +19,13 @@ class CentralDpSum final : public Aggregator {
                std::optional<crypto::NoiseSource::Key> key)
       : dp_(std::move(dp)), adaptive_(adaptive), key_(key), sum_(std::make_shared<Model>(layout.zeros_like())) {
     current_.resize(lanes);  // never grows: see PlainSum
-    current_.front() = std::make_unique<Model>(layout.zeros_like());
+    current_.front() = std::make_unique<LaneBuffer>(layout.tensors());
   }
 
  private:
   protocol::UploadBuffer lane_buffer(std::size_t lane) override {
     check_lane(lane, current_.size());
-    if (!current_[lane]) current_[lane] = std::make_unique<Model>(current_.front()->zeros_like());
+    if (!current_[lane]) current_[lane] = std::make_unique<LaneBuffer>(current_.front()->tensors());
     return into(*current_[lane]);
   }
 
@@ -83,7 +83,7 @@ class CentralDpSum final : public Aggregator {
   CentralDpConfig dp_;  // clip_norm: the round's
   AggregationConfig::AdaptiveClip adaptive_;
   std::optional<crypto::NoiseSource::Key> key_;
-  std::vector<std::unique_ptr<Model>> current_;  // each lane's upload buffer
+  std::vector<std::unique_ptr<LaneBuffer>> current_;  // each lane's upload buffer
   std::shared_ptr<Model> sum_;
   std::size_t updates_ = 0;
   std::size_t unclipped_ = 0;  // deltas within C (adaptive clipping), never recorded

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <random>
 
@@ -931,6 +932,65 @@ TEST(StagedUpload, AChunkItsSinkCouldNotKeepFailsItsCheckWithTheSinksReason) {
     (*work)();
   }
   EXPECT_EQ(error_text(slot.check()->sink_status), "disk full");
+}
+
+// Float32 chunks are scanned for NaN and infinities while they are copied into place (one pass,
+// TensorReceiver::last_finite); the check work only records what was found. A chunk of the
+// wrong length is still refused before anything is copied, a chunk holding an infinity still
+// fails its upload's check with the same reason, and ring words are never taken for floats.
+TEST(UploadSlot, ANonFiniteValueFoundWhileCopyingFailsTheUploadAndABadLengthIsRefusedFirst) {
+  Model layout;
+  layout.add("a", {8});
+  std::vector<float> into(8, 5.0f);
+  auto buffer = [&] {
+    return protocol::UploadBuffer{{reinterpret_cast<std::uint8_t*>(into.data()), into.size() * sizeof(float)},
+                                  wire::F32, layout.tensors(), true, nullptr, {}, nullptr};
+  };
+  protocol::UploadSlot<int> slot;
+  slot.open(1, buffer());
+  wire::TensorChunk bad;
+  bad.set_name("a");
+  bad.set_dtype(wire::F32);
+  bad.set_offset(0);
+  bad.set_data(std::string(7, '\x01'));
+  auto refused = slot.add(bad);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code(), wire::BAD_UPDATE);
+  EXPECT_EQ(refused.error().message(), "chunk of a has 7 bytes, not a positive multiple of 4");
+  EXPECT_EQ(into, std::vector<float>(8, 5.0f));  // nothing was copied
+
+  auto values = std::make_shared<std::vector<float>>(std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8});
+  (*values)[5] = std::numeric_limits<float>::infinity();
+  slot.open(2, buffer());
+  protocol::ChunkSource src(values, *values, layout.tensors(), "fed", 1, 2 * sizeof(float));
+  std::vector<bool> finite;
+  while (auto e = src.next()) {
+    auto work = slot.add(e->tensor_chunk());
+    ASSERT_TRUE(work);
+    (*work)();
+    finite.push_back(slot.check()->finite);
+  }
+  EXPECT_EQ(finite, (std::vector<bool>{true, true, false, false}));  // the third chunk holds the infinity
+  EXPECT_EQ(into, *values);  // copied whole all the same (never folded)
+  ASSERT_TRUE(succeeded(slot.end()));
+  const std::string declared = crypto::sha256_hex(
+      std::string_view(reinterpret_cast<const char*>(values->data()), values->size() * sizeof(float)));
+  const auto verdict = protocol::verify_upload(*slot.check(), declared, "update");
+  EXPECT_EQ(verdict.problem, protocol::UploadVerdict::Problem::NonFinite);
+  EXPECT_EQ(verdict.why, "update contains NaN or infinite values");
+
+  // Masked words whose bits read as an infinity are words like any other.
+  std::vector<std::uint32_t> words(8, 0x7f800000u), received(8, 0);
+  protocol::TensorReceiver rx;
+  rx.reset_words({reinterpret_cast<std::uint8_t*>(received.data()), received.size() * 4}, {{"masked", {8}, 0}},
+                 wire::U32, /*hash=*/false);
+  protocol::ChunkSource words_src(nullptr, {reinterpret_cast<const std::uint8_t*>(words.data()), words.size() * 4},
+                                  wire::U32, {{"masked", {8}, 0}}, "fed", 1, 16);
+  while (auto e = words_src.next()) {
+    ASSERT_TRUE(rx.add(e->tensor_chunk()));
+    EXPECT_FALSE(rx.last_finite().has_value());
+  }
+  EXPECT_EQ(received, words);
 }
 
 TEST(Coordinator, StagedUploadsCommitTheSameWeightedMean) {

@@ -2,6 +2,9 @@
 
 #include <openssl/buffer.h>
 #include <openssl/err.h>
+#include <sys/socket.h>
+
+#include <cerrno>
 
 #include <boost/asio/read.hpp>
 #include <boost/asio/ssl/error.hpp>
@@ -18,16 +21,61 @@ namespace {
 // enough that a server with hundreds of connections keeps little per connection.
 constexpr std::size_t kReadChunk = 128 * 1024;
 constexpr std::size_t kWritePiece = 256 * 1024;
+
+// The read side's BIO: OpenSSL's reads of ciphertext go straight to the socket (recv, never
+// waiting) into OpenSSL's own record buffer. A memory BIO fed from a buffer of ours cost two
+// copies of every byte received (into the BIO, then out of it) before it was decrypted, and a
+// zero-fill as the BIO grew (issue 43's profile). No data yet is a retry: the stream waits
+// for the socket to be readable. The end of the stream or an error is kept for the stream to
+// throw, as the socket's own read would have (also a retry to OpenSSL, which must not take it
+// for a TLS error).
+int socket_read(BIO* bio, char* out, int len) {
+  auto* end = static_cast<TlsStream::ReadEnd*>(BIO_get_data(bio));
+  BIO_clear_retry_flags(bio);
+  if (len <= 0) return 0;
+  for (;;) {
+    const ssize_t n = ::recv(end->socket->native_handle(), out, static_cast<std::size_t>(len), MSG_DONTWAIT);
+    if (n > 0) return static_cast<int>(n);
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) {
+      end->error = asio::error::eof;
+    } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      end->error = boost::system::error_code(errno, boost::system::system_category());
+    }
+    BIO_set_retry_read(bio);
+    return -1;
+  }
 }
 
+long socket_ctrl(BIO*, int cmd, long, void*) { return cmd == BIO_CTRL_FLUSH ? 1 : 0; }
+
+BIO* socket_reader(TlsStream::ReadEnd* end) {
+  static BIO_METHOD* const method = [] {
+    BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "xsilo socket reader");
+    if (!m || !BIO_meth_set_read(m, socket_read) || !BIO_meth_set_ctrl(m, socket_ctrl)) {
+      throw std::runtime_error("cannot make the TLS socket reader");
+    }
+    return m;
+  }();
+  BIO* bio = BIO_new(method);
+  if (!bio) throw std::runtime_error("BIO_new failed");
+  BIO_set_data(bio, end);
+  BIO_set_init(bio, 1);
+  return bio;
+}
+
+}  // namespace
+
 TlsStream::TlsStream(asio::ip::tcp::socket socket, asio::ssl::context& ctx)
-    : socket_(std::move(socket)), ssl_(SSL_new(ctx.native_handle())) {
+    : socket_(std::move(socket)), ssl_(SSL_new(ctx.native_handle())), read_end_{&socket_, {}} {
   if (!ssl_) throw std::runtime_error("SSL_new failed");
-  rbio_ = BIO_new(BIO_s_mem());
+  rbio_ = socket_reader(&read_end_);
   wbio_ = BIO_new(BIO_s_mem());
-  BIO_set_mem_eof_return(rbio_, -1);  // "no data yet", not end of stream
   SSL_set_bio(ssl_, rbio_, wbio_);
-  in_.resize(kReadChunk);
+  // Read ahead: as many records as the buffer holds in one system call, not a record's header
+  // and then its body in two.
+  SSL_set_read_ahead(ssl_, 1);
+  SSL_set_default_read_buffer_len(ssl_, kReadChunk);
 }
 
 TlsStream::~TlsStream() { SSL_free(ssl_); }
@@ -88,8 +136,8 @@ void TlsStream::trim() {
 }
 
 asio::awaitable<void> TlsStream::fill() {
-  const std::size_t n = co_await socket_.async_read_some(asio::buffer(in_), use_awaitable);
-  BIO_write(rbio_, in_.data(), static_cast<int>(n));
+  if (read_end_.error) throw boost::system::system_error(read_end_.error);
+  co_await socket_.async_wait(asio::ip::tcp::socket::wait_read, use_awaitable);
 }
 
 asio::awaitable<void> TlsStream::handshake(bool server) {

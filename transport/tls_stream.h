@@ -1,5 +1,6 @@
-// TLS over a TCP socket with memory BIOs: a whole frame is encrypted into one buffer and
-// written with one system call, and reads pull up to 256 KiB of ciphertext at a time.
+// TLS over a TCP socket: a whole frame is encrypted into a memory BIO and written with one
+// system call, and OpenSSL reads ciphertext from the socket itself, up to 128 KiB of records a
+// system call (read ahead), straight into its record buffer.
 // (Boost.Asio's ssl::stream moves one 16 KiB record per system call, which on loopback costs
 // a wake-up per record and caps a connection at about half the TLS bound.)
 //
@@ -50,18 +51,24 @@ class TlsStream {
   std::optional<std::chrono::steady_clock::time_point> writing_since() const;
 
   SSL* native_handle() { return ssl_; }
+  // What the read side's BIO reads from, and why it stopped (the end of the stream, an error).
+  struct ReadEnd {
+    boost::asio::ip::tcp::socket* socket = nullptr;
+    boost::system::error_code error;
+  };
   boost::asio::ip::tcp::socket& socket() { return socket_; }
   void close();
 
  private:
-  boost::asio::awaitable<void> fill();  // ciphertext from the socket into the read BIO
+  boost::asio::awaitable<void> fill();  // waits until the socket has ciphertext to read
   [[noreturn]] void fail(int ret, const char* what);
 
   boost::asio::ip::tcp::socket socket_;
   SSL* ssl_ = nullptr;
-  BIO* rbio_ = nullptr;  // owned by ssl_
+  BIO* rbio_ = nullptr;  // owned by ssl_: reads the socket (read_end_)
   BIO* wbio_ = nullptr;  // owned by ssl_
-  std::vector<std::uint8_t> in_, out_;
+  ReadEnd read_end_;
+  std::vector<std::uint8_t> out_;
   bool writing_ = false;
   std::chrono::steady_clock::time_point write_started_{};  // while writing_: the last progress
 };
