@@ -53,6 +53,7 @@ BIO* socket_reader(TlsStream::ReadEnd* end) {
   static BIO_METHOD* const method = [] {
     BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "xsilo socket reader");
     if (!m || !BIO_meth_set_read(m, socket_read) || !BIO_meth_set_ctrl(m, socket_ctrl)) {
+      BIO_meth_free(m);  // null or half made; made again by the next stream's first call
       throw std::runtime_error("cannot make the TLS socket reader");
     }
     return m;
@@ -76,6 +77,9 @@ TlsStream::TlsStream(asio::ip::tcp::socket socket, asio::ssl::context& ctx)
   // and then its body in two.
   SSL_set_read_ahead(ssl_, 1);
   SSL_set_default_read_buffer_len(ssl_, kReadChunk);
+  // OpenSSL's default since 1.1.1, stated because fill() leans on it: a post-handshake message
+  // (a session ticket, a key update) is taken inside SSL_read, not returned as WANT_READ.
+  SSL_set_mode(ssl_, SSL_MODE_AUTO_RETRY);
 }
 
 TlsStream::~TlsStream() { SSL_free(ssl_); }
@@ -137,6 +141,12 @@ void TlsStream::trim() {
 
 asio::awaitable<void> TlsStream::fill() {
   if (read_end_.error) throw boost::system::system_error(read_end_.error);
+  // The reactor is edge-triggered: a wait for readability while bytes already sit in the socket
+  // would last until the peer sent more. A WANT_READ follows a read that found nothing, but
+  // this does not rest on it: bytes there (or the end, or an error) are left for the next read.
+  char byte;
+  const ssize_t n = ::recv(socket_.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) co_return;
   co_await socket_.async_wait(asio::ip::tcp::socket::wait_read, use_awaitable);
 }
 
