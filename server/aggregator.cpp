@@ -18,7 +18,16 @@ namespace xsilo::server {
 
 namespace {
 
-std::span<std::uint8_t> bytes_of(Model& m) { return {reinterpret_cast<std::uint8_t*>(m.flat().data()), m.bytes()}; }
+// An upload received as float32 values into `values`, laid out as `layout`.
+protocol::UploadBuffer float_upload(std::span<float> values, const std::vector<TensorInfo>& layout) {
+  return {.bytes = {reinterpret_cast<std::uint8_t*>(values.data()), values.size_bytes()},
+          .dtype = wire::F32,
+          .layout = layout,
+          .hash = true,
+          .keep = nullptr,
+          .scheme = {},
+          .sink = nullptr};
+}
 
 std::size_t lanes(const RoundConfig& cfg) { return std::max<std::size_t>(1, cfg.uploads_at_once); }
 
@@ -36,26 +45,9 @@ FoldResult check_upload(protocol::UploadCheck& check, const Contribution& c, con
   throw std::logic_error("check_upload: an unknown verdict");
 }
 
-protocol::UploadBuffer Aggregator::into(Model& m) {
-  return {.bytes = bytes_of(m),
-          .dtype = wire::F32,
-          .layout = m.tensors(),
-          .hash = true,
-          .keep = nullptr,
-          .scheme = {},
-          .sink = nullptr};
-}
+protocol::UploadBuffer Aggregator::into(Model& m) { return float_upload(m.flat(), m.tensors()); }
 
-protocol::UploadBuffer Aggregator::into(LaneBuffer& b) {
-  const auto f = b.flat();
-  return {.bytes = {reinterpret_cast<std::uint8_t*>(f.data()), f.size_bytes()},
-          .dtype = wire::F32,
-          .layout = b.tensors(),
-          .hash = true,
-          .keep = nullptr,
-          .scheme = {},
-          .sink = nullptr};
-}
+protocol::UploadBuffer Aggregator::into(LaneBuffer& b) { return float_upload(b.flat(), b.tensors()); }
 
 void Aggregator::check_lane(std::size_t lane, std::size_t lanes) {
   if (lane >= lanes) {
