@@ -2,9 +2,9 @@
 // checked against the expected layout and copied into place, and the checks of the bytes
 // (SHA-256, finiteness of float32 elements) handed out as work to run off the network thread,
 // chunk by chunk, while the next chunk arrives (the finiteness of float32 values sent as they
-// are is found while they are copied into place, and the work only records it). An upload is used only once it is whole and
-// checked, so a peer that vanishes mid-upload never leaves half an update anywhere; buffers are
-// reused. UploadSlot takes one upload at a time (the edge); UploadLanes up to N at a time,
+// are is found while they are copied into place, and the work only records it). An upload is
+// used only once it is whole and checked, so a peer that vanishes mid-upload never leaves half
+// an update anywhere; buffers are reused. UploadSlot takes one upload at a time (the edge); UploadLanes up to N at a time,
 // folded in grant order (the server).
 //
 // A buffer may name a sink: each chunk is then handed to it as soon as it is in place (on the
