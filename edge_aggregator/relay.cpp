@@ -16,13 +16,6 @@ namespace xsilo::edge {
 
 namespace {
 constexpr std::uint64_t kBarrier = 1ull << 63;  // job ids with this bit only drain the worker queue
-
-// Whether a start's secure setup masks in the words `region` sums: ring or field, length, width.
-bool same_words(const protocol::MaskedVector& region, const wire::SecAggSetup& setup) {
-  // As MaskedVector::for_setup reads a setup, without allocating the words.
-  return (setup.protocol() == wire::LIGHTSECAGG) == region.prime() && setup.modulus_bits() == region.bits() &&
-         setup.vector_length() == region.words() && setup.wire_bits() == region.wire_bits();
-}
 }  // namespace
 
 Relay::Relay(RelayConfig cfg) : cfg_(std::move(cfg)) {}
@@ -216,7 +209,7 @@ void Relay::start_round(const wire::Envelope& e) {
     }
     spdlog::info("round {} starts", region_->round);
   } else if (region_->secure != rs.has_secagg() ||
-             (region_->secure && !same_words(*region_->current_words, rs.secagg()))) {
+             (region_->secure && !region_->current_words->same_words(rs.secagg()))) {
     // The region's sum is kept in the first start's words; a later start of the round in other
     // words (another ring, length or packed width) would have its silo's upload read wrongly.
     refuse("its secure words (ring, length, packed width) are not those of the round's first start");

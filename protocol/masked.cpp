@@ -54,6 +54,11 @@ MaskedVector MaskedVector::for_setup(const wire::SecAggSetup& setup) {
   return v;
 }
 
+bool MaskedVector::same_words(const wire::SecAggSetup& setup) const {
+  return (setup.protocol() == wire::LIGHTSECAGG) == prime_ && setup.modulus_bits() == bits_ &&
+         setup.vector_length() == words_ && setup.wire_bits() == wire_bits_;
+}
+
 void MaskedVector::set_wire_bits(std::uint32_t bits) {
   if (bits != 0) {
     // The field of p = 2^32 - 5 has no subring mod 2^b: its masks do not cancel there.

@@ -52,6 +52,9 @@ class MaskedVector {
   // The vector a secure group's members mask into and its sums are kept in: the setup's ring,
   // or the field where its protocol masks in one.
   static MaskedVector for_setup(const wire::SecAggSetup& setup);
+  // Whether for_setup(setup) would give words of this vector's kind: field or ring, word size,
+  // length and packed width (nothing is allocated).
+  bool same_words(const wire::SecAggSetup& setup) const;
   bool prime() const { return prime_; }
   // A zero vector of the same ring (or field), length and wire.
   MaskedVector zeros_like() const {

@@ -18,17 +18,6 @@ namespace xsilo::server {
 
 namespace {
 
-// An upload received as float32 values into `values`, laid out as `layout`.
-protocol::UploadBuffer float_upload(std::span<float> values, const std::vector<TensorInfo>& layout) {
-  return {.bytes = {reinterpret_cast<std::uint8_t*>(values.data()), values.size_bytes()},
-          .dtype = wire::F32,
-          .layout = layout,
-          .hash = true,
-          .keep = nullptr,
-          .scheme = {},
-          .sink = nullptr};
-}
-
 std::size_t lanes(const RoundConfig& cfg) { return std::max<std::size_t>(1, cfg.uploads_at_once); }
 
 }  // namespace
@@ -45,9 +34,18 @@ FoldResult check_upload(protocol::UploadCheck& check, const Contribution& c, con
   throw std::logic_error("check_upload: an unknown verdict");
 }
 
-protocol::UploadBuffer Aggregator::into(Model& m) { return float_upload(m.flat(), m.tensors()); }
-
-protocol::UploadBuffer Aggregator::into(LaneBuffer& b) { return float_upload(b.flat(), b.tensors()); }
+protocol::UploadBuffer Aggregator::lane_upload(std::vector<std::unique_ptr<LaneBuffer>>& lanes, std::size_t lane) {
+  check_lane(lane, lanes.size());
+  if (!lanes[lane]) lanes[lane] = std::make_unique<LaneBuffer>(lanes.front()->tensors());
+  const auto values = lanes[lane]->flat();
+  return {.bytes = {reinterpret_cast<std::uint8_t*>(values.data()), values.size_bytes()},
+          .dtype = wire::F32,
+          .layout = lanes[lane]->tensors(),
+          .hash = true,
+          .keep = nullptr,
+          .scheme = {},
+          .sink = nullptr};
+}
 
 void Aggregator::check_lane(std::size_t lane, std::size_t lanes) {
   if (lane >= lanes) {
@@ -90,9 +88,7 @@ class PlainSum final : public Aggregator {
       const auto& s = stage_[lane];
       return {.bytes = s->window(), .dtype = wire::F32, .layout = layout_, .hash = true, .keep = s, .scheme = {}, .sink = s};
     }
-    check_lane(lane, current_.size());
-    if (!current_[lane]) current_[lane] = std::make_unique<LaneBuffer>(current_.front()->tensors());
-    return into(*current_[lane]);
+    return lane_upload(current_, lane);
   }
 
   FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check, std::size_t lane) override {
@@ -167,9 +163,7 @@ class RowCollector final : public Aggregator {
 
  private:
   protocol::UploadBuffer lane_buffer(std::size_t lane) override {
-    check_lane(lane, current_.size());
-    if (!current_[lane]) current_[lane] = std::make_unique<LaneBuffer>(current_.front()->tensors());
-    return into(*current_[lane]);
+    return lane_upload(current_, lane);
   }
 
   FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check, std::size_t lane) override {

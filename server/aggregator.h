@@ -142,9 +142,9 @@ class Aggregator {
   // A lane the coordinator's UploadLanes hands out is below uploads_at_once, always; an
   // aggregator's lane_buffer checks it against the lanes it made.
   static void check_lane(std::size_t lane, std::size_t lanes);
-  // An upload received straight into `m` (f32, its layout), hashed as it arrives.
-  static protocol::UploadBuffer into(Model& m);
-  static protocol::UploadBuffer into(LaneBuffer& b);
+  // Lane `lane`'s upload, received straight into its buffer (f32, the layout of lanes[0], made
+  // on first use), hashed as it arrives; the lane checked against lanes.size() first.
+  static protocol::UploadBuffer lane_upload(std::vector<std::unique_ptr<LaneBuffer>>& lanes, std::size_t lane);
 
  private:
   virtual protocol::UploadBuffer lane_buffer(std::size_t lane) = 0;

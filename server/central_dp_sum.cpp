@@ -24,9 +24,7 @@ class CentralDpSum final : public Aggregator {
 
  private:
   protocol::UploadBuffer lane_buffer(std::size_t lane) override {
-    check_lane(lane, current_.size());
-    if (!current_[lane]) current_[lane] = std::make_unique<LaneBuffer>(current_.front()->tensors());
-    return into(*current_[lane]);
+    return lane_upload(current_, lane);
   }
 
   FoldResult do_fold(const Contribution& c, protocol::UploadCheck& check, std::size_t lane) override {
