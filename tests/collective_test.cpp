@@ -2038,14 +2038,17 @@ TEST(CollectiveProcesses, GossipSurvivesAKilledCollectorAndTheNextRankWritesTheM
 }
 
 // Checkpoint integration (issue 44): four workers train with a checkpoint every millisecond; all
-// four are SIGKILLed once one past the first epoch of 20 exists, as when the silo's host restarts. The
-// job started again from the progress folder (what the agent does: load_progress) begins at the
-// saved step, not at step 0, and ends with the model and the mean loss one process gets.
-// Depends on timing as the kills above do (the kill must land before the 20 epochs end).
+// four are SIGKILLed once one past the first epoch of 200 exists, as when the silo's host restarts.
+// The job started again from the progress folder (what the agent does: load_progress) begins at
+// the saved step, not at step 0, and ends with the model and the mean loss one process gets.
+// Depends on timing as the kills above do: the kill must land before the epochs end. A save takes
+// its fsyncs' time and skips the steps made meanwhile, so on a loaded machine the first checkpoint
+// past epoch 1 can come late; 20 epochs (240 steps, well under a second) were outrun by the
+// training about one run in five beside two builds, 200 leave the kill seconds.
 TEST(CollectiveProcesses, WorkersAllKilledResumeFromTheLastCheckpointAndEqualOneProcess) {
   test::TempDir dir;
   auto c = digits_case();
-  c.opts.epochs = 20;
+  c.opts.epochs = 200;
   Model single = c.model;
   const auto one = agent::train_sgd(Network(c.model), single.flat(), c.data, c.opts);
   auto job = four_worker_job(c, "none", dir.path());
@@ -2062,7 +2065,7 @@ TEST(CollectiveProcesses, WorkersAllKilledResumeFromTheLastCheckpointAndEqualOne
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     while (std::chrono::steady_clock::now() < until) {
       const auto p = agent::load_progress(job.progress, job.key);
-      if (p && *p && (*p)->op > steps_per_epoch) break;
+      if ((p && *p && (*p)->op > steps_per_epoch) || std::filesystem::exists(job.out)) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     for (auto& p : w.procs) p->signal(SIGKILL);
