@@ -1516,10 +1516,14 @@ TEST(Reformation, ResumesFromTheEarliestStepAndAFinishedWorkerLeavesWithoutBeing
 
 // ---- real worker processes --------------------------------------------------------------------
 
+// The coordinator is declared last so that it is destroyed first: its thread calls on_excluded,
+// which signals the workers' processes, and may do so while a test's scope ends (a worker killed
+// just before). Declared first, it outlived the processes and its callback read a freed vector:
+// a test process crashed with SIGSEGV under ctest -j2 right after killing every worker.
 struct Workers {
-  std::unique_ptr<Coordinator> coord;
   std::vector<std::unique_ptr<Process>> procs;
   std::vector<std::filesystem::path> logs;
+  std::unique_ptr<Coordinator> coord;
 };
 
 // Where the workers run: here by default; on other hosts, worker k's command is put after
@@ -1550,9 +1554,14 @@ Workers start_workers(int n, const std::filesystem::path& dir, const std::vector
     w.logs.push_back(dir / ("worker-" + std::to_string(k) + ".log"));
     w.procs.push_back(std::make_unique<Process>(argv, w.logs.back()));
   }
-  auto* procs = &w.procs;
+  // The processes themselves, not the vector holding them: `w` may be moved on return, and the
+  // Process objects stay where they are.
+  std::vector<Process*> procs;
+  for (const auto& p : w.procs) procs.push_back(p.get());
   w.coord->on_excluded([procs](const std::vector<int>& ids) {
-    for (int id : ids) (*procs)[static_cast<std::size_t>(id)]->signal(SIGKILL);
+    for (int id : ids) {
+      if (static_cast<std::size_t>(id) < procs.size()) procs[static_cast<std::size_t>(id)]->signal(SIGKILL);
+    }
   });
   return w;
 }
