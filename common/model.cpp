@@ -1,5 +1,7 @@
 #include "common/model.h"
 
+#include <algorithm>
+
 #include <stdexcept>
 
 namespace xsilo {
@@ -57,6 +59,16 @@ bool Model::same_layout(const Model& other) const {
     }
   }
   return true;
+}
+
+std::string layout_difference(const Model& a, const Model& b) {
+  const auto& x = a.tensors();
+  const auto& y = b.tensors();
+  for (std::size_t i = 0; i < std::min(x.size(), y.size()); ++i) {
+    if (x[i].name != y[i].name || x[i].shape != y[i].shape) return describe(x[i]) + " against " + describe(y[i]);
+  }
+  if (x.size() != y.size()) return std::to_string(x.size()) + " tensors against " + std::to_string(y.size());
+  return "";
 }
 
 Model Model::zeros_like() const {

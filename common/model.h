@@ -51,4 +51,8 @@ class Model {
 // "name [2, 3]" for logs and errors.
 std::string describe(const TensorInfo& t);
 
+// Where two layouts part, for an error: "3 tensors against 4", or the first tensor that
+// differs on each side ("w0 [30, 64] against w0 [31, 64]"); "" when they are the same.
+std::string layout_difference(const Model& a, const Model& b);
+
 }  // namespace xsilo

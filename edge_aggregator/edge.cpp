@@ -2,6 +2,7 @@
 #include "edge_aggregator/edge.h"
 
 #include "common/config.h"
+#include "transport/tls.h"
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -214,6 +215,7 @@ int run_edge(const EdgeConfig& cfg, std::unique_ptr<EdgeHook> hook) {
   // to mend (one line, exit 2), as a config error.
   std::unique_ptr<Edge> edge;
   try {
+    transport::own_identity_as(cfg.tls, wire::EDGE);
     edge = std::make_unique<Edge>(cfg, std::move(hook));
   } catch (const ConfigError&) {
     throw;

@@ -514,7 +514,7 @@ void Coordinator::end_federation(const std::string& reason, std::int64_t now_ms)
   for (const auto& [id, peer] : membership_.sessions()) {
     auto e = env();
     e.mutable_finished()->set_reason(reason);
-    e.mutable_finished()->set_rounds(cfg_.rounds);
+    e.mutable_finished()->set_rounds(rounds_run());
     send(id, std::move(e));
   }
   actions_.push_back(action::Finished{.committed = committed_, .aborted = aborted_, .stopped_by_admin = stop_requested_, .reason = reason});

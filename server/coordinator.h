@@ -199,6 +199,9 @@ class Coordinator {
   Phase phase() const { return phase_; }
   std::uint64_t round() const { return round_; }
   std::uint64_t committed() const { return committed_; }
+  // Rounds the federation has run to their end (committed or not), this start's and before: what
+  // Finished tells the silos (an admin's stop ends it short of the config's rounds).
+  std::uint64_t rounds_run() const { return round_ - 1; }
   // Buffered rounds: the newest model version, the number of commits in the federation so far
   // (aborted rounds commit nothing). A restarted server passes the committed rounds its audit
   // log holds (Resume::commits) before start().

@@ -47,7 +47,7 @@ void Coordinator::on_edge_connect(SessionId id, const std::string& edge, std::in
   if (phase_ == Phase::Finished) {
     auto e = env();
     e.mutable_finished()->set_reason("the federation has finished");
-    e.mutable_finished()->set_rounds(cfg_.rounds);
+    e.mutable_finished()->set_rounds(rounds_run());
     send(id, std::move(e));
   }
 }
@@ -103,7 +103,7 @@ void Coordinator::silo_joined(const std::string& silo, SessionId link, std::int6
     if (!via_edge) {
       auto e = env();
       e.mutable_finished()->set_reason("the federation has finished");
-      e.mutable_finished()->set_rounds(cfg_.rounds);
+      e.mutable_finished()->set_rounds(rounds_run());
       send(link, std::move(e));
     }
     return;

@@ -18,6 +18,7 @@
 #include <set>
 
 #include "common/config.h"
+#include "transport/tls.h"
 #include "common/fs.h"
 #include "common/mlp.h"
 #include "protocol/round_start.h"
@@ -634,6 +635,12 @@ void resume_privacy(const ServerConfig& cfg, const Resume& resume, const Model& 
 }  // namespace
 
 int run_server(const ServerConfig& cfg, const StartOptions& start, std::unique_ptr<ServerHook> hook) {
+  // 0. The kit is a server's, before anything is written to the state folder.
+  try {
+    transport::own_identity_as(cfg.tls, wire::SERVER);
+  } catch (const std::exception& e) {
+    throw ConfigError("config " + cfg.file.string() + ": .tls: " + e.what());
+  }
   // 1. The state as a whole (state.h): nothing is written to the audit log before it checks out
   //    and the listener is bound.
   ServerState state(StateOptions{.dir = cfg.state_dir,
@@ -648,6 +655,11 @@ int run_server(const ServerConfig& cfg, const StartOptions& start, std::unique_p
   const std::uint64_t first_round = resume.last_round + 1;
   if (resume.committed_round > 0) {
     spdlog::info("resuming after committed round {} (next round {})", resume.committed_round, first_round);
+  }
+  if (first_round > cfg.rounds) {
+    spdlog::warn("all {} rounds of config {} have run: nothing to run now (the silos that connect are told the "
+                 "federation has finished). To go on with it, raise \"rounds\" in the config and start again",
+                 cfg.rounds, cfg.file.string());
   }
   const std::string sha = crypto::sha256_hex(model.flat());
   RoundConfig rounds(cfg);

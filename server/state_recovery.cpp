@@ -70,6 +70,9 @@ MetricsRow metrics_row_of(const nlohmann::json& rec) {
 struct Checkpoint {
   std::optional<Model> model, optimizer;
   std::string model_sha, optimizer_sha, audit_line, error;
+  // Read whole but of another layout than the config's: how the two differ (model_sha is the
+  // file's, so the caller can tell a committed model from a damaged copy).
+  std::string other_layout;
   // Restored from a silo's copy (restore_model): the round's optimizer state is lost, and the
   // model alone is the checkpoint (any .opt beside it is not this round's).
   bool optimizer_lost = false;
@@ -82,6 +85,8 @@ Checkpoint read_checkpoint(const std::filesystem::path& path, const Model& layou
     c.model = load_safetensors(path, &meta);
     if (!c.model->same_layout(layout)) {
       c.error = "it holds another model layout";
+      c.other_layout = layout_difference(*c.model, layout);
+      c.model_sha = crypto::sha256_hex(c.model->flat());
       c.model.reset();
       return c;
     }
@@ -277,6 +282,13 @@ Status ServerState::load_committed_model(std::uint64_t round, const AuditHistory
       continue;
     }
     Checkpoint c = read_checkpoint(path, layout);
+    if (!c.model && !c.other_layout.empty() && c.model_sha == want.model) {
+      // The round's own model, intact, as the log names it: the config's model is what changed.
+      throw StateError("the config's .model is not the model of committed round " + std::to_string(round) + ": " +
+                       where + round_file(round) + ", that round's model as the audit log names it, has " +
+                       c.other_layout + " in the config. A federation keeps its model: undo the change to .model, "
+                       "or start a new federation in a new state_dir");
+    }
     if (!c.model) {
       why += (why.empty() ? "" : "; ") + where + round_file(round) + ": " + c.error;
     } else if (c.model_sha != want.model) {

@@ -18,6 +18,7 @@
 #include "common/prometheus.h"
 #include "transport/metrics_endpoint.h"
 #include "transport/runtime.h"
+#include "transport/tls.h"
 
 namespace xsilo::agent {
 
@@ -250,8 +251,21 @@ class Agent {
 }  // namespace
 
 int run_agent(const AgentConfig& cfg, AgentHooks hooks) {
+  // The kit is a silo's, before the state folder is touched.
+  try {
+    transport::own_identity_as(cfg.tls, wire::SILO);
+  } catch (const std::exception& e) {
+    throw ConfigError("config " + cfg.file.string() + ": .tls: " + e.what());
+  }
   // The state folder first, as a crash may have left it (silo_state.h): the session reads it.
-  std::filesystem::create_directories(cfg.state_dir);
+  // One that cannot be made is the operator's to mend, as a config error (exit 2: a unit that
+  // restarts on failure does not retry it forever).
+  std::error_code made;
+  std::filesystem::create_directories(cfg.state_dir, made);
+  if (made) {
+    throw ConfigError("config " + cfg.file.string() + ": .state_dir: cannot create " + cfg.state_dir.string() + ": " +
+                      made.message());
+  }
   for (const auto& repaired : repair_state(cfg.state_dir)) spdlog::warn("state {}: {}", cfg.state_dir.string(), repaired);
   auto trainer = hooks.trainer ? std::move(hooks.trainer) : make_trainer(cfg);
   // TLS files that are missing, do not fit, or carry an expired revocation list: the operator's

@@ -143,8 +143,12 @@ void Session::on_message(const wire::Envelope& e) {
       upload();
       break;
     case B::kRoundEnd:
-      spdlog::info("round {} ended for this silo: {}{}", e.round(), e.round_end().committed() ? "committed" : "not committed",
-                   e.round_end().reason().empty() ? "" : " (" + e.round_end().reason() + ")");
+    {
+      const std::string status = e.round_end().committed() ? "committed" : "not committed";
+      const std::string& reason = e.round_end().reason();
+      spdlog::info("round {} ended for this silo: {}{}", e.round(), status,
+                   reason.empty() || reason == status ? "" : " (" + reason + ")");
+    }
       if (e.round_end().has_audit_head() && e.round_end().audit_head().seq() > 0) witness(e);
       if (e.round() == round_) {
         ++generation_;

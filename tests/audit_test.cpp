@@ -454,6 +454,40 @@ TEST_F(RecoveryTest, AnEditedCheckpointIsNotTrustedAndNothingIsSignedForIt) {
   EXPECT_NE(r.missing->why.find("the log names"), std::string::npos) << r.missing->why;
 }
 
+// The config's model changed after rounds were committed (found by a stranger following the
+// docs: "inputs" 30 -> 31): the last committed round's checkpoint is intact and is the model its
+// record names, in another layout. The server says that the config is what changed, at once,
+// instead of waiting for a silo to send that round's model and then advising a restore from
+// backup or --resume-from-round. A checkpoint of another layout that is not the round's model
+// (damage) still goes the missing-model way.
+TEST_F(RecoveryTest, AModelChangedInTheConfigIsRefusedAsTheConfigsNotAsAMissingCheckpoint) {
+  commit_rounds(2);
+  Model wider;
+  wider.add("w", {5});
+  {
+    ServerState st(dir_.path(), 0);
+    try {
+      st.recover(wider);
+      ADD_FAILURE() << "recovered with another model than the committed rounds'";
+    } catch (const StateError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("the config's .model is not the model of committed round 2"), std::string::npos) << what;
+      EXPECT_NE(what.find("w [4] against w [5]"), std::string::npos) << what;
+      EXPECT_NE(what.find("undo the change to .model"), std::string::npos) << what;
+    }
+  }
+  // The same file, one value changed: not the round's model any more, so the copy is damaged.
+  Metadata meta;
+  Model other = load_safetensors(checkpoint(2), &meta);
+  other.flat()[0] = 42;
+  save_safetensors(checkpoint(2), other, meta);
+  ServerState st(dir_.path(), 0);
+  const auto r = st.recover(wider);
+  ASSERT_TRUE(r.missing);
+  EXPECT_EQ(r.missing->round, 2u);
+  EXPECT_NE(r.missing->why.find("another model layout"), std::string::npos) << r.missing->why;
+}
+
 // Adaptive clipping goes on after a restart where the last committed round's record left it.
 TEST_F(RecoveryTest, AdaptiveClippingResumesFromTheLastCommittedRecord) {
   {

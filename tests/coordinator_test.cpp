@@ -1695,6 +1695,7 @@ TEST(Coordinator, AdminPauseResumeAndStopActBetweenRoundsAndAreAudited) {
   const auto* fin = h.last(0, wire::Envelope::kFinished);
   ASSERT_TRUE(fin);
   EXPECT_EQ(fin->finished().reason(), "stopped by admin carol");
+  EXPECT_EQ(fin->finished().rounds(), 2u);  // the rounds run, not the config's 5 (the silos log it)
   EXPECT_FALSE(h.coord().admin(wire::AdminRequest::RESUME, "bob", h.now).first);  // finished
 
   std::vector<std::pair<std::string, std::string>> audited;
@@ -1737,6 +1738,7 @@ TEST(Coordinator, AdminStopBetweenRoundsEndsTheFederationAtOnce) {
   EXPECT_EQ(h.coord().phase(), Phase::Finished);
   ASSERT_TRUE(h.last(0, wire::Envelope::kFinished));
   EXPECT_EQ(h.last(1, wire::Envelope::kFinished)->finished().reason(), "stopped by admin alice");
+  EXPECT_EQ(h.last(1, wire::Envelope::kFinished)->finished().rounds(), 0u);  // none ran
   EXPECT_TRUE(h.store.commits.empty());
   // The time spent waiting counts as join time, once.
   const auto& join = h.coord().totals().phase_seconds.at("join");

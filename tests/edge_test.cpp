@@ -208,8 +208,12 @@ TEST(Edges, AnEdgeWithAnEmptyRegionStaysConnected) {
   EXPECT_EQ(*code, 0) << fed.logs();
 }
 
-// A process whose certificate does not match the role it plays is refused, and says so.
-TEST(Edges, AnEdgeWithASiloCertificateAndASiloWithAnEdgeCertificateAreRefused) {
+// A daemon given a kit of another role refuses to start (exit 2, the certificate's role and how to
+// issue the right kit) and connects to no one: an edge with a silo's kit, a silo with an edge's.
+// Before, each ran, dialled, and was refused by its upstream's handshake check, which a peer that
+// claims another role than its certificate's still meets
+// (TlsTest.RefusesEveryBadClientWhileAValidOneKeepsWorking).
+TEST(Edges, AnEdgeWithASiloCertificateAndASiloWithAnEdgeCertificateRefuseToStart) {
   SimConfig cfg = small_config(2, 1);
   cfg.edges = 1;
   Fed fed(cfg);
@@ -219,29 +223,48 @@ TEST(Edges, AnEdgeWithASiloCertificateAndASiloWithAnEdgeCertificateAreRefused) {
   edge_cfg.erase("tls");
   edge_cfg.erase("port_file");  // the real edge's
   edge_cfg["tls"]["kit"] = (fed.files.pki / "kits" / "hospital-01").string();
-  edge_cfg["reconnect"] = {{"initial_backoff_s", 0.05}, {"max_backoff_s", 0.1}, {"max_attempts", 2}};
   atomic_write_file(fed.dir / "bad-edge.json", edge_cfg.dump());
   Process bad_edge({test::xsilo_bin(), "edge", "--config", (fed.dir / "bad-edge.json").string()},
                    fed.dir / "bad-edge.log");
-  EXPECT_EQ(bad_edge.wait(30s).value_or(-1), 1) << log_tail(fed.dir / "bad-edge.log");
-  EXPECT_NE(read_file(fed.files.logs / "server.log").find("claims role edge but its certificate says silo"),
+  EXPECT_EQ(bad_edge.wait(30s).value_or(-1), 2) << log_tail(fed.dir / "bad-edge.log");
+  EXPECT_NE(read_file(fed.dir / "bad-edge.log")
+                .find("bad-edge.json: .tls: certificate " + (fed.files.pki / "kits" / "hospital-01" / "cert.pem").string() +
+                      " is for silo hospital-01; an edge needs a kit issued with `xsilo pki issue --role edge"),
             std::string::npos)
-      << fed.logs();
+      << log_tail(fed.dir / "bad-edge.log");
 
-  // A silo whose kit is the edge's, dialling the real edge.
+  // A silo whose kit is the edge's, with a state folder it has not made yet.
   fed.start_edges();
   auto agent_cfg = nlohmann::json::parse(read_file(write_agent_config(cfg, fed.files, 0, agent_upstreams(cfg, fed.files, 0)).config));
   agent_cfg.erase("tls");
   agent_cfg["tls"]["kit"] = (fed.files.pki / "kits" / "edge-01").string();
-  agent_cfg["upstreams"] = {agent_cfg["upstreams"][0]};  // the edge only
-  agent_cfg["reconnect"] = {{"initial_backoff_s", 0.05}, {"max_backoff_s", 0.1}, {"max_attempts", 2}};
+  agent_cfg["state_dir"] = (fed.dir / "bad-agent-state").string();
   atomic_write_file(fed.dir / "bad-agent.json", agent_cfg.dump());
   Process bad_agent({test::xsilo_bin(), "agent", "--config", (fed.dir / "bad-agent.json").string()},
                     fed.dir / "bad-agent.log");
-  EXPECT_EQ(bad_agent.wait(30s).value_or(-1), 1) << log_tail(fed.dir / "bad-agent.log");
-  EXPECT_TRUE(wait_until([&] {
-    return read_file(fed.files.logs / "edge-01.log").find("role edge may not connect here") != std::string::npos;
-  }, 5s)) << fed.logs() << "bad agent:\n" << log_tail(fed.dir / "bad-agent.log");
+  EXPECT_EQ(bad_agent.wait(30s).value_or(-1), 2) << log_tail(fed.dir / "bad-agent.log");
+  EXPECT_NE(read_file(fed.dir / "bad-agent.log").find("is for edge edge-01; a silo needs a kit issued with"),
+            std::string::npos)
+      << log_tail(fed.dir / "bad-agent.log");
+  EXPECT_FALSE(std::filesystem::exists(fed.dir / "bad-agent-state"));
+  // Neither dialled: nothing of them reached the server or the edge.
+  EXPECT_EQ(read_file(fed.files.logs / "server.log").find("hospital-01"), std::string::npos) << fed.logs();
+  EXPECT_EQ(read_file(fed.files.logs / "edge-01.log").find("refused"), std::string::npos) << fed.logs();
+}
+
+// An agent whose state folder cannot be made (a parent it may not write) says so as a config
+// error naming .state_dir, exit 2, so that a unit restarting on failure does not retry it forever.
+TEST(Edges, AnAgentWhoseStateFolderCannotBeMadeExitsTwoNamingTheKey) {
+  SimConfig cfg = small_config(2, 1);
+  Fed fed(cfg);
+  auto agent_cfg = nlohmann::json::parse(read_file(write_agent_config(cfg, fed.files, 0, agent_upstreams(cfg, fed.files, 0)).config));
+  atomic_write_file(fed.dir / "not-a-folder", "x");
+  agent_cfg["state_dir"] = (fed.dir / "not-a-folder" / "state").string();
+  atomic_write_file(fed.dir / "nostate.json", agent_cfg.dump());
+  Process agent({test::xsilo_bin(), "agent", "--config", (fed.dir / "nostate.json").string()}, fed.dir / "nostate.log");
+  EXPECT_EQ(agent.wait(30s).value_or(-1), 2) << log_tail(fed.dir / "nostate.log");
+  EXPECT_NE(read_file(fed.dir / "nostate.log").find("nostate.json: .state_dir: cannot create "), std::string::npos)
+      << log_tail(fed.dir / "nostate.log");
 }
 
 }  // namespace

@@ -322,6 +322,14 @@ TEST_F(TlsTest, RefusesEveryBadClientWhileAValidOneKeepsWorking) {
       << error_text(edge.status);
   EXPECT_TRUE(echoes(io_, *good.ch, "2"));
 
+  // A silo's certificate whose Hello claims another role (the daemons refuse to start with a kit
+  // of another role, so only a peer of its own making gets this far).
+  auto posing = connect(io_, kit("hospital-a"), server.port(), {}, wire::EDGE);
+  EXPECT_FALSE(posing.ch);
+  EXPECT_NE(error_text(posing.status).find("claims role edge but its certificate says silo"), std::string::npos)
+      << error_text(posing.status);
+  EXPECT_TRUE(echoes(io_, *good.ch, "2b"));
+
   // A certificate from another CA.
   TempDir other;
   test::make_pki(other.path(), kFed, {{wire::SILO, "hospital-a"}});

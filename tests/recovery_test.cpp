@@ -352,6 +352,18 @@ TEST(StartupErrors, AreOneLineAndExitTwoAndSignNothing) {
   EXPECT_NE(tls.find("tls.json: .tls: "), std::string::npos) << tls;
   EXPECT_NE(tls.find("does not belong to the certificate"), std::string::npos) << tls;
   EXPECT_FALSE(std::filesystem::exists(fed.dir / "tls-state" / "audit.jsonl"));
+  // Another participant's kit (a silo's): refused before the state folder is made, naming the
+  // certificate's role and how to issue a server's.
+  j["state_dir"] = (fed.dir / "role-state").string();
+  j["tls"] = {{"kit", (fed.files.pki / "kits" / "hospital-01").string()}};
+  atomic_write_file(fed.dir / "role.json", j.dump());
+  EXPECT_EQ(start({"--config", (fed.dir / "role.json").string()}, "role.log"), 2);
+  const std::string role = read_file(fed.files.logs / "role.log");
+  EXPECT_NE(role.find("role.json: .tls: certificate "), std::string::npos) << role;
+  EXPECT_NE(role.find("is for silo hospital-01; a server needs a kit issued with `xsilo pki issue --role server"),
+            std::string::npos)
+      << role;
+  EXPECT_FALSE(std::filesystem::exists(fed.dir / "role-state"));
   // --config naming a folder; a key given twice.
   EXPECT_EQ(start({"--config", fed.dir.path().string()}, "folder.log"), 2);
   EXPECT_NE(read_file(fed.files.logs / "folder.log").find("is a folder, not a file"), std::string::npos);

@@ -15,6 +15,12 @@
 
 #include <stdexcept>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include "common/fs.h"
 #include "crypto/keys.h"
 #include "transport/pki.h"
@@ -29,23 +35,34 @@ TlsFiles TlsFiles::from_kit(const std::filesystem::path& kit) {
 ssl::context make_tls_context(const TlsFiles& f) {
   for (const auto& p : {f.key, f.cert, f.ca}) {
     if (!std::filesystem::exists(p)) throw std::runtime_error("TLS file " + p.string() + " not found");
+    // Unreadable (a kit owned by another user): said with the file and the reason, which
+    // OpenSSL's own error ("asio.ssl error") names neither of.
+    if (const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC); fd < 0) {
+      throw std::runtime_error("cannot read TLS file " + p.string() + ": " + std::strerror(errno) +
+                               " (the kit must be readable by the user the daemon runs as)");
+    } else {
+      ::close(fd);
+    }
   }
   ssl::context ctx(ssl::context::tls);
   SSL_CTX* native = ctx.native_handle();
   SSL_CTX_set_min_proto_version(native, TLS1_3_VERSION);
   SSL_CTX_set_max_proto_version(native, TLS1_3_VERSION);
   ctx.set_options(ssl::context::default_workarounds | ssl::context::no_compression);
-  try {
-    ctx.load_verify_file(f.ca.string());
-    ctx.use_certificate_chain_file(f.cert.string());
-    ctx.use_private_key_file(f.key.string(), ssl::context::pem);
-  } catch (const boost::system::system_error& e) {
-    throw std::runtime_error("cannot load TLS files (" + f.cert.string() + ", " + f.key.string() +
-                             ", " + f.ca.string() + "): " + e.code().message());
-  }
+  // One file at a time, so that the error names the one that failed.
+  const auto load = [](const std::filesystem::path& file, const char* what, auto&& step) {
+    try {
+      step();
+    } catch (const boost::system::system_error& e) {
+      throw std::runtime_error("cannot load " + file.string() + " as " + what + ": " + e.code().message());
+    }
+  };
+  load(f.ca, "the federation CA's certificate (PEM)", [&] { ctx.load_verify_file(f.ca.string()); });
+  load(f.cert, "this participant's certificate (PEM)", [&] { ctx.use_certificate_chain_file(f.cert.string()); });
+  load(f.key, "this participant's private key (PEM)", [&] { ctx.use_private_key_file(f.key.string(), ssl::context::pem); });
   if (SSL_CTX_check_private_key(native) != 1) {
-    throw std::runtime_error("key " + f.key.string() + " does not match certificate " +
-                             f.cert.string());
+    throw std::runtime_error("key " + f.key.string() + " does not belong to the certificate " + f.cert.string() +
+                             " (the two come from different kits)");
   }
   if (!f.crl.empty()) {
     const std::string pem = read_file(f.crl);
@@ -171,6 +188,17 @@ PeerIdentity own_identity(const TlsFiles& files) {
   auto id = identity_in(cert.get(), why);
   if (!id) throw std::runtime_error("certificate " + files.cert.string() + " " + why);
   return *id;
+}
+
+PeerIdentity own_identity_as(const TlsFiles& files, wire::Role role) {
+  auto id = own_identity(files);
+  if (id.role != role) {
+    const std::string want = role_name(role);
+    const char* article = want == "edge" || want == "admin" ? "an " : "a ";
+    throw std::runtime_error("certificate " + files.cert.string() + " is for " + id.str() + "; " + article + want +
+                             " needs a kit issued with `xsilo pki issue --role " + want + " --name ...`");
+  }
+  return id;
 }
 
 proto::Status AllowList::check(const PeerIdentity& id) const {

@@ -57,6 +57,11 @@ proto::Result<PeerIdentity> peer_identity(SSL* ssl);
 // This process's own identity, read from its certificate (not from what a peer says it is).
 // Throws std::runtime_error naming the file.
 PeerIdentity own_identity(const TlsFiles& files);
+// The identity of `files`, refused (std::runtime_error naming the certificate, its role and the
+// `xsilo pki issue` that makes the right one) unless its role is `role`: a daemon given another
+// participant's kit says so at start, before it touches its state, rather than running and
+// having every peer's handshake fail.
+PeerIdentity own_identity_as(const TlsFiles& files, wire::Role role);
 
 // Which identities may connect, per role. A role absent from the map is refused; the name
 // "*" admits every certificate of that role signed by the federation CA.
