@@ -158,6 +158,10 @@ void TensorReceiver::skip_empty() {
   while (tensor_ < layout_.size() && layout_[tensor_].size() == 0) ++tensor_;
 }
 
+namespace {
+std::string_view as_chars(std::span<const std::uint8_t> b) { return {reinterpret_cast<const char*>(b.data()), b.size()}; }
+}  // namespace
+
 proto::Status TensorReceiver::add(const wire::TensorChunk& c, std::span<const std::uint8_t> data) {
   auto bad = [](std::string why) { return proto::error(wire::BAD_UPDATE, std::move(why)); };
   if (complete()) return bad("more chunks than the model has elements");
@@ -222,7 +226,7 @@ proto::Status TensorReceiver::add_encoded(const wire::TensorChunk& c, std::span<
   if (auto fits = check_count(n, t); !fits) return bad(fits.error().message());
   std::span<float> out(reinterpret_cast<float*>(base_) + t.offset + offset_, n);
   std::size_t kept = 0;
-  if (auto decoded = decode_chunk(scheme_, std::string_view(reinterpret_cast<const char*>(data.data()), data.size()), out, kept, &t, offset_); !decoded) {
+  if (auto decoded = decode_chunk(scheme_, as_chars(data), out, kept, &t, offset_); !decoded) {
     return bad(decoded.error().message());
   }
   kept_ += kept;
@@ -252,7 +256,7 @@ proto::Status TensorReceiver::add_delta(const wire::TensorChunk& c, std::span<co
   if (auto fits = check_count(n, t); !fits) return bad(fits.error().message());
   delta_.resize(n);
   std::size_t kept = 0;
-  if (auto decoded = decode_chunk(scheme_, std::string_view(reinterpret_cast<const char*>(data.data()), data.size()), delta_, kept, &t, offset_); !decoded) {
+  if (auto decoded = decode_chunk(scheme_, as_chars(data), delta_, kept, &t, offset_); !decoded) {
     return bad(decoded.error().message());
   }
   float* out = reinterpret_cast<float*>(base_) + t.offset + offset_;
@@ -266,12 +270,11 @@ proto::Status TensorReceiver::add_delta(const wire::TensorChunk& c, std::span<co
 // place. A wrong count or length is refused before anything is written; non-zero padding is
 // found while unpacking, after the chunk's words are written (harmless: a refused upload is
 // never folded, and its buffer is written whole again before the next one is).
-proto::Status TensorReceiver::add_packed(const wire::TensorChunk& c, std::span<const std::uint8_t> data,
+proto::Status TensorReceiver::add_packed(const wire::TensorChunk& c, std::span<const std::uint8_t> in,
                                         const TensorInfo& t) {
   auto bad = [&](std::string why) { return proto::error(wire::BAD_UPDATE, "chunk of " + t.name + ": " + std::move(why)); };
   const std::uint64_t n = c.count();
   if (auto fits = check_count(n, t); !fits) return bad(fits.error().message());
-  const auto in = data;
   if (in.size() != packed_bytes(n, packed_bits_)) {
     return bad(std::to_string(in.size()) + " bytes for " + std::to_string(n) + " words packed " +
                std::to_string(packed_bits_) + " bits each, not " + std::to_string(packed_bytes(n, packed_bits_)));
