@@ -61,6 +61,10 @@ bool next_field(Bytes b, std::size_t& at, Field& f) {
       break;
     case 2:
       if (!varint(b, at, n, len_len) || n > b.size() - at) return false;
+      // The shortest forms are what keeps the two parsers equal, not a matter of taste:
+      // protobuf reads a tag or a length of at most 5 bytes and refuses a padded one of 6 or
+      // more, which is still a valid varint here. Taking padded forms would accept frames that
+      // decode_envelope refuses (Frame.ChunksLaidOutOtherwise... has both).
       f.shortest = f.shortest && len_len == varint_size(n);
       f.value = at;
       at += static_cast<std::size_t>(n);

@@ -21,6 +21,14 @@
 namespace xsilo::proto {
 
 struct Message {
+  Message() = default;
+  // Move-only: a copy kept in a job or an action would pin the connection's whole read buffer
+  // and make every later read on it allocate a fresh one.
+  Message(Message&&) = default;
+  Message& operator=(Message&&) = default;
+  Message(const Message&) = delete;
+  Message& operator=(const Message&) = delete;
+
   wire::Envelope env;
   // Set for a TensorChunk read as a view: its data lies in `view` (env's own data field is
   // empty), in the frame that `keep` holds.

@@ -143,7 +143,11 @@ class Server {
         ch->close_with_error(wire::UNEXPECTED, "an admin connection carries AdminRequests only, got " + proto::body_name(e));
         return false;
       }
-      if (hook_) hooked_in(id, *ch, msg.owned());  // a hook sees whole Envelopes
+      if (hook_ && msg.viewed) {
+        hooked_in(id, *ch, msg.owned());  // a hook sees whole Envelopes
+      } else if (hook_) {
+        hooked_in(id, *ch, msg.env);
+      }
       coord_.on_message(id, msg, now_ms());
       drain();
       return true;

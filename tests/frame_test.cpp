@@ -266,6 +266,18 @@ TEST(Frame, ATruncatedOrOverlongUploadChunkIsRefusedAsTheWholeParseRefusesIt) {
     ASSERT_FALSE(msg);
     EXPECT_EQ(msg.error().code(), wire::BAD_FRAME);
   }
+  // A tag or a length padded to 6 bytes: a valid varint, which protobuf refuses (it reads at most
+  // 5 bytes of either). The fast path must refuse them too; it takes only shortest forms, and
+  // without that rule these two would be accepted as views.
+  const std::string data_field = field(5, "abcd");
+  ASSERT_LT(chunk.size() + data_field.size(), 128u);  // one byte of length when not padded
+  for (const std::string& padded :
+       {std::string("\xaa\x81\x80\x80\x80\x00", 6) + static_cast<char>(chunk.size() + data_field.size()) + chunk + data_field,
+        std::string("\xaa\x01", 2) + static_cast<char>(0x80 | ((chunk.size() + data_field.size()) & 0x7f)) +
+            std::string("\x80\x80\x80\x80\x00", 5) + chunk + data_field}) {
+    auto msg = both(padded);
+    EXPECT_FALSE(msg) << "a padded tag or length was accepted";
+  }
   // A chunk whose name is not UTF-8: proto3 strings are checked, the view's as the whole's.
   auto latin = sample();
   latin.mutable_tensor_chunk()->set_name("caf\xe9");
