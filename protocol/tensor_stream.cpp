@@ -158,7 +158,11 @@ void TensorReceiver::skip_empty() {
   while (tensor_ < layout_.size() && layout_[tensor_].size() == 0) ++tensor_;
 }
 
-proto::Status TensorReceiver::add(const wire::TensorChunk& c) {
+namespace {
+std::string_view as_chars(std::span<const std::uint8_t> b) { return {reinterpret_cast<const char*>(b.data()), b.size()}; }
+}  // namespace
+
+proto::Status TensorReceiver::add(const wire::TensorChunk& c, std::span<const std::uint8_t> data) {
   auto bad = [](std::string why) { return proto::error(wire::BAD_UPDATE, std::move(why)); };
   if (complete()) return bad("more chunks than the model has elements");
   const auto& t = layout_[tensor_];
@@ -172,7 +176,7 @@ proto::Status TensorReceiver::add(const wire::TensorChunk& c) {
       return bad("chunk of " + t.name + " at offset " + std::to_string(c.offset()) + ", expected " +
                  std::to_string(offset_));
     }
-    return add_packed(c, t);
+    return add_packed(c, data, t);
   }
   if (c.dtype() != dtype_) return bad("tensor " + t.name + " must be " + wire::DType_Name(dtype_));
   if (c.offset() != offset_) {
@@ -180,18 +184,18 @@ proto::Status TensorReceiver::add(const wire::TensorChunk& c) {
                std::to_string(offset_));
   }
   const bool dense = dense_[tensor_];
-  if (model_ && c.encoding() != wire::Compression::NONE) return add_delta(c, t);
+  if (model_ && c.encoding() != wire::Compression::NONE) return add_delta(c, data, t);
   if (!model_ && c.encoding() != (dense ? wire::Compression::NONE : scheme_.scheme())) {
     return bad("chunk of " + t.name + " is " + (c.encoding() == wire::Compression::NONE ? "not compressed" : "compressed") +
                " but the round's scheme is " + describe(scheme_) +
                (dense ? " and this tensor travels dense" : ""));
   }
-  if (compressed(scheme_) && !dense && !model_) return add_encoded(c, t);
-  if (c.data().empty() || c.data().size() % elem_ != 0) {
-    return bad("chunk of " + t.name + " has " + std::to_string(c.data().size()) +
+  if (compressed(scheme_) && !dense && !model_) return add_encoded(c, data, t);
+  if (data.empty() || data.size() % elem_ != 0) {
+    return bad("chunk of " + t.name + " has " + std::to_string(data.size()) +
                " bytes, not a positive multiple of " + std::to_string(elem_));
   }
-  const std::size_t n = c.data().size() / elem_;
+  const std::size_t n = data.size() / elem_;
   if (offset_ + n > t.size()) {
     return bad("chunk of " + t.name + " runs past its " + std::to_string(t.size()) + " elements");
   }
@@ -199,12 +203,12 @@ proto::Status TensorReceiver::add(const wire::TensorChunk& c) {
   std::optional<bool> finite;
   if (dtype_ == wire::F32) {
     // Floats are copied and scanned in one pass: an upload's check need not read them again.
-    finite = copy_all_finite(reinterpret_cast<float*>(out), c.data().data(), n);
+    finite = copy_all_finite(reinterpret_cast<float*>(out), data.data(), n);
   } else {
-    std::memcpy(out, c.data().data(), c.data().size());
+    std::memcpy(out, data.data(), data.size());
   }
-  if (hash_) hash_->update(c.data());
-  advance(n, c.data().size());
+  if (hash_) hash_->update(data);
+  advance(n, data.size());
   last_finite_ = finite;
   return proto::Status();
 }
@@ -215,13 +219,14 @@ Status TensorReceiver::check_count(std::uint64_t n, const TensorInfo& t) const {
                " remaining elements (and at most " + std::to_string(kMaxChunkCount) + " a chunk)");
 }
 
-proto::Status TensorReceiver::add_encoded(const wire::TensorChunk& c, const TensorInfo& t) {
+proto::Status TensorReceiver::add_encoded(const wire::TensorChunk& c, std::span<const std::uint8_t> data,
+                                        const TensorInfo& t) {
   auto bad = [&](std::string why) { return proto::error(wire::BAD_UPDATE, "chunk of " + t.name + ": " + std::move(why)); };
   const std::uint64_t n = c.count();
   if (auto fits = check_count(n, t); !fits) return bad(fits.error().message());
   std::span<float> out(reinterpret_cast<float*>(base_) + t.offset + offset_, n);
   std::size_t kept = 0;
-  if (auto decoded = decode_chunk(scheme_, c.data(), out, kept, &t, offset_); !decoded) {
+  if (auto decoded = decode_chunk(scheme_, as_chars(data), out, kept, &t, offset_); !decoded) {
     return bad(decoded.error().message());
   }
   kept_ += kept;
@@ -230,12 +235,13 @@ proto::Status TensorReceiver::add_encoded(const wire::TensorChunk& c, const Tens
                " of " + describe(scheme_));
   }
   if (hash_) hash_->update(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(out.data()), n * 4));
-  advance(n, c.data().size());
+  advance(n, data.size());
   return proto::Status();
 }
 
 // A broadcast's delta chunk: checked and decoded aside, then added to the base in place.
-proto::Status TensorReceiver::add_delta(const wire::TensorChunk& c, const TensorInfo& t) {
+proto::Status TensorReceiver::add_delta(const wire::TensorChunk& c, std::span<const std::uint8_t> data,
+                                        const TensorInfo& t) {
   auto bad = [&](std::string why) { return proto::error(wire::BAD_UPDATE, "model chunk of " + t.name + ": " + std::move(why)); };
   if (c.encoding() != scheme_.scheme() || !compressed(scheme_)) {
     return bad("encoded as " + wire::Compression::Scheme_Name(c.encoding()) + ", but the broadcast is " +
@@ -250,13 +256,13 @@ proto::Status TensorReceiver::add_delta(const wire::TensorChunk& c, const Tensor
   if (auto fits = check_count(n, t); !fits) return bad(fits.error().message());
   delta_.resize(n);
   std::size_t kept = 0;
-  if (auto decoded = decode_chunk(scheme_, c.data(), delta_, kept, &t, offset_); !decoded) {
+  if (auto decoded = decode_chunk(scheme_, as_chars(data), delta_, kept, &t, offset_); !decoded) {
     return bad(decoded.error().message());
   }
   float* out = reinterpret_cast<float*>(base_) + t.offset + offset_;
   for (std::size_t i = 0; i < n; ++i) out[i] = out[i] + delta_[i];  // as encode_model_delta made it
   if (hash_) hash_->update(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(out), n * 4));
-  advance(n, c.data().size());
+  advance(n, data.size());
   return proto::Status();
 }
 
@@ -264,11 +270,11 @@ proto::Status TensorReceiver::add_delta(const wire::TensorChunk& c, const Tensor
 // place. A wrong count or length is refused before anything is written; non-zero padding is
 // found while unpacking, after the chunk's words are written (harmless: a refused upload is
 // never folded, and its buffer is written whole again before the next one is).
-proto::Status TensorReceiver::add_packed(const wire::TensorChunk& c, const TensorInfo& t) {
+proto::Status TensorReceiver::add_packed(const wire::TensorChunk& c, std::span<const std::uint8_t> in,
+                                        const TensorInfo& t) {
   auto bad = [&](std::string why) { return proto::error(wire::BAD_UPDATE, "chunk of " + t.name + ": " + std::move(why)); };
   const std::uint64_t n = c.count();
   if (auto fits = check_count(n, t); !fits) return bad(fits.error().message());
-  const auto in = std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(c.data().data()), c.data().size());
   if (in.size() != packed_bytes(n, packed_bits_)) {
     return bad(std::to_string(in.size()) + " bytes for " + std::to_string(n) + " words packed " +
                std::to_string(packed_bits_) + " bits each, not " + std::to_string(packed_bytes(n, packed_bits_)));

@@ -93,7 +93,10 @@ class TensorReceiver {
   void reset_words(std::span<std::uint8_t> into, std::vector<TensorInfo> layout, wire::DType dtype,
                    bool hash = true, std::uint32_t packed_bits = 0);
   // Checks name, dtype, offset (chunks arrive in order), size and bounds, then copies.
-  proto::Status add(const wire::TensorChunk& chunk);
+  proto::Status add(const wire::TensorChunk& chunk) { return add(chunk, proto_bytes(chunk.data())); }
+  // The same for a chunk whose data lies elsewhere (a view of the frame it came in:
+  // proto::Message): `chunk`'s own data field is not read.
+  proto::Status add(const wire::TensorChunk& chunk, std::span<const std::uint8_t> data);
   // The elements the last successful add() wrote: [first, first + count) of `into` (in elements).
   std::size_t last_first() const { return last_first_; }
   std::size_t last_count() const { return last_count_; }
@@ -109,9 +112,12 @@ class TensorReceiver {
 
  private:
   void skip_empty();
-  proto::Status add_encoded(const wire::TensorChunk& chunk, const TensorInfo& t);
-  proto::Status add_delta(const wire::TensorChunk& chunk, const TensorInfo& t);
-  proto::Status add_packed(const wire::TensorChunk& chunk, const TensorInfo& t);
+  static std::span<const std::uint8_t> proto_bytes(const std::string& s) {
+    return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
+  }
+  proto::Status add_encoded(const wire::TensorChunk& chunk, std::span<const std::uint8_t> data, const TensorInfo& t);
+  proto::Status add_delta(const wire::TensorChunk& chunk, std::span<const std::uint8_t> data, const TensorInfo& t);
+  proto::Status add_packed(const wire::TensorChunk& chunk, std::span<const std::uint8_t> data, const TensorInfo& t);
   // Success when an encoded chunk of `n` elements fits what is left of tensor `t`, else why not.
   Status check_count(std::uint64_t n, const TensorInfo& t) const;
   void advance(std::size_t n, std::size_t bytes);  // n elements (bytes on the wire) are in place

@@ -112,8 +112,12 @@ class UploadLane {
 
   // A chunk from the holder: checked and copied. Returns the check work for what it wrote.
   proto::Result<std::function<void()>> add(const wire::TensorChunk& chunk) {
+    return add(chunk, {reinterpret_cast<const std::uint8_t*>(chunk.data().data()), chunk.data().size()});
+  }
+  // The same for a chunk whose data lies elsewhere (in the frame it came in: proto::Message).
+  proto::Result<std::function<void()>> add(const wire::TensorChunk& chunk, std::span<const std::uint8_t> data) {
     if (!busy() || complete_) return proto::error(wire::UNEXPECTED, "TensorChunk without an open UploadGrant");
-    if (auto st = rx_.add(chunk); !st) return st.error();
+    if (auto st = rx_.add(chunk, data); !st) return st.error();
     const std::size_t elem = element_bytes(buffer_.dtype);
     const std::uint64_t at = rx_.last_first() * elem;
     if (!buffer_.sink) {

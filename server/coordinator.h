@@ -29,6 +29,7 @@
 
 #include "common/model.h"
 #include "common/result.h"
+#include "proto/message.h"
 #include "proto/xsilo.pb.h"
 #include "protocol/compression.h"
 #include "protocol/upload_slot.h"
@@ -167,6 +168,9 @@ class Coordinator {
   void on_edge_connect(SessionId id, const std::string& edge, std::int64_t now_ms);
   void on_disconnect(SessionId id, std::int64_t now_ms);
   void on_message(SessionId id, const wire::Envelope& env, std::int64_t now_ms);
+  // The same for a message read with its TensorChunk's data left in the frame (the daemon's:
+  // transport::serve_messages); the data is copied once, into the upload's lane.
+  void on_message(SessionId id, const proto::Message& msg, std::int64_t now_ms);
   void on_timer(Timer timer, std::int64_t now_ms);
   void on_job_done(std::uint64_t job, JobResult result, std::int64_t now_ms);
   // The model stream of round `round` to session `id` (a silo, or an edge) has been written to
@@ -227,7 +231,10 @@ class Coordinator {
   // Membership
   void silo_joined(const std::string& silo, SessionId link, std::int64_t now_ms);
   void silo_gone(const std::string& silo, SessionId link, const std::string& why, std::int64_t now_ms);
-  void on_edge_message(SessionId id, const wire::Envelope& env, std::int64_t now_ms);
+  // A TensorChunk's data, wherever it lies (in the Envelope, or in its frame: proto::Message).
+  using ChunkData = std::span<const std::uint8_t>;
+  void on_message(SessionId id, const wire::Envelope& env, ChunkData data, std::int64_t now_ms);
+  void on_edge_message(SessionId id, const wire::Envelope& env, ChunkData data, std::int64_t now_ms);
   void on_leaving(const std::string& silo, SessionId via);
   // A silo's last witnessed audit head (docs/audit.md, "Witnesses").
   void on_witness(const std::string& silo, const wire::Witness& w);
@@ -241,7 +248,7 @@ class Coordinator {
   void fetch_from(const std::string& silo, SessionId link);
   void ask_next_holder();
   // A ModelOffer or a TensorChunk from `silo` (through `link`) while the model is awaited.
-  void on_fetch_message(const std::string& silo, SessionId link, const wire::Envelope& e);
+  void on_fetch_message(const std::string& silo, SessionId link, const wire::Envelope& e, ChunkData data);
   // The silo asked cannot give a usable copy (`why`): the next one is asked.
   void fetch_refused(const std::string& why);
   void fetch_link_gone(SessionId link);
@@ -291,7 +298,7 @@ class Coordinator {
   void grant(const Uploader& u, std::size_t lane, std::int64_t now_ms);
   void arm_upload_timer(std::int64_t now_ms);
   bool fold_next();
-  void on_chunk(const Uploader& u, SessionId reply_to, const wire::Envelope& env, std::int64_t now_ms);
+  void on_chunk(const Uploader& u, SessionId reply_to, const wire::Envelope& env, ChunkData data, std::int64_t now_ms);
   void on_update_end(std::size_t member, const wire::Envelope& env, std::int64_t now_ms);
   void on_region_end(SessionId edge, const wire::Envelope& env, std::int64_t now_ms);
   struct Contributors {

@@ -51,14 +51,14 @@ void Coordinator::ask_next_holder() {
   if (f.expired && !f.asking && !f.restoring) fetch_expired();
 }
 
-void Coordinator::on_fetch_message(const std::string& silo, SessionId link, const wire::Envelope& e) {
+void Coordinator::on_fetch_message(const std::string& silo, SessionId link, const wire::Envelope& e, ChunkData data) {
   Fetch& f = *fetch_;
   if (!f.asking || f.asking->first != silo || f.asking->second != link || f.restoring) {
     send_error(link, wire::UNEXPECTED, proto::body_name(e) + " but the server asked " + silo + " for no model");
     return;
   }
   if (e.has_tensor_chunk()) {
-    if (auto st = f.rx.add(e.tensor_chunk()); !st) fetch_refused("sent a chunk the model cannot take: " + st.error().message());
+    if (auto st = f.rx.add(e.tensor_chunk(), data); !st) fetch_refused("sent a chunk the model cannot take: " + st.error().message());
     return;
   }
   const auto& offer = e.model_offer();

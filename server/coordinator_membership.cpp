@@ -175,9 +175,18 @@ void Coordinator::on_disconnect(SessionId id, std::int64_t now_ms) {
 // ---- messages -------------------------------------------------------------------------------
 
 void Coordinator::on_message(SessionId id, const wire::Envelope& e, std::int64_t now_ms) {
+  const std::string& d = e.tensor_chunk().data();
+  on_message(id, e, ChunkData(reinterpret_cast<const std::uint8_t*>(d.data()), d.size()), now_ms);
+}
+
+void Coordinator::on_message(SessionId id, const proto::Message& msg, std::int64_t now_ms) {
+  on_message(id, msg.env, msg.chunk_data(), now_ms);
+}
+
+void Coordinator::on_message(SessionId id, const wire::Envelope& e, ChunkData data, std::int64_t now_ms) {
   const Peer* peer = membership_.peer(id);
   if (!peer) return;
-  if (peer->edge) return on_edge_message(id, e, now_ms);
+  if (peer->edge) return on_edge_message(id, e, data, now_ms);
   using B = wire::Envelope::BodyCase;
   const auto body = e.body_case();
   if (body == B::kError) {
@@ -188,7 +197,7 @@ void Coordinator::on_message(SessionId id, const wire::Envelope& e, std::int64_t
   }
   if (body == B::kLeaving) return on_leaving(peer->name, id);
   if (body == B::kWitness) return on_witness(peer->name, e.witness());
-  if (fetch_ && (body == B::kTensorChunk || body == B::kModelOffer)) return on_fetch_message(peer->name, id, e);
+  if (fetch_ && (body == B::kTensorChunk || body == B::kModelOffer)) return on_fetch_message(peer->name, id, e, data);
   // Whatever round it is for: the model the silo trained on is the one it holds now.
   if (body == B::kUpdateReady) held_model(id, e.update_ready().model_sha256(), e.round());
   const bool secure_body = body == B::kSecure;
@@ -209,13 +218,13 @@ void Coordinator::on_message(SessionId id, const wire::Envelope& e, std::int64_t
   }
   switch (body) {
     case B::kUpdateReady: on_update_ready(*m, e, now_ms); break;
-    case B::kTensorChunk: on_chunk(Uploader{*m, 0}, id, e, now_ms); break;
+    case B::kTensorChunk: on_chunk(Uploader{*m, 0}, id, e, data, now_ms); break;
     case B::kUpdateEnd: on_update_end(*m, e, now_ms); break;
     default: break;
   }
 }
 
-void Coordinator::on_edge_message(SessionId id, const wire::Envelope& e, std::int64_t now_ms) {
+void Coordinator::on_edge_message(SessionId id, const wire::Envelope& e, ChunkData data, std::int64_t now_ms) {
   using B = wire::Envelope::BodyCase;
   const std::string edge = membership_.peer(id)->name;
   const auto body = e.body_case();
@@ -232,7 +241,7 @@ void Coordinator::on_edge_message(SessionId id, const wire::Envelope& e, std::in
   }
   if (!e.silo().empty()) {
     if (body == B::kLeaving) return on_leaving(e.silo(), id);
-    if (fetch_ && (body == B::kTensorChunk || body == B::kModelOffer)) return on_fetch_message(e.silo(), id, e);
+    if (fetch_ && (body == B::kTensorChunk || body == B::kModelOffer)) return on_fetch_message(e.silo(), id, e, data);
     if (body == B::kWitness) {
       const Peer* p = membership_.peer(id);
       if (p->region.count(e.silo())) on_witness(e.silo(), e.witness());
@@ -268,7 +277,7 @@ void Coordinator::on_edge_message(SessionId id, const wire::Envelope& e, std::in
         pump(now_ms);
       }
       break;
-    case B::kTensorChunk: on_chunk(Uploader{kNone, id}, id, e, now_ms); break;
+    case B::kTensorChunk: on_chunk(Uploader{kNone, id}, id, e, data, now_ms); break;
     case B::kUpdateEnd: on_region_end(id, e, now_ms); break;
     default: send_error(id, wire::UNEXPECTED, "an edge may not send " + proto::body_name(e));
   }

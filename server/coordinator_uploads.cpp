@@ -64,13 +64,14 @@ bool Coordinator::fold_next() {
   return true;
 }
 
-void Coordinator::on_chunk(const Uploader& u, SessionId reply_to, const wire::Envelope& e, std::int64_t now_ms) {
+void Coordinator::on_chunk(const Uploader& u, SessionId reply_to, const wire::Envelope& e, ChunkData data,
+                           std::int64_t now_ms) {
   const auto lane = r_->slot.lane_of(u);
   if (!lane || r_->slot[*lane].complete()) {
     send_error(reply_to, wire::UNEXPECTED, "TensorChunk without an open UploadGrant");
     return;
   }
-  auto check = r_->slot[*lane].add(e.tensor_chunk());
+  auto check = r_->slot[*lane].add(e.tensor_chunk(), data);
   if (!check) {
     send_error(reply_to, check.error().code(), check.error().message());
     fail_upload(u, DropPhase::Upload, DropCause::BadUpload, check.error().message());

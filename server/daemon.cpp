@@ -134,7 +134,8 @@ class Server {
   asio::awaitable<void> serve(SessionId id, std::shared_ptr<transport::Channel> ch) {
     // Named, not a temporary inside co_await: GCC 12 destroys such temporaries twice.
     const bool admin = ch->peer().role == wire::ADMIN;
-    std::function<bool(const wire::Envelope&)> handle = [this, id, admin, ch](const wire::Envelope& e) {
+    std::function<bool(const proto::Message&)> handle = [this, id, admin, ch](const proto::Message& msg) {
+      const wire::Envelope& e = msg.env;
       if (e.has_admin_request()) {
         on_admin_request(*ch, e.admin_request());
         return true;
@@ -143,12 +144,16 @@ class Server {
         ch->close_with_error(wire::UNEXPECTED, "an admin connection carries AdminRequests only, got " + proto::body_name(e));
         return false;
       }
-      if (hook_) hooked_in(id, *ch, e);
-      coord_.on_message(id, e, now_ms());
+      if (hook_ && msg.viewed) {
+        hooked_in(id, *ch, msg.owned());  // a hook sees whole Envelopes
+      } else if (hook_) {
+        hooked_in(id, *ch, msg.env);
+      }
+      coord_.on_message(id, msg, now_ms());
       drain();
       return true;
     };
-    co_await transport::serve_channel(ch, handle);
+    co_await transport::serve_messages(ch, handle);
     bytes_in_ += ch->bytes_received();
     bytes_out_ += ch->bytes_sent();
     channels_.erase(id);

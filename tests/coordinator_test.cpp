@@ -197,7 +197,20 @@ class Harness {
   }
   void deliver(std::size_t i, wire::Envelope e) {
     e.set_federation("fed");
-    coord_->on_message(session(i), e, now);
+    if (views && e.has_tensor_chunk()) {
+      // As the daemon reads it: the chunk's data left in its frame (proto::decode_message).
+      auto frame = std::make_shared<const std::string>(*proto::encode_frame(e, proto::kDefaultMaxFrameBytes));
+      const auto payload = std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(frame->data()),
+                                                         frame->size()).subspan(proto::kFrameHeaderBytes);
+      auto msg = proto::decode_message(payload, frame);
+      if (msg) {
+        coord_->on_message(session(i), *msg, now);
+      } else {
+        coord_->on_message(session(i), e, now);  // a chunk a test made that no frame could carry
+      }
+    } else {
+      coord_->on_message(session(i), e, now);
+    }
     pump();
   }
   // `holds`: the model the silo says it trained on and holds (UpdateReady.model_sha256).
@@ -305,6 +318,12 @@ class Harness {
  private:
   std::unique_ptr<Coordinator> coord_;
   std::map<SessionId, int> uploads_;
+
+ public:
+  // Silos' chunks delivered as the server daemon reads them, views of their frames
+  // (proto::Message), so that every test's chunks (plain, packed secure words, encoded,
+  // relayed by an edge, a fetched model) take that path; false: as whole Envelopes.
+  bool views = true;
 };
 
 std::vector<float> constant(float v, std::size_t n = 10) { return std::vector<float>(n, v); }
@@ -355,6 +374,43 @@ TEST(Coordinator, StartsWhenEveryExpectedSiloJoinedAndCommitsTheWeightedMean) {
   EXPECT_EQ(h.coord().round(), 2u);
   EXPECT_EQ(h.coord().phase(), Phase::Collecting);  // the next round started at once
   ASSERT_TRUE(h.last(0, wire::Envelope::kRoundEnd));
+}
+
+// The daemon hands the core each upload chunk as a view of the frame it came in (its data never
+// copied into an Envelope): the round commits the same model, bit for bit, and the same record's
+// hashes as when the chunks come as Envelopes; a chunk refused through a view is refused with the
+// same reason.
+TEST(Coordinator, UploadChunksReadAsViewsOfTheirFramesCommitWhatEnvelopesCommit) {
+  std::vector<std::string> after;
+  std::vector<std::string> refusals;
+  for (const bool views : {false, true}) {
+    Harness h(2);
+    h.views = views;
+    h.connect_all(2);
+    h.ready(0, 10);
+    h.ready(1, 30);
+    h.serve({{0, {constant(10.0f), 10}}, {1, {constant(-30.0f), 30}}});
+    ASSERT_EQ(h.store.commits.size(), 1u);
+    expect_model(h.store.commits[0].model, fedavg(h.initial_, {{constant(10.0f), 10}, {constant(-30.0f), 30}}));
+    after.push_back(h.store.commits[0].record["model_sha256_after"]);
+    // Round 2: silo 0's first chunk is 7 bytes, not whole floats.
+    h.ready(0, 10);
+    ASSERT_TRUE(h.granted(0));
+    wire::Envelope bad;
+    bad.set_round(h.coord().round());
+    auto* c = bad.mutable_tensor_chunk();
+    c->set_name(h.initial_.tensors()[0].name);
+    c->set_dtype(wire::F32);
+    c->set_data(std::string(7, '\x01'));
+    h.deliver(0, bad);
+    const auto* err = h.last(0, wire::Envelope::kError);
+    ASSERT_TRUE(err);
+    EXPECT_EQ(err->error().code(), wire::BAD_UPDATE);
+    refusals.push_back(err->error().message());
+  }
+  EXPECT_EQ(after[0], after[1]);
+  EXPECT_EQ(refusals[0], refusals[1]);
+  EXPECT_NE(refusals[1].find("has 7 bytes, not a positive multiple of 4"), std::string::npos) << refusals[1];
 }
 
 // Each participant's record says when the server saw each step of its round, in seconds since

@@ -293,6 +293,39 @@ TEST_F(TlsTest, ARevokedCertificateIsRefusedInTheHandshakeAndInSignatures) {
   EXPECT_THROW(load_verifier(mixed), std::runtime_error);
 }
 
+// A chunk read as a view of its frame (read_message) stays what it was while the next frame of
+// the same size is read: a message still holding the connection's read buffer makes the next read
+// take a new one. Reusing the buffer (no use_count check) overwrites the first chunk's bytes with
+// the second's.
+TEST_F(TlsTest, AChunkReadAsAViewKeepsItsBytesWhileTheNextFrameIsRead) {
+  EchoServer server(io_, dir_.path());
+  auto c = connect(io_, kit("hospital-a"), server.port());
+  ASSERT_TRUE(c.ch) << error_text(c.status);
+  const auto chunk = [](char fill) {
+    auto env = envelope(kFed, 1);
+    auto* t = env.mutable_tensor_chunk();
+    t->set_name("w");
+    t->set_dtype(wire::F32);
+    t->set_data(std::string(4096, fill));
+    return env;
+  };
+  const auto text = [](const proto::Message& m) {
+    const auto d = m.chunk_data();
+    return std::string(reinterpret_cast<const char*>(d.data()), d.size());
+  };
+  ASSERT_TRUE(c.ch->send(chunk('A')));
+  ASSERT_TRUE(c.ch->send(chunk('B')));
+  const auto [first, second] = io_.run([&]() -> awaitable<std::pair<std::string, std::string>> {
+    auto a = co_await c.ch->read_message();
+    if (!a || !a->viewed) co_return std::pair<std::string, std::string>{"not viewed", ""};
+    auto b = co_await c.ch->read_message();  // while `a` still holds its frame
+    if (!b || !b->viewed) co_return std::pair<std::string, std::string>{text(*a), "not viewed"};
+    co_return std::pair<std::string, std::string>{text(*a), text(*b)};
+  }());
+  EXPECT_EQ(first, std::string(4096, 'A'));
+  EXPECT_EQ(second, std::string(4096, 'B'));
+}
+
 TEST_F(TlsTest, AllowedSiloConnectsAndLearnsItsIdentity) {
   EchoServer server(io_, dir_.path());
   auto c = connect(io_, kit("hospital-a"), server.port());

@@ -131,7 +131,7 @@ awaitable<proto::Status> Channel::accept(const AllowList& allow, const LocalInfo
     co_await refuse(st);
     co_return st;
   }
-  auto hello = co_await read_frame();
+  auto hello = co_await read_envelope();
   if (!hello) {
     disarm_deadline();
     close();
@@ -205,7 +205,7 @@ awaitable<proto::Status> Channel::connect(const AllowList& upstreams, const Loca
     close();
     co_return proto::error(wire::INTERNAL, std::string("cannot send Hello: ") + e.what());
   }
-  auto reply = co_await read_frame();
+  auto reply = co_await read_envelope();
   disarm_deadline();
   if (!reply) {
     close();
@@ -255,7 +255,7 @@ void Channel::start() {
   }
 }
 
-awaitable<proto::Result<wire::Envelope>> Channel::read_frame() {
+awaitable<proto::Result<std::span<const std::uint8_t>>> Channel::read_frame() {
   std::array<std::uint8_t, proto::kFrameHeaderBytes> header{};
   std::size_t size = 0;
   try {
@@ -264,9 +264,11 @@ awaitable<proto::Result<wire::Envelope>> Channel::read_frame() {
     if (!len) co_return len.error();
     size = *len;
     // One buffer per connection, grown to the largest frame seen and reused: no allocation,
-    // zero-filling or page faults per frame.
-    if (read_buffer_.size() < size) read_buffer_.resize(size);
-    co_await stream_.read_exact({read_buffer_.data(), size});
+    // zero-filling or page faults per frame. A message still holding it (a view of its last
+    // frame) keeps it; this read takes a new one.
+    if (!read_buffer_ || read_buffer_.use_count() > 1) read_buffer_ = std::make_shared<std::vector<std::uint8_t>>();
+    if (read_buffer_->size() < size) read_buffer_->resize(size);
+    co_await stream_.read_exact({read_buffer_->data(), size});
   } catch (const boost::system::system_error& e) {
     // The peer is gone: close, which wakes the writer and the timers so that they end and
     // the socket is released. Only marking the channel closed left the writer asleep for good,
@@ -279,28 +281,59 @@ awaitable<proto::Result<wire::Envelope>> Channel::read_frame() {
   bytes_received_ += proto::kFrameHeaderBytes + size;
   idle_.heard(Clock::now());
   if (stream_.has_pending_output()) wake_.cancel();  // TLS wants to answer (key update)
-  auto env = proto::decode_envelope({read_buffer_.data(), size});
-  // A large buffer is kept while large frames keep coming (an upload's chunks: giving it back
-  // after each made every chunk allocate, zero-fill and fault in its pages again) and given
-  // back at the first small frame after them (a heartbeat comes to an idle connection within
-  // its interval), so an idle connection does not hold megabytes.
-  if (read_buffer_.size() > (256u << 10) && size < read_buffer_.size() / 4) std::vector<std::uint8_t>().swap(read_buffer_);
+  co_return std::span<const std::uint8_t>(read_buffer_->data(), size);
+}
+
+// A large buffer is kept while large frames keep coming (an upload's chunks: giving it back
+// after each made every chunk allocate, zero-fill and fault in its pages again) and given
+// back at the first small frame after them (a heartbeat comes to an idle connection within
+// its interval), so an idle connection does not hold megabytes. (A message still viewing it
+// holds it until it goes.)
+void Channel::trim_read_buffer(std::size_t last_frame) {
+  if (read_buffer_ && read_buffer_->size() > (256u << 10) && last_frame < read_buffer_->size() / 4) read_buffer_.reset();
+}
+
+awaitable<proto::Result<wire::Envelope>> Channel::read_envelope() {
+  auto frame = co_await read_frame();
+  if (!frame) co_return frame.error();
+  auto env = proto::decode_envelope(*frame);
+  trim_read_buffer(frame->size());
   co_return env;
 }
 
-awaitable<proto::Result<wire::Envelope>> Channel::read() {
+namespace {
+const wire::Envelope& envelope_of(const wire::Envelope& e) { return e; }
+const wire::Envelope& envelope_of(const proto::Message& m) { return m.env; }
+}  // namespace
+
+template <class T, class Read>
+awaitable<proto::Result<T>> Channel::read_next(Read read_one) {
   auto self = shared_from_this();
   for (;;) {
     if (!open_) co_return proto::error(wire::ERROR_UNSPECIFIED, "connection closed");
-    auto env = co_await read_frame();
-    if (!env) co_return env;
-    if (env->has_heartbeat()) continue;
-    if (env->federation() != federation_) {
-      co_return proto::error(wire::WRONG_FEDERATION,
-                             "message for federation \"" + env->federation() + "\"");
+    proto::Result<T> msg = co_await read_one();
+    if (!msg) co_return msg;
+    const wire::Envelope& env = envelope_of(*msg);
+    if (env.has_heartbeat()) continue;
+    if (env.federation() != federation_) {
+      co_return proto::error(wire::WRONG_FEDERATION, "message for federation \"" + env.federation() + "\"");
     }
-    co_return env;
+    co_return msg;
   }
+}
+
+awaitable<proto::Result<wire::Envelope>> Channel::read() {
+  return read_next<wire::Envelope>([this] { return read_envelope(); });
+}
+
+awaitable<proto::Result<proto::Message>> Channel::read_message() {
+  return read_next<proto::Message>([this]() -> awaitable<proto::Result<proto::Message>> {
+    auto frame = co_await read_frame();
+    if (!frame) co_return frame.error();
+    auto msg = proto::decode_message(*frame, read_buffer_);
+    trim_read_buffer(frame->size());
+    co_return msg;
+  });
 }
 
 bool Channel::send(wire::Envelope env) {

@@ -31,6 +31,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include "proto/frame.h"
+#include "proto/message.h"
 #include "transport/policy.h"
 #include "transport/tls.h"
 #include "transport/tls_stream.h"
@@ -88,6 +89,10 @@ class Channel : public std::enable_shared_from_this<Channel> {
 
   // The next message that is not a heartbeat, or why there is none (bad frame, closed, idle).
   awaitable<proto::Result<wire::Envelope>> read();
+  // The same, a TensorChunk's data left in the frame it came in (proto::decode_message): the
+  // message holds the frame, and the next read reuses the connection's buffer only once the
+  // messages read from it are gone.
+  awaitable<proto::Result<proto::Message>> read_message();
 
   // Queue a message, or a lazily produced run of messages (model chunks: memory stays at one
   // chunk per connection). False when closed or when the queue limit was exceeded (called from
@@ -129,7 +134,13 @@ class Channel : public std::enable_shared_from_this<Channel> {
   // The next frame to write, taken from the front of the queue (nullopt: a stream ended);
   // `keep` holds a shared frame until it is written.
   std::optional<proto::SplitFrame> take_front(std::shared_ptr<const std::string>& keep);
-  awaitable<proto::Result<wire::Envelope>> read_frame();
+  // The next frame's payload, in read_buffer_ (valid until the next read).
+  awaitable<proto::Result<std::span<const std::uint8_t>>> read_frame();
+  awaitable<proto::Result<wire::Envelope>> read_envelope();
+  void trim_read_buffer(std::size_t last_frame);
+  // The next message `read_one` reads that is not a heartbeat, checked to be of this federation.
+  template <class T, class Read>
+  awaitable<proto::Result<T>> read_next(Read read_one);
   awaitable<void> write_frame_now(const wire::Envelope& env);
   awaitable<void> writer();
   awaitable<void> heartbeat();
@@ -141,7 +152,9 @@ class Channel : public std::enable_shared_from_this<Channel> {
   ChannelOptions opts_;
   asio::steady_timer wake_, heartbeat_timer_, watchdog_timer_, deadline_;
   std::deque<Item> queue_;
-  std::vector<std::uint8_t> read_buffer_;
+  // Shared with the messages read as views of it (read_message); one still held makes the next
+  // read take a new buffer.
+  std::shared_ptr<std::vector<std::uint8_t>> read_buffer_;
   std::atomic<std::size_t> queued_bytes_ = 0;
   std::atomic<std::size_t> posted_bytes_ = 0;  // sent from another thread, post not run yet
   std::atomic<bool> open_ = true;

@@ -101,20 +101,25 @@ void Runtime::stop(int exit_code, std::chrono::milliseconds linger, std::functio
   });
 }
 
-awaitable<void> serve_channel(std::shared_ptr<Channel> ch, const std::function<bool(const wire::Envelope&)>& handle) {
+namespace {
+
+// serve_channel's loop, for messages of type T, read by `read` (a Channel member).
+template <class T>
+awaitable<void> serve_with(std::shared_ptr<Channel> ch, awaitable<proto::Result<T>> (Channel::*read)(),
+                           const std::function<bool(const T&)>& handle) {
   for (;;) {
     // Read (decrypted and decoded) on the channel's thread, handled on the caller's.
-    auto env = co_await run_on(ch->executor(), ch->read());
-    if (!env) {
-      if (env.error().code() != wire::ERROR_UNSPECIFIED) {
-        spdlog::warn("{}: {}", ch->peer().str(), env.error().message());
-        ch->close_with_error(env.error().code(), env.error().message());
+    auto msg = co_await run_on(ch->executor(), ((*ch).*read)());
+    if (!msg) {
+      if (msg.error().code() != wire::ERROR_UNSPECIFIED) {
+        spdlog::warn("{}: {}", ch->peer().str(), msg.error().message());
+        ch->close_with_error(msg.error().code(), msg.error().message());
       }
       break;
     }
     bool more = false;
     try {
-      more = handle(*env);
+      more = handle(*msg);
     } catch (const std::exception& e) {
       // A message the role's core could not handle (a layout it cannot allocate, say): this
       // connection ends with the reason; the process goes on.
@@ -124,6 +129,16 @@ awaitable<void> serve_channel(std::shared_ptr<Channel> ch, const std::function<b
     }
     if (!more) break;
   }
+}
+
+}  // namespace
+
+awaitable<void> serve_channel(std::shared_ptr<Channel> ch, const std::function<bool(const wire::Envelope&)>& handle) {
+  co_await serve_with<wire::Envelope>(std::move(ch), &Channel::read, handle);
+}
+
+awaitable<void> serve_messages(std::shared_ptr<Channel> ch, const std::function<bool(const proto::Message&)>& handle) {
+  co_await serve_with<proto::Message>(std::move(ch), &Channel::read_message, handle);
 }
 
 Upstream::Upstream(asio::io_context& io, ssl::context& tls, UpstreamOptions opts)
