@@ -34,6 +34,8 @@ void put_varint(std::string& out, std::uint64_t v) {
   }
   out.push_back(static_cast<char>(v));
 }
+}  // namespace
+
 std::size_t varint_size(std::uint64_t v) {
   std::size_t n = 1;
   while (v >= 0x80) {
@@ -42,7 +44,6 @@ std::size_t varint_size(std::uint64_t v) {
   }
   return n;
 }
-}  // namespace
 
 Result<SplitFrame> encode_chunk_frame(const wire::Envelope& env, std::span<const std::uint8_t> tail,
                                       std::size_t max_frame_bytes) {

@@ -37,6 +37,14 @@ struct SplitFrame {
 Result<SplitFrame> encode_chunk_frame(const wire::Envelope& env, std::span<const std::uint8_t> tail,
                                       std::size_t max_frame_bytes);
 
+// The bytes protobuf's shortest encoding of `v` as a varint takes (1 to 10).
+std::size_t varint_size(std::uint64_t v);
+
+// A string's bytes (a protobuf `bytes` field's, say) as the span the decoders take.
+inline std::span<const std::uint8_t> bytes_of(const std::string& s) {
+  return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
+}
+
 // Reads the length prefix; refuses zero and anything above `max_frame_bytes`.
 Result<std::size_t> decode_frame_length(std::span<const std::uint8_t, kFrameHeaderBytes> header,
                                         std::size_t max_frame_bytes);

@@ -19,12 +19,6 @@ struct Field {
   bool shortest = false;  // its tag (and length) in their shortest encoding
 };
 
-std::size_t varint_size(std::uint64_t v) {
-  std::size_t n = 1;
-  for (; v >= 0x80; v >>= 7) ++n;
-  return n;
-}
-
 // Reads the varint at `at` (`len` of its bytes); false when it runs past the input or ten bytes.
 bool varint(Bytes b, std::size_t& at, std::uint64_t& v, std::size_t& len) {
   v = 0;
@@ -122,9 +116,7 @@ std::optional<Message> chunk_view(Bytes payload) {
 }  // namespace
 
 std::span<const std::uint8_t> Message::chunk_data() const {
-  if (viewed) return view;
-  const std::string& d = env.tensor_chunk().data();
-  return {reinterpret_cast<const std::uint8_t*>(d.data()), d.size()};
+  return viewed ? view : bytes_of(env.tensor_chunk().data());
 }
 
 wire::Envelope Message::owned() const {

@@ -93,7 +93,7 @@ class TensorReceiver {
   void reset_words(std::span<std::uint8_t> into, std::vector<TensorInfo> layout, wire::DType dtype,
                    bool hash = true, std::uint32_t packed_bits = 0);
   // Checks name, dtype, offset (chunks arrive in order), size and bounds, then copies.
-  proto::Status add(const wire::TensorChunk& chunk) { return add(chunk, proto_bytes(chunk.data())); }
+  proto::Status add(const wire::TensorChunk& chunk) { return add(chunk, proto::bytes_of(chunk.data())); }
   // The same for a chunk whose data lies elsewhere (a view of the frame it came in:
   // proto::Message): `chunk`'s own data field is not read.
   proto::Status add(const wire::TensorChunk& chunk, std::span<const std::uint8_t> data);
@@ -112,9 +112,6 @@ class TensorReceiver {
 
  private:
   void skip_empty();
-  static std::span<const std::uint8_t> proto_bytes(const std::string& s) {
-    return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
-  }
   proto::Status add_encoded(const wire::TensorChunk& chunk, std::span<const std::uint8_t> data, const TensorInfo& t);
   proto::Status add_delta(const wire::TensorChunk& chunk, std::span<const std::uint8_t> data, const TensorInfo& t);
   proto::Status add_packed(const wire::TensorChunk& chunk, std::span<const std::uint8_t> data, const TensorInfo& t);

@@ -112,7 +112,7 @@ class UploadLane {
 
   // A chunk from the holder: checked and copied. Returns the check work for what it wrote.
   proto::Result<std::function<void()>> add(const wire::TensorChunk& chunk) {
-    return add(chunk, {reinterpret_cast<const std::uint8_t*>(chunk.data().data()), chunk.data().size()});
+    return add(chunk, proto::bytes_of(chunk.data()));
   }
   // The same for a chunk whose data lies elsewhere (in the frame it came in: proto::Message).
   proto::Result<std::function<void()>> add(const wire::TensorChunk& chunk, std::span<const std::uint8_t> data) {

@@ -175,8 +175,7 @@ void Coordinator::on_disconnect(SessionId id, std::int64_t now_ms) {
 // ---- messages -------------------------------------------------------------------------------
 
 void Coordinator::on_message(SessionId id, const wire::Envelope& e, std::int64_t now_ms) {
-  const std::string& d = e.tensor_chunk().data();
-  on_message(id, e, ChunkData(reinterpret_cast<const std::uint8_t*>(d.data()), d.size()), now_ms);
+  on_message(id, e, proto::bytes_of(e.tensor_chunk().data()), now_ms);
 }
 
 void Coordinator::on_message(SessionId id, const proto::Message& msg, std::int64_t now_ms) {
