@@ -106,13 +106,14 @@ class Edge {
   awaitable<void> serve(std::string name, std::shared_ptr<Channel> ch) {
     // A message the connection read after a newer one replaced it is not the silo's any more:
     // dropped, and this connection (closing already) is served no further.
-    std::function<bool(const wire::Envelope&)> handle = [this, name, conn = ch.get()](const wire::Envelope& e) {
+    // An upload chunk's data stays in its frame until the relay copies it into the slot.
+    std::function<bool(const proto::Message&)> handle = [this, name, conn = ch.get()](const proto::Message& m) {
       if (!silos_.current(name, conn)) return false;
-      relay_.on_silo_message(name, e);
+      relay_.on_silo_message(name, m);
       apply();
       return true;
     };
-    co_await transport::serve_channel(ch, handle);
+    co_await transport::serve_messages(ch, handle);
     count_bytes(*ch);
     if (silos_.drop(name, ch.get())) {
       relay_.on_silo_down(name);

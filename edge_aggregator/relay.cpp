@@ -357,6 +357,14 @@ void Relay::relay_model(const std::string& silo, const wire::Envelope& e) {
 }
 
 void Relay::on_silo_message(const std::string& silo, const wire::Envelope& e) {
+  on_silo_message(silo, e, proto::bytes_of(e.tensor_chunk().data()));
+}
+
+void Relay::on_silo_message(const std::string& silo, const proto::Message& m) {
+  on_silo_message(silo, m.env, m.chunk_data());
+}
+
+void Relay::on_silo_message(const std::string& silo, const wire::Envelope& e, ChunkData data) {
   using B = wire::Envelope::BodyCase;
   switch (e.body_case()) {
     case B::kJoinProof: join_proof(silo, e); break;
@@ -376,7 +384,7 @@ void Relay::on_silo_message(const std::string& silo, const wire::Envelope& e) {
       break;
     }
     case B::kUpdateReady: update_ready(silo, e); break;
-    case B::kTensorChunk: upload_chunk(silo, e); break;
+    case B::kTensorChunk: upload_chunk(silo, e, data); break;
     case B::kUpdateEnd: update_end(silo, e); break;
     case B::kError: silo_report(silo, e); break;
     default: silo_error(silo, wire::UNEXPECTED, "a silo may not send " + proto::body_name(e));
@@ -438,12 +446,14 @@ void Relay::update_ready(const std::string& silo, const wire::Envelope& e) {
   pump();
 }
 
-void Relay::upload_chunk(const std::string& silo, const wire::Envelope& e) {
+void Relay::upload_chunk(const std::string& silo, const wire::Envelope& e, ChunkData data) {
   // A silo granted an upload sends that upload's chunks until its UpdateEnd, whatever
   // happened to the round (the server may have gone meanwhile): never relayed as a model.
   if (model_asked_.count(silo) && !uploading_.count(silo)) {
-    relay_model(silo, e);
-    return;
+    if (e.tensor_chunk().data().size() == data.size()) return relay_model(silo, e);
+    wire::Envelope whole = e;  // read as a view: the data goes back into the message passed up
+    whole.mutable_tensor_chunk()->set_data(data.data(), data.size());
+    return relay_model(silo, whole);
   }
   SiloState* state = in_round(silo, e.round());
   Region* r = region_.get();
@@ -451,7 +461,7 @@ void Relay::upload_chunk(const std::string& silo, const wire::Envelope& e) {
     silo_error(silo, wire::UNEXPECTED, "TensorChunk without an UploadGrant");
     return;
   }
-  auto check = r->slot.add(e.tensor_chunk());
+  auto check = r->slot.add(e.tensor_chunk(), data);
   if (!check) {
     silo_error(silo, check.error().code(), check.error().message());
     *state = SiloState::Gone;

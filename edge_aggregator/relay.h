@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 #include <variant>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "common/model.h"
 #include "common/result.h"
 #include "common/thread_check.h"
+#include "proto/message.h"
 #include "proto/xsilo.pb.h"
 #include "protocol/masked.h"
 #include "protocol/round_start.h"
@@ -80,6 +82,9 @@ class Relay {
   void on_silo_up(const std::string& silo);
   void on_silo_down(const std::string& silo);
   void on_silo_message(const std::string& silo, const wire::Envelope& e);
+  // The same for a message read with its TensorChunk's data left in the frame (the daemon's:
+  // transport::serve_messages): an upload's data is copied once, into the slot.
+  void on_silo_message(const std::string& silo, const proto::Message& m);
   void on_job_done(std::uint64_t id, const Status& folded);
 
   std::vector<Action> take_actions() { return std::exchange(actions_, {}); }
@@ -133,7 +138,9 @@ class Relay {
   void join_proof(const std::string& silo, const wire::Envelope& e);
   void witness(const std::string& silo, const wire::Envelope& e);
   void update_ready(const std::string& silo, const wire::Envelope& e);
-  void upload_chunk(const std::string& silo, const wire::Envelope& e);
+  using ChunkData = std::span<const std::uint8_t>;
+  void on_silo_message(const std::string& silo, const wire::Envelope& e, ChunkData data);
+  void upload_chunk(const std::string& silo, const wire::Envelope& e, ChunkData data);
   void update_end(const std::string& silo, const wire::Envelope& e);
   void silo_report(const std::string& silo, const wire::Envelope& e);
   void to_silo(const std::string& silo, wire::Envelope e);

@@ -187,6 +187,9 @@ class UploadSlot : public UploadQueue<Key> {
   const std::optional<Key>& holder() const { return lane_.holder(); }
   bool complete() const { return lane_.complete(); }
   proto::Result<std::function<void()>> add(const wire::TensorChunk& chunk) { return lane_.add(chunk); }
+  proto::Result<std::function<void()>> add(const wire::TensorChunk& chunk, std::span<const std::uint8_t> data) {
+    return lane_.add(chunk, data);
+  }
   Status end(std::string_view what = "update") { return lane_.end(what); }
   std::shared_ptr<UploadCheck> check() const { return lane_.check(); }
   std::uint64_t bytes_received() const { return lane_.bytes_received(); }

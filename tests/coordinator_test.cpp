@@ -199,11 +199,7 @@ class Harness {
     e.set_federation("fed");
     if (views && e.has_tensor_chunk()) {
       // As the daemon reads it: the chunk's data left in its frame (proto::decode_message).
-      auto frame = std::make_shared<const std::string>(*proto::encode_frame(e, proto::kDefaultMaxFrameBytes));
-      const auto payload = std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(frame->data()),
-                                                         frame->size()).subspan(proto::kFrameHeaderBytes);
-      auto msg = proto::decode_message(payload, frame);
-      if (msg) {
+      if (auto msg = test::as_read(e)) {
         coord_->on_message(session(i), *msg, now);
       } else {
         coord_->on_message(session(i), e, now);  // a chunk a test made that no frame could carry

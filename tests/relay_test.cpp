@@ -56,9 +56,23 @@ class Harness {
   }
   void from_silo(const std::string& s, wire::Envelope e) {
     e.set_federation("fed");
-    relay_.on_silo_message(s, e);
+    if (views && e.has_tensor_chunk()) {
+      // As the edge daemon reads it: the chunk's data left in its frame (proto::decode_message).
+      if (auto msg = test::as_read(e)) {
+        viewed += msg->viewed;
+        relay_.on_silo_message(s, *msg);
+      } else {
+        relay_.on_silo_message(s, e);  // a chunk a test made that no frame could carry
+      }
+    } else {
+      relay_.on_silo_message(s, e);
+    }
     pump();
   }
+  // Silos' chunks delivered as the edge daemon reads them, views of their frames (false: whole
+  // Envelopes, as an in-process caller hands them over).
+  bool views = true;
+  int viewed = 0;  // chunks that reached the relay as views
 
   // RoundStart for `silo` (layout: a[4], b[2]), optionally in a secure group.
   // The server and silos s1, s2 connected, round 1 started for both.
@@ -282,49 +296,55 @@ TEST(Relay, AnUploadUnderWayWhenTheServerWentIsNeverRelayedAsTheLostModel) {
 }
 
 TEST(Relay, CarriesAnAskedSilosCopyOfTheLostModelUpAndNoOneElses) {
-  Harness h;
-  h.server_up();
-  h.silo_up("s1");
-  h.silo_up("s2");
-  h.up();
-  h.to("s1");
-  h.to("s2");
-  wire::Envelope ask;
-  ask.set_round(3);
-  ask.set_silo("s1");
-  ask.mutable_model_request()->set_model_sha256("abc");
-  h.from_server(ask);
-  const auto in = h.to("s1");
-  ASSERT_EQ(in.size(), 1u);
-  EXPECT_TRUE(in[0].has_model_request());
-  EXPECT_TRUE(h.to("s2").empty());
-  // s1's chunk and offer go up in its name, outside any upload slot.
-  wire::Envelope chunk;
-  chunk.set_round(3);
-  chunk.mutable_tensor_chunk()->set_name("w");
-  chunk.mutable_tensor_chunk()->set_data(std::string(8, '\0'));
-  wire::Envelope offer;
-  offer.set_round(3);
-  offer.mutable_model_offer()->set_model_sha256("abc");
-  offer.mutable_model_offer()->set_held(true);
-  h.from_silo("s1", chunk);
-  h.from_silo("s1", offer);
-  const auto up = h.up();
-  ASSERT_EQ(up.size(), 2u);
-  EXPECT_TRUE(up[0].has_tensor_chunk());
-  EXPECT_TRUE(up[1].has_model_offer());
-  for (const auto& e : up) EXPECT_EQ(e.silo(), "s1");
-  // Its answer is over: a second offer, and s2's unasked ones, are refused at the edge.
-  h.from_silo("s1", offer);
-  h.from_silo("s2", chunk);
-  h.from_silo("s2", offer);
-  EXPECT_TRUE(h.up().empty());
-  const auto again = h.to("s1");
-  ASSERT_EQ(again.size(), 1u);
-  EXPECT_TRUE(again[0].has_error());
-  const auto errors = h.to("s2");
-  ASSERT_EQ(errors.size(), 2u);
-  for (const auto& e : errors) EXPECT_TRUE(e.has_error());
+  for (const bool views : {false, true}) {
+    SCOPED_TRACE(views ? "chunks read as views" : "whole envelopes");
+    Harness h;
+    h.views = views;
+    h.server_up();
+    h.silo_up("s1");
+    h.silo_up("s2");
+    h.up();
+    h.to("s1");
+    h.to("s2");
+    wire::Envelope ask;
+    ask.set_round(3);
+    ask.set_silo("s1");
+    ask.mutable_model_request()->set_model_sha256("abc");
+    h.from_server(ask);
+    const auto in = h.to("s1");
+    ASSERT_EQ(in.size(), 1u);
+    EXPECT_TRUE(in[0].has_model_request());
+    EXPECT_TRUE(h.to("s2").empty());
+    // s1's chunk and offer go up in its name, outside any upload slot.
+    wire::Envelope chunk;
+    chunk.set_round(3);
+    chunk.mutable_tensor_chunk()->set_name("w");
+    chunk.mutable_tensor_chunk()->set_data(std::string(8, '\0'));
+    wire::Envelope offer;
+    offer.set_round(3);
+    offer.mutable_model_offer()->set_model_sha256("abc");
+    offer.mutable_model_offer()->set_held(true);
+    h.from_silo("s1", chunk);
+    h.from_silo("s1", offer);
+    const auto up = h.up();
+    ASSERT_EQ(up.size(), 2u);
+    EXPECT_TRUE(up[0].has_tensor_chunk());
+    EXPECT_EQ(up[0].tensor_chunk().data(), chunk.tensor_chunk().data());  // a view's data passed up too
+    EXPECT_EQ(h.viewed, views ? 1 : 0);
+    EXPECT_TRUE(up[1].has_model_offer());
+    for (const auto& e : up) EXPECT_EQ(e.silo(), "s1");
+    // Its answer is over: a second offer, and s2's unasked ones, are refused at the edge.
+    h.from_silo("s1", offer);
+    h.from_silo("s2", chunk);
+    h.from_silo("s2", offer);
+    EXPECT_TRUE(h.up().empty());
+    const auto again = h.to("s1");
+    ASSERT_EQ(again.size(), 1u);
+    EXPECT_TRUE(again[0].has_error());
+    const auto errors = h.to("s2");
+    ASSERT_EQ(errors.size(), 2u);
+    for (const auto& e : errors) EXPECT_TRUE(e.has_error());
+  }
 }
 
 TEST(Relay, CarriesASilosLeavingUpAndTheAnswerBackInOrder) {
@@ -484,39 +504,45 @@ TEST(Relay, AnnouncesASiloOnlyWithItsSignedJoinForTheCurrentConnection) {
 }
 
 TEST(Relay, SumsItsSilosOneUploadAtATimeAndSendsOnePartialSum) {
-  Harness h;
-  h.server_up();
-  for (auto s : {"s1", "s2", "s3"}) h.silo_up(s);
-  h.up();
-  for (auto s : {"s1", "s2", "s3"}) h.round_start(1, s);
-  for (auto s : {"s1", "s2", "s3"}) EXPECT_TRUE(Harness::has(h.to(s), wire::Envelope::kRoundStart));
-  h.ready("s1", 1, 10);
-  h.ready("s2", 1, 20);
-  auto up = h.up();
-  ASSERT_EQ(up.size(), 2u);  // relayed, naming the silo
-  EXPECT_EQ(up[0].silo(), "s1");
-  // One grant at a time: s1 now, s2 after s1's upload is folded.
-  EXPECT_TRUE(Harness::has(h.to("s1"), wire::Envelope::kUploadGrant));
-  EXPECT_FALSE(Harness::has(h.to("s2"), wire::Envelope::kUploadGrant));
-  h.upload("s1", 1, {1, 1, 1, 1, 1, 1}, 10);
-  EXPECT_TRUE(Harness::has(h.to("s2"), wire::Envelope::kUploadGrant));
-  h.upload("s2", 1, {2, 2, 2, 2, 2, 4}, 20);
-  EXPECT_TRUE(h.up().empty());  // s3 is still training
-  h.ready("s3", 1, 5);
-  h.up();
-  h.upload("s3", 1, {0, 0, 0, 0, 0, 1}, 5);
-  up = h.up();
-  ASSERT_EQ(up.size(), 1u);
-  ASSERT_TRUE(up[0].has_update_ready());
-  EXPECT_EQ(up[0].update_ready().num_samples(), 35u);
-  h.grant_region(1);
-  up = h.up();
-  ASSERT_EQ(h.streamed.size(), 1u);
-  EXPECT_EQ(floats(h.streamed[0]), (std::vector<float>{3, 3, 3, 3, 3, 6}));
-  ASSERT_EQ(up.size(), 1u);
-  ASSERT_TRUE(up[0].has_update_end());
-  EXPECT_DOUBLE_EQ(up[0].update_end().weight(), 35);
-  EXPECT_EQ(up[0].update_end().contributors_size(), 3);
+  for (const bool views : {false, true}) {
+    SCOPED_TRACE(views ? "chunks read as views" : "whole envelopes");
+    Harness h;
+    h.views = views;
+    h.server_up();
+    for (auto s : {"s1", "s2", "s3"}) h.silo_up(s);
+    h.up();
+    for (auto s : {"s1", "s2", "s3"}) h.round_start(1, s);
+    for (auto s : {"s1", "s2", "s3"}) EXPECT_TRUE(Harness::has(h.to(s), wire::Envelope::kRoundStart));
+    h.ready("s1", 1, 10);
+    h.ready("s2", 1, 20);
+    auto up = h.up();
+    ASSERT_EQ(up.size(), 2u);  // relayed, naming the silo
+    EXPECT_EQ(up[0].silo(), "s1");
+    // One grant at a time: s1 now, s2 after s1's upload is folded.
+    EXPECT_TRUE(Harness::has(h.to("s1"), wire::Envelope::kUploadGrant));
+    EXPECT_FALSE(Harness::has(h.to("s2"), wire::Envelope::kUploadGrant));
+    h.upload("s1", 1, {1, 1, 1, 1, 1, 1}, 10);
+    EXPECT_TRUE(Harness::has(h.to("s2"), wire::Envelope::kUploadGrant));
+    h.upload("s2", 1, {2, 2, 2, 2, 2, 4}, 20);
+    EXPECT_TRUE(h.up().empty());  // s3 is still training
+    h.ready("s3", 1, 5);
+    h.up();
+    h.upload("s3", 1, {0, 0, 0, 0, 0, 1}, 5);
+    up = h.up();
+    ASSERT_EQ(up.size(), 1u);
+    ASSERT_TRUE(up[0].has_update_ready());
+    EXPECT_EQ(up[0].update_ready().num_samples(), 35u);
+    h.grant_region(1);
+    up = h.up();
+    ASSERT_EQ(h.streamed.size(), 1u);
+    EXPECT_EQ(floats(h.streamed[0]), (std::vector<float>{3, 3, 3, 3, 3, 6}));
+    ASSERT_EQ(up.size(), 1u);
+    ASSERT_TRUE(up[0].has_update_end());
+    EXPECT_DOUBLE_EQ(up[0].update_end().weight(), 35);
+    EXPECT_EQ(up[0].update_end().contributors_size(), 3);
+    if (views) EXPECT_GT(h.viewed, 2);  // every silo's chunks came in as views
+    if (!views) EXPECT_EQ(h.viewed, 0);
+  }
 }
 
 TEST(Relay, ASiloLostMidUploadLeavesNoTraceAndTheNextIsGranted) {

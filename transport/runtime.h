@@ -93,8 +93,8 @@ class Runtime {
 // (the core's) until the channel closes, `handle` returns false, or a frame is bad (the peer then
 // gets an Error naming it and is closed).
 awaitable<void> serve_channel(std::shared_ptr<Channel> ch, const std::function<bool(const wire::Envelope&)>& handle);
-// The same with a TensorChunk's data left in its frame (Channel::read_message): the server's
-// uploads, copied from the frame straight into their lanes.
+// The same with a TensorChunk's data left in its frame (Channel::read_message): the uploads the
+// server and the edges read, copied from the frame straight into their lanes.
 awaitable<void> serve_messages(std::shared_ptr<Channel> ch, const std::function<bool(const proto::Message&)>& handle);
 
 // Dials a silo's or an edge's upstreams in failover order, with backoff and jitter, and runs a
