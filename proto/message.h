@@ -1,5 +1,5 @@
-// A message as the server (and an edge, from its silos) reads it off a connection: an Envelope and, for a TensorChunk, the
-// chunk's data where it lies. decode_message parses a TensorChunk's frame without copying the
+// A message as the server (and an edge, from its silos) reads it off a connection: an Envelope
+// and, for a TensorChunk, the chunk's data where it lies. decode_message parses a TensorChunk's frame without copying the
 // data out of it: protobuf parses every other field, and the data stays a view of the frame
 // (the payload decrypted into the connection's read buffer), which the message holds. So an
 // upload's bytes go from the frame into their lane in one copy (TensorReceiver::add), not two.
