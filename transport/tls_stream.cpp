@@ -1,6 +1,5 @@
 #include "transport/tls_stream.h"
 
-#include <openssl/buffer.h>
 #include <openssl/err.h>
 #include <sys/socket.h>
 
@@ -49,6 +48,50 @@ int socket_read(BIO* bio, char* out, int len) {
 
 long socket_ctrl(BIO*, int cmd, long, void*) { return cmd == BIO_CTRL_FLUSH ? 1 : 0; }
 
+// The write side's BIO: OpenSSL's records are appended to a buffer of ours (the stream's
+// pending_), which flush() swaps with the one it writes to the socket. A memory BIO cost one
+// more copy of every byte sent (read out of it into the buffer written) and a zero-fill as it
+// grew. It takes every byte, never a retry; a failed allocation is an error to OpenSSL (no
+// exception may cross it).
+int buffer_write(BIO* bio, const char* in, int len) {
+  auto* into = static_cast<std::vector<std::uint8_t>*>(BIO_get_data(bio));
+  BIO_clear_retry_flags(bio);
+  if (len <= 0) return 0;
+  try {
+    const auto* bytes = reinterpret_cast<const std::uint8_t*>(in);
+    into->insert(into->end(), bytes, bytes + len);
+  } catch (...) {
+    return -1;
+  }
+  return len;
+}
+
+long buffer_ctrl(BIO* bio, int cmd, long, void*) {
+  switch (cmd) {
+    case BIO_CTRL_FLUSH: return 1;
+    case BIO_CTRL_PENDING:
+    case BIO_CTRL_WPENDING:
+      return static_cast<long>(static_cast<std::vector<std::uint8_t>*>(BIO_get_data(bio))->size());
+    default: return 0;
+  }
+}
+
+BIO* buffer_writer(std::vector<std::uint8_t>* into) {
+  static BIO_METHOD* const method = [] {
+    BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "xsilo buffer writer");
+    if (!m || !BIO_meth_set_write(m, buffer_write) || !BIO_meth_set_ctrl(m, buffer_ctrl)) {
+      BIO_meth_free(m);
+      throw std::runtime_error("cannot make the TLS buffer writer");
+    }
+    return m;
+  }();
+  BIO* bio = BIO_new(method);
+  if (!bio) throw std::runtime_error("BIO_new failed");
+  BIO_set_data(bio, into);
+  BIO_set_init(bio, 1);
+  return bio;
+}
+
 BIO* socket_reader(TlsStream::ReadEnd* end) {
   static BIO_METHOD* const method = [] {
     BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "xsilo socket reader");
@@ -70,9 +113,9 @@ BIO* socket_reader(TlsStream::ReadEnd* end) {
 TlsStream::TlsStream(asio::ip::tcp::socket socket, asio::ssl::context& ctx)
     : socket_(std::move(socket)), ssl_(SSL_new(ctx.native_handle())), read_end_{&socket_, {}} {
   if (!ssl_) throw std::runtime_error("SSL_new failed");
-  rbio_ = socket_reader(&read_end_);
-  wbio_ = BIO_new(BIO_s_mem());
-  SSL_set_bio(ssl_, rbio_, wbio_);
+  BIO* rbio = socket_reader(&read_end_);
+  BIO* wbio = buffer_writer(&pending_);
+  SSL_set_bio(ssl_, rbio, wbio);
   // Read ahead: as many records as the buffer holds in one system call, not a record's header
   // and then its body in two.
   SSL_set_read_ahead(ssl_, 1);
@@ -96,15 +139,15 @@ void TlsStream::fail(int ret, const char* what) {
   throw boost::system::system_error(asio::error::connection_aborted, what);
 }
 
-bool TlsStream::has_pending_output() const { return BIO_ctrl_pending(wbio_) > 0; }
+bool TlsStream::has_pending_output() const { return !pending_.empty(); }
 
 asio::awaitable<void> TlsStream::flush() {
   // Take everything OpenSSL produced so far; the reader may add more while we write, which
-  // the next flush sends.
-  while (BIO_ctrl_pending(wbio_) > 0 && !writing_) {
-    const std::size_t n = BIO_ctrl_pending(wbio_);
-    out_.resize(n);
-    BIO_read(wbio_, out_.data(), static_cast<int>(n));
+  // the next turn sends.
+  while (!pending_.empty() && !writing_) {
+    out_.clear();
+    out_.swap(pending_);  // OpenSSL appends to the emptied buffer meanwhile
+    const std::size_t n = out_.size();
     writing_ = true;
     try {
       // Piece by piece as the socket takes them: each piece taken is progress (writing_since()
@@ -127,15 +170,9 @@ std::optional<std::chrono::steady_clock::time_point> TlsStream::writing_since() 
 }
 
 void TlsStream::trim() {
-  if (writing_ || BIO_ctrl_pending(wbio_) > 0) return;
-  if (out_.capacity() > kWritePiece) std::vector<std::uint8_t>().swap(out_);
-  BUF_MEM* mem = nullptr;
-  BIO_get_mem_ptr(wbio_, &mem);
-  if (!mem || mem->max <= kWritePiece) return;
-  // A memory BIO never shrinks: an empty one takes its place (SSL_set0_wbio frees the old).
-  if (BIO* fresh = BIO_new(BIO_s_mem())) {
-    SSL_set0_wbio(ssl_, fresh);
-    wbio_ = fresh;
+  if (writing_ || !pending_.empty()) return;
+  for (auto* buffer : {&out_, &pending_}) {
+    if (buffer->capacity() > kWritePiece) std::vector<std::uint8_t>().swap(*buffer);
   }
 }
 
@@ -176,7 +213,7 @@ asio::awaitable<void> TlsStream::write(std::span<const std::uint8_t> a, std::spa
       const int r = SSL_write(ssl_, part.data() + done, chunk);
       if (r <= 0) fail(r, "TLS write");
       done += static_cast<std::size_t>(r);
-      if (BIO_ctrl_pending(wbio_) >= kWritePiece) co_await flush();
+      if (pending_.size() >= kWritePiece) co_await flush();
     }
   }
   co_await flush();

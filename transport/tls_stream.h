@@ -65,9 +65,9 @@ class TlsStream {
 
   boost::asio::ip::tcp::socket socket_;
   SSL* ssl_ = nullptr;
-  BIO* rbio_ = nullptr;  // owned by ssl_: reads the socket (read_end_)
-  BIO* wbio_ = nullptr;  // owned by ssl_
-  ReadEnd read_end_;
+  ReadEnd read_end_;  // what ssl_'s read BIO reads from
+  // Ciphertext: ssl_'s write BIO appends to pending_; flush() swaps it into out_ and writes that.
+  std::vector<std::uint8_t> pending_;
   std::vector<std::uint8_t> out_;
   bool writing_ = false;
   std::chrono::steady_clock::time_point write_started_{};  // while writing_: the last progress
