@@ -7,6 +7,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -261,6 +262,53 @@ TEST_F(TlsTest, AnExpiredRevocationListIsAStartUpErrorThatSaysHowToRefreshIt) {
   }
   pki_revoke(dir_.path(), "", 30);
   EXPECT_NO_THROW(make_tls_context(kit("hospital-n7")));
+}
+
+// What `f` throws, or "" if nothing, run as a user the files' modes keep out: root reads any
+// file whatever its mode, so as root `f` runs in a child that first becomes nobody.
+std::string refusal_as_stranger(const std::function<void()>& f) {
+  int fds[2];
+  if (::pipe(fds) != 0) return "pipe failed";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::string said;
+    if (::geteuid() == 0 && (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0)) {
+      said = "cannot become nobody";
+    } else {
+      try {
+        f();
+      } catch (const std::exception& e) {
+        said = e.what();
+      }
+    }
+    [[maybe_unused]] auto n = ::write(fds[1], said.data(), said.size());
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string said;
+  char buf[512];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) said.append(buf, static_cast<std::size_t>(n));
+  ::close(fds[0]);
+  ::waitpid(pid, nullptr, 0);
+  return said;
+}
+
+// The daemons' role check reads cert.pem first: an unreadable one is said as the unreadable key
+// is, with the file, the reason and who must be able to read it (not "cannot read certificate").
+TEST(TlsKit, AnUnreadableCertificateIsNamedWithTheReasonAndTheUserWhoMustReadIt) {
+  TempDir dir;
+  test::make_pki(dir.path(), kFed, {{wire::SILO, "hospital-a"}});
+  const auto kit = dir / "kits" / "hospital-a";
+  namespace fs = std::filesystem;
+  for (const auto& p : {dir.path(), dir / "kits", kit}) {
+    fs::permissions(p, fs::perms::owner_all | fs::perms::group_exec | fs::perms::others_exec);
+  }
+  fs::permissions(kit / "cert.pem", fs::perms::none);
+  const std::string said = refusal_as_stranger([&] { own_identity_as(TlsFiles::from_kit(kit), wire::SILO); });
+  EXPECT_NE(said.find("cannot read TLS file " + (kit / "cert.pem").string() + ": Permission denied"), std::string::npos)
+      << said;
+  EXPECT_NE(said.find("readable by the user the daemon runs as"), std::string::npos) << said;
 }
 
 // `xsilo pki revoke`: the revoked silo fails the handshake and its signatures stop verifying,

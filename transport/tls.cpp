@@ -32,18 +32,24 @@ TlsFiles TlsFiles::from_kit(const std::filesystem::path& kit) {
   return {.key = kit / "key.pem", .cert = kit / "cert.pem", .ca = kit / "ca.pem", .crl = reachable(crl) ? crl : ""};
 }
 
-ssl::context make_tls_context(const TlsFiles& f) {
-  for (const auto& p : {f.key, f.cert, f.ca}) {
-    if (!std::filesystem::exists(p)) throw std::runtime_error("TLS file " + p.string() + " not found");
-    // Unreadable (a kit owned by another user): said with the file and the reason, which
-    // OpenSSL's own error ("asio.ssl error") names neither of.
-    if (const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC); fd < 0) {
-      throw std::runtime_error("cannot read TLS file " + p.string() + ": " + std::strerror(errno) +
-                               " (the kit must be readable by the user the daemon runs as)");
-    } else {
-      ::close(fd);
-    }
+namespace {
+
+// A kit file that is missing or unreadable (a kit owned by another user): said with the file and
+// the reason, which OpenSSL's own errors ("asio.ssl error", a BIO that is null) name neither of.
+void require_readable(const std::filesystem::path& p) {
+  if (!std::filesystem::exists(p)) throw std::runtime_error("TLS file " + p.string() + " not found");
+  if (const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC); fd < 0) {
+    throw std::runtime_error("cannot read TLS file " + p.string() + ": " + std::strerror(errno) +
+                             " (the kit must be readable by the user the daemon runs as)");
+  } else {
+    ::close(fd);
   }
+}
+
+}  // namespace
+
+ssl::context make_tls_context(const TlsFiles& f) {
+  for (const auto& p : {f.key, f.cert, f.ca}) require_readable(p);
   ssl::context ctx(ssl::context::tls);
   SSL_CTX* native = ctx.native_handle();
   SSL_CTX_set_min_proto_version(native, TLS1_3_VERSION);
@@ -180,6 +186,8 @@ proto::Result<PeerIdentity> peer_identity(SSL* ssl) {
 }
 
 PeerIdentity own_identity(const TlsFiles& files) {
+  // The daemons read their certificate here first (the role check), before make_tls_context.
+  require_readable(files.cert);
   std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_file(files.cert.c_str(), "r"), &BIO_free);
   if (!bio) throw std::runtime_error("cannot read certificate " + files.cert.string());
   std::unique_ptr<X509, decltype(&X509_free)> cert(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr), &X509_free);
