@@ -32,6 +32,8 @@
 #include <boost/asio/strand.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
 
 #include "common/fs.h"
 #include "tests/result_util.h"
@@ -151,6 +153,31 @@ bool echoes(IoThread& io, Channel& ch, const std::string& tag) {
     co_return back.has_value() && back->has_region_status() && back->region_status().silos(0) == tag;
   }());
 }
+
+// What the process logs (spdlog's default logger) while this lives.
+class LogCapture {
+ public:
+  LogCapture() : previous_(spdlog::default_logger()), sink_(std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(256)) {
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink_));
+  }
+  ~LogCapture() { spdlog::set_default_logger(previous_); }
+  // The line that says `what`, waited for up to 5 s (a server logs a refusal on its own thread);
+  // "" if none came.
+  std::string line_with(const std::string& what) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    do {
+      for (const auto& line : sink_->last_formatted()) {
+        if (line.find(what) != std::string::npos) return line;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    } while (std::chrono::steady_clock::now() < until);
+    return "";
+  }
+
+ private:
+  std::shared_ptr<spdlog::logger> previous_;
+  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> sink_;
+};
 
 class TlsTest : public ::testing::Test {
  protected:
@@ -325,9 +352,14 @@ TEST_F(TlsTest, ARevokedCertificateIsRefusedInTheHandshakeAndInSignatures) {
   const auto revoked_word = load_verifier(kit("hospital-a")).verify(b_signer.certificate(), "hospital-b", "silo", msg, sig);
   ASSERT_FALSE(revoked_word);
   EXPECT_NE(revoked_word.error().message().find("revoked"), std::string::npos) << revoked_word.error().message();
+  LogCapture log;
   EchoServer server(io_, dir_.path());
   auto revoked = connect(io_, kit("hospital-b"), server.port());
   EXPECT_FALSE(revoked.ch);
+  // The server's log names the peer and says why, not only "certificate verify failed".
+  EXPECT_NE(log.line_with("peer certificate CN=hospital-b: certificate revoked: the peer's certificate is revoked in "
+                          "crl.pem"),
+            "");
   auto good = connect(io_, kit("hospital-a"), server.port());
   ASSERT_TRUE(good.ch) << error_text(good.status);
   EXPECT_TRUE(echoes(io_, *good.ch, "still here"));
@@ -385,6 +417,7 @@ TEST_F(TlsTest, AllowedSiloConnectsAndLearnsItsIdentity) {
 }
 
 TEST_F(TlsTest, RefusesEveryBadClientWhileAValidOneKeepsWorking) {
+  LogCapture log;
   EchoServer server(io_, dir_.path());
   auto good = connect(io_, kit("hospital-a"), server.port());
   ASSERT_TRUE(good.ch) << error_text(good.status);
@@ -411,12 +444,26 @@ TEST_F(TlsTest, RefusesEveryBadClientWhileAValidOneKeepsWorking) {
       << error_text(posing.status);
   EXPECT_TRUE(echoes(io_, *good.ch, "2b"));
 
-  // A certificate from another CA.
+  // A certificate from another CA: the client of the other federation refuses our server, and
+  // says that the server's kit is not of its CA; a client that trusts our CA with a kit of
+  // another is refused by the server, whose log says the same of the client.
   TempDir other;
   test::make_pki(other.path(), kFed, {{wire::SILO, "hospital-a"}});
   auto foreign = connect(io_, TlsFiles::from_kit(other / "kits/hospital-a"), server.port());
   EXPECT_FALSE(foreign.ch);
+  EXPECT_NE(error_text(foreign.status).find("peer certificate CN=server: "), std::string::npos) << error_text(foreign.status);
+  EXPECT_NE(error_text(foreign.status).find("the peer's kit was issued by another CA, not this federation's ca.pem"),
+            std::string::npos)
+      << error_text(foreign.status);
   EXPECT_TRUE(echoes(io_, *good.ch, "3"));
+  auto mixed = TlsFiles::from_kit(other / "kits/hospital-a");
+  mixed.ca = dir_ / "kits/hospital-a/ca.pem";
+  auto smuggled = connect(io_, mixed, server.port());
+  EXPECT_FALSE(smuggled.ch);
+  const auto refusal = log.line_with("peer certificate CN=hospital-a: ");
+  EXPECT_NE(refusal.find("the peer's kit was issued by another CA, not this federation's ca.pem"), std::string::npos)
+      << refusal;
+  EXPECT_TRUE(echoes(io_, *good.ch, "3b"));
 
   // No certificate at all.
   {
@@ -441,7 +488,7 @@ TEST_F(TlsTest, RefusesEveryBadClientWhileAValidOneKeepsWorking) {
   EXPECT_FALSE(expired.ch);
   EXPECT_TRUE(echoes(io_, *good.ch, "5"));
 
-  EXPECT_GE(server.refused(), 5u);
+  EXPECT_GE(server.refused(), 6u);
 }
 
 namespace {

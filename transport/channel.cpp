@@ -22,6 +22,12 @@ void Channel::warn_if_expiring() const {
   if (auto w = expiry_warning(peer_, opts_.certificate_warn_days); !w.empty()) spdlog::warn("{} (at {})", w, remote_);
 }
 
+std::string Channel::handshake_failure(const boost::system::system_error& e) {
+  std::string said = "TLS handshake with " + remote_ + " failed: " + e.code().message();
+  if (auto why = verify_failure(stream_.native_handle()); !why.empty()) said += " (" + why + ")";
+  return said;
+}
+
 using asio::use_awaitable;
 using Clock = std::chrono::steady_clock;
 
@@ -105,8 +111,7 @@ awaitable<proto::Status> Channel::accept(const AllowList& allow, const LocalInfo
   } catch (const boost::system::system_error& e) {
     disarm_deadline();
     close();
-    co_return proto::error(wire::NOT_ALLOWED, "TLS handshake with " + remote_ +
-                                                  " failed: " + e.code().message());
+    co_return proto::error(wire::NOT_ALLOWED, handshake_failure(e));
   }
   auto id = peer_identity(stream_.native_handle());
   if (!id) {
@@ -170,8 +175,7 @@ awaitable<proto::Status> Channel::connect(const AllowList& upstreams, const Loca
   } catch (const boost::system::system_error& e) {
     disarm_deadline();
     close();
-    co_return proto::error(wire::NOT_ALLOWED,
-                           "TLS handshake with " + remote_ + " failed: " + e.code().message());
+    co_return proto::error(wire::NOT_ALLOWED, handshake_failure(e));
   }
   auto id = peer_identity(stream_.native_handle());
   if (!id) {

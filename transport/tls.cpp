@@ -46,7 +46,53 @@ void require_readable(const std::filesystem::path& p) {
   }
 }
 
+// Why the peer's certificate failed verification, kept on the connection (a std::string the SSL
+// owns) for the handshake's error, which OpenSSL reduces to "certificate verify failed".
+int verify_failure_index() {
+  static const int index = SSL_get_ex_new_index(
+      0, nullptr, nullptr, nullptr,
+      [](void*, void* ptr, CRYPTO_EX_DATA*, int, long, void*) { delete static_cast<std::string*>(ptr); });
+  return index;
+}
+
+// OpenSSL's verdict, unchanged; on the first failure it notes whose certificate it was, the
+// error, and for the errors people meet (a kit from another federation, a revoked kit) what it means.
+int note_verify_failure(int ok, X509_STORE_CTX* store) {
+  if (ok) return ok;
+  auto* ssl = static_cast<SSL*>(X509_STORE_CTX_get_ex_data(store, SSL_get_ex_data_X509_STORE_CTX_idx()));
+  if (!ssl || SSL_get_ex_data(ssl, verify_failure_index())) return ok;
+  const int err = X509_STORE_CTX_get_error(store);
+  std::string cn = "?";
+  if (X509* leaf = X509_STORE_CTX_get0_cert(store)) {
+    char buf[256] = {0};
+    if (X509_NAME_get_text_by_NID(X509_get_subject_name(leaf), NID_commonName, buf, sizeof buf) > 0) cn = buf;
+  }
+  std::string why = "peer certificate CN=" + cn + ": " + X509_verify_cert_error_string(err);
+  switch (err) {
+    case X509_V_ERR_CERT_REVOKED:
+      why += ": the peer's certificate is revoked in crl.pem";
+      break;
+    case X509_V_ERR_UNABLE_TO_GET_ISSUER_CERT:
+    case X509_V_ERR_UNABLE_TO_GET_ISSUER_CERT_LOCALLY:
+    case X509_V_ERR_UNABLE_TO_VERIFY_LEAF_SIGNATURE:
+    case X509_V_ERR_SELF_SIGNED_CERT_IN_CHAIN:
+    case X509_V_ERR_DEPTH_ZERO_SELF_SIGNED_CERT:
+    case X509_V_ERR_CERT_SIGNATURE_FAILURE:  // a CA of the same name with another key
+      why += ": the peer's kit was issued by another CA, not this federation's ca.pem";
+      break;
+    default:
+      break;
+  }
+  SSL_set_ex_data(ssl, verify_failure_index(), new std::string(std::move(why)));
+  return ok;
+}
+
 }  // namespace
+
+std::string verify_failure(SSL* ssl) {
+  const auto* why = static_cast<const std::string*>(SSL_get_ex_data(ssl, verify_failure_index()));
+  return why ? *why : std::string();
+}
 
 ssl::context make_tls_context(const TlsFiles& f) {
   for (const auto& p : {f.key, f.cert, f.ca}) require_readable(p);
@@ -102,7 +148,7 @@ ssl::context make_tls_context(const TlsFiles& f) {
     X509_STORE_add_crl(store, crl.get());
     X509_STORE_set_flags(store, X509_V_FLAG_CRL_CHECK);
   }
-  ctx.set_verify_mode(ssl::verify_peer | ssl::verify_fail_if_no_peer_cert);
+  SSL_CTX_set_verify(native, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, note_verify_failure);
   return ctx;
 }
 

@@ -52,6 +52,11 @@ std::string utc_day(std::chrono::system_clock::time_point t);
 std::string expiry_warning(const PeerIdentity& id, int warn_days,
                            std::chrono::system_clock::time_point now = std::chrono::system_clock::now());
 
+// Why the peer's certificate failed verification in a handshake on a context of
+// make_tls_context, or "" if it did not: "peer certificate CN=hospital-b: certificate revoked: the
+// peer's certificate is revoked in crl.pem" (a kit of another CA is said so likewise).
+std::string verify_failure(SSL* ssl);
+
 // Reads the verified peer certificate of an established TLS connection.
 proto::Result<PeerIdentity> peer_identity(SSL* ssl);
 // This process's own identity, read from its certificate (not from what a peer says it is).
