@@ -258,6 +258,22 @@ TEST_F(TlsTest, RenewRevokesTheOldCertificateAndAnyIssuedOneCanBeRevokedBySerial
   }
   ASSERT_EQ(serials.size(), 2u);
   EXPECT_NE(serials[0], serials[1]);
+  // The index reads the revocation list: the old one is marked, the new one is not, and so
+  // does `xsilo pki list`.
+  for (const auto& c : index) EXPECT_EQ(c.revoked, c.serial == serials[0]) << c.name << " " << c.serial;
+  std::string listed;
+  if (FILE* out = ::popen((test::xsilo_bin() + " pki list --pki " + dir_.path().string()).c_str(), "r")) {
+    char buf[512];
+    for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, out)) > 0;) listed.append(buf, n);
+    ::pclose(out);
+  }
+  EXPECT_NE(listed.find(serials[0] + "  silo  hospital-n3  until "), std::string::npos) << listed;
+  for (const auto& serial : serials) {
+    const auto at = listed.find(serial + "  ");
+    ASSERT_NE(at, std::string::npos) << listed;
+    const std::string line = listed.substr(at, listed.find('\n', at) - at);
+    EXPECT_EQ(line.find("REVOKED (in crl.pem)") != std::string::npos, serial == serials[0]) << line;
+  }
   // The old certificate is on the list, the new one is not: signatures tell which.
   const auto ca = crypto::CertVerifier::from_pem(read_file(dir_ / "ca/ca.pem"), read_file(dir_ / "ca/crl.pem"));
   const auto old_signer = crypto::CertSigner::from_pem(old_cert, old_key);
