@@ -161,10 +161,10 @@ class LogCapture {
     spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink_));
   }
   ~LogCapture() { spdlog::set_default_logger(previous_); }
-  // The line that says `what`, waited for up to 5 s (a server logs a refusal on its own thread);
-  // "" if none came.
-  std::string line_with(const std::string& what) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  // The line that says `what`, waited for up to `wait` (a server logs a refusal on its own
+  // thread); "" if none came.
+  std::string line_with(const std::string& what, std::chrono::milliseconds wait = std::chrono::seconds(5)) {
+    const auto until = std::chrono::steady_clock::now() + wait;
     do {
       for (const auto& line : sink_->last_formatted()) {
         if (line.find(what) != std::string::npos) return line;
@@ -352,6 +352,23 @@ TEST(TlsKit, AnUnreadableCertificateIsNamedWithTheReasonAndTheUserWhoMustReadIt)
   EXPECT_NE(said.find("cannot read TLS file " + (kit / "cert.pem").string() + ": Permission denied"), std::string::npos)
       << said;
   EXPECT_NE(said.find("readable by the user the daemon runs as"), std::string::npos) << said;
+}
+
+// A key its group or others can read is accepted with one warning that names it and the fix.
+TEST_F(TlsTest, AKeyOthersCanReadIsWarnedAboutWithTheChmodThatMendsIt) {
+  const auto key = dir_ / "kits/hospital-a/key.pem";
+  {
+    LogCapture log;
+    EXPECT_NO_THROW(make_tls_context(kit("hospital-a")));
+    EXPECT_EQ(log.line_with("chmod 600", std::chrono::milliseconds(0)), "");  // 0600 from pki issue
+  }
+  std::filesystem::permissions(key, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write |
+                                        std::filesystem::perms::group_read | std::filesystem::perms::others_read);
+  LogCapture log;
+  EXPECT_NO_THROW(make_tls_context(kit("hospital-a")));
+  EXPECT_NE(log.line_with("private key " + key.string() + " has mode 0644: its group or others can read it; chmod 600 " +
+                          key.string()),
+            "");
 }
 
 // `xsilo pki revoke`: the revoked silo fails the handshake and its signatures stop verifying,

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "common/fs.h"
@@ -96,6 +97,16 @@ std::string verify_failure(SSL* ssl) {
 
 ssl::context make_tls_context(const TlsFiles& f) {
   for (const auto& p : {f.key, f.cert, f.ca}) require_readable(p);
+  // A key others can read is said, not refused: the daemon still works, and the fix is one command.
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::perms mode = fs::status(f.key, ec).permissions();
+  if (!ec && (mode & (fs::perms::group_all | fs::perms::others_all)) != fs::perms::none) {
+    char octal[8];
+    std::snprintf(octal, sizeof octal, "%04o", static_cast<unsigned>(mode) & 07777u);
+    spdlog::warn("private key {} has mode {}: its group or others can read it; chmod 600 {}", f.key.string(), octal,
+                 f.key.string());
+  }
   ssl::context ctx(ssl::context::tls);
   SSL_CTX* native = ctx.native_handle();
   SSL_CTX_set_min_proto_version(native, TLS1_3_VERSION);
