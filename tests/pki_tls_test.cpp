@@ -213,7 +213,10 @@ TEST_F(TlsTest, RenewingAKitKeepsNameAndRoleWithAFreshKeyAndTheWarningSaysWhen) 
   const auto now = std::chrono::system_clock::now();
   const auto warning = expiry_warning(before, 30, now);
   EXPECT_NE(warning.find("certificate of edge edge-short expires on "), std::string::npos) << warning;
-  EXPECT_NE(warning.find("(9 days left)"), std::string::npos) << warning;
+  // Issued for 10 days a moment ago: 10 days left, to the nearest day (not 9, hours floored).
+  EXPECT_NE(warning.find("(10 days left)"), std::string::npos) << warning;
+  EXPECT_EQ(days_left(before.not_after, before.not_after - std::chrono::hours(36) - std::chrono::minutes(1)), 2);
+  EXPECT_EQ(days_left(before.not_after, before.not_after - std::chrono::hours(35)), 1);
   EXPECT_NE(warning.find("xsilo pki renew --name edge-short"), std::string::npos) << warning;
   EXPECT_EQ(expiry_warning(before, 5, now), "");  // outside the window
   EXPECT_EQ(expiry_warning(before, 0, now), "");  // warnings off

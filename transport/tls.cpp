@@ -192,11 +192,19 @@ std::string utc_day(std::chrono::system_clock::time_point t) {
   return day;
 }
 
+long long days_left(std::chrono::system_clock::time_point not_after, std::chrono::system_clock::time_point now) {
+  // To the nearest day: a certificate issued for 10 days has 10 left, not 9 (hours floored).
+  const auto minutes = std::chrono::duration_cast<std::chrono::minutes>(not_after - now).count();
+  constexpr long long kDay = 24 * 60;
+  return minutes >= 0 ? (minutes + kDay / 2) / kDay : -((-minutes + kDay / 2) / kDay);
+}
+
 std::string expiry_warning(const PeerIdentity& id, int warn_days, std::chrono::system_clock::time_point now) {
   if (warn_days <= 0 || id.not_after == std::chrono::system_clock::time_point{}) return "";
   const auto left = std::chrono::duration_cast<std::chrono::hours>(id.not_after - now).count();
   if (left >= static_cast<long long>(warn_days) * 24) return "";
-  return "certificate of " + id.str() + " expires on " + utc_day(id.not_after) + " (" + std::to_string(left / 24) +
+  return "certificate of " + id.str() + " expires on " + utc_day(id.not_after) + " (" +
+         std::to_string(days_left(id.not_after, now)) +
          " days left): renew it with `xsilo pki renew --name " + id.name +
          "` and restart it with the new kit (docs/deployment.md)";
 }
