@@ -1179,6 +1179,22 @@ wire::Envelope admin_request_as_silo(const FederationFiles& f, std::uint16_t por
   return result.get();
 }
 
+// `xsilo status` of a paused federation: the join deadline starts no round while paused, so it
+// says that the federation is paused and how it goes on, not a deadline counting down.
+TEST(Status, APausedFederationShowsThatItIsPausedInsteadOfAJoinDeadline) {
+  nlohmann::json s = {{"federation", "fed"},
+                      {"round", 3},
+                      {"phase", "join"},
+                      {"deadlines", {{{"deadline", "join"}, {"at", "2026-12-07T12:00:30Z"}, {"in_s", 12.5}}}}};
+  EXPECT_NE(format_status(s).find("deadline join at 2026-12-07T12:00:30Z (in 12.5 s)"), std::string::npos)
+      << format_status(s);
+  s["paused"] = true;
+  s["paused_by"] = "alice";
+  const std::string shown = format_status(s);
+  EXPECT_EQ(shown.find("deadline join"), std::string::npos) << shown;
+  EXPECT_NE(shown.find("paused by alice: no round starts until `xsilo admin resume`"), std::string::npos) << shown;
+}
+
 // An operator watches a federation through status and metrics, pauses it (the pause survives
 // a server crash), resumes and stops it; a silo's certificate cannot do the same. Edges,
 // metrics on every process and a server restart in one run.
