@@ -101,7 +101,13 @@ class Server {
           drain();
         },
         [this](int) {
-          spdlog::warn("stopping; the round in progress is not committed");
+          // Only a round past its join (members chosen, updates coming) has anything to lose.
+          const Phase p = coord_.phase();
+          if (p == Phase::Collecting || p == Phase::Unmasking || p == Phase::Closing) {
+            spdlog::warn("stopping; round {} in progress is not committed", coord_.round());
+          } else {
+            spdlog::warn("stopping; no round in progress");
+          }
           shutdown(130);
         });
     write_stats();

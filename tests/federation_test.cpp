@@ -880,6 +880,10 @@ TEST(Federation, ASignalWithHandshakesStuckOnOtherNetworkThreadsExitsCleanly) {
   fed.server->signal(SIGTERM);
   const auto code = fed.server->wait(30s);
   EXPECT_EQ(code.value_or(-1), 130) << fed.logs();
+  // No silo came, so no round ran: the log says so, not that a round was lost.
+  const std::string log = read_file(fed.files.logs / "server.log");
+  EXPECT_NE(log.find("stopping; no round in progress"), std::string::npos) << log;
+  EXPECT_EQ(log.find("is not committed"), std::string::npos) << log;
 }
 
 // Every process whose command line holds `word`, as /proc lists them.
