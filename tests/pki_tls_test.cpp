@@ -653,10 +653,26 @@ TEST_F(TlsTest, ClientRefusesAServerWhoseCertificateIsNotAServers) {
   });
   auto c = connect(io_, kit("hospital-a"), l->port());
   EXPECT_FALSE(c.ch);
-  EXPECT_NE(error_text(c.status).find("not an upstream role"), std::string::npos) << error_text(c.status);
+  EXPECT_NE(error_text(c.status).find(" is silo hospital-x: this is a silo; give the server's address"), std::string::npos)
+      << error_text(c.status);
   io_.run_sync([&] {
     l->stop();
     l.reset();  // on its own thread, as EchoServer's
+  });
+  // An edge's port where the server's was meant (`xsilo status --server` given the edge's address).
+  auto edge_ctx = make_tls_context(kit("edge-west"));
+  io_.run_sync([&] {
+    l = std::make_unique<Listener>(io_.executor(), edge_ctx, Endpoint{"127.0.0.1", 0}, ChannelOptions{}, allow,
+                                   LocalInfo{kFed, wire::EDGE, {}}, [](std::shared_ptr<Channel>) {});
+    l->start();
+  });
+  auto e = connect(io_, kit("hospital-a"), l->port());
+  EXPECT_FALSE(e.ch);
+  EXPECT_NE(error_text(e.status).find(" is edge edge-west: this is an edge; give the server's address"), std::string::npos)
+      << error_text(e.status);
+  io_.run_sync([&] {
+    l->stop();
+    l.reset();
   });
 }
 

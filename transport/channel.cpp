@@ -188,8 +188,17 @@ awaitable<proto::Status> Channel::connect(const AllowList& upstreams, const Loca
   if (!upstreams.allows_role(peer_.role)) {
     disarm_deadline();
     close();
-    co_return proto::error(wire::NOT_ALLOWED, remote_ + " presented a certificate for " +
-                                                  peer_.str() + ", which is not an upstream role");
+    // Said as what to do: the likely slip is the address of another participant (an edge's port
+    // given to `xsilo status --server`).
+    std::string wanted;
+    for (const auto& [role, names] : upstreams.names()) {
+      wanted += (wanted.empty() ? "" : " or ") + std::string(role == wire::EDGE ? "an " : "a ") + role_name(role);
+    }
+    const std::string is = role_name(peer_.role);
+    const bool server_only = upstreams.names().size() == 1 && upstreams.allows_role(wire::SERVER);
+    co_return proto::error(wire::NOT_ALLOWED, remote_ + " is " + peer_.str() + ": this is " +
+                                                  (is == "edge" || is == "admin" ? "an " : "a ") + is + "; give " +
+                                                  (server_only ? "the server's address" : "the address of " + wanted));
   }
   if (auto st = upstreams.check(peer_); !st) {
     disarm_deadline();
