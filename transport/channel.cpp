@@ -23,9 +23,12 @@ void Channel::warn_if_expiring() const {
 }
 
 std::string Channel::handshake_failure(const boost::system::system_error& e) {
-  std::string said = "TLS handshake with " + remote_ + " failed: " + e.code().message();
-  if (auto why = verify_failure(stream_.native_handle()); !why.empty()) said += " (" + why + ")";
-  return said;
+  // OpenSSL's first queued error is not always the verdict (a certificate of another CA with the
+  // same name gives "EVP lib"): when the peer's certificate was refused, that is what is said.
+  if (auto why = verify_failure(stream_.native_handle()); !why.empty()) {
+    return "TLS handshake with " + remote_ + " failed: certificate verify failed (" + why + ")";
+  }
+  return "TLS handshake with " + remote_ + " failed: " + e.code().message();
 }
 
 using asio::use_awaitable;
