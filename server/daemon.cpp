@@ -101,7 +101,13 @@ class Server {
           drain();
         },
         [this](int) {
-          spdlog::warn("stopping; the round in progress is not committed");
+          // Only a round past its join (members chosen, updates coming) has anything to lose.
+          const Phase p = coord_.phase();
+          if (p == Phase::Collecting || p == Phase::Unmasking || p == Phase::Closing) {
+            spdlog::warn("stopping; round {} in progress is not committed", coord_.round());
+          } else {
+            spdlog::warn("stopping; no round in progress");
+          }
           shutdown(130);
         });
     write_stats();
@@ -239,8 +245,7 @@ class Server {
     auto expiry = [&](nlohmann::json& e, const transport::PeerIdentity& id) {
       if (id.not_after == std::chrono::system_clock::time_point{}) return;
       e["certificate_expires"] = expiry_text(id.not_after);
-      e["certificate_days_left"] =
-          std::chrono::duration_cast<std::chrono::hours>(id.not_after - clock_now).count() / 24;
+      e["certificate_days_left"] = transport::days_left(id.not_after, clock_now);
       if (auto w = transport::expiry_warning(id, cfg_.channel.certificate_warn_days, clock_now); !w.empty()) {
         j["certificate_warnings"].push_back(w);
       }

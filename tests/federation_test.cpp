@@ -880,6 +880,10 @@ TEST(Federation, ASignalWithHandshakesStuckOnOtherNetworkThreadsExitsCleanly) {
   fed.server->signal(SIGTERM);
   const auto code = fed.server->wait(30s);
   EXPECT_EQ(code.value_or(-1), 130) << fed.logs();
+  // No silo came, so no round ran: the log says so, not that a round was lost.
+  const std::string log = read_file(fed.files.logs / "server.log");
+  EXPECT_NE(log.find("stopping; no round in progress"), std::string::npos) << log;
+  EXPECT_EQ(log.find("is not committed"), std::string::npos) << log;
 }
 
 // Every process whose command line holds `word`, as /proc lists them.
@@ -1177,6 +1181,22 @@ wire::Envelope admin_request_as_silo(const FederationFiles& f, std::uint16_t por
   io.run_for(20s);
   if (result.wait_for(0s) != std::future_status::ready) throw std::runtime_error("no answer from the server in 20 s");
   return result.get();
+}
+
+// `xsilo status` of a paused federation: the join deadline starts no round while paused, so it
+// says that the federation is paused and how it goes on, not a deadline counting down.
+TEST(Status, APausedFederationShowsThatItIsPausedInsteadOfAJoinDeadline) {
+  nlohmann::json s = {{"federation", "fed"},
+                      {"round", 3},
+                      {"phase", "join"},
+                      {"deadlines", {{{"deadline", "join"}, {"at", "2026-12-07T12:00:30Z"}, {"in_s", 12.5}}}}};
+  EXPECT_NE(format_status(s).find("deadline join at 2026-12-07T12:00:30Z (in 12.5 s)"), std::string::npos)
+      << format_status(s);
+  s["paused"] = true;
+  s["paused_by"] = "alice";
+  const std::string shown = format_status(s);
+  EXPECT_EQ(shown.find("deadline join"), std::string::npos) << shown;
+  EXPECT_NE(shown.find("paused by alice: no round starts until `xsilo admin resume`"), std::string::npos) << shown;
 }
 
 // An operator watches a federation through status and metrics, pauses it (the pause survives

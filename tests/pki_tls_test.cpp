@@ -7,6 +7,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -31,6 +32,8 @@
 #include <boost/asio/strand.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
 
 #include "common/fs.h"
 #include "tests/result_util.h"
@@ -151,6 +154,31 @@ bool echoes(IoThread& io, Channel& ch, const std::string& tag) {
   }());
 }
 
+// What the process logs (spdlog's default logger) while this lives.
+class LogCapture {
+ public:
+  LogCapture() : previous_(spdlog::default_logger()), sink_(std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(256)) {
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink_));
+  }
+  ~LogCapture() { spdlog::set_default_logger(previous_); }
+  // The line that says `what`, waited for up to `wait` (a server logs a refusal on its own
+  // thread); "" if none came.
+  std::string line_with(const std::string& what, std::chrono::milliseconds wait = std::chrono::seconds(5)) {
+    const auto until = std::chrono::steady_clock::now() + wait;
+    do {
+      for (const auto& line : sink_->last_formatted()) {
+        if (line.find(what) != std::string::npos) return line;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    } while (std::chrono::steady_clock::now() < until);
+    return "";
+  }
+
+ private:
+  std::shared_ptr<spdlog::logger> previous_;
+  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> sink_;
+};
+
 class TlsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -185,7 +213,10 @@ TEST_F(TlsTest, RenewingAKitKeepsNameAndRoleWithAFreshKeyAndTheWarningSaysWhen) 
   const auto now = std::chrono::system_clock::now();
   const auto warning = expiry_warning(before, 30, now);
   EXPECT_NE(warning.find("certificate of edge edge-short expires on "), std::string::npos) << warning;
-  EXPECT_NE(warning.find("(9 days left)"), std::string::npos) << warning;
+  // Issued for 10 days a moment ago: 10 days left, to the nearest day (not 9, hours floored).
+  EXPECT_NE(warning.find("(10 days left)"), std::string::npos) << warning;
+  EXPECT_EQ(days_left(before.not_after, before.not_after - std::chrono::hours(36) - std::chrono::minutes(1)), 2);
+  EXPECT_EQ(days_left(before.not_after, before.not_after - std::chrono::hours(35)), 1);
   EXPECT_NE(warning.find("xsilo pki renew --name edge-short"), std::string::npos) << warning;
   EXPECT_EQ(expiry_warning(before, 5, now), "");  // outside the window
   EXPECT_EQ(expiry_warning(before, 0, now), "");  // warnings off
@@ -230,6 +261,22 @@ TEST_F(TlsTest, RenewRevokesTheOldCertificateAndAnyIssuedOneCanBeRevokedBySerial
   }
   ASSERT_EQ(serials.size(), 2u);
   EXPECT_NE(serials[0], serials[1]);
+  // The index reads the revocation list: the old one is marked, the new one is not, and so
+  // does `xsilo pki list`.
+  for (const auto& c : index) EXPECT_EQ(c.revoked, c.serial == serials[0]) << c.name << " " << c.serial;
+  std::string listed;
+  if (FILE* out = ::popen((test::xsilo_bin() + " pki list --pki " + dir_.path().string()).c_str(), "r")) {
+    char buf[512];
+    for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, out)) > 0;) listed.append(buf, n);
+    ::pclose(out);
+  }
+  EXPECT_NE(listed.find(serials[0] + "  silo  hospital-n3  until "), std::string::npos) << listed;
+  for (const auto& serial : serials) {
+    const auto at = listed.find(serial + "  ");
+    ASSERT_NE(at, std::string::npos) << listed;
+    const std::string line = listed.substr(at, listed.find('\n', at) - at);
+    EXPECT_EQ(line.find("REVOKED (in crl.pem)") != std::string::npos, serial == serials[0]) << line;
+  }
   // The old certificate is on the list, the new one is not: signatures tell which.
   const auto ca = crypto::CertVerifier::from_pem(read_file(dir_ / "ca/ca.pem"), read_file(dir_ / "ca/crl.pem"));
   const auto old_signer = crypto::CertSigner::from_pem(old_cert, old_key);
@@ -263,6 +310,70 @@ TEST_F(TlsTest, AnExpiredRevocationListIsAStartUpErrorThatSaysHowToRefreshIt) {
   EXPECT_NO_THROW(make_tls_context(kit("hospital-n7")));
 }
 
+// What `f` throws, or "" if nothing, run as a user the files' modes keep out: root reads any
+// file whatever its mode, so as root `f` runs in a child that first becomes nobody.
+std::string refusal_as_stranger(const std::function<void()>& f) {
+  int fds[2];
+  if (::pipe(fds) != 0) return "pipe failed";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::string said;
+    if (::geteuid() == 0 && (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0)) {
+      said = "cannot become nobody";
+    } else {
+      try {
+        f();
+      } catch (const std::exception& e) {
+        said = e.what();
+      }
+    }
+    [[maybe_unused]] auto n = ::write(fds[1], said.data(), said.size());
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string said;
+  char buf[512];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) said.append(buf, static_cast<std::size_t>(n));
+  ::close(fds[0]);
+  ::waitpid(pid, nullptr, 0);
+  return said;
+}
+
+// The daemons' role check reads cert.pem first: an unreadable one is said as the unreadable key
+// is, with the file, the reason and who must be able to read it (not "cannot read certificate").
+TEST(TlsKit, AnUnreadableCertificateIsNamedWithTheReasonAndTheUserWhoMustReadIt) {
+  TempDir dir;
+  test::make_pki(dir.path(), kFed, {{wire::SILO, "hospital-a"}});
+  const auto kit = dir / "kits" / "hospital-a";
+  namespace fs = std::filesystem;
+  for (const auto& p : {dir.path(), dir / "kits", kit}) {
+    fs::permissions(p, fs::perms::owner_all | fs::perms::group_exec | fs::perms::others_exec);
+  }
+  fs::permissions(kit / "cert.pem", fs::perms::none);
+  const std::string said = refusal_as_stranger([&] { own_identity_as(TlsFiles::from_kit(kit), wire::SILO); });
+  EXPECT_NE(said.find("cannot read TLS file " + (kit / "cert.pem").string() + ": Permission denied"), std::string::npos)
+      << said;
+  EXPECT_NE(said.find("readable by the user the daemon runs as"), std::string::npos) << said;
+}
+
+// A key its group or others can read is accepted with one warning that names it and the fix.
+TEST_F(TlsTest, AKeyOthersCanReadIsWarnedAboutWithTheChmodThatMendsIt) {
+  const auto key = dir_ / "kits/hospital-a/key.pem";
+  {
+    LogCapture log;
+    EXPECT_NO_THROW(make_tls_context(kit("hospital-a")));
+    EXPECT_EQ(log.line_with("chmod 600", std::chrono::milliseconds(0)), "");  // 0600 from pki issue
+  }
+  std::filesystem::permissions(key, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write |
+                                        std::filesystem::perms::group_read | std::filesystem::perms::others_read);
+  LogCapture log;
+  EXPECT_NO_THROW(make_tls_context(kit("hospital-a")));
+  EXPECT_NE(log.line_with("private key " + key.string() + " has mode 0644: its group or others can read it; chmod 600 " +
+                          key.string()),
+            "");
+}
+
 // `xsilo pki revoke`: the revoked silo fails the handshake and its signatures stop verifying,
 // while the others go on; the list reaches every kit.
 TEST_F(TlsTest, ARevokedCertificateIsRefusedInTheHandshakeAndInSignatures) {
@@ -277,9 +388,14 @@ TEST_F(TlsTest, ARevokedCertificateIsRefusedInTheHandshakeAndInSignatures) {
   const auto revoked_word = load_verifier(kit("hospital-a")).verify(b_signer.certificate(), "hospital-b", "silo", msg, sig);
   ASSERT_FALSE(revoked_word);
   EXPECT_NE(revoked_word.error().message().find("revoked"), std::string::npos) << revoked_word.error().message();
+  LogCapture log;
   EchoServer server(io_, dir_.path());
   auto revoked = connect(io_, kit("hospital-b"), server.port());
   EXPECT_FALSE(revoked.ch);
+  // The server's log names the peer and says why, not only "certificate verify failed".
+  EXPECT_NE(log.line_with("failed: certificate verify failed (peer certificate CN=hospital-b: certificate revoked: the "
+                          "peer's certificate is revoked in crl.pem)"),
+            "");
   auto good = connect(io_, kit("hospital-a"), server.port());
   ASSERT_TRUE(good.ch) << error_text(good.status);
   EXPECT_TRUE(echoes(io_, *good.ch, "still here"));
@@ -337,6 +453,7 @@ TEST_F(TlsTest, AllowedSiloConnectsAndLearnsItsIdentity) {
 }
 
 TEST_F(TlsTest, RefusesEveryBadClientWhileAValidOneKeepsWorking) {
+  LogCapture log;
   EchoServer server(io_, dir_.path());
   auto good = connect(io_, kit("hospital-a"), server.port());
   ASSERT_TRUE(good.ch) << error_text(good.status);
@@ -363,12 +480,28 @@ TEST_F(TlsTest, RefusesEveryBadClientWhileAValidOneKeepsWorking) {
       << error_text(posing.status);
   EXPECT_TRUE(echoes(io_, *good.ch, "2b"));
 
-  // A certificate from another CA.
+  // A certificate from another CA: the client of the other federation refuses our server, and
+  // says that the server's kit is not of its CA; a client that trusts our CA with a kit of
+  // another is refused by the server, whose log says the same of the client.
   TempDir other;
   test::make_pki(other.path(), kFed, {{wire::SILO, "hospital-a"}});
   auto foreign = connect(io_, TlsFiles::from_kit(other / "kits/hospital-a"), server.port());
   EXPECT_FALSE(foreign.ch);
+  EXPECT_NE(error_text(foreign.status).find("failed: certificate verify failed (peer certificate CN=server: "),
+            std::string::npos)
+      << error_text(foreign.status);
+  EXPECT_NE(error_text(foreign.status).find("the peer's kit was issued by another CA, not this federation's ca.pem"),
+            std::string::npos)
+      << error_text(foreign.status);
   EXPECT_TRUE(echoes(io_, *good.ch, "3"));
+  auto mixed = TlsFiles::from_kit(other / "kits/hospital-a");
+  mixed.ca = dir_ / "kits/hospital-a/ca.pem";
+  auto smuggled = connect(io_, mixed, server.port());
+  EXPECT_FALSE(smuggled.ch);
+  const auto refusal = log.line_with("peer certificate CN=hospital-a: ");
+  EXPECT_NE(refusal.find("the peer's kit was issued by another CA, not this federation's ca.pem"), std::string::npos)
+      << refusal;
+  EXPECT_TRUE(echoes(io_, *good.ch, "3b"));
 
   // No certificate at all.
   {
@@ -393,7 +526,7 @@ TEST_F(TlsTest, RefusesEveryBadClientWhileAValidOneKeepsWorking) {
   EXPECT_FALSE(expired.ch);
   EXPECT_TRUE(echoes(io_, *good.ch, "5"));
 
-  EXPECT_GE(server.refused(), 5u);
+  EXPECT_GE(server.refused(), 6u);
 }
 
 namespace {
@@ -522,10 +655,26 @@ TEST_F(TlsTest, ClientRefusesAServerWhoseCertificateIsNotAServers) {
   });
   auto c = connect(io_, kit("hospital-a"), l->port());
   EXPECT_FALSE(c.ch);
-  EXPECT_NE(error_text(c.status).find("not an upstream role"), std::string::npos) << error_text(c.status);
+  EXPECT_NE(error_text(c.status).find(" is silo hospital-x: this is a silo; give the server's address"), std::string::npos)
+      << error_text(c.status);
   io_.run_sync([&] {
     l->stop();
     l.reset();  // on its own thread, as EchoServer's
+  });
+  // An edge's port where the server's was meant (`xsilo status --server` given the edge's address).
+  auto edge_ctx = make_tls_context(kit("edge-west"));
+  io_.run_sync([&] {
+    l = std::make_unique<Listener>(io_.executor(), edge_ctx, Endpoint{"127.0.0.1", 0}, ChannelOptions{}, allow,
+                                   LocalInfo{kFed, wire::EDGE, {}}, [](std::shared_ptr<Channel>) {});
+    l->start();
+  });
+  auto e = connect(io_, kit("hospital-a"), l->port());
+  EXPECT_FALSE(e.ch);
+  EXPECT_NE(error_text(e.status).find(" is edge edge-west: this is an edge; give the server's address"), std::string::npos)
+      << error_text(e.status);
+  io_.run_sync([&] {
+    l->stop();
+    l.reset();
   });
 }
 

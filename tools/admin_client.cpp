@@ -111,6 +111,11 @@ std::string format_status(const nlohmann::json& s) {
                      days_left(s["server"])));
   }
   for (const auto& d : s.value("deadlines", nlohmann::json::array())) {
+    // Paused, the join deadline starts no round: a countdown to it would say one starts.
+    if (s.value("paused", false) && d.value("deadline", "") == "join") {
+      line(fmt::format("paused by {}: no round starts until `xsilo admin resume`", s.value("paused_by", "?")));
+      continue;
+    }
     line(fmt::format("deadline {} at {} (in {:.1f} s)", d.value("deadline", "?"), d.value("at", "?"), d.value("in_s", 0.0)));
   }
   const auto silos = s.value("silos", nlohmann::json::array());

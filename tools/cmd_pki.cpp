@@ -149,11 +149,12 @@ void add_pki_renew(CLI::App& pki, int& exit_code) {
 // `pki list`: every certificate the CA issued.
 void add_pki_list(CLI::App& pki, int& exit_code) {
   auto list_pki = std::make_shared<std::string>("pki");
-  auto* cmd_list = pki.add_subcommand("list", "every certificate this CA issued (DIR/ca/index.jsonl): serial, name, role, expiry");
+  auto* cmd_list = pki.add_subcommand("list", "every certificate this CA issued (DIR/ca/index.jsonl): serial, name, role, expiry, and REVOKED for those its revocation list names");
   cmd_list->add_option("--pki", *list_pki, "PKI folder made by pki init")->capture_default_str();
   cmd_list->callback([list_pki, &exit_code] {
     for (const auto& c : transport::pki_index(*list_pki)) {
-      std::cout << c.serial << "  " << c.role << "  " << c.name << "  until " << c.not_after << "\n";
+      std::cout << c.serial << "  " << c.role << "  " << c.name << "  until " << c.not_after
+                << (c.revoked ? "  REVOKED (in crl.pem)" : "") << "\n";
     }
     exit_code = 0;
   });

@@ -22,6 +22,15 @@ void Channel::warn_if_expiring() const {
   if (auto w = expiry_warning(peer_, opts_.certificate_warn_days); !w.empty()) spdlog::warn("{} (at {})", w, remote_);
 }
 
+std::string Channel::handshake_failure(const boost::system::system_error& e) {
+  // OpenSSL's first queued error is not always the verdict (a certificate of another CA with the
+  // same name gives "EVP lib"): when the peer's certificate was refused, that is what is said.
+  if (auto why = verify_failure(stream_.native_handle()); !why.empty()) {
+    return "TLS handshake with " + remote_ + " failed: certificate verify failed (" + why + ")";
+  }
+  return "TLS handshake with " + remote_ + " failed: " + e.code().message();
+}
+
 using asio::use_awaitable;
 using Clock = std::chrono::steady_clock;
 
@@ -105,8 +114,7 @@ awaitable<proto::Status> Channel::accept(const AllowList& allow, const LocalInfo
   } catch (const boost::system::system_error& e) {
     disarm_deadline();
     close();
-    co_return proto::error(wire::NOT_ALLOWED, "TLS handshake with " + remote_ +
-                                                  " failed: " + e.code().message());
+    co_return proto::error(wire::NOT_ALLOWED, handshake_failure(e));
   }
   auto id = peer_identity(stream_.native_handle());
   if (!id) {
@@ -170,8 +178,7 @@ awaitable<proto::Status> Channel::connect(const AllowList& upstreams, const Loca
   } catch (const boost::system::system_error& e) {
     disarm_deadline();
     close();
-    co_return proto::error(wire::NOT_ALLOWED,
-                           "TLS handshake with " + remote_ + " failed: " + e.code().message());
+    co_return proto::error(wire::NOT_ALLOWED, handshake_failure(e));
   }
   auto id = peer_identity(stream_.native_handle());
   if (!id) {
@@ -184,8 +191,17 @@ awaitable<proto::Status> Channel::connect(const AllowList& upstreams, const Loca
   if (!upstreams.allows_role(peer_.role)) {
     disarm_deadline();
     close();
-    co_return proto::error(wire::NOT_ALLOWED, remote_ + " presented a certificate for " +
-                                                  peer_.str() + ", which is not an upstream role");
+    // Said as what to do: the likely slip is the address of another participant (an edge's port
+    // given to `xsilo status --server`).
+    std::string wanted;
+    for (const auto& [role, names] : upstreams.names()) {
+      wanted += (wanted.empty() ? "" : " or ") + std::string(role == wire::EDGE ? "an " : "a ") + role_name(role);
+    }
+    const std::string is = role_name(peer_.role);
+    const bool server_only = upstreams.names().size() == 1 && upstreams.allows_role(wire::SERVER);
+    co_return proto::error(wire::NOT_ALLOWED, remote_ + " is " + peer_.str() + ": this is " +
+                                                  (is == "edge" || is == "admin" ? "an " : "a ") + is + "; give " +
+                                                  (server_only ? "the server's address" : "the address of " + wanted));
   }
   if (auto st = upstreams.check(peer_); !st) {
     disarm_deadline();

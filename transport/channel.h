@@ -162,6 +162,8 @@ class Channel : public std::enable_shared_from_this<Channel> {
   bool started_ = false;
   PeerIdentity peer_;
   void warn_if_expiring() const;
+  // "TLS handshake with ADDRESS failed: certificate verify failed (peer certificate CN=...: why)".
+  std::string handshake_failure(const boost::system::system_error& e);
   wire::Hello peer_hello_;
   wire::Welcome welcome_;
   std::string remote_;

@@ -215,6 +215,22 @@ std::vector<IssuedCertificate> pki_index(const std::filesystem::path& dir) {
       // a damaged line: the others still count
     }
   }
+  // Which of them the CA's revocation list names (DIR/ca/crl.pem, once anything was revoked).
+  const auto crl_path = dir / "ca" / "crl.pem";
+  if (!std::filesystem::exists(crl_path)) return out;
+  const std::string pem = read_file(crl_path);
+  BioPtr bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+  CrlPtr crl(PEM_read_bio_X509_CRL(bio.get(), nullptr, nullptr, nullptr));
+  if (!crl) ossl_fail("cannot read the revocation list " + crl_path.string());
+  for (auto& c : out) {
+    BIGNUM* bn = nullptr;
+    if (!BN_hex2bn(&bn, c.serial.c_str())) continue;
+    std::unique_ptr<BIGNUM, decltype(&BN_free)> owned(bn, &BN_free);
+    std::unique_ptr<ASN1_INTEGER, decltype(&ASN1_INTEGER_free)> number(BN_to_ASN1_INTEGER(bn, nullptr),
+                                                                       &ASN1_INTEGER_free);
+    X509_REVOKED* listed = nullptr;
+    c.revoked = number && X509_CRL_get0_by_serial(crl.get(), &listed, number.get()) == 1;
+  }
   return out;
 }
 

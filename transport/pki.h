@@ -38,7 +38,9 @@ std::filesystem::path pki_issue(const std::filesystem::path& dir, const IssueReq
 struct IssuedCertificate {
   std::string serial;  // hex, as `openssl x509 -serial` prints it
   std::string name, role, not_after;
+  bool revoked = false;  // named by the CA's revocation list (DIR/ca/crl.pem)
 };
+// Throws std::runtime_error when DIR/ca/crl.pem exists and is not a CRL.
 std::vector<IssuedCertificate> pki_index(const std::filesystem::path& dir);
 
 // Renews the kit DIR/kits/NAME: a fresh key and a certificate for the same name and role (the

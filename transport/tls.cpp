@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "common/fs.h"
@@ -32,17 +33,79 @@ TlsFiles TlsFiles::from_kit(const std::filesystem::path& kit) {
   return {.key = kit / "key.pem", .cert = kit / "cert.pem", .ca = kit / "ca.pem", .crl = reachable(crl) ? crl : ""};
 }
 
+namespace {
+
+// A kit file that is missing or unreadable (a kit owned by another user): said with the file and
+// the reason, which OpenSSL's own errors ("asio.ssl error", a BIO that is null) name neither of.
+void require_readable(const std::filesystem::path& p) {
+  if (!std::filesystem::exists(p)) throw std::runtime_error("TLS file " + p.string() + " not found");
+  if (const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC); fd < 0) {
+    throw std::runtime_error("cannot read TLS file " + p.string() + ": " + std::strerror(errno) +
+                             " (the kit must be readable by the user the daemon runs as)");
+  } else {
+    ::close(fd);
+  }
+}
+
+// Why the peer's certificate failed verification, kept on the connection (a std::string the SSL
+// owns) for the handshake's error, which OpenSSL reduces to "certificate verify failed".
+int verify_failure_index() {
+  static const int index = SSL_get_ex_new_index(
+      0, nullptr, nullptr, nullptr,
+      [](void*, void* ptr, CRYPTO_EX_DATA*, int, long, void*) { delete static_cast<std::string*>(ptr); });
+  return index;
+}
+
+// OpenSSL's verdict, unchanged; on the first failure it notes whose certificate it was, the
+// error, and for the errors people meet (a kit from another federation, a revoked kit) what it means.
+int note_verify_failure(int ok, X509_STORE_CTX* store) {
+  if (ok) return ok;
+  auto* ssl = static_cast<SSL*>(X509_STORE_CTX_get_ex_data(store, SSL_get_ex_data_X509_STORE_CTX_idx()));
+  if (!ssl || SSL_get_ex_data(ssl, verify_failure_index())) return ok;
+  const int err = X509_STORE_CTX_get_error(store);
+  std::string cn = "?";
+  if (X509* leaf = X509_STORE_CTX_get0_cert(store)) {
+    char buf[256] = {0};
+    if (X509_NAME_get_text_by_NID(X509_get_subject_name(leaf), NID_commonName, buf, sizeof buf) > 0) cn = buf;
+  }
+  std::string why = "peer certificate CN=" + cn + ": " + X509_verify_cert_error_string(err);
+  switch (err) {
+    case X509_V_ERR_CERT_REVOKED:
+      why += ": the peer's certificate is revoked in crl.pem";
+      break;
+    case X509_V_ERR_UNABLE_TO_GET_ISSUER_CERT:
+    case X509_V_ERR_UNABLE_TO_GET_ISSUER_CERT_LOCALLY:
+    case X509_V_ERR_UNABLE_TO_VERIFY_LEAF_SIGNATURE:
+    case X509_V_ERR_SELF_SIGNED_CERT_IN_CHAIN:
+    case X509_V_ERR_DEPTH_ZERO_SELF_SIGNED_CERT:
+    case X509_V_ERR_CERT_SIGNATURE_FAILURE:  // a CA of the same name with another key
+      why += ": the peer's kit was issued by another CA, not this federation's ca.pem";
+      break;
+    default:
+      break;
+  }
+  SSL_set_ex_data(ssl, verify_failure_index(), new std::string(std::move(why)));
+  return ok;
+}
+
+}  // namespace
+
+std::string verify_failure(SSL* ssl) {
+  const auto* why = static_cast<const std::string*>(SSL_get_ex_data(ssl, verify_failure_index()));
+  return why ? *why : std::string();
+}
+
 ssl::context make_tls_context(const TlsFiles& f) {
-  for (const auto& p : {f.key, f.cert, f.ca}) {
-    if (!std::filesystem::exists(p)) throw std::runtime_error("TLS file " + p.string() + " not found");
-    // Unreadable (a kit owned by another user): said with the file and the reason, which
-    // OpenSSL's own error ("asio.ssl error") names neither of.
-    if (const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC); fd < 0) {
-      throw std::runtime_error("cannot read TLS file " + p.string() + ": " + std::strerror(errno) +
-                               " (the kit must be readable by the user the daemon runs as)");
-    } else {
-      ::close(fd);
-    }
+  for (const auto& p : {f.key, f.cert, f.ca}) require_readable(p);
+  // A key others can read is said, not refused: the daemon still works, and the fix is one command.
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::perms mode = fs::status(f.key, ec).permissions();
+  if (!ec && (mode & (fs::perms::group_all | fs::perms::others_all)) != fs::perms::none) {
+    char octal[8];
+    std::snprintf(octal, sizeof octal, "%04o", static_cast<unsigned>(mode) & 07777u);
+    spdlog::warn("private key {} has mode {}: its group or others can read it; chmod 600 {}", f.key.string(), octal,
+                 f.key.string());
   }
   ssl::context ctx(ssl::context::tls);
   SSL_CTX* native = ctx.native_handle();
@@ -96,7 +159,7 @@ ssl::context make_tls_context(const TlsFiles& f) {
     X509_STORE_add_crl(store, crl.get());
     X509_STORE_set_flags(store, X509_V_FLAG_CRL_CHECK);
   }
-  ctx.set_verify_mode(ssl::verify_peer | ssl::verify_fail_if_no_peer_cert);
+  SSL_CTX_set_verify(native, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, note_verify_failure);
   return ctx;
 }
 
@@ -129,11 +192,19 @@ std::string utc_day(std::chrono::system_clock::time_point t) {
   return day;
 }
 
+long long days_left(std::chrono::system_clock::time_point not_after, std::chrono::system_clock::time_point now) {
+  // To the nearest day: a certificate issued for 10 days has 10 left, not 9 (hours floored).
+  const auto minutes = std::chrono::duration_cast<std::chrono::minutes>(not_after - now).count();
+  constexpr long long kDay = 24 * 60;
+  return minutes >= 0 ? (minutes + kDay / 2) / kDay : -((-minutes + kDay / 2) / kDay);
+}
+
 std::string expiry_warning(const PeerIdentity& id, int warn_days, std::chrono::system_clock::time_point now) {
   if (warn_days <= 0 || id.not_after == std::chrono::system_clock::time_point{}) return "";
   const auto left = std::chrono::duration_cast<std::chrono::hours>(id.not_after - now).count();
   if (left >= static_cast<long long>(warn_days) * 24) return "";
-  return "certificate of " + id.str() + " expires on " + utc_day(id.not_after) + " (" + std::to_string(left / 24) +
+  return "certificate of " + id.str() + " expires on " + utc_day(id.not_after) + " (" +
+         std::to_string(days_left(id.not_after, now)) +
          " days left): renew it with `xsilo pki renew --name " + id.name +
          "` and restart it with the new kit (docs/deployment.md)";
 }
@@ -180,6 +251,8 @@ proto::Result<PeerIdentity> peer_identity(SSL* ssl) {
 }
 
 PeerIdentity own_identity(const TlsFiles& files) {
+  // The daemons read their certificate here first (the role check), before make_tls_context.
+  require_readable(files.cert);
   std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_file(files.cert.c_str(), "r"), &BIO_free);
   if (!bio) throw std::runtime_error("cannot read certificate " + files.cert.string());
   std::unique_ptr<X509, decltype(&X509_free)> cert(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr), &X509_free);

@@ -47,10 +47,19 @@ struct PeerIdentity {
 // A certificate date as people read it: "2026-12-20" (UTC).
 std::string utc_day(std::chrono::system_clock::time_point t);
 
+// Whole days from `now` to `not_after`, to the nearest day (negative once past).
+long long days_left(std::chrono::system_clock::time_point not_after,
+                    std::chrono::system_clock::time_point now = std::chrono::system_clock::now());
+
 // "certificate of silo hospital-01 expires on 2026-12-20 (20 days left): renew it with `xsilo
 // pki renew --name hospital-01` ..." when `id` expires within `warn_days` of `now`, else "".
 std::string expiry_warning(const PeerIdentity& id, int warn_days,
                            std::chrono::system_clock::time_point now = std::chrono::system_clock::now());
+
+// Why the peer's certificate failed verification in a handshake on a context of
+// make_tls_context, or "" if it did not: "peer certificate CN=hospital-b: certificate revoked: the
+// peer's certificate is revoked in crl.pem" (a kit of another CA is said so likewise).
+std::string verify_failure(SSL* ssl);
 
 // Reads the verified peer certificate of an established TLS connection.
 proto::Result<PeerIdentity> peer_identity(SSL* ssl);
