@@ -24,6 +24,7 @@
 
 #include "common/fs.h"
 #include "crypto/keys.h"
+#include "proto/frame.h"
 #include "transport/pki.h"
 
 namespace xsilo::transport {
@@ -66,7 +67,10 @@ int note_verify_failure(int ok, X509_STORE_CTX* store) {
   std::string cn = "?";
   if (X509* leaf = X509_STORE_CTX_get0_cert(store)) {
     char buf[256] = {0};
-    if (X509_NAME_get_text_by_NID(X509_get_subject_name(leaf), NID_commonName, buf, sizeof buf) > 0) cn = buf;
+    // Any client can present any name before it is refused: kept printable for the log.
+    if (X509_NAME_get_text_by_NID(X509_get_subject_name(leaf), NID_commonName, buf, sizeof buf) > 0) {
+      cn = proto::printable(buf, 64);
+    }
   }
   std::string why = "peer certificate CN=" + cn + ": " + X509_verify_cert_error_string(err);
   switch (err) {
