@@ -137,4 +137,11 @@ Result<Message> decode_message(std::span<const std::uint8_t> payload, std::share
   return m;
 }
 
+Result<Message> as_read(const wire::Envelope& env, std::size_t max_frame_bytes) {
+  auto frame = encode_frame(env, max_frame_bytes);
+  if (!frame) return frame.error();
+  const auto held = std::make_shared<const std::string>(std::move(*frame));
+  return decode_message(bytes_of(*held).subspan(kFrameHeaderBytes), held);
+}
+
 }  // namespace xsilo::proto

@@ -47,4 +47,9 @@ struct Message {
 // message is used.
 Result<Message> decode_message(std::span<const std::uint8_t> payload, std::shared_ptr<const void> keep);
 
+// `env` framed and read back as a daemon reads it (the message holds its own frame): how the
+// tests and fuzz targets hand a core what a connection would. An error when no frame of
+// `max_frame_bytes` can carry it.
+Result<Message> as_read(const wire::Envelope& env, std::size_t max_frame_bytes = kDefaultMaxFrameBytes);
+
 }  // namespace xsilo::proto

@@ -199,7 +199,7 @@ class Harness {
     e.set_federation("fed");
     if (views && e.has_tensor_chunk()) {
       // As the daemon reads it: the chunk's data left in its frame (proto::decode_message).
-      if (auto msg = test::as_read(e)) {
+      if (auto msg = proto::as_read(e)) {
         coord_->on_message(session(i), *msg, now);
       } else {
         coord_->on_message(session(i), e, now);  // a chunk a test made that no frame could carry

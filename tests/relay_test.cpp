@@ -58,7 +58,7 @@ class Harness {
     e.set_federation("fed");
     if (views && e.has_tensor_chunk()) {
       // As the edge daemon reads it: the chunk's data left in its frame (proto::decode_message).
-      if (auto msg = test::as_read(e)) {
+      if (auto msg = proto::as_read(e)) {
         viewed += msg->viewed;
         relay_.on_silo_message(s, *msg);
       } else {

@@ -124,14 +124,4 @@ std::string xsilo_bin() {
   return b ? b : "xsilo";
 }
 
-std::optional<proto::Message> as_read(const wire::Envelope& e) {
-  auto frame = proto::encode_frame(e, proto::kDefaultMaxFrameBytes);
-  if (!frame) return std::nullopt;
-  auto held = std::make_shared<const std::string>(std::move(*frame));
-  const auto payload = proto::bytes_of(*held).subspan(proto::kFrameHeaderBytes);
-  auto msg = proto::decode_message(payload, held);
-  if (!msg) return std::nullopt;
-  return std::move(*msg);
-}
-
 }  // namespace xsilo::test

@@ -15,7 +15,6 @@
 #include <boost/asio/use_future.hpp>
 
 #include "crypto/certs.h"
-#include "proto/message.h"
 #include "transport/pki.h"
 
 namespace xsilo::test {
@@ -42,11 +41,6 @@ crypto::CertSigner signer(wire::Role role, const std::string& name);
 crypto::CertVerifier verifier();
 // The same names from another CA: valid certificates the federation must not trust.
 crypto::CertSigner foreign_signer(wire::Role role, const std::string& name);
-
-// `e` as a daemon reads it off a connection (Channel::read_message): a TensorChunk's data left
-// in its frame, which the message holds. Nothing when no frame could carry `e` (a chunk a test
-// made over the frame limit); the caller then hands over the Envelope itself.
-std::optional<proto::Message> as_read(const wire::Envelope& e);
 
 // `n` TCP connections to 127.0.0.1:port from source address `from` (any 127.x.y.z) that never
 // say a word: a flood of unauthenticated peers. Stops early when one fails; the caller closes

@@ -15,6 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <spdlog/spdlog.h>
+
 #include "common/fs.h"
 #include "crypto/keys.h"
 #include "crypto/openssl_ptr.h"
@@ -221,11 +223,18 @@ std::vector<IssuedCertificate> pki_index(const std::filesystem::path& dir) {
   const std::string pem = read_file(crl_path);
   BioPtr bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
   CrlPtr crl(PEM_read_bio_X509_CRL(bio.get(), nullptr, nullptr, nullptr));
-  if (!crl) ossl_fail("cannot read the revocation list " + crl_path.string());
+  if (!crl) {
+    // The listing is what an operator reads to find out what went wrong: given without the marks.
+    ERR_clear_error();
+    spdlog::warn("cannot read the revocation list {}: certificates are listed without their revoked marks",
+                 crl_path.string());
+    return out;
+  }
   for (auto& c : out) {
     BIGNUM* bn = nullptr;
-    if (!BN_hex2bn(&bn, c.serial.c_str())) continue;
+    const int digits = BN_hex2bn(&bn, c.serial.c_str());
     std::unique_ptr<BIGNUM, decltype(&BN_free)> owned(bn, &BN_free);
+    if (digits <= 0 || static_cast<std::size_t>(digits) != c.serial.size()) continue;  // a damaged serial
     std::unique_ptr<ASN1_INTEGER, decltype(&ASN1_INTEGER_free)> number(BN_to_ASN1_INTEGER(bn, nullptr),
                                                                        &ASN1_INTEGER_free);
     X509_REVOKED* listed = nullptr;

@@ -59,10 +59,11 @@ int verify_failure_index() {
 
 // OpenSSL's verdict, unchanged; on the first failure it notes whose certificate it was, the
 // error, and for the errors people meet (a kit from another federation, a revoked kit) what it means.
-int note_verify_failure(int ok, X509_STORE_CTX* store) {
+int note_verify_failure(int ok, X509_STORE_CTX* store) try {
   if (ok) return ok;
   auto* ssl = static_cast<SSL*>(X509_STORE_CTX_get_ex_data(store, SSL_get_ex_data_X509_STORE_CTX_idx()));
-  if (!ssl || SSL_get_ex_data(ssl, verify_failure_index())) return ok;
+  const int index = verify_failure_index();
+  if (!ssl || index < 0 || SSL_get_ex_data(ssl, index)) return ok;
   const int err = X509_STORE_CTX_get_error(store);
   std::string cn = "?";
   if (X509* leaf = X509_STORE_CTX_get0_cert(store)) {
@@ -88,8 +89,11 @@ int note_verify_failure(int ok, X509_STORE_CTX* store) {
     default:
       break;
   }
-  SSL_set_ex_data(ssl, verify_failure_index(), new std::string(std::move(why)));
+  auto note = std::make_unique<std::string>(std::move(why));
+  if (SSL_set_ex_data(ssl, index, note.get())) note.release();  // the SSL's now: freed with it
   return ok;
+} catch (...) {
+  return ok;  // no note (no memory for one); the verdict is OpenSSL's either way
 }
 
 }  // namespace
@@ -105,7 +109,7 @@ ssl::context make_tls_context(const TlsFiles& f) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::perms mode = fs::status(f.key, ec).permissions();
-  if (!ec && (mode & (fs::perms::group_all | fs::perms::others_all)) != fs::perms::none) {
+  if (!ec && (mode & (fs::perms::group_read | fs::perms::others_read)) != fs::perms::none) {
     char octal[8];
     std::snprintf(octal, sizeof octal, "%04o", static_cast<unsigned>(mode) & 07777u);
     spdlog::warn("private key {} has mode {}: its group or others can read it; chmod 600 {}", f.key.string(), octal,
@@ -163,6 +167,7 @@ ssl::context make_tls_context(const TlsFiles& f) {
     X509_STORE_add_crl(store, crl.get());
     X509_STORE_set_flags(store, X509_V_FLAG_CRL_CHECK);
   }
+  verify_failure_index();  // made here, not inside the first handshake that fails
   SSL_CTX_set_verify(native, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, note_verify_failure);
   return ctx;
 }
@@ -207,9 +212,12 @@ std::string expiry_warning(const PeerIdentity& id, int warn_days, std::chrono::s
   if (warn_days <= 0 || id.not_after == std::chrono::system_clock::time_point{}) return "";
   const auto left = std::chrono::duration_cast<std::chrono::hours>(id.not_after - now).count();
   if (left >= static_cast<long long>(warn_days) * 24) return "";
-  return "certificate of " + id.str() + " expires on " + utc_day(id.not_after) + " (" +
-         std::to_string(days_left(id.not_after, now)) +
-         " days left): renew it with `xsilo pki renew --name " + id.name +
+  const long long days = days_left(id.not_after, now);
+  const bool past = id.not_after <= now;
+  std::string when = std::string(past ? "expired on " : "expires on ") + utc_day(id.not_after);
+  if (!past && days < 1) when += " (less than a day left)";
+  if (!past && days >= 1) when += " (" + std::to_string(days) + (days == 1 ? " day left)" : " days left)");
+  return "certificate of " + id.str() + " " + when + ": renew it with `xsilo pki renew --name " + id.name +
          "` and restart it with the new kit (docs/deployment.md)";
 }
 

@@ -1,5 +1,5 @@
-// TLS over a TCP socket: a whole frame is encrypted into a memory BIO and written with one
-// system call, and OpenSSL reads ciphertext from the socket itself, up to 128 KiB of records a
+// TLS over a TCP socket: a whole frame is encrypted into a buffer of ours (a write BIO that
+// appends to it) and written with one system call, and OpenSSL reads ciphertext from the socket itself, up to 128 KiB of records a
 // system call (read ahead), straight into its record buffer.
 // (Boost.Asio's ssl::stream moves one 16 KiB record per system call, which on loopback costs
 // a wake-up per record and caps a connection at about half the TLS bound.)
@@ -40,7 +40,7 @@ class TlsStream {
   // Ciphertext the reader produced (TLS 1.3 key updates) waiting for the writer.
   bool has_pending_output() const;
   boost::asio::awaitable<void> flush();
-  // Gives back what a large frame grew (the ciphertext buffer, the write BIO's memory) when
+  // Gives back what a large frame grew (the two ciphertext buffers) when
   // nothing waits to be written: an idle connection then keeps little, which a server with
   // hundreds of silos needs. The next large frame grows them again.
   void trim();
