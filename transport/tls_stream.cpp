@@ -76,36 +76,35 @@ long buffer_ctrl(BIO* bio, int cmd, long, void*) {
   }
 }
 
-BIO* buffer_writer(std::vector<std::uint8_t>* into) {
-  static BIO_METHOD* const method = [] {
-    BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "xsilo buffer writer");
-    if (!m || !BIO_meth_set_write(m, buffer_write) || !BIO_meth_set_ctrl(m, buffer_ctrl)) {
-      BIO_meth_free(m);
-      throw std::runtime_error("cannot make the TLS buffer writer");
+// A BIO of one of our two kinds over `data`. Its method is made once a process (`fill` sets
+// its functions); a failure to make it is thrown, and tried again by the next stream.
+template <class Fill>
+BIO* own_bio(const char* kind, Fill fill, void* data) {
+  static BIO_METHOD* const method = [&] {
+    BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, kind);
+    if (!m || !fill(m)) {
+      BIO_meth_free(m);  // null or half made
+      throw std::runtime_error(std::string("cannot make the TLS ") + kind);
     }
     return m;
   }();
   BIO* bio = BIO_new(method);
   if (!bio) throw std::runtime_error("BIO_new failed");
-  BIO_set_data(bio, into);
+  BIO_set_data(bio, data);
   BIO_set_init(bio, 1);
   return bio;
 }
 
+BIO* buffer_writer(std::vector<std::uint8_t>* into) {
+  return own_bio(
+      "buffer writer", [](BIO_METHOD* m) { return BIO_meth_set_write(m, buffer_write) && BIO_meth_set_ctrl(m, buffer_ctrl); },
+      into);
+}
+
 BIO* socket_reader(TlsStream::ReadEnd* end) {
-  static BIO_METHOD* const method = [] {
-    BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "xsilo socket reader");
-    if (!m || !BIO_meth_set_read(m, socket_read) || !BIO_meth_set_ctrl(m, socket_ctrl)) {
-      BIO_meth_free(m);  // null or half made; made again by the next stream's first call
-      throw std::runtime_error("cannot make the TLS socket reader");
-    }
-    return m;
-  }();
-  BIO* bio = BIO_new(method);
-  if (!bio) throw std::runtime_error("BIO_new failed");
-  BIO_set_data(bio, end);
-  BIO_set_init(bio, 1);
-  return bio;
+  return own_bio(
+      "socket reader", [](BIO_METHOD* m) { return BIO_meth_set_read(m, socket_read) && BIO_meth_set_ctrl(m, socket_ctrl); },
+      end);
 }
 
 }  // namespace
@@ -113,9 +112,14 @@ BIO* socket_reader(TlsStream::ReadEnd* end) {
 TlsStream::TlsStream(asio::ip::tcp::socket socket, asio::ssl::context& ctx)
     : socket_(std::move(socket)), ssl_(SSL_new(ctx.native_handle())), read_end_{&socket_, {}} {
   if (!ssl_) throw std::runtime_error("SSL_new failed");
-  BIO* rbio = socket_reader(&read_end_);
-  BIO* wbio = buffer_writer(&pending_);
-  SSL_set_bio(ssl_, rbio, wbio);
+  try {
+    std::unique_ptr<BIO, decltype(&BIO_free)> rbio(socket_reader(&read_end_), &BIO_free);
+    std::unique_ptr<BIO, decltype(&BIO_free)> wbio(buffer_writer(&pending_), &BIO_free);
+    SSL_set_bio(ssl_, rbio.release(), wbio.release());  // ssl_'s now
+  } catch (...) {
+    SSL_free(ssl_);  // no destructor runs for a constructor that throws
+    throw;
+  }
   // Read ahead: as many records as the buffer holds in one system call, not a record's header
   // and then its body in two.
   SSL_set_read_ahead(ssl_, 1);
