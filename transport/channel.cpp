@@ -193,14 +193,15 @@ awaitable<proto::Status> Channel::connect(const AllowList& upstreams, const Loca
     close();
     // Said as what to do: the likely slip is the address of another participant (an edge's port
     // given to `xsilo status --server`).
+    const auto a_role = [](wire::Role role) {
+      const std::string name = role_name(role);
+      return (name.starts_with('e') || name.starts_with('a') ? "an " : "a ") + name;
+    };
     std::string wanted;
-    for (const auto& [role, names] : upstreams.names()) {
-      wanted += (wanted.empty() ? "" : " or ") + std::string(role == wire::EDGE ? "an " : "a ") + role_name(role);
-    }
-    const std::string is = role_name(peer_.role);
+    for (const auto& [role, names] : upstreams.names()) wanted += (wanted.empty() ? "" : " or ") + a_role(role);
     const bool server_only = upstreams.names().size() == 1 && upstreams.allows_role(wire::SERVER);
-    co_return proto::error(wire::NOT_ALLOWED, remote_ + " is " + peer_.str() + ": this is " +
-                                                  (is == "edge" || is == "admin" ? "an " : "a ") + is + "; give " +
+    co_return proto::error(wire::NOT_ALLOWED, remote_ + " is " + peer_.str() + ": this is " + a_role(peer_.role) +
+                                                  "; give " +
                                                   (server_only ? "the server's address" : "the address of " + wanted));
   }
   if (auto st = upstreams.check(peer_); !st) {
