@@ -12,6 +12,7 @@ from xsilo_client import loop
 from xsilo_client import safetensors as st
 
 from .support import torch_or_skip
+from .test_privacy import FakeEngine
 from .test_client import ClientTestCase
 
 
@@ -157,6 +158,81 @@ class Loops(ClientTestCase):
         self.assertIn("num_samples", first["message"])  # a dict without the count
         self.assertEqual((second["type"], second["id"], second["message"]),
                          ("error", 2, "RuntimeError: CUDA out of memory"))
+
+
+class Privacy(ClientTestCase):
+    """privacy= on xc.epochs and xc.run: each round's train result reports its DP-SGD, as
+    xc.send(privacy=...) does, so a silo with a privacy budget keeps the script's own loop."""
+
+    def setUp(self):
+        super().setUp()
+        self.torch = torch_or_skip()
+
+    def model(self):
+        self.torch.manual_seed(0)
+        return self.torch.nn.Linear(3, 2)
+
+    def two_rounds(self, model):
+        g = self.path("g.safetensors")
+        st.save_file({k: v.detach().numpy() for k, v in model.state_dict().items()}, g)
+        self.send_task(id=1, round=1, model=g, config={"local_epochs": 2})
+        self.send_task(kind="evaluate", id=2, round=1, model=g)
+        self.send_task(id=3, round=2, model=g, config={"local_epochs": 1})
+        self.send_task(kind="shutdown", id=4)
+
+    def test_epochs_reports_an_engines_steps_of_each_round(self):
+        c, model, engine = self.welcomed(), self.model(), FakeEngine()
+        engine.max_grad_norm = 1.5
+        self.two_rounds(model)
+        for _ in loop.epochs(c, model, num_samples=10, evaluate=lambda: {"eval_samples": 1}, privacy=engine):
+            engine.accountant.step(1.1, 0.05, 20)  # one epoch of DP-SGD
+        first, ev, second = self.agent.receive(), self.agent.receive(), self.agent.receive()
+        self.assertEqual(first["privacy"], {"sample_rate": 0.05, "noise_multiplier": 1.1, "steps": 40,
+                                            "clip_norm": 1.5})
+        self.assertNotIn("privacy", ev)  # evaluate results carry none
+        self.assertEqual(second["privacy"]["steps"], 20)
+
+    def test_epochs_calls_a_privacy_function_after_each_rounds_last_epoch(self):
+        c, model = self.welcomed(), self.model()
+        self.two_rounds(model)
+        steps = []
+        for epoch in loop.epochs(c, model, num_samples=10, evaluate=lambda: {},
+                                 privacy=lambda: {"sample_rate": 0.1, "noise_multiplier": 2, "steps": len(steps)}):
+            steps.append(epoch)
+        reports = [m.get("privacy") for m in (self.agent.receive() for _ in range(3))]
+        self.assertEqual(reports, [{"sample_rate": 0.1, "noise_multiplier": 2.0, "steps": 2}, None,
+                                   {"sample_rate": 0.1, "noise_multiplier": 2.0, "steps": 3}])
+
+    def test_run_reports_privacy_from_an_engine_or_a_function_of_model_and_task(self):
+        for kind in ("engine", "function"):
+            with self.subTest(kind=kind):
+                if kind == "function":  # a fresh channel for the second run
+                    self.setUp()
+                c, model, engine = self.welcomed(), self.model(), FakeEngine()
+                self.two_rounds(model)
+
+                def train(m, task):
+                    engine.accountant.step(0.9, 0.02, 10 * task.local_epochs)
+                    return 5
+
+                seen = []
+
+                def report(m, task):
+                    seen.append((m is model, task.round))
+                    return engine
+
+                loop.run(c, model, train, evaluate=lambda m, t: {},
+                         privacy=engine if kind == "engine" else report)
+                results = [self.agent.receive() for _ in range(3)]
+                self.assertEqual([r.get("privacy", {}).get("steps") for r in results], [20, None, 10])
+                if kind == "function":
+                    self.assertEqual(seen, [(True, 1), (True, 2)])
+
+    def test_run_by_hand_ignores_privacy(self):
+        from xsilo_client import Client
+        engine = FakeEngine()
+        loop.run(Client(env={}), self.model(), lambda m, t: 3, privacy=engine)
+        self.assertEqual(list(loop.epochs(Client(env={}), self.model(), 3, epochs=2, privacy=engine)), [0, 1])
 
 
 class ByHand(ClientTestCase):

@@ -51,6 +51,18 @@ class PrivacyReportTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "more than one"):
             r.report(engine)
 
+    def test_steps_of_a_report_not_committed_are_reported_again(self):
+        # xc.send reports before it writes the weights and commits once the result is sent: a
+        # result that never left does not hide its steps from the next round's report.
+        engine, r = FakeEngine(), privacy.Reporter()
+        engine.accountant.step(1.0, 0.1, 7)
+        self.assertEqual(r.report(engine, commit=False)["steps"], 7)
+        engine.accountant.step(1.0, 0.1, 3)
+        self.assertEqual(r.report(engine, commit=False)["steps"], 10)
+        r.commit()
+        engine.accountant.step(1.0, 0.1, 2)
+        self.assertEqual(r.report(engine)["steps"], 2)
+
     def test_a_dict_is_checked_and_anything_else_is_refused(self):
         r = privacy.Reporter()
         self.assertEqual(r.report({"sample_rate": 0.5, "noise_multiplier": 1, "steps": 3, "clip_norm": 2}),

@@ -74,7 +74,7 @@ def tasks(model=None, evaluate=False, federate=None, epochs=1):
     return _loop.tasks(_default(), model, evaluate=evaluate, federate=federate, epochs=epochs)
 
 
-def epochs(model, num_samples, epochs=1, evaluate=None, federate=None):
+def epochs(model, num_samples, epochs=1, evaluate=None, federate=None, privacy=None):
     """The epochs of every round, for the epoch loop a script already has:
 
         for epoch in xc.epochs(model, num_samples=len(train_set), epochs=args.epochs):
@@ -84,8 +84,13 @@ def epochs(model, num_samples, epochs=1, evaluate=None, federate=None):
     ``local_epochs`` are yielded, and after its last epoch the model is sent (with what
     xc.log() recorded). ``evaluate``: a function () -> metrics, for federations that ask for
     evaluation. Run by hand it yields range(epochs). ``federate`` as in tasks().
+    ``privacy``: the DP-SGD the round ran, sent with each round's weights as send()'s
+    ``privacy`` (required by a silo with a privacy budget, docs/privacy.md): Opacus's
+    ``PrivacyEngine`` (its steps since the last round are reported), a dict, or a function
+    () -> either of them, called after the round's last epoch.
     """
-    return _loop.epochs(_default(), model, num_samples, epochs=epochs, evaluate=evaluate, federate=federate)
+    return _loop.epochs(_default(), model, num_samples, epochs=epochs, evaluate=evaluate, federate=federate,
+                        privacy=privacy)
 
 
 def log(**metrics):
@@ -99,16 +104,18 @@ def feature_stats(fallback=None):
     return _default().feature_stats(fallback)
 
 
-def run(model, train, evaluate=None, federate=None, epochs=1):
+def run(model, train, evaluate=None, federate=None, epochs=1, privacy=None):
     """Answers the agent's tasks with callbacks until the federation ends.
 
     ``train(model, task)`` trains ``model`` (already holding the global weights) for
     ``task.local_epochs`` and returns ``num_samples`` or ``(num_samples, metrics)``; its
     weights are sent. ``evaluate(model, task)``, when given, returns metrics
     (``eval_loss``, ``eval_accuracy``, ``eval_samples``). ``federate`` and ``epochs`` as in
-    tasks(). Run by hand, it trains once for ``epochs`` local epochs.
+    tasks(). ``privacy``: the DP-SGD each round ran, as in epochs(); a function of it is
+    called as ``privacy(model, task)`` after ``train``. Run by hand, it trains once for
+    ``epochs`` local epochs.
     """
-    _loop.run(_default(), model, train, evaluate=evaluate, federate=federate, epochs=epochs)
+    _loop.run(_default(), model, train, evaluate=evaluate, federate=federate, epochs=epochs, privacy=privacy)
 
 
 def data_paths(default=(None, None)):

@@ -420,6 +420,10 @@ class Client:
         if state_dict is not None:
             state_dict = state.as_state_dict(state_dict)
         rank = self.rank()
+        # Before any file is written: a report the SDK cannot make leaves nothing behind.
+        report = None
+        if privacy is not None and task.kind == "train" and rank == 0:
+            report = self._privacy.report(privacy, commit=False)  # committed once the result is sent
         weights = None
         if task.kind == "init" and rank == 0:
             if state_dict is None:
@@ -437,8 +441,8 @@ class Client:
         message = {"type": "result", "id": task.id, "rank": rank, "weights": weights,
                    "num_samples": num_samples, "metrics": metrics,
                    "process_group": process_group_size()}
-        if privacy is not None and task.kind == "train" and rank == 0:
-            message["privacy"] = self._privacy.report(privacy)
+        if report is not None:
+            message["privacy"] = report
         if self._notes:
             message["notes"] = self._notes
         self._notes = {}
@@ -448,6 +452,8 @@ class Client:
             if weights is not None:
                 os.unlink(weights)
             raise
+        if report is not None:
+            self._privacy.commit()
         if state_dict is not None:
             self._last_sent = state_dict
         self._task = None

@@ -89,29 +89,44 @@ def _train_result(result):
     return result, {}
 
 
-def epochs(client, model, num_samples, epochs=1, evaluate=None, federate=None):
+def _privacy_source(privacy):
+    """``privacy`` as given to epochs()/run(): None, a PrivacyEngine (or accountant), a dict, or a
+    function returning one of those each round. A function is told apart by being callable and
+    not a report itself (an engine or accountant has a ``history`` or an ``accountant``)."""
+    if privacy is None or isinstance(privacy, dict):
+        return privacy, False
+    if callable(privacy) and not (hasattr(privacy, "accountant") or hasattr(privacy, "history")):
+        return privacy, True
+    return privacy, False
+
+
+def epochs(client, model, num_samples, epochs=1, evaluate=None, federate=None, privacy=None):
     """The epochs of every round, for a script's own epoch loop. See xsilo_client.epochs."""
+    privacy, per_round = _privacy_source(privacy)
     for task in tasks(client, model, evaluate=evaluate is not None, federate=federate, epochs=epochs):
         if task.kind == "evaluate":
             client.send(metrics=evaluate())
             continue
         client.take_logged()
         yield from range(task.local_epochs)
-        client.send(model, num_samples=num_samples, metrics=client.take_logged())
+        report = privacy() if per_round else privacy
+        client.send(model, num_samples=num_samples, metrics=client.take_logged(), privacy=report)
 
 
-def run(client, model, train, evaluate=None, federate=None, epochs=1):
+def run(client, model, train, evaluate=None, federate=None, epochs=1, privacy=None):
     """Answers the agent's tasks with callbacks until the federation ends. See xsilo_client.run."""
     if not callable(train):
         raise ValueError("xc.run needs train=, a function (model, task) -> num_samples or (num_samples, metrics)")
     if evaluate is not None and not callable(evaluate):
         raise ValueError("evaluate= must be a function (model, task) -> metrics, or None")
+    privacy, per_round = _privacy_source(privacy)
     for task in tasks(client, model, evaluate=evaluate is not None, federate=federate, epochs=epochs):
         try:
             if task.kind == "evaluate":
                 client.send(metrics=evaluate(model, task))
                 continue
             num_samples, metrics = _train_result(train(model, task))
+            report = privacy(model, task) if per_round else privacy
         except Exception as e:  # noqa: BLE001 - one failed round, not the end of the process
             if getattr(task, "central", False):
                 raise
@@ -121,4 +136,4 @@ def run(client, model, train, evaluate=None, federate=None, epochs=1):
             log.exception("the %s task of round %s failed", task.kind, task.round)
             client.send_error(f"{type(e).__name__}: {e}")
             continue
-        client.send(model, num_samples=num_samples, metrics=metrics)
+        client.send(model, num_samples=num_samples, metrics=metrics, privacy=report)

@@ -55,8 +55,13 @@ class Reporter:
     def __init__(self):
         self._accountant = None  # the accountant whose steps were last reported
         self._reported = 0       # how many of its steps
+        self._pending = None     # (accountant, steps) of a report made but not yet committed
 
-    def report(self, privacy):
+    def report(self, privacy, commit=True):
+        """This round's report. With ``commit=False`` the steps count as reported only once
+        commit() is called (after the result carrying the report was sent), so that a result
+        that never left does not hide its steps from the next report."""
+        self._pending = None
         if isinstance(privacy, dict):
             return check(privacy)
         accountant = getattr(privacy, "accountant", privacy)
@@ -67,10 +72,11 @@ class Reporter:
         # Opacus's RDP accountant: a list of (noise_multiplier, sample_rate, num_steps), one
         # entry per run of equal parameters. This round's steps are those after the last report.
         total = sum(int(n) for _, _, n in history)
-        if accountant is not self._accountant or total < self._reported:
+        reported = self._reported
+        if accountant is not self._accountant or total < reported:
             # A new engine (a script may make one each round), or one reset: all its steps are new.
-            self._accountant, self._reported = accountant, 0
-        new, skip = [], self._reported
+            reported = 0
+        new, skip = [], reported
         for sigma, q, n in history:
             n = int(n)
             take = max(0, n - skip)
@@ -82,10 +88,19 @@ class Reporter:
         if len({(s, q) for s, q, _ in new}) > 1:
             raise ValueError("privacy: this round's steps ran with more than one (noise multiplier, sample rate); "
                              "report them as one by keeping both fixed within a round")
-        self._reported = total
         sigma, q, _ = new[0]
         clip = getattr(privacy, "max_grad_norm", None)
         report = {"sample_rate": q, "noise_multiplier": sigma, "steps": sum(n for _, _, n in new)}
         if clip is not None:
             report["clip_norm"] = clip
-        return check(report)
+        report = check(report)
+        self._pending = (accountant, total)
+        if commit:
+            self.commit()
+        return report
+
+    def commit(self):
+        """The last report(commit=False) was sent: its steps are reported."""
+        if self._pending is not None:
+            self._accountant, self._reported = self._pending
+            self._pending = None
