@@ -1,5 +1,7 @@
 """The protocol against an agent stand-in, driven in one thread (the messages fit the socket buffers)."""
 
+import contextlib
+import io
 import logging
 import os
 import socket
@@ -277,9 +279,7 @@ class Validation(ClientTestCase):
         self.update = {"w": np.zeros(3, np.float32)}
 
     def test_metrics_must_be_finite_numbers(self):
-        for metrics, pattern in [({"loss": float("nan")}, "'loss' is nan"),
-                                 ({"loss": np.float32("inf")}, "'loss' is inf"),
-                                 ({"loss": "low"}, "'loss' must be a number"),
+        for metrics, pattern in [({"loss": "low"}, "'loss' must be a number"),
                                  ({"ok": True}, "'ok' must be a number"),
                                  ({"v": np.ones(2)}, "'v' must be one number"),
                                  ({1: 0.5}, "metric name 1"),
@@ -289,6 +289,33 @@ class Validation(ClientTestCase):
         # The task is still open: a valid answer goes through.
         self.c.send(self.update, num_samples=1, metrics={"loss": np.array(0.5)})
         self.assertEqual(self.agent.receive()["metrics"], {"loss": 0.5})
+
+    def test_a_nan_or_infinite_metric_is_left_out_with_one_warning_and_the_result_still_goes(self):
+        # Training that diverged: the weights decide (the agent refuses non-finite ones and keeps
+        # the trainer running); a metric must not end the process.
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            self.c.send(self.update, num_samples=1, metrics={"loss": float("nan"), "acc": 0.5,
+                                                            "grad": np.float32("inf")})
+            self.send_task(id=8)
+            self.c.receive()
+            self.c.send(self.update, num_samples=1, metrics={"loss": torch_nan_or_float()})
+        first, second = self.agent.receive(), self.agent.receive()
+        self.assertEqual((first["type"], first["metrics"]), ("result", {"acc": 0.5}))
+        self.assertEqual((second["type"], second["metrics"]), ("result", {}))
+        self.assertIsNotNone(first["weights"])
+        lines = err.getvalue().splitlines()
+        self.assertEqual(len(lines), 2, lines)  # once for 'loss', once for 'grad'
+        self.assertIn("metric 'loss' is nan: left out of the round's result", lines[0])
+        self.assertIn("metric 'grad' is inf", lines[1])
+
+    def test_a_non_finite_logged_metric_makes_it_missing_not_its_earlier_value(self):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            self.c.log({"loss": 0.7, "lr": 0.1})
+            self.c.log({"loss": float("-inf")})
+        self.assertEqual(self.c.take_logged(), {"lr": 0.1})
+        self.assertIn("metric 'loss' is -inf", err.getvalue())
 
     def test_rank_0_train_result_needs_weights_and_positive_num_samples(self):
         with self.assertRaisesRegex(ValueError, "needs the trained state_dict"):
@@ -454,3 +481,12 @@ class ModuleApiInASubprocess(AgentTestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def torch_nan_or_float():
+    """A NaN as a torch scalar where torch is installed (what loss.item() would have been)."""
+    try:
+        import torch
+    except ImportError:
+        return float("nan")
+    return torch.tensor(float("nan"))

@@ -3,6 +3,8 @@
 The agent's messages are queued first (they fit the socket buffers), then the loop runs, then
 the answers are read back: one thread, no timing."""
 
+import contextlib
+import io
 import logging
 import os
 
@@ -158,6 +160,46 @@ class Loops(ClientTestCase):
         self.assertIn("num_samples", first["message"])  # a dict without the count
         self.assertEqual((second["type"], second["id"], second["message"]),
                          ("error", 2, "RuntimeError: CUDA out of memory"))
+
+
+class NonFiniteMetrics(ClientTestCase):
+    def setUp(self):
+        super().setUp()
+        self.torch = torch_or_skip()
+
+    def test_a_nan_loss_logged_under_epochs_does_not_end_the_script(self):
+        # Before: xc.log(loss=nan) raised ValueError, the process exited and the agent restarted
+        # it (optimizer and scheduler state lost) until it gave up.
+        torch = self.torch
+        c = self.welcomed()
+        model = torch.nn.Linear(3, 2)
+        g = self.path("g.safetensors")
+        st.save_file({k: v.detach().numpy() for k, v in model.state_dict().items()}, g)
+        for i in (1, 2):
+            self.send_task(id=i, round=i, model=g, config={"local_epochs": 2})
+        self.send_task(kind="shutdown", id=3)
+        losses = iter([0.9, float("nan"), 0.4, 0.3])
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            for _ in loop.epochs(c, model, num_samples=4):
+                c.log({"loss": torch.tensor(next(losses))})
+        first, second = self.agent.receive(), self.agent.receive()
+        self.assertEqual((first["type"], first["id"], first["metrics"]), ("result", 1, {}))
+        self.assertEqual((second["type"], second["id"]), ("result", 2))
+        self.assertAlmostEqual(second["metrics"]["loss"], 0.3, places=6)
+        self.assertEqual(err.getvalue().count("metric 'loss' is nan"), 1)
+
+    def test_a_nan_loss_returned_by_a_run_callback_is_left_out(self):
+        c = self.welcomed()
+        model = self.torch.nn.Linear(3, 2)
+        g = self.path("g.safetensors")
+        st.save_file({k: v.detach().numpy() for k, v in model.state_dict().items()}, g)
+        self.send_task(id=1, model=g, config={})
+        self.send_task(kind="shutdown", id=2)
+        with contextlib.redirect_stderr(io.StringIO()):
+            loop.run(c, model, lambda m, t: (3, {"loss": float("nan"), "steps": 10}))
+        result = self.agent.receive()
+        self.assertEqual((result["type"], result["num_samples"], result["metrics"]), ("result", 3, {"steps": 10}))
 
 
 class Privacy(ClientTestCase):

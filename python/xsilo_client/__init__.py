@@ -94,7 +94,8 @@ def epochs(model, num_samples, epochs=1, evaluate=None, federate=None, privacy=N
 
 
 def log(**metrics):
-    """Records metrics (loss=..., any name -> number) for the current round's result."""
+    """Records metrics (loss=..., any name -> number) for the current round's result. A NaN or
+    infinite value leaves that metric out of the result (one warning on stderr), not the script."""
     _default().log(metrics)
 
 
@@ -131,8 +132,9 @@ def send(state_dict=None, num_samples=None, metrics=None, federate=None, privacy
     tensors (F32/F16/BF16 in their own dtype, float64 narrowed to float32) are written to the
     exchange folder and named in the result; integer and bool tensors stay local (their names
     are logged once). ``num_samples`` (the silo's training rows, > 0) is required there.
-    Other ranks, and evaluate tasks, send no weights. ``metrics``: name -> finite number
-    (numpy and torch scalars accepted). ``federate``: only the matching floating-point tensors
+    Other ranks, and evaluate tasks, send no weights. ``metrics``: name -> number
+    (numpy and torch scalars accepted; a NaN or infinite one is left out, with one warning on
+    stderr, and the rest of the result still goes). ``federate``: only the matching floating-point tensors
     are sent (a glob, a list of globs or a function of the name); the rest stay local.
     ``privacy``: the DP-SGD this round ran, for a silo with a privacy budget (docs/privacy.md):
     Opacus's ``PrivacyEngine`` (its accountant's steps since the last send are reported), or a

@@ -50,8 +50,12 @@ def finite_number(value, what):
     return value
 
 
-def check_metrics(metrics):
-    """metrics as a dict of str -> finite int/float, or ValueError naming the bad entry."""
+def check_metrics(metrics, non_finite=None):
+    """metrics as a dict of str -> finite int/float, or ValueError naming the bad entry.
+
+    With ``non_finite`` (a dict), a NaN or infinite value is not an error: it is left out of
+    the result and put there (name -> value) instead. A value that is not a number at all
+    (a string, an array) is always an error: that is the script's bug, not its training's."""
     if metrics is None:
         return {}
     if not hasattr(metrics, "items"):
@@ -60,8 +64,26 @@ def check_metrics(metrics):
     for name, value in metrics.items():
         if not isinstance(name, str) or not name:
             raise ValueError(f"metric name {name!r} must be a non-empty string")
-        out[name] = finite_number(value, f"metric {name!r}")
+        try:
+            out[name] = finite_number(value, f"metric {name!r}")
+        except ValueError:
+            number = _non_finite(value)
+            if non_finite is None or number is None:
+                raise
+            non_finite[name] = number
     return out
+
+
+def _non_finite(value):
+    """value as a float when it is one NaN or infinite number (numpy and torch scalars too), else None."""
+    try:
+        if hasattr(value, "item") and callable(value.item):
+            value = value.item()
+        if isinstance(value, float) and not math.isfinite(value):
+            return value
+    except (TypeError, ValueError, RuntimeError):
+        pass
+    return None
 
 
 class FeatureStats:
@@ -236,6 +258,7 @@ class Client:
         self._logged = {}           # xc.log(): metrics for the current round's result
         self._notes = {}            # told to the agent once, with the next result (it logs them)
         self._privacy = privacy.Reporter()  # send(privacy=...): DP-SGD steps since the last report
+        self._warned_non_finite = set()  # metric names already warned about being NaN or infinite
 
     def close(self):
         """Closes the channel (the agent sees the trainer go). Process exit does the same."""
@@ -375,8 +398,32 @@ class Client:
         return self._task
 
     def log(self, metrics):
-        """Metrics for the current round's result (xc.epochs sends them); the last value wins."""
-        self._logged.update(check_metrics(metrics))
+        """Metrics for the current round's result (xc.epochs sends them); the last value wins.
+        A NaN or infinite value makes the metric missing from the round's result (one warning)."""
+        non_finite = {}
+        self._logged.update(check_metrics(metrics, non_finite))
+        for name in non_finite:
+            self._logged.pop(name, None)
+        self._warn_non_finite(non_finite)
+
+    def _finite_metrics(self, metrics):
+        """The metrics a result carries: NaN and infinite values left out, with one warning a name."""
+        non_finite = {}
+        metrics = check_metrics(metrics, non_finite)
+        self._warn_non_finite(non_finite)
+        return metrics
+
+    def _warn_non_finite(self, non_finite):
+        # On stderr, which the agent keeps in state_dir/trainer/rank-N.log: the SDK's logger has
+        # no handler unless the script configures logging, and this must not go unseen.
+        for name, value in non_finite.items():
+            if name in self._warned_non_finite:
+                continue
+            self._warned_non_finite.add(name)
+            message = (f"metric {name!r} is {value}: left out of the round's result (metrics must be finite; the "
+                       "weights are still sent, and the agent refuses non-finite ones). Said once for this metric.")
+            log.debug(message)
+            print(f"xsilo_client: warning: {message}", file=sys.stderr, flush=True)
 
     def take_logged(self):
         logged, self._logged = self._logged, {}
@@ -409,10 +456,10 @@ class Client:
             self.set_federate(federate)
         task = self._current("send")
         if getattr(task, "central", False):  # run by hand: nothing to answer
-            log.info("central %s: %s", task.kind, check_metrics(metrics))
+            log.info("central %s: %s", task.kind, self._finite_metrics(metrics))
             self._task = None
             return
-        metrics = check_metrics(metrics)
+        metrics = self._finite_metrics(metrics)
         if num_samples is not None:
             if not _is_int(num_samples) or num_samples <= 0:
                 raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
