@@ -162,6 +162,26 @@ class Loops(ClientTestCase):
                          ("error", 2, "RuntimeError: CUDA out of memory"))
 
 
+class CurrentTask(ClientTestCase):
+    def test_xc_task_is_the_round_being_trained_under_epochs_and_none_between_rounds(self):
+        import xsilo_client as xc
+        torch = torch_or_skip()
+        c = self.welcomed()
+        previous, xc._client = xc._client, c
+        self.addCleanup(setattr, xc, "_client", previous)
+        model = torch.nn.Linear(3, 2)
+        g = self.path("g.safetensors")
+        st.save_file({k: v.detach().numpy() for k, v in model.state_dict().items()}, g)
+        for i in (4, 5):
+            self.send_task(id=i, round=i, model=g, config={"local_epochs": 2, "learning_rate": 0.1})
+        self.send_task(kind="shutdown", id=9)
+        seen = []
+        for epoch in xc.epochs(model, num_samples=4):
+            seen.append((epoch, xc.task().round, xc.task().config["learning_rate"]))
+        self.assertEqual(seen, [(0, 4, 0.1), (1, 4, 0.1), (0, 5, 0.1), (1, 5, 0.1)])
+        self.assertIsNone(xc.task())
+
+
 class NonFiniteMetrics(ClientTestCase):
     def setUp(self):
         super().setUp()

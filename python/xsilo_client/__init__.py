@@ -22,7 +22,7 @@ from .client import PROTOCOL, SDK_VERSION, Client, FeatureStats, Task, save_init
 __version__ = SDK_VERSION
 __all__ = ["Client", "FeatureStats", "ProtocolError", "Task", "PROTOCOL", "__version__", "data_paths", "epochs",
            "feature_stats", "init", "is_federated", "log", "rank", "receive", "run", "save_initial", "send",
-           "send_error", "silo", "tasks", "world_size"]
+           "send_error", "silo", "task", "tasks", "world_size"]
 
 logging.getLogger("xsilo_client").addHandler(logging.NullHandler())
 
@@ -91,6 +91,14 @@ def epochs(model, num_samples, epochs=1, evaluate=None, federate=None, privacy=N
     """
     return _loop.epochs(_default(), model, num_samples, epochs=epochs, evaluate=evaluate, federate=federate,
                         privacy=privacy)
+
+
+def task():
+    """The task being answered now, else None. Under ``xc.epochs`` it is the round's train task:
+    ``xc.task().round`` (set a learning-rate schedule from it: a restarted trainer's own
+    counters start over), ``.config`` (the server's ``training`` block), ``.local_epochs``.
+    Run by hand, the one central task (round 1)."""
+    return _default().pending()
 
 
 def log(**metrics):
