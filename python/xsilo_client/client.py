@@ -129,7 +129,7 @@ class FeatureStats:
 
 class Task:
     """One task from the agent: "train", "evaluate", or "init" (the agent asks for the model's
-    initial weights; xc.tasks(model) and xc.run answer it themselves)."""
+    initial weights; xc.epochs, xc.tasks(model) and xc.run answer it themselves)."""
 
     def __init__(self, message, last_sent, keep=None):
         self.id = message["id"]
