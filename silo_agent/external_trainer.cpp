@@ -111,7 +111,7 @@ ExternalTrainer::~ExternalTrainer() {
   for (auto& c : copies_) {
     send_message(c->fd, {{"type", "task"}, {"id", ++next_id_}, {"kind", "shutdown"}});
   }
-  stop_copies(std::chrono::milliseconds(5000));
+  stop_copies(kShutdownGrace, /*log_kills=*/true);
   std::error_code ec;
   if (!exchange_.empty()) std::filesystem::remove_all(exchange_, ec);
 }
@@ -166,12 +166,19 @@ auto ExternalTrainer::guarded(F&& f) {
   }
 }
 
-void ExternalTrainer::stop_copies(std::chrono::milliseconds grace) {
+void ExternalTrainer::stop_copies(std::chrono::milliseconds grace, bool log_kills) {
   const auto end = Clock::now() + grace;
   for (auto& c : copies_) {
     if (c->process) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now());
-      if (!c->process->wait(std::max(left, std::chrono::milliseconds(0)))) c->process->stop(std::chrono::milliseconds(1000));
+      if (!c->process->wait(std::max(left, std::chrono::milliseconds(0)))) {
+        if (log_kills) {
+          spdlog::warn("external trainer: rank {} did not exit within {} s of the shutdown task; stopping it (SIGTERM, "
+                       "then SIGKILL): code after its federated loop may not have run",
+                       c->rank, std::chrono::duration_cast<std::chrono::seconds>(grace).count());
+        }
+        c->process->stop(std::chrono::milliseconds(1000));
+      }
     }
   }
   copies_.clear();
@@ -223,6 +230,10 @@ void ExternalTrainer::launch_copy(const std::string& silo, int rank, int workers
   ProcessOptions opts;
   opts.cwd = cfg_.external.cwd;
   opts.keep_fds = {sv[1]};
+  // Started on the agent's worker thread, which ends before the agent sends the shutdown task:
+  // a copy killed with that thread would never run the script's code after its loop. A copy
+  // still learns of an agent that dies: its channel closes (the SDK raises ConnectionError).
+  opts.die_with_parent_thread = false;
   opts.env = {{"XSILO_TRAINER_FD", std::to_string(sv[1])},
               {"XSILO_SILO", silo},
               {"XSILO_EXCHANGE_DIR", exchange_.string()},

@@ -62,7 +62,12 @@ class ExternalTrainer final : public Trainer {
   void open_exchange(const std::string& silo, std::size_t model_bytes);
   void launch_copy(const std::string& silo, int rank, int workers, const std::string& port);
   void greet_copies(const std::string& silo, Clock::time_point since);
-  void stop_copies(std::chrono::milliseconds grace);
+  // Waits up to `grace` for the copies to exit, then stops those left (SIGTERM, then SIGKILL);
+  // `log_kills`: says so in the log (the end of a run, where the script should exit by itself).
+  void stop_copies(std::chrono::milliseconds grace, bool log_kills = false);
+  // How long the copies get to exit after the shutdown task (the script's code after its loop:
+  // a final save, say) before they are stopped.
+  static constexpr std::chrono::milliseconds kShutdownGrace{10000};
   // Sends a task to every copy and waits for every answer (within the task's budget, from now:
   // the copies are started first); rank 0's answer is returned. `model` may be null (init).
   nlohmann::json run(const std::string& kind, const Model* model, const TrainTask& task);

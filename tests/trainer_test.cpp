@@ -468,6 +468,26 @@ TEST(ExternalTrainers, TheSimEndsWithTheReasonWhenEveryAgentHasExited) {
   EXPECT_NE(log.find("FAILED: 0/5 rounds committed"), std::string::npos) << log;
 }
 
+// Code after a script's federated loop runs in every silo (a final save, a print): when the
+// federation finishes, each agent sends its trainer the shutdown task and waits for it to exit,
+// and the sim waits for its agents, rather than killing them.
+TEST(ExternalTrainers, EachSilosScriptRunsItsCodeAfterTheLoopWhenTheFederationFinishes) {
+  REQUIRE_PYTHON_MODULE("numpy");
+  test::TempDir dir;
+  const auto done = dir / "done";
+  std::filesystem::create_directories(done);
+  auto cfg = fake_sim(dir, 3, 2, {{"FAKE_DONE", done.string()}, {"PYTHONPATH", (kSource / "python").string()}});
+  std::string log;
+  const auto summary = run_sim_config(dir, cfg, 240s, &log);
+  EXPECT_EQ(summary["rounds_committed"], 2) << log;
+  for (const char* silo : {"hospital-01", "hospital-02", "hospital-03"}) {
+    const auto file = done / (std::string(silo) + "-0");
+    EXPECT_TRUE(std::filesystem::exists(file))
+        << file << "\n" << read_file(dir / "out" / "logs" / (std::string(silo) + ".log")) << "\ntrainer:\n"
+        << log_tail(dir / "out" / "silos" / silo / "state" / "trainer" / "rank-0.log", 20) << "\nsim:\n" << log;
+  }
+}
+
 // A silo whose trainer dies in round 2 is a dropout of round 2 with the reason in its log; its
 // trainer starts afresh and the silo is back in round 3.
 TEST(ExternalTrainers, ATrainerThatDiesMakesItsSiloADropoutForOneRound) {  // and is restarted
