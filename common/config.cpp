@@ -14,6 +14,18 @@ namespace xsilo {
 
 namespace {
 std::string type_name(const nlohmann::json& v) { return v.type_name(); }
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
 }  // namespace
 
 ConfigNode::ConfigNode(const nlohmann::json& j, std::string file, std::string path)
@@ -72,8 +84,18 @@ nlohmann::json ConfigNode::load_file(const std::filesystem::path& file) {
 std::string ConfigNode::key_path(const std::string& key) const { return path_ + "." + key; }
 
 void ConfigNode::fail(const std::string& key, const std::string& reason) const {
-  throw ConfigError("config " + file_ + ": " + (key.empty() ? path_ : key_path(key)) + ": " +
-                    reason);
+  std::string why = reason;
+  // A required key that is missing while a key within two typos of it is there ("comand"):
+  // that key is named, as an unknown key is told "did you mean".
+  if (reason.rfind("is required", 0) == 0 && !key.empty() && !j_->contains(key)) {
+    for (auto it = j_->begin(); it != j_->end(); ++it) {
+      if (!used_->count(it.key()) && edit_distance(it.key(), key) <= 2) {
+        why += " (the config has \"" + it.key() + "\": a misspelling of " + key + "?)";
+        break;
+      }
+    }
+  }
+  throw ConfigError("config " + file_ + ": " + (key.empty() ? path_ : key_path(key)) + ": " + why);
 }
 
 bool ConfigNode::has(const std::string& key) const { return j_->contains(key); }
@@ -236,20 +258,6 @@ void ConfigNode::require_exists(const std::string& key, const std::filesystem::p
   }
 }
 
-namespace {
-std::size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    }
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-}  // namespace
 
 std::vector<std::pair<std::string, std::string>> ConfigNode::string_map(const std::string& key) const {
   std::vector<std::pair<std::string, std::string>> out;
@@ -275,9 +283,21 @@ std::vector<std::string> ConfigNode::finish_open(const std::vector<std::string>&
   return extra;
 }
 
+// An unknown key within two typos of a key the section was asked for ("rouds": rounds) is told
+// "did you mean" that key, the nearest.
 void ConfigNode::finish() const {
   for (auto it = j_->begin(); it != j_->end(); ++it) {
-    if (!used_->count(it.key())) fail(it.key(), "unknown key");
+    if (used_->count(it.key())) continue;
+    const std::string* nearest = nullptr;
+    std::size_t best = 3;
+    for (const auto& k : *used_) {
+      const auto d = edit_distance(it.key(), k);
+      if (d < best) {
+        best = d;
+        nearest = &k;
+      }
+    }
+    fail(it.key(), nearest ? "unknown key; did you mean " + *nearest + "?" : "unknown key");
   }
 }
 

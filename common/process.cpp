@@ -50,8 +50,10 @@ Process::Process(std::vector<std::string> argv, const std::filesystem::path& log
     throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
   }
   if (pid_ == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(127);
+    if (opts.die_with_parent_thread) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);
+    }
     ::dup2(fd, STDOUT_FILENO);
     ::dup2(fd, STDERR_FILENO);
     if (opts.own_group) ::setpgid(0, 0);

@@ -20,6 +20,11 @@ struct ProcessOptions {
   std::vector<std::pair<std::string, std::string>> env;    // set (or replaced) in the child
   std::vector<int> keep_fds;                               // descriptors the child inherits
   bool own_group = true;                                   // its own process group
+  // SIGKILL when the thread that started it ends (PR_SET_PDEATHSIG follows the thread, not the
+  // process). Off for a child that has its own way to learn of the parent's end and must get
+  // the chance to end cleanly after the thread that started it is gone: the external trainer,
+  // whose channel closes when the agent dies and which is sent a shutdown task at the end.
+  bool die_with_parent_thread = true;
 };
 
 class Process {

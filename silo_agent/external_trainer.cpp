@@ -88,6 +88,26 @@ void remove_stale_exchanges(const std::string& prefix) {
   }
 }
 
+// Why `program` (trainer.command[0]) cannot be run, as exec would find it: "not found on PATH",
+// "/venv/bin/python: No such file or directory", ...; empty when it looks runnable.
+std::string why_not_runnable(const std::string& program) {
+  auto check = [](const std::string& path) -> std::string {
+    if (::access(path.c_str(), X_OK) == 0 && !std::filesystem::is_directory(path)) return "";
+    const int err = errno;
+    return path + ": " + (std::filesystem::is_directory(path) ? std::string("is a folder") : std::strerror(err));
+  };
+  if (program.find('/') != std::string::npos) return check(program);
+  const char* path_env = std::getenv("PATH");
+  std::string path = path_env ? path_env : "/usr/local/bin:/usr/bin:/bin";
+  for (std::size_t at = 0; at <= path.size();) {
+    const auto end = std::min(path.find(':', at), path.size());
+    const std::string dir = path.substr(at, end - at);
+    if (check((dir.empty() ? "." : dir) + "/" + program).empty()) return "";
+    at = end + 1;
+  }
+  return program + ": not found on PATH";
+}
+
 }  // namespace
 
 // One running copy of the trainer's command and the agent's end of its socket pair.
@@ -111,7 +131,7 @@ ExternalTrainer::~ExternalTrainer() {
   for (auto& c : copies_) {
     send_message(c->fd, {{"type", "task"}, {"id", ++next_id_}, {"kind", "shutdown"}});
   }
-  stop_copies(std::chrono::milliseconds(5000));
+  stop_copies(kShutdownGrace, /*log_kills=*/true);
   std::error_code ec;
   if (!exchange_.empty()) std::filesystem::remove_all(exchange_, ec);
 }
@@ -139,7 +159,7 @@ void ExternalTrainer::fail(wire::FailureReason reason, const std::string& why, b
     // Said in `why`: nothing a restart changes.
   } else if (fatal) {
     msg += " (" + std::to_string(consecutive_failures_) + " failed rounds in a row, the limit trainer.max_failures)";
-  } else if (stop) {
+  } else if (stop && !one_shot_) {
     msg += "; it is started again for the next round";
   } else {
     msg += "; the trainer keeps running (its state is kept) and gets the next round's task";
@@ -166,12 +186,19 @@ auto ExternalTrainer::guarded(F&& f) {
   }
 }
 
-void ExternalTrainer::stop_copies(std::chrono::milliseconds grace) {
+void ExternalTrainer::stop_copies(std::chrono::milliseconds grace, bool log_kills) {
   const auto end = Clock::now() + grace;
   for (auto& c : copies_) {
     if (c->process) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now());
-      if (!c->process->wait(std::max(left, std::chrono::milliseconds(0)))) c->process->stop(std::chrono::milliseconds(1000));
+      if (!c->process->wait(std::max(left, std::chrono::milliseconds(0)))) {
+        if (log_kills) {
+          spdlog::warn("external trainer: rank {} did not exit within {} s of the shutdown task; stopping it (SIGTERM, "
+                       "then SIGKILL): code after its federated loop may not have run",
+                       c->rank, std::chrono::duration_cast<std::chrono::seconds>(grace).count());
+        }
+        c->process->stop(std::chrono::milliseconds(1000));
+      }
     }
   }
   copies_.clear();
@@ -223,6 +250,10 @@ void ExternalTrainer::launch_copy(const std::string& silo, int rank, int workers
   ProcessOptions opts;
   opts.cwd = cfg_.external.cwd;
   opts.keep_fds = {sv[1]};
+  // Started on the agent's worker thread, which ends before the agent sends the shutdown task:
+  // a copy killed with that thread would never run the script's code after its loop. A copy
+  // still learns of an agent that dies: its channel closes (the SDK raises ConnectionError).
+  opts.die_with_parent_thread = false;
   opts.env = {{"XSILO_TRAINER_FD", std::to_string(sv[1])},
               {"XSILO_SILO", silo},
               {"XSILO_EXCHANGE_DIR", exchange_.string()},
@@ -291,6 +322,23 @@ void ExternalTrainer::start(const TrainTask& task, std::size_t model_bytes) {
                exchange_.string(), exchange_in_shm_ ? ", in memory" : "");
 }
 
+// Exit code 127 during start-up: the command itself could not be run (exec failed, or the
+// working folder could not be entered), not the script.
+void ExternalTrainer::not_started(Copy& c) {
+  const std::string& program = cfg_.external.command[0];
+  std::string why = why_not_runnable(program);
+  const std::string log = log_tail(c.log, 5);
+  if (why.empty()) {
+    why = log.find("working folder") != std::string::npos
+              ? "cannot change to trainer.cwd " + cfg_.external.cwd.string()
+              : program + " exited with code 127 (a shell's \"command not found\")";
+  }
+  fail(wire::TRAINER_DID_NOT_START,
+       "the command could not be started (exit code 127): " + why +
+           ". Fix trainer.command: its first word must be the interpreter that has torch and the xsilo SDK, "
+           "by its full path (a venv's python, e.g. /path/to/venv/bin/python)");
+}
+
 json ExternalTrainer::receive(Copy& c, const TrainerWait& wait) {
   const std::string who = "rank " + std::to_string(c.rank);
   const bool starting = wait.starting();
@@ -308,6 +356,7 @@ json ExternalTrainer::receive(Copy& c, const TrainerWait& wait) {
       // Nothing to read: only now does an exited copy count (what it sent before exiting is read
       // first).
       if (c.process && !c.process->running()) {
+        if (starting && c.process->exit_code() == 127) not_started(c);
         fail(starting ? wire::TRAINER_DID_NOT_START : wire::TRAINER_EXITED,
              who + " exited with code " + std::to_string(c.process->exit_code().value_or(-1)) +
                  " while the agent waited for " + wait.what + (starting ? " (during start-up)" : ""));
@@ -319,6 +368,7 @@ json ExternalTrainer::receive(Copy& c, const TrainerWait& wait) {
     if (got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN)) {
       if (c.process) c.process->wait(std::chrono::milliseconds(500));
       const auto code = c.process ? c.process->exit_code() : std::nullopt;
+      if (starting && code == 127) not_started(c);
       fail(starting ? wire::TRAINER_DID_NOT_START : wire::TRAINER_EXITED,
            who + " closed its channel while the agent waited for " + wait.what +
                (code ? " (it exited with code " + std::to_string(*code) + ")" : ""));

@@ -49,6 +49,9 @@ class ExternalTrainer final : public Trainer {
   Model initial_model(const TrainTask& task);
   // From any thread: the agent is stopping; a task in progress fails at once.
   void cancel() override { cancelled_ = true; }
+  // Asked once and not again after a failure (xsilo sim's initial model, --write-initial-model):
+  // its errors do not say "it is started again for the next round".
+  void set_one_shot() { one_shot_ = true; }
 
   // Where tensors are exchanged (empty before the first task).
   const std::filesystem::path& exchange_dir() const { return exchange_; }
@@ -62,7 +65,13 @@ class ExternalTrainer final : public Trainer {
   void open_exchange(const std::string& silo, std::size_t model_bytes);
   void launch_copy(const std::string& silo, int rank, int workers, const std::string& port);
   void greet_copies(const std::string& silo, Clock::time_point since);
-  void stop_copies(std::chrono::milliseconds grace);
+  // Waits up to `grace` for the copies to exit, then stops those left (SIGTERM, then SIGKILL);
+  // `log_kills`: says so in the log (the end of a run, where the script should exit by itself).
+  void stop_copies(std::chrono::milliseconds grace, bool log_kills = false);
+  [[noreturn]] void not_started(Copy& c);
+  // How long the copies get to exit after the shutdown task (the script's code after its loop:
+  // a final save, say) before they are stopped.
+  static constexpr std::chrono::milliseconds kShutdownGrace{10000};
   // Sends a task to every copy and waits for every answer (within the task's budget, from now:
   // the copies are started first); rank 0's answer is returned. `model` may be null (init).
   nlohmann::json run(const std::string& kind, const Model* model, const TrainTask& task);
@@ -90,6 +99,7 @@ class ExternalTrainer final : public Trainer {
   std::uint64_t next_id_ = 0;
   int consecutive_failures_ = 0;
   std::atomic<bool> cancelled_{false};
+  bool one_shot_ = false;
   std::vector<std::string> local_only_logged_;
   bool process_group_checked_ = false;
   double last_task_seconds_ = 0;  // the last task's time, start-up not included

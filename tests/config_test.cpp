@@ -945,6 +945,24 @@ TEST(Config, TrainingKeysOfTheUsersOwnPassThroughAndTyposAreCaught) {
             std::string::npos);
 }
 
+// xsilo sim's config: a misspelled top-level key is told "did you mean" as training keys are,
+// and a misspelled required key is named where the key it stands for is said to be required.
+TEST(Config, SimConfigTyposAreNamedWithTheKeyMeant) {
+  test::TempDir dir;
+  auto load = [&](const std::string& body) {
+    atomic_write_file(dir / "sim.json", body);
+    return error_of([&] { tools::load_sim_config(dir / "sim.json"); });
+  };
+  EXPECT_NE(load(R"({"silos": 3, "rouds": 5})").find(".rouds: unknown key; did you mean rounds?"), std::string::npos)
+      << load(R"({"silos": 3, "rouds": 5})");
+  EXPECT_NE(load(R"({"silos": 3, "zzz_not_a_key": 5})").find(".zzz_not_a_key: unknown key"), std::string::npos);
+  EXPECT_EQ(load(R"({"silos": 3, "zzz_not_a_key": 5})").find("did you mean"), std::string::npos);
+  const std::string comand =
+      load(R"({"silos": 3, "model": {"kind": "file"}, "trainer": {"comand": ["python3", "train.py"]}})");
+  EXPECT_NE(comand.find(".trainer.command: is required"), std::string::npos) << comand;
+  EXPECT_NE(comand.find("(the config has \"comand\": a misspelling of command?)"), std::string::npos) << comand;
+}
+
 TEST(Config, AServerStartsFromAUsersModelFileOfFloatTensors) {
   test::TempDir dir;
   test::make_pki(dir / "pki", "f", {{wire::SERVER, "server"}});

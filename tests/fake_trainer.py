@@ -7,7 +7,8 @@ a fixed update per round); "secret" is one that raises an exception quoting a se
 by hand so that it can say what the SDK never would. FAKE_SILO, when set, limits the
 misbehaviour to that silo; FAKE_ROUNDS (e.g. "2") to those rounds. FAKE_PIDS names a file each
 process appends its pid to when it starts (how often the agent started it). FAKE_GROUP=joined
-stands in for torch.distributed: the SDK reports a process group of WORLD_SIZE.
+stands in for torch.distributed: the SDK reports a process group of WORLD_SIZE. FAKE_DONE names a
+folder an "ok" trainer writes SILO-RANK to once its loop has returned (the agent's shutdown).
 
     fake_trainer.py --init PATH   writes a 30-input logistic model (the breast cancer layout)
 """
@@ -67,6 +68,9 @@ def run_ok():
             continue
         new = trained(task.arrays(), {"config": task.config})
         xc.send(new, num_samples=10 + xc.rank(), metrics={"loss": 0.25, "note": 7})
+    # Code after the loop, as a script's final save: FAKE_DONE names a folder it writes a file to.
+    if os.environ.get("FAKE_DONE"):
+        Path(os.environ["FAKE_DONE"], f"{os.environ.get('XSILO_SILO', 'silo')}-{xc.rank()}").write_text("done\n")
 
 
 def run_secret():

@@ -245,8 +245,39 @@ INSTANTIATE_TEST_SUITE_P(
         Misbehaviour{"version", "speaks protocol 2", wire::TRAINER_DID_NOT_START, false, false},
         Misbehaviour{"silent", "did not start in time: no hello after 5.0 s (trainer.startup_s = 5 s)",
                      wire::TRAINER_DID_NOT_START, false, false},
-        Misbehaviour{"nostart", "exited with code 127", wire::TRAINER_DID_NOT_START, false, false}),
+        Misbehaviour{"nostart", "the command could not be started (exit code 127): ", wire::TRAINER_DID_NOT_START,
+                     false, false}),
     [](const auto& info) { return info.param.mode; });
+
+// A wrong interpreter in trainer.command (exit code 127) is not blamed on the script: the message
+// says the command could not be started, names the program and why (no such file, not found on
+// PATH), points at a venv's python, and says "started again" only where it will be.
+TEST(ExternalTrainer, ACommandThatCannotBeStartedIsNamedNotBlamedOnTheScript) {
+  test::TempDir dir;
+  const std::string missing = (dir / "venv" / "bin" / "python").string();
+  for (const std::string& program : {missing, std::string("no-such-python-for-xsilo")}) {
+    for (const bool one_shot : {false, true}) {
+      auto cfg = fake(dir, "ok");
+      cfg.external.command = {program, "train.py"};
+      cfg.external.startup = 10s;
+      agent::ExternalTrainer t(cfg);
+      if (one_shot) t.set_one_shot();
+      try {
+        t.initial_model(task(0));
+        ADD_FAILURE() << "no error";
+      } catch (const agent::TrainerError& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("the command could not be started (exit code 127): " + program), std::string::npos) << what;
+        EXPECT_NE(what.find(program == missing ? ": No such file or directory" : ": not found on PATH"), std::string::npos)
+            << what;
+        EXPECT_NE(what.find("a venv's python"), std::string::npos) << what;
+        EXPECT_EQ(what.find("initial weights"), std::string::npos) << what;
+        EXPECT_EQ(what.find("started again") != std::string::npos, !one_shot) << what;
+        EXPECT_EQ(e.reason(), wire::TRAINER_DID_NOT_START);
+      }
+    }
+  }
+}
 
 // The trainer inherits its channel and stdio, nothing else of the agent's (no TLS socket).
 TEST(ExternalTrainer, InheritsNoDescriptorButItsChannel) {
@@ -466,6 +497,49 @@ TEST(ExternalTrainers, TheSimEndsWithTheReasonWhenEveryAgentHasExited) {
   EXPECT_NE(log.find("hospital-01 exited with code 1"), std::string::npos) << log;
   EXPECT_NE(log.find("trainer.max_failures"), std::string::npos) << log;
   EXPECT_NE(log.find("FAILED: 0/5 rounds committed"), std::string::npos) << log;
+}
+
+// Code after a script's federated loop runs in every silo (a final save, a print): when the
+// federation finishes, each agent sends its trainer the shutdown task and waits for it to exit,
+// and the sim waits for its agents, rather than killing them.
+TEST(ExternalTrainers, EachSilosScriptRunsItsCodeAfterTheLoopWhenTheFederationFinishes) {
+  REQUIRE_PYTHON_MODULE("numpy");
+  test::TempDir dir;
+  const auto done = dir / "done";
+  std::filesystem::create_directories(done);
+  auto cfg = fake_sim(dir, 3, 2, {{"FAKE_DONE", done.string()}, {"PYTHONPATH", (kSource / "python").string()}});
+  std::string log;
+  const auto summary = run_sim_config(dir, cfg, 240s, &log);
+  EXPECT_EQ(summary["rounds_committed"], 2) << log;
+  for (const char* silo : {"hospital-01", "hospital-02", "hospital-03"}) {
+    const auto file = done / (std::string(silo) + "-0");
+    EXPECT_TRUE(std::filesystem::exists(file))
+        << file << "\n" << read_file(dir / "out" / "logs" / (std::string(silo) + ".log")) << "\ntrainer:\n"
+        << log_tail(dir / "out" / "silos" / silo / "state" / "trainer" / "rank-0.log", 20) << "\nsim:\n" << log;
+  }
+}
+
+// xsilo sim asks the script for its initial weights: a command that cannot be started says so
+// (and that nothing starts it again), with xc.epochs among the calls only where the script is to blame.
+TEST(ExternalTrainers, TheSimSaysWhenTheTrainerCommandCannotBeStarted) {
+  test::TempDir dir;
+  const json cfg = {{"silos", 2},
+                    {"rounds", 1},
+                    {"baseline", false},
+                    {"data", {{"dataset", "breast_cancer"}}},
+                    {"model", {{"kind", "file"}}},
+                    {"trainer", {{"command", {"/no/such/venv/bin/python", "train.py"}}}}};
+  std::ofstream(dir / "sim.json") << cfg.dump(2);
+  Process sim({test::xsilo_bin(), "sim", "--config", (dir / "sim.json").string(), "--out", (dir / "out").string()},
+              dir / "sim.log");
+  EXPECT_NE(sim.wait(120s).value_or(-1), 0);
+  const std::string log = read_file(dir / "sim.log");
+  EXPECT_NE(log.find("sim: cannot ask the training script for its initial weights: external trainer: the command could "
+                     "not be started (exit code 127): /no/such/venv/bin/python: No such file or directory"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(log.find("did not give its initial weights"), std::string::npos) << log;
+  EXPECT_EQ(log.find("started again"), std::string::npos) << log;
 }
 
 // A silo whose trainer dies in round 2 is a dropout of round 2 with the reason in its log; its

@@ -119,6 +119,7 @@ void add_agent(CLI::App& app, int& exit_code) {
                           "server makes its initial model from its own config)");
       }
       agent::ExternalTrainer trainer(cfg);
+      trainer.set_one_shot();
       save_safetensors(*initial, trainer.initial_model({0, "initial-model", {}}));
       std::printf("wrote %s: the server's \"model\": {\"kind\": \"file\", \"path\": ...}\n", initial->c_str());
       exit_code = 0;

@@ -174,8 +174,9 @@ class Processes {
     for (auto& [name, p] : procs_) {
       if (p->running()) p->signal(SIGTERM);
     }
+    // A stopped agent still shuts its trainer down (up to 10 s) before it exits.
     for (auto& [name, p] : procs_) {
-      if (!p->wait(std::chrono::milliseconds(2000))) p->stop(std::chrono::milliseconds(0));
+      if (!p->wait(std::chrono::milliseconds(12000))) p->stop(std::chrono::milliseconds(0));
     }
   }
 
@@ -658,7 +659,9 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
   Progress progress(cfg, f, central, result);
   std::string stalled;
   const int server_code = follow(cfg, f, procs, faults, progress, stalled, say);
-  procs.finish(std::chrono::milliseconds(5000));
+  // Each agent sends its trainer the shutdown task and gives it 10 s to exit (the script's code
+  // after its loop runs): the agents get longer than that before they are stopped.
+  procs.finish(std::chrono::milliseconds(15000));
 
   copy_outputs(f, progress.rounds);
   if (cfg.baseline && !g_interrupted) result.baseline_accuracy = central.baseline();

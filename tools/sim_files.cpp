@@ -146,15 +146,20 @@ void make_initial_model(const SimConfig& cfg, FederationFiles& f) {
       f.initial_model = out / "init.safetensors";
       agent::AgentConfig a = central_trainer_config(cfg, f, out / "central" / "init-state");
       agent::ExternalTrainer trainer(a);
+      trainer.set_one_shot();
       wire::TrainingPlan plan;
       plan.set_seed(cfg.seed);
       plan.set_config_json(cfg.training.dump());
       try {
         save_safetensors(f.initial_model, trainer.initial_model({0, "central", plan}));
       } catch (const agent::TrainerError& e) {
+        // A command that could not be started is not the script's fault: the message says so.
+        if (std::string(e.what()).find("could not be started") != std::string::npos) {
+          throw std::runtime_error(std::string("sim: cannot ask the training script for its initial weights: ") + e.what());
+        }
         throw std::runtime_error(std::string("sim: the training script did not give its initial weights (it answers the "
-                                             "agent's init task when it calls xc.tasks(model) or xc.run(model, ...); "
-                                             "or give trainer.init): ") +
+                                             "agent's init task when it calls xc.tasks(model), xc.epochs(model, ...) "
+                                             "or xc.run(model, ...); or give trainer.init): ") +
                                  e.what());
       }
     } else if (!std::filesystem::exists(f.initial_model)) {
