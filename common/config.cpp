@@ -26,6 +26,20 @@ std::size_t edit_distance(const std::string& a, const std::string& b) {
   }
   return prev[b.size()];
 }
+
+// Of `candidates`, the one nearest to `key` within two typos (the first of equals), else null.
+template <class Keys>
+const std::string* nearest_key(const std::string& key, const Keys& candidates) {
+  const std::string* nearest = nullptr;
+  std::size_t best = 3;
+  for (const std::string& k : candidates) {
+    if (const auto d = edit_distance(key, k); d < best) {
+      best = d;
+      nearest = &k;
+    }
+  }
+  return nearest;
+}
 }  // namespace
 
 ConfigNode::ConfigNode(const nlohmann::json& j, std::string file, std::string path)
@@ -88,11 +102,12 @@ void ConfigNode::fail(const std::string& key, const std::string& reason) const {
   // A required key that is missing while a key within two typos of it is there ("comand"):
   // that key is named, as an unknown key is told "did you mean".
   if (reason.rfind("is required", 0) == 0 && !key.empty() && !j_->contains(key)) {
+    std::vector<std::string> unread;
     for (auto it = j_->begin(); it != j_->end(); ++it) {
-      if (!used_->count(it.key()) && edit_distance(it.key(), key) <= 2) {
-        why += " (the config has \"" + it.key() + "\": a misspelling of " + key + "?)";
-        break;
-      }
+      if (!used_->count(it.key())) unread.push_back(it.key());
+    }
+    if (const auto* typo = nearest_key(key, unread)) {
+      why += " (the config has \"" + *typo + "\": a misspelling of " + key + "?)";
     }
   }
   throw ConfigError("config " + file_ + ": " + (key.empty() ? path_ : key_path(key)) + ": " + why);
@@ -288,15 +303,7 @@ std::vector<std::string> ConfigNode::finish_open(const std::vector<std::string>&
 void ConfigNode::finish() const {
   for (auto it = j_->begin(); it != j_->end(); ++it) {
     if (used_->count(it.key())) continue;
-    const std::string* nearest = nullptr;
-    std::size_t best = 3;
-    for (const auto& k : *used_) {
-      const auto d = edit_distance(it.key(), k);
-      if (d < best) {
-        best = d;
-        nearest = &k;
-      }
-    }
+    const auto* nearest = nearest_key(it.key(), *used_);
     fail(it.key(), nearest ? "unknown key; did you mean " + *nearest + "?" : "unknown key");
   }
 }
