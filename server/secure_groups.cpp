@@ -123,14 +123,15 @@ SecureGroups::SecureGroups(const RoundConfig& cfg, const std::vector<TensorInfo>
     : aggregation_(cfg.aggregation),
       d_(elements(layout)),
       clip_norm_(clip_norm),
+      counts_(counts_unclipped(cfg, clip_norm)),
       ceiling_(cfg.secure.clip_norm),
       kept_(shared_set(cfg, layout, round)),
       words_(cfg.distributed_dp ? crypto::padded_length(kept_.empty() ? d_ : kept_.size()) + 1 +
                                       (cfg.distributed_dp->count_scale > 0 ? 1 : 0)
-                                : (kept_.empty() ? d_ : kept_.size()) + 1 + (clip_norm ? 1 : 0)),
+                                : (kept_.empty() ? d_ : kept_.size()) + 1 + (counts_ ? 1 : 0)),
       dp_(round_dp(cfg, clip_norm)),
       round_(with_clip_norm(cfg.secure, clip_norm), cfg.signer, cfg.ca, cfg.federation, round, cfg.seed, selected, d_,
-             clip_norm.has_value(), kept_, skellam_setup(cfg, round, round_clip_norm(cfg, clip_norm))),
+             counts_, kept_, skellam_setup(cfg, round, round_clip_norm(cfg, clip_norm))),
       current_(std::max<std::size_t>(1, cfg.uploads_at_once)) {
   // Every lane's slot exists from the start and never moves (the worker may be folding one lane
   // while the network thread fills another's on its first grant); a lane's words are made then.
@@ -170,7 +171,7 @@ std::vector<Rejection> SecureGroups::do_prepare() {
   for (auto& r : results_) {
     if (r.sum) {
       auto plausible = dp_ ? check_plausible_skellam_sum(*r.sum, r.survivors.size(), r.min_survivors, *dp_)
-                           : check_plausible_sum(*r.sum, r.survivors.size(), sc, clip_norm_.has_value());
+                           : check_plausible_sum(*r.sum, r.survivors.size(), sc, counts_);
       if (!plausible) r.sum = plausible.error();
     }
     if (!r.sum) {
@@ -184,9 +185,10 @@ std::vector<Rejection> SecureGroups::do_prepare() {
 
 CombineResult SecureGroups::do_combine(std::span<float> out, const CombineContext& ctx) {
   if (dp_) return combine_distributed_groups(aggregation_, results_, d_, *dp_, ctx, out, ceiling_);
-  return combine_groups(aggregation_, results_, d_, clip_norm_ ? std::optional<double>(round_.config().clip_norm)
-                                                               : std::nullopt,
-                        ceiling_, ctx, out);
+  const GroupClipping clipping{.counted = counts_,
+                                .adaptive = clip_norm_ ? std::optional<double>(round_.config().clip_norm) : std::nullopt,
+                                .ceiling = ceiling_};
+  return combine_groups(aggregation_, results_, d_, clipping, ctx, out);
 }
 
 namespace {
@@ -280,8 +282,15 @@ CombineResult combine_distributed_groups(const AggregationConfig& aggregation, c
   return c;
 }
 
+bool counts_unclipped(const RoundConfig& cfg, std::optional<double> adaptive_clip_norm) {
+  if (!cfg.secure.on()) return false;
+  if (adaptive_clip_norm) return true;
+  return !cfg.central_dp && !cfg.distributed_dp &&
+         cfg.secure.max_weight * std::max(cfg.secure.clip_norm, 1.0) >= 1.0;
+}
+
 CombineResult combine_groups(const AggregationConfig& aggregation, const std::vector<GroupResult>& results,
-                             std::size_t d, std::optional<double> clip_norm, double ceiling, const CombineContext& ctx,
+                             std::size_t d, const GroupClipping& clipping, const CombineContext& ctx,
                              std::span<float> out) {
   nlohmann::json outcome = nlohmann::json::array();
   std::vector<const GroupSum*> sums;  // the groups counted, in order
@@ -292,7 +301,7 @@ CombineResult combine_groups(const AggregationConfig& aggregation, const std::ve
     nlohmann::json o = {{"group", r.group}, {"survivors", r.survivors}, {"ok", r.sum.has_value()}};
     if (!r.sum) o["reason"] = r.sum.error().message();
     else o["weight"] = r.sum->weight();
-    if (r.sum && clip_norm) {
+    if (r.sum && clipping.counted) {
       // The group's count of members within the clip norm: a sum, like everything else here
       // (prepare() checked it is a whole number of at most the survivors).
       o["unclipped"] = r.sum->at(d + 1);
@@ -312,10 +321,24 @@ CombineResult combine_groups(const AggregationConfig& aggregation, const std::ve
     mean_of_group_sums(sums, d, total_weight, out);  // the weighted mean
   }
   record_of(c)["secure"]["groups_outcome"] = outcome;
-  if (clip_norm && counted > 0 && c) {
+  if (clipping.counted && counted > 0) {
+    const double norm = clipping.adaptive.value_or(clipping.ceiling);
+    const auto scaled = static_cast<std::size_t>(std::llround(static_cast<double>(counted) - unclipped));
+    record_of(c)["secure"]["clipped"] = {{"updates", scaled}, {"of", counted}, {"clip_norm", norm}};
+    if (scaled > 0 && !clipping.adaptive) {
+      // Nothing else would say it: the silos' deltas were larger than the codec's bound, and the
+      // model moves less than in plain mode (docs/configs.md, secure.clip_norm).
+      spdlog::warn("round {}: secure.clip_norm {:g} scaled down {} of {} updates (their norm was above it), so the "
+                   "model moves less than in plain mode; raise it (modulus_bits 64 where the config check asks for the headroom) or let "
+                   "aggregation.adaptive_clip follow the norms (docs/configs.md, secure.clip_norm)",
+                   ctx.round, norm, scaled, counted);
+    }
+  }
+  if (clipping.adaptive && counted > 0 && c) {
     // Every member clipped to the round's norm (capped by secure.clip_norm, the codec's bound);
     // the next one follows the unclipped fraction, and stays under that bound.
-    auto [next, part] = adapt_clip_norm(aggregation.adaptive_clip, *clip_norm, unclipped, counted, ceiling);
+    auto [next, part] = adapt_clip_norm(aggregation.adaptive_clip, *clipping.adaptive, unclipped, counted,
+                                        clipping.ceiling);
     part["counted_in"] = "the masked group sums";
     c->record["robust"]["adaptive_clip"] = std::move(part);
     c->next_clip_norm = next;

@@ -19,12 +19,28 @@ namespace xsilo::server {
 Status check_plausible_sum(const GroupSum& sum, std::size_t survivors, const SecureConfig& sc,
                           bool counts_unclipped);
 
+// Whether a secure round's masked sums end with the count of the members whose delta was within
+// the round's clip norm (one more word; the codec's unclipped bit): under adaptive clipping
+// (`adaptive_clip_norm` set), which steers by it, and in a round without silo-level DP, so that
+// the server can say how many updates secure.clip_norm scaled down (a group's count, like its
+// sum, is all it learns; under DP it would be released without noise, so it is not made). Never
+// where the bit would need more of the ring than the updates (max_weight x clip_norm below 1).
+bool counts_unclipped(const RoundConfig& cfg, std::optional<double> adaptive_clip_norm);
+
+// How a round's sums were clipped, for combine_groups.
+struct GroupClipping {
+  bool counted = false;                // the sums end with the count of members within the clip norm
+  std::optional<double> adaptive;      // adaptive clipping: the round's C, every member clipped to it
+  double ceiling = 0;                  // secure.clip_norm: the codec's bound, and the next C's
+};
+
 // The unmasked group sums (results without a sum are left out) through the rule across group
-// means, or their total for FedAvg, with each group's outcome and, under adaptive clipping
-// (`clip_norm`: the round's, every member clipped to it), the next clip norm, at most `ceiling`.
-// SecureGroups::combine, and `xsilo sim --in-process`'s grouped rounds.
+// means, or their total for FedAvg, with each group's outcome. With counted sums the record says
+// how many updates were scaled down (secure.clipped; a warning when secure.clip_norm did it) and,
+// under adaptive clipping, the next clip norm, at most the ceiling. SecureGroups::combine, and
+// `xsilo sim --in-process`'s grouped rounds.
 CombineResult combine_groups(const AggregationConfig& aggregation, const std::vector<GroupResult>& results,
-                             std::size_t d, std::optional<double> clip_norm, double ceiling, const CombineContext& ctx,
+                             std::size_t d, const GroupClipping& clipping, const CombineContext& ctx,
                              std::span<float> out);
 
 // Distributed DP (server/distributed_dp.h): the setup part every member encodes with, for a round
@@ -65,9 +81,10 @@ class SecureGroups final : public Aggregator {
   AggregationConfig aggregation_;
   std::size_t d_;
   std::optional<double> clip_norm_;  // adaptive: this round's (else secure.clip_norm, fixed)
+  bool counts_ = false;              // the sums end with the unclipped count (counts_unclipped)
   double ceiling_ = 0;               // secure.clip_norm: the codec's overflow check is made for it
   std::vector<std::uint64_t> kept_;  // RANDOM_K: the coordinates every member masks (else all)
-  std::size_t words_;                // d (or the kept ones), the weight, and the unclipped count when adaptive
+  std::size_t words_;                // d (or the kept ones), the weight, and the unclipped count when counted
   std::optional<DistributedDpConfig> dp_;  // distributed DP at the round's C: words_ = the rotated length + 1 (+ 1)
   SecureRound round_;
   std::vector<std::unique_ptr<protocol::MaskedVector>> current_;            // each upload lane's upload being received

@@ -94,7 +94,12 @@ MaskDone MaskingJob::operator()() const {
     }
   }
   r.words = std::make_shared<protocol::MaskedVector>(codec.bits, codec.words(d));
-  r.words->visit([&](auto words) { crypto::encode(applied, delta, weight, seed, words); });
+  double factor = 1;
+  r.words->visit([&](auto words) { factor = crypto::encode(applied, delta, weight, seed, words); });
+  if (factor < 1) {
+    r.clipped_to = applied.clip_norm;
+    r.norm = applied.clip_norm / factor;
+  }
   hook->encoded(*r.words, codec);
   if (auto masked = member->mask(*r.words); !masked) r.error = masked.error().message();
   const auto b = r.words->bytes();

@@ -656,6 +656,11 @@ void Session::mask_when_ready() {
 }
 
 void Session::masked(MaskDone r) {
+  if (r.clipped_to > 0) {
+    // The server counts these (secure.clipped in its round record) but never sees the norm.
+    spdlog::info("round {}: the update's norm {:.4g} is above the secure setup's clip norm {:.4g}: scaled down to it",
+                 round_, r.norm, r.clipped_to);
+  }
   auto sha = secure_.masked(std::move(r));
   if (!sha) {
     spdlog::error("round {}: masking failed: {}", round_, sha.error().message());

@@ -53,6 +53,10 @@ struct MaskDone {
   std::shared_ptr<protocol::MaskedVector> words;
   std::string sha256;
   std::string error;
+  // The fixed-point codec's clipping: the delta's norm, and the setup's clip norm when the delta
+  // was above it and scaled down to it (0: not clipped). The silo's own log says so.
+  double norm = 0;
+  double clipped_to = 0;
 };
 using SessionJobResult = std::variant<TrainDone, MaskDone>;
 

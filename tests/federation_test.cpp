@@ -716,6 +716,61 @@ TEST(Federation, DistributedDpWithRandomKEncodesTheKeptCoordinatesAndPassesAudit
 // silo chooses its own noise for the rounds its budget was planned for, spends its budget across
 // them, refuses the round after, and the server ends the federation (audited) once too few silos
 // have budget left. The audit log carries every spend and `xsilo audit verify` recomputes them.
+// Secure aggregation's codec clips every delta to secure.clip_norm: the masked sums count the
+// silos within it, so a round that scaled updates down says so (its record's secure.clipped, a
+// warning in the server's log, the silos' own logs, the sim's closing lines and summary), and a
+// clip norm above the updates counts none. Through an edge, with a dropout after masking, so that
+// the count is summed by the edge and over the survivors only.
+TEST(Federation, SecureRoundsCountTheUpdatesSecureClipNormScaledDown) {
+  test::TempDir dir;
+  const auto run = [&](const std::string& name, double clip_norm) {
+    auto sim = distributed_sim(nullptr, {{{"process", "hospital-05"}, {"action", "kill"}, {"round", 2},
+                                          {"phase", "after_shares"}}});
+    sim.erase("privacy");
+    sim["rounds"] = 2;
+    sim["edges"] = 1;
+    sim["secure"]["clip_norm"] = clip_norm;
+    sim["secure"]["modulus_bits"] = 64;
+    atomic_write_file(dir / (name + ".json"), sim.dump());
+    ProcessOptions in_dir;
+    in_dir.cwd = dir.path();
+    Process p({test::xsilo_bin(), "sim", "--config", name + ".json", "--out", name}, dir / (name + ".log"), in_dir);
+    EXPECT_EQ(p.wait(240s).value_or(-1), 0) << log_tail(dir / (name + ".log"), 40);
+    return nlohmann::json::parse(read_file(dir / name / "summary.json"));
+  };
+  // A logistic model's round-1 delta on the digits is far above 0.001.
+  const auto tight = run("tight", 0.001);
+  ASSERT_EQ(tight["rounds_committed"], 2) << tight.dump();
+  ASSERT_TRUE(tight.contains("secure_clipped")) << tight.dump();
+  EXPECT_EQ(tight["secure_clipped"]["updates"], 9) << tight.dump();  // 5 in round 1, 4 survivors in round 2
+  EXPECT_EQ(tight["secure_clipped"]["of"], 9) << tight.dump();
+  EXPECT_EQ(tight["secure_clipped"]["rounds"], 2) << tight.dump();
+  std::size_t records = 0;
+  for (const auto& r : server::read_audit_log(dir / "tight" / "audit.jsonl")) {
+    if (r.value("event", "") != "round" || r.value("status", "") != "committed") continue;
+    ++records;
+    const auto& c = r["secure"]["clipped"];
+    EXPECT_EQ(c["updates"], c["of"]) << r.dump();
+    EXPECT_EQ(c["of"], r.value("round", 0) == 1 ? 5 : 4) << r.dump();
+    EXPECT_DOUBLE_EQ(c["clip_norm"].get<double>(), 0.001) << r.dump();
+  }
+  EXPECT_EQ(records, 2u);
+  const auto sim_log = read_file(dir / "tight.log");
+  EXPECT_NE(sim_log.find("secure.clip_norm 0.001 scaled down 9 of 9 updates (in 2 rounds)"), std::string::npos)
+      << log_tail(dir / "tight.log", 20);
+  EXPECT_NE(read_file(dir / "tight" / "logs" / "server.log").find("round 1: secure.clip_norm 0.001 scaled down 5 of 5"),
+            std::string::npos);
+  EXPECT_NE(read_file(dir / "tight" / "logs" / "hospital-01.log").find("above the secure setup's clip norm 0.001"),
+            std::string::npos);
+
+  const auto wide = run("wide", 1e6);
+  ASSERT_EQ(wide["rounds_committed"], 2) << wide.dump();
+  EXPECT_EQ(wide["secure_clipped"]["updates"], 0) << wide.dump();
+  EXPECT_EQ(wide["secure_clipped"]["of"], 9) << wide.dump();
+  EXPECT_EQ(read_file(dir / "wide.log").find("scaled down"), std::string::npos) << log_tail(dir / "wide.log", 20);
+  EXPECT_EQ(read_file(dir / "wide" / "logs" / "server.log").find("scaled down"), std::string::npos);
+}
+
 TEST(Federation, EachSiloSpendsItsOwnPrivacyBudgetAndTheFederationEndsWhenTheBudgetsAre) {
   test::TempDir dir;
   nlohmann::json sim = {{"silos", 4},

@@ -19,6 +19,7 @@
 #include "common/mlp.h"
 #include "common/safetensors.h"
 #include "common/tensorboard.h"
+#include "server/audit.h"
 #include "server/metrics.h"
 #include "protocol/privacy.h"
 #include "silo_agent/external_trainer.h"
@@ -547,6 +548,29 @@ std::string federation_end_reason(const std::filesystem::path& audit) {
   return reason;
 }
 
+// What secure.clip_norm did over the committed rounds (their records' secure.clipped), into
+// `result`; rounds under adaptive clipping are left out, where clipping is the point.
+void count_secure_clipping(const std::filesystem::path& audit, SimResult& result) {
+  if (!std::filesystem::exists(audit)) return;
+  std::vector<json> records;
+  try {
+    records = server::read_audit_log(audit);
+  } catch (const std::exception&) {
+    return;  // a damaged line: the verify command the run prints says which
+  }
+  for (const auto& r : records) {
+    if (r.value("event", "") != "round" || r.value("status", "") != "committed") continue;
+    const auto secure = r.value("secure", json::object());
+    if (!secure.contains("clipped") || r.value("robust", json::object()).contains("adaptive_clip")) continue;
+    const auto& c = secure["clipped"];
+    const auto scaled = c.value("updates", std::uint64_t{0});
+    result.secure_clipped += scaled;
+    result.secure_counted += c.value("of", std::uint64_t{0});
+    result.secure_clipped_rounds += scaled > 0 ? 1 : 0;
+    result.secure_clip_norm = c.value("clip_norm", 0.0);
+  }
+}
+
 void copy_outputs(const FederationFiles& f, const std::vector<double>& rounds) {
   if (!rounds.empty()) {
     char name[64];
@@ -590,6 +614,12 @@ void write_summary(const SimConfig& cfg, const FederationFiles& f, const std::fi
   if (!stalled.empty()) summary["stalled"] = stalled;
   result.epsilon_spent = epsilon_spent(cfg, f);
   if (result.epsilon_spent >= 0) summary["epsilon_spent"] = result.epsilon_spent;
+  if (result.secure_counted > 0) {
+    summary["secure_clipped"] = {{"updates", result.secure_clipped},
+                                 {"of", result.secure_counted},
+                                 {"rounds", result.secure_clipped_rounds},
+                                 {"clip_norm", result.secure_clip_norm}};
+  }
   atomic_write_file(out / "summary.json", summary.dump(2) + "\n");
 }
 
@@ -619,6 +649,17 @@ void say_outcome(const SimConfig& cfg, const FederationFiles& f, const std::file
     say(line);
   }
   if (budgets_spent) say("  the federation ended before its last round: " + ended);
+  if (result.secure_clipped > 0) {
+    std::snprintf(line, sizeof line,
+                  "  secure.clip_norm %g scaled down %llu of %llu updates (in %llu rounds): the model moved less than "
+                  "in plain mode;",
+                  result.secure_clip_norm, static_cast<unsigned long long>(result.secure_clipped),
+                  static_cast<unsigned long long>(result.secure_counted),
+                  static_cast<unsigned long long>(result.secure_clipped_rounds));
+    say(line);
+    say("    raise it (secure.modulus_bits 64 where the config check asks for the headroom) or let aggregation.adaptive_clip follow the "
+        "norms (docs/configs.md, secure.clip_norm)");
+  }
   if (result.baseline_accuracy >= 0 && !std::isnan(result.final_accuracy)) {
     std::snprintf(line, sizeof line, "  centralized training on the pooled data%s: %.2f%% (difference %+.2f points)",
                   !cfg.privacy ? "" : cfg.trainer ? " (the script's own DP-SGD)" : " (DP-SGD, the same epsilon)",
@@ -666,6 +707,7 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
   copy_outputs(f, progress.rounds);
   if (cfg.baseline && !g_interrupted) result.baseline_accuracy = central.baseline();
   const double secs = std::chrono::duration<double>(Clock::now() - t_start).count();
+  count_secure_clipping(out / "audit.jsonl", result);
   write_summary(cfg, f, out, result, faults, server_code, secs, stalled);
   // From the files just written, as `xsilo report OUT` would draw it.
   write_report(run_sources(out), out / "report.html", out / "report.svg");

@@ -220,6 +220,10 @@ struct SimResult {
   // --in-process with train_ms: the simulated clock when the last round committed (each silo's
   // training takes its drawn train_ms, silos train in parallel, nothing else takes time).
   std::int64_t sim_ms = 0;
+  // Secure mode without adaptive clipping: the updates secure.clip_norm scaled down, of those
+  // counted, over the committed rounds (the round records' secure.clipped).
+  std::uint64_t secure_clipped = 0, secure_counted = 0, secure_clipped_rounds = 0;
+  double secure_clip_norm = 0;
 };
 
 SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool quiet = false);

@@ -73,11 +73,12 @@ class GroupedSums {
  public:
   GroupedSums(const server::ServerConfig& cfg, std::uint64_t round, const std::vector<std::string>& silos,
               std::size_t d, std::optional<double> clip_norm, const crypto::secagg::Floor& floor)
-      : cfg_(cfg), secure_(cfg.secure), round_(round), d_(d), clip_norm_(clip_norm) {
+      : cfg_(cfg), secure_(cfg.secure), round_(round), d_(d), clip_norm_(clip_norm),
+        counts_(server::counts_unclipped(cfg, clip_norm)) {
     // As the server's round: the round's adaptive clip norm, never above secure.clip_norm.
     if (clip_norm) secure_.clip_norm = std::min(*clip_norm, secure_.clip_norm);
     codec_ = secure_.codec();
-    codec_.unclipped_bit = clip_norm.has_value();
+    codec_.unclipped_bit = counts_;
     // The signed setup carries both as float32: the silos clip and cap with those values.
     codec_.clip_norm = static_cast<float>(codec_.clip_norm);
     codec_.max_weight = static_cast<float>(codec_.max_weight);
@@ -150,7 +151,7 @@ class GroupedSums {
         }
       } else {
         r.sum = server::GroupSum(std::move(sums_[g]), codec_, d_);
-        if (auto st = server::check_plausible_sum(*r.sum, r.survivors.size(), secure_, clip_norm_.has_value()); !st) {
+        if (auto st = server::check_plausible_sum(*r.sum, r.survivors.size(), secure_, counts_); !st) {
           r.sum = st.error();
         }
       }
@@ -159,9 +160,11 @@ class GroupedSums {
     if (skellam_) {
       return server::combine_distributed_groups(cfg_.aggregation, results, d_, *dp_, ctx, out, cfg_.secure.clip_norm);
     }
-    return server::combine_groups(cfg_.aggregation, results, d_,
-                                  clip_norm_ ? std::optional<double>(secure_.clip_norm) : std::nullopt,
-                                  cfg_.secure.clip_norm, ctx, out);
+    const server::GroupClipping clipping{
+        .counted = counts_,
+        .adaptive = clip_norm_ ? std::optional<double>(secure_.clip_norm) : std::nullopt,
+        .ceiling = cfg_.secure.clip_norm};
+    return server::combine_groups(cfg_.aggregation, results, d_, clipping, ctx, out);
   }
 
   // Distributed DP: the group sums combine() unmasked (as server::SecureRound::revealed).
@@ -189,6 +192,7 @@ class GroupedSums {
   std::uint64_t round_;
   std::size_t d_;
   std::optional<double> clip_norm_;
+  bool counts_ = false;  // the sums end with the unclipped count (server::counts_unclipped)
   crypto::FixedPointParams codec_;
   std::map<std::string, std::size_t> group_of_;
   std::vector<protocol::MaskedVector> sums_;
