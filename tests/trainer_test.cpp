@@ -824,7 +824,8 @@ TEST(LoraExample, OnlyTheAdaptersAreFederatedUnderSecureAggregation) {
   }
   EXPECT_EQ(params, 2178u);
   for (const auto& row : server::read_metrics(dir / "out" / "server" / "metrics.csv")) {
-    EXPECT_EQ(row.upload_bytes, 5u * (params + 1) * 8) << "5 silos, a 64-bit word per parameter and the weight";
+    EXPECT_EQ(row.upload_bytes, 5u * (params + 2) * 8)
+        << "5 silos, a 64-bit word per parameter, the weight and the unclipped bit (secure.clipped)";
   }
   // It learns: chance is 0.5, and 600 test rows put 0.6 five standard deviations above it. How
   // fast depends on the deal of the rows (examples/lora/README.md: 64-91 % after 8 rounds over
