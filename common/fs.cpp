@@ -144,4 +144,21 @@ std::string log_tail(const std::filesystem::path& log, std::size_t lines) {
   return out;
 }
 
+std::string last_error_above_tail(const std::filesystem::path& log, std::size_t tail) {
+  std::ifstream in(log);
+  std::string last;
+  std::size_t at = 0, n = 0;
+  for (std::string l; std::getline(in, l);) {
+    ++n;
+    for (const char* mark : {"[error]", "[critical]", "\"level\":\"error\"", "\"level\":\"critical\""}) {
+      if (l.find(mark) != std::string::npos) {
+        last = l;
+        at = n;
+        break;
+      }
+    }
+  }
+  return at > 0 && at + tail <= n ? last : "";
+}
+
 }  // namespace xsilo

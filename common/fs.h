@@ -32,5 +32,9 @@ Status reachable(const std::filesystem::path& path, bool folder = false);
 void fsync_dir(const std::filesystem::path& dir);
 // The last `lines` lines of a text file (a child's log), each indented by four spaces.
 std::string log_tail(const std::filesystem::path& log, std::size_t lines = 15);
+// The last error (or critical) line of a log, text or JSON lines, when it is not among its last
+// `tail` lines, where a process's shutdown lines can push the reason it stopped out of sight of
+// log_tail(log, tail); "" otherwise.
+std::string last_error_above_tail(const std::filesystem::path& log, std::size_t tail);
 
 }  // namespace xsilo

@@ -474,6 +474,24 @@ TEST(ExternalTrainers, ATrainersOutputStaysInTheSiloOnlyAReasonCodeReachesTheSer
   EXPECT_EQ(rounds[2]["participants"].size(), 3u) << rounds[2].dump(2);  // back in round 3
 }
 
+// xsilo sim names an exited agent's last error above the lines of its log it shows (the agent's
+// shutdown lines, a trainer given its grace period, come after the reason it stopped).
+TEST(LogTail, TheLastErrorAboveTheTailIsFoundInTextAndJsonLogs) {
+  test::TempDir dir;
+  const auto text = dir / "agent.log";
+  atomic_write_file(text, "a [agent] [error] first\nb [agent] [critical] stopping: the reason\nc [agent] [info] one\n"
+                          "d [agent] [warning] two\n");
+  EXPECT_EQ(last_error_above_tail(text, 2), "b [agent] [critical] stopping: the reason");
+  EXPECT_EQ(last_error_above_tail(text, 3), "");  // log_tail(text, 3) shows it already
+  const auto lines = dir / "agent.jsonl";
+  atomic_write_file(lines, "{\"level\":\"error\",\"msg\":\"stopping\"}\n{\"level\":\"info\",\"msg\":\"bye\"}\n");
+  EXPECT_EQ(last_error_above_tail(lines, 1), "{\"level\":\"error\",\"msg\":\"stopping\"}");
+  const auto quiet = dir / "quiet.log";
+  atomic_write_file(quiet, "a [agent] [info] connected\nb [agent] [info] round 1\n");
+  EXPECT_EQ(last_error_above_tail(quiet, 1), "");
+  EXPECT_EQ(last_error_above_tail(dir / "absent.log", 1), "");
+}
+
 // The sim never waits for ever: when every agent has exited (here each trainer fails its first
 // round and trainer.max_failures is 1), it stops the server, says why, names each agent's exit
 // and the end of its log, and exits non-zero.

@@ -452,14 +452,18 @@ std::size_t agents_running(Processes& procs, const FederationFiles& f) {
   return alive;
 }
 
-// Each agent that exited: its exit code and the last lines of its log, where it said why.
+// Each agent that exited: its exit code, its last error when its last lines do not show it, and
+// the last lines of its log.
 std::string exited_agents(Processes& procs, const FederationFiles& f) {
   std::string out;
   for (const auto& s : f.silos) {
     if (procs.running(s)) continue;
     const auto code = procs[s].exit_code();
-    out += "  " + s + " exited" + (code ? " with code " + std::to_string(*code) : "") + "; its log ends:\n" +
-           log_tail(f.logs / (s + ".log"), 4);
+    const auto log = f.logs / (s + ".log");
+    out += "  " + s + " exited" + (code ? " with code " + std::to_string(*code) : "");
+    const auto error = last_error_above_tail(log, 4);
+    out += error.empty() ? "; its log ends:\n" : "; its last error:\n    " + error + "\n  and its log ends:\n";
+    out += log_tail(log, 4);
   }
   return out;
 }
