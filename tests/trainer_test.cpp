@@ -493,8 +493,8 @@ TEST(LogTail, TheLastErrorAboveTheTailIsFoundInTextAndJsonLogs) {
 }
 
 // The sim never waits for ever: when every agent has exited (here each trainer fails its first
-// round and trainer.max_failures is 1), it stops the server, says why, names each agent's exit
-// and the end of its log, and exits non-zero.
+// round and trainer.max_failures is 1), it stops the server, says why (and why round 1
+// aborted), names each agent's exit and the end of its log, and exits non-zero.
 // Depends on timing: it measures that the sim gives up within 120 s of real time, where it waits
 // 5 s once no agent runs; the rest is the agents' start and one failed round each, a wide margin
 // under load. Deterministic counterparts: SimStall.TheSimGivesUpFiveSecondsAfterTheLastAgentAndTwentyAfterTooFewRemain
@@ -513,6 +513,8 @@ TEST(ExternalTrainers, TheSimEndsWithTheReasonWhenEveryAgentHasExited) {
   EXPECT_NE(log.find("the federation cannot go on: every agent has exited; stopping the server"), std::string::npos)
       << log;
   EXPECT_NE(log.find("hospital-01 exited with code 1"), std::string::npos) << log;
+  EXPECT_NE(log.find("| ABORTED |"), std::string::npos) << log;
+  EXPECT_NE(log.find("why: only 0 updates arrived, 2 needed"), std::string::npos) << log;  // its audit record's reason
   EXPECT_NE(log.find("trainer.max_failures"), std::string::npos) << log;
   EXPECT_NE(log.find("FAILED: 0/5 rounds committed"), std::string::npos) << log;
 }

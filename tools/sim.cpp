@@ -358,9 +358,29 @@ class Progress {
       std::snprintf(line, sizeof line, "round %3llu/%llu | ABORTED | silos %zu/%zu | dropped %zu | %5.2f s",
                     static_cast<unsigned long long>(r.round), static_cast<unsigned long long>(cfg_.rounds), r.reported,
                     r.selected, r.dropped, r.seconds);
+      if (const auto why = aborted_reason(r.round); !why.empty()) {
+        say(line);
+        std::snprintf(line, sizeof line, "          why: %.200s", why.c_str());
+      }
     }
     say(line);
     sample_server(r.round);
+  }
+  // The reason the server's audit record gives for aborting `round` ("" when none can be read:
+  // the record is written before the metrics row that reports the round).
+  std::string aborted_reason(std::uint64_t round) const {
+    std::string reason;
+    try {
+      for (const auto& a : server::read_audit_log(f_.state / "audit.jsonl")) {
+        if (a.value("event", "") == "round" && a.value("round", std::uint64_t{0}) == round &&
+            a.value("status", "") == "aborted") {
+          reason = a.value("reason", "");
+        }
+      }
+    } catch (const std::exception&) {
+      // a damaged line: the verify command the run prints says which
+    }
+    return reason;
   }
   // server_resources.csv: the server's resident memory (VmRSS of /proc/PID/status) and open
   // descriptors (entries of /proc/PID/fd) after each round; nothing where /proc has no such
