@@ -55,9 +55,10 @@ void check_rule_across_groups(const ConfigNode& ag, ServerConfig& c) {
   const auto& sc = c.secure;
   const std::size_t n = c.selection.min_updates;
   const std::size_t size = group_size(sc), groups = std::max<std::size_t>(1, n / size);
-  const std::string made = "min_updates " + std::to_string(n) + " silos make only " + std::to_string(groups) +
-                           " groups of " + std::to_string(size) + " (min_group " + std::to_string(sc.min_group) +
-                           ", each surviving " + std::to_string(sc.group_dropouts) + " dropouts)";
+  auto count = [](std::size_t k, const char* one, const char* many) { return std::to_string(k) + " " + (k == 1 ? one : many); };
+  const std::string made = "min_updates " + std::to_string(n) + " silos make only " + count(groups, "group", "groups") +
+                           " of " + std::to_string(size) + " (min_group " + std::to_string(sc.min_group) +
+                           ", each surviving " + count(sc.group_dropouts, "dropout", "dropouts") + ")";
   if (const auto st = robust::check(rule, groups); !st) {
     ag.fail("rule", st.error().message() + " across secure groups, but " + made);
   }

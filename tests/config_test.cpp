@@ -432,6 +432,11 @@ TEST(Config, RobustRulesAreCheckedAgainstTheInputsTheySeeSilosOrSecureGroups) {
       << warned;
   EXPECT_EQ(load.warnings(triples + R"("aggregation": {"rule": "fedavg"})"), "");
   EXPECT_EQ(load.warnings(pairs + R"("aggregation": {"rule": "median"})"), "");
+  // One group: the message counts it as one.
+  const auto one = load(R"(, "secure": {"mode": "grouped", "min_group": 4, "group_dropouts": 1}, )"
+                        R"("aggregation": {"rule": "median", "f": 1})");
+  EXPECT_NE(one.find("6 silos make only 1 group of "), std::string::npos) << one;
+  EXPECT_NE(one.find("each surviving 1 dropout)"), std::string::npos) << one;
 }
 
 // centered_clip rejects inputs beyond 3.5 median distances by default; 0 turns it off, and a
