@@ -221,7 +221,8 @@ class FaultPlayer {
         const std::string what = fault.action + " " + fault.process + " in round " + std::to_string(round) + " (" + fault.phase + ")";
         if (round < latest_) {
           ++missed_;
-          say("  fault missed: " + what + ": round " + std::to_string(latest_) + " had started when it was seen");
+          say("  fault missed: " + what + ": round " + std::to_string(latest_) + " had started when it was seen" +
+              (cfg_.train_max_ms > 0 ? std::string() : "; rounds this short outrun the faults: give the sim \"train_ms\": [100, 300]"));
           continue;
         }
         procs.kill(fault.process);
