@@ -290,6 +290,30 @@ class Privacy(ClientTestCase):
                 if kind == "function":
                     self.assertEqual(seen, [(True, 1), (True, 2)])
 
+    def test_a_model_with_batch_norm_under_dp_sgd_is_warned_of_once(self):
+        # Its running statistics are computed from the records without noise and federated.
+        torch = self.torch
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+        c = self.welcomed()
+        self.two_rounds(model)
+        with self.assertLogs("xsilo_client", "WARNING") as logs:
+            for _ in loop.epochs(c, model, num_samples=10, evaluate=lambda: {},
+                                 privacy={"sample_rate": 0.1, "noise_multiplier": 2, "steps": 1}):
+                pass
+        warned = [line for line in logs.output if "BatchNorm" in line]
+        self.assertEqual(len(warned), 1, logs.output)  # two train results, one warning
+        self.assertIn("BatchNorm layers (1)", warned[0])
+        self.assertIn("ModuleValidator.fix", warned[0])
+
+    def test_a_model_without_batch_norm_under_dp_sgd_is_not_warned_of(self):
+        c, model = self.welcomed(), self.model()
+        self.two_rounds(model)
+        with self.assertNoLogs("xsilo_client", "WARNING"):
+            for _ in loop.epochs(c, model, num_samples=10, evaluate=lambda: {},
+                                 privacy={"sample_rate": 0.1, "noise_multiplier": 2, "steps": 1}):
+                pass
+
     def test_run_by_hand_ignores_privacy(self):
         from xsilo_client import Client
         engine = FakeEngine()

@@ -14,6 +14,7 @@ import numpy as np
 from . import privacy, safetensors, state
 from .channel import Channel, ProtocolError
 from .federate import name_filter
+from .privacy import BATCH_NORM_UNDER_DP, batch_norm_layers
 
 PROTOCOL = 1
 SDK_VERSION = "0.2.0"
@@ -258,6 +259,7 @@ class Client:
         self._logged = {}           # xc.log(): metrics for the current round's result
         self._notes = {}            # told to the agent once, with the next result (it logs them)
         self._privacy = privacy.Reporter()  # send(privacy=...): DP-SGD steps since the last report
+        self._warned_batch_norm = False     # send(privacy=...) of a model with BatchNorm: said once
         self._warned_non_finite = set()  # metric names already warned about being NaN or infinite
 
     def close(self):
@@ -471,6 +473,12 @@ class Client:
         report = None
         if privacy is not None and task.kind == "train" and rank == 0:
             report = self._privacy.report(privacy, commit=False)  # committed once the result is sent
+            if not self._warned_batch_norm and state_dict is not None:
+                layers = batch_norm_layers(state_dict)
+                if layers:
+                    log.warning(BATCH_NORM_UNDER_DP, ", ".join(layers[:5]) +
+                                (f" and {len(layers) - 5} more" if len(layers) > 5 else ""))
+                self._warned_batch_norm = True
         weights = None
         if task.kind == "init" and rank == 0:
             if state_dict is None:

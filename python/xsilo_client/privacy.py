@@ -48,6 +48,30 @@ def check(report):
     return out
 
 
+def batch_norm_layers(model):
+    """The names of ``model``'s layers that keep running batch statistics (BatchNorm): a torch
+    module's, or a state dict's (the prefixes of its ``running_mean`` entries)."""
+    names = []
+    modules = getattr(model, "named_modules", None)
+    if callable(modules):
+        for name, layer in modules():
+            if getattr(layer, "track_running_stats", False) and getattr(layer, "running_mean", None) is not None:
+                names.append(name)
+        return names
+    if isinstance(model, dict):
+        for key in model:
+            if isinstance(key, str) and key.endswith("running_mean"):
+                names.append(key[: -len("running_mean")].rstrip("."))
+    return names
+
+
+BATCH_NORM_UNDER_DP = (
+    "the model has BatchNorm layers (%s) and the script reports DP-SGD: their running statistics are "
+    "computed from the records without noise and federated with the weights, so the privacy guarantee "
+    "does not cover them (and a batch's statistics mix its records); replace them with GroupNorm "
+    "(opacus.validators.ModuleValidator.fix(model)) or keep them out of the federated state")
+
+
 class Reporter:
     """Turns what a script passes as ``privacy`` into one round's report. For an Opacus engine it
     remembers how many of the accountant's steps were already reported."""
