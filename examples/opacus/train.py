@@ -5,7 +5,7 @@
 
 Under an agent (XSILO_TRAINER_FD set), with `privacy` in the agent's config (docs/privacy.md),
 the script trains each round with Opacus's PrivacyEngine and reports what it ran with the
-update: `xc.send(model, ..., privacy=engine)`. The agent accounts the epsilon itself and keeps
+update: `xc.epochs(model, ..., privacy=engine)`. The agent accounts the epsilon itself and keeps
 the update in the silo when it would pass the silo's budget. Against a plain PyTorch loop the
 changes are the lines marked "DP" (GroupNorm instead of BatchNorm, which DP-SGD cannot use).
 
@@ -118,26 +118,23 @@ def main():
                  args.epsilon, args.total_epochs)
     plain = model if engine is None else model._module  # the model's own names, for the federation's weights
 
-    for task in xc.tasks(plain, evaluate=True, epochs=args.epochs):
-        if task.kind == "evaluate":
-            xc.send(metrics=evaluate(model, test))
-            continue
+    # Each round: the global weights loaded into `plain`, its local epochs, then the weights sent
+    # with what the round's DP-SGD ran (the engine's steps since the last round, for the silo's
+    # accountant). Run by hand: --epochs epochs, centrally.
+    for _ in xc.epochs(plain, num_samples=len(train), epochs=args.epochs,
+                       evaluate=lambda: evaluate(model, test), privacy=engine):
         model.train()
-        loss = 0.0
-        for _ in range(task.local_epochs):
-            for x, y in loader:
-                if len(y) == 0:  # a Poisson batch may be empty
-                    continue
-                optimizer.zero_grad()
-                batch_loss = nn.functional.cross_entropy(model(x), y)
-                batch_loss.backward()
-                optimizer.step()
-                loss = batch_loss.item()
-        xc.send(plain, num_samples=len(train), metrics={"loss": loss}, privacy=engine)  # DP: what it ran
-        if not xc.is_federated():
-            spent = "no DP" if engine is None else f"epsilon {engine.get_epsilon(1e-5):.2f} at delta 1e-5"
-            log.info("central: %s, %s", evaluate(model, test), spent)
-
+        for x, y in loader:
+            if len(y) == 0:  # a Poisson batch may be empty
+                continue
+            optimizer.zero_grad()
+            batch_loss = nn.functional.cross_entropy(model(x), y)
+            batch_loss.backward()
+            optimizer.step()
+            xc.log(loss=batch_loss.item())
+    if not xc.is_federated():
+        spent = "no DP" if engine is None else f"epsilon {engine.get_epsilon(1e-5):.2f} at delta 1e-5"
+        log.info("central: %s", spent)  # the test metrics are logged above
 
 if __name__ == "__main__":
     main()
