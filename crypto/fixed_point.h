@@ -23,7 +23,8 @@ struct FixedPointParams {
   double clip_norm = 1.0;
   double max_weight = 1.0;
   // One more coordinate after the weight: 1 when the delta was within clip_norm, else 0. The sum
-  // counts the unclipped silos (adaptive clipping without seeing any one norm).
+  // counts the unclipped silos (adaptive clipping without seeing any one norm, and the rounds'
+  // secure.clipped).
   bool unclipped_bit = false;
   std::size_t words(std::size_t d) const { return d + 1 + (unclipped_bit ? 1 : 0); }
 };

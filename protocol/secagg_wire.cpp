@@ -153,9 +153,10 @@ std::string setup_statement(const wire::SecAggSetup& s, const std::string& feder
                                                       num(s.fraction_bits()), num(s.vector_length()), num(s.clip_norm()),
                                                       num(s.max_weight()), s.server_key(), s.server_certificate()});
   if (s.count_unclipped()) {
-    // Adaptive clipping: the flag, and the clip norm to the bit (it changes every round and can
-    // be small; six decimals would let a relay swap it for another that prints alike). Without
-    // the flag the statement is as before.
+    // The count word (adaptive clipping, or a secure round without silo-level DP): the flag, and
+    // the clip norm to the bit (under adaptive clipping it changes every round and can be small;
+    // six decimals would let a relay swap it for another that prints alike). Without the flag
+    // the statement is as before.
     char exact[64];
     std::snprintf(exact, sizeof exact, "%a", static_cast<double>(s.clip_norm()));
     crypto::append_field(out, "count_unclipped");

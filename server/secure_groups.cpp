@@ -325,12 +325,13 @@ CombineResult combine_groups(const AggregationConfig& aggregation, const std::ve
     const double norm = clipping.adaptive.value_or(clipping.ceiling);
     const auto scaled = static_cast<std::size_t>(std::llround(static_cast<double>(counted) - unclipped));
     record_of(c)["secure"]["clipped"] = {{"updates", scaled}, {"of", counted}, {"clip_norm", norm}};
-    if (scaled > 0 && !clipping.adaptive) {
+    if (scaled > 0 && !clipping.adaptive && clipping.warn && c) {
       // Nothing else would say it: the silos' deltas were larger than the codec's bound, and the
-      // model moves less than in plain mode (docs/configs.md, secure.clip_norm).
-      spdlog::warn("round {}: secure.clip_norm {:g} scaled down {} of {} updates (their norm was above it), so the "
-                   "model moves less than in plain mode; raise it (modulus_bits 64 where the config check asks for the headroom) or let "
-                   "aggregation.adaptive_clip follow the norms (docs/configs.md, secure.clip_norm)",
+      // round's step is damped and biased against plain mode (docs/configs.md, secure.clip_norm).
+      spdlog::warn("round {}: secure.clip_norm {:g} scaled down {} of {} updates (their norm was above it), which "
+                   "damps and biases the round's step against plain mode; raise it (the config check says when "
+                   "the ring needs more room for it) or let aggregation.adaptive_clip follow the norms "
+                   "(docs/configs.md, secure.clip_norm)",
                    ctx.round, norm, scaled, counted);
     }
   }

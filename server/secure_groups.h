@@ -32,6 +32,7 @@ struct GroupClipping {
   bool counted = false;                // the sums end with the count of members within the clip norm
   std::optional<double> adaptive;      // adaptive clipping: the round's C, every member clipped to it
   double ceiling = 0;                  // secure.clip_norm: the codec's bound, and the next C's
+  bool warn = true;                    // log a warning when secure.clip_norm scaled updates down
 };
 
 // The unmasked group sums (results without a sum are left out) through the rule across group

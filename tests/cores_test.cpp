@@ -403,12 +403,15 @@ TEST(Cores, OneDropoutInEverySecureGroupCostsOnlyThatSilo) {
 // is rejected with the reason (the culprit cannot be named, docs/security.md), the other groups
 // commit the round.
 TEST(Cores, AGroupWithAMemberWhoSkippedClippingOrLiedInItsCountIsRejectedAndTheOthersCommit) {
-  for (const bool lie : {false, true}) {
-    SCOPED_TRACE(lie ? "lies in its unclipped count" : "skips its clipping");
+  // The count is in the sums under adaptive clipping, and without it in any round without
+  // silo-level DP (secure.clipped).
+  for (const int kind : {0, 1, 2}) {
+    const bool lie = kind > 0;
+    SCOPED_TRACE(!lie ? "skips its clipping" : kind == 1 ? "lies in its count (adaptive)" : "lies in its count");
     auto cfg = secure_config(server::SecureMode::Grouped, 12);
     cfg.selection.min_updates = 6;
     cfg.secure.clip_norm = 1;
-    if (lie) {  // adaptive clipping: the masked sums count the members within the round's norm
+    if (kind == 1) {  // adaptive clipping: the masked sums count the members within the round's norm
       cfg.aggregation.adaptive_clip.quantile = 0.5;
       cfg.aggregation.adaptive_clip.initial = 0.5;
     }

@@ -712,15 +712,12 @@ TEST(Federation, DistributedDpWithRandomKEncodesTheKeptCoordinatesAndPassesAudit
   audit_verify_with_sent(dir);
 }
 
-// Record-level privacy in a federation of real processes, secure groups through two edges: each
-// silo chooses its own noise for the rounds its budget was planned for, spends its budget across
-// them, refuses the round after, and the server ends the federation (audited) once too few silos
-// have budget left. The audit log carries every spend and `xsilo audit verify` recomputes them.
 // Secure aggregation's codec clips every delta to secure.clip_norm: the masked sums count the
 // silos within it, so a round that scaled updates down says so (its record's secure.clipped, a
 // warning in the server's log, the silos' own logs, the sim's closing lines and summary), and a
-// clip norm above the updates counts none. Through an edge, with a dropout after masking, so that
-// the count is summed by the edge and over the survivors only.
+// clip norm above the updates counts none. Through an edge, with a silo killed in round 2 after
+// the shares went out (before it masked), so that the count is summed by the edge and over the
+// survivors only.
 TEST(Federation, SecureRoundsCountTheUpdatesSecureClipNormScaledDown) {
   test::TempDir dir;
   const auto run = [&](const std::string& name, double clip_norm) {
@@ -756,12 +753,24 @@ TEST(Federation, SecureRoundsCountTheUpdatesSecureClipNormScaledDown) {
   }
   EXPECT_EQ(records, 2u);
   const auto sim_log = read_file(dir / "tight.log");
-  EXPECT_NE(sim_log.find("secure.clip_norm 0.001 scaled down 9 of 9 updates (in 2 rounds)"), std::string::npos)
+  EXPECT_NE(sim_log.find("secure.clip_norm 0.001 scaled down 9 of 9 updates (in 2 of 2 rounds)"), std::string::npos)
       << log_tail(dir / "tight.log", 20);
   EXPECT_NE(read_file(dir / "tight" / "logs" / "server.log").find("round 1: secure.clip_norm 0.001 scaled down 5 of 5"),
             std::string::npos);
   EXPECT_NE(read_file(dir / "tight" / "logs" / "hospital-01.log").find("above the secure setup's clip norm 0.001"),
             std::string::npos);
+
+  // In one process (no edges, no faults there): the same counts from the same combine step.
+  auto local = nlohmann::json::parse(read_file(dir / "tight.json"));
+  local.erase("faults");
+  local.erase("edges");
+  atomic_write_file(dir / "local.json", local.dump());
+  const auto in_process = tools::run_sim_in_process(tools::load_sim_config(dir / "local.json"), dir / "in-process", {});
+  EXPECT_EQ(in_process.exit_code, 0);
+  EXPECT_EQ(in_process.secure_clipped, 10u);  // 5 silos, 2 rounds
+  EXPECT_EQ(in_process.secure_counted, 10u);
+  EXPECT_EQ(in_process.secure_counted_rounds, 2u);
+  EXPECT_EQ(tools::secure_clipping_lines(in_process).size(), 2u);
 
   const auto wide = run("wide", 1e6);
   ASSERT_EQ(wide["rounds_committed"], 2) << wide.dump();
@@ -771,6 +780,10 @@ TEST(Federation, SecureRoundsCountTheUpdatesSecureClipNormScaledDown) {
   EXPECT_EQ(read_file(dir / "wide" / "logs" / "server.log").find("scaled down"), std::string::npos);
 }
 
+// Record-level privacy in a federation of real processes, secure groups through two edges: each
+// silo chooses its own noise for the rounds its budget was planned for, spends its budget across
+// them, refuses the round after, and the server ends the federation (audited) once too few silos
+// have budget left. The audit log carries every spend and `xsilo audit verify` recomputes them.
 TEST(Federation, EachSiloSpendsItsOwnPrivacyBudgetAndTheFederationEndsWhenTheBudgetsAre) {
   test::TempDir dir;
   nlohmann::json sim = {{"silos", 4},

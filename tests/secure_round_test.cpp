@@ -51,6 +51,29 @@ TEST(SecureGroups, TheThresholdIsAboveHalfTheGroupAndAtLeastTheFraction) {
   EXPECT_EQ(group_min_survivors(cfg, 9), 6u);  // t above min_group
 }
 
+// The masked sums count the members within the clip norm (secure.clipped) in a secure round
+// without silo-level DP, where the count word needs no more of the ring than the updates; under
+// adaptive clipping always, which steers by it; never under silo-level DP (it would be released
+// without noise) nor without secure aggregation.
+TEST(SecureGroups, TheSumsCountTheUnclippedMembersOnlyWhereThatReleasesNothingUnnoised) {
+  RoundConfig cfg;
+  EXPECT_FALSE(counts_unclipped(cfg, std::nullopt));  // plain mode
+  cfg.secure.mode = SecureMode::Global;
+  EXPECT_TRUE(counts_unclipped(cfg, std::nullopt));
+  EXPECT_TRUE(counts_unclipped(cfg, 0.5));
+  cfg.secure.max_weight = 0.5;  // max_weight x max(clip_norm, 1) below 1: the bit would need more room
+  EXPECT_FALSE(counts_unclipped(cfg, std::nullopt));
+  cfg.secure.clip_norm = 4;
+  EXPECT_TRUE(counts_unclipped(cfg, std::nullopt));
+  cfg.secure = SecureConfig{};
+  cfg.secure.mode = SecureMode::Grouped;
+  cfg.central_dp.emplace();
+  EXPECT_FALSE(counts_unclipped(cfg, std::nullopt));
+  cfg.central_dp.reset();
+  cfg.distributed_dp.emplace();
+  EXPECT_FALSE(counts_unclipped(cfg, std::nullopt));
+}
+
 // Grouped: floor(n / group_size) groups (at least one), none smaller than min_group, every
 // silo in exactly one; the split depends on the seed. Global: one group of all.
 TEST(SecureGroups, SilosAreSplitIntoGroupsOfAtLeastMinGroup) {

@@ -37,6 +37,9 @@ void add_sim(CLI::App& app, int& exit_code) {
     if (!*quiet) std::printf("in-process: %llu of %llu rounds committed; model in %s\n",
                              static_cast<unsigned long long>(r.rounds_committed),
                              static_cast<unsigned long long>(cfg.rounds), (std::filesystem::path(*out) / "model.safetensors").string().c_str());
+    if (!*quiet) {
+      for (const auto& l : secure_clipping_lines(r)) std::printf("%s\n", l.c_str());
+    }
     if (!*quiet && cfg.train_max_ms > 0) {
       std::printf("simulated clock: %.1f s at the last commit (each round's sim_ms in %s)\n",
                   static_cast<double>(r.sim_ms) / 1000.0, (std::filesystem::path(*out) / "rounds.jsonl").string().c_str());

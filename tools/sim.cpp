@@ -575,7 +575,7 @@ std::string federation_end_reason(const std::filesystem::path& audit) {
 
 // What secure.clip_norm did over the committed rounds (their records' secure.clipped), into
 // `result`; rounds under adaptive clipping are left out, where clipping is the point.
-void count_secure_clipping(const std::filesystem::path& audit, SimResult& result) {
+void count_audited_clipping(const std::filesystem::path& audit, SimResult& result) {
   if (!std::filesystem::exists(audit)) return;
   std::vector<json> records;
   try {
@@ -585,14 +585,8 @@ void count_secure_clipping(const std::filesystem::path& audit, SimResult& result
   }
   for (const auto& r : records) {
     if (r.value("event", "") != "round" || r.value("status", "") != "committed") continue;
-    const auto secure = r.value("secure", json::object());
-    if (!secure.contains("clipped") || r.value("robust", json::object()).contains("adaptive_clip")) continue;
-    const auto& c = secure["clipped"];
-    const auto scaled = c.value("updates", std::uint64_t{0});
-    result.secure_clipped += scaled;
-    result.secure_counted += c.value("of", std::uint64_t{0});
-    result.secure_clipped_rounds += scaled > 0 ? 1 : 0;
-    result.secure_clip_norm = c.value("clip_norm", 0.0);
+    if (r.value("robust", json::object()).contains("adaptive_clip")) continue;
+    count_secure_clipping(r, result);
   }
 }
 
@@ -643,6 +637,7 @@ void write_summary(const SimConfig& cfg, const FederationFiles& f, const std::fi
     summary["secure_clipped"] = {{"updates", result.secure_clipped},
                                  {"of", result.secure_counted},
                                  {"rounds", result.secure_clipped_rounds},
+                                 {"of_rounds", result.secure_counted_rounds},
                                  {"clip_norm", result.secure_clip_norm}};
   }
   atomic_write_file(out / "summary.json", summary.dump(2) + "\n");
@@ -674,17 +669,7 @@ void say_outcome(const SimConfig& cfg, const FederationFiles& f, const std::file
     say(line);
   }
   if (budgets_spent) say("  the federation ended before its last round: " + ended);
-  if (result.secure_clipped > 0) {
-    std::snprintf(line, sizeof line,
-                  "  secure.clip_norm %g scaled down %llu of %llu updates (in %llu rounds): the model moved less than "
-                  "in plain mode;",
-                  result.secure_clip_norm, static_cast<unsigned long long>(result.secure_clipped),
-                  static_cast<unsigned long long>(result.secure_counted),
-                  static_cast<unsigned long long>(result.secure_clipped_rounds));
-    say(line);
-    say("    raise it (secure.modulus_bits 64 where the config check asks for the headroom) or let aggregation.adaptive_clip follow the "
-        "norms (docs/configs.md, secure.clip_norm)");
-  }
+  for (const auto& l : secure_clipping_lines(result)) say(l);
   if (result.baseline_accuracy >= 0 && !std::isnan(result.final_accuracy)) {
     std::snprintf(line, sizeof line, "  centralized training on the pooled data%s: %.2f%% (difference %+.2f points)",
                   !cfg.privacy ? "" : cfg.trainer ? " (the script's own DP-SGD)" : " (DP-SGD, the same epsilon)",
@@ -702,6 +687,33 @@ void say_outcome(const SimConfig& cfg, const FederationFiles& f, const std::file
 }
 
 }  // namespace
+
+void count_secure_clipping(const nlohmann::json& record, SimResult& result) {
+  const auto secure = record.value("secure", json::object());
+  if (!secure.contains("clipped")) return;
+  const auto& c = secure["clipped"];
+  const auto scaled = c.value("updates", std::uint64_t{0});
+  result.secure_clipped += scaled;
+  result.secure_counted += c.value("of", std::uint64_t{0});
+  result.secure_clipped_rounds += scaled > 0 ? 1 : 0;
+  ++result.secure_counted_rounds;
+  result.secure_clip_norm = c.value("clip_norm", 0.0);
+}
+
+std::vector<std::string> secure_clipping_lines(const SimResult& result) {
+  if (result.secure_clipped == 0) return {};
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "  secure.clip_norm %g scaled down %llu of %llu updates (in %llu of %llu rounds): each such round's "
+                "step was damped and biased against plain mode;",
+                result.secure_clip_norm, static_cast<unsigned long long>(result.secure_clipped),
+                static_cast<unsigned long long>(result.secure_counted),
+                static_cast<unsigned long long>(result.secure_clipped_rounds),
+                static_cast<unsigned long long>(result.secure_counted_rounds));
+  return {line,
+          "    raise it (the config check says when the ring needs more room for it) or let "
+          "aggregation.adaptive_clip follow the norms (docs/configs.md, secure.clip_norm)"};
+}
 
 SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool quiet) {
   SimResult result;
@@ -732,7 +744,7 @@ SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool q
   copy_outputs(f, progress.rounds);
   if (cfg.baseline && !g_interrupted) result.baseline_accuracy = central.baseline();
   const double secs = std::chrono::duration<double>(Clock::now() - t_start).count();
-  count_secure_clipping(out / "audit.jsonl", result);
+  count_audited_clipping(out / "audit.jsonl", result);
   write_summary(cfg, f, out, result, faults, server_code, secs, stalled);
   // From the files just written, as `xsilo report OUT` would draw it.
   write_report(run_sources(out), out / "report.html", out / "report.svg");

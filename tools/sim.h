@@ -222,11 +222,18 @@ struct SimResult {
   std::int64_t sim_ms = 0;
   // Secure mode without adaptive clipping: the updates secure.clip_norm scaled down, of those
   // counted, over the committed rounds (the round records' secure.clipped).
-  std::uint64_t secure_clipped = 0, secure_counted = 0, secure_clipped_rounds = 0;
+  std::uint64_t secure_clipped = 0, secure_counted = 0, secure_clipped_rounds = 0, secure_counted_rounds = 0;
   double secure_clip_norm = 0;
 };
 
 SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool quiet = false);
+
+// A committed round's record (its secure.clipped, where the masked sums counted) added to
+// `result`'s secure_* counts; rounds under adaptive clipping, where clipping is the point, are
+// the caller's to leave out.
+void count_secure_clipping(const nlohmann::json& record, SimResult& result);
+// What the run's closing lines say of secure.clip_norm when it scaled updates down (none else).
+std::vector<std::string> secure_clipping_lines(const SimResult& result);
 
 // After each round of an in-process run: the round, whether it committed, the model after it
 // and its accuracy and loss on the pooled test rows.

@@ -163,7 +163,8 @@ class GroupedSums {
     const server::GroupClipping clipping{
         .counted = counts_,
         .adaptive = clip_norm_ ? std::optional<double>(secure_.clip_norm) : std::nullopt,
-        .ceiling = cfg_.secure.clip_norm};
+        .ceiling = cfg_.secure.clip_norm,
+        .warn = false};  // the run's closing line says it, once
     return server::combine_groups(cfg_.aggregation, results, d_, clipping, ctx, out);
   }
 
@@ -524,6 +525,7 @@ SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& 
         global = std::move(next);
         if (c->next_clip_norm) clip_norm = c->next_clip_norm;
         ++result.rounds_committed;
+        if (!round_clip) count_secure_clipping(c->record, result);
       }
     }
     // As the coordinator: a committed round spends, and under distributed DP so does a round
