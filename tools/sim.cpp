@@ -689,7 +689,8 @@ void say_outcome(const SimConfig& cfg, const FederationFiles& f, const std::file
 }  // namespace
 
 void count_secure_clipping(const nlohmann::json& record, SimResult& result) {
-  const auto secure = record.value("secure", json::object());
+  if (!record.is_object() || !record.contains("secure") || !record["secure"].is_object()) return;
+  const auto& secure = record["secure"];
   if (!secure.contains("clipped")) return;
   const auto& c = secure["clipped"];
   const auto scaled = c.value("updates", std::uint64_t{0});
