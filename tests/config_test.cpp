@@ -109,6 +109,28 @@ TEST(Config, ASimFaultTheFederationCannotHaveIsRefusedWithItsKey) {
 
 // An attack on a secure round's encoding (a member that skips its clipping or lies in its
 // unclipped count) has nothing to attack without secure aggregation: refused, not run as if honest.
+// The sim's min_silos is a majority, and under secure aggregation at least a secure group (a
+// sum never covers fewer than min_group), so a min_group above a majority needs no selection
+// block; at least the min_updates the user set, and a min_silos the user set is theirs.
+TEST(Config, TheSimsMinSilosCoversASecureGroupWhereTheUserSetNone) {
+  test::TempDir dir;
+  auto min_silos = [&](const nlohmann::json& extra) {
+    nlohmann::json sim = {{"silos", 6}, {"rounds", 1}, {"data", {{"dataset", "digits"}}}};
+    if (extra.is_object()) sim.update(extra);
+    atomic_write_file(dir / "sim.json", sim.dump());
+    const auto out = dir / "out";
+    std::filesystem::remove_all(out);
+    tools::prepare_federation(tools::load_sim_config(dir / "sim.json"), out);
+    return nlohmann::json::parse(read_file(out / "configs" / "server.json"))["selection"]["min_silos"].get<int>();
+  };
+  EXPECT_EQ(min_silos(nlohmann::json::object()), 4);
+  EXPECT_EQ(min_silos({{"secure", {{"mode", "grouped"}, {"min_group", 5}}}}), 5);
+  EXPECT_EQ(min_silos({{"secure", {{"mode", "global"}}}}), 4);  // min_group 3, below the majority
+  EXPECT_EQ(min_silos({{"selection", {{"min_updates", 5}}}}), 5);  // a round starts with no fewer
+  EXPECT_EQ(min_silos({{"secure", {{"mode", "grouped"}, {"min_group", 3}}}, {"selection", {{"min_updates", 3}}}}), 4);
+  EXPECT_EQ(min_silos({{"secure", {{"mode", "global"}, {"min_group", 5}}}, {"selection", {{"min_silos", 6}}}}), 6);
+}
+
 TEST(Config, ASimAttackOnTheSecureEncodingNeedsSecureAggregation) {
   test::TempDir dir;
   auto error = [&](const std::string& kind, bool secure) {

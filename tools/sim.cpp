@@ -458,14 +458,9 @@ void start_federation(const SimConfig& cfg, FederationFiles& f, Processes& procs
   }
 }
 
-// The agents that run now, for StallWatch (tools/sim_stall.h), with selection.min_silos (or a
-// majority) as what a round needs.
-std::size_t stall_needed(const SimConfig& cfg) {
-  const json& sel = cfg.selection;
-  return sel.is_object() && sel.contains("min_silos") && sel["min_silos"].is_number_unsigned()
-             ? sel["min_silos"].get<std::size_t>()
-             : std::max<std::size_t>(1, cfg.silos / 2 + 1);
-}
+// The agents that run now, for StallWatch (tools/sim_stall.h), with the server's
+// selection.min_silos as what a round needs.
+std::size_t stall_needed(const SimConfig& cfg) { return sim_min_silos(cfg); }
 
 std::size_t agents_running(Processes& procs, const FederationFiles& f) {
   std::size_t alive = 0;

@@ -163,6 +163,10 @@ struct FederationFiles {
 };
 
 FederationFiles prepare_federation(const SimConfig& cfg, const std::filesystem::path& out);
+// The server's selection.min_silos in the federation the sim makes: the config's, else a
+// majority, and at least its min_updates (without one, under secure aggregation at least
+// secure.min_group where there are that many silos).
+std::size_t sim_min_silos(const SimConfig& cfg);
 // The user's script as one more trainer of the sim's own, on the pooled rows: it gives the
 // initial weights (an init task) and evaluates each round's model on the pooled test rows.
 agent::AgentConfig central_trainer_config(const SimConfig& cfg, const FederationFiles& f,
