@@ -107,8 +107,6 @@ TEST(Config, ASimFaultTheFederationCannotHaveIsRefusedWithItsKey) {
   EXPECT_EQ(refused({{"process", "edge-01"}, {"round", 2}, {"action", "restart"}}, false), "");
 }
 
-// An attack on a secure round's encoding (a member that skips its clipping or lies in its
-// unclipped count) has nothing to attack without secure aggregation: refused, not run as if honest.
 // The sim's min_silos is a majority, and under secure aggregation at least a secure group (a
 // sum never covers fewer than min_group), so a min_group above a majority needs no selection
 // block; at least the min_updates the user set, and a min_silos the user set is theirs.
@@ -131,6 +129,8 @@ TEST(Config, TheSimsMinSilosCoversASecureGroupWhereTheUserSetNone) {
   EXPECT_EQ(min_silos({{"secure", {{"mode", "global"}, {"min_group", 5}}}, {"selection", {{"min_silos", 6}}}}), 6);
 }
 
+// An attack on a secure round's encoding (a member that skips its clipping or lies in its
+// unclipped count) has nothing to attack without secure aggregation: refused, not run as if honest.
 TEST(Config, ASimAttackOnTheSecureEncodingNeedsSecureAggregation) {
   test::TempDir dir;
   auto error = [&](const std::string& kind, bool secure) {

@@ -221,8 +221,9 @@ class FaultPlayer {
         const std::string what = fault.action + " " + fault.process + " in round " + std::to_string(round) + " (" + fault.phase + ")";
         if (round < latest_) {
           ++missed_;
+          const bool hint = cfg_.train_max_ms == 0 && missed_ == 1;  // said once
           say("  fault missed: " + what + ": round " + std::to_string(latest_) + " had started when it was seen" +
-              (cfg_.train_max_ms > 0 ? std::string() : "; rounds this short outrun the faults: give the sim \"train_ms\": [100, 300]"));
+              (hint ? "; rounds this short outrun the faults: give the sim \"train_ms\": [100, 300]" : ""));
           continue;
         }
         procs.kill(fault.process);
@@ -371,15 +372,18 @@ class Progress {
   // the record is written before the metrics row that reports the round).
   std::string aborted_reason(std::uint64_t round) const {
     std::string reason;
-    try {
-      for (const auto& a : server::read_audit_log(f_.state / "audit.jsonl")) {
+    std::ifstream in(f_.state / "audit.jsonl");
+    for (std::string l; std::getline(in, l);) {
+      if (l.find("\"aborted\"") == std::string::npos) continue;  // most records: not parsed
+      try {
+        const auto a = json::parse(l);
         if (a.value("event", "") == "round" && a.value("round", std::uint64_t{0}) == round &&
             a.value("status", "") == "aborted") {
           reason = a.value("reason", "");
         }
+      } catch (const std::exception&) {
+        // a line being written, or damaged: the verify command the run prints says which
       }
-    } catch (const std::exception&) {
-      // a damaged line: the verify command the run prints says which
     }
     return reason;
   }
@@ -478,7 +482,7 @@ std::string exited_agents(Processes& procs, const FederationFiles& f) {
     const auto log = f.logs / (s + ".log");
     out += "  " + s + " exited" + (code ? " with code " + std::to_string(*code) : "");
     const auto error = last_error_above_tail(log, 4);
-    out += error.empty() ? "; its log ends:\n" : "; its last error:\n    " + error + "\n  and its log ends:\n";
+    out += error.empty() ? "; its log ends:\n" : "; its last error:\n    " + error.substr(0, 400) + "\n  and its log ends:\n";
     out += log_tail(log, 4);
   }
   return out;

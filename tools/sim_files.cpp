@@ -245,7 +245,7 @@ void write_server_config(const SimConfig& cfg, FederationFiles& f) {
   if (!cfg.hidden.empty()) server["model"]["hidden"] = cfg.hidden;
   if (cfg.metrics) server["metrics"] = transport::to_json(sim_metrics(f, "server"));
   json selection = cfg.selection.is_object() ? cfg.selection : json::object();
-  selection["min_silos"] = sim_min_silos(cfg);
+  if (!selection.contains("min_silos")) selection["min_silos"] = sim_min_silos(cfg);  // the user's: the loader judges it
   server["selection"] = selection;
   json deadlines = cfg.deadlines.is_object() ? cfg.deadlines : json::object();
   if (!deadlines.contains("join_s")) deadlines["join_s"] = 10;
@@ -312,19 +312,23 @@ Status check_split(const SimConfig& cfg) {
 
 std::size_t sim_min_silos(const SimConfig& cfg) {
   const json selection = cfg.selection.is_object() ? cfg.selection : json::object();
-  if (selection.contains("min_silos") && selection["min_silos"].is_number_unsigned()) {
-    return selection["min_silos"].get<std::size_t>();
-  }
+  // A count as JSON holds it: parsed (unsigned) or built in C++ (signed).
+  auto count = [](const json& v) -> std::optional<std::size_t> {
+    if (v.is_number_unsigned()) return v.get<std::size_t>();
+    if (v.is_number_integer() && v.get<std::int64_t>() >= 0) return static_cast<std::size_t>(v.get<std::int64_t>());
+    return std::nullopt;
+  };
+  if (const auto n = selection.contains("min_silos") ? count(selection["min_silos"]) : std::nullopt) return *n;
   // A majority, and at least the min_updates asked for (a round starts with no fewer); without
   // one, under secure aggregation at least a group (secure.min_group, 3 by default), which a
   // secure sum never goes below, where the federation has that many silos.
   std::size_t least = std::max<std::size_t>(1, cfg.silos / 2 + 1);
   const std::string mode = cfg.secure.is_object() ? cfg.secure.value("mode", "off") : "off";
-  if (selection.contains("min_updates") && selection["min_updates"].is_number_unsigned()) {
-    least = std::max(least, selection["min_updates"].get<std::size_t>());
+  if (const auto u = selection.contains("min_updates") ? count(selection["min_updates"]) : std::nullopt) {
+    least = std::max(least, *u);
   } else if (mode != "off") {
-    const auto& g = cfg.secure.contains("min_group") ? cfg.secure["min_group"] : json(3);
-    if (g.is_number_unsigned() && g.get<std::size_t>() <= cfg.silos) least = std::max(least, g.get<std::size_t>());
+    const auto g = count(cfg.secure.contains("min_group") ? cfg.secure["min_group"] : json(3));
+    if (g && *g <= cfg.silos) least = std::max(least, *g);
   }
   return least;
 }

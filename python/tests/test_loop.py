@@ -306,13 +306,20 @@ class Privacy(ClientTestCase):
         self.assertIn("BatchNorm layers (1)", warned[0])
         self.assertIn("ModuleValidator.fix", warned[0])
 
-    def test_a_model_without_batch_norm_under_dp_sgd_is_not_warned_of(self):
-        c, model = self.welcomed(), self.model()
-        self.two_rounds(model)
-        with self.assertNoLogs("xsilo_client", "WARNING"):
-            for _ in loop.epochs(c, model, num_samples=10, evaluate=lambda: {},
-                                 privacy={"sample_rate": 0.1, "noise_multiplier": 2, "steps": 1}):
-                pass
+    def test_batch_norm_kept_out_of_the_federation_or_absent_is_not_warned_of(self):
+        torch = self.torch
+        with_bn = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+        for name, model, federate in (("no BatchNorm", self.model(), None),
+                                      ("BatchNorm kept local", with_bn, lambda n: not n.startswith("1."))):
+            with self.subTest(name):
+                self.setUp()
+                c = self.welcomed()
+                self.two_rounds(model)
+                with self.assertLogs("xsilo_client", "INFO") as logs:
+                    for _ in loop.epochs(c, model, num_samples=10, evaluate=lambda: {}, federate=federate,
+                                         privacy={"sample_rate": 0.1, "noise_multiplier": 2, "steps": 1}):
+                        logging.getLogger("xsilo_client").info("an epoch")
+                self.assertFalse([line for line in logs.output if "BatchNorm" in line], logs.output)
 
     def test_run_by_hand_ignores_privacy(self):
         from xsilo_client import Client

@@ -474,7 +474,7 @@ class Client:
         if privacy is not None and task.kind == "train" and rank == 0:
             report = self._privacy.report(privacy, commit=False)  # committed once the result is sent
             if not self._warned_batch_norm and state_dict is not None:
-                layers = batch_norm_layers(state_dict)
+                layers = batch_norm_layers(state_dict, self._federate)
                 if layers:
                     log.warning(BATCH_NORM_UNDER_DP, ", ".join(layers[:5]) +
                                 (f" and {len(layers) - 5} more" if len(layers) > 5 else ""))

@@ -48,20 +48,17 @@ def check(report):
     return out
 
 
-def batch_norm_layers(model):
-    """The names of ``model``'s layers that keep running batch statistics (BatchNorm): a torch
-    module's, or a state dict's (the prefixes of its ``running_mean`` entries)."""
+def batch_norm_layers(state_dict, federated=None):
+    """The layers of a state dict that keep running batch statistics (BatchNorm: the prefixes of
+    its ``running_mean`` entries), of those ``federated(name)`` sends (all without it); a model
+    that is one BatchNorm layer is named "(the model)"."""
     names = []
-    modules = getattr(model, "named_modules", None)
-    if callable(modules):
-        for name, layer in modules():
-            if getattr(layer, "track_running_stats", False) and getattr(layer, "running_mean", None) is not None:
-                names.append(name)
-        return names
-    if isinstance(model, dict):
-        for key in model:
-            if isinstance(key, str) and key.endswith("running_mean"):
-                names.append(key[: -len("running_mean")].rstrip("."))
+    for key in state_dict:
+        if not isinstance(key, str) or not (key == "running_mean" or key.endswith(".running_mean")):
+            continue
+        if federated is not None and not federated(key):
+            continue
+        names.append(key[: -len("running_mean")].rstrip(".") or "(the model)")
     return names
 
 
