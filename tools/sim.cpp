@@ -19,7 +19,6 @@
 #include "common/mlp.h"
 #include "common/safetensors.h"
 #include "common/tensorboard.h"
-#include "server/audit.h"
 #include "server/metrics.h"
 #include "protocol/privacy.h"
 #include "silo_agent/external_trainer.h"
@@ -294,6 +293,24 @@ class FaultPlayer {
   std::size_t missed() const { return missed_; }
 };
 
+// Each record of an audit log that parses, in order, one line in memory at a time (only the lines
+// `containing` a string, where given: the others are not parsed); a damaged line, or one being
+// written, is passed over (the verify command the run prints says which).
+template <class Fn>
+void each_audit_record(const std::filesystem::path& audit, Fn&& fn, const char* containing = nullptr) {
+  std::ifstream in(audit);
+  for (std::string line; std::getline(in, line);) {
+    if (containing && line.find(containing) == std::string::npos) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception&) {
+      continue;
+    }
+    fn(j);
+  }
+}
+
 // Follows the server's metrics.csv: evaluates each committed model on the held-out rows,
 // writes the sim's own metrics.csv and prints one line per round.
 class Progress {
@@ -372,19 +389,15 @@ class Progress {
   // the record is written before the metrics row that reports the round).
   std::string aborted_reason(std::uint64_t round) const {
     std::string reason;
-    std::ifstream in(f_.state / "audit.jsonl");
-    for (std::string l; std::getline(in, l);) {
-      if (l.find("\"aborted\"") == std::string::npos) continue;  // most records: not parsed
-      try {
-        const auto a = json::parse(l);
-        if (a.value("event", "") == "round" && a.value("round", std::uint64_t{0}) == round &&
-            a.value("status", "") == "aborted") {
-          reason = a.value("reason", "");
-        }
-      } catch (const std::exception&) {
-        // a line being written, or damaged: the verify command the run prints says which
-      }
-    }
+    each_audit_record(
+        f_.state / "audit.jsonl",
+        [&](const json& a) {
+          if (a.value("event", "") == "round" && a.value("round", std::uint64_t{0}) == round &&
+              a.value("status", "") == "aborted") {
+            reason = a.value("reason", "");
+          }
+        },
+        "\"aborted\"");
     return reason;
   }
   // server_resources.csv: the server's resident memory (VmRSS of /proc/PID/status) and open
@@ -534,17 +547,11 @@ int follow(const SimConfig& cfg, const FederationFiles& f, Processes& procs, Fau
 double epsilon_spent(const SimConfig& cfg, const FederationFiles& f) {
   if (cfg.silo_privacy.is_object()) {
     double eps = 0;
-    std::ifstream in(f.out / "audit.jsonl");
-    for (std::string line; std::getline(in, line);) {
-      try {
-        const auto j = nlohmann::json::parse(line);
-        if (j.value("event", "") == "round" && j.value("status", "") == "committed" && j.contains("privacy")) {
-          eps = j["privacy"].value("epsilon", eps);
-        }
-      } catch (const nlohmann::json::exception&) {
-        // a damaged line: the verify command the run prints says which
+    each_audit_record(f.out / "audit.jsonl", [&](const json& j) {
+      if (j.value("event", "") == "round" && j.value("status", "") == "committed" && j.contains("privacy")) {
+        eps = j["privacy"].value("epsilon", eps);
       }
-    }
+    });
     return eps;
   }
   if (!cfg.privacy) return -1;
@@ -558,35 +565,19 @@ double epsilon_spent(const SimConfig& cfg, const FederationFiles& f) {
 
 // The reason of the audit log's federation_end record ("" when there is none).
 std::string federation_end_reason(const std::filesystem::path& audit) {
-  if (!std::filesystem::exists(audit)) return "";
   std::string reason;
-  std::ifstream in(audit);
-  for (std::string line; std::getline(in, line);) {
-    try {
-      const auto j = nlohmann::json::parse(line);
-      if (j.value("event", "") == "federation_end") reason = j.value("reason", "");
-    } catch (const nlohmann::json::exception&) {
-      // a damaged line: the verify command the run prints says which
-    }
-  }
+  each_audit_record(audit, [&](const json& j) {
+    if (j.value("event", "") == "federation_end") reason = j.value("reason", "");
+  });
   return reason;
 }
 
 // What secure.clip_norm did over the committed rounds (their records' secure.clipped), into
-// `result`; rounds under adaptive clipping are left out, where clipping is the point.
+// `result`.
 void count_audited_clipping(const std::filesystem::path& audit, SimResult& result) {
-  if (!std::filesystem::exists(audit)) return;
-  std::vector<json> records;
-  try {
-    records = server::read_audit_log(audit);
-  } catch (const std::exception&) {
-    return;  // a damaged line: the verify command the run prints says which
-  }
-  for (const auto& r : records) {
-    if (r.value("event", "") != "round" || r.value("status", "") != "committed") continue;
-    if (r.value("robust", json::object()).contains("adaptive_clip")) continue;
-    count_secure_clipping(r, result);
-  }
+  each_audit_record(audit, [&](const json& r) {
+    if (r.value("event", "") == "round" && r.value("status", "") == "committed") count_secure_clipping(r, result);
+  });
 }
 
 void copy_outputs(const FederationFiles& f, const std::vector<double>& rounds) {
@@ -691,6 +682,8 @@ void count_secure_clipping(const nlohmann::json& record, SimResult& result) {
   if (!record.is_object() || !record.contains("secure") || !record["secure"].is_object()) return;
   const auto& secure = record["secure"];
   if (!secure.contains("clipped")) return;
+  // Under adaptive clipping, clipping is the point: not counted.
+  if (record.contains("robust") && record["robust"].is_object() && record["robust"].contains("adaptive_clip")) return;
   const auto& c = secure["clipped"];
   const auto scaled = c.value("updates", std::uint64_t{0});
   result.secure_clipped += scaled;

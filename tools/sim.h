@@ -233,8 +233,8 @@ struct SimResult {
 SimResult run_sim(const SimConfig& cfg, const std::filesystem::path& out, bool quiet = false);
 
 // A committed round's record (its secure.clipped, where the masked sums counted) added to
-// `result`'s secure_* counts; rounds under adaptive clipping, where clipping is the point, are
-// the caller's to leave out.
+// `result`'s secure_* counts; a round under adaptive clipping, where clipping is the point, is
+// not counted.
 void count_secure_clipping(const nlohmann::json& record, SimResult& result);
 // What the run's closing lines say of secure.clip_norm when it scaled updates down (none else).
 std::vector<std::string> secure_clipping_lines(const SimResult& result);

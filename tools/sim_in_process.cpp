@@ -525,7 +525,7 @@ SimResult run_sim_in_process(const SimConfig& cfg, const std::filesystem::path& 
         global = std::move(next);
         if (c->next_clip_norm) clip_norm = c->next_clip_norm;
         ++result.rounds_committed;
-        if (!round_clip) count_secure_clipping(c->record, result);
+        count_secure_clipping(c->record, result);
       }
     }
     // As the coordinator: a committed round spends, and under distributed DP so does a round
