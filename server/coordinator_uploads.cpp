@@ -203,7 +203,9 @@ void Coordinator::on_region_end(SessionId id, const wire::Envelope& e, std::int6
     const auto& c = end.contributors(static_cast<int>(k));
     auto& mb = r_->members[who[k]];
     mb.weight = c.weight();
-    mb.num_samples = c.num_samples();
+    // Secure: the count stays inside the masked sum (the silo signs 0); the 1 its UpdateReady
+    // said stands, as for a silo uploading straight to the server, so its train loss counts.
+    if (!r_->secure) mb.num_samples = c.num_samples();
     // What the silo itself says it sent (its sent.jsonl names the same), signed by it.
     mb.update_sha256 = c.update_sha256();
     mb.update_signed = cfg_.ca.has_value();

@@ -154,7 +154,7 @@ void make_initial_model(const SimConfig& cfg, FederationFiles& f) {
         save_safetensors(f.initial_model, trainer.initial_model({0, "central", plan}));
       } catch (const agent::TrainerError& e) {
         // A command that could not be started is not the script's fault: the message says so.
-        if (std::string(e.what()).find("could not be started") != std::string::npos) {
+        if (e.reason() == wire::TRAINER_DID_NOT_START) {
           throw std::runtime_error(std::string("sim: cannot ask the training script for its initial weights: ") + e.what());
         }
         throw std::runtime_error(std::string("sim: the training script did not give its initial weights (it answers the "
