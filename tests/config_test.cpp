@@ -107,6 +107,54 @@ TEST(Config, ASimFaultTheFederationCannotHaveIsRefusedWithItsKey) {
   EXPECT_EQ(refused({{"process", "edge-01"}, {"round", 2}, {"action", "restart"}}, false), "");
 }
 
+// Combinations a stranger's sim accepted and then hung on, aborted every round of, or ran as a
+// test that tested nothing: each refused at load with its key, before anything is started.
+TEST(Config, SimCombinationsThatCouldNeverRunAreRefusedAtLoad) {
+  test::TempDir dir;
+  auto refused = [&](nlohmann::json more) {
+    nlohmann::json sim = {{"silos", 4}, {"rounds", 2}};
+    sim.update(more);
+    atomic_write_file(dir / "sim.json", sim.dump());
+    return error_of([&] { tools::load_sim_config(dir / "sim.json"); });
+  };
+  const nlohmann::json buffered = {{"mode", "buffered"}, {"k", 2}};
+  EXPECT_NE(refused({{"edges", 2}, {"schedule", buffered}}).find(".edges: buffered rounds take no edges"),
+            std::string::npos);
+  EXPECT_EQ(refused({{"schedule", buffered}}), "");
+  // Hostile members that rewrite SecAgg's messages have nothing to rewrite under LightSecAgg,
+  // nor an edge's key swap without secure aggregation; an edge's hijack needs neither.
+  const nlohmann::json lsa = {{"mode", "global"}, {"protocol", "lightsecagg"}};
+  for (const auto& [who, attack] : std::vector<std::pair<std::string, std::string>>{
+           {"hospital-02", "garbage_shares"}, {"hospital-02", "bad_keys"}, {"edge-01", "swap_keys"},
+           {"edge-01", "split_view"}, {"server", "split_view"}}) {
+    const auto e = refused({{"edges", 1}, {"secure", lsa}, {"hostile", {{who, attack}}}});
+    EXPECT_NE(e.find(".hostile." + who + ": \"" + attack + "\" rewrites SecAgg's messages"), std::string::npos) << e;
+    EXPECT_EQ(refused({{"edges", 1}, {"secure", {{"mode", "global"}}}, {"hostile", {{who, attack}}}}), "") << who;
+  }
+  EXPECT_EQ(refused({{"edges", 1}, {"secure", lsa}, {"hostile", {{"edge-01", "hijack"}}}}), "");
+  const auto keyless = refused({{"edges", 1}, {"hostile", {{"edge-01", "swap_keys"}}}});
+  EXPECT_NE(keyless.find(".hostile.edge-01: \"swap_keys\" rewrites secure aggregation's messages, which this "
+                         "federation does not send"),
+            std::string::npos)
+      << keyless;
+  // A silo under a budget refuses a plan with silo momentum: every round would abort.
+  const auto momentum = refused({{"training", {{"silo_momentum", 0.9}}},
+                                 {"privacy", {{"level", "record"}, {"max_epsilon", 3}, {"delta", 1e-5}}}});
+  EXPECT_NE(momentum.find(".privacy.max_epsilon: a silo under a privacy budget runs no silo momentum"),
+            std::string::npos)
+      << momentum;
+  // Secure groups the sim's silos refuse (below their floor), or that its silos cannot fill.
+  const auto pair = refused({{"secure", {{"mode", "global"}, {"min_group", 2}}}});
+  EXPECT_NE(pair.find(".secure.min_group: 2 is below the 3 silos every sim silo asks of a sum"), std::string::npos)
+      << pair;
+  const auto two = refused({{"silos", 2}, {"secure", {{"mode", "global"}}}});
+  EXPECT_NE(two.find(".secure.min_group: a sum needs 3 silos, but the sim has 2"), std::string::npos) << two;
+  EXPECT_EQ(refused({{"silos", 3}, {"secure", {{"mode", "global"}}}}), "");
+  // The local block is the agents' loader's to judge, but before any process starts.
+  EXPECT_NE(refused({{"local", {{"workerz", 3}}}}).find(".local.workerz: unknown key; did you mean workers?"),
+            std::string::npos);
+}
+
 // The sim's min_silos is a majority, and under secure aggregation at least a secure group (a
 // sum never covers fewer than min_group), so a min_group above a majority needs no selection
 // block; at least the min_updates the user set, and a min_silos the user set is theirs.

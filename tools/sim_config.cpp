@@ -6,6 +6,7 @@
 
 #include "common/config.h"
 #include "common/fs.h"
+#include "server/round_config.h"
 #include "tools/sim_attack.h"
 
 namespace xsilo::tools {
@@ -272,6 +273,20 @@ void parse_sim_hostile(const ConfigNode& root, SimConfig& c) {
       h.fail(name, std::string("a hostile ") + (server ? "server" : "silo") +
                        " attacks secure aggregation: set \"secure\"");
     }
+    // Every attack but an edge's hijack and forged join rewrites SecAgg's own messages (keys,
+    // shares, survivor sets, unmask requests): without them it would do nothing, and a run that
+    // tests the trust model would pass without a test.
+    const std::string& attack = c.hostile[name];
+    if (attack == "hijack" || attack == "forge_join") continue;
+    if (!c.secure.is_object()) {
+      h.fail(name, "\"" + attack + "\" rewrites secure aggregation's messages, which this federation does not send: "
+                   "set \"secure\"");
+    }
+    if (c.secure.value("protocol", "secagg") == "lightsecagg") {
+      h.fail(name, "\"" + attack + "\" rewrites SecAgg's messages (mask keys, shares, survivor sets), which "
+                   "secure.protocol \"lightsecagg\" does not send; the sim has no hostile LightSecAgg member: "
+                   "test this attack with protocol \"secagg\"");
+    }
   }
 }
 
@@ -317,15 +332,46 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
   parse_sim_data(root, c);
   parse_sim_model(root, file, c);
   pass_sim_blocks(root, c);
+  // The blocks the generated configs' loaders would refuse once processes run: refused here,
+  // before anything is made or started.
+  if (c.local.is_object()) {
+    (void)agent::parse_local(ConfigNode(c.local, file.string(), ".local"),
+                             c.trainer ? agent::TrainerKind::External : agent::TrainerKind::Builtin);
+  }
+  if (c.secure.is_object() && c.secure.value("mode", "off") != "off") {
+    // The server's loader checks the group against its selection; the sim knows its silos too.
+    const json min_group = c.secure.value("min_group", json(server::SecureConfig{}.min_group));
+    const auto g = min_group.is_number_integer() ? min_group.get<std::int64_t>() : 0;  // else the loader says
+    const auto floor = static_cast<std::int64_t>(sim_secure_floor(c).min_sum);
+    if (g >= 1 && g < floor) {
+      root.child("secure").fail("min_group", std::to_string(g) + " is below the " + std::to_string(floor) +
+                                                 " silos every sim silo asks of a sum (its secure_floor.min_sum: a "
+                                                 "sum of fewer gives one member's update away to the other); set " +
+                                                 std::to_string(floor) + " or more");
+    }
+    if (g > static_cast<std::int64_t>(c.silos)) {
+      root.child("secure").fail("min_group", "a sum needs " + std::to_string(g) + " silos, but the sim has " +
+                                                 std::to_string(c.silos) + " (\"silos\")");
+    }
+  }
   if (root.has("privacy")) {
     const auto p = root.child("privacy");
     if (p.one_of("level", "record", {"record", "silo"}) == "silo") {
       c.silo_privacy = parse_sim_silo_privacy(p, c);
     } else {
       c.privacy = parse_sim_privacy(p, c);
+      if (c.training.value("silo_momentum", 0.0) != 0.0) {
+        p.fail("max_epsilon", "a silo under a privacy budget runs no silo momentum (docs/privacy.md): remove "
+                              "training.silo_momentum");
+      }
     }
   }
   c.edges = static_cast<std::size_t>(root.integer("edges", 0, 0, 64));
+  if (c.edges > 0 && c.schedule.is_object() && c.schedule.value("mode", "") == "buffered") {
+    // The server would close every edge's connection, and the edges' silos would never join.
+    root.fail("edges", "buffered rounds take no edges: each silo uploads to the server itself (docs/buffered.md); "
+                       "remove \"edges\" or the buffered schedule");
+  }
   c.uploads_at_once = root.integer("uploads_at_once", 0, 0, 64);
   parse_sim_faults(root, c);
   if (root.has("train_ms")) {

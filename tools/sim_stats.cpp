@@ -140,7 +140,8 @@ std::filesystem::path write_stats_server(const SimConfig& cfg, const FederationF
   try {
     atomic_write_file(server_config, server::to_json(server::load_server_config(server_config)).dump(2) + "\n");
   } catch (const ConfigError& e) {
-    throw ConfigError(std::string("the feature statistics' federation: ") + e.what());
+    throw ConfigError(std::string("the feature statistics' federation: ") + e.what() + " (generated from sim config " +
+                      (cfg.file.empty() ? std::string("defaults") : cfg.file.string()) + ")");
   }
   return server_config;
 }
