@@ -1071,6 +1071,81 @@ TEST_F(TlsTest, DiallerReconnectsWhenTheListenerComesBack) {
   server.reset();
 }
 
+// An upstream that ends every session as soon as it is made (a server that takes no edges, one
+// shutting down) is redialled with the backoff of a failed dial: an edge once redialled a
+// server that refused it every 8 ms, 90 times a second, for as long as it ran.
+TEST_F(TlsTest, AnUpstreamThatEndsEverySessionAtOnceIsRedialledWithBackoff) {
+  AllowList allow;
+  allow.allow(wire::SILO, {"hospital-a"});
+  auto server_ctx = make_tls_context(kit("server"));
+  std::unique_ptr<Listener> l;
+  io_.run_sync([&] {
+    l = std::make_unique<Listener>(io_.executor(), server_ctx, Endpoint{"127.0.0.1", 0}, ChannelOptions{}, allow,
+                                   LocalInfo{kFed, wire::SERVER, {}}, [](std::shared_ptr<Channel> ch) {
+                                     ch->close_with_error(wire::NOT_ALLOWED, "this server takes no edges");
+                                   });
+    l->start();
+  });
+  auto ctx = make_tls_context(kit("hospital-a"));
+  UpstreamOptions o;
+  o.endpoints = {Endpoint{"127.0.0.1", l->port()}};
+  o.upstreams = AllowList{wire::SERVER};
+  o.me = LocalInfo{kFed, wire::SILO, {}};
+  o.reconnect.initial_backoff = std::chrono::milliseconds(50);
+  o.reconnect.max_backoff = std::chrono::milliseconds(400);
+  Upstream up(io_.io(), ctx, o);
+  int sessions = 0;
+  const auto start = std::chrono::steady_clock::now();
+  const Upstream::Session session = [&](std::shared_ptr<Channel> ch, const Endpoint&) -> awaitable<void> {
+    ++sessions;
+    const std::function<bool(const wire::Envelope&)> ignore = [](const wire::Envelope&) { return true; };
+    co_await serve_channel(ch, ignore);
+  };
+  const std::function<bool()> done = [&] { return std::chrono::steady_clock::now() - start > std::chrono::milliseconds(1500); };
+  const std::function<void()> no_probe;
+  io_.run(up.run(session, done, no_probe));
+  // Waits of [25, 50], [50, 100], [100, 200] and then [200, 400] ms between sessions: 5 to 10 in
+  // 1.5 s. Redialled at once, it was well over a hundred.
+  EXPECT_GE(sessions, 3);
+  EXPECT_LE(sessions, 12);
+  io_.run_sync([&] {
+    l->stop();
+    l.reset();
+  });
+}
+
+// reconnect.max_attempts counts the failed dials in a row: 3 is three dials, then the Upstream
+// gives up (it once dialled one more than it was told).
+TEST_F(TlsTest, AnUpstreamGivesUpAfterMaxAttemptsFailedDials) {
+  // A TCP port that accepts and closes at once: each dial is one accept, and fails.
+  std::atomic<int> dials{0};
+  boost::asio::ip::tcp::acceptor acceptor(io_.io(), {boost::asio::ip::make_address("127.0.0.1"), 0});
+  std::function<void()> accept = [&] {
+    acceptor.async_accept([&](boost::system::error_code ec, boost::asio::ip::tcp::socket) {
+      if (ec) return;
+      ++dials;
+      accept();
+    });
+  };
+  io_.run_sync(accept);
+  auto ctx = make_tls_context(kit("hospital-a"));
+  UpstreamOptions o;
+  o.endpoints = {Endpoint{"127.0.0.1", acceptor.local_endpoint().port()}};
+  o.upstreams = AllowList{wire::SERVER};
+  o.me = LocalInfo{kFed, wire::SILO, {}};
+  o.reconnect.initial_backoff = std::chrono::milliseconds(10);
+  o.reconnect.max_backoff = std::chrono::milliseconds(20);
+  o.reconnect.max_attempts = 3;
+  Upstream up(io_.io(), ctx, o);
+  const Upstream::Session never = [](std::shared_ptr<Channel>, const Endpoint&) -> awaitable<void> { co_return; };
+  const std::function<bool()> done = [] { return true; };
+  const std::function<void()> no_probe;
+  io_.run(up.run(never, done, no_probe));
+  EXPECT_TRUE(up.exhausted());
+  EXPECT_EQ(dials.load(), 3);
+  io_.run_sync([&] { acceptor.close(); });
+}
+
 // The core sends to a channel on another network thread: the message waits in a post until the
 // channel's thread takes it. It counts in the channel's queue from the call on (the send buffer's
 // accounting and its limit see it), then as its encoded frame, the same number of bytes.

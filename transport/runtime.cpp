@@ -154,19 +154,31 @@ awaitable<void> Upstream::run(const Session& session, const std::function<bool()
     auto r = co_await dial_once(io_.get_executor(), tls_, to, opts_.upstreams, opts_.me, opts_.channel);
     if (stopped_) break;
     if (r) {
-      backoff_.reset();
       auto ch = *r;
       if (index > 0 && opts_.probe.count() > 0 && preferred_back) {
         asio::co_spawn(io_, probe(ch, preferred_back), asio::detached);
       }
+      const auto began = std::chrono::steady_clock::now();
       co_await session(ch, to);
       if (stopped_ || done()) break;
       next = 0;  // start again from the preferred upstream
+      // A session that lasted resets the backoff: the upstream went away (a restart), and the
+      // next dial is at once. One the upstream ended within the longest wait (a refusal after
+      // the handshake: a server that takes no edges, one shutting down) waits its turn as a
+      // failed dial does, so a refusal is not redialled a hundred times a second.
+      if (std::chrono::steady_clock::now() - began >= opts_.reconnect.max_backoff) {
+        backoff_.reset();
+        continue;
+      }
+      asio::steady_timer t(io_, backoff_.next());
+      boost::system::error_code ec;
+      co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
       continue;
     }
     spdlog::warn("{}", r.error().message());
-    if (opts_.reconnect.max_attempts > 0 && backoff_.attempts() >= opts_.reconnect.max_attempts) {
-      spdlog::error("giving up after {} attempts", backoff_.attempts());
+    // This failed dial is failure attempts() + 1 in a row (each one before it drew a wait).
+    if (opts_.reconnect.max_attempts > 0 && backoff_.attempts() + 1 >= opts_.reconnect.max_attempts) {
+      spdlog::error("giving up after {} failed attempts in a row", backoff_.attempts() + 1);
       exhausted_ = true;
       break;
     }
