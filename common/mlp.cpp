@@ -83,6 +83,8 @@ double Network::loss_and_grad(std::span<const float> params, const float* x, con
     acts[l + 1].rowwise() += b;
     if (l + 1 < L) acts[l + 1] = acts[l + 1].cwiseMax(0.0f);
   }
+  // Labels index the outputs: one past them is refused, never read or written out of bounds.
+  for (std::size_t i = 0; i < n; ++i) check_label(y[i]);
   // Output gradient dZ = (p - onehot) / n and the mean loss.
   MatR dz = acts[L];
   double loss = 0;
@@ -124,6 +126,13 @@ double Network::loss_and_grad(std::span<const float> params, const float* x, con
   return loss / static_cast<double>(n);
 }
 
+void Network::check_label(int label) const {
+  if (label < 0 || label >= classes()) {
+    throw std::invalid_argument("label " + std::to_string(label) + " is not one of the model's " +
+                                std::to_string(classes()) + " classes");
+  }
+}
+
 EvalResult Network::evaluate(std::span<const float> params, const Dataset& data) const {
   EvalResult r;
   r.samples = data.rows;
@@ -145,6 +154,7 @@ EvalResult Network::evaluate(std::span<const float> params, const Dataset& data)
   double loss = 0;
   std::size_t correct = 0;
   for (std::size_t i = 0; i < data.rows; ++i) {
+    check_label(data.y[i]);
     const auto row = static_cast<Eigen::Index>(i);
     if (outputs() == 1) {
       const float z = a(row, 0);

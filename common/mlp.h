@@ -56,6 +56,7 @@ class Network {
   EvalResult evaluate(std::span<const float> params, const Dataset& data) const;
 
  private:
+  void check_label(int label) const;  // std::invalid_argument outside 0..classes()-1
   struct Layer {
     std::size_t in, out, w_offset, b_offset;
   };

@@ -107,7 +107,7 @@ ServerState::ServerState(StateOptions opts) : opts_(std::move(opts)) {
     }
   }
   if (first_key.empty()) first_key = key.public_key();
-  settle_log(first_key);
+  settle_log(first_key, key.public_key());
   try {
     audit_ = std::make_unique<AuditLog>(dir / "audit.jsonl", std::move(key), first_key);
   } catch (const std::exception& e) {
@@ -188,7 +188,7 @@ crypto::SigningKey ServerState::open_key() {
 
 // Picks the log this start goes on from (docs in state.h), repairing what it safely can: the
 // longest verified prefix among the copies, provided no copy claims records beyond it.
-void ServerState::settle_log(const std::string& first_key) {
+void ServerState::settle_log(const std::string& first_key, const std::string& signing_key) {
   const auto local = opts_.dir / "audit.jsonl";
   const auto mirror = opts_.mirror.empty() ? std::filesystem::path() : opts_.mirror / "audit.jsonl";
   struct View {
@@ -244,6 +244,15 @@ void ServerState::settle_log(const std::string& first_key) {
   const std::uint64_t claimed = std::max(l.lines, m.lines);
   const std::uint64_t best_records = verified_part(best.v).records;
   if (best_records < claimed) {
+    // Not one record under audit.pub's key, every one under audit.key's: audit.pub is what changed.
+    if (best_records == 0 && l.exists && signing_key != first_key) {
+      if (verify_audit_log(local, signing_key)) {
+        throw StateError("state_dir " + opts_.dir.string() + ": audit.pub (key " + key_hex(first_key).substr(0, 16) +
+                         ") signed no record of audit.jsonl, and audit.key (" + key_hex(signing_key).substr(0, 16) +
+                         ") signed all " + std::to_string(l.lines) +
+                         ": audit.pub was replaced. Restore it from a backup or the mirror (the log and its key are intact)");
+      }
+    }
     const View& damaged = !l.v && l.exists ? l : m;
     const std::string why = damaged.v ? std::string() : damaged.v.error().reason;
     throw StateError("state_dir " + opts_.dir.string() + ": " + damaged.name + " is damaged (" + why +

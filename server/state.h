@@ -117,7 +117,7 @@ class ServerState : public Store {
 
  private:
   crypto::SigningKey open_key();
-  void settle_log(const std::string& first_key);
+  void settle_log(const std::string& first_key, const std::string& signing_key);
   // recover()'s steps, in order (state_recovery.cpp).
   struct AuditHistory;
   AuditHistory read_audit_history() const;

@@ -295,8 +295,12 @@ Status ServerState::load_committed_model(std::uint64_t round, const AuditHistory
       why += (why.empty() ? "" : "; ") + where + round_file(round) + " holds model " + short_sha(c.model_sha) +
              ", the log names " + short_sha(want.model);
     } else if (c.optimizer_sha != want.optimizer && !c.optimizer_lost) {
-      why += (why.empty() ? "" : "; ") + where + round_file(round) + "'s optimizer state is " +
-             short_sha(c.optimizer_sha) + ", the log names " + short_sha(want.optimizer);
+      // The model beside it is intact; the optimizer's state is not the one the record names.
+      const auto opt = std::filesystem::path(round_file(round)).replace_extension(".opt").string();
+      why += (why.empty() ? "" : "; ") + where + opt +
+             (c.optimizer_sha.empty() ? std::string(" (the server optimizer's state) is missing")
+                                      : " holds optimizer state " + short_sha(c.optimizer_sha)) +
+             ", the log names " + short_sha(want.optimizer) + " (its model, " + round_file(round) + ", is intact)";
     } else {
       if (folder != opts_.dir) {
         Metadata meta{{"xsilo.round", std::to_string(round)}, {"xsilo.model_sha256", c.model_sha}};
@@ -378,7 +382,7 @@ std::string ServerState::missing_model_error(const Resume::Missing& m) const {
   }
   return "state_dir " + opts_.dir.string() + ": the model of committed round " + std::to_string(m.round) + " (" +
          short_sha(m.model_sha256) + ") is in no copy: " + m.why +
-         "; and no silo offered it. Restore checkpoints/" + round_file(m.round) +
+         "; and no silo offered it. Restore checkpoints/" + round_file(m.round) + " and its .opt" +
          " from a backup, or decide to go on from an earlier committed round with `--resume-from-round N`" +
          (usable ? " (the newest checkpoint on disk is round " + std::to_string(usable) + ")" : std::string()) +
          ": the rounds after N are then superseded, and the audit log says so";

@@ -36,6 +36,21 @@ LocalData load_local_data(const AgentConfig& cfg) {
   return d;
 }
 
+namespace {
+
+// Labels index the model's outputs: one past them would be read and written out of bounds
+// (a binary model's 2 would train as a target of 2). Refused with the file, as a wrong feature
+// count is.
+void check_labels(const Dataset& data, const Network& net, const std::filesystem::path& file) {
+  if (data.rows == 0 || data.classes <= net.classes()) return;
+  throw TrainerError(wire::LOCAL_DATA_MISMATCH,
+                     "local data " + file.string() + " has label " + std::to_string(data.classes - 1) +
+                         " but the federation's model has " + std::to_string(net.classes()) + " classes (labels 0 to " +
+                         std::to_string(net.classes() - 1) + "): recode the labels, or give the model more classes");
+}
+
+}  // namespace
+
 BuiltinTrainer::BuiltinTrainer(const AgentConfig& cfg, LocalData data, std::shared_ptr<const PrivacyBudget> budget)
     : cfg_(cfg), data_(std::move(data)), budget_(std::move(budget)) {}
 
@@ -47,6 +62,7 @@ wire::TrainMetrics BuiltinTrainer::evaluate(const Model& model, const TrainTask&
     throw TrainerError(wire::LOCAL_DATA_MISMATCH, "local test data has " + std::to_string(data_.test.features) +
                        " features but the federation's model takes " + std::to_string(net.inputs()));
   }
+  check_labels(data_.test, net, cfg_.test_data);
   const auto ev = net.evaluate(model.flat(), data_.test);
   m.set_eval_loss(ev.loss);
   m.set_eval_accuracy(ev.accuracy);
@@ -81,6 +97,7 @@ TrainResult BuiltinTrainer::train(const Model& global, const TrainTask& task, Mo
     throw TrainerError(wire::LOCAL_DATA_MISMATCH, "local data has " + std::to_string(data_.train.features) +
                        " features but the federation's model takes " + std::to_string(net.inputs()));
   }
+  check_labels(data_.train, net, cfg_.train_data);
   const auto t0 = std::chrono::steady_clock::now();
   const TrainOptions opts = options(task);
   std::copy(global.flat().begin(), global.flat().end(), local.flat().begin());

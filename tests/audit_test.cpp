@@ -1493,6 +1493,13 @@ TEST_F(RecoveryTest, ALostLogOrKeyIsNeverReplacedByANewHistory) {
   EXPECT_FALSE(std::filesystem::exists(dir_ / "audit.key"));
   EXPECT_EQ(read_file(dir_ / "audit.pub"), pub);
   std::filesystem::rename(dir_ / "audit.key.saved", dir_ / "audit.key");
+  // audit.pub replaced by another server's: named as what changed (it once blamed the log).
+  atomic_write_file(dir_ / "audit.pub", key_hex(crypto::SigningKey::generate().public_key()) + "\n");
+  why = state_error([&] { ServerState st(dir_.path(), 0); });
+  EXPECT_NE(why.find("audit.jsonl, and audit.key ("), std::string::npos) << why;
+  EXPECT_NE(why.find("signed all 3: audit.pub was replaced. Restore it from a backup or the mirror"), std::string::npos)
+      << why;
+  atomic_write_file(dir_ / "audit.pub", pub);
   // The log deleted or emptied while checkpoints exist.
   const std::string log = log_text();
   for (const std::string how : {"deleted", "emptied"}) {

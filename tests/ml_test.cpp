@@ -14,6 +14,7 @@
 #include "common/fs.h"
 #include "common/mlp.h"
 #include "server/optimizer.h"
+#include "silo_agent/builtin_trainer.h"
 #include "silo_agent/sgd.h"
 #include "tests/testlib.h"
 #include "tools/sim.h"
@@ -238,6 +239,54 @@ TEST(Update, AnUpdateThatOverflowsOnceWeightedIsRefusedByTheAgent) {
   } catch (const agent::TrainerError& e) {
     EXPECT_NE(std::string(e.what()).find("overflows float32 in tensor w"), std::string::npos) << e.what();
     EXPECT_EQ(e.reason(), wire::TRAINER_NON_FINITE);
+  }
+}
+
+// A label past the model's classes (a hospital's 1/2 coding on a binary model, a stray code)
+// once indexed the outputs out of bounds (a segfault) or trained as a target of 2: the network
+// refuses it, and the silo's trainer names the file and the classes before it trains.
+TEST(Network, ALabelPastTheModelsClassesIsRefusedWithTheFileAndNeverIndexed) {
+  ModelSpec spec;
+  spec.inputs = 3;
+  spec.classes = 2;
+  const Model binary = init_model(spec);
+  const Network net(binary);
+  const float x[3] = {0.1f, 0.2f, 0.3f};
+  std::vector<float> grad(binary.size());
+  for (const int label : {2, -1, 1000000}) {
+    EXPECT_THROW((void)net.loss_and_grad(binary.flat(), x, &label, 1, grad), std::invalid_argument) << label;
+  }
+  const int one = 1;
+  EXPECT_NO_THROW((void)net.loss_and_grad(binary.flat(), x, &one, 1, grad));
+
+  test::TempDir dir;
+  atomic_write_file(dir / "train.csv", "0.1,0.2,0.3,0\n0.3,0.2,0.1,2\n0.2,0.2,0.2,1\n");
+  agent::AgentConfig cfg;
+  cfg.train_data = dir / "train.csv";
+  cfg.test_data = dir / "train.csv";
+  cfg.state_dir = dir / "state";
+  agent::BuiltinTrainer trainer(cfg, agent::load_local_data(cfg));
+  wire::TrainingPlan plan;
+  plan.set_local_epochs(1);
+  plan.set_batch_size(2);
+  plan.set_learning_rate(0.1f);
+  const agent::TrainTask task{1, "hospital-a", plan};
+  Model local = binary;
+  for (const bool training : {true, false}) {
+    try {
+      if (training) {
+        (void)trainer.train(binary, task, local);
+      } else {
+        (void)trainer.evaluate(binary, task);
+      }
+      ADD_FAILURE() << "label 2 on a binary model was " << (training ? "trained" : "evaluated");
+    } catch (const agent::TrainerError& e) {
+      EXPECT_EQ(e.reason(), wire::LOCAL_DATA_MISMATCH);
+      EXPECT_NE(std::string(e.what()).find("train.csv has label 2 but the federation's model has 2 classes (labels 0 "
+                                           "to 1)"),
+                std::string::npos)
+          << e.what();
+    }
   }
 }
 

@@ -165,6 +165,16 @@ TEST_F(Report, SaysTheLogIsNotVerifiedWithoutItsKey) {
   EXPECT_TRUE(std::regex_search(p, std::regex("<th scope='row'>1</th>.*<td>NO</td></tr>")));
 }
 
+// An emptied log once read as "verified, 0 records" beside rounds from elsewhere (the server
+// itself refuses such a state folder).
+TEST_F(Report, SaysAnEmptiedLogIsNotVerified) {
+  three_rounds();
+  atomic_write_file(dir_ / "audit.jsonl", "");
+  const std::string p = page(audit_only());
+  EXPECT_TRUE(has(p, "<strong>NOT VERIFIED:</strong> the audit log ")) << p;
+  EXPECT_TRUE(has(p, "audit.jsonl is empty: no record vouches for the rounds")) << p;
+}
+
 TEST_F(Report, ShowsEachSilosRobustDecisionWithItsNormAndReason) {
   std::vector<Member> m;
   for (int i = 1; i <= 5; ++i) m.push_back(member("hospital-0" + std::to_string(i), ""));

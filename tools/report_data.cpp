@@ -323,6 +323,11 @@ AuditCheck check_audit(const std::filesystem::path& log, const std::filesystem::
     c.why_not = "no audit log: " + log.string() + " " + found.error().message();
     return c;
   }
+  if (std::error_code ec; std::filesystem::file_size(log, ec) == 0 && !ec) {
+    // A server signs a record as it starts: an empty log was emptied, and vouches for nothing.
+    c.why_not = "the audit log " + log.string() + " is empty: no record vouches for the rounds";
+    return c;
+  }
   if (key.empty()) {
     c.why_not = "no public key to check it with";
     return c;
