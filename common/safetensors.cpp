@@ -99,8 +99,11 @@ SafetensorsView parse_safetensors(std::span<const std::uint8_t> bytes) {
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<long>(n));
-  } catch (const nlohmann::json::exception& e) {
-    bad(std::string("header is not valid JSON: ") + e.what());
+  } catch (const nlohmann::json::parse_error& e) {
+    // Not the parser's own message: it quotes what it last read, raw bytes of a damaged file.
+    bad("header is not valid JSON (at byte " + std::to_string(e.byte) + " of its " + std::to_string(n) + ")");
+  } catch (const nlohmann::json::exception&) {
+    bad("header is not valid JSON");
   }
   if (!header.is_object()) bad("header is not a JSON object");
   const auto data = bytes.subspan(8 + n);

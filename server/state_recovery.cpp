@@ -239,8 +239,8 @@ void ServerState::append_checkpointed_records(AuditHistory& history, const Model
         audit_->append_line(line);  // checks signature and chain before writing a byte
         mirror_line(line);
         repairs_.push_back("round " + std::to_string(round) +
-                           " was checkpointed but not audited (the server stopped in between): its signed record "
-                           "appended");
+                           " was checkpointed but its record is not in the log (the server stopped in between, or "
+                           "the log lost its tail): its signed record appended");
         history.take(rec);
         if (round > history.metrics_round) history.missing_rows[round] = metrics_row_of(rec);
       } catch (const std::exception& e) {
@@ -323,8 +323,8 @@ Status ServerState::load_committed_model(std::uint64_t round, const AuditHistory
 
 void ServerState::append_missing_metrics(const AuditHistory& history) {
   for (const auto& [round, row] : history.missing_rows) {
-    spdlog::warn("round {} is in the audit log but not in metrics.csv (the server died in between); its row "
-                 "appended from the record",
+    spdlog::warn("round {} is in the audit log but not in metrics.csv (the server stopped in between, or the file "
+                 "lost rows); its row appended from the record",
                  round);
     append_metrics(row);
   }

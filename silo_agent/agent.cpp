@@ -35,7 +35,16 @@ std::unique_ptr<Trainer> make_trainer(const AgentConfig& cfg) {
   if (cfg.trainer == TrainerKind::External) {
     t = std::make_unique<ExternalTrainer>(cfg);
   } else {
-    LocalData data = load_local_data(cfg);
+    // Data that cannot train is the operator's to mend, as a config error (exit 2: a unit that
+    // restarts on failure does not retry it forever).
+    LocalData data;
+    try {
+      data = load_local_data(cfg);
+    } catch (const ConfigError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw ConfigError("config " + cfg.file.string() + ": .data: " + e.what());
+    }
     spdlog::info("local data: {} training rows, {} test rows, {} features", data.train.rows, data.test.rows,
                  data.train.features);
     t = std::make_unique<BuiltinTrainer>(cfg, std::move(data), budget);

@@ -16,7 +16,13 @@ namespace xsilo::agent {
 LocalData load_local_data(const AgentConfig& cfg) {
   LocalData d;
   d.train = load_csv(cfg.train_data);
+  if (d.train.rows == 0) throw std::runtime_error(cfg.train_data.string() + " has no rows of data");
   if (!cfg.test_data.empty()) d.test = load_csv(cfg.test_data);
+  if (d.test.rows && d.test.features != d.train.features) {
+    throw std::runtime_error("the test data " + cfg.test_data.string() + " has " + std::to_string(d.test.features) +
+                             " features, the training data " + cfg.train_data.string() + " " +
+                             std::to_string(d.train.features));
+  }
   if (cfg.standardize == "local") {
     const auto s = Standardizer::fit(d.train);
     s.apply(d.train);

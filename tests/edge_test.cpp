@@ -267,6 +267,41 @@ TEST(Edges, AnAgentWhoseStateFolderCannotBeMadeExitsTwoNamingTheKey) {
       << log_tail(fed.dir / "nostate.log");
 }
 
+// Local data that can never train (a NaN, a header and no rows, test rows of another width) is
+// the operator's to mend as a config error naming .data and the file: exit 2, so that a unit
+// restarting on failure does not retry it every ten seconds.
+TEST(Edges, AnAgentWhoseDataCannotTrainExitsTwoNamingTheFile) {
+  SimConfig cfg = small_config(2, 1);
+  Fed fed(cfg);
+  const auto base = nlohmann::json::parse(
+      read_file(write_agent_config(cfg, fed.files, 0, agent_upstreams(cfg, fed.files, 0)).config));
+  struct Bad {
+    std::string name, train, test, says;
+  };
+  const std::vector<Bad> cases = {
+      {"nan", "1,2,0\n3,nan,1\n", "", "nan.train.csv:2: non-finite value"},
+      {"header", "x0,x1,label\n", "", "header.train.csv has no rows of data"},
+      {"width", "1,2,0\n3,4,1\n", "1,2,3,0\n", "has 3 features, the training data "},
+  };
+  for (const auto& c : cases) {
+    auto j = base;
+    atomic_write_file(fed.dir / (c.name + ".train.csv"), c.train);
+    j["data"]["train"] = (fed.dir / (c.name + ".train.csv")).string();
+    if (!c.test.empty()) {
+      atomic_write_file(fed.dir / (c.name + ".test.csv"), c.test);
+      j["data"]["test"] = (fed.dir / (c.name + ".test.csv")).string();
+    }
+    j["state_dir"] = (fed.dir / (c.name + "-state")).string();
+    atomic_write_file(fed.dir / (c.name + ".json"), j.dump());
+    Process agent({test::xsilo_bin(), "agent", "--config", (fed.dir / (c.name + ".json")).string()},
+                  fed.dir / (c.name + ".log"));
+    EXPECT_EQ(agent.wait(30s).value_or(-1), 2) << c.name << ": " << log_tail(fed.dir / (c.name + ".log"));
+    const std::string log = read_file(fed.dir / (c.name + ".log"));
+    EXPECT_NE(log.find(c.name + ".json: .data: "), std::string::npos) << log;
+    EXPECT_NE(log.find(c.says), std::string::npos) << log;
+  }
+}
+
 }  // namespace
 }  // namespace xsilo::tools
 

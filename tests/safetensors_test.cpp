@@ -50,6 +50,19 @@ TEST(Safetensors, RefusesCorruptFiles) {
   std::string huge = bytes;
   huge[7] = '\x7f';
   EXPECT_THROW(decode_safetensors(huge), std::runtime_error);
+  // Bytes flipped inside the header: the error says where, and quotes none of them (it once put
+  // a thousand raw bytes of the file into a one-line error).
+  std::string flipped = bytes;
+  for (std::size_t i = 12; i < 16; ++i) flipped[i] = '\xff';
+  try {
+    (void)decode_safetensors(flipped);
+    ADD_FAILURE() << "a header with bytes 0xff was read";
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("header is not valid JSON (at byte "), std::string::npos) << what;
+    EXPECT_EQ(what.find('\xff'), std::string::npos) << what;
+    EXPECT_LT(what.size(), 200u) << what;
+  }
 }
 
 // A file of the given header JSON and data bytes.
