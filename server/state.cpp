@@ -85,9 +85,15 @@ ServerState::ServerState(StateOptions opts) : opts_(std::move(opts)) {
   }
   try {
     std::filesystem::create_directories(dir / "checkpoints");
-    if (!opts_.mirror.empty()) std::filesystem::create_directories(opts_.mirror / "checkpoints");
   } catch (const std::exception& e) {
-    throw StateError(std::string("state folder: ") + e.what());
+    throw StateError("state_dir " + dir.string() + ": " + e.what());
+  }
+  if (!opts_.mirror.empty()) {
+    try {
+      std::filesystem::create_directories(opts_.mirror / "checkpoints");
+    } catch (const std::exception& e) {
+      mirror_failed("state_mirror " + opts_.mirror.string(), e);  // the state folder alone, until it can
+    }
   }
   // One server per state folder: a second one would sign a second history beside the first.
   lock_.fd = ::open((dir / ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
@@ -115,6 +121,8 @@ ServerState::ServerState(StateOptions opts) : opts_(std::move(opts)) {
   }
   if (!nonempty_file(dir / "audit.pub")) atomic_write_file(dir / "audit.pub", key_hex(first_key) + "\n");
   if (!opts_.mirror.empty() && !nonempty_file(opts_.mirror / "audit.pub")) mirror_file("audit.pub");
+  // Checkpoints a broken mirror missed in an earlier run (settle_log has brought its log up).
+  if (!opts_.mirror.empty() && !mirror_behind_) catch_up_mirror(false);
 }
 
 ServerState::~ServerState() = default;
@@ -376,37 +384,60 @@ void ServerState::prune(const std::filesystem::path& dir) {
   }
 }
 
+void ServerState::mirror_failed(const std::string& what, const std::exception& e) {
+  if (!mirror_behind_) {
+    spdlog::error("{} could not be written ({}): the state folder alone holds the federation until the mirror can "
+                  "be written again, and the mirror is then caught up",
+                  what, e.what());
+  }
+  mirror_behind_ = true;
+}
+
+bool ServerState::catch_up_mirror(bool log) {
+  try {
+    std::filesystem::create_directories(opts_.mirror / "checkpoints");
+    for (const auto& e : std::filesystem::directory_iterator(opts_.dir / "checkpoints")) {
+      const auto name = e.path().filename();
+      const auto ext = name.extension().string();
+      if (!e.is_regular_file() || (ext != ".safetensors" && ext != ".opt")) continue;
+      const auto copy = opts_.mirror / "checkpoints" / name;
+      if (!std::filesystem::exists(copy)) atomic_write_file(copy, read_file(e.path()));
+    }
+    if (log) atomic_write_file(opts_.mirror / "audit.jsonl", read_file(opts_.dir / "audit.jsonl"));
+    if (!nonempty_file(opts_.mirror / "audit.pub")) {
+      atomic_write_file(opts_.mirror / "audit.pub", read_file(opts_.dir / "audit.pub"));
+    }
+  } catch (const std::exception& e) {
+    mirror_failed("the state mirror " + opts_.mirror.string(), e);
+    return false;
+  }
+  if (mirror_behind_) spdlog::info("the state mirror {} is written again and caught up", opts_.mirror.string());
+  mirror_behind_ = false;
+  return true;
+}
+
 void ServerState::mirror_file(const std::filesystem::path& relative) {
   if (opts_.mirror.empty()) return;
+  if (mirror_behind_ && !catch_up_mirror(true)) return;
   try {
-    const std::string bytes = read_file(opts_.dir / relative);
-    atomic_write_file(opts_.mirror / relative, bytes);
-    if (mirror_failed_) spdlog::info("the state mirror {} is written again", opts_.mirror.string());
-    mirror_failed_ = false;
+    atomic_write_file(opts_.mirror / relative, read_file(opts_.dir / relative));
   } catch (const std::exception& e) {
-    if (!mirror_failed_) {
-      spdlog::error("the state mirror {} could not be written ({}): the state folder alone holds the federation "
-                    "until it can",
-                    opts_.mirror.string(), e.what());
-    }
-    mirror_failed_ = true;
+    mirror_failed("the state mirror " + opts_.mirror.string(), e);
   }
 }
 
 void ServerState::mirror_line(const std::string& line) {
   if (opts_.mirror.empty()) return;
+  if (mirror_behind_) {
+    catch_up_mirror(true);  // the log whole, with what else it missed
+    return;
+  }
   const auto path = opts_.mirror / "audit.jsonl";
   try {
-    if (mirror_failed_) {
-      mirror_file("audit.jsonl");  // catch up whole after a failure
-      return;
-    }
     cut_torn_tail(path);
     append_durable(path, line + "\n");
   } catch (const std::exception& e) {
-    spdlog::error("the state mirror's audit log {} could not be appended to ({}); it is copied whole at the next record",
-                  path.string(), e.what());
-    mirror_failed_ = true;
+    mirror_failed("the state mirror's audit log " + path.string(), e);
   }
 }
 

@@ -128,9 +128,15 @@ class ServerState : public Store {
   void append_metrics(const MetricsRow& row);
   void prune(const std::filesystem::path& dir);
   // Whatever is written to the state folder goes to the mirror too; a mirror that fails is
-  // logged (an error) and left behind, never the reason a round is lost.
+  // logged (an error) and left behind, never the reason a round is lost, and caught up at the
+  // next write that succeeds.
   void mirror_file(const std::filesystem::path& relative);
   void mirror_line(const std::string& line);
+  // Copies to the mirror the checkpoints it lacks (never over one it has: at a start, the
+  // mirror's copy may be the good one), and, when `log`, the audit log whole. Returns whether
+  // the mirror holds all of it now.
+  bool catch_up_mirror(bool log);
+  void mirror_failed(const std::string& what, const std::exception& e);
 
   StateOptions opts_;
   // The folder's lock, held while this object lives (released too when its constructor throws).
@@ -143,7 +149,7 @@ class ServerState : public Store {
   } lock_;
   std::vector<std::string> repairs_;
   std::unique_ptr<AuditLog> audit_;
-  bool mirror_failed_ = false;
+  bool mirror_behind_ = false;  // a write to the mirror failed; caught up at the next that succeeds
 };
 
 // Reads the round number stored in a checkpoint's metadata.

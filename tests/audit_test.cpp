@@ -1462,6 +1462,52 @@ TEST_F(RecoveryTest, AMirrorRestoresTheLogAndTheCheckpointAndIsKeptUpToDate) {
             std::string::npos);
 }
 
+// A mirror that cannot be written (its checkpoints folder a file, a disk away) is never the
+// reason a round is lost or a start refused, and is caught up once it can be written: the
+// checkpoints it missed and the log whole, at the next write or the next start. (It once said
+// "written again" when only the log was, and a start refused a mirror it could not make.)
+TEST_F(RecoveryTest, ABrokenMirrorIsCaughtUpOnceItCanBeWritten) {
+  test::TempDir mirror;
+  {
+    ServerState st(with_mirror(dir_.path(), mirror.path()));
+    const Model m = model(1.0f);
+    st.commit(1, m, Model{}, record(1, m), MetricsRow{});
+  }
+  std::filesystem::remove_all(mirror / "checkpoints");
+  atomic_write_file(mirror / "checkpoints", "not a folder");
+  {
+    ServerState st(with_mirror(dir_.path(), mirror.path()));  // starts
+    EXPECT_EQ(st.recover(layout()).committed_round, 1u);
+    for (int r = 2; r <= 3; ++r) {
+      const Model m = model(static_cast<float>(r));
+      st.commit(static_cast<std::uint64_t>(r), m, model(0.5f), record(r, m), MetricsRow{});  // commits
+    }
+    EXPECT_FALSE(std::filesystem::is_directory(mirror / "checkpoints"));
+    // The mirror mended while the server runs: the next record catches it all up.
+    std::filesystem::remove(mirror / "checkpoints");
+    st.record({{"event", "admin"}, {"action", "pause"}}, nullptr);
+    for (int r = 1; r <= 3; ++r) {
+      EXPECT_TRUE(std::filesystem::exists(mirror / "checkpoints" / checkpoint(r).filename())) << r;
+    }
+    EXPECT_TRUE(std::filesystem::exists(mirror / "checkpoints" / checkpoint(3).filename().replace_extension(".opt")));
+    EXPECT_EQ(read_file(mirror / "audit.jsonl"), log_text());
+  }
+  // Checkpoints the mirror missed in an earlier run come back at the next start, and the
+  // mirror's own copies are never overwritten by the folder's.
+  std::filesystem::remove(mirror / "checkpoints" / checkpoint(2).filename());
+  const std::string mirrors_three = read_file(mirror / "checkpoints" / checkpoint(3).filename());
+  flip_byte(checkpoint(3), read_file(checkpoint(3)).size() - 2);
+  {
+    ServerState st(with_mirror(dir_.path(), mirror.path()));
+    EXPECT_TRUE(std::filesystem::exists(mirror / "checkpoints" / checkpoint(2).filename()));
+    EXPECT_EQ(read_file(mirror / "checkpoints" / checkpoint(3).filename()), mirrors_three);
+    const auto r = st.recover(layout());  // round 3 from the mirror's good copy
+    EXPECT_EQ(r.committed_round, 3u);
+    ASSERT_TRUE(r.model);
+    EXPECT_EQ(r.model->flat()[0], 3.0f);
+  }
+}
+
 TEST_F(RecoveryTest, ATornLastLineIsCutAndKeptAsideAndTheRepairSaidSo) {
   commit_rounds(2);
   const std::string intact = log_text();
