@@ -89,10 +89,14 @@ ServerState::ServerState(StateOptions opts) : opts_(std::move(opts)) {
     throw StateError("state_dir " + dir.string() + ": " + e.what());
   }
   if (!opts_.mirror.empty()) {
+    // At a start the mirror may hold the only good copy of what the folder lost: a server that
+    // cannot read it does not start beside it (one that fails mid-run goes on, and catches up).
     try {
       std::filesystem::create_directories(opts_.mirror / "checkpoints");
     } catch (const std::exception& e) {
-      mirror_failed("state_mirror " + opts_.mirror.string(), e);  // the state folder alone, until it can
+      throw StateError("state_mirror " + opts_.mirror.string() + ": " + e.what() +
+                       ": mend it (a folder this server can write) or remove state_mirror from the config; a server "
+                       "does not start beside a mirror it cannot read, which may hold the only good copy");
     }
   }
   // One server per state folder: a second one would sign a second history beside the first.
@@ -226,7 +230,13 @@ void ServerState::settle_log(const std::string& first_key, const std::string& si
     return view;
   };
   const View l = look(local, "audit.jsonl");
-  const View m = look(mirror, "the mirror's audit.jsonl");
+  View m;
+  try {
+    m = look(mirror, "the mirror's audit.jsonl");
+  } catch (const std::exception& e) {
+    throw StateError("state_mirror " + opts_.mirror.string() + ": audit.jsonl cannot be read or mended (" + e.what() +
+                     "): mend it (a folder this server can write) or remove state_mirror from the config");
+  }
   if (!l.exists && !m.exists) {
     const auto cps = list_checkpoints(opts_.dir / "checkpoints");
     if (!cps.empty()) {
@@ -277,9 +287,10 @@ void ServerState::settle_log(const std::string& first_key, const std::string& si
     atomic_write_file(local, read_file(mirror));
     repairs_.push_back("restored audit.jsonl from the mirror (" + std::to_string(ml.size()) + " records; " + had + ")");
   } else if (!mirror.empty() && (!m.exists || ml.size() < ll.size() || m.lines > ml.size())) {
-    mirror_file("audit.jsonl");
-    repairs_.push_back("brought the mirror's audit.jsonl up to record " + std::to_string(ll.size()) + " (it had " +
-                       (m.exists ? std::to_string(ml.size()) + " good records" : std::string("none")) + ")");
+    if (mirror_file("audit.jsonl")) {
+      repairs_.push_back("brought the mirror's audit.jsonl up to record " + std::to_string(ll.size()) + " (it had " +
+                         (m.exists ? std::to_string(ml.size()) + " good records" : std::string("none")) + ")");
+    }
   }
 }
 
@@ -310,7 +321,13 @@ AuditHead ServerState::commit(std::uint64_t round, const Model& model, const Mod
   mirror_line(line);
   append_metrics(row);
   prune(opts_.dir);
-  if (!opts_.mirror.empty()) prune(opts_.mirror);
+  if (!opts_.mirror.empty()) {
+    try {
+      prune(opts_.mirror);
+    } catch (const std::exception& e) {
+      mirror_failed("the state mirror " + opts_.mirror.string(), e);  // the round is committed
+    }
+  }
   return head;
 }
 
@@ -416,13 +433,15 @@ bool ServerState::catch_up_mirror(bool log) {
   return true;
 }
 
-void ServerState::mirror_file(const std::filesystem::path& relative) {
-  if (opts_.mirror.empty()) return;
-  if (mirror_behind_ && !catch_up_mirror(true)) return;
+bool ServerState::mirror_file(const std::filesystem::path& relative) {
+  if (opts_.mirror.empty()) return false;
+  if (mirror_behind_ && !catch_up_mirror(true)) return false;
   try {
     atomic_write_file(opts_.mirror / relative, read_file(opts_.dir / relative));
+    return true;
   } catch (const std::exception& e) {
     mirror_failed("the state mirror " + opts_.mirror.string(), e);
+    return false;
   }
 }
 

@@ -130,7 +130,7 @@ class ServerState : public Store {
   // Whatever is written to the state folder goes to the mirror too; a mirror that fails is
   // logged (an error) and left behind, never the reason a round is lost, and caught up at the
   // next write that succeeds.
-  void mirror_file(const std::filesystem::path& relative);
+  bool mirror_file(const std::filesystem::path& relative);  // whether the mirror holds it now
   void mirror_line(const std::string& line);
   // Copies to the mirror the checkpoints it lacks (never over one it has: at a start, the
   // mirror's copy may be the good one), and, when `log`, the audit log whole. Returns whether

@@ -27,7 +27,7 @@ using transport::awaitable;
 using transport::Channel;
 
 std::unique_ptr<Trainer> make_trainer(const AgentConfig& cfg) {
-  if (cfg.trainer == TrainerKind::FeatureStats) return std::make_unique<FeatureStatsTrainer>(load_csv(cfg.train_data));
+  if (cfg.trainer == TrainerKind::FeatureStats) return std::make_unique<FeatureStatsTrainer>(load_data_file(cfg, cfg.train_data));
   // Under a privacy budget every round is charged before its update can leave.
   std::shared_ptr<const PrivacyBudget> budget;
   if (cfg.privacy.on()) budget = std::make_shared<PrivacyBudget>(cfg.privacy, cfg.state_dir / "sent.jsonl");
@@ -35,16 +35,7 @@ std::unique_ptr<Trainer> make_trainer(const AgentConfig& cfg) {
   if (cfg.trainer == TrainerKind::External) {
     t = std::make_unique<ExternalTrainer>(cfg);
   } else {
-    // Data that cannot train is the operator's to mend, as a config error (exit 2: a unit that
-    // restarts on failure does not retry it forever).
-    LocalData data;
-    try {
-      data = load_local_data(cfg);
-    } catch (const ConfigError&) {
-      throw;
-    } catch (const std::exception& e) {
-      throw ConfigError("config " + cfg.file.string() + ": .data: " + e.what());
-    }
+    LocalData data = load_local_data(cfg);
     spdlog::info("local data: {} training rows, {} test rows, {} features", data.train.rows, data.test.rows,
                  data.train.features);
     t = std::make_unique<BuiltinTrainer>(cfg, std::move(data), budget);

@@ -13,27 +13,41 @@
 
 namespace xsilo::agent {
 
+Dataset load_data_file(const AgentConfig& cfg, const std::filesystem::path& file) {
+  try {
+    return load_csv(file);
+  } catch (const std::exception& e) {
+    throw ConfigError("config " + cfg.file.string() + ": .data: " + e.what());
+  }
+}
+
 LocalData load_local_data(const AgentConfig& cfg) {
   LocalData d;
-  d.train = load_csv(cfg.train_data);
-  if (d.train.rows == 0) throw std::runtime_error(cfg.train_data.string() + " has no rows of data");
-  if (!cfg.test_data.empty()) d.test = load_csv(cfg.test_data);
+  // Data that can never train is the operator's to mend, as a config error (exit 2: a unit that
+  // restarts on failure does not retry it forever).
+  auto refuse = [&](const std::string& why) { throw ConfigError("config " + cfg.file.string() + ": .data: " + why); };
+  d.train = load_data_file(cfg, cfg.train_data);
+  if (d.train.rows == 0) refuse(cfg.train_data.string() + " has no rows of data");
+  if (!cfg.test_data.empty()) d.test = load_data_file(cfg, cfg.test_data);
   if (d.test.rows && d.test.features != d.train.features) {
-    throw std::runtime_error("the test data " + cfg.test_data.string() + " has " + std::to_string(d.test.features) +
-                             " features, the training data " + cfg.train_data.string() + " " +
-                             std::to_string(d.train.features));
+    refuse("the test data " + cfg.test_data.string() + " has " + std::to_string(d.test.features) +
+           " features, the training data " + cfg.train_data.string() + " " + std::to_string(d.train.features));
   }
-  if (cfg.standardize == "local") {
-    const auto s = Standardizer::fit(d.train);
-    s.apply(d.train);
-    if (d.test.rows) s.apply(d.test);
-  } else if (cfg.standardize == "given") {
-    cfg.given.apply(d.train);
-    if (d.test.rows) cfg.given.apply(d.test);
-  } else if (cfg.standardize == "federated") {  // the federation's statistics (data.feature_stats)
-    const auto s = cfg.feature_stats.standardizer();
-    s.apply(d.train);
-    if (d.test.rows) s.apply(d.test);
+  try {
+    if (cfg.standardize == "local") {
+      const auto s = Standardizer::fit(d.train);
+      s.apply(d.train);
+      if (d.test.rows) s.apply(d.test);
+    } else if (cfg.standardize == "given") {
+      cfg.given.apply(d.train);
+      if (d.test.rows) cfg.given.apply(d.test);
+    } else if (cfg.standardize == "federated") {  // the federation's statistics (data.feature_stats)
+      const auto s = cfg.feature_stats.standardizer();
+      s.apply(d.train);
+      if (d.test.rows) s.apply(d.test);
+    }
+  } catch (const std::exception& e) {
+    refuse(std::string("standardizing ") + cfg.train_data.string() + ": " + e.what());
   }
   if (cfg.local.workers > 1) {  // written once, as loaded and standardized: what the workers read
     d.workers_train = cfg.state_dir / "local" / "train.csv";

@@ -20,8 +20,11 @@ struct LocalData {
   std::filesystem::path workers_train;  // local.workers > 1: the prepared rows the workers read
 };
 
-// Loads and standardizes the local data as the config says.
+// Loads and standardizes the local data as the config says. Data that can never train (a bad
+// value, no rows, another width, statistics of another width) throws ConfigError naming .data.
 LocalData load_local_data(const AgentConfig& cfg);
+// One CSV of the agent's data; ConfigError naming .data and the file's line on bad data.
+Dataset load_data_file(const AgentConfig& cfg, const std::filesystem::path& file);
 
 class BuiltinTrainer final : public Trainer {
  public:

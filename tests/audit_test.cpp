@@ -1462,22 +1462,19 @@ TEST_F(RecoveryTest, AMirrorRestoresTheLogAndTheCheckpointAndIsKeptUpToDate) {
             std::string::npos);
 }
 
-// A mirror that cannot be written (its checkpoints folder a file, a disk away) is never the
-// reason a round is lost or a start refused, and is caught up once it can be written: the
-// checkpoints it missed and the log whole, at the next write or the next start. (It once said
-// "written again" when only the log was, and a start refused a mirror it could not make.)
+// A mirror that fails mid-run (its checkpoints folder a file, a disk away) is never the reason a
+// round is lost, and is caught up once it can be written: the checkpoints it missed and the log
+// whole at the next write, the checkpoints it lacks at the next start. (It once said "written
+// again" when only the log was.) At a start, a mirror the server cannot read may hold the only
+// good copy: the start is refused, naming state_mirror.
 TEST_F(RecoveryTest, ABrokenMirrorIsCaughtUpOnceItCanBeWritten) {
   test::TempDir mirror;
   {
     ServerState st(with_mirror(dir_.path(), mirror.path()));
-    const Model m = model(1.0f);
-    st.commit(1, m, Model{}, record(1, m), MetricsRow{});
-  }
-  std::filesystem::remove_all(mirror / "checkpoints");
-  atomic_write_file(mirror / "checkpoints", "not a folder");
-  {
-    ServerState st(with_mirror(dir_.path(), mirror.path()));  // starts
-    EXPECT_EQ(st.recover(layout()).committed_round, 1u);
+    const Model m1 = model(1.0f);
+    st.commit(1, m1, Model{}, record(1, m1), MetricsRow{});
+    std::filesystem::remove_all(mirror / "checkpoints");
+    atomic_write_file(mirror / "checkpoints", "not a folder");
     for (int r = 2; r <= 3; ++r) {
       const Model m = model(static_cast<float>(r));
       st.commit(static_cast<std::uint64_t>(r), m, model(0.5f), record(r, m), MetricsRow{});  // commits
@@ -1492,6 +1489,16 @@ TEST_F(RecoveryTest, ABrokenMirrorIsCaughtUpOnceItCanBeWritten) {
     EXPECT_TRUE(std::filesystem::exists(mirror / "checkpoints" / checkpoint(3).filename().replace_extension(".opt")));
     EXPECT_EQ(read_file(mirror / "audit.jsonl"), log_text());
   }
+  // Broken at a start: refused, naming the key; the folder is untouched.
+  const std::string log = log_text();
+  std::filesystem::rename(mirror / "checkpoints", mirror / "checkpoints.saved");
+  atomic_write_file(mirror / "checkpoints", "not a folder");
+  const auto why = state_error([&] { ServerState st(with_mirror(dir_.path(), mirror.path())); });
+  EXPECT_NE(why.find("state_mirror " + mirror.path().string() + ": "), std::string::npos) << why;
+  EXPECT_NE(why.find("remove state_mirror from the config"), std::string::npos) << why;
+  EXPECT_EQ(log_text(), log);
+  std::filesystem::remove(mirror / "checkpoints");
+  std::filesystem::rename(mirror / "checkpoints.saved", mirror / "checkpoints");
   // Checkpoints the mirror missed in an earlier run come back at the next start, and the
   // mirror's own copies are never overwritten by the folder's.
   std::filesystem::remove(mirror / "checkpoints" / checkpoint(2).filename());

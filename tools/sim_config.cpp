@@ -342,13 +342,6 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
     // The server's loader checks the group against its selection; the sim knows its silos too.
     const json min_group = c.secure.value("min_group", json(server::SecureConfig{}.min_group));
     const auto g = min_group.is_number_integer() ? min_group.get<std::int64_t>() : 0;  // else the loader says
-    const auto floor = static_cast<std::int64_t>(sim_secure_floor(c).min_sum);
-    if (g >= 1 && g < floor) {
-      root.child("secure").fail("min_group", std::to_string(g) + " is below the " + std::to_string(floor) +
-                                                 " silos every sim silo asks of a sum (its secure_floor.min_sum: a "
-                                                 "sum of fewer gives one member's update away to the other); set " +
-                                                 std::to_string(floor) + " or more");
-    }
     if (g > static_cast<std::int64_t>(c.silos)) {
       root.child("secure").fail("min_group", "a sum needs " + std::to_string(g) + " silos, but the sim has " +
                                                  std::to_string(c.silos) + " (\"silos\")");

@@ -142,7 +142,7 @@ awaitable<void> serve_messages(std::shared_ptr<Channel> ch, const std::function<
 }
 
 Upstream::Upstream(asio::io_context& io, ssl::context& tls, UpstreamOptions opts)
-    : io_(io), tls_(tls), opts_(std::move(opts)), backoff_(opts_.reconnect) {}
+    : io_(io), tls_(tls), opts_(std::move(opts)), backoff_(opts_.reconnect), refused_(opts_.reconnect) {}
 
 awaitable<void> Upstream::run(const Session& session, const std::function<bool()>& done,
                               const std::function<void()>& preferred_back) {
@@ -154,23 +154,31 @@ awaitable<void> Upstream::run(const Session& session, const std::function<bool()
     auto r = co_await dial_once(io_.get_executor(), tls_, to, opts_.upstreams, opts_.me, opts_.channel);
     if (stopped_) break;
     if (r) {
+      backoff_.reset();  // max_attempts counts failed dials in a row
       auto ch = *r;
+      // Set when the probe finds the preferred upstream back: the owner then ends this session.
+      // Shared: the detached probe may outlive this iteration.
+      auto leaving = std::make_shared<bool>(false);
       if (index > 0 && opts_.probe.count() > 0 && preferred_back) {
-        asio::co_spawn(io_, probe(ch, preferred_back), asio::detached);
+        asio::co_spawn(io_, probe(ch, [leaving, preferred_back] {
+                         *leaving = true;
+                         preferred_back();
+                       }),
+                       asio::detached);
       }
       const auto began = std::chrono::steady_clock::now();
       co_await session(ch, to);
       if (stopped_ || done()) break;
       next = 0;  // start again from the preferred upstream
-      // A session that lasted resets the backoff: the upstream went away (a restart), and the
-      // next dial is at once. One the upstream ended within the longest wait (a refusal after
-      // the handshake: a server that takes no edges, one shutting down) waits its turn as a
-      // failed dial does, so a refusal is not redialled a hundred times a second.
-      if (std::chrono::steady_clock::now() - began >= opts_.reconnect.max_backoff) {
-        backoff_.reset();
+      // A session the upstream ended within a moment of the handshake (a refusal: a server that
+      // takes no edges, one shutting down) waits before the next dial, longer each time in a row,
+      // so a refusal is not redialled a hundred times a second. One that lasted (the upstream
+      // went away: a restart), or that this side ended to move, is redialled at once.
+      if (*leaving || std::chrono::steady_clock::now() - began >= kRefusalSession) {
+        refused_.reset();
         continue;
       }
-      asio::steady_timer t(io_, backoff_.next());
+      asio::steady_timer t(io_, refused_.next());
       boost::system::error_code ec;
       co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
       continue;

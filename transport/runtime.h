@@ -129,7 +129,10 @@ class Upstream {
   asio::io_context& io_;
   ssl::context& tls_;
   UpstreamOptions opts_;
-  Backoff backoff_;
+  // A session shorter than this that the upstream ended is a refusal (Upstream::run).
+  static constexpr std::chrono::seconds kRefusalSession{2};
+  Backoff backoff_;   // failed dials in a row (reset by a dial that succeeds)
+  Backoff refused_;   // sessions the upstream ended at once, in a row
   bool stopped_ = false, exhausted_ = false;
 };
 
