@@ -16,7 +16,10 @@ target_compile_options(xsilo_options INTERFACE
   # portable build and on an x86-64-v3 or native one, where GCC would otherwise fuse a * b + c
   # across statements (-ffp-contract=fast is GCC's default). Eigen's kernels call their FMA
   # intrinsics explicitly and keep them.
-  $<$<COMPILE_LANGUAGE:CXX>:-ffp-contract=off>)
+  $<$<COMPILE_LANGUAGE:CXX>:-ffp-contract=off>
+  # In a unity batch every .cpp is an included file to GCC, which then warns of any coroutine
+  # frame or lambda that holds a type of the file's anonymous namespace, as it would in a header.
+  $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CXX_COMPILER_ID:GNU>,$<BOOL:$<TARGET_PROPERTY:UNITY_BUILD>>>:-Wno-subobject-linkage>)
 target_compile_definitions(xsilo_options INTERFACE
   BOOST_ASIO_NO_DEPRECATED XSILO_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 # For every target alike: the switch changes the size of the objects that hold a ThreadCheck.
@@ -45,9 +48,18 @@ if(XSILO_SANITIZE)
   # -gz: the debug sections are compressed (ASan's symbolizer and gdb read them), which keeps the
   # build folder's 37 statically linked test programs from filling a small CI disk (4.8 GB
   # uncompressed).
+  # Test programs (targets with the property XSILO_TEST_PROGRAM, tests/CMakeLists.txt) compile
+  # uninstrumented: their own code is gtest's macros and checks, and UBSan and ASan made it a third
+  # of the whole build (coordinator_test.cpp: 124 s, 36 s without). They link the runtimes and
+  # every instrumented library, and the multi-process tests run the instrumented xsilo binary; an
+  # inline function a test program also instantiates may be linked from its uninstrumented copy.
   target_compile_options(xsilo_options INTERFACE
-    $<$<COMPILE_LANGUAGE:CXX>:-O1 -g1 -gz -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined>)
+    $<$<COMPILE_LANGUAGE:CXX>:-O1 -g1 -gz -fno-omit-frame-pointer>
+    $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<NOT:$<BOOL:$<TARGET_PROPERTY:XSILO_TEST_PROGRAM>>>>:-fsanitize=address,undefined -fno-sanitize-recover=undefined>)
   target_link_options(xsilo_options INTERFACE -gz -fsanitize=address,undefined)
+  # What a test asks instead of __SANITIZE_ADDRESS__, which its uninstrumented compile lacks: the
+  # code it drives runs under ASan (fewer processes, no memory bounds, tests/scale_test.cpp).
+  target_compile_definitions(xsilo_options INTERFACE XSILO_ASAN_BUILD)
 endif()
 if(XSILO_SANITIZE_THREAD)
   if(XSILO_SANITIZE)
@@ -92,4 +104,15 @@ function(xsilo_library name)
   cmake_parse_arguments(X "" "" "SOURCES;DEPS" ${ARGN})
   add_library(${name} STATIC ${X_SOURCES})
   target_link_libraries(${name} PUBLIC xsilo_options ${X_DEPS})
+  xsilo_unity(${name})
+endfunction()
+
+# xsilo_unity(TARGET): its sources compile in batches with XSILO_UNITY (the top CMakeLists.txt).
+# XSILO_UNITY_BATCH=0 puts each target's sources in one batch: a build that way finds every pair
+# of files that could not share a batch, whatever batches later files make.
+set(XSILO_UNITY_BATCH 8 CACHE STRING "sources per unity batch (0: a target's all in one)")
+function(xsilo_unity name)
+  if(XSILO_UNITY)
+    set_target_properties(${name} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE ${XSILO_UNITY_BATCH})
+  endif()
 endfunction()

@@ -460,7 +460,6 @@ ServerConfig load_server_config(const std::filesystem::path& file) {
 }
 
 namespace {
-double secs_of(std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
 std::string abs_path(const std::filesystem::path& p) { return std::filesystem::absolute(p).lexically_normal().string(); }
 }  // namespace
 

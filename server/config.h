@@ -21,6 +21,9 @@
 
 namespace xsilo::server {
 
+// A duration in seconds, as the config's messages quote it.
+inline double secs_of(std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
+
 // The server daemon's config: the round's settings (RoundConfig, all the coordinator sees) and
 // the daemon's own (listener, TLS, state folder, the initial model).
 // `uploads_at_once`: its default (chosen from docs/benchmarks.md, "Concurrent uploads") and its

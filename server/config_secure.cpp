@@ -15,8 +15,6 @@ namespace xsilo::server {
 
 namespace {
 
-double secs_of(std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
-
 // Whether a round can gather a secure sum, and whether the largest one it can gather fits the
 // modulus.
 void check_secure_sums(const ConfigNode& se, const ServerConfig& c) {

@@ -503,13 +503,12 @@ class Server {
     // The federation ran to its end (or an operator stopped it): a success whatever rounds
     // aborted on the way, which the audit log and the metrics say (a service manager must not
     // restart a server whose work is done).
-    const int code = 0;
     rt_.work<int>(
         [this, rec = std::move(rec)] {
           state_.record(rec, nullptr);
           return 0;
         },
-        [this, code](int) { shutdown(code, std::chrono::milliseconds(300)); });
+        [this](int) { shutdown(0, std::chrono::milliseconds(300)); });
   }
 
   void shutdown(int code, std::chrono::milliseconds linger = std::chrono::milliseconds(0)) {

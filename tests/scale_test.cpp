@@ -24,7 +24,7 @@ using namespace std::chrono_literals;
 // Under AddressSanitizer every process carries its shadow memory and runs several times slower:
 // 200 of them on a 2-core CI machine miss the rounds' deadlines and draw the OOM killer. Those
 // builds run 50 silos (and say so); a Release build runs the 200.
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(XSILO_ASAN_BUILD)
 constexpr std::size_t kSilos = 50;
 #else
 constexpr std::size_t kSilos = 200;
@@ -35,7 +35,7 @@ json bench_round(const test::TempDir& dir, const std::vector<std::string>& extra
   std::vector<std::string> argv = {test::xsilo_bin(), "bench", "round", "--silos", std::to_string(kSilos),
                                    "--params", std::to_string(kParams), "--rounds", "3", "--json"};
   argv.insert(argv.end(), extra.begin(), extra.end());
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(XSILO_ASAN_BUILD)
   std::cout << "[ NOTE     ] " << kSilos << " silos, not 200: an AddressSanitizer build (200 run in Release builds)\n";
 #endif
   const auto log = dir / "bench.log";
@@ -60,7 +60,7 @@ void expect_server_resources(const json& r, std::size_t connections, std::uint64
   ASSERT_TRUE(r.contains("peak_rss_bytes")) << r.dump();
   const std::uint64_t bound =
       r["peak_rss_bound_bytes"].get<std::uint64_t>() + connections * (512u << 10) + extra;
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(XSILO_ASAN_BUILD)
   std::cout << "[ NOTE     ] server memory bound (" << bound << " bytes) not checked: AddressSanitizer's shadow "
             << "memory and quarantine are in the server's RSS (" << r["peak_rss_bytes"] << " bytes)\n";
 #else

@@ -2,6 +2,7 @@
 // of DESIGN §11 (docs/benchmarks.md records the figures and the commands).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -11,6 +12,11 @@
 #include "robust/robust.h"
 
 namespace xsilo::tools {
+
+// Wall seconds since t0, for the timings every bench prints.
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 // The bounds measured on the reference machine (2 cores), DESIGN §11.
 inline constexpr double kTlsLoopbackGBps = 1.2;

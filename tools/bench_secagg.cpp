@@ -30,8 +30,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
 std::string sci(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1e", v);
@@ -85,7 +83,7 @@ struct BenchPki {
   }
 };
 
-struct Row {
+struct SecaggRow {
   std::size_t n, d;
   double drop;
   std::uint32_t degree, threshold;  // degree n - 1: the complete graph
@@ -117,7 +115,7 @@ crypto::secagg::Params secagg_params(std::size_t n, std::size_t d, const crypto:
 
 // One group's whole protocol in process (silo 0's key phases and the best of three silos' masking
 // timed, then the server's unmasking), beside the keystream bounds at `rate`.
-Row run(std::size_t n, std::size_t d, double drop, double rate, const BenchPki& pki, const crypto::secagg::GraphPlan& plan) {
+SecaggRow run(std::size_t n, std::size_t d, double drop, double rate, const BenchPki& pki, const crypto::secagg::GraphPlan& plan) {
   auto p = secagg_params(n, d, plan);
   auto box = crypto::X25519KeyPair::generate();
   p.server_key = box.public_key;
@@ -125,7 +123,7 @@ Row run(std::size_t n, std::size_t d, double drop, double rate, const BenchPki& 
   crypto::secagg::Server server(p, *pki.ca, server_signer, std::move(box));
   std::vector<std::unique_ptr<crypto::secagg::Client>> clients;
   const std::uint32_t degree = plan.degree ? plan.degree : static_cast<std::uint32_t>(n - 1);
-  Row r{n, d, drop, degree, p.threshold, 0, 0, 0, 0, 0, 0, false};
+  SecaggRow r{n, d, drop, degree, p.threshold, 0, 0, 0, 0, 0, 0, false};
   // Every step must succeed: a refusal is a bug in the bench or the protocol, not a slow row.
   auto must = [](const Status& done, const char* step) {
     if (!done) throw std::runtime_error(std::string("secagg bench: ") + step + ": " + done.error().message());
@@ -406,7 +404,7 @@ void graph_case(std::size_t n, std::size_t d, double drop, double rate, const Be
               << (graph.degree ? "k = " + std::to_string(graph.degree) : std::string("complete graph"))
               << " ..." << std::endl;
   }
-  const Row r = run(n, d, drop, rate, pki, graph);
+  const SecaggRow r = run(n, d, drop, rate, pki, graph);
   if (!graph.degree) complete_unmask = r.unmask_s;
   if (graph.degree && complete_unmask > 0 && r.unmask_s > 0) {
     t.speedups.push_back("n = " + std::to_string(n) + ", d = " + std::to_string(d) + ", dropouts " +

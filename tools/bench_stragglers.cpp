@@ -30,13 +30,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct Measured {
+struct StragglerRun {
   double step_ms = 0;     // wall time per step
   double compute_ms = 0;  // backward passes finished per step, summed over the workers
   EvalResult trained;     // the round's model on the rows it trained on
 };
 
-Measured run(const StragglerBenchOptions& o, const Dataset& data, const Model& model, int stragglers, double slow,
+StragglerRun run(const StragglerBenchOptions& o, const Dataset& data, const Model& model, int stragglers, double slow,
              bool gossip) {
   const Network net(model);
   agent::TrainOptions train;
@@ -128,9 +128,9 @@ int bench_stragglers(const StragglerBenchOptions& o) {
     const double redundancy = static_cast<double>(o.workers) / groups;
     double base = 0;
     for (double slow : o.slow) {
-      std::vector<Measured> runs;
+      std::vector<StragglerRun> runs;
       for (int k = 0; k < std::max(1, o.repeats); ++k) runs.push_back(run(o, data, model, v.stragglers, slow, v.gossip));
-      std::sort(runs.begin(), runs.end(), [](const Measured& a, const Measured& b) { return a.step_ms < b.step_ms; });
+      std::sort(runs.begin(), runs.end(), [](const StragglerRun& a, const StragglerRun& b) { return a.step_ms < b.step_ms; });
       const auto m = runs[runs.size() / 2];  // the median run
       if (slow == 1) base = m.step_ms;
       if (o.json) {

@@ -27,8 +27,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
 // Writes `bytes` to a file in `dir` and reads them back through a mapping: the bound.
 double shm_round_trip(const std::filesystem::path& dir, const std::vector<float>& data, std::vector<float>& back) {
   const auto path = dir / "bound.bin";
