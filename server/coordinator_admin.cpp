@@ -95,6 +95,14 @@ nlohmann::json Coordinator::status(std::int64_t now_ms) const {
                       {"model_sha256", global_sha_}};
   if (paused_) j["paused_by"] = paused_by_;
   if (stop_requested_) j["stopped_by"] = stopped_by_;
+  if (fetch_) {
+    // The model in memory is a placeholder until a silo's copy of the committed one is in: the
+    // model is the one the audit log names.
+    j["model_sha256"] = fetch_->sha256;
+    nlohmann::json a = {{"round", fetch_->round}, {"model_sha256", fetch_->sha256}, {"answered", fetch_->answers}};
+    if (fetch_->asking) a["asking"] = fetch_->asking->first;
+    j["awaiting_model"] = std::move(a);
+  }
   nlohmann::json round_members = nlohmann::json::array();
   for (const auto& m : members()) {
     nlohmann::json e = {{"silo", m.silo}, {"state", name(m.state)}};

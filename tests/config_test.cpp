@@ -147,6 +147,18 @@ TEST(Config, SimCombinationsThatCouldNeverRunAreRefusedAtLoad) {
   const auto two = refused({{"silos", 2}, {"secure", {{"mode", "global"}}}});
   EXPECT_NE(two.find(".secure.min_group: a sum needs 3 silos, but the sim has 2"), std::string::npos) << two;
   EXPECT_EQ(refused({{"silos", 3}, {"secure", {{"mode", "global"}}}}), "");
+  // A sum smaller than every silo's floor (secure_floor.min_sum, 3): each silo would refuse the
+  // setup and every round abort, 65 s in.
+  const auto floor = refused({{"silos", 2}, {"secure", {{"mode", "global"}, {"min_group", 2}}}});
+  EXPECT_NE(floor.find(".secure.min_group: a setup would reveal sums of 2 silos, and every silo refuses sums of "
+                       "fewer than 3"),
+            std::string::npos)
+      << floor;
+  EXPECT_NE(refused({{"silos", 6}, {"selection", {{"silos_per_round", 2}}}, {"secure", {{"mode", "global"}, {"min_group", 2}}}})
+                .find("a setup would reveal sums of 2 silos"),
+            std::string::npos);
+  EXPECT_EQ(refused({{"silos", 4}, {"secure", {{"mode", "global"}, {"min_group", 2}}}}), "")
+      << "4 silos, threshold a majority: sums of 3";
   // The local block is the agents' loader's to judge, but before any process starts.
   EXPECT_NE(refused({{"local", {{"workerz", 3}}}}).find(".local.workerz: unknown key; did you mean workers?"),
             std::string::npos);

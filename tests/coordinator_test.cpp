@@ -18,6 +18,7 @@
 #include "server/upload_stage.h"
 #include "tests/result_util.h"
 #include "tests/testlib.h"
+#include "tools/admin_client.h"
 #include "protocol/tensor_stream.h"
 
 namespace xsilo::server {
@@ -2137,6 +2138,18 @@ TEST(Coordinator, ALostModelIsTakenFromTheFirstSiloWhoseCopyMatchesTheLogAndTheR
   EXPECT_EQ(f.requests(f.h->session(1)), 0);
   f.answer(0, nullptr);  // holds none
   EXPECT_EQ(f.requests(f.h->session(1)), 1);
+  // What `xsilo status` shows meanwhile: the model the log names, not the placeholder's hash.
+  const auto st = f.h->coord().status(f.h->now);
+  EXPECT_EQ(st["model_sha256"], f.sha);
+  ASSERT_TRUE(st.contains("awaiting_model")) << st.dump();
+  EXPECT_EQ(st["awaiting_model"]["round"], 4);
+  EXPECT_EQ(st["awaiting_model"]["asking"], name(1));
+  EXPECT_EQ(st["awaiting_model"]["answered"].size(), 1u) << st.dump();
+  const auto shown = tools::format_status(st);
+  EXPECT_NE(shown.find("AWAITING the model of committed round 4 (" + f.sha.substr(0, 16) + ") from the silos"),
+            std::string::npos)
+      << shown;
+  EXPECT_NE(shown.find("(asking " + name(1) + ")"), std::string::npos) << shown;
   Model other = f.lost;
   other.flat()[3] += 1e-3f;  // a copy of another model: refused
   f.answer(1, &other);
@@ -2146,6 +2159,7 @@ TEST(Coordinator, ALostModelIsTakenFromTheFirstSiloWhoseCopyMatchesTheLogAndTheR
   f.answer(2, &f.lost);
   ASSERT_EQ(f.restored, std::vector<std::string>{f.sha});
   EXPECT_FALSE(f.h->coord().awaiting_model());
+  EXPECT_FALSE(f.h->coord().status(f.h->now).contains("awaiting_model"));
   // Round 5 starts from the restored model, with every silo.
   ASSERT_EQ(f.h->coord().phase(), Phase::Collecting);
   EXPECT_EQ(f.h->coord().round(), 5u);

@@ -549,6 +549,12 @@ TEST_F(TlsTest, RefusesEveryBadClientWhileAValidOneKeepsWorking) {
   EXPECT_NE(error_text(foreign.status).find("the peer's kit was issued by another CA, not this federation's ca.pem"),
             std::string::npos)
       << error_text(foreign.status);
+  // The server never saw that client's certificate (it refused the server's first): its log says
+  // what the alert means.
+  const auto distrusted = log.line_with("does not trust this end's certificate");
+  // Its CA has our CA's name, so the alert is "decrypt error" (another name: "unknown ca").
+  EXPECT_NE(distrusted.find("failed: tlsv1 alert decrypt error: "), std::string::npos) << distrusted;
+  EXPECT_NE(distrusted.find("a kit of another federation"), std::string::npos) << distrusted;
   EXPECT_TRUE(echoes(io_, *good.ch, "3"));
   auto mixed = TlsFiles::from_kit(other / "kits/hospital-a");
   mixed.ca = dir_ / "kits/hospital-a/ca.pem";

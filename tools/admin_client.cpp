@@ -106,6 +106,14 @@ std::string format_status(const nlohmann::json& s) {
                    s.value("stopping", false) ? ", STOPPING (asked by " + s.value("stopped_by", "?") + ")" : ""));
   line(fmt::format("since this server started: {} rounds committed, {} aborted; model {}", s.value("committed", 0), s.value("aborted", 0),
                    s.value("model_sha256", "").substr(0, 16)));
+  if (s.contains("awaiting_model")) {
+    const auto& a = s["awaiting_model"];
+    line(fmt::format("AWAITING the model of committed round {} ({}) from the silos: the state folder lost it; no "
+                     "round starts until a silo's copy is in{}",
+                     a.value("round", 0), a.value("model_sha256", "").substr(0, 16),
+                     a.contains("asking") ? " (asking " + a.value("asking", "?") + ")" : ""));
+    for (const auto& why : a.value("answered", nlohmann::json::array())) line("  could not give it: " + why.get<std::string>());
+  }
   if (s.contains("server")) {
     line(fmt::format("server {} since {}; {}", s["server"].value("version", "?"), s["server"].value("started_at", "?"),
                      days_left(s["server"])));

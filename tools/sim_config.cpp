@@ -6,7 +6,9 @@
 
 #include "common/config.h"
 #include "common/fs.h"
+#include "server/config_secure.h"
 #include "server/round_config.h"
+#include "server/secure_round.h"
 #include "tools/sim_attack.h"
 
 namespace xsilo::tools {
@@ -345,6 +347,27 @@ SimConfig load_sim_config(const std::filesystem::path& file) {
     if (g > static_cast<std::int64_t>(c.silos)) {
       root.child("secure").fail("min_group", "a sum needs " + std::to_string(g) + " silos, but the sim has " +
                                                  std::to_string(c.silos) + " (\"silos\")");
+    }
+    // Every silo refuses a setup that reveals a sum of fewer silos than its floor (the agents'
+    // secure_floor.min_sum, the default here): every round would abort after the key phase.
+    server::SecureConfig sc;
+    server::parse_secure(ConfigNode(c.secure, file.string(), ".secure"), sc);
+    std::size_t selected = c.silos;
+    const auto per_round = c.selection.is_object() ? c.selection.value("silos_per_round", json(0)) : json(0);
+    if (per_round.is_number_unsigned() && per_round.get<std::size_t>() > 0) {
+      selected = std::min(selected, per_round.get<std::size_t>());
+    }
+    std::vector<std::string> names;
+    for (std::size_t i = 0; i < selected; ++i) names.push_back(silo_name(i));
+    const auto floor = sim_secure_floor(c);
+    for (const auto& group : server::make_groups(names, sc, 0)) {
+      if (const auto least = server::group_min_survivors(sc, group.size()); least < floor.min_sum) {
+        root.child("secure").fail("min_group", "a setup would reveal sums of " + std::to_string(least) +
+                                                   " silos, and every silo refuses sums of fewer than " +
+                                                   std::to_string(floor.min_sum) +
+                                                   " (an agent's secure_floor.min_sum): raise it to " +
+                                                   std::to_string(floor.min_sum) + " or more");
+      }
     }
   }
   if (root.has("privacy")) {

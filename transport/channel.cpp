@@ -12,6 +12,8 @@
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <spdlog/spdlog.h>
 
 #include "transport/pki.h"
@@ -27,6 +29,20 @@ std::string Channel::handshake_failure(const boost::system::system_error& e) {
   // same name gives "EVP lib"): when the peer's certificate was refused, that is what is said.
   if (auto why = verify_failure(stream_.native_handle()); !why.empty()) {
     return "TLS handshake with " + remote_ + " failed: certificate verify failed (" + why + ")";
+  }
+  // The peer refused this end's certificate with an alert, before it sent its own (TLS 1.3: a
+  // client checks the server first), so its name is not known here: what the alert means is.
+  if (e.code().category() == asio::error::get_ssl_category()) {
+    switch (ERR_GET_REASON(static_cast<unsigned long>(e.code().value()))) {
+      case SSL_R_TLSV1_ALERT_UNKNOWN_CA:
+      case SSL_R_SSLV3_ALERT_BAD_CERTIFICATE:
+      case SSL_R_TLSV1_ALERT_DECRYPT_ERROR:
+        return "TLS handshake with " + remote_ + " failed: " + e.code().message() +
+               ": the peer does not trust this end's certificate (its ca.pem is another CA's: a kit of another "
+               "federation, or of a CA made again since)";
+      default:
+        break;
+    }
   }
   return "TLS handshake with " + remote_ + " failed: " + e.code().message();
 }
