@@ -20,20 +20,27 @@ fi
 target=$1
 seconds=$2
 shift 2
+bash scripts/install-deps.sh clang >&2
+# build_fuzzer DIR ASAN(ON|OFF) TARGET...: configures (every time, cheap once cached: a target added
+# since the last run needs it) and builds these targets' fuzzers, all in one build (their links
+# run side by side).
+build_fuzzer() {
+  local dir=$1 asan=$2 t
+  shift 2
+  local wanted=()
+  for t in "$@"; do wanted+=(--target "fuzz_$t"); done
+  CC=clang CXX=clang++ cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DXSILO_FUZZ=ON -DXSILO_CUDA=OFF \
+    -DXSILO_FUZZ_ASAN="$asan" -DBUILD_TESTING=OFF >&2
+  cmake --build "$dir" -j"${JOBS:-2}" "${wanted[@]}" >&2
+}
 if [ "$target" = all ]; then
-  for t in "${targets[@]}"; do bash "$0" "$t" "$seconds" "$@"; done
+  # Every fuzzer built first, together, then each run without building again.
+  if [ "${FUZZ_ASAN:-1}" = 0 ]; then dir=${BUILD_DIR:-build-fuzz-noasan}; on=OFF; else dir=${BUILD_DIR:-build-fuzz}; on=ON; fi
+  build_fuzzer "$dir" "$on" "${targets[@]}"
+  for t in "${targets[@]}"; do FUZZ_BUILT=1 bash "$0" "$t" "$seconds" "$@"; done
   exit 0
 fi
 case " ${targets[*]} " in *" $target "*) ;; *) echo "fuzz: no target $target; targets: ${targets[*]}" >&2; exit 2 ;; esac
-
-bash scripts/install-deps.sh clang >&2
-# build_fuzzer DIR ASAN(ON|OFF): configures (every time, cheap once cached: a target added since the
-# last run needs it) and builds this target's fuzzer.
-build_fuzzer() {
-  CC=clang CXX=clang++ cmake -S . -B "$1" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DXSILO_FUZZ=ON -DXSILO_CUDA=OFF \
-    -DXSILO_FUZZ_ASAN="$2" -DBUILD_TESTING=OFF >&2
-  cmake --build "$1" -j"${JOBS:-2}" --target "fuzz_$target" >&2
-}
 # failed LOG WHAT: says what failed and the sanitizer's summary from LOG, then exits 1.
 failed() {
   echo "fuzz: $target $2 (log $1):" >&2
@@ -45,7 +52,7 @@ failed() {
 # still fails the run.
 asan=${FUZZ_ASAN:-1}
 if [ "$asan" = 0 ]; then build=${BUILD_DIR:-build-fuzz-noasan}; asan_option=OFF; else build=${BUILD_DIR:-build-fuzz}; asan_option=ON; fi
-build_fuzzer "$build" "$asan_option"
+[ "${FUZZ_BUILT:-}" = 1 ] || build_fuzzer "$build" "$asan_option" "$target"
 
 corpus=$build/corpus/$target
 crashes=$build/crashes/$target
@@ -85,7 +92,7 @@ echo "fuzz: $target: ${runs:-?} executions$in_processes, coverage ${cov:-?} edge
 if [ $rc -ne 0 ]; then failed "$log" "FAILED (exit $rc)"; fi
 if [ "$asan" = 0 ]; then
   # Every input the run kept, once more under ASan: -runs=0 runs the corpus and stops at the first crash.
-  build_fuzzer build-fuzz ON
+  build_fuzzer build-fuzz ON "$target"
   replay_log=$build/fuzz_${target}_asan_replay.log
   if ! build-fuzz/fuzz/fuzz_$target "$corpus" -runs=0 -rss_limit_mb=2048 -timeout=10 \
       -artifact_prefix="$crashes/" >"$replay_log" 2>&1; then
